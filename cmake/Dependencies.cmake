@@ -1,0 +1,21 @@
+# System dependencies (installed by scripts/setup.sh, or unpacked into a prefix on the GPU machine
+# by scripts/gpu/build_and_test.sh, which then sets CMAKE_PREFIX_PATH).
+find_package(Threads REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(prometheus-cpp CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+find_package(Boost 1.74 REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+if(OFFLOADD_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+find_program(OFFLOADD_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+
+# yaml-cpp's exported target name differs between 0.7 (yaml-cpp) and 0.8 (yaml-cpp::yaml-cpp).
+if(TARGET yaml-cpp::yaml-cpp)
+  set(OFFLOADD_YAML_TARGET yaml-cpp::yaml-cpp)
+else()
+  set(OFFLOADD_YAML_TARGET yaml-cpp)
+endif()

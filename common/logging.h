@@ -1,0 +1,37 @@
+#pragma once
+// Minimal leveled logging to stderr: "2026-11-22T10:00:00.123Z I component] message".
+// Thread-safe (one write(2) per line). Journald adds its own timestamps; that is fine.
+
+#include <sstream>
+#include <string_view>
+
+namespace offloadd {
+
+enum class LogSeverity { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+
+void SetMinLogSeverity(LogSeverity severity);
+LogSeverity MinLogSeverity();
+// "debug" | "info" | "warning" | "error"; false if unknown.
+bool ParseLogSeverity(std::string_view name, LogSeverity* out);
+
+void EmitLogLine(LogSeverity severity, std::string_view component, std::string_view message);
+
+class LogMessage {
+ public:
+  LogMessage(LogSeverity severity, std::string_view component)
+      : severity_(severity), component_(component) {}
+  ~LogMessage() { EmitLogLine(severity_, component_, stream_.str()); }
+  std::ostream& stream() { return stream_; }
+
+ private:
+  LogSeverity severity_;
+  std::string_view component_;
+  std::ostringstream stream_;
+};
+
+}  // namespace offloadd
+
+#define OFFLOADD_LOG(severity, component)                                            \
+  if (::offloadd::LogSeverity::severity < ::offloadd::MinLogSeverity()) {            \
+  } else                                                                              \
+    ::offloadd::LogMessage(::offloadd::LogSeverity::severity, component).stream()

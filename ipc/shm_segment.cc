@@ -1,0 +1,144 @@
+#include "ipc/shm_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace offloadd::ipc {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = 2u << 20;
+
+size_t RoundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+Status SizeError(int err, size_t bytes, const char* what) {
+  std::string hint;
+  if (err == ENOMEM || err == ENOSPC) {
+    hint = " (the segment lives in shared memory: check free space with `df -h /dev/shm`, the "
+           "memory cgroup limit, and for huge pages /proc/sys/vm/nr_hugepages)";
+  }
+  return ErrnoError(err, std::string(what) + " of " + std::to_string(bytes) + " bytes" + hint);
+}
+
+}  // namespace
+
+SharedSegment::SharedSegment(SharedSegment&& other) noexcept { *this = std::move(other); }
+
+SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    fd_ = std::exchange(other.fd_, -1);
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    huge_pages_ = other.huge_pages_;
+    hugepage_fallback_reason_ = std::move(other.hugepage_fallback_reason_);
+  }
+  return *this;
+}
+
+SharedSegment::~SharedSegment() { Reset(); }
+
+void SharedSegment::Reset() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  base_ = nullptr;
+  fd_ = -1;
+  size_ = 0;
+}
+
+StatusOr<SharedSegment> SharedSegment::Create(size_t data_bytes, const SegmentOptions& options) {
+  SharedSegment seg;
+  const size_t header_bytes = RoundUp(sizeof(SegmentHeader), kPage);
+  size_t total = RoundUp(header_bytes + data_bytes, kPage);
+
+  int fd = -1;
+  void* base = MAP_FAILED;
+  if (options.try_huge_pages) {
+    // Huge pages can fail at any of the three steps (no hugetlbfs support, no reserved pages at
+    // ftruncate or only at mmap time), so all three must succeed before we commit to them.
+    const size_t huge_total = RoundUp(total, kHugePage);
+    fd = ::memfd_create(options.name.c_str(), MFD_CLOEXEC | MFD_HUGETLB);
+    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(huge_total)) == 0) {
+      base = ::mmap(nullptr, huge_total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    }
+    if (base != MAP_FAILED) {
+      total = huge_total;
+      seg.huge_pages_ = true;
+    } else {
+      seg.hugepage_fallback_reason_ =
+          std::string("huge pages unavailable (") + std::strerror(errno) +
+          "); using 4 KiB pages. Reserve them with `sysctl vm.nr_hugepages=N`";
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) {
+    fd = ::memfd_create(options.name.c_str(), MFD_CLOEXEC);
+    if (fd < 0) return ErrnoError(errno, "memfd_create(" + options.name + ")");
+    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return SizeError(err, total, "ftruncate of shared segment");
+    }
+    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return SizeError(err, total, "mmap of shared segment");
+    }
+  }
+  seg.fd_ = fd;
+  seg.base_ = base;
+  seg.size_ = total;
+  auto* h = static_cast<SegmentHeader*>(base);
+  std::memset(h, 0, sizeof(*h));
+  h->magic = kSegmentMagic;
+  h->version = kSegmentVersion;
+  h->header_size = sizeof(SegmentHeader);
+  h->total_size = total;
+  h->data_offset = header_bytes;
+  std::strncpy(h->name, options.name.c_str(), sizeof(h->name) - 1);
+  return seg;
+}
+
+StatusOr<SharedSegment> SharedSegment::Attach(int fd) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return ErrnoError(errno, "fstat of shared segment fd");
+  if (static_cast<size_t>(st.st_size) < sizeof(SegmentHeader)) {
+    return InvalidArgumentError("shared segment fd " + std::to_string(fd) + " is " +
+                                std::to_string(st.st_size) + " bytes, smaller than its header");
+  }
+  const int dup_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) return ErrnoError(errno, "dup of shared segment fd");
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, dup_fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    ::close(dup_fd);
+    return ErrnoError(err, "mmap of shared segment");
+  }
+  SharedSegment seg;
+  seg.fd_ = dup_fd;
+  seg.base_ = base;
+  seg.size_ = size;
+  const SegmentHeader& h = seg.header();
+  if (h.magic != kSegmentMagic) return InvalidArgumentError("fd is not an offloadd shared segment (bad magic)");
+  if (h.version != kSegmentVersion || h.header_size != sizeof(SegmentHeader)) {
+    return InvalidArgumentError("shared segment version " + std::to_string(h.version) +
+                                " (header " + std::to_string(h.header_size) + " bytes) but this binary speaks version " +
+                                std::to_string(kSegmentVersion) + "; restart all offloadd processes together");
+  }
+  if (h.total_size != size || h.data_offset >= size) {
+    return InvalidArgumentError("shared segment header says " + std::to_string(h.total_size) +
+                                " bytes but the mapping has " + std::to_string(size));
+  }
+  return seg;
+}
+
+}  // namespace offloadd::ipc
