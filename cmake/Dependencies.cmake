@@ -19,3 +19,7 @@ if(TARGET yaml-cpp::yaml-cpp)
 else()
   set(OFFLOADD_YAML_TARGET yaml-cpp)
 endif()
+
+find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
