@@ -1,0 +1,105 @@
+#include "client/offloadctl/render.h"
+
+#include <cctype>
+#include <cstdio>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace offloadctl {
+namespace {
+
+std::string StateName(offloadd::v1::JobState s) {
+  std::string n = offloadd::v1::JobState_Name(s);
+  const std::string prefix = "JOB_STATE_";
+  if (n.rfind(prefix, 0) == 0) n = n.substr(prefix.size());
+  for (char& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return n;
+}
+
+std::string Bytes(uint64_t b) { return offloadd::FormatByteSize(b); }
+
+}  // namespace
+
+std::string Upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
+  std::ostringstream o;
+  o << "host        " << n.hostname() << " (Linux " << n.kernel_release() << ")\n";
+  o << "offloadd    " << n.build().version() << " " << n.build().git_revision() << ", "
+    << (n.build().cuda() ? "CUDA" : "CPU") << " flavour, LibTorch " << n.build().torch_version() << "\n";
+  o << "cpu         " << n.cpu().model_name() << ": " << n.cpu().physical_cores() << " cores / "
+    << n.cpu().logical_cores() << " threads" << (n.cpu().avx512f() ? ", AVX-512" : "")
+    << (n.cpu().avx512_bf16() ? " (BF16)" : "") << (n.cpu().avx2() ? ", AVX2" : "") << "\n";
+  const auto& m = n.memory();
+  o << "memory      " << Bytes(m.total_bytes()) << " total, " << Bytes(m.available_bytes()) << " available, "
+    << "/dev/shm " << Bytes(m.shm_available_bytes()) << " free, memlock "
+    << (m.memlock_limit_bytes() == 0 ? std::string("unlimited") : Bytes(m.memlock_limit_bytes())) << "\n";
+  if (m.hugepages_total() > 0) {
+    o << "hugepages   " << m.hugepages_free() << "/" << m.hugepages_total() << " free of "
+      << Bytes(m.hugepage_size_bytes()) << "\n";
+  }
+  for (const auto& node : n.numa_nodes()) {
+    o << "numa " << node.id() << "      cpus " << node.cpus() << ", " << Bytes(node.memory_total_bytes()) << "\n";
+  }
+  if (n.gpus().empty()) o << "gpus        none: " << n.gpu_problem() << "\n";
+  for (const auto& g : n.gpus()) {
+    o << "gpu " << g.index() << "       " << g.name() << ", " << Bytes(g.total_memory_bytes()) << " ("
+      << Bytes(g.free_memory_bytes()) << " free), sm_" << g.compute_capability_major()
+      << g.compute_capability_minor() << ", " << g.pci_bus_id() << "\n";
+  }
+  for (const auto& s : n.store_directories()) {
+    o << "store       " << s.path() << " weight " << s.weight() << ": " << Bytes(s.available_bytes()) << " free of "
+      << Bytes(s.capacity_bytes()) << (s.problem().empty() ? "" : " — " + s.problem()) << "\n";
+  }
+  o << "io_uring    " << (n.io_uring_available() ? "available" : "unavailable: " + n.io_uring_problem()) << "\n";
+  return o.str();
+}
+
+std::string RenderJob(const offloadd::v1::Job& j) {
+  std::ostringstream o;
+  o << "job " << j.id() << "  " << StateName(j.state());
+  if (!j.spec().display_name().empty()) o << "  \"" << j.spec().display_name() << "\"";
+  o << "\n";
+  const auto& p = j.progress();
+  if (p.step() > 0) {
+    o << "  step " << p.step() << "/" << p.max_steps() << "  loss " << p.loss() << "  lr " << p.learning_rate()
+      << "  " << p.tokens_per_second() << " tok/s\n";
+  }
+  if (j.has_error() && j.error().code() != 0) {
+    o << "  error: " << j.error().message();
+    if (!j.error().field_path().empty()) o << " (" << j.error().field_path() << ")";
+    o << "\n";
+  }
+  return o.str();
+}
+
+std::string RenderJobList(const offloadd::v1::ListJobsResponse& r) {
+  std::ostringstream o;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-24s %-11s %10s %10s  %s\n", "JOB", "STATE", "STEP", "LOSS", "NAME");
+  o << line;
+  for (const auto& j : r.jobs()) {
+    std::snprintf(line, sizeof line, "%-24s %-11s %10lld %10.4f  %s\n", j.id().c_str(), StateName(j.state()).c_str(),
+                  static_cast<long long>(j.progress().step()), j.progress().loss(), j.spec().display_name().c_str());
+    o << line;
+  }
+  if (!r.next_page_token().empty()) o << "(more: next page token " << r.next_page_token() << ")\n";
+  return o.str();
+}
+
+std::string RenderEvent(const offloadd::v1::JobEvent& e) {
+  std::ostringstream o;
+  o << "[" << e.cursor() << "] ";
+  if (e.has_state_change()) o << "state " << StateName(e.state_change().state()) << " " << e.state_change().reason();
+  else if (e.has_progress()) o << "step " << e.progress().step() << " loss " << e.progress().loss();
+  else if (e.has_log()) o << e.log().message();
+  else if (e.has_checkpoint_saved()) o << "checkpoint " << e.checkpoint_saved().id() << " at step " << e.checkpoint_saved().step();
+  o << "\n";
+  return o.str();
+}
+
+}  // namespace offloadctl

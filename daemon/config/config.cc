@@ -1,0 +1,229 @@
+#include "daemon/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/units.h"
+#include "daemon/config/yaml_reader.h"
+
+namespace offloadd::daemon {
+namespace {
+
+constexpr uint64_t kMaxBytes = 1ull << 50;
+
+bool ValidHostPort(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
+  const std::string port = s.substr(colon + 1);
+  for (char c : port) {
+    if (c < '0' || c > '9') return false;
+  }
+  return port.size() <= 5 && std::stoul(port) <= 65535;
+}
+
+void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
+  if (!r.CheckMap(n, {"unix_socket", "unix_socket_mode", "tcp", "max_request_bytes",
+                      "shutdown_grace_seconds"})) {
+    return;
+  }
+  r.String(n, "unix_socket", &c->unix_socket);
+  r.Mode(n, "unix_socket_mode", &c->unix_socket_mode);
+  r.Bytes(n, "max_request_bytes", &c->max_request_bytes, 1024, 1ull << 30);
+  r.Double(n, "shutdown_grace_seconds", &c->shutdown_grace_seconds, 0, 3600);
+  const YamlReader t = r.Child("tcp");
+  const YAML::Node tn = n["tcp"];
+  if (t.CheckMap(tn, {"listen", "tls_cert_file", "tls_key_file", "auth_token_file"})) {
+    t.String(tn, "listen", &c->tcp.listen);
+    t.String(tn, "tls_cert_file", &c->tcp.tls_cert_file);
+    t.String(tn, "tls_key_file", &c->tcp.tls_key_file);
+    t.String(tn, "auth_token_file", &c->tcp.auth_token_file);
+  }
+}
+
+void ReadStorage(const YAML::Node& n, const YamlReader& r, StorageConfig* c) {
+  if (!r.CheckMap(n, {"directories", "aio"})) return;
+  const YAML::Node dirs = n["directories"];
+  if (dirs && !dirs.IsNull()) {
+    if (!dirs.IsSequence()) {
+      r.Error("directories", "expected a list of {path, weight}");
+    } else {
+      c->directories.clear();
+      for (size_t i = 0; i < dirs.size(); ++i) {
+        const YamlReader d = r.Child("directories[" + std::to_string(i) + "]");
+        StoreDirectoryConfig dir;
+        if (dirs[i].IsScalar()) {
+          dir.path = dirs[i].Scalar();
+        } else if (d.CheckMap(dirs[i], {"path", "weight"})) {
+          d.String(dirs[i], "path", &dir.path);
+          d.Double(dirs[i], "weight", &dir.weight, 1e-6, 1e6);
+        }
+        c->directories.push_back(dir);
+      }
+    }
+  }
+  const YamlReader a = r.Child("aio");
+  const YAML::Node an = n["aio"];
+  if (a.CheckMap(an, {"block_size", "queue_depth"})) {
+    a.Bytes(an, "block_size", &c->aio.block_size, 4096, 64ull << 20);
+    a.UInt32(an, "queue_depth", &c->aio.queue_depth, 1, 4096);
+  }
+}
+
+void Validate(const DaemonConfig& c, std::vector<std::string>* errors) {
+  auto absolute = [&](const std::string& path, const std::string& key) {
+    if (!path.empty() && path[0] != '/') errors->push_back(key + ": must be an absolute path, got '" + path + "'");
+  };
+  absolute(c.state_dir, "state_dir");
+  if (c.state_dir.empty()) errors->push_back("state_dir: must not be empty");
+  for (size_t i = 0; i < c.allowed_roots.size(); ++i) {
+    absolute(c.allowed_roots[i], "allowed_roots[" + std::to_string(i) + "]");
+  }
+  absolute(c.server.unix_socket, "server.unix_socket");
+  if (c.server.unix_socket.size() > 107) {
+    errors->push_back("server.unix_socket: path longer than 107 bytes, the Unix socket limit");
+  }
+  const TcpConfig& tcp = c.server.tcp;
+  if (c.server.unix_socket.empty() && tcp.listen.empty()) {
+    errors->push_back("server: neither unix_socket nor tcp.listen is set; the daemon would be unreachable");
+  }
+  if (!tcp.listen.empty()) {
+    if (!ValidHostPort(tcp.listen)) {
+      errors->push_back("server.tcp.listen: expected host:port, got '" + tcp.listen + "'");
+    }
+    for (const auto& [value, key] : {std::pair{tcp.tls_cert_file, "tls_cert_file"},
+                                     std::pair{tcp.tls_key_file, "tls_key_file"},
+                                     std::pair{tcp.auth_token_file, "auth_token_file"}}) {
+      if (value.empty()) {
+        errors->push_back(std::string("server.tcp.") + key +
+                          ": required when server.tcp.listen is set (TCP is served only with TLS and a bearer token)");
+      } else {
+        absolute(value, std::string("server.tcp.") + key);
+      }
+    }
+  }
+  if (!c.metrics.listen.empty() && !ValidHostPort(c.metrics.listen)) {
+    errors->push_back("metrics.listen: expected host:port (port 0 picks a free one), got '" + c.metrics.listen + "'");
+  }
+  for (size_t i = 0; i < c.storage.directories.size(); ++i) {
+    const std::string key = "storage.directories[" + std::to_string(i) + "].path";
+    if (c.storage.directories[i].path.empty()) errors->push_back(key + ": must not be empty");
+    absolute(c.storage.directories[i].path, key);
+  }
+  if (c.storage.aio.block_size % 4096 != 0) {
+    errors->push_back("storage.aio.block_size: must be a multiple of 4096 for O_DIRECT, got " +
+                      std::to_string(c.storage.aio.block_size));
+  }
+}
+
+}  // namespace
+
+StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(source + ": not valid YAML: " + e.what());
+  }
+  DaemonConfig c;
+  std::vector<std::string> errors;
+  const YamlReader r(&errors, "");
+  if (root && !root.IsNull()) {
+    if (r.CheckMap(root, {"log_level", "state_dir", "allowed_roots", "server", "metrics",
+                          "storage", "workers", "memory"})) {
+      std::string level;
+      r.String(root, "log_level", &level);
+      if (!level.empty() && !ParseLogSeverity(level, &c.log_level)) {
+        r.Error("log_level", "expected debug, info, warning or error, got '" + level + "'");
+      }
+      r.String(root, "state_dir", &c.state_dir);
+      r.StringList(root, "allowed_roots", &c.allowed_roots);
+      ReadServer(root["server"], r.Child("server"), &c.server);
+      const YAML::Node m = root["metrics"];
+      const YamlReader mr = r.Child("metrics");
+      if (mr.CheckMap(m, {"listen"})) mr.String(m, "listen", &c.metrics.listen);
+      ReadStorage(root["storage"], r.Child("storage"), &c.storage);
+      const YAML::Node w = root["workers"];
+      const YamlReader wr = r.Child("workers");
+      if (wr.CheckMap(w, {"processes", "threads_per_process", "pin_cores"})) {
+        wr.UInt32(w, "processes", &c.workers.processes, 0, 1024);
+        wr.UInt32(w, "threads_per_process", &c.workers.threads_per_process, 0, 4096);
+        wr.Bool(w, "pin_cores", &c.workers.pin_cores);
+      }
+      const YAML::Node mem = root["memory"];
+      const YamlReader memr = r.Child("memory");
+      if (memr.CheckMap(mem, {"host_memory_limit", "gpu_memory_limit"})) {
+        memr.Bytes(mem, "host_memory_limit", &c.memory.host_memory_limit, 0, kMaxBytes);
+        memr.Bytes(mem, "gpu_memory_limit", &c.memory.gpu_memory_limit, 0, kMaxBytes);
+      }
+    }
+  }
+  if (errors.empty()) Validate(c, &errors);
+  if (!errors.empty()) {
+    std::string msg = source + ": " + std::to_string(errors.size()) + " problem" +
+                      (errors.size() == 1 ? "" : "s");
+    for (const auto& e : errors) msg += "\n  " + e;
+    return InvalidArgumentError(msg);
+  }
+  return c;
+}
+
+StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoError(errno, "cannot read config file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), path);
+}
+
+std::string ConfigToYaml(const DaemonConfig& c) {
+  static constexpr const char* kLevels[] = {"debug", "info", "warning", "error"};
+  YAML::Emitter e;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", c.server.unix_socket_mode);
+  e << YAML::BeginMap;
+  e << YAML::Key << "log_level" << YAML::Value << kLevels[static_cast<int>(c.log_level)];
+  e << YAML::Key << "state_dir" << YAML::Value << c.state_dir;
+  e << YAML::Key << "allowed_roots" << YAML::Value << YAML::BeginSeq;
+  for (const auto& root : c.allowed_roots) e << root;
+  e << YAML::EndSeq;
+  e << YAML::Key << "server" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "unix_socket" << YAML::Value << c.server.unix_socket;
+  e << YAML::Key << "unix_socket_mode" << YAML::Value << YAML::DoubleQuoted << mode;
+  e << YAML::Key << "tcp" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "listen" << YAML::Value << c.server.tcp.listen;
+  e << YAML::Key << "tls_cert_file" << YAML::Value << c.server.tcp.tls_cert_file;
+  e << YAML::Key << "tls_key_file" << YAML::Value << c.server.tcp.tls_key_file;
+  e << YAML::Key << "auth_token_file" << YAML::Value << c.server.tcp.auth_token_file;
+  e << YAML::EndMap;
+  e << YAML::Key << "max_request_bytes" << YAML::Value << FormatByteSize(c.server.max_request_bytes);
+  e << YAML::Key << "shutdown_grace_seconds" << YAML::Value << c.server.shutdown_grace_seconds;
+  e << YAML::EndMap;
+  e << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "listen" << YAML::Value << c.metrics.listen << YAML::EndMap;
+  e << YAML::Key << "storage" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "directories" << YAML::Value << YAML::BeginSeq;
+  for (const auto& d : c.storage.directories) {
+    e << YAML::BeginMap << YAML::Key << "path" << YAML::Value << d.path << YAML::Key << "weight"
+      << YAML::Value << d.weight << YAML::EndMap;
+  }
+  e << YAML::EndSeq;
+  e << YAML::Key << "aio" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "block_size" << YAML::Value << FormatByteSize(c.storage.aio.block_size);
+  e << YAML::Key << "queue_depth" << YAML::Value << c.storage.aio.queue_depth;
+  e << YAML::EndMap << YAML::EndMap;
+  e << YAML::Key << "workers" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "processes" << YAML::Value << c.workers.processes;
+  e << YAML::Key << "threads_per_process" << YAML::Value << c.workers.threads_per_process;
+  e << YAML::Key << "pin_cores" << YAML::Value << c.workers.pin_cores << YAML::EndMap;
+  e << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "host_memory_limit" << YAML::Value << FormatByteSize(c.memory.host_memory_limit);
+  e << YAML::Key << "gpu_memory_limit" << YAML::Value << FormatByteSize(c.memory.gpu_memory_limit);
+  e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,90 @@
+#pragma once
+// The daemon's configuration: /etc/offloadd/offloadd.yaml (or --config) loaded into typed structs.
+// Loading is strict: unknown keys, wrong types and out-of-range values are errors that name the
+// key path ("server.tcp.listen"). Every error in the file is reported at once.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace offloadd::daemon {
+
+inline constexpr const char* kDefaultConfigPath = "/etc/offloadd/offloadd.yaml";
+
+struct TcpConfig {
+  // "host:port" to listen on; empty disables TCP. TCP requires TLS and a bearer token.
+  std::string listen;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // File holding the bearer token clients must send ("authorization: Bearer <token>").
+  std::string auth_token_file;
+};
+
+struct ServerConfig {
+  std::string unix_socket = "/run/offloadd/offloadd.sock";
+  uint32_t unix_socket_mode = 0660;
+  TcpConfig tcp;
+  uint64_t max_request_bytes = 4ull << 20;
+  // SIGTERM: in-flight calls get this long to finish before they are cancelled.
+  double shutdown_grace_seconds = 30;
+};
+
+struct MetricsConfig {
+  // "host:port" for the Prometheus endpoint; port 0 picks a free port; empty disables it.
+  std::string listen = "127.0.0.1:9464";
+};
+
+struct StoreDirectoryConfig {
+  std::string path;
+  double weight = 1.0;
+};
+
+struct AioConfig {
+  uint64_t block_size = 1ull << 20;
+  uint32_t queue_depth = 32;
+};
+
+struct StorageConfig {
+  std::vector<StoreDirectoryConfig> directories;
+  AioConfig aio;
+};
+
+struct WorkersConfig {
+  // 0 = one process per NUMA node.
+  uint32_t processes = 0;
+  // 0 = all cores of the process's NUMA node, minus those the daemon keeps.
+  uint32_t threads_per_process = 0;
+  bool pin_cores = true;
+};
+
+struct MemoryConfig {
+  // Upper bound for pinned host memory (arena + workers); 0 = 80% of physical memory.
+  uint64_t host_memory_limit = 0;
+  // Default per-job GPU budget; 0 = the GPU's free memory.
+  uint64_t gpu_memory_limit = 0;
+};
+
+struct DaemonConfig {
+  LogSeverity log_level = LogSeverity::kInfo;
+  // Job database, checkpoints by default, runtime files.
+  std::string state_dir = "/var/lib/offloadd";
+  // Model, dataset and output paths of jobs must resolve (after symlinks) under one of these.
+  std::vector<std::string> allowed_roots = {"/var/lib/offloadd"};
+  ServerConfig server;
+  MetricsConfig metrics;
+  StorageConfig storage;
+  WorkersConfig workers;
+  MemoryConfig memory;
+};
+
+// Parses YAML text. `source` names the origin in messages (a file path or "<string>").
+StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::string& source);
+// Reads and parses a file; a missing/unreadable file is an error naming the path.
+StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+// The effective configuration as YAML, every key present (what the daemon prints at startup).
+std::string ConfigToYaml(const DaemonConfig& config);
+
+}  // namespace offloadd::daemon

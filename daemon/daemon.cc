@@ -1,0 +1,88 @@
+#include "daemon/daemon.h"
+
+#include <signal.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <filesystem>
+#include <sstream>
+
+#include "common/logging.h"
+#include "daemon/build_info.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/server/grpc_server.h"
+#include "daemon/systemd/sd_notify.h"
+
+namespace offloadd::daemon {
+namespace {
+
+constexpr const char* kLog = "offloadd";
+
+void LogEffectiveConfig(const DaemonConfig& config) {
+  std::istringstream lines(ConfigToYaml(config));
+  OFFLOADD_LOG(kInfo, kLog) << "effective configuration:";
+  for (std::string line; std::getline(lines, line);) OFFLOADD_LOG(kInfo, kLog) << "  " << line;
+}
+
+int Fail(const Status& s) {
+  OFFLOADD_LOG(kError, kLog) << s.ToString();
+  [[maybe_unused]] Status ignored = SdNotify("STATUS=failed: " + s.message());
+  return 1;
+}
+
+}  // namespace
+
+int RunDaemon(const DaemonConfig& config) {
+  signal(SIGPIPE, SIG_IGN);
+  OFFLOADD_LOG(kInfo, kLog) << "offloadd " << OFFLOADD_VERSION << " (" << OFFLOADD_GIT_REVISION << ", "
+                            << OFFLOADD_FLAVOUR << " flavour, LibTorch " << OFFLOADD_TORCH_VERSION << ") starting";
+  LogEffectiveConfig(config);
+
+  std::error_code ec;
+  std::filesystem::create_directories(config.state_dir, ec);
+  if (ec) return Fail(ErrnoError(ec.value(), "cannot create state_dir " + config.state_dir));
+
+  const BuildFacts build{OFFLOADD_VERSION, OFFLOADD_GIT_REVISION, OFFLOADD_TORCH_VERSION,
+                         std::string(OFFLOADD_FLAVOUR) == "cuda"};
+  auto metrics = DaemonMetrics::Start(
+      config.metrics.listen, {build.version, build.revision, build.torch_version, OFFLOADD_FLAVOUR});
+  if (!metrics.ok()) return Fail(metrics.status());
+  if (!config.metrics.listen.empty()) {
+    const std::string host = config.metrics.listen.substr(0, config.metrics.listen.rfind(':'));
+    OFFLOADD_LOG(kInfo, kLog) << "metrics listening on " << host << ":" << (*metrics)->port();
+  }
+
+  // Signals are set up before the server starts so an early SIGTERM is not lost.
+  boost::asio::io_context io;
+  boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+  int received = 0;
+  signals.async_wait([&](const boost::system::error_code& error, int signo) {
+    if (!error) received = signo;
+  });
+
+  auto server = GrpcServer::Start(config, build, metrics->get());
+  if (!server.ok()) return Fail(server.status());
+  std::string where;
+  if (!config.server.unix_socket.empty()) where = "unix:" + config.server.unix_socket;
+  if ((*server)->tcp_port() != 0) {
+    where += (where.empty() ? "" : " and ") + std::string("tcp port ") + std::to_string((*server)->tcp_port()) +
+             " (TLS)";
+  }
+  (*metrics)->SetServing(true);
+  OFFLOADD_LOG(kInfo, kLog) << "serving gRPC on " << where;
+  if (Status s = SdNotify("READY=1\nSTATUS=serving on " + where); !s.ok()) {
+    OFFLOADD_LOG(kWarning, kLog) << "sd_notify failed: " << s.ToString();
+  }
+
+  io.run();  // returns once the signal handler has run
+
+  OFFLOADD_LOG(kInfo, kLog) << (received == SIGINT ? "SIGINT" : "SIGTERM") << ": draining (grace "
+                            << config.server.shutdown_grace_seconds << " s)";
+  [[maybe_unused]] Status ignored = SdNotify("STOPPING=1\nSTATUS=draining");
+  (*metrics)->SetServing(false);
+  (*server)->Shutdown(config.server.shutdown_grace_seconds);
+  OFFLOADD_LOG(kInfo, kLog) << "stopped cleanly";
+  return 0;
+}
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,57 @@
+#include "daemon/metrics/metrics.h"
+
+#include "daemon/metrics/process_collector.h"
+
+namespace offloadd::daemon {
+
+StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Start(const std::string& listen,
+                                                              const BuildLabels& build) {
+  std::unique_ptr<DaemonMetrics> m(new DaemonMetrics());
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  auto& r = *m->registry_;
+
+  prometheus::BuildGauge()
+      .Name("offloadd_build_info")
+      .Help("Build of the running offloadd; the value is always 1.")
+      .Register(r)
+      .Add({{"version", build.version},
+            {"revision", build.revision},
+            {"torch_version", build.torch_version},
+            {"flavour", build.flavour}})
+      .Set(1);
+  m->serving_ = &prometheus::BuildGauge()
+                     .Name("offloadd_serving")
+                     .Help("1 while the daemon accepts requests (health SERVING), 0 while draining.")
+                     .Register(r)
+                     .Add({});
+  m->rpc_total_ = &prometheus::BuildCounter()
+                       .Name("offloadd_grpc_requests_total")
+                       .Help("Finished gRPC calls by method and status code.")
+                       .Register(r);
+  m->rpc_seconds_ = &prometheus::BuildHistogram()
+                         .Name("offloadd_grpc_request_duration_seconds")
+                         .Help("Time from receiving a gRPC call to sending its status.")
+                         .Register(r);
+
+  if (!listen.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    } catch (const std::exception& e) {
+      return UnavailableError("cannot serve metrics on metrics.listen=" + listen + ": " + e.what());
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+    m->exposer_->RegisterCollectable(std::make_shared<ProcessCollector>());
+    const auto ports = m->exposer_->GetListeningPorts();
+    if (!ports.empty()) m->port_ = ports.front();
+  }
+  return m;
+}
+
+void DaemonMetrics::RecordRpc(const std::string& method, const std::string& code, double seconds) {
+  rpc_total_->Add({{"method", method}, {"code", code}}).Increment();
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  rpc_seconds_->Add({{"method", method}}, kBuckets).Observe(seconds);
+}
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,84 @@
+#pragma once
+// What this machine offers: CPU, memory limits, NUMA, GPUs, store directories, io_uring.
+// Probed from /proc, /sys, statvfs, getrlimit, liburing and (CUDA flavour) the CUDA runtime.
+// Plain data: the gRPC NodeService translates it to protobuf. Thread-compatible.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace offloadd::daemon {
+
+struct CpuFacts {
+  std::string model_name;
+  int logical_cores = 0;
+  int physical_cores = 0;
+  bool avx2 = false;
+  bool avx512f = false;
+  bool avx512_bf16 = false;
+};
+
+struct MemoryFacts {
+  uint64_t total_bytes = 0;
+  uint64_t available_bytes = 0;
+  uint64_t hugepage_size_bytes = 0;
+  uint64_t hugepages_total = 0;
+  uint64_t hugepages_free = 0;
+  uint64_t memlock_limit_bytes = 0;  // 0 = unlimited
+  uint64_t shm_available_bytes = 0;
+};
+
+struct NumaFacts {
+  int id = 0;
+  std::string cpus;
+  uint64_t memory_total_bytes = 0;
+};
+
+struct GpuFacts {
+  int index = 0;
+  std::string name;
+  uint64_t total_memory_bytes = 0;
+  uint64_t free_memory_bytes = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  std::string pci_bus_id;
+  int numa_node = -1;
+};
+
+struct StoreDirFacts {
+  std::string path;
+  double weight = 1;
+  uint64_t capacity_bytes = 0;
+  uint64_t available_bytes = 0;
+  std::string problem;  // empty when usable
+};
+
+struct NodeFacts {
+  std::string hostname;
+  std::string kernel_release;
+  CpuFacts cpu;
+  MemoryFacts memory;
+  std::vector<NumaFacts> numa_nodes;
+  std::vector<GpuFacts> gpus;
+  std::string gpu_problem;
+  std::vector<StoreDirFacts> store_dirs;
+  bool io_uring_available = false;
+  std::string io_uring_problem;
+};
+
+struct StoreDirInput {
+  std::string path;
+  double weight = 1;
+};
+
+// Everything but GPUs and io_uring is cheap; GPUs are probed once per call through the CUDA
+// runtime (the daemon owns the GPU, so its context exists anyway).
+NodeFacts ProbeNode(const std::vector<StoreDirInput>& store_dirs);
+
+// GPUs visible to the CUDA runtime; on failure, returns none and sets *problem.
+std::vector<GpuFacts> ProbeGpus(std::string* problem);
+
+// Whether io_uring can be set up here (kernel support, seccomp, io_uring_disabled sysctl).
+bool ProbeIoUring(std::string* problem);
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,95 @@
+#include "daemon/server/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "common/logging.h"
+#include "daemon/server/job_service.h"
+#include "daemon/server/token_auth.h"
+#include "daemon/server/unix_socket.h"
+
+namespace offloadd::daemon {
+namespace {
+
+StatusOr<std::string> ReadFile(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  if (!in) return ErrnoError(errno, key + " " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const TcpConfig& tcp) {
+  ASSIGN_OR_RETURN(std::string cert, ReadFile(tcp.tls_cert_file, "server.tcp.tls_cert_file"));
+  ASSIGN_OR_RETURN(std::string key, ReadFile(tcp.tls_key_file, "server.tcp.tls_key_file"));
+  ASSIGN_OR_RETURN(std::string token, ReadTokenFile(tcp.auth_token_file));
+  grpc::SslServerCredentialsOptions opts;
+  opts.pem_key_cert_pairs.push_back({key, cert});
+  auto creds = grpc::SslServerCredentials(opts);
+  creds->SetAuthMetadataProcessor(MakeTokenAuthProcessor(std::move(token)));
+  return creds;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& config, const BuildFacts& build,
+                                                        DaemonMetrics* metrics) {
+  std::unique_ptr<GrpcServer> s(new GrpcServer());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  std::vector<StoreDirInput> dirs;
+  for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
+  s->job_service_ = std::make_unique<JobServiceImpl>(metrics);
+  s->node_service_ = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
+
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.server.max_request_bytes));
+  if (!config.server.unix_socket.empty()) {
+    RETURN_IF_ERROR(PrepareUnixSocketPath(config.server.unix_socket));
+    builder.AddListeningPort("unix:" + config.server.unix_socket, grpc::InsecureServerCredentials());
+    s->unix_socket_ = config.server.unix_socket;
+  }
+  if (!config.server.tcp.listen.empty()) {
+    ASSIGN_OR_RETURN(auto creds, TcpCredentials(config.server.tcp));
+    builder.AddListeningPort(config.server.tcp.listen, creds, &s->tcp_port_);
+  }
+  builder.RegisterService(s->job_service_.get());
+  builder.RegisterService(s->node_service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_) {
+    return UnavailableError("gRPC server failed to start: cannot bind " +
+                            (s->unix_socket_.empty() ? "" : "unix:" + s->unix_socket_ + " ") +
+                            config.server.tcp.listen + " (see the gRPC error above)");
+  }
+  if (!config.server.tcp.listen.empty() && s->tcp_port_ == 0) {
+    s->server_->Shutdown();
+    return UnavailableError("cannot bind server.tcp.listen=" + config.server.tcp.listen);
+  }
+  if (!s->unix_socket_.empty()) {
+    RETURN_IF_ERROR(SetSocketMode(s->unix_socket_, config.server.unix_socket_mode));
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  return s;
+}
+
+void GrpcServer::Shutdown(double grace_seconds) {
+  if (!server_) return;
+  // Health first, so load balancers and clients polling health stop sending work.
+  server_->GetHealthCheckService()->Shutdown();
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000));
+  server_->Shutdown(deadline);
+  server_->Wait();
+  server_.reset();
+  if (!unix_socket_.empty()) unlink(unix_socket_.c_str());
+}
+
+GrpcServer::~GrpcServer() { Shutdown(0); }
+
+}  // namespace offloadd::daemon

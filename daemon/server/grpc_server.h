@@ -1,0 +1,41 @@
+#pragma once
+// The daemon's gRPC server: JobService, NodeService, grpc.health.v1 and server reflection on the
+// Unix socket (and TCP with TLS + bearer token when configured). Owns the service objects.
+// Thread-safe: Shutdown() may be called from any thread once.
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "daemon/config/config.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/server/node_service.h"
+
+namespace offloadd::daemon {
+
+class GrpcServer {
+ public:
+  static StatusOr<std::unique_ptr<GrpcServer>> Start(const DaemonConfig& config, const BuildFacts& build,
+                                                     DaemonMetrics* metrics);
+  ~GrpcServer();
+
+  // The TCP port actually bound (0 when TCP is off).
+  int tcp_port() const { return tcp_port_; }
+
+  // Health goes NOT_SERVING at once, new calls are refused, in-flight calls get `grace_seconds`
+  // to finish and are then cancelled. Returns when the server has stopped.
+  void Shutdown(double grace_seconds);
+
+ private:
+  GrpcServer() = default;
+
+  std::unique_ptr<grpc::Service> job_service_;
+  std::unique_ptr<grpc::Service> node_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string unix_socket_;
+  int tcp_port_ = 0;
+};
+
+}  // namespace offloadd::daemon

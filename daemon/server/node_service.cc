@@ -1,0 +1,77 @@
+#include "daemon/server/node_service.h"
+
+#include <ctime>
+
+#include "daemon/server/rpc_recorder.h"
+
+namespace offloadd::daemon {
+
+NodeServiceImpl::NodeServiceImpl(BuildFacts build, std::vector<StoreDirInput> store_dirs,
+                                 DaemonMetrics* metrics)
+    : build_(std::move(build)),
+      store_dirs_(std::move(store_dirs)),
+      metrics_(metrics),
+      start_unix_seconds_(std::time(nullptr)) {}
+
+grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::v1::GetNodeInfoRequest*,
+                                          offloadd::v1::NodeInfo* response) {
+  RpcRecorder rec(metrics_, "GetNodeInfo");
+  FillNodeInfo(ProbeNode(store_dirs_), build_, response);
+  response->mutable_start_time()->set_seconds(start_unix_seconds_);
+  return rec.Done(grpc::Status::OK);
+}
+
+void FillNodeInfo(const NodeFacts& f, const BuildFacts& build, offloadd::v1::NodeInfo* out) {
+  out->set_hostname(f.hostname);
+  out->set_kernel_release(f.kernel_release);
+  auto* b = out->mutable_build();
+  b->set_version(build.version);
+  b->set_git_revision(build.revision);
+  b->set_torch_version(build.torch_version);
+  b->set_cuda(build.cuda);
+  auto* cpu = out->mutable_cpu();
+  cpu->set_model_name(f.cpu.model_name);
+  cpu->set_logical_cores(f.cpu.logical_cores);
+  cpu->set_physical_cores(f.cpu.physical_cores);
+  cpu->set_avx2(f.cpu.avx2);
+  cpu->set_avx512f(f.cpu.avx512f);
+  cpu->set_avx512_bf16(f.cpu.avx512_bf16);
+  auto* mem = out->mutable_memory();
+  mem->set_total_bytes(f.memory.total_bytes);
+  mem->set_available_bytes(f.memory.available_bytes);
+  mem->set_hugepage_size_bytes(f.memory.hugepage_size_bytes);
+  mem->set_hugepages_total(f.memory.hugepages_total);
+  mem->set_hugepages_free(f.memory.hugepages_free);
+  mem->set_memlock_limit_bytes(f.memory.memlock_limit_bytes);
+  mem->set_shm_available_bytes(f.memory.shm_available_bytes);
+  for (const auto& n : f.numa_nodes) {
+    auto* p = out->add_numa_nodes();
+    p->set_id(n.id);
+    p->set_cpus(n.cpus);
+    p->set_memory_total_bytes(n.memory_total_bytes);
+  }
+  for (const auto& g : f.gpus) {
+    auto* p = out->add_gpus();
+    p->set_index(g.index);
+    p->set_name(g.name);
+    p->set_total_memory_bytes(g.total_memory_bytes);
+    p->set_free_memory_bytes(g.free_memory_bytes);
+    p->set_compute_capability_major(g.cc_major);
+    p->set_compute_capability_minor(g.cc_minor);
+    p->set_pci_bus_id(g.pci_bus_id);
+    p->set_numa_node(g.numa_node);
+  }
+  out->set_gpu_problem(f.gpu_problem);
+  for (const auto& s : f.store_dirs) {
+    auto* p = out->add_store_directories();
+    p->set_path(s.path);
+    p->set_weight(s.weight);
+    p->set_capacity_bytes(s.capacity_bytes);
+    p->set_available_bytes(s.available_bytes);
+    p->set_problem(s.problem);
+  }
+  out->set_io_uring_available(f.io_uring_available);
+  out->set_io_uring_problem(f.io_uring_problem);
+}
+
+}  // namespace offloadd::daemon

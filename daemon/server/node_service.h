@@ -1,0 +1,37 @@
+#pragma once
+// gRPC NodeService: translates the node probe into offloadd.v1.NodeInfo.
+
+#include <string>
+#include <vector>
+
+#include "daemon/metrics/metrics.h"
+#include "daemon/node/node_probe.h"
+#include "offloadd/v1/node_service.grpc.pb.h"
+
+namespace offloadd::daemon {
+
+struct BuildFacts {
+  std::string version;
+  std::string revision;
+  std::string torch_version;
+  bool cuda = false;
+};
+
+class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
+ public:
+  NodeServiceImpl(BuildFacts build, std::vector<StoreDirInput> store_dirs, DaemonMetrics* metrics);
+
+  grpc::Status GetNodeInfo(grpc::ServerContext* context, const offloadd::v1::GetNodeInfoRequest* request,
+                           offloadd::v1::NodeInfo* response) override;
+
+ private:
+  BuildFacts build_;
+  std::vector<StoreDirInput> store_dirs_;
+  DaemonMetrics* metrics_;
+  int64_t start_unix_seconds_;
+};
+
+// Exposed for tests: fills `out` from probed facts.
+void FillNodeInfo(const NodeFacts& facts, const BuildFacts& build, offloadd::v1::NodeInfo* out);
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,53 @@
+#include "daemon/server/unix_socket.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+namespace offloadd::daemon {
+
+Status PrepareUnixSocketPath(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::filesystem::create_directories(parent, ec);
+    if (ec) return ErrnoError(ec.value(), "cannot create socket directory " + parent.string());
+  }
+  struct stat st{};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return OkStatus();
+    return ErrnoError(errno, "cannot stat socket path " + path);
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return FailedPreconditionError("server.unix_socket " + path + " exists and is not a socket; refusing to replace it");
+  }
+  // Is anyone listening? A successful connect means another daemon owns it.
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoError(errno, "socket(AF_UNIX)");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int err = errno;
+  close(fd);
+  if (rc == 0) {
+    return FailedPreconditionError("another process is already serving on " + path +
+                                   " (is offloadd already running? `systemctl status offloadd`)");
+  }
+  if (err != ECONNREFUSED && err != ENOENT) return ErrnoError(err, "cannot probe socket " + path);
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError(errno, "cannot remove stale socket " + path);
+  return OkStatus();
+}
+
+Status SetSocketMode(const std::string& path, unsigned mode) {
+  if (chmod(path.c_str(), mode) != 0) return ErrnoError(errno, "chmod " + path);
+  return OkStatus();
+}
+
+}  // namespace offloadd::daemon
