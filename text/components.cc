@@ -1,0 +1,734 @@
+#include "text/components.h"
+
+#include <nlohmann/json.hpp>
+
+#include "text/regex.h"
+#include "text/unicode.h"
+
+namespace offloadd::text {
+
+namespace {
+
+using json = nlohmann::json;
+
+// The GPT-2 pre-tokenization regex that ByteLevel{use_regex: true} applies.
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581
+
+std::string TypeOf(const json& j) {
+  auto it = j.find("type");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+StatusOr<std::string> GetString(const json& j, const char* key, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) {
+    return InvalidArgumentError(path + "." + key + ": missing or not a string");
+  }
+  return it->get<std::string>();
+}
+
+bool GetBool(const json& j, const char* key, bool fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
+}
+
+// A Split/Replace pattern: {"String": "..."} (literal) or {"Regex": "..."}.
+struct Pattern {
+  std::string literal;
+  std::shared_ptr<const Regex> regex;
+
+  Status FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>* out) const {
+    if (regex) return regex->FindAll(s, out);
+    if (literal.empty()) return OkStatus();
+    for (size_t pos = s.find(literal); pos != std::string_view::npos;
+         pos = s.find(literal, pos + literal.size())) {
+      out->emplace_back(pos, pos + literal.size());
+    }
+    return OkStatus();
+  }
+};
+
+StatusOr<Pattern> ParsePattern(const json& j, const std::string& path) {
+  if (j.is_object() && j.contains("String") && j["String"].is_string()) {
+    return Pattern{j["String"].get<std::string>(), nullptr};
+  }
+  if (j.is_object() && j.contains("Regex") && j["Regex"].is_string()) {
+    auto re = Regex::Compile(j["Regex"].get<std::string>());
+    if (!re.ok()) return re.status().WithContext(path);
+    return Pattern{"", *re};
+  }
+  return InvalidArgumentError(path + ": expected {\"String\": ...} or {\"Regex\": ...}");
+}
+
+std::string ReplaceAll(std::string_view s, const std::vector<std::pair<size_t, size_t>>& m,
+                       std::string_view content) {
+  std::string out;
+  size_t last = 0;
+  for (const auto& [b, e] : m) {
+    out.append(s.substr(last, b - last));
+    out.append(content);
+    last = e;
+  }
+  out.append(s.substr(last));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalizers
+
+class SequenceNormalizer final : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> s) : steps_(std::move(s)) {}
+  Status Normalize(std::string* s) const override {
+    for (const auto& n : steps_) RETURN_IF_ERROR(n->Normalize(s));
+    return OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> steps_;
+};
+
+class PrependNormalizer final : public Normalizer {
+ public:
+  explicit PrependNormalizer(std::string p) : prepend_(std::move(p)) {}
+  Status Normalize(std::string* s) const override {
+    if (!s->empty()) s->insert(0, prepend_);
+    return OkStatus();
+  }
+
+ private:
+  std::string prepend_;
+};
+
+class ReplaceNormalizer final : public Normalizer {
+ public:
+  ReplaceNormalizer(Pattern p, std::string c) : pattern_(std::move(p)), content_(std::move(c)) {}
+  Status Normalize(std::string* s) const override {
+    std::vector<std::pair<size_t, size_t>> m;
+    RETURN_IF_ERROR(pattern_.FindAll(*s, &m));
+    if (!m.empty()) *s = ReplaceAll(*s, m, content_);
+    return OkStatus();
+  }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class UnicodeNormalizer final : public Normalizer {
+ public:
+  explicit UnicodeNormalizer(NormalForm f) : form_(f) {}
+  Status Normalize(std::string* s) const override {
+    ASSIGN_OR_RETURN(*s, text::Normalize(*s, form_));
+    return OkStatus();
+  }
+
+ private:
+  NormalForm form_;
+};
+
+class LowercaseNormalizer final : public Normalizer {
+ public:
+  Status Normalize(std::string* s) const override {
+    ASSIGN_OR_RETURN(*s, Lowercase(*s));
+    return OkStatus();
+  }
+};
+
+class StripNormalizer final : public Normalizer {
+ public:
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
+  Status Normalize(std::string* s) const override {
+    size_t begin = 0, end = s->size();
+    if (left_) {
+      while (begin < end) {
+        size_t p = begin;
+        if (!IsUnicodeWhitespace(NextCodePoint(*s, &p))) break;
+        begin = p;
+      }
+    }
+    if (right_) {
+      while (end > begin) {
+        size_t b = end - 1;
+        while (b > begin && (static_cast<unsigned char>((*s)[b]) & 0xC0) == 0x80) --b;
+        size_t p = b;
+        if (!IsUnicodeWhitespace(NextCodePoint(*s, &p))) break;
+        end = b;
+      }
+    }
+    *s = s->substr(begin, end - begin);
+    return OkStatus();
+  }
+
+ private:
+  bool left_, right_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Pre-tokenizers
+
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+StatusOr<SplitBehavior> ParseBehavior(const json& j, const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string b, GetString(j, "behavior", path));
+  if (b == "Removed") return SplitBehavior::kRemoved;
+  if (b == "Isolated") return SplitBehavior::kIsolated;
+  if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (b == "Contiguous") return SplitBehavior::kContiguous;
+  return InvalidArgumentError(path + ".behavior: unsupported split behavior \"" + b + "\"");
+}
+
+// Splits `piece` around `matches` the way NormalizedString::split does in `tokenizers`.
+void SplitPiece(const PreToken& piece, const std::vector<std::pair<size_t, size_t>>& matches,
+                bool invert, SplitBehavior behavior, std::vector<PreToken>* out) {
+  struct Span {
+    size_t b, e;
+    bool is_match;
+  };
+  std::vector<Span> spans;
+  size_t last = 0;
+  for (const auto& [b, e] : matches) {
+    if (b > last) spans.push_back({last, b, invert});
+    spans.push_back({b, e, !invert});
+    last = e;
+  }
+  if (last < piece.text.size()) spans.push_back({last, piece.text.size(), invert});
+
+  std::vector<Span> merged;
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::kIsolated:
+      merged = spans;
+      break;
+    case SplitBehavior::kRemoved:
+      for (const auto& s : spans) {
+        if (!s.is_match) merged.push_back(s);
+      }
+      break;
+    case SplitBehavior::kMergedWithPrevious:
+      for (const auto& s : spans) {
+        if (s.is_match && !previous_match && !merged.empty()) {
+          merged.back().e = s.e;
+        } else {
+          merged.push_back(s);
+        }
+        previous_match = s.is_match;
+      }
+      break;
+    case SplitBehavior::kMergedWithNext:
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->is_match && !previous_match && !merged.empty()) {
+          merged.back().b = it->b;
+        } else {
+          merged.push_back(*it);
+        }
+        previous_match = it->is_match;
+      }
+      std::reverse(merged.begin(), merged.end());
+      break;
+    case SplitBehavior::kContiguous:
+      for (const auto& s : spans) {
+        if (s.is_match == previous_match && !merged.empty()) {
+          merged.back().e = s.e;
+        } else {
+          merged.push_back(s);
+        }
+        previous_match = s.is_match;
+      }
+      break;
+  }
+  for (const auto& s : merged) {
+    if (s.e > s.b) out->push_back({piece.text.substr(s.b, s.e - s.b), piece.at_start && s.b == 0});
+  }
+}
+
+// Runs `fn(piece, &out)` on every piece.
+template <typename Fn>
+Status ForEachPiece(std::vector<PreToken>* pieces, Fn fn) {
+  std::vector<PreToken> out;
+  out.reserve(pieces->size() * 2);
+  for (auto& p : *pieces) RETURN_IF_ERROR(fn(p, &out));
+  *pieces = std::move(out);
+  return OkStatus();
+}
+
+class SequencePreTokenizer final : public PreTokenizer {
+ public:
+  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> s)
+      : steps_(std::move(s)) {}
+  Status PreTokenize(std::vector<PreToken>* pieces) const override {
+    for (const auto& p : steps_) RETURN_IF_ERROR(p->PreTokenize(pieces));
+    return OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<PreTokenizer>> steps_;
+};
+
+class SplitPreTokenizer final : public PreTokenizer {
+ public:
+  SplitPreTokenizer(Pattern p, SplitBehavior b, bool invert)
+      : pattern_(std::move(p)), behavior_(b), invert_(invert) {}
+  Status PreTokenize(std::vector<PreToken>* pieces) const override {
+    return ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
+      std::vector<std::pair<size_t, size_t>> m;
+      RETURN_IF_ERROR(pattern_.FindAll(p.text, &m));
+      SplitPiece(p, m, invert_, behavior_, out);
+      return OkStatus();
+    });
+  }
+
+ private:
+  Pattern pattern_;
+  SplitBehavior behavior_;
+  bool invert_;
+};
+
+class ByteLevelPreTokenizer final : public PreTokenizer {
+ public:
+  ByteLevelPreTokenizer(bool add_prefix_space, std::shared_ptr<const Regex> re)
+      : add_prefix_space_(add_prefix_space), regex_(std::move(re)) {}
+  Status PreTokenize(std::vector<PreToken>* pieces) const override {
+    return ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
+      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+      const size_t first = out->size();
+      if (regex_) {
+        std::vector<std::pair<size_t, size_t>> m;
+        RETURN_IF_ERROR(regex_->FindAll(p.text, &m));
+        SplitPiece(p, m, false, SplitBehavior::kIsolated, out);
+      } else if (!p.text.empty()) {
+        out->push_back(std::move(p));
+      }
+      for (size_t i = first; i < out->size(); ++i) (*out)[i].text = ByteLevelEncode((*out)[i].text);
+      return OkStatus();
+    });
+  }
+
+ private:
+  bool add_prefix_space_;
+  std::shared_ptr<const Regex> regex_;  // null when use_regex is false
+};
+
+enum class PrependScheme { kAlways, kFirst, kNever };
+
+StatusOr<PrependScheme> ParsePrependScheme(const json& j, const std::string& path) {
+  auto it = j.find("prepend_scheme");
+  if (it == j.end() || it->is_null()) {
+    return GetBool(j, "add_prefix_space", true) ? PrependScheme::kAlways : PrependScheme::kNever;
+  }
+  const std::string s = it->is_string() ? it->get<std::string>() : "";
+  if (s == "always") return PrependScheme::kAlways;
+  if (s == "first") return PrependScheme::kFirst;
+  if (s == "never") return PrependScheme::kNever;
+  return InvalidArgumentError(path + ".prepend_scheme: unsupported value \"" + s + "\"");
+}
+
+class MetaspacePreTokenizer final : public PreTokenizer {
+ public:
+  MetaspacePreTokenizer(std::string replacement, PrependScheme scheme, bool split)
+      : replacement_(std::move(replacement)), scheme_(scheme), split_(split) {}
+  Status PreTokenize(std::vector<PreToken>* pieces) const override {
+    return ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
+      std::vector<std::pair<size_t, size_t>> spaces;
+      RETURN_IF_ERROR((Pattern{" ", nullptr}.FindAll(p.text, &spaces)));
+      p.text = ReplaceAll(p.text, spaces, replacement_);
+      const bool starts = p.text.compare(0, replacement_.size(), replacement_) == 0;
+      if (!starts && (scheme_ == PrependScheme::kAlways ||
+                      (scheme_ == PrependScheme::kFirst && p.at_start))) {
+        p.text.insert(0, replacement_);
+      }
+      if (!split_) {
+        if (!p.text.empty()) out->push_back(std::move(p));
+        return OkStatus();
+      }
+      std::vector<std::pair<size_t, size_t>> m;
+      RETURN_IF_ERROR((Pattern{replacement_, nullptr}.FindAll(p.text, &m)));
+      SplitPiece(p, m, false, SplitBehavior::kMergedWithNext, out);
+      return OkStatus();
+    });
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme scheme_;
+  bool split_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Decoders
+
+class SequenceDecoder final : public Decoder {
+ public:
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> s) : steps_(std::move(s)) {}
+  Status DecodeChain(std::vector<std::string>* tokens) const override {
+    for (const auto& d : steps_) RETURN_IF_ERROR(d->DecodeChain(tokens));
+    return OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Decoder>> steps_;
+};
+
+class ByteLevelDecoder final : public Decoder {
+ public:
+  Status DecodeChain(std::vector<std::string>* tokens) const override {
+    std::string bytes;
+    for (const auto& t : *tokens) {
+      // A token with a character outside the byte alphabet (e.g. an added token) is kept as its
+      // own UTF-8 bytes.
+      std::string mapped;
+      bool all = true;
+      for (size_t pos = 0; pos < t.size() && all;) {
+        const int b = CodePointToByte(NextCodePoint(t, &pos));
+        if (b < 0) all = false;
+        else mapped.push_back(static_cast<char>(b));
+      }
+      bytes += all ? mapped : t;
+    }
+    *tokens = {Utf8Lossy(bytes)};
+    return OkStatus();
+  }
+};
+
+class ByteFallbackDecoder final : public Decoder {
+ public:
+  Status DecodeChain(std::vector<std::string>* tokens) const override {
+    std::vector<std::string> out;
+    std::string pending;
+    auto flush = [&] {
+      if (pending.empty()) return;
+      if (IsValidUtf8(pending)) {
+        out.push_back(pending);
+      } else {
+        for (size_t i = 0; i < pending.size(); ++i) out.emplace_back("\xEF\xBF\xBD");
+      }
+      pending.clear();
+    };
+    for (auto& t : *tokens) {
+      int byte = -1;
+      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(t[3]) &&
+          std::isxdigit(t[4])) {
+        byte = std::stoi(t.substr(3, 2), nullptr, 16);
+      }
+      if (byte >= 0) {
+        pending.push_back(static_cast<char>(byte));
+      } else {
+        flush();
+        out.push_back(std::move(t));
+      }
+    }
+    flush();
+    *tokens = std::move(out);
+    return OkStatus();
+  }
+};
+
+class FuseDecoder final : public Decoder {
+ public:
+  Status DecodeChain(std::vector<std::string>* tokens) const override {
+    std::string all;
+    for (const auto& t : *tokens) all += t;
+    *tokens = {std::move(all)};
+    return OkStatus();
+  }
+};
+
+class StripDecoder final : public Decoder {
+ public:
+  StripDecoder(uint32_t content, size_t start, size_t stop)
+      : content_(content), start_(start), stop_(stop) {}
+  Status DecodeChain(std::vector<std::string>* tokens) const override {
+    for (auto& t : *tokens) {
+      std::vector<uint32_t> cps;
+      for (size_t pos = 0; pos < t.size();) cps.push_back(NextCodePoint(t, &pos));
+      size_t begin = 0, end = cps.size();
+      for (size_t i = 0; i < start_ && i < cps.size() && cps[i] == content_; ++i) begin = i + 1;
+      for (size_t i = 0; i < stop_ && i < cps.size() && cps[cps.size() - 1 - i] == content_; ++i) {
+        end = cps.size() - 1 - i;
+      }
+      std::string s;
+      for (size_t i = begin; i < end; ++i) AppendUtf8(cps[i], &s);
+      t = std::move(s);
+    }
+    return OkStatus();
+  }
+
+ private:
+  uint32_t content_;
+  size_t start_, stop_;
+};
+
+class ReplaceDecoder final : public Decoder {
+ public:
+  ReplaceDecoder(Pattern p, std::string c) : pattern_(std::move(p)), content_(std::move(c)) {}
+  Status DecodeChain(std::vector<std::string>* tokens) const override {
+    for (auto& t : *tokens) {
+      std::vector<std::pair<size_t, size_t>> m;
+      RETURN_IF_ERROR(pattern_.FindAll(t, &m));
+      if (!m.empty()) t = ReplaceAll(t, m, content_);
+    }
+    return OkStatus();
+  }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class MetaspaceDecoder final : public Decoder {
+ public:
+  MetaspaceDecoder(std::string replacement, PrependScheme scheme)
+      : replacement_(std::move(replacement)), scheme_(scheme) {}
+  Status DecodeChain(std::vector<std::string>* tokens) const override {
+    for (size_t i = 0; i < tokens->size(); ++i) {
+      std::string& t = (*tokens)[i];
+      std::string out;
+      for (size_t pos = 0; pos < t.size();) {
+        const size_t b = pos;
+        NextCodePoint(t, &pos);
+        if (t.compare(b, pos - b, replacement_) == 0) {
+          if (!(i == 0 && scheme_ != PrependScheme::kNever)) out.push_back(' ');
+        } else {
+          out.append(t, b, pos - b);
+        }
+      }
+      t = std::move(out);
+    }
+    return OkStatus();
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme scheme_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Post-processors
+
+class TemplatePostProcessor final : public PostProcessor {
+ public:
+  // Each item is either a list of special ids or the marker for the sequence ($A).
+  struct Item {
+    bool is_sequence;
+    std::vector<int32_t> ids;
+  };
+  explicit TemplatePostProcessor(std::vector<Item> items) : items_(std::move(items)) {}
+  void Process(std::vector<int32_t>* ids) const override {
+    std::vector<int32_t> out;
+    out.reserve(ids->size() + 4);
+    for (const auto& item : items_) {
+      if (item.is_sequence) out.insert(out.end(), ids->begin(), ids->end());
+      else out.insert(out.end(), item.ids.begin(), item.ids.end());
+    }
+    *ids = std::move(out);
+  }
+
+ private:
+  std::vector<Item> items_;
+};
+
+class SequencePostProcessor final : public PostProcessor {
+ public:
+  explicit SequencePostProcessor(std::vector<std::unique_ptr<PostProcessor>> s)
+      : steps_(std::move(s)) {}
+  void Process(std::vector<int32_t>* ids) const override {
+    for (const auto& p : steps_) p->Process(ids);
+  }
+
+ private:
+  std::vector<std::unique_ptr<PostProcessor>> steps_;
+};
+
+class NoopPostProcessor final : public PostProcessor {
+ public:
+  void Process(std::vector<int32_t>*) const override {}
+};
+
+StatusOr<uint32_t> SingleCodePoint(const std::string& s, const std::string& path) {
+  size_t pos = 0;
+  if (s.empty()) return InvalidArgumentError(path + ": must be one character");
+  const uint32_t cp = NextCodePoint(s, &pos);
+  if (pos != s.size()) return InvalidArgumentError(path + ": must be one character");
+  return cp;
+}
+
+template <typename T>
+StatusOr<std::vector<std::unique_ptr<T>>> MakeList(
+    const json& j, const char* key, const std::string& path,
+    const std::function<StatusOr<std::unique_ptr<T>>(const json&, const std::string&)>& make) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) {
+    return InvalidArgumentError(path + "." + key + ": missing or not an array");
+  }
+  std::vector<std::unique_ptr<T>> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    ASSIGN_OR_RETURN(auto step, make((*it)[i], path + "." + key + "[" + std::to_string(i) + "]"));
+    if (step) out.push_back(std::move(step));
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Normalizer>> MakeNormalizer(const json& j, const std::string& path) {
+  if (j.is_null()) return std::unique_ptr<Normalizer>();
+  if (!j.is_object()) return InvalidArgumentError(path + ": expected an object");
+  const std::string type = TypeOf(j);
+  if (type == "Sequence") {
+    ASSIGN_OR_RETURN(auto steps, MakeList<Normalizer>(j, "normalizers", path, MakeNormalizer));
+    return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(steps)));
+  }
+  if (type == "Prepend") {
+    ASSIGN_OR_RETURN(std::string p, GetString(j, "prepend", path));
+    return std::unique_ptr<Normalizer>(new PrependNormalizer(std::move(p)));
+  }
+  if (type == "Replace") {
+    ASSIGN_OR_RETURN(Pattern p, ParsePattern(j.value("pattern", json()), path + ".pattern"));
+    ASSIGN_OR_RETURN(std::string c, GetString(j, "content", path));
+    return std::unique_ptr<Normalizer>(new ReplaceNormalizer(std::move(p), std::move(c)));
+  }
+  if (type == "NFC") return std::unique_ptr<Normalizer>(new UnicodeNormalizer(NormalForm::kNfc));
+  if (type == "NFD") return std::unique_ptr<Normalizer>(new UnicodeNormalizer(NormalForm::kNfd));
+  if (type == "NFKC") return std::unique_ptr<Normalizer>(new UnicodeNormalizer(NormalForm::kNfkc));
+  if (type == "NFKD") return std::unique_ptr<Normalizer>(new UnicodeNormalizer(NormalForm::kNfkd));
+  if (type == "Lowercase") return std::unique_ptr<Normalizer>(new LowercaseNormalizer());
+  if (type == "Strip") {
+    return std::unique_ptr<Normalizer>(
+        new StripNormalizer(GetBool(j, "strip_left", true), GetBool(j, "strip_right", true)));
+  }
+  return UnimplementedError(path + ": unsupported normalizer type \"" + type + "\"");
+}
+
+StatusOr<std::unique_ptr<PreTokenizer>> MakePreTokenizer(const json& j, const std::string& path) {
+  if (j.is_null()) return std::unique_ptr<PreTokenizer>();
+  if (!j.is_object()) return InvalidArgumentError(path + ": expected an object");
+  const std::string type = TypeOf(j);
+  if (type == "Sequence") {
+    ASSIGN_OR_RETURN(auto steps,
+                     MakeList<PreTokenizer>(j, "pretokenizers", path, MakePreTokenizer));
+    return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(steps)));
+  }
+  if (type == "ByteLevel") {
+    std::shared_ptr<const Regex> re;
+    if (GetBool(j, "use_regex", true)) {
+      auto compiled = Regex::Compile(kGpt2Pattern);
+      if (!compiled.ok()) return compiled.status().WithContext(path);
+      re = *compiled;
+    }
+    return std::unique_ptr<PreTokenizer>(
+        new ByteLevelPreTokenizer(GetBool(j, "add_prefix_space", false), std::move(re)));
+  }
+  if (type == "Split") {
+    ASSIGN_OR_RETURN(Pattern p, ParsePattern(j.value("pattern", json()), path + ".pattern"));
+    ASSIGN_OR_RETURN(SplitBehavior b, ParseBehavior(j, path));
+    return std::unique_ptr<PreTokenizer>(
+        new SplitPreTokenizer(std::move(p), b, GetBool(j, "invert", false)));
+  }
+  if (type == "Metaspace") {
+    ASSIGN_OR_RETURN(std::string r, GetString(j, "replacement", path));
+    RETURN_IF_ERROR(SingleCodePoint(r, path + ".replacement").status());
+    ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(j, path));
+    return std::unique_ptr<PreTokenizer>(
+        new MetaspacePreTokenizer(std::move(r), scheme, GetBool(j, "split", true)));
+  }
+  if (type == "Digits") {
+    auto re = Regex::Compile(R"(\p{N})");
+    if (!re.ok()) return re.status().WithContext(path);
+    const bool individual = GetBool(j, "individual_digits", false);
+    return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(
+        Pattern{"", *re}, individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
+        false));
+  }
+  return UnimplementedError(path + ": unsupported pre-tokenizer type \"" + type + "\"");
+}
+
+StatusOr<std::unique_ptr<Decoder>> MakeDecoder(const json& j, const std::string& path) {
+  if (j.is_null()) return std::unique_ptr<Decoder>();
+  if (!j.is_object()) return InvalidArgumentError(path + ": expected an object");
+  const std::string type = TypeOf(j);
+  if (type == "Sequence") {
+    ASSIGN_OR_RETURN(auto steps, MakeList<Decoder>(j, "decoders", path, MakeDecoder));
+    return std::unique_ptr<Decoder>(new SequenceDecoder(std::move(steps)));
+  }
+  if (type == "ByteLevel") return std::unique_ptr<Decoder>(new ByteLevelDecoder());
+  if (type == "ByteFallback") return std::unique_ptr<Decoder>(new ByteFallbackDecoder());
+  if (type == "Fuse") return std::unique_ptr<Decoder>(new FuseDecoder());
+  if (type == "Strip") {
+    ASSIGN_OR_RETURN(std::string c, GetString(j, "content", path));
+    ASSIGN_OR_RETURN(uint32_t cp, SingleCodePoint(c, path + ".content"));
+    const auto start = j.value("start", 0), stop = j.value("stop", 0);
+    if (start < 0 || stop < 0) return InvalidArgumentError(path + ": start/stop must be >= 0");
+    return std::unique_ptr<Decoder>(
+        new StripDecoder(cp, static_cast<size_t>(start), static_cast<size_t>(stop)));
+  }
+  if (type == "Replace") {
+    ASSIGN_OR_RETURN(Pattern p, ParsePattern(j.value("pattern", json()), path + ".pattern"));
+    ASSIGN_OR_RETURN(std::string c, GetString(j, "content", path));
+    return std::unique_ptr<Decoder>(new ReplaceDecoder(std::move(p), std::move(c)));
+  }
+  if (type == "Metaspace") {
+    ASSIGN_OR_RETURN(std::string r, GetString(j, "replacement", path));
+    RETURN_IF_ERROR(SingleCodePoint(r, path + ".replacement").status());
+    ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(j, path));
+    return std::unique_ptr<Decoder>(new MetaspaceDecoder(std::move(r), scheme));
+  }
+  return UnimplementedError(path + ": unsupported decoder type \"" + type + "\"");
+}
+
+StatusOr<std::unique_ptr<PostProcessor>> MakePostProcessor(const json& j,
+                                                           const std::string& path) {
+  if (j.is_null()) return std::unique_ptr<PostProcessor>();
+  if (!j.is_object()) return InvalidArgumentError(path + ": expected an object");
+  const std::string type = TypeOf(j);
+  if (type == "Sequence") {
+    ASSIGN_OR_RETURN(auto steps,
+                     MakeList<PostProcessor>(j, "processors", path, MakePostProcessor));
+    return std::unique_ptr<PostProcessor>(new SequencePostProcessor(std::move(steps)));
+  }
+  if (type == "ByteLevel") return std::unique_ptr<PostProcessor>(new NoopPostProcessor());
+  if (type == "TemplateProcessing") {
+    auto single = j.find("single");
+    if (single == j.end() || !single->is_array()) {
+      return InvalidArgumentError(path + ".single: missing or not an array");
+    }
+    const json specials = j.value("special_tokens", json::object());
+    std::vector<TemplatePostProcessor::Item> items;
+    for (size_t i = 0; i < single->size(); ++i) {
+      const json& item = (*single)[i];
+      const std::string ipath = path + ".single[" + std::to_string(i) + "]";
+      if (item.contains("Sequence")) {
+        items.push_back({true, {}});
+      } else if (item.contains("SpecialToken") && item["SpecialToken"].contains("id")) {
+        const std::string name = item["SpecialToken"]["id"].get<std::string>();
+        auto sp = specials.find(name);
+        if (sp == specials.end() || !sp->contains("ids") || !(*sp)["ids"].is_array()) {
+          return InvalidArgumentError(ipath + ": special token \"" + name +
+                                      "\" missing from special_tokens");
+        }
+        items.push_back({false, (*sp)["ids"].get<std::vector<int32_t>>()});
+      } else {
+        return InvalidArgumentError(ipath + ": expected Sequence or SpecialToken");
+      }
+    }
+    return std::unique_ptr<PostProcessor>(new TemplatePostProcessor(std::move(items)));
+  }
+  if (type == "BertProcessing" || type == "RobertaProcessing") {
+    auto pair_id = [&](const char* key) -> StatusOr<int32_t> {
+      auto it = j.find(key);
+      if (it == j.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_integer()) {
+        return InvalidArgumentError(path + "." + key + ": expected [token, id]");
+      }
+      return (*it)[1].get<int32_t>();
+    };
+    ASSIGN_OR_RETURN(int32_t cls, pair_id("cls"));
+    ASSIGN_OR_RETURN(int32_t sep, pair_id("sep"));
+    return std::unique_ptr<PostProcessor>(new TemplatePostProcessor(
+        {{false, {cls}}, {true, {}}, {false, {sep}}}));
+  }
+  return UnimplementedError(path + ": unsupported post-processor type \"" + type + "\"");
+}
+
+}  // namespace offloadd::text

@@ -1,0 +1,192 @@
+#include "text/tokenizer.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "text/added_tokens.h"
+#include "text/bpe_model.h"
+#include "text/components.h"
+#include "text/unicode.h"
+
+namespace offloadd::text {
+
+using json = nlohmann::json;
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError("cannot open tokenizer file " + path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return DataLossError("cannot read tokenizer file " + path);
+  return FromJson(buf.str(), path);
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_text,
+                                                         std::string_view origin) {
+  const std::string where(origin);
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError(where + ": not valid JSON");
+  if (!j.is_object()) return InvalidArgumentError(where + ": top level is not a JSON object");
+  auto wrap = [&](const Status& s) { return s.WithContext(where); };
+
+  std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  const json& model = j.value("model", json());
+  if (!model.is_object()) return InvalidArgumentError(where + ": missing \"model\" object");
+  const std::string type = model.value("type", std::string());
+  // Older files omit the type; a BPE model is recognised by its merges.
+  if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
+    return UnimplementedError(where + ": unsupported model type \"" + type +
+                              "\" (only BPE is supported)");
+  }
+  auto bpe = BpeModel::FromJson(model);
+  if (!bpe.ok()) return wrap(bpe.status());
+  tok->model_ = std::move(*bpe);
+
+  auto normalizer = MakeNormalizer(j.value("normalizer", json()), "normalizer");
+  if (!normalizer.ok()) return wrap(normalizer.status());
+  tok->normalizer_ = std::move(*normalizer);
+  auto pre = MakePreTokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer");
+  if (!pre.ok()) return wrap(pre.status());
+  tok->pre_tokenizer_ = std::move(*pre);
+  auto decoder = MakeDecoder(j.value("decoder", json()), "decoder");
+  if (!decoder.ok()) return wrap(decoder.status());
+  tok->decoder_ = std::move(*decoder);
+  auto post = MakePostProcessor(j.value("post_processor", json()), "post_processor");
+  if (!post.ok()) return wrap(post.status());
+  tok->post_processor_ = std::move(*post);
+  if (j.contains("truncation") && !j["truncation"].is_null()) {
+    return UnimplementedError(where + ": \"truncation\" in tokenizer.json is not supported "
+                              "(the dataset pipeline truncates)");
+  }
+
+  const json& added = j.value("added_tokens", json::array());
+  if (!added.is_array()) return InvalidArgumentError(where + ": added_tokens is not an array");
+  tok->vocab_size_ = tok->model_->max_id() + 1;
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& a = added[i];
+    const std::string path = where + ": added_tokens[" + std::to_string(i) + "]";
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
+        !a.contains("content") || !a["content"].is_string() || a["id"].get<int64_t>() < 0 ||
+        a["id"].get<int64_t>() > INT32_MAX) {
+      return InvalidArgumentError(path + ": needs an integer \"id\" and a string \"content\"");
+    }
+    AddedToken t;
+    t.id = a["id"].get<int32_t>();
+    t.content = a["content"].get<std::string>();
+    if (t.content.empty()) return InvalidArgumentError(path + ": empty content");
+    t.single_word = a.value("single_word", false);
+    t.lstrip = a.value("lstrip", false);
+    t.rstrip = a.value("rstrip", false);
+    t.normalized = a.value("normalized", true);
+    t.special = a.value("special", false);
+    tok->added_by_id_[t.id] = tok->added_tokens_.size();
+    tok->vocab_size_ = std::max(tok->vocab_size_, t.id + 1);
+    tok->added_tokens_.push_back(std::move(t));
+  }
+  std::vector<AddedTokenMatcher::Pattern> raw, normalized;
+  for (const AddedToken& t : tok->added_tokens_) {
+    if (t.normalized && tok->normalizer_) {
+      std::string pattern = t.content;
+      RETURN_IF_ERROR(tok->normalizer_->Normalize(&pattern));
+      normalized.push_back({std::move(pattern), &t});
+    } else if (t.normalized) {
+      normalized.push_back({t.content, &t});
+    } else {
+      raw.push_back({t.content, &t});
+    }
+  }
+  tok->raw_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(raw));
+  tok->normalized_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(normalized));
+  return tok;
+}
+
+Status Tokenizer::EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const {
+  if (normalizer_) RETURN_IF_ERROR(normalizer_->Normalize(&text));
+  std::vector<PreToken> pieces;
+  for (const auto& p : normalized_matcher_->Split(text)) {
+    if (p.token != nullptr) {
+      // Flush the plain text gathered so far, then the token itself.
+      if (!pieces.empty()) {
+        if (pre_tokenizer_) RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&pieces));
+        for (const auto& piece : pieces) model_->Tokenize(piece.text, ids);
+        pieces.clear();
+      }
+      ids->push_back(p.token->id);
+      continue;
+    }
+    if (p.end > p.begin) {
+      pieces.push_back({text.substr(p.begin, p.end - p.begin), at_start && p.begin == 0});
+    }
+  }
+  if (!pieces.empty()) {
+    if (pre_tokenizer_) RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&pieces));
+    for (const auto& piece : pieces) model_->Tokenize(piece.text, ids);
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                                 bool add_special_tokens) const {
+  if (!IsValidUtf8(text)) return InvalidArgumentError("Encode: input is not valid UTF-8");
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  for (const auto& p : raw_matcher_->Split(text)) {
+    if (p.token != nullptr) {
+      ids.push_back(p.token->id);
+    } else if (p.end > p.begin) {
+      RETURN_IF_ERROR(
+          EncodeSegment(std::string(text.substr(p.begin, p.end - p.begin)), p.begin == 0, &ids));
+    }
+  }
+  if (add_special_tokens && post_processor_) post_processor_->Process(&ids);
+  return ids;
+}
+
+StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
+                                        bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int32_t id : ids) {
+    auto added = added_by_id_.find(id);
+    if (added != added_by_id_.end()) {
+      const AddedToken& t = added_tokens_[added->second];
+      if (!(skip_special_tokens && t.special)) tokens.push_back(t.content);
+      continue;
+    }
+    if (const std::string* t = model_->IdToToken(id)) tokens.push_back(*t);
+  }
+  if (!decoder_) {
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  RETURN_IF_ERROR(decoder_->DecodeChain(&tokens));
+  std::string out;
+  for (const auto& t : tokens) out += t;
+  return out;
+}
+
+std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
+  for (const AddedToken& t : added_tokens_) {
+    if (t.content == token) return t.id;
+  }
+  return model_->TokenToId(token);
+}
+
+std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
+  auto added = added_by_id_.find(id);
+  if (added != added_by_id_.end()) return added_tokens_[added->second].content;
+  if (const std::string* t = model_->IdToToken(id)) return *t;
+  return std::nullopt;
+}
+
+bool Tokenizer::IsSpecial(int32_t id) const {
+  auto added = added_by_id_.find(id);
+  return added != added_by_id_.end() && added_tokens_[added->second].special;
+}
+
+}  // namespace offloadd::text

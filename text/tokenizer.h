@@ -1,0 +1,88 @@
+#pragma once
+// Native loader and encoder for Hugging Face `tokenizer.json` files with a BPE model: byte-level
+// BPE (GPT-2, Llama-3, Qwen2) and SentencePiece-style BPE with byte fallback (Llama-2, Mistral,
+// Phi-3, in both the legacy Prepend/Replace-normalizer form and the Metaspace form). Encoding
+// follows the Python `tokenizers` pipeline step by step so that ids are identical:
+//   1. added tokens with normalized=false are split out of the raw text (leftmost-longest match,
+//      honouring lstrip / rstrip / single_word);
+//   2. every other segment is normalized, then added tokens with normalized=true are split out
+//      of it (their patterns normalized the same way);
+//   3. the pre-tokenizer splits the remaining text; 4. the BPE model encodes each piece;
+//   5. with add_special_tokens, the post-processor adds BOS/EOS-style tokens.
+// Unsupported components are rejected by name when loading. A Tokenizer is immutable after
+// loading (apart from an internal, locked cache) and safe to use from many threads at once.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/status.h"
+
+namespace offloadd::text {
+
+class BpeModel;
+class Normalizer;
+class PreTokenizer;
+class Decoder;
+class PostProcessor;
+class AddedTokenMatcher;
+
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = true;
+  bool special = false;
+};
+
+class Tokenizer {
+ public:
+  // Loads a tokenizer.json. Errors name the file and the offending JSON path.
+  static StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+  // Parses tokenizer.json contents; `origin` names the source in error messages.
+  static StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json_text,
+                                                       std::string_view origin = "tokenizer.json");
+  ~Tokenizer();
+
+  // Token ids for `text` (which must be valid UTF-8, else INVALID_ARGUMENT). With
+  // add_special_tokens the post-processor's template is applied (e.g. Llama's leading <s>).
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const;
+
+  // Text for `ids` through the configured decoder; ids unknown to the vocabulary are skipped
+  // (as `tokenizers` does); with skip_special_tokens, added tokens marked special are dropped.
+  StatusOr<std::string> Decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
+
+  std::optional<int32_t> TokenToId(std::string_view token) const;
+  std::optional<std::string> IdToToken(int32_t id) const;
+  // One past the largest id of the vocabulary or of an added token.
+  int32_t vocab_size() const { return vocab_size_; }
+  bool IsSpecial(int32_t id) const;
+  const std::vector<AddedToken>& added_tokens() const { return added_tokens_; }
+
+ private:
+  Tokenizer();
+  struct Segment;
+  Status EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const;
+
+  std::unique_ptr<BpeModel> model_;
+  std::unique_ptr<Normalizer> normalizer_;
+  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<Decoder> decoder_;
+  std::unique_ptr<PostProcessor> post_processor_;
+  std::vector<AddedToken> added_tokens_;
+  std::unordered_map<int32_t, size_t> added_by_id_;
+  std::unique_ptr<AddedTokenMatcher> raw_matcher_;         // normalized=false tokens
+  std::unique_ptr<AddedTokenMatcher> normalized_matcher_;  // normalized=true tokens
+  int32_t vocab_size_ = 0;
+};
+
+}  // namespace offloadd::text
