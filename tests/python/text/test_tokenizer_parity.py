@@ -1,0 +1,106 @@
+"""offloadd's native tokenizer against the Python `tokenizers` library, on every real tokenizer
+in shared/data (and on Llama-3 / Qwen2-style / Metaspace-form tokenizers built in conftest), and
+against the shipped swift-transformers test vectors."""
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import TOK_DIR, NativeTokenizer, varied_corpus
+
+NAMES = ["gpt2", "llama2", "phi3-mini", "llama3", "qwen2-style", "llama2-metaspace"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("add_special", [False, True])
+def test_encode_matches_python(tokenizer_paths, name, add_special):
+    path = tokenizer_paths[name]
+    ref = Tokenizer.from_file(str(path))
+    texts = varied_corpus(name)
+    want = [e.ids for e in ref.encode_batch(texts, add_special_tokens=add_special)]
+    got = NativeTokenizer(path).encode_many(texts, add_special)
+    mismatches = [(t, w, g) for t, w, g in zip(texts, want, got) if w != g]
+    assert not mismatches, f"{len(mismatches)}/{len(texts)} differ; first: {mismatches[0]!r}"
+    assert sum(len(w) for w in want) > 1000  # the corpus really was encoded
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("skip_special", [False, True])
+def test_decode_matches_python(tokenizer_paths, name, skip_special):
+    path = tokenizer_paths[name]
+    ref = Tokenizer.from_file(str(path))
+    texts = varied_corpus(name)
+    ids = [e.ids for e in ref.encode_batch(texts, add_special_tokens=True)]
+    # Also partial sequences, which cut multi-byte characters in the middle.
+    ids += [i[: len(i) // 2] for i in ids if len(i) > 3]
+    if name == "llama2":
+        # tokenizers 0.23 decodes added tokens with normalized=true through their *normalized*
+        # form ("▁<s>"), so it neither skips them nor drops the space it adds. transformers'
+        # LlamaTokenizer (5.17) and the shipped vectors (4.57) skip them and add no space; offloadd
+        # follows transformers here.
+        from transformers import AutoTokenizer
+        hf = AutoTokenizer.from_pretrained(str(path.parent))
+        want = [hf.decode(i, skip_special_tokens=skip_special) for i in ids]
+    else:
+        want = ref.decode_batch(ids, skip_special_tokens=skip_special)
+    got = NativeTokenizer(path).decode_many(ids, skip_special)
+    mismatches = [(i, w, g) for i, w, g in zip(ids, want, got) if w != g]
+    assert not mismatches, f"{len(mismatches)}/{len(ids)} differ; first: {mismatches[0]!r}"
+
+
+def _vectors(name):
+    return json.loads((TOK_DIR / "test_vectors" / name).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("tok_name,vector_file", [
+    ("gpt2", "gpt2_encoded_tokens.json"),
+    ("llama2", "llama_encoded.json"),
+    ("llama3", "llama_3.2_encoded.json"),
+])
+def test_shipped_paragraph_vectors(tokenizer_paths, tok_name, vector_file):
+    v = _vectors(vector_file)
+    got = NativeTokenizer(tokenizer_paths[tok_name]).encode_many([v["text"]], True)[0]
+    assert got == v["token_ids"]
+
+
+@pytest.mark.parametrize("tok_name,key", [
+    ("gpt2", "distilgpt2"),
+    ("llama2", "coreml-projects/Llama-2-7b-chat-coreml"),
+    ("llama3", "pcuenq/Llama-3.2-1B-Instruct-tokenizer"),
+])
+def test_shipped_tokenizer_tests(tokenizer_paths, tok_name, key):
+    cases = _vectors("tokenizer_tests.json")[key]
+    got = NativeTokenizer(tokenizer_paths[tok_name]).encode_many([c["input"] for c in cases], True)
+    for case, ids in zip(cases, got):
+        assert ids == case["encoded"]["input_ids"], case["input"]
+
+
+@pytest.mark.parametrize("tok_name,vector_file", [
+    ("gpt2", "gpt2_multilingual.json"),
+    ("llama2", "tinyllama_multilingual.json"),
+])
+def test_shipped_multilingual_vectors(tokenizer_paths, tok_name, vector_file):
+    base = TOK_DIR / "test_vectors" / "multilingual_conformance"
+    inputs = {c["id"]: c["text"] for c in json.loads((base / "inputs.json").read_text("utf-8"))}
+    entries = json.loads((base / vector_file).read_text("utf-8"))["entries"]
+    native = NativeTokenizer(tokenizer_paths[tok_name])
+    got = native.encode_many([inputs[e["id"]] for e in entries], True)
+    bad = [e["id"] for e, ids in zip(entries, got) if ids != e["input_ids"]]
+    assert not bad, bad
+    decoded = native.decode_many([e["input_ids"] for e in entries], True)
+    bad = [e["id"] for e, d in zip(entries, decoded) if d != e["decoded_skip_special"]]
+    assert not bad, bad
+
+
+def test_bad_input_reports_errors(tmp_path, tokenizer_paths):
+    import subprocess
+    from conftest import tool
+    broken = tmp_path / "tokenizer.json"
+    data = json.loads(tokenizer_paths["gpt2"].read_text(encoding="utf-8"))
+    data["model"]["merges"] = []
+    broken.write_text(json.dumps(data))
+    proc = subprocess.run([str(tool("offloadd-tokenize")), "--tokenizer", str(broken)],
+                          input="", capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "merges" in proc.stderr and str(broken) in proc.stderr
