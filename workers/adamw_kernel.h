@@ -1,0 +1,72 @@
+#pragma once
+// The fused CPU AdamW kernel: one pass over a shard reads the gradients (bf16 or fp32), updates
+// the fp32 master weights, exp_avg and exp_avg_sq in place, writes a bf16/fp16 copy of the new
+// weights for the GPU, and returns the sum of squares of the gradients it read (for global-norm
+// clipping). Also gradient accumulation into fp32 across micro-batches, and a norm-only pass.
+//
+// Numerics follow torch.optim.AdamW (decoupled weight decay, bias correction) operation by
+// operation in fp32, with the per-step scalars computed in double as PyTorch does:
+//   g  = grad * grad_scale                  (grad_scale = clip coefficient, 1 when not clipping)
+//   p  = p * (1 - lr * wd)
+//   m  = lerp(m, g, 1 - beta1)              (fused multiply-add, as ATen's vectorised lerp)
+//   v  = fma((1 - beta2) * g, g, v * beta2)  (ATen's vectorised addcmul)
+//   p  = p + (-lr / (1 - beta1^k)) * m / (sqrt(v) / sqrt(1 - beta2^k) + eps)
+// so results agree with PyTorch to fp32 rounding (see tests/python/workers for the tolerance).
+// Code paths: AVX-512 with AVX512_BF16 conversions, AVX-512 (integer bf16 rounding), AVX2+F16C+FMA
+// and portable C++, chosen at run time from cpuid; all give the same results except that the
+// AVX512_BF16 instruction flushes fp32 denormals to zero when rounding to bf16.
+//
+// Thread-safe: pure functions over caller-owned memory; callers split shards between threads.
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace offloadd::workers {
+
+enum class GradDtype : uint8_t { kBf16 = 0, kFp32 = 1 };
+enum class WeightDtype : uint8_t { kNone = 0, kBf16 = 1, kFp16 = 2 };
+enum class KernelPath : uint8_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  uint64_t step = 1;        // Adam step k >= 1 after this update (bias correction)
+  float grad_scale = 1.0f;  // gradients are multiplied by this first (global-norm clipping)
+};
+// INVALID_ARGUMENT naming the field for out-of-range hyper-parameters (step 0, beta outside
+// [0, 1), eps <= 0, negative lr or weight decay, non-finite values).
+Status ValidateHyper(const AdamWHyper& h);
+
+struct AdamWSpan {
+  const void* grad = nullptr;
+  GradDtype grad_dtype = GradDtype::kBf16;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  void* weights = nullptr;  // may be null when weight_dtype is kNone
+  WeightDtype weight_dtype = WeightDtype::kBf16;
+  size_t n = 0;
+};
+
+// Returns sum(grad^2) of the unscaled gradients (accumulated in fp32 lanes, summed in double).
+double FusedAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath path);
+// acc = (overwrite ? 0 : acc) + grad. Returns sum(grad^2) of the gradients read.
+double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite,
+                      KernelPath path);
+double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n, KernelPath path);
+
+bool PathSupported(KernelPath path);
+std::vector<KernelPath> SupportedPaths();  // fastest first
+KernelPath BestPath();
+std::string_view KernelPathName(KernelPath path);  // "portable", "avx2", "avx512", "avx512bf16"
+// Accepts the names above and "auto" (BestPath()). FAILED_PRECONDITION if this CPU lacks it.
+StatusOr<KernelPath> ParseKernelPath(std::string_view name);
+
+}  // namespace offloadd::workers

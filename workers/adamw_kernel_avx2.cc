@@ -1,0 +1,116 @@
+// AVX2 + FMA + F16C path (compiled with -mavx2 -mfma -mf16c; only called when cpuid says so).
+// bf16 rounding is done in integer arithmetic, exactly as c10::BFloat16 does it.
+#include <immintrin.h>
+
+#include "workers/adamw_kernel_impl.h"
+
+namespace offloadd::workers::internal::avx2 {
+namespace {
+
+inline __m256 LoadGrad8(const void* grad, GradDtype dt, size_t i) {
+  if (dt == GradDtype::kFp32) return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline __m128i ToBf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+  // Pack 8 x u32 (each < 65536) to 8 x u16: packus works per 128-bit lane.
+  const __m256i packed = _mm256_packus_epi32(r, r);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+inline void StoreWeights8(void* w, WeightDtype dt, size_t i, __m256 p) {
+  if (dt == WeightDtype::kNone) return;
+  auto* dst = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i);
+  if (dt == WeightDtype::kBf16) {
+    _mm_storeu_si128(dst, ToBf16(p));
+  } else {
+    _mm_storeu_si128(dst, _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+inline double HSum(__m256 a, __m256 b) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_add_ps(a, b));
+  double s = 0;
+  for (float x : t) s += x;
+  return s;
+}
+
+}  // namespace
+
+double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
+  const __m256 scale = _mm256_set1_ps(s.grad_scale), decay = _mm256_set1_ps(s.decay);
+  const __m256 coeff = _mm256_set1_ps(s.lerp_coeff), beta2 = _mm256_set1_ps(s.beta2);
+  const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2), nstep = _mm256_set1_ps(s.neg_step_size);
+  const __m256 bc2 = _mm256_set1_ps(s.bc2_sqrt), eps = _mm256_set1_ps(s.eps);
+  __m256 sq0 = _mm256_setzero_ps();
+  const __m256 sq1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= span.n; i += 8) {
+    const __m256 graw = LoadGrad8(span.grad, span.grad_dtype, i);
+    sq0 = _mm256_fmadd_ps(graw, graw, sq0);
+    const __m256 g = _mm256_mul_ps(graw, scale);
+    __m256 p = _mm256_loadu_ps(span.master + i);
+    const __m256 m = _mm256_loadu_ps(span.exp_avg + i);
+    const __m256 v = _mm256_loadu_ps(span.exp_avg_sq + i);
+    if (s.decay_on) p = _mm256_mul_ps(p, decay);
+    const __m256 diff = _mm256_sub_ps(g, m);
+    const __m256 mm = _mm256_fmadd_ps(coeff, diff, s.lerp_small ? m : g);
+    const __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g, _mm256_mul_ps(v, beta2));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2), eps);
+    p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(nstep, mm), denom));
+    _mm256_storeu_ps(span.master + i, p);
+    _mm256_storeu_ps(span.exp_avg + i, mm);
+    _mm256_storeu_ps(span.exp_avg_sq + i, vv);
+    StoreWeights8(span.weights, span.weight_dtype, i, p);
+  }
+  double sq = HSum(sq0, sq1);
+  for (; i < span.n; ++i) {
+    const float g = LoadGrad(span.grad, span.grad_dtype, i);
+    sq += AdamWElement(g, &span.master[i], &span.exp_avg[i], &span.exp_avg_sq[i], s);
+    StoreWeight(span.weights, span.weight_dtype, i, span.master[i]);
+  }
+  return sq;
+}
+
+double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite) {
+  __m256 sq0 = _mm256_setzero_ps();
+  const __m256 sq1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = LoadGrad8(grad, dtype, i);
+    sq0 = _mm256_fmadd_ps(g, g, sq0);
+    _mm256_storeu_ps(acc + i, overwrite ? g : _mm256_add_ps(_mm256_loadu_ps(acc + i), g));
+  }
+  double sq = HSum(sq0, sq1);
+  for (; i < n; ++i) {
+    const float g = LoadGrad(grad, dtype, i);
+    acc[i] = overwrite ? g : acc[i] + g;
+    sq += static_cast<double>(g * g);
+  }
+  return sq;
+}
+
+double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n) {
+  __m256 sq0 = _mm256_setzero_ps(), sq1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = LoadGrad8(grad, dtype, i), b = LoadGrad8(grad, dtype, i + 8);
+    sq0 = _mm256_fmadd_ps(a, a, sq0);
+    sq1 = _mm256_fmadd_ps(b, b, sq1);
+  }
+  double sq = HSum(sq0, sq1);
+  for (; i < n; ++i) {
+    const float g = LoadGrad(grad, dtype, i);
+    sq += static_cast<double>(g * g);
+  }
+  return sq;
+}
+
+}  // namespace offloadd::workers::internal::avx2
