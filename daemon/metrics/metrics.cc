@@ -40,7 +40,8 @@ StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Start(const std::string&
       return UnavailableError("cannot serve metrics on metrics.listen=" + listen + ": " + e.what());
     }
     m->exposer_->RegisterCollectable(m->registry_);
-    m->exposer_->RegisterCollectable(std::make_shared<ProcessCollector>());
+    m->process_collector_ = std::make_shared<ProcessCollector>();
+    m->exposer_->RegisterCollectable(m->process_collector_);
     const auto ports = m->exposer_->GetListeningPorts();
     if (!ports.empty()) m->port_ = ports.front();
   }

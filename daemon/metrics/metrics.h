@@ -44,7 +44,9 @@ class DaemonMetrics {
  private:
   DaemonMetrics() = default;
 
+  // The exposer keeps only weak references to collectables: they are owned here.
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> process_collector_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
   prometheus::Family<prometheus::Counter>* rpc_total_ = nullptr;

@@ -1,0 +1,123 @@
+#include "daemon/config/config.h"
+
+#include <gtest/gtest.h>
+
+namespace offloadd::daemon {
+namespace {
+
+StatusOr<DaemonConfig> Parse(const std::string& yaml) { return ParseConfig(yaml, "test.yaml"); }
+
+std::string ErrorOf(const std::string& yaml) {
+  auto c = Parse(yaml);
+  EXPECT_FALSE(c.ok()) << "expected an error for:\n" << yaml;
+  return c.ok() ? "" : c.status().message();
+}
+
+TEST(ConfigTest, EmptyFileGivesDefaults) {
+  auto c = Parse("");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->server.unix_socket, "/run/offloadd/offloadd.sock");
+  EXPECT_EQ(c->server.unix_socket_mode, 0660u);
+  EXPECT_EQ(c->metrics.listen, "127.0.0.1:9464");
+  EXPECT_EQ(c->storage.aio.block_size, 1u << 20);
+  EXPECT_EQ(c->log_level, LogSeverity::kInfo);
+}
+
+TEST(ConfigTest, ReadsEverySection) {
+  auto c = Parse(R"(
+log_level: debug
+state_dir: /srv/offloadd
+allowed_roots: [/srv/models, /srv/data]
+server:
+  unix_socket: /tmp/x.sock
+  unix_socket_mode: "0600"
+  max_request_bytes: 8MiB
+  shutdown_grace_seconds: 5
+metrics:
+  listen: 0.0.0.0:0
+storage:
+  directories:
+    - path: /nvme0/offloadd
+      weight: 2
+    - /nvme1/offloadd
+  aio: {block_size: 4MiB, queue_depth: 64}
+workers: {processes: 2, threads_per_process: 8, pin_cores: false}
+memory: {host_memory_limit: 200GiB, gpu_memory_limit: 24GiB}
+)");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->log_level, LogSeverity::kDebug);
+  EXPECT_EQ(c->allowed_roots.size(), 2u);
+  EXPECT_EQ(c->server.unix_socket_mode, 0600u);
+  EXPECT_EQ(c->server.max_request_bytes, 8u << 20);
+  ASSERT_EQ(c->storage.directories.size(), 2u);
+  EXPECT_EQ(c->storage.directories[0].weight, 2.0);
+  EXPECT_EQ(c->storage.directories[1].path, "/nvme1/offloadd");
+  EXPECT_EQ(c->storage.aio.queue_depth, 64u);
+  EXPECT_EQ(c->workers.threads_per_process, 8u);
+  EXPECT_FALSE(c->workers.pin_cores);
+  EXPECT_EQ(c->memory.gpu_memory_limit, 24ull << 30);
+}
+
+TEST(ConfigTest, UnknownKeysAreNamedWithTheirPath) {
+  const std::string e = ErrorOf("server:\n  tcp:\n    lissten: 1.2.3.4:5\nbogus: 1\n");
+  EXPECT_NE(e.find("server.tcp.lissten: unknown key"), std::string::npos) << e;
+  EXPECT_NE(e.find("bogus: unknown key"), std::string::npos) << e;
+  EXPECT_NE(e.find("2 problems"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, BadValuesNameKeyAndValue) {
+  EXPECT_NE(ErrorOf("workers: {processes: -1}").find("workers.processes: expected a non-negative integer, got '-1'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("server: {unix_socket_mode: rw}").find("server.unix_socket_mode: expected an octal"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("storage: {aio: {block_size: 12 parsecs}}").find("storage.aio.block_size: unknown size unit"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("storage: {aio: {block_size: 6000}}").find("multiple of 4096"), std::string::npos);
+  EXPECT_NE(ErrorOf("storage: {aio: {queue_depth: 0}}").find("storage.aio.queue_depth: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("log_level: loud").find("log_level: expected debug"), std::string::npos);
+  EXPECT_NE(ErrorOf("workers: {pin_cores: maybe}").find("workers.pin_cores: expected true or false"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("allowed_roots: relative/dir").find("allowed_roots: expected a list"), std::string::npos);
+  EXPECT_NE(ErrorOf("allowed_roots: [relative/dir]").find("allowed_roots[0]: must be an absolute path"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("server: [1, 2]").find("server: expected a mapping"), std::string::npos);
+  EXPECT_NE(ErrorOf("metrics: {listen: nowhere}").find("metrics.listen: expected host:port"), std::string::npos);
+  EXPECT_NE(ErrorOf("server: {shutdown_grace_seconds: 1e9}").find("server.shutdown_grace_seconds: must be between"),
+            std::string::npos);
+}
+
+TEST(ConfigTest, TcpRequiresTlsAndToken) {
+  const std::string e = ErrorOf("server: {tcp: {listen: 0.0.0.0:7443}}");
+  EXPECT_NE(e.find("server.tcp.tls_cert_file: required"), std::string::npos) << e;
+  EXPECT_NE(e.find("server.tcp.auth_token_file: required"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, UnreachableDaemonIsRejected) {
+  EXPECT_NE(ErrorOf("server: {unix_socket: ''}").find("would be unreachable"), std::string::npos);
+}
+
+TEST(ConfigTest, MalformedYamlNamesTheSource) {
+  const std::string e = ErrorOf("server: {unix_socket: [\n");
+  EXPECT_NE(e.find("test.yaml: not valid YAML"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, MissingFileNamesThePath) {
+  auto c = LoadConfigFile("/nonexistent/offloadd.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(c.status().message().find("/nonexistent/offloadd.yaml"), std::string::npos);
+}
+
+TEST(ConfigTest, EffectiveYamlRoundTrips) {
+  auto c = Parse("server: {unix_socket_mode: '0640'}\nstorage: {directories: [/a/b]}\nmemory: {host_memory_limit: 3GiB}\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto again = Parse(ConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ConfigToYaml(*c);
+  EXPECT_EQ(ConfigToYaml(*again), ConfigToYaml(*c));
+  EXPECT_EQ(again->server.unix_socket_mode, 0640u);
+  EXPECT_EQ(again->memory.host_memory_limit, 3ull << 30);
+}
+
+}  // namespace
+}  // namespace offloadd::daemon

@@ -1,0 +1,135 @@
+"""The real offloadd binary, driven through both SDKs, the CLI, the metrics port and signals."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from daemon_process import DaemonProcess  # noqa: E402
+
+import offloadd  # noqa: E402
+
+
+@pytest.fixture()
+def daemon(binary_dir, tmp_path):
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path).start()
+    yield d
+    d.stop()
+
+
+def offloadctl(binary_dir, daemon, *args, check=True):
+    return subprocess.run(
+        [str(binary_dir / "client" / "offloadctl"), "--target", daemon.target, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
+
+
+def test_python_sdk_health_and_node_info(daemon):
+    with offloadd.Client(daemon.target) as c:
+        assert c.health() == "SERVING"
+        info = c.node_info()
+    assert info.cpu.logical_cores >= 1
+    assert info.memory.total_bytes > 0
+    assert info.build.version == "0.1.0"
+    assert info.build.torch_version.startswith("2.11.0")
+    assert info.gpus or info.gpu_problem, "either GPUs or the reason there are none"
+    assert [d.path for d in info.store_directories] == [str(daemon.workdir)]
+    assert info.store_directories[0].available_bytes > 0
+
+
+def test_cpp_client_health_and_node_info(binary_dir, daemon):
+    assert offloadctl(binary_dir, daemon, "health").stdout.strip() == "SERVING"
+    node = json.loads(offloadctl(binary_dir, daemon, "--json", "node").stdout)
+    assert int(node["cpu"]["logical_cores"]) >= 1
+    assert node["store_directories"][0]["path"] == str(daemon.workdir)
+    human = offloadctl(binary_dir, daemon, "node").stdout
+    assert "cpu" in human and "memory" in human and "io_uring" in human
+
+
+def test_job_service_answers_unimplemented_with_reason(binary_dir, daemon):
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.Unimplemented) as e:
+            list(c.list_jobs())
+    assert "issue #7" in e.value.message
+    r = offloadctl(binary_dir, daemon, "get", "job-1", check=False)
+    assert r.returncode == 1 and "UNIMPLEMENTED" in r.stderr
+
+
+def test_reflection_lists_services(daemon):
+    with grpc.insecure_channel(daemon.target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        resp = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in resp.list_services_response.service}
+    assert {"offloadd.v1.JobService", "offloadd.v1.NodeService", "grpc.health.v1.Health"} <= names
+
+
+def test_socket_has_configured_mode(daemon):
+    assert daemon.socket_path.stat().st_mode & 0o777 == 0o600
+
+
+def test_metrics_pass_promtool(daemon):
+    with offloadd.Client(daemon.target) as c:
+        c.node_info()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+    assert 'offloadd_build_info{' in body
+    assert "process_resident_memory_bytes" in body
+    assert 'offloadd_grpc_requests_total{code="OK",method="GetNodeInfo"} 1' in body
+    assert "offloadd_serving 1" in body
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'; scripts/setup.sh installs it)")
+    r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
+    # promtool exits non-zero and prints the problem on format errors and lint findings.
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+
+
+def test_sigterm_drains_and_exits_zero(daemon):
+    assert daemon.terminate() == 0
+    log = daemon.log()
+    assert "draining" in log and "stopped cleanly" in log
+    assert "STOPPING=1" in daemon.next_notification()
+    assert not daemon.socket_path.exists(), "the socket is removed on a clean stop"
+
+
+def test_second_daemon_refuses_live_socket(binary_dir, daemon, tmp_path_factory):
+    other = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path_factory.mktemp("second"))
+    other.config_path.write_text(daemon.config_path.read_text())
+    proc = subprocess.run([str(other.binary), "--config", str(other.config_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "already serving" in proc.stderr
+    with offloadd.Client(daemon.target) as c:
+        assert c.health() == "SERVING", "the first daemon keeps serving"
+
+
+def test_validate_config_names_unknown_key(binary_dir, tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("server:\n  unix_sockett: /tmp/x.sock\n")
+    r = subprocess.run([str(binary_dir / "daemon" / "offloadd"), "--validate-config", "--config", str(cfg)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "server.unix_sockett: unknown key" in r.stderr
+
+
+def test_validate_config_prints_effective_settings(binary_dir, source_dir):
+    r = subprocess.run([str(binary_dir / "daemon" / "offloadd"), "--validate-config", "--config",
+                        str(source_dir / "deploy" / "offloadd.yaml")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "configuration is valid" in r.stdout and "unix_socket: /run/offloadd/offloadd.sock" in r.stdout
+
+
+def test_unreachable_daemon_is_a_clear_error(tmp_path):
+    with offloadd.Client(f"unix://{tmp_path}/none.sock", timeout=3) as c:
+        with pytest.raises(offloadd.Unavailable):
+            c.health()
