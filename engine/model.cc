@@ -1,0 +1,316 @@
+// Model: loading a Hugging Face checkpoint into blocks, batch preparation, whole-model helpers and
+// export back to a directory transformers can load.
+#include "engine/model.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/blocks.h"
+#include "engine/ops.h"
+#include "engine/safetensors.h"
+#include "engine/tensor_io.h"
+
+namespace offloadd::engine {
+
+namespace fs = std::filesystem;
+
+// What Export needs to reproduce the input checkpoint's layout.
+struct Model::Source {
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::map<std::string, DType> dtypes;  // every tensor in the checkpoint
+  std::set<std::string> passthrough;    // non-parameter tensors copied verbatim on export
+  std::string tied_alias;               // "lm_head.weight" stored although tied, or ""
+  std::string tied_target;              // the embedding parameter it aliases
+};
+
+Model::~Model() = default;
+
+namespace {
+
+bool IsMaskBuffer(const ModelConfig& c, const std::string& name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (c.arch == Architecture::kGpt2) return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+  return ends_with(".rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOptions& options) {
+  if (options.dtype != c10::kFloat && options.dtype != c10::kBFloat16 &&
+      options.dtype != c10::kHalf) {
+    return InvalidArgumentError("model dtype must be float32, bfloat16 or float16");
+  }
+  std::unique_ptr<Model> m(new Model());
+  m->dir_ = dir;
+  ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir));
+  m->source_ = std::make_unique<Source>();
+  Source& src = *m->source_;
+  ASSIGN_OR_RETURN(src.checkpoint, Checkpoint::Open(dir));
+  for (const auto& name : src.checkpoint->Names()) {
+    ASSIGN_OR_RETURN(auto e, src.checkpoint->Get(name));
+    src.dtypes[name] = e.info->dtype;
+  }
+
+  std::set<std::string> used;
+  ParamLoader load = [&](const std::string& name,
+                         const std::vector<int64_t>& shape) -> StatusOr<at::Tensor> {
+    auto entry = src.checkpoint->Get(name);
+    if (!entry.ok()) return entry.status();
+    const TensorInfo& info = *entry->info;
+    if (info.dtype != DType::kF32 && info.dtype != DType::kF16 && info.dtype != DType::kBF16) {
+      return InvalidArgumentError(entry->file->path() + ": tensor \"" + name + "\" has dtype " +
+                                  std::string(DTypeName(info.dtype)) +
+                                  "; parameters must be F32, F16 or BF16");
+    }
+    if (info.shape != shape) {
+      auto str = [](const std::vector<int64_t>& s) {
+        std::string r = "[";
+        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+        return r + "]";
+      };
+      return InvalidArgumentError(entry->file->path() + ": tensor \"" + name + "\" has shape " +
+                                  str(info.shape) + ", config.json implies " + str(shape));
+    }
+    ASSIGN_OR_RETURN(at::Tensor t, ReadTensor(*entry->file, info));
+    used.insert(name);
+    return t.to(options.dtype);
+  };
+
+  try {
+    if (m->config_.arch == Architecture::kLlama) {
+      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, load));
+    } else {
+      // save_pretrained of GPT2LMHeadModel writes "transformer.*"; the original hub files don't.
+      const std::string prefix = src.checkpoint->Contains("transformer.wte.weight") ? "transformer." : "";
+      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, prefix, load));
+    }
+  } catch (const c10::Error& e) {
+    return InternalError(dir + ": loading parameters: " + e.what_without_backtrace());
+  }
+
+  const std::string tied_target = m->blocks_[0]->params()[0].name;
+  for (const auto& name : src.checkpoint->Names()) {
+    if (used.count(name)) continue;
+    if (m->config_.tie_word_embeddings && name == "lm_head.weight") {
+      src.tied_alias = name;  // stored although tied: transformers ignores it; we re-export it
+      src.tied_target = tied_target;
+    } else if (IsMaskBuffer(m->config_, name)) {
+      src.passthrough.insert(name);
+    } else {
+      return InvalidArgumentError(dir + ": checkpoint tensor \"" + name +
+                                  "\" is not a parameter of a " + m->config_.model_type + " model");
+    }
+  }
+  m->dtype_ = options.dtype;
+  if (options.device != c10::Device(c10::kCPU)) RETURN_IF_ERROR(m->To(options.device, options.dtype));
+  return m;
+}
+
+Status Model::To(c10::Device device, c10::ScalarType dtype) {
+  for (auto& b : blocks_) RETURN_IF_ERROR(b->To(device, dtype));
+  device_ = device;
+  dtype_ = dtype;
+  return OkStatus();
+}
+
+StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::Tensor& targets,
+                                         double num_trained_tokens,
+                                         const at::Tensor& position_ids) const {
+  auto bad = [](const std::string& m) { return InvalidArgumentError("micro-batch: " + m); };
+  if (!input_ids.defined() || input_ids.dim() != 2 || input_ids.scalar_type() != at::kLong) {
+    return bad("input_ids must be an int64 [batch, seq] tensor");
+  }
+  const int64_t b = input_ids.size(0), t = input_ids.size(1);
+  if (b == 0 || t == 0) return bad("empty batch");
+  try {
+    c10::NoGradGuard no_grad;
+    MicroBatch mb;
+    auto range_ok = [](const at::Tensor& x, int64_t lo, int64_t hi) {
+      return x.numel() == 0 || (x.min().item<int64_t>() >= lo && x.max().item<int64_t>() < hi);
+    };
+    if (!range_ok(input_ids, 0, config_.vocab_size)) {
+      return bad("token id outside [0, " + std::to_string(config_.vocab_size) + ")");
+    }
+    mb.input_ids = input_ids.to(device_);
+    if (position_ids.defined()) {
+      if (position_ids.sizes() != input_ids.sizes() || position_ids.scalar_type() != at::kLong) {
+        return bad("position_ids must be int64 with the shape of input_ids");
+      }
+      mb.position_ids = position_ids.to(device_);
+    } else {
+      mb.position_ids = at::arange(t, at::TensorOptions().dtype(at::kLong).device(device_))
+                            .unsqueeze(0)
+                            .expand({b, t})
+                            .contiguous();
+    }
+    const int64_t max_pos = mb.position_ids.max().item<int64_t>();
+    if (mb.position_ids.min().item<int64_t>() < 0) return bad("negative position id");
+    if (config_.arch == Architecture::kGpt2 && max_pos >= config_.max_position_embeddings) {
+      return bad("position " + std::to_string(max_pos) + " exceeds n_positions " +
+                 std::to_string(config_.max_position_embeddings));
+    }
+    if (config_.sliding_window > 0 && t > config_.sliding_window) {
+      return UnimplementedError("micro-batch: sequence length " + std::to_string(t) +
+                                " exceeds sliding_window " + std::to_string(config_.sliding_window) +
+                                " (sliding-window attention is not implemented)");
+    }
+    if (targets.defined()) {
+      if (targets.sizes() != input_ids.sizes() || targets.scalar_type() != at::kLong) {
+        return bad("targets must be int64 with the shape of input_ids");
+      }
+      at::Tensor valid = targets.eq(kIgnoreIndex) | (targets.ge(0) & targets.lt(config_.vocab_size));
+      if (!valid.all().item<bool>()) {
+        return bad("target outside [0, vocab) and not the ignore index -100");
+      }
+      if (!(num_trained_tokens > 0)) {
+        return bad("num_trained_tokens must be > 0 (trained tokens in the whole optimizer step)");
+      }
+      mb.targets = targets.to(device_);
+      mb.num_trained_tokens = num_trained_tokens;
+    }
+    if (config_.arch == Architecture::kLlama) {
+      ops::RopeTables(config_.rope, config_.head_dim, mb.position_ids, dtype_, &mb.rope_cos,
+                      &mb.rope_sin);
+    }
+    return mb;
+  } catch (const c10::Error& e) {
+    return InternalError(std::string("micro-batch: ") + e.what_without_backtrace());
+  }
+}
+
+StatusOr<at::Tensor> Model::Logits(const MicroBatch& mb) {
+  at::Tensor x;
+  for (int i = 0; i + 1 < num_blocks(); ++i) {
+    ASSIGN_OR_RETURN(x, blocks_[i]->Forward(mb, x, SaveMode::kNone, nullptr));
+  }
+  return blocks_.back()->Logits(mb, x);
+}
+
+StatusOr<at::Tensor> Model::ForwardBackward(const MicroBatch& mb, const std::vector<SaveMode>& modes,
+                                            const GradCallback& on_grad,
+                                            const OffloadCallbacks* offload) {
+  if (!modes.empty() && static_cast<int>(modes.size()) != num_blocks()) {
+    return InvalidArgumentError("ForwardBackward: " + std::to_string(modes.size()) +
+                                " save modes for " + std::to_string(num_blocks()) + " blocks");
+  }
+  std::vector<SavedState> saved(blocks_.size());
+  at::Tensor x;
+  for (int i = 0; i < num_blocks(); ++i) {
+    const SaveMode mode = modes.empty() ? SaveMode::kKeep : modes[i];
+    ASSIGN_OR_RETURN(x, blocks_[i]->Forward(mb, x, mode, &saved[i], offload));
+  }
+  const at::Tensor loss = x;
+  at::Tensor g;
+  for (int i = num_blocks() - 1; i >= 0; --i) {
+    ASSIGN_OR_RETURN(g, blocks_[i]->Backward(mb, g, &saved[i], on_grad, offload));
+  }
+  return loss;
+}
+
+StatusOr<std::vector<int64_t>> Model::GenerateGreedy(const std::vector<int64_t>& prompt,
+                                                     int64_t max_new_tokens,
+                                                     const std::vector<int64_t>& stop_ids) {
+  if (prompt.empty()) return InvalidArgumentError("GenerateGreedy: empty prompt");
+  std::vector<int64_t> ids = prompt;
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    if (static_cast<int64_t>(ids.size()) >= config_.max_position_embeddings) break;
+    at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+    ASSIGN_OR_RETURN(MicroBatch mb, PrepareBatch(input, at::Tensor(), 0));
+    ASSIGN_OR_RETURN(at::Tensor logits, Logits(mb));
+    const int64_t next = logits[0][-1].to(at::kFloat).argmax().item<int64_t>();
+    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) break;
+    ids.push_back(next);
+  }
+  return ids;
+}
+
+at::Tensor Model::ShiftLabels(const at::Tensor& labels) {
+  at::Tensor t = at::full_like(labels, kIgnoreIndex);
+  const int64_t n = labels.size(-1);
+  if (n > 1) t.narrow(-1, 0, n - 1).copy_(labels.narrow(-1, 1, n - 1));
+  return t;
+}
+
+int64_t Model::CountTrainedTokens(const at::Tensor& targets) {
+  return targets.ne(kIgnoreIndex).sum().item<int64_t>();
+}
+
+Status Model::Export(const std::string& out_dir) const {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return InternalError("export: cannot create " + out_dir + ": " + ec.message());
+  if (fs::equivalent(out_dir, dir_, ec)) {
+    return InvalidArgumentError("export: " + out_dir + " is the source checkpoint directory");
+  }
+  const Source& src = *source_;
+  // Current parameter values by name.
+  std::map<std::string, at::Tensor> values;
+  for (const auto& b : blocks_) {
+    for (const auto& p : b->params()) {
+      if (!p.value.defined()) {
+        return FailedPreconditionError("export: parameter " + p.name + " is not resident");
+      }
+      values[p.name] = p.value;
+    }
+  }
+  if (!src.tied_alias.empty()) values[src.tied_alias] = values.at(src.tied_target);
+
+  std::map<std::string, std::vector<std::pair<std::string, at::Tensor>>> shards;
+  try {
+    c10::NoGradGuard no_grad;
+    for (const auto& [name, dtype] : src.dtypes) {
+      ASSIGN_OR_RETURN(std::string shard, src.checkpoint->ShardOf(name));
+      if (src.passthrough.count(name)) {
+        ASSIGN_OR_RETURN(auto e, src.checkpoint->Get(name));
+        ASSIGN_OR_RETURN(at::Tensor t, ReadTensor(*e.file, *e.info));
+        shards[shard].push_back({name, t});
+        continue;
+      }
+      ASSIGN_OR_RETURN(c10::ScalarType type, ToScalarType(dtype));
+      shards[shard].push_back({name, values.at(name).to(at::kCPU, type)});
+    }
+  } catch (const c10::Error& e) {
+    return InternalError(std::string("export: ") + e.what_without_backtrace());
+  }
+  int64_t total = 0;
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& [shard, tensors] : shards) {
+    RETURN_IF_ERROR(SaveTensorFile((fs::path(out_dir) / shard).string(), tensors));
+    for (const auto& [name, t] : tensors) {
+      weight_map[name] = shard;
+      total += static_cast<int64_t>(t.nbytes());
+    }
+  }
+  if (src.checkpoint->sharded()) {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    std::ofstream out(fs::path(out_dir) / "model.safetensors.index.json");
+    out << index.dump(2) << "\n";
+    if (!out) return InternalError("export: writing the shard index in " + out_dir + " failed");
+  }
+  static const char* kCopied[] = {"config.json",          "generation_config.json",
+                                  "tokenizer.json",       "tokenizer_config.json",
+                                  "special_tokens_map.json", "tokenizer.model",
+                                  "vocab.json",           "merges.txt",
+                                  "added_tokens.json",    "chat_template.jinja",
+                                  "chat_template.json"};
+  for (const char* f : kCopied) {
+    const fs::path from = fs::path(dir_) / f;
+    if (!fs::exists(from, ec)) continue;
+    fs::copy_file(from, fs::path(out_dir) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec) return InternalError("export: copying " + from.string() + ": " + ec.message());
+  }
+  return OkStatus();
+}
+
+}  // namespace offloadd::engine

@@ -1,0 +1,223 @@
+#pragma once
+// Layer-granular causal language model for offloaded training.
+//
+// A Model is a list of Blocks: [embedding, decoder layer 0..N-1, head (final norm + LM head +
+// loss)]. A scheduler drives them one by one:
+//
+//   MicroBatch mb = *model.PrepareBatch(ids, targets, total_trained_tokens);
+//   at::Tensor x;                       std::vector<SavedState> saved(model.num_blocks());
+//   for (i = 0 .. n-1)  x = *model.block(i).Forward(mb, x, mode[i], &saved[i], &offload);
+//   at::Tensor g;                       // head ignores grad_out (d loss / d loss = 1)
+//   for (i = n-1 .. 0)  g = *model.block(i).Backward(mb, g, &saved[i], on_grad, &offload);
+//
+// Per block the caller chooses what is kept for backward (SaveMode): everything on the device
+// (kKeep), only the block input, recomputing the rest at backward time (kRecompute), or everything
+// handed to OffloadCallbacks::offload and fetched back before backward (kOffload). All three run
+// the same explicit backward math, so they give bit-identical gradients. Parameter gradients are
+// delivered to the GradCallback during that block's Backward, before it returns, so an optimizer
+// can consume them while the GPU moves on to the previous block (LoHan's active gradient
+// offloading, OFFMATE's "optimize as soon as the last gradient is produced").
+//
+// Each block owns its parameters (Block::params(), Hugging Face names); a scheduler may replace a
+// Param's tensor (same shape) to stream it in or out, e.g. a bf16 GPU copy for the step and an
+// undefined tensor otherwise. Compute uses whatever tensors are installed; they must all be on the
+// input's device in the compute dtype (checked, FAILED_PRECONDITION otherwise). Tied weights: the
+// head *uses* the embedding's Param (Block::shared_params()); its gradient is delivered twice per
+// micro-batch (head backward, then embedding backward) under the same name and must be summed.
+//
+// Numerics follow transformers' modeling code (casts included): bf16 (or fp16/fp32) compute, norms
+// and softmax statistics in fp32, loss in fp32 = sum of token cross-entropies over targets that are
+// not kIgnoreIndex, divided by MicroBatch::num_trained_tokens (the trained-token count of the
+// whole optimizer step, so gradient accumulation over micro-batches needs no rescaling).
+// Attention uses ATen's fused flash / memory-efficient SDPA kernels (CPU flash kernel on CPU).
+// Dropout is not applied (fine-tuning runs with it off).
+//
+// Thread-compatibility: a Model and its Blocks are not thread-safe; callbacks run on the calling
+// thread. This header pulls in ATen's Tensor only; include it from torch-linked code.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model_config.h"
+
+namespace offloadd::engine {
+
+inline constexpr int64_t kIgnoreIndex = -100;
+
+enum class SaveMode {
+  kKeep,       // saved tensors stay where forward produced them
+  kRecompute,  // only the block input is saved; backward re-runs the forward first
+  kOffload,    // saved tensors go to OffloadCallbacks::offload; backward fetches them back
+  kNone,       // inference: nothing saved, Backward refuses
+};
+std::string_view SaveModeName(SaveMode mode);
+
+// Inputs shared by all blocks for one micro-batch; build it with Model::PrepareBatch.
+struct MicroBatch {
+  at::Tensor input_ids;     // [B, T] int64
+  at::Tensor position_ids;  // [B, T] int64 (rotary / learned positions)
+  at::Tensor targets;       // [B, T] int64 next-token targets (already shifted), or undefined
+  double num_trained_tokens = 0;  // loss normaliser, see above
+  at::Tensor rope_cos, rope_sin;  // [B, T, head_dim] in the compute dtype (Llama family)
+};
+
+struct Param {
+  std::string name;  // Hugging Face tensor name, e.g. "model.layers.3.mlp.up_proj.weight"
+  at::Tensor value;
+};
+
+// Called once per parameter (per contributing block) with d loss / d param, in the compute dtype
+// on the compute device. The tensor is freshly allocated; the callee may keep it.
+using GradCallback = std::function<void(const std::string& name, const at::Tensor& grad)>;
+
+// Activation offloading hooks (SaveMode::kOffload). `offload` takes ownership of a block's saved
+// tensors (copy them to pinned host memory or NVMe, then drop them) and returns a ticket; `fetch`
+// returns the same tensors (same order, shapes and dtypes) on the compute device.
+struct OffloadCallbacks {
+  std::function<StatusOr<uint64_t>(int block, std::vector<at::Tensor> saved)> offload;
+  std::function<StatusOr<std::vector<at::Tensor>>(int block, uint64_t ticket)> fetch;
+};
+
+// What one block's Forward left for its Backward. Move-only, reusable across steps.
+class SavedState {
+ public:
+  SaveMode mode() const { return mode_; }
+  bool ready() const { return ready_; }
+  // Tensors held right now (kKeep: all saved tensors; kRecompute: {input}; kOffload: none).
+  // A scheduler may move them elsewhere as long as they are back, unchanged, before Backward.
+  std::vector<at::Tensor>& tensors() { return tensors_; }
+  int64_t held_bytes() const;
+  void Clear();
+
+ private:
+  friend class Block;
+  SaveMode mode_ = SaveMode::kNone;
+  bool ready_ = false;
+  std::vector<at::Tensor> tensors_;
+  uint64_t ticket_ = 0;
+  size_t count_ = 0;
+};
+
+class Block {
+ public:
+  enum class Kind { kEmbedding, kDecoderLayer, kHead };
+  virtual ~Block() = default;
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+
+  Kind kind() const { return kind_; }
+  int index() const { return index_; }
+  const std::string& name() const { return name_; }  // "model.layers.3", "embedding", "head"
+  // Parameters this block owns. Stable addresses (never resized after construction).
+  std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
+  // Parameters used here but owned by another block (the tied LM head's embedding weight).
+  const std::vector<Param*>& shared_params() const { return shared_; }
+  // Converts the owned parameters in place (e.g. to CUDA bf16).
+  Status To(c10::Device device, c10::ScalarType dtype);
+
+  // x: block input ([B, T, hidden]; ignored by the embedding, which reads mb.input_ids).
+  // Returns the output hidden states; the head returns the fp32 scalar loss. `saved` receives
+  // what Backward needs (unused with kNone); `offload` is required for kOffload.
+  StatusOr<at::Tensor> Forward(const MicroBatch& mb, const at::Tensor& x, SaveMode mode,
+                               SavedState* saved, const OffloadCallbacks* offload = nullptr);
+  // grad_out: d loss / d output (the head takes an optional scalar loss scale, undefined = 1).
+  // Returns d loss / d x (undefined for the embedding); calls on_grad for every parameter used
+  // before returning; clears `saved`.
+  StatusOr<at::Tensor> Backward(const MicroBatch& mb, const at::Tensor& grad_out,
+                                SavedState* saved, const GradCallback& on_grad,
+                                const OffloadCallbacks* offload = nullptr);
+  // Head only: logits [B, T, vocab] in the compute dtype, no loss, nothing saved.
+  StatusOr<at::Tensor> Logits(const MicroBatch& mb, const at::Tensor& x);
+
+ protected:
+  Block(Kind kind, int index, std::string name) : kind_(kind), index_(index), name_(std::move(name)) {}
+  // The math. Fills `saved` (when non-null) with what Backprop needs.
+  virtual at::Tensor Run(const MicroBatch& mb, const at::Tensor& x,
+                         std::vector<at::Tensor>* saved) = 0;
+  virtual at::Tensor Backprop(const MicroBatch& mb, const at::Tensor& grad_out,
+                              std::vector<at::Tensor>& saved, const GradCallback& on_grad) = 0;
+  virtual at::Tensor RunLogits(const MicroBatch& mb, const at::Tensor& x);
+  const at::Tensor& P(size_t i) const { return params_[i].value; }
+
+  Kind kind_;
+  int index_;
+  std::string name_;
+  std::vector<Param> params_;
+  std::vector<Param*> shared_;
+
+ private:
+  Status CheckPlacement(const at::Tensor& like) const;
+};
+
+struct LoadOptions {
+  c10::ScalarType dtype = c10::kFloat;  // parameter dtype after loading
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
+class Model {
+ public:
+  // Reads dir/config.json and the safetensors checkpoint (single file or sharded). Shapes, dtypes
+  // (F32/F16/BF16) and names are checked; GPT-2's attention mask buffers are ignored.
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                               const LoadOptions& options = {});
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  int num_blocks() const { return static_cast<int>(blocks_.size()); }
+  Block& block(int i) { return *blocks_[i]; }
+  const Block& block(int i) const { return *blocks_[i]; }
+  c10::Device device() const { return device_; }
+  c10::ScalarType dtype() const { return dtype_; }
+  Status To(c10::Device device, c10::ScalarType dtype);
+
+  // Validates ids/targets (shape, range, sequence length) and moves them to the model's device.
+  // position_ids defaults to 0..T-1 per row. targets may be undefined (inference).
+  StatusOr<MicroBatch> PrepareBatch(const at::Tensor& input_ids, const at::Tensor& targets,
+                                    double num_trained_tokens,
+                                    const at::Tensor& position_ids = at::Tensor()) const;
+
+  // Whole-model helpers over the block API.
+  StatusOr<at::Tensor> Logits(const MicroBatch& mb);
+  // Forward + backward of every block with modes[i] (size num_blocks(), or empty = all kKeep).
+  // Returns the loss.
+  StatusOr<at::Tensor> ForwardBackward(const MicroBatch& mb, const std::vector<SaveMode>& modes,
+                                       const GradCallback& on_grad,
+                                       const OffloadCallbacks* offload = nullptr);
+  // Greedy decoding without a KV cache (re-runs the prefix each step): for demos and checks.
+  StatusOr<std::vector<int64_t>> GenerateGreedy(const std::vector<int64_t>& prompt,
+                                                int64_t max_new_tokens,
+                                                const std::vector<int64_t>& stop_ids);
+
+  // Writes the current parameters to out_dir with the input checkpoint's tensor names, shard
+  // layout and per-tensor dtypes (tied weights written once, as in the input; ignored buffers
+  // copied verbatim) plus config.json, generation config and tokenizer files, so
+  // transformers.AutoModelForCausalLM.from_pretrained(out_dir) loads it. out_dir must not be the
+  // source directory.
+  Status Export(const std::string& out_dir) const;
+
+  // Helper: HF labels [B, T] (aligned with input_ids) -> next-token targets (shift left by one,
+  // last position kIgnoreIndex), as transformers' ForCausalLMLoss does.
+  static at::Tensor ShiftLabels(const at::Tensor& labels);
+  static int64_t CountTrainedTokens(const at::Tensor& targets);
+
+ private:
+  struct Source;
+  Model() = default;
+  ModelConfig config_;
+  std::string dir_;
+  c10::Device device_ = c10::Device(c10::kCPU);
+  c10::ScalarType dtype_ = c10::kFloat;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::unique_ptr<Source> source_;
+};
+
+}  // namespace offloadd::engine

@@ -1,0 +1,266 @@
+#include "engine/ops.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace offloadd::engine::ops {
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return at::linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+}
+
+at::Tensor LinearBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                          bool has_bias, at::Tensor* dw, at::Tensor* db) {
+  const int64_t out = w.size(0), in = w.size(1);
+  at::Tensor dy2 = dy.reshape({-1, out});
+  *dw = dy2.t().mm(x.reshape({-1, in}));
+  if (has_bias) *db = dy2.sum(0);
+  return dy.matmul(w);
+}
+
+at::Tensor Conv1D(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  // transformers' Conv1D: addmm(bias, x.view(-1, in), weight) with weight [in, out].
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(1);
+  return at::addmm(b, x.reshape({-1, w.size(0)}), w).view(shape);
+}
+
+at::Tensor Conv1DBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                          at::Tensor* dw, at::Tensor* db) {
+  at::Tensor dy2 = dy.reshape({-1, w.size(1)});
+  *dw = x.reshape({-1, w.size(0)}).t().mm(dy2);
+  *db = dy2.sum(0);
+  return dy.matmul(w.t());
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd) {
+  at::Tensor xf = x.to(at::kFloat);
+  *rstd = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return w * (xf * *rstd).to(x.scalar_type());
+}
+
+at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd) {
+  return w * (x.to(at::kFloat) * rstd).to(x.scalar_type());
+}
+
+at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                           const at::Tensor& rstd, at::Tensor* dw) {
+  // y = w * cast(n), n = x * rstd. dn = cast_back(dy * w); dx = rstd * (dn - n * mean(dn * n)).
+  at::Tensor n = x.to(at::kFloat) * rstd;
+  at::Tensor n_cast = n.to(x.scalar_type());
+  const int64_t h = x.size(-1);
+  *dw = (dy * n_cast).reshape({-1, h}).sum(0);
+  at::Tensor dn = (dy * w).to(at::kFloat);
+  at::Tensor dx = rstd * (dn - n * (dn * n).mean(-1, /*keepdim=*/true));
+  return dx.to(x.scalar_type());
+}
+
+at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
+                     at::Tensor* mean, at::Tensor* rstd) {
+  auto [y, m, r] = at::native_layer_norm(x, {x.size(-1)}, w, b, eps);
+  if (mean) *mean = m;
+  if (rstd) *rstd = r;
+  return y;
+}
+
+at::Tensor LayerNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& b, const at::Tensor& mean, const at::Tensor& rstd,
+                             at::Tensor* dw, at::Tensor* db) {
+  auto [dx, gw, gb] = at::native_layer_norm_backward(dy, x, {x.size(-1)}, mean, rstd, w, b,
+                                                     {true, true, true});
+  *dw = gw;
+  *db = gb;
+  return dx;
+}
+
+void RopeTables(const RopeConfig& rope, int64_t head_dim, const at::Tensor& position_ids,
+                c10::ScalarType dtype, at::Tensor* cos, at::Tensor* sin) {
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
+  // Same op sequence as transformers' _compute_default_rope_parameters (fp32).
+  at::Tensor exponent =
+      at::arange(0, head_dim, 2, fopts.dtype(at::kLong)).to(at::kFloat) / static_cast<double>(head_dim);
+  at::Tensor inv_freq = 1.0 / at::pow(rope.theta, exponent);
+  if (rope.type == "linear") {
+    inv_freq = inv_freq / rope.factor;
+  } else if (rope.type == "llama3") {
+    // transformers' _compute_llama3_parameters.
+    const double old_ctx = static_cast<double>(rope.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / rope.low_freq_factor;
+    const double high_wavelen = old_ctx / rope.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor llama = at::where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq);
+    at::Tensor smooth =
+        (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * llama / rope.factor + smooth * llama;
+    at::Tensor medium = (wavelen < high_wavelen).logical_not() & (wavelen > low_wavelen).logical_not();
+    inv_freq = at::where(medium, smoothed, llama);
+  }
+  at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  *cos = emb.cos().to(dtype);
+  *sin = emb.sin().to(dtype);
+}
+
+namespace {
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+// Transpose of RotateHalf: [a, b] -> [b, -a].
+at::Tensor RotateHalfT(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({x.narrow(-1, half, half), -x.narrow(-1, 0, half)}, -1);
+}
+}  // namespace
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  return x * c + RotateHalf(x) * s;
+}
+
+at::Tensor ApplyRopeBackward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  return dy * c + RotateHalfT(dy * s);
+}
+
+namespace {
+
+enum class AttnKernel { kCpuFlash, kCudaFlash, kCudaEfficient };
+
+AttnKernel PickKernel(const at::Tensor& q) {
+  if (!q.is_cuda()) return AttnKernel::kCpuFlash;
+  const int64_t d = q.size(-1);
+  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  if (half && d % 8 == 0 && d <= 256) return AttnKernel::kCudaFlash;
+  return AttnKernel::kCudaEfficient;  // fp32 or unusual head sizes
+}
+
+// GQA: expand [B, Hkv, T, D] to [B, Hq, T, D] the way transformers' repeat_kv does.
+at::Tensor RepeatKv(const at::Tensor& x, int64_t rep) {
+  if (rep == 1) return x;
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, h, rep, t, d}).reshape({b, h * rep, t, d});
+}
+
+at::Tensor ReduceKv(const at::Tensor& dx, int64_t rep) {
+  if (rep == 1) return dx;
+  const int64_t b = dx.size(0), h = dx.size(1) / rep, t = dx.size(2), d = dx.size(3);
+  return dx.view({b, h, rep, t, d}).sum(2);
+}
+
+}  // namespace
+
+size_t AttentionAuxCount(const at::Tensor& q) {
+  return PickKernel(q) == AttnKernel::kCpuFlash ? 1 : 3;
+}
+
+at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                     std::vector<at::Tensor>* aux) {
+  const int64_t rep = q.size(1) / k.size(1);
+  at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
+  switch (PickKernel(q)) {
+    case AttnKernel::kCpuFlash: {
+      auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+          q, ke, ve, /*dropout_p=*/0.0, /*is_causal=*/true, /*attn_mask=*/std::nullopt, scale);
+      if (aux) aux->push_back(lse);
+      return out;
+    }
+    case AttnKernel::kCudaFlash: {
+      auto r = at::_scaled_dot_product_flash_attention(q, ke, ve, /*dropout_p=*/0.0,
+                                                       /*is_causal=*/true,
+                                                       /*return_debug_mask=*/false, scale);
+      if (aux) {
+        aux->push_back(std::get<1>(r));  // logsumexp
+        aux->push_back(std::get<6>(r));  // philox seed
+        aux->push_back(std::get<7>(r));  // philox offset
+      }
+      return std::get<0>(r);
+    }
+    case AttnKernel::kCudaEfficient: {
+      auto [out, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
+          q, ke, ve, /*attn_bias=*/std::nullopt, /*compute_log_sumexp=*/aux != nullptr,
+          /*dropout_p=*/0.0, /*is_causal=*/true, scale);
+      if (aux) {
+        aux->push_back(lse);
+        aux->push_back(seed);
+        aux->push_back(offset);
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
+                       size_t num_aux, double scale, at::Tensor* dq, at::Tensor* dk,
+                       at::Tensor* dv) {
+  const int64_t rep = q.size(1) / k.size(1);
+  at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
+  at::Tensor gk, gv;
+  switch (PickKernel(q)) {
+    case AttnKernel::kCpuFlash: {
+      std::tie(*dq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+          dout.contiguous(), q, ke, ve, out, aux[0], /*dropout_p=*/0.0, /*is_causal=*/true,
+          /*attn_mask=*/std::nullopt, scale);
+      break;
+    }
+    case AttnKernel::kCudaFlash: {
+      const int64_t t_q = q.size(2), t_k = k.size(2);
+      std::tie(*dq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
+          dout, q, ke, ve, out, aux[0], /*cum_seq_q=*/at::Tensor(), /*cum_seq_k=*/at::Tensor(),
+          t_q, t_k, /*dropout_p=*/0.0, /*is_causal=*/true, aux[1], aux[2], scale);
+      break;
+    }
+    case AttnKernel::kCudaEfficient: {
+      at::Tensor gb;
+      std::tie(*dq, gk, gv, gb) = at::_scaled_dot_product_efficient_attention_backward(
+          dout, q, ke, ve, /*attn_bias=*/at::Tensor(), out, aux[0], aux[1], aux[2],
+          /*dropout_p=*/0.0, {true, true, true, false}, /*is_causal=*/true, scale);
+      break;
+    }
+  }
+  (void)num_aux;
+  *dk = ReduceKv(gk, rep);
+  *dv = ReduceKv(gv, rep);
+}
+
+at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u) { return at::silu(g) * u; }
+
+void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u, at::Tensor* dg,
+                    at::Tensor* du) {
+  // The ops autograd would run for silu(g) * u, in the same dtype.
+  *dg = at::silu_backward(da * u, g);
+  *du = da * at::silu(g);
+}
+
+at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, double normalizer,
+                        at::Tensor* dlogits) {
+  const int64_t vocab = logits.size(-1);
+  at::Tensor lf = logits.to(at::kFloat).reshape({-1, vocab});
+  at::Tensor t = targets.reshape({-1});
+  at::Tensor mask = t.ne(-100);
+  at::Tensor safe_t = at::where(mask, t, at::zeros_like(t)).unsqueeze(1);
+  at::Tensor lse = at::logsumexp(lf, 1, /*keepdim=*/true);
+  at::Tensor token_loss = (lse - lf.gather(1, safe_t)).squeeze(1);
+  at::Tensor loss = at::where(mask, token_loss, at::zeros_like(token_loss)).sum() / normalizer;
+  if (dlogits) {
+    // d/dlogits of sum CE / N = (softmax - onehot) * mask / N, cast back like `.float()`'s grad.
+    at::Tensor p = (lf - lse).exp();
+    p.scatter_add_(1, safe_t, at::full_like(safe_t, -1, lf.options()));
+    p.mul_(mask.unsqueeze(1).to(at::kFloat) / normalizer);
+    *dlogits = p.to(logits.scalar_type()).view(logits.sizes());
+  }
+  return loss;
+}
+
+at::Tensor SplitHeads(const at::Tensor& x, int64_t heads, int64_t head_dim) {
+  return x.reshape({x.size(0), x.size(1), heads, head_dim}).transpose(1, 2);
+}
+
+at::Tensor MergeHeads(const at::Tensor& x) {
+  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+}  // namespace offloadd::engine::ops

@@ -1,0 +1,70 @@
+#pragma once
+// Forward/backward math shared by the blocks (engine-internal). Each backward is the analytic
+// gradient of the matching forward, written to follow transformers' dtype handling so that fp32
+// results match PyTorch autograd to rounding and bf16 results to bf16 rounding.
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "engine/model_config.h"
+
+namespace offloadd::engine::ops {
+
+// y = x W^T (+ b) for nn.Linear weights [out, in].
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+// Returns dx; writes dW (and db when b is defined).
+at::Tensor LinearBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                          bool has_bias, at::Tensor* dw, at::Tensor* db);
+// y = x W + b for GPT-2 Conv1D weights [in, out].
+at::Tensor Conv1D(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor Conv1DBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                          at::Tensor* dw, at::Tensor* db);
+
+// Llama RMSNorm: w * (x.float() * rstd).to(x.dtype), rstd = rsqrt(mean(x^2) + eps) in fp32.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd);
+// Same output from a saved rstd (no reduction).
+at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd);
+at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                           const at::Tensor& rstd, at::Tensor* dw);
+
+// LayerNorm over the last dimension (ATen's native kernels). mean/rstd are fp32 [.., 1].
+at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
+                     at::Tensor* mean, at::Tensor* rstd);
+at::Tensor LayerNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& b, const at::Tensor& mean, const at::Tensor& rstd,
+                             at::Tensor* dw, at::Tensor* db);
+
+// Rotary tables [B, T, head_dim] (fp32 math, cast to dtype) for position_ids [B, T].
+void RopeTables(const RopeConfig& rope, int64_t head_dim, const at::Tensor& position_ids,
+                c10::ScalarType dtype, at::Tensor* cos, at::Tensor* sin);
+// x: [B, H, T, D]; HF rotate_half convention.
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor ApplyRopeBackward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin);
+
+// Causal scaled-dot-product attention. q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] with Hq % Hkv == 0.
+// Returns out [B, Hq, T, D]; appends to `aux` what AttentionBackward needs besides q, k, v, out.
+at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                     std::vector<at::Tensor>* aux);
+void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
+                       size_t num_aux, double scale, at::Tensor* dq, at::Tensor* dk, at::Tensor* dv);
+// Number of aux tensors Attention appends for tensors like q (device/dtype dependent).
+size_t AttentionAuxCount(const at::Tensor& q);
+
+// SwiGLU: silu(g) * u, and its backward.
+at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u);
+void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u, at::Tensor* dg,
+                    at::Tensor* du);
+
+// Cross-entropy summed over targets != kIgnoreIndex, divided by `normalizer`, fp32 scalar.
+// With `dlogits` non-null also returns d loss / d logits in logits' dtype.
+at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, double normalizer,
+                        at::Tensor* dlogits);
+
+// [B, T, H*D] <-> [B, H, T, D]
+at::Tensor SplitHeads(const at::Tensor& x, int64_t heads, int64_t head_dim);
+at::Tensor MergeHeads(const at::Tensor& x);
+
+}  // namespace offloadd::engine::ops
