@@ -131,27 +131,33 @@ const std::string* BpeModel::IdToToken(int32_t id) const {
   return &id_to_token_[id];
 }
 
-void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const {
+void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids,
+                        std::vector<uint32_t>* starts) const {
   if (word.empty()) return;
   if (ignore_merges_) {
     auto it = vocab_.find(std::string(word));
     if (it != vocab_.end()) {
       ids->push_back(it->second);
+      starts->push_back(0);
       return;
     }
   }
+  auto append = [&](const Encoded& e) {
+    ids->insert(ids->end(), e.ids.begin(), e.ids.end());
+    starts->insert(starts->end(), e.starts.begin(), e.starts.end());
+  };
   const bool cacheable = word.size() <= kMaxCachedWordBytes;
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mu_);
     auto it = cache_.find(std::string(word));
     if (it != cache_.end()) {
-      ids->insert(ids->end(), it->second.begin(), it->second.end());
+      append(it->second);
       return;
     }
   }
-  std::vector<int32_t> result;
+  Encoded result;
   MergeWord(word, &result);
-  ids->insert(ids->end(), result.begin(), result.end());
+  append(result);
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mu_);
     if (cache_.size() >= kCacheCapacity) cache_.clear();
@@ -159,11 +165,14 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const 
   }
 }
 
-void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const {
+void BpeModel::MergeWord(std::string_view word, Encoded* out) const {
   // 1. Initial symbols: one per character (with prefix/suffix), falling back to <0xNN> byte
   //    tokens or to the (optionally fused) unknown token.
   std::vector<int32_t> syms;
+  std::vector<uint32_t> sym_start;  // byte offset in `word` where each symbol's text starts
   syms.reserve(word.size());
+  sym_start.reserve(word.size());
+  uint32_t unk_start = 0;
   std::optional<int32_t> pending_unk;
   std::string piece;
   for (size_t pos = 0; pos < word.size();) {
@@ -176,8 +185,12 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const
     if (pos == word.size()) piece += end_of_word_suffix_;
     auto it = vocab_.find(piece);
     if (it != vocab_.end()) {
-      if (pending_unk) syms.push_back(*std::exchange(pending_unk, std::nullopt));
+      if (pending_unk) {
+        syms.push_back(*std::exchange(pending_unk, std::nullopt));
+        sym_start.push_back(unk_start);
+      }
       syms.push_back(it->second);
+      sym_start.push_back(static_cast<uint32_t>(begin));
       continue;
     }
     if (byte_fallback_) {
@@ -185,17 +198,27 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const
       for (unsigned char b : piece) all = all && byte_ids_[b] >= 0;
       if (all) {
         // Note: like `tokenizers`, a pending unknown is not flushed before byte tokens.
-        for (unsigned char b : piece) syms.push_back(byte_ids_[b]);
+        for (unsigned char b : piece) {
+          syms.push_back(byte_ids_[b]);
+          sym_start.push_back(static_cast<uint32_t>(begin));
+        }
         continue;
       }
     }
     if (unk_id_) {
-      if (pending_unk && !fuse_unk_) syms.push_back(*pending_unk);
+      if (pending_unk && !fuse_unk_) {
+        syms.push_back(*pending_unk);
+        sym_start.push_back(unk_start);
+      }
+      if (!pending_unk || !fuse_unk_) unk_start = static_cast<uint32_t>(begin);
       pending_unk = *unk_id_;
     }
     // No unk token: the character is dropped, as `tokenizers` does.
   }
-  if (pending_unk) syms.push_back(*pending_unk);
+  if (pending_unk) {
+    syms.push_back(*pending_unk);
+    sym_start.push_back(unk_start);
+  }
 
   // 2. Merges: a min-heap of (rank, position) over a doubly linked list of symbols.
   const int n = static_cast<int>(syms.size());
@@ -237,7 +260,10 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const
     push(prev[i]);
     push(i);
   }
-  for (int i = 0; i >= 0 && i < n; i = next[i]) out->push_back(syms[i]);
+  for (int i = 0; i >= 0 && i < n; i = next[i]) {
+    out->ids.push_back(syms[i]);
+    out->starts.push_back(sym_start[i]);
+  }
 }
 
 }  // namespace offloadd::text

@@ -29,8 +29,10 @@ class BpeModel {
   // dropout (non-deterministic; not supported).
   static StatusOr<std::unique_ptr<BpeModel>> FromJson(const nlohmann::json& model);
 
-  // Appends the ids for one pre-token (already normalized / byte-mapped).
-  void Tokenize(std::string_view word, std::vector<int32_t>* ids) const;
+  // Appends the ids for one pre-token (already normalized / byte-mapped) and, for each id, the
+  // byte offset in `word` where its text starts.
+  void Tokenize(std::string_view word, std::vector<int32_t>* ids,
+                std::vector<uint32_t>* starts) const;
 
   std::optional<int32_t> TokenToId(std::string_view token) const;
   // nullptr when the id is not in the vocabulary.
@@ -40,7 +42,11 @@ class BpeModel {
 
  private:
   BpeModel() = default;
-  void MergeWord(std::string_view word, std::vector<int32_t>* ids) const;
+  struct Encoded {
+    std::vector<int32_t> ids;
+    std::vector<uint32_t> starts;
+  };
+  void MergeWord(std::string_view word, Encoded* out) const;
 
   struct Merge {
     int32_t rank;
@@ -65,7 +71,7 @@ class BpeModel {
   static constexpr size_t kCacheCapacity = 50000;
   static constexpr size_t kMaxCachedWordBytes = 256;
   mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unordered_map<std::string, Encoded> cache_;
 };
 
 }  // namespace offloadd::text

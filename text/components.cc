@@ -7,6 +7,23 @@
 
 namespace offloadd::text {
 
+AlignedText AlignedText::FromOriginal(std::string_view s, uint32_t base, bool at_start) {
+  AlignedText t;
+  t.text = std::string(s);
+  t.orig.resize(s.size());
+  for (size_t i = 0; i < s.size(); ++i) t.orig[i] = base + static_cast<uint32_t>(i);
+  t.at_start = at_start;
+  return t;
+}
+
+AlignedText AlignedText::Slice(size_t begin, size_t end) const {
+  AlignedText t;
+  t.text = text.substr(begin, end - begin);
+  t.orig.assign(orig.begin() + begin, orig.begin() + end);
+  t.at_start = at_start && begin == 0;
+  return t;
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -62,6 +79,32 @@ StatusOr<Pattern> ParsePattern(const json& j, const std::string& path) {
   return InvalidArgumentError(path + ": expected {\"String\": ...} or {\"Regex\": ...}");
 }
 
+// Replaces each match by `content`; the new bytes are aligned with the match's first byte.
+void ReplaceAligned(AlignedText* t, const std::vector<std::pair<size_t, size_t>>& m,
+                    std::string_view content) {
+  if (m.empty()) return;
+  AlignedText out;
+  out.at_start = t->at_start;
+  size_t last = 0;
+  for (const auto& [b, e] : m) {
+    out.text.append(t->text, last, b - last);
+    out.orig.insert(out.orig.end(), t->orig.begin() + last, t->orig.begin() + b);
+    out.text.append(content);
+    const uint32_t anchor = b < t->orig.size() ? t->orig[b] : (t->orig.empty() ? 0 : t->orig.back());
+    out.orig.insert(out.orig.end(), content.size(), anchor);
+    last = e;
+  }
+  out.text.append(t->text, last, std::string::npos);
+  out.orig.insert(out.orig.end(), t->orig.begin() + last, t->orig.end());
+  *t = std::move(out);
+}
+
+void PrependAligned(AlignedText* t, std::string_view prefix) {
+  const uint32_t anchor = t->orig.empty() ? 0 : t->orig.front();
+  t->text.insert(0, prefix);
+  t->orig.insert(t->orig.begin(), prefix.size(), anchor);
+}
+
 std::string ReplaceAll(std::string_view s, const std::vector<std::pair<size_t, size_t>>& m,
                        std::string_view content) {
   std::string out;
@@ -81,8 +124,8 @@ std::string ReplaceAll(std::string_view s, const std::vector<std::pair<size_t, s
 class SequenceNormalizer final : public Normalizer {
  public:
   explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> s) : steps_(std::move(s)) {}
-  Status Normalize(std::string* s) const override {
-    for (const auto& n : steps_) RETURN_IF_ERROR(n->Normalize(s));
+  Status Normalize(AlignedText* t) const override {
+    for (const auto& n : steps_) RETURN_IF_ERROR(n->Normalize(t));
     return OkStatus();
   }
 
@@ -93,8 +136,8 @@ class SequenceNormalizer final : public Normalizer {
 class PrependNormalizer final : public Normalizer {
  public:
   explicit PrependNormalizer(std::string p) : prepend_(std::move(p)) {}
-  Status Normalize(std::string* s) const override {
-    if (!s->empty()) s->insert(0, prepend_);
+  Status Normalize(AlignedText* t) const override {
+    if (!t->text.empty()) PrependAligned(t, prepend_);
     return OkStatus();
   }
 
@@ -105,10 +148,10 @@ class PrependNormalizer final : public Normalizer {
 class ReplaceNormalizer final : public Normalizer {
  public:
   ReplaceNormalizer(Pattern p, std::string c) : pattern_(std::move(p)), content_(std::move(c)) {}
-  Status Normalize(std::string* s) const override {
+  Status Normalize(AlignedText* t) const override {
     std::vector<std::pair<size_t, size_t>> m;
-    RETURN_IF_ERROR(pattern_.FindAll(*s, &m));
-    if (!m.empty()) *s = ReplaceAll(*s, m, content_);
+    RETURN_IF_ERROR(pattern_.FindAll(t->text, &m));
+    ReplaceAligned(t, m, content_);
     return OkStatus();
   }
 
@@ -120,8 +163,33 @@ class ReplaceNormalizer final : public Normalizer {
 class UnicodeNormalizer final : public Normalizer {
  public:
   explicit UnicodeNormalizer(NormalForm f) : form_(f) {}
-  Status Normalize(std::string* s) const override {
-    ASSIGN_OR_RETURN(*s, text::Normalize(*s, form_));
+  // Normalizes chunk by chunk between normalization boundaries, so each output byte can be
+  // aligned with the start of the chunk that produced it.
+  Status Normalize(AlignedText* t) const override {
+    ASSIGN_OR_RETURN(std::string whole, text::Normalize(t->text, form_));
+    if (whole == t->text) return OkStatus();
+    AlignedText out;
+    out.at_start = t->at_start;
+    size_t chunk = 0;
+    for (size_t pos = 0; pos <= t->text.size();) {
+      size_t next = pos;
+      const bool end = pos == t->text.size();
+      if (!end) {
+        const uint32_t cp = NextCodePoint(t->text, &next);
+        if (pos == chunk || !HasBoundaryBefore(cp, form_)) {
+          pos = next;
+          continue;
+        }
+      }
+      ASSIGN_OR_RETURN(std::string piece,
+                       text::Normalize(std::string_view(t->text).substr(chunk, pos - chunk), form_));
+      out.text += piece;
+      out.orig.insert(out.orig.end(), piece.size(), t->orig[chunk]);
+      chunk = pos;
+      if (end) break;
+      pos = next;
+    }
+    *t = std::move(out);
     return OkStatus();
   }
 
@@ -131,8 +199,13 @@ class UnicodeNormalizer final : public Normalizer {
 
 class LowercaseNormalizer final : public Normalizer {
  public:
-  Status Normalize(std::string* s) const override {
-    ASSIGN_OR_RETURN(*s, Lowercase(*s));
+  Status Normalize(AlignedText* t) const override {
+    ASSIGN_OR_RETURN(std::string lower, Lowercase(t->text));
+    if (lower.size() != t->text.size()) {
+      // Length changed (rare: e.g. U+0130): align everything with the first character.
+      t->orig.assign(lower.size(), t->orig.empty() ? 0 : t->orig.front());
+    }
+    t->text = std::move(lower);
     return OkStatus();
   }
 };
@@ -140,7 +213,8 @@ class LowercaseNormalizer final : public Normalizer {
 class StripNormalizer final : public Normalizer {
  public:
   StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
-  Status Normalize(std::string* s) const override {
+  Status Normalize(AlignedText* t) const override {
+    const std::string* s = &t->text;
     size_t begin = 0, end = s->size();
     if (left_) {
       while (begin < end) {
@@ -158,7 +232,9 @@ class StripNormalizer final : public Normalizer {
         end = b;
       }
     }
-    *s = s->substr(begin, end - begin);
+    const bool at_start = t->at_start && begin == 0;
+    *t = t->Slice(begin, end);
+    t->at_start = at_start;
     return OkStatus();
   }
 
@@ -241,7 +317,7 @@ void SplitPiece(const PreToken& piece, const std::vector<std::pair<size_t, size_
       break;
   }
   for (const auto& s : merged) {
-    if (s.e > s.b) out->push_back({piece.text.substr(s.b, s.e - s.b), piece.at_start && s.b == 0});
+    if (s.e > s.b) out->push_back(piece.Slice(s.b, s.e));
   }
 }
 
@@ -293,7 +369,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
       : add_prefix_space_(add_prefix_space), regex_(std::move(re)) {}
   Status PreTokenize(std::vector<PreToken>* pieces) const override {
     return ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
-      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) PrependAligned(&p, " ");
       const size_t first = out->size();
       if (regex_) {
         std::vector<std::pair<size_t, size_t>> m;
@@ -302,7 +378,17 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
       } else if (!p.text.empty()) {
         out->push_back(std::move(p));
       }
-      for (size_t i = first; i < out->size(); ++i) (*out)[i].text = ByteLevelEncode((*out)[i].text);
+      for (size_t i = first; i < out->size(); ++i) {
+        PreToken& q = (*out)[i];
+        std::vector<uint32_t> orig;
+        orig.reserve(q.text.size() * 2);
+        for (size_t k = 0; k < q.text.size(); ++k) {
+          orig.insert(orig.end(), ByteToCodePoint(static_cast<uint8_t>(q.text[k])) < 0x80 ? 1 : 2,
+                      q.orig[k]);
+        }
+        q.text = ByteLevelEncode(q.text);
+        q.orig = std::move(orig);
+      }
       return OkStatus();
     });
   }
@@ -334,11 +420,11 @@ class MetaspacePreTokenizer final : public PreTokenizer {
     return ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
       std::vector<std::pair<size_t, size_t>> spaces;
       RETURN_IF_ERROR((Pattern{" ", nullptr}.FindAll(p.text, &spaces)));
-      p.text = ReplaceAll(p.text, spaces, replacement_);
+      ReplaceAligned(&p, spaces, replacement_);
       const bool starts = p.text.compare(0, replacement_.size(), replacement_) == 0;
       if (!starts && (scheme_ == PrependScheme::kAlways ||
                       (scheme_ == PrependScheme::kFirst && p.at_start))) {
-        p.text.insert(0, replacement_);
+        PrependAligned(&p, replacement_);
       }
       if (!split_) {
         if (!p.text.empty()) out->push_back(std::move(p));
@@ -516,14 +602,25 @@ class TemplatePostProcessor final : public PostProcessor {
     std::vector<int32_t> ids;
   };
   explicit TemplatePostProcessor(std::vector<Item> items) : items_(std::move(items)) {}
-  void Process(std::vector<int32_t>* ids) const override {
+  void Process(std::vector<int32_t>* ids, std::vector<uint32_t>* offsets,
+               uint32_t end_offset) const override {
     std::vector<int32_t> out;
+    bool after = false;
+    std::vector<uint32_t> out_offsets;
     out.reserve(ids->size() + 4);
+    out_offsets.reserve(ids->size() + 4);
     for (const auto& item : items_) {
-      if (item.is_sequence) out.insert(out.end(), ids->begin(), ids->end());
-      else out.insert(out.end(), item.ids.begin(), item.ids.end());
+      if (item.is_sequence) {
+        out.insert(out.end(), ids->begin(), ids->end());
+        out_offsets.insert(out_offsets.end(), offsets->begin(), offsets->end());
+        after = true;
+      } else {
+        out.insert(out.end(), item.ids.begin(), item.ids.end());
+        out_offsets.insert(out_offsets.end(), item.ids.size(), after ? end_offset : 0);
+      }
     }
     *ids = std::move(out);
+    *offsets = std::move(out_offsets);
   }
 
  private:
@@ -534,8 +631,9 @@ class SequencePostProcessor final : public PostProcessor {
  public:
   explicit SequencePostProcessor(std::vector<std::unique_ptr<PostProcessor>> s)
       : steps_(std::move(s)) {}
-  void Process(std::vector<int32_t>* ids) const override {
-    for (const auto& p : steps_) p->Process(ids);
+  void Process(std::vector<int32_t>* ids, std::vector<uint32_t>* offsets,
+               uint32_t end_offset) const override {
+    for (const auto& p : steps_) p->Process(ids, offsets, end_offset);
   }
 
  private:
@@ -544,7 +642,7 @@ class SequencePostProcessor final : public PostProcessor {
 
 class NoopPostProcessor final : public PostProcessor {
  public:
-  void Process(std::vector<int32_t>*) const override {}
+  void Process(std::vector<int32_t>*, std::vector<uint32_t>*, uint32_t) const override {}
 };
 
 StatusOr<uint32_t> SingleCodePoint(const std::string& s, const std::string& path) {

@@ -27,18 +27,24 @@
 
 namespace offloadd::text {
 
-// A piece of text flowing through pre-tokenization.
-struct PreToken {
+// Text flowing through normalization and pre-tokenization, aligned with the caller's input.
+struct AlignedText {
   std::string text;
+  // orig[i]: byte offset in the original input of the character that produced text[i].
+  std::vector<uint32_t> orig;
   // True when the piece starts at offset 0 of the caller's input (Metaspace prepend_scheme
   // "first" prepends only there).
   bool at_start = false;
+
+  static AlignedText FromOriginal(std::string_view s, uint32_t base, bool at_start);
+  AlignedText Slice(size_t begin, size_t end) const;
 };
+using PreToken = AlignedText;
 
 class Normalizer {
  public:
   virtual ~Normalizer() = default;
-  virtual Status Normalize(std::string* s) const = 0;
+  virtual Status Normalize(AlignedText* t) const = 0;
 };
 
 class PreTokenizer {
@@ -58,8 +64,10 @@ class Decoder {
 class PostProcessor {
  public:
   virtual ~PostProcessor() = default;
-  // Adds special tokens around one encoded sequence.
-  virtual void Process(std::vector<int32_t>* ids) const = 0;
+  // Adds special tokens around one encoded sequence; tokens placed before it get offset 0,
+  // tokens after it `end_offset`.
+  virtual void Process(std::vector<int32_t>* ids, std::vector<uint32_t>* offsets,
+                       uint32_t end_offset) const = 0;
 };
 
 // `json` may be null: the factories then return nullptr (no stage).

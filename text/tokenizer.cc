@@ -90,9 +90,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_t
   std::vector<AddedTokenMatcher::Pattern> raw, normalized;
   for (const AddedToken& t : tok->added_tokens_) {
     if (t.normalized && tok->normalizer_) {
-      std::string pattern = t.content;
+      AlignedText pattern = AlignedText::FromOriginal(t.content, 0, true);
       RETURN_IF_ERROR(tok->normalizer_->Normalize(&pattern));
-      normalized.push_back({std::move(pattern), &t});
+      normalized.push_back({std::move(pattern.text), &t});
     } else if (t.normalized) {
       normalized.push_back({t.content, &t});
     } else {
@@ -104,46 +104,63 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_t
   return tok;
 }
 
-Status Tokenizer::EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const {
+Status Tokenizer::EncodePieces(std::vector<AlignedText>* pieces, Encoding* out) const {
+  if (pieces->empty()) return OkStatus();
+  if (pre_tokenizer_) RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(pieces));
+  for (const auto& piece : *pieces) {
+    const size_t first = out->starts.size();
+    model_->Tokenize(piece.text, &out->ids, &out->starts);
+    for (size_t i = first; i < out->starts.size(); ++i) {
+      out->starts[i] = piece.orig.empty() ? 0 : piece.orig[std::min<size_t>(out->starts[i], piece.orig.size() - 1)];
+    }
+  }
+  pieces->clear();
+  return OkStatus();
+}
+
+Status Tokenizer::EncodeSegment(std::string_view raw, uint32_t base, Encoding* out) const {
+  AlignedText text = AlignedText::FromOriginal(raw, base, base == 0);
   if (normalizer_) RETURN_IF_ERROR(normalizer_->Normalize(&text));
-  std::vector<PreToken> pieces;
-  for (const auto& p : normalized_matcher_->Split(text)) {
+  std::vector<AlignedText> pieces;
+  for (const auto& p : normalized_matcher_->Split(text.text)) {
     if (p.token != nullptr) {
-      // Flush the plain text gathered so far, then the token itself.
-      if (!pieces.empty()) {
-        if (pre_tokenizer_) RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&pieces));
-        for (const auto& piece : pieces) model_->Tokenize(piece.text, ids);
-        pieces.clear();
-      }
-      ids->push_back(p.token->id);
+      // Encode the plain text gathered so far, then the token itself.
+      RETURN_IF_ERROR(EncodePieces(&pieces, out));
+      out->ids.push_back(p.token->id);
+      out->starts.push_back(p.begin < text.orig.size() ? text.orig[p.begin] : base);
       continue;
     }
-    if (p.end > p.begin) {
-      pieces.push_back({text.substr(p.begin, p.end - p.begin), at_start && p.begin == 0});
+    if (p.end > p.begin) pieces.push_back(text.Slice(p.begin, p.end));
+  }
+  return EncodePieces(&pieces, out);
+}
+
+StatusOr<Encoding> Tokenizer::EncodeWithOffsets(std::string_view text,
+                                                bool add_special_tokens) const {
+  if (!IsValidUtf8(text)) return InvalidArgumentError("Encode: input is not valid UTF-8");
+  if (text.size() > UINT32_MAX) return InvalidArgumentError("Encode: input larger than 4 GiB");
+  Encoding out;
+  out.ids.reserve(text.size() / 3 + 4);
+  out.starts.reserve(text.size() / 3 + 4);
+  for (const auto& p : raw_matcher_->Split(text)) {
+    if (p.token != nullptr) {
+      out.ids.push_back(p.token->id);
+      out.starts.push_back(static_cast<uint32_t>(p.begin));
+    } else if (p.end > p.begin) {
+      RETURN_IF_ERROR(EncodeSegment(text.substr(p.begin, p.end - p.begin),
+                                    static_cast<uint32_t>(p.begin), &out));
     }
   }
-  if (!pieces.empty()) {
-    if (pre_tokenizer_) RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&pieces));
-    for (const auto& piece : pieces) model_->Tokenize(piece.text, ids);
+  if (add_special_tokens && post_processor_) {
+    post_processor_->Process(&out.ids, &out.starts, static_cast<uint32_t>(text.size()));
   }
-  return OkStatus();
+  return out;
 }
 
 StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
                                                  bool add_special_tokens) const {
-  if (!IsValidUtf8(text)) return InvalidArgumentError("Encode: input is not valid UTF-8");
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 4);
-  for (const auto& p : raw_matcher_->Split(text)) {
-    if (p.token != nullptr) {
-      ids.push_back(p.token->id);
-    } else if (p.end > p.begin) {
-      RETURN_IF_ERROR(
-          EncodeSegment(std::string(text.substr(p.begin, p.end - p.begin)), p.begin == 0, &ids));
-    }
-  }
-  if (add_special_tokens && post_processor_) post_processor_->Process(&ids);
-  return ids;
+  ASSIGN_OR_RETURN(Encoding e, EncodeWithOffsets(text, add_special_tokens));
+  return std::move(e.ids);
 }
 
 StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,

@@ -44,6 +44,14 @@ struct AddedToken {
   bool special = false;
 };
 
+// Token ids with, for each id, the byte offset in the input where the token's text begins
+// (tokens that the post-processor adds before the text get 0, after it the input's length;
+// characters expanded into several byte-fallback tokens share the character's offset).
+struct Encoding {
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> starts;
+};
+
 class Tokenizer {
  public:
   // Loads a tokenizer.json. Errors name the file and the offending JSON path.
@@ -56,6 +64,8 @@ class Tokenizer {
   // Token ids for `text` (which must be valid UTF-8, else INVALID_ARGUMENT). With
   // add_special_tokens the post-processor's template is applied (e.g. Llama's leading <s>).
   StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const;
+  // Same ids as Encode, with start offsets (used to align chat-template spans with tokens).
+  StatusOr<Encoding> EncodeWithOffsets(std::string_view text, bool add_special_tokens) const;
 
   // Text for `ids` through the configured decoder; ids unknown to the vocabulary are skipped
   // (as `tokenizers` does); with skip_special_tokens, added tokens marked special are dropped.
@@ -70,8 +80,8 @@ class Tokenizer {
 
  private:
   Tokenizer();
-  struct Segment;
-  Status EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const;
+  Status EncodeSegment(std::string_view text, uint32_t base, Encoding* out) const;
+  Status EncodePieces(std::vector<struct AlignedText>* pieces, Encoding* out) const;
 
   std::unique_ptr<BpeModel> model_;
   std::unique_ptr<Normalizer> normalizer_;

@@ -165,15 +165,29 @@ std::string ByteLevelEncode(std::string_view s) {
   return out;
 }
 
+namespace {
+
+const icu::Normalizer2* GetNormalizer(NormalForm form, UErrorCode& err) {
+  switch (form) {
+    case NormalForm::kNfc: return icu::Normalizer2::getNFCInstance(err);
+    case NormalForm::kNfd: return icu::Normalizer2::getNFDInstance(err);
+    case NormalForm::kNfkc: return icu::Normalizer2::getNFKCInstance(err);
+    case NormalForm::kNfkd: return icu::Normalizer2::getNFKDInstance(err);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool HasBoundaryBefore(uint32_t cp, NormalForm form) {
+  UErrorCode err = U_ZERO_ERROR;
+  const icu::Normalizer2* n = GetNormalizer(form, err);
+  return U_SUCCESS(err) && n != nullptr && n->hasBoundaryBefore(static_cast<UChar32>(cp));
+}
+
 StatusOr<std::string> Normalize(std::string_view s, NormalForm form) {
   UErrorCode err = U_ZERO_ERROR;
-  const icu::Normalizer2* n = nullptr;
-  switch (form) {
-    case NormalForm::kNfc: n = icu::Normalizer2::getNFCInstance(err); break;
-    case NormalForm::kNfd: n = icu::Normalizer2::getNFDInstance(err); break;
-    case NormalForm::kNfkc: n = icu::Normalizer2::getNFKCInstance(err); break;
-    case NormalForm::kNfkd: n = icu::Normalizer2::getNFKDInstance(err); break;
-  }
+  const icu::Normalizer2* n = GetNormalizer(form, err);
   if (U_FAILURE(err) || n == nullptr) {
     return InternalError(std::string("ICU normalizer unavailable: ") + u_errorName(err));
   }

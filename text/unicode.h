@@ -40,6 +40,8 @@ std::string ByteLevelEncode(std::string_view s);
 enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
 // Unicode normalization of valid UTF-8 text.
 StatusOr<std::string> Normalize(std::string_view s, NormalForm form);
+// True when text can be split before `cp` without changing its normalization.
+bool HasBoundaryBefore(uint32_t cp, NormalForm form);
 // Full Unicode lowercase mapping (locale-independent).
 StatusOr<std::string> Lowercase(std::string_view s);
 

@@ -4,6 +4,7 @@
 //
 // Each request line is one of
 //   {"text": "...", "add_special_tokens": true}    -> {"ids": [...]}
+//   {"text": "...", "offsets": true}               -> {"ids": [...], "starts": [byte offsets]}
 //   {"ids": [...], "skip_special_tokens": false}   -> {"text": "..."}
 // and a request that fails yields {"error": "..."} (the tool keeps going). Exit status 1 when the
 // tokenizer cannot be loaded (the message goes to stderr).
@@ -44,9 +45,14 @@ int main(int argc, char** argv) {
     if (req.is_discarded() || !req.is_object()) {
       reply["error"] = "request is not a JSON object";
     } else if (req.contains("text") && req["text"].is_string()) {
-      auto ids = (*tok)->Encode(req["text"].get<std::string>(), req.value("add_special_tokens", false));
-      if (ids.ok()) reply["ids"] = *ids;
-      else reply["error"] = ids.status().ToString();
+      auto enc = (*tok)->EncodeWithOffsets(req["text"].get<std::string>(),
+                                           req.value("add_special_tokens", false));
+      if (!enc.ok()) {
+        reply["error"] = enc.status().ToString();
+      } else {
+        reply["ids"] = enc->ids;
+        if (req.value("offsets", false)) reply["starts"] = enc->starts;
+      }
     } else if (req.contains("ids") && req["ids"].is_array()) {
       std::vector<int32_t> ids;
       for (const auto& v : req["ids"]) ids.push_back(v.get<int32_t>());

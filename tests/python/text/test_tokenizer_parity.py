@@ -104,3 +104,28 @@ def test_bad_input_reports_errors(tmp_path, tokenizer_paths):
                           input="", capture_output=True, text=True)
     assert proc.returncode == 1
     assert "merges" in proc.stderr and str(broken) in proc.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_offsets_match_python(tokenizer_paths, name):
+    """Token start offsets (used to align chat-template spans with tokens) agree with the Python
+    library's, once our byte offsets are floored to character starts (Python's are per char)."""
+    path = tokenizer_paths[name]
+    ref = Tokenizer.from_file(str(path))
+    texts = [t for t in varied_corpus(name) if t]
+    replies = NativeTokenizer(path).run(
+        [{"text": t, "offsets": True, "add_special_tokens": False} for t in texts])
+    bad = []
+    for text, reply in zip(texts, replies):
+        enc = ref.encode(text, add_special_tokens=False)
+        char_starts = {}
+        pos = 0
+        for i, ch in enumerate(text):
+            for k in range(len(ch.encode("utf-8"))):
+                char_starts[pos + k] = pos
+            pos += len(ch.encode("utf-8"))
+        ours = [char_starts.get(s, s) for s in reply["starts"]]
+        want = [len(text[:s].encode("utf-8")) for s, _ in enc.offsets]
+        if ours != want:
+            bad.append((text, want, ours))
+    assert not bad, f"{len(bad)}/{len(texts)} differ; first: {bad[0]!r}"
