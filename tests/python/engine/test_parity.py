@@ -1,0 +1,203 @@
+"""Parity of the C++ engine with transformers on tiny models (CPU, fp32).
+
+Tolerances (fp32, CPU): logits and loss atol 2e-5 / rtol 1e-4; gradients atol 2e-5 / rtol 1e-3
+(assert_close semantics). The engine uses the fused flash-attention CPU kernel and analytic
+backward formulas, so agreement is to float rounding, not bit-exact. Save modes (keep, recompute,
+offload, mixed) must agree with each other exactly (same kernels, same inputs).
+"""
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+
+from conftest import hf_reference, make_batch, run_check, write_inputs
+
+LOGIT_TOL = dict(atol=2e-5, rtol=1e-4)
+GRAD_TOL = dict(atol=2e-5, rtol=1e-3)
+
+
+def tiny_llama(tmp_path, **kw):
+    cfg = dict(vocab_size=96, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               rms_norm_eps=1e-5, tie_word_embeddings=False,
+               rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 16})
+    cfg.update(kw)
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="eager"))
+    d = tmp_path / "llama"
+    model.save_pretrained(d)
+    return model, d
+
+
+def tiny_qwen2(tmp_path):
+    torch.manual_seed(2)
+    cfg = transformers.Qwen2Config(vocab_size=80, hidden_size=48, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                                   max_position_embeddings=64, tie_word_embeddings=True,
+                                   attn_implementation="eager")
+    model = transformers.Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # biases start at zero; make them matter
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.normal_(0, 0.5)
+    d = tmp_path / "qwen2"
+    model.save_pretrained(d)
+    return model, d
+
+
+def tiny_gpt2(tmp_path):
+    torch.manual_seed(3)
+    cfg = transformers.GPT2Config(vocab_size=72, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                  attn_implementation="eager")
+    model = transformers.GPT2LMHeadModel(cfg)
+    d = tmp_path / "gpt2"
+    model.save_pretrained(d)
+    return model, d
+
+
+MODELS = {"llama_gqa": tiny_llama, "qwen2_bias_tied": tiny_qwen2, "gpt2": tiny_gpt2}
+
+
+@pytest.fixture(params=list(MODELS))
+def model_and_dir(request, tmp_path):
+    return MODELS[request.param](tmp_path)
+
+
+def compare(ours, logits, loss, grads):
+    torch.testing.assert_close(ours["logits"], logits, **LOGIT_TOL)
+    torch.testing.assert_close(ours["loss"], loss, **LOGIT_TOL)
+    names = {k[len("grad/"):] for k in ours if k.startswith("grad/")}
+    assert names == set(grads), f"gradient names differ: {names ^ set(grads)}"
+    for n, g in grads.items():
+        torch.testing.assert_close(ours["grad/" + n], g, **GRAD_TOL, msg=lambda m: f"{n}: {m}")
+
+
+def test_logits_loss_grads_match_transformers(model_and_dir, tmp_path):
+    model, d = model_and_dir
+    ids, labels = make_batch(model.config.vocab_size)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    compare(ours, *hf_reference(model, ids, labels))
+
+
+def test_micro_batches_normalise_over_the_whole_step(model_and_dir, tmp_path):
+    """Two micro-batches with the step's token count give the full batch's mean-loss gradients."""
+    model, d = model_and_dir
+    ids, labels = make_batch(model.config.vocab_size, seed=5)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors",
+                     "--micro-batches", 2)
+    compare(ours, *hf_reference(model, ids, labels))
+
+
+def test_save_modes_give_identical_gradients(model_and_dir, tmp_path):
+    model, d = model_and_dir
+    ids, labels = make_batch(model.config.vocab_size, seed=7)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    results = {m: run_check(d, tmp_path / "in.safetensors", tmp_path / f"{m}.safetensors", "--mode", m)
+               for m in ("keep", "recompute", "offload", "mixed")}
+    base = results["keep"]
+    for mode, r in results.items():
+        assert set(r) == set(base)
+        for k in base:
+            assert torch.equal(r[k], base[k]), f"{mode}: {k} differs from keep"
+
+
+def test_position_ids_reset(tmp_path):
+    """Per-document position reset (packing) only changes rotary phases; matches transformers."""
+    model, d = tiny_llama(tmp_path)
+    ids, labels = make_batch(model.config.vocab_size, seed=9)
+    pos = torch.cat([torch.arange(5), torch.arange(7)]).expand(ids.shape[0], -1).contiguous()
+    write_inputs(tmp_path / "in.safetensors", ids, labels, pos)
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    compare(ours, *hf_reference(model, ids, labels, position_ids=pos))
+
+
+def tensor_layout(d):
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as s:
+            for k in s.keys():
+                out[k] = (f.name, s.get_slice(k).get_dtype(), tuple(s.get_slice(k).get_shape()))
+    return out
+
+
+def test_export_reloads_in_transformers(model_and_dir, tmp_path):
+    """After an SGD step, the exported directory loads in transformers with our logits, and keeps
+    the input's tensor names, dtypes and shapes (tied weights stay tied / absent)."""
+    model, d = model_and_dir
+    ids, labels = make_batch(model.config.vocab_size, seed=11)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    out_dir = tmp_path / "exported"
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors",
+                     "--sgd-lr", "0.5", "--export", out_dir)
+    assert tensor_layout(out_dir) == tensor_layout(d)
+    assert json.loads((out_dir / "config.json").read_text()) == json.loads((d / "config.json").read_text())
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out_dir, attn_implementation="eager")
+    reloaded.eval()
+    with torch.no_grad():
+        logits = reloaded(input_ids=ids).logits
+        before = model(input_ids=ids).logits
+    torch.testing.assert_close(ours["logits_after"], logits, **LOGIT_TOL)
+    assert (logits - before).abs().max() > 1e-3, "the update did not change the model"
+
+
+def test_sharded_checkpoint_round_trip(tmp_path):
+    model, _ = tiny_llama(tmp_path, tie_word_embeddings=True)
+    d = tmp_path / "sharded"
+    model.save_pretrained(d, max_shard_size="20KB")
+    assert (d / "model.safetensors.index.json").exists()
+    ids, labels = make_batch(model.config.vocab_size, seed=13)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    out_dir = tmp_path / "exported"
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors",
+                     "--export", out_dir, "--sgd-lr", "0")
+    compare(ours, *hf_reference(model, ids, labels))
+    assert tensor_layout(out_dir) == tensor_layout(d)
+    idx_in = json.loads((d / "model.safetensors.index.json").read_text())
+    idx_out = json.loads((out_dir / "model.safetensors.index.json").read_text())
+    assert idx_in["weight_map"] == idx_out["weight_map"]
+
+
+def test_bf16_checkpoint_loads_as_fp32(tmp_path):
+    model, _ = tiny_llama(tmp_path)
+    model = model.to(torch.bfloat16)
+    d = tmp_path / "bf16"
+    model.save_pretrained(d)
+    ids, labels = make_batch(model.config.vocab_size, seed=15)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    ref = model.float()
+    compare(ours, *hf_reference(ref, ids, labels))
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"model_type": "phi3"}, "unsupported model type \"phi3\""),
+    ({"architectures": ["MixtralForCausalLM"]}, "MixtralForCausalLM"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}, "yarn"),
+    ({"mlp_bias": True}, "mlp_bias"),
+])
+def test_unsupported_config_is_rejected_by_name(tmp_path, patch, needle):
+    _, d = tiny_llama(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(patch)
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids, labels = make_batch(96)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    proc = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors", expect_ok=False)
+    assert proc.returncode == 1
+    assert needle in proc.stderr, proc.stderr
+
+
+def test_out_of_range_token_is_an_error(tmp_path):
+    _, d = tiny_llama(tmp_path)
+    ids, labels = make_batch(96)
+    ids[0, 0] = 96
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    proc = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors", expect_ok=False)
+    assert proc.returncode == 1 and "token id outside" in proc.stderr, proc.stderr
