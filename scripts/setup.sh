@@ -22,7 +22,7 @@ apt_packages=(
   python3 python3-venv python3-dev
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev
-  libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libssl-dev zlib1g-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
 )
 

@@ -13,9 +13,9 @@ packages=(
   libabsl-dev libabsl20220623t64 libre2-dev libre2-10 libc-ares-dev libcares2
   liburing-dev liburing2
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
-  libcivetweb-dev libcivetweb1 libcurl4-openssl-dev libcurl4t64
+  civetweb libcivetweb-dev libcivetweb1 libcurl4-openssl-dev libcurl4t64
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
-  libsqlite3-dev libsqlite3-0 nlohmann-json3-dev
+  libsqlite3-dev libsqlite3-0 nlohmann-json3-dev libicu-dev libicu74
 )
 
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$out"
