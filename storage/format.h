@@ -36,6 +36,9 @@ inline constexpr char kStoreFileName[] = "STORE";
 inline constexpr char kDataFileName[] = "data";
 inline constexpr char kManifestFileName[] = "MANIFEST";
 
+// Read the last committed version, whatever it is.
+inline constexpr uint64_t kLatestVersion = UINT64_MAX;
+
 inline uint64_t AlignUp(uint64_t v, uint64_t a = kAlign) { return (v + a - 1) / a * a; }
 
 // What a tensor is. Values are stored on disk: append, never renumber.

@@ -66,7 +66,6 @@ struct StoreOptions {
 // Checks ranges and consistency; messages name the option.
 Status ValidateStoreOptions(const StoreOptions& options);
 
-inline constexpr uint64_t kLatestVersion = UINT64_MAX;
 
 struct TensorInfo {
   TensorKey key;

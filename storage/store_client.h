@@ -1,0 +1,75 @@
+#pragma once
+// StoreProcess: the daemon's handle on one offloadd-store child process (see store_protocol.h).
+// Launch() creates the command and completion rings in the caller's arena, starts the binary,
+// performs the handshake and returns once the store has opened its directories (or returns the
+// error it reported). Submit()/NextCompletion() are thin wrappers over the ipc channels; both
+// return UNAVAILABLE as soon as the store process is gone (watched through a pidfd), never hang.
+//
+// Thread-safety: Submit() from one thread at a time, NextCompletion() from one thread at a time
+// (the rings are single-producer/single-consumer). Ownership: owns the child process, the
+// eventfds and the socket; borrows the segment and arena, which must outlive it. Destruction
+// closes the control socket (the store finishes in-flight work and exits) and reaps the child.
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "ipc/arena.h"
+#include "ipc/ring_queue.h"
+#include "ipc/shm_segment.h"
+#include "ipc/unique_fd.h"
+#include "storage/store_protocol.h"
+
+namespace offloadd::storage {
+
+struct StoreProcessOptions {
+  std::string binary;              // path of offloadd-store
+  std::vector<std::string> args;   // e.g. {"--dir=/nvme0/store", "--queue-depth=32"}
+  uint32_t queue_capacity = 256;   // records per ring (power of two)
+  int ready_timeout_ms = 120000;   // opening a big store replays its manifest
+};
+
+struct Completion {
+  uint64_t id = 0;
+  StoreCompletion body;
+  Status status() const {
+    return body.code == 0 ? OkStatus() : Status(static_cast<StatusCode>(body.code), std::string(body.text()));
+  }
+};
+
+class StoreProcess {
+ public:
+  static StatusOr<std::unique_ptr<StoreProcess>> Launch(const ipc::SharedSegment& segment, ipc::Arena* arena,
+                                                        const StoreProcessOptions& options);
+  ~StoreProcess();
+
+  // Pushes one command (blocks while the ring is full).
+  Status Submit(StoreOp op, uint64_t id, const StoreCommand& command, int timeout_ms = -1);
+  // Pops one completion; DEADLINE_EXCEEDED after timeout_ms (-1: wait until one comes or the
+  // store dies).
+  StatusOr<Completion> NextCompletion(int timeout_ms = -1);
+
+  // kShutdown, wait for its completion (completions of earlier commands that arrive first are
+  // discarded: collect them before) and for the process to exit 0.
+  Status Shutdown(int timeout_ms = 60000);
+  pid_t pid() const { return pid_; }
+  const std::string& engine() const { return engine_; }
+  int metrics_port() const { return metrics_port_; }
+  // Waits for the child to exit after it was killed; returns its wait status.
+  int Reap();
+
+ private:
+  StoreProcess() = default;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  ipc::UniqueFd pidfd_, control_;
+  ipc::UniqueFd cmd_ready_, cmd_space_, done_ready_, done_space_;
+  ipc::Channel<ipc::CommandRecord> commands_, completions_;
+  std::string engine_;
+  int metrics_port_ = 0;
+};
+
+}  // namespace offloadd::storage
