@@ -23,7 +23,7 @@
 // "ready" eventfd; a producer writes the eventfd after a push only if that flag is up. Fences on
 // both sides (Dekker) make a lost wake-up impossible. The "space" eventfd works the same way in
 // the other direction, so a full ring blocks the producer (back-pressure) without losing records.
-// For epoll-driven consumers, ArmConsumerWait()/DisarmConsumerWait() expose the same protocol.
+// For epoll-driven loops, Arm/Disarm{Consumer,Producer}Wait() expose the same protocol.
 //
 // Thread-safety: exactly one producer thread and one consumer thread at a time (possibly in
 // different processes). RingQueue and Channel are non-owning views; the arena/segment and the
@@ -246,6 +246,20 @@ class Channel {
   void DisarmConsumerWait() {
     q_.header()->consumer_waiting.store(0, std::memory_order_relaxed);
     DrainEventFd(ready_fd_);
+  }
+  // The producer-side equivalent, for epoll on space_fd(): false if there is room now.
+  bool ArmProducerWait() {
+    q_.header()->producer_waiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (q_.Size() < q_.capacity()) {
+      q_.header()->producer_waiting.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+  void DisarmProducerWait() {
+    q_.header()->producer_waiting.store(0, std::memory_order_relaxed);
+    DrainEventFd(space_fd_);
   }
 
  private:

@@ -98,14 +98,14 @@ double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, b
 }
 
 double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n) {
-  __m256 sq0 = _mm256_setzero_ps(), sq1 = _mm256_setzero_ps();
+  // Same accumulation order as FusedAdamW/AccumulateGrad (see the AVX-512 path).
+  __m256 sq0 = _mm256_setzero_ps();
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = LoadGrad8(grad, dtype, i), b = LoadGrad8(grad, dtype, i + 8);
-    sq0 = _mm256_fmadd_ps(a, a, sq0);
-    sq1 = _mm256_fmadd_ps(b, b, sq1);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = LoadGrad8(grad, dtype, i);
+    sq0 = _mm256_fmadd_ps(g, g, sq0);
   }
-  double sq = HSum(sq0, sq1);
+  double sq = HSum(sq0, _mm256_setzero_ps());
   for (; i < n; ++i) {
     const float g = LoadGrad(grad, dtype, i);
     sq += static_cast<double>(g * g);

@@ -1,0 +1,131 @@
+#pragma once
+// The command protocol between the daemon (WorkerPool) and offloadd-worker processes. Commands
+// and completions travel through ipc::RingQueue/Channel in the shared arena; every tensor is named
+// by its offset from the segment base. One command covers one shard [a, b) of one layer: the
+// daemon passes offsets that already point at element a and num_elements = b - a.
+//
+// Idempotence: each shard has an array of per-chunk step counters in shared memory (a kControl
+// region of CountersBytes(n) bytes, zero-initialised = "step 0 done"). A chunk of kChunkElements
+// elements is updated by step k only if its counter reads k - 1, and its counter becomes k when
+// the update is complete; a counter already at k means "done, skip" (a replay after a crash). With
+// crash_consistent on, the worker first copies the chunk's old state to its own undo slot, so a
+// chunk interrupted half-way is restored by the restarted worker before it is redone.
+// Accumulate commands use their own counter array with a caller-chosen sequence number instead
+// of the step (seq = 1, 2, ... across all micro-batches of the run).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ipc/ring_queue.h"
+#include "workers/adamw_kernel.h"
+
+namespace offloadd::workers {
+
+inline constexpr uint64_t kChunkElements = 8192;
+inline uint64_t NumChunks(uint64_t n) { return (n + kChunkElements - 1) / kChunkElements; }
+inline uint64_t CountersBytes(uint64_t n) { return NumChunks(n) * sizeof(uint64_t); }
+
+enum class CommandKind : uint32_t {
+  kAdamW = 1,       // AdamWCommand
+  kAccumulate = 2,  // AccumulateCommand
+  kGradNorm = 3,    // GradNormCommand
+  kShutdown = 4,    // no payload; the worker exits after completing what it popped before
+};
+
+// ipc::CommandRecord::flags
+inline constexpr uint32_t kFlagGradFp32 = 1u << 0;     // else bf16 gradients
+inline constexpr uint32_t kFlagWeightsFp16 = 1u << 1;  // else bf16 weight copy
+inline constexpr uint32_t kFlagNoWeights = 1u << 2;    // do not write a 16-bit weight copy
+inline constexpr uint32_t kFlagOverwrite = 1u << 3;    // accumulate: first micro-batch, acc = g
+
+struct AdamWCommand {
+  uint64_t num_elements;
+  uint64_t grad_offset;        // bf16 or fp32 gradients (fp32 for an accumulation buffer)
+  uint64_t master_offset;      // fp32, updated in place
+  uint64_t exp_avg_offset;     // fp32, updated in place
+  uint64_t exp_avg_sq_offset;  // fp32, updated in place
+  uint64_t weights_offset;     // bf16/fp16 copy of the new weights (ignored with kFlagNoWeights)
+  uint64_t counters_offset;    // uint64[NumChunks(num_elements)]
+  uint64_t step;               // k >= 1
+  double lr, beta1, beta2, eps, weight_decay;
+  float grad_scale;            // clip coefficient (1 when not clipping)
+  uint32_t layer;              // for logs and metrics only
+};
+static_assert(sizeof(AdamWCommand) == 112);
+
+struct AccumulateCommand {
+  uint64_t num_elements;
+  uint64_t grad_offset;
+  uint64_t accum_offset;     // fp32
+  uint64_t counters_offset;  // uint64[NumChunks(num_elements)], separate from the AdamW counters
+  uint64_t seq;              // >= 1; applied where the counter reads seq - 1
+  uint32_t layer;
+  uint32_t reserved;
+};
+
+struct GradNormCommand {
+  uint64_t num_elements;
+  uint64_t grad_offset;
+  uint32_t layer;
+  uint32_t reserved;
+};
+
+// Completion of one command. status_code is an offloadd::StatusCode; message is a truncated
+// description (the worker logs the full one).
+struct alignas(64) WorkerCompletion {
+  uint64_t id;
+  uint32_t kind;
+  int32_t status_code;
+  double grad_sq_norm;      // sum of squares of the gradients of the whole shard
+  uint64_t chunks_applied;  // chunks this execution updated
+  uint64_t chunks_skipped;  // chunks found already done (replay after a crash)
+  uint64_t elements;
+  uint64_t busy_ns;         // time the worker spent executing
+  uint32_t worker;
+  uint32_t layer;
+  char message[192];
+};
+static_assert(sizeof(WorkerCompletion) == 256);
+
+// Arena region names for worker i.
+std::string CommandQueueName(uint32_t worker);     // "worker<i>.cmd"
+std::string CompletionQueueName(uint32_t worker);  // "worker<i>.cpl"
+std::string UndoRegionName(uint32_t worker);       // "worker<i>.undo"
+
+// Fault injection for tests: where the first incarnation of a worker kills itself.
+enum class CrashPoint : uint32_t {
+  kNone = 0,
+  kAfterUndoSaved = 1,   // undo slot valid, chunk untouched
+  kAfterKernel = 2,      // chunk updated, counter not yet committed
+  kAfterCommit = 3,      // counter committed, undo slot still marked valid
+};
+
+// First message on the control socket (with fds: segment, cmd ready, cmd space, cpl ready,
+// cpl space). Trivially copyable; versioned like every cross-process struct.
+inline constexpr uint32_t kHelloMagic = 0x4f4c4c45;  // "ELLO"
+inline constexpr uint32_t kHelloVersion = 1;
+inline constexpr size_t kMaxCpusPerWorker = 256;
+struct WorkerHello {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t worker;
+  uint32_t threads;
+  uint32_t kernel_path;  // KernelPath
+  uint32_t crash_consistent;
+  uint32_t incarnation;  // 0 for the first start, +1 per restart
+  uint32_t crash_point;  // CrashPoint, only honoured when incarnation == 0
+  uint64_t crash_after_chunks;
+  int32_t parent_pid;
+  uint32_t num_cpus;     // 0: do not pin
+  uint16_t cpus[kMaxCpusPerWorker];
+};
+
+// The worker's reply once it is attached and recovered: status_code 0, or an error.
+struct WorkerReady {
+  int32_t status_code;
+  uint32_t recovered_chunks;  // undo slots rolled back at startup
+  char message[248];
+};
+
+}  // namespace offloadd::workers

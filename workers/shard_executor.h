@@ -1,0 +1,80 @@
+#pragma once
+// ShardExecutor: runs one worker process's commands on its T threads. A command's shard is cut
+// into kChunkElements chunks that the threads claim in order; each chunk is checked against its
+// step counter (skip if done, refuse if out of order), saved to the thread's undo slot when
+// crash-consistency is on, updated by the fused kernel, and committed by advancing its counter.
+// The squared gradient norm is summed per chunk in chunk order, so it does not depend on the
+// thread count or on which chunks a crashed predecessor already did.
+//
+// Undo slots (region UndoRegionName(worker), UndoRegionBytes(threads) bytes): one per thread,
+// a header plus room for one chunk of master/exp_avg/exp_avg_sq. RecoverUndoSlots() rolls back
+// chunks whose update was interrupted; the restarted worker calls it before taking commands, and
+// the pool calls it itself for a worker it gives up on.
+//
+// Thread-safety: Execute() is called by one thread (the worker's queue loop) at a time.
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "ipc/arena.h"
+#include "workers/adamw_kernel.h"
+#include "workers/protocol.h"
+
+namespace offloadd::workers {
+
+uint64_t UndoRegionBytes(uint32_t threads);
+
+// Rolls back every interrupted chunk recorded in the undo region at `undo_offset` (for
+// `threads` slots). Returns how many chunks were restored.
+StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset, uint32_t threads);
+
+struct ExecutorOptions {
+  uint32_t worker = 0;
+  uint32_t threads = 1;
+  KernelPath path = KernelPath::kPortable;
+  bool crash_consistent = true;
+  std::vector<int> cpus;  // thread t is pinned to cpus[t % size]; empty: no pinning
+  uint64_t undo_offset = 0;  // required when crash_consistent
+  // Test seam: SIGKILL this process at `crash_point` of the chunk after `crash_after_chunks`
+  // chunks have been processed.
+  CrashPoint crash_point = CrashPoint::kNone;
+  uint64_t crash_after_chunks = 0;
+};
+
+class ShardExecutor {
+ public:
+  ShardExecutor(const ipc::Arena* arena, ExecutorOptions options);
+  ~ShardExecutor();
+  ShardExecutor(const ShardExecutor&) = delete;
+  ShardExecutor& operator=(const ShardExecutor&) = delete;
+
+  // Starts the threads (and pins them). Errors if pinning fails.
+  Status Start();
+  // Validates and runs one command; never throws or aborts on bad input (the completion carries
+  // INVALID_ARGUMENT / OUT_OF_RANGE / FAILED_PRECONDITION instead).
+  WorkerCompletion Execute(const ipc::CommandRecord& command);
+
+ private:
+  struct Job;
+  void ThreadMain(uint32_t thread);
+  Status RunChunk(const Job& job, uint32_t thread, uint64_t chunk, double* sq_norm, bool* applied);
+  Status Validate(const ipc::CommandRecord& command, Job* job) const;
+
+  const ipc::Arena* arena_;
+  ExecutorOptions options_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  uint64_t generation_ = 0;
+  uint32_t running_ = 0;
+  bool stop_ = false;
+  std::unique_ptr<Job> job_;
+  std::atomic<uint64_t> chunks_processed_{0};
+};
+
+}  // namespace offloadd::workers
