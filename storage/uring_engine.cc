@@ -33,7 +33,10 @@ class UringEngine final : public IoEngine {
       if (err < 0) return UnavailableError(std::string("io_uring_setup: ") + std::strerror(-err));
     }
     const unsigned entries = std::max(4u, options_.queue_depth + 1);
-    int rc = io_uring_queue_init(entries, &ring_, 0);
+    // COOP_TASKRUN (5.19+): completions are processed when our thread enters the kernel anyway,
+    // instead of interrupting it; older kernels reject the flag, so retry without.
+    int rc = io_uring_queue_init(entries, &ring_, IORING_SETUP_COOP_TASKRUN);
+    if (rc == -EINVAL) rc = io_uring_queue_init(entries, &ring_, 0);
     if (rc < 0) {
       return UnavailableError(std::string("io_uring_setup: ") + std::strerror(-rc) +
                               (rc == -EPERM ? " (disabled by kernel.io_uring_disabled or a "
@@ -115,7 +118,9 @@ class UringEngine final : public IoEngine {
       std::lock_guard lock(mu_);
       incoming_.push_back(req);
     }
-    Wake();
+    // From a completion callback (on the ring thread) the loop refills right after the
+    // callbacks, so the eventfd syscall and its wake-up completion are not needed.
+    if (std::this_thread::get_id() != ring_thread_id_.load(std::memory_order_relaxed)) Wake();
   }
 
  private:
@@ -201,36 +206,43 @@ class UringEngine final : public IoEngine {
     finished_.push_back({req, static_cast<int64_t>(req->len)});
   }
 
+  // Moves submitted requests into `waiting_` and issues as many as the queue depth allows.
+  // Returns whether the engine is stopping.
+  bool Refill() {
+    bool stopping;
+    {
+      std::lock_guard lock(mu_);
+      while (!incoming_.empty()) {
+        waiting_.push_back(incoming_.front());
+        incoming_.pop_front();
+      }
+      stopping = stopping_;
+    }
+    if (stopping) {
+      for (IoRequest* r : waiting_) finished_.push_back({r, -ECANCELED});
+      waiting_.clear();
+    }
+    while (!waiting_.empty() && ring_in_flight_ < options_.queue_depth) {
+      Issue(waiting_.front());
+      waiting_.pop_front();
+    }
+    // Seam-failed transfers complete here, outside the ring.
+    for (auto& [req, res] : immediate_) finished_.push_back({req, res});
+    immediate_.clear();
+    return stopping;
+  }
+
   void Loop() {
-    std::deque<IoRequest*> waiting;
+    ring_thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     for (;;) {
-      bool stopping;
-      {
-        std::lock_guard lock(mu_);
-        while (!incoming_.empty()) {
-          waiting.push_back(incoming_.front());
-          incoming_.pop_front();
-        }
-        stopping = stopping_;
-      }
-      if (stopping) {
-        for (IoRequest* r : waiting) finished_.push_back({r, -ECANCELED});
-        waiting.clear();
-      }
-      while (!waiting.empty() && ring_in_flight_ < options_.queue_depth) {
-        Issue(waiting.front());
-        waiting.pop_front();
-      }
-      // Seam-failed transfers complete here, outside the ring.
-      for (auto& [req, res] : immediate_) finished_.push_back({req, res});
-      immediate_.clear();
-      RunCallbacks();
+      const bool stopping = Refill();
+      // Callbacks may have submitted more without a wake-up: refill before sleeping.
+      if (RunCallbacks()) continue;
       if (stopping && ring_in_flight_ == 0) {
         std::lock_guard lock(mu_);
         if (incoming_.empty()) break;
         continue;
       }
-
       int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
         OFFLOADD_LOG(kError, "storage") << "dir " << options_.dir
@@ -251,19 +263,24 @@ class UringEngine final : public IoEngine {
         Complete(req, cqe->res);
       }
       io_uring_cq_advance(&ring_, seen);
-      in_flight_.store(ring_in_flight_, std::memory_order_relaxed);
       if (rearm) ArmWake();
-      for (auto& [req, res] : immediate_) finished_.push_back({req, res});
-      immediate_.clear();
+      // Keep the device busy while the callbacks (checksums, copies) run: refill the ring from
+      // the waiting queue and submit before running them.
+      Refill();
+      io_uring_submit(&ring_);
+      in_flight_.store(ring_in_flight_, std::memory_order_relaxed);
       RunCallbacks();
     }
   }
 
-  void RunCallbacks() {
+  // Returns whether any callback ran.
+  bool RunCallbacks() {
     // Callbacks may Submit() (which only touches incoming_), never the ring directly.
+    if (finished_.empty()) return false;
     std::vector<std::pair<IoRequest*, int64_t>> done;
     done.swap(finished_);
     for (auto& [req, res] : done) req->done(res);
+    return true;
   }
 
   IoEngineOptions options_;
@@ -274,6 +291,7 @@ class UringEngine final : public IoEngine {
   uint64_t wake_buf_ = 0;
   std::vector<iovec> iovecs_;
   std::thread thread_;
+  std::atomic<std::thread::id> ring_thread_id_{};
 
   std::mutex mu_;
   std::deque<IoRequest*> incoming_;
@@ -281,6 +299,7 @@ class UringEngine final : public IoEngine {
 
   // Owned by the ring thread.
   unsigned ring_in_flight_ = 0;
+  std::deque<IoRequest*> waiting_;
   std::vector<std::pair<IoRequest*, int64_t>> immediate_;
   std::vector<std::pair<IoRequest*, int64_t>> finished_;
   std::atomic<uint64_t> in_flight_{0};

@@ -66,5 +66,20 @@ TEST(Crc32cTest, ImplementationsAgreeOnRandomBuffersAtOddOffsetsAndSplits) {
   }
 }
 
+// Buffers long enough for the three-stream paths (3 x 8 KiB and 3 x 256 B blocks), at lengths
+// around their boundaries.
+TEST(Crc32cTest, InterleavedPathsMatchPortableAroundBlockBoundaries) {
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> buf((1 << 20) + 64);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t len : {size_t{767}, size_t{768}, size_t{769}, size_t{24575}, size_t{24576},
+                     size_t{24577}, size_t{24576 + 768 + 9}, size_t{1} << 20}) {
+    for (size_t off : {size_t{0}, size_t{3}}) {
+      EXPECT_EQ(Crc32c(0, buf.data() + off, len), Crc32cPortable(0, buf.data() + off, len))
+          << "len " << len << " off " << off;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace offloadd::storage
