@@ -212,3 +212,16 @@ StatusOr<std::string> Lowercase(std::string_view s) {
 }
 
 }  // namespace offloadd::text
+
+namespace offloadd::text {
+
+StatusOr<std::string> Uppercase(std::string_view s) {
+  icu::UnicodeString u =
+      icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())));
+  u.toUpper(icu::Locale::getRoot());
+  std::string result;
+  u.toUTF8String(result);
+  return result;
+}
+
+}  // namespace offloadd::text

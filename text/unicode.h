@@ -44,5 +44,6 @@ StatusOr<std::string> Normalize(std::string_view s, NormalForm form);
 bool HasBoundaryBefore(uint32_t cp, NormalForm form);
 // Full Unicode lowercase mapping (locale-independent).
 StatusOr<std::string> Lowercase(std::string_view s);
+StatusOr<std::string> Uppercase(std::string_view s);
 
 }  // namespace offloadd::text

@@ -1,0 +1,167 @@
+#include "text/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "text/tokenizer.h"
+
+namespace offloadd::text {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError("cannot open " + path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return DataLossError("cannot read " + path);
+  return buf.str();
+}
+
+std::string TokenString(const ojson& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) {
+    return j["content"].get<std::string>();
+  }
+  return "";
+}
+
+constexpr const char* kBuiltIn =
+    "{{- bos_token -}}\n"
+    "{%- if tools -%}{{ '### Tools:\\n' + tools | tojson + '\\n\\n' }}{%- endif -%}\n"
+    "{%- for message in messages -%}\n"
+    "{%- if message['role'] == 'system' -%}{{ '### System:\\n' + message['content'] + '\\n\\n' }}\n"
+    "{%- elif message['role'] == 'user' -%}{{ '### User:\\n' + message['content'] + '\\n\\n' }}\n"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{ '### Assistant:\\n' + message['content'] + eos_token + '\\n\\n' }}\n"
+    "{%- elif message['role'] == 'tool' -%}{{ '### Tool result:\\n' + message['content'] + '\\n\\n' }}\n"
+    "{%- else -%}{{ raise_exception('unsupported role: ' ~ message['role']) }}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}{{ '### Assistant:\\n' }}{%- endif -%}\n";
+
+}  // namespace
+
+StatusOr<SpecialTokens> SpecialTokens::FromTokenizerConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  ojson j = ojson::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgumentError(path + ": not a JSON object");
+  SpecialTokens t;
+  t.bos_token = TokenString(j.value("bos_token", ojson()));
+  t.eos_token = TokenString(j.value("eos_token", ojson()));
+  t.unk_token = TokenString(j.value("unk_token", ojson()));
+  t.pad_token = TokenString(j.value("pad_token", ojson()));
+  t.add_bos_token = j.value("add_bos_token", false);
+  return t;
+}
+
+SpecialTokens SpecialTokens::Guess(const Tokenizer& tokenizer) {
+  SpecialTokens t;
+  for (const char* eos : {"</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>"}) {
+    if (tokenizer.TokenToId(eos)) {
+      t.eos_token = eos;
+      break;
+    }
+  }
+  for (const char* bos : {"<s>", "<|begin_of_text|>"}) {
+    if (tokenizer.TokenToId(bos)) {
+      t.bos_token = bos;
+      break;
+    }
+  }
+  return t;
+}
+
+StatusOr<ChatTemplate> ChatTemplate::FromString(std::string_view source, SpecialTokens tokens) {
+  auto t = jinja::Template::Parse(source);
+  if (!t.ok()) return t.status().WithContext("chat template");
+  return ChatTemplate(std::move(*t), std::string(source), std::move(tokens));
+}
+
+ChatTemplate ChatTemplate::BuiltIn(SpecialTokens tokens) {
+  auto t = FromString(kBuiltIn, std::move(tokens));
+  // The built-in source is a constant known to parse (tests cover it).
+  return std::move(*t);
+}
+
+const char* ChatTemplate::BuiltInSource() { return kBuiltIn; }
+
+StatusOr<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
+  const std::string config_path = dir + "/tokenizer_config.json";
+  SpecialTokens tokens;
+  std::string source;
+  if (std::filesystem::exists(config_path)) {
+    ASSIGN_OR_RETURN(tokens, SpecialTokens::FromTokenizerConfig(config_path));
+    ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+    ojson j = ojson::parse(text, nullptr, false);
+    const ojson& ct = j.value("chat_template", ojson());
+    if (ct.is_string()) {
+      source = ct.get<std::string>();
+    } else if (ct.is_array()) {
+      for (const auto& entry : ct) {
+        if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template")) {
+          source = entry["template"].get<std::string>();
+        }
+      }
+      if (source.empty()) return InvalidArgumentError(config_path + ": chat_template list has no \"default\"");
+    }
+  }
+  const std::string jinja_path = dir + "/chat_template.jinja";
+  if (std::filesystem::exists(jinja_path)) {
+    ASSIGN_OR_RETURN(source, ReadFile(jinja_path));
+  }
+  if (source.empty()) return NotFoundError("no chat template in " + dir);
+  auto t = FromString(source, std::move(tokens));
+  if (!t.ok()) return t.status().WithContext(dir);
+  return t;
+}
+
+StatusOr<std::string> ChatTemplate::Render(const ojson& messages, bool add_generation_prompt,
+                                           const ojson& tools, const ojson& extra) const {
+  jinja::Value ctx = jinja::Value::NewDict();
+  ctx.Set("messages", jinja::Value::FromJson(messages));
+  if (!tools.is_null()) ctx.Set("tools", jinja::Value::FromJson(tools));
+  ctx.Set("add_generation_prompt", jinja::Value::Bool(add_generation_prompt));
+  ctx.Set("bos_token", jinja::Value::String(tokens_.bos_token));
+  ctx.Set("eos_token", jinja::Value::String(tokens_.eos_token));
+  ctx.Set("unk_token", jinja::Value::String(tokens_.unk_token));
+  ctx.Set("pad_token", jinja::Value::String(tokens_.pad_token));
+  if (extra.is_object()) {
+    for (auto it = extra.begin(); it != extra.end(); ++it) {
+      ctx.Set(it.key(), jinja::Value::FromJson(*it));
+    }
+  }
+  return template_.Render(ctx);
+}
+
+StatusOr<ChatTemplate::Rendered> ChatTemplate::RenderWithAssistantSpans(const ojson& messages,
+                                                                        const ojson& tools) const {
+  if (!messages.is_array()) return InvalidArgumentError("messages must be a JSON array");
+  Rendered r;
+  ASSIGN_OR_RETURN(r.text, Render(messages, false, tools));
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const ojson& m = messages[k];
+    if (!m.is_object() || m.value("role", "") != "assistant") continue;
+    ojson before = ojson::array(), upto = ojson::array();
+    for (size_t i = 0; i < k; ++i) before.push_back(messages[i]);
+    upto = before;
+    upto.push_back(m);
+    ASSIGN_OR_RETURN(std::string prefix, Render(before, true, tools));
+    ASSIGN_OR_RETURN(std::string with_reply, Render(upto, false, tools));
+    if (r.text.compare(0, prefix.size(), prefix) != 0) {
+      return FailedPreconditionError(
+          "chat template is not prefix-stable: rendering the first " + std::to_string(k) +
+          " messages with add_generation_prompt is not a prefix of the whole conversation, so "
+          "assistant turns cannot be located for prompt masking");
+    }
+    size_t end = 0;
+    while (end < with_reply.size() && end < r.text.size() && with_reply[end] == r.text[end]) ++end;
+    if (end > prefix.size()) r.assistant_spans.emplace_back(prefix.size(), end);
+  }
+  return r;
+}
+
+}  // namespace offloadd::text

@@ -1,0 +1,1021 @@
+// Tree-walking evaluator for the Jinja subset (see jinja.h). Python/Jinja2 semantics are kept
+// where chat templates can observe them: scoping (loop bodies get their own scope, so templates
+// use namespace() to carry state out of loops), undefined values (print as "", are falsy,
+// iterate as empty, fail on attribute access) and str()/repr() rendering.
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <unordered_map>
+
+#include "text/jinja.h"
+#include "text/jinja_ast.h"
+#include "text/unicode.h"
+
+namespace offloadd::text::jinja {
+
+namespace {
+
+enum class Flow { kNormal, kBreak, kContinue };
+
+bool IsPySpace(uint32_t cp) { return IsUnicodeWhitespace(cp) || (cp >= 0x1C && cp <= 0x1F); }
+
+std::string Strip(const std::string& s, const Value* chars, bool left, bool right) {
+  auto strip_cp = [&](const std::string& ch) {
+    if (chars != nullptr && chars->is_string()) return chars->str().find(ch) != std::string::npos;
+    size_t p = 0;
+    return IsPySpace(NextCodePoint(ch, &p));
+  };
+  std::vector<std::string> cps = SplitCodePoints(s);
+  size_t b = 0, e = cps.size();
+  if (left) {
+    while (b < e && strip_cp(cps[b])) ++b;
+  }
+  if (right) {
+    while (e > b && strip_cp(cps[e - 1])) --e;
+  }
+  std::string out;
+  for (size_t i = b; i < e; ++i) out += cps[i];
+  return out;
+}
+
+// Python str.upper()/lower(): full Unicode case mapping (through ICU for non-ASCII text).
+std::string AsciiCase(std::string s, bool upper) {
+  for (unsigned char c : s) {
+    if (c >= 0x80) {
+      auto r = upper ? Uppercase(s) : Lowercase(s);
+      if (r.ok()) return *r;
+      break;
+    }
+  }
+  for (char& c : s) c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c))
+                                                : std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string Title(const std::string& s) {
+  std::string out = s;
+  bool prev_letter = false;
+  for (char& c : out) {
+    const bool letter = std::isalpha(static_cast<unsigned char>(c)) != 0;
+    if (letter) c = static_cast<char>(prev_letter ? std::tolower(c) : std::toupper(c));
+    prev_letter = letter || (static_cast<unsigned char>(c) >= 0x80);
+  }
+  return out;
+}
+
+std::vector<std::string> PySplit(const std::string& s, const Value* sep, int64_t maxsplit) {
+  std::vector<std::string> out;
+  if (sep == nullptr || sep->is_none() || sep->is_undefined()) {
+    size_t i = 0;
+    while (true) {
+      while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+      if (i >= s.size()) break;
+      if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
+        std::string rest = s.substr(i);
+        while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back()))) rest.pop_back();
+        out.push_back(rest);
+        break;
+      }
+      size_t e = i;
+      while (e < s.size() && !std::isspace(static_cast<unsigned char>(s[e]))) ++e;
+      out.push_back(s.substr(i, e - i));
+      i = e;
+    }
+    return out;
+  }
+  const std::string& d = sep->str();
+  size_t start = 0;
+  while (true) {
+    if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) break;
+    const size_t pos = d.empty() ? std::string::npos : s.find(d, start);
+    if (pos == std::string::npos) break;
+    out.push_back(s.substr(start, pos - start));
+    start = pos + d.size();
+  }
+  out.push_back(s.substr(start));
+  return out;
+}
+
+std::string ReplaceStr(const std::string& s, const std::string& from, const std::string& to,
+                       int64_t count) {
+  if (from.empty()) return s;
+  std::string out;
+  size_t start = 0;
+  int64_t n = 0;
+  while (count < 0 || n < count) {
+    const size_t pos = s.find(from, start);
+    if (pos == std::string::npos) break;
+    out += s.substr(start, pos - start) + to;
+    start = pos + from.size();
+    ++n;
+  }
+  return out + s.substr(start);
+}
+
+StatusOr<int64_t> NormalizeIndex(int64_t i, size_t n) {
+  return i < 0 ? i + static_cast<int64_t>(n) : i;
+}
+
+class Interpreter {
+ public:
+  explicit Interpreter(const Value& context) {
+    scopes_.emplace_back();
+    if (context.is_dict()) {
+      for (const auto& [k, v] : context.dict()) scopes_.back()[k] = v;
+    }
+    InstallGlobals();
+  }
+
+  Status Exec(const Node& n, std::string* out, Flow* flow) {
+    switch (n.type) {
+      case Node::Type::kBody:
+        for (const auto& child : n.children) {
+          RETURN_IF_ERROR(Exec(*child, out, flow));
+          if (*flow != Flow::kNormal) return OkStatus();
+        }
+        return OkStatus();
+      case Node::Type::kText: *out += n.literal.str(); return OkStatus();
+      case Node::Type::kOutput: {
+        ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
+        *out += v.ToString();
+        return OkStatus();
+      }
+      case Node::Type::kIf: {
+        const size_t pairs = (n.children.size() - (n.has_else ? 1 : 0)) / 2;
+        for (size_t i = 0; i < pairs; ++i) {
+          ASSIGN_OR_RETURN(Value c, Eval(*n.children[2 * i]));
+          if (c.Truthy()) return Exec(*n.children[2 * i + 1], out, flow);
+        }
+        if (n.has_else) return Exec(*n.children.back(), out, flow);
+        return OkStatus();
+      }
+      case Node::Type::kFor: return ExecFor(n, out, flow);
+      case Node::Type::kSet: {
+        ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
+        return Assign(n, n.targets, v);
+      }
+      case Node::Type::kSetBlock: {
+        std::string captured;
+        Flow f = Flow::kNormal;
+        RETURN_IF_ERROR(Exec(*n.children[0], &captured, &f));
+        scopes_.back()[n.targets[0]] = Value::String(std::move(captured));
+        return OkStatus();
+      }
+      case Node::Type::kMacro: DefineMacro(n); return OkStatus();
+      case Node::Type::kBreak: *flow = Flow::kBreak; return OkStatus();
+      case Node::Type::kContinue: *flow = Flow::kContinue; return OkStatus();
+      default: return Err(n, "not a statement");
+    }
+  }
+
+  StatusOr<Value> Eval(const Node& n) {
+    switch (n.type) {
+      case Node::Type::kLiteral: return n.literal;
+      case Node::Type::kName: return Lookup(n.name);
+      case Node::Type::kGetAttr: {
+        ASSIGN_OR_RETURN(Value obj, Eval(*n.children[0]));
+        return GetAttr(n, obj, n.name);
+      }
+      case Node::Type::kGetItem: {
+        ASSIGN_OR_RETURN(Value obj, Eval(*n.children[0]));
+        ASSIGN_OR_RETURN(Value key, Eval(*n.children[1]));
+        return GetItem(n, obj, key);
+      }
+      case Node::Type::kSlice: return EvalSlice(n);
+      case Node::Type::kCall: {
+        ASSIGN_OR_RETURN(Value callee, Eval(*n.children[0]));
+        if (!callee.is_function()) {
+          return Err(n, "calling a value of type " + KindName(callee.kind()) +
+                            (n.children[0]->name.empty() ? "" : " ('" + n.children[0]->name + "')"));
+        }
+        std::vector<Value> args;
+        KwArgs kwargs;
+        RETURN_IF_ERROR(EvalArgs(n, 1, &args, &kwargs));
+        auto r = callee.function()(args, kwargs);
+        if (!r.ok() && r.status().code() == StatusCode::kInvalidArgument) {
+          return r.status().WithContext("line " + std::to_string(n.line));
+        }
+        return r;
+      }
+      case Node::Type::kFilter: {
+        ASSIGN_OR_RETURN(Value input, Eval(*n.children[0]));
+        std::vector<Value> args;
+        KwArgs kwargs;
+        RETURN_IF_ERROR(EvalArgs(n, 1, &args, &kwargs));
+        return ApplyFilter(n, n.name, input, args, kwargs);
+      }
+      case Node::Type::kTest: {
+        ASSIGN_OR_RETURN(Value input, Eval(*n.children[0]));
+        std::vector<Value> args;
+        KwArgs kwargs;
+        RETURN_IF_ERROR(EvalArgs(n, 1, &args, &kwargs));
+        ASSIGN_OR_RETURN(bool r, ApplyTest(n, n.name, input, args));
+        return Value::Bool(r != n.negated);
+      }
+      case Node::Type::kUnary: {
+        ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
+        if (!v.is_number()) return Err(n, "unary " + n.name + " on " + KindName(v.kind()));
+        if (n.name == "+") return v;
+        return v.kind() == Value::Kind::kInt ? Value::Int(-v.int_value()) : Value::Float(-v.number());
+      }
+      case Node::Type::kNot: {
+        ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
+        return Value::Bool(!v.Truthy());
+      }
+      case Node::Type::kAnd: {
+        ASSIGN_OR_RETURN(Value l, Eval(*n.children[0]));
+        if (!l.Truthy()) return l;
+        return Eval(*n.children[1]);
+      }
+      case Node::Type::kOr: {
+        ASSIGN_OR_RETURN(Value l, Eval(*n.children[0]));
+        if (l.Truthy()) return l;
+        return Eval(*n.children[1]);
+      }
+      case Node::Type::kCondExpr: {
+        ASSIGN_OR_RETURN(Value c, Eval(*n.children[0]));
+        if (c.Truthy()) return Eval(*n.children[1]);
+        if (n.children[2]) return Eval(*n.children[2]);
+        return Value();
+      }
+      case Node::Type::kBinary: return EvalBinary(n);
+      case Node::Type::kListLit:
+      case Node::Type::kTupleLit: {
+        List items;
+        for (const auto& c : n.children) {
+          ASSIGN_OR_RETURN(Value v, Eval(*c));
+          items.push_back(v);
+        }
+        return Value::NewList(std::move(items));
+      }
+      case Node::Type::kDictLit: {
+        Value d = Value::NewDict();
+        for (size_t i = 0; i + 1 < n.children.size(); i += 2) {
+          ASSIGN_OR_RETURN(Value k, Eval(*n.children[i]));
+          ASSIGN_OR_RETURN(Value v, Eval(*n.children[i + 1]));
+          if (!k.is_string()) return Err(n, "dict keys must be strings");
+          d.Set(k.str(), v);
+        }
+        return d;
+      }
+      default: return Err(n, "not an expression");
+    }
+  }
+
+ private:
+  Status Err(const Node& n, const std::string& msg) const {
+    return InvalidArgumentError("line " + std::to_string(n.line) + ": " + msg);
+  }
+
+  Value Lookup(const std::string& name) const {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
+      auto f = it->find(name);
+      if (f != it->end()) return f->second;
+    }
+    auto g = globals_.find(name);
+    return g != globals_.end() ? g->second : Value();
+  }
+
+  Status Assign(const Node& n, const std::vector<std::string>& targets, const Value& v) {
+    if (targets.size() == 1) {
+      const size_t dot = targets[0].find('.');
+      if (dot != std::string::npos) {
+        Value ns = Lookup(targets[0].substr(0, dot));
+        if (!ns.is_namespace()) {
+          return Err(n, "cannot assign attribute of non-namespace '" + targets[0].substr(0, dot) + "'");
+        }
+        ns.Set(targets[0].substr(dot + 1), v);
+        return OkStatus();
+      }
+      scopes_.back()[targets[0]] = v;
+      return OkStatus();
+    }
+    if (!v.is_list() || v.list().size() != targets.size()) {
+      return Err(n, "cannot unpack " + KindName(v.kind()) + " into " +
+                        std::to_string(targets.size()) + " names");
+    }
+    for (size_t i = 0; i < targets.size(); ++i) scopes_.back()[targets[i]] = v.list()[i];
+    return OkStatus();
+  }
+
+  StatusOr<List> Iterate(const Node& n, const Value& v) {
+    switch (v.kind()) {
+      case Value::Kind::kUndefined: return List{};
+      case Value::Kind::kList: return v.list();
+      case Value::Kind::kDict: {
+        List keys;
+        for (const auto& [k, x] : v.dict()) keys.push_back(Value::String(k));
+        return keys;
+      }
+      case Value::Kind::kString: {
+        List chars;
+        for (auto& c : SplitCodePoints(v.str())) chars.push_back(Value::String(c));
+        return chars;
+      }
+      default: return Err(n, "cannot iterate over " + KindName(v.kind()));
+    }
+  }
+
+  Status ExecFor(const Node& n, std::string* out, Flow* flow) {
+    ASSIGN_OR_RETURN(Value iterable, Eval(*n.children[0]));
+    ASSIGN_OR_RETURN(List all, Iterate(n, iterable));
+    const NodePtr& filter = n.children[3];
+    List items;
+    if (filter) {
+      for (const auto& item : all) {
+        scopes_.emplace_back();
+        Status s = Assign(n, n.targets, item);
+        auto keep = s.ok() ? Eval(*filter) : StatusOr<Value>(s);
+        scopes_.pop_back();
+        if (!keep.ok()) return keep.status();
+        if (keep->Truthy()) items.push_back(item);
+      }
+    } else {
+      items = std::move(all);
+    }
+    if (items.empty()) {
+      if (n.children[2]) return Exec(*n.children[2], out, flow);
+      return OkStatus();
+    }
+    const int64_t len = static_cast<int64_t>(items.size());
+    scopes_.emplace_back();
+    Status status;
+    for (int64_t i = 0; i < len; ++i) {
+      Value loop = Value::NewDict({
+          {"index", Value::Int(i + 1)}, {"index0", Value::Int(i)},
+          {"revindex", Value::Int(len - i)}, {"revindex0", Value::Int(len - i - 1)},
+          {"first", Value::Bool(i == 0)}, {"last", Value::Bool(i == len - 1)},
+          {"length", Value::Int(len)},
+          {"previtem", i > 0 ? items[i - 1] : Value()},
+          {"nextitem", i + 1 < len ? items[i + 1] : Value()},
+      });
+      loop.Set("cycle", Value::NewFunction([i](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        if (args.empty()) return InvalidArgumentError("loop.cycle needs arguments");
+        return args[static_cast<size_t>(i) % args.size()];
+      }));
+      scopes_.back()["loop"] = loop;
+      status = Assign(n, n.targets, items[i]);
+      if (!status.ok()) break;
+      Flow f = Flow::kNormal;
+      status = Exec(*n.children[1], out, &f);
+      if (!status.ok() || f == Flow::kBreak) break;
+    }
+    scopes_.pop_back();
+    *flow = Flow::kNormal;
+    return status;
+  }
+
+  void DefineMacro(const Node& n) {
+    const Node* node = &n;
+    scopes_.back()[n.name] = Value::NewFunction(
+        [this, node](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+          scopes_.emplace_back();
+          for (size_t i = 0; i < node->targets.size(); ++i) {
+            Value v;
+            if (i < args.size()) {
+              v = args[i];
+            } else if (node->children[i + 1]) {
+              auto d = Eval(*node->children[i + 1]);
+              if (!d.ok()) {
+                scopes_.pop_back();
+                return d.status();
+              }
+              v = *d;
+            }
+            scopes_.back()[node->targets[i]] = v;
+          }
+          for (auto& [k, v] : kwargs) scopes_.back()[k] = v;
+          std::string out;
+          Flow f = Flow::kNormal;
+          Status s = Exec(*node->children[0], &out, &f);
+          scopes_.pop_back();
+          if (!s.ok()) return s;
+          return Value::String(std::move(out));
+        });
+  }
+
+  Status EvalArgs(const Node& n, size_t first, std::vector<Value>* args, KwArgs* kwargs) {
+    const size_t total = n.children.size() - first;
+    const size_t positional = total - n.kwarg_names.size();
+    for (size_t i = 0; i < total; ++i) {
+      ASSIGN_OR_RETURN(Value v, Eval(*n.children[first + i]));
+      if (i < positional) args->push_back(v);
+      else kwargs->emplace_back(n.kwarg_names[i - positional], v);
+    }
+    return OkStatus();
+  }
+
+  static const Value* Arg(const std::vector<Value>& args, const KwArgs& kwargs, size_t pos,
+                          const char* name) {
+    for (const auto& [k, v] : kwargs) {
+      if (k == name) return &v;
+    }
+    return pos < args.size() ? &args[pos] : nullptr;
+  }
+
+  StatusOr<Value> GetAttr(const Node& n, const Value& obj, const std::string& name) {
+    if (obj.is_undefined()) {
+      std::string what = n.children[0]->type == Node::Type::kName ? "'" + n.children[0]->name + "' " : "value ";
+      return Err(n, "cannot read attribute '" + name + "' of undefined " + what);
+    }
+    if (obj.is_dict()) {
+      if (Value* v = obj.Find(name)) return *v;
+      if (!obj.is_namespace()) {
+        if (auto m = DictMethod(obj, name)) return *m;
+      }
+      return Value();
+    }
+    if (obj.is_string()) {
+      if (auto m = StringMethod(obj.str(), name)) return *m;
+    }
+    return Value();
+  }
+
+  StatusOr<Value> GetItem(const Node& n, const Value& obj, const Value& key) {
+    if (obj.is_undefined()) return Err(n, "cannot index an undefined value");
+    if (obj.is_dict()) {
+      if (!key.is_string()) return Value();
+      if (Value* v = obj.Find(key.str())) return *v;
+      return Value();
+    }
+    if (obj.is_list() || obj.is_string()) {
+      if (key.is_string()) return GetAttr(n, obj, key.str());
+      if (key.kind() != Value::Kind::kInt) return Err(n, "list indices must be integers");
+      if (obj.is_list()) {
+        ASSIGN_OR_RETURN(int64_t i, NormalizeIndex(key.int_value(), obj.list().size()));
+        if (i < 0 || i >= static_cast<int64_t>(obj.list().size())) return Value();
+        return obj.list()[static_cast<size_t>(i)];
+      }
+      auto cps = SplitCodePoints(obj.str());
+      ASSIGN_OR_RETURN(int64_t i, NormalizeIndex(key.int_value(), cps.size()));
+      if (i < 0 || i >= static_cast<int64_t>(cps.size())) return Value();
+      return Value::String(cps[static_cast<size_t>(i)]);
+    }
+    return Value();
+  }
+
+  StatusOr<Value> EvalSlice(const Node& n) {
+    ASSIGN_OR_RETURN(Value obj, Eval(*n.children[0]));
+    std::optional<int64_t> idx[3];
+    for (int k = 0; k < 3; ++k) {
+      if (!n.children[k + 1]) continue;
+      ASSIGN_OR_RETURN(Value v, Eval(*n.children[k + 1]));
+      if (v.is_none()) continue;
+      if (v.kind() != Value::Kind::kInt) return Err(n, "slice indices must be integers");
+      idx[k] = v.int_value();
+    }
+    std::vector<Value> items;
+    std::vector<std::string> cps;
+    if (obj.is_list()) {
+      items = obj.list();
+    } else if (obj.is_string()) {
+      cps = SplitCodePoints(obj.str());
+    } else {
+      return Err(n, "cannot slice " + KindName(obj.kind()));
+    }
+    const int64_t len = static_cast<int64_t>(obj.is_list() ? items.size() : cps.size());
+    const int64_t step = idx[2].value_or(1);
+    if (step == 0) return Err(n, "slice step cannot be zero");
+    auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
+      if (!v) return dflt;
+      int64_t x = *v < 0 ? *v + len : *v;
+      if (step > 0) return std::clamp<int64_t>(x, 0, len);
+      return std::clamp<int64_t>(x, -1, len - 1);
+    };
+    const int64_t start = clamp(idx[0], step > 0 ? 0 : len - 1);
+    const int64_t stop = clamp(idx[1], step > 0 ? len : -1);
+    List out_list;
+    std::string out_str;
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      if (obj.is_list()) out_list.push_back(items[static_cast<size_t>(i)]);
+      else out_str += cps[static_cast<size_t>(i)];
+    }
+    return obj.is_list() ? Value::NewList(std::move(out_list)) : Value::String(std::move(out_str));
+  }
+
+  StatusOr<Value> EvalBinary(const Node& n) {
+    ASSIGN_OR_RETURN(Value a, Eval(*n.children[0]));
+    ASSIGN_OR_RETURN(Value b, Eval(*n.children[1]));
+    const std::string& op = n.name;
+    if (op == "~") return Value::String(a.ToString() + b.ToString());
+    if (op == "==") return Value::Bool(a == b);
+    if (op == "!=") return Value::Bool(!(a == b));
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      auto c = Value::Compare(a, b);
+      if (!c.ok()) return Err(n, c.status().message());
+      if (op == "<") return Value::Bool(*c < 0);
+      if (op == ">") return Value::Bool(*c > 0);
+      if (op == "<=") return Value::Bool(*c <= 0);
+      return Value::Bool(*c >= 0);
+    }
+    if (op == "in" || op == "not in") {
+      bool found = false;
+      if (b.is_string()) {
+        if (!a.is_string()) return Err(n, "'in <string>' requires a string on the left");
+        found = b.str().find(a.str()) != std::string::npos;
+      } else if (b.is_list()) {
+        found = std::find(b.list().begin(), b.list().end(), a) != b.list().end();
+      } else if (b.is_dict()) {
+        found = a.is_string() && b.Find(a.str()) != nullptr;
+      } else if (!b.is_undefined()) {
+        return Err(n, "'in' needs a string, list or dict on the right, got " + KindName(b.kind()));
+      }
+      return Value::Bool(found == (op == "in"));
+    }
+    if (op == "+") {
+      if (a.is_string() && b.is_string()) return Value::String(a.str() + b.str());
+      if (a.is_list() && b.is_list()) {
+        List items = a.list();
+        items.insert(items.end(), b.list().begin(), b.list().end());
+        return Value::NewList(std::move(items));
+      }
+    }
+    if (op == "*" && ((a.is_string() || a.is_list()) && b.kind() == Value::Kind::kInt)) {
+      if (a.is_string()) {
+        std::string s;
+        for (int64_t i = 0; i < b.int_value(); ++i) s += a.str();
+        return Value::String(s);
+      }
+      List items;
+      for (int64_t i = 0; i < b.int_value(); ++i) items.insert(items.end(), a.list().begin(), a.list().end());
+      return Value::NewList(std::move(items));
+    }
+    auto num = [](const Value& v) { return v.kind() == Value::Kind::kBool ? Value::Int(v.bool_value()) : v; };
+    const Value x = num(a), y = num(b);
+    if (!x.is_number() || !y.is_number()) {
+      return Err(n, "unsupported operand types for " + op + ": " + KindName(a.kind()) + " and " +
+                        KindName(b.kind()));
+    }
+    const bool ints = x.kind() == Value::Kind::kInt && y.kind() == Value::Kind::kInt;
+    if (op == "+") return ints ? Value::Int(x.int_value() + y.int_value()) : Value::Float(x.number() + y.number());
+    if (op == "-") return ints ? Value::Int(x.int_value() - y.int_value()) : Value::Float(x.number() - y.number());
+    if (op == "*") return ints ? Value::Int(x.int_value() * y.int_value()) : Value::Float(x.number() * y.number());
+    if (op == "**") {
+      if (ints && y.int_value() >= 0) return Value::Int(static_cast<int64_t>(std::llround(std::pow(x.number(), y.number()))));
+      return Value::Float(std::pow(x.number(), y.number()));
+    }
+    if (y.number() == 0) return Err(n, "division by zero");
+    if (op == "/") return Value::Float(x.number() / y.number());
+    if (op == "//") {
+      if (ints) {
+        int64_t q = x.int_value() / y.int_value();
+        if ((x.int_value() % y.int_value() != 0) && ((x.int_value() < 0) != (y.int_value() < 0))) --q;
+        return Value::Int(q);
+      }
+      return Value::Float(std::floor(x.number() / y.number()));
+    }
+    if (op == "%") {
+      if (ints) {
+        int64_t r = x.int_value() % y.int_value();
+        if (r != 0 && ((r < 0) != (y.int_value() < 0))) r += y.int_value();
+        return Value::Int(r);
+      }
+      return Value::Float(x.number() - y.number() * std::floor(x.number() / y.number()));
+    }
+    return Err(n, "unknown operator " + op);
+  }
+
+  std::optional<Value> DictMethod(const Value& obj, const std::string& name) {
+    if (name == "items" || name == "keys" || name == "values") {
+      return Value::NewFunction([obj, name](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
+        List out;
+        for (const auto& [k, v] : obj.dict()) {
+          if (name == "items") out.push_back(Value::NewList({Value::String(k), v}));
+          else if (name == "keys") out.push_back(Value::String(k));
+          else out.push_back(v);
+        }
+        return Value::NewList(std::move(out));
+      });
+    }
+    if (name == "get") {
+      return Value::NewFunction([obj](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        if (args.empty() || !args[0].is_string()) return InvalidArgumentError("dict.get needs a key");
+        if (Value* v = obj.Find(args[0].str())) return *v;
+        return args.size() > 1 ? args[1] : Value::None();
+      });
+    }
+    return std::nullopt;
+  }
+
+  std::optional<Value> StringMethod(const std::string& s, const std::string& name) {
+    auto fn = [](auto f) { return Value::NewFunction(f); };
+    if (name == "strip" || name == "lstrip" || name == "rstrip") {
+      return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        return Value::String(Strip(s, args.empty() ? nullptr : &args[0], name != "rstrip", name != "lstrip"));
+      });
+    }
+    if (name == "upper" || name == "lower") {
+      return fn([s, name](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
+        return Value::String(AsciiCase(s, name == "upper"));
+      });
+    }
+    if (name == "title") {
+      return fn([s](std::vector<Value>&, KwArgs&) -> StatusOr<Value> { return Value::String(Title(s)); });
+    }
+    if (name == "capitalize") {
+      return fn([s](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
+        std::string out = AsciiCase(s, false);
+        if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+        return Value::String(out);
+      });
+    }
+    if (name == "startswith" || name == "endswith") {
+      return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        if (args.empty()) return InvalidArgumentError(name + " needs an argument");
+        List options = args[0].is_list() ? args[0].list() : List{args[0]};
+        for (const auto& o : options) {
+          if (!o.is_string()) return InvalidArgumentError(name + " needs strings");
+          const std::string& p = o.str();
+          const bool hit = name == "startswith"
+                               ? s.compare(0, p.size(), p) == 0
+                               : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+          if (hit) return Value::Bool(true);
+        }
+        return Value::Bool(false);
+      });
+    }
+    if (name == "split") {
+      return fn([s](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+        const Value* sep = Arg(args, kwargs, 0, "sep");
+        const Value* maxsplit = Arg(args, kwargs, 1, "maxsplit");
+        List out;
+        for (auto& part : PySplit(s, sep, maxsplit && maxsplit->kind() == Value::Kind::kInt ? maxsplit->int_value() : -1)) {
+          out.push_back(Value::String(part));
+        }
+        return Value::NewList(std::move(out));
+      });
+    }
+    if (name == "replace") {
+      return fn([s](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        if (args.size() < 2 || !args[0].is_string() || !args[1].is_string()) {
+          return InvalidArgumentError("replace needs two strings");
+        }
+        const int64_t count = args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
+        return Value::String(ReplaceStr(s, args[0].str(), args[1].str(), count));
+      });
+    }
+    if (name == "find" || name == "count") {
+      return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        if (args.empty() || !args[0].is_string()) return InvalidArgumentError(name + " needs a string");
+        const std::string& sub = args[0].str();
+        if (name == "find") {
+          const size_t pos = s.find(sub);
+          if (pos == std::string::npos) return Value::Int(-1);
+          return Value::Int(static_cast<int64_t>(SplitCodePoints(s.substr(0, pos)).size()));
+        }
+        int64_t c = 0;
+        for (size_t pos = s.find(sub); pos != std::string::npos && !sub.empty(); pos = s.find(sub, pos + sub.size())) ++c;
+        return Value::Int(c);
+      });
+    }
+    if (name == "join") {
+      return fn([s](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        if (args.empty() || !args[0].is_list()) return InvalidArgumentError("join needs a list");
+        std::string out;
+        for (size_t i = 0; i < args[0].list().size(); ++i) out += (i ? s : "") + args[0].list()[i].ToString();
+        return Value::String(out);
+      });
+    }
+    return std::nullopt;
+  }
+
+  StatusOr<Value> ApplyFilter(const Node& n, const std::string& name, const Value& in,
+                              std::vector<Value>& args, KwArgs& kwargs) {
+    if (name == "trim") {
+      if (!in.is_string()) return Err(n, "trim needs a string");
+      return Value::String(Strip(in.str(), Arg(args, kwargs, 0, "chars"), true, true));
+    }
+    if (name == "tojson") {
+      const Value* indent = Arg(args, kwargs, 0, "indent");
+      const Value* sort = Arg(args, kwargs, 99, "sort_keys");
+      const Value* seps = Arg(args, kwargs, 99, "separators");
+      const int ind = indent && indent->kind() == Value::Kind::kInt ? static_cast<int>(indent->int_value()) : -1;
+      std::string item_sep = ind >= 0 ? "," : ", ", key_sep = ": ";
+      if (seps && seps->is_list() && seps->list().size() == 2) {
+        item_sep = seps->list()[0].ToString();
+        key_sep = seps->list()[1].ToString();
+      }
+      auto j = in.ToJson(ind, item_sep, key_sep, sort && sort->Truthy());
+      if (!j.ok()) return Err(n, j.status().message());
+      return Value::String(*j);
+    }
+    if (name == "length" || name == "count") {
+      if (in.is_string()) return Value::Int(static_cast<int64_t>(SplitCodePoints(in.str()).size()));
+      if (in.is_list()) return Value::Int(static_cast<int64_t>(in.list().size()));
+      if (in.is_dict()) return Value::Int(static_cast<int64_t>(in.dict().size()));
+      if (in.is_undefined()) return Value::Int(0);
+      return Err(n, "length of " + KindName(in.kind()));
+    }
+    if (name == "upper" || name == "lower") return Value::String(AsciiCase(in.ToString(), name == "upper"));
+    if (name == "title") return Value::String(Title(in.ToString()));
+    if (name == "capitalize") {
+      std::string out = AsciiCase(in.ToString(), false);
+      if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+      return Value::String(out);
+    }
+    if (name == "first" || name == "last") {
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      if (items.empty()) return Value();
+      return name == "first" ? items.front() : items.back();
+    }
+    if (name == "join") {
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      const Value* sep = Arg(args, kwargs, 0, "d");
+      const Value* attr = Arg(args, kwargs, 1, "attribute");
+      std::string out;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i) out += sep ? sep->ToString() : "";
+        Value item = items[i];
+        if (attr) {
+          ASSIGN_OR_RETURN(item, GetAttr(n, item, attr->ToString()));
+        }
+        out += item.ToString();
+      }
+      return Value::String(out);
+    }
+    if (name == "default" || name == "d") {
+      const Value* dflt = Arg(args, kwargs, 0, "default_value");
+      const Value* boolean = Arg(args, kwargs, 1, "boolean");
+      const bool use_default = in.is_undefined() || (boolean && boolean->Truthy() && !in.Truthy());
+      return use_default ? (dflt ? *dflt : Value::String("")) : in;
+    }
+    if (name == "string") return in.is_string() ? in : Value::String(in.ToString());
+    if (name == "safe" || name == "e" || name == "escape") {
+      if (name == "safe") return in;
+      std::string out;
+      for (char c : in.ToString()) {
+        switch (c) {
+          case '&': out += "&amp;"; break;
+          case '<': out += "&lt;"; break;
+          case '>': out += "&gt;"; break;
+          case '"': out += "&#34;"; break;
+          case '\'': out += "&#39;"; break;
+          default: out += c;
+        }
+      }
+      return Value::String(out);
+    }
+    if (name == "int") {
+      if (in.is_number()) return Value::Int(static_cast<int64_t>(in.number()));
+      if (in.is_string()) {
+        try {
+          return Value::Int(std::stoll(in.str()));
+        } catch (...) {
+          return Value::Int(0);
+        }
+      }
+      return Value::Int(in.Truthy() ? 1 : 0);
+    }
+    if (name == "float") {
+      if (in.is_number()) return Value::Float(in.number());
+      try {
+        return Value::Float(std::stod(in.ToString()));
+      } catch (...) {
+        return Value::Float(0);
+      }
+    }
+    if (name == "abs") {
+      if (!in.is_number()) return Err(n, "abs of " + KindName(in.kind()));
+      return in.kind() == Value::Kind::kInt ? Value::Int(std::llabs(in.int_value())) : Value::Float(std::fabs(in.number()));
+    }
+    if (name == "round") {
+      const Value* prec = Arg(args, kwargs, 0, "precision");
+      const double p = std::pow(10.0, prec ? prec->number() : 0);
+      return Value::Float(std::round(in.number() * p) / p);
+    }
+    if (name == "list") {
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      return Value::NewList(std::move(items));
+    }
+    if (name == "items") {
+      if (!in.is_dict()) return Err(n, "items needs a dict");
+      List out;
+      for (const auto& [k, v] : in.dict()) out.push_back(Value::NewList({Value::String(k), v}));
+      return Value::NewList(std::move(out));
+    }
+    if (name == "replace") {
+      if (args.size() < 2) return Err(n, "replace needs two arguments");
+      const int64_t count = args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
+      return Value::String(ReplaceStr(in.ToString(), args[0].ToString(), args[1].ToString(), count));
+    }
+    if (name == "reverse") {
+      if (in.is_string()) {
+        auto cps = SplitCodePoints(in.str());
+        std::string out;
+        for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
+        return Value::String(out);
+      }
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      std::reverse(items.begin(), items.end());
+      return Value::NewList(std::move(items));
+    }
+    if (name == "sort") {
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      const Value* reverse = Arg(args, kwargs, 0, "reverse");
+      const Value* attr = Arg(args, kwargs, 2, "attribute");
+      Status err;
+      std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
+        Value x = a, y = b;
+        if (attr) {
+          x = a.Find(attr->ToString()) ? *a.Find(attr->ToString()) : Value();
+          y = b.Find(attr->ToString()) ? *b.Find(attr->ToString()) : Value();
+        }
+        auto c = Value::Compare(x, y);
+        if (!c.ok()) {
+          err = c.status();
+          return false;
+        }
+        return *c < 0;
+      });
+      if (!err.ok()) return Err(n, err.message());
+      if (reverse && reverse->Truthy()) std::reverse(items.begin(), items.end());
+      return Value::NewList(std::move(items));
+    }
+    if (name == "unique") {
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      List out;
+      for (const auto& v : items) {
+        if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+      }
+      return Value::NewList(std::move(out));
+    }
+    if (name == "indent") {
+      const Value* width = Arg(args, kwargs, 0, "width");
+      const Value* first = Arg(args, kwargs, 1, "first");
+      const Value* blank = Arg(args, kwargs, 2, "blank");
+      const std::string pad = width && width->is_string() ? width->str()
+                                                          : std::string(width ? static_cast<size_t>(width->number()) : 4, ' ');
+      std::string s = in.ToString(), out;
+      size_t start = 0;
+      bool first_line = true;
+      while (true) {
+        const size_t nl = s.find('\n', start);
+        const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        const bool indent_line = (!first_line || (first && first->Truthy())) &&
+                                 (!line.empty() || (blank && blank->Truthy()));
+        out += (indent_line ? pad : "") + line;
+        if (nl == std::string::npos) break;
+        out += "\n";
+        start = nl + 1;
+        first_line = false;
+      }
+      return Value::String(out);
+    }
+    if (name == "map") {
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      const Value* attr = Arg(args, kwargs, 99, "attribute");
+      List out;
+      for (const auto& item : items) {
+        if (attr) {
+          ASSIGN_OR_RETURN(Value v, GetAttr(n, item, attr->ToString()));
+          out.push_back(v);
+        } else if (!args.empty() && args[0].is_string()) {
+          std::vector<Value> rest(args.begin() + 1, args.end());
+          KwArgs none;
+          ASSIGN_OR_RETURN(Value v, ApplyFilter(n, args[0].str(), item, rest, none));
+          out.push_back(v);
+        } else {
+          return Err(n, "map needs attribute= or a filter name");
+        }
+      }
+      return Value::NewList(std::move(out));
+    }
+    if (name == "selectattr" || name == "rejectattr") {
+      ASSIGN_OR_RETURN(List items, Iterate(n, in));
+      if (args.empty()) return Err(n, name + " needs an attribute name");
+      List out;
+      for (const auto& item : items) {
+        ASSIGN_OR_RETURN(Value v, GetAttr(n, item, args[0].ToString()));
+        bool ok;
+        if (args.size() >= 2) {
+          std::vector<Value> targs(args.begin() + 2, args.end());
+          ASSIGN_OR_RETURN(ok, ApplyTest(n, args[1].ToString(), v, targs));
+        } else {
+          ok = v.Truthy();
+        }
+        if (ok == (name == "selectattr")) out.push_back(item);
+      }
+      return Value::NewList(std::move(out));
+    }
+    return Err(n, "unsupported filter '" + name + "'");
+  }
+
+  StatusOr<bool> ApplyTest(const Node& n, const std::string& name, const Value& v,
+                           const std::vector<Value>& args) {
+    if (name == "defined") return !v.is_undefined();
+    if (name == "undefined") return v.is_undefined();
+    if (name == "none") return v.is_none();
+    if (name == "string") return v.is_string();
+    if (name == "number") return v.is_number();
+    if (name == "integer") return v.kind() == Value::Kind::kInt;
+    if (name == "float") return v.kind() == Value::Kind::kFloat;
+    if (name == "boolean") return v.kind() == Value::Kind::kBool;
+    if (name == "true") return v.kind() == Value::Kind::kBool && v.bool_value();
+    if (name == "false") return v.kind() == Value::Kind::kBool && !v.bool_value();
+    if (name == "mapping") return v.is_dict();
+    if (name == "sequence") return v.is_list() || v.is_string() || v.is_dict();
+    if (name == "iterable") return v.is_list() || v.is_string() || v.is_dict();
+    if (name == "callable") return v.is_function();
+    if (name == "odd" || name == "even") {
+      if (v.kind() != Value::Kind::kInt) return Err(n, name + " test needs an integer");
+      return (v.int_value() % 2 != 0) == (name == "odd");
+    }
+    if (name == "divisibleby") {
+      if (args.empty() || args[0].kind() != Value::Kind::kInt || args[0].int_value() == 0) {
+        return Err(n, "divisibleby needs a non-zero integer");
+      }
+      return v.kind() == Value::Kind::kInt && v.int_value() % args[0].int_value() == 0;
+    }
+    if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") {
+      if (args.empty()) return Err(n, name + " test needs an argument");
+      return v == args[0];
+    }
+    if (name == "ne" || name == "!=") return !args.empty() && !(v == args[0]);
+    if (name == "lt" || name == "gt" || name == "le" || name == "ge") {
+      if (args.empty()) return Err(n, name + " test needs an argument");
+      auto c = Value::Compare(v, args[0]);
+      if (!c.ok()) return Err(n, c.status().message());
+      if (name == "lt") return *c < 0;
+      if (name == "gt") return *c > 0;
+      if (name == "le") return *c <= 0;
+      return *c >= 0;
+    }
+    if (name == "in") {
+      if (args.empty()) return Err(n, "in test needs an argument");
+      const Value& c = args[0];
+      if (c.is_list()) return std::find(c.list().begin(), c.list().end(), v) != c.list().end();
+      if (c.is_string()) return v.is_string() && c.str().find(v.str()) != std::string::npos;
+      if (c.is_dict()) return v.is_string() && c.Find(v.str()) != nullptr;
+      return false;
+    }
+    return Err(n, "unsupported test '" + name + "'");
+  }
+
+  void InstallGlobals() {
+    globals_["raise_exception"] = Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      return FailedPreconditionError(args.empty() ? "raise_exception" : args[0].ToString());
+    });
+    globals_["namespace"] = Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+      Value ns = Value::NewNamespace();
+      if (!args.empty() && args[0].is_dict()) {
+        for (const auto& [k, v] : args[0].dict()) ns.Set(k, v);
+      }
+      for (const auto& [k, v] : kwargs) ns.Set(k, v);
+      return ns;
+    });
+    globals_["dict"] = Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+      Value d = Value::NewDict();
+      if (!args.empty() && args[0].is_dict()) {
+        for (const auto& [k, v] : args[0].dict()) d.Set(k, v);
+      }
+      for (const auto& [k, v] : kwargs) d.Set(k, v);
+      return d;
+    });
+    globals_["range"] = Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      for (const auto& a : args) {
+        if (a.kind() != Value::Kind::kInt) return InvalidArgumentError("range needs integers");
+      }
+      int64_t start = 0, stop = 0, step = 1;
+      if (args.size() == 1) stop = args[0].int_value();
+      else if (args.size() >= 2) {
+        start = args[0].int_value();
+        stop = args[1].int_value();
+        if (args.size() > 2) step = args[2].int_value();
+      } else {
+        return InvalidArgumentError("range needs 1 to 3 arguments");
+      }
+      if (step == 0) return InvalidArgumentError("range step cannot be zero");
+      List out;
+      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+        out.push_back(Value::Int(i));
+        if (out.size() > 10'000'000) return InvalidArgumentError("range too large");
+      }
+      return Value::NewList(std::move(out));
+    });
+    globals_["strftime_now"] = Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      if (args.empty() || !args[0].is_string()) return InvalidArgumentError("strftime_now needs a format");
+      const std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      localtime_r(&now, &tm);
+      char buf[256];
+      const size_t len = std::strftime(buf, sizeof(buf), args[0].str().c_str(), &tm);
+      return Value::String(std::string(buf, len));
+    });
+  }
+
+  std::vector<std::unordered_map<std::string, Value>> scopes_;
+  std::unordered_map<std::string, Value> globals_;
+};
+
+}  // namespace
+
+StatusOr<std::string> Template::Render(const Value& context) const {
+  Interpreter interp(context);
+  std::string out;
+  Flow flow = Flow::kNormal;
+  RETURN_IF_ERROR(interp.Exec(*root_, &out, &flow));
+  return out;
+}
+
+}  // namespace offloadd::text::jinja
