@@ -1,0 +1,170 @@
+#include "workers/step_driver.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace offloadd::workers {
+
+float ClipCoefficient(double total_sq_norm, double max_grad_norm, float* total_norm) {
+  // clip_grad_norm_: total_norm is an fp32 tensor; `max_norm / (total_norm + 1e-6)` is evaluated
+  // by Tensor.__rtruediv__ as reciprocal(total_norm + 1e-6) * max_norm, then clamped to 1.
+  const float norm = static_cast<float>(std::sqrt(total_sq_norm));
+  if (total_norm != nullptr) *total_norm = norm;
+  const float reciprocal = 1.0f / (norm + 1e-6f);
+  const float coef = reciprocal * static_cast<float>(max_grad_norm);
+  return coef < 1.0f ? coef : 1.0f;
+}
+
+StepDriver::StepDriver(WorkerPool* pool, std::vector<ShardSpec> shards, OptimizerConfig config)
+    : pool_(pool), shards_(std::move(shards)), config_(config) {
+  if (config_.accumulation_steps == 0) config_.accumulation_steps = 1;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (shards_[s].worker < 0) shards_[s].worker = static_cast<int>(s % pool_->size());
+  }
+}
+
+Status StepDriver::BeginStep(uint64_t step, double lr) {
+  if (open_) return FailedPreconditionError("step " + std::to_string(step_) + " is still open");
+  if (step == 0) return InvalidArgumentError("steps count from 1");
+  step_ = step;
+  lr_ = lr;
+  open_ = true;
+  error_ = OkStatus();
+  outstanding_.assign(shards_.size(), 0);
+  micro_seen_.assign(shards_.size(), 0);
+  sq_norm_.assign(shards_.size(), 0.0);
+  id_shard_.clear();
+  id_kind_.clear();
+  first_id_ = next_id_;
+  params_updated_ = 0;
+  return OkStatus();
+}
+
+Status StepDriver::Submit(size_t shard, const ipc::CommandRecord& r) {
+  RETURN_IF_ERROR(pool_->Submit(r, shards_[shard].worker));
+  id_shard_.push_back(shard);
+  id_kind_.push_back(r.kind);
+  ++outstanding_[shard];
+  return OkStatus();
+}
+
+Status StepDriver::SubmitUpdate(size_t shard, float grad_scale) {
+  const ShardSpec& s = shards_[shard];
+  const bool accumulated = config_.accumulation_steps > 1;
+  ipc::CommandRecord r{};
+  r.kind = static_cast<uint32_t>(CommandKind::kAdamW);
+  r.id = next_id_++;
+  if (accumulated || s.grad_dtype == GradDtype::kFp32) r.flags |= kFlagGradFp32;
+  if (s.weight_dtype == WeightDtype::kNone) r.flags |= kFlagNoWeights;
+  if (s.weight_dtype == WeightDtype::kFp16) r.flags |= kFlagWeightsFp16;
+  r.Pack(AdamWCommand{s.num_elements, accumulated ? s.accum_offset : s.grad_offset, s.master_offset,
+                      s.exp_avg_offset, s.exp_avg_sq_offset, s.weights_offset, s.counters_offset,
+                      step_, lr_, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
+                      grad_scale, s.layer});
+  return Submit(shard, r);
+}
+
+Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
+  if (!open_) return FailedPreconditionError("GradsReady outside BeginStep/FinishStep");
+  if (shard >= shards_.size()) return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
+  if (micro != micro_seen_[shard] || micro >= config_.accumulation_steps) {
+    return InvalidArgumentError("shard " + std::to_string(shard) + ": micro-batch " +
+                                std::to_string(micro) + " out of order (expected " +
+                                std::to_string(micro_seen_[shard]) + " of " +
+                                std::to_string(config_.accumulation_steps) + ")");
+  }
+  ++micro_seen_[shard];
+  const ShardSpec& s = shards_[shard];
+  const uint32_t A = config_.accumulation_steps;
+  if (A > 1) {
+    ipc::CommandRecord r{};
+    r.kind = static_cast<uint32_t>(CommandKind::kAccumulate);
+    r.id = next_id_++;
+    if (s.grad_dtype == GradDtype::kFp32) r.flags |= kFlagGradFp32;
+    if (micro == 0) r.flags |= kFlagOverwrite;
+    r.Pack(AccumulateCommand{s.num_elements, s.grad_offset, s.accum_offset, s.accum_counters_offset,
+                             (step_ - 1) * A + micro + 1, s.layer, 0});
+    RETURN_IF_ERROR(Submit(shard, r));
+  }
+  if (micro + 1 < A) return OkStatus();
+  if (config_.max_grad_norm <= 0) return SubmitUpdate(shard, 1.0f);
+  ipc::CommandRecord r{};
+  r.kind = static_cast<uint32_t>(CommandKind::kGradNorm);
+  r.id = next_id_++;
+  const bool fp32 = A > 1 || s.grad_dtype == GradDtype::kFp32;
+  if (fp32) r.flags |= kFlagGradFp32;
+  r.Pack(GradNormCommand{s.num_elements, A > 1 ? s.accum_offset : s.grad_offset, s.layer, 0});
+  return Submit(shard, r);
+}
+
+Status StepDriver::WaitOne() {
+  ASSIGN_OR_RETURN(WorkerCompletion c, pool_->WaitCompletion(config_.timeout_ms));
+  if (c.id < first_id_ || c.id - first_id_ >= id_shard_.size()) {
+    return InternalError("completion " + std::to_string(c.id) + " does not belong to this step");
+  }
+  const size_t shard = id_shard_[c.id - first_id_];
+  --outstanding_[shard];
+  if (c.status_code != 0) {
+    c.message[sizeof(c.message) - 1] = 0;
+    if (error_.ok()) {
+      error_ = Status(static_cast<StatusCode>(c.status_code), c.message)
+                   .WithContext("layer " + std::to_string(shards_[shard].layer));
+    }
+    return OkStatus();
+  }
+  const auto kind = static_cast<CommandKind>(c.kind);
+  if (kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW) sq_norm_[shard] = c.grad_sq_norm;
+  if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
+  return OkStatus();
+}
+
+Status StepDriver::WaitShardIdle(size_t shard) {
+  if (shard >= shards_.size()) return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
+  while (outstanding_[shard] > 0) RETURN_IF_ERROR(WaitOne());
+  return error_;
+}
+
+StatusOr<StepResult> StepDriver::FinishStep() {
+  if (!open_) return FailedPreconditionError("FinishStep without BeginStep");
+  open_ = false;
+  const auto drain = [&]() -> Status {
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      while (outstanding_[s] > 0) RETURN_IF_ERROR(WaitOne());
+    }
+    return error_;
+  };
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (micro_seen_[s] != config_.accumulation_steps) {
+      RETURN_IF_ERROR(drain());
+      return FailedPreconditionError("shard " + std::to_string(s) + " (layer " +
+                                     std::to_string(shards_[s].layer) + ") got " +
+                                     std::to_string(micro_seen_[s]) + " of " +
+                                     std::to_string(config_.accumulation_steps) + " micro-batches");
+    }
+  }
+  RETURN_IF_ERROR(drain());
+  StepResult result;
+  const double total_sq = std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0);
+  float norm = 0;
+  if (config_.max_grad_norm > 0) {
+    result.clip_coef = ClipCoefficient(total_sq, config_.max_grad_norm, &norm);
+    if (!std::isfinite(result.clip_coef)) {
+      return DataLossError("gradient norm is not finite (" + std::to_string(norm) +
+                           "); step " + std::to_string(step_) + " was not applied");
+    }
+    std::vector<size_t> order(shards_.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return shards_[a].layer < shards_[b].layer; });
+    for (size_t s : order) RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef));
+    RETURN_IF_ERROR(drain());
+  } else {
+    norm = static_cast<float>(std::sqrt(total_sq));
+  }
+  result.grad_norm = norm;
+  result.params_updated = params_updated_;
+  return result;
+}
+
+}  // namespace offloadd::workers

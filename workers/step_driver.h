@@ -1,0 +1,100 @@
+#pragma once
+// StepDriver: turns "the gradients of shard s are in shared memory" events from the backward
+// pass into worker commands for one optimizer step, with exact global-norm clipping.
+//
+//   StepDriver driver(&pool, shards, config);
+//   RETURN_IF_ERROR(driver.BeginStep(step, lr));
+//   for each micro-batch m, as backward finishes a shard:  driver.GradsReady(s, m);
+//   ASSIGN_OR_RETURN(StepResult r, driver.FinishStep());   // waits for every update
+//
+// Modes (see workers/README.md, "Exact clipping"):
+//  * max_grad_norm <= 0 (no clipping): AdamW for a shard is submitted the moment its last
+//    micro-batch lands, so CPU updates overlap the rest of backward (LoHan's active gradient
+//    offloading). The norm still comes back, from the update pass itself.
+//  * max_grad_norm > 0 ("hold"): as each shard lands, only its squared norm is computed (a
+//    read-only pass that overlaps backward); when the last shard is in, the clip coefficient is
+//    computed exactly as torch.nn.utils.clip_grad_norm_ does (fp32: c = max / (norm + 1e-6),
+//    clamped to 1) and every shard's AdamW is submitted with grad_scale = c, in ascending layer
+//    order so that the next forward pass can start behind the first updated layers.
+// Gradient accumulation: with accumulation_steps > 1 every micro-batch is added (fp32) into the
+// shard's accumulation buffer (the first one overwrites), and the update reads that buffer.
+//
+// A shard always goes to the same worker, so its accumulate/norm/update commands run in order
+// without waiting in between. The driver consumes the pool's completions while a step is open:
+// use one driver per pool. Not thread-safe: call it from one thread.
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "workers/protocol.h"
+#include "workers/worker_pool.h"
+
+namespace offloadd::workers {
+
+struct ShardSpec {
+  uint32_t layer = 0;
+  uint64_t num_elements = 0;
+  uint64_t grad_offset = 0;  // staging buffer the GPU writes each micro-batch into
+  GradDtype grad_dtype = GradDtype::kBf16;
+  uint64_t master_offset = 0, exp_avg_offset = 0, exp_avg_sq_offset = 0;
+  uint64_t weights_offset = 0;  // bf16 copy for the GPU
+  WeightDtype weight_dtype = WeightDtype::kBf16;
+  uint64_t counters_offset = 0;        // CountersBytes(num_elements), zeroed before step 1
+  uint64_t accum_offset = 0;           // fp32 buffer, only with accumulation_steps > 1
+  uint64_t accum_counters_offset = 0;  // CountersBytes(num_elements), zeroed
+  int worker = -1;                     // -1: shard index modulo the pool size
+};
+
+struct OptimizerConfig {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double max_grad_norm = 0.0;  // <= 0: no clipping
+  uint32_t accumulation_steps = 1;
+  int timeout_ms = -1;  // per completion wait
+};
+
+struct StepResult {
+  double grad_norm = 0;    // global L2 norm of the (accumulated) gradients, before clipping
+  float clip_coef = 1.0f;  // applied grad_scale
+  uint64_t params_updated = 0;
+};
+
+// torch.nn.utils.clip_grad_norm_'s coefficient, in its fp32 arithmetic.
+float ClipCoefficient(double total_sq_norm, double max_grad_norm, float* total_norm);
+
+class StepDriver {
+ public:
+  StepDriver(WorkerPool* pool, std::vector<ShardSpec> shards, OptimizerConfig config);
+
+  Status BeginStep(uint64_t step, double lr);
+  // The gradients of micro-batch `micro` (0-based) for `shard` are in its staging buffer. The
+  // caller must not overwrite that buffer until the shard's commands completed: call
+  // WaitShardIdle() before reusing it. In hold mode without accumulation the update at
+  // FinishStep reads the staging buffer again, so it must stay intact until FinishStep returns.
+  Status GradsReady(size_t shard, uint32_t micro);
+  Status WaitShardIdle(size_t shard);
+  StatusOr<StepResult> FinishStep();
+
+ private:
+  Status Submit(size_t shard, const ipc::CommandRecord& r);
+  Status SubmitUpdate(size_t shard, float grad_scale);
+  Status WaitOne();
+
+  WorkerPool* pool_;
+  std::vector<ShardSpec> shards_;
+  OptimizerConfig config_;
+  uint64_t step_ = 0;
+  double lr_ = 0;
+  bool open_ = false;
+  uint64_t next_id_ = 1;
+  std::vector<uint32_t> outstanding_;  // per shard
+  std::vector<uint32_t> micro_seen_;
+  std::vector<double> sq_norm_;        // per shard, from the pass that measured it
+  std::vector<uint64_t> id_shard_;     // command id -> shard (ids are dense per step)
+  uint64_t first_id_ = 1;
+  std::vector<uint32_t> id_kind_;
+  uint64_t params_updated_ = 0;
+  Status error_;
+};
+
+}  // namespace offloadd::workers
