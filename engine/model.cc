@@ -6,7 +6,6 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -14,13 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/blocks.h"
+#include "engine/file_util.h"
 #include "engine/ops.h"
 #include "engine/safetensors.h"
 #include "engine/tensor_io.h"
 
 namespace offloadd::engine {
-
-namespace fs = std::filesystem;
 
 // What Export needs to reproduce the input checkpoint's layout.
 struct Model::Source {
@@ -247,10 +245,8 @@ int64_t Model::CountTrainedTokens(const at::Tensor& targets) {
 }
 
 Status Model::Export(const std::string& out_dir) const {
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return InternalError("export: cannot create " + out_dir + ": " + ec.message());
-  if (fs::equivalent(out_dir, dir_, ec)) {
+  RETURN_IF_ERROR(MakeDirs(out_dir).WithContext("export"));
+  if (SameFile(out_dir, dir_)) {
     return InvalidArgumentError("export: " + out_dir + " is the source checkpoint directory");
   }
   const Source& src = *source_;
@@ -286,7 +282,7 @@ Status Model::Export(const std::string& out_dir) const {
   int64_t total = 0;
   nlohmann::json weight_map = nlohmann::json::object();
   for (const auto& [shard, tensors] : shards) {
-    RETURN_IF_ERROR(SaveTensorFile((fs::path(out_dir) / shard).string(), tensors));
+    RETURN_IF_ERROR(SaveTensorFile(JoinPath(out_dir, shard), tensors));
     for (const auto& [name, t] : tensors) {
       weight_map[name] = shard;
       total += static_cast<int64_t>(t.nbytes());
@@ -294,7 +290,7 @@ Status Model::Export(const std::string& out_dir) const {
   }
   if (src.checkpoint->sharded()) {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    std::ofstream out(fs::path(out_dir) / "model.safetensors.index.json");
+    std::ofstream out(JoinPath(out_dir, "model.safetensors.index.json"));
     out << index.dump(2) << "\n";
     if (!out) return InternalError("export: writing the shard index in " + out_dir + " failed");
   }
@@ -305,10 +301,9 @@ Status Model::Export(const std::string& out_dir) const {
                                   "added_tokens.json",    "chat_template.jinja",
                                   "chat_template.json"};
   for (const char* f : kCopied) {
-    const fs::path from = fs::path(dir_) / f;
-    if (!fs::exists(from, ec)) continue;
-    fs::copy_file(from, fs::path(out_dir) / f, fs::copy_options::overwrite_existing, ec);
-    if (ec) return InternalError("export: copying " + from.string() + ": " + ec.message());
+    const std::string from = JoinPath(dir_, f);
+    if (!PathExists(from)) continue;
+    RETURN_IF_ERROR(CopyFile(from, JoinPath(out_dir, f)).WithContext("export"));
   }
   return OkStatus();
 }

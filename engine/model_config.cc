@@ -1,11 +1,10 @@
 #include "engine/model_config.h"
 
-#include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "engine/file_util.h"
 
 namespace offloadd::engine {
 namespace {
@@ -249,12 +248,9 @@ StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view o
 }
 
 StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) return NotFoundError(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseModelConfig(ss.str(), path);
+  const std::string path = JoinPath(dir, "config.json");
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseModelConfig(text, path);
 }
 
 }  // namespace offloadd::engine

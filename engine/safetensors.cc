@@ -9,13 +9,14 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <set>
 #include <stack>
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "engine/file_util.h"
 
 namespace offloadd::engine {
 namespace {
@@ -266,16 +267,14 @@ std::span<const std::byte> SafetensorsFile::data(const TensorInfo& info) const {
 // Checkpoint
 
 StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
-  namespace fs = std::filesystem;
   auto ck = std::make_unique<Checkpoint>();
   ck->dir_ = dir;
-  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
-  std::error_code ec;
-  if (fs::exists(index_path, ec)) {
+  const std::string index_path = JoinPath(dir, "model.safetensors.index.json");
+  if (PathExists(index_path)) {
     ck->sharded_ = true;
-    std::ifstream in(index_path);
-    json index = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    const std::string origin = index_path.string();
+    ASSIGN_OR_RETURN(std::string text, ReadFile(index_path));
+    json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    const std::string& origin = index_path;
     if (index.is_discarded() || !index.is_object()) {
       return InvalidArgumentError(origin + ": not a JSON object");
     }
@@ -298,7 +297,7 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
       }
       auto [pos, inserted] = file_idx.emplace(file, ck->files_.size());
       if (inserted) {
-        ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open((fs::path(dir) / file).string()));
+        ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(JoinPath(dir, file)));
         ck->files_.push_back(std::move(f));
         ck->file_names_.push_back(file);
       }
@@ -325,11 +324,11 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
     }
     return ck;
   }
-  const fs::path single = fs::path(dir) / "model.safetensors";
-  if (!fs::exists(single, ec)) {
+  const std::string single = JoinPath(dir, "model.safetensors");
+  if (!PathExists(single)) {
     return NotFoundError(dir + ": no model.safetensors or model.safetensors.index.json");
   }
-  ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single.string()));
+  ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single));
   for (const auto& t : f->tensors()) ck->owner_.emplace(t.name, 0);
   ck->files_.push_back(std::move(f));
   ck->file_names_.push_back("model.safetensors");
