@@ -247,6 +247,7 @@ class Interpreter {
           ASSIGN_OR_RETURN(Value v, Eval(*c));
           items.push_back(v);
         }
+        if (n.type == Node::Type::kTupleLit) return Value::NewTuple(std::move(items));
         return Value::NewList(std::move(items));
       }
       case Node::Type::kDictLit: {

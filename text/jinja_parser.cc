@@ -60,6 +60,7 @@ class Lexer {
       if (idx == std::string_view::npos) break;
       const char kind = src_[idx + 1];
       pos = idx + 2;
+      at_line_start_ = false;  // TrimBlock sets it again when it eats the newline after the tag
       if (pos < src_.size() && (src_[pos] == '-' || src_[pos] == '+')) ++pos;
       bool strip_after = false;
       if (kind == '#') {
@@ -76,7 +77,6 @@ class Lexer {
         if (kind == '%') pos = TrimBlock(pos, strip_after);
       }
       strip_next = strip_after;
-      at_line_start_ = false;
     }
     Emit(Token::Kind::kEof, "");
     return std::move(tokens_);

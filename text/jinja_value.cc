@@ -44,6 +44,11 @@ Value Value::NewList(List items) {
   v.list_ = std::make_shared<List>(std::move(items));
   return v;
 }
+Value Value::NewTuple(List items) {
+  Value v = NewList(std::move(items));
+  v.tuple_ = true;
+  return v;
+}
 Value Value::NewDict(Dict items) {
   Value v;
   v.kind_ = Kind::kDict;
@@ -263,9 +268,10 @@ std::string Value::Repr() const {
   switch (kind_) {
     case Kind::kString: return PyStringRepr(s_);
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
-      return out + "]";
+      if (tuple_ && list_->size() == 1) out += ",";
+      return out + (tuple_ ? ")" : "]");
     }
     case Kind::kDict: {
       std::string out = "{";

@@ -36,6 +36,8 @@ class Value {
   static Value Float(double d);
   static Value String(std::string s);
   static Value NewList(List items = {});
+  // A list that prints as a Python tuple: "(1, 2)".
+  static Value NewTuple(List items);
   static Value NewDict(Dict items = {});
   // A dict whose attributes can be assigned with {% set ns.key = ... %}.
   static Value NewNamespace(Dict items = {});
@@ -81,6 +83,7 @@ class Value {
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   bool namespace_ = false;
+  bool tuple_ = false;
   int64_t i_ = 0;
   double f_ = 0;
   std::string s_;

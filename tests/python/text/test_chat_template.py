@@ -1,0 +1,251 @@
+"""offloadd's Jinja subset and chat templates against Python: jinja2 in transformers' environment
+(_compile_jinja_template: trim_blocks, lstrip_blocks, its tojson, raise_exception) and
+transformers' apply_chat_template on real tokenizer directories."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import DATA_DIR, TOK_DIR, tool
+
+# Llama-2-chat's template (the one published with meta-llama/Llama-2-*-chat-hf), which the
+# llama2 tokenizer_config.json in shared/data does not carry.
+LLAMA2_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+    "{% endif %}{% endfor %}"
+)
+
+# A ChatML template with tool calls in the style of Qwen2 / Hermes, written for this test.
+CHATML_TOOLS_TEMPLATE = """{%- set ns = namespace(system=none, calls=0) -%}
+{%- if messages and messages[0].role == 'system' -%}
+  {%- set ns.system = messages[0].content -%}
+{%- endif -%}
+{%- if tools or ns.system is not none -%}
+{{ '<|im_start|>system\\n' }}{{ ns.system if ns.system is not none else 'You are a helpful assistant.' }}
+{%- if tools %}
+
+# Tools
+<tools>
+{% for tool in tools -%}
+{{ tool | tojson }}
+{% endfor -%}
+</tools>
+{%- endif %}<|im_end|>
+{% endif -%}
+{%- for message in messages -%}
+  {%- if message.role == 'system' and loop.first -%}
+  {%- elif message.role == 'assistant' and message.tool_calls is defined and message.tool_calls -%}
+{{ '<|im_start|>assistant' }}{% if message.content %}{{ '\\n' + message.content | trim }}{% endif %}
+    {%- for call in message.tool_calls %}
+      {%- set ns.calls = ns.calls + 1 %}
+<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+    {%- endfor %}<|im_end|>
+{% elif message.role == 'tool' -%}
+{{ '<|im_start|>user\\n<tool_response>\\n' ~ message.content ~ '\\n</tool_response><|im_end|>\\n' }}
+  {%- else -%}
+{{ '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>\\n' }}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}
+"""
+
+JINJA_CASES = [
+    ("{{ 'a' + 'b' ~ 1 ~ none ~ true }}", {}),
+    ("{% for x in xs %}{{ loop.index }}/{{ loop.length }}{{ ',' if not loop.last }}{% endfor %}",
+     {"xs": [3, 1, 2]}),
+    ("{% for x in xs if x > 1 %}{{ x }}{{ loop.first }}{% else %}empty{% endfor %}", {"xs": [3, 1, 2]}),
+    ("{% for x in xs %}{{ x }}{% else %}empty{% endfor %}", {"xs": []}),
+    ("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", {"d": {"b": 1, "a": [1, "x"]}}),
+    ("{% set ns = namespace(n=0) %}{% for x in xs %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}",
+     {"xs": [1, 2, 3]}),
+    ("{% set n = 0 %}{% for x in xs %}{% set n = n + x %}{% endfor %}{{ n }}", {"xs": [1, 2]}),
+    ("{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ 'é\"\\n' | tojson }}",
+     {"d": {"z": 1.5, "a": [True, None, "x"], "m": {}}}),
+    ("{{ s | trim }}|{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s | length }}",
+     {"s": "  héllo wörld \n"}),
+    ("{{ s.upper() }} {{ s | lower }} {{ s.title() }} {{ s | capitalize }}", {"s": "hello WORLD"}),
+    ("{{ s.split() }} {{ s.split(',') }} {{ s.startswith('a') }} {{ s.endswith(('x', 'c')) }}",
+     {"s": "a,b c"}),
+    ("{{ xs[0] }} {{ xs[-1] }} {{ xs[1:] }} {{ xs[::-1] }} {{ s[1:3] }} {{ s[-1] }}",
+     {"xs": [1, 2, 3], "s": "añbc"}),
+    ("{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1.0 * 3 }}", {}),
+    ("{{ x is defined }} {{ y is defined }} {{ y is undefined }} {{ z is none }} {{ x is string }}"
+     " {{ 3 is odd }} {{ n is number }} {{ d is mapping }} {{ xs is iterable }}",
+     {"x": "s", "z": None, "n": 1.5, "d": {}, "xs": []}),
+    ("{% if a and not b or c %}yes{% elif b %}b{% else %}no{% endif %}", {"a": 1, "b": 0, "c": 0}),
+    ("{{ 'x' in 'xyz' }} {{ 2 in xs }} {{ 'k' in d }} {{ 5 not in xs }}",
+     {"xs": [1, 2], "d": {"k": 1}}),
+    ("{{ xs | join(', ') }} {{ xs | first }} {{ xs | last }} {{ xs | reverse | list }}",
+     {"xs": ["a", "b", "c"]}),
+    ("{{ ms | selectattr('role', 'equalto', 'user') | map(attribute='content') | join('|') }}",
+     {"ms": [{"role": "user", "content": "u1"}, {"role": "bot", "content": "b"},
+             {"role": "user", "content": "u2"}]}),
+    ("{{ ms | rejectattr('role', 'equalto', 'user') | list | length }}",
+     {"ms": [{"role": "user"}, {"role": "bot"}]}),
+    ("{{ x | default('dflt') }} {{ y | default('dflt') }} {{ '' | default('e', true) }}", {"x": 0}),
+    ("{{ d.get('a') }} {{ d.get('zz', 'no') }} {{ d['a'] }} {{ d.a }} {{ d.keys() | list }}",
+     {"d": {"a": 1}}),
+    ("{%- for m in ms %}\n  {{- m }}\n{%- endfor %}\n", {"ms": ["a", "b"]}),
+    ("{% for m in ms %}\n    {{ m }}\n{% endfor %}\n", {"ms": ["a", "b"]}),
+    ("{# comment #}\n  {% if true %}\n    x\n  {% endif %}\ny", {}),
+    ("{% macro greet(name, p='Hi') %}{{ p }} {{ name }}!{% endmacro %}{{ greet('A') }} {{ greet('B', 'Yo') }}", {}),
+    ("{% set t %}inner {{ 1 + 1 }}{% endset %}[{{ t }}]", {}),
+    ("{% for x in range(5) %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 3 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("{{ (1, 2) }} {{ [1, 'a', none, true, 1.5] }} {{ {'a': 'b'} }} {{ 1e-05 }} {{ 0.1 + 0.2 }}", {}),
+    ("{{ x if x else 'none' }} {{ 'a' if false }}|", {"x": ""}),
+    ("{{ s.replace('a', 'b') }} {{ s | replace('a', 'c') }} {{ s.count('a') }} {{ s.find('n') }}",
+     {"s": "banana"}),
+    ("{{ loop_messages | length }}{% for m in messages[1:] %}{{ loop.previtem is defined }}{% endfor %}",
+     {"messages": [1, 2, 3]}),
+    ("{{ xs | sort | list }} {{ ys | sort(attribute='n') | map(attribute='n') | list }} {{ xs | unique | list }}",
+     {"xs": [3, 1, 3], "ys": [{"n": 2}, {"n": 1}]}),
+    ("{{ 'line1\\nline2' | indent(2) }}|{{ 'a\\nb' | indent(4, true) }}", {}),
+]
+
+
+def run_chat(requests):
+    proc = subprocess.run([str(tool("offloadd-chat"))],
+                          input="\n".join(json.dumps(r) for r in requests) + "\n",
+                          capture_output=True, text=True, encoding="utf-8", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    replies = [json.loads(line) for line in proc.stdout.split("\n") if line]
+    assert len(replies) == len(requests)
+    return replies
+
+
+def test_jinja_subset_matches_jinja2():
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+    replies = run_chat([{"template": t, "context": c} for t, c in JINJA_CASES])
+    for (template, context), reply in zip(JINJA_CASES, replies):
+        want = _compile_jinja_template(template).render(**context)
+        assert reply.get("text") == want, (template, reply)
+
+
+def test_jinja_errors_are_reported():
+    replies = run_chat([
+        {"template": "{{ raise_exception('roles must alternate') }}", "context": {}},
+        {"template": "line1\n{% if x %}unclosed", "context": {}},
+        {"template": "{% for %}", "context": {}},
+        {"template": "{{ x.y }}", "context": {}},
+        {"template": "{% include 'other.j2' %}", "context": {}},
+        {"template": "{{ 1 + 'a' }}", "context": {}},
+    ])
+    assert "roles must alternate" in replies[0]["error"]
+    assert "endif" in replies[1]["error"]
+    assert "line 1" in replies[2]["error"]
+    assert "undefined" in replies[3]["error"]
+    assert "include" in replies[4]["error"]
+    assert "unsupported operand" in replies[5]["error"]
+
+
+def conversations():
+    """Conversations from the shipped datasets (as chat messages) plus hand-made edge cases."""
+    lima = json.loads((DATA_DIR / "lima" / "lima.json").read_text(encoding="utf-8"))
+    convs = []
+    for rec in [r for r in lima if r["history"]][:5] + lima[:5]:
+        msgs = []
+        for u, a in rec["history"]:
+            msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+        msgs += [{"role": "user", "content": rec["instruction"]},
+                 {"role": "assistant", "content": rec["output"]}]
+        convs.append(msgs)
+    convs.append([{"role": "system", "content": "You are terse."},
+                  {"role": "user", "content": "  Hi there  "},
+                  {"role": "assistant", "content": "Hello 👋\n\nHow can I help?"},
+                  {"role": "user", "content": "Nothing."}])
+    return convs
+
+
+def make_dir(tmp_path, name, template):
+    d = tmp_path / name
+    d.mkdir()
+    shutil.copy(TOK_DIR / "llama2" / "tokenizer.json", d / "tokenizer.json")
+    config = json.loads((TOK_DIR / "llama2" / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    return d
+
+
+@pytest.fixture(scope="module")
+def template_dirs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("chat")
+    return {
+        "phi3-mini": TOK_DIR / "phi3-mini",
+        "llama2-chat": make_dir(tmp, "llama2chat", LLAMA2_CHAT_TEMPLATE),
+        "chatml-tools": make_dir(tmp, "chatml", CHATML_TOOLS_TEMPLATE),
+    }
+
+
+@pytest.mark.parametrize("name", ["phi3-mini", "llama2-chat", "chatml-tools"])
+def test_chat_template_matches_transformers(template_dirs, name):
+    from transformers import AutoTokenizer
+    d = template_dirs[name]
+    hf = AutoTokenizer.from_pretrained(str(d))
+    requests, want = [], []
+    for msgs in conversations():
+        if name == "llama2-chat" and msgs[-1]["role"] == "user" and len(msgs) % 2 == 0:
+            continue  # system + alternating turns ending with the user is fine; others raise
+        for gen in [False, True]:
+            requests.append({"dir": str(d), "messages": msgs, "add_generation_prompt": gen})
+            want.append(hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen))
+    replies = run_chat(requests)
+    for req, reply, w in zip(requests, replies, want):
+        assert reply.get("text") == w, (req["messages"][:1], reply)
+    assert len(requests) >= 10
+
+
+def test_chat_template_with_tools_matches_transformers(template_dirs):
+    from transformers import AutoTokenizer
+    glaive = json.loads((DATA_DIR / "glaive_toolcall_sharegpt" / "glaive_toolcall_en_demo.json")
+                        .read_text(encoding="utf-8"))
+    d = template_dirs["chatml-tools"]
+    hf = AutoTokenizer.from_pretrained(str(d))
+    requests, want = [], []
+    for rec in glaive[:20]:
+        tools = [{"type": "function", "function": t} for t in json.loads(rec["tools"])]
+        msgs = []
+        for turn in rec["conversations"]:
+            if turn["from"] == "human":
+                msgs.append({"role": "user", "content": turn["value"]})
+            elif turn["from"] == "gpt":
+                msgs.append({"role": "assistant", "content": turn["value"]})
+            elif turn["from"] == "function_call":
+                call = json.loads(turn["value"])
+                msgs.append({"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": call}]})
+            else:
+                msgs.append({"role": "tool", "content": turn["value"]})
+        requests.append({"dir": str(d), "messages": msgs, "tools": tools})
+        want.append(hf.apply_chat_template(msgs, tools=tools, tokenize=False))
+    replies = run_chat(requests)
+    for reply, w in zip(replies, want):
+        assert reply.get("text") == w
+
+
+def test_llama2_template_raises_on_bad_roles(template_dirs):
+    reply = run_chat([{"dir": str(template_dirs["llama2-chat"]), "messages": [
+        {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}])[0]
+    assert "Conversation roles must alternate" in reply["error"]
+
+
+def test_builtin_template_renders_documented_layout():
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"}]
+    reply = run_chat([{"builtin": True, "bos_token": "<s>", "eos_token": "</s>", "messages": msgs,
+                       "spans": True}])[0]
+    text = "<s>### System:\nS\n\n### User:\nU\n\n### Assistant:\nA</s>\n\n"
+    assert reply["text"] == text
+    assert reply["spans"] == [[text.index("A</s>"), len(text)]]
