@@ -42,8 +42,7 @@ class Reader {
   size_t pos_ = 0;
 };
 
-bool DecodePayload(std::span<const uint8_t> payload, ManifestEntry* e) {
-  Reader r(payload);
+bool DecodeEntry(Reader& r, ManifestEntry* e) {
   uint32_t type;
   if (!r.Get(&type)) return false;
   TensorRecord& rec = e->record;
@@ -53,7 +52,7 @@ bool DecodePayload(std::span<const uint8_t> payload, ManifestEntry* e) {
   }
   if (type == static_cast<uint32_t>(RecordType::kDrop)) {
     e->type = RecordType::kDrop;
-    return r.done();
+    return true;
   }
   if (type != static_cast<uint32_t>(RecordType::kCommit)) return false;
   e->type = RecordType::kCommit;
@@ -68,11 +67,23 @@ bool DecodePayload(std::span<const uint8_t> payload, ManifestEntry* e) {
   for (auto& c : rec.chunks) {
     if (!r.Get(&c.dir) || !r.Get(&c.crc)) return false;
   }
+  return true;
+}
+
+bool DecodePayload(std::span<const uint8_t> payload, std::vector<ManifestEntry>* out) {
+  Reader r(payload);
+  uint32_t count;
+  if (!r.Get(&count) || count == 0 || count > payload.size()) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    ManifestEntry e;
+    if (!DecodeEntry(r, &e)) return false;
+    if (out != nullptr) out->push_back(std::move(e));
+  }
   return r.done();
 }
 
-// Returns the payload length of a well-formed record at `pos`, or 0.
-size_t ValidRecordAt(std::span<const uint8_t> image, size_t pos, ManifestEntry* e) {
+// Returns the length of a well-formed frame at `pos` (appending its entries to `out`), or 0.
+size_t ValidFrameAt(std::span<const uint8_t> image, size_t pos, std::vector<ManifestEntry>* out) {
   if (image.size() - pos < kFrame) return 0;
   uint32_t magic, len, crc;
   std::memcpy(&magic, image.data() + pos, 4);
@@ -81,8 +92,11 @@ size_t ValidRecordAt(std::span<const uint8_t> image, size_t pos, ManifestEntry* 
   if (magic != kRecordMagic || len > kMaxRecordPayload || image.size() - pos - kFrame < len) return 0;
   auto payload = image.subspan(pos + kFrame, len);
   if (Crc32c(0, payload.data(), payload.size()) != crc) return 0;
-  ManifestEntry tmp;
-  if (!DecodePayload(payload, e != nullptr ? e : &tmp)) return 0;
+  std::vector<ManifestEntry> entries;
+  if (!DecodePayload(payload, &entries)) return 0;
+  if (out != nullptr) {
+    for (auto& e : entries) out->push_back(std::move(e));
+  }
   return kFrame + len;
 }
 
@@ -160,9 +174,8 @@ Status TensorRecord::Validate(size_t n_dirs) const {
   return OkStatus();
 }
 
-void EncodeRecord(const ManifestEntry& entry, std::vector<uint8_t>* out) {
-  std::vector<uint8_t> payload;
-  Writer w(&payload);
+void EncodeEntry(const ManifestEntry& entry, std::vector<uint8_t>* out) {
+  Writer w(out);
   const TensorRecord& rec = entry.record;
   w.Put(static_cast<uint32_t>(entry.type));
   w.Put(rec.key.layer);
@@ -184,6 +197,13 @@ void EncodeRecord(const ManifestEntry& entry, std::vector<uint8_t>* out) {
       w.Put(c.crc);
     }
   }
+}
+
+void EncodeFrame(std::span<const std::vector<uint8_t>> entries, std::vector<uint8_t>* out) {
+  std::vector<uint8_t> payload;
+  Writer w(&payload);
+  w.Put(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) payload.insert(payload.end(), e.begin(), e.end());
   Writer f(out);
   f.Put(kRecordMagic);
   f.Put(static_cast<uint32_t>(payload.size()));
@@ -191,14 +211,18 @@ void EncodeRecord(const ManifestEntry& entry, std::vector<uint8_t>* out) {
   out->insert(out->end(), payload.begin(), payload.end());
 }
 
+void EncodeRecord(const ManifestEntry& entry, std::vector<uint8_t>* out) {
+  std::vector<uint8_t> e;
+  EncodeEntry(entry, &e);
+  EncodeFrame({&e, 1}, out);
+}
+
 StatusOr<ReplayResult> ReplayManifest(std::span<const uint8_t> image) {
   ReplayResult result;
   size_t pos = 0;
   while (pos < image.size()) {
-    ManifestEntry e;
-    const size_t n = ValidRecordAt(image, pos, &e);
+    const size_t n = ValidFrameAt(image, pos, &result.entries);
     if (n == 0) break;
-    result.entries.push_back(std::move(e));
     pos += n;
   }
   result.valid_bytes = pos;
@@ -207,7 +231,7 @@ StatusOr<ReplayResult> ReplayManifest(std::span<const uint8_t> image) {
     for (size_t scan = pos + 1; scan + kFrame <= image.size(); ++scan) {
       uint32_t magic;
       std::memcpy(&magic, image.data() + scan, 4);
-      if (magic == kRecordMagic && ValidRecordAt(image, scan, nullptr) != 0) {
+      if (magic == kRecordMagic && ValidFrameAt(image, scan, nullptr) != 0) {
         return DataLossError("manifest record at byte " + std::to_string(pos) +
                              " is corrupt but a valid record follows at byte " +
                              std::to_string(scan) +

@@ -11,11 +11,13 @@
 //   MANIFEST  an append-only log of records (the commit point). A version is committed exactly
 //             when its record is durable in the manifest; the log replays in order at open.
 //
-// Record framing: u32 magic "OFMR" | u32 payload_len | u32 crc32c(payload) | payload.
-// Payload of a commit: u32 type=1 | u32 layer | u32 kind | u32 part | u64 version | u64 size |
+// Frame: u32 magic "OFMR" | u32 payload_len | u32 crc32c(payload) | payload, where payload is
+// u32 count | count entries. Each manifest append (one group commit) is exactly one frame, so a
+// crash mid-append can only damage the last frame, whatever order its pages reached the disk.
+// Entry of a commit: u32 type=1 | u32 layer | u32 kind | u32 part | u64 version | u64 size |
 //   u32 chunk_bytes | u32 n_extents | n_extents x (u16 dir, u64 offset, u64 length) |
 //   u32 n_chunks | n_chunks x (u16 dir, u32 crc32c of the chunk's payload bytes).
-// Payload of a drop: u32 type=2 | u32 layer | u32 kind | u32 part | u64 version.
+// Entry of a drop: u32 type=2 | u32 layer | u32 kind | u32 part | u64 version.
 // Chunk i covers tensor bytes [i*chunk_bytes, min(size, (i+1)*chunk_bytes)) and lives in its
 // directory's extent at slot k*chunk_bytes, k = number of earlier chunks on the same directory.
 
@@ -97,7 +99,11 @@ struct ManifestEntry {
   TensorRecord record;  // for kDrop only key and version are meaningful
 };
 
-// Appends one framed record to `out`.
+// Appends the encoding of one entry (unframed) to `out`.
+void EncodeEntry(const ManifestEntry& entry, std::vector<uint8_t>* out);
+// Appends one frame holding the given encoded entries to `out`.
+void EncodeFrame(std::span<const std::vector<uint8_t>> entries, std::vector<uint8_t>* out);
+// A frame with one entry.
 void EncodeRecord(const ManifestEntry& entry, std::vector<uint8_t>* out);
 
 struct ReplayResult {
@@ -105,8 +111,8 @@ struct ReplayResult {
   uint64_t valid_bytes = 0;  // length of the well-formed prefix
   bool torn_tail = false;    // bytes after valid_bytes are an incomplete last append
 };
-// Parses a manifest image. A bad record followed by no valid record is a torn tail (an append
-// interrupted by a crash): reported, not an error. A bad record followed by valid ones is
+// Parses a manifest image. A bad frame followed by no valid frame is a torn tail (an append
+// interrupted by a crash): reported, not an error. A bad frame followed by valid ones is
 // corruption and fails with DATA_LOSS naming the offset, because truncating would drop commits.
 StatusOr<ReplayResult> ReplayManifest(std::span<const uint8_t> image);
 

@@ -65,8 +65,20 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
                      p->done_space_.get()};
   RETURN_IF_ERROR(ipc::SendFds(p->control_.get(), fds,
                                {reinterpret_cast<const uint8_t*>(&hello), sizeof hello}));
-  RETURN_IF_ERROR(ipc::WaitReadable(p->control_.get(), p->pidfd_.get(), options.ready_timeout_ms)
-                      .WithContext("waiting for offloadd-store to open its directories"));
+  Status waited = ipc::WaitReadable(p->control_.get(), p->pidfd_.get(), options.ready_timeout_ms);
+  // A store that fails to open answers and exits at once: read its answer even if the exit was
+  // noticed first.
+  if (waited.code() == StatusCode::kUnavailable && ipc::WaitReadable(p->control_.get(), -1, 0).ok()) {
+    waited = OkStatus();
+  }
+  if (!waited.ok()) {
+    if (waited.code() == StatusCode::kUnavailable) {
+      const int status = p->Reap();
+      return UnavailableError(options.binary + " exited before it was ready (wait status " +
+                              std::to_string(status) + "; exit code 127 means it could not be executed)");
+    }
+    return waited.WithContext("waiting for offloadd-store to open its directories");
+  }
   ASSIGN_OR_RETURN(ipc::ReceivedFds got, ipc::RecvFds(p->control_.get(), 0, sizeof(StoreReady)));
   StoreReady ready;
   if (got.payload.size() != sizeof ready) return InternalError("offloadd-store sent a malformed ready message");

@@ -171,12 +171,24 @@ Status TensorStore::Impl::Recover() {
 // Rewrites the manifest with one record per live key. Called at open and from the commit
 // thread (which owns manifest appends), so no append can interleave.
 Status TensorStore::Impl::CompactManifest() {
+  // Frames of up to ~1 MiB (the file is replaced atomically, so frame boundaries are free).
   std::vector<uint8_t> bytes;
   {
     std::lock_guard lock(index_mu);
+    std::vector<std::vector<uint8_t>> entries;
+    size_t pending = 0;
     for (const auto& [key, e] : index) {
-      if (e.committed) EncodeRecord({RecordType::kCommit, e.committed->rec}, &bytes);
+      if (!e.committed) continue;
+      entries.emplace_back();
+      EncodeEntry({RecordType::kCommit, e.committed->rec}, &entries.back());
+      pending += entries.back().size();
+      if (pending >= (1u << 20)) {
+        EncodeFrame(entries, &bytes);
+        entries.clear();
+        pending = 0;
+      }
     }
+    if (!entries.empty()) EncodeFrame(entries, &bytes);
   }
   const std::string& dir = dirs[0]->path;
   RETURN_IF_ERROR(ReplaceFileDurably(dir, kManifestFileName, bytes));

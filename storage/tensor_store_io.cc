@@ -335,23 +335,40 @@ void TensorStore::Impl::CommitBatch(std::vector<Op*> batch) {
   }
   if (ready.empty()) return;
 
-  // 2. Commit point: the records, durable in the manifest.
-  std::vector<uint8_t> bytes;
-  for (Op* op : ready) {
+  // 2. Commit point: the records, durable in the manifest, as one frame per append (a batch
+  // too big for one frame is split, each part committing on its own).
+  std::vector<std::vector<uint8_t>> entries(ready.size());
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Op* op = ready[i];
     if (op->drop) {
       TensorRecord r;
       r.key = op->key;
       r.version = op->version;
-      EncodeRecord({RecordType::kDrop, r}, &bytes);
+      EncodeEntry({RecordType::kDrop, r}, &entries[i]);
     } else {
-      EncodeRecord({RecordType::kCommit, op->placement->rec}, &bytes);
+      EncodeEntry({RecordType::kCommit, op->placement->rec}, &entries[i]);
     }
   }
-  Status st = AppendManifest(bytes);
-  if (!st.ok()) {
-    for (Op* op : ready) CompleteWrite(op, st.WithContext(OpName(*op) + " not committed"));
-    return;
+  std::vector<Op*> committed;
+  for (size_t begin = 0; begin < ready.size();) {
+    size_t end = begin, bytes_in_frame = 0;
+    while (end < ready.size() && (end == begin || bytes_in_frame + entries[end].size() < kMaxRecordPayload / 2)) {
+      bytes_in_frame += entries[end++].size();
+    }
+    std::vector<uint8_t> frame;
+    EncodeFrame({entries.data() + begin, end - begin}, &frame);
+    Status st = AppendManifest(frame);
+    for (size_t i = begin; i < end; ++i) {
+      if (st.ok()) {
+        committed.push_back(ready[i]);
+      } else {
+        CompleteWrite(ready[i], st.WithContext(OpName(*ready[i]) + " not committed"));
+      }
+    }
+    begin = end;
   }
+  ready.swap(committed);
+  if (ready.empty()) return;
 
   // 3. Publish; the superseded versions are freed when the last read of them ends.
   std::vector<std::shared_ptr<Placement>> superseded;

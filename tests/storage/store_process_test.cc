@@ -120,6 +120,11 @@ TEST_F(StoreProcessTest, OpenErrorsComeBackThroughTheHandshake) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kFailedPrecondition) << p.status().ToString();
   EXPECT_NE(p.status().message().find("not a directory"), std::string::npos) << p.status().message();
+
+  o.binary = scratch_.Sub("no-such-binary");
+  p = StoreProcess::Launch(segment_, &arena_, o);
+  EXPECT_EQ(p.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(p.status().message().find("could not be executed"), std::string::npos) << p.status().message();
 }
 
 std::string HttpGet(int port, const std::string& path) {
