@@ -1,0 +1,366 @@
+#include "text/dataset.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace offloadd::text {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+bool Has(const ojson& r, const char* key) { return r.contains(key) && !r[key].is_null(); }
+
+StatusOr<std::string> StringField(const ojson& r, const char* key, bool required) {
+  if (!Has(r, key)) {
+    if (required) return InvalidArgumentError("missing \"" + std::string(key) + "\"");
+    return std::string();
+  }
+  if (!r[key].is_string()) return InvalidArgumentError("\"" + std::string(key) + "\" must be a string");
+  return r[key].get<std::string>();
+}
+
+DatasetFormat Detect(const ojson& r) {
+  if (r.contains("input_ids")) return DatasetFormat::kPretokenized;
+  if (r.contains("messages")) return DatasetFormat::kMessages;
+  if (r.contains("conversations")) return DatasetFormat::kShareGpt;
+  if (r.contains("instruction")) return DatasetFormat::kAlpaca;
+  if (r.contains("prompt") && r.contains("completion")) return DatasetFormat::kPromptCompletion;
+  if (r.contains("text")) return DatasetFormat::kText;
+  return DatasetFormat::kAuto;
+}
+
+// "tools" may be a list or a JSON-encoded string (ShareGPT files store it as a string).
+StatusOr<ojson> ParseTools(const ojson& r) {
+  if (!Has(r, "tools")) return ojson();
+  const ojson& t = r["tools"];
+  if (t.is_string()) {
+    if (t.get<std::string>().empty()) return ojson();
+    ojson parsed = ojson::parse(t.get<std::string>(), nullptr, false);
+    if (parsed.is_discarded()) return InvalidArgumentError("\"tools\" is a string but not JSON");
+    return parsed.is_array() && parsed.empty() ? ojson() : parsed;
+  }
+  if (t.is_array()) return t.empty() ? ojson() : t;
+  return InvalidArgumentError("\"tools\" must be a list or a JSON string");
+}
+
+StatusOr<ojson> ShareGptToMessages(const ojson& r) {
+  const ojson& conv = r["conversations"];
+  if (!conv.is_array()) return InvalidArgumentError("\"conversations\" must be a list");
+  ojson messages = ojson::array();
+  ASSIGN_OR_RETURN(std::string system, StringField(r, "system", false));
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  for (size_t i = 0; i < conv.size(); ++i) {
+    const ojson& turn = conv[i];
+    if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
+        !turn.contains("value") || !turn["value"].is_string()) {
+      return InvalidArgumentError("conversations[" + std::to_string(i) +
+                                  "] needs string \"from\" and \"value\"");
+    }
+    const std::string from = turn["from"].get<std::string>();
+    std::string role;
+    if (from == "human" || from == "user") role = "user";
+    else if (from == "gpt" || from == "assistant" || from == "function_call") role = "assistant";
+    else if (from == "system") role = "system";
+    else if (from == "observation" || from == "tool") role = "tool";
+    else return InvalidArgumentError("conversations[" + std::to_string(i) + "]: unknown \"from\": \"" + from + "\"");
+    messages.push_back({{"role", role}, {"content", turn["value"]}});
+  }
+  return messages;
+}
+
+StatusOr<ojson> AlpacaToMessages(const ojson& r) {
+  ASSIGN_OR_RETURN(std::string instruction, StringField(r, "instruction", true));
+  ASSIGN_OR_RETURN(std::string input, StringField(r, "input", false));
+  ASSIGN_OR_RETURN(std::string output, StringField(r, "output", true));
+  ASSIGN_OR_RETURN(std::string system, StringField(r, "system", false));
+  ojson messages = ojson::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  if (Has(r, "history")) {
+    const ojson& h = r["history"];
+    if (!h.is_array()) return InvalidArgumentError("\"history\" must be a list of [user, assistant]");
+    for (size_t i = 0; i < h.size(); ++i) {
+      if (!h[i].is_array() || h[i].size() != 2 || !h[i][0].is_string() || !h[i][1].is_string()) {
+        return InvalidArgumentError("history[" + std::to_string(i) + "] must be [user, assistant]");
+      }
+      messages.push_back({{"role", "user"}, {"content", h[i][0]}});
+      messages.push_back({{"role", "assistant"}, {"content", h[i][1]}});
+    }
+  }
+  messages.push_back({{"role", "user"}, {"content", input.empty() ? instruction : instruction + "\n" + input}});
+  messages.push_back({{"role", "assistant"}, {"content", output}});
+  return messages;
+}
+
+Status CheckMessages(const ojson& messages) {
+  if (!messages.is_array() || messages.empty()) return InvalidArgumentError("\"messages\" must be a non-empty list");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return InvalidArgumentError("messages[" + std::to_string(i) + "] needs a string \"role\"");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<DatasetFormat> ParseDatasetFormat(std::string_view name) {
+  if (name == "auto") return DatasetFormat::kAuto;
+  if (name == "alpaca") return DatasetFormat::kAlpaca;
+  if (name == "messages") return DatasetFormat::kMessages;
+  if (name == "sharegpt") return DatasetFormat::kShareGpt;
+  if (name == "text") return DatasetFormat::kText;
+  if (name == "prompt_completion") return DatasetFormat::kPromptCompletion;
+  if (name == "pretokenized") return DatasetFormat::kPretokenized;
+  return InvalidArgumentError("unknown dataset format \"" + std::string(name) +
+                              "\" (auto, alpaca, messages, sharegpt, text, prompt_completion, "
+                              "pretokenized)");
+}
+
+StatusOr<RecordEncoder> RecordEncoder::Create(const Tokenizer& tokenizer,
+                                              const ChatTemplate* chat_template,
+                                              const DatasetOptions& options) {
+  std::shared_ptr<const ChatTemplate> tmpl;
+  if (chat_template != nullptr) {
+    tmpl = std::make_shared<ChatTemplate>(*chat_template);
+  } else {
+    tmpl = std::make_shared<ChatTemplate>(ChatTemplate::BuiltIn(SpecialTokens::Guess(tokenizer)));
+  }
+  std::optional<int32_t> eos;
+  const std::string& eos_token = tmpl->special_tokens().eos_token;
+  if (!eos_token.empty()) {
+    eos = tokenizer.TokenToId(eos_token);
+    if (!eos) return InvalidArgumentError("eos_token \"" + eos_token + "\" is not in the tokenizer");
+  }
+  // Without an EOS token only chat records work; text / prompt-completion fail clearly.
+  return RecordEncoder(tokenizer, std::move(tmpl), options, eos);
+}
+
+StatusOr<Document> RecordEncoder::EncodeChat(const ojson& messages, const ojson& tools) const {
+  RETURN_IF_ERROR(CheckMessages(messages));
+  ASSIGN_OR_RETURN(ChatTemplate::Rendered r, template_->RenderWithAssistantSpans(messages, tools));
+  ASSIGN_OR_RETURN(Encoding enc, tokenizer_->EncodeWithOffsets(r.text, false));
+  Document doc;
+  doc.labels.resize(enc.ids.size(), kIgnoreIndex);
+  for (size_t i = 0; i < enc.ids.size(); ++i) {
+    bool trained = !options_.mask_prompt;
+    for (const auto& [b, e] : r.assistant_spans) {
+      trained = trained || (enc.starts[i] >= b && enc.starts[i] < e);
+    }
+    if (trained) doc.labels[i] = enc.ids[i];
+  }
+  doc.input_ids = std::move(enc.ids);
+  return doc;
+}
+
+StatusOr<Document> RecordEncoder::EncodeText(const std::string& prompt,
+                                             const std::string& completion,
+                                             bool masked_prompt) const {
+  if (options_.add_eos && !eos_id_) {
+    return FailedPreconditionError("add_eos is set but the tokenizer has no known EOS token");
+  }
+  ASSIGN_OR_RETURN(Encoding enc, tokenizer_->EncodeWithOffsets(prompt + completion, true));
+  Document doc;
+  doc.labels.resize(enc.ids.size());
+  for (size_t i = 0; i < enc.ids.size(); ++i) {
+    const bool in_prompt = masked_prompt && enc.starts[i] < prompt.size();
+    doc.labels[i] = in_prompt ? kIgnoreIndex : enc.ids[i];
+  }
+  doc.input_ids = std::move(enc.ids);
+  if (options_.add_eos && (doc.input_ids.empty() || doc.input_ids.back() != *eos_id_)) {
+    doc.input_ids.push_back(*eos_id_);
+    doc.labels.push_back(*eos_id_);
+  }
+  return doc;
+}
+
+StatusOr<Document> RecordEncoder::Encode(const ojson& record) const {
+  if (!record.is_object()) return InvalidArgumentError("record is not a JSON object");
+  DatasetFormat format = options_.format;
+  if (format == DatasetFormat::kAuto) {
+    format = Detect(record);
+    if (format == DatasetFormat::kAuto) {
+      std::string keys;
+      for (auto it = record.begin(); it != record.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+      return InvalidArgumentError("cannot tell the record format from its keys [" + keys + "]");
+    }
+  }
+  switch (format) {
+    case DatasetFormat::kPretokenized: {
+      if (!record.contains("input_ids") || !record["input_ids"].is_array()) {
+        return InvalidArgumentError("\"input_ids\" must be a list of token ids");
+      }
+      Document doc;
+      for (const auto& v : record["input_ids"]) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tokenizer_->vocab_size()) {
+          return InvalidArgumentError("input_ids: " + v.dump() + " is not a token id below " +
+                                      std::to_string(tokenizer_->vocab_size()));
+        }
+        doc.input_ids.push_back(v.get<int32_t>());
+      }
+      if (Has(record, "labels")) {
+        const ojson& l = record["labels"];
+        if (!l.is_array() || l.size() != doc.input_ids.size()) {
+          return InvalidArgumentError("\"labels\" must be a list as long as input_ids");
+        }
+        for (const auto& v : l) {
+          if (!v.is_number_integer() || (v.get<int64_t>() != kIgnoreIndex &&
+                                         (v.get<int64_t>() < 0 || v.get<int64_t>() >= tokenizer_->vocab_size()))) {
+            return InvalidArgumentError("labels: " + v.dump() + " is neither -100 nor a token id");
+          }
+          doc.labels.push_back(v.get<int32_t>());
+        }
+      } else {
+        doc.labels = doc.input_ids;
+      }
+      return doc;
+    }
+    case DatasetFormat::kMessages: {
+      ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
+      return EncodeChat(record.value("messages", ojson()), tools);
+    }
+    case DatasetFormat::kShareGpt: {
+      if (!record.contains("conversations")) return InvalidArgumentError("missing \"conversations\"");
+      ASSIGN_OR_RETURN(ojson messages, ShareGptToMessages(record));
+      ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
+      return EncodeChat(messages, tools);
+    }
+    case DatasetFormat::kAlpaca: {
+      ASSIGN_OR_RETURN(ojson messages, AlpacaToMessages(record));
+      return EncodeChat(messages, ojson());
+    }
+    case DatasetFormat::kPromptCompletion: {
+      ASSIGN_OR_RETURN(std::string prompt, StringField(record, "prompt", true));
+      ASSIGN_OR_RETURN(std::string completion, StringField(record, "completion", true));
+      return EncodeText(prompt, completion, options_.mask_prompt);
+    }
+    case DatasetFormat::kText: {
+      ASSIGN_OR_RETURN(std::string text, StringField(record, "text", true));
+      return EncodeText("", text, false);
+    }
+    case DatasetFormat::kAuto: break;
+  }
+  return InternalError("unreachable dataset format");
+}
+
+StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::string& path) {
+  std::vector<RawRecord> out;
+  size_t i = 0, line = 1;
+  auto skip_ws = [&] {
+    while (i < s.size() && IsWs(s[i])) line += s[i++] == '\n';
+  };
+  skip_ws();
+  if (i >= s.size()) return out;
+  if (s[i] != '[') {
+    // JSON lines.
+    size_t start = 0;
+    line = 1;
+    while (start <= s.size()) {
+      size_t end = s.find('\n', start);
+      if (end == std::string_view::npos) end = s.size();
+      std::string_view l = s.substr(start, end - start);
+      size_t k = 0;
+      while (k < l.size() && IsWs(l[k])) ++k;
+      if (k < l.size()) out.push_back({line, std::string(l)});
+      ++line;
+      if (end == s.size()) break;
+      start = end + 1;
+    }
+    return out;
+  }
+  ++i;  // '['
+  while (true) {
+    skip_ws();
+    if (i >= s.size()) return InvalidArgumentError(path + ":" + std::to_string(line) + ": unterminated JSON array");
+    if (s[i] == ']' && out.empty()) {
+      ++i;
+      break;
+    }
+    const size_t start = i, start_line = line;
+    int depth = 0;
+    bool in_string = false;
+    for (; i < s.size(); ++i) {
+      const char c = s[i];
+      if (c == '\n') ++line;
+      if (in_string) {
+        if (c == '\\') {
+          ++i;
+        } else if (c == '"') {
+          in_string = false;
+        }
+        continue;
+      }
+      if (c == '"') in_string = true;
+      else if (c == '{' || c == '[') ++depth;
+      else if (c == '}' || c == ']') {
+        if (depth == 0) break;
+        --depth;
+      } else if (c == ',' && depth == 0) {
+        break;
+      }
+    }
+    if (i >= s.size()) {
+      return InvalidArgumentError(path + ":" + std::to_string(start_line) +
+                                  ": unterminated JSON array (record starting here never ends)");
+    }
+    size_t end = i;
+    while (end > start && IsWs(s[end - 1])) --end;
+    out.push_back({start_line, std::string(s.substr(start, end - start))});
+    if (s[i] == ']') {
+      ++i;
+      break;
+    }
+    ++i;  // ','
+  }
+  skip_ws();
+  if (i < s.size()) {
+    return InvalidArgumentError(path + ":" + std::to_string(line) + ": unexpected data after the JSON array");
+  }
+  return out;
+}
+
+StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& paths,
+                                            const Tokenizer& tokenizer,
+                                            const ChatTemplate* chat_template,
+                                            const DatasetOptions& options) {
+  ASSIGN_OR_RETURN(RecordEncoder encoder, RecordEncoder::Create(tokenizer, chat_template, options));
+  DatasetReader reader;
+  if (paths.empty()) return InvalidArgumentError("no dataset files given");
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return NotFoundError("cannot open dataset file " + path);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const std::string contents = buf.str();
+    ASSIGN_OR_RETURN(std::vector<RawRecord> records, SplitRecords(contents, path));
+    for (const RawRecord& raw : records) {
+      ++reader.stats_.records;
+      ojson record = ojson::parse(raw.text, nullptr, false);
+      StatusOr<Document> doc = record.is_discarded()
+                                   ? StatusOr<Document>(InvalidArgumentError("not valid JSON"))
+                                   : encoder.Encode(record);
+      if (!doc.ok()) {
+        const std::string msg = path + ":" + std::to_string(raw.line) + ": " + doc.status().message();
+        if (!options.skip_bad_records) return Status(doc.status().code(), msg);
+        ++reader.stats_.skipped;
+        if (reader.stats_.first_errors.size() < 10) reader.stats_.first_errors.push_back(msg);
+        continue;
+      }
+      reader.stats_.tokens += doc->input_ids.size();
+      for (int32_t l : doc->labels) reader.stats_.trained_tokens += l != kIgnoreIndex;
+      reader.documents_->push_back(std::move(*doc));
+    }
+  }
+  if (reader.documents_->empty()) {
+    return InvalidArgumentError("dataset has no usable records (" + std::to_string(reader.stats_.skipped) + " skipped)");
+  }
+  return reader;
+}
+
+}  // namespace offloadd::text
