@@ -13,6 +13,15 @@ SOURCE_DIR = pathlib.Path(os.environ.get("OFFLOADD_SOURCE_DIR", pathlib.Path(__f
 CHECK = BINARY_DIR / "engine" / "offloadd-engine-check"
 
 
+@pytest.fixture(autouse=True)
+def _single_thread():
+    """Tiny models on a shared 2-core CI box: intra-op threads only add contention (10x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def need_check_binary():
     if not CHECK.exists():
         pytest.skip(f"{CHECK} not built (build target offloadd-engine-check)")
@@ -25,7 +34,8 @@ def run_check(model_dir, inputs, out, *extra, expect_ok=True):
     if inputs is not None:
         cmd += ["--inputs", str(inputs)]
     cmd += [str(x) for x in extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if not expect_ok:
         return proc
     assert proc.returncode == 0, f"{' '.join(cmd)}\nstdout:{proc.stdout}\nstderr:{proc.stderr}"
