@@ -25,11 +25,107 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path
   return FromJson(buf.str(), path);
 }
 
+namespace {
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError("cannot open " + path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return DataLossError("cannot read " + path);
+  return buf.str();
+}
+
+// The id of `content` among the added tokens or the model vocab of a tokenizer.json.
+std::optional<int64_t> FindId(const json& j, const std::string& content) {
+  for (const auto& a : j.value("added_tokens", json::array())) {
+    if (a.is_object() && a.value("content", "") == content && a.contains("id")) {
+      return a["id"].get<int64_t>();
+    }
+  }
+  const json& vocab = j["model"].value("vocab", json::object());
+  auto it = vocab.find(content);
+  if (it != vocab.end() && it->is_number_integer()) return it->get<int64_t>();
+  return std::nullopt;
+}
+
+std::string ConfigToken(const json& config, const char* key, const char* fallback) {
+  auto it = config.find(key);
+  if (it == config.end()) return fallback;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content")) return (*it)["content"].get<std::string>();
+  return "";
+}
+
+// Mirrors transformers 5.x LlamaTokenizer.__init__ + update_post_processor (see tokenizer.h).
+Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& where) {
+  const bool add_prefix_space = config.value("add_prefix_space", json(true)).is_boolean()
+                                    ? config.value("add_prefix_space", true) : true;
+  const bool legacy = config.contains("legacy") && config["legacy"].is_boolean()
+                          ? config["legacy"].get<bool>() : false;
+  (*j)["normalizer"] = nullptr;
+  constexpr const char* kMetaspace = "\xE2\x96\x81";  // U+2581
+  (*j)["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", kMetaspace}, {"split", false},
+                           {"prepend_scheme", add_prefix_space ? (legacy ? "always" : "first")
+                                                                : "never"}};
+  json decoders = json::array({
+      {{"type", "Replace"}, {"pattern", {{"String", kMetaspace}}}, {"content", " "}},
+      {{"type", "ByteFallback"}}, {{"type", "Fuse"}}});
+  if (add_prefix_space) {
+    decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  }
+  (*j)["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+  json single = json::array(), specials = json::object();
+  auto add = [&](const std::string& token) -> Status {
+    auto id = FindId(*j, token);
+    if (!id) return InvalidArgumentError(where + ": special token \"" + token + "\" is not in the vocab");
+    single.push_back({{"SpecialToken", {{"id", token}, {"type_id", 0}}}});
+    specials[token] = {{"id", token}, {"ids", {*id}}, {"tokens", {token}}};
+    return OkStatus();
+  };
+  const std::string bos = ConfigToken(config, "bos_token", "<s>");
+  const std::string eos = ConfigToken(config, "eos_token", "</s>");
+  if (config.value("add_bos_token", true) && !bos.empty()) RETURN_IF_ERROR(add(bos));
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  if (config.value("add_eos_token", false) && !eos.empty()) RETURN_IF_ERROR(add(eos));
+  (*j)["post_processor"] = {{"type", "TemplateProcessing"}, {"single", single},
+                            {"special_tokens", specials}};
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string& dir) {
+  const std::string path = dir + "/tokenizer.json";
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError(path + ": not valid JSON");
+  if (!j.is_object() || !j.contains("model")) return InvalidArgumentError(path + ": not a tokenizer.json");
+  const std::string config_path = dir + "/tokenizer_config.json";
+  auto config_text = ReadFile(config_path);
+  if (config_text.ok()) {
+    json config = json::parse(*config_text, nullptr, false);
+    if (config.is_discarded() || !config.is_object()) {
+      return InvalidArgumentError(config_path + ": not a JSON object");
+    }
+    const std::string cls = config.value("tokenizer_class", "");
+    if (cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") {
+      RETURN_IF_ERROR(ApplyLlamaTokenizerClass(config, &j, config_path));
+    }
+  }
+  return FromParsed(j, path);
+}
+
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_text,
                                                          std::string_view origin) {
   const std::string where(origin);
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgumentError(where + ": not valid JSON");
+  return FromParsed(j, where);
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromParsed(const json& j,
+                                                           const std::string& where) {
   if (!j.is_object()) return InvalidArgumentError(where + ": top level is not a JSON object");
   auto wrap = [&](const Status& s) { return s.WithContext(where); };
 

@@ -56,6 +56,14 @@ class Tokenizer {
  public:
   // Loads a tokenizer.json. Errors name the file and the offending JSON path.
   static StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+  // Loads DIR/tokenizer.json the way transformers (5.x) AutoTokenizer does with
+  // DIR/tokenizer_config.json. For tokenizer_class LlamaTokenizer[Fast] transformers rebuilds the
+  // pipeline around the file's vocab and merges, and so does this: no normalizer, a Metaspace
+  // pre-tokenizer with prepend_scheme "first" (legacy=false, the default), "always"
+  // (legacy=true) or "never" (add_prefix_space=false), the Replace/ByteFallback/Fuse[/Strip]
+  // decoder, and BOS/EOS from add_bos_token (default true) / add_eos_token (default false).
+  // Other classes, or no tokenizer_config.json: the file as is (same as FromFile).
+  static StatusOr<std::unique_ptr<Tokenizer>> FromDirectory(const std::string& dir);
   // Parses tokenizer.json contents; `origin` names the source in error messages.
   static StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json_text,
                                                        std::string_view origin = "tokenizer.json");
@@ -80,6 +88,8 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  static StatusOr<std::unique_ptr<Tokenizer>> FromParsed(const nlohmann::json& j,
+                                                         const std::string& where);
   Status EncodeSegment(std::string_view text, uint32_t base, Encoding* out) const;
   Status EncodePieces(std::vector<struct AlignedText>* pieces, Encoding* out) const;
 

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     else return Fail("unknown argument " + a);
   }
   if (dir.empty() || files.empty()) return Fail("--tokenizer and --data are required");
-  auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+  auto tok = Tokenizer::FromDirectory(dir);
   if (!tok.ok()) return Fail(tok.status().ToString());
   std::optional<ChatTemplate> tmpl;
   if (!builtin) {

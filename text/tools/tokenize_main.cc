@@ -2,6 +2,9 @@
 //
 //   offloadd-tokenize --tokenizer DIR_OR_TOKENIZER_JSON < requests.jsonl > replies.jsonl
 //
+// A tokenizer.json file is used as is (Python `tokenizers` semantics); a directory is loaded
+// like transformers' AutoTokenizer (Tokenizer::FromDirectory, honouring tokenizer_config.json).
+//
 // Each request line is one of
 //   {"text": "...", "add_special_tokens": true}    -> {"ids": [...]}
 //   {"text": "...", "offsets": true}               -> {"ids": [...], "starts": [byte offsets]}
@@ -31,8 +34,8 @@ int main(int argc, char** argv) {
     std::cerr << "offloadd-tokenize: --tokenizer is required\n";
     return 2;
   }
-  if (std::filesystem::is_directory(path)) path += "/tokenizer.json";
-  auto tok = offloadd::text::Tokenizer::FromFile(path);
+  auto tok = std::filesystem::is_directory(path) ? offloadd::text::Tokenizer::FromDirectory(path)
+                                                 : offloadd::text::Tokenizer::FromFile(path);
   if (!tok.ok()) {
     std::cerr << "offloadd-tokenize: " << tok.status().ToString() << "\n";
     return 1;

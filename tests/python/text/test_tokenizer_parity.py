@@ -129,3 +129,23 @@ def test_offsets_match_python(tokenizer_paths, name):
         if ours != want:
             bad.append((text, want, ours))
     assert not bad, f"{len(bad)}/{len(texts)} differ; first: {bad[0]!r}"
+
+
+@pytest.mark.parametrize("name", ["llama2", "phi3-mini"])
+@pytest.mark.parametrize("add_special", [False, True])
+def test_directory_matches_transformers(name, add_special):
+    """A tokenizer directory loads like transformers 5 AutoTokenizer, which rebuilds Llama-class
+    tokenizers as Metaspace(prepend_scheme="first") unless tokenizer_config.json says legacy."""
+    from transformers import AutoTokenizer
+    d = TOK_DIR / name
+    hf = AutoTokenizer.from_pretrained(str(d))
+    texts = varied_corpus(name)
+    want = [hf(t, add_special_tokens=add_special)["input_ids"] for t in texts]
+    native = NativeTokenizer(d)
+    got = native.encode_many(texts, add_special)
+    mismatches = [(t, w, g) for t, w, g in zip(texts, want, got) if w != g]
+    assert not mismatches, f"{len(mismatches)}/{len(texts)} differ; first: {mismatches[0]!r}"
+    decoded = native.decode_many(want, not add_special)
+    want_text = [hf.decode(w, skip_special_tokens=not add_special) for w in want]
+    bad = [(w, g) for w, g in zip(want_text, decoded) if w != g]
+    assert not bad, f"{len(bad)} decodes differ; first: {bad[0]!r}"
