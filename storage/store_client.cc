@@ -63,8 +63,18 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
   CopyName(hello.completion_queue, tag + ".done");
   const int fds[] = {segment.fd(), p->cmd_ready_.get(), p->cmd_space_.get(), p->done_ready_.get(),
                      p->done_space_.get()};
-  RETURN_IF_ERROR(ipc::SendFds(p->control_.get(), fds,
-                               {reinterpret_cast<const uint8_t*>(&hello), sizeof hello}));
+  auto exited_early = [&] {
+    const int status = p->Reap();
+    return UnavailableError(options.binary + " exited before it was ready (wait status " +
+                            std::to_string(status) + "; exit code 127 means it could not be executed)");
+  };
+  Status sent = ipc::SendFds(p->control_.get(), fds, {reinterpret_cast<const uint8_t*>(&hello), sizeof hello});
+  if (!sent.ok()) {
+    // EPIPE/ECONNRESET: the child is already gone (e.g. exec failed).
+    // (The socket closes as the child exits, a moment before its pidfd turns readable.)
+    if (ipc::WaitReadable(p->pidfd_.get(), -1, 5000).ok()) return exited_early();
+    return sent.WithContext("sending the hello to offloadd-store");
+  }
   Status waited = ipc::WaitReadable(p->control_.get(), p->pidfd_.get(), options.ready_timeout_ms);
   // A store that fails to open answers and exits at once: read its answer even if the exit was
   // noticed first.
@@ -72,11 +82,8 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
     waited = OkStatus();
   }
   if (!waited.ok()) {
-    if (waited.code() == StatusCode::kUnavailable) {
-      const int status = p->Reap();
-      return UnavailableError(options.binary + " exited before it was ready (wait status " +
-                              std::to_string(status) + "; exit code 127 means it could not be executed)");
-    }
+    // A socket error (POLLERR: the child died with our hello unread) or the pidfd firing.
+    if (ipc::WaitReadable(p->pidfd_.get(), -1, 5000).ok()) return exited_early();
     return waited.WithContext("waiting for offloadd-store to open its directories");
   }
   ASSIGN_OR_RETURN(ipc::ReceivedFds got, ipc::RecvFds(p->control_.get(), 0, sizeof(StoreReady)));

@@ -123,7 +123,7 @@ TEST_F(StoreProcessTest, OpenErrorsComeBackThroughTheHandshake) {
 
   o.binary = scratch_.Sub("no-such-binary");
   p = StoreProcess::Launch(segment_, &arena_, o);
-  EXPECT_EQ(p.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(p.status().code(), StatusCode::kUnavailable) << p.status().ToString();
   EXPECT_NE(p.status().message().find("could not be executed"), std::string::npos) << p.status().message();
 }
 
