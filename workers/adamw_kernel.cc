@@ -117,8 +117,9 @@ double FusedAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath pat
 }
 
 double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite,
-                      KernelPath path) {
-  OFFLOADD_DISPATCH(path, AccumulateGrad, acc, grad, dtype, n, overwrite);
+                      KernelPath path, const float* acc_in) {
+  OFFLOADD_DISPATCH(path, AccumulateGrad, acc, acc_in != nullptr ? acc_in : acc, grad, dtype, n,
+                    overwrite);
 }
 
 double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n, KernelPath path) {

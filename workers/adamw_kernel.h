@@ -53,13 +53,19 @@ struct AdamWSpan {
   void* weights = nullptr;  // may be null when weight_dtype is kNone
   WeightDtype weight_dtype = WeightDtype::kBf16;
   size_t n = 0;
+  // Where the new master/exp_avg/exp_avg_sq go; null: in place. Writing them elsewhere (a small
+  // cache-resident redo buffer) leaves the shared state untouched until the caller commits it.
+  float* out_master = nullptr;
+  float* out_exp_avg = nullptr;
+  float* out_exp_avg_sq = nullptr;
 };
 
 // Returns sum(grad^2) of the unscaled gradients (accumulated in fp32 lanes, summed in double).
 double FusedAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath path);
-// acc = (overwrite ? 0 : acc) + grad. Returns sum(grad^2) of the gradients read.
+// acc = (overwrite ? 0 : acc_in) + grad, acc_in defaulting to acc. Returns sum(grad^2) of the
+// gradients read.
 double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite,
-                      KernelPath path);
+                      KernelPath path, const float* acc_in = nullptr);
 double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n, KernelPath path);
 
 bool PathSupported(KernelPath path);

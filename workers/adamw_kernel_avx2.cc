@@ -49,6 +49,7 @@ double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
   const __m256 coeff = _mm256_set1_ps(s.lerp_coeff), beta2 = _mm256_set1_ps(s.beta2);
   const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2), nstep = _mm256_set1_ps(s.neg_step_size);
   const __m256 bc2 = _mm256_set1_ps(s.bc2_sqrt), eps = _mm256_set1_ps(s.eps);
+  const AdamWOut out(span);
   __m256 sq0 = _mm256_setzero_ps();
   const __m256 sq1 = _mm256_setzero_ps();
   size_t i = 0;
@@ -65,33 +66,35 @@ double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
     const __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g, _mm256_mul_ps(v, beta2));
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2), eps);
     p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(nstep, mm), denom));
-    _mm256_storeu_ps(span.master + i, p);
-    _mm256_storeu_ps(span.exp_avg + i, mm);
-    _mm256_storeu_ps(span.exp_avg_sq + i, vv);
+    _mm256_storeu_ps(out.master + i, p);
+    _mm256_storeu_ps(out.exp_avg + i, mm);
+    _mm256_storeu_ps(out.exp_avg_sq + i, vv);
     StoreWeights8(span.weights, span.weight_dtype, i, p);
   }
   double sq = HSum(sq0, sq1);
   for (; i < span.n; ++i) {
     const float g = LoadGrad(span.grad, span.grad_dtype, i);
-    sq += AdamWElement(g, &span.master[i], &span.exp_avg[i], &span.exp_avg_sq[i], s);
-    StoreWeight(span.weights, span.weight_dtype, i, span.master[i]);
+    sq += AdamWElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
+                       &out.exp_avg[i], &out.exp_avg_sq[i], s);
+    StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
   }
   return sq;
 }
 
-double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite) {
+double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype, size_t n,
+                      bool overwrite) {
   __m256 sq0 = _mm256_setzero_ps();
   const __m256 sq1 = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 g = LoadGrad8(grad, dtype, i);
     sq0 = _mm256_fmadd_ps(g, g, sq0);
-    _mm256_storeu_ps(acc + i, overwrite ? g : _mm256_add_ps(_mm256_loadu_ps(acc + i), g));
+    _mm256_storeu_ps(acc + i, overwrite ? g : _mm256_add_ps(_mm256_loadu_ps(acc_in + i), g));
   }
   double sq = HSum(sq0, sq1);
   for (; i < n; ++i) {
     const float g = LoadGrad(grad, dtype, i);
-    acc[i] = overwrite ? g : acc[i] + g;
+    acc[i] = overwrite ? g : acc_in[i] + g;
     sq += static_cast<double>(g * g);
   }
   return sq;

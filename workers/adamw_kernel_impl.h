@@ -48,20 +48,33 @@ inline uint16_t FloatToFp16(float f) {
 
 // One element, exactly the operation order of the vector paths; used by the portable path and
 // for the tails of the AVX2 path.
-inline float AdamWElement(float g_raw, float* p, float* m, float* v, const AdamWScalars& s) {
+// Reads p/m/v, writes op/om/ov (which may alias them); returns g_raw^2.
+inline float AdamWElement(float g_raw, float p, float m, float v, float* op, float* om, float* ov,
+                          const AdamWScalars& s) {
   const float g = g_raw * s.grad_scale;
-  float pp = *p;
+  float pp = p;
   if (s.decay_on) pp = pp * s.decay;
-  const float diff = g - *m;
-  const float mm = s.lerp_small ? std::fma(s.lerp_coeff, diff, *m) : std::fma(s.lerp_coeff, diff, g);
-  const float vv = std::fma(s.one_minus_beta2 * g, g, *v * s.beta2);  // ATen addcmul's fmadd
+  const float diff = g - m;
+  const float mm = s.lerp_small ? std::fma(s.lerp_coeff, diff, m) : std::fma(s.lerp_coeff, diff, g);
+  const float vv = std::fma(s.one_minus_beta2 * g, g, v * s.beta2);  // ATen addcmul's fmadd
   const float denom = std::sqrt(vv) / s.bc2_sqrt + s.eps;
   pp = pp + (s.neg_step_size * mm) / denom;
-  *p = pp;
-  *m = mm;
-  *v = vv;
+  *op = pp;
+  *om = mm;
+  *ov = vv;
   return g_raw * g_raw;
 }
+
+// Output pointers of a span (in place unless out_* are set).
+struct AdamWOut {
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  explicit AdamWOut(const AdamWSpan& s)
+      : master(s.out_master ? s.out_master : s.master),
+        exp_avg(s.out_exp_avg ? s.out_exp_avg : s.exp_avg),
+        exp_avg_sq(s.out_exp_avg_sq ? s.out_exp_avg_sq : s.exp_avg_sq) {}
+};
 
 inline void StoreWeight(void* weights, WeightDtype dt, size_t i, float p) {
   if (dt == WeightDtype::kBf16) static_cast<uint16_t*>(weights)[i] = FloatToBf16(p);
@@ -75,7 +88,8 @@ inline float LoadGrad(const void* grad, GradDtype dt, size_t i) {
 #define OFFLOADD_DECLARE_KERNEL_PATH(ns)                                                          \
   namespace ns {                                                                               \
   double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s);                             \
-  double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite); \
+  double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype,       \
+                        size_t n, bool overwrite);                                             \
   double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n);                         \
   }
 OFFLOADD_DECLARE_KERNEL_PATH(portable)

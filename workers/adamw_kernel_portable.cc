@@ -5,20 +5,23 @@
 namespace offloadd::workers::internal::portable {
 
 double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
+  const AdamWOut out(span);
   double sq = 0;
   for (size_t i = 0; i < span.n; ++i) {
     const float g = LoadGrad(span.grad, span.grad_dtype, i);
-    sq += AdamWElement(g, &span.master[i], &span.exp_avg[i], &span.exp_avg_sq[i], s);
-    StoreWeight(span.weights, span.weight_dtype, i, span.master[i]);
+    sq += AdamWElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
+                       &out.exp_avg[i], &out.exp_avg_sq[i], s);
+    StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
   }
   return sq;
 }
 
-double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite) {
+double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype, size_t n,
+                      bool overwrite) {
   double sq = 0;
   for (size_t i = 0; i < n; ++i) {
     const float g = LoadGrad(grad, dtype, i);
-    acc[i] = overwrite ? g : acc[i] + g;
+    acc[i] = overwrite ? g : acc_in[i] + g;
     sq += static_cast<double>(g * g);
   }
   return sq;

@@ -8,8 +8,11 @@
 // region of CountersBytes(n) bytes, zero-initialised = "step 0 done"). A chunk of kChunkElements
 // elements is updated by step k only if its counter reads k - 1, and its counter becomes k when
 // the update is complete; a counter already at k means "done, skip" (a replay after a crash). With
-// crash_consistent on, the worker first copies the chunk's old state to its own undo slot, so a
-// chunk interrupted half-way is restored by the restarted worker before it is redone.
+// crash_consistent on, the worker computes a chunk's new state into its own small redo slot
+// (L1-resident: kChunkElements was chosen so that 3 fp32 chunks fit in L1), marks the slot
+// committing, copies it over the shared state and only then advances the counter; a restarted
+// worker rolls committing slots forward before taking commands, so the shared state is never
+// left half-updated and nothing is applied twice.
 // Accumulate commands use their own counter array with a caller-chosen sequence number instead
 // of the step (seq = 1, 2, ... across all micro-batches of the run).
 
@@ -22,7 +25,7 @@
 
 namespace offloadd::workers {
 
-inline constexpr uint64_t kChunkElements = 8192;
+inline constexpr uint64_t kChunkElements = 2048;
 inline uint64_t NumChunks(uint64_t n) { return (n + kChunkElements - 1) / kChunkElements; }
 inline uint64_t CountersBytes(uint64_t n) { return NumChunks(n) * sizeof(uint64_t); }
 
@@ -96,9 +99,9 @@ std::string UndoRegionName(uint32_t worker);       // "worker<i>.undo"
 // Fault injection for tests: where the first incarnation of a worker kills itself.
 enum class CrashPoint : uint32_t {
   kNone = 0,
-  kAfterUndoSaved = 1,   // undo slot valid, chunk untouched
-  kAfterKernel = 2,      // chunk updated, counter not yet committed
-  kAfterCommit = 3,      // counter committed, undo slot still marked valid
+  kAfterKernel = 1,   // new state in the redo slot (not yet marked), shared state untouched
+  kMidCopy = 2,       // slot marked committing, master copied back, exp_avg(_sq) not yet
+  kAfterCommit = 3,   // counter advanced, slot still marked committing
 };
 
 // First message on the control socket (with fds: segment, cmd ready, cmd space, cpl ready,
@@ -124,7 +127,7 @@ struct WorkerHello {
 // The worker's reply once it is attached and recovered: status_code 0, or an error.
 struct WorkerReady {
   int32_t status_code;
-  uint32_t recovered_chunks;  // undo slots rolled back at startup
+  uint32_t recovered_chunks;  // interrupted chunk commits completed at startup
   char message[248];
 };
 

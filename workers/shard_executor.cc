@@ -16,16 +16,16 @@ namespace offloadd::workers {
 namespace {
 
 struct UndoSlot {
-  std::atomic<uint32_t> state;  // kUndoEmpty or kUndoValid
+  std::atomic<uint32_t> state;  // kSlotEmpty or kSlotCommitting
   uint32_t arrays;              // 3 for AdamW (master, exp_avg, exp_avg_sq), 1 for accumulate
   uint64_t counter_offset;      // the chunk's counter
-  uint64_t prev;                // the counter value the saved data belongs to
-  uint64_t count;               // elements saved per array
+  uint64_t seq;                 // the counter value once the chunk is committed
+  uint64_t count;               // elements per array
   uint64_t dst_offset[3];       // where each array's chunk lives
 };
 static_assert(sizeof(UndoSlot) <= 64);
-constexpr uint32_t kUndoEmpty = 0;
-constexpr uint32_t kUndoValid = 1;
+constexpr uint32_t kSlotEmpty = 0;
+constexpr uint32_t kSlotCommitting = 1;
 constexpr uint64_t kUndoSlotBytes = 64 + 3 * kChunkElements * sizeof(float);
 
 UndoSlot* SlotAt(const ipc::Arena& arena, uint64_t undo_offset, uint32_t thread) {
@@ -46,28 +46,28 @@ uint64_t UndoRegionBytes(uint32_t threads) { return threads * kUndoSlotBytes; }
 
 StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset, uint32_t threads) {
   RETURN_IF_ERROR(arena.Check(undo_offset, UndoRegionBytes(threads)));
-  uint32_t restored = 0;
+  uint32_t completed = 0;
   for (uint32_t t = 0; t < threads; ++t) {
     UndoSlot* slot = SlotAt(arena, undo_offset, t);
-    if (slot->state.load(std::memory_order_acquire) != kUndoValid) continue;
-    if (slot->arrays > 3 || slot->count > kChunkElements) {
-      return DataLossError("undo slot " + std::to_string(t) + " is corrupt");
+    if (slot->state.load(std::memory_order_acquire) != kSlotCommitting) continue;
+    if (slot->arrays > 3 || slot->count > kChunkElements || slot->seq == 0) {
+      return DataLossError("redo slot " + std::to_string(t) + " is corrupt");
     }
     RETURN_IF_ERROR(arena.Check(slot->counter_offset, sizeof(uint64_t)));
     std::atomic_ref<uint64_t> counter(*arena.At<uint64_t>(slot->counter_offset));
-    // Committed chunks (counter advanced past `prev`) keep their new data; only an interrupted
-    // update is rolled back.
-    if (counter.load(std::memory_order_acquire) == slot->prev) {
+    // The slot holds the chunk's complete new state; a copy interrupted half-way is simply redone.
+    if (counter.load(std::memory_order_acquire) == slot->seq - 1) {
       for (uint32_t a = 0; a < slot->arrays; ++a) {
         RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->count * sizeof(float)));
         std::memcpy(arena.At<float>(slot->dst_offset[a]), SlotData(slot, a), slot->count * sizeof(float));
       }
-      ++restored;
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      counter.store(slot->seq, std::memory_order_seq_cst);
+      ++completed;
     }
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    slot->state.store(kUndoEmpty, std::memory_order_release);
+    slot->state.store(kSlotEmpty, std::memory_order_release);
   }
-  return restored;
+  return completed;
 }
 
 struct ShardExecutor::Job {
@@ -172,30 +172,23 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
   const uint64_t processed = chunks_processed_.fetch_add(1);
   const bool crash_here = options_.crash_point != CrashPoint::kNone &&
                           processed == options_.crash_after_chunks;
-  UndoSlot* slot = nullptr;
-  if (options_.crash_consistent) {
-    slot = SlotAt(*arena_, options_.undo_offset, thread);
-    slot->arrays = arrays;
-    slot->counter_offset = counter_offset;
-    slot->prev = current;
-    slot->count = count;
-    for (uint32_t a = 0; a < arrays; ++a) {
-      slot->dst_offset[a] = job.state_offset[a] + begin * sizeof(float);
-      std::memcpy(SlotData(slot, a), arena_->At<float>(slot->dst_offset[a]), count * sizeof(float));
-    }
-    slot->state.store(kUndoValid, std::memory_order_seq_cst);
-    // No store of the update may become visible before the slot is marked valid.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+  float* state[3] = {};
+  for (uint32_t a = 0; a < arrays; ++a) {
+    state[a] = arena_->At<float>(job.state_offset[a] + begin * sizeof(float));
   }
-  if (crash_here && options_.crash_point == CrashPoint::kAfterUndoSaved) CrashForTest();
-  float* s0 = arena_->At<float>(job.state_offset[0] + begin * sizeof(float));
+  UndoSlot* slot = options_.crash_consistent ? SlotAt(*arena_, options_.undo_offset, thread) : nullptr;
+  float* out[3] = {};
+  for (uint32_t a = 0; a < arrays; ++a) out[a] = slot != nullptr ? SlotData(slot, a) : state[a];
   if (job.kind == CommandKind::kAdamW) {
     AdamWSpan span;
     span.grad = grad;
     span.grad_dtype = job.grad_dtype;
-    span.master = s0;
-    span.exp_avg = arena_->At<float>(job.state_offset[1] + begin * sizeof(float));
-    span.exp_avg_sq = arena_->At<float>(job.state_offset[2] + begin * sizeof(float));
+    span.master = state[0];
+    span.exp_avg = state[1];
+    span.exp_avg_sq = state[2];
+    span.out_master = out[0];
+    span.out_exp_avg = out[1];
+    span.out_exp_avg_sq = out[2];
     span.weight_dtype = job.weight_dtype;
     span.weights = job.weight_dtype == WeightDtype::kNone
                        ? nullptr
@@ -203,13 +196,29 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
     span.n = count;
     *sq_norm = FusedAdamW(span, job.hyper, options_.path);
   } else {
-    *sq_norm = AccumulateGrad(s0, grad, job.grad_dtype, count, job.overwrite, options_.path);
+    *sq_norm = AccumulateGrad(out[0], grad, job.grad_dtype, count, job.overwrite, options_.path,
+                              state[0]);
   }
   if (crash_here && options_.crash_point == CrashPoint::kAfterKernel) CrashForTest();
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // the update lands before the commit
+  if (slot != nullptr) {
+    slot->arrays = arrays;
+    slot->counter_offset = counter_offset;
+    slot->seq = job.seq;
+    slot->count = count;
+    for (uint32_t a = 0; a < arrays; ++a) slot->dst_offset[a] = job.state_offset[a] + begin * sizeof(float);
+    // The slot (data and header) must be complete before the shared state starts changing.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    slot->state.store(kSlotCommitting, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    for (uint32_t a = 0; a < arrays; ++a) {
+      std::memcpy(state[a], out[a], count * sizeof(float));
+      if (crash_here && a == 0 && options_.crash_point == CrashPoint::kMidCopy) CrashForTest();
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the new state lands before the commit
   counter.store(job.seq, std::memory_order_seq_cst);
   if (crash_here && options_.crash_point == CrashPoint::kAfterCommit) CrashForTest();
-  if (slot != nullptr) slot->state.store(kUndoEmpty, std::memory_order_release);
+  if (slot != nullptr) slot->state.store(kSlotEmpty, std::memory_order_release);
   *applied = true;
   return OkStatus();
 }

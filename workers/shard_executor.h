@@ -1,15 +1,18 @@
 #pragma once
 // ShardExecutor: runs one worker process's commands on its T threads. A command's shard is cut
 // into kChunkElements chunks that the threads claim in order; each chunk is checked against its
-// step counter (skip if done, refuse if out of order), saved to the thread's undo slot when
-// crash-consistency is on, updated by the fused kernel, and committed by advancing its counter.
-// The squared gradient norm is summed per chunk in chunk order, so it does not depend on the
-// thread count or on which chunks a crashed predecessor already did.
+// step counter (skip if done, refuse if out of order), updated by the fused kernel (into the
+// thread's redo slot when crash-consistency is on, then copied over the shared state), and
+// committed by advancing its counter. The squared gradient norm is summed per chunk in chunk
+// order, so it does not depend on the thread count or on which chunks a crashed predecessor did.
 //
-// Undo slots (region UndoRegionName(worker), UndoRegionBytes(threads) bytes): one per thread,
-// a header plus room for one chunk of master/exp_avg/exp_avg_sq. RecoverUndoSlots() rolls back
-// chunks whose update was interrupted; the restarted worker calls it before taking commands, and
-// the pool calls it itself for a worker it gives up on.
+// Redo slots (region UndoRegionName(worker), UndoRegionBytes(threads) bytes): one per thread, a
+// header plus one chunk of master/exp_avg/exp_avg_sq. Why redo rather than undo: an undo log
+// needs an extra read pass over the old state before the update (measured ~30% slower here); a
+// redo slot is written by the kernel itself while it sits in L1, and the copy back is a pure
+// store stream, so crash consistency costs little (bench/workers/RESULTS.md).
+// RecoverUndoSlots() rolls forward every slot that was marked committing; the restarted worker
+// calls it before taking commands, and the pool calls it itself for a worker it gives up on.
 //
 // Thread-safety: Execute() is called by one thread (the worker's queue loop) at a time.
 
@@ -29,8 +32,8 @@ namespace offloadd::workers {
 
 uint64_t UndoRegionBytes(uint32_t threads);
 
-// Rolls back every interrupted chunk recorded in the undo region at `undo_offset` (for
-// `threads` slots). Returns how many chunks were restored.
+// Completes every chunk commit recorded in the redo region at `undo_offset` (for `threads`
+// slots) that had not advanced its counter yet. Returns how many chunks it completed.
 StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset, uint32_t threads);
 
 struct ExecutorOptions {

@@ -114,8 +114,8 @@ int WorkerMain(int argc, char** argv) {
   Reply(sock, st, recovered);
   if (!st.ok()) return 1;
   if (recovered > 0) {
-    OFFLOADD_LOG(kInfo, "workers") << "worker " << h.worker << " rolled back " << recovered
-                                   << " interrupted chunk(s)";
+    OFFLOADD_LOG(kInfo, "workers") << "worker " << h.worker << " completed " << recovered
+                                   << " interrupted chunk commit(s)";
   }
   for (;;) {
     ipc::CommandRecord cmd;

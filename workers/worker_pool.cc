@@ -120,7 +120,7 @@ Status WorkerPool::Init() {
     auto w = std::make_unique<Worker>();
     w->index = i;
     if (o.pin_threads) w->cpus = plan.cpus[i];
-    // Rings and undo slots survive a pool restart in the same arena: reuse them if present.
+    // Rings and redo slots survive a pool restart in the same arena: reuse them if present.
     StatusOr<ipc::RingQueue<ipc::CommandRecord>> cmd = Status(StatusCode::kUnknown, "unset");
     auto region = arena_->Find(CommandQueueName(i));
     if (region.ok()) {
@@ -233,9 +233,9 @@ Status WorkerPool::Spawn(Worker* w) {
     if (ready.status_code == 0) {
       WatchDeathFd(w, true);
       OFFLOADD_LOG(kInfo, "workers") << "worker " << w->index << " pid " << pid << " started"
-                                     << (ready.recovered_chunks ? ", rolled back " +
+                                     << (ready.recovered_chunks ? ", completed " +
                                                                       std::to_string(ready.recovered_chunks) +
-                                                                      " interrupted chunk(s)"
+                                                                      " interrupted chunk commit(s)"
                                                                 : std::string());
       return OkStatus();
     }

@@ -13,10 +13,10 @@
 // (SCM_RIGHTS), moves commands from per-worker pending lists into the command rings, drains the
 // completion rings, and sleeps in epoll on eventfds and pidfds (no polling). A worker that dies
 // is seen at once through its pidfd; the supervisor reaps it, collects the completions it did
-// publish, restarts it (the new process rolls back any half-updated chunk from its undo slots)
+// publish, restarts it (the new process completes any chunk commit interrupted half-way)
 // and replays its outstanding commands in order. Per-chunk step counters make the replay
 // idempotent, so the final state is identical to a run without the crash. After max_restarts a
-// worker is abandoned: its chunks are rolled back here and its commands complete UNAVAILABLE.
+// worker is abandoned: its interrupted chunk commits are completed here and its commands complete UNAVAILABLE.
 //
 // Thread-safety: Submit/WaitCompletion/TryGetCompletion/Metrics/Shutdown may be called from any
 // threads. The segment and arena must outlive the pool.
@@ -48,7 +48,7 @@ struct WorkerPoolOptions {
   std::string kernel_path = "auto";  // auto | avx512bf16 | avx512 | avx2 | portable
   uint32_t queue_capacity = 64;      // records per ring (power of two)
   uint32_t max_outstanding = 1024;   // per worker; Submit blocks beyond it (back-pressure)
-  bool crash_consistent = true;      // undo slots: exact results across a worker crash
+  bool crash_consistent = true;      // redo slots: exact results across a worker crash
   uint32_t max_restarts = 3;         // per worker, over the pool's lifetime
   int start_timeout_ms = 10000;      // a worker must attach within this
   int shutdown_timeout_ms = 10000;   // then it is SIGKILLed

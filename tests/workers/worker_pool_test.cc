@@ -211,7 +211,7 @@ TEST_P(CrashTest, WorkerKilledMidCommandGivesTheSameResult) {
   Model m(kSizes);
   WorkerPoolOptions o = Options(1, 2);
   o.crash_point = GetParam();
-  o.crash_after_chunks = 17;  // step 2, inside layer 0
+  o.crash_after_chunks = 90;  // step 2 (73 chunks per step), inside layer 0
   auto pool = WorkerPool::Start(&m.segment(), &m.arena(), o);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   const pid_t first_pid = (*pool)->Pids()[0];
@@ -225,7 +225,7 @@ TEST_P(CrashTest, WorkerKilledMidCommandGivesTheSameResult) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPoints, CrashTest,
-                         ::testing::Values(CrashPoint::kAfterUndoSaved, CrashPoint::kAfterKernel,
+                         ::testing::Values(CrashPoint::kAfterKernel, CrashPoint::kMidCopy,
                                            CrashPoint::kAfterCommit));
 
 TEST(WorkerPoolTest, ExternalSigkillWhileBusyGivesTheSameResult) {
@@ -323,7 +323,8 @@ TEST(WorkerPoolTest, AbandonedWorkerRollsBackAndFailsItsCommands) {
   EXPECT_EQ(c->status_code, static_cast<int32_t>(StatusCode::kUnavailable));
   EXPECT_TRUE((*pool)->Metrics().workers[0].failed);
   EXPECT_EQ((*pool)->Submit(m.Command(0, 1, 8)).code(), StatusCode::kUnavailable);
-  // The chunk the worker died in was rolled back: nothing changed but the (rewritten) weights.
+  // The worker died before its first chunk reached the shared state: master/exp_avg/exp_avg_sq
+  // are unchanged (only the derived bf16 weights of that chunk were rewritten).
   const auto after = m.State();
   const auto& L = m.layers()[0];
   EXPECT_EQ(std::memcmp(after.data(), before.data(), L.n * 12), 0);

@@ -1,0 +1,274 @@
+// offloadd-workers-bench: memory bandwidth (STREAM-style copy and triad), the fused AdamW kernel
+// per code path and thread count, and a WorkerPool step across processes, measured in one run on
+// the same number of parameters. Prints one JSON object per measurement (run_bench.py makes the
+// table).
+//
+//   offloadd-workers-bench --params=33554432 --threads=1,2 --pool=1x2,2x1 --repeats=5
+//
+// Bytes per AdamW parameter: bf16 grad read 2 + fp32 master/exp_avg/exp_avg_sq read 12 and
+// written 12 + bf16 weight written 2 = 28 B (write-allocate traffic not counted, as in STREAM).
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "workers/adamw_kernel.h"
+#include "workers/adamw_kernel_impl.h"
+#include "workers/cpu_topology.h"
+#include "workers/step_driver.h"
+#include "workers/worker_pool.h"
+
+namespace offloadd::workers {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kAdamWBytesPerParam = 28;
+
+struct Args {
+  uint64_t params = 32ull << 20;
+  std::vector<int> threads;
+  std::vector<std::pair<uint32_t, uint32_t>> pools;
+  int repeats = 5;
+  bool undo_variants = true;
+};
+
+std::vector<int> Cpus() {
+  auto nodes = NumaNodes(AllowedCpus());
+  std::vector<int> all;
+  for (auto& n : nodes) all.insert(all.end(), n.begin(), n.end());
+  return all;
+}
+
+// Runs fn(thread_index) on `threads` pinned threads and returns the wall time.
+template <typename Fn>
+double Parallel(int threads, Fn fn) {
+  static const std::vector<int> cpus = Cpus();
+  std::vector<std::thread> ts;
+  const auto start = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[t % cpus.size()], &set);
+      pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+      fn(t);
+    });
+  }
+  for (auto& t : ts) t.join();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::pair<uint64_t, uint64_t> Slice(uint64_t n, int threads, int t) {
+  const uint64_t per = (n / threads + 15) / 16 * 16;
+  const uint64_t b = std::min(n, per * t), e = t + 1 == threads ? n : std::min(n, per * (t + 1));
+  return {b, e};
+}
+
+template <typename T>
+T* Alloc(uint64_t n) {
+  return static_cast<T*>(std::aligned_alloc(4096, (n * sizeof(T) + 4095) / 4096 * 4096));
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Emit(nlohmann::json j) { std::cout << j.dump() << std::endl; }
+
+void Stream(const Args& a, int threads) {
+  const uint64_t n = a.params;
+  float* x = Alloc<float>(n);
+  float* y = Alloc<float>(n);
+  float* z = Alloc<float>(n);
+  Parallel(threads, [&](int t) {  // first touch by the threads that use the pages
+    auto [b, e] = Slice(n, threads, t);
+    for (uint64_t i = b; i < e; ++i) x[i] = 1, y[i] = 2, z[i] = 3;
+  });
+  std::vector<double> copy, triad;
+  for (int r = 0; r < a.repeats + 1; ++r) {
+    const double tc = Parallel(threads, [&](int t) {
+      auto [b, e] = Slice(n, threads, t);
+      std::memcpy(x + b, y + b, (e - b) * sizeof(float));
+    });
+    const double tt = Parallel(threads, [&](int t) {
+      auto [b, e] = Slice(n, threads, t);
+      const float s = 3.0f;
+      for (uint64_t i = b; i < e; ++i) x[i] = y[i] + s * z[i];
+    });
+    if (r > 0) copy.push_back(tc), triad.push_back(tt);  // first round is warm-up
+  }
+  Emit({{"bench", "stream_copy"}, {"threads", threads}, {"gbps", 8.0 * n / Median(copy) / 1e9}});
+  Emit({{"bench", "stream_triad"}, {"threads", threads}, {"gbps", 12.0 * n / Median(triad) / 1e9}});
+  std::free(x);
+  std::free(y);
+  std::free(z);
+}
+
+void Kernel(const Args& a, KernelPath path, int threads) {
+  const uint64_t n = a.params;
+  uint16_t* g = Alloc<uint16_t>(n);
+  uint16_t* w = Alloc<uint16_t>(n);
+  float* p = Alloc<float>(n);
+  float* m = Alloc<float>(n);
+  float* v = Alloc<float>(n);
+  Parallel(threads, [&](int t) {
+    auto [b, e] = Slice(n, threads, t);
+    for (uint64_t i = b; i < e; ++i) {
+      g[i] = internal::FloatToBf16(1e-3f * static_cast<float>((i * 2654435761u) % 1000) - 0.5f);
+      p[i] = 0.01f * static_cast<float>(i % 100);
+      m[i] = v[i] = 0;
+      w[i] = 0;
+    }
+  });
+  std::vector<double> times;
+  for (int r = 0; r < a.repeats + 1; ++r) {
+    AdamWHyper h;
+    h.step = static_cast<uint64_t>(r + 1);
+    const double secs = Parallel(threads, [&](int t) {
+      auto [b, e] = Slice(n, threads, t);
+      AdamWSpan s{g + b, GradDtype::kBf16, p + b, m + b, v + b, w + b, WeightDtype::kBf16, e - b};
+      FusedAdamW(s, h, path);
+    });
+    if (r > 0) times.push_back(secs);
+  }
+  const double t = Median(times);
+  Emit({{"bench", "adamw_kernel"}, {"path", std::string(KernelPathName(path))}, {"threads", threads},
+        {"params_per_s", n / t}, {"gbps", kAdamWBytesPerParam * n / t / 1e9}});
+  for (void* x : {static_cast<void*>(g), static_cast<void*>(w), static_cast<void*>(p),
+                  static_cast<void*>(m), static_cast<void*>(v)}) {
+    std::free(x);
+  }
+}
+
+Status Pool(const Args& a, uint32_t processes, uint32_t threads, bool crash_consistent) {
+  const uint64_t n = a.params;
+  const uint32_t shards = processes * 8;
+  const uint64_t per = (n / shards + kChunkElements - 1) / kChunkElements * kChunkElements;
+  ASSIGN_OR_RETURN(ipc::SharedSegment seg, ipc::SharedSegment::Create(n * 28 + (256ull << 20)));
+  ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&seg));
+  std::vector<ShardSpec> specs;
+  for (uint32_t s = 0; s * per < n; ++s) {
+    const uint64_t len = std::min(per, n - s * per);
+    const std::string p = "S" + std::to_string(s) + ".";
+    ShardSpec sp;
+    sp.layer = s;
+    sp.num_elements = len;
+    auto alloc = [&](const char* name, ipc::RegionKind k, uint64_t b) -> StatusOr<uint64_t> {
+      ASSIGN_OR_RETURN(ipc::Region r, arena.Allocate(p + name, k, b));
+      return r.offset;
+    };
+    ASSIGN_OR_RETURN(sp.grad_offset, alloc("grad", ipc::RegionKind::kGradStaging, len * 2));
+    ASSIGN_OR_RETURN(sp.master_offset, alloc("master", ipc::RegionKind::kMaster, len * 4));
+    ASSIGN_OR_RETURN(sp.exp_avg_offset, alloc("m", ipc::RegionKind::kExpAvg, len * 4));
+    ASSIGN_OR_RETURN(sp.exp_avg_sq_offset, alloc("v", ipc::RegionKind::kExpAvgSq, len * 4));
+    ASSIGN_OR_RETURN(sp.weights_offset, alloc("w", ipc::RegionKind::kParamStaging, len * 2));
+    ASSIGN_OR_RETURN(sp.counters_offset, alloc("c", ipc::RegionKind::kControl, CountersBytes(len)));
+    uint16_t* g = arena.At<uint16_t>(sp.grad_offset);
+    for (uint64_t i = 0; i < len; ++i) g[i] = internal::FloatToBf16(1e-3f * static_cast<float>(i % 1000) - 0.5f);
+    sp.worker = static_cast<int>(s % processes);
+    specs.push_back(sp);
+  }
+  WorkerPoolOptions o;
+  o.worker_binary = (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
+                     "../../workers/offloadd-worker").string();
+  if (const char* dir = std::getenv("OFFLOADD_BINARY_DIR")) o.worker_binary = std::string(dir) + "/workers/offloadd-worker";
+  o.processes = processes;
+  o.threads_per_process = threads;
+  o.crash_consistent = crash_consistent;
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerPool> pool, WorkerPool::Start(&seg, &arena, o));
+  StepDriver driver(pool.get(), specs, OptimizerConfig{.weight_decay = 0.01});
+  std::vector<double> times;
+  for (int r = 0; r < a.repeats + 1; ++r) {
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(driver.BeginStep(r + 1, 1e-3));
+    for (size_t s = specs.size(); s-- > 0;) RETURN_IF_ERROR(driver.GradsReady(s, 0));
+    RETURN_IF_ERROR(driver.FinishStep().status());
+    if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  const double t = Median(times);
+  Emit({{"bench", "adamw_pool"}, {"processes", processes}, {"threads", threads},
+        {"crash_consistent", crash_consistent}, {"path", pool->Metrics().kernel_path},
+        {"params_per_s", n / t}, {"gbps", kAdamWBytesPerParam * n / t / 1e9}});
+  return pool->Shutdown();
+}
+
+}  // namespace
+}  // namespace offloadd::workers
+
+int main(int argc, char** argv) {
+  using namespace offloadd::workers;
+  Args a;
+  const int ncpu = static_cast<int>(AllowedCpus().size());
+  for (int t = 1; t <= ncpu; t *= 2) a.threads.push_back(t);
+  if (a.threads.back() != ncpu) a.threads.push_back(ncpu);
+  a.pools = {{1, static_cast<uint32_t>(ncpu)}};
+  if (ncpu > 1) a.pools.push_back({2, static_cast<uint32_t>(ncpu / 2)});
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto val = [&](const char* key) -> const char* {
+      const size_t k = std::strlen(key);
+      return arg.compare(0, k, key) == 0 ? arg.c_str() + k : nullptr;
+    };
+    if (const char* v = val("--params=")) {
+      a.params = std::strtoull(v, nullptr, 10);
+    } else if (const char* v2 = val("--repeats=")) {
+      a.repeats = std::max(1, std::atoi(v2));
+    } else if (const char* v3 = val("--threads=")) {
+      auto list = ParseCpuList(v3);
+      if (!list.ok() || list->empty()) {
+        std::cerr << "bad --threads\n";
+        return 2;
+      }
+      a.threads = *list;
+    } else if (const char* v4 = val("--pool=")) {  // e.g. 1x16,2x8
+      a.pools.clear();
+      std::string s = v4;
+      size_t pos = 0;
+      while (pos < s.size()) {
+        const size_t comma = std::min(s.find(',', pos), s.size());
+        const std::string item = s.substr(pos, comma - pos);
+        const size_t x = item.find('x');
+        if (x == std::string::npos) {
+          std::cerr << "bad --pool item '" << item << "' (want PxT)\n";
+          return 2;
+        }
+        a.pools.push_back({static_cast<uint32_t>(std::stoul(item.substr(0, x))),
+                           static_cast<uint32_t>(std::stoul(item.substr(x + 1)))});
+        pos = comma + 1;
+      }
+    } else {
+      std::cerr << "usage: offloadd-workers-bench [--params=N] [--threads=1,2,4] [--pool=1x4,2x2] "
+                   "[--repeats=R]\n";
+      return 2;
+    }
+  }
+  if (a.params < kChunkElements) {
+    std::cerr << "--params must be at least " << kChunkElements << "\n";
+    return 2;
+  }
+  for (int t : a.threads) Stream(a, t);
+  for (KernelPath p : SupportedPaths()) {
+    for (int t : a.threads) Kernel(a, p, t);
+  }
+  for (auto [procs, threads] : a.pools) {
+    for (bool cc : {true, false}) {
+      offloadd::Status st = Pool(a, procs, threads, cc);
+      if (!st.ok()) {
+        std::cerr << "pool " << procs << "x" << threads << ": " << st.ToString() << "\n";
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
