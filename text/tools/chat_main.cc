@@ -5,6 +5,7 @@
 //
 // Requests:
 //   {"template": "...", "context": {...}}                      -> {"text": "..."}
+//   {"builtin_source": true}                                   -> {"text": built-in template}
 //   {"dir": "TOKENIZER_DIR" | "builtin": true, "messages": [...], "tools": [...]?,
 //    "add_generation_prompt": false, "spans": false}          -> {"text": "...", "spans": [[b,e]]}
 // A failing request yields {"error": "..."}; the tool keeps going.
@@ -23,6 +24,7 @@ using offloadd::text::ChatTemplate;
 
 ojson Handle(const ojson& req, std::map<std::string, ChatTemplate>* cache) {
   ojson reply;
+  if (req.value("builtin_source", false)) return {{"text", ChatTemplate::BuiltInSource()}};
   if (req.contains("template")) {
     auto t = offloadd::text::jinja::Template::Parse(req["template"].get<std::string>());
     if (!t.ok()) return {{"error", t.status().ToString()}};
