@@ -9,7 +9,9 @@ keep=0
 [[ "${1:-}" == "--keep" ]] && keep=1
 
 "$here/scripts/setup.sh"
-cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >/dev/null
+# shellcheck disable=SC2086
+cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >"$build.configure.log" 2>&1 \
+  || { cat "$build.configure.log" >&2; echo "[demo] CMake configure failed" >&2; exit 1; }
 cmake --build "$build" -j "$(nproc)" --target offloadd offloadctl
 
 demo="$build/demo"

@@ -11,7 +11,7 @@ jobs="$(nproc)"
 
 "$here/scripts/setup.sh"
 # shellcheck disable=SC2086
-cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >/dev/null \
-  || { echo "[test] CMake configure failed (run it without >/dev/null to see why)" >&2; exit 1; }
+cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >"$build.configure.log" 2>&1 \
+  || { cat "$build.configure.log" >&2; echo "[test] CMake configure failed" >&2; exit 1; }
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"
