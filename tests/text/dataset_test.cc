@@ -1,0 +1,165 @@
+// Unit tests of record splitting, record errors and the batcher on small in-memory data.
+// Parity with Python references on real data lives in tests/python/text/test_dataset.py.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "text/batcher.h"
+#include "text/dataset.h"
+#include "text/tokenizer.h"
+
+namespace offloadd::text {
+namespace {
+
+TEST(SplitRecords, ArrayElementsKeepTheirLines) {
+  auto r = SplitRecords("[\n  {\"a\": \"x]\\\"\"},\n  {\"b\": [1, {\"c\": 2}]}\n]\n", "f.json");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].line, 2u);
+  EXPECT_EQ((*r)[0].text, "{\"a\": \"x]\\\"\"}");
+  EXPECT_EQ((*r)[1].line, 3u);
+  auto jsonl = SplitRecords("{\"a\": 1}\n\n  \n{\"b\": 2}", "f.jsonl");
+  ASSERT_TRUE(jsonl.ok());
+  ASSERT_EQ(jsonl->size(), 2u);
+  EXPECT_EQ((*jsonl)[1].line, 4u);
+  auto bad = SplitRecords("[{\"a\": 1},\n{\"b\": ", "f.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f.json:2:"), std::string::npos) << bad.status().ToString();
+  auto empty = SplitRecords("[ ]", "f.json");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+}
+
+std::unique_ptr<Tokenizer> ToyTokenizer() {
+  auto t = Tokenizer::FromJson(R"({
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2, "ab": 3},
+              "merges": ["a b"]},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},
+    "decoder": {"type": "ByteLevel"},
+    "added_tokens": [{"id": 4, "content": "<|endoftext|>", "special": true, "normalized": false}]
+  })");
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(*t);
+}
+
+TEST(RecordEncoder, FormatsAndErrors) {
+  auto tok = ToyTokenizer();
+  DatasetOptions options;
+  auto enc = RecordEncoder::Create(*tok, nullptr, options);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  auto doc = enc->Encode(nlohmann::ordered_json::parse(R"({"prompt": "ab", "completion": " ab"})"));
+  ASSERT_TRUE(doc.ok()) << doc.status().ToString();
+  EXPECT_EQ(doc->input_ids, (std::vector<int32_t>{3, 2, 3, 4}));
+  EXPECT_EQ(doc->labels, (std::vector<int32_t>{kIgnoreIndex, 2, 3, 4}));
+  doc = enc->Encode(nlohmann::ordered_json::parse(R"({"input_ids": [0, 1], "labels": [-100, 1]})"));
+  ASSERT_TRUE(doc.ok());
+  EXPECT_EQ(doc->labels, (std::vector<int32_t>{kIgnoreIndex, 1}));
+  for (const char* bad : {R"({"input_ids": [0, 7]})", R"({"input_ids": [0], "labels": [1, 2]})",
+                          R"({"instruction": "a"})", R"({"foo": 1})", R"([1, 2])",
+                          R"({"conversations": [{"from": "alien", "value": "x"}]})",
+                          R"({"messages": []})"}) {
+    EXPECT_FALSE(enc->Encode(nlohmann::ordered_json::parse(bad)).ok()) << bad;
+  }
+}
+
+TEST(DatasetReader, BadLineIsAnErrorWithFileAndLineOrSkipped) {
+  const std::string path = testing::TempDir() + "/bad.jsonl";
+  std::ofstream(path) << "{\"text\": \"ab\"}\n{\"text\": 3}\n{\"text\": \"b\"}\n";
+  auto tok = ToyTokenizer();
+  DatasetOptions options;
+  auto ds = DatasetReader::Load({path}, *tok, nullptr, options);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_EQ(ds.status().message(), path + ":2: \"text\" must be a string");
+  options.skip_bad_records = true;
+  ds = DatasetReader::Load({path}, *tok, nullptr, options);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->size(), 2u);
+  EXPECT_EQ(ds->stats().skipped, 1u);
+  auto missing = DatasetReader::Load({"/nonexistent.jsonl"}, *tok, nullptr, options);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+std::shared_ptr<std::vector<Document>> Docs(const std::vector<size_t>& lengths) {
+  auto docs = std::make_shared<std::vector<Document>>();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    Document d;
+    for (size_t k = 0; k < lengths[i]; ++k) {
+      d.input_ids.push_back(static_cast<int32_t>(100 * i + k));
+      d.labels.push_back(static_cast<int32_t>(100 * i + k));
+    }
+    docs->push_back(d);
+  }
+  return docs;
+}
+
+TEST(Batcher, PacksGreedilyWithPerDocumentPositionsAndBoundaries) {
+  BatcherOptions o;
+  o.max_seq_length = 8;
+  o.shuffle = false;
+  auto b = Batcher::Create(Docs({3, 4, 2, 10}), o);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  PackedSequence s = b->Next();
+  EXPECT_EQ(s.input_ids, (std::vector<int32_t>{0, 1, 2, 100, 101, 102, 103}));
+  EXPECT_EQ(s.labels, (std::vector<int32_t>{kIgnoreIndex, 1, 2, kIgnoreIndex, 101, 102, 103}));
+  EXPECT_EQ(s.position_ids, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3}));
+  EXPECT_EQ(s.cu_seqlens, (std::vector<int32_t>{0, 3, 7}));
+  EXPECT_EQ(s.document_ids, (std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1}));
+  s = b->Next();  // the 2-token doc, then the 10-token doc does not fit
+  EXPECT_EQ(s.sources, (std::vector<uint64_t>{2}));
+  s = b->Next();  // truncated to 8
+  EXPECT_EQ(s.input_ids.size(), 8u);
+  EXPECT_EQ(b->stats().truncated, 1u);
+  EXPECT_EQ(b->cursor(), (Cursor{0, 4}));  // end of epoch 0; the next call starts epoch 1
+  s = b->Next();
+  EXPECT_EQ(s.sources, (std::vector<uint64_t>{0, 1}));
+}
+
+TEST(Batcher, ShuffleIsAPermutationDeterministicPerSeedAndEpoch) {
+  auto a = Batcher::EpochOrder(100, 42, 0, true);
+  EXPECT_EQ(a, Batcher::EpochOrder(100, 42, 0, true));
+  EXPECT_NE(a, Batcher::EpochOrder(100, 42, 1, true));
+  EXPECT_NE(a, Batcher::EpochOrder(100, 43, 0, true));
+  std::vector<uint32_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, Batcher::EpochOrder(100, 0, 0, false));
+}
+
+TEST(Batcher, SaveAndRestoreResumeExactly) {
+  BatcherOptions o;
+  o.max_seq_length = 6;
+  o.seed = 5;
+  auto docs = Docs({1, 2, 3, 4, 5, 6, 2, 3});
+  auto b = Batcher::Create(docs, o);
+  ASSERT_TRUE(b.ok());
+  std::vector<PackedSequence> first;
+  std::string state;
+  for (int i = 0; i < 12; ++i) {
+    if (i == 5) state = b->SaveState();
+    first.push_back(b->Next());
+  }
+  auto c = Batcher::Create(docs, o);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->RestoreState(state).ok());
+  for (int i = 5; i < 12; ++i) EXPECT_EQ(c->Next().input_ids, first[i].input_ids) << i;
+  BatcherOptions other = o;
+  other.seed = 6;
+  auto d = Batcher::Create(docs, other);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->RestoreState(state).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d->RestoreState("{oops").code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Batcher, RejectsUnusableInput) {
+  BatcherOptions o;
+  o.max_seq_length = 2;
+  o.drop_overlong = true;
+  EXPECT_FALSE(Batcher::Create(Docs({3, 4}), o).ok());
+  o.max_seq_length = 0;
+  EXPECT_FALSE(Batcher::Create(Docs({1}), o).ok());
+  EXPECT_FALSE(Batcher::Create(std::make_shared<std::vector<Document>>(), BatcherOptions{}).ok());
+}
+
+}  // namespace
+}  // namespace offloadd::text
