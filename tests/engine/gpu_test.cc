@@ -129,7 +129,8 @@ TEST_P(GpuTest, SaveModesAgreeOnCuda) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GpuTest,
-                         ::testing::Values(TinyArch::kLlama, TinyArch::kQwen2, TinyArch::kGpt2));
+                         ::testing::Values(TinyArch::kLlama, TinyArch::kQwen2, TinyArch::kGpt2),
+                         testing::TinyArchName);
 
 }  // namespace
 }  // namespace offloadd::engine

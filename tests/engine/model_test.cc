@@ -229,7 +229,8 @@ TEST_P(ModelTest, Bf16ComputeTracksFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, ModelTest,
-                         ::testing::Values(TinyArch::kLlama, TinyArch::kQwen2, TinyArch::kGpt2));
+                         ::testing::Values(TinyArch::kLlama, TinyArch::kQwen2, TinyArch::kGpt2),
+                         testing::TinyArchName);
 
 TEST(ModelErrors, MisuseIsAnErrorNotACrash) {
   auto dir = TempDir("errors");

@@ -3,6 +3,7 @@
 // model.safetensors) for the engine tests, without Python.
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
@@ -16,6 +17,16 @@
 namespace offloadd::engine::testing {
 
 enum class TinyArch { kLlama, kQwen2, kGpt2 };
+
+// For INSTANTIATE_TEST_SUITE_P names.
+inline std::string TinyArchName(const ::testing::TestParamInfo<TinyArch>& info) {
+  switch (info.param) {
+    case TinyArch::kLlama: return "Llama";
+    case TinyArch::kQwen2: return "Qwen2";
+    case TinyArch::kGpt2: return "Gpt2";
+  }
+  return "Unknown";
+}
 
 inline std::string TinyConfigJson(TinyArch arch, bool tied) {
   const std::string tie = tied ? "true" : "false";

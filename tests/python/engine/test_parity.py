@@ -201,3 +201,31 @@ def test_out_of_range_token_is_an_error(tmp_path):
     write_inputs(tmp_path / "in.safetensors", ids, labels)
     proc = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors", expect_ok=False)
     assert proc.returncode == 1 and "token id outside" in proc.stderr, proc.stderr
+
+
+# ---- GPU variants (run on the GPU machine; skipped without CUDA) --------------------------------
+# bf16 on both sides (our flash-attention kernels vs transformers' sdpa): relative error of whole
+# tensors ||ours - ref|| / ||ref|| below 3e-2 for logits/loss and 8e-2 for gradients (8-bit
+# mantissa, different op order). fp32 on CUDA: 1e-4.
+def rel_err(a, b):
+    a, b = a.float().cpu(), b.float().cpu()
+    return ((a - b).norm() / (b.norm() + 1e-12)).item()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_gpu_matches_transformers(model_and_dir, tmp_path, dtype):
+    model, d = model_and_dir
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    ids, labels = make_batch(model.config.vocab_size, batch=4, seq=32, seed=21)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors",
+                     "--device", "cuda", "--dtype", dtype)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="sdpa",
+                                                            dtype=tdtype).cuda()
+    logits, loss, grads = hf_reference(ref, ids.cuda(), labels.cuda())
+    tol, gtol = (3e-2, 8e-2) if dtype == "bf16" else (1e-4, 1e-4)
+    assert rel_err(ours["logits"], logits) < tol
+    assert rel_err(ours["loss"], loss) < tol
+    for n, g in grads.items():
+        assert rel_err(ours["grad/" + n], g) < gtol, n
