@@ -149,7 +149,7 @@ StatusOr<StepResult> StepDriver::FinishStep() {
   float norm = 0;
   if (config_.max_grad_norm > 0) {
     result.clip_coef = ClipCoefficient(total_sq, config_.max_grad_norm, &norm);
-    if (!std::isfinite(result.clip_coef)) {
+    if (!std::isfinite(norm) || !std::isfinite(result.clip_coef)) {
       return DataLossError("gradient norm is not finite (" + std::to_string(norm) +
                            "); step " + std::to_string(step_) + " was not applied");
     }
