@@ -330,6 +330,18 @@ TEST(WorkerPoolTest, AbandonedWorkerRollsBackAndFailsItsCommands) {
   EXPECT_EQ(std::memcmp(after.data(), before.data(), L.n * 12), 0);
 }
 
+TEST(WorkerPoolTest, WorkerRefusesACorruptArena) {
+  Model m({1'000});
+  // Break the arena header's magic (first 8 bytes of the data area) after the daemon opened it.
+  uint8_t* arena_header = m.segment().base() + m.segment().header().data_offset;
+  arena_header[0] ^= 0xff;
+  auto pool = WorkerPool::Start(&m.segment(), &m.arena(), Options(1, 1));
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(pool.status().message().find("bad arena magic"), std::string::npos)
+      << pool.status().ToString();
+}
+
 TEST(WorkerPoolTest, StartFailuresAreClear) {
   Model m({1'000});
   WorkerPoolOptions o = Options(1, 1);
