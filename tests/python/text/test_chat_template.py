@@ -8,59 +8,8 @@ import subprocess
 
 import pytest
 
-from conftest import DATA_DIR, TOK_DIR, tool
-
-# Llama-2-chat's template (the one published with meta-llama/Llama-2-*-chat-hf), which the
-# llama2 tokenizer_config.json in shared/data does not carry.
-LLAMA2_CHAT_TEMPLATE = (
-    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
-    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
-    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
-    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
-    "{% else %}{% set content = message['content'] %}{% endif %}"
-    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
-    "{% endif %}{% endfor %}"
-)
-
-# A ChatML template with tool calls in the style of Qwen2 / Hermes, written for this test.
-CHATML_TOOLS_TEMPLATE = """{%- set ns = namespace(system=none, calls=0) -%}
-{%- if messages and messages[0].role == 'system' -%}
-  {%- set ns.system = messages[0].content -%}
-{%- endif -%}
-{%- if tools or ns.system is not none -%}
-{{ '<|im_start|>system\\n' }}{{ ns.system if ns.system is not none else 'You are a helpful assistant.' }}
-{%- if tools %}
-
-# Tools
-<tools>
-{% for tool in tools -%}
-{{ tool | tojson }}
-{% endfor -%}
-</tools>
-{%- endif %}<|im_end|>
-{% endif -%}
-{%- for message in messages -%}
-  {%- if message.role == 'system' and loop.first -%}
-  {%- elif message.role == 'assistant' and message.tool_calls is defined and message.tool_calls -%}
-{{ '<|im_start|>assistant' }}{% if message.content %}{{ '\\n' + message.content | trim }}{% endif %}
-    {%- for call in message.tool_calls %}
-      {%- set ns.calls = ns.calls + 1 %}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
-    {%- endfor %}<|im_end|>
-{% elif message.role == 'tool' -%}
-{{ '<|im_start|>user\\n<tool_response>\\n' ~ message.content ~ '\\n</tool_response><|im_end|>\\n' }}
-  {%- else -%}
-{{ '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>\\n' }}
-  {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}
-"""
+from text_testlib import (CHATML_TOOLS_TEMPLATE, DATA_DIR, LLAMA2_CHAT_TEMPLATE, TOK_DIR,
+                          run_chat)
 
 JINJA_CASES = [
     ("{{ 'a' + 'b' ~ 1 ~ none ~ true }}", {}),
@@ -114,16 +63,6 @@ JINJA_CASES = [
      {"xs": [3, 1, 3], "ys": [{"n": 2}, {"n": 1}]}),
     ("{{ 'line1\\nline2' | indent(2) }}|{{ 'a\\nb' | indent(4, true) }}", {}),
 ]
-
-
-def run_chat(requests):
-    proc = subprocess.run([str(tool("offloadd-chat"))],
-                          input="\n".join(json.dumps(r) for r in requests) + "\n",
-                          capture_output=True, text=True, encoding="utf-8", timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    replies = [json.loads(line) for line in proc.stdout.split("\n") if line]
-    assert len(replies) == len(requests)
-    return replies
 
 
 def test_jinja_subset_matches_jinja2():

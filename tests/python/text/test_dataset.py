@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import DATA_DIR, TOK_DIR, tool
-from test_chat_template import CHATML_TOOLS_TEMPLATE, run_chat
+from text_testlib import CHATML_TOOLS_TEMPLATE, DATA_DIR, TOK_DIR, run_chat, tool
 
 IGNORE = -100
 

@@ -1,5 +1,5 @@
 """offloadd's native tokenizer against the Python `tokenizers` library, on every real tokenizer
-in shared/data (and on Llama-3 / Qwen2-style / Metaspace-form tokenizers built in conftest), and
+in shared/data (and on Llama-3 / Qwen2-style / Metaspace-form tokenizers built by text_testlib), and
 against the shipped swift-transformers test vectors."""
 
 import json
@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import TOK_DIR, NativeTokenizer, varied_corpus
+from text_testlib import TOK_DIR, NativeTokenizer, tool, varied_corpus
 
 NAMES = ["gpt2", "llama2", "phi3-mini", "llama3", "qwen2-style", "llama2-metaspace"]
 
@@ -95,7 +95,6 @@ def test_shipped_multilingual_vectors(tokenizer_paths, tok_name, vector_file):
 
 def test_bad_input_reports_errors(tmp_path, tokenizer_paths):
     import subprocess
-    from conftest import tool
     broken = tmp_path / "tokenizer.json"
     data = json.loads(tokenizer_paths["gpt2"].read_text(encoding="utf-8"))
     data["model"]["merges"] = []
