@@ -383,6 +383,11 @@ void WorkerPool::HandleDeath(Worker* w) {
     w->exited = true;
     return;
   }
+  if (force_stop_) {
+    AbandonLocked(w, CancelledError("shutdown timed out; outstanding commands cancelled"));
+    w->exited = true;
+    return;
+  }
   OFFLOADD_LOG(kWarning, "workers") << "worker " << w->index << " (pid " << old_pid << ") "
                                     << DescribeExit(status) << "; replaying " << w->in_flight.size()
                                     << " command(s)";
@@ -467,6 +472,12 @@ void WorkerPool::Loop() {
     }
     const int n = sleep ? ::epoll_wait(epoll_fd_, events, 64, timeout) : 0;
     if (sleep && n == 0 && shutdown_sent) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        force_stop_ = true;
+      }
+      OFFLOADD_LOG(kWarning, "workers") << "workers did not stop within " << options_.shutdown_timeout_ms
+                                        << " ms; killing them";
       for (auto& w : workers_) {
         if (w->pid > 0) ::kill(w->pid, SIGKILL);  // did not exit in time; reaped via its pidfd
       }

@@ -137,6 +137,7 @@ class WorkerPool {
   bool started_ = false;
   Status start_status_;
   bool stopping_ = false;
+  bool force_stop_ = false;  // shutdown timed out: workers were SIGKILLed, do not restart them
   bool stopped_ = false;
   uint64_t restarts_total_ = 0, replayed_total_ = 0, failed_total_ = 0;
   std::vector<uint64_t> latency_counts_;
