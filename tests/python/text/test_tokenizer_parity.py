@@ -11,42 +11,85 @@ from text_testlib import TOK_DIR, NativeTokenizer, tool, varied_corpus
 
 NAMES = ["gpt2", "llama2", "phi3-mini", "llama3", "qwen2-style", "llama2-metaspace"]
 
+_RUNS = {}
+
+
+def parity_run(tokenizer_paths, name):
+    """Encodes the corpus (with and without special tokens, with offsets) and decodes the
+    reference ids (with and without skipping special tokens) in one native process, once per
+    tokenizer, so that each large tokenizer is loaded once."""
+    if name in _RUNS:
+        return _RUNS[name]
+    path = tokenizer_paths[name]
+    ref = Tokenizer.from_file(str(path))
+    texts = varied_corpus(name)
+    want = {a: ref.encode_batch(texts, add_special_tokens=a) for a in (False, True)}
+    ids = [e.ids for e in want[True]]
+    ids += [i[: len(i) // 2] for i in ids if len(i) > 3]  # cuts multi-byte characters too
+    requests = ([{"text": t, "add_special_tokens": a, "offsets": True}
+                 for a in (False, True) for t in texts]
+                + [{"ids": i, "skip_special_tokens": skip} for skip in (False, True) for i in ids])
+    replies = NativeTokenizer(path).run(requests)
+    n = len(texts)
+    run = {
+        "ref": ref, "path": path, "texts": texts, "want": want, "ids": ids,
+        "encoded": {False: replies[:n], True: replies[n:2 * n]},
+        "decoded": {False: [r["text"] for r in replies[2 * n:2 * n + len(ids)]],
+                    True: [r["text"] for r in replies[2 * n + len(ids):]]},
+    }
+    _RUNS[name] = run
+    return run
+
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("add_special", [False, True])
 def test_encode_matches_python(tokenizer_paths, name, add_special):
-    path = tokenizer_paths[name]
-    ref = Tokenizer.from_file(str(path))
-    texts = varied_corpus(name)
-    want = [e.ids for e in ref.encode_batch(texts, add_special_tokens=add_special)]
-    got = NativeTokenizer(path).encode_many(texts, add_special)
-    mismatches = [(t, w, g) for t, w, g in zip(texts, want, got) if w != g]
-    assert not mismatches, f"{len(mismatches)}/{len(texts)} differ; first: {mismatches[0]!r}"
+    run = parity_run(tokenizer_paths, name)
+    want = [e.ids for e in run["want"][add_special]]
+    got = [r["ids"] for r in run["encoded"][add_special]]
+    mismatches = [(t, w, g) for t, w, g in zip(run["texts"], want, got) if w != g]
+    assert not mismatches, f"{len(mismatches)}/{len(want)} differ; first: {mismatches[0]!r}"
     assert sum(len(w) for w in want) > 1000  # the corpus really was encoded
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("skip_special", [False, True])
 def test_decode_matches_python(tokenizer_paths, name, skip_special):
-    path = tokenizer_paths[name]
-    ref = Tokenizer.from_file(str(path))
-    texts = varied_corpus(name)
-    ids = [e.ids for e in ref.encode_batch(texts, add_special_tokens=True)]
-    # Also partial sequences, which cut multi-byte characters in the middle.
-    ids += [i[: len(i) // 2] for i in ids if len(i) > 3]
+    run = parity_run(tokenizer_paths, name)
+    ids = run["ids"]
     if name == "llama2":
         # tokenizers 0.23 decodes added tokens with normalized=true through their *normalized*
-        # form ("▁<s>"), so it neither skips them nor drops the space it adds. transformers'
+        # form ("\u2581<s>"), so it neither skips them nor drops the space it adds. transformers'
         # LlamaTokenizer (5.17) and the shipped vectors (4.57) skip them and add no space; offloadd
         # follows transformers here.
         from transformers import AutoTokenizer
-        hf = AutoTokenizer.from_pretrained(str(path.parent))
+        hf = AutoTokenizer.from_pretrained(str(run["path"].parent))
         want = [hf.decode(i, skip_special_tokens=skip_special) for i in ids]
     else:
-        want = ref.decode_batch(ids, skip_special_tokens=skip_special)
-    got = NativeTokenizer(path).decode_many(ids, skip_special)
+        want = run["ref"].decode_batch(ids, skip_special_tokens=skip_special)
+    got = run["decoded"][skip_special]
     mismatches = [(i, w, g) for i, w, g in zip(ids, want, got) if w != g]
     assert not mismatches, f"{len(mismatches)}/{len(ids)} differ; first: {mismatches[0]!r}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_offsets_match_python(tokenizer_paths, name):
+    """Token start offsets (used to align chat-template spans with tokens) agree with the Python
+    library's, once our byte offsets are floored to character starts (Python's are per char)."""
+    run = parity_run(tokenizer_paths, name)
+    bad = []
+    for text, enc, reply in zip(run["texts"], run["want"][False], run["encoded"][False]):
+        char_starts, pos = {}, 0
+        for ch in text:
+            width = len(ch.encode("utf-8"))
+            for k in range(width):
+                char_starts[pos + k] = pos
+            pos += width
+        ours = [char_starts.get(s, s) for s in reply["starts"]]
+        want = [len(text[:s].encode("utf-8")) for s, _ in enc.offsets]
+        if ours != want:
+            bad.append((text, want, ours))
+    assert not bad, f"{len(bad)}/{len(run['texts'])} differ; first: {bad[0]!r}"
 
 
 def _vectors(name):
@@ -103,31 +146,6 @@ def test_bad_input_reports_errors(tmp_path, tokenizer_paths):
                           input="", capture_output=True, text=True)
     assert proc.returncode == 1
     assert "merges" in proc.stderr and str(broken) in proc.stderr
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_offsets_match_python(tokenizer_paths, name):
-    """Token start offsets (used to align chat-template spans with tokens) agree with the Python
-    library's, once our byte offsets are floored to character starts (Python's are per char)."""
-    path = tokenizer_paths[name]
-    ref = Tokenizer.from_file(str(path))
-    texts = [t for t in varied_corpus(name) if t]
-    replies = NativeTokenizer(path).run(
-        [{"text": t, "offsets": True, "add_special_tokens": False} for t in texts])
-    bad = []
-    for text, reply in zip(texts, replies):
-        enc = ref.encode(text, add_special_tokens=False)
-        char_starts = {}
-        pos = 0
-        for i, ch in enumerate(text):
-            for k in range(len(ch.encode("utf-8"))):
-                char_starts[pos + k] = pos
-            pos += len(ch.encode("utf-8"))
-        ours = [char_starts.get(s, s) for s in reply["starts"]]
-        want = [len(text[:s].encode("utf-8")) for s, _ in enc.offsets]
-        if ours != want:
-            bad.append((text, want, ours))
-    assert not bad, f"{len(bad)}/{len(texts)} differ; first: {bad[0]!r}"
 
 
 @pytest.mark.parametrize("name", ["llama2", "phi3-mini"])
