@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Runs offloadd-workers-bench and torch.optim.AdamW on the same parameter count and prints one
-table: STREAM copy/triad, the fused kernel per code path and thread count, the WorkerPool across
-processes, and PyTorch's CPU AdamW (fused=True, foreach=True, default) at the same thread counts.
+table: STREAM copy/triad, an "AdamW-shaped copy" (the same five streams and 28 B/param as the
+update, with trivial arithmetic: the bandwidth roof for this access pattern), the fused kernel per
+code path and thread count, the WorkerPool across processes (with and without redo slots), and
+PyTorch's CPU AdamW (fused=True, foreach=True, default) at the same thread counts.
 
     run_bench.py --build build-workers --params 67108864 --repeats 5 [--threads 1,2] [--pool 1x2,2x1]
 
@@ -62,6 +64,7 @@ def main():
 
     triad = {r["threads"]: r["gbps"] for r in rows if r["bench"] == "stream_triad"}
     best_triad = max(triad.values())
+    shape = max(r["gbps"] for r in rows if r["bench"] == "stream_adamw_shape")
     table = []
     for r in rows:
         if r["bench"].startswith("stream"):
@@ -83,11 +86,13 @@ def main():
                           f"{BYTES_PER_PARAM * args.params / best / 1e9:.1f}",
                           f"{BYTES_PER_PARAM * args.params / median / 1e9:.1f}",
                           f"{100 * BYTES_PER_PARAM * args.params / best / 1e9 / best_triad:.0f}%"))
+    table = [row + ((f"{100 * float(row[3]) / shape:.0f}%" if row[2] else ""),) for row in table]
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                platform.processor())
     print(f"# {cpu}, {ncpu} cpus, {args.params} params, torch {torch.__version__}, "
           f"load average {os.getloadavg()[0]:.1f}")
-    header = ("what", "config", "Gparam/s", "GB/s best", "GB/s median", "% of triad")
+    header = ("what", "config", "Gparam/s", "GB/s best", "GB/s median", "% of triad",
+              "% of AdamW-shaped copy")
     widths = [max(len(str(x[i])) for x in table + [header]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths)] + table:
         print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |")
