@@ -147,10 +147,11 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids,
     starts->insert(starts->end(), e.starts.begin(), e.starts.end());
   };
   const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  CacheShard& shard = cache_[std::hash<std::string_view>()(word) % kCacheShards];
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto it = cache_.find(std::string(word));
-    if (it != cache_.end()) {
+    std::lock_guard<std::mutex> lock(shard.mu);
+    auto it = shard.map.find(std::string(word));
+    if (it != shard.map.end()) {
       append(it->second);
       return;
     }
@@ -159,9 +160,9 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids,
   MergeWord(word, &result);
   append(result);
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cache_.size() >= kCacheCapacity) cache_.clear();
-    cache_.emplace(std::string(word), std::move(result));
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.map.size() >= kCacheCapacityPerShard) shard.map.clear();
+    shard.map.emplace(std::string(word), std::move(result));
   }
 }
 

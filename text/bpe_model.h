@@ -68,10 +68,15 @@ class BpeModel {
   bool ignore_merges_ = false;
   std::array<int32_t, 256> byte_ids_{};  // <0xNN> ids, -1 when absent
 
-  static constexpr size_t kCacheCapacity = 50000;
+  // Pre-token cache, sharded by hash so that concurrent encoders rarely contend.
+  static constexpr size_t kCacheShards = 16;
+  static constexpr size_t kCacheCapacityPerShard = 4096;
   static constexpr size_t kMaxCachedWordBytes = 256;
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, Encoded> cache_;
+  struct CacheShard {
+    std::mutex mu;
+    std::unordered_map<std::string, Encoded> map;
+  };
+  mutable std::array<CacheShard, kCacheShards> cache_;
 };
 
 }  // namespace offloadd::text
