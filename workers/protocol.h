@@ -66,6 +66,7 @@ struct AccumulateCommand {
   uint32_t layer;
   uint32_t reserved;
 };
+static_assert(sizeof(AccumulateCommand) == 48);
 
 struct GradNormCommand {
   uint64_t num_elements;
@@ -73,6 +74,7 @@ struct GradNormCommand {
   uint32_t layer;
   uint32_t reserved;
 };
+static_assert(sizeof(GradNormCommand) == 24);
 
 // Completion of one command. status_code is an offloadd::StatusCode; message is a truncated
 // description (the worker logs the full one).
@@ -123,6 +125,7 @@ struct WorkerHello {
   uint32_t num_cpus;     // 0: do not pin
   uint16_t cpus[kMaxCpusPerWorker];
 };
+static_assert(sizeof(WorkerHello) == 560, "WorkerHello is shared across processes");
 
 // The worker's reply once it is attached and recovered: status_code 0, or an error.
 struct WorkerReady {
@@ -130,5 +133,6 @@ struct WorkerReady {
   uint32_t recovered_chunks;  // interrupted chunk commits completed at startup
   char message[248];
 };
+static_assert(sizeof(WorkerReady) == 256);
 
 }  // namespace offloadd::workers
