@@ -282,7 +282,7 @@ TEST(WorkerPoolTest, BadCommandsGetErrorsAndTheWorkerSurvives) {
   auto pool = WorkerPool::Start(&m.segment(), &m.arena(), Options(1, 1));
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   const pid_t pid = (*pool)->Pids()[0];
-  auto expect_error = [&](ipc::CommandRecord r, StatusCode code, const char* text) {
+  auto expect_error = [&](const ipc::CommandRecord& r, StatusCode code, const char* text) {
     ASSERT_TRUE((*pool)->Submit(r).ok());
     auto c = (*pool)->WaitCompletion(60000);
     ASSERT_TRUE(c.ok());
