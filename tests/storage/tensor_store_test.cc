@@ -82,14 +82,14 @@ TEST_P(TensorStoreTest, RoundTripsOddSizesAndOffsetsAcrossReopen) {
         for (uint64_t version = 1; version <= 2; ++version) {
           Buffer src(sizes[i], misaligns[m]);
           auto bytes = MakeBytes(i * 1000 + m * 10 + version, sizes[i]);
-          std::memcpy(src.span().data(), bytes.data(), bytes.size());
+          if (!bytes.empty()) std::memcpy(src.span().data(), bytes.data(), bytes.size());
           ASSERT_TRUE(store->WriteSync(key, version, src.span()).ok()) << KeyString(key);
           Buffer dst(sizes[i], misaligns[(m + 1) % misaligns.size()]);
           auto info = store->ReadSync(key, kLatestVersion, dst.span());
           ASSERT_TRUE(info.ok()) << info.status().ToString();
           EXPECT_EQ(info->version, version);
           EXPECT_EQ(info->size, sizes[i]);
-          ASSERT_EQ(std::memcmp(dst.span().data(), bytes.data(), bytes.size()), 0)
+          ASSERT_TRUE(bytes.empty() || std::memcmp(dst.span().data(), bytes.data(), bytes.size()) == 0)
               << "size " << sizes[i] << " misalign " << misaligns[m];
         }
       }
