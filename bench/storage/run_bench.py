@@ -44,7 +44,7 @@ def human(n):
 def default_bench():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
-    for build in ("build", "build-storage", "build-storage-dev"):
+    for build in ("build", "build-gpu", "build-storage", "build-storage-dev"):
         p = os.path.join(root, build, "bench", "storage", "offloadd-storage-bench")
         if os.path.exists(p):
             return p
@@ -101,6 +101,8 @@ def main():
     p.add_argument("--bench", default=default_bench(), help="path of offloadd-storage-bench")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs per cell, store and fio interleaved; the median is reported (default 3)")
+    p.add_argument("--best", action="store_true",
+                   help="report the best run of each cell instead of the median (for shared, noisy machines)")
     args = p.parse_args()
 
     dirs = []
@@ -109,12 +111,16 @@ def main():
         os.makedirs(path, exist_ok=True)
         dirs.append((tempfile.mkdtemp(prefix="offloadd-bench-", dir=path), float(w)))
     have_fio = shutil.which("fio") is not None
-    fs = subprocess.run(["df", "--output=source,fstype"] + [d for d, _ in dirs],
-                        capture_output=True, text=True).stdout.split("\n")[1:]
-    print(f"# storage bench: {platform.node()} {platform.release()}, {os.cpu_count()} CPUs")
+    fs = []
+    if shutil.which("df"):
+        fs = subprocess.run(["df", "--output=source,fstype"] + [d for d, _ in dirs],
+                            capture_output=True, text=True).stdout.split("\n")[1:]
+    print(f"# storage bench: {platform.node()} {platform.release()}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"# command: {' '.join(sys.argv)}")
     print(f"# dirs: {', '.join(f'{d} (w={w:g})' for d, w in dirs)}; fs: {'; '.join(x.strip() for x in fs if x.strip())}")
     print(f"# size per phase {human(args.size)}, tensors of {human(args.tensor_size)}, "
-          f"{args.in_flight} tensors in flight; median of {args.repeat} runs per cell; "
+          f"{args.in_flight} tensors in flight; {'best' if args.best else 'median'} of {args.repeat} runs per cell; "
           f"fio: {'present' if have_fio else 'ABSENT (store figures only)'}")
     print()
     print("| phase | block_size | queue_depth | store GB/s | fio GB/s | store/fio |")
@@ -136,9 +142,10 @@ def main():
                                 if name.startswith("fio."):
                                     os.unlink(os.path.join(d, name))
                 median = lambda xs: sorted(xs)[len(xs) // 2]
-                store = {ph: median([r.get(ph, 0.0) for r in runs]) for ph in ("write", "read", "mixed")}
+                pick = max if args.best else median
+                store = {ph: pick([r.get(ph, 0.0) for r in runs]) for ph in ("write", "read", "mixed")}
                 store["engine"] = runs[0].get("engine", "?")
-                fio = {ph: median([r[ph] for r in fio_runs]) for ph in ("write", "read", "mixed")} if fio_runs else {}
+                fio = {ph: pick([r[ph] for r in fio_runs]) for ph in ("write", "read", "mixed")} if fio_runs else {}
                 for phase in ("write", "read", "mixed"):
                     s = store.get(phase, 0.0)
                     if phase in fio:
