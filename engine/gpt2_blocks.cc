@@ -46,7 +46,7 @@ class Gpt2Layer final : public Block {
   }
 
  protected:
-  at::Tensor Run(const MicroBatch&, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
+  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
     const int64_t hs = c_.hidden_size;
     at::Tensor mean1, rstd1, mean2, rstd2;
     at::Tensor n1 = ops::LayerNorm(x, P(kLn1W), P(kLn1B), c_.norm_eps, &mean1, &rstd1);
@@ -55,7 +55,7 @@ class Gpt2Layer final : public Block {
     at::Tensor k = ops::SplitHeads(qkv.narrow(-1, hs, hs), c_.num_heads, c_.head_dim);
     at::Tensor v = ops::SplitHeads(qkv.narrow(-1, 2 * hs, hs), c_.num_heads, c_.head_dim);
     std::vector<at::Tensor> aux;
-    at::Tensor attn = ops::Attention(q, k, v, Scale(), saved ? &aux : nullptr);
+    at::Tensor attn = ops::Attention(q, k, v, Scale(), mb.attn_mask, saved ? &aux : nullptr);
     at::Tensor h = x + ops::Conv1D(ops::MergeHeads(attn), P(kProjW), P(kProjB));
     at::Tensor n2 = ops::LayerNorm(h, P(kLn2W), P(kLn2B), c_.norm_eps, &mean2, &rstd2);
     at::Tensor fc = ops::Conv1D(n2, P(kFcW), P(kFcB));
@@ -67,12 +67,11 @@ class Gpt2Layer final : public Block {
     return y;
   }
 
-  at::Tensor Backprop(const MicroBatch&, const at::Tensor& dy, std::vector<at::Tensor>& s,
+  at::Tensor Backprop(const MicroBatch& mb, const at::Tensor& dy, std::vector<at::Tensor>& s,
                       const GradCallback& on_grad) override {
     const at::Tensor &x = s[0], &mean1 = s[1], &rstd1 = s[2], &q = s[3], &k = s[4], &v = s[5],
                      &attn = s[6], &h = s[7], &mean2 = s[8], &rstd2 = s[9], &fc = s[10];
     const at::Tensor* aux = s.data() + 11;
-    const size_t num_aux = s.size() - 11;
     at::Tensor dw, db;
     auto emit = [&](size_t wi, size_t bi) {
       on_grad(params_[wi].name, dw);
@@ -93,7 +92,7 @@ class Gpt2Layer final : public Block {
     emit(kProjW, kProjB);
     at::Tensor dq, dk, dv;
     ops::AttentionBackward(ops::SplitHeads(dattn, c_.num_heads, c_.head_dim), q, k, v, attn, aux,
-                           num_aux, Scale(), &dq, &dk, &dv);
+                           Scale(), mb.attn_mask, &dq, &dk, &dv);
     at::Tensor dqkv = at::cat({ops::MergeHeads(dq), ops::MergeHeads(dk), ops::MergeHeads(dv)}, -1);
     at::Tensor n1 = ops::LayerNorm(x, P(kLn1W), P(kLn1B), c_.norm_eps, nullptr, nullptr);
     at::Tensor dn1 = ops::Conv1DBackward(dqkv, n1, P(kAttnW), &dw, &db);

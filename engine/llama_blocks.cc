@@ -65,7 +65,7 @@ class LlamaLayer final : public Block {
     q = ops::ApplyRope(q, mb.rope_cos, mb.rope_sin);
     k = ops::ApplyRope(k, mb.rope_cos, mb.rope_sin);
     std::vector<at::Tensor> aux;
-    at::Tensor attn = ops::Attention(q, k, v, Scale(), saved ? &aux : nullptr);
+    at::Tensor attn = ops::Attention(q, k, v, Scale(), mb.attn_mask, saved ? &aux : nullptr);
     at::Tensor h = x + ops::Linear(ops::MergeHeads(attn), P(kO), Bias(ob_, 0));
     at::Tensor n2 = ops::RmsNorm(h, P(kPostNorm), c_.norm_eps, &rstd2);
     at::Tensor gate = ops::Linear(n2, P(kGate), {});
@@ -83,7 +83,6 @@ class LlamaLayer final : public Block {
     const at::Tensor &x = s[0], &rstd1 = s[1], &q = s[2], &k = s[3], &v = s[4], &attn = s[5],
                      &h = s[6], &rstd2 = s[7], &gate = s[8], &up = s[9];
     const at::Tensor* aux = s.data() + 10;
-    const size_t num_aux = s.size() - 10;
     at::Tensor dw, db;
     auto emit = [&](size_t i, const at::Tensor& g) { on_grad(params_[i].name, g); };
 
@@ -106,7 +105,7 @@ class LlamaLayer final : public Block {
     if (ob_ != kNone) emit(ob_, db);
     at::Tensor dq, dk, dv;
     ops::AttentionBackward(ops::SplitHeads(dattn, c_.num_heads, c_.head_dim), q, k, v, attn, aux,
-                           num_aux, Scale(), &dq, &dk, &dv);
+                           Scale(), mb.attn_mask, &dq, &dk, &dv);
     dq = ops::MergeHeads(ops::ApplyRopeBackward(dq, mb.rope_cos, mb.rope_sin));
     dk = ops::MergeHeads(ops::ApplyRopeBackward(dk, mb.rope_cos, mb.rope_sin));
     dv = ops::MergeHeads(dv);

@@ -124,7 +124,8 @@ Status Model::To(c10::Device device, c10::ScalarType dtype) {
 
 StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::Tensor& targets,
                                          double num_trained_tokens,
-                                         const at::Tensor& position_ids) const {
+                                         const at::Tensor& position_ids,
+                                         const at::Tensor& segment_ids) const {
   auto bad = [](const std::string& m) { return InvalidArgumentError("micro-batch: " + m); };
   if (!input_ids.defined() || input_ids.dim() != 2 || input_ids.scalar_type() != at::kLong) {
     return bad("input_ids must be an int64 [batch, seq] tensor");
@@ -176,6 +177,13 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
       }
       mb.targets = targets.to(device_);
       mb.num_trained_tokens = num_trained_tokens;
+    }
+    if (segment_ids.defined()) {
+      if (segment_ids.sizes() != input_ids.sizes() || segment_ids.scalar_type() != at::kLong) {
+        return bad("segment_ids must be int64 with the shape of input_ids");
+      }
+      mb.segment_ids = segment_ids.to(device_);
+      mb.attn_mask = ops::SegmentMask(mb.segment_ids, dtype_);
     }
     if (config_.arch == Architecture::kLlama) {
       ops::RopeTables(config_.rope, config_.head_dim, mb.position_ids, dtype_, &mb.rope_cos,

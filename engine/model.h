@@ -66,7 +66,9 @@ struct MicroBatch {
   at::Tensor position_ids;  // [B, T] int64 (rotary / learned positions)
   at::Tensor targets;       // [B, T] int64 next-token targets (already shifted), or undefined
   double num_trained_tokens = 0;  // loss normaliser, see above
+  at::Tensor segment_ids;   // [B, T] int64 packed-document ids, or undefined (one document)
   at::Tensor rope_cos, rope_sin;  // [B, T, head_dim] in the compute dtype (Llama family)
+  at::Tensor attn_mask;           // [B, 1, T, T] additive mask built from segment_ids
 };
 
 struct Param {
@@ -181,9 +183,13 @@ class Model {
 
   // Validates ids/targets (shape, range, sequence length) and moves them to the model's device.
   // position_ids defaults to 0..T-1 per row. targets may be undefined (inference).
+  // segment_ids (packing): tokens attend only within their own segment; pair it with
+  // position_ids restarting at 0 per segment. Packed batches use the explicit-softmax attention
+  // path (O(T^2) memory per head) instead of the fused kernels.
   StatusOr<MicroBatch> PrepareBatch(const at::Tensor& input_ids, const at::Tensor& targets,
                                     double num_trained_tokens,
-                                    const at::Tensor& position_ids = at::Tensor()) const;
+                                    const at::Tensor& position_ids = at::Tensor(),
+                                    const at::Tensor& segment_ids = at::Tensor()) const;
 
   // Whole-model helpers over the block API.
   StatusOr<at::Tensor> Logits(const MicroBatch& mb);

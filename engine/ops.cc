@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 
 namespace offloadd::engine::ops {
 
@@ -151,14 +152,26 @@ at::Tensor ReduceKv(const at::Tensor& dx, int64_t rep) {
 
 }  // namespace
 
-size_t AttentionAuxCount(const at::Tensor& q) {
-  return PickKernel(q) == AttnKernel::kCpuFlash ? 1 : 3;
+at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype) {
+  const int64_t t = segment_ids.size(1);
+  at::Tensor same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));  // [B, T, T]
+  at::Tensor causal = at::ones({t, t}, segment_ids.options().dtype(at::kBool)).tril();
+  at::Tensor allowed = (same & causal).unsqueeze(1);
+  return at::zeros(allowed.sizes(), segment_ids.options().dtype(dtype))
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
 at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                     std::vector<at::Tensor>* aux) {
+                     const at::Tensor& mask, std::vector<at::Tensor>* aux) {
   const int64_t rep = q.size(1) / k.size(1);
   at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
+  if (mask.defined()) {
+    // transformers' eager_attention_forward: softmax in fp32, probabilities cast back.
+    at::Tensor scores = at::matmul(q, ke.transpose(2, 3)) * scale + mask;
+    at::Tensor p = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+    if (aux) aux->push_back(p);
+    return at::matmul(p, ve);
+  }
   switch (PickKernel(q)) {
     case AttnKernel::kCpuFlash: {
       auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
@@ -194,11 +207,24 @@ at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
-                       size_t num_aux, double scale, at::Tensor* dq, at::Tensor* dk,
+                       double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,
                        at::Tensor* dv) {
   const int64_t rep = q.size(1) / k.size(1);
   at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
   at::Tensor gk, gv;
+  if (mask.defined()) {
+    const at::Tensor& p = aux[0];
+    gv = at::matmul(p.transpose(2, 3), dout);
+    at::Tensor dp = at::matmul(dout, ve.transpose(2, 3));
+    // Softmax backward (ATen's kernel, fp32 like the forward), then the scaled QK^T product.
+    at::Tensor ds = at::_softmax_backward_data(dp.to(at::kFloat), p.to(at::kFloat), -1, at::kFloat)
+                        .to(q.scalar_type()) * scale;
+    *dq = at::matmul(ds, ke);
+    gk = at::matmul(ds.transpose(2, 3), q);
+    *dk = ReduceKv(gk, rep);
+    *dv = ReduceKv(gv, rep);
+    return;
+  }
   switch (PickKernel(q)) {
     case AttnKernel::kCpuFlash: {
       std::tie(*dq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
@@ -221,7 +247,6 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
       break;
     }
   }
-  (void)num_aux;
   *dk = ReduceKv(gk, rep);
   *dv = ReduceKv(gv, rep);
 }

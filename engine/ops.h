@@ -44,14 +44,21 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 at::Tensor ApplyRopeBackward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin);
 
 // Causal scaled-dot-product attention. q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] with Hq % Hkv == 0.
+// `mask` undefined: plain causal attention through ATen's fused kernels (flash on CPU and for
+// bf16/fp16 on CUDA, memory-efficient otherwise). `mask` defined: an additive [B, 1, T, T] mask in
+// q's dtype (0 or -inf, see SegmentMask) through an explicit softmax (O(T^2) memory) as in
+// transformers' eager attention.
 // Returns out [B, Hq, T, D]; appends to `aux` what AttentionBackward needs besides q, k, v, out.
 at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                     std::vector<at::Tensor>* aux);
+                     const at::Tensor& mask, std::vector<at::Tensor>* aux);
 void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
-                       size_t num_aux, double scale, at::Tensor* dq, at::Tensor* dk, at::Tensor* dv);
-// Number of aux tensors Attention appends for tensors like q (device/dtype dependent).
-size_t AttentionAuxCount(const at::Tensor& q);
+                       double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,
+                       at::Tensor* dv);
+
+// Packed documents: segment_ids [B, T] -> additive mask [B, 1, T, T] allowing token i to see
+// token j iff j <= i and segment_ids[i] == segment_ids[j].
+at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype);
 
 // SwiGLU: silu(g) * u, and its backward.
 at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u);

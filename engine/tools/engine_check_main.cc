@@ -7,7 +7,7 @@
 //   offloadd-engine-check --model DIR --generate N --prompt 1,2,3 [--stop 2] --out OUT.safetensors
 //
 // IN holds "input_ids" [B, T] int64 and optionally "labels" [B, T] (HF convention: aligned with
-// input_ids, -100 = ignored; shifted here) and "position_ids". OUT receives "logits" [B, T, V]
+// input_ids, -100 = ignored; shifted here), "position_ids" and "segment_ids" (packing). OUT receives "logits" [B, T, V]
 // fp32, "loss" (sum over micro-batches, each normalised by the step's trained-token count) and
 // "grad/<param>" fp32 (summed over micro-batches and tied uses). With --sgd-lr the parameters are
 // updated p -= lr * grad, "logits_after" is dumped and the model exported to --export.
@@ -110,6 +110,7 @@ Status Run(const Args& a) {
   const at::Tensor ids = in["input_ids"];
   const at::Tensor labels = in.count("labels") ? in["labels"] : ids;
   const at::Tensor positions = in.count("position_ids") ? in["position_ids"] : at::Tensor();
+  const at::Tensor segments = in.count("segment_ids") ? in["segment_ids"] : at::Tensor();
   const at::Tensor targets = Model::ShiftLabels(labels);
   const double total = static_cast<double>(Model::CountTrainedTokens(targets));
   ASSIGN_OR_RETURN(auto modes, Modes(a.mode, model->num_blocks()));
@@ -149,7 +150,7 @@ Status Run(const Args& a) {
   for (int m = 0; m < a.micro_batches; ++m) {
     auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, m * mbs, mbs) : t; };
     ASSIGN_OR_RETURN(MicroBatch mb,
-                     model->PrepareBatch(slice(ids), slice(targets), total, slice(positions)));
+                     model->PrepareBatch(slice(ids), slice(targets), total, slice(positions), slice(segments)));
     ASSIGN_OR_RETURN(at::Tensor lg, model->Logits(mb));
     logits.push_back(lg.to(at::kCPU, at::kFloat));
     ASSIGN_OR_RETURN(at::Tensor l, model->ForwardBackward(mb, modes, on_grad, &offload));
@@ -170,7 +171,7 @@ Status Run(const Args& a) {
     std::vector<at::Tensor> after;
     for (int m = 0; m < a.micro_batches; ++m) {
       auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, m * mbs, mbs) : t; };
-      ASSIGN_OR_RETURN(MicroBatch mb, model->PrepareBatch(slice(ids), at::Tensor(), 0, slice(positions)));
+      ASSIGN_OR_RETURN(MicroBatch mb, model->PrepareBatch(slice(ids), at::Tensor(), 0, slice(positions), slice(segments)));
       ASSIGN_OR_RETURN(at::Tensor lg, model->Logits(mb));
       after.push_back(lg.to(at::kCPU, at::kFloat));
     }
