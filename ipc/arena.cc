@@ -40,7 +40,8 @@ struct Arena::Entry {
   char name[kRegionNameMax + 1];
 };
 
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free (address-free)");
 
 namespace {
@@ -54,22 +55,33 @@ Arena::Entry* Arena::entries() const {
 
 std::string_view RegionKindName(RegionKind kind) {
   switch (kind) {
-    case RegionKind::kGradStaging: return "grad_staging";
-    case RegionKind::kParamStaging: return "param_staging";
-    case RegionKind::kMaster: return "master";
-    case RegionKind::kExpAvg: return "exp_avg";
-    case RegionKind::kExpAvgSq: return "exp_avg_sq";
-    case RegionKind::kGradAccum: return "grad_accum";
-    case RegionKind::kQueue: return "queue";
-    case RegionKind::kControl: return "control";
-    case RegionKind::kIoBuffer: return "io_buffer";
-    case RegionKind::kOther: return "other";
+    case RegionKind::kGradStaging:
+      return "grad_staging";
+    case RegionKind::kParamStaging:
+      return "param_staging";
+    case RegionKind::kMaster:
+      return "master";
+    case RegionKind::kExpAvg:
+      return "exp_avg";
+    case RegionKind::kExpAvgSq:
+      return "exp_avg_sq";
+    case RegionKind::kGradAccum:
+      return "grad_accum";
+    case RegionKind::kQueue:
+      return "queue";
+    case RegionKind::kControl:
+      return "control";
+    case RegionKind::kIoBuffer:
+      return "io_buffer";
+    case RegionKind::kOther:
+      return "other";
   }
   return "other";
 }
 
 StatusOr<Arena> Arena::Format(SharedSegment* segment, const ArenaOptions& options) {
-  if (segment == nullptr || !segment->valid()) return InvalidArgumentError("Arena::Format: no segment");
+  if (segment == nullptr || !segment->valid())
+    return InvalidArgumentError("Arena::Format: no segment");
   if (options.alignment < 64 || (options.alignment & (options.alignment - 1)) != 0) {
     return InvalidArgumentError("arena alignment " + std::to_string(options.alignment) +
                                 " must be a power of two >= 64");
@@ -84,8 +96,8 @@ StatusOr<Arena> Arena::Format(SharedSegment* segment, const ArenaOptions& option
                                   " is too small for a region table of " +
                                   std::to_string(options.max_regions) + " entries");
   }
-  std::memset(segment->base() + header_offset, 0, table_offset - header_offset +
-                                                      uint64_t{options.max_regions} * sizeof(Entry));
+  std::memset(segment->base() + header_offset, 0,
+              table_offset - header_offset + uint64_t{options.max_regions} * sizeof(Entry));
   Arena arena(segment->base(), segment->total_size(), header_offset);
   Header* h = arena.header();
   h->version = kArenaVersion;
@@ -104,7 +116,8 @@ StatusOr<Arena> Arena::Format(SharedSegment* segment, const ArenaOptions& option
 }
 
 StatusOr<Arena> Arena::Open(SharedSegment* segment) {
-  if (segment == nullptr || !segment->valid()) return InvalidArgumentError("Arena::Open: no segment");
+  if (segment == nullptr || !segment->valid())
+    return InvalidArgumentError("Arena::Open: no segment");
   const uint64_t header_offset = segment->header().data_offset;
   const uint64_t size = segment->total_size();
   if (header_offset + sizeof(Header) > size) {
@@ -113,8 +126,9 @@ StatusOr<Arena> Arena::Open(SharedSegment* segment) {
   Arena arena(segment->base(), size, header_offset);
   const Header* h = arena.header();
   if (h->magic != kArenaMagic) {
-    return InvalidArgumentError("shared segment holds no offloadd arena (bad arena magic): it was "
-                                "never formatted or has been overwritten");
+    return InvalidArgumentError(
+        "shared segment holds no offloadd arena (bad arena magic): it was "
+        "never formatted or has been overwritten");
   }
   if (h->version != kArenaVersion || h->header_size != sizeof(Header) ||
       h->entry_size != sizeof(Entry)) {
@@ -122,12 +136,11 @@ StatusOr<Arena> Arena::Open(SharedSegment* segment) {
                                 " but this binary speaks version " + std::to_string(kArenaVersion) +
                                 "; restart all offloadd processes together");
   }
-  const bool bounds_ok = h->table_offset >= header_offset + sizeof(Header) &&
-                         h->max_regions > 0 && h->alignment >= 64 &&
-                         (h->alignment & (h->alignment - 1)) == 0 &&
-                         h->table_offset + uint64_t{h->max_regions} * sizeof(Entry) <= h->heap_begin &&
-                         h->heap_begin <= h->heap_end && h->heap_end <= size &&
-                         h->heap_next.load() >= h->heap_begin;
+  const bool bounds_ok =
+      h->table_offset >= header_offset + sizeof(Header) && h->max_regions > 0 &&
+      h->alignment >= 64 && (h->alignment & (h->alignment - 1)) == 0 &&
+      h->table_offset + uint64_t{h->max_regions} * sizeof(Entry) <= h->heap_begin &&
+      h->heap_begin <= h->heap_end && h->heap_end <= size && h->heap_next.load() >= h->heap_begin;
   if (!bounds_ok) {
     return InvalidArgumentError("arena header is corrupt (table/heap bounds outside the " +
                                 std::to_string(size) + "-byte segment)");
@@ -141,9 +154,11 @@ StatusOr<Region> Arena::Allocate(std::string_view name, RegionKind kind, uint64_
                                 std::to_string(kRegionNameMax) + " bytes");
   }
   if (static_cast<uint32_t>(kind) >= kNumRegionKinds) {
-    return InvalidArgumentError("unknown region kind " + std::to_string(static_cast<uint32_t>(kind)));
+    return InvalidArgumentError("unknown region kind " +
+                                std::to_string(static_cast<uint32_t>(kind)));
   }
-  if (Find(name).ok()) return AlreadyExistsError("region '" + std::string(name) + "' already exists");
+  if (Find(name).ok())
+    return AlreadyExistsError("region '" + std::string(name) + "' already exists");
   Header* h = header();
   const uint32_t slot = h->entries_used.fetch_add(1);
   if (slot >= h->max_regions) {
@@ -237,7 +252,8 @@ Status Arena::Check(uint64_t offset, uint64_t bytes) const {
   for (uint32_t i = 0; i < n; ++i) {
     const Entry& e = entries()[i];
     if (e.state.load(std::memory_order_acquire) != kLive) continue;
-    if (offset >= e.offset && bytes <= e.size && offset - e.offset <= e.size - bytes) return OkStatus();
+    if (offset >= e.offset && bytes <= e.size && offset - e.offset <= e.size - bytes)
+      return OkStatus();
   }
   return OutOfRangeError("shared range [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
                          ") is not inside any live region of the arena");

@@ -40,8 +40,9 @@ StatusOr<CudaHostRegistration> CudaHostRegistration::Register(void* base, size_t
                       ", portable) failed: " + cudaGetErrorName(err) + ": " +
                       cudaGetErrorString(err);
     if (err == cudaErrorMemoryAllocation) {
-      msg += " (pinning is limited by RLIMIT_MEMLOCK and physical memory: raise the limit with "
-             "LimitMEMLOCK=infinity / `ulimit -l unlimited`, or pin a smaller arena)";
+      msg +=
+          " (pinning is limited by RLIMIT_MEMLOCK and physical memory: raise the limit with "
+          "LimitMEMLOCK=infinity / `ulimit -l unlimited`, or pin a smaller arena)";
       return ResourceExhaustedError(msg);
     }
     if (err == cudaErrorHostMemoryAlreadyRegistered) return AlreadyExistsError(msg);

@@ -43,7 +43,8 @@ Status WaitReadable(int fd, int abort_fd, int timeout_ms) {
   for (;;) {
     int wait_ms = -1;
     if (timeout_ms >= 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       wait_ms = left.count() < 0 ? 0 : static_cast<int>(left.count());
     }
     const int rc = ::poll(fds, nfds, wait_ms);

@@ -77,8 +77,8 @@ StatusOr<ReceivedFds> RecvFds(int socket_fd, size_t max_fds, size_t max_payload)
                          " bytes or more than " + std::to_string(kMaxPassedFds) + " fds)");
   }
   if (out.fds.size() > max_fds) {
-    return InvalidArgumentError("received " + std::to_string(out.fds.size()) + " fds, expected at most " +
-                                std::to_string(max_fds));
+    return InvalidArgumentError("received " + std::to_string(out.fds.size()) +
+                                " fds, expected at most " + std::to_string(max_fds));
   }
   out.payload.resize(static_cast<size_t>(n));
   return out;

@@ -12,14 +12,14 @@
 namespace offloadd::ipc {
 
 Status CheckShmSpace(uint64_t bytes, const std::string& shm_dir) {
-  struct statvfs st{};
+  struct statvfs st {};
   if (::statvfs(shm_dir.c_str(), &st) != 0) return ErrnoError(errno, "statvfs(" + shm_dir + ")");
   const uint64_t avail = uint64_t{st.f_bavail} * st.f_frsize;
   if (avail >= bytes) return OkStatus();
-  return ResourceExhaustedError(
-      "shared arena needs " + FormatByteSize(bytes) + " but " + shm_dir + " has only " +
-      FormatByteSize(avail) + " free; raise it with `mount -o remount,size=<N>G " + shm_dir +
-      "` (in Docker: --shm-size=<N>g) or lower the plan's pinned memory");
+  return ResourceExhaustedError("shared arena needs " + FormatByteSize(bytes) + " but " + shm_dir +
+                                " has only " + FormatByteSize(avail) +
+                                " free; raise it with `mount -o remount,size=<N>G " + shm_dir +
+                                "` (in Docker: --shm-size=<N>g) or lower the plan's pinned memory");
 }
 
 Status EnsureMemlock(uint64_t bytes) {

@@ -130,13 +130,14 @@ class RingQueue {
       return InvalidArgumentError("no ring queue at this location (bad ring magic)");
     }
     if (h->version != kRingVersion || h->record_size != sizeof(Record)) {
-      return InvalidArgumentError("ring queue has version " + std::to_string(h->version) +
-                                  " and " + std::to_string(h->record_size) +
+      return InvalidArgumentError("ring queue has version " + std::to_string(h->version) + " and " +
+                                  std::to_string(h->record_size) +
                                   "-byte records; this binary expects version " +
                                   std::to_string(kRingVersion) + " and " +
                                   std::to_string(sizeof(Record)) + "-byte records");
     }
-    if (h->capacity < 2 || (h->capacity & (h->capacity - 1)) != 0 || bytes < BytesFor(h->capacity)) {
+    if (h->capacity < 2 || (h->capacity & (h->capacity - 1)) != 0 ||
+        bytes < BytesFor(h->capacity)) {
       return InvalidArgumentError("ring queue header is corrupt (capacity " +
                                   std::to_string(h->capacity) + ")");
     }
@@ -190,7 +191,8 @@ class RingQueue {
  private:
   explicit RingQueue(RingHeader* h) : h_(h) {}
   void* Slot(uint64_t index) const {
-    return reinterpret_cast<uint8_t*>(h_) + SlotsOffset() + (index & (h_->capacity - 1)) * sizeof(Record);
+    return reinterpret_cast<uint8_t*>(h_) + SlotsOffset() +
+           (index & (h_->capacity - 1)) * sizeof(Record);
   }
 
   RingHeader* h_ = nullptr;

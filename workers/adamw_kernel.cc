@@ -68,8 +68,8 @@ bool PathSupported(KernelPath path) {
 
 std::vector<KernelPath> SupportedPaths() {
   std::vector<KernelPath> out;
-  for (KernelPath p : {KernelPath::kAvx512Bf16, KernelPath::kAvx512, KernelPath::kAvx2,
-                       KernelPath::kPortable}) {
+  for (KernelPath p :
+       {KernelPath::kAvx512Bf16, KernelPath::kAvx512, KernelPath::kAvx2, KernelPath::kPortable}) {
     if (PathSupported(p)) out.push_back(p);
   }
   return out;
@@ -79,18 +79,22 @@ KernelPath BestPath() { return SupportedPaths().front(); }
 
 std::string_view KernelPathName(KernelPath path) {
   switch (path) {
-    case KernelPath::kPortable: return "portable";
-    case KernelPath::kAvx2: return "avx2";
-    case KernelPath::kAvx512: return "avx512";
-    case KernelPath::kAvx512Bf16: return "avx512bf16";
+    case KernelPath::kPortable:
+      return "portable";
+    case KernelPath::kAvx2:
+      return "avx2";
+    case KernelPath::kAvx512:
+      return "avx512";
+    case KernelPath::kAvx512Bf16:
+      return "avx512bf16";
   }
   return "unknown";
 }
 
 StatusOr<KernelPath> ParseKernelPath(std::string_view name) {
   if (name == "auto") return BestPath();
-  for (KernelPath p : {KernelPath::kPortable, KernelPath::kAvx2, KernelPath::kAvx512,
-                       KernelPath::kAvx512Bf16}) {
+  for (KernelPath p :
+       {KernelPath::kPortable, KernelPath::kAvx2, KernelPath::kAvx512, KernelPath::kAvx512Bf16}) {
     if (KernelPathName(p) != name) continue;
     if (!PathSupported(p)) {
       return FailedPreconditionError("kernel path '" + std::string(name) +
@@ -102,13 +106,17 @@ StatusOr<KernelPath> ParseKernelPath(std::string_view name) {
                               "' (auto, portable, avx2, avx512, avx512bf16)");
 }
 
-#define OFFLOADD_DISPATCH(path, fn, ...)                         \
-  switch (path) {                                                \
-    case KernelPath::kAvx512Bf16: return internal::avx512bf16::fn(__VA_ARGS__); \
-    case KernelPath::kAvx512: return internal::avx512::fn(__VA_ARGS__);         \
-    case KernelPath::kAvx2: return internal::avx2::fn(__VA_ARGS__);             \
-    case KernelPath::kPortable: break;                           \
-  }                                                              \
+#define OFFLOADD_DISPATCH(path, fn, ...)            \
+  switch (path) {                                   \
+    case KernelPath::kAvx512Bf16:                   \
+      return internal::avx512bf16::fn(__VA_ARGS__); \
+    case KernelPath::kAvx512:                       \
+      return internal::avx512::fn(__VA_ARGS__);     \
+    case KernelPath::kAvx2:                         \
+      return internal::avx2::fn(__VA_ARGS__);       \
+    case KernelPath::kPortable:                     \
+      break;                                        \
+  }                                                 \
   return internal::portable::fn(__VA_ARGS__)
 
 double FusedAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath path) {

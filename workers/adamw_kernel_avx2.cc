@@ -9,14 +9,16 @@ namespace {
 
 inline __m256 LoadGrad8(const void* grad, GradDtype dt, size_t i) {
   if (dt == GradDtype::kFp32) return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 inline __m128i ToBf16(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
   // Pack 8 x u32 (each < 65536) to 8 x u16: packus works per 128-bit lane.

@@ -14,9 +14,9 @@ namespace offloadd::workers::internal {
 // float meets a float32 tensor.
 struct AdamWScalars {
   float grad_scale;
-  float decay;          // 1 - lr * wd
-  float lerp_coeff;     // 1 - beta1 (or -beta1 when 1 - beta1 >= 0.5, see ATen lerp)
-  bool lerp_small;      // |1 - beta1| < 0.5: m + w (g - m); else g + (w - 1)(g - m)
+  float decay;       // 1 - lr * wd
+  float lerp_coeff;  // 1 - beta1 (or -beta1 when 1 - beta1 >= 0.5, see ATen lerp)
+  bool lerp_small;   // |1 - beta1| < 0.5: m + w (g - m); else g + (w - 1)(g - m)
   float beta2;
   float one_minus_beta2;
   float neg_step_size;  // -lr / (1 - beta1^k)
@@ -85,12 +85,12 @@ inline float LoadGrad(const void* grad, GradDtype dt, size_t i) {
                                 : static_cast<const float*>(grad)[i];
 }
 
-#define OFFLOADD_DECLARE_KERNEL_PATH(ns)                                                          \
-  namespace ns {                                                                               \
-  double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s);                             \
-  double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype,       \
-                        size_t n, bool overwrite);                                             \
-  double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n);                         \
+#define OFFLOADD_DECLARE_KERNEL_PATH(ns)                                                    \
+  namespace ns {                                                                            \
+  double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s);                          \
+  double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype, \
+                        size_t n, bool overwrite);                                          \
+  double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n);                      \
   }
 OFFLOADD_DECLARE_KERNEL_PATH(portable)
 OFFLOADD_DECLARE_KERNEL_PATH(avx2)

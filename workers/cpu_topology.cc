@@ -20,7 +20,8 @@ StatusOr<std::vector<int>> ParseCpuList(std::string_view text) {
     const size_t dash = item.find('-');
     try {
       const int lo = std::stoi(std::string(item.substr(0, dash)));
-      const int hi = dash == std::string_view::npos ? lo : std::stoi(std::string(item.substr(dash + 1)));
+      const int hi =
+          dash == std::string_view::npos ? lo : std::stoi(std::string(item.substr(dash + 1)));
       if (lo < 0 || hi < lo || hi > 65535) throw std::out_of_range("range");
       for (int c = lo; c <= hi; ++c) out.push_back(c);
     } catch (const std::exception&) {
@@ -43,7 +44,8 @@ std::vector<int> AllowedCpus() {
   return out;
 }
 
-std::vector<std::vector<int>> NumaNodes(const std::vector<int>& allowed, const std::string& sys_root) {
+std::vector<std::vector<int>> NumaNodes(const std::vector<int>& allowed,
+                                        const std::string& sys_root) {
   const std::set<int> ok(allowed.begin(), allowed.end());
   std::vector<std::pair<int, std::vector<int>>> nodes;
   std::error_code ec;
@@ -71,7 +73,8 @@ std::vector<std::vector<int>> NumaNodes(const std::vector<int>& allowed, const s
   return out;
 }
 
-CpuPlan PlanWorkerCpus(uint32_t processes, uint32_t threads, const std::vector<std::vector<int>>& nodes) {
+CpuPlan PlanWorkerCpus(uint32_t processes, uint32_t threads,
+                       const std::vector<std::vector<int>>& nodes) {
   CpuPlan plan;
   if (nodes.empty()) {
     plan.cpus.assign(processes, {});

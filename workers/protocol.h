@@ -52,8 +52,8 @@ struct AdamWCommand {
   uint64_t counters_offset;    // uint64[NumChunks(num_elements)]
   uint64_t step;               // k >= 1
   double lr, beta1, beta2, eps, weight_decay;
-  float grad_scale;            // clip coefficient (1 when not clipping)
-  uint32_t layer;              // for logs and metrics only
+  float grad_scale;  // clip coefficient (1 when not clipping)
+  uint32_t layer;    // for logs and metrics only
 };
 static_assert(sizeof(AdamWCommand) == 112);
 
@@ -86,7 +86,7 @@ struct alignas(64) WorkerCompletion {
   uint64_t chunks_applied;  // chunks this execution updated
   uint64_t chunks_skipped;  // chunks found already done (replay after a crash)
   uint64_t elements;
-  uint64_t busy_ns;         // time the worker spent executing
+  uint64_t busy_ns;  // time the worker spent executing
   uint32_t worker;
   uint32_t layer;
   char message[192];
@@ -101,9 +101,9 @@ std::string UndoRegionName(uint32_t worker);       // "worker<i>.undo"
 // Fault injection for tests: where the first incarnation of a worker kills itself.
 enum class CrashPoint : uint32_t {
   kNone = 0,
-  kAfterKernel = 1,   // new state in the redo slot (not yet marked), shared state untouched
-  kMidCopy = 2,       // slot marked committing, master copied back, exp_avg(_sq) not yet
-  kAfterCommit = 3,   // counter advanced, slot still marked committing
+  kAfterKernel = 1,  // new state in the redo slot (not yet marked), shared state untouched
+  kMidCopy = 2,      // slot marked committing, master copied back, exp_avg(_sq) not yet
+  kAfterCommit = 3,  // counter advanced, slot still marked committing
 };
 
 // First message on the control socket (with fds: segment, cmd ready, cmd space, cpl ready,
@@ -122,7 +122,7 @@ struct WorkerHello {
   uint32_t crash_point;  // CrashPoint, only honoured when incarnation == 0
   uint64_t crash_after_chunks;
   int32_t parent_pid;
-  uint32_t num_cpus;     // 0: do not pin
+  uint32_t num_cpus;  // 0: do not pin
   uint16_t cpus[kMaxCpusPerWorker];
 };
 static_assert(sizeof(WorkerHello) == 560, "WorkerHello is shared across processes");

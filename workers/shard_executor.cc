@@ -44,7 +44,8 @@ float* SlotData(UndoSlot* slot, uint32_t array) {
 
 uint64_t UndoRegionBytes(uint32_t threads) { return threads * kUndoSlotBytes; }
 
-StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset, uint32_t threads) {
+StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset,
+                                    uint32_t threads) {
   RETURN_IF_ERROR(arena.Check(undo_offset, UndoRegionBytes(threads)));
   uint32_t completed = 0;
   for (uint32_t t = 0; t < threads; ++t) {
@@ -59,7 +60,8 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
     if (counter.load(std::memory_order_acquire) == slot->seq - 1) {
       for (uint32_t a = 0; a < slot->arrays; ++a) {
         RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->count * sizeof(float)));
-        std::memcpy(arena.At<float>(slot->dst_offset[a]), SlotData(slot, a), slot->count * sizeof(float));
+        std::memcpy(arena.At<float>(slot->dst_offset[a]), SlotData(slot, a),
+                    slot->count * sizeof(float));
       }
       std::atomic_thread_fence(std::memory_order_seq_cst);
       counter.store(slot->seq, std::memory_order_seq_cst);
@@ -130,7 +132,8 @@ void ShardExecutor::ThreadMain(uint32_t thread) {
       job = job_.get();
     }
     Status first_error;
-    for (uint64_t c = job->next_chunk.fetch_add(1); c < job->chunks; c = job->next_chunk.fetch_add(1)) {
+    for (uint64_t c = job->next_chunk.fetch_add(1); c < job->chunks;
+         c = job->next_chunk.fetch_add(1)) {
       bool applied = false;
       Status st = RunChunk(*job, thread, c, &job->chunk_sq[c], &applied);
       if (!st.ok()) {
@@ -170,13 +173,14 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
   }
   const uint32_t arrays = job.kind == CommandKind::kAdamW ? 3 : 1;
   const uint64_t processed = chunks_processed_.fetch_add(1);
-  const bool crash_here = options_.crash_point != CrashPoint::kNone &&
-                          processed == options_.crash_after_chunks;
+  const bool crash_here =
+      options_.crash_point != CrashPoint::kNone && processed == options_.crash_after_chunks;
   float* state[3] = {};
   for (uint32_t a = 0; a < arrays; ++a) {
     state[a] = arena_->At<float>(job.state_offset[a] + begin * sizeof(float));
   }
-  UndoSlot* slot = options_.crash_consistent ? SlotAt(*arena_, options_.undo_offset, thread) : nullptr;
+  UndoSlot* slot =
+      options_.crash_consistent ? SlotAt(*arena_, options_.undo_offset, thread) : nullptr;
   float* out[3] = {};
   for (uint32_t a = 0; a < arrays; ++a) out[a] = slot != nullptr ? SlotData(slot, a) : state[a];
   if (job.kind == CommandKind::kAdamW) {
@@ -196,8 +200,8 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
     span.n = count;
     *sq_norm = FusedAdamW(span, job.hyper, options_.path);
   } else {
-    *sq_norm = AccumulateGrad(out[0], grad, job.grad_dtype, count, job.overwrite, options_.path,
-                              state[0]);
+    *sq_norm =
+        AccumulateGrad(out[0], grad, job.grad_dtype, count, job.overwrite, options_.path, state[0]);
   }
   if (crash_here && options_.crash_point == CrashPoint::kAfterKernel) CrashForTest();
   if (slot != nullptr) {
@@ -205,7 +209,8 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
     slot->counter_offset = counter_offset;
     slot->seq = job.seq;
     slot->count = count;
-    for (uint32_t a = 0; a < arrays; ++a) slot->dst_offset[a] = job.state_offset[a] + begin * sizeof(float);
+    for (uint32_t a = 0; a < arrays; ++a)
+      slot->dst_offset[a] = job.state_offset[a] + begin * sizeof(float);
     // The slot (data and header) must be complete before the shared state starts changing.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     slot->state.store(kSlotCommitting, std::memory_order_seq_cst);
@@ -285,7 +290,9 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
   RETURN_IF_ERROR(check("counters", job->counters_offset, job->chunks * 8, 8));
   const uint32_t arrays = job->kind == CommandKind::kAdamW ? 3 : 1;
   for (uint32_t a = 0; a < arrays; ++a) {
-    RETURN_IF_ERROR(check(a == 0 ? "master/accum" : a == 1 ? "exp_avg" : "exp_avg_sq",
+    RETURN_IF_ERROR(check(a == 0   ? "master/accum"
+                          : a == 1 ? "exp_avg"
+                                   : "exp_avg_sq",
                           job->state_offset[a], job->n * 4, 4));
   }
   if (job->kind == CommandKind::kAdamW && job->weight_dtype != WeightDtype::kNone) {
@@ -326,14 +333,14 @@ WorkerCompletion ShardExecutor::Execute(const ipc::CommandRecord& command) {
     done.chunks_skipped = job->skipped.load();
     done.elements = job->n;
   } else {
-    OFFLOADD_LOG(kError, "workers") << "worker " << options_.worker << " command " << command.id
-                                    << ": " << st.ToString();
+    OFFLOADD_LOG(kError, "workers")
+        << "worker " << options_.worker << " command " << command.id << ": " << st.ToString();
     std::strncpy(done.message, st.message().c_str(), sizeof(done.message) - 1);
   }
   done.status_code = static_cast<int32_t>(st.code());
-  done.busy_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           std::chrono::steady_clock::now() - start)
-                                           .count());
+  done.busy_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
   return done;
 }
 

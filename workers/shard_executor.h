@@ -34,14 +34,15 @@ uint64_t UndoRegionBytes(uint32_t threads);
 
 // Completes every chunk commit recorded in the redo region at `undo_offset` (for `threads`
 // slots) that had not advanced its counter yet. Returns how many chunks it completed.
-StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset, uint32_t threads);
+StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset,
+                                    uint32_t threads);
 
 struct ExecutorOptions {
   uint32_t worker = 0;
   uint32_t threads = 1;
   KernelPath path = KernelPath::kPortable;
   bool crash_consistent = true;
-  std::vector<int> cpus;  // thread t is pinned to cpus[t % size]; empty: no pinning
+  std::vector<int> cpus;     // thread t is pinned to cpus[t % size]; empty: no pinning
   uint64_t undo_offset = 0;  // required when crash_consistent
   // Test seam: SIGKILL this process at `crash_point` of the chunk after `crash_after_chunks`
   // chunks have been processed.

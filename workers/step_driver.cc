@@ -67,7 +67,8 @@ Status StepDriver::SubmitUpdate(size_t shard, float grad_scale) {
 
 Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
   if (!open_) return FailedPreconditionError("GradsReady outside BeginStep/FinishStep");
-  if (shard >= shards_.size()) return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
+  if (shard >= shards_.size())
+    return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
   if (micro != micro_seen_[shard] || micro >= config_.accumulation_steps) {
     return InvalidArgumentError("shard " + std::to_string(shard) + ": micro-batch " +
                                 std::to_string(micro) + " out of order (expected " +
@@ -114,13 +115,15 @@ Status StepDriver::WaitOne() {
     return OkStatus();
   }
   const auto kind = static_cast<CommandKind>(c.kind);
-  if (kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW) sq_norm_[shard] = c.grad_sq_norm;
+  if (kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW)
+    sq_norm_[shard] = c.grad_sq_norm;
   if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
   return OkStatus();
 }
 
 Status StepDriver::WaitShardIdle(size_t shard) {
-  if (shard >= shards_.size()) return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
+  if (shard >= shards_.size())
+    return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
   while (outstanding_[shard] > 0) RETURN_IF_ERROR(WaitOne());
   return error_;
 }
@@ -150,8 +153,8 @@ StatusOr<StepResult> StepDriver::FinishStep() {
   if (config_.max_grad_norm > 0) {
     result.clip_coef = ClipCoefficient(total_sq, config_.max_grad_norm, &norm);
     if (!std::isfinite(norm) || !std::isfinite(result.clip_coef)) {
-      return DataLossError("gradient norm is not finite (" + std::to_string(norm) +
-                           "); step " + std::to_string(step_) + " was not applied");
+      return DataLossError("gradient norm is not finite (" + std::to_string(norm) + "); step " +
+                           std::to_string(step_) + " was not applied");
     }
     std::vector<size_t> order(shards_.size());
     std::iota(order.begin(), order.end(), 0);

@@ -89,8 +89,8 @@ class StepDriver {
   uint64_t next_id_ = 1;
   std::vector<uint32_t> outstanding_;  // per shard
   std::vector<uint32_t> micro_seen_;
-  std::vector<double> sq_norm_;        // per shard, from the pass that measured it
-  std::vector<uint64_t> id_shard_;     // command id -> shard (ids are dense per step)
+  std::vector<double> sq_norm_;     // per shard, from the pass that measured it
+  std::vector<uint64_t> id_shard_;  // command id -> shard (ids are dense per step)
   uint64_t first_id_ = 1;
   std::vector<uint32_t> id_kind_;
   uint64_t params_updated_ = 0;

@@ -56,13 +56,16 @@ Status Attach(int sock, Attached* a) {
   ASSIGN_OR_RETURN(a->segment, ipc::SharedSegment::Attach(got.fds[0].get()));
   ASSIGN_OR_RETURN(a->arena, ipc::Arena::Open(&a->segment));
   for (size_t i = 1; i < 5; ++i) a->fds.push_back(std::move(got.fds[i]));
-  ASSIGN_OR_RETURN(auto cmd_q, ipc::RingQueue<ipc::CommandRecord>::Attach(a->arena, CommandQueueName(h.worker)));
-  ASSIGN_OR_RETURN(auto cpl_q, ipc::RingQueue<WorkerCompletion>::Attach(a->arena, CompletionQueueName(h.worker)));
+  ASSIGN_OR_RETURN(
+      auto cmd_q, ipc::RingQueue<ipc::CommandRecord>::Attach(a->arena, CommandQueueName(h.worker)));
+  ASSIGN_OR_RETURN(auto cpl_q, ipc::RingQueue<WorkerCompletion>::Attach(
+                                   a->arena, CompletionQueueName(h.worker)));
   a->commands = ipc::Channel<ipc::CommandRecord>(cmd_q, a->fds[0].get(), a->fds[1].get());
   a->completions = ipc::Channel<WorkerCompletion>(cpl_q, a->fds[2].get(), a->fds[3].get());
   if (h.crash_consistent) {
     ASSIGN_OR_RETURN(ipc::Region undo, a->arena.Find(UndoRegionName(h.worker)));
-    if (undo.size < UndoRegionBytes(h.threads)) return InvalidArgumentError("undo region too small");
+    if (undo.size < UndoRegionBytes(h.threads))
+      return InvalidArgumentError("undo region too small");
     a->undo_offset = undo.offset;
   }
   return OkStatus();
@@ -78,7 +81,8 @@ int WorkerMain(int argc, char** argv) {
     if (std::strncmp(argv[i], "--control-fd=", 13) == 0) sock = std::atoi(argv[i] + 13);
   }
   if (sock < 0) {
-    std::fprintf(stderr, "usage: offloadd-worker --control-fd=N (started by the offloadd daemon)\n");
+    std::fprintf(stderr,
+                 "usage: offloadd-worker --control-fd=N (started by the offloadd daemon)\n");
     return 2;
   }
   Attached a;
@@ -114,8 +118,8 @@ int WorkerMain(int argc, char** argv) {
   Reply(sock, st, recovered);
   if (!st.ok()) return 1;
   if (recovered > 0) {
-    OFFLOADD_LOG(kInfo, "workers") << "worker " << h.worker << " completed " << recovered
-                                   << " interrupted chunk commit(s)";
+    OFFLOADD_LOG(kInfo, "workers")
+        << "worker " << h.worker << " completed " << recovered << " interrupted chunk commit(s)";
   }
   for (;;) {
     ipc::CommandRecord cmd;

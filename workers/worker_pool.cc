@@ -62,7 +62,9 @@ struct WorkerPool::Worker {
 };
 
 WorkerPool::WorkerPool(ipc::SharedSegment* segment, ipc::Arena* arena, WorkerPoolOptions options)
-    : segment_(segment), arena_(arena), options_(std::move(options)),
+    : segment_(segment),
+      arena_(arena),
+      options_(std::move(options)),
       latency_counts_(kNumLatencyBuckets, 0) {}
 
 StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Start(ipc::SharedSegment* segment,
@@ -84,9 +86,11 @@ StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Start(ipc::SharedSegment* segm
 
 Status WorkerPool::Init() {
   const WorkerPoolOptions& o = options_;
-  if (o.processes == 0 || o.processes > 1024) return InvalidArgumentError("workers.processes must be 1..1024");
+  if (o.processes == 0 || o.processes > 1024)
+    return InvalidArgumentError("workers.processes must be 1..1024");
   if (o.threads_per_process == 0 || o.threads_per_process > kMaxCpusPerWorker) {
-    return InvalidArgumentError("workers.threads_per_process must be 1.." + std::to_string(kMaxCpusPerWorker));
+    return InvalidArgumentError("workers.threads_per_process must be 1.." +
+                                std::to_string(kMaxCpusPerWorker));
   }
   if (o.max_outstanding == 0) return InvalidArgumentError("workers.max_outstanding must be > 0");
   if (::access(o.worker_binary.c_str(), X_OK) != 0) {
@@ -127,7 +131,8 @@ Status WorkerPool::Init() {
       ASSIGN_OR_RETURN(cmd, ipc::RingQueue<ipc::CommandRecord>::Format(
                                 arena_->At<void>(region->offset), region->size, o.queue_capacity));
     } else {
-      ASSIGN_OR_RETURN(cmd, ipc::RingQueue<ipc::CommandRecord>::Create(arena_, CommandQueueName(i), o.queue_capacity));
+      ASSIGN_OR_RETURN(cmd, ipc::RingQueue<ipc::CommandRecord>::Create(arena_, CommandQueueName(i),
+                                                                       o.queue_capacity));
     }
     StatusOr<ipc::RingQueue<WorkerCompletion>> cpl = Status(StatusCode::kUnknown, "unset");
     region = arena_->Find(CompletionQueueName(i));
@@ -135,7 +140,8 @@ Status WorkerPool::Init() {
       cpl = ipc::RingQueue<WorkerCompletion>::Format(arena_->At<void>(region->offset), region->size,
                                                      o.queue_capacity);
     } else {
-      cpl = ipc::RingQueue<WorkerCompletion>::Create(arena_, CompletionQueueName(i), o.queue_capacity);
+      cpl = ipc::RingQueue<WorkerCompletion>::Create(arena_, CompletionQueueName(i),
+                                                     o.queue_capacity);
     }
     if (!cpl.ok()) return cpl.status();
     region = arena_->Find(UndoRegionName(i));
@@ -174,8 +180,8 @@ void WorkerPool::WatchDeathFd(Worker* w, bool add) {
 Status WorkerPool::Spawn(Worker* w) {
   ASSIGN_OR_RETURN(ipc::SocketPair sp, ipc::MakeSocketPair());
   const std::string fd_arg = "--control-fd=3";
-  char* argv[] = {const_cast<char*>(options_.worker_binary.c_str()), const_cast<char*>(fd_arg.c_str()),
-                  nullptr};
+  char* argv[] = {const_cast<char*>(options_.worker_binary.c_str()),
+                  const_cast<char*>(fd_arg.c_str()), nullptr};
   const pid_t parent = ::getpid();
   const int child_fd = sp.second.get();
   const pid_t pid = ::fork();
@@ -217,26 +223,29 @@ Status WorkerPool::Spawn(Worker* w) {
   for (size_t i = 0; i < w->cpus.size(); ++i) hello.cpus[i] = static_cast<uint16_t>(w->cpus[i]);
   const int fds[] = {segment_->fd(), w->cmd_ready.get(), w->cmd_space.get(), w->cpl_ready.get(),
                      w->cpl_space.get()};
-  Status st = ipc::SendFds(w->control.get(), fds,
-                           std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello)));
+  Status st = ipc::SendFds(
+      w->control.get(), fds,
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello)));
   if (st.ok()) {
     pollfd pfd{w->control.get(), POLLIN, 0};
     const int rc = ::poll(&pfd, 1, options_.start_timeout_ms);
-    if (rc == 0) st = Status(StatusCode::kDeadlineExceeded, "offloadd-worker did not attach in time");
+    if (rc == 0)
+      st = Status(StatusCode::kDeadlineExceeded, "offloadd-worker did not attach in time");
   }
-  StatusOr<ipc::ReceivedFds> reply = st.ok() ? ipc::RecvFds(w->control.get(), 0, sizeof(WorkerReady))
-                                             : StatusOr<ipc::ReceivedFds>(st);
+  StatusOr<ipc::ReceivedFds> reply = st.ok()
+                                         ? ipc::RecvFds(w->control.get(), 0, sizeof(WorkerReady))
+                                         : StatusOr<ipc::ReceivedFds>(st);
   if (reply.ok() && reply->payload.size() == sizeof(WorkerReady)) {
     WorkerReady ready;
     std::memcpy(&ready, reply->payload.data(), sizeof(ready));
     ready.message[sizeof(ready.message) - 1] = 0;
     if (ready.status_code == 0) {
       WatchDeathFd(w, true);
-      OFFLOADD_LOG(kInfo, "workers") << "worker " << w->index << " pid " << pid << " started"
-                                     << (ready.recovered_chunks ? ", completed " +
-                                                                      std::to_string(ready.recovered_chunks) +
-                                                                      " interrupted chunk commit(s)"
-                                                                : std::string());
+      OFFLOADD_LOG(kInfo, "workers")
+          << "worker " << w->index << " pid " << pid << " started"
+          << (ready.recovered_chunks ? ", completed " + std::to_string(ready.recovered_chunks) +
+                                           " interrupted chunk commit(s)"
+                                     : std::string());
       return OkStatus();
     }
     st = Status(static_cast<StatusCode>(ready.status_code), ready.message);
@@ -248,7 +257,8 @@ Status WorkerPool::Spawn(Worker* w) {
   ::waitpid(pid, &status, 0);
   w->pid = -1;
   std::string why = DescribeExit(status);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) why += " (could not exec " + options_.worker_binary + ")";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+    why += " (could not exec " + options_.worker_binary + ")";
   return st.WithContext("starting offloadd-worker " + std::to_string(w->index) + " (" + why + ")");
 }
 
@@ -268,8 +278,10 @@ Status WorkerPool::Submit(const ipc::CommandRecord& command, int worker) {
       if (!cand->failed && (w == nullptr || outstanding(*cand) < outstanding(*w))) w = cand.get();
     }
   }
-  if (w == nullptr || w->failed) return UnavailableError("worker was abandoned after repeated crashes");
-  space_cv_.wait(lock, [&] { return stopping_ || w->failed || outstanding(*w) < options_.max_outstanding; });
+  if (w == nullptr || w->failed)
+    return UnavailableError("worker was abandoned after repeated crashes");
+  space_cv_.wait(
+      lock, [&] { return stopping_ || w->failed || outstanding(*w) < options_.max_outstanding; });
   if (stopping_ || w->failed) return UnavailableError("worker pool is shutting down");
   w->pending.push_back({command, Clock::now()});
   ipc::SignalEventFd(wake_fd_);
@@ -282,7 +294,8 @@ StatusOr<WorkerCompletion> WorkerPool::WaitCompletion(int timeout_ms) {
   if (timeout_ms < 0) {
     completion_cv_.wait(lock, ready);
   } else if (!completion_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
-    return Status(StatusCode::kDeadlineExceeded, "no completion within " + std::to_string(timeout_ms) + " ms");
+    return Status(StatusCode::kDeadlineExceeded,
+                  "no completion within " + std::to_string(timeout_ms) + " ms");
   }
   if (completions_.empty()) return UnavailableError("worker pool stopped");
   WorkerCompletion c = completions_.front();
@@ -311,7 +324,8 @@ void WorkerPool::CompleteLocked(Worker* w, const WorkerCompletion& c) {
   }
   ++w->commands_total;
   w->busy_seconds += static_cast<double>(c.busy_ns) * 1e-9;
-  if (c.status_code == 0 && c.kind == static_cast<uint32_t>(CommandKind::kAdamW)) w->params_total += c.elements;
+  if (c.status_code == 0 && c.kind == static_cast<uint32_t>(CommandKind::kAdamW))
+    w->params_total += c.elements;
   if (c.status_code != 0) ++failed_total_;
   completions_.push_back(c);
   completion_cv_.notify_all();
@@ -388,9 +402,9 @@ void WorkerPool::HandleDeath(Worker* w) {
     w->exited = true;
     return;
   }
-  OFFLOADD_LOG(kWarning, "workers") << "worker " << w->index << " (pid " << old_pid << ") "
-                                    << DescribeExit(status) << "; replaying " << w->in_flight.size()
-                                    << " command(s)";
+  OFFLOADD_LOG(kWarning, "workers")
+      << "worker " << w->index << " (pid " << old_pid << ") " << DescribeExit(status)
+      << "; replaying " << w->in_flight.size() << " command(s)";
   replayed_total_ += w->in_flight.size();
   while (!w->in_flight.empty()) {
     w->pending.push_front(w->in_flight.back());
@@ -403,7 +417,8 @@ void WorkerPool::HandleDeath(Worker* w) {
   }
   ++restarts_total_;
   if (++w->incarnation > options_.max_restarts) {
-    AbandonLocked(w, UnavailableError("restarted " + std::to_string(options_.max_restarts) + " times"));
+    AbandonLocked(
+        w, UnavailableError("restarted " + std::to_string(options_.max_restarts) + " times"));
     w->exited = true;
     return;
   }
@@ -467,7 +482,9 @@ void WorkerPool::Loop() {
     epoll_event events[64];
     int timeout = -1;
     if (shutdown_sent) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_deadline - Clock::now()).count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(kill_deadline - Clock::now())
+              .count();
       timeout = static_cast<int>(std::max<int64_t>(left, 0));
     }
     const int n = sleep ? ::epoll_wait(epoll_fd_, events, 64, timeout) : 0;
@@ -476,8 +493,8 @@ void WorkerPool::Loop() {
         std::lock_guard<std::mutex> lock(mu_);
         force_stop_ = true;
       }
-      OFFLOADD_LOG(kWarning, "workers") << "workers did not stop within " << options_.shutdown_timeout_ms
-                                        << " ms; killing them";
+      OFFLOADD_LOG(kWarning, "workers")
+          << "workers did not stop within " << options_.shutdown_timeout_ms << " ms; killing them";
       for (auto& w : workers_) {
         if (w->pid > 0) ::kill(w->pid, SIGKILL);  // did not exit in time; reaped via its pidfd
       }
@@ -485,7 +502,8 @@ void WorkerPool::Loop() {
     }
     for (int i = 0; i < n; ++i) {
       const uint32_t index = static_cast<uint32_t>(events[i].data.u64 >> 8);
-      if ((events[i].data.u64 & 0xff) == kDeath && index < workers_.size() && workers_[index]->pid > 0) {
+      if ((events[i].data.u64 & 0xff) == kDeath && index < workers_.size() &&
+          workers_[index]->pid > 0) {
         HandleDeath(workers_[index].get());
       }
     }

@@ -1,11 +1,11 @@
 #pragma once
 // WorkerPool: the daemon-side owner of the offloadd-worker processes (N processes x T threads).
 //
-//   WorkerPoolOptions o{.worker_binary = ".../offloadd-worker", .processes = 2, .threads_per_process = 8};
-//   ASSIGN_OR_RETURN(std::unique_ptr<WorkerPool> pool, WorkerPool::Start(&segment, &arena, o));
-//   ipc::CommandRecord c{};  c.kind = kAdamW; c.id = ...; c.Pack(AdamWCommand{...});
-//   RETURN_IF_ERROR(pool->Submit(c, /*worker=*/layer % 2));   // or -1: least loaded
-//   ASSIGN_OR_RETURN(WorkerCompletion done, pool->WaitCompletion());
+//   WorkerPoolOptions o{.worker_binary = ".../offloadd-worker", .processes = 2,
+//   .threads_per_process = 8}; ASSIGN_OR_RETURN(std::unique_ptr<WorkerPool> pool,
+//   WorkerPool::Start(&segment, &arena, o)); ipc::CommandRecord c{};  c.kind = kAdamW; c.id = ...;
+//   c.Pack(AdamWCommand{...}); RETURN_IF_ERROR(pool->Submit(c, /*worker=*/layer % 2));   // or -1:
+//   least loaded ASSIGN_OR_RETURN(WorkerCompletion done, pool->WaitCompletion());
 //
 // A supervisor thread owns the processes: it fork+execs them (PR_SET_PDEATHSIG=SIGKILL, so they
 // die with the daemon; all forks happen on that one long-lived thread because the death signal
@@ -16,7 +16,8 @@
 // publish, restarts it (the new process completes any chunk commit interrupted half-way)
 // and replays its outstanding commands in order. Per-chunk step counters make the replay
 // idempotent, so the final state is identical to a run without the crash. After max_restarts a
-// worker is abandoned: its interrupted chunk commits are completed here and its commands complete UNAVAILABLE.
+// worker is abandoned: its interrupted chunk commits are completed here and its commands complete
+// UNAVAILABLE.
 //
 // Thread-safety: Submit/WaitCompletion/TryGetCompletion/Metrics/Shutdown may be called from any
 // threads. The segment and arena must outlive the pool.
@@ -85,8 +86,7 @@ struct WorkerPoolMetrics {
 
 class WorkerPool {
  public:
-  static StatusOr<std::unique_ptr<WorkerPool>> Start(ipc::SharedSegment* segment,
-                                                     ipc::Arena* arena,
+  static StatusOr<std::unique_ptr<WorkerPool>> Start(ipc::SharedSegment* segment, ipc::Arena* arena,
                                                      const WorkerPoolOptions& options);
   ~WorkerPool();  // Shutdown()
   WorkerPool(const WorkerPool&) = delete;

@@ -18,11 +18,10 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "workers/adamw_kernel.h"
 #include "workers/adamw_kernel_impl.h"
@@ -138,9 +137,13 @@ void Stream(const Args& a, int threads) {
     });
     if (r > 0) copy.push_back(tc), triad.push_back(tt);  // first round is warm-up
   }
-  Emit({{"bench", "stream_copy"}, {"threads", threads}, {"gbps", 8.0 * n / Best(copy) / 1e9},
+  Emit({{"bench", "stream_copy"},
+        {"threads", threads},
+        {"gbps", 8.0 * n / Best(copy) / 1e9},
         {"gbps_median", 8.0 * n / Median(copy) / 1e9}});
-  Emit({{"bench", "stream_triad"}, {"threads", threads}, {"gbps", 12.0 * n / Best(triad) / 1e9},
+  Emit({{"bench", "stream_triad"},
+        {"threads", threads},
+        {"gbps", 12.0 * n / Best(triad) / 1e9},
         {"gbps_median", 12.0 * n / Median(triad) / 1e9}});
   std::free(x);
   std::free(y);
@@ -172,7 +175,8 @@ void Kernel(const Args& a, KernelPath path, int threads) {
       });
       if (r > 0) shape.push_back(secs);
     }
-    Emit({{"bench", "stream_adamw_shape"}, {"threads", threads},
+    Emit({{"bench", "stream_adamw_shape"},
+          {"threads", threads},
           {"gbps", kAdamWBytesPerParam * n / Best(shape) / 1e9},
           {"gbps_median", kAdamWBytesPerParam * n / Median(shape) / 1e9}});
     Parallel(threads, [&](int t) {  // restore sane optimizer state
@@ -192,8 +196,11 @@ void Kernel(const Args& a, KernelPath path, int threads) {
     if (r > 0) times.push_back(secs);
   }
   const double t = Best(times);
-  Emit({{"bench", "adamw_kernel"}, {"path", std::string(KernelPathName(path))}, {"threads", threads},
-        {"params_per_s", n / t}, {"gbps", kAdamWBytesPerParam * n / t / 1e9},
+  Emit({{"bench", "adamw_kernel"},
+        {"path", std::string(KernelPathName(path))},
+        {"threads", threads},
+        {"params_per_s", n / t},
+        {"gbps", kAdamWBytesPerParam * n / t / 1e9},
         {"gbps_median", kAdamWBytesPerParam * n / Median(times) / 1e9}});
   for (void* x : {static_cast<void*>(g), static_cast<void*>(w), static_cast<void*>(p),
                   static_cast<void*>(m), static_cast<void*>(v)}) {
@@ -225,14 +232,17 @@ Status Pool(const Args& a, uint32_t processes, uint32_t threads, bool crash_cons
     ASSIGN_OR_RETURN(sp.weights_offset, alloc("w", ipc::RegionKind::kParamStaging, len * 2));
     ASSIGN_OR_RETURN(sp.counters_offset, alloc("c", ipc::RegionKind::kControl, CountersBytes(len)));
     uint16_t* g = arena.At<uint16_t>(sp.grad_offset);
-    for (uint64_t i = 0; i < len; ++i) g[i] = internal::FloatToBf16(1e-3f * static_cast<float>(i % 1000) - 0.5f);
+    for (uint64_t i = 0; i < len; ++i)
+      g[i] = internal::FloatToBf16(1e-3f * static_cast<float>(i % 1000) - 0.5f);
     sp.worker = static_cast<int>(s % processes);
     specs.push_back(sp);
   }
   WorkerPoolOptions o;
   o.worker_binary = (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
-                     "../../workers/offloadd-worker").string();
-  if (const char* dir = std::getenv("OFFLOADD_BINARY_DIR")) o.worker_binary = std::string(dir) + "/workers/offloadd-worker";
+                     "../../workers/offloadd-worker")
+                        .string();
+  if (const char* dir = std::getenv("OFFLOADD_BINARY_DIR"))
+    o.worker_binary = std::string(dir) + "/workers/offloadd-worker";
   o.processes = processes;
   o.threads_per_process = threads;
   o.crash_consistent = crash_consistent;
@@ -247,9 +257,13 @@ Status Pool(const Args& a, uint32_t processes, uint32_t threads, bool crash_cons
     if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   const double t = Best(times);
-  Emit({{"bench", "adamw_pool"}, {"processes", processes}, {"threads", threads},
-        {"crash_consistent", crash_consistent}, {"path", pool->Metrics().kernel_path},
-        {"params_per_s", n / t}, {"gbps", kAdamWBytesPerParam * n / t / 1e9},
+  Emit({{"bench", "adamw_pool"},
+        {"processes", processes},
+        {"threads", threads},
+        {"crash_consistent", crash_consistent},
+        {"path", pool->Metrics().kernel_path},
+        {"params_per_s", n / t},
+        {"gbps", kAdamWBytesPerParam * n / t / 1e9},
         {"gbps_median", kAdamWBytesPerParam * n / Median(times) / 1e9}});
   return pool->Shutdown();
 }

@@ -1,11 +1,10 @@
 #include "ipc/arena.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
-
-#include <gtest/gtest.h>
 
 namespace offloadd::ipc {
 namespace {
@@ -61,8 +60,10 @@ TEST(ArenaTest, RejectsDuplicatesBadNamesAndOverflow) {
   auto arena = Arena::Format(&*seg, {.max_regions = 3});
   ASSERT_TRUE(arena.ok());
   ASSERT_TRUE(arena->Allocate("a", RegionKind::kOther, 10).ok());
-  EXPECT_EQ(arena->Allocate("a", RegionKind::kOther, 10).status().code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(arena->Allocate("", RegionKind::kOther, 10).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(arena->Allocate("a", RegionKind::kOther, 10).status().code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ(arena->Allocate("", RegionKind::kOther, 10).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(arena->Allocate(std::string(100, 'x'), RegionKind::kOther, 10).status().code(),
             StatusCode::kInvalidArgument);
   auto big = arena->Allocate("big", RegionKind::kMaster, 64 << 20);

@@ -3,10 +3,9 @@
 #include "ipc/cuda_host_register.h"
 
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <cstring>
-
-#include <gtest/gtest.h>
 
 #include "ipc/arena.h"
 

@@ -1,12 +1,11 @@
 #include "ipc/ring_queue.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "ipc/fd_passing.h"
 
@@ -52,7 +51,8 @@ TEST(RingQueueTest, FifoAndFullAndEmpty) {
 
 TEST(RingQueueTest, AttachChecksRecordSizeAndCapacity) {
   Fixture f = Make();
-  EXPECT_EQ(RingQueue<Rec>::Create(&f.arena, "bad", 3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RingQueue<Rec>::Create(&f.arena, "bad", 3).status().code(),
+            StatusCode::kInvalidArgument);
   ASSERT_TRUE(RingQueue<Rec>::Create(&f.arena, "q", 8).ok());
   auto wrong = RingQueue<CommandRecord>::Attach(f.arena, "q");
   ASSERT_FALSE(wrong.ok());

@@ -1,11 +1,10 @@
 #include "workers/cpu_topology.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 namespace offloadd::workers {
 namespace {
@@ -25,7 +24,7 @@ TEST(CpuTopologyTest, ReadsNumaNodesAndSpreadsProcesses) {
     std::filesystem::create_directories(root / ("node" + std::to_string(node)));
     std::ofstream(root / ("node" + std::to_string(node)) / "cpulist") << list << "\n";
   }
-  std::filesystem::create_directories(root / "power");  // not a node
+  std::filesystem::create_directories(root / "power");                 // not a node
   const auto nodes = NumaNodes({0, 1, 2, 3, 4, 5, 6}, root.string());  // cpu 7 not allowed
   std::filesystem::remove_all(root);
   ASSERT_EQ(nodes.size(), 2u);

@@ -2,16 +2,18 @@
 // tests/python/workers/test_clipping.py).
 #include "workers/step_driver.h"
 
-#include <filesystem>
-
 #include <gtest/gtest.h>
+
+#include <filesystem>
 
 namespace offloadd::workers {
 namespace {
 
 std::string WorkerBinary() {
-  if (const char* dir = std::getenv("OFFLOADD_BINARY_DIR")) return std::string(dir) + "/workers/offloadd-worker";
-  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "../../workers/offloadd-worker")
+  if (const char* dir = std::getenv("OFFLOADD_BINARY_DIR"))
+    return std::string(dir) + "/workers/offloadd-worker";
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
+          "../../workers/offloadd-worker")
       .string();
 }
 

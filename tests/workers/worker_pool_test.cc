@@ -3,6 +3,7 @@
 // external SIGKILL); back-pressure through tiny rings; bad commands answered with errors.
 #include "workers/worker_pool.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <filesystem>
 #include <set>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "workers/adamw_kernel_impl.h"
 
@@ -23,7 +22,8 @@ std::string WorkerBinary() {
     return std::string(dir) + "/workers/offloadd-worker";
   }
   // <build>/tests/workers/workers_test -> <build>/workers/offloadd-worker
-  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "../../workers/offloadd-worker")
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
+          "../../workers/offloadd-worker")
       .string();
 }
 
@@ -33,7 +33,9 @@ uint64_t Mix(uint64_t x) {  // splitmix64
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-float Uniform(uint64_t seed) { return static_cast<float>(Mix(seed) >> 40) / float(1 << 24) * 2 - 1; }
+float Uniform(uint64_t seed) {
+  return static_cast<float>(Mix(seed) >> 40) / float(1 << 24) * 2 - 1;
+}
 
 // A few layers of AdamW state in a shared arena.
 class Model {
@@ -77,16 +79,33 @@ class Model {
   }
 
   AdamWHyper Hyper(uint64_t step) const {
-    return {.lr = 1e-3 / static_cast<double>(step), .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-            .weight_decay = 0.01, .step = step, .grad_scale = 1.0f};
+    return {.lr = 1e-3 / static_cast<double>(step),
+            .beta1 = 0.9,
+            .beta2 = 0.999,
+            .eps = 1e-8,
+            .weight_decay = 0.01,
+            .step = step,
+            .grad_scale = 1.0f};
   }
 
   ipc::CommandRecord Command(size_t l, uint64_t step, uint64_t id) const {
     const Layer& L = layers_[l];
     const AdamWHyper h = Hyper(step);
-    AdamWCommand c{L.n, L.grad.offset, L.master.offset, L.exp_avg.offset, L.exp_avg_sq.offset,
-                   L.weights.offset, L.counters.offset, step, h.lr, h.beta1, h.beta2, h.eps,
-                   h.weight_decay, h.grad_scale, static_cast<uint32_t>(l)};
+    AdamWCommand c{L.n,
+                   L.grad.offset,
+                   L.master.offset,
+                   L.exp_avg.offset,
+                   L.exp_avg_sq.offset,
+                   L.weights.offset,
+                   L.counters.offset,
+                   step,
+                   h.lr,
+                   h.beta1,
+                   h.beta2,
+                   h.eps,
+                   h.weight_decay,
+                   h.grad_scale,
+                   static_cast<uint32_t>(l)};
     ipc::CommandRecord r{};
     r.kind = static_cast<uint32_t>(CommandKind::kAdamW);
     r.id = id;
@@ -98,9 +117,14 @@ class Model {
   void ReferenceStep(uint64_t step) {
     FillGrads(step);
     for (const Layer& L : layers_) {
-      AdamWSpan s{arena_.At<void>(L.grad.offset), GradDtype::kBf16, arena_.At<float>(L.master.offset),
-                  arena_.At<float>(L.exp_avg.offset), arena_.At<float>(L.exp_avg_sq.offset),
-                  arena_.At<void>(L.weights.offset), WeightDtype::kBf16, L.n};
+      AdamWSpan s{arena_.At<void>(L.grad.offset),
+                  GradDtype::kBf16,
+                  arena_.At<float>(L.master.offset),
+                  arena_.At<float>(L.exp_avg.offset),
+                  arena_.At<float>(L.exp_avg_sq.offset),
+                  arena_.At<void>(L.weights.offset),
+                  WeightDtype::kBf16,
+                  L.n};
       FusedAdamW(s, Hyper(step), BestPath());
     }
   }
@@ -355,7 +379,8 @@ TEST(WorkerPoolTest, StartFailuresAreClear) {
   EXPECT_NE(wrong.status().message().find("exited with code 1"), std::string::npos)
       << wrong.status().ToString();
   o = Options(0, 1);
-  EXPECT_EQ(WorkerPool::Start(&m.segment(), &m.arena(), o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(WorkerPool::Start(&m.segment(), &m.arena(), o).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 //
 //   offloadd-optim-tool paths
 //   offloadd-optim-tool adamw --path=avx2 --n=N --grad=g.bin --grad-dtype=bf16|fp32
-//       --master=p.bin --exp-avg=m.bin --exp-avg-sq=v.bin [--weights=w.bin --weight-dtype=bf16|fp16]
+//       --master=p.bin --exp-avg=m.bin --exp-avg-sq=v.bin [--weights=w.bin
+//       --weight-dtype=bf16|fp16]
 //       --lr= --beta1= --beta2= --eps= --weight-decay= --step= [--grad-scale=]
 //     (master/exp_avg/exp_avg_sq are updated in place; prints {"sq_norm": ...})
 //   offloadd-optim-tool accumulate --path= --n= --grad= --grad-dtype= --acc=a.bin [--overwrite]
@@ -14,10 +15,9 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 #include "workers/adamw_kernel.h"
@@ -153,7 +153,8 @@ Status Run(const std::string& op, const Flags& f) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: offloadd-optim-tool paths|adamw|accumulate|norm|train [--key=value ...]\n");
+    std::fprintf(
+        stderr, "usage: offloadd-optim-tool paths|adamw|accumulate|norm|train [--key=value ...]\n");
     return 2;
   }
   offloadd::workers::Flags flags;

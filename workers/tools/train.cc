@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "ipc/arena.h"
@@ -34,7 +33,8 @@ Status ReadInto(const fs::path& path, void* dst, size_t bytes) {
   if (!in) return NotFoundError("cannot open " + path.string());
   in.read(static_cast<char*>(dst), static_cast<std::streamsize>(bytes));
   if (static_cast<size_t>(in.gcount()) != bytes) {
-    return InvalidArgumentError(path.string() + " is shorter than " + std::to_string(bytes) + " bytes");
+    return InvalidArgumentError(path.string() + " is shorter than " + std::to_string(bytes) +
+                                " bytes");
   }
   return OkStatus();
 }
@@ -81,11 +81,13 @@ Status RunTrainSpec(const std::string& spec_path) {
     return InvalidArgumentError(spec_path + ": " + e.what());
   }
   if (lrs.size() != steps) return InvalidArgumentError("spec: lr needs one value per step");
-  po.worker_binary = (fs::read_symlink("/proc/self/exe").parent_path() / "offloadd-worker").string();
+  po.worker_binary =
+      (fs::read_symlink("/proc/self/exe").parent_path() / "offloadd-worker").string();
 
   uint64_t bytes = 64 << 20;
   for (uint64_t n : layers) bytes += n * 22 + 16 * 4096;
-  ASSIGN_OR_RETURN(ipc::SharedSegment segment, ipc::SharedSegment::Create(bytes, {.name = "train"}));
+  ASSIGN_OR_RETURN(ipc::SharedSegment segment,
+                   ipc::SharedSegment::Create(bytes, {.name = "train"}));
   ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&segment));
   std::vector<ShardSpec> shards;
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -103,7 +105,8 @@ Status RunTrainSpec(const std::string& spec_path) {
     ASSIGN_OR_RETURN(s.exp_avg_offset, alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4));
     ASSIGN_OR_RETURN(s.exp_avg_sq_offset, alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4));
     ASSIGN_OR_RETURN(s.weights_offset, alloc("weights", ipc::RegionKind::kParamStaging, n * 2));
-    ASSIGN_OR_RETURN(s.counters_offset, alloc("counters", ipc::RegionKind::kControl, CountersBytes(n)));
+    ASSIGN_OR_RETURN(s.counters_offset,
+                     alloc("counters", ipc::RegionKind::kControl, CountersBytes(n)));
     if (micro > 1) {
       ASSIGN_OR_RETURN(s.accum_offset, alloc("accum", ipc::RegionKind::kGradAccum, n * 4));
       ASSIGN_OR_RETURN(s.accum_counters_offset,
@@ -120,17 +123,18 @@ Status RunTrainSpec(const std::string& spec_path) {
   for (uint32_t step = 1; step <= steps; ++step) {
     RETURN_IF_ERROR(driver.BeginStep(step, lrs[step - 1]));
     for (uint32_t m = 0; m < micro; ++m) {
-      for (size_t l = layers.size(); l-- > 0;) {  // backward: last layer first
+      for (size_t l = layers.size(); l-- > 0;) {   // backward: last layer first
         RETURN_IF_ERROR(driver.WaitShardIdle(l));  // its staging buffer is about to be reused
         const std::string name = "s" + std::to_string(step) + "_m" + std::to_string(m) + "_L" +
                                  std::to_string(l) + ".bin";
-        RETURN_IF_ERROR(ReadInto(dir / "grads" / name, arena.At<void>(shards[l].grad_offset),
-                                 layers[l] * 2));
+        RETURN_IF_ERROR(
+            ReadInto(dir / "grads" / name, arena.At<void>(shards[l].grad_offset), layers[l] * 2));
         RETURN_IF_ERROR(driver.GradsReady(l, m));
       }
     }
     ASSIGN_OR_RETURN(StepResult r, driver.FinishStep());
-    result["steps"].push_back({{"grad_norm", r.grad_norm}, {"clip_coef", r.clip_coef},
+    result["steps"].push_back({{"grad_norm", r.grad_norm},
+                               {"clip_coef", r.clip_coef},
                                {"params_updated", r.params_updated}});
   }
   RETURN_IF_ERROR(pool->Shutdown());
@@ -141,10 +145,14 @@ Status RunTrainSpec(const std::string& spec_path) {
   for (size_t l = 0; l < layers.size(); ++l) {
     const std::string p = "L" + std::to_string(l) + ".";
     const uint64_t n = layers[l];
-    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "master.bin"), arena.At<void>(shards[l].master_offset), n * 4));
-    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "exp_avg.bin"), arena.At<void>(shards[l].exp_avg_offset), n * 4));
-    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "exp_avg_sq.bin"), arena.At<void>(shards[l].exp_avg_sq_offset), n * 4));
-    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "weights.bin"), arena.At<void>(shards[l].weights_offset), n * 2));
+    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "master.bin"),
+                              arena.At<void>(shards[l].master_offset), n * 4));
+    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "exp_avg.bin"),
+                              arena.At<void>(shards[l].exp_avg_offset), n * 4));
+    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "exp_avg_sq.bin"),
+                              arena.At<void>(shards[l].exp_avg_sq_offset), n * 4));
+    RETURN_IF_ERROR(WriteFrom(dir / "out" / (p + "weights.bin"),
+                              arena.At<void>(shards[l].weights_offset), n * 2));
   }
   std::ofstream(dir / "out" / "result.json") << result.dump(2) << "\n";
   std::cout << result.dump() << "\n";
