@@ -26,6 +26,7 @@
 #include "workers/adamw_kernel.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/cpu_topology.h"
+#include "workers/shard_layout.h"
 #include "workers/step_driver.h"
 #include "workers/worker_pool.h"
 
@@ -210,42 +211,30 @@ void Kernel(const Args& a, KernelPath path, int threads) {
 
 Status Pool(const Args& a, uint32_t processes, uint32_t threads, bool crash_consistent) {
   const uint64_t n = a.params;
-  const uint32_t shards = processes * 8;
-  const uint64_t per = (n / shards + kChunkElements - 1) / kChunkElements * kChunkElements;
-  ASSIGN_OR_RETURN(ipc::SharedSegment seg, ipc::SharedSegment::Create(n * 28 + (256ull << 20)));
-  ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&seg));
-  std::vector<ShardSpec> specs;
-  for (uint32_t s = 0; s * per < n; ++s) {
-    const uint64_t len = std::min(per, n - s * per);
-    const std::string p = "S" + std::to_string(s) + ".";
-    ShardSpec sp;
-    sp.layer = s;
-    sp.num_elements = len;
-    auto alloc = [&](const char* name, ipc::RegionKind k, uint64_t b) -> StatusOr<uint64_t> {
-      ASSIGN_OR_RETURN(ipc::Region r, arena.Allocate(p + name, k, b));
-      return r.offset;
-    };
-    ASSIGN_OR_RETURN(sp.grad_offset, alloc("grad", ipc::RegionKind::kGradStaging, len * 2));
-    ASSIGN_OR_RETURN(sp.master_offset, alloc("master", ipc::RegionKind::kMaster, len * 4));
-    ASSIGN_OR_RETURN(sp.exp_avg_offset, alloc("m", ipc::RegionKind::kExpAvg, len * 4));
-    ASSIGN_OR_RETURN(sp.exp_avg_sq_offset, alloc("v", ipc::RegionKind::kExpAvgSq, len * 4));
-    ASSIGN_OR_RETURN(sp.weights_offset, alloc("w", ipc::RegionKind::kParamStaging, len * 2));
-    ASSIGN_OR_RETURN(sp.counters_offset, alloc("c", ipc::RegionKind::kControl, CountersBytes(len)));
-    uint16_t* g = arena.At<uint16_t>(sp.grad_offset);
-    for (uint64_t i = 0; i < len; ++i)
-      g[i] = internal::FloatToBf16(1e-3f * static_cast<float>(i % 1000) - 0.5f);
-    sp.worker = static_cast<int>(s % processes);
-    specs.push_back(sp);
-  }
   WorkerPoolOptions o;
+  o.processes = processes;
+  o.threads_per_process = threads;
+  o.crash_consistent = crash_consistent;
+  // 8 shards per process, like 8 layers per worker in flight.
+  const ShardLayoutOptions layout{.max_shard_elements = (n + processes * 8 - 1) / (processes * 8)};
+  const std::vector<uint64_t> layers = {n};
+  ASSIGN_OR_RETURN(ipc::SharedSegment seg,
+                   ipc::SharedSegment::Create(ArenaBytesFor(layers, layout, o)));
+  ASSIGN_OR_RETURN(
+      ipc::Arena arena,
+      ipc::Arena::Format(&seg, {.max_regions = RegionsFor(layers, layout, processes)}));
+  ASSIGN_OR_RETURN(std::vector<ShardSpec> specs, AllocateShards(&arena, layers, layout, processes));
+  for (const ShardSpec& sp : specs) {
+    uint16_t* g = arena.At<uint16_t>(sp.grad_offset);
+    for (uint64_t i = 0; i < sp.num_elements; ++i) {
+      g[i] = internal::FloatToBf16(1e-3f * static_cast<float>(i % 1000) - 0.5f);
+    }
+  }
   o.worker_binary = (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
                      "../../workers/offloadd-worker")
                         .string();
   if (const char* dir = std::getenv("OFFLOADD_BINARY_DIR"))
     o.worker_binary = std::string(dir) + "/workers/offloadd-worker";
-  o.processes = processes;
-  o.threads_per_process = threads;
-  o.crash_consistent = crash_consistent;
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerPool> pool, WorkerPool::Start(&seg, &arena, o));
   StepDriver driver(pool.get(), specs, OptimizerConfig{.weight_decay = 0.01});
   std::vector<double> times;

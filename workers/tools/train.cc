@@ -20,6 +20,7 @@
 
 #include "ipc/arena.h"
 #include "ipc/shm_segment.h"
+#include "workers/shard_layout.h"
 #include "workers/step_driver.h"
 #include "workers/worker_pool.h"
 
@@ -84,37 +85,18 @@ Status RunTrainSpec(const std::string& spec_path) {
   po.worker_binary =
       (fs::read_symlink("/proc/self/exe").parent_path() / "offloadd-worker").string();
 
-  uint64_t bytes = 64 << 20;
-  for (uint64_t n : layers) bytes += n * 22 + 16 * 4096;
-  ASSIGN_OR_RETURN(ipc::SharedSegment segment,
-                   ipc::SharedSegment::Create(bytes, {.name = "train"}));
-  ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&segment));
-  std::vector<ShardSpec> shards;
+  const ShardLayoutOptions layout{.accumulation_steps = micro};
+  ASSIGN_OR_RETURN(
+      ipc::SharedSegment segment,
+      ipc::SharedSegment::Create(ArenaBytesFor(layers, layout, po), {.name = "train"}));
+  ASSIGN_OR_RETURN(
+      ipc::Arena arena,
+      ipc::Arena::Format(&segment, {.max_regions = RegionsFor(layers, layout, po.processes)}));
+  ASSIGN_OR_RETURN(std::vector<ShardSpec> shards,
+                   AllocateShards(&arena, layers, layout, po.processes));
   for (size_t l = 0; l < layers.size(); ++l) {
-    const uint64_t n = layers[l];
-    const std::string p = "L" + std::to_string(l) + ".";
-    ShardSpec s;
-    s.layer = static_cast<uint32_t>(l);
-    s.num_elements = n;
-    auto alloc = [&](const char* name, ipc::RegionKind kind, uint64_t b) -> StatusOr<uint64_t> {
-      ASSIGN_OR_RETURN(ipc::Region r, arena.Allocate(p + name, kind, b));
-      return r.offset;  // memfd pages start zeroed: counters at 0, exp_avg(_sq) at 0
-    };
-    ASSIGN_OR_RETURN(s.grad_offset, alloc("grad", ipc::RegionKind::kGradStaging, n * 2));
-    ASSIGN_OR_RETURN(s.master_offset, alloc("master", ipc::RegionKind::kMaster, n * 4));
-    ASSIGN_OR_RETURN(s.exp_avg_offset, alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4));
-    ASSIGN_OR_RETURN(s.exp_avg_sq_offset, alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4));
-    ASSIGN_OR_RETURN(s.weights_offset, alloc("weights", ipc::RegionKind::kParamStaging, n * 2));
-    ASSIGN_OR_RETURN(s.counters_offset,
-                     alloc("counters", ipc::RegionKind::kControl, CountersBytes(n)));
-    if (micro > 1) {
-      ASSIGN_OR_RETURN(s.accum_offset, alloc("accum", ipc::RegionKind::kGradAccum, n * 4));
-      ASSIGN_OR_RETURN(s.accum_counters_offset,
-                       alloc("accum_counters", ipc::RegionKind::kControl, CountersBytes(n)));
-    }
     RETURN_IF_ERROR(ReadInto(dir / "init" / ("L" + std::to_string(l) + ".bin"),
-                             arena.At<void>(s.master_offset), n * 4));
-    shards.push_back(s);
+                             arena.At<void>(shards[l].master_offset), layers[l] * 4));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerPool> pool, WorkerPool::Start(&segment, &arena, po));
   StepDriver driver(pool.get(), shards, cfg);

@@ -1,0 +1,109 @@
+#include "workers/shard_layout.h"
+
+#include <string>
+
+#include "workers/shard_executor.h"
+
+namespace offloadd::workers {
+namespace {
+
+constexpr uint64_t kAlign = 4096;  // ipc::ArenaOptions::alignment default
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t ShardElements(const ShardLayoutOptions& o) {
+  return o.max_shard_elements == 0 ? 0 : RoundUp(o.max_shard_elements, kChunkElements);
+}
+
+// Calls fn(layer, shard_index_in_layer, elements) for every shard.
+template <typename Fn>
+void ForEachShard(const std::vector<uint64_t>& layers, const ShardLayoutOptions& o, Fn fn) {
+  const uint64_t per = ShardElements(o);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const uint64_t n = layers[l];
+    if (per == 0 || n <= per) {
+      fn(l, 0, n);
+      continue;
+    }
+    for (uint64_t s = 0, begin = 0; begin < n; ++s, begin += per)
+      fn(l, s, std::min(per, n - begin));
+  }
+}
+
+uint32_t RegionsPerShard(const ShardLayoutOptions& o) {
+  return 6 + (o.accumulation_steps > 1 ? 2 : 0);
+}
+
+}  // namespace
+
+uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
+                    uint32_t processes) {
+  uint64_t shards = 0;
+  ForEachShard(layers, options, [&](size_t, uint64_t, uint64_t) { ++shards; });
+  return static_cast<uint32_t>(shards * RegionsPerShard(options) + 3 * uint64_t{processes} + 16);
+}
+
+uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& o,
+                       const WorkerPoolOptions& pool) {
+  const uint64_t gsize = o.grad_dtype == GradDtype::kBf16 ? 2 : 4;
+  uint64_t bytes = 0;
+  ForEachShard(layers, o, [&](size_t, uint64_t, uint64_t n) {
+    bytes += RoundUp(n * gsize, kAlign) + 3 * RoundUp(n * 4, kAlign) + RoundUp(n * 2, kAlign) +
+             RoundUp(CountersBytes(n), kAlign);
+    if (o.accumulation_steps > 1)
+      bytes += RoundUp(n * 4, kAlign) + RoundUp(CountersBytes(n), kAlign);
+  });
+  const uint64_t rings = ipc::RingQueue<ipc::CommandRecord>::BytesFor(pool.queue_capacity) +
+                         ipc::RingQueue<WorkerCompletion>::BytesFor(pool.queue_capacity);
+  bytes += pool.processes * (RoundUp(rings, kAlign) + kAlign +
+                             RoundUp(UndoRegionBytes(pool.threads_per_process), kAlign));
+  const uint64_t table = uint64_t{RegionsFor(layers, o, pool.processes)} * 80 + 4096;
+  return bytes + RoundUp(table, kAlign) + kAlign;
+}
+
+StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
+                                                const std::vector<uint64_t>& layers,
+                                                const ShardLayoutOptions& o, uint32_t processes) {
+  if (processes == 0) return InvalidArgumentError("AllocateShards: processes must be > 0");
+  const uint64_t gsize = o.grad_dtype == GradDtype::kBf16 ? 2 : 4;
+  std::vector<ShardSpec> out;
+  Status status;
+  ForEachShard(layers, o, [&](size_t l, uint64_t s, uint64_t n) {
+    if (!status.ok()) return;
+    if (n == 0) {
+      status = InvalidArgumentError("layer " + std::to_string(l) + " has no parameters");
+      return;
+    }
+    const std::string prefix = "L" + std::to_string(l) + ".S" + std::to_string(s) + ".";
+    auto alloc = [&](const char* what, ipc::RegionKind kind, uint64_t bytes) -> uint64_t {
+      if (!status.ok()) return 0;
+      auto r = arena->Allocate(prefix + what, kind, bytes);
+      if (!r.ok()) {
+        status = r.status();
+        return 0;
+      }
+      return r->offset;
+    };
+    ShardSpec spec;
+    spec.layer = static_cast<uint32_t>(l);
+    spec.num_elements = n;
+    spec.grad_dtype = o.grad_dtype;
+    spec.weight_dtype = o.weight_dtype;
+    spec.grad_offset = alloc("grad", ipc::RegionKind::kGradStaging, n * gsize);
+    spec.master_offset = alloc("master", ipc::RegionKind::kMaster, n * 4);
+    spec.exp_avg_offset = alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4);
+    spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4);
+    spec.weights_offset = alloc("weights", ipc::RegionKind::kParamStaging, n * 2);
+    spec.counters_offset = alloc("counters", ipc::RegionKind::kControl, CountersBytes(n));
+    if (o.accumulation_steps > 1) {
+      spec.accum_offset = alloc("accum", ipc::RegionKind::kGradAccum, n * 4);
+      spec.accum_counters_offset =
+          alloc("accum_counters", ipc::RegionKind::kControl, CountersBytes(n));
+    }
+    spec.worker = static_cast<int>(out.size() % processes);
+    out.push_back(spec);
+  });
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace offloadd::workers

@@ -1,0 +1,48 @@
+#pragma once
+// Lays a model's optimizer state out in the shared arena: for every layer (split into shards of
+// at most max_shard_elements) the regions a StepDriver needs, with standard names
+// "L<layer>.S<shard>.<what>", and the segment size to ask for up front.
+//
+//   const std::vector<uint64_t> layers = {...};  // parameters per layer, from the job plan
+//   ShardLayoutOptions lo{.accumulation_steps = 4};
+//   const uint64_t bytes = ArenaBytesFor(layers, lo, pool_options);
+//   ASSIGN_OR_RETURN(SharedSegment seg, SharedSegment::Create(bytes, {.try_huge_pages = true}));
+//   ASSIGN_OR_RETURN(Arena arena, Arena::Format(&seg, {.max_regions = RegionsFor(layers, lo, n)}));
+//   ASSIGN_OR_RETURN(std::vector<ShardSpec> shards, AllocateShards(&arena, layers, lo, processes));
+//   ... copy initial weights into each shard's master region, then WorkerPool::Start(...)
+//
+// Fresh memfd pages are zero, which is what exp_avg, exp_avg_sq and the step counters must start
+// at. Free functions; thread-compatible.
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "ipc/arena.h"
+#include "workers/step_driver.h"
+#include "workers/worker_pool.h"
+
+namespace offloadd::workers {
+
+struct ShardLayoutOptions {
+  GradDtype grad_dtype = GradDtype::kBf16;
+  WeightDtype weight_dtype = WeightDtype::kBf16;
+  uint32_t accumulation_steps = 1;  // > 1 adds an fp32 accumulation buffer per shard
+  // Split layers into shards of at most this many elements (rounded up to kChunkElements);
+  // 0: one shard per layer. Smaller shards spread one layer over several worker processes.
+  uint64_t max_shard_elements = 0;
+};
+
+// Number of arena regions AllocateShards plus a pool of `processes` workers will create.
+uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
+                    uint32_t processes);
+// Segment bytes (data area) for the shards, the pool's rings and redo slots, and the region table.
+uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
+                       const WorkerPoolOptions& pool);
+// Allocates every shard's regions; shard s goes to worker s % processes.
+StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
+                                                const std::vector<uint64_t>& layers,
+                                                const ShardLayoutOptions& options,
+                                                uint32_t processes);
+
+}  // namespace offloadd::workers
