@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "client/cpp/job_file.h"
 #include "client/cpp/offloadd_client.h"
 #include "client/offloadctl/render.h"
 
@@ -20,6 +21,10 @@ constexpr const char* kUsage = R"(usage: offloadctl [global flags] COMMAND [ARGS
 Commands:
   health                 check that the daemon is serving (exit 0 when SERVING)
   node                   show GPUs, memory, NUMA, store directories
+  submit FILE [--validate-only]
+                         submit the job described by a YAML job file; --validate-only checks it
+                         on the daemon (paths, model, tokenizer, datasets, ranges, memory) and
+                         prints the job as it would run
   list [--state S]...    list jobs (S: queued, running, paused, succeeded, failed, ...)
   get JOB                show one job
   cancel JOB [REASON]    cancel a job
@@ -82,6 +87,26 @@ int Run(Flags& f) {
     if (!n.ok()) return Fail(n.status());
     if (f.json) PrintJson(*n);
     else std::fputs(offloadctl::RenderNodeInfo(*n).c_str(), stdout);
+    return 0;
+  }
+  if (cmd == "submit") {
+    if (f.args.size() < 2) return Usage("submit needs a job file");
+    bool validate_only = false;
+    for (size_t i = 2; i < f.args.size(); ++i) {
+      if (f.args[i] == "--validate-only") validate_only = true;
+      else return Usage("submit: unknown argument '" + f.args[i] + "'");
+    }
+    auto spec = offloadd::client::LoadJobFile(f.args[1]);
+    if (!spec.ok()) return Fail(spec.status());
+    auto job = c.CreateJob(*spec, validate_only);
+    if (!job.ok()) return Fail(job.status());
+    if (validate_only) {
+      std::printf("%s: valid. The job would run as:\n", f.args[1].c_str());
+      PrintJson(job->spec());
+      return 0;
+    }
+    if (f.json) PrintJson(*job);
+    else std::fputs(offloadctl::RenderJob(*job).c_str(), stdout);
     return 0;
   }
   if (cmd == "list") {

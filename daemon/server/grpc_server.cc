@@ -45,7 +45,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
 
   std::vector<StoreDirInput> dirs;
   for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
-  s->job_service_ = std::make_unique<JobServiceImpl>(metrics);
+  s->job_service_ = std::make_unique<JobServiceImpl>(config, metrics);
   s->node_service_ = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
 
   grpc::ServerBuilder builder;

@@ -1,7 +1,13 @@
 #pragma once
-// gRPC JobService. Until the job service core lands (training pipeline: issue #6; queue,
-// persistence and checkpoints: issue #7) every method answers UNIMPLEMENTED naming what is missing.
+// gRPC JobService. CreateJob validates the whole spec (daemon/jobs/job_validator.h) and answers
+// INVALID_ARGUMENT with a google.rpc.BadRequest listing every problem by field path;
+// validate_only returns the job as it would run (defaults filled, paths canonical).
+// Until the training pipeline (issue #6) and the job queue and persistence (issue #7) land, a
+// valid non-dry-run CreateJob is refused with FAILED_PRECONDITION and the other methods answer
+// UNIMPLEMENTED naming what is missing: nothing is accepted that could not run.
 
+#include "daemon/config/config.h"
+#include "daemon/jobs/path_policy.h"
 #include "daemon/metrics/metrics.h"
 #include "offloadd/v1/job_service.grpc.pb.h"
 
@@ -9,7 +15,7 @@ namespace offloadd::daemon {
 
 class JobServiceImpl final : public offloadd::v1::JobService::Service {
  public:
-  explicit JobServiceImpl(DaemonMetrics* metrics) : metrics_(metrics) {}
+  JobServiceImpl(const DaemonConfig& config, DaemonMetrics* metrics);
 
   grpc::Status CreateJob(grpc::ServerContext*, const offloadd::v1::CreateJobRequest*, offloadd::v1::Job*) override;
   grpc::Status GetJob(grpc::ServerContext*, const offloadd::v1::GetJobRequest*, offloadd::v1::Job*) override;
@@ -26,6 +32,8 @@ class JobServiceImpl final : public offloadd::v1::JobService::Service {
  private:
   grpc::Status Missing(const char* method);
 
+  const DaemonConfig config_;
+  PathPolicy paths_;
   DaemonMetrics* metrics_;
 };
 

@@ -7,6 +7,7 @@
 """
 
 from offloadd.client import DEFAULT_TARGET, Client
+from offloadd.job_file import job_spec
 from offloadd.errors import (
     FieldViolation,
     InvalidArgument,
@@ -29,4 +30,5 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "job_spec",
 ]

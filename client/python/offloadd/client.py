@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from offloadd.errors import from_rpc_error
+from offloadd.job_file import job_spec
 from offloadd.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
 
 DEFAULT_TARGET = "unix:///run/offloadd/offloadd.sock"
@@ -87,8 +88,12 @@ class Client:
         return self._call(self._node.GetNodeInfo, node_service_pb2.GetNodeInfoRequest())
 
     # --- jobs ------------------------------------------------------------------------------
-    def create_job(self, spec: job_pb2.JobSpec, *, validate_only: bool = False, request_id: str = "") -> job_pb2.Job:
-        req = job_service_pb2.CreateJobRequest(spec=spec, validate_only=validate_only, request_id=request_id)
+    def create_job(
+        self, spec: Union[job_pb2.JobSpec, dict, str, os.PathLike], *, validate_only: bool = False, request_id: str = ""
+    ) -> job_pb2.Job:
+        """Submits a job. `spec` is a JobSpec, a dict with job.proto's field names, or a path to
+        a YAML job file. Raises InvalidArgument with .field_violations listing every problem."""
+        req = job_service_pb2.CreateJobRequest(spec=job_spec(spec), validate_only=validate_only, request_id=request_id)
         return self._call(self._jobs.CreateJob, req)
 
     def get_job(self, job_id: str) -> job_pb2.Job:

@@ -1,0 +1,391 @@
+#include "daemon/jobs/job_validator.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "common/units.h"
+#include "engine/model_config.h"
+#include "text/chat_template.h"
+#include "text/dataset.h"
+#include "text/tokenizer.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+
+constexpr uint64_t kMaxDatasetPreviewBytes = 64ull << 20;
+
+class Checker {
+ public:
+  explicit Checker(std::vector<FieldViolation>* out) : out_(out) {}
+  void Add(const std::string& field, const std::string& description) { out_->push_back({field, description}); }
+  bool Fails(const std::string& field, const Status& s) {
+    if (s.ok()) return false;
+    Add(field, s.message());
+    return true;
+  }
+  template <typename T>
+  void Range(const std::string& field, T value, T lo, T hi, bool lo_open = false) {
+    if (value < lo || value > hi || (lo_open && value == lo)) {
+      std::ostringstream o;
+      o << "must be in " << (lo_open ? "(" : "[") << lo << ", " << hi << "], got " << value;
+      Add(field, o.str());
+    }
+  }
+
+ private:
+  std::vector<FieldViolation>* out_;
+};
+
+bool IsDirectory(const std::string& path) {
+  struct stat st{};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool Exists(const std::string& path) {
+  struct stat st{};
+  return stat(path.c_str(), &st) == 0;
+}
+
+text::DatasetFormat ToTextFormat(v1::DatasetFormat f) {
+  switch (f) {
+    case v1::DATASET_FORMAT_ALPACA: return text::DatasetFormat::kAlpaca;
+    case v1::DATASET_FORMAT_SHAREGPT: return text::DatasetFormat::kShareGpt;
+    case v1::DATASET_FORMAT_TEXT: return text::DatasetFormat::kText;
+    case v1::DATASET_FORMAT_MESSAGES: return text::DatasetFormat::kMessages;
+    case v1::DATASET_FORMAT_PROMPT_COMPLETION: return text::DatasetFormat::kPromptCompletion;
+    case v1::DATASET_FORMAT_PRETOKENIZED: return text::DatasetFormat::kPretokenized;
+    default: return text::DatasetFormat::kAuto;
+  }
+}
+
+// Reads up to kMaxDatasetPreviewBytes and returns the first records.
+StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ErrnoError(errno, "cannot read " + path);
+  std::string data(kMaxDatasetPreviewBytes, '\0');
+  in.read(data.data(), static_cast<std::streamsize>(data.size()));
+  data.resize(static_cast<size_t>(in.gcount()));
+  const bool truncated = in.gcount() == static_cast<std::streamsize>(kMaxDatasetPreviewBytes) && in.peek() != EOF;
+  if (truncated) {
+    const size_t first = data.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && data[first] == '[') {
+      return InvalidArgumentError(path + " is a JSON array larger than " + FormatByteSize(kMaxDatasetPreviewBytes) +
+                                  "; use JSON Lines (one record per line) for large datasets");
+    }
+    data.resize(data.rfind('\n') == std::string::npos ? 0 : data.rfind('\n') + 1);  // whole lines only
+  }
+  ASSIGN_OR_RETURN(auto records, text::SplitRecords(data, path));
+  if (records.empty()) return InvalidArgumentError(path + " holds no records");
+  if (records.size() > static_cast<size_t>(kDatasetPreviewRecords)) records.resize(kDatasetPreviewRecords);
+  return records;
+}
+
+void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
+  c.Range("training.learning_rate", t.learning_rate(), 0.0, 1.0, /*lo_open=*/true);
+  c.Range<int64_t>("training.per_device_train_batch_size", t.per_device_train_batch_size(), 1, 65536);
+  c.Range<int64_t>("training.gradient_accumulation_steps", t.gradient_accumulation_steps(), 1, 1 << 20);
+  if (t.max_steps() == 0 || t.max_steps() < -1) c.Add("training.max_steps", "must be -1 (use num_train_epochs) or positive");
+  if (t.max_steps() == -1) c.Range("training.num_train_epochs", t.num_train_epochs(), 0.0, 1e6, true);
+  c.Range<int64_t>("training.warmup_steps", t.warmup_steps(), 0, int64_t{1} << 40);
+  c.Range("training.warmup_ratio", t.warmup_ratio(), 0.0, 1.0);
+  const std::string& s = t.lr_scheduler_type();
+  if (s != "linear" && s != "cosine" && s != "constant" && s != "constant_with_warmup") {
+    c.Add("training.lr_scheduler_type", "must be linear, cosine, constant or constant_with_warmup, got '" + s + "'");
+  }
+  c.Range("training.weight_decay", t.weight_decay(), 0.0, 10.0);
+  c.Range("training.adam_beta1", t.adam_beta1(), 0.0, 1.0);
+  c.Range("training.adam_beta2", t.adam_beta2(), 0.0, 1.0);
+  if (t.adam_beta1() >= 1.0) c.Add("training.adam_beta1", "must be below 1");
+  if (t.adam_beta2() >= 1.0) c.Add("training.adam_beta2", "must be below 1");
+  c.Range("training.adam_epsilon", t.adam_epsilon(), 0.0, 1.0, true);
+  c.Range("training.max_grad_norm", t.max_grad_norm(), 0.0, 1e12);
+  c.Range<int64_t>("training.logging_steps", t.logging_steps(), 1, int64_t{1} << 40);
+  c.Range<int64_t>("training.save_steps", t.save_steps(), 1, int64_t{1} << 40);
+  c.Range<int64_t>("training.save_total_limit", t.save_total_limit(), 0, 1 << 20);
+}
+
+void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const PathPolicy& paths, Checker& c) {
+  for (const auto& [target, name] : {std::pair{&o.offload_optimizer(), "offload.offload_optimizer"},
+                                     std::pair{&o.offload_param(), "offload.offload_param"}}) {
+    if (target->device() != v1::OFFLOAD_DEVICE_NVME) {
+      if (!target->nvme_path().empty()) c.Add(std::string(name) + ".nvme_path", "set, but device is not nvme");
+      continue;
+    }
+    if (node.store_dirs.empty()) {
+      c.Add(std::string(name) + ".device", "nvme needs store directories; none is configured in the daemon (storage.directories)");
+      continue;
+    }
+    if (!target->nvme_path().empty()) {
+      auto real = paths.ResolveExisting(target->nvme_path());
+      bool known = false;
+      for (const auto& d : node.store_dirs) known = known || (real.ok() && *real == d.path) || target->nvme_path() == d.path;
+      if (!known) {
+        std::string list;
+        for (const auto& d : node.store_dirs) list += (list.empty() ? "" : ", ") + d.path;
+        c.Add(std::string(name) + ".nvme_path", "'" + target->nvme_path() + "' is not one of the daemon's store directories [" + list + "]");
+      }
+    }
+  }
+  if (o.aio().block_size() % 4096 != 0) c.Add("offload.aio.block_size", "must be a multiple of 4096 for O_DIRECT");
+  c.Range<uint64_t>("offload.aio.block_size", o.aio().block_size(), 4096, 64ull << 20);
+  c.Range<uint64_t>("offload.aio.queue_depth", o.aio().queue_depth(), 1, 4096);
+}
+
+void CheckCompression(const v1::CompressionConfig& comp, Checker& c) {
+  if (comp.type() != v1::COMPRESSION_TYPE_LSP) return;
+  c.Range("compression.subspace_rank", comp.subspace_rank(), 1, 65536);
+  c.Range("compression.sparsity", comp.sparsity(), 1, comp.subspace_rank() > 0 ? comp.subspace_rank() : 1);
+  c.Range("compression.projector_update_interval", comp.projector_update_interval(), 1, 1 << 30);
+}
+
+}  // namespace
+
+void ApplyJobDefaults(v1::JobSpec* spec) {
+  auto* t = spec->mutable_training();
+  if (!t->has_learning_rate()) t->set_learning_rate(5e-5);
+  if (!t->has_per_device_train_batch_size()) t->set_per_device_train_batch_size(8);
+  if (!t->has_gradient_accumulation_steps()) t->set_gradient_accumulation_steps(1);
+  if (!t->has_num_train_epochs()) t->set_num_train_epochs(3.0);
+  if (!t->has_max_steps()) t->set_max_steps(-1);
+  if (!t->has_warmup_steps()) t->set_warmup_steps(0);
+  if (!t->has_warmup_ratio()) t->set_warmup_ratio(0.0);
+  if (!t->has_lr_scheduler_type()) t->set_lr_scheduler_type("linear");
+  if (!t->has_weight_decay()) t->set_weight_decay(0.0);
+  if (!t->has_adam_beta1()) t->set_adam_beta1(0.9);
+  if (!t->has_adam_beta2()) t->set_adam_beta2(0.999);
+  if (!t->has_adam_epsilon()) t->set_adam_epsilon(1e-8);
+  if (!t->has_max_grad_norm()) t->set_max_grad_norm(1.0);
+  if (!t->has_seed()) t->set_seed(42);
+  if (!t->has_logging_steps()) t->set_logging_steps(500);
+  if (!t->has_save_steps()) t->set_save_steps(500);
+  if (!t->has_save_total_limit()) t->set_save_total_limit(0);
+  auto* d = spec->mutable_dataset();
+  if (!d->has_mask_prompt()) d->set_mask_prompt(true);
+  if (!d->has_max_seq_length()) d->set_max_seq_length(1024);
+  if (!d->has_shuffle()) d->set_shuffle(true);
+  auto* o = spec->mutable_offload();
+  for (auto* target : {o->mutable_offload_optimizer(), o->mutable_offload_param()}) {
+    if (!target->has_pin_memory()) target->set_pin_memory(true);
+  }
+  if (o->offload_optimizer().device() == v1::OFFLOAD_DEVICE_UNSPECIFIED) {
+    o->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_CPU);
+  }
+  if (o->offload_param().device() == v1::OFFLOAD_DEVICE_UNSPECIFIED) {
+    o->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_CPU);
+  }
+  if (o->activations().mode() == v1::ACTIVATION_MODE_UNSPECIFIED) {
+    o->mutable_activations()->set_mode(v1::ACTIVATION_MODE_AUTO);
+  }
+  if (!o->aio().has_block_size()) o->mutable_aio()->set_block_size(1u << 20);
+  if (!o->aio().has_queue_depth()) o->mutable_aio()->set_queue_depth(32);
+  auto* comp = spec->mutable_compression();
+  if (comp->type() == v1::COMPRESSION_TYPE_UNSPECIFIED) comp->set_type(v1::COMPRESSION_TYPE_NONE);
+  if (!comp->has_subspace_rank()) comp->set_subspace_rank(512);
+  if (!comp->has_sparsity()) comp->set_sparsity(4);
+  if (!comp->has_projector_update_interval()) comp->set_projector_update_interval(1000);
+  // model.compute_dtype stays UNSPECIFIED here: it resolves when the job is placed (bf16 on a
+  // GPU, fp32 on the CPU).
+}
+
+ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& paths, const NodeBudget& node) {
+  ValidationResult r;
+  r.resolved = input;
+  v1::JobSpec& spec = r.resolved;
+  ApplyJobDefaults(&spec);
+  Checker c(&r.violations);
+
+  // Model.
+  std::unique_ptr<engine::ModelConfig> config;
+  if (spec.model().path().empty()) {
+    c.Add("model.path", "required: a Hugging Face model directory (config.json + *.safetensors)");
+  } else if (auto dir = paths.ResolveExisting(spec.model().path()); !c.Fails("model.path", dir.status())) {
+    spec.mutable_model()->set_path(*dir);
+    if (!IsDirectory(*dir)) {
+      c.Add("model.path", "'" + *dir + "' is not a directory");
+    } else if (auto mc = engine::LoadModelConfig(*dir); !c.Fails("model.path", mc.status())) {
+      config = std::make_unique<engine::ModelConfig>(*mc);
+      if (!Exists(*dir + "/model.safetensors") && !Exists(*dir + "/model.safetensors.index.json")) {
+        c.Add("model.path", *dir + " has neither model.safetensors nor model.safetensors.index.json");
+      }
+    }
+  }
+
+  // Tokenizer (defaults to the model directory).
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::string tokenizer_dir;
+  const std::string tok_field = spec.tokenizer().path().empty() ? "model.path" : "tokenizer.path";
+  const std::string tok_path = spec.tokenizer().path().empty() ? spec.model().path() : spec.tokenizer().path();
+  if (!tok_path.empty()) {
+    if (auto real = paths.ResolveExisting(tok_path); !c.Fails(tok_field, real.status())) {
+      if (!spec.tokenizer().path().empty()) spec.mutable_tokenizer()->set_path(*real);
+      auto tok = IsDirectory(*real) ? text::Tokenizer::FromDirectory(*real) : text::Tokenizer::FromFile(*real);
+      if (!c.Fails(tok_field, tok.status().WithContext("tokenizer"))) {
+        tokenizer = std::move(*tok);
+        tokenizer_dir = IsDirectory(*real) ? *real : real->substr(0, real->rfind('/'));
+      }
+    }
+  }
+
+  // Dataset.
+  const auto& ds = spec.dataset();
+  if (ds.paths().empty()) c.Add("dataset.paths", "required: at least one JSON or JSON Lines file");
+  c.Range("dataset.max_seq_length", ds.max_seq_length(), 8, 1 << 20);
+  if (config && config->max_position_embeddings > 0 && ds.max_seq_length() > config->max_position_embeddings &&
+      config->arch == engine::Architecture::kGpt2) {
+    c.Add("dataset.max_seq_length", "GPT-2 has learned positions for " + std::to_string(config->max_position_embeddings) +
+                                        " tokens, got " + std::to_string(ds.max_seq_length()));
+  }
+  std::unique_ptr<text::ChatTemplate> chat;
+  if (tokenizer) {
+    StatusOr<text::ChatTemplate> t = InvalidArgumentError("unset");
+    if (ds.template_() == "builtin") {
+      t = text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(*tokenizer));
+    } else if (!ds.template_().empty()) {
+      auto real = paths.ResolveExisting(ds.template_());
+      if (!c.Fails("dataset.template", real.status())) {
+        std::ifstream in(*real);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        auto tokens = text::SpecialTokens::FromTokenizerConfig(tokenizer_dir + "/tokenizer_config.json");
+        t = text::ChatTemplate::FromString(ss.str(), tokens.ok() ? *tokens : text::SpecialTokens::Guess(*tokenizer));
+        if (!c.Fails("dataset.template", t.status())) spec.mutable_dataset()->set_template_(*real);
+      }
+    } else {
+      t = text::ChatTemplate::FromDirectory(tokenizer_dir);
+      if (!t.ok() && t.status().code() == StatusCode::kNotFound) {
+        t = text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(*tokenizer));
+      } else {
+        c.Fails("tokenizer.path", t.status().WithContext("chat template"));
+      }
+    }
+    if (t.ok()) chat = std::make_unique<text::ChatTemplate>(std::move(*t));
+  }
+  for (int i = 0; i < ds.paths_size(); ++i) {
+    const std::string field = "dataset.paths[" + std::to_string(i) + "]";
+    auto real = paths.ResolveExisting(ds.paths(i));
+    if (c.Fails(field, real.status())) continue;
+    spec.mutable_dataset()->set_paths(i, *real);
+    if (IsDirectory(*real)) {
+      c.Add(field, "'" + *real + "' is a directory; give the JSON or JSON Lines file");
+      continue;
+    }
+    if (!tokenizer || !chat) continue;  // reported above; records cannot be encoded without them
+    auto records = PreviewRecords(*real);
+    if (c.Fails(field, records.status())) continue;
+    text::DatasetOptions opts;
+    opts.format = ToTextFormat(ds.format());
+    opts.mask_prompt = ds.mask_prompt();
+    auto encoder = text::RecordEncoder::Create(*tokenizer, chat.get(), opts);
+    if (c.Fails(field, encoder.status())) continue;
+    for (const auto& rec : *records) {
+      const std::string where = *real + ":" + std::to_string(rec.line);
+      nlohmann::ordered_json j;
+      try {
+        j = nlohmann::ordered_json::parse(rec.text);
+      } catch (const nlohmann::json::exception& e) {
+        c.Add(field, where + ": not valid JSON: " + e.what());
+        break;
+      }
+      auto doc = encoder->Encode(j);
+      if (!doc.ok()) {
+        if (!ds.skip_bad_records()) {
+          c.Add(field, where + ": " + doc.status().message());
+          break;
+        }
+      } else if (config && !doc->input_ids.empty()) {
+        for (int32_t id : doc->input_ids) {
+          if (id < 0 || id >= config->vocab_size) {
+            c.Add(field, where + ": token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                             std::to_string(config->vocab_size) + " (tokenizer and model do not match)");
+            break;
+          }
+        }
+      }
+    }
+  }
+
+  CheckTraining(spec.training(), c);
+  CheckOffload(spec.offload(), node, paths, c);
+  CheckCompression(spec.compression(), c);
+
+  // Output directory.
+  if (spec.output_dir().empty()) {
+    c.Add("output_dir", "required: where checkpoints and the final model are written");
+  } else if (auto out = paths.ResolveForWriting(spec.output_dir()); !c.Fails("output_dir", out.status())) {
+    spec.set_output_dir(*out);
+    if (Exists(*out) && !IsDirectory(*out)) c.Add("output_dir", "'" + *out + "' exists and is not a directory");
+  }
+  if (!spec.resume_from_checkpoint().empty()) {
+    if (auto ck = paths.ResolveExisting(spec.resume_from_checkpoint()); !c.Fails("resume_from_checkpoint", ck.status())) {
+      spec.set_resume_from_checkpoint(*ck);
+    }
+  }
+
+  // Resources and memory feasibility.
+  const auto& res = spec.resources();
+  if (res.gpu_index() < -1 || (res.gpu_index() >= 0 && !node.gpus.empty() &&
+                               res.gpu_index() >= static_cast<int>(node.gpus.size()))) {
+    c.Add("resources.gpu_index", "this node has " + std::to_string(node.gpus.size()) + " GPU(s); got index " +
+                                     std::to_string(res.gpu_index()));
+  }
+  if (config) {
+    r.model_size = EstimateModelSize(*config);
+    const bool gpu = !node.gpus.empty();
+    const int compute_bytes =
+        spec.model().compute_dtype() == v1::COMPUTE_DTYPE_FP32 || (!gpu && spec.model().compute_dtype() == v1::COMPUTE_DTYPE_UNSPECIFIED)
+            ? 4
+            : 2;
+    r.memory_floor = EstimateMemoryFloor(r.model_size, *config, spec.training().per_device_train_batch_size(),
+                                         ds.max_seq_length(), compute_bytes);
+    const MemoryFloor& f = r.memory_floor;
+    if (gpu) {
+      const int idx = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
+      const uint64_t card = node.gpus[idx].total_memory_bytes;
+      const uint64_t limit = res.gpu_memory_limit() ? res.gpu_memory_limit() : node.gpu_memory_limit ? node.gpu_memory_limit : card;
+      if (limit > card) {
+        c.Add("resources.gpu_memory_limit", FormatByteSize(limit) + " is more than GPU " + std::to_string(idx) + "'s " +
+                                                FormatByteSize(card));
+      } else if (limit < f.gpu_bytes) {
+        c.Add(res.gpu_memory_limit() ? "resources.gpu_memory_limit" : "training.per_device_train_batch_size",
+              "the GPU budget of " + FormatByteSize(limit) + " is below the " + FormatByteSize(f.gpu_bytes) +
+                  " this model needs at batch " + std::to_string(spec.training().per_device_train_batch_size()) + " x " +
+                  std::to_string(ds.max_seq_length()) + " tokens (" + f.gpu_breakdown +
+                  "); raise the limit or lower the batch size or max_seq_length");
+      }
+    }
+    const uint64_t host_default = node.host_memory_limit ? node.host_memory_limit : node.host_memory_bytes / 10 * 8;
+    const uint64_t host_limit = res.host_memory_limit() ? res.host_memory_limit() : host_default;
+    if (res.host_memory_limit() > node.host_memory_bytes) {
+      c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
+                                               FormatByteSize(node.host_memory_bytes) + " of RAM");
+    }
+    const bool states_on_nvme = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
+    const uint64_t host_need = f.host_pinned_bytes + (states_on_nvme ? 0 : f.optimizer_bytes);
+    if (host_need > host_limit) {
+      c.Add(res.host_memory_limit() ? "resources.host_memory_limit" : "offload.offload_optimizer.device",
+            "host memory budget " + FormatByteSize(host_limit) + " is below the " + FormatByteSize(host_need) + " needed for " +
+                std::to_string(r.model_size.total_params) + " parameters (" +
+                (states_on_nvme ? std::string("bf16 weights and gradient staging")
+                                : "fp32 master weights + Adam states " + FormatByteSize(f.optimizer_bytes) +
+                                      ", bf16 weights and gradient staging " + FormatByteSize(f.host_pinned_bytes)) +
+                (states_on_nvme ? ")" : "); put the optimizer states on NVMe (offload_optimizer.device: nvme)"));
+    }
+    if (states_on_nvme && !node.store_dirs.empty()) {
+      uint64_t free_bytes = 0;
+      for (const auto& d : node.store_dirs) free_bytes += d.available_bytes;
+      if (free_bytes < f.optimizer_bytes * 2) {  // two versions: the committed one and the one being written
+        c.Add("offload.offload_optimizer.device", "the store directories have " + FormatByteSize(free_bytes) +
+                                                      " free, below the " + FormatByteSize(f.optimizer_bytes * 2) +
+                                                      " for two versions of the optimizer states");
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,54 @@
+#pragma once
+// Validation of a JobSpec before anything is queued: every problem the daemon can find without
+// training is reported at once, each with its field path relative to JobSpec
+// ("training.learning_rate", "dataset.paths[1]"), so a user fixes a spec in one round trip.
+//
+// Checks: paths exist and resolve under the allowed roots; config.json parses and the
+// architecture is supported; the tokenizer loads; the first records of every dataset parse and
+// encode; hyperparameters are in range; memory budgets are feasible on this node (floors from
+// memory_estimate.h). The result also carries the spec with defaults filled in and paths
+// canonicalised: what the job would actually run with. Thread-safe (no shared state).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/jobs/memory_estimate.h"
+#include "daemon/jobs/path_policy.h"
+#include "daemon/node/node_probe.h"
+#include "offloadd/v1/job.pb.h"
+
+namespace offloadd::daemon {
+
+struct FieldViolation {
+  std::string field;
+  std::string description;
+};
+
+// What this node offers; filled from the node probe and the daemon config.
+struct NodeBudget {
+  uint64_t host_memory_bytes = 0;         // physical RAM
+  uint64_t host_memory_limit = 0;         // daemon default for host_memory_limit (0 = 80% of RAM)
+  uint64_t gpu_memory_limit = 0;          // daemon default per-job GPU budget (0 = GPU's memory)
+  std::vector<GpuFacts> gpus;
+  std::vector<StoreDirFacts> store_dirs;  // the daemon's configured NVMe store directories
+};
+
+struct ValidationResult {
+  std::vector<FieldViolation> violations;
+  offloadd::v1::JobSpec resolved;  // defaults filled, paths canonical (meaningful when valid)
+  ModelSize model_size;
+  MemoryFloor memory_floor;
+  bool ok() const { return violations.empty(); }
+};
+
+// Number of dataset records read and encoded per file to check it.
+inline constexpr int kDatasetPreviewRecords = 8;
+
+ValidationResult ValidateJobSpec(const offloadd::v1::JobSpec& spec, const PathPolicy& paths,
+                                 const NodeBudget& node);
+
+// Fills unset optional fields with the Hugging Face / DeepSpeed defaults documented in job.proto.
+void ApplyJobDefaults(offloadd::v1::JobSpec* spec);
+
+}  // namespace offloadd::daemon

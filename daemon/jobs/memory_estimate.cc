@@ -1,0 +1,55 @@
+#include "daemon/jobs/memory_estimate.h"
+
+#include <algorithm>
+
+#include "common/units.h"
+
+namespace offloadd::daemon {
+
+ModelSize EstimateModelSize(const engine::ModelConfig& c) {
+  ModelSize s;
+  const int64_t h = c.hidden_size;
+  int64_t layer = 0;
+  if (c.arch == engine::Architecture::kGpt2) {
+    // c_attn (h x 3h + 3h), c_proj (h x h + h), mlp (h x 4h + 4h, 4h x h + h), two LayerNorms.
+    const int64_t inner = c.intermediate_size > 0 ? c.intermediate_size : 4 * h;
+    layer = h * 3 * h + 3 * h + h * h + h + h * inner + inner + inner * h + h + 4 * h;
+    s.embedding_params = c.vocab_size * h + c.max_position_embeddings * h;
+  } else {
+    layer = h * c.q_dim() + 2 * h * c.kv_dim() + c.q_dim() * h + 3 * h * c.intermediate_size + 2 * h;
+    if (c.qkv_bias) layer += c.q_dim() + 2 * c.kv_dim();
+    if (c.o_bias) layer += h;
+    s.embedding_params = c.vocab_size * h;
+  }
+  s.layer_params = layer;
+  const int64_t head = c.tie_word_embeddings ? 0 : c.vocab_size * h;
+  s.total_params = s.embedding_params + c.num_layers * layer + head + 2 * h;
+  s.largest_block_params = std::max({s.embedding_params, layer, head});
+  return s;
+}
+
+MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig& c, int64_t batch,
+                                int64_t seq_len, int compute_bytes) {
+  MemoryFloor f;
+  const uint64_t tokens = static_cast<uint64_t>(batch) * static_cast<uint64_t>(seq_len);
+  const uint64_t cb = static_cast<uint64_t>(compute_bytes);
+  // Two buffers for weights (one in use, the next arriving) and one for the block's gradients.
+  const uint64_t weights = 2 * cb * static_cast<uint64_t>(size.largest_block_params);
+  const uint64_t grads = cb * static_cast<uint64_t>(size.largest_block_params);
+  // One layer's forward intermediates during its recomputation and backward: attention
+  // projections, MLP up/gate/activation, norms and the layer input/output (~ 8h + 3i per token).
+  const uint64_t inter = static_cast<uint64_t>(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size);
+  const uint64_t layer_act = tokens * (8 * static_cast<uint64_t>(c.hidden_size) + 3 * inter) * cb;
+  // Checkpointed layer inputs are offloadable, so only the logits (compute dtype + fp32 for the
+  // loss and its gradient) are a floor.
+  const uint64_t logits = tokens * static_cast<uint64_t>(c.vocab_size) * (cb + 4 + 4);
+  f.gpu_bytes = weights + grads + layer_act + logits;
+  f.gpu_breakdown = "double-buffered largest block " + FormatByteSize(weights) + ", its gradients " +
+                    FormatByteSize(grads) + ", one layer's activations " + FormatByteSize(layer_act) +
+                    ", logits and loss " + FormatByteSize(logits);
+  f.optimizer_bytes = 12 * static_cast<uint64_t>(size.total_params);
+  f.host_pinned_bytes = 2 * static_cast<uint64_t>(size.total_params) + 2 * grads;
+  return f;
+}
+
+}  // namespace offloadd::daemon

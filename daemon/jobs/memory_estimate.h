@@ -1,0 +1,33 @@
+#pragma once
+// Lower bounds on the memory a job needs, from the model's shape and the job's batch, so that an
+// infeasible budget is refused at validation with the numbers that do not fit. These are floors
+// (what the streaming schedule cannot go below), not the planner's exact placement.
+
+#include <cstdint>
+#include <string>
+
+#include "engine/model_config.h"
+
+namespace offloadd::daemon {
+
+struct ModelSize {
+  int64_t total_params = 0;
+  int64_t largest_block_params = 0;  // the largest of embedding, one decoder layer, head
+  int64_t layer_params = 0;
+  int64_t embedding_params = 0;
+};
+
+ModelSize EstimateModelSize(const engine::ModelConfig& config);
+
+struct MemoryFloor {
+  uint64_t gpu_bytes = 0;         // streaming everything, recomputing activations
+  std::string gpu_breakdown;      // human-readable parts of gpu_bytes
+  uint64_t optimizer_bytes = 0;   // fp32 master + exp_avg + exp_avg_sq (RAM or NVMe)
+  uint64_t host_pinned_bytes = 0; // bf16 weight staging + gradient staging when states are on NVMe
+};
+
+// compute_bytes: 2 for bf16/fp16, 4 for fp32.
+MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig& config, int64_t batch,
+                                int64_t seq_len, int compute_bytes);
+
+}  // namespace offloadd::daemon

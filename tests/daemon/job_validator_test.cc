@@ -1,0 +1,184 @@
+#include "daemon/jobs/job_validator.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace offloadd::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = offloadd::v1;
+
+// A tiny GPT-2 checkpoint directory with the real GPT-2 tokenizer from ../shared/data, an Alpaca
+// dataset, and an allowed root around them.
+class JobValidatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
+    shared_ = fs::path(src ? src : ".") / ".." / "shared" / "data";
+    if (!fs::exists(shared_ / "tokenizers" / "gpt2" / "tokenizer.json")) {
+      GTEST_SKIP() << "../shared/data (real tokenizers) not present";
+    }
+    char tmpl[] = "/tmp/offloadd_validator_XXXXXX";
+    root_ = mkdtemp(tmpl);
+    fs::create_directories(root_ / "model");
+    std::ofstream(root_ / "model" / "config.json")
+        << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4,
+              "n_positions": 256})";
+    std::ofstream(root_ / "model" / "model.safetensors") << "x";
+    fs::copy_file(shared_ / "tokenizers" / "gpt2" / "tokenizer.json", root_ / "model" / "tokenizer.json");
+    std::ofstream(root_ / "data.jsonl") << R"({"instruction": "Say hi", "input": "", "output": "hi"})" << "\n"
+                                        << R"({"instruction": "Add", "input": "1+1", "output": "2"})" << "\n";
+    node_.host_memory_bytes = 64ull << 30;
+  }
+  void TearDown() override {
+    if (!root_.empty()) fs::remove_all(root_);
+  }
+
+  v1::JobSpec ValidSpec() const {
+    v1::JobSpec s;
+    s.mutable_model()->set_path(root_ / "model");
+    s.mutable_dataset()->add_paths(root_ / "data.jsonl");
+    s.mutable_dataset()->set_max_seq_length(128);
+    s.mutable_training()->set_per_device_train_batch_size(2);
+    s.set_output_dir(root_ / "out" / "run1");
+    return s;
+  }
+
+  ValidationResult Validate(const v1::JobSpec& s) const { return ValidateJobSpec(s, PathPolicy({root_}), node_); }
+
+  static std::string Describe(const ValidationResult& r) {
+    std::string out;
+    for (const auto& v : r.violations) out += v.field + ": " + v.description + "\n";
+    return out;
+  }
+
+  static const FieldViolation* Find(const ValidationResult& r, const std::string& field) {
+    for (const auto& v : r.violations) {
+      if (v.field == field) return &v;
+    }
+    return nullptr;
+  }
+
+  fs::path shared_;
+  fs::path root_;
+  NodeBudget node_;
+};
+
+TEST_F(JobValidatorTest, ValidSpecGetsDefaultsAndCanonicalPaths) {
+  const ValidationResult r = Validate(ValidSpec());
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_DOUBLE_EQ(r.resolved.training().learning_rate(), 5e-5);
+  EXPECT_EQ(r.resolved.training().lr_scheduler_type(), "linear");
+  EXPECT_EQ(r.resolved.training().per_device_train_batch_size(), 2);
+  EXPECT_TRUE(r.resolved.dataset().mask_prompt());
+  EXPECT_EQ(r.resolved.offload().offload_optimizer().device(), v1::OFFLOAD_DEVICE_CPU);
+  EXPECT_EQ(r.resolved.output_dir(), fs::canonical(root_).string() + "/out/run1");
+  // 2 layers of 12*64^2 + 13*64 plus token (50257*64) and position (256*64) embeddings, tied head.
+  EXPECT_EQ(r.model_size.total_params, 50257 * 64 + 256 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
+}
+
+TEST_F(JobValidatorTest, EveryProblemIsReportedAtOnce) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_training()->set_learning_rate(-1);
+  s.mutable_training()->set_lr_scheduler_type("exponential");
+  s.mutable_training()->set_adam_beta2(1.5);
+  s.mutable_dataset()->add_paths(root_ / "missing.jsonl");
+  s.set_output_dir("");
+  const ValidationResult r = Validate(s);
+  EXPECT_NE(Find(r, "training.learning_rate"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "training.lr_scheduler_type"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "training.adam_beta2"), nullptr) << Describe(r);
+  ASSERT_NE(Find(r, "dataset.paths[1]"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "dataset.paths[1]")->description.find("does not exist"), std::string::npos);
+  EXPECT_NE(Find(r, "output_dir"), nullptr) << Describe(r);
+  EXPECT_GE(r.violations.size(), 5u);
+}
+
+TEST_F(JobValidatorTest, PathsMustResolveUnderAllowedRootsAfterSymlinks) {
+  fs::create_symlink("/etc", root_ / "escape");
+  v1::JobSpec s = ValidSpec();
+  s.mutable_dataset()->set_paths(0, (root_ / "escape" / "hostname").string());
+  s.set_output_dir("/tmp/../etc/offloadd-out");
+  const ValidationResult r = Validate(s);
+  const FieldViolation* d = Find(r, "dataset.paths[0]");
+  ASSERT_NE(d, nullptr) << Describe(r);
+  EXPECT_NE(d->description.find("outside the allowed roots"), std::string::npos) << d->description;
+  EXPECT_NE(d->description.find("resolves to /etc/hostname"), std::string::npos) << d->description;
+  EXPECT_NE(Find(r, "output_dir"), nullptr) << Describe(r);
+}
+
+TEST_F(JobValidatorTest, UnsupportedModelIsRejectedByName) {
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc) << R"({"model_type": "mamba", "vocab_size": 10})";
+  const ValidationResult r = Validate(ValidSpec());
+  const FieldViolation* m = Find(r, "model.path");
+  ASSERT_NE(m, nullptr) << Describe(r);
+  EXPECT_NE(m->description.find("mamba"), std::string::npos) << m->description;
+}
+
+TEST_F(JobValidatorTest, BadDatasetRecordNamesFileAndLine) {
+  std::ofstream(root_ / "data.jsonl", std::ios::app) << "{\"instruction\": \"x\", \"output\": \n";
+  v1::JobSpec s = ValidSpec();
+  const ValidationResult r = Validate(s);
+  const FieldViolation* d = Find(r, "dataset.paths[0]");
+  ASSERT_NE(d, nullptr) << Describe(r);
+  EXPECT_NE(d->description.find("data.jsonl:3"), std::string::npos) << d->description;
+}
+
+TEST_F(JobValidatorTest, TokenizerMismatchWithModelIsCaught) {
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
+      << R"({"model_type": "gpt2", "vocab_size": 100, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256})";
+  const ValidationResult r = Validate(ValidSpec());
+  const FieldViolation* d = Find(r, "dataset.paths[0]");
+  ASSERT_NE(d, nullptr) << Describe(r);
+  EXPECT_NE(d->description.find("outside the model's vocabulary of 100"), std::string::npos) << d->description;
+}
+
+TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {
+  GpuFacts gpu;
+  gpu.name = "test GPU";
+  gpu.total_memory_bytes = 80ull << 30;
+  node_.gpus.push_back(gpu);
+  v1::JobSpec s = ValidSpec();
+  s.mutable_resources()->set_gpu_memory_limit(1 << 20);
+  const ValidationResult r = Validate(s);
+  const FieldViolation* g = Find(r, "resources.gpu_memory_limit");
+  ASSERT_NE(g, nullptr) << Describe(r);
+  EXPECT_NE(g->description.find("below the"), std::string::npos) << g->description;
+  EXPECT_NE(g->description.find("logits and loss"), std::string::npos) << g->description;
+  s.mutable_resources()->set_gpu_memory_limit(100ull << 30);
+  EXPECT_NE(Find(Validate(s), "resources.gpu_memory_limit"), nullptr);
+}
+
+TEST_F(JobValidatorTest, InfeasibleHostBudgetSuggestsNvme) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_resources()->set_host_memory_limit(1 << 20);
+  const ValidationResult r = Validate(s);
+  const FieldViolation* h = Find(r, "resources.host_memory_limit");
+  ASSERT_NE(h, nullptr) << Describe(r);
+  EXPECT_NE(h->description.find("offload_optimizer.device: nvme"), std::string::npos) << h->description;
+}
+
+TEST_F(JobValidatorTest, NvmeNeedsAConfiguredStoreDirectory) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  EXPECT_NE(Find(Validate(s), "offload.offload_optimizer.device"), nullptr);
+  StoreDirFacts dir;
+  dir.path = fs::canonical(root_);
+  dir.available_bytes = 1ull << 40;
+  node_.store_dirs.push_back(dir);
+  s.mutable_offload()->mutable_offload_optimizer()->set_nvme_path("/somewhere/else");
+  const ValidationResult r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_optimizer.nvme_path"), nullptr) << Describe(r);
+  s.mutable_offload()->mutable_offload_optimizer()->set_nvme_path(root_);
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+}
+
+}  // namespace
+}  // namespace offloadd::daemon

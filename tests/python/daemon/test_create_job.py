@@ -1,0 +1,114 @@
+"""CreateJob through the real daemon: validation errors by field path, validate_only dry runs, job
+files from offloadctl and the Python SDK."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from daemon_process import DaemonProcess  # noqa: E402
+
+import offloadd  # noqa: E402
+
+
+@pytest.fixture()
+def workspace(tmp_path, shared_dir):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}))
+    (model / "model.safetensors").write_bytes(b"x")
+    shutil.copy(shared_dir / "data" / "tokenizers" / "gpt2" / "tokenizer.json", model / "tokenizer.json")
+    alpaca = json.loads((shared_dir / "data" / "alpaca" / "alpaca_5000.json").read_text())[:20]
+    data = tmp_path / "alpaca.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in alpaca))
+    return tmp_path
+
+
+@pytest.fixture()
+def daemon(binary_dir, workspace):
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    yield d
+    d.stop()
+
+
+def spec_dict(ws: pathlib.Path) -> dict:
+    return {
+        "display_name": "tiny",
+        "model": {"path": str(ws / "model")},
+        "dataset": {"paths": [str(ws / "alpaca.jsonl")], "format": "alpaca", "max_seq_length": 128},
+        "training": {"learning_rate": 3e-4, "per_device_train_batch_size": 2, "max_steps": 10},
+        "output_dir": str(ws / "out"),
+    }
+
+
+def test_validate_only_returns_resolved_spec(daemon, workspace):
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec_dict(workspace), validate_only=True)
+    assert job.spec.training.learning_rate == pytest.approx(3e-4)
+    assert job.spec.training.adam_beta2 == pytest.approx(0.999), "defaults are filled in"
+    assert offloadd.v1.job_pb2.DatasetFormat.Name(job.spec.dataset.format) == "DATASET_FORMAT_ALPACA"
+    assert job.spec.output_dir == str(workspace.resolve() / "out")
+
+
+def test_all_problems_come_back_with_field_paths(daemon, workspace):
+    spec = spec_dict(workspace)
+    spec["training"].update(learning_rate=-1, lr_scheduler_type="exponential")
+    spec["dataset"]["paths"].append("/etc/passwd")
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.InvalidArgument) as e:
+            c.create_job(spec, validate_only=True)
+    fields = {v.field: v.description for v in e.value.field_violations}
+    assert set(fields) >= {"training.learning_rate", "training.lr_scheduler_type", "dataset.paths[1]"}, fields
+    assert "outside the allowed roots" in fields["dataset.paths[1]"]
+    assert "3 problems" in e.value.message
+
+
+def test_valid_job_is_refused_until_the_pipeline_exists(daemon, workspace):
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.OffloaddError) as e:
+            c.create_job(spec_dict(workspace))
+    assert e.value.code.name == "FAILED_PRECONDITION"
+    assert "issue #6" in e.value.message
+
+
+def test_unknown_field_in_dict_is_refused_by_sdk(workspace):
+    spec = spec_dict(workspace)
+    spec["training"]["learning_rat"] = 1e-4
+    with pytest.raises(ValueError, match="learning_rat"):
+        offloadd.job_spec(spec)
+
+
+def test_offloadctl_submit_validate_only(binary_dir, daemon, workspace):
+    job = workspace / "job.yaml"
+    job.write_text(textwrap.dedent(f"""\
+        display_name: tiny
+        model: {{path: {workspace / "model"}}}
+        dataset:
+          paths: [{workspace / "alpaca.jsonl"}]
+          format: alpaca
+          max_seq_length: 128
+        training: {{learning_rate: 3e-4, per_device_train_batch_size: 2, max_steps: 10}}
+        offload: {{offload_optimizer: {{device: cpu}}}}
+        output_dir: {workspace / "out"}
+        """))
+    ctl = [str(binary_dir / "client" / "offloadctl"), "--target", daemon.target]
+    r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "valid" in r.stdout and '"lr_scheduler_type": "linear"' in r.stdout
+
+    job.write_text(job.read_text().replace("learning_rate", "learning_rat"))
+    r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "learning_rat" in r.stderr
+
+    job.write_text(job.read_text().replace("learning_rat", "learning_rate").replace("max_steps: 10", "max_steps: 0"))
+    r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "training.max_steps: must be -1 (use num_train_epochs) or positive" in r.stderr
