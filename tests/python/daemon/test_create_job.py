@@ -112,3 +112,18 @@ def test_offloadctl_submit_validate_only(binary_dir, daemon, workspace):
     r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "training.max_steps: must be -1 (use num_train_epochs) or positive" in r.stderr
+
+
+def test_oversized_request_is_refused_and_daemon_stays_up(binary_dir, tmp_path):
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path)
+    d.config_path.write_text(d.config_path.read_text().replace("  shutdown_grace_seconds: 5\n",
+                                                               "  shutdown_grace_seconds: 5\n  max_request_bytes: 64KiB\n"))
+    d.start()
+    try:
+        with offloadd.Client(d.target) as c:
+            with pytest.raises(offloadd.OffloaddError) as e:
+                c.create_job({"display_name": "x" * (128 << 10)}, validate_only=True)
+            assert e.value.code.name == "RESOURCE_EXHAUSTED"
+            assert c.health() == "SERVING"
+    finally:
+        d.stop()
