@@ -44,10 +44,10 @@ class ThreadEngine final : public IoEngine {
 
   void Submit(IoRequest* req) override {
     req->transferred = 0;
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(req);
-    }
+    // Notify under the lock: once popped, the request may complete and its store (and this
+    // engine) be destroyed.
+    std::lock_guard lock(mu_);
+    queue_.push_back(req);
     cv_.notify_one();
   }
 

@@ -72,10 +72,9 @@ class CompletionPump {
     if (!st.ok()) {
       OFFLOADD_LOG(kWarning, "storage") << "command " << id << " (" << KeyString(key) << ") failed: " << st.ToString();
     }
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(r);
-    }
+    // Notify under the lock: once the record is popped, the pump may be destroyed.
+    std::lock_guard lock(mu_);
+    queue_.push_back(r);
     cv_.notify_one();
   }
 

@@ -77,6 +77,7 @@ struct ChunkIo {
   IoRequest req;
   Op* op = nullptr;
   size_t index = 0;
+  uint16_t dir = 0;
   uint8_t* user = nullptr;  // the caller's bytes for this chunk
   uint64_t len = 0;         // valid bytes (io may be longer, padded to 4 KiB)
   AlignedBuffer bounce;     // set when the caller's bytes are not aligned for O_DIRECT
@@ -144,6 +145,8 @@ class TensorStore::Impl {
   Status BeginWrite(Op* op, std::span<const std::byte> data);
   Status BeginRead(Op* op, std::span<std::byte> out);
   void PrepareChunks(Op* op, uint8_t* base);
+  bool PickChunks(Op* op, std::vector<ChunkIo*>* ready);
+  void SubmitChunks(const std::vector<ChunkIo*>& ready);
   void SubmitMore(Op* op);
   void OnChunkDone(ChunkIo* c, int64_t res);
   void FinishIo(Op* op);

@@ -143,45 +143,61 @@ void TensorStore::Impl::PrepareChunks(Op* op, uint8_t* base) {
     c.len = rec.chunk_len(i);
     c.req.op = op->write ? IoOp::kWrite : IoOp::kRead;
     c.req.offset = op->placement->offsets[i];
+    c.dir = rec.chunks[i].dir;
     c.req.done = [this, &c](int64_t res) { OnChunkDone(&c, res); };
   }
 }
 
+// With op->mu held: takes the next chunks (up to the window) and counts them in flight, so the
+// op cannot finish before they are submitted. Returns whether the op is finished instead.
+bool TensorStore::Impl::PickChunks(Op* op, std::vector<ChunkIo*>* ready) {
+  const size_t window = size_t{options.queue_depth} * dirs.size();
+  while (op->next < op->chunks.size() && op->in_flight < window && op->error.ok()) {
+    ChunkIo& c = op->chunks[op->next++];
+    const Directory& d = *dirs[c.dir];
+    const uint64_t io_len = d.direct ? AlignUp(c.len) : c.len;
+    const bool aligned =
+        !d.direct || (reinterpret_cast<uintptr_t>(c.user) % kAlign == 0 && c.len % kAlign == 0);
+    if (aligned) {
+      c.req.buf = c.user;
+    } else {
+      // Unaligned caller memory (odd offsets, or the tail of an odd-sized tensor) goes through
+      // a 4 KiB-aligned bounce buffer, zero-padded on writes.
+      c.bounce.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, io_len)));
+      if (!c.bounce) {
+        op->error = ResourceExhaustedError("no memory for a bounce buffer of " +
+                                           std::to_string(io_len) + " bytes for " + OpName(*op));
+        break;
+      }
+      if (op->write) {
+        std::memcpy(c.bounce.get(), c.user, c.len);
+        std::memset(c.bounce.get() + c.len, 0, io_len - c.len);
+      }
+      c.req.buf = c.bounce.get();
+    }
+    c.req.len = io_len;
+    c.start = Clock::now();
+    ++op->in_flight;
+    ready->push_back(&c);
+  }
+  return op->in_flight == 0 && (op->next == op->chunks.size() || !op->error.ok());
+}
+
+// Touches only the chunks, never their op: once the last one is submitted the op may complete
+// and be deleted on another thread.
+void TensorStore::Impl::SubmitChunks(const std::vector<ChunkIo*>& ready) {
+  for (ChunkIo* c : ready) dirs[c->dir]->engine->Submit(&c->req);
+}
+
 void TensorStore::Impl::SubmitMore(Op* op) {
   std::vector<ChunkIo*> ready;
-  const size_t window = size_t{options.queue_depth} * dirs.size();
+  bool finished;
   {
     std::lock_guard lock(op->mu);
-    while (op->next < op->chunks.size() && op->in_flight < window && op->error.ok()) {
-      ChunkIo& c = op->chunks[op->next++];
-      const Directory& d = *dirs[op->placement->rec.chunks[c.index].dir];
-      const uint64_t io_len = d.direct ? AlignUp(c.len) : c.len;
-      const bool aligned = !d.direct || (reinterpret_cast<uintptr_t>(c.user) % kAlign == 0 &&
-                                         c.len % kAlign == 0);
-      if (aligned) {
-        c.req.buf = c.user;
-      } else {
-        // Unaligned caller memory (odd offsets, or the tail of an odd-sized tensor) goes through
-        // a 4 KiB-aligned bounce buffer, zero-padded on writes.
-        c.bounce.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, io_len)));
-        if (!c.bounce) {
-          op->error = ResourceExhaustedError("no memory for a bounce buffer of " +
-                                             std::to_string(io_len) + " bytes for " + OpName(*op));
-          break;
-        }
-        if (op->write) {
-          std::memcpy(c.bounce.get(), c.user, c.len);
-          std::memset(c.bounce.get() + c.len, 0, io_len - c.len);
-        }
-        c.req.buf = c.bounce.get();
-      }
-      c.req.len = io_len;
-      c.start = Clock::now();
-      ++op->in_flight;
-      ready.push_back(&c);
-    }
+    finished = PickChunks(op, &ready);
   }
-  for (ChunkIo* c : ready) dirs[op->placement->rec.chunks[c->index].dir]->engine->Submit(&c->req);
+  SubmitChunks(ready);
+  if (finished) FinishIo(op);
 }
 
 void TensorStore::Impl::OnChunkDone(ChunkIo* c, int64_t res) {
@@ -189,17 +205,17 @@ void TensorStore::Impl::OnChunkDone(ChunkIo* c, int64_t res) {
   ChunkRef& ref = op->placement->rec.chunks[c->index];
   Directory& d = *dirs[ref.dir];
   const double seconds = SecondsSince(c->start);
-  const std::string where = [&] {
+  auto where = [&] {
     return "store directory " + d.path + ": " + OpName(*op) + ", chunk " + std::to_string(c->index) +
            " at data offset " + std::to_string(c->req.offset);
-  }();
+  };
   Status err;
   if (res < 0) {
     d.CountError(KindOfErrno(static_cast<int>(-res)));
-    err = ErrnoError(static_cast<int>(-res), where);
+    err = ErrnoError(static_cast<int>(-res), where());
   } else if (static_cast<uint64_t>(res) < c->req.len) {
     d.CountError(ErrorKind::kShortTransfer);
-    err = DataLossError(where + ": the data file ends after " + std::to_string(res) + " of " +
+    err = DataLossError(where() + ": the data file ends after " + std::to_string(res) + " of " +
                         std::to_string(c->req.len) + " bytes");
   } else if (op->write) {
     d.bytes_written.fetch_add(c->req.len, std::memory_order_relaxed);
@@ -214,25 +230,25 @@ void TensorStore::Impl::OnChunkDone(ChunkIo* c, int64_t res) {
     const uint32_t crc = Crc32c(0, got, c->len);
     if (crc != ref.crc) {
       d.CountError(ErrorKind::kChecksum);
-      err = DataLossError(where + ": checksum mismatch over " + std::to_string(c->len) +
+      err = DataLossError(where() + ": checksum mismatch over " + std::to_string(c->len) +
                           " bytes (stored crc32c " + Hex(ref.crc) + ", read " + Hex(crc) + ")");
     } else if (c->bounce) {
       std::memcpy(c->user, got, c->len);
     }
   }
   c->bounce.reset();
+  // Deciding to finish and picking more happen under one lock: a completion on another
+  // directory's thread may otherwise finish (and delete) the op while this one still uses it.
+  std::vector<ChunkIo*> ready;
   bool finished;
   {
     std::lock_guard lock(op->mu);
     --op->in_flight;
     if (!err.ok() && op->error.ok()) op->error = std::move(err);
-    finished = op->in_flight == 0 && (op->next == op->chunks.size() || !op->error.ok());
+    finished = PickChunks(op, &ready);
   }
-  if (finished) {
-    FinishIo(op);
-  } else {
-    SubmitMore(op);
-  }
+  SubmitChunks(ready);
+  if (finished) FinishIo(op);
 }
 
 void TensorStore::Impl::FinishIo(Op* op) {
@@ -241,10 +257,8 @@ void TensorStore::Impl::FinishIo(Op* op) {
   } else if (!op->error.ok()) {
     CompleteWrite(op, op->error);
   } else {
-    {
-      std::lock_guard lock(commit_mu);
-      commit_queue.push_back(op);
-    }
+    std::lock_guard lock(commit_mu);
+    commit_queue.push_back(op);
     commit_cv.notify_one();
   }
 }

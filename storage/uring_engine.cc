@@ -114,12 +114,11 @@ class UringEngine final : public IoEngine {
   void Submit(IoRequest* req) override {
     req->transferred = 0;
     req->buf_index = FindBuffer(req->buf, req->len);
-    {
-      std::lock_guard lock(mu_);
-      incoming_.push_back(req);
-    }
-    // From a completion callback (on the ring thread) the loop refills right after the
-    // callbacks, so the eventfd syscall and its wake-up completion are not needed.
+    // Wake under the lock: once the ring thread takes the request it may complete and the
+    // engine be destroyed (closing the eventfd). From a completion callback (on the ring
+    // thread) the loop refills right after the callbacks, so no wake-up is needed.
+    std::lock_guard lock(mu_);
+    incoming_.push_back(req);
     if (std::this_thread::get_id() != ring_thread_id_.load(std::memory_order_relaxed)) Wake();
   }
 
