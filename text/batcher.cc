@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "text/json_guard.h"
+
 namespace offloadd::text {
 
 namespace {
@@ -124,27 +126,30 @@ std::string Batcher::SaveState() const {
 }
 
 Status Batcher::RestoreState(std::string_view state) {
-  nlohmann::json j = nlohmann::json::parse(state, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j["epoch"].is_number_unsigned() ||
-      !j.contains("index") || !j["index"].is_number_unsigned()) {
-    return InvalidArgumentError("batcher state: expected {\"epoch\": N, \"index\": N, ...}");
-  }
-  auto mismatch = [&](const char* key, const nlohmann::json& want) -> Status {
-    if (j.contains(key) && j[key] != want) {
-      return FailedPreconditionError(std::string("batcher state was saved with ") + key + "=" +
-                                     j[key].dump() + ", now " + want.dump());
+  return GuardJson(std::string("batcher state"), [&]() -> Status {
+    nlohmann::json j = nlohmann::json::parse(state, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("epoch") ||
+        !j["epoch"].is_number_unsigned() || !j.contains("index") ||
+        !j["index"].is_number_unsigned()) {
+      return InvalidArgumentError("batcher state: expected {\"epoch\": N, \"index\": N, ...}");
     }
+    auto mismatch = [&](const char* key, const nlohmann::json& want) -> Status {
+      if (j.contains(key) && j[key] != want) {
+        return FailedPreconditionError(std::string("batcher state was saved with ") + key + "=" +
+                                       j[key].dump() + ", now " + want.dump());
+      }
+      return OkStatus();
+    };
+    RETURN_IF_ERROR(mismatch("seed", options_.seed));
+    RETURN_IF_ERROR(mismatch("num_documents", docs_->size()));
+    RETURN_IF_ERROR(mismatch("max_seq_length", options_.max_seq_length));
+    RETURN_IF_ERROR(mismatch("packing", options_.packing));
+    RETURN_IF_ERROR(mismatch("shuffle", options_.shuffle));
+    const uint64_t index = j["index"].get<uint64_t>();
+    if (index > docs_->size()) return InvalidArgumentError("batcher state: index past the dataset");
+    cursor_ = {j["epoch"].get<uint64_t>(), index};
     return OkStatus();
-  };
-  RETURN_IF_ERROR(mismatch("seed", options_.seed));
-  RETURN_IF_ERROR(mismatch("num_documents", docs_->size()));
-  RETURN_IF_ERROR(mismatch("max_seq_length", options_.max_seq_length));
-  RETURN_IF_ERROR(mismatch("packing", options_.packing));
-  RETURN_IF_ERROR(mismatch("shuffle", options_.shuffle));
-  const uint64_t index = j["index"].get<uint64_t>();
-  if (index > docs_->size()) return InvalidArgumentError("batcher state: index past the dataset");
-  cursor_ = {j["epoch"].get<uint64_t>(), index};
-  return OkStatus();
+  });
 }
 
 }  // namespace offloadd::text

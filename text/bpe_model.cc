@@ -53,7 +53,8 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& mod
   int32_t max_id = -1;
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > INT32_MAX) {
-      return InvalidArgumentError("model.vocab[\"" + it.key() + "\"]: id must be a non-negative integer");
+      return InvalidArgumentError("model.vocab[\"" + it.key() +
+                                  "\"]: id must be a non-negative integer");
     }
     const auto id = static_cast<int32_t>(it->get<int64_t>());
     bpe->vocab_.emplace(it.key(), id);
@@ -103,7 +104,8 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& mod
                                   "\" + \"" + pair.second + "\" uses a token not in the vocab");
     }
     std::string merged = pair.first;
-    if (prefix_len > 0 && pair.second.compare(0, prefix_len, bpe->continuing_subword_prefix_) == 0) {
+    if (prefix_len > 0 &&
+        pair.second.compare(0, prefix_len, bpe->continuing_subword_prefix_) == 0) {
       merged += pair.second.substr(prefix_len);
     } else {
       merged += pair.second;
@@ -114,8 +116,7 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& mod
                                   "\" is not in the vocab");
     }
     // The first occurrence of a pair wins, as in `tokenizers`.
-    bpe->merges_.emplace(PairKey(a->second, b->second),
-                         Merge{static_cast<int32_t>(i), m->second});
+    bpe->merges_.emplace(PairKey(a->second, b->second), Merge{static_cast<int32_t>(i), m->second});
   }
   return bpe;
 }

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "text/json_guard.h"
 #include "text/tokenizer.h"
 
 namespace offloadd::text {
@@ -37,7 +38,8 @@ constexpr const char* kBuiltIn =
     "{%- elif message['role'] == 'user' -%}{{ '### User:\\n' + message['content'] + '\\n\\n' }}\n"
     "{%- elif message['role'] == 'assistant' -%}"
     "{{ '### Assistant:\\n' + message['content'] + eos_token + '\\n\\n' }}\n"
-    "{%- elif message['role'] == 'tool' -%}{{ '### Tool result:\\n' + message['content'] + '\\n\\n' }}\n"
+    "{%- elif message['role'] == 'tool' -%}{{ '### Tool result:\\n' + message['content'] + "
+    "'\\n\\n' }}\n"
     "{%- else -%}{{ raise_exception('unsupported role: ' ~ message['role']) }}\n"
     "{%- endif -%}\n"
     "{%- endfor -%}\n"
@@ -46,16 +48,19 @@ constexpr const char* kBuiltIn =
 }  // namespace
 
 StatusOr<SpecialTokens> SpecialTokens::FromTokenizerConfig(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  ojson j = ojson::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgumentError(path + ": not a JSON object");
-  SpecialTokens t;
-  t.bos_token = TokenString(j.value("bos_token", ojson()));
-  t.eos_token = TokenString(j.value("eos_token", ojson()));
-  t.unk_token = TokenString(j.value("unk_token", ojson()));
-  t.pad_token = TokenString(j.value("pad_token", ojson()));
-  t.add_bos_token = j.value("add_bos_token", false);
-  return t;
+  return GuardJson(path, [&]() -> StatusOr<SpecialTokens> {
+    ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    ojson j = ojson::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      return InvalidArgumentError(path + ": not a JSON object");
+    SpecialTokens t;
+    t.bos_token = TokenString(j.value("bos_token", ojson()));
+    t.eos_token = TokenString(j.value("eos_token", ojson()));
+    t.unk_token = TokenString(j.value("unk_token", ojson()));
+    t.pad_token = TokenString(j.value("pad_token", ojson()));
+    t.add_bos_token = j.value("add_bos_token", false);
+    return t;
+  });
 }
 
 SpecialTokens SpecialTokens::Guess(const Tokenizer& tokenizer) {
@@ -90,33 +95,37 @@ ChatTemplate ChatTemplate::BuiltIn(SpecialTokens tokens) {
 const char* ChatTemplate::BuiltInSource() { return kBuiltIn; }
 
 StatusOr<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
-  const std::string config_path = dir + "/tokenizer_config.json";
-  SpecialTokens tokens;
-  std::string source;
-  if (std::filesystem::exists(config_path)) {
-    ASSIGN_OR_RETURN(tokens, SpecialTokens::FromTokenizerConfig(config_path));
-    ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
-    ojson j = ojson::parse(text, nullptr, false);
-    const ojson& ct = j.value("chat_template", ojson());
-    if (ct.is_string()) {
-      source = ct.get<std::string>();
-    } else if (ct.is_array()) {
-      for (const auto& entry : ct) {
-        if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template")) {
-          source = entry["template"].get<std::string>();
+  return GuardJson(dir, [&]() -> StatusOr<ChatTemplate> {
+    const std::string config_path = dir + "/tokenizer_config.json";
+    SpecialTokens tokens;
+    std::string source;
+    if (std::filesystem::exists(config_path)) {
+      ASSIGN_OR_RETURN(tokens, SpecialTokens::FromTokenizerConfig(config_path));
+      ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+      ojson j = ojson::parse(text, nullptr, false);
+      const ojson& ct = j.value("chat_template", ojson());
+      if (ct.is_string()) {
+        source = ct.get<std::string>();
+      } else if (ct.is_array()) {
+        for (const auto& entry : ct) {
+          if (entry.is_object() && entry.value("name", "") == "default" &&
+              entry.contains("template")) {
+            source = entry["template"].get<std::string>();
+          }
         }
+        if (source.empty())
+          return InvalidArgumentError(config_path + ": chat_template list has no \"default\"");
       }
-      if (source.empty()) return InvalidArgumentError(config_path + ": chat_template list has no \"default\"");
     }
-  }
-  const std::string jinja_path = dir + "/chat_template.jinja";
-  if (std::filesystem::exists(jinja_path)) {
-    ASSIGN_OR_RETURN(source, ReadFile(jinja_path));
-  }
-  if (source.empty()) return NotFoundError("no chat template in " + dir);
-  auto t = FromString(source, std::move(tokens));
-  if (!t.ok()) return t.status().WithContext(dir);
-  return t;
+    const std::string jinja_path = dir + "/chat_template.jinja";
+    if (std::filesystem::exists(jinja_path)) {
+      ASSIGN_OR_RETURN(source, ReadFile(jinja_path));
+    }
+    if (source.empty()) return NotFoundError("no chat template in " + dir);
+    auto t = FromString(source, std::move(tokens));
+    if (!t.ok()) return t.status().WithContext(dir);
+    return t;
+  });
 }
 
 StatusOr<std::string> ChatTemplate::Render(const ojson& messages, bool add_generation_prompt,

@@ -13,12 +13,11 @@
 //
 // Immutable after construction; Render may be called from several threads.
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 #include "text/jinja.h"

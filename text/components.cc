@@ -90,7 +90,8 @@ void ReplaceAligned(AlignedText* t, const std::vector<std::pair<size_t, size_t>>
     out.text.append(t->text, last, b - last);
     out.orig.insert(out.orig.end(), t->orig.begin() + last, t->orig.begin() + b);
     out.text.append(content);
-    const uint32_t anchor = b < t->orig.size() ? t->orig[b] : (t->orig.empty() ? 0 : t->orig.back());
+    const uint32_t anchor =
+        b < t->orig.size() ? t->orig[b] : (t->orig.empty() ? 0 : t->orig.back());
     out.orig.insert(out.orig.end(), content.size(), anchor);
     last = e;
   }
@@ -181,8 +182,9 @@ class UnicodeNormalizer final : public Normalizer {
           continue;
         }
       }
-      ASSIGN_OR_RETURN(std::string piece,
-                       text::Normalize(std::string_view(t->text).substr(chunk, pos - chunk), form_));
+      ASSIGN_OR_RETURN(
+          std::string piece,
+          text::Normalize(std::string_view(t->text).substr(chunk, pos - chunk), form_));
       out.text += piece;
       out.orig.insert(out.orig.end(), piece.size(), t->orig[chunk]);
       chunk = pos;
@@ -422,8 +424,8 @@ class MetaspacePreTokenizer final : public PreTokenizer {
       RETURN_IF_ERROR((Pattern{" ", nullptr}.FindAll(p.text, &spaces)));
       ReplaceAligned(&p, spaces, replacement_);
       const bool starts = p.text.compare(0, replacement_.size(), replacement_) == 0;
-      if (!starts && (scheme_ == PrependScheme::kAlways ||
-                      (scheme_ == PrependScheme::kFirst && p.at_start))) {
+      if (!starts &&
+          (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start))) {
         PrependAligned(&p, replacement_);
       }
       if (!split_) {
@@ -469,8 +471,10 @@ class ByteLevelDecoder final : public Decoder {
       bool all = true;
       for (size_t pos = 0; pos < t.size() && all;) {
         const int b = CodePointToByte(NextCodePoint(t, &pos));
-        if (b < 0) all = false;
-        else mapped.push_back(static_cast<char>(b));
+        if (b < 0)
+          all = false;
+        else
+          mapped.push_back(static_cast<char>(b));
       }
       bytes += all ? mapped : t;
     }
@@ -776,14 +780,12 @@ StatusOr<std::unique_ptr<Decoder>> MakeDecoder(const json& j, const std::string&
   return UnimplementedError(path + ": unsupported decoder type \"" + type + "\"");
 }
 
-StatusOr<std::unique_ptr<PostProcessor>> MakePostProcessor(const json& j,
-                                                           const std::string& path) {
+StatusOr<std::unique_ptr<PostProcessor>> MakePostProcessor(const json& j, const std::string& path) {
   if (j.is_null()) return std::unique_ptr<PostProcessor>();
   if (!j.is_object()) return InvalidArgumentError(path + ": expected an object");
   const std::string type = TypeOf(j);
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(auto steps,
-                     MakeList<PostProcessor>(j, "processors", path, MakePostProcessor));
+    ASSIGN_OR_RETURN(auto steps, MakeList<PostProcessor>(j, "processors", path, MakePostProcessor));
     return std::unique_ptr<PostProcessor>(new SequencePostProcessor(std::move(steps)));
   }
   if (type == "ByteLevel") return std::unique_ptr<PostProcessor>(new NoopPostProcessor());
@@ -823,8 +825,8 @@ StatusOr<std::unique_ptr<PostProcessor>> MakePostProcessor(const json& j,
     };
     ASSIGN_OR_RETURN(int32_t cls, pair_id("cls"));
     ASSIGN_OR_RETURN(int32_t sep, pair_id("sep"));
-    return std::unique_ptr<PostProcessor>(new TemplatePostProcessor(
-        {{false, {cls}}, {true, {}}, {false, {sep}}}));
+    return std::unique_ptr<PostProcessor>(
+        new TemplatePostProcessor({{false, {cls}}, {true, {}}, {false, {sep}}}));
   }
   return UnimplementedError(path + ": unsupported post-processor type \"" + type + "\"");
 }

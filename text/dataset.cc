@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "text/chat_template.h"
+#include "text/json_guard.h"
 #include "text/tokenizer.h"
 
 namespace offloadd::text {
@@ -21,7 +22,8 @@ StatusOr<std::string> StringField(const ojson& r, const char* key, bool required
     if (required) return InvalidArgumentError("missing \"" + std::string(key) + "\"");
     return std::string();
   }
-  if (!r[key].is_string()) return InvalidArgumentError("\"" + std::string(key) + "\" must be a string");
+  if (!r[key].is_string())
+    return InvalidArgumentError("\"" + std::string(key) + "\" must be a string");
   return r[key].get<std::string>();
 }
 
@@ -64,11 +66,17 @@ StatusOr<ojson> ShareGptToMessages(const ojson& r) {
     }
     const std::string from = turn["from"].get<std::string>();
     std::string role;
-    if (from == "human" || from == "user") role = "user";
-    else if (from == "gpt" || from == "assistant" || from == "function_call") role = "assistant";
-    else if (from == "system") role = "system";
-    else if (from == "observation" || from == "tool") role = "tool";
-    else return InvalidArgumentError("conversations[" + std::to_string(i) + "]: unknown \"from\": \"" + from + "\"");
+    if (from == "human" || from == "user")
+      role = "user";
+    else if (from == "gpt" || from == "assistant" || from == "function_call")
+      role = "assistant";
+    else if (from == "system")
+      role = "system";
+    else if (from == "observation" || from == "tool")
+      role = "tool";
+    else
+      return InvalidArgumentError("conversations[" + std::to_string(i) + "]: unknown \"from\": \"" +
+                                  from + "\"");
     messages.push_back({{"role", role}, {"content", turn["value"]}});
   }
   return messages;
@@ -83,7 +91,8 @@ StatusOr<ojson> AlpacaToMessages(const ojson& r) {
   if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
   if (Has(r, "history")) {
     const ojson& h = r["history"];
-    if (!h.is_array()) return InvalidArgumentError("\"history\" must be a list of [user, assistant]");
+    if (!h.is_array())
+      return InvalidArgumentError("\"history\" must be a list of [user, assistant]");
     for (size_t i = 0; i < h.size(); ++i) {
       if (!h[i].is_array() || h[i].size() != 2 || !h[i][0].is_string() || !h[i][1].is_string()) {
         return InvalidArgumentError("history[" + std::to_string(i) + "] must be [user, assistant]");
@@ -92,13 +101,15 @@ StatusOr<ojson> AlpacaToMessages(const ojson& r) {
       messages.push_back({{"role", "assistant"}, {"content", h[i][1]}});
     }
   }
-  messages.push_back({{"role", "user"}, {"content", input.empty() ? instruction : instruction + "\n" + input}});
+  messages.push_back(
+      {{"role", "user"}, {"content", input.empty() ? instruction : instruction + "\n" + input}});
   messages.push_back({{"role", "assistant"}, {"content", output}});
   return messages;
 }
 
 Status CheckMessages(const ojson& messages) {
-  if (!messages.is_array() || messages.empty()) return InvalidArgumentError("\"messages\" must be a non-empty list");
+  if (!messages.is_array() || messages.empty())
+    return InvalidArgumentError("\"messages\" must be a non-empty list");
   for (size_t i = 0; i < messages.size(); ++i) {
     const ojson& m = messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
@@ -136,7 +147,8 @@ StatusOr<RecordEncoder> RecordEncoder::Create(const Tokenizer& tokenizer,
   const std::string& eos_token = tmpl->special_tokens().eos_token;
   if (!eos_token.empty()) {
     eos = tokenizer.TokenToId(eos_token);
-    if (!eos) return InvalidArgumentError("eos_token \"" + eos_token + "\" is not in the tokenizer");
+    if (!eos)
+      return InvalidArgumentError("eos_token \"" + eos_token + "\" is not in the tokenizer");
   }
   // Without an EOS token only chat records work; text / prompt-completion fail clearly.
   return RecordEncoder(tokenizer, std::move(tmpl), options, eos);
@@ -181,72 +193,80 @@ StatusOr<Document> RecordEncoder::EncodeText(const std::string& prompt,
 }
 
 StatusOr<Document> RecordEncoder::Encode(const ojson& record) const {
-  if (!record.is_object()) return InvalidArgumentError("record is not a JSON object");
-  DatasetFormat format = options_.format;
-  if (format == DatasetFormat::kAuto) {
-    format = Detect(record);
+  return GuardJson(std::string("record"), [&]() -> StatusOr<Document> {
+    if (!record.is_object()) return InvalidArgumentError("record is not a JSON object");
+    DatasetFormat format = options_.format;
     if (format == DatasetFormat::kAuto) {
-      std::string keys;
-      for (auto it = record.begin(); it != record.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
-      return InvalidArgumentError("cannot tell the record format from its keys [" + keys + "]");
+      format = Detect(record);
+      if (format == DatasetFormat::kAuto) {
+        std::string keys;
+        for (auto it = record.begin(); it != record.end(); ++it)
+          keys += (keys.empty() ? "" : ", ") + it.key();
+        return InvalidArgumentError("cannot tell the record format from its keys [" + keys + "]");
+      }
     }
-  }
-  switch (format) {
-    case DatasetFormat::kPretokenized: {
-      if (!record.contains("input_ids") || !record["input_ids"].is_array()) {
-        return InvalidArgumentError("\"input_ids\" must be a list of token ids");
-      }
-      Document doc;
-      for (const auto& v : record["input_ids"]) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tokenizer_->vocab_size()) {
-          return InvalidArgumentError("input_ids: " + v.dump() + " is not a token id below " +
-                                      std::to_string(tokenizer_->vocab_size()));
+    switch (format) {
+      case DatasetFormat::kPretokenized: {
+        if (!record.contains("input_ids") || !record["input_ids"].is_array()) {
+          return InvalidArgumentError("\"input_ids\" must be a list of token ids");
         }
-        doc.input_ids.push_back(v.get<int32_t>());
-      }
-      if (Has(record, "labels")) {
-        const ojson& l = record["labels"];
-        if (!l.is_array() || l.size() != doc.input_ids.size()) {
-          return InvalidArgumentError("\"labels\" must be a list as long as input_ids");
-        }
-        for (const auto& v : l) {
-          if (!v.is_number_integer() || (v.get<int64_t>() != kIgnoreIndex &&
-                                         (v.get<int64_t>() < 0 || v.get<int64_t>() >= tokenizer_->vocab_size()))) {
-            return InvalidArgumentError("labels: " + v.dump() + " is neither -100 nor a token id");
+        Document doc;
+        for (const auto& v : record["input_ids"]) {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+              v.get<int64_t>() >= tokenizer_->vocab_size()) {
+            return InvalidArgumentError("input_ids: " + v.dump() + " is not a token id below " +
+                                        std::to_string(tokenizer_->vocab_size()));
           }
-          doc.labels.push_back(v.get<int32_t>());
+          doc.input_ids.push_back(v.get<int32_t>());
         }
-      } else {
-        doc.labels = doc.input_ids;
+        if (Has(record, "labels")) {
+          const ojson& l = record["labels"];
+          if (!l.is_array() || l.size() != doc.input_ids.size()) {
+            return InvalidArgumentError("\"labels\" must be a list as long as input_ids");
+          }
+          for (const auto& v : l) {
+            if (!v.is_number_integer() ||
+                (v.get<int64_t>() != kIgnoreIndex &&
+                 (v.get<int64_t>() < 0 || v.get<int64_t>() >= tokenizer_->vocab_size()))) {
+              return InvalidArgumentError("labels: " + v.dump() +
+                                          " is neither -100 nor a token id");
+            }
+            doc.labels.push_back(v.get<int32_t>());
+          }
+        } else {
+          doc.labels = doc.input_ids;
+        }
+        return doc;
       }
-      return doc;
+      case DatasetFormat::kMessages: {
+        ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
+        return EncodeChat(record.value("messages", ojson()), tools);
+      }
+      case DatasetFormat::kShareGpt: {
+        if (!record.contains("conversations"))
+          return InvalidArgumentError("missing \"conversations\"");
+        ASSIGN_OR_RETURN(ojson messages, ShareGptToMessages(record));
+        ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
+        return EncodeChat(messages, tools);
+      }
+      case DatasetFormat::kAlpaca: {
+        ASSIGN_OR_RETURN(ojson messages, AlpacaToMessages(record));
+        return EncodeChat(messages, ojson());
+      }
+      case DatasetFormat::kPromptCompletion: {
+        ASSIGN_OR_RETURN(std::string prompt, StringField(record, "prompt", true));
+        ASSIGN_OR_RETURN(std::string completion, StringField(record, "completion", true));
+        return EncodeText(prompt, completion, options_.mask_prompt);
+      }
+      case DatasetFormat::kText: {
+        ASSIGN_OR_RETURN(std::string text, StringField(record, "text", true));
+        return EncodeText("", text, false);
+      }
+      case DatasetFormat::kAuto:
+        break;
     }
-    case DatasetFormat::kMessages: {
-      ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
-      return EncodeChat(record.value("messages", ojson()), tools);
-    }
-    case DatasetFormat::kShareGpt: {
-      if (!record.contains("conversations")) return InvalidArgumentError("missing \"conversations\"");
-      ASSIGN_OR_RETURN(ojson messages, ShareGptToMessages(record));
-      ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
-      return EncodeChat(messages, tools);
-    }
-    case DatasetFormat::kAlpaca: {
-      ASSIGN_OR_RETURN(ojson messages, AlpacaToMessages(record));
-      return EncodeChat(messages, ojson());
-    }
-    case DatasetFormat::kPromptCompletion: {
-      ASSIGN_OR_RETURN(std::string prompt, StringField(record, "prompt", true));
-      ASSIGN_OR_RETURN(std::string completion, StringField(record, "completion", true));
-      return EncodeText(prompt, completion, options_.mask_prompt);
-    }
-    case DatasetFormat::kText: {
-      ASSIGN_OR_RETURN(std::string text, StringField(record, "text", true));
-      return EncodeText("", text, false);
-    }
-    case DatasetFormat::kAuto: break;
-  }
-  return InternalError("unreachable dataset format");
+    return InternalError("unreachable dataset format");
+  });
 }
 
 StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::string& path) {
@@ -277,7 +297,8 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
   ++i;  // '['
   while (true) {
     skip_ws();
-    if (i >= s.size()) return InvalidArgumentError(path + ":" + std::to_string(line) + ": unterminated JSON array");
+    if (i >= s.size())
+      return InvalidArgumentError(path + ":" + std::to_string(line) + ": unterminated JSON array");
     if (s[i] == ']' && out.empty()) {
       ++i;
       break;
@@ -296,8 +317,10 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
         }
         continue;
       }
-      if (c == '"') in_string = true;
-      else if (c == '{' || c == '[') ++depth;
+      if (c == '"')
+        in_string = true;
+      else if (c == '{' || c == '[')
+        ++depth;
       else if (c == '}' || c == ']') {
         if (depth == 0) break;
         --depth;
@@ -320,7 +343,8 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
   }
   skip_ws();
   if (i < s.size()) {
-    return InvalidArgumentError(path + ":" + std::to_string(line) + ": unexpected data after the JSON array");
+    return InvalidArgumentError(path + ":" + std::to_string(line) +
+                                ": unexpected data after the JSON array");
   }
   return out;
 }
@@ -346,7 +370,8 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
                                    ? StatusOr<Document>(InvalidArgumentError("not valid JSON"))
                                    : encoder.Encode(record);
       if (!doc.ok()) {
-        const std::string msg = path + ":" + std::to_string(raw.line) + ": " + doc.status().message();
+        const std::string msg =
+            path + ":" + std::to_string(raw.line) + ": " + doc.status().message();
         if (!options.skip_bad_records) return Status(doc.status().code(), msg);
         ++reader.stats_.skipped;
         if (reader.stats_.first_errors.size() < 10) reader.stats_.first_errors.push_back(msg);
@@ -358,7 +383,8 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
     }
   }
   if (reader.documents_->empty()) {
-    return InvalidArgumentError("dataset has no usable records (" + std::to_string(reader.stats_.skipped) + " skipped)");
+    return InvalidArgumentError("dataset has no usable records (" +
+                                std::to_string(reader.stats_.skipped) + " skipped)");
   }
   return reader;
 }

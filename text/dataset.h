@@ -27,12 +27,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 
@@ -43,7 +42,15 @@ class ChatTemplate;
 
 inline constexpr int32_t kIgnoreIndex = -100;
 
-enum class DatasetFormat { kAuto, kAlpaca, kMessages, kShareGpt, kText, kPromptCompletion, kPretokenized };
+enum class DatasetFormat {
+  kAuto,
+  kAlpaca,
+  kMessages,
+  kShareGpt,
+  kText,
+  kPromptCompletion,
+  kPretokenized
+};
 // "auto", "alpaca", "messages", "sharegpt", "text", "prompt_completion", "pretokenized".
 StatusOr<DatasetFormat> ParseDatasetFormat(std::string_view name);
 
@@ -60,9 +67,9 @@ struct Document {
 };
 
 struct DatasetStats {
-  size_t records = 0;    // records read (good and bad)
-  size_t skipped = 0;    // bad records skipped (skip_bad_records)
-  uint64_t tokens = 0;   // total input tokens
+  size_t records = 0;   // records read (good and bad)
+  size_t skipped = 0;   // bad records skipped (skip_bad_records)
+  uint64_t tokens = 0;  // total input tokens
   uint64_t trained_tokens = 0;
   std::vector<std::string> first_errors;  // up to 10 "file:line: what" messages
 };
@@ -79,7 +86,9 @@ class RecordEncoder {
  private:
   RecordEncoder(const Tokenizer& tokenizer, std::shared_ptr<const ChatTemplate> chat_template,
                 const DatasetOptions& options, std::optional<int32_t> eos_id)
-      : tokenizer_(&tokenizer), template_(std::move(chat_template)), options_(options),
+      : tokenizer_(&tokenizer),
+        template_(std::move(chat_template)),
+        options_(options),
         eos_id_(eos_id) {}
   StatusOr<Document> EncodeChat(const nlohmann::ordered_json& messages,
                                 const nlohmann::ordered_json& tools) const;
@@ -96,8 +105,7 @@ class RecordEncoder {
 class DatasetReader {
  public:
   static StatusOr<DatasetReader> Load(const std::vector<std::string>& paths,
-                                      const Tokenizer& tokenizer,
-                                      const ChatTemplate* chat_template,
+                                      const Tokenizer& tokenizer, const ChatTemplate* chat_template,
                                       const DatasetOptions& options);
   size_t size() const { return documents_->size(); }
   const Document& document(size_t i) const { return (*documents_)[i]; }

@@ -12,18 +12,42 @@ namespace offloadd::text::jinja {
 struct Node {
   enum class Type {
     // expressions
-    kLiteral, kName, kGetAttr, kGetItem, kSlice, kCall, kFilter, kTest, kUnary, kBinary,
-    kAnd, kOr, kNot, kCondExpr, kListLit, kTupleLit, kDictLit,
+    kLiteral,
+    kName,
+    kGetAttr,
+    kGetItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kUnary,
+    kBinary,
+    kAnd,
+    kOr,
+    kNot,
+    kCondExpr,
+    kListLit,
+    kTupleLit,
+    kDictLit,
     // statements
-    kBody, kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue,
+    kBody,
+    kText,
+    kOutput,
+    kIf,
+    kFor,
+    kSet,
+    kSetBlock,
+    kMacro,
+    kBreak,
+    kContinue,
   };
   Type type;
   int line = 0;
-  std::string name;   // variable / attribute / filter / test / operator / set target name
-  Value literal;      // kLiteral, kText (string)
+  std::string name;  // variable / attribute / filter / test / operator / set target name
+  Value literal;     // kLiteral, kText (string)
   std::vector<std::shared_ptr<Node>> children;  // operands, list items, body statements
-  std::vector<std::string> kwarg_names;          // kCall/kFilter/kTest: names of trailing args
-  bool negated = false;                          // kTest: "is not"
+  std::vector<std::string> kwarg_names;         // kCall/kFilter/kTest: names of trailing args
+  bool negated = false;                         // kTest: "is not"
   // kIf: children = [cond0, body0, cond1, body1, ..., (else body)], has_else.
   // kFor: targets in `targets`, children = [iterable, body, else body, filter cond or null].
   // kSet: targets (one name, a tuple of names, or "ns.attr"), children = [value].

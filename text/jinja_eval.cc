@@ -48,8 +48,9 @@ std::string AsciiCase(std::string s, bool upper) {
       break;
     }
   }
-  for (char& c : s) c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c))
-                                                : std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : s)
+    c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c))
+                                : std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
@@ -73,7 +74,8 @@ std::vector<std::string> PySplit(const std::string& s, const Value* sep, int64_t
       if (i >= s.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
         std::string rest = s.substr(i);
-        while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back()))) rest.pop_back();
+        while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back())))
+          rest.pop_back();
         out.push_back(rest);
         break;
       }
@@ -135,7 +137,9 @@ class Interpreter {
           if (*flow != Flow::kNormal) return OkStatus();
         }
         return OkStatus();
-      case Node::Type::kText: *out += n.literal.str(); return OkStatus();
+      case Node::Type::kText:
+        *out += n.literal.str();
+        return OkStatus();
       case Node::Type::kOutput: {
         ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
         *out += v.ToString();
@@ -150,7 +154,8 @@ class Interpreter {
         if (n.has_else) return Exec(*n.children.back(), out, flow);
         return OkStatus();
       }
-      case Node::Type::kFor: return ExecFor(n, out, flow);
+      case Node::Type::kFor:
+        return ExecFor(n, out, flow);
       case Node::Type::kSet: {
         ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
         return Assign(n, n.targets, v);
@@ -162,17 +167,26 @@ class Interpreter {
         scopes_.back()[n.targets[0]] = Value::String(std::move(captured));
         return OkStatus();
       }
-      case Node::Type::kMacro: DefineMacro(n); return OkStatus();
-      case Node::Type::kBreak: *flow = Flow::kBreak; return OkStatus();
-      case Node::Type::kContinue: *flow = Flow::kContinue; return OkStatus();
-      default: return Err(n, "not a statement");
+      case Node::Type::kMacro:
+        DefineMacro(n);
+        return OkStatus();
+      case Node::Type::kBreak:
+        *flow = Flow::kBreak;
+        return OkStatus();
+      case Node::Type::kContinue:
+        *flow = Flow::kContinue;
+        return OkStatus();
+      default:
+        return Err(n, "not a statement");
     }
   }
 
   StatusOr<Value> Eval(const Node& n) {
     switch (n.type) {
-      case Node::Type::kLiteral: return n.literal;
-      case Node::Type::kName: return Lookup(n.name);
+      case Node::Type::kLiteral:
+        return n.literal;
+      case Node::Type::kName:
+        return Lookup(n.name);
       case Node::Type::kGetAttr: {
         ASSIGN_OR_RETURN(Value obj, Eval(*n.children[0]));
         return GetAttr(n, obj, n.name);
@@ -182,18 +196,22 @@ class Interpreter {
         ASSIGN_OR_RETURN(Value key, Eval(*n.children[1]));
         return GetItem(n, obj, key);
       }
-      case Node::Type::kSlice: return EvalSlice(n);
+      case Node::Type::kSlice:
+        return EvalSlice(n);
       case Node::Type::kCall: {
         ASSIGN_OR_RETURN(Value callee, Eval(*n.children[0]));
         if (!callee.is_function()) {
-          return Err(n, "calling a value of type " + KindName(callee.kind()) +
-                            (n.children[0]->name.empty() ? "" : " ('" + n.children[0]->name + "')"));
+          return Err(n,
+                     "calling a value of type " + KindName(callee.kind()) +
+                         (n.children[0]->name.empty() ? "" : " ('" + n.children[0]->name + "')"));
         }
         std::vector<Value> args;
         KwArgs kwargs;
         RETURN_IF_ERROR(EvalArgs(n, 1, &args, &kwargs));
         auto r = callee.function()(args, kwargs);
-        if (!r.ok() && r.status().code() == StatusCode::kInvalidArgument) {
+        // Errors from builtins get the call's line; macro errors already carry theirs.
+        if (!r.ok() && r.status().code() == StatusCode::kInvalidArgument &&
+            r.status().message().rfind("line ", 0) != 0) {
           return r.status().WithContext("line " + std::to_string(n.line));
         }
         return r;
@@ -217,7 +235,8 @@ class Interpreter {
         ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
         if (!v.is_number()) return Err(n, "unary " + n.name + " on " + KindName(v.kind()));
         if (n.name == "+") return v;
-        return v.kind() == Value::Kind::kInt ? Value::Int(-v.int_value()) : Value::Float(-v.number());
+        return v.kind() == Value::Kind::kInt ? Value::Int(-v.int_value())
+                                             : Value::Float(-v.number());
       }
       case Node::Type::kNot: {
         ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
@@ -239,7 +258,8 @@ class Interpreter {
         if (n.children[2]) return Eval(*n.children[2]);
         return Value();
       }
-      case Node::Type::kBinary: return EvalBinary(n);
+      case Node::Type::kBinary:
+        return EvalBinary(n);
       case Node::Type::kListLit:
       case Node::Type::kTupleLit: {
         List items;
@@ -260,7 +280,8 @@ class Interpreter {
         }
         return d;
       }
-      default: return Err(n, "not an expression");
+      default:
+        return Err(n, "not an expression");
     }
   }
 
@@ -284,7 +305,8 @@ class Interpreter {
       if (dot != std::string::npos) {
         Value ns = Lookup(targets[0].substr(0, dot));
         if (!ns.is_namespace()) {
-          return Err(n, "cannot assign attribute of non-namespace '" + targets[0].substr(0, dot) + "'");
+          return Err(
+              n, "cannot assign attribute of non-namespace '" + targets[0].substr(0, dot) + "'");
         }
         ns.Set(targets[0].substr(dot + 1), v);
         return OkStatus();
@@ -302,8 +324,10 @@ class Interpreter {
 
   StatusOr<List> Iterate(const Node& n, const Value& v) {
     switch (v.kind()) {
-      case Value::Kind::kUndefined: return List{};
-      case Value::Kind::kList: return v.list();
+      case Value::Kind::kUndefined:
+        return List{};
+      case Value::Kind::kList:
+        return v.list();
       case Value::Kind::kDict: {
         List keys;
         for (const auto& [k, x] : v.dict()) keys.push_back(Value::String(k));
@@ -314,7 +338,8 @@ class Interpreter {
         for (auto& c : SplitCodePoints(v.str())) chars.push_back(Value::String(c));
         return chars;
       }
-      default: return Err(n, "cannot iterate over " + KindName(v.kind()));
+      default:
+        return Err(n, "cannot iterate over " + KindName(v.kind()));
     }
   }
 
@@ -344,17 +369,21 @@ class Interpreter {
     Status status;
     for (int64_t i = 0; i < len; ++i) {
       Value loop = Value::NewDict({
-          {"index", Value::Int(i + 1)}, {"index0", Value::Int(i)},
-          {"revindex", Value::Int(len - i)}, {"revindex0", Value::Int(len - i - 1)},
-          {"first", Value::Bool(i == 0)}, {"last", Value::Bool(i == len - 1)},
+          {"index", Value::Int(i + 1)},
+          {"index0", Value::Int(i)},
+          {"revindex", Value::Int(len - i)},
+          {"revindex0", Value::Int(len - i - 1)},
+          {"first", Value::Bool(i == 0)},
+          {"last", Value::Bool(i == len - 1)},
           {"length", Value::Int(len)},
           {"previtem", i > 0 ? items[i - 1] : Value()},
           {"nextitem", i + 1 < len ? items[i + 1] : Value()},
       });
-      loop.Set("cycle", Value::NewFunction([i](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
-        if (args.empty()) return InvalidArgumentError("loop.cycle needs arguments");
-        return args[static_cast<size_t>(i) % args.size()];
-      }));
+      loop.Set("cycle",
+               Value::NewFunction([i](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+                 if (args.empty()) return InvalidArgumentError("loop.cycle needs arguments");
+                 return args[static_cast<size_t>(i) % args.size()];
+               }));
       scopes_.back()["loop"] = loop;
       status = Assign(n, n.targets, items[i]);
       if (!status.ok()) break;
@@ -371,6 +400,10 @@ class Interpreter {
     const Node* node = &n;
     scopes_.back()[n.name] = Value::NewFunction(
         [this, node](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+          if (scopes_.size() > kMaxScopes) {
+            return InvalidArgumentError("line " + std::to_string(node->line) + ": macro '" +
+                                        node->name + "' recursion too deep");
+          }
           scopes_.emplace_back();
           for (size_t i = 0; i < node->targets.size(); ++i) {
             Value v;
@@ -401,8 +434,10 @@ class Interpreter {
     const size_t positional = total - n.kwarg_names.size();
     for (size_t i = 0; i < total; ++i) {
       ASSIGN_OR_RETURN(Value v, Eval(*n.children[first + i]));
-      if (i < positional) args->push_back(v);
-      else kwargs->emplace_back(n.kwarg_names[i - positional], v);
+      if (i < positional)
+        args->push_back(v);
+      else
+        kwargs->emplace_back(n.kwarg_names[i - positional], v);
     }
     return OkStatus();
   }
@@ -417,7 +452,8 @@ class Interpreter {
 
   StatusOr<Value> GetAttr(const Node& n, const Value& obj, const std::string& name) {
     if (obj.is_undefined()) {
-      std::string what = n.children[0]->type == Node::Type::kName ? "'" + n.children[0]->name + "' " : "value ";
+      std::string what =
+          n.children[0]->type == Node::Type::kName ? "'" + n.children[0]->name + "' " : "value ";
       return Err(n, "cannot read attribute '" + name + "' of undefined " + what);
     }
     if (obj.is_dict()) {
@@ -489,8 +525,10 @@ class Interpreter {
     List out_list;
     std::string out_str;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (obj.is_list()) out_list.push_back(items[static_cast<size_t>(i)]);
-      else out_str += cps[static_cast<size_t>(i)];
+      if (obj.is_list())
+        out_list.push_back(items[static_cast<size_t>(i)]);
+      else
+        out_str += cps[static_cast<size_t>(i)];
     }
     return obj.is_list() ? Value::NewList(std::move(out_list)) : Value::String(std::move(out_str));
   }
@@ -533,27 +571,41 @@ class Interpreter {
       }
     }
     if (op == "*" && ((a.is_string() || a.is_list()) && b.kind() == Value::Kind::kInt)) {
+      const size_t unit = a.is_string() ? a.str().size() : a.list().size();
+      if (b.int_value() > 0 && unit > 0 && static_cast<uint64_t>(b.int_value()) > kMaxRepeat / unit) {
+        return Err(n, "repetition result too large");
+      }
       if (a.is_string()) {
         std::string s;
         for (int64_t i = 0; i < b.int_value(); ++i) s += a.str();
         return Value::String(s);
       }
       List items;
-      for (int64_t i = 0; i < b.int_value(); ++i) items.insert(items.end(), a.list().begin(), a.list().end());
+      for (int64_t i = 0; i < b.int_value(); ++i)
+        items.insert(items.end(), a.list().begin(), a.list().end());
       return Value::NewList(std::move(items));
     }
-    auto num = [](const Value& v) { return v.kind() == Value::Kind::kBool ? Value::Int(v.bool_value()) : v; };
+    auto num = [](const Value& v) {
+      return v.kind() == Value::Kind::kBool ? Value::Int(v.bool_value()) : v;
+    };
     const Value x = num(a), y = num(b);
     if (!x.is_number() || !y.is_number()) {
       return Err(n, "unsupported operand types for " + op + ": " + KindName(a.kind()) + " and " +
                         KindName(b.kind()));
     }
     const bool ints = x.kind() == Value::Kind::kInt && y.kind() == Value::Kind::kInt;
-    if (op == "+") return ints ? Value::Int(x.int_value() + y.int_value()) : Value::Float(x.number() + y.number());
-    if (op == "-") return ints ? Value::Int(x.int_value() - y.int_value()) : Value::Float(x.number() - y.number());
-    if (op == "*") return ints ? Value::Int(x.int_value() * y.int_value()) : Value::Float(x.number() * y.number());
+    if (op == "+")
+      return ints ? Value::Int(x.int_value() + y.int_value())
+                  : Value::Float(x.number() + y.number());
+    if (op == "-")
+      return ints ? Value::Int(x.int_value() - y.int_value())
+                  : Value::Float(x.number() - y.number());
+    if (op == "*")
+      return ints ? Value::Int(x.int_value() * y.int_value())
+                  : Value::Float(x.number() * y.number());
     if (op == "**") {
-      if (ints && y.int_value() >= 0) return Value::Int(static_cast<int64_t>(std::llround(std::pow(x.number(), y.number()))));
+      if (ints && y.int_value() >= 0)
+        return Value::Int(static_cast<int64_t>(std::llround(std::pow(x.number(), y.number()))));
       return Value::Float(std::pow(x.number(), y.number()));
     }
     if (y.number() == 0) return Err(n, "division by zero");
@@ -561,7 +613,8 @@ class Interpreter {
     if (op == "//") {
       if (ints) {
         int64_t q = x.int_value() / y.int_value();
-        if ((x.int_value() % y.int_value() != 0) && ((x.int_value() < 0) != (y.int_value() < 0))) --q;
+        if ((x.int_value() % y.int_value() != 0) && ((x.int_value() < 0) != (y.int_value() < 0)))
+          --q;
         return Value::Int(q);
       }
       return Value::Float(std::floor(x.number() / y.number()));
@@ -582,16 +635,20 @@ class Interpreter {
       return Value::NewFunction([obj, name](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
         List out;
         for (const auto& [k, v] : obj.dict()) {
-          if (name == "items") out.push_back(Value::NewList({Value::String(k), v}));
-          else if (name == "keys") out.push_back(Value::String(k));
-          else out.push_back(v);
+          if (name == "items")
+            out.push_back(Value::NewList({Value::String(k), v}));
+          else if (name == "keys")
+            out.push_back(Value::String(k));
+          else
+            out.push_back(v);
         }
         return Value::NewList(std::move(out));
       });
     }
     if (name == "get") {
       return Value::NewFunction([obj](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
-        if (args.empty() || !args[0].is_string()) return InvalidArgumentError("dict.get needs a key");
+        if (args.empty() || !args[0].is_string())
+          return InvalidArgumentError("dict.get needs a key");
         if (Value* v = obj.Find(args[0].str())) return *v;
         return args.size() > 1 ? args[1] : Value::None();
       });
@@ -603,7 +660,8 @@ class Interpreter {
     auto fn = [](auto f) { return Value::NewFunction(f); };
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
-        return Value::String(Strip(s, args.empty() ? nullptr : &args[0], name != "rstrip", name != "lstrip"));
+        return Value::String(
+            Strip(s, args.empty() ? nullptr : &args[0], name != "rstrip", name != "lstrip"));
       });
     }
     if (name == "upper" || name == "lower") {
@@ -612,12 +670,14 @@ class Interpreter {
       });
     }
     if (name == "title") {
-      return fn([s](std::vector<Value>&, KwArgs&) -> StatusOr<Value> { return Value::String(Title(s)); });
+      return fn(
+          [s](std::vector<Value>&, KwArgs&) -> StatusOr<Value> { return Value::String(Title(s)); });
     }
     if (name == "capitalize") {
       return fn([s](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
         std::string out = AsciiCase(s, false);
-        if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+        if (!out.empty())
+          out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
         return Value::String(out);
       });
     }
@@ -628,9 +688,10 @@ class Interpreter {
         for (const auto& o : options) {
           if (!o.is_string()) return InvalidArgumentError(name + " needs strings");
           const std::string& p = o.str();
-          const bool hit = name == "startswith"
-                               ? s.compare(0, p.size(), p) == 0
-                               : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+          const bool hit =
+              name == "startswith"
+                  ? s.compare(0, p.size(), p) == 0
+                  : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
           if (hit) return Value::Bool(true);
         }
         return Value::Bool(false);
@@ -641,7 +702,9 @@ class Interpreter {
         const Value* sep = Arg(args, kwargs, 0, "sep");
         const Value* maxsplit = Arg(args, kwargs, 1, "maxsplit");
         List out;
-        for (auto& part : PySplit(s, sep, maxsplit && maxsplit->kind() == Value::Kind::kInt ? maxsplit->int_value() : -1)) {
+        for (auto& part : PySplit(
+                 s, sep,
+                 maxsplit && maxsplit->kind() == Value::Kind::kInt ? maxsplit->int_value() : -1)) {
           out.push_back(Value::String(part));
         }
         return Value::NewList(std::move(out));
@@ -652,13 +715,15 @@ class Interpreter {
         if (args.size() < 2 || !args[0].is_string() || !args[1].is_string()) {
           return InvalidArgumentError("replace needs two strings");
         }
-        const int64_t count = args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
+        const int64_t count =
+            args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
         return Value::String(ReplaceStr(s, args[0].str(), args[1].str(), count));
       });
     }
     if (name == "find" || name == "count") {
       return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
-        if (args.empty() || !args[0].is_string()) return InvalidArgumentError(name + " needs a string");
+        if (args.empty() || !args[0].is_string())
+          return InvalidArgumentError(name + " needs a string");
         const std::string& sub = args[0].str();
         if (name == "find") {
           const size_t pos = s.find(sub);
@@ -666,7 +731,9 @@ class Interpreter {
           return Value::Int(static_cast<int64_t>(SplitCodePoints(s.substr(0, pos)).size()));
         }
         int64_t c = 0;
-        for (size_t pos = s.find(sub); pos != std::string::npos && !sub.empty(); pos = s.find(sub, pos + sub.size())) ++c;
+        for (size_t pos = s.find(sub); pos != std::string::npos && !sub.empty();
+             pos = s.find(sub, pos + sub.size()))
+          ++c;
         return Value::Int(c);
       });
     }
@@ -674,7 +741,8 @@ class Interpreter {
       return fn([s](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
         if (args.empty() || !args[0].is_list()) return InvalidArgumentError("join needs a list");
         std::string out;
-        for (size_t i = 0; i < args[0].list().size(); ++i) out += (i ? s : "") + args[0].list()[i].ToString();
+        for (size_t i = 0; i < args[0].list().size(); ++i)
+          out += (i ? s : "") + args[0].list()[i].ToString();
         return Value::String(out);
       });
     }
@@ -691,7 +759,9 @@ class Interpreter {
       const Value* indent = Arg(args, kwargs, 0, "indent");
       const Value* sort = Arg(args, kwargs, 99, "sort_keys");
       const Value* seps = Arg(args, kwargs, 99, "separators");
-      const int ind = indent && indent->kind() == Value::Kind::kInt ? static_cast<int>(indent->int_value()) : -1;
+      const int ind = indent && indent->kind() == Value::Kind::kInt
+                          ? static_cast<int>(indent->int_value())
+                          : -1;
       std::string item_sep = ind >= 0 ? "," : ", ", key_sep = ": ";
       if (seps && seps->is_list() && seps->list().size() == 2) {
         item_sep = seps->list()[0].ToString();
@@ -708,11 +778,13 @@ class Interpreter {
       if (in.is_undefined()) return Value::Int(0);
       return Err(n, "length of " + KindName(in.kind()));
     }
-    if (name == "upper" || name == "lower") return Value::String(AsciiCase(in.ToString(), name == "upper"));
+    if (name == "upper" || name == "lower")
+      return Value::String(AsciiCase(in.ToString(), name == "upper"));
     if (name == "title") return Value::String(Title(in.ToString()));
     if (name == "capitalize") {
       std::string out = AsciiCase(in.ToString(), false);
-      if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+      if (!out.empty())
+        out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
       return Value::String(out);
     }
     if (name == "first" || name == "last") {
@@ -747,12 +819,23 @@ class Interpreter {
       std::string out;
       for (char c : in.ToString()) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return Value::String(out);
@@ -778,7 +861,8 @@ class Interpreter {
     }
     if (name == "abs") {
       if (!in.is_number()) return Err(n, "abs of " + KindName(in.kind()));
-      return in.kind() == Value::Kind::kInt ? Value::Int(std::llabs(in.int_value())) : Value::Float(std::fabs(in.number()));
+      return in.kind() == Value::Kind::kInt ? Value::Int(std::llabs(in.int_value()))
+                                            : Value::Float(std::fabs(in.number()));
     }
     if (name == "round") {
       const Value* prec = Arg(args, kwargs, 0, "precision");
@@ -797,8 +881,10 @@ class Interpreter {
     }
     if (name == "replace") {
       if (args.size() < 2) return Err(n, "replace needs two arguments");
-      const int64_t count = args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
-      return Value::String(ReplaceStr(in.ToString(), args[0].ToString(), args[1].ToString(), count));
+      const int64_t count =
+          args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
+      return Value::String(
+          ReplaceStr(in.ToString(), args[0].ToString(), args[1].ToString(), count));
     }
     if (name == "reverse") {
       if (in.is_string()) {
@@ -845,14 +931,17 @@ class Interpreter {
       const Value* width = Arg(args, kwargs, 0, "width");
       const Value* first = Arg(args, kwargs, 1, "first");
       const Value* blank = Arg(args, kwargs, 2, "blank");
-      const std::string pad = width && width->is_string() ? width->str()
-                                                          : std::string(width ? static_cast<size_t>(width->number()) : 4, ' ');
+      const std::string pad =
+          width && width->is_string()
+              ? width->str()
+              : std::string(width ? static_cast<size_t>(width->number()) : 4, ' ');
       std::string s = in.ToString(), out;
       size_t start = 0;
       bool first_line = true;
       while (true) {
         const size_t nl = s.find('\n', start);
-        const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        const std::string line =
+            s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
         const bool indent_line = (!first_line || (first && first->Truthy())) &&
                                  (!line.empty() || (blank && blank->Truthy()));
         out += (indent_line ? pad : "") + line;
@@ -954,57 +1043,66 @@ class Interpreter {
   }
 
   void InstallGlobals() {
-    globals_["raise_exception"] = Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
-      return FailedPreconditionError(args.empty() ? "raise_exception" : args[0].ToString());
-    });
-    globals_["namespace"] = Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
-      Value ns = Value::NewNamespace();
-      if (!args.empty() && args[0].is_dict()) {
-        for (const auto& [k, v] : args[0].dict()) ns.Set(k, v);
-      }
-      for (const auto& [k, v] : kwargs) ns.Set(k, v);
-      return ns;
-    });
-    globals_["dict"] = Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
-      Value d = Value::NewDict();
-      if (!args.empty() && args[0].is_dict()) {
-        for (const auto& [k, v] : args[0].dict()) d.Set(k, v);
-      }
-      for (const auto& [k, v] : kwargs) d.Set(k, v);
-      return d;
-    });
-    globals_["range"] = Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
-      for (const auto& a : args) {
-        if (a.kind() != Value::Kind::kInt) return InvalidArgumentError("range needs integers");
-      }
-      int64_t start = 0, stop = 0, step = 1;
-      if (args.size() == 1) stop = args[0].int_value();
-      else if (args.size() >= 2) {
-        start = args[0].int_value();
-        stop = args[1].int_value();
-        if (args.size() > 2) step = args[2].int_value();
-      } else {
-        return InvalidArgumentError("range needs 1 to 3 arguments");
-      }
-      if (step == 0) return InvalidArgumentError("range step cannot be zero");
-      List out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-        out.push_back(Value::Int(i));
-        if (out.size() > 10'000'000) return InvalidArgumentError("range too large");
-      }
-      return Value::NewList(std::move(out));
-    });
-    globals_["strftime_now"] = Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
-      if (args.empty() || !args[0].is_string()) return InvalidArgumentError("strftime_now needs a format");
-      const std::time_t now = std::time(nullptr);
-      std::tm tm{};
-      localtime_r(&now, &tm);
-      char buf[256];
-      const size_t len = std::strftime(buf, sizeof(buf), args[0].str().c_str(), &tm);
-      return Value::String(std::string(buf, len));
-    });
+    globals_["raise_exception"] =
+        Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+          return FailedPreconditionError(args.empty() ? "raise_exception" : args[0].ToString());
+        });
+    globals_["namespace"] =
+        Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+          Value ns = Value::NewNamespace();
+          if (!args.empty() && args[0].is_dict()) {
+            for (const auto& [k, v] : args[0].dict()) ns.Set(k, v);
+          }
+          for (const auto& [k, v] : kwargs) ns.Set(k, v);
+          return ns;
+        });
+    globals_["dict"] =
+        Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+          Value d = Value::NewDict();
+          if (!args.empty() && args[0].is_dict()) {
+            for (const auto& [k, v] : args[0].dict()) d.Set(k, v);
+          }
+          for (const auto& [k, v] : kwargs) d.Set(k, v);
+          return d;
+        });
+    globals_["range"] =
+        Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+          for (const auto& a : args) {
+            if (a.kind() != Value::Kind::kInt) return InvalidArgumentError("range needs integers");
+          }
+          int64_t start = 0, stop = 0, step = 1;
+          if (args.size() == 1)
+            stop = args[0].int_value();
+          else if (args.size() >= 2) {
+            start = args[0].int_value();
+            stop = args[1].int_value();
+            if (args.size() > 2) step = args[2].int_value();
+          } else {
+            return InvalidArgumentError("range needs 1 to 3 arguments");
+          }
+          if (step == 0) return InvalidArgumentError("range step cannot be zero");
+          List out;
+          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+            out.push_back(Value::Int(i));
+            if (out.size() > 10'000'000) return InvalidArgumentError("range too large");
+          }
+          return Value::NewList(std::move(out));
+        });
+    globals_["strftime_now"] =
+        Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+          if (args.empty() || !args[0].is_string())
+            return InvalidArgumentError("strftime_now needs a format");
+          const std::time_t now = std::time(nullptr);
+          std::tm tm{};
+          localtime_r(&now, &tm);
+          char buf[256];
+          const size_t len = std::strftime(buf, sizeof(buf), args[0].str().c_str(), &tm);
+          return Value::String(std::string(buf, len));
+        });
   }
 
+  static constexpr size_t kMaxScopes = 512;          // loop nesting + macro calls
+  static constexpr uint64_t kMaxRepeat = 64ull << 20;  // elements/bytes of "x" * n
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   std::unordered_map<std::string, Value> globals_;
 };

@@ -12,14 +12,27 @@ namespace offloadd::text::jinja {
 namespace {
 
 struct Token {
-  enum class Kind { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt,
-                    kFloat, kOp, kEof };
+  enum class Kind {
+    kText,
+    kVarBegin,
+    kVarEnd,
+    kBlockBegin,
+    kBlockEnd,
+    kName,
+    kString,
+    kInt,
+    kFloat,
+    kOp,
+    kEof
+  };
   Kind kind;
   std::string text;
   int line;
 };
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 class Lexer {
  public:
@@ -114,25 +127,30 @@ class Lexer {
         ++pos;
       }
       if (pos >= src_.size()) return Error("unterminated tag");
-      if (src_[pos] == '-' && pos + 2 < src_.size() + 1 && src_.substr(pos + 1, 2) == std::string{closer, '}'}) {
+      if (src_[pos] == '-' && pos + 2 < src_.size() + 1 &&
+          src_.substr(pos + 1, 2) == std::string{closer, '}'}) {
         *strip_after = true;
         return pos + 3;
       }
-      if (src_.substr(pos, 2) == std::string{closer, '}'} &&
-          !(closer == '}' && depth_ > 0)) {
+      if (src_.substr(pos, 2) == std::string{closer, '}'} && !(closer == '}' && depth_ > 0)) {
         return pos + 2;
       }
       const char c = src_[pos];
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t e = pos;
-        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        while (e < src_.size() &&
+               (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+          ++e;
         Emit(Token::Kind::kName, std::string(src_.substr(pos, e - pos)));
         pos = e;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         size_t e = pos;
         bool is_float = false;
-        while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
-        if (e + 1 < src_.size() && src_[e] == '.' && std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
+        while (e < src_.size() &&
+               (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+          ++e;
+        if (e + 1 < src_.size() && src_[e] == '.' &&
+            std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
           is_float = true;
           ++e;
           while (e < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e]))) ++e;
@@ -157,14 +175,30 @@ class Lexer {
           if (src_[e] == '\\' && e + 1 < src_.size()) {
             ++e;
             switch (src_[e]) {
-              case 'n': s += '\n'; break;
-              case 't': s += '\t'; break;
-              case 'r': s += '\r'; break;
-              case '\\': s += '\\'; break;
-              case '\'': s += '\''; break;
-              case '"': s += '"'; break;
-              case '\n': break;
-              default: s += '\\'; s += src_[e]; break;
+              case 'n':
+                s += '\n';
+                break;
+              case 't':
+                s += '\t';
+                break;
+              case 'r':
+                s += '\r';
+                break;
+              case '\\':
+                s += '\\';
+                break;
+              case '\'':
+                s += '\'';
+                break;
+              case '"':
+                s += '"';
+                break;
+              case '\n':
+                break;
+              default:
+                s += '\\';
+                s += src_[e];
+                break;
             }
           } else {
             line_ += src_[e] == '\n';
@@ -175,9 +209,9 @@ class Lexer {
         Emit(Token::Kind::kString, std::move(s));
         pos = e + 1;
       } else {
-        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                     "~", "<", ">", "=", "(", ")", "[", "]", "{", "}", ".", ",",
-                                     ":", "|"};
+        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                     "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                     "]",  "{",  "}",  ".",  ",",  ":",  "|"};
         bool matched = false;
         for (const char* op : kOps) {
           const std::string_view o(op);
@@ -237,14 +271,25 @@ class Parser {
     return OkStatus();
   }
   StatusOr<std::string> ExpectName() {
-    if (Peek().kind != Token::Kind::kName) return Error("expected a name, got '" + Peek().text + "'");
+    if (Peek().kind != Token::Kind::kName)
+      return Error("expected a name, got '" + Peek().text + "'");
     return Next().text;
   }
   NodePtr Make(Node::Type type) { return std::make_shared<Node>(type, Peek().line); }
 
   // Parses statements until a block tag whose keyword is in `ends` (left as *end, consumed up
   // to and including the keyword) or the end of input (only allowed when `ends` is empty).
+  // Nesting guard: a pathological template must fail cleanly, not overflow the stack.
+  struct DepthGuard {
+    explicit DepthGuard(int* d) : depth(d) { ++*depth; }
+    ~DepthGuard() { --*depth; }
+    int* depth;
+  };
+  static constexpr int kMaxDepth = 256;
+
   StatusOr<NodePtr> ParseBody(const std::set<std::string>& ends, std::string* end) {
+    DepthGuard guard(&nesting_);
+    if (nesting_ > kMaxDepth) return Error("template nested too deeply");
     NodePtr body = Make(Node::Type::kBody);
     while (true) {
       const Token& tok = Peek();
@@ -263,7 +308,8 @@ class Parser {
         NodePtr out = Make(Node::Type::kOutput);
         ASSIGN_OR_RETURN(NodePtr e, ParseTuple());
         out->children.push_back(e);
-        if (Peek().kind != Token::Kind::kVarEnd) return Error("expected '}}', got '" + Peek().text + "'");
+        if (Peek().kind != Token::Kind::kVarEnd)
+          return Error("expected '}}', got '" + Peek().text + "'");
         ++i_;
         body->children.push_back(out);
       } else if (tok.kind == Token::Kind::kBlockBegin) {
@@ -435,6 +481,8 @@ class Parser {
   }
 
   StatusOr<NodePtr> ParseExpression() {
+    DepthGuard guard(&nesting_);
+    if (nesting_ > kMaxDepth) return Error("expression nested too deeply");
     ASSIGN_OR_RETURN(NodePtr expr, ParseOr());
     while (IsName("if")) {
       NodePtr n = Make(Node::Type::kCondExpr);
@@ -491,8 +539,8 @@ class Parser {
     while (true) {
       std::string op;
       if (Peek().kind == Token::Kind::kOp &&
-          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" ||
-           Peek().text == ">" || Peek().text == "<=" || Peek().text == ">=")) {
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" || Peek().text == ">" ||
+           Peek().text == "<=" || Peek().text == ">=")) {
         op = Next().text;
       } else if (IsName("in")) {
         ++i_;
@@ -554,9 +602,12 @@ class Parser {
     switch (tok.kind) {
       case Token::Kind::kName: {
         const std::string name = Next().text;
-        if (name == "true" || name == "True") n->literal = Value::Bool(true);
-        else if (name == "false" || name == "False") n->literal = Value::Bool(false);
-        else if (name == "none" || name == "None") n->literal = Value::None();
+        if (name == "true" || name == "True")
+          n->literal = Value::Bool(true);
+        else if (name == "false" || name == "False")
+          n->literal = Value::Bool(false);
+        else if (name == "none" || name == "None")
+          n->literal = Value::None();
         else {
           n->type = Node::Type::kName;
           n->name = name;
@@ -569,8 +620,12 @@ class Parser {
         n->literal = Value::String(std::move(s));
         return n;
       }
-      case Token::Kind::kInt: n->literal = Value::Int(std::stoll(Next().text)); return n;
-      case Token::Kind::kFloat: n->literal = Value::Float(std::stod(Next().text)); return n;
+      case Token::Kind::kInt:
+        n->literal = Value::Int(std::stoll(Next().text));
+        return n;
+      case Token::Kind::kFloat:
+        n->literal = Value::Float(std::stod(Next().text));
+        return n;
       case Token::Kind::kOp:
         if (tok.text == "(") {
           ++i_;
@@ -611,7 +666,8 @@ class Parser {
           return n;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     return Error("unexpected '" + tok.text + "' in expression");
   }
@@ -720,6 +776,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

@@ -69,13 +69,18 @@ Value Value::NewFunction(Function fn) {
 
 Value Value::FromJson(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return None();
-    case nlohmann::ordered_json::value_t::boolean: return Bool(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Int(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Int(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned:
       return Int(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return Float(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return String(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Float(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return String(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List items;
       for (const auto& e : j) items.push_back(FromJson(e));
@@ -86,7 +91,8 @@ Value Value::FromJson(const nlohmann::ordered_json& j) {
       for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(it.key(), FromJson(*it));
       return NewDict(std::move(items));
     }
-    default: return Value();
+    default:
+      return Value();
   }
 }
 
@@ -109,14 +115,22 @@ void Value::Set(const std::string& key, Value v) const {
 bool Value::Truthy() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return b_;
-    case Kind::kInt: return i_ != 0;
-    case Kind::kFloat: return f_ != 0;
-    case Kind::kString: return !s_.empty();
-    case Kind::kList: return !list_->empty();
-    case Kind::kDict: return !dict_->empty();
-    case Kind::kFunction: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return b_;
+    case Kind::kInt:
+      return i_ != 0;
+    case Kind::kFloat:
+      return f_ != 0;
+    case Kind::kString:
+      return !s_.empty();
+    case Kind::kList:
+      return !list_->empty();
+    case Kind::kDict:
+      return !dict_->empty();
+    case Kind::kFunction:
+      return true;
   }
   return false;
 }
@@ -179,13 +193,27 @@ void JsonString(const std::string& s, std::string* out) {
   out->push_back('"');
   for (char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -207,15 +235,26 @@ Status JsonDump(const Value& v, int indent, int depth, const std::string& item_s
     out->append(static_cast<size_t>(indent * d), ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: *out += "null"; return OkStatus();
-    case Value::Kind::kBool: *out += v.bool_value() ? "true" : "false"; return OkStatus();
-    case Value::Kind::kInt: *out += std::to_string(v.int_value()); return OkStatus();
-    case Value::Kind::kFloat:
-      if (std::isnan(v.number())) *out += "NaN";
-      else if (std::isinf(v.number())) *out += v.number() > 0 ? "Infinity" : "-Infinity";
-      else *out += FloatRepr(v.number());
+    case Value::Kind::kNone:
+      *out += "null";
       return OkStatus();
-    case Value::Kind::kString: JsonString(v.str(), out); return OkStatus();
+    case Value::Kind::kBool:
+      *out += v.bool_value() ? "true" : "false";
+      return OkStatus();
+    case Value::Kind::kInt:
+      *out += std::to_string(v.int_value());
+      return OkStatus();
+    case Value::Kind::kFloat:
+      if (std::isnan(v.number()))
+        *out += "NaN";
+      else if (std::isinf(v.number()))
+        *out += v.number() > 0 ? "Infinity" : "-Infinity";
+      else
+        *out += FloatRepr(v.number());
+      return OkStatus();
+    case Value::Kind::kString:
+      JsonString(v.str(), out);
+      return OkStatus();
     case Value::Kind::kList: {
       if (v.list().empty()) {
         *out += "[]";
@@ -225,7 +264,8 @@ Status JsonDump(const Value& v, int indent, int depth, const std::string& item_s
       for (size_t i = 0; i < v.list().size(); ++i) {
         if (i > 0) *out += item_sep;
         newline(depth + 1);
-        RETURN_IF_ERROR(JsonDump(v.list()[i], indent, depth + 1, item_sep, key_sep, sort_keys, out));
+        RETURN_IF_ERROR(
+            JsonDump(v.list()[i], indent, depth + 1, item_sep, key_sep, sort_keys, out));
       }
       newline(depth);
       out->push_back(']');
@@ -266,7 +306,8 @@ Status JsonDump(const Value& v, int indent, int depth, const std::string& item_s
 
 std::string Value::Repr() const {
   switch (kind_) {
-    case Kind::kString: return PyStringRepr(s_);
+    case Kind::kString:
+      return PyStringRepr(s_);
     case Kind::kList: {
       std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
@@ -280,21 +321,30 @@ std::string Value::Repr() const {
       }
       return out + "}";
     }
-    default: return ToString();
+    default:
+      return ToString();
   }
 }
 
 std::string Value::ToString() const {
   switch (kind_) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return b_ ? "True" : "False";
-    case Kind::kInt: return std::to_string(i_);
-    case Kind::kFloat: return FloatRepr(f_);
-    case Kind::kString: return s_;
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return b_ ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(i_);
+    case Kind::kFloat:
+      return FloatRepr(f_);
+    case Kind::kString:
+      return s_;
     case Kind::kList:
-    case Kind::kDict: return Repr();
-    case Kind::kFunction: return "<function>";
+    case Kind::kDict:
+      return Repr();
+    case Kind::kFunction:
+      return "<function>";
   }
   return "";
 }
@@ -313,15 +363,21 @@ bool operator==(const Value& a, const Value& b) {
     }
     return a.number() == b.number();
   }
-  if (a.kind() == Value::Kind::kBool && b.is_number()) return (a.bool_value() ? 1 : 0) == b.number();
-  if (b.kind() == Value::Kind::kBool && a.is_number()) return (b.bool_value() ? 1 : 0) == a.number();
+  if (a.kind() == Value::Kind::kBool && b.is_number())
+    return (a.bool_value() ? 1 : 0) == b.number();
+  if (b.kind() == Value::Kind::kBool && a.is_number())
+    return (b.bool_value() ? 1 : 0) == a.number();
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kBool: return a.bool_value() == b.bool_value();
-    case Value::Kind::kString: return a.str() == b.str();
-    case Value::Kind::kList: return a.list() == b.list();
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kBool:
+      return a.bool_value() == b.bool_value();
+    case Value::Kind::kString:
+      return a.str() == b.str();
+    case Value::Kind::kList:
+      return a.list() == b.list();
     case Value::Kind::kDict: {
       if (a.dict().size() != b.dict().size()) return false;
       for (const auto& [k, v] : a.dict()) {
@@ -330,8 +386,10 @@ bool operator==(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Value::Kind::kFunction: return a.fn_ == b.fn_;
-    default: return false;
+    case Value::Kind::kFunction:
+      return a.fn_ == b.fn_;
+    default:
+      return false;
   }
 }
 
@@ -352,15 +410,24 @@ StatusOr<int> Value::Compare(const Value& a, const Value& b) {
 
 std::string KindName(Value::Kind kind) {
   switch (kind) {
-    case Value::Kind::kUndefined: return "undefined";
-    case Value::Kind::kNone: return "none";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "string";
-    case Value::Kind::kList: return "list";
-    case Value::Kind::kDict: return "dict";
-    case Value::Kind::kFunction: return "function";
+    case Value::Kind::kUndefined:
+      return "undefined";
+    case Value::Kind::kNone:
+      return "none";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "string";
+    case Value::Kind::kList:
+      return "list";
+    case Value::Kind::kDict:
+      return "dict";
+    case Value::Kind::kFunction:
+      return "function";
   }
   return "?";
 }

@@ -8,12 +8,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
 
@@ -72,8 +71,8 @@ class Value {
   // Python repr(), used inside containers.
   std::string Repr() const;
   // json.dumps(value, ensure_ascii=False, indent=indent, separators=...). `indent` < 0: none.
-  StatusOr<std::string> ToJson(int indent, const std::string& item_sep,
-                               const std::string& key_sep, bool sort_keys) const;
+  StatusOr<std::string> ToJson(int indent, const std::string& item_sep, const std::string& key_sep,
+                               bool sort_keys) const;
 
   friend bool operator==(const Value& a, const Value& b);
   // Python ordering between numbers, strings or lists; error for other kinds.

@@ -52,8 +52,7 @@ StatusOr<std::shared_ptr<const Regex>> Regex::Compile(std::string_view pattern) 
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-Status Regex::FindAll(std::string_view subject,
-                      std::vector<std::pair<size_t, size_t>>* out) const {
+Status Regex::FindAll(std::string_view subject, std::vector<std::pair<size_t, size_t>>* out) const {
   thread_local ThreadMatchState state;
   if (state.data == nullptr || state.context == nullptr) {
     return ResourceExhaustedError("cannot allocate PCRE2 match data");

@@ -7,6 +7,7 @@
 #include "text/added_tokens.h"
 #include "text/bpe_model.h"
 #include "text/components.h"
+#include "text/json_guard.h"
 #include "text/unicode.h"
 
 namespace offloadd::text {
@@ -60,17 +61,22 @@ std::string ConfigToken(const json& config, const char* key, const char* fallbac
 // Mirrors transformers 5.x LlamaTokenizer.__init__ + update_post_processor (see tokenizer.h).
 Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& where) {
   const bool add_prefix_space = config.value("add_prefix_space", json(true)).is_boolean()
-                                    ? config.value("add_prefix_space", true) : true;
+                                    ? config.value("add_prefix_space", true)
+                                    : true;
   const bool legacy = config.contains("legacy") && config["legacy"].is_boolean()
-                          ? config["legacy"].get<bool>() : false;
+                          ? config["legacy"].get<bool>()
+                          : false;
   (*j)["normalizer"] = nullptr;
   constexpr const char* kMetaspace = "\xE2\x96\x81";  // U+2581
-  (*j)["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", kMetaspace}, {"split", false},
-                           {"prepend_scheme", add_prefix_space ? (legacy ? "always" : "first")
-                                                                : "never"}};
-  json decoders = json::array({
-      {{"type", "Replace"}, {"pattern", {{"String", kMetaspace}}}, {"content", " "}},
-      {{"type", "ByteFallback"}}, {{"type", "Fuse"}}});
+  (*j)["pre_tokenizer"] = {
+      {"type", "Metaspace"},
+      {"replacement", kMetaspace},
+      {"split", false},
+      {"prepend_scheme", add_prefix_space ? (legacy ? "always" : "first") : "never"}};
+  json decoders =
+      json::array({{{"type", "Replace"}, {"pattern", {{"String", kMetaspace}}}, {"content", " "}},
+                   {{"type", "ByteFallback"}},
+                   {{"type", "Fuse"}}});
   if (add_prefix_space) {
     decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
   }
@@ -78,7 +84,8 @@ Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& 
   json single = json::array(), specials = json::object();
   auto add = [&](const std::string& token) -> Status {
     auto id = FindId(*j, token);
-    if (!id) return InvalidArgumentError(where + ": special token \"" + token + "\" is not in the vocab");
+    if (!id)
+      return InvalidArgumentError(where + ": special token \"" + token + "\" is not in the vocab");
     single.push_back({{"SpecialToken", {{"id", token}, {"type_id", 0}}}});
     specials[token] = {{"id", token}, {"ids", {*id}}, {"tokens", {token}}};
     return OkStatus();
@@ -88,32 +95,35 @@ Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& 
   if (config.value("add_bos_token", true) && !bos.empty()) RETURN_IF_ERROR(add(bos));
   single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
   if (config.value("add_eos_token", false) && !eos.empty()) RETURN_IF_ERROR(add(eos));
-  (*j)["post_processor"] = {{"type", "TemplateProcessing"}, {"single", single},
-                            {"special_tokens", specials}};
+  (*j)["post_processor"] = {
+      {"type", "TemplateProcessing"}, {"single", single}, {"special_tokens", specials}};
   return OkStatus();
 }
 
 }  // namespace
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string& dir) {
-  const std::string path = dir + "/tokenizer.json";
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgumentError(path + ": not valid JSON");
-  if (!j.is_object() || !j.contains("model")) return InvalidArgumentError(path + ": not a tokenizer.json");
-  const std::string config_path = dir + "/tokenizer_config.json";
-  auto config_text = ReadFile(config_path);
-  if (config_text.ok()) {
-    json config = json::parse(*config_text, nullptr, false);
-    if (config.is_discarded() || !config.is_object()) {
-      return InvalidArgumentError(config_path + ": not a JSON object");
+  return GuardJson(dir, [&]() -> StatusOr<std::unique_ptr<Tokenizer>> {
+    const std::string path = dir + "/tokenizer.json";
+    ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return InvalidArgumentError(path + ": not valid JSON");
+    if (!j.is_object() || !j.contains("model"))
+      return InvalidArgumentError(path + ": not a tokenizer.json");
+    const std::string config_path = dir + "/tokenizer_config.json";
+    auto config_text = ReadFile(config_path);
+    if (config_text.ok()) {
+      json config = json::parse(*config_text, nullptr, false);
+      if (config.is_discarded() || !config.is_object()) {
+        return InvalidArgumentError(config_path + ": not a JSON object");
+      }
+      const std::string cls = config.value("tokenizer_class", "");
+      if (cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") {
+        RETURN_IF_ERROR(ApplyLlamaTokenizerClass(config, &j, config_path));
+      }
     }
-    const std::string cls = config.value("tokenizer_class", "");
-    if (cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") {
-      RETURN_IF_ERROR(ApplyLlamaTokenizerClass(config, &j, config_path));
-    }
-  }
-  return FromParsed(j, path);
+    return FromParsed(j, path);
+  });
 }
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_text,
@@ -126,78 +136,81 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_t
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromParsed(const json& j,
                                                            const std::string& where) {
-  if (!j.is_object()) return InvalidArgumentError(where + ": top level is not a JSON object");
-  auto wrap = [&](const Status& s) { return s.WithContext(where); };
+  return GuardJson(where, [&]() -> StatusOr<std::unique_ptr<Tokenizer>> {
+    if (!j.is_object()) return InvalidArgumentError(where + ": top level is not a JSON object");
+    auto wrap = [&](const Status& s) { return s.WithContext(where); };
 
-  std::unique_ptr<Tokenizer> tok(new Tokenizer());
-  const json& model = j.value("model", json());
-  if (!model.is_object()) return InvalidArgumentError(where + ": missing \"model\" object");
-  const std::string type = model.value("type", std::string());
-  // Older files omit the type; a BPE model is recognised by its merges.
-  if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
-    return UnimplementedError(where + ": unsupported model type \"" + type +
-                              "\" (only BPE is supported)");
-  }
-  auto bpe = BpeModel::FromJson(model);
-  if (!bpe.ok()) return wrap(bpe.status());
-  tok->model_ = std::move(*bpe);
-
-  auto normalizer = MakeNormalizer(j.value("normalizer", json()), "normalizer");
-  if (!normalizer.ok()) return wrap(normalizer.status());
-  tok->normalizer_ = std::move(*normalizer);
-  auto pre = MakePreTokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer");
-  if (!pre.ok()) return wrap(pre.status());
-  tok->pre_tokenizer_ = std::move(*pre);
-  auto decoder = MakeDecoder(j.value("decoder", json()), "decoder");
-  if (!decoder.ok()) return wrap(decoder.status());
-  tok->decoder_ = std::move(*decoder);
-  auto post = MakePostProcessor(j.value("post_processor", json()), "post_processor");
-  if (!post.ok()) return wrap(post.status());
-  tok->post_processor_ = std::move(*post);
-  if (j.contains("truncation") && !j["truncation"].is_null()) {
-    return UnimplementedError(where + ": \"truncation\" in tokenizer.json is not supported "
-                              "(the dataset pipeline truncates)");
-  }
-
-  const json& added = j.value("added_tokens", json::array());
-  if (!added.is_array()) return InvalidArgumentError(where + ": added_tokens is not an array");
-  tok->vocab_size_ = tok->model_->max_id() + 1;
-  for (size_t i = 0; i < added.size(); ++i) {
-    const json& a = added[i];
-    const std::string path = where + ": added_tokens[" + std::to_string(i) + "]";
-    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-        !a.contains("content") || !a["content"].is_string() || a["id"].get<int64_t>() < 0 ||
-        a["id"].get<int64_t>() > INT32_MAX) {
-      return InvalidArgumentError(path + ": needs an integer \"id\" and a string \"content\"");
+    std::unique_ptr<Tokenizer> tok(new Tokenizer());
+    const json& model = j.value("model", json());
+    if (!model.is_object()) return InvalidArgumentError(where + ": missing \"model\" object");
+    const std::string type = model.value("type", std::string());
+    // Older files omit the type; a BPE model is recognised by its merges.
+    if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
+      return UnimplementedError(where + ": unsupported model type \"" + type +
+                                "\" (only BPE is supported)");
     }
-    AddedToken t;
-    t.id = a["id"].get<int32_t>();
-    t.content = a["content"].get<std::string>();
-    if (t.content.empty()) return InvalidArgumentError(path + ": empty content");
-    t.single_word = a.value("single_word", false);
-    t.lstrip = a.value("lstrip", false);
-    t.rstrip = a.value("rstrip", false);
-    t.normalized = a.value("normalized", true);
-    t.special = a.value("special", false);
-    tok->added_by_id_[t.id] = tok->added_tokens_.size();
-    tok->vocab_size_ = std::max(tok->vocab_size_, t.id + 1);
-    tok->added_tokens_.push_back(std::move(t));
-  }
-  std::vector<AddedTokenMatcher::Pattern> raw, normalized;
-  for (const AddedToken& t : tok->added_tokens_) {
-    if (t.normalized && tok->normalizer_) {
-      AlignedText pattern = AlignedText::FromOriginal(t.content, 0, true);
-      RETURN_IF_ERROR(tok->normalizer_->Normalize(&pattern));
-      normalized.push_back({std::move(pattern.text), &t});
-    } else if (t.normalized) {
-      normalized.push_back({t.content, &t});
-    } else {
-      raw.push_back({t.content, &t});
+    auto bpe = BpeModel::FromJson(model);
+    if (!bpe.ok()) return wrap(bpe.status());
+    tok->model_ = std::move(*bpe);
+
+    auto normalizer = MakeNormalizer(j.value("normalizer", json()), "normalizer");
+    if (!normalizer.ok()) return wrap(normalizer.status());
+    tok->normalizer_ = std::move(*normalizer);
+    auto pre = MakePreTokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer");
+    if (!pre.ok()) return wrap(pre.status());
+    tok->pre_tokenizer_ = std::move(*pre);
+    auto decoder = MakeDecoder(j.value("decoder", json()), "decoder");
+    if (!decoder.ok()) return wrap(decoder.status());
+    tok->decoder_ = std::move(*decoder);
+    auto post = MakePostProcessor(j.value("post_processor", json()), "post_processor");
+    if (!post.ok()) return wrap(post.status());
+    tok->post_processor_ = std::move(*post);
+    if (j.contains("truncation") && !j["truncation"].is_null()) {
+      return UnimplementedError(where +
+                                ": \"truncation\" in tokenizer.json is not supported "
+                                "(the dataset pipeline truncates)");
     }
-  }
-  tok->raw_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(raw));
-  tok->normalized_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(normalized));
-  return tok;
+
+    const json& added = j.value("added_tokens", json::array());
+    if (!added.is_array()) return InvalidArgumentError(where + ": added_tokens is not an array");
+    tok->vocab_size_ = tok->model_->max_id() + 1;
+    for (size_t i = 0; i < added.size(); ++i) {
+      const json& a = added[i];
+      const std::string path = where + ": added_tokens[" + std::to_string(i) + "]";
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
+          !a.contains("content") || !a["content"].is_string() || a["id"].get<int64_t>() < 0 ||
+          a["id"].get<int64_t>() > INT32_MAX) {
+        return InvalidArgumentError(path + ": needs an integer \"id\" and a string \"content\"");
+      }
+      AddedToken t;
+      t.id = a["id"].get<int32_t>();
+      t.content = a["content"].get<std::string>();
+      if (t.content.empty()) return InvalidArgumentError(path + ": empty content");
+      t.single_word = a.value("single_word", false);
+      t.lstrip = a.value("lstrip", false);
+      t.rstrip = a.value("rstrip", false);
+      t.normalized = a.value("normalized", true);
+      t.special = a.value("special", false);
+      tok->added_by_id_[t.id] = tok->added_tokens_.size();
+      tok->vocab_size_ = std::max(tok->vocab_size_, t.id + 1);
+      tok->added_tokens_.push_back(std::move(t));
+    }
+    std::vector<AddedTokenMatcher::Pattern> raw, normalized;
+    for (const AddedToken& t : tok->added_tokens_) {
+      if (t.normalized && tok->normalizer_) {
+        AlignedText pattern = AlignedText::FromOriginal(t.content, 0, true);
+        RETURN_IF_ERROR(tok->normalizer_->Normalize(&pattern));
+        normalized.push_back({std::move(pattern.text), &t});
+      } else if (t.normalized) {
+        normalized.push_back({t.content, &t});
+      } else {
+        raw.push_back({t.content, &t});
+      }
+    }
+    tok->raw_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(raw));
+    tok->normalized_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(normalized));
+    return tok;
+  });
 }
 
 Status Tokenizer::EncodePieces(std::vector<AlignedText>* pieces, Encoding* out) const {
@@ -207,7 +220,9 @@ Status Tokenizer::EncodePieces(std::vector<AlignedText>* pieces, Encoding* out) 
     const size_t first = out->starts.size();
     model_->Tokenize(piece.text, &out->ids, &out->starts);
     for (size_t i = first; i < out->starts.size(); ++i) {
-      out->starts[i] = piece.orig.empty() ? 0 : piece.orig[std::min<size_t>(out->starts[i], piece.orig.size() - 1)];
+      out->starts[i] = piece.orig.empty()
+                           ? 0
+                           : piece.orig[std::min<size_t>(out->starts[i], piece.orig.size() - 1)];
     }
   }
   pieces->clear();

@@ -1,7 +1,7 @@
 #include "text/unicode.h"
 
-#include <unicode/normalizer2.h>
 #include <unicode/locid.h>
+#include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
 
 #include <array>
@@ -22,12 +22,18 @@ uint32_t NextCodePoint(std::string_view s, size_t* pos) {
   if (*pos + len > s.size()) len = 1;
   uint32_t cp;
   switch (len) {
-    case 2: cp = ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu); break;
-    case 3: cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu); break;
+    case 2:
+      cp = ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu);
+      break;
+    case 3:
+      cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
+      break;
     case 4:
       cp = ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
       break;
-    default: cp = p[0]; break;
+    default:
+      cp = p[0];
+      break;
   }
   *pos += len;
   return cp;
@@ -60,14 +66,22 @@ struct LeadInfo {
 };
 
 bool Lead(unsigned char b, LeadInfo* info) {
-  if (b >= 0xC2 && b <= 0xDF) *info = {1, 0x80, 0xBF};
-  else if (b == 0xE0) *info = {2, 0xA0, 0xBF};
-  else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) *info = {2, 0x80, 0xBF};
-  else if (b == 0xED) *info = {2, 0x80, 0x9F};
-  else if (b == 0xF0) *info = {3, 0x90, 0xBF};
-  else if (b >= 0xF1 && b <= 0xF3) *info = {3, 0x80, 0xBF};
-  else if (b == 0xF4) *info = {3, 0x80, 0x8F};
-  else return false;
+  if (b >= 0xC2 && b <= 0xDF)
+    *info = {1, 0x80, 0xBF};
+  else if (b == 0xE0)
+    *info = {2, 0xA0, 0xBF};
+  else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF)
+    *info = {2, 0x80, 0xBF};
+  else if (b == 0xED)
+    *info = {2, 0x80, 0x9F};
+  else if (b == 0xF0)
+    *info = {3, 0x90, 0xBF};
+  else if (b >= 0xF1 && b <= 0xF3)
+    *info = {3, 0x80, 0xBF};
+  else if (b == 0xF4)
+    *info = {3, 0x80, 0x8F};
+  else
+    return false;
   return true;
 }
 
@@ -169,10 +183,14 @@ namespace {
 
 const icu::Normalizer2* GetNormalizer(NormalForm form, UErrorCode& err) {
   switch (form) {
-    case NormalForm::kNfc: return icu::Normalizer2::getNFCInstance(err);
-    case NormalForm::kNfd: return icu::Normalizer2::getNFDInstance(err);
-    case NormalForm::kNfkc: return icu::Normalizer2::getNFKCInstance(err);
-    case NormalForm::kNfkd: return icu::Normalizer2::getNFKDInstance(err);
+    case NormalForm::kNfc:
+      return icu::Normalizer2::getNFCInstance(err);
+    case NormalForm::kNfd:
+      return icu::Normalizer2::getNFDInstance(err);
+    case NormalForm::kNfkc:
+      return icu::Normalizer2::getNFKCInstance(err);
+    case NormalForm::kNfkd:
+      return icu::Normalizer2::getNFKDInstance(err);
   }
   return nullptr;
 }

@@ -32,10 +32,14 @@ int main(int argc, char** argv) {
   int repeats = 3, threads = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--tokenizer") tok_path = argv[i + 1];
-    else if (a == "--corpus") corpus = argv[i + 1];
-    else if (a == "--repeats") repeats = std::stoi(argv[i + 1]);
-    else if (a == "--threads") threads = std::stoi(argv[i + 1]);
+    if (a == "--tokenizer")
+      tok_path = argv[i + 1];
+    else if (a == "--corpus")
+      corpus = argv[i + 1];
+    else if (a == "--repeats")
+      repeats = std::stoi(argv[i + 1]);
+    else if (a == "--threads")
+      threads = std::stoi(argv[i + 1]);
   }
   if (tok_path.empty() || corpus.empty()) {
     std::cerr << "usage: offloadd-tokenizer-bench --tokenizer FILE_OR_DIR --corpus FILE "

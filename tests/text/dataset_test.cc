@@ -1,13 +1,14 @@
 // Unit tests of record splitting, record errors and the batcher on small in-memory data.
 // Parity with Python references on real data lives in tests/python/text/test_dataset.py.
 
+#include "text/dataset.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "text/batcher.h"
-#include "text/dataset.h"
 #include "text/tokenizer.h"
 
 namespace offloadd::text {
@@ -56,10 +57,10 @@ TEST(RecordEncoder, FormatsAndErrors) {
   doc = enc->Encode(nlohmann::ordered_json::parse(R"({"input_ids": [0, 1], "labels": [-100, 1]})"));
   ASSERT_TRUE(doc.ok());
   EXPECT_EQ(doc->labels, (std::vector<int32_t>{kIgnoreIndex, 1}));
-  for (const char* bad : {R"({"input_ids": [0, 7]})", R"({"input_ids": [0], "labels": [1, 2]})",
-                          R"({"instruction": "a"})", R"({"foo": 1})", R"([1, 2])",
-                          R"({"conversations": [{"from": "alien", "value": "x"}]})",
-                          R"({"messages": []})"}) {
+  for (const char* bad :
+       {R"({"input_ids": [0, 7]})", R"({"input_ids": [0], "labels": [1, 2]})",
+        R"({"instruction": "a"})", R"({"foo": 1})", R"([1, 2])",
+        R"({"conversations": [{"from": "alien", "value": "x"}]})", R"({"messages": []})"}) {
     EXPECT_FALSE(enc->Encode(nlohmann::ordered_json::parse(bad)).ok()) << bad;
   }
 }

@@ -1,10 +1,11 @@
 // Unit tests of the Jinja subset. Parity with Python jinja2 on many more constructs lives in
 // tests/python/text/test_chat_template.py.
 
+#include "text/jinja.h"
+
 #include <gtest/gtest.h>
 
 #include "text/chat_template.h"
-#include "text/jinja.h"
 
 namespace offloadd::text::jinja {
 namespace {
@@ -28,10 +29,12 @@ Status RenderError(const std::string& src, const ojson& ctx = ojson::object()) {
 }
 
 TEST(Jinja, LoopVariablesAndFilters) {
-  EXPECT_EQ(Render("{% for x in xs %}{{ loop.index0 }}{{ x | upper }}{% if not loop.last %},{% endif %}{% endfor %}",
+  EXPECT_EQ(Render("{% for x in xs %}{{ loop.index0 }}{{ x | upper }}{% if not loop.last %},{% "
+                   "endif %}{% endfor %}",
                    {{"xs", {"a", "b"}}}),
             "0A,1B");
-  EXPECT_EQ(Render("{{ xs | length }} {{ 'ab' ~ 1 }} {{ ' x ' | trim }}", {{"xs", {1, 2, 3}}}), "3 ab1 x");
+  EXPECT_EQ(Render("{{ xs | length }} {{ 'ab' ~ 1 }} {{ ' x ' | trim }}", {{"xs", {1, 2, 3}}}),
+            "3 ab1 x");
 }
 
 TEST(Jinja, NamespaceCarriesStateOutOfLoops) {
@@ -40,8 +43,9 @@ TEST(Jinja, NamespaceCarriesStateOutOfLoops) {
                    {{"ms", {1, 2}}}),
             "True");
   // A plain set inside a loop does not leak (Jinja scoping).
-  EXPECT_EQ(Render("{% set x = 1 %}{% for m in ms %}{% set x = 2 %}{% endfor %}{{ x }}", {{"ms", {1}}}),
-            "1");
+  EXPECT_EQ(
+      Render("{% set x = 1 %}{% for m in ms %}{% set x = 2 %}{% endfor %}{{ x }}", {{"ms", {1}}}),
+      "1");
 }
 
 TEST(Jinja, TrimBlocksAndLstripBlocksLikeTransformers) {

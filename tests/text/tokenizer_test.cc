@@ -1,6 +1,8 @@
 // Unit tests for the tokenizer's pieces on small hand-built tokenizer.json files. Parity with the
 // Python `tokenizers` library on real tokenizers lives in tests/python/text/.
 
+#include "text/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -8,7 +10,6 @@
 #include <thread>
 
 #include "text/regex.h"
-#include "text/tokenizer.h"
 #include "text/unicode.h"
 
 namespace offloadd::text {
@@ -59,9 +60,14 @@ TEST(ByteLevelTable, IsABijectionOverPrintableCodePoints) {
 
 TEST(Utf8, LossyReplacesMaximalInvalidSubparts) {
   // Examples from the Unicode Standard, section 3.9 ("U+FFFD Substitution of Maximal Subparts").
-  EXPECT_EQ(Utf8Lossy("a\xF1\x80\x80" "b"), "a\xEF\xBF\xBD" "b");
-  EXPECT_EQ(Utf8Lossy("\xE1\x80\xE2\xF0\x91\x92\xF1\xBF" "A"),
-            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" "A");
+  EXPECT_EQ(Utf8Lossy("a\xF1\x80\x80"
+                      "b"),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(Utf8Lossy("\xE1\x80\xE2\xF0\x91\x92\xF1\xBF"
+                      "A"),
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+            "A");
   EXPECT_EQ(Utf8Lossy("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong: 2 replacements
   EXPECT_EQ(Utf8Lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
   EXPECT_EQ(Utf8Lossy("ok \xF0\x9F\xA4\x97"), "ok \xF0\x9F\xA4\x97");
@@ -101,7 +107,8 @@ TEST(Bpe, MergesAsPairsEqualMergesAsStrings) {
   auto pairs = Load(j);
   auto strings = Load(ToyByteLevel());
   ASSERT_NE(pairs, nullptr);
-  for (const char* s : {"abc", "cab abc", " a bca", "ccc"}) EXPECT_EQ(Ids(*pairs, s), Ids(*strings, s));
+  for (const char* s : {"abc", "cab abc", " a bca", "ccc"})
+    EXPECT_EQ(Ids(*pairs, s), Ids(*strings, s));
 }
 
 TEST(Bpe, ByteFallbackAndUnknowns) {
@@ -115,19 +122,23 @@ TEST(Bpe, ByteFallbackAndUnknowns) {
   EXPECT_EQ(Ids(*t, "abéxyab"), (std::vector<int32_t>{3, 4, 5, 0, 3}));
   auto text = t->Decode(std::vector<int32_t>{3, 4, 5, 3}, false);
   ASSERT_TRUE(text.ok());
-  EXPECT_EQ(*text, "ab\xC3\xA9" "ab");
+  EXPECT_EQ(*text,
+            "ab\xC3\xA9"
+            "ab");
   text = t->Decode(std::vector<int32_t>{4, 3}, false);  // a lone lead byte decodes to U+FFFD
   ASSERT_TRUE(text.ok());
-  EXPECT_EQ(*text, "\xEF\xBF\xBD" "ab");
+  EXPECT_EQ(*text,
+            "\xEF\xBF\xBD"
+            "ab");
 }
 
 TEST(AddedTokens, SplitFirstAndHonourStrip) {
   auto t = Load(ToyByteLevel());
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(Ids(*t, "ab<eos>ab"), (std::vector<int32_t>{5, 8, 5}));
-  EXPECT_EQ(Ids(*t, "ab  <L>"), (std::vector<int32_t>{5, 9}));        // lstrip eats the spaces
-  EXPECT_EQ(Ids(*t, "<R>  ab"), (std::vector<int32_t>{10, 5}));       // rstrip eats the spaces
-  EXPECT_EQ(Ids(*t, "ab <R>"), (std::vector<int32_t>{5, 3, 10}));     // no lstrip on <R>
+  EXPECT_EQ(Ids(*t, "ab  <L>"), (std::vector<int32_t>{5, 9}));     // lstrip eats the spaces
+  EXPECT_EQ(Ids(*t, "<R>  ab"), (std::vector<int32_t>{10, 5}));    // rstrip eats the spaces
+  EXPECT_EQ(Ids(*t, "ab <R>"), (std::vector<int32_t>{5, 3, 10}));  // no lstrip on <R>
   auto with = t->Decode(std::vector<int32_t>{5, 8, 5}, false);
   auto without = t->Decode(std::vector<int32_t>{5, 8, 5}, true);
   ASSERT_TRUE(with.ok() && without.ok());
@@ -181,6 +192,13 @@ TEST(Tokenizer, RejectsBadFilesWithClearErrors) {
   j["pre_tokenizer"] = json::parse(R"({"type": "Split", "pattern": {"Regex": "(["},
       "behavior": "Isolated", "invert": false})");
   expect_error(j, "pre_tokenizer.pattern");
+
+  j = ToyByteLevel();  // a wrongly typed field is an error, not an exception
+  j["decoder"] = json::parse(R"({"type": "Strip", "content": " ", "start": "one", "stop": 0})");
+  expect_error(j, "my/tokenizer.json");
+  j = ToyByteLevel();
+  j["added_tokens"][0]["lstrip"] = "yes";
+  expect_error(j, "my/tokenizer.json");
 
   auto bad_json = Tokenizer::FromJson("{\"model\": ", "x.json");
   ASSERT_FALSE(bad_json.ok());

@@ -28,7 +28,8 @@ ojson Handle(const ojson& req, std::map<std::string, ChatTemplate>* cache) {
   if (req.contains("template")) {
     auto t = offloadd::text::jinja::Template::Parse(req["template"].get<std::string>());
     if (!t.ok()) return {{"error", t.status().ToString()}};
-    auto text = t->Render(offloadd::text::jinja::Value::FromJson(req.value("context", ojson::object())));
+    auto text =
+        t->Render(offloadd::text::jinja::Value::FromJson(req.value("context", ojson::object())));
     if (!text.ok()) return {{"error", text.status().ToString()}};
     reply["text"] = *text;
     return reply;
@@ -71,7 +72,12 @@ int main() {
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
     ojson req = ojson::parse(line, nullptr, false);
-    ojson reply = req.is_object() ? Handle(req, &cache) : ojson{{"error", "not a JSON object"}};
+    ojson reply;
+    try {
+      reply = req.is_object() ? Handle(req, &cache) : ojson{{"error", "not a JSON object"}};
+    } catch (const nlohmann::json::exception& e) {
+      reply = {{"error", std::string("bad request: ") + e.what()}};
+    }
     std::cout << reply.dump(-1, ' ', false, ojson::error_handler_t::replace) << "\n";
   }
   return 0;

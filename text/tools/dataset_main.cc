@@ -28,7 +28,17 @@ int Fail(const std::string& msg) {
 
 }  // namespace
 
+int Run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {  // bad numeric arguments (std::stoi) and the like
+    return Fail(e.what());
+  }
+}
+
+int Run(int argc, char** argv) {
   using namespace offloadd::text;
   std::string dir, restore;
   std::vector<std::string> files;
@@ -39,25 +49,40 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--tokenizer") dir = value();
-    else if (a == "--data") files.push_back(value());
+    if (a == "--tokenizer")
+      dir = value();
+    else if (a == "--data")
+      files.push_back(value());
     else if (a == "--format") {
       auto f = ParseDatasetFormat(value());
       if (!f.ok()) return Fail(f.status().message());
       options.format = *f;
-    } else if (a == "--no-mask-prompt") options.mask_prompt = false;
-    else if (a == "--skip-bad-records") options.skip_bad_records = true;
-    else if (a == "--no-eos") options.add_eos = false;
-    else if (a == "--builtin-template") builtin = true;
-    else if (a == "--pack") pack = std::stol(value());
-    else if (a == "--max-seq-length") batch.max_seq_length = std::stoi(value());
-    else if (a == "--no-packing") batch.packing = false;
-    else if (a == "--no-shuffle") batch.shuffle = false;
-    else if (a == "--seed") batch.seed = std::stoull(value());
-    else if (a == "--pad-id") batch.pad_id = std::stoi(value());
-    else if (a == "--drop-overlong") batch.drop_overlong = true;
-    else if (a == "--restore") restore = value();
-    else return Fail("unknown argument " + a);
+    } else if (a == "--no-mask-prompt")
+      options.mask_prompt = false;
+    else if (a == "--skip-bad-records")
+      options.skip_bad_records = true;
+    else if (a == "--no-eos")
+      options.add_eos = false;
+    else if (a == "--builtin-template")
+      builtin = true;
+    else if (a == "--pack")
+      pack = std::stol(value());
+    else if (a == "--max-seq-length")
+      batch.max_seq_length = std::stoi(value());
+    else if (a == "--no-packing")
+      batch.packing = false;
+    else if (a == "--no-shuffle")
+      batch.shuffle = false;
+    else if (a == "--seed")
+      batch.seed = std::stoull(value());
+    else if (a == "--pad-id")
+      batch.pad_id = std::stoi(value());
+    else if (a == "--drop-overlong")
+      batch.drop_overlong = true;
+    else if (a == "--restore")
+      restore = value();
+    else
+      return Fail("unknown argument " + a);
   }
   if (dir.empty() || files.empty()) return Fail("--tokenizer and --data are required");
   auto tok = Tokenizer::FromDirectory(dir);
@@ -79,10 +104,13 @@ int main(int argc, char** argv) {
   auto ds = DatasetReader::Load(files, **tok, tmpl ? &*tmpl : nullptr, options);
   if (!ds.ok()) return Fail(ds.status().ToString());
   const DatasetStats& st = ds->stats();
-  std::cout << nlohmann::json{{"stats", {{"records", st.records}, {"documents", ds->size()},
-                                         {"skipped", st.skipped}, {"tokens", st.tokens},
-                                         {"trained_tokens", st.trained_tokens},
-                                         {"first_errors", st.first_errors}}}}
+  std::cout << nlohmann::json{{"stats",
+                               {{"records", st.records},
+                                {"documents", ds->size()},
+                                {"skipped", st.skipped},
+                                {"tokens", st.tokens},
+                                {"trained_tokens", st.trained_tokens},
+                                {"first_errors", st.first_errors}}}}
                    .dump()
             << "\n";
   if (pack < 0) {
@@ -100,9 +128,12 @@ int main(int argc, char** argv) {
   }
   for (long i = 0; i < pack; ++i) {
     PackedSequence seq = b->Next();
-    std::cout << nlohmann::json{{"input_ids", seq.input_ids}, {"labels", seq.labels},
-                                {"position_ids", seq.position_ids}, {"cu_seqlens", seq.cu_seqlens},
-                                {"document_ids", seq.document_ids}, {"sources", seq.sources},
+    std::cout << nlohmann::json{{"input_ids", seq.input_ids},
+                                {"labels", seq.labels},
+                                {"position_ids", seq.position_ids},
+                                {"cu_seqlens", seq.cu_seqlens},
+                                {"document_ids", seq.document_ids},
+                                {"sources", seq.sources},
                                 {"state", nlohmann::json::parse(b->SaveState())}}
                      .dump()
               << "\n";

@@ -45,25 +45,31 @@ int main(int argc, char** argv) {
     if (line.empty()) continue;
     nlohmann::json req = nlohmann::json::parse(line, nullptr, false);
     nlohmann::json reply;
-    if (req.is_discarded() || !req.is_object()) {
-      reply["error"] = "request is not a JSON object";
-    } else if (req.contains("text") && req["text"].is_string()) {
-      auto enc = (*tok)->EncodeWithOffsets(req["text"].get<std::string>(),
-                                           req.value("add_special_tokens", false));
-      if (!enc.ok()) {
-        reply["error"] = enc.status().ToString();
+    try {
+      if (req.is_discarded() || !req.is_object()) {
+        reply["error"] = "request is not a JSON object";
+      } else if (req.contains("text") && req["text"].is_string()) {
+        auto enc = (*tok)->EncodeWithOffsets(req["text"].get<std::string>(),
+                                             req.value("add_special_tokens", false));
+        if (!enc.ok()) {
+          reply["error"] = enc.status().ToString();
+        } else {
+          reply["ids"] = enc->ids;
+          if (req.value("offsets", false)) reply["starts"] = enc->starts;
+        }
+      } else if (req.contains("ids") && req["ids"].is_array()) {
+        std::vector<int32_t> ids;
+        for (const auto& v : req["ids"]) ids.push_back(v.get<int32_t>());
+        auto text = (*tok)->Decode(ids, req.value("skip_special_tokens", false));
+        if (text.ok())
+          reply["text"] = *text;
+        else
+          reply["error"] = text.status().ToString();
       } else {
-        reply["ids"] = enc->ids;
-        if (req.value("offsets", false)) reply["starts"] = enc->starts;
+        reply["error"] = "request needs \"text\" or \"ids\"";
       }
-    } else if (req.contains("ids") && req["ids"].is_array()) {
-      std::vector<int32_t> ids;
-      for (const auto& v : req["ids"]) ids.push_back(v.get<int32_t>());
-      auto text = (*tok)->Decode(ids, req.value("skip_special_tokens", false));
-      if (text.ok()) reply["text"] = *text;
-      else reply["error"] = text.status().ToString();
-    } else {
-      reply["error"] = "request needs \"text\" or \"ids\"";
+    } catch (const nlohmann::json::exception& e) {
+      reply = {{"error", std::string("bad request: ") + e.what()}};
     }
     std::cout << reply.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
