@@ -148,21 +148,43 @@ def test_bad_input_reports_errors(tmp_path, tokenizer_paths):
     assert "merges" in proc.stderr and str(broken) in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["llama2", "phi3-mini"])
-@pytest.mark.parametrize("add_special", [False, True])
-def test_directory_matches_transformers(name, add_special):
+CLASS_CONFIGS = {
+    "gpt2": {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
+             "eos_token": "<|endoftext|>", "add_prefix_space": False},
+    "llama3": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
+               "eos_token": "<|eot_id|>"},
+    "qwen2-style": {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>",
+                    "pad_token": "<|endoftext|>", "bos_token": None},
+}
+
+
+@pytest.mark.parametrize("name", ["llama2", "phi3-mini", "gpt2", "llama3", "qwen2-style"])
+def test_directory_matches_transformers(tokenizer_paths, tmp_path, name):
     """A tokenizer directory loads like transformers 5 AutoTokenizer, which rebuilds Llama-class
-    tokenizers as Metaspace(prepend_scheme="first") unless tokenizer_config.json says legacy."""
+    tokenizers as Metaspace(prepend_scheme="first") unless tokenizer_config.json says legacy, and
+    uses the file as is for the other classes."""
+    import shutil
     from transformers import AutoTokenizer
-    d = TOK_DIR / name
+    if name in CLASS_CONFIGS:
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy(tokenizer_paths[name], d / "tokenizer.json")
+        (d / "tokenizer_config.json").write_text(json.dumps(CLASS_CONFIGS[name]))
+    else:
+        d = TOK_DIR / name
     hf = AutoTokenizer.from_pretrained(str(d))
     texts = varied_corpus(name)
-    want = [hf(t, add_special_tokens=add_special)["input_ids"] for t in texts]
-    native = NativeTokenizer(d)
-    got = native.encode_many(texts, add_special)
-    mismatches = [(t, w, g) for t, w, g in zip(texts, want, got) if w != g]
-    assert not mismatches, f"{len(mismatches)}/{len(texts)} differ; first: {mismatches[0]!r}"
-    decoded = native.decode_many(want, not add_special)
-    want_text = [hf.decode(w, skip_special_tokens=not add_special) for w in want]
-    bad = [(w, g) for w, g in zip(want_text, decoded) if w != g]
-    assert not bad, f"{len(bad)} decodes differ; first: {bad[0]!r}"
+    want = {a: [hf(t, add_special_tokens=a)["input_ids"] for t in texts] for a in (False, True)}
+    replies = NativeTokenizer(d).run(
+        [{"text": t, "add_special_tokens": a} for a in (False, True) for t in texts]
+        + [{"ids": w, "skip_special_tokens": skip} for skip in (False, True) for w in want[True]])
+    n = len(texts)
+    for k, add in enumerate((False, True)):
+        got = [r["ids"] for r in replies[k * n:(k + 1) * n]]
+        bad = [(t, w, g) for t, w, g in zip(texts, want[add], got) if w != g]
+        assert not bad, f"add_special={add}: {len(bad)}/{n} differ; first: {bad[0]!r}"
+    for k, skip in enumerate((False, True)):
+        got = [r["text"] for r in replies[(2 + k) * n:(3 + k) * n]]
+        want_text = [hf.decode(w, skip_special_tokens=skip) for w in want[True]]
+        bad = [(w, g) for w, g in zip(want_text, got) if w != g]
+        assert not bad, f"skip_special={skip}: {len(bad)} decodes differ; first: {bad[0]!r}"
