@@ -31,7 +31,8 @@ class LogMessage {
 
 }  // namespace offloadd
 
-#define OFFLOADD_LOG(severity, component)                                            \
-  if (::offloadd::LogSeverity::severity < ::offloadd::MinLogSeverity()) {            \
-  } else                                                                              \
-    ::offloadd::LogMessage(::offloadd::LogSeverity::severity, component).stream()
+// A for statement rather than if/else so the macro is safe as the body of an unbraced if.
+#define OFFLOADD_LOG(severity, component)                                                     \
+  for (bool _offloadd_log_on = ::offloadd::LogSeverity::severity >= ::offloadd::MinLogSeverity(); \
+       _offloadd_log_on; _offloadd_log_on = false)                                             \
+  ::offloadd::LogMessage(::offloadd::LogSeverity::severity, component).stream()

@@ -9,6 +9,8 @@
 
 #include "common/logging.h"
 #include "daemon/build_info.h"
+#include "daemon/jobs/job_manager.h"
+#include "daemon/jobs/job_store.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/grpc_server.h"
 #include "daemon/systemd/sd_notify.h"
@@ -52,6 +54,13 @@ int RunDaemon(const DaemonConfig& config) {
     OFFLOADD_LOG(kInfo, kLog) << "metrics listening on " << host << ":" << (*metrics)->port();
   }
 
+  auto store = JobStore::Open(config.state_dir + "/jobs.db");
+  if (!store.ok()) return Fail(store.status());
+  // The training pipeline plugs in here as the JobRunner (issue #6); without it jobs can be
+  // validated and inspected but not queued.
+  auto jobs = JobManager::Start(std::move(*store), /*runner=*/nullptr);
+  if (!jobs.ok()) return Fail(jobs.status());
+
   // Signals are set up before the server starts so an early SIGTERM is not lost.
   boost::asio::io_context io;
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
@@ -60,7 +69,7 @@ int RunDaemon(const DaemonConfig& config) {
     if (!error) received = signo;
   });
 
-  auto server = GrpcServer::Start(config, build, metrics->get());
+  auto server = GrpcServer::Start(config, build, jobs->get(), metrics->get());
   if (!server.ok()) return Fail(server.status());
   std::string where;
   if (!config.server.unix_socket.empty()) where = "unix:" + config.server.unix_socket;
@@ -80,6 +89,9 @@ int RunDaemon(const DaemonConfig& config) {
                             << config.server.shutdown_grace_seconds << " s)";
   [[maybe_unused]] Status ignored = SdNotify("STOPPING=1\nSTATUS=draining");
   (*metrics)->SetServing(false);
+  // Stop the job core first: watchers end with UNAVAILABLE and their resume cursor, and a running
+  // job is asked to checkpoint and pause; then in-flight calls drain.
+  (*jobs)->Shutdown();
   (*server)->Shutdown(config.server.shutdown_grace_seconds);
   OFFLOADD_LOG(kInfo, kLog) << "stopped cleanly";
   return 0;

@@ -38,14 +38,14 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const TcpConfi
 }  // namespace
 
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& config, const BuildFacts& build,
-                                                        DaemonMetrics* metrics) {
+                                                        JobManager* jobs, DaemonMetrics* metrics) {
   std::unique_ptr<GrpcServer> s(new GrpcServer());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   std::vector<StoreDirInput> dirs;
   for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
-  s->job_service_ = std::make_unique<JobServiceImpl>(config, metrics);
+  s->job_service_ = std::make_unique<JobServiceImpl>(config, jobs, metrics);
   s->node_service_ = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
 
   grpc::ServerBuilder builder;

@@ -10,6 +10,7 @@
 
 #include "common/status.h"
 #include "daemon/config/config.h"
+#include "daemon/jobs/job_manager.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/node_service.h"
 
@@ -17,8 +18,9 @@ namespace offloadd::daemon {
 
 class GrpcServer {
  public:
+  // `jobs` and `metrics` must outlive the server.
   static StatusOr<std::unique_ptr<GrpcServer>> Start(const DaemonConfig& config, const BuildFacts& build,
-                                                     DaemonMetrics* metrics);
+                                                     JobManager* jobs, DaemonMetrics* metrics);
   ~GrpcServer();
 
   // The TCP port actually bound (0 when TCP is off).

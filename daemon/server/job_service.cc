@@ -35,17 +35,8 @@ grpc::Status InvalidSpec(const std::vector<FieldViolation>& violations) {
 
 }  // namespace
 
-JobServiceImpl::JobServiceImpl(const DaemonConfig& config, DaemonMetrics* metrics)
-    : config_(config), paths_(config.allowed_roots), metrics_(metrics) {}
-
-grpc::Status JobServiceImpl::Missing(const char* method) {
-  RpcRecorder rec(metrics_, method);
-  return rec.Done(grpc::Status(
-      grpc::StatusCode::UNIMPLEMENTED,
-      std::string("JobService.") + method +
-          " is not available in this build: the job queue, persistence and training pipeline are "
-          "not implemented yet (offload pipeline: issue #6; job service: issue #7)"));
-}
+JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics)
+    : config_(config), paths_(config.allowed_roots), jobs_(jobs), metrics_(metrics) {}
 
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request, v1::Job* job) {
   RpcRecorder rec(metrics_, "CreateJob");
@@ -62,38 +53,83 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJob
   }
   ValidationResult result = ValidateJobSpec(request->spec(), paths_, node);
   if (!result.ok()) return rec.Done(InvalidSpec(result.violations));
-  if (!request->validate_only()) {
-    return rec.Done(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                 "the job spec is valid, but this build cannot run jobs yet: the training pipeline "
-                                 "(issue #6) and the job queue (issue #7) are not implemented; use validate_only"));
+  if (request->validate_only()) {
+    *job->mutable_spec() = std::move(result.resolved);
+    job->set_state(v1::JOB_STATE_QUEUED);
+    return rec.Done(grpc::Status::OK);
   }
-  *job->mutable_spec() = std::move(result.resolved);
-  job->set_state(v1::JOB_STATE_QUEUED);
+  auto created = jobs_->Create(result.resolved);
+  if (!created.ok()) return rec.Done(ToGrpcStatus(created.status()));
+  *job = std::move(*created);
   return rec.Done(grpc::Status::OK);
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) {
-  return Missing("GetJob");
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job* job) {
+  RpcRecorder rec(metrics_, "GetJob");
+  auto j = jobs_->Get(request->job_id());
+  if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
+  *job = std::move(*j);
+  return rec.Done(grpc::Status::OK);
 }
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) {
-  return Missing("ListJobs");
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  RpcRecorder rec(metrics_, "ListJobs");
+  std::vector<v1::JobState> states;
+  for (int s : request->states()) states.push_back(static_cast<v1::JobState>(s));
+  auto page = jobs_->List(states, request->page_size(), request->page_token());
+  if (!page.ok()) return rec.Done(ToGrpcStatus(page.status()));
+  for (auto& j : page->jobs) *response->add_jobs() = std::move(j);
+  response->set_next_page_token(page->next_page_token);
+  return rec.Done(grpc::Status::OK);
 }
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::Job*) {
-  return Missing("CancelJob");
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request, v1::Job* job) {
+  RpcRecorder rec(metrics_, "CancelJob");
+  auto j = jobs_->Cancel(request->job_id(), request->reason());
+  if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
+  *job = std::move(*j);
+  return rec.Done(grpc::Status::OK);
 }
-grpc::Status JobServiceImpl::PauseJob(grpc::ServerContext*, const v1::PauseJobRequest*, v1::Job*) {
-  return Missing("PauseJob");
+
+grpc::Status JobServiceImpl::PauseJob(grpc::ServerContext*, const v1::PauseJobRequest* request, v1::Job* job) {
+  RpcRecorder rec(metrics_, "PauseJob");
+  auto j = jobs_->Pause(request->job_id());
+  if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
+  *job = std::move(*j);
+  return rec.Done(grpc::Status::OK);
 }
-grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext*, const v1::ResumeJobRequest*, v1::Job*) {
-  return Missing("ResumeJob");
+
+grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext*, const v1::ResumeJobRequest* request, v1::Job* job) {
+  RpcRecorder rec(metrics_, "ResumeJob");
+  auto j = jobs_->Resume(request->job_id());
+  if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
+  *job = std::move(*j);
+  return rec.Done(grpc::Status::OK);
 }
-grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
-                                      grpc::ServerWriter<v1::JobEvent>*) {
-  return Missing("WatchJob");
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                                      grpc::ServerWriter<v1::JobEvent>* writer) {
+  RpcRecorder rec(metrics_, "WatchJob");
+  const bool progress = !request->has_include_progress() || request->include_progress();
+  const bool logs = !request->has_include_logs() || request->include_logs();
+  const Status s = jobs_->Watch(
+      request->job_id(), request->after_cursor(),
+      [&](const v1::JobEvent& e) {
+        if ((e.has_progress() && !progress) || (e.has_log() && !logs)) return true;
+        return writer->Write(e);
+      },
+      [&] { return context->IsCancelled(); });
+  return rec.Done(ToGrpcStatus(s));
 }
-grpc::Status JobServiceImpl::ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest*,
-                                             v1::ListCheckpointsResponse*) {
-  return Missing("ListCheckpoints");
+
+grpc::Status JobServiceImpl::ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest* request,
+                                             v1::ListCheckpointsResponse* response) {
+  RpcRecorder rec(metrics_, "ListCheckpoints");
+  auto checkpoints = jobs_->Checkpoints(request->job_id());
+  if (!checkpoints.ok()) return rec.Done(ToGrpcStatus(checkpoints.status()));
+  for (auto& c : *checkpoints) *response->add_checkpoints() = std::move(c);
+  return rec.Done(grpc::Status::OK);
 }
 
 }  // namespace offloadd::daemon

@@ -1,12 +1,12 @@
 #pragma once
-// gRPC JobService. CreateJob validates the whole spec (daemon/jobs/job_validator.h) and answers
-// INVALID_ARGUMENT with a google.rpc.BadRequest listing every problem by field path;
-// validate_only returns the job as it would run (defaults filled, paths canonical).
-// Until the training pipeline (issue #6) and the job queue and persistence (issue #7) land, a
-// valid non-dry-run CreateJob is refused with FAILED_PRECONDITION and the other methods answer
-// UNIMPLEMENTED naming what is missing: nothing is accepted that could not run.
+// gRPC JobService: translates between protobuf requests and the job core (JobManager,
+// ValidateJobSpec). CreateJob validates the whole spec and answers INVALID_ARGUMENT with a
+// google.rpc.BadRequest listing every problem by field path; validate_only returns the job as it
+// would run (defaults filled, paths canonical). Without a training pipeline in the build
+// (issue #6), JobManager refuses to queue jobs: nothing is accepted that could not run.
 
 #include "daemon/config/config.h"
+#include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/path_policy.h"
 #include "daemon/metrics/metrics.h"
 #include "offloadd/v1/job_service.grpc.pb.h"
@@ -15,7 +15,8 @@ namespace offloadd::daemon {
 
 class JobServiceImpl final : public offloadd::v1::JobService::Service {
  public:
-  JobServiceImpl(const DaemonConfig& config, DaemonMetrics* metrics);
+  // `jobs` must outlive the service.
+  JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics);
 
   grpc::Status CreateJob(grpc::ServerContext*, const offloadd::v1::CreateJobRequest*, offloadd::v1::Job*) override;
   grpc::Status GetJob(grpc::ServerContext*, const offloadd::v1::GetJobRequest*, offloadd::v1::Job*) override;
@@ -30,10 +31,9 @@ class JobServiceImpl final : public offloadd::v1::JobService::Service {
                                offloadd::v1::ListCheckpointsResponse*) override;
 
  private:
-  grpc::Status Missing(const char* method);
-
   const DaemonConfig config_;
   PathPolicy paths_;
+  JobManager* jobs_;
   DaemonMetrics* metrics_;
 };
 

@@ -58,13 +58,20 @@ def test_cpp_client_health_and_node_info(binary_dir, daemon):
     assert "cpu" in human and "memory" in human and "io_uring" in human
 
 
-def test_job_service_answers_unimplemented_with_reason(binary_dir, daemon):
+def test_job_queries_on_an_empty_daemon(binary_dir, daemon):
     with offloadd.Client(daemon.target) as c:
-        with pytest.raises(offloadd.Unimplemented) as e:
-            list(c.list_jobs())
-    assert "issue #7" in e.value.message
+        assert list(c.list_jobs()) == []
+        with pytest.raises(offloadd.NotFound):
+            c.get_job("job-1")
+    with grpc.insecure_channel(daemon.target) as ch:
+        stub = offloadd.v1.job_service_pb2_grpc.JobServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ListJobs(offloadd.v1.job_service_pb2.ListJobsRequest(page_token="bogus"))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in e.value.details()
     r = offloadctl(binary_dir, daemon, "get", "job-1", check=False)
-    assert r.returncode == 1 and "UNIMPLEMENTED" in r.stderr
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr
+    assert offloadctl(binary_dir, daemon, "list").stdout.startswith("JOB")
+    assert (daemon.workdir / "state" / "jobs.db").exists()
 
 
 def test_reflection_lists_services(daemon):

@@ -1,0 +1,348 @@
+#include "daemon/jobs/job_manager.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <random>
+
+#include "common/logging.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+constexpr const char* kLog = "jobs";
+
+google::protobuf::Timestamp Now() {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  google::protobuf::Timestamp t;
+  t.set_seconds(ns / 1000000000);
+  t.set_nanos(static_cast<int32_t>(ns % 1000000000));
+  return t;
+}
+
+std::string NewJobId() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "job-%010lld-%06llx", static_cast<long long>(secs),
+                static_cast<unsigned long long>(rng() & 0xffffff));
+  return buf;
+}
+
+std::string StateName(v1::JobState s) {
+  std::string n = v1::JobState_Name(s);
+  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+}  // namespace
+
+bool IsFinalState(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+// The JobControl handed to the runner for the job running now.
+class JobManager::Control final : public JobControl {
+ public:
+  Control(JobManager* m, std::string id) : m_(m), id_(std::move(id)) {}
+
+  void ReportProgress(const v1::JobProgress& progress) override {
+    std::lock_guard<std::mutex> lock(m_->mu_);
+    auto job = m_->store_->Get(id_);
+    if (job.ok()) {
+      *job->mutable_progress() = progress;
+      *job->mutable_update_time() = Now();
+      Warn(m_->store_->Update(*job));
+    }
+    v1::JobEvent e;
+    *e.mutable_progress() = progress;
+    Warn(Append(std::move(e)));
+  }
+  void Log(v1::LogLevel level, const std::string& message) override {
+    std::lock_guard<std::mutex> lock(m_->mu_);
+    v1::JobEvent e;
+    e.mutable_log()->set_level(level);
+    e.mutable_log()->set_message(message);
+    Warn(Append(std::move(e)));
+  }
+  void CheckpointSaved(const v1::Checkpoint& checkpoint) override {
+    std::lock_guard<std::mutex> lock(m_->mu_);
+    auto job = m_->store_->Get(id_);
+    if (job.ok()) {
+      job->set_latest_checkpoint_step(checkpoint.step());
+      Warn(m_->store_->Update(*job));
+    }
+    v1::JobEvent e;
+    *e.mutable_checkpoint_saved() = checkpoint;
+    Warn(Append(std::move(e)));
+  }
+  Stop stop_requested() const override {
+    std::lock_guard<std::mutex> lock(m_->mu_);
+    return m_->stop_;
+  }
+
+ private:
+  Status Append(v1::JobEvent e) {
+    e.set_job_id(id_);
+    return m_->AppendLocked(std::move(e));
+  }
+  static void Warn(const Status& s) {
+    if (!s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+  }
+  JobManager* m_;
+  std::string id_;
+};
+
+StatusOr<std::unique_ptr<JobManager>> JobManager::Start(std::unique_ptr<JobStore> store,
+                                                        std::unique_ptr<JobRunner> runner) {
+  std::unique_ptr<JobManager> m(new JobManager(std::move(store), std::move(runner)));
+  RETURN_IF_ERROR(m->Recover());
+  if (m->runner_) m->scheduler_ = std::thread([p = m.get()] { p->SchedulerLoop(); });
+  return m;
+}
+
+JobManager::~JobManager() { Shutdown(); }
+
+void JobManager::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    if (!running_id_.empty()) stop_ = JobControl::Stop::kPause;
+  }
+  changed_.notify_all();
+  if (scheduler_.joinable()) scheduler_.join();
+}
+
+Status JobManager::Recover() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(auto interrupted, store_->InStates({v1::JOB_STATE_VALIDATING, v1::JOB_STATE_RUNNING,
+                                                       v1::JOB_STATE_PAUSING, v1::JOB_STATE_CANCELLING}));
+  for (auto& job : interrupted) {
+    const v1::JobState to = job.state() == v1::JOB_STATE_PAUSING      ? v1::JOB_STATE_PAUSED
+                            : job.state() == v1::JOB_STATE_CANCELLING ? v1::JOB_STATE_CANCELLED
+                            : job.state() == v1::JOB_STATE_VALIDATING ? v1::JOB_STATE_FAILED
+                                                                      : v1::JOB_STATE_QUEUED;
+    if (to == v1::JOB_STATE_FAILED) {
+      job.mutable_error()->set_code(static_cast<int>(StatusCode::kAborted));
+      job.mutable_error()->set_message("the daemon stopped while the job was being validated; submit it again");
+    }
+    RETURN_IF_ERROR(TransitionLocked(&job, to, "daemon restarted"));
+    OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": " << StateName(to) << " after restart";
+  }
+  return OkStatus();
+}
+
+Status JobManager::AppendLocked(v1::JobEvent event) {
+  *event.mutable_time() = Now();
+  ASSIGN_OR_RETURN(int64_t cursor, store_->AppendEvent(&event));
+  (void)cursor;
+  changed_.notify_all();
+  return OkStatus();
+}
+
+Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std::string& reason) {
+  const auto now = Now();
+  job->set_state(state);
+  *job->mutable_update_time() = now;
+  if (state == v1::JOB_STATE_RUNNING && !job->has_start_time()) *job->mutable_start_time() = now;
+  if (IsFinalState(state)) *job->mutable_end_time() = now;
+  auto* t = job->add_transitions();
+  t->set_state(state);
+  *t->mutable_time() = now;
+  t->set_reason(reason);
+  RETURN_IF_ERROR(store_->Update(*job));
+  v1::JobEvent e;
+  e.set_job_id(job->id());
+  *e.mutable_state_change() = *t;
+  return AppendLocked(std::move(e));
+}
+
+StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec) {
+  if (!runner_) {
+    return FailedPreconditionError("this build cannot run jobs: the training pipeline is not available (issue #6)");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return UnavailableError("the daemon is shutting down; submit the job again after it restarts");
+  v1::Job job;
+  job.set_id(NewJobId());
+  *job.mutable_spec() = resolved_spec;
+  job.set_state(v1::JOB_STATE_VALIDATING);
+  *job.mutable_create_time() = Now();
+  RETURN_IF_ERROR(store_->Insert(job));
+  RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED, "validated"));
+  return job;
+}
+
+StatusOr<v1::Job> JobManager::Get(const std::string& id) { return store_->Get(id); }
+
+StatusOr<JobStore::Page> JobManager::List(const std::vector<v1::JobState>& states, int page_size,
+                                          const std::string& page_token) {
+  if (page_size < 0) return InvalidArgumentError("page_size must not be negative");
+  if (page_size == 0) page_size = 50;
+  if (page_size > 1000) page_size = 1000;
+  return store_->List(states, page_size, page_token);
+}
+
+StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  const std::string why = reason.empty() ? "cancelled by request" : reason;
+  switch (job.state()) {
+    case v1::JOB_STATE_QUEUED:
+    case v1::JOB_STATE_PAUSED:
+    case v1::JOB_STATE_VALIDATING:
+      RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_CANCELLED, why));
+      return job;
+    case v1::JOB_STATE_RUNNING:
+    case v1::JOB_STATE_PAUSING:
+      stop_ = JobControl::Stop::kCancel;
+      RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_CANCELLING, why));
+      return job;
+    case v1::JOB_STATE_CANCELLING:
+      return job;
+    default:
+      return FailedPreconditionError("job " + id + " is already " + StateName(job.state()));
+  }
+}
+
+StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  switch (job.state()) {
+    case v1::JOB_STATE_QUEUED:
+      RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_PAUSED, "paused by request while queued"));
+      return job;
+    case v1::JOB_STATE_RUNNING:
+      stop_ = JobControl::Stop::kPause;
+      RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_PAUSING, "pausing: writing a checkpoint"));
+      return job;
+    case v1::JOB_STATE_PAUSING:
+    case v1::JOB_STATE_PAUSED:
+      return job;
+    default:
+      return FailedPreconditionError("job " + id + " is " + StateName(job.state()) + " and cannot be paused");
+  }
+}
+
+StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  if (job.state() != v1::JOB_STATE_PAUSED) {
+    return FailedPreconditionError("job " + id + " is " + StateName(job.state()) + ", only PAUSED jobs resume");
+  }
+  RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED, "resumed by request"));
+  return job;
+}
+
+StatusOr<std::vector<v1::Checkpoint>> JobManager::Checkpoints(const std::string& id) {
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  std::vector<v1::Checkpoint> out;
+  int64_t cursor = 0;
+  while (true) {
+    ASSIGN_OR_RETURN(auto events, store_->Events(id, cursor, 1000));
+    if (events.empty()) break;
+    for (const auto& e : events) {
+      struct stat st{};
+      if (e.has_checkpoint_saved() && stat(e.checkpoint_saved().path().c_str(), &st) == 0) {
+        out.push_back(e.checkpoint_saved());
+      }
+      cursor = e.cursor();
+    }
+  }
+  return out;
+}
+
+Status JobManager::Watch(const std::string& id, int64_t after_cursor,
+                         const std::function<bool(const v1::JobEvent&)>& sink, const std::function<bool()>& cancelled,
+                         int poll_ms) {
+  int64_t cursor = after_cursor;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_) {
+        return UnavailableError("the daemon is shutting down; watch again after it restarts with after_cursor=" +
+                                std::to_string(cursor));
+      }
+    }
+    ASSIGN_OR_RETURN(auto events, store_->Events(id, cursor, 256));
+    if (events.empty()) {
+      ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+      if (IsFinalState(job.state())) {
+        // Events are appended with the final transition; re-read once so none is missed.
+        ASSIGN_OR_RETURN(auto last, store_->Events(id, cursor, 256));
+        if (last.empty()) return OkStatus();
+        events = std::move(last);
+      }
+    }
+    for (const auto& e : events) {
+      if (!sink(e)) return CancelledError("watcher stopped");
+      cursor = e.cursor();
+    }
+    if (cancelled()) return CancelledError("watcher went away");
+    if (events.empty()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait_for(lock, std::chrono::milliseconds(poll_ms));
+    }
+  }
+}
+
+void JobManager::SchedulerLoop() {
+  while (true) {
+    v1::Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (true) {
+        if (shutting_down_) return;
+        auto queued = store_->InStates({v1::JOB_STATE_QUEUED});
+        if (!queued.ok()) {
+          OFFLOADD_LOG(kError, kLog) << queued.status().ToString();
+        } else if (!queued->empty()) {
+          job = std::move(queued->front());
+          break;
+        }
+        changed_.wait_for(lock, std::chrono::seconds(5));
+      }
+      running_id_ = job.id();
+      stop_ = JobControl::Stop::kNone;
+      if (Status s = TransitionLocked(&job, v1::JOB_STATE_RUNNING, "started"); !s.ok()) {
+        OFFLOADD_LOG(kError, kLog) << s.ToString();
+        running_id_.clear();
+        continue;
+      }
+    }
+    OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " running";
+    Control control(this, job.id());
+    const Status result = runner_->Run(job, control);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto current = store_->Get(job.id());
+    if (!current.ok()) {
+      OFFLOADD_LOG(kError, kLog) << current.status().ToString();
+    } else {
+      v1::JobState end = v1::JOB_STATE_SUCCEEDED;
+      std::string reason = "finished";
+      if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kCancel) {
+        end = v1::JOB_STATE_CANCELLED;
+        reason = "cancelled";
+      } else if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kPause) {
+        end = v1::JOB_STATE_PAUSED;
+        reason = shutting_down_ ? "paused: the daemon is shutting down" : "paused";
+      } else if (!result.ok()) {
+        end = v1::JOB_STATE_FAILED;
+        reason = result.message();
+        current->mutable_error()->set_code(static_cast<int>(result.code()));
+        current->mutable_error()->set_message(result.message());
+      }
+      if (Status s = TransitionLocked(&*current, end, reason); !s.ok()) OFFLOADD_LOG(kError, kLog) << s.ToString();
+      OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " " << StateName(end) << ": " << reason;
+    }
+    running_id_.clear();
+    stop_ = JobControl::Stop::kNone;
+  }
+}
+
+}  // namespace offloadd::daemon

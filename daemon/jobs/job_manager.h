@@ -1,0 +1,105 @@
+#pragma once
+// JobManager: the job service core. Owns the job lifecycle (states, queue order, cancel / pause /
+// resume), persists every change through JobStore, and runs one job at a time on the node's GPU
+// through a JobRunner (the training pipeline). gRPC handlers translate to and from these calls.
+//
+// States: VALIDATING -> QUEUED -> RUNNING -> SUCCEEDED | FAILED;
+//         QUEUED | PAUSED -> CANCELLED at once; RUNNING -> CANCELLING -> CANCELLED;
+//         RUNNING -> PAUSING -> PAUSED (the runner checkpoints) ; QUEUED -> PAUSED; PAUSED -> QUEUED.
+// After a daemon restart, jobs found RUNNING or PAUSING go back to QUEUED / PAUSED (the runner
+// resumes from their last checkpoint) and CANCELLING ones end CANCELLED.
+// Thread-safe.
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "daemon/jobs/job_store.h"
+#include "offloadd/v1/job.pb.h"
+
+namespace offloadd::daemon {
+
+// What a running job can do and see. Implemented by JobManager; handed to JobRunner::Run.
+class JobControl {
+ public:
+  enum class Stop { kNone, kCancel, kPause };
+  virtual ~JobControl() = default;
+  virtual void ReportProgress(const offloadd::v1::JobProgress& progress) = 0;
+  virtual void Log(offloadd::v1::LogLevel level, const std::string& message) = 0;
+  virtual void CheckpointSaved(const offloadd::v1::Checkpoint& checkpoint) = 0;
+  // Polled by the runner between steps.
+  virtual Stop stop_requested() const = 0;
+};
+
+// The training pipeline, as the job service sees it.
+class JobRunner {
+ public:
+  virtual ~JobRunner() = default;
+  // Trains `job` (its spec is validated and resolved). Returns OK when training finished, a
+  // CANCELLED status when it stopped because stop_requested() asked it to (for kPause, after
+  // writing a checkpoint to resume from), or the error that failed the job.
+  virtual Status Run(const offloadd::v1::Job& job, JobControl& control) = 0;
+};
+
+class JobManager {
+ public:
+  // `runner` may be null: jobs can then be inspected but not created (the build has no pipeline).
+  static StatusOr<std::unique_ptr<JobManager>> Start(std::unique_ptr<JobStore> store,
+                                                     std::unique_ptr<JobRunner> runner);
+  ~JobManager();  // stops the scheduler; a running job is asked to pause
+
+  bool can_run_jobs() const { return runner_ != nullptr; }
+
+  // Queues a job whose spec has passed ValidateJobSpec.
+  StatusOr<offloadd::v1::Job> Create(const offloadd::v1::JobSpec& resolved_spec);
+  StatusOr<offloadd::v1::Job> Get(const std::string& id);
+  StatusOr<JobStore::Page> List(const std::vector<offloadd::v1::JobState>& states, int page_size,
+                                const std::string& page_token);
+  StatusOr<offloadd::v1::Job> Cancel(const std::string& id, const std::string& reason);
+  StatusOr<offloadd::v1::Job> Pause(const std::string& id);
+  StatusOr<offloadd::v1::Job> Resume(const std::string& id);
+
+  // Checkpoints the job announced that still exist on disk (older ones are pruned by
+  // save_total_limit), oldest first.
+  StatusOr<std::vector<offloadd::v1::Checkpoint>> Checkpoints(const std::string& id);
+
+  // Delivers the job's events after `after_cursor` to `sink`, then new ones as they happen, until
+  // the job is in a final state and all its events are delivered (OK), `sink` returns false or
+  // `cancelled()` turns true (CANCELLED). `cancelled` is polled at least every `poll_ms`.
+  Status Watch(const std::string& id, int64_t after_cursor,
+               const std::function<bool(const offloadd::v1::JobEvent&)>& sink,
+               const std::function<bool()>& cancelled, int poll_ms = 500);
+
+  // Stops taking new jobs, asks a running one to pause, waits for the scheduler to finish.
+  void Shutdown();
+
+ private:
+  class Control;
+  JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner)
+      : store_(std::move(store)), runner_(std::move(runner)) {}
+
+  Status Recover();
+  void SchedulerLoop();
+  // Sets the state, records the transition and appends its event. Caller holds mu_.
+  Status TransitionLocked(offloadd::v1::Job* job, offloadd::v1::JobState state, const std::string& reason);
+  Status AppendLocked(offloadd::v1::JobEvent event);
+
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobRunner> runner_;
+  std::mutex mu_;
+  std::condition_variable changed_;  // any job or event change
+  std::string running_id_;
+  JobControl::Stop stop_ = JobControl::Stop::kNone;
+  bool shutting_down_ = false;
+  std::thread scheduler_;
+};
+
+bool IsFinalState(offloadd::v1::JobState state);
+
+}  // namespace offloadd::daemon
