@@ -195,6 +195,20 @@ StatusOr<at::Tensor> Block::Logits(const MicroBatch& mb, const at::Tensor& x) {
   }
 }
 
+int64_t Block::OwnedParamBytes() const {
+  int64_t n = 0;
+  for (const auto& p : params_) {
+    if (p.value.defined()) n += static_cast<int64_t>(p.value.nbytes());
+  }
+  return n;
+}
+
+BlockCost Block::EstimateCost(int64_t, int64_t, c10::ScalarType) const {
+  BlockCost c;
+  c.param_bytes = OwnedParamBytes();
+  return c;
+}
+
 at::Tensor Block::RunLogits(const MicroBatch&, const at::Tensor&) { return at::Tensor(); }
 
 }  // namespace offloadd::engine

@@ -103,6 +103,19 @@ class Gpt2Layer final : public Block {
     return dx;
   }
 
+  BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
+    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double h = c_.hidden_size, ff = c_.intermediate_size;
+    BlockCost cost;
+    cost.param_bytes = OwnedParamBytes();
+    // x, q, k, v, attn, h, fc in dtype; two (mean, rstd) pairs and the logsumexp in fp32.
+    cost.saved_bytes_keep = static_cast<int64_t>(n * e * (6 * h + ff) + n * 4 * (4 + c_.num_heads));
+    cost.saved_bytes_recompute = static_cast<int64_t>(n * h * e);
+    cost.forward_flops = 2 * n * h * (4 * h + 2 * ff) +
+                         2.0 * batch * c_.num_heads * double(seq) * seq * c_.head_dim;
+    return cost;
+  }
+
  private:
   double Scale() const { return 1.0 / std::sqrt(static_cast<double>(c_.head_dim)); }
   ModelConfig c_;
@@ -123,27 +136,41 @@ class Gpt2Head final : public Block {
     at::Tensor n = ops::LayerNorm(x, P(0), P(1), eps_, nullptr, nullptr);
     return ops::Linear(n, HeadWeight().value, {});
   }
+  // As LlamaHead: the training forward computes the head's gradients (see LmHeadLoss).
   at::Tensor Run(const MicroBatch& mb, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
-    at::Tensor mean, rstd, dlogits;
+    at::Tensor mean, rstd, dn, dw;
     at::Tensor n = ops::LayerNorm(x, P(0), P(1), eps_, &mean, &rstd);
-    at::Tensor logits = ops::Linear(n, HeadWeight().value, {});
-    at::Tensor loss =
-        ops::CrossEntropy(logits, mb.targets, mb.num_trained_tokens, saved ? &dlogits : nullptr);
-    if (saved) *saved = {x, mean, rstd, dlogits};
+    at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
+                                      saved ? &dn : nullptr, saved ? &dw : nullptr);
+    if (saved) *saved = {x, mean, rstd, dn, dw};
     return loss;
   }
   at::Tensor Backprop(const MicroBatch&, const at::Tensor& scale, std::vector<at::Tensor>& s,
                       const GradCallback& on_grad) override {
     const at::Tensor &x = s[0], &mean = s[1], &rstd = s[2];
-    at::Tensor dlogits = scale.defined() ? s[3] * scale.to(s[3].scalar_type()) : s[3];
-    at::Tensor n = ops::LayerNorm(x, P(0), P(1), eps_, nullptr, nullptr);
-    at::Tensor dw, db;
-    at::Tensor dn = ops::LinearBackward(dlogits, n, HeadWeight().value, false, &dw, nullptr);
+    at::Tensor dn = s[3], dw = s[4];
+    if (scale.defined()) {
+      dn = dn * scale.to(dn.scalar_type());
+      dw = dw * scale.to(dw.scalar_type());
+    }
     on_grad(HeadWeight().name, dw);
-    at::Tensor dx = ops::LayerNormBackward(dn, x, P(0), P(1), mean, rstd, &dw, &db);
-    on_grad(params_[0].name, dw);
-    on_grad(params_[1].name, db);
+    at::Tensor dnw, dnb;
+    at::Tensor dx = ops::LayerNormBackward(dn, x, P(0), P(1), mean, rstd, &dnw, &dnb);
+    on_grad(params_[0].name, dnw);
+    on_grad(params_[1].name, dnb);
     return dx;
+  }
+
+ public:
+  BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
+    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double h = P(0).size(0), v = HeadWeight().value.size(0);
+    BlockCost cost;
+    cost.param_bytes = OwnedParamBytes();
+    cost.saved_bytes_keep = static_cast<int64_t>(2 * n * h * e + 2 * n * 4 + v * h * e);
+    cost.saved_bytes_recompute = static_cast<int64_t>(n * h * e);
+    cost.forward_flops = 6 * n * h * v;
+    return cost;
   }
 
  private:

@@ -125,6 +125,20 @@ class LlamaLayer final : public Block {
     return dx;
   }
 
+  BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
+    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double h = c_.hidden_size, qd = c_.q_dim(), kvd = c_.kv_dim(), ff = c_.intermediate_size;
+    BlockCost cost;
+    cost.param_bytes = OwnedParamBytes();
+    // x, q, k, v, attn, h, gate, up in dtype; rstd1, rstd2 and the attention logsumexp in fp32.
+    cost.saved_bytes_keep = static_cast<int64_t>(n * e * (2 * h + 2 * qd + 2 * kvd + 2 * ff) +
+                                                 n * 4 * (2 + c_.num_heads));
+    cost.saved_bytes_recompute = static_cast<int64_t>(n * h * e);
+    cost.forward_flops = 2 * n * h * (2 * qd + 2 * kvd + 3 * ff) +
+                         2.0 * batch * c_.num_heads * double(seq) * seq * c_.head_dim;  // causal
+    return cost;
+  }
+
  private:
   static constexpr size_t kNone = SIZE_MAX;
   double Scale() const { return 1.0 / std::sqrt(static_cast<double>(c_.head_dim)); }
@@ -148,25 +162,41 @@ class LlamaHead final : public Block {
     at::Tensor rstd;
     return ops::Linear(ops::RmsNorm(x, P(0), eps_, &rstd), HeadWeight().value, {});
   }
+  // Training forward also computes the head's backward (it is the last block): saved are x,
+  // rstd, d loss/d n and d loss/d W, so no [tokens, vocab] tensor outlives the forward.
   at::Tensor Run(const MicroBatch& mb, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
-    at::Tensor rstd, dlogits;
-    at::Tensor logits = ops::Linear(ops::RmsNorm(x, P(0), eps_, &rstd), HeadWeight().value, {});
-    at::Tensor loss =
-        ops::CrossEntropy(logits, mb.targets, mb.num_trained_tokens, saved ? &dlogits : nullptr);
-    if (saved) *saved = {x, rstd, dlogits};
+    at::Tensor rstd, dn, dw;
+    at::Tensor n = ops::RmsNorm(x, P(0), eps_, &rstd);
+    at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
+                                      saved ? &dn : nullptr, saved ? &dw : nullptr);
+    if (saved) *saved = {x, rstd, dn, dw};
     return loss;
   }
   at::Tensor Backprop(const MicroBatch&, const at::Tensor& scale, std::vector<at::Tensor>& s,
                       const GradCallback& on_grad) override {
     const at::Tensor &x = s[0], &rstd = s[1];
-    at::Tensor dlogits = scale.defined() ? s[2] * scale.to(s[2].scalar_type()) : s[2];
-    at::Tensor dw;
-    at::Tensor dn = ops::LinearBackward(dlogits, ops::RmsNormFromRstd(x, P(0), rstd),
-                                        HeadWeight().value, false, &dw, nullptr);
+    at::Tensor dn = s[2], dw = s[3];
+    if (scale.defined()) {
+      dn = dn * scale.to(dn.scalar_type());
+      dw = dw * scale.to(dw.scalar_type());
+    }
     on_grad(HeadWeight().name, dw);
-    at::Tensor dx = ops::RmsNormBackward(dn, x, P(0), rstd, &dw);
-    on_grad(params_[0].name, dw);
+    at::Tensor dnorm_w;
+    at::Tensor dx = ops::RmsNormBackward(dn, x, P(0), rstd, &dnorm_w);
+    on_grad(params_[0].name, dnorm_w);
     return dx;
+  }
+
+ public:
+  BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
+    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double h = P(0).size(0), v = HeadWeight().value.size(0);
+    BlockCost cost;
+    cost.param_bytes = OwnedParamBytes();
+    cost.saved_bytes_keep = static_cast<int64_t>(2 * n * h * e + n * 4 + v * h * e);  // x, dn, rstd, dW
+    cost.saved_bytes_recompute = static_cast<int64_t>(n * h * e);
+    cost.forward_flops = 6 * n * h * v;  // logits, dn, dW
+    return cost;
   }
 
  private:

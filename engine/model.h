@@ -108,6 +108,14 @@ class SavedState {
   size_t count_ = 0;
 };
 
+// Sizes a scheduler plans with (LoHan's profiler inputs, OFFMATE's per-block options).
+struct BlockCost {
+  int64_t param_bytes = 0;            // parameters this block owns, in their current dtype
+  int64_t saved_bytes_keep = 0;       // held (kKeep) or offloaded (kOffload) between fwd and bwd
+  int64_t saved_bytes_recompute = 0;  // held with kRecompute (the block input)
+  double forward_flops = 0;           // matmul FLOPs of one training forward = recompute cost
+};
+
 class Block {
  public:
   enum class Kind { kEmbedding, kDecoderLayer, kHead };
@@ -140,6 +148,12 @@ class Block {
   // Head only: logits [B, T, vocab] in the compute dtype, no loss, nothing saved.
   StatusOr<at::Tensor> Logits(const MicroBatch& mb, const at::Tensor& x);
 
+  // Estimated sizes for a micro-batch of [batch, seq] tokens computed in `dtype` without packing
+  // (with segment_ids attention additionally saves [batch, heads, seq, seq] probabilities).
+  // saved_bytes_keep equals SavedState::held_bytes() after a kKeep forward on CPU; on CUDA the
+  // attention kernels' logsumexp may be padded by a few percent.
+  virtual BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const;
+
  protected:
   Block(Kind kind, int index, std::string name) : kind_(kind), index_(index), name_(std::move(name)) {}
   // The math. Fills `saved` (when non-null) with what Backprop needs.
@@ -149,6 +163,7 @@ class Block {
                               std::vector<at::Tensor>& saved, const GradCallback& on_grad) = 0;
   virtual at::Tensor RunLogits(const MicroBatch& mb, const at::Tensor& x);
   const at::Tensor& P(size_t i) const { return params_[i].value; }
+  int64_t OwnedParamBytes() const;
 
   Kind kind_;
   int index_;

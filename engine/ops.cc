@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -276,6 +277,38 @@ at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, dou
     p.scatter_add_(1, safe_t, at::full_like(safe_t, -1, lf.options()));
     p.mul_(mask.unsqueeze(1).to(at::kFloat) / normalizer);
     *dlogits = p.to(logits.scalar_type()).view(logits.sizes());
+  }
+  return loss;
+}
+
+at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
+                      double normalizer, at::Tensor* dn, at::Tensor* dw) {
+  const int64_t hidden = n.size(-1), vocab = w.size(0);
+  at::Tensor n2 = n.reshape({-1, hidden});
+  at::Tensor t2 = targets.reshape({-1});
+  const int64_t tokens = n2.size(0);
+  const int64_t chunk = std::max<int64_t>(1, kHeadChunkBytes / (vocab * 4));
+  const bool grad = dn != nullptr;
+  at::Tensor loss = at::zeros({}, n.options().dtype(at::kFloat));
+  at::Tensor dn2, dw32;
+  if (grad) {
+    dn2 = at::empty_like(n2);
+    dw32 = at::zeros({vocab, hidden}, w.options().dtype(at::kFloat));
+  }
+  for (int64_t start = 0; start < tokens; start += chunk) {
+    const int64_t len = std::min(chunk, tokens - start);
+    at::Tensor nc = n2.narrow(0, start, len);
+    at::Tensor logits = at::linear(nc, w);
+    at::Tensor dlogits;
+    loss += CrossEntropy(logits, t2.narrow(0, start, len), normalizer, grad ? &dlogits : nullptr);
+    if (grad) {
+      dn2.narrow(0, start, len).copy_(dlogits.mm(w));
+      dw32 += dlogits.t().mm(nc);
+    }
+  }
+  if (grad) {
+    *dn = dn2.view(n.sizes());
+    *dw = dw32.to(w.scalar_type());
   }
   return loss;
 }

@@ -145,6 +145,16 @@ TEST_P(ModelTest, SaveModesGiveIdenticalGradientsDeliveredPerBlock) {
     // Decoder layers keep ~10 activations of the input's size; the head keeps x and dlogits.
     EXPECT_GT(keep.held_bytes[i], (i + 1 < n ? 4 : 2) * rec.held_bytes[i]) << i;
   }
+  // The cost model predicts the saved bytes measured here.
+  for (int i = 0; i < n; ++i) {
+    const BlockCost cost = (*m)->block(i).EstimateCost(3, 10, at::kFloat);
+    EXPECT_EQ(cost.saved_bytes_keep, keep.held_bytes[i]) << i;
+    EXPECT_EQ(cost.saved_bytes_recompute, rec.held_bytes[i]) << i;
+    if (i > 0) {
+      EXPECT_GT(cost.forward_flops, 0) << i;
+    }
+    EXPECT_GT(cost.param_bytes, 0) << i;
+  }
   // Tied weights are delivered by the head and by the embedding.
   if ((*m)->config().tie_word_embeddings) {
     EXPECT_EQ(keep.deliveries.at((*m)->block(0).params()[0].name), 2);
