@@ -10,7 +10,9 @@ store's figures alone.
 
 fio runs with the io_uring engine, O_DIRECT, registered buffers and files, one job per directory
 (sizes split by the same weights), `end_fsync=1` on the writing phases (the store fdatasyncs
-every tensor it commits). Both read what their own write phase laid out. Each directory gets a
+every tensor it commits). Both read what their own write phase laid out; the last column is fio
+reading the store's own data file (same bytes, same placement on the device), which separates
+the engine from the file layout on virtual disks. Each directory gets a
 scratch subdirectory that is removed at the end.
 """
 import argparse
@@ -68,7 +70,7 @@ def run_store(args, dirs, bs, qd):
     return res, cmd
 
 
-def run_fio(args, dirs, bs, qd, rw, fixed=True):
+def run_fio(args, dirs, bs, qd, rw, fixed=True, store_file=False):
     total_w = sum(w for _, w in dirs)
     cmd = ["fio", "--output-format=json", "--ioengine=io_uring", "--direct=1", f"--bs={bs}",
            f"--iodepth={qd}", f"--rw={rw}", "--group_reporting"]
@@ -80,11 +82,12 @@ def run_fio(args, dirs, bs, qd, rw, fixed=True):
         cmd.append("--rwmixread=50")
     for i, (d, w) in enumerate(dirs):
         size = (int(args.size * w / total_w) // bs) * bs
-        cmd += [f"--name=job{i}", f"--directory={d}", f"--size={size}", f"--filename=fio.{i}"]
+        name = "data" if store_file else f"fio.{i}"  # "data": the store's own data file
+        cmd += [f"--name=job{i}", f"--directory={d}", f"--size={size}", f"--filename={name}"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         if fixed:
-            return run_fio(args, dirs, bs, qd, rw, fixed=False)
+            return run_fio(args, dirs, bs, qd, rw, fixed=False, store_file=store_file)
         sys.exit(f"fio failed: {' '.join(cmd)}\n{out.stderr}")
     job = json.loads(out.stdout[out.stdout.find("{"):])["jobs"][0]
     return (job["read"]["bw_bytes"] + job["write"]["bw_bytes"]) / 1e9, cmd
@@ -123,8 +126,8 @@ def main():
           f"{args.in_flight} tensors in flight; {'best' if args.best else 'median'} of {args.repeat} runs per cell; "
           f"fio: {'present' if have_fio else 'ABSENT (store figures only)'}")
     print()
-    print("| phase | block_size | queue_depth | store GB/s | fio GB/s | store/fio |")
-    print("|---|---|---|---|---|---|")
+    print("| phase | block_size | queue_depth | store GB/s | fio GB/s | store/fio | fio on the store's file GB/s |")
+    print("|---|---|---|---|---|---|---|")
     ratios = []
     try:
         for bs in [parse_size(x) for x in args.block_sizes.split(",")]:
@@ -134,6 +137,8 @@ def main():
                     runs.append(run_store(args, dirs, bs, qd)[0])
                     if have_fio:
                         f = {}
+                        # fio reading the file the store just wrote: same bytes, same placement.
+                        f["read_store_file"], _ = run_fio(args, dirs, bs, qd, "read", store_file=True)
                         for phase, rw in (("write", "write"), ("read", "read"), ("mixed", "rw")):
                             f[phase], _ = run_fio(args, dirs, bs, qd, rw)
                         fio_runs.append(f)
@@ -145,15 +150,18 @@ def main():
                 pick = max if args.best else median
                 store = {ph: pick([r.get(ph, 0.0) for r in runs]) for ph in ("write", "read", "mixed")}
                 store["engine"] = runs[0].get("engine", "?")
-                fio = {ph: pick([r[ph] for r in fio_runs]) for ph in ("write", "read", "mixed")} if fio_runs else {}
+                fio = ({ph: pick([r[ph] for r in fio_runs]) for ph in ("write", "read", "mixed", "read_store_file")}
+                       if fio_runs else {})
                 for phase in ("write", "read", "mixed"):
                     s = store.get(phase, 0.0)
                     if phase in fio:
                         r = s / fio[phase] if fio[phase] > 0 else 0
                         ratios.append(r)
-                        print(f"| {phase} | {human(bs)} | {qd} | {s:.2f} | {fio[phase]:.2f} | {100 * r:.0f}% |", flush=True)
+                        extra = f"{fio['read_store_file']:.2f}" if phase == "read" else ""
+                        print(f"| {phase} | {human(bs)} | {qd} | {s:.2f} | {fio[phase]:.2f} | {100 * r:.0f}% | {extra} |",
+                              flush=True)
                     else:
-                        print(f"| {phase} | {human(bs)} | {qd} | {s:.2f} | - | - |", flush=True)
+                        print(f"| {phase} | {human(bs)} | {qd} | {s:.2f} | - | - | |", flush=True)
     finally:
         for d, _ in dirs:
             shutil.rmtree(d, ignore_errors=True)
