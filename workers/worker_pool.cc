@@ -200,7 +200,10 @@ Status WorkerPool::Spawn(Worker* w) {
     ::_exit(127);
   }
   sp.second.reset();
-  w->pid = pid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    w->pid = pid;
+  }
   w->control = std::move(sp.first);
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   w->pidfd.reset(pidfd);
@@ -255,7 +258,10 @@ Status WorkerPool::Spawn(Worker* w) {
   ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  w->pid = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    w->pid = -1;
+  }
   std::string why = DescribeExit(status);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
     why += " (could not exec " + options_.worker_binary + ")";
@@ -377,9 +383,9 @@ void WorkerPool::HandleDeath(Worker* w) {
   WatchDeathFd(w, false);
   w->pidfd.reset();
   w->control.reset();
+  std::unique_lock<std::mutex> lock(mu_);  // pid is read by Pids()/Metrics()
   const pid_t old_pid = w->pid;
   w->pid = -1;
-  std::unique_lock<std::mutex> lock(mu_);
   // Completions it published before dying are real; everything else it had is replayed.
   WorkerCompletion c;
   while (w->completions.TryPop(&c)) CompleteLocked(w, c);
