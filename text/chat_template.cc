@@ -128,28 +128,42 @@ StatusOr<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
   });
 }
 
-StatusOr<std::string> ChatTemplate::Render(const ojson& messages, bool add_generation_prompt,
-                                           const ojson& tools, const ojson& extra) const {
+namespace {
+
+jinja::Value Context(const SpecialTokens& tokens, const ojson& messages, bool add_generation_prompt,
+                     const ojson& tools, const ojson& extra) {
   jinja::Value ctx = jinja::Value::NewDict();
   ctx.Set("messages", jinja::Value::FromJson(messages));
   if (!tools.is_null()) ctx.Set("tools", jinja::Value::FromJson(tools));
   ctx.Set("add_generation_prompt", jinja::Value::Bool(add_generation_prompt));
-  ctx.Set("bos_token", jinja::Value::String(tokens_.bos_token));
-  ctx.Set("eos_token", jinja::Value::String(tokens_.eos_token));
-  ctx.Set("unk_token", jinja::Value::String(tokens_.unk_token));
-  ctx.Set("pad_token", jinja::Value::String(tokens_.pad_token));
+  ctx.Set("bos_token", jinja::Value::String(tokens.bos_token));
+  ctx.Set("eos_token", jinja::Value::String(tokens.eos_token));
+  ctx.Set("unk_token", jinja::Value::String(tokens.unk_token));
+  ctx.Set("pad_token", jinja::Value::String(tokens.pad_token));
   if (extra.is_object()) {
     for (auto it = extra.begin(); it != extra.end(); ++it) {
       ctx.Set(it.key(), jinja::Value::FromJson(*it));
     }
   }
-  return template_.Render(ctx);
+  return ctx;
+}
+
+}  // namespace
+
+StatusOr<std::string> ChatTemplate::Render(const ojson& messages, bool add_generation_prompt,
+                                           const ojson& tools, const ojson& extra) const {
+  return template_.Render(Context(tokens_, messages, add_generation_prompt, tools, extra));
 }
 
 StatusOr<ChatTemplate::Rendered> ChatTemplate::RenderWithAssistantSpans(const ojson& messages,
                                                                         const ojson& tools) const {
   if (!messages.is_array()) return InvalidArgumentError("messages must be a JSON array");
   Rendered r;
+  if (template_.has_generation_blocks()) {
+    ASSIGN_OR_RETURN(r.text, template_.Render(Context(tokens_, messages, false, tools, nullptr),
+                                              &r.assistant_spans));
+    return r;
+  }
   ASSIGN_OR_RETURN(r.text, Render(messages, false, tools));
   for (size_t k = 0; k < messages.size(); ++k) {
     const ojson& m = messages[k];

@@ -57,10 +57,12 @@ class ChatTemplate {
                                const nlohmann::ordered_json& tools = nullptr,
                                const nlohmann::ordered_json& extra = nullptr) const;
 
-  // The rendered conversation plus the byte spans of the assistant turns. For assistant message
-  // k the span starts where Render(messages[:k], add_generation_prompt=true) ends (which must be
-  // a prefix of the full text) and ends where Render(messages[:k+1]) stops agreeing with the full
-  // text, so it covers the reply and the template's end-of-turn markup (e.g. "<|end|>\n" or
+  // The rendered conversation plus the byte spans of the assistant turns. When the template
+  // marks them with {% generation %} blocks, those blocks are the spans (as transformers'
+  // return_assistant_tokens_mask). Otherwise, for assistant message k the span starts where
+  // Render(messages[:k], add_generation_prompt=true) ends (which must be a prefix of the full text)
+  // and ends where Render(messages[:k+1]) stops agreeing with the full text, so it covers the reply
+  // and the template's end-of-turn markup (e.g. "<|end|>\n" or
   // "</s>"). Templates whose partial renderings are not prefixes of the full text are rejected
   // with FAILED_PRECONDITION.
   struct Rendered {

@@ -5,7 +5,8 @@
 // Statements: {% if/elif/else %}, {% for x in xs [if cond] %} ... {% else %} (with loop.index,
 // index0, revindex, revindex0, first, last, length, previtem, nextitem, cycle), {% set %}
 // (names, tuples, namespace attributes, and {% set x %}...{% endset %} blocks), {% macro %},
-// {% break %}, {% continue %}, {% generation %} (rendered transparently), {# comments #},
+// {% break %}, {% continue %}, {% generation %} (rendered transparently; Render can report
+// the spans it produced, like transformers' return_assistant_tokens_mask), {# comments #},
 // whitespace control with '-'.
 // Expressions: literals (strings, numbers, lists, dicts, tuples, true/false/none), attribute
 // and item access, slices, calls, filters, tests (is / is not), not/and/or, comparisons, in,
@@ -22,6 +23,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "text/jinja_value.h"
@@ -37,10 +40,16 @@ class Template {
 
   // Renders with `context` (a dict of variables). raise_exception(msg) in the template yields
   // FAILED_PRECONDITION with msg; runtime type errors yield INVALID_ARGUMENT "line N: ...".
-  StatusOr<std::string> Render(const Value& context) const;
+  // With `generation_spans`, also returns the byte ranges of the output produced inside
+  // {% generation %} blocks (at top level, not inside macros or set blocks).
+  StatusOr<std::string> Render(
+      const Value& context,
+      std::vector<std::pair<size_t, size_t>>* generation_spans = nullptr) const;
+  bool has_generation_blocks() const { return has_generation_blocks_; }
 
  private:
   std::shared_ptr<const Node> root_;
+  bool has_generation_blocks_ = false;
 };
 
 }  // namespace offloadd::text::jinja

@@ -40,6 +40,7 @@ struct Node {
     kMacro,
     kBreak,
     kContinue,
+    kGeneration,
   };
   Type type;
   int line = 0;
@@ -52,6 +53,7 @@ struct Node {
   // kFor: targets in `targets`, children = [iterable, body, else body, filter cond or null].
   // kSet: targets (one name, a tuple of names, or "ns.attr"), children = [value].
   // kMacro: name, targets = parameter names, children = [body, default0, default1, ...].
+  // kGeneration: children = [body].
   std::vector<std::string> targets;
   bool has_else = false;
 

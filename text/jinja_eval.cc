@@ -121,7 +121,9 @@ StatusOr<int64_t> NormalizeIndex(int64_t i, size_t n) {
 
 class Interpreter {
  public:
-  explicit Interpreter(const Value& context) {
+  Interpreter(const Value& context, const std::string* root_out,
+              std::vector<std::pair<size_t, size_t>>* generation_spans)
+      : root_out_(root_out), generation_spans_(generation_spans) {
     scopes_.emplace_back();
     if (context.is_dict()) {
       for (const auto& [k, v] : context.dict()) scopes_.back()[k] = v;
@@ -170,6 +172,14 @@ class Interpreter {
       case Node::Type::kMacro:
         DefineMacro(n);
         return OkStatus();
+      case Node::Type::kGeneration: {
+        const size_t begin = out->size();
+        RETURN_IF_ERROR(Exec(*n.children[0], out, flow));
+        if (generation_spans_ != nullptr && out == root_out_ && out->size() > begin) {
+          generation_spans_->emplace_back(begin, out->size());
+        }
+        return OkStatus();
+      }
       case Node::Type::kBreak:
         *flow = Flow::kBreak;
         return OkStatus();
@@ -572,7 +582,8 @@ class Interpreter {
     }
     if (op == "*" && ((a.is_string() || a.is_list()) && b.kind() == Value::Kind::kInt)) {
       const size_t unit = a.is_string() ? a.str().size() : a.list().size();
-      if (b.int_value() > 0 && unit > 0 && static_cast<uint64_t>(b.int_value()) > kMaxRepeat / unit) {
+      if (b.int_value() > 0 && unit > 0 &&
+          static_cast<uint64_t>(b.int_value()) > kMaxRepeat / unit) {
         return Err(n, "repetition result too large");
       }
       if (a.is_string()) {
@@ -1101,7 +1112,9 @@ class Interpreter {
         });
   }
 
-  static constexpr size_t kMaxScopes = 512;          // loop nesting + macro calls
+  const std::string* root_out_;
+  std::vector<std::pair<size_t, size_t>>* generation_spans_;
+  static constexpr size_t kMaxScopes = 512;            // loop nesting + macro calls
   static constexpr uint64_t kMaxRepeat = 64ull << 20;  // elements/bytes of "x" * n
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   std::unordered_map<std::string, Value> globals_;
@@ -1109,9 +1122,10 @@ class Interpreter {
 
 }  // namespace
 
-StatusOr<std::string> Template::Render(const Value& context) const {
-  Interpreter interp(context);
+StatusOr<std::string> Template::Render(const Value& context,
+                                       std::vector<std::pair<size_t, size_t>>* spans) const {
   std::string out;
+  Interpreter interp(context, &out, spans);
   Flow flow = Flow::kNormal;
   RETURN_IF_ERROR(interp.Exec(*root_, &out, &flow));
   return out;

@@ -344,12 +344,15 @@ class Parser {
       return n;
     }
     if (kw == "generation") {
-      // transformers' AssistantTracker marks assistant spans; the text renders unchanged.
+      // transformers' AssistantTracker: marks assistant spans; the text renders unchanged.
+      NodePtr n = Make(Node::Type::kGeneration);
       RETURN_IF_ERROR(ExpectBlockEnd());
       std::string end;
       ASSIGN_OR_RETURN(NodePtr body, ParseBody({"endgeneration"}, &end));
       RETURN_IF_ERROR(ExpectBlockEnd());
-      return body;
+      n->children = {body};
+      has_generation_ = true;
+      return n;
     }
     return Error("unsupported statement '{% " + kw + " %}'");
   }
@@ -777,15 +780,20 @@ class Parser {
   std::vector<Token> t_;
   size_t i_ = 0;
   int nesting_ = 0;
+
+ public:
+  bool has_generation_ = false;
 };
 
 }  // namespace
 
 StatusOr<Template> Template::Parse(std::string_view source) {
   ASSIGN_OR_RETURN(std::vector<Token> tokens, Lexer(source).Run());
-  ASSIGN_OR_RETURN(NodePtr root, Parser(std::move(tokens)).ParseTemplate());
+  Parser parser(std::move(tokens));
+  ASSIGN_OR_RETURN(NodePtr root, parser.ParseTemplate());
   Template t;
   t.root_ = root;
+  t.has_generation_blocks_ = parser.has_generation_;
   return t;
 }
 

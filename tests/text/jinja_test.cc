@@ -94,6 +94,20 @@ TEST(ChatTemplate, AssistantSpansCoverRepliesAndEndMarkup) {
   EXPECT_EQ(span(1), "a</assistant>");
 }
 
+TEST(ChatTemplate, GenerationBlocksAreTheAssistantSpans) {
+  auto t = ChatTemplate::FromString(
+      "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}"
+      "{{ m.content }}!{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}",
+      {});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto r = t->RenderWithAssistantSpans(
+      ojson::parse(R"([{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}])"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text, "<user>hi<assistant>yo!");
+  ASSERT_EQ(r->assistant_spans.size(), 1u);
+  EXPECT_EQ(r->assistant_spans[0], std::make_pair(size_t{19}, size_t{22}));
+}
+
 TEST(ChatTemplate, BuiltInParsesAndRenders) {
   SpecialTokens tokens;
   tokens.eos_token = "</s>";

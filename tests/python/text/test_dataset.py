@@ -376,3 +376,36 @@ def test_cursor_resume_reproduces_the_stream(small_dataset):
     _, _, other = run_dataset(base[:-1] + [100, "--pack", 5])
     assert [s["sources"] for s in again] == [s["sources"] for s in full[:5]]
     assert [s["sources"] for s in other] != [s["sources"] for s in full[:5]]
+
+
+PHI3_WITH_GENERATION = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{'<|system|>\\n' + message['content'] + '<|end|>\\n'}}"
+    "{% elif message['role'] == 'user' %}{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}"
+    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\\n'}}{% generation %}"
+    "{{ message['content'] + '<|end|>\\n' }}{% endgeneration %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
+def test_generation_blocks_give_the_masks_transformers_gives(tmp_path):
+    """With {% generation %} blocks the trained spans are those blocks, exactly like
+    transformers' return_assistant_tokens_mask."""
+    d = tmp_path / "phi3gen"
+    d.mkdir()
+    shutil.copy(TOK_DIR / "phi3-mini" / "tokenizer.json", d / "tokenizer.json")
+    shutil.copy(TOK_DIR / "phi3-mini" / "tokenizer_config.json", d / "tokenizer_config.json")
+    (d / "chat_template.jinja").write_text(PHI3_WITH_GENERATION)
+    hf = load_hf(d)
+    lima = json.loads((DATA_DIR / "lima" / "lima.json").read_text("utf-8"))
+    records = [r for r in lima if r["history"]][:10] + lima[:10]
+    data = tmp_path / "lima.json"
+    data.write_text(json.dumps(records), encoding="utf-8")
+    _, _, docs = run_dataset(["--tokenizer", d, "--data", data])
+    want = []
+    for r in records:
+        out = hf.apply_chat_template(alpaca_messages(r), tokenize=True, return_dict=True,
+                                     return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        want.append((ids, [i if m else IGNORE for i, m in zip(ids, out["assistant_masks"])]))
+    compare_docs(docs, want)
