@@ -282,12 +282,12 @@ at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, dou
 }
 
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
-                      double normalizer, at::Tensor* dn, at::Tensor* dw) {
+                      double normalizer, at::Tensor* dn, at::Tensor* dw, int64_t chunk_bytes) {
   const int64_t hidden = n.size(-1), vocab = w.size(0);
   at::Tensor n2 = n.reshape({-1, hidden});
   at::Tensor t2 = targets.reshape({-1});
   const int64_t tokens = n2.size(0);
-  const int64_t chunk = std::max<int64_t>(1, kHeadChunkBytes / (vocab * 4));
+  const int64_t chunk = std::max<int64_t>(1, chunk_bytes / (vocab * 4));
   const bool grad = dn != nullptr;
   at::Tensor loss = at::zeros({}, n.options().dtype(at::kFloat));
   at::Tensor dn2, dw32;

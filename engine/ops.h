@@ -77,7 +77,8 @@ at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, dou
 // dtype, accumulated over chunks in fp32).
 inline constexpr int64_t kHeadChunkBytes = 512ll << 20;
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
-                      double normalizer, at::Tensor* dn, at::Tensor* dw);
+                      double normalizer, at::Tensor* dn, at::Tensor* dw,
+                      int64_t chunk_bytes = kHeadChunkBytes);
 
 // [B, T, H*D] <-> [B, H, T, D]
 at::Tensor SplitHeads(const at::Tensor& x, int64_t heads, int64_t head_dim);

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "engine/file_util.h"
+#include "engine/ops.h"
 #include "engine/tensor_io.h"
 #include "tests/engine/tiny_model.h"
 
@@ -241,6 +242,25 @@ TEST_P(ModelTest, Bf16ComputeTracksFp32) {
 INSTANTIATE_TEST_SUITE_P(Archs, ModelTest,
                          ::testing::Values(TinyArch::kLlama, TinyArch::kQwen2, TinyArch::kGpt2),
                          testing::TinyArchName);
+
+TEST(Ops, ChunkedHeadLossMatchesOneShot) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  at::Tensor n = at::randn({3, 7, 16}, gen), w = at::randn({50, 16}, gen);
+  at::Tensor t = at::randint(50, {3, 7}, gen, at::kLong);
+  t.narrow(1, 0, 2).fill_(kIgnoreIndex);
+  at::Tensor dn1, dw1, dn2, dw2;
+  at::Tensor l1 = ops::LmHeadLoss(n, w, t, 15.0, &dn1, &dw1);
+  at::Tensor l2 = ops::LmHeadLoss(n, w, t, 15.0, &dn2, &dw2, /*chunk_bytes=*/50 * 4 * 4);  // 4 tokens
+  EXPECT_TRUE(at::allclose(l1, l2, 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(dn1, dn2, 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(dw1, dw2, 1e-5, 1e-6));
+  // Reference: full logits, log-softmax cross-entropy.
+  at::Tensor logits = at::matmul(n, w.t()).reshape({-1, 50});
+  at::Tensor tf = t.reshape({-1});
+  at::Tensor mask = tf.ne(kIgnoreIndex);
+  at::Tensor nll = -at::log_softmax(logits, -1).gather(1, tf.clamp_min(0).unsqueeze(1)).squeeze(1);
+  EXPECT_NEAR(l2.item<double>(), (nll * mask).sum().item<double>() / 15.0, 1e-5);
+}
 
 TEST(ModelErrors, MisuseIsAnErrorNotACrash) {
   auto dir = TempDir("errors");
