@@ -242,7 +242,11 @@ Status Pool(const Args& a, uint32_t processes, uint32_t threads, bool crash_cons
     const auto start = Clock::now();
     RETURN_IF_ERROR(driver.BeginStep(r + 1, 1e-3));
     for (size_t s = specs.size(); s-- > 0;) RETURN_IF_ERROR(driver.GradsReady(s, 0));
-    RETURN_IF_ERROR(driver.FinishStep().status());
+    ASSIGN_OR_RETURN(StepResult res, driver.FinishStep());
+    if (res.params_updated != n) {  // every chunk must really have been updated
+      return InternalError("pool updated " + std::to_string(res.params_updated) + " of " +
+                           std::to_string(n) + " parameters");
+    }
     if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   const double t = Best(times);
