@@ -17,6 +17,7 @@
 #include "ipc/arena.h"
 #include "ipc/fd_passing.h"
 #include "ipc/shm_segment.h"
+#include "storage/store_flags.h"
 #include "storage/store_metrics.h"
 #include "storage/store_protocol.h"
 #include "storage/store_server.h"
@@ -24,106 +25,6 @@
 
 namespace offloadd::storage {
 namespace {
-
-constexpr char kUsage[] = R"(usage: offloadd-store --dir=PATH[:WEIGHT] [--dir=...] [options]
-Serves tensor reads and writes for the offloadd daemon from NVMe store directories.
-
-  --dir=PATH[:WEIGHT]     store directory (one per SSD; repeat, order matters); WEIGHT is its
-                          share of each tensor's chunks (default 1)
-  --block-size=SIZE       aio.block_size: bytes per I/O and checksum chunk (default 1MiB)
-  --queue-depth=N         aio.queue_depth: I/Os in flight per directory (default 32)
-  --io-engine=E           auto | io_uring | threads (default auto: io_uring, else threads)
-  --direct-io=M           auto | on | off (default auto: O_DIRECT where the filesystem allows)
-  --control-fd=N          Unix socket from the daemon (store_protocol.h handshake)
-  --metrics-listen=H:P    serve Prometheus metrics at http://H:P/metrics (port 0: any)
-  --log-level=L           debug | info | warning | error
-  --validate-config       check the flags, print the effective settings, exit
-  --list                  open the store, print every tensor's key/version/size, exit
-  --verify                open the store, read every tensor back verifying checksums, exit
-)";
-
-struct Flags {
-  StoreOptions store;
-  int control_fd = -1;
-  std::string metrics_listen;
-  bool validate = false, list = false, verify = false;
-};
-
-StatusOr<Flags> ParseFlags(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (arg == "--validate-config") { f.validate = true; continue; }
-    if (arg == "--list") { f.list = true; continue; }
-    if (arg == "--verify") { f.verify = true; continue; }
-    std::string name = arg, value;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return InvalidArgumentError(arg + ": missing value");
-    }
-    auto parse_uint = [&](uint64_t max) -> StatusOr<uint64_t> {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || errno != 0 || v > max) {
-        return InvalidArgumentError(name + ": expected an integer <= " + std::to_string(max) + ", got '" + value + "'");
-      }
-      return static_cast<uint64_t>(v);
-    };
-    if (name == "--dir") {
-      StoreDirectory d{value, 1.0};
-      if (auto colon = value.rfind(':'); colon != std::string::npos) {
-        char* end = nullptr;
-        const double w = std::strtod(value.c_str() + colon + 1, &end);
-        if (end != value.c_str() + colon + 1 && *end == '\0') {
-          d.path = value.substr(0, colon);
-          d.weight = w;
-        }
-      }
-      f.store.directories.push_back(d);
-    } else if (name == "--block-size") {
-      ASSIGN_OR_RETURN(uint64_t v, ParseByteSize(value));
-      if (v > UINT32_MAX) return InvalidArgumentError("--block-size: too large");
-      f.store.block_size = static_cast<uint32_t>(v);
-    } else if (name == "--queue-depth") {
-      ASSIGN_OR_RETURN(uint64_t v, parse_uint(4096));
-      f.store.queue_depth = static_cast<uint32_t>(v);
-    } else if (name == "--io-engine") {
-      static const std::map<std::string, IoEngineChoice> kEngines = {
-          {"auto", IoEngineChoice::kAuto}, {"io_uring", IoEngineChoice::kIoUring}, {"threads", IoEngineChoice::kThreads}};
-      auto it = kEngines.find(value);
-      if (it == kEngines.end()) return InvalidArgumentError("--io-engine: expected auto, io_uring or threads, got '" + value + "'");
-      f.store.io_engine = it->second;
-    } else if (name == "--direct-io") {
-      static const std::map<std::string, DirectIoMode> kModes = {
-          {"auto", DirectIoMode::kAuto}, {"on", DirectIoMode::kOn}, {"off", DirectIoMode::kOff}};
-      auto it = kModes.find(value);
-      if (it == kModes.end()) return InvalidArgumentError("--direct-io: expected auto, on or off, got '" + value + "'");
-      f.store.direct_io = it->second;
-    } else if (name == "--control-fd") {
-      ASSIGN_OR_RETURN(uint64_t v, parse_uint(1 << 20));
-      f.control_fd = static_cast<int>(v);
-    } else if (name == "--metrics-listen") {
-      f.metrics_listen = value;
-    } else if (name == "--log-level") {
-      LogSeverity s;
-      if (!ParseLogSeverity(value, &s)) return InvalidArgumentError("--log-level: unknown level '" + value + "'");
-      SetMinLogSeverity(s);
-    } else {
-      return InvalidArgumentError("unknown flag " + name + " (see --help)");
-    }
-  }
-  RETURN_IF_ERROR(ValidateStoreOptions(f.store));
-  return f;
-}
 
 void SendReady(int fd, const Status& st, std::string_view engine, uint32_t metrics_port = 0) {
   StoreReady ready;
@@ -137,7 +38,7 @@ void SendReady(int fd, const Status& st, std::string_view engine, uint32_t metri
   }
 }
 
-int ListOrVerify(const Flags& f) {
+int ListOrVerify(const StoreFlags& f) {
   auto store = TensorStore::Open(f.store);
   if (!store.ok()) {
     std::fprintf(stderr, "offloadd-store: %s\n", store.status().ToString().c_str());
@@ -162,7 +63,7 @@ int ListOrVerify(const Flags& f) {
   return bad == 0 ? 0 : 2;
 }
 
-int Serve(Flags f) {
+int Serve(StoreFlags f) {
   auto hello_msg = ipc::RecvFds(f.control_fd, 5, sizeof(StoreHello));
   if (!hello_msg.ok()) {
     OFFLOADD_LOG(kError, "storage") << "handshake: " << hello_msg.status().ToString();
@@ -234,11 +135,16 @@ int Serve(Flags f) {
 
 int main(int argc, char** argv) {
   using namespace offloadd::storage;
-  auto flags = ParseFlags(argc, argv);
+  auto flags = ParseStoreFlags(std::vector<std::string>(argv + 1, argv + argc));
   if (!flags.ok()) {
-    std::fprintf(stderr, "offloadd-store: %s\n%s", flags.status().ToString().c_str(), kUsage);
+    std::fprintf(stderr, "offloadd-store: %s\n%s", flags.status().ToString().c_str(), kStoreUsage);
     return 2;
   }
+  if (flags->help) {
+    std::fputs(kStoreUsage, stdout);
+    return 0;
+  }
+  offloadd::SetMinLogSeverity(flags->log_level);
   if (flags->validate) {
     const auto& o = flags->store;
     for (const auto& d : o.directories) std::printf("dir %s weight %g\n", d.path.c_str(), d.weight);

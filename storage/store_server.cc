@@ -159,7 +159,9 @@ Status StoreServer::Run() {
         break;
       }
       case StoreOp::kDrop:
-        pump.Post(id, op, cmd.key(), store_->Drop(cmd.key()), cmd.version, 0);
+        store_->Drop(cmd.key(), [&pump, id, cmd](Status s) {
+          pump.Post(id, StoreOp::kDrop, cmd.key(), s, cmd.version, 0);
+        });
         break;
       default:
         pump.Post(id, op, cmd.key(), InvalidArgumentError("unknown store command kind " + std::to_string(r.kind)), 0, 0);

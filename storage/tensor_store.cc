@@ -341,32 +341,39 @@ void TensorStore::Read(const TensorKey& key, uint64_t version, std::span<std::by
   }
 }
 
-Status TensorStore::Drop(const TensorKey& key) {
+void TensorStore::Drop(const TensorKey& key, WriteCallback done) {
   auto* op = new Op;
   op->write = true;
   op->drop = true;
   op->key = key;
-  std::promise<Status> promise;
-  op->drop_done = &promise;
+  op->write_done = std::move(done);
+  Status st;
   {
     std::lock_guard lock(impl_->index_mu);
     auto it = impl_->index.find(key);
-    Status st;
     if (it == impl_->index.end() || !it->second.committed) {
       st = NotFoundError(KeyString(key) + " has no committed version to drop");
     } else if (it->second.writing) {
       st = FailedPreconditionError("a write or drop of " + KeyString(key) + " is in flight");
+    } else {
+      it->second.writing = true;
+      op->version = it->second.committed->rec.version;
     }
-    if (!st.ok()) {
-      delete op;
-      return st;
-    }
-    it->second.writing = true;
-    op->version = it->second.committed->rec.version;
+  }
+  if (!st.ok()) {
+    auto cb = std::move(op->write_done);
+    delete op;
+    cb(std::move(st));
+    return;
   }
   impl_->OpStarted(true);
-  impl_->FinishIo(op);
-  return promise.get_future().get();
+  impl_->FinishIo(op);  // straight to the commit thread: a drop is one manifest entry
+}
+
+Status TensorStore::Drop(const TensorKey& key) {
+  std::promise<Status> p;
+  Drop(key, [&p](Status st) { p.set_value(std::move(st)); });
+  return p.get_future().get();
 }
 
 Status TensorStore::WriteSync(const TensorKey& key, uint64_t version, std::span<const std::byte> data) {

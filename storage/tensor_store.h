@@ -14,7 +14,8 @@
 //
 // Ownership: the caller owns the memory passed to Write/Read and must keep it valid (and, for
 // Write, unchanged) until the callback has run. Callbacks run on store threads, without store
-// locks held; they may call back into the store but must not block for long.
+// locks held (or on the calling thread when a request is refused at once); they may call back
+// into the store but must not block for long.
 // Thread-safety: all methods are thread-safe. At most one Write per key may be in flight.
 
 #include <cstddef>
@@ -93,10 +94,12 @@ class TensorStore {
   // Reads the committed `version` of `key` (or kLatestVersion) into `out`, whose size must equal
   // the tensor's. Only the last committed version is kept.
   void Read(const TensorKey& key, uint64_t version, std::span<std::byte> out, ReadCallback done);
-  // Durably forgets `key`.
-  Status Drop(const TensorKey& key);
+  // Durably forgets `key`: `done` gets OK once the drop is committed (its space is reused after).
+  void Drop(const TensorKey& key, WriteCallback done);
 
   // Blocking conveniences.
+  Status Drop(const TensorKey& key);
+
   Status WriteSync(const TensorKey& key, uint64_t version, std::span<const std::byte> data);
   StatusOr<TensorInfo> ReadSync(const TensorKey& key, uint64_t version, std::span<std::byte> out);
 

@@ -93,7 +93,6 @@ struct Op {
   std::vector<ChunkIo> chunks;
   TensorStore::WriteCallback write_done;
   TensorStore::ReadCallback read_done;
-  std::promise<Status>* drop_done = nullptr;
   Clock::time_point start = Clock::now();
 
   std::mutex mu;

@@ -288,13 +288,8 @@ void TensorStore::Impl::CompleteWrite(Op* op, Status st) {
     commit_latency.Record(SecondsSince(op->start));
   }
   auto done = std::move(op->write_done);
-  std::promise<Status>* drop_done = op->drop_done;
   delete op;
-  if (drop_done != nullptr) {
-    drop_done->set_value(st);
-  } else {
-    done(std::move(st));
-  }
+  done(std::move(st));
   OpEnded(true);
 }
 
