@@ -10,7 +10,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer
 
-from conftest import SOURCE_DIR, run_check
+from engine_testlib import SOURCE_DIR, run_check
 
 DATA = pathlib.Path("/work/shared/data/models/stories260K")
 if not DATA.exists():

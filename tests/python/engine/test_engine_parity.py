@@ -12,7 +12,7 @@ import torch
 import transformers
 from safetensors import safe_open
 
-from conftest import hf_reference, make_batch, run_check, write_inputs
+from engine_testlib import hf_reference, make_batch, run_check, write_inputs
 
 LOGIT_TOL = dict(atol=2e-5, rtol=1e-4)
 GRAD_TOL = dict(atol=2e-5, rtol=1e-3)
