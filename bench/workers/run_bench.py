@@ -2,7 +2,8 @@
 """Runs offloadd-workers-bench and torch.optim.AdamW on the same parameter count and prints one
 table: STREAM copy/triad, an "AdamW-shaped copy" (the same five streams and 28 B/param as the
 update, with trivial arithmetic: the bandwidth roof for this access pattern), the fused kernel per
-code path and thread count, the WorkerPool across processes (with and without redo slots), and
+code path and thread count, the worker's ShardExecutor in process (chunks, step counters, with
+and without redo slots, alternating run by run), the WorkerPool across processes, and
 PyTorch's CPU AdamW (fused=True, foreach=True, default) at the same thread counts.
 
     run_bench.py --build build-workers --params 67108864 --repeats 5 [--threads 1,2] [--pool 1x2,2x1]
@@ -72,6 +73,11 @@ def main():
                           f"{r['gbps_median']:.1f}", ""))
         elif r["bench"] == "adamw_kernel":
             table.append((f"kernel {r['path']}", f"{r['threads']} thr",
+                          f"{r['params_per_s'] / 1e9:.3f}", f"{r['gbps']:.1f}",
+                          f"{r['gbps_median']:.1f}", f"{100 * r['gbps'] / best_triad:.0f}%"))
+        elif r["bench"] == "adamw_executor":
+            cc = "redo" if r["crash_consistent"] else "no-redo"
+            table.append((f"executor {r['path']} {cc}", f"{r['threads']} thr",
                           f"{r['params_per_s'] / 1e9:.3f}", f"{r['gbps']:.1f}",
                           f"{r['gbps_median']:.1f}", f"{100 * r['gbps'] / best_triad:.0f}%"))
         elif r["bench"] == "adamw_pool":

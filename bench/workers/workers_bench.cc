@@ -26,6 +26,7 @@
 #include "workers/adamw_kernel.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/cpu_topology.h"
+#include "workers/shard_executor.h"
 #include "workers/shard_layout.h"
 #include "workers/step_driver.h"
 #include "workers/worker_pool.h"
@@ -209,6 +210,64 @@ void Kernel(const Args& a, KernelPath path, int threads) {
   }
 }
 
+// The worker's ShardExecutor in this process (no IPC): with and without redo slots, alternating
+// run by run so that drift in the machine's load hits both alike.
+Status Executor(const Args& a, uint32_t threads) {
+  const uint64_t n = a.params;
+  const std::vector<uint64_t> layers = {n};
+  WorkerPoolOptions po;
+  po.threads_per_process = threads;
+  ASSIGN_OR_RETURN(ipc::SharedSegment seg,
+                   ipc::SharedSegment::Create(ArenaBytesFor(layers, {}, po)));
+  ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&seg, {.max_regions = 64}));
+  ASSIGN_OR_RETURN(std::vector<ShardSpec> specs, AllocateShards(&arena, layers, {}, 1));
+  ASSIGN_OR_RETURN(ipc::Region undo,
+                   arena.Allocate("redo", ipc::RegionKind::kControl, UndoRegionBytes(threads)));
+  const ShardSpec& sp = specs[0];
+  uint16_t* g = arena.At<uint16_t>(sp.grad_offset);
+  for (uint64_t i = 0; i < n; ++i) g[i] = internal::FloatToBf16(1e-3f * (i % 1000) - 0.5f);
+  static const std::vector<int> cpus = Cpus();
+  std::unique_ptr<ShardExecutor> ex[2];
+  for (int cc = 0; cc < 2; ++cc) {
+    ExecutorOptions eo;
+    eo.threads = threads;
+    eo.path = BestPath();
+    eo.crash_consistent = cc == 1;
+    eo.undo_offset = undo.offset;
+    eo.cpus = cpus;
+    ex[cc] = std::make_unique<ShardExecutor>(&arena, eo);
+    RETURN_IF_ERROR(ex[cc]->Start());
+  }
+  std::vector<double> times[2];
+  uint64_t step = 0;
+  for (int r = 0; r < a.repeats + 1; ++r) {
+    for (int cc = 0; cc < 2; ++cc) {
+      ipc::CommandRecord cmd{};
+      cmd.kind = static_cast<uint32_t>(CommandKind::kAdamW);
+      cmd.Pack(AdamWCommand{n, sp.grad_offset, sp.master_offset, sp.exp_avg_offset,
+                            sp.exp_avg_sq_offset, sp.weights_offset, sp.counters_offset, ++step,
+                            1e-3, 0.9, 0.999, 1e-8, 0.01, 1.0f, 0});
+      const auto start = Clock::now();
+      const WorkerCompletion done = ex[cc]->Execute(cmd);
+      const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+      if (done.status_code != 0 || done.elements != n) {
+        return InternalError(std::string("executor bench: ") + done.message);
+      }
+      if (r > 0) times[cc].push_back(secs);
+    }
+  }
+  for (int cc = 0; cc < 2; ++cc) {
+    Emit({{"bench", "adamw_executor"},
+          {"threads", threads},
+          {"crash_consistent", cc == 1},
+          {"path", std::string(KernelPathName(BestPath()))},
+          {"params_per_s", n / Best(times[cc])},
+          {"gbps", kAdamWBytesPerParam * n / Best(times[cc]) / 1e9},
+          {"gbps_median", kAdamWBytesPerParam * n / Median(times[cc]) / 1e9}});
+  }
+  return OkStatus();
+}
+
 Status Pool(const Args& a, uint32_t processes, uint32_t threads, bool crash_consistent) {
   const uint64_t n = a.params;
   WorkerPoolOptions o;
@@ -318,6 +377,13 @@ int main(int argc, char** argv) {
   for (int t : a.threads) Stream(a, t);
   for (KernelPath p : SupportedPaths()) {
     for (int t : a.threads) Kernel(a, p, t);
+  }
+  for (int t : a.threads) {
+    offloadd::Status st = Executor(a, static_cast<uint32_t>(t));
+    if (!st.ok()) {
+      std::cerr << "executor: " << st.ToString() << "\n";
+      return 1;
+    }
   }
   for (auto [procs, threads] : a.pools) {
     for (bool cc : {true, false}) {
