@@ -277,6 +277,20 @@ TEST_P(FaultTest, CorruptionInsideTheManifestRefusesToOpen) {
   EXPECT_TRUE(Contains(s.status().message(), "refusing to truncate")) << s.status().message();
 }
 
+TEST_P(FaultTest, TruncatedDataFileRefusesToOpenNamingDirectoryAndKey) {
+  const StoreOptions o = Options();
+  {
+    OPEN(store, o);
+    ASSERT_TRUE(store->WriteSync(kKey, 1, MakeBytes(1, 100000)).ok());
+  }
+  const std::string data = o.directories[1].path + "/data";
+  ASSERT_EQ(::truncate(data.c_str(), 0), 0);
+  auto s = TensorStore::Open(o);
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_TRUE(Contains(s.status().message(), o.directories[1].path)) << s.status().message();
+  EXPECT_TRUE(Contains(s.status().message(), KeyString(kKey))) << s.status().message();
+}
+
 TEST_P(FaultTest, ManifestCompactionKeepsLatestVersions) {
   StoreOptions o = Options();
   o.manifest_compact_bytes = 2048;
@@ -290,6 +304,15 @@ TEST_P(FaultTest, ManifestCompactionKeepsLatestVersions) {
   OPEN(store, o);
   for (uint32_t k = 0; k < 3; ++k) ExpectCommitted(store.get(), {k, 2, 0}, 60, MakeBytes(600 + k, 20000));
 }
+
+}  // namespace
+
+// Readable test names in ctest output ("Threads" instead of a byte dump).
+void PrintTo(IoEngineChoice c, std::ostream* os) {
+  *os << (c == IoEngineChoice::kThreads ? "threads" : c == IoEngineChoice::kIoUring ? "io_uring" : "auto");
+}
+
+namespace {
 
 INSTANTIATE_TEST_SUITE_P(Engines, FaultTest,
                          ::testing::Values(IoEngineChoice::kIoUring, IoEngineChoice::kThreads),

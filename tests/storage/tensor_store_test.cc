@@ -229,6 +229,14 @@ TEST_P(TensorStoreTest, SpaceIsReusedAfterNewVersionsCommit) {
   EXPECT_LE(store->Metrics().directories[0].file_bytes, 2u << 20);
 }
 
+}  // namespace
+
+void PrintTo(IoEngineChoice c, std::ostream* os) {
+  *os << (c == IoEngineChoice::kThreads ? "threads" : c == IoEngineChoice::kIoUring ? "io_uring" : "auto");
+}
+
+namespace {
+
 INSTANTIATE_TEST_SUITE_P(Engines, TensorStoreTest,
                          ::testing::Values(IoEngineChoice::kIoUring, IoEngineChoice::kThreads),
                          [](const auto& param_info) {
