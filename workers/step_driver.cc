@@ -104,6 +104,22 @@ Status StepDriver::WaitOne() {
   if (c.id < first_id_ || c.id - first_id_ >= id_shard_.size()) {
     return InternalError("completion " + std::to_string(c.id) + " does not belong to this step");
   }
+  Handle(c);
+  return OkStatus();
+}
+
+Status StepDriver::Poll() {
+  WorkerCompletion c;
+  while (pool_->TryGetCompletion(&c)) {
+    if (c.id < first_id_ || c.id - first_id_ >= id_shard_.size()) {
+      return InternalError("completion " + std::to_string(c.id) + " does not belong to this step");
+    }
+    Handle(c);
+  }
+  return error_;
+}
+
+void StepDriver::Handle(WorkerCompletion c) {
   const size_t shard = id_shard_[c.id - first_id_];
   --outstanding_[shard];
   if (c.status_code != 0) {
@@ -112,13 +128,16 @@ Status StepDriver::WaitOne() {
       error_ = Status(static_cast<StatusCode>(c.status_code), c.message)
                    .WithContext("layer " + std::to_string(shards_[shard].layer));
     }
-    return OkStatus();
+    return;
   }
   const auto kind = static_cast<CommandKind>(c.kind);
-  if (kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW)
+  if (kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW) {
     sq_norm_[shard] = c.grad_sq_norm;
-  if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
-  return OkStatus();
+  }
+  if (kind == CommandKind::kAdamW) {
+    params_updated_ += c.elements;
+    if (on_updated_) on_updated_(shard);
+  }
 }
 
 Status StepDriver::WaitShardIdle(size_t shard) {

@@ -24,6 +24,7 @@
 // use one driver per pool. Not thread-safe: call it from one thread.
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/status.h"
@@ -75,10 +76,20 @@ class StepDriver {
   Status WaitShardIdle(size_t shard);
   StatusOr<StepResult> FinishStep();
 
+  // Called on the driver's thread whenever a shard's AdamW update has completed (its bf16 weights
+  // may be uploaded now; LSP-Offload overlaps that upload with the rest of the step). Completions
+  // are noticed while the driver waits (WaitShardIdle, FinishStep) or in Poll().
+  void SetOnShardUpdated(std::function<void(size_t shard)> callback) {
+    on_updated_ = std::move(callback);
+  }
+  // Handles the completions that have already arrived, without blocking.
+  Status Poll();
+
  private:
   Status Submit(size_t shard, const ipc::CommandRecord& r);
   Status SubmitUpdate(size_t shard, float grad_scale);
   Status WaitOne();
+  void Handle(WorkerCompletion c);
 
   WorkerPool* pool_;
   std::vector<ShardSpec> shards_;
@@ -95,6 +106,7 @@ class StepDriver {
   std::vector<uint32_t> id_kind_;
   uint64_t params_updated_ = 0;
   Status error_;
+  std::function<void(size_t)> on_updated_;
 };
 
 }  // namespace offloadd::workers

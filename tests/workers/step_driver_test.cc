@@ -76,6 +76,22 @@ TEST_F(StepDriverTest, MissingMicroBatchIsAnError) {
   EXPECT_NE(r.status().message().find("0 of 1 micro-batches"), std::string::npos);
 }
 
+TEST_F(StepDriverTest, ReportsEachUpdatedShard) {
+  for (double max_norm : {0.0, 1.0}) {
+    StepDriver d(pool_.get(), {spec_}, OptimizerConfig{.max_grad_norm = max_norm});
+    std::vector<size_t> updated;
+    d.SetOnShardUpdated([&](size_t shard) { updated.push_back(shard); });
+    const uint64_t step = max_norm > 0 ? 2 : 1;
+    ASSERT_TRUE(d.BeginStep(step, 1e-3).ok());
+    ASSERT_TRUE(d.GradsReady(0, 0).ok());
+    ASSERT_TRUE(d.Poll().ok());  // may or may not have seen the completion yet
+    auto r = d.FinishStep();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(updated, std::vector<size_t>{0});
+    EXPECT_EQ(r->params_updated, kN);
+  }
+}
+
 TEST_F(StepDriverTest, NonFiniteGradientsApplyNothing) {
   uint16_t* g = arena_.At<uint16_t>(spec_.grad_offset);
   for (uint64_t i = 0; i < kN; ++i) g[i] = 0x3c00;  // bf16 0.0078125
