@@ -145,9 +145,22 @@ Status WorkerPool::Init() {
     }
     if (!cpl.ok()) return cpl.status();
     region = arena_->Find(UndoRegionName(i));
-    if (!region.ok() || region->size < UndoRegionBytes(o.threads_per_process)) {
-      ASSIGN_OR_RETURN(region, arena_->Allocate(UndoRegionName(i) + (region.ok() ? ".2" : ""),
-                                                ipc::RegionKind::kControl,
+    if (region.ok()) {
+      // A previous pool's worker may have died mid-commit: finish those commits now, whatever
+      // thread count that pool had.
+      ASSIGN_OR_RETURN(uint32_t done, RecoverUndoSlots(*arena_, region->offset,
+                                                       region->size / UndoRegionBytes(1)));
+      if (done > 0) {
+        OFFLOADD_LOG(kInfo, "workers") << "completed " << done << " chunk commit(s) left by a "
+                                       << "previous pool's worker " << i;
+      }
+      if (region->size < UndoRegionBytes(o.threads_per_process)) {
+        return FailedPreconditionError(
+            "this arena was set up for workers with fewer threads than " +
+            std::to_string(o.threads_per_process) + "; format a new arena for the new pool");
+      }
+    } else {
+      ASSIGN_OR_RETURN(region, arena_->Allocate(UndoRegionName(i), ipc::RegionKind::kControl,
                                                 UndoRegionBytes(o.threads_per_process)));
     }
     w->undo_offset = region->offset;

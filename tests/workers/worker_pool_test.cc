@@ -354,6 +354,35 @@ TEST(WorkerPoolTest, AbandonedWorkerRollsBackAndFailsItsCommands) {
   EXPECT_EQ(std::memcmp(after.data(), before.data(), L.n * 12), 0);
 }
 
+TEST(WorkerPoolTest, ANewPoolReusesTheArena) {
+  Model m(kSizes);
+  uint64_t id = 1;
+  {
+    auto pool = WorkerPool::Start(&m.segment(), &m.arena(), Options(1, 2));
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    Train(&m, pool->get(), 1, &id);
+  }
+  // Same rings, counters and redo slots; step 2 continues where step 1 ended.
+  auto pool = WorkerPool::Start(&m.segment(), &m.arena(), Options(1, 1));
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  m.FillGrads(2);
+  std::set<uint64_t> ids;
+  for (size_t l = 0; l < m.layers().size(); ++l) {
+    ids.insert(id);
+    ASSERT_TRUE((*pool)->Submit(m.Command(l, 2, id++)).ok());
+  }
+  for (size_t l = 0; l < m.layers().size(); ++l) {
+    auto c = (*pool)->WaitCompletion(60000);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->status_code, 0) << c->message;
+  }
+  EXPECT_EQ(m.State(), Reference(2));
+  pool->reset();
+  auto bigger = WorkerPool::Start(&m.segment(), &m.arena(), Options(1, 4));
+  ASSERT_FALSE(bigger.ok());
+  EXPECT_EQ(bigger.status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(WorkerPoolTest, WorkerRefusesACorruptArena) {
   Model m({1'000});
   // Break the arena header's magic (first 8 bytes of the data area) after the daemon opened it.
