@@ -109,8 +109,7 @@ __attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t c0, const uint8_t*&
   return c0;
 }
 
-__attribute__((target("sse4.2"))) uint32_t HardwareImpl(uint32_t crc, const uint8_t* p,
-                                                         size_t n) {
+__attribute__((target("sse4.2"))) uint32_t HardwareImpl(uint32_t crc, const uint8_t* p, size_t n) {
   static const ShiftTable kLongShift = MakeShiftTable(kLong);
   static const ShiftTable kShortShift = MakeShiftTable(kShort);
   uint64_t c = ~crc;

@@ -21,7 +21,7 @@ class ExtentAllocator {
   uint64_t Allocate(uint64_t length);
   void Free(uint64_t offset, uint64_t length);
 
-  uint64_t end() const { return end_; }        // bytes of the file in use or free below the end
+  uint64_t end() const { return end_; }  // bytes of the file in use or free below the end
   uint64_t used_bytes() const { return used_; }
   uint64_t free_extents() const { return free_.size(); }
 

@@ -89,7 +89,8 @@ size_t ValidFrameAt(std::span<const uint8_t> image, size_t pos, std::vector<Mani
   std::memcpy(&magic, image.data() + pos, 4);
   std::memcpy(&len, image.data() + pos + 4, 4);
   std::memcpy(&crc, image.data() + pos + 8, 4);
-  if (magic != kRecordMagic || len > kMaxRecordPayload || image.size() - pos - kFrame < len) return 0;
+  if (magic != kRecordMagic || len > kMaxRecordPayload || image.size() - pos - kFrame < len)
+    return 0;
   auto payload = image.subspan(pos + kFrame, len);
   if (Crc32c(0, payload.data(), payload.size()) != crc) return 0;
   std::vector<ManifestEntry> entries;
@@ -104,13 +105,20 @@ size_t ValidFrameAt(std::span<const uint8_t> image, size_t pos, std::vector<Mani
 
 std::string TensorKindName(uint32_t kind) {
   switch (static_cast<TensorKind>(kind)) {
-    case TensorKind::kOther: return "other";
-    case TensorKind::kParamFp32: return "param_fp32";
-    case TensorKind::kAdamM: return "adam_m";
-    case TensorKind::kAdamV: return "adam_v";
-    case TensorKind::kParamHalf: return "param_half";
-    case TensorKind::kGradient: return "gradient";
-    case TensorKind::kActivation: return "activation";
+    case TensorKind::kOther:
+      return "other";
+    case TensorKind::kParamFp32:
+      return "param_fp32";
+    case TensorKind::kAdamM:
+      return "adam_m";
+    case TensorKind::kAdamV:
+      return "adam_v";
+    case TensorKind::kParamHalf:
+      return "param_half";
+    case TensorKind::kGradient:
+      return "gradient";
+    case TensorKind::kActivation:
+      return "activation";
   }
   return "kind " + std::to_string(kind);
 }
@@ -142,7 +150,8 @@ std::vector<uint64_t> TensorRecord::ChunkOffsets() const {
 Status TensorRecord::Validate(size_t n_dirs) const {
   const std::string what = "record of " + KeyString(key) + " version " + std::to_string(version);
   if (chunk_bytes == 0 || chunk_bytes % kAlign != 0) {
-    return DataLossError(what + ": chunk_bytes " + std::to_string(chunk_bytes) + " not 4 KiB aligned");
+    return DataLossError(what + ": chunk_bytes " + std::to_string(chunk_bytes) +
+                         " not 4 KiB aligned");
   }
   const uint64_t n = (size + chunk_bytes - 1) / chunk_bytes;
   if (n != chunks.size()) {
@@ -266,9 +275,11 @@ StatusOr<StoreIdentity> DecodeIdentity(std::span<const uint8_t> bytes) {
   }
   if (!r.Get(&version) || version != kFormatVersion) {
     return FailedPreconditionError("store format version " + std::to_string(version) +
-                                   " but this binary reads version " + std::to_string(kFormatVersion));
+                                   " but this binary reads version " +
+                                   std::to_string(kFormatVersion));
   }
-  if (!r.Get(&id.dir_index) || !r.Get(&id.dir_count)) return DataLossError("truncated identity file");
+  if (!r.Get(&id.dir_index) || !r.Get(&id.dir_count))
+    return DataLossError("truncated identity file");
   for (uint8_t& b : id.uuid) {
     if (!r.Get(&b)) return DataLossError("truncated identity file");
   }

@@ -63,8 +63,8 @@ struct IoRequest {
 };
 
 struct IoEngineOptions {
-  int dir = 0;             // index of the directory, passed to IoFaults and used in log lines
-  int fd = -1;             // the data file; not owned
+  int dir = 0;  // index of the directory, passed to IoFaults and used in log lines
+  int fd = -1;  // the data file; not owned
   unsigned queue_depth = 32;
   IoFaults* faults = nullptr;
   // Memory to register with io_uring (the shared arena). Split into <= 1 GiB pieces.

@@ -22,7 +22,8 @@ std::string_view ErrorKindName(ErrorKind kind);  // "io", "no_space", "checksum"
 
 // Latency buckets in seconds (upper bounds); the last bucket is +Inf.
 inline constexpr std::array<double, 14> kLatencyBucketsSeconds = {
-    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1.0, 5.0};
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3, 5e-3,
+    10e-3, 25e-3,  50e-3,  100e-3, 250e-3, 1.0,    5.0};
 
 struct HistogramSnapshot {
   std::array<uint64_t, kLatencyBucketsSeconds.size() + 1> counts{};  // per bucket, not cumulative
@@ -45,14 +46,14 @@ struct DirectoryMetrics {
   std::string path;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
-  uint64_t read_ops = 0;   // transfers (block_size or less each)
+  uint64_t read_ops = 0;  // transfers (block_size or less each)
   uint64_t write_ops = 0;
-  uint64_t syncs = 0;      // fdatasync of the data file
-  uint64_t in_flight = 0;  // transfers in the kernel now (the live queue depth)
-  uint64_t file_bytes = 0; // size of the data file (allocated, including free extents)
-  uint64_t live_bytes = 0; // bytes of committed tensors held here
+  uint64_t syncs = 0;       // fdatasync of the data file
+  uint64_t in_flight = 0;   // transfers in the kernel now (the live queue depth)
+  uint64_t file_bytes = 0;  // size of the data file (allocated, including free extents)
+  uint64_t live_bytes = 0;  // bytes of committed tensors held here
   std::array<uint64_t, static_cast<int>(ErrorKind::kCount)> errors{};
-  HistogramSnapshot read_latency;   // per transfer, submit to completion
+  HistogramSnapshot read_latency;  // per transfer, submit to completion
   HistogramSnapshot write_latency;
   HistogramSnapshot sync_latency;
 };
@@ -60,12 +61,12 @@ struct DirectoryMetrics {
 struct StoreMetrics {
   std::string engine;  // "io_uring" or "threads"
   std::vector<DirectoryMetrics> directories;
-  uint64_t tensors = 0;         // keys with a committed version
-  uint64_t stored_bytes = 0;    // sum of their sizes
-  uint64_t commits = 0;         // versions committed since open
+  uint64_t tensors = 0;       // keys with a committed version
+  uint64_t stored_bytes = 0;  // sum of their sizes
+  uint64_t commits = 0;       // versions committed since open
   uint64_t manifest_bytes = 0;
-  uint64_t reads_in_progress = 0;   // Read() calls not yet completed
-  uint64_t writes_in_progress = 0;  // Write() calls not yet committed or failed
+  uint64_t reads_in_progress = 0;    // Read() calls not yet completed
+  uint64_t writes_in_progress = 0;   // Write() calls not yet committed or failed
   HistogramSnapshot commit_latency;  // Write() call to commit (data + manifest durable)
   HistogramSnapshot read_latency;    // Read() call to completion
 };

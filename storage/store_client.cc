@@ -1,8 +1,8 @@
 #include "storage/store_client.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,13 +18,17 @@ namespace {
 std::atomic<uint32_t> g_generation{0};
 }
 
-StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSegment& segment, ipc::Arena* arena,
+StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSegment& segment,
+                                                             ipc::Arena* arena,
                                                              const StoreProcessOptions& options) {
   std::unique_ptr<StoreProcess> p(new StoreProcess);
   // Fresh ring names per launch: a restarted store never sees records of a dead one.
-  const std::string tag = "store." + std::to_string(::getpid()) + "." + std::to_string(g_generation++);
-  ASSIGN_OR_RETURN(auto cmd_q, ipc::RingQueue<ipc::CommandRecord>::Create(arena, tag + ".cmd", options.queue_capacity));
-  ASSIGN_OR_RETURN(auto done_q, ipc::RingQueue<ipc::CommandRecord>::Create(arena, tag + ".done", options.queue_capacity));
+  const std::string tag =
+      "store." + std::to_string(::getpid()) + "." + std::to_string(g_generation++);
+  ASSIGN_OR_RETURN(auto cmd_q, ipc::RingQueue<ipc::CommandRecord>::Create(arena, tag + ".cmd",
+                                                                          options.queue_capacity));
+  ASSIGN_OR_RETURN(auto done_q, ipc::RingQueue<ipc::CommandRecord>::Create(arena, tag + ".done",
+                                                                           options.queue_capacity));
   ASSIGN_OR_RETURN(p->cmd_ready_, ipc::MakeEventFd());
   ASSIGN_OR_RETURN(p->cmd_space_, ipc::MakeEventFd());
   ASSIGN_OR_RETURN(p->done_ready_, ipc::MakeEventFd());
@@ -66,9 +70,11 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
   auto exited_early = [&] {
     const int status = p->Reap();
     return UnavailableError(options.binary + " exited before it was ready (wait status " +
-                            std::to_string(status) + "; exit code 127 means it could not be executed)");
+                            std::to_string(status) +
+                            "; exit code 127 means it could not be executed)");
   };
-  Status sent = ipc::SendFds(p->control_.get(), fds, {reinterpret_cast<const uint8_t*>(&hello), sizeof hello});
+  Status sent = ipc::SendFds(p->control_.get(), fds,
+                             {reinterpret_cast<const uint8_t*>(&hello), sizeof hello});
   if (!sent.ok()) {
     // EPIPE/ECONNRESET: the child is already gone (e.g. exec failed).
     // (The socket closes as the child exits, a moment before its pidfd turns readable.)
@@ -78,7 +84,8 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
   Status waited = ipc::WaitReadable(p->control_.get(), p->pidfd_.get(), options.ready_timeout_ms);
   // A store that fails to open answers and exits at once: read its answer even if the exit was
   // noticed first.
-  if (waited.code() == StatusCode::kUnavailable && ipc::WaitReadable(p->control_.get(), -1, 0).ok()) {
+  if (waited.code() == StatusCode::kUnavailable &&
+      ipc::WaitReadable(p->control_.get(), -1, 0).ok()) {
     waited = OkStatus();
   }
   if (!waited.ok()) {
@@ -88,7 +95,8 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
   }
   ASSIGN_OR_RETURN(ipc::ReceivedFds got, ipc::RecvFds(p->control_.get(), 0, sizeof(StoreReady)));
   StoreReady ready;
-  if (got.payload.size() != sizeof ready) return InternalError("offloadd-store sent a malformed ready message");
+  if (got.payload.size() != sizeof ready)
+    return InternalError("offloadd-store sent a malformed ready message");
   std::memcpy(&ready, got.payload.data(), sizeof ready);
   if (ready.magic != kStoreReadyMagic || ready.version != kStoreProtocolVersion) {
     return FailedPreconditionError("offloadd-store speaks another protocol version (" +
@@ -96,12 +104,14 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
   }
   if (ready.code != 0) {
     return Status(static_cast<StatusCode>(ready.code),
-                  "offloadd-store: " + std::string(ready.message, strnlen(ready.message, sizeof ready.message)));
+                  "offloadd-store: " +
+                      std::string(ready.message, strnlen(ready.message, sizeof ready.message)));
   }
   p->engine_ = std::string(ready.engine, strnlen(ready.engine, sizeof ready.engine));
   p->metrics_port_ = static_cast<int>(ready.metrics_port);
   p->commands_ = ipc::Channel<ipc::CommandRecord>(cmd_q, p->cmd_ready_.get(), p->cmd_space_.get());
-  p->completions_ = ipc::Channel<ipc::CommandRecord>(done_q, p->done_ready_.get(), p->done_space_.get());
+  p->completions_ =
+      ipc::Channel<ipc::CommandRecord>(done_q, p->done_ready_.get(), p->done_space_.get());
   return p;
 }
 

@@ -26,23 +26,25 @@
 namespace offloadd::storage {
 
 struct StoreProcessOptions {
-  std::string binary;              // path of offloadd-store
-  std::vector<std::string> args;   // e.g. {"--dir=/nvme0/store", "--queue-depth=32"}
-  uint32_t queue_capacity = 256;   // records per ring (power of two)
-  int ready_timeout_ms = 120000;   // opening a big store replays its manifest
+  std::string binary;             // path of offloadd-store
+  std::vector<std::string> args;  // e.g. {"--dir=/nvme0/store", "--queue-depth=32"}
+  uint32_t queue_capacity = 256;  // records per ring (power of two)
+  int ready_timeout_ms = 120000;  // opening a big store replays its manifest
 };
 
 struct Completion {
   uint64_t id = 0;
   StoreCompletion body;
   Status status() const {
-    return body.code == 0 ? OkStatus() : Status(static_cast<StatusCode>(body.code), std::string(body.text()));
+    return body.code == 0 ? OkStatus()
+                          : Status(static_cast<StatusCode>(body.code), std::string(body.text()));
   }
 };
 
 class StoreProcess {
  public:
-  static StatusOr<std::unique_ptr<StoreProcess>> Launch(const ipc::SharedSegment& segment, ipc::Arena* arena,
+  static StatusOr<std::unique_ptr<StoreProcess>> Launch(const ipc::SharedSegment& segment,
+                                                        ipc::Arena* arena,
                                                         const StoreProcessOptions& options);
   ~StoreProcess();
 

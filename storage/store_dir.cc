@@ -33,9 +33,10 @@ Status WriteAll(int fd, const uint8_t* p, size_t n, const std::string& what) {
 }  // namespace
 
 Status EnsureDirectory(const std::string& path, bool create) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) return FailedPreconditionError("store directory " + path + " is not a directory");
+    if (!S_ISDIR(st.st_mode))
+      return FailedPreconditionError("store directory " + path + " is not a directory");
     return OkStatus();
   }
   if (!create) return NotFoundError("store directory " + path + " does not exist");
@@ -97,20 +98,22 @@ Status SetupIdentities(const std::vector<std::string>& paths, bool create) {
     std::string list;
     for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
     return FailedPreconditionError(
-        "store directories " + list + " have no STORE file but the others do: a directory of an "
+        "store directories " + list +
+        " have no STORE file but the others do: a directory of an "
         "existing store was replaced or is missing; refusing to continue");
   }
   for (size_t i = 0; i < paths.size(); ++i) {
     const StoreIdentity& id = *ids[i];
     if (std::memcmp(id.uuid, ids[0]->uuid, sizeof id.uuid) != 0) {
-      return FailedPreconditionError("store directory " + paths[i] + " belongs to a different store than " +
-                                     paths[0]);
+      return FailedPreconditionError("store directory " + paths[i] +
+                                     " belongs to a different store than " + paths[0]);
     }
     if (id.dir_index != i || id.dir_count != paths.size()) {
-      return FailedPreconditionError(
-          "store directory " + paths[i] + " was created as directory " + std::to_string(id.dir_index) +
-          " of " + std::to_string(id.dir_count) + " but is configured as " + std::to_string(i) +
-          " of " + std::to_string(paths.size()) + "; list the directories in their original order");
+      return FailedPreconditionError("store directory " + paths[i] + " was created as directory " +
+                                     std::to_string(id.dir_index) + " of " +
+                                     std::to_string(id.dir_count) + " but is configured as " +
+                                     std::to_string(i) + " of " + std::to_string(paths.size()) +
+                                     "; list the directories in their original order");
     }
   }
   return OkStatus();
@@ -151,7 +154,7 @@ StatusOr<DataFile> OpenDataFile(const std::string& path, int want_direct) {
   const int flags = O_RDWR | O_CREAT | O_CLOEXEC | (out.direct ? O_DIRECT : 0);
   out.fd = ::open(file.c_str(), flags, 0644);
   if (out.fd < 0) return ErrnoError(errno, "opening " + file);
-  struct stat st{};
+  struct stat st {};
   if (::fstat(out.fd, &st) != 0) {
     const int err = errno;
     ::close(out.fd);
@@ -189,7 +192,7 @@ Status ReplaceFileDurably(const std::string& dir, const std::string& name,
 }
 
 StatusOr<std::vector<uint8_t>> ReadWholeFile(int fd, const std::string& what) {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return ErrnoError(errno, "fstat " + what);
   std::vector<uint8_t> out(static_cast<size_t>(st.st_size));
   size_t got = 0;

@@ -35,9 +35,18 @@ StatusOr<StoreFlags> ParseStoreFlags(const std::vector<std::string>& args) {
       f.help = true;
       return f;
     }
-    if (arg == "--validate-config") { f.validate = true; continue; }
-    if (arg == "--list") { f.list = true; continue; }
-    if (arg == "--verify") { f.verify = true; continue; }
+    if (arg == "--validate-config") {
+      f.validate = true;
+      continue;
+    }
+    if (arg == "--list") {
+      f.list = true;
+      continue;
+    }
+    if (arg == "--verify") {
+      f.verify = true;
+      continue;
+    }
     std::string name = arg, value;
     if (auto eq = arg.find('='); eq != std::string::npos) {
       name = arg.substr(0, eq);
@@ -52,7 +61,8 @@ StatusOr<StoreFlags> ParseStoreFlags(const std::vector<std::string>& args) {
       errno = 0;
       const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
       if (value.empty() || *end != '\0' || errno != 0 || v > max) {
-        return InvalidArgumentError(name + ": expected an integer <= " + std::to_string(max) + ", got '" + value + "'");
+        return InvalidArgumentError(name + ": expected an integer <= " + std::to_string(max) +
+                                    ", got '" + value + "'");
       }
       return static_cast<uint64_t>(v);
     };
@@ -76,15 +86,20 @@ StatusOr<StoreFlags> ParseStoreFlags(const std::vector<std::string>& args) {
       f.store.queue_depth = static_cast<uint32_t>(v);
     } else if (name == "--io-engine") {
       static const std::map<std::string, IoEngineChoice> kEngines = {
-          {"auto", IoEngineChoice::kAuto}, {"io_uring", IoEngineChoice::kIoUring}, {"threads", IoEngineChoice::kThreads}};
+          {"auto", IoEngineChoice::kAuto},
+          {"io_uring", IoEngineChoice::kIoUring},
+          {"threads", IoEngineChoice::kThreads}};
       auto it = kEngines.find(value);
-      if (it == kEngines.end()) return InvalidArgumentError("--io-engine: expected auto, io_uring or threads, got '" + value + "'");
+      if (it == kEngines.end())
+        return InvalidArgumentError("--io-engine: expected auto, io_uring or threads, got '" +
+                                    value + "'");
       f.store.io_engine = it->second;
     } else if (name == "--direct-io") {
       static const std::map<std::string, DirectIoMode> kModes = {
           {"auto", DirectIoMode::kAuto}, {"on", DirectIoMode::kOn}, {"off", DirectIoMode::kOff}};
       auto it = kModes.find(value);
-      if (it == kModes.end()) return InvalidArgumentError("--direct-io: expected auto, on or off, got '" + value + "'");
+      if (it == kModes.end())
+        return InvalidArgumentError("--direct-io: expected auto, on or off, got '" + value + "'");
       f.store.direct_io = it->second;
     } else if (name == "--control-fd") {
       ASSIGN_OR_RETURN(uint64_t v, parse_uint(1 << 20));
@@ -113,11 +128,12 @@ std::vector<std::string> ToStoreFlags(const StoreOptions& o) {
   }
   out.push_back("--block-size=" + std::to_string(o.block_size));
   out.push_back("--queue-depth=" + std::to_string(o.queue_depth));
-  out.push_back(std::string("--io-engine=") +
-                (o.io_engine == IoEngineChoice::kIoUring ? "io_uring"
-                 : o.io_engine == IoEngineChoice::kThreads ? "threads" : "auto"));
-  out.push_back(std::string("--direct-io=") +
-                (o.direct_io == DirectIoMode::kOn ? "on" : o.direct_io == DirectIoMode::kOff ? "off" : "auto"));
+  out.push_back(std::string("--io-engine=") + (o.io_engine == IoEngineChoice::kIoUring ? "io_uring"
+                                               : o.io_engine == IoEngineChoice::kThreads ? "threads"
+                                                                                         : "auto"));
+  out.push_back(std::string("--direct-io=") + (o.direct_io == DirectIoMode::kOn    ? "on"
+                                               : o.direct_io == DirectIoMode::kOff ? "off"
+                                                                                   : "auto"));
   return out;
 }
 

@@ -56,10 +56,13 @@ int ListOrVerify(const StoreFlags& f) {
     }
     total += t.size;
     std::printf("%s version %llu %llu bytes%s\n", KeyString(t.key).c_str(),
-                static_cast<unsigned long long>(t.version), static_cast<unsigned long long>(t.size), verdict.c_str());
+                static_cast<unsigned long long>(t.version), static_cast<unsigned long long>(t.size),
+                verdict.c_str());
   }
   std::printf("%zu tensors, %s%s\n", (*store)->List().size(), FormatByteSize(total).c_str(),
-              f.verify ? (bad == 0 ? ", all checksums verified" : (", " + std::to_string(bad) + " FAILED").c_str()) : "");
+              f.verify ? (bad == 0 ? ", all checksums verified"
+                                   : (", " + std::to_string(bad) + " FAILED").c_str())
+                       : "");
   return bad == 0 ? 0 : 2;
 }
 
@@ -76,9 +79,11 @@ int Serve(StoreFlags f) {
   }
   std::memcpy(&hello, hello_msg->payload.data(), sizeof hello);
   if (hello.magic != kStoreHelloMagic || hello.version != kStoreProtocolVersion) {
-    SendReady(f.control_fd, FailedPreconditionError("daemon speaks store protocol version " +
-                                                    std::to_string(hello.version) + ", this binary " +
-                                                    std::to_string(kStoreProtocolVersion)), "");
+    SendReady(f.control_fd,
+              FailedPreconditionError("daemon speaks store protocol version " +
+                                      std::to_string(hello.version) + ", this binary " +
+                                      std::to_string(kStoreProtocolVersion)),
+              "");
     return 1;
   }
   auto& fds = hello_msg->fds;
@@ -90,10 +95,12 @@ int Serve(StoreFlags f) {
   auto arena = ipc::Arena::Open(&*seg);
   auto cmd_q = arena.ok() ? ipc::RingQueue<ipc::CommandRecord>::Attach(*arena, hello.command_queue)
                           : StatusOr<ipc::RingQueue<ipc::CommandRecord>>(arena.status());
-  auto done_q = arena.ok() ? ipc::RingQueue<ipc::CommandRecord>::Attach(*arena, hello.completion_queue)
-                           : StatusOr<ipc::RingQueue<ipc::CommandRecord>>(arena.status());
+  auto done_q = arena.ok()
+                    ? ipc::RingQueue<ipc::CommandRecord>::Attach(*arena, hello.completion_queue)
+                    : StatusOr<ipc::RingQueue<ipc::CommandRecord>>(arena.status());
   if (!cmd_q.ok() || !done_q.ok()) {
-    SendReady(f.control_fd, (!cmd_q.ok() ? cmd_q.status() : done_q.status()).WithContext("attaching rings"), "");
+    SendReady(f.control_fd,
+              (!cmd_q.ok() ? cmd_q.status() : done_q.status()).WithContext("attaching rings"), "");
     return 1;
   }
   f.store.registered_buffers = {{reinterpret_cast<std::byte*>(seg->base()), seg->total_size()}};
@@ -112,8 +119,9 @@ int Serve(StoreFlags f) {
       exposer = std::make_unique<prometheus::Exposer>(f.metrics_listen);
       exposer->RegisterCollectable(collector);
       metrics_port = exposer->GetListeningPorts().front();
-      OFFLOADD_LOG(kInfo, "storage") << "metrics at http://" << f.metrics_listen.substr(0, f.metrics_listen.rfind(':'))
-                                     << ":" << metrics_port << "/metrics";
+      OFFLOADD_LOG(kInfo, "storage")
+          << "metrics at http://" << f.metrics_listen.substr(0, f.metrics_listen.rfind(':')) << ":"
+          << metrics_port << "/metrics";
     } catch (const std::exception& e) {
       Status st = InvalidArgumentError("--metrics-listen " + f.metrics_listen + ": " + e.what());
       SendReady(f.control_fd, st, "");
@@ -121,12 +129,13 @@ int Serve(StoreFlags f) {
     }
   }
   SendReady(f.control_fd, OkStatus(), (*store)->engine_name(), metrics_port);
-  StoreServer server(store->get(), &*arena,
-                     ipc::Channel<ipc::CommandRecord>(*cmd_q, fds[1].get(), fds[2].get()),
-                     ipc::Channel<ipc::CommandRecord>(*done_q, fds[3].get(), fds[4].get()), f.control_fd);
+  StoreServer server(
+      store->get(), &*arena, ipc::Channel<ipc::CommandRecord>(*cmd_q, fds[1].get(), fds[2].get()),
+      ipc::Channel<ipc::CommandRecord>(*done_q, fds[3].get(), fds[4].get()), f.control_fd);
   Status st = server.Run();
   OFFLOADD_LOG(kInfo, "storage") << "served " << server.commands_served() << " commands; "
-                                 << (st.ok() ? "shut down on request" : "daemon gone (" + st.message() + ")");
+                                 << (st.ok() ? "shut down on request"
+                                             : "daemon gone (" + st.message() + ")");
   return 0;
 }
 
@@ -148,13 +157,16 @@ int main(int argc, char** argv) {
   if (flags->validate) {
     const auto& o = flags->store;
     for (const auto& d : o.directories) std::printf("dir %s weight %g\n", d.path.c_str(), d.weight);
-    std::printf("aio.block_size %s\naio.queue_depth %u\n", offloadd::FormatByteSize(o.block_size).c_str(), o.queue_depth);
+    std::printf("aio.block_size %s\naio.queue_depth %u\n",
+                offloadd::FormatByteSize(o.block_size).c_str(), o.queue_depth);
     std::printf("config OK\n");
     return 0;
   }
   if (flags->list || flags->verify) return ListOrVerify(*flags);
   if (flags->control_fd < 0) {
-    std::fprintf(stderr, "offloadd-store: nothing to do: pass --control-fd (when started by the daemon), --list or --verify\n");
+    std::fprintf(stderr,
+                 "offloadd-store: nothing to do: pass --control-fd (when started by the daemon), "
+                 "--list or --verify\n");
     return 2;
   }
   return Serve(std::move(*flags));

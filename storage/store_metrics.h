@@ -6,10 +6,10 @@
 //   offloadd_store_read_ops_total{directory}             counter (block_size transfers)
 //   offloadd_store_write_ops_total{directory}            counter
 //   offloadd_store_syncs_total{directory}                counter (fdatasync of the data file)
-//   offloadd_store_errors_total{directory,kind}          counter, kind in io|no_space|checksum|short_transfer|other
-//   offloadd_store_queue_depth{directory}                gauge, transfers in flight now
-//   offloadd_store_file_bytes{directory}                 gauge, data file size
-//   offloadd_store_live_bytes{directory}                 gauge, committed tensor bytes held
+//   offloadd_store_errors_total{directory,kind}          counter, kind in
+//   io|no_space|checksum|short_transfer|other offloadd_store_queue_depth{directory} gauge,
+//   transfers in flight now offloadd_store_file_bytes{directory}                 gauge, data file
+//   size offloadd_store_live_bytes{directory}                 gauge, committed tensor bytes held
 //   offloadd_store_io_latency_seconds{directory,op}      histogram, op in read|write|sync
 //   offloadd_store_stored_bytes / offloadd_store_tensors gauges
 //   offloadd_store_commits_total                         counter

@@ -66,14 +66,14 @@ struct StoreHello {
   uint64_t magic = kStoreHelloMagic;
   uint32_t version = kStoreProtocolVersion;
   uint32_t reserved = 0;
-  char command_queue[48] = {};     // arena region names of the rings
+  char command_queue[48] = {};  // arena region names of the rings
   char completion_queue[48] = {};
 };
 
 struct StoreReady {
   uint64_t magic = kStoreReadyMagic;
   uint32_t version = kStoreProtocolVersion;
-  int32_t code = 0;  // StatusCode of opening the store
+  int32_t code = 0;           // StatusCode of opening the store
   uint32_t metrics_port = 0;  // bound Prometheus port, 0 when not serving
   uint32_t reserved = 0;
   char engine[16] = {};

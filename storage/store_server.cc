@@ -58,7 +58,8 @@ class CompletionPump {
     ++outstanding_;
   }
 
-  void Post(uint64_t id, StoreOp op, const TensorKey& key, const Status& st, uint64_t version, uint64_t bytes) {
+  void Post(uint64_t id, StoreOp op, const TensorKey& key, const Status& st, uint64_t version,
+            uint64_t bytes) {
     ipc::CommandRecord r{};
     r.kind = static_cast<uint32_t>(StoreOp::kCompletion);
     r.id = id;
@@ -70,7 +71,8 @@ class CompletionPump {
     CopyName(c.message, CompactMessage(st.message()));
     r.Pack(c);
     if (!st.ok()) {
-      OFFLOADD_LOG(kWarning, "storage") << "command " << id << " (" << KeyString(key) << ") failed: " << st.ToString();
+      OFFLOADD_LOG(kWarning, "storage")
+          << "command " << id << " (" << KeyString(key) << ") failed: " << st.ToString();
     }
     // Notify under the lock: once the record is popped, the pump may be destroyed.
     std::lock_guard lock(mu_);
@@ -123,8 +125,8 @@ Status StoreServer::Run() {
     ipc::CommandRecord r;
     Status st = commands_.Pop(&r, -1, abort_fd_);
     if (!st.ok()) {
-      OFFLOADD_LOG(kInfo, "storage") << "command ring: " << st.ToString()
-                                     << "; finishing in-flight work and exiting";
+      OFFLOADD_LOG(kInfo, "storage")
+          << "command ring: " << st.ToString() << "; finishing in-flight work and exiting";
       return st;  // ~CompletionPump waits for in-flight commands
     }
     ++served_;
@@ -149,12 +151,15 @@ Status StoreServer::Run() {
         }
         auto* p = arena_->At<std::byte>(cmd.offset);
         if (op == StoreOp::kWrite) {
-          store_->Write(cmd.key(), cmd.version, {p, cmd.bytes},
-                        [&pump, id, cmd](Status s) { pump.Post(id, StoreOp::kWrite, cmd.key(), s, cmd.version, cmd.bytes); });
-        } else {
-          store_->Read(cmd.key(), cmd.version, {p, cmd.bytes}, [&pump, id, cmd](StatusOr<TensorInfo> info) {
-            pump.Post(id, StoreOp::kRead, cmd.key(), info.status(), info.ok() ? info->version : cmd.version, cmd.bytes);
+          store_->Write(cmd.key(), cmd.version, {p, cmd.bytes}, [&pump, id, cmd](Status s) {
+            pump.Post(id, StoreOp::kWrite, cmd.key(), s, cmd.version, cmd.bytes);
           });
+        } else {
+          store_->Read(cmd.key(), cmd.version, {p, cmd.bytes},
+                       [&pump, id, cmd](StatusOr<TensorInfo> info) {
+                         pump.Post(id, StoreOp::kRead, cmd.key(), info.status(),
+                                   info.ok() ? info->version : cmd.version, cmd.bytes);
+                       });
         }
         break;
       }
@@ -164,7 +169,9 @@ Status StoreServer::Run() {
         });
         break;
       default:
-        pump.Post(id, op, cmd.key(), InvalidArgumentError("unknown store command kind " + std::to_string(r.kind)), 0, 0);
+        pump.Post(id, op, cmd.key(),
+                  InvalidArgumentError("unknown store command kind " + std::to_string(r.kind)), 0,
+                  0);
     }
   }
 }

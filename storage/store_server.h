@@ -19,9 +19,14 @@ namespace offloadd::storage {
 
 class StoreServer {
  public:
-  StoreServer(TensorStore* store, const ipc::Arena* arena, ipc::Channel<ipc::CommandRecord> commands,
+  StoreServer(TensorStore* store, const ipc::Arena* arena,
+              ipc::Channel<ipc::CommandRecord> commands,
               ipc::Channel<ipc::CommandRecord> completions, int abort_fd)
-      : store_(store), arena_(arena), commands_(commands), completions_(completions), abort_fd_(abort_fd) {}
+      : store_(store),
+        arena_(arena),
+        commands_(commands),
+        completions_(completions),
+        abort_fd_(abort_fd) {}
 
   // Serves until kShutdown (OK) or until abort_fd fires (the daemon is gone: UNAVAILABLE).
   // In both cases every accepted command has completed (and was answered, if anyone listens)

@@ -55,7 +55,8 @@ Status ValidateStoreOptions(const StoreOptions& o) {
     const std::string where = "directories[" + std::to_string(i) + "]";
     if (d.path.empty()) return InvalidArgumentError(where + ".path: empty");
     if (!(d.weight > 0) || d.weight > 1e6) {
-      return InvalidArgumentError(where + ".weight: must be in (0, 1e6], got " + std::to_string(d.weight));
+      return InvalidArgumentError(where + ".weight: must be in (0, 1e6], got " +
+                                  std::to_string(d.weight));
     }
     std::error_code ec;
     auto canon = std::filesystem::weakly_canonical(d.path, ec);
@@ -64,11 +65,13 @@ Status ValidateStoreOptions(const StoreOptions& o) {
     }
   }
   if (o.block_size < kAlign || o.block_size % kAlign != 0 || o.block_size > (256u << 20)) {
-    return InvalidArgumentError("aio.block_size: must be a multiple of 4096 between 4 KiB and 256 MiB, got " +
-                                std::to_string(o.block_size));
+    return InvalidArgumentError(
+        "aio.block_size: must be a multiple of 4096 between 4 KiB and 256 MiB, got " +
+        std::to_string(o.block_size));
   }
   if (o.queue_depth < 1 || o.queue_depth > 4096) {
-    return InvalidArgumentError("aio.queue_depth: must be in [1, 4096], got " + std::to_string(o.queue_depth));
+    return InvalidArgumentError("aio.queue_depth: must be in [1, 4096], got " +
+                                std::to_string(o.queue_depth));
   }
   return OkStatus();
 }
@@ -86,8 +89,9 @@ Status TensorStore::Impl::OpenDirectories() {
     dirs.push_back(std::move(d));
   }
   RETURN_IF_ERROR(SetupIdentities(paths, options.create_if_missing));
-  const int want = options.direct_io == DirectIoMode::kOff ? 0
-                   : options.direct_io == DirectIoMode::kOn ? 2 : 1;
+  const int want = options.direct_io == DirectIoMode::kOff  ? 0
+                   : options.direct_io == DirectIoMode::kOn ? 2
+                                                            : 1;
   for (auto& d : dirs) {
     ASSIGN_OR_RETURN(DataFile f, OpenDataFile(d->path, want));
     d->data_fd = f.fd;
@@ -144,10 +148,9 @@ Status TensorStore::Impl::Recover() {
   for (auto& [key, rec] : live) {
     for (const auto& x : rec.extents) {
       Directory& d = *dirs[x.dir];
-      if (x.offset + x.length > AlignUp(d.file_size) &&
-          rec.size > 0) {
-        return DataLossError("store directory " + d.path + ": committed " + KeyString(key) + " version " +
-                             std::to_string(rec.version) + " extends to byte " +
+      if (x.offset + x.length > AlignUp(d.file_size) && rec.size > 0) {
+        return DataLossError("store directory " + d.path + ": committed " + KeyString(key) +
+                             " version " + std::to_string(rec.version) + " extends to byte " +
                              std::to_string(x.offset + x.length) + " but the data file has only " +
                              std::to_string(d.file_size) + " bytes (was the data file replaced?)");
       }
@@ -239,10 +242,10 @@ Status TensorStore::Impl::StartEngines() {
   }
   engine_name = std::string(dirs[0]->engine->name());
   for (auto& d : dirs) {
-    OFFLOADD_LOG(kInfo, "storage") << "directory " << d->index << " " << d->path << " weight "
-                                   << d->weight << ": " << (d->direct ? "O_DIRECT" : "buffered")
-                                   << ", " << d->engine->name() << " (" << d->engine->description()
-                                   << "), data file " << FormatByteSize(d->file_size);
+    OFFLOADD_LOG(kInfo, "storage")
+        << "directory " << d->index << " " << d->path << " weight " << d->weight << ": "
+        << (d->direct ? "O_DIRECT" : "buffered") << ", " << d->engine->name() << " ("
+        << d->engine->description() << "), data file " << FormatByteSize(d->file_size);
   }
   return OkStatus();
 }
@@ -376,13 +379,15 @@ Status TensorStore::Drop(const TensorKey& key) {
   return p.get_future().get();
 }
 
-Status TensorStore::WriteSync(const TensorKey& key, uint64_t version, std::span<const std::byte> data) {
+Status TensorStore::WriteSync(const TensorKey& key, uint64_t version,
+                              std::span<const std::byte> data) {
   std::promise<Status> p;
   Write(key, version, data, [&p](Status st) { p.set_value(std::move(st)); });
   return p.get_future().get();
 }
 
-StatusOr<TensorInfo> TensorStore::ReadSync(const TensorKey& key, uint64_t version, std::span<std::byte> out) {
+StatusOr<TensorInfo> TensorStore::ReadSync(const TensorKey& key, uint64_t version,
+                                           std::span<std::byte> out) {
   std::promise<StatusOr<TensorInfo>> p;
   Read(key, version, out, [&p](StatusOr<TensorInfo> r) { p.set_value(std::move(r)); });
   return p.get_future().get();
@@ -421,7 +426,8 @@ StoreMetrics TensorStore::Metrics() const {
       std::lock_guard lock(d->alloc_mu);
       dm.file_bytes = d->file_size;
     }
-    for (size_t k = 0; k < dm.errors.size(); ++k) dm.errors[k] = d->errors[k].load(std::memory_order_relaxed);
+    for (size_t k = 0; k < dm.errors.size(); ++k)
+      dm.errors[k] = d->errors[k].load(std::memory_order_relaxed);
     dm.read_latency = d->read_latency.Snapshot();
     dm.write_latency = d->write_latency.Snapshot();
     dm.sync_latency = d->sync_latency.Snapshot();
@@ -449,6 +455,8 @@ StoreMetrics TensorStore::Metrics() const {
 
 std::string_view TensorStore::engine_name() const { return impl_->engine_name; }
 const StoreOptions& TensorStore::options() const { return impl_->options; }
-bool TensorStore::direct_io(size_t i) const { return i < impl_->dirs.size() && impl_->dirs[i]->direct; }
+bool TensorStore::direct_io(size_t i) const {
+  return i < impl_->dirs.size() && impl_->dirs[i]->direct;
+}
 
 }  // namespace offloadd::storage

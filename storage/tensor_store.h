@@ -67,7 +67,6 @@ struct StoreOptions {
 // Checks ranges and consistency; messages name the option.
 Status ValidateStoreOptions(const StoreOptions& options);
 
-
 struct TensorInfo {
   TensorKey key;
   uint64_t version = 0;

@@ -2,8 +2,8 @@
 // Internal to storage/: the state TensorStore's .cc files share. Not a public header.
 
 #include <array>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -60,7 +60,9 @@ struct Directory {
   std::array<std::atomic<uint64_t>, static_cast<int>(ErrorKind::kCount)> errors{};
   LatencyHistogram read_latency, write_latency, sync_latency;
 
-  void CountError(ErrorKind k) { errors[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed); }
+  void CountError(ErrorKind k) {
+    errors[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed);
+  }
 };
 
 // One version's bytes on disk. Destroying it returns its extents to the allocators, so it must

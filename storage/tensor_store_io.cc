@@ -22,8 +22,8 @@ std::string Hex(uint32_t v) {
 }
 
 uint64_t KeyHash(const TensorKey& k) {
-  return uint64_t{k.layer} * 0x9E3779B97F4A7C15ull ^ uint64_t{k.kind} * 0xC2B2AE3D27D4EB4Full ^
-         uint64_t{k.part} * 0x165667B19E3779F9ull;
+  return uint64_t{k.layer} * 0x9E3779B97F4A7C15ull ^ uint64_t { k.kind } * 0xC2B2AE3D27D4EB4Full ^
+         uint64_t { k.part } * 0x165667B19E3779F9ull;
 }
 
 }  // namespace
@@ -41,11 +41,12 @@ Status TensorStore::Impl::BeginWrite(Op* op, std::span<const std::byte> data) {
     auto [it, inserted] = index.try_emplace(op->key);
     Entry& e = it->second;
     if (e.writing) {
-      return FailedPreconditionError("a write or drop of " + KeyString(op->key) + " is already in flight");
+      return FailedPreconditionError("a write or drop of " + KeyString(op->key) +
+                                     " is already in flight");
     }
     if (e.committed && op->version <= e.committed->rec.version) {
-      return InvalidArgumentError("version " + std::to_string(op->version) + " of " + KeyString(op->key) +
-                                  " is not newer than the committed version " +
+      return InvalidArgumentError("version " + std::to_string(op->version) + " of " +
+                                  KeyString(op->key) + " is not newer than the committed version " +
                                   std::to_string(e.committed->rec.version));
     }
     e.writing = true;
@@ -206,8 +207,8 @@ void TensorStore::Impl::OnChunkDone(ChunkIo* c, int64_t res) {
   Directory& d = *dirs[ref.dir];
   const double seconds = SecondsSince(c->start);
   auto where = [&] {
-    return "store directory " + d.path + ": " + OpName(*op) + ", chunk " + std::to_string(c->index) +
-           " at data offset " + std::to_string(c->req.offset);
+    return "store directory " + d.path + ": " + OpName(*op) + ", chunk " +
+           std::to_string(c->index) + " at data offset " + std::to_string(c->req.offset);
   };
   Status err;
   if (res < 0) {
@@ -264,10 +265,10 @@ void TensorStore::Impl::FinishIo(Op* op) {
 }
 
 void TensorStore::Impl::CompleteRead(Op* op) {
-  StatusOr<TensorInfo> result = op->error.ok()
-                                    ? StatusOr<TensorInfo>(TensorInfo{op->key, op->version,
-                                                                      op->placement->rec.size})
-                                    : StatusOr<TensorInfo>(op->error);
+  StatusOr<TensorInfo> result =
+      op->error.ok()
+          ? StatusOr<TensorInfo>(TensorInfo{op->key, op->version, op->placement->rec.size})
+          : StatusOr<TensorInfo>(op->error);
   if (result.ok()) read_latency.Record(SecondsSince(op->start));
   auto done = std::move(op->read_done);
   delete op;  // drops the placement reference (the version may now be freed)
@@ -325,7 +326,8 @@ void TensorStore::Impl::CommitBatch(std::vector<Op*> batch) {
     d.syncs.fetch_add(1, std::memory_order_relaxed);
     if (rc < 0) {
       d.CountError(KindOfErrno(-rc));
-      sync_error[di] = ErrnoError(-rc, "store directory " + d.path + ": fdatasync of the data file");
+      sync_error[di] =
+          ErrnoError(-rc, "store directory " + d.path + ": fdatasync of the data file");
     }
   }
   std::vector<Op*> ready;
@@ -361,7 +363,8 @@ void TensorStore::Impl::CommitBatch(std::vector<Op*> batch) {
   std::vector<Op*> committed;
   for (size_t begin = 0; begin < ready.size();) {
     size_t end = begin, bytes_in_frame = 0;
-    while (end < ready.size() && (end == begin || bytes_in_frame + entries[end].size() < kMaxRecordPayload / 2)) {
+    while (end < ready.size() &&
+           (end == begin || bytes_in_frame + entries[end].size() < kMaxRecordPayload / 2)) {
       bytes_in_frame += entries[end++].size();
     }
     std::vector<uint8_t> frame;
@@ -408,7 +411,8 @@ void TensorStore::Impl::CommitBatch(std::vector<Op*> batch) {
   commits.fetch_add(ready.size(), std::memory_order_relaxed);
   for (Op* op : ready) CompleteWrite(op, OkStatus());
 
-  if (manifest_size > options.manifest_compact_bytes && manifest_size > 2 * manifest_compacted_size) {
+  if (manifest_size > options.manifest_compact_bytes &&
+      manifest_size > 2 * manifest_compacted_size) {
     Status cs = CompactManifest();
     if (!cs.ok()) {
       OFFLOADD_LOG(kError, "storage") << "manifest compaction failed: " << cs.ToString();
@@ -417,7 +421,8 @@ void TensorStore::Impl::CommitBatch(std::vector<Op*> batch) {
 }
 
 Status TensorStore::Impl::AppendManifest(const std::vector<uint8_t>& bytes) {
-  const std::string what = "store directory " + dirs[0]->path + ": appending to " + kManifestFileName;
+  const std::string what =
+      "store directory " + dirs[0]->path + ": appending to " + kManifestFileName;
   {
     std::lock_guard lock(index_mu);
     if (!manifest_broken.ok()) return manifest_broken;
@@ -454,7 +459,8 @@ Status TensorStore::Impl::AppendManifest(const std::vector<uint8_t>& bytes) {
   }
   dirs[0]->CountError(KindOfErrno(err));
   // Roll the log back to its last good length, so later appends stay readable at replay.
-  if (::ftruncate(manifest_fd, static_cast<off_t>(manifest_size)) != 0 || ::fdatasync(manifest_fd) != 0) {
+  if (::ftruncate(manifest_fd, static_cast<off_t>(manifest_size)) != 0 ||
+      ::fdatasync(manifest_fd) != 0) {
     Status broken = UnavailableError(
         what + " failed and the partial record could not be removed (" + std::strerror(errno) +
         "); writes are refused until the store restarts (reads still work; the restart drops "

@@ -60,8 +60,8 @@ class UringEngine final : public IoEngine {
     rc = io_uring_register_files(&ring_, &options_.fd, 1);
     fixed_file_ = rc == 0;
     if (!fixed_file_) {
-      OFFLOADD_LOG(kWarning, "storage") << "dir " << options_.dir
-                                        << ": io_uring_register_files: " << std::strerror(-rc);
+      OFFLOADD_LOG(kWarning, "storage")
+          << "dir " << options_.dir << ": io_uring_register_files: " << std::strerror(-rc);
     }
 
     for (auto region : options_.buffers) {
@@ -124,9 +124,10 @@ class UringEngine final : public IoEngine {
 
  private:
   int FindBuffer(const uint8_t* p, uint64_t len) const {
-    auto it = std::upper_bound(iovecs_.begin(), iovecs_.end(), p, [](const uint8_t* q, const iovec& v) {
-      return q < static_cast<const uint8_t*>(v.iov_base);
-    });
+    auto it =
+        std::upper_bound(iovecs_.begin(), iovecs_.end(), p, [](const uint8_t* q, const iovec& v) {
+          return q < static_cast<const uint8_t*>(v.iov_base);
+        });
     if (it == iovecs_.begin()) return -1;
     --it;
     const auto* base = static_cast<const uint8_t*>(it->iov_base);
@@ -193,8 +194,8 @@ class UringEngine final : public IoEngine {
       return;
     }
     if (res == 0) {
-      finished_.push_back({req, req->op == IoOp::kRead ? static_cast<int64_t>(req->transferred)
-                                                       : int64_t{-EIO}});
+      finished_.push_back(
+          {req, req->op == IoOp::kRead ? static_cast<int64_t>(req->transferred) : int64_t{-EIO}});
       return;
     }
     req->transferred += static_cast<uint64_t>(res);
@@ -244,8 +245,8 @@ class UringEngine final : public IoEngine {
       }
       int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        OFFLOADD_LOG(kError, "storage") << "dir " << options_.dir
-                                        << ": io_uring_submit_and_wait: " << std::strerror(-rc);
+        OFFLOADD_LOG(kError, "storage")
+            << "dir " << options_.dir << ": io_uring_submit_and_wait: " << std::strerror(-rc);
       }
       io_uring_cqe* cqe;
       unsigned head;

@@ -3,11 +3,11 @@
 // Adam moment) written as new versions and read back, several in flight. Write figures include
 // the commit (fdatasync of data and manifest); read figures include crc32c verification.
 // Prints one line per phase: "phase=write bytes=... seconds=... gbps=...". Not a test.
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <condition_variable>
-#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,11 +32,12 @@ struct Args {
 };
 
 [[noreturn]] void Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "offloadd-storage-bench: %s\nusage: offloadd-storage-bench --dir=PATH[:W] [--dir=...] "
-               "[--size=4GiB] [--tensor-size=64MiB] [--block-size=1MiB] [--queue-depth=32] "
-               "[--in-flight=4] [--phases=write,read,mixed] [--io-engine=auto|io_uring|threads]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "offloadd-storage-bench: %s\nusage: offloadd-storage-bench --dir=PATH[:W] [--dir=...] "
+      "[--size=4GiB] [--tensor-size=64MiB] [--block-size=1MiB] [--queue-depth=32] "
+      "[--in-flight=4] [--phases=write,read,mixed] [--io-engine=auto|io_uring|threads]\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -72,8 +73,9 @@ Args Parse(int argc, char** argv) {
     } else if (name == "--phases") {
       a.phases = value;
     } else if (name == "--io-engine") {
-      a.engine = value == "threads" ? IoEngineChoice::kThreads
-                 : value == "io_uring" ? IoEngineChoice::kIoUring : IoEngineChoice::kAuto;
+      a.engine = value == "threads"    ? IoEngineChoice::kThreads
+                 : value == "io_uring" ? IoEngineChoice::kIoUring
+                                       : IoEngineChoice::kAuto;
     } else {
       Usage("unknown flag " + name);
     }
@@ -120,8 +122,9 @@ double Now() {
 }
 
 void Report(const char* phase, uint64_t bytes, double seconds) {
-  std::printf("phase=%s bytes=%llu seconds=%.3f gbps=%.3f\n", phase, static_cast<unsigned long long>(bytes),
-              seconds, static_cast<double>(bytes) / seconds / 1e9);
+  std::printf("phase=%s bytes=%llu seconds=%.3f gbps=%.3f\n", phase,
+              static_cast<unsigned long long>(bytes), seconds,
+              static_cast<double>(bytes) / seconds / 1e9);
   std::fflush(stdout);
 }
 
@@ -132,7 +135,8 @@ int Main(int argc, char** argv) {
   const size_t slots = a.in_flight * 2;  // mixed runs reads and writes side by side
   const size_t buf_bytes = slots * a.tensor_size;
   std::unique_ptr<std::byte, decltype(&std::free)> buf(
-      static_cast<std::byte*>(std::aligned_alloc(1 << 21, AlignUp(buf_bytes, 1 << 21))), &std::free);
+      static_cast<std::byte*>(std::aligned_alloc(1 << 21, AlignUp(buf_bytes, 1 << 21))),
+      &std::free);
   if (!buf) Usage("cannot allocate " + FormatByteSize(buf_bytes) + " of buffers");
   for (size_t i = 0; i < buf_bytes; i += 8) {
     const uint64_t v = i * 0x9E3779B97F4A7C15ull;
@@ -151,12 +155,17 @@ int Main(int argc, char** argv) {
     return 1;
   }
   TensorStore& s = **store;
-  std::printf("engine=%s dirs=%zu tensors=%zu tensor_size=%llu block_size=%u queue_depth=%u in_flight=%u\n",
-              std::string(s.engine_name()).c_str(), a.dirs.size(), n,
-              static_cast<unsigned long long>(a.tensor_size), a.block_size, a.queue_depth, a.in_flight);
-  auto slot_span = [&](size_t slot) { return std::span<std::byte>(buf.get() + slot * a.tensor_size, a.tensor_size); };
+  std::printf(
+      "engine=%s dirs=%zu tensors=%zu tensor_size=%llu block_size=%u queue_depth=%u in_flight=%u\n",
+      std::string(s.engine_name()).c_str(), a.dirs.size(), n,
+      static_cast<unsigned long long>(a.tensor_size), a.block_size, a.queue_depth, a.in_flight);
+  auto slot_span = [&](size_t slot) {
+    return std::span<std::byte>(buf.get() + slot * a.tensor_size, a.tensor_size);
+  };
   uint64_t version = 0;
-  auto key = [](size_t i) { return TensorKey{static_cast<uint32_t>(i), static_cast<uint32_t>(TensorKind::kParamFp32), 0}; };
+  auto key = [](size_t i) {
+    return TensorKey{static_cast<uint32_t>(i), static_cast<uint32_t>(TensorKind::kParamFp32), 0};
+  };
 
   auto write_all = [&](const char* phase) -> Status {
     ++version;
@@ -188,7 +197,8 @@ int Main(int argc, char** argv) {
         Pipeline p;
         const double t0 = Now();
         st = p.Run(n, a.in_flight, [&](size_t i, size_t slot, auto done) {
-          s.Read(key(i), kLatestVersion, slot_span(slot), [done](StatusOr<TensorInfo> r) { done(r.status()); });
+          s.Read(key(i), kLatestVersion, slot_span(slot),
+                 [done](StatusOr<TensorInfo> r) { done(r.status()); });
         });
         if (st.ok()) Report("read", n * a.tensor_size, Now() - t0);
       } else {
@@ -199,7 +209,8 @@ int Main(int argc, char** argv) {
         const double t0 = Now();
         st = p.Run(n, a.in_flight * 2, [&](size_t i, size_t slot, auto done) {
           if (i % 2 == 0) {
-            s.Read(key(i), kLatestVersion, slot_span(slot), [done](StatusOr<TensorInfo> r) { done(r.status()); });
+            s.Read(key(i), kLatestVersion, slot_span(slot),
+                   [done](StatusOr<TensorInfo> r) { done(r.status()); });
           } else {
             s.Write(key(i), version, slot_span(slot), done);
           }
@@ -210,7 +221,8 @@ int Main(int argc, char** argv) {
       Usage("unknown phase " + phase);
     }
     if (!st.ok()) {
-      std::fprintf(stderr, "offloadd-storage-bench: %s: %s\n", phase.c_str(), st.ToString().c_str());
+      std::fprintf(stderr, "offloadd-storage-bench: %s: %s\n", phase.c_str(),
+                   st.ToString().c_str());
       return 1;
     }
   }

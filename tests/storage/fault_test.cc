@@ -21,13 +21,16 @@ using testing::ScriptedFaults;
 
 constexpr TensorKey kKey{4, static_cast<uint32_t>(TensorKind::kParamFp32), 0};
 
-bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 class FaultTest : public ::testing::TestWithParam<IoEngineChoice> {
  protected:
   StoreOptions Options(int n_dirs = 2) {
     StoreOptions o;
-    for (int i = 0; i < n_dirs; ++i) o.directories.push_back({scratch_.Sub("d" + std::to_string(i))});
+    for (int i = 0; i < n_dirs; ++i)
+      o.directories.push_back({scratch_.Sub("d" + std::to_string(i))});
     o.block_size = 16 << 10;
     o.queue_depth = 4;
     o.io_engine = GetParam();
@@ -50,7 +53,8 @@ class FaultTest : public ::testing::TestWithParam<IoEngineChoice> {
     auto info = store->ReadSync(key, kLatestVersion, out);
     ASSERT_TRUE(info.ok()) << info.status().ToString();
     EXPECT_EQ(info->version, version);
-    EXPECT_TRUE(out == bytes) << "bytes of " << KeyString(key) << " version " << version << " differ";
+    EXPECT_TRUE(out == bytes) << "bytes of " << KeyString(key) << " version " << version
+                              << " differ";
   }
 
   ScratchDir scratch_;
@@ -58,9 +62,9 @@ class FaultTest : public ::testing::TestWithParam<IoEngineChoice> {
   std::string skip_;
 };
 
-#define OPEN(var, opts)                               \
-  auto var = Open(opts);                              \
-  if (!var && !skip_.empty()) GTEST_SKIP() << skip_;  \
+#define OPEN(var, opts)                              \
+  auto var = Open(opts);                             \
+  if (!var && !skip_.empty()) GTEST_SKIP() << skip_; \
   ASSERT_NE(var, nullptr)
 
 TEST_P(FaultTest, ShortTransfersAreResubmittedUntilComplete) {
@@ -119,7 +123,8 @@ TEST_P(FaultTest, EnospcWhenGrowingOrWritingIsResourceExhaustedNamingTheDirector
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
   ExpectCommitted(store.get(), kKey, 1, v1);
   uint64_t nospace = 0;
-  for (const auto& d : store->Metrics().directories) nospace += d.errors[static_cast<int>(ErrorKind::kNoSpace)];
+  for (const auto& d : store->Metrics().directories)
+    nospace += d.errors[static_cast<int>(ErrorKind::kNoSpace)];
   EXPECT_GE(nospace, 2u);
 }
 
@@ -167,7 +172,9 @@ TEST_P(FaultTest, TornOrUnsyncedManifestAppendIsRolledBack) {
   {
     OPEN(store, o);
     ASSERT_TRUE(store->WriteSync(kKey, 1, v1).ok());
-    faults_.on_manifest_append = [](uint64_t len) -> int64_t { return static_cast<int64_t>(len / 3); };
+    faults_.on_manifest_append = [](uint64_t len) -> int64_t {
+      return static_cast<int64_t>(len / 3);
+    };
     Status st = store->WriteSync(kKey, 2, MakeBytes(2, 40000));
     EXPECT_FALSE(st.ok());
     EXPECT_TRUE(Contains(st.message(), "MANIFEST")) << st.message();
@@ -262,7 +269,8 @@ TEST_P(FaultTest, CorruptionInsideTheManifestRefusesToOpen) {
   const StoreOptions o = Options(1);
   {
     OPEN(store, o);
-    for (uint64_t v = 1; v <= 3; ++v) ASSERT_TRUE(store->WriteSync(kKey, v, MakeBytes(v, 5000)).ok());
+    for (uint64_t v = 1; v <= 3; ++v)
+      ASSERT_TRUE(store->WriteSync(kKey, v, MakeBytes(v, 5000)).ok());
   }
   const std::string manifest = o.directories[0].path + "/MANIFEST";
   const int fd = ::open(manifest.c_str(), O_RDWR);
@@ -297,19 +305,23 @@ TEST_P(FaultTest, ManifestCompactionKeepsLatestVersions) {
   {
     OPEN(store, o);
     for (uint64_t v = 1; v <= 60; ++v) {
-      for (uint32_t k = 0; k < 3; ++k) ASSERT_TRUE(store->WriteSync({k, 2, 0}, v, MakeBytes(v * 10 + k, 20000)).ok());
+      for (uint32_t k = 0; k < 3; ++k)
+        ASSERT_TRUE(store->WriteSync({k, 2, 0}, v, MakeBytes(v * 10 + k, 20000)).ok());
     }
     EXPECT_LT(store->Metrics().manifest_bytes, 8192u);
   }
   OPEN(store, o);
-  for (uint32_t k = 0; k < 3; ++k) ExpectCommitted(store.get(), {k, 2, 0}, 60, MakeBytes(600 + k, 20000));
+  for (uint32_t k = 0; k < 3; ++k)
+    ExpectCommitted(store.get(), {k, 2, 0}, 60, MakeBytes(600 + k, 20000));
 }
 
 }  // namespace
 
 // Readable test names in ctest output ("Threads" instead of a byte dump).
 void PrintTo(IoEngineChoice c, std::ostream* os) {
-  *os << (c == IoEngineChoice::kThreads ? "threads" : c == IoEngineChoice::kIoUring ? "io_uring" : "auto");
+  *os << (c == IoEngineChoice::kThreads   ? "threads"
+          : c == IoEngineChoice::kIoUring ? "io_uring"
+                                          : "auto");
 }
 
 namespace {
@@ -317,8 +329,9 @@ namespace {
 INSTANTIATE_TEST_SUITE_P(Engines, FaultTest,
                          ::testing::Values(IoEngineChoice::kIoUring, IoEngineChoice::kThreads),
                          [](const auto& param_info) {
-                           return param_info.param == IoEngineChoice::kThreads ? std::string("Threads")
-                                                                               : std::string("IoUring");
+                           return param_info.param == IoEngineChoice::kThreads
+                                      ? std::string("Threads")
+                                      : std::string("IoUring");
                          });
 
 TEST(FallbackTest, RefusedIoUringFallsBackToThreadPool) {

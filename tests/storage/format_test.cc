@@ -105,7 +105,7 @@ TEST(ExtentAllocatorTest, FirstFitCoalescingAndRecovery) {
   EXPECT_EQ(a.Allocate(16384), 16384u);  // larger than the 12 KiB hole: from the end
   a.Free(16384, 16384);                  // back to the end pointer
   EXPECT_EQ(a.end(), 16384u);
-  EXPECT_EQ(a.Allocate(12288), 0u);      // exactly the hole
+  EXPECT_EQ(a.Allocate(12288), 0u);  // exactly the hole
   EXPECT_EQ(a.used_bytes(), 12288u + 4096u);
 
   ExtentAllocator r;
@@ -114,9 +114,9 @@ TEST(ExtentAllocatorTest, FirstFitCoalescingAndRecovery) {
   r.FinishRecovery();
   EXPECT_EQ(r.end(), 28672u);
   EXPECT_EQ(r.used_bytes(), 12288u);
-  EXPECT_EQ(r.Allocate(8192), 0u);       // the gap before 8192
-  EXPECT_EQ(r.Allocate(8192), 12288u);   // the gap between the two
-  EXPECT_EQ(r.Allocate(4096), 28672u);   // nothing left below the end
+  EXPECT_EQ(r.Allocate(8192), 0u);      // the gap before 8192
+  EXPECT_EQ(r.Allocate(8192), 12288u);  // the gap between the two
+  EXPECT_EQ(r.Allocate(4096), 28672u);  // nothing left below the end
 }
 
 }  // namespace

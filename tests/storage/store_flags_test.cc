@@ -6,9 +6,10 @@ namespace offloadd::storage {
 namespace {
 
 TEST(StoreFlagsTest, ParsesBothSpellingsAndWeights) {
-  auto f = ParseStoreFlags({"--dir=/nvme0/s", "--dir", "/nvme1/s:2.5", "--block-size=4MiB",
-                            "--queue-depth", "64", "--io-engine=threads", "--direct-io=off",
-                            "--control-fd=3", "--metrics-listen=127.0.0.1:0", "--log-level=warning"});
+  auto f =
+      ParseStoreFlags({"--dir=/nvme0/s", "--dir", "/nvme1/s:2.5", "--block-size=4MiB",
+                       "--queue-depth", "64", "--io-engine=threads", "--direct-io=off",
+                       "--control-fd=3", "--metrics-listen=127.0.0.1:0", "--log-level=warning"});
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   ASSERT_EQ(f->store.directories.size(), 2u);
   EXPECT_EQ(f->store.directories[0].path, "/nvme0/s");

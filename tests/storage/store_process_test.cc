@@ -99,7 +99,8 @@ TEST_F(StoreProcessTest, RoundTripsThroughTheRingsAndRejectsBadOffsets) {
   bad.offset = segment_.total_size() - 10;
   c = Call(p->get(), StoreOp::kWrite, bad);
   EXPECT_EQ(c.status().code(), StatusCode::kOutOfRange) << c.status().ToString();
-  EXPECT_NE(c.body.text().find("not inside any live region"), std::string_view::npos) << c.body.text();
+  EXPECT_NE(c.body.text().find("not inside any live region"), std::string_view::npos)
+      << c.body.text();
   c = Call(p->get(), StoreOp::kRead, Cmd({99, 1, 0}, kLatestVersion, dst, size));
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
   EXPECT_NE(c.body.text().find("(layer 99"), std::string_view::npos) << c.body.text();
@@ -119,12 +120,14 @@ TEST_F(StoreProcessTest, OpenErrorsComeBackThroughTheHandshake) {
   auto p = StoreProcess::Launch(segment_, &arena_, o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kFailedPrecondition) << p.status().ToString();
-  EXPECT_NE(p.status().message().find("not a directory"), std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("not a directory"), std::string::npos)
+      << p.status().message();
 
   o.binary = scratch_.Sub("no-such-binary");
   p = StoreProcess::Launch(segment_, &arena_, o);
   EXPECT_EQ(p.status().code(), StatusCode::kUnavailable) << p.status().ToString();
-  EXPECT_NE(p.status().message().find("could not be executed"), std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("could not be executed"), std::string::npos)
+      << p.status().message();
 }
 
 std::string HttpGet(int port, const std::string& path) {
@@ -158,10 +161,12 @@ TEST_F(StoreProcessTest, ServesPrometheusMetricsThatPromtoolAccepts) {
   ipc::Region src = Region("m.src", 600000);
   ASSERT_TRUE(Call(p->get(), StoreOp::kWrite, Cmd({1, 1, 0}, 1, src, 600000)).status().ok());
   const std::string text = HttpGet((*p)->metrics_port(), "/metrics");
-  for (const char* name : {"offloadd_store_written_bytes_total", "offloadd_store_io_latency_seconds_bucket",
-                           "offloadd_store_errors_total", "offloadd_store_queue_depth",
-                           "offloadd_store_stored_bytes 600000", "offloadd_store_commits_total 1"}) {
-    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n" << text.substr(0, 2000);
+  for (const char* name :
+       {"offloadd_store_written_bytes_total", "offloadd_store_io_latency_seconds_bucket",
+        "offloadd_store_errors_total", "offloadd_store_queue_depth",
+        "offloadd_store_stored_bytes 600000", "offloadd_store_commits_total 1"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
+                                                  << text.substr(0, 2000);
   }
   if (::system("command -v promtool >/dev/null 2>&1") == 0) {
     const std::string path = scratch_.Sub("metrics.txt");
@@ -181,7 +186,9 @@ TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) {
   std::vector<ipc::Region> src;
   for (int k = 0; k < kKeys; ++k) src.push_back(Region("crash.src." + std::to_string(k), kSize));
   ipc::Region dst = Region("crash.dst", kSize);
-  auto key_of = [](int k) { return TensorKey{static_cast<uint32_t>(k), static_cast<uint32_t>(TensorKind::kParamFp32), 0}; };
+  auto key_of = [](int k) {
+    return TensorKey{static_cast<uint32_t>(k), static_cast<uint32_t>(TensorKind::kParamFp32), 0};
+  };
   auto content_seed = [](int k, uint64_t v) { return uint64_t(k) * 1000003 + v; };
 
   std::map<int, uint64_t> acked;      // highest version whose write completed OK
@@ -194,7 +201,9 @@ TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) {
     // Verify what the previous round left: for every key, a version in [acked, submitted] whose
     // bytes are exactly that version's.
     for (int k = 0; k < kKeys && round > 0; ++k) {
-      ASSERT_TRUE((*p)->Submit(StoreOp::kRead, ++id, Cmd(key_of(k), kLatestVersion, dst, kSize), 60000).ok());
+      ASSERT_TRUE(
+          (*p)->Submit(StoreOp::kRead, ++id, Cmd(key_of(k), kLatestVersion, dst, kSize), 60000)
+              .ok());
       auto c = (*p)->NextCompletion(60000);
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       if (acked.count(k) == 0) {
@@ -218,7 +227,9 @@ TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) {
       const uint64_t v = ++submitted[k];
       const auto bytes = MakeBytes(content_seed(k, v), kSize);
       std::memcpy(arena_.At<void>(src[k].offset), bytes.data(), kSize);
-      ASSERT_TRUE((*p)->Submit(StoreOp::kWrite, (uint64_t(k) << 32) | v, Cmd(key_of(k), v, src[k], kSize), 60000).ok());
+      ASSERT_TRUE((*p)->Submit(StoreOp::kWrite, (uint64_t(k) << 32) | v,
+                               Cmd(key_of(k), v, src[k], kSize), 60000)
+                      .ok());
     };
     for (int k = 0; k < kKeys; ++k) submit(k);
     const int kill_after = 10 + static_cast<int>(rng() % 40);
@@ -235,8 +246,9 @@ TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) {
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
   }
   // Final check with the offline verifier: every chunk's checksum matches.
-  const std::string cmd = std::string(OFFLOADD_STORE_BINARY) + " --verify --log-level=error --dir=" +
-                          scratch_.Sub("nvme0") + " --dir=" + scratch_.Sub("nvme1") + ":2 > " + scratch_.Sub("verify.txt");
+  const std::string cmd = std::string(OFFLOADD_STORE_BINARY) +
+                          " --verify --log-level=error --dir=" + scratch_.Sub("nvme0") +
+                          " --dir=" + scratch_.Sub("nvme1") + ":2 > " + scratch_.Sub("verify.txt");
   EXPECT_EQ(::system(cmd.c_str()), 0);
 }
 

@@ -61,20 +61,21 @@ class TensorStoreTest : public ::testing::TestWithParam<IoEngineChoice> {
   ScratchDir scratch_;
 };
 
-#define OPEN_OR_SKIP(var, opts)                      \
-  auto var = OpenOrSkip(opts);                       \
+#define OPEN_OR_SKIP(var, opts)                                    \
+  auto var = OpenOrSkip(opts);                                     \
   if (!var && !skip_reason_.empty()) GTEST_SKIP() << skip_reason_; \
   ASSERT_NE(var, nullptr)
 
 TEST_P(TensorStoreTest, RoundTripsOddSizesAndOffsetsAcrossReopen) {
   const StoreOptions o = Options({{scratch_.Sub("a"), 1.0}, {scratch_.Sub("b"), 2.0}});
   const size_t bs = o.block_size;
-  const std::vector<size_t> sizes = {0, 1, 7, 4095, 4096, 4097, bs - 1, bs, bs + 1,
-                                     3 * bs + 123, 17 * bs + 4096, 1234567};
+  const std::vector<size_t> sizes = {0,      1,  7,      4095,         4096,           4097,
+                                     bs - 1, bs, bs + 1, 3 * bs + 123, 17 * bs + 4096, 1234567};
   const std::vector<size_t> misaligns = {0, 1, 8, 100, 4095};
   {
     OPEN_OR_SKIP(store, o);
-    EXPECT_EQ(store->engine_name(), GetParam() == IoEngineChoice::kThreads ? "threads" : "io_uring");
+    EXPECT_EQ(store->engine_name(),
+              GetParam() == IoEngineChoice::kThreads ? "threads" : "io_uring");
     for (size_t i = 0; i < sizes.size(); ++i) {
       for (size_t m = 0; m < misaligns.size(); ++m) {
         const TensorKey key{static_cast<uint32_t>(i), static_cast<uint32_t>(TensorKind::kAdamM),
@@ -89,7 +90,8 @@ TEST_P(TensorStoreTest, RoundTripsOddSizesAndOffsetsAcrossReopen) {
           ASSERT_TRUE(info.ok()) << info.status().ToString();
           EXPECT_EQ(info->version, version);
           EXPECT_EQ(info->size, sizes[i]);
-          ASSERT_TRUE(bytes.empty() || std::memcmp(dst.span().data(), bytes.data(), bytes.size()) == 0)
+          ASSERT_TRUE(bytes.empty() ||
+                      std::memcmp(dst.span().data(), bytes.data(), bytes.size()) == 0)
               << "size " << sizes[i] << " misalign " << misaligns[m];
         }
       }
@@ -114,7 +116,8 @@ TEST_P(TensorStoreTest, ReadsAndWritesInFlightTogether) {
   OPEN_OR_SKIP(store, Options({{scratch_.Sub("a")}, {scratch_.Sub("b")}}));
   constexpr int kKeys = 24;
   constexpr size_t kSize = 300 * 1024 + 17;
-  std::vector<std::vector<std::byte>> v1(kKeys), v2(kKeys), out(kKeys, std::vector<std::byte>(kSize));
+  std::vector<std::vector<std::byte>> v1(kKeys), v2(kKeys),
+      out(kKeys, std::vector<std::byte>(kSize));
   for (int k = 0; k < kKeys; ++k) {
     v1[k] = MakeBytes(k, kSize);
     v2[k] = MakeBytes(k + 100, kSize);
@@ -169,7 +172,8 @@ TEST_P(TensorStoreTest, RegisteredSharedArenaRoundTrip) {
   auto seg = ipc::SharedSegment::Create(8 << 20);
   ASSERT_TRUE(seg.ok()) << seg.status().ToString();
   StoreOptions o = Options({{scratch_.Sub("a")}});
-  o.registered_buffers = {std::span<std::byte>(reinterpret_cast<std::byte*>(seg->data()), seg->data_size())};
+  o.registered_buffers = {
+      std::span<std::byte>(reinterpret_cast<std::byte*>(seg->data()), seg->data_size())};
   OPEN_OR_SKIP(store, o);
   auto data = MakeBytes(5, 3 << 20);
   auto* arena = reinterpret_cast<std::byte*>(seg->data());
@@ -232,7 +236,9 @@ TEST_P(TensorStoreTest, SpaceIsReusedAfterNewVersionsCommit) {
 }  // namespace
 
 void PrintTo(IoEngineChoice c, std::ostream* os) {
-  *os << (c == IoEngineChoice::kThreads ? "threads" : c == IoEngineChoice::kIoUring ? "io_uring" : "auto");
+  *os << (c == IoEngineChoice::kThreads   ? "threads"
+          : c == IoEngineChoice::kIoUring ? "io_uring"
+                                          : "auto");
 }
 
 namespace {
@@ -240,8 +246,9 @@ namespace {
 INSTANTIATE_TEST_SUITE_P(Engines, TensorStoreTest,
                          ::testing::Values(IoEngineChoice::kIoUring, IoEngineChoice::kThreads),
                          [](const auto& param_info) {
-                           return param_info.param == IoEngineChoice::kThreads ? std::string("Threads")
-                                                                         : std::string("IoUring");
+                           return param_info.param == IoEngineChoice::kThreads
+                                      ? std::string("Threads")
+                                      : std::string("IoUring");
                          });
 
 TEST(TensorStoreOpenTest, RejectsInvalidOptions) {
