@@ -82,7 +82,10 @@ using GradCallback = std::function<void(const std::string& name, const at::Tenso
 
 // Activation offloading hooks (SaveMode::kOffload). `offload` takes ownership of a block's saved
 // tensors (copy them to pinned host memory or NVMe, then drop them) and returns a ticket; `fetch`
-// returns the same tensors (same order, shapes and dtypes) on the compute device.
+// returns the same tensors (same order, shapes and dtypes) on the compute device. Both run on the
+// calling thread inside Forward/Backward; a scheduler that prefetches block i-1 while block i
+// runs its backward starts the copies itself and has `fetch` wait for them (making the compute
+// stream wait on its copy stream's event).
 struct OffloadCallbacks {
   std::function<StatusOr<uint64_t>(int block, std::vector<at::Tensor> saved)> offload;
   std::function<StatusOr<std::vector<at::Tensor>>(int block, uint64_t ticket)> fetch;
@@ -139,6 +142,7 @@ class Block {
   // what Backward needs (unused with kNone); `offload` is required for kOffload.
   StatusOr<at::Tensor> Forward(const MicroBatch& mb, const at::Tensor& x, SaveMode mode,
                                SavedState* saved, const OffloadCallbacks* offload = nullptr);
+  // mb must be the MicroBatch given to the matching Forward (kRecompute re-runs it).
   // grad_out: d loss / d output (the head takes an optional scalar loss scale, undefined = 1).
   // Returns d loss / d x (undefined for the embedding); calls on_grad for every parameter used
   // before returning; clears `saved`.
