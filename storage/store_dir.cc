@@ -17,19 +17,6 @@ namespace {
 
 std::string Join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
-Status WriteAll(int fd, const uint8_t* p, size_t n, const std::string& what) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, what);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
-}
-
 }  // namespace
 
 Status EnsureDirectory(const std::string& path, bool create) {
@@ -162,6 +149,19 @@ StatusOr<DataFile> OpenDataFile(const std::string& path, int want_direct) {
   }
   out.size = static_cast<uint64_t>(st.st_size);
   return out;
+}
+
+Status WriteAll(int fd, const uint8_t* p, size_t n, const std::string& what) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, what);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return OkStatus();
 }
 
 Status FsyncDirectory(const std::string& dir) {

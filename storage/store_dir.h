@@ -35,6 +35,8 @@ StatusOr<DataFile> OpenDataFile(const std::string& path, int want_direct);
 Status ReplaceFileDurably(const std::string& dir, const std::string& name,
                           const std::vector<uint8_t>& bytes);
 StatusOr<std::vector<uint8_t>> ReadWholeFile(int fd, const std::string& what);
+// write(2) until done, retrying EINTR and short writes.
+Status WriteAll(int fd, const uint8_t* p, size_t n, const std::string& what);
 Status FsyncDirectory(const std::string& dir);
 
 }  // namespace offloadd::storage

@@ -193,11 +193,22 @@ Status TensorStore::Impl::CompactManifest() {
     }
     if (!entries.empty()) EncodeFrame(entries, &bytes);
   }
+  // The new file is opened before it is renamed into place, so appends can never go to an
+  // unlinked inode: until the rename the old manifest stays in use, after it the new one.
   const std::string& dir = dirs[0]->path;
-  RETURN_IF_ERROR(ReplaceFileDurably(dir, kManifestFileName, bytes));
   const std::string path = dir + "/" + kManifestFileName;
-  const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "reopening " + path);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(errno, "creating " + tmp);
+  Status st = WriteAll(fd, bytes.data(), bytes.size(), "writing " + tmp);
+  if (st.ok() && ::fdatasync(fd) != 0) st = ErrnoError(errno, "fdatasync " + tmp);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
+    st = ErrnoError(errno, "renaming " + tmp);
+  if (!st.ok()) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return st;
+  }
   ::close(manifest_fd);
   manifest_fd = fd;
   OFFLOADD_LOG(kInfo, "storage") << "compacted " << path << " from " << manifest_size << " to "
@@ -205,6 +216,14 @@ Status TensorStore::Impl::CompactManifest() {
   manifest_size = bytes.size();
   manifest_size_public = manifest_size;
   manifest_compacted_size = manifest_size;
+  st = FsyncDirectory(dir);
+  if (!st.ok()) {
+    // The rename may not survive a crash, and later appends would then be lost with the new file.
+    std::lock_guard lock(index_mu);
+    manifest_broken = UnavailableError(st.message() + " after compacting " + path +
+                                       "; writes are refused until the store restarts");
+    return st;
+  }
   return OkStatus();
 }
 
