@@ -305,6 +305,9 @@ StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(StoreOptions options) {
   impl->options = std::move(options);
   RETURN_IF_ERROR(impl->OpenDirectories());
   RETURN_IF_ERROR(impl->Recover());
+  // fdatasync makes a file's data durable, not its name: make sure the data files and the
+  // manifest created by this open are in their directories before anything is committed.
+  for (const auto& d : impl->dirs) RETURN_IF_ERROR(FsyncDirectory(d->path));
   RETURN_IF_ERROR(impl->StartEngines());
   Impl* raw = impl.get();
   impl->commit_thread = std::thread([raw] { raw->CommitLoop(); });
