@@ -44,8 +44,10 @@ std::vector<int> AllowedCpus() {
   return out;
 }
 
-std::vector<std::vector<int>> NumaNodes(const std::vector<int>& allowed,
-                                        const std::string& sys_root) {
+namespace {
+
+std::vector<std::pair<int, std::vector<int>>> ScanNodes(const std::vector<int>& allowed,
+                                                        const std::string& sys_root) {
   const std::set<int> ok(allowed.begin(), allowed.end());
   std::vector<std::pair<int, std::vector<int>>> nodes;
   std::error_code ec;
@@ -67,9 +69,22 @@ std::vector<std::vector<int>> NumaNodes(const std::vector<int>& allowed,
     if (!mine.empty()) nodes.emplace_back(std::stoi(name.substr(4)), std::move(mine));
   }
   std::sort(nodes.begin(), nodes.end());
+  if (nodes.empty() && !allowed.empty()) nodes.emplace_back(0, allowed);  // no NUMA info: one node
+  return nodes;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> NumaNodes(const std::vector<int>& allowed,
+                                        const std::string& sys_root) {
   std::vector<std::vector<int>> out;
-  for (auto& [id, cpus] : nodes) out.push_back(std::move(cpus));
-  if (out.empty() && !allowed.empty()) out.push_back(allowed);  // no NUMA information: one node
+  for (auto& [id, cpus] : ScanNodes(allowed, sys_root)) out.push_back(std::move(cpus));
+  return out;
+}
+
+std::vector<int> NumaNodeIds(const std::vector<int>& allowed, const std::string& sys_root) {
+  std::vector<int> out;
+  for (const auto& [id, cpus] : ScanNodes(allowed, sys_root)) out.push_back(id);
   return out;
 }
 

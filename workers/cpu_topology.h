@@ -20,6 +20,9 @@ StatusOr<std::vector<int>> ParseCpuList(std::string_view text);
 // CPUs per NUMA node, restricted to `allowed`; `sys_root` is a seam for tests.
 std::vector<std::vector<int>> NumaNodes(const std::vector<int>& allowed,
                                         const std::string& sys_root = "/sys/devices/system/node");
+// The kernel's node ids of NumaNodes()'s entries, in the same order ({0} without sysfs).
+std::vector<int> NumaNodeIds(const std::vector<int>& allowed,
+                             const std::string& sys_root = "/sys/devices/system/node");
 
 std::vector<int> AllowedCpus();  // sched_getaffinity of the calling thread
 

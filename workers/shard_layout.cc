@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "ipc/numa.h"
 #include "workers/shard_executor.h"
 
 namespace offloadd::workers {
@@ -58,6 +59,26 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
                              RoundUp(UndoRegionBytes(pool.threads_per_process), kAlign));
   const uint64_t table = uint64_t{RegionsFor(layers, o, pool.processes)} * 80 + 4096;
   return bytes + RoundUp(table, kAlign) + kAlign;
+}
+
+Status BindShardsToWorkers(const ipc::Arena& arena, const std::vector<ShardSpec>& shards,
+                           const WorkerPool& pool) {
+  if (pool.NumaNodesUsed() <= 1) return OkStatus();
+  for (const ShardSpec& s : shards) {
+    const int node = s.worker >= 0 ? pool.NumaNodeOf(static_cast<uint32_t>(s.worker)) : -1;
+    if (node < 0) continue;
+    const uint64_t n = s.num_elements;
+    const uint64_t gsize = s.grad_dtype == GradDtype::kBf16 ? 2 : 4;
+    const std::pair<uint64_t, uint64_t> ranges[] = {
+        {s.grad_offset, n * gsize},   {s.master_offset, n * 4},  {s.exp_avg_offset, n * 4},
+        {s.exp_avg_sq_offset, n * 4}, {s.weights_offset, n * 2}, {s.accum_offset, n * 4}};
+    for (const auto& [offset, bytes] : ranges) {
+      if (offset == 0) continue;  // no accumulation buffer
+      Status st = ipc::BindToNumaNode(arena.At<void>(offset), bytes, node);
+      if (!st.ok()) return st.WithContext("layer " + std::to_string(s.layer));
+    }
+  }
+  return OkStatus();
 }
 
 StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,

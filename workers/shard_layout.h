@@ -39,6 +39,11 @@ uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOption
 // Segment bytes (data area) for the shards, the pool's rings and redo slots, and the region table.
 uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
                        const WorkerPoolOptions& pool);
+// Moves every shard's state onto the NUMA node of the worker that updates it (no-op when the
+// workers run on one node). Call after WorkerPool::Start and before the first step; needs the
+// shards to be mapped by this process only or CAP_SYS_NICE (mbind MPOL_MF_MOVE).
+Status BindShardsToWorkers(const ipc::Arena& arena, const std::vector<ShardSpec>& shards,
+                           const WorkerPool& pool);
 // Allocates every shard's regions; shard s goes to worker s % processes.
 StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
                                                 const std::vector<uint64_t>& layers,

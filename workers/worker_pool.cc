@@ -45,6 +45,7 @@ struct WorkerPool::Pending {
 struct WorkerPool::Worker {
   uint32_t index = 0;
   std::vector<int> cpus;
+  int numa_node = -1;
   pid_t pid = -1;
   ipc::UniqueFd pidfd, control;
   int death_fd = -1;  // pidfd, or the control socket when pidfd_open is unavailable
@@ -98,14 +99,11 @@ Status WorkerPool::Init() {
   }
   ASSIGN_OR_RETURN(path_, ParseKernelPath(o.kernel_path));
   CpuPlan plan;
+  std::vector<int> node_ids;
   if (o.pin_threads) {
-    std::vector<std::vector<int>> nodes;
-    if (o.cpus.empty()) {
-      nodes = NumaNodes(AllowedCpus());
-    } else {
-      nodes = NumaNodes(o.cpus);
-      if (nodes.empty()) nodes.push_back(o.cpus);
-    }
+    const std::vector<int> allowed = o.cpus.empty() ? AllowedCpus() : o.cpus;
+    std::vector<std::vector<int>> nodes = NumaNodes(allowed);
+    node_ids = NumaNodeIds(allowed);
     plan = PlanWorkerCpus(o.processes, o.threads_per_process, nodes);
     oversubscribed_ = plan.oversubscribed;
     if (plan.oversubscribed) {
@@ -123,7 +121,10 @@ Status WorkerPool::Init() {
   for (uint32_t i = 0; i < o.processes; ++i) {
     auto w = std::make_unique<Worker>();
     w->index = i;
-    if (o.pin_threads) w->cpus = plan.cpus[i];
+    if (o.pin_threads) {
+      w->cpus = plan.cpus[i];
+      if (!node_ids.empty()) w->numa_node = node_ids[plan.node[i]];
+    }
     // Rings and redo slots survive a pool restart in the same arena: reuse them if present.
     StatusOr<ipc::RingQueue<ipc::CommandRecord>> cmd = Status(StatusCode::kUnknown, "unset");
     auto region = arena_->Find(CommandQueueName(i));
@@ -563,6 +564,7 @@ WorkerPoolMetrics WorkerPool::Metrics() const {
     x.busy_seconds_total = w->busy_seconds;
     x.queue_depth = static_cast<uint32_t>(w->pending.size() + w->in_flight.size());
     x.cpus = w->cpus;
+    x.numa_node = w->numa_node;
     m.workers.push_back(std::move(x));
   }
   m.restarts_total = restarts_total_;
@@ -574,6 +576,20 @@ WorkerPoolMetrics WorkerPool::Metrics() const {
   m.kernel_path = std::string(KernelPathName(path_));
   m.cpus_oversubscribed = oversubscribed_;
   return m;
+}
+
+int WorkerPool::NumaNodeOf(uint32_t worker) const {
+  return worker < workers_.size() ? workers_[worker]->numa_node : -1;
+}
+
+int WorkerPool::NumaNodesUsed() const {
+  std::vector<int> nodes;
+  for (const auto& w : workers_) {
+    if (w->numa_node >= 0 && std::find(nodes.begin(), nodes.end(), w->numa_node) == nodes.end()) {
+      nodes.push_back(w->numa_node);
+    }
+  }
+  return std::max<int>(1, static_cast<int>(nodes.size()));
 }
 
 std::vector<pid_t> WorkerPool::Pids() const {

@@ -70,6 +70,7 @@ struct WorkerPoolMetrics {
     double busy_seconds_total = 0;      // time spent executing commands
     uint32_t queue_depth = 0;           // submitted, not yet completed
     std::vector<int> cpus;
+    int numa_node = -1;
   };
   std::vector<Worker> workers;
   uint64_t restarts_total = 0;
@@ -106,6 +107,10 @@ class WorkerPool {
 
   WorkerPoolMetrics Metrics() const;
   std::vector<pid_t> Pids() const;
+  // The NUMA node id worker `worker`'s threads run on; -1 when threads are not pinned.
+  int NumaNodeOf(uint32_t worker) const;
+  // Number of distinct NUMA nodes the workers run on (1 on single-node machines).
+  int NumaNodesUsed() const;
   uint32_t size() const { return static_cast<uint32_t>(workers_.size()); }
 
  private:

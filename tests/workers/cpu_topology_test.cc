@@ -26,6 +26,8 @@ TEST(CpuTopologyTest, ReadsNumaNodesAndSpreadsProcesses) {
   }
   std::filesystem::create_directories(root / "power");                 // not a node
   const auto nodes = NumaNodes({0, 1, 2, 3, 4, 5, 6}, root.string());  // cpu 7 not allowed
+  EXPECT_EQ(NumaNodeIds({0, 1, 2, 3, 4, 5, 6}, root.string()), (std::vector<int>{0, 1}));
+  EXPECT_EQ(NumaNodeIds({5}, root.string()), (std::vector<int>{1}));
   std::filesystem::remove_all(root);
   ASSERT_EQ(nodes.size(), 2u);
   EXPECT_EQ(nodes[1], (std::vector<int>{4, 5, 6}));

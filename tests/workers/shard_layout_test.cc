@@ -52,6 +52,8 @@ TEST(ShardLayoutTest, SizesTheSegmentFromThePlan) {
     ASSERT_TRUE(shards.ok()) << shards.status().ToString();
     auto pool = WorkerPool::Start(&*seg, &*arena, po);
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    EXPECT_GE((*pool)->NumaNodeOf(0), 0);
+    EXPECT_TRUE(BindShardsToWorkers(*arena, *shards, **pool).ok());
     const ipc::ArenaStats stats = arena->Stats();
     EXPECT_LE(stats.used_bytes, stats.capacity_bytes);
     EXPECT_GE(stats.used_bytes + (1u << 20), bytes - 2 * 4096) << "estimate far above the need";
