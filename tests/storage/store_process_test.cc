@@ -62,6 +62,8 @@ class StoreProcessTest : public ::testing::Test {
     return *c;
   }
 
+  void KillNineRounds(const std::vector<std::string>& extra);
+
   ScratchDir scratch_;
   ipc::SharedSegment segment_;
   ipc::Arena arena_;
@@ -179,8 +181,8 @@ TEST_F(StoreProcessTest, ServesPrometheusMetricsThatPromtoolAccepts) {
   EXPECT_TRUE((*p)->Shutdown().ok());
 }
 
-// kill -9 while writes are in flight, restart, check. Five rounds on the same directories.
-TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) {
+// kill -9 while writes are in flight, restart, check; `extra` selects the engine.
+void StoreProcessTest::KillNineRounds(const std::vector<std::string>& extra) {
   constexpr int kKeys = 6;
   constexpr size_t kSize = 1000000 + 4097;  // odd: a partial last chunk on some directory
   std::vector<ipc::Region> src;
@@ -196,7 +198,7 @@ TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) {
   std::mt19937 rng(1234);
   uint64_t id = 0;
   for (int round = 0; round < 5; ++round) {
-    auto p = StoreProcess::Launch(segment_, &arena_, Options());
+    auto p = StoreProcess::Launch(segment_, &arena_, Options(extra));
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     // Verify what the previous round left: for every key, a version in [acked, submitted] whose
     // bytes are exactly that version's.
@@ -250,6 +252,12 @@ TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) {
                           " --verify --log-level=error --dir=" + scratch_.Sub("nvme0") +
                           " --dir=" + scratch_.Sub("nvme1") + ":2 > " + scratch_.Sub("verify.txt");
   EXPECT_EQ(::system(cmd.c_str()), 0);
+}
+
+TEST_F(StoreProcessTest, KillNineMidWritesLosesNoCommittedVersion) { KillNineRounds({}); }
+
+TEST_F(StoreProcessTest, KillNineMidWritesOnTheThreadPoolFallback) {
+  KillNineRounds({"--io-engine=threads"});
 }
 
 }  // namespace
