@@ -10,10 +10,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _tool() -> pathlib.Path:
-    candidates = []
+    # Under ctest OFFLOADD_BINARY_DIR names the build being tested: use that one only.
     if os.environ.get("OFFLOADD_BINARY_DIR"):
-        candidates.append(pathlib.Path(os.environ["OFFLOADD_BINARY_DIR"]))
-    candidates += [ROOT / "build-workers", ROOT / "build"]
+        candidates = [pathlib.Path(os.environ["OFFLOADD_BINARY_DIR"])]
+    else:
+        candidates = [ROOT / "build", ROOT / "build-workers"]
     for d in candidates:
         p = d / "workers" / "offloadd-optim-tool"
         if p.exists():
