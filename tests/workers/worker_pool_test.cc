@@ -4,7 +4,10 @@
 #include "workers/worker_pool.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -381,6 +384,42 @@ TEST(WorkerPoolTest, ANewPoolReusesTheArena) {
   auto bigger = WorkerPool::Start(&m.segment(), &m.arena(), Options(1, 4));
   ASSERT_FALSE(bigger.ok());
   EXPECT_EQ(bigger.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(WorkerPoolTest, WorkersDieWithTheDaemon) {
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t daemon = fork();
+  ASSERT_GE(daemon, 0);
+  if (daemon == 0) {  // a stand-in daemon: start a pool, report its workers, die hard
+    close(pipefd[0]);
+    Model m({1'000});
+    auto pool = WorkerPool::Start(&m.segment(), &m.arena(), Options(2, 1));
+    if (!pool.ok()) _exit(1);
+    for (pid_t pid : (*pool)->Pids()) {
+      if (write(pipefd[1], &pid, sizeof(pid)) != sizeof(pid)) _exit(2);
+    }
+    close(pipefd[1]);
+    raise(SIGKILL);
+  }
+  close(pipefd[1]);
+  std::vector<pid_t> workers;
+  pid_t pid;
+  while (read(pipefd[0], &pid, sizeof(pid)) == sizeof(pid)) workers.push_back(pid);
+  close(pipefd[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(daemon, &status, 0), daemon);
+  ASSERT_EQ(workers.size(), 2u) << "stand-in daemon failed to start its pool";
+  for (pid_t w : workers) {
+    const int fd = static_cast<int>(syscall(SYS_pidfd_open, w, 0));
+    if (fd < 0) {
+      EXPECT_EQ(errno, ESRCH);  // already gone and reaped
+      continue;
+    }
+    pollfd p{fd, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 30000), 1) << "worker " << w << " outlived its daemon";
+    close(fd);
+  }
 }
 
 TEST(WorkerPoolTest, WorkerRefusesACorruptArena) {
