@@ -49,7 +49,7 @@ enum class RegionKind : uint32_t {
   kExpAvgSq = 4,      // Adam second moment window
   kGradAccum = 5,     // fp32 gradient accumulation across micro-batches
   kQueue = 6,         // ring queues (ipc/ring_queue.h)
-  kControl = 7,       // step counters, undo logs, other small shared state
+  kControl = 7,       // step counters, redo slots, other small shared state
   kIoBuffer = 8,      // NVMe store read/write buffers
   kOther = 9,
 };
