@@ -121,3 +121,16 @@ def test_converter_rejects_garbage(tmp_path):
                            "--model", str(bad), "--tokenizer", str(DATA / "tok512.bin"),
                            "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert proc.returncode != 0 and "bad.bin" in proc.stderr
+
+
+def test_offloadd_generate_with_native_tokenizer(hf_dir):
+    """offloadd-generate (engine + text/ tokenizer, all C++) prints the documented sample."""
+    from engine_testlib import BINARY_DIR
+    exe = BINARY_DIR / "engine" / "offloadd-generate"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (needs the text/ component)")
+    proc = subprocess.run([str(exe), "--model", str(hf_dir), "--max-new-tokens", str(STEPS),
+                           "--stop-ids", "1"], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == expected_text()
