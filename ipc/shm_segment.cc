@@ -20,8 +20,9 @@ size_t RoundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 Status SizeError(int err, size_t bytes, const char* what) {
   std::string hint;
   if (err == ENOMEM || err == ENOSPC) {
-    hint = " (the segment lives in shared memory: check free space with `df -h /dev/shm`, the "
-           "memory cgroup limit, and for huge pages /proc/sys/vm/nr_hugepages)";
+    hint = " (memfd segments are anonymous shared memory: they count against free RAM and the "
+           "service's memory cgroup limit (MemoryMax=), not /dev/shm; for huge pages, "
+           "/proc/sys/vm/nr_hugepages)";
   }
   return ErrnoError(err, std::string(what) + " of " + std::to_string(bytes) + " bytes" + hint);
 }
