@@ -1,6 +1,7 @@
 """stories260K (Karpathy's pretrained llama2.c model): the converter produces a Hugging Face
 directory whose greedy sample, from our engine and from transformers, is the documented one."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -131,6 +132,6 @@ def test_offloadd_generate_with_native_tokenizer(hf_dir):
         pytest.skip(f"{exe} not built (needs the text/ component)")
     proc = subprocess.run([str(exe), "--model", str(hf_dir), "--max-new-tokens", str(STEPS),
                            "--stop-ids", "1"], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == expected_text()
