@@ -2,7 +2,8 @@
 // GPU against the CPU fp32 reference, and save modes on the GPU. Skips cleanly without CUDA.
 //
 // Tolerances: relative error ||a - b|| / ||b|| over whole tensors; bf16 (8 mantissa bits) 3e-2
-// for logits, 6e-2 for gradients; fp32 on CUDA 1e-4 (TF32 is off by default in LibTorch).
+// for logits, 6e-2 for gradients; fp32 on CUDA 2e-3 (cuBLAS TF32 is off by default in LibTorch,
+// but the memory-efficient attention kernel may use TF32 tensor cores: 10-bit mantissa).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -111,9 +112,9 @@ TEST_P(GpuTest, Fp32OnCudaMatchesCpu) {
   auto m = Model::Load(dir_, {c10::kFloat, c10::Device(c10::kCUDA)});
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   Out o = RunModel(**m, ids_, targets_, SaveMode::kKeep);
-  EXPECT_LT(RelErr(o.loss, ref_.loss), 1e-4);
-  EXPECT_LT(RelErr(o.logits, ref_.logits), 1e-4);
-  for (const auto& [k, g] : ref_.grads) EXPECT_LT(RelErr(o.grads.at(k), g), 1e-4) << k;
+  EXPECT_LT(RelErr(o.loss, ref_.loss), 2e-3);
+  EXPECT_LT(RelErr(o.logits, ref_.logits), 2e-3);
+  for (const auto& [k, g] : ref_.grads) EXPECT_LT(RelErr(o.grads.at(k), g), 2e-3) << k;
 }
 
 TEST_P(GpuTest, SaveModesAgreeOnCuda) {

@@ -206,7 +206,7 @@ def test_out_of_range_token_is_an_error(tmp_path):
 # ---- GPU variants (run on the GPU machine; skipped without CUDA) --------------------------------
 # bf16 on both sides (our flash-attention kernels vs transformers' sdpa): relative error of whole
 # tensors ||ours - ref|| / ||ref|| below 3e-2 for logits/loss and 8e-2 for gradients (8-bit
-# mantissa, different op order). fp32 on CUDA: 1e-4.
+# mantissa, different op order). fp32 on CUDA: 2e-3 (attention kernels may use TF32).
 def rel_err(a, b):
     a, b = a.float().cpu(), b.float().cpu()
     return ((a - b).norm() / (b.norm() + 1e-12)).item()
@@ -224,7 +224,7 @@ def test_gpu_matches_transformers(model_and_dir, tmp_path, dtype):
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="sdpa",
                                                             dtype=tdtype).cuda()
     logits, loss, grads = hf_reference(ref, ids.cuda(), labels.cuda())
-    tol, gtol = (3e-2, 8e-2) if dtype == "bf16" else (1e-4, 1e-4)
+    tol, gtol = (3e-2, 8e-2) if dtype == "bf16" else (2e-3, 2e-3)
     assert rel_err(ours["logits"], logits) < tol
     assert rel_err(ours["loss"], loss) < tol
     for n, g in grads.items():
