@@ -5,7 +5,9 @@ prints one table (load time, encode MB/s single-threaded and batched).
     run_bench.py --build build-text [--tokenizer DIR_OR_FILE ...] [--corpus FILE] [--threads 2]
 
 Python `tokenizers` is measured with a per-text encode() loop (one thread) and encode_batch()
-(its Rust thread pool, RAYON_NUM_THREADS set to --threads).
+(its Rust thread pool, RAYON_NUM_THREADS set to --threads). A directory is loaded on both sides the
+way transformers' AutoTokenizer loads it. Figures are noisy on a shared machine: the script prints
+the load average.
 """
 import argparse
 import json
@@ -36,7 +38,8 @@ def main():
     from tokenizers import Tokenizer
     texts = texts_of(args.corpus)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
-    print(f"corpus: {len(texts)} texts, {mb:.2f} MB; threads={args.threads}")
+    print(f"corpus: {len(texts)} texts, {mb:.2f} MB; threads={args.threads}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'tokenizer':<12} {'impl':<10} {'load s':>7} {'1-thread MB/s':>14} "
           f"{args.threads}-thread MB/s")
     for path in toks:
@@ -49,7 +52,11 @@ def main():
               f"{out['warm_1_thread']['MB_per_s']:>14.2f} "
               f"{out[f'warm_{args.threads}_threads']['MB_per_s']:>13.2f}")
         t0 = time.perf_counter()
-        tok = Tokenizer.from_file(path)
+        if pathlib.Path(path).is_dir():  # the pipeline transformers builds for the directory
+            from transformers import AutoTokenizer
+            tok = AutoTokenizer.from_pretrained(path).backend_tokenizer
+        else:
+            tok = Tokenizer.from_file(path)
         load = time.perf_counter() - t0
         for t in texts:  # warm the cache like the native warm pass
             tok.encode(t, add_special_tokens=False)
