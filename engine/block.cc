@@ -51,6 +51,8 @@ Status Block::To(c10::Device device, c10::ScalarType dtype) {
     }
   } catch (const c10::Error& e) {
     return InternalError(name_ + ": moving parameters failed: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(name_ + ": moving parameters failed: " + e.what());
   }
   return OkStatus();
 }
@@ -133,6 +135,8 @@ StatusOr<at::Tensor> Block::Forward(const MicroBatch& mb, const at::Tensor& x, S
     return out;
   } catch (const c10::Error& e) {
     return InternalError(name_ + " forward: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(name_ + " forward: " + e.what());
   }
 }
 
@@ -180,6 +184,8 @@ StatusOr<at::Tensor> Block::Backward(const MicroBatch& mb, const at::Tensor& gra
     return Backprop(mb, grad_out, tensors, on_grad);
   } catch (const c10::Error& e) {
     return InternalError(name_ + " backward: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(name_ + " backward: " + e.what());
   }
 }
 
@@ -192,6 +198,8 @@ StatusOr<at::Tensor> Block::Logits(const MicroBatch& mb, const at::Tensor& x) {
     return RunLogits(mb, x);
   } catch (const c10::Error& e) {
     return InternalError(name_ + " logits: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(name_ + " logits: " + e.what());
   }
 }
 

@@ -95,6 +95,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
     }
   } catch (const c10::Error& e) {
     return InternalError(dir + ": loading parameters: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(dir + ": loading parameters: " + e.what());
   }
 
   const std::string tied_target = m->blocks_[0]->params()[0].name;
@@ -192,6 +194,8 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
     return mb;
   } catch (const c10::Error& e) {
     return InternalError(std::string("micro-batch: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(std::string("micro-batch: ") + e.what());
   }
 }
 
@@ -229,14 +233,18 @@ StatusOr<std::vector<int64_t>> Model::GenerateGreedy(const std::vector<int64_t>&
                                                      const std::vector<int64_t>& stop_ids) {
   if (prompt.empty()) return InvalidArgumentError("GenerateGreedy: empty prompt");
   std::vector<int64_t> ids = prompt;
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    if (static_cast<int64_t>(ids.size()) >= config_.max_position_embeddings) break;
-    at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
-    ASSIGN_OR_RETURN(MicroBatch mb, PrepareBatch(input, at::Tensor(), 0));
-    ASSIGN_OR_RETURN(at::Tensor logits, Logits(mb));
-    const int64_t next = logits[0][-1].to(at::kFloat).argmax().item<int64_t>();
-    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) break;
-    ids.push_back(next);
+  try {
+    for (int64_t step = 0; step < max_new_tokens; ++step) {
+      if (static_cast<int64_t>(ids.size()) >= config_.max_position_embeddings) break;
+      at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+      ASSIGN_OR_RETURN(MicroBatch mb, PrepareBatch(input, at::Tensor(), 0));
+      ASSIGN_OR_RETURN(at::Tensor logits, Logits(mb));
+      const int64_t next = logits[0][-1].to(at::kFloat).argmax().item<int64_t>();
+      if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) break;
+      ids.push_back(next);
+    }
+  } catch (const std::exception& e) {
+    return InternalError(std::string("generate: ") + e.what());
   }
   return ids;
 }
@@ -286,6 +294,8 @@ Status Model::Export(const std::string& out_dir) const {
     }
   } catch (const c10::Error& e) {
     return InternalError(std::string("export: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(std::string("export: ") + e.what());
   }
   int64_t total = 0;
   nlohmann::json weight_map = nlohmann::json::object();

@@ -261,3 +261,33 @@ def test_packed_documents_do_not_attend_across_segments(model_and_dir, tmp_path)
     save_file({"input_ids": ids, "labels": labels, "position_ids": pos}, str(tmp_path / "noseg.safetensors"))
     noseg = run_check(d, tmp_path / "noseg.safetensors", tmp_path / "noseg_out.safetensors")
     assert (noseg["logits"] - ours["logits"]).abs().max() > 1e-3
+
+
+VARIANTS = {
+    # Llama with attention_bias (q/k/v and o biases), tied embeddings, linear rope scaling, head_dim
+    # different from hidden/heads.
+    "llama_attn_bias_linear_rope": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=12, attention_bias=True, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0},
+        attn_implementation="eager")),
+    # Mistral (same block math; sliding window longer than the sequence).
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=64, attn_implementation="eager")),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_config_variants_match_transformers(name, tmp_path):
+    torch.manual_seed(4)
+    model = VARIANTS[name]()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / name)
+    ids, labels = make_batch(model.config.vocab_size, seed=23)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    ours = run_check(tmp_path / name, tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    compare(ours, *hf_reference(model, ids, labels))
