@@ -1,0 +1,349 @@
+// Built-in functions of the Jinja subset: Python string and dict methods, tests (`is ...`),
+// globals (raise_exception, namespace, dict, range, strftime_now) and string helpers.
+
+#include "text/jinja_builtins.h"
+
+#include <algorithm>
+#include <ctime>
+
+#include "text/unicode.h"
+
+namespace offloadd::text::jinja {
+
+namespace {
+
+bool IsPySpace(uint32_t cp) { return IsUnicodeWhitespace(cp) || (cp >= 0x1C && cp <= 0x1F); }
+
+}  // namespace
+
+std::string Strip(const std::string& s, const Value* chars, bool left, bool right) {
+  auto strip_cp = [&](const std::string& ch) {
+    if (chars != nullptr && chars->is_string()) return chars->str().find(ch) != std::string::npos;
+    size_t p = 0;
+    return IsPySpace(NextCodePoint(ch, &p));
+  };
+  std::vector<std::string> cps = SplitCodePoints(s);
+  size_t b = 0, e = cps.size();
+  if (left) {
+    while (b < e && strip_cp(cps[b])) ++b;
+  }
+  if (right) {
+    while (e > b && strip_cp(cps[e - 1])) --e;
+  }
+  std::string out;
+  for (size_t i = b; i < e; ++i) out += cps[i];
+  return out;
+}
+
+// Python str.upper()/lower(): full Unicode case mapping (through ICU for non-ASCII text).
+std::string AsciiCase(std::string s, bool upper) {
+  for (unsigned char c : s) {
+    if (c >= 0x80) {
+      auto r = upper ? Uppercase(s) : Lowercase(s);
+      if (r.ok()) return *r;
+      break;
+    }
+  }
+  for (char& c : s)
+    c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c))
+                                : std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string Title(const std::string& s) {
+  std::string out = s;
+  bool prev_letter = false;
+  for (char& c : out) {
+    const bool letter = std::isalpha(static_cast<unsigned char>(c)) != 0;
+    if (letter) c = static_cast<char>(prev_letter ? std::tolower(c) : std::toupper(c));
+    prev_letter = letter || (static_cast<unsigned char>(c) >= 0x80);
+  }
+  return out;
+}
+
+std::vector<std::string> PySplit(const std::string& s, const Value* sep, int64_t maxsplit) {
+  std::vector<std::string> out;
+  if (sep == nullptr || sep->is_none() || sep->is_undefined()) {
+    size_t i = 0;
+    while (true) {
+      while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+      if (i >= s.size()) break;
+      if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
+        std::string rest = s.substr(i);
+        while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back())))
+          rest.pop_back();
+        out.push_back(rest);
+        break;
+      }
+      size_t e = i;
+      while (e < s.size() && !std::isspace(static_cast<unsigned char>(s[e]))) ++e;
+      out.push_back(s.substr(i, e - i));
+      i = e;
+    }
+    return out;
+  }
+  const std::string& d = sep->str();
+  size_t start = 0;
+  while (true) {
+    if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) break;
+    const size_t pos = d.empty() ? std::string::npos : s.find(d, start);
+    if (pos == std::string::npos) break;
+    out.push_back(s.substr(start, pos - start));
+    start = pos + d.size();
+  }
+  out.push_back(s.substr(start));
+  return out;
+}
+
+std::string ReplaceStr(const std::string& s, const std::string& from, const std::string& to,
+                       int64_t count) {
+  if (from.empty()) return s;
+  std::string out;
+  size_t start = 0;
+  int64_t n = 0;
+  while (count < 0 || n < count) {
+    const size_t pos = s.find(from, start);
+    if (pos == std::string::npos) break;
+    out += s.substr(start, pos - start) + to;
+    start = pos + from.size();
+    ++n;
+  }
+  return out + s.substr(start);
+}
+
+const Value* Arg(const std::vector<Value>& args, const KwArgs& kwargs, size_t pos,
+                 const char* name) {
+  for (const auto& [k, v] : kwargs) {
+    if (k == name) return &v;
+  }
+  return pos < args.size() ? &args[pos] : nullptr;
+}
+
+std::optional<Value> DictMethod(const Value& obj, const std::string& name) {
+  if (name == "items" || name == "keys" || name == "values") {
+    return Value::NewFunction([obj, name](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
+      List out;
+      for (const auto& [k, v] : obj.dict()) {
+        if (name == "items")
+          out.push_back(Value::NewList({Value::String(k), v}));
+        else if (name == "keys")
+          out.push_back(Value::String(k));
+        else
+          out.push_back(v);
+      }
+      return Value::NewList(std::move(out));
+    });
+  }
+  if (name == "get") {
+    return Value::NewFunction([obj](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      if (args.empty() || !args[0].is_string()) return InvalidArgumentError("dict.get needs a key");
+      if (Value* v = obj.Find(args[0].str())) return *v;
+      return args.size() > 1 ? args[1] : Value::None();
+    });
+  }
+  return std::nullopt;
+}
+
+std::optional<Value> StringMethod(const std::string& s, const std::string& name) {
+  auto fn = [](auto f) { return Value::NewFunction(f); };
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      return Value::String(
+          Strip(s, args.empty() ? nullptr : &args[0], name != "rstrip", name != "lstrip"));
+    });
+  }
+  if (name == "upper" || name == "lower") {
+    return fn([s, name](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
+      return Value::String(AsciiCase(s, name == "upper"));
+    });
+  }
+  if (name == "title") {
+    return fn(
+        [s](std::vector<Value>&, KwArgs&) -> StatusOr<Value> { return Value::String(Title(s)); });
+  }
+  if (name == "capitalize") {
+    return fn([s](std::vector<Value>&, KwArgs&) -> StatusOr<Value> {
+      std::string out = AsciiCase(s, false);
+      if (!out.empty())
+        out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+      return Value::String(out);
+    });
+  }
+  if (name == "startswith" || name == "endswith") {
+    return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      if (args.empty()) return InvalidArgumentError(name + " needs an argument");
+      List options = args[0].is_list() ? args[0].list() : List{args[0]};
+      for (const auto& o : options) {
+        if (!o.is_string()) return InvalidArgumentError(name + " needs strings");
+        const std::string& p = o.str();
+        const bool hit =
+            name == "startswith"
+                ? s.compare(0, p.size(), p) == 0
+                : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+        if (hit) return Value::Bool(true);
+      }
+      return Value::Bool(false);
+    });
+  }
+  if (name == "split") {
+    return fn([s](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+      const Value* sep = Arg(args, kwargs, 0, "sep");
+      const Value* maxsplit = Arg(args, kwargs, 1, "maxsplit");
+      List out;
+      for (auto& part : PySplit(
+               s, sep,
+               maxsplit && maxsplit->kind() == Value::Kind::kInt ? maxsplit->int_value() : -1)) {
+        out.push_back(Value::String(part));
+      }
+      return Value::NewList(std::move(out));
+    });
+  }
+  if (name == "replace") {
+    return fn([s](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      if (args.size() < 2 || !args[0].is_string() || !args[1].is_string()) {
+        return InvalidArgumentError("replace needs two strings");
+      }
+      const int64_t count =
+          args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
+      return Value::String(ReplaceStr(s, args[0].str(), args[1].str(), count));
+    });
+  }
+  if (name == "find" || name == "count") {
+    return fn([s, name](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      if (args.empty() || !args[0].is_string())
+        return InvalidArgumentError(name + " needs a string");
+      const std::string& sub = args[0].str();
+      if (name == "find") {
+        const size_t pos = s.find(sub);
+        if (pos == std::string::npos) return Value::Int(-1);
+        return Value::Int(static_cast<int64_t>(SplitCodePoints(s.substr(0, pos)).size()));
+      }
+      int64_t c = 0;
+      for (size_t pos = s.find(sub); pos != std::string::npos && !sub.empty();
+           pos = s.find(sub, pos + sub.size()))
+        ++c;
+      return Value::Int(c);
+    });
+  }
+  if (name == "join") {
+    return fn([s](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+      if (args.empty() || !args[0].is_list()) return InvalidArgumentError("join needs a list");
+      std::string out;
+      for (size_t i = 0; i < args[0].list().size(); ++i)
+        out += (i ? s : "") + args[0].list()[i].ToString();
+      return Value::String(out);
+    });
+  }
+  return std::nullopt;
+}
+
+StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args) {
+  if (name == "defined") return !v.is_undefined();
+  if (name == "undefined") return v.is_undefined();
+  if (name == "none") return v.is_none();
+  if (name == "string") return v.is_string();
+  if (name == "number") return v.is_number();
+  if (name == "integer") return v.kind() == Value::Kind::kInt;
+  if (name == "float") return v.kind() == Value::Kind::kFloat;
+  if (name == "boolean") return v.kind() == Value::Kind::kBool;
+  if (name == "true") return v.kind() == Value::Kind::kBool && v.bool_value();
+  if (name == "false") return v.kind() == Value::Kind::kBool && !v.bool_value();
+  if (name == "mapping") return v.is_dict();
+  if (name == "sequence") return v.is_list() || v.is_string() || v.is_dict();
+  if (name == "iterable") return v.is_list() || v.is_string() || v.is_dict();
+  if (name == "callable") return v.is_function();
+  if (name == "odd" || name == "even") {
+    if (v.kind() != Value::Kind::kInt) return InvalidArgumentError(name + " test needs an integer");
+    return (v.int_value() % 2 != 0) == (name == "odd");
+  }
+  if (name == "divisibleby") {
+    if (args.empty() || args[0].kind() != Value::Kind::kInt || args[0].int_value() == 0) {
+      return InvalidArgumentError("divisibleby needs a non-zero integer");
+    }
+    return v.kind() == Value::Kind::kInt && v.int_value() % args[0].int_value() == 0;
+  }
+  if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") {
+    if (args.empty()) return InvalidArgumentError(name + " test needs an argument");
+    return v == args[0];
+  }
+  if (name == "ne" || name == "!=") return !args.empty() && !(v == args[0]);
+  if (name == "lt" || name == "gt" || name == "le" || name == "ge") {
+    if (args.empty()) return InvalidArgumentError(name + " test needs an argument");
+    auto c = Value::Compare(v, args[0]);
+    if (!c.ok()) return InvalidArgumentError(c.status().message());
+    if (name == "lt") return *c < 0;
+    if (name == "gt") return *c > 0;
+    if (name == "le") return *c <= 0;
+    return *c >= 0;
+  }
+  if (name == "in") {
+    if (args.empty()) return InvalidArgumentError("in test needs an argument");
+    const Value& c = args[0];
+    if (c.is_list()) return std::find(c.list().begin(), c.list().end(), v) != c.list().end();
+    if (c.is_string()) return v.is_string() && c.str().find(v.str()) != std::string::npos;
+    if (c.is_dict()) return v.is_string() && c.Find(v.str()) != nullptr;
+    return false;
+  }
+  return InvalidArgumentError("unsupported test '" + name + "'");
+}
+
+void InstallGlobals(std::unordered_map<std::string, Value>* globals) {
+  (*globals)["raise_exception"] =
+      Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        return FailedPreconditionError(args.empty() ? "raise_exception" : args[0].ToString());
+      });
+  (*globals)["namespace"] =
+      Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+        Value ns = Value::NewNamespace();
+        if (!args.empty() && args[0].is_dict()) {
+          for (const auto& [k, v] : args[0].dict()) ns.Set(k, v);
+        }
+        for (const auto& [k, v] : kwargs) ns.Set(k, v);
+        return ns;
+      });
+  (*globals)["dict"] =
+      Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+        Value d = Value::NewDict();
+        if (!args.empty() && args[0].is_dict()) {
+          for (const auto& [k, v] : args[0].dict()) d.Set(k, v);
+        }
+        for (const auto& [k, v] : kwargs) d.Set(k, v);
+        return d;
+      });
+  (*globals)["range"] =
+      Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        for (const auto& a : args) {
+          if (a.kind() != Value::Kind::kInt) return InvalidArgumentError("range needs integers");
+        }
+        int64_t start = 0, stop = 0, step = 1;
+        if (args.size() == 1)
+          stop = args[0].int_value();
+        else if (args.size() >= 2) {
+          start = args[0].int_value();
+          stop = args[1].int_value();
+          if (args.size() > 2) step = args[2].int_value();
+        } else {
+          return InvalidArgumentError("range needs 1 to 3 arguments");
+        }
+        if (step == 0) return InvalidArgumentError("range step cannot be zero");
+        List out;
+        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+          out.push_back(Value::Int(i));
+          if (out.size() > 10'000'000) return InvalidArgumentError("range too large");
+        }
+        return Value::NewList(std::move(out));
+      });
+  (*globals)["strftime_now"] =
+      Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
+        if (args.empty() || !args[0].is_string())
+          return InvalidArgumentError("strftime_now needs a format");
+        const std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        char buf[256];
+        const size_t len = std::strftime(buf, sizeof(buf), args[0].str().c_str(), &tm);
+        return Value::String(std::string(buf, len));
+      });
+}
+
+}  // namespace offloadd::text::jinja

@@ -1,0 +1,41 @@
+#pragma once
+// Internal to the Jinja subset (jinja_eval.cc): Python string/dict methods, `is` tests, globals
+// and the string helpers the filters share. Errors are INVALID_ARGUMENT without a line number;
+// the evaluator adds it.
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "text/jinja_value.h"
+
+namespace offloadd::text::jinja {
+
+// str.strip/lstrip/rstrip: `chars` (a string value) or Python whitespace when null.
+std::string Strip(const std::string& s, const Value* chars, bool left, bool right);
+// str.upper()/lower() with full Unicode case mapping.
+std::string AsciiCase(std::string s, bool upper);
+// str.title() for ASCII letters.
+std::string Title(const std::string& s);
+// str.split(sep, maxsplit): whitespace runs when `sep` is null/none; maxsplit < 0: no limit.
+std::vector<std::string> PySplit(const std::string& s, const Value* sep, int64_t maxsplit);
+// str.replace(from, to, count); count < 0: all.
+std::string ReplaceStr(const std::string& s, const std::string& from, const std::string& to,
+                       int64_t count);
+// The keyword argument `name`, else the positional one at `pos`, else null.
+const Value* Arg(const std::vector<Value>& args, const KwArgs& kwargs, size_t pos,
+                 const char* name);
+
+// A bound method of a dict (items, keys, values, get) or a string (strip, split, startswith,
+// replace, ...), or nullopt when there is none of that name.
+std::optional<Value> DictMethod(const Value& obj, const std::string& name);
+std::optional<Value> StringMethod(const std::string& s, const std::string& name);
+
+// `v is name(args)`.
+StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args);
+
+// raise_exception, namespace, dict, range, strftime_now.
+void InstallGlobals(std::unordered_map<std::string, Value>* globals);
+
+}  // namespace offloadd::text::jinja
