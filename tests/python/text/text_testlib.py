@@ -159,6 +159,9 @@ def varied_corpus(name):
         "The quick brown fox jumps over the lazy dog.",
         "\u2581already\u2581has\u2581metaspace", "<0x41> looks like a byte token",
         "trailing space ", " ", "\u3000ideographic space", "mixed 123abc456 αβγ123",
+        # Unicode whitespace and near-whitespace that regex engines disagree on.
+        "a\u180eb \u2007x\u0085y\u001cz\u2060w\u1680v\u202fu\u205ft\u000bs\u000c r",
+        "\u180e\u180e x \u2007\u2007\n\u0085 end",
     ]
     for s in SPECIAL_SNIPPETS[name]:
         texts += [s, f"{s}hello", f"hello{s}", f"a {s} b", f"{s}{s}", f"  {s}  x  ",
