@@ -44,9 +44,12 @@ std::optional<int64_t> FindId(const json& j, const std::string& content) {
       return a["id"].get<int64_t>();
     }
   }
-  const json& vocab = j["model"].value("vocab", json::object());
-  auto it = vocab.find(content);
-  if (it != vocab.end() && it->is_number_integer()) return it->get<int64_t>();
+  auto model = j.find("model");
+  if (model == j.end() || !model->is_object()) return std::nullopt;
+  auto vocab = model->find("vocab");
+  if (vocab == model->end() || !vocab->is_object()) return std::nullopt;
+  auto it = vocab->find(content);
+  if (it != vocab->end() && it->is_number_integer()) return it->get<int64_t>();
   return std::nullopt;
 }
 
@@ -141,8 +144,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromParsed(const json& j,
     auto wrap = [&](const Status& s) { return s.WithContext(where); };
 
     std::unique_ptr<Tokenizer> tok(new Tokenizer());
-    const json& model = j.value("model", json());
-    if (!model.is_object()) return InvalidArgumentError(where + ": missing \"model\" object");
+    auto model_it = j.find("model");  // by reference: the model holds the whole vocabulary
+    if (model_it == j.end() || !model_it->is_object()) {
+      return InvalidArgumentError(where + ": missing \"model\" object");
+    }
+    const json& model = *model_it;
     const std::string type = model.value("type", std::string());
     // Older files omit the type; a BPE model is recognised by its merges.
     if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
