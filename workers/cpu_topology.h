@@ -6,6 +6,7 @@
 // updates it (first touch), which is what keeping shard -> worker fixed achieves.
 // Free functions; thread-safe.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
