@@ -10,10 +10,14 @@ namespace offloadd::engine {
 
 std::string_view SaveModeName(SaveMode mode) {
   switch (mode) {
-    case SaveMode::kKeep: return "keep";
-    case SaveMode::kRecompute: return "recompute";
-    case SaveMode::kOffload: return "offload";
-    case SaveMode::kNone: return "none";
+    case SaveMode::kKeep:
+      return "keep";
+    case SaveMode::kRecompute:
+      return "recompute";
+    case SaveMode::kOffload:
+      return "offload";
+    case SaveMode::kNone:
+      return "none";
   }
   return "?";
 }
@@ -34,7 +38,8 @@ void SavedState::Clear() {
 }
 
 StatusOr<std::vector<Param>> LoadParams(
-    const ParamLoader& load, const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs) {
+    const ParamLoader& load,
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs) {
   std::vector<Param> params;
   params.reserve(specs.size());
   for (const auto& [name, shape] : specs) {
@@ -63,10 +68,11 @@ Status Block::CheckPlacement(const at::Tensor& like) const {
       return FailedPreconditionError(name_ + ": parameter " + p.name + " is not resident");
     }
     if (p.value.device() != like.device() || p.value.scalar_type() != like.scalar_type()) {
-      return FailedPreconditionError(
-          name_ + ": parameter " + p.name + " is " + std::string(c10::toString(p.value.scalar_type())) +
-          " on " + p.value.device().str() + " but the block computes in " +
-          std::string(c10::toString(like.scalar_type())) + " on " + like.device().str());
+      return FailedPreconditionError(name_ + ": parameter " + p.name + " is " +
+                                     std::string(c10::toString(p.value.scalar_type())) + " on " +
+                                     p.value.device().str() + " but the block computes in " +
+                                     std::string(c10::toString(like.scalar_type())) + " on " +
+                                     like.device().str());
     }
     return OkStatus();
   };
@@ -79,11 +85,13 @@ namespace {
 // The tensor that fixes the compute device/dtype of a block: its input, or for the embedding
 // (whose input is token ids) its first parameter placed on the ids' device.
 Status CheckInput(const Block& b, const MicroBatch& mb, const at::Tensor& x) {
-  if (!mb.input_ids.defined()) return InvalidArgumentError(b.name() + ": micro-batch has no input_ids");
+  if (!mb.input_ids.defined())
+    return InvalidArgumentError(b.name() + ": micro-batch has no input_ids");
   if (b.kind() == Block::Kind::kEmbedding) return OkStatus();
   if (!x.defined() || x.dim() != 3 || x.size(0) != mb.input_ids.size(0) ||
       x.size(1) != mb.input_ids.size(1)) {
-    return InvalidArgumentError(b.name() + ": input must be [batch, seq, hidden] matching input_ids");
+    return InvalidArgumentError(b.name() +
+                                ": input must be [batch, seq, hidden] matching input_ids");
   }
   return OkStatus();
 }
@@ -105,8 +113,8 @@ StatusOr<at::Tensor> Block::Forward(const MicroBatch& mb, const at::Tensor& x, S
   if (kind_ != Kind::kEmbedding) {
     RETURN_IF_ERROR(CheckPlacement(x));
   } else if (!params_.empty() && params_[0].value.defined()) {
-    RETURN_IF_ERROR(CheckPlacement(
-        at::empty({0}, params_[0].value.options().device(mb.input_ids.device()))));
+    RETURN_IF_ERROR(
+        CheckPlacement(at::empty({0}, params_[0].value.options().device(mb.input_ids.device()))));
   }
   try {
     c10::NoGradGuard no_grad;  // all backward math is explicit
@@ -190,7 +198,8 @@ StatusOr<at::Tensor> Block::Backward(const MicroBatch& mb, const at::Tensor& gra
 }
 
 StatusOr<at::Tensor> Block::Logits(const MicroBatch& mb, const at::Tensor& x) {
-  if (kind_ != Kind::kHead) return FailedPreconditionError(name_ + ": Logits is for the head block");
+  if (kind_ != Kind::kHead)
+    return FailedPreconditionError(name_ + ": Logits is for the head block");
   RETURN_IF_ERROR(CheckInput(*this, mb, x));
   RETURN_IF_ERROR(CheckPlacement(x));
   try {

@@ -24,6 +24,7 @@ StatusOr<std::vector<std::unique_ptr<Block>>> BuildGpt2Blocks(const ModelConfig&
 
 // Helper for builders: loads each (name, shape) into a Param list.
 StatusOr<std::vector<Param>> LoadParams(
-    const ParamLoader& load, const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs);
+    const ParamLoader& load,
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs);
 
 }  // namespace offloadd::engine

@@ -27,7 +27,8 @@ Status MakeDirs(const std::string& path) {
     pos = path.find('/', pos + 1);
     cur = path.substr(0, pos);
     if (cur.empty()) continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError(errno, "mkdir " + cur);
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+      return ErrnoError(errno, "mkdir " + cur);
   }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -37,7 +38,8 @@ Status MakeDirs(const std::string& path) {
 }
 
 bool SameFile(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
@@ -84,7 +86,8 @@ Status CopyFile(const std::string& from, const std::string& to) {
 Status RemoveTree(const std::string& path) {
   if (!PathExists(path)) return OkStatus();
   auto rm = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); };
-  if (::nftw(path.c_str(), rm, 16, FTW_DEPTH | FTW_PHYS) != 0) return ErrnoError(errno, "remove " + path);
+  if (::nftw(path.c_str(), rm, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    return ErrnoError(errno, "remove " + path);
   return OkStatus();
 }
 

@@ -38,7 +38,20 @@ class Gpt2Embedding final : public Block {
 
 class Gpt2Layer final : public Block {
  public:
-  enum : size_t { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kOutW, kOutB };
+  enum : size_t {
+    kLn1W,
+    kLn1B,
+    kAttnW,
+    kAttnB,
+    kProjW,
+    kProjB,
+    kLn2W,
+    kLn2B,
+    kFcW,
+    kFcB,
+    kOutW,
+    kOutB
+  };
 
   Gpt2Layer(const ModelConfig& c, int layer, const std::string& prefix, std::vector<Param> params)
       : Block(Kind::kDecoderLayer, layer + 1, prefix + "h." + std::to_string(layer)), c_(c) {
@@ -46,7 +59,8 @@ class Gpt2Layer final : public Block {
   }
 
  protected:
-  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
+  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x,
+                 std::vector<at::Tensor>* saved) override {
     const int64_t hs = c_.hidden_size;
     at::Tensor mean1, rstd1, mean2, rstd2;
     at::Tensor n1 = ops::LayerNorm(x, P(kLn1W), P(kLn1B), c_.norm_eps, &mean1, &rstd1);
@@ -84,8 +98,7 @@ class Gpt2Layer final : public Block {
     at::Tensor n2 = ops::LayerNorm(h, P(kLn2W), P(kLn2B), c_.norm_eps, nullptr, nullptr);
     at::Tensor dn2 = ops::Conv1DBackward(dfc, n2, P(kFcW), &dw, &db);
     emit(kFcW, kFcB);
-    at::Tensor dh =
-        dy + ops::LayerNormBackward(dn2, h, P(kLn2W), P(kLn2B), mean2, rstd2, &dw, &db);
+    at::Tensor dh = dy + ops::LayerNormBackward(dn2, h, P(kLn2W), P(kLn2B), mean2, rstd2, &dw, &db);
     emit(kLn2W, kLn2B);
 
     at::Tensor dattn = ops::Conv1DBackward(dh, ops::MergeHeads(attn), P(kProjW), &dw, &db);
@@ -97,22 +110,22 @@ class Gpt2Layer final : public Block {
     at::Tensor n1 = ops::LayerNorm(x, P(kLn1W), P(kLn1B), c_.norm_eps, nullptr, nullptr);
     at::Tensor dn1 = ops::Conv1DBackward(dqkv, n1, P(kAttnW), &dw, &db);
     emit(kAttnW, kAttnB);
-    at::Tensor dx =
-        dh + ops::LayerNormBackward(dn1, x, P(kLn1W), P(kLn1B), mean1, rstd1, &dw, &db);
+    at::Tensor dx = dh + ops::LayerNormBackward(dn1, x, P(kLn1W), P(kLn1B), mean1, rstd1, &dw, &db);
     emit(kLn1W, kLn1B);
     return dx;
   }
 
   BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
-    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double n = static_cast<double>(batch * seq),
+                 e = static_cast<double>(c10::elementSize(dtype));
     const double h = c_.hidden_size, ff = c_.intermediate_size;
     BlockCost cost;
     cost.param_bytes = OwnedParamBytes();
     // x, q, k, v, attn, h, fc in dtype; two (mean, rstd) pairs and the logsumexp in fp32.
     cost.saved_bytes_keep = static_cast<int64_t>(n * e * (6 * h + ff) + n * 4 * (4 + c_.num_heads));
     cost.saved_bytes_recompute = static_cast<int64_t>(n * h * e);
-    cost.forward_flops = 2 * n * h * (4 * h + 2 * ff) +
-                         2.0 * batch * c_.num_heads * double(seq) * seq * c_.head_dim;
+    cost.forward_flops =
+        2 * n * h * (4 * h + 2 * ff) + 2.0 * batch * c_.num_heads * double(seq) * seq * c_.head_dim;
     return cost;
   }
 
@@ -137,7 +150,8 @@ class Gpt2Head final : public Block {
     return ops::Linear(n, HeadWeight().value, {});
   }
   // As LlamaHead: the training forward computes the head's gradients (see LmHeadLoss).
-  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
+  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x,
+                 std::vector<at::Tensor>* saved) override {
     at::Tensor mean, rstd, dn, dw;
     at::Tensor n = ops::LayerNorm(x, P(0), P(1), eps_, &mean, &rstd);
     at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
@@ -163,7 +177,8 @@ class Gpt2Head final : public Block {
 
  public:
   BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
-    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double n = static_cast<double>(batch * seq),
+                 e = static_cast<double>(c10::elementSize(dtype));
     const double h = P(0).size(0), v = HeadWeight().value.size(0);
     BlockCost cost;
     cost.param_bytes = OwnedParamBytes();
@@ -184,8 +199,9 @@ StatusOr<std::vector<std::unique_ptr<Block>>> BuildGpt2Blocks(const ModelConfig&
                                                               const ParamLoader& load) {
   std::vector<std::unique_ptr<Block>> blocks;
   const int64_t hs = c.hidden_size, ff = c.intermediate_size;
-  ASSIGN_OR_RETURN(auto emb, LoadParams(load, {{prefix + "wte.weight", {c.vocab_size, hs}},
-                                               {prefix + "wpe.weight", {c.max_position_embeddings, hs}}}));
+  ASSIGN_OR_RETURN(auto emb,
+                   LoadParams(load, {{prefix + "wte.weight", {c.vocab_size, hs}},
+                                     {prefix + "wpe.weight", {c.max_position_embeddings, hs}}}));
   blocks.push_back(std::make_unique<Gpt2Embedding>(std::move(emb)));
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = prefix + "h." + std::to_string(i) + ".";
@@ -209,8 +225,8 @@ StatusOr<std::vector<std::unique_ptr<Block>>> BuildGpt2Blocks(const ModelConfig&
   if (!c.tie_word_embeddings) head.push_back({"lm_head.weight", {c.vocab_size, hs}});
   ASSIGN_OR_RETURN(auto params, LoadParams(load, head));
   Param* tied = c.tie_word_embeddings ? &blocks[0]->params()[0] : nullptr;
-  blocks.push_back(std::make_unique<Gpt2Head>(c, static_cast<int>(blocks.size()),
-                                              std::move(params), tied));
+  blocks.push_back(
+      std::make_unique<Gpt2Head>(c, static_cast<int>(blocks.size()), std::move(params), tied));
   return blocks;
 }
 

@@ -55,7 +55,8 @@ class LlamaLayer final : public Block {
     return base == kNone ? at::Tensor() : P(base + i);
   }
 
-  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
+  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x,
+                 std::vector<at::Tensor>* saved) override {
     const int64_t d = c_.head_dim;
     at::Tensor rstd1, rstd2;
     at::Tensor n1 = ops::RmsNorm(x, P(kInNorm), c_.norm_eps, &rstd1);
@@ -100,7 +101,8 @@ class LlamaLayer final : public Block {
     emit(kPostNorm, dw);
 
     // Attention half: h = x + o(attn(rope(q), rope(k), v)).
-    at::Tensor dattn = ops::LinearBackward(dh, ops::MergeHeads(attn), P(kO), ob_ != kNone, &dw, &db);
+    at::Tensor dattn =
+        ops::LinearBackward(dh, ops::MergeHeads(attn), P(kO), ob_ != kNone, &dw, &db);
     emit(kO, dw);
     if (ob_ != kNone) emit(ob_, db);
     at::Tensor dq, dk, dv;
@@ -126,7 +128,8 @@ class LlamaLayer final : public Block {
   }
 
   BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
-    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double n = static_cast<double>(batch * seq),
+                 e = static_cast<double>(c10::elementSize(dtype));
     const double h = c_.hidden_size, qd = c_.q_dim(), kvd = c_.kv_dim(), ff = c_.intermediate_size;
     BlockCost cost;
     cost.param_bytes = OwnedParamBytes();
@@ -164,7 +167,8 @@ class LlamaHead final : public Block {
   }
   // Training forward also computes the head's backward (it is the last block): saved are x,
   // rstd, d loss/d n and d loss/d W, so no [tokens, vocab] tensor outlives the forward.
-  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x, std::vector<at::Tensor>* saved) override {
+  at::Tensor Run(const MicroBatch& mb, const at::Tensor& x,
+                 std::vector<at::Tensor>* saved) override {
     at::Tensor rstd, dn, dw;
     at::Tensor n = ops::RmsNorm(x, P(0), eps_, &rstd);
     at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
@@ -189,11 +193,13 @@ class LlamaHead final : public Block {
 
  public:
   BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const override {
-    const double n = static_cast<double>(batch * seq), e = static_cast<double>(c10::elementSize(dtype));
+    const double n = static_cast<double>(batch * seq),
+                 e = static_cast<double>(c10::elementSize(dtype));
     const double h = P(0).size(0), v = HeadWeight().value.size(0);
     BlockCost cost;
     cost.param_bytes = OwnedParamBytes();
-    cost.saved_bytes_keep = static_cast<int64_t>(2 * n * h * e + n * 4 + v * h * e);  // x, dn, rstd, dW
+    cost.saved_bytes_keep =
+        static_cast<int64_t>(2 * n * h * e + n * 4 + v * h * e);  // x, dn, rstd, dW
     cost.saved_bytes_recompute = static_cast<int64_t>(n * h * e);
     cost.forward_flops = 6 * n * h * v;  // logits, dn, dW
     return cost;
@@ -237,8 +243,8 @@ StatusOr<std::vector<std::unique_ptr<Block>>> BuildLlamaBlocks(const ModelConfig
   if (!c.tie_word_embeddings) head.push_back({"lm_head.weight", {c.vocab_size, hs}});
   ASSIGN_OR_RETURN(auto params, LoadParams(load, head));
   Param* tied = c.tie_word_embeddings ? &blocks[0]->params()[0] : nullptr;
-  blocks.push_back(std::make_unique<LlamaHead>(c, static_cast<int>(blocks.size()),
-                                               std::move(params), tied));
+  blocks.push_back(
+      std::make_unique<LlamaHead>(c, static_cast<int>(blocks.size()), std::move(params), tied));
   return blocks;
 }
 

@@ -8,9 +8,8 @@
 
 #include <fstream>
 #include <map>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "engine/blocks.h"
 #include "engine/file_util.h"
@@ -38,7 +37,8 @@ bool IsMaskBuffer(const ModelConfig& c, const std::string& name) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  if (c.arch == Architecture::kGpt2) return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+  if (c.arch == Architecture::kGpt2)
+    return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
   return ends_with(".rotary_emb.inv_freq");
 }
 
@@ -90,7 +90,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
       ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, load));
     } else {
       // save_pretrained of GPT2LMHeadModel writes "transformer.*"; the original hub files don't.
-      const std::string prefix = src.checkpoint->Contains("transformer.wte.weight") ? "transformer." : "";
+      const std::string prefix =
+          src.checkpoint->Contains("transformer.wte.weight") ? "transformer." : "";
       ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, prefix, load));
     }
   } catch (const c10::Error& e) {
@@ -113,7 +114,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
     }
   }
   m->dtype_ = options.dtype;
-  if (options.device != c10::Device(c10::kCPU)) RETURN_IF_ERROR(m->To(options.device, options.dtype));
+  if (options.device != c10::Device(c10::kCPU))
+    RETURN_IF_ERROR(m->To(options.device, options.dtype));
   return m;
 }
 
@@ -125,8 +127,7 @@ Status Model::To(c10::Device device, c10::ScalarType dtype) {
 }
 
 StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::Tensor& targets,
-                                         double num_trained_tokens,
-                                         const at::Tensor& position_ids,
+                                         double num_trained_tokens, const at::Tensor& position_ids,
                                          const at::Tensor& segment_ids) const {
   auto bad = [](const std::string& m) { return InvalidArgumentError("micro-batch: " + m); };
   if (!input_ids.defined() || input_ids.dim() != 2 || input_ids.scalar_type() != at::kLong) {
@@ -163,14 +164,16 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
     }
     if (config_.sliding_window > 0 && t > config_.sliding_window) {
       return UnimplementedError("micro-batch: sequence length " + std::to_string(t) +
-                                " exceeds sliding_window " + std::to_string(config_.sliding_window) +
+                                " exceeds sliding_window " +
+                                std::to_string(config_.sliding_window) +
                                 " (sliding-window attention is not implemented)");
     }
     if (targets.defined()) {
       if (targets.sizes() != input_ids.sizes() || targets.scalar_type() != at::kLong) {
         return bad("targets must be int64 with the shape of input_ids");
       }
-      at::Tensor valid = targets.eq(kIgnoreIndex) | (targets.ge(0) & targets.lt(config_.vocab_size));
+      at::Tensor valid =
+          targets.eq(kIgnoreIndex) | (targets.ge(0) & targets.lt(config_.vocab_size));
       if (!valid.all().item<bool>()) {
         return bad("target outside [0, vocab) and not the ignore index -100");
       }
@@ -207,7 +210,8 @@ StatusOr<at::Tensor> Model::Logits(const MicroBatch& mb) {
   return blocks_.back()->Logits(mb, x);
 }
 
-StatusOr<at::Tensor> Model::ForwardBackward(const MicroBatch& mb, const std::vector<SaveMode>& modes,
+StatusOr<at::Tensor> Model::ForwardBackward(const MicroBatch& mb,
+                                            const std::vector<SaveMode>& modes,
                                             const GradCallback& on_grad,
                                             const OffloadCallbacks* offload) {
   if (!modes.empty() && static_cast<int>(modes.size()) != num_blocks()) {
@@ -312,11 +316,16 @@ Status Model::Export(const std::string& out_dir) const {
     out << index.dump(2) << "\n";
     if (!out) return InternalError("export: writing the shard index in " + out_dir + " failed");
   }
-  static const char* kCopied[] = {"config.json",          "generation_config.json",
-                                  "tokenizer.json",       "tokenizer_config.json",
-                                  "special_tokens_map.json", "tokenizer.model",
-                                  "vocab.json",           "merges.txt",
-                                  "added_tokens.json",    "chat_template.jinja",
+  static const char* kCopied[] = {"config.json",
+                                  "generation_config.json",
+                                  "tokenizer.json",
+                                  "tokenizer_config.json",
+                                  "special_tokens_map.json",
+                                  "tokenizer.model",
+                                  "vocab.json",
+                                  "merges.txt",
+                                  "added_tokens.json",
+                                  "chat_template.jinja",
                                   "chat_template.json"};
   for (const char* f : kCopied) {
     const std::string from = JoinPath(dir_, f);

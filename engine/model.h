@@ -62,11 +62,11 @@ std::string_view SaveModeName(SaveMode mode);
 
 // Inputs shared by all blocks for one micro-batch; build it with Model::PrepareBatch.
 struct MicroBatch {
-  at::Tensor input_ids;     // [B, T] int64
-  at::Tensor position_ids;  // [B, T] int64 (rotary / learned positions)
-  at::Tensor targets;       // [B, T] int64 next-token targets (already shifted), or undefined
+  at::Tensor input_ids;           // [B, T] int64
+  at::Tensor position_ids;        // [B, T] int64 (rotary / learned positions)
+  at::Tensor targets;             // [B, T] int64 next-token targets (already shifted), or undefined
   double num_trained_tokens = 0;  // loss normaliser, see above
-  at::Tensor segment_ids;   // [B, T] int64 packed-document ids, or undefined (one document)
+  at::Tensor segment_ids;         // [B, T] int64 packed-document ids, or undefined (one document)
   at::Tensor rope_cos, rope_sin;  // [B, T, head_dim] in the compute dtype (Llama family)
   at::Tensor attn_mask;           // [B, 1, T, T] additive mask built from segment_ids
 };
@@ -146,8 +146,8 @@ class Block {
   // grad_out: d loss / d output (the head takes an optional scalar loss scale, undefined = 1).
   // Returns d loss / d x (undefined for the embedding); calls on_grad for every parameter used
   // before returning; clears `saved`.
-  StatusOr<at::Tensor> Backward(const MicroBatch& mb, const at::Tensor& grad_out,
-                                SavedState* saved, const GradCallback& on_grad,
+  StatusOr<at::Tensor> Backward(const MicroBatch& mb, const at::Tensor& grad_out, SavedState* saved,
+                                const GradCallback& on_grad,
                                 const OffloadCallbacks* offload = nullptr);
   // Head only: logits [B, T, vocab] in the compute dtype, no loss, nothing saved.
   StatusOr<at::Tensor> Logits(const MicroBatch& mb, const at::Tensor& x);
@@ -159,7 +159,8 @@ class Block {
   virtual BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const;
 
  protected:
-  Block(Kind kind, int index, std::string name) : kind_(kind), index_(index), name_(std::move(name)) {}
+  Block(Kind kind, int index, std::string name)
+      : kind_(kind), index_(index), name_(std::move(name)) {}
   // The math. Fills `saved` (when non-null) with what Backprop needs.
   virtual at::Tensor Run(const MicroBatch& mb, const at::Tensor& x,
                          std::vector<at::Tensor>* saved) = 0;

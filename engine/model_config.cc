@@ -1,8 +1,7 @@
 #include "engine/model_config.h"
 
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "engine/file_util.h"
 
@@ -116,8 +115,8 @@ Status ParseRope(const Reader& r, std::string_view origin, RopeConfig* rope) {
     }
     return OkStatus();
   }
-  return p.Error("rope_type", "unsupported rope type \"" + type +
-                                  "\" (supported: default, linear, llama3)");
+  return p.Error("rope_type",
+                 "unsupported rope type \"" + type + "\" (supported: default, linear, llama3)");
 }
 
 Status ParseTokenIds(const Reader& r, ModelConfig* c) {
@@ -146,8 +145,8 @@ Status ParseLlama(const Reader& r, std::string_view origin, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->num_heads, r.Int("num_attention_heads"));
   ASSIGN_OR_RETURN(c->num_kv_heads, r.Int("num_key_value_heads", c->num_heads));
   if (c->num_heads % c->num_kv_heads != 0) {
-    return r.Error("num_key_value_heads", "must divide num_attention_heads (" +
-                                              std::to_string(c->num_heads) + ")");
+    return r.Error("num_key_value_heads",
+                   "must divide num_attention_heads (" + std::to_string(c->num_heads) + ")");
   }
   if (!r.Has("head_dim") && c->hidden_size % c->num_heads != 0) {
     return r.Error("hidden_size", "not divisible by num_attention_heads and no head_dim given");
@@ -202,8 +201,8 @@ Status ParseGpt2(const Reader& r, ModelConfig* c) {
   }
   ASSIGN_OR_RETURN(bool scale, r.Bool("scale_attn_weights", true));
   if (!scale) return r.Error("scale_attn_weights", "false is not supported");
-  for (const char* key : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
-                          "add_cross_attention"}) {
+  for (const char* key :
+       {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"}) {
     ASSIGN_OR_RETURN(bool on, r.Bool(key, false));
     if (on) return r.Error(key, "true is not supported");
   }
@@ -224,8 +223,8 @@ StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view o
     const json& a = j.at("architectures");
     if (!a.is_array()) return r.Error("architectures", "expected a list");
     for (const json& name : a) {
-      static const char* kKnown[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                     "Qwen2ForCausalLM", "GPT2LMHeadModel"};
+      static const char* kKnown[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                     "GPT2LMHeadModel"};
       bool known = false;
       for (const char* k : kKnown) known = known || (name.is_string() && name == k);
       if (!known) {

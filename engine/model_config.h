@@ -21,9 +21,9 @@ struct RopeConfig {
   // "default", "linear" or "llama3".
   std::string type = "default";
   double theta = 10000.0;
-  double factor = 1.0;  // linear and llama3
-  double low_freq_factor = 1.0;   // llama3
-  double high_freq_factor = 4.0;  // llama3
+  double factor = 1.0;                              // linear and llama3
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
@@ -38,7 +38,7 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
-  double norm_eps = 1e-6;      // rms_norm_eps (Llama) or layer_norm_epsilon (GPT-2)
+  double norm_eps = 1e-6;  // rms_norm_eps (Llama) or layer_norm_epsilon (GPT-2)
   bool tie_word_embeddings = false;
   bool qkv_bias = false;       // Qwen2 always; Llama with attention_bias
   bool o_bias = false;         // Llama with attention_bias

@@ -69,8 +69,8 @@ at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 at::Tensor LayerNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
                              const at::Tensor& b, const at::Tensor& mean, const at::Tensor& rstd,
                              at::Tensor* dw, at::Tensor* db) {
-  auto [dx, gw, gb] = at::native_layer_norm_backward(dy, x, {x.size(-1)}, mean, rstd, w, b,
-                                                     {true, true, true});
+  auto [dx, gw, gb] =
+      at::native_layer_norm_backward(dy, x, {x.size(-1)}, mean, rstd, w, b, {true, true, true});
   *dw = gw;
   *db = gb;
   return dx;
@@ -80,8 +80,8 @@ void RopeTables(const RopeConfig& rope, int64_t head_dim, const at::Tensor& posi
                 c10::ScalarType dtype, at::Tensor* cos, at::Tensor* sin) {
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
   // Same op sequence as transformers' _compute_default_rope_parameters (fp32).
-  at::Tensor exponent =
-      at::arange(0, head_dim, 2, fopts.dtype(at::kLong)).to(at::kFloat) / static_cast<double>(head_dim);
+  at::Tensor exponent = at::arange(0, head_dim, 2, fopts.dtype(at::kLong)).to(at::kFloat) /
+                        static_cast<double>(head_dim);
   at::Tensor inv_freq = 1.0 / at::pow(rope.theta, exponent);
   if (rope.type == "linear") {
     inv_freq = inv_freq / rope.factor;
@@ -95,7 +95,8 @@ void RopeTables(const RopeConfig& rope, int64_t head_dim, const at::Tensor& posi
     at::Tensor smooth =
         (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
     at::Tensor smoothed = (1 - smooth) * llama / rope.factor + smooth * llama;
-    at::Tensor medium = (wavelen < high_wavelen).logical_not() & (wavelen > low_wavelen).logical_not();
+    at::Tensor medium =
+        (wavelen < high_wavelen).logical_not() & (wavelen > low_wavelen).logical_not();
     inv_freq = at::where(medium, smoothed, llama);
   }
   at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
@@ -219,7 +220,8 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
     at::Tensor dp = at::matmul(dout, ve.transpose(2, 3));
     // Softmax backward (ATen's kernel, fp32 like the forward), then the scaled QK^T product.
     at::Tensor ds = at::_softmax_backward_data(dp.to(at::kFloat), p.to(at::kFloat), -1, at::kFloat)
-                        .to(q.scalar_type()) * scale;
+                        .to(q.scalar_type()) *
+                    scale;
     *dq = at::matmul(ds, ke);
     gk = at::matmul(ds.transpose(2, 3), q);
     *dk = ReduceKv(gk, rep);
@@ -236,8 +238,8 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
     case AttnKernel::kCudaFlash: {
       const int64_t t_q = q.size(2), t_k = k.size(2);
       std::tie(*dq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
-          dout, q, ke, ve, out, aux[0], /*cum_seq_q=*/at::Tensor(), /*cum_seq_k=*/at::Tensor(),
-          t_q, t_k, /*dropout_p=*/0.0, /*is_causal=*/true, aux[1], aux[2], scale);
+          dout, q, ke, ve, out, aux[0], /*cum_seq_q=*/at::Tensor(), /*cum_seq_k=*/at::Tensor(), t_q,
+          t_k, /*dropout_p=*/0.0, /*is_causal=*/true, aux[1], aux[2], scale);
       break;
     }
     case AttnKernel::kCudaEfficient: {

@@ -10,11 +10,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stack>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/file_util.h"
 
@@ -78,7 +77,9 @@ StatusOr<json> ParseUniqueKeys(std::string_view text, std::string_view origin) {
   return j;
 }
 
-bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 }  // namespace
 
@@ -109,9 +110,9 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(std::string_view text, uint64_t data_size,
-                                                         std::string_view origin,
-                                                         std::map<std::string, std::string>* metadata) {
+StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(
+    std::string_view text, uint64_t data_size, std::string_view origin,
+    std::map<std::string, std::string>* metadata) {
   if (text.empty() || text.front() != '{') return Bad(origin, "header does not start with '{'");
   ASSIGN_OR_RETURN(json j, ParseUniqueKeys(text, origin));
   if (!j.is_object()) return Bad(origin, "header is not a JSON object");
@@ -244,8 +245,8 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   }
   std::string_view header(reinterpret_cast<const char*>(bytes + 8), header_len);
   f->data_start_ = bytes + 8 + header_len;
-  ASSIGN_OR_RETURN(f->tensors_, ParseSafetensorsHeader(header, size - 8 - header_len, path,
-                                                       &f->metadata_));
+  ASSIGN_OR_RETURN(f->tensors_,
+                   ParseSafetensorsHeader(header, size - 8 - header_len, path, &f->metadata_));
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_.emplace(f->tensors_[i].name, i);
   return f;
 }

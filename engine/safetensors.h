@@ -50,9 +50,9 @@ struct TensorInfo {
 
 // Parses and validates a header (the JSON text) against a data buffer of `data_size` bytes.
 // `origin` names the file in error messages. Exposed for fuzz-style tests.
-StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(std::string_view json, uint64_t data_size,
-                                                         std::string_view origin,
-                                                         std::map<std::string, std::string>* metadata);
+StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(
+    std::string_view json, uint64_t data_size, std::string_view origin,
+    std::map<std::string, std::string>* metadata);
 
 // One memory-mapped .safetensors file. Immutable after Open; thread-safe for concurrent reads.
 // Spans returned by data() stay valid as long as the SafetensorsFile lives.

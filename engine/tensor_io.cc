@@ -9,18 +9,29 @@ namespace offloadd::engine {
 
 StatusOr<c10::ScalarType> ToScalarType(DType dtype) {
   switch (dtype) {
-    case DType::kBool: return c10::kBool;
-    case DType::kU8: return c10::kByte;
-    case DType::kI8: return c10::kChar;
-    case DType::kI16: return c10::kShort;
-    case DType::kF16: return c10::kHalf;
-    case DType::kBF16: return c10::kBFloat16;
-    case DType::kI32: return c10::kInt;
-    case DType::kF32: return c10::kFloat;
-    case DType::kF64: return c10::kDouble;
-    case DType::kI64: return c10::kLong;
+    case DType::kBool:
+      return c10::kBool;
+    case DType::kU8:
+      return c10::kByte;
+    case DType::kI8:
+      return c10::kChar;
+    case DType::kI16:
+      return c10::kShort;
+    case DType::kF16:
+      return c10::kHalf;
+    case DType::kBF16:
+      return c10::kBFloat16;
+    case DType::kI32:
+      return c10::kInt;
+    case DType::kF32:
+      return c10::kFloat;
+    case DType::kF64:
+      return c10::kDouble;
+    case DType::kI64:
+      return c10::kLong;
     default:
-      return UnimplementedError("no LibTorch dtype for safetensors " + std::string(DTypeName(dtype)));
+      return UnimplementedError("no LibTorch dtype for safetensors " +
+                                std::string(DTypeName(dtype)));
   }
 }
 
@@ -64,7 +75,9 @@ Status SaveTensorFile(const std::string& path,
       ASSIGN_OR_RETURN(DType d, ToDType(t.scalar_type()));
       at::Tensor c = t.to(at::kCPU).contiguous();
       keep.push_back(c);
-      items.push_back({name, d, std::vector<int64_t>(c.sizes().begin(), c.sizes().end()),
+      items.push_back({name,
+                       d,
+                       std::vector<int64_t>(c.sizes().begin(), c.sizes().end()),
                        {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}});
     }
   } catch (const c10::Error& e) {

@@ -53,17 +53,28 @@ int Main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--device") a.device = v;
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--hidden") a.hidden = std::stoll(v);
-    else if (k == "--heads") a.heads = std::stoll(v);
-    else if (k == "--kv-heads") a.kv_heads = std::stoll(v);
-    else if (k == "--intermediate") a.intermediate = std::stoll(v);
-    else if (k == "--seq") a.seq = std::stoll(v);
-    else if (k == "--iters") a.iters = std::stoi(v);
-    else if (k == "--warmup") a.warmup = std::stoi(v);
-    else if (k == "--batches") a.batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
-    else if (k == "--modes") a.modes = Split<std::string>(v, [](const std::string& x) { return x; });
+    if (k == "--device")
+      a.device = v;
+    else if (k == "--dtype")
+      a.dtype = v;
+    else if (k == "--hidden")
+      a.hidden = std::stoll(v);
+    else if (k == "--heads")
+      a.heads = std::stoll(v);
+    else if (k == "--kv-heads")
+      a.kv_heads = std::stoll(v);
+    else if (k == "--intermediate")
+      a.intermediate = std::stoll(v);
+    else if (k == "--seq")
+      a.seq = std::stoll(v);
+    else if (k == "--iters")
+      a.iters = std::stoi(v);
+    else if (k == "--warmup")
+      a.warmup = std::stoi(v);
+    else if (k == "--batches")
+      a.batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
+    else if (k == "--modes")
+      a.modes = Split<std::string>(v, [](const std::string& x) { return x; });
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -88,10 +99,12 @@ int Main(int argc, char** argv) {
   c.max_position_embeddings = 4096;
   c.norm_eps = 1e-5;
   c.hidden_act = "silu";
-  ParamLoader load = [&](const std::string& name, const std::vector<int64_t>& shape) -> StatusOr<at::Tensor> {
+  ParamLoader load = [&](const std::string& name,
+                         const std::vector<int64_t>& shape) -> StatusOr<at::Tensor> {
     // Small embedding/head: they are built but not timed.
     std::vector<int64_t> s = shape;
-    if (name.find("embed") != std::string::npos || name.find("lm_head") != std::string::npos) s[0] = 8;
+    if (name.find("embed") != std::string::npos || name.find("lm_head") != std::string::npos)
+      s[0] = 8;
     auto opts = at::TensorOptions().dtype(dtype).device(device);
     return name.find("norm") != std::string::npos ? at::ones(s, opts) : at::randn(s, opts) * 0.02;
   };
@@ -149,10 +162,11 @@ int Main(int argc, char** argv) {
         continue;
       }
       const double fwd_ms = 1e3 * f / a.iters, bwd_ms = 1e3 * bw / a.iters;
-      std::printf("{\"impl\":\"offloadd\",\"mode\":\"%s\",\"batch\":%ld,\"seq\":%ld,\"fwd_ms\":%.4f,"
-                  "\"bwd_ms\":%.4f,\"total_ms\":%.4f,\"tokens_per_s\":%.1f}\n",
-                  mode_name.c_str(), static_cast<long>(b), static_cast<long>(a.seq), fwd_ms, bwd_ms,
-                  fwd_ms + bwd_ms, static_cast<double>(b * a.seq) / ((f + bw) / a.iters));
+      std::printf(
+          "{\"impl\":\"offloadd\",\"mode\":\"%s\",\"batch\":%ld,\"seq\":%ld,\"fwd_ms\":%.4f,"
+          "\"bwd_ms\":%.4f,\"total_ms\":%.4f,\"tokens_per_s\":%.1f}\n",
+          mode_name.c_str(), static_cast<long>(b), static_cast<long>(a.seq), fwd_ms, bwd_ms,
+          fwd_ms + bwd_ms, static_cast<double>(b * a.seq) / ((f + bw) / a.iters));
       std::fflush(stdout);
     }
   }

@@ -7,12 +7,13 @@
 //   offloadd-engine-check --model DIR --generate N --prompt 1,2,3 [--stop 2] --out OUT.safetensors
 //
 // IN holds "input_ids" [B, T] int64 and optionally "labels" [B, T] (HF convention: aligned with
-// input_ids, -100 = ignored; shifted here), "position_ids" and "segment_ids" (packing). OUT receives "logits" [B, T, V]
-// fp32, "loss" (sum over micro-batches, each normalised by the step's trained-token count) and
-// "grad/<param>" fp32 (summed over micro-batches and tied uses). With --sgd-lr the parameters are
-// updated p -= lr * grad, "logits_after" is dumped and the model exported to --export.
-// Micro-batches split the batch dimension. "mixed" cycles keep/recompute/offload over blocks;
-// offload copies the saved tensors to CPU and back (and drops the originals).
+// input_ids, -100 = ignored; shifted here), "position_ids" and "segment_ids" (packing). OUT
+// receives "logits" [B, T, V] fp32, "loss" (sum over micro-batches, each normalised by the step's
+// trained-token count) and "grad/<param>" fp32 (summed over micro-batches and tied uses). With
+// --sgd-lr the parameters are updated p -= lr * grad, "logits_after" is dumped and the model
+// exported to --export. Micro-batches split the batch dimension. "mixed" cycles
+// keep/recompute/offload over blocks; offload copies the saved tensors to CPU and back (and drops
+// the originals).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -55,24 +56,38 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
     if (i + 1 >= argc) return InvalidArgumentError("missing value for " + k);
     std::string v = argv[++i];
     try {
-      if (k == "--model") a.model = v;
-      else if (k == "--inputs") a.inputs = v;
-      else if (k == "--out") a.out = v;
-      else if (k == "--mode") a.mode = v;
-      else if (k == "--device") a.device = v;
-      else if (k == "--dtype") a.dtype = v;
-      else if (k == "--micro-batches") a.micro_batches = std::stoi(v);
-      else if (k == "--sgd-lr") a.sgd_lr = std::stod(v);
-      else if (k == "--export") a.export_dir = v;
-      else if (k == "--generate") a.generate = std::stoll(v);
-      else if (k == "--prompt") a.prompt = ParseIds(v);
-      else if (k == "--stop") a.stop = ParseIds(v);
-      else return InvalidArgumentError("unknown flag " + k);
+      if (k == "--model")
+        a.model = v;
+      else if (k == "--inputs")
+        a.inputs = v;
+      else if (k == "--out")
+        a.out = v;
+      else if (k == "--mode")
+        a.mode = v;
+      else if (k == "--device")
+        a.device = v;
+      else if (k == "--dtype")
+        a.dtype = v;
+      else if (k == "--micro-batches")
+        a.micro_batches = std::stoi(v);
+      else if (k == "--sgd-lr")
+        a.sgd_lr = std::stod(v);
+      else if (k == "--export")
+        a.export_dir = v;
+      else if (k == "--generate")
+        a.generate = std::stoll(v);
+      else if (k == "--prompt")
+        a.prompt = ParseIds(v);
+      else if (k == "--stop")
+        a.stop = ParseIds(v);
+      else
+        return InvalidArgumentError("unknown flag " + k);
     } catch (const std::exception&) {
       return InvalidArgumentError("bad value for " + k + ": " + v);
     }
   }
-  if (a.model.empty() || a.out.empty()) return InvalidArgumentError("--model and --out are required");
+  if (a.model.empty() || a.out.empty())
+    return InvalidArgumentError("--model and --out are required");
   if (a.generate == 0 && a.inputs.empty()) return InvalidArgumentError("--inputs is required");
   if (a.micro_batches < 1) return InvalidArgumentError("--micro-batches must be >= 1");
   return a;
@@ -82,11 +97,16 @@ StatusOr<std::vector<SaveMode>> Modes(const std::string& mode, int n) {
   std::vector<SaveMode> modes(n);
   const SaveMode cycle[] = {SaveMode::kKeep, SaveMode::kRecompute, SaveMode::kOffload};
   for (int i = 0; i < n; ++i) {
-    if (mode == "keep") modes[i] = SaveMode::kKeep;
-    else if (mode == "recompute") modes[i] = SaveMode::kRecompute;
-    else if (mode == "offload") modes[i] = SaveMode::kOffload;
-    else if (mode == "mixed") modes[i] = cycle[i % 3];
-    else return InvalidArgumentError("unknown --mode " + mode);
+    if (mode == "keep")
+      modes[i] = SaveMode::kKeep;
+    else if (mode == "recompute")
+      modes[i] = SaveMode::kRecompute;
+    else if (mode == "offload")
+      modes[i] = SaveMode::kOffload;
+    else if (mode == "mixed")
+      modes[i] = cycle[i % 3];
+    else
+      return InvalidArgumentError("unknown --mode " + mode);
   }
   return modes;
 }
@@ -121,7 +141,8 @@ Status Run(const Args& a) {
   OffloadCallbacks offload;
   offload.offload = [&](int, std::vector<at::Tensor> saved) -> StatusOr<uint64_t> {
     std::vector<at::Tensor> host;
-    for (auto& t : saved) host.push_back(t.defined() ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : t);
+    for (auto& t : saved)
+      host.push_back(t.defined() ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : t);
     store[next_ticket] = std::move(host);
     return next_ticket++;
   };
@@ -138,19 +159,22 @@ Status Run(const Args& a) {
   GradCallback on_grad = [&](const std::string& name, const at::Tensor& g) {
     at::Tensor g32 = g.to(at::kCPU, at::kFloat);
     auto it = grads.find(name);
-    if (it == grads.end()) grads[name] = g32;
-    else it->second.add_(g32);
+    if (it == grads.end())
+      grads[name] = g32;
+    else
+      it->second.add_(g32);
   };
 
   at::Tensor loss = at::zeros({}, at::kFloat);
   std::vector<at::Tensor> logits;
   const int64_t b = ids.size(0);
-  if (b % a.micro_batches != 0) return InvalidArgumentError("batch not divisible by --micro-batches");
+  if (b % a.micro_batches != 0)
+    return InvalidArgumentError("batch not divisible by --micro-batches");
   const int64_t mbs = b / a.micro_batches;
   for (int m = 0; m < a.micro_batches; ++m) {
     auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, m * mbs, mbs) : t; };
-    ASSIGN_OR_RETURN(MicroBatch mb,
-                     model->PrepareBatch(slice(ids), slice(targets), total, slice(positions), slice(segments)));
+    ASSIGN_OR_RETURN(MicroBatch mb, model->PrepareBatch(slice(ids), slice(targets), total,
+                                                        slice(positions), slice(segments)));
     ASSIGN_OR_RETURN(at::Tensor lg, model->Logits(mb));
     logits.push_back(lg.to(at::kCPU, at::kFloat));
     ASSIGN_OR_RETURN(at::Tensor l, model->ForwardBackward(mb, modes, on_grad, &offload));
@@ -171,7 +195,8 @@ Status Run(const Args& a) {
     std::vector<at::Tensor> after;
     for (int m = 0; m < a.micro_batches; ++m) {
       auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, m * mbs, mbs) : t; };
-      ASSIGN_OR_RETURN(MicroBatch mb, model->PrepareBatch(slice(ids), at::Tensor(), 0, slice(positions), slice(segments)));
+      ASSIGN_OR_RETURN(MicroBatch mb, model->PrepareBatch(slice(ids), at::Tensor(), 0,
+                                                          slice(positions), slice(segments)));
       ASSIGN_OR_RETURN(at::Tensor lg, model->Logits(mb));
       after.push_back(lg.to(at::kCPU, at::kFloat));
     }

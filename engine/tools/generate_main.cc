@@ -28,13 +28,20 @@ Status Run(int argc, char** argv) {
     std::string k = argv[i];
     if (i + 1 >= argc) return InvalidArgumentError("missing value for " + k);
     std::string v = argv[++i];
-    if (k == "--model") dir = v;
-    else if (k == "--prompt") prompt = v;
-    else if (k == "--max-new-tokens") max_new = std::atoll(v.c_str());
-    else if (k == "--stop-ids") stops = v;
-    else if (k == "--device") device = v;
-    else if (k == "--dtype") dtype = v;
-    else return InvalidArgumentError("unknown flag " + k);
+    if (k == "--model")
+      dir = v;
+    else if (k == "--prompt")
+      prompt = v;
+    else if (k == "--max-new-tokens")
+      max_new = std::atoll(v.c_str());
+    else if (k == "--stop-ids")
+      stops = v;
+    else if (k == "--device")
+      device = v;
+    else if (k == "--dtype")
+      dtype = v;
+    else
+      return InvalidArgumentError("unknown flag " + k);
   }
   if (dir.empty()) return InvalidArgumentError("--model is required");
   ASSIGN_OR_RETURN(auto tok, text::Tokenizer::FromDirectory(dir));
@@ -43,7 +50,8 @@ Status Run(int argc, char** argv) {
                    Model::Load(dir, {dtype == "bf16" ? c10::kBFloat16 : c10::kFloat, dev}));
   std::vector<int64_t> ids;
   if (prompt.empty()) {
-    if (model->config().bos_token_id < 0) return InvalidArgumentError("empty prompt and no bos_token_id");
+    if (model->config().bos_token_id < 0)
+      return InvalidArgumentError("empty prompt and no bos_token_id");
     ids.push_back(model->config().bos_token_id);
   } else {
     ASSIGN_OR_RETURN(auto enc, tok->Encode(prompt, /*add_special_tokens=*/true));

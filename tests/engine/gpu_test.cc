@@ -63,13 +63,14 @@ Out RunModel(Model& m, const at::Tensor& ids, const at::Tensor& targets, SaveMod
     store.erase(ticket);
     return dev;
   };
-  auto loss = m.ForwardBackward(*mb, std::vector<SaveMode>(m.num_blocks(), mode),
-                                [&](const std::string& k, const at::Tensor& g) {
-                                  EXPECT_EQ(g.device(), m.device()) << k;
-                                  at::Tensor f = g.to(at::kCPU, at::kFloat);
-                                  o.grads[k] = o.grads.count(k) ? o.grads[k] + f : f;
-                                },
-                                &cb);
+  auto loss = m.ForwardBackward(
+      *mb, std::vector<SaveMode>(m.num_blocks(), mode),
+      [&](const std::string& k, const at::Tensor& g) {
+        EXPECT_EQ(g.device(), m.device()) << k;
+        at::Tensor f = g.to(at::kCPU, at::kFloat);
+        o.grads[k] = o.grads.count(k) ? o.grads[k] + f : f;
+      },
+      &cb);
   EXPECT_TRUE(loss.ok()) << loss.status().ToString();
   if (loss.ok()) o.loss = loss->to(at::kCPU);
   return o;

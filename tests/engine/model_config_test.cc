@@ -80,7 +80,8 @@ TEST(ModelConfigTest, Qwen2HasQkvBiasMistralHasWindow) {
 }
 
 TEST(ModelConfigTest, Gpt2) {
-  auto c = Parse(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257,
+  auto c =
+      Parse(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257,
     "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "n_inner": null,
     "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05, "attn_pdrop": 0.1})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -95,12 +96,18 @@ TEST(ModelConfigTest, RejectsUnsupportedByName) {
   const std::string base = R"("vocab_size": 10, "hidden_size": 32, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 4)";
   ExpectRejected("{" + base + R"(, "model_type": "gemma"})", "unsupported model type \"gemma\"");
-  ExpectRejected("{" + base + R"(, "model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})",
-                 "LlamaForSequenceClassification");
-  ExpectRejected("{" + base + R"(, "model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
-                 "rope_scaling.rope_type");
-  ExpectRejected("{" + base + R"(, "model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 4.0}})",
-                 "dynamic");
+  ExpectRejected(
+      "{" + base +
+          R"(, "model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})",
+      "LlamaForSequenceClassification");
+  ExpectRejected(
+      "{" + base +
+          R"(, "model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
+      "rope_scaling.rope_type");
+  ExpectRejected(
+      "{" + base +
+          R"(, "model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 4.0}})",
+      "dynamic");
   ExpectRejected("{" + base + R"(, "model_type": "llama", "hidden_act": "gelu"})", "hidden_act");
   ExpectRejected("{" + base + R"(, "model_type": "llama", "mlp_bias": true})", "mlp_bias");
   ExpectRejected("{" + base + R"(, "model_type": "llama", "partial_rotary_factor": 0.5})",
@@ -115,7 +122,8 @@ TEST(ModelConfigTest, RejectsUnsupportedByName) {
     "n_head": 4, "n_positions": 8, "scale_attn_by_inverse_layer_idx": true})",
                  "scale_attn_by_inverse_layer_idx");
   ExpectRejected(R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": 32, "n_layer": 1,
-    "n_head": 4, "n_positions": 8, "activation_function": "relu"})", "activation_function");
+    "n_head": 4, "n_positions": 8, "activation_function": "relu"})",
+                 "activation_function");
   ExpectRejected("[1, 2]", "not a JSON object");
   ExpectRejected("{", "not valid JSON");
 }

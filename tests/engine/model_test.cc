@@ -25,8 +25,8 @@ using testing::WriteTinyModel;
 
 std::string TempDir(const std::string& tag) {
   const char* tmp = std::getenv("TMPDIR");
-  std::string d = JoinPath(tmp ? tmp : "/tmp",
-                           "engine_model_test_" + std::to_string(::getpid()) + "_" + tag);
+  std::string d =
+      JoinPath(tmp ? tmp : "/tmp", "engine_model_test_" + std::to_string(::getpid()) + "_" + tag);
   EXPECT_TRUE(RemoveTree(d).ok());
   EXPECT_TRUE(MakeDirs(d).ok());
   return d;
@@ -82,8 +82,10 @@ RunResult RunBlocks(Model& m, const MicroBatch& mb, const std::vector<SaveMode>&
     EXPECT_TRUE(mine) << name << " delivered during " << b.name();
     r.deliveries[name]++;
     auto it = r.grads.find(name);
-    if (it == r.grads.end()) r.grads[name] = g.clone();
-    else it->second = it->second + g;
+    if (it == r.grads.end())
+      r.grads[name] = g.clone();
+    else
+      it->second = it->second + g;
   };
   std::vector<SavedState> saved(m.num_blocks());
   at::Tensor x;
@@ -122,8 +124,8 @@ TEST_P(ModelTest, SaveModesGiveIdenticalGradientsDeliveredPerBlock) {
   RunResult keep = RunBlocks(**m, *mb, std::vector<SaveMode>(n, SaveMode::kKeep));
   RunResult rec = RunBlocks(**m, *mb, std::vector<SaveMode>(n, SaveMode::kRecompute));
   RunResult off = RunBlocks(**m, *mb, std::vector<SaveMode>(n, SaveMode::kOffload));
-  RunResult mix = RunBlocks(**m, *mb, {SaveMode::kOffload, SaveMode::kRecompute, SaveMode::kKeep,
-                                       SaveMode::kRecompute});
+  RunResult mix = RunBlocks(
+      **m, *mb, {SaveMode::kOffload, SaveMode::kRecompute, SaveMode::kKeep, SaveMode::kRecompute});
   EXPECT_EQ(off.offloaded, n);
   // Every parameter got a gradient; identical across modes (same kernels on the same inputs).
   std::set<std::string> names;
@@ -194,7 +196,8 @@ TEST_P(ModelTest, MicroBatchesAndLossScale) {
     loss_sum = loss_sum + *(*m)->ForwardBackward(*half, {}, collect(&halves));
   }
   EXPECT_TRUE(at::allclose(loss_sum, loss_full, 1e-5, 1e-6));
-  for (const auto& [name, g] : full) EXPECT_TRUE(at::allclose(halves.at(name), g, 1e-4, 1e-6)) << name;
+  for (const auto& [name, g] : full)
+    EXPECT_TRUE(at::allclose(halves.at(name), g, 1e-4, 1e-6)) << name;
 
   // A loss scale passed to the head's Backward scales every gradient.
   std::vector<SavedState> saved((*m)->num_blocks());
@@ -207,7 +210,8 @@ TEST_P(ModelTest, MicroBatchesAndLossScale) {
   for (int i = (*m)->num_blocks() - 1; i >= 0; --i) {
     g = *(*m)->block(i).Backward(*mb, g, &saved[i], collect(&scaled));
   }
-  for (const auto& [name, gf] : full) EXPECT_TRUE(at::allclose(scaled.at(name), 4 * gf, 1e-4, 1e-6)) << name;
+  for (const auto& [name, gf] : full)
+    EXPECT_TRUE(at::allclose(scaled.at(name), 4 * gf, 1e-4, 1e-6)) << name;
   (void)RemoveTree(dir);
 }
 
@@ -220,8 +224,9 @@ TEST_P(ModelTest, Bf16ComputeTracksFp32) {
   Batch b = MakeBatch((*m32)->config().vocab_size);
   const double n = static_cast<double>(Model::CountTrainedTokens(b.targets));
   std::map<std::string, at::Tensor> g32, g16;
-  auto l32 = (*m32)->ForwardBackward(*(*m32)->PrepareBatch(b.ids, b.targets, n), {},
-                                     [&](const std::string& k, const at::Tensor& g) { g32[k] = g32.count(k) ? g32[k] + g : g; });
+  auto l32 = (*m32)->ForwardBackward(
+      *(*m32)->PrepareBatch(b.ids, b.targets, n), {},
+      [&](const std::string& k, const at::Tensor& g) { g32[k] = g32.count(k) ? g32[k] + g : g; });
   auto l16 = (*m16)->ForwardBackward(*(*m16)->PrepareBatch(b.ids, b.targets, n), {},
                                      [&](const std::string& k, const at::Tensor& g) {
                                        EXPECT_EQ(g.scalar_type(), at::kBFloat16) << k;
@@ -250,7 +255,8 @@ TEST(Ops, ChunkedHeadLossMatchesOneShot) {
   t.narrow(1, 0, 2).fill_(kIgnoreIndex);
   at::Tensor dn1, dw1, dn2, dw2;
   at::Tensor l1 = ops::LmHeadLoss(n, w, t, 15.0, &dn1, &dw1);
-  at::Tensor l2 = ops::LmHeadLoss(n, w, t, 15.0, &dn2, &dw2, /*chunk_bytes=*/50 * 4 * 4);  // 4 tokens
+  at::Tensor l2 =
+      ops::LmHeadLoss(n, w, t, 15.0, &dn2, &dw2, /*chunk_bytes=*/50 * 4 * 4);  // 4 tokens
   EXPECT_TRUE(at::allclose(l1, l2, 1e-6, 1e-6));
   EXPECT_TRUE(at::allclose(dn1, dn2, 1e-6, 1e-7));
   EXPECT_TRUE(at::allclose(dw1, dw2, 1e-5, 1e-6));
@@ -275,8 +281,10 @@ TEST(ModelErrors, MisuseIsAnErrorNotACrash) {
   at::Tensor x = *(*m)->block(0).Forward(mb, {}, SaveMode::kNone, nullptr);
 
   EXPECT_EQ(layer.Backward(mb, x, &s, ignore).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(layer.Forward(mb, x, SaveMode::kOffload, &s).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(layer.Forward(mb, x, SaveMode::kKeep, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layer.Forward(mb, x, SaveMode::kOffload, &s).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(layer.Forward(mb, x, SaveMode::kKeep, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(layer.Forward(mb, x.narrow(1, 0, 3), SaveMode::kKeep, &s).status().code(),
             StatusCode::kInvalidArgument);
   // Inference forward cannot be back-propagated.
@@ -289,12 +297,17 @@ TEST(ModelErrors, MisuseIsAnErrorNotACrash) {
   // A fetch that returns the wrong tensors.
   OffloadCallbacks bad;
   bad.offload = [](int, std::vector<at::Tensor>) -> StatusOr<uint64_t> { return 7; };
-  bad.fetch = [](int, uint64_t) -> StatusOr<std::vector<at::Tensor>> { return std::vector<at::Tensor>{}; };
+  bad.fetch = [](int, uint64_t) -> StatusOr<std::vector<at::Tensor>> {
+    return std::vector<at::Tensor>{};
+  };
   ASSERT_TRUE(layer.Forward(mb, x, SaveMode::kOffload, &s, &bad).ok());
   EXPECT_EQ(layer.Backward(mb, x, &s, ignore, &bad).status().code(), StatusCode::kDataLoss);
   // Offload failures propagate.
-  bad.offload = [](int, std::vector<at::Tensor>) -> StatusOr<uint64_t> { return ResourceExhaustedError("full"); };
-  EXPECT_EQ(layer.Forward(mb, x, SaveMode::kOffload, &s, &bad).status().code(), StatusCode::kResourceExhausted);
+  bad.offload = [](int, std::vector<at::Tensor>) -> StatusOr<uint64_t> {
+    return ResourceExhaustedError("full");
+  };
+  EXPECT_EQ(layer.Forward(mb, x, SaveMode::kOffload, &s, &bad).status().code(),
+            StatusCode::kResourceExhausted);
   // A parameter in the wrong dtype, or streamed out, is named.
   ASSERT_TRUE(layer.To(c10::Device(c10::kCPU), c10::kBFloat16).ok());
   auto st = layer.Forward(mb, x, SaveMode::kKeep, &s);
@@ -380,7 +393,8 @@ TEST(ModelExport, RoundTripKeepsNamesDtypesAndBuffers) {
     for (const auto& [k, v] : src) {
       ASSERT_TRUE(dst.count(k)) << k;
       EXPECT_EQ(dst[k].scalar_type(), v.scalar_type());
-      const bool buffer = k.find(".attn.bias") != std::string::npos && k.find("c_attn") == std::string::npos;
+      const bool buffer =
+          k.find(".attn.bias") != std::string::npos && k.find("c_attn") == std::string::npos;
       EXPECT_TRUE(at::equal(dst[k], buffer ? v : v + 0.5)) << k;
     }
     EXPECT_FALSE(dst.count("lm_head.weight"));

@@ -3,11 +3,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
-#include <iterator>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -19,8 +19,9 @@ namespace fs = std::filesystem;
 class SafetensorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("st_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("st_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -106,32 +107,44 @@ TEST_F(SafetensorsTest, MalformedFilesGiveNamedErrors) {
   ExpectError(WriteRaw("array", "[1,2]", 0), "does not start with '{'");
   ExpectError(WriteRaw("bad_dtype", R"({"a":{"dtype":"F7","shape":[1],"data_offsets":[0,4]}})", 4),
               "unsupported safetensors dtype");
-  ExpectError(WriteRaw("size_mismatch", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4),
-              "does not match dtype");
+  ExpectError(
+      WriteRaw("size_mismatch", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4),
+      "does not match dtype");
   ExpectError(WriteRaw("oob", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4),
               "past the data buffer");
-  ExpectError(WriteRaw("begin_gt_end", R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8),
-              "begin > end");
-  ExpectError(WriteRaw("overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                                  R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+  ExpectError(
+      WriteRaw("begin_gt_end", R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8),
+      "begin > end");
+  ExpectError(WriteRaw("overlap",
+                       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                       8),
               "overlaps");
   ExpectError(WriteRaw("hole", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
               "hole");
   ExpectError(WriteRaw("trailing", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8),
               "trailing bytes");
-  ExpectError(WriteRaw("dup", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                              R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+  ExpectError(WriteRaw("dup",
+                       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                       8),
               "duplicate key \"a\"");
-  ExpectError(WriteRaw("neg_shape", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
-              "negative");
-  ExpectError(WriteRaw("float_off", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0.0,4]}})", 4),
-              "data_offsets");
-  ExpectError(WriteRaw("overflow", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4),
-              "overflows");
-  ExpectError(WriteRaw("extra_field", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", 4),
-              "unknown field");
+  ExpectError(
+      WriteRaw("neg_shape", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
+      "negative");
+  ExpectError(
+      WriteRaw("float_off", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0.0,4]}})", 4),
+      "data_offsets");
+  ExpectError(
+      WriteRaw("overflow",
+               R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4),
+      "overflows");
+  ExpectError(
+      WriteRaw("extra_field", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", 4),
+      "unknown field");
   ExpectError(WriteRaw("meta", R"({"__metadata__":{"k":1}})", 0), "not a string");
-  EXPECT_EQ(SafetensorsFile::Open((dir_ / "absent").string()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(SafetensorsFile::Open((dir_ / "absent").string()).status().code(),
+            StatusCode::kNotFound);
 }
 
 // Random corruption of a valid file (header bytes flipped, truncation, trailing garbage) must
@@ -140,9 +153,10 @@ TEST_F(SafetensorsTest, CorruptedFilesNeverCrash) {
   std::vector<float> a(12, 1.5f);
   std::vector<uint16_t> b(5, 7);
   const std::string good = (dir_ / "good.safetensors").string();
-  ASSERT_TRUE(WriteSafetensors(good, {{"layer.weight", DType::kF32, {3, 4}, std::as_bytes(std::span(a))},
-                                      {"layer.bias", DType::kBF16, {5}, std::as_bytes(std::span(b))}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(good, {{"layer.weight", DType::kF32, {3, 4}, std::as_bytes(std::span(a))},
+                              {"layer.bias", DType::kBF16, {5}, std::as_bytes(std::span(b))}})
+          .ok());
   std::ifstream in(good, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   uint32_t state = 12345;
@@ -154,7 +168,8 @@ TEST_F(SafetensorsTest, CorruptedFilesNeverCrash) {
     switch (iter % 3) {
       case 0:  // flip 1-4 bytes anywhere in the prefix + header
         for (uint32_t k = 0, n = 1 + rnd() % 4; k < n; ++k) {
-          mutated[rnd() % std::min<size_t>(mutated.size(), 8 + 200)] ^= static_cast<char>(1 + rnd() % 255);
+          mutated[rnd() % std::min<size_t>(mutated.size(), 8 + 200)] ^=
+              static_cast<char>(1 + rnd() % 255);
         }
         break;
       case 1:  // truncate
@@ -187,9 +202,11 @@ TEST_F(SafetensorsTest, CorruptedFilesNeverCrash) {
 TEST_F(SafetensorsTest, ShardedCheckpoint) {
   std::vector<float> a = {1.f}, b = {2.f, 3.f};
   ASSERT_TRUE(WriteSafetensors((dir_ / "s1.safetensors").string(),
-                               {{"a", DType::kF32, {1}, std::as_bytes(std::span(a))}}).ok());
+                               {{"a", DType::kF32, {1}, std::as_bytes(std::span(a))}})
+                  .ok());
   ASSERT_TRUE(WriteSafetensors((dir_ / "s2.safetensors").string(),
-                               {{"b", DType::kF32, {2}, std::as_bytes(std::span(b))}}).ok());
+                               {{"b", DType::kF32, {2}, std::as_bytes(std::span(b))}})
+                  .ok());
   auto write_index = [&](const std::string& body) {
     std::ofstream(dir_ / "model.safetensors.index.json") << body;
   };

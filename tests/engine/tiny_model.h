@@ -21,9 +21,12 @@ enum class TinyArch { kLlama, kQwen2, kGpt2 };
 // For INSTANTIATE_TEST_SUITE_P names.
 inline std::string TinyArchName(const ::testing::TestParamInfo<TinyArch>& info) {
   switch (info.param) {
-    case TinyArch::kLlama: return "Llama";
-    case TinyArch::kQwen2: return "Qwen2";
-    case TinyArch::kGpt2: return "Gpt2";
+    case TinyArch::kLlama:
+      return "Llama";
+    case TinyArch::kQwen2:
+      return "Qwen2";
+    case TinyArch::kGpt2:
+      return "Gpt2";
   }
   return "Unknown";
 }
@@ -35,32 +38,46 @@ inline std::string TinyConfigJson(TinyArch arch, bool tied) {
       return R"({"model_type":"llama","vocab_size":64,"hidden_size":32,"intermediate_size":48,
         "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
         "max_position_embeddings":64,"rms_norm_eps":1e-5,"rope_theta":10000.0,
-        "tie_word_embeddings":)" + tie + "}";
+        "tie_word_embeddings":)" +
+             tie + "}";
     case TinyArch::kQwen2:
       return R"({"model_type":"qwen2","vocab_size":64,"hidden_size":32,"intermediate_size":48,
         "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":1,
-        "max_position_embeddings":64,"rms_norm_eps":1e-6,"tie_word_embeddings":)" + tie + "}";
+        "max_position_embeddings":64,"rms_norm_eps":1e-6,"tie_word_embeddings":)" +
+             tie + "}";
     case TinyArch::kGpt2:
       return R"({"model_type":"gpt2","vocab_size":64,"n_embd":32,"n_layer":2,"n_head":4,
-        "n_positions":32,"tie_word_embeddings":)" + tie + "}";
+        "n_positions":32,"tie_word_embeddings":)" +
+             tie + "}";
   }
   return "";
 }
 
 // Parameter names and shapes the engine expects, derived from the config.
-inline std::vector<std::pair<std::string, std::vector<int64_t>>> TinyParamSpecs(const ModelConfig& c) {
+inline std::vector<std::pair<std::string, std::vector<int64_t>>> TinyParamSpecs(
+    const ModelConfig& c) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> s;
   const int64_t h = c.hidden_size, ff = c.intermediate_size;
   if (c.arch == Architecture::kGpt2) {
-    s = {{"transformer.wte.weight", {c.vocab_size, h}}, {"transformer.wpe.weight", {c.max_position_embeddings, h}},
-         {"transformer.ln_f.weight", {h}}, {"transformer.ln_f.bias", {h}}};
+    s = {{"transformer.wte.weight", {c.vocab_size, h}},
+         {"transformer.wpe.weight", {c.max_position_embeddings, h}},
+         {"transformer.ln_f.weight", {h}},
+         {"transformer.ln_f.bias", {h}}};
     for (int i = 0; i < c.num_layers; ++i) {
       const std::string p = "transformer.h." + std::to_string(i) + ".";
       for (auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-               {"ln_1.weight", {h}}, {"ln_1.bias", {h}}, {"attn.c_attn.weight", {h, 3 * h}},
-               {"attn.c_attn.bias", {3 * h}}, {"attn.c_proj.weight", {h, h}}, {"attn.c_proj.bias", {h}},
-               {"ln_2.weight", {h}}, {"ln_2.bias", {h}}, {"mlp.c_fc.weight", {h, ff}},
-               {"mlp.c_fc.bias", {ff}}, {"mlp.c_proj.weight", {ff, h}}, {"mlp.c_proj.bias", {h}},
+               {"ln_1.weight", {h}},
+               {"ln_1.bias", {h}},
+               {"attn.c_attn.weight", {h, 3 * h}},
+               {"attn.c_attn.bias", {3 * h}},
+               {"attn.c_proj.weight", {h, h}},
+               {"attn.c_proj.bias", {h}},
+               {"ln_2.weight", {h}},
+               {"ln_2.bias", {h}},
+               {"mlp.c_fc.weight", {h, ff}},
+               {"mlp.c_fc.bias", {ff}},
+               {"mlp.c_proj.weight", {ff, h}},
+               {"mlp.c_proj.bias", {h}},
                {"attn.bias", {1, 1, c.max_position_embeddings, c.max_position_embeddings}}}) {
         s.push_back({p + e.first, e.second});
       }
@@ -100,7 +117,8 @@ inline ModelConfig WriteTinyModel(const std::string& dir, TinyArch arch, bool ti
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, shape] : TinyParamSpecs(c)) {
     at::Tensor t;
-    const bool norm = name.find("norm") != std::string::npos || name.find("ln_") != std::string::npos;
+    const bool norm =
+        name.find("norm") != std::string::npos || name.find("ln_") != std::string::npos;
     if (name.find("attn.bias") != std::string::npos && name.find("c_attn") == std::string::npos) {
       t = at::ones(shape).tril();  // GPT-2 mask buffer: must be skipped by the loader
     } else if (norm && name.find(".weight") != std::string::npos) {
