@@ -291,3 +291,30 @@ def test_config_variants_match_transformers(name, tmp_path):
     write_inputs(tmp_path / "in.safetensors", ids, labels)
     ours = run_check(tmp_path / name, tmp_path / "in.safetensors", tmp_path / "out.safetensors")
     compare(ours, *hf_reference(model, ids, labels))
+
+
+def test_gpt2_hub_layout_with_mask_buffers(tmp_path):
+    """openai-community/gpt2's model.safetensors has no "transformer." prefix and carries the
+    causal-mask buffers h.N.attn.bias; both load, and export writes the same tensors back."""
+    from safetensors.torch import load_file, save_file
+    model, d = tiny_gpt2(tmp_path)
+    sd = load_file(str(d / "model.safetensors"))
+    hub = {k[len("transformer."):]: v for k, v in sd.items()}
+    n_pos = model.config.n_positions
+    for i in range(model.config.n_layer):
+        hub[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n_pos, n_pos)).view(1, 1, n_pos, n_pos)
+    save_file(hub, str(d / "model.safetensors"), metadata={"format": "pt"})
+    ids, labels = make_batch(model.config.vocab_size, seed=29)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    out_dir = tmp_path / "exported"
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors",
+                     "--sgd-lr", "0.5", "--export", out_dir)
+    logits, loss, grads = hf_reference(model, ids, labels)
+    compare(ours, logits, loss, {k.removeprefix("transformer."): g for k, g in grads.items()})
+    assert tensor_layout(out_dir) == tensor_layout(d)
+    exported = load_file(str(out_dir / "model.safetensors"))
+    assert torch.equal(exported["h.0.attn.bias"], hub["h.0.attn.bias"])
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out_dir, attn_implementation="eager")
+    reloaded.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours["logits_after"], reloaded(input_ids=ids).logits, **LOGIT_TOL)
