@@ -121,7 +121,10 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
 
 Status Model::To(c10::Device device, c10::ScalarType dtype) {
   for (auto& b : blocks_) RETURN_IF_ERROR(b->To(device, dtype));
-  device_ = device;
+  // "cuda" means the current device: record which one ("cuda:0"), as tensors report it.
+  device_ = device.has_index() || device.is_cpu()
+                ? device
+                : at::empty({0}, at::TensorOptions().device(device)).device();
   dtype_ = dtype;
   return OkStatus();
 }
