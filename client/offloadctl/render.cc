@@ -1,5 +1,6 @@
 #include "client/offloadctl/render.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <sstream>
@@ -91,11 +92,34 @@ std::string RenderJobList(const offloadd::v1::ListJobsResponse& r) {
   return o.str();
 }
 
+std::string RenderProgressLine(const offloadd::v1::JobProgress& p, int bar_width) {
+  std::ostringstream o;
+  o << "step " << p.step();
+  if (p.max_steps() > 0) {
+    const double frac = std::min(1.0, static_cast<double>(p.step()) / static_cast<double>(p.max_steps()));
+    const int filled = static_cast<int>(frac * bar_width + 1e-9);
+    o << "/" << p.max_steps() << " [" << std::string(filled, '#') << std::string(bar_width - filled, '.') << "] ";
+    char pct[8];
+    std::snprintf(pct, sizeof pct, "%3d%%", static_cast<int>(frac * 100 + 1e-9));
+    o << pct;
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "  loss %.4f  lr %.1e  %.0f tok/s", p.loss(), p.learning_rate(), p.tokens_per_second());
+  o << buf;
+  if (p.has_eta()) {
+    const int64_t s = p.eta().seconds();
+    std::snprintf(buf, sizeof buf, "  ETA %lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+    o << buf;
+  }
+  return o.str();
+}
+
 std::string RenderEvent(const offloadd::v1::JobEvent& e) {
   std::ostringstream o;
   o << "[" << e.cursor() << "] ";
   if (e.has_state_change()) o << "state " << StateName(e.state_change().state()) << " " << e.state_change().reason();
-  else if (e.has_progress()) o << "step " << e.progress().step() << " loss " << e.progress().loss();
+  else if (e.has_progress()) o << RenderProgressLine(e.progress());
   else if (e.has_log()) o << e.log().message();
   else if (e.has_checkpoint_saved()) o << "checkpoint " << e.checkpoint_saved().id() << " at step " << e.checkpoint_saved().step();
   o << "\n";

@@ -1,0 +1,35 @@
+#include "client/offloadctl/render.h"
+
+#include <gtest/gtest.h>
+
+namespace offloadctl {
+namespace {
+
+TEST(RenderTest, ProgressLineHasBarPercentAndEta) {
+  offloadd::v1::JobProgress p;
+  p.set_step(250);
+  p.set_max_steps(1000);
+  p.set_loss(2.34567);
+  p.set_learning_rate(3e-4);
+  p.set_tokens_per_second(1234.4);
+  p.mutable_eta()->set_seconds(3600 + 12 * 60 + 34);
+  EXPECT_EQ(RenderProgressLine(p, 8),
+            "step 250/1000 [##......]  25%  loss 2.3457  lr 3.0e-04  1234 tok/s  ETA 1:12:34");
+}
+
+TEST(RenderTest, ProgressWithoutMaxStepsOrEta) {
+  offloadd::v1::JobProgress p;
+  p.set_step(7);
+  p.set_loss(1.5);
+  EXPECT_EQ(RenderProgressLine(p), "step 7  loss 1.5000  lr 0.0e+00  0 tok/s");
+}
+
+TEST(RenderTest, FullBarAtTheEnd) {
+  offloadd::v1::JobProgress p;
+  p.set_step(10);
+  p.set_max_steps(10);
+  EXPECT_NE(RenderProgressLine(p, 4).find("[####] 100%"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace offloadctl
