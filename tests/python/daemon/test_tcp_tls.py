@@ -72,3 +72,29 @@ def test_wrong_token_is_unauthenticated(tls_daemon, tmp_path):
 def test_tcp_without_credentials_is_refused_by_sdk():
     with pytest.raises(ValueError, match="needs tls_ca_file and token_file"):
         offloadd.Client("127.0.0.1:1")
+
+
+def test_missing_token_is_unauthenticated(tls_daemon):
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    d, target, cert, _ = tls_daemon
+    creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with grpc.secure_channel(target, creds, options=[("grpc.ssl_target_name_override", "localhost")]) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "authorization" in e.value.details()
+
+
+def test_plaintext_client_cannot_talk_to_the_tls_port(tls_daemon):
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    d, target, _, _ = tls_daemon
+    with grpc.insecure_channel(target) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    with offloadd.Client(d.target) as c:
+        assert c.health() == "SERVING", "the daemon stays up"
