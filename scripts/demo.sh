@@ -15,6 +15,7 @@ cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >"$build.configur
 cmake --build "$build" -j "$(nproc)" --target offloadd offloadctl
 
 demo="$build/demo"
+python="${OFFLOADD_VENV:-$HOME/.cache/offloadd/venv}/bin/python"
 mkdir -p "$demo"
 cat >"$demo/offloadd.yaml" <<YAML
 state_dir: $demo/state
@@ -52,6 +53,31 @@ echo "[demo] offloadd is up (log: $demo/offloadd.log)"
 grep -E "metrics listening|serving gRPC" "$demo/offloadd.log" | sed 's/^/[demo]   /'
 echo "[demo] \$ offloadctl health";  "${ctl[@]}" health
 echo "[demo] \$ offloadctl node";    "${ctl[@]}" node
+# The demo model: Karpathy's pretrained stories260K Llama, converted to a Hugging Face directory
+# (safetensors + config.json + tokenizer.json), and a demo job on 200 Alpaca records, checked by
+# the daemon (paths, model, tokenizer, dataset records, ranges, memory) and shown as it would run.
+shared="$(cd "$here/.." && pwd)/shared/data"
+if [[ -f "$shared/models/stories260K/stories260K.bin" ]]; then
+  model="$demo/models/stories260K"
+  if [[ ! -f "$model/config.json" ]]; then
+    "$python" "$here/scripts/convert_llama2c.py" --model "$shared/models/stories260K/stories260K.bin" \
+      --tokenizer "$shared/models/stories260K/tok512.bin" --out "$model" >/dev/null
+  fi
+  cat >"$demo/job.yaml" <<YAML
+display_name: stories260k-alpaca-demo
+model: {path: $model}
+dataset:
+  paths: [$shared/alpaca/alpaca_5000.json]
+  format: alpaca
+  max_seq_length: 256
+  max_samples: 200
+training: {learning_rate: 1e-3, per_device_train_batch_size: 8, max_steps: 50, warmup_steps: 5, logging_steps: 5}
+output_dir: $demo/out/stories260k-alpaca
+YAML
+  echo "[demo] \$ offloadctl submit $demo/job.yaml --validate-only"
+  "${ctl[@]}" submit "$demo/job.yaml" --validate-only
+  echo "[demo]   ... (training jobs run once the offload pipeline lands; see README Status)"
+fi
 if [[ $keep == 1 ]]; then
   echo "[demo] left running as pid $pid; try: ${ctl[*]} node"
 fi
