@@ -98,10 +98,10 @@ void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
     c.Add("training.lr_scheduler_type", "must be linear, cosine, constant or constant_with_warmup, got '" + s + "'");
   }
   c.Range("training.weight_decay", t.weight_decay(), 0.0, 10.0);
-  c.Range("training.adam_beta1", t.adam_beta1(), 0.0, 1.0);
-  c.Range("training.adam_beta2", t.adam_beta2(), 0.0, 1.0);
-  if (t.adam_beta1() >= 1.0) c.Add("training.adam_beta1", "must be below 1");
-  if (t.adam_beta2() >= 1.0) c.Add("training.adam_beta2", "must be below 1");
+  for (const auto& [value, field] : {std::pair{t.adam_beta1(), "training.adam_beta1"},
+                                     std::pair{t.adam_beta2(), "training.adam_beta2"}}) {
+    if (!(value >= 0.0 && value < 1.0)) c.Add(field, "must be in [0, 1), got " + std::to_string(value));
+  }
   c.Range("training.adam_epsilon", t.adam_epsilon(), 0.0, 1.0, true);
   c.Range("training.max_grad_norm", t.max_grad_norm(), 0.0, 1e12);
   c.Range<int64_t>("training.logging_steps", t.logging_steps(), 1, int64_t{1} << 40);

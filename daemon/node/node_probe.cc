@@ -141,18 +141,23 @@ bool ProbeIoUring(std::string* problem) {
   return true;
 }
 
-NodeFacts ProbeNode(const std::vector<StoreDirInput>& store_dirs) {
+NodeFacts ProbeNodeResources(const std::vector<StoreDirInput>& store_dirs) {
   NodeFacts f;
+  f.memory = ProbeMemory();
+  f.gpus = ProbeGpus(&f.gpu_problem);
+  for (const auto& d : store_dirs) f.store_dirs.push_back(ProbeStoreDir(d));
+  return f;
+}
+
+NodeFacts ProbeNode(const std::vector<StoreDirInput>& store_dirs) {
+  NodeFacts f = ProbeNodeResources(store_dirs);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   f.hostname = host;
   utsname u{};
   if (uname(&u) == 0) f.kernel_release = u.release;
   f.cpu = ProbeCpu();
-  f.memory = ProbeMemory();
   f.numa_nodes = ProbeNuma();
-  f.gpus = ProbeGpus(&f.gpu_problem);
-  for (const auto& d : store_dirs) f.store_dirs.push_back(ProbeStoreDir(d));
   f.io_uring_available = ProbeIoUring(&f.io_uring_problem);
   return f;
 }

@@ -75,6 +75,10 @@ struct StoreDirInput {
 // runtime (the daemon owns the GPU, so its context exists anyway).
 NodeFacts ProbeNode(const std::vector<StoreDirInput>& store_dirs);
 
+// Only what job validation budgets against: memory, GPUs and store directories (no CPU flags,
+// NUMA or io_uring probe, which would be wasted work on every CreateJob).
+NodeFacts ProbeNodeResources(const std::vector<StoreDirInput>& store_dirs);
+
 // GPUs visible to the CUDA runtime; on failure, returns none and sets *problem.
 std::vector<GpuFacts> ProbeGpus(std::string* problem);
 

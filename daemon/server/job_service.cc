@@ -42,7 +42,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJob
   RpcRecorder rec(metrics_, "CreateJob");
   std::vector<StoreDirInput> dirs;
   for (const auto& d : config_.storage.directories) dirs.push_back({d.path, d.weight});
-  const NodeFacts facts = ProbeNode(dirs);
+  const NodeFacts facts = ProbeNodeResources(dirs);
   NodeBudget node;
   node.host_memory_bytes = facts.memory.total_bytes;
   node.host_memory_limit = config_.memory.host_memory_limit;

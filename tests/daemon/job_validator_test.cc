@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -95,6 +96,10 @@ TEST_F(JobValidatorTest, EveryProblemIsReportedAtOnce) {
   EXPECT_NE(Find(r, "training.learning_rate"), nullptr) << Describe(r);
   EXPECT_NE(Find(r, "training.lr_scheduler_type"), nullptr) << Describe(r);
   EXPECT_NE(Find(r, "training.adam_beta2"), nullptr) << Describe(r);
+  EXPECT_EQ(std::count_if(r.violations.begin(), r.violations.end(),
+                          [](const FieldViolation& v) { return v.field == "training.adam_beta2"; }),
+            1)
+      << "one problem, one message\n" << Describe(r);
   ASSERT_NE(Find(r, "dataset.paths[1]"), nullptr) << Describe(r);
   EXPECT_NE(Find(r, "dataset.paths[1]")->description.find("does not exist"), std::string::npos);
   EXPECT_NE(Find(r, "output_dir"), nullptr) << Describe(r);
