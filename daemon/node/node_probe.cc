@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -126,7 +128,30 @@ StoreDirFacts ProbeStoreDir(const StoreDirInput& in) {
   return s;
 }
 
+// sysfs names PCI devices "dddd:bb:dd.f" in lower case with a 4-digit domain.
+std::string SysfsPciName(const std::string& pci_bus_id) {
+  std::string id = pci_bus_id;
+  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // NVML's "00000000:3b:00.0" -> "0000:3b:00.0" (wider domains, e.g. VMD's 10000, stay).
+  size_t colon = id.find(':');
+  while (colon != std::string::npos && colon > 4 && id[0] == '0') {
+    id.erase(0, 1);
+    --colon;
+  }
+  return id;
+}
+
 }  // namespace
+
+int PciNumaNode(const std::string& pci_bus_id, const std::string& sysfs_root) {
+  if (pci_bus_id.empty() || pci_bus_id.find('/') != std::string::npos) return -1;
+  const std::string text =
+      ReadFirstLine(sysfs_root + "/bus/pci/devices/" + SysfsPciName(pci_bus_id) + "/numa_node");
+  char* end = nullptr;
+  const long node = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || node < 0 || node > 65535) return -1;
+  return static_cast<int>(node);
+}
 
 bool ProbeIoUring(std::string* problem) {
   io_uring ring{};
@@ -145,6 +170,7 @@ NodeFacts ProbeNodeResources(const std::vector<StoreDirInput>& store_dirs) {
   NodeFacts f;
   f.memory = ProbeMemory();
   f.gpus = ProbeGpus(&f.gpu_problem);
+  for (auto& g : f.gpus) g.numa_node = PciNumaNode(g.pci_bus_id);
   for (const auto& d : store_dirs) f.store_dirs.push_back(ProbeStoreDir(d));
   return f;
 }

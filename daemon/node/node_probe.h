@@ -82,6 +82,12 @@ NodeFacts ProbeNodeResources(const std::vector<StoreDirInput>& store_dirs);
 // GPUs visible to the CUDA runtime; on failure, returns none and sets *problem.
 std::vector<GpuFacts> ProbeGpus(std::string* problem);
 
+// NUMA node of the PCI device `pci_bus_id` (as CUDA writes it, "0000:3B:00.0", or with NVML's
+// 8-digit domain, "00000000:3B:00.0"), read from <sysfs_root>/bus/pci/devices/<id>/numa_node.
+// -1 when unknown: no such device or file, unparsable content, or the kernel's own -1 (a machine
+// without NUMA, or firmware that does not say).
+int PciNumaNode(const std::string& pci_bus_id, const std::string& sysfs_root = "/sys");
+
 // Whether io_uring can be set up here (kernel support, seccomp, io_uring_disabled sysctl).
 bool ProbeIoUring(std::string* problem);
 

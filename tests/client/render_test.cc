@@ -31,5 +31,19 @@ TEST(RenderTest, FullBarAtTheEnd) {
   EXPECT_NE(RenderProgressLine(p, 4).find("[####] 100%"), std::string::npos);
 }
 
+TEST(RenderTest, NodeInfoShowsEachGpusNumaNode) {
+  offloadd::v1::NodeInfo n;
+  auto* g = n.add_gpus();
+  g->set_name("NVIDIA H200");
+  g->set_pci_bus_id("0000:3B:00.0");
+  g->set_numa_node(1);
+  auto* unknown = n.add_gpus();
+  unknown->set_index(1);
+  unknown->set_numa_node(-1);
+  const std::string text = RenderNodeInfo(n);
+  EXPECT_NE(text.find("0000:3B:00.0, NUMA node 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("NUMA node unknown\n"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace offloadctl

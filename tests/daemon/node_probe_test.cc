@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 namespace offloadd::daemon {
@@ -20,6 +23,44 @@ TEST(NodeProbeTest, ReportsThisMachine) {
   // Either GPUs were found or we are told why not.
   EXPECT_TRUE(!f.gpus.empty() || !f.gpu_problem.empty());
   EXPECT_TRUE(f.io_uring_available || !f.io_uring_problem.empty());
+}
+
+// A fake sysfs root with PCI devices whose numa_node files say what each test needs.
+class PciNumaNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/offloadd_sysfs_XXXXXX";
+    root_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  void Device(const std::string& name, const std::string& numa_node_text) {
+    const std::string dir = root_ + "/bus/pci/devices/" + name;
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/numa_node") << numa_node_text;
+  }
+  std::string root_;
+};
+
+TEST_F(PciNumaNodeTest, ReadsTheNodeOfCudasUpperCaseBusId) {
+  Device("0000:3b:00.0", "1\n");
+  EXPECT_EQ(PciNumaNode("0000:3B:00.0", root_), 1);
+}
+
+TEST_F(PciNumaNodeTest, AcceptsNvmlsEightDigitDomain) {
+  Device("0000:86:00.0", "0\n");
+  EXPECT_EQ(PciNumaNode("00000000:86:00.0", root_), 0);
+}
+
+TEST_F(PciNumaNodeTest, UnknownIsMinusOne) {
+  Device("0000:01:00.0", "-1\n");  // the kernel's "no NUMA information"
+  Device("0000:02:00.0", "node one\n");
+  Device("0000:03:00.0", "");
+  EXPECT_EQ(PciNumaNode("0000:01:00.0", root_), -1);
+  EXPECT_EQ(PciNumaNode("0000:02:00.0", root_), -1);
+  EXPECT_EQ(PciNumaNode("0000:03:00.0", root_), -1);
+  EXPECT_EQ(PciNumaNode("0000:04:00.0", root_), -1) << "no such device";
+  EXPECT_EQ(PciNumaNode("", root_), -1);
+  EXPECT_EQ(PciNumaNode("../../etc", root_), -1) << "not a path";
 }
 
 }  // namespace
