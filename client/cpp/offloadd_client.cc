@@ -2,8 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -35,6 +38,28 @@ StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what) {
 }
 
 bool IsUnixTarget(const std::string& t) { return t.rfind("unix:", 0) == 0; }
+
+bool IsFinal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+// Codes of a watch stream that broke rather than failed: the daemon restarting or draining
+// (UNAVAILABLE, or CANCELLED once its shutdown grace ends), a dropped connection, an aborted call.
+bool IsBrokenStream(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::ABORTED ||
+         code == grpc::StatusCode::CANCELLED;
+}
+
+std::string StateShortName(v1::JobState s) {
+  const std::string n = v1::JobState_Name(s);
+  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+std::string SecondsText(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
 
 // Attaches "authorization: Bearer <token>" to every call.
 class TokenCredentials final : public grpc::MetadataCredentialsPlugin {
@@ -206,6 +231,73 @@ Status Client::WatchJob(const v1::WatchJobRequest& request,
   const grpc::Status s = reader->Finish();
   if (s.error_code() == grpc::StatusCode::CANCELLED) return OkStatus();
   return impl_->Convert(s);
+}
+
+StatusOr<v1::Job> Client::Wait(const std::string& job_id, const std::function<void(const v1::JobEvent&)>& on_event,
+                               std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::system_clock;
+  constexpr std::chrono::milliseconds kFirstRetry{100}, kMaxRetry{5000};
+  const bool bounded = timeout > std::chrono::milliseconds::zero();
+  const Clock::time_point deadline = Clock::now() + timeout;
+  int64_t cursor = 0;
+  v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  const auto timed_out = [&] {
+    return Status(StatusCode::kDeadlineExceeded,
+                  "job " + job_id + " did not finish within " + SecondsText(timeout) + " (last seen " +
+                      (last_state == v1::JOB_STATE_UNSPECIFIED ? std::string("no state") : StateShortName(last_state)) +
+                      ", cursor " + std::to_string(cursor) + ")");
+  };
+  Clock::time_point news = Clock::now();  // last time the watch made progress
+  std::chrono::milliseconds retry = kFirstRetry;
+  while (true) {
+    grpc::ClientContext ctx;
+    if (bounded) ctx.set_deadline(deadline);
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    req.set_after_cursor(cursor);
+    auto reader = impl_->jobs->WatchJob(&ctx, req);
+    v1::JobEvent event;
+    while (reader->Read(&event)) {
+      if (event.cursor() <= cursor) continue;  // never twice, whatever the server resends
+      cursor = event.cursor();
+      if (event.has_state_change()) last_state = event.state_change().state();
+      news = Clock::now();
+      retry = kFirstRetry;
+      if (on_event) on_event(event);
+    }
+    const grpc::Status s = reader->Finish();
+    Status broken;
+    if (s.ok()) {
+      // The daemon ends a watch once the job is final and every event is out; confirm, since a
+      // stream can also end early (a proxy, an older daemon).
+      auto job = GetJob(job_id);
+      if (job.ok() && IsFinal(job->state())) return job;
+      if (!job.ok() && !IsBrokenStream(static_cast<grpc::StatusCode>(job.status().code()))) return job.status();
+      broken = job.ok() ? UnavailableError("the watch stream ended while the job was " + StateShortName(job->state()))
+                        : job.status();
+    } else if (bounded && (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || Clock::now() >= deadline)) {
+      return timed_out();
+    } else if (!IsBrokenStream(s.error_code())) {
+      return impl_->Convert(s);
+    } else {
+      broken = impl_->Convert(s);
+    }
+    const Clock::time_point now = Clock::now();
+    if (now - news >= impl_->options.reconnect_window) {
+      return Status(broken.code(), "lost the watch of job " + job_id + " and could not resume it for " +
+                                       SecondsText(impl_->options.reconnect_window) +
+                                       " (watch again with after_cursor=" + std::to_string(cursor) +
+                                       "): " + broken.message());
+    }
+    auto pause = std::min(retry, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     news + impl_->options.reconnect_window - now));
+    if (bounded) {
+      if (now >= deadline) return timed_out();
+      pause = std::min(pause, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    }
+    std::this_thread::sleep_for(pause);
+    retry = std::min(retry * 2, kMaxRetry);
+  }
 }
 
 std::vector<FieldViolation> Client::last_field_violations() const {

@@ -36,6 +36,9 @@ struct ConnectOptions {
   std::string auth_token_file;
   // Per-call deadline for unary calls.
   std::chrono::milliseconds timeout{30000};
+  // How long Client::Wait keeps trying to reopen a broken watch stream (daemon restarting,
+  // connection dropped) before it gives up; the clock restarts whenever an event arrives.
+  std::chrono::milliseconds reconnect_window{60000};
 };
 
 struct FieldViolation {
@@ -63,8 +66,20 @@ class Client {
   StatusOr<offloadd::v1::Job> ResumeJob(const std::string& job_id);
   StatusOr<offloadd::v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
   // Calls on_event for each event until the stream ends (job finished) or on_event returns false.
+  // One stream: a broken connection ends it with the error (see Wait for a watch that resumes).
   Status WatchJob(const offloadd::v1::WatchJobRequest& request,
                   const std::function<bool(const offloadd::v1::JobEvent&)>& on_event);
+
+  // Waits until the job reaches a final state (SUCCEEDED, FAILED or CANCELLED) and returns it as
+  // it ended. on_event (may be empty) sees each of the job's events once, in cursor order, from
+  // the first. When the stream breaks (UNAVAILABLE, ABORTED, or CANCELLED by a stopping daemon)
+  // Wait reopens it after the last cursor it delivered, with backoff, for up to
+  // ConnectOptions::reconnect_window without news; then it returns the last error, naming the
+  // cursor to resume from. `timeout` bounds the whole wait (zero: unbounded) and ends it with
+  // DEADLINE_EXCEEDED. Other errors (NOT_FOUND, PERMISSION_DENIED, ...) return at once.
+  StatusOr<offloadd::v1::Job> Wait(const std::string& job_id,
+                                   const std::function<void(const offloadd::v1::JobEvent&)>& on_event = {},
+                                   std::chrono::milliseconds timeout = std::chrono::milliseconds::zero());
 
   std::vector<FieldViolation> last_field_violations() const;
 

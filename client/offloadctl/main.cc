@@ -10,6 +10,7 @@
 #include "client/cpp/job_file.h"
 #include "client/cpp/offloadd_client.h"
 #include "client/offloadctl/render.h"
+#include "client/offloadctl/watch_view.h"
 
 namespace {
 
@@ -21,17 +22,20 @@ constexpr const char* kUsage = R"(usage: offloadctl [global flags] COMMAND [ARGS
 Commands:
   health                 check that the daemon is serving (exit 0 when SERVING)
   node                   show GPUs, memory, NUMA, store directories
-  submit FILE [--validate-only]
+  submit FILE [--validate-only | --watch]
                          submit the job described by a YAML job file; --validate-only checks it
                          on the daemon (paths, model, tokenizer, datasets, ranges, memory) and
-                         prints the job as it would run
+                         prints the job as it would run; --watch then watches it as `watch` does
   list [--state S]...    list jobs (S: queued, running, paused, succeeded, failed, ...)
   get JOB                show one job
   cancel JOB [REASON]    cancel a job
   pause JOB              checkpoint and pause a running job
   resume JOB             re-queue a paused job
   checkpoints JOB        list a job's checkpoints
-  watch JOB              stream a job's events until it ends
+  watch JOB              stream a job's events until it ends, resuming after a dropped
+                         connection; on a terminal, progress redraws one status line (bar, loss,
+                         tok/s, ETA). Exit 0 when the job SUCCEEDED, 1 when it failed or was
+                         cancelled
 
 Global flags:
   --target T             unix:///path.sock or host:port (default $OFFLOADD_TARGET or
@@ -69,6 +73,26 @@ void PrintJson(const Message& m) {
   std::fputs(out.c_str(), stdout);
 }
 
+// Shows the job's events until it ends (WatchView on a terminal, one line per event otherwise).
+// The exit status says how it ended: 0 SUCCEEDED, 1 anything else or an error.
+int WatchToEnd(Client& c, const std::string& job_id, bool json) {
+  offloadctl::WatchView view(!json && offloadctl::StdoutIsLiveTerminal(), offloadctl::StdoutColumns());
+  auto job = c.Wait(job_id, [&](const offloadd::v1::JobEvent& e) {
+    if (json) PrintJson(e);
+    else std::fputs(view.OnEvent(e).c_str(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputs(view.Finish().c_str(), stdout);
+  std::fflush(stdout);
+  if (!job.ok()) return Fail(job.status());
+  if (job->state() == offloadd::v1::JOB_STATE_SUCCEEDED) return 0;
+  std::string why = job->error().message();
+  if (why.empty() && !job->transitions().empty()) why = job->transitions().rbegin()->reason();
+  std::fprintf(stderr, "offloadctl: job %s ended %s%s%s\n", job_id.c_str(),
+               offloadctl::JobStateName(job->state()).c_str(), why.empty() ? "" : ": ", why.c_str());
+  return 1;
+}
+
 int Run(Flags& f) {
   auto connected = Client::Connect(f.connect);
   if (!connected.ok()) return Fail(connected.status());
@@ -92,10 +116,13 @@ int Run(Flags& f) {
   if (cmd == "submit") {
     if (f.args.size() < 2) return Usage("submit needs a job file");
     bool validate_only = false;
+    bool watch = false;
     for (size_t i = 2; i < f.args.size(); ++i) {
       if (f.args[i] == "--validate-only") validate_only = true;
+      else if (f.args[i] == "--watch") watch = true;
       else return Usage("submit: unknown argument '" + f.args[i] + "'");
     }
+    if (validate_only && watch) return Usage("submit: --validate-only and --watch exclude each other");
     auto spec = offloadd::client::LoadJobFile(f.args[1]);
     if (!spec.ok()) return Fail(spec.status());
     auto job = c.CreateJob(*spec, validate_only);
@@ -107,6 +134,10 @@ int Run(Flags& f) {
     }
     if (f.json) PrintJson(*job);
     else std::fputs(offloadctl::RenderJob(*job).c_str(), stdout);
+    if (watch) {
+      std::fflush(stdout);
+      return WatchToEnd(c, job->id(), f.json);
+    }
     return 0;
   }
   if (cmd == "list") {
@@ -146,15 +177,7 @@ int Run(Flags& f) {
   }
   if (cmd == "watch") {
     if (!need_id()) return Usage("watch needs a job id");
-    offloadd::v1::WatchJobRequest req;
-    req.set_job_id(f.args[1]);
-    Status s = c.WatchJob(req, [&](const offloadd::v1::JobEvent& e) {
-      if (f.json) PrintJson(e);
-      else std::fputs(offloadctl::RenderEvent(e).c_str(), stdout);
-      std::fflush(stdout);
-      return true;
-    });
-    return s.ok() ? 0 : Fail(s);
+    return WatchToEnd(c, f.args[1], f.json);
   }
   return Usage("unknown command '" + cmd + "'");
 }

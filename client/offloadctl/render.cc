@@ -8,15 +8,16 @@
 #include "common/units.h"
 
 namespace offloadctl {
-namespace {
 
-std::string StateName(offloadd::v1::JobState s) {
+std::string JobStateName(offloadd::v1::JobState s) {
   std::string n = offloadd::v1::JobState_Name(s);
   const std::string prefix = "JOB_STATE_";
   if (n.rfind(prefix, 0) == 0) n = n.substr(prefix.size());
   for (char& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return n;
 }
+
+namespace {
 
 std::string Bytes(uint64_t b) { return offloadd::FormatByteSize(b); }
 
@@ -63,7 +64,7 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
 
 std::string RenderJob(const offloadd::v1::Job& j) {
   std::ostringstream o;
-  o << "job " << j.id() << "  " << StateName(j.state());
+  o << "job " << j.id() << "  " << JobStateName(j.state());
   if (!j.spec().display_name().empty()) o << "  \"" << j.spec().display_name() << "\"";
   o << "\n";
   const auto& p = j.progress();
@@ -85,7 +86,7 @@ std::string RenderJobList(const offloadd::v1::ListJobsResponse& r) {
   std::snprintf(line, sizeof line, "%-24s %-11s %10s %10s  %s\n", "JOB", "STATE", "STEP", "LOSS", "NAME");
   o << line;
   for (const auto& j : r.jobs()) {
-    std::snprintf(line, sizeof line, "%-24s %-11s %10lld %10.4f  %s\n", j.id().c_str(), StateName(j.state()).c_str(),
+    std::snprintf(line, sizeof line, "%-24s %-11s %10lld %10.4f  %s\n", j.id().c_str(), JobStateName(j.state()).c_str(),
                   static_cast<long long>(j.progress().step()), j.progress().loss(), j.spec().display_name().c_str());
     o << line;
   }
@@ -119,7 +120,7 @@ std::string RenderProgressLine(const offloadd::v1::JobProgress& p, int bar_width
 std::string RenderEvent(const offloadd::v1::JobEvent& e) {
   std::ostringstream o;
   o << "[" << e.cursor() << "] ";
-  if (e.has_state_change()) o << "state " << StateName(e.state_change().state()) << " " << e.state_change().reason();
+  if (e.has_state_change()) o << "state " << JobStateName(e.state_change().state()) << " " << e.state_change().reason();
   else if (e.has_progress()) o << RenderProgressLine(e.progress());
   else if (e.has_log()) o << e.log().message();
   else if (e.has_checkpoint_saved()) o << "checkpoint " << e.checkpoint_saved().id() << " at step " << e.checkpoint_saved().step();

@@ -9,6 +9,8 @@
 namespace offloadctl {
 
 std::string Upper(std::string s);
+// "succeeded" for JOB_STATE_SUCCEEDED.
+std::string JobStateName(offloadd::v1::JobState s);
 std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n);
 std::string RenderJob(const offloadd::v1::Job& j);
 std::string RenderJobList(const offloadd::v1::ListJobsResponse& r);
