@@ -4,11 +4,13 @@
     with Client("unix:///run/offloadd/offloadd.sock") as c:
         print(c.health())           # "SERVING"
         print(c.node_info().gpus)
+        job = c.submit("job.yaml", wait=True, progress=True)   # returns the finished Job
 """
 
-from offloadd.client import DEFAULT_TARGET, Client
+from offloadd.client import DEFAULT_TARGET, FINAL_STATES, Client
 from offloadd.job_file import job_spec
 from offloadd.errors import (
+    DeadlineExceeded,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -17,18 +19,24 @@ from offloadd.errors import (
     Unauthenticated,
     Unavailable,
     Unimplemented,
+    WaitTimeout,
 )
+from offloadd.progress import ProgressPrinter
 
 __all__ = [
     "Client",
     "DEFAULT_TARGET",
+    "DeadlineExceeded",
+    "FINAL_STATES",
     "FieldViolation",
     "InvalidArgument",
     "NotFound",
     "OffloaddError",
     "PermissionDenied",
+    "ProgressPrinter",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "WaitTimeout",
     "job_spec",
 ]

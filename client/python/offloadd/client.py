@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator, Optional, Union
+import sys
+import time
+from typing import Callable, Iterator, Optional, Union
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from offloadd.errors import from_rpc_error
+from offloadd.errors import OffloaddError, Unavailable, WaitTimeout, from_rpc_error
 from offloadd.job_file import job_spec
+from offloadd.progress import ProgressPrinter, state_name
 from offloadd.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
 
 DEFAULT_TARGET = "unix:///run/offloadd/offloadd.sock"
+
+# States a job never leaves.
+FINAL_STATES = frozenset({job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED})
+
+# Codes of a watch stream that broke rather than failed: the daemon restarting or draining
+# (UNAVAILABLE, or CANCELLED once its shutdown grace ends), a dropped connection, an aborted call.
+_BROKEN_STREAM = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
+_FIRST_RETRY_S = 0.1
+_MAX_RETRY_S = 5.0
 
 
 class _BearerToken(grpc.AuthMetadataPlugin):
@@ -28,6 +40,9 @@ class Client:
 
     target: "unix:///path.sock" (default: $OFFLOADD_TARGET or DEFAULT_TARGET) or "host:port".
     TCP targets need tls_ca_file and token_file: the daemon serves TCP only with TLS and a token.
+    timeout: per-call deadline of unary calls, in seconds.
+    reconnect_window: how long wait() keeps trying to reopen a broken watch stream (daemon
+    restarting, connection dropped) before it gives up; the clock restarts with every event.
     """
 
     def __init__(
@@ -38,9 +53,11 @@ class Client:
         token_file: Optional[str] = None,
         tls_server_name: Optional[str] = None,
         timeout: float = 30.0,
+        reconnect_window: float = 60.0,
     ):
         self.target = target or os.environ.get("OFFLOADD_TARGET") or DEFAULT_TARGET
         self.timeout = timeout
+        self.reconnect_window = reconnect_window
         if self.target.startswith("unix:"):
             self._channel = grpc.insecure_channel(self.target)
         else:
@@ -95,6 +112,106 @@ class Client:
         a YAML job file. Raises InvalidArgument with .field_violations listing every problem."""
         req = job_service_pb2.CreateJobRequest(spec=job_spec(spec), validate_only=validate_only, request_id=request_id)
         return self._call(self._jobs.CreateJob, req)
+
+    def submit(
+        self,
+        spec: Union[job_pb2.JobSpec, dict, str, os.PathLike],
+        *,
+        wait: bool = False,
+        timeout: Optional[float] = None,
+        on_event: Optional[Callable[[job_pb2.JobEvent], None]] = None,
+        progress: bool = False,
+        request_id: str = "",
+    ) -> job_pb2.Job:
+        """Queues a job (as create_job) and returns it; with wait=True, waits for it to end (as
+        wait(), with timeout, on_event and progress) and returns the finished job."""
+        job = self.create_job(spec, request_id=request_id)
+        if not wait:
+            return job
+        return self.wait(job.id, timeout=timeout, on_event=on_event, progress=progress)
+
+    def wait(
+        self,
+        job_id: str,
+        timeout: Optional[float] = None,
+        on_event: Optional[Callable[[job_pb2.JobEvent], None]] = None,
+        progress: bool = False,
+    ) -> job_pb2.Job:
+        """Waits until the job is SUCCEEDED, FAILED or CANCELLED and returns it as it ended.
+
+        on_event sees each of the job's events once, in cursor order, from the first. When the
+        stream breaks (the daemon restarts, the connection drops) the watch resumes after the last
+        cursor delivered, retrying with backoff for up to reconnect_window seconds without news.
+        timeout (seconds, None = no limit) bounds the whole wait: WaitTimeout (a DeadlineExceeded
+        and a TimeoutError) when it passes. progress=True draws a progress bar on stderr.
+        Other errors (NotFound, ...) are raised at once.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cursor = 0
+        last_state = job_pb2.JOB_STATE_UNSPECIFIED
+        printer = ProgressPrinter(sys.stderr) if progress else None
+
+        def timed_out() -> WaitTimeout:
+            seen = state_name(last_state).upper() if last_state else "no state"
+            return WaitTimeout(
+                f"job {job_id} did not finish within {timeout:g} s (last seen {seen}, cursor {cursor})",
+                job_id=job_id, cursor=cursor, last_state=last_state)
+
+        news = time.monotonic()  # last time the watch made progress
+        retry = _FIRST_RETRY_S
+        try:
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise timed_out()
+                call = self._jobs.WatchJob(
+                    job_service_pb2.WatchJobRequest(job_id=job_id, after_cursor=cursor), timeout=remaining)
+                try:
+                    for event in call:
+                        if event.cursor <= cursor:
+                            continue  # never twice, whatever the server resends
+                        cursor = event.cursor
+                        if event.HasField("state_change"):
+                            last_state = event.state_change.state
+                        news, retry = time.monotonic(), _FIRST_RETRY_S
+                        if printer:
+                            printer.on_event(event)
+                        if on_event:
+                            on_event(event)
+                    # The daemon ends a watch once the job is final and every event is out;
+                    # confirm, since a stream can also end early (a proxy, an older daemon).
+                    job = self.get_job(job_id)
+                    if job.state in FINAL_STATES:
+                        return job
+                    broken = Unavailable(grpc.StatusCode.UNAVAILABLE,
+                                         f"the watch stream ended while the job was {state_name(job.state).upper()}")
+                except grpc.RpcError as err:
+                    if deadline is not None and (err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                                                 or time.monotonic() >= deadline):
+                        raise timed_out() from None
+                    if err.code() not in _BROKEN_STREAM:
+                        raise from_rpc_error(err) from None
+                    broken = from_rpc_error(err)
+                except OffloaddError as err:  # from get_job
+                    if err.code not in _BROKEN_STREAM:
+                        raise
+                    broken = err
+                finally:
+                    call.cancel()
+                now = time.monotonic()
+                if now - news >= self.reconnect_window:
+                    raise type(broken)(
+                        broken.code,
+                        f"lost the watch of job {job_id} and could not resume it for {self.reconnect_window:g} s "
+                        f"(watch again with after_cursor={cursor}): {broken.message}") from None
+                pause = min(retry, news + self.reconnect_window - now)
+                if deadline is not None:
+                    pause = min(pause, deadline - now)
+                time.sleep(max(0.0, pause))
+                retry = min(retry * 2, _MAX_RETRY_S)
+        finally:
+            if printer:
+                printer.close()
 
     def get_job(self, job_id: str) -> job_pb2.Job:
         return self._call(self._jobs.GetJob, job_service_pb2.GetJobRequest(job_id=job_id))

@@ -54,6 +54,23 @@ class Unimplemented(OffloaddError):
     pass
 
 
+class DeadlineExceeded(OffloaddError):
+    pass
+
+
+class WaitTimeout(DeadlineExceeded, TimeoutError):
+    """Client.wait's timeout passed before the job reached a final state. Also a TimeoutError.
+
+    job_id, cursor (the last event delivered; resume with watch_job(job_id, after_cursor=cursor))
+    and last_state (the last JobState seen, 0 when none) say where the wait stopped."""
+
+    def __init__(self, message: str, *, job_id: str, cursor: int, last_state: int):
+        super().__init__(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+        self.job_id = job_id
+        self.cursor = cursor
+        self.last_state = last_state
+
+
 _BY_CODE = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -61,6 +78,7 @@ _BY_CODE = {
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
 }
 
 
