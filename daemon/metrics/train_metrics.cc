@@ -1,0 +1,233 @@
+#include "daemon/metrics/train_metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <array>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+namespace offloadd::daemon {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+// Steps of an offloaded 7B model take seconds to minutes; of a tiny test model, milliseconds.
+const Histogram::BucketBoundaries& StepBuckets() {
+  static const Histogram::BucketBoundaries kBuckets = {
+      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000};
+  return kBuckets;
+}
+
+// Label values of the per-resource families; the order matches the StepStats fields read in
+// Observe.
+constexpr std::array<const char*, 5> kPhases = {"gpu_compute", "h2d", "d2h", "cpu_update", "nvme"};
+constexpr std::array<const char*, 3> kStalls = {"weights", "grads", "optimizer"};
+constexpr std::array<const char*, 4> kLinks = {"h2d", "d2h", "nvme_read", "nvme_write"};
+
+Family<Gauge>& GaugeFamily(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+}
+Family<Counter>& CounterFamily(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+struct TrainMetrics::Impl {
+  // The series of one job, looked up once and kept until ClearJob.
+  struct JobSeries {
+    Counter* steps;
+    Counter* tokens;
+    Gauge* step;
+    Gauge* max_steps;
+    Gauge* epoch;
+    Gauge* loss;
+    Gauge* learning_rate;
+    Gauge* grad_norm;
+    Gauge* tokens_per_second;
+    Gauge* model_flops_per_second;
+    Gauge* mfu;  // null when the peak is unknown
+    Gauge* gpu_memory_peak;
+    Histogram* step_seconds;
+    std::array<Counter*, kPhases.size()> phase;
+    std::array<Counter*, kStalls.size()> stall;
+    std::array<Counter*, kLinks.size()> link;
+  };
+
+  Impl(prometheus::Registry& r, Options o)
+      : options(o),
+        jobs(GaugeFamily(r, "offloadd_jobs", "Jobs known to the daemon, by state.")),
+        steps(CounterFamily(r, "offloadd_train_steps_total",
+                            "Optimizer steps finished by this daemon process.")),
+        tokens(CounterFamily(r, "offloadd_train_tokens_total",
+                             "Input tokens of the finished optimizer steps.")),
+        step(GaugeFamily(r, "offloadd_train_step", "Last finished optimizer step (1-based).")),
+        max_steps(GaugeFamily(r, "offloadd_train_max_steps", "Optimizer steps the job will run.")),
+        epoch(GaugeFamily(r, "offloadd_train_epoch", "Fractional epochs of the dataset seen.")),
+        loss(GaugeFamily(r, "offloadd_train_loss", "Mean token loss of the last step.")),
+        learning_rate(
+            GaugeFamily(r, "offloadd_train_learning_rate", "Learning rate of the last step.")),
+        grad_norm(GaugeFamily(r, "offloadd_train_grad_norm",
+                              "Global gradient L2 norm of the last step, before clipping.")),
+        tokens_per_second(GaugeFamily(r, "offloadd_train_tokens_per_second",
+                                      "Input tokens per second of wall time in the last step.")),
+        model_flops_per_second(GaugeFamily(
+            r, "offloadd_train_model_flops_per_second",
+            "Model FLOP/s of the last step (6 x params x tokens plus attention, recompute not "
+            "counted).")),
+        // Only with a known peak: a family that can never hold a sample would only confuse.
+        mfu(o.peak_flops > 0
+                ? &GaugeFamily(r, "offloadd_train_mfu_ratio",
+                               "Model FLOP utilisation of the last step: model FLOP/s over the "
+                               "GPU's peak bf16 FLOP/s.")
+                : nullptr),
+        gpu_memory_peak(GaugeFamily(r, "offloadd_gpu_memory_peak_bytes",
+                                    "Peak GPU memory reserved by the job's CUDA allocator.")),
+        step_seconds(prometheus::BuildHistogram()
+                         .Name("offloadd_train_step_seconds")
+                         .Help("Wall time of one optimizer step.")
+                         .Register(r)),
+        phase(CounterFamily(r, "offloadd_train_step_phase_seconds_total",
+                            "Busy time of each resource inside optimizer steps.")),
+        stall(CounterFamily(r, "offloadd_train_stall_seconds_total",
+                            "Time the compute stream or step loop waited, by what it waited for "
+                            "(weights, gradient staging buffers, optimizer updates).")),
+        link(CounterFamily(r, "offloadd_link_bytes_total",
+                           "Bytes moved per link: PCIe host-to-device and device-to-host, NVMe "
+                           "reads and writes.")) {}
+
+  JobSeries& SeriesLocked(const std::string& job_id) {
+    auto it = by_job.find(job_id);
+    if (it != by_job.end()) return it->second;
+    const prometheus::Labels l = {{"job_id", job_id}};
+    auto with = [&l](const char* key, const char* value) {
+      prometheus::Labels out = l;
+      out.emplace(key, value);
+      return out;
+    };
+    JobSeries s{};
+    s.steps = &steps.Add(l);
+    s.tokens = &tokens.Add(l);
+    s.step = &step.Add(l);
+    s.max_steps = &max_steps.Add(l);
+    s.epoch = &epoch.Add(l);
+    s.loss = &loss.Add(l);
+    s.learning_rate = &learning_rate.Add(l);
+    s.grad_norm = &grad_norm.Add(l);
+    s.tokens_per_second = &tokens_per_second.Add(l);
+    s.model_flops_per_second = &model_flops_per_second.Add(l);
+    s.mfu = mfu != nullptr ? &mfu->Add(l) : nullptr;
+    s.gpu_memory_peak = &gpu_memory_peak.Add(l);
+    s.step_seconds = &step_seconds.Add(l, StepBuckets());
+    for (size_t i = 0; i < kPhases.size(); ++i)
+      s.phase[i] = &phase.Add(with("resource", kPhases[i]));
+    for (size_t i = 0; i < kStalls.size(); ++i)
+      s.stall[i] = &stall.Add(with("resource", kStalls[i]));
+    for (size_t i = 0; i < kLinks.size(); ++i) s.link[i] = &link.Add(with("link", kLinks[i]));
+    return by_job.emplace(job_id, s).first->second;
+  }
+
+  const Options options;
+  Family<Gauge>& jobs;
+  Family<Counter>& steps;
+  Family<Counter>& tokens;
+  Family<Gauge>& step;
+  Family<Gauge>& max_steps;
+  Family<Gauge>& epoch;
+  Family<Gauge>& loss;
+  Family<Gauge>& learning_rate;
+  Family<Gauge>& grad_norm;
+  Family<Gauge>& tokens_per_second;
+  Family<Gauge>& model_flops_per_second;
+  Family<Gauge>* mfu;  // null when the peak is unknown
+  Family<Gauge>& gpu_memory_peak;
+  Family<Histogram>& step_seconds;
+  Family<Counter>& phase;
+  Family<Counter>& stall;
+  Family<Counter>& link;
+
+  std::mutex mu;
+  std::unordered_map<std::string, JobSeries> by_job;  // guarded by mu
+  std::set<std::string> states_seen;                  // guarded by mu
+};
+
+TrainMetrics::TrainMetrics(prometheus::Registry& registry, Options options)
+    : impl_(std::make_unique<Impl>(registry, options)) {}
+
+TrainMetrics::~TrainMetrics() = default;
+
+void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& s) {
+  std::lock_guard lock(impl_->mu);
+  Impl::JobSeries& j = impl_->SeriesLocked(job_id);
+  j.steps->Increment();
+  j.tokens->Increment(static_cast<double>(s.tokens));
+  j.step->Set(static_cast<double>(s.step));
+  j.max_steps->Set(static_cast<double>(s.max_steps));
+  j.epoch->Set(s.epoch);
+  j.loss->Set(s.loss);
+  j.learning_rate->Set(s.learning_rate);
+  j.grad_norm->Set(s.grad_norm);
+  j.gpu_memory_peak->Set(static_cast<double>(s.gpu_peak_bytes));
+  j.step_seconds->Observe(s.step_seconds);
+  // Rates of a step that took no measurable time would be infinite: keep the previous values.
+  if (s.step_seconds > 0) {
+    const double flops_per_second = s.model_flops / s.step_seconds;
+    j.tokens_per_second->Set(static_cast<double>(s.tokens) / s.step_seconds);
+    j.model_flops_per_second->Set(flops_per_second);
+    if (j.mfu != nullptr) j.mfu->Set(flops_per_second / impl_->options.peak_flops);
+  }
+  // prometheus-cpp counters ignore negative increments, so a clock hiccup cannot decrease them.
+  const std::array<double, kPhases.size()> phase = {
+      s.gpu_compute_seconds, s.h2d_seconds, s.d2h_seconds, s.cpu_update_seconds, s.nvme_seconds};
+  const std::array<double, kStalls.size()> stall = {s.stall_weights_seconds, s.stall_grads_seconds,
+                                                    s.stall_optimizer_seconds};
+  const std::array<uint64_t, kLinks.size()> link = {s.h2d_bytes, s.d2h_bytes, s.nvme_read_bytes,
+                                                    s.nvme_write_bytes};
+  for (size_t i = 0; i < phase.size(); ++i) j.phase[i]->Increment(phase[i]);
+  for (size_t i = 0; i < stall.size(); ++i) j.stall[i]->Increment(stall[i]);
+  for (size_t i = 0; i < link.size(); ++i) j.link[i]->Increment(static_cast<double>(link[i]));
+}
+
+void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) {
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [state, n] : counts) impl_->states_seen.insert(state);
+  for (const std::string& state : impl_->states_seen) {
+    auto it = counts.find(state);
+    impl_->jobs.Add({{"state", state}})
+        .Set(it == counts.end() ? 0 : static_cast<double>(it->second));
+  }
+}
+
+void TrainMetrics::ClearJob(const std::string& job_id) {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->by_job.find(job_id);
+  if (it == impl_->by_job.end()) return;
+  Impl& m = *impl_;
+  const Impl::JobSeries& j = it->second;
+  m.steps.Remove(j.steps);
+  m.tokens.Remove(j.tokens);
+  m.step.Remove(j.step);
+  m.max_steps.Remove(j.max_steps);
+  m.epoch.Remove(j.epoch);
+  m.loss.Remove(j.loss);
+  m.learning_rate.Remove(j.learning_rate);
+  m.grad_norm.Remove(j.grad_norm);
+  m.tokens_per_second.Remove(j.tokens_per_second);
+  m.model_flops_per_second.Remove(j.model_flops_per_second);
+  if (j.mfu != nullptr) m.mfu->Remove(j.mfu);
+  m.gpu_memory_peak.Remove(j.gpu_memory_peak);
+  m.step_seconds.Remove(j.step_seconds);
+  for (Counter* c : j.phase) m.phase.Remove(c);
+  for (Counter* c : j.stall) m.stall.Remove(c);
+  for (Counter* c : j.link) m.link.Remove(c);
+  m.by_job.erase(it);
+}
+
+}  // namespace offloadd::daemon

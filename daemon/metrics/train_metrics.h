@@ -1,0 +1,57 @@
+#pragma once
+// The offloadd_train_* metrics: what each optimizer step of a running job measured (progress,
+// throughput, per-resource busy and stall time, bytes per link, GPU memory), plus the number of
+// jobs in each state. Declared in one place (train_metrics.cc) with their help text, on the
+// daemon's prometheus::Registry next to DaemonMetrics.
+//
+// Per-job series carry the label job_id (not "job": Prometheus sets its own job target label at
+// scrape time and would rename ours to exported_job). Their number stays bounded because the job
+// manager calls ClearJob when a job leaves the running state.
+//
+// Thread-safe: all members may be called from any thread.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "trainer/step_stats.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace offloadd::daemon {
+
+class TrainMetrics {
+ public:
+  struct Options {
+    // Peak dense bf16 FLOP/s of the training GPU. When positive, offloadd_train_mfu_ratio is
+    // exported as model FLOP/s over this peak; 0 leaves MFU out (peak unknown).
+    double peak_flops = 0;
+  };
+
+  // Registers the families on `registry`, which must outlive this object.
+  explicit TrainMetrics(prometheus::Registry& registry) : TrainMetrics(registry, Options{}) {}
+  TrainMetrics(prometheus::Registry& registry, Options options);
+  ~TrainMetrics();
+  TrainMetrics(const TrainMetrics&) = delete;
+  TrainMetrics& operator=(const TrainMetrics&) = delete;
+
+  // One finished optimizer step of `job_id`: counters grow by the step's amounts, gauges take
+  // its values, offloadd_train_step_seconds observes step_seconds.
+  void Observe(const std::string& job_id, const trainer::StepStats& stats);
+
+  // offloadd_jobs{state}: the count of jobs in each state. A state reported before and absent
+  // from `counts` is set to 0, so its series does not go stale.
+  void SetJobsByState(const std::map<std::string, int64_t>& counts);
+
+  // Removes every series of `job_id` (a no-op for an unknown job).
+  void ClearJob(const std::string& job_id);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace offloadd::daemon

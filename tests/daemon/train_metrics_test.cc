@@ -1,0 +1,178 @@
+#include "daemon/metrics/train_metrics.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace offloadd::daemon {
+namespace {
+
+std::string Scrape(prometheus::Registry& r) {
+  return prometheus::TextSerializer().Serialize(r.Collect());
+}
+
+// Sample lines of the exposition: "name{labels}" -> value.
+std::map<std::string, double> Samples(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+trainer::StepStats Step(int64_t step) {
+  trainer::StepStats s;
+  s.step = step;
+  s.max_steps = 100;
+  s.epoch = 0.5;
+  s.tokens = 4096;
+  s.trained_tokens = 4000;
+  s.loss = 2.25;
+  s.learning_rate = 1e-5;
+  s.grad_norm = 0.75;
+  s.step_seconds = 2.0;
+  s.model_flops = 1e15;
+  s.gpu_compute_seconds = 1.5;
+  s.h2d_seconds = 1.0;
+  s.d2h_seconds = 0.5;
+  s.cpu_update_seconds = 1.25;
+  s.nvme_seconds = 0.25;
+  s.stall_weights_seconds = 0.125;
+  s.stall_grads_seconds = 0.0625;
+  s.stall_optimizer_seconds = 0.375;
+  s.h2d_bytes = 1000;
+  s.d2h_bytes = 2000;
+  s.nvme_read_bytes = 3000;
+  s.nvme_write_bytes = 4000;
+  s.gpu_peak_bytes = int64_t{40} << 30;
+  return s;
+}
+
+TEST(TrainMetricsTest, StepsAccumulateCountersAndSetGauges) {
+  prometheus::Registry registry;
+  TrainMetrics::Options options;
+  options.peak_flops = 1e15;
+  TrainMetrics m(registry, options);
+  m.Observe("a", Step(1));
+  trainer::StepStats second = Step(2);
+  second.loss = 2.0;
+  second.step_seconds = 4.0;
+  m.Observe("a", second);
+  m.Observe("b", Step(7));
+
+  auto s = Samples(Scrape(registry));
+  EXPECT_EQ(s[R"(offloadd_train_steps_total{job_id="a"})"], 2);
+  EXPECT_EQ(s[R"(offloadd_train_steps_total{job_id="b"})"], 1);
+  EXPECT_EQ(s[R"(offloadd_train_tokens_total{job_id="a"})"], 8192);
+  EXPECT_EQ(s[R"(offloadd_train_step{job_id="a"})"], 2);
+  EXPECT_EQ(s[R"(offloadd_train_step{job_id="b"})"], 7);
+  EXPECT_EQ(s[R"(offloadd_train_max_steps{job_id="a"})"], 100);
+  EXPECT_EQ(s[R"(offloadd_train_epoch{job_id="a"})"], 0.5);
+  EXPECT_EQ(s[R"(offloadd_train_loss{job_id="a"})"], 2.0);
+  EXPECT_EQ(s[R"(offloadd_train_loss{job_id="b"})"], 2.25);
+  EXPECT_EQ(s[R"(offloadd_train_learning_rate{job_id="a"})"], 1e-5);
+  EXPECT_EQ(s[R"(offloadd_train_grad_norm{job_id="a"})"], 0.75);
+  EXPECT_EQ(s[R"(offloadd_train_tokens_per_second{job_id="a"})"], 1024);  // 4096 / 4 s
+  EXPECT_EQ(s[R"(offloadd_train_model_flops_per_second{job_id="a"})"], 2.5e14);
+  EXPECT_EQ(s[R"(offloadd_train_mfu_ratio{job_id="a"})"], 0.25);
+  EXPECT_EQ(s[R"(offloadd_train_mfu_ratio{job_id="b"})"], 0.5);
+  EXPECT_EQ(s[R"(offloadd_gpu_memory_peak_bytes{job_id="a"})"], 40.0 * (1 << 30));
+  EXPECT_EQ(s[R"(offloadd_train_step_seconds_count{job_id="a"})"], 2);
+  EXPECT_EQ(s[R"(offloadd_train_step_seconds_sum{job_id="a"})"], 6);
+  EXPECT_EQ(s[R"(offloadd_train_step_seconds_bucket{job_id="a",le="2.5"})"], 1);
+  EXPECT_EQ(s[R"(offloadd_train_step_seconds_bucket{job_id="a",le="5"})"], 2);
+  EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="gpu_compute"})"], 3);
+  EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="h2d"})"], 2);
+  EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="d2h"})"], 1);
+  EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="cpu_update"})"], 2.5);
+  EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="nvme"})"], 0.5);
+  EXPECT_EQ(s[R"(offloadd_train_stall_seconds_total{job_id="a",resource="weights"})"], 0.25);
+  EXPECT_EQ(s[R"(offloadd_train_stall_seconds_total{job_id="a",resource="grads"})"], 0.125);
+  EXPECT_EQ(s[R"(offloadd_train_stall_seconds_total{job_id="a",resource="optimizer"})"], 0.75);
+  EXPECT_EQ(s[R"(offloadd_link_bytes_total{job_id="a",link="h2d"})"], 2000);
+  EXPECT_EQ(s[R"(offloadd_link_bytes_total{job_id="a",link="d2h"})"], 4000);
+  EXPECT_EQ(s[R"(offloadd_link_bytes_total{job_id="a",link="nvme_read"})"], 6000);
+  EXPECT_EQ(s[R"(offloadd_link_bytes_total{job_id="b",link="nvme_write"})"], 4000);
+}
+
+TEST(TrainMetricsTest, NoMfuWithoutPeakAndNoRatesFromZeroLengthSteps) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  m.Observe("a", Step(1));
+  trainer::StepStats instant = Step(2);
+  instant.step_seconds = 0;
+  m.Observe("a", instant);
+  const std::string text = Scrape(registry);
+  EXPECT_EQ(text.find("offloadd_train_mfu_ratio"), std::string::npos);
+  auto s = Samples(text);
+  EXPECT_EQ(s[R"(offloadd_train_tokens_per_second{job_id="a"})"], 2048);  // from step 1
+  EXPECT_EQ(s[R"(offloadd_train_step{job_id="a"})"], 2);
+}
+
+TEST(TrainMetricsTest, ClearJobRemovesOnlyThatJobsSeries) {
+  prometheus::Registry registry;
+  TrainMetrics::Options options;
+  options.peak_flops = 1e15;
+  TrainMetrics m(registry, options);
+  m.Observe("a", Step(1));
+  m.Observe("b", Step(1));
+  m.ClearJob("a");
+  m.ClearJob("never-ran");
+  const std::string text = Scrape(registry);
+  EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"(offloadd_train_mfu_ratio{job_id="b"})"), std::string::npos);
+  // A cleared job that runs again starts its counters from zero.
+  m.Observe("a", Step(2));
+  EXPECT_EQ(Samples(Scrape(registry))[R"(offloadd_train_steps_total{job_id="a"})"], 1);
+}
+
+TEST(TrainMetricsTest, JobsByStateZeroesStatesThatEmptied) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  m.SetJobsByState({{"RUNNING", 1}, {"QUEUED", 2}});
+  m.SetJobsByState({{"SUCCEEDED", 1}, {"QUEUED", 1}});
+  auto s = Samples(Scrape(registry));
+  EXPECT_EQ(s[R"(offloadd_jobs{state="RUNNING"})"], 0);
+  EXPECT_EQ(s[R"(offloadd_jobs{state="QUEUED"})"], 1);
+  EXPECT_EQ(s[R"(offloadd_jobs{state="SUCCEEDED"})"], 1);
+}
+
+TEST(TrainMetricsTest, ExpositionPassesPromtool) {
+  if (std::system("command -v promtool > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "promtool not installed (Debian package 'prometheus')";
+  }
+  prometheus::Registry registry;
+  TrainMetrics::Options options;
+  options.peak_flops = 989e12;
+  TrainMetrics m(registry, options);
+  m.SetJobsByState({{"RUNNING", 1}});
+  m.Observe("job-1", Step(1));
+
+  char path[] = "/tmp/offloadd-train-metrics-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream(path) << Scrape(registry);
+  const std::string out = std::string(path) + ".out";
+  // promtool exits non-zero and prints the problem on format errors and lint findings.
+  const int rc = std::system(
+      ("promtool check metrics < " + std::string(path) + " > " + out + " 2>&1").c_str());
+  std::ifstream in(out);
+  const std::string report((std::istreambuf_iterator<char>(in)), {});
+  ::unlink(path);
+  ::unlink(out.c_str());
+  EXPECT_EQ(rc, 0) << report;
+}
+
+}  // namespace
+}  // namespace offloadd::daemon
