@@ -1,0 +1,59 @@
+"""Checkpoint layer files (trainer/checkpoint.h) load with the reference safetensors package and
+hold the expected tensors: fp32 master weights under their Hugging Face names in model-layer-*,
+Adam moments as "<name>.exp_avg" / "<name>.exp_avg_sq" in optimizer-layer-*. The files come from
+the C++ test CheckpointSample.WritesSampleForPython."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+
+@pytest.fixture(scope="module")
+def checkpoint(binary_dir, tmp_path_factory):
+    test = binary_dir / "tests" / "trainer" / "checkpoint_test"
+    if not test.exists():
+        pytest.skip(f"{test} is not built")
+    out = tmp_path_factory.mktemp("ckpt")
+    subprocess.run([str(test), "--gtest_filter=CheckpointSample.*"], check=True, capture_output=True,
+                   env={**os.environ, "OFFLOADD_CHECKPOINT_SAMPLE_DIR": str(out)})
+    return out / "checkpoint-2"
+
+
+def test_master_weights_are_a_state_dict(checkpoint):
+    weights = load_file(checkpoint / "model-layer-00000.safetensors")
+    assert sorted(weights) == ["lm_head.weight", "model.norm.weight"]
+    assert weights["model.norm.weight"].dtype == np.float32
+    np.testing.assert_array_equal(weights["model.norm.weight"], [1, 2, 3])
+    np.testing.assert_array_equal(weights["lm_head.weight"], [[10, 11, 12], [13, 14, 15]])
+    with safe_open(str(checkpoint / "model-layer-00000.safetensors"), framework="numpy") as f:
+        assert f.metadata()["format"] == "pt"
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {"lm_head.weight": "model-layer-00000.safetensors",
+                                   "model.norm.weight": "model-layer-00000.safetensors"}
+    assert index["metadata"]["total_size"] == 9 * 4
+
+
+def test_optimizer_moments(checkpoint):
+    moments = load_file(checkpoint / "optimizer-layer-00000.safetensors")
+    assert sorted(moments) == ["lm_head.weight.exp_avg", "lm_head.weight.exp_avg_sq",
+                               "model.norm.weight.exp_avg", "model.norm.weight.exp_avg_sq"]
+    np.testing.assert_array_equal(moments["model.norm.weight.exp_avg"], [0, 0.5, 1.0])
+    np.testing.assert_array_equal(moments["lm_head.weight.exp_avg_sq"].ravel(), 0.25 * np.arange(3, 9))
+    with safe_open(str(checkpoint / "optimizer-layer-00000.safetensors"), framework="numpy") as f:
+        assert f.metadata()["adam_step"] == "2"
+
+
+def test_trainer_state(checkpoint):
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert state["num_layers"] == 1
+    assert state["model_fingerprint"].startswith("llama/1 layers/9 params/")
+    for name, size in state["files"].items():
+        assert (checkpoint / name).stat().st_size == size

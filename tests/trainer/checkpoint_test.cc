@@ -1,0 +1,525 @@
+#include "trainer/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/file_util.h"
+#include "engine/safetensors.h"
+
+namespace offloadd::trainer {
+namespace {
+
+using engine::JoinPath;
+using ::testing::HasSubstr;
+
+// A three-layer model (embedding, one decoder layer, head) with its fp32 state in flat buffers, the
+// way the pipeline holds it. `scale` multiplies the layer sizes (the crash tests want bigger
+// files).
+struct FakeModel {
+  std::vector<std::vector<ParamSpec>> params;
+  std::vector<std::vector<float>> master, exp_avg, exp_avg_sq;
+
+  FakeModel(uint32_t seed, int64_t scale = 1) {
+    params = {{{"model.embed_tokens.weight", {16 * scale, 8}}},
+              {{"model.layers.0.input_layernorm.weight", {8}},
+               {"model.layers.0.mlp.up_proj.weight", {12 * scale, 8}},
+               {"model.layers.0.self_attn.q_proj.bias", {0}}},
+              {{"model.norm.weight", {8}}, {"lm_head.weight", {16 * scale, 8}}}};
+    uint32_t x = seed * 2654435761u + 1;
+    auto fill = [&x](std::vector<float>& v, int64_t n) {
+      v.resize(n);
+      for (float& f : v) {
+        x = x * 1664525u + 1013904223u;
+        std::memcpy(&f, &x, sizeof(f));  // any bit pattern: NaNs, infinities, denormals, -0
+      }
+    };
+    for (const auto& p : params) {
+      const int64_t n = NumElements(p);
+      fill(master.emplace_back(), n);
+      fill(exp_avg.emplace_back(), n);
+      fill(exp_avg_sq.emplace_back(), n);
+    }
+  }
+  int layers() const { return static_cast<int>(params.size()); }
+  std::string fingerprint() const { return ModelFingerprint("llama", params); }
+
+  LayerState State(int l) const {
+    const std::vector<float>& w = master[l];
+    // The master buffer in two pieces, as when a layer is split into shards.
+    const size_t half = w.size() / 2;
+    return {params[l],
+            {std::span<const float>(w.data(), half),
+             std::span<const float>(w.data() + half, w.size() - half)},
+            {exp_avg[l]},
+            {exp_avg_sq[l]},
+            /*adam_step=*/100 + l};
+  }
+};
+
+TrainerState MakeState(int64_t step, const FakeModel& m) {
+  TrainerState s;
+  s.global_step = step;
+  s.max_steps = 1000;
+  s.epoch = 0.1 * static_cast<double>(step) / 3;
+  s.num_input_tokens_seen = step * 4096;
+  s.seed = std::numeric_limits<uint64_t>::max();
+  s.rng_state = std::string("mt19937 \"state\"\n\t\\ 42") + std::string(1, '\0') + "end";
+  s.data_cursor = R"({"epoch":0,"index":17,"seed":42})";
+  s.scheduler = {"cosine", 2e-5, 10, 1000};
+  s.model_fingerprint = m.fingerprint();
+  for (int64_t k = 1; k <= step; ++k) {
+    s.log_history.push_back({k, 0.01 * k, 1.0 / 3 + k, 1e-5 * k, std::sqrt(2.0) * k});
+  }
+  if (!s.log_history.empty()) s.log_history.back().loss = std::numeric_limits<double>::quiet_NaN();
+  if (s.log_history.size() > 1)
+    s.log_history[0].grad_norm = -std::numeric_limits<double>::infinity();
+  return s;
+}
+
+StatusOr<CheckpointInfo> Save(const std::string& out, int64_t step, const FakeModel& m) {
+  ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(out, step));
+  for (int l = m.layers() - 1; l >= 0; --l) RETURN_IF_ERROR(w.WriteLayer(l, m.State(l)));
+  return w.Commit(MakeState(step, m));
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool SameDouble(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+// Reads every layer of `dir` and compares with `m` bit for bit.
+void ExpectHolds(const std::string& dir, const FakeModel& m) {
+  auto r = CheckpointReader::Open(dir, m.fingerprint());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->num_layers(), m.layers());
+  for (int l = 0; l < m.layers(); ++l) {
+    std::vector<float> w(m.master[l].size()), a(w.size()), v(w.size());
+    auto step = r->ReadLayer(l, {m.params[l], {w}, {a}, {v}});
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    EXPECT_EQ(*step, 100 + l);
+    EXPECT_TRUE(SameBits(w, m.master[l])) << dir << " layer " << l;
+    EXPECT_TRUE(SameBits(a, m.exp_avg[l])) << dir << " layer " << l;
+    EXPECT_TRUE(SameBits(v, m.exp_avg_sq[l])) << dir << " layer " << l;
+  }
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string n = e->d_name; n != "." && n != "..") out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/offloadd-checkpoint-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    out_ = tmpl;
+  }
+  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(out_).ok()); }
+  std::string Dir(int64_t step) const {
+    return JoinPath(out_, "checkpoint-" + std::to_string(step));
+  }
+
+  std::string out_;
+};
+
+TEST_F(CheckpointTest, RoundTripIsBitExact) {
+  const FakeModel m(1);
+  auto info = Save(out_, 7, m);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->path, Dir(7));
+  EXPECT_EQ(info->step, 7);
+  uint64_t bytes = 0;
+  for (const std::string& f : Entries(Dir(7))) {
+    struct stat st {};
+    ASSERT_EQ(::stat(JoinPath(Dir(7), f).c_str(), &st), 0);
+    bytes += st.st_size;
+  }
+  EXPECT_EQ(info->size_bytes, bytes);
+  EXPECT_EQ(Entries(out_), std::vector<std::string>{"checkpoint-7"});  // no temporary left
+  ExpectHolds(Dir(7), m);
+
+  auto r = CheckpointReader::Open(Dir(7));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const TrainerState want = MakeState(7, m);
+  const TrainerState& got = r->state();
+  EXPECT_EQ(got.global_step, 7);
+  EXPECT_EQ(got.max_steps, want.max_steps);
+  EXPECT_EQ(got.epoch, want.epoch);
+  EXPECT_EQ(got.num_input_tokens_seen, want.num_input_tokens_seen);
+  EXPECT_EQ(got.seed, want.seed);
+  EXPECT_EQ(got.rng_state, want.rng_state);
+  EXPECT_EQ(got.data_cursor, want.data_cursor);
+  EXPECT_EQ(got.scheduler.lr_scheduler_type, "cosine");
+  EXPECT_EQ(got.scheduler.learning_rate, 2e-5);
+  EXPECT_EQ(got.scheduler.warmup_steps, 10);
+  EXPECT_EQ(got.scheduler.total_steps, 1000);
+  EXPECT_EQ(got.model_fingerprint, m.fingerprint());
+  ASSERT_EQ(got.log_history.size(), want.log_history.size());
+  for (size_t i = 0; i < want.log_history.size(); ++i) {
+    const LogEntry &a = got.log_history[i], &b = want.log_history[i];
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_TRUE(SameDouble(a.epoch, b.epoch) && SameDouble(a.loss, b.loss) &&
+                SameDouble(a.learning_rate, b.learning_rate) &&
+                SameDouble(a.grad_norm, b.grad_norm))
+        << "log_history[" << i << "]";
+  }
+
+  // Read into pieces, and weights only (a new job that starts its optimizer afresh).
+  std::vector<float> w(m.master[1].size());
+  const size_t cut = 5;
+  auto step =
+      r->ReadLayer(1, {m.params[1], {std::span(w).first(cut), std::span(w).subspan(cut)}, {}, {}});
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_EQ(*step, 0);
+  EXPECT_TRUE(SameBits(w, m.master[1]));
+}
+
+TEST_F(CheckpointTest, MasterWeightsLoadAsAShardedModel) {
+  const FakeModel m(2);
+  ASSERT_TRUE(Save(out_, 3, m).ok());
+  auto ck = engine::Checkpoint::Open(Dir(3));
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  EXPECT_TRUE((*ck)->sharded());
+  EXPECT_EQ((*ck)->Names().size(), 6u);
+  auto e = (*ck)->Get("lm_head.weight");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->info->dtype, engine::DType::kF32);
+  EXPECT_EQ(e->info->shape, (std::vector<int64_t>{16, 8}));
+  // lm_head follows model.norm.weight (8 floats) in layer 2's flat buffer.
+  EXPECT_EQ(std::memcmp(e->file->data(*e->info).data(), m.master[2].data() + 8, 16 * 8 * 4), 0);
+  EXPECT_EQ(*(*ck)->ShardOf("model.embed_tokens.weight"), "model-layer-00000.safetensors");
+}
+
+TEST_F(CheckpointTest, AddedFilesAreKeptAndChecked) {
+  const FakeModel m(3);
+  auto w = CheckpointWriter::Begin(out_, 1);
+  ASSERT_TRUE(w.ok());
+  for (int l = 0; l < m.layers(); ++l) ASSERT_TRUE(w->WriteLayer(l, m.State(l)).ok());
+  ASSERT_TRUE(w->AddFile("config.json", R"({"model_type": "llama"})").ok());
+  EXPECT_FALSE(w->AddFile("../escape", "x").ok());
+  EXPECT_FALSE(w->AddFile("trainer_state.json", "x").ok());
+  ASSERT_TRUE(w->Commit(MakeState(1, m)).ok());
+  auto text = engine::ReadFile(JoinPath(Dir(1), "config.json"));
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, R"({"model_type": "llama"})");
+  ASSERT_EQ(::truncate(JoinPath(Dir(1), "config.json").c_str(), 3), 0);
+  auto r = CheckpointReader::Open(Dir(1));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("config.json is 3 bytes"));
+}
+
+TEST_F(CheckpointTest, SavingAStepAgainReplacesItsCheckpoint) {
+  ASSERT_TRUE(Save(out_, 5, FakeModel(1)).ok());
+  const FakeModel m(2);
+  ASSERT_TRUE(Save(out_, 5, m).ok());
+  EXPECT_EQ(Entries(out_), std::vector<std::string>{"checkpoint-5"});
+  ExpectHolds(Dir(5), m);
+}
+
+TEST_F(CheckpointTest, PruneKeepsTheNewestValidCheckpoints) {
+  const FakeModel m(1);
+  ASSERT_EQ(::mkdir(Dir(1).c_str(), 0755), 0);  // not a checkpoint: neither counted nor deleted
+  for (int64_t step : {10, 20, 30, 40}) {
+    ASSERT_TRUE(Save(out_, step, m).ok());
+    ASSERT_TRUE(PruneCheckpoints(out_, 0).ok());  // 0: keep all
+  }
+  ASSERT_EQ(Entries(out_).size(), 5u);
+  ASSERT_TRUE(PruneCheckpoints(out_, 2).ok());
+  EXPECT_EQ(Entries(out_),
+            (std::vector<std::string>{"checkpoint-1", "checkpoint-30", "checkpoint-40"}));
+  ASSERT_TRUE(PruneCheckpoints(out_, 1).ok());
+  EXPECT_EQ(Entries(out_), (std::vector<std::string>{"checkpoint-1", "checkpoint-40"}));
+  ExpectHolds(Dir(40), m);
+}
+
+TEST_F(CheckpointTest, LatestSkipsTemporaryAndIncompleteDirectories) {
+  EXPECT_EQ(LatestCheckpoint(out_).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(LatestCheckpoint(JoinPath(out_, "absent")).status().code(), StatusCode::kNotFound);
+
+  const FakeModel m(1);
+  ASSERT_TRUE(Save(out_, 10, m).ok());
+  ASSERT_TRUE(Save(out_, 20, m).ok());
+  // Newer but incomplete: a crashed writer's temporary, a directory without trainer_state.json,
+  // names that are not checkpoint-<step>.
+  const std::string stale = JoinPath(out_, ".checkpoint-30.tmp-abcdef");
+  ASSERT_EQ(::mkdir(stale.c_str(), 0755), 0);
+  ASSERT_TRUE(engine::CopyFile(JoinPath(Dir(20), "trainer_state.json"),
+                               JoinPath(stale, "trainer_state.json"))
+                  .ok());
+  ASSERT_EQ(::mkdir(Dir(40).c_str(), 0755), 0);
+  ASSERT_TRUE(engine::CopyFile(JoinPath(Dir(20), "model-layer-00000.safetensors"),
+                               JoinPath(Dir(40), "model-layer-00000.safetensors"))
+                  .ok());
+  ASSERT_EQ(::mkdir(JoinPath(out_, "checkpoint-50x").c_str(), 0755), 0);
+  ASSERT_TRUE(
+      engine::CopyFile(JoinPath(Dir(20), "trainer_state.json"), JoinPath(out_, "checkpoint-60"))
+          .ok());
+  // A live writer's temporary stays.
+  auto live = CheckpointWriter::Begin(out_, 70);
+  ASSERT_TRUE(live.ok());
+
+  auto latest = LatestCheckpoint(out_);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, Dir(20));
+  EXPECT_FALSE(engine::PathExists(stale));
+  EXPECT_TRUE(engine::PathExists(live->tmp_dir()));
+  const std::string live_tmp = live->tmp_dir();
+  { CheckpointWriter gone = std::move(*live); }  // an abandoned writer cleans up
+  EXPECT_FALSE(engine::PathExists(live_tmp));
+}
+
+TEST_F(CheckpointTest, WriterRefusesInconsistentInput) {
+  const FakeModel m(1);
+  auto w = CheckpointWriter::Begin(out_, 4);
+  ASSERT_TRUE(w.ok());
+  const std::string tmp = w->tmp_dir();
+  LayerState bad = m.State(0);
+  bad.exp_avg[0] = bad.exp_avg[0].first(3);
+  Status st = w->WriteLayer(0, bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(),
+              HasSubstr("layer 0 exp_avg: buffer holds 3 floats, the layer's parameters need 128"));
+  ASSERT_TRUE(w->WriteLayer(0, m.State(0)).ok());
+  EXPECT_EQ(w->WriteLayer(0, m.State(0)).code(), StatusCode::kAlreadyExists);
+  ASSERT_TRUE(w->WriteLayer(2, m.State(2)).ok());
+  auto info = w->Commit(MakeState(4, m));
+  ASSERT_FALSE(info.ok());
+  EXPECT_THAT(info.status().message(), HasSubstr("layer 1 was not written"));
+  EXPECT_FALSE(engine::PathExists(tmp));  // a failed commit leaves nothing
+  EXPECT_FALSE(engine::PathExists(Dir(4)));
+  EXPECT_EQ(w->WriteLayer(1, m.State(1)).code(), StatusCode::kFailedPrecondition);  // spent
+
+  auto w2 = CheckpointWriter::Begin(out_, 5);
+  ASSERT_TRUE(w2.ok());
+  for (int l = 0; l < m.layers(); ++l) ASSERT_TRUE(w2->WriteLayer(l, m.State(l)).ok());
+  EXPECT_THAT(w2->Commit(MakeState(6, m)).status().message(),
+              HasSubstr("trainer state is at step 6, the checkpoint at 5"));
+  EXPECT_EQ(Entries(out_), std::vector<std::string>{});
+}
+
+TEST_F(CheckpointTest, DamagedFilesAreClearErrors) {
+  const FakeModel m(1);
+  ASSERT_TRUE(Save(out_, 10, m).ok());
+  ASSERT_TRUE(Save(out_, 20, m).ok());
+  const std::string opt1 = JoinPath(Dir(20), "optimizer-layer-00001.safetensors");
+
+  // Truncated: caught at Open from the recorded size; LatestCheckpoint falls back to step 10.
+  struct stat st {};
+  ASSERT_EQ(::stat(opt1.c_str(), &st), 0);
+  ASSERT_EQ(::truncate(opt1.c_str(), st.st_size - 4), 0);
+  auto r = CheckpointReader::Open(Dir(20));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(opt1 + " is " + std::to_string(st.st_size - 4) + " bytes"));
+  EXPECT_THAT(r.status().message(), HasSubstr("truncated"));
+  EXPECT_EQ(*LatestCheckpoint(out_), Dir(10));
+
+  // Missing layer file.
+  ASSERT_EQ(::unlink(opt1.c_str()), 0);
+  r = CheckpointReader::Open(Dir(20));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr(opt1 + " is missing"));
+
+  // Same size but a damaged safetensors header: caught by ReadLayer's validation.
+  const std::string model0 = JoinPath(Dir(10), "model-layer-00000.safetensors");
+  const int fd = ::open(model0.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "[", 1, 8), 1);  // the header's '{'
+  ::close(fd);
+  r = CheckpointReader::Open(Dir(10));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<float> w(m.master[0].size());
+  auto read = r->ReadLayer(0, {m.params[0], {w}, {}, {}});
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(read.status().message(), HasSubstr(model0));
+
+  // Bad JSON.
+  const std::string state = JoinPath(Dir(10), "trainer_state.json");
+  ASSERT_EQ(::truncate(state.c_str(), 20), 0);
+  r = CheckpointReader::Open(Dir(10));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr(state + ": not a JSON object"));
+  EXPECT_EQ(LatestCheckpoint(out_).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, AnotherModelIsRefused) {
+  const FakeModel m(1);
+  ASSERT_TRUE(Save(out_, 10, m).ok());
+  FakeModel other(1);
+  other.params[1][1].shape = {8, 12};  // same size, transposed
+  ASSERT_NE(other.fingerprint(), m.fingerprint());
+  EXPECT_THAT(m.fingerprint(), HasSubstr("llama/3 layers/"));
+
+  auto r = CheckpointReader::Open(Dir(10), other.fingerprint());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("the checkpoint is of model \"" + m.fingerprint() +
+                                              "\", this job's model is \"" + other.fingerprint()));
+
+  // Without the fingerprint check, the shape check still catches it, naming file and tensor.
+  r = CheckpointReader::Open(Dir(10));
+  ASSERT_TRUE(r.ok());
+  std::vector<float> w(other.master[1].size());
+  auto read = r->ReadLayer(1, {other.params[1], {w}, {}, {}});
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(
+      read.status().message(),
+      HasSubstr("model-layer-00001.safetensors: tensor \"model.layers.0.mlp.up_proj.weight\" "
+                "has shape [12, 8], this model's is [8, 12]"));
+  std::vector<ParamSpec> fewer = {m.params[1][0], m.params[1][1]};
+  w.resize(NumElements(fewer));
+  read = r->ReadLayer(1, {fewer, {w}, {}, {}});
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(read.status().message(), HasSubstr("which layer 1 of this model does not have"));
+  EXPECT_EQ(r->ReadLayer(3, {m.params[0], {w}, {}, {}}).status().code(), StatusCode::kOutOfRange);
+}
+
+// --- crashes
+// --------------------------------------------------------------------------------------
+
+// Runs `body` in a forked child; returns its pid. The child never returns into gtest.
+template <typename F>
+pid_t Fork(F body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    body();
+    ::_exit(0);
+  }
+  return pid;
+}
+
+void KillAndReap(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+}
+
+TEST_F(CheckpointTest, KillMidWriteKeepsThePreviousCheckpoint) {
+  const FakeModel old_model(1), new_model(2);
+  ASSERT_TRUE(Save(out_, 10, old_model).ok());
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t pid = Fork([&] {
+    auto w = CheckpointWriter::Begin(out_, 20);
+    if (!w.ok() || !w->WriteLayer(0, new_model.State(0)).ok()) ::_exit(1);
+    (void)!::write(pipefd[1], "x", 1);
+    ::pause();  // killed here, between two layers
+  });
+  char c;
+  ASSERT_EQ(::read(pipefd[0], &c, 1), 1);
+  KillAndReap(pid);
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
+  EXPECT_EQ(Entries(out_).size(), 2u);  // checkpoint-10 and the dead writer's temporary
+
+  auto latest = LatestCheckpoint(out_);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, Dir(10));
+  EXPECT_EQ(Entries(out_), std::vector<std::string>{"checkpoint-10"});  // temporary removed
+  ExpectHolds(Dir(10), old_model);
+}
+
+// Kills a child at spread-out instants of a whole save (write, commit, prune with
+// save_total_limit 1; or a save that replaces the checkpoint of the same step). Whatever the
+// instant, the latest checkpoint is complete and holds exactly one of the two states.
+void KillSweep(const std::string& out, int64_t new_step) {
+  const FakeModel old_model(1, 512), new_model(2, 512);
+  auto save = [&] {
+    if (!Save(out, new_step, new_model).ok()) ::_exit(1);
+    if (!PruneCheckpoints(out, 1).ok()) ::_exit(2);
+  };
+  // Time one undisturbed save to spread the kills over it.
+  ASSERT_TRUE(Save(out, 10, old_model).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  const pid_t timing = Fork(save);
+  ASSERT_EQ(::waitpid(timing, &status, 0), timing);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const auto full = std::chrono::steady_clock::now() - t0;
+
+  constexpr int kKills = 16;
+  int saw_old = 0, saw_new = 0;
+  for (int i = 0; i <= kKills; ++i) {
+    ASSERT_TRUE(engine::RemoveTree(out).ok());
+    ASSERT_TRUE(Save(out, 10, old_model).ok());
+    const pid_t pid = Fork(save);
+    if (i < kKills) {
+      std::this_thread::sleep_for(full * i / kKills);
+      KillAndReap(pid);
+    } else {  // the last one runs to the end
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    }
+
+    auto latest = LatestCheckpoint(out);
+    ASSERT_TRUE(latest.ok()) << "kill " << i << ": " << latest.status().ToString();
+    auto r = CheckpointReader::Open(*latest);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<float> w(new_model.master[0].size());
+    ASSERT_TRUE(r->ReadLayer(0, {new_model.params[0], {w}, {}, {}}).ok());
+    const bool is_new = SameBits(w, new_model.master[0]);
+    EXPECT_EQ(r->state().global_step, is_new ? new_step : 10);
+    ExpectHolds(*latest, is_new ? new_model : old_model);
+    (is_new ? saw_new : saw_old)++;
+    for (const std::string& e : Entries(out)) {
+      EXPECT_NE(e[0], '.') << "kill " << i << ": " << e << " left behind";
+    }
+  }
+  EXPECT_GT(saw_old, 0);
+  EXPECT_GT(saw_new, 0);
+}
+
+TEST_F(CheckpointTest, KillAtAnyInstantOfASaveLeavesACompleteLatest) { KillSweep(out_, 20); }
+
+TEST_F(CheckpointTest, KillAtAnyInstantOfAReplacingSaveLeavesACompleteLatest) {
+  KillSweep(out_, 10);
+}
+
+// Not a test of its own: writes a small checkpoint for tests/python/trainer/
+// test_checkpoint_files.py to inspect with the safetensors package.
+TEST(CheckpointSample, WritesSampleForPython) {
+  const char* out = std::getenv("OFFLOADD_CHECKPOINT_SAMPLE_DIR");
+  if (out == nullptr) GTEST_SKIP() << "OFFLOADD_CHECKPOINT_SAMPLE_DIR is not set";
+  ParamSpec a{"model.norm.weight", {3}}, b{"lm_head.weight", {2, 3}};
+  const std::vector<float> w = {1, 2, 3, 10, 11, 12, 13, 14, 15};
+  std::vector<float> m(9), v(9);
+  for (int i = 0; i < 9; ++i) m[i] = 0.5f * i, v[i] = 0.25f * i;
+  auto writer = CheckpointWriter::Begin(out, 2);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  ASSERT_TRUE(writer->WriteLayer(0, {{a, b}, {w}, {m}, {v}, 2}).ok());
+  TrainerState s;
+  s.global_step = 2;
+  s.model_fingerprint = ModelFingerprint("llama", {{a, b}});
+  auto info = writer->Commit(s);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+}
+
+}  // namespace
+}  // namespace offloadd::trainer

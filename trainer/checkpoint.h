@@ -1,0 +1,181 @@
+#pragma once
+// Training checkpoints (issue #7), torch-free: fp32 master weights, AdamW state and the trainer's
+// bookkeeping, written so that a crash at any point (kill -9 included) never damages an existing
+// checkpoint and never leaves an incomplete one that LatestCheckpoint would pick.
+//
+// Layout of output_dir/checkpoint-<step>/ (the name the Hugging Face Trainer uses):
+//   model-layer-00003.safetensors      fp32 master weights of layer 3 under their Hugging Face
+//                                      names; with model.safetensors.index.json the directory
+//                                      loads as fp32 weights (engine::Checkpoint, safetensors)
+//   optimizer-layer-00003.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq"; metadata
+//                                      "adam_step" = AdamW updates applied to the layer
+//   model.safetensors.index.json       {"metadata": {"total_size"}, "weight_map": {name: file}}
+//   trainer_state.json                 TrainerState, plus the byte size of every file above
+// Layers are the pipeline's blocks: 0 = embedding, 1..N = decoder layers, N + 1 = head. Inside a
+// layer file the tensors lie back to back in the layer's parameter order, so its data section is
+// the pipeline's flat buffer byte for byte; readers still look tensors up by name.
+//
+// Atomicity: a writer fills output_dir/.checkpoint-<step>.tmp-XXXXXX (flock'ed while alive),
+// fsyncs every file and the directory, renames it to checkpoint-<step> and fsyncs output_dir.
+// Only directories named checkpoint-<digits> whose trainer_state.json parses and lists files of
+// the recorded sizes count as checkpoints.
+//
+//   ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(output_dir, step));
+//   for (int layer = 0; layer < num_layers; ++layer) RETURN_IF_ERROR(w.WriteLayer(layer, ...));
+//   ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(trainer_state));
+//   RETURN_IF_ERROR(PruneCheckpoints(output_dir, save_total_limit));
+//   ...
+//   ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint(output_dir));  // after a crash
+//   ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, ModelFingerprint(...)));
+//   ASSIGN_OR_RETURN(int64_t adam_step, r.ReadLayer(layer, {params, {master}, {m}, {v}}));
+//
+// Every error message starts with the file (or directory) it is about. POSIX calls only, no
+// std::filesystem (this links into LibTorch binaries; see docs/DEVELOPING.md).
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace offloadd::trainer {
+
+// One parameter of a layer: Hugging Face name and shape. A layer's flat buffers hold its
+// parameters back to back in the order of its ParamSpec list.
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+int64_t NumElements(const std::vector<ParamSpec>& params);
+
+// "<architecture>/<layers> layers/<params> params/<16 hex digits>": a hash of every layer's
+// parameter names and shapes, readable enough to say which model a checkpoint belongs to.
+std::string ModelFingerprint(std::string_view architecture,
+                             const std::vector<std::vector<ParamSpec>>& layers);
+
+// A flat fp32 buffer given as consecutive pieces whose concatenation is the buffer: one piece when
+// it is contiguous, the layer's shards (workers/shard_layout.h) otherwise.
+using ConstPieces = std::vector<std::span<const float>>;
+using Pieces = std::vector<std::span<float>>;
+
+// What CheckpointWriter::WriteLayer saves; each buffer holds NumElements(params) floats. Borrowed:
+// the caller keeps the memory alive and unchanged during the call.
+struct LayerState {
+  std::vector<ParamSpec> params;
+  ConstPieces master, exp_avg, exp_avg_sq;
+  int64_t adam_step = 0;  // AdamW updates applied to this layer (its bias correction)
+};
+
+// Where CheckpointReader::ReadLayer puts a layer. An empty exp_avg or exp_avg_sq is skipped (a new
+// job that takes only the weights).
+struct LayerTarget {
+  std::vector<ParamSpec> params;
+  Pieces master, exp_avg, exp_avg_sq;
+};
+
+struct SchedulerState {  // trainer/lr_schedule.h's inputs, Hugging Face names
+  std::string lr_scheduler_type;
+  double learning_rate = 0;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;
+};
+
+struct LogEntry {  // one logged optimizer step, as in the Hugging Face trainer_state.json
+  int64_t step = 0;
+  double epoch = 0, loss = 0, learning_rate = 0, grad_norm = 0;
+  friend bool operator==(const LogEntry&, const LogEntry&) = default;
+};
+
+// trainer_state.json. Doubles round-trip exactly (NaN and infinities included).
+struct TrainerState {
+  int64_t global_step = 0;  // optimizer steps done; equals the checkpoint's step
+  int64_t max_steps = 0;
+  double epoch = 0;  // fractional epochs seen
+  int64_t num_input_tokens_seen = 0;
+  uint64_t seed = 0;
+  // Opaque to the checkpoint (UTF-8 text); they round-trip byte for byte.
+  std::string rng_state;
+  std::string data_cursor;  // text::Batcher::SaveState()
+  SchedulerState scheduler;
+  std::string model_fingerprint;  // ModelFingerprint() of the model trained
+  std::vector<LogEntry> log_history;
+};
+
+struct CheckpointInfo {
+  std::string path;  // output_dir/checkpoint-<step>
+  int64_t step = 0;
+  uint64_t size_bytes = 0;  // all files
+};
+
+// Writes one checkpoint. Not thread-safe: call from one thread. Destroying (or moving over) an
+// uncommitted writer removes its temporary directory; a killed process leaves it behind for
+// LatestCheckpoint to remove.
+class CheckpointWriter {
+ public:
+  // Creates output_dir (mkdir -p) and output_dir/.checkpoint-<step>.tmp-XXXXXX.
+  static StatusOr<CheckpointWriter> Begin(const std::string& output_dir, int64_t step);
+  CheckpointWriter(CheckpointWriter&& other) noexcept;
+  CheckpointWriter& operator=(CheckpointWriter&& other) noexcept;
+  ~CheckpointWriter();
+
+  // Writes and fsyncs the layer's two files. Layers may come in any order but each once; the
+  // params must have unique non-empty names and non-negative dimensions.
+  Status WriteLayer(int layer, const LayerState& state);
+  // A small extra file (config.json, tokenizer files) so that the directory is a loadable model.
+  Status AddFile(const std::string& name, std::string_view contents);
+  // Needs layers 0..n-1 written and state.global_step == step. Writes the index and
+  // trainer_state.json, fsyncs, renames to output_dir/checkpoint-<step> and fsyncs output_dir. An
+  // existing checkpoint of that step is swapped out atomically (renameat2 RENAME_EXCHANGE: ext4,
+  // xfs, btrfs, tmpfs) and then deleted. The writer is spent afterwards, whatever the outcome.
+  StatusOr<CheckpointInfo> Commit(const TrainerState& state);
+
+  const std::string& tmp_dir() const { return tmp_dir_; }
+
+ private:
+  CheckpointWriter() = default;
+  void Abandon();
+
+  std::string output_dir_, tmp_dir_;
+  int64_t step_ = 0;
+  int lock_fd_ = -1;  // flock on tmp_dir_: tells LatestCheckpoint the writer is alive
+  std::map<int, std::vector<std::string>> layer_params_;  // layer -> parameter names
+  std::map<std::string, uint64_t> files_;                 // file name -> bytes
+  uint64_t weight_bytes_ = 0;                             // master tensors, all layers
+};
+
+// Deletes the oldest checkpoints of output_dir beyond the newest `keep` (Hugging Face
+// save_total_limit; <= 0 keeps all). Only valid checkpoints count and get deleted, so the one
+// LatestCheckpoint returns always stays. Each is renamed to a hidden name before removal.
+Status PruneCheckpoints(const std::string& output_dir, int64_t keep);
+
+// The newest valid output_dir/checkpoint-<step> (NOT_FOUND if none; invalid newer ones are skipped
+// with a warning). Also removes temporary directories of writers that died (a crash).
+StatusOr<std::string> LatestCheckpoint(const std::string& output_dir);
+
+// Reads one checkpoint. Open parses trainer_state.json and checks that every file is there with
+// its recorded size; ReadLayer fully validates the layer's files. Thread-safe after Open.
+class CheckpointReader {
+ public:
+  // A non-empty expected_fingerprint must equal the checkpoint's (FAILED_PRECONDITION naming
+  // both otherwise); empty accepts any model.
+  static StatusOr<CheckpointReader> Open(const std::string& dir,
+                                         std::string_view expected_fingerprint = {});
+
+  const std::string& dir() const { return dir_; }
+  const TrainerState& state() const { return state_; }
+  int num_layers() const { return num_layers_; }
+  // Copies the layer's tensors into `target` after checking that the files hold exactly
+  // target.params (names, shapes, F32) and that the buffers have the right size. Returns the
+  // layer's adam_step.
+  StatusOr<int64_t> ReadLayer(int layer, const LayerTarget& target) const;
+
+ private:
+  std::string dir_;
+  TrainerState state_;
+  int num_layers_ = 0;
+};
+
+}  // namespace offloadd::trainer
