@@ -169,7 +169,7 @@ class CheckpointReader {
   int num_layers() const { return num_layers_; }
   // Copies the layer's tensors into `target` after checking that the files hold exactly
   // target.params (names, shapes, F32) and that the buffers have the right size. Returns the
-  // layer's adam_step.
+  // layer's adam_step (0 when both moments are skipped).
   StatusOr<int64_t> ReadLayer(int layer, const LayerTarget& target) const;
 
  private:
