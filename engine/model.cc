@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
 #include <fstream>
@@ -52,6 +53,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir));
+  using Materialize = LoadOptions::Materialize;
+  if (options.materialize == Materialize::kRandom) return CreateRandom(std::move(m), options);
   m->source_ = std::make_unique<Source>();
   Source& src = *m->source_;
   ASSIGN_OR_RETURN(src.checkpoint, Checkpoint::Open(dir));
@@ -80,8 +83,11 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
       return InvalidArgumentError(entry->file->path() + ": tensor \"" + name + "\" has shape " +
                                   str(info.shape) + ", config.json implies " + str(shape));
     }
-    ASSIGN_OR_RETURN(at::Tensor t, ReadTensor(*entry->file, info));
     used.insert(name);
+    if (options.materialize == Materialize::kLazy) {
+      return at::empty(shape, at::TensorOptions().dtype(options.dtype).device(c10::kMeta));
+    }
+    ASSIGN_OR_RETURN(at::Tensor t, ReadTensor(*entry->file, info));
     return t.to(options.dtype);
   };
 
@@ -114,9 +120,67 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
     }
   }
   m->dtype_ = options.dtype;
-  if (options.device != c10::Device(c10::kCPU))
+  if (options.device != c10::Device(c10::kCPU) && options.materialize == Materialize::kEager)
     RETURN_IF_ERROR(m->To(options.device, options.dtype));
   return m;
+}
+
+StatusOr<std::unique_ptr<Model>> Model::CreateRandom(std::unique_ptr<Model> m,
+                                                     const LoadOptions& options) {
+  m->random_seed_ = options.random_seed;
+  m->init_std_ = m->config_.initializer_range > 0 ? m->config_.initializer_range : 0.02;
+  ParamLoader placeholder = [&](const std::string&,
+                                const std::vector<int64_t>& shape) -> StatusOr<at::Tensor> {
+    return at::empty(shape, at::TensorOptions().dtype(options.dtype).device(c10::kMeta));
+  };
+  try {
+    if (m->config_.arch == Architecture::kLlama) {
+      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, placeholder));
+    } else {
+      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, "", placeholder));
+    }
+  } catch (const c10::Error& e) {
+    return InternalError(m->dir_ + ": building a random model: " + e.what_without_backtrace());
+  }
+  m->dtype_ = options.dtype;
+  return m;
+}
+
+bool Model::has_checkpoint() const { return source_ != nullptr; }
+
+StatusOr<at::Tensor> Model::ReadInitialValue(const std::string& name) const {
+  const Param* param = nullptr;
+  for (const auto& b : blocks_) {
+    for (const auto& p : b->params()) {
+      if (p.name == name) param = &p;
+    }
+  }
+  if (param == nullptr) return NotFoundError("model has no parameter \"" + name + "\"");
+  try {
+    c10::NoGradGuard no_grad;
+    if (source_ != nullptr) {
+      ASSIGN_OR_RETURN(auto entry, source_->checkpoint->Get(name));
+      ASSIGN_OR_RETURN(at::Tensor t, ReadTensor(*entry.file, *entry.info));
+      return t.to(at::kFloat).contiguous();
+    }
+    const auto shape = param->value.sizes();
+    auto ends_with = [&](std::string_view suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".bias")) return at::zeros(shape, at::kFloat);
+    if (shape.size() == 1) return at::ones(shape, at::kFloat);  // norm weights
+    // One generator per parameter, seeded from (seed, name): the value does not depend on the
+    // order parameters are materialized in.
+    uint64_t h = 1469598103934665603ull ^ random_seed_;
+    for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    at::Generator gen = at::detail::createCPUGenerator(h);
+    at::Tensor t = at::empty(shape, at::kFloat);
+    t.normal_(0.0, init_std_, gen);
+    return t;
+  } catch (const c10::Error& e) {
+    return InternalError("reading the initial value of " + name + ": " + e.what_without_backtrace());
+  }
 }
 
 Status Model::To(c10::Device device, c10::ScalarType dtype) {
@@ -268,6 +332,10 @@ int64_t Model::CountTrainedTokens(const at::Tensor& targets) {
 }
 
 Status Model::Export(const std::string& out_dir) const {
+  if (source_ == nullptr) {
+    return FailedPreconditionError("export: a randomly initialised model has no checkpoint layout "
+                                   "to export to");
+  }
   RETURN_IF_ERROR(MakeDirs(out_dir).WithContext("export"));
   if (SameFile(out_dir, dir_)) {
     return InvalidArgumentError("export: " + out_dir + " is the source checkpoint directory");

@@ -183,6 +183,15 @@ class Block {
 struct LoadOptions {
   c10::ScalarType dtype = c10::kFloat;  // parameter dtype after loading
   c10::Device device = c10::Device(c10::kCPU);
+  // kEager: every parameter is read now. kLazy: parameters are placeholders on the meta device
+  // (shape and dtype only) and a scheduler materializes them one at a time with
+  // Model::ReadInitialValue, so a model larger than host memory can be streamed into the offload
+  // arena. kRandom: like kLazy but without a checkpoint (config.json only); ReadInitialValue
+  // draws transformers' initialisation (normal(0, initializer_range) for matrices and
+  // embeddings, ones for norm weights, zeros for biases) from a per-parameter seeded generator.
+  enum class Materialize { kEager, kLazy, kRandom };
+  Materialize materialize = Materialize::kEager;
+  uint64_t random_seed = 0;
 };
 
 class Model {
@@ -211,6 +220,11 @@ class Model {
                                     const at::Tensor& position_ids = at::Tensor(),
                                     const at::Tensor& segment_ids = at::Tensor()) const;
 
+  // The checkpoint value of parameter `name` (kLazy) or its random initial value (kRandom), as an
+  // fp32 CPU tensor; also valid after kEager loading (re-reads the checkpoint).
+  StatusOr<at::Tensor> ReadInitialValue(const std::string& name) const;
+  bool has_checkpoint() const;
+
   // Whole-model helpers over the block API.
   StatusOr<at::Tensor> Logits(const MicroBatch& mb);
   // Forward + backward of every block with modes[i] (size num_blocks(), or empty = all kKeep).
@@ -238,12 +252,16 @@ class Model {
  private:
   struct Source;
   Model() = default;
+  static StatusOr<std::unique_ptr<Model>> CreateRandom(std::unique_ptr<Model> m,
+                                                       const LoadOptions& options);
   ModelConfig config_;
   std::string dir_;
   c10::Device device_ = c10::Device(c10::kCPU);
   c10::ScalarType dtype_ = c10::kFloat;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Source> source_;
+  uint64_t random_seed_ = 0;
+  double init_std_ = 0.02;
 };
 
 }  // namespace offloadd::engine

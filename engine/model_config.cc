@@ -155,6 +155,7 @@ Status ParseLlama(const Reader& r, std::string_view origin, ModelConfig* c) {
   if (c->head_dim % 2 != 0) return r.Error("head_dim", "must be even for rotary embeddings");
   ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("max_position_embeddings", 2048));
   ASSIGN_OR_RETURN(c->norm_eps, r.Double("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(c->initializer_range, r.Double("initializer_range", 0.02));
   ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", false));
   ASSIGN_OR_RETURN(c->hidden_act, r.String("hidden_act", "silu"));
   if (c->hidden_act != "silu") {
@@ -186,6 +187,7 @@ Status ParseGpt2(const Reader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->hidden_size, r.Int("n_embd"));
   ASSIGN_OR_RETURN(c->num_layers, r.Int("n_layer"));
   ASSIGN_OR_RETURN(c->num_heads, r.Int("n_head"));
+  ASSIGN_OR_RETURN(c->initializer_range, r.Double("initializer_range", 0.02));
   if (c->hidden_size % c->num_heads != 0) return r.Error("n_embd", "not divisible by n_head");
   c->num_kv_heads = c->num_heads;
   c->head_dim = c->hidden_size / c->num_heads;

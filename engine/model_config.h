@@ -39,6 +39,7 @@ struct ModelConfig {
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double norm_eps = 1e-6;  // rms_norm_eps (Llama) or layer_norm_epsilon (GPT-2)
+  double initializer_range = 0.02;  // std of the normal init (random-init models)
   bool tie_word_embeddings = false;
   bool qkv_bias = false;       // Qwen2 always; Llama with attention_bias
   bool o_bias = false;         // Llama with attention_bias

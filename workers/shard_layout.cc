@@ -48,8 +48,8 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
   const uint64_t gsize = o.grad_dtype == GradDtype::kBf16 ? 2 : 4;
   uint64_t bytes = 0;
   ForEachShard(layers, o, [&](size_t, uint64_t, uint64_t n) {
-    bytes += RoundUp(n * gsize, kAlign) + 3 * RoundUp(n * 4, kAlign) + RoundUp(n * 2, kAlign) +
-             RoundUp(CountersBytes(n), kAlign);
+    bytes += RoundUp(n * gsize, kAlign) + (o.states_resident ? 3 * RoundUp(n * 4, kAlign) : 0) +
+             RoundUp(n * 2, kAlign) + RoundUp(CountersBytes(n), kAlign);
     if (o.accumulation_steps > 1)
       bytes += RoundUp(n * 4, kAlign) + RoundUp(CountersBytes(n), kAlign);
   });
@@ -110,9 +110,11 @@ StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
     spec.grad_dtype = o.grad_dtype;
     spec.weight_dtype = o.weight_dtype;
     spec.grad_offset = alloc("grad", ipc::RegionKind::kGradStaging, n * gsize);
-    spec.master_offset = alloc("master", ipc::RegionKind::kMaster, n * 4);
-    spec.exp_avg_offset = alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4);
-    spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4);
+    if (o.states_resident) {
+      spec.master_offset = alloc("master", ipc::RegionKind::kMaster, n * 4);
+      spec.exp_avg_offset = alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4);
+      spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4);
+    }
     spec.weights_offset = alloc("weights", ipc::RegionKind::kParamStaging, n * 2);
     spec.counters_offset = alloc("counters", ipc::RegionKind::kControl, CountersBytes(n));
     if (o.accumulation_steps > 1) {

@@ -31,6 +31,10 @@ struct ShardLayoutOptions {
   // Split layers into shards of at most this many elements (rounded up to kChunkElements);
   // 0: one shard per layer. Smaller shards spread one layer over several worker processes.
   uint64_t max_shard_elements = 0;
+  // false: fp32 master weights and Adam moments live elsewhere (the NVMe store); their regions
+  // are not allocated (offsets 0) and the caller stages them through its own slots
+  // (StepDriver::SetBeforeUpdate).
+  bool states_resident = true;
 };
 
 // Number of arena regions AllocateShards plus a pool of `processes` workers will create.

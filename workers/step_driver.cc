@@ -36,6 +36,7 @@ Status StepDriver::BeginStep(uint64_t step, double lr) {
   sq_norm_.assign(shards_.size(), 0.0);
   id_shard_.clear();
   id_kind_.clear();
+  deferred_.clear();
   first_id_ = next_id_;
   params_updated_ = 0;
   return OkStatus();
@@ -50,6 +51,7 @@ Status StepDriver::Submit(size_t shard, const ipc::CommandRecord& r) {
 }
 
 Status StepDriver::SubmitUpdate(size_t shard, float grad_scale) {
+  if (before_update_) RETURN_IF_ERROR(before_update_(shard, &shards_[shard]));
   const ShardSpec& s = shards_[shard];
   const bool accumulated = config_.accumulation_steps > 1;
   ipc::CommandRecord r{};
@@ -89,7 +91,13 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
     RETURN_IF_ERROR(Submit(shard, r));
   }
   if (micro + 1 < A) return OkStatus();
-  if (config_.max_grad_norm <= 0) return SubmitUpdate(shard, 1.0f);
+  if (config_.max_grad_norm <= 0) {
+    if (s.layer < config_.defer_below_layer) {
+      deferred_.push_back(shard);
+      return OkStatus();
+    }
+    return SubmitUpdate(shard, 1.0f);
+  }
   ipc::CommandRecord r{};
   r.kind = static_cast<uint32_t>(CommandKind::kGradNorm);
   r.id = next_id_++;
@@ -182,7 +190,14 @@ StatusOr<StepResult> StepDriver::FinishStep() {
     for (size_t s : order) RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef));
     RETURN_IF_ERROR(drain());
   } else {
-    norm = static_cast<float>(std::sqrt(total_sq));
+    std::stable_sort(deferred_.begin(), deferred_.end(),
+                     [&](size_t a, size_t b) { return shards_[a].layer < shards_[b].layer; });
+    for (size_t s : deferred_) RETURN_IF_ERROR(SubmitUpdate(s, 1.0f));
+    deferred_.clear();
+    RETURN_IF_ERROR(drain());
+    // Deferred updates measured their shards' norms: sum again.
+    norm = static_cast<float>(
+        std::sqrt(std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0)));
   }
   result.grad_norm = norm;
   result.params_updated = params_updated_;

@@ -52,6 +52,11 @@ struct OptimizerConfig {
   double max_grad_norm = 0.0;  // <= 0: no clipping
   uint32_t accumulation_steps = 1;
   int timeout_ms = -1;  // per completion wait
+  // Without clipping: shards of layers below this one are not updated as their gradients land
+  // but held until FinishStep and then updated in ascending layer order (LSP-Offload's schedule:
+  // first-come-first-served down to this transition layer, last-come-first-served below it, so
+  // the first layers the next forward needs are ready first). 0: every shard on arrival.
+  uint32_t defer_below_layer = 0;
 };
 
 struct StepResult {
@@ -85,6 +90,16 @@ class StepDriver {
   // Handles the completions that have already arrived, without blocking.
   Status Poll();
 
+  // Called on the driver's thread right before a shard's AdamW command is submitted; it may
+  // block (e.g. until the shard's fp32 states are read from NVMe into a staging slot) and may
+  // change the spec's master / exp_avg / exp_avg_sq offsets, which the command then uses. It may
+  // call WaitShardIdle for other shards.
+  void SetBeforeUpdate(std::function<Status(size_t shard, ShardSpec* spec)> hook) {
+    before_update_ = std::move(hook);
+  }
+  const ShardSpec& shard(size_t s) const { return shards_[s]; }
+  size_t num_shards() const { return shards_.size(); }
+
  private:
   Status Submit(size_t shard, const ipc::CommandRecord& r);
   Status SubmitUpdate(size_t shard, float grad_scale);
@@ -107,6 +122,8 @@ class StepDriver {
   uint64_t params_updated_ = 0;
   Status error_;
   std::function<void(size_t)> on_updated_;
+  std::function<Status(size_t, ShardSpec*)> before_update_;
+  std::vector<size_t> deferred_;  // shards held for FinishStep (defer_below_layer)
 };
 
 }  // namespace offloadd::workers

@@ -1,0 +1,259 @@
+#include "trainer/data_source.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "text/batcher.h"
+#include "text/chat_template.h"
+#include "text/dataset.h"
+#include "text/tokenizer.h"
+
+namespace offloadd::trainer {
+namespace {
+
+bool IsDir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+StatusOr<text::ChatTemplate> LoadTemplate(const DataConfig& c, const text::Tokenizer& tok,
+                                          const std::string& tokenizer_dir) {
+  if (c.chat_template == "builtin") return text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(tok));
+  if (!c.chat_template.empty()) {
+    std::ifstream in(c.chat_template);
+    if (!in) return NotFoundError("chat template " + c.chat_template + " cannot be read");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto tokens = text::SpecialTokens::FromTokenizerConfig(tokenizer_dir + "/tokenizer_config.json");
+    return text::ChatTemplate::FromString(
+        ss.str(), tokens.ok() ? *tokens : text::SpecialTokens::Guess(tok));
+  }
+  auto t = text::ChatTemplate::FromDirectory(tokenizer_dir);
+  if (!t.ok() && t.status().code() == StatusCode::kNotFound)
+    return text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(tok));
+  return t;
+}
+
+// splitmix64, for the synthetic token stream.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+struct DataSource::Impl {
+  DataConfig config;
+  int64_t vocab = 0;
+  int32_t batch = 0;
+  uint64_t seed = 0;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::unique_ptr<text::ChatTemplate> chat;
+  std::shared_ptr<const std::vector<text::Document>> docs;
+  std::unique_ptr<text::Batcher> batcher;
+  text::DatasetStats stats;
+  uint64_t synthetic_drawn = 0;  // sequences drawn (synthetic mode)
+  uint64_t drawn = 0;            // sequences drawn in total
+};
+
+DataSource::DataSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DataSource::~DataSource() = default;
+
+StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& config,
+                                                         const std::string& model_dir,
+                                                         int64_t vocab_size, int32_t batch_size,
+                                                         uint64_t seed) {
+  if (batch_size < 1) return InvalidArgumentError("batch size must be at least 1");
+  if (config.max_seq_length < 8 && config.synthetic_seq_length <= 0)
+    return InvalidArgumentError("max_seq_length must be at least 8");
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->vocab = vocab_size;
+  impl->batch = batch_size;
+  impl->seed = seed;
+  if (config.synthetic_seq_length > 0) {
+    std::unique_ptr<DataSource> ds(new DataSource(std::move(impl)));
+    ds->sequences_per_epoch_ = 1 << 30;  // endless
+    return ds;
+  }
+  if (config.paths.empty()) return InvalidArgumentError("no dataset files given");
+  const std::string tok_path = config.tokenizer_path.empty() ? model_dir : config.tokenizer_path;
+  auto tok = IsDir(tok_path) ? text::Tokenizer::FromDirectory(tok_path)
+                             : text::Tokenizer::FromFile(tok_path);
+  if (!tok.ok()) return tok.status().WithContext("tokenizer " + tok_path);
+  impl->tokenizer = std::move(*tok);
+  const std::string tok_dir = IsDir(tok_path) ? tok_path : DirOf(tok_path);
+  ASSIGN_OR_RETURN(text::ChatTemplate chat, LoadTemplate(config, *impl->tokenizer, tok_dir));
+  impl->chat = std::make_unique<text::ChatTemplate>(std::move(chat));
+
+  text::DatasetOptions dopts;
+  ASSIGN_OR_RETURN(dopts.format, text::ParseDatasetFormat(config.format));
+  dopts.mask_prompt = config.mask_prompt;
+  dopts.skip_bad_records = config.skip_bad_records;
+  ASSIGN_OR_RETURN(text::DatasetReader reader,
+                   text::DatasetReader::Load(config.paths, *impl->tokenizer, impl->chat.get(), dopts));
+  impl->stats = reader.stats();
+  auto docs = reader.documents();
+  if (config.max_samples > 0 && docs->size() > static_cast<size_t>(config.max_samples)) {
+    auto cut = std::make_shared<std::vector<text::Document>>(docs->begin(),
+                                                             docs->begin() + config.max_samples);
+    docs = cut;
+  }
+  for (size_t i = 0; i < docs->size(); ++i) {
+    for (int32_t id : (*docs)[i].input_ids) {
+      if (id < 0 || id >= vocab_size) {
+        return InvalidArgumentError("dataset document " + std::to_string(i) + " has token id " +
+                                    std::to_string(id) + " outside the model's vocabulary of " +
+                                    std::to_string(vocab_size) +
+                                    " (does the tokenizer belong to this model?)");
+      }
+    }
+  }
+  impl->docs = docs;
+  text::BatcherOptions bo;
+  bo.max_seq_length = config.max_seq_length;
+  bo.packing = config.packing;
+  bo.shuffle = config.shuffle;
+  bo.seed = seed;
+  ASSIGN_OR_RETURN(text::Batcher batcher, text::Batcher::Create(docs, bo));
+  // Count the sequences of epoch 0 with a throw-away copy.
+  text::Batcher counter = batcher;
+  int64_t n = 0;
+  while (counter.cursor().epoch == 0) {
+    counter.Next();
+    ++n;
+  }
+  impl->batcher = std::make_unique<text::Batcher>(std::move(batcher));
+  std::unique_ptr<DataSource> ds(new DataSource(std::move(impl)));
+  ds->sequences_per_epoch_ = std::max<int64_t>(n, 1);
+  return ds;
+}
+
+StatusOr<MicroBatchData> DataSource::Next() {
+  Impl& m = *impl_;
+  MicroBatchData out;
+  out.batch = m.batch;
+  std::vector<text::PackedSequence> seqs;
+  seqs.reserve(m.batch);
+  for (int32_t b = 0; b < m.batch; ++b) {
+    text::PackedSequence s;
+    if (m.config.synthetic_seq_length > 0) {
+      const int32_t len = m.config.synthetic_seq_length;
+      uint64_t state = Mix(m.seed ^ (m.synthetic_drawn * 0x632BE59BD9B4E019ull));
+      s.input_ids.resize(len);
+      for (int32_t t = 0; t < len; ++t) {
+        state = Mix(state);
+        s.input_ids[t] = static_cast<int32_t>(state % static_cast<uint64_t>(m.vocab));
+      }
+      s.labels = s.input_ids;
+      s.position_ids.resize(len);
+      for (int32_t t = 0; t < len; ++t) s.position_ids[t] = t;
+      ++m.synthetic_drawn;
+    } else {
+      s = m.batcher->Next();
+    }
+    ++m.drawn;
+    seqs.push_back(std::move(s));
+  }
+  size_t longest = 0;
+  for (const auto& s : seqs) longest = std::max(longest, s.input_ids.size());
+  int64_t T = static_cast<int64_t>((longest + 7) / 8 * 8);
+  const int64_t cap = m.config.synthetic_seq_length > 0 ? m.config.synthetic_seq_length
+                                                        : m.config.max_seq_length;
+  T = std::min<int64_t>(std::max<int64_t>(T, 1), std::max<int64_t>(cap, longest));
+  out.seq = T;
+  const size_t total = static_cast<size_t>(out.batch * T);
+  out.input_ids.assign(total, 0);
+  out.targets.assign(total, -100);
+  out.position_ids.assign(total, 0);
+  if (m.config.packing) out.segment_ids.assign(total, 0);
+  for (int64_t b = 0; b < out.batch; ++b) {
+    const auto& s = seqs[b];
+    const int64_t n = static_cast<int64_t>(s.input_ids.size());
+    int32_t last_pos = -1;
+    int32_t max_doc = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const size_t i = static_cast<size_t>(b * T + t);
+      out.input_ids[i] = s.input_ids[t];
+      out.position_ids[i] = s.position_ids.empty() ? t : s.position_ids[t];
+      last_pos = static_cast<int32_t>(out.position_ids[i]);
+      if (t + 1 < n) out.targets[i] = s.labels[t + 1];
+      if (m.config.packing) {
+        out.segment_ids[i] = s.document_ids.empty() ? 0 : s.document_ids[t];
+        max_doc = std::max<int32_t>(max_doc, static_cast<int32_t>(out.segment_ids[i]));
+      }
+    }
+    for (int64_t t = n; t < T; ++t) {  // padding: its own segment, continuing positions
+      const size_t i = static_cast<size_t>(b * T + t);
+      out.position_ids[i] = ++last_pos;
+      if (m.config.packing) out.segment_ids[i] = max_doc + 1;
+    }
+    out.tokens += n;
+  }
+  for (int64_t v : out.targets) out.trained_tokens += v != -100;
+  return out;
+}
+
+double DataSource::epoch() const {
+  return static_cast<double>(impl_->drawn) / static_cast<double>(sequences_per_epoch_);
+}
+
+std::string DataSource::State() const {
+  nlohmann::json j;
+  j["drawn"] = impl_->drawn;
+  if (impl_->config.synthetic_seq_length > 0) {
+    j["synthetic_drawn"] = impl_->synthetic_drawn;
+  } else {
+    j["batcher"] = nlohmann::json::parse(impl_->batcher->SaveState());
+  }
+  return j.dump();
+}
+
+Status DataSource::Restore(const std::string& state) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(state);
+    impl_->drawn = j.at("drawn").get<uint64_t>();
+    if (impl_->config.synthetic_seq_length > 0) {
+      impl_->synthetic_drawn = j.at("synthetic_drawn").get<uint64_t>();
+      return OkStatus();
+    }
+    return impl_->batcher->RestoreState(j.at("batcher").dump());
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError(std::string("data cursor: ") + e.what());
+  }
+}
+
+std::string DataSource::Describe() const {
+  const Impl& m = *impl_;
+  if (m.config.synthetic_seq_length > 0)
+    return "synthetic random tokens, " + std::to_string(m.config.synthetic_seq_length) + " per sequence";
+  return std::to_string(m.docs->size()) + " documents (" + std::to_string(m.stats.skipped) +
+         " skipped), " + std::to_string(m.stats.tokens) + " tokens, " +
+         std::to_string(m.stats.trained_tokens) + " trained; " +
+         std::to_string(sequences_per_epoch_) + " sequences per epoch";
+}
+
+int64_t TotalSteps(int64_t max_steps, double num_train_epochs, int64_t sequences_per_epoch,
+                   int32_t batch_size, int32_t accumulation_steps) {
+  if (max_steps > 0) return max_steps;
+  const int64_t micro = (sequences_per_epoch + batch_size - 1) / batch_size;
+  const int64_t per_epoch = std::max<int64_t>(1, micro / std::max(1, accumulation_steps));
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(num_train_epochs * static_cast<double>(per_epoch))));
+}
+
+}  // namespace offloadd::trainer

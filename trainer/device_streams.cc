@@ -1,0 +1,325 @@
+#include "trainer/device_streams.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <optional>
+
+#if OFFLOADD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "ipc/cuda_host_register.h"
+#endif
+
+namespace offloadd::trainer {
+
+#if OFFLOADD_WITH_CUDA
+class DeviceStreams::Event {
+ public:
+  at::cuda::CUDAEvent event{cudaEventDisableTiming};
+};
+
+struct DeviceStreams::Impl {
+  c10::DeviceIndex index = 0;
+  // Set by Create for a CUDA device only (touching CUDA on a CPU run would need a driver).
+  std::optional<at::cuda::CUDAStream> compute_, h2d_, d2h_;
+  at::cuda::CUDAStream& compute() { return *compute_; }
+  at::cuda::CUDAStream& h2d() { return *h2d_; }
+  at::cuda::CUDAStream& d2h() { return *d2h_; }
+  std::vector<ipc::CudaHostRegistration> pins;
+  std::mutex mu;
+  struct Timed {
+    std::string track, name;
+    std::unique_ptr<at::cuda::CUDAEvent> start, end;
+    uint64_t bytes = 0;
+  };
+  std::vector<Timed> timed;
+  std::unique_ptr<at::cuda::CUDAEvent> base;
+  double base_us = 0;
+  std::unique_ptr<at::cuda::CUDAEvent> open_start;
+  std::string open_name;
+  std::vector<Span> spans;  // CPU device
+  double compute_start = 0;
+  std::string compute_name;
+
+  std::unique_ptr<at::cuda::CUDAEvent> Mark(const at::cuda::CUDAStream& s) {
+    auto e = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
+    e->record(s);
+    return e;
+  }
+};
+#else
+class DeviceStreams::Event {};
+struct DeviceStreams::Impl {
+  std::mutex mu;
+  std::vector<Span> spans;
+  double compute_start = 0;
+  std::string compute_name;
+};
+#endif
+
+DeviceStreams::~DeviceStreams() = default;
+
+StatusOr<std::unique_ptr<DeviceStreams>> DeviceStreams::Create(c10::Device device) {
+  std::unique_ptr<DeviceStreams> d(new DeviceStreams());
+  d->impl_ = std::make_unique<Impl>();
+  if (device.is_cpu()) return d;
+#if OFFLOADD_WITH_CUDA
+  if (!device.is_cuda()) return InvalidArgumentError("unsupported device " + device.str());
+  d->cuda_ = true;
+  Impl& m = *d->impl_;
+  m.index = device.has_index() ? device.index() : 0;
+  c10::cuda::CUDAGuard guard(m.index);
+  m.compute_ = at::cuda::getStreamFromPool(/*isHighPriority=*/true, m.index);
+  m.h2d_ = at::cuda::getStreamFromPool(false, m.index);
+  m.d2h_ = at::cuda::getStreamFromPool(false, m.index);
+  return d;
+#else
+  return FailedPreconditionError("this build of offloadd has no CUDA support (device " +
+                                 device.str() + ")");
+#endif
+}
+
+void DeviceStreams::UseCompute() const {
+#if OFFLOADD_WITH_CUDA
+  if (!cuda_) return;
+  c10::cuda::set_device(impl_->index);
+  at::cuda::setCurrentCUDAStream(impl_->compute());
+#endif
+}
+
+Status DeviceStreams::Pin(void* base, size_t bytes) {
+#if OFFLOADD_WITH_CUDA
+  if (!cuda_ || bytes == 0) return OkStatus();
+  ASSIGN_OR_RETURN(ipc::CudaHostRegistration r, ipc::CudaHostRegistration::Register(base, bytes));
+  impl_->pins.push_back(std::move(r));
+#else
+  (void)base;
+  (void)bytes;
+#endif
+  return OkStatus();
+}
+
+StatusOr<int64_t> DeviceStreams::CapMemory(int64_t bytes) {
+#if OFFLOADD_WITH_CUDA
+  if (!cuda_) return int64_t{0};
+  size_t free_b = 0, total_b = 0;
+  c10::cuda::CUDAGuard guard(impl_->index);
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+    return InternalError("cudaMemGetInfo failed");
+  const double fraction = std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_b));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, impl_->index);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->index);
+  return static_cast<int64_t>(total_b);
+#else
+  (void)bytes;
+  return int64_t{0};
+#endif
+}
+
+int64_t DeviceStreams::FreeMemory() const {
+#if OFFLOADD_WITH_CUDA
+  if (!cuda_) return 0;
+  size_t free_b = 0, total_b = 0;
+  c10::cuda::CUDAGuard guard(impl_->index);
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  return static_cast<int64_t>(free_b);
+#else
+  return 0;
+#endif
+}
+
+int64_t DeviceStreams::PeakReservedBytes() const {
+#if OFFLOADD_WITH_CUDA
+  if (!cuda_) return 0;
+  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(impl_->index);
+  return stats.reserved_bytes[0].peak;
+#else
+  return 0;
+#endif
+}
+
+void DeviceStreams::ReleaseAfterCopies(const at::Tensor& t) const {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_ && t.defined() && t.is_cuda()) {
+    t.record_stream(impl_->d2h().unwrap());
+    t.record_stream(impl_->h2d().unwrap());
+  }
+#else
+  (void)t;
+#endif
+}
+
+DeviceStreams::EventPtr DeviceStreams::CopyToDevice(at::Tensor& dst, const at::Tensor& src,
+                                                    const std::string& name, bool after_compute) {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    Impl& m = *impl_;
+    c10::cuda::CUDAGuard guard(m.index);
+    if (after_compute) {
+      at::cuda::CUDAEvent after(cudaEventDisableTiming);
+      after.record(m.compute());
+      after.block(m.h2d());
+    }
+    Impl::Timed t{"h2d", name, m.Mark(m.h2d()), nullptr, static_cast<uint64_t>(src.nbytes())};
+    {
+      c10::cuda::CUDAStreamGuard sg(m.h2d());
+      dst.copy_(src, /*non_blocking=*/true);
+    }
+    t.end = m.Mark(m.h2d());
+    auto done = std::make_shared<Event>();
+    done->event.record(m.h2d());
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.timed.push_back(std::move(t));
+    return done;
+  }
+#endif
+  const double t0 = static_cast<double>(NowMicros());
+  dst.copy_(src);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->spans.push_back({"h2d", name, t0, static_cast<double>(NowMicros())});
+  return nullptr;
+}
+
+DeviceStreams::EventPtr DeviceStreams::CopyToHost(at::Tensor& dst, const at::Tensor& src,
+                                                  const std::string& name) {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    Impl& m = *impl_;
+    c10::cuda::CUDAGuard guard(m.index);
+    at::cuda::CUDAEvent after(cudaEventDisableTiming);
+    after.record(m.compute());
+    after.block(m.d2h());
+    Impl::Timed t{"d2h", name, m.Mark(m.d2h()), nullptr, static_cast<uint64_t>(src.nbytes())};
+    {
+      c10::cuda::CUDAStreamGuard sg(m.d2h());
+      dst.copy_(src, /*non_blocking=*/true);
+    }
+    t.end = m.Mark(m.d2h());
+    auto done = std::make_shared<Event>();
+    done->event.record(m.d2h());
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.timed.push_back(std::move(t));
+    return done;
+  }
+#endif
+  const double t0 = static_cast<double>(NowMicros());
+  dst.copy_(src);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->spans.push_back({"d2h", name, t0, static_cast<double>(NowMicros())});
+  return nullptr;
+}
+
+void DeviceStreams::ComputeWaits(const EventPtr& e) const {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_ && e) e->event.block(impl_->compute());
+#else
+  (void)e;
+#endif
+}
+
+Status DeviceStreams::Synchronize(const EventPtr& e) {
+#if OFFLOADD_WITH_CUDA
+  if (e) {
+    try {
+      e->event.synchronize();
+    } catch (const c10::Error& err) {
+      return InternalError(std::string("CUDA: ") + err.what_without_backtrace());
+    }
+  }
+#else
+  (void)e;
+#endif
+  return OkStatus();
+}
+
+void DeviceStreams::BeginCompute(const std::string& name) {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    impl_->open_start = impl_->Mark(impl_->compute());
+    impl_->open_name = name;
+    return;
+  }
+#endif
+  impl_->compute_start = static_cast<double>(NowMicros());
+  impl_->compute_name = name;
+}
+
+void DeviceStreams::EndCompute() {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    Impl& m = *impl_;
+    Impl::Timed t{"gpu compute", m.open_name, std::move(m.open_start), m.Mark(m.compute()), 0};
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.timed.push_back(std::move(t));
+    return;
+  }
+#endif
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->spans.push_back({"gpu compute", impl_->compute_name, impl_->compute_start, static_cast<double>(NowMicros())});
+}
+
+void DeviceStreams::MarkStepStart() {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    Impl& m = *impl_;
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.base = m.Mark(m.compute());
+    m.base_us = static_cast<double>(NowMicros());
+    m.timed.clear();
+  }
+#endif
+}
+
+std::vector<Span> DeviceStreams::TakeSpans(double* compute_s, double* h2d_s, double* d2h_s,
+                                           uint64_t* h2d_bytes, uint64_t* d2h_bytes) {
+  std::vector<Span> out;
+  *compute_s = *h2d_s = *d2h_s = 0;
+  *h2d_bytes = *d2h_bytes = 0;
+  auto add = [&](const Span& s, uint64_t bytes) {
+    const double d = (s.end_us - s.start_us) * 1e-6;
+    if (s.track == "gpu compute") *compute_s += d;
+    if (s.track == "h2d") {
+      *h2d_s += d;
+      *h2d_bytes += bytes;
+    }
+    if (s.track == "d2h") {
+      *d2h_s += d;
+      *d2h_bytes += bytes;
+    }
+    out.push_back(s);
+  };
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    Impl& m = *impl_;
+    std::vector<Impl::Timed> timed;
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      timed.swap(m.timed);
+    }
+    if (!m.base) return out;
+    for (auto& t : timed) {
+      if (!t.start || !t.end) continue;
+      t.end->synchronize();
+      const double s = m.base_us + 1000.0 * m.base->elapsed_time(*t.start);
+      const double e = m.base_us + 1000.0 * m.base->elapsed_time(*t.end);
+      add(Span{t.track, t.name, s, e}, t.bytes);
+    }
+    return out;
+  }
+#endif
+  std::vector<Span> spans;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    spans.swap(impl_->spans);
+  }
+  for (const auto& s : spans) add(s, 0);
+  return out;
+}
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,79 @@
+#pragma once
+// DeviceStreams: the CUDA side of the schedule — a compute stream, a host-to-device and a
+// device-to-host copy stream, events ordering them, page-locking of the arena buffers the copies
+// use, the caching allocator's memory cap, and timing spans for the trace. On a CPU device every
+// call is a synchronous no-op equivalent (copies are plain copies), so the step loop has one code
+// path. Copies and waits may be issued from several threads.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/trace.h"  // NowMicros()
+
+namespace offloadd::trainer {
+
+// One timed interval on a track ("gpu compute", "h2d", "d2h", "cpu update", "nvme", "step").
+struct Span {
+  std::string track, name;
+  double start_us = 0, end_us = 0;  // NowMicros() timebase
+};
+
+
+class DeviceStreams {
+ public:
+  // An ordering point on one stream (a CUDA event), shared between threads.
+  class Event;
+  using EventPtr = std::shared_ptr<Event>;
+
+  static StatusOr<std::unique_ptr<DeviceStreams>> Create(c10::Device device);
+  ~DeviceStreams();
+  bool cuda() const { return cuda_; }
+
+  // Makes the compute stream current on the calling thread (and the device current).
+  void UseCompute() const;
+  // Page-locks host memory used as a copy source or destination (cudaHostRegister).
+  Status Pin(void* base, size_t bytes);
+  // Caps the caching allocator at `bytes` (setMemoryFraction); returns the device's total memory.
+  StatusOr<int64_t> CapMemory(int64_t bytes);
+  int64_t FreeMemory() const;
+  int64_t PeakReservedBytes() const;
+
+  // Host-to-device copy on the copy stream; with after_compute, only after the compute stream's
+  // work so far (so memory the compute stream freed may be overwritten). Returns the copy's
+  // completion event.
+  EventPtr CopyToDevice(at::Tensor& dst, const at::Tensor& src, const std::string& name,
+                        bool after_compute = true);
+  // Lets the caching allocator reuse `t`'s memory only after the copy streams' work so far.
+  void ReleaseAfterCopies(const at::Tensor& t) const;
+  // Device-to-host copy after the compute stream's work so far.
+  EventPtr CopyToHost(at::Tensor& dst, const at::Tensor& src, const std::string& name);
+  // The compute stream waits for `e` (no host blocking).
+  void ComputeWaits(const EventPtr& e) const;
+  // Blocks the calling thread until `e` completed.
+  static Status Synchronize(const EventPtr& e);
+
+  // Timing of compute work for the trace: Begin/End around a block's forward or backward.
+  void BeginCompute(const std::string& name);
+  void EndCompute();
+  // Marks the start of a step (the base the spans are measured from).
+  void MarkStepStart();
+  // Waits for all streams, then returns the spans recorded since MarkStepStart with host
+  // microseconds, plus busy seconds per track.
+  std::vector<Span> TakeSpans(double* compute_s, double* h2d_s, double* d2h_s,
+                              uint64_t* h2d_bytes, uint64_t* d2h_bytes);
+
+ private:
+  struct Impl;
+  DeviceStreams() = default;
+  bool cuda_ = false;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace offloadd::trainer

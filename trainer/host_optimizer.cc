@@ -1,0 +1,560 @@
+#include "trainer/host_optimizer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
+#include "storage/format.h"
+#include "storage/store_client.h"
+#include "workers/adamw_kernel_impl.h"
+#include "workers/shard_layout.h"
+#include "workers/worker_pool.h"
+
+namespace offloadd::trainer {
+namespace {
+
+constexpr uint64_t kAlign = 4096;
+uint64_t RoundUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
+  workers::ShardLayoutOptions lo;
+  lo.grad_dtype = o.compute == HostDtype::kBf16 ? workers::GradDtype::kBf16 : workers::GradDtype::kFp32;
+  lo.weight_dtype = o.compute == HostDtype::kBf16 ? workers::WeightDtype::kBf16 : workers::WeightDtype::kNone;
+  lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
+  lo.states_resident = o.tier == StateTier::kCpu;
+  return lo;
+}
+
+workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o) {
+  workers::WorkerPoolOptions p;
+  p.worker_binary = o.worker_binary;
+  p.processes = std::max<uint32_t>(1, o.worker_processes);
+  p.threads_per_process = std::max<uint32_t>(1, o.worker_threads);
+  return p;
+}
+
+uint64_t MaxElements(const HostOptimizerOptions& o) {
+  uint64_t m = 0;
+  for (uint64_t n : o.block_elements) m = std::max(m, n);
+  return m;
+}
+
+// Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
+uint64_t ExtraBytes(const HostOptimizerOptions& o) {
+  if (o.tier != StateTier::kNvme) return 0;
+  uint64_t bytes = uint64_t{o.nvme_slots} * 3 * RoundUp(MaxElements(o) * 4);
+  if (o.compute == HostDtype::kFp32) {
+    for (uint64_t n : o.block_elements) bytes += RoundUp(n * 4);
+  }
+  return bytes + 2 * kAlign * (o.nvme_slots * 3 + o.block_elements.size() + 8);
+}
+
+using storage::TensorKind;
+constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
+                                static_cast<uint32_t>(TensorKind::kAdamM),
+                                static_cast<uint32_t>(TensorKind::kAdamV)};
+
+}  // namespace
+
+struct HostOptimizer::Slot {
+  uint64_t offset[3] = {};  // master, exp_avg, exp_avg_sq
+  int shard = -1;           // whose states it holds
+  bool loaded = false;      // reads complete
+  std::vector<uint64_t> pending_reads, pending_writes;
+};
+
+uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
+  return workers::ArenaBytesFor(o.block_elements, LayoutOptions(o), PoolOptions(o)) + ExtraBytes(o);
+}
+
+StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimizerOptions& options) {
+  std::unique_ptr<HostOptimizer> h(new HostOptimizer());
+  RETURN_IF_ERROR(h->Start(options));
+  return h;
+}
+
+Status HostOptimizer::Start(const HostOptimizerOptions& o) {
+  options_ = o;
+  if (o.block_elements.empty()) return InvalidArgumentError("model has no parameters");
+  if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
+    return InvalidArgumentError("the NVMe tier needs at least one store directory");
+  const auto lo = LayoutOptions(o);
+  const auto po = PoolOptions(o);
+  const uint64_t bytes = ArenaBytes(o);
+  if (o.host_memory_limit > 0 && bytes > o.host_memory_limit) {
+    return ResourceExhaustedError(
+        "the shared arena needs " + std::to_string(bytes >> 20) + " MiB but host_memory_limit is " +
+        std::to_string(o.host_memory_limit >> 20) + " MiB" +
+        (o.tier == StateTier::kCpu ? "; offload the optimizer to NVMe" : ""));
+  }
+  ipc::SegmentOptions so;
+  so.name = "offloadd-train";
+  ASSIGN_OR_RETURN(segment_, ipc::SharedSegment::Create(bytes, so));
+  ipc::ArenaOptions ao;
+  ao.max_regions = workers::RegionsFor(o.block_elements, lo, po.processes) + 3 * o.nvme_slots +
+                   static_cast<uint32_t>(o.block_elements.size()) + 32;
+  ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&segment_, ao));
+  arena_ = std::make_unique<ipc::Arena>(std::move(arena));
+  ASSIGN_OR_RETURN(shards_, workers::AllocateShards(arena_.get(), o.block_elements, lo, po.processes));
+  if (shards_.size() != o.block_elements.size())
+    return InternalError("expected one shard per block");
+  if (o.tier == StateTier::kNvme) {
+    const uint64_t max_n = MaxElements(o);
+    for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
+      auto slot = std::make_unique<Slot>();
+      const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
+                                        ipc::RegionKind::kExpAvgSq};
+      for (int k = 0; k < 3; ++k) {
+        ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate("slot" + std::to_string(s) + "." +
+                                                             std::to_string(k),
+                                                         kinds[k], max_n * 4));
+        slot->offset[k] = r.offset;
+      }
+      slots_.push_back(std::move(slot));
+    }
+    slot_of_.assign(shards_.size(), -1);
+    compute_copy_.assign(shards_.size(), 0);
+    if (o.compute == HostDtype::kFp32) {
+      for (size_t b = 0; b < shards_.size(); ++b) {
+        ASSIGN_OR_RETURN(ipc::Region r,
+                         arena_->Allocate("B" + std::to_string(b) + ".compute",
+                                          ipc::RegionKind::kParamStaging, shards_[b].num_elements * 4));
+        compute_copy_[b] = r.offset;
+      }
+    }
+    // Versions must grow per key, also across runs over the same directories.
+    write_version_ = static_cast<uint64_t>(
+        std::chrono::system_clock::now().time_since_epoch() / std::chrono::nanoseconds(1));
+    storage::StoreProcessOptions so2;
+    so2.binary = o.store_binary;
+    for (const auto& d : o.nvme_dirs) so2.args.push_back("--dir=" + d);
+    so2.args.push_back("--queue-depth=" + std::to_string(o.nvme_queue_depth));
+    ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so2));
+  }
+  ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
+  workers::OptimizerConfig oc;
+  oc.beta1 = o.optim.beta1;
+  oc.beta2 = o.optim.beta2;
+  oc.eps = o.optim.eps;
+  oc.weight_decay = o.optim.weight_decay;
+  oc.max_grad_norm = o.optim.max_grad_norm;
+  oc.accumulation_steps = lo.accumulation_steps;
+  oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
+  driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
+  driver_->SetOnShardUpdated([this](size_t shard) {
+    if (store_) {
+      const Slot& slot = *slots_[slot_of_[shard]];
+      if (compute_copy_[shard] != 0) {
+        std::memcpy(arena_->At<void>(compute_copy_[shard]), arena_->At<void>(slot.offset[0]),
+                    shards_[shard].num_elements * 4);
+      }
+      Status st = WriteBack(shard);
+      if (!st.ok()) Fail(st);
+    }
+    if (on_updated_) on_updated_(static_cast<int>(shard));
+    std::lock_guard<std::mutex> lock(mu_);
+    updated_step_[shard] = driver_step_;
+    staging_busy_[shard] = false;
+    cv_.notify_all();
+  });
+  if (store_) {
+    driver_->SetBeforeUpdate(
+        [this](size_t shard, workers::ShardSpec* spec) { return StageIn(shard, spec); });
+  }
+  updated_step_.assign(shards_.size(), 0);
+  staging_busy_.assign(shards_.size(), false);
+  thread_ = std::thread([this] { Loop(); });
+  return OkStatus();
+}
+
+HostOptimizer::~HostOptimizer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  if (pool_) (void)pool_->Shutdown();
+  if (store_) {
+    Status st = store_->Shutdown();
+    if (!st.ok()) OFFLOADD_LOG(kWarning, "trainer") << "store shutdown: " << st.ToString();
+  }
+}
+
+uint32_t HostOptimizer::worker_processes() const { return pool_->size(); }
+
+void* HostOptimizer::grad_staging(int block) const {
+  return arena_->At<void>(shards_[block].grad_offset);
+}
+
+void* HostOptimizer::compute_weights(int block) const {
+  if (options_.compute == HostDtype::kBf16) return arena_->At<void>(shards_[block].weights_offset);
+  if (store_) return arena_->At<void>(compute_copy_[block]);
+  return arena_->At<void>(shards_[block].master_offset);
+}
+
+uint64_t HostOptimizer::compute_weight_bytes(int block) const {
+  return shards_[block].num_elements * (options_.compute == HostDtype::kBf16 ? 2 : 4);
+}
+
+void HostOptimizer::Fail(const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.ok()) error_ = s;
+  cv_.notify_all();
+}
+
+// ---- optimizer thread ----
+
+void HostOptimizer::Loop() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Completions are only noticed while the driver runs: poll it while gradients trickle in.
+      while (queue_.empty() && !stopping_) {
+        cv_.wait_for(lock, std::chrono::microseconds(500));
+        if (queue_.empty() && !stopping_) {
+          lock.unlock();
+          Status st = driver_->Poll();
+          if (!st.ok()) Fail(st);
+          lock.lock();
+        }
+      }
+      if (stopping_ && queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Status st = Handle(item);
+    if (!st.ok()) Fail(st);
+  }
+}
+
+Status HostOptimizer::Handle(Item& item) {
+  switch (item.kind) {
+    case Item::kBegin:
+      driver_step_ = item.step;
+      return driver_->BeginStep(item.step, item.lr);
+    case Item::kGrads: {
+      if (item.fn) RETURN_IF_ERROR(item.fn());
+      RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro));
+      if (item.micro + 1 < std::max<uint32_t>(1, options_.accumulation_steps)) {
+        RETURN_IF_ERROR(driver_->WaitShardIdle(item.block));  // accumulated: staging reusable
+        std::lock_guard<std::mutex> lock(mu_);
+        staging_busy_[item.block] = false;
+        cv_.notify_all();
+      }
+      return OkStatus();
+    }
+    case Item::kFinish: {
+      auto r = driver_->FinishStep();
+      if (r.ok() && store_) {  // write-backs of the last shards
+        while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      result_ = std::move(r);
+      finished_step_ = driver_step_;
+      cv_.notify_all();
+      return OkStatus();
+    }
+    case Item::kRun:
+      return item.fn();
+  }
+  return OkStatus();
+}
+
+Status HostOptimizer::RunOnThread(std::function<Status()> fn) {
+  auto done = std::make_shared<std::pair<bool, Status>>(false, OkStatus());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Item it;
+    it.kind = Item::kRun;
+    it.fn = [this, fn, done]() {
+      Status st = fn();
+      std::lock_guard<std::mutex> l(mu_);
+      done->first = true;
+      done->second = st;
+      cv_.notify_all();
+      return OkStatus();
+    };
+    queue_.push_back(std::move(it));
+    cv_.notify_all();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done->first || !error_.ok(); });
+  if (!done->first) return error_;
+  return done->second;
+}
+
+// ---- step API (step-loop thread) ----
+
+Status HostOptimizer::BeginStep(uint64_t step, double lr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(error_);
+  Item it;
+    it.kind = Item::kBegin;
+  it.step = step;
+  it.lr = lr;
+  queue_.push_back(std::move(it));
+  cv_.notify_all();
+  return OkStatus();
+}
+
+Status HostOptimizer::WaitStagingFree(int block) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !staging_busy_[block] || !error_.ok(); });
+  return error_;
+}
+
+Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status()> wait) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(error_);
+  staging_busy_[block] = true;
+  Item it;
+    it.kind = Item::kGrads;
+  it.block = block;
+  it.micro = micro;
+  it.fn = std::move(wait);
+  queue_.push_back(std::move(it));
+  cv_.notify_all();
+  return OkStatus();
+}
+
+Status HostOptimizer::WaitUpdated(int block, uint64_t step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return updated_step_[block] >= step || !error_.ok(); });
+  return error_;
+}
+
+void HostOptimizer::ResumeAt(uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::fill(updated_step_.begin(), updated_step_.end(), step);
+  finished_step_ = step;
+}
+
+Status HostOptimizer::FinishStepAsync() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(error_);
+  Item it;
+  it.kind = Item::kFinish;
+  queue_.push_back(std::move(it));
+  cv_.notify_all();
+  return OkStatus();
+}
+
+StatusOr<workers::StepResult> HostOptimizer::WaitFinished(uint64_t step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return finished_step_ >= step || !error_.ok(); });
+  if (finished_step_ < step) return error_;
+  return result_;
+}
+
+UpdateTotals HostOptimizer::TakeTotals() {
+  const auto m = pool_->Metrics();
+  double busy = 0;
+  for (const auto& w : m.workers) busy += w.busy_seconds_total;
+  busy /= std::max<size_t>(1, m.workers.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  UpdateTotals t = totals_;
+  t.worker_busy_seconds = busy - busy_base_;
+  busy_base_ = busy;
+  totals_ = UpdateTotals{};
+  return t;
+}
+
+// ---- initial values and checkpoints ----
+
+namespace {
+void ToBf16(const float* src, uint16_t* dst, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToBf16(src[i]);
+}
+}  // namespace
+
+Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill) {
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    const auto& s = shards_[b];
+    if (!store_) {
+      float* master = arena_->At<float>(s.master_offset);
+      RETURN_IF_ERROR(fill(static_cast<int>(b), master));
+      if (options_.compute == HostDtype::kBf16)
+        ToBf16(master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+      continue;
+    }
+    const Status staged = RunOnThread([&, b]() -> Status {
+      Slot& slot = *slots_[0];
+      if (slot.shard >= 0) {  // not expected outside steps, but keep the slot protocol
+        while (!slot.pending_writes.empty()) RETURN_IF_ERROR(PumpStore(true));
+        slot_of_[slot.shard] = -1;
+        slot.shard = -1;
+      }
+      float* master = arena_->At<float>(slot.offset[0]);
+      RETURN_IF_ERROR(fill(static_cast<int>(b), master));
+      if (compute_copy_[b] != 0)
+        std::memcpy(arena_->At<void>(compute_copy_[b]), master, s.num_elements * 4);
+      if (options_.compute == HostDtype::kBf16)
+        ToBf16(master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+      std::memset(arena_->At<void>(slot.offset[1]), 0, s.num_elements * 4);
+      std::memset(arena_->At<void>(slot.offset[2]), 0, s.num_elements * 4);
+      for (int k = 0; k < 3; ++k)
+        RETURN_IF_ERROR(StoreIo(true, b, kKinds[k], slot.offset[k], s.num_elements * 4, true));
+      return OkStatus();
+    });
+    RETURN_IF_ERROR(staged);
+  }
+  return OkStatus();
+}
+
+Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq) {
+  const auto& s = shards_[block];
+  const uint64_t bytes = s.num_elements * 4;
+  if (!store_) {
+    std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
+    std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), bytes);
+    std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
+    return OkStatus();
+  }
+  return RunOnThread([&]() -> Status {
+    while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
+    Slot& slot = *slots_[0];
+    if (slot.shard >= 0) slot_of_[slot.shard] = -1;
+    slot.shard = -1;
+    float* dst[3] = {master, exp_avg, exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      RETURN_IF_ERROR(StoreIo(false, block, kKinds[k], slot.offset[k], bytes, true));
+      std::memcpy(dst[k], arena_->At<void>(slot.offset[k]), bytes);
+    }
+    return OkStatus();
+  });
+}
+
+Status HostOptimizer::RestoreStates(int block, const float* master, const float* exp_avg,
+                                    const float* exp_avg_sq, uint64_t adam_step) {
+  const auto& s = shards_[block];
+  const uint64_t bytes = s.num_elements * 4;
+  uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
+  std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
+  if (s.accum_counters_offset != 0) {
+    uint64_t* acc = arena_->At<uint64_t>(s.accum_counters_offset);
+    std::fill(acc, acc + workers::NumChunks(s.num_elements),
+              adam_step * std::max<uint32_t>(1, options_.accumulation_steps));
+  }
+  auto derive = [&](const float* m) {
+    if (options_.compute == HostDtype::kBf16)
+      ToBf16(m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+    if (store_ && compute_copy_[block] != 0)
+      std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
+  };
+  if (!store_) {
+    std::memcpy(arena_->At<void>(s.master_offset), master, bytes);
+    std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, bytes);
+    std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, bytes);
+    derive(master);
+    return OkStatus();
+  }
+  return RunOnThread([&]() -> Status {
+    while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
+    Slot& slot = *slots_[0];
+    if (slot.shard >= 0) slot_of_[slot.shard] = -1;
+    slot.shard = -1;
+    const float* src[3] = {master, exp_avg, exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      std::memcpy(arena_->At<void>(slot.offset[k]), src[k], bytes);
+      RETURN_IF_ERROR(StoreIo(true, block, kKinds[k], slot.offset[k], bytes, true));
+    }
+    derive(master);
+    return OkStatus();
+  });
+}
+
+// ---- NVMe staging (optimizer thread) ----
+
+Status HostOptimizer::StoreIo(bool write, uint32_t layer, uint32_t kind, uint64_t offset,
+                              uint64_t bytes, bool wait) {
+  storage::StoreCommand c;
+  c.layer = layer;
+  c.kind = kind;
+  c.version = write ? ++write_version_ : storage::kLatestVersion;
+  c.offset = offset;
+  c.bytes = bytes;
+  const uint64_t id = next_io_id_++;
+  RETURN_IF_ERROR(store_->Submit(write ? storage::StoreOp::kWrite : storage::StoreOp::kRead, id, c));
+  ++io_outstanding_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    (write ? totals_.nvme_write_bytes : totals_.nvme_read_bytes) += bytes;
+  }
+  if (!wait) return OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::find(io_done_.begin(), io_done_.end(), id) == io_done_.end())
+    RETURN_IF_ERROR(PumpStore(true));
+  io_done_.erase(std::find(io_done_.begin(), io_done_.end(), id));
+  std::lock_guard<std::mutex> lock(mu_);
+  totals_.nvme_busy_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return OkStatus();
+}
+
+Status HostOptimizer::PumpStore(bool block) {
+  auto c = store_->NextCompletion(block ? -1 : 0);
+  if (!c.ok()) {
+    if (!block && c.status().code() == StatusCode::kDeadlineExceeded) return OkStatus();
+    return c.status().WithContext("NVMe store");
+  }
+  --io_outstanding_;
+  RETURN_IF_ERROR(c->status().WithContext("NVMe store I/O " + std::to_string(c->id)));
+  io_done_.push_back(c->id);
+  for (auto& slot : slots_) {
+    for (auto* v : {&slot->pending_reads, &slot->pending_writes}) {
+      auto it = std::find(v->begin(), v->end(), c->id);
+      if (it != v->end()) {
+        v->erase(it);
+        io_done_.pop_back();
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status HostOptimizer::WriteBack(size_t shard) {
+  Slot& slot = *slots_[slot_of_[shard]];
+  const uint64_t bytes = shards_[shard].num_elements * 4;
+  for (int k = 0; k < 3; ++k) {
+    const uint64_t id = next_io_id_;
+    RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k], bytes, false));
+    slot.pending_writes.push_back(id);
+  }
+  return OkStatus();
+}
+
+Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Take the next slot in turn; its previous shard must be updated and written back first.
+  Slot& slot = *slots_[next_slot_];
+  const int slot_index = static_cast<int>(next_slot_);
+  next_slot_ = (next_slot_ + 1) % slots_.size();
+  if (slot.shard >= 0) {
+    RETURN_IF_ERROR(driver_->WaitShardIdle(slot.shard));  // its update (and write-back issue)
+    while (!slot.pending_writes.empty()) RETURN_IF_ERROR(PumpStore(true));
+    slot_of_[slot.shard] = -1;
+  }
+  slot.shard = static_cast<int>(shard);
+  slot_of_[shard] = slot_index;
+  const uint64_t bytes = shards_[shard].num_elements * 4;
+  for (int k = 0; k < 3; ++k) {
+    const uint64_t id = next_io_id_;
+    RETURN_IF_ERROR(StoreIo(false, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k], bytes, false));
+    slot.pending_reads.push_back(id);
+  }
+  while (!slot.pending_reads.empty()) RETURN_IF_ERROR(PumpStore(true));
+  spec->master_offset = slot.offset[0];
+  spec->exp_avg_offset = slot.offset[1];
+  spec->exp_avg_sq_offset = slot.offset[2];
+  std::lock_guard<std::mutex> lock(mu_);
+  totals_.nvme_busy_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return OkStatus();
+}
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,173 @@
+#pragma once
+// HostOptimizer: the CPU side of the offloaded step. Owns the shared pinned arena (one shard per
+// model block: gradient staging, fp32 master weights, Adam moments, the compute-dtype weight copy
+// the device reads), the offloadd-worker pool running fused AdamW, the StepDriver (exact
+// clipping, accumulation, FCFS/LCFS order) and, for the NVMe tier, the offloadd-store process
+// with a few staging slots the fp32 states pass through.
+//
+// Threads: the caller (the step loop) and one optimizer thread that owns the StepDriver. The
+// step loop hands over "the gradients of block b for micro-batch m are in (or on their way to)
+// the staging buffer" with GradsReady(); the optimizer thread first runs the given wait (e.g. a
+// CUDA event synchronize for the device-to-host copy) and then lets the workers consume them, so
+// CPU updates overlap the rest of backward. When a block's update completes, on_updated(block)
+// runs on the optimizer thread (the trainer uploads the new weights from there) and
+// WaitUpdated(block, step) returns in the step loop.
+//
+// NVMe tier: master weights and both moments of a shard live in the store; before its update
+// (StepDriver::SetBeforeUpdate) they are read into a free slot (the next shard's read is issued
+// ahead), and right after it they are written back behind the update. A fp32 compute copy of the
+// weights stays in RAM when the device computes in fp32.
+//
+// Thread-safety: every public method is for the step-loop thread except where noted.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "ipc/arena.h"
+#include "ipc/shm_segment.h"
+#include "trainer/train_config.h"
+#include "workers/step_driver.h"
+
+namespace offloadd::storage {
+class StoreProcess;
+}
+namespace offloadd::workers {
+class WorkerPool;
+}
+
+namespace offloadd::trainer {
+
+enum class HostDtype { kFp32, kBf16 };  // compute dtype as the host sees it
+
+struct HostOptimizerOptions {
+  std::vector<uint64_t> block_elements;  // parameters per block, in block order
+  HostDtype compute = HostDtype::kFp32;
+  uint32_t accumulation_steps = 1;
+  OptimConfig optim;
+  StateTier tier = StateTier::kCpu;
+  std::vector<std::string> nvme_dirs;
+  uint32_t nvme_queue_depth = 32;
+  uint32_t nvme_slots = 3;  // staging slots for the NVMe tier
+  int defer_below_block = 0;  // LSP transition (no clipping only)
+  std::string worker_binary, store_binary;
+  uint32_t worker_processes = 1, worker_threads = 1;
+  uint64_t host_memory_limit = 0;  // refuse an arena larger than this
+};
+
+struct UpdateTotals {  // since the last TakeTotals()
+  double worker_busy_seconds = 0;
+  double nvme_busy_seconds = 0;
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
+};
+
+class HostOptimizer {
+ public:
+  static StatusOr<std::unique_ptr<HostOptimizer>> Create(const HostOptimizerOptions& options);
+  ~HostOptimizer();
+
+  // Bytes the arena needs for these options (for planning and validation).
+  static uint64_t ArenaBytes(const HostOptimizerOptions& options);
+
+  int num_blocks() const { return static_cast<int>(shards_.size()); }
+  uint64_t elements(int block) const { return shards_[block].num_elements; }
+  // Staging buffer for block gradients, in the compute dtype (fp32 or bf16).
+  void* grad_staging(int block) const;
+  // The weights the device computes with, in the compute dtype (updated in place by the workers,
+  // or copied from the staged master after each update in the NVMe tier with fp32 compute).
+  void* compute_weights(int block) const;
+  uint64_t compute_weight_bytes(int block) const;
+  const ipc::SharedSegment& segment() const { return segment_; }
+
+  // Initial values: `fill(block, master)` writes the block's fp32 master weights into the
+  // provided buffer; the compute copy is derived from it and the moments start at zero.
+  Status Initialize(const std::function<Status(int block, float* master)>& fill);
+  // Checkpoint I/O between steps: the block's fp32 states (master, exp_avg, exp_avg_sq) are copied
+  // out to / in from the given buffers (each elements(block) floats). `adam_step` is the
+  // number of updates already applied (Restore sets the workers' step counters to it).
+  Status ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq);
+  Status RestoreStates(int block, const float* master, const float* exp_avg,
+                       const float* exp_avg_sq, uint64_t adam_step);
+
+  // After restoring a checkpoint of `step`: every block counts as updated through it.
+  void ResumeAt(uint64_t step);
+
+  void SetOnUpdated(std::function<void(int block)> callback) { on_updated_ = std::move(callback); }
+
+  Status BeginStep(uint64_t step, double lr);
+  // Blocks until the staging buffer of `block` may be overwritten.
+  Status WaitStagingFree(int block);
+  // Queues: run `wait` (may be empty) on the optimizer thread, then hand the gradients over.
+  Status GradsReady(int block, uint32_t micro, std::function<Status()> wait);
+  // Blocks until `block`'s weights reflect update `step` (0: nothing to wait for).
+  Status WaitUpdated(int block, uint64_t step);
+  // Closes the open step: its remaining updates run in the background.
+  Status FinishStepAsync();
+  // Waits until every update of `step` is done and returns the step's result.
+  StatusOr<workers::StepResult> WaitFinished(uint64_t step);
+  UpdateTotals TakeTotals();
+  uint32_t worker_processes() const;
+
+ private:
+  struct Item {
+    enum Kind { kBegin, kGrads, kFinish, kRun } kind = kRun;
+    int block = 0;
+    uint32_t micro = 0;
+    uint64_t step = 0;
+    double lr = 0;
+    std::function<Status()> fn;
+  };
+  struct Slot;
+  HostOptimizer() = default;
+  Status Start(const HostOptimizerOptions& options);
+  void Loop();
+  Status Handle(Item& item);
+  Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits
+  // NVMe tier (optimizer thread).
+  Status StageIn(size_t shard, workers::ShardSpec* spec);
+  Status WriteBack(size_t shard);
+  Status StoreIo(bool write, uint32_t layer, uint32_t kind, uint64_t offset, uint64_t bytes,
+                 bool wait);
+  Status PumpStore(bool block);
+  void Fail(const Status& s);
+
+  HostOptimizerOptions options_;
+  ipc::SharedSegment segment_;
+  std::unique_ptr<ipc::Arena> arena_;
+  std::vector<workers::ShardSpec> shards_;
+  std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe tier + fp32)
+  std::unique_ptr<workers::WorkerPool> pool_;
+  std::unique_ptr<workers::StepDriver> driver_;
+  std::unique_ptr<storage::StoreProcess> store_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<int> slot_of_;  // per shard: slot holding its states, -1
+  size_t next_slot_ = 0;
+  uint64_t next_io_id_ = 1;
+  uint64_t write_version_ = 0;
+  std::vector<uint64_t> io_done_;  // ids completed but not yet claimed
+  uint64_t io_outstanding_ = 0;
+  std::function<void(int)> on_updated_;
+
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  Status error_;
+  uint64_t driver_step_ = 0;  // optimizer thread: the step the driver has open
+  std::vector<uint64_t> updated_step_;
+  std::vector<bool> staging_busy_;
+  uint64_t finished_step_ = 0;
+  StatusOr<workers::StepResult> result_ = workers::StepResult{};
+  UpdateTotals totals_;
+  double busy_base_ = 0;
+};
+
+}  // namespace offloadd::trainer

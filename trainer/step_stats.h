@@ -1,0 +1,38 @@
+#pragma once
+// What one optimizer step of the offloaded pipeline measured: the figures behind JobProgress, the
+// offloadd_train_* metrics and the bench harness. Torch-free value type.
+
+#include <cstdint>
+
+namespace offloadd::trainer {
+
+struct StepStats {
+  int64_t step = 0;            // 1-based optimizer step just finished
+  int64_t max_steps = 0;
+  double epoch = 0;            // fractional epochs seen
+  int64_t tokens = 0;          // input tokens of this step (all micro-batches)
+  int64_t trained_tokens = 0;  // tokens with a target (loss normaliser)
+  double loss = 0;             // mean token loss of the step
+  double learning_rate = 0;
+  double grad_norm = 0;        // before clipping
+  double step_seconds = 0;     // wall time of the step
+  double model_flops = 0;      // 6 * params * tokens (+ attention), without recompute
+  // Busy time per resource inside the step (seconds) ...
+  double gpu_compute_seconds = 0;
+  double h2d_seconds = 0;
+  double d2h_seconds = 0;
+  double cpu_update_seconds = 0;  // summed over workers / number of workers
+  double nvme_seconds = 0;
+  // ... and time the compute stream (or the step loop) waited for each of them.
+  double stall_weights_seconds = 0;  // forward/backward waited for weights (update or H2D)
+  double stall_grads_seconds = 0;    // backward waited for a free gradient staging buffer
+  double stall_optimizer_seconds = 0;  // end of step waited for CPU updates / NVMe
+  // Bytes moved per link in this step.
+  uint64_t h2d_bytes = 0;
+  uint64_t d2h_bytes = 0;
+  uint64_t nvme_read_bytes = 0;
+  uint64_t nvme_write_bytes = 0;
+  int64_t gpu_peak_bytes = 0;  // CUDA caching allocator peak (reserved) since the job started
+};
+
+}  // namespace offloadd::trainer

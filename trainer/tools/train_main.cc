@@ -1,0 +1,242 @@
+// offloadd-train: runs the offloaded training pipeline for one job from flags, outside the daemon
+// (benchmarks, parity tests, debugging). Prints one line per step; --stats-jsonl writes every
+// StepStats as JSON; --dump-batches writes the token ids of the first steps.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/units.h"
+#include "trainer/data_source.h"
+#include "trainer/trainer.h"
+
+namespace offloadd::trainer {
+namespace {
+
+const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --synthetic-seq=N) [options]
+  model/data:  --model=DIR --random-init --tokenizer=PATH --data=FILE (repeat) --format=F
+               --max-seq-length=N --packing --no-shuffle --max-samples=N --synthetic-seq=N
+               --chat-template=builtin|FILE
+  device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16 --gpu-memory-limit=SIZE
+               --activations=auto|keep|recompute|offload --layer-activation=I:MODE (repeat)
+  optimizer:   --lr=X --scheduler=linear|cosine|constant|constant_with_warmup --warmup-steps=N
+               --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
+               --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
+               --workers=PROCESSESxTHREADS --transition-layer=N
+  loop:        --batch-size=N --grad-accum=N --epochs=X --max-steps=N --seed=N
+               --output-dir=DIR --save-steps=N --save-total-limit=N --resume-from=DIR --no-export
+  output:      --trace=FILE.json --trace-steps=N --stats-jsonl=FILE --dump-batches=FILE
+  binaries:    --worker-binary=PATH --store-binary=PATH (default: next to this program)
+)";
+
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string p(buf, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+std::string FindBinary(const std::string& name, const std::string& component) {
+  const std::string dir = SelfDir();
+  for (const std::string& c : {dir + "/" + name, dir + "/../" + component + "/" + name}) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return dir + "/" + name;
+}
+
+StatusOr<ActivationMode> ParseMode(const std::string& s) {
+  if (s == "auto") return ActivationMode::kAuto;
+  if (s == "keep") return ActivationMode::kKeep;
+  if (s == "recompute") return ActivationMode::kRecompute;
+  if (s == "offload" || s == "offload_cpu") return ActivationMode::kOffloadCpu;
+  return InvalidArgumentError("activation mode must be auto, keep, recompute or offload, got '" + s + "'");
+}
+
+class PrintObserver : public TrainObserver {
+ public:
+  explicit PrintObserver(std::ofstream* jsonl) : jsonl_(jsonl) {}
+  void OnStep(const StepStats& s) override {
+    std::printf("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f  %.3fs  %.0f tok/s  %.1f TFLOP/s"
+                "  (gpu %.3fs h2d %.3fs d2h %.3fs cpu %.3fs nvme %.3fs; stalls w %.3fs g %.3fs o %.3fs)\n",
+                static_cast<long long>(s.step), static_cast<long long>(s.max_steps), s.loss,
+                s.learning_rate, s.grad_norm, s.step_seconds,
+                s.step_seconds > 0 ? s.tokens / s.step_seconds : 0.0,
+                s.step_seconds > 0 ? s.model_flops / s.step_seconds / 1e12 : 0.0,
+                s.gpu_compute_seconds, s.h2d_seconds, s.d2h_seconds, s.cpu_update_seconds,
+                s.nvme_seconds, s.stall_weights_seconds, s.stall_grads_seconds,
+                s.stall_optimizer_seconds);
+    std::fflush(stdout);
+    if (jsonl_ != nullptr) {
+      nlohmann::json j = {{"step", s.step}, {"max_steps", s.max_steps}, {"epoch", s.epoch},
+                          {"tokens", s.tokens}, {"trained_tokens", s.trained_tokens},
+                          {"loss", s.loss}, {"learning_rate", s.learning_rate},
+                          {"grad_norm", s.grad_norm}, {"step_seconds", s.step_seconds},
+                          {"model_flops", s.model_flops},
+                          {"gpu_compute_seconds", s.gpu_compute_seconds},
+                          {"h2d_seconds", s.h2d_seconds}, {"d2h_seconds", s.d2h_seconds},
+                          {"cpu_update_seconds", s.cpu_update_seconds},
+                          {"nvme_seconds", s.nvme_seconds},
+                          {"stall_weights_seconds", s.stall_weights_seconds},
+                          {"stall_grads_seconds", s.stall_grads_seconds},
+                          {"stall_optimizer_seconds", s.stall_optimizer_seconds},
+                          {"h2d_bytes", s.h2d_bytes}, {"d2h_bytes", s.d2h_bytes},
+                          {"nvme_read_bytes", s.nvme_read_bytes},
+                          {"nvme_write_bytes", s.nvme_write_bytes},
+                          {"gpu_peak_bytes", s.gpu_peak_bytes}};
+      *jsonl_ << j.dump() << "\n";
+      jsonl_->flush();
+    }
+  }
+  void OnLog(Level level, const std::string& message) override {
+    std::fprintf(stderr, "%s: %s\n", level == Level::kWarning ? "warning" : "info", message.c_str());
+  }
+
+ private:
+  std::ofstream* jsonl_;
+};
+
+Status DumpBatches(const TrainConfig& c, const std::string& path, int64_t steps) {
+  // A second source with the same configuration yields the same stream the trainer consumes.
+  ASSIGN_OR_RETURN(auto probe, DataSource::Create(c.data, c.model_dir, 1 << 30, c.batch_size, c.seed));
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t s = 0; s < steps; ++s) {
+    nlohmann::json step = nlohmann::json::array();
+    for (int a = 0; a < c.gradient_accumulation_steps; ++a) {
+      ASSIGN_OR_RETURN(MicroBatchData m, probe->Next());
+      step.push_back({{"batch", m.batch}, {"seq", m.seq}, {"input_ids", m.input_ids},
+                      {"targets", m.targets}, {"position_ids", m.position_ids},
+                      {"segment_ids", m.segment_ids}});
+    }
+    out.push_back(step);
+  }
+  std::ofstream f(path);
+  f << out.dump();
+  if (!f) return InternalError("writing " + path + " failed");
+  return OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  TrainConfig c;
+  std::string stats_path, dump_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq);
+    const std::string v = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    auto size = [&](uint64_t* out) -> Status {
+      ASSIGN_OR_RETURN(*out, ParseByteSize(v));
+      return OkStatus();
+    };
+    Status st;
+    try {
+      if (key == "--model") c.model_dir = v;
+      else if (key == "--random-init") c.random_init = true;
+      else if (key == "--tokenizer") c.data.tokenizer_path = v;
+      else if (key == "--data") c.data.paths.push_back(v);
+      else if (key == "--format") c.data.format = v;
+      else if (key == "--max-seq-length") c.data.max_seq_length = std::stoi(v);
+      else if (key == "--packing") c.data.packing = true;
+      else if (key == "--no-shuffle") c.data.shuffle = false;
+      else if (key == "--max-samples") c.data.max_samples = std::stoll(v);
+      else if (key == "--synthetic-seq") c.data.synthetic_seq_length = std::stoi(v);
+      else if (key == "--chat-template") c.data.chat_template = v;
+      else if (key == "--device") c.device = v;
+      else if (key == "--dtype") c.compute_dtype = v;
+      else if (key == "--gpu-memory-limit") st = size(&c.offload.gpu_memory_limit);
+      else if (key == "--host-memory-limit") st = size(&c.offload.host_memory_limit);
+      else if (key == "--activations") {
+        auto m = ParseMode(v);
+        st = m.status();
+        if (m.ok()) c.offload.activations = *m;
+      } else if (key == "--layer-activation") {
+        const size_t colon = v.find(':');
+        auto m = ParseMode(colon == std::string::npos ? "" : v.substr(colon + 1));
+        st = m.status();
+        if (m.ok()) c.offload.layer_overrides[std::stoi(v.substr(0, colon))] = *m;
+      } else if (key == "--lr") c.optim.learning_rate = std::stod(v);
+      else if (key == "--scheduler") c.optim.lr_scheduler_type = v;
+      else if (key == "--warmup-steps") c.optim.warmup_steps = std::stoll(v);
+      else if (key == "--warmup-ratio") c.optim.warmup_ratio = std::stod(v);
+      else if (key == "--weight-decay") c.optim.weight_decay = std::stod(v);
+      else if (key == "--beta1") c.optim.beta1 = std::stod(v);
+      else if (key == "--beta2") c.optim.beta2 = std::stod(v);
+      else if (key == "--eps") c.optim.eps = std::stod(v);
+      else if (key == "--max-grad-norm") c.optim.max_grad_norm = std::stod(v);
+      else if (key == "--tier") {
+        if (v != "cpu" && v != "nvme") st = InvalidArgumentError("--tier: cpu or nvme");
+        c.offload.tier = v == "nvme" ? StateTier::kNvme : StateTier::kCpu;
+      } else if (key == "--nvme-dir") c.offload.nvme_dirs.push_back(v);
+      else if (key == "--workers") {
+        const size_t x = v.find('x');
+        c.worker_processes = static_cast<uint32_t>(std::stoul(v.substr(0, x)));
+        if (x != std::string::npos) c.worker_threads = static_cast<uint32_t>(std::stoul(v.substr(x + 1)));
+      } else if (key == "--transition-layer") c.offload.transition_layer = std::stoi(v);
+      else if (key == "--batch-size") c.batch_size = std::stoi(v);
+      else if (key == "--grad-accum") c.gradient_accumulation_steps = std::stoi(v);
+      else if (key == "--epochs") c.num_train_epochs = std::stod(v);
+      else if (key == "--max-steps") c.max_steps = std::stoll(v);
+      else if (key == "--seed") c.seed = std::stoull(v);
+      else if (key == "--output-dir") c.output_dir = v;
+      else if (key == "--save-steps") c.save_steps = std::stoll(v);
+      else if (key == "--save-total-limit") c.save_total_limit = std::stoll(v);
+      else if (key == "--resume-from") c.resume_from = v;
+      else if (key == "--no-export") c.export_final_model = false;
+      else if (key == "--trace") c.trace_path = v;
+      else if (key == "--trace-steps") c.trace_steps = std::stoll(v);
+      else if (key == "--stats-jsonl") stats_path = v;
+      else if (key == "--dump-batches") dump_path = v;
+      else if (key == "--worker-binary") c.worker_binary = v;
+      else if (key == "--store-binary") c.store_binary = v;
+      else st = InvalidArgumentError("unknown flag " + key + " (see --help)");
+    } catch (const std::exception&) {
+      st = InvalidArgumentError(key + ": bad value '" + v + "'");
+    }
+    if (!st.ok()) {
+      std::cerr << "offloadd-train: " << st.ToString() << "\n";
+      return 2;
+    }
+  }
+  if (c.model_dir.empty()) {
+    std::cerr << "offloadd-train: --model is required\n" << kUsage;
+    return 2;
+  }
+  if (c.worker_binary.empty()) c.worker_binary = FindBinary("offloadd-worker", "workers");
+  if (c.store_binary.empty()) c.store_binary = FindBinary("offloadd-store", "storage");
+  std::ofstream stats;
+  if (!stats_path.empty()) stats.open(stats_path);
+  PrintObserver obs(stats_path.empty() ? nullptr : &stats);
+  auto trainer = Trainer::Create(c, &obs);
+  if (!trainer.ok()) {
+    std::cerr << "offloadd-train: " << trainer.status().ToString() << "\n";
+    return 1;
+  }
+  if (!dump_path.empty()) {
+    Status st = DumpBatches(c, dump_path, (*trainer)->total_steps());
+    if (!st.ok()) {
+      std::cerr << "offloadd-train: " << st.ToString() << "\n";
+      return 1;
+    }
+  }
+  auto r = (*trainer)->Train();
+  if (!r.ok()) {
+    std::cerr << "offloadd-train: " << r.status().ToString() << "\n";
+    return 1;
+  }
+  std::printf("done: %lld steps, final loss %.6f%s%s\n", static_cast<long long>(r->steps),
+              r->final_loss, r->exported_to.empty() ? "" : ", model in ",
+              r->exported_to.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace offloadd::trainer
+
+int main(int argc, char** argv) { return offloadd::trainer::Run(argc, argv); }

@@ -1,0 +1,82 @@
+#pragma once
+// Everything the offloaded training pipeline needs to run one job, resolved and validated by the
+// caller (the daemon builds it from a JobSpec in daemon/jobs/train_job.cc; offloadd-train from
+// flags). Torch-free value type.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace offloadd::trainer {
+
+enum class ActivationMode { kAuto, kKeep, kRecompute, kOffloadCpu };
+enum class StateTier { kCpu, kNvme };  // where fp32 master weights and Adam states live
+
+struct DataConfig {
+  std::vector<std::string> paths;  // JSON / JSON Lines files
+  std::string format = "auto";     // text::ParseDatasetFormat names
+  std::string tokenizer_path;      // tokenizer.json or its directory; empty: the model directory
+  std::string chat_template;       // "" (tokenizer dir's template, else built-in), "builtin", a file
+  bool mask_prompt = true;
+  bool packing = false;
+  int32_t max_seq_length = 1024;
+  bool shuffle = true;
+  int64_t max_samples = 0;  // 0: all
+  bool skip_bad_records = false;
+  // Bench mode: no dataset, uniformly random tokens of exactly this length (seeded).
+  int32_t synthetic_seq_length = 0;
+};
+
+struct OptimConfig {
+  double learning_rate = 5e-5;
+  std::string lr_scheduler_type = "linear";
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0;
+  double weight_decay = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double max_grad_norm = 1.0;  // <= 0: no clipping
+};
+
+struct OffloadPlanConfig {
+  StateTier tier = StateTier::kCpu;
+  std::vector<std::string> nvme_dirs;  // tier kNvme: the store's directories
+  uint32_t nvme_queue_depth = 32;
+  ActivationMode activations = ActivationMode::kAuto;
+  std::map<int, ActivationMode> layer_overrides;  // decoder layer index -> mode
+  uint64_t gpu_memory_limit = 0;   // bytes; 0: what the device has free
+  uint64_t host_memory_limit = 0;  // bytes; 0: no limit
+  // Decoder layers < transition have their CPU updates deferred to the end of backward and run
+  // in ascending order (LSP-Offload's LCFS part); -1: chosen from the plan.
+  int transition_layer = -1;
+};
+
+struct TrainConfig {
+  std::string model_dir;
+  bool random_init = false;  // bench: config.json only, transformers-style random weights
+  std::string device = "cpu";          // "cpu", "cuda", "cuda:N"
+  std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+  DataConfig data;
+  OptimConfig optim;
+  OffloadPlanConfig offload;
+  int32_t batch_size = 8;  // sequences per micro-batch
+  int32_t gradient_accumulation_steps = 1;
+  double num_train_epochs = 3;
+  int64_t max_steps = -1;  // > 0 overrides num_train_epochs
+  uint64_t seed = 42;
+  int64_t logging_steps = 1;
+  int64_t save_steps = 0;  // 0: only the final model
+  int64_t save_total_limit = 0;
+  std::string output_dir;   // checkpoints and the exported model; empty: nothing written
+  bool export_final_model = true;
+  std::string resume_from;  // a checkpoint directory to continue from
+  // Processes and binaries beside the trainer.
+  std::string worker_binary;  // offloadd-worker
+  std::string store_binary;   // offloadd-store (tier kNvme)
+  uint32_t worker_processes = 1;
+  uint32_t worker_threads = 0;  // per process; 0: the cores this process may use
+  std::string trace_path;       // Chrome trace JSON, written at the end (and every 10 steps)
+  int64_t trace_steps = 3;      // steps recorded in the trace (0: all)
+};
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,87 @@
+#pragma once
+// Trainer: the offloaded training pipeline for one job (issue #6).
+//
+// Per optimizer step k, for each micro-batch: a forward pass block by block (embedding, decoder
+// layers, head) and a backward pass in reverse. The device computes in bf16 (fp32 on CPU); fp32
+// master weights and Adam states stay on the host (HostOptimizer: shared arena + worker
+// processes, or the NVMe store). As soon as a block's backward has produced its gradients they go
+// device-to-host into that block's staging buffer and the workers update the block while the
+// device goes on with earlier blocks (active gradient offloading); with exact clipping the
+// updates wait for the global norm and then run in ascending block order. Updated weights flow
+// back host-to-device right behind each block's update, and the forward of step k+1 waits for
+// each block's update of step k: no stale weights. On CUDA, compute, host-to-device and
+// device-to-host copies run on three streams ordered by events. Weights stay resident on the
+// device when the GPU memory budget allows, else they are streamed in a few blocks ahead of use
+// and dropped after; each decoder layer's activations are kept, recomputed or offloaded to pinned
+// host memory by a static per-job plan (TrainConfig::offload.activations / layer_overrides, or
+// AUTO: keep while it fits, recompute the rest).
+//
+// Steps are pipelined: the forward of step k+1 overlaps the tail of step k's CPU updates, so
+// step k's statistics (gradient norm, timings) are reported once step k+1's forward is done, or
+// by Flush().
+//
+// Thread-compatible: drive it from one thread.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/step_stats.h"
+#include "trainer/train_config.h"
+
+namespace offloadd::trainer {
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  enum class Level { kDebug, kInfo, kWarning, kError };
+  virtual void OnStep(const StepStats& /*stats*/) {}
+  virtual void OnLog(Level /*level*/, const std::string& /*message*/) {}
+  virtual void OnCheckpoint(const std::string& /*path*/, int64_t /*step*/, uint64_t /*bytes*/,
+                            double /*loss*/) {}
+  // Polled between steps; true ends Train() with CANCELLED after a checkpoint when
+  // checkpoint_on_stop is set.
+  virtual bool StopRequested() { return false; }
+};
+
+struct TrainResult {
+  int64_t steps = 0;  // optimizer steps completed (including those before a resume)
+  double final_loss = 0;
+  std::string exported_to;      // output_dir/final when exported
+  std::string last_checkpoint;  // newest checkpoint directory, or ""
+};
+
+class Trainer {
+ public:
+  static StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                   TrainObserver* observer);
+  ~Trainer();
+
+  // Runs until total_steps() (or a stop request), writing checkpoints every save_steps and the
+  // final model. Resumes from config.resume_from when set. CANCELLED when stopped early (after
+  // writing a checkpoint if checkpoint_on_stop).
+  StatusOr<TrainResult> Train(bool checkpoint_on_stop = true);
+
+  // Lower-level API (tests, benches): one optimizer step; the previous step's stats are reported.
+  Status RunStep();
+  // Waits for the last step's updates and reports its stats.
+  Status Flush();
+  int64_t completed_steps() const;
+  int64_t total_steps() const;
+  // Writes output_dir/checkpoint-<step> (flushes first).
+  StatusOr<std::string> SaveCheckpoint();
+  Status RestoreCheckpoint(const std::string& dir);
+  // Writes the current fp32 master weights as a Hugging Face checkpoint (flushes first).
+  Status ExportModel(const std::string& dir);
+  // Human-readable plan: device, residency, activation modes, arena size.
+  std::string DescribePlan() const;
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace offloadd::trainer

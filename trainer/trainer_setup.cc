@@ -1,0 +1,257 @@
+// Trainer setup: model placeholders, data, the device plan (weight residency and activation
+// modes under the GPU budget), the host arena with initial weights, and the first upload.
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "common/units.h"
+#include "trainer/trainer_impl.h"
+
+namespace offloadd::trainer {
+namespace {
+
+StatusOr<c10::Device> ParseDevice(const std::string& s) {
+  if (s == "cpu") return c10::Device(c10::kCPU);
+  if (s == "cuda") return c10::Device(c10::kCUDA, 0);
+  if (s.rfind("cuda:", 0) == 0) {
+    try {
+      return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoi(s.substr(5))));
+    } catch (const std::exception&) {
+    }
+  }
+  return InvalidArgumentError("device must be cpu, cuda or cuda:N, got '" + s + "'");
+}
+
+uint32_t UsableCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+engine::SaveMode ToSaveMode(ActivationMode m) {
+  switch (m) {
+    case ActivationMode::kRecompute:
+      return engine::SaveMode::kRecompute;
+    case ActivationMode::kOffloadCpu:
+      return engine::SaveMode::kOffload;
+    default:
+      return engine::SaveMode::kKeep;
+  }
+}
+
+}  // namespace
+
+void Trainer::Impl::Log(TrainObserver::Level level, const std::string& message) {
+  if (obs) obs->OnLog(level, message);
+}
+
+Status Trainer::Impl::Setup() {
+  ASSIGN_OR_RETURN(device, ParseDevice(cfg.device));
+  cuda = device.is_cuda();
+  const std::string& cd = cfg.compute_dtype;
+  if (cd == "auto") {
+    dtype = cuda ? c10::kBFloat16 : c10::kFloat;
+  } else if (cd == "fp32") {
+    dtype = c10::kFloat;
+  } else if (cd == "bf16") {
+    dtype = c10::kBFloat16;
+  } else if (cd == "fp16") {
+    return UnimplementedError("compute dtype fp16 (dynamic loss scaling) is not supported yet; use bf16");
+  } else {
+    return InvalidArgumentError("compute dtype must be auto, fp32 or bf16, got '" + cd + "'");
+  }
+  if (cfg.batch_size < 1) return InvalidArgumentError("batch size must be at least 1");
+  if (cfg.gradient_accumulation_steps < 1)
+    return InvalidArgumentError("gradient_accumulation_steps must be at least 1");
+  if (cfg.worker_binary.empty()) return InvalidArgumentError("no offloadd-worker binary given");
+
+  engine::LoadOptions lo;
+  lo.dtype = dtype;
+  lo.materialize = cfg.random_init ? engine::LoadOptions::Materialize::kRandom
+                                   : engine::LoadOptions::Materialize::kLazy;
+  lo.random_seed = cfg.seed;
+  ASSIGN_OR_RETURN(model, engine::Model::Load(cfg.model_dir, lo));
+  n = model->num_blocks();
+  layout.resize(n);
+  for (int b = 0; b < n; ++b) {
+    auto& bl = layout[b];
+    for (auto& p : model->block(b).params()) {
+      ParamSlot slot;
+      slot.param = &p;
+      slot.shape = p.value.sizes().vec();
+      slot.numel = static_cast<uint64_t>(p.value.numel());
+      slot.offset = bl.numel;
+      bl.numel += slot.numel;
+      owner[p.name] = {b, slot.offset};
+      bl.params.push_back(slot);
+    }
+  }
+  tied = !model->block(n - 1).shared_params().empty();
+
+  ASSIGN_OR_RETURN(data, DataSource::Create(cfg.data, cfg.model_dir, model->config().vocab_size,
+                                            cfg.batch_size, cfg.seed));
+  total = TotalSteps(cfg.max_steps, cfg.num_train_epochs, data->sequences_per_epoch(),
+                     cfg.batch_size, cfg.gradient_accumulation_steps);
+  ASSIGN_OR_RETURN(LrSchedule sched,
+                   LrSchedule::Create(cfg.optim.lr_scheduler_type, cfg.optim.warmup_steps,
+                                      cfg.optim.warmup_ratio, total));
+  schedule = sched;
+  ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
+  RETURN_IF_ERROR(PlanDevice());
+
+  HostOptimizerOptions ho;
+  for (const auto& bl : layout) ho.block_elements.push_back(bl.numel);
+  ho.compute = dtype == c10::kBFloat16 ? HostDtype::kBf16 : HostDtype::kFp32;
+  ho.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+  ho.optim = cfg.optim;
+  ho.tier = cfg.offload.tier;
+  ho.nvme_dirs = cfg.offload.nvme_dirs;
+  ho.nvme_queue_depth = cfg.offload.nvme_queue_depth;
+  // LSP-Offload's transition: without clipping, blocks below it are updated last-come-first-
+  // served at the end of backward so block 0 is ready first; -1 picks the lower third.
+  ho.defer_below_block = cfg.offload.transition_layer >= 0 ? cfg.offload.transition_layer + 1
+                                                           : (n - 2) / 3 + 1;
+  ho.worker_binary = cfg.worker_binary;
+  ho.store_binary = cfg.store_binary;
+  ho.worker_processes = std::max<uint32_t>(1, cfg.worker_processes);
+  ho.worker_threads = cfg.worker_threads > 0
+                          ? cfg.worker_threads
+                          : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
+  ho.host_memory_limit = cfg.offload.host_memory_limit;
+  arena_bytes = HostOptimizer::ArenaBytes(ho);
+  ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+  RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
+    for (const auto& slot : layout[b].params) {
+      ASSIGN_OR_RETURN(at::Tensor v, model->ReadInitialValue(slot.param->name));
+      std::memcpy(master + slot.offset, v.data_ptr<float>(), slot.numel * sizeof(float));
+    }
+    return OkStatus();
+  }));
+  RETURN_IF_ERROR(BindHostWeights());
+  host->SetOnUpdated([this](int b) { OnUpdated(b); });
+  std::ostringstream plan;
+  plan << "device " << device.str() << " (" << c10::toString(dtype) << "), " << n << " blocks, "
+       << (resident ? "weights resident" : "weights streamed " + std::to_string(window) + " ahead")
+       << ", activations";
+  std::map<std::string, int> counts;
+  for (int b = 1; b + 1 < n; ++b) counts[std::string(engine::SaveModeName(modes[b]))]++;
+  for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
+  plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
+       << ", arena " << FormatByteSize(arena_bytes) << ", " << ho.worker_processes << "x"
+       << ho.worker_threads << " worker threads; " << total << " steps";
+  if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
+  plan_text = plan.str();
+  Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
+  Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
+  return OkStatus();
+}
+
+Status Trainer::Impl::PlanDevice() {
+  modes.assign(n, engine::SaveMode::kKeep);
+  const ActivationMode global = cfg.offload.activations;
+  std::vector<bool> fixed(n, false);
+  for (int b = 1; b + 1 < n; ++b) {
+    ActivationMode m = global;
+    auto it = cfg.offload.layer_overrides.find(b - 1);
+    if (it != cfg.offload.layer_overrides.end()) m = it->second;
+    if (m != ActivationMode::kAuto) {
+      modes[b] = ToSaveMode(m);
+      fixed[b] = true;
+    }
+  }
+  for (const auto& [layer, m] : cfg.offload.layer_overrides) {
+    if (layer < 0 || layer >= n - 2)
+      return InvalidArgumentError("activation override for layer " + std::to_string(layer) +
+                                  ": the model has " + std::to_string(n - 2) + " layers");
+  }
+  if (!cuda) return OkStatus();  // host memory: keep what AUTO leaves
+
+  const int64_t B = cfg.batch_size;
+  const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
+                                                      : cfg.data.max_seq_length;
+  const int64_t elem = c10::elementSize(dtype);
+  int64_t weights = 0, max_block = 0, max_keep = 0;
+  std::vector<engine::BlockCost> cost(n);
+  for (int b = 0; b < n; ++b) {
+    cost[b] = model->block(b).EstimateCost(B, T, dtype);
+    const int64_t wb = static_cast<int64_t>(layout[b].numel) * elem;
+    weights += wb;
+    max_block = std::max(max_block, wb);
+    max_keep = std::max(max_keep, cost[b].saved_bytes_keep);
+  }
+  const int64_t free_now = streams->FreeMemory();
+  gpu_budget = cfg.offload.gpu_memory_limit > 0 ? static_cast<int64_t>(cfg.offload.gpu_memory_limit)
+                                                 : free_now * 9 / 10;
+  // Transients: a block's backward (recompute + gradients of its activations), its parameter
+  // gradients, the head's chunked logits (<= 512 MiB fp32, twice), allocator slack.
+  const int64_t workspace =
+      2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
+  auto acts = [&]() {
+    int64_t a = 0;
+    for (int b = 0; b < n; ++b) {
+      if (modes[b] == engine::SaveMode::kKeep) a += cost[b].saved_bytes_keep;
+      if (modes[b] == engine::SaveMode::kRecompute) a += cost[b].saved_bytes_recompute;
+    }
+    return a;
+  };
+  auto fits = [&](int64_t w) { return w + acts() + workspace <= gpu_budget; };
+  auto recompute_until_fits = [&](int64_t w) {
+    for (int b = 1; b + 1 < n && !fits(w); ++b) {
+      if (!fixed[b]) modes[b] = engine::SaveMode::kRecompute;
+    }
+    return fits(w);
+  };
+  const int64_t streamed = static_cast<int64_t>(window + 2) * max_block +
+                           (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
+  resident = true;
+  if (!recompute_until_fits(weights)) {
+    resident = false;
+    for (int b = 1; b + 1 < n; ++b) {  // with streaming, try keeping activations again
+      if (!fixed[b]) modes[b] = engine::SaveMode::kKeep;
+    }
+    if (!recompute_until_fits(streamed)) {
+      return ResourceExhaustedError(
+          "gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
+          " is too small: even streaming the weights (" +
+          FormatByteSize(static_cast<uint64_t>(streamed)) + " in flight) and recomputing " +
+          "activations (" + FormatByteSize(static_cast<uint64_t>(acts())) + " held) needs " +
+          FormatByteSize(static_cast<uint64_t>(streamed + acts() + workspace)) +
+          " with a " + FormatByteSize(static_cast<uint64_t>(workspace)) +
+          " workspace; lower per_device_train_batch_size or max_seq_length");
+    }
+  }
+  ASSIGN_OR_RETURN(int64_t total_mem, streams->CapMemory(gpu_budget));
+  (void)total_mem;
+  return OkStatus();
+}
+
+Status Trainer::Impl::BindHostWeights() {
+  host_weights.resize(n);
+  ready.resize(n);
+  host_grads.resize(n);
+  dev_weights.resize(n);
+  const auto opts = at::TensorOptions().dtype(dtype).device(c10::kCPU);
+  for (int b = 0; b < n; ++b) {
+    const int64_t numel = static_cast<int64_t>(layout[b].numel);
+    host_weights[b] = at::from_blob(host->compute_weights(b), {numel}, opts);
+    host_grads[b] = at::from_blob(host->grad_staging(b), {numel}, opts);
+    RETURN_IF_ERROR(streams->Pin(host->compute_weights(b), host->compute_weight_bytes(b)));
+    RETURN_IF_ERROR(streams->Pin(host->grad_staging(b), host->compute_weight_bytes(b)));
+    if (!cuda) {
+      BindDevice(b, host_weights[b]);
+    } else if (resident) {
+      streams->UseCompute();
+      dev_weights[b] = at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+      BindDevice(b, dev_weights[b]);
+      auto e = streams->CopyToDevice(dev_weights[b], host_weights[b], "weights " + model->block(b).name(), false);
+      RETURN_IF_ERROR(DeviceStreams::Synchronize(e));
+    } else {
+      for (auto& slot : layout[b].params) slot.param->value = at::Tensor();
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace offloadd::trainer

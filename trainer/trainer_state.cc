@@ -1,0 +1,186 @@
+// Trainer: checkpoints (save, restore), the final Hugging Face export and the Train() loop.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "trainer/checkpoint.h"
+#include "trainer/trace.h"
+#include "trainer/trainer_impl.h"
+
+namespace offloadd::trainer {
+namespace {
+
+std::vector<ParamSpec> SpecsOf(const BlockLayout& bl) {
+  std::vector<ParamSpec> out;
+  for (const auto& s : bl.params) out.push_back({s.param->name, s.shape});
+  return out;
+}
+
+StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(path + " cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string Trainer::Impl::Fingerprint() const {
+  std::vector<std::vector<ParamSpec>> layers;
+  for (const auto& bl : layout) layers.push_back(SpecsOf(bl));
+  return ModelFingerprint(model->config().model_type, layers);
+}
+
+StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
+  if (cfg.output_dir.empty()) return FailedPreconditionError("no output_dir to write checkpoints to");
+  RETURN_IF_ERROR(Flush());
+  ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(cfg.output_dir, completed));
+  std::vector<float> master, m, v;
+  for (int b = 0; b < n; ++b) {
+    const uint64_t numel = layout[b].numel;
+    master.resize(numel);
+    m.resize(numel);
+    v.resize(numel);
+    RETURN_IF_ERROR(host->ReadStates(b, master.data(), m.data(), v.data()));
+    LayerState ls;
+    ls.params = SpecsOf(layout[b]);
+    ls.master = {std::span<const float>(master)};
+    ls.exp_avg = {std::span<const float>(m)};
+    ls.exp_avg_sq = {std::span<const float>(v)};
+    ls.adam_step = completed;
+    RETURN_IF_ERROR(w.WriteLayer(b, ls));
+  }
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
+                        "tokenizer_config.json", "special_tokens_map.json"}) {
+    auto text = ReadSmallFile(cfg.model_dir + "/" + f);
+    if (text.ok()) RETURN_IF_ERROR(w.AddFile(f, *text));
+  }
+  TrainerState st;
+  st.global_step = completed;
+  st.max_steps = total;
+  st.epoch = data->epoch();
+  st.seed = cfg.seed;
+  st.data_cursor = data->State();
+  st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, schedule->warmup_steps(),
+                  total};
+  st.model_fingerprint = Fingerprint();
+  for (const auto& [step, loss] : loss_history) st.log_history.push_back({step, 0, loss, 0, 0});
+  ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(st));
+  RETURN_IF_ERROR(PruneCheckpoints(cfg.output_dir, cfg.save_total_limit));
+  if (obs) obs->OnCheckpoint(info.path, info.step, info.size_bytes, last_loss);
+  Log(TrainObserver::Level::kInfo, "checkpoint " + info.path + " written");
+  return info.path;
+}
+
+Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
+  RETURN_IF_ERROR(Flush());
+  ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, Fingerprint()));
+  if (r.num_layers() != n) {
+    return FailedPreconditionError(dir + ": has " + std::to_string(r.num_layers()) +
+                                   " layers, the model " + std::to_string(n));
+  }
+  std::vector<float> master, m, v;
+  for (int b = 0; b < n; ++b) {
+    const uint64_t numel = layout[b].numel;
+    master.resize(numel);
+    m.resize(numel);
+    v.resize(numel);
+    LayerTarget t;
+    t.params = SpecsOf(layout[b]);
+    t.master = {std::span<float>(master)};
+    t.exp_avg = {std::span<float>(m)};
+    t.exp_avg_sq = {std::span<float>(v)};
+    ASSIGN_OR_RETURN(int64_t adam_step, r.ReadLayer(b, t));
+    RETURN_IF_ERROR(host->RestoreStates(b, master.data(), m.data(), v.data(),
+                                        static_cast<uint64_t>(adam_step)));
+  }
+  const TrainerState& st = r.state();
+  RETURN_IF_ERROR(data->Restore(st.data_cursor));
+  completed = st.global_step;
+  reported = completed;
+  host->ResumeAt(static_cast<uint64_t>(completed));
+  loss_history.clear();
+  for (const auto& e : st.log_history) loss_history.push_back({e.step, e.loss});
+  if (!loss_history.empty()) last_loss = loss_history.back().second;
+  if (cuda && resident) {
+    streams->UseCompute();
+    for (int b = 0; b < n; ++b) {
+      auto e = streams->CopyToDevice(dev_weights[b], host_weights[b], "weights", false);
+      RETURN_IF_ERROR(DeviceStreams::Synchronize(e));
+    }
+  }
+  Log(TrainObserver::Level::kInfo,
+      "resumed from " + dir + " at step " + std::to_string(completed) + " of " + std::to_string(total));
+  return OkStatus();
+}
+
+Status Trainer::Impl::ExportModel(const std::string& dir) {
+  RETURN_IF_ERROR(Flush());
+  std::vector<float> m, v;
+  for (int b = 0; b < n; ++b) {
+    const int64_t numel = static_cast<int64_t>(layout[b].numel);
+    at::Tensor master = at::empty({numel}, at::kFloat);
+    m.resize(numel);
+    v.resize(numel);
+    RETURN_IF_ERROR(host->ReadStates(b, master.data_ptr<float>(), m.data(), v.data()));
+    BindDevice(b, master);
+  }
+  Status st = model->Export(dir);
+  for (int b = 0; b < n; ++b) {  // back to the compute bindings
+    if (!cuda) {
+      BindDevice(b, host_weights[b]);
+    } else if (dev_weights[b].defined()) {
+      BindDevice(b, dev_weights[b]);
+    } else {
+      for (auto& slot : layout[b].params) slot.param->value = at::Tensor();
+    }
+  }
+  return st;
+}
+
+StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
+  Impl& m = *impl_;
+  TrainResult result;
+  if (!m.cfg.resume_from.empty()) RETURN_IF_ERROR(m.RestoreCheckpoint(m.cfg.resume_from));
+  auto write_trace = [&]() -> Status {
+    if (m.cfg.trace_path.empty()) return OkStatus();
+    TraceRecorder rec;
+    std::lock_guard<std::mutex> lock(m.trace_mu);
+    for (const auto& s : m.trace) rec.AddSpan(s.track, s.name, static_cast<int64_t>(s.start_us), static_cast<int64_t>(s.end_us));
+    return rec.WriteJson(m.cfg.trace_path);
+  };
+  while (m.completed < m.total) {
+    if (m.obs && m.obs->StopRequested()) {
+      RETURN_IF_ERROR(m.Flush());
+      if (checkpoint_on_stop && !m.cfg.output_dir.empty()) {
+        ASSIGN_OR_RETURN(result.last_checkpoint, m.SaveCheckpoint());
+      }
+      RETURN_IF_ERROR(write_trace());
+      return CancelledError("stopped at step " + std::to_string(m.completed));
+    }
+    RETURN_IF_ERROR(RunStep());
+    if (m.cfg.save_steps > 0 && m.completed % m.cfg.save_steps == 0 && m.completed < m.total &&
+        !m.cfg.output_dir.empty()) {
+      ASSIGN_OR_RETURN(result.last_checkpoint, m.SaveCheckpoint());
+    }
+  }
+  RETURN_IF_ERROR(m.Flush());
+  RETURN_IF_ERROR(write_trace());
+  result.steps = m.completed;
+  result.final_loss = m.last_loss;
+  if (!m.cfg.output_dir.empty() && m.cfg.export_final_model) {
+    if (m.model->has_checkpoint()) {
+      RETURN_IF_ERROR(m.ExportModel(m.cfg.output_dir));
+      result.exported_to = m.cfg.output_dir;
+      m.Log(TrainObserver::Level::kInfo, "final model written to " + m.cfg.output_dir);
+    } else {
+      m.Log(TrainObserver::Level::kWarning, "random-init model: the final model is not exported");
+    }
+  }
+  return result;
+}
+
+}  // namespace offloadd::trainer
