@@ -132,7 +132,7 @@ StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& confi
   // Count the sequences of epoch 0 with a throw-away copy.
   text::Batcher counter = batcher;
   int64_t n = 0;
-  while (counter.cursor().epoch == 0) {
+  while (counter.cursor().epoch == 0 && counter.cursor().index < docs->size()) {
     counter.Next();
     ++n;
   }

@@ -211,7 +211,13 @@ int Run(int argc, char** argv) {
   if (c.worker_binary.empty()) c.worker_binary = FindBinary("offloadd-worker", "workers");
   if (c.store_binary.empty()) c.store_binary = FindBinary("offloadd-store", "storage");
   std::ofstream stats;
-  if (!stats_path.empty()) stats.open(stats_path);
+  if (!stats_path.empty()) {
+    stats.open(stats_path);
+    if (!stats) {
+      std::cerr << "offloadd-train: cannot write " << stats_path << "\n";
+      return 1;
+    }
+  }
   PrintObserver obs(stats_path.empty() ? nullptr : &stats);
   auto trainer = Trainer::Create(c, &obs);
   if (!trainer.ok()) {

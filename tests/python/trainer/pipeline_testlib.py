@@ -1,0 +1,95 @@
+"""Helpers for the pipeline tests: tiny models, data, running offloadd-train, and the plain
+PyTorch reference training loop (transformers model + torch.optim.AdamW + clip_grad_norm_)."""
+
+import json
+import pathlib
+import random
+import subprocess
+
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+
+VOCAB = 300
+
+
+def build_tokenizer(path: pathlib.Path) -> None:
+    """A byte-level BPE tokenizer with VOCAB entries, trained on a few sentences."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = ["the quick brown fox jumps over the lazy dog", "offloaded training of language models",
+            "weights stream to the gpu and gradients flow back"] * 20
+    tok.train_from_iterator(text, trainer)
+    tok.save(str(path))
+
+
+def build_model(out: pathlib.Path, *, tied: bool = False, layers: int = 2, seed: int = 0) -> pathlib.Path:
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256,
+                                   tie_word_embeddings=tied, eos_token_id=0, bos_token_id=0)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(out, safe_serialization=True)
+    build_tokenizer(out / "tokenizer.json")
+    return out
+
+
+def write_pretokenized(path: pathlib.Path, n: int = 64, seed: int = 1) -> pathlib.Path:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            length = rng.randint(6, 40)
+            ids = [rng.randrange(1, VOCAB) for _ in range(length)]
+            labels = [i if rng.random() > 0.2 else -100 for i in ids]  # some masked tokens
+            f.write(json.dumps({"input_ids": ids, "labels": labels}) + "\n")
+    return path
+
+
+def run_train(binary_dir: pathlib.Path, args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd = [str(binary_dir / "trainer" / "offloadd-train"), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r
+
+
+def read_stats(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight_decay: float,
+                    max_grad_norm: float, scheduler: str, warmup_steps: int,
+                    betas=(0.9, 0.999), eps=1e-8) -> tuple[list[float], dict]:
+    """Plain PyTorch training on the batches offloadd-train consumed (--dump-batches)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                              attn_implementation="eager")
+    model.train()
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
+    sched = transformers.get_scheduler(scheduler, opt, num_warmup_steps=warmup_steps,
+                                       num_training_steps=len(batches))
+    losses = []
+    for step in batches:
+        opt.zero_grad(set_to_none=True)
+        trained = sum(sum(1 for t in m["targets"] if t != -100) for m in step)
+        total = 0.0
+        for m in step:
+            b, t = m["batch"], m["seq"]
+            ids = torch.tensor(m["input_ids"]).view(b, t)
+            pos = torch.tensor(m["position_ids"]).view(b, t)
+            targets = torch.tensor(m["targets"]).view(b, t)
+            logits = model(input_ids=ids, position_ids=pos).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                                     ignore_index=-100, reduction="sum") / max(1, trained)
+            loss.backward()
+            total += loss.item()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        sched.step()
+        losses.append(total)
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
