@@ -44,6 +44,9 @@ struct OffloadPlanConfig {
   uint32_t nvme_queue_depth = 32;
   ActivationMode activations = ActivationMode::kAuto;
   std::map<int, ActivationMode> layer_overrides;  // decoder layer index -> mode
+  // Device weights: kAuto keeps them resident when they fit the budget, else streams them in a
+  // few blocks ahead of use (DeepSpeed's offload_param: cpu forces kStreamed).
+  enum class Weights { kAuto, kResident, kStreamed } weights = Weights::kAuto;
   uint64_t gpu_memory_limit = 0;   // bytes; 0: what the device has free
   uint64_t host_memory_limit = 0;  // bytes; 0: no limit
   // Decoder layers < transition have their CPU updates deferred to the end of backward and run

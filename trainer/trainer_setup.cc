@@ -205,8 +205,16 @@ Status Trainer::Impl::PlanDevice() {
   };
   const int64_t streamed = static_cast<int64_t>(window + 2) * max_block +
                            (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
-  resident = true;
-  if (!recompute_until_fits(weights)) {
+  using Weights = OffloadPlanConfig::Weights;
+  resident = cfg.offload.weights != Weights::kStreamed;
+  if (resident && !recompute_until_fits(weights) && cfg.offload.weights == Weights::kResident) {
+    return ResourceExhaustedError(
+        "weights resident on the GPU need " + FormatByteSize(static_cast<uint64_t>(weights)) +
+        " + activations " + FormatByteSize(static_cast<uint64_t>(acts())) + " + workspace " +
+        FormatByteSize(static_cast<uint64_t>(workspace)) + " > gpu_memory_limit " +
+        FormatByteSize(static_cast<uint64_t>(gpu_budget)) + "; let them stream (offload_param: cpu)");
+  }
+  if (!resident || !recompute_until_fits(weights)) {
     resident = false;
     for (int b = 1; b + 1 < n; ++b) {  // with streaming, try keeping activations again
       if (!fixed[b]) modes[b] = engine::SaveMode::kKeep;

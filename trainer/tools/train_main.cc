@@ -22,6 +22,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --chat-template=builtin|FILE
   device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16 --gpu-memory-limit=SIZE
                --activations=auto|keep|recompute|offload --layer-activation=I:MODE (repeat)
+               --weights=auto|resident|stream
   optimizer:   --lr=X --scheduler=linear|cosine|constant|constant_with_warmup --warmup-steps=N
                --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
@@ -170,7 +171,13 @@ int Run(int argc, char** argv) {
       else if (key == "--beta2") c.optim.beta2 = std::stod(v);
       else if (key == "--eps") c.optim.eps = std::stod(v);
       else if (key == "--max-grad-norm") c.optim.max_grad_norm = std::stod(v);
-      else if (key == "--tier") {
+      else if (key == "--weights") {
+        using W = OffloadPlanConfig::Weights;
+        if (v == "auto") c.offload.weights = W::kAuto;
+        else if (v == "resident") c.offload.weights = W::kResident;
+        else if (v == "stream") c.offload.weights = W::kStreamed;
+        else st = InvalidArgumentError("--weights: auto, resident or stream");
+      } else if (key == "--tier") {
         if (v != "cpu" && v != "nvme") st = InvalidArgumentError("--tier: cpu or nvme");
         c.offload.tier = v == "nvme" ? StateTier::kNvme : StateTier::kCpu;
       } else if (key == "--nvme-dir") c.offload.nvme_dirs.push_back(v);

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""offloadd side of the pipeline benchmark (issue #6): runs offloadd-train on a random-initialised
+model of a given shape with synthetic token batches, under a GPU memory limit, and reports
+tokens/s, the step time split per resource and how close each step comes to its slowest resource.
+
+    python3 bench/pipeline/run_bench.py --build build-gpu --shape llama2-7b --batch 4,8,16 \
+        --gpu-memory-limit 24GiB [--steps 6 --warmup 2 --workers 1x15 --json out.json]
+
+For every step the trainer reports (StepStats): wall time, GPU compute busy time (CUDA events
+around each block's forward/backward), host-to-device and device-to-host copy busy time (CUDA
+events around each copy), CPU optimizer busy time (worker busy seconds / workers), NVMe busy time.
+"bound" = the largest of those (the slowest resource in that same step); "step/bound" = wall time
+over that bound (goal <= 1.10). Figures are means over the timed steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from baseline_torch import SHAPES  # noqa: E402
+
+
+def write_config(shape: str, out: pathlib.Path) -> pathlib.Path:
+    cfg = dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama",
+               max_position_embeddings=4096, rms_norm_eps=1e-5, hidden_act="silu",
+               tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, rope_theta=10000.0,
+               initializer_range=0.02, torch_dtype="bfloat16")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path) -> dict:
+    stats_path = work / f"stats-b{batch}.jsonl"
+    trace = work / f"trace-{args.shape}-b{batch}.json"
+    cmd = [str(pathlib.Path(args.build) / "trainer" / "offloadd-train"), f"--model={model_dir}",
+           "--random-init", f"--synthetic-seq={args.seq}", f"--batch-size={batch}",
+           f"--grad-accum={args.grad_accum}", f"--max-steps={args.steps + args.warmup}",
+           f"--device={args.device}", "--dtype=bf16", f"--gpu-memory-limit={args.gpu_memory_limit}",
+           f"--workers={args.workers}", "--max-grad-norm=1.0", "--lr=1e-5", "--scheduler=constant",
+           f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
+           f"--activations={args.activations}", f"--weights={args.weights}"]
+    if args.tier == "nvme":
+        cmd += ["--tier=nvme", f"--nvme-dir={args.nvme_dir}"]
+    print("$", " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stdout.write(r.stdout[-4000:])
+    sys.stderr.write(r.stderr[-4000:])
+    if r.returncode != 0:
+        return {"batch": batch, "error": (r.stderr.strip().splitlines() or ["?"])[-1]}
+    plan = next((l for l in r.stderr.splitlines() if "plan:" in l), "")
+    rows = [json.loads(l) for l in stats_path.read_text().splitlines() if l.strip()]
+    timed = rows[args.warmup:] or rows
+    mean = lambda k: sum(x[k] for x in timed) / len(timed)
+    res = {k: mean(k) for k in ("step_seconds", "gpu_compute_seconds", "h2d_seconds", "d2h_seconds",
+                                "cpu_update_seconds", "nvme_seconds", "stall_weights_seconds",
+                                "stall_grads_seconds", "stall_optimizer_seconds", "h2d_bytes",
+                                "d2h_bytes", "model_flops", "tokens")}
+    res["batch"] = batch
+    res["tokens_per_second"] = res["tokens"] / res["step_seconds"]
+    res["model_tflops"] = res["model_flops"] / res["step_seconds"] / 1e12
+    res["bound_seconds"] = max(res["gpu_compute_seconds"], res["h2d_seconds"], res["d2h_seconds"],
+                               res["cpu_update_seconds"], res["nvme_seconds"])
+    res["step_over_bound"] = res["step_seconds"] / max(res["bound_seconds"], 1e-9)
+    res["gpu_peak_gib"] = max(x["gpu_peak_bytes"] for x in rows) / 2**30
+    res["plan"] = plan
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default="build-gpu")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="llama2-7b")
+    p.add_argument("--batch", default="4")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--gpu-memory-limit", default="24GiB")
+    p.add_argument("--workers", default="1x15")
+    p.add_argument("--activations", default="auto")
+    p.add_argument("--weights", default="auto")
+    p.add_argument("--tier", default="cpu")
+    p.add_argument("--nvme-dir", default="")
+    p.add_argument("--json")
+    args = p.parse_args()
+    work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))
+    model_dir = write_config(args.shape, work / "model")
+    results = [run(args, int(b), model_dir, work) for b in args.batch.split(",")]
+    print(f"\n| shape | batch | tok/s | step s | GPU s | H2D s | D2H s | CPU upd s | NVMe s | "
+          f"step/bound | stalls w/g/o s | TFLOP/s | GPU peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if "error" in r:
+            print(f"| {args.shape} | {r['batch']} | error: {r['error']} |")
+            continue
+        print(f"| {args.shape} | {r['batch']} | {r['tokens_per_second']:.0f} | {r['step_seconds']:.3f} | "
+              f"{r['gpu_compute_seconds']:.3f} | {r['h2d_seconds']:.3f} | {r['d2h_seconds']:.3f} | "
+              f"{r['cpu_update_seconds']:.3f} | {r['nvme_seconds']:.3f} | {r['step_over_bound']:.2f} | "
+              f"{r['stall_weights_seconds']:.2f}/{r['stall_grads_seconds']:.2f}/{r['stall_optimizer_seconds']:.2f} | "
+              f"{r['model_tflops']:.0f} | {r['gpu_peak_gib']:.1f} |")
+    for r in results:
+        if "plan" in r:
+            print(f"batch {r['batch']}: {r['plan']}")
+    print(f"traces and stats: {work}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
