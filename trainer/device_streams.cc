@@ -112,6 +112,8 @@ StatusOr<int64_t> DeviceStreams::CapMemory(int64_t bytes) {
   c10::cuda::CUDAGuard guard(impl_->index);
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
     return InternalError("cudaMemGetInfo failed");
+  // The caching allocator of a device exists after its first allocation.
+  (void)at::empty({1}, at::TensorOptions().device(c10::Device(c10::kCUDA, impl_->index)));
   const double fraction = std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_b));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, impl_->index);
   c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->index);

@@ -113,6 +113,7 @@ void JobManager::Shutdown() {
     if (shutting_down_) return;
     shutting_down_ = true;
     if (!running_id_.empty()) stop_ = JobControl::Stop::kPause;
+    for (auto& [id, slot] : watch_slots_) slot->appended.notify_all();
   }
   changed_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
@@ -140,7 +141,10 @@ Status JobManager::Recover() {
 Status JobManager::AppendLocked(v1::JobEvent event) {
   *event.mutable_time() = Now();
   ASSIGN_OR_RETURN(int64_t cursor, store_->AppendEvent(&event));
-  (void)cursor;
+  if (auto it = watch_slots_.find(event.job_id()); it != watch_slots_.end()) {
+    it->second->last_cursor = cursor;
+    it->second->appended.notify_all();
+  }
   changed_.notify_all();
   return OkStatus();
 }
@@ -260,6 +264,26 @@ StatusOr<std::vector<v1::Checkpoint>> JobManager::Checkpoints(const std::string&
 Status JobManager::Watch(const std::string& id, int64_t after_cursor,
                          const std::function<bool(const v1::JobEvent&)>& sink, const std::function<bool()>& cancelled,
                          int poll_ms) {
+  // Registered before the first read, so any event appended after a read that came back empty
+  // shows in the slot.
+  std::shared_ptr<WatchSlot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& s = watch_slots_[id];
+    if (!s) s = std::make_shared<WatchSlot>();
+    ++s->watchers;
+    slot = s;
+  }
+  struct Leave {
+    JobManager* m;
+    const std::string& id;
+    ~Leave() {
+      std::lock_guard<std::mutex> lock(m->mu_);
+      auto it = m->watch_slots_.find(id);
+      if (it != m->watch_slots_.end() && --it->second->watchers == 0) m->watch_slots_.erase(it);
+    }
+  } leave{this, id};
+
   int64_t cursor = after_cursor;
   while (true) {
     {
@@ -271,9 +295,11 @@ Status JobManager::Watch(const std::string& id, int64_t after_cursor,
     }
     ASSIGN_OR_RETURN(auto events, store_->Events(id, cursor, 256));
     if (events.empty()) {
+      // Read the state under mu_: a transition updates the job and appends its event under mu_,
+      // so a final state seen here has its event in the store already (read without mu_, the
+      // update could show before the event is appended, and the watch would end without it).
       ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
       if (IsFinalState(job.state())) {
-        // Events are appended with the final transition; re-read once so none is missed.
         ASSIGN_OR_RETURN(auto last, store_->Events(id, cursor, 256));
         if (last.empty()) return OkStatus();
         events = std::move(last);
@@ -285,8 +311,16 @@ Status JobManager::Watch(const std::string& id, int64_t after_cursor,
     }
     if (cancelled()) return CancelledError("watcher went away");
     if (events.empty()) {
+      // Sleep until the job has an event past `cursor`; wake every poll_ms only to notice a
+      // watcher that went away.
       std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait_for(lock, std::chrono::milliseconds(poll_ms));
+      while (!shutting_down_ && slot->last_cursor <= cursor) {
+        if (slot->appended.wait_for(lock, std::chrono::milliseconds(poll_ms)) == std::cv_status::timeout) {
+          lock.unlock();
+          if (cancelled()) return CancelledError("watcher went away");
+          lock.lock();
+        }
+      }
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -92,8 +93,17 @@ class JobManager {
 
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobRunner> runner_;
+  // Watchers of one job wait on its slot, which only that job's events signal: an idle watcher
+  // costs no database reads, and an event wakes its own job's watchers, not every watcher.
+  struct WatchSlot {
+    std::condition_variable appended;
+    int64_t last_cursor = 0;  // highest cursor appended to the job while the slot existed
+    int watchers = 0;
+  };
+
   std::mutex mu_;
   std::condition_variable changed_;  // any job or event change
+  std::unordered_map<std::string, std::shared_ptr<WatchSlot>> watch_slots_;  // by job id
   std::string running_id_;
   JobControl::Stop stop_ = JobControl::Stop::kNone;
   bool shutting_down_ = false;

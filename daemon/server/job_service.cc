@@ -119,7 +119,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
         if ((e.has_progress() && !progress) || (e.has_log() && !logs)) return true;
         return writer->Write(e);
       },
-      [&] { return context->IsCancelled(); });
+      [&] { return context->IsCancelled(); }, 5000);
   return rec.Done(ToGrpcStatus(s));
 }
 
