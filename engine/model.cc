@@ -193,6 +193,11 @@ Status Model::To(c10::Device device, c10::ScalarType dtype) {
   return OkStatus();
 }
 
+void Model::AssumePlacement(c10::Device device, c10::ScalarType dtype) {
+  device_ = device;
+  dtype_ = dtype;
+}
+
 StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::Tensor& targets,
                                          double num_trained_tokens, const at::Tensor& position_ids,
                                          const at::Tensor& segment_ids) const {

@@ -73,6 +73,7 @@ Status Trainer::Impl::Setup() {
                                    : engine::LoadOptions::Materialize::kLazy;
   lo.random_seed = cfg.seed;
   ASSIGN_OR_RETURN(model, engine::Model::Load(cfg.model_dir, lo));
+  model->AssumePlacement(device, dtype);
   n = model->num_blocks();
   layout.resize(n);
   for (int b = 0; b < n; ++b) {
