@@ -136,9 +136,6 @@ class Block {
   const std::vector<Param*>& shared_params() const { return shared_; }
   // Converts the owned parameters in place (e.g. to CUDA bf16).
   Status To(c10::Device device, c10::ScalarType dtype);
-  // Records where a scheduler places the parameters itself (it installs every Param's tensor on
-  // `device` in `dtype` before compute): batches are then prepared on that device.
-  void AssumePlacement(c10::Device device, c10::ScalarType dtype);
 
   // x: block input ([B, T, hidden]; ignored by the embedding, which reads mb.input_ids).
   // Returns the output hidden states; the head returns the fp32 scalar loss. `saved` receives
@@ -212,6 +209,9 @@ class Model {
   c10::Device device() const { return device_; }
   c10::ScalarType dtype() const { return dtype_; }
   Status To(c10::Device device, c10::ScalarType dtype);
+  // Records where a scheduler places the parameters itself (it installs every Param's tensor on
+  // `device` in `dtype` before compute): batches are then prepared on that device.
+  void AssumePlacement(c10::Device device, c10::ScalarType dtype);
 
   // Validates ids/targets (shape, range, sequence length) and moves them to the model's device.
   // position_ids defaults to 0..T-1 per row. targets may be undefined (inference).

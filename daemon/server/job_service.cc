@@ -13,6 +13,11 @@ namespace v1 = offloadd::v1;
 
 namespace {
 
+// How often an idle WatchJob checks whether its client went away. The sync API offers no
+// notification, and each check wakes the stream's thread: every 2 s keeps 1000 idle watchers
+// near zero CPU, while a vanished client's thread is still back within 2 s.
+constexpr int kWatchCancelPollMs = 2000;
+
 // INVALID_ARGUMENT carrying every violation as google.rpc.BadRequest in the status details, and
 // the first few in the message for clients that do not read details.
 grpc::Status InvalidSpec(const std::vector<FieldViolation>& violations) {
@@ -119,7 +124,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
         if ((e.has_progress() && !progress) || (e.has_log() && !logs)) return true;
         return writer->Write(e);
       },
-      [&] { return context->IsCancelled(); }, 5000);
+      [&] { return context->IsCancelled(); }, kWatchCancelPollMs);
   return rec.Done(ToGrpcStatus(s));
 }
 
