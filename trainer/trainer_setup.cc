@@ -180,7 +180,7 @@ Status Trainer::Impl::PlanDevice() {
     const int64_t wb = static_cast<int64_t>(layout[b].numel) * elem;
     weights += wb;
     max_block = std::max(max_block, wb);
-    max_keep = std::max(max_keep, cost[b].saved_bytes_keep);
+    if (b > 0 && b + 1 < n) max_keep = std::max(max_keep, cost[b].saved_bytes_keep);
   }
   const int64_t free_now = streams->FreeMemory();
   gpu_budget = cfg.offload.gpu_memory_limit > 0 ? static_cast<int64_t>(cfg.offload.gpu_memory_limit)
@@ -188,7 +188,7 @@ Status Trainer::Impl::PlanDevice() {
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
   // gradients, the head's chunked logits (<= 512 MiB fp32, twice), allocator slack.
   const int64_t workspace =
-      2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
+      max_keep * 5 / 4 + 2 * max_block + (int64_t{1} << 30);
   auto acts = [&]() {
     int64_t a = 0;
     for (int b = 0; b < n; ++b) {

@@ -298,7 +298,10 @@ Status JobManager::Watch(const std::string& id, int64_t after_cursor,
       // Read the state under mu_: a transition updates the job and appends its event under mu_,
       // so a final state seen here has its event in the store already (read without mu_, the
       // update could show before the event is appended, and the watch would end without it).
-      ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+      ASSIGN_OR_RETURN(v1::Job job, [&] {
+        std::lock_guard<std::mutex> lock(mu_);
+        return store_->Get(id);
+      }());
       if (IsFinalState(job.state())) {
         ASSIGN_OR_RETURN(auto last, store_->Events(id, cursor, 256));
         if (last.empty()) return OkStatus();
