@@ -173,11 +173,18 @@ StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return UnavailableError("the daemon is shutting down; submit the job again after it restarts");
   v1::Job job;
-  job.set_id(NewJobId());
   *job.mutable_spec() = resolved_spec;
   job.set_state(v1::JOB_STATE_VALIDATING);
   *job.mutable_create_time() = Now();
-  RETURN_IF_ERROR(store_->Insert(job));
+  // An id is the second plus 24 random bits: a thousand submissions within one second collide
+  // with a few percent probability, so a taken id is drawn again instead of refusing the job.
+  Status inserted;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    job.set_id(NewJobId());
+    inserted = store_->Insert(job);
+    if (inserted.code() != StatusCode::kAlreadyExists) break;
+  }
+  RETURN_IF_ERROR(inserted);
   RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED, "validated"));
   return job;
 }
