@@ -4,16 +4,19 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <filesystem>
 #include <sstream>
 
 #include "common/logging.h"
 #include "daemon/build_info.h"
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/job_store.h"
+#include "daemon/jobs/train_job_runner.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/metrics/train_metrics.h"
+#include "daemon/node/node_probe.h"
 #include "daemon/server/grpc_server.h"
 #include "daemon/systemd/sd_notify.h"
+#include "engine/file_util.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -40,9 +43,10 @@ int RunDaemon(const DaemonConfig& config) {
                             << OFFLOADD_FLAVOUR << " flavour, LibTorch " << OFFLOADD_TORCH_VERSION << ") starting";
   LogEffectiveConfig(config);
 
-  std::error_code ec;
-  std::filesystem::create_directories(config.state_dir, ec);
-  if (ec) return Fail(ErrnoError(ec.value(), "cannot create state_dir " + config.state_dir));
+  // POSIX, not std::filesystem: the daemon links LibTorch (docs/DEVELOPING.md, hazards).
+  if (Status s = engine::MakeDirs(config.state_dir); !s.ok()) {
+    return Fail(s.WithContext("cannot create state_dir " + config.state_dir));
+  }
 
   const BuildFacts build{OFFLOADD_VERSION, OFFLOADD_GIT_REVISION, OFFLOADD_TORCH_VERSION,
                          std::string(OFFLOADD_FLAVOUR) == "cuda"};
@@ -56,9 +60,19 @@ int RunDaemon(const DaemonConfig& config) {
 
   auto store = JobStore::Open(config.state_dir + "/jobs.db");
   if (!store.ok()) return Fail(store.status());
-  // The training pipeline plugs in here as the JobRunner (issue #6); without it jobs can be
-  // validated and inspected but not queued.
-  auto jobs = JobManager::Start(std::move(*store), /*runner=*/nullptr);
+  // Jobs train on the GPU when the node probe finds one (CUDA flavour), else on the CPU.
+  std::string gpu_problem;
+  const std::vector<GpuFacts> gpus = ProbeGpus(&gpu_problem);
+  if (gpus.empty()) {
+    OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
+                              << "): jobs train on the CPU";
+  }
+  TrainMetrics train_metrics((*metrics)->registry());
+  auto runner = std::make_unique<TrainJobRunner>(DaemonTrainerEnvironment(config, !gpus.empty()), &train_metrics);
+  const TrainerEnvironment& env = runner->environment();
+  OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << ", "
+                            << env.worker_processes << " optimizer worker process(es), " << env.worker_binary;
+  auto jobs = JobManager::Start(std::move(*store), std::move(runner));
   if (!jobs.ok()) return Fail(jobs.status());
 
   // Signals are set up before the server starts so an early SIGTERM is not lost.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, starts offloadd on a private socket under
-# build/demo/, and shows it serving (health, node info) through offloadctl.
+# build/demo/, shows it serving (health, node info) through offloadctl, then submits the demo job
+# (the pretrained stories260K Llama fine-tuned on Alpaca records, on the CPU unless the build has
+# a GPU) and watches it train to the end, and says where the fine-tuned model was written.
 # The daemon is stopped (SIGTERM, clean drain) when the script ends; pass --keep to leave it up.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,7 +14,7 @@ keep=0
 # shellcheck disable=SC2086
 cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log" >&2; echo "[demo] CMake configure failed" >&2; exit 1; }
-cmake --build "$build" -j "$(nproc)" --target offloadd offloadctl
+cmake --build "$build" -j "$(nproc)" --target offloadd offloadctl offloadd-worker offloadd-store
 
 demo="$build/demo"
 python="${OFFLOADD_VENV:-$HOME/.cache/offloadd/venv}/bin/python"
@@ -54,16 +56,23 @@ grep -E "metrics listening|serving gRPC" "$demo/offloadd.log" | sed 's/^/[demo] 
 echo "[demo] \$ offloadctl health";  "${ctl[@]}" health
 echo "[demo] \$ offloadctl node";    "${ctl[@]}" node
 # The demo model: Karpathy's pretrained stories260K Llama, converted to a Hugging Face directory
-# (safetensors + config.json + tokenizer.json), and a demo job on 200 Alpaca records, checked by
-# the daemon (paths, model, tokenizer, dataset records, ranges, memory) and shown as it would run.
+# (safetensors + config.json + tokenizer.json). The demo job fine-tunes it for 30 steps on 200
+# Alpaca records: checked by the daemon (paths, model, tokenizer, dataset records, ranges, memory),
+# queued, trained with the optimizer states in CPU RAM, checkpointed every 10 steps, and exported
+# as a Hugging Face model into its output_dir.
 shared="$(cd "$here/.." && pwd)/shared/data"
-if [[ -f "$shared/models/stories260K/stories260K.bin" ]]; then
-  model="$demo/models/stories260K"
-  if [[ ! -f "$model/config.json" ]]; then
-    "$python" "$here/scripts/convert_llama2c.py" --model "$shared/models/stories260K/stories260K.bin" \
-      --tokenizer "$shared/models/stories260K/tok512.bin" --out "$model" >/dev/null
-  fi
-  cat >"$demo/job.yaml" <<YAML
+if [[ ! -f "$shared/models/stories260K/stories260K.bin" ]]; then
+  echo "[demo] $shared/models/stories260K is missing: no demo job to train" >&2
+  exit 1
+fi
+model="$demo/models/stories260K"
+if [[ ! -f "$model/config.json" ]]; then
+  "$python" "$here/scripts/convert_llama2c.py" --model "$shared/models/stories260K/stories260K.bin" \
+    --tokenizer "$shared/models/stories260K/tok512.bin" --out "$model" >/dev/null
+fi
+out="$demo/out/stories260k-alpaca"
+rm -rf "$out"  # a fresh run: the daemon refuses an output_dir holding another run's checkpoints
+cat >"$demo/job.yaml" <<YAML
 display_name: stories260k-alpaca-demo
 model: {path: $model}
 dataset:
@@ -71,13 +80,17 @@ dataset:
   format: alpaca
   max_seq_length: 256
   max_samples: 200
-training: {learning_rate: 1e-3, per_device_train_batch_size: 8, max_steps: 50, warmup_steps: 5, logging_steps: 5}
-output_dir: $demo/out/stories260k-alpaca
+training: {learning_rate: 1e-3, per_device_train_batch_size: 8, max_steps: 30, warmup_steps: 3,
+           logging_steps: 1, save_steps: 10, save_total_limit: 2}
+output_dir: $out
 YAML
-  echo "[demo] \$ offloadctl submit $demo/job.yaml --validate-only"
-  "${ctl[@]}" submit "$demo/job.yaml" --validate-only
-  echo "[demo]   ... (training jobs run once the offload pipeline lands; see README Status)"
-fi
+echo "[demo] \$ offloadctl submit $demo/job.yaml --watch"
+"${ctl[@]}" submit "$demo/job.yaml" --watch || {
+  echo "[demo] the demo job did not succeed (daemon log: $demo/offloadd.log)" >&2
+  exit 1
+}
+echo "[demo] fine-tuned model (Hugging Face format) written to $out:"
+ls "$out" | sed 's/^/[demo]   /'
 if [[ $keep == 1 ]]; then
   echo "[demo] left running as pid $pid; try: ${ctl[*]} node"
 fi

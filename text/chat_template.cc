@@ -1,6 +1,7 @@
 #include "text/chat_template.h"
 
-#include <filesystem>
+#include <sys/stat.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -12,6 +13,13 @@ namespace offloadd::text {
 namespace {
 
 using ojson = nlohmann::ordered_json;
+
+// stat(), not std::filesystem: this code runs inside LibTorch-linked binaries (the daemon, the
+// trainer), where the CUDA libtorch.so interposes its own std::filesystem (docs/DEVELOPING.md).
+bool Exists(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0;
+}
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -99,7 +107,7 @@ StatusOr<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
     const std::string config_path = dir + "/tokenizer_config.json";
     SpecialTokens tokens;
     std::string source;
-    if (std::filesystem::exists(config_path)) {
+    if (Exists(config_path)) {
       ASSIGN_OR_RETURN(tokens, SpecialTokens::FromTokenizerConfig(config_path));
       ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
       ojson j = ojson::parse(text, nullptr, false);
@@ -118,7 +126,7 @@ StatusOr<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
       }
     }
     const std::string jinja_path = dir + "/chat_template.jinja";
-    if (std::filesystem::exists(jinja_path)) {
+    if (Exists(jinja_path)) {
       ASSIGN_OR_RETURN(source, ReadFile(jinja_path));
     }
     if (source.empty()) return NotFoundError("no chat template in " + dir);

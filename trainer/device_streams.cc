@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 
 #if OFFLOADD_WITH_CUDA
@@ -72,6 +73,9 @@ StatusOr<std::unique_ptr<DeviceStreams>> DeviceStreams::Create(c10::Device devic
 #if OFFLOADD_WITH_CUDA
   if (!device.is_cuda()) return InvalidArgumentError("unsupported device " + device.str());
   d->cuda_ = true;
+  // Weights and gradients come and go in block-sized pieces: expandable segments keep the caching
+  // allocator from fragmenting under the memory cap (read when the allocator initialises).
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", /*overwrite=*/0);
   Impl& m = *d->impl_;
   m.index = device.has_index() ? device.index() : 0;
   c10::cuda::CUDAGuard guard(m.index);

@@ -180,7 +180,7 @@ Status Trainer::Impl::PlanDevice() {
     const int64_t wb = static_cast<int64_t>(layout[b].numel) * elem;
     weights += wb;
     max_block = std::max(max_block, wb);
-    if (b > 0 && b + 1 < n) max_keep = std::max(max_keep, cost[b].saved_bytes_keep);
+    max_keep = std::max(max_keep, cost[b].saved_bytes_keep);
   }
   const int64_t free_now = streams->FreeMemory();
   gpu_budget = cfg.offload.gpu_memory_limit > 0 ? static_cast<int64_t>(cfg.offload.gpu_memory_limit)
@@ -188,7 +188,7 @@ Status Trainer::Impl::PlanDevice() {
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
   // gradients, the head's chunked logits (<= 512 MiB fp32, twice), allocator slack.
   const int64_t workspace =
-      max_keep * 5 / 4 + 2 * max_block + (int64_t{1} << 30);
+      2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
   auto acts = [&]() {
     int64_t a = 0;
     for (int b = 0; b < n; ++b) {
@@ -198,12 +198,13 @@ Status Trainer::Impl::PlanDevice() {
     return a;
   };
   auto fits = [&](int64_t w) { return w + acts() + workspace <= gpu_budget; };
-  auto recompute_until_fits = [&](int64_t w) {
-    for (int b = 1; b + 1 < n && !fits(w); ++b) {
-      if (!fixed[b]) modes[b] = engine::SaveMode::kRecompute;
-    }
-    return fits(w);
-  };
+  // AUTO on the GPU recomputes every layer (what gradient checkpointing does in the PyTorch
+  // baseline): the static estimates of kept activations proved too optimistic against the CUDA
+  // kernels' real footprint, and an out-of-memory error mid-job costs more than the recompute.
+  for (int b = 1; b + 1 < n; ++b) {
+    if (!fixed[b]) modes[b] = engine::SaveMode::kRecompute;
+  }
+  auto recompute_until_fits = [&](int64_t w) { return fits(w); };
   const int64_t streamed = static_cast<int64_t>(window + 2) * max_block +
                            (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
   using Weights = OffloadPlanConfig::Weights;
@@ -217,9 +218,6 @@ Status Trainer::Impl::PlanDevice() {
   }
   if (!resident || !recompute_until_fits(weights)) {
     resident = false;
-    for (int b = 1; b + 1 < n; ++b) {  // with streaming, try keeping activations again
-      if (!fixed[b]) modes[b] = engine::SaveMode::kKeep;
-    }
     if (!recompute_until_fits(streamed)) {
       return ResourceExhaustedError(
           "gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +

@@ -1,9 +1,9 @@
 #include "workers/cpu_topology.h"
 
+#include <dirent.h>
 #include <sched.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -50,14 +50,19 @@ std::vector<std::pair<int, std::vector<int>>> ScanNodes(const std::vector<int>& 
                                                         const std::string& sys_root) {
   const std::set<int> ok(allowed.begin(), allowed.end());
   std::vector<std::pair<int, std::vector<int>>> nodes;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(sys_root, ec)) {
-    const std::string name = entry.path().filename().string();
+  // readdir, not std::filesystem: the worker pool runs inside LibTorch-linked binaries (the
+  // daemon, the trainer), where the CUDA libtorch.so interposes its own std::filesystem.
+  std::vector<std::string> names;
+  if (DIR* dir = opendir(sys_root.c_str())) {
+    while (const dirent* e = readdir(dir)) names.emplace_back(e->d_name);
+    closedir(dir);
+  }
+  for (const std::string& name : names) {
     if (name.rfind("node", 0) != 0 || name.size() == 4 ||
         !std::all_of(name.begin() + 4, name.end(), ::isdigit)) {
       continue;
     }
-    std::ifstream in(entry.path() / "cpulist");
+    std::ifstream in(sys_root + "/" + name + "/cpulist");
     std::string line;
     std::getline(in, line);
     auto cpus = ParseCpuList(line);

@@ -7,17 +7,17 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
+
+#include "engine/file_util.h"
 
 namespace offloadd::daemon {
 
 Status PrepareUnixSocketPath(const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  // POSIX, not std::filesystem: the daemon links LibTorch (docs/DEVELOPING.md, hazards).
+  const size_t slash = path.rfind('/');
+  const std::string parent = slash == std::string::npos ? "" : path.substr(0, slash);
   if (!parent.empty()) {
-    std::filesystem::create_directories(parent, ec);
-    if (ec) return ErrnoError(ec.value(), "cannot create socket directory " + parent.string());
+    if (Status s = engine::MakeDirs(parent); !s.ok()) return s.WithContext("cannot create socket directory " + parent);
   }
   struct stat st{};
   if (lstat(path.c_str(), &st) != 0) {

@@ -52,6 +52,15 @@ class DaemonProcess:
 
     def start(self, timeout: float = 30) -> "DaemonProcess":
         notify_path = str(self.workdir / "notify.sock")
+        # A restart on the same workdir (tests of crash recovery): a new notify socket, and the
+        # previous run's log kept as offloadd.log.<n>.
+        if os.path.exists(notify_path):
+            os.unlink(notify_path)
+        if self.log_path.exists():
+            n = 1
+            while self.log_path.with_name(f"{self.log_path.name}.{n}").exists():
+                n += 1
+            self.log_path.rename(self.log_path.with_name(f"{self.log_path.name}.{n}"))
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(notify_path)
         self._notify.settimeout(timeout)
