@@ -18,4 +18,10 @@ for spec in "$@"; do
     --gpu-memory-limit "$limit" --json "${OUT:-/tmp}/bench-$shape.json" ${extra:+$extra} 2>&1 | tail -40
   [[ -n "${OUT:-}" ]] && cp /tmp/offloadd-bench-*/trace-*.json "$OUT/" 2>/dev/null
 done
+# BASELINE="llama2-7b:4,16 tinyllama-1.1b:8,32": the PyTorch eager baseline in the same session.
+for spec in ${BASELINE:-}; do
+  IFS=: read -r shape batches <<<"$spec"
+  python3 bench/pipeline/baseline_torch.py --shape "$shape" --batch "$batches" --steps 4 --warmup 2 \
+    --json "${OUT:-/tmp}/baseline-$shape.json" 2>&1 | grep -v Warning | tail -12
+done
 exit 0
