@@ -1,0 +1,169 @@
+#include "daemon/jobs/train_job_config.h"
+
+#include <unistd.h>
+
+#include "trainer/checkpoint.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+using trainer::ActivationMode;
+
+const char* FormatName(v1::DatasetFormat f) {  // text::ParseDatasetFormat's names
+  switch (f) {
+    case v1::DATASET_FORMAT_ALPACA: return "alpaca";
+    case v1::DATASET_FORMAT_SHAREGPT: return "sharegpt";
+    case v1::DATASET_FORMAT_TEXT: return "text";
+    case v1::DATASET_FORMAT_MESSAGES: return "messages";
+    case v1::DATASET_FORMAT_PROMPT_COMPLETION: return "prompt_completion";
+    case v1::DATASET_FORMAT_PRETOKENIZED: return "pretokenized";
+    default: return "auto";
+  }
+}
+
+StatusOr<ActivationMode> ToActivationMode(v1::ActivationMode m, const std::string& field) {
+  switch (m) {
+    case v1::ACTIVATION_MODE_UNSPECIFIED:
+    case v1::ACTIVATION_MODE_AUTO: return ActivationMode::kAuto;
+    case v1::ACTIVATION_MODE_KEEP: return ActivationMode::kKeep;
+    case v1::ACTIVATION_MODE_RECOMPUTE: return ActivationMode::kRecompute;
+    case v1::ACTIVATION_MODE_OFFLOAD_CPU: return ActivationMode::kOffloadCpu;
+    case v1::ACTIVATION_MODE_OFFLOAD_NVME:
+      return UnimplementedError(field + ": offload_nvme is not implemented yet; use offload_cpu or recompute");
+    default: return InvalidArgumentError(field + ": unknown activation mode " + std::to_string(m));
+  }
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  const std::string p(buf, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+}  // namespace
+
+StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const TrainerEnvironment& env) {
+  const v1::JobSpec& s = job.spec();
+  trainer::TrainConfig c;
+  c.model_dir = s.model().path();
+  const int gpu = s.resources().gpu_index() >= 0 ? s.resources().gpu_index() : 0;
+  c.device = env.has_gpu ? "cuda:" + std::to_string(gpu) : "cpu";
+  switch (s.model().compute_dtype()) {
+    case v1::COMPUTE_DTYPE_UNSPECIFIED: c.compute_dtype = "auto"; break;  // bf16 on a GPU, fp32 on CPU
+    case v1::COMPUTE_DTYPE_FP32: c.compute_dtype = "fp32"; break;
+    case v1::COMPUTE_DTYPE_BF16: c.compute_dtype = "bf16"; break;
+    case v1::COMPUTE_DTYPE_FP16:
+      return UnimplementedError("model.compute_dtype: fp16 (dynamic loss scaling) is not implemented yet; use bf16");
+    default: return InvalidArgumentError("model.compute_dtype: unknown value");
+  }
+
+  const v1::DatasetSpec& d = s.dataset();
+  c.data.paths.assign(d.paths().begin(), d.paths().end());
+  c.data.format = FormatName(d.format());
+  c.data.tokenizer_path = s.tokenizer().path();
+  c.data.chat_template = d.template_();
+  c.data.mask_prompt = d.mask_prompt();
+  c.data.packing = d.packing();
+  c.data.max_seq_length = d.max_seq_length();
+  c.data.shuffle = d.shuffle();
+  c.data.max_samples = d.max_samples();
+  c.data.skip_bad_records = d.skip_bad_records();
+
+  const v1::TrainingArguments& t = s.training();
+  c.optim.learning_rate = t.learning_rate();
+  c.optim.lr_scheduler_type = t.lr_scheduler_type();
+  c.optim.warmup_steps = t.warmup_steps();
+  c.optim.warmup_ratio = t.warmup_ratio();
+  c.optim.weight_decay = t.weight_decay();
+  c.optim.beta1 = t.adam_beta1();
+  c.optim.beta2 = t.adam_beta2();
+  c.optim.eps = t.adam_epsilon();
+  c.optim.max_grad_norm = t.max_grad_norm();
+  c.batch_size = t.per_device_train_batch_size();
+  c.gradient_accumulation_steps = t.gradient_accumulation_steps();
+  c.num_train_epochs = t.num_train_epochs();
+  c.max_steps = t.max_steps();
+  c.seed = static_cast<uint64_t>(t.seed());
+  c.logging_steps = t.logging_steps();
+  c.save_steps = t.save_steps();
+  c.save_total_limit = t.save_total_limit();
+
+  const v1::OffloadConfig& o = s.offload();
+  if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
+    return UnimplementedError(
+        "offload.offload_optimizer.device: none (optimizer states on the GPU) is not implemented; use cpu or nvme");
+  }
+  if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME) {
+    c.offload.tier = trainer::StateTier::kNvme;
+    std::vector<std::string> roots;
+    if (!o.offload_optimizer().nvme_path().empty()) {
+      roots.push_back(o.offload_optimizer().nvme_path());
+    } else {
+      roots = env.store_dirs;
+    }
+    if (roots.empty()) {
+      return FailedPreconditionError(
+          "offload.offload_optimizer.device: nvme needs a store directory; none is configured (storage.directories)");
+    }
+    for (const auto& r : roots) c.offload.nvme_dirs.push_back(r + "/" + job.id());
+  }
+  if (o.aio().queue_depth() > 0) c.offload.nvme_queue_depth = o.aio().queue_depth();
+  using Weights = trainer::OffloadPlanConfig::Weights;
+  switch (o.offload_param().device()) {
+    case v1::OFFLOAD_DEVICE_NONE: c.offload.weights = Weights::kResident; break;
+    case v1::OFFLOAD_DEVICE_UNSPECIFIED: c.offload.weights = Weights::kAuto; break;
+    default: c.offload.weights = Weights::kStreamed; break;  // cpu (and nvme: staged through host memory)
+  }
+  ASSIGN_OR_RETURN(c.offload.activations, ToActivationMode(o.activations().mode(), "offload.activations.mode"));
+  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
+    ASSIGN_OR_RETURN(c.offload.layer_overrides[layer],
+                     ToActivationMode(mode, "offload.activations.layer_overrides[" + std::to_string(layer) + "]"));
+  }
+  c.offload.gpu_memory_limit = s.resources().gpu_memory_limit() ? s.resources().gpu_memory_limit() : env.gpu_memory_limit;
+  c.offload.host_memory_limit =
+      s.resources().host_memory_limit() ? s.resources().host_memory_limit() : env.host_memory_limit;
+  if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {
+    return UnimplementedError("compression.type: lsp (learned sparse projections) is not implemented yet; use none");
+  }
+
+  c.output_dir = s.output_dir();
+  c.export_final_model = true;
+  c.worker_binary = env.worker_binary;
+  c.store_binary = env.store_binary;
+  c.worker_processes = env.worker_processes;
+  c.worker_threads = env.worker_threads;
+  if (env.trace_steps > 0 && !c.output_dir.empty()) {
+    c.trace_path = c.output_dir + "/trace.json";
+    c.trace_steps = env.trace_steps;
+  }
+  return c;
+}
+
+StatusOr<std::string> ResumePoint(const v1::Job& job) {
+  const v1::JobSpec& spec = job.spec();
+  int runs = 0;  // this one included: the manager records RUNNING before it calls the runner
+  for (const auto& t : job.transitions()) runs += t.state() == v1::JOB_STATE_RUNNING;
+  StatusOr<std::string> own = NotFoundError("no output_dir");
+  if (!spec.output_dir().empty()) own = trainer::LatestCheckpoint(spec.output_dir());
+  if (own.ok() && runs > 1) return *own;
+  if (!spec.resume_from_checkpoint().empty()) return spec.resume_from_checkpoint();
+  if (own.ok()) {
+    return FailedPreconditionError("output_dir " + spec.output_dir() + " already holds checkpoints of another run (" +
+                                   *own + "); use an empty output_dir, or set resume_from_checkpoint to continue one");
+  }
+  return std::string();
+}
+
+std::string FindSiblingBinary(const std::string& name, const std::string& component) {
+  const std::string dir = SelfDir();
+  const std::string candidates[] = {dir + "/" + name, dir + "/../" + component + "/" + name};
+  for (const std::string& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return candidates[0];
+}
+
+}  // namespace offloadd::daemon

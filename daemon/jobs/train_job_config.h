@@ -1,0 +1,48 @@
+#pragma once
+// From a job the daemon accepted (its spec validated and resolved by ValidateJobSpec, defaults
+// filled) to the trainer's TrainConfig, and the checkpoint the job continues from. Torch-free and
+// side-effect free apart from LatestCheckpoint's cleanup of dead writers' temporary directories,
+// so tests check the mapping without LibTorch. Thread-safe (no shared state).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "offloadd/v1/job.pb.h"
+#include "trainer/train_config.h"
+
+namespace offloadd::daemon {
+
+// What the daemon adds to every job: its binaries, worker pool, defaults and devices.
+struct TrainerEnvironment {
+  bool has_gpu = false;          // a GPU is visible to this (CUDA flavour) daemon
+  std::string worker_binary;     // offloadd-worker
+  std::string store_binary;      // offloadd-store
+  uint32_t worker_processes = 1;
+  uint32_t worker_threads = 0;   // per process; 0: the trainer divides the usable cores
+  uint64_t host_memory_limit = 0;  // memory.host_memory_limit, used when the job sets none
+  uint64_t gpu_memory_limit = 0;   // memory.gpu_memory_limit, used when the job sets none
+  std::vector<std::string> store_dirs;  // storage.directories: NVMe tier when nvme_path is unset
+  int64_t trace_steps = 3;  // steps recorded in output_dir/trace.json (0: no trace)
+};
+
+// The job's TrainConfig, resume_from left empty. Each job's NVMe states go to a subdirectory
+// named after the job in its nvme_path (or in every configured store directory). Settings the
+// pipeline does not implement (fp16, activation offload to NVMe, LSP compression) are errors
+// naming the field.
+StatusOr<trainer::TrainConfig> MakeTrainConfig(const offloadd::v1::Job& job, const TrainerEnvironment& env);
+
+// Where the job continues from: when it ran before (paused, or the daemon stopped or crashed while
+// it ran: its transitions show an earlier RUNNING), the newest valid checkpoint in its output_dir;
+// else the spec's resume_from_checkpoint (a new job continuing another's run); else "" (a fresh
+// start). A first run whose output_dir already holds checkpoints of some other run is
+// FAILED_PRECONDITION: mixing two runs' checkpoints would let a later resume pick the wrong one.
+StatusOr<std::string> ResumePoint(const offloadd::v1::Job& job);
+
+// `name` next to the running executable, else in ../<component>/ beside it (the build tree:
+// build/daemon/offloadd, build/workers/offloadd-worker); the first path when neither exists, so
+// the error that follows names where it was looked for.
+std::string FindSiblingBinary(const std::string& name, const std::string& component);
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,205 @@
+#include "daemon/jobs/train_job_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+
+#include "common/logging.h"
+#include "engine/file_util.h"
+#include "trainer/checkpoint.h"
+#include "trainer/trainer.h"
+#include "workers/cpu_topology.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+constexpr const char* kLog = "train";
+
+google::protobuf::Timestamp Now() {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  google::protobuf::Timestamp t;
+  t.set_seconds(ns / 1000000000);
+  t.set_nanos(static_cast<int32_t>(ns % 1000000000));
+  return t;
+}
+
+void SetDuration(double seconds, google::protobuf::Duration* d) {
+  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
+  const auto ns = static_cast<int64_t>(seconds * 1e9);
+  d->set_seconds(ns / 1000000000);
+  d->set_nanos(static_cast<int32_t>(ns % 1000000000));
+}
+
+v1::LogLevel ToLogLevel(trainer::TrainObserver::Level level) {
+  switch (level) {
+    case trainer::TrainObserver::Level::kDebug: return v1::LOG_LEVEL_DEBUG;
+    case trainer::TrainObserver::Level::kWarning: return v1::LOG_LEVEL_WARNING;
+    case trainer::TrainObserver::Level::kError: return v1::LOG_LEVEL_ERROR;
+    default: return v1::LOG_LEVEL_INFO;
+  }
+}
+
+// Input tokens the job had seen when `checkpoint` was written: the checkpoint's own count when it
+// records one, else an estimate from the job's last reported progress (exact when that report was
+// for the checkpoint's step, as after a pause, since every checkpoint is reported).
+int64_t TokensAtCheckpoint(const v1::Job& job, const std::string& checkpoint) {
+  auto reader = trainer::CheckpointReader::Open(checkpoint);
+  if (!reader.ok()) return 0;  // Train() reports the real problem when it opens it
+  const trainer::TrainerState& st = reader->state();
+  if (st.num_input_tokens_seen > 0) return st.num_input_tokens_seen;
+  const v1::JobProgress& p = job.progress();
+  if (p.step() <= 0 || st.global_step <= 0) return 0;
+  const double share = std::min(1.0, static_cast<double>(st.global_step) / static_cast<double>(p.step()));
+  return static_cast<int64_t>(std::llround(static_cast<double>(p.tokens_seen()) * share));
+}
+
+// Forwards what the trainer reports to the job's events and metrics.
+class JobObserver final : public trainer::TrainObserver {
+ public:
+  JobObserver(const v1::Job& job, JobControl& control, TrainMetrics* metrics, int64_t tokens_seen)
+      : job_id_(job.id()),
+        logging_steps_(std::max<int64_t>(1, job.spec().training().logging_steps())),
+        control_(control),
+        metrics_(metrics),
+        tokens_seen_(tokens_seen) {}
+
+  void OnStep(const trainer::StepStats& s) override {
+    if (metrics_ != nullptr) metrics_->Observe(job_id_, s);
+    tokens_seen_ += s.tokens;
+    // The ETA follows recent steps (the first ones include warm-up costs).
+    step_seconds_ = step_seconds_ > 0 ? 0.8 * step_seconds_ + 0.2 * s.step_seconds : s.step_seconds;
+    last_ = s;
+    if (s.step % logging_steps_ == 0 || s.step >= s.max_steps) Report();
+  }
+
+  void OnLog(Level level, const std::string& message) override {
+    control_.Log(ToLogLevel(level), message);
+    if (level == Level::kWarning || level == Level::kError) {
+      OFFLOADD_LOG(kWarning, kLog) << "job " << job_id_ << ": " << message;
+    } else {
+      OFFLOADD_LOG(kInfo, kLog) << "job " << job_id_ << ": " << message;
+    }
+  }
+
+  void OnCheckpoint(const std::string& path, int64_t step, uint64_t bytes, double loss) override {
+    // The checkpoint's step gets a progress event even between logging steps, so the job record
+    // shows where a paused job stands and a resume can count tokens from it.
+    if (last_.step == step && reported_step_ != step) Report();
+    v1::Checkpoint c;
+    c.set_id(path.substr(path.rfind('/') + 1));
+    c.set_job_id(job_id_);
+    c.set_step(step);
+    *c.mutable_create_time() = Now();
+    c.set_path(path);
+    c.set_size_bytes(bytes);
+    c.set_loss(loss);
+    control_.CheckpointSaved(c);
+  }
+
+  bool StopRequested() override { return control_.stop_requested() != JobControl::Stop::kNone; }
+
+ private:
+  void Report() {
+    const trainer::StepStats& s = last_;
+    v1::JobProgress p;
+    p.set_step(s.step);
+    p.set_max_steps(s.max_steps);
+    p.set_epoch(s.epoch);
+    p.set_tokens_seen(tokens_seen_);
+    p.set_loss(s.loss);
+    p.set_learning_rate(s.learning_rate);
+    p.set_grad_norm(s.grad_norm);
+    if (s.step_seconds > 0) {
+      p.set_tokens_per_second(static_cast<double>(s.tokens) / s.step_seconds);
+      p.set_model_tflops(s.model_flops / s.step_seconds / 1e12);
+    }
+    SetDuration(static_cast<double>(std::max<int64_t>(0, s.max_steps - s.step)) * step_seconds_, p.mutable_eta());
+    SetDuration(s.step_seconds, p.mutable_step_time());
+    control_.ReportProgress(p);
+    reported_step_ = s.step;
+  }
+
+  const std::string job_id_;
+  const int64_t logging_steps_;
+  JobControl& control_;
+  TrainMetrics* metrics_;
+  int64_t tokens_seen_;
+  double step_seconds_ = 0;
+  trainer::StepStats last_;
+  int64_t reported_step_ = 0;
+};
+
+// Runs the trainer; the caller cleans up whatever the outcome.
+Status Train(const v1::Job& job, const trainer::TrainConfig& config, JobControl& control, JobObserver& observer) {
+  auto created = trainer::Trainer::Create(config, &observer);
+  if (!created.ok()) return created.status().WithContext("setting up the training pipeline");
+  std::unique_ptr<trainer::Trainer> t = std::move(*created);
+  // No checkpoint from Train() itself on a stop: a cancelled job does not need one, a paused one
+  // gets it below.
+  auto result = t->Train(/*checkpoint_on_stop=*/false);
+  if (result.ok()) {
+    control.Log(v1::LOG_LEVEL_INFO, "finished " + std::to_string(result->steps) + " steps, final loss " +
+                                        std::to_string(result->final_loss) +
+                                        (result->exported_to.empty() ? "" : "; model in " + result->exported_to));
+    return OkStatus();
+  }
+  if (result.status().code() == StatusCode::kCancelled &&
+      control.stop_requested() == JobControl::Stop::kPause) {
+    auto saved = t->SaveCheckpoint();
+    if (!saved.ok()) return saved.status().WithContext("job " + job.id() + ": checkpoint for the pause");
+  }
+  return result.status();
+}
+
+}  // namespace
+
+Status TrainJobRunner::Run(const v1::Job& job, JobControl& control) {
+  ASSIGN_OR_RETURN(trainer::TrainConfig config, MakeTrainConfig(job, env_));
+  ASSIGN_OR_RETURN(config.resume_from, ResumePoint(job));
+  int64_t tokens_seen = 0;
+  if (!config.resume_from.empty()) {
+    control.Log(v1::LOG_LEVEL_INFO, "resuming from " + config.resume_from);
+    tokens_seen = TokensAtCheckpoint(job, config.resume_from);
+  }
+  if (Status s = engine::MakeDirs(config.output_dir); !s.ok()) return s.WithContext("output_dir");
+  // States of an earlier run of this job are stale: the checkpoint holds what resuming needs.
+  auto remove_states = [&] {
+    for (const auto& d : config.offload.nvme_dirs) {
+      if (Status s = engine::RemoveTree(d); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+    }
+  };
+  remove_states();
+
+  JobObserver observer(job, control, metrics_, tokens_seen);
+  Status status;
+  try {
+    status = Train(job, config, control, observer);
+  } catch (const std::exception& e) {  // LibTorch throws c10::Error; the trainer converts most
+    status = InternalError(std::string("training: ") + e.what());
+  }
+  if (metrics_ != nullptr) metrics_->ClearJob(job.id());
+  remove_states();
+  return status;
+}
+
+TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has_gpu) {
+  TrainerEnvironment env;
+  env.has_gpu = has_gpu;
+  env.worker_binary = FindSiblingBinary("offloadd-worker", "workers");
+  env.store_binary = FindSiblingBinary("offloadd-store", "storage");
+  env.worker_processes = config.workers.processes;
+  if (env.worker_processes == 0) {
+    env.worker_processes = static_cast<uint32_t>(std::max<size_t>(1, workers::NumaNodes(workers::AllowedCpus()).size()));
+  }
+  env.worker_threads = config.workers.threads_per_process;
+  env.host_memory_limit = config.memory.host_memory_limit;
+  env.gpu_memory_limit = config.memory.gpu_memory_limit;
+  for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);
+  return env;
+}
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,43 @@
+#pragma once
+// TrainJobRunner: the JobRunner that trains a job with the offloaded pipeline (trainer::Trainer).
+//
+// Per job: builds its TrainConfig (train_job_config.h), continues from the checkpoint ResumePoint
+// picks (so a paused job, or one interrupted by a daemon restart or crash, goes on from its last
+// checkpoint), and runs Trainer::Train. Progress reaches the job's events every logging_steps, at
+// the last step and at every checkpoint; trainer logs become log events; every checkpoint becomes
+// a checkpoint_saved event. A pause request ends training with a checkpoint; a cancel request
+// ends it without one. Each step also feeds the offloadd_train_* metrics, cleared when the job
+// stops running. The per-job NVMe state directories are removed when the job stops running: what
+// a later run needs is in its checkpoints.
+//
+// Run() is called from the job manager's scheduler thread, one job at a time.
+
+#include <memory>
+
+#include "daemon/config/config.h"
+#include "daemon/jobs/job_manager.h"
+#include "daemon/jobs/train_job_config.h"
+#include "daemon/metrics/train_metrics.h"
+
+namespace offloadd::daemon {
+
+class TrainJobRunner final : public JobRunner {
+ public:
+  // `metrics` may be null (no offloadd_train_* series); when set it must outlive the runner.
+  TrainJobRunner(TrainerEnvironment env, TrainMetrics* metrics) : env_(std::move(env)), metrics_(metrics) {}
+
+  Status Run(const offloadd::v1::Job& job, JobControl& control) override;
+
+  const TrainerEnvironment& environment() const { return env_; }
+
+ private:
+  TrainerEnvironment env_;
+  TrainMetrics* metrics_;
+};
+
+// The daemon's TrainerEnvironment: binaries beside the offloadd executable, workers.processes
+// (0: one per NUMA node this process may use) and threads_per_process, memory defaults, store
+// directories. `has_gpu`: whether the node probe found a GPU (CUDA flavour).
+TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has_gpu);
+
+}  // namespace offloadd::daemon

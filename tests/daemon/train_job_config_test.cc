@@ -1,0 +1,218 @@
+// JobSpec -> trainer::TrainConfig, and which checkpoint a job continues from.
+#include "daemon/jobs/train_job_config.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <vector>
+
+#include "daemon/jobs/job_validator.h"
+#include "engine/file_util.h"
+#include "trainer/checkpoint.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+using trainer::ActivationMode;
+using trainer::TrainConfig;
+
+class TrainJobConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/offloadd-train-job-config-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    job_.set_id("job-1");
+    v1::JobSpec& s = *job_.mutable_spec();
+    s.mutable_model()->set_path("/models/m");
+    s.mutable_dataset()->add_paths("/data/a.jsonl");
+    s.set_output_dir(dir_ + "/out");
+    ApplyJobDefaults(&s);  // what ValidateJobSpec resolves
+    env_.worker_binary = "/bin/offloadd-worker";
+    env_.store_binary = "/bin/offloadd-store";
+    env_.worker_processes = 2;
+    env_.store_dirs = {"/nvme0", "/nvme1"};
+  }
+  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(dir_).ok()); }
+
+  TrainConfig Make() {
+    auto c = MakeTrainConfig(job_, env_);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? *c : TrainConfig{};
+  }
+  Status MakeError() { return MakeTrainConfig(job_, env_).status(); }
+
+  // A valid one-layer checkpoint of `step` in `out`.
+  std::string SaveCheckpoint(const std::string& out, int64_t step) {
+    auto w = trainer::CheckpointWriter::Begin(out, step);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    std::vector<float> x(4, 1.0f);
+    trainer::LayerState ls;
+    ls.params = {{"w", {4}}};
+    ls.master = ls.exp_avg = ls.exp_avg_sq = {std::span<const float>(x)};
+    EXPECT_TRUE(w->WriteLayer(0, ls).ok());
+    trainer::TrainerState st;
+    st.global_step = step;
+    auto info = w->Commit(st);
+    EXPECT_TRUE(info.ok()) << info.status().ToString();
+    return info.ok() ? info->path : "";
+  }
+  void AddRun() {
+    auto* t = job_.add_transitions();
+    t->set_state(v1::JOB_STATE_RUNNING);
+  }
+
+  std::string dir_;
+  v1::Job job_;
+  TrainerEnvironment env_;
+};
+
+TEST_F(TrainJobConfigTest, MapsTheResolvedSpec) {
+  v1::JobSpec& s = *job_.mutable_spec();
+  s.mutable_tokenizer()->set_path("/tok/tokenizer.json");
+  s.mutable_dataset()->set_format(v1::DATASET_FORMAT_ALPACA);
+  s.mutable_dataset()->set_max_seq_length(256);
+  s.mutable_dataset()->set_packing(true);
+  s.mutable_dataset()->set_max_samples(200);
+  s.mutable_training()->set_learning_rate(1e-3);
+  s.mutable_training()->set_per_device_train_batch_size(4);
+  s.mutable_training()->set_gradient_accumulation_steps(3);
+  s.mutable_training()->set_max_steps(50);
+  s.mutable_training()->set_lr_scheduler_type("cosine");
+  s.mutable_training()->set_seed(7);
+  s.mutable_training()->set_save_steps(10);
+  s.mutable_training()->set_save_total_limit(2);
+  s.mutable_training()->set_logging_steps(5);
+  s.mutable_resources()->set_host_memory_limit(1 << 30);
+  const TrainConfig c = Make();
+  EXPECT_EQ(c.model_dir, "/models/m");
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.compute_dtype, "auto");
+  EXPECT_EQ(c.data.paths, std::vector<std::string>{"/data/a.jsonl"});
+  EXPECT_EQ(c.data.format, "alpaca");
+  EXPECT_EQ(c.data.tokenizer_path, "/tok/tokenizer.json");
+  EXPECT_EQ(c.data.max_seq_length, 256);
+  EXPECT_TRUE(c.data.packing && c.data.mask_prompt && c.data.shuffle);
+  EXPECT_EQ(c.data.max_samples, 200);
+  EXPECT_DOUBLE_EQ(c.optim.learning_rate, 1e-3);
+  EXPECT_EQ(c.optim.lr_scheduler_type, "cosine");
+  EXPECT_DOUBLE_EQ(c.optim.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(c.optim.max_grad_norm, 1.0);
+  EXPECT_EQ(c.batch_size, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 3);
+  EXPECT_EQ(c.max_steps, 50);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.save_steps, 10);
+  EXPECT_EQ(c.save_total_limit, 2);
+  EXPECT_EQ(c.logging_steps, 5);
+  EXPECT_EQ(c.output_dir, dir_ + "/out");
+  EXPECT_EQ(c.trace_path, dir_ + "/out/trace.json");
+  EXPECT_EQ(c.offload.tier, trainer::StateTier::kCpu);
+  EXPECT_EQ(c.offload.weights, trainer::OffloadPlanConfig::Weights::kStreamed);  // offload_param: cpu
+  EXPECT_EQ(c.offload.activations, ActivationMode::kAuto);
+  EXPECT_EQ(c.offload.host_memory_limit, 1u << 30);
+  EXPECT_EQ(c.worker_binary, "/bin/offloadd-worker");
+  EXPECT_EQ(c.worker_processes, 2u);
+  EXPECT_TRUE(c.resume_from.empty());
+}
+
+TEST_F(TrainJobConfigTest, DeviceAndDtypeFollowTheNode) {
+  env_.has_gpu = true;
+  job_.mutable_spec()->mutable_resources()->set_gpu_index(1);
+  job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+  env_.gpu_memory_limit = 8ull << 30;
+  TrainConfig c = Make();
+  EXPECT_EQ(c.device, "cuda:1");
+  EXPECT_EQ(c.compute_dtype, "fp32");
+  EXPECT_EQ(c.offload.gpu_memory_limit, 8ull << 30);
+  job_.mutable_spec()->mutable_resources()->set_gpu_index(-1);
+  job_.mutable_spec()->mutable_resources()->set_gpu_memory_limit(4ull << 30);
+  job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+  c = Make();
+  EXPECT_EQ(c.device, "cuda:0");
+  EXPECT_EQ(c.compute_dtype, "bf16");
+  EXPECT_EQ(c.offload.gpu_memory_limit, 4ull << 30);
+}
+
+TEST_F(TrainJobConfigTest, NvmeStatesGoToAPerJobDirectory) {
+  auto* o = job_.mutable_spec()->mutable_offload();
+  o->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  o->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_NONE);
+  o->mutable_aio()->set_queue_depth(64);
+  TrainConfig c = Make();
+  EXPECT_EQ(c.offload.tier, trainer::StateTier::kNvme);
+  EXPECT_EQ(c.offload.nvme_dirs, (std::vector<std::string>{"/nvme0/job-1", "/nvme1/job-1"}));
+  EXPECT_EQ(c.offload.nvme_queue_depth, 64u);
+  EXPECT_EQ(c.offload.weights, trainer::OffloadPlanConfig::Weights::kResident);
+  o->mutable_offload_optimizer()->set_nvme_path("/nvme1");
+  EXPECT_EQ(Make().offload.nvme_dirs, std::vector<std::string>{"/nvme1/job-1"});
+  env_.store_dirs.clear();
+  o->mutable_offload_optimizer()->clear_nvme_path();
+  EXPECT_EQ(MakeError().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(TrainJobConfigTest, ActivationPolicy) {
+  auto* a = job_.mutable_spec()->mutable_offload()->mutable_activations();
+  a->set_mode(v1::ACTIVATION_MODE_RECOMPUTE);
+  (*a->mutable_layer_overrides())[0] = v1::ACTIVATION_MODE_KEEP;
+  (*a->mutable_layer_overrides())[3] = v1::ACTIVATION_MODE_OFFLOAD_CPU;
+  const TrainConfig c = Make();
+  EXPECT_EQ(c.offload.activations, ActivationMode::kRecompute);
+  EXPECT_EQ(c.offload.layer_overrides.at(0), ActivationMode::kKeep);
+  EXPECT_EQ(c.offload.layer_overrides.at(3), ActivationMode::kOffloadCpu);
+}
+
+TEST_F(TrainJobConfigTest, UnimplementedSettingsNameTheirField) {
+  job_.mutable_spec()->mutable_offload()->mutable_activations()->set_mode(v1::ACTIVATION_MODE_OFFLOAD_NVME);
+  Status s = MakeError();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("offload.activations.mode"), std::string::npos) << s.message();
+  job_.mutable_spec()->mutable_offload()->mutable_activations()->set_mode(v1::ACTIVATION_MODE_AUTO);
+  job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
+  s = MakeError();
+  EXPECT_NE(s.message().find("model.compute_dtype"), std::string::npos) << s.message();
+  job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_UNSPECIFIED);
+  job_.mutable_spec()->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+  s = MakeError();
+  EXPECT_NE(s.message().find("compression.type"), std::string::npos) << s.message();
+}
+
+TEST_F(TrainJobConfigTest, FreshJobStartsFromScratchOrTheSpecsCheckpoint) {
+  AddRun();
+  auto r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "");
+  const std::string other = SaveCheckpoint(dir_ + "/other", 6);
+  job_.mutable_spec()->set_resume_from_checkpoint(other);
+  r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, other);
+}
+
+TEST_F(TrainJobConfigTest, RerunJobResumesFromItsOwnNewestCheckpoint) {
+  const std::string other = SaveCheckpoint(dir_ + "/other", 6);
+  job_.mutable_spec()->set_resume_from_checkpoint(other);
+  SaveCheckpoint(dir_ + "/out", 5);
+  const std::string newest = SaveCheckpoint(dir_ + "/out", 10);
+  AddRun();
+  AddRun();  // paused or interrupted once, running again
+  auto r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, newest);
+}
+
+TEST_F(TrainJobConfigTest, FirstRunRefusesAnOutputDirWithSomeoneElsesCheckpoints) {
+  SaveCheckpoint(dir_ + "/out", 5);
+  AddRun();
+  auto r = ResumePoint(job_);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("checkpoint-5"), std::string::npos) << r.status().message();
+  job_.mutable_spec()->set_resume_from_checkpoint(dir_ + "/out/checkpoint-5");  // explicitly continuing it
+  r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, dir_ + "/out/checkpoint-5");
+}
+
+}  // namespace
+}  // namespace offloadd::daemon

@@ -1,0 +1,216 @@
+"""Training jobs through the real daemon (CPU, fp32): a job trains to SUCCEEDED and leaves a model
+transformers loads; after kill -9 of the daemon the job resumes from its last checkpoint by itself
+and its loss curve equals an uninterrupted run's; pause writes a checkpoint that resume continues
+from; cancel ends a running job."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "trainer"))
+from daemon_process import DaemonProcess  # noqa: E402
+from pipeline_testlib import build_model, write_pretokenized  # noqa: E402
+
+import offloadd  # noqa: E402
+from offloadd.v1 import job_pb2  # noqa: E402
+
+S = job_pb2
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A tiny Llama with its tokenizer and a pretokenized dataset, shared by the tests."""
+    root = tmp_path_factory.mktemp("assets")
+    model = build_model(root / "model", layers=2)
+    data = write_pretokenized(root / "data.jsonl", n=64)
+    return model, data
+
+
+@pytest.fixture()
+def workspace(tmp_path, assets):
+    # The daemon reads only under its allowed roots (symlinks resolved): copy the small assets in.
+    model, data = assets
+    shutil.copytree(model, tmp_path / "model")
+    shutil.copy(data, tmp_path / "data.jsonl")
+    return tmp_path
+
+
+@pytest.fixture()
+def daemon(binary_dir, workspace):
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    yield d
+    d.stop()
+
+
+def spec(ws: pathlib.Path, out: str, *, steps: int, save_steps: int, lr: float = 3e-3, accum: int = 1) -> dict:
+    return {
+        "display_name": out,
+        "model": {"path": str(ws / "model"), "compute_dtype": "fp32"},
+        "dataset": {"paths": [str(ws / "data.jsonl")], "format": "pretokenized", "max_seq_length": 64},
+        "training": {"learning_rate": lr, "per_device_train_batch_size": 4, "max_steps": steps,
+                     "gradient_accumulation_steps": accum,
+                     "warmup_steps": 2, "lr_scheduler_type": "cosine", "weight_decay": 0.1,
+                     "max_grad_norm": 0.5, "seed": 7, "logging_steps": 1, "save_steps": save_steps},
+        "output_dir": str(ws / out),
+    }
+
+
+class Events:
+    """Collects a job's events from a WatchJob stream on a thread (it survives a daemon crash: the
+    stream just ends)."""
+
+    def __init__(self, client: offloadd.Client, job_id: str, after_cursor: int = 0):
+        self.events: list = []
+        self.cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(client, job_id, after_cursor), daemon=True)
+        self._thread.start()
+
+    def _run(self, client, job_id, after_cursor):
+        try:
+            for e in client.watch_job(job_id, after_cursor=after_cursor):
+                with self.cond:
+                    self.events.append(e)
+                    self.cond.notify_all()
+        except offloadd.OffloaddError:
+            pass  # the daemon went away
+
+    def join(self, timeout: float = 30) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the watch stream did not end"
+
+    def wait_for(self, pred, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for e in self.events:
+                    if pred(e):
+                        return e
+                left = deadline - time.monotonic()
+                assert left > 0, f"no matching event in {timeout}s; last events: {self.events[-5:]}"
+                self.cond.wait(left)
+
+
+def progress(events) -> list:
+    return [e.progress for e in events if e.HasField("progress")]
+
+
+def logs(events) -> list[str]:
+    return [e.log.message for e in events if e.HasField("log")]
+
+
+def losses_by_step(events) -> dict[int, float]:
+    return {p.step: p.loss for p in progress(events)}  # a re-run step keeps its latest report
+
+
+def test_job_trains_to_a_loadable_model(daemon, workspace):
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec(workspace, "out", steps=12, save_steps=4))
+        assert job.state == S.JOB_STATE_QUEUED
+        seen = []
+        done = c.wait(job.id, timeout=120, on_event=seen.append)
+        assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen), daemon.log()[-3000:])
+        prog = progress(seen)
+        assert [p.step for p in prog] == list(range(1, 13))
+        assert all(p.max_steps == 12 and p.loss > 0 and p.tokens_per_second > 0 for p in prog)
+        assert prog[-1].tokens_seen > prog[0].tokens_seen > 0
+        losses = [p.loss for p in prog]
+        assert sum(losses[-3:]) < sum(losses[:3]), losses  # it learns
+        assert done.progress.step == 12
+        checkpoints = c.list_checkpoints(job.id)
+        assert [k.step for k in checkpoints] == [4, 8]
+        assert all(k.id == f"checkpoint-{k.step}" and k.size_bytes > 0 and k.job_id == job.id for k in checkpoints)
+        assert done.latest_checkpoint_step == 8
+    out = workspace / "out"
+    assert (out / "trace.json").stat().st_size > 0
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_kill_9_resumes_from_the_last_checkpoint_with_the_same_losses(binary_dir, workspace):
+    # Four micro-batches per step make the steps slow enough (tens of ms) for the kill to land
+    # well before the last one, and put the data cursor mid-epoch at every checkpoint.
+    steps, save, accum = 30, 5, 4
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    try:
+        with offloadd.Client(d.target) as c:
+            job = c.create_job(spec(workspace, "crash", steps=steps, save_steps=save, accum=accum))
+            first = Events(c, job.id)
+            first.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 12)
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            first.join()
+        d.stop()
+        killed_at = max(p.step for p in progress(first.events))
+        assert killed_at < steps, "the job finished before the kill; make its steps slower"
+        saved = [e.checkpoint_saved.step for e in first.events if e.HasField("checkpoint_saved")]
+        assert saved and max(saved) >= 10, saved
+
+        d.start()  # same state dir: the job is found RUNNING and queued again
+        with offloadd.Client(d.target) as c:
+            seen = []
+            done = c.wait(job.id, timeout=120, on_event=seen.append)
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen), d.log()[-3000:])
+            resumed = [m for m in logs(seen) if m.startswith("resuming from ")]
+            assert len(resumed) == 1, logs(seen)
+            resume_step = int(resumed[0].rsplit("checkpoint-", 1)[1])
+            assert resume_step == max(saved) and resume_step <= killed_at
+            cursor_after_kill = first.events[-1].cursor
+            second = [e for e in seen if e.cursor > cursor_after_kill]
+            assert [p.step for p in progress(second)] == list(range(resume_step + 1, steps + 1))
+            states = [S.JobState.Name(e.state_change.state) for e in seen if e.HasField("state_change")]
+            assert states[-3:] == ["JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"], states
+
+            # The same job without the crash.
+            ref_events = []
+            ref = c.submit(spec(workspace, "reference", steps=steps, save_steps=save, accum=accum), wait=True, timeout=120,
+                           on_event=ref_events.append)
+            assert ref.state == S.JOB_STATE_SUCCEEDED, ref.error
+    finally:
+        d.stop()
+    crashed, reference = losses_by_step(seen), losses_by_step(ref_events)
+    assert sorted(reference) == list(range(1, steps + 1))
+    after = range(resume_step + 1, steps + 1)
+    assert [crashed[s] for s in after] == [reference[s] for s in after], "resumed losses differ"
+    # Steps the first run did after its checkpoint were recomputed identically by the second.
+    before_kill = losses_by_step(first.events)
+    assert all(before_kill[s] == reference[s] for s in range(1, killed_at + 1))
+
+
+def test_pause_checkpoints_resume_continues_and_cancel_stops(daemon, workspace):
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec(workspace, "pausable", steps=2000, save_steps=100000, lr=1e-4))
+        ev = Events(c, job.id)
+        ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 3)
+        assert c.pause_job(job.id).state in (S.JOB_STATE_PAUSING, S.JOB_STATE_PAUSED)
+        ev.wait_for(lambda e: e.HasField("state_change") and e.state_change.state == S.JOB_STATE_PAUSED)
+        paused = c.get_job(job.id)
+        checkpoints = c.list_checkpoints(job.id)
+        assert len(checkpoints) == 1, checkpoints
+        at = checkpoints[0].step
+        assert at >= 3 and paused.latest_checkpoint_step == at and paused.progress.step == at
+        assert (pathlib.Path(checkpoints[0].path) / "trainer_state.json").exists()
+
+        cursor = ev.events[-1].cursor
+        assert c.resume_job(job.id).state == S.JOB_STATE_QUEUED
+        after = ev.wait_for(lambda e: e.cursor > cursor and e.HasField("progress") and e.progress.step > at + 2)
+        assert f"resuming from {checkpoints[0].path}" in logs(ev.events)
+        assert [p.step for p in progress(e for e in ev.events if e.cursor > cursor)][0] == at + 1
+        assert after.progress.step < 2000
+
+        assert c.cancel_job(job.id).state in (S.JOB_STATE_CANCELLING, S.JOB_STATE_CANCELLED)
+        done = c.wait(job.id, timeout=60)
+        assert done.state == S.JOB_STATE_CANCELLED
+        assert [k.step for k in c.list_checkpoints(job.id)] == [at], "cancel writes no checkpoint"
+        assert done.progress.step < 2000
