@@ -2,8 +2,8 @@
 // gRPC JobService: translates between protobuf requests and the job core (JobManager,
 // ValidateJobSpec). CreateJob validates the whole spec and answers INVALID_ARGUMENT with a
 // google.rpc.BadRequest listing every problem by field path; validate_only returns the job as it
-// would run (defaults filled, paths canonical). Without a training pipeline in the build
-// (issue #6), JobManager refuses to queue jobs: nothing is accepted that could not run.
+// would run (defaults filled, paths canonical). A JobManager started without a JobRunner refuses
+// to queue jobs (FAILED_PRECONDITION): nothing is accepted that could not run.
 
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_manager.h"
