@@ -1,7 +1,7 @@
 """Training jobs through the real daemon (CPU, fp32): a job trains to SUCCEEDED and leaves a model
 transformers loads; after kill -9 of the daemon the job resumes from its last checkpoint by itself
 and its loss curve equals an uninterrupted run's; pause writes a checkpoint that resume continues
-from; cancel ends a running job."""
+from; cancel ends a running job; a running job's steps show in the Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -96,6 +97,11 @@ class Events:
                 left = deadline - time.monotonic()
                 assert left > 0, f"no matching event in {timeout}s; last events: {self.events[-5:]}"
                 self.cond.wait(left)
+
+
+def scrape(d: DaemonProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10) as r:
+        return r.read().decode()
 
 
 def progress(events) -> list:
@@ -193,6 +199,8 @@ def test_pause_checkpoints_resume_continues_and_cancel_stops(daemon, workspace):
         job = c.create_job(spec(workspace, "pausable", steps=2000, save_steps=100000, lr=1e-4))
         ev = Events(c, job.id)
         ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 3)
+        series = f'offloadd_train_steps_total{{job_id="{job.id}"}}'
+        assert series in scrape(daemon), "a running job's steps show in the metrics"
         assert c.pause_job(job.id).state in (S.JOB_STATE_PAUSING, S.JOB_STATE_PAUSED)
         ev.wait_for(lambda e: e.HasField("state_change") and e.state_change.state == S.JOB_STATE_PAUSED)
         paused = c.get_job(job.id)
@@ -214,3 +222,4 @@ def test_pause_checkpoints_resume_continues_and_cancel_stops(daemon, workspace):
         assert done.state == S.JOB_STATE_CANCELLED
         assert [k.step for k in c.list_checkpoints(job.id)] == [at], "cancel writes no checkpoint"
         assert done.progress.step < 2000
+    assert series not in scrape(daemon), "a job's series go when it stops running"
