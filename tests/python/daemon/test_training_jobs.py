@@ -1,7 +1,8 @@
 """Training jobs through the real daemon (CPU, fp32): a job trains to SUCCEEDED and leaves a model
 transformers loads; after kill -9 of the daemon the job resumes from its last checkpoint by itself
 and its loss curve equals an uninterrupted run's; pause writes a checkpoint that resume continues
-from; cancel ends a running job; a running job's steps show in the Prometheus metrics."""
+from; cancel ends a running job; a running job's steps show in the Prometheus metrics; optimizer
+states on the NVMe tier (a per-job store directory, removed afterwards) train bit-identically."""
 
 from __future__ import annotations
 
@@ -223,3 +224,21 @@ def test_pause_checkpoints_resume_continues_and_cancel_stops(daemon, workspace):
         assert [k.step for k in c.list_checkpoints(job.id)] == [at], "cancel writes no checkpoint"
         assert done.progress.step < 2000
     assert series not in scrape(daemon), "a job's series go when it stops running"
+
+
+def test_nvme_tier_job_equals_ram_tier_and_removes_its_states(daemon, workspace):
+    results = {}
+    with offloadd.Client(daemon.target) as c:
+        for tier in ("cpu", "nvme"):
+            s = spec(workspace, f"tier-{tier}", steps=6, save_steps=3)
+            s["offload"] = {"offload_optimizer": {"device": tier}}
+            seen = []
+            done = c.submit(s, wait=True, timeout=120, on_event=seen.append)
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen))
+            results[tier] = [(p.step, p.loss, p.grad_norm) for p in progress(seen)]
+            if tier == "nvme":
+                assert any("optimizer states in NVMe" in m for m in logs(seen)), logs(seen)
+                # The store held them in <storage dir>/<job id> while the job ran; the checkpoints
+                # keep what a resume needs.
+                assert not (workspace / done.id).exists()
+    assert results["nvme"] == results["cpu"]
