@@ -6,13 +6,21 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
 
+#include "engine/file_util.h"
+
 namespace offloadd::daemon {
 namespace {
+
+// POSIX helpers, not std::filesystem: this binary links the daemon core and so LibTorch, whose CUDA
+// build interposes its own std::filesystem (docs/DEVELOPING.md).
+bool IsDirectory(const std::string& path) {
+  struct stat st{};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
 
 class UnixSocketTest : public ::testing::Test {
  protected:
@@ -20,7 +28,7 @@ class UnixSocketTest : public ::testing::Test {
     char tmpl[] = "/tmp/offloadd_sock_XXXXXX";
     dir_ = mkdtemp(tmpl);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(dir_).ok()); }
 
   int Listen(const std::string& path) {
     const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -36,16 +44,16 @@ class UnixSocketTest : public ::testing::Test {
 
 TEST_F(UnixSocketTest, CreatesParentDirectory) {
   EXPECT_TRUE(PrepareUnixSocketPath(dir_ + "/a/b/offloadd.sock").ok());
-  EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/a/b"));
+  EXPECT_TRUE(IsDirectory(dir_ + "/a/b"));
 }
 
 TEST_F(UnixSocketTest, RemovesStaleSocket) {
   const std::string path = dir_ + "/s.sock";
   const int fd = Listen(path);  // bound but not listening: connect is refused, like a dead daemon
   close(fd);
-  ASSERT_TRUE(std::filesystem::exists(path));
+  ASSERT_TRUE(engine::PathExists(path));
   EXPECT_TRUE(PrepareUnixSocketPath(path).ok());
-  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(engine::PathExists(path));
 }
 
 TEST_F(UnixSocketTest, RefusesLiveSocket) {
@@ -55,7 +63,7 @@ TEST_F(UnixSocketTest, RefusesLiveSocket) {
   const Status s = PrepareUnixSocketPath(path);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("already serving"), std::string::npos) << s.message();
-  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_TRUE(engine::PathExists(path));
   close(fd);
 }
 
@@ -64,7 +72,7 @@ TEST_F(UnixSocketTest, RefusesRegularFile) {
   std::ofstream(path) << "precious";
   const Status s = PrepareUnixSocketPath(path);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_TRUE(engine::PathExists(path));
 }
 
 TEST_F(UnixSocketTest, SetsMode) {
