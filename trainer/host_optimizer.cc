@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "trainer/trace.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
 #include "workers/adamw_kernel_impl.h"
@@ -144,7 +145,9 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   oc.accumulation_steps = lo.accumulation_steps;
   oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
   driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
+  update_start_us_.assign(shards_.size(), 0);
   driver_->SetOnShardUpdated([this](size_t shard) {
+    if (span_sink_) span_sink_("cpu update", static_cast<int>(shard), update_start_us_[shard], NowMicros());
     if (store_) {
       const Slot& slot = *slots_[slot_of_[shard]];
       if (compute_copy_[shard] != 0) {
@@ -160,10 +163,15 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     staging_busy_[shard] = false;
     cv_.notify_all();
   });
-  if (store_) {
-    driver_->SetBeforeUpdate(
-        [this](size_t shard, workers::ShardSpec* spec) { return StageIn(shard, spec); });
-  }
+  driver_->SetBeforeUpdate([this](size_t shard, workers::ShardSpec* spec) -> Status {
+    if (store_) {
+      const int64_t t0 = NowMicros();
+      RETURN_IF_ERROR(StageIn(shard, spec));
+      if (span_sink_) span_sink_("nvme read", static_cast<int>(shard), t0, NowMicros());
+    }
+    update_start_us_[shard] = NowMicros();
+    return OkStatus();
+  });
   updated_step_.assign(shards_.size(), 0);
   staging_busy_.assign(shards_.size(), false);
   thread_ = std::thread([this] { Loop(); });

@@ -100,6 +100,10 @@ class HostOptimizer {
   void ResumeAt(uint64_t step);
 
   void SetOnUpdated(std::function<void(int block)> callback) { on_updated_ = std::move(callback); }
+  // Trace spans of host work (optimizer thread): track "cpu update" (submit to completion of a
+  // block's AdamW) and "nvme read" (staging a block's states in).
+  using SpanSink = std::function<void(const char* track, int block, int64_t start_us, int64_t end_us)>;
+  void SetSpanSink(SpanSink sink) { span_sink_ = std::move(sink); }
 
   Status BeginStep(uint64_t step, double lr);
   // Blocks until the staging buffer of `block` may be overwritten.
@@ -154,6 +158,8 @@ class HostOptimizer {
   std::vector<uint64_t> io_done_;  // ids completed but not yet claimed
   uint64_t io_outstanding_ = 0;
   std::function<void(int)> on_updated_;
+  SpanSink span_sink_;
+  std::vector<int64_t> update_start_us_;
 
   std::thread thread_;
   std::mutex mu_;

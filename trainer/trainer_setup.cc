@@ -132,6 +132,12 @@ Status Trainer::Impl::Setup() {
   }));
   RETURN_IF_ERROR(BindHostWeights());
   host->SetOnUpdated([this](int b) { OnUpdated(b); });
+  host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
+    std::lock_guard<std::mutex> lock(trace_mu);
+    if (cfg.trace_steps > 0 && traced_steps >= cfg.trace_steps) return;
+    trace.push_back({track, "update " + model->block(b).name(), static_cast<double>(start_us),
+                     static_cast<double>(end_us)});
+  });
   std::ostringstream plan;
   plan << "device " << device.str() << " (" << c10::toString(dtype) << "), " << n << " blocks, "
        << (resident ? "weights resident" : "weights streamed " + std::to_string(window) + " ahead")
