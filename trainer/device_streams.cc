@@ -161,64 +161,48 @@ void DeviceStreams::ReleaseAfterCopies(const at::Tensor& t) const {
 #endif
 }
 
-DeviceStreams::EventPtr DeviceStreams::CopyToDevice(at::Tensor& dst, const at::Tensor& src,
-                                                    const std::string& name, bool after_compute) {
+DeviceStreams::EventPtr DeviceStreams::Copy(bool to_device, at::Tensor& dst, const at::Tensor& src,
+                                            const std::string& name, bool after_compute) {
+  const char* track = to_device ? "h2d" : "d2h";
 #if OFFLOADD_WITH_CUDA
   if (cuda_) {
     Impl& m = *impl_;
     c10::cuda::CUDAGuard guard(m.index);
+    at::cuda::CUDAStream& stream = to_device ? m.h2d() : m.d2h();
     if (after_compute) {
       at::cuda::CUDAEvent after(cudaEventDisableTiming);
       after.record(m.compute());
-      after.block(m.h2d());
+      after.block(stream);
     }
-    Impl::Timed t{"h2d", name, m.Mark(m.h2d()), nullptr, static_cast<uint64_t>(src.nbytes())};
+    Impl::Timed t{track, name, m.Mark(stream), nullptr, static_cast<uint64_t>(src.nbytes())};
     {
-      c10::cuda::CUDAStreamGuard sg(m.h2d());
+      c10::cuda::CUDAStreamGuard sg(stream);
       dst.copy_(src, /*non_blocking=*/true);
     }
-    t.end = m.Mark(m.h2d());
+    t.end = m.Mark(stream);
     auto done = std::make_shared<Event>();
-    done->event.record(m.h2d());
+    done->event.record(stream);
     std::lock_guard<std::mutex> lock(m.mu);
     m.timed.push_back(std::move(t));
     return done;
   }
 #endif
+  (void)after_compute;
   const double t0 = static_cast<double>(NowMicros());
   dst.copy_(src);
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->spans.push_back({"h2d", name, t0, static_cast<double>(NowMicros())});
+  impl_->spans.push_back({track, name, t0, static_cast<double>(NowMicros())});
   return nullptr;
+}
+
+DeviceStreams::EventPtr DeviceStreams::CopyToDevice(at::Tensor& dst, const at::Tensor& src,
+                                                    const std::string& name, bool after_compute) {
+  return Copy(/*to_device=*/true, dst, src, name, after_compute);
 }
 
 DeviceStreams::EventPtr DeviceStreams::CopyToHost(at::Tensor& dst, const at::Tensor& src,
                                                   const std::string& name) {
-#if OFFLOADD_WITH_CUDA
-  if (cuda_) {
-    Impl& m = *impl_;
-    c10::cuda::CUDAGuard guard(m.index);
-    at::cuda::CUDAEvent after(cudaEventDisableTiming);
-    after.record(m.compute());
-    after.block(m.d2h());
-    Impl::Timed t{"d2h", name, m.Mark(m.d2h()), nullptr, static_cast<uint64_t>(src.nbytes())};
-    {
-      c10::cuda::CUDAStreamGuard sg(m.d2h());
-      dst.copy_(src, /*non_blocking=*/true);
-    }
-    t.end = m.Mark(m.d2h());
-    auto done = std::make_shared<Event>();
-    done->event.record(m.d2h());
-    std::lock_guard<std::mutex> lock(m.mu);
-    m.timed.push_back(std::move(t));
-    return done;
-  }
-#endif
-  const double t0 = static_cast<double>(NowMicros());
-  dst.copy_(src);
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->spans.push_back({"d2h", name, t0, static_cast<double>(NowMicros())});
-  return nullptr;
+  return Copy(/*to_device=*/false, dst, src, name, /*after_compute=*/true);
 }
 
 void DeviceStreams::ComputeWaits(const EventPtr& e) const {

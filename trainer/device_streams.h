@@ -72,6 +72,8 @@ class DeviceStreams {
  private:
   struct Impl;
   DeviceStreams() = default;
+  EventPtr Copy(bool to_device, at::Tensor& dst, const at::Tensor& src, const std::string& name,
+                bool after_compute);
   bool cuda_ = false;
   std::unique_ptr<Impl> impl_;
 };

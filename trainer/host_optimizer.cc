@@ -391,12 +391,8 @@ Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill)
       continue;
     }
     const Status staged = RunOnThread([&, b]() -> Status {
-      Slot& slot = *slots_[0];
-      if (slot.shard >= 0) {  // not expected outside steps, but keep the slot protocol
-        while (!slot.pending_writes.empty()) RETURN_IF_ERROR(PumpStore(true));
-        slot_of_[slot.shard] = -1;
-        slot.shard = -1;
-      }
+      ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
+      Slot& slot = *scratch;
       float* master = arena_->At<float>(slot.offset[0]);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
       if (compute_copy_[b] != 0)
@@ -424,10 +420,8 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
     return OkStatus();
   }
   return RunOnThread([&]() -> Status {
-    while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
-    Slot& slot = *slots_[0];
-    if (slot.shard >= 0) slot_of_[slot.shard] = -1;
-    slot.shard = -1;
+    ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
+    Slot& slot = *scratch;
     float* dst[3] = {master, exp_avg, exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
       RETURN_IF_ERROR(StoreIo(false, block, kKinds[k], slot.offset[k], bytes, true));
@@ -462,10 +456,8 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
     return OkStatus();
   }
   return RunOnThread([&]() -> Status {
-    while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
-    Slot& slot = *slots_[0];
-    if (slot.shard >= 0) slot_of_[slot.shard] = -1;
-    slot.shard = -1;
+    ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
+    Slot& slot = *scratch;
     const float* src[3] = {master, exp_avg, exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
       std::memcpy(arena_->At<void>(slot.offset[k]), src[k], bytes);
@@ -477,6 +469,14 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
 }
 
 // ---- NVMe staging (optimizer thread) ----
+
+StatusOr<HostOptimizer::Slot*> HostOptimizer::ScratchSlot() {
+  while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
+  Slot& slot = *slots_[0];
+  if (slot.shard >= 0) slot_of_[slot.shard] = -1;  // its states are written back already
+  slot.shard = -1;
+  return &slot;
+}
 
 Status HostOptimizer::StoreIo(bool write, uint32_t layer, uint32_t kind, uint64_t offset,
                               uint64_t bytes, bool wait) {
@@ -512,16 +512,17 @@ Status HostOptimizer::PumpStore(bool block) {
   }
   --io_outstanding_;
   RETURN_IF_ERROR(c->status().WithContext("NVMe store I/O " + std::to_string(c->id)));
-  io_done_.push_back(c->id);
+  // Slot I/O is tracked by its slot; a synchronous StoreIo claims its id from io_done_.
   for (auto& slot : slots_) {
     for (auto* v : {&slot->pending_reads, &slot->pending_writes}) {
       auto it = std::find(v->begin(), v->end(), c->id);
       if (it != v->end()) {
         v->erase(it);
-        io_done_.pop_back();
+        return OkStatus();
       }
     }
   }
+  io_done_.push_back(c->id);
   return OkStatus();
 }
 

@@ -136,6 +136,8 @@ class HostOptimizer {
   Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits
   // NVMe tier (optimizer thread).
   Status StageIn(size_t shard, workers::ShardSpec* spec);
+  // Between steps: waits for all store I/O and hands out slot 0 for checkpoint / init copies.
+  StatusOr<Slot*> ScratchSlot();
   Status WriteBack(size_t shard);
   Status StoreIo(bool write, uint32_t layer, uint32_t kind, uint64_t offset, uint64_t bytes,
                  bool wait);

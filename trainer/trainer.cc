@@ -128,20 +128,7 @@ Status Trainer::Impl::RunStep() {
   }
   const double lr = cfg.optim.learning_rate * schedule->Multiplier(k - 1);
   const auto start = std::chrono::steady_clock::now();
-  if (pending) {  // the previous step's device work is queued: collect its spans now
-    double c, h, d;
-    uint64_t hb, db;
-    auto spans = streams->TakeSpans(&c, &h, &d, &hb, &db);
-    pending->stats.gpu_compute_seconds = c;
-    pending->stats.h2d_seconds = h;
-    pending->stats.d2h_seconds = d;
-    pending->stats.h2d_bytes = hb;
-    pending->stats.d2h_bytes = db;
-    if (cfg.trace_steps == 0 || traced_steps < cfg.trace_steps) {
-      std::lock_guard<std::mutex> lock(trace_mu);
-      trace.insert(trace.end(), spans.begin(), spans.end());
-    }
-  }
+  CollectDeviceSpans();  // the previous step's device work is queued: measure it now
   streams->MarkStepStart();
   RETURN_IF_ERROR(host->BeginStep(static_cast<uint64_t>(k), lr));
 
@@ -324,20 +311,18 @@ Status Trainer::Impl::ReportPending(std::chrono::steady_clock::time_point end) {
 Status Trainer::Impl::Flush() {
   if (!pending) return OkStatus();
   const auto end = std::chrono::steady_clock::now();
-  double c, h, d;
-  uint64_t hb, db;
-  auto spans = streams->TakeSpans(&c, &h, &d, &hb, &db);
-  pending->stats.gpu_compute_seconds = c;
-  pending->stats.h2d_seconds = h;
-  pending->stats.d2h_seconds = d;
-  pending->stats.h2d_bytes = hb;
-  pending->stats.d2h_bytes = db;
-  {
-    std::lock_guard<std::mutex> lock(trace_mu);
-    if (cfg.trace_steps == 0 || traced_steps < cfg.trace_steps)
-      trace.insert(trace.end(), spans.begin(), spans.end());
-  }
+  CollectDeviceSpans();
   return ReportPending(end);
+}
+
+void Trainer::Impl::CollectDeviceSpans() {
+  if (!pending) return;
+  StepStats& st = pending->stats;
+  auto spans = streams->TakeSpans(&st.gpu_compute_seconds, &st.h2d_seconds, &st.d2h_seconds,
+                                  &st.h2d_bytes, &st.d2h_bytes);
+  std::lock_guard<std::mutex> lock(trace_mu);
+  if (cfg.trace_steps == 0 || traced_steps < cfg.trace_steps)
+    trace.insert(trace.end(), spans.begin(), spans.end());
 }
 
 }  // namespace offloadd::trainer

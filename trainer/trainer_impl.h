@@ -90,6 +90,8 @@ struct Trainer::Impl {
   void OnUpdated(int b);
   Status RunStep();
   Status Flush();
+  // Device busy times, bytes per link and trace spans of the pending step (waits for its copies).
+  void CollectDeviceSpans();
   Status ReportPending(std::chrono::steady_clock::time_point end);
   // trainer_state.cc
   StatusOr<std::string> SaveCheckpoint();

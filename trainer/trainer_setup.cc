@@ -157,23 +157,22 @@ Status Trainer::Impl::Setup() {
 
 Status Trainer::Impl::PlanDevice() {
   modes.assign(n, engine::SaveMode::kKeep);
-  const ActivationMode global = cfg.offload.activations;
-  std::vector<bool> fixed(n, false);
-  for (int b = 1; b + 1 < n; ++b) {
-    ActivationMode m = global;
-    auto it = cfg.offload.layer_overrides.find(b - 1);
-    if (it != cfg.offload.layer_overrides.end()) m = it->second;
-    if (m != ActivationMode::kAuto) {
-      modes[b] = ToSaveMode(m);
-      fixed[b] = true;
-    }
-  }
   for (const auto& [layer, m] : cfg.offload.layer_overrides) {
     if (layer < 0 || layer >= n - 2)
       return InvalidArgumentError("activation override for layer " + std::to_string(layer) +
                                   ": the model has " + std::to_string(n - 2) + " layers");
   }
-  if (!cuda) return OkStatus();  // host memory: keep what AUTO leaves
+  for (int b = 1; b + 1 < n; ++b) {
+    auto it = cfg.offload.layer_overrides.find(b - 1);
+    ActivationMode m = it != cfg.offload.layer_overrides.end() ? it->second : cfg.offload.activations;
+    // AUTO: keep in host memory; on the GPU recompute every layer (what gradient checkpointing
+    // does in the PyTorch baseline): the static estimates of kept activations proved too
+    // optimistic against the CUDA kernels' real footprint, and an out-of-memory error mid-job
+    // costs more than the recompute.
+    if (m == ActivationMode::kAuto) m = cuda ? ActivationMode::kRecompute : ActivationMode::kKeep;
+    modes[b] = ToSaveMode(m);
+  }
+  if (!cuda) return OkStatus();
 
   const int64_t B = cfg.batch_size;
   const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
@@ -195,42 +194,32 @@ Status Trainer::Impl::PlanDevice() {
   // gradients, the head's chunked logits (<= 512 MiB fp32, twice), allocator slack.
   const int64_t workspace =
       2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
-  auto acts = [&]() {
-    int64_t a = 0;
-    for (int b = 0; b < n; ++b) {
-      if (modes[b] == engine::SaveMode::kKeep) a += cost[b].saved_bytes_keep;
-      if (modes[b] == engine::SaveMode::kRecompute) a += cost[b].saved_bytes_recompute;
-    }
-    return a;
-  };
-  auto fits = [&](int64_t w) { return w + acts() + workspace <= gpu_budget; };
-  // AUTO on the GPU recomputes every layer (what gradient checkpointing does in the PyTorch
-  // baseline): the static estimates of kept activations proved too optimistic against the CUDA
-  // kernels' real footprint, and an out-of-memory error mid-job costs more than the recompute.
-  for (int b = 1; b + 1 < n; ++b) {
-    if (!fixed[b]) modes[b] = engine::SaveMode::kRecompute;
+  int64_t acts = 0;  // held between forward and backward, per the modes chosen above
+  for (int b = 0; b < n; ++b) {
+    if (modes[b] == engine::SaveMode::kKeep) acts += cost[b].saved_bytes_keep;
+    if (modes[b] == engine::SaveMode::kRecompute) acts += cost[b].saved_bytes_recompute;
   }
-  auto recompute_until_fits = [&](int64_t w) { return fits(w); };
+  auto fits = [&](int64_t w) { return w + acts + workspace <= gpu_budget; };
   const int64_t streamed = static_cast<int64_t>(window + 2) * max_block +
                            (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
   using Weights = OffloadPlanConfig::Weights;
   resident = cfg.offload.weights != Weights::kStreamed;
-  if (resident && !recompute_until_fits(weights) && cfg.offload.weights == Weights::kResident) {
+  if (resident && !fits(weights) && cfg.offload.weights == Weights::kResident) {
     return ResourceExhaustedError(
         "weights resident on the GPU need " + FormatByteSize(static_cast<uint64_t>(weights)) +
-        " + activations " + FormatByteSize(static_cast<uint64_t>(acts())) + " + workspace " +
+        " + activations " + FormatByteSize(static_cast<uint64_t>(acts)) + " + workspace " +
         FormatByteSize(static_cast<uint64_t>(workspace)) + " > gpu_memory_limit " +
         FormatByteSize(static_cast<uint64_t>(gpu_budget)) + "; let them stream (offload_param: cpu)");
   }
-  if (!resident || !recompute_until_fits(weights)) {
+  if (!resident || !fits(weights)) {
     resident = false;
-    if (!recompute_until_fits(streamed)) {
+    if (!fits(streamed)) {
       return ResourceExhaustedError(
           "gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
           " is too small: even streaming the weights (" +
           FormatByteSize(static_cast<uint64_t>(streamed)) + " in flight) and recomputing " +
-          "activations (" + FormatByteSize(static_cast<uint64_t>(acts())) + " held) needs " +
-          FormatByteSize(static_cast<uint64_t>(streamed + acts() + workspace)) +
+          "activations (" + FormatByteSize(static_cast<uint64_t>(acts)) + " held) needs " +
+          FormatByteSize(static_cast<uint64_t>(streamed + acts + workspace)) +
           " with a " + FormatByteSize(static_cast<uint64_t>(workspace)) +
           " workspace; lower per_device_train_batch_size or max_seq_length");
     }

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <random>
 
+#include <google/protobuf/util/time_util.h>
+
 #include "common/logging.h"
 
 namespace offloadd::daemon {
@@ -13,15 +15,7 @@ namespace {
 namespace v1 = offloadd::v1;
 constexpr const char* kLog = "jobs";
 
-google::protobuf::Timestamp Now() {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
-  google::protobuf::Timestamp t;
-  t.set_seconds(ns / 1000000000);
-  t.set_nanos(static_cast<int32_t>(ns % 1000000000));
-  return t;
-}
+google::protobuf::Timestamp Now() { return google::protobuf::util::TimeUtil::GetCurrentTime(); }
 
 std::string NewJobId() {
   static thread_local std::mt19937_64 rng(std::random_device{}());

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <exception>
 
+#include <google/protobuf/util/time_util.h>
+
 #include "common/logging.h"
 #include "engine/file_util.h"
 #include "trainer/checkpoint.h"
@@ -17,21 +19,11 @@ namespace {
 namespace v1 = offloadd::v1;
 constexpr const char* kLog = "train";
 
-google::protobuf::Timestamp Now() {
-  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
-  google::protobuf::Timestamp t;
-  t.set_seconds(ns / 1000000000);
-  t.set_nanos(static_cast<int32_t>(ns % 1000000000));
-  return t;
-}
+google::protobuf::Timestamp Now() { return google::protobuf::util::TimeUtil::GetCurrentTime(); }
 
 void SetDuration(double seconds, google::protobuf::Duration* d) {
   if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
-  const auto ns = static_cast<int64_t>(seconds * 1e9);
-  d->set_seconds(ns / 1000000000);
-  d->set_nanos(static_cast<int32_t>(ns % 1000000000));
+  *d = google::protobuf::util::TimeUtil::NanosecondsToDuration(static_cast<int64_t>(seconds * 1e9));
 }
 
 v1::LogLevel ToLogLevel(trainer::TrainObserver::Level level) {
