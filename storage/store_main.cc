@@ -1,8 +1,6 @@
 // offloadd-store: the NVMe tensor store process. Thin: parses flags into StoreOptions, performs
 // the handshake of store_protocol.h on --control-fd, and hands over to StoreServer. Also offers
 // offline --list and --verify (read back every tensor, checking every chunk's crc32c).
-#include <prometheus/exposer.h>
-#include <prometheus/registry.h>
 
 #include <cstdio>
 #include <cstring>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/metrics_exposer.h"
 #include "common/units.h"
 #include "ipc/arena.h"
 #include "ipc/fd_passing.h"
@@ -110,23 +109,20 @@ int Serve(StoreFlags f) {
     SendReady(f.control_fd, store.status(), "");
     return 1;
   }
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsExposer> exposer;
   uint32_t metrics_port = 0;
-  auto registry = std::make_shared<prometheus::Registry>();
   auto collector = std::make_shared<StoreCollector>(store->get());
   if (!f.metrics_listen.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(f.metrics_listen);
-      exposer->RegisterCollectable(collector);
-      metrics_port = exposer->GetListeningPorts().front();
-      OFFLOADD_LOG(kInfo, "storage")
-          << "metrics at http://" << f.metrics_listen.substr(0, f.metrics_listen.rfind(':')) << ":"
-          << metrics_port << "/metrics";
-    } catch (const std::exception& e) {
-      Status st = InvalidArgumentError("--metrics-listen " + f.metrics_listen + ": " + e.what());
-      SendReady(f.control_fd, st, "");
+    auto started = MetricsExposer::Start(f.metrics_listen);
+    if (!started.ok()) {
+      SendReady(f.control_fd, started.status().WithContext("--metrics-listen"), "");
       return 1;
     }
+    exposer = std::move(*started);
+    exposer->RegisterCollectable(collector);
+    metrics_port = exposer->port();
+    OFFLOADD_LOG(kInfo, "storage") << "metrics at http://" << f.metrics_listen.substr(0, f.metrics_listen.rfind(':'))
+                                   << ":" << metrics_port << "/metrics";
   }
   SendReady(f.control_fd, OkStatus(), (*store)->engine_name(), metrics_port);
   StoreServer server(

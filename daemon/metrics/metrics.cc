@@ -34,16 +34,16 @@ StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Start(const std::string&
                          .Register(r);
 
   if (!listen.empty()) {
-    try {
-      m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
-    } catch (const std::exception& e) {
-      return UnavailableError("cannot serve metrics on metrics.listen=" + listen + ": " + e.what());
+    auto exposer = MetricsExposer::Start(listen);
+    if (!exposer.ok()) {
+      return UnavailableError("cannot serve metrics on metrics.listen=" + listen + ": " +
+                              exposer.status().message());
     }
+    m->exposer_ = std::move(*exposer);
     m->exposer_->RegisterCollectable(m->registry_);
     m->process_collector_ = std::make_shared<ProcessCollector>();
     m->exposer_->RegisterCollectable(m->process_collector_);
-    const auto ports = m->exposer_->GetListeningPorts();
-    if (!ports.empty()) m->port_ = ports.front();
+    m->port_ = m->exposer_->port();
   }
   return m;
 }

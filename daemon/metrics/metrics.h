@@ -7,7 +7,6 @@
 // process_* names that Prometheus client libraries export.
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -15,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "common/metrics_exposer.h"
 #include "common/status.h"
 
 namespace offloadd::daemon {
@@ -47,7 +47,7 @@ class DaemonMetrics {
   // The exposer keeps only weak references to collectables: they are owned here.
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsExposer> exposer_;
   int port_ = 0;
   prometheus::Family<prometheus::Counter>* rpc_total_ = nullptr;
   prometheus::Family<prometheus::Histogram>* rpc_seconds_ = nullptr;
