@@ -213,6 +213,15 @@ void DeviceStreams::ComputeWaits(const EventPtr& e) const {
 #endif
 }
 
+bool DeviceStreams::Completed(const EventPtr& e) {
+#if OFFLOADD_WITH_CUDA
+  return !e || e->event.query();
+#else
+  (void)e;
+  return true;
+#endif
+}
+
 Status DeviceStreams::Synchronize(const EventPtr& e) {
 #if OFFLOADD_WITH_CUDA
   if (e) {

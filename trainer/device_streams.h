@@ -58,6 +58,8 @@ class DeviceStreams {
   void ComputeWaits(const EventPtr& e) const;
   // Blocks the calling thread until `e` completed.
   static Status Synchronize(const EventPtr& e);
+  // True once `e` completed (a null event, as CPU copies return, always has).
+  static bool Completed(const EventPtr& e);
 
   // Timing of compute work for the trace: Begin/End around a block's forward or backward.
   void BeginCompute(const std::string& name);

@@ -27,11 +27,13 @@ struct StepStats {
   double stall_weights_seconds = 0;  // forward/backward waited for weights (update or H2D)
   double stall_grads_seconds = 0;    // backward waited for a free gradient staging buffer
   double stall_optimizer_seconds = 0;  // end of step waited for CPU updates / NVMe
+  double stall_activations_seconds = 0;  // waited for activations to/from NVMe (or buffer room)
   // Bytes moved per link in this step.
   uint64_t h2d_bytes = 0;
   uint64_t d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0;
   uint64_t nvme_write_bytes = 0;
+  uint64_t nvme_activation_bytes = 0;  // of the NVMe bytes: activations written + read
   int64_t gpu_peak_bytes = 0;  // CUDA caching allocator peak (reserved) since the job started
 };
 

@@ -10,7 +10,7 @@
 
 namespace offloadd::trainer {
 
-enum class ActivationMode { kAuto, kKeep, kRecompute, kOffloadCpu };
+enum class ActivationMode { kAuto, kKeep, kRecompute, kOffloadCpu, kOffloadNvme };
 enum class StateTier { kCpu, kNvme };  // where fp32 master weights and Adam states live
 
 struct DataConfig {
@@ -40,7 +40,9 @@ struct OptimConfig {
 
 struct OffloadPlanConfig {
   StateTier tier = StateTier::kCpu;
-  std::vector<std::string> nvme_dirs;  // tier kNvme: the store's directories
+  // Tier kNvme: the optimizer store's directories; activations offloaded to NVMe use an
+  // `activations` directory inside each.
+  std::vector<std::string> nvme_dirs;
   uint32_t nvme_queue_depth = 32;
   ActivationMode activations = ActivationMode::kAuto;
   std::map<int, ActivationMode> layer_overrides;  // decoder layer index -> mode

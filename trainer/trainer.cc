@@ -149,7 +149,15 @@ Status Trainer::Impl::RunStep() {
   std::map<int, uint64_t> ticket_of;
   uint64_t next_ticket = 1;
   engine::OffloadCallbacks offload;
+  std::map<uint64_t, uint64_t> spilled;  // engine ticket -> ActivationSpill ticket
   offload.offload = [&](int block, std::vector<at::Tensor> saved) -> StatusOr<uint64_t> {
+    if (spill_nvme[block]) {
+      ASSIGN_OR_RETURN(uint64_t st, spill->Put(block, saved));
+      const uint64_t ticket = next_ticket++;
+      ticket_of[block] = ticket;
+      spilled[ticket] = st;
+      return ticket;
+    }
     Offloaded o;
     for (auto& t : saved) {
       if (!t.defined() || !cuda) {
@@ -166,8 +174,13 @@ Status Trainer::Impl::RunStep() {
     offloaded[ticket] = std::move(o);
     return ticket;
   };
+  Status spill_status;
   auto prefetch_acts = [&](int block) {
     auto it = ticket_of.find(block);
+    if (it != ticket_of.end() && spilled.count(it->second)) {
+      if (spill_status.ok()) spill_status = spill->Prefetch(spilled[it->second]);
+      return;
+    }
     if (!cuda || it == ticket_of.end()) return;
     Offloaded& o = offloaded[it->second];
     if (!o.device.empty()) return;
@@ -183,6 +196,13 @@ Status Trainer::Impl::RunStep() {
     }
   };
   offload.fetch = [&](int block, uint64_t ticket) -> StatusOr<std::vector<at::Tensor>> {
+    RETURN_IF_ERROR(spill_status);
+    if (auto s = spilled.find(ticket); s != spilled.end()) {
+      const uint64_t st = s->second;
+      spilled.erase(s);
+      ticket_of.erase(block);
+      return spill->Take(st, device);
+    }
     auto it = offloaded.find(ticket);
     if (it == offloaded.end()) return InternalError("no offloaded activations for ticket");
     if (cuda) prefetch_acts(block);
@@ -296,6 +316,13 @@ Status Trainer::Impl::ReportPending(std::chrono::steady_clock::time_point end) {
   s.nvme_seconds = u.nvme_busy_seconds;
   s.nvme_read_bytes = u.nvme_read_bytes;
   s.nvme_write_bytes = u.nvme_write_bytes;
+  if (spill) {
+    const SpillTotals a = spill->TakeTotals();
+    s.nvme_read_bytes += a.read_bytes;
+    s.nvme_write_bytes += a.write_bytes;
+    s.nvme_activation_bytes = a.read_bytes + a.write_bytes;
+    s.stall_activations_seconds = a.wait_seconds;
+  }
   s.gpu_peak_bytes = streams->PeakReservedBytes();
   if (!std::isfinite(s.loss)) {
     return DataLossError("loss is not finite at step " + std::to_string(s.step));

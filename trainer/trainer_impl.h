@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "trainer/activation_spill.h"
 #include "trainer/data_source.h"
 #include "trainer/device_streams.h"
 #include "trainer/host_optimizer.h"
@@ -48,6 +49,8 @@ struct Trainer::Impl {
   std::map<std::string, std::pair<int, uint64_t>> owner;  // param name -> (block, offset)
   bool tied = false;  // the head uses block 0's embedding matrix
   std::vector<engine::SaveMode> modes;
+  std::vector<bool> spill_nvme;  // per block: kOffload goes to NVMe, not pinned RAM
+  std::unique_ptr<ActivationSpill> spill;
   bool resident = true;
   int window = 2;  // blocks streamed in ahead of use
   std::vector<at::Tensor> host_weights;  // per block, flat compute-dtype view of the arena
@@ -82,6 +85,7 @@ struct Trainer::Impl {
   Status Setup();
   Status PlanDevice();
   Status BindHostWeights();
+  Status StartSpill();
   // trainer.cc
   Status EnsureWeights(int b, uint64_t wait_step, double* stall);
   void Prefetch(int b, uint64_t wait_step);

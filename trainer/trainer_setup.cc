@@ -35,6 +35,7 @@ engine::SaveMode ToSaveMode(ActivationMode m) {
     case ActivationMode::kRecompute:
       return engine::SaveMode::kRecompute;
     case ActivationMode::kOffloadCpu:
+    case ActivationMode::kOffloadNvme:
       return engine::SaveMode::kOffload;
     default:
       return engine::SaveMode::kKeep;
@@ -101,6 +102,7 @@ Status Trainer::Impl::Setup() {
   schedule = sched;
   ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
   RETURN_IF_ERROR(PlanDevice());
+  RETURN_IF_ERROR(StartSpill());
 
   HostOptimizerOptions ho;
   for (const auto& bl : layout) ho.block_elements.push_back(bl.numel);
@@ -143,7 +145,8 @@ Status Trainer::Impl::Setup() {
        << (resident ? "weights resident" : "weights streamed " + std::to_string(window) + " ahead")
        << ", activations";
   std::map<std::string, int> counts;
-  for (int b = 1; b + 1 < n; ++b) counts[std::string(engine::SaveModeName(modes[b]))]++;
+  for (int b = 1; b + 1 < n; ++b)
+    counts[spill_nvme[b] ? "offload_nvme" : std::string(engine::SaveModeName(modes[b]))]++;
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
   plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
        << ", arena " << FormatByteSize(arena_bytes) << ", " << ho.worker_processes << "x"
@@ -157,6 +160,7 @@ Status Trainer::Impl::Setup() {
 
 Status Trainer::Impl::PlanDevice() {
   modes.assign(n, engine::SaveMode::kKeep);
+  spill_nvme.assign(n, false);
   for (const auto& [layer, m] : cfg.offload.layer_overrides) {
     if (layer < 0 || layer >= n - 2)
       return InvalidArgumentError("activation override for layer " + std::to_string(layer) +
@@ -171,6 +175,7 @@ Status Trainer::Impl::PlanDevice() {
     // costs more than the recompute.
     if (m == ActivationMode::kAuto) m = cuda ? ActivationMode::kRecompute : ActivationMode::kKeep;
     modes[b] = ToSaveMode(m);
+    spill_nvme[b] = m == ActivationMode::kOffloadNvme;
   }
   if (!cuda) return OkStatus();
 
@@ -226,6 +231,32 @@ Status Trainer::Impl::PlanDevice() {
   }
   ASSIGN_OR_RETURN(int64_t total_mem, streams->CapMemory(gpu_budget));
   (void)total_mem;
+  return OkStatus();
+}
+
+Status Trainer::Impl::StartSpill() {
+  int spilled = 0;
+  int64_t largest = 0;
+  const int64_t B = cfg.batch_size;
+  const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
+                                                      : cfg.data.max_seq_length;
+  for (int b = 0; b < n; ++b) {
+    if (!spill_nvme[b]) continue;
+    ++spilled;
+    largest = std::max(largest, model->block(b).EstimateCost(B, T, dtype).saved_bytes_keep);
+  }
+  if (spilled == 0) return OkStatus();
+  if (cfg.offload.nvme_dirs.empty()) {
+    return InvalidArgumentError("activations offloaded to NVMe need an NVMe directory (--nvme-dir / nvme_path)");
+  }
+  ActivationSpillOptions so;
+  so.store_binary = cfg.store_binary;
+  for (const auto& d : cfg.offload.nvme_dirs) so.dirs.push_back(d + "/activations");
+  so.queue_depth = cfg.offload.nvme_queue_depth;
+  // Four blocks' worth (one being written, two read ahead, one being consumed) with a margin
+  // over the estimate, which counts the saved tensors without allocator padding.
+  so.buffer_bytes = std::max<uint64_t>(64ull << 20, static_cast<uint64_t>(largest) * 5);
+  ASSIGN_OR_RETURN(spill, ActivationSpill::Create(so, streams.get()));
   return OkStatus();
 }
 

@@ -21,7 +21,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --max-seq-length=N --packing --no-shuffle --max-samples=N --synthetic-seq=N
                --chat-template=builtin|FILE
   device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16 --gpu-memory-limit=SIZE
-               --activations=auto|keep|recompute|offload --layer-activation=I:MODE (repeat)
+               --activations=auto|keep|recompute|offload_cpu|offload_nvme --layer-activation=I:MODE (repeat)
                --weights=auto|resident|stream
   optimizer:   --lr=X --scheduler=linear|cosine|constant|constant_with_warmup --warmup-steps=N
                --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
@@ -54,7 +54,9 @@ StatusOr<ActivationMode> ParseMode(const std::string& s) {
   if (s == "keep") return ActivationMode::kKeep;
   if (s == "recompute") return ActivationMode::kRecompute;
   if (s == "offload" || s == "offload_cpu") return ActivationMode::kOffloadCpu;
-  return InvalidArgumentError("activation mode must be auto, keep, recompute or offload, got '" + s + "'");
+  if (s == "offload_nvme") return ActivationMode::kOffloadNvme;
+  return InvalidArgumentError("activation mode must be auto, keep, recompute, offload_cpu or offload_nvme, got '" +
+                              s + "'");
 }
 
 class PrintObserver : public TrainObserver {
@@ -84,6 +86,8 @@ class PrintObserver : public TrainObserver {
                           {"stall_weights_seconds", s.stall_weights_seconds},
                           {"stall_grads_seconds", s.stall_grads_seconds},
                           {"stall_optimizer_seconds", s.stall_optimizer_seconds},
+                          {"stall_activations_seconds", s.stall_activations_seconds},
+                          {"nvme_activation_bytes", s.nvme_activation_bytes},
                           {"h2d_bytes", s.h2d_bytes}, {"d2h_bytes", s.d2h_bytes},
                           {"nvme_read_bytes", s.nvme_read_bytes},
                           {"nvme_write_bytes", s.nvme_write_bytes},

@@ -29,6 +29,8 @@ def run(binary_dir, model, data, *extra):
     (["--batch-size=0"], "batch size must be at least 1"),
     (["--scheduler=sawtooth"], "sawtooth"),
     (["--tier=nvme"], "NVMe tier needs at least one store directory"),
+    (["--activations=offload_nvme"], "activations offloaded to NVMe need an NVMe directory"),
+    (["--activations=swap"], "activation mode must be auto, keep, recompute, offload_cpu or offload_nvme"),
     (["--frobnicate"], "unknown flag --frobnicate"),
 ])
 def test_refused_with_a_clear_error(binary_dir, job, extra, message):
