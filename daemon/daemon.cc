@@ -72,7 +72,11 @@ int RunDaemon(const DaemonConfig& config) {
   const TrainerEnvironment& env = runner->environment();
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << ", "
                             << env.worker_processes << " optimizer worker process(es), " << env.worker_binary;
-  auto jobs = JobManager::Start(std::move(*store), std::move(runner));
+  // train_metrics outlives the manager, which reports counts until its scheduler stops.
+  auto jobs = JobManager::Start(std::move(*store), std::move(runner),
+                                [&train_metrics](const JobManager::StateCounts& counts) {
+                                  train_metrics.SetJobsByState(counts);
+                                });
   if (!jobs.ok()) return Fail(jobs.status());
 
   // Signals are set up before the server starts so an early SIGTERM is not lost.
