@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "daemon/jobs/unsupported_options.h"
 #include "engine/model_config.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
@@ -312,6 +313,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   CheckTraining(spec.training(), c);
   CheckOffload(spec.offload(), node, paths, c);
   CheckCompression(spec.compression(), c);
+  for (FieldViolation& v : UnsupportedOptions(spec)) c.Add(v.field, v.description);
 
   // Output directory.
   if (spec.output_dir().empty()) {
