@@ -67,7 +67,7 @@ int RunDaemon(const DaemonConfig& config) {
     OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
                               << "): jobs train on the CPU";
   }
-  TrainMetrics train_metrics((*metrics)->registry());
+  TrainMetrics train_metrics((*metrics)->registry(), {.peak_flops = config.metrics.peak_flops});
   auto runner = std::make_unique<TrainJobRunner>(DaemonTrainerEnvironment(config, !gpus.empty()), &train_metrics);
   const TrainerEnvironment& env = runner->environment();
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << ", "
