@@ -219,5 +219,29 @@ TEST_F(JobValidatorTest, UnimplementedSettingsAreFieldViolations) {
   EXPECT_EQ(only_lsp.violations[0].field, "compression.type");
 }
 
+// What the engine would refuse mid-job for this model is refused up front.
+TEST_F(JobValidatorTest, LayerOverridesAndSlidingWindowAreCheckedAgainstTheModel) {
+  v1::JobSpec s = ValidSpec();
+  auto& overrides = *s.mutable_offload()->mutable_activations()->mutable_layer_overrides();
+  overrides[1] = v1::ACTIVATION_MODE_RECOMPUTE;  // the model's last layer: fine
+  overrides[2] = v1::ACTIVATION_MODE_RECOMPUTE;
+  ValidationResult r = Validate(s);
+  ASSERT_EQ(r.violations.size(), 1u) << Describe(r);
+  EXPECT_EQ(r.violations[0].field, "offload.activations.layer_overrides[2]");
+  EXPECT_NE(r.violations[0].description.find("2 layers (0 to 1)"), std::string::npos) << Describe(r);
+
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
+      << R"({"model_type": "mistral", "vocab_size": 50257, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 1024, "sliding_window": 64})";
+  s = ValidSpec();  // max_seq_length 128
+  r = Validate(s);
+  const FieldViolation* w = Find(r, "dataset.max_seq_length");
+  ASSERT_NE(w, nullptr) << Describe(r);
+  EXPECT_NE(w->description.find("sliding_window of 64 tokens, got 128"), std::string::npos) << w->description;
+  s.mutable_dataset()->set_max_seq_length(64);
+  EXPECT_EQ(Find(Validate(s), "dataset.max_seq_length"), nullptr) << Describe(Validate(s));
+}
+
 }  // namespace
 }  // namespace offloadd::daemon
