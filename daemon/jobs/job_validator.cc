@@ -244,9 +244,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   // The engine attends over the whole sequence; a micro-batch longer than a sliding window would
   // fail mid-job (engine/model.cc).
   if (config && config->sliding_window > 0 && ds.max_seq_length() > config->sliding_window) {
-    c.Add("dataset.max_seq_length", "sliding-window attention is not implemented: at most the model's sliding_window of " +
-                                        std::to_string(config->sliding_window) + " tokens, got " +
-                                        std::to_string(ds.max_seq_length()));
+    c.Add("dataset.max_seq_length",
+          "sliding-window attention is not implemented: at most the model's sliding_window of " +
+              std::to_string(config->sliding_window) + " tokens, got " + std::to_string(ds.max_seq_length()));
   }
   std::unique_ptr<text::ChatTemplate> chat;
   if (tokenizer) {

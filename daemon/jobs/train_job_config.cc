@@ -51,7 +51,9 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   // still fails here with the same messages.
   if (const auto unsupported = UnsupportedOptions(s); !unsupported.empty()) {
     std::string message;
-    for (const FieldViolation& v : unsupported) message += (message.empty() ? "" : "; ") + v.field + ": " + v.description;
+    for (const FieldViolation& v : unsupported) {
+      message += (message.empty() ? "" : "; ") + v.field + ": " + v.description;
+    }
     return UnimplementedError(message);
   }
   trainer::TrainConfig c;
