@@ -67,12 +67,16 @@ int RunDaemon(const DaemonConfig& config) {
     OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
                               << "): jobs train on the CPU";
   }
-  TrainMetrics train_metrics((*metrics)->registry());
+  TrainMetrics train_metrics((*metrics)->registry(), {.peak_flops = config.metrics.peak_flops});
   auto runner = std::make_unique<TrainJobRunner>(DaemonTrainerEnvironment(config, !gpus.empty()), &train_metrics);
   const TrainerEnvironment& env = runner->environment();
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << ", "
                             << env.worker_processes << " optimizer worker process(es), " << env.worker_binary;
-  auto jobs = JobManager::Start(std::move(*store), std::move(runner));
+  // train_metrics outlives the manager, which reports counts until its scheduler stops.
+  auto jobs = JobManager::Start(std::move(*store), std::move(runner),
+                                [&train_metrics](const JobManager::StateCounts& counts) {
+                                  train_metrics.SetJobsByState(counts);
+                                });
   if (!jobs.ok()) return Fail(jobs.status());
 
   // Signals are set up before the server starts so an early SIGTERM is not lost.

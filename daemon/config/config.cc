@@ -143,7 +143,10 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
       ReadServer(root["server"], r.Child("server"), &c.server);
       const YAML::Node m = root["metrics"];
       const YamlReader mr = r.Child("metrics");
-      if (mr.CheckMap(m, {"listen"})) mr.String(m, "listen", &c.metrics.listen);
+      if (mr.CheckMap(m, {"listen", "peak_flops"})) {
+        mr.String(m, "listen", &c.metrics.listen);
+        mr.Double(m, "peak_flops", &c.metrics.peak_flops, 0, 1e20);
+      }
       ReadStorage(root["storage"], r.Child("storage"), &c.storage);
       const YAML::Node w = root["workers"];
       const YamlReader wr = r.Child("workers");
@@ -202,7 +205,8 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "shutdown_grace_seconds" << YAML::Value << c.server.shutdown_grace_seconds;
   e << YAML::EndMap;
   e << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "listen" << YAML::Value << c.metrics.listen << YAML::EndMap;
+  e << YAML::Key << "listen" << YAML::Value << c.metrics.listen;
+  e << YAML::Key << "peak_flops" << YAML::Value << c.metrics.peak_flops << YAML::EndMap;
   e << YAML::Key << "storage" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "directories" << YAML::Value << YAML::BeginSeq;
   for (const auto& d : c.storage.directories) {

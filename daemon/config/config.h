@@ -35,6 +35,9 @@ struct ServerConfig {
 struct MetricsConfig {
   // "host:port" for the Prometheus endpoint; port 0 picks a free port; empty disables it.
   std::string listen = "127.0.0.1:9464";
+  // Peak dense FLOP/s of the device jobs train on, in their compute dtype (bf16 tensor-core
+  // FLOP/s on a GPU): the denominator of offloadd_train_mfu_ratio. 0 = unknown, MFU not exported.
+  double peak_flops = 0;
 };
 
 struct StoreDirectoryConfig {

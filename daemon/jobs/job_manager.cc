@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cctype>
 #include <chrono>
 #include <random>
 
@@ -31,6 +32,13 @@ std::string NewJobId() {
 std::string StateName(v1::JobState s) {
   std::string n = v1::JobState_Name(s);
   return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+// Prometheus label values are lower case by convention.
+std::string StateLabel(v1::JobState s) {
+  std::string n = StateName(s);
+  for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return n;
 }
 
 }  // namespace
@@ -92,8 +100,9 @@ class JobManager::Control final : public JobControl {
 };
 
 StatusOr<std::unique_ptr<JobManager>> JobManager::Start(std::unique_ptr<JobStore> store,
-                                                        std::unique_ptr<JobRunner> runner) {
-  std::unique_ptr<JobManager> m(new JobManager(std::move(store), std::move(runner)));
+                                                        std::unique_ptr<JobRunner> runner,
+                                                        StateCountsSink on_counts) {
+  std::unique_ptr<JobManager> m(new JobManager(std::move(store), std::move(runner), std::move(on_counts)));
   RETURN_IF_ERROR(m->Recover());
   if (m->runner_) m->scheduler_ = std::thread([p = m.get()] { p->SchedulerLoop(); });
   return m;
@@ -115,6 +124,8 @@ void JobManager::Shutdown() {
 
 Status JobManager::Recover() {
   std::lock_guard<std::mutex> lock(mu_);
+  // Counted before the recovery below, whose transitions then move the counts.
+  ASSIGN_OR_RETURN(counts_, store_->CountByState());
   ASSIGN_OR_RETURN(auto interrupted, store_->InStates({v1::JOB_STATE_VALIDATING, v1::JOB_STATE_RUNNING,
                                                        v1::JOB_STATE_PAUSING, v1::JOB_STATE_CANCELLING}));
   for (auto& job : interrupted) {
@@ -129,7 +140,26 @@ Status JobManager::Recover() {
     RETURN_IF_ERROR(TransitionLocked(&job, to, "daemon restarted"));
     OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": " << StateName(to) << " after restart";
   }
+  PublishCountsLocked();
   return OkStatus();
+}
+
+void JobManager::CountLocked(v1::JobState from, v1::JobState to) {
+  if (from != v1::JOB_STATE_UNSPECIFIED) --counts_[from];
+  ++counts_[to];
+  PublishCountsLocked();
+}
+
+void JobManager::PublishCountsLocked() {
+  if (!on_counts_) return;
+  StateCounts out;
+  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+    if (!v1::JobState_IsValid(s) || s == v1::JOB_STATE_UNSPECIFIED) continue;
+    const auto state = static_cast<v1::JobState>(s);
+    auto it = counts_.find(state);
+    out[StateLabel(state)] = it == counts_.end() ? 0 : it->second;
+  }
+  on_counts_(out);
 }
 
 Status JobManager::AppendLocked(v1::JobEvent event) {
@@ -145,6 +175,7 @@ Status JobManager::AppendLocked(v1::JobEvent event) {
 
 Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std::string& reason) {
   const auto now = Now();
+  const v1::JobState from = job->state();
   job->set_state(state);
   *job->mutable_update_time() = now;
   if (state == v1::JOB_STATE_RUNNING && !job->has_start_time()) *job->mutable_start_time() = now;
@@ -154,6 +185,7 @@ Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std:
   *t->mutable_time() = now;
   t->set_reason(reason);
   RETURN_IF_ERROR(store_->Update(*job));
+  CountLocked(from, state);  // the store holds the new state even if appending its event fails
   v1::JobEvent e;
   e.set_job_id(job->id());
   *e.mutable_state_change() = *t;
@@ -179,6 +211,7 @@ StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec) {
     if (inserted.code() != StatusCode::kAlreadyExists) break;
   }
   RETURN_IF_ERROR(inserted);
+  CountLocked(v1::JOB_STATE_UNSPECIFIED, job.state());
   RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED, "validated"));
   return job;
 }

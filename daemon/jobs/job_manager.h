@@ -8,11 +8,15 @@
 //         RUNNING -> PAUSING -> PAUSED (the runner checkpoints) ; QUEUED -> PAUSED; PAUSED -> QUEUED.
 // After a daemon restart, jobs found RUNNING or PAUSING go back to QUEUED / PAUSED (the runner
 // resumes from their last checkpoint) and CANCELLING ones end CANCELLED.
+// The manager also keeps the number of jobs in each state (counted from the store at start,
+// then followed through every transition) and hands it to a StateCountsSink (the daemon's
+// offloadd_jobs{state} gauge).
 // Thread-safe.
 
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,9 +54,19 @@ class JobRunner {
 
 class JobManager {
  public:
+  // The number of jobs in every state but UNSPECIFIED (zeros included), keyed by the lower-case
+  // state name without its prefix ("queued", "running", ...).
+  using StateCounts = std::map<std::string, int64_t>;
+  // Called once from Start (after the restart recovery) and after every state change, in the
+  // order of the changes, with the manager's lock held: it must be quick and must not call back
+  // into the manager.
+  using StateCountsSink = std::function<void(const StateCounts&)>;
+
   // `runner` may be null: jobs can then be inspected but not created (the build has no pipeline).
+  // `on_counts` may be empty.
   static StatusOr<std::unique_ptr<JobManager>> Start(std::unique_ptr<JobStore> store,
-                                                     std::unique_ptr<JobRunner> runner);
+                                                     std::unique_ptr<JobRunner> runner,
+                                                     StateCountsSink on_counts = {});
   ~JobManager();  // stops the scheduler; a running job is asked to pause
 
   bool can_run_jobs() const { return runner_ != nullptr; }
@@ -82,17 +96,22 @@ class JobManager {
 
  private:
   class Control;
-  JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner)
-      : store_(std::move(store)), runner_(std::move(runner)) {}
+  JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner, StateCountsSink on_counts)
+      : store_(std::move(store)), runner_(std::move(runner)), on_counts_(std::move(on_counts)) {}
 
   Status Recover();
   void SchedulerLoop();
   // Sets the state, records the transition and appends its event. Caller holds mu_.
   Status TransitionLocked(offloadd::v1::Job* job, offloadd::v1::JobState state, const std::string& reason);
   Status AppendLocked(offloadd::v1::JobEvent event);
+  // Moves one job from `from` (UNSPECIFIED: a new job) to `to` in counts_ and reports the
+  // counts. Caller holds mu_.
+  void CountLocked(offloadd::v1::JobState from, offloadd::v1::JobState to);
+  void PublishCountsLocked();
 
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobRunner> runner_;
+  const StateCountsSink on_counts_;
   // Watchers of one job wait on its slot, which only that job's events signal: an idle watcher
   // costs no database reads, and an event wakes its own job's watchers, not every watcher.
   struct WatchSlot {
@@ -104,6 +123,7 @@ class JobManager {
   std::mutex mu_;
   std::condition_variable changed_;  // any job or event change
   std::unordered_map<std::string, std::shared_ptr<WatchSlot>> watch_slots_;  // by job id
+  std::map<offloadd::v1::JobState, int64_t> counts_;  // jobs by state, as in store_
   std::string running_id_;
   JobControl::Stop stop_ = JobControl::Stop::kNone;
   bool shutting_down_ = false;

@@ -185,6 +185,23 @@ StatusOr<std::vector<v1::Job>> JobStore::InStates(const std::vector<v1::JobState
   return out;
 }
 
+StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  if (!s.ok()) return Error("prepare count by state");
+  std::map<v1::JobState, int64_t> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    const int64_t state = s.ColumnInt(0);
+    if (!v1::JobState_IsValid(static_cast<int>(state))) {
+      return DataLossError("job database " + path_ + ": unknown job state " + std::to_string(state));
+    }
+    out[static_cast<v1::JobState>(state)] = s.ColumnInt(1);
+  }
+  if (rc != SQLITE_DONE) return Error("count jobs by state");
+  return out;
+}
+
 StatusOr<int64_t> JobStore::AppendEvent(v1::JobEvent* event) {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt next(db_, "SELECT COALESCE(MAX(cursor), 0) + 1 FROM events WHERE job_id = ?");

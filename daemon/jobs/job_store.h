@@ -7,6 +7,7 @@
 // alongside. Thread-safe: one connection guarded by a mutex (SQLite serialises writers anyway).
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,8 @@ class JobStore {
                       const std::string& page_token);
   // Jobs in any of `states`, highest priority first, then in submission order.
   StatusOr<std::vector<offloadd::v1::Job>> InStates(const std::vector<offloadd::v1::JobState>& states);
+  // The number of jobs in each state that has any (one indexed query, no records read).
+  StatusOr<std::map<offloadd::v1::JobState, int64_t>> CountByState();
 
   // Appends an event, assigning the next cursor of that job (1, 2, ...); returns the cursor.
   StatusOr<int64_t> AppendEvent(offloadd::v1::JobEvent* event);

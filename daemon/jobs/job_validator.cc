@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "daemon/jobs/unsupported_options.h"
 #include "engine/model_config.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
@@ -240,6 +241,13 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     c.Add("dataset.max_seq_length", "GPT-2 has learned positions for " + std::to_string(config->max_position_embeddings) +
                                         " tokens, got " + std::to_string(ds.max_seq_length()));
   }
+  // The engine attends over the whole sequence; a micro-batch longer than a sliding window would
+  // fail mid-job (engine/model.cc).
+  if (config && config->sliding_window > 0 && ds.max_seq_length() > config->sliding_window) {
+    c.Add("dataset.max_seq_length",
+          "sliding-window attention is not implemented: at most the model's sliding_window of " +
+              std::to_string(config->sliding_window) + " tokens, got " + std::to_string(ds.max_seq_length()));
+  }
   std::unique_ptr<text::ChatTemplate> chat;
   if (tokenizer) {
     StatusOr<text::ChatTemplate> t = InvalidArgumentError("unset");
@@ -309,9 +317,19 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     }
   }
 
+  if (config) {
+    for (const auto& [layer, mode] : spec.offload().activations().layer_overrides()) {
+      if (layer < 0 || layer >= config->num_layers) {
+        c.Add("offload.activations.layer_overrides[" + std::to_string(layer) + "]",
+              "the model has " + std::to_string(config->num_layers) + " layers (0 to " +
+                  std::to_string(config->num_layers - 1) + ")");
+      }
+    }
+  }
   CheckTraining(spec.training(), c);
   CheckOffload(spec.offload(), node, paths, c);
   CheckCompression(spec.compression(), c);
+  for (FieldViolation& v : UnsupportedOptions(spec)) c.Add(v.field, v.description);
 
   // Output directory.
   if (spec.output_dir().empty()) {

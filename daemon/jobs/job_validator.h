@@ -5,7 +5,8 @@
 //
 // Checks: paths exist and resolve under the allowed roots; config.json parses and the
 // architecture is supported; the tokenizer loads; the first records of every dataset parse and
-// encode; hyperparameters are in range; memory budgets are feasible on this node (floors from
+// encode; hyperparameters are in range; no setting the pipeline does not implement is asked for
+// (unsupported_options.h); memory budgets are feasible on this node (floors from
 // memory_estimate.h). The result also carries the spec with defaults filled in and paths
 // canonicalised: what the job would actually run with. Thread-safe (no shared state).
 
@@ -13,17 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "daemon/jobs/field_violation.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/path_policy.h"
 #include "daemon/node/node_probe.h"
 #include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {
-
-struct FieldViolation {
-  std::string field;
-  std::string description;
-};
 
 // What this node offers; filled from the node probe and the daemon config.
 struct NodeBudget {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "daemon/jobs/unsupported_options.h"
 #include "trainer/checkpoint.h"
 
 namespace offloadd::daemon {
@@ -29,9 +30,8 @@ StatusOr<ActivationMode> ToActivationMode(v1::ActivationMode m, const std::strin
     case v1::ACTIVATION_MODE_KEEP: return ActivationMode::kKeep;
     case v1::ACTIVATION_MODE_RECOMPUTE: return ActivationMode::kRecompute;
     case v1::ACTIVATION_MODE_OFFLOAD_CPU: return ActivationMode::kOffloadCpu;
-    case v1::ACTIVATION_MODE_OFFLOAD_NVME:
-      return UnimplementedError(field + ": offload_nvme is not implemented yet; use offload_cpu or recompute");
-    default: return InvalidArgumentError(field + ": unknown activation mode " + std::to_string(m));
+    // OFFLOAD_NVME: refused by UnsupportedOptions.
+    default: return InvalidArgumentError(field + ": unsupported activation mode " + v1::ActivationMode_Name(m));
   }
 }
 
@@ -47,6 +47,15 @@ std::string SelfDir() {
 
 StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const TrainerEnvironment& env) {
   const v1::JobSpec& s = job.spec();
+  // Validation refuses these before a job is queued; a job stored before an entry was added
+  // still fails here with the same messages.
+  if (const auto unsupported = UnsupportedOptions(s); !unsupported.empty()) {
+    std::string message;
+    for (const FieldViolation& v : unsupported) {
+      message += (message.empty() ? "" : "; ") + v.field + ": " + v.description;
+    }
+    return UnimplementedError(message);
+  }
   trainer::TrainConfig c;
   c.model_dir = s.model().path();
   const int gpu = s.resources().gpu_index() >= 0 ? s.resources().gpu_index() : 0;
@@ -55,9 +64,10 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
     case v1::COMPUTE_DTYPE_UNSPECIFIED: c.compute_dtype = "auto"; break;  // bf16 on a GPU, fp32 on CPU
     case v1::COMPUTE_DTYPE_FP32: c.compute_dtype = "fp32"; break;
     case v1::COMPUTE_DTYPE_BF16: c.compute_dtype = "bf16"; break;
-    case v1::COMPUTE_DTYPE_FP16:
-      return UnimplementedError("model.compute_dtype: fp16 (dynamic loss scaling) is not implemented yet; use bf16");
-    default: return InvalidArgumentError("model.compute_dtype: unknown value");
+    // FP16: refused by UnsupportedOptions.
+    default:
+      return InvalidArgumentError("model.compute_dtype: unsupported value " +
+                                  v1::ComputeDtype_Name(s.model().compute_dtype()));
   }
 
   const v1::DatasetSpec& d = s.dataset();
@@ -92,9 +102,9 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.save_total_limit = t.save_total_limit();
 
   const v1::OffloadConfig& o = s.offload();
+  // OFFLOAD_DEVICE_NONE (states on the GPU): refused by UnsupportedOptions.
   if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
-    return UnimplementedError(
-        "offload.offload_optimizer.device: none (optimizer states on the GPU) is not implemented; use cpu or nvme");
+    return InvalidArgumentError("offload.offload_optimizer.device: unsupported value OFFLOAD_DEVICE_NONE");
   }
   if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME) {
     c.offload.tier = trainer::StateTier::kNvme;
@@ -125,9 +135,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.offload.gpu_memory_limit = s.resources().gpu_memory_limit() ? s.resources().gpu_memory_limit() : env.gpu_memory_limit;
   c.offload.host_memory_limit =
       s.resources().host_memory_limit() ? s.resources().host_memory_limit() : env.host_memory_limit;
-  if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {
-    return UnimplementedError("compression.type: lsp (learned sparse projections) is not implemented yet; use none");
-  }
+  // compression.type LSP: refused by UnsupportedOptions.
 
   c.output_dir = s.output_dir();
   c.export_final_model = true;

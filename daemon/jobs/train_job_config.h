@@ -29,8 +29,7 @@ struct TrainerEnvironment {
 
 // The job's TrainConfig, resume_from left empty. Each job's NVMe states go to a subdirectory
 // named after the job in its nvme_path (or in every configured store directory). Settings the
-// pipeline does not implement (fp16, activation offload to NVMe, LSP compression) are errors
-// naming the field.
+// pipeline does not implement (unsupported_options.h) are UNIMPLEMENTED, naming every field.
 StatusOr<trainer::TrainConfig> MakeTrainConfig(const offloadd::v1::Job& job, const TrainerEnvironment& env);
 
 // Where the job continues from: when it ran before (paused, or the daemon stopped or crashed while

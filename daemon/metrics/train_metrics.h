@@ -6,7 +6,8 @@
 //
 // Per-job series carry the label job_id (not "job": Prometheus sets its own job target label at
 // scrape time and would rename ours to exported_job). Their number stays bounded because the job
-// manager calls ClearJob when a job leaves the running state.
+// runner calls ClearJob when a job stops running. offloadd_jobs{state} is fed by the job
+// manager's state counts (JobManager::StateCountsSink).
 //
 // Thread-safe: all members may be called from any thread.
 

@@ -35,6 +35,7 @@ server:
   shutdown_grace_seconds: 5
 metrics:
   listen: 0.0.0.0:0
+  peak_flops: 989e12
 storage:
   directories:
     - path: /nvme0/offloadd
@@ -56,6 +57,7 @@ memory: {host_memory_limit: 200GiB, gpu_memory_limit: 24GiB}
   EXPECT_EQ(c->workers.threads_per_process, 8u);
   EXPECT_FALSE(c->workers.pin_cores);
   EXPECT_EQ(c->memory.gpu_memory_limit, 24ull << 30);
+  EXPECT_EQ(c->metrics.peak_flops, 989e12);
 }
 
 TEST(ConfigTest, UnknownKeysAreNamedWithTheirPath) {
@@ -83,6 +85,8 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
             std::string::npos);
   EXPECT_NE(ErrorOf("server: [1, 2]").find("server: expected a mapping"), std::string::npos);
   EXPECT_NE(ErrorOf("metrics: {listen: nowhere}").find("metrics.listen: expected host:port"), std::string::npos);
+  EXPECT_NE(ErrorOf("metrics: {peak_flops: -1}").find("metrics.peak_flops: must be between 0"), std::string::npos);
+  EXPECT_NE(ErrorOf("metrics: {peak_flops: fast}").find("metrics.peak_flops: expected a number"), std::string::npos);
   EXPECT_NE(ErrorOf("server: {shutdown_grace_seconds: 1e9}").find("server.shutdown_grace_seconds: must be between"),
             std::string::npos);
 }
@@ -110,13 +114,15 @@ TEST(ConfigTest, MissingFileNamesThePath) {
 }
 
 TEST(ConfigTest, EffectiveYamlRoundTrips) {
-  auto c = Parse("server: {unix_socket_mode: '0640'}\nstorage: {directories: [/a/b]}\nmemory: {host_memory_limit: 3GiB}\n");
+  auto c = Parse("server: {unix_socket_mode: '0640'}\nstorage: {directories: [/a/b]}\nmemory: {host_memory_limit: 3GiB}\n"
+                 "metrics: {peak_flops: 312e12}\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto again = Parse(ConfigToYaml(*c));
   ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ConfigToYaml(*c);
   EXPECT_EQ(ConfigToYaml(*again), ConfigToYaml(*c));
   EXPECT_EQ(again->server.unix_socket_mode, 0640u);
   EXPECT_EQ(again->memory.host_memory_limit, 3ull << 30);
+  EXPECT_EQ(again->metrics.peak_flops, 312e12);
 }
 
 }  // namespace

@@ -3,10 +3,14 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <map>
 #include <filesystem>
 #include <mutex>
 
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "daemon/metrics/train_metrics.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -82,10 +86,10 @@ class JobManagerTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void StartManager(std::unique_ptr<JobRunner> runner) {
+  void StartManager(std::unique_ptr<JobRunner> runner, JobManager::StateCountsSink on_counts = {}) {
     auto store = JobStore::Open(dir_ + "/jobs.db");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
-    auto m = JobManager::Start(std::move(*store), std::move(runner));
+    auto m = JobManager::Start(std::move(*store), std::move(runner), std::move(on_counts));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     manager_ = std::move(*m);
   }
@@ -244,6 +248,81 @@ TEST_F(JobManagerTest, RestartRequeuesInterruptedJobsAndKeepsHistory) {
   EXPECT_EQ(crashed->state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(crashed->transitions(0).reason(), "daemon restarted");
   EXPECT_EQ(manager_->Get("job-pausing")->state(), v1::JOB_STATE_PAUSED);
+}
+
+// offloadd_jobs{state} as the daemon's registry exposes it: state label -> value.
+std::map<std::string, double> JobsGauge(prometheus::Registry& registry) {
+  std::map<std::string, double> out;
+  for (const auto& family : registry.Collect()) {
+    if (family.name != "offloadd_jobs") continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) {
+        if (label.name == "state") out[label.value] = metric.gauge.value;
+      }
+    }
+  }
+  return out;
+}
+
+// Every state at 0 but those given.
+std::map<std::string, double> Gauge(std::map<std::string, double> nonzero) {
+  std::map<std::string, double> all = {{"validating", 0}, {"queued", 0},     {"running", 0},
+                                       {"pausing", 0},    {"paused", 0},     {"cancelling", 0},
+                                       {"cancelled", 0},  {"succeeded", 0},  {"failed", 0}};
+  for (const auto& [state, n] : nonzero) all[state] = n;
+  return all;
+}
+
+TEST_F(JobManagerTest, JobsGaugeFollowsEveryTransition) {
+  prometheus::Registry registry;
+  TrainMetrics metrics(registry);
+  auto runner = std::make_unique<GatedRunner>(2);
+  GatedRunner* r = runner.get();
+  StartManager(std::move(runner), [&](const JobManager::StateCounts& c) { metrics.SetJobsByState(c); });
+  EXPECT_EQ(JobsGauge(registry), Gauge({})) << "every state is exported before any job exists";
+
+  auto first = manager_->Create(Spec("first"));
+  auto second = manager_->Create(Spec("second"));
+  ASSERT_TRUE(first.ok() && second.ok());
+  r->WaitStarted(1);
+  EXPECT_EQ(JobsGauge(registry), Gauge({{"running", 1}, {"queued", 1}}));
+  ASSERT_TRUE(manager_->Pause(second->id()).ok());
+  EXPECT_EQ(JobsGauge(registry), Gauge({{"running", 1}, {"paused", 1}}));
+  ASSERT_TRUE(manager_->Cancel(first->id(), "").ok());
+  // The runner may finish the cancel before this reads the gauge: either count is right.
+  const auto cancelling = JobsGauge(registry);
+  EXPECT_TRUE(cancelling == Gauge({{"cancelling", 1}, {"paused", 1}}) ||
+              cancelling == Gauge({{"cancelled", 1}, {"paused", 1}}));
+  WaitForState(first->id(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(JobsGauge(registry), Gauge({{"cancelled", 1}, {"paused", 1}}));
+  ASSERT_TRUE(manager_->Resume(second->id()).ok());
+  r->Open();
+  WaitForState(second->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(JobsGauge(registry), Gauge({{"cancelled", 1}, {"succeeded", 1}}));
+}
+
+TEST_F(JobManagerTest, JobsGaugeAfterRestartCountsTheStoredJobs) {
+  {
+    auto store = JobStore::Open(dir_ + "/jobs.db");
+    ASSERT_TRUE(store.ok());
+    const std::pair<const char*, v1::JobState> jobs[] = {
+        {"running", v1::JOB_STATE_RUNNING},       {"pausing", v1::JOB_STATE_PAUSING},
+        {"cancelling", v1::JOB_STATE_CANCELLING}, {"validating", v1::JOB_STATE_VALIDATING},
+        {"done1", v1::JOB_STATE_SUCCEEDED},       {"done2", v1::JOB_STATE_SUCCEEDED},
+        {"queued", v1::JOB_STATE_QUEUED}};
+    for (const auto& [id, state] : jobs) {
+      v1::Job job;
+      job.set_id(id);
+      job.set_state(state);
+      ASSERT_TRUE((*store)->Insert(job).ok());
+    }
+  }
+  prometheus::Registry registry;
+  TrainMetrics metrics(registry);
+  StartManager(nullptr, [&](const JobManager::StateCounts& c) { metrics.SetJobsByState(c); });
+  // Interrupted jobs are counted in the states recovery moved them to.
+  EXPECT_EQ(JobsGauge(registry),
+            Gauge({{"queued", 2}, {"paused", 1}, {"cancelled", 1}, {"failed", 1}, {"succeeded", 2}}));
 }
 
 TEST_F(JobManagerTest, ListPagesAndFilters) {

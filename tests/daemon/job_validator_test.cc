@@ -185,5 +185,63 @@ TEST_F(JobValidatorTest, NvmeNeedsAConfiguredStoreDirectory) {
   EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
 }
 
+// Settings the pipeline does not implement are refused before a job is queued, each with its
+// field path and next to the spec's other problems.
+TEST_F(JobValidatorTest, UnimplementedSettingsAreFieldViolations) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_training()->set_learning_rate(-1);
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NONE);
+  s.mutable_offload()->mutable_activations()->set_mode(v1::ACTIVATION_MODE_OFFLOAD_NVME);
+  auto& overrides = *s.mutable_offload()->mutable_activations()->mutable_layer_overrides();
+  overrides[1] = v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  overrides[0] = v1::ACTIVATION_MODE_RECOMPUTE;
+  s.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+  const ValidationResult r = Validate(s);
+  for (const char* field : {"model.compute_dtype", "offload.offload_optimizer.device", "offload.activations.mode",
+                            "offload.activations.layer_overrides[1]", "compression.type"}) {
+    const FieldViolation* v = Find(r, field);
+    ASSERT_NE(v, nullptr) << field << "\n" << Describe(r);
+    EXPECT_NE(v->description.find("not implemented"), std::string::npos) << v->description;
+  }
+  EXPECT_EQ(Find(r, "offload.activations.layer_overrides[0]"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "training.learning_rate"), nullptr) << Describe(r);
+  EXPECT_EQ(r.violations.size(), 6u) << Describe(r);
+
+  // The same settings, one by one, against an otherwise valid spec.
+  v1::JobSpec bf16 = ValidSpec();
+  bf16.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+  EXPECT_TRUE(Validate(bf16).ok()) << Describe(Validate(bf16));
+  v1::JobSpec lsp = ValidSpec();
+  lsp.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+  const ValidationResult only_lsp = Validate(lsp);
+  ASSERT_EQ(only_lsp.violations.size(), 1u) << Describe(only_lsp);
+  EXPECT_EQ(only_lsp.violations[0].field, "compression.type");
+}
+
+// What the engine would refuse mid-job for this model is refused up front.
+TEST_F(JobValidatorTest, LayerOverridesAndSlidingWindowAreCheckedAgainstTheModel) {
+  v1::JobSpec s = ValidSpec();
+  auto& overrides = *s.mutable_offload()->mutable_activations()->mutable_layer_overrides();
+  overrides[1] = v1::ACTIVATION_MODE_RECOMPUTE;  // the model's last layer: fine
+  overrides[2] = v1::ACTIVATION_MODE_RECOMPUTE;
+  ValidationResult r = Validate(s);
+  ASSERT_EQ(r.violations.size(), 1u) << Describe(r);
+  EXPECT_EQ(r.violations[0].field, "offload.activations.layer_overrides[2]");
+  EXPECT_NE(r.violations[0].description.find("2 layers (0 to 1)"), std::string::npos) << Describe(r);
+
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
+      << R"({"model_type": "mistral", "vocab_size": 50257, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 1024, "sliding_window": 64})";
+  s = ValidSpec();  // max_seq_length 128
+  r = Validate(s);
+  const FieldViolation* w = Find(r, "dataset.max_seq_length");
+  ASSERT_NE(w, nullptr) << Describe(r);
+  EXPECT_NE(w->description.find("sliding_window of 64 tokens, got 128"), std::string::npos) << w->description;
+  s.mutable_dataset()->set_max_seq_length(64);
+  EXPECT_EQ(Find(Validate(s), "dataset.max_seq_length"), nullptr) << Describe(Validate(s));
+}
+
 }  // namespace
 }  // namespace offloadd::daemon

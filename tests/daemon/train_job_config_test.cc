@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "daemon/jobs/job_validator.h"
+#include "daemon/jobs/unsupported_options.h"
 #include "engine/file_util.h"
 #include "trainer/checkpoint.h"
 
@@ -176,6 +177,25 @@ TEST_F(TrainJobConfigTest, UnimplementedSettingsNameTheirField) {
   job_.mutable_spec()->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
   s = MakeError();
   EXPECT_NE(s.message().find("compression.type"), std::string::npos) << s.message();
+}
+
+// The runner refuses with the list validation reports (unsupported_options.h), every entry.
+TEST_F(TrainJobConfigTest, RefusalIsTheUnsupportedOptionsList) {
+  v1::JobSpec* spec = job_.mutable_spec();
+  spec->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
+  spec->mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NONE);
+  (*spec->mutable_offload()->mutable_activations()->mutable_layer_overrides())[1] = v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  spec->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+  const std::vector<FieldViolation> unsupported = UnsupportedOptions(*spec);
+  std::vector<std::string> fields;
+  for (const auto& v : unsupported) fields.push_back(v.field);
+  EXPECT_EQ(fields, (std::vector<std::string>{"model.compute_dtype", "offload.offload_optimizer.device",
+                                              "offload.activations.layer_overrides[1]", "compression.type"}));
+  const Status s = MakeError();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  for (const auto& v : unsupported) {
+    EXPECT_NE(s.message().find(v.field + ": " + v.description), std::string::npos) << s.message();
+  }
 }
 
 TEST_F(TrainJobConfigTest, FreshJobStartsFromScratchOrTheSpecsCheckpoint) {

@@ -81,6 +81,47 @@ def test_valid_job_is_queued_and_fails_with_a_clear_error_when_its_weights_are_b
     assert "model.safetensors" in done.error.message, done.error.message
 
 
+UNIMPLEMENTED = {  # field path -> the setting that asks for it (daemon/jobs/unsupported_options.cc)
+    "model.compute_dtype": ("model", {"compute_dtype": "fp16"}),
+    "offload.offload_optimizer.device": ("offload", {"offload_optimizer": {"device": "none"}}),
+    "offload.activations.mode": ("offload", {"activations": {"mode": "offload_nvme"}}),
+    "offload.activations.layer_overrides[1]": ("offload", {"activations": {"layer_overrides": {"1": "offload_nvme"}}}),
+    "compression.type": ("compression", {"type": "lsp"}),
+}
+
+
+@pytest.mark.parametrize("field", sorted(UNIMPLEMENTED))
+def test_unimplemented_setting_is_refused_before_queueing(daemon, workspace, field):
+    section, value = UNIMPLEMENTED[field]
+    spec = spec_dict(workspace)
+    spec.setdefault(section, {}).update(value)
+    with offloadd.Client(daemon.target) as c:
+        for validate_only in (True, False):
+            with pytest.raises(offloadd.InvalidArgument) as e:
+                c.create_job(spec, validate_only=validate_only)
+            fields = {v.field: v.description for v in e.value.field_violations}
+            assert list(fields) == [field], fields
+            assert "not implemented" in fields[field]
+        assert list(c.list_jobs()) == [], "nothing was queued"
+
+
+def test_unimplemented_settings_come_back_together_with_other_problems(daemon, workspace):
+    spec = spec_dict(workspace)
+    spec["training"]["learning_rate"] = -1
+    for section, value in UNIMPLEMENTED.values():
+        for key, v in value.items():
+            if isinstance(v, dict) and isinstance(spec.get(section, {}).get(key), dict):
+                spec[section][key].update(v)
+            else:
+                spec.setdefault(section, {})[key] = v
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.InvalidArgument) as e:
+            c.create_job(spec, validate_only=True)
+    fields = {v.field for v in e.value.field_violations}
+    assert fields == set(UNIMPLEMENTED) | {"training.learning_rate"}, fields
+    assert "6 problems" in e.value.message
+
+
 def test_unknown_field_in_dict_is_refused_by_sdk(workspace):
     spec = spec_dict(workspace)
     spec["training"]["learning_rat"] = 1e-4

@@ -1,11 +1,11 @@
-"""A real Prometheus scrapes a real offloadd; every dashboard query must return data through
-Prometheus's HTTP API, and the shipped scrape config must pass promtool."""
+"""A real Prometheus scrapes a real offloadd while a tiny training job runs on the CPU; every
+dashboard query must return data through Prometheus's HTTP API (0 is data: a CPU job reports 0
+PCIe bytes and 0 GPU memory), and the shipped scrape config must pass promtool."""
 
 from __future__ import annotations
 
 import json
 import pathlib
-import re
 import shutil
 import socket
 import subprocess
@@ -17,16 +17,19 @@ import urllib.request
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "daemon"))
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "trainer"))
 from daemon_process import DaemonProcess  # noqa: E402
+from pipeline_testlib import build_model, write_pretokenized  # noqa: E402
 
 import offloadd  # noqa: E402
+from offloadd.v1 import job_pb2  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
                                 reason="prometheus not installed (Debian package 'prometheus')")
 
-
-# Metrics fed by TrainMetrics (daemon/metrics/train_metrics.h): no series before a job runs.
-JOB_METRICS = re.compile(r"\boffloadd_(train_\w+|link_bytes_total|gpu_memory_peak_bytes|jobs)\b")
+# A made-up peak (1 TFLOP/s) for the CPU so offloadd_train_mfu_ratio is exported: the daemon
+# exports MFU only for a known peak (metrics.peak_flops).
+PEAK_FLOPS = 1e12
 
 
 def free_port() -> int:
@@ -47,47 +50,85 @@ def test_shipped_scrape_config_is_valid(source_dir):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def training_spec(ws: pathlib.Path) -> dict:
+    """A tiny Llama on the CPU, with more steps than the test waits for: it is cancelled at the end."""
+    return {
+        "display_name": "dashboards",
+        "model": {"path": str(ws / "model"), "compute_dtype": "fp32"},
+        "dataset": {"paths": [str(ws / "data.jsonl")], "format": "pretokenized", "max_seq_length": 64},
+        "training": {"learning_rate": 1e-4, "per_device_train_batch_size": 4, "max_steps": 100000,
+                     "logging_steps": 10, "save_steps": 100000},
+        "output_dir": str(ws / "out"),
+    }
+
+
+def wait_for(port: int, expr: str, at_least: float, deadline: float, log: pathlib.Path, tick=None) -> None:
+    """Waits until the first series of `expr` reaches `at_least` in Prometheus; `tick` runs between
+    polls."""
+    while True:
+        if tick:
+            tick()
+        try:
+            r = query(port, expr)
+            if r["data"]["result"] and float(r["data"]["result"][0]["value"][1]) >= at_least:
+                return
+        except OSError:
+            pass  # Prometheus still starting
+        assert time.monotonic() < deadline, f"{expr} never reached {at_least}\n" + log.read_text()[-2000:]
+        time.sleep(0.5)
+
+
 def test_every_dashboard_query_returns_data(binary_dir, source_dir, tmp_path):
-    (tmp_path / "daemon").mkdir()
-    daemon = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path / "daemon").start()
+    ws = tmp_path / "daemon"
+    ws.mkdir()
+    build_model(ws / "model", layers=2)
+    write_pretokenized(ws / "data.jsonl", n=64)
+    daemon = DaemonProcess(binary_dir / "daemon" / "offloadd", ws)
+    daemon.config_path.write_text(daemon.config_path.read_text().replace(
+        "  listen: 127.0.0.1:0\n", f"  listen: 127.0.0.1:0\n  peak_flops: {PEAK_FLOPS}\n"))
+    daemon.start()
     port = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
         f"  - job_name: offloadd\n    static_configs: [{{targets: ['127.0.0.1:{daemon.metrics_port}']}}]\n")
+    prom_log = tmp_path / "prometheus.log"
     prom = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
+                            stdout=subprocess.DEVNULL, stderr=open(prom_log, "wb"))
     try:
-        # Generate gRPC traffic between scrapes until Prometheus holds a few samples of it.
-        deadline = time.monotonic() + 60
         with offloadd.Client(daemon.target) as c:
-            while True:
+            job = c.create_job(training_spec(ws))
+            deadline = time.monotonic() + 120
+
+            def traffic():
                 c.health()
                 c.node_info()
-                try:
-                    r = query(port, 'count_over_time(offloadd_grpc_requests_total{method="GetNodeInfo"}[1m])')
-                    if r["data"]["result"] and float(r["data"]["result"][0]["value"][1]) >= 4:
-                        break
-                except OSError:
-                    pass  # Prometheus still starting
-                assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-2000:]
-                time.sleep(0.5)
-        # Training panels have series only once a job has reported a step. Until this test runs
-        # a job (the pipeline, issue #6), they may be empty; as soon as any job has reported,
-        # every query must return data again.
-        job_ran = bool(query(port, "offloadd_train_steps_total")["data"]["result"])
-        empty = []
-        for f in sorted((source_dir / "dashboards").glob("*.json")):
-            for panel in json.loads(f.read_text())["panels"]:
-                for t in panel.get("targets", []):
-                    expr = t["expr"].replace("$instance", ".*").replace("$__rate_interval", "30s")
-                    r = query(port, expr)
-                    assert r["status"] == "success", (panel["title"], expr, r)
-                    if not r["data"]["result"] and (job_ran or not JOB_METRICS.search(expr)):
-                        empty.append(f"{f.name}: {panel['title']}: {expr}")
-        assert not empty, "queries without data:\n" + "\n".join(empty)
+                state = c.get_job(job.id).state
+                assert state in (job_pb2.JOB_STATE_QUEUED, job_pb2.JOB_STATE_RUNNING), (
+                    job_pb2.JobState.Name(state), c.get_job(job.id).error, daemon.log()[-3000:])
+
+            # gRPC traffic between scrapes, and a job whose step series Prometheus has scraped
+            # often enough for rate() over the dashboards' 30 s window.
+            wait_for(port, 'count_over_time(offloadd_grpc_requests_total{method="GetNodeInfo"}[1m])', 4,
+                     deadline, prom_log, traffic)
+            wait_for(port, f'count_over_time(offloadd_train_steps_total{{job_id="{job.id}"}}[30s])', 4,
+                     deadline, prom_log, traffic)
+            empty = []
+            for f in sorted((source_dir / "dashboards").glob("*.json")):
+                for panel in json.loads(f.read_text())["panels"]:
+                    for t in panel.get("targets", []):
+                        expr = t["expr"].replace("$instance", ".*").replace("$__rate_interval", "30s")
+                        r = query(port, expr)
+                        assert r["status"] == "success", (panel["title"], expr, r)
+                        if not r["data"]["result"]:
+                            empty.append(f"{f.name}: {panel['title']}: {expr}")
+            assert not empty, "queries without data:\n" + "\n".join(empty)
+            running = query(port, 'offloadd_jobs{state="running"}')["data"]["result"]
+            assert [float(r["value"][1]) for r in running] == [1.0], running
+            c.cancel_job(job.id)
+            assert c.wait(job.id, timeout=60).state == job_pb2.JOB_STATE_CANCELLED
     finally:
         prom.terminate()
         prom.wait(timeout=30)
