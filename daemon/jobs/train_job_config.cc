@@ -30,7 +30,7 @@ StatusOr<ActivationMode> ToActivationMode(v1::ActivationMode m, const std::strin
     case v1::ACTIVATION_MODE_KEEP: return ActivationMode::kKeep;
     case v1::ACTIVATION_MODE_RECOMPUTE: return ActivationMode::kRecompute;
     case v1::ACTIVATION_MODE_OFFLOAD_CPU: return ActivationMode::kOffloadCpu;
-    // OFFLOAD_NVME: refused by UnsupportedOptions.
+    case v1::ACTIVATION_MODE_OFFLOAD_NVME: return ActivationMode::kOffloadNvme;
     default: return InvalidArgumentError(field + ": unsupported activation mode " + v1::ActivationMode_Name(m));
   }
 }
@@ -106,8 +106,14 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
     return InvalidArgumentError("offload.offload_optimizer.device: unsupported value OFFLOAD_DEVICE_NONE");
   }
-  if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME) {
-    c.offload.tier = trainer::StateTier::kNvme;
+  // The store directories serve optimizer states on NVMe and activations offloaded to NVMe.
+  bool nvme_activations = o.activations().mode() == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
+    nvme_activations |= mode == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  }
+  const bool nvme_states = o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
+  if (nvme_states) c.offload.tier = trainer::StateTier::kNvme;
+  if (nvme_states || nvme_activations) {
     std::vector<std::string> roots;
     if (!o.offload_optimizer().nvme_path().empty()) {
       roots.push_back(o.offload_optimizer().nvme_path());
@@ -116,7 +122,8 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
     }
     if (roots.empty()) {
       return FailedPreconditionError(
-          "offload.offload_optimizer.device: nvme needs a store directory; none is configured (storage.directories)");
+          std::string(nvme_states ? "offload.offload_optimizer.device: nvme" : "offload.activations: offload_nvme") +
+          " needs a store directory; none is configured (storage.directories or offload_optimizer.nvme_path)");
     }
     for (const auto& r : roots) c.offload.nvme_dirs.push_back(r + "/" + job.id());
   }

@@ -153,6 +153,23 @@ TEST_F(TrainJobConfigTest, NvmeStatesGoToAPerJobDirectory) {
   EXPECT_EQ(MakeError().code(), StatusCode::kFailedPrecondition);
 }
 
+// Activations offloaded to NVMe use the same per-job store directories; the states stay in RAM.
+TEST_F(TrainJobConfigTest, NvmeActivationsUseThePerJobDirectories) {
+  auto* a = job_.mutable_spec()->mutable_offload()->mutable_activations();
+  (*a->mutable_layer_overrides())[2] = v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  TrainConfig c = Make();
+  EXPECT_EQ(c.offload.layer_overrides.at(2), ActivationMode::kOffloadNvme);
+  EXPECT_EQ(c.offload.tier, trainer::StateTier::kCpu);
+  EXPECT_EQ(c.offload.nvme_dirs, (std::vector<std::string>{"/nvme0/job-1", "/nvme1/job-1"}));
+  a->set_mode(v1::ACTIVATION_MODE_OFFLOAD_NVME);
+  EXPECT_EQ(Make().offload.activations, ActivationMode::kOffloadNvme);
+  env_.store_dirs.clear();
+  const Status s = MakeError();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("offload.activations: offload_nvme needs a store directory"), std::string::npos)
+      << s.message();
+}
+
 TEST_F(TrainJobConfigTest, ActivationPolicy) {
   auto* a = job_.mutable_spec()->mutable_offload()->mutable_activations();
   a->set_mode(v1::ACTIVATION_MODE_RECOMPUTE);
@@ -165,13 +182,9 @@ TEST_F(TrainJobConfigTest, ActivationPolicy) {
 }
 
 TEST_F(TrainJobConfigTest, UnimplementedSettingsNameTheirField) {
-  job_.mutable_spec()->mutable_offload()->mutable_activations()->set_mode(v1::ACTIVATION_MODE_OFFLOAD_NVME);
+  job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
   Status s = MakeError();
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("offload.activations.mode"), std::string::npos) << s.message();
-  job_.mutable_spec()->mutable_offload()->mutable_activations()->set_mode(v1::ACTIVATION_MODE_AUTO);
-  job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
-  s = MakeError();
   EXPECT_NE(s.message().find("model.compute_dtype"), std::string::npos) << s.message();
   job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_UNSPECIFIED);
   job_.mutable_spec()->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
@@ -184,13 +197,12 @@ TEST_F(TrainJobConfigTest, RefusalIsTheUnsupportedOptionsList) {
   v1::JobSpec* spec = job_.mutable_spec();
   spec->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
   spec->mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NONE);
-  (*spec->mutable_offload()->mutable_activations()->mutable_layer_overrides())[1] = v1::ACTIVATION_MODE_OFFLOAD_NVME;
   spec->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
   const std::vector<FieldViolation> unsupported = UnsupportedOptions(*spec);
   std::vector<std::string> fields;
   for (const auto& v : unsupported) fields.push_back(v.field);
   EXPECT_EQ(fields, (std::vector<std::string>{"model.compute_dtype", "offload.offload_optimizer.device",
-                                              "offload.activations.layer_overrides[1]", "compression.type"}));
+                                              "compression.type"}));
   const Status s = MakeError();
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
   for (const auto& v : unsupported) {
