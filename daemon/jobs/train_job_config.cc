@@ -55,8 +55,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
     case v1::COMPUTE_DTYPE_UNSPECIFIED: c.compute_dtype = "auto"; break;  // bf16 on a GPU, fp32 on CPU
     case v1::COMPUTE_DTYPE_FP32: c.compute_dtype = "fp32"; break;
     case v1::COMPUTE_DTYPE_BF16: c.compute_dtype = "bf16"; break;
-    case v1::COMPUTE_DTYPE_FP16:
-      return UnimplementedError("model.compute_dtype: fp16 (dynamic loss scaling) is not implemented yet; use bf16");
+    case v1::COMPUTE_DTYPE_FP16: c.compute_dtype = "fp16"; break;  // dynamic loss scaling, defaults
     default: return InvalidArgumentError("model.compute_dtype: unknown value");
   }
 
