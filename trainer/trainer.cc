@@ -212,16 +212,7 @@ Status Trainer::Impl::RunStep() {
       if (b == n - 1 && scaler) {
         // The head computes its gradients in the forward, so the loss scale must be final: step
         // k-1's overflow check is done (its updates are: this forward waited for each of them).
-        if (a == 0) {
-      if (pending) RETURN_IF_ERROR(ReportPending(start));
-      // Step k-1 is reported, so `applied` is final: a skipped fp16 step does not advance the
-      // schedule. The driver gets the step before the first gradients (queued after k-1's end).
-      const double lr = cfg.optim.learning_rate * schedule->Multiplier(applied);
-      cur.stats.learning_rate = lr;
-      cur.stats.loss_scale = scaler ? scaler->scale() : 1.0;
-      RETURN_IF_ERROR(host->BeginStep(static_cast<uint64_t>(k), lr,
-                                      scaler ? scaler->grad_unscale() : 1.0f));
-    }
+        if (a == 0 && pending) RETURN_IF_ERROR(ReportPending(start));
         mb.loss_scale = scaler->scale();
       }
       streams->BeginCompute("forward " + model->block(b).name());

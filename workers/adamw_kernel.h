@@ -1,7 +1,7 @@
 #pragma once
-// The fused CPU AdamW kernel: one pass over a shard reads the gradients (bf16, fp16 or fp32), updates
-// the fp32 master weights, exp_avg and exp_avg_sq in place, writes a bf16/fp16 copy of the new
-// weights for the GPU, and returns the sum of squares of the gradients it read (for global-norm
+// The fused CPU AdamW kernel: one pass over a shard reads the gradients (bf16, fp16 or fp32),
+// updates the fp32 master weights, exp_avg and exp_avg_sq in place, writes a bf16/fp16 copy of the
+// new weights for the GPU, and returns the sum of squares of the gradients it read (for global-norm
 // clipping). Also gradient accumulation into fp32 across micro-batches, and a norm-only pass.
 //
 // Numerics follow torch.optim.AdamW (decoupled weight decay, bias correction) operation by

@@ -71,8 +71,8 @@ Status StepDriver::SubmitUpdate(size_t shard, float grad_scale) {
   if (s.weight_dtype == WeightDtype::kFp16) r.flags |= kFlagWeightsFp16;
   r.Pack(AdamWCommand{s.num_elements, accumulated ? s.accum_offset : s.grad_offset, s.master_offset,
                       s.exp_avg_offset, s.exp_avg_sq_offset, s.weights_offset, s.counters_offset,
-                      step_ - skipped_steps_, lr_, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
-                      grad_scale, s.layer});
+                      step_ - skipped_steps_, lr_, config_.beta1, config_.beta2, config_.eps,
+                      config_.weight_decay, grad_scale, s.layer});
   return Submit(shard, r);
 }
 

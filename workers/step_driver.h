@@ -69,7 +69,7 @@ struct OptimizerConfig {
 };
 
 struct StepResult {
-  double grad_norm = 0;    // global L2 norm of the (accumulated, unscaled) gradients, before clipping
+  double grad_norm = 0;    // global L2 norm of the (accumulated, unscaled) gradients, unclipped
   float clip_coef = 1.0f;  // clip coefficient (the workers applied clip_coef * grad_unscale)
   uint64_t params_updated = 0;
   bool skipped = false;     // non-finite gradients with skip_nonfinite: nothing was updated

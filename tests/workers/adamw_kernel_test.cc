@@ -118,7 +118,8 @@ TEST(AdamWKernelFp16Test, NormsAndAccumulationReadFp16) {
   }
   for (KernelPath path : SupportedPaths()) {
     SCOPED_TRACE(std::string(KernelPathName(path)));
-    EXPECT_NEAR(GradSquaredNorm(s.grad.data(), GradDtype::kFp16, kN, path), want_sq, 1e-6 * want_sq);
+    EXPECT_NEAR(GradSquaredNorm(s.grad.data(), GradDtype::kFp16, kN, path), want_sq,
+                1e-6 * want_sq);
     std::vector<float> acc(kN, 0.5f);
     AccumulateGrad(acc.data(), s.grad.data(), GradDtype::kFp16, kN, /*overwrite=*/false, path);
     EXPECT_EQ(acc, want);

@@ -7,9 +7,10 @@ batches.
 
 Exact: the loss-scale trajectory, which steps are skipped, the learning rates. Tolerances (fp16
 rounding of weights, activations and gradients differs in operation order between the engine's
-explicit backward and autograd): per-step loss within 2e-3 relative; final fp32 weights within
+explicit backward and autograd): per-step loss within 1e-4 relative; final fp32 weights within
 2e-3 absolute after 20 steps at lr 2e-3 (as for bf16: where a gradient is near 0, Adam's normalised
-update can flip sign, moving a weight by up to 2 lr). Measured: see the module constants."""
+update can flip sign, moving a weight by up to 2 lr). Measured on x86 (AVX-512): loss <= 7.7e-6
+relative, weights <= 1.1e-3 (untied, 2 micro-batches), <= 1.9e-4 (tied)."""
 
 import json
 
@@ -22,7 +23,7 @@ from pipeline_testlib import (build_model, read_stats, reference_train_fp16, run
                               write_pretokenized)
 
 COMMON = dict(lr=2e-3, weight_decay=0.1, max_grad_norm=0.5, scheduler="cosine", warmup_steps=3)
-LOSS_RTOL = 2e-3
+LOSS_RTOL = 1e-4
 WEIGHT_ATOL = 2e-3
 
 
@@ -95,15 +96,18 @@ def _layers(ckpt):
 
 
 def test_overflow_skips_steps_like_gradscaler(binary_dir, tmp_path):
-    # 2**30 overflows the fp16 gradients: the first steps are skipped while the scale halves, and
-    # growth_interval 2 makes it grow back into overflow again later.
-    steps = 12
-    out, stats, ref = run_both(binary_dir, tmp_path, "out", steps=steps, init_scale=2.0**30, growth_interval=2,
-                               extra=["--save-steps=1"])
+    # 1.5 * 2**23 overflows the fp16 gradients: the first steps are skipped while the scale halves,
+    # and growth_interval 2 makes it grow back into overflow again and again. Not a power of two:
+    # unscaling is inexact here, as in torch. (The skip pattern can only match while no step's
+    # largest scaled gradient lands within fp16 rounding of 65504; with powers of two this model
+    # sits right at that edge at 2**20, where accumulation order decides.)
+    steps = 14
+    out, stats, ref = run_both(binary_dir, tmp_path, "out", steps=steps, init_scale=1.5 * 2.0**23,
+                               growth_interval=2, extra=["--save-steps=1"])
     check_against_reference(stats, ref, exported=load_file(out / "model.safetensors"))
     skipped = [s["step"] for s in stats if s["skipped"]]
-    assert skipped[:2] == [1, 2] and len(skipped) < steps, skipped
-    assert stats[0]["loss_scale"] == 2.0**30 and stats[1]["loss_scale"] == 2.0**29
+    assert skipped[:2] == [1, 2] and max(skipped) > 6 and len(skipped) < steps - 4, skipped
+    assert stats[0]["loss_scale"] == 1.5 * 2.0**23 and stats[1]["loss_scale"] == 1.5 * 2.0**22
     assert all(s["grad_norm"] is None for s in stats if s["skipped"])  # inf/NaN -> JSON null
     # Weights, master and moments stay bit for bit on a skipped step; the AdamW step stays too.
     prev = None
@@ -143,5 +147,24 @@ def test_resume_continues_the_scale_exactly(binary_dir, tmp_path):
     assert state["grad_scaler"]["scale"] == a[6]["loss_scale"]
     assert state["grad_scaler"]["growth_tracker"] in (0, 1)
     wa, wb = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+def test_nvme_tier_equals_ram_tier(binary_dir, tmp_path):
+    # Skipped steps must not stage or write back anything that changes the states.
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    store = tmp_path / "store"
+    store.mkdir()
+    common = dict(steps=8, accum=2, init_scale=2.0**24, growth_interval=2)
+    run_train(binary_dir, train_args(model, data, tmp_path / "ram", **common))
+    run_train(binary_dir, train_args(model, data, tmp_path / "nvme", **common,
+                                     extra=["--tier=nvme", f"--nvme-dir={store}"]))
+    keys = ("loss", "loss_scale", "skipped", "grad_norm")
+    a, b = (read_stats(tmp_path / d / "stats.jsonl") for d in ("ram", "nvme"))
+    assert [[s[k] for k in keys] for s in a] == [[s[k] for k in keys] for s in b]
+    assert any(s["skipped"] for s in a) and not all(s["skipped"] for s in a)
+    wa, wb = load_file(tmp_path / "ram" / "model.safetensors"), load_file(tmp_path / "nvme" / "model.safetensors")
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
