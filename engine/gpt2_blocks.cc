@@ -155,7 +155,8 @@ class Gpt2Head final : public Block {
     at::Tensor mean, rstd, dn, dw;
     at::Tensor n = ops::LayerNorm(x, P(0), P(1), eps_, &mean, &rstd);
     at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
-                                      saved ? &dn : nullptr, saved ? &dw : nullptr);
+                                      saved ? &dn : nullptr, saved ? &dw : nullptr,
+                                      ops::kHeadChunkBytes, mb.loss_scale);
     if (saved) *saved = {x, mean, rstd, dn, dw};
     return loss;
   }

@@ -172,7 +172,8 @@ class LlamaHead final : public Block {
     at::Tensor rstd, dn, dw;
     at::Tensor n = ops::RmsNorm(x, P(0), eps_, &rstd);
     at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
-                                      saved ? &dn : nullptr, saved ? &dw : nullptr);
+                                      saved ? &dn : nullptr, saved ? &dw : nullptr,
+                                      ops::kHeadChunkBytes, mb.loss_scale);
     if (saved) *saved = {x, rstd, dn, dw};
     return loss;
   }

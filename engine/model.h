@@ -66,6 +66,9 @@ struct MicroBatch {
   at::Tensor position_ids;        // [B, T] int64 (rotary / learned positions)
   at::Tensor targets;             // [B, T] int64 next-token targets (already shifted), or undefined
   double num_trained_tokens = 0;  // loss normaliser, see above
+  // fp16 dynamic loss scaling: the head's gradients (and so every block's) are of
+  // loss * loss_scale; the loss the head returns is not scaled. Set it before the head's Forward.
+  double loss_scale = 1.0;
   at::Tensor segment_ids;         // [B, T] int64 packed-document ids, or undefined (one document)
   at::Tensor rope_cos, rope_sin;  // [B, T, head_dim] in the compute dtype (Llama family)
   at::Tensor attn_mask;           // [B, 1, T, T] additive mask built from segment_ids

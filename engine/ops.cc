@@ -264,7 +264,7 @@ void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor&
 }
 
 at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, double normalizer,
-                        at::Tensor* dlogits) {
+                        at::Tensor* dlogits, double grad_scale) {
   const int64_t vocab = logits.size(-1);
   at::Tensor lf = logits.to(at::kFloat).reshape({-1, vocab});
   at::Tensor t = targets.reshape({-1});
@@ -278,13 +278,15 @@ at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, dou
     at::Tensor p = (lf - lse).exp();
     p.scatter_add_(1, safe_t, at::full_like(safe_t, -1, lf.options()));
     p.mul_(mask.unsqueeze(1).to(at::kFloat) / normalizer);
+    if (grad_scale != 1.0) p.mul_(grad_scale);  // autograd's (loss * S).backward() scales here
     *dlogits = p.to(logits.scalar_type()).view(logits.sizes());
   }
   return loss;
 }
 
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
-                      double normalizer, at::Tensor* dn, at::Tensor* dw, int64_t chunk_bytes) {
+                      double normalizer, at::Tensor* dn, at::Tensor* dw, int64_t chunk_bytes,
+                      double grad_scale) {
   const int64_t hidden = n.size(-1), vocab = w.size(0);
   at::Tensor n2 = n.reshape({-1, hidden});
   at::Tensor t2 = targets.reshape({-1});
@@ -302,7 +304,8 @@ at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor
     at::Tensor nc = n2.narrow(0, start, len);
     at::Tensor logits = at::linear(nc, w);
     at::Tensor dlogits;
-    loss += CrossEntropy(logits, t2.narrow(0, start, len), normalizer, grad ? &dlogits : nullptr);
+    loss += CrossEntropy(logits, t2.narrow(0, start, len), normalizer, grad ? &dlogits : nullptr,
+                         grad_scale);
     if (grad) {
       dn2.narrow(0, start, len).copy_(dlogits.mm(w));
       dw32 += dlogits.t().mm(nc);

@@ -66,19 +66,21 @@ void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor&
                     at::Tensor* du);
 
 // Cross-entropy summed over targets != kIgnoreIndex, divided by `normalizer`, fp32 scalar.
-// With `dlogits` non-null also returns d loss / d logits in logits' dtype.
+// With `dlogits` non-null also returns d (loss * grad_scale) / d logits in logits' dtype, scaled
+// in fp32 before the cast (fp16 loss scaling keeps small gradients from flushing to zero).
 at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, double normalizer,
-                        at::Tensor* dlogits);
+                        at::Tensor* dlogits, double grad_scale = 1.0);
 
 // LM head + loss for training: logits = n W^T, loss = CrossEntropy(logits, targets) / normalizer,
 // computed over chunks of tokens so that no [tokens, vocab] tensor larger than kHeadChunkBytes
 // (fp32) exists at once (Llama-3's 128k vocabulary x 16k tokens would be 8 GiB per copy). With
 // dn/dw non-null also returns d loss / d n ([B, T, H], n's dtype) and d loss / d W ([V, H], W's
-// dtype, accumulated over chunks in fp32).
+// dtype, accumulated over chunks in fp32). The gradients are of loss * grad_scale; the returned
+// loss is not scaled.
 inline constexpr int64_t kHeadChunkBytes = 512ll << 20;
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
                       double normalizer, at::Tensor* dn, at::Tensor* dw,
-                      int64_t chunk_bytes = kHeadChunkBytes);
+                      int64_t chunk_bytes = kHeadChunkBytes, double grad_scale = 1.0);
 
 // [B, T, H*D] <-> [B, H, T, D]
 at::Tensor SplitHeads(const at::Tensor& x, int64_t heads, int64_t head_dim);

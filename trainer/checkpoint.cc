@@ -205,6 +205,7 @@ class JsonFields {
  public:
   JsonFields(const json& obj, std::string origin) : obj_(obj), origin_(std::move(origin)) {}
 
+  bool Has(const char* key) const { return obj_.find(key) != obj_.end(); }
   StatusOr<const json*> Get(const char* key) const {
     auto it = obj_.find(key);
     if (it == obj_.end()) return Bad(key, "is missing");
@@ -260,24 +261,29 @@ json StateToJson(const TrainerState& s, int num_layers,
                    {"learning_rate", DoubleToJson(e.learning_rate)},
                    {"grad_norm", DoubleToJson(e.grad_norm)}});
   }
-  return {{"format", kFormat},
-          {"version", kVersion},
-          {"global_step", s.global_step},
-          {"max_steps", s.max_steps},
-          {"epoch", DoubleToJson(s.epoch)},
-          {"num_input_tokens_seen", s.num_input_tokens_seen},
-          {"seed", s.seed},
-          {"rng_state", s.rng_state},
-          {"data_cursor", s.data_cursor},
-          {"lr_scheduler",
-           {{"lr_scheduler_type", s.scheduler.lr_scheduler_type},
-            {"learning_rate", DoubleToJson(s.scheduler.learning_rate)},
-            {"warmup_steps", s.scheduler.warmup_steps},
-            {"total_steps", s.scheduler.total_steps}}},
-          {"model_fingerprint", s.model_fingerprint},
-          {"log_history", std::move(log)},
-          {"num_layers", num_layers},
-          {"files", files}};
+  json out = {{"format", kFormat},
+              {"version", kVersion},
+              {"global_step", s.global_step},
+              {"max_steps", s.max_steps},
+              {"epoch", DoubleToJson(s.epoch)},
+              {"num_input_tokens_seen", s.num_input_tokens_seen},
+              {"seed", s.seed},
+              {"rng_state", s.rng_state},
+              {"data_cursor", s.data_cursor},
+              {"lr_scheduler",
+               {{"lr_scheduler_type", s.scheduler.lr_scheduler_type},
+                {"learning_rate", DoubleToJson(s.scheduler.learning_rate)},
+                {"warmup_steps", s.scheduler.warmup_steps},
+                {"total_steps", s.scheduler.total_steps}}},
+              {"model_fingerprint", s.model_fingerprint},
+              {"log_history", std::move(log)},
+              {"num_layers", num_layers},
+              {"files", files}};
+  if (s.grad_scaler) {
+    out["grad_scaler"] = {{"scale", DoubleToJson(s.grad_scaler->scale)},
+                          {"growth_tracker", s.grad_scaler->growth_tracker}};
+  }
+  return out;
 }
 
 Status StateFromJson(const JsonFields& f, TrainerState* s, int* num_layers,
@@ -316,6 +322,14 @@ Status StateFromJson(const JsonFields& f, TrainerState* s, int* num_layers,
     ASSIGN_OR_RETURN(entry.learning_rate, ef.Double("learning_rate"));
     ASSIGN_OR_RETURN(entry.grad_norm, ef.Double("grad_norm"));
     s->log_history.push_back(entry);
+  }
+  if (f.Has("grad_scaler")) {
+    ASSIGN_OR_RETURN(JsonFields gs, f.Object("grad_scaler"));
+    GradScalerState st;
+    ASSIGN_OR_RETURN(double scale, gs.Double("scale"));
+    st.scale = static_cast<float>(scale);
+    ASSIGN_OR_RETURN(st.growth_tracker, gs.Int("growth_tracker"));
+    s->grad_scaler = st;
   }
   ASSIGN_OR_RETURN(int64_t layers, f.Int("num_layers"));
   if (layers < 1 || layers > 1'000'000) return f.Bad("num_layers", "is out of range");

@@ -34,12 +34,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "trainer/grad_scaler.h"
 
 namespace offloadd::trainer {
 
@@ -102,6 +104,8 @@ struct TrainerState {
   SchedulerState scheduler;
   std::string model_fingerprint;  // ModelFingerprint() of the model trained
   std::vector<LogEntry> log_history;
+  // fp16 dynamic loss scaling ("grad_scaler" in the JSON); absent for bf16 / fp32 runs.
+  std::optional<GradScalerState> grad_scaler;
 };
 
 struct CheckpointInfo {

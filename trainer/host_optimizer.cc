@@ -22,8 +22,20 @@ uint64_t RoundUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
   workers::ShardLayoutOptions lo;
-  lo.grad_dtype = o.compute == HostDtype::kBf16 ? workers::GradDtype::kBf16 : workers::GradDtype::kFp32;
-  lo.weight_dtype = o.compute == HostDtype::kBf16 ? workers::WeightDtype::kBf16 : workers::WeightDtype::kNone;
+  switch (o.compute) {
+    case HostDtype::kFp32:
+      lo.grad_dtype = workers::GradDtype::kFp32;
+      lo.weight_dtype = workers::WeightDtype::kNone;  // the device reads the master weights
+      break;
+    case HostDtype::kBf16:
+      lo.grad_dtype = workers::GradDtype::kBf16;
+      lo.weight_dtype = workers::WeightDtype::kBf16;
+      break;
+    case HostDtype::kFp16:
+      lo.grad_dtype = workers::GradDtype::kFp16;
+      lo.weight_dtype = workers::WeightDtype::kFp16;
+      break;
+  }
   lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
   lo.states_resident = o.tier == StateTier::kCpu;
   return lo;
@@ -144,6 +156,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   oc.max_grad_norm = o.optim.max_grad_norm;
   oc.accumulation_steps = lo.accumulation_steps;
   oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
+  oc.skip_nonfinite = o.skip_nonfinite;
   driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
   update_start_us_.assign(shards_.size(), 0);
   driver_->SetOnShardUpdated([this](size_t shard) {
@@ -199,13 +212,13 @@ void* HostOptimizer::grad_staging(int block) const {
 }
 
 void* HostOptimizer::compute_weights(int block) const {
-  if (options_.compute == HostDtype::kBf16) return arena_->At<void>(shards_[block].weights_offset);
+  if (options_.compute != HostDtype::kFp32) return arena_->At<void>(shards_[block].weights_offset);
   if (store_) return arena_->At<void>(compute_copy_[block]);
   return arena_->At<void>(shards_[block].master_offset);
 }
 
 uint64_t HostOptimizer::compute_weight_bytes(int block) const {
-  return shards_[block].num_elements * (options_.compute == HostDtype::kBf16 ? 2 : 4);
+  return shards_[block].num_elements * (options_.compute == HostDtype::kFp32 ? 4 : 2);
 }
 
 void HostOptimizer::Fail(const Status& s) {
@@ -244,7 +257,7 @@ Status HostOptimizer::Handle(Item& item) {
   switch (item.kind) {
     case Item::kBegin:
       driver_step_ = item.step;
-      return driver_->BeginStep(item.step, item.lr);
+      return driver_->BeginStep(item.step, item.lr, item.grad_unscale);
     case Item::kGrads: {
       if (item.fn) RETURN_IF_ERROR(item.fn());
       RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro));
@@ -262,6 +275,10 @@ Status HostOptimizer::Handle(Item& item) {
         while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
       }
       std::lock_guard<std::mutex> lock(mu_);
+      if (r.ok() && r->skipped) {  // no update ran: the blocks keep their weights of the last one
+        std::fill(updated_step_.begin(), updated_step_.end(), driver_step_);
+        std::fill(staging_busy_.begin(), staging_busy_.end(), false);
+      }
       result_ = std::move(r);
       finished_step_ = driver_step_;
       cv_.notify_all();
@@ -298,13 +315,14 @@ Status HostOptimizer::RunOnThread(std::function<Status()> fn) {
 
 // ---- step API (step-loop thread) ----
 
-Status HostOptimizer::BeginStep(uint64_t step, double lr) {
+Status HostOptimizer::BeginStep(uint64_t step, double lr, float grad_unscale) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
   Item it;
-    it.kind = Item::kBegin;
+  it.kind = Item::kBegin;
   it.step = step;
   it.lr = lr;
+  it.grad_unscale = grad_unscale;
   queue_.push_back(std::move(it));
   cv_.notify_all();
   return OkStatus();
@@ -321,7 +339,7 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
   RETURN_IF_ERROR(error_);
   staging_busy_[block] = true;
   Item it;
-    it.kind = Item::kGrads;
+  it.kind = Item::kGrads;
   it.block = block;
   it.micro = micro;
   it.fn = std::move(wait);
@@ -336,10 +354,26 @@ Status HostOptimizer::WaitUpdated(int block, uint64_t step) {
   return error_;
 }
 
-void HostOptimizer::ResumeAt(uint64_t step) {
+Status HostOptimizer::ResumeAt(uint64_t step, uint64_t adam_step) {
+  if (adam_step > step) {
+    return InvalidArgumentError("AdamW step " + std::to_string(adam_step) +
+                                " is beyond optimizer step " + std::to_string(step));
+  }
+  // Accumulate commands are sequenced by micro-batch over all steps, skipped ones included.
+  const uint64_t seq = step * std::max<uint32_t>(1, options_.accumulation_steps);
+  for (const auto& s : shards_) {
+    if (s.accum_counters_offset == 0) continue;
+    uint64_t* acc = arena_->At<uint64_t>(s.accum_counters_offset);
+    std::fill(acc, acc + workers::NumChunks(s.num_elements), seq);
+  }
+  RETURN_IF_ERROR(RunOnThread([&]() -> Status {
+    driver_->set_skipped_steps(step - adam_step);
+    return OkStatus();
+  }));
   std::lock_guard<std::mutex> lock(mu_);
   std::fill(updated_step_.begin(), updated_step_.end(), step);
   finished_step_ = step;
+  return OkStatus();
 }
 
 Status HostOptimizer::FinishStepAsync() {
@@ -375,8 +409,13 @@ UpdateTotals HostOptimizer::TakeTotals() {
 // ---- initial values and checkpoints ----
 
 namespace {
-void ToBf16(const float* src, uint16_t* dst, uint64_t n) {
-  for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToBf16(src[i]);
+// The 16-bit weight copy the device reads (nothing to do for fp32 compute).
+void To16(HostDtype dt, const float* src, uint16_t* dst, uint64_t n) {
+  if (dt == HostDtype::kBf16) {
+    for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToBf16(src[i]);
+  } else if (dt == HostDtype::kFp16) {
+    for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToFp16(src[i]);
+  }
 }
 }  // namespace
 
@@ -386,8 +425,7 @@ Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill)
     if (!store_) {
       float* master = arena_->At<float>(s.master_offset);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
-      if (options_.compute == HostDtype::kBf16)
-        ToBf16(master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+      To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
       continue;
     }
     const Status staged = RunOnThread([&, b]() -> Status {
@@ -397,8 +435,7 @@ Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill)
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
       if (compute_copy_[b] != 0)
         std::memcpy(arena_->At<void>(compute_copy_[b]), master, s.num_elements * 4);
-      if (options_.compute == HostDtype::kBf16)
-        ToBf16(master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+      To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
       std::memset(arena_->At<void>(slot.offset[1]), 0, s.num_elements * 4);
       std::memset(arena_->At<void>(slot.offset[2]), 0, s.num_elements * 4);
       for (int k = 0; k < 3; ++k)
@@ -437,14 +474,8 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   const uint64_t bytes = s.num_elements * 4;
   uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
   std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
-  if (s.accum_counters_offset != 0) {
-    uint64_t* acc = arena_->At<uint64_t>(s.accum_counters_offset);
-    std::fill(acc, acc + workers::NumChunks(s.num_elements),
-              adam_step * std::max<uint32_t>(1, options_.accumulation_steps));
-  }
   auto derive = [&](const float* m) {
-    if (options_.compute == HostDtype::kBf16)
-      ToBf16(m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+    To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
     if (store_ && compute_copy_[block] != 0)
       std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
   };

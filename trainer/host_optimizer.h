@@ -45,11 +45,14 @@ class WorkerPool;
 
 namespace offloadd::trainer {
 
-enum class HostDtype { kFp32, kBf16 };  // compute dtype as the host sees it
+enum class HostDtype { kFp32, kBf16, kFp16 };  // compute dtype as the host sees it
 
 struct HostOptimizerOptions {
   std::vector<uint64_t> block_elements;  // parameters per block, in block order
   HostDtype compute = HostDtype::kFp32;
+  // fp16 dynamic loss scaling: updates wait for the global norm and a non-finite one skips the
+  // step (workers::OptimizerConfig::skip_nonfinite).
+  bool skip_nonfinite = false;
   uint32_t accumulation_steps = 1;
   OptimConfig optim;
   StateTier tier = StateTier::kCpu;
@@ -78,7 +81,7 @@ class HostOptimizer {
 
   int num_blocks() const { return static_cast<int>(shards_.size()); }
   uint64_t elements(int block) const { return shards_[block].num_elements; }
-  // Staging buffer for block gradients, in the compute dtype (fp32 or bf16).
+  // Staging buffer for block gradients, in the compute dtype (fp32, bf16 or fp16).
   void* grad_staging(int block) const;
   // The weights the device computes with, in the compute dtype (updated in place by the workers,
   // or copied from the staged master after each update in the NVMe tier with fp32 compute).
@@ -96,8 +99,9 @@ class HostOptimizer {
   Status RestoreStates(int block, const float* master, const float* exp_avg,
                        const float* exp_avg_sq, uint64_t adam_step);
 
-  // After restoring a checkpoint of `step`: every block counts as updated through it.
-  void ResumeAt(uint64_t step);
+  // After restoring a checkpoint of `step` whose layers had `adam_step` AdamW updates applied
+  // (fewer when fp16 loss scaling skipped steps): every block counts as updated through `step`.
+  Status ResumeAt(uint64_t step, uint64_t adam_step);
 
   void SetOnUpdated(std::function<void(int block)> callback) { on_updated_ = std::move(callback); }
   // Trace spans of host work (optimizer thread): track "cpu update" (submit to completion of a
@@ -105,7 +109,8 @@ class HostOptimizer {
   using SpanSink = std::function<void(const char* track, int block, int64_t start_us, int64_t end_us)>;
   void SetSpanSink(SpanSink sink) { span_sink_ = std::move(sink); }
 
-  Status BeginStep(uint64_t step, double lr);
+  // grad_unscale: 1 / loss scale (fp16), folded into the workers' clip coefficient.
+  Status BeginStep(uint64_t step, double lr, float grad_unscale = 1.0f);
   // Blocks until the staging buffer of `block` may be overwritten.
   Status WaitStagingFree(int block);
   // Queues: run `wait` (may be empty) on the optimizer thread, then hand the gradients over.
@@ -114,7 +119,8 @@ class HostOptimizer {
   Status WaitUpdated(int block, uint64_t step);
   // Closes the open step: its remaining updates run in the background.
   Status FinishStepAsync();
-  // Waits until every update of `step` is done and returns the step's result.
+  // Waits until every update of `step` is done and returns the step's result (a skipped step
+  // counts as done: its blocks keep their weights).
   StatusOr<workers::StepResult> WaitFinished(uint64_t step);
   UpdateTotals TakeTotals();
   uint32_t worker_processes() const;
@@ -126,6 +132,7 @@ class HostOptimizer {
     uint32_t micro = 0;
     uint64_t step = 0;
     double lr = 0;
+    float grad_unscale = 1.0f;
     std::function<Status()> fn;
   };
   struct Slot;

@@ -14,7 +14,9 @@ struct StepStats {
   int64_t trained_tokens = 0;  // tokens with a target (loss normaliser)
   double loss = 0;             // mean token loss of the step
   double learning_rate = 0;
-  double grad_norm = 0;        // before clipping
+  double grad_norm = 0;        // before clipping (unscaled; inf or NaN on a skipped step)
+  double loss_scale = 1;       // fp16: the scale this step's backward ran with (else 1)
+  bool skipped = false;        // fp16: gradients overflowed, no update was applied
   double step_seconds = 0;     // wall time of the step
   double model_flops = 0;      // 6 * params * tokens (+ attention), without recompute
   // Busy time per resource inside the step (seconds) ...

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/grad_scaler.h"
+
 namespace offloadd::trainer {
 
 enum class ActivationMode { kAuto, kKeep, kRecompute, kOffloadCpu, kOffloadNvme };
@@ -60,7 +62,8 @@ struct TrainConfig {
   std::string model_dir;
   bool random_init = false;  // bench: config.json only, transformers-style random weights
   std::string device = "cpu";          // "cpu", "cuda", "cuda:N"
-  std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+  std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+  LossScaleConfig loss_scale;          // fp16 only: dynamic loss scaling (torch.amp.GradScaler)
   DataConfig data;
   OptimConfig optim;
   OffloadPlanConfig offload;

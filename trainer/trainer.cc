@@ -126,11 +126,9 @@ Status Trainer::Impl::RunStep() {
     trained += m.trained_tokens;
     micro.push_back(std::move(m));
   }
-  const double lr = cfg.optim.learning_rate * schedule->Multiplier(k - 1);
   const auto start = std::chrono::steady_clock::now();
   CollectDeviceSpans();  // the previous step's device work is queued: measure it now
   streams->MarkStepStart();
-  RETURN_IF_ERROR(host->BeginStep(static_cast<uint64_t>(k), lr));
 
   Pending cur;
   cur.start = start;
@@ -138,7 +136,6 @@ Status Trainer::Impl::RunStep() {
   cur.stats.max_steps = total;
   cur.stats.tokens = tokens;
   cur.stats.trained_tokens = trained;
-  cur.stats.learning_rate = lr;
   double flops = 0;
 
   // Activation offloading to pinned host memory (SaveMode::kOffload).
@@ -232,13 +229,28 @@ Status Trainer::Impl::RunStep() {
     for (int b = 0; b < n; ++b) {
       RETURN_IF_ERROR(EnsureWeights(b, wait, &cur.stall_weights));
       for (int p = 1; p <= window; ++p) Prefetch(b + p, wait);
+      if (b == n - 1 && scaler) {
+        // The head computes its gradients in the forward, so the loss scale must be final: step
+        // k-1's overflow check is done (its updates are: this forward waited for each of them).
+        if (a == 0 && pending) RETURN_IF_ERROR(ReportPending(start));
+        mb.loss_scale = scaler->scale();
+      }
       streams->BeginCompute("forward " + model->block(b).name());
       ASSIGN_OR_RETURN(x, model->block(b).Forward(mb, x, modes[b], &saved[b], &offload));
       streams->EndCompute();
       if (b < n - 1 - window) ReleaseWeights(b);
     }
     loss_sum = loss_sum.defined() ? loss_sum + x.detach() : x.detach().clone();
-    if (a == 0 && pending) RETURN_IF_ERROR(ReportPending(start));
+    if (a == 0) {
+      if (pending) RETURN_IF_ERROR(ReportPending(start));
+      // Step k-1 is reported, so `applied` is final: a skipped fp16 step does not advance the
+      // schedule. The driver gets the step before the first gradients (queued after k-1's end).
+      const double lr = cfg.optim.learning_rate * schedule->Multiplier(applied);
+      cur.stats.learning_rate = lr;
+      cur.stats.loss_scale = scaler ? scaler->scale() : 1.0;
+      RETURN_IF_ERROR(host->BeginStep(static_cast<uint64_t>(k), lr,
+                                      scaler ? scaler->grad_unscale() : 1.0f));
+    }
     // Backward: each block's gradients leave as soon as its backward is done.
     at::Tensor g, tied_grad;
     for (int b = n - 1; b >= 0; --b) {
@@ -308,6 +320,9 @@ Status Trainer::Impl::ReportPending(std::chrono::steady_clock::time_point end) {
   StepStats& s = p.stats;
   s.loss = p.loss.defined() ? p.loss.item<double>() : 0.0;
   s.grad_norm = r.grad_norm;
+  s.skipped = r.skipped;
+  applied = static_cast<int64_t>(r.adam_step);
+  if (scaler) scaler->Update(r.skipped);
   s.step_seconds = Seconds(p.start, end);
   s.stall_weights_seconds = p.stall_weights;
   s.stall_grads_seconds = p.stall_grads;
@@ -324,7 +339,7 @@ Status Trainer::Impl::ReportPending(std::chrono::steady_clock::time_point end) {
     s.stall_activations_seconds = a.wait_seconds;
   }
   s.gpu_peak_bytes = streams->PeakReservedBytes();
-  if (!std::isfinite(s.loss)) {
+  if (!std::isfinite(s.loss) && !s.skipped) {
     return DataLossError("loss is not finite at step " + std::to_string(s.step));
   }
   last_loss = s.loss;

@@ -2,19 +2,23 @@
 // Trainer: the offloaded training pipeline for one job (issue #6).
 //
 // Per optimizer step k, for each micro-batch: a forward pass block by block (embedding, decoder
-// layers, head) and a backward pass in reverse. The device computes in bf16 (fp32 on CPU); fp32
-// master weights and Adam states stay on the host (HostOptimizer: shared arena + worker
+// layers, head) and a backward pass in reverse. The device computes in bf16 or fp16 (fp32 on CPU);
+// fp32 master weights and Adam states stay on the host (HostOptimizer: shared arena + worker
 // processes, or the NVMe store). As soon as a block's backward has produced its gradients they go
-// device-to-host into that block's staging buffer and the workers update the block while the
-// device goes on with earlier blocks (active gradient offloading); with exact clipping the
-// updates wait for the global norm and then run in ascending block order. Updated weights flow
-// back host-to-device right behind each block's update, and the forward of step k+1 waits for
-// each block's update of step k: no stale weights. On CUDA, compute, host-to-device and
-// device-to-host copies run on three streams ordered by events. Weights stay resident on the
-// device when the GPU memory budget allows, else they are streamed in a few blocks ahead of use
-// and dropped after; each decoder layer's activations are kept, recomputed or offloaded to pinned
-// host memory by a static per-job plan (TrainConfig::offload.activations / layer_overrides, or
-// AUTO: keep while it fits, recompute the rest).
+// device-to-host into that block's staging buffer and the workers update the block while the device
+// goes on with earlier blocks (active gradient offloading); with exact clipping the updates wait
+// for the global norm and then run in ascending block order. fp16 compute adds dynamic loss scaling
+// (torch.amp.GradScaler's rule, trainer/grad_scaler.h): the head scales its fp32 loss gradient by S
+// before the cast to fp16, the fp16 gradients are staged as they are, the workers fold 1/S into the
+// clip coefficient, and a step whose gradients hold an inf or NaN is skipped as a whole (updates
+// always wait for the norm then); the learning-rate schedule counts applied updates only, as HF
+// Trainer does. Updated weights flow back host-to-device right behind each block's update, and the
+// forward of step k+1 waits for each block's update of step k: no stale weights. On CUDA, compute,
+// host-to-device and device-to-host copies run on three streams ordered by events. Weights stay
+// resident on the device when the GPU memory budget allows, else they are streamed in a few blocks
+// ahead of use and dropped after; each decoder layer's activations are kept, recomputed or
+// offloaded to pinned host memory by a static per-job plan (TrainConfig::offload.activations /
+// layer_overrides, or AUTO: keep while it fits, recompute the rest).
 //
 // Steps are pipelined: the forward of step k+1 overlaps the tail of step k's CPU updates, so
 // step k's statistics (gradient norm, timings) are reported once step k+1's forward is done, or

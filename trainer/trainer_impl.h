@@ -16,6 +16,7 @@
 #include "trainer/activation_spill.h"
 #include "trainer/data_source.h"
 #include "trainer/device_streams.h"
+#include "trainer/grad_scaler.h"
 #include "trainer/host_optimizer.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/trainer.h"
@@ -63,7 +64,12 @@ struct Trainer::Impl {
   int64_t gpu_budget = 0;
   std::string plan_text;
 
+  std::optional<GradScaler> scaler;  // fp16 compute only
   int64_t completed = 0;  // optimizer steps whose updates were submitted
+  // AdamW updates applied through the last reported step (completed minus skipped fp16 steps,
+  // once reported): what the learning-rate schedule counts, as HF Trainer does not step its
+  // scheduler when GradScaler skipped the optimizer step.
+  int64_t applied = 0;
   int64_t total = 0;
   int64_t reported = 0;
   // The step whose stats are not reported yet.

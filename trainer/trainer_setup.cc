@@ -59,9 +59,11 @@ Status Trainer::Impl::Setup() {
   } else if (cd == "bf16") {
     dtype = c10::kBFloat16;
   } else if (cd == "fp16") {
-    return UnimplementedError("compute dtype fp16 (dynamic loss scaling) is not supported yet; use bf16");
+    dtype = c10::kHalf;
+    RETURN_IF_ERROR(GradScaler::Validate(cfg.loss_scale));
+    scaler.emplace(cfg.loss_scale);
   } else {
-    return InvalidArgumentError("compute dtype must be auto, fp32 or bf16, got '" + cd + "'");
+    return InvalidArgumentError("compute dtype must be auto, fp32, bf16 or fp16, got '" + cd + "'");
   }
   if (cfg.batch_size < 1) return InvalidArgumentError("batch size must be at least 1");
   if (cfg.gradient_accumulation_steps < 1)
@@ -106,7 +108,10 @@ Status Trainer::Impl::Setup() {
 
   HostOptimizerOptions ho;
   for (const auto& bl : layout) ho.block_elements.push_back(bl.numel);
-  ho.compute = dtype == c10::kBFloat16 ? HostDtype::kBf16 : HostDtype::kFp32;
+  ho.compute = dtype == c10::kBFloat16 ? HostDtype::kBf16
+               : dtype == c10::kHalf    ? HostDtype::kFp16
+                                        : HostDtype::kFp32;
+  ho.skip_nonfinite = scaler.has_value();
   ho.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   ho.optim = cfg.optim;
   ho.tier = cfg.offload.tier;
@@ -151,6 +156,11 @@ Status Trainer::Impl::Setup() {
   plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
        << ", arena " << FormatByteSize(arena_bytes) << ", " << ho.worker_processes << "x"
        << ho.worker_threads << " worker threads; " << total << " steps";
+  if (scaler) {
+    plan << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor
+         << " every " << cfg.loss_scale.growth_interval << " clean steps, x"
+         << cfg.loss_scale.backoff_factor << " on overflow)";
+  }
   if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
   plan_text = plan.str();
   Log(TrainObserver::Level::kInfo, "plan: " + plan_text);

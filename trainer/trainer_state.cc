@@ -50,7 +50,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     ls.master = {std::span<const float>(master)};
     ls.exp_avg = {std::span<const float>(m)};
     ls.exp_avg_sq = {std::span<const float>(v)};
-    ls.adam_step = completed;
+    ls.adam_step = applied;
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
   }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
@@ -67,6 +67,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, schedule->warmup_steps(),
                   total};
   st.model_fingerprint = Fingerprint();
+  if (scaler) st.grad_scaler = scaler->state();
   for (const auto& [step, loss] : loss_history) st.log_history.push_back({step, 0, loss, 0, 0});
   ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(st));
   RETURN_IF_ERROR(PruneCheckpoints(cfg.output_dir, cfg.save_total_limit));
@@ -83,6 +84,7 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
                                    " layers, the model " + std::to_string(n));
   }
   std::vector<float> master, m, v;
+  int64_t adam_steps = -1;
   for (int b = 0; b < n; ++b) {
     const uint64_t numel = layout[b].numel;
     master.resize(numel);
@@ -94,14 +96,33 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
     t.exp_avg = {std::span<float>(m)};
     t.exp_avg_sq = {std::span<float>(v)};
     ASSIGN_OR_RETURN(int64_t adam_step, r.ReadLayer(b, t));
+    if (adam_steps >= 0 && adam_step != adam_steps) {
+      return DataLossError(dir + ": layer " + std::to_string(b) + " has AdamW step " +
+                           std::to_string(adam_step) + ", layer 0 " + std::to_string(adam_steps));
+    }
+    adam_steps = adam_step;
     RETURN_IF_ERROR(host->RestoreStates(b, master.data(), m.data(), v.data(),
                                         static_cast<uint64_t>(adam_step)));
   }
   const TrainerState& st = r.state();
   RETURN_IF_ERROR(data->Restore(st.data_cursor));
+  if (adam_steps > st.global_step) {
+    return DataLossError(dir + ": AdamW step " + std::to_string(adam_steps) +
+                         " is beyond global_step " + std::to_string(st.global_step));
+  }
+  if (scaler) {
+    if (st.grad_scaler) {
+      RETURN_IF_ERROR(scaler->Restore(*st.grad_scaler));
+    } else {
+      Log(TrainObserver::Level::kWarning,
+          dir + " has no loss scale (not an fp16 run): starting from init_scale");
+    }
+  }
   completed = st.global_step;
+  applied = adam_steps;
   reported = completed;
-  host->ResumeAt(static_cast<uint64_t>(completed));
+  RETURN_IF_ERROR(
+      host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
   loss_history.clear();
   for (const auto& e : st.log_history) loss_history.push_back({e.step, e.loss});
   if (!loss_history.empty()) last_loss = loss_history.back().second;

@@ -1,7 +1,7 @@
 #pragma once
-// The fused CPU AdamW kernel: one pass over a shard reads the gradients (bf16 or fp32), updates
-// the fp32 master weights, exp_avg and exp_avg_sq in place, writes a bf16/fp16 copy of the new
-// weights for the GPU, and returns the sum of squares of the gradients it read (for global-norm
+// The fused CPU AdamW kernel: one pass over a shard reads the gradients (bf16, fp16 or fp32),
+// updates the fp32 master weights, exp_avg and exp_avg_sq in place, writes a bf16/fp16 copy of the
+// new weights for the GPU, and returns the sum of squares of the gradients it read (for global-norm
 // clipping). Also gradient accumulation into fp32 across micro-batches, and a norm-only pass.
 //
 // Numerics follow torch.optim.AdamW (decoupled weight decay, bias correction) operation by
@@ -27,7 +27,8 @@
 
 namespace offloadd::workers {
 
-enum class GradDtype : uint8_t { kBf16 = 0, kFp32 = 1 };
+enum class GradDtype : uint8_t { kBf16 = 0, kFp32 = 1, kFp16 = 2 };
+inline size_t GradBytes(GradDtype dt) { return dt == GradDtype::kFp32 ? 4 : 2; }
 enum class WeightDtype : uint8_t { kNone = 0, kBf16 = 1, kFp16 = 2 };
 enum class KernelPath : uint8_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
@@ -60,7 +61,8 @@ struct AdamWSpan {
   float* out_exp_avg_sq = nullptr;
 };
 
-// Returns sum(grad^2) of the unscaled gradients (accumulated in fp32 lanes, summed in double).
+// Returns sum(grad^2) of the unscaled gradients (accumulated in fp32 lanes, summed in double). An
+// inf or NaN gradient makes the sum inf or NaN (fp16 loss scaling detects overflow from it).
 double FusedAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath path);
 // acc = (overwrite ? 0 : acc_in) + grad, acc_in defaulting to acc. Returns sum(grad^2) of the
 // gradients read.

@@ -11,6 +11,7 @@ inline __m256 LoadGrad8(const void* grad, GradDtype dt, size_t i) {
   if (dt == GradDtype::kFp32) return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
   const __m128i h =
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
+  if (dt == GradDtype::kFp16) return _mm256_cvtph_ps(h);  // F16C, exact
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 

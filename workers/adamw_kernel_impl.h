@@ -39,6 +39,11 @@ inline uint16_t FloatToBf16(float f) {
   if (std::isnan(f)) return 0x7fc0;
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+inline float Fp16ToFloat(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);  // exact
+}
 inline uint16_t FloatToFp16(float f) {
   const _Float16 h = static_cast<_Float16>(f);  // IEEE round-to-nearest-even
   uint16_t u;
@@ -81,8 +86,15 @@ inline void StoreWeight(void* weights, WeightDtype dt, size_t i, float p) {
   if (dt == WeightDtype::kFp16) static_cast<uint16_t*>(weights)[i] = FloatToFp16(p);
 }
 inline float LoadGrad(const void* grad, GradDtype dt, size_t i) {
-  return dt == GradDtype::kBf16 ? Bf16ToFloat(static_cast<const uint16_t*>(grad)[i])
-                                : static_cast<const float*>(grad)[i];
+  switch (dt) {
+    case GradDtype::kBf16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(grad)[i]);
+    case GradDtype::kFp16:
+      return Fp16ToFloat(static_cast<const uint16_t*>(grad)[i]);
+    case GradDtype::kFp32:
+      break;
+  }
+  return static_cast<const float*>(grad)[i];
 }
 
 #define OFFLOADD_DECLARE_KERNEL_PATH(ns)                                                    \

@@ -37,14 +37,24 @@ enum class CommandKind : uint32_t {
 };
 
 // ipc::CommandRecord::flags
-inline constexpr uint32_t kFlagGradFp32 = 1u << 0;     // else bf16 gradients
+inline constexpr uint32_t kFlagGradFp32 = 1u << 0;     // else bf16 gradients (or kFlagGradFp16)
 inline constexpr uint32_t kFlagWeightsFp16 = 1u << 1;  // else bf16 weight copy
 inline constexpr uint32_t kFlagNoWeights = 1u << 2;    // do not write a 16-bit weight copy
 inline constexpr uint32_t kFlagOverwrite = 1u << 3;    // accumulate: first micro-batch, acc = g
+inline constexpr uint32_t kFlagGradFp16 = 1u << 4;     // fp16 gradients (fp16 loss scaling)
+
+inline uint32_t GradDtypeFlags(GradDtype dt) {
+  return dt == GradDtype::kFp32 ? kFlagGradFp32 : dt == GradDtype::kFp16 ? kFlagGradFp16 : 0;
+}
+// kFlagGradFp32 wins if both are set (the worker rejects that combination, see Validate).
+inline GradDtype GradDtypeFromFlags(uint32_t flags) {
+  if (flags & kFlagGradFp32) return GradDtype::kFp32;
+  return (flags & kFlagGradFp16) ? GradDtype::kFp16 : GradDtype::kBf16;
+}
 
 struct AdamWCommand {
   uint64_t num_elements;
-  uint64_t grad_offset;        // bf16 or fp32 gradients (fp32 for an accumulation buffer)
+  uint64_t grad_offset;        // bf16, fp16 or fp32 gradients (fp32 for an accumulation buffer)
   uint64_t master_offset;      // fp32, updated in place
   uint64_t exp_avg_offset;     // fp32, updated in place
   uint64_t exp_avg_sq_offset;  // fp32, updated in place

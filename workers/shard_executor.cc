@@ -152,7 +152,7 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
                                bool* applied) {
   const uint64_t begin = chunk * kChunkElements;
   const uint64_t count = std::min(kChunkElements, job.n - begin);
-  const size_t gsize = job.grad_dtype == GradDtype::kBf16 ? 2 : 4;
+  const size_t gsize = GradBytes(job.grad_dtype);
   const void* grad = arena_->At<uint8_t>(job.grad_offset + begin * gsize);
   if (job.kind == CommandKind::kGradNorm) {
     *sq_norm = GradSquaredNorm(grad, job.grad_dtype, count, options_.path);
@@ -238,8 +238,10 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
     return st.ok() ? st : st.WithContext(what);
   };
   job->kind = static_cast<CommandKind>(command.kind);
-  job->grad_dtype = (command.flags & kFlagGradFp32) ? GradDtype::kFp32 : GradDtype::kBf16;
-  const uint64_t gsize = job->grad_dtype == GradDtype::kBf16 ? 2 : 4;
+  if ((command.flags & kFlagGradFp32) && (command.flags & kFlagGradFp16))
+    return InvalidArgumentError("gradient dtype flags say both fp32 and fp16");
+  job->grad_dtype = GradDtypeFromFlags(command.flags);
+  const uint64_t gsize = GradBytes(job->grad_dtype);
   switch (job->kind) {
     case CommandKind::kAdamW: {
       const auto c = command.Unpack<AdamWCommand>();

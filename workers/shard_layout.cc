@@ -45,7 +45,7 @@ uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOption
 
 uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& o,
                        const WorkerPoolOptions& pool) {
-  const uint64_t gsize = o.grad_dtype == GradDtype::kBf16 ? 2 : 4;
+  const uint64_t gsize = GradBytes(o.grad_dtype);
   uint64_t bytes = 0;
   ForEachShard(layers, o, [&](size_t, uint64_t, uint64_t n) {
     bytes += RoundUp(n * gsize, kAlign) + (o.states_resident ? 3 * RoundUp(n * 4, kAlign) : 0) +
@@ -68,7 +68,7 @@ Status BindShardsToWorkers(const ipc::Arena& arena, const std::vector<ShardSpec>
     const int node = s.worker >= 0 ? pool.NumaNodeOf(static_cast<uint32_t>(s.worker)) : -1;
     if (node < 0) continue;
     const uint64_t n = s.num_elements;
-    const uint64_t gsize = s.grad_dtype == GradDtype::kBf16 ? 2 : 4;
+    const uint64_t gsize = GradBytes(s.grad_dtype);
     const std::pair<uint64_t, uint64_t> ranges[] = {
         {s.grad_offset, n * gsize},   {s.master_offset, n * 4},  {s.exp_avg_offset, n * 4},
         {s.exp_avg_sq_offset, n * 4}, {s.weights_offset, n * 2}, {s.accum_offset, n * 4}};
@@ -85,7 +85,7 @@ StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
                                                 const std::vector<uint64_t>& layers,
                                                 const ShardLayoutOptions& o, uint32_t processes) {
   if (processes == 0) return InvalidArgumentError("AllocateShards: processes must be > 0");
-  const uint64_t gsize = o.grad_dtype == GradDtype::kBf16 ? 2 : 4;
+  const uint64_t gsize = GradBytes(o.grad_dtype);
   std::vector<ShardSpec> out;
   Status status;
   ForEachShard(layers, o, [&](size_t l, uint64_t s, uint64_t n) {

@@ -24,11 +24,20 @@ StepDriver::StepDriver(WorkerPool* pool, std::vector<ShardSpec> shards, Optimize
   }
 }
 
-Status StepDriver::BeginStep(uint64_t step, double lr) {
+Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
   if (open_) return FailedPreconditionError("step " + std::to_string(step_) + " is still open");
   if (step == 0) return InvalidArgumentError("steps count from 1");
+  if (step <= skipped_steps_) {
+    return InvalidArgumentError("step " + std::to_string(step) + " but " +
+                                std::to_string(skipped_steps_) + " steps were skipped before it");
+  }
+  if (!std::isfinite(grad_unscale) || grad_unscale <= 0) {
+    return InvalidArgumentError("grad_unscale must be finite and > 0, got " +
+                                std::to_string(grad_unscale));
+  }
   step_ = step;
   lr_ = lr;
+  grad_unscale_ = grad_unscale;
   open_ = true;
   error_ = OkStatus();
   outstanding_.assign(shards_.size(), 0);
@@ -57,13 +66,13 @@ Status StepDriver::SubmitUpdate(size_t shard, float grad_scale) {
   ipc::CommandRecord r{};
   r.kind = static_cast<uint32_t>(CommandKind::kAdamW);
   r.id = next_id_++;
-  if (accumulated || s.grad_dtype == GradDtype::kFp32) r.flags |= kFlagGradFp32;
+  r.flags |= accumulated ? kFlagGradFp32 : GradDtypeFlags(s.grad_dtype);
   if (s.weight_dtype == WeightDtype::kNone) r.flags |= kFlagNoWeights;
   if (s.weight_dtype == WeightDtype::kFp16) r.flags |= kFlagWeightsFp16;
   r.Pack(AdamWCommand{s.num_elements, accumulated ? s.accum_offset : s.grad_offset, s.master_offset,
                       s.exp_avg_offset, s.exp_avg_sq_offset, s.weights_offset, s.counters_offset,
-                      step_, lr_, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
-                      grad_scale, s.layer});
+                      step_ - skipped_steps_, lr_, config_.beta1, config_.beta2, config_.eps,
+                      config_.weight_decay, grad_scale, s.layer});
   return Submit(shard, r);
 }
 
@@ -84,25 +93,24 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
     ipc::CommandRecord r{};
     r.kind = static_cast<uint32_t>(CommandKind::kAccumulate);
     r.id = next_id_++;
-    if (s.grad_dtype == GradDtype::kFp32) r.flags |= kFlagGradFp32;
+    r.flags |= GradDtypeFlags(s.grad_dtype);
     if (micro == 0) r.flags |= kFlagOverwrite;
     r.Pack(AccumulateCommand{s.num_elements, s.grad_offset, s.accum_offset, s.accum_counters_offset,
                              (step_ - 1) * A + micro + 1, s.layer, 0});
     RETURN_IF_ERROR(Submit(shard, r));
   }
   if (micro + 1 < A) return OkStatus();
-  if (config_.max_grad_norm <= 0) {
+  if (!hold()) {
     if (s.layer < config_.defer_below_layer) {
       deferred_.push_back(shard);
       return OkStatus();
     }
-    return SubmitUpdate(shard, 1.0f);
+    return SubmitUpdate(shard, grad_unscale_);
   }
   ipc::CommandRecord r{};
   r.kind = static_cast<uint32_t>(CommandKind::kGradNorm);
   r.id = next_id_++;
-  const bool fp32 = A > 1 || s.grad_dtype == GradDtype::kFp32;
-  if (fp32) r.flags |= kFlagGradFp32;
+  r.flags |= A > 1 ? kFlagGradFp32 : GradDtypeFlags(s.grad_dtype);
   r.Pack(GradNormCommand{s.num_elements, A > 1 ? s.accum_offset : s.grad_offset, s.layer, 0});
   return Submit(shard, r);
 }
@@ -175,11 +183,25 @@ StatusOr<StepResult> StepDriver::FinishStep() {
   }
   RETURN_IF_ERROR(drain());
   StepResult result;
-  const double total_sq = std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0);
+  // The workers measured the scaled gradients; a power-of-two grad_unscale rescales the sum
+  // exactly (what GradScaler.unscale_ does to every gradient before clip_grad_norm_).
+  const double u = grad_unscale_;
+  const double total_sq = std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0) * u * u;
   float norm = 0;
-  if (config_.max_grad_norm > 0) {
-    result.clip_coef = ClipCoefficient(total_sq, config_.max_grad_norm, &norm);
+  if (hold()) {
+    if (config_.max_grad_norm > 0) {
+      result.clip_coef = ClipCoefficient(total_sq, config_.max_grad_norm, &norm);
+    } else {
+      norm = static_cast<float>(std::sqrt(total_sq));
+    }
     if (!std::isfinite(norm) || !std::isfinite(result.clip_coef)) {
+      if (config_.skip_nonfinite) {
+        ++skipped_steps_;
+        result.skipped = true;
+        result.grad_norm = norm;
+        result.adam_step = step_ - skipped_steps_;
+        return result;
+      }
       return DataLossError("gradient norm is not finite (" + std::to_string(norm) + "); step " +
                            std::to_string(step_) + " was not applied");
     }
@@ -187,20 +209,21 @@ StatusOr<StepResult> StepDriver::FinishStep() {
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return shards_[a].layer < shards_[b].layer; });
-    for (size_t s : order) RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef));
+    for (size_t s : order) RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef * grad_unscale_));
     RETURN_IF_ERROR(drain());
   } else {
     std::stable_sort(deferred_.begin(), deferred_.end(),
                      [&](size_t a, size_t b) { return shards_[a].layer < shards_[b].layer; });
-    for (size_t s : deferred_) RETURN_IF_ERROR(SubmitUpdate(s, 1.0f));
+    for (size_t s : deferred_) RETURN_IF_ERROR(SubmitUpdate(s, grad_unscale_));
     deferred_.clear();
     RETURN_IF_ERROR(drain());
     // Deferred updates measured their shards' norms: sum again.
     norm = static_cast<float>(
-        std::sqrt(std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0)));
+        std::sqrt(std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0) * u * u));
   }
   result.grad_norm = norm;
   result.params_updated = params_updated_;
+  result.adam_step = step_ - skipped_steps_;
   return result;
 }
 

@@ -16,6 +16,12 @@
 //    computed exactly as torch.nn.utils.clip_grad_norm_ does (fp32: c = max / (norm + 1e-6),
 //    clamped to 1) and every shard's AdamW is submitted with grad_scale = c, in ascending layer
 //    order so that the next forward pass can start behind the first updated layers.
+//  * skip_nonfinite (fp16 dynamic loss scaling): hold mode even without clipping, since no shard
+//    may be updated before the whole step is known to be finite. BeginStep's grad_unscale
+//    (1 / loss scale) multiplies the norm and is folded into the coefficient the workers apply
+//    (grad_scale = clip coefficient * grad_unscale), so unscaling costs no extra pass. A
+//    non-finite global norm (any inf/NaN gradient: the squared sums propagate it) skips the step:
+//    no shard is updated and the AdamW step count stays, as torch.amp.GradScaler.step does.
 // Gradient accumulation: with accumulation_steps > 1 every micro-batch is added (fp32) into the
 // shard's accumulation buffer (the first one overwrites), and the update reads that buffer.
 //
@@ -57,12 +63,17 @@ struct OptimizerConfig {
   // first-come-first-served down to this transition layer, last-come-first-served below it, so
   // the first layers the next forward needs are ready first). 0: every shard on arrival.
   uint32_t defer_below_layer = 0;
+  // fp16 loss scaling: a non-finite gradient norm skips the step instead of failing it, and
+  // updates always wait for the norm (see above).
+  bool skip_nonfinite = false;
 };
 
 struct StepResult {
-  double grad_norm = 0;    // global L2 norm of the (accumulated) gradients, before clipping
-  float clip_coef = 1.0f;  // applied grad_scale
+  double grad_norm = 0;    // global L2 norm of the (accumulated, unscaled) gradients, unclipped
+  float clip_coef = 1.0f;  // clip coefficient (the workers applied clip_coef * grad_unscale)
   uint64_t params_updated = 0;
+  bool skipped = false;     // non-finite gradients with skip_nonfinite: nothing was updated
+  uint64_t adam_step = 0;   // AdamW updates applied through this step (step - skipped steps)
 };
 
 // torch.nn.utils.clip_grad_norm_'s coefficient, in its fp32 arithmetic.
@@ -72,7 +83,9 @@ class StepDriver {
  public:
   StepDriver(WorkerPool* pool, std::vector<ShardSpec> shards, OptimizerConfig config);
 
-  Status BeginStep(uint64_t step, double lr);
+  // `step` counts optimizer steps, skipped ones included; the AdamW step (bias correction, the
+  // workers' per-chunk counters) is step - skipped_steps(). grad_unscale: see skip_nonfinite.
+  Status BeginStep(uint64_t step, double lr, float grad_unscale = 1.0f);
   // The gradients of micro-batch `micro` (0-based) for `shard` are in its staging buffer. The
   // caller must not overwrite that buffer until the shard's commands completed: call
   // WaitShardIdle() before reusing it. In hold mode without accumulation the update at
@@ -98,11 +111,15 @@ class StepDriver {
     before_update_ = std::move(hook);
   }
   const ShardSpec& shard(size_t s) const { return shards_[s]; }
+  // Steps skipped so far (resuming a run: global step - the AdamW step of its checkpoint).
+  uint64_t skipped_steps() const { return skipped_steps_; }
+  void set_skipped_steps(uint64_t n) { skipped_steps_ = n; }
   size_t num_shards() const { return shards_.size(); }
 
  private:
   Status Submit(size_t shard, const ipc::CommandRecord& r);
   Status SubmitUpdate(size_t shard, float grad_scale);
+  bool hold() const { return config_.max_grad_norm > 0 || config_.skip_nonfinite; }
   Status WaitOne();
   void Handle(WorkerCompletion c);
 
@@ -111,6 +128,8 @@ class StepDriver {
   OptimizerConfig config_;
   uint64_t step_ = 0;
   double lr_ = 0;
+  float grad_unscale_ = 1.0f;
+  uint64_t skipped_steps_ = 0;
   bool open_ = false;
   uint64_t next_id_ = 1;
   std::vector<uint32_t> outstanding_;  // per shard

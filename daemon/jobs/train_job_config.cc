@@ -64,7 +64,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
     case v1::COMPUTE_DTYPE_UNSPECIFIED: c.compute_dtype = "auto"; break;  // bf16 on a GPU, fp32 on CPU
     case v1::COMPUTE_DTYPE_FP32: c.compute_dtype = "fp32"; break;
     case v1::COMPUTE_DTYPE_BF16: c.compute_dtype = "bf16"; break;
-    // FP16: refused by UnsupportedOptions.
+    case v1::COMPUTE_DTYPE_FP16: c.compute_dtype = "fp16"; break;  // dynamic loss scaling, defaults
     default:
       return InvalidArgumentError("model.compute_dtype: unsupported value " +
                                   v1::ComputeDtype_Name(s.model().compute_dtype()));

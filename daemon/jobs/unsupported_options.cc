@@ -10,11 +10,6 @@ namespace v1 = offloadd::v1;
 std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   std::vector<FieldViolation> out;
 
-  // fp16 compute needs dynamic loss scaling.
-  if (s.model().compute_dtype() == v1::COMPUTE_DTYPE_FP16) {
-    out.push_back({"model.compute_dtype", "fp16 (dynamic loss scaling) is not implemented yet; use bf16"});
-  }
-
   // Optimizer states resident on the GPU: the pipeline always updates them on the host.
   if (s.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
     out.push_back({"offload.offload_optimizer.device",

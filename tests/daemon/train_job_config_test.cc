@@ -183,26 +183,22 @@ TEST_F(TrainJobConfigTest, ActivationPolicy) {
 
 TEST_F(TrainJobConfigTest, UnimplementedSettingsNameTheirField) {
   job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
-  Status s = MakeError();
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("model.compute_dtype"), std::string::npos) << s.message();
-  job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_UNSPECIFIED);
+  EXPECT_EQ(Make().compute_dtype, "fp16");  // implemented: dynamic loss scaling
   job_.mutable_spec()->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
-  s = MakeError();
+  const Status s = MakeError();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
   EXPECT_NE(s.message().find("compression.type"), std::string::npos) << s.message();
 }
 
 // The runner refuses with the list validation reports (unsupported_options.h), every entry.
 TEST_F(TrainJobConfigTest, RefusalIsTheUnsupportedOptionsList) {
   v1::JobSpec* spec = job_.mutable_spec();
-  spec->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
   spec->mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NONE);
   spec->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
   const std::vector<FieldViolation> unsupported = UnsupportedOptions(*spec);
   std::vector<std::string> fields;
   for (const auto& v : unsupported) fields.push_back(v.field);
-  EXPECT_EQ(fields, (std::vector<std::string>{"model.compute_dtype", "offload.offload_optimizer.device",
-                                              "compression.type"}));
+  EXPECT_EQ(fields, (std::vector<std::string>{"offload.offload_optimizer.device", "compression.type"}));
   const Status s = MakeError();
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
   for (const auto& v : unsupported) {

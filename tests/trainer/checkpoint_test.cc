@@ -90,6 +90,7 @@ TrainerState MakeState(int64_t step, const FakeModel& m) {
   if (!s.log_history.empty()) s.log_history.back().loss = std::numeric_limits<double>::quiet_NaN();
   if (s.log_history.size() > 1)
     s.log_history[0].grad_norm = -std::numeric_limits<double>::infinity();
+  if (step % 2 == 1) s.grad_scaler = GradScalerState{.scale = 0x1p-3f, .growth_tracker = step};
   return s;
 }
 
@@ -180,6 +181,9 @@ TEST_F(CheckpointTest, RoundTripIsBitExact) {
   EXPECT_EQ(got.scheduler.warmup_steps, 10);
   EXPECT_EQ(got.scheduler.total_steps, 1000);
   EXPECT_EQ(got.model_fingerprint, m.fingerprint());
+  ASSERT_TRUE(got.grad_scaler.has_value());
+  EXPECT_EQ(got.grad_scaler->scale, 0x1p-3f);
+  EXPECT_EQ(got.grad_scaler->growth_tracker, 7);
   ASSERT_EQ(got.log_history.size(), want.log_history.size());
   for (size_t i = 0; i < want.log_history.size(); ++i) {
     const LogEntry &a = got.log_history[i], &b = want.log_history[i];
@@ -198,6 +202,14 @@ TEST_F(CheckpointTest, RoundTripIsBitExact) {
   ASSERT_TRUE(step.ok()) << step.status().ToString();
   EXPECT_EQ(*step, 0);
   EXPECT_TRUE(SameBits(w, m.master[1]));
+}
+
+TEST_F(CheckpointTest, GradScalerStateIsOptional) {  // bf16 / fp32 runs have none
+  const FakeModel m(2);
+  ASSERT_TRUE(Save(out_, 4, m).ok());
+  auto r = CheckpointReader::Open(Dir(4));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->state().grad_scaler.has_value());
 }
 
 TEST_F(CheckpointTest, MasterWeightsLoadAsAShardedModel) {

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 
 namespace offloadd::workers {
@@ -106,6 +109,144 @@ TEST_F(StepDriverTest, NonFiniteGradientsApplyNothing) {
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   for (uint64_t i = 0; i < kN; ++i) ASSERT_EQ(p[i], 1.0f);
   EXPECT_EQ(arena_.At<uint64_t>(spec_.counters_offset)[0], 0u);  // step 1 can still be applied
+}
+
+// ---- fp16 dynamic loss scaling (skip_nonfinite) ----
+
+class StepDriverFp16Test : public StepDriverTest {
+ protected:
+  void SetUp() override {
+    StepDriverTest::SetUp();
+    spec_.grad_dtype = GradDtype::kFp16;
+    spec_.weight_dtype = WeightDtype::kFp16;
+    second_ = spec_;
+    second_.layer = 1;
+    auto off = [&](const char* name, uint64_t bytes) {
+      return std::move(arena_.Allocate(name, ipc::RegionKind::kOther, bytes)).value().offset;
+    };
+    second_.grad_offset = off("g2", kN * 2);
+    second_.master_offset = off("p2", kN * 4);
+    second_.exp_avg_offset = off("m2", kN * 4);
+    second_.exp_avg_sq_offset = off("v2", kN * 4);
+    second_.weights_offset = off("w2", kN * 2);
+    second_.counters_offset = off("c2", CountersBytes(kN));
+    for (const ShardSpec* s : {&spec_, &second_}) {
+      float* p = arena_.At<float>(s->master_offset);
+      for (uint64_t i = 0; i < kN; ++i) p[i] = 1.0f;
+      FillGrad(*s, 0.25f * kScale);
+    }
+  }
+  void FillGrad(const ShardSpec& s, float value) {
+    const _Float16 h = static_cast<_Float16>(value);
+    uint16_t u;
+    std::memcpy(&u, &h, 2);
+    std::fill_n(arena_.At<uint16_t>(s.grad_offset), kN, u);
+  }
+  // Everything a skipped step must leave alone, as bytes.
+  std::vector<uint8_t> Snapshot(const ShardSpec& s) {
+    std::vector<uint8_t> out;
+    auto add = [&](uint64_t offset, uint64_t bytes) {
+      const uint8_t* p = arena_.At<uint8_t>(offset);
+      out.insert(out.end(), p, p + bytes);
+    };
+    add(s.master_offset, kN * 4);
+    add(s.exp_avg_offset, kN * 4);
+    add(s.exp_avg_sq_offset, kN * 4);
+    add(s.weights_offset, kN * 2);
+    add(s.counters_offset, CountersBytes(kN));
+    return out;
+  }
+  static constexpr float kScale = 1024.0f;  // loss scale; the driver gets 1 / kScale
+  ShardSpec second_;
+};
+
+TEST_F(StepDriverFp16Test, OverflowSkipsEveryShardAndKeepsTheAdamStep) {
+  for (uint16_t bad : {uint16_t{0x7c00}, uint16_t{0x7e00}}) {  // +inf, NaN (in the second shard)
+    SCOPED_TRACE(bad);
+    pool_.reset();  // a fresh arena and pool per case
+    SetUp();
+    arena_.At<uint16_t>(second_.grad_offset)[kN - 3] = bad;
+    const auto before0 = Snapshot(spec_), before1 = Snapshot(second_);
+    // No clipping: without skip_nonfinite shard 0 would be updated as soon as it lands.
+    StepDriver d(pool_.get(), {spec_, second_},
+                 OptimizerConfig{.max_grad_norm = 0.0, .skip_nonfinite = true});
+    int updates = 0;
+    d.SetOnShardUpdated([&](size_t) { ++updates; });
+    ASSERT_TRUE(d.BeginStep(1, 1e-3, 1.0f / kScale).ok());
+    ASSERT_TRUE(d.GradsReady(0, 0).ok());
+    ASSERT_TRUE(d.WaitShardIdle(0).ok());  // its norm pass only
+    EXPECT_EQ(updates, 0);
+    EXPECT_EQ(Snapshot(spec_), before0);
+    ASSERT_TRUE(d.GradsReady(1, 0).ok());
+    auto r = d.FinishStep();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->skipped);
+    EXPECT_FALSE(std::isfinite(r->grad_norm));
+    EXPECT_EQ(r->params_updated, 0u);
+    EXPECT_EQ(r->adam_step, 0u);
+    EXPECT_EQ(updates, 0);
+    EXPECT_EQ(Snapshot(spec_), before0);
+    EXPECT_EQ(Snapshot(second_), before1);
+
+    // The next step is AdamW step 1 of both shards.
+    FillGrad(second_, 0.25f * kScale);
+    ASSERT_TRUE(d.BeginStep(2, 1e-3, 1.0f / kScale).ok());
+    ASSERT_TRUE(d.GradsReady(0, 0).ok());
+    ASSERT_TRUE(d.GradsReady(1, 0).ok());
+    r = d.FinishStep();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(r->skipped);
+    EXPECT_EQ(r->adam_step, 1u);
+    EXPECT_EQ(d.skipped_steps(), 1u);
+    EXPECT_EQ(updates, 2);
+    for (const ShardSpec* s : {&spec_, &second_}) {
+      EXPECT_EQ(arena_.At<uint64_t>(s->counters_offset)[0], 1u);
+      EXPECT_NE(arena_.At<float>(s->master_offset)[0], 1.0f);
+    }
+  }
+}
+
+TEST_F(StepDriverFp16Test, UnscaleIsFoldedIntoTheClipCoefficient) {
+  // Scaled fp16 gradients 0.25 * S with grad_unscale 1/S must update exactly as fp32 gradients
+  // 0.25 clipped to 0.5 do (S is a power of two, so unscaling is exact).
+  StepDriver d(pool_.get(), {spec_},
+               OptimizerConfig{.weight_decay = 0.1, .max_grad_norm = 0.5, .skip_nonfinite = true});
+  ASSERT_TRUE(d.BeginStep(1, 1e-3, 1.0f / kScale).ok());
+  ASSERT_TRUE(d.GradsReady(0, 0).ok());
+  auto r = d.FinishStep();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  float norm = 0;
+  const float coef = ClipCoefficient(kN * 0.0625, 0.5, &norm);
+  EXPECT_EQ(r->grad_norm, norm);  // unscaled
+  EXPECT_EQ(r->clip_coef, coef);
+  EXPECT_LT(coef, 1.0f);
+
+  std::vector<float> g(kN, 0.25f), p(kN, 1.0f), m(kN, 0.0f), v(kN, 0.0f);
+  AdamWSpan span;
+  span.grad = g.data();
+  span.grad_dtype = GradDtype::kFp32;
+  span.master = p.data();
+  span.exp_avg = m.data();
+  span.exp_avg_sq = v.data();
+  span.weight_dtype = WeightDtype::kNone;
+  span.n = kN;
+  FusedAdamW(span, AdamWHyper{.lr = 1e-3, .weight_decay = 0.1, .step = 1, .grad_scale = coef},
+             KernelPath::kPortable);
+  const float* got = arena_.At<float>(spec_.master_offset);
+  for (uint64_t i = 0; i < kN; ++i) ASSERT_EQ(got[i], p[i]) << i;
+}
+
+TEST_F(StepDriverFp16Test, ResumedRunCountsItsSkippedSteps) {
+  StepDriver d(pool_.get(), {spec_}, OptimizerConfig{.skip_nonfinite = true});
+  d.set_skipped_steps(3);  // checkpoint of global step 5 with AdamW step 2
+  std::fill_n(arena_.At<uint64_t>(spec_.counters_offset), NumChunks(kN), 2u);
+  EXPECT_EQ(d.BeginStep(3, 1e-3).code(), StatusCode::kInvalidArgument);  // step <= skipped
+  ASSERT_TRUE(d.BeginStep(6, 1e-3, 1.0f / kScale).ok());
+  ASSERT_TRUE(d.GradsReady(0, 0).ok());
+  auto r = d.FinishStep();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->adam_step, 3u);
+  EXPECT_EQ(arena_.At<uint64_t>(spec_.counters_offset)[0], 3u);
 }
 
 }  // namespace

@@ -20,13 +20,15 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
   model/data:  --model=DIR --random-init --tokenizer=PATH --data=FILE (repeat) --format=F
                --max-seq-length=N --packing --no-shuffle --max-samples=N --synthetic-seq=N
                --chat-template=builtin|FILE
-  device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16 --gpu-memory-limit=SIZE
+  device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16|fp16 --gpu-memory-limit=SIZE
                --activations=auto|keep|recompute|offload_cpu|offload_nvme --layer-activation=I:MODE (repeat)
                --weights=auto|resident|stream
   optimizer:   --lr=X --scheduler=linear|cosine|constant|constant_with_warmup --warmup-steps=N
                --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N
+  fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)
+               --growth-factor=X (2) --backoff-factor=X (0.5) --growth-interval=N (2000)
   loop:        --batch-size=N --grad-accum=N --epochs=X --max-steps=N --seed=N
                --output-dir=DIR --save-steps=N --save-total-limit=N --resume-from=DIR --no-export
   output:      --trace=FILE.json --trace-steps=N --stats-jsonl=FILE --dump-batches=FILE
@@ -64,7 +66,7 @@ class PrintObserver : public TrainObserver {
   explicit PrintObserver(std::ofstream* jsonl) : jsonl_(jsonl) {}
   void OnStep(const StepStats& s) override {
     std::printf("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f  %.3fs  %.0f tok/s  %.1f TFLOP/s"
-                "  (gpu %.3fs h2d %.3fs d2h %.3fs cpu %.3fs nvme %.3fs; stalls w %.3fs g %.3fs o %.3fs)\n",
+                "  (gpu %.3fs h2d %.3fs d2h %.3fs cpu %.3fs nvme %.3fs; stalls w %.3fs g %.3fs o %.3fs)",
                 static_cast<long long>(s.step), static_cast<long long>(s.max_steps), s.loss,
                 s.learning_rate, s.grad_norm, s.step_seconds,
                 s.step_seconds > 0 ? s.tokens / s.step_seconds : 0.0,
@@ -72,12 +74,17 @@ class PrintObserver : public TrainObserver {
                 s.gpu_compute_seconds, s.h2d_seconds, s.d2h_seconds, s.cpu_update_seconds,
                 s.nvme_seconds, s.stall_weights_seconds, s.stall_grads_seconds,
                 s.stall_optimizer_seconds);
+    if (s.loss_scale != 1 || s.skipped) {  // fp16
+      std::printf("  loss_scale %g%s", s.loss_scale, s.skipped ? " OVERFLOW: step skipped" : "");
+    }
+    std::printf("\n");
     std::fflush(stdout);
     if (jsonl_ != nullptr) {
       nlohmann::json j = {{"step", s.step}, {"max_steps", s.max_steps}, {"epoch", s.epoch},
                           {"tokens", s.tokens}, {"trained_tokens", s.trained_tokens},
                           {"loss", s.loss}, {"learning_rate", s.learning_rate},
-                          {"grad_norm", s.grad_norm}, {"step_seconds", s.step_seconds},
+                          {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
+                          {"skipped", s.skipped}, {"step_seconds", s.step_seconds},
                           {"model_flops", s.model_flops},
                           {"gpu_compute_seconds", s.gpu_compute_seconds},
                           {"h2d_seconds", s.h2d_seconds}, {"d2h_seconds", s.d2h_seconds},
@@ -175,6 +182,10 @@ int Run(int argc, char** argv) {
       else if (key == "--beta2") c.optim.beta2 = std::stod(v);
       else if (key == "--eps") c.optim.eps = std::stod(v);
       else if (key == "--max-grad-norm") c.optim.max_grad_norm = std::stod(v);
+      else if (key == "--init-scale") c.loss_scale.init_scale = std::stod(v);
+      else if (key == "--growth-factor") c.loss_scale.growth_factor = std::stod(v);
+      else if (key == "--backoff-factor") c.loss_scale.backoff_factor = std::stod(v);
+      else if (key == "--growth-interval") c.loss_scale.growth_interval = std::stoll(v);
       else if (key == "--weights") {
         using W = OffloadPlanConfig::Weights;
         if (v == "auto") c.offload.weights = W::kAuto;

@@ -2,7 +2,7 @@
 // little-endian tensor files, for the Python reference tests and the benchmarks.
 //
 //   offloadd-optim-tool paths
-//   offloadd-optim-tool adamw --path=avx2 --n=N --grad=g.bin --grad-dtype=bf16|fp32
+//   offloadd-optim-tool adamw --path=avx2 --n=N --grad=g.bin --grad-dtype=bf16|fp16|fp32
 //       --master=p.bin --exp-avg=m.bin --exp-avg-sq=v.bin [--weights=w.bin
 //       --weight-dtype=bf16|fp16]
 //       --lr= --beta1= --beta2= --eps= --weight-decay= --step= [--grad-scale=]
@@ -67,7 +67,8 @@ StatusOr<double> NeedNumber(const Flags& f, const std::string& key) {
 StatusOr<GradDtype> ParseGradDtype(const std::string& s) {
   if (s == "bf16") return GradDtype::kBf16;
   if (s == "fp32") return GradDtype::kFp32;
-  return InvalidArgumentError("--grad-dtype must be bf16 or fp32, not '" + s + "'");
+  if (s == "fp16") return GradDtype::kFp16;
+  return InvalidArgumentError("--grad-dtype must be bf16, fp16 or fp32, not '" + s + "'");
 }
 
 Status Run(const std::string& op, const Flags& f) {
@@ -86,7 +87,7 @@ Status Run(const std::string& op, const Flags& f) {
   const size_t n = static_cast<size_t>(n_d);
   ASSIGN_OR_RETURN(std::string gdt, Need(f, "grad-dtype"));
   ASSIGN_OR_RETURN(GradDtype grad_dtype, ParseGradDtype(gdt));
-  const size_t gbytes = n * (grad_dtype == GradDtype::kBf16 ? 2 : 4);
+  const size_t gbytes = n * GradBytes(grad_dtype);
   ASSIGN_OR_RETURN(std::string grad_path, Need(f, "grad"));
   ASSIGN_OR_RETURN(std::vector<uint8_t> grad, ReadFile(grad_path, gbytes));
   nlohmann::json out;

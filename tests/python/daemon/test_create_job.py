@@ -82,7 +82,6 @@ def test_valid_job_is_queued_and_fails_with_a_clear_error_when_its_weights_are_b
 
 
 UNIMPLEMENTED = {  # field path -> the setting that asks for it (daemon/jobs/unsupported_options.cc)
-    "model.compute_dtype": ("model", {"compute_dtype": "fp16"}),
     "offload.offload_optimizer.device": ("offload", {"offload_optimizer": {"device": "none"}}),
     "compression.type": ("compression", {"type": "lsp"}),
 }

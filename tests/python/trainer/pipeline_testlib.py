@@ -93,3 +93,70 @@ def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight
         sched.step()
         losses.append(total)
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def reference_train_fp16(model_dir: pathlib.Path, batches: list, *, lr: float, weight_decay: float,
+                         max_grad_norm: float, scheduler: str, warmup_steps: int, init_scale: float,
+                         growth_interval: int, growth_factor: float = 2.0,
+                         backoff_factor: float = 0.5) -> dict:
+    """fp16 compute with fp32 master weights, as offloadd-train --dtype=fp16 does it: a model.half()
+    copy runs forward/backward on the loss scaled by the real torch.amp.GradScaler, its fp16
+    gradients are summed over micro-batches in fp32 into the master's .grad, then GradScaler's
+    unscale_ / clip_grad_norm_ / step (skipped on inf/NaN) / update, and the scheduler steps only
+    when the optimizer did (HF Trainer: `if not optimizer_step_was_skipped`). The fp16 copy is
+    refreshed from the master after every step. Returns per-step losses, the loss scale each step
+    ran with, which steps were skipped, learning rates, and the final fp32 state dict."""
+    torch.manual_seed(0)
+    master = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                               attn_implementation="eager")
+    half = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16,
+                                                             attn_implementation="eager")
+    master.train()
+    half.train()
+    params, hparams = list(master.parameters()), list(half.parameters())
+    assert len(params) == len(hparams)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    sched = transformers.get_scheduler(scheduler, opt, num_warmup_steps=warmup_steps,
+                                       num_training_steps=len(batches))
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth_factor,
+                                  backoff_factor=backoff_factor, growth_interval=growth_interval)
+    out = {"losses": [], "scales": [], "skipped": [], "lrs": []}
+    for step in batches:
+        opt.zero_grad(set_to_none=True)
+        acc = [torch.zeros_like(p) for p in params]
+        trained = sum(sum(1 for t in m["targets"] if t != -100) for m in step)
+        total = 0.0
+        scale = scaler.get_scale()
+        out["lrs"].append(opt.param_groups[0]["lr"])
+        for m in step:
+            b, t = m["batch"], m["seq"]
+            ids = torch.tensor(m["input_ids"]).view(b, t)
+            pos = torch.tensor(m["position_ids"]).view(b, t)
+            targets = torch.tensor(m["targets"]).view(b, t)
+            logits = half(input_ids=ids, position_ids=pos).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                                     ignore_index=-100, reduction="sum") / max(1, trained)
+            scaler.scale(loss).backward()
+            for a, hp in zip(acc, hparams):
+                if hp.grad is not None:
+                    a += hp.grad.float()
+                    hp.grad = None
+            total += loss.item()
+        for p, a in zip(params, acc):
+            p.grad = a
+        scaler.unscale_(opt)
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        scaler.step(opt)
+        scaler.update()
+        skipped = scaler.get_scale() < scale
+        if not skipped:
+            sched.step()
+        with torch.no_grad():
+            for p, hp in zip(params, hparams):
+                hp.copy_(p)
+        out["losses"].append(total)
+        out["scales"].append(scale)
+        out["skipped"].append(bool(skipped))
+    out["state"] = {k: v.detach().clone() for k, v in master.state_dict().items()}
+    return out

@@ -22,7 +22,7 @@ def run(binary_dir, model, data, *extra):
 
 @pytest.mark.parametrize("extra,message", [
     (["--host-memory-limit=64KiB"], "host_memory_limit"),
-    (["--dtype=fp16"], "fp16"),
+    (["--dtype=fp16", "--backoff-factor=1.5"], "backoff_factor"),
     (["--dtype=int8"], "compute dtype must be"),
     (["--device=tpu"], "device must be cpu, cuda or cuda:N"),
     (["--layer-activation=7:recompute"], "activation override for layer 7"),
