@@ -10,7 +10,7 @@ OFFLOADD_GPU_TARGETS="offloadd-train offloadd-worker offloadd-store" \
 tail -3 build-gpu.log
 export LD_LIBRARY_PATH="$here/.gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
-  OFFLOADD_BINARY_DIR="$here/build-gpu" python3 -m pytest -q -x tests/python/trainer/test_pipeline_gpu.py 2>&1 | tail -30
+  OFFLOADD_BINARY_DIR="$here/build-gpu" python3 -m pytest -q tests/python/trainer/test_pipeline_gpu.py 2>&1 | tail -30
 fi
 for spec in "$@"; do
   IFS=: read -r shape batches limit extra <<<"$spec"

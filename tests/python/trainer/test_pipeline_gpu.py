@@ -101,6 +101,21 @@ def test_streamed_weights_equal_resident(binary_dir, tmp_path):
     assert "weights streamed" in r.stderr and "offloadx4" in r.stderr, r.stderr
 
 
+def test_nvme_activations_equal_kept_gpu(binary_dir, tmp_path):
+    """Activations through pinned staging and the NVMe store come back as the same bytes: the
+    losses equal those of keeping every layer's activations on the GPU."""
+    model = build_model(tmp_path / "model", layers=4)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    a, b = tmp_path / "kept", tmp_path / "nvme"
+    run_train(binary_dir, args(model, data, a, ["--activations=keep"]))
+    r = run_train(binary_dir, args(model, data, b, ["--activations=offload_nvme", f"--nvme-dir={tmp_path}/store",
+                                                    "--layer-activation=1:recompute"]))
+    sa, sb = read_stats(a / "stats.jsonl"), read_stats(b / "stats.jsonl")
+    assert [s["loss"] for s in sa] == [s["loss"] for s in sb]
+    assert sum(s["nvme_activation_bytes"] for s in sb) > 0
+    assert "offload_nvmex3" in r.stderr and "recomputex1" in r.stderr, r.stderr
+
+
 def test_fp16_matches_pytorch_gradscaler_gpu(binary_dir, tmp_path):
     model = build_model(tmp_path / "model", layers=4)
     data = write_pretokenized(tmp_path / "data.jsonl")
