@@ -41,12 +41,14 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path) -> dict:
     cmd = [str(pathlib.Path(args.build) / "trainer" / "offloadd-train"), f"--model={model_dir}",
            "--random-init", f"--synthetic-seq={args.seq}", f"--batch-size={batch}",
            f"--grad-accum={args.grad_accum}", f"--max-steps={args.steps + args.warmup}",
-           f"--device={args.device}", "--dtype=bf16", f"--gpu-memory-limit={args.gpu_memory_limit}",
+           f"--device={args.device}", f"--dtype={args.dtype}", f"--gpu-memory-limit={args.gpu_memory_limit}",
            f"--workers={args.workers}", "--max-grad-norm=1.0", "--lr=1e-5", "--scheduler=constant",
            f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
            f"--activations={args.activations}", f"--weights={args.weights}"]
     if args.tier == "nvme":
-        cmd += ["--tier=nvme", f"--nvme-dir={args.nvme_dir}"]
+        cmd += ["--tier=nvme"]
+    if args.nvme_dir:  # the optimizer tier and/or activations offloaded to NVMe
+        cmd += [f"--nvme-dir={args.nvme_dir}"]
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(r.stdout[-4000:])
@@ -62,6 +64,8 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path) -> dict:
                                 "stall_grads_seconds", "stall_optimizer_seconds", "h2d_bytes",
                                 "d2h_bytes", "model_flops", "tokens")}
     res["batch"] = batch
+    res["nvme_activation_bytes"] = sum(x.get("nvme_activation_bytes", 0) for x in timed) / len(timed)
+    res["stall_activations_seconds"] = sum(x.get("stall_activations_seconds", 0) for x in timed) / len(timed)
     res["tokens_per_second"] = res["tokens"] / res["step_seconds"]
     res["model_tflops"] = res["model_flops"] / res["step_seconds"] / 1e12
     res["bound_seconds"] = max(res["gpu_compute_seconds"], res["h2d_seconds"], res["d2h_seconds"],
@@ -87,6 +91,7 @@ def main() -> int:
     p.add_argument("--activations", default="auto")
     p.add_argument("--weights", default="auto")
     p.add_argument("--tier", default="cpu")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--nvme-dir", default="")
     p.add_argument("--json")
     args = p.parse_args()
@@ -108,6 +113,9 @@ def main() -> int:
     for r in results:
         if "plan" in r:
             print(f"batch {r['batch']}: {r['plan']}")
+        if r.get("nvme_activation_bytes"):
+            print(f"batch {r['batch']}: activations to/from NVMe {r['nvme_activation_bytes'] / 2**30:.2f} GiB "
+                  f"per step, step loop waited {r['stall_activations_seconds']:.3f} s for them")
     print(f"traces and stats: {work}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
