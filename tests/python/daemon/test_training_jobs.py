@@ -242,3 +242,19 @@ def test_nvme_tier_job_equals_ram_tier_and_removes_its_states(daemon, workspace)
                 # keep what a resume needs.
                 assert not (workspace / done.id).exists()
     assert results["nvme"] == results["cpu"]
+
+
+def test_activations_offloaded_to_nvme_train_like_kept_ones(daemon, workspace):
+    results = {}
+    with offloadd.Client(daemon.target) as c:
+        for mode in ("keep", "offload_nvme"):
+            s = spec(workspace, f"acts-{mode}", steps=4, save_steps=4)
+            s["offload"] = {"activations": {"mode": mode}}
+            seen = []
+            done = c.submit(s, wait=True, timeout=120, on_event=seen.append)
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen))
+            results[mode] = [(p.step, p.loss, p.grad_norm) for p in progress(seen)]
+            if mode == "offload_nvme":
+                assert any("offload_nvme" in m for m in logs(seen)), logs(seen)
+                assert not (workspace / done.id).exists(), "scratch activations are removed"
+    assert results["offload_nvme"] == results["keep"]
