@@ -172,35 +172,21 @@ StatusOr<uint64_t> ActivationSpill::Put(int block, const std::vector<at::Tensor>
   return ticket;
 }
 
-Status ActivationSpill::SubmitWrite(uint64_t ticket, Record& r) {
+Status ActivationSpill::Submit(bool write, uint64_t ticket, Record& r) {
   storage::StoreCommand c;
   c.layer = static_cast<uint32_t>(r.block);
   c.kind = static_cast<uint32_t>(storage::TensorKind::kActivation);
-  c.version = ++version_;
+  c.version = write ? ++version_ : storage::kLatestVersion;
   c.offset = base_ + static_cast<uint64_t>(r.range);
   c.bytes = r.bytes;
   r.io = next_io_++;
-  RETURN_IF_ERROR(store_->Submit(storage::StoreOp::kWrite, r.io, c).WithContext("activation store"));
+  RETURN_IF_ERROR(store_->Submit(write ? storage::StoreOp::kWrite : storage::StoreOp::kRead, r.io, c)
+                      .WithContext("activation store"));
   io_ticket_[r.io] = ticket;
-  r.writing = true;
-  totals_.write_bytes += r.bytes;
-  if (std::find(written_blocks_.begin(), written_blocks_.end(), r.block) == written_blocks_.end())
+  (write ? r.writing : r.reading) = true;
+  (write ? totals_.write_bytes : totals_.read_bytes) += r.bytes;
+  if (write && std::find(written_blocks_.begin(), written_blocks_.end(), r.block) == written_blocks_.end())
     written_blocks_.push_back(r.block);
-  return OkStatus();
-}
-
-Status ActivationSpill::SubmitRead(uint64_t ticket, Record& r) {
-  storage::StoreCommand c;
-  c.layer = static_cast<uint32_t>(r.block);
-  c.kind = static_cast<uint32_t>(storage::TensorKind::kActivation);
-  c.version = storage::kLatestVersion;
-  c.offset = base_ + static_cast<uint64_t>(r.range);
-  c.bytes = r.bytes;
-  r.io = next_io_++;
-  RETURN_IF_ERROR(store_->Submit(storage::StoreOp::kRead, r.io, c).WithContext("activation store"));
-  io_ticket_[r.io] = ticket;
-  r.reading = true;
-  totals_.read_bytes += r.bytes;
   return OkStatus();
 }
 
@@ -248,7 +234,7 @@ Status ActivationSpill::Progress(bool block) {
     for (const auto& [t2, r2] : records_) busy |= t2 != ticket && r2.block == r.block && r2.writing;
     for (const auto& x : retired_) busy |= x.ticket != 0 && x.block == r.block;
     if (busy) continue;
-    RETURN_IF_ERROR(SubmitWrite(ticket, r));
+    RETURN_IF_ERROR(Submit(true, ticket, r));
     moved = true;
   }
   // Ranges whose consumer finished.
@@ -292,7 +278,7 @@ Status ActivationSpill::Prefetch(uint64_t ticket) {
   const int64_t off = Allocate(r.bytes);
   if (off < 0) return OkStatus();  // no room yet: Take reads it
   r.range = off;
-  return SubmitRead(ticket, r);
+  return Submit(false, ticket, r);
 }
 
 StatusOr<std::vector<at::Tensor>> ActivationSpill::Take(uint64_t ticket, c10::Device device) {
@@ -311,7 +297,7 @@ StatusOr<std::vector<at::Tensor>> ActivationSpill::Take(uint64_t ticket, c10::De
       ASSIGN_OR_RETURN(uint64_t off, AllocateWaiting(r.bytes));
       it = records_.find(ticket);
       it->second.range = static_cast<int64_t>(off);
-      RETURN_IF_ERROR(SubmitRead(ticket, it->second));
+      RETURN_IF_ERROR(Submit(false, ticket, it->second));
     }
     waited = true;
     it = records_.find(ticket);

@@ -101,8 +101,8 @@ class ActivationSpill {
   // Submits writes whose copies finished, reclaims ranges, collects completions. With `block`,
   // waits for at least one completion (or copy) when nothing else moved.
   Status Progress(bool block);
-  Status SubmitWrite(uint64_t ticket, Record& r);
-  Status SubmitRead(uint64_t ticket, Record& r);
+  // A write of the record's range to the store, or a read of the block's latest version into it.
+  Status Submit(bool write, uint64_t ticket, Record& r);
   Status Collect(int timeout_ms);
   uint64_t Outstanding() const { return static_cast<uint64_t>(io_ticket_.size()); }
   at::Tensor View(const Record& r, const TensorMeta& m) const;

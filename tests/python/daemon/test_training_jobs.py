@@ -226,35 +226,35 @@ def test_pause_checkpoints_resume_continues_and_cancel_stops(daemon, workspace):
     assert series not in scrape(daemon), "a job's series go when it stops running"
 
 
+def train_variant(c, workspace, name: str, offload: dict, **kw):
+    """Runs one job with these offload settings to completion; returns (job, progress, logs)."""
+    s = spec(workspace, name, **kw)
+    s["offload"] = offload
+    seen = []
+    done = c.submit(s, wait=True, timeout=120, on_event=seen.append)
+    assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen))
+    return done, [(p.step, p.loss, p.grad_norm) for p in progress(seen)], logs(seen)
+
+
 def test_nvme_tier_job_equals_ram_tier_and_removes_its_states(daemon, workspace):
-    results = {}
     with offloadd.Client(daemon.target) as c:
-        for tier in ("cpu", "nvme"):
-            s = spec(workspace, f"tier-{tier}", steps=6, save_steps=3)
-            s["offload"] = {"offload_optimizer": {"device": tier}}
-            seen = []
-            done = c.submit(s, wait=True, timeout=120, on_event=seen.append)
-            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen))
-            results[tier] = [(p.step, p.loss, p.grad_norm) for p in progress(seen)]
-            if tier == "nvme":
-                assert any("optimizer states in NVMe" in m for m in logs(seen)), logs(seen)
-                # The store held them in <storage dir>/<job id> while the job ran; the checkpoints
-                # keep what a resume needs.
-                assert not (workspace / done.id).exists()
-    assert results["nvme"] == results["cpu"]
+        _, ram, _ = train_variant(c, workspace, "tier-cpu", {"offload_optimizer": {"device": "cpu"}},
+                                  steps=6, save_steps=3)
+        done, nvme, log = train_variant(c, workspace, "tier-nvme", {"offload_optimizer": {"device": "nvme"}},
+                                        steps=6, save_steps=3)
+    assert any("optimizer states in NVMe" in m for m in log), log
+    # The store held them in <storage dir>/<job id> while the job ran; the checkpoints keep what a
+    # resume needs.
+    assert not (workspace / done.id).exists()
+    assert nvme == ram
 
 
 def test_activations_offloaded_to_nvme_train_like_kept_ones(daemon, workspace):
-    results = {}
     with offloadd.Client(daemon.target) as c:
-        for mode in ("keep", "offload_nvme"):
-            s = spec(workspace, f"acts-{mode}", steps=4, save_steps=4)
-            s["offload"] = {"activations": {"mode": mode}}
-            seen = []
-            done = c.submit(s, wait=True, timeout=120, on_event=seen.append)
-            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen))
-            results[mode] = [(p.step, p.loss, p.grad_norm) for p in progress(seen)]
-            if mode == "offload_nvme":
-                assert any("offload_nvme" in m for m in logs(seen)), logs(seen)
-                assert not (workspace / done.id).exists(), "scratch activations are removed"
-    assert results["offload_nvme"] == results["keep"]
+        _, kept, _ = train_variant(c, workspace, "acts-keep", {"activations": {"mode": "keep"}},
+                                   steps=4, save_steps=4)
+        done, spilled, log = train_variant(c, workspace, "acts-nvme", {"activations": {"mode": "offload_nvme"}},
+                                           steps=4, save_steps=4)
+    assert any("offload_nvme" in m for m in log), log
+    assert not (workspace / done.id).exists(), "scratch activations are removed"
+    assert spilled == kept
