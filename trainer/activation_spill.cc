@@ -179,10 +179,10 @@ Status ActivationSpill::Submit(bool write, uint64_t ticket, Record& r) {
   c.version = write ? ++version_ : storage::kLatestVersion;
   c.offset = base_ + static_cast<uint64_t>(r.range);
   c.bytes = r.bytes;
-  r.io = next_io_++;
-  RETURN_IF_ERROR(store_->Submit(write ? storage::StoreOp::kWrite : storage::StoreOp::kRead, r.io, c)
+  const uint64_t id = next_io_++;
+  RETURN_IF_ERROR(store_->Submit(write ? storage::StoreOp::kWrite : storage::StoreOp::kRead, id, c)
                       .WithContext("activation store"));
-  io_ticket_[r.io] = ticket;
+  io_ticket_[id] = ticket;
   (write ? r.writing : r.reading) = true;
   (write ? totals_.write_bytes : totals_.read_bytes) += r.bytes;
   if (write && std::find(written_blocks_.begin(), written_blocks_.end(), r.block) == written_blocks_.end())
@@ -287,7 +287,6 @@ StatusOr<std::vector<at::Tensor>> ActivationSpill::Take(uint64_t ticket, c10::De
   const auto t0 = std::chrono::steady_clock::now();
   bool waited = false;
   it->second.wanted = true;
-  if (it->second.in_buffer && !it->second.on_disk) ++totals_.served_from_buffer;
   for (;;) {
     Record& r = it->second;
     if (r.in_buffer && !r.reading) break;

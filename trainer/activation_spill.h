@@ -44,7 +44,6 @@ struct ActivationSpillOptions {
 
 struct SpillTotals {  // since the last TakeTotals()
   uint64_t write_bytes = 0, read_bytes = 0;
-  uint64_t served_from_buffer = 0;  // fetches that needed no read
   double wait_seconds = 0;          // the step loop blocked on spill I/O or buffer space
 };
 
@@ -65,7 +64,6 @@ class ActivationSpill {
   StatusOr<std::vector<at::Tensor>> Take(uint64_t ticket, c10::Device device);
 
   SpillTotals TakeTotals();
-  uint64_t buffer_bytes() const { return capacity_; }
 
  private:
   struct TensorMeta {
@@ -83,7 +81,6 @@ class ActivationSpill {
     DeviceStreams::EventPtr copied;  // device-to-host copy into the range
     bool writing = false, on_disk = false, reading = false;
     bool wanted = false;  // prefetched while in the buffer: keep the range after the write
-    uint64_t io = 0;  // outstanding store command id
   };
   // A range to free once an event completed and no write is reading from it.
   struct Retired {

@@ -60,6 +60,18 @@ def read_stats(path: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def micro_batch_loss(model, m: dict, trained: int):
+    """One dumped micro-batch's summed token loss over the step's trained-token count, as the
+    pipeline normalises it."""
+    b, t = m["batch"], m["seq"]
+    ids = torch.tensor(m["input_ids"]).view(b, t)
+    pos = torch.tensor(m["position_ids"]).view(b, t)
+    targets = torch.tensor(m["targets"]).view(b, t)
+    logits = model(input_ids=ids, position_ids=pos).logits.float()
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                             ignore_index=-100, reduction="sum") / max(1, trained)
+
+
 def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight_decay: float,
                     max_grad_norm: float, scheduler: str, warmup_steps: int,
                     betas=(0.9, 0.999), eps=1e-8) -> tuple[list[float], dict]:
@@ -78,13 +90,7 @@ def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight
         trained = sum(sum(1 for t in m["targets"] if t != -100) for m in step)
         total = 0.0
         for m in step:
-            b, t = m["batch"], m["seq"]
-            ids = torch.tensor(m["input_ids"]).view(b, t)
-            pos = torch.tensor(m["position_ids"]).view(b, t)
-            targets = torch.tensor(m["targets"]).view(b, t)
-            logits = model(input_ids=ids, position_ids=pos).logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                                                     ignore_index=-100, reduction="sum") / max(1, trained)
+            loss = micro_batch_loss(model, m, trained)
             loss.backward()
             total += loss.item()
         if max_grad_norm > 0:
@@ -129,13 +135,7 @@ def reference_train_fp16(model_dir: pathlib.Path, batches: list, *, lr: float, w
         scale = scaler.get_scale()
         out["lrs"].append(opt.param_groups[0]["lr"])
         for m in step:
-            b, t = m["batch"], m["seq"]
-            ids = torch.tensor(m["input_ids"]).view(b, t)
-            pos = torch.tensor(m["position_ids"]).view(b, t)
-            targets = torch.tensor(m["targets"]).view(b, t)
-            logits = half(input_ids=ids, position_ids=pos).logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                                                     ignore_index=-100, reduction="sum") / max(1, trained)
+            loss = micro_batch_loss(half, m, trained)
             scaler.scale(loss).backward()
             for a, hp in zip(acc, hparams):
                 if hp.grad is not None:
