@@ -1,7 +1,9 @@
 #include "engine/model_config.h"
 
 #include <nlohmann/json.hpp>
+#include <cstdio>
 #include <optional>
+#include <span>
 
 #include "engine/file_util.h"
 
@@ -212,6 +214,23 @@ Status ParseGpt2(const Reader& r, ModelConfig* c) {
   return OkStatus();
 }
 
+// Only the keys HF's modeling code for the architecture reads in its CausalLM model: GPT-2's
+// summary_first_dropout belongs to GPT2DoubleHeadsModel and does not act here.
+Status ParseDropout(const Reader& r, ModelConfig* c) {
+  static const char* const kGpt2[] = {"embd_pdrop", "attn_pdrop", "resid_pdrop"};
+  static const char* const kLlama[] = {"attention_dropout"};
+  const bool gpt2 = c->arch == Architecture::kGpt2;
+  const std::span<const char* const> keys = gpt2 ? std::span<const char* const>(kGpt2)
+                                                 : std::span<const char* const>(kLlama);
+  for (const char* key : keys) {
+    // transformers' defaults: 0.1 for GPT-2's three, 0.0 for attention_dropout.
+    ASSIGN_OR_RETURN(double p, r.Double(key, gpt2 ? 0.1 : 0.0));
+    if (!(p >= 0 && p < 1)) return r.Error(key, "must be in [0, 1)");
+    if (p > 0) c->dropout.emplace_back(key, p);
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view origin) {
@@ -245,7 +264,27 @@ StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view o
                                      "\" (supported: llama, mistral, qwen2, gpt2)");
   }
   RETURN_IF_ERROR(ParseTokenIds(r, &c));
+  RETURN_IF_ERROR(ParseDropout(r, &c));
   return c;
+}
+
+std::string DescribeDropout(const ModelConfig& c) {
+  std::string out;
+  for (const auto& [key, p] : c.dropout) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", p);
+    out += (out.empty() ? "" : ", ") + key + "=" + buf;
+  }
+  return out;
+}
+
+Status DropoutProblem(const ModelConfig& c, bool dropout_disabled) {
+  if (c.dropout.empty() || dropout_disabled) return OkStatus();
+  return FailedPreconditionError(
+      "the model's config.json sets " + DescribeDropout(c) +
+      ", which Hugging Face applies in training, and offloadd does not implement dropout; set "
+      "`dropout: disable` in the job (offloadd-train --dropout=disable) to train without it, or set "
+      "those values to 0 in config.json");
 }
 
 StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -47,6 +48,11 @@ struct ModelConfig {
   RopeConfig rope;             // Llama family only
   std::string hidden_act;      // "silu" or "gelu_new"
   std::vector<int64_t> eos_token_ids;
+  // The nonzero dropout probabilities Hugging Face's modeling code applies in training for this
+  // architecture (GPT-2: embd_pdrop, attn_pdrop, resid_pdrop; Llama/Mistral/Qwen2:
+  // attention_dropout), in config.json order. The engine applies no dropout, so a job on such a
+  // model is refused unless it says `dropout: disable` (DropoutProblem).
+  std::vector<std::pair<std::string, double>> dropout;
   int64_t bos_token_id = -1;
 
   int64_t q_dim() const { return num_heads * head_dim; }
@@ -57,5 +63,11 @@ struct ModelConfig {
 StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view origin);
 // Reads and parses `dir/config.json`.
 StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
+
+// "resid_pdrop=0.1, attn_pdrop=0.1" for the model's dropout; empty when it has none.
+std::string DescribeDropout(const ModelConfig& c);
+// FAILED_PRECONDITION naming every dropout setting when the model trains with dropout in Hugging
+// Face and the job has not said `dropout: disable`; OK otherwise.
+Status DropoutProblem(const ModelConfig& c, bool dropout_disabled);
 
 }  // namespace offloadd::engine

@@ -46,6 +46,7 @@ workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o) {
   p.worker_binary = o.worker_binary;
   p.processes = std::max<uint32_t>(1, o.worker_processes);
   p.threads_per_process = std::max<uint32_t>(1, o.worker_threads);
+  p.kernel_path = o.kernel_path;
   return p;
 }
 
@@ -206,6 +207,11 @@ HostOptimizer::~HostOptimizer() {
 }
 
 uint32_t HostOptimizer::worker_processes() const { return pool_->size(); }
+
+std::string HostOptimizer::kernel_description() const {
+  const workers::WorkerPoolMetrics m = pool_->Metrics();
+  return m.kernel_path + " (" + m.kernel_reason + ")";
+}
 
 void* HostOptimizer::grad_staging(int block) const {
   return arena_->At<void>(shards_[block].grad_offset);

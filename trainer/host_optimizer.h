@@ -62,6 +62,7 @@ struct HostOptimizerOptions {
   int defer_below_block = 0;  // LSP transition (no clipping only)
   std::string worker_binary, store_binary;
   uint32_t worker_processes = 1, worker_threads = 1;
+  std::string kernel_path = "auto";  // workers::ResolveKernelPath's request
   uint64_t host_memory_limit = 0;  // refuse an arena larger than this
 };
 
@@ -124,6 +125,8 @@ class HostOptimizer {
   StatusOr<workers::StepResult> WaitFinished(uint64_t step);
   UpdateTotals TakeTotals();
   uint32_t worker_processes() const;
+  // The CPU AdamW kernel the workers run and why: "avx2 (OFFLOADD_ADAMW_KERNEL=avx2)".
+  std::string kernel_description() const;
 
  private:
   struct Item {

@@ -61,6 +61,10 @@ struct OffloadPlanConfig {
 struct TrainConfig {
   std::string model_dir;
   bool random_init = false;  // bench: config.json only, transformers-style random weights
+  // The engine applies no dropout: a model whose config.json sets some is refused unless this
+  // is set (job `dropout: disable`, offloadd-train --dropout=disable); then training logs that it
+  // runs without dropout.
+  bool dropout_disabled = false;
   std::string device = "cpu";          // "cpu", "cuda", "cuda:N"
   std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
   LossScaleConfig loss_scale;          // fp16 only: dynamic loss scaling (torch.amp.GradScaler)
@@ -83,6 +87,9 @@ struct TrainConfig {
   std::string store_binary;   // offloadd-store (tier kNvme)
   uint32_t worker_processes = 1;
   uint32_t worker_threads = 0;  // per process; 0: the cores this process may use
+  // CPU AdamW kernel flavour: auto (OFFLOADD_ADAMW_KERNEL, else the fastest), portable, avx2,
+  // avx512, avx512bf16. Every flavour computes the same AdamW (workers/adamw_kernel.h).
+  std::string adamw_kernel = "auto";
   std::string trace_path;       // Chrome trace JSON, written at the end (and every 10 steps)
   int64_t trace_steps = 3;      // steps recorded in the trace (0: all)
 };

@@ -76,6 +76,7 @@ Status Trainer::Impl::Setup() {
                                    : engine::LoadOptions::Materialize::kLazy;
   lo.random_seed = cfg.seed;
   ASSIGN_OR_RETURN(model, engine::Model::Load(cfg.model_dir, lo));
+  RETURN_IF_ERROR(engine::DropoutProblem(model->config(), cfg.dropout_disabled));
   model->AssumePlacement(device, dtype);
   n = model->num_blocks();
   layout.resize(n);
@@ -127,6 +128,7 @@ Status Trainer::Impl::Setup() {
   ho.worker_threads = cfg.worker_threads > 0
                           ? cfg.worker_threads
                           : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
+  ho.kernel_path = cfg.adamw_kernel;
   ho.host_memory_limit = cfg.offload.host_memory_limit;
   arena_bytes = HostOptimizer::ArenaBytes(ho);
   ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
@@ -155,7 +157,8 @@ Status Trainer::Impl::Setup() {
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
   plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
        << ", arena " << FormatByteSize(arena_bytes) << ", " << ho.worker_processes << "x"
-       << ho.worker_threads << " worker threads; " << total << " steps";
+       << ho.worker_threads << " worker threads, AdamW kernel " << host->kernel_description()
+       << "; " << total << " steps";
   if (scaler) {
     plan << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor
          << " every " << cfg.loss_scale.growth_interval << " clean steps, x"
@@ -164,6 +167,10 @@ Status Trainer::Impl::Setup() {
   if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
   plan_text = plan.str();
   Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
+  if (const std::string d = engine::DescribeDropout(model->config()); !d.empty()) {
+    Log(TrainObserver::Level::kWarning, "training WITHOUT dropout (dropout: disable): the model's "
+                                        "config.json sets " + d + ", which is not applied");
+  }
   Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
   return OkStatus();
 }

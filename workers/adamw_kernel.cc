@@ -1,6 +1,7 @@
 #include "workers/adamw_kernel.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "workers/adamw_kernel_impl.h"
@@ -91,6 +92,33 @@ std::string_view KernelPathName(KernelPath path) {
   return "unknown";
 }
 
+std::string MissingInstructionSets(KernelPath path) {
+  std::string out;
+  const auto need = [&](bool have, const char* name) {
+    if (have) return;
+    if (!out.empty()) out += ", ";
+    out += name;
+  };
+  switch (path) {
+    case KernelPath::kPortable:
+      break;
+    case KernelPath::kAvx512Bf16:
+      need(__builtin_cpu_supports("avx512bf16"), "AVX512_BF16");
+      [[fallthrough]];
+    case KernelPath::kAvx512:
+      need(__builtin_cpu_supports("avx512f"), "AVX-512F");
+      need(__builtin_cpu_supports("avx512bw"), "AVX-512BW");
+      need(__builtin_cpu_supports("avx512vl"), "AVX-512VL");
+      break;
+    case KernelPath::kAvx2:
+      need(__builtin_cpu_supports("avx2"), "AVX2");
+      need(__builtin_cpu_supports("fma"), "FMA");
+      need(__builtin_cpu_supports("f16c"), "F16C");
+      break;
+  }
+  return out;
+}
+
 StatusOr<KernelPath> ParseKernelPath(std::string_view name) {
   if (name == "auto") return BestPath();
   for (KernelPath p :
@@ -98,12 +126,42 @@ StatusOr<KernelPath> ParseKernelPath(std::string_view name) {
     if (KernelPathName(p) != name) continue;
     if (!PathSupported(p)) {
       return FailedPreconditionError("kernel path '" + std::string(name) +
-                                     "' is not supported by this CPU (see /proc/cpuinfo flags)");
+                                     "' needs instructions this CPU lacks: " +
+                                     MissingInstructionSets(p));
     }
     return p;
   }
   return InvalidArgumentError("unknown kernel path '" + std::string(name) +
                               "' (auto, portable, avx2, avx512, avx512bf16)");
+}
+
+std::string KernelChoice::Describe() const {
+  return std::string(KernelPathName(path)) + " (" + reason + ")";
+}
+
+StatusOr<KernelChoice> ResolveKernelPath(std::string_view requested) {
+  KernelChoice c;
+  if (!requested.empty() && requested != "auto") {
+    auto p = ParseKernelPath(requested);
+    if (!p.ok()) return Status(p.status().code(), "AdamW kernel: " + p.status().message());
+    c.path = *p;
+    c.reason = "requested";
+    return c;
+  }
+  const char* env = std::getenv(kKernelEnvVar);
+  if (env != nullptr && *env != '\0' && std::string_view(env) != "auto") {
+    auto p = ParseKernelPath(env);
+    if (!p.ok()) {
+      return Status(p.status().code(),
+                    std::string(kKernelEnvVar) + "=" + env + ": " + p.status().message());
+    }
+    c.path = *p;
+    c.reason = std::string(kKernelEnvVar) + "=" + env;
+    return c;
+  }
+  c.path = BestPath();
+  c.reason = "fastest this CPU supports";
+  return c;
 }
 
 #define OFFLOADD_DISPATCH(path, fn, ...)            \

@@ -74,7 +74,25 @@ bool PathSupported(KernelPath path);
 std::vector<KernelPath> SupportedPaths();  // fastest first
 KernelPath BestPath();
 std::string_view KernelPathName(KernelPath path);  // "portable", "avx2", "avx512", "avx512bf16"
-// Accepts the names above and "auto" (BestPath()). FAILED_PRECONDITION if this CPU lacks it.
+// Accepts the names above and "auto" (BestPath()). FAILED_PRECONDITION if this CPU lacks it,
+// naming the missing instruction set.
 StatusOr<KernelPath> ParseKernelPath(std::string_view name);
+// The instruction sets `path` needs that this CPU lacks ("AVX-512F, AVX-512BW"); empty when
+// supported.
+std::string MissingInstructionSets(KernelPath path);
+
+// Forces the kernel flavour of every process that would otherwise pick "auto": set it in the
+// environment of offloadd, offloadd-train or a test run (values as for ParseKernelPath).
+inline constexpr char kKernelEnvVar[] = "OFFLOADD_ADAMW_KERNEL";
+
+struct KernelChoice {
+  KernelPath path = KernelPath::kPortable;
+  // Why this one: "fastest this CPU supports", "OFFLOADD_ADAMW_KERNEL=avx2" or "requested".
+  std::string reason;
+  std::string Describe() const;  // "avx2 (OFFLOADD_ADAMW_KERNEL=avx2)"
+};
+// An explicit request (anything but "auto" or empty) wins; otherwise the environment variable,
+// then the fastest supported path. Errors name the setting that asked for an unusable path.
+StatusOr<KernelChoice> ResolveKernelPath(std::string_view requested);
 
 }  // namespace offloadd::workers

@@ -37,12 +37,12 @@ inline void StoreWeights8(void* w, WeightDtype dt, size_t i, __m256 p) {
   }
 }
 
-inline double HSum(__m256 a, __m256 b) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, _mm256_add_ps(a, b));
-  double s = 0;
-  for (float x : t) s += x;
-  return s;
+// The two 8-lane halves of the canonical 16 norm lanes (NormLanes), for the scalar tail to go on.
+inline NormLanes Lanes(__m256 lo, __m256 hi) {
+  NormLanes l;
+  _mm256_store_ps(l.lane, lo);
+  _mm256_store_ps(l.lane + 8, hi);
+  return l;
 }
 
 }  // namespace
@@ -53,12 +53,9 @@ double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
   const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2), nstep = _mm256_set1_ps(s.neg_step_size);
   const __m256 bc2 = _mm256_set1_ps(s.bc2_sqrt), eps = _mm256_set1_ps(s.eps);
   const AdamWOut out(span);
-  __m256 sq0 = _mm256_setzero_ps();
-  const __m256 sq1 = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 8 <= span.n; i += 8) {
+  // Eight elements at i; returns their raw gradients for the norm.
+  const auto step8 = [&](size_t i) {
     const __m256 graw = LoadGrad8(span.grad, span.grad_dtype, i);
-    sq0 = _mm256_fmadd_ps(graw, graw, sq0);
     const __m256 g = _mm256_mul_ps(graw, scale);
     __m256 p = _mm256_loadu_ps(span.master + i);
     const __m256 m = _mm256_loadu_ps(span.exp_avg + i);
@@ -73,50 +70,60 @@ double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
     _mm256_storeu_ps(out.exp_avg + i, mm);
     _mm256_storeu_ps(out.exp_avg_sq + i, vv);
     StoreWeights8(span.weights, span.weight_dtype, i, p);
+    return graw;
+  };
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= span.n; i += 16) {
+    const __m256 a = step8(i), b = step8(i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
   }
-  double sq = HSum(sq0, sq1);
+  NormLanes sq = Lanes(lo, hi);
   for (; i < span.n; ++i) {
     const float g = LoadGrad(span.grad, span.grad_dtype, i);
-    sq += AdamWElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
-                       &out.exp_avg[i], &out.exp_avg_sq[i], s);
+    sq.Add(i, g);
+    AdamWElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
+                 &out.exp_avg[i], &out.exp_avg_sq[i], s);
     StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
   }
-  return sq;
+  return sq.Sum();
 }
 
 double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype, size_t n,
                       bool overwrite) {
-  __m256 sq0 = _mm256_setzero_ps();
-  const __m256 sq1 = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
+  const auto step8 = [&](size_t i) {
     const __m256 g = LoadGrad8(grad, dtype, i);
-    sq0 = _mm256_fmadd_ps(g, g, sq0);
     _mm256_storeu_ps(acc + i, overwrite ? g : _mm256_add_ps(_mm256_loadu_ps(acc_in + i), g));
+    return g;
+  };
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = step8(i), b = step8(i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
   }
-  double sq = HSum(sq0, sq1);
+  NormLanes sq = Lanes(lo, hi);
   for (; i < n; ++i) {
     const float g = LoadGrad(grad, dtype, i);
     acc[i] = overwrite ? g : acc_in[i] + g;
-    sq += static_cast<double>(g * g);
+    sq.Add(i, g);
   }
-  return sq;
+  return sq.Sum();
 }
 
 double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n) {
-  // Same accumulation order as FusedAdamW/AccumulateGrad (see the AVX-512 path).
-  __m256 sq0 = _mm256_setzero_ps();
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = LoadGrad8(grad, dtype, i);
-    sq0 = _mm256_fmadd_ps(g, g, sq0);
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = LoadGrad8(grad, dtype, i), b = LoadGrad8(grad, dtype, i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
   }
-  double sq = HSum(sq0, _mm256_setzero_ps());
-  for (; i < n; ++i) {
-    const float g = LoadGrad(grad, dtype, i);
-    sq += static_cast<double>(g * g);
-  }
-  return sq;
+  NormLanes sq = Lanes(lo, hi);
+  for (; i < n; ++i) sq.Add(i, LoadGrad(grad, dtype, i));
+  return sq.Sum();
 }
 
 }  // namespace offloadd::workers::internal::avx2

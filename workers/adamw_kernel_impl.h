@@ -51,10 +51,26 @@ inline uint16_t FloatToFp16(float f) {
   return u;
 }
 
+// Sums of squares (the clipping norm, the fp16 overflow check) take one canonical order on every
+// path, so every flavour computes the same norm bit for bit, and with it the same clip
+// coefficient and the same update: element i of a call goes into fp32 lane i % 16 by a fused
+// multiply-add (the AVX-512 register layout; AVX2 keeps two 8-lane halves; absent tail elements
+// add nothing), and the 16 lanes are summed in double in lane order.
+inline constexpr size_t kNormLanes = 16;
+struct NormLanes {
+  alignas(64) float lane[kNormLanes] = {};
+  void Add(size_t i, float g) { lane[i % kNormLanes] = std::fma(g, g, lane[i % kNormLanes]); }
+  double Sum() const {
+    double s = 0;
+    for (float x : lane) s += x;
+    return s;
+  }
+};
+
 // One element, exactly the operation order of the vector paths; used by the portable path and
 // for the tails of the AVX2 path.
-// Reads p/m/v, writes op/om/ov (which may alias them); returns g_raw^2.
-inline float AdamWElement(float g_raw, float p, float m, float v, float* op, float* om, float* ov,
+// Reads p/m/v, writes op/om/ov (which may alias them).
+inline void AdamWElement(float g_raw, float p, float m, float v, float* op, float* om, float* ov,
                           const AdamWScalars& s) {
   const float g = g_raw * s.grad_scale;
   float pp = p;
@@ -67,7 +83,6 @@ inline float AdamWElement(float g_raw, float p, float m, float v, float* op, flo
   *op = pp;
   *om = mm;
   *ov = vv;
-  return g_raw * g_raw;
 }
 
 // Output pointers of a span (in place unless out_* are set).

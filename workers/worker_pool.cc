@@ -97,7 +97,10 @@ Status WorkerPool::Init() {
   if (::access(o.worker_binary.c_str(), X_OK) != 0) {
     return ErrnoError(errno, "worker binary '" + o.worker_binary + "' is not executable");
   }
-  ASSIGN_OR_RETURN(path_, ParseKernelPath(o.kernel_path));
+  ASSIGN_OR_RETURN(const KernelChoice kernel, ResolveKernelPath(o.kernel_path));
+  path_ = kernel.path;
+  kernel_reason_ = kernel.reason;
+  OFFLOADD_LOG(kInfo, "workers") << "CPU AdamW kernel: " << kernel.Describe();
   CpuPlan plan;
   std::vector<int> node_ids;
   if (o.pin_threads) {
@@ -574,6 +577,7 @@ WorkerPoolMetrics WorkerPool::Metrics() const {
   m.latency_counts = latency_counts_;
   m.latency_sum_seconds = latency_sum_;
   m.kernel_path = std::string(KernelPathName(path_));
+  m.kernel_reason = kernel_reason_;
   m.cpus_oversubscribed = oversubscribed_;
   return m;
 }

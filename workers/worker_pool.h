@@ -46,7 +46,9 @@ struct WorkerPoolOptions {
   uint32_t threads_per_process = 1;
   std::vector<int> cpus;  // cores to use; empty: this process's affinity mask, split by NUMA node
   bool pin_threads = true;
-  std::string kernel_path = "auto";  // auto | avx512bf16 | avx512 | avx2 | portable
+  // auto | avx512bf16 | avx512 | avx2 | portable; "auto" defers to OFFLOADD_ADAMW_KERNEL, then
+  // the fastest path (workers::ResolveKernelPath).
+  std::string kernel_path = "auto";
   uint32_t queue_capacity = 64;      // records per ring (power of two)
   uint32_t max_outstanding = 1024;   // per worker; Submit blocks beyond it (back-pressure)
   bool crash_consistent = true;      // redo slots: exact results across a worker crash
@@ -82,6 +84,7 @@ struct WorkerPoolMetrics {
   std::vector<uint64_t> latency_counts;
   double latency_sum_seconds = 0;
   std::string kernel_path;
+  std::string kernel_reason;  // why that path (KernelChoice::reason)
   bool cpus_oversubscribed = false;
 };
 
@@ -130,6 +133,7 @@ class WorkerPool {
   ipc::Arena* arena_;
   WorkerPoolOptions options_;
   KernelPath path_{};
+  std::string kernel_reason_;
   bool oversubscribed_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
   int epoll_fd_ = -1;

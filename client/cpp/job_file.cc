@@ -14,7 +14,7 @@ namespace {
 
 // Short enum spellings: the value name without its type prefix, case-insensitive.
 const char* const kEnumPrefixes[] = {"DATASET_FORMAT_", "OFFLOAD_DEVICE_", "ACTIVATION_MODE_", "COMPRESSION_TYPE_",
-                                     "COMPUTE_DTYPE_"};
+                                     "COMPUTE_DTYPE_", "DROPOUT_MODE_"};
 
 std::string JsonQuote(const std::string& s) {
   std::string out = "\"";
@@ -53,6 +53,7 @@ std::string EnumPrefixFor(const std::string& key) {
   if (key == "mode" || key == "layer_overrides") return "ACTIVATION_MODE_";
   if (key == "type") return "COMPRESSION_TYPE_";
   if (key == "compute_dtype") return "COMPUTE_DTYPE_";
+  if (key == "dropout") return "DROPOUT_MODE_";
   return "";
 }
 

@@ -36,6 +36,10 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   o << "cpu         " << n.cpu().model_name() << ": " << n.cpu().physical_cores() << " cores / "
     << n.cpu().logical_cores() << " threads" << (n.cpu().avx512f() ? ", AVX-512" : "")
     << (n.cpu().avx512_bf16() ? " (BF16)" : "") << (n.cpu().avx2() ? ", AVX2" : "") << "\n";
+  o << "adamw       " << (n.cpu().adamw_kernel().empty() ? "?" : n.cpu().adamw_kernel()) << " kernel ("
+    << n.cpu().adamw_kernel_reason() << "); supported:";
+  for (const auto& k : n.cpu().adamw_kernels()) o << " " << k;
+  o << "\n";
   const auto& m = n.memory();
   o << "memory      " << Bytes(m.total_bytes()) << " total, " << Bytes(m.available_bytes()) << " available, "
     << "/dev/shm " << Bytes(m.shm_available_bytes()) << " free, memlock "

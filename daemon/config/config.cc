@@ -8,6 +8,7 @@
 
 #include "common/units.h"
 #include "daemon/config/yaml_reader.h"
+#include "workers/adamw_kernel.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -77,6 +78,9 @@ void Validate(const DaemonConfig& c, std::vector<std::string>* errors) {
     if (!path.empty() && path[0] != '/') errors->push_back(key + ": must be an absolute path, got '" + path + "'");
   };
   absolute(c.state_dir, "state_dir");
+  if (auto k = workers::ResolveKernelPath(c.workers.adamw_kernel); !k.ok()) {
+    errors->push_back("workers.adamw_kernel: " + k.status().message());
+  }
   if (c.state_dir.empty()) errors->push_back("state_dir: must not be empty");
   for (size_t i = 0; i < c.allowed_roots.size(); ++i) {
     absolute(c.allowed_roots[i], "allowed_roots[" + std::to_string(i) + "]");
@@ -150,10 +154,11 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
       ReadStorage(root["storage"], r.Child("storage"), &c.storage);
       const YAML::Node w = root["workers"];
       const YamlReader wr = r.Child("workers");
-      if (wr.CheckMap(w, {"processes", "threads_per_process", "pin_cores"})) {
+      if (wr.CheckMap(w, {"processes", "threads_per_process", "pin_cores", "adamw_kernel"})) {
         wr.UInt32(w, "processes", &c.workers.processes, 0, 1024);
         wr.UInt32(w, "threads_per_process", &c.workers.threads_per_process, 0, 4096);
         wr.Bool(w, "pin_cores", &c.workers.pin_cores);
+        wr.String(w, "adamw_kernel", &c.workers.adamw_kernel);
       }
       const YAML::Node mem = root["memory"];
       const YamlReader memr = r.Child("memory");
@@ -221,7 +226,8 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "workers" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "processes" << YAML::Value << c.workers.processes;
   e << YAML::Key << "threads_per_process" << YAML::Value << c.workers.threads_per_process;
-  e << YAML::Key << "pin_cores" << YAML::Value << c.workers.pin_cores << YAML::EndMap;
+  e << YAML::Key << "pin_cores" << YAML::Value << c.workers.pin_cores;
+  e << YAML::Key << "adamw_kernel" << YAML::Value << c.workers.adamw_kernel << YAML::EndMap;
   e << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "host_memory_limit" << YAML::Value << FormatByteSize(c.memory.host_memory_limit);
   e << YAML::Key << "gpu_memory_limit" << YAML::Value << FormatByteSize(c.memory.gpu_memory_limit);

@@ -61,6 +61,10 @@ struct WorkersConfig {
   // 0 = all cores of the process's NUMA node, minus those the daemon keeps.
   uint32_t threads_per_process = 0;
   bool pin_cores = true;
+  // CPU AdamW kernel flavour (auto | portable | avx2 | avx512 | avx512bf16); auto defers to
+  // $OFFLOADD_ADAMW_KERNEL, then the fastest this CPU supports. Refused at startup when the CPU
+  // lacks the instructions.
+  std::string adamw_kernel = "auto";
 };
 
 struct MemoryConfig {

@@ -201,6 +201,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   Checker c(&r.violations);
 
   // Model.
+  if (!v1::DropoutMode_IsValid(spec.dropout())) {
+    c.Add("dropout", "unknown value " + std::to_string(spec.dropout()) + " (expected disable)");
+  }
   std::unique_ptr<engine::ModelConfig> config;
   if (spec.model().path().empty()) {
     c.Add("model.path", "required: a Hugging Face model directory (config.json + *.safetensors)");
@@ -210,6 +213,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       c.Add("model.path", "'" + *dir + "' is not a directory");
     } else if (auto mc = engine::LoadModelConfig(*dir); !c.Fails("model.path", mc.status())) {
       config = std::make_unique<engine::ModelConfig>(*mc);
+      if (v1::DropoutMode_IsValid(spec.dropout())) {
+        c.Fails("dropout", engine::DropoutProblem(*mc, spec.dropout() == v1::DROPOUT_MODE_DISABLE));
+      }
       if (!Exists(*dir + "/model.safetensors") && !Exists(*dir + "/model.safetensors.index.json")) {
         c.Add("model.path", *dir + " has neither model.safetensors nor model.safetensors.index.json");
       }

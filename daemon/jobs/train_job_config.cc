@@ -60,6 +60,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.model_dir = s.model().path();
   const int gpu = s.resources().gpu_index() >= 0 ? s.resources().gpu_index() : 0;
   c.device = env.has_gpu ? "cuda:" + std::to_string(gpu) : "cpu";
+  c.dropout_disabled = s.dropout() == v1::DROPOUT_MODE_DISABLE;
   switch (s.model().compute_dtype()) {
     case v1::COMPUTE_DTYPE_UNSPECIFIED: c.compute_dtype = "auto"; break;  // bf16 on a GPU, fp32 on CPU
     case v1::COMPUTE_DTYPE_FP32: c.compute_dtype = "fp32"; break;
@@ -150,6 +151,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.store_binary = env.store_binary;
   c.worker_processes = env.worker_processes;
   c.worker_threads = env.worker_threads;
+  c.adamw_kernel = env.adamw_kernel;
   if (env.trace_steps > 0 && !c.output_dir.empty()) {
     c.trace_path = c.output_dir + "/trace.json";
     c.trace_steps = env.trace_steps;

@@ -21,6 +21,7 @@ struct TrainerEnvironment {
   std::string store_binary;      // offloadd-store
   uint32_t worker_processes = 1;
   uint32_t worker_threads = 0;   // per process; 0: the trainer divides the usable cores
+  std::string adamw_kernel = "auto";  // workers.adamw_kernel
   uint64_t host_memory_limit = 0;  // memory.host_memory_limit, used when the job sets none
   uint64_t gpu_memory_limit = 0;   // memory.gpu_memory_limit, used when the job sets none
   std::vector<std::string> store_dirs;  // storage.directories: NVMe tier when nvme_path is unset

@@ -188,6 +188,7 @@ TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has
     env.worker_processes = static_cast<uint32_t>(std::max<size_t>(1, workers::NumaNodes(workers::AllowedCpus()).size()));
   }
   env.worker_threads = config.workers.threads_per_process;
+  env.adamw_kernel = config.workers.adamw_kernel;
   env.host_memory_limit = config.memory.host_memory_limit;
   env.gpu_memory_limit = config.memory.gpu_memory_limit;
   for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);

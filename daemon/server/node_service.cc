@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "daemon/server/rpc_recorder.h"
+#include "workers/adamw_kernel.h"
 
 namespace offloadd::daemon {
 
@@ -17,6 +18,17 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
                                           offloadd::v1::NodeInfo* response) {
   RpcRecorder rec(metrics_, "GetNodeInfo");
   FillNodeInfo(ProbeNode(store_dirs_), build_, response);
+  auto* cpu = response->mutable_cpu();
+  for (workers::KernelPath p : workers::SupportedPaths()) {
+    cpu->add_adamw_kernels(std::string(workers::KernelPathName(p)));
+  }
+  // Validated at startup; the environment could only have changed through a restart.
+  if (auto k = workers::ResolveKernelPath(adamw_kernel_); k.ok()) {
+    cpu->set_adamw_kernel(std::string(workers::KernelPathName(k->path)));
+    cpu->set_adamw_kernel_reason(k->reason);
+  } else {
+    cpu->set_adamw_kernel_reason(k.status().message());
+  }
   response->mutable_start_time()->set_seconds(start_unix_seconds_);
   return rec.Done(grpc::Status::OK);
 }

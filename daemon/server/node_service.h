@@ -23,12 +23,15 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
 
   grpc::Status GetNodeInfo(grpc::ServerContext* context, const offloadd::v1::GetNodeInfoRequest* request,
                            offloadd::v1::NodeInfo* response) override;
+  // workers.adamw_kernel, resolved per call into NodeInfo.cpu.adamw_kernel.
+  void set_adamw_kernel(std::string request) { adamw_kernel_ = std::move(request); }
 
  private:
   BuildFacts build_;
   std::vector<StoreDirInput> store_dirs_;
   DaemonMetrics* metrics_;
   int64_t start_unix_seconds_;
+  std::string adamw_kernel_ = "auto";
 };
 
 // Exposed for tests: fills `out` from probed facts.

@@ -2,8 +2,8 @@
 // parity tests compare against transformers.
 //
 //   offloadd-engine-check --model DIR --inputs IN.safetensors --out OUT.safetensors
-//       [--mode keep|recompute|offload|mixed] [--device cpu|cuda] [--dtype f32|bf16]
-//       [--micro-batches N] [--sgd-lr LR --export DIR]
+//       [--mode keep|recompute|offload|mixed] [--device cpu|cuda] [--dtype f32|bf16|fp16]
+//       [--micro-batches N] [--loss-scale S] [--sgd-lr LR --export DIR]
 //   offloadd-engine-check --model DIR --generate N --prompt 1,2,3 [--stop 2] --out OUT.safetensors
 //
 // IN holds "input_ids" [B, T] int64 and optionally "labels" [B, T] (HF convention: aligned with
@@ -35,6 +35,7 @@ struct Args {
   std::string model, inputs, out, mode = "keep", device = "cpu", dtype = "f32", export_dir;
   int micro_batches = 1;
   double sgd_lr = 0;
+  double loss_scale = 1;  // fp16: the head's gradients are of loss * S; dumped grads are / S
   int64_t generate = 0;
   std::vector<int64_t> prompt, stop;
 };
@@ -72,6 +73,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
         a.micro_batches = std::stoi(v);
       else if (k == "--sgd-lr")
         a.sgd_lr = std::stod(v);
+      else if (k == "--loss-scale")
+        a.loss_scale = std::stod(v);
       else if (k == "--export")
         a.export_dir = v;
       else if (k == "--generate")
@@ -114,8 +117,11 @@ StatusOr<std::vector<SaveMode>> Modes(const std::string& mode, int n) {
 Status Run(const Args& a) {
   const c10::Device device(a.device == "cuda" ? c10::kCUDA : c10::kCPU);
   if (a.device != "cpu" && a.device != "cuda") return InvalidArgumentError("--device cpu|cuda");
-  if (a.dtype != "f32" && a.dtype != "bf16") return InvalidArgumentError("--dtype f32|bf16");
-  const c10::ScalarType dtype = a.dtype == "bf16" ? c10::kBFloat16 : c10::kFloat;
+  if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "fp16")
+    return InvalidArgumentError("--dtype f32|bf16|fp16");
+  const c10::ScalarType dtype = a.dtype == "bf16"   ? c10::kBFloat16
+                                : a.dtype == "fp16" ? c10::kHalf
+                                                    : c10::kFloat;
   ASSIGN_OR_RETURN(auto model, Model::Load(a.model, {dtype, device}));
   std::vector<std::pair<std::string, at::Tensor>> out;
 
@@ -175,6 +181,7 @@ Status Run(const Args& a) {
     auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, m * mbs, mbs) : t; };
     ASSIGN_OR_RETURN(MicroBatch mb, model->PrepareBatch(slice(ids), slice(targets), total,
                                                         slice(positions), slice(segments)));
+    mb.loss_scale = a.loss_scale;
     ASSIGN_OR_RETURN(at::Tensor lg, model->Logits(mb));
     logits.push_back(lg.to(at::kCPU, at::kFloat));
     ASSIGN_OR_RETURN(at::Tensor l, model->ForwardBackward(mb, modes, on_grad, &offload));
@@ -183,7 +190,10 @@ Status Run(const Args& a) {
   if (!store.empty()) return InternalError("offloaded activations were never fetched");
   out.push_back({"logits", at::cat(logits, 0)});
   out.push_back({"loss", loss});
-  for (const auto& [name, g] : grads) out.push_back({"grad/" + name, g});
+  for (auto& [name, g] : grads) {
+    if (a.loss_scale != 1) g.div_(a.loss_scale);
+    out.push_back({"grad/" + name, g});
+  }
 
   if (a.sgd_lr != 0) {
     c10::NoGradGuard no_grad;

@@ -45,5 +45,17 @@ TEST(RenderTest, NodeInfoShowsEachGpusNumaNode) {
   EXPECT_NE(text.find("NUMA node unknown\n"), std::string::npos) << text;
 }
 
+TEST(RenderTest, NodeInfoShowsTheAdamWKernelAndWhy) {
+  offloadd::v1::NodeInfo n;
+  n.mutable_cpu()->set_adamw_kernel("avx2");
+  n.mutable_cpu()->set_adamw_kernel_reason("OFFLOADD_ADAMW_KERNEL=avx2");
+  n.mutable_cpu()->add_adamw_kernels("avx2");
+  n.mutable_cpu()->add_adamw_kernels("portable");
+  const std::string text = RenderNodeInfo(n);
+  EXPECT_NE(text.find("adamw       avx2 kernel (OFFLOADD_ADAMW_KERNEL=avx2); supported: avx2 portable\n"),
+            std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace offloadctl

@@ -80,6 +80,8 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
   EXPECT_NE(ErrorOf("log_level: loud").find("log_level: expected debug"), std::string::npos);
   EXPECT_NE(ErrorOf("workers: {pin_cores: maybe}").find("workers.pin_cores: expected true or false"),
             std::string::npos);
+  EXPECT_NE(ErrorOf("workers: {adamw_kernel: sse9}").find("workers.adamw_kernel: AdamW kernel: unknown kernel path 'sse9'"),
+            std::string::npos);
   EXPECT_NE(ErrorOf("allowed_roots: relative/dir").find("allowed_roots: expected a list"), std::string::npos);
   EXPECT_NE(ErrorOf("allowed_roots: [relative/dir]").find("allowed_roots[0]: must be an absolute path"),
             std::string::npos);

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace offloadd::workers {
@@ -144,6 +147,134 @@ TEST(AdamWKernelFp16Test, InfAndNanPropagateIntoTheNorm) {
       }
     }
   }
+}
+
+// Every flavour computes the same bits: the norm in its canonical lane order (NormLanes), the
+// update element by element; so a job's result does not depend on the CPU it ran on. Lengths
+// around the vector widths and chunk tails; fp32, bf16 and fp16 gradients.
+TEST(AdamWKernelTest, EveryPathComputesThePortableBits) {
+  const AdamWHyper h{.lr = 2e-3, .weight_decay = 0.1, .step = 5, .grad_scale = 0.61f};
+  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{17}, size_t{31},
+                   size_t{33}, kN}) {
+    for (GradDtype dt : {GradDtype::kFp32, GradDtype::kBf16, GradDtype::kFp16}) {
+      std::mt19937 rng(static_cast<uint32_t>(n) * 3 + static_cast<uint32_t>(dt));
+      std::normal_distribution<float> normal;
+      std::vector<uint8_t> grad(n * GradBytes(dt));
+      std::vector<float> master(n), m(n), v(n);
+      for (size_t i = 0; i < n; ++i) {
+        const float g = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 20) - 10);
+        if (dt == GradDtype::kFp32) reinterpret_cast<float*>(grad.data())[i] = g;
+        if (dt == GradDtype::kFp16) reinterpret_cast<uint16_t*>(grad.data())[i] = ToHalf(g);
+        if (dt == GradDtype::kBf16) {
+          uint32_t u;
+          std::memcpy(&u, &g, 4);
+          reinterpret_cast<uint16_t*>(grad.data())[i] = static_cast<uint16_t>(u >> 16);
+        }
+        master[i] = normal(rng) * 0.05f;
+        m[i] = normal(rng) * 1e-3f;
+        v[i] = std::fabs(normal(rng)) * 1e-6f;
+      }
+      const auto run = [&](KernelPath path, std::vector<float>* out, std::vector<uint16_t>* w,
+                           double norms[3]) {
+        out->clear();
+        std::vector<float> p = master, mm = m, vv = v, acc(n, 0.25f);
+        w->assign(n, 0);
+        AdamWSpan span;
+        span.grad = grad.data();
+        span.grad_dtype = dt;
+        span.master = p.data();
+        span.exp_avg = mm.data();
+        span.exp_avg_sq = vv.data();
+        span.weights = w->data();
+        span.weight_dtype = dt == GradDtype::kFp16 ? WeightDtype::kFp16 : WeightDtype::kBf16;
+        span.n = n;
+        norms[0] = FusedAdamW(span, h, path);
+        norms[1] = GradSquaredNorm(grad.data(), dt, n, path);
+        norms[2] = AccumulateGrad(acc.data(), grad.data(), dt, n, false, path);
+        for (const auto* a : {&p, &mm, &vv, &acc}) out->insert(out->end(), a->begin(), a->end());
+      };
+      std::vector<float> want;
+      std::vector<uint16_t> want_w;
+      double want_norms[3];
+      run(KernelPath::kPortable, &want, &want_w, want_norms);
+      EXPECT_EQ(want_norms[0], want_norms[1]);
+      EXPECT_EQ(want_norms[0], want_norms[2]);
+      for (KernelPath path : SupportedPaths()) {
+        SCOPED_TRACE(std::string(KernelPathName(path)) + " n=" + std::to_string(n) + " dtype " +
+                     std::to_string(static_cast<int>(dt)));
+        std::vector<float> got;
+        std::vector<uint16_t> got_w;
+        double norms[3];
+        run(path, &got, &got_w, norms);
+        for (int k = 0; k < 3; ++k) EXPECT_EQ(norms[k], want_norms[k]) << "norm " << k;
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+        EXPECT_EQ(got_w, want_w);  // no denormal weights here: AVX512_BF16 rounds them the same
+      }
+    }
+  }
+}
+
+// Restores OFFLOADD_ADAMW_KERNEL (a test run may force a flavour through it).
+class KernelEnv {
+ public:
+  KernelEnv() {
+    if (const char* v = std::getenv(kKernelEnvVar)) saved_ = v;
+  }
+  ~KernelEnv() {
+    if (saved_) {
+      setenv(kKernelEnvVar, saved_->c_str(), 1);
+    } else {
+      unsetenv(kKernelEnvVar);
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+TEST(KernelChoiceTest, AutoIsTheFastestUnlessTheEnvironmentForcesOne) {
+  KernelEnv restore;
+  unsetenv(kKernelEnvVar);
+  auto c = ResolveKernelPath("auto");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->path, BestPath());
+  EXPECT_EQ(c->reason, "fastest this CPU supports");
+  setenv(kKernelEnvVar, "portable", 1);
+  c = ResolveKernelPath("");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->path, KernelPath::kPortable);
+  EXPECT_EQ(c->Describe(), "portable (OFFLOADD_ADAMW_KERNEL=portable)");
+  // An explicit request wins over the environment.
+  const KernelPath best = BestPath();
+  c = ResolveKernelPath(KernelPathName(best));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->path, best);
+  EXPECT_EQ(c->reason, "requested");
+}
+
+TEST(KernelChoiceTest, BadOrUnsupportedChoicesNameTheSettingAndTheMissingInstructions) {
+  KernelEnv restore;
+  setenv(kKernelEnvVar, "sse9", 1);
+  auto c = ResolveKernelPath("auto");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("OFFLOADD_ADAMW_KERNEL=sse9: unknown kernel path"),
+            std::string::npos)
+      << c.status().message();
+  unsetenv(kKernelEnvVar);
+  for (KernelPath p :
+       {KernelPath::kAvx2, KernelPath::kAvx512, KernelPath::kAvx512Bf16, KernelPath::kPortable}) {
+    SCOPED_TRACE(std::string(KernelPathName(p)));
+    const std::string missing = MissingInstructionSets(p);
+    EXPECT_EQ(missing.empty(), PathSupported(p));
+    auto r = ResolveKernelPath(KernelPathName(p));
+    EXPECT_EQ(r.ok(), PathSupported(p));
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+      EXPECT_NE(r.status().message().find("lacks: " + missing), std::string::npos)
+          << r.status().message();
+    }
+  }
+  EXPECT_TRUE(MissingInstructionSets(KernelPath::kPortable).empty());
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ namespace offloadd::trainer {
 namespace {
 
 const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --synthetic-seq=N) [options]
-  model/data:  --model=DIR --random-init --tokenizer=PATH --data=FILE (repeat) --format=F
+  model/data:  --model=DIR --random-init --dropout=model|disable --tokenizer=PATH --data=FILE (repeat) --format=F
                --max-seq-length=N --packing --no-shuffle --max-samples=N --synthetic-seq=N
                --chat-template=builtin|FILE
   device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16|fp16 --gpu-memory-limit=SIZE
@@ -27,6 +27,8 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N
+               --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
+               else the fastest this CPU supports)
   fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)
                --growth-factor=X (2) --backoff-factor=X (0.5) --growth-interval=N (2000)
   loop:        --batch-size=N --grad-accum=N --epochs=X --max-steps=N --seed=N
@@ -151,6 +153,10 @@ int Run(int argc, char** argv) {
     try {
       if (key == "--model") c.model_dir = v;
       else if (key == "--random-init") c.random_init = true;
+      else if (key == "--dropout") {
+        if (v != "model" && v != "disable") st = InvalidArgumentError("--dropout: model or disable");
+        c.dropout_disabled = v == "disable";
+      }
       else if (key == "--tokenizer") c.data.tokenizer_path = v;
       else if (key == "--data") c.data.paths.push_back(v);
       else if (key == "--format") c.data.format = v;
@@ -200,7 +206,8 @@ int Run(int argc, char** argv) {
         const size_t x = v.find('x');
         c.worker_processes = static_cast<uint32_t>(std::stoul(v.substr(0, x)));
         if (x != std::string::npos) c.worker_threads = static_cast<uint32_t>(std::stoul(v.substr(x + 1)));
-      } else if (key == "--transition-layer") c.offload.transition_layer = std::stoi(v);
+      } else if (key == "--adamw-kernel") c.adamw_kernel = v;
+      else if (key == "--transition-layer") c.offload.transition_layer = std::stoi(v);
       else if (key == "--batch-size") c.batch_size = std::stoi(v);
       else if (key == "--grad-accum") c.gradient_accumulation_steps = std::stoi(v);
       else if (key == "--epochs") c.num_train_epochs = std::stod(v);

@@ -21,6 +21,7 @@ _ENUM_FIELDS = {
     "layer_overrides": "ACTIVATION_MODE_",
     "type": "COMPRESSION_TYPE_",
     "compute_dtype": "COMPUTE_DTYPE_",
+    "dropout": "DROPOUT_MODE_",
 }
 
 

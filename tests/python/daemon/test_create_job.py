@@ -46,6 +46,8 @@ def spec_dict(ws: pathlib.Path) -> dict:
         "dataset": {"paths": [str(ws / "alpaca.jsonl")], "format": "alpaca", "max_seq_length": 128},
         "training": {"learning_rate": 3e-4, "per_device_train_batch_size": 2, "max_steps": 10},
         "output_dir": str(ws / "out"),
+        # The model's config.json leaves GPT-2's dropouts at transformers' 0.1.
+        "dropout": "disable",
     }
 
 
@@ -56,6 +58,26 @@ def test_validate_only_returns_resolved_spec(daemon, workspace):
     assert job.spec.training.adam_beta2 == pytest.approx(0.999), "defaults are filled in"
     assert offloadd.v1.job_pb2.DatasetFormat.Name(job.spec.dataset.format) == "DATASET_FORMAT_ALPACA"
     assert job.spec.output_dir == str(workspace.resolve() / "out")
+
+
+def test_dropout_the_engine_would_drop_is_refused_unless_disabled(daemon, workspace):
+    spec = spec_dict(workspace)
+    del spec["dropout"]
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.InvalidArgument) as e:
+            c.create_job(spec, validate_only=True)
+        fields = {v.field: v.description for v in e.value.field_violations}
+        assert list(fields) == ["dropout"], fields
+        assert "embd_pdrop=0.1, attn_pdrop=0.1, resid_pdrop=0.1" in fields["dropout"]
+        assert "dropout: disable" in fields["dropout"]
+        job = c.create_job({**spec, "dropout": "disable"}, validate_only=True)
+        assert offloadd.v1.job_pb2.DropoutMode.Name(job.spec.dropout) == "DROPOUT_MODE_DISABLE"
+        # A model without dropout needs no setting.
+        config = json.loads((workspace / "model" / "config.json").read_text())
+        config.update(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+        (workspace / "model" / "config.json").write_text(json.dumps(config))
+        job = c.create_job(spec, validate_only=True)
+        assert job.spec.dropout == 0
 
 
 def test_all_problems_come_back_with_field_paths(daemon, workspace):
@@ -138,6 +160,7 @@ def test_offloadctl_submit_validate_only(binary_dir, daemon, workspace):
         training: {{learning_rate: 3e-4, per_device_train_batch_size: 2, max_steps: 10}}
         offload: {{offload_optimizer: {{device: cpu}}}}
         output_dir: {workspace / "out"}
+        dropout: disable
         """))
     ctl = [str(binary_dir / "client" / "offloadctl"), "--target", daemon.target]
     r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)

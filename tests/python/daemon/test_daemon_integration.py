@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -56,6 +57,13 @@ def test_cpp_client_health_and_node_info(binary_dir, daemon):
     assert node["store_directories"][0]["path"] == str(daemon.workdir)
     human = offloadctl(binary_dir, daemon, "node").stdout
     assert "cpu" in human and "memory" in human and "io_uring" in human
+    # The CPU AdamW kernel jobs will use, and why (the daemon inherits OFFLOADD_ADAMW_KERNEL).
+    kernels = node["cpu"]["adamw_kernels"]
+    assert kernels[-1] == "portable", kernels
+    forced = os.environ.get("OFFLOADD_ADAMW_KERNEL", "auto")
+    want = kernels[0] if forced == "auto" else forced
+    assert node["cpu"]["adamw_kernel"] == want
+    assert f"adamw       {want} kernel (" in human, human
 
 
 def test_job_queries_on_an_empty_daemon(binary_dir, daemon):

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+import kernel_flavours
 from pipeline_testlib import (build_model, read_stats, reference_train_fp16, run_train,
                               write_pretokenized)
 
@@ -78,12 +79,13 @@ def check_against_reference(stats, ref, *, tied=False, exported=None):
     print(f"max loss rel diff {worst_loss:.3g}, max weight abs diff {worst_weight:.3g}")
 
 
+@pytest.mark.parametrize("kernel", kernel_flavours.params())
 @pytest.mark.parametrize("tied,accum,max_grad_norm", [(False, 2, 0.5), (True, 1, 0.0)])
-def test_fp16_matches_pytorch_gradscaler(binary_dir, tmp_path, tied, accum, max_grad_norm):
+def test_fp16_matches_pytorch_gradscaler(binary_dir, tmp_path, tied, accum, max_grad_norm, kernel):
     # growth_interval 4 doubles the scale from 2**16 during the run until the gradients overflow:
     # growth and back-off both happen (no clipping: updates still wait for the overflow check).
     out, stats, ref = run_both(binary_dir, tmp_path, "out", steps=20, tied=tied, accum=accum, growth_interval=4,
-                               max_grad_norm=max_grad_norm)
+                               max_grad_norm=max_grad_norm, extra=[f"--adamw-kernel={kernel}"])
     check_against_reference(stats, ref, tied=tied, exported=load_file(out / "model.safetensors"))
     assert max(s["loss_scale"] for s in stats) > 65536.0
     assert stats[-1]["loss"] < stats[0]["loss"]  # it learns
@@ -168,3 +170,30 @@ def test_nvme_tier_equals_ram_tier(binary_dir, tmp_path):
     wa, wb = load_file(tmp_path / "ram" / "model.safetensors"), load_file(tmp_path / "nvme" / "model.safetensors")
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
+
+
+def test_every_kernel_flavour_trains_the_same_bits(binary_dir, tmp_path):
+    """The same 20-step fp16 job (clipping, loss-scale growth and overflow skips) on every flavour
+    this CPU supports equals the portable flavour bit for bit: the kernels share one norm order
+    and the same per-element arithmetic (workers/adamw_kernel_impl.h), so nothing but the
+    instructions differs. On a CPU with only the portable flavour there is nothing to compare."""
+    flavours = kernel_flavours.supported()
+    if len(flavours) < 2:
+        pytest.skip(f"only {flavours} runs on this CPU")
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    runs = {}
+    for k in flavours:
+        out = tmp_path / k
+        run_train(binary_dir, train_args(model, data, out, steps=20, accum=2, growth_interval=4,
+                                         extra=[f"--adamw-kernel={k}"]))
+        runs[k] = (read_stats(out / "stats.jsonl"), load_file(out / "model.safetensors"))
+    keys = ("loss", "loss_scale", "skipped", "grad_norm", "learning_rate")
+    want_stats, want_w = runs["portable"]
+    assert any(s["skipped"] for s in want_stats) and not all(s["skipped"] for s in want_stats)
+    for k in flavours:
+        stats, w = runs[k]
+        assert [[s[x] for x in keys] for s in stats] == [[s[x] for x in keys] for s in want_stats], k
+        for name in want_w:
+            assert torch.equal(w[name], want_w[name]), f"{k}: {name}"
+    print(f"bit-identical across {flavours}")

@@ -12,13 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import kernel_flavours
 from pipeline_testlib import build_model, read_stats, reference_train, run_train, write_pretokenized
 
 STEPS = 20
 COMMON = dict(lr=2e-3, weight_decay=0.1, max_grad_norm=0.5, scheduler="cosine", warmup_steps=3)
 
 
-def train_args(model, data, out, *, accum, tier="cpu", nvme=None, batch=4):
+def train_args(model, data, out, *, accum, tier="cpu", nvme=None, batch=4, kernel="auto"):
     out.mkdir(parents=True, exist_ok=True)
     a = [f"--model={model}", f"--data={data}", "--format=pretokenized", "--dtype=fp32",
          f"--batch-size={batch}", f"--grad-accum={accum}", f"--max-steps={STEPS}",
@@ -26,18 +27,20 @@ def train_args(model, data, out, *, accum, tier="cpu", nvme=None, batch=4):
          f"--max-grad-norm={COMMON['max_grad_norm']}", f"--scheduler={COMMON['scheduler']}",
          f"--warmup-steps={COMMON['warmup_steps']}", "--seed=7", "--workers=1x2",
          f"--output-dir={out}", f"--stats-jsonl={out}/stats.jsonl", f"--dump-batches={out}/batches.json",
-         f"--tier={tier}"]
+         f"--tier={tier}", f"--adamw-kernel={kernel}"]
     if nvme:
         a.append(f"--nvme-dir={nvme}")
     return a
 
 
+@pytest.mark.parametrize("kernel", kernel_flavours.params())
 @pytest.mark.parametrize("tied,accum", [(False, 2), (True, 1)])
-def test_matches_pytorch_adamw(binary_dir, tmp_path, tied, accum):
+def test_matches_pytorch_adamw(binary_dir, tmp_path, tied, accum, kernel):
     model = build_model(tmp_path / "model", tied=tied)
     data = write_pretokenized(tmp_path / "data.jsonl")
     out = tmp_path / "out"
-    run_train(binary_dir, train_args(model, data, out, accum=accum))
+    r = run_train(binary_dir, train_args(model, data, out, accum=accum, kernel=kernel))
+    assert f"AdamW kernel {kernel} (requested)" in r.stderr
     stats = read_stats(out / "stats.jsonl")
     assert [s["step"] for s in stats] == list(range(1, STEPS + 1))
     batches = json.loads((out / "batches.json").read_text())

@@ -48,3 +48,33 @@ def test_token_outside_the_vocabulary_names_file_and_line(binary_dir, job):
     r = run(binary_dir, model, bad)
     assert r.returncode != 0
     assert f"bad.jsonl:2: input_ids: {VOCAB + 5} is not a token id" in r.stderr, r.stderr
+
+
+def test_model_dropout_is_refused_unless_disabled_and_then_logged(binary_dir, tmp_path):
+    """The engine applies no dropout: a model that trains with it in Hugging Face is refused
+    until the job says --dropout=disable, and then the log says it trains without it."""
+    model = build_model(tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    config["attention_dropout"] = 0.1
+    (model / "config.json").write_text(json.dumps(config))
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    r = run(binary_dir, model, data)
+    assert r.returncode != 0
+    assert "attention_dropout=0.1" in r.stderr and "--dropout=disable" in r.stderr, r.stderr
+    assert "step 1/" not in r.stdout
+    r = run(binary_dir, model, data, "--dropout=disable")
+    assert r.returncode == 0, r.stderr
+    assert "training WITHOUT dropout (dropout: disable): the model's config.json sets " \
+           "attention_dropout=0.1" in r.stderr, r.stderr
+    assert "step 2/2" in r.stdout
+    r = run(binary_dir, model, data, "--dropout=maybe")
+    assert r.returncode != 0 and "--dropout: model or disable" in r.stderr
+
+
+def test_forced_adamw_kernel_is_used_and_logged(binary_dir, job):
+    model, data, _ = job
+    r = run(binary_dir, model, data, "--adamw-kernel=portable")
+    assert r.returncode == 0, r.stderr
+    assert "AdamW kernel portable (requested)" in r.stderr, r.stderr
+    r = run(binary_dir, model, data, "--adamw-kernel=sse9")
+    assert r.returncode != 0 and "unknown kernel path 'sse9'" in r.stderr, r.stderr
