@@ -2,6 +2,8 @@
 
 #include <unicode/uchar.h>
 
+#include <algorithm>
+
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 
@@ -68,7 +70,7 @@ int AddedTokenMatcher::LongestAt(std::string_view s, size_t pos, size_t* end) co
 
 std::vector<AddedTokenMatcher::Piece> AddedTokenMatcher::Split(std::string_view s) const {
   std::vector<Piece> out;
-  size_t start_offset = 0;  // end of the last emitted piece
+  size_t start_offset = 0;  // where the next plain piece begins
   size_t pos = 0;           // where the scan resumes
   while (pos < s.size() && !patterns_.empty()) {
     if (!first_byte_[static_cast<unsigned char>(s[pos])]) {
@@ -84,7 +86,6 @@ std::vector<AddedTokenMatcher::Piece> AddedTokenMatcher::Split(std::string_view 
     size_t start = pos;
     pos = stop;  // the scan continues after the raw match whatever happens below
     const AddedToken* tok = patterns_[idx].token;
-    if (start < start_offset) continue;
     if (tok->single_word) {
       size_t b = 0;
       const bool start_space = start == 0 || !IsWordChar(LastCodePoint(s, start, &b));
@@ -92,12 +93,16 @@ std::vector<AddedTokenMatcher::Piece> AddedTokenMatcher::Split(std::string_view 
       const bool stop_space = stop == s.size() || !IsWordChar(NextCodePoint(s, &p));
       if (!start_space || !stop_space) continue;
     }
+    // A match may begin inside whitespace that the previous token's rstrip took (a token such
+    // as "\n\n" after an rstrip token): `tokenizers` still emits it, overlapping, and resumes
+    // after it, so the same is done here.
     if (tok->lstrip) {
       while (start > start_offset) {
         size_t b = 0;
         if (!IsUnicodeWhitespace(LastCodePoint(s, start, &b))) break;
         start = b;
       }
+      start = std::max(start, start_offset);
     }
     if (tok->rstrip) {
       while (stop < s.size()) {
@@ -107,7 +112,7 @@ std::vector<AddedTokenMatcher::Piece> AddedTokenMatcher::Split(std::string_view 
       }
     }
     if (start_offset < start) out.push_back({start_offset, start, nullptr});
-    out.push_back({start, stop, tok});
+    if (start < stop) out.push_back({start, stop, tok});  // empty pieces are dropped
     start_offset = stop;
   }
   if (start_offset < s.size() || s.empty()) out.push_back({start_offset, s.size(), nullptr});

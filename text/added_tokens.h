@@ -2,7 +2,9 @@
 // Finds added tokens (special tokens such as <s>, <|endoftext|>, <|im_start|>) in text the way
 // `tokenizers`' AddedVocabulary does: non-overlapping leftmost-longest matches, scanning on from
 // the end of each match; single_word tokens only match between non-word characters; lstrip and
-// rstrip widen a match over adjacent Unicode whitespace, which then belongs to the token.
+// rstrip widen a match over adjacent Unicode whitespace, which then belongs to the token. As
+// there, a match that begins inside whitespace the previous token's rstrip took is still a token
+// (the pieces then overlap), and a token piece left empty by lstrip is dropped.
 // Immutable after construction; thread-safe.
 
 #include <cstdint>
@@ -29,7 +31,7 @@ class AddedTokenMatcher {
     const AddedToken* token;
   };
   // Covers all of `s` with plain pieces and token pieces, in order (plain pieces may be empty
-  // only when `s` is).
+  // only when `s` is; token pieces may overlap the one before, see above).
   std::vector<Piece> Split(std::string_view s) const;
   bool empty() const { return patterns_.empty(); }
 

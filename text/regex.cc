@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "text/onig_compat.h"
 #include "text/unicode.h"
 
 namespace offloadd::text {
@@ -36,8 +37,11 @@ std::string PcreMessage(int code) {
 StatusOr<std::shared_ptr<const Regex>> Regex::Compile(std::string_view pattern) {
   int err = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+  // tokenizer.json patterns are Oniguruma patterns: translate the classes whose meaning differs.
+  const std::string translated = OnigToPcre2(pattern);
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                    PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
   if (code == nullptr) {
     return InvalidArgumentError("cannot compile regex /" + std::string(pattern) + "/ at offset " +
                                 std::to_string(offset) + ": " + PcreMessage(err));

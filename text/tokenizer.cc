@@ -61,11 +61,11 @@ std::string ConfigToken(const json& config, const char* key, const char* fallbac
   return "";
 }
 
-// Mirrors transformers 5.x LlamaTokenizer.__init__ + update_post_processor (see tokenizer.h).
-Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& where) {
-  const bool add_prefix_space = config.value("add_prefix_space", json(true)).is_boolean()
-                                    ? config.value("add_prefix_space", true)
-                                    : true;
+// Rebuilds the normalizer, pre-tokenizer and decoder of a Llama-class tokenizer.json the way
+// transformers' LlamaTokenizer does from the SentencePiece model when tokenizer_config.json sets
+// add_prefix_space (see tokenizer.h).
+void RebuildLlamaPipeline(const json& config, json* j) {
+  const bool add_prefix_space = config.value("add_prefix_space", true);
   const bool legacy = config.contains("legacy") && config["legacy"].is_boolean()
                           ? config["legacy"].get<bool>()
                           : false;
@@ -84,6 +84,13 @@ Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& 
     decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
   }
   (*j)["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+}
+
+// A Llama-class tokenizer directory (see tokenizer.h): BOS/EOS from tokenizer_config.json, the
+// file's own normalizer and pre-tokenizer unless add_prefix_space asks for a rebuild.
+Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& where) {
+  auto prefix = config.find("add_prefix_space");
+  if (prefix != config.end() && prefix->is_boolean()) RebuildLlamaPipeline(config, j);
   json single = json::array(), specials = json::object();
   auto add = [&](const std::string& token) -> Status {
     auto id = FindId(*j, token);

@@ -55,12 +55,16 @@ class Tokenizer {
  public:
   // Loads a tokenizer.json. Errors name the file and the offending JSON path.
   static StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
-  // Loads DIR/tokenizer.json the way transformers (5.x) AutoTokenizer does with
-  // DIR/tokenizer_config.json. For tokenizer_class LlamaTokenizer[Fast] transformers rebuilds the
-  // pipeline around the file's vocab and merges, and so does this: no normalizer, a Metaspace
-  // pre-tokenizer with prepend_scheme "first" (legacy=false, the default), "always"
-  // (legacy=true) or "never" (add_prefix_space=false), the Replace/ByteFallback/Fuse[/Strip]
-  // decoder, and BOS/EOS from add_bos_token (default true) / add_eos_token (default false).
+  // Loads DIR/tokenizer.json with DIR/tokenizer_config.json, encoding exactly like the Python
+  // `tokenizers` library on that tokenizer.json (and like transformers 4's fast tokenizers).
+  // For tokenizer_class LlamaTokenizer[Fast] the post-processor follows add_bos_token (default
+  // true) / add_eos_token (default false); the file's normalizer and pre-tokenizer are kept, so
+  // that e.g. Phi-3's Prepend("▁") normalizer applies to every segment between added tokens.
+  // Only when the config sets add_prefix_space is the pipeline rebuilt from the vocab as
+  // transformers does then: no normalizer, a Metaspace pre-tokenizer with prepend_scheme "first"
+  // (legacy=false, the default), "always" (legacy=true) or "never" (add_prefix_space=false), and
+  // the Replace/ByteFallback/Fuse[/Strip] decoder. (transformers 5's LlamaTokenizer always
+  // rebuilds, which changes the token after each added token on such files: not followed.)
   // Other classes, or no tokenizer_config.json: the file as is (same as FromFile).
   static StatusOr<std::unique_ptr<Tokenizer>> FromDirectory(const std::string& dir);
   // Parses tokenizer.json contents; `origin` names the source in error messages.
