@@ -74,8 +74,10 @@ def micro_batch_loss(model, m: dict, trained: int):
 
 def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight_decay: float,
                     max_grad_norm: float, scheduler: str, warmup_steps: int,
-                    betas=(0.9, 0.999), eps=1e-8) -> tuple[list[float], dict]:
-    """Plain PyTorch training on the batches offloadd-train consumed (--dump-batches)."""
+                    betas=(0.9, 0.999), eps=1e-8, loss_fn=None) -> tuple[list[float], dict]:
+    """Plain PyTorch training on the batches offloadd-train consumed (--dump-batches).
+    loss_fn(model, micro_batch, trained) defaults to micro_batch_loss."""
+    loss_fn = loss_fn or micro_batch_loss
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                               attn_implementation="eager")
@@ -90,7 +92,7 @@ def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight
         trained = sum(sum(1 for t in m["targets"] if t != -100) for m in step)
         total = 0.0
         for m in step:
-            loss = micro_batch_loss(model, m, trained)
+            loss = loss_fn(model, m, trained)
             loss.backward()
             total += loss.item()
         if max_grad_norm > 0:
