@@ -285,6 +285,10 @@ Status HostOptimizer::Handle(Item& item) {
         std::fill(updated_step_.begin(), updated_step_.end(), driver_step_);
         std::fill(staging_busy_.begin(), staging_busy_.end(), false);
       }
+      // A failed step (a non-finite gradient norm, a dead store or worker) leaves its blocks
+      // un-updated: the step loop may already wait for them (WaitUpdated in the next forward), so
+      // the failure must reach every waiter, not only WaitFinished.
+      if (!r.ok() && error_.ok()) error_ = r.status();
       result_ = std::move(r);
       finished_step_ = driver_step_;
       cv_.notify_all();
