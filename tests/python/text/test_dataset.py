@@ -25,8 +25,15 @@ def run_dataset(args, check=True):
 
 
 def load_hf(d):
+    """transformers' tokenizer for directory `d`, encoding through the `tokenizers` library on
+    d/tokenizer.json: what offloadd follows (transformers 5's LlamaTokenizer rebuilds that
+    pipeline and encodes differently after added tokens; see test_tokenizer_conformance.py)."""
+    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(d))
+    hf = AutoTokenizer.from_pretrained(str(d))
+    if type(hf).__name__ == "LlamaTokenizer":
+        hf._tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
+    return hf
 
 
 # ---- Python reference -------------------------------------------------------------------------
