@@ -1,4 +1,4 @@
-#include "storage/crc32c.h"
+#include "common/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace offloadd::storage {
+namespace offloadd {
 namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
@@ -174,4 +174,4 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t size) {
   return Crc32cHardware(crc, data, size);
 }
 
-}  // namespace offloadd::storage
+}  // namespace offloadd
