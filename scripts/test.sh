@@ -14,4 +14,7 @@ jobs="$(nproc)"
 cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log" >&2; echo "[test] CMake configure failed" >&2; exit 1; }
 cmake --build "$build" -j "$jobs"
+# Which CPU AdamW kernel flavours this machine runs (the parity tests run each; the others skip).
+echo "[test] AdamW kernel flavours on this CPU (fastest first): $("$build/workers/offloadd-optim-tool" paths)" \
+  "${OFFLOADD_ADAMW_KERNEL:+(OFFLOADD_ADAMW_KERNEL=$OFFLOADD_ADAMW_KERNEL)}"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"

@@ -46,8 +46,9 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   std::vector<StoreDirInput> dirs;
   for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
   s->job_service_ = std::make_unique<JobServiceImpl>(config, jobs, metrics);
-  s->node_service_ = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
-  s->node_service_->set_adamw_kernel(config.workers.adamw_kernel);
+  auto node = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
+  node->set_adamw_kernel(config.workers.adamw_kernel);
+  s->node_service_ = std::move(node);
 
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.server.max_request_bytes));

@@ -3,14 +3,30 @@
 and AdamW on the workers, 1/scale folded into the clip coefficient, inf/NaN steps skipped) against
 the PyTorch reference in pipeline_testlib.reference_train_fp16 (a model.half() copy, the real
 torch.amp.GradScaler, clip_grad_norm_, torch.optim.AdamW, HF Trainer's scheduler rule) on the same
-batches.
+batches, once per CPU AdamW kernel flavour.
 
-Exact: the loss-scale trajectory, which steps are skipped, the learning rates. Tolerances (fp16
-rounding of weights, activations and gradients differs in operation order between the engine's
-explicit backward and autograd): per-step loss within 1e-4 relative; final fp32 weights within
-2e-3 absolute after 20 steps at lr 2e-3 (as for bf16: where a gradient is near 0, Adam's normalised
-update can flip sign, moving a weight by up to 2 lr). Measured on x86 (AVX-512): loss <= 7.7e-6
-relative, weights <= 1.1e-3 (untied, 2 micro-batches), <= 1.9e-4 (tied)."""
+Exact: the loss-scale trajectory, which steps are skipped, the learning rates; and every kernel
+flavour trains the same bits (test_every_kernel_flavour_trains_the_same_bits).
+
+Bounds. The two runs compute their fp16 gradients in different operation orders (the engine's
+explicit backward, autograd), each as accurate as the other against an fp64 truth
+(tests/python/engine/test_engine_fp16.py), so each step's gradients differ by fp16 rounding,
+relative u16 = 2**-11 = 4.9e-4. The fp16 weight copy is a discontinuous function of the master
+weights, so that difference re-enters every later step instead of damping out. Adam's update is
+a normalised, smooth function of the gradients except for elements whose gradient is itself at the
+rounding level, whose sign is then random. So, per tensor:
+  * ||w - w_ref|| / ||w_ref - w_init|| <= STEPS * u16 (9.8e-3 after 20 steps): one rounding-level
+    relative perturbation per step, added up with all signs aligned (the worst case; a random walk
+    gives sqrt(STEPS) * u16 = 2.2e-3, which is what is measured: 2.0e-3 to 2.5e-3 on every
+    non-embedding tensor, 2.3e-3 on the embedding).
+  * No element-wise bound on embedding rows: the row of a token seen in one or two steps has a
+    rounding-level gradient on them and moves by up to ~3 lr per step of momentum afterwards, with a
+    sign that any 1-ulp perturbation can flip. That is why the maximum absolute difference was
+    3.3e-3 with the old AVX2 norm summation order and 1.05e-3 with the AVX-512 one (both on one
+    embedding row of this model; the other tensors stay below 9e-5): the orders differed in the
+    last bit of the global norm. All flavours now sum in one order, so the figure no longer depends
+    on the CPU's vector width, but it remains a property of fp16 training, not of offloadd.
+Per-step loss within 1e-4 relative (measured <= 7.7e-6)."""
 
 import json
 
@@ -25,7 +41,7 @@ from pipeline_testlib import (build_model, read_stats, reference_train_fp16, run
 
 COMMON = dict(lr=2e-3, weight_decay=0.1, max_grad_norm=0.5, scheduler="cosine", warmup_steps=3)
 LOSS_RTOL = 1e-4
-WEIGHT_ATOL = 2e-3
+U16 = 2.0 ** -11  # fp16 unit roundoff
 
 
 def train_args(model, data, out, *, steps, accum=1, init_scale=65536.0, growth_interval=2000,
@@ -57,7 +73,7 @@ def run_both(binary_dir, tmp_path, name, *, steps, tied=False, accum=1, init_sca
     return out, stats, ref
 
 
-def check_against_reference(stats, ref, *, tied=False, exported=None):
+def check_against_reference(stats, ref, *, tied=False, exported=None, initial=None):
     assert [s["loss_scale"] for s in stats] == ref["scales"]
     assert [s["skipped"] for s in stats] == ref["skipped"]
     for step, (s, lr) in enumerate(zip(stats, ref["lrs"]), 1):
@@ -67,16 +83,21 @@ def check_against_reference(stats, ref, *, tied=False, exported=None):
         rel = abs(s["loss"] - r) / abs(r)
         worst_loss = max(worst_loss, rel)
         assert rel <= LOSS_RTOL, f"step {step}: offloadd {s['loss']} vs PyTorch {r}"
-    worst_weight = 0.0
+    worst_rel, worst_abs = 0.0, 0.0
     if exported is not None:
+        bound = len(stats) * U16
         for name, want in ref["state"].items():
             if name == "lm_head.weight" and tied:
                 continue
             got = exported[name]
             assert got.dtype == torch.float32
-            worst_weight = max(worst_weight, (got - want).abs().max().item())
-        assert worst_weight <= WEIGHT_ATOL, worst_weight
-    print(f"max loss rel diff {worst_loss:.3g}, max weight abs diff {worst_weight:.3g}")
+            own_update = (want - initial[name].float()).norm().item()
+            rel = (got - want).norm().item() / own_update
+            worst_rel = max(worst_rel, rel)
+            worst_abs = max(worst_abs, (got - want).abs().max().item())
+            assert rel <= bound, f"{name}: |w - w_ref| / |w_ref - w_init| = {rel:.3g} > {bound:.3g}"
+    print(f"max loss rel diff {worst_loss:.3g}, max weight diff relative to the tensor's update "
+          f"{worst_rel:.3g} (max abs {worst_abs:.3g})")
 
 
 @pytest.mark.parametrize("kernel", kernel_flavours.params())
@@ -86,7 +107,8 @@ def test_fp16_matches_pytorch_gradscaler(binary_dir, tmp_path, tied, accum, max_
     # growth and back-off both happen (no clipping: updates still wait for the overflow check).
     out, stats, ref = run_both(binary_dir, tmp_path, "out", steps=20, tied=tied, accum=accum, growth_interval=4,
                                max_grad_norm=max_grad_norm, extra=[f"--adamw-kernel={kernel}"])
-    check_against_reference(stats, ref, tied=tied, exported=load_file(out / "model.safetensors"))
+    check_against_reference(stats, ref, tied=tied, exported=load_file(out / "model.safetensors"),
+                            initial=load_file(tmp_path / "model" / "model.safetensors"))
     assert max(s["loss_scale"] for s in stats) > 65536.0
     assert stats[-1]["loss"] < stats[0]["loss"]  # it learns
 
@@ -106,7 +128,8 @@ def test_overflow_skips_steps_like_gradscaler(binary_dir, tmp_path):
     steps = 14
     out, stats, ref = run_both(binary_dir, tmp_path, "out", steps=steps, init_scale=1.5 * 2.0**23,
                                growth_interval=2, extra=["--save-steps=1"])
-    check_against_reference(stats, ref, exported=load_file(out / "model.safetensors"))
+    check_against_reference(stats, ref, exported=load_file(out / "model.safetensors"),
+                            initial=load_file(tmp_path / "model" / "model.safetensors"))
     skipped = [s["step"] for s in stats if s["skipped"]]
     assert skipped[:2] == [1, 2] and max(skipped) > 6 and len(skipped) < steps - 4, skipped
     assert stats[0]["loss_scale"] == 1.5 * 2.0**23 and stats[1]["loss_scale"] == 1.5 * 2.0**22
@@ -185,8 +208,8 @@ def test_every_kernel_flavour_trains_the_same_bits(binary_dir, tmp_path):
     runs = {}
     for k in flavours:
         out = tmp_path / k
-        run_train(binary_dir, train_args(model, data, out, steps=20, accum=2, growth_interval=4,
-                                         extra=[f"--adamw-kernel={k}"]))
+        run_train(binary_dir, train_args(model, data, out, steps=20, accum=2, init_scale=2.0**22,
+                                         growth_interval=2, extra=[f"--adamw-kernel={k}"]))
         runs[k] = (read_stats(out / "stats.jsonl"), load_file(out / "model.safetensors"))
     keys = ("loss", "loss_scale", "skipped", "grad_norm", "learning_rate")
     want_stats, want_w = runs["portable"]
