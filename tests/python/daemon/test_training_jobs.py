@@ -135,6 +135,10 @@ def test_job_trains_to_a_loadable_model(daemon, workspace):
         assert [k.step for k in checkpoints] == [4, 8]
         assert all(k.id == f"checkpoint-{k.step}" and k.size_bytes > 0 and k.job_id == job.id for k in checkpoints)
         assert done.latest_checkpoint_step == 8
+        # The job's log names the CPU AdamW kernel it ran and why (workers.adamw_kernel / the
+        # daemon's OFFLOADD_ADAMW_KERNEL / the fastest the CPU supports).
+        plan = [m for m in logs(seen) if m.startswith("plan: ")]
+        assert len(plan) == 1 and ", AdamW kernel " in plan[0], logs(seen)
     out = workspace / "out"
     assert (out / "trace.json").stat().st_size > 0
     import torch
