@@ -17,16 +17,23 @@
 #include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <utility>
 
+#include "common/crc32c.h"
 #include "common/logging.h"
+#include "common/safe_path.h"
 #include "engine/file_util.h"
 #include "engine/safetensors.h"
+#include "trainer/checkpoint_state.h"
 
 namespace offloadd::trainer {
 namespace {
 
+using checkpoint_internal::ChecksumsFromJson;
+using checkpoint_internal::StateFromJson;
+using checkpoint_internal::StateToJson;
 using engine::JoinPath;
 using json = nlohmann::json;
 
@@ -36,10 +43,9 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr char kStateFile[] = "trainer_state.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
-constexpr char kFormat[] = "offloadd-checkpoint";
-constexpr int kVersion = 1;
 constexpr char kDirPrefix[] = "checkpoint-";
 constexpr char kHiddenPrefix[] = ".checkpoint-";  // writers' and pruners' temporary directories
+constexpr size_t kVerifyChunk = size_t{4} << 20;
 
 std::string LayerFile(const char* kind, int layer) {
   char buf[64];
@@ -95,41 +101,34 @@ void Scatter(const Pieces& dst, uint64_t offset, std::span<const std::byte> src)
   }
 }
 
-Status WriteAll(int fd, const std::byte* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "write " + path);
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return OkStatus();
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
 }
 
-// Creates `path` (which must not exist), writes the chunks, fsyncs. Removes it on failure.
-Status WriteSyncedFile(const std::string& path,
-                       const std::vector<std::span<const std::byte>>& chunks) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+// Creates `name` in the directory `dirfd` (`path` names it in messages), which must not exist and
+// is never reached through a symlink; writes the chunks, fsyncs, and returns their crc32c. Removes
+// the file on failure.
+StatusOr<uint32_t> WriteSyncedFile(int dirfd, const std::string& name, const std::string& path,
+                                   const std::vector<std::span<const std::byte>>& chunks) {
+  const int fd = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                          0644);
   if (fd < 0) return ErrnoError(errno, "create " + path);
   Status st;
+  uint32_t crc = 0;
   for (const auto& c : chunks) {
+    crc = Crc32c(crc, c.data(), c.size());
     st = WriteAll(fd, c.data(), c.size(), path);
     if (!st.ok()) break;
   }
-  if (st.ok() && ::fsync(fd) != 0) st = ErrnoError(errno, "fsync " + path);
+  if (st.ok()) st = FsyncFd(fd, path);
   if (::close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + path);
-  if (!st.ok()) ::unlink(path.c_str());
-  return st;
-}
-
-Status FsyncDir(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open " + path);
-  Status st = ::fsync(fd) == 0 ? OkStatus() : ErrnoError(errno, "fsync " + path);
-  ::close(fd);
-  return st;
+  if (!st.ok()) {
+    ::unlinkat(dirfd, name.c_str(), 0);
+    return st;
+  }
+  return crc;
 }
 
 // Opens and flocks (non-blocking) a directory; checks it is still at `path` once locked, so a lock
@@ -161,6 +160,41 @@ StatusOr<std::string> MakeHiddenDir(const std::string& output_dir, int64_t step,
   return templ;
 }
 
+// mkdir(<dirfd>/.checkpoint-<step>.<what>-XXXXXX) under a fresh random name; returns the name.
+StatusOr<std::string> MakeHiddenDirAt(int dirfd, const std::string& output_dir, int64_t step,
+                                      const char* what) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "%06llx",
+                  static_cast<unsigned long long>(rng() & 0xffffff));
+    const std::string name = kHiddenPrefix + std::to_string(step) + "." + what + "-" + suffix;
+    if (::mkdirat(dirfd, name.c_str(), 0755) == 0) return name;
+    if (errno != EEXIST) return ErrnoError(errno, "mkdir " + JoinPath(output_dir, name));
+  }
+  return AlreadyExistsError(output_dir + ": no free temporary checkpoint directory name");
+}
+
+// LockDir for <dirfd>/name, never through a symlink.
+StatusOr<int> LockDirAt(int dirfd, const std::string& name, const std::string& path) {
+  const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open " + path);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return UnavailableError(path + " is locked by a live process");
+    return ErrnoError(err, "flock " + path);
+  }
+  struct stat a {
+  }, b{};
+  if (::fstat(fd, &a) != 0 || ::fstatat(dirfd, name.c_str(), &b, AT_SYMLINK_NOFOLLOW) != 0 ||
+      a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
+    ::close(fd);
+    return NotFoundError(path + " was removed while being locked");
+  }
+  return fd;
+}
+
 // The safetensors file prefix (u64 header length + JSON header padded to 8 bytes) for tensors
 // laid out back to back in the given order.
 struct HeaderEntry {
@@ -189,160 +223,6 @@ std::string SafetensorsPrefix(const std::vector<HeaderEntry>& entries,
 
 std::span<const std::byte> Bytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
-}
-
-// --- trainer_state.json -------------------------------------------------------------------------
-
-// JSON has no NaN or infinities; write them as Python's json module does, as strings.
-json DoubleToJson(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
-  return v;
-}
-
-// Typed access to a JSON object's keys with errors that name the file and the key.
-class JsonFields {
- public:
-  JsonFields(const json& obj, std::string origin) : obj_(obj), origin_(std::move(origin)) {}
-
-  bool Has(const char* key) const { return obj_.find(key) != obj_.end(); }
-  StatusOr<const json*> Get(const char* key) const {
-    auto it = obj_.find(key);
-    if (it == obj_.end()) return Bad(key, "is missing");
-    return &*it;
-  }
-  StatusOr<int64_t> Int(const char* key) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_number_integer() ||
-        (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}))
-      return Bad(key, "must be an integer");
-    return v->get<int64_t>();
-  }
-  StatusOr<uint64_t> Uint(const char* key) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_number_unsigned()) return Bad(key, "must be a non-negative integer");
-    return v->get<uint64_t>();
-  }
-  StatusOr<double> Double(const char* key) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (v->is_number()) return v->get<double>();
-    if (*v == "NaN") return std::numeric_limits<double>::quiet_NaN();
-    if (*v == "Infinity") return std::numeric_limits<double>::infinity();
-    if (*v == "-Infinity") return -std::numeric_limits<double>::infinity();
-    return Bad(key, "must be a number");
-  }
-  StatusOr<std::string> String(const char* key) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_string()) return Bad(key, "must be a string");
-    return v->get<std::string>();
-  }
-  StatusOr<JsonFields> Object(const char* key) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_object()) return Bad(key, "must be an object");
-    return JsonFields(*v, origin_ + ": \"" + key + "\"");
-  }
-  Status Bad(const char* key, const std::string& what) const {
-    return DataLossError(origin_ + ": key \"" + key + "\" " + what);
-  }
-  const std::string& origin() const { return origin_; }
-
- private:
-  const json& obj_;
-  std::string origin_;
-};
-
-json StateToJson(const TrainerState& s, int num_layers,
-                 const std::map<std::string, uint64_t>& files) {
-  json log = json::array();
-  for (const LogEntry& e : s.log_history) {
-    log.push_back({{"step", e.step},
-                   {"epoch", DoubleToJson(e.epoch)},
-                   {"loss", DoubleToJson(e.loss)},
-                   {"learning_rate", DoubleToJson(e.learning_rate)},
-                   {"grad_norm", DoubleToJson(e.grad_norm)}});
-  }
-  json out = {{"format", kFormat},
-              {"version", kVersion},
-              {"global_step", s.global_step},
-              {"max_steps", s.max_steps},
-              {"epoch", DoubleToJson(s.epoch)},
-              {"num_input_tokens_seen", s.num_input_tokens_seen},
-              {"seed", s.seed},
-              {"rng_state", s.rng_state},
-              {"data_cursor", s.data_cursor},
-              {"lr_scheduler",
-               {{"lr_scheduler_type", s.scheduler.lr_scheduler_type},
-                {"learning_rate", DoubleToJson(s.scheduler.learning_rate)},
-                {"warmup_steps", s.scheduler.warmup_steps},
-                {"total_steps", s.scheduler.total_steps}}},
-              {"model_fingerprint", s.model_fingerprint},
-              {"log_history", std::move(log)},
-              {"num_layers", num_layers},
-              {"files", files}};
-  if (s.grad_scaler) {
-    out["grad_scaler"] = {{"scale", DoubleToJson(s.grad_scaler->scale)},
-                          {"growth_tracker", s.grad_scaler->growth_tracker}};
-  }
-  return out;
-}
-
-Status StateFromJson(const JsonFields& f, TrainerState* s, int* num_layers,
-                     std::map<std::string, uint64_t>* files) {
-  ASSIGN_OR_RETURN(std::string format, f.String("format"));
-  ASSIGN_OR_RETURN(int64_t version, f.Int("version"));
-  if (format != kFormat || version != kVersion) {
-    return FailedPreconditionError(f.origin() + ": format \"" + format + "\" version " +
-                                   std::to_string(version) + ", this build reads \"" + kFormat +
-                                   "\" version " + std::to_string(kVersion));
-  }
-  ASSIGN_OR_RETURN(s->global_step, f.Int("global_step"));
-  ASSIGN_OR_RETURN(s->max_steps, f.Int("max_steps"));
-  ASSIGN_OR_RETURN(s->epoch, f.Double("epoch"));
-  ASSIGN_OR_RETURN(s->num_input_tokens_seen, f.Int("num_input_tokens_seen"));
-  ASSIGN_OR_RETURN(s->seed, f.Uint("seed"));
-  ASSIGN_OR_RETURN(s->rng_state, f.String("rng_state"));
-  ASSIGN_OR_RETURN(s->data_cursor, f.String("data_cursor"));
-  ASSIGN_OR_RETURN(JsonFields sched, f.Object("lr_scheduler"));
-  ASSIGN_OR_RETURN(s->scheduler.lr_scheduler_type, sched.String("lr_scheduler_type"));
-  ASSIGN_OR_RETURN(s->scheduler.learning_rate, sched.Double("learning_rate"));
-  ASSIGN_OR_RETURN(s->scheduler.warmup_steps, sched.Int("warmup_steps"));
-  ASSIGN_OR_RETURN(s->scheduler.total_steps, sched.Int("total_steps"));
-  ASSIGN_OR_RETURN(s->model_fingerprint, f.String("model_fingerprint"));
-  ASSIGN_OR_RETURN(const json* log, f.Get("log_history"));
-  if (!log->is_array()) return f.Bad("log_history", "must be an array");
-  for (size_t i = 0; i < log->size(); ++i) {
-    const json& e = (*log)[i];
-    const std::string origin = f.origin() + ": log_history[" + std::to_string(i) + "]";
-    if (!e.is_object()) return DataLossError(origin + " must be an object");
-    JsonFields ef(e, origin);
-    LogEntry entry;
-    ASSIGN_OR_RETURN(entry.step, ef.Int("step"));
-    ASSIGN_OR_RETURN(entry.epoch, ef.Double("epoch"));
-    ASSIGN_OR_RETURN(entry.loss, ef.Double("loss"));
-    ASSIGN_OR_RETURN(entry.learning_rate, ef.Double("learning_rate"));
-    ASSIGN_OR_RETURN(entry.grad_norm, ef.Double("grad_norm"));
-    s->log_history.push_back(entry);
-  }
-  if (f.Has("grad_scaler")) {
-    ASSIGN_OR_RETURN(JsonFields gs, f.Object("grad_scaler"));
-    GradScalerState st;
-    ASSIGN_OR_RETURN(double scale, gs.Double("scale"));
-    st.scale = static_cast<float>(scale);
-    ASSIGN_OR_RETURN(st.growth_tracker, gs.Int("growth_tracker"));
-    s->grad_scaler = st;
-  }
-  ASSIGN_OR_RETURN(int64_t layers, f.Int("num_layers"));
-  if (layers < 1 || layers > 1'000'000) return f.Bad("num_layers", "is out of range");
-  *num_layers = static_cast<int>(layers);
-  ASSIGN_OR_RETURN(JsonFields files_obj, f.Object("files"));
-  ASSIGN_OR_RETURN(const json* fj, f.Get("files"));
-  for (auto it = fj->begin(); it != fj->end(); ++it) {
-    const std::string& name = it.key();
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-      return f.Bad("files", "names a file outside the checkpoint: \"" + name + "\"");
-    ASSIGN_OR_RETURN((*files)[name], files_obj.Uint(name.c_str()));
-  }
-  return OkStatus();
 }
 
 // Checks that `file` holds exactly the F32 tensors `names[i]` with `params[i].shape`.
@@ -429,24 +309,30 @@ std::string ModelFingerprint(std::string_view architecture,
 
 StatusOr<CheckpointWriter> CheckpointWriter::Begin(const std::string& output_dir, int64_t step) {
   if (step < 0) return InvalidArgumentError(output_dir + ": negative checkpoint step");
-  RETURN_IF_ERROR(engine::MakeDirs(output_dir));
+  // Everything below goes through this descriptor: output_dir is resolved once, without symlinks
+  // and inside the allowed roots (common/safe_path.h), so replacing it while the job runs cannot
+  // redirect the checkpoint elsewhere.
+  ASSIGN_OR_RETURN(OwnedFd out, MakeDirsConfined(output_dir));
   CheckpointWriter w;
   w.output_dir_ = output_dir;
   w.step_ = step;
+  w.out_fd_ = out.release();
   // A concurrent LatestCheckpoint may take the fresh, not yet locked directory for a dead
   // writer's and remove it; try again with a new name then.
   Status last;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    ASSIGN_OR_RETURN(std::string tmp, MakeHiddenDir(output_dir, step, "tmp"));
-    StatusOr<int> fd = LockDir(tmp);
+    ASSIGN_OR_RETURN(std::string name, MakeHiddenDirAt(w.out_fd_, output_dir, step, "tmp"));
+    const std::string tmp = JoinPath(output_dir, name);
+    StatusOr<int> fd = LockDirAt(w.out_fd_, name, tmp);
     if (fd.ok()) {
-      ::fchmod(*fd, 0755);  // mkdtemp's 0700 would hide the checkpoint from other users
-      w.tmp_dir_ = std::move(tmp);
+      ::fchmod(*fd, 0755);  // against a restrictive umask: others may read the checkpoint
+      w.tmp_dir_ = tmp;
+      w.tmp_name_ = name;
       w.lock_fd_ = *fd;
       return w;
     }
     last = fd.status();
-    ::rmdir(tmp.c_str());
+    ::unlinkat(w.out_fd_, name.c_str(), AT_REMOVEDIR);
   }
   return last;
 }
@@ -458,10 +344,13 @@ CheckpointWriter& CheckpointWriter::operator=(CheckpointWriter&& other) noexcept
     Abandon();
     output_dir_ = std::move(other.output_dir_);
     tmp_dir_ = std::exchange(other.tmp_dir_, {});
+    tmp_name_ = std::exchange(other.tmp_name_, {});
     step_ = other.step_;
+    out_fd_ = std::exchange(other.out_fd_, -1);
     lock_fd_ = std::exchange(other.lock_fd_, -1);
     layer_params_ = std::move(other.layer_params_);
     files_ = std::move(other.files_);
+    crcs_ = std::move(other.crcs_);
     weight_bytes_ = other.weight_bytes_;
   }
   return *this;
@@ -471,11 +360,14 @@ CheckpointWriter::~CheckpointWriter() { Abandon(); }
 
 void CheckpointWriter::Abandon() {
   if (!tmp_dir_.empty()) {
-    Status st = engine::RemoveTree(tmp_dir_);
-    if (!st.ok()) OFFLOADD_LOG(kWarning, "checkpoint") << st.ToString();
+    // Through the descriptor of output_dir, not its path (which may have been replaced).
+    Status st = engine::RemoveTree("/proc/self/fd/" + std::to_string(out_fd_) + "/" + tmp_name_);
+    if (!st.ok()) OFFLOADD_LOG(kWarning, "checkpoint") << tmp_dir_ << ": " << st.ToString();
     tmp_dir_.clear();
+    tmp_name_.clear();
   }
   if (lock_fd_ >= 0) ::close(std::exchange(lock_fd_, -1));
+  if (out_fd_ >= 0) ::close(std::exchange(out_fd_, -1));
 }
 
 Status CheckpointWriter::WriteLayer(int layer, const LayerState& state) {
@@ -512,7 +404,7 @@ Status CheckpointWriter::WriteLayer(int layer, const LayerState& state) {
     for (const ConstPieces* b : buffers) {
       for (const auto& piece : *b) chunks.push_back(std::as_bytes(piece));
     }
-    RETURN_IF_ERROR(WriteSyncedFile(JoinPath(tmp_dir_, name), chunks));
+    ASSIGN_OR_RETURN(crcs_[name], WriteSyncedFile(lock_fd_, name, JoinPath(tmp_dir_, name), chunks));
     files_[name] = prefix.size() + static_cast<uint64_t>(n) * sizeof(float) * buffers.size();
     return OkStatus();
   };
@@ -538,7 +430,8 @@ Status CheckpointWriter::AddFile(const std::string& name, std::string_view conte
       name == kIndexFile || files_.count(name)) {
     return InvalidArgumentError(tmp_dir_ + ": cannot add a file named \"" + name + "\"");
   }
-  RETURN_IF_ERROR(WriteSyncedFile(JoinPath(tmp_dir_, name), {Bytes(contents)}));
+  ASSIGN_OR_RETURN(crcs_[name],
+                   WriteSyncedFile(lock_fd_, name, JoinPath(tmp_dir_, name), {Bytes(contents)}));
   files_[name] = contents.size();
   return OkStatus();
 }
@@ -581,31 +474,38 @@ StatusOr<CheckpointInfo> CheckpointWriter::Commit(const TrainerState& state) {
   }
   const std::string index =
       json{{"metadata", {{"total_size", weight_bytes_}}}, {"weight_map", weight_map}}.dump(2);
-  RETURN_IF_ERROR(WriteSyncedFile(JoinPath(tmp_dir_, kIndexFile), {Bytes(index)}));
+  ASSIGN_OR_RETURN(crcs_[kIndexFile], WriteSyncedFile(lock_fd_, kIndexFile,
+                                                      JoinPath(tmp_dir_, kIndexFile), {Bytes(index)}));
   files_[kIndexFile] = index.size();
   std::string text;
   try {
-    text = StateToJson(state, num_layers, files_).dump(2);
+    json j = StateToJson(state, num_layers, files_);
+    json crcs = json::object();
+    for (const auto& [name, crc] : crcs_) crcs[name] = Hex(crc);
+    j["crc32c"] = std::move(crcs);
+    text = j.dump(2);
   } catch (const json::exception& e) {  // strings that are not UTF-8
     return InvalidArgumentError(final_dir +
                                 ": trainer state cannot be written as JSON: " + e.what());
   }
-  RETURN_IF_ERROR(WriteSyncedFile(JoinPath(tmp_dir_, kStateFile), {Bytes(text)}));
-  RETURN_IF_ERROR(FsyncDir(tmp_dir_));
+  RETURN_IF_ERROR(
+      WriteSyncedFile(lock_fd_, kStateFile, JoinPath(tmp_dir_, kStateFile), {Bytes(text)}).status());
+  RETURN_IF_ERROR(FsyncFd(lock_fd_, tmp_dir_));
 
-  if (::rename(tmp_dir_.c_str(), final_dir.c_str()) != 0) {
+  const std::string final_name = kDirPrefix + std::to_string(step_);
+  if (::renameat(out_fd_, tmp_name_.c_str(), out_fd_, final_name.c_str()) != 0) {
     if (errno != ENOTEMPTY && errno != EEXIST)
       return ErrnoError(errno, "rename " + tmp_dir_ + " -> " + final_dir);
     // A checkpoint of this step exists (a resumed job saving the step again): swap atomically,
     // so that one of the two complete checkpoints is at final_dir at every instant; the old one
     // then sits at tmp_dir_ and goes with Abandon().
-    if (::renameat2(AT_FDCWD, tmp_dir_.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+    if (::renameat2(out_fd_, tmp_name_.c_str(), out_fd_, final_name.c_str(), RENAME_EXCHANGE) != 0)
       return ErrnoError(errno, "replace " + final_dir + " with " + tmp_dir_);
     OFFLOADD_LOG(kInfo, "checkpoint") << "replaced the existing " << final_dir;
   } else {
     tmp_dir_.clear();
   }
-  RETURN_IF_ERROR(FsyncDir(output_dir_));
+  RETURN_IF_ERROR(FsyncFd(out_fd_, output_dir_));
 
   CheckpointInfo info{final_dir, step_, text.size()};
   for (const auto& [name, bytes] : files_) info.size_bytes += bytes;
@@ -657,9 +557,9 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
   }
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     StatusOr<CheckpointReader> r = CheckpointReader::Open(it->second);
-    if (r.ok()) return it->second;
-    OFFLOADD_LOG(kWarning, "checkpoint")
-        << "skipping " << it->second << ": " << r.status().ToString();
+    const Status st = r.ok() ? r->Verify() : r.status();
+    if (st.ok()) return it->second;
+    OFFLOADD_LOG(kWarning, "checkpoint") << "skipping " << it->second << ": " << st.ToString();
   }
   return NotFoundError(output_dir + ": no complete checkpoint-<step> directory");
 }
@@ -669,7 +569,7 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
 StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir,
                                                   std::string_view expected_fingerprint) {
   const std::string path = JoinPath(dir, kStateFile);
-  StatusOr<std::string> text = engine::ReadFile(path);
+  StatusOr<std::string> text = ReadFileConfined(path);
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound)
       return NotFoundError(path + " is missing: not a (complete) checkpoint");
@@ -681,8 +581,9 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir,
   }
   CheckpointReader r;
   r.dir_ = dir;
-  std::map<std::string, uint64_t> files;
-  RETURN_IF_ERROR(StateFromJson(JsonFields(j, path), &r.state_, &r.num_layers_, &files));
+  std::map<std::string, uint64_t>& files = r.files_;
+  RETURN_IF_ERROR(StateFromJson(j, path, &r.state_, &r.num_layers_, &files));
+  RETURN_IF_ERROR(ChecksumsFromJson(j, path, files, &r.crcs_));
   for (int layer = 0; layer < r.num_layers_; ++layer) {
     for (const char* kind : {"model", "optimizer"}) {
       if (!files.count(LayerFile(kind, layer)))
@@ -737,6 +638,7 @@ StatusOr<int64_t> CheckpointReader::ReadLayer(int layer, const LayerTarget& targ
   std::vector<std::string> names;
   for (const ParamSpec& p : target.params) names.push_back(p.name);
   {
+    RETURN_IF_ERROR(VerifyFile(LayerFile("model", layer)));
     ASSIGN_OR_RETURN(auto file,
                      engine::SafetensorsFile::Open(JoinPath(dir_, LayerFile("model", layer))));
     RETURN_IF_ERROR(CheckTensors(*file, names, target.params, layer));
@@ -744,6 +646,7 @@ StatusOr<int64_t> CheckpointReader::ReadLayer(int layer, const LayerTarget& targ
   }
   if (target.exp_avg.empty() && target.exp_avg_sq.empty()) return int64_t{0};
 
+  RETURN_IF_ERROR(VerifyFile(LayerFile("optimizer", layer)));
   ASSIGN_OR_RETURN(auto file,
                    engine::SafetensorsFile::Open(JoinPath(dir_, LayerFile("optimizer", layer))));
   std::vector<std::string> moment_names;
@@ -765,6 +668,42 @@ StatusOr<int64_t> CheckpointReader::ReadLayer(int layer, const LayerTarget& targ
   if (!target.exp_avg.empty()) load(*file, ".exp_avg", target.exp_avg);
   if (!target.exp_avg_sq.empty()) load(*file, ".exp_avg_sq", target.exp_avg_sq);
   return static_cast<int64_t>(adam_step);
+}
+
+Status CheckpointReader::VerifyFile(const std::string& name) const {
+  auto want = crcs_.find(name);
+  if (want == crcs_.end()) return OkStatus();  // an older checkpoint: nothing to check against
+  const std::string path = JoinPath(dir_, name);
+  ASSIGN_OR_RETURN(OwnedFd fd, OpenConfined(path, O_RDONLY, Access::kRead));
+  std::vector<char> buf(kVerifyChunk);
+  uint32_t crc = 0;
+  uint64_t size = 0;
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "read " + path);
+    }
+    if (n == 0) break;
+    crc = Crc32c(crc, buf.data(), static_cast<size_t>(n));
+    size += static_cast<uint64_t>(n);
+  }
+  if (crc != want->second) {
+    return DataLossError(path + ": checksum mismatch (crc32c " + Hex(crc) + " over " +
+                         std::to_string(size) + " bytes, " + kStateFile + " recorded " +
+                         Hex(want->second) + "): the file is corrupt and is not used");
+  }
+  return OkStatus();
+}
+
+Status CheckpointReader::Verify() const {
+  if (crcs_.empty()) {
+    OFFLOADD_LOG(kWarning, "checkpoint")
+        << dir_ << " was written without checksums (an older offloadd): its data is not verified";
+    return OkStatus();
+  }
+  for (const auto& [name, crc] : crcs_) RETURN_IF_ERROR(VerifyFile(name));
+  return OkStatus();
 }
 
 }  // namespace offloadd::trainer

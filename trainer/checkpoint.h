@@ -10,7 +10,8 @@
 //   optimizer-layer-00003.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq"; metadata
 //                                      "adam_step" = AdamW updates applied to the layer
 //   model.safetensors.index.json       {"metadata": {"total_size"}, "weight_map": {name: file}}
-//   trainer_state.json                 TrainerState, plus the byte size of every file above
+//   trainer_state.json                 TrainerState, plus the byte size and the crc32c of every
+//                                      file above ("files", "crc32c")
 // Layers are the pipeline's blocks: 0 = embedding, 1..N = decoder layers, N + 1 = head. Inside a
 // layer file the tensors lie back to back in the layer's parameter order, so its data section is
 // the pipeline's flat buffer byte for byte; readers still look tensors up by name.
@@ -18,7 +19,13 @@
 // Atomicity: a writer fills output_dir/.checkpoint-<step>.tmp-XXXXXX (flock'ed while alive),
 // fsyncs every file and the directory, renames it to checkpoint-<step> and fsyncs output_dir.
 // Only directories named checkpoint-<digits> whose trainer_state.json parses and lists files of
-// the recorded sizes count as checkpoints.
+// the recorded sizes count as checkpoints; LatestCheckpoint also checks every file's crc32c, so
+// that flipped bytes in tensor data send a resume to the previous intact checkpoint, and ReadLayer
+// checks the crc32c of the files it reads. Checkpoints written before checksums existed (no
+// "crc32c" key) still load, with a warning.
+//
+// Paths: output_dir is opened through common/safe_path.h (inside the allowed roots, never through a
+// symlink) and the writer works relative to that descriptor; files are created O_EXCL|O_NOFOLLOW.
 //
 //   ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(output_dir, step));
 //   for (int layer = 0; layer < num_layers; ++layer) RETURN_IF_ERROR(w.WriteLayer(layer, ...));
@@ -143,10 +150,13 @@ class CheckpointWriter {
   void Abandon();
 
   std::string output_dir_, tmp_dir_;
+  std::string tmp_name_;  // tmp_dir_'s name inside output_dir
   int64_t step_ = 0;
-  int lock_fd_ = -1;  // flock on tmp_dir_: tells LatestCheckpoint the writer is alive
+  int out_fd_ = -1;   // output_dir, opened once by Begin; every operation is relative to it
+  int lock_fd_ = -1;  // tmp_dir_, flock'ed: tells LatestCheckpoint the writer is alive
   std::map<int, std::vector<std::string>> layer_params_;  // layer -> parameter names
   std::map<std::string, uint64_t> files_;                 // file name -> bytes
+  std::map<std::string, uint32_t> crcs_;                  // file name -> crc32c of its bytes
   uint64_t weight_bytes_ = 0;                             // master tensors, all layers
 };
 
@@ -155,8 +165,9 @@ class CheckpointWriter {
 // LatestCheckpoint returns always stays. Each is renamed to a hidden name before removal.
 Status PruneCheckpoints(const std::string& output_dir, int64_t keep);
 
-// The newest valid output_dir/checkpoint-<step> (NOT_FOUND if none; invalid newer ones are skipped
-// with a warning). Also removes temporary directories of writers that died (a crash).
+// The newest valid output_dir/checkpoint-<step> whose files all match their crc32c (NOT_FOUND if
+// none; invalid or corrupt newer ones are skipped with a warning naming the file). Reads every
+// file of the checkpoints it checks. Also removes temporary directories of writers that died.
 StatusOr<std::string> LatestCheckpoint(const std::string& output_dir);
 
 // Reads one checkpoint. Open parses trainer_state.json and checks that every file is there with
@@ -173,13 +184,23 @@ class CheckpointReader {
   int num_layers() const { return num_layers_; }
   // Copies the layer's tensors into `target` after checking that the files hold exactly
   // target.params (names, shapes, F32) and that the buffers have the right size. Returns the
-  // layer's adam_step (0 when both moments are skipped).
+  // layer's adam_step (0 when both moments are skipped). The files read are checked against their
+  // crc32c first: DATA_LOSS naming the file when they differ.
   StatusOr<int64_t> ReadLayer(int layer, const LayerTarget& target) const;
 
+  // Reads every file of the checkpoint and checks its crc32c (DATA_LOSS naming the first file
+  // that differs). OK, with a warning, for a checkpoint written without checksums.
+  Status Verify() const;
+  bool has_checksums() const { return !crcs_.empty(); }
+
  private:
+  Status VerifyFile(const std::string& name) const;
+
   std::string dir_;
   TrainerState state_;
   int num_layers_ = 0;
+  std::map<std::string, uint64_t> files_;  // name -> bytes, from trainer_state.json
+  std::map<std::string, uint32_t> crcs_;   // name -> crc32c; empty for an older checkpoint
 };
 
 }  // namespace offloadd::trainer

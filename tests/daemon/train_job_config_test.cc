@@ -2,7 +2,10 @@
 #include "daemon/jobs/train_job_config.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -228,6 +231,28 @@ TEST_F(TrainJobConfigTest, RerunJobResumesFromItsOwnNewestCheckpoint) {
   auto r = ResumePoint(job_);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(*r, newest);
+}
+
+// Issue #18 item 8: a checkpoint whose tensor bytes were flipped is not resumed from; the job
+// continues from the newest intact one instead of failing or using corrupt weights.
+TEST_F(TrainJobConfigTest, RerunJobSkipsACorruptNewestCheckpoint) {
+  const std::string good = SaveCheckpoint(dir_ + "/out", 5);
+  const std::string newest = SaveCheckpoint(dir_ + "/out", 10);
+  const std::string layer = newest + "/model-layer-00000.safetensors";
+  const int fd = ::open(layer.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  unsigned char b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, st.st_size - 2), 1);  // a byte of the last float
+  b ^= 0x10;
+  ASSERT_EQ(::pwrite(fd, &b, 1, st.st_size - 2), 1);
+  ::close(fd);
+  AddRun();
+  AddRun();
+  auto r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, good);
 }
 
 TEST_F(TrainJobConfigTest, FirstRunRefusesAnOutputDirWithSomeoneElsesCheckpoints) {

@@ -381,6 +381,100 @@ TEST_F(CheckpointTest, DamagedFilesAreClearErrors) {
   EXPECT_EQ(LatestCheckpoint(out_).status().code(), StatusCode::kNotFound);
 }
 
+// Flips one byte of `path` at `offset` (negative: from the end), keeping its size.
+void FlipByte(const std::string& path, off_t offset) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  if (offset < 0) offset += st.st_size;
+  unsigned char b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, offset), 1);
+  b ^= 0x40;
+  ASSERT_EQ(::pwrite(fd, &b, 1, offset), 1);
+  ::close(fd);
+}
+
+// Issue #18 item 8: flipped bytes in tensor data used to load silently.
+TEST_F(CheckpointTest, FlippedTensorBytesAreDetectedAndLatestFallsBack) {
+  const FakeModel m(1);
+  ASSERT_TRUE(Save(out_, 10, m).ok());
+  ASSERT_TRUE(Save(out_, 20, m).ok());
+  const std::string model1 = JoinPath(Dir(20), "model-layer-00001.safetensors");
+  FlipByte(model1, -5);  // inside the last tensor's data
+
+  auto r = CheckpointReader::Open(Dir(20), m.fingerprint());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();  // sizes still match
+  std::vector<float> w(m.master[1].size()), a(w.size()), v(w.size());
+  auto read = r->ReadLayer(1, {m.params[1], {w}, {a}, {v}});
+  ASSERT_FALSE(read.ok()) << "corrupt tensor data was read without an error";
+  EXPECT_EQ(read.status().code(), StatusCode::kDataLoss) << read.status().ToString();
+  EXPECT_THAT(read.status().message(), HasSubstr(model1));
+  EXPECT_THAT(read.status().message(), HasSubstr("checksum"));
+  // The undamaged layers still read.
+  std::vector<float> w0(m.master[0].size());
+  EXPECT_TRUE(r->ReadLayer(0, {m.params[0], {w0}, {}, {}}).ok());
+
+  // Resuming picks the previous, intact checkpoint.
+  auto latest = LatestCheckpoint(out_);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, Dir(10));
+  ExpectHolds(*latest, m);
+  auto verified = CheckpointReader::Open(Dir(20));
+  ASSERT_TRUE(verified.ok());
+  EXPECT_TRUE(verified->has_checksums());
+  EXPECT_THAT(verified->Verify().ToString(), HasSubstr(model1 + ": checksum mismatch"));
+
+  // Moments and the files added beside the layers are covered too.
+  const std::string opt0 = JoinPath(Dir(10), "optimizer-layer-00000.safetensors");
+  FlipByte(opt0, -1);
+  r = CheckpointReader::Open(Dir(10), m.fingerprint());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<float> a0(w0.size()), v0(w0.size());
+  read = r->ReadLayer(0, {m.params[0], {w0}, {a0}, {v0}});
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(read.status().message(), HasSubstr(opt0));
+  EXPECT_EQ(LatestCheckpoint(out_).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, FlippedBytesInAnAddedFileOrTheIndexAreDetected) {
+  const FakeModel m(2);
+  for (int64_t step : {10, 20}) {
+    auto w = CheckpointWriter::Begin(out_, step);
+    ASSERT_TRUE(w.ok());
+    for (int l = 0; l < m.layers(); ++l) ASSERT_TRUE(w->WriteLayer(l, m.State(l)).ok());
+    ASSERT_TRUE(w->AddFile("config.json", R"({"model_type": "llama"})").ok());
+    ASSERT_TRUE(w->Commit(MakeState(step, m)).ok());
+  }
+  FlipByte(JoinPath(Dir(20), "config.json"), 3);
+  EXPECT_EQ(*LatestCheckpoint(out_), Dir(10));
+  FlipByte(JoinPath(Dir(10), "model.safetensors.index.json"), 2);
+  EXPECT_EQ(LatestCheckpoint(out_).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, CheckpointsWrittenBeforeChecksumsStillLoad) {
+  const FakeModel m(3);
+  ASSERT_TRUE(Save(out_, 10, m).ok());
+  const std::string state = JoinPath(Dir(10), "trainer_state.json");
+  auto text = engine::ReadFile(state);
+  ASSERT_TRUE(text.ok());
+  const size_t key = text->find("\"crc32c\": {");  // keys are sorted: it is first, a comma follows
+  ASSERT_NE(key, std::string::npos) << *text;
+  const size_t close = text->find("},", key);
+  ASSERT_NE(close, std::string::npos) << *text;
+  std::string old = text->substr(0, key) + text->substr(close + 2);
+  ASSERT_EQ(::unlink(state.c_str()), 0);
+  const int fd = ::open(state.c_str(), O_WRONLY | O_CREAT, 0644);
+  ASSERT_EQ(::write(fd, old.data(), old.size()), static_cast<ssize_t>(old.size()));
+  ::close(fd);
+  auto r = CheckpointReader::Open(Dir(10));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->has_checksums());
+  EXPECT_TRUE(r->Verify().ok());
+  EXPECT_EQ(*LatestCheckpoint(out_), Dir(10));
+  ExpectHolds(Dir(10), m);
+}
+
 TEST_F(CheckpointTest, AnotherModelIsRefused) {
   const FakeModel m(1);
   ASSERT_TRUE(Save(out_, 10, m).ok());
