@@ -9,13 +9,16 @@ import shutil
 
 import torch
 import transformers
-from tokenizers import Tokenizer
+from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 
 # Qwen2-Instruct's ChatML template (the one shipped with Qwen2-*-Instruct's tokenizer_config.json).
 CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
           "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
           "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=512)
@@ -25,9 +28,15 @@ def _install_tokenizer(family: str, tokenizers_dir: pathlib.Path, out: pathlib.P
     """Copies the family's real tokenizer into the model directory; returns the token ids the
     model config needs."""
     if family == "qwen2":
-        # GPT-2's byte-level BPE (Qwen2's own tokenizer.json is not in ../shared/data) plus Qwen2's
-        # ChatML special tokens and chat template.
+        # Qwen2's own tokenizer.json is not in ../shared/data: GPT-2's byte-level BPE vocabulary
+        # and merges in Qwen2's pipeline (NFC, its split regex, byte-level without GPT-2's
+        # regex; transformers' Qwen2Tokenizer enforces that pipeline), ChatML special tokens and
+        # Qwen2-Instruct's chat template.
         tok = Tokenizer.from_file(str(tokenizers_dir / "gpt2" / "tokenizer.json"))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
         tok.save(str(out / "tokenizer.json"))
         (out / "tokenizer_config.json").write_text(json.dumps({
@@ -121,6 +130,29 @@ def first_user_text(fmt: str, record: dict) -> str:
     return next(t["value"] for t in record["conversations"] if t["from"] == "human")
 
 
+def to_messages(fmt: str, record: dict) -> list[dict]:
+    """A record as the chat messages offloadd renders (text/dataset.h's mapping)."""
+    if fmt == "alpaca":
+        user = record["instruction"] + ("\n" + record["input"] if record["input"] else "")
+        return [{"role": "user", "content": user}, {"role": "assistant", "content": record["output"]}]
+    if fmt == "messages":
+        return record["messages"]
+    roles = {"human": "user", "gpt": "assistant", "function_call": "assistant", "observation": "tool"}
+    return [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]
+
+
+def hf_chat_documents(model_dir: pathlib.Path, data: dict) -> list[list[int]]:
+    """Every record rendered by transformers' apply_chat_template with the tokenizer's own template
+    and tokenized without extra special tokens (what apply_chat_template(tokenize=True) does)."""
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    docs = []
+    for fmt, (_, records) in data.items():
+        for r in records:
+            text = tok.apply_chat_template(to_messages(fmt, r), tokenize=False)
+            docs.append(tok(text, add_special_tokens=False)["input_ids"])
+    return docs
+
+
 def split_documents(m: dict) -> list[dict]:
     """The documents of one dumped micro-batch: for each row, the runs of equal segment id that
     hold a trained or real token (the padding segment has targets -100 only and is skipped), each
@@ -155,3 +187,26 @@ def packed_micro_batch_loss(model, m: dict, trained: int):
     if total is None:  # nothing trained in this micro-batch
         return sum(p.sum() * 0 for p in model.parameters())
     return total / max(1, trained)
+
+
+def first_step_gradients(model_dir: pathlib.Path, step: list, dtype) -> dict:
+    """transformers' gradients of the first dumped step's loss (every packed document on its own)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype,
+                                                              attn_implementation="eager")
+    model.train()
+    trained = sum(sum(1 for t in m["targets"] if t != -100) for m in step)
+    for m in step:
+        packed_micro_batch_loss(model, m, trained).backward()
+    return {n: p.grad.double() for n, p in model.named_parameters()}
+
+
+def gradients_from_update(initial: dict, updated: dict, lr: float) -> dict:
+    """Inverts one AdamW step from zero state with eps = 1, no weight decay and no clipping:
+    bias correction makes m_hat = g and v_hat = g^2, so the update is u = -lr * g / (|g| + 1)
+    and g = -u / (lr - |u|). With lr = 1e4 the update is large against the weight, so the
+    weight's float32 rounding costs the recovered g only ~1e-7 relative."""
+    out = {}
+    for name, w in updated.items():
+        u = w.double() - initial[name].double()
+        out[name] = -u / (lr - u.abs())
+    return out
