@@ -9,14 +9,29 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string>
 
+#include "common/logging.h"
 #include "ipc/event_fd.h"
 #include "ipc/fd_passing.h"
 
 namespace offloadd::storage {
 namespace {
 std::atomic<uint32_t> g_generation{0};
+
+// After the control socket closes the store finishes in-flight work and exits; one that does not
+// within this bound (stopped, wedged in the kernel) is killed so that nobody waits on it forever.
+constexpr int kExitTimeoutMs = 10000;
+
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) {
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  return "wait status " + std::to_string(status);
 }
+}  // namespace
 
 StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSegment& segment,
                                                              ipc::Arena* arena,
@@ -117,16 +132,33 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
 
 StoreProcess::~StoreProcess() {
   control_.reset();  // the store sees the hang-up, finishes in-flight work and exits
+  if (pid_ > 0 && !reaped_ && pidfd_.valid() &&
+      !ipc::WaitReadable(pidfd_.get(), -1, kExitTimeoutMs).ok()) {
+    OFFLOADD_LOG(kWarning, "storage") << "offloadd-store (pid " << pid_ << ") did not exit within "
+                                      << kExitTimeoutMs << " ms of its hang-up; killing it";
+    ::kill(pid_, SIGKILL);
+  }
   Reap();
 }
 
 int StoreProcess::Reap() {
-  if (pid_ <= 0 || reaped_) return 0;
+  if (pid_ <= 0 || reaped_) return wait_status_;
   int status = 0;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
   reaped_ = true;
+  wait_status_ = status;
   return status;
+}
+
+Status StoreProcess::PeerError(Status st, const char* what) {
+  if (st.code() != StatusCode::kUnavailable || !pidfd_.valid() ||
+      !ipc::WaitReadable(pidfd_.get(), -1, 0).ok()) {
+    return st.WithContext(what);
+  }
+  // The pidfd fired: the store is gone. Say how, once reaped (it is a zombie by now).
+  return UnavailableError("offloadd-store (pid " + std::to_string(pid_) + ") died: " +
+                          DescribeExit(Reap()) + " (" + what + ")");
 }
 
 Status StoreProcess::Submit(StoreOp op, uint64_t id, const StoreCommand& command, int timeout_ms) {
@@ -134,13 +166,15 @@ Status StoreProcess::Submit(StoreOp op, uint64_t id, const StoreCommand& command
   r.kind = static_cast<uint32_t>(op);
   r.id = id;
   r.Pack(command);
-  return commands_.Push(r, timeout_ms, pidfd_.get()).WithContext("offloadd-store command ring");
+  Status st = commands_.Push(r, timeout_ms, pidfd_.get());
+  if (!st.ok()) return PeerError(std::move(st), "offloadd-store command ring");
+  return OkStatus();
 }
 
 StatusOr<Completion> StoreProcess::NextCompletion(int timeout_ms) {
   ipc::CommandRecord r;
   Status st = completions_.Pop(&r, timeout_ms, pidfd_.get());
-  if (!st.ok()) return st.WithContext("offloadd-store completion ring");
+  if (!st.ok()) return PeerError(std::move(st), "offloadd-store completion ring");
   Completion c;
   c.id = r.id;
   c.body = r.Unpack<StoreCompletion>();
@@ -148,14 +182,31 @@ StatusOr<Completion> StoreProcess::NextCompletion(int timeout_ms) {
 }
 
 Status StoreProcess::Shutdown(int timeout_ms) {
-  RETURN_IF_ERROR(Submit(StoreOp::kShutdown, 0, {}, timeout_ms));
-  for (;;) {
-    ASSIGN_OR_RETURN(Completion c, NextCompletion(timeout_ms));
-    if (c.body.op == static_cast<uint32_t>(StoreOp::kShutdown)) break;
+  Status st = [&]() -> Status {
+    RETURN_IF_ERROR(Submit(StoreOp::kShutdown, 0, {}, timeout_ms));
+    for (;;) {
+      ASSIGN_OR_RETURN(Completion c, NextCompletion(timeout_ms));
+      if (c.body.op == static_cast<uint32_t>(StoreOp::kShutdown)) break;
+    }
+    if (pidfd_.valid() && !ipc::WaitReadable(pidfd_.get(), -1, timeout_ms).ok()) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "offloadd-store answered its shutdown but did not exit within " +
+                        std::to_string(timeout_ms) + " ms");
+    }
+    return OkStatus();
+  }();
+  if (!st.ok()) {
+    // Dead (reaped already), wedged or stopped: in the last two cases it is killed, not waited on.
+    if (!reaped_) {
+      ::kill(pid_, SIGKILL);
+      Reap();
+      return st.WithContext("offloadd-store shutdown (killed it)");
+    }
+    return st.WithContext("offloadd-store shutdown");
   }
   const int status = Reap();
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return InternalError("offloadd-store exited with wait status " + std::to_string(status));
+    return InternalError("offloadd-store " + DescribeExit(status) + " after its shutdown");
   }
   return OkStatus();
 }

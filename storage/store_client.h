@@ -8,7 +8,8 @@
 // Thread-safety: Submit() from one thread at a time, NextCompletion() from one thread at a time
 // (the rings are single-producer/single-consumer). Ownership: owns the child process, the
 // eventfds and the socket; borrows the segment and arena, which must outlive it. Destruction
-// closes the control socket (the store finishes in-flight work and exits) and reaps the child.
+// closes the control socket (the store finishes in-flight work and exits), kills the child if it
+// has not exited within 10 s, and reaps it.
 
 #include <sys/types.h>
 
@@ -55,18 +56,23 @@ class StoreProcess {
   StatusOr<Completion> NextCompletion(int timeout_ms = -1);
 
   // kShutdown, wait for its completion (completions of earlier commands that arrive first are
-  // discarded: collect them before) and for the process to exit 0.
+  // discarded: collect them before) and for the process to exit 0. A store that does not answer
+  // or exit within timeout_ms (per wait) is killed and reaped, and the error says so.
   Status Shutdown(int timeout_ms = 60000);
   pid_t pid() const { return pid_; }
   const std::string& engine() const { return engine_; }
   int metrics_port() const { return metrics_port_; }
-  // Waits for the child to exit after it was killed; returns its wait status.
+  // Waits for the child to exit after it was killed; returns its wait status (again on later
+  // calls).
   int Reap();
 
  private:
   StoreProcess() = default;
+  // `st` from a ring wait: when the store is gone, an UNAVAILABLE error saying how it ended.
+  Status PeerError(Status st, const char* what);
   pid_t pid_ = -1;
   bool reaped_ = false;
+  int wait_status_ = 0;
   ipc::UniqueFd pidfd_, control_;
   ipc::UniqueFd cmd_ready_, cmd_space_, done_ready_, done_space_;
   ipc::Channel<ipc::CommandRecord> commands_, completions_;

@@ -201,7 +201,9 @@ HostOptimizer::~HostOptimizer() {
   if (thread_.joinable()) thread_.join();
   if (pool_) (void)pool_->Shutdown();
   if (store_) {
-    Status st = store_->Shutdown();
+    // Bounded: a store that stopped answering is killed rather than waited on (a job that ends
+    // must not hang on it).
+    Status st = store_->Shutdown(/*timeout_ms=*/5000);
     if (!st.ok()) OFFLOADD_LOG(kWarning, "trainer") << "store shutdown: " << st.ToString();
   }
 }
