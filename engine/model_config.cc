@@ -1,6 +1,7 @@
 #include "engine/model_config.h"
 
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <span>
@@ -26,8 +27,10 @@ class Reader {
     auto it = j_.find(key);
     return it != j_.end() && !it->is_null();
   }
+  // Dimensions beyond 2^24 (16.7M) are refused: real models stay far below, and the size
+  // arithmetic downstream (parameter counts, memory estimates) must not overflow.
   StatusOr<int64_t> Int(std::string_view key, std::optional<int64_t> def = std::nullopt,
-                        int64_t min = 1) const {
+                        int64_t min = 1, int64_t max = int64_t{1} << 24) const {
     if (!Has(key)) {
       if (def) return *def;
       return Error(key, "required integer is missing");
@@ -36,6 +39,7 @@ class Reader {
     if (!v.is_number_integer()) return Error(key, "expected an integer, got " + v.dump());
     int64_t x = v.get<int64_t>();
     if (x < min) return Error(key, "must be >= " + std::to_string(min) + ", got " + v.dump());
+    if (x > max) return Error(key, "must be <= " + std::to_string(max) + ", got " + v.dump());
     return x;
   }
   StatusOr<double> Double(std::string_view key, std::optional<double> def = std::nullopt) const {
@@ -265,6 +269,19 @@ StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view o
   }
   RETURN_IF_ERROR(ParseTokenIds(r, &c));
   RETURN_IF_ERROR(ParseDropout(r, &c));
+  // Bounded dimensions can still multiply past what any machine trains (and past int64 in the
+  // callers' byte counts): refuse more than 2^50 parameters (1.1e15), in double arithmetic.
+  const double h = static_cast<double>(c.hidden_size);
+  const double params = 2.0 * static_cast<double>(c.vocab_size) * h +
+                        static_cast<double>(c.num_layers) *
+                            (2.0 * h * static_cast<double>(c.q_dim() + c.kv_dim()) +
+                             3.0 * h * static_cast<double>(c.intermediate_size));
+  if (params > std::ldexp(1.0, 50)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3g", params);
+    return InvalidArgumentError(std::string(origin) + ": the dimensions give " + buf +
+                                " parameters, beyond the 2^50 offloadd accepts");
+  }
   return c;
 }
 

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -64,6 +65,18 @@ Status Trainer::Impl::Setup() {
     scaler.emplace(cfg.loss_scale);
   } else {
     return InvalidArgumentError("compute dtype must be auto, fp32, bf16 or fp16, got '" + cd + "'");
+  }
+  // NaN compares false with everything: a NaN max_grad_norm would silently turn clipping off.
+  for (const auto& [name, v] : {std::pair{"learning_rate", cfg.optim.learning_rate},
+                                std::pair{"max_grad_norm", cfg.optim.max_grad_norm},
+                                std::pair{"weight_decay", cfg.optim.weight_decay},
+                                std::pair{"warmup_ratio", cfg.optim.warmup_ratio},
+                                std::pair{"adam_epsilon", cfg.optim.eps},
+                                std::pair{"num_train_epochs", cfg.num_train_epochs}}) {
+    if (!std::isfinite(v)) {
+      return InvalidArgumentError(std::string(name) + " must be a finite number, got " +
+                                  std::to_string(v));
+    }
   }
   if (cfg.batch_size < 1) return InvalidArgumentError("batch size must be at least 1");
   if (cfg.gradient_accumulation_steps < 1)

@@ -9,6 +9,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "common/logging.h"
+#include "common/message_text.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -68,7 +69,7 @@ class JobManager::Control final : public JobControl {
     std::lock_guard<std::mutex> lock(m_->mu_);
     v1::JobEvent e;
     e.mutable_log()->set_level(level);
-    e.mutable_log()->set_message(message);
+    e.mutable_log()->set_message(SafeMessageText(message, 8192));
     Warn(Append(std::move(e)));
   }
   void CheckpointSaved(const v1::Checkpoint& checkpoint) override {
@@ -192,13 +193,26 @@ Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std:
   return AppendLocked(std::move(e));
 }
 
-StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec) {
+StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std::string& request_id) {
   if (!runner_) {
     return FailedPreconditionError("this build cannot run jobs: the training pipeline is not available (issue #6)");
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return UnavailableError("the daemon is shutting down; submit the job again after it restarts");
+  if (!request_id.empty()) {  // under mu_: two concurrent retries create one job
+    auto existing = store_->JobForRequest(request_id);
+    if (existing.ok()) {
+      ASSIGN_OR_RETURN(v1::Job prior, store_->Get(*existing));
+      if (prior.spec().SerializeAsString() != resolved_spec.SerializeAsString()) {
+        return AlreadyExistsError("request_id '" + request_id + "' was used for job " + prior.id() +
+                                  " with a different spec; use a new request_id for a new job");
+      }
+      return prior;
+    }
+    if (existing.status().code() != StatusCode::kNotFound) return existing.status();
+  }
   v1::Job job;
+  job.set_request_id(request_id);
   *job.mutable_spec() = resolved_spec;
   job.set_state(v1::JOB_STATE_VALIDATING);
   *job.mutable_create_time() = Now();
@@ -404,9 +418,9 @@ void JobManager::SchedulerLoop() {
         reason = shutting_down_ ? "paused: the daemon is shutting down" : "paused";
       } else if (!result.ok()) {
         end = v1::JOB_STATE_FAILED;
-        reason = result.message();
+        reason = SafeMessageText(result.message(), 8192);
         current->mutable_error()->set_code(static_cast<int>(result.code()));
-        current->mutable_error()->set_message(result.message());
+        current->mutable_error()->set_message(SafeMessageText(result.message(), 8192));
       }
       if (Status s = TransitionLocked(&*current, end, reason); !s.ok()) OFFLOADD_LOG(kError, kLog) << s.ToString();
       OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " " << StateName(end) << ": " << reason;

@@ -72,7 +72,10 @@ class JobManager {
   bool can_run_jobs() const { return runner_ != nullptr; }
 
   // Queues a job whose spec has passed ValidateJobSpec.
-  StatusOr<offloadd::v1::Job> Create(const offloadd::v1::JobSpec& resolved_spec);
+  // With a request_id: the job already created with it when its spec is the same (a retry);
+  // ALREADY_EXISTS naming that job when the spec differs.
+  StatusOr<offloadd::v1::Job> Create(const offloadd::v1::JobSpec& resolved_spec,
+                                     const std::string& request_id = "");
   StatusOr<offloadd::v1::Job> Get(const std::string& id);
   StatusOr<JobStore::Page> List(const std::vector<offloadd::v1::JobState>& states, int page_size,
                                 const std::string& page_token);

@@ -70,6 +70,11 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
       "  cursor INTEGER NOT NULL,"
       "  record BLOB NOT NULL,"
       "  PRIMARY KEY (job_id, cursor)) WITHOUT ROWID"));
+  // CreateJob idempotency keys (request_id -> job id); kept as long as the job is.
+  RETURN_IF_ERROR(store->Exec(
+      "CREATE TABLE IF NOT EXISTS request_ids ("
+      "  request_id TEXT PRIMARY KEY,"
+      "  job_id TEXT NOT NULL) WITHOUT ROWID"));
   RETURN_IF_ERROR(store->Exec("CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq)"));
   return store;
 }
@@ -94,8 +99,29 @@ Status JobStore::Error(const std::string& what) {
   return InternalError(msg);
 }
 
+StatusOr<std::string> JobStore::JobForRequest(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "SELECT job_id FROM request_ids WHERE request_id = ?");
+  if (!s.ok()) return Error("prepare request id lookup");
+  s.Text(1, request_id);
+  const int rc = s.Step();
+  if (rc == SQLITE_DONE) return NotFoundError("no job for request_id '" + request_id + "'");
+  if (rc != SQLITE_ROW) return Error("look up request_id");
+  return s.ColumnBlob(0);  // TEXT column: the same bytes
+}
+
 Status JobStore::Insert(const v1::Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!job.request_id().empty()) {
+    // The key goes in first: a key already taken refuses the insert before the job exists.
+    Stmt k(db_, "INSERT INTO request_ids (request_id, job_id) VALUES (?, ?)");
+    if (!k.ok()) return Error("prepare request id insert");
+    k.Text(1, job.request_id());
+    k.Text(2, job.id());
+    const int rc = k.Step();
+    if (rc == SQLITE_CONSTRAINT) return FailedPreconditionError("request_id '" + job.request_id() + "' is taken");
+    if (rc != SQLITE_DONE) return Error("insert request id for job " + job.id());
+  }
   Stmt s(db_, "INSERT INTO jobs (id, state, priority, record) VALUES (?, ?, ?, ?)");
   if (!s.ok()) return Error("prepare insert");
   s.Text(1, job.id());
@@ -103,6 +129,13 @@ Status JobStore::Insert(const v1::Job& job) {
   s.Int(3, job.spec().priority());
   s.Blob(4, job.SerializeAsString());
   const int rc = s.Step();
+  if (rc != SQLITE_DONE && !job.request_id().empty()) {
+    Stmt undo(db_, "DELETE FROM request_ids WHERE request_id = ?");
+    if (undo.ok()) {
+      undo.Text(1, job.request_id());
+      undo.Step();
+    }
+  }
   if (rc == SQLITE_CONSTRAINT) return AlreadyExistsError("job " + job.id() + " already exists");
   if (rc != SQLITE_DONE) return Error("insert job " + job.id());
   return OkStatus();

@@ -27,7 +27,10 @@ class JobStore {
   ~JobStore();
 
   // ALREADY_EXISTS if the id is taken.
+  // Also records job.request_id() when set (FAILED_PRECONDITION when another job holds it).
   Status Insert(const offloadd::v1::Job& job);
+  // The job created with this CreateJob request_id; NOT_FOUND when none.
+  StatusOr<std::string> JobForRequest(const std::string& request_id);
   // NOT_FOUND if the job does not exist.
   Status Update(const offloadd::v1::Job& job);
   StatusOr<offloadd::v1::Job> Get(const std::string& id);

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -29,9 +30,10 @@ class Checker {
     Add(field, s.message());
     return true;
   }
+  // NaN is outside every range (the comparisons are written so that it fails them).
   template <typename T>
   void Range(const std::string& field, T value, T lo, T hi, bool lo_open = false) {
-    if (value < lo || value > hi || (lo_open && value == lo)) {
+    if (!(value >= lo && value <= hi) || (lo_open && value == lo)) {
       std::ostringstream o;
       o << "must be in " << (lo_open ? "(" : "[") << lo << ", " << hi << "], got " << value;
       Add(field, o.str());
@@ -84,6 +86,58 @@ StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path) {
   if (records.empty()) return InvalidArgumentError(path + " holds no records");
   if (records.size() > static_cast<size_t>(kDatasetPreviewRecords)) records.resize(kDatasetPreviewRecords);
   return records;
+}
+
+// Enum fields hold whatever number the client sent (proto3 open enums): name unknown ones.
+void CheckEnums(const v1::JobSpec& s, Checker& c) {
+  const auto check = [&](const char* field, bool valid, int value) {
+    if (!valid) c.Add(field, "unknown value " + std::to_string(value));
+  };
+  check("model.compute_dtype", v1::ComputeDtype_IsValid(s.model().compute_dtype()), s.model().compute_dtype());
+  check("dataset.format", v1::DatasetFormat_IsValid(s.dataset().format()), s.dataset().format());
+  check("offload.offload_optimizer.device", v1::OffloadDevice_IsValid(s.offload().offload_optimizer().device()),
+        s.offload().offload_optimizer().device());
+  check("offload.offload_param.device", v1::OffloadDevice_IsValid(s.offload().offload_param().device()),
+        s.offload().offload_param().device());
+  check("offload.activations.mode", v1::ActivationMode_IsValid(s.offload().activations().mode()),
+        s.offload().activations().mode());
+  for (const auto& [layer, mode] : s.offload().activations().layer_overrides()) {
+    if (!v1::ActivationMode_IsValid(mode)) {
+      c.Add("offload.activations.layer_overrides[" + std::to_string(layer) + "]", "unknown value " + std::to_string(mode));
+    }
+  }
+  check("compression.type", v1::CompressionType_IsValid(s.compression().type()), s.compression().type());
+}
+
+// Every string and list the job record, its events and every listing carry is bounded: a 3.9 MB
+// display name made `offloadctl list` fail for everyone and a 30-step job write 373 MiB of records.
+void CheckSizes(const v1::JobSpec& s, Checker& c) {
+  const auto at_most = [&](const std::string& field, size_t size, size_t max, const char* what) {
+    if (size > max) {
+      c.Add(field, std::to_string(size) + " " + what + ", more than the " + std::to_string(max) + " allowed");
+    }
+  };
+  at_most("display_name", s.display_name().size(), kMaxDisplayNameBytes, "bytes");
+  at_most("labels", s.labels_size(), kMaxLabels, "labels");
+  for (const auto& [k, v] : s.labels()) {
+    at_most("labels", k.size(), kMaxLabelKeyBytes, "bytes in a label key");
+    at_most("labels", v.size(), kMaxLabelValueBytes, "bytes in a label value");
+  }
+  for (const auto& [field, path] :
+       {std::pair{"model.path", &s.model().path()}, std::pair{"tokenizer.path", &s.tokenizer().path()},
+        std::pair{"dataset.template", &s.dataset().template_()}, std::pair{"output_dir", &s.output_dir()},
+        std::pair{"resume_from_checkpoint", &s.resume_from_checkpoint()},
+        std::pair{"offload.offload_optimizer.nvme_path", &s.offload().offload_optimizer().nvme_path()},
+        std::pair{"offload.offload_param.nvme_path", &s.offload().offload_param().nvme_path()}}) {
+    at_most(field, path->size(), kMaxPathBytes, "bytes (PATH_MAX is 4096)");
+  }
+  at_most("dataset.paths", s.dataset().paths_size(), kMaxDatasetPaths, "files");
+  for (int i = 0; i < s.dataset().paths_size(); ++i) {
+    at_most("dataset.paths[" + std::to_string(i) + "]", s.dataset().paths(i).size(), kMaxPathBytes,
+            "bytes (PATH_MAX is 4096)");
+  }
+  at_most("offload.activations.layer_overrides", s.offload().activations().layer_overrides_size(),
+          kMaxLayerOverrides, "entries");
 }
 
 void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
@@ -199,6 +253,8 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   v1::JobSpec& spec = r.resolved;
   ApplyJobDefaults(&spec);
   Checker c(&r.violations);
+  CheckSizes(spec, c);
+  if (!r.violations.empty()) return r;  // nothing oversized reaches the file system or the parsers
 
   // Model.
   if (!v1::DropoutMode_IsValid(spec.dropout())) {
@@ -332,6 +388,8 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       }
     }
   }
+  CheckEnums(spec, c);
+  c.Range<int64_t>("dataset.max_samples", ds.max_samples(), 0, int64_t{1} << 40);
   CheckTraining(spec.training(), c);
   CheckOffload(spec.offload(), node, paths, c);
   CheckCompression(spec.compression(), c);
@@ -352,8 +410,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
 
   // Resources and memory feasibility.
   const auto& res = spec.resources();
-  if (res.gpu_index() < -1 || (res.gpu_index() >= 0 && !node.gpus.empty() &&
-                               res.gpu_index() >= static_cast<int>(node.gpus.size()))) {
+  // 0 is also the unset value (proto3), so it stands for "the CPU" on a node without GPUs.
+  const int gpu_count = static_cast<int>(node.gpus.size());
+  if (res.gpu_index() < -1 || res.gpu_index() >= std::max(gpu_count, 1)) {
     c.Add("resources.gpu_index", "this node has " + std::to_string(node.gpus.size()) + " GPU(s); got index " +
                                      std::to_string(res.gpu_index()));
   }

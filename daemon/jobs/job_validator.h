@@ -22,6 +22,17 @@
 
 namespace offloadd::daemon {
 
+// Bounds on what a job record carries (documented in docs/; checked first, before any path is
+// opened). The CreateJob request as a whole is bounded by server.max_request_bytes.
+inline constexpr size_t kMaxDisplayNameBytes = 256;
+inline constexpr size_t kMaxLabels = 64;
+inline constexpr size_t kMaxLabelKeyBytes = 64;
+inline constexpr size_t kMaxLabelValueBytes = 256;
+inline constexpr size_t kMaxPathBytes = 4096;
+inline constexpr size_t kMaxDatasetPaths = 256;
+inline constexpr size_t kMaxLayerOverrides = 4096;
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
 // What this node offers; filled from the node probe and the daemon config.
 struct NodeBudget {
   uint64_t host_memory_bytes = 0;         // physical RAM

@@ -5,6 +5,18 @@
 #include "common/units.h"
 
 namespace offloadd::daemon {
+namespace {
+
+uint64_t SatMul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+uint64_t SatAdd(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+}  // namespace
 
 ModelSize EstimateModelSize(const engine::ModelConfig& c) {
   ModelSize s;
@@ -39,11 +51,14 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
   // One layer's forward intermediates during its recomputation and backward: attention
   // projections, MLP up/gate/activation, norms and the layer input/output (~ 8h + 3i per token).
   const uint64_t inter = static_cast<uint64_t>(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size);
-  const uint64_t layer_act = tokens * (8 * static_cast<uint64_t>(c.hidden_size) + 3 * inter) * cb;
+  const uint64_t layer_act_per_token = (8 * static_cast<uint64_t>(c.hidden_size) + 3 * inter) * cb;
+  const uint64_t layer_act = SatMul(tokens, layer_act_per_token);
   // Checkpointed layer inputs are offloadable, so only the logits (compute dtype + fp32 for the
   // loss and its gradient) are a floor.
-  const uint64_t logits = tokens * static_cast<uint64_t>(c.vocab_size) * (cb + 4 + 4);
-  f.gpu_bytes = weights + grads + layer_act + logits;
+  // Saturating: a validated config has at most 2^50 parameters, but batch x seq x vocab can still
+  // pass 2^64 for an absurd batch; the result must then read as "too large", not wrap around.
+  const uint64_t logits = SatMul(SatMul(tokens, static_cast<uint64_t>(c.vocab_size)), cb + 4 + 4);
+  f.gpu_bytes = SatAdd(SatAdd(weights, grads), SatAdd(layer_act, logits));
   f.gpu_breakdown = "double-buffered largest block " + FormatByteSize(weights) + ", its gradients " +
                     FormatByteSize(grads) + ", one layer's activations " + FormatByteSize(layer_act) +
                     ", logits and loss " + FormatByteSize(logits);

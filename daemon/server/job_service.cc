@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/message_text.h"
 #include "daemon/jobs/job_validator.h"
 #include "daemon/node/node_probe.h"
 #include "daemon/server/rpc_recorder.h"
@@ -26,9 +27,13 @@ grpc::Status InvalidSpec(const std::vector<FieldViolation>& violations) {
                         " in the job spec";
   for (size_t i = 0; i < violations.size(); ++i) {
     auto* v = bad.add_field_violations();
-    v->set_field(violations[i].field);
-    v->set_description(violations[i].description);
-    if (i < 3) message += (i == 0 ? ": " : "; ") + violations[i].field + ": " + violations[i].description;
+    // Fields and descriptions echo the user's input: valid UTF-8 (protobuf strings must be) and
+    // bounded, so that a megabyte-long value cannot hide the message.
+    const std::string field = SafeMessageText(violations[i].field, 256);
+    const std::string description = SafeMessageText(violations[i].description, 1024);
+    v->set_field(field);
+    v->set_description(description);
+    if (i < 3) message += (i == 0 ? ": " : "; ") + field + ": " + description;
   }
   if (violations.size() > 3) message += "; ...";
   google::rpc::Status rich;
@@ -57,13 +62,17 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJob
     if (d.problem.empty()) node.store_dirs.push_back(d);
   }
   ValidationResult result = ValidateJobSpec(request->spec(), paths_, node);
+  if (request->request_id().size() > kMaxRequestIdBytes) {
+    result.violations.push_back({"request_id", std::to_string(request->request_id().size()) + " bytes, more than the " +
+                                                   std::to_string(kMaxRequestIdBytes) + " allowed"});
+  }
   if (!result.ok()) return rec.Done(InvalidSpec(result.violations));
   if (request->validate_only()) {
     *job->mutable_spec() = std::move(result.resolved);
     job->set_state(v1::JOB_STATE_QUEUED);
     return rec.Done(grpc::Status::OK);
   }
-  auto created = jobs_->Create(result.resolved);
+  auto created = jobs_->Create(result.resolved, request->request_id());
   if (!created.ok()) return rec.Done(ToGrpcStatus(created.status()));
   *job = std::move(*created);
   return rec.Done(grpc::Status::OK);

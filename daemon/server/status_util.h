@@ -3,13 +3,15 @@
 
 #include <grpcpp/support/status.h>
 
+#include "common/message_text.h"
 #include "common/status.h"
 
 namespace offloadd::daemon {
 
 inline grpc::Status ToGrpcStatus(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+  // Messages echo users' paths and values: valid UTF-8 and bounded (common/message_text.h).
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), SafeMessageText(s.message(), 8192));
 }
 
 // Short upper-case code name for metrics labels ("OK", "UNIMPLEMENTED").

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -49,6 +50,7 @@ class JobValidatorTest : public ::testing::Test {
     s.mutable_dataset()->set_max_seq_length(128);
     s.mutable_training()->set_per_device_train_batch_size(2);
     s.set_output_dir(root_ / "out" / "run1");
+    s.set_dropout(v1::DROPOUT_MODE_DISABLE);  // GPT-2's transformers defaults are 0.1
     return s;
   }
 
@@ -241,6 +243,80 @@ TEST_F(JobValidatorTest, LayerOverridesAndSlidingWindowAreCheckedAgainstTheModel
   EXPECT_NE(w->description.find("sliding_window of 64 tokens, got 128"), std::string::npos) << w->description;
   s.mutable_dataset()->set_max_seq_length(64);
   EXPECT_EQ(Find(Validate(s), "dataset.max_seq_length"), nullptr) << Describe(Validate(s));
+}
+
+// Issue #18 defect 14: NaN passed every range check (`v < lo || v > hi` is false for NaN), open
+// enums took any number, and a negative max_samples or a GPU index on a GPU-less node went through.
+TEST_F(JobValidatorTest, NanUnknownEnumsNegativeSamplesAndAbsentGpusAreRefused) {
+  v1::JobSpec s = ValidSpec();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto* t = s.mutable_training();
+  t->set_learning_rate(nan);
+  t->set_num_train_epochs(nan);
+  t->set_warmup_ratio(nan);
+  t->set_weight_decay(nan);
+  t->set_adam_epsilon(nan);
+  t->set_max_grad_norm(nan);
+  s.mutable_model()->set_compute_dtype(static_cast<v1::ComputeDtype>(77));
+  s.mutable_dataset()->set_format(static_cast<v1::DatasetFormat>(99));
+  s.mutable_offload()->mutable_activations()->set_mode(static_cast<v1::ActivationMode>(42));
+  s.mutable_compression()->set_type(static_cast<v1::CompressionType>(9));
+  s.set_dropout(static_cast<v1::DropoutMode>(5));
+  s.mutable_dataset()->set_max_samples(-3);
+  s.mutable_resources()->set_gpu_index(5);
+  const ValidationResult r = Validate(s);
+  for (const char* f : {"training.learning_rate", "training.num_train_epochs", "training.warmup_ratio",
+                        "training.weight_decay", "training.adam_epsilon", "training.max_grad_norm"}) {
+    const FieldViolation* v = Find(r, f);
+    ASSERT_NE(v, nullptr) << f << "\n" << Describe(r);
+    EXPECT_NE(v->description.find("nan"), std::string::npos) << v->description;
+  }
+  for (const char* f : {"model.compute_dtype", "dataset.format", "offload.activations.mode", "compression.type",
+                        "dropout"}) {
+    const FieldViolation* v = Find(r, f);
+    ASSERT_NE(v, nullptr) << f << "\n" << Describe(r);
+    EXPECT_NE(v->description.find("unknown value"), std::string::npos) << v->description;
+  }
+  ASSERT_NE(Find(r, "dataset.max_samples"), nullptr) << Describe(r);
+  ASSERT_NE(Find(r, "resources.gpu_index"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "resources.gpu_index")->description.find("0 GPU(s); got index 5"), std::string::npos);
+  // 0 is the unset value: it stands for the CPU on a node without GPUs.
+  v1::JobSpec ok = ValidSpec();
+  ok.mutable_resources()->set_gpu_index(0);
+  EXPECT_TRUE(Validate(ok).ok()) << Describe(Validate(ok));
+}
+
+TEST_F(JobValidatorTest, OverflowingModelSizesAreRefusedNotWrapped) {
+  std::ofstream(root_ / "model" / "config.json")
+      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 9223372036854775807, "n_layer": 2,
+            "n_head": 4, "n_positions": 256})";
+  ValidationResult r = Validate(ValidSpec());
+  ASSERT_NE(Find(r, "model.path"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "model.path")->description.find("n_embd: must be <= 16777216"), std::string::npos)
+      << Describe(r);
+  std::ofstream(root_ / "model" / "config.json")
+      << R"({"model_type": "llama", "vocab_size": 16777216, "hidden_size": 16777216, "intermediate_size": 16777216,
+            "num_hidden_layers": 16777216, "num_attention_heads": 1})";
+  r = Validate(ValidSpec());
+  ASSERT_NE(Find(r, "model.path"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "model.path")->description.find("beyond the 2^50 offloadd accepts"), std::string::npos)
+      << Describe(r);
+}
+
+TEST_F(JobValidatorTest, DropoutTheEngineWouldIgnoreNeedsDropoutDisable) {
+  v1::JobSpec s = ValidSpec();
+  s.clear_dropout();
+  ValidationResult r = Validate(s);
+  const FieldViolation* v = Find(r, "dropout");
+  ASSERT_NE(v, nullptr) << Describe(r);
+  EXPECT_NE(v->description.find("embd_pdrop=0.1, attn_pdrop=0.1, resid_pdrop=0.1"), std::string::npos)
+      << v->description;
+  std::ofstream(root_ / "model" / "config.json")
+      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4,
+            "n_positions": 256, "embd_pdrop": 0, "attn_pdrop": 0.0, "resid_pdrop": 0,
+            "summary_first_dropout": 0.1})";
+  r = Validate(s);
+  EXPECT_TRUE(r.ok()) << Describe(r);
 }
 
 }  // namespace

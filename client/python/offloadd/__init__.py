@@ -10,6 +10,7 @@
 from offloadd.client import DEFAULT_TARGET, FINAL_STATES, Client
 from offloadd.job_file import job_spec
 from offloadd.errors import (
+    AlreadyExists,
     DeadlineExceeded,
     FieldViolation,
     InvalidArgument,
@@ -24,6 +25,7 @@ from offloadd.errors import (
 from offloadd.progress import ProgressPrinter
 
 __all__ = [
+    "AlreadyExists",
     "Client",
     "DEFAULT_TARGET",
     "DeadlineExceeded",

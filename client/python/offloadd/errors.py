@@ -38,6 +38,10 @@ class NotFound(OffloaddError):
     pass
 
 
+class AlreadyExists(OffloaddError):
+    """CreateJob with a request_id already used for a job with a different spec."""
+
+
 class PermissionDenied(OffloaddError):
     pass
 
@@ -74,6 +78,7 @@ class WaitTimeout(DeadlineExceeded, TimeoutError):
 _BY_CODE = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.UNAVAILABLE: Unavailable,

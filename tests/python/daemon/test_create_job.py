@@ -141,6 +141,60 @@ def test_unimplemented_settings_come_back_together_with_other_problems(daemon, w
     assert f"{len(UNIMPLEMENTED) + 1} problems" in e.value.message
 
 
+def test_request_id_makes_create_idempotent_across_restarts(binary_dir, workspace):
+    """Issue #18 defect 11: the same request_id created two jobs."""
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    try:
+        spec = spec_dict(workspace)
+        spec["training"]["max_steps"] = 1
+        with offloadd.Client(d.target) as c:
+            first = c.create_job(spec, request_id="retry-7")
+            again = c.create_job(spec, request_id="retry-7")
+            assert again.id == first.id and again.request_id == "retry-7"
+            other = c.create_job(spec, request_id="retry-8")
+            assert other.id != first.id
+            changed = {**spec, "display_name": "changed"}
+            with pytest.raises(offloadd.AlreadyExists) as e:
+                c.create_job(changed, request_id="retry-7")
+            assert first.id in e.value.message
+            with pytest.raises(offloadd.InvalidArgument) as e:
+                c.create_job(spec, request_id="k" * 129)
+            assert [v.field for v in e.value.field_violations] == ["request_id"]
+        d.stop()
+        d.start()
+        with offloadd.Client(d.target) as c:
+            assert c.create_job(spec, request_id="retry-7").id == first.id
+            assert len(list(c.list_jobs())) == 2
+    finally:
+        d.stop()
+
+
+def test_oversized_strings_are_refused_and_errors_stay_readable(daemon, workspace):
+    """Issue #18 defects 12 and 15: unbounded strings in job records; an error echoing invalid
+    UTF-8 or a megabyte-long value broke the SDK's parsing or hid the message."""
+    spec = spec_dict(workspace)
+    spec["display_name"] = "x" * (3 << 20)
+    spec["labels"] = {f"k{i}": "v" for i in range(65)}
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.InvalidArgument) as e:
+            c.create_job(spec, validate_only=True)
+    fields = {v.field: v.description for v in e.value.field_violations}
+    assert fields["display_name"] == "3145728 bytes, more than the 256 allowed", fields
+    assert "65 labels" in fields["labels"]
+    assert len(e.value.message) < 4096
+    # A dataset whose record is not UTF-8: the error echoes it.
+    bad = workspace / "latin1.jsonl"
+    bad.write_bytes(b'{"instruction": "caf\xe9 \xff", "input": "", "output": "x"}\n')
+    spec = spec_dict(workspace)
+    spec["dataset"]["paths"] = [str(bad)]
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.InvalidArgument) as e:  # parses: every string is valid UTF-8
+            c.create_job(spec, validate_only=True)
+    fields = {v.field: v.description for v in e.value.field_violations}
+    assert list(fields) == ["dataset.paths[0]"], fields
+    assert "latin1.jsonl:1" in fields["dataset.paths[0]"], fields
+
+
 def test_unknown_field_in_dict_is_refused_by_sdk(workspace):
     spec = spec_dict(workspace)
     spec["training"]["learning_rat"] = 1e-4

@@ -32,6 +32,8 @@ def run(binary_dir, model, data, *extra):
     (["--activations=offload_nvme"], "activations offloaded to NVMe need an NVMe directory"),
     (["--activations=swap"], "activation mode must be auto, keep, recompute, offload_cpu or offload_nvme"),
     (["--frobnicate"], "unknown flag --frobnicate"),
+    (["--max-grad-norm=nan"], "max_grad_norm must be a finite number, got nan"),
+    (["--lr=inf"], "learning_rate must be a finite number"),
 ])
 def test_refused_with_a_clear_error(binary_dir, job, extra, message):
     model, data, _ = job
