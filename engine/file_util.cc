@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "common/safe_path.h"
+
 namespace offloadd::engine {
 
 std::string JoinPath(const std::string& dir, const std::string& name) {
@@ -44,43 +46,12 @@ bool SameFile(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-StatusOr<std::string> ReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open " + path);
-  std::string data;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoError(err, "read " + path);
-    }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return data;
-}
+// Both confined to the allowed roots when they are set (common/safe_path.h); the copy is atomic and
+// fsync'd.
+StatusOr<std::string> ReadFile(const std::string& path) { return ReadFileConfined(path); }
 
 Status CopyFile(const std::string& from, const std::string& to) {
-  ASSIGN_OR_RETURN(std::string data, ReadFile(from));
-  int fd = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(errno, "create " + to);
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoError(err, "write " + to);
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) return ErrnoError(errno, "close " + to);
-  return OkStatus();
+  return CopyFileConfined(from, to);
 }
 
 Status RemoveTree(const std::string& path) {

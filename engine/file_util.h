@@ -15,6 +15,8 @@ bool PathExists(const std::string& path);
 Status MakeDirs(const std::string& path);
 // True if both exist and are the same inode.
 bool SameFile(const std::string& a, const std::string& b);
+// Regular files only, inside the allowed roots when set (common/safe_path.h); CopyFile writes `to`
+// atomically and durably.
 Status CopyFile(const std::string& from, const std::string& to);
 StatusOr<std::string> ReadFile(const std::string& path);
 // rm -rf (for tests and temporary directories); OK if absent.

@@ -3,15 +3,16 @@
 #include "engine/model.h"
 
 #include <ATen/ATen.h>
+#include <sys/stat.h>
 #include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/safe_path.h"
 #include "engine/blocks.h"
 #include "engine/file_util.h"
 #include "engine/ops.h"
@@ -341,7 +342,9 @@ Status Model::Export(const std::string& out_dir) const {
     return FailedPreconditionError("export: a randomly initialised model has no checkpoint layout "
                                    "to export to");
   }
-  RETURN_IF_ERROR(MakeDirs(out_dir).WithContext("export"));
+  // Created inside the allowed roots and never through a symlink (common/safe_path.h); every file
+  // below is written atomically and fsync'd, then the directory.
+  RETURN_IF_ERROR(MakeDirsConfined(out_dir).status().WithContext("export"));
   if (SameFile(out_dir, dir_)) {
     return InvalidArgumentError("export: " + out_dir + " is the source checkpoint directory");
   }
@@ -388,9 +391,9 @@ Status Model::Export(const std::string& out_dir) const {
   }
   if (src.checkpoint->sharded()) {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    std::ofstream out(JoinPath(out_dir, "model.safetensors.index.json"));
-    out << index.dump(2) << "\n";
-    if (!out) return InternalError("export: writing the shard index in " + out_dir + " failed");
+    RETURN_IF_ERROR(WriteFileAtomically(JoinPath(out_dir, "model.safetensors.index.json"),
+                                        index.dump(2) + "\n")
+                        .WithContext("export"));
   }
   static const char* kCopied[] = {"config.json",
                                   "generation_config.json",
@@ -405,8 +408,11 @@ Status Model::Export(const std::string& out_dir) const {
                                   "chat_template.json"};
   for (const char* f : kCopied) {
     const std::string from = JoinPath(dir_, f);
-    if (!PathExists(from)) continue;
-    RETURN_IF_ERROR(CopyFile(from, JoinPath(out_dir, f)).WithContext("export"));
+    struct stat st {};
+    if (::lstat(from.c_str(), &st) != 0) continue;  // a symlink is checked when it is opened
+    // Read confined: a symlink in the model directory that leads out of the allowed roots is
+    // refused, not copied into the output.
+    RETURN_IF_ERROR(CopyFileConfined(from, JoinPath(out_dir, f)).WithContext("export"));
   }
   return OkStatus();
 }

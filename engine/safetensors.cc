@@ -15,6 +15,7 @@
 #include <stack>
 #include <utility>
 
+#include "common/safe_path.h"
 #include "engine/file_util.h"
 
 namespace offloadd::engine {
@@ -206,8 +207,9 @@ StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(
 // SafetensorsFile
 
 StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open " + path);
+  // Confined to the allowed roots: a symlink in a model directory must not read elsewhere.
+  ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY, Access::kRead));
+  int fd = owned.release();
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -399,32 +401,18 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return ErrnoError(errno, "create " + tmp);
+  // Atomic and durable, and never through a symlink planted at the name (common/safe_path.h).
+  return WriteFileAtomically(path, [&](int fd) -> Status {
     uint64_t n = text.size();
     char prefix[8];
     for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    out.write(prefix, 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    RETURN_IF_ERROR(WriteAll(fd, prefix, 8, path));
+    RETURN_IF_ERROR(WriteAll(fd, text.data(), text.size(), path));
     for (const TensorToWrite* t : order) {
-      out.write(reinterpret_cast<const char*>(t->data.data()),
-                static_cast<std::streamsize>(t->data.size()));
+      RETURN_IF_ERROR(WriteAll(fd, t->data.data(), t->data.size(), path));
     }
-    out.flush();
-    if (!out) {
-      int err = errno;
-      std::remove(tmp.c_str());
-      return ErrnoError(err, "write " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    return ErrnoError(err, "rename " + tmp + " -> " + path);
-  }
-  return OkStatus();
+    return OkStatus();
+  });
 }
 
 }  // namespace offloadd::engine

@@ -118,7 +118,8 @@ struct TensorToWrite {
   std::span<const std::byte> data;
 };
 
-// Writes a .safetensors file atomically (temp file + rename). Header padded with spaces to a
+// Writes a .safetensors file atomically and durably (common/safe_path.h WriteFileAtomically: a
+// hidden temporary file, fsync, rename, directory fsync). Header padded with spaces to a
 // multiple of 8 bytes; tensors laid out in name order. Names must be unique and non-empty.
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
