@@ -1,12 +1,16 @@
 #include "daemon/daemon.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/safe_path.h"
 #include "daemon/build_info.h"
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/job_store.h"
@@ -29,6 +33,32 @@ void LogEffectiveConfig(const DaemonConfig& config) {
   for (std::string line; std::getline(lines, line);) OFFLOADD_LOG(kInfo, kLog) << "  " << line;
 }
 
+// One daemon per state directory: a second one on the same directory re-ran a job the first was
+// still training, into the same output directory. flock() is released by the kernel when the
+// process dies, so a crashed daemon leaves no stale lock. The fd stays open for the process's life.
+StatusOr<int> LockStateDir(const std::string& state_dir) {
+  const std::string path = state_dir + "/offloadd.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return ErrnoError(errno, "cannot open " + path);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    [[maybe_unused]] ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return FailedPreconditionError("state_dir " + state_dir + " is in use by another offloadd (pid " +
+                                     std::string(pid).substr(0, std::string(pid).find('\n')) +
+                                     "); one daemon per state directory");
+    }
+    return ErrnoError(err, "cannot lock " + path);
+  }
+  const std::string me = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    OFFLOADD_LOG(kWarning, kLog) << "cannot write the pid into " << path;
+  }
+  return fd;
+}
+
 int Fail(const Status& s) {
   OFFLOADD_LOG(kError, kLog) << s.ToString();
   [[maybe_unused]] Status ignored = SdNotify("STATUS=failed: " + s.message());
@@ -47,6 +77,15 @@ int RunDaemon(const DaemonConfig& config) {
   if (Status s = engine::MakeDirs(config.state_dir); !s.ok()) {
     return Fail(s.WithContext("cannot create state_dir " + config.state_dir));
   }
+  auto lock = LockStateDir(config.state_dir);
+  if (!lock.ok()) return Fail(lock.status());
+  std::vector<std::string> warnings;
+  if (Status s = CheckStartup(config, &warnings); !s.ok()) return Fail(s);
+  for (const std::string& w : warnings) OFFLOADD_LOG(kWarning, kLog) << w;
+
+  // From here on, every file a job opens or creates must stay under allowed_roots at the moment
+  // it is used, not only when CreateJob validated the path (common/safe_path.h).
+  SetAllowedRoots(config.allowed_roots);
 
   const BuildFacts build{OFFLOADD_VERSION, OFFLOADD_GIT_REVISION, OFFLOADD_TORCH_VERSION,
                          std::string(OFFLOADD_FLAVOUR) == "cuda"};

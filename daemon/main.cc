@@ -2,11 +2,13 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/logging.h"
 #include "daemon/build_info.h"
 #include "daemon/config/config.h"
 #include "daemon/daemon.h"
+#include "daemon/server/grpc_server.h"
 
 namespace {
 
@@ -48,6 +50,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (validate_only) {
+    // The same checks as startup (files, modes), so a configuration it accepts starts.
+    std::vector<std::string> warnings;
+    if (auto s = offloadd::daemon::CheckStartup(*config, &warnings); !s.ok()) {
+      std::fprintf(stderr, "offloadd: invalid configuration: %s\n", s.message().c_str());
+      return 2;
+    }
+    for (const auto& w : warnings) std::fprintf(stderr, "offloadd: warning: %s\n", w.c_str());
     std::printf("%s: configuration is valid. Effective settings:\n%s", config_path.c_str(),
                 offloadd::daemon::ConfigToYaml(*config).c_str());
     return 0;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -37,6 +38,23 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const TcpConfi
 
 }  // namespace
 
+Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnings) {
+  if (!config.server.tcp.listen.empty()) RETURN_IF_ERROR(TcpCredentials(config.server.tcp).status());
+  if (!config.server.unix_socket.empty() && (config.server.unix_socket_mode & 0002) != 0) {
+    char mode[16];
+    std::snprintf(mode, sizeof mode, "%04o", config.server.unix_socket_mode);
+    warnings->push_back(std::string("server.unix_socket_mode ") + mode +
+                        " lets every local user submit jobs that read and write under allowed_roots; "
+                        "use 0660 and a group");
+  }
+  for (const std::string& root : config.allowed_roots) {
+    if (root == "/") {
+      warnings->push_back("allowed_roots includes /: jobs may read and write any file the daemon's user can");
+    }
+  }
+  return OkStatus();
+}
+
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& config, const BuildFacts& build,
                                                         JobManager* jobs, DaemonMetrics* metrics) {
   std::unique_ptr<GrpcServer> s(new GrpcServer());
@@ -52,9 +70,14 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
 
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.server.max_request_bytes));
+  // The socket is bound inside a fresh 0700 directory, given its mode there, and only then renamed
+  // to its configured path: no client can connect while it has the umask's mode (0777 under umask
+  // 000 before, until the chmod after the bind).
+  std::unique_ptr<PrivateSocketBinding> binding;
   if (!config.server.unix_socket.empty()) {
     RETURN_IF_ERROR(PrepareUnixSocketPath(config.server.unix_socket));
-    builder.AddListeningPort("unix:" + config.server.unix_socket, grpc::InsecureServerCredentials());
+    ASSIGN_OR_RETURN(binding, PrivateSocketBinding::Create(config.server.unix_socket));
+    builder.AddListeningPort("unix:" + binding->bind_path(), grpc::InsecureServerCredentials());
     s->unix_socket_ = config.server.unix_socket;
   }
   if (!config.server.tcp.listen.empty()) {
@@ -73,8 +96,11 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
     s->server_->Shutdown();
     return UnavailableError("cannot bind server.tcp.listen=" + config.server.tcp.listen);
   }
-  if (!s->unix_socket_.empty()) {
-    RETURN_IF_ERROR(SetSocketMode(s->unix_socket_, config.server.unix_socket_mode));
+  if (binding) {
+    if (Status st = binding->Publish(config.server.unix_socket_mode); !st.ok()) {
+      s->server_->Shutdown();
+      return st;
+    }
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   return s;

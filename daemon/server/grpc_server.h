@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "daemon/config/config.h"
@@ -15,6 +16,12 @@
 #include "daemon/server/node_service.h"
 
 namespace offloadd::daemon {
+
+// Everything startup checks beyond the config file's own syntax and ranges: the TLS files and the
+// token file (exists, mode 0600, long enough) can be read. Warnings (a socket mode others may
+// write to, allowed_roots that include "/") go to `warnings`. `offloadd --validate-config` runs
+// the same checks as startup, so a config it accepts starts.
+Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnings);
 
 class GrpcServer {
  public:

@@ -45,6 +45,37 @@ Status PrepareUnixSocketPath(const std::string& path) {
   return OkStatus();
 }
 
+StatusOr<std::unique_ptr<PrivateSocketBinding>> PrivateSocketBinding::Create(const std::string& final_path) {
+  const size_t slash = final_path.rfind('/');
+  std::string tmpl = (slash == std::string::npos ? "." : final_path.substr(0, slash)) + "/.offloadd-XXXXXX";
+  auto b = std::make_unique<PrivateSocketBinding>();
+  b->final_path_ = final_path;
+  if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError(errno, "cannot create a directory beside " + final_path);
+  b->dir_ = tmpl;  // mkdtemp makes it 0700
+  b->bind_path_ = b->dir_ + "/s";
+  if (b->bind_path_.size() > sizeof(sockaddr_un{}.sun_path) - 1) {
+    return InvalidArgumentError("server.unix_socket " + final_path + ": the directory's path is too long to bind in (" +
+                                std::to_string(b->bind_path_.size()) + " bytes; Unix sockets allow 107)");
+  }
+  return b;
+}
+
+PrivateSocketBinding::~PrivateSocketBinding() {
+  if (dir_.empty()) return;
+  unlink(bind_path_.c_str());
+  rmdir(dir_.c_str());
+}
+
+Status PrivateSocketBinding::Publish(unsigned mode) {
+  RETURN_IF_ERROR(SetSocketMode(bind_path_, mode));
+  if (rename(bind_path_.c_str(), final_path_.c_str()) != 0) {
+    return ErrnoError(errno, "cannot move the socket to " + final_path_);
+  }
+  rmdir(dir_.c_str());
+  dir_.clear();
+  return OkStatus();
+}
+
 Status SetSocketMode(const std::string& path, unsigned mode) {
   if (chmod(path.c_str(), mode) != 0) return ErrnoError(errno, "chmod " + path);
   return OkStatus();

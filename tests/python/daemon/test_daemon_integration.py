@@ -120,7 +120,9 @@ def test_sigterm_drains_and_exits_zero(daemon):
 
 def test_second_daemon_refuses_live_socket(binary_dir, daemon, tmp_path_factory):
     other = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path_factory.mktemp("second"))
-    other.config_path.write_text(daemon.config_path.read_text())
+    # Its own state_dir (one on the same state_dir is refused earlier: test_daemon_startup_safety).
+    other.config_path.write_text(daemon.config_path.read_text().replace(
+        f"state_dir: {daemon.workdir / 'state'}", f"state_dir: {other.workdir / 'state'}"))
     proc = subprocess.run([str(other.binary), "--config", str(other.config_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "already serving" in proc.stderr
