@@ -256,8 +256,11 @@ Status CheckTensors(const engine::SafetensorsFile& file, const std::vector<std::
 // Lists output_dir's checkpoint-<step> directories, oldest first.
 StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpointDirs(
     const std::string& output_dir, std::vector<std::string>* hidden) {
-  DIR* d = ::opendir(output_dir.c_str());
+  // Confined like the writer: LatestCheckpoint and PruneCheckpoints delete entries in here.
+  ASSIGN_OR_RETURN(OwnedFd fd, OpenConfined(output_dir, O_RDONLY | O_DIRECTORY, Access::kWrite));
+  DIR* d = ::fdopendir(fd.get());
   if (d == nullptr) return ErrnoError(errno, "opendir " + output_dir);
+  fd.release();  // closedir closes it
   std::vector<std::pair<int64_t, std::string>> out;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;

@@ -2,7 +2,11 @@
 // Which files a job may touch: every model, tokenizer, dataset and output path must resolve,
 // after following symlinks, to a location under one of the configured allowed roots. This is what
 // stops a client that can reach the socket from reading /etc/shadow as a "dataset" or writing a
-// "model" over system files. Thread-safe (stateless after construction).
+// "model" over system files. This check runs once, at CreateJob; what a path points to can change
+// after it (a symlink planted in a model or output directory, an output directory swapped while
+// the job is queued), so the daemon also confines every open and create at use time to the same
+// roots (common/safe_path.h, SetAllowedRoots at startup). Thread-safe (stateless after
+// construction).
 
 #include <string>
 #include <vector>

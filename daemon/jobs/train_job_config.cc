@@ -165,6 +165,11 @@ StatusOr<std::string> ResumePoint(const v1::Job& job) {
   for (const auto& t : job.transitions()) runs += t.state() == v1::JOB_STATE_RUNNING;
   StatusOr<std::string> own = NotFoundError("no output_dir");
   if (!spec.output_dir().empty()) own = trainer::LatestCheckpoint(spec.output_dir());
+  // NOT_FOUND: no intact checkpoint (corrupt ones were skipped). Anything else (output_dir now a
+  // symlink, outside the allowed roots, unreadable) fails the job here, before it writes anything.
+  if (!own.ok() && own.status().code() != StatusCode::kNotFound) {
+    return own.status().WithContext("output_dir");
+  }
   if (own.ok() && runs > 1) return *own;
   if (!spec.resume_from_checkpoint().empty()) return spec.resume_from_checkpoint();
   if (own.ok()) {
