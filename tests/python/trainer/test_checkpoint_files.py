@@ -57,3 +57,20 @@ def test_trainer_state(checkpoint):
     assert state["model_fingerprint"].startswith("llama/1 layers/9 params/")
     for name, size in state["files"].items():
         assert (checkpoint / name).stat().st_size == size
+
+
+def crc32c(data: bytes) -> int:
+    """Plain bitwise CRC-32C (Castagnoli, reflected 0x82F63B78): independent of the C++ code."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_every_file_has_its_crc32c(checkpoint):  # issue #18 item 8
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert sorted(state["crc32c"]) == sorted(state["files"])
+    for name, crc in state["crc32c"].items():
+        assert int(crc, 16) == crc32c((checkpoint / name).read_bytes()), name
