@@ -1,5 +1,6 @@
 #include "daemon/server/job_service.h"
 
+#include <chrono>
 #include <string>
 
 #include "common/message_text.h"
@@ -61,7 +62,12 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJob
   for (const auto& d : facts.store_dirs) {
     if (d.problem.empty()) node.store_dirs.push_back(d);
   }
+  if (!validations_.try_acquire_for(std::chrono::seconds(30))) {
+    return rec.Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 "too many job validations in progress; retry CreateJob later"));
+  }
   ValidationResult result = ValidateJobSpec(request->spec(), paths_, node);
+  validations_.release();
   if (request->request_id().size() > kMaxRequestIdBytes) {
     result.violations.push_back({"request_id", std::to_string(request->request_id().size()) + " bytes, more than the " +
                                                    std::to_string(kMaxRequestIdBytes) + " allowed"});

@@ -5,6 +5,8 @@
 // would run (defaults filled, paths canonical). A JobManager started without a JobRunner refuses
 // to queue jobs (FAILED_PRECONDITION): nothing is accepted that could not run.
 
+#include <semaphore>
+
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/path_policy.h"
@@ -35,6 +37,10 @@ class JobServiceImpl final : public offloadd::v1::JobService::Service {
   PathPolicy paths_;
   JobManager* jobs_;
   DaemonMetrics* metrics_;
+  // Validation reads model configs, tokenizers and dataset heads (up to 64 MiB for a JSON array):
+  // at most this many at once, so a burst of CreateJob calls cannot multiply that memory.
+  static constexpr int kMaxConcurrentValidations = 4;
+  std::counting_semaphore<kMaxConcurrentValidations> validations_{kMaxConcurrentValidations};
 };
 
 }  // namespace offloadd::daemon
