@@ -57,21 +57,41 @@ std::string EnumPrefixFor(const std::string& key) {
   return "";
 }
 
-std::string ToJson(const YAML::Node& n, const std::string& key) {
+// A job file is small; aliases can make a few hundred bytes of YAML expand into billions of nodes
+// (a "billion laughs" alias bomb made offloadctl abort). Expansion stops at these bounds.
+constexpr size_t kMaxJobFileValues = 100000;
+constexpr int kMaxJobFileDepth = 64;
+
+struct Budget {
+  size_t values_left = kMaxJobFileValues;
+  bool exceeded = false;
+};
+
+std::string ToJson(const YAML::Node& n, const std::string& key, int depth, Budget* budget) {
+  if (budget->exceeded) return "null";
+  if (budget->values_left == 0 || depth > kMaxJobFileDepth) {
+    budget->exceeded = true;
+    return "null";
+  }
+  --budget->values_left;
   switch (n.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined: return "null";
     case YAML::NodeType::Sequence: {
       std::string out = "[";
-      for (size_t i = 0; i < n.size(); ++i) out += (i ? "," : "") + ToJson(n[i], key);
+      for (size_t i = 0; i < n.size() && !budget->exceeded; ++i) {
+        out += (i ? "," : "") + ToJson(n[i], key, depth + 1, budget);
+      }
       return out + "]";
     }
     case YAML::NodeType::Map: {
       std::string out = "{";
       bool first = true;
       for (const auto& kv : n) {
+        if (budget->exceeded) break;
         const std::string k = kv.first.Scalar();
-        out += (first ? "" : ",") + JsonQuote(k) + ":" + ToJson(kv.second, key == "layer_overrides" ? key : k);
+        out += (first ? "" : ",") + JsonQuote(k) + ":" +
+               ToJson(kv.second, key == "layer_overrides" ? key : k, depth + 1, budget);
         first = false;
       }
       return out + "}";
@@ -106,7 +126,14 @@ StatusOr<offloadd::v1::JobSpec> ParseJobSpec(const std::string& yaml_text, const
   offloadd::v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;
-  const auto st = google::protobuf::util::JsonStringToMessage(ToJson(root, ""), &spec, opts);
+  Budget budget;
+  const std::string json = ToJson(root, "", 0, &budget);
+  if (budget.exceeded) {
+    return InvalidArgumentError(source + ": the job file expands to more than " + std::to_string(kMaxJobFileValues) +
+                                " values or " + std::to_string(kMaxJobFileDepth) +
+                                " levels of nesting (YAML aliases?); a job spec is far smaller");
+  }
+  const auto st = google::protobuf::util::JsonStringToMessage(json, &spec, opts);
   if (!st.ok()) return InvalidArgumentError(source + ": " + std::string(st.message()));
   return spec;
 }

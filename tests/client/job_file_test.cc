@@ -46,5 +46,26 @@ TEST(JobFileTest, BadEnumAndBadYamlAreErrors) {
   EXPECT_EQ(LoadJobFile("/nonexistent/job.yaml").status().code(), StatusCode::kNotFound);
 }
 
+// Issue #18 defect 19: a 300-byte alias bomb made offloadctl abort (9^9 values on expansion).
+TEST(JobFileTest, AliasBombIsRefusedNotExpanded) {
+  std::string yaml = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'i'; ++c) {
+    const char p = static_cast<char>(c - 1);
+    yaml += std::string(1, c) + ": &" + c + " [*" + p + ", *" + p + ", *" + p + ", *" + p + ", *" + p + ", *" + p +
+            ", *" + p + ", *" + p + ", *" + p + "]\n";
+  }
+  yaml += "display_name: bomb\n";
+  ASSERT_LT(yaml.size(), 400u);
+  auto spec = ParseJobSpec(yaml, "bomb.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("bomb.yaml: the job file expands to more than 100000 values"),
+            std::string::npos)
+      << spec.status().message();
+  std::string deep = "labels: ";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  EXPECT_FALSE(ParseJobSpec(deep + "\n", "deep.yaml").ok());
+}
+
 }  // namespace
 }  // namespace offloadd::client

@@ -7,7 +7,7 @@ fields raise ValueError naming the field (nothing is silently dropped), as in of
 from __future__ import annotations
 
 import os
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import yaml
 from google.protobuf import json_format
@@ -25,11 +25,23 @@ _ENUM_FIELDS = {
 }
 
 
-def _expand_enums(value: Any, key: str = "") -> Any:
+# A job spec is small; YAML aliases can make a few hundred bytes expand into billions of values
+# (a "billion laughs" alias bomb). Expansion stops at these bounds, as offloadctl's does.
+MAX_JOB_FILE_VALUES = 100_000
+MAX_JOB_FILE_DEPTH = 64
+
+
+def _expand_enums(value: Any, key: str = "", budget: Optional[list] = None, depth: int = 0) -> Any:
+    budget = [MAX_JOB_FILE_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0 or depth > MAX_JOB_FILE_DEPTH:
+        raise ValueError(f"the job spec expands to more than {MAX_JOB_FILE_VALUES} values or "
+                         f"{MAX_JOB_FILE_DEPTH} levels of nesting (YAML aliases?); a job spec is far smaller")
     if isinstance(value, dict):
-        return {k: _expand_enums(v, key if key == "layer_overrides" else k) for k, v in value.items()}
+        return {k: _expand_enums(v, key if key == "layer_overrides" else k, budget, depth + 1)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_enums(v, key) for v in value]
+        return [_expand_enums(v, key, budget, depth + 1) for v in value]
     prefix = _ENUM_FIELDS.get(key)
     if prefix and isinstance(value, str):
         upper = value.upper()
@@ -50,5 +62,5 @@ def job_spec(spec: Union[job_pb2.JobSpec, dict, str, os.PathLike]) -> job_pb2.Jo
             raise ValueError(f"{source}: a job file must be a mapping of JobSpec fields")
     try:
         return json_format.ParseDict(_expand_enums(spec), job_pb2.JobSpec(), ignore_unknown_fields=False)
-    except json_format.ParseError as e:
+    except (json_format.ParseError, ValueError) as e:
         raise ValueError(f"{source}: {e}") from None

@@ -272,3 +272,19 @@ def test_concurrent_validations_do_not_multiply_memory(daemon, workspace):
     grown = _vm_hwm_bytes(daemon.proc.pid) - before
     assert grown < 512 << 20, f"peak RSS grew by {grown >> 20} MiB"
     print(f"peak RSS grew by {grown >> 20} MiB over 150 concurrent validations")
+
+
+def test_yaml_alias_bomb_is_refused_by_sdk_and_offloadctl(binary_dir, tmp_path):
+    """Issue #18 defect 19: a 300-byte alias bomb made offloadctl abort."""
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\ndisplay_name: bomb\n")
+    assert bomb.stat().st_size < 400
+    with pytest.raises(ValueError, match="expands to more than 100000 values"):
+        offloadd.job_spec(bomb)
+    r = subprocess.run([str(binary_dir / "client" / "offloadctl"), "--target", "unix:///nonexistent",
+                        "submit", str(bomb), "--validate-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.returncode < 128, (r.returncode, r.stderr)  # an error, not a crash
+    assert "expands to more than 100000 values" in r.stderr, r.stderr
