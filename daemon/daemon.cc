@@ -5,9 +5,16 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "common/logging.h"
 #include "common/safe_path.h"
@@ -58,6 +65,40 @@ StatusOr<int> LockStateDir(const std::string& state_dir) {
   }
   return fd;
 }
+
+// Bounds the drain after SIGTERM: once server.shutdown_grace_seconds have passed, the process
+// ends whatever the jobs and in-flight calls do (a frozen worker, a step that never finishes, a
+// handler stuck in a syscall), since joining their threads could wait for ever. A job cut off
+// this way is still RUNNING in the store and resumes from its last checkpoint on the next start.
+class ShutdownWatchdog {
+ public:
+  ShutdownWatchdog(std::chrono::steady_clock::time_point deadline, double grace_seconds)
+      : thread_([this, deadline, grace_seconds] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (cv_.wait_until(lock, deadline, [this] { return disarmed_; })) return;
+          OFFLOADD_LOG(kError, kLog) << "the daemon did not stop within the grace period ("
+                                     << grace_seconds << " s): exiting now; a job cut off resumes "
+                                     << "from its last checkpoint on the next start";
+          [[maybe_unused]] Status ignored = SdNotify("STATUS=grace period over: exiting");
+          std::fflush(nullptr);
+          std::_Exit(1);  // no destructors: they would join the threads that are stuck
+        }) {}
+  ~ShutdownWatchdog() { Disarm(); }
+  void Disarm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      disarmed_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool disarmed_ = false;
+  std::thread thread_;  // last: starts once the members it uses exist
+};
 
 int Fail(const Status& s) {
   OFFLOADD_LOG(kError, kLog) << s.ToString();
@@ -146,10 +187,15 @@ int RunDaemon(const DaemonConfig& config) {
                             << config.server.shutdown_grace_seconds << " s)";
   [[maybe_unused]] Status ignored = SdNotify("STOPPING=1\nSTATUS=draining");
   (*metrics)->SetServing(false);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(config.server.shutdown_grace_seconds * 1000));
+  ShutdownWatchdog watchdog(deadline, config.server.shutdown_grace_seconds);
   // Stop the job core first: watchers end with UNAVAILABLE and their resume cursor, and a running
-  // job is asked to checkpoint and pause; then in-flight calls drain.
+  // job is asked to checkpoint and pause; then in-flight calls drain in what is left of the grace.
   (*jobs)->Shutdown();
-  (*server)->Shutdown(config.server.shutdown_grace_seconds);
+  const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+  (*server)->Shutdown(std::max(0.0, left));
+  watchdog.Disarm();
   OFFLOADD_LOG(kInfo, kLog) << "stopped cleanly";
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/safe_path.h"
 #include "text/chat_template.h"
 #include "text/json_guard.h"
 #include "text/tokenizer.h"
@@ -357,11 +358,11 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
   DatasetReader reader;
   if (paths.empty()) return InvalidArgumentError("no dataset files given");
   for (const std::string& path : paths) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return NotFoundError("cannot open dataset file " + path);
-    std::stringstream buf;
-    buf << in.rdbuf();
-    const std::string contents = buf.str();
+    // Not an ifstream: a FIFO given as a dataset would block its open for good. This opens
+    // O_NONBLOCK and refuses anything but a regular file (confined to the allowed roots, if set).
+    auto read = ReadFileConfined(path);
+    if (!read.ok()) return read.status().WithContext("dataset file");
+    const std::string contents = std::move(*read);
     ASSIGN_OR_RETURN(std::vector<RawRecord> records, SplitRecords(contents, path));
     for (const RawRecord& raw : records) {
       ++reader.stats_.records;
