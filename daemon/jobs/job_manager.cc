@@ -116,7 +116,12 @@ void JobManager::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
-    if (!running_id_.empty()) stop_ = JobControl::Stop::kPause;
+    // The running job checkpoints and stops; unless a user had asked for a pause, it is queued
+    // again, so it continues when the daemon restarts (README: jobs continue after a restart).
+    if (!running_id_.empty() && stop_ == JobControl::Stop::kNone) {
+      stop_ = JobControl::Stop::kPause;
+      requeue_on_stop_ = true;
+    }
     for (auto& [id, slot] : watch_slots_) slot->appended.notify_all();
   }
   changed_.notify_all();
@@ -414,8 +419,11 @@ void JobManager::SchedulerLoop() {
         end = v1::JOB_STATE_CANCELLED;
         reason = "cancelled";
       } else if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kPause) {
-        end = v1::JOB_STATE_PAUSED;
-        reason = shutting_down_ ? "paused: the daemon is shutting down" : "paused";
+        end = requeue_on_stop_ ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_PAUSED;
+        reason = requeue_on_stop_ ? "checkpointed and queued again: the daemon is shutting down; it continues "
+                                    "when the daemon restarts"
+                 : shutting_down_ ? "paused: the daemon is shutting down"
+                                  : "paused";
       } else if (!result.ok()) {
         end = v1::JOB_STATE_FAILED;
         reason = SafeMessageText(result.message(), 8192);
@@ -427,6 +435,7 @@ void JobManager::SchedulerLoop() {
     }
     running_id_.clear();
     stop_ = JobControl::Stop::kNone;
+    requeue_on_stop_ = false;
   }
 }
 

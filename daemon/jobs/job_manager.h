@@ -129,6 +129,7 @@ class JobManager {
   std::map<offloadd::v1::JobState, int64_t> counts_;  // jobs by state, as in store_
   std::string running_id_;
   JobControl::Stop stop_ = JobControl::Stop::kNone;
+  bool requeue_on_stop_ = false;  // the running job was stopped by Shutdown(): QUEUED, not PAUSED
   bool shutting_down_ = false;
   std::thread scheduler_;
 };

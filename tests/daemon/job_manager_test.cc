@@ -213,6 +213,40 @@ TEST_F(JobManagerTest, PauseAndResumeRunningJob) {
   EXPECT_EQ(manager_->Resume(job->id()).status().code(), StatusCode::kFailedPrecondition);
 }
 
+// Issue #18 defect 9: after a clean SIGTERM the running job stayed PAUSED on restart, although
+// jobs continue by themselves after a restart; one a user had paused stays paused.
+TEST_F(JobManagerTest, ShutdownRequeuesTheRunningJobAndARestartRunsIt) {
+  auto runner = std::make_unique<GatedRunner>(2);
+  GatedRunner* r = runner.get();
+  StartManager(std::move(runner));
+  auto job = manager_->Create(Spec("interrupted"));
+  ASSERT_TRUE(job.ok());
+  r->WaitStarted(1);
+  manager_->Shutdown();
+  auto stopped = manager_->Get(job->id());
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_NE(stopped->transitions(stopped->transitions_size() - 1).reason().find("continues when the daemon restarts"),
+            std::string::npos);
+  manager_.reset();
+  auto again = std::make_unique<GatedRunner>(1);
+  again->Open();
+  StartManager(std::move(again));
+  WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, AJobTheUserPausedStaysPausedAcrossShutdown) {
+  auto runner = std::make_unique<GatedRunner>(2);
+  GatedRunner* r = runner.get();
+  StartManager(std::move(runner));
+  auto job = manager_->Create(Spec("paused"));
+  ASSERT_TRUE(job.ok());
+  r->WaitStarted(1);
+  ASSERT_TRUE(manager_->Pause(job->id()).ok());
+  manager_->Shutdown();
+  EXPECT_EQ(manager_->Get(job->id())->state(), v1::JOB_STATE_PAUSED);
+}
+
 TEST_F(JobManagerTest, HigherPriorityRunsFirstThenSubmissionOrder) {
   auto runner = std::make_unique<GatedRunner>(1);
   GatedRunner* r = runner.get();
