@@ -1,0 +1,287 @@
+"""Helpers for the fault suite: a daemon whose config, environment and storage directory the test
+chooses, the tiny job every test trains, event watching that survives a daemon crash, process
+lookups (children by name, VmRSS, open fds) and the bit-for-bit comparison of final weights."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "daemon"))
+sys.path.insert(0, str(HERE.parent / "trainer"))
+from pipeline_testlib import build_model, write_pretokenized  # noqa: E402,F401
+
+import offloadd  # noqa: E402
+from offloadd.v1 import job_pb2  # noqa: E402
+
+S = job_pb2
+FULL = os.environ.get("OFFLOADD_FAULTS_FULL", "") not in ("", "0")
+SEED = int(os.environ.get("OFFLOADD_FAULTS_SEED", "18"))
+GRACE_S = 5
+
+
+def state_name(state: int) -> str:
+    return S.JobState.Name(state)
+
+
+class FaultDaemon:
+    """offloadd on a temp Unix socket, ready when it says READY=1 on NOTIFY_SOCKET (as
+    tests/python/daemon/daemon_process.py), with the state directory, the store's directory and
+    the environment (LD_PRELOAD shims) chosen by the test. Restartable on the same directories:
+    each start keeps the previous log as offloadd.log.<n>."""
+
+    def __init__(self, binary: pathlib.Path, workdir: pathlib.Path, *, state_dir: pathlib.Path | None = None,
+                 store_dir: pathlib.Path | None = None, roots: list[pathlib.Path] | None = None,
+                 env: dict | None = None, extra_yaml: str = ""):
+        self.binary = binary
+        self.workdir = workdir
+        self.state_dir = state_dir or workdir / "state"
+        self.store_dir = store_dir or workdir / "nvme"
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_path = workdir / "run" / "offloadd.sock"
+        self.config_path = workdir / "offloadd.yaml"
+        self.log_path = workdir / "offloadd.log"
+        self.env = env or {}
+        roots = roots or [workdir]
+        self.config_path.write_text(textwrap.dedent(f"""\
+            state_dir: {self.state_dir}
+            allowed_roots: [{", ".join(str(r) for r in roots)}]
+            server:
+              unix_socket: {self.socket_path}
+              unix_socket_mode: "0600"
+              shutdown_grace_seconds: {GRACE_S}
+            metrics:
+              listen: 127.0.0.1:0
+            storage:
+              directories:
+                - path: {self.store_dir}
+            """) + extra_yaml)
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def target(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def start(self, timeout: float = 30) -> "FaultDaemon":
+        notify_path = str(self.workdir / "notify.sock")
+        if os.path.exists(notify_path):
+            os.unlink(notify_path)
+        if self.log_path.exists():
+            n = 1
+            while self.log_path.with_name(f"{self.log_path.name}.{n}").exists():
+                n += 1
+            self.log_path.rename(self.log_path.with_name(f"{self.log_path.name}.{n}"))
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(notify_path)
+        notify.settimeout(timeout)
+        env = dict(os.environ, NOTIFY_SOCKET=notify_path, **self.env)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([str(self.binary), "--config", str(self.config_path)], stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=env)
+        self.starts += 1
+        try:
+            while "READY=1" not in notify.recv(4096).decode():
+                pass
+        except socket.timeout:
+            self.stop()
+            raise AssertionError(f"offloadd did not become ready in {timeout}s:\n{self.log()[-3000:]}")
+        finally:
+            notify.close()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def all_logs(self) -> str:
+        parts = sorted(self.workdir.glob("offloadd.log.*"), key=lambda p: int(p.suffix[1:]))
+        return "".join(p.read_text(errors="replace") for p in parts) + self.log()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=GRACE_S + 10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def children(self, name: str) -> list[int]:
+        return children_named(self.proc.pid, name)
+
+    def rss_kib(self) -> int:
+        return vm_rss_kib(self.proc.pid)
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+
+def children_named(pid: int, name: str) -> list[int]:
+    out = []
+    try:
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return out
+    for task in tasks:
+        try:
+            kids = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for c in kids:
+            try:
+                if pathlib.Path(f"/proc/{c}/comm").read_text().strip() == name[:15]:
+                    out.append(int(c))
+            except FileNotFoundError:
+                pass
+    return sorted(set(out))
+
+
+def vm_rss_kib(pid: int) -> int:
+    m = re.search(r"VmRSS:\s+(\d+) kB", pathlib.Path(f"/proc/{pid}/status").read_text())
+    return int(m.group(1)) if m else 0
+
+
+def spec(ws: pathlib.Path, out: str, *, steps: int, save_steps: int, accum: int = 4, nvme: bool = True,
+         resume_from: str = "", model: str = "model", data: str = "data.jsonl") -> dict:
+    s = {
+        "display_name": out,
+        "model": {"path": str(ws / model), "compute_dtype": "fp32"},
+        "dataset": {"paths": [str(ws / data)], "format": "pretokenized", "max_seq_length": 64},
+        "training": {"learning_rate": 3e-3, "per_device_train_batch_size": 4, "max_steps": steps,
+                     "gradient_accumulation_steps": accum, "warmup_steps": 2, "lr_scheduler_type": "cosine",
+                     "weight_decay": 0.1, "max_grad_norm": 0.5, "seed": 7, "logging_steps": 1,
+                     "save_steps": save_steps},
+        "output_dir": str(ws / out),
+    }
+    if nvme:
+        s["offload"] = {"offload_optimizer": {"device": "nvme"}}
+    if resume_from:
+        s["resume_from_checkpoint"] = resume_from
+    return s
+
+
+class Events:
+    """A job's events from one WatchJob stream, collected on a thread; the stream just ends when
+    the daemon dies."""
+
+    def __init__(self, client: offloadd.Client, job_id: str, after_cursor: int = 0):
+        self.events: list = []
+        self.error: Exception | None = None
+        self.cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(client, job_id, after_cursor), daemon=True)
+        self._thread.start()
+
+    def _run(self, client, job_id, after_cursor):
+        try:
+            for e in client.watch_job(job_id, after_cursor=after_cursor):
+                with self.cond:
+                    self.events.append(e)
+                    self.cond.notify_all()
+        except offloadd.OffloaddError as e:
+            self.error = e
+        finally:
+            with self.cond:
+                self.cond.notify_all()
+
+    @property
+    def ended(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float = 30) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the watch stream did not end"
+
+    def wait_for(self, pred, timeout: float):
+        """The first event matching pred, or None when the stream ends or the time is up."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for e in self.events:
+                    if pred(e):
+                        return e
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return None
+                self.cond.wait(min(left, 0.5))
+
+    def last_cursor(self) -> int:
+        with self.cond:
+            return self.events[-1].cursor if self.events else 0
+
+    def last_step(self) -> int:
+        with self.cond:
+            steps = [e.progress.step for e in self.events if e.HasField("progress")]
+        return steps[-1] if steps else 0
+
+    def last_kind(self) -> str:
+        with self.cond:
+            if not self.events:
+                return "-"
+            e = self.events[-1]
+        kind = e.WhichOneof("event")
+        if kind == "progress":
+            return f"step {e.progress.step} reported"
+        if kind == "checkpoint_saved":
+            return f"checkpoint-{e.checkpoint_saved.step} saved"
+        if kind == "log":
+            return "log: " + e.log.message[:40]
+        if kind == "state_change":
+            return state_name(e.state_change.state)
+        return kind or "-"
+
+
+def logs(events) -> list[str]:
+    return [e.log.message for e in events if e.HasField("log")]
+
+
+def load_weights(path: pathlib.Path) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+def differing_bytes(a: dict, b: dict) -> tuple[int, int]:
+    """(bytes that differ, total bytes) between two state dicts; a tensor missing on one side or
+    of another shape counts whole."""
+    import numpy as np
+
+    diff = total = 0
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
+            diff += (x if x is not None else y).nbytes
+            total += (x if x is not None else y).nbytes
+            continue
+        xb = np.frombuffer(x.tobytes(), np.uint8)
+        yb = np.frombuffer(y.tobytes(), np.uint8)
+        diff += int((xb != yb).sum())
+        total += xb.size
+    return diff, total
+
+
+def wait_final(client: offloadd.Client, job_id: str, timeout: float) -> S.Job:
+    """The job once it is SUCCEEDED, FAILED or CANCELLED; the job as it stands after `timeout`
+    otherwise (the caller names the hang)."""
+    try:
+        return client.wait(job_id, timeout=timeout)
+    except offloadd.WaitTimeout:
+        return client.get_job(job_id)
