@@ -3,6 +3,9 @@
 # suite (GoogleTest + pytest through CTest). GPU tests skip when there is no GPU.
 #   OFFLOADD_BUILD_DIR   build directory (default: build)
 #   OFFLOADD_CMAKE_ARGS  extra CMake arguments, e.g. -DOFFLOADD_CUDA=OFF
+#   OFFLOADD_FUZZ_SECONDS  seconds each fuzz harness runs after the tests (default 20; the
+#                        regression inputs in fuzz/regressions/ are replayed first)
+#   OFFLOADD_SKIP_FUZZ=1 skip the fuzz step (said loudly; for quick local runs only, CI must not)
 #   extra arguments are passed to ctest (e.g. -R daemon, -L gpu)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,6 +13,9 @@ build="${OFFLOADD_BUILD_DIR:-$here/build}"
 jobs="$(nproc)"
 
 "$here/scripts/setup.sh"
+# ccache hits across clones in other directories (CI builds a fresh clone each time): paths under
+# the checkout are hashed relative to it, and the working directory is left out of the hash.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$here}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 # shellcheck disable=SC2086
 cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log" >&2; echo "[test] CMake configure failed" >&2; exit 1; }
@@ -18,3 +24,12 @@ cmake --build "$build" -j "$jobs"
 echo "[test] AdamW kernel flavours on this CPU (fastest first): $("$build/workers/offloadd-optim-tool" paths)" \
   "${OFFLOADD_ADAMW_KERNEL:+(OFFLOADD_ADAMW_KERNEL=$OFFLOADD_ADAMW_KERNEL)}"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"
+
+# Fuzzing (fuzz/, scripts/fuzz.sh): clang build with ASan+UBSan in build-fuzz, replay of every
+# regression input, then a bounded run of each harness on seeds from ../shared/data. Any crash,
+# leak, timeout or sanitizer report fails the run.
+if [[ "${OFFLOADD_SKIP_FUZZ:-0}" == 1 ]]; then
+  echo "[test] WARNING: fuzz step SKIPPED because OFFLOADD_SKIP_FUZZ=1 (harnesses not built, regression inputs not replayed)" >&2
+else
+  OFFLOADD_FUZZ_KEEP_CORPUS=0 "$here/scripts/fuzz.sh" "${OFFLOADD_FUZZ_SECONDS:-20}"
+fi
