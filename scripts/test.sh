@@ -6,6 +6,8 @@
 #   OFFLOADD_FUZZ_SECONDS  seconds each fuzz harness runs after the tests (default 20; the
 #                        regression inputs in fuzz/regressions/ are replayed first)
 #   OFFLOADD_SKIP_FUZZ=1 skip the fuzz step (said loudly; for quick local runs only, CI must not)
+#   OFFLOADD_SKIP_SANITIZERS=1  skips the sanitizer step (scripts/sanitize.sh: ASan+UBSan and TSan
+#                        builds of the torch-free suites, bounded by OFFLOADD_SANITIZE_TIMEOUT)
 #   extra arguments are passed to ctest (e.g. -R daemon, -L gpu)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,4 +34,14 @@ if [[ "${OFFLOADD_SKIP_FUZZ:-0}" == 1 ]]; then
   echo "[test] WARNING: fuzz step SKIPPED because OFFLOADD_SKIP_FUZZ=1 (harnesses not built, regression inputs not replayed)" >&2
 else
   OFFLOADD_FUZZ_KEEP_CORPUS=0 "$here/scripts/fuzz.sh" "${OFFLOADD_FUZZ_SECONDS:-20}"
+fi
+
+# A separate, bounded step: the torch-free C++ suites under ASan+UBSan, the concurrency-heavy ones
+# under TSan, each in its own build directory (build-asan, build-tsan). Skipped only on request.
+if [[ "${OFFLOADD_SKIP_SANITIZERS:-0}" == 1 ]]; then
+  echo "[test] sanitizer step skipped: OFFLOADD_SKIP_SANITIZERS=1"
+else
+  sanitize_start=$SECONDS
+  OFFLOADD_SANITIZE_BUILD_PREFIX="$build" "$here/scripts/sanitize.sh"
+  echo "[test] sanitizer step passed in $((SECONDS - sanitize_start)) s"
 fi
