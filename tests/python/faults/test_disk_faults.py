@@ -1,0 +1,251 @@
+"""Full disks and I/O errors (issue #18, deliverable 4) under the three places the daemon writes:
+the job's output directory (checkpoints, the exported model), the state directory (SQLite job
+records) and the store's directory (NVMe tier optimizer states).
+
+* ENOSPC: the directory is a small tmpfs (the suite runs as root, here and in CI; skipped with the
+  reason where mount(2) is refused). Once the job has committed a checkpoint the tmpfs is filled
+  to the last byte.
+* EIO: an LD_PRELOAD shim (fault_shim.c, compiled here) fails every write and sync of a file under
+  the directory once the job has committed a checkpoint; for the store it also refuses io_uring
+  (seccomp), so the store's pread/pwrite engine runs and its writes reach the shim.
+
+Each case then requires, within FAULT_BOUND_S: the job fails with an error naming the failure
+(or carries on where nothing needed the directory); the daemon stays up and serving; the newest
+committed checkpoint is intact and loadable: with the fault cleared, a job resumed from it
+completes with weights bit-for-bit equal to an uninterrupted run's. The state-directory cases
+also check that jobs.db passes SQLite's integrity_check and that the job's recorded state matches
+what it left on disk after a restart."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import re
+import shutil
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+import offloadd
+from faultlib import (S, Events, FaultDaemon, build_model, differing_bytes, load_weights, spec, state_name, wait_final,
+                      write_pretokenized)
+
+STEPS, SAVE_STEPS = 24, 4
+FAULT_BOUND_S = 60
+SETTLE_S = 5
+TMPFS_SIZE = "64m"
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("disk_assets")
+    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> pathlib.Path:
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        pytest.skip("no C compiler for the LD_PRELOAD fault shim")
+    out = tmp_path_factory.mktemp("shim") / "fault_shim.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(HERE / "fault_shim.c"), "-ldl"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def workspace(root: pathlib.Path, assets) -> pathlib.Path:
+    model, data = assets
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(model, root / "model")
+    shutil.copy(data, root / "data.jsonl")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(binary_dir, tmp_path_factory, assets):
+    ws = workspace(tmp_path_factory.mktemp("disk_reference"), assets)
+    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws).start()
+    try:
+        with offloadd.Client(d.target, timeout=30) as c:
+            done = c.submit(spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS), wait=True, timeout=300)
+        assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, d.log()[-3000:])
+        return load_weights(ws / "out" / "model.safetensors")
+    finally:
+        d.stop()
+
+
+class Tmpfs:
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.mounted = False
+
+    def mount(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(self.path)],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs for the ENOSPC cases: {r.stderr.strip()}")
+        self.mounted = True
+
+    def fill(self) -> int:
+        """Writes zeros until ENOSPC; returns the bytes written."""
+        written = 0
+        chunk = b"\0" * (1 << 20)
+        with open(self.path / ".filler", "wb", buffering=0) as f:
+            try:
+                while True:
+                    written += f.write(chunk)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+            try:
+                while True:  # the last partial megabyte
+                    written += f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        return written
+
+    def free(self) -> None:
+        (self.path / ".filler").unlink(missing_ok=True)
+
+    def umount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30)
+            self.mounted = False
+
+
+def wait_ended(c: offloadd.Client, d: FaultDaemon, job_id: str, t_fault: float) -> S.Job:
+    """The job once it ends; or, FAULT_BOUND_S after the fault, or SETTLE_S after the daemon's log
+    says the job ended, the job as it then stands (a job the daemon finished but still shows
+    RUNNING is issue #18 defect 7)."""
+    ended_at = None
+    while True:
+        job = wait_final(c, job_id, 1)
+        if job.state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED):
+            return job
+        now = time.monotonic()
+        if ended_at is None and re.search(rf"job {job_id} (SUCCEEDED|FAILED|CANCELLED)", d.log()):
+            ended_at = now
+        if now - t_fault > FAULT_BOUND_S or (ended_at is not None and now - ended_at > SETTLE_S):
+            return job
+
+
+def committed_checkpoints(out: pathlib.Path) -> list[pathlib.Path]:
+    return sorted((p for p in out.glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit()),
+                  key=lambda p: int(p.name.split("-", 1)[1]))
+
+
+CLEAR_ERRORS = {"ENOSPC": ("No space left", "ENOSPC", "full"), "EIO": ("Input/output error", "EIO", "I/O error")}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("where", ["output", "state", "store"])
+@pytest.mark.parametrize("fault", ["ENOSPC", "EIO"])
+def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_path, assets, reference, shim,
+                                                                 figures, fault, where):
+    ws = workspace(tmp_path / "ws", assets)
+    target = {"output": ws / "out", "state": ws / "state", "store": ws / "nvme"}[where]
+    env = {}
+    fs = Tmpfs(target)
+    arm = ws / "ARM"
+    if fault == "ENOSPC":
+        fs.mount()
+    else:
+        target.mkdir(parents=True, exist_ok=True)
+        env = {"LD_PRELOAD": str(shim), "OFFLOADD_FAULT_PREFIX": str(target) + "/", "OFFLOADD_FAULT_ARM": str(arm),
+               "OFFLOADD_FAULT_ERRNO": str(errno.EIO)}
+        if where == "store":
+            env["OFFLOADD_FAULT_NO_URING"] = "1"
+    figures.did.append(f"{fault} under the {where} directory ({'a ' + TMPFS_SIZE + ' tmpfs filled to the last byte' if fault == 'ENOSPC' else 'LD_PRELOAD shim failing every write and sync'}) "
+                       f"once a {STEPS}-step NVMe-tier job had committed its first checkpoint")
+    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, env=env)
+    try:
+        d.start()
+        with offloadd.Client(d.target, timeout=30) as c:
+            job = c.create_job(spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS))
+            ev = Events(c, job.id)
+            first = ev.wait_for(lambda e: e.HasField("checkpoint_saved"), FAULT_BOUND_S)
+            assert first is not None, f"no checkpoint before the fault:\n{d.log()[-3000:]}"
+            t_fault = time.monotonic()
+            if fault == "ENOSPC":
+                filled = fs.fill()
+                figures.numbers["filler_bytes"] = filled
+            else:
+                arm.touch()
+            at_step = ev.last_step()
+            final = wait_ended(c, d, job.id, t_fault)
+            took = time.monotonic() - t_fault
+            figures.numbers.update(fault_at_step=at_step, end_state=state_name(final.state),
+                                   end_step=final.progress.step, seconds_to_end=round(took, 2))
+            alive = d.alive()
+            health = c.health() if alive else "DEAD"
+            figures.happened.append(f"fault armed at step {at_step}; job {state_name(final.state)} at step "
+                                    f"{final.progress.step} after {took:.1f} s"
+                                    + (f": {final.error.message[:300]}" if final.error.message else "")
+                                    + f"; daemon {'up, ' + health if alive else 'DIED'}")
+            assert alive and health == "SERVING", figures.defect(
+                f"the daemon did not survive {fault} under {where}:\n{d.log()[-3000:]}")
+            hung = final.state in (S.JOB_STATE_RUNNING, S.JOB_STATE_QUEUED, S.JOB_STATE_PAUSING,
+                                   S.JOB_STATE_CANCELLING)
+            if hung:  # recorded; the restart below shows whether the state comes right
+                on_disk = (ws / "out" / "model.safetensors").exists()
+                figures.defect(f"{fault} under {where}: the job still shows {state_name(final.state)} at step "
+                               f"{final.progress.step} {took:.0f} s after the fault"
+                               + (" although it ended and its exported model is on disk (issue #18 defect 7)"
+                                  if on_disk else ""))
+            if final.state == S.JOB_STATE_FAILED:
+                msg = final.error.message
+                assert any(k in msg for k in CLEAR_ERRORS[fault]), figures.defect(
+                    f"{fault} under {where} failed the job with an unclear error: {msg!r}")
+        # Clear the fault: the newest committed checkpoint must be intact and loadable.
+        if fault == "ENOSPC":
+            fs.free()
+        else:
+            arm.unlink()
+        d.stop()
+        d.start()
+        with offloadd.Client(d.target, timeout=30) as c:
+            after = c.get_job(job.id)
+            on_disk = (ws / "out" / "model.safetensors").exists()
+            if hung:
+                figures.happened.append(f"after clearing the fault and a restart the job shows {state_name(after.state)}"
+                                        f" at step {after.progress.step}")
+                if after.state in (S.JOB_STATE_QUEUED, S.JOB_STATE_RUNNING):
+                    final = wait_final(c, job.id, 120)
+                    figures.happened.append(f"then {state_name(final.state)} at step {final.progress.step}")
+            if where == "state":
+                with sqlite3.connect(f"file:{ws / 'state' / 'jobs.db'}?mode=ro", uri=True) as db:
+                    check = db.execute("PRAGMA integrity_check").fetchone()[0]
+                figures.happened.append(f"jobs.db integrity_check: {check}; after a restart the job is "
+                                        f"{state_name(after.state)}")
+                assert check == "ok", figures.defect(f"jobs.db corrupt after {fault}: {check}")
+            if final.state == S.JOB_STATE_SUCCEEDED:
+                if not hung:
+                    figures.happened.append("the job did not need the directory after the fault: it succeeded")
+                resumed_from = "- (the job itself completed)"
+            else:
+                cps = committed_checkpoints(ws / "out")
+                assert cps, f"no committed checkpoint left in {ws / 'out'}: {sorted(os.listdir(ws / 'out'))}"
+                incomplete = [p.name for p in cps if not (p / "trainer_state.json").exists()]
+                assert not incomplete, figures.defect(f"checkpoints without trainer_state.json visible: {incomplete}")
+                newest = cps[-1]
+                done = c.submit(spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS, resume_from=str(newest)),
+                                wait=True, timeout=120)
+                assert done.state == S.JOB_STATE_SUCCEEDED, figures.defect(
+                    f"the job resumed from {newest.name} after {fault} under {where} did not complete: "
+                    f"{state_name(done.state)} {done.error.message}") + "\n" + d.log()[-3000:]
+                resumed_from = newest.name
+            weights = load_weights(ws / "out" / "model.safetensors")
+            diff, total = differing_bytes(weights, reference)
+            figures.numbers.update(resumed_from=resumed_from, differing_bytes=diff)
+            figures.lost.append(f"resumed from {resumed_from}; {diff} of {total} bytes of the final weights differ "
+                                f"from an uninterrupted run")
+            assert diff == 0, f"final weights differ in {diff} of {total} bytes"
+        assert not figures.defects, "\n".join(figures.defects) + "\n" + d.all_logs()[-3000:]
+    finally:
+        d.stop()
+        fs.umount()
