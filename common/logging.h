@@ -15,6 +15,10 @@ LogSeverity MinLogSeverity();
 bool ParseLogSeverity(std::string_view name, LogSeverity* out);
 
 void EmitLogLine(LogSeverity severity, std::string_view component, std::string_view message);
+// True when stderr is the systemd journal (JOURNAL_STREAM names it): lines then start with "<N>",
+// the syslog priority (debug 7, info 6, warning 4, error 3), as sd-daemon(3) describes.
+bool LogToJournal();
+int SyslogPriority(LogSeverity severity);
 
 class LogMessage {
  public:
