@@ -23,6 +23,7 @@
 #include "daemon/jobs/job_store.h"
 #include "daemon/jobs/train_job_runner.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/metrics/peak_flops.h"
 #include "daemon/metrics/train_metrics.h"
 #include "daemon/node/node_probe.h"
 #include "daemon/server/grpc_server.h"
@@ -147,7 +148,15 @@ int RunDaemon(const DaemonConfig& config) {
     OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
                               << "): jobs train on the CPU";
   }
-  TrainMetrics train_metrics((*metrics)->registry(), {.peak_flops = config.metrics.peak_flops});
+  // MFU needs the GPU's peak: metrics.peak_flops, else the table of known GPUs.
+  double peak_flops = config.metrics.peak_flops;
+  if (peak_flops <= 0 && !gpus.empty()) {
+    peak_flops = KnownPeakBf16Flops(gpus[0].name);
+    OFFLOADD_LOG(kInfo, kLog) << "MFU peak for " << gpus[0].name << ": "
+                              << (peak_flops > 0 ? std::to_string(peak_flops / 1e12) + " TFLOP/s bf16 (known GPU)"
+                                                 : std::string("unknown; set metrics.peak_flops to export MFU"));
+  }
+  TrainMetrics train_metrics((*metrics)->registry(), {.peak_flops = peak_flops});
   auto runner = std::make_unique<TrainJobRunner>(DaemonTrainerEnvironment(config, !gpus.empty()), &train_metrics);
   const TrainerEnvironment& env = runner->environment();
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << ", "

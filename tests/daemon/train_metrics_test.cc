@@ -11,6 +11,8 @@
 #include <map>
 #include <sstream>
 
+#include "daemon/metrics/peak_flops.h"
+
 namespace offloadd::daemon {
 namespace {
 
@@ -172,6 +174,16 @@ TEST(TrainMetricsTest, ExpositionPassesPromtool) {
   ::unlink(path);
   ::unlink(out.c_str());
   EXPECT_EQ(rc, 0) << report;
+}
+
+TEST(PeakFlopsTest, KnownGpusByTheNameCudaReports) {
+  EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+  EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA H100 NVL"), 835e12);
+  EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA H200"), 989.4e12);
+  EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA H200 NVL"), 835e12);
+  EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA GeForce GTX 1080"), 0);  // unknown: no MFU
 }
 
 }  // namespace
