@@ -89,12 +89,21 @@ class FaultDaemon:
         self.proc = subprocess.Popen([str(self.binary), "--config", str(self.config_path)], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env)
         self.starts += 1
+        notify.settimeout(0.2)
+        deadline = time.monotonic() + timeout
         try:
-            while "READY=1" not in notify.recv(4096).decode():
-                pass
-        except socket.timeout:
-            self.stop()
-            raise AssertionError(f"offloadd did not become ready in {timeout}s:\n{self.log()[-3000:]}")
+            while True:
+                try:
+                    if "READY=1" in notify.recv(4096).decode():
+                        break
+                except socket.timeout:
+                    if self.proc.poll() is not None:
+                        self._log.close()
+                        raise AssertionError(f"offloadd exited with {self.proc.returncode} before it was ready:\n"
+                                             f"{self.log()[-3000:]}")
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise AssertionError(f"offloadd did not become ready in {timeout}s:\n{self.log()[-3000:]}")
         finally:
             notify.close()
         return self
@@ -285,3 +294,47 @@ def wait_final(client: offloadd.Client, job_id: str, timeout: float) -> S.Job:
         return client.wait(job_id, timeout=timeout)
     except offloadd.WaitTimeout:
         return client.get_job(job_id)
+
+
+def make_assets(root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The suite's tiny Llama (2 layers, hidden 32) and 64 pretokenized documents."""
+    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
+
+
+def make_workspace(root: pathlib.Path, assets) -> pathlib.Path:
+    """A directory holding copies of the assets (the daemon's allowed root in most tests)."""
+    import shutil
+
+    model, data = assets
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(model, root / "model")
+    shutil.copy(data, root / "data.jsonl")
+    return root
+
+
+class PeakRss:
+    """Samples a process's VmRSS on a thread every `period` seconds; .peak_kib, .samples."""
+
+    def __init__(self, pid: int, period: float = 0.02):
+        self.pid, self.period = pid, period
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.samples.append(vm_rss_kib(self.pid))
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            self._stop.wait(self.period)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        return self.peak_kib
+
+    @property
+    def peak_kib(self) -> int:
+        return max(self.samples, default=0)
