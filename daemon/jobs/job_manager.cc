@@ -16,6 +16,8 @@ namespace {
 
 namespace v1 = offloadd::v1;
 constexpr const char* kLog = "jobs";
+// How often the scheduler tries again to record a state the store refused (a full state directory).
+constexpr std::chrono::seconds kRecordRetry{2};
 
 google::protobuf::Timestamp Now() { return google::protobuf::util::TimeUtil::GetCurrentTime(); }
 
@@ -129,11 +131,12 @@ void JobManager::Shutdown() {
 }
 
 Status JobManager::Recover() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   // Counted before the recovery below, whose transitions then move the counts.
   ASSIGN_OR_RETURN(counts_, store_->CountByState());
   ASSIGN_OR_RETURN(auto interrupted, store_->InStates({v1::JOB_STATE_VALIDATING, v1::JOB_STATE_RUNNING,
                                                        v1::JOB_STATE_PAUSING, v1::JOB_STATE_CANCELLING}));
+  std::vector<v1::Job> cancelled;
   for (auto& job : interrupted) {
     const v1::JobState to = job.state() == v1::JOB_STATE_PAUSING      ? v1::JOB_STATE_PAUSED
                             : job.state() == v1::JOB_STATE_CANCELLING ? v1::JOB_STATE_CANCELLED
@@ -145,8 +148,14 @@ Status JobManager::Recover() {
     }
     RETURN_IF_ERROR(TransitionLocked(&job, to, "daemon restarted"));
     OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": " << StateName(to) << " after restart";
+    if (to == v1::JOB_STATE_CANCELLED) cancelled.push_back(std::move(job));
   }
   PublishCountsLocked();
+  lock.unlock();
+  // A job cancelled while it ran, then interrupted: its run never reached the runner's cleanup.
+  if (runner_) {
+    for (const auto& job : cancelled) runner_->DiscardJobState(job);
+  }
   return OkStatus();
 }
 
@@ -246,7 +255,7 @@ StatusOr<JobStore::Page> JobManager::List(const std::vector<v1::JobState>& state
 }
 
 StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
   const std::string why = reason.empty() ? "cancelled by request" : reason;
   switch (job.state()) {
@@ -254,6 +263,9 @@ StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& r
     case v1::JOB_STATE_PAUSED:
     case v1::JOB_STATE_VALIDATING:
       RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_CANCELLED, why));
+      lock.unlock();
+      // A queued or paused job may hold NVMe states of a run a crash interrupted.
+      if (runner_) runner_->DiscardJobState(job);
       return job;
     case v1::JOB_STATE_RUNNING:
     case v1::JOB_STATE_PAUSING:
@@ -287,12 +299,27 @@ StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
 }
 
 StatusOr<v1::Job> JobManager::Resume(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
-  if (job.state() != v1::JOB_STATE_PAUSED) {
-    return FailedPreconditionError("job " + id + " is " + StateName(job.state()) + ", only PAUSED jobs resume");
+  if (job.state() == v1::JOB_STATE_PAUSED) {
+    RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED, "resumed by request"));
+    return job;
   }
-  RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED, "resumed by request"));
+  if (job.state() != v1::JOB_STATE_FAILED || !runner_) {
+    return FailedPreconditionError("job " + id + " is " + StateName(job.state()) +
+                                   ", only PAUSED and FAILED jobs resume");
+  }
+  // A failed job goes on from its newest intact checkpoint. Finding it reads the checkpoints
+  // (their checksums): not under mu_.
+  lock.unlock();
+  ASSIGN_OR_RETURN(const std::string checkpoint, runner_->CheckpointForResume(job));
+  lock.lock();
+  ASSIGN_OR_RETURN(job, store_->Get(id));
+  if (job.state() != v1::JOB_STATE_FAILED) return job;  // a concurrent ResumeJob won
+  job.clear_error();
+  job.clear_end_time();
+  RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED,
+                                   "resumed by request after failing; continues from " + checkpoint));
   return job;
 }
 
@@ -306,6 +333,8 @@ StatusOr<std::vector<v1::Checkpoint>> JobManager::Checkpoints(const std::string&
     for (const auto& e : events) {
       struct stat st{};
       if (e.has_checkpoint_saved() && stat(e.checkpoint_saved().path().c_str(), &st) == 0) {
+        // A checkpoint written again after a resume from an older one replaces its first entry.
+        std::erase_if(out, [&](const v1::Checkpoint& c) { return c.path() == e.checkpoint_saved().path(); });
         out.push_back(e.checkpoint_saved());
       }
       cursor = e.cursor();
@@ -400,43 +429,77 @@ void JobManager::SchedulerLoop() {
       running_id_ = job.id();
       stop_ = JobControl::Stop::kNone;
       if (Status s = TransitionLocked(&job, v1::JOB_STATE_RUNNING, "started"); !s.ok()) {
-        OFFLOADD_LOG(kError, kLog) << s.ToString();
+        OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " not started: its state cannot be recorded ("
+                                   << s.ToString() << "); trying again in " << kRecordRetry.count() << " s";
         running_id_.clear();
+        changed_.wait_for(lock, kRecordRetry);  // not a busy loop on a full state directory
         continue;
       }
     }
     OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " running";
     Control control(this, job.id());
     const Status result = runner_->Run(job, control);
-    std::lock_guard<std::mutex> lock(mu_);
-    auto current = store_->Get(job.id());
-    if (!current.ok()) {
-      OFFLOADD_LOG(kError, kLog) << current.status().ToString();
-    } else {
-      v1::JobState end = v1::JOB_STATE_SUCCEEDED;
-      std::string reason = "finished";
-      if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kCancel) {
-        end = v1::JOB_STATE_CANCELLED;
-        reason = "cancelled";
-      } else if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kPause) {
-        end = requeue_on_stop_ ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_PAUSED;
-        reason = requeue_on_stop_ ? "checkpointed and queued again: the daemon is shutting down; it continues "
-                                    "when the daemon restarts"
-                 : shutting_down_ ? "paused: the daemon is shutting down"
-                                  : "paused";
-      } else if (!result.ok()) {
-        end = v1::JOB_STATE_FAILED;
-        reason = SafeMessageText(result.message(), 8192);
-        current->mutable_error()->set_code(static_cast<int>(result.code()));
-        current->mutable_error()->set_message(SafeMessageText(result.message(), 8192));
-      }
-      if (Status s = TransitionLocked(&*current, end, reason); !s.ok()) OFFLOADD_LOG(kError, kLog) << s.ToString();
-      OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " " << StateName(end) << ": " << reason;
+    std::unique_lock<std::mutex> lock(mu_);
+    RunEnd end{v1::JOB_STATE_SUCCEEDED, "finished", OkStatus()};
+    if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kCancel) {
+      end = {v1::JOB_STATE_CANCELLED, "cancelled", OkStatus()};
+    } else if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kPause) {
+      end.state = requeue_on_stop_ ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_PAUSED;
+      end.reason = requeue_on_stop_ ? "checkpointed and queued again: the daemon is shutting down; it continues "
+                                      "when the daemon restarts"
+                   : shutting_down_ ? "paused: the daemon is shutting down"
+                                    : "paused";
+    } else if (!result.ok()) {
+      end = {v1::JOB_STATE_FAILED, SafeMessageText(result.message(), 8192), result};
     }
+    // The end of a run must reach the store, or the job shows RUNNING until a restart. A full or
+    // failing state directory refuses it: say so, and try again until it is recorded (any other
+    // job would fail the same way meanwhile) or the daemon stops.
+    for (int attempt = 1;; ++attempt) {
+      const Status s = RecordEndLocked(job.id(), end);
+      if (s.ok()) {
+        if (attempt > 1) {
+          OFFLOADD_LOG(kWarning, kLog) << "job " << job.id() << ": " << StateName(end.state)
+                                       << " recorded at attempt " << attempt;
+        }
+        break;
+      }
+      if (shutting_down_) {
+        OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
+                                   << " but the state directory could not record it (" << s.ToString()
+                                   << "); after a restart the job runs again from its last checkpoint";
+        break;
+      }
+      if (attempt == 1 || attempt % 30 == 0) {
+        OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
+                                   << " but the state directory cannot record it (" << s.ToString()
+                                   << "); the job shows RUNNING until it can. Retrying every " << kRecordRetry.count()
+                                   << " s (attempt " << attempt << "): free space in the state directory";
+      }
+      changed_.wait_for(lock, kRecordRetry);
+    }
+    OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " " << StateName(end.state) << ": " << end.reason;
     running_id_.clear();
     stop_ = JobControl::Stop::kNone;
     requeue_on_stop_ = false;
   }
+}
+
+Status JobManager::RecordEndLocked(const std::string& id, const RunEnd& end) {
+  ASSIGN_OR_RETURN(v1::Job current, store_->Get(id));
+  if (current.state() == end.state && current.transitions_size() > 0) {
+    // The job is RUNNING, PAUSING or CANCELLING while it runs, never in an end state: an earlier
+    // attempt recorded the state but not its event. Append only the event.
+    v1::JobEvent e;
+    e.set_job_id(id);
+    *e.mutable_state_change() = current.transitions(current.transitions_size() - 1);
+    return AppendLocked(std::move(e));
+  }
+  if (!end.error.ok()) {
+    current.mutable_error()->set_code(static_cast<int>(end.error.code()));
+    current.mutable_error()->set_message(SafeMessageText(end.error.message(), 8192));
+  }
+  return TransitionLocked(&current, end.state, end.reason);
 }
 
 }  // namespace offloadd::daemon

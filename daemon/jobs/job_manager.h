@@ -5,9 +5,14 @@
 //
 // States: VALIDATING -> QUEUED -> RUNNING -> SUCCEEDED | FAILED;
 //         QUEUED | PAUSED -> CANCELLED at once; RUNNING -> CANCELLING -> CANCELLED;
-//         RUNNING -> PAUSING -> PAUSED (the runner checkpoints) ; QUEUED -> PAUSED; PAUSED -> QUEUED.
+//         RUNNING -> PAUSING -> PAUSED (the runner checkpoints) ; QUEUED -> PAUSED; PAUSED -> QUEUED;
+//         FAILED -> QUEUED (ResumeJob, when the job saved a checkpoint to continue from).
 // After a daemon restart, jobs found RUNNING or PAUSING go back to QUEUED / PAUSED (the runner
-// resumes from their last checkpoint) and CANCELLING ones end CANCELLED.
+// resumes from their last checkpoint) and CANCELLING ones end CANCELLED. A job that ends without
+// running again has its state outside output_dir removed (JobRunner::DiscardJobState).
+// A job's final state is never dropped: when the store cannot record it (a full or failing state
+// directory), the scheduler logs why and retries every few seconds, starting no other job, until
+// it is recorded or the daemon stops (the job then runs again from its last checkpoint).
 // The manager also keeps the number of jobs in each state (counted from the store at start,
 // then followed through every transition) and hands it to a StateCountsSink (the daemon's
 // offloadd_jobs{state} gauge).
@@ -50,6 +55,16 @@ class JobRunner {
   // CANCELLED status when it stopped because stop_requested() asked it to (for kPause, after
   // writing a checkpoint to resume from), or the error that failed the job.
   virtual Status Run(const offloadd::v1::Job& job, JobControl& control) = 0;
+  // Removes what the job keeps outside its output_dir between runs (per-job NVMe state
+  // directories of a run interrupted by a crash). Called, without the manager's lock, for a job
+  // that ends without running again: cancelled while queued or paused, or found CANCELLING after
+  // a restart. Errors are the runner's to log.
+  virtual void DiscardJobState(const offloadd::v1::Job& job) {}
+  // The checkpoint a FAILED job continues from when ResumeJob asks for it; FAILED_PRECONDITION
+  // saying why when it has none. Called without the manager's lock (it may read checkpoints).
+  virtual StatusOr<std::string> CheckpointForResume(const offloadd::v1::Job& job) {
+    return FailedPreconditionError("this daemon cannot resume failed jobs");
+  }
 };
 
 class JobManager {
@@ -81,6 +96,7 @@ class JobManager {
                                 const std::string& page_token);
   StatusOr<offloadd::v1::Job> Cancel(const std::string& id, const std::string& reason);
   StatusOr<offloadd::v1::Job> Pause(const std::string& id);
+  // PAUSED -> QUEUED; FAILED -> QUEUED when JobRunner::CheckpointForResume names a checkpoint.
   StatusOr<offloadd::v1::Job> Resume(const std::string& id);
 
   // Checkpoints the job announced that still exist on disk (older ones are pruned by
@@ -107,6 +123,14 @@ class JobManager {
   // Sets the state, records the transition and appends its event. Caller holds mu_.
   Status TransitionLocked(offloadd::v1::Job* job, offloadd::v1::JobState state, const std::string& reason);
   Status AppendLocked(offloadd::v1::JobEvent event);
+  // How a run ended, as the job's final (or PAUSED) state.
+  struct RunEnd {
+    offloadd::v1::JobState state;
+    std::string reason;
+    Status error;  // the runner's error for FAILED
+  };
+  // Records `end` for job `id`: OK once the store holds the state and its event. Caller holds mu_.
+  Status RecordEndLocked(const std::string& id, const RunEnd& end);
   // Moves one job from `from` (UNSPECIFIED: a new job) to `to` in counts_ and reports the
   // counts. Caller holds mu_.
   void CountLocked(offloadd::v1::JobState from, offloadd::v1::JobState to);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "daemon/jobs/train_job_config.h"
 #include "daemon/jobs/unsupported_options.h"
 #include "engine/file_util.h"
 #include "engine/model_config.h"
@@ -420,11 +421,13 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   for (FieldViolation& v : UnsupportedOptions(spec)) c.Add(v.field, v.description);
 
   // Output directory.
+  bool output_dir_ok = false;
   if (spec.output_dir().empty()) {
     c.Add("output_dir", "required: where checkpoints and the final model are written");
   } else if (auto out = paths.ResolveForWriting(spec.output_dir()); !c.Fails("output_dir", out.status())) {
     spec.set_output_dir(*out);
     if (Exists(*out) && !IsDirectory(*out)) c.Add("output_dir", "'" + *out + "' exists and is not a directory");
+    output_dir_ok = true;
   }
   if (!spec.resume_from_checkpoint().empty()) {
     if (auto ck = paths.ResolveExisting(spec.resume_from_checkpoint()); !c.Fails("resume_from_checkpoint", ck.status())) {
@@ -490,6 +493,12 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
                                                       " free, below the " + FormatByteSize(f.optimizer_bytes * 2) +
                                                       " for two versions of the optimizer states");
       }
+    }
+    // Room for a checkpoint and the exported model (checked again when the job starts).
+    if (output_dir_ok) {
+      const Status space =
+          CheckOutputSpace(spec.output_dir(), EstimateOutputSpace(r.model_size.total_params, spec.model().path()));
+      if (!space.ok()) c.Add("output_dir", space.message());
     }
   }
   return r;

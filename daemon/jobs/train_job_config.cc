@@ -1,7 +1,15 @@
 #include "daemon/jobs/train_job_config.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+
+#include "common/units.h"
 #include "daemon/jobs/unsupported_options.h"
 #include "trainer/checkpoint.h"
 
@@ -177,6 +185,63 @@ StatusOr<std::string> ResumePoint(const v1::Job& job) {
                                    *own + "); use an empty output_dir, or set resume_from_checkpoint to continue one");
   }
   return std::string();
+}
+
+StatusOr<std::string> CheckpointForFailedJob(const v1::Job& job) {
+  const std::string& out = job.spec().output_dir();
+  if (job.latest_checkpoint_step() <= 0 || out.empty()) {
+    return FailedPreconditionError("job " + job.id() + " failed before it saved a checkpoint, so there is nothing to " +
+                                   "resume from; submit it again with CreateJob");
+  }
+  auto latest = trainer::LatestCheckpoint(out);
+  if (latest.ok()) return *latest;
+  if (latest.status().code() == StatusCode::kNotFound) {
+    return FailedPreconditionError("job " + job.id() + " cannot resume: output_dir " + out +
+                                   " holds no intact checkpoint any more (it saved checkpoint-" +
+                                   std::to_string(job.latest_checkpoint_step()) + "); submit it again with CreateJob");
+  }
+  return FailedPreconditionError("job " + job.id() + " cannot resume: " + latest.status().message());
+}
+
+OutputSpaceNeed EstimateOutputSpace(int64_t total_params, const std::string& model_dir) {
+  OutputSpaceNeed need;
+  need.checkpoint_bytes = 12 * static_cast<uint64_t>(std::max<int64_t>(0, total_params));
+  // The export writes the weights in the model's own dtypes and copies its JSON and tokenizer
+  // files: the sizes of those files in the model directory.
+  if (DIR* d = opendir(model_dir.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      auto ends_with = [&](const std::string& suffix) {
+        return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+      };
+      if (!ends_with(".safetensors") && !ends_with(".json") && name != "tokenizer.model") continue;
+      struct stat st{};
+      if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+        need.export_bytes += static_cast<uint64_t>(st.st_size);
+      }
+    }
+    closedir(d);
+  }
+  return need;
+}
+
+Status CheckOutputSpace(const std::string& output_dir, const OutputSpaceNeed& need) {
+  // output_dir need not exist yet (validation): its nearest existing ancestor's file system.
+  std::string dir = output_dir;
+  struct statvfs fs{};
+  while (statvfs(dir.c_str(), &fs) != 0) {
+    if (errno != ENOENT && errno != ENOTDIR) return OkStatus();
+    const size_t slash = dir.find_last_of('/');
+    if (slash == std::string::npos || dir.size() <= 1) return OkStatus();
+    dir = slash == 0 ? "/" : dir.substr(0, slash);
+  }
+  const uint64_t available = static_cast<uint64_t>(fs.f_bavail) * static_cast<uint64_t>(fs.f_frsize);
+  if (available >= need.total()) return OkStatus();
+  return ResourceExhaustedError("output_dir " + output_dir + ": the file system of " + dir + " has " +
+                                FormatByteSize(available) + " (" + std::to_string(available) + " bytes) free, below the " +
+                                FormatByteSize(need.total()) + " (" + std::to_string(need.total()) +
+                                " bytes) the job writes there: one checkpoint of " + FormatByteSize(need.checkpoint_bytes) +
+                                " and the exported model of " + FormatByteSize(need.export_bytes));
 }
 
 std::string FindSiblingBinary(const std::string& name, const std::string& component) {

@@ -40,6 +40,27 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const offloadd::v1::Job& job, con
 // FAILED_PRECONDITION: mixing two runs' checkpoints would let a later resume pick the wrong one.
 StatusOr<std::string> ResumePoint(const offloadd::v1::Job& job);
 
+// Where a FAILED job continues from when ResumeJob asks it to: the newest intact checkpoint in its
+// output_dir, if the job wrote one itself (latest_checkpoint_step > 0: an output_dir holding only
+// another run's checkpoints does not count). FAILED_PRECONDITION saying why otherwise.
+StatusOr<std::string> CheckpointForFailedJob(const offloadd::v1::Job& job);
+
+// What a job writes to its output_dir at most at once: one new checkpoint (fp32 master weights and
+// the two AdamW moments, 12 bytes a parameter; older checkpoints are pruned only after it commits)
+// and the exported model (the size of the model directory's weights and the JSON and tokenizer
+// files it copies).
+struct OutputSpaceNeed {
+  uint64_t checkpoint_bytes = 0;
+  uint64_t export_bytes = 0;
+  uint64_t total() const { return checkpoint_bytes + export_bytes; }
+};
+OutputSpaceNeed EstimateOutputSpace(int64_t total_params, const std::string& model_dir);
+
+// RESOURCE_EXHAUSTED, with the free and needed bytes, when the file system that holds output_dir
+// (or its nearest existing ancestor) has less space available than `need`. OK when it has enough
+// or cannot be examined (the writes themselves then report the problem).
+Status CheckOutputSpace(const std::string& output_dir, const OutputSpaceNeed& need);
+
 // `name` next to the running executable, else in ../<component>/ beside it (the build tree:
 // build/daemon/offloadd, build/workers/offloadd-worker); the first path when neither exists, so
 // the error that follows names where it was looked for.

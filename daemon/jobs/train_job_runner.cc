@@ -1,14 +1,20 @@
 #include "daemon/jobs/train_job_runner.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include <google/protobuf/util/time_util.h>
 
 #include "common/logging.h"
+#include "daemon/jobs/memory_estimate.h"
 #include "engine/file_util.h"
+#include "engine/model_config.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 #include "workers/cpu_topology.h"
@@ -52,12 +58,15 @@ int64_t TokensAtCheckpoint(const v1::Job& job, const std::string& checkpoint) {
 // Forwards what the trainer reports to the job's events and metrics.
 class JobObserver final : public trainer::TrainObserver {
  public:
-  JobObserver(const v1::Job& job, JobControl& control, TrainMetrics* metrics, int64_t tokens_seen)
+  // Steps up to `reported_before` were reported by an earlier run of the job (0: none).
+  JobObserver(const v1::Job& job, JobControl& control, TrainMetrics* metrics, int64_t tokens_seen,
+              int64_t reported_before)
       : job_id_(job.id()),
         logging_steps_(std::max<int64_t>(1, job.spec().training().logging_steps())),
         control_(control),
         metrics_(metrics),
-        tokens_seen_(tokens_seen) {}
+        tokens_seen_(tokens_seen),
+        reported_before_(reported_before) {}
 
   void OnStep(const trainer::StepStats& s) override {
     if (metrics_ != nullptr) metrics_->Observe(job_id_, s);
@@ -97,6 +106,8 @@ class JobObserver final : public trainer::TrainObserver {
  private:
   void Report() {
     const trainer::StepStats& s = last_;
+    // A step an earlier run already reported (replayed after a resume) keeps its first event.
+    if (s.step <= reported_before_) return;
     v1::JobProgress p;
     p.set_step(s.step);
     p.set_max_steps(s.max_steps);
@@ -123,7 +134,22 @@ class JobObserver final : public trainer::TrainObserver {
   double step_seconds_ = 0;
   trainer::StepStats last_;
   int64_t reported_step_ = 0;
+  const int64_t reported_before_;
 };
+
+// The job's NVMe state directories (none when its config does not build: nothing was created).
+std::vector<std::string> NvmeDirs(const v1::Job& job, const TrainerEnvironment& env) {
+  auto config = MakeTrainConfig(job, env);
+  return config.ok() ? config->offload.nvme_dirs : std::vector<std::string>{};
+}
+
+// Free space in output_dir for a checkpoint and the exported model, sized from the model's config.
+Status CheckOutputSpaceAtStart(const trainer::TrainConfig& config) {
+  auto model = engine::LoadModelConfig(config.model_dir);
+  if (!model.ok()) return OkStatus();  // the trainer reports it, with its context
+  return CheckOutputSpace(config.output_dir,
+                          EstimateOutputSpace(EstimateModelSize(*model).total_params, config.model_dir));
+}
 
 // Runs the trainer; the caller cleans up whatever the outcome.
 Status Train(const v1::Job& job, const trainer::TrainConfig& config, JobControl& control, JobObserver& observer) {
@@ -153,11 +179,15 @@ Status TrainJobRunner::Run(const v1::Job& job, JobControl& control) {
   ASSIGN_OR_RETURN(trainer::TrainConfig config, MakeTrainConfig(job, env_));
   ASSIGN_OR_RETURN(config.resume_from, ResumePoint(job));
   int64_t tokens_seen = 0;
+  // Progress reported by an earlier run of this job (a new job resuming another's checkpoint has
+  // none): replayed steps up to there are not reported again.
+  const int64_t reported_before = config.resume_from.empty() ? 0 : job.progress().step();
   if (!config.resume_from.empty()) {
     control.Log(v1::LOG_LEVEL_INFO, "resuming from " + config.resume_from);
     tokens_seen = TokensAtCheckpoint(job, config.resume_from);
   }
   if (Status s = engine::MakeDirs(config.output_dir); !s.ok()) return s.WithContext("output_dir");
+  RETURN_IF_ERROR(CheckOutputSpaceAtStart(config));
   // States of an earlier run of this job are stale: the checkpoint holds what resuming needs.
   auto remove_states = [&] {
     for (const auto& d : config.offload.nvme_dirs) {
@@ -166,7 +196,7 @@ Status TrainJobRunner::Run(const v1::Job& job, JobControl& control) {
   };
   remove_states();
 
-  JobObserver observer(job, control, metrics_, tokens_seen);
+  JobObserver observer(job, control, metrics_, tokens_seen, reported_before);
   Status status;
   try {
     status = Train(job, config, control, observer);
@@ -177,6 +207,19 @@ Status TrainJobRunner::Run(const v1::Job& job, JobControl& control) {
   remove_states();
   return status;
 }
+
+void TrainJobRunner::DiscardJobState(const v1::Job& job) {
+  for (const auto& d : NvmeDirs(job, env_)) {
+    if (access(d.c_str(), F_OK) != 0) continue;
+    if (Status s = engine::RemoveTree(d); !s.ok()) {
+      OFFLOADD_LOG(kWarning, kLog) << "job " << job.id() << ": " << s.ToString();
+    } else {
+      OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": removed its NVMe states " << d;
+    }
+  }
+}
+
+StatusOr<std::string> TrainJobRunner::CheckpointForResume(const v1::Job& job) { return CheckpointForFailedJob(job); }
 
 TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has_gpu) {
   TrainerEnvironment env;

@@ -9,6 +9,11 @@
 // ends it without one. Each step also feeds the offloadd_train_* metrics, cleared when the job
 // stops running. The per-job NVMe state directories are removed when the job stops running: what
 // a later run needs is in its checkpoints.
+// Before training, output_dir must have room for one checkpoint and the exported model
+// (CheckOutputSpace): the job fails at once, with the numbers, instead of at its first checkpoint.
+// After a resume, the steps between the checkpoint and the last step the job had reported are
+// trained again without new progress events: the event log shows every step once (the first
+// report stands; on the CPU the recomputed step is bit-identical).
 //
 // Run() is called from the job manager's scheduler thread, one job at a time.
 
@@ -27,6 +32,10 @@ class TrainJobRunner final : public JobRunner {
   TrainJobRunner(TrainerEnvironment env, TrainMetrics* metrics) : env_(std::move(env)), metrics_(metrics) {}
 
   Status Run(const offloadd::v1::Job& job, JobControl& control) override;
+  // Removes the job's per-job NVMe state directories.
+  void DiscardJobState(const offloadd::v1::Job& job) override;
+  // CheckpointForFailedJob (train_job_config.h).
+  StatusOr<std::string> CheckpointForResume(const offloadd::v1::Job& job) override;
 
   const TrainerEnvironment& environment() const { return env_; }
 

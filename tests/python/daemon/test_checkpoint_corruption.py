@@ -57,7 +57,13 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(binary_dir, wo
         d.stop()
     cursor = first.events[-1].cursor
     second = [e for e in seen if e.cursor > cursor]
-    assert [p.step for p in progress(second)] == list(range(previous + 1, steps + 1))
+    # Steps the first run reported are trained again from `previous` without new progress events
+    # (issue #18 defect 20); the second run reports from the first step past them, and its losses
+    # (which follow from the replayed state) match the uninterrupted run's.
+    assert [p.step for p in progress(seen)] == list(range(1, steps + 1))
+    killed_at = max(p.step for p in progress(first.events))
+    first_new = progress(second)[0].step
+    assert killed_at < first_new and previous < newest <= killed_at
     crashed, reference = losses_by_step(seen), losses_by_step(ref_events)
-    after = range(previous + 1, steps + 1)
+    after = range(first_new, steps + 1)
     assert [crashed[s] for s in after] == [reference[s] for s in after], "resumed losses differ"

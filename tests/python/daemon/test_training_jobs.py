@@ -177,9 +177,12 @@ def test_kill_9_resumes_from_the_last_checkpoint_with_the_same_losses(binary_dir
             assert len(resumed) == 1, logs(seen)
             resume_step = int(resumed[0].rsplit("checkpoint-", 1)[1])
             assert resume_step == max(saved) and resume_step <= killed_at
+            # Every step shows once: those the first run reported before the kill are trained
+            # again from the checkpoint without new progress events (issue #18 defect 20).
+            assert [p.step for p in progress(seen)] == list(range(1, steps + 1))
             cursor_after_kill = first.events[-1].cursor
             second = [e for e in seen if e.cursor > cursor_after_kill]
-            assert [p.step for p in progress(second)] == list(range(resume_step + 1, steps + 1))
+            assert progress(second)[-1].step == steps and progress(second)[0].step > killed_at
             states = [S.JobState.Name(e.state_change.state) for e in seen if e.HasField("state_change")]
             assert states[-3:] == ["JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"], states
 

@@ -1,0 +1,249 @@
+"""Job state through faults, with the real daemon (issue #18, defects 7, 16 and 20):
+
+* a full state directory (a small tmpfs as state_dir) must not lose a job's final state: the
+  daemon says why in its log and records the state once there is room, without a restart;
+* the per-job NVMe state directory of a job cancelled while it ran, then interrupted by a crash,
+  is removed when the restarted daemon ends the job CANCELLED;
+* after a resume, the steps trained again appear once in the event log;
+* output_dir's free space is checked at validation and at start against one checkpoint plus the
+  exported model, with the numbers in the error; a FAILED job resumes from its last checkpoint with
+  ResumeJob, and one without a checkpoint is refused with the reason.
+
+The tmpfs tests need mount(2) (root with CAP_SYS_ADMIN); they skip with the reason elsewhere."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pathlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from daemon_process import DaemonProcess  # noqa: E402
+from test_training_jobs import Events, assets, logs, progress, spec, workspace  # noqa: E402,F401
+
+import offloadd  # noqa: E402
+from offloadd.v1 import job_pb2  # noqa: E402
+
+S = job_pb2
+
+
+@contextlib.contextmanager
+def tmpfs(path: pathlib.Path, size: str, mode: str = "0755"):
+    """A tmpfs of `size` mounted at `path`; skips the test where mounting is not permitted."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode={mode}", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to force ENOSPC here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: pathlib.Path) -> pathlib.Path:
+    """Writes a file in `directory` until its file system is full (ENOSPC); returns it."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for chunk in (1 << 16, 1 << 12, 1 << 9):
+            block = b"\0" * chunk
+            while True:
+                try:
+                    os.write(fd, block)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
+def wait_until(pred, timeout: float, what: str, poll: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def children_named(pid: int, name: str) -> list[int]:
+    out = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        ppid = int(text[text.rindex(")") + 2:].split()[1])
+        if ppid == pid and comm == name[:15]:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def all_events(c: offloadd.Client, job_id: str) -> list:
+    """The job's whole event log (the job is in a final state, so the stream ends)."""
+    return list(c.watch_job(job_id))
+
+
+def test_full_state_dir_keeps_the_final_state_and_says_why(binary_dir, workspace):
+    # Defect 7: the job finished on disk but showed RUNNING at its last recorded step until a
+    # restart. Now the daemon logs why and records SUCCEEDED as soon as there is room.
+    with tmpfs(workspace / "state", "2m", mode="0700") as state:
+        d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+        try:
+            with offloadd.Client(d.target) as c:
+                job = c.create_job(spec(workspace, "out", steps=60, save_steps=20, accum=4))
+                ev = Events(c, job.id)
+                ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 3)
+                filler = fill(state)
+                # Training goes on; its end (the exported model) reaches output_dir.
+                wait_until(lambda: "cannot record it" in d.log(), 120, "the daemon saying the state is not recorded")
+                assert (workspace / "out" / "config.json").exists(), "the job finished on disk"
+                line = next(ln for ln in d.log().splitlines() if "cannot record it" in ln)
+                assert job.id in line and "SUCCEEDED" in line and "full" in line, line
+                assert d.proc.poll() is None, "the daemon stays up"
+                assert c.get_job(job.id).state == S.JOB_STATE_RUNNING  # what the store holds meanwhile
+
+                filler.unlink()  # room again: no restart needed
+                done = c.wait(job.id, timeout=30)
+                assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, d.log()[-3000:])
+                states = [e.state_change.state for e in all_events(c, job.id) if e.HasField("state_change")]
+                assert states[-1] == S.JOB_STATE_SUCCEEDED and states.count(S.JOB_STATE_SUCCEEDED) == 1, states
+                # The scheduler goes on: the next job runs.
+                nxt = c.submit(spec(workspace, "next", steps=2, save_steps=10), wait=True, timeout=120)
+                assert nxt.state == S.JOB_STATE_SUCCEEDED, nxt.error
+        finally:
+            d.stop()
+
+
+def test_nvme_states_of_a_job_cancelled_then_interrupted_are_removed(binary_dir, workspace):
+    # Defect 16: a job cancelled while running (CANCELLING), then the daemon dies before the run
+    # ends. On restart the job ends CANCELLED without running, so the runner's cleanup never ran.
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    try:
+        with offloadd.Client(d.target) as c:
+            s = spec(workspace, "nvme", steps=2000, save_steps=100000)
+            s["offload"] = {"offload_optimizer": {"device": "nvme"}}
+            job = c.create_job(s)
+            Events(c, job.id).wait_for(lambda e: e.HasField("progress") and e.progress.step >= 2)
+            states_dir = workspace / job.id  # <storage directory>/<job id>
+            assert states_dir.is_dir()
+            # Freeze the optimizer workers so the step in flight cannot end, then cancel: the store
+            # holds CANCELLING, and the run is still inside that step when the daemon dies.
+            workers = children_named(d.proc.pid, "offloadd-worker")
+            assert workers, "no offloadd-worker child of the daemon"
+            for pid in workers:
+                os.kill(pid, signal.SIGSTOP)
+            assert c.cancel_job(job.id).state == S.JOB_STATE_CANCELLING
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
+        d.stop()
+        assert states_dir.is_dir(), "the crash left the job's NVMe states behind"
+
+        d.start()
+        with offloadd.Client(d.target) as c:
+            done = c.get_job(job.id)
+            assert done.state == S.JOB_STATE_CANCELLED, S.JobState.Name(done.state)
+        assert not states_dir.exists(), f"{states_dir} outlived its cancelled job"
+        assert f"removed its NVMe states {states_dir}" in d.log()
+    finally:
+        d.stop()
+
+
+def test_steps_trained_again_after_a_resume_show_once_in_the_event_log(binary_dir, workspace):
+    # Defect 20: after kill -9 the job resumes from checkpoint-10 and trains steps 11.. again;
+    # they were reported before the kill and must not be reported twice.
+    steps, save, accum = 30, 10, 4
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    try:
+        with offloadd.Client(d.target) as c:
+            job = c.create_job(spec(workspace, "replay", steps=steps, save_steps=save, accum=accum))
+            first = Events(c, job.id)
+            first.wait_for(lambda e: e.HasField("progress") and e.progress.step >= save + 2)
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            first.join()
+        d.stop()
+        killed_at = max(p.step for p in progress(first.events))
+        resume_step = max(e.checkpoint_saved.step for e in first.events if e.HasField("checkpoint_saved"))
+        assert resume_step < killed_at < steps, (resume_step, killed_at)  # steps to train again
+
+        d.start()
+        with offloadd.Client(d.target) as c:
+            done = c.wait(job.id, timeout=120)
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, d.log()[-3000:])
+            log = all_events(c, job.id)
+    finally:
+        d.stop()
+    resumed = [m for m in logs(log) if m.startswith("resuming from ")]
+    assert len(resumed) == 1 and resumed[0].endswith(f"checkpoint-{resume_step}"), logs(log)
+    reported = [p.step for p in progress(log)]
+    assert reported == list(range(1, steps + 1)), f"steps reported more than once: {reported}"
+    assert [e.cursor for e in log] == list(range(1, len(log) + 1))
+
+
+def test_output_space_is_checked_and_a_failed_job_resumes_from_its_checkpoint(binary_dir, workspace):
+    # Defect 20: free space for output_dir was not checked before the job started, and a FAILED
+    # job could not be resumed.
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    try:
+        with offloadd.Client(d.target) as c, tmpfs(workspace / "small", "128k") as small, \
+                tmpfs(workspace / "disk", "8m") as disk:
+            # At validation: a 128 KiB file system cannot hold this model's checkpoint and export.
+            with pytest.raises(offloadd.InvalidArgument) as err:
+                c.create_job(dict(spec(workspace, "x", steps=4, save_steps=2), output_dir=str(small / "out")))
+            msg = next(v.description for v in err.value.field_violations if v.field == "output_dir")
+            assert "free, below the" in msg and "one checkpoint of" in msg and "exported model" in msg, msg
+
+            # At start: room at validation, none left when the job starts (a job ahead of it).
+            ahead = c.create_job(spec(workspace, "ahead", steps=100000, save_steps=100000))
+            Events(c, ahead.id).wait_for(lambda e: e.HasField("progress"))
+            late = c.create_job(dict(spec(workspace, "y", steps=4, save_steps=2), output_dir=str(disk / "late")))
+            filler = fill(disk)
+            c.cancel_job(ahead.id)
+            failed = c.wait(late.id, timeout=60)
+            assert failed.state == S.JOB_STATE_FAILED
+            assert "free, below the" in failed.error.message and "bytes" in failed.error.message, failed.error
+            # It failed before any checkpoint: nothing to resume from, and the reason says so.
+            with pytest.raises(offloadd.OffloaddError) as err:
+                c.resume_job(late.id)
+            assert err.value.code.name == "FAILED_PRECONDITION"
+            assert "before it saved a checkpoint" in str(err.value), str(err.value)
+            filler.unlink()
+
+            # A job that fails after a checkpoint (output_dir full at its second checkpoint)...
+            job = c.create_job(dict(spec(workspace, "z", steps=12, save_steps=4, accum=4), output_dir=str(disk / "z")))
+            ev = Events(c, job.id)
+            ev.wait_for(lambda e: e.HasField("checkpoint_saved"))
+            filler = fill(disk)
+            failed = c.wait(job.id, timeout=120)
+            assert failed.state == S.JOB_STATE_FAILED and failed.latest_checkpoint_step == 4, (failed, d.log()[-2000:])
+            # ... resumes from it with ResumeJob once there is room again.
+            filler.unlink()
+            resumed = c.resume_job(job.id)
+            assert resumed.state == S.JOB_STATE_QUEUED and not resumed.HasField("error")
+            done = c.wait(job.id, timeout=120)
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, d.log()[-3000:])
+            assert f"resuming from {disk / 'z' / 'checkpoint-4'}" in logs(all_events(c, job.id))
+            reasons = [t.reason for t in done.transitions if t.state == S.JOB_STATE_QUEUED]
+            assert any("continues from" in r and r.endswith("checkpoint-4") for r in reasons), reasons
+            with pytest.raises(offloadd.OffloaddError) as err:
+                c.resume_job(job.id)
+            assert "only PAUSED and FAILED jobs resume" in str(err.value)
+    finally:
+        d.stop()
