@@ -15,6 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -104,6 +106,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!spec.ParseFromArray(data, static_cast<int>(size))) return 0;
   const Env& env = GetEnv();
   od::ValidationResult r = od::ValidateJobSpec(spec, env.paths, env.node);
+  // OFFLOADD_FUZZ_VERBOSE=1 (when replaying seeds): why a spec was refused.
+  static const bool verbose = std::getenv("OFFLOADD_FUZZ_VERBOSE") != nullptr;
+  if (verbose) {
+    std::fprintf(stderr, "job_spec: %zu violations\n", r.violations.size());
+    for (const auto& v : r.violations) {
+      std::fprintf(stderr, "  %s: %s\n", v.field.c_str(), v.description.c_str());
+    }
+  }
   if (!r.ok()) return 0;
   FUZZ_CHECK(UnderRoot(r.resolved.model().path()));
   FUZZ_CHECK(UnderRoot(r.resolved.tokenizer().path()));
