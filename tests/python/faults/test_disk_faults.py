@@ -34,7 +34,7 @@ from faultlib import (S, Events, FaultDaemon, build_model, differing_bytes, load
                       write_pretokenized)
 
 STEPS, SAVE_STEPS = 24, 4
-FAULT_BOUND_S = 60
+FAULT_BOUND_S = 30
 SETTLE_S = 5
 TMPFS_SIZE = "64m"
 HERE = pathlib.Path(__file__).resolve().parent
