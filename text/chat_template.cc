@@ -138,6 +138,46 @@ StatusOr<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
 
 namespace {
 
+// Conversations nest a few levels (messages / content parts / tool schemas); a record nested
+// thousands deep would overflow the stack in Value::FromJson.
+constexpr int kMaxInputDepth = 128;
+
+// Adds the bytes and JSON nodes of `j` to the totals; INVALID_ARGUMENT when nested too deeply.
+Status MeasureInput(const ojson& j, int depth, uint64_t* bytes, uint64_t* nodes) {
+  if (depth > kMaxInputDepth) {
+    return InvalidArgumentError("chat messages are nested more than " +
+                                std::to_string(kMaxInputDepth) + " levels deep");
+  }
+  ++*nodes;
+  if (j.is_string()) *bytes += j.get_ref<const std::string&>().size();
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      *bytes += it.key().size();
+      RETURN_IF_ERROR(MeasureInput(*it, depth + 1, bytes, nodes));
+    }
+  } else if (j.is_array()) {
+    for (const auto& e : j) RETURN_IF_ERROR(MeasureInput(e, depth + 1, bytes, nodes));
+  }
+  return OkStatus();
+}
+
+// The limits of one rendering grow with the conversation: a template copies each message a few
+// times and visits each JSON node a few dozen times. The fixed parts alone are far above what
+// real templates (Llama-3, Qwen2 with tools, Mistral, Phi-3, Gemma) need for long conversations
+// (tests/text/jinja_real_templates_test.cc), and bound a hostile template to ~2 s and ~128 MiB.
+StatusOr<jinja::RenderLimits> LimitsFor(const ojson& messages, const ojson& tools,
+                                        const ojson& extra) {
+  uint64_t bytes = 0, nodes = 0;
+  RETURN_IF_ERROR(MeasureInput(messages, 0, &bytes, &nodes));
+  RETURN_IF_ERROR(MeasureInput(tools, 0, &bytes, &nodes));
+  RETURN_IF_ERROR(MeasureInput(extra, 0, &bytes, &nodes));
+  jinja::RenderLimits limits;
+  limits.max_steps += 64 * nodes;
+  limits.max_bytes += 16 * bytes;
+  limits.max_output_bytes += 4 * bytes;
+  return limits;
+}
+
 jinja::Value Context(const SpecialTokens& tokens, const ojson& messages, bool add_generation_prompt,
                      const ojson& tools, const ojson& extra) {
   jinja::Value ctx = jinja::Value::NewDict();
@@ -160,7 +200,9 @@ jinja::Value Context(const SpecialTokens& tokens, const ojson& messages, bool ad
 
 StatusOr<std::string> ChatTemplate::Render(const ojson& messages, bool add_generation_prompt,
                                            const ojson& tools, const ojson& extra) const {
-  return template_.Render(Context(tokens_, messages, add_generation_prompt, tools, extra));
+  ASSIGN_OR_RETURN(jinja::RenderLimits limits, LimitsFor(messages, tools, extra));
+  return template_.Render(Context(tokens_, messages, add_generation_prompt, tools, extra), nullptr,
+                          limits);
 }
 
 StatusOr<ChatTemplate::Rendered> ChatTemplate::RenderWithAssistantSpans(const ojson& messages,
@@ -168,8 +210,9 @@ StatusOr<ChatTemplate::Rendered> ChatTemplate::RenderWithAssistantSpans(const oj
   if (!messages.is_array()) return InvalidArgumentError("messages must be a JSON array");
   Rendered r;
   if (template_.has_generation_blocks()) {
+    ASSIGN_OR_RETURN(jinja::RenderLimits limits, LimitsFor(messages, tools, nullptr));
     ASSIGN_OR_RETURN(r.text, template_.Render(Context(tokens_, messages, false, tools, nullptr),
-                                              &r.assistant_spans));
+                                              &r.assistant_spans, limits));
     return r;
   }
   ASSIGN_OR_RETURN(r.text, Render(messages, false, tools));

@@ -53,6 +53,9 @@ class ChatTemplate {
 
   // Renders `messages` (a JSON array). `tools` may be null. `extra` (an object, may be null)
   // adds template variables, like apply_chat_template's **kwargs.
+  // Each rendering is bounded (jinja::RenderLimits, raised in proportion to the size of the
+  // messages, tools and extra): a template that loops or allocates without bound gets
+  // RESOURCE_EXHAUSTED naming the limit; input nested over 128 levels is INVALID_ARGUMENT.
   StatusOr<std::string> Render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                const nlohmann::ordered_json& tools = nullptr,
                                const nlohmann::ordered_json& extra = nullptr) const;

@@ -4,8 +4,10 @@
 #include "text/jinja_builtins.h"
 
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 
+#include "text/jinja_limits.h"
 #include "text/unicode.h"
 
 namespace offloadd::text::jinja {
@@ -17,22 +19,30 @@ bool IsPySpace(uint32_t cp) { return IsUnicodeWhitespace(cp) || (cp >= 0x1C && c
 }  // namespace
 
 std::string Strip(const std::string& s, const Value* chars, bool left, bool right) {
-  auto strip_cp = [&](const std::string& ch) {
+  // Walks code points in place: splitting a long string into one std::string per code point
+  // would cost ~40 bytes per byte.
+  auto strip_cp = [&](size_t pos, size_t len) {
+    const std::string_view ch(s.data() + pos, len);
     if (chars != nullptr && chars->is_string()) return chars->str().find(ch) != std::string::npos;
     size_t p = 0;
     return IsPySpace(NextCodePoint(ch, &p));
   };
-  std::vector<std::string> cps = SplitCodePoints(s);
-  size_t b = 0, e = cps.size();
+  auto cp_len = [&](size_t pos) {
+    return std::min(s.size() - pos, Utf8SeqLen(static_cast<unsigned char>(s[pos])));
+  };
+  size_t b = 0, e = s.size();
   if (left) {
-    while (b < e && strip_cp(cps[b])) ++b;
+    while (b < e && strip_cp(b, cp_len(b))) b += cp_len(b);
   }
   if (right) {
-    while (e > b && strip_cp(cps[e - 1])) --e;
+    while (e > b) {
+      size_t start = e - 1;  // back to the lead byte of the last code point
+      while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+      if (!strip_cp(start, e - start)) break;
+      e = start;
+    }
   }
-  std::string out;
-  for (size_t i = b; i < e; ++i) out += cps[i];
-  return out;
+  return s.substr(b, e - b);
 }
 
 // Python str.upper()/lower(): full Unicode case mapping (through ICU for non-ASCII text).
@@ -98,17 +108,28 @@ std::vector<std::string> PySplit(const std::string& s, const Value* sep, int64_t
 std::string ReplaceStr(const std::string& s, const std::string& from, const std::string& to,
                        int64_t count) {
   if (from.empty()) return s;
-  std::string out;
-  size_t start = 0;
-  int64_t n = 0;
-  while (count < 0 || n < count) {
-    const size_t pos = s.find(from, start);
-    if (pos == std::string::npos) break;
-    out += s.substr(start, pos - start) + to;
-    start = pos + from.size();
-    ++n;
+  // Size the result first: 'x' * 10**5 replacing 'x' by itself would build 10 GB.
+  uint64_t hits = 0;
+  for (size_t pos = FindSub(s, from); pos != std::string::npos && (count < 0 || hits < static_cast<uint64_t>(count));
+       pos = FindSub(s, from, pos + from.size()))
+    ++hits;
+  if (!to.empty() && hits > (uint64_t{1} << 62) / to.size()) {
+    ChargeBytes(UINT64_MAX);
+    return "";
   }
-  return out + s.substr(start);
+  const uint64_t size = s.size() - hits * from.size() + hits * to.size();
+  if (!ChargeBytes(size)) return "";
+  std::string out;
+  out.reserve(static_cast<size_t>(size));
+  size_t start = 0;
+  for (uint64_t n = 0; n < hits; ++n) {
+    const size_t pos = FindSub(s, from, start);
+    out.append(s, start, pos - start);
+    out += to;
+    start = pos + from.size();
+  }
+  out.append(s, start);
+  return out;
 }
 
 const Value* Arg(const std::vector<Value>& args, const KwArgs& kwargs, size_t pos,
@@ -189,10 +210,12 @@ std::optional<Value> StringMethod(const std::string& s, const std::string& name)
     return fn([s](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
       const Value* sep = Arg(args, kwargs, 0, "sep");
       const Value* maxsplit = Arg(args, kwargs, 1, "maxsplit");
+      if (!ChargeBytes(s.size())) return Value::NewList();
       List out;
       for (auto& part : PySplit(
                s, sep,
                maxsplit && maxsplit->kind() == Value::Kind::kInt ? maxsplit->int_value() : -1)) {
+        if (!ChargeBytes(sizeof(Value))) return Value::NewList();
         out.push_back(Value::String(part));
       }
       return Value::NewList(std::move(out));
@@ -214,13 +237,13 @@ std::optional<Value> StringMethod(const std::string& s, const std::string& name)
         return InvalidArgumentError(name + " needs a string");
       const std::string& sub = args[0].str();
       if (name == "find") {
-        const size_t pos = s.find(sub);
+        const size_t pos = FindSub(s, sub);
         if (pos == std::string::npos) return Value::Int(-1);
-        return Value::Int(static_cast<int64_t>(SplitCodePoints(s.substr(0, pos)).size()));
+        return Value::Int(static_cast<int64_t>(CountCodePoints(std::string_view(s).substr(0, pos))));
       }
       int64_t c = 0;
-      for (size_t pos = s.find(sub); pos != std::string::npos && !sub.empty();
-           pos = s.find(sub, pos + sub.size()))
+      for (size_t pos = FindSub(s, sub); pos != std::string::npos && !sub.empty();
+           pos = FindSub(s, sub, pos + sub.size()))
         ++c;
       return Value::Int(c);
     });
@@ -229,8 +252,12 @@ std::optional<Value> StringMethod(const std::string& s, const std::string& name)
     return fn([s](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
       if (args.empty() || !args[0].is_list()) return InvalidArgumentError("join needs a list");
       std::string out;
-      for (size_t i = 0; i < args[0].list().size(); ++i)
-        out += (i ? s : "") + args[0].list()[i].ToString();
+      for (size_t i = 0; i < args[0].list().size(); ++i) {
+        const std::string item = args[0].list()[i].ToString();
+        if (!ChargeBytes((i ? s.size() : 0) + item.size())) return Value::String("");
+        if (i) out += s;
+        out += item;
+      }
       return Value::String(out);
     });
   }
@@ -260,6 +287,7 @@ StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vec
     if (args.empty() || args[0].kind() != Value::Kind::kInt || args[0].int_value() == 0) {
       return InvalidArgumentError("divisibleby needs a non-zero integer");
     }
+    if (args[0].int_value() == -1) return v.kind() == Value::Kind::kInt;  // INT64_MIN % -1 traps
     return v.kind() == Value::Kind::kInt && v.int_value() % args[0].int_value() == 0;
   }
   if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") {
@@ -285,6 +313,65 @@ StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vec
     return false;
   }
   return InvalidArgumentError("unsupported test '" + name + "'");
+}
+
+StatusOr<Value> Arithmetic(const std::string& op, const Value& x, const Value& y) {
+  const bool ints = x.kind() == Value::Kind::kInt && y.kind() == Value::Kind::kInt;
+  const int64_t a = x.int_value(), b = y.int_value();
+  int64_t r = 0;
+  // Python integers do not overflow; ours are 64-bit, so overflow is an error rather than
+  // undefined behaviour (and INT64_MIN // -1 a SIGFPE).
+  const Status overflow = InvalidArgumentError("integer overflow in " + op);
+  if (op == "+" || op == "-" || op == "*") {
+    if (!ints) {
+      const double u = x.number(), v = y.number();
+      return Value::Float(op == "+" ? u + v : op == "-" ? u - v : u * v);
+    }
+    const bool bad = op == "+"   ? __builtin_add_overflow(a, b, &r)
+                     : op == "-" ? __builtin_sub_overflow(a, b, &r)
+                                 : __builtin_mul_overflow(a, b, &r);
+    if (bad) return overflow;
+    return Value::Int(r);
+  }
+  if (op == "**") {
+    if (ints && b >= 0) {
+      int64_t acc = 1, base = a;
+      for (int64_t e = b; e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(acc, base, &acc)) return overflow;
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) return overflow;
+      }
+      return Value::Int(acc);
+    }
+    return Value::Float(std::pow(x.number(), y.number()));
+  }
+  if (y.number() == 0) return InvalidArgumentError("division by zero");
+  if (op == "/") return Value::Float(x.number() / y.number());
+  if (ints && b == -1 && a == INT64_MIN) return overflow;
+  if (op == "//") {
+    if (ints) {
+      int64_t q = a / b;
+      if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+      return Value::Int(q);
+    }
+    return Value::Float(std::floor(x.number() / y.number()));
+  }
+  if (op == "%") {
+    if (ints) {
+      r = a % b;
+      if (r != 0 && ((r < 0) != (b < 0))) r += b;
+      return Value::Int(r);
+    }
+    return Value::Float(x.number() - y.number() * std::floor(x.number() / y.number()));
+  }
+  return InvalidArgumentError("unknown operator " + op);
+}
+
+StatusOr<int64_t> FloatToInt(double d) {
+  // static_cast of a NaN, an infinity or anything beyond 2^63 is undefined behaviour.
+  if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0)) {
+    return InvalidArgumentError("integer overflow converting " + FloatRepr(d) + " to int");
+  }
+  return static_cast<int64_t>(d);
 }
 
 void InstallGlobals(std::unordered_map<std::string, Value>* globals) {
@@ -326,10 +413,25 @@ void InstallGlobals(std::unordered_map<std::string, Value>* globals) {
           return InvalidArgumentError("range needs 1 to 3 arguments");
         }
         if (step == 0) return InvalidArgumentError("range step cannot be zero");
+        // The length first, in 128 bits: range(10**12) must fail before allocating.
+        // The length first, in unsigned arithmetic: range(10**12) must fail before allocating.
+        const bool up = step > 0;
+        const uint64_t span = (up ? stop > start : start > stop)
+                                  ? (up ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start)
+                                        : static_cast<uint64_t>(start) - static_cast<uint64_t>(stop))
+                                  : 0;
+        const uint64_t mag = up ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+        const uint64_t count = span == 0 ? 0 : (span - 1) / mag + 1;
+        if (count > (uint64_t{1} << 40) || !ChargeBytes(count * sizeof(Value))) {
+          ChargeBytes(UINT64_MAX);
+          return InvalidArgumentError("range of " + std::to_string(count) +
+                                        " elements is too large");
+        }
         List out;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-          out.push_back(Value::Int(i));
-          if (out.size() > 10'000'000) return InvalidArgumentError("range too large");
+        out.reserve(count);
+        for (uint64_t k = 0; k < count; ++k) {
+          out.push_back(Value::Int(static_cast<int64_t>(static_cast<uint64_t>(start) +
+                                                        k * static_cast<uint64_t>(step))));
         }
         return Value::NewList(std::move(out));
       });

@@ -35,6 +35,12 @@ std::optional<Value> StringMethod(const std::string& s, const std::string& name)
 // `v is name(args)`.
 StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args);
 
+// x op y for + - * / // % ** on numbers (bools already converted): Python semantics, with
+// integer overflow an error.
+StatusOr<Value> Arithmetic(const std::string& op, const Value& x, const Value& y);
+// int(d) for a float; overflow (including NaN and infinities) is an error.
+StatusOr<int64_t> FloatToInt(double d);
+
 // raise_exception, namespace, dict, range, strftime_now.
 void InstallGlobals(std::unordered_map<std::string, Value>* globals);
 

@@ -10,6 +10,7 @@
 #include "text/jinja.h"
 #include "text/jinja_ast.h"
 #include "text/jinja_builtins.h"
+#include "text/jinja_limits.h"
 #include "text/unicode.h"
 
 namespace offloadd::text::jinja {
@@ -25,8 +26,8 @@ StatusOr<int64_t> NormalizeIndex(int64_t i, size_t n) {
 class Interpreter {
  public:
   Interpreter(const Value& context, const std::string* root_out,
-              std::vector<std::pair<size_t, size_t>>* generation_spans)
-      : root_out_(root_out), generation_spans_(generation_spans) {
+              std::vector<std::pair<size_t, size_t>>* generation_spans, const RenderLimits& limits)
+      : root_out_(root_out), generation_spans_(generation_spans), budget_(limits) {
     scopes_.emplace_back();
     if (context.is_dict()) {
       for (const auto& [k, v] : context.dict()) scopes_.back()[k] = v;
@@ -34,7 +35,57 @@ class Interpreter {
     InstallGlobals(&globals_);
   }
 
+  Budget* budget() { return &budget_; }
+
+  // Every statement and expression costs a step and a level of depth; a string result is
+  // charged for its bytes (a copy or a new string each time).
   Status Exec(const Node& n, std::string* out, Flow* flow) {
+    Status s = budget_.Enter() && budget_.Step() ? ExecNode(n, out, flow) : OkStatus();
+    budget_.Leave();
+    return Checked(n, std::move(s));
+  }
+
+  StatusOr<Value> Eval(const Node& n) {
+    StatusOr<Value> r = InvalidArgumentError("");
+    if (budget_.Enter() && budget_.Step()) {
+      r = EvalNode(n);
+      if (r.ok() && r->is_string()) budget_.Alloc(r->str().size());
+    }
+    budget_.Leave();
+    if (budget_.exhausted()) return Checked(n, r.ok() ? OkStatus() : r.status());
+    return r;
+  }
+
+ private:
+  // The first limit exceeded, with the innermost node's line; other errors pass through.
+  Status Checked(const Node& n, Status s) const {
+    if (!budget_.exhausted() || s.code() == StatusCode::kResourceExhausted) return s;
+    return Status(StatusCode::kResourceExhausted,
+                  "line " + std::to_string(n.line) + ": " + budget_.error().message());
+  }
+
+  Status Append(const Node& n, std::string* out, const std::string& piece) {
+    if (!budget_.Alloc(piece.size()) ||
+        (out == root_out_ && !budget_.Output(out->size() + piece.size()))) {
+      return Checked(n, OkStatus());
+    }
+    *out += piece;
+    return OkStatus();
+  }
+
+  // A new list or tuple: its slots and the strings copied into it are charged.
+  StatusOr<Value> MakeList(const Node& n, List items, bool tuple = false) {
+    if (!ChargeItems(items)) return Checked(n, OkStatus());
+    return tuple ? Value::NewTuple(std::move(items)) : Value::NewList(std::move(items));
+  }
+
+  bool ChargeItems(const List& items) {
+    uint64_t bytes = items.size() * sizeof(Value);
+    for (const auto& v : items) bytes += v.is_string() ? v.str().size() : 0;
+    return budget_.Step(items.size() / 16) && budget_.Alloc(bytes);
+  }
+
+  Status ExecNode(const Node& n, std::string* out, Flow* flow) {
     switch (n.type) {
       case Node::Type::kBody:
         for (const auto& child : n.children) {
@@ -43,12 +94,11 @@ class Interpreter {
         }
         return OkStatus();
       case Node::Type::kText:
-        *out += n.literal.str();
-        return OkStatus();
+        return Append(n, out, n.literal.str());
       case Node::Type::kOutput: {
         ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
-        *out += v.ToString();
-        return OkStatus();
+        const std::string text = v.ToString();
+        return Append(n, out, text);
       }
       case Node::Type::kIf: {
         const size_t pairs = (n.children.size() - (n.has_else ? 1 : 0)) / 2;
@@ -94,7 +144,7 @@ class Interpreter {
     }
   }
 
-  StatusOr<Value> Eval(const Node& n) {
+  StatusOr<Value> EvalNode(const Node& n) {
     switch (n.type) {
       case Node::Type::kLiteral:
         return n.literal;
@@ -148,6 +198,8 @@ class Interpreter {
         ASSIGN_OR_RETURN(Value v, Eval(*n.children[0]));
         if (!v.is_number()) return Err(n, "unary " + n.name + " on " + KindName(v.kind()));
         if (n.name == "+") return v;
+        if (v.kind() == Value::Kind::kInt && v.int_value() == INT64_MIN)
+          return Err(n, "integer overflow in unary -");
         return v.kind() == Value::Kind::kInt ? Value::Int(-v.int_value())
                                              : Value::Float(-v.number());
       }
@@ -180,8 +232,7 @@ class Interpreter {
           ASSIGN_OR_RETURN(Value v, Eval(*c));
           items.push_back(v);
         }
-        if (n.type == Node::Type::kTupleLit) return Value::NewTuple(std::move(items));
-        return Value::NewList(std::move(items));
+        return MakeList(n, std::move(items), n.type == Node::Type::kTupleLit);
       }
       case Node::Type::kDictLit: {
         Value d = Value::NewDict();
@@ -189,6 +240,8 @@ class Interpreter {
           ASSIGN_OR_RETURN(Value k, Eval(*n.children[i]));
           ASSIGN_OR_RETURN(Value v, Eval(*n.children[i + 1]));
           if (!k.is_string()) return Err(n, "dict keys must be strings");
+          if (!budget_.Alloc(sizeof(Value) + k.str().size() + (v.is_string() ? v.str().size() : 0)))
+            return Checked(n, OkStatus());
           d.Set(k.str(), v);
         }
         return d;
@@ -198,7 +251,6 @@ class Interpreter {
     }
   }
 
- private:
   Status Err(const Node& n, const std::string& msg) const {
     return InvalidArgumentError("line " + std::to_string(n.line) + ": " + msg);
   }
@@ -240,13 +292,18 @@ class Interpreter {
       case Value::Kind::kUndefined:
         return List{};
       case Value::Kind::kList:
+        if (!ChargeItems(v.list())) return Checked(n, OkStatus());
         return v.list();
       case Value::Kind::kDict: {
         List keys;
         for (const auto& [k, x] : v.dict()) keys.push_back(Value::String(k));
+        if (!ChargeItems(keys)) return Checked(n, OkStatus());
         return keys;
       }
       case Value::Kind::kString: {
+        // One Value per code point: charged before it is built (~40 bytes per byte).
+        if (!budget_.Alloc(CountCodePoints(v.str()) * (sizeof(Value) + 8)))
+          return Checked(n, OkStatus());
         List chars;
         for (auto& c : SplitCodePoints(v.str())) chars.push_back(Value::String(c));
         return chars;
@@ -258,9 +315,15 @@ class Interpreter {
 
   Status ExecFor(const Node& n, std::string* out, Flow* flow) {
     ASSIGN_OR_RETURN(Value iterable, Eval(*n.children[0]));
-    ASSIGN_OR_RETURN(List all, Iterate(n, iterable));
     const NodePtr& filter = n.children[3];
-    List items;
+    // A list is iterated in place (lists are never mutated; `iterable` keeps it alive): nested
+    // loops over `messages` would otherwise copy it once per outer iteration.
+    List storage;
+    if (!iterable.is_list() || filter) {
+      ASSIGN_OR_RETURN(storage, Iterate(n, iterable));
+    }
+    const List& all = iterable.is_list() && !filter ? iterable.list() : storage;
+    List filtered;
     if (filter) {
       for (const auto& item : all) {
         scopes_.emplace_back();
@@ -268,11 +331,10 @@ class Interpreter {
         auto keep = s.ok() ? Eval(*filter) : StatusOr<Value>(s);
         scopes_.pop_back();
         if (!keep.ok()) return keep.status();
-        if (keep->Truthy()) items.push_back(item);
+        if (keep->Truthy()) filtered.push_back(item);
       }
-    } else {
-      items = std::move(all);
     }
+    const List& items = filter ? filtered : all;
     if (items.empty()) {
       if (n.children[2]) return Exec(*n.children[2], out, flow);
       return OkStatus();
@@ -281,6 +343,12 @@ class Interpreter {
     scopes_.emplace_back();
     Status status;
     for (int64_t i = 0; i < len; ++i) {
+      // Building `loop` costs about as much as four expressions; it is freed each iteration,
+      // so only time is charged.
+      if (!budget_.Step(4)) {
+        status = Checked(n, OkStatus());
+        break;
+      }
       Value loop = Value::NewDict({
           {"index", Value::Int(i + 1)},
           {"index0", Value::Int(i)},
@@ -389,10 +457,15 @@ class Interpreter {
         if (i < 0 || i >= static_cast<int64_t>(obj.list().size())) return Value();
         return obj.list()[static_cast<size_t>(i)];
       }
-      auto cps = SplitCodePoints(obj.str());
-      ASSIGN_OR_RETURN(int64_t i, NormalizeIndex(key.int_value(), cps.size()));
-      if (i < 0 || i >= static_cast<int64_t>(cps.size())) return Value();
-      return Value::String(cps[static_cast<size_t>(i)]);
+      const std::string& str = obj.str();
+      ASSIGN_OR_RETURN(int64_t i, NormalizeIndex(key.int_value(), CountCodePoints(str)));
+      if (i < 0) return Value();
+      for (size_t pos = 0; pos < str.size(); --i) {
+        const size_t len = std::min(str.size() - pos, Utf8SeqLen(static_cast<unsigned char>(str[pos])));
+        if (i == 0) return Value::String(str.substr(pos, len));
+        pos += len;
+      }
+      return Value();
     }
     return Value();
   }
@@ -412,6 +485,7 @@ class Interpreter {
     if (obj.is_list()) {
       items = obj.list();
     } else if (obj.is_string()) {
+      if (!budget_.Alloc(CountCodePoints(obj.str()) * 40)) return Checked(n, OkStatus());
       cps = SplitCodePoints(obj.str());
     } else {
       return Err(n, "cannot slice " + KindName(obj.kind()));
@@ -429,20 +503,30 @@ class Interpreter {
     const int64_t stop = clamp(idx[1], step > 0 ? len : -1);
     List out_list;
     std::string out_str;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    // Counted, not `i += step`: a step near INT64_MAX would overflow.
+    const int64_t span = step > 0 ? stop - start : start - stop;
+    const uint64_t mag = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+    const uint64_t count = span <= 0 ? 0 : (static_cast<uint64_t>(span) + mag - 1) / mag;
+    for (uint64_t k = 0; k < count; ++k) {
+      const size_t i = static_cast<size_t>(start + static_cast<int64_t>(k * mag) * (step > 0 ? 1 : -1));
       if (obj.is_list())
-        out_list.push_back(items[static_cast<size_t>(i)]);
+        out_list.push_back(items[i]);
       else
-        out_str += cps[static_cast<size_t>(i)];
+        out_str += cps[i];
     }
-    return obj.is_list() ? Value::NewList(std::move(out_list)) : Value::String(std::move(out_str));
+    if (obj.is_list()) return MakeList(n, std::move(out_list));
+    return Value::String(std::move(out_str));
   }
 
   StatusOr<Value> EvalBinary(const Node& n) {
     ASSIGN_OR_RETURN(Value a, Eval(*n.children[0]));
     ASSIGN_OR_RETURN(Value b, Eval(*n.children[1]));
     const std::string& op = n.name;
-    if (op == "~") return Value::String(a.ToString() + b.ToString());
+    if (op == "~") {
+      std::string l = a.ToString(), r = b.ToString();
+      if (!budget_.Alloc(l.size() + r.size())) return Checked(n, OkStatus());
+      return Value::String(l + r);
+    }
     if (op == "==") return Value::Bool(a == b);
     if (op == "!=") return Value::Bool(!(a == b));
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
@@ -457,7 +541,7 @@ class Interpreter {
       bool found = false;
       if (b.is_string()) {
         if (!a.is_string()) return Err(n, "'in <string>' requires a string on the left");
-        found = b.str().find(a.str()) != std::string::npos;
+        found = FindSub(b.str(), a.str()) != std::string::npos;
       } else if (b.is_list()) {
         found = std::find(b.list().begin(), b.list().end(), a) != b.list().end();
       } else if (b.is_dict()) {
@@ -468,26 +552,37 @@ class Interpreter {
       return Value::Bool(found == (op == "in"));
     }
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::String(a.str() + b.str());
+      if (a.is_string() && b.is_string()) {
+        if (!budget_.Alloc(a.str().size() + b.str().size())) return Checked(n, OkStatus());
+        return Value::String(a.str() + b.str());
+      }
       if (a.is_list() && b.is_list()) {
+        if (!ChargeItems(a.list()) || !ChargeItems(b.list())) return Checked(n, OkStatus());
         List items = a.list();
         items.insert(items.end(), b.list().begin(), b.list().end());
         return Value::NewList(std::move(items));
       }
     }
     if (op == "*" && ((a.is_string() || a.is_list()) && b.kind() == Value::Kind::kInt)) {
-      const size_t unit = a.is_string() ? a.str().size() : a.list().size();
-      if (b.int_value() > 0 && unit > 0 &&
-          static_cast<uint64_t>(b.int_value()) > kMaxRepeat / unit) {
-        return Err(n, "repetition result too large");
+      // Charged before it is built: 'x' * 10**9 must not allocate a gigabyte first.
+      const int64_t times = std::max<int64_t>(b.int_value(), 0);
+      uint64_t unit = a.is_string() ? a.str().size() : a.list().size() * sizeof(Value);
+      if (a.is_list()) {
+        for (const auto& v : a.list()) unit += v.is_string() ? v.str().size() : 0;
       }
+      if (unit > 0 && static_cast<uint64_t>(times) > (uint64_t{1} << 62) / unit)
+        return Err(n, "repetition result too large");
+      if (!budget_.Alloc(unit * static_cast<uint64_t>(times)) ||
+          !budget_.Step(a.is_list() ? a.list().size() * static_cast<uint64_t>(times) / 16 : 0))
+        return Checked(n, OkStatus());
       if (a.is_string()) {
         std::string s;
-        for (int64_t i = 0; i < b.int_value(); ++i) s += a.str();
+        s.reserve(a.str().size() * static_cast<size_t>(times));
+        for (int64_t i = 0; i < times; ++i) s += a.str();
         return Value::String(s);
       }
       List items;
-      for (int64_t i = 0; i < b.int_value(); ++i)
+      for (int64_t i = 0; i < times; ++i)
         items.insert(items.end(), a.list().begin(), a.list().end());
       return Value::NewList(std::move(items));
     }
@@ -499,41 +594,9 @@ class Interpreter {
       return Err(n, "unsupported operand types for " + op + ": " + KindName(a.kind()) + " and " +
                         KindName(b.kind()));
     }
-    const bool ints = x.kind() == Value::Kind::kInt && y.kind() == Value::Kind::kInt;
-    if (op == "+")
-      return ints ? Value::Int(x.int_value() + y.int_value())
-                  : Value::Float(x.number() + y.number());
-    if (op == "-")
-      return ints ? Value::Int(x.int_value() - y.int_value())
-                  : Value::Float(x.number() - y.number());
-    if (op == "*")
-      return ints ? Value::Int(x.int_value() * y.int_value())
-                  : Value::Float(x.number() * y.number());
-    if (op == "**") {
-      if (ints && y.int_value() >= 0)
-        return Value::Int(static_cast<int64_t>(std::llround(std::pow(x.number(), y.number()))));
-      return Value::Float(std::pow(x.number(), y.number()));
-    }
-    if (y.number() == 0) return Err(n, "division by zero");
-    if (op == "/") return Value::Float(x.number() / y.number());
-    if (op == "//") {
-      if (ints) {
-        int64_t q = x.int_value() / y.int_value();
-        if ((x.int_value() % y.int_value() != 0) && ((x.int_value() < 0) != (y.int_value() < 0)))
-          --q;
-        return Value::Int(q);
-      }
-      return Value::Float(std::floor(x.number() / y.number()));
-    }
-    if (op == "%") {
-      if (ints) {
-        int64_t r = x.int_value() % y.int_value();
-        if (r != 0 && ((r < 0) != (y.int_value() < 0))) r += y.int_value();
-        return Value::Int(r);
-      }
-      return Value::Float(x.number() - y.number() * std::floor(x.number() / y.number()));
-    }
-    return Err(n, "unknown operator " + op);
+    auto r = Arithmetic(op, x, y);
+    if (!r.ok()) return Err(n, r.status().message());
+    return r;
   }
 
   StatusOr<Value> ApplyFilter(const Node& n, const std::string& name, const Value& in,
@@ -559,7 +622,7 @@ class Interpreter {
       return Value::String(*j);
     }
     if (name == "length" || name == "count") {
-      if (in.is_string()) return Value::Int(static_cast<int64_t>(SplitCodePoints(in.str()).size()));
+      if (in.is_string()) return Value::Int(static_cast<int64_t>(CountCodePoints(in.str())));
       if (in.is_list()) return Value::Int(static_cast<int64_t>(in.list().size()));
       if (in.is_dict()) return Value::Int(static_cast<int64_t>(in.dict().size()));
       if (in.is_undefined()) return Value::Int(0);
@@ -583,14 +646,17 @@ class Interpreter {
       ASSIGN_OR_RETURN(List items, Iterate(n, in));
       const Value* sep = Arg(args, kwargs, 0, "d");
       const Value* attr = Arg(args, kwargs, 1, "attribute");
+      const std::string separator = sep ? sep->ToString() : "";
       std::string out;
       for (size_t i = 0; i < items.size(); ++i) {
-        if (i) out += sep ? sep->ToString() : "";
         Value item = items[i];
         if (attr) {
           ASSIGN_OR_RETURN(item, GetAttr(n, item, attr->ToString()));
         }
-        out += item.ToString();
+        const std::string text = item.ToString();
+        if (!budget_.Alloc((i ? separator.size() : 0) + text.size())) return Checked(n, OkStatus());
+        if (i) out += separator;
+        out += text;
       }
       return Value::String(out);
     }
@@ -628,7 +694,12 @@ class Interpreter {
       return Value::String(out);
     }
     if (name == "int") {
-      if (in.is_number()) return Value::Int(static_cast<int64_t>(in.number()));
+      if (in.kind() == Value::Kind::kInt) return in;
+      if (in.is_number()) {
+        auto i = FloatToInt(in.number());
+        if (!i.ok()) return Err(n, i.status().message());
+        return Value::Int(*i);
+      }
       if (in.is_string()) {
         try {
           return Value::Int(std::stoll(in.str()));
@@ -648,6 +719,8 @@ class Interpreter {
     }
     if (name == "abs") {
       if (!in.is_number()) return Err(n, "abs of " + KindName(in.kind()));
+      if (in.kind() == Value::Kind::kInt && in.int_value() == INT64_MIN)
+        return Err(n, "integer overflow in abs");
       return in.kind() == Value::Kind::kInt ? Value::Int(std::llabs(in.int_value()))
                                             : Value::Float(std::fabs(in.number()));
     }
@@ -663,8 +736,11 @@ class Interpreter {
     if (name == "items") {
       if (!in.is_dict()) return Err(n, "items needs a dict");
       List out;
-      for (const auto& [k, v] : in.dict()) out.push_back(Value::NewList({Value::String(k), v}));
-      return Value::NewList(std::move(out));
+      for (const auto& [k, v] : in.dict()) {
+        if (!budget_.Alloc(3 * sizeof(Value) + k.size())) return Checked(n, OkStatus());
+        out.push_back(Value::NewList({Value::String(k), v}));
+      }
+      return MakeList(n, std::move(out));
     }
     if (name == "replace") {
       if (args.size() < 2) return Err(n, "replace needs two arguments");
@@ -675,6 +751,7 @@ class Interpreter {
     }
     if (name == "reverse") {
       if (in.is_string()) {
+        if (!budget_.Alloc(CountCodePoints(in.str()) * 40)) return Checked(n, OkStatus());
         auto cps = SplitCodePoints(in.str());
         std::string out;
         for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
@@ -682,7 +759,7 @@ class Interpreter {
       }
       ASSIGN_OR_RETURN(List items, Iterate(n, in));
       std::reverse(items.begin(), items.end());
-      return Value::NewList(std::move(items));
+      return MakeList(n, std::move(items));
     }
     if (name == "sort") {
       ASSIGN_OR_RETURN(List items, Iterate(n, in));
@@ -702,26 +779,29 @@ class Interpreter {
         }
         return *c < 0;
       });
+      if (budget_.exhausted()) return Checked(n, OkStatus());
       if (!err.ok()) return Err(n, err.message());
       if (reverse && reverse->Truthy()) std::reverse(items.begin(), items.end());
-      return Value::NewList(std::move(items));
+      return MakeList(n, std::move(items));
     }
     if (name == "unique") {
       ASSIGN_OR_RETURN(List items, Iterate(n, in));
       List out;
       for (const auto& v : items) {
+        // Quadratic: every comparison is a step (operator== charges the budget).
         if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+        if (budget_.exhausted()) return Checked(n, OkStatus());
       }
-      return Value::NewList(std::move(out));
+      return MakeList(n, std::move(out));
     }
     if (name == "indent") {
       const Value* width = Arg(args, kwargs, 0, "width");
       const Value* first = Arg(args, kwargs, 1, "first");
       const Value* blank = Arg(args, kwargs, 2, "blank");
+      const double w = width && !width->is_string() ? width->number() : 4;
+      if (!(w >= 0 && w <= (1 << 20))) return Err(n, "indent width must be 0 to 1048576");
       const std::string pad =
-          width && width->is_string()
-              ? width->str()
-              : std::string(width ? static_cast<size_t>(width->number()) : 4, ' ');
+          width && width->is_string() ? width->str() : std::string(static_cast<size_t>(w), ' ');
       std::string s = in.ToString(), out;
       size_t start = 0;
       bool first_line = true;
@@ -731,6 +811,8 @@ class Interpreter {
             s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
         const bool indent_line = (!first_line || (first && first->Truthy())) &&
                                  (!line.empty() || (blank && blank->Truthy()));
+        if (!budget_.Alloc((indent_line ? pad.size() : 0) + line.size() + 1))
+          return Checked(n, OkStatus());
         out += (indent_line ? pad : "") + line;
         if (nl == std::string::npos) break;
         out += "\n";
@@ -756,7 +838,7 @@ class Interpreter {
           return Err(n, "map needs attribute= or a filter name");
         }
       }
-      return Value::NewList(std::move(out));
+      return MakeList(n, std::move(out));
     }
     if (name == "selectattr" || name == "rejectattr") {
       ASSIGN_OR_RETURN(List items, Iterate(n, in));
@@ -773,7 +855,7 @@ class Interpreter {
         }
         if (ok == (name == "selectattr")) out.push_back(item);
       }
-      return Value::NewList(std::move(out));
+      return MakeList(n, std::move(out));
     }
     return Err(n, "unsupported filter '" + name + "'");
   }
@@ -788,7 +870,7 @@ class Interpreter {
   const std::string* root_out_;
   std::vector<std::pair<size_t, size_t>>* generation_spans_;
   static constexpr size_t kMaxScopes = 512;            // loop nesting + macro calls
-  static constexpr uint64_t kMaxRepeat = 64ull << 20;  // elements/bytes of "x" * n
+  Budget budget_;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   std::unordered_map<std::string, Value> globals_;
 };
@@ -796,9 +878,11 @@ class Interpreter {
 }  // namespace
 
 StatusOr<std::string> Template::Render(const Value& context,
-                                       std::vector<std::pair<size_t, size_t>>* spans) const {
+                                       std::vector<std::pair<size_t, size_t>>* spans,
+                                       const RenderLimits& limits) const {
   std::string out;
-  Interpreter interp(context, &out, spans);
+  Interpreter interp(context, &out, spans, limits);
+  ScopedBudget scoped(interp.budget());
   Flow flow = Flow::kNormal;
   RETURN_IF_ERROR(interp.Exec(*root_, &out, &flow));
   return out;

@@ -2,6 +2,10 @@
 // operator precedence follow jinja2/parser.py so that templates parse as they do in Python.
 
 #include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "text/jinja.h"
@@ -599,6 +603,28 @@ class Parser {
     return node;
   }
 
+  // Number literals: std::stoll/stod would throw std::out_of_range on {{ 99999999999999999999 }}
+  // (Python has big integers; chat templates never need them) or {{ 1e999 }}.
+  StatusOr<int64_t> IntLiteral(const std::string& text) {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size()) {
+      return Error("integer literal out of range (64-bit): " + text.substr(0, 40));
+    }
+    return v;
+  }
+
+  StatusOr<double> FloatLiteral(const std::string& text) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(text.c_str(), &end);
+    // Underflow to zero or a subnormal is what Python does; overflow to infinity is refused.
+    if (end != text.c_str() + text.size() || std::isinf(v)) {
+      return Error("float literal out of range: " + text.substr(0, 40));
+    }
+    return v;
+  }
+
   StatusOr<NodePtr> ParsePrimary() {
     const Token& tok = Peek();
     NodePtr n = Make(Node::Type::kLiteral);
@@ -623,12 +649,16 @@ class Parser {
         n->literal = Value::String(std::move(s));
         return n;
       }
-      case Token::Kind::kInt:
-        n->literal = Value::Int(std::stoll(Next().text));
+      case Token::Kind::kInt: {
+        ASSIGN_OR_RETURN(int64_t i, IntLiteral(Next().text));
+        n->literal = Value::Int(i);
         return n;
-      case Token::Kind::kFloat:
-        n->literal = Value::Float(std::stod(Next().text));
+      }
+      case Token::Kind::kFloat: {
+        ASSIGN_OR_RETURN(double d, FloatLiteral(Next().text));
+        n->literal = Value::Float(d);
         return n;
+      }
       case Token::Kind::kOp:
         if (tok.text == "(") {
           ++i_;
@@ -700,7 +730,8 @@ class Parser {
         if (Peek().kind == Token::Kind::kInt) {
           n->type = Node::Type::kGetItem;
           NodePtr idx = Make(Node::Type::kLiteral);
-          idx->literal = Value::Int(std::stoll(Next().text));
+          ASSIGN_OR_RETURN(int64_t i, IntLiteral(Next().text));
+          idx->literal = Value::Int(i);
           n->children = {node, idx};
         } else {
           ASSIGN_OR_RETURN(n->name, ExpectName());

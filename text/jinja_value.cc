@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "text/jinja_limits.h"
 #include "text/unicode.h"
 
 namespace offloadd::text::jinja {
@@ -227,8 +228,23 @@ void JsonString(const std::string& s, std::string* out) {
   out->push_back('"');
 }
 
+Status JsonDumpNode(const Value& v, int indent, int depth, const std::string& item_sep,
+                    const std::string& key_sep, bool sort_keys, std::string* out);
+
 Status JsonDump(const Value& v, int indent, int depth, const std::string& item_sep,
                 const std::string& key_sep, bool sort_keys, std::string* out) {
+  // Shared sub-lists make a value's tree exponentially larger than its memory, and a namespace
+  // may hold itself: every node visited and byte written is charged.
+  ValueDepthGuard guard(depth);
+  const size_t before = out->size();
+  if (!guard.ok()) return InvalidArgumentError("tojson: value nested too deeply");
+  Status s = JsonDumpNode(v, indent, depth, item_sep, key_sep, sort_keys, out);
+  if (s.ok() && !ChargeBytes(out->size() - before)) return InvalidArgumentError("tojson: too large");
+  return s;
+}
+
+Status JsonDumpNode(const Value& v, int indent, int depth, const std::string& item_sep,
+                    const std::string& key_sep, bool sort_keys, std::string* out) {
   auto newline = [&](int d) {
     if (indent < 0) return;
     out->push_back('\n');
@@ -302,28 +318,51 @@ Status JsonDump(const Value& v, int indent, int depth, const std::string& item_s
   return OkStatus();
 }
 
+bool BudgetExhausted() { return CurrentBudget() != nullptr && CurrentBudget()->exhausted(); }
+
 }  // namespace
 
 std::string Value::Repr() const {
+  std::string out;
+  AppendRepr(0, &out);
+  return out;
+}
+
+// Charges the budget for each node and byte: a list holding one sub-list twice per level prints
+// 2^depth elements, and a namespace may hold itself. Stops early once the budget is exhausted.
+void Value::AppendRepr(int depth, std::string* out) const {
+  ValueDepthGuard guard(depth);
+  if (!guard.ok()) {
+    *out += "...";
+    return;
+  }
+  const size_t before = out->size();
   switch (kind_) {
     case Kind::kString:
-      return PyStringRepr(s_);
-    case Kind::kList: {
-      std::string out = tuple_ ? "(" : "[";
-      for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
-      if (tuple_ && list_->size() == 1) out += ",";
-      return out + (tuple_ ? ")" : "]");
-    }
-    case Kind::kDict: {
-      std::string out = "{";
-      for (size_t i = 0; i < dict_->size(); ++i) {
-        out += (i ? ", " : "") + PyStringRepr((*dict_)[i].first) + ": " + (*dict_)[i].second.Repr();
+      *out += PyStringRepr(s_);
+      break;
+    case Kind::kList:
+      *out += tuple_ ? "(" : "[";
+      for (size_t i = 0; i < list_->size() && !BudgetExhausted(); ++i) {
+        if (i) *out += ", ";
+        (*list_)[i].AppendRepr(depth + 1, out);
       }
-      return out + "}";
-    }
+      if (tuple_ && list_->size() == 1) *out += ",";
+      *out += tuple_ ? ")" : "]";
+      break;
+    case Kind::kDict:
+      *out += "{";
+      for (size_t i = 0; i < dict_->size() && !BudgetExhausted(); ++i) {
+        if (i) *out += ", ";
+        *out += PyStringRepr((*dict_)[i].first) + ": ";
+        (*dict_)[i].second.AppendRepr(depth + 1, out);
+      }
+      *out += "}";
+      break;
     default:
-      return ToString();
+      *out += ToString();
   }
+  if (kind_ != Kind::kList && kind_ != Kind::kDict) ChargeBytes(out->size() - before);
 }
 
 std::string Value::ToString() const {
@@ -356,7 +395,11 @@ StatusOr<std::string> Value::ToJson(int indent, const std::string& item_sep,
   return out;
 }
 
-bool operator==(const Value& a, const Value& b) {
+bool operator==(const Value& a, const Value& b) { return Value::Equal(a, b, 0); }
+
+bool Value::Equal(const Value& a, const Value& b, int depth) {
+  ValueDepthGuard guard(depth);
+  if (!guard.ok()) return false;  // the budget now reports the limit
   if (a.is_number() && b.is_number()) {
     if (a.kind() == Value::Kind::kInt && b.kind() == Value::Kind::kInt) {
       return a.int_value() == b.int_value();
@@ -376,13 +419,20 @@ bool operator==(const Value& a, const Value& b) {
       return a.bool_value() == b.bool_value();
     case Value::Kind::kString:
       return a.str() == b.str();
-    case Value::Kind::kList:
-      return a.list() == b.list();
+    case Value::Kind::kList: {
+      if (a.list_ == b.list_) return true;
+      if (a.list().size() != b.list().size()) return false;
+      for (size_t i = 0; i < a.list().size(); ++i) {
+        if (!Equal(a.list()[i], b.list()[i], depth + 1)) return false;
+      }
+      return true;
+    }
     case Value::Kind::kDict: {
+      if (a.dict_ == b.dict_) return true;
       if (a.dict().size() != b.dict().size()) return false;
       for (const auto& [k, v] : a.dict()) {
         const Value* other = b.Find(k);
-        if (other == nullptr || !(*other == v)) return false;
+        if (other == nullptr || !Equal(*other, v, depth + 1)) return false;
       }
       return true;
     }
@@ -393,14 +443,18 @@ bool operator==(const Value& a, const Value& b) {
   }
 }
 
-StatusOr<int> Value::Compare(const Value& a, const Value& b) {
+StatusOr<int> Value::Compare(const Value& a, const Value& b) { return CompareAt(a, b, 0); }
+
+StatusOr<int> Value::CompareAt(const Value& a, const Value& b, int depth) {
+  ValueDepthGuard guard(depth);
+  if (!guard.ok()) return InvalidArgumentError("comparison nested too deeply");
   if (a.is_number() && b.is_number()) {
     return a.number() < b.number() ? -1 : (a.number() > b.number() ? 1 : 0);
   }
   if (a.is_string() && b.is_string()) return a.str() < b.str() ? -1 : (a.str() > b.str() ? 1 : 0);
   if (a.is_list() && b.is_list()) {
     for (size_t i = 0; i < std::min(a.list().size(), b.list().size()); ++i) {
-      ASSIGN_OR_RETURN(int c, Compare(a.list()[i], b.list()[i]));
+      ASSIGN_OR_RETURN(int c, CompareAt(a.list()[i], b.list()[i], depth + 1));
       if (c != 0) return c;
     }
     return a.list().size() < b.list().size() ? -1 : (a.list().size() > b.list().size() ? 1 : 0);

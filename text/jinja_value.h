@@ -74,11 +74,17 @@ class Value {
   StatusOr<std::string> ToJson(int indent, const std::string& item_sep, const std::string& key_sep,
                                bool sort_keys) const;
 
+  // Inside a rendering, Repr/ToString/ToJson/==/Compare charge the rendering's budget
+  // (jinja_limits.h) for every element visited and stop early once it is exhausted.
   friend bool operator==(const Value& a, const Value& b);
   // Python ordering between numbers, strings or lists; error for other kinds.
   static StatusOr<int> Compare(const Value& a, const Value& b);
 
  private:
+  void AppendRepr(int depth, std::string* out) const;
+  static bool Equal(const Value& a, const Value& b, int depth);
+  static StatusOr<int> CompareAt(const Value& a, const Value& b, int depth);
+
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   bool namespace_ = false;
