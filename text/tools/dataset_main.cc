@@ -9,6 +9,7 @@
 // DIR holds tokenizer.json and optionally tokenizer_config.json / chat_template.jinja.
 // Exit status 1 with the error on stderr when loading fails (e.g. "file:line: what").
 
+#include <charconv>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -49,6 +50,13 @@ int Run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    // A whole-string integer flag value; std::stoi would throw (and abort) on "x" or 1e30.
+    bool bad_number = false;
+    auto number = [&](auto* out) {
+      const std::string v = value();
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+      bad_number = ec != std::errc() || end != v.data() + v.size() || v.empty();
+    };
     if (a == "--tokenizer")
       dir = value();
     else if (a == "--data")
@@ -66,23 +74,24 @@ int Run(int argc, char** argv) {
     else if (a == "--builtin-template")
       builtin = true;
     else if (a == "--pack")
-      pack = std::stol(value());
+      pack = [&] { int64_t p = 0; number(&p); return p; }();
     else if (a == "--max-seq-length")
-      batch.max_seq_length = std::stoi(value());
+      number(&batch.max_seq_length);
     else if (a == "--no-packing")
       batch.packing = false;
     else if (a == "--no-shuffle")
       batch.shuffle = false;
     else if (a == "--seed")
-      batch.seed = std::stoull(value());
+      number(&batch.seed);
     else if (a == "--pad-id")
-      batch.pad_id = std::stoi(value());
+      batch.pad_id = [&] { int32_t p = 0; number(&p); return p; }();
     else if (a == "--drop-overlong")
       batch.drop_overlong = true;
     else if (a == "--restore")
       restore = value();
     else
       return Fail("unknown argument " + a);
+    if (bad_number) return Fail(a + ": expected an integer in range, got '" + argv[i] + "'");
   }
   if (dir.empty() || files.empty()) return Fail("--tokenizer and --data are required");
   auto tok = Tokenizer::FromDirectory(dir);
