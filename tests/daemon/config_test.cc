@@ -96,7 +96,29 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
 TEST(ConfigTest, TcpRequiresTlsAndToken) {
   const std::string e = ErrorOf("server: {tcp: {listen: 0.0.0.0:7443}}");
   EXPECT_NE(e.find("server.tcp.tls_cert_file: required"), std::string::npos) << e;
+  EXPECT_NE(e.find("server.tcp.tls_key_file: required"), std::string::npos) << e;
   EXPECT_NE(e.find("server.tcp.auth_token_file: required"), std::string::npos) << e;
+}
+
+// docs/security.md: TCP is never served without TLS or without a token, whichever one is missing.
+TEST(ConfigTest, TcpWithoutAnyOneOfCertKeyOrTokenIsRefused) {
+  const std::string cert = "tls_cert_file: /etc/offloadd/cert.pem";
+  const std::string key = "tls_key_file: /etc/offloadd/key.pem";
+  const std::string token = "auth_token_file: /etc/offloadd/token";
+  const struct {
+    std::string fields, missing;
+  } cases[] = {{key + ", " + token, "tls_cert_file"},
+               {cert + ", " + token, "tls_key_file"},
+               {cert + ", " + key, "auth_token_file"},
+               {cert + ", " + key + ", auth_token_file: ''", "auth_token_file"}};
+  for (const auto& c : cases) {
+    const std::string e = ErrorOf("server: {tcp: {listen: 127.0.0.1:7443, " + c.fields + "}}");
+    EXPECT_NE(e.find("server.tcp." + c.missing + ": required when server.tcp.listen is set"), std::string::npos)
+        << c.fields << " -> " << e;
+  }
+  EXPECT_TRUE(ParseConfig("server: {tcp: {listen: 127.0.0.1:7443, " + cert + ", " + key + ", " + token + "}}",
+                          "test.yaml")
+                  .ok());
 }
 
 TEST(ConfigTest, UnreachableDaemonIsRejected) {
