@@ -58,6 +58,10 @@ python3 "$here/fuzz/make_corpus.py" --shared "$data" --out "$build/corpus-seed" 
 # Bounds for every run: a single input that takes over 10 s or 2 GiB is a finding (a template
 # that never stops is as much a bug as a crash), and so is a leak.
 common_flags=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len=65536 -print_final_stats=1)
+# Symbolized stack traces in reports: the llvm-symbolizer of the same LLVM, else any.
+for sym in "/usr/lib/llvm-${OFFLOADD_FUZZ_CLANG:-16}/bin/llvm-symbolizer" "$(command -v llvm-symbolizer || true)"; do
+  [[ -x "$sym" ]] && { export ASAN_SYMBOLIZER_PATH="${ASAN_SYMBOLIZER_PATH:-$sym}"; break; }
+done
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 

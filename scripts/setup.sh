@@ -25,7 +25,7 @@ apt_packages=(
   libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
-  clang-16 libclang-rt-16-dev  # libFuzzer + ASan/UBSan for fuzz/ (scripts/fuzz.sh)
+  clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
 )
 
 install_apt() {
