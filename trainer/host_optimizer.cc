@@ -158,6 +158,10 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   oc.accumulation_steps = lo.accumulation_steps;
   oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
   oc.skip_nonfinite = o.skip_nonfinite;
+  ASSIGN_OR_RETURN(oc.speculation, workers::ParseSpeculation(o.optim.speculation));
+  // NVMe tier: a speculated block holds its staging slot until the step's norm is known, and the
+  // slots are fewer than the blocks; fp16: a skipped step would have to undo updates bit for bit.
+  if (o.tier == StateTier::kNvme || o.skip_nonfinite) oc.speculation = workers::Speculation::kNever;
   driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
   update_start_us_.assign(shards_.size(), 0);
   driver_->SetOnShardUpdated([this](size_t shard) {

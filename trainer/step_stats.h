@@ -17,6 +17,9 @@ struct StepStats {
   double grad_norm = 0;        // before clipping (unscaled; inf or NaN on a skipped step)
   double loss_scale = 1;       // fp16: the scale this step's backward ran with (else 1)
   bool skipped = false;        // fp16: gradients overflowed, no update was applied
+  bool clipped = false;        // max_grad_norm scaled the gradients down (clip coefficient < 1)
+  int32_t speculated_layers = 0;  // blocks updated during backward, before the norm was known
+  int32_t corrected_layers = 0;   // of those, corrected to the clip coefficient afterwards
   double step_seconds = 0;     // wall time of the step
   double model_flops = 0;      // 6 * params * tokens (+ attention), without recompute
   // Busy time per resource inside the step (seconds) ...

@@ -38,6 +38,13 @@ struct OptimConfig {
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double max_grad_norm = 1.0;  // <= 0: no clipping
+  // With clipping: update each block as its gradients land, assuming no clipping, and correct
+  // those updates when the step does clip (workers/step_driver.h). "auto" speculates while fewer
+  // than half of the recent steps clipped; "always" / "never". Not with fp16 loss scaling or the
+  // NVMe tier (then never). Off by default: in a step that clips, which blocks were speculated
+  // depends on timing, and a corrected update differs from a held one in the last bits, so runs
+  // with it are reproducible within fp32 rounding (the PyTorch parity bounds), not bit for bit.
+  std::string speculation = "never";
 };
 
 struct OffloadPlanConfig {

@@ -321,6 +321,9 @@ Status Trainer::Impl::ReportPending(std::chrono::steady_clock::time_point end) {
   s.loss = p.loss.defined() ? p.loss.item<double>() : 0.0;
   s.grad_norm = r.grad_norm;
   s.skipped = r.skipped;
+  s.clipped = r.clipped;
+  s.speculated_layers = static_cast<int32_t>(r.speculated_shards);
+  s.corrected_layers = static_cast<int32_t>(r.corrected_shards);
   applied = static_cast<int64_t>(r.adam_step);
   if (scaler) scaler->Update(r.skipped);
   s.step_seconds = Seconds(p.start, end);

@@ -22,6 +22,7 @@ AdamWScalars MakeScalars(const AdamWHyper& h) {
   const float w = static_cast<float>(1.0 - h.beta1);
   s.lerp_small = std::fabs(w) < 0.5f;
   s.lerp_coeff = s.lerp_small ? w : w - 1.0f;
+  s.one_minus_beta1 = w;
   s.beta2 = static_cast<float>(h.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
   s.neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
@@ -190,6 +191,11 @@ double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, b
 
 double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n, KernelPath path) {
   OFFLOADD_DISPATCH(path, GradSquaredNorm, grad, dtype, n);
+}
+
+double CorrectAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath path) {
+  const internal::AdamWScalars s = internal::MakeScalars(hyper);
+  OFFLOADD_DISPATCH(path, CorrectAdamW, span, s);
 }
 
 }  // namespace offloadd::workers

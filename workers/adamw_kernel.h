@@ -69,6 +69,15 @@ double FusedAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath pat
 double AccumulateGrad(float* acc, const void* grad, GradDtype dtype, size_t n, bool overwrite,
                       KernelPath path, const float* acc_in = nullptr);
 double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n, KernelPath path);
+// Turns the state FusedAdamW left with grad_scale 1 (span: master, exp_avg, exp_avg_sq after
+// that update, and the same gradients) into the state it leaves with hyper.grad_scale = c:
+//   m_c = m_1 + w (c g - g)                (w = 1 - beta1: m is linear in g)
+//   v_c = max(0, v_1 + (1 - beta2) ((c g)^2 - g^2))
+//   p_c = p_1 - u(m_1, v_1) + u(m_c, v_c)  (u: the Adam step FusedAdamW added)
+// in fp32. Not bit-identical to FusedAdamW with c: each quantity carries about one more rounding,
+// and v_c's relative error is at most 2^-24 v_1 / v_c <= 2^-24 / c^2 (v_0 below v_1's last bit is
+// lost); workers/README.md derives the bound on the update. Returns sum(grad^2) as FusedAdamW.
+double CorrectAdamW(const AdamWSpan& span, const AdamWHyper& hyper, KernelPath path);
 
 bool PathSupported(KernelPath path);
 std::vector<KernelPath> SupportedPaths();  // fastest first

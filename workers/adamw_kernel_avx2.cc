@@ -126,4 +126,6 @@ double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n) {
   return sq.Sum();
 }
 
+double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s) { return CorrectLoop(span, s); }
+
 }  // namespace offloadd::workers::internal::avx2

@@ -16,6 +16,7 @@ struct AdamWScalars {
   float grad_scale;
   float decay;       // 1 - lr * wd
   float lerp_coeff;  // 1 - beta1 (or -beta1 when 1 - beta1 >= 0.5, see ATen lerp)
+  float one_minus_beta1;
   bool lerp_small;   // |1 - beta1| < 0.5: m + w (g - m); else g + (w - 1)(g - m)
   float beta2;
   float one_minus_beta2;
@@ -85,6 +86,20 @@ inline void AdamWElement(float g_raw, float p, float m, float v, float* op, floa
   *ov = vv;
 }
 
+// CorrectAdamW on one element (see adamw_kernel.h); the same operations on every path.
+inline void CorrectElement(float g_raw, float p1, float m1, float v1, float* op, float* om, float* ov,
+                           const AdamWScalars& s) {
+  const float gc = g_raw * s.grad_scale;
+  const float mc = std::fma(s.one_minus_beta1, gc - g_raw, m1);
+  const float vc_raw = std::fma(s.one_minus_beta2, gc * gc - g_raw * g_raw, v1);
+  const float vc = vc_raw > 0.0f ? vc_raw : 0.0f;
+  const float u1 = (s.neg_step_size * m1) / (std::sqrt(v1) / s.bc2_sqrt + s.eps);
+  const float uc = (s.neg_step_size * mc) / (std::sqrt(vc) / s.bc2_sqrt + s.eps);
+  *op = (p1 - u1) + uc;
+  *om = mc;
+  *ov = vc;
+}
+
 // Output pointers of a span (in place unless out_* are set).
 struct AdamWOut {
   float* master;
@@ -112,12 +127,28 @@ inline float LoadGrad(const void* grad, GradDtype dt, size_t i) {
   return static_cast<const float*>(grad)[i];
 }
 
+// The same loop for every path (compiled in each path's TU with its -m flags: element-wise IEEE
+// operations and the canonical norm order, so every path computes the same bits).
+inline double CorrectLoop(const AdamWSpan& span, const AdamWScalars& s) {
+  const AdamWOut out(span);
+  NormLanes sq;
+  for (size_t i = 0; i < span.n; ++i) {
+    const float g = LoadGrad(span.grad, span.grad_dtype, i);
+    sq.Add(i, g);
+    CorrectElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
+                   &out.exp_avg[i], &out.exp_avg_sq[i], s);
+    StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
+  }
+  return sq.Sum();
+}
+
 #define OFFLOADD_DECLARE_KERNEL_PATH(ns)                                                    \
   namespace ns {                                                                            \
   double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s);                          \
   double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype, \
                         size_t n, bool overwrite);                                          \
   double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n);                      \
+  double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s);                        \
   }
 OFFLOADD_DECLARE_KERNEL_PATH(portable)
 OFFLOADD_DECLARE_KERNEL_PATH(avx2)

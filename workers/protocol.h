@@ -15,6 +15,13 @@
 // left half-updated and nothing is applied twice.
 // Accumulate commands use their own counter array with a caller-chosen sequence number instead
 // of the step (seq = 1, 2, ... across all micro-batches of the run).
+// Speculative updates (exact clipping without waiting for the global norm, StepDriver): an AdamW
+// command with kFlagSpeculative applied grad_scale 1 before the norm was known; a chunk whose
+// gradients are not finite is then left untouched (its counter too), so no inf/NaN reaches the
+// states. If the step then clips by c < 1, a kAdamWCorrect command (AdamWCommand payload,
+// grad_scale = c) turns each chunk's speculative result into the update with c, once: its
+// correction counters are the second half of the AdamW counter region (AdamWCountersBytes), and
+// a chunk is corrected for step k when its AdamW counter reads k and its correction counter < k.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,12 +35,15 @@ namespace offloadd::workers {
 inline constexpr uint64_t kChunkElements = 2048;
 inline uint64_t NumChunks(uint64_t n) { return (n + kChunkElements - 1) / kChunkElements; }
 inline uint64_t CountersBytes(uint64_t n) { return NumChunks(n) * sizeof(uint64_t); }
+// AdamW step counters followed by the correction counters (kAdamWCorrect).
+inline uint64_t AdamWCountersBytes(uint64_t n) { return 2 * CountersBytes(n); }
 
 enum class CommandKind : uint32_t {
   kAdamW = 1,       // AdamWCommand
   kAccumulate = 2,  // AccumulateCommand
   kGradNorm = 3,    // GradNormCommand
   kShutdown = 4,    // no payload; the worker exits after completing what it popped before
+  kAdamWCorrect = 5,  // AdamWCommand: correct a speculative (grad_scale 1) update to grad_scale
 };
 
 // ipc::CommandRecord::flags
@@ -42,6 +52,7 @@ inline constexpr uint32_t kFlagWeightsFp16 = 1u << 1;  // else bf16 weight copy
 inline constexpr uint32_t kFlagNoWeights = 1u << 2;    // do not write a 16-bit weight copy
 inline constexpr uint32_t kFlagOverwrite = 1u << 3;    // accumulate: first micro-batch, acc = g
 inline constexpr uint32_t kFlagGradFp16 = 1u << 4;     // fp16 gradients (fp16 loss scaling)
+inline constexpr uint32_t kFlagSpeculative = 1u << 5;  // AdamW: skip chunks with inf/NaN grads
 
 inline uint32_t GradDtypeFlags(GradDtype dt) {
   return dt == GradDtype::kFp32 ? kFlagGradFp32 : dt == GradDtype::kFp16 ? kFlagGradFp16 : 0;

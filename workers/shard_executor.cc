@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "common/logging.h"
@@ -57,7 +58,9 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
     RETURN_IF_ERROR(arena.Check(slot->counter_offset, sizeof(uint64_t)));
     std::atomic_ref<uint64_t> counter(*arena.At<uint64_t>(slot->counter_offset));
     // The slot holds the chunk's complete new state; a copy interrupted half-way is simply redone.
-    if (counter.load(std::memory_order_acquire) == slot->seq - 1) {
+    // Below seq: not committed yet (AdamW and accumulate counters read seq - 1 then; a correction
+    // counter may be older, as not every step is corrected).
+    if (counter.load(std::memory_order_acquire) < slot->seq) {
       for (uint32_t a = 0; a < slot->arrays; ++a) {
         RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->count * sizeof(float)));
         std::memcpy(arena.At<float>(slot->dst_offset[a]), SlotData(slot, a),
@@ -77,6 +80,7 @@ struct ShardExecutor::Job {
   GradDtype grad_dtype{};
   WeightDtype weight_dtype{};
   bool overwrite = false;
+  bool speculative = false;  // kAdamW with kFlagSpeculative: non-finite chunks stay untouched
   uint32_t layer = 0;
   uint64_t n = 0;
   uint64_t chunks = 0;
@@ -158,20 +162,42 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
     *sq_norm = GradSquaredNorm(grad, job.grad_dtype, count, options_.path);
     return OkStatus();
   }
-  const uint64_t counter_offset = job.counters_offset + chunk * sizeof(uint64_t);
+  // A correction is sequenced by its own counter (the region's second half) and needs the chunk's
+  // speculative update of the same step (its AdamW counter at seq).
+  const bool correct = job.kind == CommandKind::kAdamWCorrect;
+  const uint64_t counter_offset =
+      job.counters_offset + ((correct ? job.chunks : 0) + chunk) * sizeof(uint64_t);
   std::atomic_ref<uint64_t> counter(*arena_->At<uint64_t>(counter_offset));
   const uint64_t current = counter.load(std::memory_order_acquire);
   if (current == job.seq) {  // already done by a predecessor that crashed after committing
     *sq_norm = GradSquaredNorm(grad, job.grad_dtype, count, options_.path);
     return OkStatus();
   }
-  if (current != job.seq - 1) {
+  if (correct) {
+    std::atomic_ref<uint64_t> step(*arena_->At<uint64_t>(job.counters_offset + chunk * 8));
+    const uint64_t at = step.load(std::memory_order_acquire);
+    if (at != job.seq || current > job.seq) {
+      return FailedPreconditionError("layer " + std::to_string(job.layer) + " chunk " +
+                                     std::to_string(chunk) + ": a correction for step " +
+                                     std::to_string(job.seq) + " needs that step's update, the "
+                                     "chunk is at step " + std::to_string(at));
+    }
+  } else if (current != job.seq - 1) {
     return FailedPreconditionError("layer " + std::to_string(job.layer) + " chunk " +
                                    std::to_string(chunk) + " is at " + std::to_string(current) +
                                    " but the command is for " + std::to_string(job.seq) +
                                    " (commands must be applied in order)");
   }
-  const uint32_t arrays = job.kind == CommandKind::kAdamW ? 3 : 1;
+  if (job.speculative) {
+    // Grad scale 1 before the global norm is known: a chunk with inf/NaN gradients is left as it
+    // is (counter too), so none reaches the states; the driver fails or skips the step.
+    const double sq = GradSquaredNorm(grad, job.grad_dtype, count, options_.path);
+    if (!std::isfinite(sq)) {
+      *sq_norm = sq;
+      return OkStatus();
+    }
+  }
+  const uint32_t arrays = job.kind == CommandKind::kAccumulate ? 1 : 3;
   const uint64_t processed = chunks_processed_.fetch_add(1);
   const bool crash_here =
       options_.crash_point != CrashPoint::kNone && processed == options_.crash_after_chunks;
@@ -183,7 +209,7 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
       options_.crash_consistent ? SlotAt(*arena_, options_.undo_offset, thread) : nullptr;
   float* out[3] = {};
   for (uint32_t a = 0; a < arrays; ++a) out[a] = slot != nullptr ? SlotData(slot, a) : state[a];
-  if (job.kind == CommandKind::kAdamW) {
+  if (job.kind != CommandKind::kAccumulate) {
     AdamWSpan span;
     span.grad = grad;
     span.grad_dtype = job.grad_dtype;
@@ -198,7 +224,8 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
                        ? nullptr
                        : arena_->At<uint16_t>(job.weights_offset + begin * sizeof(uint16_t));
     span.n = count;
-    *sq_norm = FusedAdamW(span, job.hyper, options_.path);
+    *sq_norm = correct ? CorrectAdamW(span, job.hyper, options_.path)
+                       : FusedAdamW(span, job.hyper, options_.path);
   } else {
     *sq_norm =
         AccumulateGrad(out[0], grad, job.grad_dtype, count, job.overwrite, options_.path, state[0]);
@@ -243,8 +270,10 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
   job->grad_dtype = GradDtypeFromFlags(command.flags);
   const uint64_t gsize = GradBytes(job->grad_dtype);
   switch (job->kind) {
-    case CommandKind::kAdamW: {
+    case CommandKind::kAdamW:
+    case CommandKind::kAdamWCorrect: {
       const auto c = command.Unpack<AdamWCommand>();
+      job->speculative = job->kind == CommandKind::kAdamW && (command.flags & kFlagSpeculative);
       job->n = c.num_elements;
       job->layer = c.layer;
       job->seq = c.step;
@@ -289,15 +318,16 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
   job->chunks = NumChunks(job->n);
   RETURN_IF_ERROR(check("grad", job->grad_offset, job->n * gsize, gsize));
   if (job->kind == CommandKind::kGradNorm) return OkStatus();
-  RETURN_IF_ERROR(check("counters", job->counters_offset, job->chunks * 8, 8));
-  const uint32_t arrays = job->kind == CommandKind::kAdamW ? 3 : 1;
+  const bool correct = job->kind == CommandKind::kAdamWCorrect;
+  RETURN_IF_ERROR(check("counters", job->counters_offset, job->chunks * (correct ? 16 : 8), 8));
+  const uint32_t arrays = job->kind == CommandKind::kAccumulate ? 1 : 3;
   for (uint32_t a = 0; a < arrays; ++a) {
     RETURN_IF_ERROR(check(a == 0   ? "master/accum"
                           : a == 1 ? "exp_avg"
                                    : "exp_avg_sq",
                           job->state_offset[a], job->n * 4, 4));
   }
-  if (job->kind == CommandKind::kAdamW && job->weight_dtype != WeightDtype::kNone) {
+  if (job->kind != CommandKind::kAccumulate && job->weight_dtype != WeightDtype::kNone) {
     RETURN_IF_ERROR(check("weights", job->weights_offset, job->n * 2, 2));
   }
   if (options_.crash_consistent) {

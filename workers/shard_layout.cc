@@ -49,7 +49,7 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
   uint64_t bytes = 0;
   ForEachShard(layers, o, [&](size_t, uint64_t, uint64_t n) {
     bytes += RoundUp(n * gsize, kAlign) + (o.states_resident ? 3 * RoundUp(n * 4, kAlign) : 0) +
-             RoundUp(n * 2, kAlign) + RoundUp(CountersBytes(n), kAlign);
+             RoundUp(n * 2, kAlign) + RoundUp(AdamWCountersBytes(n), kAlign);
     if (o.accumulation_steps > 1)
       bytes += RoundUp(n * 4, kAlign) + RoundUp(CountersBytes(n), kAlign);
   });
@@ -116,7 +116,7 @@ StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
       spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4);
     }
     spec.weights_offset = alloc("weights", ipc::RegionKind::kParamStaging, n * 2);
-    spec.counters_offset = alloc("counters", ipc::RegionKind::kControl, CountersBytes(n));
+    spec.counters_offset = alloc("counters", ipc::RegionKind::kControl, AdamWCountersBytes(n));
     if (o.accumulation_steps > 1) {
       spec.accum_offset = alloc("accum", ipc::RegionKind::kGradAccum, n * 4);
       spec.accum_counters_offset =

@@ -16,6 +16,30 @@ float ClipCoefficient(double total_sq_norm, double max_grad_norm, float* total_n
   return coef < 1.0f ? coef : 1.0f;
 }
 
+std::string_view SpeculationName(Speculation s) {
+  switch (s) {
+    case Speculation::kNever:
+      return "never";
+    case Speculation::kAlways:
+      return "always";
+    case Speculation::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+StatusOr<Speculation> ParseSpeculation(std::string_view name) {
+  for (Speculation s : {Speculation::kNever, Speculation::kAlways, Speculation::kAuto}) {
+    if (SpeculationName(s) == name) return s;
+  }
+  return InvalidArgumentError("speculation must be auto, always or never, got '" +
+                              std::string(name) + "'");
+}
+
+namespace {
+constexpr size_t kClipHistory = 16;
+}  // namespace
+
 StepDriver::StepDriver(WorkerPool* pool, std::vector<ShardSpec> shards, OptimizerConfig config)
     : pool_(pool), shards_(std::move(shards)), config_(config) {
   if (config_.accumulation_steps == 0) config_.accumulation_steps = 1;
@@ -48,6 +72,16 @@ Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
   deferred_.clear();
   first_id_ = next_id_;
   params_updated_ = 0;
+  // Speculation needs exact clipping to correct against and finite-or-fail steps (a skipped
+  // fp16 step would have to undo speculative updates bit for bit).
+  const size_t clips = static_cast<size_t>(std::count(recent_clips_.begin(), recent_clips_.end(), true));
+  speculate_ = config_.max_grad_norm > 0 && !config_.skip_nonfinite &&
+               (config_.speculation == Speculation::kAlways ||
+                (config_.speculation == Speculation::kAuto && 2 * clips < kClipHistory));
+  clip_certain_ = false;
+  decided_ = false;
+  known_sq_ = 0;
+  speculated_.assign(shards_.size(), 0);
   return OkStatus();
 }
 
@@ -59,13 +93,15 @@ Status StepDriver::Submit(size_t shard, const ipc::CommandRecord& r) {
   return OkStatus();
 }
 
-Status StepDriver::SubmitUpdate(size_t shard, float grad_scale) {
+Status StepDriver::SubmitUpdate(size_t shard, float grad_scale, CommandKind kind,
+                                uint32_t extra_flags) {
   if (before_update_) RETURN_IF_ERROR(before_update_(shard, &shards_[shard]));
   const ShardSpec& s = shards_[shard];
   const bool accumulated = config_.accumulation_steps > 1;
   ipc::CommandRecord r{};
-  r.kind = static_cast<uint32_t>(CommandKind::kAdamW);
+  r.kind = static_cast<uint32_t>(kind);
   r.id = next_id_++;
+  r.flags |= extra_flags;
   r.flags |= accumulated ? kFlagGradFp32 : GradDtypeFlags(s.grad_dtype);
   if (s.weight_dtype == WeightDtype::kNone) r.flags |= kFlagNoWeights;
   if (s.weight_dtype == WeightDtype::kFp16) r.flags |= kFlagWeightsFp16;
@@ -106,6 +142,10 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
       return OkStatus();
     }
     return SubmitUpdate(shard, grad_unscale_);
+  }
+  if (speculate_ && !clip_certain_) {
+    speculated_[shard] = 1;
+    return SubmitUpdate(shard, grad_unscale_, CommandKind::kAdamW, kFlagSpeculative);
   }
   ipc::CommandRecord r{};
   r.kind = static_cast<uint32_t>(CommandKind::kGradNorm);
@@ -149,10 +189,19 @@ void StepDriver::Handle(WorkerCompletion c) {
   const auto kind = static_cast<CommandKind>(c.kind);
   if (kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW) {
     sq_norm_[shard] = c.grad_sq_norm;
+    if (speculate_ && !decided_) {  // measured before the step's coefficient: clipping certain?
+      const double u = grad_unscale_;
+      known_sq_ += c.grad_sq_norm;
+      if (!(known_sq_ * u * u <= config_.max_grad_norm * config_.max_grad_norm)) clip_certain_ = true;
+    }
   }
-  if (kind == CommandKind::kAdamW) {
-    params_updated_ += c.elements;
+  // A speculative update is final only once FinishStep knows the step does not clip.
+  const bool provisional = kind == CommandKind::kAdamW && speculated_[shard] && !decided_;
+  if ((kind == CommandKind::kAdamW && !provisional) || kind == CommandKind::kAdamWCorrect) {
+    if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
     if (on_updated_) on_updated_(shard);
+  } else if (provisional) {
+    params_updated_ += c.elements;
   }
 }
 
@@ -205,11 +254,29 @@ StatusOr<StepResult> StepDriver::FinishStep() {
       return DataLossError("gradient norm is not finite (" + std::to_string(norm) + "); step " +
                            std::to_string(step_) + " was not applied");
     }
+    decided_ = true;
+    result.clipped = result.clip_coef < 1.0f;
+    if (speculate_ || config_.speculation == Speculation::kAuto) {
+      recent_clips_.push_back(result.clipped);
+      if (recent_clips_.size() > kClipHistory) recent_clips_.pop_front();
+    }
     std::vector<size_t> order(shards_.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return shards_[a].layer < shards_[b].layer; });
-    for (size_t s : order) RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef * grad_unscale_));
+    for (size_t s : order) {
+      if (!speculated_[s]) {
+        RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef * grad_unscale_));
+        continue;
+      }
+      ++result.speculated_shards;
+      if (!result.clipped) {  // grad scale 1 was right: the update stands as it is
+        if (on_updated_) on_updated_(s);
+        continue;
+      }
+      ++result.corrected_shards;
+      RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef * grad_unscale_, CommandKind::kAdamWCorrect));
+    }
     RETURN_IF_ERROR(drain());
   } else {
     std::stable_sort(deferred_.begin(), deferred_.end(),

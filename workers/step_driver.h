@@ -16,6 +16,16 @@
 //    computed exactly as torch.nn.utils.clip_grad_norm_ does (fp32: c = max / (norm + 1e-6),
 //    clamped to 1) and every shard's AdamW is submitted with grad_scale = c, in ascending layer
 //    order so that the next forward pass can start behind the first updated layers.
+//  * speculation (with clipping, not with skip_nonfinite): instead of measuring a shard's norm
+//    and holding it, its AdamW is submitted at once with grad scale 1 (kFlagSpeculative: a chunk
+//    with inf/NaN gradients stays untouched), assuming the step will not clip. The driver sums the
+//    squared norms as they come back; once the sum exceeds max_grad_norm^2 clipping is certain
+//    and later shards go back to the norm-then-hold path. At FinishStep the clip coefficient c is
+//    computed exactly as in hold mode. c == 1: the speculative updates are the step's updates,
+//    bit for bit. c < 1: each speculated shard gets a kAdamWCorrect(c) (CorrectAdamW), the held
+//    ones AdamW(c), in ascending layer order. on-updated callbacks fire only for final updates.
+//    Policy: kAlways / kNever, or kAuto: speculate while fewer than half of the last 16 steps
+//    clipped (a clipped step costs a correction pass over the speculated shards).
 //  * skip_nonfinite (fp16 dynamic loss scaling): hold mode even without clipping, since no shard
 //    may be updated before the whole step is known to be finite. BeginStep's grad_unscale
 //    (1 / loss scale) multiplies the norm and is folded into the coefficient the workers apply
@@ -30,7 +40,9 @@
 // use one driver per pool. Not thread-safe: call it from one thread.
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -53,6 +65,10 @@ struct ShardSpec {
   int worker = -1;                     // -1: shard index modulo the pool size
 };
 
+enum class Speculation : uint8_t { kNever = 0, kAlways = 1, kAuto = 2 };
+std::string_view SpeculationName(Speculation s);  // "never", "always", "auto"
+StatusOr<Speculation> ParseSpeculation(std::string_view name);
+
 struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   double max_grad_norm = 0.0;  // <= 0: no clipping
@@ -66,6 +82,9 @@ struct OptimizerConfig {
   // fp16 loss scaling: a non-finite gradient norm skips the step instead of failing it, and
   // updates always wait for the norm (see above).
   bool skip_nonfinite = false;
+  // Updates before the global norm is known (see above); only with max_grad_norm > 0 and without
+  // skip_nonfinite.
+  Speculation speculation = Speculation::kNever;
 };
 
 struct StepResult {
@@ -74,6 +93,9 @@ struct StepResult {
   uint64_t params_updated = 0;
   bool skipped = false;     // non-finite gradients with skip_nonfinite: nothing was updated
   uint64_t adam_step = 0;   // AdamW updates applied through this step (step - skipped steps)
+  bool clipped = false;     // clip_coef < 1
+  uint32_t speculated_shards = 0;  // updated before the norm was known
+  uint32_t corrected_shards = 0;   // of those, corrected to the clip coefficient
 };
 
 // torch.nn.utils.clip_grad_norm_'s coefficient, in its fp32 arithmetic.
@@ -118,7 +140,8 @@ class StepDriver {
 
  private:
   Status Submit(size_t shard, const ipc::CommandRecord& r);
-  Status SubmitUpdate(size_t shard, float grad_scale);
+  Status SubmitUpdate(size_t shard, float grad_scale, CommandKind kind = CommandKind::kAdamW,
+                      uint32_t extra_flags = 0);
   bool hold() const { return config_.max_grad_norm > 0 || config_.skip_nonfinite; }
   Status WaitOne();
   void Handle(WorkerCompletion c);
@@ -143,6 +166,13 @@ class StepDriver {
   std::function<void(size_t)> on_updated_;
   std::function<Status(size_t, ShardSpec*)> before_update_;
   std::vector<size_t> deferred_;  // shards held for FinishStep (defer_below_layer)
+  // Speculation (see above).
+  bool speculate_ = false;           // this step
+  bool clip_certain_ = false;        // the known squared norms already exceed max_grad_norm^2
+  bool decided_ = false;             // FinishStep computed the clip coefficient
+  double known_sq_ = 0;              // sum of the squared norms measured so far this step
+  std::vector<uint8_t> speculated_;  // per shard
+  std::deque<bool> recent_clips_;    // the last 16 steps (kAuto)
 };
 
 }  // namespace offloadd::workers

@@ -30,6 +30,9 @@ const Histogram::BucketBoundaries& StepBuckets() {
 constexpr std::array<const char*, 5> kPhases = {"gpu_compute", "h2d", "d2h", "cpu_update", "nvme"};
 constexpr std::array<const char*, 3> kStalls = {"weights", "grads", "optimizer"};
 constexpr std::array<const char*, 4> kLinks = {"h2d", "d2h", "nvme_read", "nvme_write"};
+// Exact clipping with speculative updates (workers/step_driver.h).
+constexpr std::array<const char*, 3> kClipEvents = {"clipped_steps", "speculated_layers",
+                                                    "corrected_layers"};
 
 Family<Gauge>& GaugeFamily(prometheus::Registry& r, const char* name, const char* help) {
   return prometheus::BuildGauge().Name(name).Help(help).Register(r);
@@ -59,6 +62,7 @@ struct TrainMetrics::Impl {
     std::array<Counter*, kPhases.size()> phase;
     std::array<Counter*, kStalls.size()> stall;
     std::array<Counter*, kLinks.size()> link;
+    std::array<Counter*, kClipEvents.size()> clip;
   };
 
   Impl(prometheus::Registry& r, Options o)
@@ -101,7 +105,11 @@ struct TrainMetrics::Impl {
                             "(weights, gradient staging buffers, optimizer updates).")),
         link(CounterFamily(r, "offloadd_link_bytes_total",
                            "Bytes moved per link: PCIe host-to-device and device-to-host, NVMe "
-                           "reads and writes.")) {}
+                           "reads and writes.")),
+        clip(CounterFamily(r, "offloadd_train_clip_events_total",
+                           "Steps whose gradients max_grad_norm scaled down (clipped_steps), layers "
+                           "updated before the step's norm was known (speculated_layers) and, of "
+                           "those, corrected to the clip coefficient (corrected_layers).")) {}
 
   JobSeries& SeriesLocked(const std::string& job_id) {
     auto it = by_job.find(job_id);
@@ -131,6 +139,7 @@ struct TrainMetrics::Impl {
     for (size_t i = 0; i < kStalls.size(); ++i)
       s.stall[i] = &stall.Add(with("resource", kStalls[i]));
     for (size_t i = 0; i < kLinks.size(); ++i) s.link[i] = &link.Add(with("link", kLinks[i]));
+    for (size_t i = 0; i < kClipEvents.size(); ++i) s.clip[i] = &clip.Add(with("event", kClipEvents[i]));
     return by_job.emplace(job_id, s).first->second;
   }
 
@@ -152,6 +161,7 @@ struct TrainMetrics::Impl {
   Family<Counter>& phase;
   Family<Counter>& stall;
   Family<Counter>& link;
+  Family<Counter>& clip;
 
   std::mutex mu;
   std::unordered_map<std::string, JobSeries> by_job;  // guarded by mu
@@ -193,6 +203,9 @@ void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& 
   for (size_t i = 0; i < phase.size(); ++i) j.phase[i]->Increment(phase[i]);
   for (size_t i = 0; i < stall.size(); ++i) j.stall[i]->Increment(stall[i]);
   for (size_t i = 0; i < link.size(); ++i) j.link[i]->Increment(static_cast<double>(link[i]));
+  j.clip[0]->Increment(s.clipped ? 1 : 0);
+  j.clip[1]->Increment(s.speculated_layers);
+  j.clip[2]->Increment(s.corrected_layers);
 }
 
 void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) {
@@ -227,6 +240,7 @@ void TrainMetrics::ClearJob(const std::string& job_id) {
   for (Counter* c : j.phase) m.phase.Remove(c);
   for (Counter* c : j.stall) m.stall.Remove(c);
   for (Counter* c : j.link) m.link.Remove(c);
+  for (Counter* c : j.clip) m.clip.Remove(c);
   m.by_job.erase(it);
 }
 

@@ -69,6 +69,9 @@ TEST(TrainMetricsTest, StepsAccumulateCountersAndSetGauges) {
   trainer::StepStats second = Step(2);
   second.loss = 2.0;
   second.step_seconds = 4.0;
+  second.clipped = true;
+  second.speculated_layers = 3;
+  second.corrected_layers = 3;
   m.Observe("a", second);
   m.Observe("b", Step(7));
 
@@ -105,6 +108,10 @@ TEST(TrainMetricsTest, StepsAccumulateCountersAndSetGauges) {
   EXPECT_EQ(s[R"(offloadd_link_bytes_total{job_id="a",link="d2h"})"], 4000);
   EXPECT_EQ(s[R"(offloadd_link_bytes_total{job_id="a",link="nvme_read"})"], 6000);
   EXPECT_EQ(s[R"(offloadd_link_bytes_total{job_id="b",link="nvme_write"})"], 4000);
+  EXPECT_EQ(s[R"(offloadd_train_clip_events_total{event="clipped_steps",job_id="a"})"], 1);
+  EXPECT_EQ(s[R"(offloadd_train_clip_events_total{event="speculated_layers",job_id="a"})"], 3);
+  EXPECT_EQ(s[R"(offloadd_train_clip_events_total{event="corrected_layers",job_id="a"})"], 3);
+  EXPECT_EQ(s[R"(offloadd_train_clip_events_total{event="clipped_steps",job_id="b"})"], 0);
 }
 
 TEST(TrainMetricsTest, NoMfuWithoutPeakAndNoRatesFromZeroLengthSteps) {

@@ -214,6 +214,67 @@ TEST(AdamWKernelTest, EveryPathComputesThePortableBits) {
   }
 }
 
+// CorrectAdamW turns a speculative update (grad scale 1) into the update with clip coefficient c,
+// against FusedAdamW with c from the same starting state; every path computes the same bits.
+TEST(AdamWKernelTest, CorrectionReachesTheClippedUpdate) {
+  constexpr size_t n = 1037;
+  for (float c : {0.9f, 0.37f, 0.05f}) {
+    const AdamWHyper spec{.lr = 2e-3, .weight_decay = 0.1, .step = 4, .grad_scale = 1.0f};
+    AdamWHyper clipped = spec;
+    clipped.grad_scale = c;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    std::vector<float> grad(n), p0(n), m0(n), v0(n);
+    for (size_t i = 0; i < n; ++i) {
+      grad[i] = normal(rng) * 1e-2f;
+      p0[i] = normal(rng) * 0.05f;
+      m0[i] = normal(rng) * 1e-3f;
+      v0[i] = std::fabs(normal(rng)) * 1e-5f;
+    }
+    const auto span_of = [&](std::vector<float>& p, std::vector<float>& m, std::vector<float>& v) {
+      AdamWSpan s;
+      s.grad = grad.data();
+      s.grad_dtype = GradDtype::kFp32;
+      s.master = p.data();
+      s.exp_avg = m.data();
+      s.exp_avg_sq = v.data();
+      s.weight_dtype = WeightDtype::kNone;
+      s.n = n;
+      return s;
+    };
+    std::vector<float> wp = p0, wm = m0, wv = v0;
+    FusedAdamW(span_of(wp, wm, wv), clipped, KernelPath::kPortable);
+    std::vector<float> ref_p, ref_m, ref_v;
+    for (KernelPath path : SupportedPaths()) {
+      SCOPED_TRACE(std::string(KernelPathName(path)) + " c=" + std::to_string(c));
+      std::vector<float> p = p0, m = m0, v = v0;
+      FusedAdamW(span_of(p, m, v), spec, path);
+      const std::vector<float> m1 = m, v1 = v;
+      CorrectAdamW(span_of(p, m, v), clipped, path);
+      // Each corrected quantity is a short sum of fp32 terms: within a few ulps (2^-23 relative)
+      // of the largest operand: m_1 and m_c for exp_avg, v_1 and v_c for exp_avg_sq, and the
+      // weight with both Adam steps (each at most ~3 lr) for the master weight.
+      constexpr double kUlp = 1.0 / (1 << 23);
+      const double lr = spec.lr;
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_LE(std::fabs(p[i] - wp[i]), 4 * kUlp * (std::fabs(wp[i]) + 6 * lr)) << i;
+        // (the lerp rounds g - m_0 before scaling it by w = 1 - beta1 = 0.1)
+        ASSERT_LE(std::fabs(m[i] - wm[i]),
+                  2 * kUlp * (std::fabs(m1[i]) + std::fabs(wm[i]) + 0.1 * (std::fabs(grad[i]) + std::fabs(m0[i]))))
+            << i;
+        ASSERT_LE(std::fabs(v[i] - wv[i]), 2 * kUlp * (v1[i] + wv[i])) << i;
+      }
+      if (ref_p.empty()) {  // the fastest path first: every other one must give its bits
+        ref_p = p, ref_m = m, ref_v = v;
+      } else {
+        EXPECT_EQ(p, ref_p);
+        EXPECT_EQ(m, ref_m);
+        EXPECT_EQ(v, ref_v);
+      }
+    }
+  }
+}
+
 // Restores OFFLOADD_ADAMW_KERNEL (a test run may force a flavour through it).
 class KernelEnv {
  public:

@@ -111,6 +111,31 @@ TEST_F(StepDriverTest, NonFiniteGradientsApplyNothing) {
   EXPECT_EQ(arena_.At<uint64_t>(spec_.counters_offset)[0], 0u);  // step 1 can still be applied
 }
 
+// Speculation updates before the norm is known, with grad scale 1: a chunk with an inf gradient
+// stays untouched (no inf/NaN reaches the states), the step fails as in hold mode.
+TEST_F(StepDriverTest, SpeculationLeavesNonFiniteChunksUntouched) {
+  uint16_t* g = arena_.At<uint16_t>(spec_.grad_offset);
+  for (uint64_t i = 0; i < kN; ++i) g[i] = 0x3c00;  // bf16 0.0078125
+  g[1234] = 0x7f80;                                 // +inf, in chunk 0
+  float* p = arena_.At<float>(spec_.master_offset);
+  float* m = arena_.At<float>(spec_.exp_avg_offset);
+  float* v = arena_.At<float>(spec_.exp_avg_sq_offset);
+  for (uint64_t i = 0; i < kN; ++i) p[i] = 1.0f, m[i] = 0.0f, v[i] = 0.0f;
+  StepDriver d(pool_.get(), {spec_},
+               OptimizerConfig{.max_grad_norm = 1.0, .speculation = Speculation::kAlways});
+  ASSERT_TRUE(d.BeginStep(1, 1e-3).ok());
+  ASSERT_TRUE(d.GradsReady(0, 0).ok());
+  auto r = d.FinishStep();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  for (uint64_t i = 0; i < kN; ++i) {
+    ASSERT_TRUE(std::isfinite(p[i]) && std::isfinite(m[i]) && std::isfinite(v[i])) << i;
+  }
+  for (uint64_t i = 0; i < kChunkElements; ++i) ASSERT_EQ(p[i], 1.0f) << i;  // the inf's chunk
+  EXPECT_EQ(arena_.At<uint64_t>(spec_.counters_offset)[0], 0u);
+  EXPECT_EQ(arena_.At<uint64_t>(spec_.counters_offset)[1], 1u);  // a finite chunk went ahead
+}
+
 // ---- fp16 dynamic loss scaling (skip_nonfinite) ----
 
 class StepDriverFp16Test : public StepDriverTest {

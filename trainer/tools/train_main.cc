@@ -25,6 +25,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --weights=auto|resident|stream
   optimizer:   --lr=X --scheduler=linear|cosine|constant|constant_with_warmup --warmup-steps=N
                --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
+               --speculate=auto|always|never (updates before the clipping norm is known)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N
                --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
@@ -76,6 +77,11 @@ class PrintObserver : public TrainObserver {
                 s.gpu_compute_seconds, s.h2d_seconds, s.d2h_seconds, s.cpu_update_seconds,
                 s.nvme_seconds, s.stall_weights_seconds, s.stall_grads_seconds,
                 s.stall_optimizer_seconds);
+    if (s.speculated_layers > 0) {
+      std::printf("  speculated %d%s", s.speculated_layers,
+                  s.corrected_layers > 0 ? (" corrected " + std::to_string(s.corrected_layers)).c_str()
+                                         : "");
+    }
     if (s.loss_scale != 1 || s.skipped) {  // fp16
       std::printf("  loss_scale %g%s", s.loss_scale, s.skipped ? " OVERFLOW: step skipped" : "");
     }
@@ -86,7 +92,9 @@ class PrintObserver : public TrainObserver {
                           {"tokens", s.tokens}, {"trained_tokens", s.trained_tokens},
                           {"loss", s.loss}, {"learning_rate", s.learning_rate},
                           {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
-                          {"skipped", s.skipped}, {"step_seconds", s.step_seconds},
+                          {"skipped", s.skipped}, {"clipped", s.clipped},
+                          {"speculated_layers", s.speculated_layers},
+                          {"corrected_layers", s.corrected_layers}, {"step_seconds", s.step_seconds},
                           {"model_flops", s.model_flops},
                           {"gpu_compute_seconds", s.gpu_compute_seconds},
                           {"h2d_seconds", s.h2d_seconds}, {"d2h_seconds", s.d2h_seconds},
@@ -188,6 +196,7 @@ int Run(int argc, char** argv) {
       else if (key == "--beta2") c.optim.beta2 = std::stod(v);
       else if (key == "--eps") c.optim.eps = std::stod(v);
       else if (key == "--max-grad-norm") c.optim.max_grad_norm = std::stod(v);
+      else if (key == "--speculate") c.optim.speculation = v;
       else if (key == "--init-scale") c.loss_scale.init_scale = std::stod(v);
       else if (key == "--growth-factor") c.loss_scale.growth_factor = std::stod(v);
       else if (key == "--backoff-factor") c.loss_scale.backoff_factor = std::stod(v);
