@@ -141,8 +141,20 @@ MISC = ("{% set ns = namespace(n=0) %}{% macro f(x, y=2) %}{{ x * y }}{% endmacr
         "{{ messages[-1].content[1:3] | default('d') }}{# comment #}")
 
 
+# Issue #18 defect 4: number literals out of range, loops and strings that grow without bound.
+HOSTILE = {
+    "huge_int": "{{ 99999999999999999999 }}{{ '99999999999999999999' | int }}",
+    "huge_float": "{{ 1e999 }}{{ -1e999 | round }}{{ 'nan' | float }}",
+    "nested_range": "{% for i in range(99999999) %}{% for j in range(99999999) %}x{% endfor %}"
+                    "{% endfor %}",
+    "doubling": "{% set s = 'xxxxxxxxxxxxxxxx' %}{% for i in range(40) %}{% set s = s ~ s %}"
+                "{% endfor %}{{ s | length }}",
+    "recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+}
+
+
 def jinja_seeds(c, shared):
-    templates = {"chatml": CHATML, "llama2": LLAMA2, "tools": TOOLS, "misc": MISC}
+    templates = {"chatml": CHATML, "llama2": LLAMA2, "tools": TOOLS, "misc": MISC, **HOSTILE}
     phi3 = os.path.join(shared, "tokenizers", "phi3-mini", "tokenizer_config.json")
     if os.path.exists(phi3):
         t = load_json(phi3).get("chat_template")
