@@ -126,6 +126,49 @@ double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n) {
   return sq.Sum();
 }
 
-double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s) { return CorrectLoop(span, s); }
+// CorrectElement's operations, 8 lanes at a time; the tail (n % 16) goes through CorrectElement.
+double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s) {
+  const __m256 scale = _mm256_set1_ps(s.grad_scale), omb1 = _mm256_set1_ps(s.one_minus_beta1);
+  const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2), nstep = _mm256_set1_ps(s.neg_step_size);
+  const __m256 bc2 = _mm256_set1_ps(s.bc2_sqrt), eps = _mm256_set1_ps(s.eps);
+  const __m256 zero = _mm256_setzero_ps();
+  const AdamWOut out(span);
+  const auto step8 = [&](size_t i) {
+    const __m256 g = LoadGrad8(span.grad, span.grad_dtype, i);
+    const __m256 p1 = _mm256_loadu_ps(span.master + i);
+    const __m256 m1 = _mm256_loadu_ps(span.exp_avg + i);
+    const __m256 v1 = _mm256_loadu_ps(span.exp_avg_sq + i);
+    const __m256 gc = _mm256_mul_ps(g, scale);
+    const __m256 mc = _mm256_fmadd_ps(omb1, _mm256_sub_ps(gc, g), m1);
+    const __m256 dv = _mm256_sub_ps(_mm256_mul_ps(gc, gc), _mm256_mul_ps(g, g));
+    const __m256 vc = _mm256_max_ps(_mm256_fmadd_ps(omb2, dv, v1), zero);  // NaN -> 0
+    const __m256 u1 = _mm256_div_ps(_mm256_mul_ps(nstep, m1),
+                                    _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v1), bc2), eps));
+    const __m256 uc = _mm256_div_ps(_mm256_mul_ps(nstep, mc),
+                                    _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vc), bc2), eps));
+    const __m256 p = _mm256_add_ps(_mm256_sub_ps(p1, u1), uc);
+    _mm256_storeu_ps(out.master + i, p);
+    _mm256_storeu_ps(out.exp_avg + i, mc);
+    _mm256_storeu_ps(out.exp_avg_sq + i, vc);
+    StoreWeights8(span.weights, span.weight_dtype, i, p);
+    return g;
+  };
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= span.n; i += 16) {
+    const __m256 a = step8(i), b = step8(i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
+  }
+  NormLanes sq = Lanes(lo, hi);
+  for (; i < span.n; ++i) {
+    const float g = LoadGrad(span.grad, span.grad_dtype, i);
+    sq.Add(i, g);
+    CorrectElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
+                   &out.exp_avg[i], &out.exp_avg_sq[i], s);
+    StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
+  }
+  return sq.Sum();
+}
 
 }  // namespace offloadd::workers::internal::avx2

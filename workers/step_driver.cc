@@ -143,7 +143,12 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
     }
     return SubmitUpdate(shard, grad_unscale_);
   }
-  if (speculate_ && !clip_certain_) {
+  // Layers below the transition are held even when speculating, and updated first at FinishStep
+  // (ascending): the next forward needs them first (LSP-Offload's FCFS/LCFS schedule).
+  // Take the norms that have come back before deciding: once they exceed max_grad_norm^2, the
+  // step clips for certain and speculating more layers would only add corrections.
+  if (speculate_ && !clip_certain_) RETURN_IF_ERROR(Poll());
+  if (speculate_ && !clip_certain_ && s.layer >= config_.defer_below_layer) {
     speculated_[shard] = 1;
     return SubmitUpdate(shard, grad_unscale_, CommandKind::kAdamW, kFlagSpeculative);
   }

@@ -74,10 +74,11 @@ struct OptimizerConfig {
   double max_grad_norm = 0.0;  // <= 0: no clipping
   uint32_t accumulation_steps = 1;
   int timeout_ms = -1;  // per completion wait
-  // Without clipping: shards of layers below this one are not updated as their gradients land
-  // but held until FinishStep and then updated in ascending layer order (LSP-Offload's schedule:
-  // first-come-first-served down to this transition layer, last-come-first-served below it, so
-  // the first layers the next forward needs are ready first). 0: every shard on arrival.
+  // Without clipping, or with speculation: shards of layers below this one are not updated as
+  // their gradients land but held until FinishStep and then updated in ascending layer order
+  // (LSP-Offload's schedule: first-come-first-served down to this transition layer,
+  // last-come-first-served below it, so the first layers the next forward needs are ready
+  // first). 0: every shard on arrival.
   uint32_t defer_below_layer = 0;
   // fp16 loss scaling: a non-finite gradient norm skips the step instead of failing it, and
   // updates always wait for the norm (see above).

@@ -42,7 +42,8 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path) -> dict:
            "--random-init", f"--synthetic-seq={args.seq}", f"--batch-size={batch}",
            f"--grad-accum={args.grad_accum}", f"--max-steps={args.steps + args.warmup}",
            f"--device={args.device}", f"--dtype={args.dtype}", f"--gpu-memory-limit={args.gpu_memory_limit}",
-           f"--workers={args.workers}", "--max-grad-norm=1.0", "--lr=1e-5", "--scheduler=constant",
+           f"--workers={args.workers}", f"--max-grad-norm={args.max_grad_norm}", "--lr=1e-5",
+           "--scheduler=constant", f"--speculate={args.speculate}",
            f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
            f"--activations={args.activations}", f"--weights={args.weights}"]
     if args.tier == "nvme":
@@ -64,6 +65,9 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path) -> dict:
                                 "stall_grads_seconds", "stall_optimizer_seconds", "h2d_bytes",
                                 "d2h_bytes", "model_flops", "tokens")}
     res["batch"] = batch
+    res["clip_rate"] = sum(1 for x in timed if x.get("clipped")) / len(timed)
+    res["speculated_layers"] = sum(x.get("speculated_layers", 0) for x in timed) / len(timed)
+    res["corrected_layers"] = sum(x.get("corrected_layers", 0) for x in timed) / len(timed)
     res["nvme_activation_bytes"] = sum(x.get("nvme_activation_bytes", 0) for x in timed) / len(timed)
     res["stall_activations_seconds"] = sum(x.get("stall_activations_seconds", 0) for x in timed) / len(timed)
     res["tokens_per_second"] = res["tokens"] / res["step_seconds"]
@@ -93,6 +97,8 @@ def main() -> int:
     p.add_argument("--tier", default="cpu")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--nvme-dir", default="")
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--speculate", default="never", choices=["never", "always", "auto"])
     p.add_argument("--json")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))
@@ -111,6 +117,10 @@ def main() -> int:
               f"{r['stall_weights_seconds']:.2f}/{r['stall_grads_seconds']:.2f}/{r['stall_optimizer_seconds']:.2f} | "
               f"{r['model_tflops']:.0f} | {r['gpu_peak_gib']:.1f} |")
     for r in results:
+        if "clip_rate" in r:
+            print(f"batch {r['batch']}: max_grad_norm {args.max_grad_norm}, speculate {args.speculate}: clip rate "
+                  f"{r['clip_rate']:.0%}, speculated layers/step {r['speculated_layers']:.1f}, corrected "
+                  f"{r['corrected_layers']:.1f}")
         if "plan" in r:
             print(f"batch {r['batch']}: {r['plan']}")
         if r.get("nvme_activation_bytes"):
