@@ -153,7 +153,9 @@ Status TensorRecord::Validate(size_t n_dirs) const {
     return DataLossError(what + ": chunk_bytes " + std::to_string(chunk_bytes) +
                          " not 4 KiB aligned");
   }
-  const uint64_t n = (size + chunk_bytes - 1) / chunk_bytes;
+  // Not (size + chunk_bytes - 1) / chunk_bytes: that wraps for sizes near 2^64 (fuzz regression
+  // store_format/commit-size-overflows-chunk-count).
+  const uint64_t n = size / chunk_bytes + (size % chunk_bytes != 0 ? 1 : 0);
   if (n != chunks.size()) {
     return DataLossError(what + ": " + std::to_string(chunks.size()) + " chunks for " +
                          std::to_string(size) + " bytes");
@@ -161,7 +163,9 @@ Status TensorRecord::Validate(size_t n_dirs) const {
   std::vector<uint64_t> slots(n_dirs, 0), room(n_dirs, 0);
   std::vector<bool> seen(n_dirs, false);
   for (const auto& x : extents) {
-    if (x.dir >= n_dirs || seen[x.dir] || x.offset % kAlign != 0) {
+    uint64_t end;
+    if (x.dir >= n_dirs || seen[x.dir] || x.offset % kAlign != 0 ||
+        __builtin_add_overflow(x.offset, x.length, &end)) {
       return DataLossError(what + ": bad extent for directory index " + std::to_string(x.dir));
     }
     seen[x.dir] = true;

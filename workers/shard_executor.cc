@@ -52,7 +52,9 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
   for (uint32_t t = 0; t < threads; ++t) {
     UndoSlot* slot = SlotAt(arena, undo_offset, t);
     if (slot->state.load(std::memory_order_acquire) != kSlotCommitting) continue;
-    if (slot->arrays > 3 || slot->count > kChunkElements || slot->seq == 0) {
+    bool aligned = slot->counter_offset % sizeof(uint64_t) == 0;
+    for (uint32_t a = 0; a < slot->arrays && a < 3; ++a) aligned = aligned && slot->dst_offset[a] % 4 == 0;
+    if (slot->arrays > 3 || slot->count > kChunkElements || slot->seq == 0 || !aligned) {
       return DataLossError("redo slot " + std::to_string(t) + " is corrupt");
     }
     RETURN_IF_ERROR(arena.Check(slot->counter_offset, sizeof(uint64_t)));

@@ -1,5 +1,8 @@
 #include "daemon/config/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
@@ -179,11 +182,31 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
 }
 
 StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoError(errno, "cannot read config file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseConfig(ss.str(), path);
+  // O_NONBLOCK + a regular-file check: a FIFO (or device) given as --config would otherwise block
+  // the daemon, and --validate-config, for good.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoError(errno, "cannot read config file " + path);
+  struct stat st{};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return InvalidArgumentError("config file " + path + " is not a regular file");
+  }
+  constexpr off_t kMaxConfigBytes = 1 << 20;
+  if (st.st_size > kMaxConfigBytes) {
+    close(fd);
+    return InvalidArgumentError("config file " + path + " is larger than 1 MiB");
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  text.resize(got);
+  return ParseConfig(text, path);
 }
 
 std::string ConfigToYaml(const DaemonConfig& c) {

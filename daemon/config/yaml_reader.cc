@@ -4,9 +4,22 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "common/message_text.h"
 #include "common/units.h"
 
 namespace offloadd::daemon {
+namespace {
+
+bool ValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
 
 std::string YamlReader::Path(std::string_view key) const {
   if (prefix_.empty()) return std::string(key);
@@ -46,6 +59,12 @@ bool YamlReader::Scalar(const YAML::Node& node, std::string_view key, std::strin
   if (!v || v.IsNull()) return false;
   if (!v.IsScalar()) {
     Error(key, "expected a single value, not a list or mapping");
+    return false;
+  }
+  if (!ValidUtf8(v.Scalar())) {
+    // yaml-cpp keeps the bytes, but the effective config printed back would differ from the one
+    // in use (fuzz regression daemon_config/non-utf8-socket-path-not-printed-back).
+    Error(key, "is not valid UTF-8");
     return false;
   }
   *text = v.Scalar();
@@ -143,6 +162,10 @@ void YamlReader::StringList(const YAML::Node& node, std::string_view key,
   for (size_t i = 0; i < v.size(); ++i) {
     if (!v[i].IsScalar()) {
       Error(std::string(key) + "[" + std::to_string(i) + "]", "expected a string");
+      continue;
+    }
+    if (!ValidUtf8(v[i].Scalar())) {
+      Error(std::string(key) + "[" + std::to_string(i) + "]", "is not valid UTF-8");
       continue;
     }
     out->push_back(v[i].Scalar());

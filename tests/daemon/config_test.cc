@@ -80,6 +80,9 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
   EXPECT_NE(ErrorOf("log_level: loud").find("log_level: expected debug"), std::string::npos);
   EXPECT_NE(ErrorOf("workers: {pin_cores: maybe}").find("workers.pin_cores: expected true or false"),
             std::string::npos);
+  // A raw 0xe9 byte (Latin-1), not the YAML escape "\xe9" (which is U+00E9, valid UTF-8).
+  EXPECT_NE(ErrorOf("state_dir: /tmp/caf\xe9\n").find("state_dir: is not valid UTF-8"), std::string::npos)
+      << ErrorOf("state_dir: /tmp/caf\xe9\n");
   EXPECT_NE(ErrorOf("workers: {adamw_kernel: sse9}").find("workers.adamw_kernel: AdamW kernel: unknown kernel path 'sse9'"),
             std::string::npos);
   EXPECT_NE(ErrorOf("allowed_roots: relative/dir").find("allowed_roots: expected a list"), std::string::npos);
