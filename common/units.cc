@@ -44,6 +44,16 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
+std::string FormatByteSizeExact(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes != 0 && bytes % 1024 == 0 && u < 5) {
+    bytes /= 1024;
+    ++u;
+  }
+  return std::to_string(bytes) + " " + kUnits[u];
+}
+
 std::string FormatByteSize(uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;

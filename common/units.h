@@ -15,5 +15,8 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text);
 
 // 25769803776 -> "24 GiB"; exact values print with no fraction, others with one decimal.
 std::string FormatByteSize(uint64_t bytes);
+// Exact and parseable back by ParseByteSize: the largest binary unit that divides `bytes`
+// ("24 GiB", "1536 KiB", "1000000000000 B"), for configuration printed back to be re-read.
+std::string FormatByteSizeExact(uint64_t bytes);
 
 }  // namespace offloadd

@@ -229,7 +229,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "tls_key_file" << YAML::Value << c.server.tcp.tls_key_file;
   e << YAML::Key << "auth_token_file" << YAML::Value << c.server.tcp.auth_token_file;
   e << YAML::EndMap;
-  e << YAML::Key << "max_request_bytes" << YAML::Value << FormatByteSize(c.server.max_request_bytes);
+  e << YAML::Key << "max_request_bytes" << YAML::Value << FormatByteSizeExact(c.server.max_request_bytes);
   e << YAML::Key << "shutdown_grace_seconds" << YAML::Value << c.server.shutdown_grace_seconds;
   e << YAML::EndMap;
   e << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
@@ -243,7 +243,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   }
   e << YAML::EndSeq;
   e << YAML::Key << "aio" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "block_size" << YAML::Value << FormatByteSize(c.storage.aio.block_size);
+  e << YAML::Key << "block_size" << YAML::Value << FormatByteSizeExact(c.storage.aio.block_size);
   e << YAML::Key << "queue_depth" << YAML::Value << c.storage.aio.queue_depth;
   e << YAML::EndMap << YAML::EndMap;
   e << YAML::Key << "workers" << YAML::Value << YAML::BeginMap;
@@ -252,8 +252,8 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "pin_cores" << YAML::Value << c.workers.pin_cores;
   e << YAML::Key << "adamw_kernel" << YAML::Value << c.workers.adamw_kernel << YAML::EndMap;
   e << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "host_memory_limit" << YAML::Value << FormatByteSize(c.memory.host_memory_limit);
-  e << YAML::Key << "gpu_memory_limit" << YAML::Value << FormatByteSize(c.memory.gpu_memory_limit);
+  e << YAML::Key << "host_memory_limit" << YAML::Value << FormatByteSizeExact(c.memory.host_memory_limit);
+  e << YAML::Key << "gpu_memory_limit" << YAML::Value << FormatByteSizeExact(c.memory.gpu_memory_limit);
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
