@@ -45,9 +45,9 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text) {
 }
 
 std::string FormatByteSizeExact(uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};  // ParseByteSize's
   int u = 0;
-  while (bytes != 0 && bytes % 1024 == 0 && u < 5) {
+  while (bytes != 0 && bytes % 1024 == 0 && u < 4) {
     bytes /= 1024;
     ++u;
   }
