@@ -17,6 +17,7 @@
 #   OFFLOADD_FUZZ_KEEP_CORPUS=1  keep inputs found by earlier runs ($build/corpus-found) and start
 #                            from them too (default for runs of 60 s or more; CI starts fresh)
 #   OFFLOADD_FUZZ_REPLAY_ONLY=1  build and replay the regression inputs, do not fuzz
+#   OFFLOADD_FUZZ_SEED       libFuzzer seed (default: 1 for runs under 60 s, as in CI; else random)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${OFFLOADD_FUZZ_BUILD_DIR:-$here/build-fuzz}"
@@ -58,6 +59,13 @@ python3 "$here/fuzz/make_corpus.py" --shared "$data" --out "$build/corpus-seed" 
 # Bounds for every run: a single input that takes over 10 s or 2 GiB is a finding (a template
 # that never stops is as much a bug as a crash), and so is a leak.
 common_flags=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len=65536 -print_final_stats=1)
+# Short runs (CI) use a fixed seed, so that the same commit explores the same inputs first and a
+# crash found in CI is found again locally; longer runs explore (OFFLOADD_FUZZ_SEED overrides).
+if [[ -n "${OFFLOADD_FUZZ_SEED:-}" ]]; then
+  common_flags+=("-seed=$OFFLOADD_FUZZ_SEED")
+elif (( seconds < 60 )); then
+  common_flags+=(-seed=1)
+fi
 # Symbolized stack traces in reports: the llvm-symbolizer of the same LLVM, else any.
 for sym in "/usr/lib/llvm-${OFFLOADD_FUZZ_CLANG:-16}/bin/llvm-symbolizer" "$(command -v llvm-symbolizer || true)"; do
   [[ -x "$sym" ]] && { export ASAN_SYMBOLIZER_PATH="${ASAN_SYMBOLIZER_PATH:-$sym}"; break; }
