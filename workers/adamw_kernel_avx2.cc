@@ -1,5 +1,6 @@
-// AVX2 + FMA + F16C path (compiled with -mavx2 -mfma -mf16c; only called when cpuid says so).
-// bf16 rounding is done in integer arithmetic, exactly as c10::BFloat16 does it.
+// AVX2 + FMA + F16C path (compiled with -mavx2 -mfma -mf16c; only called when
+// cpuid says so). bf16 rounding is done in integer arithmetic, exactly as
+// c10::BFloat16 does it.
 #include <immintrin.h>
 
 #include "workers/adamw_kernel_impl.h"
@@ -7,10 +8,10 @@
 namespace offloadd::workers::internal::avx2 {
 namespace {
 
-inline __m256 LoadGrad8(const void* grad, GradDtype dt, size_t i) {
-  if (dt == GradDtype::kFp32) return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
+inline __m256 LoadGrad8(const void *grad, GradDtype dt, size_t i) {
+  if (dt == GradDtype::kFp32) return _mm256_loadu_ps(static_cast<const float *>(grad) + i);
   const __m128i h =
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
+      _mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(grad) + i));
   if (dt == GradDtype::kFp16) return _mm256_cvtph_ps(h);  // F16C, exact
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
@@ -27,9 +28,9 @@ inline __m128i ToBf16(__m256 x) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
-inline void StoreWeights8(void* w, WeightDtype dt, size_t i, __m256 p) {
+inline void StoreWeights8(void *w, WeightDtype dt, size_t i, __m256 p) {
   if (dt == WeightDtype::kNone) return;
-  auto* dst = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i);
+  auto *dst = reinterpret_cast<__m128i *>(static_cast<uint16_t *>(w) + i);
   if (dt == WeightDtype::kBf16) {
     _mm_storeu_si128(dst, ToBf16(p));
   } else {
@@ -37,7 +38,8 @@ inline void StoreWeights8(void* w, WeightDtype dt, size_t i, __m256 p) {
   }
 }
 
-// The two 8-lane halves of the canonical 16 norm lanes (NormLanes), for the scalar tail to go on.
+// The two 8-lane halves of the canonical 16 norm lanes (NormLanes), for the
+// scalar tail to go on.
 inline NormLanes Lanes(__m256 lo, __m256 hi) {
   NormLanes l;
   _mm256_store_ps(l.lane, lo);
@@ -45,9 +47,27 @@ inline NormLanes Lanes(__m256 lo, __m256 hi) {
   return l;
 }
 
+// The canonical norm order (NormLanes) for every AVX2 kernel: step8(i)
+// processes elements [i, i + 8) and returns their raw gradients; tail(i)
+// processes element i alone and returns its raw gradient. 16 elements per
+// iteration in two 8-lane halves, then the scalar tail.
+template <typename Step8, typename Tail>
+double CanonicalLoop(size_t n, Step8 step8, Tail tail) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = step8(i), b = step8(i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
+  }
+  NormLanes sq = Lanes(lo, hi);
+  for (; i < n; ++i) sq.Add(i, tail(i));
+  return sq.Sum();
+}
+
 }  // namespace
 
-double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
+double FusedAdamW(const AdamWSpan &span, const AdamWScalars &s) {
   const __m256 scale = _mm256_set1_ps(s.grad_scale), decay = _mm256_set1_ps(s.decay);
   const __m256 coeff = _mm256_set1_ps(s.lerp_coeff), beta2 = _mm256_set1_ps(s.beta2);
   const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2), nstep = _mm256_set1_ps(s.neg_step_size);
@@ -72,62 +92,38 @@ double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s) {
     StoreWeights8(span.weights, span.weight_dtype, i, p);
     return graw;
   };
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 16 <= span.n; i += 16) {
-    const __m256 a = step8(i), b = step8(i + 8);
-    lo = _mm256_fmadd_ps(a, a, lo);
-    hi = _mm256_fmadd_ps(b, b, hi);
-  }
-  NormLanes sq = Lanes(lo, hi);
-  for (; i < span.n; ++i) {
+  return CanonicalLoop(span.n, step8, [&](size_t i) {
     const float g = LoadGrad(span.grad, span.grad_dtype, i);
-    sq.Add(i, g);
     AdamWElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
                  &out.exp_avg[i], &out.exp_avg_sq[i], s);
     StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
-  }
-  return sq.Sum();
+    return g;
+  });
 }
 
-double AccumulateGrad(float* acc, const float* acc_in, const void* grad, GradDtype dtype, size_t n,
+double AccumulateGrad(float *acc, const float *acc_in, const void *grad, GradDtype dtype, size_t n,
                       bool overwrite) {
   const auto step8 = [&](size_t i) {
     const __m256 g = LoadGrad8(grad, dtype, i);
     _mm256_storeu_ps(acc + i, overwrite ? g : _mm256_add_ps(_mm256_loadu_ps(acc_in + i), g));
     return g;
   };
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = step8(i), b = step8(i + 8);
-    lo = _mm256_fmadd_ps(a, a, lo);
-    hi = _mm256_fmadd_ps(b, b, hi);
-  }
-  NormLanes sq = Lanes(lo, hi);
-  for (; i < n; ++i) {
+  return CanonicalLoop(n, step8, [&](size_t i) {
     const float g = LoadGrad(grad, dtype, i);
     acc[i] = overwrite ? g : acc_in[i] + g;
-    sq.Add(i, g);
-  }
-  return sq.Sum();
+    return g;
+  });
 }
 
-double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = LoadGrad8(grad, dtype, i), b = LoadGrad8(grad, dtype, i + 8);
-    lo = _mm256_fmadd_ps(a, a, lo);
-    hi = _mm256_fmadd_ps(b, b, hi);
-  }
-  NormLanes sq = Lanes(lo, hi);
-  for (; i < n; ++i) sq.Add(i, LoadGrad(grad, dtype, i));
-  return sq.Sum();
+double GradSquaredNorm(const void *grad, GradDtype dtype, size_t n) {
+  return CanonicalLoop(
+      n, [&](size_t i) { return LoadGrad8(grad, dtype, i); },
+      [&](size_t i) { return LoadGrad(grad, dtype, i); });
 }
 
-// CorrectElement's operations, 8 lanes at a time; the tail (n % 16) goes through CorrectElement.
-double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s) {
+// CorrectElement's operations, 8 lanes at a time; the tail (n % 16) goes
+// through CorrectElement.
+double CorrectAdamW(const AdamWSpan &span, const AdamWScalars &s) {
   const __m256 scale = _mm256_set1_ps(s.grad_scale), omb1 = _mm256_set1_ps(s.one_minus_beta1);
   const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2), nstep = _mm256_set1_ps(s.neg_step_size);
   const __m256 bc2 = _mm256_set1_ps(s.bc2_sqrt), eps = _mm256_set1_ps(s.eps);
@@ -153,22 +149,13 @@ double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s) {
     StoreWeights8(span.weights, span.weight_dtype, i, p);
     return g;
   };
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 16 <= span.n; i += 16) {
-    const __m256 a = step8(i), b = step8(i + 8);
-    lo = _mm256_fmadd_ps(a, a, lo);
-    hi = _mm256_fmadd_ps(b, b, hi);
-  }
-  NormLanes sq = Lanes(lo, hi);
-  for (; i < span.n; ++i) {
+  return CanonicalLoop(span.n, step8, [&](size_t i) {
     const float g = LoadGrad(span.grad, span.grad_dtype, i);
-    sq.Add(i, g);
     CorrectElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
                    &out.exp_avg[i], &out.exp_avg_sq[i], s);
     StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
-  }
-  return sq.Sum();
+    return g;
+  });
 }
 
 }  // namespace offloadd::workers::internal::avx2

@@ -127,21 +127,6 @@ inline float LoadGrad(const void* grad, GradDtype dt, size_t i) {
   return static_cast<const float*>(grad)[i];
 }
 
-// The same loop for every path (compiled in each path's TU with its -m flags: element-wise IEEE
-// operations and the canonical norm order, so every path computes the same bits).
-inline double CorrectLoop(const AdamWSpan& span, const AdamWScalars& s) {
-  const AdamWOut out(span);
-  NormLanes sq;
-  for (size_t i = 0; i < span.n; ++i) {
-    const float g = LoadGrad(span.grad, span.grad_dtype, i);
-    sq.Add(i, g);
-    CorrectElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
-                   &out.exp_avg[i], &out.exp_avg_sq[i], s);
-    StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
-  }
-  return sq.Sum();
-}
-
 #define OFFLOADD_DECLARE_KERNEL_PATH(ns)                                                    \
   namespace ns {                                                                            \
   double FusedAdamW(const AdamWSpan& span, const AdamWScalars& s);                          \

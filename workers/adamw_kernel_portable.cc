@@ -35,6 +35,17 @@ double GradSquaredNorm(const void* grad, GradDtype dtype, size_t n) {
   return sq.Sum();
 }
 
-double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s) { return CorrectLoop(span, s); }
+double CorrectAdamW(const AdamWSpan& span, const AdamWScalars& s) {
+  const AdamWOut out(span);
+  NormLanes sq;
+  for (size_t i = 0; i < span.n; ++i) {
+    const float g = LoadGrad(span.grad, span.grad_dtype, i);
+    sq.Add(i, g);
+    CorrectElement(g, span.master[i], span.exp_avg[i], span.exp_avg_sq[i], &out.master[i],
+                   &out.exp_avg[i], &out.exp_avg_sq[i], s);
+    StoreWeight(span.weights, span.weight_dtype, i, out.master[i]);
+  }
+  return sq.Sum();
+}
 
 }  // namespace offloadd::workers::internal::portable

@@ -202,12 +202,9 @@ void StepDriver::Handle(WorkerCompletion c) {
   }
   // A speculative update is final only once FinishStep knows the step does not clip.
   const bool provisional = kind == CommandKind::kAdamW && speculated_[shard] && !decided_;
-  if ((kind == CommandKind::kAdamW && !provisional) || kind == CommandKind::kAdamWCorrect) {
-    if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
-    if (on_updated_) on_updated_(shard);
-  } else if (provisional) {
-    params_updated_ += c.elements;
-  }
+  if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
+  const bool final_update = (kind == CommandKind::kAdamW && !provisional) || kind == CommandKind::kAdamWCorrect;
+  if (final_update && on_updated_) on_updated_(shard);
 }
 
 Status StepDriver::WaitShardIdle(size_t shard) {

@@ -88,6 +88,7 @@ StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path) {
   constexpr size_t kPiece = 1 << 20;
   std::string data;
   bool eof = false;
+  size_t newlines = 0;
   while (!eof) {
     const size_t want = std::min<size_t>(kPiece, kMaxDatasetPreviewBytes - data.size());
     if (want == 0) break;
@@ -99,7 +100,8 @@ StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path) {
     eof = n == 0;
     const size_t first = data.find_first_not_of(" \t\r\n");
     const bool array = first != std::string::npos && data[first] == '[';
-    if (!array && std::count(data.begin(), data.end(), '\n') > kDatasetPreviewRecords) break;
+    newlines += static_cast<size_t>(std::count(data.begin() + static_cast<ptrdiff_t>(old), data.end(), '\n'));
+    if (!array && newlines > static_cast<size_t>(kDatasetPreviewRecords)) break;
   }
   const size_t first = data.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && data[first] == '[' && !eof) {
