@@ -56,6 +56,7 @@ struct WorkerPool::Worker {
   std::deque<Pending> pending;    // not yet in the ring
   std::deque<Pending> in_flight;  // in the ring or executing
   uint32_t incarnation = 0;
+  uint32_t crashes_without_progress = 0;  // reset by every completed command
   bool failed = false;
   bool exited = false;  // after shutdown
   uint64_t commands_total = 0, params_total = 0;
@@ -345,6 +346,7 @@ void WorkerPool::CompleteLocked(Worker* w, const WorkerCompletion& c) {
     latency_sum_ += latency;
     w->in_flight.erase(it);
   }
+  w->crashes_without_progress = 0;
   ++w->commands_total;
   w->busy_seconds += static_cast<double>(c.busy_ns) * 1e-9;
   if (c.status_code == 0 && c.kind == static_cast<uint32_t>(CommandKind::kAdamW))
@@ -438,19 +440,24 @@ void WorkerPool::HandleDeath(Worker* w) {
     bye.kind = static_cast<uint32_t>(CommandKind::kShutdown);
     w->pending.push_back({bye, Clock::now()});
   }
-  ++restarts_total_;
-  if (++w->incarnation > options_.max_restarts) {
-    AbandonLocked(
-        w, UnavailableError("restarted " + std::to_string(options_.max_restarts) + " times"));
-    w->exited = true;
-    return;
-  }
-  lock.unlock();
-  Status st = Spawn(w);
-  if (!st.ok()) {
+  // A restart that dies or is refused during its startup is one more crash without progress.
+  Status why;
+  while (true) {
+    ++restarts_total_;
+    ++w->incarnation;
+    if (++w->crashes_without_progress > options_.max_restarts) {
+      std::string msg = "crashed " + std::to_string(w->crashes_without_progress) +
+                        " times in a row without completing a command";
+      if (!why.ok()) msg += " (last restart: " + why.message() + ")";
+      AbandonLocked(w, UnavailableError(msg));
+      w->exited = true;
+      return;
+    }
+    lock.unlock();
+    why = Spawn(w);
     lock.lock();
-    AbandonLocked(w, st);
-    w->exited = true;
+    if (why.ok()) return;
+    OFFLOADD_LOG(kWarning, "workers") << "restart of worker " << w->index << " failed: " << why.ToString();
   }
 }
 

@@ -15,8 +15,9 @@
 // is seen at once through its pidfd; the supervisor reaps it, collects the completions it did
 // publish, restarts it (the new process completes any chunk commit interrupted half-way)
 // and replays its outstanding commands in order. Per-chunk step counters make the replay
-// idempotent, so the final state is identical to a run without the crash. After max_restarts a
-// worker is abandoned: its interrupted chunk commits are completed here and its commands complete
+// idempotent, so the final state is identical to a run without the crash. A worker that crashes
+// more than max_restarts times in a row without completing a command (a crash loop, e.g. a command
+// that kills it on every replay) is abandoned: its interrupted chunk commits are completed here and its commands complete
 // UNAVAILABLE.
 //
 // Thread-safety: Submit/WaitCompletion/TryGetCompletion/Metrics/Shutdown may be called from any
@@ -52,7 +53,7 @@ struct WorkerPoolOptions {
   uint32_t queue_capacity = 64;      // records per ring (power of two)
   uint32_t max_outstanding = 1024;   // per worker; Submit blocks beyond it (back-pressure)
   bool crash_consistent = true;      // redo slots: exact results across a worker crash
-  uint32_t max_restarts = 3;         // per worker, over the pool's lifetime
+  uint32_t max_restarts = 3;         // per worker: consecutive crashes with no completion between
   int start_timeout_ms = 10000;      // a worker must attach within this
   int shutdown_timeout_ms = 10000;   // then it is SIGKILLed
   // Test seam: the first incarnation of worker `crash_worker` kills itself (protocol.h).

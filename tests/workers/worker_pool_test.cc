@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -269,6 +270,64 @@ TEST(WorkerPoolTest, ExternalSigkillWhileBusyGivesTheSameResult) {
   killer.join();
   EXPECT_EQ((*pool)->Metrics().restarts_total, 1u);
   EXPECT_EQ(m.State(), Reference(3));
+}
+
+// Waits until worker 0 runs under a pid other than `old` (restarted) or is marked failed.
+pid_t WaitForRestart(WorkerPool* pool, pid_t old) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const WorkerPoolMetrics m = pool->Metrics();
+    if (m.workers[0].failed) return 0;
+    if (m.workers[0].pid > 0 && m.workers[0].pid != old) return m.workers[0].pid;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
+TEST(WorkerPoolTest, AWorkerThatCompletesWorkBetweenKillsIsNeverAbandoned) {
+  // max_restarts bounds a crash loop (consecutive crashes with no completed command between),
+  // not the crashes of a job's lifetime: four kills, each after a completed step, with
+  // max_restarts = 1 still give the uninterrupted result.
+  Model m(kSizes);
+  WorkerPoolOptions o = Options(1, 1);
+  o.max_restarts = 1;
+  auto pool = WorkerPool::Start(&m.segment(), &m.arena(), o);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  uint64_t id = 1;
+  for (int s = 1; s <= 5; ++s) {
+    m.FillGrads(s);
+    for (size_t l = 0; l < m.layers().size(); ++l) ASSERT_TRUE((*pool)->Submit(m.Command(l, s, id++)).ok());
+    for (size_t l = 0; l < m.layers().size(); ++l) {
+      auto c = (*pool)->WaitCompletion(60000);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      ASSERT_EQ(c->status_code, 0) << "step " << s << ": " << c->message;
+    }
+    if (s == 5) break;
+    const pid_t pid = (*pool)->Pids()[0];
+    ::kill(pid, SIGKILL);
+    ASSERT_GT(WaitForRestart(pool->get(), pid), 0) << "kill " << s << ": worker not restarted";
+  }
+  EXPECT_EQ((*pool)->Metrics().restarts_total, 4u);
+  EXPECT_FALSE((*pool)->Metrics().workers[0].failed);
+  EXPECT_EQ(m.State(), Reference(5));
+}
+
+TEST(WorkerPoolTest, ConsecutiveCrashesWithoutProgressAbandonTheWorker) {
+  Model m({1'000});
+  WorkerPoolOptions o = Options(1, 1);
+  o.max_restarts = 2;
+  auto pool = WorkerPool::Start(&m.segment(), &m.arena(), o);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  pid_t pid = (*pool)->Pids()[0];
+  for (int k = 1; k <= 2; ++k) {  // two crashes in a row are restarted
+    ::kill(pid, SIGKILL);
+    pid = WaitForRestart(pool->get(), pid);
+    ASSERT_GT(pid, 0) << "crash " << k << " of 2 should be restarted";
+  }
+  ::kill(pid, SIGKILL);  // the third in a row, with nothing completed between, is a crash loop
+  EXPECT_EQ(WaitForRestart(pool->get(), pid), 0);
+  m.FillGrads(1);
+  EXPECT_EQ((*pool)->Submit(m.Command(0, 1, 1)).code(), StatusCode::kUnavailable);
 }
 
 TEST(WorkerPoolTest, FullQueuesApplyBackPressureWithoutLoss) {

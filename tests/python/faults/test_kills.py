@@ -7,8 +7,9 @@ a random delay of up to one step of the uninterrupted run (its median step time)
 during store writes, and between steps. After each kill the job must recover:
 * daemon: the restarted daemon finds the job RUNNING, queues it again, and it resumes from its
   newest intact checkpoint;
-* worker: the pool restarts the worker and replays its commands (no resume); past the pool's
-  max_restarts bound the job fails, and is then resubmitted as a store-killed one is;
+* worker: the pool restarts the worker and replays its commands (no resume); only a crash loop
+  (more than the pool's max_restarts crashes in a row with no completed command between) would fail
+  the job, which is then resubmitted as a store-killed one is;
 * store: the job must end with an error naming the dead store (or recover by itself); it is then
   resubmitted with resume_from_checkpoint = its newest checkpoint, into the same output_dir.
 Every wait is bounded: a job that neither progresses nor ends within RECOVERY_BOUND_S after a kill
@@ -116,7 +117,16 @@ class Campaign:
         self.connect()
         ev = self.submit()
         for i, target in enumerate(targets, 1):
-            hit = ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= target, STEP_BOUND_S)
+            hit = ev.wait_for(lambda e: (e.HasField("progress") and e.progress.step >= target) or (
+                e.HasField("state_change") and e.state_change.state == S.JOB_STATE_FAILED), STEP_BOUND_S)
+            if hit is not None and hit.HasField("state_change"):
+                # A kill's failure surfaced after the progress event its recovery waited for.
+                failed = self.client.get_job(self.jobs[-1])
+                assert i > 1, f"the job failed before the first kill: {failed.error.message}\n{self.d.log()[-3000:]}"
+                self.figures.rows[-1]["error"] = failed.error.message[:200]
+                self.figures.rows[-1]["recovery"] += f" + late job error ({failed.error.message[:60]}...) + resubmit"
+                ev, _ = self.resubmit_after_failure(failed)
+                hit = ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= target, STEP_BOUND_S)
             job = self.client.get_job(self.jobs[-1])
             assert hit is not None, (f"kill point {i}: step {target} not reached in {STEP_BOUND_S} s; job "
                                      f"{state_name(job.state)} {job.error.message}\n{self.d.log()[-3000:]}")
