@@ -20,6 +20,8 @@ struct StepStats {
   bool clipped = false;        // max_grad_norm scaled the gradients down (clip coefficient < 1)
   int32_t speculated_layers = 0;  // blocks updated during backward, before the norm was known
   int32_t corrected_layers = 0;   // of those, corrected to the clip coefficient afterwards
+  // Parameters the CPU passed through AdamW or a correction this step (the update's work).
+  uint64_t cpu_update_params = 0;
   double step_seconds = 0;     // wall time of the step
   double model_flops = 0;      // 6 * params * tokens (+ attention), without recompute
   // Busy time per resource inside the step (seconds) ...

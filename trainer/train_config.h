@@ -60,8 +60,9 @@ struct OffloadPlanConfig {
   enum class Weights { kAuto, kResident, kStreamed } weights = Weights::kAuto;
   uint64_t gpu_memory_limit = 0;   // bytes; 0: what the device has free
   uint64_t host_memory_limit = 0;  // bytes; 0: no limit
-  // Decoder layers < transition have their CPU updates deferred to the end of backward and run
-  // in ascending order (LSP-Offload's LCFS part); -1: chosen from the plan.
+  // >= 0: LSP-Offload's static schedule: decoder layers < transition have their CPU updates
+  // deferred to the end of backward and run in ascending order, the others first-come-first-
+  // served. -1: earliest-needed-first dispatch (workers/step_driver.h, "Update order").
   int transition_layer = -1;
 };
 

@@ -324,6 +324,7 @@ Status Trainer::Impl::ReportPending(std::chrono::steady_clock::time_point end) {
   s.clipped = r.clipped;
   s.speculated_layers = static_cast<int32_t>(r.speculated_shards);
   s.corrected_layers = static_cast<int32_t>(r.corrected_shards);
+  s.cpu_update_params = r.params_updated + r.params_corrected;
   applied = static_cast<int64_t>(r.adam_step);
   if (scaler) scaler->Update(r.skipped);
   s.step_seconds = Seconds(p.start, end);

@@ -131,10 +131,9 @@ Status Trainer::Impl::Setup() {
   ho.tier = cfg.offload.tier;
   ho.nvme_dirs = cfg.offload.nvme_dirs;
   ho.nvme_queue_depth = cfg.offload.nvme_queue_depth;
-  // LSP-Offload's transition: without clipping, blocks below it are updated last-come-first-
-  // served at the end of backward so block 0 is ready first; -1 picks the lower third.
-  ho.defer_below_block = cfg.offload.transition_layer >= 0 ? cfg.offload.transition_layer + 1
-                                                           : (n - 2) / 3 + 1;
+  // Update order: earliest-needed-first dispatch (workers/step_driver.h), unless a transition
+  // layer asks for LSP-Offload's static FCFS/LCFS schedule (blocks below it held to the end).
+  ho.defer_below_block = cfg.offload.transition_layer >= 0 ? cfg.offload.transition_layer + 1 : 0;
   ho.worker_binary = cfg.worker_binary;
   ho.store_binary = cfg.store_binary;
   ho.worker_processes = std::max<uint32_t>(1, cfg.worker_processes);
@@ -171,6 +170,10 @@ Status Trainer::Impl::Setup() {
   plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
        << ", arena " << FormatByteSize(arena_bytes) << ", " << ho.worker_processes << "x"
        << ho.worker_threads << " worker threads, AdamW kernel " << host->kernel_description()
+       << ", updates "
+       << (ho.defer_below_block > 0
+               ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
+               : std::string("earliest-needed first"))
        << "; " << total << " steps";
   if (scaler) {
     plan << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor

@@ -46,6 +46,8 @@ StepDriver::StepDriver(WorkerPool* pool, std::vector<ShardSpec> shards, Optimize
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (shards_[s].worker < 0) shards_[s].worker = static_cast<int>(s % pool_->size());
   }
+  if (config_.update_depth == 0) config_.update_depth = 1;
+  updates_queued_.assign(pool_->size(), 0);
 }
 
 Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
@@ -70,8 +72,11 @@ Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
   id_shard_.clear();
   id_kind_.clear();
   deferred_.clear();
+  ready_.clear();
+  is_update_.clear();
   first_id_ = next_id_;
   params_updated_ = 0;
+  params_corrected_ = 0;
   // Speculation needs exact clipping to correct against and finite-or-fail steps (a skipped
   // fp16 step would have to undo speculative updates bit for bit).
   const size_t clips = static_cast<size_t>(std::count(recent_clips_.begin(), recent_clips_.end(), true));
@@ -89,8 +94,75 @@ Status StepDriver::Submit(size_t shard, const ipc::CommandRecord& r) {
   RETURN_IF_ERROR(pool_->Submit(r, shards_[shard].worker));
   id_shard_.push_back(shard);
   id_kind_.push_back(r.kind);
+  const bool update = r.kind == static_cast<uint32_t>(CommandKind::kAdamW) ||
+                      r.kind == static_cast<uint32_t>(CommandKind::kAdamWCorrect);
+  is_update_.push_back(update);
+  if (update) ++updates_queued_[shards_[shard].worker];
   ++outstanding_[shard];
   return OkStatus();
+}
+
+void StepDriver::MakeReady(size_t shard, Ready::What what, float grad_scale) {
+  ready_.push_back(Ready{what, shard, grad_scale, ready_seq_++});
+}
+
+bool StepDriver::IsReady(size_t shard) const {
+  return std::any_of(ready_.begin(), ready_.end(), [&](const Ready& r) { return r.shard == shard; });
+}
+
+Status StepDriver::Pump() {
+  if (pumping_) return error_;  // re-entered from a before-update hook: the outer pump goes on
+  pumping_ = true;
+  Status st = error_;
+  while (st.ok() && !ready_.empty()) {
+    auto best = ready_.end();
+    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+      if (updates_queued_[shards_[it->shard].worker] >= config_.update_depth) continue;
+      const uint32_t layer = shards_[it->shard].layer;
+      if (best == ready_.end() || layer < shards_[best->shard].layer ||
+          (layer == shards_[best->shard].layer && it->seq < best->seq)) {
+        best = it;
+      }
+    }
+    if (best == ready_.end()) break;  // every worker with ready work is full
+    const Ready r = *best;
+    ready_.erase(best);
+    st = Dispatch(r);
+  }
+  pumping_ = false;
+  return st;
+}
+
+Status StepDriver::Dispatch(const Ready& r) {
+  switch (r.what) {
+    case Ready::kUpdate:
+      return SubmitUpdate(r.shard, r.grad_scale);
+    case Ready::kCorrect:
+      return SubmitUpdate(r.shard, r.grad_scale, CommandKind::kAdamWCorrect);
+    case Ready::kLanded:
+      break;
+  }
+  if (!hold()) return SubmitUpdate(r.shard, grad_unscale_);
+  // Speculating: take the norms that have come back before deciding. Once they exceed
+  // max_grad_norm^2 the step clips for certain, and speculating more layers would only add
+  // corrections: the shard's norm is measured and its update held for FinishStep.
+  RETURN_IF_ERROR(TakeCompletions());
+  if (!clip_certain_) {
+    speculated_[r.shard] = 1;
+    return SubmitUpdate(r.shard, grad_unscale_, CommandKind::kAdamW, kFlagSpeculative);
+  }
+  return SubmitNorm(r.shard);
+}
+
+Status StepDriver::SubmitNorm(size_t shard) {
+  const ShardSpec& s = shards_[shard];
+  const bool accumulated = config_.accumulation_steps > 1;
+  ipc::CommandRecord r{};
+  r.kind = static_cast<uint32_t>(CommandKind::kGradNorm);
+  r.id = next_id_++;
+  r.flags |= accumulated ? kFlagGradFp32 : GradDtypeFlags(s.grad_dtype);
+  r.Pack(GradNormCommand{s.num_elements, accumulated ? s.accum_offset : s.grad_offset, s.layer, 0});
+  return Submit(shard, r);
 }
 
 Status StepDriver::SubmitUpdate(size_t shard, float grad_scale, CommandKind kind,
@@ -136,6 +208,11 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
     RETURN_IF_ERROR(Submit(shard, r));
   }
   if (micro + 1 < A) return OkStatus();
+  const bool lsp_static = config_.defer_below_layer > 0;
+  if (!lsp_static && (!hold() || speculate_)) {  // earliest-needed-first
+    MakeReady(shard, Ready::kLanded);
+    return Pump();
+  }
   if (!hold()) {
     if (s.layer < config_.defer_below_layer) {
       deferred_.push_back(shard);
@@ -147,17 +224,12 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
   // (ascending): the next forward needs them first (LSP-Offload's FCFS/LCFS schedule).
   // Take the norms that have come back before deciding: once they exceed max_grad_norm^2, the
   // step clips for certain and speculating more layers would only add corrections.
-  if (speculate_ && !clip_certain_) RETURN_IF_ERROR(Poll());
+  if (speculate_ && !clip_certain_) RETURN_IF_ERROR(TakeCompletions());
   if (speculate_ && !clip_certain_ && s.layer >= config_.defer_below_layer) {
     speculated_[shard] = 1;
     return SubmitUpdate(shard, grad_unscale_, CommandKind::kAdamW, kFlagSpeculative);
   }
-  ipc::CommandRecord r{};
-  r.kind = static_cast<uint32_t>(CommandKind::kGradNorm);
-  r.id = next_id_++;
-  r.flags |= A > 1 ? kFlagGradFp32 : GradDtypeFlags(s.grad_dtype);
-  r.Pack(GradNormCommand{s.num_elements, A > 1 ? s.accum_offset : s.grad_offset, s.layer, 0});
-  return Submit(shard, r);
+  return SubmitNorm(shard);
 }
 
 Status StepDriver::WaitOne() {
@@ -170,6 +242,11 @@ Status StepDriver::WaitOne() {
 }
 
 Status StepDriver::Poll() {
+  RETURN_IF_ERROR(TakeCompletions());
+  return Pump();
+}
+
+Status StepDriver::TakeCompletions() {
   WorkerCompletion c;
   while (pool_->TryGetCompletion(&c)) {
     if (c.id < first_id_ || c.id - first_id_ >= id_shard_.size()) {
@@ -183,6 +260,7 @@ Status StepDriver::Poll() {
 void StepDriver::Handle(WorkerCompletion c) {
   const size_t shard = id_shard_[c.id - first_id_];
   --outstanding_[shard];
+  if (is_update_[c.id - first_id_]) --updates_queued_[shards_[shard].worker];
   if (c.status_code != 0) {
     c.message[sizeof(c.message) - 1] = 0;
     if (error_.ok()) {
@@ -203,6 +281,7 @@ void StepDriver::Handle(WorkerCompletion c) {
   // A speculative update is final only once FinishStep knows the step does not clip.
   const bool provisional = kind == CommandKind::kAdamW && speculated_[shard] && !decided_;
   if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
+  if (kind == CommandKind::kAdamWCorrect) params_corrected_ += c.elements;
   const bool final_update = (kind == CommandKind::kAdamW && !provisional) || kind == CommandKind::kAdamWCorrect;
   if (final_update && on_updated_) on_updated_(shard);
 }
@@ -210,18 +289,27 @@ void StepDriver::Handle(WorkerCompletion c) {
 Status StepDriver::WaitShardIdle(size_t shard) {
   if (shard >= shards_.size())
     return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
-  while (outstanding_[shard] > 0) RETURN_IF_ERROR(WaitOne());
-  return error_;
+  // A ready update of the shard is dispatched and waited for too, except when called from a
+  // before-update hook inside a dispatch (the NVMe tier reusing a staging slot): there only its
+  // submitted commands count, since nothing can be dispatched until the hook returns.
+  for (;;) {
+    RETURN_IF_ERROR(Pump());
+    if (outstanding_[shard] == 0 && (pumping_ || !IsReady(shard))) return error_;
+    RETURN_IF_ERROR(WaitOne());
+  }
 }
 
 StatusOr<StepResult> StepDriver::FinishStep() {
   if (!open_) return FailedPreconditionError("FinishStep without BeginStep");
   open_ = false;
-  const auto drain = [&]() -> Status {
-    for (size_t s = 0; s < shards_.size(); ++s) {
-      while (outstanding_[s] > 0) RETURN_IF_ERROR(WaitOne());
+  const auto drain = [&]() -> Status {  // every ready update dispatched, every command done
+    for (;;) {
+      RETURN_IF_ERROR(Pump());
+      const bool busy =
+          std::any_of(outstanding_.begin(), outstanding_.end(), [](uint32_t n) { return n > 0; });
+      if (!busy && ready_.empty()) return error_;
+      RETURN_IF_ERROR(WaitOne());
     }
-    return error_;
   };
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (micro_seen_[s] != config_.accumulation_steps) {
@@ -262,13 +350,11 @@ StatusOr<StepResult> StepDriver::FinishStep() {
       recent_clips_.push_back(result.clipped);
       if (recent_clips_.size() > kClipHistory) recent_clips_.pop_front();
     }
-    std::vector<size_t> order(shards_.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return shards_[a].layer < shards_[b].layer; });
-    for (size_t s : order) {
+    // Dispatched lowest layer first (the ready set's order): the next forward's order.
+    const float scale = result.clip_coef * grad_unscale_;
+    for (size_t s = 0; s < shards_.size(); ++s) {
       if (!speculated_[s]) {
-        RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef * grad_unscale_));
+        MakeReady(s, Ready::kUpdate, scale);
         continue;
       }
       ++result.speculated_shards;
@@ -277,13 +363,11 @@ StatusOr<StepResult> StepDriver::FinishStep() {
         continue;
       }
       ++result.corrected_shards;
-      RETURN_IF_ERROR(SubmitUpdate(s, result.clip_coef * grad_unscale_, CommandKind::kAdamWCorrect));
+      MakeReady(s, Ready::kCorrect, scale);
     }
     RETURN_IF_ERROR(drain());
   } else {
-    std::stable_sort(deferred_.begin(), deferred_.end(),
-                     [&](size_t a, size_t b) { return shards_[a].layer < shards_[b].layer; });
-    for (size_t s : deferred_) RETURN_IF_ERROR(SubmitUpdate(s, grad_unscale_));
+    for (size_t s : deferred_) MakeReady(s, Ready::kUpdate, grad_unscale_);  // ascending
     deferred_.clear();
     RETURN_IF_ERROR(drain());
     // Deferred updates measured their shards' norms: sum again.
@@ -292,6 +376,7 @@ StatusOr<StepResult> StepDriver::FinishStep() {
   }
   result.grad_norm = norm;
   result.params_updated = params_updated_;
+  result.params_corrected = params_corrected_;
   result.adam_step = step_ - skipped_steps_;
   return result;
 }

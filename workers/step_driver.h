@@ -34,6 +34,15 @@
 //    no shard is updated and the AdamW step count stays, as torch.amp.GradScaler.step does.
 // Gradient accumulation: with accumulation_steps > 1 every micro-batch is added (fp32) into the
 // shard's accumulation buffer (the first one overwrites), and the update reads that buffer.
+// Update order: the next forward needs layer 0 first and layer N-1 last, while backward hands
+// layers over from N-1 down to 0. Updates that may run (a landed shard without clipping or while
+// speculating, every update once FinishStep knows the coefficient) wait in a ready set; each
+// worker holds at most update_depth of them, and a freed place goes to the ready shard of the
+// lowest layer: earliest deadline first, the next forward's deadlines being its layer order. The
+// CPU never idles while an update may run (work-conserving), during backward this is
+// last-come-first-served, and whatever backward leaves over runs in the order the next forward
+// consumes it. Norm passes and accumulation are submitted at once (they are short and FIFO).
+// OptimizerConfig::defer_below_layer > 0 selects LSP-Offload's static FCFS/LCFS transition.
 //
 // A shard always goes to the same worker, so its accumulate/norm/update commands run in order
 // without waiting in between. The driver consumes the pool's completions while a step is open:
@@ -74,12 +83,14 @@ struct OptimizerConfig {
   double max_grad_norm = 0.0;  // <= 0: no clipping
   uint32_t accumulation_steps = 1;
   int timeout_ms = -1;  // per completion wait
-  // Without clipping, or with speculation: shards of layers below this one are not updated as
-  // their gradients land but held until FinishStep and then updated in ascending layer order
-  // (LSP-Offload's schedule: first-come-first-served down to this transition layer,
-  // last-come-first-served below it, so the first layers the next forward needs are ready
-  // first). 0: every shard on arrival.
+  // Update order (see "Update order" above). 0: earliest-needed-first dispatch. > 0: LSP-Offload's
+  // static schedule instead: shards of layers below this one are held until FinishStep and then
+  // updated in ascending layer order, the others submitted on arrival (first-come-first-served
+  // down to this transition layer, last-come-first-served below it).
   uint32_t defer_below_layer = 0;
+  // Earliest-needed-first dispatch: AdamW commands queued per worker at a time. 2 keeps a worker
+  // busy across the driver's reaction time while the order stays within one command of ideal.
+  uint32_t update_depth = 2;
   // fp16 loss scaling: a non-finite gradient norm skips the step instead of failing it, and
   // updates always wait for the norm (see above).
   bool skip_nonfinite = false;
@@ -92,6 +103,7 @@ struct StepResult {
   double grad_norm = 0;    // global L2 norm of the (accumulated, unscaled) gradients, unclipped
   float clip_coef = 1.0f;  // clip coefficient (the workers applied clip_coef * grad_unscale)
   uint64_t params_updated = 0;
+  uint64_t params_corrected = 0;  // passed through a correction (CorrectAdamW) after the update
   bool skipped = false;     // non-finite gradients with skip_nonfinite: nothing was updated
   uint64_t adam_step = 0;   // AdamW updates applied through this step (step - skipped steps)
   bool clipped = false;     // clip_coef < 1
@@ -114,6 +126,8 @@ class StepDriver {
   // WaitShardIdle() before reusing it. In hold mode without accumulation the update at
   // FinishStep reads the staging buffer again, so it must stay intact until FinishStep returns.
   Status GradsReady(size_t shard, uint32_t micro);
+  // Dispatches the shard's ready update first (see "Update order"); from a before-update hook
+  // it waits only for the commands already submitted.
   Status WaitShardIdle(size_t shard);
   StatusOr<StepResult> FinishStep();
 
@@ -140,6 +154,19 @@ class StepDriver {
   size_t num_shards() const { return shards_.size(); }
 
  private:
+  // A place in a worker's update queue may go to a ready update (see "Update order").
+  struct Ready {
+    enum What : uint8_t { kLanded, kUpdate, kCorrect } what = kLanded;
+    size_t shard = 0;
+    float grad_scale = 1.0f;
+    uint64_t seq = 0;  // FIFO among equal layers
+  };
+  void MakeReady(size_t shard, Ready::What what, float grad_scale = 1.0f);
+  Status Pump();  // submits ready updates while their workers have room
+  Status Dispatch(const Ready& r);
+  Status SubmitNorm(size_t shard);  // the read-only ||g||^2 pass (hold mode)
+  Status TakeCompletions();         // handles arrived completions, dispatches nothing
+  bool IsReady(size_t shard) const;
   Status Submit(size_t shard, const ipc::CommandRecord& r);
   Status SubmitUpdate(size_t shard, float grad_scale, CommandKind kind = CommandKind::kAdamW,
                       uint32_t extra_flags = 0);
@@ -163,10 +190,16 @@ class StepDriver {
   uint64_t first_id_ = 1;
   std::vector<uint32_t> id_kind_;
   uint64_t params_updated_ = 0;
+  uint64_t params_corrected_ = 0;
   Status error_;
   std::function<void(size_t)> on_updated_;
   std::function<Status(size_t, ShardSpec*)> before_update_;
   std::vector<size_t> deferred_;  // shards held for FinishStep (defer_below_layer)
+  std::vector<Ready> ready_;      // earliest-needed-first dispatch
+  uint64_t ready_seq_ = 0;
+  std::vector<uint32_t> updates_queued_;  // per worker: AdamW/correction commands outstanding
+  std::vector<uint8_t> is_update_;        // per command id of this step: counts in the above
+  bool pumping_ = false;
   // Speculation (see above).
   bool speculate_ = false;           // this step
   bool clip_certain_ = false;        // the known squared norms already exceed max_grad_norm^2

@@ -8,9 +8,22 @@ tokens/s, the step time split per resource and how close each step comes to its 
 
 For every step the trainer reports (StepStats): wall time, GPU compute busy time (CUDA events
 around each block's forward/backward), host-to-device and device-to-host copy busy time (CUDA
-events around each copy), CPU optimizer busy time (worker busy seconds / workers), NVMe busy time.
-"bound" = the largest of those (the slowest resource in that same step); "step/bound" = wall time
-over that bound (goal <= 1.10). Figures are means over the timed steps.
+events around each copy), CPU optimizer busy time (worker busy seconds / workers), NVMe busy time,
+the parameters the CPU updated (AdamW plus corrections) and the bytes per link.
+
+The step-time bound (issue #12, deliverable 3) is the largest of
+  * GPU compute (busy time in the step);
+  * each PCIe direction (busy time);
+  * the CPU update: the parameters updated in the step over the rate of the same worker pool
+    (processes x threads, same kernel) measured *alone on idle cores* before the run
+    (offloadd-workers-bench), not the workers' busy time in the step, which contention inflates;
+  * NVMe busy time;
+  * host memory traffic: AdamW's 28 B per updated parameter plus the bytes of both DMA directions,
+    over the host memory bandwidth measured by the same calibration (the best of STREAM copy,
+    triad and the AdamW-shaped copy at the pool's thread count).
+"step/bound" = wall time over that bound, per step, then averaged (goal <= 1.10). "CPU busy" is
+the workers' busy time in the step, shown for comparison only. Figures are means over the timed
+steps.
 """
 from __future__ import annotations
 
@@ -35,7 +48,45 @@ def write_config(shape: str, out: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path) -> dict:
+ADAMW_BYTES_PER_PARAM = 28  # bf16 grad in, fp32 master/m/v read and written, bf16 weight out
+
+
+def calibrate(args) -> dict:
+    """Host memory bandwidth and the worker pool's AdamW rate, alone on idle cores."""
+    procs, threads = (int(x) for x in args.workers.split("x"))
+    cmd = [str(pathlib.Path(args.build) / "bench" / "workers" / "offloadd-workers-bench"),
+           f"--params={args.calibration_params}", f"--threads={procs * threads}",
+           f"--pool={procs}x{threads}", "--repeats=3"]
+    print("$", " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"calibration failed: {r.stderr.strip()[-2000:]}")
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    bw = max(x["gbps"] for x in rows if x["bench"] in ("stream_copy", "stream_triad", "stream_adamw_shape"))
+    pool = [x for x in rows if x["bench"] == "adamw_pool" and x["crash_consistent"]]
+    if not pool:
+        raise SystemExit("calibration printed no adamw_pool row")
+    cal = {"host_gbps": bw, "cpu_params_per_s": pool[0]["params_per_s"], "kernel": pool[0]["path"],
+           "pool": f"{procs}x{threads}"}
+    print(f"calibration: host memory {bw:.1f} GB/s; AdamW pool {cal['pool']} ({cal['kernel']}) alone "
+          f"{cal['cpu_params_per_s'] / 1e9:.2f} G params/s", flush=True)
+    return cal
+
+
+def step_bound(x: dict, cal: dict) -> dict:
+    """The step-time bound of one step (see the module doc) and its parts."""
+    params = x.get("cpu_update_params", 0)
+    parts = {"gpu": x["gpu_compute_seconds"], "h2d": x["h2d_seconds"], "d2h": x["d2h_seconds"],
+             "cpu": params / cal["cpu_params_per_s"] if cal else x["cpu_update_seconds"],
+             "nvme": x["nvme_seconds"],
+             "host_mem": (ADAMW_BYTES_PER_PARAM * params + x["h2d_bytes"] + x["d2h_bytes"]) / (cal["host_gbps"] * 1e9)
+             if cal else 0.0}
+    limit = max(parts, key=parts.get)
+    return {"bound_seconds": parts[limit], "bound_by": limit, "parts": parts,
+            "step_over_bound": x["step_seconds"] / max(parts[limit], 1e-9)}
+
+
+def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path, cal: dict) -> dict:
     stats_path = work / f"stats-b{batch}.jsonl"
     trace = work / f"trace-{args.shape}-b{batch}.json"
     cmd = [str(pathlib.Path(args.build) / "trainer" / "offloadd-train"), f"--model={model_dir}",
@@ -72,9 +123,14 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path) -> dict:
     res["stall_activations_seconds"] = sum(x.get("stall_activations_seconds", 0) for x in timed) / len(timed)
     res["tokens_per_second"] = res["tokens"] / res["step_seconds"]
     res["model_tflops"] = res["model_flops"] / res["step_seconds"] / 1e12
-    res["bound_seconds"] = max(res["gpu_compute_seconds"], res["h2d_seconds"], res["d2h_seconds"],
-                               res["cpu_update_seconds"], res["nvme_seconds"])
-    res["step_over_bound"] = res["step_seconds"] / max(res["bound_seconds"], 1e-9)
+    bounds = [step_bound(x, cal) for x in timed]
+    res["per_step"] = [{"step": x["step"], "step_seconds": x["step_seconds"], **b} for x, b in zip(timed, bounds)]
+    res["bound_seconds"] = sum(b["bound_seconds"] for b in bounds) / len(bounds)
+    res["step_over_bound"] = sum(b["step_over_bound"] for b in bounds) / len(bounds)
+    res["bound_by"] = max(set(b["bound_by"] for b in bounds), key=[b["bound_by"] for b in bounds].count)
+    for k in ("cpu", "host_mem"):
+        res[f"{k}_bound_seconds"] = sum(b["parts"][k] for b in bounds) / len(bounds)
+    res["calibration"] = cal
     res["gpu_peak_gib"] = max(x["gpu_peak_bytes"] for x in rows) / 2**30
     res["plan"] = plan
     return res
@@ -99,21 +155,27 @@ def main() -> int:
     p.add_argument("--nvme-dir", default="")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--speculate", default="never", choices=["never", "always", "auto"])
+    p.add_argument("--calibration-params", type=int, default=1 << 27,
+                   help="parameters for the idle-core calibration (default 2^27: 3.8 GB of AdamW traffic)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="bound the CPU by its busy time and leave host memory out (not the honest bound)")
     p.add_argument("--json")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))
     model_dir = write_config(args.shape, work / "model")
-    results = [run(args, int(b), model_dir, work) for b in args.batch.split(",")]
-    print(f"\n| shape | batch | tok/s | step s | GPU s | H2D s | D2H s | CPU upd s | NVMe s | "
-          f"step/bound | stalls w/g/o s | TFLOP/s | GPU peak GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cal = {} if args.no_calibrate else calibrate(args)
+    results = [run(args, int(b), model_dir, work, cal) for b in args.batch.split(",")]
+    print(f"\n| shape | batch | tok/s | step s | GPU s | H2D s | D2H s | CPU alone s | host mem s | NVMe s | "
+          f"bound | step/bound | CPU busy s | stalls w/g/o s | TFLOP/s | GPU peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
             print(f"| {args.shape} | {r['batch']} | error: {r['error']} |")
             continue
         print(f"| {args.shape} | {r['batch']} | {r['tokens_per_second']:.0f} | {r['step_seconds']:.3f} | "
               f"{r['gpu_compute_seconds']:.3f} | {r['h2d_seconds']:.3f} | {r['d2h_seconds']:.3f} | "
-              f"{r['cpu_update_seconds']:.3f} | {r['nvme_seconds']:.3f} | {r['step_over_bound']:.2f} | "
+              f"{r['cpu_bound_seconds']:.3f} | {r['host_mem_bound_seconds']:.3f} | {r['nvme_seconds']:.3f} | "
+              f"{r['bound_by']} {r['bound_seconds']:.3f} | {r['step_over_bound']:.2f} | {r['cpu_update_seconds']:.3f} | "
               f"{r['stall_weights_seconds']:.2f}/{r['stall_grads_seconds']:.2f}/{r['stall_optimizer_seconds']:.2f} | "
               f"{r['model_tflops']:.0f} | {r['gpu_peak_gib']:.1f} |")
     for r in results:
@@ -121,6 +183,9 @@ def main() -> int:
             print(f"batch {r['batch']}: max_grad_norm {args.max_grad_norm}, speculate {args.speculate}: clip rate "
                   f"{r['clip_rate']:.0%}, speculated layers/step {r['speculated_layers']:.1f}, corrected "
                   f"{r['corrected_layers']:.1f}")
+        if "per_step" in r:
+            print(f"batch {r['batch']}: step/bound per step " +
+                  ", ".join(f"{x['step']}: {x['step_over_bound']:.2f} ({x['bound_by']})" for x in r["per_step"]))
         if "plan" in r:
             print(f"batch {r['batch']}: {r['plan']}")
         if r.get("nvme_activation_bytes"):

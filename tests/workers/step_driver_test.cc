@@ -95,6 +95,78 @@ TEST_F(StepDriverTest, ReportsEachUpdatedShard) {
   }
 }
 
+// Shards of `layers` with their own buffers (zero gradients: the order is what is tested).
+std::vector<ShardSpec> LayerShards(ipc::Arena* arena, const std::vector<uint32_t>& layers, uint64_t n) {
+  std::vector<ShardSpec> out;
+  for (uint32_t layer : layers) {
+    ShardSpec s;
+    s.layer = layer;
+    s.num_elements = n;
+    auto off = [&](const char* what, uint64_t bytes) {
+      static int serial = 0;  // region names are unique per arena
+      const std::string name = std::string(what) + std::to_string(serial++);
+      return std::move(arena->Allocate(name, ipc::RegionKind::kOther, bytes)).value().offset;
+    };
+    s.grad_offset = off("g", n * 2);
+    s.master_offset = off("p", n * 4);
+    s.exp_avg_offset = off("m", n * 4);
+    s.exp_avg_sq_offset = off("v", n * 4);
+    s.weights_offset = off("w", n * 2);
+    s.counters_offset = off("c", CountersBytes(n));
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Backward hands layers over from the top (3) down; the driver notices completions only while it
+// waits, so the order below is deterministic: what runs while the first update is in its worker's
+// queue is chosen among everything that has landed by then.
+std::vector<uint32_t> UpdateOrder(WorkerPool* pool, ipc::Arena* arena, OptimizerConfig config) {
+  auto shards = LayerShards(arena, {3, 2, 1, 0}, 20'000);
+  StepDriver d(pool, shards, config);
+  std::vector<uint32_t> order;
+  d.SetOnShardUpdated([&](size_t shard) { order.push_back(shards[shard].layer); });
+  EXPECT_TRUE(d.BeginStep(1, 1e-3).ok());
+  for (size_t s = 0; s < shards.size(); ++s) EXPECT_TRUE(d.GradsReady(s, 0).ok());
+  auto r = d.FinishStep();
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return order;
+}
+
+TEST_F(StepDriverTest, UpdatesRunEarliestNeededFirst) {
+  // One update queued per worker: layer 3 starts at once; of 2, 1, 0 (landed meanwhile) the next
+  // forward needs 0 first.
+  EXPECT_EQ(UpdateOrder(pool_.get(), &arena_, OptimizerConfig{.update_depth = 1}),
+            (std::vector<uint32_t>{3, 0, 1, 2}));
+  // Two queued: 3 and 2 are in the worker's queue before 1 and 0 land.
+  EXPECT_EQ(UpdateOrder(pool_.get(), &arena_, OptimizerConfig{}), (std::vector<uint32_t>{3, 2, 0, 1}));
+}
+
+TEST_F(StepDriverTest, AHookWaitingForAShardNotYetDispatchedDoesNotHang) {
+  // The NVMe tier's slot reuse: the hook of layer 0's update waits for layer 1, whose update of
+  // this step is still in the ready set (it runs after 0): only submitted commands count there.
+  auto shards = LayerShards(&arena_, {2, 1, 0}, 20'000);
+  for (double max_norm : {0.0, 1.0}) {
+    StepDriver d(pool_.get(), shards, OptimizerConfig{.max_grad_norm = max_norm, .update_depth = 1});
+    std::vector<uint32_t> order;
+    d.SetOnShardUpdated([&](size_t shard) { order.push_back(shards[shard].layer); });
+    d.SetBeforeUpdate([&](size_t shard, ShardSpec*) { return shard == 2 ? d.WaitShardIdle(1) : OkStatus(); });
+    ASSERT_TRUE(d.BeginStep(max_norm > 0 ? 2 : 1, 1e-3).ok());
+    for (size_t s = 0; s < shards.size(); ++s) ASSERT_TRUE(d.GradsReady(s, 0).ok());
+    auto r = d.FinishStep();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    // Without clipping layer 2 runs at once; then 0 (whose hook found 1 not yet dispatched), 1.
+    EXPECT_EQ(order, max_norm > 0 ? (std::vector<uint32_t>{0, 1, 2}) : (std::vector<uint32_t>{2, 0, 1}));
+  }
+}
+
+TEST_F(StepDriverTest, LspTransitionHoldsTheLowerLayers) {
+  // defer_below_layer = 2: layers 3 and 2 first-come-first-served, 0 and 1 held to FinishStep and
+  // then run in ascending order, whatever the queue depth.
+  EXPECT_EQ(UpdateOrder(pool_.get(), &arena_, OptimizerConfig{.defer_below_layer = 2, .update_depth = 1}),
+            (std::vector<uint32_t>{3, 2, 0, 1}));
+}
+
 TEST_F(StepDriverTest, NonFiniteGradientsApplyNothing) {
   uint16_t* g = arena_.At<uint16_t>(spec_.grad_offset);
   for (uint64_t i = 0; i < kN; ++i) g[i] = 0x3c00;  // bf16 0.0078125
