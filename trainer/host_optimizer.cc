@@ -271,6 +271,11 @@ Status HostOptimizer::Handle(Item& item) {
       driver_step_ = item.step;
       return driver_->BeginStep(item.step, item.lr, item.grad_unscale);
     case Item::kGrads: {
+      // Dispatch on completions while the gradients are still on their way (see GradsReady).
+      while (item.done && !item.done()) {
+        RETURN_IF_ERROR(driver_->Poll());
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
       if (item.fn) RETURN_IF_ERROR(item.fn());
       RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro));
       if (item.micro + 1 < std::max<uint32_t>(1, options_.accumulation_steps)) {
@@ -350,7 +355,8 @@ Status HostOptimizer::WaitStagingFree(int block) {
   return error_;
 }
 
-Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status()> wait) {
+Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status()> wait,
+                                 std::function<bool()> done) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
   staging_busy_[block] = true;
@@ -359,6 +365,7 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
   it.block = block;
   it.micro = micro;
   it.fn = std::move(wait);
+  it.done = std::move(done);
   queue_.push_back(std::move(it));
   cv_.notify_all();
   return OkStatus();

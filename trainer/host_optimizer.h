@@ -115,7 +115,11 @@ class HostOptimizer {
   // Blocks until the staging buffer of `block` may be overwritten.
   Status WaitStagingFree(int block);
   // Queues: run `wait` (may be empty) on the optimizer thread, then hand the gradients over.
-  Status GradsReady(int block, uint32_t micro, std::function<Status()> wait);
+  // `done` (may be empty) says without blocking whether `wait` would return at once; while it
+  // says no, the optimizer thread keeps taking completions and dispatching updates (a blocking
+  // wait for a device-to-host copy would leave the workers' queues to run dry).
+  Status GradsReady(int block, uint32_t micro, std::function<Status()> wait,
+                    std::function<bool()> done = nullptr);
   // Blocks until `block`'s weights reflect update `step` (0: nothing to wait for).
   Status WaitUpdated(int block, uint64_t step);
   // Closes the open step: its remaining updates run in the background.
@@ -137,6 +141,7 @@ class HostOptimizer {
     double lr = 0;
     float grad_unscale = 1.0f;
     std::function<Status()> fn;
+    std::function<bool()> done;  // kGrads: fn would not block
   };
   struct Slot;
   HostOptimizer() = default;
