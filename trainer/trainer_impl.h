@@ -1,6 +1,6 @@
 #pragma once
-// Trainer internals shared by trainer.cc (step loop), trainer_setup.cc (plan, arena, weights) and
-// trainer_state.cc (checkpoints, export). Not a public header.
+// Trainer internals shared by trainer.cc (step loop), trainer_setup.cc (plan, arena, the step's
+// owners) and trainer_state.cc (checkpoints, export). Not a public header.
 //
 // The step's parts each have one owner: WeightResidency (where the weights are), ActivationOffload
 // (the step's offloaded activations), StepAccounting (stats, reporting, trace) and StepSchedule
