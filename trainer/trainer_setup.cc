@@ -50,6 +50,42 @@ void Trainer::Impl::Log(TrainObserver::Level level, const std::string& message) 
 }
 
 Status Trainer::Impl::Setup() {
+  RETURN_IF_ERROR(CheckConfig());
+  RETURN_IF_ERROR(LoadModel());
+  ASSIGN_OR_RETURN(data, DataSource::Create(cfg.data, cfg.model_dir, model->config().vocab_size,
+                                            cfg.batch_size, cfg.seed));
+  total = TotalSteps(cfg.max_steps, cfg.num_train_epochs, data->sequences_per_epoch(),
+                     cfg.batch_size, cfg.gradient_accumulation_steps);
+  ASSIGN_OR_RETURN(LrSchedule sched,
+                   LrSchedule::Create(cfg.optim.lr_scheduler_type, cfg.optim.warmup_steps,
+                                      cfg.optim.warmup_ratio, total));
+  lr_schedule = sched;
+  ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
+  ASSIGN_OR_RETURN(const bool resident, PlanDevice());
+  RETURN_IF_ERROR(StartSpill());
+
+  const HostOptimizerOptions ho = HostOptions();
+  ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+  RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
+    for (const auto& slot : layout[b].params) {
+      ASSIGN_OR_RETURN(at::Tensor v, model->ReadInitialValue(slot.param->name));
+      std::memcpy(master + slot.offset, v.data_ptr<float>(), slot.numel * sizeof(float));
+    }
+    return OkStatus();
+  }));
+  RETURN_IF_ERROR(StartPipeline(resident));
+  plan_text = DescribePlan(ho);
+  Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
+  if (const std::string d = engine::DescribeDropout(model->config()); !d.empty()) {
+    Log(TrainObserver::Level::kWarning,
+        "training WITHOUT dropout (dropout: disable): the model's config.json sets " + d +
+            ", which is not applied");
+  }
+  Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
+  return OkStatus();
+}
+
+Status Trainer::Impl::CheckConfig() {
   ASSIGN_OR_RETURN(device, ParseDevice(cfg.device));
   cuda = device.is_cuda();
   const std::string& cd = cfg.compute_dtype;
@@ -82,7 +118,10 @@ Status Trainer::Impl::Setup() {
   if (cfg.gradient_accumulation_steps < 1)
     return InvalidArgumentError("gradient_accumulation_steps must be at least 1");
   if (cfg.worker_binary.empty()) return InvalidArgumentError("no offloadd-worker binary given");
+  return OkStatus();
+}
 
+Status Trainer::Impl::LoadModel() {
   engine::LoadOptions lo;
   lo.dtype = dtype;
   lo.materialize = cfg.random_init ? engine::LoadOptions::Materialize::kRandom
@@ -102,24 +141,13 @@ Status Trainer::Impl::Setup() {
       slot.numel = static_cast<uint64_t>(p.value.numel());
       slot.offset = bl.numel;
       bl.numel += slot.numel;
-      owner[p.name] = {b, slot.offset};
       bl.params.push_back(slot);
     }
   }
-  tied = !model->block(n - 1).shared_params().empty();
+  return OkStatus();
+}
 
-  ASSIGN_OR_RETURN(data, DataSource::Create(cfg.data, cfg.model_dir, model->config().vocab_size,
-                                            cfg.batch_size, cfg.seed));
-  total = TotalSteps(cfg.max_steps, cfg.num_train_epochs, data->sequences_per_epoch(),
-                     cfg.batch_size, cfg.gradient_accumulation_steps);
-  ASSIGN_OR_RETURN(LrSchedule sched,
-                   LrSchedule::Create(cfg.optim.lr_scheduler_type, cfg.optim.warmup_steps,
-                                      cfg.optim.warmup_ratio, total));
-  schedule = sched;
-  ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
-  RETURN_IF_ERROR(PlanDevice());
-  RETURN_IF_ERROR(StartSpill());
-
+HostOptimizerOptions Trainer::Impl::HostOptions() const {
   HostOptimizerOptions ho;
   for (const auto& bl : layout) ho.block_elements.push_back(bl.numel);
   ho.compute = dtype == c10::kBFloat16 ? HostDtype::kBf16
@@ -142,34 +170,23 @@ Status Trainer::Impl::Setup() {
                           : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
   ho.kernel_path = cfg.adamw_kernel;
   ho.host_memory_limit = cfg.offload.host_memory_limit;
-  arena_bytes = HostOptimizer::ArenaBytes(ho);
-  ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
-  RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
-    for (const auto& slot : layout[b].params) {
-      ASSIGN_OR_RETURN(at::Tensor v, model->ReadInitialValue(slot.param->name));
-      std::memcpy(master + slot.offset, v.data_ptr<float>(), slot.numel * sizeof(float));
-    }
-    return OkStatus();
-  }));
-  RETURN_IF_ERROR(BindHostWeights());
-  host->SetOnUpdated([this](int b) { OnUpdated(b); });
-  host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
-    std::lock_guard<std::mutex> lock(trace_mu);
-    if (cfg.trace_steps > 0 && traced_steps >= cfg.trace_steps) return;
-    trace.push_back({track, "update " + model->block(b).name(), static_cast<double>(start_us),
-                     static_cast<double>(end_us)});
-  });
+  return ho;
+}
+
+std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
   std::ostringstream plan;
   plan << "device " << device.str() << " (" << c10::toString(dtype) << "), " << n << " blocks, "
-       << (resident ? "weights resident" : "weights streamed " + std::to_string(window) + " ahead")
+       << (weights->resident()
+               ? "weights resident"
+               : "weights streamed " + std::to_string(WeightResidency::kWindow) + " ahead")
        << ", activations";
   std::map<std::string, int> counts;
   for (int b = 1; b + 1 < n; ++b)
     counts[spill_nvme[b] ? "offload_nvme" : std::string(engine::SaveModeName(modes[b]))]++;
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
   plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
-       << ", arena " << FormatByteSize(arena_bytes) << ", " << ho.worker_processes << "x"
-       << ho.worker_threads << " worker threads, AdamW kernel " << host->kernel_description()
+       << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << ", " << ho.worker_processes
+       << "x" << ho.worker_threads << " worker threads, AdamW kernel " << host->kernel_description()
        << ", updates "
        << (ho.defer_below_block > 0
                ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
@@ -181,17 +198,10 @@ Status Trainer::Impl::Setup() {
          << cfg.loss_scale.backoff_factor << " on overflow)";
   }
   if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
-  plan_text = plan.str();
-  Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
-  if (const std::string d = engine::DescribeDropout(model->config()); !d.empty()) {
-    Log(TrainObserver::Level::kWarning, "training WITHOUT dropout (dropout: disable): the model's "
-                                        "config.json sets " + d + ", which is not applied");
-  }
-  Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
-  return OkStatus();
+  return plan.str();
 }
 
-Status Trainer::Impl::PlanDevice() {
+StatusOr<bool> Trainer::Impl::PlanDevice() {
   modes.assign(n, engine::SaveMode::kKeep);
   spill_nvme.assign(n, false);
   for (const auto& [layer, m] : cfg.offload.layer_overrides) {
@@ -210,7 +220,7 @@ Status Trainer::Impl::PlanDevice() {
     modes[b] = ToSaveMode(m);
     spill_nvme[b] = m == ActivationMode::kOffloadNvme;
   }
-  if (!cuda) return OkStatus();
+  if (!cuda) return true;
 
   const int64_t B = cfg.batch_size;
   const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
@@ -238,10 +248,11 @@ Status Trainer::Impl::PlanDevice() {
     if (modes[b] == engine::SaveMode::kRecompute) acts += cost[b].saved_bytes_recompute;
   }
   auto fits = [&](int64_t w) { return w + acts + workspace <= gpu_budget; };
-  const int64_t streamed = static_cast<int64_t>(window + 2) * max_block +
+  const bool tied = !model->block(n - 1).shared_params().empty();
+  const int64_t streamed = static_cast<int64_t>(WeightResidency::kWindow + 2) * max_block +
                            (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
   using Weights = OffloadPlanConfig::Weights;
-  resident = cfg.offload.weights != Weights::kStreamed;
+  bool resident = cfg.offload.weights != Weights::kStreamed;
   if (resident && !fits(weights) && cfg.offload.weights == Weights::kResident) {
     return ResourceExhaustedError(
         "weights resident on the GPU need " + FormatByteSize(static_cast<uint64_t>(weights)) +
@@ -264,7 +275,7 @@ Status Trainer::Impl::PlanDevice() {
   }
   ASSIGN_OR_RETURN(int64_t total_mem, streams->CapMemory(gpu_budget));
   (void)total_mem;
-  return OkStatus();
+  return resident;
 }
 
 Status Trainer::Impl::StartSpill() {
@@ -293,30 +304,49 @@ Status Trainer::Impl::StartSpill() {
   return OkStatus();
 }
 
-Status Trainer::Impl::BindHostWeights() {
-  host_weights.resize(n);
-  ready.resize(n);
-  host_grads.resize(n);
-  dev_weights.resize(n);
-  const auto opts = at::TensorOptions().dtype(dtype).device(c10::kCPU);
-  for (int b = 0; b < n; ++b) {
-    const int64_t numel = static_cast<int64_t>(layout[b].numel);
-    host_weights[b] = at::from_blob(host->compute_weights(b), {numel}, opts);
-    host_grads[b] = at::from_blob(host->grad_staging(b), {numel}, opts);
-    RETURN_IF_ERROR(streams->Pin(host->compute_weights(b), host->compute_weight_bytes(b)));
-    RETURN_IF_ERROR(streams->Pin(host->grad_staging(b), host->compute_weight_bytes(b)));
-    if (!cuda) {
-      BindDevice(b, host_weights[b]);
-    } else if (resident) {
-      streams->UseCompute();
-      dev_weights[b] = at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
-      BindDevice(b, dev_weights[b]);
-      auto e = streams->CopyToDevice(dev_weights[b], host_weights[b], "weights " + model->block(b).name(), false);
-      RETURN_IF_ERROR(DeviceStreams::Synchronize(e));
-    } else {
-      for (auto& slot : layout[b].params) slot.param->value = at::Tensor();
-    }
-  }
+Status Trainer::Impl::StartPipeline(bool resident) {
+  WeightResidency::Options wo;
+  wo.model = model.get();
+  wo.layout = &layout;
+  wo.host = host.get();
+  wo.streams = streams.get();
+  wo.device = device;
+  wo.dtype = dtype;
+  wo.resident = resident;
+  ASSIGN_OR_RETURN(weights, WeightResidency::Create(wo));
+  activations = std::make_unique<ActivationOffload>(spill.get(), streams.get(), spill_nvme, device);
+
+  StepAccounting::Options ao;
+  ao.host = host.get();
+  ao.streams = streams.get();
+  ao.spill = spill.get();
+  ao.scaler = scaler ? &*scaler : nullptr;
+  ao.observer = obs;
+  ao.trace_steps = cfg.trace_steps;
+  ao.max_steps = total;
+  accounting = std::make_unique<StepAccounting>(ao);
+
+  StepSchedule::Options so;
+  so.model = model.get();
+  so.layout = &layout;
+  so.modes = modes;
+  so.weights = weights.get();
+  so.activations = activations.get();
+  so.host = host.get();
+  so.streams = streams.get();
+  so.accounting = accounting.get();
+  so.scaler = ao.scaler;
+  so.device = device;
+  so.dtype = dtype;
+  so.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+  ASSIGN_OR_RETURN(schedule, StepSchedule::Create(so));
+
+  // Updated weights flow back to the device from the optimizer thread, right behind each update.
+  host->SetOnUpdated([w = weights.get()](int b) { w->OnUpdated(b); });
+  host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
+    accounting->AddSpan({track, "update " + model->block(b).name(), static_cast<double>(start_us),
+                         static_cast<double>(end_us)});
+  });
   return OkStatus();
 }
 

@@ -4,9 +4,10 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "trainer/checkpoint.h"
-#include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -50,7 +51,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     ls.master = {std::span<const float>(master)};
     ls.exp_avg = {std::span<const float>(m)};
     ls.exp_avg_sq = {std::span<const float>(v)};
-    ls.adam_step = applied;
+    ls.adam_step = accounting->applied();
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
   }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
@@ -64,14 +65,15 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.epoch = data->epoch();
   st.seed = cfg.seed;
   st.data_cursor = data->State();
-  st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, schedule->warmup_steps(),
+  st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, lr_schedule->warmup_steps(),
                   total};
   st.model_fingerprint = Fingerprint();
   if (scaler) st.grad_scaler = scaler->state();
-  for (const auto& [step, loss] : loss_history) st.log_history.push_back({step, 0, loss, 0, 0});
+  for (const auto& [step, loss] : accounting->loss_history())
+    st.log_history.push_back({step, 0, loss, 0, 0});
   ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(st));
   RETURN_IF_ERROR(PruneCheckpoints(cfg.output_dir, cfg.save_total_limit));
-  if (obs) obs->OnCheckpoint(info.path, info.step, info.size_bytes, last_loss);
+  if (obs) obs->OnCheckpoint(info.path, info.step, info.size_bytes, accounting->last_loss());
   Log(TrainObserver::Level::kInfo, "checkpoint " + info.path + " written");
   return info.path;
 }
@@ -119,20 +121,12 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
     }
   }
   completed = st.global_step;
-  applied = adam_steps;
-  reported = completed;
+  std::vector<std::pair<int64_t, double>> history;
+  for (const auto& e : st.log_history) history.push_back({e.step, e.loss});
+  accounting->Restore(adam_steps, std::move(history));
   RETURN_IF_ERROR(
       host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
-  loss_history.clear();
-  for (const auto& e : st.log_history) loss_history.push_back({e.step, e.loss});
-  if (!loss_history.empty()) last_loss = loss_history.back().second;
-  if (cuda && resident) {
-    streams->UseCompute();
-    for (int b = 0; b < n; ++b) {
-      auto e = streams->CopyToDevice(dev_weights[b], host_weights[b], "weights", false);
-      RETURN_IF_ERROR(DeviceStreams::Synchronize(e));
-    }
-  }
+  RETURN_IF_ERROR(weights->Reload());
   Log(TrainObserver::Level::kInfo,
       "resumed from " + dir + " at step " + std::to_string(completed) + " of " + std::to_string(total));
   return OkStatus();
@@ -147,18 +141,10 @@ Status Trainer::Impl::ExportModel(const std::string& dir) {
     m.resize(numel);
     v.resize(numel);
     RETURN_IF_ERROR(host->ReadStates(b, master.data_ptr<float>(), m.data(), v.data()));
-    BindDevice(b, master);
+    layout[b].Bind(master);
   }
   Status st = model->Export(dir);
-  for (int b = 0; b < n; ++b) {  // back to the compute bindings
-    if (!cuda) {
-      BindDevice(b, host_weights[b]);
-    } else if (dev_weights[b].defined()) {
-      BindDevice(b, dev_weights[b]);
-    } else {
-      for (auto& slot : layout[b].params) slot.param->value = at::Tensor();
-    }
-  }
+  for (int b = 0; b < n; ++b) weights->Rebind(b);  // back to the compute bindings
   return st;
 }
 
@@ -167,11 +153,7 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   TrainResult result;
   if (!m.cfg.resume_from.empty()) RETURN_IF_ERROR(m.RestoreCheckpoint(m.cfg.resume_from));
   auto write_trace = [&]() -> Status {
-    if (m.cfg.trace_path.empty()) return OkStatus();
-    TraceRecorder rec;
-    std::lock_guard<std::mutex> lock(m.trace_mu);
-    for (const auto& s : m.trace) rec.AddSpan(s.track, s.name, static_cast<int64_t>(s.start_us), static_cast<int64_t>(s.end_us));
-    return rec.WriteJson(m.cfg.trace_path);
+    return m.cfg.trace_path.empty() ? OkStatus() : m.accounting->WriteTrace(m.cfg.trace_path);
   };
   while (m.completed < m.total) {
     if (m.obs && m.obs->StopRequested()) {
@@ -191,7 +173,7 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   RETURN_IF_ERROR(m.Flush());
   RETURN_IF_ERROR(write_trace());
   result.steps = m.completed;
-  result.final_loss = m.last_loss;
+  result.final_loss = m.accounting->last_loss();
   if (!m.cfg.output_dir.empty() && m.cfg.export_final_model) {
     if (m.model->has_checkpoint()) {
       RETURN_IF_ERROR(m.ExportModel(m.cfg.output_dir));

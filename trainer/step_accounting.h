@@ -1,0 +1,103 @@
+#pragma once
+// StepAccounting: what each optimizer step measured, and when it is reported. Steps are
+// pipelined, so two are open at once: the current one (BeginStep..EndStep), whose stalls the
+// step loop adds up, and the previous one, pending until its CPU updates are done. Reporting the
+// pending step waits for them, fills in its StepStats (loss, gradient norm, per-resource busy
+// times, bytes, stalls), feeds the fp16 loss scale, counts the AdamW updates applied, keeps the
+// loss history and calls TrainObserver::OnStep. Also owns the trace spans of the first
+// trace_steps steps (0: all), device spans and host updates alike.
+//
+// Thread-safety: AddSpan and WriteTrace may be called from any thread (the optimizer thread adds
+// its update spans); everything else is for the step loop's thread.
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/activation_spill.h"
+#include "trainer/device_streams.h"
+#include "trainer/grad_scaler.h"
+#include "trainer/host_optimizer.h"
+#include "trainer/step_stats.h"
+#include "trainer/trainer.h"
+
+namespace offloadd::trainer {
+
+class StepAccounting {
+ public:
+  struct Options {
+    HostOptimizer* host = nullptr;
+    DeviceStreams* streams = nullptr;
+    ActivationSpill* spill = nullptr;  // when activations go to NVMe
+    GradScaler* scaler = nullptr;      // fp16 compute
+    TrainObserver* observer = nullptr;
+    int64_t trace_steps = 0;  // steps whose spans are kept (0: all)
+    int64_t max_steps = 0;
+  };
+  explicit StepAccounting(const Options& options);
+
+  // Time the step loop blocked on the pipeline in the current step, by cause.
+  struct Stalls {
+    double weights = 0;  // for weights (an update or its upload)
+    double grads = 0;    // for a free gradient staging buffer
+  };
+
+  // Step `step` starts now: the device work queued so far belongs to the pending step.
+  void BeginStep(int64_t step, int64_t tokens, int64_t trained_tokens);
+  Stalls& stalls() { return current_.stalls; }
+  // The learning rate and loss scale the current step's updates and backward use.
+  void SetUpdateSettings(double learning_rate, double loss_scale);
+  // The current step's work is queued; it is pending until reported. `loss`: its summed
+  // micro-batch losses, a scalar on the device.
+  void EndStep(at::Tensor loss, double model_flops, double epoch);
+
+  bool has_pending() const { return pending_.has_value(); }
+  // Reports the pending step (if any) as having ended when the current one began.
+  Status ReportPrevious() { return Report(current_.start); }
+  // Reports the pending step (if any) as ending now, its device work done.
+  Status Flush();
+
+  // AdamW updates applied through the last reported step (completed minus skipped fp16 steps):
+  // what the learning-rate schedule counts, as HF Trainer does not step its scheduler when
+  // GradScaler skipped the optimizer step.
+  int64_t applied() const { return applied_; }
+  double last_loss() const { return last_loss_; }
+  const std::vector<std::pair<int64_t, double>>& loss_history() const { return loss_history_; }
+  // Resuming from a checkpoint.
+  void Restore(int64_t applied, std::vector<std::pair<int64_t, double>> loss_history);
+
+  // Any thread: a span for the trace, kept while the first trace_steps steps are not reported.
+  void AddSpan(Span span);
+  // Writes the kept spans as Chrome trace JSON.
+  Status WriteTrace(const std::string& path);
+
+ private:
+  struct Step {
+    StepStats stats;
+    at::Tensor loss;  // fp32 scalar on the device
+    std::chrono::steady_clock::time_point start;
+    Stalls stalls;
+  };
+  // Device busy times, bytes per link and trace spans of the pending step (waits for its copies).
+  void CollectDeviceSpans();
+  Status Report(std::chrono::steady_clock::time_point end);
+
+  const Options options_;
+  Step current_;
+  std::optional<Step> pending_;
+  int64_t applied_ = 0;
+  double last_loss_ = 0;
+  std::vector<std::pair<int64_t, double>> loss_history_;
+  std::mutex trace_mu_;
+  std::vector<Span> trace_;
+  int64_t traced_steps_ = 0;  // reported steps
+};
+
+}  // namespace offloadd::trainer

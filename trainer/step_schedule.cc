@@ -1,0 +1,143 @@
+// StepSchedule: forward, backward and gradient hand-off, block by block.
+#include "trainer/step_schedule.h"
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+
+namespace offloadd::trainer {
+
+StepSchedule::StepSchedule(const Options& options)
+    : options_(options),
+      layout_(*options.layout),
+      n_(options.model->num_blocks()),
+      cuda_(options.device.is_cuda()),
+      host_grads_(n_) {
+  for (int b = 0; b < n_; ++b) {
+    for (const auto& slot : layout_[b].params) owner_[slot.param->name] = {b, slot.offset};
+  }
+}
+
+StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(const Options& options) {
+  std::unique_ptr<StepSchedule> s(new StepSchedule(options));
+  HostOptimizer* host = options.host;
+  const auto opts = at::TensorOptions().dtype(options.dtype).device(c10::kCPU);
+  for (int b = 0; b < s->n_; ++b) {
+    const int64_t numel = static_cast<int64_t>(s->layout_[b].numel);
+    s->host_grads_[b] = at::from_blob(host->grad_staging(b), {numel}, opts);
+    RETURN_IF_ERROR(options.streams->Pin(host->grad_staging(b), host->compute_weight_bytes(b)));
+  }
+  return s;
+}
+
+void StepSchedule::BeginStep(int64_t step) {
+  step_ = step;
+  options_.activations->Reset();
+  saved_ = std::vector<engine::SavedState>(n_);
+}
+
+StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micro) {
+  WeightResidency& weights = *options_.weights;
+  // The first forward of step k uses each block as updated by step k-1: no stale weights.
+  const uint64_t wait = micro == 0 ? static_cast<uint64_t>(step_ - 1) : 0;
+  double* stall = &options_.accounting->stalls().weights;
+  at::Tensor x;
+  for (int b = 0; b < n_; ++b) {
+    RETURN_IF_ERROR(weights.Ensure(b, wait, stall));
+    for (int p = 1; p <= WeightResidency::kWindow; ++p) weights.Prefetch(b + p, wait);
+    if (b == n_ - 1 && options_.scaler) {
+      // The head computes its gradients in the forward, so the loss scale must be final: step
+      // k-1's overflow check is done (its updates are: this forward waited for each of them).
+      if (micro == 0) RETURN_IF_ERROR(options_.accounting->ReportPrevious());
+      mb.loss_scale = options_.scaler->scale();
+    }
+    engine::Block& block = options_.model->block(b);
+    options_.streams->BeginCompute("forward " + block.name());
+    ASSIGN_OR_RETURN(
+        x, block.Forward(mb, x, options_.modes[b], &saved_[b], options_.activations->callbacks()));
+    options_.streams->EndCompute();
+    // The last blocks stay for the backward, which starts with them.
+    if (b < n_ - 1 - WeightResidency::kWindow) weights.Release(b);
+  }
+  return x.detach();
+}
+
+Status StepSchedule::Backward(const engine::MicroBatch& mb, uint32_t micro) {
+  WeightResidency& weights = *options_.weights;
+  const bool last_micro = micro + 1 == options_.accumulation_steps;
+  at::Tensor g, tied_grad;
+  for (int b = n_ - 1; b >= 0; --b) {
+    RETURN_IF_ERROR(weights.Ensure(b, 0, &options_.accounting->stalls().weights));
+    for (int p = 1; p <= WeightResidency::kWindow; ++p) weights.Prefetch(b - p, 0);
+    if (b > 0) options_.activations->Prefetch(b - 1);
+    ASSIGN_OR_RETURN(at::Tensor grads, GradientBuffer(b));
+    ASSIGN_OR_RETURN(g, BackwardBlock(mb, b, g, grads, &tied_grad));
+    RETURN_IF_ERROR(HandOff(b, micro, grads));
+    // The first blocks stay for the next micro-batch's forward, which starts with them.
+    if (b > WeightResidency::kWindow || last_micro) weights.Release(b);
+  }
+  return OkStatus();
+}
+
+StatusOr<at::Tensor> StepSchedule::GradientBuffer(int b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(options_.host->WaitStagingFree(b));
+  options_.accounting->stalls().grads +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!cuda_) return host_grads_[b];
+  return at::empty({static_cast<int64_t>(layout_[b].numel)},
+                   at::TensorOptions().dtype(options_.dtype).device(options_.device));
+}
+
+StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, int b,
+                                                 const at::Tensor& grad_out,
+                                                 const at::Tensor& grads, at::Tensor* tied_grad) {
+  Status grad_status;
+  engine::GradCallback on_grad = [&](const std::string& name, const at::Tensor& grad) {
+    auto it = owner_.find(name);
+    if (it == owner_.end()) {
+      grad_status = InternalError("gradient for unknown parameter " + name);
+      return;
+    }
+    if (it->second.first != b) {  // the tied embedding, used by the head
+      *tied_grad = tied_grad->defined() ? *tied_grad + grad : grad;
+      return;
+    }
+    for (const auto& slot : layout_[b].params) {
+      if (slot.offset == it->second.second) slot.View(grads).copy_(grad);
+    }
+  };
+  engine::Block& block = options_.model->block(b);
+  options_.streams->BeginCompute("backward " + block.name());
+  ASSIGN_OR_RETURN(at::Tensor g, block.Backward(mb, grad_out, &saved_[b], on_grad,
+                                                options_.activations->callbacks()));
+  RETURN_IF_ERROR(grad_status);
+  if (b == 0 && tied_grad->defined()) {
+    const std::string& tied_name = options_.model->block(n_ - 1).shared_params()[0]->name;
+    for (const auto& slot : layout_[0].params) {
+      if (slot.param->name == tied_name) slot.View(grads).add_(*tied_grad);
+    }
+    *tied_grad = at::Tensor();
+  }
+  options_.streams->EndCompute();
+  return g;
+}
+
+Status StepSchedule::HandOff(int b, uint32_t micro, const at::Tensor& grads) {
+  if (!cuda_) return options_.host->GradsReady(b, micro, nullptr);
+  auto e = options_.streams->CopyToHost(host_grads_[b], grads,
+                                        "gradients " + options_.model->block(b).name());
+  // The optimizer thread waits for the copy, dispatching updates while it is not done; the
+  // capture keeps the device buffer alive until then.
+  return options_.host->GradsReady(
+      b, micro, [e, grads]() { return DeviceStreams::Synchronize(e); },
+      [e]() {
+        try {
+          return DeviceStreams::Completed(e);
+        } catch (const c10::Error&) {
+          return true;  // Synchronize reports the error
+        }
+      });
+}
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,84 @@
+#pragma once
+// StepSchedule: the order of one optimizer step's work on the device. For each micro-batch, a
+// forward pass block by block (embedding, decoder layers, head), then a backward pass in reverse
+// in which each block's gradients are handed to the host optimizer as soon as its backward is
+// done (device-to-host into the block's staging buffer; the optimizer thread waits for the copy),
+// so CPU updates overlap the rest of backward. The first forward of step k waits for each block's
+// update of step k-1. Streamed weights are prefetched WeightResidency::kWindow blocks ahead of use
+// and released behind it; offloaded activations are brought back one block ahead of backward.
+// Owns the gradient staging views of the host arena and the blocks' saved states; the weights,
+// activations and accounting it drives are owned by the trainer.
+//
+// Single-threaded: for the step loop's thread.
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model.h"
+#include "trainer/activation_offload.h"
+#include "trainer/block_layout.h"
+#include "trainer/device_streams.h"
+#include "trainer/grad_scaler.h"
+#include "trainer/host_optimizer.h"
+#include "trainer/step_accounting.h"
+#include "trainer/weight_residency.h"
+
+namespace offloadd::trainer {
+
+class StepSchedule {
+ public:
+  struct Options {
+    engine::Model* model = nullptr;
+    const std::vector<BlockLayout>* layout = nullptr;
+    std::vector<engine::SaveMode> modes;  // per block: what its forward keeps for backward
+    WeightResidency* weights = nullptr;
+    ActivationOffload* activations = nullptr;
+    HostOptimizer* host = nullptr;  // its arena holds the gradient staging buffers
+    DeviceStreams* streams = nullptr;
+    StepAccounting* accounting = nullptr;
+    GradScaler* scaler = nullptr;  // fp16 compute
+    c10::Device device = c10::Device(c10::kCPU);
+    c10::ScalarType dtype = c10::kFloat;
+    uint32_t accumulation_steps = 1;  // micro-batches per step
+  };
+  // Pins the gradient staging buffers.
+  static StatusOr<std::unique_ptr<StepSchedule>> Create(const Options& options);
+
+  // Optimizer step `step` begins (1-based).
+  void BeginStep(int64_t step);
+  // Forward of micro-batch `micro` through every block; returns its loss (fp32 scalar, detached).
+  // fp16: sets mb's loss scale, reporting the previous step first when micro is 0.
+  StatusOr<at::Tensor> Forward(engine::MicroBatch& mb, uint32_t micro);
+  // Backward of micro-batch `micro` (after its Forward), handing each block's gradients over.
+  Status Backward(const engine::MicroBatch& mb, uint32_t micro);
+
+ private:
+  explicit StepSchedule(const Options& options);
+  // Block b's gradient buffer, once its staging buffer is free: the staging buffer itself on a
+  // CPU device, else a device buffer copied into it by HandOff.
+  StatusOr<at::Tensor> GradientBuffer(int b);
+  // Block b's backward; its parameter gradients go into `grads`. The tied embedding's gradient
+  // (delivered at the head) is held in *tied_grad until block 0's own are in.
+  StatusOr<at::Tensor> BackwardBlock(const engine::MicroBatch& mb, int b,
+                                     const at::Tensor& grad_out, const at::Tensor& grads,
+                                     at::Tensor* tied_grad);
+  Status HandOff(int b, uint32_t micro, const at::Tensor& grads);
+
+  const Options options_;
+  const std::vector<BlockLayout>& layout_;
+  const int n_;
+  const bool cuda_;
+  std::map<std::string, std::pair<int, uint64_t>> owner_;  // param name -> (block, offset)
+  std::vector<at::Tensor> host_grads_;     // per block, flat view of its staging buffer
+  std::vector<engine::SavedState> saved_;  // per block, from its forward for its backward
+  int64_t step_ = 0;
+};
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,113 @@
+// WeightResidency: the block weights' uploads, waits and bindings.
+#include "trainer/weight_residency.h"
+
+#include <chrono>
+#include <string>
+
+namespace offloadd::trainer {
+
+WeightResidency::WeightResidency(const Options& options)
+    : model_(options.model),
+      layout_(*options.layout),
+      host_(options.host),
+      streams_(options.streams),
+      device_(options.device),
+      dtype_(options.dtype),
+      cuda_(options.device.is_cuda()),
+      resident_(options.resident),
+      n_(options.model->num_blocks()),
+      tied_(!options.model->block(n_ - 1).shared_params().empty()),
+      host_weights_(n_),
+      device_weights_(n_),
+      ready_(n_) {}
+
+StatusOr<std::unique_ptr<WeightResidency>> WeightResidency::Create(const Options& options) {
+  std::unique_ptr<WeightResidency> w(new WeightResidency(options));
+  for (int b = 0; b < w->n_; ++b) RETURN_IF_ERROR(w->BindInitial(b));
+  return w;
+}
+
+Status WeightResidency::BindInitial(int b) {
+  const int64_t numel = static_cast<int64_t>(layout_[b].numel);
+  host_weights_[b] = at::from_blob(host_->compute_weights(b), {numel},
+                                   at::TensorOptions().dtype(dtype_).device(c10::kCPU));
+  RETURN_IF_ERROR(streams_->Pin(host_->compute_weights(b), host_->compute_weight_bytes(b)));
+  if (!cuda_) {
+    layout_[b].Bind(host_weights_[b]);
+  } else if (resident_) {
+    streams_->UseCompute();
+    device_weights_[b] = at::empty({numel}, at::TensorOptions().dtype(dtype_).device(device_));
+    layout_[b].Bind(device_weights_[b]);
+    auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b],
+                                    "weights " + model_->block(b).name(), false);
+    RETURN_IF_ERROR(DeviceStreams::Synchronize(e));
+  } else {
+    layout_[b].Unbind();
+  }
+  return OkStatus();
+}
+
+Status WeightResidency::Ensure(int b, uint64_t wait_step, double* stall) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(host_->WaitUpdated(b, wait_step));
+  if (cuda_) {
+    if (!resident_ && !device_weights_[b].defined()) Prefetch(b, 0);
+    DeviceStreams::EventPtr e;
+    {
+      std::lock_guard<std::mutex> lock(ready_mu_);
+      e = ready_[b];
+    }
+    streams_->ComputeWaits(e);
+    if (tied_ && b == n_ - 1 && b != 0) RETURN_IF_ERROR(Ensure(0, wait_step, stall));
+  }
+  *stall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return OkStatus();
+}
+
+void WeightResidency::Prefetch(int b, uint64_t wait_step) {
+  if (!cuda_ || resident_ || b < 0 || b >= n_ || device_weights_[b].defined()) return;
+  if (!host_->WaitUpdated(b, wait_step).ok()) return;  // the error surfaces in Ensure
+  device_weights_[b] = at::empty({static_cast<int64_t>(layout_[b].numel)},
+                                 at::TensorOptions().dtype(dtype_).device(device_));
+  layout_[b].Bind(device_weights_[b]);
+  auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b],
+                                  "weights " + model_->block(b).name());
+  std::lock_guard<std::mutex> lock(ready_mu_);
+  ready_[b] = e;
+}
+
+void WeightResidency::Release(int b) {
+  if (!cuda_ || resident_ || (tied_ && b == 0)) return;
+  device_weights_[b] = at::Tensor();
+  layout_[b].Unbind();
+}
+
+void WeightResidency::OnUpdated(int b) {
+  if (!cuda_ || !resident_) return;
+  auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b],
+                                  "weights " + model_->block(b).name(), /*after_compute=*/false);
+  std::lock_guard<std::mutex> lock(ready_mu_);
+  ready_[b] = e;
+}
+
+Status WeightResidency::Reload() {
+  if (!cuda_ || !resident_) return OkStatus();
+  streams_->UseCompute();
+  for (int b = 0; b < n_; ++b) {
+    auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b], "weights", false);
+    RETURN_IF_ERROR(DeviceStreams::Synchronize(e));
+  }
+  return OkStatus();
+}
+
+void WeightResidency::Rebind(int b) {
+  if (!cuda_) {
+    layout_[b].Bind(host_weights_[b]);
+  } else if (device_weights_[b].defined()) {
+    layout_[b].Bind(device_weights_[b]);
+  } else {
+    layout_[b].Unbind();
+  }
+}
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,80 @@
+#pragma once
+// WeightResidency: where each block's compute-dtype weights are for the device to use. On a CPU
+// device the blocks compute straight from the host arena. On CUDA they are either resident (one
+// device copy per block, refreshed host-to-device right behind each CPU update) or streamed (a
+// block is uploaded ahead of use, Prefetch, and dropped after, Release; the tied embedding stays
+// while the head needs it). Owns the host views of the arena's compute weights, the device
+// copies and each block's upload event; the compute stream waits on that event before using the
+// block (Ensure).
+//
+// Thread-safety: OnUpdated runs on the optimizer thread; everything else is for the step loop's
+// thread. The upload events are shared between the two under a mutex.
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model.h"
+#include "trainer/block_layout.h"
+#include "trainer/device_streams.h"
+#include "trainer/host_optimizer.h"
+
+namespace offloadd::trainer {
+
+class WeightResidency {
+ public:
+  static constexpr int kWindow = 2;  // streamed: blocks uploaded ahead of use
+
+  struct Options {
+    engine::Model* model = nullptr;
+    const std::vector<BlockLayout>* layout = nullptr;
+    HostOptimizer* host = nullptr;  // its arena holds the compute weights
+    DeviceStreams* streams = nullptr;
+    c10::Device device = c10::Device(c10::kCPU);
+    c10::ScalarType dtype = c10::kFloat;
+    bool resident = true;  // CUDA: all blocks stay on the device (else they are streamed)
+  };
+  // Pins the arena's weights and binds them: to the Params (CPU), to device copies uploaded now
+  // (resident) or to nothing until first use (streamed).
+  static StatusOr<std::unique_ptr<WeightResidency>> Create(const Options& options);
+
+  bool resident() const { return resident_; }
+
+  // The compute stream may use block b's weights as of update `wait_step` (0: no update to wait
+  // for); streams it in if needed. Adds the time blocked to *stall.
+  Status Ensure(int b, uint64_t wait_step, double* stall);
+  // Streamed: starts uploading block b (no-op when out of range, resident or already there).
+  void Prefetch(int b, uint64_t wait_step);
+  // Streamed: drops block b's device copy (the tied embedding stays).
+  void Release(int b);
+  // Optimizer thread: block b's new weights are in the arena (resident: upload them now).
+  void OnUpdated(int b);
+  // Resident: uploads every block again (after the arena was restored from a checkpoint).
+  Status Reload();
+  // Binds block b's compute weights again (after something else was bound, e.g. fp32 masters).
+  void Rebind(int b);
+
+ private:
+  explicit WeightResidency(const Options& options);
+  Status BindInitial(int b);
+
+  engine::Model* model_;
+  const std::vector<BlockLayout>& layout_;
+  HostOptimizer* host_;
+  DeviceStreams* streams_;
+  const c10::Device device_;
+  const c10::ScalarType dtype_;
+  const bool cuda_, resident_;
+  const int n_;
+  const bool tied_;                         // the head uses block 0's embedding matrix
+  std::vector<at::Tensor> host_weights_;    // per block, flat view of the arena's compute weights
+  std::vector<at::Tensor> device_weights_;  // CUDA: per block flat weights while on the device
+  std::mutex ready_mu_;
+  std::vector<DeviceStreams::EventPtr> ready_;  // per block: its weights' upload (CUDA)
+};
+
+}  // namespace offloadd::trainer
