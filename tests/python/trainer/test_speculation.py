@@ -51,6 +51,10 @@ def test_speculation_matches_pytorch_clipping(binary_dir, tmp_path, regime):
     assert all(s["speculated_layers"] > 0 for s in stats if not s["clipped"])
     assert all(s["corrected_layers"] == s["speculated_layers"] for s in stats if s["clipped"])
     assert all(s["corrected_layers"] == 0 for s in stats if not s["clipped"])
+    # The CPU's work per step: every parameter once, plus once more for each corrected one.
+    n_params = sum(w.numel() for w in weights.values())
+    assert all(s["cpu_update_params"] == n_params for s in stats if not s["clipped"])
+    assert all(n_params < s["cpu_update_params"] <= 2 * n_params for s in stats if s["corrected_layers"])
     batches = json.loads((tmp_path / "out" / "batches.json").read_text())
     ref_losses, ref_state = reference_train(model, batches, **COMMON, max_grad_norm=max_norm)
     worst_loss = max(abs(s["loss"] - r) for s, r in zip(stats, ref_losses))
