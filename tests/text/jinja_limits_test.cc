@@ -30,12 +30,15 @@ Status RenderStatus(const std::string& src) {
 }
 
 // Renders `src` and expects an error whose message mentions `what`, within `seconds`.
-// The bounds hold for the limits' step and byte counts; their time depends on the build. Sanitized
-// builds run each step slower by about their documented factors (ASan ~2x, TSan 5-15x).
+// The limits are step and byte counts; the time they take depends on the build, and the 3 s bound
+// is asserted on the release build. Sanitized builds (cmake/Sanitize.cmake) compile at -O1 instead
+// of -O2 and add ASan+UBSan with stack-use-after-return (measured here: 7.6x the release time for
+// UnboundedLoopsStopAtTheStepLimit, alone on the machine) or TSan (5-15x by its documentation, on
+// top of -O1); the factor leaves room for a 2-core CI machine running two suites at once.
 #if defined(__SANITIZE_THREAD__)
-constexpr double kSlowdown = 15;
+constexpr double kSlowdown = 40;
 #elif defined(__SANITIZE_ADDRESS__)
-constexpr double kSlowdown = 3;
+constexpr double kSlowdown = 16;
 #else
 constexpr double kSlowdown = 1;
 #endif
