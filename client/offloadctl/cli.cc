@@ -89,7 +89,7 @@ void AddCommands(CLI::App& app, Options* o) {
   CLI::App* list = Command(app, o, "list", "list jobs");
   list->add_option("--state", o->states, "only jobs in this state; repeat for several")
       ->type_name("STATE")
-      ->check(CLI::IsMember(JobStateNames(), CLI::ignore_case));
+      ->transform(CLI::IsMember(JobStateNames(), CLI::ignore_case));
 
   CLI::App* get = Command(app, o, "get", "show one job");
   AddJobId(get, o);
@@ -137,7 +137,19 @@ std::unique_ptr<CLI::App> BuildApp(Options* o, const std::string& default_target
     const std::string name = subs.empty() ? "" : subs.front()->get_name();
     const std::string where = name.empty() ? "" : name + ": ";
     const std::string help = name.empty() ? "offloadctl --help" : "offloadctl " + name + " --help";
-    return "offloadctl: " + where + e.what() + "\nRun '" + help + "' for usage.\n";
+    std::string what = e.what();
+    if (name.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      // CLI11 says "A subcommand is required" for a missing or a misspelt command alike.
+      std::string commands;
+      for (const CLI::App* sub : failed->get_subcommands([](const CLI::App*) { return true; })) {
+        commands += (commands.empty() ? "" : ", ") + sub->get_name();
+      }
+      const auto rest = failed->remaining();
+      what = rest.empty() || rest.front().rfind('-', 0) == 0
+                 ? "no command given (one of: " + commands + ")"
+                 : "unknown command '" + rest.front() + "' (one of: " + commands + ")";
+    }
+    return "offloadctl: " + where + what + "\nRun '" + help + "' for usage.\n";
   });
   return app;
 }

@@ -78,7 +78,7 @@ TEST(OffloadctlCli, UsageErrorsExit2AndNameTheProblem) {
     std::string says;
   };
   for (const auto& c : std::vector<Case>{
-           {{}, "subcommand"},
+           {{}, "no command given"},
            {{"frobnicate"}, "frobnicate"},
            {{"get"}, "JOB"},
            {{"get", "job-1", "--bogus"}, "--bogus"},

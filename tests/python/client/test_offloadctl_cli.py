@@ -127,7 +127,8 @@ def _ending(state, reason):
 def test_exit_1_when_the_job_failed(ctl, fake):
     server = fake(_ending(job_pb2.JOB_STATE_FAILED, "CUDA out of memory"))
     r = ctl("--target", server.target, "watch", "job-1")
-    assert r.returncode == 1 and "ended failed: CUDA out of memory" in r.stderr, r.stderr
+    assert r.returncode == 1 and "job job-1 ended failed" in r.stderr, r.stderr
+    assert "[5] state failed CUDA out of memory" in r.stdout
     assert ctl("--target", server.target, "get", "job-1", "--wait").returncode == 1
     assert ctl("--target", server.target, "get", "job-1").returncode == 0  # no waiting: just shown
 
@@ -155,7 +156,7 @@ def test_exit_5_when_the_daemon_is_unreachable(ctl, tmp_path):
 
 
 @pytest.mark.parametrize("args,says", [
-    ([], "subcommand"),
+    ([], "no command given"),
     (["frobnicate"], "frobnicate"),
     (["get"], "JOB"),
     (["list", "--bogus"], "--bogus"),
