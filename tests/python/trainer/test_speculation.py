@@ -34,12 +34,19 @@ def train(binary_dir, model, data, out, *, max_grad_norm, speculate, accum=1, ex
 REGIMES = {"none": 100.0, "some": 0.9, "all": 0.05}
 
 
+# Update order: earliest-needed-first (default) and LSP-Offload's static transition (layers below
+# block 1 held to the end of the step, with their norms measured instead of speculated).
+ORDERS = {"earliest": (), "lsp": ("--transition-layer=0",)}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
 @pytest.mark.parametrize("regime", sorted(REGIMES))
-def test_speculation_matches_pytorch_clipping(binary_dir, tmp_path, regime):
+def test_speculation_matches_pytorch_clipping(binary_dir, tmp_path, regime, order):
     model = build_model(tmp_path / "model")
     data = write_pretokenized(tmp_path / "data.jsonl", n=256)
     max_norm = REGIMES[regime]
-    stats, weights = train(binary_dir, model, data, tmp_path / "out", max_grad_norm=max_norm, speculate="always")
+    stats, weights = train(binary_dir, model, data, tmp_path / "out", max_grad_norm=max_norm, speculate="always",
+                           extra=ORDERS[order])
     clipped = [s["clipped"] for s in stats]
     if regime == "none":
         assert not any(clipped)
