@@ -24,3 +24,13 @@ find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
 find_package(OpenSSL REQUIRED)
+
+# CLI11 (header-only) for offloadctl's command line: Debian/Ubuntu package libcli11-dev.
+find_path(OFFLOADD_CLI11_INCLUDE_DIR CLI/CLI.hpp)
+if(NOT OFFLOADD_CLI11_INCLUDE_DIR)
+  message(FATAL_ERROR "CLI11 not found (no CLI/CLI.hpp in the include paths): install the "
+                      "Debian/Ubuntu package libcli11-dev (scripts/setup.sh does), or set "
+                      "OFFLOADD_CLI11_INCLUDE_DIR to the directory that holds CLI/CLI.hpp")
+endif()
+add_library(offloadd_cli11 INTERFACE IMPORTED)
+target_include_directories(offloadd_cli11 SYSTEM INTERFACE ${OFFLOADD_CLI11_INCLUDE_DIR})

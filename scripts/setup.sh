@@ -22,7 +22,7 @@ apt_packages=(
   build-essential g++ cmake ninja-build ccache pkg-config git curl ca-certificates
   python3 python3-venv python3-dev
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev
+  libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)

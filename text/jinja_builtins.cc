@@ -374,18 +374,19 @@ StatusOr<int64_t> FloatToInt(double d) {
   return static_cast<int64_t>(d);
 }
 
-void InstallGlobals(std::unordered_map<std::string, Value>* globals) {
+void InstallGlobals(std::unordered_map<std::string, Value>* globals, std::vector<Value>* namespaces) {
   (*globals)["raise_exception"] =
       Value::NewFunction([](std::vector<Value>& args, KwArgs&) -> StatusOr<Value> {
         return FailedPreconditionError(args.empty() ? "raise_exception" : args[0].ToString());
       });
   (*globals)["namespace"] =
-      Value::NewFunction([](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
+      Value::NewFunction([namespaces](std::vector<Value>& args, KwArgs& kwargs) -> StatusOr<Value> {
         Value ns = Value::NewNamespace();
         if (!args.empty() && args[0].is_dict()) {
           for (const auto& [k, v] : args[0].dict()) ns.Set(k, v);
         }
         for (const auto& [k, v] : kwargs) ns.Set(k, v);
+        if (namespaces != nullptr) namespaces->push_back(ns);
         return ns;
       });
   (*globals)["dict"] =

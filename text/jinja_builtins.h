@@ -42,6 +42,9 @@ StatusOr<Value> Arithmetic(const std::string& op, const Value& x, const Value& y
 StatusOr<int64_t> FloatToInt(double d);
 
 // raise_exception, namespace, dict, range, strftime_now.
-void InstallGlobals(std::unordered_map<std::string, Value>* globals);
+// `namespaces`, when given, receives every namespace() the template creates (the caller clears
+// them after the rendering: namespaces are the only mutable values, so every cycle runs through one).
+void InstallGlobals(std::unordered_map<std::string, Value>* globals,
+                    std::vector<Value>* namespaces = nullptr);
 
 }  // namespace offloadd::text::jinja

@@ -32,8 +32,13 @@ class Interpreter {
     if (context.is_dict()) {
       for (const auto& [k, v] : context.dict()) scopes_.back()[k] = v;
     }
-    InstallGlobals(&globals_);
+    InstallGlobals(&globals_, &namespaces_);
   }
+  ~Interpreter() {
+    for (const Value& ns : namespaces_) ns.ClearNamespace();
+  }
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   Budget* budget() { return &budget_; }
 
@@ -873,6 +878,7 @@ class Interpreter {
   Budget budget_;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   std::unordered_map<std::string, Value> globals_;
+  std::vector<Value> namespaces_;  // every namespace() of this rendering, cleared at its end
 };
 
 }  // namespace

@@ -113,6 +113,10 @@ void Value::Set(const std::string& key, Value v) const {
   }
 }
 
+void Value::ClearNamespace() const {
+  if (is_namespace()) dict_->clear();
+}
+
 bool Value::Truthy() const {
   switch (kind_) {
     case Kind::kUndefined:

@@ -64,6 +64,9 @@ class Value {
   // Dict lookup; nullptr when absent (or not a dict).
   Value* Find(std::string_view key) const;
   void Set(const std::string& key, Value v) const;
+  // Empties a namespace (shared by every copy): breaks the reference cycles a template can build
+  // (`{% set ns.me = ns %}`) once the rendering that made them is over.
+  void ClearNamespace() const;
 
   bool Truthy() const;
   // Python str(): what {{ value }} prints (undefined and none print "" and "None").

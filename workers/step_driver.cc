@@ -38,6 +38,11 @@ StatusOr<Speculation> ParseSpeculation(std::string_view name) {
 
 namespace {
 constexpr size_t kClipHistory = 16;
+
+bool IsUpdate(uint32_t kind) {  // what occupies a place in a worker's update queue
+  return kind == static_cast<uint32_t>(CommandKind::kAdamW) ||
+         kind == static_cast<uint32_t>(CommandKind::kAdamWCorrect);
+}
 }  // namespace
 
 StepDriver::StepDriver(WorkerPool* pool, std::vector<ShardSpec> shards, OptimizerConfig config)
@@ -73,7 +78,6 @@ Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
   id_kind_.clear();
   deferred_.clear();
   ready_.clear();
-  is_update_.clear();
   first_id_ = next_id_;
   params_updated_ = 0;
   params_corrected_ = 0;
@@ -94,10 +98,7 @@ Status StepDriver::Submit(size_t shard, const ipc::CommandRecord& r) {
   RETURN_IF_ERROR(pool_->Submit(r, shards_[shard].worker));
   id_shard_.push_back(shard);
   id_kind_.push_back(r.kind);
-  const bool update = r.kind == static_cast<uint32_t>(CommandKind::kAdamW) ||
-                      r.kind == static_cast<uint32_t>(CommandKind::kAdamWCorrect);
-  is_update_.push_back(update);
-  if (update) ++updates_queued_[shards_[shard].worker];
+  if (IsUpdate(r.kind)) ++updates_queued_[shards_[shard].worker];
   ++outstanding_[shard];
   return OkStatus();
 }
@@ -208,28 +209,18 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
     RETURN_IF_ERROR(Submit(shard, r));
   }
   if (micro + 1 < A) return OkStatus();
-  const bool lsp_static = config_.defer_below_layer > 0;
-  if (!lsp_static && (!hold() || speculate_)) {  // earliest-needed-first
-    MakeReady(shard, Ready::kLanded);
-    return Pump();
+  // LSP-Offload's static schedule holds the layers below its transition to FinishStep, when
+  // speculating too (then their norms are measured now); the update of the next forward's first
+  // layers then runs first, in ascending order.
+  const bool below_transition = s.layer < config_.defer_below_layer;
+  if (hold() && (!speculate_ || below_transition)) return SubmitNorm(shard);
+  if (!hold() && below_transition) {
+    deferred_.push_back(shard);
+    return OkStatus();
   }
-  if (!hold()) {
-    if (s.layer < config_.defer_below_layer) {
-      deferred_.push_back(shard);
-      return OkStatus();
-    }
-    return SubmitUpdate(shard, grad_unscale_);
-  }
-  // Layers below the transition are held even when speculating, and updated first at FinishStep
-  // (ascending): the next forward needs them first (LSP-Offload's FCFS/LCFS schedule).
-  // Take the norms that have come back before deciding: once they exceed max_grad_norm^2, the
-  // step clips for certain and speculating more layers would only add corrections.
-  if (speculate_ && !clip_certain_) RETURN_IF_ERROR(TakeCompletions());
-  if (speculate_ && !clip_certain_ && s.layer >= config_.defer_below_layer) {
-    speculated_[shard] = 1;
-    return SubmitUpdate(shard, grad_unscale_, CommandKind::kAdamW, kFlagSpeculative);
-  }
-  return SubmitNorm(shard);
+  if (config_.defer_below_layer > 0) return Dispatch(Ready{Ready::kLanded, shard});  // FCFS
+  MakeReady(shard, Ready::kLanded);  // earliest-needed-first
+  return Pump();
 }
 
 Status StepDriver::WaitOne() {
@@ -260,7 +251,7 @@ Status StepDriver::TakeCompletions() {
 void StepDriver::Handle(WorkerCompletion c) {
   const size_t shard = id_shard_[c.id - first_id_];
   --outstanding_[shard];
-  if (is_update_[c.id - first_id_]) --updates_queued_[shards_[shard].worker];
+  if (IsUpdate(id_kind_[c.id - first_id_])) --updates_queued_[shards_[shard].worker];
   if (c.status_code != 0) {
     c.message[sizeof(c.message) - 1] = 0;
     if (error_.ok()) {

@@ -198,7 +198,6 @@ class StepDriver {
   std::vector<Ready> ready_;      // earliest-needed-first dispatch
   uint64_t ready_seq_ = 0;
   std::vector<uint32_t> updates_queued_;  // per worker: AdamW/correction commands outstanding
-  std::vector<uint8_t> is_update_;        // per command id of this step: counts in the above
   bool pumping_ = false;
   // Speculation (see above).
   bool speculate_ = false;           // this step

@@ -37,14 +37,16 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
     with UNAVAILABLE after `break_after` events, as a restarting daemon would."""
 
     def __init__(self, events, *, final_state=job_pb2.JOB_STATE_SUCCEEDED, break_calls=0, break_after=0,
-                 hang_at_end=False, refuse=None):
+                 hang_at_end=False, refuse=None, known_jobs=None):
         self.events = events
         self.final_state = final_state
         self.break_calls = break_calls
         self.break_after = break_after
         self.hang_at_end = hang_at_end
         self.refuse = refuse  # (grpc.StatusCode, message) answered to every WatchJob
+        self.known_jobs = known_jobs  # job ids GetJob/CancelJob/WatchJob know; None: all
         self.cursors: list[int] = []
+        self.cancelled: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
     def WatchJob(self, request, context):
@@ -53,6 +55,7 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
             call = len(self.cursors)
         if self.refuse:
             context.abort(*self.refuse)
+        self._check_known(request.job_id, context)
         breaks = call <= self.break_calls
         sent = 0
         for e in self.events:
@@ -67,8 +70,24 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
         while self.hang_at_end and context.is_active():
             time.sleep(0.01)
 
+    def _check_known(self, job_id, context):
+        if self.known_jobs is not None and job_id not in self.known_jobs:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+
     def GetJob(self, request, context):
+        self._check_known(request.job_id, context)
         return job_pb2.Job(id=request.job_id, state=self.final_state)
+
+    def CancelJob(self, request, context):
+        self._check_known(request.job_id, context)
+        self.cancelled.append((request.job_id, request.reason))
+        return job_pb2.Job(id=request.job_id, state=job_pb2.JOB_STATE_CANCELLED)
+
+    def ListJobs(self, request, context):
+        from offloadd.v1 import job_service_pb2
+        jobs = [job_pb2.Job(id="job-1", state=self.final_state)]
+        jobs = [j for j in jobs if not request.states or j.state in request.states]
+        return job_service_pb2.ListJobsResponse(jobs=jobs)
 
     def CreateJob(self, request, context):
         return job_pb2.Job(id="job-1", spec=request.spec, state=job_pb2.JOB_STATE_QUEUED)

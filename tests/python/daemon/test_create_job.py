@@ -223,11 +223,11 @@ def test_offloadctl_submit_validate_only(binary_dir, daemon, workspace):
 
     job.write_text(job.read_text().replace("learning_rate", "learning_rat"))
     r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "learning_rat" in r.stderr
+    assert r.returncode == 6 and "learning_rat" in r.stderr  # 6: invalid job file
 
     job.write_text(job.read_text().replace("learning_rat", "learning_rate").replace("max_steps: 10", "max_steps: 0"))
     r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1
+    assert r.returncode == 6, r.stderr
     assert "training.max_steps: must be -1 (use num_train_epochs) or positive" in r.stderr
 
 

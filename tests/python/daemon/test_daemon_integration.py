@@ -77,7 +77,7 @@ def test_job_queries_on_an_empty_daemon(binary_dir, daemon):
             stub.ListJobs(offloadd.v1.job_service_pb2.ListJobsRequest(page_token="bogus"))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in e.value.details()
     r = offloadctl(binary_dir, daemon, "get", "job-1", check=False)
-    assert r.returncode == 1 and "NOT_FOUND" in r.stderr
+    assert r.returncode == 4 and "NOT_FOUND" in r.stderr  # 4: not found
     assert offloadctl(binary_dir, daemon, "list").stdout.startswith("JOB")
     assert (daemon.workdir / "state" / "jobs.db").exists()
 

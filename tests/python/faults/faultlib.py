@@ -157,7 +157,10 @@ def children_named(pid: int, name: str) -> list[int]:
             continue
         for c in kids:
             try:
-                if pathlib.Path(f"/proc/{c}/comm").read_text().strip() == name[:15]:
+                # A zombie (state Z: dead, not yet reaped) is not a live child.
+                stat = pathlib.Path(f"/proc/{c}/stat").read_text()
+                if pathlib.Path(f"/proc/{c}/comm").read_text().strip() == name[:15] and \
+                        stat[stat.rindex(")") + 2] != "Z":
                     out.append(int(c))
             except FileNotFoundError:
                 pass

@@ -119,10 +119,22 @@ class Campaign:
         for i, target in enumerate(targets, 1):
             hit = ev.wait_for(lambda e: (e.HasField("progress") and e.progress.step >= target) or (
                 e.HasField("state_change") and e.state_change.state == S.JOB_STATE_FAILED), STEP_BOUND_S)
-            if hit is not None and hit.HasField("state_change"):
+            if hit is not None and not hit.HasField("state_change") and self.kind == "store" and \
+                    not self.d.children("offloadd-store"):
+                # The store killed last time is gone and the job has not noticed yet: a dead store is
+                # seen at the next I/O, which must fail the job naming it, within the recovery bound.
+                hit = ev.wait_for(lambda e: e.HasField("state_change") and e.state_change.state in (
+                    S.JOB_STATE_FAILED, S.JOB_STATE_SUCCEEDED), RECOVERY_BOUND_S)
+                assert hit is not None, self.figures.defect(
+                    f"kill point {i}: the store killed at point {i - 1} is gone, and job {self.jobs[-1]} neither "
+                    f"failed nor ended within {RECOVERY_BOUND_S} s\n{self.d.log()[-3000:]}")
+            if hit is not None and hit.HasField("state_change") and hit.state_change.state == S.JOB_STATE_FAILED:
                 # A kill's failure surfaced after the progress event its recovery waited for.
                 failed = self.client.get_job(self.jobs[-1])
                 assert i > 1, f"the job failed before the first kill: {failed.error.message}\n{self.d.log()[-3000:]}"
+                if self.kind == "store":
+                    assert "offloadd-store" in failed.error.message, (
+                        f"a killed store failed the job without naming the store: {failed.error.message!r}")
                 self.figures.rows[-1]["error"] = failed.error.message[:200]
                 self.figures.rows[-1]["recovery"] += f" + late job error ({failed.error.message[:60]}...) + resubmit"
                 ev, _ = self.resubmit_after_failure(failed)

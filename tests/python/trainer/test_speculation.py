@@ -34,12 +34,19 @@ def train(binary_dir, model, data, out, *, max_grad_norm, speculate, accum=1, ex
 REGIMES = {"none": 100.0, "some": 0.9, "all": 0.05}
 
 
+# Update order: earliest-needed-first (default) and LSP-Offload's static transition (layers below
+# block 1 held to the end of the step, with their norms measured instead of speculated).
+ORDERS = {"earliest": (), "lsp": ("--transition-layer=0",)}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
 @pytest.mark.parametrize("regime", sorted(REGIMES))
-def test_speculation_matches_pytorch_clipping(binary_dir, tmp_path, regime):
+def test_speculation_matches_pytorch_clipping(binary_dir, tmp_path, regime, order):
     model = build_model(tmp_path / "model")
     data = write_pretokenized(tmp_path / "data.jsonl", n=256)
     max_norm = REGIMES[regime]
-    stats, weights = train(binary_dir, model, data, tmp_path / "out", max_grad_norm=max_norm, speculate="always")
+    stats, weights = train(binary_dir, model, data, tmp_path / "out", max_grad_norm=max_norm, speculate="always",
+                           extra=ORDERS[order])
     clipped = [s["clipped"] for s in stats]
     if regime == "none":
         assert not any(clipped)
@@ -51,6 +58,10 @@ def test_speculation_matches_pytorch_clipping(binary_dir, tmp_path, regime):
     assert all(s["speculated_layers"] > 0 for s in stats if not s["clipped"])
     assert all(s["corrected_layers"] == s["speculated_layers"] for s in stats if s["clipped"])
     assert all(s["corrected_layers"] == 0 for s in stats if not s["clipped"])
+    # The CPU's work per step: every parameter once, plus once more for each corrected one.
+    n_params = sum(w.numel() for w in weights.values())
+    assert all(s["cpu_update_params"] == n_params for s in stats if not s["clipped"])
+    assert all(n_params < s["cpu_update_params"] <= 2 * n_params for s in stats if s["corrected_layers"])
     batches = json.loads((tmp_path / "out" / "batches.json").read_text())
     ref_losses, ref_state = reference_train(model, batches, **COMMON, max_grad_norm=max_norm)
     worst_loss = max(abs(s["loss"] - r) for s, r in zip(stats, ref_losses))

@@ -1,0 +1,36 @@
+#pragma once
+// offloadctl's commands, each a function of the parsed Options that prints its result to stdout
+// (errors to stderr) and returns the process's exit status (client/offloadctl/exit_codes.h).
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "client/cpp/offloadd_client.h"
+#include "client/offloadctl/cli.h"
+
+namespace offloadctl {
+
+// Runs options.command; connects to the daemon when the command needs it.
+int RunCommand(const Options& options, const CLI::App& app);
+
+// Commands that talk to the daemon (commands/daemon.cc, commands/jobs.cc).
+int RunHealth(offloadd::client::Client& c, const Options& o);
+int RunNode(offloadd::client::Client& c, const Options& o);
+int RunSubmit(offloadd::client::Client& c, const Options& o);
+int RunList(offloadd::client::Client& c, const Options& o);
+int RunGet(offloadd::client::Client& c, const Options& o);
+int RunJobAction(offloadd::client::Client& c, const Options& o);  // cancel, pause, resume
+int RunCheckpoints(offloadd::client::Client& c, const Options& o);
+int RunWatch(offloadd::client::Client& c, const Options& o);
+
+// Prints "offloadctl: COMMAND: <status>" to stderr; returns the status's exit code.
+int Fail(const std::string& command, const offloadd::Status& s);
+// Prints "offloadctl: COMMAND: <message>" to stderr; returns `code`.
+int Fail(const std::string& command, const std::string& message, int code);
+
+// Shell completion scripts generated from `app`'s commands and flags (commands/completion.cc).
+std::string BashCompletion(const CLI::App& app);
+std::string ZshCompletion(const CLI::App& app);
+
+}  // namespace offloadctl

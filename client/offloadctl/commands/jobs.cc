@@ -1,0 +1,149 @@
+// The job commands: submit, list, get, cancel/pause/resume, checkpoints, watch.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "client/cpp/job_file.h"
+#include "client/offloadctl/commands/commands.h"
+#include "client/offloadctl/commands/print.h"
+#include "client/offloadctl/exit_codes.h"
+#include "client/offloadctl/render.h"
+#include "client/offloadctl/watch_view.h"
+
+namespace offloadctl {
+
+namespace {
+
+using offloadd::client::Client;
+
+// Shows the job's events until it ends: WatchView on a terminal, one line per event otherwise,
+// one JSON object per line for -o json, one YAML document per event for -o yaml. Returns the
+// exit status for how it ended.
+int WatchToEnd(Client& c, const std::string& command, const std::string& job_id,
+               OutputFormat format) {
+  const bool table = format == OutputFormat::kTable;
+  WatchView view(table && StdoutIsLiveTerminal(), StdoutColumns());
+  auto job = c.Wait(job_id, [&](const offloadd::v1::JobEvent& e) {
+    const std::string text = format == OutputFormat::kJson   ? ToJson(e, /*one_line=*/true)
+                             : format == OutputFormat::kYaml ? "---\n" + ToYaml(e)
+                                                             : view.OnEvent(e);
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputs(view.Finish().c_str(), stdout);
+  std::fflush(stdout);
+  if (!job.ok()) return Fail(command, job.status());
+  const int code = ExitCodeForJobState(job->state());
+  if (code == kExitOk) return code;
+  std::string why = job->error().message();
+  if (why.empty() && !job->transitions().empty()) why = job->transitions().rbegin()->reason();
+  return Fail(command,
+              "job " + job_id + " ended " + JobStateName(job->state()) + (why.empty() ? "" : ": ") + why,
+              code);
+}
+
+// The job file's text, from `path` or ("-") stdin; an error message and nullopt when it cannot
+// be read.
+std::optional<std::string> ReadJobFile(const std::string& path, std::string* error) {
+  std::stringstream text;
+  if (path == "-") {
+    text << std::cin.rdbuf();
+    if (text.str().empty()) *error = "the job file on stdin (submit -) is empty";
+    return text.str().empty() ? std::nullopt : std::optional(text.str());
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    *error = "the job file '" + path + "' does not exist";
+    return std::nullopt;
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    *error = "'" + path + "' is a directory, not a job file";
+    return std::nullopt;
+  }
+  std::ifstream in(path);
+  if (!in) {
+    *error = "cannot read the job file '" + path + "': " + std::strerror(errno);
+    return std::nullopt;
+  }
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+int RunSubmit(Client& c, const Options& o) {
+  std::string error;
+  const auto text = ReadJobFile(o.job_file, &error);
+  if (!text) return Fail("submit", error, kExitUsage);
+  const std::string source = o.job_file == "-" ? "<stdin>" : o.job_file;
+  auto spec = offloadd::client::ParseJobSpec(*text, source);
+  if (!spec.ok()) return Fail("submit", spec.status());
+  auto job = c.CreateJob(*spec, o.validate_only);
+  if (!job.ok()) return Fail("submit", job.status());
+  const OutputFormat format = o.format();
+  if (o.validate_only) {
+    if (format == OutputFormat::kTable) {
+      std::printf("%s: valid. The job would run as:\n", source.c_str());
+      std::fputs(ToJson(job->spec()).c_str(), stdout);
+    } else {
+      Print(job->spec(), format, "");
+    }
+    return kExitOk;
+  }
+  if (o.watch && format == OutputFormat::kJson) {
+    // One line, so the job and the events after it are one JSON Lines stream.
+    std::fputs(ToJson(*job, /*one_line=*/true).c_str(), stdout);
+  } else {
+    Print(*job, format, RenderJob(*job));
+  }
+  if (!o.watch) return kExitOk;
+  std::fflush(stdout);
+  return WatchToEnd(c, "submit", job->id(), format);
+}
+
+int RunList(Client& c, const Options& o) {
+  offloadd::v1::ListJobsRequest req;
+  for (const std::string& name : o.states) {
+    offloadd::v1::JobState st;
+    if (!offloadd::v1::JobState_Parse("JOB_STATE_" + Upper(name), &st)) {
+      return Fail("list", "unknown job state '" + name + "'", kExitUsage);
+    }
+    req.add_states(st);
+  }
+  auto r = c.ListJobs(req);
+  if (!r.ok()) return Fail("list", r.status());
+  Print(*r, o.format(), RenderJobList(*r));
+  return kExitOk;
+}
+
+int RunGet(Client& c, const Options& o) {
+  auto j = o.wait ? c.Wait(o.job_id) : c.GetJob(o.job_id);
+  if (!j.ok()) return Fail("get", j.status());
+  Print(*j, o.format(), RenderJob(*j));
+  return o.wait ? ExitCodeForJobState(j->state()) : kExitOk;
+}
+
+int RunJobAction(Client& c, const Options& o) {
+  const std::string& cmd = o.command;
+  offloadd::StatusOr<offloadd::v1::Job> j = cmd == "cancel" ? c.CancelJob(o.job_id, o.reason)
+                                            : cmd == "pause" ? c.PauseJob(o.job_id)
+                                                             : c.ResumeJob(o.job_id);
+  if (!j.ok()) return Fail(cmd, j.status());
+  Print(*j, o.format(), RenderJob(*j));
+  return kExitOk;
+}
+
+int RunCheckpoints(Client& c, const Options& o) {
+  auto r = c.ListCheckpoints(o.job_id);
+  if (!r.ok()) return Fail("checkpoints", r.status());
+  Print(*r, o.format(), ToJson(*r));  // no table rendering yet: JSON, as before
+  return kExitOk;
+}
+
+int RunWatch(Client& c, const Options& o) { return WatchToEnd(c, "watch", o.job_id, o.format()); }
+
+}  // namespace offloadctl

@@ -1,0 +1,223 @@
+"""offloadctl's command line (issue #17 deliverable 6) against the fake JobService: per-command
+help, flags after the command and --flag=value, -o json|yaml, watch -o json as JSON Lines, the
+exit codes (failed, cancelled, not found, unreachable, usage, invalid job file), --version, the
+bash completion script and `submit -`."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from fake_job_service import FakeJobService, FakeServer, scripted_events  # noqa: E402
+
+from offloadd.v1 import job_pb2  # noqa: E402
+
+COMMANDS = {
+    "health": [], "node": [], "submit": ["--validate-only", "--watch"], "list": ["--state"],
+    "get": ["--wait"], "cancel": [], "pause": [], "resume": [], "checkpoints": [], "watch": [],
+    "completion": [],
+}
+
+
+@pytest.fixture()
+def ctl(binary_dir):
+    path = binary_dir / "client" / "offloadctl"
+    if not path.exists():
+        pytest.skip(f"{path} is not built")
+
+    def run(*args, stdin=None):
+        return subprocess.run([str(path), *args], capture_output=True, text=True, timeout=60, input=stdin)
+
+    return run
+
+
+@pytest.fixture()
+def fake(tmp_path):
+    servers = []
+
+    def start(service=None):
+        servers.append(FakeServer(service or FakeJobService(scripted_events(), known_jobs={"job-1"}), tmp_path))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_command_has_help_naming_its_flags(ctl, command):
+    r = ctl(command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert command in r.stdout and "--help" in r.stdout
+    for flag in COMMANDS[command]:
+        assert flag in r.stdout, r.stdout
+
+
+def test_top_level_help_lists_commands_and_exit_codes(ctl):
+    r = ctl("--help")
+    assert r.returncode == 0
+    for word in list(COMMANDS) + ["--target", "--output", "--json", "Exit status", "4  job or checkpoint not found"]:
+        assert word in r.stdout, word
+
+
+def test_submit_help_is_help_not_a_file(ctl):
+    r = ctl("submit", "--help")
+    assert r.returncode == 0 and "does not exist" not in r.stderr and "FILE" in r.stdout
+
+
+def test_version(ctl, source_dir):
+    r = ctl("--version")
+    assert r.returncode == 0
+    import re
+    version = re.search(r"project\(offloadd VERSION (\S+)", (source_dir / "CMakeLists.txt").read_text()).group(1)
+    assert r.stdout.strip() == f"offloadctl (offloadd) {version}"
+
+
+@pytest.mark.parametrize("args", [
+    lambda t: ["--target", t, "get", "job-1"],
+    lambda t: [f"--target={t}", "get", "job-1"],
+    lambda t: ["get", "job-1", "--target", t],
+    lambda t: ["get", f"--target={t}", "job-1", "--timeout=5"],
+])
+def test_global_flags_in_any_position(ctl, fake, args):
+    server = fake()
+    r = ctl(*args(server.target))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("job job-1")
+
+
+def test_output_json_and_yaml_parse_back(ctl, fake):
+    server = fake()
+    for cmd in (["get", "job-1"], ["list"], ["list", "--state", "succeeded"]):
+        j = ctl("--target", server.target, *cmd, "-o", "json")
+        assert j.returncode == 0, j.stderr
+        y = ctl(*cmd, "--target", server.target, "--output=yaml")
+        assert y.returncode == 0, y.stderr
+        assert json.loads(j.stdout) == yaml.safe_load(y.stdout)
+    assert json.loads(ctl("--target", server.target, "--json", "get", "job-1").stdout)["id"] == "job-1"
+    assert yaml.safe_load(ctl("--target", server.target, "-o", "yaml", "get", "job-1").stdout)["state"] == \
+        "JOB_STATE_SUCCEEDED"
+
+
+def test_watch_json_is_json_lines(ctl, fake):
+    server = fake()
+    r = ctl("watch", "job-1", "-o", "json", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [int(e["cursor"]) for e in events] == [1, 2, 3, 4, 5]
+    assert events[-1]["state_change"]["state"] == "JOB_STATE_SUCCEEDED"
+    r = ctl("watch", "job-1", "-o", "yaml", "--target", server.target)
+    assert len([d for d in yaml.safe_load_all(r.stdout) if d]) == 5
+
+
+def _ending(state, reason):
+    events = scripted_events()
+    events[-1].state_change.state = state
+    events[-1].state_change.reason = reason
+    return FakeJobService(events, final_state=state, known_jobs={"job-1"})
+
+
+def test_exit_1_when_the_job_failed(ctl, fake):
+    server = fake(_ending(job_pb2.JOB_STATE_FAILED, "CUDA out of memory"))
+    r = ctl("--target", server.target, "watch", "job-1")
+    assert r.returncode == 1 and "job job-1 ended failed" in r.stderr, r.stderr
+    assert "[5] state failed CUDA out of memory" in r.stdout
+    assert ctl("--target", server.target, "get", "job-1", "--wait").returncode == 1
+    assert ctl("--target", server.target, "get", "job-1").returncode == 0  # no waiting: just shown
+
+
+def test_exit_3_when_the_job_was_cancelled(ctl, fake):
+    server = fake(_ending(job_pb2.JOB_STATE_CANCELLED, "by user"))
+    r = ctl("--target", server.target, "watch", "job-1")
+    assert r.returncode == 3 and "ended cancelled" in r.stderr, r.stderr
+    assert ctl("--target", server.target, "get", "--wait", "job-1").returncode == 3
+
+
+def test_exit_4_when_the_job_does_not_exist(ctl, fake):
+    server = fake()
+    for cmd in (["get", "job-404"], ["watch", "job-404"], ["cancel", "job-404"]):
+        r = ctl("--target", server.target, *cmd)
+        assert r.returncode == 4 and "NOT_FOUND" in r.stderr and "job-404" in r.stderr, (cmd, r.stderr)
+
+
+def test_exit_5_when_the_daemon_is_unreachable(ctl, tmp_path):
+    target = f"unix://{tmp_path}/no-such.sock"
+    for cmd in (["health"], ["get", "job-1"], ["list"]):
+        r = ctl("--target", target, "--timeout", "5", *cmd)
+        assert r.returncode == 5, (cmd, r.returncode, r.stderr)
+        assert "UNAVAILABLE" in r.stderr or "DEADLINE" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,says", [
+    ([], "no command given"),
+    (["frobnicate"], "frobnicate"),
+    (["get"], "JOB"),
+    (["list", "--bogus"], "--bogus"),
+    (["-o", "xml", "list"], "xml"),
+    (["list", "--state", "sleeping"], "sleeping"),
+    (["--timeout=0", "health"], "timeout"),
+    (["submit", "missing.yaml"], "the job file 'missing.yaml' does not exist"),
+])
+def test_exit_2_on_usage_errors(ctl, tmp_path, args, says):
+    r = ctl("--target", f"unix://{tmp_path}/no-such.sock", *args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert says in r.stderr and r.stderr.startswith("offloadctl: "), r.stderr
+
+
+def test_exit_6_on_an_invalid_job_file(ctl, fake, tmp_path):
+    server = fake()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("display_name: x\ntraining: {learning_rat: 1}\n")
+    r = ctl("--target", server.target, "submit", str(bad))
+    assert r.returncode == 6 and "learning_rat" in r.stderr, r.stderr
+
+
+def test_cancel_with_a_reason_after_flags(ctl, fake):
+    server = fake()
+    r = ctl("cancel", "-o", "json", "job-1", "not needed", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["state"] == "JOB_STATE_CANCELLED"
+    assert server.service.cancelled == [("job-1", "not needed")]
+
+
+def test_submit_reads_the_job_file_from_stdin(ctl, fake):
+    server = fake()
+    r = ctl("--target", server.target, "submit", "-", "-o", "json", stdin="display_name: from-stdin\n")
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert job["id"] == "job-1" and job["spec"]["display_name"] == "from-stdin"
+    r = ctl("--target", server.target, "submit", "-", "--watch", "-o", "json", stdin="display_name: w\n")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert lines[0]["id"] == "job-1" and int(lines[-1]["cursor"]) == 5
+    r = ctl("--target", server.target, "submit", "-", stdin="")
+    assert r.returncode == 2 and "stdin" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_completion_script(ctl, tmp_path):
+    r = ctl("completion", "bash")
+    assert r.returncode == 0, r.stderr
+    script = tmp_path / "offloadctl.bash"
+    script.write_text(r.stdout)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    # Drive the function as bash's completion would.
+    def complete(*words):
+        line = " ".join(["offloadctl", *words])
+        prog = (f"source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
+                "_offloadctl; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        return subprocess.run(["bash", "-c", prog], capture_output=True, text=True).stdout.split()
+    assert "submit" in complete("su") and "--target" in complete("--ta")
+    assert complete("-o", "'j'") == ["json"] or complete("-o", "j") == ["json"]
+    assert "--validate-only" in complete("submit", "--va")
+    assert complete("list", "--state", "runn") == ["running"]
+    assert complete("completion", "z") == ["zsh"]
+    zsh = ctl("completion", "zsh")
+    assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef offloadctl")
