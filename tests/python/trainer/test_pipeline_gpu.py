@@ -70,12 +70,18 @@ def reference_gpu(model_dir, batches, dtype=torch.bfloat16, growth_interval=2000
     return (losses, state, scales) if dtype == torch.float16 else (losses, state)
 
 
-def test_bf16_matches_pytorch_gpu(binary_dir, tmp_path):
+@pytest.mark.parametrize("speculate", ["never", "always"])
+def test_bf16_matches_pytorch_gpu(binary_dir, tmp_path, speculate):
+    """With speculate=always each block is updated as its gradients land (clip coefficient 1) and
+    corrected when the step clips: the same bounds hold as for holding the updates."""
     model = build_model(tmp_path / "model", layers=4)
     data = write_pretokenized(tmp_path / "data.jsonl")
     out = tmp_path / "out"
-    run_train(binary_dir, args(model, data, out))
+    run_train(binary_dir, args(model, data, out, [f"--speculate={speculate}"]))
     stats = read_stats(out / "stats.jsonl")
+    if speculate == "always":
+        assert all(s["speculated_layers"] > 0 for s in stats), stats
+        assert all(s["corrected_layers"] == (s["speculated_layers"] if s["clipped"] else 0) for s in stats)
     ref_losses, ref_state = reference_gpu(model, json.loads((out / "batches.json").read_text()))
     for step, (s, r) in enumerate(zip(stats, ref_losses), 1):
         assert abs(s["loss"] - r) <= 2e-2 * abs(r), f"step {step}: {s['loss']} vs {r}"
@@ -88,13 +94,16 @@ def test_bf16_matches_pytorch_gpu(binary_dir, tmp_path):
     assert stats[-1]["gpu_peak_bytes"] > 0 and stats[-1]["d2h_bytes"] > 0
 
 
-def test_streamed_weights_equal_resident(binary_dir, tmp_path):
+@pytest.mark.parametrize("speculate", ["never", "always"])
+def test_streamed_weights_equal_resident(binary_dir, tmp_path, speculate):
+    """Streamed weights are fetched after their block's update (earliest-needed first), speculated
+    or held: the losses equal the resident run's bit for bit."""
     model = build_model(tmp_path / "model", layers=4)
     data = write_pretokenized(tmp_path / "data.jsonl")
     a, b = tmp_path / "resident", tmp_path / "streamed"
-    run_train(binary_dir, args(model, data, a))
+    run_train(binary_dir, args(model, data, a, [f"--speculate={speculate}"]))
     r = run_train(binary_dir, args(model, data, b, ["--weights=stream", "--activations=offload",
-                                                    "--gpu-memory-limit=2GiB"]))
+                                                    "--gpu-memory-limit=2GiB", f"--speculate={speculate}"]))
     la = [s["loss"] for s in read_stats(a / "stats.jsonl")]
     lb = [s["loss"] for s in read_stats(b / "stats.jsonl")]
     assert la == lb, (la, lb)
