@@ -277,7 +277,9 @@ Status HostOptimizer::Handle(Item& item) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
       if (item.fn) RETURN_IF_ERROR(item.fn());
-      RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro));
+      std::optional<double> sq;
+      if (item.sq_norm) sq = item.sq_norm();
+      RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro, sq));
       if (item.micro + 1 < std::max<uint32_t>(1, options_.accumulation_steps)) {
         RETURN_IF_ERROR(driver_->WaitShardIdle(item.block));  // accumulated: staging reusable
         std::lock_guard<std::mutex> lock(mu_);
@@ -356,7 +358,7 @@ Status HostOptimizer::WaitStagingFree(int block) {
 }
 
 Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status()> wait,
-                                 std::function<bool()> done) {
+                                 std::function<bool()> done, std::function<double()> sq_norm) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
   staging_busy_[block] = true;
@@ -366,6 +368,7 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
   it.micro = micro;
   it.fn = std::move(wait);
   it.done = std::move(done);
+  it.sq_norm = std::move(sq_norm);
   queue_.push_back(std::move(it));
   cv_.notify_all();
   return OkStatus();

@@ -117,9 +117,11 @@ class HostOptimizer {
   // Queues: run `wait` (may be empty) on the optimizer thread, then hand the gradients over.
   // `done` (may be empty) says without blocking whether `wait` would return at once; while it
   // says no, the optimizer thread keeps taking completions and dispatching updates (a blocking
-  // wait for a device-to-host copy would leave the workers' queues to run dry).
+  // wait for a device-to-host copy would leave the workers' queues to run dry). `sq_norm` (may
+  // be empty; only without accumulation), read after `wait`: the gradients' sum of squares,
+  // measured where they were made, so the clipping decision needs no pass over them here.
   Status GradsReady(int block, uint32_t micro, std::function<Status()> wait,
-                    std::function<bool()> done = nullptr);
+                    std::function<bool()> done = nullptr, std::function<double()> sq_norm = nullptr);
   // Blocks until `block`'s weights reflect update `step` (0: nothing to wait for).
   Status WaitUpdated(int block, uint64_t step);
   // Closes the open step: its remaining updates run in the background.
@@ -142,6 +144,7 @@ class HostOptimizer {
     float grad_unscale = 1.0f;
     std::function<Status()> fn;
     std::function<bool()> done;  // kGrads: fn would not block
+    std::function<double()> sq_norm;  // kGrads: the gradients' ||g||^2, read after fn
   };
   struct Slot;
   HostOptimizer() = default;

@@ -27,6 +27,9 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(const Options& opti
     s->host_grads_[b] = at::from_blob(host->grad_staging(b), {numel}, opts);
     RETURN_IF_ERROR(options.streams->Pin(host->grad_staging(b), host->compute_weight_bytes(b)));
   }
+  if (s->cuda_) {
+    s->host_norms_ = at::empty({s->n_}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+  }
   return s;
 }
 
@@ -125,19 +128,36 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
 
 Status StepSchedule::HandOff(int b, uint32_t micro, const at::Tensor& grads) {
   if (!cuda_) return options_.host->GradsReady(b, micro, nullptr);
-  auto e = options_.streams->CopyToHost(host_grads_[b], grads,
-                                        "gradients " + options_.model->block(b).name());
+  const std::string name = options_.model->block(b).name();
+  // Without accumulation the block's ||g|| is measured here, on the device, beside the copy (one
+  // more read of the gradients in device memory, none in host memory): the clipping decision
+  // then waits for no CPU pass, and none for the speculative updates (StepDriver::GradsReady).
+  // Copied first on the same stream, it has landed when the gradients have.
+  at::Tensor norm;
+  std::function<double()> sq_norm;
+  if (options_.accumulation_steps == 1) {
+    norm = at::linalg_vector_norm(grads, 2.0, std::nullopt, false, at::kFloat).view({1});
+    at::Tensor slot = host_norms_.narrow(0, b, 1);
+    options_.streams->CopyToHost(slot, norm, "gradient norm " + name);
+    const float* landed = host_norms_.data_ptr<float>() + b;
+    sq_norm = [landed]() {
+      const double n = *landed;
+      return n * n;
+    };
+  }
+  auto e = options_.streams->CopyToHost(host_grads_[b], grads, "gradients " + name);
   // The optimizer thread waits for the copy, dispatching updates while it is not done; the
-  // capture keeps the device buffer alive until then.
+  // capture keeps the device buffers alive until then.
   return options_.host->GradsReady(
-      b, micro, [e, grads]() { return DeviceStreams::Synchronize(e); },
+      b, micro, [e, grads, norm]() { return DeviceStreams::Synchronize(e); },
       [e]() {
         try {
           return DeviceStreams::Completed(e);
         } catch (const c10::Error&) {
           return true;  // Synchronize reports the error
         }
-      });
+      },
+      std::move(sq_norm));
 }
 
 }  // namespace offloadd::trainer

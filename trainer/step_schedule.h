@@ -77,6 +77,7 @@ class StepSchedule {
   const bool cuda_;
   std::map<std::string, std::pair<int, uint64_t>> owner_;  // param name -> (block, offset)
   std::vector<at::Tensor> host_grads_;     // per block, flat view of its staging buffer
+  at::Tensor host_norms_;  // CUDA: per block, its gradients' L2 norm (pinned, fp32)
   std::vector<engine::SavedState> saved_;  // per block, from its forward for its backward
   int64_t step_ = 0;
 };

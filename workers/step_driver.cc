@@ -74,6 +74,8 @@ Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
   outstanding_.assign(shards_.size(), 0);
   micro_seen_.assign(shards_.size(), 0);
   sq_norm_.assign(shards_.size(), 0.0);
+  norm_given_.assign(shards_.size(), 0);
+  norms_given_ = 0;
   id_shard_.clear();
   id_kind_.clear();
   deferred_.clear();
@@ -89,6 +91,7 @@ Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
                 (config_.speculation == Speculation::kAuto && 2 * clips < kClipHistory));
   clip_certain_ = false;
   decided_ = false;
+  step_clipped_ = false;
   known_sq_ = 0;
   speculated_.assign(shards_.size(), 0);
   return OkStatus();
@@ -119,6 +122,9 @@ Status StepDriver::Pump() {
     auto best = ready_.end();
     for (auto it = ready_.begin(); it != ready_.end(); ++it) {
       if (updates_queued_[shards_[it->shard].worker] >= config_.update_depth) continue;
+      // A correction follows its shard's speculative update (still running when the norms
+      // were given and FinishStep decided without waiting).
+      if (it->what == Ready::kCorrect && outstanding_[it->shard] > 0) continue;
       const uint32_t layer = shards_[it->shard].layer;
       if (best == ready_.end() || layer < shards_[best->shard].layer ||
           (layer == shards_[best->shard].layer && it->seq < best->seq)) {
@@ -152,7 +158,16 @@ Status StepDriver::Dispatch(const Ready& r) {
     speculated_[r.shard] = 1;
     return SubmitUpdate(r.shard, grad_unscale_, CommandKind::kAdamW, kFlagSpeculative);
   }
-  return SubmitNorm(r.shard);
+  return norm_given_[r.shard] ? OkStatus() : SubmitNorm(r.shard);
+}
+
+void StepDriver::AddNorm(size_t shard, double sq) {
+  sq_norm_[shard] = sq;
+  if (speculate_ && !decided_) {  // measured before the step's coefficient: clipping certain?
+    const double u = grad_unscale_;
+    known_sq_ += sq;
+    if (!(known_sq_ * u * u <= config_.max_grad_norm * config_.max_grad_norm)) clip_certain_ = true;
+  }
 }
 
 Status StepDriver::SubmitNorm(size_t shard) {
@@ -185,7 +200,7 @@ Status StepDriver::SubmitUpdate(size_t shard, float grad_scale, CommandKind kind
   return Submit(shard, r);
 }
 
-Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
+Status StepDriver::GradsReady(size_t shard, uint32_t micro, std::optional<double> sq_norm) {
   if (!open_) return FailedPreconditionError("GradsReady outside BeginStep/FinishStep");
   if (shard >= shards_.size())
     return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
@@ -195,9 +210,19 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
                                 std::to_string(micro_seen_[shard]) + " of " +
                                 std::to_string(config_.accumulation_steps) + ")");
   }
+  const uint32_t A = config_.accumulation_steps;
+  if (sq_norm && A > 1) {
+    return InvalidArgumentError("shard " + std::to_string(shard) +
+                                ": a given gradient norm needs accumulation_steps 1 (the norm is "
+                                "of the accumulated gradients)");
+  }
   ++micro_seen_[shard];
   const ShardSpec& s = shards_[shard];
-  const uint32_t A = config_.accumulation_steps;
+  if (sq_norm) {
+    norm_given_[shard] = 1;
+    ++norms_given_;
+    AddNorm(shard, *sq_norm);
+  }
   if (A > 1) {
     ipc::CommandRecord r{};
     r.kind = static_cast<uint32_t>(CommandKind::kAccumulate);
@@ -213,7 +238,7 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro) {
   // speculating too (then their norms are measured now); the update of the next forward's first
   // layers then runs first, in ascending order.
   const bool below_transition = s.layer < config_.defer_below_layer;
-  if (hold() && (!speculate_ || below_transition)) return SubmitNorm(shard);
+  if (hold() && (!speculate_ || below_transition)) return sq_norm ? OkStatus() : SubmitNorm(shard);
   if (!hold() && below_transition) {
     deferred_.push_back(shard);
     return OkStatus();
@@ -261,16 +286,12 @@ void StepDriver::Handle(WorkerCompletion c) {
     return;
   }
   const auto kind = static_cast<CommandKind>(c.kind);
-  if (kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW) {
-    sq_norm_[shard] = c.grad_sq_norm;
-    if (speculate_ && !decided_) {  // measured before the step's coefficient: clipping certain?
-      const double u = grad_unscale_;
-      known_sq_ += c.grad_sq_norm;
-      if (!(known_sq_ * u * u <= config_.max_grad_norm * config_.max_grad_norm)) clip_certain_ = true;
-    }
+  if ((kind == CommandKind::kGradNorm || kind == CommandKind::kAdamW) && !norm_given_[shard]) {
+    AddNorm(shard, c.grad_sq_norm);
   }
   // A speculative update is final only once FinishStep knows the step does not clip.
-  const bool provisional = kind == CommandKind::kAdamW && speculated_[shard] && !decided_;
+  const bool provisional =
+      kind == CommandKind::kAdamW && speculated_[shard] && (!decided_ || step_clipped_);
   if (kind == CommandKind::kAdamW) params_updated_ += c.elements;
   if (kind == CommandKind::kAdamWCorrect) params_corrected_ += c.elements;
   const bool final_update = (kind == CommandKind::kAdamW && !provisional) || kind == CommandKind::kAdamWCorrect;
@@ -311,7 +332,18 @@ StatusOr<StepResult> StepDriver::FinishStep() {
                                      std::to_string(config_.accumulation_steps) + " micro-batches");
     }
   }
-  RETURN_IF_ERROR(drain());
+  // Every norm given: decide now, while speculative updates still run (they stand, or their
+  // corrections follow them); else the workers' measurements are all in once they are done.
+  const bool decide_now = hold() && norms_given_ == shards_.size();
+  if (decide_now) {
+    RETURN_IF_ERROR(TakeCompletions());
+    // Landed shards not dispatched yet were not speculated: they get the decided update below.
+    ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
+                                [](const Ready& r) { return r.what == Ready::kLanded; }),
+                 ready_.end());
+  } else {
+    RETURN_IF_ERROR(drain());
+  }
   StepResult result;
   // The workers measured the scaled gradients; a power-of-two grad_unscale rescales the sum
   // exactly (what GradScaler.unscale_ does to every gradient before clip_grad_norm_).
@@ -325,6 +357,7 @@ StatusOr<StepResult> StepDriver::FinishStep() {
       norm = static_cast<float>(std::sqrt(total_sq));
     }
     if (!std::isfinite(norm) || !std::isfinite(result.clip_coef)) {
+      RETURN_IF_ERROR(drain());  // what was speculated has run: nothing is left in flight
       if (config_.skip_nonfinite) {
         ++skipped_steps_;
         result.skipped = true;
@@ -337,6 +370,7 @@ StatusOr<StepResult> StepDriver::FinishStep() {
     }
     decided_ = true;
     result.clipped = result.clip_coef < 1.0f;
+    step_clipped_ = result.clipped;
     if (speculate_ || config_.speculation == Speculation::kAuto) {
       recent_clips_.push_back(result.clipped);
       if (recent_clips_.size() > kClipHistory) recent_clips_.pop_front();
@@ -350,7 +384,8 @@ StatusOr<StepResult> StepDriver::FinishStep() {
       }
       ++result.speculated_shards;
       if (!result.clipped) {  // grad scale 1 was right: the update stands as it is
-        if (on_updated_) on_updated_(s);
+        // Still running: final when it completes (Handle), the step being decided.
+        if (outstanding_[s] == 0 && on_updated_) on_updated_(s);
         continue;
       }
       ++result.corrected_shards;

@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -125,7 +126,12 @@ class StepDriver {
   // caller must not overwrite that buffer until the shard's commands completed: call
   // WaitShardIdle() before reusing it. In hold mode without accumulation the update at
   // FinishStep reads the staging buffer again, so it must stay intact until FinishStep returns.
-  Status GradsReady(size_t shard, uint32_t micro);
+  // `sq_norm`: the shard's gradient sum of squares (scaled, like the staged gradients) measured
+  // where they were made (the GPU, beside the copy); only without accumulation. The workers then
+  // measure no norm for the clipping decision, and once every shard's norm is given FinishStep
+  // decides without waiting for the speculative updates still running: those that stand are
+  // final as they complete, corrections follow their update.
+  Status GradsReady(size_t shard, uint32_t micro, std::optional<double> sq_norm = std::nullopt);
   // Dispatches the shard's ready update first (see "Update order"); from a before-update hook
   // it waits only for the commands already submitted.
   Status WaitShardIdle(size_t shard);
@@ -173,6 +179,7 @@ class StepDriver {
   bool hold() const { return config_.max_grad_norm > 0 || config_.skip_nonfinite; }
   Status WaitOne();
   void Handle(WorkerCompletion c);
+  void AddNorm(size_t shard, double sq);  // a shard's ||g||^2 is known (measured or given)
 
   WorkerPool* pool_;
   std::vector<ShardSpec> shards_;
@@ -185,7 +192,9 @@ class StepDriver {
   uint64_t next_id_ = 1;
   std::vector<uint32_t> outstanding_;  // per shard
   std::vector<uint32_t> micro_seen_;
-  std::vector<double> sq_norm_;     // per shard, from the pass that measured it
+  std::vector<double> sq_norm_;     // per shard, from the pass that measured it or as given
+  std::vector<uint8_t> norm_given_;  // per shard: sq_norm_ came with GradsReady
+  size_t norms_given_ = 0;
   std::vector<uint64_t> id_shard_;  // command id -> shard (ids are dense per step)
   uint64_t first_id_ = 1;
   std::vector<uint32_t> id_kind_;
@@ -203,6 +212,7 @@ class StepDriver {
   bool speculate_ = false;           // this step
   bool clip_certain_ = false;        // the known squared norms already exceed max_grad_norm^2
   bool decided_ = false;             // FinishStep computed the clip coefficient
+  bool step_clipped_ = false;        // ... and it is < 1: speculated updates get corrected
   double known_sq_ = 0;              // sum of the squared norms measured so far this step
   std::vector<uint8_t> speculated_;  // per shard
   std::deque<bool> recent_clips_;    // the last 16 steps (kAuto)

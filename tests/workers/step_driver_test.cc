@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <optional>
 
 namespace offloadd::workers {
 namespace {
@@ -112,7 +114,7 @@ std::vector<ShardSpec> LayerShards(ipc::Arena* arena, const std::vector<uint32_t
     s.exp_avg_offset = off("m", n * 4);
     s.exp_avg_sq_offset = off("v", n * 4);
     s.weights_offset = off("w", n * 2);
-    s.counters_offset = off("c", CountersBytes(n));
+    s.counters_offset = off("c", AdamWCountersBytes(n));  // with the corrections' half
     out.push_back(s);
   }
   return out;
@@ -206,6 +208,123 @@ TEST_F(StepDriverTest, SpeculationLeavesNonFiniteChunksUntouched) {
   for (uint64_t i = 0; i < kChunkElements; ++i) ASSERT_EQ(p[i], 1.0f) << i;  // the inf's chunk
   EXPECT_EQ(arena_.At<uint64_t>(spec_.counters_offset)[0], 0u);
   EXPECT_EQ(arena_.At<uint64_t>(spec_.counters_offset)[1], 1u);  // a finite chunk went ahead
+}
+
+// ---- norms given with the gradients (measured on the GPU beside the copy) ----
+
+class GivenNormTest : public StepDriverTest {
+ protected:
+  static constexpr uint64_t kElems = 20'000;
+  // Every gradient is bf16 2^-7: each square is 2^-14, so every summation order gives the exact
+  // ||g||^2 = kElems * 2^-14 (what a GPU measured is then what the workers would measure).
+  static constexpr double kShardSq = kElems / 16384.0;
+
+  void SetUp() override {
+    StepDriverTest::SetUp();
+    shards_ = LayerShards(&arena_, {3, 2, 1, 0}, kElems);
+  }
+  struct Run {
+    StepResult result;
+    std::vector<size_t> reported;     // on_updated, in order
+    std::vector<uint8_t> states;      // every shard's master, moments, weights, as bytes
+  };
+  // One step over fresh states; given[s] (if any) is handed over with shard s's gradients.
+  Run Step(OptimizerConfig config, const std::vector<std::optional<double>>& given) {
+    for (const ShardSpec& s : shards_) {
+      std::fill_n(arena_.At<uint16_t>(s.grad_offset), kElems, uint16_t{0x3c00});  // bf16 2^-7
+      std::fill_n(arena_.At<float>(s.master_offset), kElems, 1.0f);
+      std::fill_n(arena_.At<float>(s.exp_avg_offset), kElems, 0.0f);
+      std::fill_n(arena_.At<float>(s.exp_avg_sq_offset), kElems, 0.0f);
+      std::memset(arena_.At<uint8_t>(s.counters_offset), 0, AdamWCountersBytes(kElems));
+    }
+    StepDriver d(pool_.get(), shards_, config);
+    Run run;
+    d.SetOnShardUpdated([&](size_t shard) { run.reported.push_back(shard); });
+    EXPECT_TRUE(d.BeginStep(1, 1e-3).ok());
+    for (size_t s = 0; s < shards_.size(); ++s) EXPECT_TRUE(d.GradsReady(s, 0, given[s]).ok());
+    auto r = d.FinishStep();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) run.result = *r;
+    for (const ShardSpec& s : shards_) {
+      for (uint64_t off : {s.master_offset, s.exp_avg_offset, s.exp_avg_sq_offset}) {
+        const uint8_t* p = arena_.At<uint8_t>(off);
+        run.states.insert(run.states.end(), p, p + kElems * 4);
+      }
+      const uint8_t* w = arena_.At<uint8_t>(s.weights_offset);
+      run.states.insert(run.states.end(), w, w + kElems * 2);
+    }
+    std::sort(run.reported.begin(), run.reported.end());
+    return run;
+  }
+  std::vector<std::optional<double>> Exact() const {
+    return std::vector<std::optional<double>>(shards_.size(), kShardSq);
+  }
+  std::vector<std::optional<double>> Measured() const {
+    return std::vector<std::optional<double>>(shards_.size());
+  }
+  std::vector<ShardSpec> shards_;
+};
+
+TEST_F(GivenNormTest, GivenNormsGiveTheMeasuredStepBitForBit) {
+  // 4 shards of ||g||^2 = 1.22: max_grad_norm 100 never clips, 1.0 clips at the first shard.
+  for (double max_norm : {100.0, 1.0}) {
+    for (Speculation spec : {Speculation::kNever, Speculation::kAlways}) {
+      for (uint32_t depth : {1u, 2u}) {
+        SCOPED_TRACE(testing::Message() << "max_grad_norm " << max_norm << ", speculation "
+                                        << SpeculationName(spec) << ", depth " << depth);
+        const OptimizerConfig c{.max_grad_norm = max_norm, .update_depth = depth, .speculation = spec};
+        const Run measured = Step(c, Measured()), given = Step(c, Exact());
+        EXPECT_EQ(given.result.grad_norm, measured.result.grad_norm);
+        EXPECT_EQ(given.result.clip_coef, measured.result.clip_coef);
+        EXPECT_EQ(given.result.clipped, max_norm < 2.0);
+        // Each shard is reported once, when its final update is in the arena.
+        EXPECT_EQ(given.reported, (std::vector<size_t>{0, 1, 2, 3}));
+        EXPECT_EQ(given.result.params_updated, 4 * kElems);
+        if (max_norm < 2.0) {
+          // Known at hand-over, the first norm already makes clipping certain: nothing is
+          // speculated (the measured path speculates until a norm comes back) or corrected.
+          EXPECT_EQ(given.result.speculated_shards, 0u);
+          EXPECT_EQ(given.result.params_corrected, 0u);
+          if (measured.result.corrected_shards > 0) continue;  // corrected: not the same bits
+        }
+        EXPECT_TRUE(given.states == measured.states);
+      }
+    }
+  }
+}
+
+TEST_F(GivenNormTest, ClippingDecidedWhileSpeculativeUpdatesRunCorrectsEachAfterItsUpdate) {
+  // Small norms for the first three shards (speculated), a large one for the last: the step
+  // clips, decided at FinishStep without waiting for the speculative updates. Each speculated
+  // shard is corrected after its own update; against holding every update (the same given
+  // norms) the result differs by the correction's rounding only: |dp| <= 4 ulp(1.0) for masters
+  // at 1.0 (the correction re-derives m and v from the speculative update and redoes it).
+  std::vector<std::optional<double>> given = {0.01, 0.01, 0.01, 25.0};
+  // Queue depth 4: the first three are dispatched (speculatively) as they land.
+  const OptimizerConfig spec{.max_grad_norm = 1.0, .update_depth = 4, .speculation = Speculation::kAlways};
+  const OptimizerConfig hold{.max_grad_norm = 1.0, .update_depth = 4};
+  const Run s = Step(spec, given), h = Step(hold, given);
+  EXPECT_TRUE(s.result.clipped);
+  EXPECT_EQ(s.result.speculated_shards, 3u);
+  EXPECT_EQ(s.result.corrected_shards, 3u);
+  EXPECT_EQ(s.result.clip_coef, h.result.clip_coef);
+  EXPECT_EQ(s.reported, (std::vector<size_t>{0, 1, 2, 3}));  // once each: after the correction
+  const float* ps = reinterpret_cast<const float*>(s.states.data());
+  const float* ph = reinterpret_cast<const float*>(h.states.data());
+  const size_t per_shard = kElems * 4 * 3 + kElems * 2;
+  float worst = 0;
+  for (size_t shard = 0; shard < 4; ++shard) {
+    const size_t base = shard * per_shard / 4;  // the master weights lead each shard's bytes
+    for (uint64_t i = 0; i < kElems; ++i) worst = std::max(worst, std::abs(ps[base + i] - ph[base + i]));
+  }
+  EXPECT_LE(worst, 4 * std::numeric_limits<float>::epsilon()) << worst;
+  EXPECT_NE(std::vector<float>(ps, ps + kElems)[0], 1.0f);  // an update happened
+}
+
+TEST_F(GivenNormTest, AGivenNormNeedsOneMicroBatch) {
+  StepDriver d(pool_.get(), shards_, OptimizerConfig{.max_grad_norm = 1.0, .accumulation_steps = 2});
+  ASSERT_TRUE(d.BeginStep(1, 1e-3).ok());
+  EXPECT_EQ(d.GradsReady(0, 0, 1.0).code(), StatusCode::kInvalidArgument);
 }
 
 // ---- fp16 dynamic loss scaling (skip_nonfinite) ----
