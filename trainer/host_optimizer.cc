@@ -157,6 +157,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   oc.max_grad_norm = o.optim.max_grad_norm;
   oc.accumulation_steps = lo.accumulation_steps;
   oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
+  oc.update_depth = o.update_depth;
   oc.skip_nonfinite = o.skip_nonfinite;
   ASSIGN_OR_RETURN(oc.speculation, workers::ParseSpeculation(o.optim.speculation));
   // NVMe tier: a speculated block holds its staging slot until the step's norm is known, and the

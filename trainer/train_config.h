@@ -64,6 +64,10 @@ struct OffloadPlanConfig {
   // deferred to the end of backward and run in ascending order, the others first-come-first-
   // served. -1: earliest-needed-first dispatch (workers/step_driver.h, "Update order").
   int transition_layer = -1;
+  // Updates queued per worker process ahead of the one running (earliest-needed-first dispatch
+  // picks from what is not queued yet: fewer queued, sooner a layer the next forward needs first
+  // overtakes the others; more, fewer idle gaps between commands).
+  uint32_t update_depth = 2;
 };
 
 struct TrainConfig {

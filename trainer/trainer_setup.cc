@@ -162,6 +162,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
   // Update order: earliest-needed-first dispatch (workers/step_driver.h), unless a transition
   // layer asks for LSP-Offload's static FCFS/LCFS schedule (blocks below it held to the end).
   ho.defer_below_block = cfg.offload.transition_layer >= 0 ? cfg.offload.transition_layer + 1 : 0;
+  ho.update_depth = cfg.offload.update_depth;
   ho.worker_binary = cfg.worker_binary;
   ho.store_binary = cfg.store_binary;
   ho.worker_processes = std::max<uint32_t>(1, cfg.worker_processes);
@@ -191,7 +192,7 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << (ho.defer_below_block > 0
                ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
                : std::string("earliest-needed first"))
-       << "; " << total << " steps";
+       << " (" << ho.update_depth << " queued per worker); " << total << " steps";
   if (scaler) {
     plan << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor
          << " every " << cfg.loss_scale.growth_interval << " clean steps, x"

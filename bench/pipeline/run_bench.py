@@ -96,7 +96,8 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
            f"--workers={args.workers}", f"--max-grad-norm={args.max_grad_norm}", "--lr=1e-5",
            "--scheduler=constant", f"--speculate={args.speculate}",
            f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
-           f"--activations={args.activations}", f"--weights={args.weights}"]
+           f"--activations={args.activations}", f"--weights={args.weights}",
+           f"--update-depth={args.update_depth}"]
     if args.tier == "nvme":
         cmd += ["--tier=nvme"]
     if args.nvme_dir:  # the optimizer tier and/or activations offloaded to NVMe
@@ -155,6 +156,7 @@ def main() -> int:
     p.add_argument("--nvme-dir", default="")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--speculate", default="never", choices=["never", "always", "auto"])
+    p.add_argument("--update-depth", type=int, default=2, help="updates queued per worker process")
     p.add_argument("--calibration-params", type=int, default=1 << 27,
                    help="parameters for the idle-core calibration (default 2^27: 3.8 GB of AdamW traffic)")
     p.add_argument("--no-calibrate", action="store_true",

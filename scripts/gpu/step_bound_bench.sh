@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (issue #12, deliverables 1-3): Llama-2-7B, seq 1024, 24 GiB, bf16, with the
 # step-time bound of bench/pipeline/run_bench.py (idle-core calibration of the CPU update and host
-# memory bandwidth first). RUNS: ";"-separated "batches max_grad_norm speculate" triples; BASELINE:
+# memory bandwidth first). RUNS: ";"-separated "batches max_grad_norm speculate [run_bench args]"; BASELINE:
 # batches for the PyTorch all-on-GPU baseline in the same session ("" skips it). OUT receives JSON.
 #   RUNS="16 1e6 always;16 1.0 never" BASELINE=16 scripts/gpu/step_bound_bench.sh
 set -u
@@ -17,7 +17,7 @@ for r in "${runs[@]}"; do
   set -- $r
   i=$((i + 1))
   timeout "${RUN_TIMEOUT:-240}" python3 bench/pipeline/run_bench.py --build build-gpu --shape llama2-7b --batch "$1" \
-    --gpu-memory-limit 24GiB --steps "${STEPS:-3}" --warmup 2 --max-grad-norm "$2" --speculate "$3" \
+    --gpu-memory-limit 24GiB --steps "${STEPS:-3}" --warmup 2 --max-grad-norm "$2" --speculate "$3" "${@:4}" \
     ${CALIBRATION_PARAMS:+--calibration-params $CALIBRATION_PARAMS} --json "$OUT/run$i.json" 2>&1 \
     | grep -E "^\| (llama|shape|---)|clip rate|step/bound per step|calibration:|error|updates"
 done

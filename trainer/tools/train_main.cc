@@ -27,7 +27,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --speculate=auto|always|never (updates before the clipping norm is known)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
-               --workers=PROCESSESxTHREADS --transition-layer=N
+               --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 2)
                --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
                else the fastest this CPU supports)
   fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)
@@ -218,6 +218,11 @@ int Run(int argc, char** argv) {
         if (x != std::string::npos) c.worker_threads = static_cast<uint32_t>(std::stoul(v.substr(x + 1)));
       } else if (key == "--adamw-kernel") c.adamw_kernel = v;
       else if (key == "--transition-layer") c.offload.transition_layer = std::stoi(v);
+      else if (key == "--update-depth") {
+        const int d = std::stoi(v);
+        if (d < 1 || d > 64) st = InvalidArgumentError("--update-depth: 1..64 updates queued per worker, got " + v);
+        c.offload.update_depth = static_cast<uint32_t>(d);
+      }
       else if (key == "--batch-size") c.batch_size = std::stoi(v);
       else if (key == "--grad-accum") c.gradient_accumulation_steps = std::stoi(v);
       else if (key == "--epochs") c.num_train_epochs = std::stod(v);

@@ -83,7 +83,10 @@ def test_bf16_matches_pytorch_gpu(binary_dir, tmp_path, speculate, accum):
     run_train(binary_dir, args(model, data, out, [f"--speculate={speculate}"], accum=accum))
     stats = read_stats(out / "stats.jsonl")
     if speculate == "always":
-        assert all(s["speculated_layers"] > 0 for s in stats), stats
+        # Measured by the workers (accumulation), a norm is known only after its speculative
+        # update, so every step speculates; measured on the GPU (no accumulation), clipping may
+        # be certain before the first update is dispatched, and then nothing is speculated.
+        assert all(s["speculated_layers"] > 0 for s in stats if accum > 1 or not s["clipped"]), stats
         assert all(s["corrected_layers"] == (s["speculated_layers"] if s["clipped"] else 0) for s in stats)
     ref_losses, ref_state = reference_gpu(model, json.loads((out / "batches.json").read_text()))
     for step, (s, r) in enumerate(zip(stats, ref_losses), 1):

@@ -34,6 +34,7 @@ def run(binary_dir, model, data, *extra):
     (["--frobnicate"], "unknown flag --frobnicate"),
     (["--max-grad-norm=nan"], "max_grad_norm must be a finite number, got nan"),
     (["--lr=inf"], "learning_rate must be a finite number"),
+    (["--update-depth=0"], "--update-depth: 1..64 updates queued per worker, got 0"),
 ])
 def test_refused_with_a_clear_error(binary_dir, job, extra, message):
     model, data, _ = job
@@ -80,3 +81,11 @@ def test_forced_adamw_kernel_is_used_and_logged(binary_dir, job):
     assert "AdamW kernel portable (requested)" in r.stderr, r.stderr
     r = run(binary_dir, model, data, "--adamw-kernel=sse9")
     assert r.returncode != 0 and "unknown kernel path 'sse9'" in r.stderr, r.stderr
+
+
+def test_update_depth_is_used_and_logged(binary_dir, job):
+    model, data, _ = job
+    for depth in (1, 2):
+        r = run(binary_dir, model, data, f"--update-depth={depth}")
+        assert r.returncode == 0, r.stderr
+        assert f"updates earliest-needed first ({depth} queued per worker)" in r.stderr, r.stderr
