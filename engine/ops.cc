@@ -1,10 +1,16 @@
 #include "engine/ops.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#if OFFLOADD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 namespace offloadd::engine::ops {
 
@@ -129,13 +135,61 @@ at::Tensor ApplyRopeBackward(const at::Tensor& dy, const at::Tensor& cos, const 
 
 namespace {
 
-enum class AttnKernel { kCpuFlash, kCudaFlash, kCudaEfficient };
+enum class AttnKernel { kCpuFlash, kCudaCudnn, kCudaFlash, kCudaEfficient };
+
+// OFFLOADD_ATTENTION_KERNEL forces the CUDA attention flavour (auto, cudnn, flash, efficient);
+// a forced flavour the inputs cannot use is an error, not a silent fallback.
+std::string ForcedAttentionKernel() {
+  static const std::string forced = [] {
+    const char* v = std::getenv("OFFLOADD_ATTENTION_KERNEL");
+    return std::string(v == nullptr || *v == 0 ? "auto" : v);
+  }();
+  TORCH_CHECK(forced == "auto" || forced == "cudnn" || forced == "flash" || forced == "efficient",
+              "OFFLOADD_ATTENTION_KERNEL must be auto, cudnn, flash or efficient, got '", forced, "'");
+  return forced;
+}
+
+// cuDNN's fused flash attention (the kernel PyTorch's SDPA prefers on Hopper): 16-bit inputs,
+// head size a multiple of 8 up to 128, compute capability 9.0 or newer, cuDNN enabled, and no
+// deterministic-algorithms mode (its backward is not deterministic).
+bool CudnnAttentionFits(const at::Tensor& q, bool half, int64_t d, std::string* why) {
+  if (!half || d % 8 != 0 || d > 128) {
+    *why = "needs bf16/fp16 and a head size that is a multiple of 8 up to 128";
+    return false;
+  }
+  const auto& ctx = at::globalContext();
+  if (!ctx.userEnabledCuDNN() || !ctx.hasCuDNN() || ctx.deterministicAlgorithms()) {
+    *why = "needs cuDNN enabled and deterministic algorithms off";
+    return false;
+  }
+#if OFFLOADD_WITH_CUDA
+  if (at::cuda::getDeviceProperties(q.get_device())->major < 9) {
+    *why = "needs compute capability 9.0 or newer";
+    return false;
+  }
+  return true;
+#else
+  (void)q;
+  *why = "needs the CUDA build";
+  return false;
+#endif
+}
 
 AttnKernel PickKernel(const at::Tensor& q) {
   if (!q.is_cuda()) return AttnKernel::kCpuFlash;
   const int64_t d = q.size(-1);
   const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
-  if (half && d % 8 == 0 && d <= 256) return AttnKernel::kCudaFlash;
+  const std::string forced = ForcedAttentionKernel();
+  std::string why;
+  if (forced == "cudnn" || forced == "auto") {
+    const bool fits = CudnnAttentionFits(q, half, d, &why);
+    TORCH_CHECK(fits || forced == "auto", "OFFLOADD_ATTENTION_KERNEL=cudnn: ", why);
+    if (fits) return AttnKernel::kCudaCudnn;
+  }
+  const bool flash_fits = half && d % 8 == 0 && d <= 256;
+  TORCH_CHECK(flash_fits || forced != "flash",
+              "OFFLOADD_ATTENTION_KERNEL=flash needs bf16/fp16 and a head size that is a multiple of 8 up to 256");
+  if (flash_fits && forced != "efficient") return AttnKernel::kCudaFlash;
   return AttnKernel::kCudaEfficient;  // fp32 or unusual head sizes
 }
 
@@ -180,6 +234,18 @@ at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           q, ke, ve, /*dropout_p=*/0.0, /*is_causal=*/true, /*attn_mask=*/std::nullopt, scale);
       if (aux) aux->push_back(lse);
       return out;
+    }
+    case AttnKernel::kCudaCudnn: {
+      auto r = at::_scaled_dot_product_cudnn_attention(q, ke, ve, /*attn_bias=*/std::nullopt,
+                                                       /*compute_log_sumexp=*/aux != nullptr,
+                                                       /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                       /*return_debug_mask=*/false, scale);
+      if (aux) {
+        aux->push_back(std::get<1>(r));  // logsumexp
+        aux->push_back(std::get<6>(r));  // philox seed
+        aux->push_back(std::get<7>(r));  // philox offset
+      }
+      return std::get<0>(r);
     }
     case AttnKernel::kCudaFlash: {
       auto r = at::_scaled_dot_product_flash_attention(q, ke, ve, /*dropout_p=*/0.0,
@@ -233,6 +299,13 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
       std::tie(*dq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
           dout.contiguous(), q, ke, ve, out, aux[0], /*dropout_p=*/0.0, /*is_causal=*/true,
           /*attn_mask=*/std::nullopt, scale);
+      break;
+    }
+    case AttnKernel::kCudaCudnn: {
+      std::tie(*dq, gk, gv) = at::_scaled_dot_product_cudnn_attention_backward(
+          dout, q, ke, ve, out, aux[0], aux[1], aux[2], /*attn_bias=*/at::Tensor(),
+          /*cum_seq_q=*/at::Tensor(), /*cum_seq_k=*/at::Tensor(), q.size(2), k.size(2),
+          /*dropout_p=*/0.0, /*is_causal=*/true, scale);
       break;
     }
     case AttnKernel::kCudaFlash: {

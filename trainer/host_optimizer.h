@@ -60,7 +60,7 @@ struct HostOptimizerOptions {
   uint32_t nvme_queue_depth = 32;
   uint32_t nvme_slots = 3;  // staging slots for the NVMe tier
   int defer_below_block = 0;  // LSP transition (without clipping, or with speculation)
-  uint32_t update_depth = 2;  // updates queued per worker process (workers::OptimizerConfig)
+  uint32_t update_depth = 1;  // updates queued per worker process (workers::OptimizerConfig)
   std::string worker_binary, store_binary;
   uint32_t worker_processes = 1, worker_threads = 1;
   std::string kernel_path = "auto";  // workers::ResolveKernelPath's request

@@ -66,8 +66,9 @@ struct OffloadPlanConfig {
   int transition_layer = -1;
   // Updates queued per worker process ahead of the one running (earliest-needed-first dispatch
   // picks from what is not queued yet: fewer queued, sooner a layer the next forward needs first
-  // overtakes the others; more, fewer idle gaps between commands).
-  uint32_t update_depth = 2;
+  // overtakes the others; more, fewer idle gaps between commands). 1 measured 4% faster than 2
+  // at Llama-2-7B batch 16 on the H200 machine (bench/RESULTS.md).
+  uint32_t update_depth = 1;
 };
 
 struct TrainConfig {

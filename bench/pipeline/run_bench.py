@@ -156,7 +156,7 @@ def main() -> int:
     p.add_argument("--nvme-dir", default="")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--speculate", default="never", choices=["never", "always", "auto"])
-    p.add_argument("--update-depth", type=int, default=2, help="updates queued per worker process")
+    p.add_argument("--update-depth", type=int, default=1, help="updates queued per worker process")
     p.add_argument("--calibration-params", type=int, default=1 << 27,
                    help="parameters for the idle-core calibration (default 2^27: 3.8 GB of AdamW traffic)")
     p.add_argument("--no-calibrate", action="store_true",

@@ -27,7 +27,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --speculate=auto|always|never (updates before the clipping norm is known)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
-               --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 2)
+               --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
                else the fastest this CPU supports)
   fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)

@@ -212,10 +212,17 @@ def rel_err(a, b):
     return ((a - b).norm() / (b.norm() + 1e-12)).item()
 
 
+# The attention flavour is forced per run (OFFLOADD_ATTENTION_KERNEL): cuDNN's fused kernel (what
+# auto picks on Hopper for 16-bit inputs), FlashAttention-2 and the memory-efficient kernel each
+# meet the same bounds; fp32 runs the efficient kernel whatever auto finds.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype", ["bf16", "f32"])
-def test_gpu_matches_transformers(model_and_dir, tmp_path, dtype):
+@pytest.mark.parametrize("dtype,kernel", [("bf16", "auto"), ("bf16", "cudnn"), ("bf16", "flash"),
+                                          ("bf16", "efficient"), ("f32", "auto")])
+def test_gpu_matches_transformers(model_and_dir, tmp_path, dtype, kernel, monkeypatch):
     model, d = model_and_dir
+    if kernel == "cudnn" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("cuDNN attention is used from compute capability 9.0")
+    monkeypatch.setenv("OFFLOADD_ATTENTION_KERNEL", kernel)
     tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     ids, labels = make_batch(model.config.vocab_size, batch=4, seq=32, seed=21)
     write_inputs(tmp_path / "in.safetensors", ids, labels)
@@ -229,6 +236,17 @@ def test_gpu_matches_transformers(model_and_dir, tmp_path, dtype):
     assert rel_err(ours["loss"], loss) < tol
     for n, g in grads.items():
         assert rel_err(ours["grad/" + n], g) < gtol, n
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_unknown_attention_kernel_is_refused(model_and_dir, tmp_path, monkeypatch):
+    model, d = model_and_dir
+    monkeypatch.setenv("OFFLOADD_ATTENTION_KERNEL", "fa9")
+    ids, labels = make_batch(model.config.vocab_size, batch=1, seq=8, seed=1)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    r = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors", "--device", "cuda",
+                  "--dtype", "bf16", expect_ok=False)
+    assert "OFFLOADD_ATTENTION_KERNEL must be auto, cudnn, flash or efficient, got 'fa9'" in r.stderr
 
 
 def test_packed_documents_do_not_attend_across_segments(model_and_dir, tmp_path):
