@@ -176,10 +176,10 @@ bool CudnnAttentionFits(const at::Tensor& q, bool half, int64_t d, std::string* 
 }
 
 AttnKernel PickKernel(const at::Tensor& q) {
+  const std::string forced = ForcedAttentionKernel();  // checked on every device
   if (!q.is_cuda()) return AttnKernel::kCpuFlash;
   const int64_t d = q.size(-1);
   const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
-  const std::string forced = ForcedAttentionKernel();
   std::string why;
   if (forced == "cudnn" || forced == "auto") {
     const bool fits = CudnnAttentionFits(q, half, d, &why);
