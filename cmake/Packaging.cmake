@@ -28,6 +28,16 @@ flavour, torch ${OFFLOADD_TORCH_VERSION}) are bundled under /usr/lib/offloadd.")
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # offloadd_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_SECTION misc)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+if(OFFLOADD_WITH_CUDA)
+  # Bundled CUDA libraries (torch's NVRTC shim, ...) link the driver's libcuda.so.1, which the host
+  # provides with its GPU driver, from Debian's nvidia packages or NVIDIA's installer: no package
+  # can be named for it. The toolkit's stub under that soname lets dpkg-shlibdeps resolve it
+  # without adding a dependency (CPack runs it with --ignore-missing-info).
+  set(_stubs ${PROJECT_BINARY_DIR}/deploy/shlibdeps-stubs)
+  file(MAKE_DIRECTORY ${_stubs})
+  file(CREATE_LINK ${CUDAToolkit_LIBRARY_DIR}/stubs/libcuda.so ${_stubs}/libcuda.so.1 SYMBOLIC)
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${_stubs})
+endif()
 # The unit, sysusers.d and tmpfiles.d files need systemd; the C++ SDK needs the development
 # packages of what its headers include; the Python wheel installs with pip into a virtualenv.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
