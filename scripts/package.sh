@@ -16,4 +16,5 @@ cmake -S "$here" -B "$build" -G Ninja ${OFFLOADD_CMAKE_ARGS:-} >"$build.configur
 cmake --build "$build" -j "$(nproc)" --target offloadd_installables
 rm -f "$build"/package/offloadd_*.deb
 (cd "$build" && cpack -G DEB -B "$build/package")
+rm -rf "$build/package/_CPack_Packages"  # CPack's staging tree: as large as the installed package
 ls "$build"/package/offloadd_*.deb

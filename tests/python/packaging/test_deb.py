@@ -7,7 +7,8 @@ the installed C++ SDK, and the demo job submitted with the installed offloadctl 
 SDK installed from the packaged wheel.
 
 OFFLOADD_DEB=path/to/offloadd_*.deb tests that package instead of building one (cpack -G DEB into a
-temporary directory, about a minute and a half for the CUDA flavour on two cores)."""
+temporary directory: about a minute and a half for the CUDA flavour on two cores, and up to 10 GB of
+disk at the peak, removed at the end)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ def run(cmd, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def deb(tmp_path_factory) -> pathlib.Path:
+def deb(tmp_path_factory):
     if os.environ.get("OFFLOADD_DEB"):
-        return pathlib.Path(os.environ["OFFLOADD_DEB"])
+        yield pathlib.Path(os.environ["OFFLOADD_DEB"])
+        return
     config = BUILD / "CPackConfig.cmake"
     if not config.exists():
         pytest.skip(f"{config} not found: configure the build first (or set OFFLOADD_DEB)")
@@ -58,17 +60,22 @@ def deb(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("package")
     r = run(["cpack", "-G", "DEB", "--config", config, "-B", out], timeout=900, cwd=BUILD)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # CPack's staging tree is as large as the installed package: gone at once, the rest at the
+    # end (pytest would keep GBs of each of its last three runs).
+    shutil.rmtree(out / "_CPack_Packages", ignore_errors=True)
     debs = list(out.glob("offloadd_*.deb"))
     assert len(debs) == 1, r.stdout
-    return debs[0]
+    yield debs[0]
+    shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def root(deb, tmp_path_factory) -> pathlib.Path:
+def root(deb, tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
     r = run(["dpkg-deb", "-x", deb, root], timeout=600)
     assert r.returncode == 0, r.stderr
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_control_states_dependencies_and_the_conffile(deb):
