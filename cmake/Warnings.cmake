@@ -9,11 +9,13 @@ function(offloadd_warnings target)
 endfunction()
 
 # offloadd_library(NAME SOURCES ... DEPS ...) : a static library rooted at the repository
-# so headers are included as "component/file.h".
+# so headers are included as "component/file.h". The include directories are build-tree only:
+# the libraries the C++ SDK installs get theirs from deploy/CMakeLists.txt.
 function(offloadd_library name)
   cmake_parse_arguments(A "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(${name} STATIC ${A_SOURCES})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/gen)
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                                            $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/gen>)
   target_link_libraries(${name} PUBLIC ${A_DEPS} PRIVATE ${A_PRIVATE_DEPS})
   offloadd_warnings(${name})
 endfunction()
