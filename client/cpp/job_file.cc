@@ -83,6 +83,26 @@ StatusOr<JobFileContents> ReadJobSpec(const std::string& yaml_text, const std::s
   return out;
 }
 
+namespace {
+bool SameOrBelow(const std::string& path, const std::string& root) {
+  return path.rfind(root, 0) == 0 &&
+         (path.size() == root.size() || path[root.size()] == '.' || path[root.size()] == '[');
+}
+}  // namespace
+
+std::vector<FieldViolation> MergeViolations(std::vector<FieldViolation> client,
+                                            const std::vector<FieldViolation>& daemon) {
+  const size_t own = client.size();
+  for (const FieldViolation& d : daemon) {
+    bool overlaps = false;
+    for (size_t i = 0; i < own && !overlaps; ++i) {
+      overlaps = SameOrBelow(d.field, client[i].field) || SameOrBelow(client[i].field, d.field);
+    }
+    if (!overlaps) client.push_back(d);
+  }
+  return client;
+}
+
 std::string DescribeViolations(const std::string& source, const std::vector<FieldViolation>& violations) {
   std::string out = source + ": " + std::to_string(violations.size()) +
                     (violations.size() == 1 ? " problem" : " problems") + " in the job spec:";

@@ -38,6 +38,12 @@ StatusOr<JobFileContents> ReadJobSpec(const std::string& yaml_text, const std::s
 StatusOr<offloadd::v1::JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source);
 StatusOr<offloadd::v1::JobSpec> LoadJobFile(const std::string& path);
 
+// The client's violations of a job file followed by the daemon's for the part that read
+// (CreateJob with validate_only), so one run reports both. A daemon violation on a field the
+// client reported, or on a field above or below one, is dropped: the daemon saw that field unset.
+std::vector<FieldViolation> MergeViolations(std::vector<FieldViolation> client,
+                                            const std::vector<FieldViolation>& daemon);
+
 // The violations as ParseJobSpec's message lists them.
 std::string DescribeViolations(const std::string& source, const std::vector<FieldViolation>& violations);
 

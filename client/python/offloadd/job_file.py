@@ -14,9 +14,10 @@ import math
 import os
 from typing import Any, Optional, Union
 
+import grpc
 import yaml
 
-from offloadd.errors import FieldViolation
+from offloadd.errors import FieldViolation, InvalidArgument
 from offloadd.spec_reader import read_message
 from offloadd.v1 import job_pb2
 
@@ -26,19 +27,32 @@ MAX_JOB_FILE_VALUES = 100_000
 MAX_JOB_FILE_DEPTH = 64
 
 
-class JobSpecError(ValueError):
-    """A job spec with problems. field_violations lists every one (FieldViolation(field,
+class JobSpecError(InvalidArgument, ValueError):
+    """A job spec with problems, found before anything is sent: an InvalidArgument (as the daemon's
+    refusals are) and a ValueError. field_violations lists every one (FieldViolation(field,
     description), field paths in snake_case); spec is the JobSpec of the fields that did read."""
 
     def __init__(self, source: str, field_violations: list, spec: Optional[job_pb2.JobSpec] = None):
+        n = len(field_violations)
+        where = "" if source == "job spec" else " in the job spec"
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, f"{source}: {n} problem{'' if n == 1 else 's'}{where}",
+                         field_violations)
         self.source = source
-        self.field_violations = list(field_violations)
         self.spec = spec
-        n = len(self.field_violations)
-        text = f"{source}: {n} problem{'' if n == 1 else 's'} in the job spec:"
-        for v in self.field_violations:
-            text += f"\n  {v.field}: {v.description}"
-        super().__init__(text)
+
+
+def merge_violations(client: list, daemon: list) -> list:
+    """The client's violations followed by the daemon's for the part of the spec that read; a
+    daemon violation on a field the client reported, or above or below one, is dropped (the daemon
+    saw that field unset). As offloadctl's MergeViolations."""
+    def same_or_below(path: str, root: str) -> bool:
+        return path == root or path.startswith(root + ".") or path.startswith(root + "[")
+
+    out = list(client)
+    for d in daemon:
+        if not any(same_or_below(d.field, c.field) or same_or_below(c.field, d.field) for c in client):
+            out.append(d)
+    return out
 
 
 def _check_bounds(value: Any, budget: list, depth: int = 0) -> None:
