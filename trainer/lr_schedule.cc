@@ -14,7 +14,9 @@ StatusOr<LrSchedule> LrSchedule::Create(const std::string& type, int64_t warmup_
   if (!(kwargs.num_cycles > 0.0 && std::isfinite(kwargs.num_cycles))) {
     return InvalidArgumentError("num_cycles must be positive");
   }
-  if (!(kwargs.min_lr_rate >= 0.0 && kwargs.min_lr_rate <= 1.0)) return InvalidArgumentError("min_lr_rate must be in [0, 1]");
+  if (!(kwargs.min_lr_rate >= 0.0 && kwargs.min_lr_rate <= 1.0)) {
+    return InvalidArgumentError("min_lr_rate must be in [0, 1]");
+  }
   Kind kind;
   LrScheduleKwargs used = kwargs;
   if (type != "cosine_with_min_lr") used.min_lr_rate = 0.0;
@@ -22,7 +24,8 @@ StatusOr<LrSchedule> LrSchedule::Create(const std::string& type, int64_t warmup_
   else if (type == "cosine" || type == "cosine_with_min_lr") kind = Kind::kCosine;
   else if (type == "constant") kind = Kind::kConstant;
   else if (type == "constant_with_warmup") kind = Kind::kConstantWithWarmup;
-  else return InvalidArgumentError("lr_scheduler_type '" + type + "' is not supported (linear, cosine, cosine_with_min_lr, constant, constant_with_warmup)");
+  else return InvalidArgumentError("lr_scheduler_type '" + type + "' is not supported (linear, cosine, " +
+                                   "cosine_with_min_lr, constant, constant_with_warmup)");
   const int64_t warmup = warmup_steps > 0
                              ? warmup_steps
                              : static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(total_steps)));

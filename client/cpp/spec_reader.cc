@@ -121,7 +121,8 @@ class Reader {
       if (auto it = index.find(key); it != index.end()) hint = "; did you mean `" + it->second.front() + "`?";
     }
     const std::string what = path.empty() ? "the job spec" : path;
-    Add(Child(path, SafeMessageText(key, 80)), "unknown field" + hint + " (fields of " + what + ": " + Join(names) + ")");
+    Add(Child(path, SafeMessageText(key, 80)),
+        "unknown field" + hint + " (fields of " + what + ": " + Join(names) + ")");
   }
 
   // A scalar's text, or a violation and false when the node is a mapping or a list.
@@ -161,7 +162,8 @@ class Reader {
 
   // One value of `f` (appended when f is repeated). False (with a violation) when it is not one.
   bool Value(const YAML::Node& n, const std::string& path, const FieldDescriptor* f, google::protobuf::Message* msg);
-  bool Integer(const std::string& text, const std::string& path, const FieldDescriptor* f, google::protobuf::Message* msg);
+  bool Integer(const std::string& text, const std::string& path, const FieldDescriptor* f,
+               google::protobuf::Message* msg);
   bool Enum(const std::string& text, const std::string& path, const FieldDescriptor* f, google::protobuf::Message* msg);
 
   const Descriptor* root_;
@@ -305,7 +307,8 @@ bool Reader::Enum(const std::string& text, const std::string& path, const FieldD
       names.push_back(name);
     }
     const std::string near = NearestName(text, names);
-    Add(path, "unknown value '" + SafeMessageText(text, 80) + "'" + (near.empty() ? "" : "; did you mean `" + near + "`?") +
+    Add(path, "unknown value '" + SafeMessageText(text, 80) + "'" +
+                  (near.empty() ? "" : "; did you mean `" + near + "`?") +
                   " (one of " + Join(names) + ")");
     return false;
   }
@@ -335,7 +338,9 @@ size_t EditDistance(std::string_view a, std::string_view b) {
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);  // adjacent transposition
+      }
     }
   }
   return d[a.size()][b.size()];

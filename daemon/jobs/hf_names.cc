@@ -16,7 +16,9 @@ std::string Lower(std::string name) {  // COMPUTE_DTYPE_BF16 -> bf16 after the p
   return name;
 }
 
-std::string DtypeName(v1::ComputeDtype d) { return Lower(v1::ComputeDtype_Name(d).substr(sizeof("COMPUTE_DTYPE_") - 1)); }
+std::string DtypeName(v1::ComputeDtype d) {
+  return Lower(v1::ComputeDtype_Name(d).substr(sizeof("COMPUTE_DTYPE_") - 1));
+}
 
 std::string ModeName(v1::ActivationMode m) {
   return Lower(v1::ActivationMode_Name(m).substr(sizeof("ACTIVATION_MODE_") - 1));
@@ -115,8 +117,8 @@ void ResolveTrlData(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
 }  // namespace
 
 const std::vector<std::string>& AdamWOptimNames() {
-  static const std::vector<std::string> kNames = {"adamw_torch",       "adamw_torch_fused",    "adamw_hf",
-                                                  "adamw_apex_fused",  "adamw_torch_xla",      "adamw_torch_npu_fused"};
+  static const std::vector<std::string> kNames = {"adamw_torch",      "adamw_torch_fused", "adamw_hf",
+                                                  "adamw_apex_fused", "adamw_torch_xla",   "adamw_torch_npu_fused"};
   return kNames;
 }
 

@@ -173,27 +173,31 @@ void CheckSizes(const v1::JobSpec& s, Checker& c) {
 // raises for any other).
 void CheckScheduler(const v1::TrainingArguments& t, Checker& c) {
   const std::string& s = t.lr_scheduler_type();
-  if (s != "linear" && s != "cosine" && s != "cosine_with_min_lr" && s != "constant" && s != "constant_with_warmup") {
-    c.Add("training.lr_scheduler_type",
-          "must be linear, cosine, cosine_with_min_lr, constant or constant_with_warmup, got '" + SafeMessageText(s, 128) +
-              "'");
+  if (s != "linear" && s != "cosine" && s != "cosine_with_min_lr" && s != "constant" &&
+      s != "constant_with_warmup") {
+    c.Add("training.lr_scheduler_type", "must be linear, cosine, cosine_with_min_lr, constant or "
+                                        "constant_with_warmup, got '" + SafeMessageText(s, 128) + "'");
     return;
   }
   const v1::LrSchedulerKwargs& k = t.lr_scheduler_kwargs();
   const bool cosine = s == "cosine" || s == "cosine_with_min_lr";
   if (k.has_num_cycles()) {
-    if (cosine) c.Range("training.lr_scheduler_kwargs.num_cycles", k.num_cycles(), 0.0, 1e6, /*lo_open=*/true);
-    else c.Add("training.lr_scheduler_kwargs.num_cycles", "only cosine and cosine_with_min_lr take num_cycles, not " + s);
+    if (cosine) {
+      c.Range("training.lr_scheduler_kwargs.num_cycles", k.num_cycles(), 0.0, 1e6, /*lo_open=*/true);
+    } else {
+      c.Add("training.lr_scheduler_kwargs.num_cycles", "only cosine and cosine_with_min_lr take num_cycles, not " + s);
+    }
   }
   if (s != "cosine_with_min_lr") {
-    for (const auto& [has, name] : {std::pair{k.has_min_lr(), "min_lr"}, std::pair{k.has_min_lr_rate(), "min_lr_rate"}}) {
-      if (has) c.Add(std::string("training.lr_scheduler_kwargs.") + name, "only cosine_with_min_lr takes " + std::string(name) + ", not " + s);
+    for (const auto& [has, name] :
+         {std::pair{k.has_min_lr(), std::string("min_lr")}, std::pair{k.has_min_lr_rate(), std::string("min_lr_rate")}}) {
+      if (has) c.Add("training.lr_scheduler_kwargs." + name, "only cosine_with_min_lr takes " + name + ", not " + s);
     }
     return;
   }
   if (k.has_min_lr() == k.has_min_lr_rate()) {
-    c.Add("training.lr_scheduler_kwargs", std::string("cosine_with_min_lr needs exactly one of min_lr and min_lr_rate") +
-                                              (k.has_min_lr() ? ", got both" : ", got neither"));
+    c.Add("training.lr_scheduler_kwargs", std::string("cosine_with_min_lr needs exactly one of min_lr and ") +
+                                              "min_lr_rate, got " + (k.has_min_lr() ? "both" : "neither"));
   } else if (k.has_min_lr()) {
     c.Range("training.lr_scheduler_kwargs.min_lr", k.min_lr(), 0.0, t.learning_rate());
   } else {
