@@ -35,6 +35,10 @@ struct OptimConfig {
   std::string lr_scheduler_type = "linear";
   int64_t warmup_steps = 0;
   double warmup_ratio = 0;
+  // transformers' lr_scheduler_kwargs: cosine's number of waves; cosine_with_min_lr's floor as a
+  // fraction of learning_rate (trainer/lr_schedule.h).
+  double num_cycles = 0.5;
+  double min_lr_rate = 0;
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double max_grad_norm = 1.0;  // <= 0: no clipping

@@ -58,7 +58,8 @@ Status Trainer::Impl::Setup() {
                      cfg.batch_size, cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(LrSchedule sched,
                    LrSchedule::Create(cfg.optim.lr_scheduler_type, cfg.optim.warmup_steps,
-                                      cfg.optim.warmup_ratio, total));
+                                      cfg.optim.warmup_ratio, total,
+                                      {cfg.optim.num_cycles, cfg.optim.min_lr_rate}));
   lr_schedule = sched;
   ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
   ASSIGN_OR_RETURN(const bool resident, PlanDevice());

@@ -1,121 +1,65 @@
 #include "client/cpp/job_file.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <yaml-cpp/yaml.h>
 
-#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include "client/cpp/spec_reader.h"
+#include "common/message_text.h"
+
 namespace offloadd::client {
 namespace {
 
-// Short enum spellings: the value name without its type prefix, case-insensitive.
-const char* const kEnumPrefixes[] = {"DATASET_FORMAT_", "OFFLOAD_DEVICE_", "ACTIVATION_MODE_", "COMPRESSION_TYPE_",
-                                     "COMPUTE_DTYPE_", "DROPOUT_MODE_"};
-
-std::string JsonQuote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  return out + "\"";
-}
-
-bool LooksNumeric(const std::string& s) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size() && errno == 0 && s != "inf" && s != "nan";
-}
-
-// Field names whose values are enums, with the prefix of their values.
-std::string EnumPrefixFor(const std::string& key) {
-  if (key == "format") return "DATASET_FORMAT_";
-  if (key == "device") return "OFFLOAD_DEVICE_";
-  if (key == "mode" || key == "layer_overrides") return "ACTIVATION_MODE_";
-  if (key == "type") return "COMPRESSION_TYPE_";
-  if (key == "compute_dtype") return "COMPUTE_DTYPE_";
-  if (key == "dropout") return "DROPOUT_MODE_";
-  return "";
-}
-
 // A job file is small; aliases can make a few hundred bytes of YAML expand into billions of nodes
-// (a "billion laughs" alias bomb made offloadctl abort). Expansion stops at these bounds.
+// (a "billion laughs" alias bomb made offloadctl abort). Counting stops at these bounds, before
+// anything reads the tree.
 constexpr size_t kMaxJobFileValues = 100000;
 constexpr int kMaxJobFileDepth = 64;
 
-struct Budget {
-  size_t values_left = kMaxJobFileValues;
-  bool exceeded = false;
-};
+bool WithinBounds(const YAML::Node& n, int depth, size_t* values_left) {
+  if (*values_left == 0 || depth > kMaxJobFileDepth) return false;
+  --*values_left;
+  if (n.IsSequence()) {
+    for (const auto& item : n) {
+      if (!WithinBounds(item, depth + 1, values_left)) return false;
+    }
+  } else if (n.IsMap()) {
+    for (const auto& kv : n) {
+      if (!WithinBounds(kv.second, depth + 1, values_left)) return false;
+    }
+  }
+  return true;
+}
 
-std::string ToJson(const YAML::Node& n, const std::string& key, int depth, Budget* budget) {
-  if (budget->exceeded) return "null";
-  if (budget->values_left == 0 || depth > kMaxJobFileDepth) {
-    budget->exceeded = true;
-    return "null";
+// transformers v5 reads a warmup_steps below 1 as the fraction of the total steps (what
+// warmup_ratio says). The fraction moves to warmup_ratio; a fraction of 1 or more is no whole
+// number of steps and is refused (transformers would truncate it).
+void MoveWarmupFraction(YAML::Node root, std::vector<FieldViolation>* out) {
+  YAML::Node training = root["training"];
+  if (!training.IsMap() || !training["warmup_steps"].IsScalar()) return;
+  const std::string text = training["warmup_steps"].Scalar();
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v == std::floor(v)) return;
+  training.remove("warmup_steps");
+  if (v <= 0 || v >= 1) {
+    out->push_back({"training.warmup_steps", "must be a whole number of steps, or a fraction in (0, 1) of the total "
+                                             "steps (as transformers v5 reads it), got " + SafeMessageText(text, 80)});
+  } else if (training["warmup_ratio"] && !training["warmup_ratio"].IsNull()) {
+    out->push_back({"training.warmup_steps", "a fraction (" + text + ", the warmup ratio as transformers v5 reads it) "
+                                             "and warmup_ratio are both set; set one"});
+  } else {
+    training["warmup_ratio"] = text;
   }
-  --budget->values_left;
-  switch (n.Type()) {
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: return "null";
-    case YAML::NodeType::Sequence: {
-      std::string out = "[";
-      for (size_t i = 0; i < n.size() && !budget->exceeded; ++i) {
-        out += (i ? "," : "") + ToJson(n[i], key, depth + 1, budget);
-      }
-      return out + "]";
-    }
-    case YAML::NodeType::Map: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& kv : n) {
-        if (budget->exceeded) break;
-        const std::string k = kv.first.Scalar();
-        out += (first ? "" : ",") + JsonQuote(k) + ":" +
-               ToJson(kv.second, key == "layer_overrides" ? key : k, depth + 1, budget);
-        first = false;
-      }
-      return out + "}";
-    }
-    case YAML::NodeType::Scalar: break;
-  }
-  const std::string v = n.Scalar();
-  const bool quoted = n.Tag() == "!";
-  if (!quoted && (v == "true" || v == "false")) return v;
-  const std::string prefix = EnumPrefixFor(key);
-  if (!prefix.empty() && !quoted && !LooksNumeric(v)) {
-    std::string upper;
-    for (char c : v) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
-    bool full = false;
-    for (const char* p : kEnumPrefixes) full = full || upper.rfind(p, 0) == 0;
-    return JsonQuote(full ? upper : prefix + upper);
-  }
-  if (!quoted && LooksNumeric(v)) return v;
-  return JsonQuote(v);
 }
 
 }  // namespace
 
-StatusOr<offloadd::v1::JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source) {
+StatusOr<JobFileContents> ReadJobSpec(const std::string& yaml_text, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -123,19 +67,53 @@ StatusOr<offloadd::v1::JobSpec> ParseJobSpec(const std::string& yaml_text, const
     return InvalidArgumentError(source + ": not valid YAML: " + e.what());
   }
   if (!root.IsMap()) return InvalidArgumentError(source + ": a job file must be a mapping of JobSpec fields");
-  offloadd::v1::JobSpec spec;
-  google::protobuf::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = false;
-  Budget budget;
-  const std::string json = ToJson(root, "", 0, &budget);
-  if (budget.exceeded) {
+  size_t values_left = kMaxJobFileValues;
+  if (!WithinBounds(root, 0, &values_left)) {
     return InvalidArgumentError(source + ": the job file expands to more than " + std::to_string(kMaxJobFileValues) +
                                 " values or " + std::to_string(kMaxJobFileDepth) +
                                 " levels of nesting (YAML aliases?); a job spec is far smaller");
   }
-  const auto st = google::protobuf::util::JsonStringToMessage(json, &spec, opts);
-  if (!st.ok()) return InvalidArgumentError(source + ": " + std::string(st.message()));
-  return spec;
+  JobFileContents out;
+  try {
+    MoveWarmupFraction(root, &out.violations);
+    ReadMessage(root, "", &out.spec, &out.violations);
+  } catch (const YAML::Exception& e) {  // yaml-cpp reports a malformed tree only when it is walked
+    return InvalidArgumentError(source + ": not valid YAML: " + e.what());
+  }
+  return out;
+}
+
+namespace {
+bool SameOrBelow(const std::string& path, const std::string& root) {
+  return path.rfind(root, 0) == 0 &&
+         (path.size() == root.size() || path[root.size()] == '.' || path[root.size()] == '[');
+}
+}  // namespace
+
+std::vector<FieldViolation> MergeViolations(std::vector<FieldViolation> client,
+                                            const std::vector<FieldViolation>& daemon) {
+  const size_t own = client.size();
+  for (const FieldViolation& d : daemon) {
+    bool overlaps = false;
+    for (size_t i = 0; i < own && !overlaps; ++i) {
+      overlaps = SameOrBelow(d.field, client[i].field) || SameOrBelow(client[i].field, d.field);
+    }
+    if (!overlaps) client.push_back(d);
+  }
+  return client;
+}
+
+std::string DescribeViolations(const std::string& source, const std::vector<FieldViolation>& violations) {
+  std::string out = source + ": " + std::to_string(violations.size()) +
+                    (violations.size() == 1 ? " problem" : " problems") + " in the job spec:";
+  for (const FieldViolation& v : violations) out += "\n  " + v.field + ": " + v.description;
+  return out;
+}
+
+StatusOr<offloadd::v1::JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source) {
+  ASSIGN_OR_RETURN(JobFileContents read, ReadJobSpec(yaml_text, source));
+  if (!read.violations.empty()) return InvalidArgumentError(DescribeViolations(source, read.violations));
+  return std::move(read.spec);
 }
 
 StatusOr<offloadd::v1::JobSpec> LoadJobFile(const std::string& path) {

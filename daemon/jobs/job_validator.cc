@@ -9,7 +9,9 @@
 #include <memory>
 #include <sstream>
 
+#include "common/message_text.h"
 #include "common/units.h"
+#include "daemon/jobs/hf_names.h"
 #include "daemon/jobs/train_job_config.h"
 #include "daemon/jobs/unsupported_options.h"
 #include "engine/file_util.h"
@@ -167,6 +169,42 @@ void CheckSizes(const v1::JobSpec& s, Checker& c) {
           kMaxLayerOverrides, "entries");
 }
 
+// lr_scheduler_type and the lr_scheduler_kwargs its transformers schedule takes (get_scheduler
+// raises for any other).
+void CheckScheduler(const v1::TrainingArguments& t, Checker& c) {
+  const std::string& s = t.lr_scheduler_type();
+  if (s != "linear" && s != "cosine" && s != "cosine_with_min_lr" && s != "constant" &&
+      s != "constant_with_warmup") {
+    c.Add("training.lr_scheduler_type", "must be linear, cosine, cosine_with_min_lr, constant or "
+                                        "constant_with_warmup, got '" + SafeMessageText(s, 128) + "'");
+    return;
+  }
+  const v1::LrSchedulerKwargs& k = t.lr_scheduler_kwargs();
+  const bool cosine = s == "cosine" || s == "cosine_with_min_lr";
+  if (k.has_num_cycles()) {
+    if (cosine) {
+      c.Range("training.lr_scheduler_kwargs.num_cycles", k.num_cycles(), 0.0, 1e6, /*lo_open=*/true);
+    } else {
+      c.Add("training.lr_scheduler_kwargs.num_cycles", "only cosine and cosine_with_min_lr take num_cycles, not " + s);
+    }
+  }
+  if (s != "cosine_with_min_lr") {
+    for (const auto& [has, name] :
+         {std::pair{k.has_min_lr(), std::string("min_lr")}, std::pair{k.has_min_lr_rate(), std::string("min_lr_rate")}}) {
+      if (has) c.Add("training.lr_scheduler_kwargs." + name, "only cosine_with_min_lr takes " + name + ", not " + s);
+    }
+    return;
+  }
+  if (k.has_min_lr() == k.has_min_lr_rate()) {
+    c.Add("training.lr_scheduler_kwargs", std::string("cosine_with_min_lr needs exactly one of min_lr and ") +
+                                              "min_lr_rate, got " + (k.has_min_lr() ? "both" : "neither"));
+  } else if (k.has_min_lr()) {
+    c.Range("training.lr_scheduler_kwargs.min_lr", k.min_lr(), 0.0, t.learning_rate());
+  } else {
+    c.Range("training.lr_scheduler_kwargs.min_lr_rate", k.min_lr_rate(), 0.0, 1.0);
+  }
+}
+
 void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
   c.Range("training.learning_rate", t.learning_rate(), 0.0, 1.0, /*lo_open=*/true);
   c.Range<int64_t>("training.per_device_train_batch_size", t.per_device_train_batch_size(), 1, 65536);
@@ -175,10 +213,7 @@ void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
   if (t.max_steps() == -1) c.Range("training.num_train_epochs", t.num_train_epochs(), 0.0, 1e6, true);
   c.Range<int64_t>("training.warmup_steps", t.warmup_steps(), 0, int64_t{1} << 40);
   c.Range("training.warmup_ratio", t.warmup_ratio(), 0.0, 1.0);
-  const std::string& s = t.lr_scheduler_type();
-  if (s != "linear" && s != "cosine" && s != "constant" && s != "constant_with_warmup") {
-    c.Add("training.lr_scheduler_type", "must be linear, cosine, constant or constant_with_warmup, got '" + s + "'");
-  }
+  CheckScheduler(t, c);
   c.Range("training.weight_decay", t.weight_decay(), 0.0, 10.0);
   for (const auto& [value, field] : {std::pair{t.adam_beta1(), "training.adam_beta1"},
                                      std::pair{t.adam_beta2(), "training.adam_beta2"}}) {
@@ -237,6 +272,8 @@ void ApplyJobDefaults(v1::JobSpec* spec) {
   if (!t->has_warmup_steps()) t->set_warmup_steps(0);
   if (!t->has_warmup_ratio()) t->set_warmup_ratio(0.0);
   if (!t->has_lr_scheduler_type()) t->set_lr_scheduler_type("linear");
+  const bool cosine = t->lr_scheduler_type() == "cosine" || t->lr_scheduler_type() == "cosine_with_min_lr";
+  if (cosine && !t->lr_scheduler_kwargs().has_num_cycles()) t->mutable_lr_scheduler_kwargs()->set_num_cycles(0.5);
   if (!t->has_weight_decay()) t->set_weight_decay(0.0);
   if (!t->has_adam_beta1()) t->set_adam_beta1(0.9);
   if (!t->has_adam_beta2()) t->set_adam_beta2(0.999);
@@ -278,10 +315,11 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   ValidationResult r;
   r.resolved = input;
   v1::JobSpec& spec = r.resolved;
-  ApplyJobDefaults(&spec);
   Checker c(&r.violations);
   CheckSizes(spec, c);
   if (!r.violations.empty()) return r;  // nothing oversized reaches the file system or the parsers
+  ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
+  ApplyJobDefaults(&spec);
 
   // Model.
   if (!v1::DropoutMode_IsValid(spec.dropout())) {

@@ -96,6 +96,11 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.optim.lr_scheduler_type = t.lr_scheduler_type();
   c.optim.warmup_steps = t.warmup_steps();
   c.optim.warmup_ratio = t.warmup_ratio();
+  const v1::LrSchedulerKwargs& k = t.lr_scheduler_kwargs();
+  if (k.has_num_cycles()) c.optim.num_cycles = k.num_cycles();
+  // transformers turns min_lr into a rate of the initial learning rate the same way.
+  if (k.has_min_lr_rate()) c.optim.min_lr_rate = k.min_lr_rate();
+  else if (k.has_min_lr() && t.learning_rate() > 0) c.optim.min_lr_rate = k.min_lr() / t.learning_rate();
   c.optim.weight_decay = t.weight_decay();
   c.optim.beta1 = t.adam_beta1();
   c.optim.beta2 = t.adam_beta2();

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include <gtest/gtest.h>
@@ -317,6 +318,79 @@ TEST_F(JobValidatorTest, DropoutTheEngineWouldIgnoreNeedsDropoutDisable) {
             "summary_first_dropout": 0.1})";
   r = Validate(s);
   EXPECT_TRUE(r.ok()) << Describe(r);
+}
+
+}  // namespace
+}  // namespace offloadd::daemon
+
+namespace offloadd::daemon {
+namespace {
+
+// Issue #17: HF names act through validation (the resolved spec shows the setting) and their
+// problems come back with everything else.
+TEST_F(JobValidatorTest, HfNamesResolveIntoTheSettingsTheyStandFor) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_dataset()->clear_max_seq_length();
+  s.mutable_training()->set_bf16(true);
+  s.mutable_training()->set_gradient_checkpointing(true);
+  s.mutable_training()->set_optim("adamw_torch");
+  s.mutable_training()->set_max_length(64);
+  s.mutable_training()->set_completion_only_loss(false);
+  ValidationResult r = Validate(s);
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_EQ(r.resolved.model().compute_dtype(), v1::COMPUTE_DTYPE_BF16);
+  EXPECT_EQ(r.resolved.offload().activations().mode(), v1::ACTIVATION_MODE_RECOMPUTE);
+  EXPECT_EQ(r.resolved.dataset().max_seq_length(), 64) << "max_length wins over the default of 1024";
+  EXPECT_FALSE(r.resolved.dataset().mask_prompt());
+  EXPECT_FALSE(r.resolved.training().has_bf16() || r.resolved.training().has_optim());
+
+  s = ValidSpec();
+  s.mutable_training()->set_optim("adafactor");
+  s.mutable_training()->set_learning_rate(-1);
+  s.set_output_dir("");
+  r = Validate(s);
+  EXPECT_NE(Find(r, "training.optim"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "training.learning_rate"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "output_dir"), nullptr) << Describe(r);
+}
+
+TEST_F(JobValidatorTest, SchedulerKwargsAreCheckedAgainstTheSchedule) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_training()->set_lr_scheduler_type("cosine_with_min_lr");
+  s.mutable_training()->mutable_lr_scheduler_kwargs()->set_min_lr(1e-6);
+  ValidationResult r = Validate(s);
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_DOUBLE_EQ(r.resolved.training().lr_scheduler_kwargs().num_cycles(), 0.5) << "transformers' default";
+
+  const auto refused = [&](const std::function<void(v1::TrainingArguments*)>& edit, const std::string& field,
+                           const std::string& text) {
+    v1::JobSpec bad = ValidSpec();
+    edit(bad.mutable_training());
+    const ValidationResult res = Validate(bad);
+    const FieldViolation* v = Find(res, field);
+    ASSERT_NE(v, nullptr) << field << "\n" << Describe(res);
+    EXPECT_NE(v->description.find(text), std::string::npos) << v->description;
+  };
+  refused([](auto* t) { t->set_lr_scheduler_type("cosine_with_min_lr"); }, "training.lr_scheduler_kwargs",
+          "needs exactly one of min_lr and min_lr_rate, got neither");
+  refused([](auto* t) {
+            t->set_lr_scheduler_type("cosine_with_min_lr");
+            t->mutable_lr_scheduler_kwargs()->set_min_lr(1e-6);
+            t->mutable_lr_scheduler_kwargs()->set_min_lr_rate(0.1);
+          },
+          "training.lr_scheduler_kwargs", "got both");
+  refused([](auto* t) {
+            t->set_lr_scheduler_type("cosine_with_min_lr");
+            t->mutable_lr_scheduler_kwargs()->set_min_lr_rate(1.5);
+          },
+          "training.lr_scheduler_kwargs.min_lr_rate", "must be in [0, 1]");
+  refused([](auto* t) { t->mutable_lr_scheduler_kwargs()->set_num_cycles(2); }, "training.lr_scheduler_kwargs.num_cycles",
+          "only cosine and cosine_with_min_lr take num_cycles, not linear");
+  refused([](auto* t) {
+            t->set_lr_scheduler_type("cosine");
+            t->mutable_lr_scheduler_kwargs()->set_min_lr(1e-6);
+          },
+          "training.lr_scheduler_kwargs.min_lr", "only cosine_with_min_lr takes min_lr, not cosine");
 }
 
 }  // namespace

@@ -269,3 +269,28 @@ TEST_F(TrainJobConfigTest, FirstRunRefusesAnOutputDirWithSomeoneElsesCheckpoints
 
 }  // namespace
 }  // namespace offloadd::daemon
+
+namespace offloadd::daemon {
+namespace {
+
+// lr_scheduler_kwargs reach the trainer's schedule; min_lr becomes a rate of learning_rate as
+// transformers computes it.
+TEST_F(TrainJobConfigTest, SchedulerKwargsReachTheTrainer) {
+  EXPECT_DOUBLE_EQ(Make().optim.num_cycles, 0.5);
+  EXPECT_DOUBLE_EQ(Make().optim.min_lr_rate, 0.0);
+  v1::TrainingArguments* t = job_.mutable_spec()->mutable_training();
+  t->set_lr_scheduler_type("cosine_with_min_lr");
+  t->set_learning_rate(2e-4);
+  t->mutable_lr_scheduler_kwargs()->set_min_lr(2e-5);
+  t->mutable_lr_scheduler_kwargs()->set_num_cycles(1.5);
+  TrainConfig c = Make();
+  EXPECT_EQ(c.optim.lr_scheduler_type, "cosine_with_min_lr");
+  EXPECT_DOUBLE_EQ(c.optim.num_cycles, 1.5);
+  EXPECT_DOUBLE_EQ(c.optim.min_lr_rate, 0.1);
+  t->mutable_lr_scheduler_kwargs()->clear_min_lr();
+  t->mutable_lr_scheduler_kwargs()->set_min_lr_rate(0.25);
+  EXPECT_DOUBLE_EQ(Make().optim.min_lr_rate, 0.25);
+}
+
+}  // namespace
+}  // namespace offloadd::daemon

@@ -1,16 +1,22 @@
-// offloadd-lr-schedule TYPE WARMUP_STEPS WARMUP_RATIO TOTAL_STEPS: prints the multiplier of every
-// optimizer update, one per line (for the parity test against transformers.get_scheduler).
+// offloadd-lr-schedule TYPE WARMUP_STEPS WARMUP_RATIO TOTAL_STEPS [NUM_CYCLES [MIN_LR_RATE]]:
+// prints the multiplier of every optimizer update, one per line (for the parity test against
+// transformers.get_scheduler).
 #include <cstdio>
 #include <cstdlib>
 
 #include "trainer/lr_schedule.h"
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: offloadd-lr-schedule TYPE WARMUP_STEPS WARMUP_RATIO TOTAL_STEPS\n");
+  if (argc < 5 || argc > 7) {
+    std::fprintf(stderr,
+                 "usage: offloadd-lr-schedule TYPE WARMUP_STEPS WARMUP_RATIO TOTAL_STEPS [NUM_CYCLES [MIN_LR_RATE]]\n");
     return 2;
   }
-  auto s = offloadd::trainer::LrSchedule::Create(argv[1], std::atoll(argv[2]), std::atof(argv[3]), std::atoll(argv[4]));
+  offloadd::trainer::LrScheduleKwargs kwargs;
+  if (argc > 5) kwargs.num_cycles = std::atof(argv[5]);
+  if (argc > 6) kwargs.min_lr_rate = std::atof(argv[6]);
+  auto s = offloadd::trainer::LrSchedule::Create(argv[1], std::atoll(argv[2]), std::atof(argv[3]), std::atoll(argv[4]),
+                                                 kwargs);
   if (!s.ok()) {
     std::fprintf(stderr, "offloadd-lr-schedule: %s\n", s.status().ToString().c_str());
     return 1;

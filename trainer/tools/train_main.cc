@@ -23,8 +23,9 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
   device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16|fp16 --gpu-memory-limit=SIZE
                --activations=auto|keep|recompute|offload_cpu|offload_nvme --layer-activation=I:MODE (repeat)
                --weights=auto|resident|stream
-  optimizer:   --lr=X --scheduler=linear|cosine|constant|constant_with_warmup --warmup-steps=N
-               --warmup-ratio=X --weight-decay=X --beta1=X --beta2=X --eps=X --max-grad-norm=X
+  optimizer:   --lr=X --scheduler=linear|cosine|cosine_with_min_lr|constant|constant_with_warmup
+               --warmup-steps=N --warmup-ratio=X --num-cycles=X --min-lr-rate=X --weight-decay=X
+               --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --speculate=auto|always|never (updates before the clipping norm is known)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
@@ -192,6 +193,8 @@ int Run(int argc, char** argv) {
       else if (key == "--scheduler") c.optim.lr_scheduler_type = v;
       else if (key == "--warmup-steps") c.optim.warmup_steps = std::stoll(v);
       else if (key == "--warmup-ratio") c.optim.warmup_ratio = std::stod(v);
+      else if (key == "--num-cycles") c.optim.num_cycles = std::stod(v);
+      else if (key == "--min-lr-rate") c.optim.min_lr_rate = std::stod(v);
       else if (key == "--weight-decay") c.optim.weight_decay = std::stod(v);
       else if (key == "--beta1") c.optim.beta1 = std::stod(v);
       else if (key == "--beta2") c.optim.beta2 = std::stod(v);

@@ -73,6 +73,20 @@ std::optional<std::string> ReadJobFile(const std::string& path, std::string* err
   return text.str();
 }
 
+// A job file with problems: the daemon validates the part that read, so its problems (paths,
+// ranges, memory) come back in the same run as the file's own.
+int FailWithEveryProblem(Client& c, const std::string& source, const offloadd::client::JobFileContents& read) {
+  std::vector<offloadd::client::FieldViolation> all = read.violations;
+  std::string note;
+  auto daemon = c.CreateJob(read.spec, /*validate_only=*/true);
+  if (!daemon.ok() && daemon.status().code() == offloadd::StatusCode::kInvalidArgument) {
+    all = offloadd::client::MergeViolations(std::move(all), c.last_field_violations());
+  } else if (!daemon.ok()) {
+    note = "\n(the daemon did not check the rest: " + daemon.status().ToString() + ")";
+  }
+  return Fail("submit", offloadd::client::DescribeViolations(source, all) + note, kExitInvalid);
+}
+
 }  // namespace
 
 int RunSubmit(Client& c, const Options& o) {
@@ -80,9 +94,10 @@ int RunSubmit(Client& c, const Options& o) {
   const auto text = ReadJobFile(o.job_file, &error);
   if (!text) return Fail("submit", error, kExitUsage);
   const std::string source = o.job_file == "-" ? "<stdin>" : o.job_file;
-  auto spec = offloadd::client::ParseJobSpec(*text, source);
+  auto spec = offloadd::client::ReadJobSpec(*text, source);
   if (!spec.ok()) return Fail("submit", spec.status());
-  auto job = c.CreateJob(*spec, o.validate_only);
+  if (!spec->violations.empty()) return FailWithEveryProblem(c, source, *spec);
+  auto job = c.CreateJob(spec->spec, o.validate_only);
   if (!job.ok()) return Fail("submit", job.status());
   const OutputFormat format = o.format();
   if (o.validate_only) {

@@ -8,7 +8,7 @@
 """
 
 from offloadd.client import DEFAULT_TARGET, FINAL_STATES, Client
-from offloadd.job_file import job_spec
+from offloadd.job_file import JobSpecError, job_spec
 from offloadd.errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -32,6 +32,7 @@ __all__ = [
     "FINAL_STATES",
     "FieldViolation",
     "InvalidArgument",
+    "JobSpecError",
     "NotFound",
     "OffloaddError",
     "PermissionDenied",

@@ -10,8 +10,8 @@ from typing import Callable, Iterator, Optional, Union
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from offloadd.errors import OffloaddError, Unavailable, WaitTimeout, from_rpc_error
-from offloadd.job_file import job_spec
+from offloadd.errors import InvalidArgument, OffloaddError, Unavailable, WaitTimeout, from_rpc_error
+from offloadd.job_file import JobSpecError, job_spec, merge_violations
 from offloadd.progress import ProgressPrinter, state_name
 from offloadd.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
 
@@ -109,8 +109,21 @@ class Client:
         self, spec: Union[job_pb2.JobSpec, dict, str, os.PathLike], *, validate_only: bool = False, request_id: str = ""
     ) -> job_pb2.Job:
         """Submits a job. `spec` is a JobSpec, a dict with job.proto's field names, or a path to
-        a YAML job file. Raises InvalidArgument with .field_violations listing every problem."""
-        req = job_service_pb2.CreateJobRequest(spec=job_spec(spec), validate_only=validate_only, request_id=request_id)
+        a YAML job file. Raises InvalidArgument with .field_violations listing every problem: when
+        the spec itself does not read (a JobSpecError), the daemon still checks the part that did,
+        and its problems are listed too."""
+        try:
+            spec = job_spec(spec)
+        except JobSpecError as e:
+            try:
+                self.create_job(e.spec, validate_only=True)
+            except InvalidArgument as daemon:
+                raise JobSpecError(e.source, merge_violations(e.field_violations, daemon.field_violations),
+                                   e.spec) from None
+            except OffloaddError:
+                pass  # the daemon is not reachable: the spec's own problems are all there is to say
+            raise
+        req = job_service_pb2.CreateJobRequest(spec=spec, validate_only=validate_only, request_id=request_id)
         return self._call(self._jobs.CreateJob, req)
 
     def submit(

@@ -288,3 +288,65 @@ def test_yaml_alias_bomb_is_refused_by_sdk_and_offloadctl(binary_dir, tmp_path):
                         "submit", str(bomb), "--validate-only"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and r.returncode < 128, (r.returncode, r.stderr)  # an error, not a crash
     assert "expands to more than 100000 values" in r.stderr, r.stderr
+
+
+def test_pasted_hf_names_and_sizes_act_through_the_daemon(daemon, workspace):
+    """Issue #17: HF/TRL names and sizes with units are accepted and show up as the settings they
+    stand for in the resolved spec."""
+    spec = spec_dict(workspace)
+    del spec["dataset"]["max_seq_length"]
+    spec["training"].update({"bf16": True, "fp16": False, "gradient_checkpointing": True, "optim": "adamw_torch",
+                             "warmup_steps": 0.1, "lr_scheduler_type": "cosine_with_min_lr",
+                             "lr_scheduler_kwargs": {"min_lr": 3e-5}, "max_length": 96,
+                             "completion_only_loss": False})
+    spec["resources"] = {"host_memory_limit": "8GiB"}
+    spec["offload"] = {"aio": {"block_size": "2MiB"}}
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec, validate_only=True)
+    s, pb = job.spec, offloadd.v1.job_pb2
+    assert pb.ComputeDtype.Name(s.model.compute_dtype) == "COMPUTE_DTYPE_BF16"
+    assert pb.ActivationMode.Name(s.offload.activations.mode) == "ACTIVATION_MODE_RECOMPUTE"
+    assert s.dataset.max_seq_length == 96 and not s.dataset.mask_prompt
+    assert s.training.warmup_ratio == pytest.approx(0.1) and s.training.warmup_steps == 0
+    assert s.training.lr_scheduler_kwargs.min_lr == pytest.approx(3e-5)
+    assert s.training.lr_scheduler_kwargs.num_cycles == pytest.approx(0.5)
+    assert s.resources.host_memory_limit == 8 << 30 and s.offload.aio.block_size == 2 << 20
+    for name in ("bf16", "fp16", "gradient_checkpointing", "optim", "max_length", "completion_only_loss"):
+        assert not s.training.HasField(name), f"{name} is resolved into its setting, not kept"
+
+    spec["training"]["optim"] = "adamw_bnb_8bit"
+    with offloadd.Client(daemon.target) as c, pytest.raises(offloadd.InvalidArgument) as e:
+        c.create_job(spec, validate_only=True)
+    fields = {v.field: v.description for v in e.value.field_violations}
+    assert "offloadd trains with AdamW (optim: adamw_torch, adamw_torch_fused" in fields["training.optim"]
+
+
+def test_spec_and_daemon_problems_come_back_in_one_run(binary_dir, daemon, workspace):
+    """The spec's own problems and the daemon's for the rest, in one error (SDK and offloadctl)."""
+    spec = spec_dict(workspace)
+    spec["training"]["learning_rat"] = 1e-4
+    spec["training"]["max_steps"] = 0  # the daemon's range check
+    spec["resources"] = {"gpu_memory_limit": "8 GX"}
+    del spec["output_dir"]
+    with offloadd.Client(daemon.target) as c, pytest.raises(offloadd.JobSpecError) as e:
+        c.create_job(spec, validate_only=True)
+    fields = [v.field for v in e.value.field_violations]
+    assert fields[:2] == ["training.learning_rat", "resources.gpu_memory_limit"], fields
+    assert "training.max_steps" in fields and "output_dir" in fields, fields
+
+    job = workspace / "job.yaml"
+    job.write_text(textwrap.dedent(f"""\
+        model: {{path: {workspace / "model"}}}
+        dataset: {{paths: [{workspace / "alpaca.jsonl"}], max_seq_length: 128}}
+        training: {{learning_rat: 3e-4, max_grad_nrom: 1.0, max_steps: 0}}
+        resources: {{gpu_memory_limit: 8GiB}}
+        dropout: disable
+        """))
+    r = subprocess.run([str(binary_dir / "client" / "offloadctl"), "--target", daemon.target, "submit", str(job),
+                        "--validate-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 6, r.stderr
+    assert f"{job}: 4 problems in the job spec:" in r.stderr, r.stderr
+    for line in ("training.learning_rat: unknown field; did you mean `learning_rate`?",
+                 "training.max_grad_nrom: unknown field; did you mean `max_grad_norm`?",
+                 "training.max_steps: must be -1", "output_dir: required"):
+        assert line in r.stderr, r.stderr

@@ -39,3 +39,30 @@ def test_unknown_schedule_is_a_clear_error(binary_dir):
     r = subprocess.run([str(binary_dir / "trainer" / "offloadd-lr-schedule"), "exponential", "0", "0", "10"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "lr_scheduler_type 'exponential' is not supported" in r.stderr
+
+
+@pytest.mark.parametrize("kind,num_cycles,kwargs", [
+    ("cosine", 1.5, {"num_cycles": 1.5}),
+    ("cosine_with_min_lr", 0.5, {"min_lr_rate": 0.1}),
+    ("cosine_with_min_lr", 2.0, {"num_cycles": 2.0, "min_lr_rate": 0.25}),
+    ("cosine_with_min_lr", 0.5, {"min_lr": 0.05}),  # lr 1.0: min_lr is the rate
+])
+def test_scheduler_kwargs_match_transformers(binary_dir, kind, num_cycles, kwargs):
+    """lr_scheduler_kwargs (num_cycles, min_lr / min_lr_rate) as transformers' get_scheduler
+    takes them through scheduler_specific_kwargs."""
+    warmup, total = 4, 30
+    min_lr_rate = kwargs.get("min_lr_rate", kwargs.get("min_lr", 0.0))
+    r = subprocess.run([str(binary_dir / "trainer" / "offloadd-lr-schedule"), kind, str(warmup), "0", str(total),
+                        str(num_cycles), str(min_lr_rate)], capture_output=True, text=True, check=True)
+    ours = [float(x) for x in r.stdout.split()]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = get_scheduler(kind, optimizer=opt, num_warmup_steps=warmup, num_training_steps=total,
+                          scheduler_specific_kwargs=kwargs)
+    ref = []
+    for _ in range(total):
+        ref.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert ours == pytest.approx(ref, abs=1e-12)
+    if kind == "cosine_with_min_lr":
+        assert min(ours[warmup:]) == pytest.approx(min_lr_rate, abs=0.02)

@@ -1,0 +1,140 @@
+#include "daemon/jobs/hf_names.h"
+
+#include <algorithm>
+#include <cctype>
+#include <tuple>
+
+#include "common/message_text.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+
+std::string Lower(std::string name) {  // COMPUTE_DTYPE_BF16 -> bf16 after the prefix is cut
+  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return name;
+}
+
+std::string DtypeName(v1::ComputeDtype d) {
+  return Lower(v1::ComputeDtype_Name(d).substr(sizeof("COMPUTE_DTYPE_") - 1));
+}
+
+std::string ModeName(v1::ActivationMode m) {
+  return Lower(v1::ActivationMode_Name(m).substr(sizeof("ACTIVATION_MODE_") - 1));
+}
+
+const char* Bool(bool b) { return b ? "true" : "false"; }
+
+// bf16 / fp16 -> model.compute_dtype. As in transformers, both false (or one false and the other
+// unset) trains in fp32.
+void ResolveDtype(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
+  const v1::TrainingArguments& t = spec->training();
+  if (!t.has_bf16() && !t.has_fp16()) return;
+  if (t.bf16() && t.fp16()) {
+    out->push_back({"training.fp16", "bf16 and fp16 are both true; set one (model.compute_dtype)"});
+    return;
+  }
+  const v1::ComputeDtype want = t.bf16()   ? v1::COMPUTE_DTYPE_BF16
+                                : t.fp16() ? v1::COMPUTE_DTYPE_FP16
+                                           : v1::COMPUTE_DTYPE_FP32;
+  const char* field = t.bf16() || (!t.fp16() && t.has_bf16()) ? "training.bf16" : "training.fp16";
+  const v1::ComputeDtype have = spec->model().compute_dtype();
+  if (have != v1::COMPUTE_DTYPE_UNSPECIFIED && have != want) {
+    const std::string name = field + sizeof("training.") - 1;
+    out->push_back({field, name + ": " + Bool(name == "bf16" ? t.bf16() : t.fp16()) + " means compute_dtype " +
+                               DtypeName(want) + ", but model.compute_dtype is " + DtypeName(have) +
+                               "; set only one of them"});
+    return;
+  }
+  spec->mutable_model()->set_compute_dtype(want);
+}
+
+// gradient_checkpointing -> offload.activations.mode: recompute, or keep (what transformers does
+// without it). Per-layer overrides still apply on top.
+void ResolveCheckpointing(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
+  const v1::TrainingArguments& t = spec->training();
+  if (!t.has_gradient_checkpointing()) return;
+  const v1::ActivationMode want =
+      t.gradient_checkpointing() ? v1::ACTIVATION_MODE_RECOMPUTE : v1::ACTIVATION_MODE_KEEP;
+  const v1::ActivationMode have = spec->offload().activations().mode();
+  if (have != v1::ACTIVATION_MODE_UNSPECIFIED && have != want) {
+    out->push_back({"training.gradient_checkpointing",
+                    std::string("gradient_checkpointing: ") + Bool(t.gradient_checkpointing()) +
+                        " means offload.activations.mode " + ModeName(want) + ", but that is set to " +
+                        (v1::ActivationMode_IsValid(have) ? ModeName(have) : std::to_string(have)) +
+                        "; set only one of them"});
+    return;
+  }
+  spec->mutable_offload()->mutable_activations()->set_mode(want);
+}
+
+void ResolveOptim(const v1::TrainingArguments& t, std::vector<FieldViolation>* out) {
+  if (!t.has_optim()) return;
+  const auto& names = AdamWOptimNames();
+  if (std::find(names.begin(), names.end(), t.optim()) != names.end()) return;  // AdamW: what runs
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  out->push_back({"training.optim", "'" + SafeMessageText(t.optim(), 128) +
+                                        "' is not available: offloadd trains with AdamW (optim: " + list + ")"});
+}
+
+// max_length -> dataset.max_seq_length; completion_only_loss / assistant_only_loss ->
+// dataset.mask_prompt (offloadd has one switch for prompt/completion and chat records).
+void ResolveTrlData(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
+  const v1::TrainingArguments& t = spec->training();
+  v1::DatasetSpec* d = spec->mutable_dataset();
+  if (t.has_max_length()) {
+    if (d->has_max_seq_length() && d->max_seq_length() != t.max_length()) {
+      out->push_back({"training.max_length", "max_length " + std::to_string(t.max_length()) +
+                                                 " contradicts dataset.max_seq_length " +
+                                                 std::to_string(d->max_seq_length()) + "; set only one of them"});
+    } else {
+      d->set_max_seq_length(t.max_length());
+    }
+  }
+  if (t.has_completion_only_loss() && t.has_assistant_only_loss() &&
+      t.completion_only_loss() != t.assistant_only_loss()) {
+    out->push_back({"training.assistant_only_loss",
+                    "completion_only_loss and assistant_only_loss both map to dataset.mask_prompt (loss on the "
+                    "responses only, for prompt/completion and chat records alike) and must agree"});
+    return;
+  }
+  for (const auto& [has, value, field] :
+       {std::tuple{t.has_completion_only_loss(), t.completion_only_loss(), "training.completion_only_loss"},
+        std::tuple{t.has_assistant_only_loss(), t.assistant_only_loss(), "training.assistant_only_loss"}}) {
+    if (!has) continue;
+    if (d->has_mask_prompt() && d->mask_prompt() != value) {
+      out->push_back({field, std::string(field + sizeof("training.") - 1) + ": " + Bool(value) +
+                                 " contradicts dataset.mask_prompt: " + Bool(d->mask_prompt()) +
+                                 "; set only one of them"});
+      return;
+    }
+    d->set_mask_prompt(value);
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& AdamWOptimNames() {
+  static const std::vector<std::string> kNames = {"adamw_torch",      "adamw_torch_fused", "adamw_hf",
+                                                  "adamw_apex_fused", "adamw_torch_xla",   "adamw_torch_npu_fused"};
+  return kNames;
+}
+
+void ResolveHfNames(v1::JobSpec* spec, std::vector<FieldViolation>* violations) {
+  ResolveDtype(spec, violations);
+  ResolveCheckpointing(spec, violations);
+  ResolveOptim(spec->training(), violations);
+  ResolveTrlData(spec, violations);
+  v1::TrainingArguments* t = spec->mutable_training();
+  t->clear_bf16();
+  t->clear_fp16();
+  t->clear_gradient_checkpointing();
+  t->clear_optim();
+  t->clear_max_length();
+  t->clear_completion_only_loss();
+  t->clear_assistant_only_loss();
+}
+
+}  // namespace offloadd::daemon
