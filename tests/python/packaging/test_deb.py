@@ -106,6 +106,7 @@ def test_layout(root):
     for f in ["etc/offloadd/offloadd.yaml", "usr/lib/systemd/system/offloadd.service",
               "usr/lib/sysusers.d/offloadd.conf", "usr/lib/tmpfiles.d/offloadd.conf",
               "usr/share/offloadd/dashboards/offloadd.json", "usr/share/offloadd/prometheus/offloadd.yml",
+              "usr/share/offloadd/prometheus/offloadd-alerts.yml",
               "usr/share/offloadd/grafana/provisioning/datasources/offloadd.yaml",
               "usr/include/offloadd/client/cpp/offloadd_client.h", "usr/include/offloadd/offloadd/v1/job.pb.h",
               "usr/lib/cmake/offloadd/offloaddConfig.cmake", "usr/lib/offloadd/torch/lib/libc10.so"]:
