@@ -195,6 +195,16 @@ TEST(JobFileTest, BadEnumAndBadYamlAreErrors) {
   EXPECT_EQ(LoadJobFile("/nonexistent/job.yaml").status().code(), StatusCode::kNotFound);
 }
 
+// Found by the job_file fuzzer: a string with an invalid UTF-8 byte was accepted and serialized
+// into a JobSpec that protobuf cannot parse back. It is a problem named by its path instead.
+TEST(JobFileTest, InvalidUtf8InAStringIsAProblemNotABrokenSpec) {
+  auto spec = ParseJobSpec("dataset:\n  paths: [/srv/a.jsonl, \"/sr\x82\xd0" "b.json\"]\n", "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("dataset.paths[1]"), std::string::npos) << spec.status().message();
+  EXPECT_NE(spec.status().message().find("not valid UTF-8"), std::string::npos) << spec.status().message();
+  EXPECT_TRUE(ParseJobSpec("display_name: \"caf\xc3\xa9" "\"\n", "job.yaml").ok());  // valid UTF-8
+}
+
 // Issue #18 defect 19: a 300-byte alias bomb made offloadctl abort (9^9 values on expansion).
 TEST(JobFileTest, AliasBombIsRefusedNotExpanded) {
   std::string yaml = "a: &a [x, x, x, x, x, x, x, x, x]\n";
