@@ -264,7 +264,17 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
                                   " is not " + std::to_string(align) + "-byte aligned");
     }
     Status st = arena_->Check(offset, bytes);
-    return st.ok() ? st : st.WithContext(what);
+    if (!st.ok()) return st.WithContext(what);
+    // The undo log is the worker's own: a command's region inside it would be overwritten by the
+    // log it is being copied from (found by the worker_protocol fuzzer: overlapping memcpy).
+    if (options_.crash_consistent) {
+      const uint64_t undo_end = options_.undo_offset + UndoRegionBytes(options_.threads);
+      if (offset < undo_end && options_.undo_offset < offset + bytes) {
+        return InvalidArgumentError(std::string(what) + " range [" + std::to_string(offset) + ", +" +
+                                    std::to_string(bytes) + ") overlaps the worker's undo log");
+      }
+    }
+    return st;
   };
   job->kind = static_cast<CommandKind>(command.kind);
   if ((command.flags & kFlagGradFp32) && (command.flags & kFlagGradFp16))
