@@ -5,6 +5,15 @@
 
 namespace offloadd {
 
+size_t InvalidUtf8At(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
 size_t Utf8SequenceLength(std::string_view s, size_t i) {
   const auto at = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
   const uint8_t c = at(i);

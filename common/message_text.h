@@ -19,4 +19,7 @@ std::string SafeMessageText(std::string_view text, size_t max_bytes = 2048);
 // (overlong forms, surrogates and code points above U+10FFFF are invalid).
 size_t Utf8SequenceLength(std::string_view s, size_t i);
 
+// Offset of the first byte of `s` that does not start a valid UTF-8 sequence, or npos.
+size_t InvalidUtf8At(std::string_view s);
+
 }  // namespace offloadd

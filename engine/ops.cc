@@ -139,7 +139,7 @@ enum class AttnKernel { kCpuFlash, kCudaCudnn, kCudaFlash, kCudaEfficient };
 
 // OFFLOADD_ATTENTION_KERNEL forces the CUDA attention flavour (auto, cudnn, flash, efficient);
 // a forced flavour the inputs cannot use is an error, not a silent fallback.
-std::string ForcedAttentionKernel() {
+const std::string& ForcedAttentionKernel() {
   static const std::string forced = [] {
     const char* v = std::getenv("OFFLOADD_ATTENTION_KERNEL");
     return std::string(v == nullptr || *v == 0 ? "auto" : v);
@@ -176,7 +176,7 @@ bool CudnnAttentionFits(const at::Tensor& q, bool half, int64_t d, std::string* 
 }
 
 AttnKernel PickKernel(const at::Tensor& q) {
-  const std::string forced = ForcedAttentionKernel();  // checked on every device
+  const std::string& forced = ForcedAttentionKernel();  // checked on every device
   if (!q.is_cuda()) return AttnKernel::kCpuFlash;
   const int64_t d = q.size(-1);
   const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;

@@ -186,13 +186,9 @@ bool Reader::Value(const YAML::Node& n, const std::string& path, const FieldDesc
       if (!Scalar(n, path, "a string", &text)) return false;
       // proto3 strings are UTF-8: an invalid byte would serialize into a message nobody can
       // parse back (the daemon, the job store).
-      for (size_t i = 0; i < text.size();) {
-        const size_t len = Utf8SequenceLength(text, i);
-        if (len == 0) {
-          Add(path, "not valid UTF-8 (byte " + std::to_string(i) + "): '" + SafeMessageText(text, 80) + "'");
-          return false;
-        }
-        i += len;
+      if (const size_t bad = InvalidUtf8At(text); bad != std::string_view::npos) {
+        Add(path, "not valid UTF-8 (byte " + std::to_string(bad) + "): '" + SafeMessageText(text, 80) + "'");
+        return false;
       }
       rep ? r->AddString(msg, f, text) : r->SetString(msg, f, text);
       return true;

@@ -10,14 +10,7 @@
 namespace offloadd::daemon {
 namespace {
 
-bool ValidUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = Utf8SequenceLength(s, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
+bool ValidUtf8(std::string_view s) { return InvalidUtf8At(s) == std::string_view::npos; }
 
 }  // namespace
 
