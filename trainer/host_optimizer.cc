@@ -115,6 +115,10 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   ASSIGN_OR_RETURN(shards_, workers::AllocateShards(arena_.get(), o.block_elements, lo, po.processes));
   if (shards_.size() != o.block_elements.size())
     return InternalError("expected one shard per block");
+  if (!o.device_blocks.empty() && o.device_blocks.size() != shards_.size())
+    return InvalidArgumentError("device_blocks names " + std::to_string(o.device_blocks.size()) +
+                                " blocks, the model has " + std::to_string(shards_.size()));
+  for (size_t b = 0; b < o.device_blocks.size(); ++b) shards_[b].on_device = o.device_blocks[b];
   if (o.tier == StateTier::kNvme) {
     const uint64_t max_n = MaxElements(o);
     for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
@@ -180,6 +184,12 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     std::lock_guard<std::mutex> lock(mu_);
     updated_step_[shard] = driver_step_;
     staging_busy_[shard] = false;
+    cv_.notify_all();
+  });
+  driver_->SetOnDecided([this](const workers::StepResult& r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    decision_ = r;
+    decided_step_ = driver_step_;
     cv_.notify_all();
   });
   driver_->SetBeforeUpdate([this](size_t shard, workers::ShardSpec* spec) -> Status {
@@ -362,7 +372,7 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
                                  std::function<bool()> done, std::function<double()> sq_norm) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
-  staging_busy_[block] = true;
+  if (!shards_[block].on_device) staging_busy_[block] = true;
   Item it;
   it.kind = Item::kGrads;
   it.block = block;
@@ -400,6 +410,7 @@ Status HostOptimizer::ResumeAt(uint64_t step, uint64_t adam_step) {
   std::lock_guard<std::mutex> lock(mu_);
   std::fill(updated_step_.begin(), updated_step_.end(), step);
   finished_step_ = step;
+  decided_step_ = step;
   return OkStatus();
 }
 
@@ -411,6 +422,13 @@ Status HostOptimizer::FinishStepAsync() {
   queue_.push_back(std::move(it));
   cv_.notify_all();
   return OkStatus();
+}
+
+StatusOr<workers::StepResult> HostOptimizer::WaitDecided(uint64_t step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return decided_step_ >= step || !error_.ok(); });
+  if (decided_step_ < step) return error_;
+  return decision_;
 }
 
 StatusOr<workers::StepResult> HostOptimizer::WaitFinished(uint64_t step) {

@@ -65,6 +65,10 @@ struct HostOptimizerOptions {
   uint32_t worker_processes = 1, worker_threads = 1;
   std::string kernel_path = "auto";  // workers::ResolveKernelPath's request
   uint64_t host_memory_limit = 0;  // refuse an arena larger than this
+  // Per block (empty: none): its optimizer states live on the GPU and the trainer updates it
+  // there (DeviceOptimizer). The driver counts its gradient norm, given with GradsReady's last
+  // micro-batch, into the step's decision (WaitDecided); no worker touches it.
+  std::vector<bool> device_blocks;
 };
 
 struct UpdateTotals {  // since the last TakeTotals()
@@ -127,6 +131,10 @@ class HostOptimizer {
   Status WaitUpdated(int block, uint64_t step);
   // Closes the open step: its remaining updates run in the background.
   Status FinishStepAsync();
+  // Blocks until step `step`'s outcome is known (after FinishStepAsync: once every gradient norm
+  // is in; the CPU updates may still run): its clip coefficient, the grad_scale the device
+  // blocks are updated with, or that it is skipped.
+  StatusOr<workers::StepResult> WaitDecided(uint64_t step);
   // Waits until every update of `step` is done and returns the step's result (a skipped step
   // counts as done: its blocks keep their weights).
   StatusOr<workers::StepResult> WaitFinished(uint64_t step);
@@ -193,6 +201,8 @@ class HostOptimizer {
   std::vector<bool> staging_busy_;
   uint64_t finished_step_ = 0;
   StatusOr<workers::StepResult> result_ = workers::StepResult{};
+  uint64_t decided_step_ = 0;
+  workers::StepResult decision_;
   UpdateTotals totals_;
   double busy_base_ = 0;
 };

@@ -83,6 +83,7 @@ Status StepSchedule::Backward(const engine::MicroBatch& mb, uint32_t micro) {
 }
 
 StatusOr<at::Tensor> StepSchedule::GradientBuffer(int b) {
+  if (OnDevice(b)) return options_.device_optimizer->GradientBuffer(b);
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(options_.host->WaitStagingFree(b));
   options_.accounting->stalls().grads +=
@@ -126,7 +127,40 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
   return g;
 }
 
+Status StepSchedule::LandOnDevice(int b, uint32_t micro) {
+  DeviceOptimizer& device = *options_.device_optimizer;
+  at::Tensor norm = device.Land(b, micro);
+  if (!norm.defined()) return options_.host->GradsReady(b, micro, nullptr);  // more to come
+  if (!cuda_) {
+    const double n = norm.item<float>();
+    if (!device.held()) device.UpdateNow(b);
+    return options_.host->GradsReady(b, micro, nullptr, nullptr, [sq = n * n]() { return sq; });
+  }
+  at::Tensor slot = host_norms_.narrow(0, b, 1);
+  auto e = options_.streams->CopyToHost(slot, norm, "gradient norm " + options_.model->block(b).name());
+  if (!device.held()) {  // behind the norm: it may scale the gradients in place
+    options_.streams->BeginCompute("device update " + options_.model->block(b).name());
+    device.UpdateNow(b);
+    options_.streams->EndCompute();
+  }
+  const float* landed = host_norms_.data_ptr<float>() + b;
+  return options_.host->GradsReady(
+      b, micro, [e, norm]() { return DeviceStreams::Synchronize(e); },
+      [e]() {
+        try {
+          return DeviceStreams::Completed(e);
+        } catch (const c10::Error&) {
+          return true;  // Synchronize reports the error
+        }
+      },
+      [landed]() {
+        const double n = *landed;
+        return n * n;
+      });
+}
+
 Status StepSchedule::HandOff(int b, uint32_t micro, const at::Tensor& grads) {
+  if (OnDevice(b)) return LandOnDevice(b, micro);
   if (!cuda_) return options_.host->GradsReady(b, micro, nullptr);
   const std::string name = options_.model->block(b).name();
   // Without accumulation the block's ||g|| is measured here, on the device, beside the copy (one

@@ -24,6 +24,7 @@
 #include "engine/model.h"
 #include "trainer/activation_offload.h"
 #include "trainer/block_layout.h"
+#include "trainer/device_optimizer.h"
 #include "trainer/device_streams.h"
 #include "trainer/grad_scaler.h"
 #include "trainer/host_optimizer.h"
@@ -41,6 +42,9 @@ class StepSchedule {
     WeightResidency* weights = nullptr;
     ActivationOffload* activations = nullptr;
     HostOptimizer* host = nullptr;  // its arena holds the gradient staging buffers
+    // The blocks whose optimizer states live on the device (may be null): their gradients stay
+    // there; only their norm goes to the host optimizer's decision.
+    DeviceOptimizer* device_optimizer = nullptr;
     DeviceStreams* streams = nullptr;
     StepAccounting* accounting = nullptr;
     GradScaler* scaler = nullptr;  // fp16 compute
@@ -70,6 +74,12 @@ class StepSchedule {
                                      const at::Tensor& grad_out, const at::Tensor& grads,
                                      at::Tensor* tied_grad);
   Status HandOff(int b, uint32_t micro, const at::Tensor& grads);
+  // A device-optimized block's gradients are complete: its norm goes to the host optimizer, and
+  // (not held) its update runs now, on the compute stream.
+  Status LandOnDevice(int b, uint32_t micro);
+  bool OnDevice(int b) const {
+    return options_.device_optimizer != nullptr && options_.device_optimizer->owns(b);
+  }
 
   const Options options_;
   const std::vector<BlockLayout>& layout_;

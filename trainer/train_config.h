@@ -73,6 +73,12 @@ struct OffloadPlanConfig {
   // overtakes the others; more, fewer idle gaps between commands). 1 measured 4% faster than 2
   // at Llama-2-7B batch 16 on the H200 machine (bench/RESULTS.md).
   uint32_t update_depth = 1;
+  // Blocks whose fp32 master weights and Adam states live on the device and are updated there
+  // (trainer/device_optimizer.h), counted from the embedding up: the next forward needs those
+  // first, and their gradients come last in backward. kAutoDeviceOptimizer: as many as fit the
+  // GPU budget left after the weights, activations and workspace (0 on a CPU device).
+  static constexpr int kAutoDeviceOptimizer = -1;
+  int device_optimizer_blocks = 0;
 };
 
 struct TrainConfig {

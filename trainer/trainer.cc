@@ -114,6 +114,7 @@ Status Trainer::Impl::RunStep() {
     RETURN_IF_ERROR(schedule->Backward(mb, a));
   }
   RETURN_IF_ERROR(host->FinishStepAsync());
+  RETURN_IF_ERROR(UpdateDeviceBlocks(k));
   completed = k;
   accounting->EndStep(loss_sum, flops, data->epoch());
   return OkStatus();
@@ -125,7 +126,24 @@ Status Trainer::Impl::BeginUpdates(int64_t k) {
   // schedule. The driver gets the step before the first gradients (queued after k-1's end).
   const double lr = cfg.optim.learning_rate * lr_schedule->Multiplier(accounting->applied());
   accounting->SetUpdateSettings(lr, scaler ? scaler->scale() : 1.0);
-  return host->BeginStep(static_cast<uint64_t>(k), lr, scaler ? scaler->grad_unscale() : 1.0f);
+  const float unscale = scaler ? scaler->grad_unscale() : 1.0f;
+  // Not held (no clipping, no loss scaling), a device block is updated as its gradients land:
+  // with AdamW step applied + 1, since such a step cannot be skipped.
+  if (device_opt) device_opt->BeginStep(lr, static_cast<uint64_t>(accounting->applied()) + 1, unscale);
+  return host->BeginStep(static_cast<uint64_t>(k), lr, unscale);
+}
+
+Status Trainer::Impl::UpdateDeviceBlocks(int64_t k) {
+  if (!device_opt || !device_opt->held()) return OkStatus();
+  ASSIGN_OR_RETURN(workers::StepResult decided, host->WaitDecided(static_cast<uint64_t>(k)));
+  if (decided.skipped) return OkStatus();  // fp16 overflow: no block is updated
+  for (int b = 0; b < n; ++b) {  // in the next forward's order
+    if (!device_opt->owns(b)) continue;
+    streams->BeginCompute("device update " + model->block(b).name());
+    device_opt->Update(b, decided.grad_scale, decided.adam_step);
+    streams->EndCompute();
+  }
+  return OkStatus();
 }
 
 Status Trainer::Impl::Flush() { return accounting->Flush(); }

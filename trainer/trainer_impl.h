@@ -20,6 +20,7 @@
 #include "trainer/activation_spill.h"
 #include "trainer/block_layout.h"
 #include "trainer/data_source.h"
+#include "trainer/device_optimizer.h"
 #include "trainer/device_streams.h"
 #include "trainer/grad_scaler.h"
 #include "trainer/host_optimizer.h"
@@ -47,6 +48,9 @@ struct Trainer::Impl {
   // The device plan: per block activation mode, and whether kOffload goes to NVMe.
   std::vector<engine::SaveMode> modes;
   std::vector<bool> spill_nvme;
+  // Per block: its optimizer states live on the device (the lowest blocks; PlanDevice).
+  std::vector<bool> device_blocks;
+  std::unique_ptr<DeviceOptimizer> device_opt;  // null when no block is there
   std::unique_ptr<DeviceStreams> streams;
   std::unique_ptr<ActivationSpill> spill;  // when a block's activations go to NVMe
   std::unique_ptr<WeightResidency> weights;
@@ -66,6 +70,11 @@ struct Trainer::Impl {
   // Activation modes and weight residency under the GPU budget; returns whether the weights
   // stay resident on the device.
   StatusOr<bool> PlanDevice();
+  // How many of the lowest blocks get device-resident optimizer states, given the device
+  // memory the rest of the plan uses (`used`); fills device_blocks.
+  Status PlanDeviceOptimizer(bool resident, int64_t used);
+  // Creates the DeviceOptimizer with the arena's initial masters (after host->Initialize).
+  Status StartDeviceOptimizer();
   Status StartSpill();
   HostOptimizerOptions HostOptions() const;
   // The step's owners, once the host optimizer's arena holds the initial weights.
@@ -76,6 +85,13 @@ struct Trainer::Impl {
   // Step k's learning rate and loss scale, once step k-1 is reported; starts its updates.
   Status BeginUpdates(int64_t k);
   Status Flush();
+  // Held device updates (clipping, fp16): once step k's outcome is known, the device blocks are
+  // updated with its coefficient on the compute stream, ahead of the next forward.
+  Status UpdateDeviceBlocks(int64_t k);
+  // Block b's fp32 states, wherever they live.
+  Status ReadBlockStates(int b, float* master, float* exp_avg, float* exp_avg_sq);
+  Status RestoreBlockStates(int b, const float* master, const float* exp_avg,
+                            const float* exp_avg_sq, uint64_t adam_step);
   // trainer_state.cc
   StatusOr<std::string> SaveCheckpoint();
   Status RestoreCheckpoint(const std::string& dir);

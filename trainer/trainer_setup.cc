@@ -74,6 +74,7 @@ Status Trainer::Impl::Setup() {
     }
     return OkStatus();
   }));
+  RETURN_IF_ERROR(StartDeviceOptimizer());
   RETURN_IF_ERROR(StartPipeline(resident));
   plan_text = DescribePlan(ho);
   Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
@@ -172,6 +173,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
                           : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
   ho.kernel_path = cfg.adamw_kernel;
   ho.host_memory_limit = cfg.offload.host_memory_limit;
+  ho.device_blocks = device_blocks;
   return ho;
 }
 
@@ -193,7 +195,13 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << (ho.defer_below_block > 0
                ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
                : std::string("earliest-needed first"))
-       << " (" << ho.update_depth << " queued per worker); " << total << " steps";
+       << " (" << ho.update_depth << " queued per worker)";
+  if (device_opt) {
+    plan << "; AdamW states of blocks 0-" << device_opt->count() - 1 << " on the device ("
+         << device_opt->params() << " parameters, "
+         << FormatByteSize(static_cast<uint64_t>(device_opt->params()) * 12) << ")";
+  }
+  plan << "; " << total << " steps";
   if (scaler) {
     plan << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor
          << " every " << cfg.loss_scale.growth_interval << " clean steps, x"
@@ -222,7 +230,10 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
     modes[b] = ToSaveMode(m);
     spill_nvme[b] = m == ActivationMode::kOffloadNvme;
   }
-  if (!cuda) return true;
+  if (!cuda) {
+    RETURN_IF_ERROR(PlanDeviceOptimizer(true, 0));
+    return true;
+  }
 
   const int64_t B = cfg.batch_size;
   const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
@@ -275,9 +286,78 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
           " workspace; lower per_device_train_batch_size or max_seq_length");
     }
   }
+  RETURN_IF_ERROR(PlanDeviceOptimizer(resident, (resident ? weights : streamed) + acts + workspace));
   ASSIGN_OR_RETURN(int64_t total_mem, streams->CapMemory(gpu_budget));
   (void)total_mem;
   return resident;
+}
+
+Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
+  const int requested = cfg.offload.device_optimizer_blocks;
+  device_blocks.assign(n, false);
+  if (requested > n) {
+    return InvalidArgumentError("device_optimizer_blocks " + std::to_string(requested) +
+                                ": the model has " + std::to_string(n) + " blocks");
+  }
+  const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+  const int64_t elem = c10::elementSize(dtype);
+  int count = 0;
+  if (!cuda) {  // no budget to plan against: what was asked for (the tests' path)
+    count = std::max(0, requested);
+  } else {
+    // Device memory of the first k blocks' states: their weights replace resident ones.
+    std::vector<int64_t> need(n + 1, DeviceOptimizer::UpdateWorkspaceBytes());
+    need[0] = 0;
+    for (int b = 0; b < n; ++b) {
+      const int64_t numel = static_cast<int64_t>(layout[b].numel);
+      need[b + 1] = need[b] + DeviceOptimizer::BlockBytes(layout[b].numel, dtype, A) -
+                    (resident ? numel * elem : 0);
+    }
+    int fit = 0;
+    while (fit < n && used + need[fit + 1] <= gpu_budget) ++fit;
+    if (requested == OffloadPlanConfig::kAutoDeviceOptimizer) {
+      count = fit;
+    } else if (requested > fit) {
+      return ResourceExhaustedError(
+          "device_optimizer_blocks " + std::to_string(requested) + " needs " +
+          FormatByteSize(static_cast<uint64_t>(need[requested])) + " of GPU memory for their AdamW " +
+          "states, but gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
+          " leaves " + FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, gpu_budget - used))) +
+          " after the weights, activations and workspace: at most " + std::to_string(fit) +
+          " fit (auto picks that)");
+    } else {
+      count = requested;
+    }
+  }
+  for (int b = 0; b < count; ++b) device_blocks[b] = true;
+  return OkStatus();
+}
+
+Status Trainer::Impl::StartDeviceOptimizer() {
+  if (std::none_of(device_blocks.begin(), device_blocks.end(), [](bool d) { return d; })) {
+    return OkStatus();
+  }
+  DeviceOptimizer::Options o;
+  o.layout = &layout;
+  o.blocks = device_blocks;
+  o.device = device;
+  o.dtype = dtype;
+  o.optim = cfg.optim;
+  o.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+  o.held = cfg.optim.max_grad_norm > 0 || scaler.has_value();
+  streams->UseCompute();
+  ASSIGN_OR_RETURN(device_opt, DeviceOptimizer::Create(o));
+  // The initial masters were written to the arena (host->Initialize): bring them over.
+  std::vector<float> master, m, v;
+  for (int b = 0; b < n; ++b) {
+    if (!device_blocks[b]) continue;
+    master.resize(layout[b].numel);
+    m.resize(layout[b].numel);
+    v.resize(layout[b].numel);
+    RETURN_IF_ERROR(host->ReadStates(b, master.data(), m.data(), v.data()));
+    RETURN_IF_ERROR(device_opt->RestoreStates(b, master.data(), m.data(), v.data()));
+  }
+  return OkStatus();
 }
 
 Status Trainer::Impl::StartSpill() {
@@ -315,6 +395,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   wo.device = device;
   wo.dtype = dtype;
   wo.resident = resident;
+  wo.device_optimizer = device_opt.get();
   ASSIGN_OR_RETURN(weights, WeightResidency::Create(wo));
   activations = std::make_unique<ActivationOffload>(spill.get(), streams.get(), spill_nvme, device);
 
@@ -335,6 +416,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   so.weights = weights.get();
   so.activations = activations.get();
   so.host = host.get();
+  so.device_optimizer = device_opt.get();
   so.streams = streams.get();
   so.accounting = accounting.get();
   so.scaler = ao.scaler;

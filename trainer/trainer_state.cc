@@ -35,6 +35,17 @@ std::string Trainer::Impl::Fingerprint() const {
   return ModelFingerprint(model->config().model_type, layers);
 }
 
+Status Trainer::Impl::ReadBlockStates(int b, float* master, float* exp_avg, float* exp_avg_sq) {
+  if (device_opt && device_opt->owns(b)) return device_opt->ReadStates(b, master, exp_avg, exp_avg_sq);
+  return host->ReadStates(b, master, exp_avg, exp_avg_sq);
+}
+
+Status Trainer::Impl::RestoreBlockStates(int b, const float* master, const float* exp_avg,
+                                         const float* exp_avg_sq, uint64_t adam_step) {
+  if (device_opt && device_opt->owns(b)) return device_opt->RestoreStates(b, master, exp_avg, exp_avg_sq);
+  return host->RestoreStates(b, master, exp_avg, exp_avg_sq, adam_step);
+}
+
 StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   if (cfg.output_dir.empty()) return FailedPreconditionError("no output_dir to write checkpoints to");
   RETURN_IF_ERROR(Flush());
@@ -45,7 +56,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     master.resize(numel);
     m.resize(numel);
     v.resize(numel);
-    RETURN_IF_ERROR(host->ReadStates(b, master.data(), m.data(), v.data()));
+    RETURN_IF_ERROR(ReadBlockStates(b, master.data(), m.data(), v.data()));
     LayerState ls;
     ls.params = SpecsOf(layout[b]);
     ls.master = {std::span<const float>(master)};
@@ -103,8 +114,8 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
                            std::to_string(adam_step) + ", layer 0 " + std::to_string(adam_steps));
     }
     adam_steps = adam_step;
-    RETURN_IF_ERROR(host->RestoreStates(b, master.data(), m.data(), v.data(),
-                                        static_cast<uint64_t>(adam_step)));
+    RETURN_IF_ERROR(RestoreBlockStates(b, master.data(), m.data(), v.data(),
+                                       static_cast<uint64_t>(adam_step)));
   }
   const TrainerState& st = r.state();
   RETURN_IF_ERROR(data->Restore(st.data_cursor));
@@ -140,7 +151,7 @@ Status Trainer::Impl::ExportModel(const std::string& dir) {
     at::Tensor master = at::empty({numel}, at::kFloat);
     m.resize(numel);
     v.resize(numel);
-    RETURN_IF_ERROR(host->ReadStates(b, master.data_ptr<float>(), m.data(), v.data()));
+    RETURN_IF_ERROR(ReadBlockStates(b, master.data_ptr<float>(), m.data(), v.data()));
     layout[b].Bind(master);
   }
   Status st = model->Export(dir);

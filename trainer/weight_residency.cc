@@ -10,6 +10,7 @@ WeightResidency::WeightResidency(const Options& options)
     : model_(options.model),
       layout_(*options.layout),
       host_(options.host),
+      device_opt_(options.device_optimizer),
       streams_(options.streams),
       device_(options.device),
       dtype_(options.dtype),
@@ -28,6 +29,10 @@ StatusOr<std::unique_ptr<WeightResidency>> WeightResidency::Create(const Options
 }
 
 Status WeightResidency::BindInitial(int b) {
+  if (OnDevice(b)) {
+    layout_[b].Bind(device_opt_->weights(b));
+    return OkStatus();
+  }
   const int64_t numel = static_cast<int64_t>(layout_[b].numel);
   host_weights_[b] = at::from_blob(host_->compute_weights(b), {numel},
                                    at::TensorOptions().dtype(dtype_).device(c10::kCPU));
@@ -48,6 +53,7 @@ Status WeightResidency::BindInitial(int b) {
 }
 
 Status WeightResidency::Ensure(int b, uint64_t wait_step, double* stall) {
+  if (OnDevice(b)) return OkStatus();  // updated on the compute stream, in order
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(host_->WaitUpdated(b, wait_step));
   if (cuda_) {
@@ -65,7 +71,7 @@ Status WeightResidency::Ensure(int b, uint64_t wait_step, double* stall) {
 }
 
 void WeightResidency::Prefetch(int b, uint64_t wait_step) {
-  if (!cuda_ || resident_ || b < 0 || b >= n_ || device_weights_[b].defined()) return;
+  if (!cuda_ || resident_ || b < 0 || b >= n_ || OnDevice(b) || device_weights_[b].defined()) return;
   if (!host_->WaitUpdated(b, wait_step).ok()) return;  // the error surfaces in Ensure
   device_weights_[b] = at::empty({static_cast<int64_t>(layout_[b].numel)},
                                  at::TensorOptions().dtype(dtype_).device(device_));
@@ -77,13 +83,13 @@ void WeightResidency::Prefetch(int b, uint64_t wait_step) {
 }
 
 void WeightResidency::Release(int b) {
-  if (!cuda_ || resident_ || (tied_ && b == 0)) return;
+  if (!cuda_ || resident_ || (tied_ && b == 0) || OnDevice(b)) return;
   device_weights_[b] = at::Tensor();
   layout_[b].Unbind();
 }
 
 void WeightResidency::OnUpdated(int b) {
-  if (!cuda_ || !resident_) return;
+  if (!cuda_ || !resident_ || OnDevice(b)) return;
   auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b],
                                   "weights " + model_->block(b).name(), /*after_compute=*/false);
   std::lock_guard<std::mutex> lock(ready_mu_);
@@ -94,6 +100,7 @@ Status WeightResidency::Reload() {
   if (!cuda_ || !resident_) return OkStatus();
   streams_->UseCompute();
   for (int b = 0; b < n_; ++b) {
+    if (OnDevice(b)) continue;  // DeviceOptimizer::RestoreStates wrote them
     auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b], "weights", false);
     RETURN_IF_ERROR(DeviceStreams::Synchronize(e));
   }
@@ -101,7 +108,9 @@ Status WeightResidency::Reload() {
 }
 
 void WeightResidency::Rebind(int b) {
-  if (!cuda_) {
+  if (OnDevice(b)) {
+    layout_[b].Bind(device_opt_->weights(b));
+  } else if (!cuda_) {
     layout_[b].Bind(host_weights_[b]);
   } else if (device_weights_[b].defined()) {
     layout_[b].Bind(device_weights_[b]);

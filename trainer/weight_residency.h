@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "engine/model.h"
 #include "trainer/block_layout.h"
+#include "trainer/device_optimizer.h"
 #include "trainer/device_streams.h"
 #include "trainer/host_optimizer.h"
 
@@ -37,6 +38,9 @@ class WeightResidency {
     c10::Device device = c10::Device(c10::kCPU);
     c10::ScalarType dtype = c10::kFloat;
     bool resident = true;  // CUDA: all blocks stay on the device (else they are streamed)
+    // Blocks whose optimizer states live on the device (may be null) compute with that
+    // optimizer's weights, updated in place on the compute stream: always there, never uploaded.
+    const DeviceOptimizer* device_optimizer = nullptr;
   };
   // Pins the arena's weights and binds them: to the Params (CPU), to device copies uploaded now
   // (resident) or to nothing until first use (streamed).
@@ -61,10 +65,12 @@ class WeightResidency {
  private:
   explicit WeightResidency(const Options& options);
   Status BindInitial(int b);
+  bool OnDevice(int b) const { return device_opt_ != nullptr && device_opt_->owns(b); }
 
   engine::Model* model_;
   const std::vector<BlockLayout>& layout_;
   HostOptimizer* host_;
+  const DeviceOptimizer* device_opt_;
   DeviceStreams* streams_;
   const c10::Device device_;
   const c10::ScalarType dtype_;

@@ -211,6 +211,20 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro, std::optional<double
                                 std::to_string(config_.accumulation_steps) + ")");
   }
   const uint32_t A = config_.accumulation_steps;
+  if (shards_[shard].on_device) {  // updated by the trainer: only its norm counts here
+    if ((micro + 1 == A) != sq_norm.has_value()) {
+      return InvalidArgumentError("shard " + std::to_string(shard) +
+                                  " is updated on the device: its gradient norm comes with its "
+                                  "last micro-batch, and only then");
+    }
+    ++micro_seen_[shard];
+    if (sq_norm) {
+      norm_given_[shard] = 1;
+      ++norms_given_;
+      AddNorm(shard, *sq_norm);
+    }
+    return OkStatus();
+  }
   if (sq_norm && A > 1) {
     return InvalidArgumentError("shard " + std::to_string(shard) +
                                 ": a given gradient norm needs accumulation_steps 1 (the norm is "
@@ -363,6 +377,7 @@ StatusOr<StepResult> StepDriver::FinishStep() {
         result.skipped = true;
         result.grad_norm = norm;
         result.adam_step = step_ - skipped_steps_;
+        if (on_decided_) on_decided_(result);
         return result;
       }
       return DataLossError("gradient norm is not finite (" + std::to_string(norm) + "); step " +
@@ -377,7 +392,12 @@ StatusOr<StepResult> StepDriver::FinishStep() {
     }
     // Dispatched lowest layer first (the ready set's order): the next forward's order.
     const float scale = result.clip_coef * grad_unscale_;
+    result.grad_scale = scale;
+    result.grad_norm = norm;
+    result.adam_step = step_ - skipped_steps_;
+    if (on_decided_) on_decided_(result);
     for (size_t s = 0; s < shards_.size(); ++s) {
+      if (shards_[s].on_device) continue;
       if (!speculated_[s]) {
         MakeReady(s, Ready::kUpdate, scale);
         continue;
@@ -399,6 +419,10 @@ StatusOr<StepResult> StepDriver::FinishStep() {
     // Deferred updates measured their shards' norms: sum again.
     norm = static_cast<float>(
         std::sqrt(std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0) * u * u));
+    result.grad_scale = grad_unscale_;
+    result.grad_norm = norm;
+    result.adam_step = step_ - skipped_steps_;
+    if (on_decided_) on_decided_(result);  // on_device shards were updated as they landed
   }
   result.grad_norm = norm;
   result.params_updated = params_updated_;

@@ -73,6 +73,10 @@ struct ShardSpec {
   uint64_t accum_offset = 0;           // fp32 buffer, only with accumulation_steps > 1
   uint64_t accum_counters_offset = 0;  // CountersBytes(num_elements), zeroed
   int worker = -1;                     // -1: shard index modulo the pool size
+  // Its optimizer states live on the GPU and the trainer updates it there (DeviceOptimizer):
+  // the driver only counts its gradient norm (given with its last micro-batch) into the step's
+  // clipping and overflow decision, and sends its workers nothing.
+  bool on_device = false;
 };
 
 enum class Speculation : uint8_t { kNever = 0, kAlways = 1, kAuto = 2 };
@@ -110,6 +114,9 @@ struct StepResult {
   bool clipped = false;     // clip_coef < 1
   uint32_t speculated_shards = 0;  // updated before the norm was known
   uint32_t corrected_shards = 0;   // of those, corrected to the clip coefficient
+  // The coefficient on_device shards are updated with (clip_coef * grad_unscale, as the workers
+  // apply it), known from the moment the driver decides (SetOnDecided).
+  float grad_scale = 1.0f;
 };
 
 // torch.nn.utils.clip_grad_norm_'s coefficient, in its fp32 arithmetic.
@@ -142,6 +149,12 @@ class StepDriver {
   // are noticed while the driver waits (WaitShardIdle, FinishStep) or in Poll().
   void SetOnShardUpdated(std::function<void(size_t shard)> callback) {
     on_updated_ = std::move(callback);
+  }
+  // Called on the driver's thread as soon as FinishStep knows the step's outcome (its clip
+  // coefficient, or that it is skipped), before the CPU updates that wait for it run: the
+  // on_device shards' updates need nothing more. Not called for a step that fails.
+  void SetOnDecided(std::function<void(const StepResult&)> callback) {
+    on_decided_ = std::move(callback);
   }
   // Handles the completions that have already arrived, without blocking.
   Status Poll();
@@ -202,6 +215,7 @@ class StepDriver {
   uint64_t params_corrected_ = 0;
   Status error_;
   std::function<void(size_t)> on_updated_;
+  std::function<void(const StepResult&)> on_decided_;
   std::function<Status(size_t, ShardSpec*)> before_update_;
   std::vector<size_t> deferred_;  // shards held for FinishStep (defer_below_layer)
   std::vector<Ready> ready_;      // earliest-needed-first dispatch

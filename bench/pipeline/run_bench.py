@@ -97,7 +97,7 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
            "--scheduler=constant", f"--speculate={args.speculate}",
            f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
            f"--activations={args.activations}", f"--weights={args.weights}",
-           f"--update-depth={args.update_depth}"]
+           f"--update-depth={args.update_depth}", f"--device-optimizer-blocks={args.device_optimizer_blocks}"]
     if args.tier == "nvme":
         cmd += ["--tier=nvme"]
     if args.nvme_dir:  # the optimizer tier and/or activations offloaded to NVMe
@@ -157,6 +157,8 @@ def main() -> int:
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--speculate", default="never", choices=["never", "always", "auto"])
     p.add_argument("--update-depth", type=int, default=1, help="updates queued per worker process")
+    p.add_argument("--device-optimizer-blocks", default="0",
+                   help="the lowest N blocks' AdamW states on the GPU (N or auto)")
     p.add_argument("--calibration-params", type=int, default=1 << 27,
                    help="parameters for the idle-core calibration (default 2^27: 3.8 GB of AdamW traffic)")
     p.add_argument("--no-calibrate", action="store_true",

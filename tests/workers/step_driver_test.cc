@@ -327,6 +327,49 @@ TEST_F(GivenNormTest, AGivenNormNeedsOneMicroBatch) {
   EXPECT_EQ(d.GradsReady(0, 0, 1.0).code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(GivenNormTest, DeviceShardsCountInTheDecisionAndGetNoCommand) {
+  // Shards 2 and 3 (layers 1 and 0) are updated on the device: only their given norms reach the
+  // driver, which decides the clip coefficient over all four and reports it (SetOnDecided).
+  // Their arena states stay untouched.
+  for (Speculation spec : {Speculation::kNever, Speculation::kAlways}) {
+    SCOPED_TRACE(SpeculationName(spec));
+    std::vector<ShardSpec> shards = shards_;
+    shards[2].on_device = shards[3].on_device = true;
+    for (const ShardSpec& s : shards) {
+      std::fill_n(arena_.At<uint16_t>(s.grad_offset), kElems, uint16_t{0x3c00});  // bf16 2^-7
+      std::fill_n(arena_.At<float>(s.master_offset), kElems, 1.0f);
+      std::fill_n(arena_.At<float>(s.exp_avg_offset), kElems, 0.0f);
+      std::fill_n(arena_.At<float>(s.exp_avg_sq_offset), kElems, 0.0f);
+      std::memset(arena_.At<uint8_t>(s.counters_offset), 0, AdamWCountersBytes(kElems));
+    }
+    StepDriver d(pool_.get(), shards, OptimizerConfig{.max_grad_norm = 1.0, .speculation = spec});
+    std::vector<size_t> reported;
+    d.SetOnShardUpdated([&](size_t shard) { reported.push_back(shard); });
+    std::optional<StepResult> decided;
+    d.SetOnDecided([&](const StepResult& r) { decided = r; });
+    ASSERT_TRUE(d.BeginStep(1, 1e-3).ok());
+    ASSERT_TRUE(d.GradsReady(0, 0).ok());  // measured by the workers
+    ASSERT_TRUE(d.GradsReady(1, 0).ok());
+    EXPECT_EQ(d.GradsReady(2, 0).code(), StatusCode::kInvalidArgument);  // a device shard needs its norm
+    ASSERT_TRUE(d.GradsReady(2, 0, 4.0).ok());
+    ASSERT_TRUE(d.GradsReady(3, 0, 5.0).ok());
+    auto r = d.FinishStep();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(decided.has_value());
+    const double total = 2 * kShardSq + 9.0;
+    float norm = 0;
+    EXPECT_EQ(r->clip_coef, ClipCoefficient(total, 1.0, &norm));
+    EXPECT_EQ(r->grad_norm, norm);
+    EXPECT_EQ(decided->grad_scale, r->clip_coef);
+    EXPECT_EQ(decided->adam_step, 1u);
+    std::sort(reported.begin(), reported.end());
+    EXPECT_EQ(reported, (std::vector<size_t>{0, 1}));
+    EXPECT_EQ(r->params_updated, 2 * kElems);  // one AdamW per CPU shard (corrections apart)
+    for (size_t s : {2, 3}) EXPECT_EQ(arena_.At<float>(shards[s].master_offset)[0], 1.0f);
+    EXPECT_NE(arena_.At<float>(shards[0].master_offset)[0], 1.0f);
+  }
+}
+
 // ---- fp16 dynamic loss scaling (skip_nonfinite) ----
 
 class StepDriverFp16Test : public StepDriverTest {

@@ -29,6 +29,8 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --speculate=auto|always|never (updates before the clipping norm is known)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
+               --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
+               and updated there; auto: as many as fit the GPU budget; default 0)
                --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
                else the fastest this CPU supports)
   fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)
@@ -225,6 +227,14 @@ int Run(int argc, char** argv) {
         const int d = std::stoi(v);
         if (d < 1 || d > 64) st = InvalidArgumentError("--update-depth: 1..64 updates queued per worker, got " + v);
         c.offload.update_depth = static_cast<uint32_t>(d);
+      } else if (key == "--device-optimizer-blocks") {
+        if (v == "auto") {
+          c.offload.device_optimizer_blocks = OffloadPlanConfig::kAutoDeviceOptimizer;
+        } else {
+          const int d = std::stoi(v);
+          if (d < 0) st = InvalidArgumentError("--device-optimizer-blocks: a block count >= 0 or auto, got " + v);
+          c.offload.device_optimizer_blocks = d;
+        }
       }
       else if (key == "--batch-size") c.batch_size = std::stoi(v);
       else if (key == "--grad-accum") c.gradient_accumulation_steps = std::stoi(v);

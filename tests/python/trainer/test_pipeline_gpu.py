@@ -131,12 +131,40 @@ def test_nvme_activations_equal_kept_gpu(binary_dir, tmp_path):
     assert "offload_nvmex3" in r.stderr and "recomputex1" in r.stderr, r.stderr
 
 
-def test_fp16_matches_pytorch_gradscaler_gpu(binary_dir, tmp_path):
+@pytest.mark.parametrize("blocks,accum,extra", [
+    ("3", 1, ["--speculate=always"]),
+    ("2", 2, ["--weights=stream", "--gpu-memory-limit=2GiB"]),
+    ("auto", 1, []),
+])
+def test_device_optimizer_blocks_match_pytorch_gpu(binary_dir, tmp_path, blocks, accum, extra):
+    """The lowest blocks' AdamW states on the GPU, updated there with the step's clip coefficient
+    (the rest on the CPU workers): the same bounds as the all-CPU run. auto without a limit puts
+    every block there."""
+    model = build_model(tmp_path / "model", layers=4)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    r = run_train(binary_dir, args(model, data, out, [f"--device-optimizer-blocks={blocks}", *extra],
+                                   accum=accum))
+    last = {"3": 2, "2": 1, "auto": 5}[blocks]
+    assert f"AdamW states of blocks 0-{last} on the device" in r.stderr, r.stderr
+    stats = read_stats(out / "stats.jsonl")
+    assert any(s["clipped"] for s in stats)
+    ref_losses, ref_state = reference_gpu(model, json.loads((out / "batches.json").read_text()))
+    for step, (s, ref) in enumerate(zip(stats, ref_losses), 1):
+        assert abs(s["loss"] - ref) <= 2e-2 * abs(ref), f"step {step}: {s['loss']} vs {ref}"
+    exported = load_file(out / "model.safetensors")
+    worst = max((exported[k] - v).abs().max().item() for k, v in ref_state.items() if k in exported)
+    assert worst <= 1.5e-2, worst
+
+
+@pytest.mark.parametrize("blocks", ["0", "2"])
+def test_fp16_matches_pytorch_gradscaler_gpu(binary_dir, tmp_path, blocks):
     model = build_model(tmp_path / "model", layers=4)
     data = write_pretokenized(tmp_path / "data.jsonl")
     out = tmp_path / "out"
     # growth_interval 4: the scale grows from 2**16 during the run (and may back off again).
-    run_train(binary_dir, args(model, data, out, ["--growth-interval=4"], dtype="fp16"))
+    run_train(binary_dir, args(model, data, out, ["--growth-interval=4",
+                                                  f"--device-optimizer-blocks={blocks}"], dtype="fp16"))
     stats = read_stats(out / "stats.jsonl")
     ref_losses, ref_state, ref_scales = reference_gpu(
         model, json.loads((out / "batches.json").read_text()), dtype=torch.float16, growth_interval=4)

@@ -35,6 +35,8 @@ def run(binary_dir, model, data, *extra):
     (["--max-grad-norm=nan"], "max_grad_norm must be a finite number, got nan"),
     (["--lr=inf"], "learning_rate must be a finite number"),
     (["--update-depth=0"], "--update-depth: 1..64 updates queued per worker, got 0"),
+    (["--device-optimizer-blocks=-3"], "--device-optimizer-blocks: a block count >= 0 or auto, got -3"),
+    (["--device-optimizer-blocks=9"], "device_optimizer_blocks 9: the model has 4 blocks"),
 ])
 def test_refused_with_a_clear_error(binary_dir, job, extra, message):
     model, data, _ = job

@@ -1,0 +1,98 @@
+"""Device-resident optimizer states (issue #13 item 3): the lowest blocks' fp32 masters and Adam
+moments live on the device and are updated there (trainer/device_optimizer.h), the rest by the
+CPU workers, with one clipping decision and one fp16 overflow check over all blocks. On a CPU
+device the same code runs with its tensors in process memory: these tests cover mixed placements
+against PyTorch without a GPU (tests/python/trainer/test_pipeline_gpu.py runs them on CUDA).
+
+Tolerances are those of the all-CPU parity tests: fp32 loss |diff| <= 1e-5 per step and weights
+max |diff| <= 2e-5 (test_pipeline_parity.py), fp16 within test_pipeline_fp16.py's bounds with the
+skip pattern and loss-scale trajectory exact. The device blocks run ATen's fused AdamW, the
+reference's own kernel, on the same clipped fp32 gradients."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import test_pipeline_fp16 as fp16
+from pipeline_testlib import build_model, read_stats, reference_train, run_train, write_pretokenized
+from test_pipeline_parity import COMMON, STEPS, train_args
+
+
+@pytest.mark.parametrize("blocks,tied,accum", [(2, False, 2), (1, True, 1), (4, True, 1), (3, False, 1)])
+def test_mixed_placement_matches_pytorch_adamw(binary_dir, tmp_path, blocks, tied, accum):
+    # 2 layers: 4 blocks (embedding, 2 decoder layers, head); 4 puts every block on the device.
+    model = build_model(tmp_path / "model", tied=tied)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    r = run_train(binary_dir, train_args(model, data, out, accum=accum) +
+                  [f"--device-optimizer-blocks={blocks}"])
+    assert f"AdamW states of blocks 0-{blocks - 1} on the device" in r.stderr
+    stats = read_stats(out / "stats.jsonl")
+    assert [s["step"] for s in stats] == list(range(1, STEPS + 1))
+    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
+                                            **COMMON)
+    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
+        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
+    assert sum(s["grad_norm"] > COMMON["max_grad_norm"] for s in stats) >= STEPS // 2  # it clips
+    exported = load_file(out / "model.safetensors")
+    for name, ref in ref_state.items():
+        if name == "lm_head.weight" and tied:
+            continue
+        diff = (exported[name] - ref).abs().max().item()
+        assert diff <= 2e-5, f"{name}: max |diff| {diff}"
+
+
+def test_checkpoints_keep_their_format_and_resume(binary_dir, tmp_path):
+    """A checkpoint holds every block's states in the one format, wherever they lived: resuming it
+    with the same placement continues bit for bit, and with another placement (all on the CPU)
+    within the parity bound of the uninterrupted run."""
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    dev = ["--device-optimizer-blocks=2"]
+    full, same, moved = tmp_path / "full", tmp_path / "same", tmp_path / "moved"
+    run_train(binary_dir, train_args(model, data, full, accum=1) + dev + ["--save-steps=10"])
+    ckpt = f"--resume-from={full}/checkpoint-10"
+    run_train(binary_dir, train_args(model, data, same, accum=1) + dev + [ckpt])
+    run_train(binary_dir, train_args(model, data, moved, accum=1) + [ckpt])
+    a, b, c = (read_stats(d / "stats.jsonl") for d in (full, same, moved))
+    assert [s["step"] for s in b] == list(range(11, STEPS + 1))
+    assert [(s["loss"], s["grad_norm"]) for s in a[10:]] == [(s["loss"], s["grad_norm"]) for s in b]
+    wa, wb, wc = (load_file(d / "model.safetensors") for d in (full, same, moved))
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+        assert (wa[name] - wc[name]).abs().max().item() <= 2e-5, name
+    for sa, sc in zip(a[10:], c):
+        assert abs(sa["loss"] - sc["loss"]) <= 1e-5
+
+
+def test_fp16_overflow_skips_device_blocks_too(binary_dir, tmp_path):
+    """fp16 with loss scaling: a step whose gradients overflow anywhere (device or CPU blocks)
+    leaves every block untouched, as torch.amp.GradScaler does; the rest matches the reference."""
+    steps = 14
+    out, stats, ref = fp16.run_both(binary_dir, tmp_path, "out", steps=steps,
+                                    init_scale=1.5 * 2.0**23, growth_interval=2,
+                                    extra=["--device-optimizer-blocks=2"])
+    fp16.check_against_reference(stats, ref, exported=load_file(out / "model.safetensors"),
+                                 initial=load_file(tmp_path / "model" / "model.safetensors"))
+    assert any(s["skipped"] for s in stats) and not all(s["skipped"] for s in stats)
+
+
+def test_unclipped_updates_run_as_gradients_land(binary_dir, tmp_path):
+    """Without clipping or loss scaling nothing waits for a decision: each device block is updated
+    right after its backward. Same result as the reference."""
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    args = train_args(model, data, out, accum=1)
+    args = [a for a in args if not a.startswith("--max-grad-norm")] + ["--max-grad-norm=0"]
+    run_train(binary_dir, args + ["--device-optimizer-blocks=2"])
+    stats = read_stats(out / "stats.jsonl")
+    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
+                                            **{**COMMON, "max_grad_norm": 0.0})
+    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
+        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
+    exported = load_file(out / "model.safetensors")
+    for name, ref in ref_state.items():
+        assert (exported[name] - ref).abs().max().item() <= 2e-5, name
