@@ -385,6 +385,21 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
   return OkStatus();
 }
 
+Status HostOptimizer::SetDeviceBlocks(const std::vector<bool>& device_blocks) {
+  if (device_blocks.size() != shards_.size()) {
+    return InvalidArgumentError("device_blocks names " + std::to_string(device_blocks.size()) +
+                                " blocks, the model has " + std::to_string(shards_.size()));
+  }
+  const Status moved = RunOnThread([&]() -> Status {
+    for (size_t b = 0; b < shards_.size(); ++b) RETURN_IF_ERROR(driver_->SetOnDevice(b, device_blocks[b]));
+    return OkStatus();
+  });
+  RETURN_IF_ERROR(moved);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t b = 0; b < shards_.size(); ++b) shards_[b].on_device = device_blocks[b];
+  return OkStatus();
+}
+
 Status HostOptimizer::WaitUpdated(int block, uint64_t step) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return updated_step_[block] >= step || !error_.ok(); });

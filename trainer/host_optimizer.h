@@ -109,6 +109,10 @@ class HostOptimizer {
   // (fewer when fp16 loss scaling skipped steps): every block counts as updated through `step`.
   Status ResumeAt(uint64_t step, uint64_t adam_step);
 
+  // Between steps (after WaitFinished of the last one): the blocks marked here are updated on
+  // the device from now on (HostOptimizerOptions::device_blocks).
+  Status SetDeviceBlocks(const std::vector<bool>& device_blocks);
+
   void SetOnUpdated(std::function<void(int block)> callback) { on_updated_ = std::move(callback); }
   // Trace spans of host work (optimizer thread): track "cpu update" (submit to completion of a
   // block's AdamW) and "nvme read" (staging a block's states in).

@@ -12,7 +12,8 @@ StepSchedule::StepSchedule(const Options& options)
       layout_(*options.layout),
       n_(options.model->num_blocks()),
       cuda_(options.device.is_cuda()),
-      host_grads_(n_) {
+      host_grads_(n_),
+      device_opt_(options.device_optimizer) {
   for (int b = 0; b < n_; ++b) {
     for (const auto& slot : layout_[b].params) owner_[slot.param->name] = {b, slot.offset};
   }
@@ -83,7 +84,7 @@ Status StepSchedule::Backward(const engine::MicroBatch& mb, uint32_t micro) {
 }
 
 StatusOr<at::Tensor> StepSchedule::GradientBuffer(int b) {
-  if (OnDevice(b)) return options_.device_optimizer->GradientBuffer(b);
+  if (OnDevice(b)) return device_opt_->GradientBuffer(b);
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(options_.host->WaitStagingFree(b));
   options_.accounting->stalls().grads +=
@@ -128,7 +129,7 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
 }
 
 Status StepSchedule::LandOnDevice(int b, uint32_t micro) {
-  DeviceOptimizer& device = *options_.device_optimizer;
+  DeviceOptimizer& device = *device_opt_;
   at::Tensor norm = device.Land(b, micro);
   if (!norm.defined()) return options_.host->GradsReady(b, micro, nullptr);  // more to come
   if (!cuda_) {

@@ -62,6 +62,8 @@ class StepSchedule {
   StatusOr<at::Tensor> Forward(engine::MicroBatch& mb, uint32_t micro);
   // Backward of micro-batch `micro` (after its Forward), handing each block's gradients over.
   Status Backward(const engine::MicroBatch& mb, uint32_t micro);
+  // Between steps: the blocks `device` owns keep their gradients on the device from now on.
+  void SetDeviceOptimizer(DeviceOptimizer* device) { device_opt_ = device; }
 
  private:
   explicit StepSchedule(const Options& options);
@@ -77,9 +79,7 @@ class StepSchedule {
   // A device-optimized block's gradients are complete: its norm goes to the host optimizer, and
   // (not held) its update runs now, on the compute stream.
   Status LandOnDevice(int b, uint32_t micro);
-  bool OnDevice(int b) const {
-    return options_.device_optimizer != nullptr && options_.device_optimizer->owns(b);
-  }
+  bool OnDevice(int b) const { return device_opt_ != nullptr && device_opt_->owns(b); }
 
   const Options options_;
   const std::vector<BlockLayout>& layout_;
@@ -90,6 +90,7 @@ class StepSchedule {
   at::Tensor host_norms_;  // CUDA: per block, its gradients' L2 norm (pinned, fp32)
   std::vector<engine::SavedState> saved_;  // per block, from its forward for its backward
   int64_t step_ = 0;
+  DeviceOptimizer* device_opt_ = nullptr;  // Options::device_optimizer, or set later
 };
 
 }  // namespace offloadd::trainer

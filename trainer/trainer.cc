@@ -98,6 +98,7 @@ Status Trainer::Impl::RunStep() {
   if (completed >= total) return OutOfRangeError("all " + std::to_string(total) + " steps are done");
   c10::NoGradGuard no_grad;
   streams->UseCompute();
+  if (device_placement_pending && steps_run == 1) RETURN_IF_ERROR(PlaceDeviceBlocks());
   const int64_t k = completed + 1;
   const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(StepBatches batches, NextBatches(*data, A));
@@ -116,6 +117,7 @@ Status Trainer::Impl::RunStep() {
   RETURN_IF_ERROR(host->FinishStepAsync());
   RETURN_IF_ERROR(UpdateDeviceBlocks(k));
   completed = k;
+  ++steps_run;
   accounting->EndStep(loss_sum, flops, data->epoch());
   return OkStatus();
 }

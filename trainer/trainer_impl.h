@@ -51,6 +51,10 @@ struct Trainer::Impl {
   // Per block: its optimizer states live on the device (the lowest blocks; PlanDevice).
   std::vector<bool> device_blocks;
   std::unique_ptr<DeviceOptimizer> device_opt;  // null when no block is there
+  // device_optimizer_blocks auto on CUDA: placed after this process's first step, from the
+  // allocator's measured peak (PlaceDeviceBlocks).
+  bool device_placement_pending = false;
+  int64_t steps_run = 0;  // by this process (a resumed run counts from its checkpoint)
   std::unique_ptr<DeviceStreams> streams;
   std::unique_ptr<ActivationSpill> spill;  // when a block's activations go to NVMe
   std::unique_ptr<WeightResidency> weights;
@@ -75,6 +79,12 @@ struct Trainer::Impl {
   Status PlanDeviceOptimizer(bool resident, int64_t used);
   // Creates the DeviceOptimizer with the arena's initial masters (after host->Initialize).
   Status StartDeviceOptimizer();
+  // auto: after the first step, as many of the lowest blocks as the budget left over the
+  // allocator's peak holds move their AdamW states from the arena to the device.
+  Status PlaceDeviceBlocks();
+  // Device memory the AdamW states of blocks [0, k) need, per k (their weights replace resident
+  // copies).
+  std::vector<int64_t> DeviceOptimizerNeeds(bool resident) const;
   Status StartSpill();
   HostOptimizerOptions HostOptions() const;
   // The step's owners, once the host optimizer's arena holds the initial weights.

@@ -196,7 +196,10 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
                ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
                : std::string("earliest-needed first"))
        << " (" << ho.update_depth << " queued per worker)";
-  if (device_opt) {
+  if (device_placement_pending) {
+    plan << "; AdamW states on the device: as many blocks as fit beside the first step's measured "
+            "peak";
+  } else if (device_opt) {
     plan << "; AdamW states of blocks 0-" << device_opt->count() - 1 << " on the device ("
          << device_opt->params() << " parameters, "
          << FormatByteSize(static_cast<uint64_t>(device_opt->params()) * 12) << ")";
@@ -299,25 +302,24 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
     return InvalidArgumentError("device_optimizer_blocks " + std::to_string(requested) +
                                 ": the model has " + std::to_string(n) + " blocks");
   }
-  const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
-  const int64_t elem = c10::elementSize(dtype);
   int count = 0;
-  if (!cuda) {  // no budget to plan against: what was asked for (the tests' path)
+  if (!cuda) {
+    // A CPU device keeps the "device" states in process memory: N as asked; auto places them
+    // after the first step within gpu_memory_limit when one is given (the CI path of auto).
     count = std::max(0, requested);
-  } else {
-    // Device memory of the first k blocks' states: their weights replace resident ones.
-    std::vector<int64_t> need(n + 1, DeviceOptimizer::UpdateWorkspaceBytes());
-    need[0] = 0;
-    for (int b = 0; b < n; ++b) {
-      const int64_t numel = static_cast<int64_t>(layout[b].numel);
-      need[b + 1] = need[b] + DeviceOptimizer::BlockBytes(layout[b].numel, dtype, A) -
-                    (resident ? numel * elem : 0);
+    if (requested == OffloadPlanConfig::kAutoDeviceOptimizer && cfg.offload.gpu_memory_limit > 0) {
+      gpu_budget = static_cast<int64_t>(cfg.offload.gpu_memory_limit);
+      device_placement_pending = true;
     }
+  } else if (requested == OffloadPlanConfig::kAutoDeviceOptimizer) {
+    // The static estimates of the step's working set are not exact enough to fill the budget
+    // (an out-of-memory error mid-job costs more): placed from the measured peak instead.
+    device_placement_pending = true;
+  } else {
+    const std::vector<int64_t> need = DeviceOptimizerNeeds(resident);
     int fit = 0;
     while (fit < n && used + need[fit + 1] <= gpu_budget) ++fit;
-    if (requested == OffloadPlanConfig::kAutoDeviceOptimizer) {
-      count = fit;
-    } else if (requested > fit) {
+    if (requested > fit) {
       return ResourceExhaustedError(
           "device_optimizer_blocks " + std::to_string(requested) + " needs " +
           FormatByteSize(static_cast<uint64_t>(need[requested])) + " of GPU memory for their AdamW " +
@@ -330,6 +332,51 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
     }
   }
   for (int b = 0; b < count; ++b) device_blocks[b] = true;
+  return OkStatus();
+}
+
+std::vector<int64_t> Trainer::Impl::DeviceOptimizerNeeds(bool resident) const {
+  const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+  const int64_t elem = c10::elementSize(dtype);
+  std::vector<int64_t> need(n + 1, 0);
+  for (int b = 0; b < n; ++b) {
+    const int64_t numel = static_cast<int64_t>(layout[b].numel);
+    need[b + 1] = need[b] + DeviceOptimizer::BlockBytes(layout[b].numel, dtype, A) -
+                  (resident ? numel * elem : 0) +
+                  (b == 0 ? DeviceOptimizer::UpdateWorkspaceBytes() : 0);
+  }
+  return need;
+}
+
+Status Trainer::Impl::PlaceDeviceBlocks() {
+  device_placement_pending = false;
+  // The step's working set as the allocator saw it (reserved: fragmentation included), plus a
+  // margin for what varies between steps.
+  const int64_t peak = streams->PeakReservedBytes();
+  const int64_t margin = int64_t{512} << 20;
+  const std::vector<int64_t> need = DeviceOptimizerNeeds(weights->resident());
+  int count = 0;
+  while (count < n && peak + margin + need[count + 1] <= gpu_budget) ++count;
+  std::ostringstream msg;
+  msg << "device optimizer (auto): the first step peaked at " << FormatByteSize(static_cast<uint64_t>(peak))
+      << " of the " << FormatByteSize(static_cast<uint64_t>(gpu_budget)) << " budget; ";
+  if (count == 0) {
+    msg << "no block's AdamW states fit beside it (the first needs "
+        << FormatByteSize(static_cast<uint64_t>(need[1])) << "): all stay on the CPU";
+    Log(TrainObserver::Level::kInfo, msg.str());
+    return OkStatus();
+  }
+  // Step 1's updates must be in the arena before the states move.
+  ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(completed)));
+  (void)last;
+  for (int b = 0; b < count; ++b) device_blocks[b] = true;
+  RETURN_IF_ERROR(StartDeviceOptimizer());
+  RETURN_IF_ERROR(host->SetDeviceBlocks(device_blocks));
+  weights->AdoptDeviceOptimizer(device_opt.get());
+  schedule->SetDeviceOptimizer(device_opt.get());
+  msg << "the AdamW states of blocks 0-" << count - 1 << " (" << device_opt->params()
+      << " parameters, " << FormatByteSize(static_cast<uint64_t>(need[count])) << ") move to the device";
+  Log(TrainObserver::Level::kInfo, msg.str());
   return OkStatus();
 }
 

@@ -107,6 +107,20 @@ Status WeightResidency::Reload() {
   return OkStatus();
 }
 
+void WeightResidency::AdoptDeviceOptimizer(const DeviceOptimizer* device) {
+  device_opt_ = device;
+  for (int b = 0; b < n_; ++b) {
+    if (!OnDevice(b)) continue;
+    if (device_weights_[b].defined()) streams_->ReleaseAfterCopies(device_weights_[b]);
+    device_weights_[b] = at::Tensor();
+    {
+      std::lock_guard<std::mutex> lock(ready_mu_);
+      ready_[b] = nullptr;
+    }
+    layout_[b].Bind(device_opt_->weights(b));
+  }
+}
+
 void WeightResidency::Rebind(int b) {
   if (OnDevice(b)) {
     layout_[b].Bind(device_opt_->weights(b));

@@ -61,6 +61,9 @@ class WeightResidency {
   Status Reload();
   // Binds block b's compute weights again (after something else was bound, e.g. fp32 masters).
   void Rebind(int b);
+  // Between steps: the blocks `device` owns compute with its weights from now on (their own
+  // device copies are dropped once the copy streams are done with them).
+  void AdoptDeviceOptimizer(const DeviceOptimizer* device);
 
  private:
   explicit WeightResidency(const Options& options);

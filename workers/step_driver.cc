@@ -262,6 +262,14 @@ Status StepDriver::GradsReady(size_t shard, uint32_t micro, std::optional<double
   return Pump();
 }
 
+Status StepDriver::SetOnDevice(size_t shard, bool on_device) {
+  if (open_) return FailedPreconditionError("SetOnDevice while step " + std::to_string(step_) + " is open");
+  if (shard >= shards_.size())
+    return OutOfRangeError("shard " + std::to_string(shard) + " does not exist");
+  shards_[shard].on_device = on_device;
+  return OkStatus();
+}
+
 Status StepDriver::WaitOne() {
   ASSIGN_OR_RETURN(WorkerCompletion c, pool_->WaitCompletion(config_.timeout_ms));
   if (c.id < first_id_ || c.id - first_id_ >= id_shard_.size()) {

@@ -167,6 +167,8 @@ class StepDriver {
     before_update_ = std::move(hook);
   }
   const ShardSpec& shard(size_t s) const { return shards_[s]; }
+  // Between steps: moves a shard's updates to or from the device (ShardSpec::on_device).
+  Status SetOnDevice(size_t shard, bool on_device);
   // Steps skipped so far (resuming a run: global step - the AdamW step of its checkpoint).
   uint64_t skipped_steps() const { return skipped_steps_; }
   void set_skipped_steps(uint64_t n) { skipped_steps_ = n; }

@@ -96,3 +96,43 @@ def test_unclipped_updates_run_as_gradients_land(binary_dir, tmp_path):
     exported = load_file(out / "model.safetensors")
     for name, ref in ref_state.items():
         assert (exported[name] - ref).abs().max().item() <= 2e-5, name
+
+
+def _block_params(model_dir):
+    """Parameters per block of a pipeline_testlib model: embedding, decoder layers, head."""
+    names = load_file(model_dir / "model.safetensors")
+    layers = sorted({int(k.split(".")[2]) for k in names if k.startswith("model.layers.")})
+    blocks = [sum(v.numel() for k, v in names.items() if "embed_tokens" in k)]
+    blocks += [sum(v.numel() for k, v in names.items() if k.startswith(f"model.layers.{i}.")) for i in layers]
+    return blocks
+
+
+def test_auto_places_blocks_after_the_first_step_within_the_budget(binary_dir, tmp_path):
+    """auto measures the first step's peak (0 on a CPU device, where gpu_memory_limit bounds the
+    states kept beside the workers) and then moves as many of the lowest blocks' states as fit:
+    here a budget for exactly two. Their updates from step 2 on run on the "device"; the run stays
+    within the parity bounds of PyTorch."""
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    n = _block_params(model)
+    # DeviceOptimizer::BlockBytes in fp32 without accumulation: 16 B per parameter (master and
+    # moments, the gradient buffer; the weights are the master) less the 4 B copy it replaces;
+    # a 128 MiB update workspace and PlaceDeviceBlocks' 512 MiB margin.
+    budget = (640 << 20) + 12 * (n[0] + n[1]) + 6 * n[2]
+    out = tmp_path / "out"
+    r = run_train(binary_dir, train_args(model, data, out, accum=1) +
+                  ["--device-optimizer-blocks=auto", f"--gpu-memory-limit={budget}"])
+    assert "the AdamW states of blocks 0-1 (" in r.stderr and "move to the device" in r.stderr, r.stderr
+    stats = read_stats(out / "stats.jsonl")
+    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
+                                            **COMMON)
+    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
+        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
+    exported = load_file(out / "model.safetensors")
+    for name, ref in ref_state.items():
+        assert (exported[name] - ref).abs().max().item() <= 2e-5, name
+    # Too small a budget for the first block: everything stays on the CPU, and says so.
+    out2 = tmp_path / "small"
+    r = run_train(binary_dir, train_args(model, data, out2, accum=1) +
+                  ["--device-optimizer-blocks=auto", "--gpu-memory-limit=600MiB"])
+    assert "no block's AdamW states fit beside it" in r.stderr, r.stderr
