@@ -76,9 +76,10 @@ struct OffloadPlanConfig {
   // Blocks whose fp32 master weights and Adam states live on the device and are updated there
   // (trainer/device_optimizer.h), counted from the embedding up: the next forward needs those
   // first, and their gradients come last in backward. kAutoDeviceOptimizer: as many as fit the
-  // GPU budget left after the weights, activations and workspace (0 on a CPU device).
+  // GPU budget left beside the first step's measured peak (then weights left to kAuto are
+  // streamed); on a CPU device only within an explicit gpu_memory_limit, else none.
   static constexpr int kAutoDeviceOptimizer = -1;
-  int device_optimizer_blocks = 0;
+  int device_optimizer_blocks = kAutoDeviceOptimizer;
 };
 
 struct TrainConfig {

@@ -157,7 +157,7 @@ def main() -> int:
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--speculate", default="never", choices=["never", "always", "auto"])
     p.add_argument("--update-depth", type=int, default=1, help="updates queued per worker process")
-    p.add_argument("--device-optimizer-blocks", default="0",
+    p.add_argument("--device-optimizer-blocks", default="auto",
                    help="the lowest N blocks' AdamW states on the GPU (N or auto)")
     p.add_argument("--calibration-params", type=int, default=1 << 27,
                    help="parameters for the idle-core calibration (default 2^27: 3.8 GB of AdamW traffic)")

@@ -68,6 +68,8 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.model_dir = s.model().path();
   const int gpu = s.resources().gpu_index() >= 0 ? s.resources().gpu_index() : 0;
   c.device = env.has_gpu ? "cuda:" + std::to_string(gpu) : "cpu";
+  // AdamW states on the GPU where they fit (placed after the first step); none on a CPU node.
+  c.offload.device_optimizer_blocks = env.has_gpu ? trainer::OffloadPlanConfig::kAutoDeviceOptimizer : 0;
   c.dropout_disabled = s.dropout() == v1::DROPOUT_MODE_DISABLE;
   switch (s.model().compute_dtype()) {
     case v1::COMPUTE_DTYPE_UNSPECIFIED: c.compute_dtype = "auto"; break;  // bf16 on a GPU, fp32 on CPU

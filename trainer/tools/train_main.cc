@@ -30,7 +30,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
-               and updated there; auto: as many as fit the GPU budget; default 0)
+               and updated there; auto (default): as many as fit beside the first step)
                --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
                else the fastest this CPU supports)
   fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)

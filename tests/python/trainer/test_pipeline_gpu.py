@@ -27,7 +27,7 @@ def args(model, data, out, extra=(), dtype="bf16", accum=2):
     return [f"--model={model}", f"--data={data}", "--format=pretokenized", "--device=cuda",
             f"--dtype={dtype}", "--batch-size=4", f"--grad-accum={accum}", f"--max-steps={STEPS}", "--lr=2e-3",
             "--weight-decay=0.1", "--max-grad-norm=0.5", "--scheduler=cosine", "--warmup-steps=3",
-            "--seed=7", "--workers=1x4", f"--output-dir={out}", f"--stats-jsonl={out}/stats.jsonl",
+            "--seed=7", "--workers=1x4", "--device-optimizer-blocks=0", f"--output-dir={out}", f"--stats-jsonl={out}/stats.jsonl",
             f"--dump-batches={out}/batches.json", f"--trace={out}/trace.json", *extra]
 
 
