@@ -86,9 +86,13 @@ Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
   // Speculation needs exact clipping to correct against and finite-or-fail steps (a skipped
   // fp16 step would have to undo speculative updates bit for bit).
   const size_t clips = static_cast<size_t>(std::count(recent_clips_.begin(), recent_clips_.end(), true));
+  // kAuto: while fewer than half of the steps seen (up to the last 16) clipped; the first step
+  // speculates. (Counting against 16 whatever the history held kept a run where every step clips
+  // speculating and correcting for its first 8 steps.)
   speculate_ = config_.max_grad_norm > 0 && !config_.skip_nonfinite &&
                (config_.speculation == Speculation::kAlways ||
-                (config_.speculation == Speculation::kAuto && 2 * clips < kClipHistory));
+                (config_.speculation == Speculation::kAuto &&
+                 (recent_clips_.empty() || 2 * clips < recent_clips_.size())));
   clip_certain_ = false;
   decided_ = false;
   step_clipped_ = false;

@@ -24,8 +24,8 @@
 //    computed exactly as in hold mode. c == 1: the speculative updates are the step's updates,
 //    bit for bit. c < 1: each speculated shard gets a kAdamWCorrect(c) (CorrectAdamW), the held
 //    ones AdamW(c), in ascending layer order. on-updated callbacks fire only for final updates.
-//    Policy: kAlways / kNever, or kAuto: speculate while fewer than half of the last 16 steps
-//    clipped (a clipped step costs a correction pass over the speculated shards).
+//    Policy: kAlways / kNever, or kAuto: speculate while fewer than half of the steps seen (the
+//    last 16 at most) clipped (a clipped step costs a correction pass over the speculated shards).
 //  * skip_nonfinite (fp16 dynamic loss scaling): hold mode even without clipping, since no shard
 //    may be updated before the whole step is known to be finite. BeginStep's grad_unscale
 //    (1 / loss scale) multiplies the norm and is folded into the coefficient the workers apply
