@@ -80,6 +80,9 @@ struct OffloadPlanConfig {
   // streamed); on a CPU device only within an explicit gpu_memory_limit, else none.
   static constexpr int kAutoDeviceOptimizer = -1;
   int device_optimizer_blocks = kAutoDeviceOptimizer;
+  // >= 0 (overrides device_optimizer_blocks): the smallest number of lowest blocks holding at
+  // least this share of the parameters (DeepSpeed's offload_optimizer.ratio is 1 - share).
+  double device_optimizer_share = -1;
 };
 
 struct TrainConfig {

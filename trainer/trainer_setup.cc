@@ -25,6 +25,12 @@ StatusOr<c10::Device> ParseDevice(const std::string& s) {
   return InvalidArgumentError("device must be cpu, cuda or cuda:N, got '" + s + "'");
 }
 
+std::string ShortNumber(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
 uint32_t UsableCpus() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
@@ -273,7 +279,8 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
   // update per step, holding its bf16 weight saves 2 B of PCIe, which the streaming overlaps
   // (Llama-2-7B at 24 GiB on the H200: 2,716 vs 2,310 tok/s at batch 4, 8,652 vs 7,438 at
   // batch 16; bench/RESULTS.md). The device blocks' own weights stay resident.
-  const bool prefer_states = cfg.offload.device_optimizer_blocks == OffloadPlanConfig::kAutoDeviceOptimizer;
+  const bool prefer_states = cfg.offload.device_optimizer_blocks == OffloadPlanConfig::kAutoDeviceOptimizer &&
+                             cfg.offload.device_optimizer_share < 0;
   bool resident = cfg.offload.weights == Weights::kResident ||
                   (cfg.offload.weights == Weights::kAuto && !prefer_states);
   if (resident && !fits(weights) && cfg.offload.weights == Weights::kResident) {
@@ -303,8 +310,19 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
 }
 
 Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
-  const int requested = cfg.offload.device_optimizer_blocks;
+  int requested = cfg.offload.device_optimizer_blocks;
   device_blocks.assign(n, false);
+  if (const double share = cfg.offload.device_optimizer_share; share >= 0) {
+    if (!(share <= 1)) {
+      return InvalidArgumentError("device optimizer share must be in [0, 1], got " + std::to_string(share));
+    }
+    uint64_t total_params = 0, held = 0;
+    for (const auto& bl : layout) total_params += bl.numel;
+    requested = 0;
+    while (requested < n && static_cast<double>(held) < share * static_cast<double>(total_params)) {
+      held += layout[requested++].numel;
+    }
+  }
   if (requested > n) {
     return InvalidArgumentError("device_optimizer_blocks " + std::to_string(requested) +
                                 ": the model has " + std::to_string(n) + " blocks");
@@ -327,13 +345,18 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
     int fit = 0;
     while (fit < n && used + need[fit + 1] <= gpu_budget) ++fit;
     if (requested > fit) {
+      const double share = cfg.offload.device_optimizer_share;
+      const std::string what =
+          share >= 0 ? "offload_optimizer.ratio " + ShortNumber(1 - share) + " (blocks 0-" +
+                           std::to_string(requested - 1) + " on the GPU)"
+                     : "device_optimizer_blocks " + std::to_string(requested);
       return ResourceExhaustedError(
-          "device_optimizer_blocks " + std::to_string(requested) + " needs " +
+          what + " needs " +
           FormatByteSize(static_cast<uint64_t>(need[requested])) + " of GPU memory for their AdamW " +
           "states, but gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
           " leaves " + FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, gpu_budget - used))) +
           " after the weights, activations and workspace: at most " + std::to_string(fit) +
-          " fit (auto picks that)");
+          " blocks fit (leave it unset to place them by the first step's measured peak)");
     } else {
       count = requested;
     }

@@ -248,6 +248,18 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
       }
     }
   }
+  if (o.offload_param().has_ratio()) {
+    c.Add("offload.offload_param.ratio", "only offload_optimizer takes a ratio (the share of its states kept off the GPU)");
+  }
+  if (o.offload_optimizer().has_ratio()) {
+    const double r = o.offload_optimizer().ratio();
+    if (!(r >= 0.0 && r <= 1.0)) {
+      c.Add("offload.offload_optimizer.ratio", "must be in [0, 1] (the share of the optimizer states kept off the GPU), got " +
+                                                   std::to_string(r));
+    } else if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
+      c.Add("offload.offload_optimizer.ratio", "set with device none, which keeps every state on the GPU; use device cpu or nvme");
+    }
+  }
   if (o.aio().block_size() % 4096 != 0) c.Add("offload.aio.block_size", "must be a multiple of 4096 for O_DIRECT");
   c.Range<uint64_t>("offload.aio.block_size", o.aio().block_size(), 4096, 64ull << 20);
   c.Range<uint64_t>("offload.aio.queue_depth", o.aio().queue_depth(), 1, 4096);

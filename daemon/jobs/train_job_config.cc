@@ -118,9 +118,12 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.save_total_limit = t.save_total_limit();
 
   const v1::OffloadConfig& o = s.offload();
-  // OFFLOAD_DEVICE_NONE (states on the GPU): refused by UnsupportedOptions.
+  // Optimizer states on the GPU: none (all of them) or a ratio kept on the host (ZeRO-Offload++);
+  // unset, placed after the first step where they fit (set with the device above).
   if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
-    return InvalidArgumentError("offload.offload_optimizer.device: unsupported value OFFLOAD_DEVICE_NONE");
+    c.offload.device_optimizer_share = 1.0;
+  } else if (o.offload_optimizer().has_ratio()) {
+    c.offload.device_optimizer_share = 1.0 - o.offload_optimizer().ratio();
   }
   // The store directories serve optimizer states on NVMe and activations offloaded to NVMe.
   bool nvme_activations = o.activations().mode() == v1::ACTIVATION_MODE_OFFLOAD_NVME;

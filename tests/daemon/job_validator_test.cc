@@ -188,28 +188,48 @@ TEST_F(JobValidatorTest, NvmeNeedsAConfiguredStoreDirectory) {
   EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
 }
 
+TEST_F(JobValidatorTest, OptimizerRatioIsAShareInUnitRange) {
+  v1::JobSpec s = ValidSpec();
+  auto* opt = s.mutable_offload()->mutable_offload_optimizer();
+  opt->set_ratio(0.5);
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+  opt->set_ratio(1.5);
+  s.mutable_offload()->mutable_offload_param()->set_ratio(0.5);
+  ValidationResult r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_optimizer.ratio"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "offload.offload_optimizer.ratio")->description.find("must be in [0, 1]"), std::string::npos);
+  ASSERT_NE(Find(r, "offload.offload_param.ratio"), nullptr) << Describe(r);
+  s.mutable_offload()->mutable_offload_param()->clear_ratio();
+  opt->set_ratio(0.5);
+  opt->set_device(v1::OFFLOAD_DEVICE_NONE);
+  r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_optimizer.ratio"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "offload.offload_optimizer.ratio")->description.find("device none"), std::string::npos);
+}
+
 // Settings the pipeline does not implement are refused before a job is queued, each with its
 // field path and next to the spec's other problems.
 TEST_F(JobValidatorTest, UnimplementedSettingsAreFieldViolations) {
   v1::JobSpec s = ValidSpec();
   s.mutable_training()->set_learning_rate(-1);
   s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);  // implemented: no problem
-  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NONE);
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NONE);  // implemented
   auto& overrides = *s.mutable_offload()->mutable_activations()->mutable_layer_overrides();
   overrides[1] = v1::ACTIVATION_MODE_OFFLOAD_NVME;  // implemented: no problem
   overrides[0] = v1::ACTIVATION_MODE_RECOMPUTE;
   s.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
   const ValidationResult r = Validate(s);
-  for (const char* field : {"offload.offload_optimizer.device", "compression.type"}) {
+  for (const char* field : {"compression.type"}) {
     const FieldViolation* v = Find(r, field);
     ASSERT_NE(v, nullptr) << field << "\n" << Describe(r);
     EXPECT_NE(v->description.find("not implemented"), std::string::npos) << v->description;
   }
+  EXPECT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
   EXPECT_EQ(Find(r, "offload.activations.layer_overrides[0]"), nullptr) << Describe(r);
   EXPECT_EQ(Find(r, "offload.activations.layer_overrides[1]"), nullptr) << Describe(r);
   EXPECT_EQ(Find(r, "model.compute_dtype"), nullptr) << Describe(r);
   EXPECT_NE(Find(r, "training.learning_rate"), nullptr) << Describe(r);
-  EXPECT_EQ(r.violations.size(), 3u) << Describe(r);
+  EXPECT_EQ(r.violations.size(), 2u) << Describe(r);
 
   // The same settings, one by one, against an otherwise valid spec.
   v1::JobSpec bf16 = ValidSpec();

@@ -104,9 +104,20 @@ def test_valid_job_is_queued_and_fails_with_a_clear_error_when_its_weights_are_b
 
 
 UNIMPLEMENTED = {  # field path -> the setting that asks for it (daemon/jobs/unsupported_options.cc)
-    "offload.offload_optimizer.device": ("offload", {"offload_optimizer": {"device": "none"}}),
     "compression.type": ("compression", {"type": "lsp"}),
 }
+
+
+def test_optimizer_ratio_out_of_range_is_refused_with_its_path(daemon, workspace):
+    spec = spec_dict(workspace)
+    spec.setdefault("offload", {}).update({"offload_optimizer": {"device": "cpu", "ratio": 1.5}})
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.InvalidArgument) as e:
+            c.create_job(spec, validate_only=True)
+        fields = {v.field: v.description for v in e.value.field_violations}
+        assert "must be in [0, 1]" in fields["offload.offload_optimizer.ratio"], fields
+        spec["offload"]["offload_optimizer"]["ratio"] = 0.5
+        c.create_job(spec, validate_only=True)  # accepted
 
 
 @pytest.mark.parametrize("field", sorted(UNIMPLEMENTED))
