@@ -26,6 +26,7 @@ void StepAccounting::BeginStep(int64_t step, int64_t tokens, int64_t trained_tok
   current_.stats.max_steps = options_.max_steps;
   current_.stats.tokens = tokens;
   current_.stats.trained_tokens = trained_tokens;
+  current_.stats.device_update_params = device_params_;  // the placement this step runs with
 }
 
 void StepAccounting::SetUpdateSettings(double learning_rate, double loss_scale) {
@@ -70,6 +71,7 @@ Status StepAccounting::Report(std::chrono::steady_clock::time_point end) {
   s.speculated_layers = static_cast<int32_t>(r.speculated_shards);
   s.corrected_layers = static_cast<int32_t>(r.corrected_shards);
   s.cpu_update_params = r.params_updated + r.params_corrected;
+  if (r.skipped) s.device_update_params = 0;
   applied_ = static_cast<int64_t>(r.adam_step);
   if (options_.scaler) options_.scaler->Update(r.skipped);
   s.step_seconds = Seconds(p.start, end);

@@ -54,6 +54,9 @@ class StepAccounting {
   Stalls& stalls() { return current_.stalls; }
   // The learning rate and loss scale the current step's updates and backward use.
   void SetUpdateSettings(double learning_rate, double loss_scale);
+  // Parameters whose AdamW states live on the device from the next BeginStep on (each applied
+  // step updates them).
+  void SetDeviceParams(uint64_t params) { device_params_ = params; }
   // The current step's work is queued; it is pending until reported. `loss`: its summed
   // micro-batch losses, a scalar on the device.
   void EndStep(at::Tensor loss, double model_flops, double epoch);
@@ -93,6 +96,7 @@ class StepAccounting {
   Step current_;
   std::optional<Step> pending_;
   int64_t applied_ = 0;
+  uint64_t device_params_ = 0;
   double last_loss_ = 0;
   std::vector<std::pair<int64_t, double>> loss_history_;
   std::mutex trace_mu_;

@@ -22,6 +22,8 @@ struct StepStats {
   int32_t corrected_layers = 0;   // of those, corrected to the clip coefficient afterwards
   // Parameters the CPU passed through AdamW or a correction this step (the update's work).
   uint64_t cpu_update_params = 0;
+  // Parameters updated on the GPU this step (blocks with device-resident AdamW states).
+  uint64_t device_update_params = 0;
   double step_seconds = 0;     // wall time of the step
   double model_flops = 0;      // 6 * params * tokens (+ attention), without recompute
   // Busy time per resource inside the step (seconds) ...

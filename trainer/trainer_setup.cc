@@ -404,6 +404,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   RETURN_IF_ERROR(host->SetDeviceBlocks(device_blocks));
   weights->AdoptDeviceOptimizer(device_opt.get());
   schedule->SetDeviceOptimizer(device_opt.get());
+  accounting->SetDeviceParams(device_opt->params());
   msg << "the AdamW states of blocks 0-" << count - 1 << " (" << device_opt->params()
       << " parameters, " << FormatByteSize(static_cast<uint64_t>(need[count])) << ") move to the device";
   Log(TrainObserver::Level::kInfo, msg.str());
@@ -503,6 +504,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   ASSIGN_OR_RETURN(schedule, StepSchedule::Create(so));
 
   // Updated weights flow back to the device from the optimizer thread, right behind each update.
+  if (device_opt) accounting->SetDeviceParams(device_opt->params());
   host->SetOnUpdated([w = weights.get()](int b) { w->OnUpdated(b); });
   host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
     accounting->AddSpan({track, "update " + model->block(b).name(), static_cast<double>(start_us),

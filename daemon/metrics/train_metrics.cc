@@ -63,6 +63,7 @@ struct TrainMetrics::Impl {
     std::array<Counter*, kStalls.size()> stall;
     std::array<Counter*, kLinks.size()> link;
     std::array<Counter*, kClipEvents.size()> clip;
+    std::array<Counter*, 2> updated;  // cpu, device
   };
 
   Impl(prometheus::Registry& r, Options o)
@@ -109,7 +110,10 @@ struct TrainMetrics::Impl {
         clip(CounterFamily(r, "offloadd_train_clip_events_total",
                            "Steps whose gradients max_grad_norm scaled down (clipped_steps), layers "
                            "updated before the step's norm was known (speculated_layers) and, of "
-                           "those, corrected to the clip coefficient (corrected_layers).")) {}
+                           "those, corrected to the clip coefficient (corrected_layers).")),
+        updated(CounterFamily(r, "offloadd_train_updated_params_total",
+                              "Parameters passed through AdamW, by where their states live: the CPU "
+                              "workers (corrections included) or the GPU (device-resident blocks).")) {}
 
   JobSeries& SeriesLocked(const std::string& job_id) {
     auto it = by_job.find(job_id);
@@ -140,6 +144,7 @@ struct TrainMetrics::Impl {
       s.stall[i] = &stall.Add(with("resource", kStalls[i]));
     for (size_t i = 0; i < kLinks.size(); ++i) s.link[i] = &link.Add(with("link", kLinks[i]));
     for (size_t i = 0; i < kClipEvents.size(); ++i) s.clip[i] = &clip.Add(with("event", kClipEvents[i]));
+    s.updated = {&updated.Add(with("where", "cpu")), &updated.Add(with("where", "device"))};
     return by_job.emplace(job_id, s).first->second;
   }
 
@@ -162,6 +167,7 @@ struct TrainMetrics::Impl {
   Family<Counter>& stall;
   Family<Counter>& link;
   Family<Counter>& clip;
+  Family<Counter>& updated;
 
   std::mutex mu;
   std::unordered_map<std::string, JobSeries> by_job;  // guarded by mu
@@ -206,6 +212,8 @@ void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& 
   j.clip[0]->Increment(s.clipped ? 1 : 0);
   j.clip[1]->Increment(s.speculated_layers);
   j.clip[2]->Increment(s.corrected_layers);
+  j.updated[0]->Increment(static_cast<double>(s.cpu_update_params));
+  j.updated[1]->Increment(static_cast<double>(s.device_update_params));
 }
 
 void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) {
@@ -241,6 +249,7 @@ void TrainMetrics::ClearJob(const std::string& job_id) {
   for (Counter* c : j.stall) m.stall.Remove(c);
   for (Counter* c : j.link) m.link.Remove(c);
   for (Counter* c : j.clip) m.clip.Remove(c);
+  for (Counter* c : j.updated) m.updated.Remove(c);
   m.by_job.erase(it);
 }
 

@@ -72,6 +72,8 @@ TEST(TrainMetricsTest, StepsAccumulateCountersAndSetGauges) {
   second.clipped = true;
   second.speculated_layers = 3;
   second.corrected_layers = 3;
+  second.cpu_update_params = 600;
+  second.device_update_params = 400;
   m.Observe("a", second);
   m.Observe("b", Step(7));
 
@@ -112,6 +114,9 @@ TEST(TrainMetricsTest, StepsAccumulateCountersAndSetGauges) {
   EXPECT_EQ(s[R"(offloadd_train_clip_events_total{event="speculated_layers",job_id="a"})"], 3);
   EXPECT_EQ(s[R"(offloadd_train_clip_events_total{event="corrected_layers",job_id="a"})"], 3);
   EXPECT_EQ(s[R"(offloadd_train_clip_events_total{event="clipped_steps",job_id="b"})"], 0);
+  EXPECT_EQ(s[R"(offloadd_train_updated_params_total{job_id="a",where="cpu"})"],
+            600 + Step(1).cpu_update_params);
+  EXPECT_EQ(s[R"(offloadd_train_updated_params_total{job_id="a",where="device"})"], 400);
 }
 
 TEST(TrainMetricsTest, NoMfuWithoutPeakAndNoRatesFromZeroLengthSteps) {

@@ -98,6 +98,7 @@ class PrintObserver : public TrainObserver {
                           {"skipped", s.skipped}, {"clipped", s.clipped},
                           {"speculated_layers", s.speculated_layers},
                           {"cpu_update_params", s.cpu_update_params},
+                          {"device_update_params", s.device_update_params},
                           {"corrected_layers", s.corrected_layers}, {"step_seconds", s.step_seconds},
                           {"model_flops", s.model_flops},
                           {"gpu_compute_seconds", s.gpu_compute_seconds},

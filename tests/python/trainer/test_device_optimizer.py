@@ -36,6 +36,8 @@ def test_mixed_placement_matches_pytorch_adamw(binary_dir, tmp_path, blocks, tie
     for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
         assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
     assert sum(s["grad_norm"] > COMMON["max_grad_norm"] for s in stats) >= STEPS // 2  # it clips
+    on_device = sum(_block_params(model)[:blocks])
+    assert all(s["device_update_params"] == on_device for s in stats), stats[0]
     exported = load_file(out / "model.safetensors")
     for name, ref in ref_state.items():
         if name == "lm_head.weight" and tied:
@@ -77,6 +79,8 @@ def test_fp16_overflow_skips_device_blocks_too(binary_dir, tmp_path):
     fp16.check_against_reference(stats, ref, exported=load_file(out / "model.safetensors"),
                                  initial=load_file(tmp_path / "model" / "model.safetensors"))
     assert any(s["skipped"] for s in stats) and not all(s["skipped"] for s in stats)
+    on_device = sum(_block_params(tmp_path / "model")[:2])
+    assert [s["device_update_params"] for s in stats] == [0 if s["skipped"] else on_device for s in stats]
 
 
 def test_unclipped_updates_run_as_gradients_land(binary_dir, tmp_path):
@@ -104,6 +108,8 @@ def _block_params(model_dir):
     layers = sorted({int(k.split(".")[2]) for k in names if k.startswith("model.layers.")})
     blocks = [sum(v.numel() for k, v in names.items() if "embed_tokens" in k)]
     blocks += [sum(v.numel() for k, v in names.items() if k.startswith(f"model.layers.{i}.")) for i in layers]
+    # The head: the final norm, and lm_head unless it is the (tied, unsaved) embedding.
+    blocks.append(sum(v.numel() for k, v in names.items() if k.startswith(("model.norm.", "lm_head."))))
     return blocks
 
 
@@ -124,6 +130,7 @@ def test_auto_places_blocks_after_the_first_step_within_the_budget(binary_dir, t
                   ["--device-optimizer-blocks=auto", f"--gpu-memory-limit={budget}"])
     assert "the AdamW states of blocks 0-1 (" in r.stderr and "move to the device" in r.stderr, r.stderr
     stats = read_stats(out / "stats.jsonl")
+    assert [s["device_update_params"] for s in stats] == [0] + [n[0] + n[1]] * (STEPS - 1)
     ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
                                             **COMMON)
     for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
