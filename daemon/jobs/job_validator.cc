@@ -518,6 +518,19 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
                   " this model needs at batch " + std::to_string(spec.training().per_device_train_batch_size()) + " x " +
                   std::to_string(ds.max_seq_length()) + " tokens (" + f.gpu_breakdown +
                   "); raise the limit or lower the batch size or max_seq_length");
+      } else if (const v1::OffloadTarget& opt = spec.offload().offload_optimizer();
+                 opt.device() == v1::OFFLOAD_DEVICE_NONE || opt.has_ratio()) {
+        // States asked onto the GPU (none: all; ratio: 1 - ratio of them) add 12 B per parameter
+        // (fp32 master, exp_avg, exp_avg_sq) to the floor.
+        const bool all = opt.device() == v1::OFFLOAD_DEVICE_NONE;
+        const double share = all ? 1.0 : 1.0 - opt.ratio();
+        const auto states = static_cast<uint64_t>(share * 12.0 * static_cast<double>(r.model_size.total_params));
+        if (share >= 0 && share <= 1 && limit < f.gpu_bytes + states) {
+          c.Add(all ? "offload.offload_optimizer.device" : "offload.offload_optimizer.ratio",
+                "the GPU budget of " + FormatByteSize(limit) + " is below the " + FormatByteSize(f.gpu_bytes + states) +
+                    " needed with " + FormatByteSize(states) + " of optimizer states on the GPU (" + f.gpu_breakdown +
+                    "); keep more of them on the CPU (a higher ratio), or leave ratio unset to place what fits");
+        }
       }
     }
     const uint64_t host_default = node.host_memory_limit ? node.host_memory_limit : node.host_memory_bytes / 10 * 8;

@@ -164,6 +164,30 @@ TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {
   EXPECT_NE(Find(Validate(s), "resources.gpu_memory_limit"), nullptr);
 }
 
+// Optimizer states asked onto the GPU (device none, or a ratio below 1) count in its budget.
+TEST_F(JobValidatorTest, OptimizerStatesOnTheGpuCountInItsBudget) {
+  GpuFacts gpu;
+  gpu.name = "test GPU";
+  gpu.total_memory_bytes = 80ull << 30;
+  node_.gpus.push_back(gpu);
+  v1::JobSpec s = ValidSpec();
+  const ValidationResult base = Validate(s);
+  ASSERT_TRUE(base.ok()) << Describe(base);
+  s.mutable_resources()->set_gpu_memory_limit(base.memory_floor.gpu_bytes + 1);
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));  // everything on the CPU: fits
+  auto* opt = s.mutable_offload()->mutable_offload_optimizer();
+  opt->set_device(v1::OFFLOAD_DEVICE_NONE);
+  ValidationResult r = Validate(s);
+  const FieldViolation* d = Find(r, "offload.offload_optimizer.device");
+  ASSERT_NE(d, nullptr) << Describe(r);
+  EXPECT_NE(d->description.find("of optimizer states on the GPU"), std::string::npos) << d->description;
+  opt->set_device(v1::OFFLOAD_DEVICE_CPU);
+  opt->set_ratio(1.0);  // all of them kept on the CPU
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+  opt->set_ratio(0.5);
+  EXPECT_NE(Find(Validate(s), "offload.offload_optimizer.ratio"), nullptr) << Describe(Validate(s));
+}
+
 TEST_F(JobValidatorTest, InfeasibleHostBudgetSuggestsNvme) {
   v1::JobSpec s = ValidSpec();
   s.mutable_resources()->set_host_memory_limit(1 << 20);
