@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "common/atomic_fence.h"
 #include "common/units.h"
 
 namespace offloadd::ipc {
@@ -110,7 +111,7 @@ StatusOr<Arena> Arena::Format(SharedSegment* segment, const ArenaOptions& option
   h->heap_end = segment->total_size();
   h->heap_next.store(heap_begin);
   // Magic last: a process that Opens a half-formatted arena sees "not formatted".
-  std::atomic_thread_fence(std::memory_order_release);
+  offloadd::Fence(std::memory_order_release);
   h->magic = kArenaMagic;
   return arena;
 }

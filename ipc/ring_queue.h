@@ -42,6 +42,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "common/atomic_fence.h"
 #include "common/status.h"
 #include "ipc/arena.h"
 #include "ipc/event_fd.h"
@@ -118,7 +119,7 @@ class RingQueue {
     h->version = kRingVersion;
     h->record_size = sizeof(Record);
     h->capacity = capacity;
-    std::atomic_thread_fence(std::memory_order_release);
+    offloadd::Fence(std::memory_order_release);
     h->magic = kRingMagic;
     return RingQueue(h);
   }
@@ -238,7 +239,7 @@ class Channel {
   // if it returns false the ring is non-empty and the caller must not sleep. Disarm after waking.
   bool ArmConsumerWait() {
     q_.header()->consumer_waiting.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    offloadd::Fence(std::memory_order_seq_cst);
     if (!q_.Empty()) {
       q_.header()->consumer_waiting.store(0, std::memory_order_relaxed);
       return false;
@@ -252,7 +253,7 @@ class Channel {
   // The producer-side equivalent, for epoll on space_fd(): false if there is room now.
   bool ArmProducerWait() {
     q_.header()->producer_waiting.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    offloadd::Fence(std::memory_order_seq_cst);
     if (q_.Size() < q_.capacity()) {
       q_.header()->producer_waiting.store(0, std::memory_order_relaxed);
       return false;
@@ -266,7 +267,7 @@ class Channel {
 
  private:
   static void WakeIfWaiting(std::atomic<uint32_t>* flag, int fd) {
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the waiter's fence
+    offloadd::Fence(std::memory_order_seq_cst);  // pairs with the waiter's fence
     if (flag->load(std::memory_order_relaxed) != 0) SignalEventFd(fd);
   }
 
@@ -277,7 +278,7 @@ class Channel {
     for (;;) {
       if (attempt()) return OkStatus();
       flag->store(1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);  // flag visible before re-checking
+      offloadd::Fence(std::memory_order_seq_cst);  // flag visible before re-checking
       if (attempt()) {
         flag->store(0, std::memory_order_relaxed);
         return OkStatus();

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/atomic_fence.h"
 #include "common/logging.h"
 
 namespace offloadd::workers {
@@ -68,7 +69,7 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
         std::memcpy(arena.At<float>(slot->dst_offset[a]), SlotData(slot, a),
                     slot->count * sizeof(float));
       }
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      offloadd::Fence(std::memory_order_seq_cst);
       counter.store(slot->seq, std::memory_order_seq_cst);
       ++completed;
     }
@@ -241,15 +242,15 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
     for (uint32_t a = 0; a < arrays; ++a)
       slot->dst_offset[a] = job.state_offset[a] + begin * sizeof(float);
     // The slot (data and header) must be complete before the shared state starts changing.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    offloadd::Fence(std::memory_order_seq_cst);
     slot->state.store(kSlotCommitting, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    offloadd::Fence(std::memory_order_seq_cst);
     for (uint32_t a = 0; a < arrays; ++a) {
       std::memcpy(state[a], out[a], count * sizeof(float));
       if (crash_here && a == 0 && options_.crash_point == CrashPoint::kMidCopy) CrashForTest();
     }
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // the new state lands before the commit
+  offloadd::Fence(std::memory_order_seq_cst);  // the new state lands before the commit
   counter.store(job.seq, std::memory_order_seq_cst);
   if (crash_here && options_.crash_point == CrashPoint::kAfterCommit) CrashForTest();
   if (slot != nullptr) slot->state.store(kSlotEmpty, std::memory_order_release);
