@@ -33,7 +33,6 @@ StatusOr<std::unique_ptr<DeviceOptimizer>> DeviceOptimizer::Create(const Options
                                 " placements for " + std::to_string(layout.size()) + " blocks");
   }
   std::unique_ptr<DeviceOptimizer> d(new DeviceOptimizer(options));
-  d->blocks_ = options.blocks;
   d->state_.resize(layout.size());
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device);
   const auto compute = at::TensorOptions().dtype(options.dtype).device(options.device);

@@ -48,7 +48,9 @@ class DeviceOptimizer {
   // Allocates every owned block's tensors (moments zero; masters set by Initialize).
   static StatusOr<std::unique_ptr<DeviceOptimizer>> Create(const Options& options);
 
-  bool owns(int b) const { return b >= 0 && b < static_cast<int>(blocks_.size()) && blocks_[b]; }
+  bool owns(int b) const {
+    return b >= 0 && b < static_cast<int>(options_.blocks.size()) && options_.blocks[b];
+  }
   int count() const { return count_; }
   uint64_t params() const { return params_; }
   bool held() const { return options_.held; }
@@ -85,7 +87,6 @@ class DeviceOptimizer {
   }
 
   Options options_;
-  std::vector<bool> blocks_;
   std::vector<BlockState> state_;
   int count_ = 0;
   uint64_t params_ = 0;

@@ -128,6 +128,31 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
   return g;
 }
 
+std::function<double()> StepSchedule::LandedSquaredNorm(int b) const {
+  const float* landed = host_norms_.data_ptr<float>() + b;
+  return [landed]() {
+    const double n = *landed;
+    return n * n;
+  };
+}
+
+Status StepSchedule::GradsReadyAfter(int b, uint32_t micro, DeviceStreams::EventPtr e,
+                                     std::vector<at::Tensor> keep,
+                                     std::function<double()> sq_norm) {
+  // The optimizer thread waits for the copy, dispatching updates while it is not done; the
+  // capture keeps the device buffers alive until then.
+  return options_.host->GradsReady(
+      b, micro, [e, keep = std::move(keep)]() { return DeviceStreams::Synchronize(e); },
+      [e]() {
+        try {
+          return DeviceStreams::Completed(e);
+        } catch (const c10::Error&) {
+          return true;  // Synchronize reports the error
+        }
+      },
+      std::move(sq_norm));
+}
+
 Status StepSchedule::LandOnDevice(int b, uint32_t micro) {
   DeviceOptimizer& device = *device_opt_;
   at::Tensor norm = device.Land(b, micro);
@@ -144,20 +169,7 @@ Status StepSchedule::LandOnDevice(int b, uint32_t micro) {
     device.UpdateNow(b);
     options_.streams->EndCompute();
   }
-  const float* landed = host_norms_.data_ptr<float>() + b;
-  return options_.host->GradsReady(
-      b, micro, [e, norm]() { return DeviceStreams::Synchronize(e); },
-      [e]() {
-        try {
-          return DeviceStreams::Completed(e);
-        } catch (const c10::Error&) {
-          return true;  // Synchronize reports the error
-        }
-      },
-      [landed]() {
-        const double n = *landed;
-        return n * n;
-      });
+  return GradsReadyAfter(b, micro, std::move(e), {norm}, LandedSquaredNorm(b));
 }
 
 Status StepSchedule::HandOff(int b, uint32_t micro, const at::Tensor& grads) {
@@ -174,25 +186,10 @@ Status StepSchedule::HandOff(int b, uint32_t micro, const at::Tensor& grads) {
     norm = at::linalg_vector_norm(grads, 2.0, std::nullopt, false, at::kFloat).view({1});
     at::Tensor slot = host_norms_.narrow(0, b, 1);
     options_.streams->CopyToHost(slot, norm, "gradient norm " + name);
-    const float* landed = host_norms_.data_ptr<float>() + b;
-    sq_norm = [landed]() {
-      const double n = *landed;
-      return n * n;
-    };
+    sq_norm = LandedSquaredNorm(b);
   }
   auto e = options_.streams->CopyToHost(host_grads_[b], grads, "gradients " + name);
-  // The optimizer thread waits for the copy, dispatching updates while it is not done; the
-  // capture keeps the device buffers alive until then.
-  return options_.host->GradsReady(
-      b, micro, [e, grads, norm]() { return DeviceStreams::Synchronize(e); },
-      [e]() {
-        try {
-          return DeviceStreams::Completed(e);
-        } catch (const c10::Error&) {
-          return true;  // Synchronize reports the error
-        }
-      },
-      std::move(sq_norm));
+  return GradsReadyAfter(b, micro, std::move(e), {grads, norm}, std::move(sq_norm));
 }
 
 }  // namespace offloadd::trainer

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,12 @@ class StepSchedule {
   // A device-optimized block's gradients are complete: its norm goes to the host optimizer, and
   // (not held) its update runs now, on the compute stream.
   Status LandOnDevice(int b, uint32_t micro);
+  // CUDA: hands block b's micro-batch over once the copy behind `e` has landed, keeping `keep`
+  // (the copies' device sources) alive until then.
+  Status GradsReadyAfter(int b, uint32_t micro, DeviceStreams::EventPtr e,
+                         std::vector<at::Tensor> keep, std::function<double()> sq_norm);
+  // Reads block b's ||g||^2 from its pinned norm slot (once its copy has landed).
+  std::function<double()> LandedSquaredNorm(int b) const;
   bool OnDevice(int b) const { return device_opt_ != nullptr && device_opt_->owns(b); }
 
   const Options options_;

@@ -20,6 +20,21 @@ from pipeline_testlib import build_model, read_stats, reference_train, run_train
 from test_pipeline_parity import COMMON, STEPS, train_args
 
 
+def check_against_reference(model, out, stats, *, tied=False, **overrides):
+    """The run in `out` against PyTorch on the batches it consumed: loss <= 1e-5 per step,
+    exported weights <= 2e-5 (test_pipeline_parity.py's bounds)."""
+    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
+                                            **{**COMMON, **overrides})
+    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
+        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
+    exported = load_file(out / "model.safetensors")
+    for name, ref in ref_state.items():
+        if name == "lm_head.weight" and tied:
+            continue  # the tied head is the embedding
+        diff = (exported[name] - ref).abs().max().item()
+        assert diff <= 2e-5, f"{name}: max |diff| {diff}"
+
+
 @pytest.mark.parametrize("blocks,tied,accum", [(2, False, 2), (1, True, 1), (4, True, 1), (3, False, 1)])
 def test_mixed_placement_matches_pytorch_adamw(binary_dir, tmp_path, blocks, tied, accum):
     # 2 layers: 4 blocks (embedding, 2 decoder layers, head); 4 puts every block on the device.
@@ -31,19 +46,10 @@ def test_mixed_placement_matches_pytorch_adamw(binary_dir, tmp_path, blocks, tie
     assert f"AdamW states of blocks 0-{blocks - 1} on the device" in r.stderr
     stats = read_stats(out / "stats.jsonl")
     assert [s["step"] for s in stats] == list(range(1, STEPS + 1))
-    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
-                                            **COMMON)
-    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
-        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
+    check_against_reference(model, out, stats, tied=tied)
     assert sum(s["grad_norm"] > COMMON["max_grad_norm"] for s in stats) >= STEPS // 2  # it clips
     on_device = sum(_block_params(model)[:blocks])
     assert all(s["device_update_params"] == on_device for s in stats), stats[0]
-    exported = load_file(out / "model.safetensors")
-    for name, ref in ref_state.items():
-        if name == "lm_head.weight" and tied:
-            continue
-        diff = (exported[name] - ref).abs().max().item()
-        assert diff <= 2e-5, f"{name}: max |diff| {diff}"
 
 
 def test_checkpoints_keep_their_format_and_resume(binary_dir, tmp_path):
@@ -93,13 +99,7 @@ def test_unclipped_updates_run_as_gradients_land(binary_dir, tmp_path):
     args = [a for a in args if not a.startswith("--max-grad-norm")] + ["--max-grad-norm=0"]
     run_train(binary_dir, args + ["--device-optimizer-blocks=2"])
     stats = read_stats(out / "stats.jsonl")
-    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
-                                            **{**COMMON, "max_grad_norm": 0.0})
-    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
-        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
-    exported = load_file(out / "model.safetensors")
-    for name, ref in ref_state.items():
-        assert (exported[name] - ref).abs().max().item() <= 2e-5, name
+    check_against_reference(model, out, stats, max_grad_norm=0.0)
 
 
 def _block_params(model_dir):
@@ -131,13 +131,7 @@ def test_auto_places_blocks_after_the_first_step_within_the_budget(binary_dir, t
     assert "the AdamW states of blocks 0-1 (" in r.stderr and "move to the device" in r.stderr, r.stderr
     stats = read_stats(out / "stats.jsonl")
     assert [s["device_update_params"] for s in stats] == [0] + [n[0] + n[1]] * (STEPS - 1)
-    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
-                                            **COMMON)
-    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
-        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
-    exported = load_file(out / "model.safetensors")
-    for name, ref in ref_state.items():
-        assert (exported[name] - ref).abs().max().item() <= 2e-5, name
+    check_against_reference(model, out, stats)
     # Too small a budget for the first block: everything stays on the CPU, and says so.
     out2 = tmp_path / "small"
     r = run_train(binary_dir, train_args(model, data, out2, accum=1) +
