@@ -87,17 +87,21 @@ class LlamaLayer final : public Block {
     at::Tensor dw, db;
     auto emit = [&](size_t i, const at::Tensor& g) { on_grad(params_[i].name, g); };
 
-    // MLP half: y = h + down(swiglu(gate(n2), up(n2))).
-    at::Tensor dact = ops::LinearBackward(dy, ops::SwiGlu(gate, up), P(kDown), false, &dw, nullptr);
-    emit(kDown, dw);
-    at::Tensor dgate, dup;
-    ops::SwiGluBackward(dact, gate, up, &dgate, &dup);
+    // MLP half: y = h + down(a), a = swiglu(gate(n2), up(n2)). a is rebuilt by the SwiGLU
+    // backward's pass over gate and up, so down's weight gradient is taken after it.
+    const int64_t hs = c_.hidden_size, ff = c_.intermediate_size;
+    at::Tensor dy2 = dy.reshape({-1, hs});
+    at::Tensor act, dgate, dup;
+    ops::SwiGluBackward(dy2.mm(P(kDown)), gate.reshape({-1, ff}), up.reshape({-1, ff}), &dgate,
+                        &dup, &act);
+    emit(kDown, dy2.t().mm(act));
+    act = at::Tensor();
     at::Tensor n2 = ops::RmsNormFromRstd(h, P(kPostNorm), rstd2);
     at::Tensor dn2 = ops::LinearBackward(dgate, n2, P(kGate), false, &dw, nullptr);
     emit(kGate, dw);
-    dn2 = dn2 + ops::LinearBackward(dup, n2, P(kUp), false, &dw, nullptr);
+    ops::LinearBackward(dup, n2, P(kUp), false, &dw, nullptr, &dn2);
     emit(kUp, dw);
-    at::Tensor dh = dy + ops::RmsNormBackward(dn2, h, P(kPostNorm), rstd2, &dw);
+    at::Tensor dh = ops::RmsNormBackward(dn2.view(h.sizes()), h, P(kPostNorm), rstd2, &dw, dy);
     emit(kPostNorm, dw);
 
     // Attention half: h = x + o(attn(rope(q), rope(k), v)).
@@ -116,13 +120,13 @@ class LlamaLayer final : public Block {
     at::Tensor dn1 = ops::LinearBackward(dq, n1, P(kQ), qkv_bias, &dw, &db);
     emit(kQ, dw);
     if (qkv_bias) emit(qb_ + 0, db);
-    dn1 = dn1 + ops::LinearBackward(dk, n1, P(kK), qkv_bias, &dw, &db);
+    ops::LinearBackward(dk, n1, P(kK), qkv_bias, &dw, &db, &dn1);
     emit(kK, dw);
     if (qkv_bias) emit(qb_ + 1, db);
-    dn1 = dn1 + ops::LinearBackward(dv, n1, P(kV), qkv_bias, &dw, &db);
+    ops::LinearBackward(dv, n1, P(kV), qkv_bias, &dw, &db, &dn1);
     emit(kV, dw);
     if (qkv_bias) emit(qb_ + 2, db);
-    at::Tensor dx = dh + ops::RmsNormBackward(dn1, x, P(kInNorm), rstd1, &dw);
+    at::Tensor dx = ops::RmsNormBackward(dn1, x, P(kInNorm), rstd1, &dw, dh);
     emit(kInNorm, dw);
     return dx;
   }

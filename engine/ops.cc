@@ -4,9 +4,14 @@
 #include <c10/util/Exception.h>
 #if OFFLOADD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "engine/cuda/fused_kernels.h"
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -19,12 +24,16 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 }
 
 at::Tensor LinearBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                          bool has_bias, at::Tensor* dw, at::Tensor* db) {
+                          bool has_bias, at::Tensor* dw, at::Tensor* db, at::Tensor* accumulate) {
   const int64_t out = w.size(0), in = w.size(1);
   at::Tensor dy2 = dy.reshape({-1, out});
   *dw = dy2.t().mm(x.reshape({-1, in}));
   if (has_bias) *db = dy2.sum(0);
-  return dy.matmul(w);
+  if (accumulate == nullptr) return dy.matmul(w);
+  TORCH_CHECK(accumulate->is_contiguous() && accumulate->numel() == dy2.size(0) * in,
+              "LinearBackward: the accumulator does not match d input's shape");
+  accumulate->view({-1, in}).addmm_(dy2, w);  // one GEMM epilogue instead of a separate add
+  return *accumulate;
 }
 
 at::Tensor Conv1D(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
@@ -42,26 +51,150 @@ at::Tensor Conv1DBackward(const at::Tensor& dy, const at::Tensor& x, const at::T
   return dy.matmul(w.t());
 }
 
+namespace {
+
+// OFFLOADD_FUSED_KERNELS (or SetFusedKernels) picks the RMSNorm/SwiGLU implementation: auto (the
+// fused CUDA kernels of engine/cuda/ where the inputs allow, ATen elsewhere), fused (an error
+// where they cannot run), aten (the ATen op sequences everywhere). A bad value is refused on
+// every device, so a typo never goes unnoticed.
+enum class FusedMode : int { kUnset = -1, kAuto, kFused, kAten };
+std::atomic<int> g_fused_mode{static_cast<int>(FusedMode::kUnset)};
+
+FusedMode ParseFusedMode(const std::string& v, const char* source) {
+  if (v == "auto") return FusedMode::kAuto;
+  if (v == "fused") return FusedMode::kFused;
+  if (v == "aten") return FusedMode::kAten;
+  TORCH_CHECK(false, source, " must be auto, fused or aten, got '", v, "'");
+}
+
+FusedMode FusedKernelsMode() {
+  const int m = g_fused_mode.load(std::memory_order_relaxed);
+  if (m != static_cast<int>(FusedMode::kUnset)) return static_cast<FusedMode>(m);
+  const char* v = std::getenv("OFFLOADD_FUSED_KERNELS");
+  const FusedMode mode =
+      ParseFusedMode(v == nullptr || *v == 0 ? "auto" : v, "OFFLOADD_FUSED_KERNELS");
+  g_fused_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
+  return mode;
+}
+
+// Whether the fused kernel runs for these tensors (all of one dtype, on one CUDA device).
+bool UseFused(const char* op, std::initializer_list<const at::Tensor*> ts, int64_t h,
+              int64_t max_h) {
+  const FusedMode mode = FusedKernelsMode();
+  if (mode == FusedMode::kAten) return false;
+  std::string why;
+  const at::Tensor& first = **ts.begin();
+  const auto dtype = first.scalar_type();
+  if (!OFFLOADD_WITH_CUDA) {
+    why = "needs the CUDA build";
+  } else if (!first.is_cuda()) {
+    why = "needs CUDA tensors";
+  } else if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
+    why = "needs fp32, bf16 or fp16";
+  } else if (h > max_h) {
+    why = "supports a last dimension up to " + std::to_string(max_h);
+  } else {
+    for (const at::Tensor* t : ts) {
+      if (t->defined() && (t->scalar_type() != dtype || t->device() != first.device())) {
+        why = "needs every input in one dtype on one device";
+      }
+    }
+  }
+  TORCH_CHECK(why.empty() || mode == FusedMode::kAuto, "fused kernels forced: ", op, " ", why);
+  return why.empty();
+}
+
+#if OFFLOADD_WITH_CUDA
+cuda::DType KernelType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return cuda::DType::kBFloat16;
+    case at::kHalf: return cuda::DType::kHalf;
+    default: return cuda::DType::kFloat;
+  }
+}
+#endif
+
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+#if OFFLOADD_WITH_CUDA
+constexpr int64_t kMaxNormHidden = cuda::kMaxRmsNormHidden;
+#else
+constexpr int64_t kMaxNormHidden = kNoLimit;
+#endif
+
+}  // namespace
+
+void SetFusedKernels(const std::string& mode) {
+  g_fused_mode.store(static_cast<int>(ParseFusedMode(mode, "the fused kernel mode")),
+                     std::memory_order_relaxed);
+}
+
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd) {
+  const int64_t h = x.size(-1);
+  if (UseFused("RMSNorm", {&x, &w}, h, kNoLimit)) {
+#if OFFLOADD_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor xc = x.contiguous(), wc = w.contiguous();
+    at::Tensor y = at::empty_like(xc);
+    std::vector<int64_t> rshape(x.sizes().begin(), x.sizes().end());
+    rshape.back() = 1;
+    *rstd = at::empty(rshape, x.options().dtype(at::kFloat));
+    cuda::RmsNormForward(KernelType(x), xc.data_ptr(), wc.data_ptr(), static_cast<float>(eps),
+                         xc.numel() / h, h, y.data_ptr(), rstd->data_ptr<float>(),
+                         at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return y;
+#endif
+  }
   at::Tensor xf = x.to(at::kFloat);
   *rstd = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return w * (xf * *rstd).to(x.scalar_type());
 }
 
 at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd) {
+  const int64_t h = x.size(-1);
+  if (UseFused("RMSNorm", {&x, &w}, h, kNoLimit)) {
+#if OFFLOADD_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor xc = x.contiguous(), wc = w.contiguous(), rc = rstd.contiguous();
+    at::Tensor y = at::empty_like(xc);
+    cuda::RmsNormApply(KernelType(x), xc.data_ptr(), wc.data_ptr(), rc.data_ptr<float>(),
+                       xc.numel() / h, h, y.data_ptr(), at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return y;
+#endif
+  }
   return w * (x.to(at::kFloat) * rstd).to(x.scalar_type());
 }
 
 at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                           const at::Tensor& rstd, at::Tensor* dw) {
+                           const at::Tensor& rstd, at::Tensor* dw, const at::Tensor& residual) {
+  const int64_t h = x.size(-1);
+  if (UseFused("RMSNorm backward", {&x, &dy, &w, &residual}, h, kMaxNormHidden)) {
+#if OFFLOADD_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor xc = x.contiguous(), dyc = dy.contiguous(), wc = w.contiguous(),
+               rc = rstd.contiguous();
+    at::Tensor res = residual.defined() ? residual.contiguous() : at::Tensor();
+    const int64_t rows = xc.numel() / h;
+    at::Tensor dx = at::empty_like(xc);
+    *dw = at::empty({h}, w.options());
+    at::Tensor partial =
+        at::empty({cuda::RmsNormBackwardScratch(rows, h)}, x.options().dtype(at::kFloat));
+    cuda::RmsNormBackward(KernelType(x), dyc.data_ptr(), xc.data_ptr(), wc.data_ptr(),
+                          rc.data_ptr<float>(), res.defined() ? res.data_ptr() : nullptr, rows, h,
+                          dx.data_ptr(), dw->data_ptr(), partial.data_ptr<float>(),
+                          at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return dx;
+#endif
+  }
   // y = w * cast(n), n = x * rstd. dn = cast_back(dy * w); dx = rstd * (dn - n * mean(dn * n)).
   at::Tensor n = x.to(at::kFloat) * rstd;
   at::Tensor n_cast = n.to(x.scalar_type());
-  const int64_t h = x.size(-1);
   *dw = (dy * n_cast).reshape({-1, h}).sum(0);
   at::Tensor dn = (dy * w).to(at::kFloat);
-  at::Tensor dx = rstd * (dn - n * (dn * n).mean(-1, /*keepdim=*/true));
-  return dx.to(x.scalar_type());
+  at::Tensor dx = (rstd * (dn - n * (dn * n).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
+  return residual.defined() ? residual + dx : dx;
 }
 
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
@@ -327,13 +460,45 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
   *dv = ReduceKv(gv, rep);
 }
 
-at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u) { return at::silu(g) * u; }
+at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u) {
+  if (UseFused("SwiGLU", {&g, &u}, 0, kNoLimit)) {
+#if OFFLOADD_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(g.device());
+    at::Tensor gc = g.contiguous(), uc = u.contiguous();
+    TORCH_CHECK(gc.sizes() == uc.sizes(), "SwiGLU: gate and up shapes differ");
+    at::Tensor a = at::empty_like(gc);
+    cuda::SwiGluForward(KernelType(g), gc.data_ptr(), uc.data_ptr(), gc.numel(), a.data_ptr(),
+                        at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return a;
+#endif
+  }
+  return at::silu(g) * u;
+}
 
 void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u, at::Tensor* dg,
-                    at::Tensor* du) {
+                    at::Tensor* du, at::Tensor* a) {
+  if (UseFused("SwiGLU backward", {&g, &u, &da}, 0, kNoLimit)) {
+#if OFFLOADD_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(g.device());
+    at::Tensor gc = g.contiguous(), uc = u.contiguous(), dac = da.contiguous();
+    TORCH_CHECK(gc.sizes() == uc.sizes() && gc.sizes() == dac.sizes(),
+                "SwiGLU backward: gate, up and gradient shapes differ");
+    *dg = at::empty_like(gc);
+    *du = at::empty_like(gc);
+    if (a) *a = at::empty_like(gc);
+    cuda::SwiGluBackward(KernelType(g), dac.data_ptr(), gc.data_ptr(), uc.data_ptr(), gc.numel(),
+                         dg->data_ptr(), du->data_ptr(), a ? a->data_ptr() : nullptr,
+                         at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+#endif
+  }
   // The ops autograd would run for silu(g) * u, in the same dtype.
+  at::Tensor s = at::silu(g);
   *dg = at::silu_backward(da * u, g);
-  *du = da * at::silu(g);
+  *du = da * s;
+  if (a) *a = s * u;
 }
 
 at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, double normalizer,

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/model_config.h"
@@ -14,9 +15,11 @@ namespace offloadd::engine::ops {
 
 // y = x W^T (+ b) for nn.Linear weights [out, in].
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-// Returns dx; writes dW (and db when b is defined).
+// Returns dx; writes dW (and db when b is defined). With `accumulate` (a contiguous d input from
+// another branch), dx is added into it inside the GEMM (addmm_, one rounding) and it is returned.
 at::Tensor LinearBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                          bool has_bias, at::Tensor* dw, at::Tensor* db);
+                          bool has_bias, at::Tensor* dw, at::Tensor* db,
+                          at::Tensor* accumulate = nullptr);
 // y = x W + b for GPT-2 Conv1D weights [in, out].
 at::Tensor Conv1D(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor Conv1DBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
@@ -26,8 +29,11 @@ at::Tensor Conv1DBackward(const at::Tensor& dy, const at::Tensor& x, const at::T
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd);
 // Same output from a saved rstd (no reduction).
 at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd);
+// Returns d loss/d x, plus `residual` when given (the residual branch's gradient, added in the
+// same pass on CUDA).
 at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                           const at::Tensor& rstd, at::Tensor* dw);
+                           const at::Tensor& rstd, at::Tensor* dw,
+                           const at::Tensor& residual = at::Tensor());
 
 // LayerNorm over the last dimension (ATen's native kernels). mean/rstd are fp32 [.., 1].
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
@@ -60,10 +66,15 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
 // token j iff j <= i and segment_ids[i] == segment_ids[j].
 at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype);
 
-// SwiGLU: silu(g) * u, and its backward.
+// SwiGLU: silu(g) * u, and its backward; `a`, when given, receives silu(g) * u again (one pass
+// over g and u instead of two).
+// On CUDA, RMSNorm and SwiGLU run the fused kernels of engine/cuda/ (OFFLOADD_FUSED_KERNELS=
+// auto|fused|aten forces a flavour; a forced flavour the inputs cannot use is an error).
+// SetFusedKernels("auto"|"fused"|"aten") overrides it for this process (tests).
+void SetFusedKernels(const std::string& mode);
 at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u);
 void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u, at::Tensor* dg,
-                    at::Tensor* du);
+                    at::Tensor* du, at::Tensor* a = nullptr);
 
 // Cross-entropy summed over targets != kIgnoreIndex, divided by `normalizer`, fp32 scalar.
 // With `dlogits` non-null also returns d (loss * grad_scale) / d logits in logits' dtype, scaled

@@ -215,14 +215,20 @@ def rel_err(a, b):
 # The attention flavour is forced per run (OFFLOADD_ATTENTION_KERNEL): cuDNN's fused kernel (what
 # auto picks on Hopper for 16-bit inputs), FlashAttention-2 and the memory-efficient kernel each
 # meet the same bounds; fp32 runs the efficient kernel whatever auto finds.
+# The RMSNorm/SwiGLU flavour likewise (OFFLOADD_FUSED_KERNELS): the fused CUDA kernels and the
+# ATen op sequences meet the same bounds (GPT-2 has neither op, so it checks only that the variable
+# is accepted).
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype,kernel", [("bf16", "auto"), ("bf16", "cudnn"), ("bf16", "flash"),
-                                          ("bf16", "efficient"), ("f32", "auto")])
-def test_gpu_matches_transformers(model_and_dir, tmp_path, dtype, kernel, monkeypatch):
+@pytest.mark.parametrize("dtype,kernel,fused", [
+    ("bf16", "auto", "auto"), ("bf16", "cudnn", "fused"), ("bf16", "cudnn", "aten"),
+    ("bf16", "flash", "auto"), ("bf16", "efficient", "auto"), ("f32", "auto", "fused"),
+    ("f32", "auto", "aten")])
+def test_gpu_matches_transformers(model_and_dir, tmp_path, dtype, kernel, fused, monkeypatch):
     model, d = model_and_dir
     if kernel == "cudnn" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("cuDNN attention is used from compute capability 9.0")
     monkeypatch.setenv("OFFLOADD_ATTENTION_KERNEL", kernel)
+    monkeypatch.setenv("OFFLOADD_FUSED_KERNELS", fused)
     tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     ids, labels = make_batch(model.config.vocab_size, batch=4, seq=32, seed=21)
     write_inputs(tmp_path / "in.safetensors", ids, labels)
@@ -247,6 +253,21 @@ def test_unknown_attention_kernel_is_refused(model_and_dir, tmp_path, monkeypatc
     r = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors", expect_ok=False)
     assert r.returncode != 0
     assert "OFFLOADD_ATTENTION_KERNEL must be auto, cudnn, flash or efficient, got 'fa9'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("fastest", "OFFLOADD_FUSED_KERNELS must be auto, fused or aten, got 'fastest'"),
+    ("fused", None)])
+def test_fused_kernel_flavour_is_checked(tmp_path, monkeypatch, value, needle):
+    """A typo is refused everywhere; forcing the fused kernels where they cannot run (CPU) is an
+    error naming why, never a silent fallback to ATen."""
+    _, d = tiny_llama(tmp_path)
+    monkeypatch.setenv("OFFLOADD_FUSED_KERNELS", value)
+    ids, labels = make_batch(96, batch=2, seq=8, seed=1)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    r = run_check(d, tmp_path / "in.safetensors", tmp_path / "out.safetensors", expect_ok=False)
+    assert r.returncode != 0
+    assert (needle or "fused kernels forced: RMSNorm needs") in r.stderr, r.stderr
 
 
 def test_packed_documents_do_not_attend_across_segments(model_and_dir, tmp_path):
