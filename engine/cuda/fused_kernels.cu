@@ -312,7 +312,7 @@ void RmsNormBackward(DType t, const void* dy, const void* x, const void* w, cons
   ForType(t, [&](auto tag) {
     using T = decltype(tag);
     auto launch = [&](auto kernel) {
-      if (smem > 48 * 1024) {
+      if (smem + 1024 > 48 * 1024) {  // dynamic + static (red) above the default 48 KiB
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
       }
