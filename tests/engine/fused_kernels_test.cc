@@ -37,7 +37,7 @@ double UlpOfOne(at::ScalarType t) {
 }
 
 // |fused - ref| <= 2 ulp(ref) + slack elementwise (slack: fp32, broadcastable; may be undefined)
-// and at most 1% of the elements differ at all.
+// and, for 16-bit results, at most 1% of the elements differ at all.
 void ExpectClose(const char* what, const at::Tensor& fused, const at::Tensor& ref,
                  const at::Tensor& slack = at::Tensor()) {
   ASSERT_EQ(fused.sizes(), ref.sizes()) << what;
@@ -51,7 +51,11 @@ void ExpectClose(const char* what, const at::Tensor& fused, const at::Tensor& re
   const double differ = err.gt(0).to(at::kDouble).mean().item<double>();
   EXPECT_EQ(over, 0) << what << ": " << over << " elements beyond the bound, worst excess "
                      << (err - bound).max().item<double>();
-  EXPECT_LE(differ, 0.01) << what;
+  // In fp32 every different summation order shows in the last bits; only 16-bit results say
+  // whether the roundings match.
+  if (ref.scalar_type() != at::kFloat) {
+    EXPECT_LE(differ, 0.01) << what;
+  }
   std::printf("  %-8s %-8s %.4f%% of elements differ, max |d| %.3g\n", what,
               c10::toString(ref.scalar_type()), 100 * differ, err.max().item<double>());
 }
