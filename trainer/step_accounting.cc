@@ -94,6 +94,7 @@ Status StepAccounting::Report(std::chrono::steady_clock::time_point end) {
     return DataLossError("loss is not finite at step " + std::to_string(s.step));
   }
   last_loss_ = s.loss;
+  last_stats_ = s;
   loss_history_.push_back({s.step, s.loss});
   {
     std::lock_guard<std::mutex> lock(trace_mu_);

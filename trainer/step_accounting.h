@@ -72,6 +72,8 @@ class StepAccounting {
   // GradScaler skipped the optimizer step.
   int64_t applied() const { return applied_; }
   double last_loss() const { return last_loss_; }
+  // The last reported step's figures (step 0 before any).
+  const StepStats& last_stats() const { return last_stats_; }
   const std::vector<std::pair<int64_t, double>>& loss_history() const { return loss_history_; }
   // Resuming from a checkpoint.
   void Restore(int64_t applied, std::vector<std::pair<int64_t, double>> loss_history);
@@ -98,6 +100,7 @@ class StepAccounting {
   int64_t applied_ = 0;
   uint64_t device_params_ = 0;
   double last_loss_ = 0;
+  StepStats last_stats_;
   std::vector<std::pair<int64_t, double>> loss_history_;
   std::mutex trace_mu_;
   std::vector<Span> trace_;

@@ -65,6 +65,8 @@ class StepSchedule {
   Status Backward(const engine::MicroBatch& mb, uint32_t micro);
   // Between steps: the blocks `device` owns keep their gradients on the device from now on.
   void SetDeviceOptimizer(DeviceOptimizer* device) { device_opt_ = device; }
+  // What block b's forward keeps for backward from the next step on (the step planner).
+  void SetMode(int b, engine::SaveMode mode) { options_.modes[b] = mode; }
 
  private:
   explicit StepSchedule(const Options& options);
@@ -88,7 +90,7 @@ class StepSchedule {
   std::function<double()> LandedSquaredNorm(int b) const;
   bool OnDevice(int b) const { return device_opt_ != nullptr && device_opt_->owns(b); }
 
-  const Options options_;
+  Options options_;
   const std::vector<BlockLayout>& layout_;
   const int n_;
   const bool cuda_;

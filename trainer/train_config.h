@@ -117,6 +117,9 @@ struct TrainConfig {
   // CPU AdamW kernel flavour: auto (OFFLOADD_ADAMW_KERNEL, else the fastest), portable, avx2,
   // avx512, avx512bf16. Every flavour computes the same AdamW (workers/adamw_kernel.h).
   std::string adamw_kernel = "auto";
+  // Where the node profile (trainer/node_profile.h) is cached; empty: measured every run. The
+  // daemon passes <state_dir>/profiles.
+  std::string profile_dir;
   std::string trace_path;       // Chrome trace JSON, written at the end (and every 10 steps)
   int64_t trace_steps = 3;      // steps recorded in the trace (0: all)
 };

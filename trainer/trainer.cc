@@ -124,6 +124,7 @@ Status Trainer::Impl::RunStep() {
 
 Status Trainer::Impl::BeginUpdates(int64_t k) {
   RETURN_IF_ERROR(accounting->ReportPrevious());
+  RETURN_IF_ERROR(CheckPlan());
   // Step k-1 is reported, so `applied` is final: a skipped fp16 step does not advance the
   // schedule. The driver gets the step before the first gradients (queued after k-1's end).
   const double lr = cfg.optim.learning_rate * lr_schedule->Multiplier(accounting->applied());

@@ -27,6 +27,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/step_accounting.h"
 #include "trainer/step_schedule.h"
+#include "trainer/step_planner.h"
 #include "trainer/trainer.h"
 #include "trainer/weight_residency.h"
 
@@ -63,6 +64,12 @@ struct Trainer::Impl {
   std::unique_ptr<StepSchedule> schedule;
   int64_t gpu_budget = 0;
   std::string plan_text;
+  // The step planner's inputs and choice (trainer_plan.cc); plan_check_step: the step whose
+  // measured time is compared with the prediction (0: none pending).
+  PlanInputs plan_inputs;
+  PlanChoice plan;
+  int64_t plan_check_step = 0;
+  bool plan_resolved = false;
 
   int64_t completed = 0;  // optimizer steps whose updates were submitted
   int64_t total = 0;
@@ -79,9 +86,14 @@ struct Trainer::Impl {
   Status PlanDeviceOptimizer(bool resident, int64_t used);
   // Creates the DeviceOptimizer with the arena's initial masters (after host->Initialize).
   Status StartDeviceOptimizer();
-  // auto: after the first step, as many of the lowest blocks as the budget left over the
-  // allocator's peak holds move their AdamW states from the arena to the device.
+  // trainer_plan.cc. auto: after the first step, the step planner picks how many of the lowest
+  // blocks move their AdamW states from the arena to the device and how many top layers keep
+  // their activations, from the node profile and the first step's measurements.
   Status PlaceDeviceBlocks();
+  // The top `keep` recomputed decoder layers keep their activations from the next step on.
+  Status ApplyKeptLayers(int keep);
+  // Once the checked step is reported: measured against predicted, re-solved once if > 10% off.
+  Status CheckPlan();
   // Device memory the AdamW states of blocks [0, k) need, per k (their weights replace resident
   // copies).
   std::vector<int64_t> DeviceOptimizerNeeds(bool resident) const;

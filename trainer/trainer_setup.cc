@@ -378,39 +378,6 @@ std::vector<int64_t> Trainer::Impl::DeviceOptimizerNeeds(bool resident) const {
   return need;
 }
 
-Status Trainer::Impl::PlaceDeviceBlocks() {
-  device_placement_pending = false;
-  // The step's working set as the allocator saw it (reserved: fragmentation included), plus a
-  // margin for what varies between steps.
-  const int64_t peak = streams->PeakReservedBytes();
-  const int64_t margin = int64_t{512} << 20;
-  const std::vector<int64_t> need = DeviceOptimizerNeeds(weights->resident());
-  int count = 0;
-  while (count < n && peak + margin + need[count + 1] <= gpu_budget) ++count;
-  std::ostringstream msg;
-  msg << "device optimizer (auto): the first step peaked at " << FormatByteSize(static_cast<uint64_t>(peak))
-      << " of the " << FormatByteSize(static_cast<uint64_t>(gpu_budget)) << " budget; ";
-  if (count == 0) {
-    msg << "no block's AdamW states fit beside it (the first needs "
-        << FormatByteSize(static_cast<uint64_t>(need[1])) << "): all stay on the CPU";
-    Log(TrainObserver::Level::kInfo, msg.str());
-    return OkStatus();
-  }
-  // Step 1's updates must be in the arena before the states move.
-  ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(completed)));
-  (void)last;
-  for (int b = 0; b < count; ++b) device_blocks[b] = true;
-  RETURN_IF_ERROR(StartDeviceOptimizer());
-  RETURN_IF_ERROR(host->SetDeviceBlocks(device_blocks));
-  weights->AdoptDeviceOptimizer(device_opt.get());
-  schedule->SetDeviceOptimizer(device_opt.get());
-  accounting->SetDeviceParams(device_opt->params());
-  msg << "the AdamW states of blocks 0-" << count - 1 << " (" << device_opt->params()
-      << " parameters, " << FormatByteSize(static_cast<uint64_t>(need[count])) << ") move to the device";
-  Log(TrainObserver::Level::kInfo, msg.str());
-  return OkStatus();
-}
-
 Status Trainer::Impl::StartDeviceOptimizer() {
   if (std::none_of(device_blocks.begin(), device_blocks.end(), [](bool d) { return d; })) {
     return OkStatus();

@@ -30,7 +30,9 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
-               and updated there; auto (default): as many as fit beside the first step)
+               and updated there; auto (default): the step planner places them after the first
+               step, and keeps the top layers' activations where that is faster, from the node
+               profile: --profile-dir=DIR caches it, else it is measured every run)
                --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
                else the fastest this CPU supports)
   fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)
@@ -248,6 +250,7 @@ int Run(int argc, char** argv) {
       else if (key == "--resume-from") c.resume_from = v;
       else if (key == "--no-export") c.export_final_model = false;
       else if (key == "--trace") c.trace_path = v;
+      else if (key == "--profile-dir") c.profile_dir = v;
       else if (key == "--trace-steps") c.trace_steps = std::stoll(v);
       else if (key == "--stats-jsonl") stats_path = v;
       else if (key == "--dump-batches") dump_path = v;

@@ -129,6 +129,11 @@ def test_auto_places_blocks_after_the_first_step_within_the_budget(binary_dir, t
     r = run_train(binary_dir, train_args(model, data, out, accum=1) +
                   ["--device-optimizer-blocks=auto", f"--gpu-memory-limit={budget}"])
     assert "the AdamW states of blocks 0-1 (" in r.stderr and "move to the device" in r.stderr, r.stderr
+    # The step planner chose it (trainer/step_planner.h), from a node profile measured here, and
+    # compared its prediction with the second step run under it.
+    assert "node profile (measured): host memory" in r.stderr, r.stderr
+    assert "step plan: 2 blocks' AdamW states on the GPU, 0 layers' activations kept: predicted" in r.stderr
+    assert "step plan check: step 3 took" in r.stderr, r.stderr
     stats = read_stats(out / "stats.jsonl")
     assert [s["device_update_params"] for s in stats] == [0] + [n[0] + n[1]] * (STEPS - 1)
     check_against_reference(model, out, stats)
@@ -137,3 +142,26 @@ def test_auto_places_blocks_after_the_first_step_within_the_budget(binary_dir, t
     r = run_train(binary_dir, train_args(model, data, out2, accum=1) +
                   ["--device-optimizer-blocks=auto", "--gpu-memory-limit=600MiB"])
     assert "no block's AdamW states fit beside it" in r.stderr, r.stderr
+
+
+def test_node_profile_is_cached_per_node_and_remeasured_when_unusable(binary_dir, tmp_path):
+    """--profile-dir keeps the node profile: the second run reuses it; a corrupt file, or one
+    measured under another key (another host, thread count or kernel), is measured again."""
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    prof = tmp_path / "profiles"
+    args = ["--device-optimizer-blocks=auto", "--gpu-memory-limit=2GiB", f"--profile-dir={prof}"]
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "a", accum=1) + args)
+    assert "node profile (measured)" in r.stderr, r.stderr
+    saved = json.loads((prof / "node-profile.json").read_text())
+    assert saved["host_bytes_per_s"] > 0 and saved["cpu_params_per_s"] > 0 and saved["threads"] >= 1
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "b", accum=1) + args)
+    assert "node profile (cached)" in r.stderr, r.stderr
+    saved["key"] = "another host | " + saved["key"]
+    (prof / "node-profile.json").write_text(json.dumps(saved))
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "c", accum=1) + args)
+    assert "node profile (measured)" in r.stderr, r.stderr
+    (prof / "node-profile.json").write_text("{not json")
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "d", accum=1) + args)
+    assert "node profile (measured)" in r.stderr, r.stderr
+    assert json.loads((prof / "node-profile.json").read_text())["key"] != saved["key"]

@@ -1,0 +1,175 @@
+"""The step planner (trainer/step_planner.h, run through offloadd-plan) against an integer linear
+program over per-block binaries, solved by HiGHS (scipy.optimize.milp), on the benchmark shapes.
+
+The ILP is the planner's cost model written as OFFMATE writes its program: a binary per block for
+"AdamW states on the GPU" (a prefix: y_b >= y_{b+1}) and per recomputed decoder layer for "kept",
+a continuous T above every resource's time, the GPU budget as a knapsack row. The planner
+enumerates (s, k) pairs instead; with alike decoder layers the two feasible sets give the same
+times, so the planner's predicted step must equal the ILP optimum. The planner breaks ties within
+0.5% towards fewer kept layers, hence the bound: optimum <= planner <= 1.005 x optimum.
+
+Inputs are representative H200 figures (bench/RESULTS.md: Llama-2-7B at 24 GiB, first-step peaks
+and GPU times measured there; TinyLlama-1.1B at 6 GiB and Llama-2-70B at 80 GiB scaled from them by
+flops and bytes); the node profile is the 112 GB/s host of the fifth session.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+GIB = 1 << 30
+PROFILE = dict(host_bytes_per_s=112e9, cpu_params_per_s=4.15e9, h2d_bytes_per_s=52e9,
+               d2h_bytes_per_s=52e9)
+SHAPES = {  # name: hidden, layers, heads, kv heads, ffn, vocab
+    "llama2-7b": (4096, 32, 32, 32, 11008, 32000),
+    "tinyllama-1.1b": (2048, 22, 32, 4, 5632, 32000),
+    "llama2-70b": (8192, 80, 64, 8, 28672, 32000),
+}
+
+
+def plan_inputs(shape, batch, budget_gib, peak_gib, gpu_seconds, seq=1024):
+    h, layers, heads, kv, ff, vocab = SHAPES[shape]
+    qd, kvd = h, h // heads * kv
+    layer = 2 * h * qd + 2 * h * kvd + 3 * h * ff + 2 * h
+    params = [vocab * h] + [layer] * layers + [h + vocab * h]
+    tokens = batch * seq
+    fwd_layer = 2 * tokens * h * (2 * qd + 2 * kvd + 3 * ff) + 2 * batch * heads * seq * seq * (h // heads)
+    fwd_head = 6 * tokens * h * vocab
+    work = 4 * fwd_layer * layers + fwd_head
+    keep_extra = int(1.5 * tokens * 2 * (2 * h + 2 * qd + 2 * kvd + 2 * ff) + tokens * 4 * (2 + heads)
+                     - 1.5 * tokens * h * 2)
+    return dict(
+        params=params,
+        device_state_bytes=[14 * p for p in params],
+        keep_extra_bytes=[0] + [keep_extra] * layers + [0],
+        recompute_seconds=[0.0] + [gpu_seconds * fwd_layer / work] * layers + [0.0],
+        budget_bytes=int(budget_gib * GIB), base_peak_bytes=int(peak_gib * GIB),
+        gpu_seconds=gpu_seconds,
+        h2d_bytes=2.0 * sum(params) + 4 * tokens * h * layers * 0.0,  # streamed bf16 weights
+        d2h_bytes=2.0 * sum(params),  # bf16 gradients
+        **PROFILE)
+
+
+# (shape, batch, budget GiB, first-step peak GiB, GPU s per step with every layer recomputed)
+CASES = [
+    ("llama2-7b", 4, 24, 7.5, 0.41),
+    ("llama2-7b", 8, 24, 8.9, 0.80),
+    ("llama2-7b", 16, 24, 12.2, 1.59),
+    ("llama2-7b", 16, 40, 12.2, 1.59),  # room for kept layers: the GPU-bound side
+    ("tinyllama-1.1b", 8, 6, 2.6, 0.10),
+    ("tinyllama-1.1b", 32, 6, 4.9, 0.40),
+    ("llama2-70b", 4, 80, 30.0, 4.3),
+]
+
+
+def ilp_optimum(inp):
+    n = len(inp["params"])
+    keepable = [b for b in range(n) if inp["keep_extra_bytes"][b] > 0]
+    ny, nx = n, len(keepable)
+    T = ny + nx  # index of the continuous variable
+    nv = T + 1
+    p = np.array(inp["params"], dtype=float)
+    P = p.sum()
+    rows, lo, hi = [], [], []
+
+    def row(coef_y=None, coef_x=None, t=0.0, lb=-np.inf, ub=np.inf):
+        r = np.zeros(nv)
+        if coef_y is not None:
+            r[:ny] = coef_y
+        if coef_x is not None:
+            r[ny:T] = coef_x
+        r[T] = t
+        rows.append(r)
+        lo.append(lb)
+        hi.append(ub)
+
+    for b in range(n - 1):  # prefix: y_b - y_{b+1} >= 0
+        c = np.zeros(ny)
+        c[b], c[b + 1] = 1, -1
+        row(coef_y=c, lb=0)
+    room = inp["budget_bytes"] - inp["base_peak_bytes"] - inp.get("margin_bytes", 512 << 20)
+    row(coef_y=np.array(inp["device_state_bytes"], float),
+        coef_x=np.array([inp["keep_extra_bytes"][b] for b in keepable], float), ub=room)
+    rec = np.array([inp["recompute_seconds"][b] for b in keepable])
+    dev = 1e-11
+    # T >= gpu - sum rec x + dev sum p y   <=>   T + rec.x - dev p.y >= gpu
+    row(coef_y=-dev * p, coef_x=rec, t=1, lb=inp["gpu_seconds"])
+    # T >= (P - p.y) / cpu   <=>   T + p.y / cpu >= P / cpu
+    cpu = inp["cpu_params_per_s"]
+    row(coef_y=p / cpu, t=1, lb=P / cpu)
+    # host: ((P - p.y) 28 + h2d - 2 p.y + d2h - 2 p.y) / bw
+    bw = inp["host_bytes_per_s"]
+    row(coef_y=p * (28 + 2 + 2) / bw, t=1, lb=(P * 28 + inp["h2d_bytes"] + inp["d2h_bytes"]) / bw)
+    row(coef_y=2 * p / inp["h2d_bytes_per_s"], t=1, lb=inp["h2d_bytes"] / inp["h2d_bytes_per_s"])
+    row(coef_y=2 * p / inp["d2h_bytes_per_s"], t=1, lb=inp["d2h_bytes"] / inp["d2h_bytes_per_s"])
+    c = np.zeros(nv)
+    c[T] = 1
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
+               integrality=np.r_[np.ones(ny + nx), 0], bounds=Bounds(0, np.r_[np.ones(ny + nx), np.inf]))
+    assert res.status == 0, res.message
+    return res.fun, int(round(res.x[:ny].sum())), int(round(res.x[ny:T].sum()))
+
+
+def run_plan(binary_dir, inp, tmp_path):
+    f = tmp_path / "in.json"
+    f.write_text(json.dumps(inp))
+    t0 = time.monotonic()
+    r = subprocess.run([str(binary_dir / "trainer" / "offloadd-plan"), str(f)], capture_output=True,
+                       text=True, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), r.stderr, elapsed
+
+
+@pytest.mark.parametrize("shape,batch,budget,peak,gpu", CASES)
+def test_planner_reaches_the_ilp_optimum(binary_dir, tmp_path, shape, batch, budget, peak, gpu):
+    inp = plan_inputs(shape, batch, budget, peak, gpu)
+    plan, text, elapsed = run_plan(binary_dir, inp, tmp_path)
+    opt, ilp_s, ilp_k = ilp_optimum(inp)
+    print(f"{shape} b{batch} {budget} GiB: planner s={plan['device_blocks']} k={plan['keep_layers']} "
+          f"{plan['predicted_s']:.4f} s ({plan['bound']}); ILP s={ilp_s} k={ilp_k} {opt:.4f} s; "
+          f"{elapsed * 1e3:.0f} ms")
+    assert opt * (1 - 1e-9) <= plan["predicted_s"] <= opt * 1.005 + 1e-12
+    assert plan["gpu_bytes"] <= inp["budget_bytes"]
+    assert elapsed < 5, "the plan must be solved in under 5 s"
+    assert "predicted" in text
+
+
+def test_gpu_bound_plans_keep_layers_and_host_bound_plans_place_states(binary_dir, tmp_path):
+    """The two sides of the trade: with a fast host and a 40 GiB budget at batch 16 the GPU binds,
+    so recomputes are dropped; on the 112 GB/s host at batch 8 host memory binds, so the budget
+    holds AdamW states and no layer is kept (a kept layer would only use memory)."""
+    fast = plan_inputs("llama2-7b", 16, 40, 12.2, 1.59)
+    fast.update(host_bytes_per_s=400e9, cpu_params_per_s=20e9)
+    plan, _, _ = run_plan(binary_dir, fast, tmp_path)
+    assert plan["bound"] == "GPU" and plan["keep_layers"] > 0, plan
+    slow, _, _ = run_plan(binary_dir, plan_inputs("llama2-7b", 8, 24, 8.9, 0.80), tmp_path)
+    assert slow["bound"] == "host memory" and slow["keep_layers"] == 0 and slow["device_blocks"] > 0, slow
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"params": [1, 2]}, "one entry per block"),
+    ({"cpu_params_per_s": 0}, "cpu_params_per_s must be positive"),
+    ({"budget_bytes": -1}, "budget_bytes must be positive"),
+    ({"gpu_seconds": "fast"}, "field 'gpu_seconds'"),
+])
+def test_bad_inputs_are_refused_by_name(binary_dir, tmp_path, patch, needle):
+    inp = plan_inputs("llama2-7b", 4, 24, 7.5, 0.41)
+    inp.update(patch)
+    f = tmp_path / "in.json"
+    f.write_text(json.dumps(inp))
+    r = subprocess.run([str(binary_dir / "trainer" / "offloadd-plan"), str(f)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and needle in r.stderr, r.stderr
+
+
+def test_nothing_fits_keeps_the_first_steps_plan(binary_dir, tmp_path):
+    """A first step that already filled the budget leaves (0, 0): what it ran, never infeasible."""
+    inp = plan_inputs("llama2-7b", 16, 24, 23.9, 1.59)
+    plan, _, _ = run_plan(binary_dir, inp, tmp_path)
+    assert plan["device_blocks"] == 0 and plan["keep_layers"] == 0, plan

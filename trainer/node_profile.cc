@@ -1,0 +1,276 @@
+#include "trainer/node_profile.h"
+
+#include <ATen/ATen.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "common/safe_path.h"
+#include "common/units.h"
+#include "engine/file_util.h"
+#include "workers/adamw_kernel.h"
+
+#if OFFLOADD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace offloadd::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown host";
+  return buf;
+}
+
+// Runs fn(i, begin, end) over [0, n) split between `threads` threads.
+template <typename Fn>
+void Parallel(int threads, size_t n, Fn fn) {
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) {
+    const size_t begin = n * i / threads, end = n * (i + 1) / threads;
+    pool.emplace_back([&fn, i, begin, end] { fn(i, begin, end); });
+  }
+  for (auto& t : pool) t.join();
+}
+
+// STREAM triad over 3 x 192 MiB of floats (far beyond any last-level cache), best of 4.
+double MeasureHostBandwidth(int threads) {
+  const size_t n = size_t{48} << 20;
+  std::vector<float> a(n), b(n), c(n);
+  Parallel(threads, n, [&](int, size_t lo, size_t hi) {  // first touch by the measuring threads
+    for (size_t i = lo; i < hi; ++i) a[i] = 0, b[i] = 1, c[i] = 2;
+  });
+  double best = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = Clock::now();
+    Parallel(threads, n, [&](int, size_t lo, size_t hi) {
+      float* __restrict pa = a.data();
+      const float* __restrict pb = b.data();
+      const float* __restrict pc = c.data();
+      for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+    });
+    best = std::max(best, 3.0 * 4.0 * static_cast<double>(n) / Since(t0));
+  }
+  return best;
+}
+
+// The fused AdamW kernel on 2^25 parameters (bf16 gradients and weights: 512 MiB of state and
+// traffic like a real shard), each thread on its own slice, best of 3.
+StatusOr<double> MeasureAdamW(int threads, const std::string& kernel, std::string* path_name) {
+  ASSIGN_OR_RETURN(workers::KernelChoice choice, workers::ResolveKernelPath(kernel));
+  *path_name = std::string(workers::KernelPathName(choice.path));
+  const size_t n = size_t{1} << 25;
+  std::vector<float> master(n), m(n), v(n);
+  std::vector<uint16_t> grad(n), weights(n);
+  Parallel(threads, n, [&](int, size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i) {
+      master[i] = 0.01f * static_cast<float>(i % 97);
+      m[i] = v[i] = 0;
+      grad[i] = 0x3c00 + static_cast<uint16_t>(i % 64);  // small positive bf16 values
+    }
+  });
+  workers::AdamWHyper h;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    h.step = static_cast<uint64_t>(rep + 1);
+    const auto t0 = Clock::now();
+    Parallel(threads, n, [&](int, size_t lo, size_t hi) {
+      workers::AdamWSpan s;
+      s.grad = grad.data() + lo;
+      s.grad_dtype = workers::GradDtype::kBf16;
+      s.master = master.data() + lo;
+      s.exp_avg = m.data() + lo;
+      s.exp_avg_sq = v.data() + lo;
+      s.weights = weights.data() + lo;
+      s.weight_dtype = workers::WeightDtype::kBf16;
+      s.n = hi - lo;
+      workers::FusedAdamW(s, h, choice.path);
+    });
+    best = std::max(best, static_cast<double>(n) / Since(t0));
+  }
+  return best;
+}
+
+// Pinned host <-> device copies of 256 MiB, each direction alone and both at once on two
+// streams, best of 3 after a warm-up copy.
+void MeasurePcie(c10::Device device, NodeProfile* p) {
+#if OFFLOADD_WITH_CUDA
+  const int64_t bytes = int64_t{256} << 20;
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+  const auto on_device = at::TensorOptions().dtype(at::kByte).device(device);
+  at::Tensor host_in = at::ones({bytes}, pinned), host_out = at::empty({bytes}, pinned);
+  at::Tensor dev_in = at::empty({bytes}, on_device), dev_out = at::ones({bytes}, on_device);
+  const c10::cuda::CUDAGuard guard(device);
+  c10::cuda::CUDAStream up = c10::cuda::getStreamFromPool(false, device.index());
+  c10::cuda::CUDAStream down = c10::cuda::getStreamFromPool(false, device.index());
+  auto best_of = [&](bool h2d, bool d2h) {
+    double best = 1e30;
+    for (int rep = 0; rep < 4; ++rep) {
+      c10::cuda::device_synchronize();
+      const auto t0 = Clock::now();
+      if (h2d) {
+        const c10::cuda::CUDAStreamGuard g(up);
+        dev_in.copy_(host_in, /*non_blocking=*/true);
+      }
+      if (d2h) {
+        const c10::cuda::CUDAStreamGuard g(down);
+        host_out.copy_(dev_out, /*non_blocking=*/true);
+      }
+      up.synchronize();
+      down.synchronize();
+      if (rep > 0) best = std::min(best, Since(t0));  // rep 0 warms up
+    }
+    return static_cast<double>(bytes) * ((h2d ? 1 : 0) + (d2h ? 1 : 0)) / best;
+  };
+  p->h2d_bytes_per_s = best_of(true, false);
+  p->d2h_bytes_per_s = best_of(false, true);
+  p->both_bytes_per_s = best_of(true, true);
+#else
+  (void)device;
+  (void)p;
+#endif
+}
+
+std::string NowUtc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+nlohmann::json ToJson(const NodeProfile& p) {
+  return {{"key", p.key},
+          {"host_bytes_per_s", p.host_bytes_per_s},
+          {"cpu_params_per_s", p.cpu_params_per_s},
+          {"threads", p.threads},
+          {"kernel", p.kernel},
+          {"h2d_bytes_per_s", p.h2d_bytes_per_s},
+          {"d2h_bytes_per_s", p.d2h_bytes_per_s},
+          {"both_bytes_per_s", p.both_bytes_per_s},
+          {"measure_seconds", p.measure_seconds},
+          {"measured_at", p.measured_at}};
+}
+
+// A cached profile, or nothing when absent, unreadable or measured under another key (logged by
+// the caller as a re-measurement, never an error: the cache only saves time).
+std::optional<NodeProfile> ReadCached(const std::string& path, const std::string& key) {
+  auto text = engine::ReadFile(path);
+  if (!text.ok()) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(*text);
+    if (j.at("key").get<std::string>() != key) return std::nullopt;
+    NodeProfile p;
+    p.key = key;
+    p.host_bytes_per_s = j.at("host_bytes_per_s").get<double>();
+    p.cpu_params_per_s = j.at("cpu_params_per_s").get<double>();
+    p.threads = j.at("threads").get<int>();
+    p.kernel = j.at("kernel").get<std::string>();
+    p.h2d_bytes_per_s = j.at("h2d_bytes_per_s").get<double>();
+    p.d2h_bytes_per_s = j.at("d2h_bytes_per_s").get<double>();
+    p.both_bytes_per_s = j.at("both_bytes_per_s").get<double>();
+    p.measure_seconds = j.at("measure_seconds").get<double>();
+    p.measured_at = j.at("measured_at").get<std::string>();
+    if (!(p.host_bytes_per_s > 0) || !(p.cpu_params_per_s > 0)) return std::nullopt;
+    return p;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
+                                               const std::string& kernel, c10::Device device,
+                                               bool* cached) {
+  if (threads < 1) return InvalidArgumentError("node profile: threads must be >= 1");
+  std::string path_name;
+  ASSIGN_OR_RETURN(workers::KernelChoice choice, workers::ResolveKernelPath(kernel));
+  path_name = std::string(workers::KernelPathName(choice.path));
+  std::ostringstream key;
+  key << HostName() << " | " << CpuModel() << " | " << UsableCores() << " cores | AdamW "
+      << threads << " threads " << path_name << " | ";
+#if OFFLOADD_WITH_CUDA
+  if (device.is_cuda()) {
+    key << at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
+  } else {
+    key << "no GPU";
+  }
+#else
+  key << "no GPU";
+#endif
+  const std::string file = dir.empty() ? "" : dir + "/node-profile.json";
+  *cached = false;
+  if (!file.empty()) {
+    if (auto p = ReadCached(file, key.str())) {
+      *cached = true;
+      return *p;
+    }
+  }
+  NodeProfile p;
+  p.key = key.str();
+  const auto t0 = Clock::now();
+  p.host_bytes_per_s = MeasureHostBandwidth(UsableCores());
+  p.threads = threads;
+  ASSIGN_OR_RETURN(p.cpu_params_per_s, MeasureAdamW(threads, kernel, &p.kernel));
+  if (device.is_cuda()) MeasurePcie(device, &p);
+  p.measure_seconds = Since(t0);
+  p.measured_at = NowUtc();
+  if (!file.empty()) {
+    RETURN_IF_ERROR(engine::MakeDirs(dir));
+    RETURN_IF_ERROR(WriteFileAtomically(file, ToJson(p).dump(2) + "\n"));
+  }
+  return p;
+}
+
+std::string DescribeNodeProfile(const NodeProfile& p) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "host memory %.1f GB/s, AdamW %.2f G params/s (%d threads, %s), PCIe H2D %.1f / "
+                "D2H %.1f / both %.1f GB/s (measured %s in %.1f s)",
+                p.host_bytes_per_s / 1e9, p.cpu_params_per_s / 1e9, p.threads, p.kernel.c_str(),
+                p.h2d_bytes_per_s / 1e9, p.d2h_bytes_per_s / 1e9, p.both_bytes_per_s / 1e9,
+                p.measured_at.c_str(), p.measure_seconds);
+  return buf;
+}
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,136 @@
+#include "trainer/step_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace offloadd::trainer {
+namespace {
+
+// The keepable blocks (keep_extra_bytes > 0), top first.
+std::vector<size_t> KeepOrder(const PlanInputs& in) {
+  std::vector<size_t> order;
+  for (size_t b = in.keep_extra_bytes.size(); b-- > 0;) {
+    if (in.keep_extra_bytes[b] > 0) order.push_back(b);
+  }
+  return order;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f s", s);
+  return buf;
+}
+
+}  // namespace
+
+Status ValidatePlanInputs(const PlanInputs& in) {
+  const size_t n = in.params.size();
+  if (n == 0) return InvalidArgumentError("plan inputs: no blocks");
+  if (in.device_state_bytes.size() != n || in.keep_extra_bytes.size() != n ||
+      in.recompute_seconds.size() != n) {
+    return InvalidArgumentError("plan inputs: params, device_state_bytes, keep_extra_bytes and "
+                                "recompute_seconds must have one entry per block");
+  }
+  for (size_t b = 0; b < n; ++b) {
+    if (in.params[b] < 0 || in.device_state_bytes[b] < 0 || in.keep_extra_bytes[b] < 0 ||
+        !(in.recompute_seconds[b] >= 0)) {
+      return InvalidArgumentError("plan inputs: block " + std::to_string(b) +
+                                  " has a negative size or time");
+    }
+  }
+  const std::pair<const char*, double> rates[] = {{"host_bytes_per_s", in.host_bytes_per_s},
+                                                  {"cpu_params_per_s", in.cpu_params_per_s},
+                                                  {"h2d_bytes_per_s", in.h2d_bytes_per_s},
+                                                  {"d2h_bytes_per_s", in.d2h_bytes_per_s}};
+  for (const auto& [name, v] : rates) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      return InvalidArgumentError(std::string("plan inputs: ") + name + " must be positive");
+    }
+  }
+  if (!(in.gpu_seconds >= 0) || !(in.h2d_bytes >= 0) || !(in.d2h_bytes >= 0)) {
+    return InvalidArgumentError("plan inputs: gpu_seconds, h2d_bytes and d2h_bytes must be >= 0");
+  }
+  if (in.budget_bytes <= 0) return InvalidArgumentError("plan inputs: budget_bytes must be positive");
+  return OkStatus();
+}
+
+PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers) {
+  PlanChoice c;
+  c.device_blocks = device_blocks;
+  c.keep_layers = keep_layers;
+  int64_t total_params = 0, placed = 0, state_bytes = 0, keep_bytes = 0;
+  double recompute_saved = 0;
+  for (size_t b = 0; b < in.params.size(); ++b) total_params += in.params[b];
+  for (int b = 0; b < device_blocks; ++b) {
+    placed += in.params[b];
+    state_bytes += in.device_state_bytes[b];
+  }
+  const std::vector<size_t> order = KeepOrder(in);
+  for (int i = 0; i < keep_layers && i < static_cast<int>(order.size()); ++i) {
+    keep_bytes += in.keep_extra_bytes[order[i]];
+    recompute_saved += in.recompute_seconds[order[i]];
+  }
+  const double cpu_params = static_cast<double>(total_params - placed);
+  const double h2d = std::max(0.0, in.h2d_bytes - in.h2d_saved_per_param * placed);
+  const double d2h = std::max(0.0, in.d2h_bytes - in.d2h_saved_per_param * placed);
+  c.gpu_s = std::max(0.0, in.gpu_seconds - recompute_saved) + in.device_seconds_per_param * placed;
+  c.cpu_s = cpu_params / in.cpu_params_per_s;
+  c.host_s = (cpu_params * in.host_bytes_per_param + h2d + d2h) / in.host_bytes_per_s;
+  c.h2d_s = h2d / in.h2d_bytes_per_s;
+  c.d2h_s = d2h / in.d2h_bytes_per_s;
+  const std::pair<const char*, double> parts[] = {{"GPU", c.gpu_s},
+                                                  {"CPU update", c.cpu_s},
+                                                  {"host memory", c.host_s},
+                                                  {"H2D", c.h2d_s},
+                                                  {"D2H", c.d2h_s}};
+  for (const auto& [name, s] : parts) {
+    if (s > c.predicted_s || c.bound.empty()) {
+      c.predicted_s = s;
+      c.bound = name;
+    }
+  }
+  c.gpu_bytes = in.base_peak_bytes + in.margin_bytes + state_bytes + keep_bytes;
+  c.feasible = (device_blocks == 0 && keep_layers == 0) || c.gpu_bytes <= in.budget_bytes;
+  return c;
+}
+
+StatusOr<PlanChoice> SolvePlan(const PlanInputs& in) {
+  RETURN_IF_ERROR(ValidatePlanInputs(in));
+  const int n = static_cast<int>(in.params.size());
+  const int keepable = static_cast<int>(KeepOrder(in).size());
+  const int max_s = in.place_states ? n : 0;
+  const int max_k = in.keep_activations ? keepable : 0;
+  PlanChoice best = EvaluatePlan(in, 0, 0);
+  auto better = [](const PlanChoice& a, const PlanChoice& b) {
+    if (a.predicted_s < b.predicted_s * 0.995) return true;
+    if (a.predicted_s > b.predicted_s * 1.005) return false;
+    if (a.keep_layers != b.keep_layers) return a.keep_layers < b.keep_layers;
+    return a.device_blocks > b.device_blocks;
+  };
+  for (int s = 0; s <= max_s; ++s) {
+    for (int k = 0; k <= max_k; ++k) {
+      const PlanChoice c = EvaluatePlan(in, s, k);
+      if (c.feasible && better(c, best)) best = c;
+    }
+  }
+  return best;
+}
+
+std::string DescribePlan(const PlanChoice& c, int64_t budget_bytes) {
+  std::ostringstream o;
+  o << c.device_blocks << (c.device_blocks == 1 ? " block's" : " blocks'")
+    << " AdamW states on the GPU, " << c.keep_layers
+    << (c.keep_layers == 1 ? " layer's" : " layers'") << " activations kept: predicted "
+    << Seconds(c.predicted_s) << "/step (" << c.bound << "; GPU " << Seconds(c.gpu_s) << ", CPU "
+    << Seconds(c.cpu_s) << ", host memory " << Seconds(c.host_s) << ", H2D " << Seconds(c.h2d_s)
+    << ", D2H " << Seconds(c.d2h_s) << "), "
+    << FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, c.gpu_bytes))) << " of "
+    << FormatByteSize(static_cast<uint64_t>(budget_bytes));
+  return o.str();
+}
+
+}  // namespace offloadd::trainer

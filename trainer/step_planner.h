@@ -1,0 +1,81 @@
+#pragma once
+// StepPlanner: after the first step, places the AdamW states of the lowest blocks on the GPU and
+// keeps (instead of recomputing) the activations of the top decoder layers, so that the predicted
+// step time is smallest under the GPU budget (issue #13, OFFMATE's placement question with
+// LoHan's profile-fed cost model).
+//
+// Cost model: every resource works concurrently with the others (the pipeline overlaps them), so a
+// step takes as long as its busiest resource:
+//   T = max(GPU, CPU update, host memory, H2D, D2H)
+//   GPU     = measured compute - recompute time of the kept layers + device AdamW of the placed
+//             parameters
+//   CPU     = CPU-updated parameters / the AdamW pool's rate alone (node profile)
+//   host    = (CPU-updated parameters * 28 B + H2D bytes + D2H bytes) / host memory bandwidth
+//   H2D/D2H = measured bytes - what the placed blocks no longer move (their weights stay on the
+//             GPU, their gradients are not copied out), over the profiled link rates
+// subject to  first-step peak + margin + placed states + kept activations <= GPU budget.
+// The decision is (s, k): the lowest s blocks' states on the GPU (a prefix: the next forward needs
+// them first and their gradients land last) and the top k decoder layers kept. The planner
+// enumerates every (s, k) pair, so its answer is the exact optimum of the integer program over
+// per-block binaries when decoder layers are alike (tests/python/trainer/test_step_planner_ilp.py
+// checks it against an ILP solver on the benchmark shapes). (n+1)(L+1) evaluations: microseconds
+// for 80 layers.
+//
+// Torch-free; offloadd-plan (trainer/tools/plan_main.cc) runs it on JSON for tests and tools.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace offloadd::trainer {
+
+struct PlanInputs {
+  // Per block, embedding first.
+  std::vector<int64_t> params;            // parameters the optimizer updates
+  std::vector<int64_t> device_state_bytes;  // GPU bytes its AdamW states (+ resident weight) need
+  std::vector<int64_t> keep_extra_bytes;    // kept minus recomputed activations (0: cannot keep)
+  std::vector<double> recompute_seconds;    // GPU time its recompute costs (0: not recomputed)
+  int64_t budget_bytes = 0;
+  int64_t base_peak_bytes = 0;  // the first step's allocator peak (nothing placed, all recomputed)
+  int64_t margin_bytes = int64_t{512} << 20;
+  double gpu_seconds = 0;  // measured compute per step, as planned in the first step
+  double h2d_bytes = 0;    // measured per step
+  double d2h_bytes = 0;
+  // Node profile.
+  double host_bytes_per_s = 0;
+  double cpu_params_per_s = 0;
+  double h2d_bytes_per_s = 0;
+  double d2h_bytes_per_s = 0;
+  // Model constants.
+  double host_bytes_per_param = 28;  // bf16 grad in, fp32 master/m/v read and written, bf16 out
+  double h2d_saved_per_param = 2;    // a placed block's bf16 weights stay on the GPU
+  double d2h_saved_per_param = 2;    // and its bf16 gradients are not copied out
+  double device_seconds_per_param = 1e-11;  // ATen fused AdamW, ~30 B/param at ~3 TB/s
+  // Choices the job leaves open (false: fixed at 0).
+  bool place_states = true;
+  bool keep_activations = true;
+};
+
+struct PlanChoice {
+  int device_blocks = 0;  // lowest blocks with GPU-resident AdamW states
+  int keep_layers = 0;    // top decoder layers whose activations are kept
+  double gpu_s = 0, cpu_s = 0, host_s = 0, h2d_s = 0, d2h_s = 0;
+  double predicted_s = 0;  // the max of the above
+  std::string bound;       // the resource that sets it
+  int64_t gpu_bytes = 0;   // peak + margin + states + kept activations
+  bool feasible = false;
+};
+
+// Checks sizes and rates (a clear error naming the field).
+Status ValidatePlanInputs(const PlanInputs& in);
+// Evaluates one (s, k).
+PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers);
+// The fastest feasible (s, k); ties (within 0.5%) go to fewer kept layers, then more placed
+// blocks. (0, 0) is always feasible: it is what the first step ran.
+StatusOr<PlanChoice> SolvePlan(const PlanInputs& in);
+// "2 blocks' states on the GPU, 3 layers kept: predicted 1.81 s/step (host memory; GPU 1.59 s,
+// CPU 1.45 s, host 1.81 s, H2D 0.63 s, D2H 0.23 s), 23.1 GiB of 24 GiB".
+std::string DescribePlan(const PlanChoice& c, int64_t budget_bytes);
+
+}  // namespace offloadd::trainer

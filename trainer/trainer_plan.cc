@@ -1,0 +1,182 @@
+// The step planner in the trainer (issue #13): after the first step, the node profile and that
+// step's measurements price every placement of AdamW states and kept activations
+// (trainer/step_planner.h); the fastest feasible one is applied before the second step. Two steps
+// later the measured step time is logged beside the prediction, and the plan is re-solved once
+// when they differ by more than 10%.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "common/units.h"
+#include "trainer/node_profile.h"
+#include "trainer/trainer_impl.h"
+
+namespace offloadd::trainer {
+namespace {
+
+// Kept activations are priced at 1.5x the engine's estimate: the estimate counts the saved
+// tensors without allocator rounding or the backward's larger transients (the reason recompute
+// is the default on CUDA), and an out-of-memory error mid-job costs more than a recompute.
+constexpr double kKeepSafety = 1.5;
+constexpr double kRecheckTolerance = 0.10;
+
+std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f s", s);
+  return buf;
+}
+
+}  // namespace
+
+Status Trainer::Impl::PlaceDeviceBlocks() {
+  device_placement_pending = false;
+  RETURN_IF_ERROR(accounting->Flush());  // step 1's figures: GPU time and bytes moved
+  const StepStats& first = accounting->last_stats();
+  const HostOptimizerOptions ho = HostOptions();
+  bool cached = false;
+  ASSIGN_OR_RETURN(NodeProfile prof,
+                   LoadOrMeasureNodeProfile(cfg.profile_dir,
+                                            static_cast<int>(ho.worker_processes * ho.worker_threads),
+                                            cfg.adamw_kernel, device, &cached));
+  Log(TrainObserver::Level::kInfo, std::string("node profile (") + (cached ? "cached" : "measured") +
+                                       "): " + DescribeNodeProfile(prof));
+
+  const int64_t B = cfg.batch_size;
+  const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
+                                                      : cfg.data.max_seq_length;
+  const std::vector<int64_t> need = DeviceOptimizerNeeds(weights->resident());
+  const bool may_keep =
+      cfg.offload.activations == ActivationMode::kAuto && cfg.offload.layer_overrides.empty();
+  PlanInputs& in = plan_inputs;
+  in = PlanInputs();
+  double work = 0;  // GPU work of the step in forward-flop units, recompute included
+  std::vector<double> forward(n);
+  for (int b = 0; b < n; ++b) {
+    const engine::BlockCost c = model->block(b).EstimateCost(B, T, dtype);
+    forward[b] = c.forward_flops;
+    const bool recomputed = modes[b] == engine::SaveMode::kRecompute;
+    work += b == n - 1 ? c.forward_flops : (recomputed ? 4 : 3) * c.forward_flops;
+    in.params.push_back(static_cast<int64_t>(layout[b].numel));
+    in.device_state_bytes.push_back(need[b + 1] - need[b]);
+    in.keep_extra_bytes.push_back(
+        may_keep && recomputed
+            ? static_cast<int64_t>(kKeepSafety * (c.saved_bytes_keep - c.saved_bytes_recompute))
+            : 0);
+  }
+  for (int b = 0; b < n; ++b) {
+    const bool recomputed = modes[b] == engine::SaveMode::kRecompute;
+    in.recompute_seconds.push_back(recomputed && work > 0
+                                       ? first.gpu_compute_seconds * forward[b] / work
+                                       : 0.0);
+  }
+  in.budget_bytes = gpu_budget;
+  in.base_peak_bytes = streams->PeakReservedBytes();
+  in.gpu_seconds = first.gpu_compute_seconds;
+  in.h2d_bytes = static_cast<double>(first.h2d_bytes);
+  in.d2h_bytes = static_cast<double>(first.d2h_bytes);
+  in.host_bytes_per_s = prof.host_bytes_per_s;
+  in.cpu_params_per_s = prof.cpu_params_per_s;
+  in.h2d_bytes_per_s = prof.h2d_bytes_per_s > 0 ? prof.h2d_bytes_per_s : 1e30;
+  in.d2h_bytes_per_s = prof.d2h_bytes_per_s > 0 ? prof.d2h_bytes_per_s : 1e30;
+  in.keep_activations = may_keep;
+  ASSIGN_OR_RETURN(plan, SolvePlan(in));
+  Log(TrainObserver::Level::kInfo,
+      "step plan: " + trainer::DescribePlan(plan, gpu_budget) + "; the first step (everything on the CPU" +
+          ", every layer recomputed) peaked at " +
+          FormatByteSize(static_cast<uint64_t>(in.base_peak_bytes)) + " and its GPU work took " +
+          FormatSeconds(first.gpu_compute_seconds));
+  RETURN_IF_ERROR(ApplyKeptLayers(plan.keep_layers));
+  plan_check_step = completed + 2;  // the second step run under the plan
+  const int count = plan.device_blocks;
+  std::ostringstream msg;
+  msg << "device optimizer (auto): the first step peaked at "
+      << FormatByteSize(static_cast<uint64_t>(in.base_peak_bytes)) << " of the "
+      << FormatByteSize(static_cast<uint64_t>(gpu_budget)) << " budget; ";
+  if (count == 0) {
+    if (in.base_peak_bytes + in.margin_bytes + need[1] > gpu_budget) {
+      msg << "no block's AdamW states fit beside it (the first needs "
+          << FormatByteSize(static_cast<uint64_t>(need[1])) << "): all stay on the CPU";
+    } else {
+      msg << "the step planner keeps every block's AdamW states on the CPU (no faster elsewhere)";
+    }
+    Log(TrainObserver::Level::kInfo, msg.str());
+    return OkStatus();
+  }
+  // Step 1's updates must be in the arena before the states move.
+  ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(completed)));
+  (void)last;
+  for (int b = 0; b < count; ++b) device_blocks[b] = true;
+  RETURN_IF_ERROR(StartDeviceOptimizer());
+  RETURN_IF_ERROR(host->SetDeviceBlocks(device_blocks));
+  weights->AdoptDeviceOptimizer(device_opt.get());
+  schedule->SetDeviceOptimizer(device_opt.get());
+  accounting->SetDeviceParams(device_opt->params());
+  msg << "the AdamW states of blocks 0-" << count - 1 << " (" << device_opt->params() << " parameters, "
+      << FormatByteSize(static_cast<uint64_t>(need[count])) << ") move to the device";
+  Log(TrainObserver::Level::kInfo, msg.str());
+  return OkStatus();
+}
+
+Status Trainer::Impl::ApplyKeptLayers(int keep) {
+  int kept = 0;
+  for (int b = n - 1; b >= 0; --b) {
+    if (plan_inputs.keep_extra_bytes[b] <= 0) continue;
+    const engine::SaveMode m = kept < keep ? engine::SaveMode::kKeep : engine::SaveMode::kRecompute;
+    modes[b] = m;
+    schedule->SetMode(b, m);
+    ++kept;
+  }
+  return OkStatus();
+}
+
+Status Trainer::Impl::CheckPlan() {
+  const StepStats& s = accounting->last_stats();
+  if (plan_check_step == 0 || s.step != plan_check_step) return OkStatus();
+  plan_check_step = 0;
+  const double measured = s.step_seconds, predicted = plan.predicted_s;
+  const double off = predicted > 0 ? measured / predicted - 1 : 0;
+  std::ostringstream msg;
+  msg.precision(3);
+  msg << "step plan check: step " << s.step << " took " << measured << " s against "
+      << predicted << " s predicted (" << (off >= 0 ? "+" : "") << 100 * off << "%)";
+  if (std::abs(off) <= kRecheckTolerance || plan_resolved) {
+    Log(TrainObserver::Level::kInfo, msg.str());
+    return OkStatus();
+  }
+  // Re-fit once: GPU time and bytes as measured under the plan, taken back to the first step's
+  // plan; the resource that bound the prediction gets the measured step's rate.
+  plan_resolved = true;
+  PlanInputs in = plan_inputs;
+  double saved = 0;
+  int kept = 0;
+  for (int b = n - 1; b >= 0 && kept < plan.keep_layers; --b) {
+    if (in.keep_extra_bytes[b] > 0) saved += in.recompute_seconds[b], ++kept;
+  }
+  int64_t placed = 0;
+  for (int b = 0; b < plan.device_blocks; ++b) placed += in.params[b];
+  in.gpu_seconds = s.gpu_compute_seconds + saved - in.device_seconds_per_param * placed;
+  in.h2d_bytes = static_cast<double>(s.h2d_bytes) + in.h2d_saved_per_param * placed;
+  in.d2h_bytes = static_cast<double>(s.d2h_bytes) + in.d2h_saved_per_param * placed;
+  const double slow = std::max(1.0, measured / predicted);
+  if (plan.bound == "CPU update") in.cpu_params_per_s /= slow;
+  if (plan.bound == "host memory") in.host_bytes_per_s /= slow;
+  if (plan.bound == "H2D") in.h2d_bytes_per_s /= slow;
+  if (plan.bound == "D2H") in.d2h_bytes_per_s /= slow;
+  // The placed states stay where they are: only the kept layers may change.
+  in.place_states = false;
+  PlanChoice best = EvaluatePlan(in, plan.device_blocks, plan.keep_layers);
+  for (int k = 0; in.keep_activations && k <= static_cast<int>(in.params.size()); ++k) {
+    const PlanChoice c = EvaluatePlan(in, plan.device_blocks, k);
+    if (c.feasible && c.predicted_s < best.predicted_s * 0.995) best = c;
+  }
+  msg << "; re-solved with the measured figures: " << trainer::DescribePlan(best, gpu_budget);
+  Log(TrainObserver::Level::kInfo, msg.str());
+  plan_inputs = in;
+  plan = best;
+  return ApplyKeptLayers(best.keep_layers);
+}
+
+}  // namespace offloadd::trainer
