@@ -19,7 +19,7 @@ for r in "${runs[@]}"; do
   timeout "${RUN_TIMEOUT:-240}" python3 bench/pipeline/run_bench.py --build build-gpu --shape llama2-7b --batch "$1" \
     --gpu-memory-limit 24GiB --steps "${STEPS:-3}" --warmup 2 --max-grad-norm "$2" --speculate "$3" "${@:4}" \
     ${CALIBRATION_PARAMS:+--calibration-params $CALIBRATION_PARAMS} --json "$OUT/run$i.json" 2>&1 \
-    | grep -E "^\| (llama|shape|---)|clip rate|step/bound per step|calibration:|error|device optimizer \(auto\)"
+    | grep -E "^\| (llama|shape|---)|clip rate|step/bound per step|calibration:|error|device optimizer \(auto\)|step plan|node profile"
 done
 for b in ${BASELINE-16}; do
   timeout 150 python3 bench/pipeline/baseline_torch.py --shape llama2-7b --batch "$b" --steps 3 --warmup 2 \
