@@ -17,7 +17,9 @@ namespace offloadd::trainer {
 
 struct NodeProfile {
   std::string key;
-  double host_bytes_per_s = 0;  // triad a = b + s c, 3 x 4 B per element (no write-allocate)
+  // The larger of a STREAM triad (a = b + s c, 3 x 4 B per element, no write-allocate) and the
+  // AdamW measurement's own traffic (28 B per parameter).
+  double host_bytes_per_s = 0;
   double cpu_params_per_s = 0;  // fused AdamW, bf16 grads/weights, alone on idle cores
   int threads = 0;              // of the AdamW measurement
   std::string kernel;           // its code path

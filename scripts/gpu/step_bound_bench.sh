@@ -3,6 +3,7 @@
 # step-time bound of bench/pipeline/run_bench.py (idle-core calibration of the CPU update and host
 # memory bandwidth first). RUNS: ";"-separated "batches max_grad_norm speculate [run_bench args]"; BASELINE:
 # batches for the PyTorch all-on-GPU baseline in the same session ("" skips it). OUT receives JSON.
+# WARMUP (default 3): untimed steps; on CUDA the step planner places states before step 3.
 #   RUNS="16 1e6 always;16 1.0 never" BASELINE=16 scripts/gpu/step_bound_bench.sh
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -17,7 +18,7 @@ for r in "${runs[@]}"; do
   set -- $r
   i=$((i + 1))
   timeout "${RUN_TIMEOUT:-240}" python3 bench/pipeline/run_bench.py --build build-gpu --shape llama2-7b --batch "$1" \
-    --gpu-memory-limit 24GiB --steps "${STEPS:-3}" --warmup 2 --max-grad-norm "$2" --speculate "$3" "${@:4}" \
+    --gpu-memory-limit 24GiB --steps "${STEPS:-3}" --warmup "${WARMUP:-3}" --max-grad-norm "$2" --speculate "$3" "${@:4}" \
     ${CALIBRATION_PARAMS:+--calibration-params $CALIBRATION_PARAMS} --json "$OUT/run$i.json" 2>&1 \
     | grep -E "^\| (llama|shape|---)|clip rate|step/bound per step|calibration:|error|device optimizer \(auto\)|step plan|node profile"
 done
