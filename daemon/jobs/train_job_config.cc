@@ -170,6 +170,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.worker_processes = env.worker_processes;
   c.worker_threads = env.worker_threads;
   c.adamw_kernel = env.adamw_kernel;
+  c.profile_dir = env.profile_dir;
   if (env.trace_steps > 0 && !c.output_dir.empty()) {
     c.trace_path = c.output_dir + "/trace.json";
     c.trace_steps = env.trace_steps;

@@ -26,6 +26,7 @@ struct TrainerEnvironment {
   uint64_t gpu_memory_limit = 0;   // memory.gpu_memory_limit, used when the job sets none
   std::vector<std::string> store_dirs;  // storage.directories: NVMe tier when nvme_path is unset
   int64_t trace_steps = 3;  // steps recorded in output_dir/trace.json (0: no trace)
+  std::string profile_dir;  // the node profile cache: <state_dir>/profiles
 };
 
 // The job's TrainConfig, resume_from left empty. Each job's NVMe states go to a subdirectory

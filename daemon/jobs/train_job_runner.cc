@@ -232,6 +232,7 @@ TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has
   }
   env.worker_threads = config.workers.threads_per_process;
   env.adamw_kernel = config.workers.adamw_kernel;
+  env.profile_dir = config.state_dir + "/profiles";
   env.host_memory_limit = config.memory.host_memory_limit;
   env.gpu_memory_limit = config.memory.gpu_memory_limit;
   for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);

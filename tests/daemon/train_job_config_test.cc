@@ -36,6 +36,7 @@ class TrainJobConfigTest : public ::testing::Test {
     env_.worker_binary = "/bin/offloadd-worker";
     env_.store_binary = "/bin/offloadd-store";
     env_.worker_processes = 2;
+    env_.profile_dir = "/var/lib/offloadd/profiles";
     env_.store_dirs = {"/nvme0", "/nvme1"};
   }
   void TearDown() override { ASSERT_TRUE(engine::RemoveTree(dir_).ok()); }
@@ -118,6 +119,7 @@ TEST_F(TrainJobConfigTest, MapsTheResolvedSpec) {
   EXPECT_EQ(c.offload.host_memory_limit, 1u << 30);
   EXPECT_EQ(c.worker_binary, "/bin/offloadd-worker");
   EXPECT_EQ(c.worker_processes, 2u);
+  EXPECT_EQ(c.profile_dir, "/var/lib/offloadd/profiles");  // the node profile, cached per node
   EXPECT_TRUE(c.resume_from.empty());
 }
 
