@@ -9,8 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
-#include <optional>
-#include <nlohmann/json.hpp>
+#include <memory>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -76,7 +75,8 @@ void Parallel(int threads, size_t n, Fn fn) {
 double MeasureHostBandwidth(int threads) {
   constexpr int kPasses = 8;
   const size_t n = size_t{48} << 20;
-  std::vector<float> a(n), b(n), c(n);
+  // Uninitialised, so that the measuring threads' first touch places the pages (NUMA).
+  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
   Parallel(threads, n, [&](int, size_t lo, size_t hi) {  // first touch by the measuring threads
     for (size_t i = lo; i < hi; ++i) a[i] = 0, b[i] = 1, c[i] = 2;
   });
@@ -84,9 +84,9 @@ double MeasureHostBandwidth(int threads) {
   for (int rep = 0; rep < 4; ++rep) {
     const auto t0 = Clock::now();
     Parallel(threads, n, [&](int, size_t lo, size_t hi) {
-      float* __restrict pa = a.data();
-      const float* __restrict pb = b.data();
-      const float* __restrict pc = c.data();
+      float* __restrict pa = a.get();
+      const float* __restrict pb = b.get();
+      const float* __restrict pc = c.get();
       for (int pass = 0; pass < kPasses; ++pass) {
         for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
       }
@@ -102,13 +102,14 @@ StatusOr<double> MeasureAdamW(int threads, const std::string& kernel, std::strin
   ASSIGN_OR_RETURN(workers::KernelChoice choice, workers::ResolveKernelPath(kernel));
   *path_name = std::string(workers::KernelPathName(choice.path));
   const size_t n = size_t{1} << 25;
-  std::vector<float> master(n), m(n), v(n);
-  std::vector<uint16_t> grad(n), weights(n);
+  std::unique_ptr<float[]> master(new float[n]), m(new float[n]), v(new float[n]);
+  std::unique_ptr<uint16_t[]> grad(new uint16_t[n]), weights(new uint16_t[n]);
   Parallel(threads, n, [&](int, size_t lo, size_t hi) {
     for (size_t i = lo; i < hi; ++i) {
       master[i] = 0.01f * static_cast<float>(i % 97);
       m[i] = v[i] = 0;
       grad[i] = 0x3c00 + static_cast<uint16_t>(i % 64);  // small positive bf16 values
+      weights[i] = 0;
     }
   });
   workers::AdamWHyper h;
@@ -118,12 +119,12 @@ StatusOr<double> MeasureAdamW(int threads, const std::string& kernel, std::strin
     const auto t0 = Clock::now();
     Parallel(threads, n, [&](int, size_t lo, size_t hi) {
       workers::AdamWSpan s;
-      s.grad = grad.data() + lo;
+      s.grad = grad.get() + lo;
       s.grad_dtype = workers::GradDtype::kBf16;
-      s.master = master.data() + lo;
-      s.exp_avg = m.data() + lo;
-      s.exp_avg_sq = v.data() + lo;
-      s.weights = weights.data() + lo;
+      s.master = master.get() + lo;
+      s.exp_avg = m.get() + lo;
+      s.exp_avg_sq = v.get() + lo;
+      s.weights = weights.get() + lo;
       s.weight_dtype = workers::WeightDtype::kBf16;
       s.n = hi - lo;
       workers::FusedAdamW(s, h, choice.path);
@@ -182,45 +183,6 @@ std::string NowUtc() {
   return buf;
 }
 
-nlohmann::json ToJson(const NodeProfile& p) {
-  return {{"key", p.key},
-          {"host_bytes_per_s", p.host_bytes_per_s},
-          {"cpu_params_per_s", p.cpu_params_per_s},
-          {"threads", p.threads},
-          {"kernel", p.kernel},
-          {"h2d_bytes_per_s", p.h2d_bytes_per_s},
-          {"d2h_bytes_per_s", p.d2h_bytes_per_s},
-          {"both_bytes_per_s", p.both_bytes_per_s},
-          {"measure_seconds", p.measure_seconds},
-          {"measured_at", p.measured_at}};
-}
-
-// A cached profile, or nothing when absent, unreadable or measured under another key (logged by
-// the caller as a re-measurement, never an error: the cache only saves time).
-std::optional<NodeProfile> ReadCached(const std::string& path, const std::string& key) {
-  auto text = engine::ReadFile(path);
-  if (!text.ok()) return std::nullopt;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(*text);
-    if (j.at("key").get<std::string>() != key) return std::nullopt;
-    NodeProfile p;
-    p.key = key;
-    p.host_bytes_per_s = j.at("host_bytes_per_s").get<double>();
-    p.cpu_params_per_s = j.at("cpu_params_per_s").get<double>();
-    p.threads = j.at("threads").get<int>();
-    p.kernel = j.at("kernel").get<std::string>();
-    p.h2d_bytes_per_s = j.at("h2d_bytes_per_s").get<double>();
-    p.d2h_bytes_per_s = j.at("d2h_bytes_per_s").get<double>();
-    p.both_bytes_per_s = j.at("both_bytes_per_s").get<double>();
-    p.measure_seconds = j.at("measure_seconds").get<double>();
-    p.measured_at = j.at("measured_at").get<std::string>();
-    if (!(p.host_bytes_per_s > 0) || !(p.cpu_params_per_s > 0)) return std::nullopt;
-    return p;
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;
-  }
-}
-
 }  // namespace
 
 StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
@@ -242,10 +204,13 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
 #else
   key << "no GPU";
 #endif
-  const std::string file = dir.empty() ? "" : dir + "/node-profile.json";
+  const std::string file = dir.empty() ? "" : dir + "/" + kNodeProfileFile;
   *cached = false;
   if (!file.empty()) {
-    if (auto p = ReadCached(file, key.str())) {
+    // Absent, unreadable, corrupt or measured under another key: measured again (the cache only
+    // saves time).
+    auto p = ReadNodeProfile(file);
+    if (p.ok() && p->key == key.str()) {
       *cached = true;
       return *p;
     }
@@ -265,7 +230,7 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
   p.measured_at = NowUtc();
   if (!file.empty()) {
     RETURN_IF_ERROR(engine::MakeDirs(dir));
-    RETURN_IF_ERROR(WriteFileAtomically(file, ToJson(p).dump(2) + "\n"));
+    RETURN_IF_ERROR(WriteFileAtomically(file, NodeProfileJson(p)));
   }
   return p;
 }

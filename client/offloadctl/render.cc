@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <ctime>
 #include <sstream>
 
 #include "common/units.h"
@@ -27,6 +28,17 @@ std::string Upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return s;
 }
+
+namespace {
+std::string FormatTime(int64_t unix_seconds) {
+  const std::time_t t = static_cast<std::time_t>(unix_seconds);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+}  // namespace
 
 std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   std::ostringstream o;
@@ -63,6 +75,20 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
       << Bytes(s.capacity_bytes()) << (s.problem().empty() ? "" : " — " + s.problem()) << "\n";
   }
   o << "io_uring    " << (n.io_uring_available() ? "available" : "unavailable: " + n.io_uring_problem()) << "\n";
+  const auto& b = n.bandwidths();
+  if (b.host_memory_bytes_per_second() > 0) {
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "profile     host memory %.1f GB/s, AdamW %.2f G params/s (%d threads, %s), "
+                  "PCIe H2D %.1f / D2H %.1f / both %.1f GB/s, measured %s\n",
+                  b.host_memory_bytes_per_second() / 1e9, b.adamw_params_per_second() / 1e9,
+                  b.adamw_threads(), b.adamw_kernel().c_str(), b.host_to_device_bytes_per_second() / 1e9,
+                  b.device_to_host_bytes_per_second() / 1e9, b.both_directions_bytes_per_second() / 1e9,
+                  b.has_measured_at() ? FormatTime(b.measured_at().seconds()).c_str() : "?");
+    o << buf;
+  } else if (!b.problem().empty()) {
+    o << "profile     " << b.problem() << "\n";
+  }
   return o.str();
 }
 

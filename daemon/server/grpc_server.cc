@@ -66,6 +66,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   s->job_service_ = std::make_unique<JobServiceImpl>(config, jobs, metrics);
   auto node = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
   node->set_adamw_kernel(config.workers.adamw_kernel);
+  node->set_profile_dir(config.state_dir + "/profiles");  // where jobs cache the node profile
   s->node_service_ = std::move(node);
 
   grpc::ServerBuilder builder;

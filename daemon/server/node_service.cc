@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "daemon/server/rpc_recorder.h"
+#include "trainer/node_profile_file.h"
 #include "workers/adamw_kernel.h"
 
 namespace offloadd::daemon {
@@ -30,7 +31,33 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
     cpu->set_adamw_kernel_reason(k.status().message());
   }
   response->mutable_start_time()->set_seconds(start_unix_seconds_);
+  FillBandwidths(profile_dir_, response->mutable_bandwidths());
   return rec.Done(grpc::Status::OK);
+}
+
+void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out) {
+  if (dir.empty()) return;
+  const std::string path = dir + "/" + trainer::kNodeProfileFile;
+  auto p = trainer::ReadNodeProfile(path);
+  if (!p.ok()) {
+    out->set_problem(p.status().code() == StatusCode::kNotFound
+                         ? "not measured yet: the first job that places its AdamW states "
+                           "automatically measures it (" + path + ")"
+                         : std::string(p.status().message()));
+    return;
+  }
+  out->set_host_to_device_bytes_per_second(p->h2d_bytes_per_s);
+  out->set_device_to_host_bytes_per_second(p->d2h_bytes_per_s);
+  out->set_both_directions_bytes_per_second(p->both_bytes_per_s);
+  out->set_host_memory_bytes_per_second(p->host_bytes_per_s);
+  out->set_adamw_params_per_second(p->cpu_params_per_s);
+  out->set_adamw_threads(p->threads);
+  out->set_adamw_kernel(p->kernel);
+  out->set_profile_key(p->key);
+  std::tm tm{};
+  if (strptime(p->measured_at.c_str(), "%Y-%m-%dT%H:%M:%SZ", &tm) != nullptr) {
+    out->mutable_measured_at()->set_seconds(timegm(&tm));
+  }
 }
 
 void FillNodeInfo(const NodeFacts& f, const BuildFacts& build, offloadd::v1::NodeInfo* out) {

@@ -25,6 +25,8 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
                            offloadd::v1::NodeInfo* response) override;
   // workers.adamw_kernel, resolved per call into NodeInfo.cpu.adamw_kernel.
   void set_adamw_kernel(std::string request) { adamw_kernel_ = std::move(request); }
+  // Where jobs cache the node profile (trainer/node_profile.h); shown as NodeInfo.bandwidths.
+  void set_profile_dir(std::string dir) { profile_dir_ = std::move(dir); }
 
  private:
   BuildFacts build_;
@@ -32,7 +34,11 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
   DaemonMetrics* metrics_;
   int64_t start_unix_seconds_;
   std::string adamw_kernel_ = "auto";
+  std::string profile_dir_;
 };
+
+// Fills NodeInfo.bandwidths from the node profile cached in `dir` (problem set when none is).
+void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out);
 
 // Exposed for tests: fills `out` from probed facts.
 void FillNodeInfo(const NodeFacts& facts, const BuildFacts& build, offloadd::v1::NodeInfo* out);

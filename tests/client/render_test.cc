@@ -57,5 +57,25 @@ TEST(RenderTest, NodeInfoShowsTheAdamWKernelAndWhy) {
       << text;
 }
 
+TEST(RenderTest, NodeInfoShowsTheNodeProfileOrWhyThereIsNone) {
+  offloadd::v1::NodeInfo n;
+  n.mutable_bandwidths()->set_problem("not measured yet");
+  EXPECT_NE(RenderNodeInfo(n).find("profile     not measured yet\n"), std::string::npos);
+  auto* b = n.mutable_bandwidths();
+  b->set_host_memory_bytes_per_second(105.6e9);
+  b->set_adamw_params_per_second(3.84e9);
+  b->set_adamw_threads(15);
+  b->set_adamw_kernel("avx512bf16");
+  b->set_host_to_device_bytes_per_second(54.7e9);
+  b->set_device_to_host_bytes_per_second(54.7e9);
+  b->set_both_directions_bytes_per_second(94.5e9);
+  b->mutable_measured_at()->set_seconds(1795560426);  // 2026-11-24 22:47:06 UTC
+  const std::string text = RenderNodeInfo(n);
+  EXPECT_NE(text.find("profile     host memory 105.6 GB/s, AdamW 3.84 G params/s (15 threads, avx512bf16), "
+                      "PCIe H2D 54.7 / D2H 54.7 / both 94.5 GB/s, measured 2026-11-24 22:47:06 UTC\n"),
+            std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace offloadctl

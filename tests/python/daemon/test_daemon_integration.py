@@ -150,3 +150,25 @@ def test_unreachable_daemon_is_a_clear_error(tmp_path):
     with offloadd.Client(f"unix://{tmp_path}/none.sock", timeout=3) as c:
         with pytest.raises(offloadd.Unavailable):
             c.health()
+
+
+def test_node_shows_the_cached_node_profile(binary_dir, daemon):
+    """`offloadctl node` shows the node profile jobs cache under <state_dir>/profiles (what the
+    step planner prices plans with), says why when there is none, and names a corrupt file."""
+    human = offloadctl(binary_dir, daemon, "node").stdout
+    assert "profile     not measured yet: the first job that places its AdamW states" in human, human
+    prof = daemon.workdir / "state" / "profiles"
+    prof.mkdir(parents=True, exist_ok=True)
+    (prof / "node-profile.json").write_text(json.dumps({
+        "key": "h | cpu | 16 cores | AdamW 15 threads avx512bf16 | NVIDIA H200",
+        "host_bytes_per_s": 122.6e9, "cpu_params_per_s": 4.38e9, "threads": 15, "kernel": "avx512bf16",
+        "h2d_bytes_per_s": 55.3e9, "d2h_bytes_per_s": 55.2e9, "both_bytes_per_s": 101.3e9,
+        "measure_seconds": 1.2, "measured_at": "2026-11-24T22:31:25Z"}))
+    human = offloadctl(binary_dir, daemon, "node").stdout
+    assert ("profile     host memory 122.6 GB/s, AdamW 4.38 G params/s (15 threads, avx512bf16), "
+            "PCIe H2D 55.3 / D2H 55.2 / both 101.3 GB/s, measured 2026-11-24 22:31:25 UTC") in human, human
+    node = json.loads(offloadctl(binary_dir, daemon, "--json", "node").stdout)
+    assert node["bandwidths"]["profile_key"].endswith("NVIDIA H200")
+    (prof / "node-profile.json").write_text("{")
+    human = offloadctl(binary_dir, daemon, "node").stdout
+    assert "profile     " in human and "not a node profile" in human, human
