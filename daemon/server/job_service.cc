@@ -47,9 +47,14 @@ grpc::Status InvalidSpec(const std::vector<FieldViolation>& violations) {
 }  // namespace
 
 JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics)
-    : config_(config), paths_(config.allowed_roots), jobs_(jobs), metrics_(metrics) {}
+    : config_(config),
+      paths_(config.allowed_roots),
+      jobs_(jobs),
+      metrics_(metrics),
+      quota_(config.server.max_active_jobs_per_client, config.server.max_watchers_per_client) {}
 
-grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request, v1::Job* job) {
+grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
+                                       v1::Job* job) {
   RpcRecorder rec(metrics_, "CreateJob");
   std::vector<StoreDirInput> dirs;
   for (const auto& d : config_.storage.directories) dirs.push_back({d.path, d.weight});
@@ -78,8 +83,20 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJob
     job->set_state(v1::JOB_STATE_QUEUED);
     return rec.Done(grpc::Status::OK);
   }
+  const std::string client = ClientKey(context->peer());
+  const Status reserved = quota_.Reserve(client, [this](const std::string& id) {
+    auto j = jobs_->Get(id);
+    if (!j.ok()) return false;
+    const v1::JobState st = j->state();
+    return st == v1::JOB_STATE_QUEUED || st == v1::JOB_STATE_RUNNING || st == v1::JOB_STATE_PAUSED;
+  });
+  if (!reserved.ok()) return rec.Done(ToGrpcStatus(reserved));
   auto created = jobs_->Create(result.resolved, request->request_id());
-  if (!created.ok()) return rec.Done(ToGrpcStatus(created.status()));
+  if (!created.ok()) {
+    quota_.Release(client);
+    return rec.Done(ToGrpcStatus(created.status()));
+  }
+  quota_.Commit(client, created->id());
   *job = std::move(*created);
   return rec.Done(grpc::Status::OK);
 }
@@ -131,6 +148,8 @@ grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext*, const v1::ResumeJob
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   RpcRecorder rec(metrics_, "WatchJob");
+  auto slot = quota_.AcquireWatcher(ClientKey(context->peer()));
+  if (!slot.ok()) return rec.Done(ToGrpcStatus(slot.status()));
   const bool progress = !request->has_include_progress() || request->include_progress();
   const bool logs = !request->has_include_logs() || request->include_logs();
   const Status s = jobs_->Watch(

@@ -11,6 +11,7 @@
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/path_policy.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/server/client_quota.h"
 #include "offloadd/v1/job_service.grpc.pb.h"
 
 namespace offloadd::daemon {
@@ -41,6 +42,8 @@ class JobServiceImpl final : public offloadd::v1::JobService::Service {
   // at most this many at once, so a burst of CreateJob calls cannot multiply that memory.
   static constexpr int kMaxConcurrentValidations = 4;
   std::counting_semaphore<kMaxConcurrentValidations> validations_{kMaxConcurrentValidations};
+  // server.max_active_jobs_per_client and server.max_watchers_per_client.
+  ClientQuota quota_;
 };
 
 }  // namespace offloadd::daemon

@@ -33,6 +33,8 @@ server:
   unix_socket_mode: "0600"
   max_request_bytes: 8MiB
   shutdown_grace_seconds: 5
+  max_active_jobs_per_client: 20
+  max_watchers_per_client: 8
 metrics:
   listen: 0.0.0.0:0
   peak_flops: 989e12
@@ -50,6 +52,8 @@ memory: {host_memory_limit: 200GiB, gpu_memory_limit: 24GiB}
   EXPECT_EQ(c->allowed_roots.size(), 2u);
   EXPECT_EQ(c->server.unix_socket_mode, 0600u);
   EXPECT_EQ(c->server.max_request_bytes, 8u << 20);
+  EXPECT_EQ(c->server.max_active_jobs_per_client, 20u);
+  EXPECT_EQ(c->server.max_watchers_per_client, 8u);
   ASSERT_EQ(c->storage.directories.size(), 2u);
   EXPECT_EQ(c->storage.directories[0].weight, 2.0);
   EXPECT_EQ(c->storage.directories[1].path, "/nvme1/offloadd");
@@ -92,6 +96,8 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
   EXPECT_NE(ErrorOf("metrics: {listen: nowhere}").find("metrics.listen: expected host:port"), std::string::npos);
   EXPECT_NE(ErrorOf("metrics: {peak_flops: -1}").find("metrics.peak_flops: must be between 0"), std::string::npos);
   EXPECT_NE(ErrorOf("metrics: {peak_flops: fast}").find("metrics.peak_flops: expected a number"), std::string::npos);
+  EXPECT_NE(ErrorOf("server: {max_watchers_per_client: 0}").find("server.max_watchers_per_client"),
+            std::string::npos);
   EXPECT_NE(ErrorOf("server: {shutdown_grace_seconds: 1e9}").find("server.shutdown_grace_seconds: must be between"),
             std::string::npos);
 }

@@ -168,6 +168,7 @@ class LoadTest : public ::testing::Test {
     DaemonConfig config;
     config.state_dir = dir_;
     config.allowed_roots = {dir_};
+    if (watchers_limit_ > 0) config.server.max_watchers_per_client = watchers_limit_;
     config.server.unix_socket = dir_ + "/offloadd.sock";
     auto server =
         GrpcServer::Start(config, {"test", "test", "none", false}, jobs_.get(), metrics_.get());
@@ -233,6 +234,7 @@ class LoadTest : public ::testing::Test {
   }
 
   std::string dir_;
+  uint32_t watchers_limit_ = 0;  // server.max_watchers_per_client when set
   HeldRunner* runner_ = nullptr;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<DaemonMetrics> metrics_;
@@ -302,6 +304,44 @@ TEST_F(LoadTest, ThousandWatchersOfThousandQueuedJobs) {
   }
   states = CheckResponsive(ids[0]);
   EXPECT_EQ(states[v1::JOB_STATE_SUCCEEDED], kJobs);
+}
+
+// server.max_watchers_per_client through the real server: every stream here comes from one
+// client (the Unix socket), over 20 connections.
+class WatcherLimitTest : public LoadTest {
+ protected:
+  WatcherLimitTest() { watchers_limit_ = 5; }
+};
+
+TEST_F(WatcherLimitTest, OneStreamOverTheLimitIsRefusedAndAClosedOneFreesItsSlot) {
+  v1::JobSpec spec;
+  spec.set_display_name("watched");
+  auto job = jobs_->Create(spec);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_TRUE(runner_->WaitStarted(seconds(30)));
+  for (int i = 0; i < 5; ++i) {
+    watches_.push_back(std::make_unique<WatchStream>(stubs_[i % kChannels].get(), job->id(), &tally_));
+  }
+  ASSERT_TRUE(tally_.WaitFor(&Tally::opened, 5, seconds(30)));
+  watches_.push_back(std::make_unique<WatchStream>(stubs_[5].get(), job->id(), &tally_));
+  ASSERT_TRUE(tally_.WaitFor(&Tally::done, 1, seconds(30))) << "the sixth stream was not refused";
+  EXPECT_EQ(watches_.back()->status().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(watches_.back()->status().error_message().find("server.max_watchers_per_client"),
+            std::string::npos)
+      << watches_.back()->status().error_message();
+  // One stream ends: its slot is free again once the server's handler returns, which it does
+  // when it next checks for a cancelled client (every 2 s, kWatchCancelPollMs).
+  watches_[0]->Cancel();
+  ASSERT_TRUE(tally_.WaitFor(&Tally::done, 2, seconds(30)));
+  int done = 2;
+  const auto deadline = Clock::now() + seconds(10);
+  while (true) {
+    watches_.push_back(std::make_unique<WatchStream>(stubs_[6].get(), job->id(), &tally_));
+    if (tally_.WaitFor(&Tally::opened, 6, std::chrono::milliseconds(500))) break;
+    ASSERT_TRUE(tally_.WaitFor(&Tally::done, ++done, seconds(30)));
+    EXPECT_EQ(watches_.back()->status().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    ASSERT_LT(Clock::now(), deadline) << "the cancelled stream's slot was not freed within 10 s";
+  }
 }
 
 }  // namespace
