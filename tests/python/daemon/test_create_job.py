@@ -274,7 +274,9 @@ def test_concurrent_validations_do_not_multiply_memory(daemon, workspace):
     small.write_text(json.dumps({"instruction": "hi", "input": "", "output": "yo"}) + "\n")
     spec = spec_dict(workspace)
     spec["dataset"]["paths"] = [str(small)] * 4
-    with offloadd.Client(daemon.target) as c:
+    # The calls queue behind 4 validations at a time; on a loaded 2-core machine the last ones wait
+    # past the SDK's default 30 s deadline. Memory is what is measured here, not latency.
+    with offloadd.Client(daemon.target, timeout=180) as c:
         c.create_job(spec, validate_only=True)  # warm: tokenizer and template code paths loaded
         before = _vm_hwm_bytes(daemon.proc.pid)
         with ThreadPoolExecutor(max_workers=150) as pool:
