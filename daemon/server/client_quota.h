@@ -45,8 +45,8 @@ class ClientQuota {
   StatusOr<WatchSlot> AcquireWatcher(const std::string& client);
 
   // Reserves a job for `client`: RESOURCE_EXHAUSTED naming the limit when its jobs that are
-  // still active (by `active`, asked for each job it created) and its pending reservations reach
-  // max_active_jobs. Follow with Commit (the job exists) or Release (it was not created).
+  // still active and its pending reservations reach max_active_jobs. `active` is asked for each
+  // job it created only when the list has reached the limit (then the ended ones are dropped). Follow with Commit (the job exists) or Release (it was not created).
   Status Reserve(const std::string& client, const std::function<bool(const std::string&)>& active);
   void Commit(const std::string& client, const std::string& job_id);
   void Release(const std::string& client);
