@@ -17,10 +17,11 @@
 namespace offloadd::trainer {
 
 // Cached profile when `dir` holds one with the same key, else measures (and writes it when `dir`
-// is not empty; a failure to write is returned, not ignored). `*cached` tells which.
+// is not empty). `*cached` tells which; `*cache_problem` says why a measured profile could not be
+// written (the caller warns: the cache only saves time). Errors: an unusable AdamW kernel.
 StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
                                                const std::string& kernel, c10::Device device,
-                                               bool* cached);
+                                               bool* cached, std::string* cache_problem);
 std::string DescribeNodeProfile(const NodeProfile& p);
 
 }  // namespace offloadd::trainer

@@ -8,24 +8,20 @@
 #include "common/units.h"
 
 namespace offloadd::trainer {
-namespace {
-
-// The keepable blocks (keep_extra_bytes > 0), top first.
-std::vector<size_t> KeepOrder(const PlanInputs& in) {
-  std::vector<size_t> order;
-  for (size_t b = in.keep_extra_bytes.size(); b-- > 0;) {
-    if (in.keep_extra_bytes[b] > 0) order.push_back(b);
+std::vector<int> KeptBlocks(const PlanInputs& in, int keep) {
+  std::vector<int> kept;
+  for (int b = static_cast<int>(in.keep_extra_bytes.size()) - 1; b >= 0; --b) {
+    if (static_cast<int>(kept.size()) == keep) break;
+    if (in.keep_extra_bytes[b] > 0) kept.push_back(b);
   }
-  return order;
+  return kept;
 }
 
-std::string Seconds(double s) {
+std::string FormatSeconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f s", s);
   return buf;
 }
-
-}  // namespace
 
 Status ValidatePlanInputs(const PlanInputs& in) {
   const size_t n = in.params.size();
@@ -69,11 +65,12 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
     placed += in.params[b];
     state_bytes += in.device_state_bytes[b];
   }
-  const std::vector<size_t> order = KeepOrder(in);
-  for (int i = 0; i < keep_layers && i < static_cast<int>(order.size()); ++i) {
-    keep_bytes += in.keep_extra_bytes[order[i]];
-    recompute_saved += in.recompute_seconds[order[i]];
+  for (int b : KeptBlocks(in, keep_layers)) {
+    keep_bytes += in.keep_extra_bytes[b];
+    recompute_saved += in.recompute_seconds[b];
   }
+  c.placed_params = placed;
+  c.recompute_saved_s = recompute_saved;
   const double cpu_params = static_cast<double>(total_params - placed);
   const double h2d = std::max(0.0, in.h2d_bytes - in.h2d_saved_per_param * placed);
   const double d2h = std::max(0.0, in.d2h_bytes - in.d2h_saved_per_param * placed);
@@ -94,24 +91,32 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
     }
   }
   c.gpu_bytes = in.base_peak_bytes + in.margin_bytes + state_bytes + keep_bytes;
-  c.feasible = (device_blocks == 0 && keep_layers == 0) || c.gpu_bytes <= in.budget_bytes;
+  c.feasible = c.gpu_bytes <= in.budget_bytes;
   return c;
 }
 
 StatusOr<PlanChoice> SolvePlan(const PlanInputs& in) {
   RETURN_IF_ERROR(ValidatePlanInputs(in));
   const int n = static_cast<int>(in.params.size());
-  const int keepable = static_cast<int>(KeepOrder(in).size());
-  const int max_s = in.place_states ? n : 0;
+  if (in.fixed_device_blocks > n) {
+    return InvalidArgumentError("plan inputs: fixed_device_blocks exceeds the " + std::to_string(n) +
+                                " blocks");
+  }
+  const int keepable = static_cast<int>(KeptBlocks(in, n).size());
+  const int min_s = std::max(0, in.fixed_device_blocks);
+  const int max_s = in.fixed_device_blocks >= 0 ? in.fixed_device_blocks : in.place_states ? n : 0;
   const int max_k = in.keep_activations ? keepable : 0;
-  PlanChoice best = EvaluatePlan(in, 0, 0);
+  // The plan already running is always allowed: (0, 0) is what the first step ran, and fixed
+  // blocks are already on the GPU.
+  PlanChoice best = EvaluatePlan(in, min_s, 0);
+  best.feasible = true;
   auto better = [](const PlanChoice& a, const PlanChoice& b) {
     if (a.predicted_s < b.predicted_s * 0.995) return true;
     if (a.predicted_s > b.predicted_s * 1.005) return false;
     if (a.keep_layers != b.keep_layers) return a.keep_layers < b.keep_layers;
     return a.device_blocks > b.device_blocks;
   };
-  for (int s = 0; s <= max_s; ++s) {
+  for (int s = min_s; s <= max_s; ++s) {
     for (int k = 0; k <= max_k; ++k) {
       const PlanChoice c = EvaluatePlan(in, s, k);
       if (c.feasible && better(c, best)) best = c;
@@ -125,9 +130,9 @@ std::string DescribePlan(const PlanChoice& c, int64_t budget_bytes) {
   o << c.device_blocks << (c.device_blocks == 1 ? " block's" : " blocks'")
     << " AdamW states on the GPU, " << c.keep_layers
     << (c.keep_layers == 1 ? " layer's" : " layers'") << " activations kept: predicted "
-    << Seconds(c.predicted_s) << "/step (" << c.bound << "; GPU " << Seconds(c.gpu_s) << ", CPU "
-    << Seconds(c.cpu_s) << ", host memory " << Seconds(c.host_s) << ", H2D " << Seconds(c.h2d_s)
-    << ", D2H " << Seconds(c.d2h_s) << "), "
+    << FormatSeconds(c.predicted_s) << "/step (" << c.bound << "; GPU " << FormatSeconds(c.gpu_s)
+    << ", CPU " << FormatSeconds(c.cpu_s) << ", host memory " << FormatSeconds(c.host_s) << ", H2D "
+    << FormatSeconds(c.h2d_s) << ", D2H " << FormatSeconds(c.d2h_s) << "), "
     << FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, c.gpu_bytes))) << " of "
     << FormatByteSize(static_cast<uint64_t>(budget_bytes));
   return o.str();

@@ -55,6 +55,8 @@ struct PlanInputs {
   // Choices the job leaves open (false: fixed at 0).
   bool place_states = true;
   bool keep_activations = true;
+  // >= 0: the number of blocks with GPU states is fixed at this (they are already there).
+  int fixed_device_blocks = -1;
 };
 
 struct PlanChoice {
@@ -64,18 +66,27 @@ struct PlanChoice {
   double predicted_s = 0;  // the max of the above
   std::string bound;       // the resource that sets it
   int64_t gpu_bytes = 0;   // peak + margin + states + kept activations
+  int64_t placed_params = 0;      // parameters of the device_blocks
+  double recompute_saved_s = 0;   // recompute time the kept layers no longer spend
   bool feasible = false;
 };
+
+// The blocks whose activations `keep` kept layers keep: the top keepable blocks
+// (keep_extra_bytes > 0), top first.
+std::vector<int> KeptBlocks(const PlanInputs& in, int keep);
 
 // Checks sizes and rates (a clear error naming the field).
 Status ValidatePlanInputs(const PlanInputs& in);
 // Evaluates one (s, k).
 PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers);
 // The fastest feasible (s, k); ties (within 0.5%) go to fewer kept layers, then more placed
-// blocks. (0, 0) is always feasible: it is what the first step ran.
+// blocks. What already runs is always allowed: (0, 0), what the first step ran, or
+// (fixed_device_blocks, 0).
 StatusOr<PlanChoice> SolvePlan(const PlanInputs& in);
 // "2 blocks' states on the GPU, 3 layers kept: predicted 1.81 s/step (host memory; GPU 1.59 s,
 // CPU 1.45 s, host 1.81 s, H2D 0.63 s, D2H 0.23 s), 23.1 GiB of 24 GiB".
 std::string DescribePlan(const PlanChoice& c, int64_t budget_bytes);
+// 1.234 -> "1.23 s".
+std::string FormatSeconds(double s);
 
 }  // namespace offloadd::trainer

@@ -23,11 +23,6 @@ namespace {
 constexpr double kKeepSafety = 1.5;
 constexpr double kRecheckTolerance = 0.10;
 
-std::string FormatSeconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3f s", s);
-  return buf;
-}
 
 }  // namespace
 
@@ -37,12 +32,17 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   const StepStats& first = accounting->last_stats();
   const HostOptimizerOptions ho = HostOptions();
   bool cached = false;
+  std::string cache_problem;
   ASSIGN_OR_RETURN(NodeProfile prof,
                    LoadOrMeasureNodeProfile(cfg.profile_dir,
                                             static_cast<int>(ho.worker_processes * ho.worker_threads),
-                                            cfg.adamw_kernel, device, &cached));
+                                            cfg.adamw_kernel, device, &cached, &cache_problem));
   Log(TrainObserver::Level::kInfo, std::string("node profile (") + (cached ? "cached" : "measured") +
                                        "): " + DescribeNodeProfile(prof));
+  if (!cache_problem.empty()) {
+    Log(TrainObserver::Level::kWarning, "node profile " + cache_problem + " (--profile-dir " +
+                                            cfg.profile_dir + "); it is measured again next run");
+  }
 
   const int64_t B = cfg.batch_size;
   const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
@@ -121,13 +121,10 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
 }
 
 Status Trainer::Impl::ApplyKeptLayers(int keep) {
-  int kept = 0;
-  for (int b = n - 1; b >= 0; --b) {
-    if (plan_inputs.keep_extra_bytes[b] <= 0) continue;
-    const engine::SaveMode m = kept < keep ? engine::SaveMode::kKeep : engine::SaveMode::kRecompute;
+  for (int b : KeptBlocks(plan_inputs, n)) {  // every keepable block, top first
+    const engine::SaveMode m = keep-- > 0 ? engine::SaveMode::kKeep : engine::SaveMode::kRecompute;
     modes[b] = m;
     schedule->SetMode(b, m);
-    ++kept;
   }
   return OkStatus();
 }
@@ -150,14 +147,8 @@ Status Trainer::Impl::CheckPlan() {
   // plan; the resource that bound the prediction gets the measured step's rate.
   plan_resolved = true;
   PlanInputs in = plan_inputs;
-  double saved = 0;
-  int kept = 0;
-  for (int b = n - 1; b >= 0 && kept < plan.keep_layers; --b) {
-    if (in.keep_extra_bytes[b] > 0) saved += in.recompute_seconds[b], ++kept;
-  }
-  int64_t placed = 0;
-  for (int b = 0; b < plan.device_blocks; ++b) placed += in.params[b];
-  in.gpu_seconds = s.gpu_compute_seconds + saved - in.device_seconds_per_param * placed;
+  const double placed = static_cast<double>(plan.placed_params);
+  in.gpu_seconds = s.gpu_compute_seconds + plan.recompute_saved_s - in.device_seconds_per_param * placed;
   in.h2d_bytes = static_cast<double>(s.h2d_bytes) + in.h2d_saved_per_param * placed;
   in.d2h_bytes = static_cast<double>(s.d2h_bytes) + in.d2h_saved_per_param * placed;
   // A bound resource that ran at another rate than profiled (contention, or a profile that
@@ -168,12 +159,8 @@ Status Trainer::Impl::CheckPlan() {
   if (plan.bound == "H2D") in.h2d_bytes_per_s /= slow;
   if (plan.bound == "D2H") in.d2h_bytes_per_s /= slow;
   // The placed states stay where they are: only the kept layers may change.
-  in.place_states = false;
-  PlanChoice best = EvaluatePlan(in, plan.device_blocks, plan.keep_layers);
-  for (int k = 0; in.keep_activations && k <= static_cast<int>(in.params.size()); ++k) {
-    const PlanChoice c = EvaluatePlan(in, plan.device_blocks, k);
-    if (c.feasible && c.predicted_s < best.predicted_s * 0.995) best = c;
-  }
+  in.fixed_device_blocks = plan.device_blocks;
+  ASSIGN_OR_RETURN(const PlanChoice best, SolvePlan(in));
   msg << "; re-solved with the measured figures: " << trainer::DescribePlan(best, gpu_budget);
   Log(TrainObserver::Level::kInfo, msg.str());
   plan_inputs = in;

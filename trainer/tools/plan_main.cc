@@ -50,6 +50,7 @@ PlanInputs Parse(const nlohmann::json& j) {
   Read(j, "device_seconds_per_param", &in.device_seconds_per_param, false);
   Read(j, "place_states", &in.place_states, false);
   Read(j, "keep_activations", &in.keep_activations, false);
+  Read(j, "fixed_device_blocks", &in.fixed_device_blocks, false);
   return in;
 }
 

@@ -165,3 +165,12 @@ def test_node_profile_is_cached_per_node_and_remeasured_when_unusable(binary_dir
     r = run_train(binary_dir, train_args(model, data, tmp_path / "d", accum=1) + args)
     assert "node profile (measured)" in r.stderr, r.stderr
     assert json.loads((prof / "node-profile.json").read_text())["key"] != saved["key"]
+    # A profile directory that cannot be created (under a regular file) only loses the cache: the
+    # job warns and trains on.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    bad = ["--device-optimizer-blocks=auto", "--gpu-memory-limit=2GiB", f"--profile-dir={blocker}/profiles"]
+    out = tmp_path / "e"
+    r = run_train(binary_dir, train_args(model, data, out, accum=1) + bad)
+    assert "node profile not cached: " in r.stderr and "it is measured again next run" in r.stderr, r.stderr
+    assert len(read_stats(out / "stats.jsonl")) == STEPS

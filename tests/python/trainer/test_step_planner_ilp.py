@@ -50,7 +50,7 @@ def plan_inputs(shape, batch, budget_gib, peak_gib, gpu_seconds, seq=1024):
         recompute_seconds=[0.0] + [gpu_seconds * fwd_layer / work] * layers + [0.0],
         budget_bytes=int(budget_gib * GIB), base_peak_bytes=int(peak_gib * GIB),
         gpu_seconds=gpu_seconds,
-        h2d_bytes=2.0 * sum(params) + 4 * tokens * h * layers * 0.0,  # streamed bf16 weights
+        h2d_bytes=2.0 * sum(params),  # streamed bf16 weights
         d2h_bytes=2.0 * sum(params),  # bf16 gradients
         **PROFILE)
 
@@ -157,6 +157,7 @@ def test_gpu_bound_plans_keep_layers_and_host_bound_plans_place_states(binary_di
     ({"cpu_params_per_s": 0}, "cpu_params_per_s must be positive"),
     ({"budget_bytes": -1}, "budget_bytes must be positive"),
     ({"gpu_seconds": "fast"}, "field 'gpu_seconds'"),
+    ({"fixed_device_blocks": 99}, "fixed_device_blocks exceeds the 34 blocks"),
 ])
 def test_bad_inputs_are_refused_by_name(binary_dir, tmp_path, patch, needle):
     inp = plan_inputs("llama2-7b", 4, 24, 7.5, 0.41)
@@ -173,3 +174,16 @@ def test_nothing_fits_keeps_the_first_steps_plan(binary_dir, tmp_path):
     inp = plan_inputs("llama2-7b", 16, 24, 23.9, 1.59)
     plan, _, _ = run_plan(binary_dir, inp, tmp_path)
     assert plan["device_blocks"] == 0 and plan["keep_layers"] == 0, plan
+
+
+def test_fixed_device_blocks_only_choose_the_kept_layers(binary_dir, tmp_path):
+    """The re-fit after the plan check: states already on the GPU stay (fixed_device_blocks), and
+    only the kept layers are chosen again, as the ILP with those binaries fixed would."""
+    inp = plan_inputs("llama2-7b", 16, 40, 12.2, 1.59)
+    inp.update(host_bytes_per_s=400e9, cpu_params_per_s=20e9, fixed_device_blocks=2)
+    plan, _, _ = run_plan(binary_dir, inp, tmp_path)
+    assert plan["device_blocks"] == 2 and plan["keep_layers"] > 0, plan
+    free = dict(inp, fixed_device_blocks=-1)
+    unfixed, _, _ = run_plan(binary_dir, free, tmp_path)
+    assert unfixed["predicted_s"] <= plan["predicted_s"], (unfixed, plan)
+
