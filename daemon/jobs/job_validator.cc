@@ -513,11 +513,16 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
         c.Add("resources.gpu_memory_limit", FormatByteSize(limit) + " is more than GPU " + std::to_string(idx) + "'s " +
                                                 FormatByteSize(card));
       } else if (limit < f.gpu_bytes) {
+        const int64_t batch = spec.training().per_device_train_batch_size();
+        const int64_t fits = LargestBatchWithin(r.model_size, *config, ds.max_seq_length(), compute_bytes, limit, batch);
         c.Add(res.gpu_memory_limit() ? "resources.gpu_memory_limit" : "training.per_device_train_batch_size",
               "the GPU budget of " + FormatByteSize(limit) + " is below the " + FormatByteSize(f.gpu_bytes) +
-                  " this model needs at batch " + std::to_string(spec.training().per_device_train_batch_size()) + " x " +
-                  std::to_string(ds.max_seq_length()) + " tokens (" + f.gpu_breakdown +
-                  "); raise the limit or lower the batch size or max_seq_length");
+                  " this model needs at batch " + std::to_string(batch) + " x " + std::to_string(ds.max_seq_length()) +
+                  " tokens (" + f.gpu_breakdown + "); the smallest budget for this batch is " +
+                  FormatByteSize(f.gpu_bytes) + ", and " +
+                  (fits > 0 ? "the largest batch within " + FormatByteSize(limit) + " is " + std::to_string(fits)
+                            : "not even batch 1 fits within " + FormatByteSize(limit) + " at this max_seq_length") +
+                  " (per_device_train_batch_size, with gradient_accumulation_steps to keep the global batch)");
       } else if (const v1::OffloadTarget& opt = spec.offload().offload_optimizer();
                  opt.device() == v1::OFFLOAD_DEVICE_NONE || opt.has_ratio()) {
         // States asked onto the GPU (none: all; ratio: 1 - ratio of them) add 12 B per parameter

@@ -35,7 +35,8 @@ ModelSize EstimateModelSize(const engine::ModelConfig& c) {
   }
   s.layer_params = layer;
   const int64_t head = c.tie_word_embeddings ? 0 : c.vocab_size * h;
-  s.total_params = s.embedding_params + c.num_layers * layer + head + 2 * h;
+  const int64_t final_norm = c.arch == engine::Architecture::kGpt2 ? 2 * h : h;  // ln_f has a bias
+  s.total_params = s.embedding_params + c.num_layers * layer + head + final_norm;
   s.largest_block_params = std::max({s.embedding_params, layer, head});
   return s;
 }
@@ -53,18 +54,46 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
   const uint64_t inter = static_cast<uint64_t>(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size);
   const uint64_t layer_act_per_token = (8 * static_cast<uint64_t>(c.hidden_size) + 3 * inter) * cb;
   const uint64_t layer_act = SatMul(tokens, layer_act_per_token);
-  // Checkpointed layer inputs are offloadable, so only the logits (compute dtype + fp32 for the
-  // loss and its gradient) are a floor.
+  // Checkpointed layer inputs are offloadable, so only the LM head is a floor. It runs over chunks
+  // of tokens whose fp32 logits stay under kHeadChunkBytes (ops::LmHeadLoss); per chunk element:
+  // the logits and their gradient in the compute dtype, and three fp32 buffers at the peak of
+  // the loss (the upcast logits, their difference to the log-sum-exp, its exp). Beside them the
+  // head's fp32 weight-gradient accumulator (vocab x hidden).
   // Saturating: a validated config has at most 2^50 parameters, but batch x seq x vocab can still
   // pass 2^64 for an absurd batch; the result must then read as "too large", not wrap around.
-  const uint64_t logits = SatMul(SatMul(tokens, static_cast<uint64_t>(c.vocab_size)), cb + 4 + 4);
+  const uint64_t vocab = static_cast<uint64_t>(c.vocab_size);
+  const uint64_t chunk_tokens =
+      std::max<uint64_t>(1, static_cast<uint64_t>(engine::kHeadChunkBytes) / std::max<uint64_t>(1, vocab * 4));
+  const uint64_t head_tokens = std::min(tokens, chunk_tokens);
+  const uint64_t logits = SatAdd(SatMul(SatMul(head_tokens, vocab), 2 * cb + 12),
+                                 SatMul(vocab * 4, static_cast<uint64_t>(c.hidden_size)));
   f.gpu_bytes = SatAdd(SatAdd(weights, grads), SatAdd(layer_act, logits));
   f.gpu_breakdown = "double-buffered largest block " + FormatByteSize(weights) + ", its gradients " +
                     FormatByteSize(grads) + ", one layer's activations " + FormatByteSize(layer_act) +
-                    ", logits and loss " + FormatByteSize(logits);
+                    ", LM head and loss " + FormatByteSize(logits) + " (logits in chunks of " +
+                    std::to_string(head_tokens) + " tokens)";
   f.optimizer_bytes = 12 * static_cast<uint64_t>(size.total_params);
   f.host_pinned_bytes = 2 * static_cast<uint64_t>(size.total_params) + 2 * grads;
   return f;
+}
+
+}  // namespace offloadd::daemon
+
+namespace offloadd::daemon {
+
+int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t seq_len,
+                           int compute_bytes, uint64_t gpu_bytes, int64_t max_batch) {
+  // The floor grows with the batch (activations and, up to a chunk, logits), so bisect.
+  auto fits = [&](int64_t b) {
+    return EstimateMemoryFloor(size, config, b, seq_len, compute_bytes).gpu_bytes <= gpu_bytes;
+  };
+  if (max_batch < 1 || !fits(1)) return 0;
+  int64_t lo = 1, hi = max_batch;  // fits(lo)
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid; else hi = mid - 1;
+  }
+  return lo;
 }
 
 }  // namespace offloadd::daemon

@@ -30,4 +30,8 @@ struct MemoryFloor {
 MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig& config, int64_t batch,
                                 int64_t seq_len, int compute_bytes);
 
+// The largest batch (1..max_batch) whose floor fits gpu_bytes at seq_len; 0 when not even batch 1.
+int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t seq_len,
+                           int compute_bytes, uint64_t gpu_bytes, int64_t max_batch);
+
 }  // namespace offloadd::daemon

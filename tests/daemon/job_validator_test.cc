@@ -159,7 +159,24 @@ TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {
   const FieldViolation* g = Find(r, "resources.gpu_memory_limit");
   ASSERT_NE(g, nullptr) << Describe(r);
   EXPECT_NE(g->description.find("below the"), std::string::npos) << g->description;
-  EXPECT_NE(g->description.find("logits and loss"), std::string::npos) << g->description;
+  EXPECT_NE(g->description.find("LM head and loss"), std::string::npos) << g->description;
+  EXPECT_NE(g->description.find("not even batch 1 fits"), std::string::npos) << g->description;
+  // Between the floors of batch 1 and the job's batch, the refusal names the largest that fits.
+  const int64_t batch = s.training().per_device_train_batch_size();
+  ASSERT_GT(batch, 1);
+  s.mutable_resources()->set_gpu_memory_limit(100ull << 30);
+  s.mutable_training()->set_per_device_train_batch_size(1);
+  const uint64_t floor1 = Validate(s).memory_floor.gpu_bytes;
+  s.mutable_training()->set_per_device_train_batch_size(batch);
+  const uint64_t floor_b = Validate(s).memory_floor.gpu_bytes;
+  ASSERT_LT(floor1, floor_b);
+  s.mutable_resources()->set_gpu_memory_limit(floor_b - 1);
+  const FieldViolation* g2 = Find(Validate(s), "resources.gpu_memory_limit");
+  ASSERT_NE(g2, nullptr);
+  EXPECT_NE(g2->description.find("the largest batch within"), std::string::npos) << g2->description;
+  EXPECT_NE(g2->description.find(" is " + std::to_string(batch - 1) + " "), std::string::npos) << g2->description;
+  s.mutable_resources()->set_gpu_memory_limit(floor_b);
+  EXPECT_EQ(Find(Validate(s), "resources.gpu_memory_limit"), nullptr) << Describe(Validate(s));
   s.mutable_resources()->set_gpu_memory_limit(100ull << 30);
   EXPECT_NE(Find(Validate(s), "resources.gpu_memory_limit"), nullptr);
 }

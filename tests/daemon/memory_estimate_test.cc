@@ -1,0 +1,66 @@
+// The validator's GPU memory floor: the LM head is counted as the chunked loss runs it, so a batch
+// PyTorch trains in 6 GiB is not refused for logits the engine never materialises at once.
+#include "daemon/jobs/memory_estimate.h"
+
+#include <gtest/gtest.h>
+
+namespace offloadd::daemon {
+namespace {
+
+engine::ModelConfig TinyLlama() {  // TinyLlama-1.1B's config.json
+  engine::ModelConfig c;
+  c.vocab_size = 32000;
+  c.hidden_size = 2048;
+  c.intermediate_size = 5632;
+  c.num_layers = 22;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.max_position_embeddings = 2048;
+  return c;
+}
+
+TEST(MemoryEstimateTest, TinyLlamaParameterCount) {
+  const ModelSize s = EstimateModelSize(TinyLlama());
+  EXPECT_EQ(s.total_params, 1100048384);  // what transformers' num_parameters() reports
+  EXPECT_EQ(s.largest_block_params, 32000 * 2048);
+}
+
+TEST(MemoryEstimateTest, HeadIsCountedPerChunk) {
+  const engine::ModelConfig c = TinyLlama();
+  const ModelSize s = EstimateModelSize(c);
+  // Chunk: 512 MiB of fp32 logits = 4194 tokens of a 32000 vocabulary.
+  const uint64_t chunk = (512ull << 20) / (32000 * 4);
+  ASSERT_EQ(chunk, 4194u);
+  const uint64_t head = chunk * 32000 * (2 * 2 + 12) + 32000ull * 2048 * 4;
+  const uint64_t weights = 3ull * 2 * 32000 * 2048;  // two weight buffers + one gradient, bf16
+  for (int64_t batch : {8, 32}) {
+    const uint64_t tokens = static_cast<uint64_t>(batch) * 1024;
+    const uint64_t layer = tokens * (8 * 2048 + 3 * 5632) * 2;
+    const MemoryFloor f = EstimateMemoryFloor(s, c, batch, 1024, 2);
+    EXPECT_EQ(f.gpu_bytes, weights + layer + head) << "batch " << batch;
+    EXPECT_NE(f.gpu_breakdown.find("chunks of 4194 tokens"), std::string::npos) << f.gpu_breakdown;
+  }
+  // Batch 32 x 1024 was refused in 6 GiB while the whole [32768, 32000] logits were counted
+  // (13.1 GB); the chunked head leaves the floor at 4.5 GB.
+  EXPECT_LT(EstimateMemoryFloor(s, c, 32, 1024, 2).gpu_bytes, 6ull << 30);
+  // Fewer tokens than a chunk: the head holds only those.
+  const MemoryFloor small = EstimateMemoryFloor(s, c, 1, 16, 2);
+  EXPECT_NE(small.gpu_breakdown.find("chunks of 16 tokens"), std::string::npos) << small.gpu_breakdown;
+}
+
+TEST(MemoryEstimateTest, LargestBatchWithinIsTheLastThatFits) {
+  const engine::ModelConfig c = TinyLlama();
+  const ModelSize s = EstimateModelSize(c);
+  const uint64_t f8 = EstimateMemoryFloor(s, c, 8, 1024, 2).gpu_bytes;
+  const uint64_t f9 = EstimateMemoryFloor(s, c, 9, 1024, 2).gpu_bytes;
+  ASSERT_LT(f8, f9);
+  EXPECT_EQ(LargestBatchWithin(s, c, 1024, 2, f8, 64), 8);
+  EXPECT_EQ(LargestBatchWithin(s, c, 1024, 2, f9 - 1, 64), 8);
+  EXPECT_EQ(LargestBatchWithin(s, c, 1024, 2, f9, 64), 9);
+  EXPECT_EQ(LargestBatchWithin(s, c, 1024, 2, 1ull << 50, 64), 64);  // capped at the job's batch
+  EXPECT_EQ(LargestBatchWithin(s, c, 1024, 2, 1 << 20, 64), 0);       // not even batch 1
+}
+
+}  // namespace
+}  // namespace offloadd::daemon
