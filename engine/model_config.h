@@ -18,10 +18,6 @@ namespace offloadd::engine {
 
 enum class Architecture { kLlama, kGpt2 };
 
-// The LM head computes logits over chunks of tokens so that no [tokens, vocab] fp32 tensor is
-// larger than this (ops::LmHeadLoss); memory estimates without LibTorch use it too.
-inline constexpr int64_t kHeadChunkBytes = 512ll << 20;
-
 struct RopeConfig {
   // "default", "linear" or "llama3".
   std::string type = "default";

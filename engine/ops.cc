@@ -17,6 +17,8 @@
 #include <limits>
 #include <string>
 
+#include "engine/head_chunk.h"
+
 namespace offloadd::engine::ops {
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
@@ -521,6 +523,8 @@ at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, dou
   }
   return loss;
 }
+
+static_assert(kHeadChunkBytes == engine::kHeadChunkBytes, "engine/head_chunk.h is what the validator counts");
 
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
                       double normalizer, at::Tensor* dn, at::Tensor* dw, int64_t chunk_bytes,

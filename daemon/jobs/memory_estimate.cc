@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/units.h"
+#include "engine/head_chunk.h"
 
 namespace offloadd::daemon {
 namespace {
