@@ -1,0 +1,107 @@
+"""The house rules that a tool can check (../shared/STYLE.md, the brief's Standards), enforced in CI:
+
+- layering: each component includes only the components below it (ALLOWED); a new edge must be
+  added here on purpose, with the reason in review;
+- torch-free components include no LibTorch header, directly or through another component's
+  header (the daemon must build and run without the model runtime's headers, issue #15);
+- file length: sources stay under 800 lines; the files already over it are listed with their
+  current length and may only shrink.
+"""
+import pathlib
+import re
+
+import pytest
+
+from conftest import SOURCE_DIR
+
+SOURCES = (".cc", ".h", ".cu", ".inc")
+ALLOWED = {
+    "common": set(),
+    "proto": set(),
+    "ipc": {"common"},
+    "text": {"common"},
+    "engine": {"common", "text"},
+    "workers": {"common", "ipc"},
+    "storage": {"common", "ipc"},
+    "lsp": {"common", "engine", "workers"},
+    "trainer": {"common", "engine", "ipc", "lsp", "storage", "text", "workers"},
+    "daemon": {"common", "engine", "proto", "text", "trainer", "workers"},
+    "client": {"common", "proto"},
+}
+GENERATED = {"offloadd": "proto"}  # "offloadd/v1/...": the protobuf/gRPC code generated from proto/
+TORCH_FREE = ("common", "proto", "ipc", "text", "workers", "storage", "daemon", "client")
+TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10|caffe2)/', re.M)
+PROJECT_INCLUDE = re.compile(r'^\s*#\s*include\s*"(([a-z_0-9]+)/[^"]+)"', re.M)
+MAX_LINES = 800
+OVER_LIMIT = {"text/jinja_eval.cc": 897, "text/jinja_parser.cc": 831}
+
+
+def _files(component):
+    root = SOURCE_DIR / component
+    return sorted(p for p in root.rglob("*") if p.suffix in SOURCES and p.is_file())
+
+
+def _includes(path):
+    return PROJECT_INCLUDE.findall(path.read_text(errors="replace"))
+
+
+@pytest.mark.parametrize("component", sorted(ALLOWED))
+def test_components_include_only_the_layers_below(component):
+    bad = []
+    for f in _files(component):
+        for header, comp in _includes(f):
+            comp = GENERATED.get(comp, comp)
+            if comp not in ALLOWED:  # third-party ("google/rpc/...", "grpc/health/...")
+                continue
+            if comp != component and comp not in ALLOWED[component]:
+                bad.append(f"{f.relative_to(SOURCE_DIR)} includes {header}")
+    assert not bad, "\n".join(bad)
+
+
+def _pulls_torch(header, seen):
+    """Whether a project header includes a LibTorch header, directly or through project headers."""
+    if header in seen:
+        return None
+    seen.add(header)
+    path = SOURCE_DIR / header
+    if not path.is_file():  # generated (proto) or third-party
+        return None
+    text = path.read_text(errors="replace")
+    if TORCH_INCLUDE.search(text):
+        return [header]
+    for sub, _ in PROJECT_INCLUDE.findall(text):
+        chain = _pulls_torch(sub, seen)
+        if chain:
+            return [header] + chain
+    return None
+
+
+@pytest.mark.parametrize("component", TORCH_FREE)
+def test_torch_free_components_include_no_libtorch_header(component):
+    bad = []
+    for f in _files(component):
+        if TORCH_INCLUDE.search(f.read_text(errors="replace")):
+            bad.append(f"{f.relative_to(SOURCE_DIR)} includes a LibTorch header")
+            continue
+        for header, _ in _includes(f):
+            chain = _pulls_torch(header, set())
+            if chain:
+                bad.append(f"{f.relative_to(SOURCE_DIR)} -> " + " -> ".join(chain))
+    assert not bad, "\n".join(bad)
+
+
+def test_source_files_stay_under_800_lines():
+    bad = []
+    for component in list(ALLOWED) + ["bench", "fuzz", "tests"]:
+        for f in _files(component):
+            rel = str(f.relative_to(SOURCE_DIR))
+            n = len(f.read_text(errors="replace").splitlines())
+            limit = OVER_LIMIT.get(rel, MAX_LINES)
+            if n > limit:
+                bad.append(f"{rel}: {n} lines (limit {limit})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_over_limit_list_names_real_files():
+    for rel in OVER_LIMIT:
+        assert (SOURCE_DIR / rel).is_file(), f"{rel} is gone: drop it from OVER_LIMIT"
