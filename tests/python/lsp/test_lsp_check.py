@@ -21,18 +21,20 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import BINARY_DIR
 
-CHECK = BINARY_DIR / "lsp" / "offloadd-lsp-check"
+@pytest.fixture
+def check(binary_dir):
+    path = binary_dir / "lsp" / "offloadd-lsp-check"
+    if not path.exists():
+        pytest.fail(f"{path} not built (build target offloadd-lsp-check)")
+    return path
 
 
-def _run(tmp_path, w0, grads, *args):
-    if not CHECK.exists():
-        pytest.fail(f"{CHECK} not built (build target offloadd-lsp-check)")
+def _run(check, tmp_path, w0, grads, *args):
     tensors = {"w0": w0.contiguous()}
     tensors.update({f"grad/{k}": g.contiguous() for k, g in enumerate(grads)})
     save_file(tensors, tmp_path / "in.safetensors")
-    r = subprocess.run([str(CHECK), "--in", str(tmp_path / "in.safetensors"), "--out",
+    r = subprocess.run([str(check), "--in", str(tmp_path / "in.safetensors"), "--out",
                         str(tmp_path / "out.safetensors"), *map(str, args)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -60,12 +62,12 @@ ARGS = _hyper_args(HP)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_subspace_adamw_matches_torch_on_compressed_gradients(tmp_path, dtype):
+def test_subspace_adamw_matches_torch_on_compressed_gradients(check, tmp_path, dtype):
     gen = torch.Generator().manual_seed(0)
     m, n, s, d = 96, 160, 32, 4
     w0 = torch.randn(m, n, generator=gen)
     grads = [torch.randn(m, n, generator=gen).to(dtype) for _ in range(4)]
-    out = _run(tmp_path, w0, grads, "--rank", s, "--nonzeros", d, "--seed", 7, *ARGS)
+    out = _run(check, tmp_path, w0, grads, "--rank", s, "--nonzeros", d, "--seed", 7, *ARGS)
     P = _dense(out["p_index"], out["p_values"], s)
     Q = _dense(out["q_index"], out["q_values"], s)
     assert (P != 0).sum(1).eq(d).all() and (Q != 0).sum(1).eq(d).all()
@@ -84,22 +86,22 @@ def test_subspace_adamw_matches_torch_on_compressed_gradients(tmp_path, dtype):
     _close(out["w"], w0 + P @ a.detach() @ Q.t(), 1e-5, 1e-7)
 
 
-def test_rank_and_nonzeros_are_clamped_to_the_shape(tmp_path):
+def test_rank_and_nonzeros_are_clamped_to_the_shape(check, tmp_path):
     gen = torch.Generator().manual_seed(1)
     w0 = torch.randn(8, 40, generator=gen)
-    out = _run(tmp_path, w0, [torch.randn(8, 40, generator=gen)], "--rank", 512, "--nonzeros", 16, *ARGS)
+    out = _run(check, tmp_path, w0, [torch.randn(8, 40, generator=gen)], "--rank", 512, "--nonzeros", 16, *ARGS)
     assert out["a"].shape == (8, 40)
     assert out["p_index"].shape == (8, 8) and out["q_index"].shape == (40, 16)
 
 
-def test_identity_projectors_equal_dense_adamw(tmp_path):
+def test_identity_projectors_equal_dense_adamw(check, tmp_path):
     """s = the full dimensions with identity projectors: LSP is exact AdamW on W (no weight decay:
     in LSP mode decay acts on the subspace coordinates, lsp/README.md)."""
     gen = torch.Generator().manual_seed(2)
     w0 = torch.randn(24, 40, generator=gen)
     grads = [torch.randn(24, 40, generator=gen) for _ in range(5)]
     hp = dict(HP, weight_decay=0.0)
-    out = _run(tmp_path, w0, grads, "--identity", *_hyper_args(hp))
+    out = _run(check, tmp_path, w0, grads, "--identity", *_hyper_args(hp))
     for k, g in enumerate(grads):
         assert torch.equal(out[f"compressed/{k}"], g)
     w = torch.nn.Parameter(w0.clone())
@@ -112,8 +114,8 @@ def test_identity_projectors_equal_dense_adamw(tmp_path):
     _close(out["w"], w.detach(), 1e-6 + 6 * 2.0 ** -24, 1e-9)
 
 
-def test_bad_input_is_an_error_naming_it(tmp_path):
+def test_bad_input_is_an_error_naming_it(check, tmp_path):
     save_file({"grad/0": torch.zeros(2, 2)}, tmp_path / "in.safetensors")
-    r = subprocess.run([str(CHECK), "--in", str(tmp_path / "in.safetensors"), "--out", str(tmp_path / "o")],
+    r = subprocess.run([str(check), "--in", str(tmp_path / "in.safetensors"), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and '"w0"' in r.stderr
