@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <set>
 
 namespace offloadd::trainer {
 
@@ -15,7 +16,9 @@ StepSchedule::StepSchedule(const Options& options)
       host_grads_(n_),
       device_opt_(options.device_optimizer) {
   for (int b = 0; b < n_; ++b) {
-    for (const auto& slot : layout_[b].params) owner_[slot.param->name] = {b, slot.offset};
+    for (const auto& slot : layout_[b].params) {
+      owner_[slot.compressed ? slot.compressed->name : slot.param->name] = {b, slot.offset};
+    }
   }
 }
 
@@ -83,6 +86,34 @@ Status StepSchedule::Backward(const engine::MicroBatch& mb, uint32_t micro) {
   return OkStatus();
 }
 
+StatusOr<std::map<std::string, at::Tensor>> StepSchedule::ProbeGradients(engine::MicroBatch& mb) {
+  if (cuda_) return UnimplementedError("the LSP probe runs on the CPU device only");
+  std::set<std::string> wanted;
+  for (const auto& bl : layout_) {
+    for (const auto& slot : bl.params) {
+      if (slot.compressed) wanted.insert(slot.compressed->name);
+    }
+  }
+  std::vector<engine::SavedState> saved(n_);
+  double stall = 0;
+  at::Tensor x;
+  for (int b = 0; b < n_; ++b) {
+    RETURN_IF_ERROR(options_.weights->Ensure(b, 0, &stall));
+    ASSIGN_OR_RETURN(x, options_.model->block(b).Forward(mb, x, engine::SaveMode::kKeep, &saved[b],
+                                                          options_.activations->callbacks()));
+  }
+  std::map<std::string, at::Tensor> grads;
+  engine::GradCallback sink = [&](const std::string& name, const at::Tensor& grad) {
+    if (wanted.count(name)) grads[name] = grad.to(at::kFloat);
+  };
+  at::Tensor g;
+  for (int b = n_ - 1; b >= 0; --b) {
+    ASSIGN_OR_RETURN(g, options_.model->block(b).Backward(mb, g, &saved[b], sink,
+                                                           options_.activations->callbacks()));
+  }
+  return grads;
+}
+
 StatusOr<at::Tensor> StepSchedule::GradientBuffer(int b) {
   if (OnDevice(b)) return device_opt_->GradientBuffer(b);
   const auto t0 = std::chrono::steady_clock::now();
@@ -109,7 +140,8 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
       return;
     }
     for (const auto& slot : layout_[b].params) {
-      if (slot.offset == it->second.second) slot.View(grads).copy_(grad);
+      if (slot.offset != it->second.second) continue;
+      slot.View(grads).copy_(slot.compressed ? options_.compress(slot, grad) : grad);
     }
   };
   engine::Block& block = options_.model->block(b);

@@ -52,6 +52,8 @@ class StepSchedule {
     c10::Device device = c10::Device(c10::kCPU);
     c10::ScalarType dtype = c10::kFloat;
     uint32_t accumulation_steps = 1;  // micro-batches per step
+    // LSP mode (may be empty): what goes into a compressed weight's slot instead of its gradient.
+    std::function<at::Tensor(const ParamSlot&, const at::Tensor&)> compress;
   };
   // Pins the gradient staging buffers.
   static StatusOr<std::unique_ptr<StepSchedule>> Create(const Options& options);
@@ -61,6 +63,9 @@ class StepSchedule {
   // Forward of micro-batch `micro` through every block; returns its loss (fp32 scalar, detached).
   // fp16: sets mb's loss scale, reporting the previous step first when micro is 0.
   StatusOr<at::Tensor> Forward(engine::MicroBatch& mb, uint32_t micro);
+  // LSP mode's probe (CPU): a forward and backward of `mb` that keeps every activation and hands
+  // nothing over; returns d loss / d W (fp32) of the compressed weights, by name.
+  StatusOr<std::map<std::string, at::Tensor>> ProbeGradients(engine::MicroBatch& mb);
   // Backward of micro-batch `micro` (after its Forward), handing each block's gradients over.
   Status Backward(const engine::MicroBatch& mb, uint32_t micro);
   // Between steps: the blocks `device` owns keep their gradients on the device from now on.

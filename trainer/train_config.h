@@ -85,6 +85,20 @@ struct OffloadPlanConfig {
   double device_optimizer_share = -1;
 };
 
+// LSP-Offload (issue #14; lsp/README.md): every 2-D weight of a decoder layer is trained in an
+// s x s subspace of learned d-sparse projectors, W = W_base + P A Q^T; the CPU's AdamW runs on A.
+struct LspConfig {
+  bool enabled = false;
+  int64_t rank = 512;        // s, clamped per side to the matrix
+  int64_t nonzeros = 16;     // d, clamped to s
+  int64_t check_every = 100; // steps between projector checks (the first step always checks)
+  double threshold = 0.5;    // relative squared bias that triggers learning new projectors
+  int learn_steps = 50;      // Adam steps of the projector learning
+  double learn_lr = 1e-2;
+  double gamma = 1e-4;       // the learning's norm regulariser
+  bool identity = false;     // identity projectors (s = the full dimensions, no checks): tests
+};
+
 struct TrainConfig {
   std::string model_dir;
   bool random_init = false;  // bench: config.json only, transformers-style random weights
@@ -98,6 +112,7 @@ struct TrainConfig {
   DataConfig data;
   OptimConfig optim;
   OffloadPlanConfig offload;
+  LspConfig lsp;
   int32_t batch_size = 8;  // sequences per micro-batch
   int32_t gradient_accumulation_steps = 1;
   double num_train_epochs = 3;

@@ -7,9 +7,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <sstream>
 #include <utility>
 #include <vector>
 
+#include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -112,6 +114,7 @@ Status Trainer::Impl::RunStep() {
   for (uint32_t a = 0; a < A; ++a) {
     ASSIGN_OR_RETURN(engine::MicroBatch mb,
                      Prepare(*model, batches.micro[a], batches.trained_tokens, dtype, &flops));
+    if (a == 0 && lsp && lsp->CheckDue(k)) RETURN_IF_ERROR(CheckProjectors(k, mb));
     ASSIGN_OR_RETURN(at::Tensor loss, schedule->Forward(mb, a));
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss.clone();
     if (a == 0) RETURN_IF_ERROR(BeginUpdates(k));
@@ -137,6 +140,42 @@ Status Trainer::Impl::BeginUpdates(int64_t k) {
   // with AdamW step applied + 1, since such a step cannot be skipped.
   if (device_opt) device_opt->BeginStep(lr, static_cast<uint64_t>(accounting->applied()) + 1, unscale);
   return host->BeginStep(static_cast<uint64_t>(k), lr, unscale);
+}
+
+Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
+  // Alg. 2's check on the step's first micro-batch (a random sample of the data: the loader
+  // shuffles), between steps: step k-1's updates are applied and reported, so the subspace
+  // states can move and the AdamW step count is final.
+  const int64_t t0 = NowMicros();
+  if (k > 1) {
+    ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(k - 1)));
+    (void)last;
+  }
+  RETURN_IF_ERROR(accounting->Flush());
+  ASSIGN_OR_RETURN(auto grads, schedule->ProbeGradients(mb));
+  LspMode::StateAccess access;
+  access.read = [this](int b, std::vector<float>* master, std::vector<float>* m, std::vector<float>* v) {
+    const size_t numel = layout[b].numel;
+    master->resize(numel);
+    m->resize(numel);
+    v->resize(numel);
+    return ReadBlockStates(b, master->data(), m->data(), v->data());
+  };
+  access.restore = [this](int b, const std::vector<float>& master, const std::vector<float>& m,
+                          const std::vector<float>& v) {
+    return RestoreBlockStates(b, master.data(), m.data(), v.data(),
+                              static_cast<uint64_t>(accounting->applied()));
+  };
+  ASSIGN_OR_RETURN(const LspMode::CheckSummary s, lsp->Check(k, grads, access));
+  accounting->AddSpan({"lsp", "projector check", static_cast<double>(t0), static_cast<double>(NowMicros())});
+  std::ostringstream msg;
+  msg.precision(3);
+  msg << "LSP projector check before step " << k << ": mean relative bias " << s.mean_bias << " over "
+      << s.checked << " matrices; " << s.switched << " switched to learned projectors";
+  if (s.switched > 0) msg << " (mean bias " << s.mean_bias_after << " after)";
+  msg << " in " << s.seconds << " s";
+  Log(TrainObserver::Level::kInfo, msg.str());
+  return OkStatus();
 }
 
 Status Trainer::Impl::UpdateDeviceBlocks(int64_t k) {

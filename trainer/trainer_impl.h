@@ -24,6 +24,7 @@
 #include "trainer/device_streams.h"
 #include "trainer/grad_scaler.h"
 #include "trainer/host_optimizer.h"
+#include "trainer/lsp_mode.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/step_accounting.h"
 #include "trainer/step_schedule.h"
@@ -62,6 +63,7 @@ struct Trainer::Impl {
   std::unique_ptr<ActivationOffload> activations;
   std::unique_ptr<StepAccounting> accounting;
   std::unique_ptr<StepSchedule> schedule;
+  std::unique_ptr<LspMode> lsp;  // LSP-Offload mode (cfg.lsp.enabled)
   int64_t gpu_budget = 0;
   std::string plan_text;
   // The step planner's inputs and choice (trainer_plan.cc); plan_check_step: the step whose
@@ -107,6 +109,8 @@ struct Trainer::Impl {
   // Step k's learning rate and loss scale, once step k-1 is reported; starts its updates.
   Status BeginUpdates(int64_t k);
   Status Flush();
+  // LSP mode: the projector check of step k on the probe micro-batch `mb`, between steps.
+  Status CheckProjectors(int64_t k, engine::MicroBatch& mb);
   // Held device updates (clipping, fp16): once step k's outcome is known, the device blocks are
   // updated with its coefficient on the compute stream, ahead of the next forward.
   Status UpdateDeviceBlocks(int64_t k);

@@ -75,11 +75,16 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
   RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
     for (const auto& slot : layout[b].params) {
+      if (slot.compressed) {  // LSP subspace coordinates start at zero: W = W_base
+        std::memset(master + slot.offset, 0, slot.numel * sizeof(float));
+        continue;
+      }
       ASSIGN_OR_RETURN(at::Tensor v, model->ReadInitialValue(slot.param->name));
       std::memcpy(master + slot.offset, v.data_ptr<float>(), slot.numel * sizeof(float));
     }
     return OkStatus();
   }));
+  if (lsp) RETURN_IF_ERROR(lsp->Initialize(*model));
   RETURN_IF_ERROR(StartDeviceOptimizer());
   RETURN_IF_ERROR(StartPipeline(resident));
   plan_text = DescribePlan(ho);
@@ -126,6 +131,18 @@ Status Trainer::Impl::CheckConfig() {
   if (cfg.gradient_accumulation_steps < 1)
     return InvalidArgumentError("gradient_accumulation_steps must be at least 1");
   if (cfg.worker_binary.empty()) return InvalidArgumentError("no offloadd-worker binary given");
+  if (cfg.lsp.enabled) {
+    // What LSP mode is built and tested on so far; the rest is refused rather than half-supported.
+    if (cuda) {
+      return UnimplementedError("LSP compression runs on the CPU device so far (device cpu); its CUDA "
+                                "path (compression on the GPU, the layer-wise schedule) is not built yet");
+    }
+    if (dtype != c10::kFloat) return InvalidArgumentError("LSP compression on the CPU computes in fp32");
+    if (cfg.offload.tier != StateTier::kCpu)
+      return UnimplementedError("LSP compression keeps its subspace states in RAM; the NVMe tier is not supported with it");
+    if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0)
+      return UnimplementedError("LSP compression updates every subspace on the CPU; device optimizer blocks are not supported with it");
+  }
   return OkStatus();
 }
 
@@ -151,6 +168,9 @@ Status Trainer::Impl::LoadModel() {
       bl.numel += slot.numel;
       bl.params.push_back(slot);
     }
+  }
+  if (cfg.lsp.enabled) {
+    ASSIGN_OR_RETURN(lsp, LspMode::Create(cfg.lsp, cfg.seed, model.get(), &layout, device, dtype));
   }
   return OkStatus();
 }
@@ -210,6 +230,7 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
          << device_opt->params() << " parameters, "
          << FormatByteSize(static_cast<uint64_t>(device_opt->params()) * 12) << ")";
   }
+  if (lsp) plan << "; " << lsp->Describe();
   plan << "; " << total << " steps";
   if (scaler) {
     plan << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor
@@ -468,11 +489,17 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   so.device = device;
   so.dtype = dtype;
   so.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+  if (lsp) {
+    so.compress = [l = lsp.get()](const ParamSlot& slot, const at::Tensor& grad) { return l->Compress(slot, grad); };
+  }
   ASSIGN_OR_RETURN(schedule, StepSchedule::Create(so));
 
   // Updated weights flow back to the device from the optimizer thread, right behind each update.
   if (device_opt) accounting->SetDeviceParams(device_opt->params());
-  host->SetOnUpdated([w = weights.get()](int b) { w->OnUpdated(b); });
+  host->SetOnUpdated([w = weights.get(), l = lsp.get(), h = host.get()](int b) {
+    w->OnUpdated(b);
+    if (l) l->OnUpdated(b, static_cast<const float*>(h->compute_weights(b)));
+  });
   host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
     accounting->AddSpan({track, "update " + model->block(b).name(), static_cast<double>(start_us),
                          static_cast<double>(end_us)});

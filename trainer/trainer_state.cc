@@ -13,6 +13,8 @@
 namespace offloadd::trainer {
 namespace {
 
+constexpr char kLspStateFile[] = "lsp_state.safetensors";
+
 std::vector<ParamSpec> SpecsOf(const BlockLayout& bl) {
   std::vector<ParamSpec> out;
   for (const auto& s : bl.params) out.push_back({s.param->name, s.shape});
@@ -32,7 +34,9 @@ StatusOr<std::string> ReadSmallFile(const std::string& path) {
 std::string Trainer::Impl::Fingerprint() const {
   std::vector<std::vector<ParamSpec>> layers;
   for (const auto& bl : layout) layers.push_back(SpecsOf(bl));
-  return ModelFingerprint(model->config().model_type, layers);
+  // LSP checkpoints hold subspace coordinates where exact ones hold weights: "llama+lsp" says so
+  // when one is offered to the other mode.
+  return ModelFingerprint(model->config().model_type + (lsp ? "+lsp" : ""), layers);
 }
 
 Status Trainer::Impl::ReadBlockStates(int b, float* master, float* exp_avg, float* exp_avg_sq) {
@@ -64,6 +68,10 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     ls.exp_avg_sq = {std::span<const float>(v)};
     ls.adam_step = accounting->applied();
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
+  }
+  if (lsp) {  // projectors, W_base and the switch count (lsp/README.md)
+    ASSIGN_OR_RETURN(const std::string lsp_state, lsp->Serialize());
+    RETURN_IF_ERROR(w.AddFile(kLspStateFile, lsp_state));
   }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
                         "tokenizer_config.json", "special_tokens_map.json"}) {
@@ -137,6 +145,14 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
   accounting->Restore(adam_steps, std::move(history));
   RETURN_IF_ERROR(
       host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
+  if (lsp) {
+    const std::string path = dir + "/" + kLspStateFile;
+    if (access(path.c_str(), F_OK) != 0) {
+      return FailedPreconditionError(dir + ": has no " + kLspStateFile + " (not an LSP checkpoint)");
+    }
+    RETURN_IF_ERROR(lsp->Restore(path));
+    for (int b = 0; b < n; ++b) lsp->OnUpdated(b, static_cast<const float*>(host->compute_weights(b)));
+  }
   RETURN_IF_ERROR(weights->Reload());
   Log(TrainObserver::Level::kInfo,
       "resumed from " + dir + " at step " + std::to_string(completed) + " of " + std::to_string(total));

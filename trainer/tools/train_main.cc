@@ -11,6 +11,7 @@
 
 #include "common/units.h"
 #include "trainer/data_source.h"
+#include "trainer/lsp_mode.h"
 #include "trainer/trainer.h"
 
 namespace offloadd::trainer {
@@ -27,6 +28,8 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --warmup-steps=N --warmup-ratio=X --num-cycles=X --min-lr-rate=X --weight-decay=X
                --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --speculate=auto|always|never (updates before the clipping norm is known)
+               --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
+                 learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
@@ -206,6 +209,7 @@ int Run(int argc, char** argv) {
       else if (key == "--eps") c.optim.eps = std::stod(v);
       else if (key == "--max-grad-norm") c.optim.max_grad_norm = std::stod(v);
       else if (key == "--speculate") c.optim.speculation = v;
+      else if (key == "--compression") st = ParseLspSpec(v, &c.lsp);
       else if (key == "--init-scale") c.loss_scale.init_scale = std::stod(v);
       else if (key == "--growth-factor") c.loss_scale.growth_factor = std::stod(v);
       else if (key == "--backoff-factor") c.loss_scale.backoff_factor = std::stod(v);

@@ -1,0 +1,125 @@
+"""LSP-Offload mode in the trainer (issue #14 items 1-3; trainer/lsp_mode.h, lsp/README.md), on the
+CPU device.
+
+- Identity projectors (s = the full dimensions) with no weight decay: LSP training is exact AdamW
+  on W = W_base + A, so the run must match PyTorch's clip_grad_norm_ + AdamW within the all-CPU
+  parity bounds (test_pipeline_parity.py: loss <= 1e-5 per step, weights <= 2e-5). W_base + A
+  rounds differently from an updated W by at most one half-ulp per step (20 steps x 6e-8 at |w| ~ 1),
+  well inside them.
+- Learned projectors: a resumed run continues the same loss curve bit for bit (projectors, W_base
+  and the subspace states are checkpointed exactly), and the exported weights equal
+  W_base + P A Q^T computed densely from the checkpoint's parts (fp32 rounding of d*d terms).
+- Bad specs and unsupported combinations are refused naming what is wrong.
+"""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline_testlib import build_model, read_stats, reference_train, run_train, write_pretokenized
+from test_pipeline_parity import COMMON, STEPS, train_args
+
+LEARNED = "--compression=lsp:rank=8,nonzeros=2,check_every=5,threshold=0.5,learn_steps=20"
+
+
+def _dense(index, values, cols):
+    return torch.zeros(index.shape[0], cols).scatter_add_(1, index, values)
+
+
+def test_identity_projectors_equal_exact_adamw(binary_dir, tmp_path):
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    args = [a for a in train_args(model, data, out, accum=2) if not a.startswith("--weight-decay")]
+    r = run_train(binary_dir, args + ["--weight-decay=0", "--compression=lsp:projectors=identity"])
+    assert "LSP-Offload on 14 decoder-layer matrices (identity projectors" in r.stderr, r.stderr[-2000:]
+    assert "projector check" not in r.stderr  # identity projectors are never re-learned
+    stats = read_stats(out / "stats.jsonl")
+    ref_losses, ref_state = reference_train(model, json.loads((out / "batches.json").read_text()),
+                                            **{**COMMON, "weight_decay": 0.0})
+    for step, (a, b) in enumerate(zip((s["loss"] for s in stats), ref_losses), 1):
+        assert abs(a - b) <= 1e-5, f"step {step}: offloadd {a} vs PyTorch {b}"
+    assert sum(s["grad_norm"] > COMMON["max_grad_norm"] for s in stats) >= STEPS // 2  # it clips
+    exported = load_file(out / "model.safetensors")
+    for name, ref in ref_state.items():
+        diff = (exported[name] - ref).abs().max().item()
+        assert diff <= 2e-5, f"{name}: max |diff| {diff}"
+
+
+def test_learned_projectors_resume_exactly_and_export_the_subspace_weights(binary_dir, tmp_path):
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    full, resumed, at6 = tmp_path / "full", tmp_path / "resumed", tmp_path / "at6"
+    r = run_train(binary_dir, train_args(model, data, full, accum=1) + [LEARNED, "--save-steps=6"])
+    checks = [line for line in r.stderr.splitlines() if "LSP projector check before step" in line]
+    assert [c.split("before step ")[1].split(":")[0] for c in checks] == ["1", "6", "11", "16"], checks
+    assert all("switched to learned projectors" in c for c in checks)
+    a = read_stats(full / "stats.jsonl")
+    assert len(a) == STEPS and all(s["loss"] == s["loss"] for s in a)  # finite
+
+    ckpt = full / "checkpoint-6"
+    run_train(binary_dir, train_args(model, data, resumed, accum=1) + [LEARNED, f"--resume-from={ckpt}"])
+    b = read_stats(resumed / "stats.jsonl")
+    assert [s["step"] for s in b] == list(range(7, STEPS + 1))
+    assert [(s["loss"], s["grad_norm"]) for s in a[6:]] == [(s["loss"], s["grad_norm"]) for s in b]
+    wa, wb = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+    # Resuming checkpoint-6 with nothing left to run exports its weights: W_base + P A Q^T.
+    args = [x for x in train_args(model, data, at6, accum=1) if not x.startswith("--max-steps")]
+    run_train(binary_dir, args + ["--max-steps=6", LEARNED, f"--resume-from={ckpt}"])
+    exported = load_file(at6 / "model.safetensors")
+    state = load_file(ckpt / "lsp_state.safetensors")
+    layer1 = load_file(ckpt / "model-layer-00001.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    m, n, sm, sn = state[name + ".shape"].tolist()
+    P = _dense(state[name + ".p_index"], state[name + ".p_values"], sm)
+    Q = _dense(state[name + ".q_index"], state[name + ".q_values"], sn)
+    A = layer1[name + ".lsp_a"]
+    assert A.shape == (sm, sn) == (8, 8) and A.abs().max() > 0
+    want = state[name + ".base"] + P @ A @ Q.t()
+    assert (exported[name] - want).abs().max().item() <= 1e-6 * want.abs().max().item() + 1e-7
+    # Exact parameters (norms, embedding, head) are checkpointed as themselves.
+    assert layer1["model.layers.0.input_layernorm.weight"].shape == (32,)
+
+
+def test_checkpoints_do_not_cross_modes(binary_dir, tmp_path):
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    lsp_out, exact_out = tmp_path / "lsp", tmp_path / "exact"
+    run_train(binary_dir, train_args(model, data, lsp_out, accum=1) + [LEARNED, "--save-steps=10"])
+    r = run_train(binary_dir, train_args(model, data, exact_out, accum=1) +
+                  [f"--resume-from={lsp_out}/checkpoint-10"], check=False)
+    assert r.returncode != 0 and 'the checkpoint is of model "llama+lsp/' in r.stderr, r.stderr[-1500:]
+    assert 'this job\'s model is "llama/' in r.stderr
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("lsp:rank=0", "rank must be at least 1"),
+    ("lsp:nonzeros=x", "nonzeros must be an integer"),
+    ("lsp:threshold=-1", "threshold must be a finite number >= 0"),
+    ("lsp:foo=1", "unknown key 'foo'"),
+    ("lsp:rank", "'rank' is not key=value"),
+    ("lossy", "compression must be none or lsp"),
+    ("lsp:projectors=dense", "projectors must be learned or identity"),
+])
+def test_bad_specs_are_refused_naming_the_key(binary_dir, tmp_path, spec, message):
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "out", accum=1) + [f"--compression={spec}"],
+                  check=False)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-1500:]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--device=cuda"], "LSP compression runs on the CPU device so far"),
+    (["--device-optimizer-blocks=1"], "device optimizer blocks are not supported"),
+])
+def test_unsupported_combinations_are_refused(binary_dir, tmp_path, extra, message):
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "out", accum=1) + [LEARNED] + extra,
+                  check=False)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-1500:]
