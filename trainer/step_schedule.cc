@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -84,6 +85,25 @@ Status StepSchedule::Backward(const engine::MicroBatch& mb, uint32_t micro) {
     if (b > WeightResidency::kWindow || last_micro) weights.Release(b);
   }
   return OkStatus();
+}
+
+StatusOr<at::Tensor> StepSchedule::EvalLoss(engine::MicroBatch& mb) {
+  WeightResidency& weights = *options_.weights;
+  double* stall = &options_.accounting->stalls().weights;
+  at::Tensor x;
+  for (int b = 0; b < n_; ++b) {
+    RETURN_IF_ERROR(weights.Ensure(b, 0, stall));
+    for (int p = 1; p <= WeightResidency::kWindow; ++p) weights.Prefetch(b + p, 0);
+    engine::Block& block = options_.model->block(b);
+    engine::SavedState saved;  // dropped: no backward follows
+    options_.streams->BeginCompute("eval " + block.name());
+    ASSIGN_OR_RETURN(x, block.Forward(mb, x, engine::SaveMode::kRecompute, &saved,
+                                      options_.activations->callbacks()));
+    options_.streams->EndCompute();
+    if (b < n_ - 1 - WeightResidency::kWindow) weights.Release(b);
+  }
+  for (int b = std::max(0, n_ - 1 - WeightResidency::kWindow); b < n_; ++b) weights.Release(b);
+  return x.detach();
 }
 
 StatusOr<std::map<std::string, at::Tensor>> StepSchedule::ProbeGradients(engine::MicroBatch& mb) {

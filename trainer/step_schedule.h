@@ -63,6 +63,9 @@ class StepSchedule {
   // Forward of micro-batch `micro` through every block; returns its loss (fp32 scalar, detached).
   // fp16: sets mb's loss scale, reporting the previous step first when micro is 0.
   StatusOr<at::Tensor> Forward(engine::MicroBatch& mb, uint32_t micro);
+  // Evaluation: a forward of `mb` through every block with the current weights, keeping nothing
+  // for a backward; returns its loss (fp32 scalar, detached).
+  StatusOr<at::Tensor> EvalLoss(engine::MicroBatch& mb);
   // LSP mode's probe (CPU): a forward and backward of `mb` that keeps every activation and hands
   // nothing over; returns d loss / d W (fp32) of the compressed weights, by name.
   StatusOr<std::map<std::string, at::Tensor>> ProbeGradients(engine::MicroBatch& mb);

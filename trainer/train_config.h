@@ -110,6 +110,10 @@ struct TrainConfig {
   std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
   LossScaleConfig loss_scale;          // fp16 only: dynamic loss scaling (torch.amp.GradScaler)
   DataConfig data;
+  // Held-out records (eval_data.paths non-empty): their mean token loss before training, every
+  // eval_steps steps and at the end (HF eval_strategy "steps"). Read in order, never shuffled.
+  DataConfig eval_data;
+  int64_t eval_steps = 0;
   OptimConfig optim;
   OffloadPlanConfig offload;
   LspConfig lsp;

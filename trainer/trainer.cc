@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -140,6 +141,53 @@ Status Trainer::Impl::BeginUpdates(int64_t k) {
   // with AdamW step applied + 1, since such a step cannot be skipped.
   if (device_opt) device_opt->BeginStep(lr, static_cast<uint64_t>(accounting->applied()) + 1, unscale);
   return host->BeginStep(static_cast<uint64_t>(k), lr, unscale);
+}
+
+Status Trainer::Impl::Evaluate() {
+  if (!eval_data || evaluated_at == completed) return OkStatus();
+  c10::NoGradGuard no_grad;
+  streams->UseCompute();
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(Flush());
+  if (completed > 0) {  // the weights of every block as of the last step
+    ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(completed)));
+    (void)last;
+  }
+  RETURN_IF_ERROR(eval_data->Restore(eval_start));
+  const int64_t batches = (eval_data->sequences_per_epoch() + cfg.batch_size - 1) / cfg.batch_size;
+  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble));
+  int64_t trained = 0;
+  double flops = 0;
+  const int64_t rows = eval_data->sequences_per_epoch();
+  for (int64_t i = 0; i < batches; ++i) {
+    ASSIGN_OR_RETURN(MicroBatchData m, eval_data->Next());
+    // The last batch is filled up from the next epoch: those rows do not count.
+    const int64_t real = std::min<int64_t>(m.batch, rows - i * cfg.batch_size);
+    for (int64_t r = real; r < m.batch; ++r) {
+      for (int64_t t = 0; t < m.seq; ++t) {
+        int64_t& target = m.targets[static_cast<size_t>(r * m.seq + t)];
+        if (target != -100) --m.trained_tokens;
+        target = -100;
+      }
+    }
+    // Normaliser 1: the batch's summed token loss; the mean is over every trained token.
+    ASSIGN_OR_RETURN(engine::MicroBatch mb, Prepare(*model, m, 1, dtype, &flops));
+    ASSIGN_OR_RETURN(at::Tensor loss, schedule->EvalLoss(mb));
+    sum += loss.to(at::kCPU, at::kDouble);
+    trained += m.trained_tokens;
+  }
+  EvalStats st;
+  st.step = completed;
+  st.tokens = trained;
+  st.loss = trained > 0 ? sum.item<double>() / static_cast<double>(trained) : 0.0;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  evaluated_at = completed;
+  std::ostringstream msg;
+  msg << "eval at step " << completed << ": loss " << st.loss << " over " << trained << " tokens ("
+      << batches << " batches, " << st.seconds << " s)";
+  Log(TrainObserver::Level::kInfo, msg.str());
+  if (obs) obs->OnEval(st);
+  return OkStatus();
 }
 
 Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {

@@ -39,6 +39,9 @@ struct Trainer::Impl {
   TrainObserver* obs = nullptr;
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<DataSource> data;
+  std::unique_ptr<DataSource> eval_data;  // held-out records (cfg.eval_data), rewound per evaluation
+  std::string eval_start;                 // eval_data's state before its first record
+  int64_t evaluated_at = -1;              // the step of the last evaluation
   std::unique_ptr<HostOptimizer> host;
   std::optional<LrSchedule> lr_schedule;
   std::optional<GradScaler> scaler;  // fp16 compute only
@@ -109,6 +112,8 @@ struct Trainer::Impl {
   // Step k's learning rate and loss scale, once step k-1 is reported; starts its updates.
   Status BeginUpdates(int64_t k);
   Status Flush();
+  // The held-out loss at the current step (after its updates), reported to the observer.
+  Status Evaluate();
   // LSP mode: the projector check of step k on the probe micro-batch `mb`, between steps.
   Status CheckProjectors(int64_t k, engine::MicroBatch& mb);
   // Held device updates (clipping, fp16): once step k's outcome is known, the device blocks are

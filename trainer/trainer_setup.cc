@@ -60,6 +60,18 @@ Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(LoadModel());
   ASSIGN_OR_RETURN(data, DataSource::Create(cfg.data, cfg.model_dir, model->config().vocab_size,
                                             cfg.batch_size, cfg.seed));
+  if (!cfg.eval_data.paths.empty()) {
+    if (cfg.eval_steps < 1) {
+      return InvalidArgumentError("eval data given without eval_steps (evaluate every N steps, N >= 1)");
+    }
+    DataConfig ec = cfg.eval_data;
+    ec.shuffle = false;
+    ASSIGN_OR_RETURN(eval_data, DataSource::Create(ec, cfg.model_dir, model->config().vocab_size,
+                                                   cfg.batch_size, cfg.seed));
+    eval_start = eval_data->State();
+  } else if (cfg.eval_steps > 0) {
+    return InvalidArgumentError("eval_steps " + std::to_string(cfg.eval_steps) + " given without eval data");
+  }
   total = TotalSteps(cfg.max_steps, cfg.num_train_epochs, data->sequences_per_epoch(),
                      cfg.batch_size, cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(LrSchedule sched,
@@ -95,6 +107,10 @@ Status Trainer::Impl::Setup() {
             ", which is not applied");
   }
   Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
+  if (eval_data) {
+    Log(TrainObserver::Level::kInfo, "eval data (every " + std::to_string(cfg.eval_steps) +
+                                         " steps): " + eval_data->Describe());
+  }
   return OkStatus();
 }
 

@@ -2,6 +2,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <c10/util/Exception.h>
+
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -182,6 +184,14 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   auto write_trace = [&]() -> Status {
     return m.cfg.trace_path.empty() ? OkStatus() : m.accounting->WriteTrace(m.cfg.trace_path);
   };
+  auto evaluate = [&]() -> Status {
+    try {
+      return m.Evaluate();
+    } catch (const c10::Error& e) {
+      return InternalError(std::string("evaluation: ") + e.what_without_backtrace());
+    }
+  };
+  if (m.eval_data) RETURN_IF_ERROR(evaluate());  // the starting point (or the resumed step's)
   while (m.completed < m.total) {
     if (m.obs && m.obs->StopRequested()) {
       RETURN_IF_ERROR(m.Flush());
@@ -192,6 +202,9 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
       return CancelledError("stopped at step " + std::to_string(m.completed));
     }
     RETURN_IF_ERROR(RunStep());
+    if (m.eval_data && (m.completed % m.cfg.eval_steps == 0 || m.completed == m.total)) {
+      RETURN_IF_ERROR(evaluate());
+    }
     if (m.cfg.save_steps > 0 && m.completed % m.cfg.save_steps == 0 && m.completed < m.total &&
         !m.cfg.output_dir.empty()) {
       ASSIGN_OR_RETURN(result.last_checkpoint, m.SaveCheckpoint());

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/units.h"
 #include "trainer/data_source.h"
@@ -21,6 +22,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
   model/data:  --model=DIR --random-init --dropout=model|disable --tokenizer=PATH --data=FILE (repeat) --format=F
                --max-seq-length=N --packing --no-shuffle --max-samples=N --synthetic-seq=N
                --chat-template=builtin|FILE
+               --eval-data=FILE (repeat; same format) --eval-steps=N (held-out loss every N steps)
   device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16|fp16 --gpu-memory-limit=SIZE
                --activations=auto|keep|recompute|offload_cpu|offload_nvme --layer-activation=I:MODE (repeat)
                --weights=auto|resident|stream
@@ -123,6 +125,17 @@ class PrintObserver : public TrainObserver {
       jsonl_->flush();
     }
   }
+  void OnEval(const EvalStats& e) override {
+    std::printf("eval step %lld loss %.6f tokens %lld  %.3fs\n", static_cast<long long>(e.step), e.loss,
+                static_cast<long long>(e.tokens), e.seconds);
+    std::fflush(stdout);
+    if (jsonl_ != nullptr) {  // its own record: no "loss" key, so step records stay alike
+      nlohmann::json j = {{"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens},
+                          {"eval_seconds", e.seconds}};
+      *jsonl_ << j.dump() << "\n";
+      jsonl_->flush();
+    }
+  }
   void OnLog(Level level, const std::string& message) override {
     std::fprintf(stderr, "%s: %s\n", level == Level::kWarning ? "warning" : "info", message.c_str());
   }
@@ -154,6 +167,7 @@ Status DumpBatches(const TrainConfig& c, const std::string& path, int64_t steps)
 int Run(int argc, char** argv) {
   TrainConfig c;
   std::string stats_path, dump_path;
+  std::vector<std::string> eval_paths;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -177,6 +191,8 @@ int Run(int argc, char** argv) {
       }
       else if (key == "--tokenizer") c.data.tokenizer_path = v;
       else if (key == "--data") c.data.paths.push_back(v);
+      else if (key == "--eval-data") eval_paths.push_back(v);
+      else if (key == "--eval-steps") c.eval_steps = std::stoll(v);
       else if (key == "--format") c.data.format = v;
       else if (key == "--max-seq-length") c.data.max_seq_length = std::stoi(v);
       else if (key == "--packing") c.data.packing = true;
@@ -268,6 +284,12 @@ int Run(int argc, char** argv) {
       std::cerr << "offloadd-train: " << st.ToString() << "\n";
       return 2;
     }
+  }
+  if (!eval_paths.empty()) {  // read like the training data, in order, every record
+    c.eval_data = c.data;
+    c.eval_data.paths = eval_paths;
+    c.eval_data.max_samples = 0;
+    c.eval_data.synthetic_seq_length = 0;
   }
   if (c.model_dir.empty()) {
     std::cerr << "offloadd-train: --model is required\n" << kUsage;
