@@ -162,28 +162,23 @@ StatusOr<LspMode::CheckSummary> LspMode::Check(int64_t step, const std::map<std:
   return s;
 }
 
-StatusOr<std::string> LspMode::Serialize() const {
+StatusOr<std::string> LspMode::Serialize(const std::string& scratch_path) const {
   std::map<std::string, at::Tensor> parts;
   for (const Matrix& mx : matrices_) {
     lsp::SaveProjectorPair(mx.pq, mx.weight->name + ".", &parts);
     parts[mx.weight->name + ".base"] = mx.base.cpu();
   }
   parts[kSwitches] = at::tensor({switches_}, at::kLong);
-  char tmpl[] = "/tmp/offloadd-lsp-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  if (fd < 0) return InternalError("LSP state: cannot create a temporary file in /tmp");
-  close(fd);
-  const std::string tmp = tmpl;
-  Status st = engine::SaveTensorFile(tmp, {parts.begin(), parts.end()});
+  Status st = engine::SaveTensorFile(scratch_path, {parts.begin(), parts.end()});
   std::string bytes;
   if (st.ok()) {
-    std::ifstream in(tmp, std::ios::binary);
+    std::ifstream in(scratch_path, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
     bytes = ss.str();
-    if (!in.good() && !in.eof()) st = InternalError("LSP state: cannot read back " + tmp);
+    if (!in.good() && !in.eof()) st = InternalError("LSP state: cannot read back " + scratch_path);
   }
-  unlink(tmp.c_str());
+  unlink(scratch_path.c_str());
   RETURN_IF_ERROR(st);
   return bytes;
 }

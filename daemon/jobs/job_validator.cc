@@ -317,8 +317,8 @@ void ApplyJobDefaults(v1::JobSpec* spec) {
   auto* comp = spec->mutable_compression();
   if (comp->type() == v1::COMPRESSION_TYPE_UNSPECIFIED) comp->set_type(v1::COMPRESSION_TYPE_NONE);
   if (!comp->has_subspace_rank()) comp->set_subspace_rank(512);
-  if (!comp->has_sparsity()) comp->set_sparsity(4);
-  if (!comp->has_projector_update_interval()) comp->set_projector_update_interval(1000);
+  if (!comp->has_sparsity()) comp->set_sparsity(16);                // the seed's d
+  if (!comp->has_projector_update_interval()) comp->set_projector_update_interval(100);
   // model.compute_dtype stays UNSPECIFIED here: it resolves when the job is placed (bf16 on a
   // GPU, fp32 on the CPU).
 }
@@ -494,6 +494,10 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   if (res.gpu_index() < -1 || res.gpu_index() >= std::max(gpu_count, 1)) {
     c.Add("resources.gpu_index", "this node has " + std::to_string(node.gpus.size()) + " GPU(s); got index " +
                                      std::to_string(res.gpu_index()));
+  }
+  if (spec.compression().type() == v1::COMPRESSION_TYPE_LSP && !node.gpus.empty()) {
+    c.Add("compression.type", "lsp runs on nodes without a GPU so far (the CPU device); its CUDA path "
+                              "(compression on the GPU, the layer-wise schedule) is not built yet");
   }
   if (config) {
     r.model_size = EstimateModelSize(*config);

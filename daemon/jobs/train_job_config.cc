@@ -161,7 +161,13 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.offload.gpu_memory_limit = s.resources().gpu_memory_limit() ? s.resources().gpu_memory_limit() : env.gpu_memory_limit;
   c.offload.host_memory_limit =
       s.resources().host_memory_limit() ? s.resources().host_memory_limit() : env.host_memory_limit;
-  // compression.type LSP: refused by UnsupportedOptions.
+  if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {  // trainer/lsp_mode.h
+    const v1::CompressionConfig& comp = s.compression();
+    c.lsp.enabled = true;
+    if (comp.has_subspace_rank()) c.lsp.rank = comp.subspace_rank();
+    if (comp.has_sparsity()) c.lsp.nonzeros = comp.sparsity();
+    if (comp.has_projector_update_interval()) c.lsp.check_every = comp.projector_update_interval();
+  }
 
   c.output_dir = s.output_dir();
   c.export_final_model = true;

@@ -258,29 +258,27 @@ TEST_F(JobValidatorTest, UnimplementedSettingsAreFieldViolations) {
   auto& overrides = *s.mutable_offload()->mutable_activations()->mutable_layer_overrides();
   overrides[1] = v1::ACTIVATION_MODE_OFFLOAD_NVME;  // implemented: no problem
   overrides[0] = v1::ACTIVATION_MODE_RECOMPUTE;
-  s.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+  s.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);  // implemented on a CPU node
   const ValidationResult r = Validate(s);
-  for (const char* field : {"compression.type"}) {
-    const FieldViolation* v = Find(r, field);
-    ASSERT_NE(v, nullptr) << field << "\n" << Describe(r);
-    EXPECT_NE(v->description.find("not implemented"), std::string::npos) << v->description;
-  }
+  EXPECT_EQ(Find(r, "compression.type"), nullptr) << Describe(r);
   EXPECT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
-  EXPECT_EQ(Find(r, "offload.activations.layer_overrides[0]"), nullptr) << Describe(r);
-  EXPECT_EQ(Find(r, "offload.activations.layer_overrides[1]"), nullptr) << Describe(r);
   EXPECT_EQ(Find(r, "model.compute_dtype"), nullptr) << Describe(r);
   EXPECT_NE(Find(r, "training.learning_rate"), nullptr) << Describe(r);
-  EXPECT_EQ(r.violations.size(), 2u) << Describe(r);
+  EXPECT_EQ(r.violations.size(), 1u) << Describe(r);
+  EXPECT_EQ(r.resolved.compression().sparsity(), 16);  // the seed's d by default
+  EXPECT_EQ(r.resolved.compression().subspace_rank(), 512);
 
-  // The same settings, one by one, against an otherwise valid spec.
-  v1::JobSpec bf16 = ValidSpec();
-  bf16.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
-  EXPECT_TRUE(Validate(bf16).ok()) << Describe(Validate(bf16));
+  // LSP on a node with a GPU: its CUDA path is not built, so the job is refused up front.
+  GpuFacts gpu;
+  gpu.name = "test GPU";
+  gpu.total_memory_bytes = 80ull << 30;
+  node_.gpus.push_back(gpu);
   v1::JobSpec lsp = ValidSpec();
   lsp.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
   const ValidationResult only_lsp = Validate(lsp);
   ASSERT_EQ(only_lsp.violations.size(), 1u) << Describe(only_lsp);
   EXPECT_EQ(only_lsp.violations[0].field, "compression.type");
+  EXPECT_NE(only_lsp.violations[0].description.find("nodes without a GPU"), std::string::npos);
 }
 
 // What the engine would refuse mid-job for this model is refused up front.

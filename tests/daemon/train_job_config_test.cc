@@ -204,28 +204,28 @@ TEST_F(TrainJobConfigTest, ActivationPolicy) {
   EXPECT_EQ(c.offload.layer_overrides.at(3), ActivationMode::kOffloadCpu);
 }
 
-TEST_F(TrainJobConfigTest, UnimplementedSettingsNameTheirField) {
+TEST_F(TrainJobConfigTest, CompressionLspMapsToTheTrainersLspMode) {
   job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
   EXPECT_EQ(Make().compute_dtype, "fp16");  // implemented: dynamic loss scaling
-  job_.mutable_spec()->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
-  const Status s = MakeError();
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("compression.type"), std::string::npos) << s.message();
+  EXPECT_FALSE(Make().lsp.enabled);
+  auto* comp = job_.mutable_spec()->mutable_compression();
+  comp->set_type(v1::COMPRESSION_TYPE_LSP);
+  comp->set_subspace_rank(64);
+  comp->set_sparsity(8);
+  comp->set_projector_update_interval(25);
+  const TrainConfig c = Make();
+  EXPECT_TRUE(c.lsp.enabled);
+  EXPECT_EQ(c.lsp.rank, 64);
+  EXPECT_EQ(c.lsp.nonzeros, 8);
+  EXPECT_EQ(c.lsp.check_every, 25);
+  EXPECT_FALSE(c.lsp.identity);
 }
 
-// The runner refuses with the list validation reports (unsupported_options.h), every entry.
-TEST_F(TrainJobConfigTest, RefusalIsTheUnsupportedOptionsList) {
+// Every setting acts: the runner's list of unsupported options is empty for any spec.
+TEST_F(TrainJobConfigTest, NoSettingIsUnsupported) {
   v1::JobSpec* spec = job_.mutable_spec();
   spec->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
-  const std::vector<FieldViolation> unsupported = UnsupportedOptions(*spec);
-  std::vector<std::string> fields;
-  for (const auto& v : unsupported) fields.push_back(v.field);
-  EXPECT_EQ(fields, (std::vector<std::string>{"compression.type"}));
-  const Status s = MakeError();
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  for (const auto& v : unsupported) {
-    EXPECT_NE(s.message().find(v.field + ": " + v.description), std::string::npos) << s.message();
-  }
+  EXPECT_TRUE(UnsupportedOptions(*spec).empty());
 }
 
 TEST_F(TrainJobConfigTest, FreshJobStartsFromScratchOrTheSpecsCheckpoint) {

@@ -265,3 +265,23 @@ def test_activations_offloaded_to_nvme_train_like_kept_ones(daemon, workspace):
     assert any("offload_nvme" in m for m in log), log
     assert not (workspace / done.id).exists(), "scratch activations are removed"
     assert spilled == kept
+
+
+def test_lsp_compression_job_trains_and_checkpoints_its_subspace(daemon, workspace):
+    """compression: {type: lsp} through the job API (issue #14 item 1), on this GPU-less node."""
+    s = spec(workspace, "lsp", steps=8, save_steps=4)
+    s["compression"] = {"type": "lsp", "subspace_rank": 8, "sparsity": 2, "projector_update_interval": 4}
+    with offloadd.Client(daemon.target) as c:
+        resolved = c.create_job(s, validate_only=True)
+        assert (resolved.spec.compression.subspace_rank, resolved.spec.compression.sparsity,
+                resolved.spec.compression.projector_update_interval) == (8, 2, 4)
+        job = c.create_job(s)
+        seen = []
+        done = c.wait(job.id, timeout=120, on_event=seen.append)
+        assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen), daemon.log()[-3000:])
+    log = logs(seen)
+    assert any("LSP-Offload on 14 decoder-layer matrices (s=8 d=2" in m for m in log), log
+    checks = [m for m in log if m.startswith("LSP projector check before step")]
+    assert [m.split("before step ")[1].split(":")[0] for m in checks] == ["1", "5"], checks
+    assert (workspace / "lsp" / "checkpoint-4" / "lsp_state.safetensors").stat().st_size > 0
+    assert [p.step for p in progress(seen)] == list(range(1, 9))
