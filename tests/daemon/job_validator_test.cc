@@ -171,7 +171,8 @@ TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {
   const uint64_t floor_b = Validate(s).memory_floor.gpu_bytes;
   ASSERT_LT(floor1, floor_b);
   s.mutable_resources()->set_gpu_memory_limit(floor_b - 1);
-  const FieldViolation* g2 = Find(Validate(s), "resources.gpu_memory_limit");
+  const ValidationResult r2 = Validate(s);  // Find points into it
+  const FieldViolation* g2 = Find(r2, "resources.gpu_memory_limit");
   ASSERT_NE(g2, nullptr);
   EXPECT_NE(g2->description.find("the largest batch within"), std::string::npos) << g2->description;
   EXPECT_NE(g2->description.find(" is " + std::to_string(batch - 1) + " "), std::string::npos) << g2->description;
