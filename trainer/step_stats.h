@@ -46,4 +46,21 @@ struct StepStats {
   int64_t gpu_peak_bytes = 0;  // CUDA caching allocator peak (reserved) since the job started
 };
 
+// A held-out evaluation (TrainConfig::eval_data): the mean token loss over every record.
+struct EvalStats {
+  int64_t step = 0;    // optimizer steps done when it ran (0: before training)
+  double loss = 0;     // mean loss per trained token
+  int64_t tokens = 0;  // trained tokens evaluated
+  double seconds = 0;
+};
+
+// LSP mode's projector check before `step` (trainer/lsp_mode.h).
+struct ProjectorCheckStats {
+  int64_t step = 0;
+  int checked = 0, switched = 0;  // matrices
+  double mean_bias = 0;           // relative bias of the projectors in use, over the checked ones
+  double mean_bias_after = 0;     // of the learned ones, over the switched ones
+  double seconds = 0;
+};
+
 }  // namespace offloadd::trainer

@@ -223,6 +223,7 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
   if (s.switched > 0) msg << " (mean bias " << s.mean_bias_after << " after)";
   msg << " in " << s.seconds << " s";
   Log(TrainObserver::Level::kInfo, msg.str());
+  if (obs) obs->OnProjectorCheck({k, s.checked, s.switched, s.mean_bias, s.mean_bias_after, s.seconds});
   return OkStatus();
 }
 

@@ -37,20 +37,13 @@
 
 namespace offloadd::trainer {
 
-// A held-out evaluation (TrainConfig::eval_data): the mean token loss over every record.
-struct EvalStats {
-  int64_t step = 0;    // optimizer steps done when it ran (0: before training)
-  double loss = 0;     // mean loss per trained token
-  int64_t tokens = 0;  // trained tokens evaluated
-  double seconds = 0;
-};
-
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   enum class Level { kDebug, kInfo, kWarning, kError };
   virtual void OnStep(const StepStats& /*stats*/) {}
   virtual void OnEval(const EvalStats& /*stats*/) {}
+  virtual void OnProjectorCheck(const ProjectorCheckStats& /*stats*/) {}
   virtual void OnLog(Level /*level*/, const std::string& /*message*/) {}
   virtual void OnCheckpoint(const std::string& /*path*/, int64_t /*step*/, uint64_t /*bytes*/,
                             double /*loss*/) {}

@@ -165,6 +165,11 @@ void CheckSizes(const v1::JobSpec& s, Checker& c) {
     at_most("dataset.paths[" + std::to_string(i) + "]", s.dataset().paths(i).size(), kMaxPathBytes,
             "bytes (PATH_MAX is 4096)");
   }
+  at_most("dataset.eval_paths", s.dataset().eval_paths_size(), kMaxDatasetPaths, "files");
+  for (int i = 0; i < s.dataset().eval_paths_size(); ++i) {
+    at_most("dataset.eval_paths[" + std::to_string(i) + "]", s.dataset().eval_paths(i).size(), kMaxPathBytes,
+            "bytes (PATH_MAX is 4096)");
+  }
   at_most("offload.activations.layer_overrides", s.offload().activations().layer_overrides_size(),
           kMaxLayerOverrides, "entries");
 }
@@ -293,6 +298,7 @@ void ApplyJobDefaults(v1::JobSpec* spec) {
   if (!t->has_max_grad_norm()) t->set_max_grad_norm(1.0);
   if (!t->has_seed()) t->set_seed(42);
   if (!t->has_logging_steps()) t->set_logging_steps(500);
+  if (!t->has_eval_steps() && spec->dataset().eval_paths_size() > 0) t->set_eval_steps(t->logging_steps());
   if (!t->has_save_steps()) t->set_save_steps(500);
   if (!t->has_save_total_limit()) t->set_save_total_limit(0);
   auto* d = spec->mutable_dataset();
@@ -412,23 +418,23 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     }
     if (t.ok()) chat = std::make_unique<text::ChatTemplate>(std::move(*t));
   }
-  for (int i = 0; i < ds.paths_size(); ++i) {
-    const std::string field = "dataset.paths[" + std::to_string(i) + "]";
-    auto real = paths.ResolveExisting(ds.paths(i));
-    if (c.Fails(field, real.status())) continue;
-    spec.mutable_dataset()->set_paths(i, *real);
+  // Each data file: under an allowed root, a file, and (when the tokenizer loaded) its first records
+  // encode into the model's vocabulary. Returns the resolved path, or "" when it failed.
+  auto check_file = [&](const std::string& field, const std::string& path) -> std::string {
+    auto real = paths.ResolveExisting(path);
+    if (c.Fails(field, real.status())) return "";
     if (IsDirectory(*real)) {
       c.Add(field, "'" + *real + "' is a directory; give the JSON or JSON Lines file");
-      continue;
+      return "";
     }
-    if (!tokenizer || !chat) continue;  // reported above; records cannot be encoded without them
+    if (!tokenizer || !chat) return *real;  // reported above; records cannot be encoded without them
     auto records = PreviewRecords(*real);
-    if (c.Fails(field, records.status())) continue;
+    if (c.Fails(field, records.status())) return *real;
     text::DatasetOptions opts;
     opts.format = ToTextFormat(ds.format());
     opts.mask_prompt = ds.mask_prompt();
     auto encoder = text::RecordEncoder::Create(*tokenizer, chat.get(), opts);
-    if (c.Fails(field, encoder.status())) continue;
+    if (c.Fails(field, encoder.status())) return *real;
     for (const auto& rec : *records) {
       const std::string where = *real + ":" + std::to_string(rec.line);
       nlohmann::ordered_json j;
@@ -454,6 +460,20 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
         }
       }
     }
+    return *real;
+  };
+  for (int i = 0; i < ds.paths_size(); ++i) {
+    const std::string real = check_file("dataset.paths[" + std::to_string(i) + "]", ds.paths(i));
+    if (!real.empty()) spec.mutable_dataset()->set_paths(i, real);
+  }
+  for (int i = 0; i < ds.eval_paths_size(); ++i) {
+    const std::string real = check_file("dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i));
+    if (!real.empty()) spec.mutable_dataset()->set_eval_paths(i, real);
+  }
+  if (ds.eval_paths_size() == 0 && spec.training().has_eval_steps()) {
+    c.Add("training.eval_steps", "given without dataset.eval_paths (the held-out records to evaluate)");
+  } else if (ds.eval_paths_size() > 0) {
+    c.Range<int64_t>("training.eval_steps", spec.training().eval_steps(), 1, int64_t{1} << 40);
   }
 
   if (config) {

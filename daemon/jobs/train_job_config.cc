@@ -92,6 +92,12 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.data.shuffle = d.shuffle();
   c.data.max_samples = d.max_samples();
   c.data.skip_bad_records = d.skip_bad_records();
+  if (d.eval_paths_size() > 0) {  // held-out records, read like the training data, every one
+    c.eval_data = c.data;
+    c.eval_data.paths.assign(d.eval_paths().begin(), d.eval_paths().end());
+    c.eval_data.max_samples = 0;
+    c.eval_steps = s.training().eval_steps();
+  }
 
   const v1::TrainingArguments& t = s.training();
   c.optim.learning_rate = t.learning_rate();

@@ -77,6 +77,13 @@ class JobObserver final : public trainer::TrainObserver {
     if (s.step % logging_steps_ == 0 || s.step >= s.max_steps) Report();
   }
 
+  void OnEval(const trainer::EvalStats& e) override {
+    if (metrics_ != nullptr) metrics_->ObserveEval(job_id_, e);
+  }
+  void OnProjectorCheck(const trainer::ProjectorCheckStats& c) override {
+    if (metrics_ != nullptr) metrics_->ObserveProjectorCheck(job_id_, c);
+  }
+
   void OnLog(Level level, const std::string& message) override {
     control_.Log(ToLogLevel(level), message);
     if (level == Level::kWarning || level == Level::kError) {

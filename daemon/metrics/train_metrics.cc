@@ -64,6 +64,13 @@ struct TrainMetrics::Impl {
     std::array<Counter*, kLinks.size()> link;
     std::array<Counter*, kClipEvents.size()> clip;
     std::array<Counter*, 2> updated;  // cpu, device
+    // Created on a job's first evaluation / projector check (null before).
+    Gauge* eval_loss = nullptr;
+    Gauge* eval_step = nullptr;
+    Counter* lsp_checks = nullptr;
+    Counter* lsp_switched = nullptr;
+    Counter* lsp_seconds = nullptr;
+    std::array<Gauge*, 2> lsp_bias{};  // in_use, learned
   };
 
   Impl(prometheus::Registry& r, Options o)
@@ -113,7 +120,20 @@ struct TrainMetrics::Impl {
                            "those, corrected to the clip coefficient (corrected_layers).")),
         updated(CounterFamily(r, "offloadd_train_updated_params_total",
                               "Parameters passed through AdamW, by where their states live: the CPU "
-                              "workers (corrections included) or the GPU (device-resident blocks).")) {}
+                              "workers (corrections included) or the GPU (device-resident blocks).")),
+        eval_loss(GaugeFamily(r, "offloadd_train_eval_loss",
+                              "Mean token loss on the job's held-out records (dataset.eval_paths) at "
+                              "its last evaluation.")),
+        eval_step(GaugeFamily(r, "offloadd_train_eval_step", "Optimizer step of the last evaluation.")),
+        lsp_checks(CounterFamily(r, "offloadd_train_lsp_checks_total",
+                                 "LSP-Offload projector checks (Alg. 2) run by the job.")),
+        lsp_switched(CounterFamily(r, "offloadd_train_lsp_switched_matrices_total",
+                                   "Matrices whose projectors a check replaced with learned ones.")),
+        lsp_seconds(CounterFamily(r, "offloadd_train_lsp_check_seconds_total",
+                                  "Wall time of the projector checks (probe, learning, switch).")),
+        lsp_bias(GaugeFamily(r, "offloadd_train_lsp_bias",
+                             "Mean relative bias ||C(G) - G||^2 / ||G||^2 at the last check: of the "
+                             "projectors in use, and of the learned ones that replaced them.")) {}
 
   JobSeries& SeriesLocked(const std::string& job_id) {
     auto it = by_job.find(job_id);
@@ -168,6 +188,12 @@ struct TrainMetrics::Impl {
   Family<Counter>& link;
   Family<Counter>& clip;
   Family<Counter>& updated;
+  Family<Gauge>& eval_loss;
+  Family<Gauge>& eval_step;
+  Family<Counter>& lsp_checks;
+  Family<Counter>& lsp_switched;
+  Family<Counter>& lsp_seconds;
+  Family<Gauge>& lsp_bias;
 
   std::mutex mu;
   std::unordered_map<std::string, JobSeries> by_job;  // guarded by mu
@@ -216,6 +242,36 @@ void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& 
   j.updated[1]->Increment(static_cast<double>(s.device_update_params));
 }
 
+void TrainMetrics::ObserveEval(const std::string& job_id, const trainer::EvalStats& e) {
+  std::lock_guard lock(impl_->mu);
+  Impl::JobSeries& j = impl_->SeriesLocked(job_id);
+  const prometheus::Labels l = {{"job_id", job_id}};
+  if (j.eval_loss == nullptr) {
+    j.eval_loss = &impl_->eval_loss.Add(l);
+    j.eval_step = &impl_->eval_step.Add(l);
+  }
+  j.eval_loss->Set(e.loss);
+  j.eval_step->Set(static_cast<double>(e.step));
+}
+
+void TrainMetrics::ObserveProjectorCheck(const std::string& job_id, const trainer::ProjectorCheckStats& c) {
+  std::lock_guard lock(impl_->mu);
+  Impl::JobSeries& j = impl_->SeriesLocked(job_id);
+  if (j.lsp_checks == nullptr) {
+    const prometheus::Labels l = {{"job_id", job_id}};
+    j.lsp_checks = &impl_->lsp_checks.Add(l);
+    j.lsp_switched = &impl_->lsp_switched.Add(l);
+    j.lsp_seconds = &impl_->lsp_seconds.Add(l);
+    j.lsp_bias = {&impl_->lsp_bias.Add({{"job_id", job_id}, {"projectors", "in_use"}}),
+                  &impl_->lsp_bias.Add({{"job_id", job_id}, {"projectors", "learned"}})};
+  }
+  j.lsp_checks->Increment();
+  j.lsp_switched->Increment(c.switched);
+  j.lsp_seconds->Increment(c.seconds);
+  j.lsp_bias[0]->Set(c.mean_bias);
+  if (c.switched > 0) j.lsp_bias[1]->Set(c.mean_bias_after);
+}
+
 void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) {
   std::lock_guard lock(impl_->mu);
   for (const auto& [state, n] : counts) impl_->states_seen.insert(state);
@@ -250,6 +306,16 @@ void TrainMetrics::ClearJob(const std::string& job_id) {
   for (Counter* c : j.link) m.link.Remove(c);
   for (Counter* c : j.clip) m.clip.Remove(c);
   for (Counter* c : j.updated) m.updated.Remove(c);
+  if (j.eval_loss != nullptr) {
+    m.eval_loss.Remove(j.eval_loss);
+    m.eval_step.Remove(j.eval_step);
+  }
+  if (j.lsp_checks != nullptr) {
+    m.lsp_checks.Remove(j.lsp_checks);
+    m.lsp_switched.Remove(j.lsp_switched);
+    m.lsp_seconds.Remove(j.lsp_seconds);
+    for (Gauge* g : j.lsp_bias) m.lsp_bias.Remove(g);
+  }
   m.by_job.erase(it);
 }
 

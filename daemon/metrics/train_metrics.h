@@ -43,6 +43,14 @@ class TrainMetrics {
   // its values, offloadd_train_step_seconds observes step_seconds.
   void Observe(const std::string& job_id, const trainer::StepStats& stats);
 
+  // A held-out evaluation of `job_id`: offloadd_train_eval_loss and offloadd_train_eval_step
+  // (series that exist only for jobs that evaluate).
+  void ObserveEval(const std::string& job_id, const trainer::EvalStats& stats);
+  // An LSP projector check of `job_id`: offloadd_train_lsp_checks_total,
+  // offloadd_train_lsp_switched_matrices_total, offloadd_train_lsp_check_seconds_total and
+  // offloadd_train_lsp_bias{projectors="in_use"|"learned"}.
+  void ObserveProjectorCheck(const std::string& job_id, const trainer::ProjectorCheckStats& stats);
+
   // offloadd_jobs{state}: the count of jobs in each state. A state reported before and absent
   // from `counts` is set to 0, so its series does not go stale.
   void SetJobsByState(const std::map<std::string, int64_t>& counts);

@@ -282,6 +282,29 @@ TEST_F(JobValidatorTest, UnimplementedSettingsAreFieldViolations) {
   EXPECT_NE(only_lsp.violations[0].description.find("nodes without a GPU"), std::string::npos);
 }
 
+// Held-out records: resolved and checked like the training files; eval_steps defaults to
+// logging_steps (transformers) and needs them.
+TEST_F(JobValidatorTest, EvalPathsAreCheckedAndEvalStepsDefaultsToLoggingSteps) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_dataset()->add_eval_paths(root_ / "data.jsonl");
+  s.mutable_training()->set_logging_steps(7);
+  ValidationResult r = Validate(s);
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_EQ(r.resolved.training().eval_steps(), 7);
+  EXPECT_EQ(r.resolved.dataset().eval_paths(0), fs::canonical(root_ / "data.jsonl").string());
+  s.mutable_dataset()->add_eval_paths("/etc/passwd");
+  s.mutable_training()->set_eval_steps(0);
+  r = Validate(s);
+  EXPECT_NE(Find(r, "dataset.eval_paths[1]"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "training.eval_steps"), nullptr) << Describe(r);
+  v1::JobSpec no_paths = ValidSpec();
+  no_paths.mutable_training()->set_eval_steps(10);
+  r = Validate(no_paths);
+  ASSERT_EQ(r.violations.size(), 1u) << Describe(r);
+  EXPECT_EQ(r.violations[0].field, "training.eval_steps");
+  EXPECT_NE(r.violations[0].description.find("dataset.eval_paths"), std::string::npos);
+}
+
 // What the engine would refuse mid-job for this model is refused up front.
 TEST_F(JobValidatorTest, LayerOverridesAndSlidingWindowAreCheckedAgainstTheModel) {
   v1::JobSpec s = ValidSpec();

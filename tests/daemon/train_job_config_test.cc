@@ -221,6 +221,21 @@ TEST_F(TrainJobConfigTest, CompressionLspMapsToTheTrainersLspMode) {
   EXPECT_FALSE(c.lsp.identity);
 }
 
+TEST_F(TrainJobConfigTest, EvalPathsBecomeTheTrainersEvalData) {
+  EXPECT_TRUE(Make().eval_data.paths.empty());
+  auto* d = job_.mutable_spec()->mutable_dataset();
+  d->add_eval_paths("/data/held_out.jsonl");
+  d->set_max_samples(10);
+  job_.mutable_spec()->mutable_training()->set_eval_steps(25);
+  const TrainConfig c = Make();
+  EXPECT_EQ(c.eval_data.paths, std::vector<std::string>{"/data/held_out.jsonl"});
+  EXPECT_EQ(c.eval_data.format, c.data.format);
+  EXPECT_EQ(c.eval_data.max_seq_length, c.data.max_seq_length);
+  EXPECT_EQ(c.eval_data.max_samples, 0);  // every held-out record
+  EXPECT_EQ(c.data.max_samples, 10);
+  EXPECT_EQ(c.eval_steps, 25);
+}
+
 // Every setting acts: the runner's list of unsupported options is empty for any spec.
 TEST_F(TrainJobConfigTest, NoSettingIsUnsupported) {
   v1::JobSpec* spec = job_.mutable_spec();

@@ -150,6 +150,30 @@ TEST(TrainMetricsTest, ClearJobRemovesOnlyThatJobsSeries) {
   EXPECT_EQ(Samples(Scrape(registry))[R"(offloadd_train_steps_total{job_id="a"})"], 1);
 }
 
+// Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with ClearJob.
+TEST(TrainMetricsTest, EvalAndProjectorCheckSeries) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  m.Observe("plain", Step(1));
+  m.ObserveEval("a", {0, 3.5, 1000, 0.1});
+  m.ObserveEval("a", {25, 2.75, 1000, 0.1});
+  m.ObserveProjectorCheck("a", {1, 35, 34, 118.0, 3.0, 0.7});
+  m.ObserveProjectorCheck("a", {51, 35, 0, 0.4, 0.0, 0.5});  // below the threshold: nothing learned
+  std::map<std::string, double> v = Samples(Scrape(registry));
+  EXPECT_EQ(v[R"(offloadd_train_eval_loss{job_id="a"})"], 2.75);
+  EXPECT_EQ(v[R"(offloadd_train_eval_step{job_id="a"})"], 25);
+  EXPECT_EQ(v[R"(offloadd_train_lsp_checks_total{job_id="a"})"], 2);
+  EXPECT_EQ(v[R"(offloadd_train_lsp_switched_matrices_total{job_id="a"})"], 34);
+  EXPECT_DOUBLE_EQ(v[R"(offloadd_train_lsp_check_seconds_total{job_id="a"})"], 1.2);
+  EXPECT_EQ(v[R"(offloadd_train_lsp_bias{job_id="a",projectors="in_use"})"], 0.4);
+  EXPECT_EQ(v[R"(offloadd_train_lsp_bias{job_id="a",projectors="learned"})"], 3.0);  // the last learned
+  EXPECT_EQ(v.count(R"(offloadd_train_eval_loss{job_id="plain"})"), 0u);
+  EXPECT_EQ(v.count(R"(offloadd_train_lsp_checks_total{job_id="plain"})"), 0u);
+  m.ClearJob("a");
+  const std::string text = Scrape(registry);
+  EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
+}
+
 TEST(TrainMetricsTest, JobsByStateZeroesStatesThatEmptied) {
   prometheus::Registry registry;
   TrainMetrics m(registry);

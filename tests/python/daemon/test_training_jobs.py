@@ -268,9 +268,12 @@ def test_activations_offloaded_to_nvme_train_like_kept_ones(daemon, workspace):
 
 
 def test_lsp_compression_job_trains_and_checkpoints_its_subspace(daemon, workspace):
-    """compression: {type: lsp} through the job API (issue #14 item 1), on this GPU-less node."""
+    """compression: {type: lsp} through the job API (issue #14 item 1), on this GPU-less node, with
+    held-out evaluation (dataset.eval_paths, training.eval_steps)."""
     s = spec(workspace, "lsp", steps=8, save_steps=4)
     s["compression"] = {"type": "lsp", "subspace_rank": 8, "sparsity": 2, "projector_update_interval": 4}
+    s["dataset"]["eval_paths"] = [str(workspace / "data.jsonl")]  # evaluated at steps 0, 4 and 8
+    s["training"]["eval_steps"] = 4
     with offloadd.Client(daemon.target) as c:
         resolved = c.create_job(s, validate_only=True)
         assert (resolved.spec.compression.subspace_rank, resolved.spec.compression.sparsity,
@@ -284,4 +287,6 @@ def test_lsp_compression_job_trains_and_checkpoints_its_subspace(daemon, workspa
     checks = [m for m in log if m.startswith("LSP projector check before step")]
     assert [m.split("before step ")[1].split(":")[0] for m in checks] == ["1", "5"], checks
     assert (workspace / "lsp" / "checkpoint-4" / "lsp_state.safetensors").stat().st_size > 0
+    evals = [m for m in log if m.startswith("eval at step")]
+    assert [m.split("eval at step ")[1].split(":")[0] for m in evals] == ["0", "4", "8"], evals
     assert [p.step for p in progress(seen)] == list(range(1, 9))

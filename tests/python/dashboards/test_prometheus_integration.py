@@ -55,9 +55,10 @@ def training_spec(ws: pathlib.Path) -> dict:
     return {
         "display_name": "dashboards",
         "model": {"path": str(ws / "model"), "compute_dtype": "fp32"},
-        "dataset": {"paths": [str(ws / "data.jsonl")], "format": "pretokenized", "max_seq_length": 64},
+        "dataset": {"paths": [str(ws / "data.jsonl")], "format": "pretokenized", "max_seq_length": 64,
+                    "eval_paths": [str(ws / "data.jsonl")]},  # the held-out loss panel's series
         "training": {"learning_rate": 1e-4, "per_device_train_batch_size": 4, "max_steps": 100000,
-                     "logging_steps": 10, "save_steps": 100000},
+                     "logging_steps": 10, "save_steps": 100000, "eval_steps": 50},
         "output_dir": str(ws / "out"),
     }
 
