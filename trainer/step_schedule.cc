@@ -7,6 +7,8 @@
 #include <chrono>
 #include <set>
 
+#include "trainer/trace.h"
+
 namespace offloadd::trainer {
 
 StepSchedule::StepSchedule(const Options& options)
@@ -161,7 +163,14 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
     }
     for (const auto& slot : layout_[b].params) {
       if (slot.offset != it->second.second) continue;
-      slot.View(grads).copy_(slot.compressed ? options_.compress(slot, grad) : grad);
+      if (!slot.compressed) {
+        slot.View(grads).copy_(grad);
+        continue;
+      }
+      const int64_t t0 = NowMicros();  // LSP: P^T G Q, inline in this block's backward
+      slot.View(grads).copy_(options_.compress(slot, grad));
+      options_.accounting->AddSpan({"lsp", "compress " + slot.compressed->name, static_cast<double>(t0),
+                                    static_cast<double>(NowMicros())});
     }
   };
   engine::Block& block = options_.model->block(b);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -512,9 +513,13 @@ Status Trainer::Impl::StartPipeline(bool resident) {
 
   // Updated weights flow back to the device from the optimizer thread, right behind each update.
   if (device_opt) accounting->SetDeviceParams(device_opt->params());
-  host->SetOnUpdated([w = weights.get(), l = lsp.get(), h = host.get()](int b) {
+  host->SetOnUpdated([this, w = weights.get(), l = lsp.get(), h = host.get()](int b) {
     w->OnUpdated(b);
-    if (l) l->OnUpdated(b, static_cast<const float*>(h->compute_weights(b)));
+    if (!l) return;
+    const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T, on this (the optimizer) thread
+    l->OnUpdated(b, static_cast<const float*>(h->compute_weights(b)));
+    accounting->AddSpan({"lsp", "decompress " + model->block(b).name(), static_cast<double>(t0),
+                         static_cast<double>(NowMicros())});
   });
   host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
     accounting->AddSpan({track, "update " + model->block(b).name(), static_cast<double>(start_us),

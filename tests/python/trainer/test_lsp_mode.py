@@ -51,7 +51,13 @@ def test_learned_projectors_resume_exactly_and_export_the_subspace_weights(binar
     model = build_model(tmp_path / "model")
     data = write_pretokenized(tmp_path / "data.jsonl")
     full, resumed, at6 = tmp_path / "full", tmp_path / "resumed", tmp_path / "at6"
-    r = run_train(binary_dir, train_args(model, data, full, accum=1) + [LEARNED, "--save-steps=6"])
+    r = run_train(binary_dir, train_args(model, data, full, accum=1) +
+                  [LEARNED, "--save-steps=6", f"--trace={full}/trace.json"])
+    # The LSP work has its own spans: checks (step loop), compressions (in the backward) and
+    # decompressions (the optimizer thread, overlapping the backward of lower blocks).
+    trace = json.loads((full / "trace.json").read_text())
+    names = {e["name"].split(" ")[0] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert {"projector", "compress", "decompress"} <= names, sorted(names)
     checks = [line for line in r.stderr.splitlines() if "LSP projector check before step" in line]
     assert [c.split("before step ")[1].split(":")[0] for c in checks] == ["1", "6", "11", "16"], checks
     assert all("switched to learned projectors" in c for c in checks)
