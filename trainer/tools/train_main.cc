@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,29 @@ std::string FindBinary(const std::string& name, const std::string& component) {
   }
   return dir + "/" + name;
 }
+
+// std::sto* with the whole value consumed: "4x" or "1e-3abc" is a bad value, not 4 or 1e-3, and an
+// unsigned flag refuses a sign (std::stoull("-1") wraps around). Throws like std::sto* (the flag
+// loop turns it into "bad value").
+template <typename T, typename F>
+T Whole(const std::string& s, F parse, bool is_unsigned = false) {
+  if (is_unsigned && s.find('-') != std::string::npos) throw std::invalid_argument(s);
+  size_t pos = 0;
+  const T v = parse(s, &pos);
+  if (pos != s.size()) throw std::invalid_argument(s);
+  return v;
+}
+int StrictStoi(const std::string& s) { return Whole<int>(s, [](const std::string& x, size_t* p) { return std::stoi(x, p); }); }
+long long StrictStoll(const std::string& s) {
+  return Whole<long long>(s, [](const std::string& x, size_t* p) { return std::stoll(x, p); });
+}
+unsigned long StrictStoul(const std::string& s) {
+  return Whole<unsigned long>(s, [](const std::string& x, size_t* p) { return std::stoul(x, p); }, true);
+}
+unsigned long long StrictStoull(const std::string& s) {
+  return Whole<unsigned long long>(s, [](const std::string& x, size_t* p) { return std::stoull(x, p); }, true);
+}
+double StrictStod(const std::string& s) { return Whole<double>(s, [](const std::string& x, size_t* p) { return std::stod(x, p); }); }
 
 StatusOr<ActivationMode> ParseMode(const std::string& s) {
   if (s == "auto") return ActivationMode::kAuto;
@@ -192,13 +216,13 @@ int Run(int argc, char** argv) {
       else if (key == "--tokenizer") c.data.tokenizer_path = v;
       else if (key == "--data") c.data.paths.push_back(v);
       else if (key == "--eval-data") eval_paths.push_back(v);
-      else if (key == "--eval-steps") c.eval_steps = std::stoll(v);
+      else if (key == "--eval-steps") c.eval_steps = StrictStoll(v);
       else if (key == "--format") c.data.format = v;
-      else if (key == "--max-seq-length") c.data.max_seq_length = std::stoi(v);
+      else if (key == "--max-seq-length") c.data.max_seq_length = StrictStoi(v);
       else if (key == "--packing") c.data.packing = true;
       else if (key == "--no-shuffle") c.data.shuffle = false;
-      else if (key == "--max-samples") c.data.max_samples = std::stoll(v);
-      else if (key == "--synthetic-seq") c.data.synthetic_seq_length = std::stoi(v);
+      else if (key == "--max-samples") c.data.max_samples = StrictStoll(v);
+      else if (key == "--synthetic-seq") c.data.synthetic_seq_length = StrictStoi(v);
       else if (key == "--chat-template") c.data.chat_template = v;
       else if (key == "--device") c.device = v;
       else if (key == "--dtype") c.compute_dtype = v;
@@ -212,24 +236,24 @@ int Run(int argc, char** argv) {
         const size_t colon = v.find(':');
         auto m = ParseMode(colon == std::string::npos ? "" : v.substr(colon + 1));
         st = m.status();
-        if (m.ok()) c.offload.layer_overrides[std::stoi(v.substr(0, colon))] = *m;
-      } else if (key == "--lr") c.optim.learning_rate = std::stod(v);
+        if (m.ok()) c.offload.layer_overrides[StrictStoi(v.substr(0, colon))] = *m;
+      } else if (key == "--lr") c.optim.learning_rate = StrictStod(v);
       else if (key == "--scheduler") c.optim.lr_scheduler_type = v;
-      else if (key == "--warmup-steps") c.optim.warmup_steps = std::stoll(v);
-      else if (key == "--warmup-ratio") c.optim.warmup_ratio = std::stod(v);
-      else if (key == "--num-cycles") c.optim.num_cycles = std::stod(v);
-      else if (key == "--min-lr-rate") c.optim.min_lr_rate = std::stod(v);
-      else if (key == "--weight-decay") c.optim.weight_decay = std::stod(v);
-      else if (key == "--beta1") c.optim.beta1 = std::stod(v);
-      else if (key == "--beta2") c.optim.beta2 = std::stod(v);
-      else if (key == "--eps") c.optim.eps = std::stod(v);
-      else if (key == "--max-grad-norm") c.optim.max_grad_norm = std::stod(v);
+      else if (key == "--warmup-steps") c.optim.warmup_steps = StrictStoll(v);
+      else if (key == "--warmup-ratio") c.optim.warmup_ratio = StrictStod(v);
+      else if (key == "--num-cycles") c.optim.num_cycles = StrictStod(v);
+      else if (key == "--min-lr-rate") c.optim.min_lr_rate = StrictStod(v);
+      else if (key == "--weight-decay") c.optim.weight_decay = StrictStod(v);
+      else if (key == "--beta1") c.optim.beta1 = StrictStod(v);
+      else if (key == "--beta2") c.optim.beta2 = StrictStod(v);
+      else if (key == "--eps") c.optim.eps = StrictStod(v);
+      else if (key == "--max-grad-norm") c.optim.max_grad_norm = StrictStod(v);
       else if (key == "--speculate") c.optim.speculation = v;
       else if (key == "--compression") st = ParseLspSpec(v, &c.lsp);
-      else if (key == "--init-scale") c.loss_scale.init_scale = std::stod(v);
-      else if (key == "--growth-factor") c.loss_scale.growth_factor = std::stod(v);
-      else if (key == "--backoff-factor") c.loss_scale.backoff_factor = std::stod(v);
-      else if (key == "--growth-interval") c.loss_scale.growth_interval = std::stoll(v);
+      else if (key == "--init-scale") c.loss_scale.init_scale = StrictStod(v);
+      else if (key == "--growth-factor") c.loss_scale.growth_factor = StrictStod(v);
+      else if (key == "--backoff-factor") c.loss_scale.backoff_factor = StrictStod(v);
+      else if (key == "--growth-interval") c.loss_scale.growth_interval = StrictStoll(v);
       else if (key == "--weights") {
         using W = OffloadPlanConfig::Weights;
         if (v == "auto") c.offload.weights = W::kAuto;
@@ -242,36 +266,36 @@ int Run(int argc, char** argv) {
       } else if (key == "--nvme-dir") c.offload.nvme_dirs.push_back(v);
       else if (key == "--workers") {
         const size_t x = v.find('x');
-        c.worker_processes = static_cast<uint32_t>(std::stoul(v.substr(0, x)));
-        if (x != std::string::npos) c.worker_threads = static_cast<uint32_t>(std::stoul(v.substr(x + 1)));
+        c.worker_processes = static_cast<uint32_t>(StrictStoul(v.substr(0, x)));
+        if (x != std::string::npos) c.worker_threads = static_cast<uint32_t>(StrictStoul(v.substr(x + 1)));
       } else if (key == "--adamw-kernel") c.adamw_kernel = v;
-      else if (key == "--transition-layer") c.offload.transition_layer = std::stoi(v);
+      else if (key == "--transition-layer") c.offload.transition_layer = StrictStoi(v);
       else if (key == "--update-depth") {
-        const int d = std::stoi(v);
+        const int d = StrictStoi(v);
         if (d < 1 || d > 64) st = InvalidArgumentError("--update-depth: 1..64 updates queued per worker, got " + v);
         c.offload.update_depth = static_cast<uint32_t>(d);
       } else if (key == "--device-optimizer-blocks") {
         if (v == "auto") {
           c.offload.device_optimizer_blocks = OffloadPlanConfig::kAutoDeviceOptimizer;
         } else {
-          const int d = std::stoi(v);
+          const int d = StrictStoi(v);
           if (d < 0) st = InvalidArgumentError("--device-optimizer-blocks: a block count >= 0 or auto, got " + v);
           c.offload.device_optimizer_blocks = d;
         }
       }
-      else if (key == "--batch-size") c.batch_size = std::stoi(v);
-      else if (key == "--grad-accum") c.gradient_accumulation_steps = std::stoi(v);
-      else if (key == "--epochs") c.num_train_epochs = std::stod(v);
-      else if (key == "--max-steps") c.max_steps = std::stoll(v);
-      else if (key == "--seed") c.seed = std::stoull(v);
+      else if (key == "--batch-size") c.batch_size = StrictStoi(v);
+      else if (key == "--grad-accum") c.gradient_accumulation_steps = StrictStoi(v);
+      else if (key == "--epochs") c.num_train_epochs = StrictStod(v);
+      else if (key == "--max-steps") c.max_steps = StrictStoll(v);
+      else if (key == "--seed") c.seed = StrictStoull(v);
       else if (key == "--output-dir") c.output_dir = v;
-      else if (key == "--save-steps") c.save_steps = std::stoll(v);
-      else if (key == "--save-total-limit") c.save_total_limit = std::stoll(v);
+      else if (key == "--save-steps") c.save_steps = StrictStoll(v);
+      else if (key == "--save-total-limit") c.save_total_limit = StrictStoll(v);
       else if (key == "--resume-from") c.resume_from = v;
       else if (key == "--no-export") c.export_final_model = false;
       else if (key == "--trace") c.trace_path = v;
       else if (key == "--profile-dir") c.profile_dir = v;
-      else if (key == "--trace-steps") c.trace_steps = std::stoll(v);
+      else if (key == "--trace-steps") c.trace_steps = StrictStoll(v);
       else if (key == "--stats-jsonl") stats_path = v;
       else if (key == "--dump-batches") dump_path = v;
       else if (key == "--worker-binary") c.worker_binary = v;

@@ -37,6 +37,12 @@ def run(binary_dir, model, data, *extra):
     (["--update-depth=0"], "--update-depth: 1..64 updates queued per worker, got 0"),
     (["--device-optimizer-blocks=-3"], "--device-optimizer-blocks: a block count >= 0 or auto, got -3"),
     (["--device-optimizer-blocks=9"], "device_optimizer_blocks 9: the model has 4 blocks"),
+    # Numbers are the whole value: trailing garbage and signs on unsigned flags are refused.
+    (["--batch-size=4x"], "--batch-size: bad value '4x'"),
+    (["--lr=1e-3abc"], "--lr: bad value '1e-3abc'"),
+    (["--seed=-1"], "--seed: bad value '-1'"),
+    (["--workers=1x2y"], "--workers: bad value '1x2y'"),
+    (["--max-steps=2.5"], "--max-steps: bad value '2.5'"),
 ])
 def test_refused_with_a_clear_error(binary_dir, job, extra, message):
     model, data, _ = job
