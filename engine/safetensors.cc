@@ -366,30 +366,34 @@ StatusOr<std::string> Checkpoint::ShardOf(std::string_view name) const {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
-  std::vector<const TensorToWrite*> order;
-  for (const auto& t : tensors) order.push_back(&t);
-  std::sort(order.begin(), order.end(),
+namespace {
+
+// The padded header of a file holding `tensors` (in name order, returned in *order); errors name
+// `where`.
+StatusOr<std::string> BuildHeader(const std::string& where, const std::vector<TensorToWrite>& tensors,
+                                  const std::map<std::string, std::string>& metadata,
+                                  std::vector<const TensorToWrite*>* order) {
+  for (const auto& t : tensors) order->push_back(&t);
+  std::sort(order->begin(), order->end(),
             [](const TensorToWrite* a, const TensorToWrite* b) { return a->name < b->name; });
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const TensorToWrite& t = *order[i];
+  for (size_t i = 0; i < order->size(); ++i) {
+    const TensorToWrite& t = *(*order)[i];
     if (t.name.empty() || t.name == "__metadata__") {
-      return InvalidArgumentError(path + ": invalid tensor name \"" + t.name + "\"");
+      return InvalidArgumentError(where + ": invalid tensor name \"" + t.name + "\"");
     }
-    if (i > 0 && order[i - 1]->name == t.name) {
-      return InvalidArgumentError(path + ": duplicate tensor name \"" + t.name + "\"");
+    if (i > 0 && (*order)[i - 1]->name == t.name) {
+      return InvalidArgumentError(where + ": duplicate tensor name \"" + t.name + "\"");
     }
     uint64_t numel = 1;
     for (int64_t d : t.shape) {
-      if (d < 0) return InvalidArgumentError(path + ": negative dimension in \"" + t.name + "\"");
+      if (d < 0) return InvalidArgumentError(where + ": negative dimension in \"" + t.name + "\"");
       numel *= static_cast<uint64_t>(d);
     }
     if (numel * DTypeSize(t.dtype) != t.data.size()) {
-      return InvalidArgumentError(path + ": tensor \"" + t.name + "\" has " +
+      return InvalidArgumentError(where + ": tensor \"" + t.name + "\" has " +
                                   std::to_string(t.data.size()) + " bytes, shape needs " +
                                   std::to_string(numel * DTypeSize(t.dtype)));
     }
@@ -400,19 +404,41 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
 
+// The 8-byte little-endian header length.
+std::string LengthPrefix(uint64_t n) {
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return prefix;
+}
+
+}  // namespace
+
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  std::vector<const TensorToWrite*> order;
+  ASSIGN_OR_RETURN(const std::string text, BuildHeader(path, tensors, metadata, &order));
   // Atomic and durable, and never through a symlink planted at the name (common/safe_path.h).
   return WriteFileAtomically(path, [&](int fd) -> Status {
-    uint64_t n = text.size();
-    char prefix[8];
-    for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    RETURN_IF_ERROR(WriteAll(fd, prefix, 8, path));
+    const std::string prefix = LengthPrefix(text.size());
+    RETURN_IF_ERROR(WriteAll(fd, prefix.data(), prefix.size(), path));
     RETURN_IF_ERROR(WriteAll(fd, text.data(), text.size(), path));
     for (const TensorToWrite* t : order) {
       RETURN_IF_ERROR(WriteAll(fd, t->data.data(), t->data.size(), path));
     }
     return OkStatus();
   });
+}
+
+StatusOr<std::string> EncodeSafetensors(const std::vector<TensorToWrite>& tensors,
+                                        const std::map<std::string, std::string>& metadata) {
+  std::vector<const TensorToWrite*> order;
+  ASSIGN_OR_RETURN(const std::string text, BuildHeader("safetensors", tensors, metadata, &order));
+  std::string out = LengthPrefix(text.size()) + text;
+  for (const TensorToWrite* t : order) out.append(reinterpret_cast<const char*>(t->data.data()), t->data.size());
+  return out;
 }
 
 }  // namespace offloadd::engine

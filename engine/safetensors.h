@@ -123,5 +123,8 @@ struct TensorToWrite {
 // multiple of 8 bytes; tensors laid out in name order. Names must be unique and non-empty.
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+// The same file's bytes, in memory (for a file a caller writes itself, e.g. into a checkpoint).
+StatusOr<std::string> EncodeSafetensors(const std::vector<TensorToWrite>& tensors,
+                                        const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 }  // namespace offloadd::engine

@@ -65,25 +65,43 @@ StatusOr<std::map<std::string, at::Tensor>> LoadTensorFile(const std::string& pa
   return out;
 }
 
+namespace {
+
+// CPU contiguous copies of `tensors` (kept alive in *keep) described for the safetensors writer.
+Status ToWrite(const std::string& where, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+               std::vector<at::Tensor>* keep, std::vector<TensorToWrite>* items) {
+  try {
+    for (const auto& [name, t] : tensors) {
+      if (!t.defined()) return InvalidArgumentError(where + ": tensor " + name + " is undefined");
+      ASSIGN_OR_RETURN(DType d, ToDType(t.scalar_type()));
+      at::Tensor c = t.to(at::kCPU).contiguous();
+      keep->push_back(c);
+      items->push_back({name,
+                        d,
+                        std::vector<int64_t>(c.sizes().begin(), c.sizes().end()),
+                        {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}});
+    }
+  } catch (const c10::Error& e) {
+    return InternalError(where + ": " + e.what_without_backtrace());
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 Status SaveTensorFile(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::vector<at::Tensor> keep;
   std::vector<TensorToWrite> items;
-  try {
-    for (const auto& [name, t] : tensors) {
-      if (!t.defined()) return InvalidArgumentError(path + ": tensor " + name + " is undefined");
-      ASSIGN_OR_RETURN(DType d, ToDType(t.scalar_type()));
-      at::Tensor c = t.to(at::kCPU).contiguous();
-      keep.push_back(c);
-      items.push_back({name,
-                       d,
-                       std::vector<int64_t>(c.sizes().begin(), c.sizes().end()),
-                       {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}});
-    }
-  } catch (const c10::Error& e) {
-    return InternalError(path + ": " + e.what_without_backtrace());
-  }
+  RETURN_IF_ERROR(ToWrite(path, tensors, &keep, &items));
   return WriteSafetensors(path, items);
+}
+
+StatusOr<std::string> EncodeTensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::vector<at::Tensor> keep;
+  std::vector<TensorToWrite> items;
+  RETURN_IF_ERROR(ToWrite("safetensors", tensors, &keep, &items));
+  return EncodeSafetensors(items);
 }
 
 }  // namespace offloadd::engine

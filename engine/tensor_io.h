@@ -24,5 +24,7 @@ StatusOr<std::map<std::string, at::Tensor>> LoadTensorFile(const std::string& pa
 // Writes tensors (any device; copied to CPU contiguous) to a .safetensors file.
 Status SaveTensorFile(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+// The same file's bytes, in memory.
+StatusOr<std::string> EncodeTensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
 }  // namespace offloadd::engine

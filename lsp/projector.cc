@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace offloadd::lsp {
 namespace {
@@ -84,39 +85,34 @@ SparseProjector SparseProjector::To(at::Device device) const {
   return p;
 }
 
-at::Tensor SparseProjector::ProjectRows(const at::Tensor& x) const {
-  at::Tensor out = at::zeros({cols_, x.size(1)}, x.options().dtype(at::kFloat));
+// P^T along `dim`: the d passes add each row (dim 0) or column (dim 1) of x, times its value, into
+// its position's row/column of the result.
+at::Tensor SparseProjector::Project(const at::Tensor& x, int64_t dim) const {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[dim] = cols_;
+  at::Tensor out = at::zeros(shape, x.options().dtype(at::kFloat));
   for (int64_t j = 0; j < nonzeros(); ++j) {
-    out = out.index_add(0, index_[j], x * values_[j].unsqueeze(1));
+    out = out.index_add(dim, index_[j], x * values_[j].unsqueeze(1 - dim));
   }
   return out;
 }
 
-at::Tensor SparseProjector::ProjectColumns(const at::Tensor& x) const {
-  at::Tensor out = at::zeros({x.size(0), cols_}, x.options().dtype(at::kFloat));
-  for (int64_t j = 0; j < nonzeros(); ++j) {
-    out = out.index_add(1, index_[j], x * values_[j].unsqueeze(0));
-  }
-  return out;
-}
-
-at::Tensor SparseProjector::Expand(const at::Tensor& y) const {
+// P along `dim`: the d passes gather each result row (dim 0) or column (dim 1) from its positions
+// in y, times their values.
+at::Tensor SparseProjector::Gather(const at::Tensor& y, int64_t dim) const {
+  const at::Tensor y32 = Fp32(y);
   at::Tensor out;
   for (int64_t j = 0; j < nonzeros(); ++j) {
-    at::Tensor term = Fp32(y).index_select(0, index_[j]) * values_[j].unsqueeze(1);
+    at::Tensor term = y32.index_select(dim, index_[j]) * values_[j].unsqueeze(1 - dim);
     out = out.defined() ? out + term : term;
   }
   return out;
 }
 
-at::Tensor SparseProjector::ExpandColumns(const at::Tensor& z) const {
-  at::Tensor out;
-  for (int64_t j = 0; j < nonzeros(); ++j) {
-    at::Tensor term = Fp32(z).index_select(1, index_[j]) * values_[j].unsqueeze(0);
-    out = out.defined() ? out + term : term;
-  }
-  return out;
-}
+at::Tensor SparseProjector::ProjectRows(const at::Tensor& x) const { return Project(x, 0); }
+at::Tensor SparseProjector::ProjectColumns(const at::Tensor& x) const { return Project(x, 1); }
+at::Tensor SparseProjector::Expand(const at::Tensor& y) const { return Gather(y, 0); }
+at::Tensor SparseProjector::ExpandColumns(const at::Tensor& z) const { return Gather(z, 1); }
 
 at::Tensor SparseProjector::Dense() const {
   at::Tensor out = at::zeros({rows_, cols_}, values_.options());

@@ -54,6 +54,9 @@ class SparseProjector {
   at::Tensor Dense() const;                              // [rows, cols] fp32
 
  private:
+  at::Tensor Project(const at::Tensor& x, int64_t dim) const;  // P^T applied along dim
+  at::Tensor Gather(const at::Tensor& y, int64_t dim) const;   // P applied along dim
+
   int64_t rows_ = 0, cols_ = 0;
   at::Tensor index_;   // [d, rows] int64
   at::Tensor values_;  // [d, rows] fp32

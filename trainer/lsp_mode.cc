@@ -2,12 +2,11 @@
 #include "trainer/lsp_mode.h"
 
 #include <c10/core/GradMode.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include "engine/tensor_io.h"
@@ -162,25 +161,14 @@ StatusOr<LspMode::CheckSummary> LspMode::Check(int64_t step, const std::map<std:
   return s;
 }
 
-StatusOr<std::string> LspMode::Serialize(const std::string& scratch_path) const {
+StatusOr<std::string> LspMode::Serialize() const {
   std::map<std::string, at::Tensor> parts;
   for (const Matrix& mx : matrices_) {
     lsp::SaveProjectorPair(mx.pq, mx.weight->name + ".", &parts);
-    parts[mx.weight->name + ".base"] = mx.base.cpu();
+    parts[mx.weight->name + ".base"] = mx.base;
   }
   parts[kSwitches] = at::tensor({switches_}, at::kLong);
-  Status st = engine::SaveTensorFile(scratch_path, {parts.begin(), parts.end()});
-  std::string bytes;
-  if (st.ok()) {
-    std::ifstream in(scratch_path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    bytes = ss.str();
-    if (!in.good() && !in.eof()) st = InternalError("LSP state: cannot read back " + scratch_path);
-  }
-  unlink(scratch_path.c_str());
-  RETURN_IF_ERROR(st);
-  return bytes;
+  return engine::EncodeTensors({parts.begin(), parts.end()});
 }
 
 Status LspMode::Restore(const std::string& path) {

@@ -67,10 +67,8 @@ class LspMode {
   StatusOr<CheckSummary> Check(int64_t step, const std::map<std::string, at::Tensor>& grads,
                                const StateAccess& states);
 
-  // Projectors, W_base and the check state, as one safetensors file's bytes (written through
-  // `scratch_path`, which is removed: a path inside the checkpoint being written, so that a
-  // daemon's path confinement allows it) / from one.
-  StatusOr<std::string> Serialize(const std::string& scratch_path) const;
+  // Projectors, W_base and the check state, as one safetensors file's bytes / from one.
+  StatusOr<std::string> Serialize() const;
   Status Restore(const std::string& path);
   // "LSP s=512 d=16 on 154 matrices (...)".
   std::string Describe() const;

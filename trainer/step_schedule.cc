@@ -91,10 +91,10 @@ Status StepSchedule::Backward(const engine::MicroBatch& mb, uint32_t micro) {
 
 StatusOr<at::Tensor> StepSchedule::EvalLoss(engine::MicroBatch& mb) {
   WeightResidency& weights = *options_.weights;
-  double* stall = &options_.accounting->stalls().weights;
+  double stall = 0;  // between steps: not a training step's stall
   at::Tensor x;
   for (int b = 0; b < n_; ++b) {
-    RETURN_IF_ERROR(weights.Ensure(b, 0, stall));
+    RETURN_IF_ERROR(weights.Ensure(b, 0, &stall));
     for (int p = 1; p <= WeightResidency::kWindow; ++p) weights.Prefetch(b + p, 0);
     engine::Block& block = options_.model->block(b);
     engine::SavedState saved;  // dropped: no backward follows

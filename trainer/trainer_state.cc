@@ -72,7 +72,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
   }
   if (lsp) {  // projectors, W_base and the switch count (lsp/README.md)
-    ASSIGN_OR_RETURN(const std::string lsp_state, lsp->Serialize(w.tmp_dir() + "/.lsp_state.part"));
+    ASSIGN_OR_RETURN(const std::string lsp_state, lsp->Serialize());
     RETURN_IF_ERROR(w.AddFile(kLspStateFile, lsp_state));
   }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",

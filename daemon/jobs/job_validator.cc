@@ -277,6 +277,54 @@ void CheckCompression(const v1::CompressionConfig& comp, Checker& c) {
   c.Range("compression.projector_update_interval", comp.projector_update_interval(), 1, 1 << 30);
 }
 
+// A data file of the spec (training or held-out): under an allowed root, a file, and (when the
+// tokenizer loaded) its first records encode into the model's vocabulary. Returns the resolved
+// path, or "" when it cannot be used.
+std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokenizer, const text::ChatTemplate* chat,
+                          const engine::ModelConfig* config, const v1::DatasetSpec& ds, Checker& c,
+                          const std::string& field, const std::string& path) {
+  auto real = paths.ResolveExisting(path);
+  if (c.Fails(field, real.status())) return "";
+  if (IsDirectory(*real)) {
+    c.Add(field, "'" + *real + "' is a directory; give the JSON or JSON Lines file");
+    return "";
+  }
+  if (!tokenizer || !chat) return *real;  // reported above; records cannot be encoded without them
+  auto records = PreviewRecords(*real);
+  if (c.Fails(field, records.status())) return *real;
+  text::DatasetOptions opts;
+  opts.format = ToTextFormat(ds.format());
+  opts.mask_prompt = ds.mask_prompt();
+  auto encoder = text::RecordEncoder::Create(*tokenizer, chat, opts);
+  if (c.Fails(field, encoder.status())) return *real;
+  for (const auto& rec : *records) {
+    const std::string where = *real + ":" + std::to_string(rec.line);
+    nlohmann::ordered_json j;
+    try {
+      j = nlohmann::ordered_json::parse(rec.text);
+    } catch (const nlohmann::json::exception& e) {
+      c.Add(field, where + ": not valid JSON: " + e.what());
+      break;
+    }
+    auto doc = encoder->Encode(j);
+    if (!doc.ok()) {
+      if (!ds.skip_bad_records()) {
+        c.Add(field, where + ": " + doc.status().message());
+        break;
+      }
+    } else if (config && !doc->input_ids.empty()) {
+      for (int32_t id : doc->input_ids) {
+        if (id < 0 || id >= config->vocab_size) {
+          c.Add(field, where + ": token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                           std::to_string(config->vocab_size) + " (tokenizer and model do not match)");
+          break;
+        }
+      }
+    }
+  }
+  return *real;
+}
+
 }  // namespace
 
 void ApplyJobDefaults(v1::JobSpec* spec) {
@@ -418,56 +466,12 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     }
     if (t.ok()) chat = std::make_unique<text::ChatTemplate>(std::move(*t));
   }
-  // Each data file: under an allowed root, a file, and (when the tokenizer loaded) its first records
-  // encode into the model's vocabulary. Returns the resolved path, or "" when it failed.
-  auto check_file = [&](const std::string& field, const std::string& path) -> std::string {
-    auto real = paths.ResolveExisting(path);
-    if (c.Fails(field, real.status())) return "";
-    if (IsDirectory(*real)) {
-      c.Add(field, "'" + *real + "' is a directory; give the JSON or JSON Lines file");
-      return "";
-    }
-    if (!tokenizer || !chat) return *real;  // reported above; records cannot be encoded without them
-    auto records = PreviewRecords(*real);
-    if (c.Fails(field, records.status())) return *real;
-    text::DatasetOptions opts;
-    opts.format = ToTextFormat(ds.format());
-    opts.mask_prompt = ds.mask_prompt();
-    auto encoder = text::RecordEncoder::Create(*tokenizer, chat.get(), opts);
-    if (c.Fails(field, encoder.status())) return *real;
-    for (const auto& rec : *records) {
-      const std::string where = *real + ":" + std::to_string(rec.line);
-      nlohmann::ordered_json j;
-      try {
-        j = nlohmann::ordered_json::parse(rec.text);
-      } catch (const nlohmann::json::exception& e) {
-        c.Add(field, where + ": not valid JSON: " + e.what());
-        break;
-      }
-      auto doc = encoder->Encode(j);
-      if (!doc.ok()) {
-        if (!ds.skip_bad_records()) {
-          c.Add(field, where + ": " + doc.status().message());
-          break;
-        }
-      } else if (config && !doc->input_ids.empty()) {
-        for (int32_t id : doc->input_ids) {
-          if (id < 0 || id >= config->vocab_size) {
-            c.Add(field, where + ": token id " + std::to_string(id) + " is outside the model's vocabulary of " +
-                             std::to_string(config->vocab_size) + " (tokenizer and model do not match)");
-            break;
-          }
-        }
-      }
-    }
-    return *real;
-  };
   for (int i = 0; i < ds.paths_size(); ++i) {
-    const std::string real = check_file("dataset.paths[" + std::to_string(i) + "]", ds.paths(i));
+    const std::string real = CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c, "dataset.paths[" + std::to_string(i) + "]", ds.paths(i));
     if (!real.empty()) spec.mutable_dataset()->set_paths(i, real);
   }
   for (int i = 0; i < ds.eval_paths_size(); ++i) {
-    const std::string real = check_file("dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i));
+    const std::string real = CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c, "dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i));
     if (!real.empty()) spec.mutable_dataset()->set_eval_paths(i, real);
   }
   if (ds.eval_paths_size() == 0 && spec.training().has_eval_steps()) {

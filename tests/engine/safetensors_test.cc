@@ -82,6 +82,13 @@ TEST_F(SafetensorsTest, WriteThenReadRoundTrip) {
   uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), 8);
   EXPECT_EQ(n % 8, 0u);
+  // The in-memory encoding is the file's bytes.
+  in.seekg(0);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto bytes = EncodeSafetensors(ts, {{"format", "pt"}});
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*bytes, file);
+  EXPECT_FALSE(EncodeSafetensors({{"a", DType::kF32, {7}, std::as_bytes(std::span(a))}}).ok());
 }
 
 TEST_F(SafetensorsTest, WriterRejectsBadInput) {

@@ -21,6 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import kernel_flavours
+
 
 @pytest.fixture
 def check(binary_dir):
@@ -61,13 +63,14 @@ def _hyper_args(hp):
 ARGS = _hyper_args(HP)
 
 
+@pytest.mark.parametrize("kernel", kernel_flavours.params())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_subspace_adamw_matches_torch_on_compressed_gradients(check, tmp_path, dtype):
+def test_subspace_adamw_matches_torch_on_compressed_gradients(check, tmp_path, dtype, kernel):
     gen = torch.Generator().manual_seed(0)
     m, n, s, d = 96, 160, 32, 4
     w0 = torch.randn(m, n, generator=gen)
     grads = [torch.randn(m, n, generator=gen).to(dtype) for _ in range(4)]
-    out = _run(check, tmp_path, w0, grads, "--rank", s, "--nonzeros", d, "--seed", 7, *ARGS)
+    out = _run(check, tmp_path, w0, grads, "--rank", s, "--nonzeros", d, "--seed", 7, "--kernel", kernel, *ARGS)
     P = _dense(out["p_index"], out["p_values"], s)
     Q = _dense(out["q_index"], out["q_values"], s)
     assert (P != 0).sum(1).eq(d).all() and (Q != 0).sum(1).eq(d).all()

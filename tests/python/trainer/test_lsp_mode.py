@@ -100,6 +100,15 @@ def test_checkpoints_do_not_cross_modes(binary_dir, tmp_path):
                   [f"--resume-from={lsp_out}/checkpoint-10"], check=False)
     assert r.returncode != 0 and 'the checkpoint is of model "llama+lsp/' in r.stderr, r.stderr[-1500:]
     assert 'this job\'s model is "llama/' in r.stderr
+    # An LSP checkpoint without its projectors and W_base cannot resume: the error names the file,
+    # and the checkpoint itself is left as it was.
+    ckpt = lsp_out / "checkpoint-10"
+    (ckpt / "lsp_state.safetensors").unlink()
+    before = sorted(p.name for p in ckpt.iterdir())
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "again", accum=1) +
+                  [LEARNED, f"--resume-from={ckpt}"], check=False)
+    assert r.returncode != 0 and "lsp_state.safetensors" in r.stderr, r.stderr[-1500:]
+    assert sorted(p.name for p in ckpt.iterdir()) == before
 
 
 @pytest.mark.parametrize("spec,message", [
