@@ -19,4 +19,7 @@ std::string FormatByteSize(uint64_t bytes);
 // ("24 GiB", "1536 KiB", "1000000000000 B"), for configuration printed back to be re-read.
 std::string FormatByteSizeExact(uint64_t bytes);
 
+// The current time, UTC, ISO 8601 to the second: "2026-11-26T15:04:05Z".
+std::string NowUtcIso8601();
+
 }  // namespace offloadd

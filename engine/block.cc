@@ -22,13 +22,17 @@ std::string_view SaveModeName(SaveMode mode) {
   return "?";
 }
 
-int64_t SavedState::held_bytes() const {
+namespace {
+int64_t TensorBytes(const std::vector<at::Tensor>& tensors) {
   int64_t n = 0;
-  for (const auto& t : tensors_) {
+  for (const auto& t : tensors) {
     if (t.defined()) n += static_cast<int64_t>(t.nbytes());
   }
   return n;
 }
+}  // namespace
+
+int64_t SavedState::held_bytes() const { return TensorBytes(tensors_); }
 
 void SavedState::Clear() {
   tensors_.clear();
@@ -122,6 +126,7 @@ StatusOr<at::Tensor> Block::Forward(const MicroBatch& mb, const at::Tensor& x, S
     if (mode == SaveMode::kKeep || mode == SaveMode::kOffload) {
       std::vector<at::Tensor> tensors;
       out = Run(mb, x, &tensors);
+      last_saved_bytes_ = TensorBytes(tensors);
       saved->Clear();
       saved->mode_ = mode;
       saved->count_ = tensors.size();
@@ -168,6 +173,7 @@ StatusOr<at::Tensor> Block::Backward(const MicroBatch& mb, const at::Tensor& gra
         const at::Tensor x = saved->tensors_.empty() ? at::Tensor() : saved->tensors_[0];
         RETURN_IF_ERROR(CheckInput(*this, mb, x));
         Run(mb, x, &tensors);
+        last_saved_bytes_ = TensorBytes(tensors);
         break;
       }
       case SaveMode::kOffload: {

@@ -160,6 +160,10 @@ class Block {
   // saved_bytes_keep equals SavedState::held_bytes() after a kKeep forward on CPU; on CUDA the
   // attention kernels' logsumexp may be padded by a few percent.
   virtual BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const;
+  // Measured: the bytes of the tensors the last training Forward saved (kKeep, kOffload) or the
+  // last recompute in Backward re-created (kRecompute), i.e. what keeping this block's
+  // activations holds for the last micro-batch shape; 0 before any (the planner's profile).
+  int64_t last_saved_bytes() const { return last_saved_bytes_; }
 
  protected:
   Block(Kind kind, int index, std::string name)
@@ -181,6 +185,7 @@ class Block {
 
  private:
   Status CheckPlacement(const at::Tensor& like) const;
+  int64_t last_saved_bytes_ = 0;
 };
 
 struct LoadOptions {

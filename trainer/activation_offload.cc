@@ -67,8 +67,9 @@ void ActivationOffload::Prefetch(int block) {
       continue;
     }
     at::Tensor d = at::empty(h.sizes(), h.options().device(device_).pinned_memory(false));
-    auto e = streams_->CopyToDevice(d, h, "activations " + std::to_string(block));
-    streams_->ComputeWaits(e);
+    // The compute stream waits for the copy when Fetch hands the tensors over, not here: the
+    // prefetch overlaps the backward of the block above.
+    o.landed.push_back(streams_->CopyToDevice(d, h, "activations " + std::to_string(block)));
     o.device.push_back(d);
   }
 }
@@ -83,7 +84,10 @@ StatusOr<std::vector<at::Tensor>> ActivationOffload::Fetch(int block, uint64_t t
   }
   auto it = offloaded_.find(ticket);
   if (it == offloaded_.end()) return InternalError("no offloaded activations for ticket");
-  if (cuda_) Prefetch(block);
+  if (cuda_) {
+    Prefetch(block);
+    for (const auto& e : it->second.landed) streams_->ComputeWaits(e);
+  }
   std::vector<at::Tensor> out = cuda_ ? std::move(it->second.device) : std::move(it->second.host);
   offloaded_.erase(it);
   ticket_of_.erase(block);

@@ -42,6 +42,7 @@ class ActivationOffload {
  private:
   struct Offloaded {
     std::vector<at::Tensor> host, device;
+    std::vector<DeviceStreams::EventPtr> landed;  // the host-to-device copies of `device`
   };
   StatusOr<uint64_t> Offload(int block, std::vector<at::Tensor> saved);
   StatusOr<std::vector<at::Tensor>> Fetch(int block, uint64_t ticket);

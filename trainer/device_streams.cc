@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -38,12 +39,16 @@ struct DeviceStreams::Impl {
     std::string track, name;
     std::unique_ptr<at::cuda::CUDAEvent> start, end;
     uint64_t bytes = 0;
+    int64_t mem_start = 0, mem_peak = 0;
   };
   std::vector<Timed> timed;
   std::unique_ptr<at::cuda::CUDAEvent> base;
   double base_us = 0;
   std::unique_ptr<at::cuda::CUDAEvent> open_start;
   std::string open_name;
+  int64_t open_mem_start = 0;
+  // Peaks before the last resetPeakStats (BeginCompute resets them to measure each span).
+  int64_t peak_reserved = 0, peak_allocated = 0;
   std::vector<Span> spans;  // CPU device
   double compute_start = 0;
   std::string compute_name;
@@ -121,6 +126,7 @@ StatusOr<int64_t> DeviceStreams::CapMemory(int64_t bytes) {
   const double fraction = std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_b));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, impl_->index);
   c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->index);
+  impl_->peak_reserved = impl_->peak_allocated = 0;
   return static_cast<int64_t>(total_b);
 #else
   (void)bytes;
@@ -144,7 +150,17 @@ int64_t DeviceStreams::PeakReservedBytes() const {
 #if OFFLOADD_WITH_CUDA
   if (!cuda_) return 0;
   auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(impl_->index);
-  return stats.reserved_bytes[0].peak;
+  return std::max(impl_->peak_reserved, stats.reserved_bytes[0].peak);
+#else
+  return 0;
+#endif
+}
+
+int64_t DeviceStreams::PeakAllocatedBytes() const {
+#if OFFLOADD_WITH_CUDA
+  if (!cuda_) return 0;
+  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(impl_->index);
+  return std::max(impl_->peak_allocated, stats.allocated_bytes[0].peak);
 #else
   return 0;
 #endif
@@ -240,8 +256,16 @@ Status DeviceStreams::Synchronize(const EventPtr& e) {
 void DeviceStreams::BeginCompute(const std::string& name) {
 #if OFFLOADD_WITH_CUDA
   if (cuda_) {
-    impl_->open_start = impl_->Mark(impl_->compute());
-    impl_->open_name = name;
+    Impl& m = *impl_;
+    m.open_start = m.Mark(m.compute());
+    m.open_name = name;
+    // The span's own peak: fold the peaks so far into the running ones, then restart them.
+    using c10::cuda::CUDACachingAllocator::getDeviceStats;
+    const auto stats = getDeviceStats(m.index);
+    m.peak_reserved = std::max(m.peak_reserved, stats.reserved_bytes[0].peak);
+    m.peak_allocated = std::max(m.peak_allocated, stats.allocated_bytes[0].peak);
+    m.open_mem_start = stats.allocated_bytes[0].current;
+    c10::cuda::CUDACachingAllocator::resetPeakStats(m.index);
     return;
   }
 #endif
@@ -253,7 +277,9 @@ void DeviceStreams::EndCompute() {
 #if OFFLOADD_WITH_CUDA
   if (cuda_) {
     Impl& m = *impl_;
-    Impl::Timed t{"gpu compute", m.open_name, std::move(m.open_start), m.Mark(m.compute()), 0};
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(m.index);
+    Impl::Timed t{"gpu compute", m.open_name, std::move(m.open_start), m.Mark(m.compute()), 0,
+                  m.open_mem_start, stats.allocated_bytes[0].peak};
     std::lock_guard<std::mutex> lock(m.mu);
     m.timed.push_back(std::move(t));
     return;
@@ -307,7 +333,7 @@ std::vector<Span> DeviceStreams::TakeSpans(double* compute_s, double* h2d_s, dou
       t.end->synchronize();
       const double s = m.base_us + 1000.0 * m.base->elapsed_time(*t.start);
       const double e = m.base_us + 1000.0 * m.base->elapsed_time(*t.end);
-      add(Span{t.track, t.name, s, e}, t.bytes);
+      add(Span{t.track, t.name, s, e, t.mem_start, t.mem_peak}, t.bytes);
     }
     return out;
   }

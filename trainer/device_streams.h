@@ -23,6 +23,10 @@ namespace offloadd::trainer {
 struct Span {
   std::string track, name;
   double start_us = 0, end_us = 0;  // NowMicros() timebase
+  // Compute spans on CUDA: the caching allocator's allocated bytes when the span was issued, and
+  // its peak while it was issued (the host-side view the allocator keeps: what the span's work
+  // needed at once). 0 on a CPU device.
+  int64_t mem_start = 0, mem_peak = 0;
 };
 
 
@@ -43,7 +47,10 @@ class DeviceStreams {
   // Caps the caching allocator at `bytes` (setMemoryFraction); returns the device's total memory.
   StatusOr<int64_t> CapMemory(int64_t bytes);
   int64_t FreeMemory() const;
+  // The caching allocator's reserved and allocated peaks since CapMemory (the per-span peak
+  // resets of BeginCompute folded in).
   int64_t PeakReservedBytes() const;
+  int64_t PeakAllocatedBytes() const;
 
   // Host-to-device copy on the copy stream; with after_compute, only after the compute stream's
   // work so far (so memory the compute stream freed may be overwritten). Returns the copy's

@@ -95,6 +95,7 @@ Status StepAccounting::Report(std::chrono::steady_clock::time_point end) {
   }
   last_loss_ = s.loss;
   last_stats_ = s;
+  last_compute_ = std::move(p.compute);
   loss_history_.push_back({s.step, s.loss});
   {
     std::lock_guard<std::mutex> lock(trace_mu_);
@@ -109,6 +110,11 @@ void StepAccounting::CollectDeviceSpans() {
   StepStats& st = pending_->stats;
   auto spans = options_.streams->TakeSpans(&st.gpu_compute_seconds, &st.h2d_seconds,
                                            &st.d2h_seconds, &st.h2d_bytes, &st.d2h_bytes);
+  for (const Span& s : spans) {
+    if (s.track != "gpu compute") continue;
+    if (s.name.rfind("forward ", 0) == 0) st.gpu_forward_seconds += (s.end_us - s.start_us) * 1e-6;
+    pending_->compute.push_back(s);
+  }
   std::lock_guard<std::mutex> lock(trace_mu_);
   if (options_.trace_steps == 0 || traced_steps_ < options_.trace_steps)
     trace_.insert(trace_.end(), spans.begin(), spans.end());

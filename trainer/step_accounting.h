@@ -74,6 +74,9 @@ class StepAccounting {
   double last_loss() const { return last_loss_; }
   // The last reported step's figures (step 0 before any).
   const StepStats& last_stats() const { return last_stats_; }
+  // The last reported step's compute spans ("forward <block>", "backward <block>", ...), with
+  // their memory figures on CUDA: the per-block profile (trainer/shape_profile.h).
+  const std::vector<Span>& last_compute_spans() const { return last_compute_; }
   const std::vector<std::pair<int64_t, double>>& loss_history() const { return loss_history_; }
   // Resuming from a checkpoint.
   void Restore(int64_t applied, std::vector<std::pair<int64_t, double>> loss_history);
@@ -89,6 +92,7 @@ class StepAccounting {
     at::Tensor loss;  // fp32 scalar on the device
     std::chrono::steady_clock::time_point start;
     Stalls stalls;
+    std::vector<Span> compute;
   };
   // Device busy times, bytes per link and trace spans of the pending step (waits for its copies).
   void CollectDeviceSpans();
@@ -101,6 +105,7 @@ class StepAccounting {
   uint64_t device_params_ = 0;
   double last_loss_ = 0;
   StepStats last_stats_;
+  std::vector<Span> last_compute_;
   std::vector<std::pair<int64_t, double>> loss_history_;
   std::mutex trace_mu_;
   std::vector<Span> trace_;

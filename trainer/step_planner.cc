@@ -50,6 +50,9 @@ Status ValidatePlanInputs(const PlanInputs& in) {
   if (!(in.gpu_seconds >= 0) || !(in.h2d_bytes >= 0) || !(in.d2h_bytes >= 0)) {
     return InvalidArgumentError("plan inputs: gpu_seconds, h2d_bytes and d2h_bytes must be >= 0");
   }
+  if (!(in.gpu_forward_seconds >= 0) || in.gpu_forward_seconds > in.gpu_seconds) {
+    return InvalidArgumentError("plan inputs: gpu_forward_seconds must be in [0, gpu_seconds]");
+  }
   if (in.budget_bytes <= 0) return InvalidArgumentError("plan inputs: budget_bytes must be positive");
   return OkStatus();
 }
@@ -79,11 +82,18 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
   c.host_s = (cpu_params * in.host_bytes_per_param + h2d + d2h) / in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;
+  if (in.held_updates) {
+    const double update = std::max(c.cpu_s, cpu_params * in.host_bytes_per_param / in.host_bytes_per_s);
+    c.update_s = update;
+    const double backward = std::max(0.0, in.gpu_seconds - in.gpu_forward_seconds - recompute_saved);
+    c.held_s = backward + in.device_seconds_per_param * placed + std::max(in.gpu_forward_seconds, update);
+  }
   const std::pair<const char*, double> parts[] = {{"GPU", c.gpu_s},
                                                   {"CPU update", c.cpu_s},
                                                   {"host memory", c.host_s},
                                                   {"H2D", c.h2d_s},
-                                                  {"D2H", c.d2h_s}};
+                                                  {"D2H", c.d2h_s},
+                                                  {"held updates", c.held_s}};
   for (const auto& [name, s] : parts) {
     if (s > c.predicted_s || c.bound.empty()) {
       c.predicted_s = s;
@@ -132,7 +142,9 @@ std::string DescribePlan(const PlanChoice& c, int64_t budget_bytes) {
     << (c.keep_layers == 1 ? " layer's" : " layers'") << " activations kept: predicted "
     << FormatSeconds(c.predicted_s) << "/step (" << c.bound << "; GPU " << FormatSeconds(c.gpu_s)
     << ", CPU " << FormatSeconds(c.cpu_s) << ", host memory " << FormatSeconds(c.host_s) << ", H2D "
-    << FormatSeconds(c.h2d_s) << ", D2H " << FormatSeconds(c.d2h_s) << "), "
+    << FormatSeconds(c.h2d_s) << ", D2H " << FormatSeconds(c.d2h_s);
+  if (c.held_s > 0) o << ", held updates " << FormatSeconds(c.held_s);
+  o << "), "
     << FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, c.gpu_bytes))) << " of "
     << FormatByteSize(static_cast<uint64_t>(budget_bytes));
   return o.str();

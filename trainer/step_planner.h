@@ -13,6 +13,11 @@
 //   host    = (CPU-updated parameters * 28 B + H2D bytes + D2H bytes) / host memory bandwidth
 //   H2D/D2H = measured bytes - what the placed blocks no longer move (their weights stay on the
 //             GPU, their gradients are not copied out), over the profiled link rates
+// and, when the updates are held until the step's global gradient norm is known (clipping
+// without speculation, fp16's overflow check), the dependency that exactness imposes: no update
+// starts before the backward ends, and the next forward needs each block's update, so
+//   held    = GPU backward (less the kept layers' recompute) + device AdamW
+//             + max(GPU forward, CPU update at max(pool rate, host memory roofline))
 // subject to  first-step peak + margin + placed states + kept activations <= GPU budget.
 // The decision is (s, k): the lowest s blocks' states on the GPU (a prefix: the next forward needs
 // them first and their gradients land last) and the top k decoder layers kept. The planner
@@ -55,6 +60,10 @@ struct PlanInputs {
   // Choices the job leaves open (false: fixed at 0).
   bool place_states = true;
   bool keep_activations = true;
+  // Updates wait for the global norm (see above); gpu_forward_seconds: the forward's share of
+  // gpu_seconds (the shape profile's per-block forward times).
+  bool held_updates = false;
+  double gpu_forward_seconds = 0;
   // >= 0: the number of blocks with GPU states is fixed at this (they are already there).
   int fixed_device_blocks = -1;
 };
@@ -63,6 +72,8 @@ struct PlanChoice {
   int device_blocks = 0;  // lowest blocks with GPU-resident AdamW states
   int keep_layers = 0;    // top decoder layers whose activations are kept
   double gpu_s = 0, cpu_s = 0, host_s = 0, h2d_s = 0, d2h_s = 0;
+  double held_s = 0;    // the held updates' dependency (0 when updates are not held)
+  double update_s = 0;  // its CPU update: max(CPU, the update's host memory traffic)
   double predicted_s = 0;  // the max of the above
   std::string bound;       // the resource that sets it
   int64_t gpu_bytes = 0;   // peak + margin + states + kept activations

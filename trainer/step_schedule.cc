@@ -17,7 +17,9 @@ StepSchedule::StepSchedule(const Options& options)
       n_(options.model->num_blocks()),
       cuda_(options.device.is_cuda()),
       host_grads_(n_),
+      checkpoint_ticket_(n_, 0),
       device_opt_(options.device_optimizer) {
+  options_.offload_checkpoint.resize(n_, false);
   for (int b = 0; b < n_; ++b) {
     for (const auto& slot : layout_[b].params) {
       owner_[slot.compressed ? slot.compressed->name : slot.param->name] = {b, slot.offset};
@@ -44,6 +46,7 @@ void StepSchedule::BeginStep(int64_t step) {
   step_ = step;
   options_.activations->Reset();
   saved_ = std::vector<engine::SavedState>(n_);
+  std::fill(checkpoint_ticket_.begin(), checkpoint_ticket_.end(), 0);
 }
 
 StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micro) {
@@ -66,6 +69,13 @@ StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micr
     ASSIGN_OR_RETURN(
         x, block.Forward(mb, x, options_.modes[b], &saved_[b], options_.activations->callbacks()));
     options_.streams->EndCompute();
+    if (options_.offload_checkpoint[b] && options_.modes[b] == engine::SaveMode::kRecompute) {
+      // The checkpoint leaves the device until this block's backward (device-to-host after the
+      // compute stream's work so far; the device copy is freed once the copy has read it).
+      ASSIGN_OR_RETURN(checkpoint_ticket_[b], options_.activations->callbacks()->offload(
+                                                  b, std::move(saved_[b].tensors())));
+      saved_[b].tensors().clear();
+    }
     // The last blocks stay for the backward, which starts with them.
     if (b < n_ - 1 - WeightResidency::kWindow) weights.Release(b);
   }
@@ -174,6 +184,11 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
     }
   };
   engine::Block& block = options_.model->block(b);
+  if (checkpoint_ticket_[b] != 0) {
+    ASSIGN_OR_RETURN(saved_[b].tensors(),
+                     options_.activations->callbacks()->fetch(b, checkpoint_ticket_[b]));
+    checkpoint_ticket_[b] = 0;
+  }
   options_.streams->BeginCompute("backward " + block.name());
   ASSIGN_OR_RETURN(at::Tensor g, block.Backward(mb, grad_out, &saved_[b], on_grad,
                                                 options_.activations->callbacks()));

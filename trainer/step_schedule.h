@@ -40,6 +40,9 @@ class StepSchedule {
     engine::Model* model = nullptr;
     const std::vector<BlockLayout>* layout = nullptr;
     std::vector<engine::SaveMode> modes;  // per block: what its forward keeps for backward
+    // Per block (may be empty): a recomputed block's checkpoint (its input) waits for the
+    // backward in pinned host memory through `activations`, not on the device.
+    std::vector<bool> offload_checkpoint;
     WeightResidency* weights = nullptr;
     ActivationOffload* activations = nullptr;
     HostOptimizer* host = nullptr;  // its arena holds the gradient staging buffers
@@ -106,6 +109,7 @@ class StepSchedule {
   std::vector<at::Tensor> host_grads_;     // per block, flat view of its staging buffer
   at::Tensor host_norms_;  // CUDA: per block, its gradients' L2 norm (pinned, fp32)
   std::vector<engine::SavedState> saved_;  // per block, from its forward for its backward
+  std::vector<uint64_t> checkpoint_ticket_;  // per block: its offloaded checkpoint (0: none)
   int64_t step_ = 0;
   DeviceOptimizer* device_opt_ = nullptr;  // Options::device_optimizer, or set later
 };

@@ -28,6 +28,7 @@ struct StepStats {
   double model_flops = 0;      // 6 * params * tokens (+ attention), without recompute
   // Busy time per resource inside the step (seconds) ...
   double gpu_compute_seconds = 0;
+  double gpu_forward_seconds = 0;  // the forward passes' share of it (no recompute)
   double h2d_seconds = 0;
   double d2h_seconds = 0;
   double cpu_update_seconds = 0;  // summed over workers / number of workers

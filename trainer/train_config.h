@@ -12,7 +12,9 @@
 
 namespace offloadd::trainer {
 
-enum class ActivationMode { kAuto, kKeep, kRecompute, kOffloadCpu, kOffloadNvme };
+// kRecomputeOffloadCpu: recomputed in backward from its input (the checkpoint), which waits for
+// the backward in pinned host memory (DeepSpeed's cpu_checkpointing).
+enum class ActivationMode { kAuto, kKeep, kRecompute, kOffloadCpu, kOffloadNvme, kRecomputeOffloadCpu };
 enum class StateTier { kCpu, kNvme };  // where fp32 master weights and Adam states live
 
 struct DataConfig {

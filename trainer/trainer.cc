@@ -104,6 +104,9 @@ Status Trainer::Impl::RunStep() {
   // On CUDA the plan is priced on the second step: the first one's GPU time includes the kernels'
   // warm-up (cuDNN plans, cuBLAS handles, allocator growth), 2.5x the steady time at Llama-2-7B
   // batch 16 on the H200.
+  if (steps_run == (cuda ? 2 : 1) && (device_placement_pending || !cfg.profile_dir.empty())) {
+    RETURN_IF_ERROR(RecordShapeProfile());
+  }
   if (device_placement_pending && steps_run == (cuda ? 2 : 1)) RETURN_IF_ERROR(PlaceDeviceBlocks());
   const int64_t k = completed + 1;
   const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);

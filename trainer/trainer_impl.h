@@ -27,6 +27,7 @@
 #include "trainer/lsp_mode.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/step_accounting.h"
+#include "trainer/shape_profile.h"
 #include "trainer/step_schedule.h"
 #include "trainer/step_planner.h"
 #include "trainer/trainer.h"
@@ -53,6 +54,7 @@ struct Trainer::Impl {
   // The device plan: per block activation mode, and whether kOffload goes to NVMe.
   std::vector<engine::SaveMode> modes;
   std::vector<bool> spill_nvme;
+  std::vector<bool> offload_checkpoint;  // recomputed blocks whose checkpoint waits in pinned RAM
   // Per block: its optimizer states live on the device (the lowest blocks; PlanDevice).
   std::vector<bool> device_blocks;
   std::unique_ptr<DeviceOptimizer> device_opt;  // null when no block is there
@@ -73,6 +75,12 @@ struct Trainer::Impl {
   // measured time is compared with the prediction (0: none pending).
   PlanInputs plan_inputs;
   PlanChoice plan;
+  // The per-block profile (trainer_profile.cc): cached for this shape, then the one measured on
+  // the step the plan is priced with. planned_held_bytes: what PlanDevice holds on the GPU by
+  // design (weights, activations, placed states), which the measured peak exceeds by the
+  // step's working set.
+  std::optional<ShapeProfile> shape_profile;
+  int64_t planned_held_bytes = 0;
   int64_t plan_check_step = 0;
   bool plan_resolved = false;
 
@@ -99,6 +107,11 @@ struct Trainer::Impl {
   Status ApplyKeptLayers(int keep);
   // Once the checked step is reported: measured against predicted, re-solved once if > 10% off.
   Status CheckPlan();
+  // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why
+  // in the log), and recording the step just run (then writing it under cfg.profile_dir).
+  std::string ShapeKey() const;
+  std::optional<ShapeProfile> CachedShapeProfile();
+  Status RecordShapeProfile();
   // Device memory the AdamW states of blocks [0, k) need, per k (their weights replace resident
   // copies).
   std::vector<int64_t> DeviceOptimizerNeeds(bool resident) const;

@@ -21,6 +21,8 @@ namespace {
 // tensors without allocator rounding or the backward's larger transients (the reason recompute
 // is the default on CUDA), and an out-of-memory error mid-job costs more than a recompute.
 constexpr double kKeepSafety = 1.5;
+// Measured kept bytes (the shape profile) still round up to the allocator's blocks and pages.
+constexpr double kMeasuredKeepSafety = 1.1;
 constexpr double kRecheckTolerance = 0.10;
 
 
@@ -61,16 +63,21 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
     work += b == n - 1 ? c.forward_flops : (recomputed ? 4 : 3) * c.forward_flops;
     in.params.push_back(static_cast<int64_t>(layout[b].numel));
     in.device_state_bytes.push_back(need[b + 1] - need[b]);
-    in.keep_extra_bytes.push_back(
-        may_keep && recomputed
-            ? static_cast<int64_t>(kKeepSafety * (c.saved_bytes_keep - c.saved_bytes_recompute))
-            : 0);
+    // Measured (the shape profile of this step) where it exists, else estimated.
+    const bool measured = shape_profile && shape_profile->blocks[b].keep_bytes > 0;
+    const double extra = measured ? kMeasuredKeepSafety * static_cast<double>(shape_profile->blocks[b].keep_bytes -
+                                                                              shape_profile->blocks[b].recompute_bytes)
+                                  : kKeepSafety * static_cast<double>(c.saved_bytes_keep - c.saved_bytes_recompute);
+    in.keep_extra_bytes.push_back(may_keep && recomputed && !offload_checkpoint[b]
+                                      ? std::max<int64_t>(1, static_cast<int64_t>(extra))
+                                      : 0);
   }
+  const double A = static_cast<double>(cfg.gradient_accumulation_steps);
   for (int b = 0; b < n; ++b) {
     const bool recomputed = modes[b] == engine::SaveMode::kRecompute;
-    in.recompute_seconds.push_back(recomputed && work > 0
-                                       ? first.gpu_compute_seconds * forward[b] / work
-                                       : 0.0);
+    double secs = recomputed && work > 0 ? first.gpu_compute_seconds * forward[b] / work : 0.0;
+    if (recomputed && shape_profile) secs = A * shape_profile->blocks[b].recompute_s;
+    in.recompute_seconds.push_back(secs);
   }
   in.budget_bytes = gpu_budget;
   in.base_peak_bytes = streams->PeakReservedBytes();
@@ -82,6 +89,14 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   in.h2d_bytes_per_s = prof.h2d_bytes_per_s > 0 ? prof.h2d_bytes_per_s : 1e30;
   in.d2h_bytes_per_s = prof.d2h_bytes_per_s > 0 ? prof.d2h_bytes_per_s : 1e30;
   in.keep_activations = may_keep;
+  // Clipping without speculation (or fp16's overflow check) holds every update until the step's
+  // norm exists: the priced step updated no block during its backward.
+  in.held_updates = (cfg.optim.max_grad_norm > 0 || scaler.has_value()) && first.speculated_layers == 0;
+  if (shape_profile) {
+    double profiled_forward = 0;
+    for (const auto& bp : shape_profile->blocks) profiled_forward += bp.forward_s;
+    in.gpu_forward_seconds = std::min(in.gpu_seconds, A * profiled_forward);
+  }
   ASSIGN_OR_RETURN(plan, SolvePlan(in));
   Log(TrainObserver::Level::kInfo,
       "step plan: " + trainer::DescribePlan(plan, gpu_budget) + "; step " + std::to_string(first.step) +
@@ -151,11 +166,21 @@ Status Trainer::Impl::CheckPlan() {
   in.gpu_seconds = s.gpu_compute_seconds + plan.recompute_saved_s - in.device_seconds_per_param * placed;
   in.h2d_bytes = static_cast<double>(s.h2d_bytes) + in.h2d_saved_per_param * placed;
   in.d2h_bytes = static_cast<double>(s.d2h_bytes) + in.d2h_saved_per_param * placed;
+  in.gpu_forward_seconds = std::min(in.gpu_forward_seconds, in.gpu_seconds);
   // A bound resource that ran at another rate than profiled (contention, or a profile that
   // understates what the step sustains) gets the rate the measured step implies.
-  const double slow = measured / predicted;
-  if (plan.bound == "CPU update") in.cpu_params_per_s /= slow;
-  if (plan.bound == "host memory") in.host_bytes_per_s /= slow;
+  double slow = measured / predicted;
+  if (plan.bound == "held updates" && plan.update_s > 0) {
+    // Only the update part of the dependency ran at another rate: the backward is measured.
+    const double fixed = plan.held_s - std::max(in.gpu_forward_seconds, plan.update_s);
+    if (measured - fixed > in.gpu_forward_seconds) slow = (measured - fixed) / plan.update_s;
+  }
+  // The CPU update runs at the host's memory roofline: the three terms it sets are one resource,
+  // so the pool's rate and the host's bandwidth move together.
+  if (plan.bound == "CPU update" || plan.bound == "host memory" || plan.bound == "held updates") {
+    in.cpu_params_per_s /= slow;
+    in.host_bytes_per_s /= slow;
+  }
   if (plan.bound == "H2D") in.h2d_bytes_per_s /= slow;
   if (plan.bound == "D2H") in.d2h_bytes_per_s /= slow;
   // The placed states stay where they are: only the kept layers may change.

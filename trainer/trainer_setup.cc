@@ -14,6 +14,11 @@
 namespace offloadd::trainer {
 namespace {
 
+// Room above a profiled working set: the caching allocator's placement, and so its reserved
+// peak, differs slightly between runs of the same step (a few 20 MiB expandable-segment pages
+// per block); a margin of 256 MiB is 4% of the smallest (6 GiB) budget the benchmarks use.
+constexpr int64_t kProfiledWorkspaceSlack = int64_t{256} << 20;
+
 StatusOr<c10::Device> ParseDevice(const std::string& s) {
   if (s == "cpu") return c10::Device(c10::kCPU);
   if (s == "cuda") return c10::Device(c10::kCUDA, 0);
@@ -41,6 +46,7 @@ uint32_t UsableCpus() {
 engine::SaveMode ToSaveMode(ActivationMode m) {
   switch (m) {
     case ActivationMode::kRecompute:
+    case ActivationMode::kRecomputeOffloadCpu:
       return engine::SaveMode::kRecompute;
     case ActivationMode::kOffloadCpu:
     case ActivationMode::kOffloadNvme:
@@ -229,7 +235,9 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << ", activations";
   std::map<std::string, int> counts;
   for (int b = 1; b + 1 < n; ++b)
-    counts[spill_nvme[b] ? "offload_nvme" : std::string(engine::SaveModeName(modes[b]))]++;
+    counts[spill_nvme[b]           ? "offload_nvme"
+           : offload_checkpoint[b] ? "recompute_offload_cpu"
+                                   : std::string(engine::SaveModeName(modes[b]))]++;
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
   plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
        << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << ", " << ho.worker_processes
@@ -261,6 +269,7 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
 StatusOr<bool> Trainer::Impl::PlanDevice() {
   modes.assign(n, engine::SaveMode::kKeep);
   spill_nvme.assign(n, false);
+  offload_checkpoint.assign(n, false);
   for (const auto& [layer, m] : cfg.offload.layer_overrides) {
     if (layer < 0 || layer >= n - 2)
       return InvalidArgumentError("activation override for layer " + std::to_string(layer) +
@@ -276,6 +285,12 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
     if (m == ActivationMode::kAuto) m = cuda ? ActivationMode::kRecompute : ActivationMode::kKeep;
     modes[b] = ToSaveMode(m);
     spill_nvme[b] = m == ActivationMode::kOffloadNvme;
+    offload_checkpoint[b] = m == ActivationMode::kRecomputeOffloadCpu;
+  }
+  shape_profile = CachedShapeProfile();
+  if (shape_profile) {
+    Log(TrainObserver::Level::kInfo, "shape profile cached " + shape_profile->measured_at + " (" +
+                                         shape_profile->key + ")");
   }
   if (!cuda) {
     RETURN_IF_ERROR(PlanDeviceOptimizer(true, 0));
@@ -300,8 +315,17 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
                                                  : free_now * 9 / 10;
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
   // gradients, the head's chunked logits (<= 512 MiB fp32, twice), allocator slack.
-  const int64_t workspace =
-      2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
+  int64_t workspace = 2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
+  if (shape_profile) {
+    // Measured on this GPU for this model and micro-batch shape: the step's working set beyond
+    // what that run's plan held, plus room for the allocator's placement to differ between runs.
+    const int64_t measured = shape_profile->workspace_bytes + kProfiledWorkspaceSlack;
+    Log(TrainObserver::Level::kInfo,
+        "GPU working set from the shape profile of " + shape_profile->measured_at + ": " +
+            FormatByteSize(static_cast<uint64_t>(measured)) + " (the static estimate says " +
+            FormatByteSize(static_cast<uint64_t>(workspace)) + ")");
+    workspace = measured;
+  }
   int64_t acts = 0;  // held between forward and backward, per the modes chosen above
   for (int b = 0; b < n; ++b) {
     if (modes[b] == engine::SaveMode::kKeep) acts += cost[b].saved_bytes_keep;
@@ -330,6 +354,25 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
   }
   if (!resident || !fits(weights)) {
     resident = false;
+    // Auto layers that do not fit with their checkpoints on the device keep them in pinned host
+    // memory instead, lowest first (held longest): each costs its input's bytes over PCIe each way,
+    // which the copy streams overlap with the neighbouring blocks' compute.
+    int moved = 0;
+    for (int b = 1; b + 1 < n && !fits(streamed); ++b) {
+      if (cfg.offload.layer_overrides.count(b - 1) || cfg.offload.activations != ActivationMode::kAuto ||
+          modes[b] != engine::SaveMode::kRecompute || offload_checkpoint[b]) {
+        continue;
+      }
+      offload_checkpoint[b] = true;
+      acts -= cost[b].saved_bytes_recompute;
+      ++moved;
+    }
+    if (moved > 0) {
+      Log(TrainObserver::Level::kInfo,
+          "the checkpoints of " + std::to_string(moved) + " layers wait for the backward in pinned host " +
+              "memory (recompute_offload_cpu): with them on the GPU the step needs more than gpu_memory_limit " +
+              FormatByteSize(static_cast<uint64_t>(gpu_budget)));
+    }
     if (!fits(streamed)) {
       return ResourceExhaustedError(
           "gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
@@ -342,6 +385,8 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
     }
   }
   RETURN_IF_ERROR(PlanDeviceOptimizer(resident, (resident ? weights : streamed) + acts + workspace));
+  const int placed = static_cast<int>(std::count(device_blocks.begin(), device_blocks.end(), true));
+  planned_held_bytes = (resident ? weights : streamed) + acts + DeviceOptimizerNeeds(resident)[placed];
   ASSIGN_OR_RETURN(int64_t total_mem, streams->CapMemory(gpu_budget));
   (void)total_mem;
   return resident;
@@ -496,6 +541,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   so.model = model.get();
   so.layout = &layout;
   so.modes = modes;
+  so.offload_checkpoint = offload_checkpoint;
   so.weights = weights.get();
   so.activations = activations.get();
   so.host = host.get();

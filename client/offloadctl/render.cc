@@ -89,6 +89,28 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   } else if (!b.problem().empty()) {
     o << "profile     " << b.problem() << "\n";
   }
+  for (const auto& p : n.shape_profiles()) {
+    double fwd = 0, bwd = 0;
+    int64_t keep = 0, transient = 0;
+    for (const auto& blk : p.blocks()) {
+      fwd += blk.forward_seconds();
+      bwd += blk.backward_seconds();
+      keep += blk.keep_bytes();
+      transient = std::max<int64_t>(transient, blk.backward_transient_bytes());
+    }
+    char buf[640];
+    std::snprintf(buf, sizeof(buf),
+                  "shape       %s\n            %d blocks: forward %.1f ms, backward %.1f ms per micro-batch; "
+                  "activations %s if all kept; largest backward transient %s; peak %s, working set %s; "
+                  "measured %s\n",
+                  p.key().c_str(), p.blocks_size(), 1e3 * fwd, 1e3 * bwd,
+                  Bytes(static_cast<uint64_t>(keep)).c_str(), Bytes(static_cast<uint64_t>(transient)).c_str(),
+                  Bytes(static_cast<uint64_t>(p.peak_reserved_bytes())).c_str(),
+                  Bytes(static_cast<uint64_t>(p.workspace_bytes())).c_str(),
+                  p.has_measured_at() ? FormatTime(p.measured_at().seconds()).c_str() : "?");
+    o << buf;
+  }
+  for (const auto& problem : n.shape_profile_problems()) o << "shape       unreadable: " << problem << "\n";
   return o.str();
 }
 

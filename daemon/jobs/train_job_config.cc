@@ -39,6 +39,7 @@ StatusOr<ActivationMode> ToActivationMode(v1::ActivationMode m, const std::strin
     case v1::ACTIVATION_MODE_RECOMPUTE: return ActivationMode::kRecompute;
     case v1::ACTIVATION_MODE_OFFLOAD_CPU: return ActivationMode::kOffloadCpu;
     case v1::ACTIVATION_MODE_OFFLOAD_NVME: return ActivationMode::kOffloadNvme;
+    case v1::ACTIVATION_MODE_RECOMPUTE_OFFLOAD_CPU: return ActivationMode::kRecomputeOffloadCpu;
     default: return InvalidArgumentError(field + ": unsupported activation mode " + v1::ActivationMode_Name(m));
   }
 }

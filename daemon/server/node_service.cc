@@ -4,9 +4,19 @@
 
 #include "daemon/server/rpc_recorder.h"
 #include "trainer/node_profile_file.h"
+#include "trainer/shape_profile.h"
 #include "workers/adamw_kernel.h"
 
 namespace offloadd::daemon {
+
+namespace {
+bool ParseUtc(const std::string& text, int64_t* seconds) {
+  std::tm tm{};
+  if (strptime(text.c_str(), "%Y-%m-%dT%H:%M:%SZ", &tm) == nullptr) return false;
+  *seconds = timegm(&tm);
+  return true;
+}
+}  // namespace
 
 NodeServiceImpl::NodeServiceImpl(BuildFacts build, std::vector<StoreDirInput> store_dirs,
                                  DaemonMetrics* metrics)
@@ -32,6 +42,7 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
   }
   response->mutable_start_time()->set_seconds(start_unix_seconds_);
   FillBandwidths(profile_dir_, response->mutable_bandwidths());
+  FillShapeProfiles(profile_dir_, response);
   return rec.Done(grpc::Status::OK);
 }
 
@@ -54,10 +65,38 @@ void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out) {
   out->set_adamw_threads(p->threads);
   out->set_adamw_kernel(p->kernel);
   out->set_profile_key(p->key);
-  std::tm tm{};
-  if (strptime(p->measured_at.c_str(), "%Y-%m-%dT%H:%M:%SZ", &tm) != nullptr) {
-    out->mutable_measured_at()->set_seconds(timegm(&tm));
+  if (int64_t t = 0; ParseUtc(p->measured_at, &t)) out->mutable_measured_at()->set_seconds(t);
+}
+
+void FillShapeProfiles(const std::string& dir, offloadd::v1::NodeInfo* out) {
+  if (dir.empty()) return;
+  std::vector<std::string> problems;
+  for (const auto& p : trainer::ListShapeProfiles(dir, &problems)) {
+    auto* s = out->add_shape_profiles();
+    s->set_key(p.key);
+    s->set_gpu(p.gpu);
+    s->set_model(p.model);
+    s->set_batch(p.batch);
+    s->set_seq(p.seq);
+    s->set_dtype(p.dtype);
+    if (int64_t t = 0; ParseUtc(p.measured_at, &t)) s->mutable_measured_at()->set_seconds(t);
+    s->set_gpu_seconds(p.gpu_seconds);
+    s->set_peak_reserved_bytes(p.peak_reserved_bytes);
+    s->set_workspace_bytes(p.workspace_bytes);
+    for (const auto& b : p.blocks) {
+      auto* o = s->add_blocks();
+      o->set_name(b.name);
+      o->set_mode(b.mode);
+      o->set_forward_seconds(b.forward_s);
+      o->set_backward_seconds(b.backward_s);
+      o->set_recompute_seconds(b.recompute_s);
+      o->set_keep_bytes(b.keep_bytes);
+      o->set_recompute_bytes(b.recompute_bytes);
+      o->set_forward_transient_bytes(b.forward_transient_bytes);
+      o->set_backward_transient_bytes(b.backward_transient_bytes);
+    }
   }
+  for (auto& p : problems) out->add_shape_profile_problems(std::move(p));
 }
 
 void FillNodeInfo(const NodeFacts& f, const BuildFacts& build, offloadd::v1::NodeInfo* out) {

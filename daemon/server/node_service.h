@@ -39,6 +39,8 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
 
 // Fills NodeInfo.bandwidths from the node profile cached in `dir` (problem set when none is).
 void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out);
+// The shape profiles cached under <dir>/shapes (trainer/shape_profile.h), newest first.
+void FillShapeProfiles(const std::string& dir, offloadd::v1::NodeInfo* out);
 
 // Exposed for tests: fills `out` from probed facts.
 void FillNodeInfo(const NodeFacts& facts, const BuildFacts& build, offloadd::v1::NodeInfo* out);

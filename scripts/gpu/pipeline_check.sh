@@ -5,7 +5,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$here"
-OFFLOADD_GPU_TARGETS="offloadd-train offloadd-worker offloadd-store" \
+OFFLOADD_GPU_TARGETS="offloadd-train offloadd-worker offloadd-store offloadd-workers-bench" \
   scripts/gpu/build_and_test.sh -R '^$' > build-gpu.log 2>&1 || { tail -60 build-gpu.log; exit 1; }
 tail -3 build-gpu.log
 export LD_LIBRARY_PATH="$here/.gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

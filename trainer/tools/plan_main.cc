@@ -51,6 +51,8 @@ PlanInputs Parse(const nlohmann::json& j) {
   Read(j, "place_states", &in.place_states, false);
   Read(j, "keep_activations", &in.keep_activations, false);
   Read(j, "fixed_device_blocks", &in.fixed_device_blocks, false);
+  Read(j, "held_updates", &in.held_updates, false);
+  Read(j, "gpu_forward_seconds", &in.gpu_forward_seconds, false);
   return in;
 }
 
@@ -89,7 +91,8 @@ int main(int argc, char** argv) {
                               {"predicted_s", c.predicted_s},     {"bound", c.bound},
                               {"gpu_s", c.gpu_s},                 {"cpu_s", c.cpu_s},
                               {"host_s", c.host_s},               {"h2d_s", c.h2d_s},
-                              {"d2h_s", c.d2h_s},                 {"gpu_bytes", c.gpu_bytes}}
+                              {"d2h_s", c.d2h_s},                 {"held_s", c.held_s},
+                              {"gpu_bytes", c.gpu_bytes}}
                    .dump()
             << "\n";
   std::cerr << offloadd::trainer::DescribePlan(c, in.budget_bytes) << "\n";

@@ -25,7 +25,7 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --chat-template=builtin|FILE
                --eval-data=FILE (repeat; same format) --eval-steps=N (held-out loss every N steps)
   device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16|fp16 --gpu-memory-limit=SIZE
-               --activations=auto|keep|recompute|offload_cpu|offload_nvme --layer-activation=I:MODE (repeat)
+               --activations=auto|keep|recompute|recompute_offload_cpu|offload_cpu|offload_nvme --layer-activation=I:MODE (repeat)
                --weights=auto|resident|stream
   optimizer:   --lr=X --scheduler=linear|cosine|cosine_with_min_lr|constant|constant_with_warmup
                --warmup-steps=N --warmup-ratio=X --num-cycles=X --min-lr-rate=X --weight-decay=X
@@ -94,8 +94,10 @@ StatusOr<ActivationMode> ParseMode(const std::string& s) {
   if (s == "recompute") return ActivationMode::kRecompute;
   if (s == "offload" || s == "offload_cpu") return ActivationMode::kOffloadCpu;
   if (s == "offload_nvme") return ActivationMode::kOffloadNvme;
-  return InvalidArgumentError("activation mode must be auto, keep, recompute, offload_cpu or offload_nvme, got '" +
-                              s + "'");
+  if (s == "recompute_offload_cpu") return ActivationMode::kRecomputeOffloadCpu;
+  return InvalidArgumentError(
+      "activation mode must be auto, keep, recompute, recompute_offload_cpu, offload_cpu or offload_nvme, got '" + s +
+      "'");
 }
 
 class PrintObserver : public TrainObserver {
@@ -133,6 +135,7 @@ class PrintObserver : public TrainObserver {
                           {"corrected_layers", s.corrected_layers}, {"step_seconds", s.step_seconds},
                           {"model_flops", s.model_flops},
                           {"gpu_compute_seconds", s.gpu_compute_seconds},
+                          {"gpu_forward_seconds", s.gpu_forward_seconds},
                           {"h2d_seconds", s.h2d_seconds}, {"d2h_seconds", s.d2h_seconds},
                           {"cpu_update_seconds", s.cpu_update_seconds},
                           {"nvme_seconds", s.nvme_seconds},

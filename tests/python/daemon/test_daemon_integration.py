@@ -172,3 +172,30 @@ def test_node_shows_the_cached_node_profile(binary_dir, daemon):
     (prof / "node-profile.json").write_text("{")
     human = offloadctl(binary_dir, daemon, "node").stdout
     assert "profile     " in human and "not a node profile" in human, human
+
+
+def test_node_lists_the_cached_shape_profiles(binary_dir, daemon):
+    """`offloadctl node` lists the per-block shape profiles jobs cache under
+    <state_dir>/profiles/shapes (issue #13 item 1), newest first, and names unreadable files."""
+    shapes = daemon.workdir / "state" / "profiles" / "shapes"
+    shapes.mkdir(parents=True, exist_ok=True)
+    model = "llama/22 layers/1100048384 params/0123456789abcdef"
+    block = {"mode": "recompute", "forward_s": 0.004, "backward_s": 0.011, "recompute_s": 0.004,
+             "keep_bytes": 1 << 30, "recompute_bytes": 1 << 27, "forward_transient_bytes": 1 << 29,
+             "backward_transient_bytes": 3 << 29}
+    (shapes / "0000000000000001.json").write_text(json.dumps({
+        "key": f"NVIDIA H200 | {model} | 32x1024 BFloat16", "gpu": "NVIDIA H200", "model": model,
+        "batch": 32, "seq": 1024, "dtype": "BFloat16", "profiled_step": 2, "gpu_seconds": 0.6,
+        "peak_reserved_bytes": 5 << 30, "peak_allocated_bytes": 9 << 29, "workspace_bytes": 3 << 29,
+        "measured_at": "2026-11-26T15:00:00Z",
+        "blocks": [dict(block, name="embedding"), dict(block, name="model.layers.0"), dict(block, name="head")]}))
+    (shapes / "0000000000000002.json").write_text("[]")
+    human = offloadctl(binary_dir, daemon, "node").stdout
+    assert f"shape       NVIDIA H200 | {model} | 32x1024 BFloat16" in human, human
+    assert ("3 blocks: forward 12.0 ms, backward 33.0 ms per micro-batch; activations 3 GiB if all kept; "
+            "largest backward transient 1.5 GiB; peak 5 GiB, working set 1.5 GiB; "
+            "measured 2026-11-26 15:00:00 UTC") in human, human
+    assert "shape       unreadable: " in human and "0000000000000002.json" in human, human
+    node = json.loads(offloadctl(binary_dir, daemon, "--json", "node").stdout)
+    (p,) = node["shape_profiles"]
+    assert p["batch"] == "32" and len(p["blocks"]) == 3 and p["blocks"][1]["name"] == "model.layers.0", p

@@ -76,7 +76,8 @@ def test_nvme_tier_equals_ram_tier(binary_dir, tmp_path):
         assert torch.equal(wa[name], wb[name]), name
 
 
-@pytest.mark.parametrize("layer_modes", [["offload_nvme"] * 3, ["offload_nvme", "recompute", "offload_cpu"]])
+@pytest.mark.parametrize("layer_modes", [["offload_nvme"] * 3, ["offload_nvme", "recompute", "offload_cpu"],
+                                         ["recompute_offload_cpu", "offload_nvme", "recompute_offload_cpu"]])
 def test_activations_on_nvme_equal_kept_activations(binary_dir, tmp_path, layer_modes):
     """Activations written to the NVMe store in forward and read back for backward are the same
     bytes: losses, grad norms and weights are bit-identical to keeping them in memory."""
