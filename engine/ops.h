@@ -88,7 +88,7 @@ at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, dou
 // dn/dw non-null also returns d loss / d n ([B, T, H], n's dtype) and d loss / d W ([V, H], W's
 // dtype, accumulated over chunks in fp32). The gradients are of loss * grad_scale; the returned
 // loss is not scaled.
-inline constexpr int64_t kHeadChunkBytes = 512ll << 20;
+inline constexpr int64_t kHeadChunkBytes = 128ll << 20;  // engine/head_chunk.h says why
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
                       double normalizer, at::Tensor* dn, at::Tensor* dw,
                       int64_t chunk_bytes = kHeadChunkBytes, double grad_scale = 1.0);

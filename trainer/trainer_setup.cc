@@ -314,7 +314,7 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
   gpu_budget = cfg.offload.gpu_memory_limit > 0 ? static_cast<int64_t>(cfg.offload.gpu_memory_limit)
                                                  : free_now * 9 / 10;
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
-  // gradients, the head's chunked logits (<= 512 MiB fp32, twice), allocator slack.
+  // gradients, the head's chunked logits (engine/head_chunk.h), allocator slack.
   int64_t workspace = 2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
   if (shape_profile) {
     // Measured on this GPU for this model and micro-batch shape: the step's working set beyond

@@ -29,9 +29,9 @@ TEST(MemoryEstimateTest, TinyLlamaParameterCount) {
 TEST(MemoryEstimateTest, HeadIsCountedPerChunk) {
   const engine::ModelConfig c = TinyLlama();
   const ModelSize s = EstimateModelSize(c);
-  // Chunk: 512 MiB of fp32 logits = 4194 tokens of a 32000 vocabulary.
-  const uint64_t chunk = (512ull << 20) / (32000 * 4);
-  ASSERT_EQ(chunk, 4194u);
+  // Chunk: 128 MiB of fp32 logits = 1048 tokens of a 32000 vocabulary.
+  const uint64_t chunk = (128ull << 20) / (32000 * 4);
+  ASSERT_EQ(chunk, 1048u);
   const uint64_t head = chunk * 32000 * (2 * 2 + 12) + 32000ull * 2048 * 4;
   const uint64_t weights = 3ull * 2 * 32000 * 2048;  // two weight buffers + one gradient, bf16
   for (int64_t batch : {8, 32}) {
@@ -39,10 +39,10 @@ TEST(MemoryEstimateTest, HeadIsCountedPerChunk) {
     const uint64_t layer = tokens * (8 * 2048 + 3 * 5632) * 2;
     const MemoryFloor f = EstimateMemoryFloor(s, c, batch, 1024, 2);
     EXPECT_EQ(f.gpu_bytes, weights + layer + head) << "batch " << batch;
-    EXPECT_NE(f.gpu_breakdown.find("chunks of 4194 tokens"), std::string::npos) << f.gpu_breakdown;
+    EXPECT_NE(f.gpu_breakdown.find("chunks of 1048 tokens"), std::string::npos) << f.gpu_breakdown;
   }
   // Batch 32 x 1024 was refused in 6 GiB while the whole [32768, 32000] logits were counted
-  // (13.1 GB); the chunked head leaves the floor at 4.5 GB.
+  // (13.1 GB); the chunked head leaves the floor under 6 GiB.
   EXPECT_LT(EstimateMemoryFloor(s, c, 32, 1024, 2).gpu_bytes, 6ull << 30);
   // Fewer tokens than a chunk: the head holds only those.
   const MemoryFloor small = EstimateMemoryFloor(s, c, 1, 16, 2);
