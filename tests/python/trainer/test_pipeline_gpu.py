@@ -116,6 +116,29 @@ def test_streamed_weights_equal_resident(binary_dir, tmp_path, speculate):
     assert "weights streamed" in r.stderr and "offloadx4" in r.stderr, r.stderr
 
 
+def test_checkpoints_in_pinned_ram_equal_recompute_gpu(binary_dir, tmp_path):
+    """recompute_offload_cpu: each layer's checkpoint goes to pinned RAM after its forward and
+    comes back (prefetched one block ahead) for its recompute: the same bytes, so the losses and
+    gradient norms equal plain recompute's bit for bit; the per-block profile records the mode."""
+    model = build_model(tmp_path / "model", layers=4)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    a, b = tmp_path / "recompute", tmp_path / "pinned"
+    run_train(binary_dir, args(model, data, a, ["--activations=recompute"]))
+    r = run_train(binary_dir, args(model, data, b, ["--activations=recompute_offload_cpu",
+                                                    "--layer-activation=2:keep",
+                                                    f"--profile-dir={tmp_path}/profiles"]))
+    sa, sb = read_stats(a / "stats.jsonl"), read_stats(b / "stats.jsonl")
+    assert [s["loss"] for s in sa] == [s["loss"] for s in sb]
+    assert [s["grad_norm"] for s in sa] == [s["grad_norm"] for s in sb]
+    assert "recompute_offload_cpux3" in r.stderr and "keepx1" in r.stderr, r.stderr
+    assert sum(s["d2h_bytes"] for s in sb) > sum(s["d2h_bytes"] for s in sa)  # the checkpoints' copies
+    (profile,) = [json.loads(f.read_text()) for f in (tmp_path / "profiles" / "shapes").glob("*.json")]
+    modes = [blk["mode"] for blk in profile["blocks"][1:-1]]
+    assert modes == ["recompute_offload_cpu", "recompute_offload_cpu", "keep", "recompute_offload_cpu"], modes
+    assert all(blk["backward_transient_bytes"] > 0 for blk in profile["blocks"]), profile
+    assert profile["peak_reserved_bytes"] > 0 and profile["gpu"] != "cpu", profile
+
+
 def test_nvme_activations_equal_kept_gpu(binary_dir, tmp_path):
     """Activations through pinned staging and the NVMe store come back as the same bytes: the
     losses equal those of keeping every layer's activations on the GPU."""
