@@ -30,7 +30,7 @@ def run(binary_dir, model, data, *extra):
     (["--scheduler=sawtooth"], "sawtooth"),
     (["--tier=nvme"], "NVMe tier needs at least one store directory"),
     (["--activations=offload_nvme"], "activations offloaded to NVMe need an NVMe directory"),
-    (["--activations=swap"], "activation mode must be auto, keep, recompute, offload_cpu or offload_nvme"),
+    (["--activations=swap"], "activation mode must be auto, keep, recompute, recompute_offload_cpu, offload_cpu or offload_nvme"),
     (["--frobnicate"], "unknown flag --frobnicate"),
     (["--max-grad-norm=nan"], "max_grad_norm must be a finite number, got nan"),
     (["--lr=inf"], "learning_rate must be a finite number"),
