@@ -4,8 +4,14 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -100,9 +106,8 @@ double MeasureHostBandwidth(int threads) {
 // traffic like a real shard), each thread on its own slice, 4 passes per timed run (one pass is
 // ~8 ms at 4 G params/s: starting 15 threads per pass cost ~10% of it, and the profile read 3.6
 // against the worker pool's 4.3 G params/s on the H200 host), best of 3.
-double MeasureAdamW(int threads, workers::KernelPath path) {
+double MeasureAdamW(int threads, workers::KernelPath path, size_t n = size_t{1} << 25) {
   constexpr int kPasses = 4;
-  const size_t n = size_t{1} << 25;
   std::unique_ptr<float[]> master(new float[n]), m(new float[n]), v(new float[n]);
   std::unique_ptr<uint16_t[]> grad(new uint16_t[n]), weights(new uint16_t[n]);
   Parallel(threads, n, [&](int, size_t lo, size_t hi) {
@@ -178,18 +183,102 @@ void MeasurePcie(c10::Device device, NodeProfile* p) {
 #endif
 }
 
+// The AdamW rate on `threads` threads while both PCIe directions copy 256 MiB pinned buffers in a
+// loop (what the step's weight uploads and gradient downloads do to the memory bus).
+double MeasureAdamWDuringDma(c10::Device device, int threads, workers::KernelPath path) {
+#if OFFLOADD_WITH_CUDA
+  const int64_t bytes = int64_t{256} << 20;
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+  const auto on_device = at::TensorOptions().dtype(at::kByte).device(device);
+  at::Tensor host_in = at::ones({bytes}, pinned), host_out = at::empty({bytes}, pinned);
+  at::Tensor dev_in = at::empty({bytes}, on_device), dev_out = at::ones({bytes}, on_device);
+  std::atomic<bool> stop{false};
+  std::thread dma([&] {
+    const c10::cuda::CUDAGuard guard(device);
+    c10::cuda::CUDAStream up = c10::cuda::getStreamFromPool(false, device.index());
+    c10::cuda::CUDAStream down = c10::cuda::getStreamFromPool(false, device.index());
+    while (!stop.load()) {
+      {
+        const c10::cuda::CUDAStreamGuard g(up);
+        dev_in.copy_(host_in, /*non_blocking=*/true);
+      }
+      {
+        const c10::cuda::CUDAStreamGuard g(down);
+        host_out.copy_(dev_out, /*non_blocking=*/true);
+      }
+      up.synchronize();
+      down.synchronize();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the copies are running
+  const double rate = MeasureAdamW(threads, path);
+  stop = true;
+  dma.join();
+  return rate;
+#else
+  (void)device;
+  (void)threads;
+  (void)path;
+  return 0;
+#endif
+}
+
+// Sequential write then read of 256 MiB in 4 MiB requests in `dir` (O_DIRECT when the file
+// system allows it, else buffered with the written pages dropped before reading), the file
+// removed after.
+Status MeasureStore(const std::string& dir, NodeProfile* p) {
+  constexpr size_t kChunk = size_t{4} << 20, kTotal = size_t{256} << 20;
+  const std::string path = engine::JoinPath(dir, ".offloadd-node-profile.tmp");
+  int flags = O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC;
+  int fd = open(path.c_str(), flags | O_DIRECT, 0600);
+  p->store_direct_io = fd >= 0;
+  if (fd < 0) fd = open(path.c_str(), flags, 0600);
+  if (fd < 0) return UnavailableError("cannot create " + path + ": " + std::strerror(errno));
+  void* raw = nullptr;
+  if (posix_memalign(&raw, 4096, kChunk) != 0) {
+    close(fd);
+    unlink(path.c_str());
+    return ResourceExhaustedError("no memory for the store measurement");
+  }
+  std::unique_ptr<void, decltype(&std::free)> buf(raw, &std::free);
+  std::memset(raw, 0x5a, kChunk);
+  Status st = OkStatus();
+  auto pass = [&](bool write) {
+    const auto t0 = Clock::now();
+    for (size_t off = 0; off < kTotal && st.ok(); off += kChunk) {
+      const ssize_t n = write ? pwrite(fd, raw, kChunk, static_cast<off_t>(off))
+                              : pread(fd, raw, kChunk, static_cast<off_t>(off));
+      if (n != static_cast<ssize_t>(kChunk)) {
+        st = DataLossError(std::string(write ? "write" : "read") + " of " + path + " failed: " +
+                           (n < 0 ? std::strerror(errno) : "short transfer"));
+      }
+    }
+    if (write && st.ok() && fdatasync(fd) != 0) st = DataLossError("fdatasync " + path + ": " + std::strerror(errno));
+    return static_cast<double>(kTotal) / Since(t0);
+  };
+  p->store_write_bytes_per_s = pass(true);
+  if (!p->store_direct_io) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (st.ok()) p->store_read_bytes_per_s = pass(false);
+  close(fd);
+  unlink(path.c_str());
+  if (!st.ok()) p->store_read_bytes_per_s = p->store_write_bytes_per_s = 0;
+  return st;
+}
+
 
 }  // namespace
 
 StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
                                                const std::string& kernel, c10::Device device,
-                                               bool* cached, std::string* cache_problem) {
+                                               const std::string& store_dir, bool* cached,
+                                               std::string* cache_problem) {
   if (threads < 1) return InvalidArgumentError("node profile: threads must be >= 1");
   ASSIGN_OR_RETURN(workers::KernelChoice choice, workers::ResolveKernelPath(kernel));
   const std::string path_name(workers::KernelPathName(choice.path));
   std::ostringstream key;
   key << HostName() << " | " << CpuModel() << " | " << UsableCores() << " cores | AdamW "
-      << threads << " threads " << path_name << " | ";
+      << threads << " threads " << path_name << " | "
+      << (store_dir.empty() ? std::string("no store") : "store " + store_dir) << " | ";
 #if OFFLOADD_WITH_CUDA
   if (device.is_cuda()) {
     key << at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
@@ -218,11 +307,24 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
   p.threads = threads;
   p.kernel = path_name;
   p.cpu_params_per_s = MeasureAdamW(threads, choice.path);
+  for (int t = 1;; t = std::min(threads, 2 * t)) {
+    p.adamw_by_threads.push_back(
+        {t, t == threads ? p.cpu_params_per_s : MeasureAdamW(t, choice.path, size_t{1} << 23)});
+    if (t == threads) break;
+  }
   // The AdamW kernel runs at the memory roofline, so its own traffic (28 B per parameter) is a
   // bandwidth the host sustains too; a plain triad understates it on the H200 hosts (86 against
   // the 123-128 GB/s that AdamW-shaped traffic reached there). The larger of the two counts.
   p.host_bytes_per_s = std::max(p.host_bytes_per_s, 28.0 * p.cpu_params_per_s);
-  if (device.is_cuda()) MeasurePcie(device, &p);
+  if (device.is_cuda()) {
+    MeasurePcie(device, &p);
+    p.cpu_params_per_s_during_dma = MeasureAdamWDuringDma(device, threads, choice.path);
+  }
+  if (!store_dir.empty()) {
+    p.store_dir = store_dir;
+    // A store that cannot be measured is named; the job itself finds out what it can do.
+    if (Status st = MeasureStore(store_dir, &p); !st.ok()) *cache_problem = "store not measured: " + std::string(st.message());
+  }
   p.measure_seconds = Since(t0);
   p.measured_at = NowUtcIso8601();
   if (!file.empty()) {
@@ -242,7 +344,26 @@ std::string DescribeNodeProfile(const NodeProfile& p) {
                 p.host_bytes_per_s / 1e9, p.cpu_params_per_s / 1e9, p.threads, p.kernel.c_str(),
                 p.h2d_bytes_per_s / 1e9, p.d2h_bytes_per_s / 1e9, p.both_bytes_per_s / 1e9,
                 p.measured_at.c_str(), p.measure_seconds);
-  return buf;
+  std::string out = buf;
+  if (!p.adamw_by_threads.empty()) {
+    out += "; AdamW by threads";
+    for (const auto& r : p.adamw_by_threads) {
+      std::snprintf(buf, sizeof(buf), " %d: %.2f", r.threads, r.params_per_s / 1e9);
+      out += buf;
+    }
+    out += " G params/s";
+  }
+  if (p.cpu_params_per_s_during_dma > 0) {
+    std::snprintf(buf, sizeof(buf), ", %.2f while both PCIe directions copy", p.cpu_params_per_s_during_dma / 1e9);
+    out += buf;
+  }
+  if (!p.store_dir.empty()) {
+    std::snprintf(buf, sizeof(buf), "; store %s write %.2f / read %.2f GB/s%s", p.store_dir.c_str(),
+                  p.store_write_bytes_per_s / 1e9, p.store_read_bytes_per_s / 1e9,
+                  p.store_direct_io ? " (O_DIRECT)" : " (buffered: no O_DIRECT there)");
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace offloadd::trainer

@@ -22,6 +22,15 @@ StatusOr<NodeProfile> ReadNodeProfile(const std::string& path) {
     p.both_bytes_per_s = j.at("both_bytes_per_s").get<double>();
     p.measure_seconds = j.at("measure_seconds").get<double>();
     p.measured_at = j.at("measured_at").get<std::string>();
+    // Added later: absent in older profiles (then empty or 0).
+    for (const auto& r : j.value("adamw_by_threads", nlohmann::json::array())) {
+      p.adamw_by_threads.push_back({r.at("threads").get<int>(), r.at("params_per_s").get<double>()});
+    }
+    p.cpu_params_per_s_during_dma = j.value("cpu_params_per_s_during_dma", 0.0);
+    p.store_dir = j.value("store_dir", std::string());
+    p.store_read_bytes_per_s = j.value("store_read_bytes_per_s", 0.0);
+    p.store_write_bytes_per_s = j.value("store_write_bytes_per_s", 0.0);
+    p.store_direct_io = j.value("store_direct_io", false);
     if (!(p.host_bytes_per_s > 0) || !(p.cpu_params_per_s > 0) || p.threads < 1) {
       return InvalidArgumentError(path + ": not a measured node profile (zero rates)");
     }
@@ -32,6 +41,8 @@ StatusOr<NodeProfile> ReadNodeProfile(const std::string& path) {
 }
 
 std::string NodeProfileJson(const NodeProfile& p) {
+  nlohmann::json by_threads = nlohmann::json::array();
+  for (const auto& r : p.adamw_by_threads) by_threads.push_back({{"threads", r.threads}, {"params_per_s", r.params_per_s}});
   const nlohmann::json j = {{"key", p.key},
                             {"host_bytes_per_s", p.host_bytes_per_s},
                             {"cpu_params_per_s", p.cpu_params_per_s},
@@ -41,7 +52,13 @@ std::string NodeProfileJson(const NodeProfile& p) {
                             {"d2h_bytes_per_s", p.d2h_bytes_per_s},
                             {"both_bytes_per_s", p.both_bytes_per_s},
                             {"measure_seconds", p.measure_seconds},
-                            {"measured_at", p.measured_at}};
+                            {"measured_at", p.measured_at},
+                            {"adamw_by_threads", by_threads},
+                            {"cpu_params_per_s_during_dma", p.cpu_params_per_s_during_dma},
+                            {"store_dir", p.store_dir},
+                            {"store_read_bytes_per_s", p.store_read_bytes_per_s},
+                            {"store_write_bytes_per_s", p.store_write_bytes_per_s},
+                            {"store_direct_io", p.store_direct_io}};
   return j.dump(2) + "\n";
 }
 

@@ -2,6 +2,7 @@
 // The node profile's value type and its JSON file (torch-free: the daemon reads it for
 // `offloadctl node`). Measuring it is trainer/node_profile.h.
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -18,6 +19,20 @@ struct NodeProfile {
   double h2d_bytes_per_s = 0;   // 0 without CUDA
   double d2h_bytes_per_s = 0;
   double both_bytes_per_s = 0;  // H2D + D2H at once, summed
+  // The AdamW rate per thread count (1, 2, 4, ... up to `threads`), alone on idle cores, and at
+  // `threads` while both PCIe directions copy (CUDA; 0 without): how the update scales and what
+  // the DMA's share of the memory bus costs it.
+  struct ThreadRate {
+    int threads = 0;
+    double params_per_s = 0;
+  };
+  std::vector<ThreadRate> adamw_by_threads;
+  double cpu_params_per_s_during_dma = 0;
+  // The NVMe store directory's sequential rates (O_DIRECT when it allows it); empty dir: none.
+  std::string store_dir;
+  double store_read_bytes_per_s = 0;
+  double store_write_bytes_per_s = 0;
+  bool store_direct_io = false;
   double measure_seconds = 0;   // how long measuring took
   std::string measured_at;      // UTC, ISO 8601
 };

@@ -38,7 +38,9 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   ASSIGN_OR_RETURN(NodeProfile prof,
                    LoadOrMeasureNodeProfile(cfg.profile_dir,
                                             static_cast<int>(ho.worker_processes * ho.worker_threads),
-                                            cfg.adamw_kernel, device, &cached, &cache_problem));
+                                            cfg.adamw_kernel, device,
+                                            cfg.offload.nvme_dirs.empty() ? "" : cfg.offload.nvme_dirs[0],
+                                            &cached, &cache_problem));
   Log(TrainObserver::Level::kInfo, std::string("node profile (") + (cached ? "cached" : "measured") +
                                        "): " + DescribeNodeProfile(prof));
   if (!cache_problem.empty()) {

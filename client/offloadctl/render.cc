@@ -86,6 +86,26 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
                   b.device_to_host_bytes_per_second() / 1e9, b.both_directions_bytes_per_second() / 1e9,
                   b.has_measured_at() ? FormatTime(b.measured_at().seconds()).c_str() : "?");
     o << buf;
+    if (b.adamw_by_threads_size() > 0) {
+      o << "            AdamW by threads:";
+      for (const auto& r : b.adamw_by_threads()) {
+        std::snprintf(buf, sizeof(buf), " %d: %.2f", r.threads(), r.params_per_second() / 1e9);
+        o << buf;
+      }
+      o << " G params/s";
+      if (b.adamw_params_per_second_during_dma() > 0) {
+        std::snprintf(buf, sizeof(buf), "; %.2f while both PCIe directions copy",
+                      b.adamw_params_per_second_during_dma() / 1e9);
+        o << buf;
+      }
+      o << "\n";
+    }
+    if (!b.store_directory().empty()) {
+      std::snprintf(buf, sizeof(buf), "            store %s: write %.2f / read %.2f GB/s%s\n",
+                    b.store_directory().c_str(), b.store_write_bytes_per_second() / 1e9,
+                    b.store_read_bytes_per_second() / 1e9, b.store_direct_io() ? " (O_DIRECT)" : " (buffered)");
+      o << buf;
+    }
   } else if (!b.problem().empty()) {
     o << "profile     " << b.problem() << "\n";
   }

@@ -65,6 +65,16 @@ void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out) {
   out->set_adamw_threads(p->threads);
   out->set_adamw_kernel(p->kernel);
   out->set_profile_key(p->key);
+  for (const auto& r : p->adamw_by_threads) {
+    auto* t = out->add_adamw_by_threads();
+    t->set_threads(r.threads);
+    t->set_params_per_second(r.params_per_s);
+  }
+  out->set_adamw_params_per_second_during_dma(p->cpu_params_per_s_during_dma);
+  out->set_store_directory(p->store_dir);
+  out->set_store_read_bytes_per_second(p->store_read_bytes_per_s);
+  out->set_store_write_bytes_per_second(p->store_write_bytes_per_s);
+  out->set_store_direct_io(p->store_direct_io);
   if (int64_t t = 0; ParseUtc(p->measured_at, &t)) out->mutable_measured_at()->set_seconds(t);
 }
 

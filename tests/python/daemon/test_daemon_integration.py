@@ -163,10 +163,15 @@ def test_node_shows_the_cached_node_profile(binary_dir, daemon):
         "key": "h | cpu | 16 cores | AdamW 15 threads avx512bf16 | NVIDIA H200",
         "host_bytes_per_s": 122.6e9, "cpu_params_per_s": 4.38e9, "threads": 15, "kernel": "avx512bf16",
         "h2d_bytes_per_s": 55.3e9, "d2h_bytes_per_s": 55.2e9, "both_bytes_per_s": 101.3e9,
-        "measure_seconds": 1.2, "measured_at": "2026-11-24T22:31:25Z"}))
+        "measure_seconds": 1.2, "measured_at": "2026-11-24T22:31:25Z",
+        "adamw_by_threads": [{"threads": 1, "params_per_s": 0.61e9}, {"threads": 15, "params_per_s": 4.38e9}],
+        "cpu_params_per_s_during_dma": 3.9e9, "store_dir": "/var/lib/offloadd/store",
+        "store_read_bytes_per_s": 2.9e9, "store_write_bytes_per_s": 2.1e9, "store_direct_io": True}))
     human = offloadctl(binary_dir, daemon, "node").stdout
     assert ("profile     host memory 122.6 GB/s, AdamW 4.38 G params/s (15 threads, avx512bf16), "
             "PCIe H2D 55.3 / D2H 55.2 / both 101.3 GB/s, measured 2026-11-24 22:31:25 UTC") in human, human
+    assert ("AdamW by threads: 1: 0.61 15: 4.38 G params/s; 3.90 while both PCIe directions copy") in human, human
+    assert "store /var/lib/offloadd/store: write 2.10 / read 2.90 GB/s (O_DIRECT)" in human, human
     node = json.loads(offloadctl(binary_dir, daemon, "--json", "node").stdout)
     assert node["bandwidths"]["profile_key"].endswith("NVIDIA H200")
     (prof / "node-profile.json").write_text("{")

@@ -155,6 +155,13 @@ def test_node_profile_is_cached_per_node_and_remeasured_when_unusable(binary_dir
     assert "node profile (measured)" in r.stderr, r.stderr
     saved = json.loads((prof / "node-profile.json").read_text())
     assert saved["host_bytes_per_s"] > 0 and saved["cpu_params_per_s"] > 0 and saved["threads"] >= 1
+    # The AdamW rate per thread count, up to the pool's (1, 2, 4, ..., threads); no DMA or store
+    # here (a CPU device, no NVMe directory).
+    counts = [r["threads"] for r in saved["adamw_by_threads"]]
+    assert counts[0] == 1 and counts[-1] == saved["threads"] and counts == sorted(set(counts)), counts
+    assert all(r["params_per_s"] > 0 for r in saved["adamw_by_threads"])
+    assert saved["adamw_by_threads"][-1]["params_per_s"] == saved["cpu_params_per_s"]
+    assert saved["cpu_params_per_s_during_dma"] == 0 and saved["store_dir"] == "", saved
     r = run_train(binary_dir, train_args(model, data, tmp_path / "b", accum=1) + args)
     assert "node profile (cached)" in r.stderr, r.stderr
     saved["key"] = "another host | " + saved["key"]
@@ -165,6 +172,15 @@ def test_node_profile_is_cached_per_node_and_remeasured_when_unusable(binary_dir
     r = run_train(binary_dir, train_args(model, data, tmp_path / "d", accum=1) + args)
     assert "node profile (measured)" in r.stderr, r.stderr
     assert json.loads((prof / "node-profile.json").read_text())["key"] != saved["key"]
+    # With an NVMe directory its write and read rates are measured too (it is part of the key).
+    store = tmp_path / "store"
+    store.mkdir()
+    r = run_train(binary_dir, train_args(model, data, tmp_path / "s", accum=1) + args + [f"--nvme-dir={store}"])
+    assert "node profile (measured)" in r.stderr and f"; store {store} write " in r.stderr, r.stderr
+    measured = json.loads((prof / "node-profile.json").read_text())
+    assert measured["store_dir"] == str(store) and f"store {store}" in measured["key"], measured
+    assert measured["store_write_bytes_per_s"] > 0 and measured["store_read_bytes_per_s"] > 0, measured
+    assert list(store.iterdir()) == [] or all(p.name != ".offloadd-node-profile.tmp" for p in store.iterdir())
     # A profile directory that cannot be created (under a regular file) only loses the cache: the
     # job warns and trains on.
     blocker = tmp_path / "not-a-dir"
