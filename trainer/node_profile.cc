@@ -309,7 +309,7 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
   p.cpu_params_per_s = MeasureAdamW(threads, choice.path);
   for (int t = 1;; t = std::min(threads, 2 * t)) {
     p.adamw_by_threads.push_back(
-        {t, t == threads ? p.cpu_params_per_s : MeasureAdamW(t, choice.path, size_t{1} << 23)});
+        {t, t == threads ? p.cpu_params_per_s : MeasureAdamW(t, choice.path)});
     if (t == threads) break;
   }
   // The AdamW kernel runs at the memory roofline, so its own traffic (28 B per parameter) is a

@@ -50,6 +50,9 @@ Status ValidatePlanInputs(const PlanInputs& in) {
   if (!(in.gpu_seconds >= 0) || !(in.h2d_bytes >= 0) || !(in.d2h_bytes >= 0)) {
     return InvalidArgumentError("plan inputs: gpu_seconds, h2d_bytes and d2h_bytes must be >= 0");
   }
+  if (!(in.cpu_params_per_s_during_dma >= 0) || !std::isfinite(in.cpu_params_per_s_during_dma)) {
+    return InvalidArgumentError("plan inputs: cpu_params_per_s_during_dma must be >= 0");
+  }
   if (!(in.gpu_forward_seconds >= 0) || in.gpu_forward_seconds > in.gpu_seconds) {
     return InvalidArgumentError("plan inputs: gpu_forward_seconds must be in [0, gpu_seconds]");
   }
@@ -79,6 +82,13 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
   const double d2h = std::max(0.0, in.d2h_bytes - in.d2h_saved_per_param * placed);
   c.gpu_s = std::max(0.0, in.gpu_seconds - recompute_saved) + in.device_seconds_per_param * placed;
   c.cpu_s = cpu_params / in.cpu_params_per_s;
+  if (in.cpu_params_per_s_during_dma > 0) {
+    // The first min(T, DMA time) seconds run at the contended rate, the rest alone.
+    const double dma = std::max(h2d / in.h2d_bytes_per_s, d2h / in.d2h_bytes_per_s);
+    const double contended = in.cpu_params_per_s_during_dma * dma;
+    c.cpu_s = cpu_params <= contended ? cpu_params / in.cpu_params_per_s_during_dma
+                                      : dma + (cpu_params - contended) / in.cpu_params_per_s;
+  }
   c.host_s = (cpu_params * in.host_bytes_per_param + h2d + d2h) / in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;

@@ -9,7 +9,9 @@
 //   T = max(GPU, CPU update, host memory, H2D, D2H)
 //   GPU     = measured compute - recompute time of the kept layers + device AdamW of the placed
 //             parameters
-//   CPU     = CPU-updated parameters / the AdamW pool's rate alone (node profile)
+//   CPU     = CPU-updated parameters at the AdamW pool's rate alone (node profile), except while
+//             the PCIe copies run (the longer direction's time): then at its rate during DMA
+//             (node profile; the copies share the memory bus)
 //   host    = (CPU-updated parameters * 28 B + H2D bytes + D2H bytes) / host memory bandwidth
 //   H2D/D2H = measured bytes - what the placed blocks no longer move (their weights stay on the
 //             GPU, their gradients are not copied out), over the profiled link rates
@@ -50,6 +52,7 @@ struct PlanInputs {
   // Node profile.
   double host_bytes_per_s = 0;
   double cpu_params_per_s = 0;
+  double cpu_params_per_s_during_dma = 0;  // 0: not measured (the rate alone throughout)
   double h2d_bytes_per_s = 0;
   double d2h_bytes_per_s = 0;
   // Model constants.

@@ -88,6 +88,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   in.d2h_bytes = static_cast<double>(first.d2h_bytes);
   in.host_bytes_per_s = prof.host_bytes_per_s;
   in.cpu_params_per_s = prof.cpu_params_per_s;
+  in.cpu_params_per_s_during_dma = std::min(prof.cpu_params_per_s_during_dma, prof.cpu_params_per_s);
   in.h2d_bytes_per_s = prof.h2d_bytes_per_s > 0 ? prof.h2d_bytes_per_s : 1e30;
   in.d2h_bytes_per_s = prof.d2h_bytes_per_s > 0 ? prof.d2h_bytes_per_s : 1e30;
   in.keep_activations = may_keep;
@@ -181,6 +182,7 @@ Status Trainer::Impl::CheckPlan() {
   // so the pool's rate and the host's bandwidth move together.
   if (plan.bound == "CPU update" || plan.bound == "host memory" || plan.bound == "held updates") {
     in.cpu_params_per_s /= slow;
+    in.cpu_params_per_s_during_dma /= slow;
     in.host_bytes_per_s /= slow;
   }
   if (plan.bound == "H2D") in.h2d_bytes_per_s /= slow;

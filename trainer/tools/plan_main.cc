@@ -52,6 +52,7 @@ PlanInputs Parse(const nlohmann::json& j) {
   Read(j, "keep_activations", &in.keep_activations, false);
   Read(j, "fixed_device_blocks", &in.fixed_device_blocks, false);
   Read(j, "held_updates", &in.held_updates, false);
+  Read(j, "cpu_params_per_s_during_dma", &in.cpu_params_per_s_during_dma, false);
   Read(j, "gpu_forward_seconds", &in.gpu_forward_seconds, false);
   return in;
 }
