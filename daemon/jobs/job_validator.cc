@@ -535,6 +535,12 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     const MemoryFloor& f = r.memory_floor;
     if (gpu) {
       const int idx = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
+      // A job of this shape ran here before: its measured working set replaces the estimate.
+      if (auto p = ProfiledGpuFloor(node.profile_dir, node.gpus[idx].name, *config, r.model_size,
+                                    spec.training().per_device_train_batch_size(), ds.max_seq_length(), compute_bytes)) {
+        r.memory_floor.gpu_bytes = p->gpu_bytes;
+        r.memory_floor.gpu_breakdown = p->source;
+      }
       const uint64_t card = node.gpus[idx].total_memory_bytes;
       const uint64_t limit = res.gpu_memory_limit() ? res.gpu_memory_limit() : node.gpu_memory_limit ? node.gpu_memory_limit : card;
       if (limit > card) {

@@ -40,6 +40,7 @@ struct NodeBudget {
   uint64_t gpu_memory_limit = 0;          // daemon default per-job GPU budget (0 = GPU's memory)
   std::vector<GpuFacts> gpus;
   std::vector<StoreDirFacts> store_dirs;  // the daemon's configured NVMe store directories
+  std::string profile_dir;                // <state_dir>/profiles: measured floors (issue #13)
 };
 
 struct ValidationResult {

@@ -4,6 +4,7 @@
 
 #include "common/units.h"
 #include "engine/head_chunk.h"
+#include "trainer/shape_profile.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -95,6 +96,32 @@ int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& con
     if (fits(mid)) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+std::optional<ProfiledFloor> ProfiledGpuFloor(const std::string& profile_dir, const std::string& gpu,
+                                              const engine::ModelConfig& config, const ModelSize& size,
+                                              int64_t batch, int64_t seq_len, int compute_bytes) {
+  if (profile_dir.empty()) return std::nullopt;
+  // trainer::ModelFingerprint: "<architecture>/<blocks> layers/<params> params/<hash>"; the blocks
+  // are the embedding, the decoder layers and the head.
+  const std::string model = config.model_type + "/" + std::to_string(config.num_layers + 2) + " layers/" +
+                            std::to_string(size.total_params) + " params/";
+  const char* dtype = compute_bytes == 4 ? "Float" : "BFloat16";
+  for (const auto& p : trainer::ListShapeProfiles(profile_dir, nullptr)) {  // newest first
+    if (p.gpu != gpu || p.model.rfind(model, 0) != 0 || p.batch != batch || p.seq != seq_len ||
+        (p.dtype != dtype && !(compute_bytes == 2 && p.dtype == "Half"))) {
+      continue;
+    }
+    constexpr uint64_t kMargin = uint64_t{256} << 20;
+    const uint64_t weights = 3 * static_cast<uint64_t>(size.largest_block_params) * static_cast<uint64_t>(compute_bytes);
+    ProfiledFloor f;
+    f.gpu_bytes = static_cast<uint64_t>(p.workspace_bytes) + weights + kMargin;
+    f.source = "measured on this node: the shape profile of " + p.measured_at + " on " + p.gpu + " (working set " +
+               FormatByteSize(static_cast<uint64_t>(p.workspace_bytes)) + " + weight buffers " + FormatByteSize(weights) +
+               " + a 256 MiB margin; checkpoints may wait in pinned RAM)";
+    return f;
+  }
+  return std::nullopt;
 }
 
 }  // namespace offloadd::daemon

@@ -4,6 +4,7 @@
 // (what the streaming schedule cannot go below), not the planner's exact placement.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "engine/model_config.h"
@@ -33,5 +34,18 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
 // The largest batch (1..max_batch) whose floor fits gpu_bytes at seq_len; 0 when not even batch 1.
 int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t seq_len,
                            int compute_bytes, uint64_t gpu_bytes, int64_t max_batch);
+
+// The GPU floor measured on this node (issue #13 item 5): when <profile_dir>/shapes holds the
+// shape profile a job of this model, micro-batch and dtype recorded on a GPU named `gpu`
+// (trainer/shape_profile.h), the floor is the static floor's weight buffers (two of the largest
+// block plus its gradient) plus that run's measured working set and a 256 MiB margin; the
+// checkpoints can wait in pinned RAM (recompute_offload_cpu). Nothing when no profile matches.
+struct ProfiledFloor {
+  uint64_t gpu_bytes = 0;
+  std::string source;  // "the shape profile of <date> on <gpu>: working set W + weights S + margin"
+};
+std::optional<ProfiledFloor> ProfiledGpuFloor(const std::string& profile_dir, const std::string& gpu,
+                                              const engine::ModelConfig& config, const ModelSize& size,
+                                              int64_t batch, int64_t seq_len, int compute_bytes);
 
 }  // namespace offloadd::daemon

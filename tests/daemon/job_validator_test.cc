@@ -12,6 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include "common/units.h"
+#include "trainer/shape_profile.h"
+
 namespace offloadd::daemon {
 namespace {
 
@@ -180,6 +183,54 @@ TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {
   EXPECT_EQ(Find(Validate(s), "resources.gpu_memory_limit"), nullptr) << Describe(Validate(s));
   s.mutable_resources()->set_gpu_memory_limit(100ull << 30);
   EXPECT_NE(Find(Validate(s), "resources.gpu_memory_limit"), nullptr);
+}
+
+// A shape profile a job of the same model, batch and dtype recorded on this GPU (issue #13 item 5)
+// replaces the static floor: its measured working set plus the weight buffers and a margin; the
+// refusal says it was measured, and a profile of another shape or GPU is not used.
+TEST_F(JobValidatorTest, ProfiledFloorReplacesTheEstimate) {
+  GpuFacts gpu;
+  gpu.name = "test GPU";
+  gpu.total_memory_bytes = 80ull << 30;
+  node_.gpus.push_back(gpu);
+  node_.profile_dir = (root_ / "profiles").string();
+  v1::JobSpec s = ValidSpec();
+  const ValidationResult plain = Validate(s);
+  ASSERT_TRUE(plain.ok()) << Describe(plain);
+  const uint64_t static_floor = plain.memory_floor.gpu_bytes;
+  trainer::ShapeProfile p;
+  p.gpu = "test GPU";
+  p.model = "gpt2/4 layers/" + std::to_string(plain.model_size.total_params) + " params/0123456789abcdef";
+  p.batch = s.training().per_device_train_batch_size();
+  p.seq = s.dataset().max_seq_length();
+  p.dtype = "BFloat16";
+  p.key = trainer::ShapeProfileKey(p.gpu, p.model, p.batch, p.seq, p.dtype);
+  p.workspace_bytes = 3ll << 30;
+  p.measured_at = "2026-11-26T16:00:00Z";
+  p.blocks.push_back({});
+  p.blocks[0].name = "embedding";
+  ASSERT_TRUE(trainer::WriteShapeProfile(node_.profile_dir, p).ok());
+  const uint64_t weights = 3ull * static_cast<uint64_t>(plain.model_size.largest_block_params) * 2;
+  const uint64_t measured = (3ull << 30) + weights + (256ull << 20);
+  const ValidationResult r = Validate(s);
+  EXPECT_EQ(r.memory_floor.gpu_bytes, measured);
+  EXPECT_NE(r.memory_floor.gpu_breakdown.find("measured on this node: the shape profile of 2026-11-26T16:00:00Z on "
+                                              "test GPU (working set 3 GiB"),
+            std::string::npos)
+      << r.memory_floor.gpu_breakdown;
+  s.mutable_resources()->set_gpu_memory_limit(measured - 1);
+  const ValidationResult refused = Validate(s);
+  const FieldViolation* g = Find(refused, "resources.gpu_memory_limit");
+  ASSERT_NE(g, nullptr) << Describe(refused);
+  EXPECT_NE(g->description.find("measured on this node"), std::string::npos) << g->description;
+  EXPECT_NE(g->description.find("the smallest budget for this batch is " + FormatByteSize(measured)), std::string::npos)
+      << g->description;
+  // Another GPU's or another batch's profile says nothing about this one.
+  node_.gpus[0].name = "other GPU";
+  EXPECT_EQ(Validate(s).memory_floor.gpu_bytes, static_floor);
+  node_.gpus[0].name = "test GPU";
+  s.mutable_training()->set_per_device_train_batch_size(p.batch + 1);
+  EXPECT_EQ(Validate(s).memory_floor.gpu_breakdown.find("measured on this node"), std::string::npos);
 }
 
 // Optimizer states asked onto the GPU (device none, or a ratio below 1) count in its budget.
