@@ -110,6 +110,7 @@ struct Trainer::Impl {
   // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why
   // in the log), and recording the step just run (then writing it under cfg.profile_dir).
   std::string ShapeKey() const;
+  int64_t SeqLength() const;  // the micro-batch's tokens per row (synthetic or max_seq_length)
   std::optional<ShapeProfile> CachedShapeProfile();
   Status RecordShapeProfile();
   // Device memory the AdamW states of blocks [0, k) need, per k (their weights replace resident

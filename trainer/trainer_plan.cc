@@ -49,8 +49,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   }
 
   const int64_t B = cfg.batch_size;
-  const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
-                                                      : cfg.data.max_seq_length;
+  const int64_t T = SeqLength();
   const std::vector<int64_t> need = DeviceOptimizerNeeds(weights->resident());
   const bool may_keep =
       cfg.offload.activations == ActivationMode::kAuto && cfg.offload.layer_overrides.empty();

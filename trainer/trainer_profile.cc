@@ -16,14 +16,25 @@
 
 namespace offloadd::trainer {
 
-std::string Trainer::Impl::ShapeKey() const {
-  std::string gpu = "cpu";
+namespace {
+std::string DeviceName(bool cuda, c10::Device device) {
 #if OFFLOADD_WITH_CUDA
-  if (cuda) gpu = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
+  if (cuda) return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
+#else
+  (void)cuda;
+  (void)device;
 #endif
-  const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
-                                                      : cfg.data.max_seq_length;
-  return ShapeProfileKey(gpu, Fingerprint(), cfg.batch_size, T, c10::toString(dtype));
+  return "cpu";
+}
+}  // namespace
+
+int64_t Trainer::Impl::SeqLength() const {
+  return cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length : cfg.data.max_seq_length;
+}
+
+std::string Trainer::Impl::ShapeKey() const {
+  return ShapeProfileKey(DeviceName(cuda, device), Fingerprint(), cfg.batch_size, SeqLength(),
+                         c10::toString(dtype));
 }
 
 std::optional<ShapeProfile> Trainer::Impl::CachedShapeProfile() {
@@ -52,13 +63,13 @@ Status Trainer::Impl::RecordShapeProfile() {
   const StepStats& s = accounting->last_stats();
   const double A = static_cast<double>(cfg.gradient_accumulation_steps);
   ShapeProfile p;
-  const std::string key = ShapeKey();
-  p.key = key;
-  p.gpu = key.substr(0, key.find(" | "));
+  p.gpu = DeviceName(cuda, device);
   p.model = Fingerprint();
   p.batch = cfg.batch_size;
-  p.seq = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length : cfg.data.max_seq_length;
+  p.seq = SeqLength();
   p.dtype = c10::toString(dtype);
+  p.key = ShapeProfileKey(p.gpu, p.model, p.batch, p.seq, p.dtype);
+  const std::string& key = p.key;
   p.profiled_step = s.step;
   std::map<std::string, int> index;
   for (int b = 0; b < n; ++b) {

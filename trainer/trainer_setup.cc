@@ -298,8 +298,7 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
   }
 
   const int64_t B = cfg.batch_size;
-  const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
-                                                      : cfg.data.max_seq_length;
+  const int64_t T = SeqLength();
   const int64_t elem = c10::elementSize(dtype);
   int64_t weights = 0, max_block = 0, max_keep = 0;
   std::vector<engine::BlockCost> cost(n);
@@ -492,8 +491,7 @@ Status Trainer::Impl::StartSpill() {
   int spilled = 0;
   int64_t largest = 0;
   const int64_t B = cfg.batch_size;
-  const int64_t T = cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length
-                                                      : cfg.data.max_seq_length;
+  const int64_t T = SeqLength();
   for (int b = 0; b < n; ++b) {
     if (!spill_nvme[b]) continue;
     ++spilled;
