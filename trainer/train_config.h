@@ -119,8 +119,13 @@ struct TrainConfig {
   OptimConfig optim;
   OffloadPlanConfig offload;
   LspConfig lsp;
-  int32_t batch_size = 8;  // sequences per micro-batch
+  int32_t batch_size = 8;  // sequences per micro-batch (auto_batch_size: the largest one tried)
   int32_t gradient_accumulation_steps = 1;
+  // per_device_train_batch_size: auto (trainer/batch_planner.h): the micro-batch and accumulation
+  // the step planner prices fastest, set before anything is sized by them. global_batch_size > 0
+  // (train_batch_size): micro x accumulation equals it; else the accumulation stays as given.
+  bool auto_batch_size = false;
+  int32_t global_batch_size = 0;
   double num_train_epochs = 3;
   int64_t max_steps = -1;  // > 0 overrides num_train_epochs
   uint64_t seed = 42;

@@ -48,6 +48,8 @@ Status Trainer::RunStep() {
 Status Trainer::Flush() { return impl_->Flush(); }
 int64_t Trainer::completed_steps() const { return impl_->completed; }
 int64_t Trainer::total_steps() const { return impl_->total; }
+int32_t Trainer::batch_size() const { return impl_->cfg.batch_size; }
+int32_t Trainer::gradient_accumulation_steps() const { return impl_->cfg.gradient_accumulation_steps; }
 std::string Trainer::DescribePlan() const { return impl_->plan_text; }
 StatusOr<std::string> Trainer::SaveCheckpoint() { return impl_->SaveCheckpoint(); }
 Status Trainer::RestoreCheckpoint(const std::string& dir) { return impl_->RestoreCheckpoint(dir); }

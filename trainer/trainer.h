@@ -76,6 +76,9 @@ class Trainer {
   Status Flush();
   int64_t completed_steps() const;
   int64_t total_steps() const;
+  // The micro-batch and accumulation trained with (per_device_train_batch_size auto: the chosen).
+  int32_t batch_size() const;
+  int32_t gradient_accumulation_steps() const;
   // Writes output_dir/checkpoint-<step> (flushes first).
   StatusOr<std::string> SaveCheckpoint();
   Status RestoreCheckpoint(const std::string& dir);

@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "trainer/activation_offload.h"
 #include "trainer/activation_spill.h"
+#include "trainer/batch_planner.h"
 #include "trainer/block_layout.h"
 #include "trainer/data_source.h"
 #include "trainer/device_optimizer.h"
@@ -26,6 +27,7 @@
 #include "trainer/host_optimizer.h"
 #include "trainer/lsp_mode.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/node_profile.h"
 #include "trainer/step_accounting.h"
 #include "trainer/shape_profile.h"
 #include "trainer/step_schedule.h"
@@ -34,6 +36,17 @@
 #include "trainer/weight_residency.h"
 
 namespace offloadd::trainer {
+
+// Room above a profiled working set: the caching allocator's placement, and so its reserved
+// peak, differs slightly between runs of the same step (a few 20 MiB expandable-segment pages
+// per block); a margin of 256 MiB is 4% of the smallest (6 GiB) budget the benchmarks use.
+inline constexpr int64_t kProfiledWorkspaceSlack = int64_t{256} << 20;
+// Kept activations are priced at 1.5x the engine's estimate: the estimate counts the saved
+// tensors without allocator rounding or the backward's larger transients (the reason recompute
+// is the default on CUDA), and an out-of-memory error mid-job costs more than a recompute.
+inline constexpr double kKeepSafety = 1.5;
+// Measured kept bytes (the shape profile) still round up to the allocator's blocks and pages.
+inline constexpr double kMeasuredKeepSafety = 1.1;
 
 struct Trainer::Impl {
   TrainConfig cfg;
@@ -109,13 +122,33 @@ struct Trainer::Impl {
   Status CheckPlan();
   // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why
   // in the log), and recording the step just run (then writing it under cfg.profile_dir).
-  std::string ShapeKey() const;
+  std::string ShapeKey(int64_t batch) const;
   int64_t SeqLength() const;  // the micro-batch's tokens per row (synthetic or max_seq_length)
-  std::optional<ShapeProfile> CachedShapeProfile();
+  std::optional<ShapeProfile> CachedShapeProfile(int64_t batch);
   Status RecordShapeProfile();
   // Device memory the AdamW states of blocks [0, k) need, per k (their weights replace resident
   // copies).
-  std::vector<int64_t> DeviceOptimizerNeeds(bool resident) const;
+  // accumulation 0: the job's.
+  std::vector<int64_t> DeviceOptimizerNeeds(bool resident, int accumulation = 0) const;
+  // trainer_batch.cc. The activation modes the spec asks for, before any measurement (auto:
+  // recompute on CUDA, keep on the CPU device); fills modes, spill_nvme, offload_checkpoint.
+  Status InitialModes();
+  // The static estimate of the step's GPU memory at micro-batch B (PlanDevice's and the
+  // automatic batch size's): the blocks' costs, all weights, the streaming window, the workspace.
+  struct MemoryEstimate {
+    std::vector<engine::BlockCost> cost;
+    int64_t weights = 0, streamed = 0, workspace = 0;
+  };
+  MemoryEstimate EstimateMemory(int64_t B) const;
+  int64_t DeviceBudget() const;  // gpu_memory_limit, else 90% of what the device has free
+  // The node profile (cached under cfg.profile_dir, else measured once per run), logged.
+  StatusOr<NodeProfile> PlanNodeProfile();
+  std::optional<NodeProfile> node_profile;
+  // per_device_train_batch_size auto (trainer/batch_planner.h): sets cfg.batch_size and
+  // cfg.gradient_accumulation_steps before anything is sized by them.
+  Status ChooseBatchSize();
+  StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof);
+  double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
   Status StartSpill();
   HostOptimizerOptions HostOptions() const;
   // The step's owners, once the host optimizer's arena holds the initial weights.

@@ -17,12 +17,6 @@
 namespace offloadd::trainer {
 namespace {
 
-// Kept activations are priced at 1.5x the engine's estimate: the estimate counts the saved
-// tensors without allocator rounding or the backward's larger transients (the reason recompute
-// is the default on CUDA), and an out-of-memory error mid-job costs more than a recompute.
-constexpr double kKeepSafety = 1.5;
-// Measured kept bytes (the shape profile) still round up to the allocator's blocks and pages.
-constexpr double kMeasuredKeepSafety = 1.1;
 constexpr double kRecheckTolerance = 0.10;
 
 
@@ -32,21 +26,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   device_placement_pending = false;
   RETURN_IF_ERROR(accounting->Flush());  // step 1's figures: GPU time and bytes moved
   const StepStats& first = accounting->last_stats();
-  const HostOptimizerOptions ho = HostOptions();
-  bool cached = false;
-  std::string cache_problem;
-  ASSIGN_OR_RETURN(NodeProfile prof,
-                   LoadOrMeasureNodeProfile(cfg.profile_dir,
-                                            static_cast<int>(ho.worker_processes * ho.worker_threads),
-                                            cfg.adamw_kernel, device,
-                                            cfg.offload.nvme_dirs.empty() ? "" : cfg.offload.nvme_dirs[0],
-                                            &cached, &cache_problem));
-  Log(TrainObserver::Level::kInfo, std::string("node profile (") + (cached ? "cached" : "measured") +
-                                       "): " + DescribeNodeProfile(prof));
-  if (!cache_problem.empty()) {
-    Log(TrainObserver::Level::kWarning, "node profile " + cache_problem + " (--profile-dir " +
-                                            cfg.profile_dir + "); it is measured again next run");
-  }
+  ASSIGN_OR_RETURN(const NodeProfile prof, PlanNodeProfile());
 
   const int64_t B = cfg.batch_size;
   const int64_t T = SeqLength();

@@ -32,14 +32,14 @@ int64_t Trainer::Impl::SeqLength() const {
   return cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length : cfg.data.max_seq_length;
 }
 
-std::string Trainer::Impl::ShapeKey() const {
-  return ShapeProfileKey(DeviceName(cuda, device), Fingerprint(), cfg.batch_size, SeqLength(),
+std::string Trainer::Impl::ShapeKey(int64_t batch) const {
+  return ShapeProfileKey(DeviceName(cuda, device), Fingerprint(), batch, SeqLength(),
                          c10::toString(dtype));
 }
 
-std::optional<ShapeProfile> Trainer::Impl::CachedShapeProfile() {
+std::optional<ShapeProfile> Trainer::Impl::CachedShapeProfile(int64_t batch) {
   if (cfg.profile_dir.empty()) return std::nullopt;
-  const std::string key = ShapeKey();
+  const std::string key = ShapeKey(batch);
   const std::string path = ShapeProfilePath(cfg.profile_dir, key);
   auto p = ReadShapeProfile(path);
   if (!p.ok()) {

@@ -14,11 +14,6 @@
 namespace offloadd::trainer {
 namespace {
 
-// Room above a profiled working set: the caching allocator's placement, and so its reserved
-// peak, differs slightly between runs of the same step (a few 20 MiB expandable-segment pages
-// per block); a margin of 256 MiB is 4% of the smallest (6 GiB) budget the benchmarks use.
-constexpr int64_t kProfiledWorkspaceSlack = int64_t{256} << 20;
-
 StatusOr<c10::Device> ParseDevice(const std::string& s) {
   if (s == "cpu") return c10::Device(c10::kCPU);
   if (s == "cuda") return c10::Device(c10::kCUDA, 0);
@@ -43,19 +38,6 @@ uint32_t UsableCpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-engine::SaveMode ToSaveMode(ActivationMode m) {
-  switch (m) {
-    case ActivationMode::kRecompute:
-    case ActivationMode::kRecomputeOffloadCpu:
-      return engine::SaveMode::kRecompute;
-    case ActivationMode::kOffloadCpu:
-    case ActivationMode::kOffloadNvme:
-      return engine::SaveMode::kOffload;
-    default:
-      return engine::SaveMode::kKeep;
-  }
-}
-
 }  // namespace
 
 void Trainer::Impl::Log(TrainObserver::Level level, const std::string& message) {
@@ -65,6 +47,8 @@ void Trainer::Impl::Log(TrainObserver::Level level, const std::string& message) 
 Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(CheckConfig());
   RETURN_IF_ERROR(LoadModel());
+  ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
+  RETURN_IF_ERROR(ChooseBatchSize());
   ASSIGN_OR_RETURN(data, DataSource::Create(cfg.data, cfg.model_dir, model->config().vocab_size,
                                             cfg.batch_size, cfg.seed));
   if (!cfg.eval_data.paths.empty()) {
@@ -86,7 +70,6 @@ Status Trainer::Impl::Setup() {
                                       cfg.optim.warmup_ratio, total,
                                       {cfg.optim.num_cycles, cfg.optim.min_lr_rate}));
   lr_schedule = sched;
-  ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
   ASSIGN_OR_RETURN(const bool resident, PlanDevice());
   RETURN_IF_ERROR(StartSpill());
 
@@ -153,6 +136,17 @@ Status Trainer::Impl::CheckConfig() {
   if (cfg.batch_size < 1) return InvalidArgumentError("batch size must be at least 1");
   if (cfg.gradient_accumulation_steps < 1)
     return InvalidArgumentError("gradient_accumulation_steps must be at least 1");
+  if (cfg.global_batch_size < 0) {
+    return InvalidArgumentError("train_batch_size must be positive, got " + std::to_string(cfg.global_batch_size));
+  }
+  if (cfg.global_batch_size > 0 && !cfg.auto_batch_size &&
+      cfg.global_batch_size != cfg.batch_size * cfg.gradient_accumulation_steps) {
+    return InvalidArgumentError("train_batch_size " + std::to_string(cfg.global_batch_size) +
+                                " is not per_device_train_batch_size x gradient_accumulation_steps (" +
+                                std::to_string(cfg.batch_size) + " x " +
+                                std::to_string(cfg.gradient_accumulation_steps) +
+                                "); set one of them, or per_device_train_batch_size auto");
+  }
   if (cfg.worker_binary.empty()) return InvalidArgumentError("no offloadd-worker binary given");
   if (cfg.lsp.enabled) {
     // What LSP mode is built and tested on so far; the rest is refused rather than half-supported.
@@ -267,27 +261,8 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
 }
 
 StatusOr<bool> Trainer::Impl::PlanDevice() {
-  modes.assign(n, engine::SaveMode::kKeep);
-  spill_nvme.assign(n, false);
-  offload_checkpoint.assign(n, false);
-  for (const auto& [layer, m] : cfg.offload.layer_overrides) {
-    if (layer < 0 || layer >= n - 2)
-      return InvalidArgumentError("activation override for layer " + std::to_string(layer) +
-                                  ": the model has " + std::to_string(n - 2) + " layers");
-  }
-  for (int b = 1; b + 1 < n; ++b) {
-    auto it = cfg.offload.layer_overrides.find(b - 1);
-    ActivationMode m = it != cfg.offload.layer_overrides.end() ? it->second : cfg.offload.activations;
-    // AUTO: keep in host memory; on the GPU recompute every layer (what gradient checkpointing
-    // does in the PyTorch baseline): the static estimates of kept activations proved too
-    // optimistic against the CUDA kernels' real footprint, and an out-of-memory error mid-job
-    // costs more than the recompute.
-    if (m == ActivationMode::kAuto) m = cuda ? ActivationMode::kRecompute : ActivationMode::kKeep;
-    modes[b] = ToSaveMode(m);
-    spill_nvme[b] = m == ActivationMode::kOffloadNvme;
-    offload_checkpoint[b] = m == ActivationMode::kRecomputeOffloadCpu;
-  }
-  shape_profile = CachedShapeProfile();
+  RETURN_IF_ERROR(InitialModes());
+  shape_profile = CachedShapeProfile(cfg.batch_size);
   if (shape_profile) {
     Log(TrainObserver::Level::kInfo, "shape profile cached " + shape_profile->measured_at + " (" +
                                          shape_profile->key + ")");
@@ -297,24 +272,11 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
     return true;
   }
 
-  const int64_t B = cfg.batch_size;
-  const int64_t T = SeqLength();
-  const int64_t elem = c10::elementSize(dtype);
-  int64_t weights = 0, max_block = 0, max_keep = 0;
-  std::vector<engine::BlockCost> cost(n);
-  for (int b = 0; b < n; ++b) {
-    cost[b] = model->block(b).EstimateCost(B, T, dtype);
-    const int64_t wb = static_cast<int64_t>(layout[b].numel) * elem;
-    weights += wb;
-    max_block = std::max(max_block, wb);
-    max_keep = std::max(max_keep, cost[b].saved_bytes_keep);
-  }
-  const int64_t free_now = streams->FreeMemory();
-  gpu_budget = cfg.offload.gpu_memory_limit > 0 ? static_cast<int64_t>(cfg.offload.gpu_memory_limit)
-                                                 : free_now * 9 / 10;
-  // Transients: a block's backward (recompute + gradients of its activations), its parameter
-  // gradients, the head's chunked logits (engine/head_chunk.h), allocator slack.
-  int64_t workspace = 2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
+  const MemoryEstimate est = EstimateMemory(cfg.batch_size);
+  const std::vector<engine::BlockCost>& cost = est.cost;
+  const int64_t weights = est.weights;
+  gpu_budget = DeviceBudget();
+  int64_t workspace = est.workspace;
   if (shape_profile) {
     // Measured on this GPU for this model and micro-batch shape: the step's working set beyond
     // what that run's plan held, plus room for the allocator's placement to differ between runs.
@@ -331,9 +293,7 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
     if (modes[b] == engine::SaveMode::kRecompute) acts += cost[b].saved_bytes_recompute;
   }
   auto fits = [&](int64_t w) { return w + acts + workspace <= gpu_budget; };
-  const bool tied = !model->block(n - 1).shared_params().empty();
-  const int64_t streamed = static_cast<int64_t>(WeightResidency::kWindow + 2) * max_block +
-                           (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
+  const int64_t streamed = est.streamed;
   using Weights = OffloadPlanConfig::Weights;
   // With the device optimizer placed automatically, weights left to auto are streamed: GPU
   // memory holding a parameter's AdamW states saves 28 B of host memory traffic and its CPU
@@ -447,8 +407,8 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
   return OkStatus();
 }
 
-std::vector<int64_t> Trainer::Impl::DeviceOptimizerNeeds(bool resident) const {
-  const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+std::vector<int64_t> Trainer::Impl::DeviceOptimizerNeeds(bool resident, int accumulation) const {
+  const auto A = static_cast<uint32_t>(accumulation > 0 ? accumulation : cfg.gradient_accumulation_steps);
   const int64_t elem = c10::elementSize(dtype);
   std::vector<int64_t> need(n + 1, 0);
   for (int b = 0; b < n; ++b) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/units.h"
+#include "trainer/batch_planner.h"
 #include "trainer/data_source.h"
 #include "trainer/lsp_mode.h"
 #include "trainer/trainer.h"
@@ -43,7 +44,9 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                else the fastest this CPU supports)
   fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)
                --growth-factor=X (2) --backoff-factor=X (0.5) --growth-interval=N (2000)
-  loop:        --batch-size=N --grad-accum=N --epochs=X --max-steps=N --seed=N
+  loop:        --batch-size=N|auto|auto:N (auto: the micro-batch up to N, 64, and accumulation the
+               planner prices fastest) --train-batch-size=N (sequences per optimizer step: with
+               auto, micro x accumulation = N) --grad-accum=N --epochs=X --max-steps=N --seed=N
                --output-dir=DIR --save-steps=N --save-total-limit=N --resume-from=DIR --no-export
   output:      --trace=FILE.json --trace-steps=N --stats-jsonl=FILE --dump-batches=FILE
   binaries:    --worker-binary=PATH --store-binary=PATH (default: next to this program)
@@ -286,7 +289,17 @@ int Run(int argc, char** argv) {
           c.offload.device_optimizer_blocks = d;
         }
       }
-      else if (key == "--batch-size") c.batch_size = StrictStoi(v);
+      else if (key == "--batch-size") {
+        // auto: the fastest micro-batch up to 64; auto:N up to N (trainer/batch_planner.h).
+        if (v.rfind("auto", 0) == 0) {
+          c.auto_batch_size = true;
+          c.batch_size = v == "auto" ? kDefaultAutoBatchCap : v.rfind("auto:", 0) == 0 ? StrictStoi(v.substr(5)) : 0;
+          if (c.batch_size < 1) st = InvalidArgumentError("--batch-size: N, auto or auto:N (N >= 1), got " + v);
+        } else {
+          c.batch_size = StrictStoi(v);
+        }
+      }
+      else if (key == "--train-batch-size") c.global_batch_size = StrictStoi(v);
       else if (key == "--grad-accum") c.gradient_accumulation_steps = StrictStoi(v);
       else if (key == "--epochs") c.num_train_epochs = StrictStod(v);
       else if (key == "--max-steps") c.max_steps = StrictStoll(v);
@@ -339,7 +352,10 @@ int Run(int argc, char** argv) {
     return 1;
   }
   if (!dump_path.empty()) {
-    Status st = DumpBatches(c, dump_path, (*trainer)->total_steps());
+    TrainConfig chosen = c;  // the automatic batch size's choice
+    chosen.batch_size = (*trainer)->batch_size();
+    chosen.gradient_accumulation_steps = (*trainer)->gradient_accumulation_steps();
+    Status st = DumpBatches(chosen, dump_path, (*trainer)->total_steps());
     if (!st.ok()) {
       std::cerr << "offloadd-train: " << st.ToString() << "\n";
       return 1;

@@ -1,0 +1,84 @@
+#include "trainer/batch_planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace offloadd::trainer {
+
+StatusOr<std::vector<BatchCandidate>> BatchCandidates(int cap, int global_batch, int accumulation) {
+  if (cap < 1) return InvalidArgumentError("the automatic batch size's cap must be at least 1, got " + std::to_string(cap));
+  if (accumulation < 1) {
+    return InvalidArgumentError("gradient_accumulation_steps must be at least 1, got " + std::to_string(accumulation));
+  }
+  if (global_batch < 0) {
+    return InvalidArgumentError("train_batch_size must be positive, got " + std::to_string(global_batch));
+  }
+  std::vector<BatchCandidate> out;
+  auto add = [&](int micro, int acc) {
+    BatchCandidate c;
+    c.micro = micro;
+    c.accumulation = acc;
+    out.push_back(c);
+  };
+  if (global_batch > 0) {
+    for (int m = 1; m <= std::min(cap, global_batch); ++m) {
+      if (global_batch % m == 0) add(m, global_batch / m);
+    }
+    return out;
+  }
+  int m = 1;
+  for (; m < cap; m *= 2) add(m, accumulation);
+  add(cap, accumulation);
+  return out;
+}
+
+double CandidateTokensPerSecond(const BatchCandidate& c, int64_t seq) {
+  if (!(c.plan.predicted_s > 0)) return 0;
+  return static_cast<double>(c.micro) * c.accumulation * static_cast<double>(seq) / c.plan.predicted_s;
+}
+
+StatusOr<int> ChooseBatch(const std::vector<BatchCandidate>& candidates) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(candidates.size()); ++i) {
+    const BatchCandidate& c = candidates[i];
+    if (!c.feasible) continue;
+    // Candidates come smallest micro first: a larger one must be more than 2% faster.
+    if (best < 0 || c.tokens_per_s > candidates[best].tokens_per_s * 1.02) best = i;
+  }
+  if (best >= 0) return best;
+  if (candidates.empty()) return InvalidArgumentError("no batch size to choose from");
+  return ResourceExhaustedError("no micro-batch fits: at " + std::to_string(candidates[0].micro) + " " +
+                                candidates[0].why_not);
+}
+
+namespace {
+std::string Rate(double tokens_per_s) {
+  char buf[32];
+  if (tokens_per_s >= 1000) {
+    std::snprintf(buf, sizeof(buf), "%.2fk", tokens_per_s / 1000);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.0f", tokens_per_s);
+  }
+  return buf;
+}
+}  // namespace
+
+std::string DescribeBatchChoice(const std::vector<BatchCandidate>& candidates, int chosen, int64_t seq) {
+  std::ostringstream o;
+  const BatchCandidate& c = candidates.at(static_cast<size_t>(chosen));
+  o << "micro-batch " << c.micro << " x " << c.accumulation << " accumulation (" << c.micro * c.accumulation
+    << " sequences of " << seq << " tokens per step): predicted " << Rate(c.tokens_per_s) << " tokens/s, "
+    << FormatSeconds(c.plan.predicted_s) << "/step bound by " << c.plan.bound << "; candidates";
+  for (const BatchCandidate& k : candidates) {
+    o << (&k == &candidates.front() ? " " : ", ") << k.micro << "x" << k.accumulation << ": ";
+    if (k.feasible) {
+      o << Rate(k.tokens_per_s) << " (" << k.plan.bound << ")";
+    } else {
+      o << "does not fit (" << k.why_not << ")";
+    }
+  }
+  return o.str();
+}
+
+}  // namespace offloadd::trainer
