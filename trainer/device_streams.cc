@@ -47,8 +47,10 @@ struct DeviceStreams::Impl {
   std::unique_ptr<at::cuda::CUDAEvent> open_start;
   std::string open_name;
   int64_t open_mem_start = 0;
-  // Peaks before the last resetPeakStats (BeginCompute resets them to measure each span).
+  // Peaks before the last resetPeakStats (BeginCompute resets them to measure each span while
+  // span_memory is on: the profiled step).
   int64_t peak_reserved = 0, peak_allocated = 0;
+  bool span_memory = false;
   std::vector<Span> spans;  // CPU device
   double compute_start = 0;
   std::string compute_name;
@@ -146,25 +148,22 @@ int64_t DeviceStreams::FreeMemory() const {
 #endif
 }
 
-int64_t DeviceStreams::PeakReservedBytes() const {
+int64_t DeviceStreams::PeakReservedBytes() const { return Peak(/*reserved=*/true); }
+int64_t DeviceStreams::PeakAllocatedBytes() const { return Peak(/*reserved=*/false); }
+
+int64_t DeviceStreams::Peak(bool reserved) const {
 #if OFFLOADD_WITH_CUDA
   if (!cuda_) return 0;
   auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(impl_->index);
-  return std::max(impl_->peak_reserved, stats.reserved_bytes[0].peak);
+  return reserved ? std::max(impl_->peak_reserved, stats.reserved_bytes[0].peak)
+                  : std::max(impl_->peak_allocated, stats.allocated_bytes[0].peak);
 #else
+  (void)reserved;
   return 0;
 #endif
 }
 
-int64_t DeviceStreams::PeakAllocatedBytes() const {
-#if OFFLOADD_WITH_CUDA
-  if (!cuda_) return 0;
-  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(impl_->index);
-  return std::max(impl_->peak_allocated, stats.allocated_bytes[0].peak);
-#else
-  return 0;
-#endif
-}
+void DeviceStreams::MeasureSpanMemory(bool on) { impl_->span_memory = on; }
 
 void DeviceStreams::ReleaseAfterCopies(const at::Tensor& t) const {
 #if OFFLOADD_WITH_CUDA
@@ -259,6 +258,7 @@ void DeviceStreams::BeginCompute(const std::string& name) {
     Impl& m = *impl_;
     m.open_start = m.Mark(m.compute());
     m.open_name = name;
+    if (!m.span_memory) return;
     // The span's own peak: fold the peaks so far into the running ones, then restart them.
     using c10::cuda::CUDACachingAllocator::getDeviceStats;
     const auto stats = getDeviceStats(m.index);
@@ -277,9 +277,12 @@ void DeviceStreams::EndCompute() {
 #if OFFLOADD_WITH_CUDA
   if (cuda_) {
     Impl& m = *impl_;
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(m.index);
-    Impl::Timed t{"gpu compute", m.open_name, std::move(m.open_start), m.Mark(m.compute()), 0,
-                  m.open_mem_start, stats.allocated_bytes[0].peak};
+    int64_t mem_start = 0, mem_peak = 0;
+    if (m.span_memory) {
+      mem_start = m.open_mem_start;
+      mem_peak = c10::cuda::CUDACachingAllocator::getDeviceStats(m.index).allocated_bytes[0].peak;
+    }
+    Impl::Timed t{"gpu compute", m.open_name, std::move(m.open_start), m.Mark(m.compute()), 0, mem_start, mem_peak};
     std::lock_guard<std::mutex> lock(m.mu);
     m.timed.push_back(std::move(t));
     return;

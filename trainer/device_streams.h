@@ -25,7 +25,7 @@ struct Span {
   double start_us = 0, end_us = 0;  // NowMicros() timebase
   // Compute spans on CUDA: the caching allocator's allocated bytes when the span was issued, and
   // its peak while it was issued (the host-side view the allocator keeps: what the span's work
-  // needed at once). 0 on a CPU device.
+  // needed at once). 0 on a CPU device, and outside a step measured with MeasureSpanMemory.
   int64_t mem_start = 0, mem_peak = 0;
 };
 
@@ -51,6 +51,9 @@ class DeviceStreams {
   // resets of BeginCompute folded in).
   int64_t PeakReservedBytes() const;
   int64_t PeakAllocatedBytes() const;
+  // On: each compute span measures the allocator's peak within it (Span::mem_start/mem_peak),
+  // resetting the allocator's peak statistics per span; for the step the shape profile records.
+  void MeasureSpanMemory(bool on);
 
   // Host-to-device copy on the copy stream; with after_compute, only after the compute stream's
   // work so far (so memory the compute stream freed may be overwritten). Returns the copy's
@@ -79,6 +82,7 @@ class DeviceStreams {
                               uint64_t* h2d_bytes, uint64_t* d2h_bytes);
 
  private:
+  int64_t Peak(bool reserved) const;
   struct Impl;
   DeviceStreams() = default;
   EventPtr Copy(bool to_device, at::Tensor& dst, const at::Tensor& src, const std::string& name,

@@ -143,36 +143,52 @@ double MeasureAdamW(int threads, workers::KernelPath path, size_t n = size_t{1} 
   return best;
 }
 
-// Pinned host <-> device copies of 256 MiB, each direction alone and both at once on two
-// streams, best of 3 after a warm-up copy.
+#if OFFLOADD_WITH_CUDA
+// 256 MiB pinned host buffers and device buffers, one per PCIe direction, copied on two streams
+// of their own: what MeasurePcie times and MeasureAdamWDuringDma runs beside the update.
+struct CopyPair {
+  static constexpr int64_t kBytes = int64_t{256} << 20;
+  explicit CopyPair(c10::Device device)
+      : host_in(at::ones({kBytes}, Pinned())),
+        host_out(at::empty({kBytes}, Pinned())),
+        dev_in(at::empty({kBytes}, at::TensorOptions().dtype(at::kByte).device(device))),
+        dev_out(at::ones({kBytes}, at::TensorOptions().dtype(at::kByte).device(device))),
+        guard(device),
+        up(c10::cuda::getStreamFromPool(false, device.index())),
+        down(c10::cuda::getStreamFromPool(false, device.index())) {}
+  static at::TensorOptions Pinned() { return at::TensorOptions().dtype(at::kByte).pinned_memory(true); }
+  // One copy in each direction asked for, waited for.
+  void Copy(bool h2d, bool d2h) {
+    if (h2d) {
+      const c10::cuda::CUDAStreamGuard g(up);
+      dev_in.copy_(host_in, /*non_blocking=*/true);
+    }
+    if (d2h) {
+      const c10::cuda::CUDAStreamGuard g(down);
+      host_out.copy_(dev_out, /*non_blocking=*/true);
+    }
+    up.synchronize();
+    down.synchronize();
+  }
+  at::Tensor host_in, host_out, dev_in, dev_out;
+  c10::cuda::CUDAGuard guard;
+  c10::cuda::CUDAStream up, down;
+};
+#endif
+
+// Each direction alone and both at once, best of 3 after a warm-up copy.
 void MeasurePcie(c10::Device device, NodeProfile* p) {
 #if OFFLOADD_WITH_CUDA
-  const int64_t bytes = int64_t{256} << 20;
-  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
-  const auto on_device = at::TensorOptions().dtype(at::kByte).device(device);
-  at::Tensor host_in = at::ones({bytes}, pinned), host_out = at::empty({bytes}, pinned);
-  at::Tensor dev_in = at::empty({bytes}, on_device), dev_out = at::ones({bytes}, on_device);
-  const c10::cuda::CUDAGuard guard(device);
-  c10::cuda::CUDAStream up = c10::cuda::getStreamFromPool(false, device.index());
-  c10::cuda::CUDAStream down = c10::cuda::getStreamFromPool(false, device.index());
+  CopyPair pair(device);
   auto best_of = [&](bool h2d, bool d2h) {
     double best = 1e30;
     for (int rep = 0; rep < 4; ++rep) {
       c10::cuda::device_synchronize();
       const auto t0 = Clock::now();
-      if (h2d) {
-        const c10::cuda::CUDAStreamGuard g(up);
-        dev_in.copy_(host_in, /*non_blocking=*/true);
-      }
-      if (d2h) {
-        const c10::cuda::CUDAStreamGuard g(down);
-        host_out.copy_(dev_out, /*non_blocking=*/true);
-      }
-      up.synchronize();
-      down.synchronize();
+      pair.Copy(h2d, d2h);
       if (rep > 0) best = std::min(best, Since(t0));  // rep 0 warms up
     }
-    return static_cast<double>(bytes) * ((h2d ? 1 : 0) + (d2h ? 1 : 0)) / best;
+    return static_cast<double>(CopyPair::kBytes) * ((h2d ? 1 : 0) + (d2h ? 1 : 0)) / best;
   };
   p->h2d_bytes_per_s = best_of(true, false);
   p->d2h_bytes_per_s = best_of(false, true);
@@ -183,34 +199,19 @@ void MeasurePcie(c10::Device device, NodeProfile* p) {
 #endif
 }
 
-// The AdamW rate on `threads` threads while both PCIe directions copy 256 MiB pinned buffers in a
-// loop (what the step's weight uploads and gradient downloads do to the memory bus).
+// The AdamW rate on `threads` threads while both PCIe directions copy in a loop (what the step's
+// weight uploads and gradient downloads do to the memory bus).
 double MeasureAdamWDuringDma(c10::Device device, int threads, workers::KernelPath path) {
 #if OFFLOADD_WITH_CUDA
-  const int64_t bytes = int64_t{256} << 20;
-  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
-  const auto on_device = at::TensorOptions().dtype(at::kByte).device(device);
-  at::Tensor host_in = at::ones({bytes}, pinned), host_out = at::empty({bytes}, pinned);
-  at::Tensor dev_in = at::empty({bytes}, on_device), dev_out = at::ones({bytes}, on_device);
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop{false}, copying{false};
   std::thread dma([&] {
-    const c10::cuda::CUDAGuard guard(device);
-    c10::cuda::CUDAStream up = c10::cuda::getStreamFromPool(false, device.index());
-    c10::cuda::CUDAStream down = c10::cuda::getStreamFromPool(false, device.index());
+    CopyPair pair(device);  // built on this thread: its device guard and streams are this thread's
     while (!stop.load()) {
-      {
-        const c10::cuda::CUDAStreamGuard g(up);
-        dev_in.copy_(host_in, /*non_blocking=*/true);
-      }
-      {
-        const c10::cuda::CUDAStreamGuard g(down);
-        host_out.copy_(dev_out, /*non_blocking=*/true);
-      }
-      up.synchronize();
-      down.synchronize();
+      pair.Copy(true, true);
+      copying = true;
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the copies are running
+  while (!copying.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const double rate = MeasureAdamW(threads, path);
   stop = true;
   dma.join();

@@ -110,6 +110,8 @@ Status Trainer::Impl::RunStep() {
     RETURN_IF_ERROR(RecordShapeProfile());
   }
   if (device_placement_pending && steps_run == (cuda ? 2 : 1)) RETURN_IF_ERROR(PlaceDeviceBlocks());
+  // The step the shape profile records measures each compute span's allocator peak.
+  streams->MeasureSpanMemory(steps_run + 1 == (cuda ? 2 : 1));
   const int64_t k = completed + 1;
   const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(StepBatches batches, NextBatches(*data, A));

@@ -95,9 +95,11 @@ def step_bound(x: dict, cal: dict, held: bool = False) -> dict:
     return out
 
 
-def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path, cal: dict) -> dict:
-    stats_path = work / f"stats-b{batch}.jsonl"
-    trace = work / f"trace-{args.shape}-b{batch}.json"
+def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict) -> dict:
+    # batch: N, or auto / auto:N (per_device_train_batch_size auto, issue #13 item 4).
+    tag = batch.replace(":", "")
+    stats_path = work / f"stats-b{tag}.jsonl"
+    trace = work / f"trace-{args.shape}-b{tag}.json"
     cmd = [str(pathlib.Path(args.build) / "trainer" / "offloadd-train"), f"--model={model_dir}",
            "--random-init", f"--synthetic-seq={args.seq}", f"--batch-size={batch}",
            f"--grad-accum={args.grad_accum}", f"--max-steps={args.steps + args.warmup}",
@@ -122,7 +124,7 @@ def run(args, batch: int, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
     plan = next((l for l in r.stderr.splitlines() if "plan:" in l), "")
     # The planner's prediction beside the measured step, and what it profiled (issue #13).
     notes = [l.split("] ", 1)[-1] for l in r.stderr.splitlines()
-             if any(k in l for k in ("step plan check", "shape profile", "GPU working set from",
+             if any(k in l for k in ("batch size (auto", "step plan check", "shape profile", "GPU working set from",
                                      "wait for the backward in pinned host", "device optimizer (auto)"))]
     rows = [json.loads(l) for l in stats_path.read_text().splitlines() if l.strip()]
     timed = rows[args.warmup:] or rows
@@ -160,7 +162,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default="build-gpu")
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama2-7b")
-    p.add_argument("--batch", default="4")
+    p.add_argument("--batch", default="4", help="micro-batches, comma-separated: N, auto or auto:N")
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=4)
@@ -189,7 +191,7 @@ def main() -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))
     model_dir = write_config(args.shape, work / "model")
     cal = {} if args.no_calibrate else calibrate(args)
-    results = [run(args, int(b), model_dir, work, cal) for b in args.batch.split(",")]
+    results = [run(args, b, model_dir, work, cal) for b in args.batch.split(",")]
     print(f"\n| shape | batch | tok/s | step s | GPU s | H2D s | D2H s | CPU alone s | host mem s | NVMe s | "
           f"bound | step/bound | CPU busy s | stalls w/g/o s | TFLOP/s | GPU peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

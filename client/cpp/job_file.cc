@@ -57,6 +57,24 @@ void MoveWarmupFraction(YAML::Node root, std::vector<FieldViolation>* out) {
   }
 }
 
+// per_device_train_batch_size: auto (as DeepSpeed configs write it) is transformers'
+// auto_find_batch_size: true, with the micro-batch left to its default cap.
+void MoveAutoBatchSize(YAML::Node root, std::vector<FieldViolation>* out) {
+  YAML::Node training = root["training"];
+  if (!training.IsMap() || !training["per_device_train_batch_size"].IsScalar() ||
+      training["per_device_train_batch_size"].Scalar() != "auto") {
+    return;
+  }
+  training.remove("per_device_train_batch_size");
+  const YAML::Node flag = training["auto_find_batch_size"];
+  if (flag && flag.IsScalar() && flag.Scalar() != "true" && flag.Scalar() != "True") {
+    out->push_back({"training.per_device_train_batch_size",
+                    "auto contradicts auto_find_batch_size: " + SafeMessageText(flag.Scalar(), 40) + "; set one of them"});
+    return;
+  }
+  training["auto_find_batch_size"] = true;
+}
+
 }  // namespace
 
 StatusOr<JobFileContents> ReadJobSpec(const std::string& yaml_text, const std::string& source) {
@@ -76,6 +94,7 @@ StatusOr<JobFileContents> ReadJobSpec(const std::string& yaml_text, const std::s
   JobFileContents out;
   try {
     MoveWarmupFraction(root, &out.violations);
+    MoveAutoBatchSize(root, &out.violations);
     ReadMessage(root, "", &out.spec, &out.violations);
   } catch (const YAML::Exception& e) {  // yaml-cpp reports a malformed tree only when it is walked
     return InvalidArgumentError(source + ": not valid YAML: " + e.what());

@@ -114,6 +114,38 @@ void ResolveTrlData(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
   }
 }
 
+// auto_find_batch_size and train_batch_size (trainer/batch_planner.h): a train_batch_size is
+// either the micro-batch times the accumulation, or, with the automatic batch size, what they
+// are chosen to multiply to (then an accumulation set beside it would not act). The automatic
+// batch size's cap defaults to 64 micro-batch sequences.
+void ResolveBatchSize(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
+  v1::TrainingArguments* t = spec->mutable_training();
+  if (t->has_train_batch_size()) {
+    const int64_t g = t->train_batch_size();
+    if (g < 1 || g > (1 << 24)) {
+      out->push_back({"training.train_batch_size", "must be in [1, 16777216], got " + std::to_string(g)});
+      return;
+    }
+    if (t->auto_find_batch_size()) {
+      if (t->has_gradient_accumulation_steps()) {
+        out->push_back({"training.gradient_accumulation_steps",
+                        "set beside train_batch_size with the automatic batch size, which chooses the "
+                        "accumulation (train_batch_size / the micro-batch); set one of them"});
+      }
+    } else {
+      const int64_t micro = t->has_per_device_train_batch_size() ? t->per_device_train_batch_size() : 8;
+      const int64_t acc = t->has_gradient_accumulation_steps() ? t->gradient_accumulation_steps() : 1;
+      if (micro * acc != g) {
+        out->push_back({"training.train_batch_size",
+                        std::to_string(g) + " is not per_device_train_batch_size x gradient_accumulation_steps (" +
+                            std::to_string(micro) + " x " + std::to_string(acc) +
+                            "); set one of them, or per_device_train_batch_size: auto"});
+      }
+    }
+  }
+  if (t->auto_find_batch_size() && !t->has_per_device_train_batch_size()) t->set_per_device_train_batch_size(64);
+}
+
 }  // namespace
 
 const std::vector<std::string>& AdamWOptimNames() {
@@ -127,6 +159,7 @@ void ResolveHfNames(v1::JobSpec* spec, std::vector<FieldViolation>* violations) 
   ResolveCheckpointing(spec, violations);
   ResolveOptim(spec->training(), violations);
   ResolveTrlData(spec, violations);
+  ResolveBatchSize(spec, violations);
   v1::TrainingArguments* t = spec->mutable_training();
   t->clear_bf16();
   t->clear_fp16();

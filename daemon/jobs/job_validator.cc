@@ -530,14 +530,16 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
         spec.model().compute_dtype() == v1::COMPUTE_DTYPE_FP32 || (!gpu && spec.model().compute_dtype() == v1::COMPUTE_DTYPE_UNSPECIFIED)
             ? 4
             : 2;
-    r.memory_floor = EstimateMemoryFloor(r.model_size, *config, spec.training().per_device_train_batch_size(),
-                                         ds.max_seq_length(), compute_bytes);
+    // The automatic batch size needs its smallest candidate, micro-batch 1, to fit.
+    const bool auto_batch = spec.training().auto_find_batch_size();
+    const int64_t floor_batch = auto_batch ? 1 : spec.training().per_device_train_batch_size();
+    r.memory_floor = EstimateMemoryFloor(r.model_size, *config, floor_batch, ds.max_seq_length(), compute_bytes);
     const MemoryFloor& f = r.memory_floor;
     if (gpu) {
       const int idx = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
       // A job of this shape ran here before: its measured working set replaces the estimate.
-      if (auto p = ProfiledGpuFloor(node.profile_dir, node.gpus[idx].name, *config, r.model_size,
-                                    spec.training().per_device_train_batch_size(), ds.max_seq_length(), compute_bytes)) {
+      if (auto p = ProfiledGpuFloor(node.profile_dir, node.gpus[idx].name, *config, r.model_size, floor_batch,
+                                    ds.max_seq_length(), compute_bytes)) {
         r.memory_floor.gpu_bytes = p->gpu_bytes;
         r.memory_floor.gpu_breakdown = p->source;
       }
@@ -547,11 +549,11 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
         c.Add("resources.gpu_memory_limit", FormatByteSize(limit) + " is more than GPU " + std::to_string(idx) + "'s " +
                                                 FormatByteSize(card));
       } else if (limit < f.gpu_bytes) {
-        const int64_t batch = spec.training().per_device_train_batch_size();
+        const int64_t batch = floor_batch;
         const int64_t fits = LargestBatchWithin(r.model_size, *config, ds.max_seq_length(), compute_bytes, limit, batch);
         c.Add(res.gpu_memory_limit() ? "resources.gpu_memory_limit" : "training.per_device_train_batch_size",
               "the GPU budget of " + FormatByteSize(limit) + " is below the " + FormatByteSize(f.gpu_bytes) +
-                  " this model needs at batch " + std::to_string(batch) + " x " + std::to_string(ds.max_seq_length()) +
+                  " this model needs at " + (auto_batch ? "micro-batch 1 (the automatic batch size's smallest)" : "batch " + std::to_string(batch)) + " x " + std::to_string(ds.max_seq_length()) +
                   " tokens (" + f.gpu_breakdown + "); the smallest budget for this batch is " +
                   FormatByteSize(f.gpu_bytes) + ", and " +
                   (fits > 0 ? "the largest batch within " + FormatByteSize(limit) + " is " + std::to_string(fits)

@@ -117,6 +117,8 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.optim.max_grad_norm = t.max_grad_norm();
   c.batch_size = t.per_device_train_batch_size();
   c.gradient_accumulation_steps = t.gradient_accumulation_steps();
+  c.auto_batch_size = t.auto_find_batch_size();
+  c.global_batch_size = t.train_batch_size();
   c.num_train_epochs = t.num_train_epochs();
   c.max_steps = t.max_steps();
   c.seed = static_cast<uint64_t>(t.seed());

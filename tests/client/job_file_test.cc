@@ -176,6 +176,24 @@ training:
   }
 }
 
+TEST(JobFileTest, PerDeviceBatchSizeAutoIsAutoFindBatchSize) {
+  auto spec = ParseJobSpec("training: {per_device_train_batch_size: auto, train_batch_size: 32}\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_TRUE(spec->training().auto_find_batch_size());
+  EXPECT_FALSE(spec->training().has_per_device_train_batch_size()) << "the cap is left to its default";
+  EXPECT_EQ(spec->training().train_batch_size(), 32);
+  auto capped = ParseJobSpec("training: {auto_find_batch_size: true, per_device_train_batch_size: 16}\n", "j");
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->training().per_device_train_batch_size(), 16);
+  auto bad = ParseJobSpec("training: {per_device_train_batch_size: auto, auto_find_batch_size: false}\n", "j");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("auto contradicts auto_find_batch_size"), std::string::npos)
+      << bad.status().message();
+  auto word = ParseJobSpec("training: {per_device_train_batch_size: automatic}\n", "j");
+  ASSERT_FALSE(word.ok()) << "only auto is a word the field takes";
+  EXPECT_NE(word.status().message().find("training.per_device_train_batch_size"), std::string::npos);
+}
+
 TEST(JobFileTest, NearestNameIsForNearMissesOnly) {
   const std::vector<std::string> names = {"learning_rate", "bf16", "fp16", "seed", "max_grad_norm"};
   EXPECT_EQ(NearestName("learning_rat", names), "learning_rate");

@@ -51,6 +51,39 @@ TEST(HfNamesTest, Bf16AndFp16SetTheComputeDtype) {
   EXPECT_TRUE(Resolve(s).violations.empty());
 }
 
+TEST(HfNamesTest, TheAutomaticBatchSizeAndTrainBatchSize) {
+  v1::JobSpec s;  // auto without a micro-batch: the cap defaults to 64
+  s.mutable_training()->set_auto_find_batch_size(true);
+  Resolved r = Resolve(s);
+  ASSERT_TRUE(r.violations.empty()) << r.Fields();
+  EXPECT_EQ(r.spec.training().per_device_train_batch_size(), 64);
+  EXPECT_TRUE(r.spec.training().auto_find_batch_size()) << "an offloadd setting: kept";
+
+  s.mutable_training()->set_per_device_train_batch_size(16);  // a cap of the user's
+  s.mutable_training()->set_train_batch_size(32);
+  r = Resolve(s);
+  ASSERT_TRUE(r.violations.empty()) << r.Fields();
+  EXPECT_EQ(r.spec.training().per_device_train_batch_size(), 16);
+
+  s.mutable_training()->set_gradient_accumulation_steps(4);  // would not act: the choice sets it
+  r = Resolve(s);
+  ASSERT_EQ(r.violations.size(), 1u) << r.Fields();
+  EXPECT_EQ(r.violations[0].field, "training.gradient_accumulation_steps");
+
+  s = {};  // without auto, train_batch_size must be micro x accumulation (8 x 1 by default)
+  s.mutable_training()->set_train_batch_size(8);
+  EXPECT_TRUE(Resolve(s).violations.empty());
+  s.mutable_training()->set_gradient_accumulation_steps(2);
+  r = Resolve(s);
+  ASSERT_EQ(r.violations.size(), 1u) << r.Fields();
+  EXPECT_EQ(r.violations[0].field, "training.train_batch_size");
+  EXPECT_NE(r.violations[0].description.find("8 is not per_device_train_batch_size x gradient_accumulation_steps (8 x 2)"),
+            std::string::npos)
+      << r.Fields();
+  s.mutable_training()->set_train_batch_size(0);
+  EXPECT_EQ(Resolve(s).violations.at(0).field, "training.train_batch_size");
+}
+
 TEST(HfNamesTest, ContradictionsAreRefusedAtTheHfName) {
   v1::JobSpec s;
   s.mutable_training()->set_bf16(true);

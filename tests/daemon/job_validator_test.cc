@@ -183,6 +183,18 @@ TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {
   EXPECT_EQ(Find(Validate(s), "resources.gpu_memory_limit"), nullptr) << Describe(Validate(s));
   s.mutable_resources()->set_gpu_memory_limit(100ull << 30);
   EXPECT_NE(Find(Validate(s), "resources.gpu_memory_limit"), nullptr);
+  // The automatic batch size needs its smallest candidate to fit: micro-batch 1's floor.
+  s.mutable_training()->set_auto_find_batch_size(true);
+  s.mutable_resources()->set_gpu_memory_limit(floor_b - 1);
+  const ValidationResult a = Validate(s);
+  EXPECT_EQ(Find(a, "resources.gpu_memory_limit"), nullptr) << Describe(a);
+  EXPECT_EQ(a.memory_floor.gpu_bytes, floor1);
+  s.mutable_resources()->set_gpu_memory_limit(floor1 - 1);
+  const ValidationResult a2 = Validate(s);
+  const FieldViolation* g3 = Find(a2, "resources.gpu_memory_limit");
+  ASSERT_NE(g3, nullptr) << Describe(a2);
+  EXPECT_NE(g3->description.find("at micro-batch 1 (the automatic batch size's smallest)"), std::string::npos)
+      << g3->description;
 }
 
 // A shape profile a job of the same model, batch and dtype recorded on this GPU (issue #13 item 5)

@@ -4,8 +4,8 @@ Read as offloadd.spec_reader describes (and as offloadctl reads job files): enum
 ("DATASET_FORMAT_ALPACA") or short ("alpaca"), byte sizes as "24GiB", "500MB" or bytes, and every
 problem reported at once in a JobSpecError (a ValueError) whose field_violations name each field
 by its snake_case path, with "did you mean" for near misses. One rule of transformers v5 is applied
-here: a training.warmup_steps below 1 written as a fraction is warmup_ratio. Nothing is silently
-ignored.
+here: a training.warmup_steps below 1 written as a fraction is warmup_ratio; and one of DeepSpeed's:
+per_device_train_batch_size: auto is auto_find_batch_size: true. Nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import grpc
 import yaml
 
 from offloadd.errors import FieldViolation, InvalidArgument
-from offloadd.spec_reader import read_message
+from offloadd.spec_reader import _short, read_message
 from offloadd.v1 import job_pb2
 
 # A job spec is small; YAML aliases can make a few hundred bytes expand into billions of values
@@ -90,6 +90,23 @@ def _move_warmup_fraction(spec: dict, out: list) -> dict:
     return {**spec, "training": training}
 
 
+def _move_auto_batch_size(spec: dict, out: list) -> dict:
+    """per_device_train_batch_size: auto (as DeepSpeed configs write it) is transformers'
+    auto_find_batch_size: true, with the micro-batch left to its default cap (64)."""
+    training = spec.get("training")
+    if not isinstance(training, dict) or training.get("per_device_train_batch_size") != "auto":
+        return spec
+    training = dict(training)
+    del training["per_device_train_batch_size"]
+    flag = training.get("auto_find_batch_size")
+    if flag is not None and flag is not True:
+        out.append(FieldViolation("training.per_device_train_batch_size",
+                                  f"auto contradicts auto_find_batch_size: {_short(flag)}; set one of them"))
+        return {**spec, "training": training}
+    training["auto_find_batch_size"] = True
+    return {**spec, "training": training}
+
+
 def read_job_spec(spec: dict, source: str = "job spec") -> tuple[job_pb2.JobSpec, list]:
     """(the JobSpec of the fields that read, the list of FieldViolation for the rest)."""
     if not isinstance(spec, dict):
@@ -100,6 +117,7 @@ def read_job_spec(spec: dict, source: str = "job spec") -> tuple[job_pb2.JobSpec
         raise ValueError(f"{source}: {e}") from None
     violations: list = []
     spec = _move_warmup_fraction(spec, violations)
+    spec = _move_auto_batch_size(spec, violations)
     msg = job_pb2.JobSpec()
     violations += read_message(spec, msg)
     return msg, violations

@@ -113,6 +113,16 @@ def test_hf_names_read_and_fractional_warmup_is_a_ratio():
         {"training": {"lr_scheduler_kwargs": {"min_lr_ratio": 0.1}}})
 
 
+def test_per_device_batch_size_auto_is_auto_find_batch_size():
+    t = offloadd.job_spec({"training": {"per_device_train_batch_size": "auto", "train_batch_size": 32}}).training
+    assert t.auto_find_batch_size and not t.HasField("per_device_train_batch_size") and t.train_batch_size == 32
+    t = offloadd.job_spec({"training": {"auto_find_batch_size": True, "per_device_train_batch_size": 16}}).training
+    assert t.auto_find_batch_size and t.per_device_train_batch_size == 16
+    assert "training.per_device_train_batch_size" in problems(
+        {"training": {"per_device_train_batch_size": "auto", "auto_find_batch_size": False}})
+    assert "training.per_device_train_batch_size" in problems({"training": {"per_device_train_batch_size": "automatic"}})
+
+
 def test_nearest_name_is_for_near_misses_only():
     names = ["learning_rate", "bf16", "fp16", "seed", "max_grad_norm"]
     assert nearest_name("learning_rat", names) == "learning_rate"
