@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -156,7 +158,10 @@ int RunDaemon(const DaemonConfig& config) {
                               << (peak_flops > 0 ? std::to_string(peak_flops / 1e12) + " TFLOP/s bf16 (known GPU)"
                                                  : std::string("unknown; set metrics.peak_flops to export MFU"));
   }
-  TrainMetrics train_metrics((*metrics)->registry(), {.peak_flops = peak_flops});
+  TrainMetrics train_metrics((*metrics)->registry(),
+                             {.peak_flops = peak_flops,
+                              .job_series_retention_seconds = config.metrics.job_series_retention_seconds,
+                              .clock = {}});
   auto runner = std::make_unique<TrainJobRunner>(DaemonTrainerEnvironment(config, !gpus.empty()), &train_metrics);
   const TrainerEnvironment& env = runner->environment();
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << ", "
@@ -172,8 +177,20 @@ int RunDaemon(const DaemonConfig& config) {
   boost::asio::io_context io;
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
   int received = 0;
+  // Ended jobs' series go once their retention has passed, scraped or not.
+  boost::asio::steady_timer sweep(io);
+  std::function<void()> arm_sweep = [&] {
+    sweep.expires_after(std::chrono::seconds(15));
+    sweep.async_wait([&](const boost::system::error_code& error) {
+      if (error) return;  // cancelled: shutting down
+      train_metrics.Sweep();
+      arm_sweep();
+    });
+  };
+  arm_sweep();
   signals.async_wait([&](const boost::system::error_code& error, int signo) {
     if (!error) received = signo;
+    sweep.cancel();
   });
 
   auto server = GrpcServer::Start(config, build, jobs->get(), metrics->get());

@@ -42,6 +42,9 @@ struct MetricsConfig {
   // Peak dense FLOP/s of the device jobs train on, in their compute dtype (bf16 tensor-core
   // FLOP/s on a GPU): the denominator of offloadd_train_mfu_ratio. 0 = unknown, MFU not exported.
   double peak_flops = 0;
+  // A job's offloadd_train_* series (and offloadd_job_info) stay this long after it stops running,
+  // so that short jobs are scraped and dashboards keep their last values; 0 removes them at once.
+  double job_series_retention_seconds = 900;
 };
 
 struct StoreDirectoryConfig {

@@ -203,6 +203,7 @@ Status TrainJobRunner::Run(const v1::Job& job, JobControl& control) {
   };
   remove_states();
 
+  if (metrics_ != nullptr) metrics_->StartJob(job.id(), job.spec().display_name(), config.model_dir);
   JobObserver observer(job, control, metrics_, tokens_seen, reported_before);
   Status status;
   try {
@@ -210,7 +211,7 @@ Status TrainJobRunner::Run(const v1::Job& job, JobControl& control) {
   } catch (const std::exception& e) {  // LibTorch throws c10::Error; the trainer converts most
     status = InternalError(std::string("training: ") + e.what());
   }
-  if (metrics_ != nullptr) metrics_->ClearJob(job.id());
+  if (metrics_ != nullptr) metrics_->EndJob(job.id());  // kept for the retention, then removed
   remove_states();
   return status;
 }

@@ -6,6 +6,9 @@
 #include <prometheus/registry.h>
 
 #include <array>
+#include <chrono>
+#include <iterator>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -71,6 +74,9 @@ struct TrainMetrics::Impl {
     Counter* lsp_switched = nullptr;
     Counter* lsp_seconds = nullptr;
     std::array<Gauge*, 2> lsp_bias{};  // in_use, learned
+    Gauge* info = nullptr;  // offloadd_job_info, from StartJob
+    // Set by EndJob: the series go once job_series_retention_seconds have passed since.
+    std::optional<std::chrono::steady_clock::time_point> ended;
   };
 
   Impl(prometheus::Registry& r, Options o)
@@ -133,7 +139,26 @@ struct TrainMetrics::Impl {
                                   "Wall time of the projector checks (probe, learning, switch).")),
         lsp_bias(GaugeFamily(r, "offloadd_train_lsp_bias",
                              "Mean relative bias ||C(G) - G||^2 / ||G||^2 at the last check: of the "
-                             "projectors in use, and of the learned ones that replaced them.")) {}
+                             "projectors in use, and of the learned ones that replaced them.")),
+        job_info(GaugeFamily(r, "offloadd_job_info",
+                             "1 for each job with series here: its display name and model path. Kept "
+                             "with the job's other series for metrics.job_series_retention_seconds "
+                             "after the job stops running.")) {}
+
+  std::chrono::steady_clock::time_point Now() const {
+    return options.clock ? options.clock() : std::chrono::steady_clock::now();
+  }
+  void RemoveLocked(std::unordered_map<std::string, JobSeries>::iterator it);
+  // Removes the series of jobs that ended at least the retention ago.
+  void SweepLocked() {
+    const auto now = Now();
+    const auto keep = std::chrono::duration<double>(options.job_series_retention_seconds);
+    for (auto it = by_job.begin(); it != by_job.end();) {
+      auto next = std::next(it);
+      if (it->second.ended && now - *it->second.ended >= keep) RemoveLocked(it);
+      it = next;
+    }
+  }
 
   JobSeries& SeriesLocked(const std::string& job_id) {
     auto it = by_job.find(job_id);
@@ -194,6 +219,7 @@ struct TrainMetrics::Impl {
   Family<Counter>& lsp_switched;
   Family<Counter>& lsp_seconds;
   Family<Gauge>& lsp_bias;
+  Family<Gauge>& job_info;
 
   std::mutex mu;
   std::unordered_map<std::string, JobSeries> by_job;  // guarded by mu
@@ -208,6 +234,7 @@ TrainMetrics::~TrainMetrics() = default;
 void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& s) {
   std::lock_guard lock(impl_->mu);
   Impl::JobSeries& j = impl_->SeriesLocked(job_id);
+  j.ended.reset();  // running (again)
   j.steps->Increment();
   j.tokens->Increment(static_cast<double>(s.tokens));
   j.step->Set(static_cast<double>(s.step));
@@ -282,11 +309,36 @@ void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) 
   }
 }
 
+void TrainMetrics::StartJob(const std::string& job_id, const std::string& display_name, const std::string& model) {
+  std::lock_guard lock(impl_->mu);
+  Impl::JobSeries& j = impl_->SeriesLocked(job_id);
+  j.ended.reset();
+  if (j.info != nullptr) impl_->job_info.Remove(j.info);
+  j.info = &impl_->job_info.Add({{"job_id", job_id}, {"display_name", display_name}, {"model", model}});
+  j.info->Set(1);
+  impl_->SweepLocked();
+}
+
+void TrainMetrics::EndJob(const std::string& job_id) {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->by_job.find(job_id);
+  if (it != impl_->by_job.end()) it->second.ended = impl_->Now();
+  impl_->SweepLocked();
+}
+
+void TrainMetrics::Sweep() {
+  std::lock_guard lock(impl_->mu);
+  impl_->SweepLocked();
+}
+
 void TrainMetrics::ClearJob(const std::string& job_id) {
   std::lock_guard lock(impl_->mu);
   auto it = impl_->by_job.find(job_id);
-  if (it == impl_->by_job.end()) return;
-  Impl& m = *impl_;
+  if (it != impl_->by_job.end()) impl_->RemoveLocked(it);
+}
+
+void TrainMetrics::Impl::RemoveLocked(std::unordered_map<std::string, JobSeries>::iterator it) {
+  Impl& m = *this;
   const Impl::JobSeries& j = it->second;
   m.steps.Remove(j.steps);
   m.tokens.Remove(j.tokens);
@@ -316,6 +368,7 @@ void TrainMetrics::ClearJob(const std::string& job_id) {
     m.lsp_seconds.Remove(j.lsp_seconds);
     for (Gauge* g : j.lsp_bias) m.lsp_bias.Remove(g);
   }
+  if (j.info != nullptr) m.job_info.Remove(j.info);
   m.by_job.erase(it);
 }
 

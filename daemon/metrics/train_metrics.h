@@ -5,13 +5,17 @@
 // daemon's prometheus::Registry next to DaemonMetrics.
 //
 // Per-job series carry the label job_id (not "job": Prometheus sets its own job target label at
-// scrape time and would rename ours to exported_job). Their number stays bounded because the job
-// runner calls ClearJob when a job stops running. offloadd_jobs{state} is fed by the job
+// scrape time and would rename ours to exported_job). Their number stays bounded: the job runner
+// calls EndJob when a job stops running, and the series go job_series_retention_seconds later (so
+// a job shorter than a scrape interval still appears), with offloadd_job_info{job_id,
+// display_name, model} beside them from StartJob. offloadd_jobs{state} is fed by the job
 // manager's state counts (JobManager::StateCountsSink).
 //
 // Thread-safe: all members may be called from any thread.
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +34,10 @@ class TrainMetrics {
     // Peak dense bf16 FLOP/s of the training GPU. When positive, offloadd_train_mfu_ratio is
     // exported as model FLOP/s over this peak; 0 leaves MFU out (peak unknown).
     double peak_flops = 0;
+    // How long a job's series stay after EndJob (0: removed at once).
+    double job_series_retention_seconds = 900;
+    // Tests: the clock the retention is measured with (default std::chrono::steady_clock).
+    std::function<std::chrono::steady_clock::time_point()> clock;
   };
 
   // Registers the families on `registry`, which must outlive this object.
@@ -55,7 +63,15 @@ class TrainMetrics {
   // from `counts` is set to 0, so its series does not go stale.
   void SetJobsByState(const std::map<std::string, int64_t>& counts);
 
-  // Removes every series of `job_id` (a no-op for an unknown job).
+  // A job starts (or resumes) running: offloadd_job_info = 1 with its labels; a removal pending
+  // from an earlier EndJob is cancelled, so its counters continue.
+  void StartJob(const std::string& job_id, const std::string& display_name, const std::string& model);
+  // The job stopped running: its series stay for job_series_retention_seconds, then go.
+  void EndJob(const std::string& job_id);
+  // Removes what has outlived the retention (every member also does; the daemon calls this on a
+  // timer so that series go without other traffic).
+  void Sweep();
+  // Removes every series of `job_id` now (a no-op for an unknown job).
   void ClearJob(const std::string& job_id);
 
  private:

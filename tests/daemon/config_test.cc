@@ -38,6 +38,7 @@ server:
 metrics:
   listen: 0.0.0.0:0
   peak_flops: 989e12
+  job_series_retention_seconds: 120
 storage:
   directories:
     - path: /nvme0/offloadd
@@ -62,6 +63,7 @@ memory: {host_memory_limit: 200GiB, gpu_memory_limit: 24GiB}
   EXPECT_FALSE(c->workers.pin_cores);
   EXPECT_EQ(c->memory.gpu_memory_limit, 24ull << 30);
   EXPECT_EQ(c->metrics.peak_flops, 989e12);
+  EXPECT_EQ(c->metrics.job_series_retention_seconds, 120);
 }
 
 TEST(ConfigTest, UnknownKeysAreNamedWithTheirPath) {
@@ -95,6 +97,8 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
   EXPECT_NE(ErrorOf("server: [1, 2]").find("server: expected a mapping"), std::string::npos);
   EXPECT_NE(ErrorOf("metrics: {listen: nowhere}").find("metrics.listen: expected host:port"), std::string::npos);
   EXPECT_NE(ErrorOf("metrics: {peak_flops: -1}").find("metrics.peak_flops: must be between 0"), std::string::npos);
+  EXPECT_NE(ErrorOf("metrics: {job_series_retention_seconds: -5}").find("metrics.job_series_retention_seconds"),
+            std::string::npos);
   EXPECT_NE(ErrorOf("metrics: {peak_flops: fast}").find("metrics.peak_flops: expected a number"), std::string::npos);
   EXPECT_NE(ErrorOf("server: {max_watchers_per_client: 0}").find("server.max_watchers_per_client"),
             std::string::npos);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -148,6 +149,50 @@ TEST(TrainMetricsTest, ClearJobRemovesOnlyThatJobsSeries) {
   // A cleared job that runs again starts its counters from zero.
   m.Observe("a", Step(2));
   EXPECT_EQ(Samples(Scrape(registry))[R"(offloadd_train_steps_total{job_id="a"})"], 1);
+}
+
+// A job's series, with offloadd_job_info, stay for the retention after EndJob (so a job shorter
+// than a scrape interval is still scraped), then go; a job that runs again before that continues
+// its counters.
+TEST(TrainMetricsTest, EndedJobsSeriesStayForTheRetentionWithTheirInfo) {
+  prometheus::Registry registry;
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  TrainMetrics::Options options;
+  options.job_series_retention_seconds = 60;
+  options.clock = [&now] { return now; };
+  TrainMetrics m(registry, options);
+  m.StartJob("a", "short job", "/models/tiny");
+  m.Observe("a", Step(1));
+  m.StartJob("b", "long job", "/models/7b");
+  m.EndJob("a");
+  const char* info_a = R"(offloadd_job_info{display_name="short job",job_id="a",model="/models/tiny"})";
+  auto v = Samples(Scrape(registry));
+  EXPECT_EQ(v[info_a], 1) << Scrape(registry);
+  EXPECT_EQ(v[R"(offloadd_train_steps_total{job_id="a"})"], 1);
+  now += std::chrono::seconds(59);
+  m.Sweep();
+  EXPECT_NE(Scrape(registry).find(R"(job_id="a")"), std::string::npos) << "within the retention";
+  now += std::chrono::seconds(1);
+  m.Sweep();
+  std::string text = Scrape(registry);
+  EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"(offloadd_job_info{display_name="long job",job_id="b",model="/models/7b"})"), std::string::npos)
+      << "a running job's series stay";
+  // Ended, then resumed within the retention: the removal is cancelled and counters continue.
+  m.Observe("b", Step(1));
+  m.EndJob("b");
+  now += std::chrono::seconds(30);
+  m.StartJob("b", "long job", "/models/7b");
+  m.Observe("b", Step(2));
+  now += std::chrono::seconds(3600);
+  m.Sweep();
+  EXPECT_EQ(Samples(Scrape(registry))[R"(offloadd_train_steps_total{job_id="b"})"], 2);
+  // Retention 0: gone at EndJob.
+  prometheus::Registry r0;
+  TrainMetrics m0(r0, {.peak_flops = 0, .job_series_retention_seconds = 0, .clock = {}});
+  m0.StartJob("c", "c", "/m");
+  m0.EndJob("c");
+  EXPECT_EQ(Scrape(r0).find(R"(job_id="c")"), std::string::npos);
 }
 
 // Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with ClearJob.

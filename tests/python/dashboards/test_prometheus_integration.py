@@ -120,7 +120,7 @@ def test_every_dashboard_query_returns_data(binary_dir, source_dir, tmp_path):
             for f in sorted((source_dir / "dashboards").glob("*.json")):
                 for panel in json.loads(f.read_text())["panels"]:
                     for t in panel.get("targets", []):
-                        expr = t["expr"].replace("$instance", ".*").replace("$__rate_interval", "30s")
+                        expr = t["expr"].replace("$instance", ".*").replace("$job", ".*").replace("$__rate_interval", "30s")
                         r = query(port, expr)
                         assert r["status"] == "success", (panel["title"], expr, r)
                         if not r["data"]["result"]:
