@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -168,7 +169,30 @@ Status StoreProcess::Submit(StoreOp op, uint64_t id, const StoreCommand& command
   r.Pack(command);
   Status st = commands_.Push(r, timeout_ms, pidfd_.get());
   if (!st.ok()) return PeerError(std::move(st), "offloadd-store command ring");
+  if (op != StoreOp::kShutdown) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.submitted;
+    ++stats_.in_flight;
+    submitted_at_[id] = std::chrono::steady_clock::now();
+  }
   return OkStatus();
+}
+
+namespace {
+// Submit-to-completion latency buckets: a 4 KiB read on NVMe to a 1 GiB write on a slow disk.
+const std::vector<double>& LatencyBounds() {
+  static const std::vector<double> kBounds = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
+                                              0.05, 0.1,    0.25,   0.5,  1,      2.5,    5,    10};
+  return kBounds;
+}
+}  // namespace
+
+StoreClientStats StoreProcess::Stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  StoreClientStats s = stats_;
+  s.latency_bounds_seconds = LatencyBounds();
+  s.latency_counts.resize(LatencyBounds().size() + 1, 0);
+  return s;
 }
 
 StatusOr<Completion> StoreProcess::NextCompletion(int timeout_ms) {
@@ -178,6 +202,19 @@ StatusOr<Completion> StoreProcess::NextCompletion(int timeout_ms) {
   Completion c;
   c.id = r.id;
   c.body = r.Unpack<StoreCompletion>();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  auto it = submitted_at_.find(c.id);
+  if (it != submitted_at_.end() && c.body.op != static_cast<uint32_t>(StoreOp::kShutdown)) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();
+    submitted_at_.erase(it);
+    const std::vector<double>& bounds = LatencyBounds();
+    stats_.latency_counts.resize(bounds.size() + 1, 0);
+    ++stats_.latency_counts[std::lower_bound(bounds.begin(), bounds.end(), secs) - bounds.begin()];
+    stats_.latency_sum_seconds += secs;
+    ++stats_.completed;
+    if (stats_.in_flight > 0) --stats_.in_flight;
+    if (c.body.code != 0) ++stats_.errors;
+  }
   return c;
 }
 

@@ -13,8 +13,11 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -42,6 +45,18 @@ struct Completion {
   }
 };
 
+// The store as its client sees it: commands submitted and completed, completions that carried an
+// error, commands in flight, and submit-to-completion latency (the daemon exports these per job;
+// the store's own offloadd_store_* metrics are per process, on its --metrics-listen).
+struct StoreClientStats {
+  uint64_t submitted = 0, completed = 0, errors = 0;
+  uint32_t in_flight = 0;
+  // counts[i]: completions with latency <= bounds[i] and > bounds[i-1]; counts.back(): +Inf.
+  std::vector<double> latency_bounds_seconds;
+  std::vector<uint64_t> latency_counts;
+  double latency_sum_seconds = 0;
+};
+
 class StoreProcess {
  public:
   static StatusOr<std::unique_ptr<StoreProcess>> Launch(const ipc::SharedSegment& segment,
@@ -62,6 +77,8 @@ class StoreProcess {
   pid_t pid() const { return pid_; }
   const std::string& engine() const { return engine_; }
   int metrics_port() const { return metrics_port_; }
+  // Thread-safe snapshot.
+  StoreClientStats Stats() const;
   // Waits for the child to exit after it was killed; returns its wait status (again on later
   // calls).
   int Reap();
@@ -78,6 +95,9 @@ class StoreProcess {
   ipc::Channel<ipc::CommandRecord> commands_, completions_;
   std::string engine_;
   int metrics_port_ = 0;
+  mutable std::mutex stats_mu_;
+  StoreClientStats stats_;  // guarded by stats_mu_
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> submitted_at_;  // by id
 };
 
 }  // namespace offloadd::storage

@@ -11,6 +11,7 @@
 #include "common/units.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
+#include "trainer/host_optimizer.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -327,6 +328,10 @@ StatusOr<std::vector<at::Tensor>> ActivationSpill::Take(uint64_t ticket, c10::De
   retired_.push_back({static_cast<uint64_t>(r.range), r.bytes, last, r.writing ? ticket : 0, r.block});
   RETURN_IF_ERROR(Progress(false));
   return out;
+}
+
+void ActivationSpill::AddRuntime(RuntimeStats* out) const {
+  if (store_) out->stores.push_back(StoreRuntimeStats(*store_, "activations"));
 }
 
 SpillTotals ActivationSpill::TakeTotals() {

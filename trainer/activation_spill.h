@@ -28,6 +28,7 @@
 #include "ipc/arena.h"
 #include "ipc/shm_segment.h"
 #include "trainer/device_streams.h"
+#include "trainer/step_stats.h"
 
 namespace offloadd::storage {
 class StoreProcess;
@@ -64,6 +65,8 @@ class ActivationSpill {
   StatusOr<std::vector<at::Tensor>> Take(uint64_t ticket, c10::Device device);
 
   SpillTotals TakeTotals();
+  // Its store as the client sees it (role "activations"), for the per-job metrics.
+  void AddRuntime(RuntimeStats* out) const;
 
  private:
   struct TensorMeta {

@@ -34,6 +34,7 @@ struct DeviceStreams::Impl {
   at::cuda::CUDAStream& h2d() { return *h2d_; }
   at::cuda::CUDAStream& d2h() { return *d2h_; }
   std::vector<ipc::CudaHostRegistration> pins;
+  uint64_t pinned_bytes = 0;
   std::mutex mu;
   struct Timed {
     std::string track, name;
@@ -66,6 +67,7 @@ class DeviceStreams::Event {};
 struct DeviceStreams::Impl {
   std::mutex mu;
   std::vector<Span> spans;
+  uint64_t pinned_bytes = 0;  // nothing is pinned without CUDA
   double compute_start = 0;
   std::string compute_name;
 };
@@ -109,12 +111,15 @@ Status DeviceStreams::Pin(void* base, size_t bytes) {
   if (!cuda_ || bytes == 0) return OkStatus();
   ASSIGN_OR_RETURN(ipc::CudaHostRegistration r, ipc::CudaHostRegistration::Register(base, bytes));
   impl_->pins.push_back(std::move(r));
+  impl_->pinned_bytes += bytes;
 #else
   (void)base;
   (void)bytes;
 #endif
   return OkStatus();
 }
+
+uint64_t DeviceStreams::PinnedBytes() const { return impl_->pinned_bytes; }
 
 StatusOr<int64_t> DeviceStreams::CapMemory(int64_t bytes) {
 #if OFFLOADD_WITH_CUDA

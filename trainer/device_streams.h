@@ -44,6 +44,7 @@ class DeviceStreams {
   void UseCompute() const;
   // Page-locks host memory used as a copy source or destination (cudaHostRegister).
   Status Pin(void* base, size_t bytes);
+  uint64_t PinnedBytes() const;  // what Pin registered
   // Caps the caching allocator at `bytes` (setMemoryFraction); returns the device's total memory.
   StatusOr<int64_t> CapMemory(int64_t bytes);
   int64_t FreeMemory() const;

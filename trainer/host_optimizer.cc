@@ -7,9 +7,10 @@
 #include <cstring>
 
 #include "common/logging.h"
-#include "trainer/trace.h"
+#include "common/proc_stat.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
+#include "trainer/trace.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
@@ -655,6 +656,44 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
   totals_.nvme_busy_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return OkStatus();
+}
+
+}  // namespace offloadd::trainer
+
+namespace offloadd::trainer {
+
+RuntimeStats::Store StoreRuntimeStats(const storage::StoreProcess& store, const char* role) {
+  const storage::StoreClientStats c = store.Stats();
+  RuntimeStats::Store s;
+  s.role = role;
+  s.pid = store.pid();
+  if (auto p = ReadProcStat(store.pid())) s.cpu_seconds = p->cpu_seconds;
+  s.submitted = c.submitted;
+  s.completed = c.completed;
+  s.errors = c.errors;
+  s.in_flight = c.in_flight;
+  s.latency_bounds_seconds = c.latency_bounds_seconds;
+  s.latency_counts = c.latency_counts;
+  s.latency_sum_seconds = c.latency_sum_seconds;
+  return s;
+}
+
+void HostOptimizer::AddRuntime(RuntimeStats* out) const {
+  const workers::WorkerPoolMetrics m = pool_->Metrics();
+  for (size_t i = 0; i < m.workers.size(); ++i) {
+    const auto& w = m.workers[i];
+    RuntimeStats::Worker x;
+    x.index = static_cast<int>(i);
+    x.pid = w.pid;
+    if (auto p = w.pid > 0 ? ReadProcStat(w.pid) : std::nullopt) x.cpu_seconds = p->cpu_seconds;
+    x.busy_seconds = w.busy_seconds_total;
+    x.params_updated = w.params_updated_total;
+    x.queue_depth = w.queue_depth;
+    x.restarts = w.restarts;
+    out->workers.push_back(x);
+  }
+  if (store_) out->stores.push_back(StoreRuntimeStats(*store_, "optimizer"));
+  out->arena_bytes += ArenaBytes(options_);
 }
 
 }  // namespace offloadd::trainer

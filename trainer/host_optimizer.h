@@ -33,6 +33,7 @@
 #include "common/status.h"
 #include "ipc/arena.h"
 #include "ipc/shm_segment.h"
+#include "trainer/step_stats.h"
 #include "trainer/train_config.h"
 #include "workers/step_driver.h"
 
@@ -143,6 +144,9 @@ class HostOptimizer {
   // counts as done: its blocks keep their weights).
   StatusOr<workers::StepResult> WaitFinished(uint64_t step);
   UpdateTotals TakeTotals();
+  // The worker processes (CPU time, work, queue) and the NVMe tier's store (role "optimizer") after
+  // a step, and the pinned arena's size; for the per-job metrics.
+  void AddRuntime(RuntimeStats* out) const;
   uint32_t worker_processes() const;
   // The CPU AdamW kernel the workers run and why: "avx2 (OFFLOADD_ADAMW_KERNEL=avx2)".
   std::string kernel_description() const;
@@ -210,5 +214,8 @@ class HostOptimizer {
   UpdateTotals totals_;
   double busy_base_ = 0;
 };
+
+// A store process as its client sees it, with its CPU time (the per-job metrics).
+RuntimeStats::Store StoreRuntimeStats(const storage::StoreProcess& store, const char* role);
 
 }  // namespace offloadd::trainer

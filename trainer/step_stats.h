@@ -2,7 +2,11 @@
 // What one optimizer step of the offloaded pipeline measured: the figures behind JobProgress, the
 // offloadd_train_* metrics and the bench harness. Torch-free value type.
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace offloadd::trainer {
 
@@ -62,6 +66,34 @@ struct ProjectorCheckStats {
   double mean_bias = 0;           // relative bias of the projectors in use, over the checked ones
   double mean_bias_after = 0;     // of the learned ones, over the switched ones
   double seconds = 0;
+};
+
+// The job's helper processes after a step (issue #16 item 4; the daemon exports these per job):
+// each optimizer worker's CPU time and work, and each NVMe store as its client sees it.
+struct RuntimeStats {
+  struct Worker {
+    int index = 0;
+    pid_t pid = -1;
+    double cpu_seconds = 0;   // user + system time of the process (/proc/<pid>/stat); restarts from 0
+    double busy_seconds = 0;  // executing commands, since the pool started
+    uint64_t params_updated = 0;
+    uint32_t queue_depth = 0;
+    uint32_t restarts = 0;
+  };
+  std::vector<Worker> workers;
+  struct Store {
+    std::string role;  // "optimizer" (the NVMe tier) or "activations"
+    pid_t pid = -1;
+    double cpu_seconds = 0;
+    uint64_t submitted = 0, completed = 0, errors = 0;
+    uint32_t in_flight = 0;
+    std::vector<double> latency_bounds_seconds;
+    std::vector<uint64_t> latency_counts;  // per bucket, the last is +Inf
+    double latency_sum_seconds = 0;
+  };
+  std::vector<Store> stores;
+  uint64_t arena_bytes = 0;        // the shared arena: master weights, Adam states, staging
+  uint64_t pinned_host_bytes = 0;  // host memory page-locked for the GPU's copies (CUDA; 0 on a CPU device)
 };
 
 }  // namespace offloadd::trainer

@@ -133,6 +133,13 @@ Status Trainer::Impl::RunStep() {
   completed = k;
   ++steps_run;
   accounting->EndStep(loss_sum, flops, data->epoch());
+  if (obs) {
+    RuntimeStats rt;
+    host->AddRuntime(&rt);
+    if (spill) spill->AddRuntime(&rt);
+    rt.pinned_host_bytes += streams->PinnedBytes();
+    obs->OnRuntime(rt);
+  }
   return OkStatus();
 }
 

@@ -44,6 +44,8 @@ class TrainObserver {
   virtual void OnStep(const StepStats& /*stats*/) {}
   virtual void OnEval(const EvalStats& /*stats*/) {}
   virtual void OnProjectorCheck(const ProjectorCheckStats& /*stats*/) {}
+  // After each step: the job's worker and store processes (trainer/step_stats.h RuntimeStats).
+  virtual void OnRuntime(const RuntimeStats& /*stats*/) {}
   virtual void OnLog(Level /*level*/, const std::string& /*message*/) {}
   virtual void OnCheckpoint(const std::string& /*path*/, int64_t /*step*/, uint64_t /*bytes*/,
                             double /*loss*/) {}

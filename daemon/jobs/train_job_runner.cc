@@ -83,6 +83,9 @@ class JobObserver final : public trainer::TrainObserver {
   void OnProjectorCheck(const trainer::ProjectorCheckStats& c) override {
     if (metrics_ != nullptr) metrics_->ObserveProjectorCheck(job_id_, c);
   }
+  void OnRuntime(const trainer::RuntimeStats& r) override {
+    if (metrics_ != nullptr) metrics_->ObserveRuntime(job_id_, r);
+  }
 
   void OnLog(Level level, const std::string& message) override {
     control_.Log(ToLogLevel(level), message);

@@ -5,8 +5,9 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <sstream>
 #include <string>
+
+#include "common/proc_stat.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -52,34 +53,23 @@ int OpenFds() {
 
 std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   std::vector<prometheus::MetricFamily> out;
-  std::ifstream in("/proc/self/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Fields after the command name, which is in parentheses and may contain spaces.
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return out;
-  std::istringstream fields(stat.substr(close + 2));
-  std::string f[50];
-  for (int i = 0; i < 50 && (fields >> f[i]); ++i) {
-  }
-  // Indices are field number - 3 (proc(5)): utime 14, stime 15, num_threads 20, starttime 22,
-  // vsize 23, rss 24.
-  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
-  const double cpu = (std::stod(f[11]) + std::stod(f[12])) / ticks;
-  const double start = BootTimeSeconds() + std::stod(f[19]) / ticks;
+  const std::optional<ProcStat> p = ReadProcStat();
+  if (!p) return out;
+  const double cpu = p->cpu_seconds;
+  const double start = BootTimeSeconds() + p->start_after_boot_s;
   rlimit nofile{};
   getrlimit(RLIMIT_NOFILE, &nofile);
   using prometheus::MetricType;
   out.push_back(Family("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
                        MetricType::Counter, cpu));
   out.push_back(Family("process_resident_memory_bytes", "Resident memory size in bytes.",
-                       MetricType::Gauge, std::stod(f[21]) * page));
+                       MetricType::Gauge, static_cast<double>(p->resident_bytes)));
   out.push_back(Family("process_virtual_memory_bytes", "Virtual memory size in bytes.",
-                       MetricType::Gauge, std::stod(f[20])));
+                       MetricType::Gauge, static_cast<double>(p->virtual_bytes)));
   out.push_back(Family("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
                        MetricType::Gauge, start));
   out.push_back(Family("process_threads", "Number of OS threads in the process.", MetricType::Gauge,
-                       std::stod(f[17])));
+                       static_cast<double>(p->threads)));
   out.push_back(Family("process_open_fds", "Number of open file descriptors.", MetricType::Gauge, OpenFds()));
   out.push_back(Family("process_max_fds", "Maximum number of open file descriptors.", MetricType::Gauge,
                        static_cast<double>(nofile.rlim_cur)));

@@ -5,9 +5,11 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <mutex>
 #include <set>
@@ -75,6 +77,31 @@ struct TrainMetrics::Impl {
     Counter* lsp_seconds = nullptr;
     std::array<Gauge*, 2> lsp_bias{};  // in_use, learned
     Gauge* info = nullptr;  // offloadd_job_info, from StartJob
+    // The job's helper processes (ObserveRuntime); counters follow cumulative figures by their
+    // increase since the last report (a restarted process starts again from 0).
+    struct WorkerSeries {
+      pid_t pid = -1;
+      Counter* cpu;
+      Counter* busy;
+      Counter* params;
+      Counter* restarts;
+      Gauge* queue_depth;
+      double last_cpu = 0, last_busy = 0, last_params = 0, last_restarts = 0;
+    };
+    std::map<int, WorkerSeries> workers;
+    struct StoreSeries {
+      pid_t pid = -1;
+      Counter* cpu;
+      Counter* ok;
+      Counter* errors;
+      Gauge* in_flight;
+      Histogram* latency;
+      double last_cpu = 0, last_ok = 0, last_errors = 0, last_sum = 0;
+      std::vector<uint64_t> last_counts;
+    };
+    std::map<std::string, StoreSeries> stores;
+    Gauge* arena = nullptr;
+    Gauge* pinned = nullptr;
     // Set by EndJob: the series go once job_series_retention_seconds have passed since.
     std::optional<std::chrono::steady_clock::time_point> ended;
   };
@@ -140,6 +167,32 @@ struct TrainMetrics::Impl {
         lsp_bias(GaugeFamily(r, "offloadd_train_lsp_bias",
                              "Mean relative bias ||C(G) - G||^2 / ||G||^2 at the last check: of the "
                              "projectors in use, and of the learned ones that replaced them.")),
+        worker_cpu(CounterFamily(r, "offloadd_worker_cpu_seconds_total",
+                                 "User and system CPU time of each optimizer worker process of the job.")),
+        worker_busy(CounterFamily(r, "offloadd_worker_busy_seconds_total",
+                                  "Time each optimizer worker spent executing update commands.")),
+        worker_params(CounterFamily(r, "offloadd_worker_updated_params_total",
+                                    "Parameters each optimizer worker passed through AdamW.")),
+        worker_restarts(CounterFamily(r, "offloadd_worker_restarts_total",
+                                      "Restarts of each optimizer worker after it died.")),
+        worker_queue(GaugeFamily(r, "offloadd_worker_queue_depth",
+                                 "Update commands submitted to each worker and not yet completed.")),
+        store_cpu(CounterFamily(r, "offloadd_job_store_cpu_seconds_total",
+                                "User and system CPU time of the job's NVMe store process, by role "
+                                "(optimizer: the states' tier; activations).")),
+        store_requests(CounterFamily(r, "offloadd_job_store_requests_total",
+                                     "Requests the job's NVMe store completed, as the job saw them, by "
+                                     "role and result (ok, error).")),
+        store_in_flight(GaugeFamily(r, "offloadd_job_store_requests_in_flight",
+                                    "Requests submitted to the job's NVMe store and not yet completed.")),
+        store_latency(prometheus::BuildHistogram()
+                          .Name("offloadd_job_store_latency_seconds")
+                          .Help("Submit-to-completion time of the job's NVMe store requests.")
+                          .Register(r)),
+        arena(GaugeFamily(r, "offloadd_job_host_arena_bytes",
+                          "The job's shared host arena: fp32 master weights, Adam states, staging.")),
+        pinned(GaugeFamily(r, "offloadd_job_host_pinned_bytes",
+                           "Host memory the job page-locked for the GPU's copies.")),
         job_info(GaugeFamily(r, "offloadd_job_info",
                              "1 for each job with series here: its display name and model path. Kept "
                              "with the job's other series for metrics.job_series_retention_seconds "
@@ -219,6 +272,17 @@ struct TrainMetrics::Impl {
   Family<Counter>& lsp_switched;
   Family<Counter>& lsp_seconds;
   Family<Gauge>& lsp_bias;
+  Family<Counter>& worker_cpu;
+  Family<Counter>& worker_busy;
+  Family<Counter>& worker_params;
+  Family<Counter>& worker_restarts;
+  Family<Gauge>& worker_queue;
+  Family<Counter>& store_cpu;
+  Family<Counter>& store_requests;
+  Family<Gauge>& store_in_flight;
+  Family<Histogram>& store_latency;
+  Family<Gauge>& arena;
+  Family<Gauge>& pinned;
   Family<Gauge>& job_info;
 
   std::mutex mu;
@@ -299,6 +363,78 @@ void TrainMetrics::ObserveProjectorCheck(const std::string& job_id, const traine
   if (c.switched > 0) j.lsp_bias[1]->Set(c.mean_bias_after);
 }
 
+namespace {
+// A counter that mirrors a cumulative figure: grows by its increase; a figure that went down
+// started again from 0 (a restarted process).
+void Follow(Counter* c, double* last, double now) {
+  c->Increment(now >= *last ? now - *last : now);
+  *last = now;
+}
+}  // namespace
+
+void TrainMetrics::ObserveRuntime(const std::string& job_id, const trainer::RuntimeStats& r) {
+  std::lock_guard lock(impl_->mu);
+  Impl& m = *impl_;
+  Impl::JobSeries& j = m.SeriesLocked(job_id);
+  for (const trainer::RuntimeStats::Worker& w : r.workers) {
+    auto [it, fresh] = j.workers.try_emplace(w.index);
+    Impl::JobSeries::WorkerSeries& s = it->second;
+    if (fresh) {
+      const prometheus::Labels l = {{"job_id", job_id}, {"worker", std::to_string(w.index)}};
+      s.cpu = &m.worker_cpu.Add(l);
+      s.busy = &m.worker_busy.Add(l);
+      s.params = &m.worker_params.Add(l);
+      s.restarts = &m.worker_restarts.Add(l);
+      s.queue_depth = &m.worker_queue.Add(l);
+    }
+    if (s.pid != w.pid) s.last_cpu = 0;  // a new process: its CPU time starts from 0
+    s.pid = w.pid;
+    Follow(s.cpu, &s.last_cpu, w.cpu_seconds);
+    Follow(s.busy, &s.last_busy, w.busy_seconds);
+    Follow(s.params, &s.last_params, static_cast<double>(w.params_updated));
+    Follow(s.restarts, &s.last_restarts, w.restarts);
+    s.queue_depth->Set(w.queue_depth);
+  }
+  for (const trainer::RuntimeStats::Store& st : r.stores) {
+    auto [it, fresh] = j.stores.try_emplace(st.role);
+    Impl::JobSeries::StoreSeries& s = it->second;
+    if (fresh) {
+      const prometheus::Labels l = {{"job_id", job_id}, {"role", st.role}};
+      s.cpu = &m.store_cpu.Add(l);
+      s.ok = &m.store_requests.Add({{"job_id", job_id}, {"role", st.role}, {"result", "ok"}});
+      s.errors = &m.store_requests.Add({{"job_id", job_id}, {"role", st.role}, {"result", "error"}});
+      s.in_flight = &m.store_in_flight.Add(l);
+      s.latency = &m.store_latency.Add(l, st.latency_bounds_seconds);
+    }
+    if (s.pid != st.pid) {  // a new store process: its figures start again
+      s.last_cpu = s.last_ok = s.last_errors = s.last_sum = 0;
+      s.last_counts.clear();
+    }
+    s.pid = st.pid;
+    Follow(s.cpu, &s.last_cpu, st.cpu_seconds);
+    Follow(s.ok, &s.last_ok, static_cast<double>(st.completed - st.errors));
+    Follow(s.errors, &s.last_errors, static_cast<double>(st.errors));
+    s.in_flight->Set(st.in_flight);
+    // Buckets: the increase of each since the last report (the histogram's own layout).
+    std::vector<double> increments(st.latency_counts.size(), 0);
+    s.last_counts.resize(st.latency_counts.size(), 0);
+    bool any = false;
+    for (size_t i = 0; i < increments.size(); ++i) {
+      increments[i] = static_cast<double>(st.latency_counts[i] - std::min(st.latency_counts[i], s.last_counts[i]));
+      any = any || increments[i] > 0;
+    }
+    if (any) s.latency->ObserveMultiple(increments, std::max(0.0, st.latency_sum_seconds - s.last_sum));
+    s.last_counts = st.latency_counts;
+    s.last_sum = st.latency_sum_seconds;
+  }
+  if (j.arena == nullptr) {
+    j.arena = &m.arena.Add({{"job_id", job_id}});
+    j.pinned = &m.pinned.Add({{"job_id", job_id}});
+  }
+  j.arena->Set(static_cast<double>(r.arena_bytes));
+  j.pinned->Set(static_cast<double>(r.pinned_host_bytes));
+}
+
 void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) {
   std::lock_guard lock(impl_->mu);
   for (const auto& [state, n] : counts) impl_->states_seen.insert(state);
@@ -369,6 +505,24 @@ void TrainMetrics::Impl::RemoveLocked(std::unordered_map<std::string, JobSeries>
     for (Gauge* g : j.lsp_bias) m.lsp_bias.Remove(g);
   }
   if (j.info != nullptr) m.job_info.Remove(j.info);
+  for (const auto& [index, w] : j.workers) {
+    m.worker_cpu.Remove(w.cpu);
+    m.worker_busy.Remove(w.busy);
+    m.worker_params.Remove(w.params);
+    m.worker_restarts.Remove(w.restarts);
+    m.worker_queue.Remove(w.queue_depth);
+  }
+  for (const auto& [role, st] : j.stores) {
+    m.store_cpu.Remove(st.cpu);
+    m.store_requests.Remove(st.ok);
+    m.store_requests.Remove(st.errors);
+    m.store_in_flight.Remove(st.in_flight);
+    m.store_latency.Remove(st.latency);
+  }
+  if (j.arena != nullptr) {
+    m.arena.Remove(j.arena);
+    m.pinned.Remove(j.pinned);
+  }
   m.by_job.erase(it);
 }
 

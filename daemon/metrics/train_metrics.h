@@ -59,6 +59,12 @@ class TrainMetrics {
   // offloadd_train_lsp_bias{projectors="in_use"|"learned"}.
   void ObserveProjectorCheck(const std::string& job_id, const trainer::ProjectorCheckStats& stats);
 
+  // The job's worker and store processes after a step: offloadd_worker_*{job_id, worker} (CPU
+  // time, busy time, parameters updated, restarts, queue depth), offloadd_job_store_*{job_id,
+  // role} (CPU time, requests by result, in flight, latency), offloadd_job_host_arena_bytes and
+  // offloadd_job_host_pinned_bytes.
+  void ObserveRuntime(const std::string& job_id, const trainer::RuntimeStats& stats);
+
   // offloadd_jobs{state}: the count of jobs in each state. A state reported before and absent
   // from `counts` is set to 0, so its series does not go stale.
   void SetJobsByState(const std::map<std::string, int64_t>& counts);

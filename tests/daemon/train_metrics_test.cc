@@ -195,6 +195,67 @@ TEST(TrainMetricsTest, EndedJobsSeriesStayForTheRetentionWithTheirInfo) {
   EXPECT_EQ(Scrape(r0).find(R"(job_id="c")"), std::string::npos);
 }
 
+// The job's helper processes: counters follow the cumulative figures (a restarted worker, with a
+// new pid, starts its CPU time from 0 again), the store's latency buckets grow by their increase,
+// and everything goes with the job's series.
+TEST(TrainMetricsTest, WorkerAndStoreSeriesFollowTheJobsProcesses) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  trainer::RuntimeStats r;
+  trainer::RuntimeStats::Worker w;
+  w.index = 0;
+  w.pid = 100;
+  w.cpu_seconds = 2.0;
+  w.busy_seconds = 1.5;
+  w.params_updated = 1000;
+  w.queue_depth = 1;
+  r.workers.push_back(w);
+  trainer::RuntimeStats::Store st;
+  st.role = "optimizer";
+  st.pid = 200;
+  st.cpu_seconds = 0.5;
+  st.submitted = 4;
+  st.completed = 4;
+  st.errors = 1;
+  st.latency_bounds_seconds = {0.001, 0.01};
+  st.latency_counts = {1, 3, 0};
+  st.latency_sum_seconds = 0.02;
+  r.stores.push_back(st);
+  r.arena_bytes = 1 << 20;
+  r.pinned_host_bytes = 1 << 19;
+  m.ObserveRuntime("a", r);
+  w.pid = 101;  // restarted: a new process, its CPU time from 0
+  w.cpu_seconds = 0.25;
+  w.busy_seconds = 2.5;
+  w.params_updated = 1500;
+  w.queue_depth = 3;
+  w.restarts = 2;
+  r.workers[0] = w;
+  r.stores[0].completed = 6;
+  r.stores[0].latency_counts = {2, 4, 0};
+  r.stores[0].latency_sum_seconds = 0.03;
+  r.stores[0].in_flight = 2;
+  m.ObserveRuntime("a", r);
+  auto v = Samples(Scrape(registry));
+  EXPECT_DOUBLE_EQ(v[R"(offloadd_worker_cpu_seconds_total{job_id="a",worker="0"})"], 2.25);
+  EXPECT_DOUBLE_EQ(v[R"(offloadd_worker_busy_seconds_total{job_id="a",worker="0"})"], 2.5);
+  EXPECT_EQ(v[R"(offloadd_worker_updated_params_total{job_id="a",worker="0"})"], 1500);
+  EXPECT_EQ(v[R"(offloadd_worker_restarts_total{job_id="a",worker="0"})"], 2);
+  EXPECT_EQ(v[R"(offloadd_worker_queue_depth{job_id="a",worker="0"})"], 3);
+  EXPECT_EQ(v[R"(offloadd_job_store_requests_total{job_id="a",result="ok",role="optimizer"})"], 5);
+  EXPECT_EQ(v[R"(offloadd_job_store_requests_total{job_id="a",result="error",role="optimizer"})"], 1);
+  EXPECT_EQ(v[R"(offloadd_job_store_requests_in_flight{job_id="a",role="optimizer"})"], 2);
+  EXPECT_EQ(v[R"(offloadd_job_store_latency_seconds_count{job_id="a",role="optimizer"})"], 6);
+  EXPECT_EQ(v[R"(offloadd_job_store_latency_seconds_bucket{job_id="a",role="optimizer",le="0.001"})"], 2);
+  EXPECT_EQ(v[R"(offloadd_job_store_latency_seconds_bucket{job_id="a",role="optimizer",le="0.01"})"], 6);
+  EXPECT_NEAR(v[R"(offloadd_job_store_latency_seconds_sum{job_id="a",role="optimizer"})"], 0.03, 1e-12);
+  EXPECT_EQ(v[R"(offloadd_job_host_arena_bytes{job_id="a"})"], 1 << 20);
+  EXPECT_EQ(v[R"(offloadd_job_host_pinned_bytes{job_id="a"})"], 1 << 19);
+  m.ClearJob("a");
+  const std::string text = Scrape(registry);
+  EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
+}
+
 // Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with ClearJob.
 TEST(TrainMetricsTest, EvalAndProjectorCheckSeries) {
   prometheus::Registry registry;

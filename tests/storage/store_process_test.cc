@@ -108,7 +108,20 @@ TEST_F(StoreProcessTest, RoundTripsThroughTheRingsAndRejectsBadOffsets) {
   EXPECT_NE(c.body.text().find("(layer 99"), std::string_view::npos) << c.body.text();
   c = Call(p->get(), StoreOp::kDrop, Cmd(key, 0, src, 0));
   EXPECT_TRUE(c.status().ok()) << c.status().ToString();
+  // The client's view (the daemon's per-job store metrics): 5 requests, 2 of them errors, none
+  // in flight, every latency in a bucket and the sum positive.
+  const StoreClientStats st = (*p)->Stats();
+  EXPECT_EQ(st.submitted, 5u);
+  EXPECT_EQ(st.completed, 5u);
+  EXPECT_EQ(st.errors, 2u);
+  EXPECT_EQ(st.in_flight, 0u);
+  ASSERT_EQ(st.latency_counts.size(), st.latency_bounds_seconds.size() + 1);
+  uint64_t counted = 0;
+  for (uint64_t n : st.latency_counts) counted += n;
+  EXPECT_EQ(counted, 5u);
+  EXPECT_GT(st.latency_sum_seconds, 0);
   EXPECT_TRUE((*p)->Shutdown().ok());
+  EXPECT_EQ((*p)->Stats().submitted, 5u) << "the shutdown command is not a request";
 }
 
 TEST_F(StoreProcessTest, OpenErrorsComeBackThroughTheHandshake) {

@@ -253,6 +253,16 @@ def test_nvme_tier_job_equals_ram_tier_and_removes_its_states(daemon, workspace)
                                   steps=6, save_steps=3)
         done, nvme, log = train_variant(c, workspace, "tier-nvme", {"offload_optimizer": {"device": "nvme"}},
                                         steps=6, save_steps=3)
+        # The job's worker and store processes reach the daemon's /metrics (issue #16 item 4).
+        text = scrape(daemon)
+        # A tiny model's updates may take less CPU than one clock tick (10 ms): present, maybe 0.
+        assert f'offloadd_worker_cpu_seconds_total{{job_id="{done.id}",worker="0"}} ' in text
+        for series in (f'offloadd_worker_busy_seconds_total{{job_id="{done.id}",worker="0"}}',
+                       f'offloadd_job_store_requests_total{{job_id="{done.id}",result="ok",role="optimizer"}}',
+                       f'offloadd_job_store_latency_seconds_count{{job_id="{done.id}",role="optimizer"}}',
+                       f'offloadd_job_host_arena_bytes{{job_id="{done.id}"}}'):
+            value = next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(series + " ")), None)
+            assert value is not None and value > 0, (series, text[-3000:])
     assert any("optimizer states in NVMe" in m for m in log), log
     # The store held them in <storage dir>/<job id> while the job ran; the checkpoints keep what a
     # resume needs.

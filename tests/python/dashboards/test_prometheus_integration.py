@@ -51,7 +51,8 @@ def test_shipped_scrape_config_is_valid(source_dir):
 
 
 def training_spec(ws: pathlib.Path) -> dict:
-    """A tiny Llama on the CPU, with more steps than the test waits for: it is cancelled at the end."""
+    """A tiny Llama on the CPU, with more steps than the test waits for: it is cancelled at the end.
+    Its optimizer states are on the NVMe tier, so the store panels have series."""
     return {
         "display_name": "dashboards",
         "model": {"path": str(ws / "model"), "compute_dtype": "fp32"},
@@ -59,6 +60,7 @@ def training_spec(ws: pathlib.Path) -> dict:
                     "eval_paths": [str(ws / "data.jsonl")]},  # the held-out loss panel's series
         "training": {"learning_rate": 1e-4, "per_device_train_batch_size": 4, "max_steps": 100000,
                      "logging_steps": 10, "save_steps": 100000, "eval_steps": 50},
+        "offload": {"offload_optimizer": {"device": "nvme"}},
         "output_dir": str(ws / "out"),
     }
 

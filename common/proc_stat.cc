@@ -1,0 +1,39 @@
+#include "common/proc_stat.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace offloadd {
+
+std::optional<ProcStat> ReadProcStat(pid_t pid) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/stat") : "/proc/" + std::to_string(pid) + "/stat");
+  if (!in) return std::nullopt;
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name, which is in parentheses and may contain spaces.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 > stat.size()) return std::nullopt;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f[24];
+  for (std::string& x : f) {
+    if (!(fields >> x)) return std::nullopt;
+  }
+  // Indices are field number - 3 (proc(5)): utime 14, stime 15, num_threads 20, starttime 22,
+  // vsize 23, rss 24.
+  auto num = [](const std::string& s) { return std::strtod(s.c_str(), nullptr); };
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  ProcStat p;
+  p.cpu_seconds = (num(f[11]) + num(f[12])) / ticks;
+  p.threads = static_cast<int64_t>(num(f[17]));
+  p.start_after_boot_s = num(f[19]) / ticks;
+  p.virtual_bytes = static_cast<uint64_t>(num(f[20]));
+  p.resident_bytes = static_cast<uint64_t>(num(f[21]) * page);
+  return p;
+}
+
+}  // namespace offloadd
