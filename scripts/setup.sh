@@ -19,7 +19,7 @@ step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[setup] FAILED:\033[0m %s\n' "$*" >&2; exit 1; }
 
 apt_packages=(
-  build-essential g++ cmake ninja-build ccache pkg-config git curl ca-certificates dpkg-dev
+  build-essential g++ cmake ninja-build ccache pkg-config git curl ca-certificates dpkg-dev debootstrap
   python3 python3-venv python3-dev
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev libcli11-dev

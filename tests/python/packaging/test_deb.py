@@ -6,9 +6,7 @@ installed configuration (only its paths changed), a find_package(offloadd) consu
 the installed C++ SDK, and the demo job submitted with the installed offloadctl and with the Python
 SDK installed from the packaged wheel.
 
-OFFLOADD_DEB=path/to/offloadd_*.deb tests that package instead of building one (cpack -G DEB into a
-temporary directory: about a minute and a half for the CUDA flavour on two cores, and up to 10 GB of
-disk at the peak, removed at the end)."""
+The package is built once per session (conftest.py; OFFLOADD_DEB names a prebuilt one)."""
 
 from __future__ import annotations
 
@@ -25,48 +23,12 @@ import time
 import pytest
 import yaml
 
-SOURCE = pathlib.Path(os.environ.get("OFFLOADD_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[3]))
-BUILD = pathlib.Path(os.environ.get("OFFLOADD_BINARY_DIR", SOURCE / "build"))
-SHARED_DATA = SOURCE.parent / "shared" / "data"
-PROGRAMS = ["offloadd", "offloadd-worker", "offloadd-store", "offloadd-train", "offloadctl"]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from deb_testlib import PROGRAMS, SHARED_DATA, SOURCE, clean_env, run  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("dpkg-deb") or not shutil.which("cpack"),
     reason="dpkg-deb or cpack not found: install dpkg and cmake to build and test the Debian package")
-
-
-def clean_env(**extra: str) -> dict:
-    """The environment of a user of the installed package: no LD_LIBRARY_PATH, no build-tree Python."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
-    env.update(extra)
-    return env
-
-
-def run(cmd, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)
-
-
-@pytest.fixture(scope="module")
-def deb(tmp_path_factory):
-    if os.environ.get("OFFLOADD_DEB"):
-        yield pathlib.Path(os.environ["OFFLOADD_DEB"])
-        return
-    config = BUILD / "CPackConfig.cmake"
-    if not config.exists():
-        pytest.skip(f"{config} not found: configure the build first (or set OFFLOADD_DEB)")
-    missing = [p for p in PROGRAMS if not list(BUILD.glob(f"*/{p}"))]
-    if missing:
-        pytest.skip(f"not built yet: {missing} (cmake --build {BUILD} --target offloadd_installables)")
-    out = tmp_path_factory.mktemp("package")
-    r = run(["cpack", "-G", "DEB", "--config", config, "-B", out], timeout=900, cwd=BUILD)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # CPack's staging tree is as large as the installed package: gone at once, the rest at the
-    # end (pytest would keep GBs of each of its last three runs).
-    shutil.rmtree(out / "_CPack_Packages", ignore_errors=True)
-    debs = list(out.glob("offloadd_*.deb"))
-    assert len(debs) == 1, r.stdout
-    yield debs[0]
-    shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
