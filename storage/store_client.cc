@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "ipc/child_process.h"
 #include "ipc/event_fd.h"
 #include "ipc/fd_passing.h"
 
@@ -24,14 +25,7 @@ std::atomic<uint32_t> g_generation{0};
 // within this bound (stopped, wedged in the kernel) is killed so that nobody waits on it forever.
 constexpr int kExitTimeoutMs = 10000;
 
-std::string DescribeExit(int status) {
-  if (WIFSIGNALED(status)) {
-    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-           strsignal(WTERMSIG(status)) + ")";
-  }
-  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  return "wait status " + std::to_string(status);
-}
+using ipc::DescribeExit;
 }  // namespace
 
 StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSegment& segment,
@@ -49,34 +43,16 @@ StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSe
   ASSIGN_OR_RETURN(p->cmd_space_, ipc::MakeEventFd());
   ASSIGN_OR_RETURN(p->done_ready_, ipc::MakeEventFd());
   ASSIGN_OR_RETURN(p->done_space_, ipc::MakeEventFd());
-  ASSIGN_OR_RETURN(ipc::SocketPair sockets, ipc::MakeSocketPair());
-
-  std::vector<std::string> argv_s = {options.binary};
-  argv_s.insert(argv_s.end(), options.args.begin(), options.args.end());
-  argv_s.push_back("--control-fd=3");
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  const int child_end = sockets.second.get();
-  const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoError(errno, "fork for " + options.binary);
-  if (pid == 0) {
-    // Only async-signal-safe calls from here to exec.
-    if (child_end == 3) {
-      ::fcntl(3, F_SETFD, 0);
-    } else {
-      ::dup2(child_end, 3);  // dup2 clears close-on-exec
-    }
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
+  // The shared launcher: fd 3 the control socket, other fds closed, parent-death signal, pidfd.
+  ASSIGN_OR_RETURN(ipc::ChildProcess child, ipc::LaunchChild(options.binary, options.args));
+  p->pid_ = child.pid;
+  p->control_ = std::move(child.control);
+  if (!child.pidfd.valid()) {  // every wait on the store is tied to its pidfd
+    ::kill(p->pid_, SIGKILL);
+    p->Reap();
+    return UnavailableError("pidfd_open of offloadd-store failed: offloadd needs Linux 5.3 or newer");
   }
-  p->pid_ = pid;
-  sockets.second.reset();
-  p->control_ = std::move(sockets.first);
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (pidfd < 0) return ErrnoError(errno, "pidfd_open of offloadd-store");
-  p->pidfd_.reset(pidfd);
+  p->pidfd_ = std::move(child.pidfd);
 
   StoreHello hello;
   CopyName(hello.command_queue, tag + ".cmd");

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "ipc/child_process.h"
 #include "ipc/event_fd.h"
 #include "ipc/fd_passing.h"
 #include "workers/cpu_topology.h"
@@ -29,11 +30,7 @@ constexpr size_t kNumLatencyBuckets = std::size(kLatencyBounds) + 1;
 enum EventType : uint64_t { kWake = 0, kDeath = 1, kCompletionReady = 2, kCommandSpace = 3 };
 uint64_t EventKey(uint32_t worker, EventType type) { return (uint64_t{worker} << 8) | type; }
 
-std::string DescribeExit(int status) {
-  if (WIFSIGNALED(status)) return std::string("killed by signal ") + strsignal(WTERMSIG(status));
-  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  return "stopped";
-}
+using ipc::DescribeExit;
 
 }  // namespace
 
@@ -196,36 +193,17 @@ void WorkerPool::WatchDeathFd(Worker* w, bool add) {
 }
 
 Status WorkerPool::Spawn(Worker* w) {
-  ASSIGN_OR_RETURN(ipc::SocketPair sp, ipc::MakeSocketPair());
-  const std::string fd_arg = "--control-fd=3";
-  char* argv[] = {const_cast<char*>(options_.worker_binary.c_str()),
-                  const_cast<char*>(fd_arg.c_str()), nullptr};
+  // The shared launcher: fd 3 the control socket, other fds closed, parent-death signal, pidfd.
+  ASSIGN_OR_RETURN(ipc::ChildProcess child, ipc::LaunchChild(options_.worker_binary, {}));
   const pid_t parent = ::getpid();
-  const int child_fd = sp.second.get();
-  const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoError(errno, "fork of offloadd-worker");
-  if (pid == 0) {
-    // Child of a multi-threaded process: async-signal-safe calls only until exec.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the daemon died before prctl took effect
-    if (child_fd == 3) {
-      ::fcntl(3, F_SETFD, 0);
-    } else if (::dup2(child_fd, 3) < 0) {
-      ::_exit(126);
-    }
-    ::syscall(SYS_close_range, 4u, ~0u, 0u);  // do not leak the daemon's other fds
-    ::execv(argv[0], argv);
-    ::_exit(127);
-  }
-  sp.second.reset();
+  const pid_t pid = child.pid;
   {
     std::lock_guard<std::mutex> lock(mu_);
     w->pid = pid;
   }
-  w->control = std::move(sp.first);
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  w->pidfd.reset(pidfd);
-  w->death_fd = pidfd >= 0 ? pidfd : w->control.get();
+  w->control = std::move(child.control);
+  w->pidfd = std::move(child.pidfd);
+  w->death_fd = w->pidfd.valid() ? w->pidfd.get() : w->control.get();
 
   WorkerHello hello{};
   hello.magic = kHelloMagic;
@@ -280,10 +258,8 @@ Status WorkerPool::Spawn(Worker* w) {
     std::lock_guard<std::mutex> lock(mu_);
     w->pid = -1;
   }
-  std::string why = DescribeExit(status);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-    why += " (could not exec " + options_.worker_binary + ")";
-  return st.WithContext("starting offloadd-worker " + std::to_string(w->index) + " (" + why + ")");
+  return st.WithContext("starting offloadd-worker " + std::to_string(w->index) + " (" + options_.worker_binary + " " +
+                        DescribeExit(status) + ")");
 }
 
 Status WorkerPool::Submit(const ipc::CommandRecord& command, int worker) {
