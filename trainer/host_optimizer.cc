@@ -235,6 +235,11 @@ void* HostOptimizer::grad_staging(int block) const {
   return arena_->At<void>(shards_[block].grad_offset);
 }
 
+const float* HostOptimizer::master_weights(int block) const {
+  if (store_) return nullptr;
+  return arena_->At<float>(shards_[block].master_offset);
+}
+
 void* HostOptimizer::compute_weights(int block) const {
   if (options_.compute != HostDtype::kFp32) return arena_->At<void>(shards_[block].weights_offset);
   if (store_) return arena_->At<void>(compute_copy_[block]);

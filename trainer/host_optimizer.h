@@ -99,6 +99,9 @@ class HostOptimizer {
   // Initial values: `fill(block, master)` writes the block's fp32 master weights into the
   // provided buffer; the compute copy is derived from it and the moments start at zero.
   Status Initialize(const std::function<Status(int block, float* master)>& fill);
+  // The block's fp32 master weights in the arena (RAM tier only; null on the NVMe tier, where they
+  // live in the store between updates). Read it from the on-updated callback or between steps.
+  const float* master_weights(int block) const;
   // Checkpoint I/O between steps: the block's fp32 states (master, exp_avg, exp_avg_sq) are copied
   // out to / in from the given buffers (each elements(block) floats). `adam_step` is the
   // number of updates already applied (Restore sets the workers' step counters to it).

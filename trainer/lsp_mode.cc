@@ -3,6 +3,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cerrno>
@@ -75,6 +76,14 @@ Status LspMode::Initialize(const engine::Model& model) {
   c10::NoGradGuard no_grad;
   for (Matrix& mx : matrices_) {
     ASSIGN_OR_RETURN(at::Tensor init, model.ReadInitialValue(mx.weight->name));
+    if (on_device()) {
+      // A = 0: the effective weight is W_base itself until the first update.
+      mx.base = init.to(device_, dtype_).contiguous().clone();
+      mx.a_device = at::zeros({mx.pq.rank_rows(), mx.pq.rank_cols()}, at::TensorOptions().device(device_));
+      mx.weight->value = mx.base;
+      mx.a_version = mx.materialized = 0;
+      continue;
+    }
     mx.base = init.to(device_, at::kFloat).contiguous().clone();
     mx.effective = mx.base.to(dtype_).clone();
     mx.weight->value = mx.effective;
@@ -84,7 +93,65 @@ Status LspMode::Initialize(const engine::Model& model) {
 
 at::Tensor LspMode::Compress(const ParamSlot& slot, const at::Tensor& grad) const {
   const Matrix& mx = matrices_[by_weight_.at(slot.compressed->name)];
+  if (on_device()) return CompressDense(mx, grad).to(grad.scalar_type());
   return mx.pq.Compress(grad).to(grad.scalar_type());
+}
+
+at::Tensor LspMode::DecompressDense(const Matrix& mx) const {
+  // (P A) in fp32 (small: m x s), then (P A) Q^T as a bf16 GEMM accumulating in fp32.
+  const at::Tensor pa = at::matmul(mx.pq.p().Dense(), mx.a_device);
+  return at::matmul(pa.to(dtype_), mx.pq.q().Dense().to(dtype_).t());
+}
+
+at::Tensor LspMode::CompressDense(const Matrix& mx, const at::Tensor& grad) const {
+  // P^T G as a bf16 GEMM (s x n, accumulated in fp32, rounded to bf16), then (P^T G) Q in fp32.
+  const at::Tensor ptg = at::matmul(mx.pq.p().Dense().to(grad.scalar_type()).t(), grad);
+  return at::matmul(ptg.to(at::kFloat), mx.pq.q().Dense());
+}
+
+void LspMode::Materialize(int b) {
+  c10::NoGradGuard no_grad;
+  for (Matrix& mx : matrices_) {
+    if (mx.block != b || mx.materialized == mx.a_version) continue;
+    mx.effective = at::add(mx.base, DecompressDense(mx));
+    mx.weight->value = mx.effective;
+    mx.materialized = mx.a_version;
+  }
+}
+
+void LspMode::Release(int b) {
+  for (Matrix& mx : matrices_) {
+    if (mx.block != b || !mx.effective.defined()) continue;
+    mx.effective = at::Tensor();
+    mx.weight->value = mx.base;
+    mx.materialized = -1;
+  }
+}
+
+int64_t LspMode::DeviceBytes() const {
+  if (!on_device()) return 0;
+  int64_t bytes = 0;
+  for (const Matrix& mx : matrices_) {  // from the shapes: callable before Initialize
+    bytes += mx.pq.p().rows() * mx.pq.q().rows() * static_cast<int64_t>(c10::elementSize(dtype_)) +
+             mx.pq.rank_rows() * mx.pq.rank_cols() * 4;
+    bytes += (mx.pq.p().rows() + mx.pq.q().rows()) * mx.pq.p().nonzeros() * 12;  // positions + values
+  }
+  return bytes;
+}
+
+int64_t LspMode::MaxBlockEffectiveBytes() const {
+  std::map<int, int64_t> per_block;
+  int64_t biggest = 0;
+  for (const Matrix& mx : matrices_) {
+    const int64_t m = mx.pq.p().rows(), n = mx.pq.q().rows();
+    const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype_));
+    per_block[mx.block] += m * n * elem;
+    // One matrix's transients while it is built: (P A) Q^T in bf16, and P, Q dense.
+    biggest = std::max<int64_t>(biggest, m * n * elem + (m + n) * mx.pq.rank_rows() * 6);
+  }
+  int64_t block = 0;
+  for (const auto& [b, bytes] : per_block) block = std::max(block, bytes);
+  return block + biggest;
 }
 
 at::Tensor LspMode::Coordinates(const Matrix& mx, const float* block_master) const {
@@ -94,6 +161,13 @@ at::Tensor LspMode::Coordinates(const Matrix& mx, const float* block_master) con
 }
 
 void LspMode::Rebuild(Matrix& mx, const float* block_master) {
+  if (on_device()) {
+    // A synchronous copy (a pageable source): done before the block counts as updated, so the
+    // next Materialize, on the compute stream, reads this A.
+    mx.a_device.copy_(Coordinates(mx, block_master));
+    ++mx.a_version;
+    return;
+  }
   const at::Tensor a = Coordinates(mx, block_master).to(mx.base.device());
   mx.effective.copy_(mx.base + mx.pq.Decompress(a));
 }
@@ -143,7 +217,17 @@ StatusOr<LspMode::CheckSummary> LspMode::Check(int64_t step, const std::map<std:
         return at::from_blob(buf.data() + slot.offset, shape, at::TensorOptions().dtype(at::kFloat));
       };
       at::Tensor a = view(master), m1 = view(m), m2 = view(v);
-      RETURN_IF_ERROR(lsp::SwitchSubspace(mx.pq, pq, mx.base, a, m1, m2));
+      if (on_device()) {
+        // The fold W_base += P A Q^T in fp32, then rounded once to the resident bf16 W_base.
+        at::Tensor base32 = mx.base.to(at::kFloat), ad = a.to(device_), m1d = m1.to(device_), m2d = m2.to(device_);
+        RETURN_IF_ERROR(lsp::SwitchSubspace(mx.pq, pq, base32, ad, m1d, m2d));
+        mx.base.copy_(base32);
+        a.copy_(ad);
+        m1.copy_(m1d);
+        m2.copy_(m2d);
+      } else {
+        RETURN_IF_ERROR(lsp::SwitchSubspace(mx.pq, pq, mx.base, a, m1, m2));
+      }
       mx.pq = std::move(pq);
       ++switches_;
       ++s.switched;
@@ -165,7 +249,7 @@ StatusOr<std::string> LspMode::Serialize() const {
   std::map<std::string, at::Tensor> parts;
   for (const Matrix& mx : matrices_) {
     lsp::SaveProjectorPair(mx.pq, mx.weight->name + ".", &parts);
-    parts[mx.weight->name + ".base"] = mx.base;
+    parts[mx.weight->name + ".base"] = mx.base.to(at::kFloat);
   }
   parts[kSwitches] = at::tensor({switches_}, at::kLong);
   return engine::EncodeTensors({parts.begin(), parts.end()});
@@ -193,11 +277,13 @@ Status LspMode::Restore(const std::string& path) {
       return DataLossError(path + ": no fp32 \"" + mx.weight->name + ".base\" of the weight's shape");
     }
     pairs.push_back(std::move(*pq));
-    bases.push_back(base->second.to(device));
+    bases.push_back(base->second.to(device, mx.base.scalar_type()));
   }
   for (size_t i = 0; i < matrices_.size(); ++i) {  // all checked: nothing half-restored
     matrices_[i].pq = std::move(pairs[i]);
     matrices_[i].base.copy_(bases[i]);
+    matrices_[i].materialized = -1;  // CUDA: rebuilt from the restored base at the next use
+    if (on_device() && !matrices_[i].effective.defined()) matrices_[i].weight->value = matrices_[i].base;
   }
   switches_ = sw->second.item<int64_t>();
   return OkStatus();

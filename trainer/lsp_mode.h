@@ -12,7 +12,12 @@
 //     W_base and Adam's moments re-projected (lsp::SwitchSubspace).
 // Embeddings, norms, biases and the head stay exact.
 //
-// Scope today: the CPU device with fp32 compute (what CI runs); CUDA is refused at setup.
+// On the CPU device (fp32) each weight's effective value W_base + P A Q^T is kept and rebuilt after
+// each update. On CUDA (bf16) that would hold every weight twice, which a 7B model in 24 GiB cannot:
+// W_base stays resident in bf16 (the model's own weights), A has a device copy refreshed after each
+// update, and a block's effective weights exist only while it computes (Materialize when its
+// weights are ensured, Release after; the projections as dense bf16 GEMMs with fp32 accumulation).
+// Compression is P^T G Q by the same GEMMs. lsp/README.md states the precision consequences.
 //
 // Thread-safety: OnUpdated runs on the host optimizer's thread for a block the step loop is not
 // using (the next forward waits for the block's update); everything else is for the step loop.
@@ -47,8 +52,17 @@ class LspMode {
   Status Initialize(const engine::Model& model);
   // P^T G Q for the slot's weight, in the gradient's dtype.
   at::Tensor Compress(const ParamSlot& slot, const at::Tensor& grad) const;
-  // Block b's coordinates (its flat fp32 masters) were updated: rebuild its weights.
+  // Block b's coordinates (its flat fp32 masters) were updated: rebuild its weights (CPU) or
+  // refresh the device copy of A (CUDA; synchronous).
   void OnUpdated(int b, const float* block_master);
+  // CUDA: block b's effective weights, W_base + P A Q^T, on the current stream (a no-op when they
+  // already are for the current A); Release frees them (the weights point at W_base meanwhile).
+  void Materialize(int b);
+  void Release(int b);
+  bool on_device() const { return device_.is_cuda(); }
+  // Device memory it holds: W_base, A, projectors (CUDA); and one block's effective weights at most.
+  int64_t DeviceBytes() const;
+  int64_t MaxBlockEffectiveBytes() const;
 
   // Reads/writes a block's fp32 states (master, exp_avg, exp_avg_sq; elements(b) floats each).
   struct StateAccess {
@@ -81,9 +95,14 @@ class LspMode {
     engine::Param* weight = nullptr;
     std::unique_ptr<engine::Param> coords;
     lsp::ProjectorPair pq;
-    at::Tensor base;       // fp32 [m, n]
-    at::Tensor effective;  // compute dtype [m, n], bound to `weight`
+    at::Tensor base;       // CPU: fp32 [m, n]; CUDA: compute dtype [m, n], resident
+    at::Tensor effective;  // compute dtype [m, n], bound to `weight` (CUDA: while materialized)
+    at::Tensor a_device;   // CUDA: fp32 [s_m, s_n], the coordinates as of the last update
+    int64_t a_version = 0, materialized = -1;  // CUDA: effective is for A version `materialized`
   };
+  // CUDA: P A Q^T and P^T G Q as dense GEMMs (P, Q densified per call: m x s and n x s).
+  at::Tensor DecompressDense(const Matrix& mx) const;
+  at::Tensor CompressDense(const Matrix& mx, const at::Tensor& grad) const;
   LspMode(const LspConfig& config, uint64_t seed, std::vector<BlockLayout>* layout, c10::Device device,
           c10::ScalarType dtype)
       : cfg_(config), seed_(seed), layout_(*layout), device_(device), dtype_(dtype) {}

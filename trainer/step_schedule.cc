@@ -118,32 +118,38 @@ StatusOr<at::Tensor> StepSchedule::EvalLoss(engine::MicroBatch& mb) {
   return x.detach();
 }
 
-StatusOr<std::map<std::string, at::Tensor>> StepSchedule::ProbeGradients(engine::MicroBatch& mb) {
-  if (cuda_) return UnimplementedError("the LSP probe runs on the CPU device only");
+Status StepSchedule::ProbeGradients(engine::MicroBatch& mb, const ProbeSink& sink) {
   std::set<std::string> wanted;
   for (const auto& bl : layout_) {
     for (const auto& slot : bl.params) {
       if (slot.compressed) wanted.insert(slot.compressed->name);
     }
   }
+  const engine::SaveMode mode = cuda_ ? engine::SaveMode::kRecompute : engine::SaveMode::kKeep;
+  WeightResidency& weights = *options_.weights;
   std::vector<engine::SavedState> saved(n_);
   double stall = 0;
   at::Tensor x;
   for (int b = 0; b < n_; ++b) {
-    RETURN_IF_ERROR(options_.weights->Ensure(b, 0, &stall));
-    ASSIGN_OR_RETURN(x, options_.model->block(b).Forward(mb, x, engine::SaveMode::kKeep, &saved[b],
-                                                          options_.activations->callbacks()));
+    RETURN_IF_ERROR(weights.Ensure(b, 0, &stall));
+    ASSIGN_OR_RETURN(x, options_.model->block(b).Forward(mb, x, mode, &saved[b], options_.activations->callbacks()));
+    if (cuda_) weights.Release(b);
   }
   std::map<std::string, at::Tensor> grads;
-  engine::GradCallback sink = [&](const std::string& name, const at::Tensor& grad) {
+  engine::GradCallback collect = [&](const std::string& name, const at::Tensor& grad) {
     if (wanted.count(name)) grads[name] = grad.to(at::kFloat);
   };
   at::Tensor g;
   for (int b = n_ - 1; b >= 0; --b) {
-    ASSIGN_OR_RETURN(g, options_.model->block(b).Backward(mb, g, &saved[b], sink,
+    RETURN_IF_ERROR(weights.Ensure(b, 0, &stall));
+    ASSIGN_OR_RETURN(g, options_.model->block(b).Backward(mb, g, &saved[b], collect,
                                                            options_.activations->callbacks()));
+    saved[b] = engine::SavedState();
+    if (cuda_) weights.Release(b);
+    if (!grads.empty()) RETURN_IF_ERROR(sink(std::move(grads)));
+    grads.clear();
   }
-  return grads;
+  return OkStatus();
 }
 
 StatusOr<at::Tensor> StepSchedule::GradientBuffer(int b) {

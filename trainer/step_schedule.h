@@ -69,9 +69,12 @@ class StepSchedule {
   // Evaluation: a forward of `mb` through every block with the current weights, keeping nothing
   // for a backward; returns its loss (fp32 scalar, detached).
   StatusOr<at::Tensor> EvalLoss(engine::MicroBatch& mb);
-  // LSP mode's probe (CPU): a forward and backward of `mb` that keeps every activation and hands
-  // nothing over; returns d loss / d W (fp32) of the compressed weights, by name.
-  StatusOr<std::map<std::string, at::Tensor>> ProbeGradients(engine::MicroBatch& mb);
+  // LSP mode's probe: a forward and backward of `mb` that hands nothing to the optimizer. As each
+  // block's backward ends (last block first), `sink` gets that block's d loss / d W (fp32) of the
+  // compressed weights, by name. On CUDA the blocks recompute their activations, so one block's
+  // are held at a time; the CPU keeps them all.
+  using ProbeSink = std::function<Status(std::map<std::string, at::Tensor> block_grads)>;
+  Status ProbeGradients(engine::MicroBatch& mb, const ProbeSink& sink);
   // Backward of micro-batch `micro` (after its Forward), handing each block's gradients over.
   Status Backward(const engine::MicroBatch& mb, uint32_t micro);
   // Between steps: the blocks `device` owns keep their gradients on the device from now on.

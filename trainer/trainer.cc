@@ -214,7 +214,6 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
     (void)last;
   }
   RETURN_IF_ERROR(accounting->Flush());
-  ASSIGN_OR_RETURN(auto grads, schedule->ProbeGradients(mb));
   LspMode::StateAccess access;
   access.read = [this](int b, std::vector<float>* master, std::vector<float>* m, std::vector<float>* v) {
     const size_t numel = layout[b].numel;
@@ -228,7 +227,20 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
     return RestoreBlockStates(b, master.data(), m.data(), v.data(),
                               static_cast<uint64_t>(accounting->applied()));
   };
-  ASSIGN_OR_RETURN(const LspMode::CheckSummary s, lsp->Check(k, grads, access));
+  // Block by block as the probe's backward produces their gradients (bounded memory on CUDA).
+  LspMode::CheckSummary s;
+  double bias_sum = 0, bias_after_sum = 0;
+  RETURN_IF_ERROR(schedule->ProbeGradients(mb, [&](std::map<std::string, at::Tensor> grads) -> Status {
+    ASSIGN_OR_RETURN(const LspMode::CheckSummary part, lsp->Check(k, grads, access));
+    s.checked += part.checked;
+    s.switched += part.switched;
+    bias_sum += part.mean_bias * part.checked;
+    bias_after_sum += part.mean_bias_after * part.switched;
+    return OkStatus();
+  }));
+  if (s.checked > 0) s.mean_bias = bias_sum / s.checked;
+  if (s.switched > 0) s.mean_bias_after = bias_after_sum / s.switched;
+  s.seconds = static_cast<double>(NowMicros() - t0) * 1e-6;
   accounting->AddSpan({"lsp", "projector check", static_cast<double>(t0), static_cast<double>(NowMicros())});
   std::ostringstream msg;
   msg.precision(3);

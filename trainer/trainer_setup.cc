@@ -150,13 +150,16 @@ Status Trainer::Impl::CheckConfig() {
   if (cfg.worker_binary.empty()) return InvalidArgumentError("no offloadd-worker binary given");
   if (cfg.lsp.enabled) {
     // What LSP mode is built and tested on so far; the rest is refused rather than half-supported.
-    if (cuda) {
-      return UnimplementedError("LSP compression runs on the CPU device so far (device cpu); its CUDA "
-                                "path (compression on the GPU, the layer-wise schedule) is not built yet");
+    if (cuda && dtype != c10::kBFloat16) {
+      return InvalidArgumentError("LSP compression on CUDA computes in bf16 (compute_dtype auto or bf16)");
     }
-    if (dtype != c10::kFloat) return InvalidArgumentError("LSP compression on the CPU computes in fp32");
+    if (!cuda && dtype != c10::kFloat) return InvalidArgumentError("LSP compression on the CPU computes in fp32");
     if (cfg.offload.tier != StateTier::kCpu)
       return UnimplementedError("LSP compression keeps its subspace states in RAM; the NVMe tier is not supported with it");
+    if (cfg.auto_batch_size) {
+      return UnimplementedError("per_device_train_batch_size auto does not price LSP compression yet; set a "
+                                "micro-batch");
+    }
     if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0)
       return UnimplementedError("LSP compression updates every subspace on the CPU; device optimizer blocks are not supported with it");
   }
@@ -277,6 +280,11 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
   const int64_t weights = est.weights;
   gpu_budget = DeviceBudget();
   int64_t workspace = est.workspace;
+  if (lsp && lsp->on_device()) {
+    // W_base and A stay resident; a block's effective weights exist while it computes, up to the
+    // streaming window's blocks at once.
+    workspace += lsp->DeviceBytes() + (WeightResidency::kWindow + 2) * lsp->MaxBlockEffectiveBytes();
+  }
   if (shape_profile) {
     // Measured on this GPU for this model and micro-batch shape: the step's working set beyond
     // what that run's plan held, plus room for the allocator's placement to differ between runs.
@@ -352,7 +360,8 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
 }
 
 Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
-  int requested = cfg.offload.device_optimizer_blocks;
+  // LSP: every subspace is updated by the CPU workers (auto places nothing).
+  int requested = lsp ? 0 : cfg.offload.device_optimizer_blocks;
   device_blocks.assign(n, false);
   if (const double share = cfg.offload.device_optimizer_share; share >= 0) {
     if (!(share <= 1)) {
@@ -482,6 +491,10 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   wo.dtype = dtype;
   wo.resident = resident;
   wo.device_optimizer = device_opt.get();
+  if (lsp && lsp->on_device()) {  // effective weights exist only while their block computes
+    wo.on_ensured = [l = lsp.get()](int b) { l->Materialize(b); };
+    wo.on_released = [l = lsp.get()](int b) { l->Release(b); };
+  }
   ASSIGN_OR_RETURN(weights, WeightResidency::Create(wo));
   activations = std::make_unique<ActivationOffload>(spill.get(), streams.get(), spill_nvme, device);
 
@@ -520,8 +533,8 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   host->SetOnUpdated([this, w = weights.get(), l = lsp.get(), h = host.get()](int b) {
     w->OnUpdated(b);
     if (!l) return;
-    const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T, on this (the optimizer) thread
-    l->OnUpdated(b, static_cast<const float*>(h->compute_weights(b)));
+    const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T (CPU) or A to the device (CUDA)
+    l->OnUpdated(b, h->master_weights(b));
     accounting->AddSpan({"lsp", "decompress " + model->block(b).name(), static_cast<double>(t0),
                          static_cast<double>(NowMicros())});
   });

@@ -20,7 +20,9 @@ WeightResidency::WeightResidency(const Options& options)
       tied_(!options.model->block(n_ - 1).shared_params().empty()),
       host_weights_(n_),
       device_weights_(n_),
-      ready_(n_) {}
+      ready_(n_),
+      on_ensured_(options.on_ensured),
+      on_released_(options.on_released) {}
 
 StatusOr<std::unique_ptr<WeightResidency>> WeightResidency::Create(const Options& options) {
   std::unique_ptr<WeightResidency> w(new WeightResidency(options));
@@ -67,6 +69,7 @@ Status WeightResidency::Ensure(int b, uint64_t wait_step, double* stall) {
     if (tied_ && b == n_ - 1 && b != 0) RETURN_IF_ERROR(Ensure(0, wait_step, stall));
   }
   *stall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (on_ensured_) on_ensured_(b);
   return OkStatus();
 }
 
@@ -83,6 +86,7 @@ void WeightResidency::Prefetch(int b, uint64_t wait_step) {
 }
 
 void WeightResidency::Release(int b) {
+  if (on_released_ && b >= 0 && b < n_) on_released_(b);
   if (!cuda_ || resident_ || (tied_ && b == 0) || OnDevice(b)) return;
   device_weights_[b] = at::Tensor();
   layout_[b].Unbind();

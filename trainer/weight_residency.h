@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -41,6 +42,10 @@ class WeightResidency {
     // Blocks whose optimizer states live on the device (may be null) compute with that
     // optimizer's weights, updated in place on the compute stream: always there, never uploaded.
     const DeviceOptimizer* device_optimizer = nullptr;
+    // Called on the step loop's thread once block b's weights are usable on the compute stream
+    // (Ensure), and when the block is released (every Release, resident or not): LSP mode builds
+    // and frees its effective weights there.
+    std::function<void(int)> on_ensured, on_released;
   };
   // Pins the arena's weights and binds them: to the Params (CPU), to device copies uploaded now
   // (resident) or to nothing until first use (streamed).
@@ -84,6 +89,7 @@ class WeightResidency {
   std::vector<at::Tensor> device_weights_;  // CUDA: per block flat weights while on the device
   std::mutex ready_mu_;
   std::vector<DeviceStreams::EventPtr> ready_;  // per block: its weights' upload (CUDA)
+  std::function<void(int)> on_ensured_, on_released_;
 };
 
 }  // namespace offloadd::trainer

@@ -109,6 +109,8 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
            f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
            f"--activations={args.activations}", f"--weights={args.weights}",
            f"--update-depth={args.update_depth}", f"--device-optimizer-blocks={args.device_optimizer_blocks}"]
+    if args.compression:  # LSP-Offload (issue #14)
+        cmd += [f"--compression={args.compression}"]
     if args.profile_dir:  # node and shape profiles cached across runs (issue #13)
         cmd += [f"--profile-dir={args.profile_dir}"]
     if args.tier == "nvme":
@@ -186,6 +188,7 @@ def main() -> int:
                    help="bound the CPU by its busy time and leave host memory out (not the honest bound)")
     p.add_argument("--profile-dir", default="",
                    help="--profile-dir for offloadd-train: node and shape profiles cached across runs")
+    p.add_argument("--compression", default="", help="offloadd-train --compression, e.g. lsp or lsp:rank=256")
     p.add_argument("--json")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))

@@ -519,9 +519,10 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     c.Add("resources.gpu_index", "this node has " + std::to_string(node.gpus.size()) + " GPU(s); got index " +
                                      std::to_string(res.gpu_index()));
   }
-  if (spec.compression().type() == v1::COMPRESSION_TYPE_LSP && !node.gpus.empty()) {
-    c.Add("compression.type", "lsp runs on nodes without a GPU so far (the CPU device); its CUDA path "
-                              "(compression on the GPU, the layer-wise schedule) is not built yet");
+  if (spec.compression().type() == v1::COMPRESSION_TYPE_LSP && !node.gpus.empty() &&
+      spec.model().compute_dtype() != v1::COMPUTE_DTYPE_UNSPECIFIED &&
+      spec.model().compute_dtype() != v1::COMPUTE_DTYPE_BF16) {
+    c.Add("model.compute_dtype", "lsp compression on a GPU computes in bf16 (leave compute_dtype unset or bf16)");
   }
   if (config) {
     r.model_size = EstimateModelSize(*config);

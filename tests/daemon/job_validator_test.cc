@@ -332,17 +332,21 @@ TEST_F(JobValidatorTest, UnimplementedSettingsAreFieldViolations) {
   EXPECT_EQ(r.resolved.compression().sparsity(), 16);  // the seed's d by default
   EXPECT_EQ(r.resolved.compression().subspace_rank(), 512);
 
-  // LSP on a node with a GPU: its CUDA path is not built, so the job is refused up front.
+  // LSP on a node with a GPU: its CUDA path computes in bf16, so another compute dtype is refused
+  // at the dtype; unset (auto: bf16 on a GPU) or bf16 is accepted.
   GpuFacts gpu;
   gpu.name = "test GPU";
   gpu.total_memory_bytes = 80ull << 30;
   node_.gpus.push_back(gpu);
   v1::JobSpec lsp = ValidSpec();
   lsp.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
-  const ValidationResult only_lsp = Validate(lsp);
-  ASSERT_EQ(only_lsp.violations.size(), 1u) << Describe(only_lsp);
-  EXPECT_EQ(only_lsp.violations[0].field, "compression.type");
-  EXPECT_NE(only_lsp.violations[0].description.find("nodes without a GPU"), std::string::npos);
+  const ValidationResult on_gpu = Validate(lsp);
+  EXPECT_TRUE(on_gpu.ok()) << Describe(on_gpu);
+  lsp.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+  const ValidationResult fp32 = Validate(lsp);
+  ASSERT_EQ(fp32.violations.size(), 1u) << Describe(fp32);
+  EXPECT_EQ(fp32.violations[0].field, "model.compute_dtype");
+  EXPECT_NE(fp32.violations[0].description.find("computes in bf16"), std::string::npos);
 }
 
 // Held-out records: resolved and checked like the training files; eval_steps defaults to

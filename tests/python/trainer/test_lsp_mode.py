@@ -129,7 +129,8 @@ def test_bad_specs_are_refused_naming_the_key(binary_dir, tmp_path, spec, messag
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--device=cuda"], "LSP compression runs on the CPU device so far"),
+    (["--device=cuda"], "LSP compression on CUDA computes in bf16"),  # train_args ask for fp32
+    (["--batch-size=auto"], "does not price LSP compression"),
     (["--device-optimizer-blocks=1"], "device optimizer blocks are not supported"),
 ])
 def test_unsupported_combinations_are_refused(binary_dir, tmp_path, extra, message):
