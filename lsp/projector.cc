@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -144,11 +145,39 @@ at::Tensor ProjectorPair::Decompress(const at::Tensor& a) const {
   return q_.ExpandColumns(p_.Expand(a));
 }
 
+namespace {
+// The GEMM form of the residual (below) on CUDA, where the sparse passes are thousands of small
+// kernels; OFFLOADD_LSP_DENSE=1 forces it on the CPU too (its tests), =0 forces the sparse passes.
+bool DenseForm(const at::Tensor& g) {
+  const char* force = std::getenv("OFFLOADD_LSP_DENSE");
+  if (force != nullptr && (force[0] == '0' || force[0] == '1')) return force[0] == '1';
+  return g.is_cuda();
+}
+
+// [rows, cols] dense from positions [rows, d] and values [rows, d]; differentiable in the values.
+at::Tensor DenseOf(const at::Tensor& index, const at::Tensor& values, int64_t cols) {
+  return at::zeros({index.size(0), cols}, values.options()).scatter(1, index, values);
+}
+// ||P P^T G Q Q^T - G||^2 by GEMMs, for the CUDA path: with C = P^T G Q,
+//   ||P C Q^T - G||^2 = ||G||^2 - 2 ||C||^2 + tr(C^T (P^T P) C (Q^T Q)),
+// so G is read once (P^T G Q) and the rest is s x s. Same value as the sparse passes up to rounding.
+at::Tensor SquaredResidual(const at::Tensor& pd, const at::Tensor& qd, const at::Tensor& g32, double norm2) {
+  const at::Tensor c = at::matmul(at::matmul(pd.t(), g32), qd);
+  const at::Tensor ptp = at::matmul(pd.t(), pd), qtq = at::matmul(qd.t(), qd);
+  return norm2 - 2 * c.square().sum() + (at::matmul(at::matmul(c.t(), ptp), c) * qtq).sum();
+}
+}  // namespace
+
 double ProjectorPair::RelativeBias(const at::Tensor& g) const {
   c10::NoGradGuard no_grad;
   const at::Tensor g32 = Fp32(g);
   const double norm2 = g32.square().sum().item<double>();
   if (norm2 == 0) return 0;
+  if (DenseForm(g)) {
+    const at::Tensor r = SquaredResidual(DenseOf(p_.index(), p_.values(), p_.cols()),
+                                         DenseOf(q_.index(), q_.values(), q_.cols()), g32, norm2);
+    return std::max(0.0, r.item<double>()) / norm2;
+  }
   return (Decompress(Compress(g32)) - g32).square().sum().item<double>() / norm2;
 }
 
@@ -172,9 +201,15 @@ ProjectorPair ProjectorPair::Learn(const at::Tensor& g, const LearnOptions& opt,
     }
     const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
     for (int step = 1; step <= opt.steps; ++step) {
-      const ProjectorPair trial(fresh.p_.WithValues(vals[0]), fresh.q_.WithValues(vals[1]));
-      at::Tensor loss = (trial.Decompress(trial.Compress(g32)) - g32).square().sum() / norm2 +
-                        opt.gamma * (vals[0].square().sum() + vals[1].square().sum());
+      at::Tensor residual;
+      if (DenseForm(g32)) {
+        residual = SquaredResidual(DenseOf(fresh.p_.index(), vals[0], fresh.p_.cols()),
+                                   DenseOf(fresh.q_.index(), vals[1], fresh.q_.cols()), g32, norm2);
+      } else {
+        const ProjectorPair trial(fresh.p_.WithValues(vals[0]), fresh.q_.WithValues(vals[1]));
+        residual = (trial.Decompress(trial.Compress(g32)) - g32).square().sum();
+      }
+      at::Tensor loss = residual / norm2 + opt.gamma * (vals[0].square().sum() + vals[1].square().sum());
       loss.backward();
       c10::NoGradGuard no_grad;
       for (size_t i = 0; i < vals.size(); ++i) {

@@ -181,7 +181,10 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
       Status st = WriteBack(shard);
       if (!st.ok()) Fail(st);
     }
-    if (on_updated_) on_updated_(static_cast<int>(shard));
+    if (on_updated_) {
+      Status st = on_updated_(static_cast<int>(shard));
+      if (!st.ok()) Fail(st);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     updated_step_[shard] = driver_step_;
     staging_busy_[shard] = false;

@@ -117,7 +117,8 @@ class HostOptimizer {
   // the device from now on (HostOptimizerOptions::device_blocks).
   Status SetDeviceBlocks(const std::vector<bool>& device_blocks);
 
-  void SetOnUpdated(std::function<void(int block)> callback) { on_updated_ = std::move(callback); }
+  // An error from the callback fails the step (as a failed update would).
+  void SetOnUpdated(std::function<Status(int block)> callback) { on_updated_ = std::move(callback); }
   // Trace spans of host work (optimizer thread): track "cpu update" (submit to completion of a
   // block's AdamW) and "nvme read" (staging a block's states in).
   using SpanSink = std::function<void(const char* track, int block, int64_t start_us, int64_t end_us)>;
@@ -197,7 +198,7 @@ class HostOptimizer {
   uint64_t write_version_ = 0;
   std::vector<uint64_t> io_done_;  // ids completed but not yet claimed
   uint64_t io_outstanding_ = 0;
-  std::function<void(int)> on_updated_;
+  std::function<Status(int)> on_updated_;
   SpanSink span_sink_;
   std::vector<int64_t> update_start_us_;
 

@@ -172,11 +172,17 @@ void LspMode::Rebuild(Matrix& mx, const float* block_master) {
   mx.effective.copy_(mx.base + mx.pq.Decompress(a));
 }
 
-void LspMode::OnUpdated(int b, const float* block_master) {
+Status LspMode::OnUpdated(int b, const float* block_master) {
+  if (block_master == nullptr) return FailedPreconditionError("LSP mode needs the fp32 masters in RAM");
   c10::NoGradGuard no_grad;  // the optimizer thread's grad mode is the default (on)
-  for (Matrix& mx : matrices_) {
-    if (mx.block == b) Rebuild(mx, block_master);
+  try {
+    for (Matrix& mx : matrices_) {
+      if (mx.block == b) Rebuild(mx, block_master);
+    }
+  } catch (const c10::Error& e) {  // on the optimizer thread: an error, never a terminate
+    return InternalError("LSP: rebuilding block " + std::to_string(b) + "'s weights: " + e.what_without_backtrace());
   }
+  return OkStatus();
 }
 
 bool LspMode::CheckDue(int64_t step) const {

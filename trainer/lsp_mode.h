@@ -54,7 +54,7 @@ class LspMode {
   at::Tensor Compress(const ParamSlot& slot, const at::Tensor& grad) const;
   // Block b's coordinates (its flat fp32 masters) were updated: rebuild its weights (CPU) or
   // refresh the device copy of A (CUDA; synchronous).
-  void OnUpdated(int b, const float* block_master);
+  Status OnUpdated(int b, const float* block_master);
   // CUDA: block b's effective weights, W_base + P A Q^T, on the current stream (a no-op when they
   // already are for the current A); Release frees them (the weights point at W_base meanwhile).
   void Materialize(int b);

@@ -530,13 +530,15 @@ Status Trainer::Impl::StartPipeline(bool resident) {
 
   // Updated weights flow back to the device from the optimizer thread, right behind each update.
   if (device_opt) accounting->SetDeviceParams(device_opt->params());
-  host->SetOnUpdated([this, w = weights.get(), l = lsp.get(), h = host.get()](int b) {
+  host->SetOnUpdated([this, w = weights.get(), l = lsp.get(), h = host.get()](int b) -> Status {
     w->OnUpdated(b);
-    if (!l) return;
+    if (!l) return OkStatus();
     const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T (CPU) or A to the device (CUDA)
-    l->OnUpdated(b, h->master_weights(b));
-    accounting->AddSpan({"lsp", "decompress " + model->block(b).name(), static_cast<double>(t0),
-                         static_cast<double>(NowMicros())});
+    RETURN_IF_ERROR(l->OnUpdated(b, h->master_weights(b)));
+    accounting->AddSpan({"lsp", l->on_device() ? "A to the device " + model->block(b).name()
+                                               : "decompress " + model->block(b).name(),
+                         static_cast<double>(t0), static_cast<double>(NowMicros())});
+    return OkStatus();
   });
   host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
     accounting->AddSpan({track, "update " + model->block(b).name(), static_cast<double>(start_us),

@@ -153,7 +153,7 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
       return FailedPreconditionError(dir + ": has no " + kLspStateFile + " (not an LSP checkpoint)");
     }
     RETURN_IF_ERROR(lsp->Restore(path));
-    for (int b = 0; b < n; ++b) lsp->OnUpdated(b, static_cast<const float*>(host->compute_weights(b)));
+    for (int b = 0; b < n; ++b) RETURN_IF_ERROR(lsp->OnUpdated(b, host->master_weights(b)));
   }
   RETURN_IF_ERROR(weights->Reload());
   Log(TrainObserver::Level::kInfo,

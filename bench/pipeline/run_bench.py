@@ -129,6 +129,8 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
              if any(k in l for k in ("batch size (auto", "step plan check", "shape profile", "GPU working set from",
                                      "wait for the backward in pinned host", "device optimizer (auto)"))]
     rows = [json.loads(l) for l in stats_path.read_text().splitlines() if l.strip()]
+    checks = [x for x in rows if "lsp_checked" in x]  # LSP projector checks (issue #14)
+    rows = [x for x in rows if "loss" in x]
     timed = rows[args.warmup:] or rows
     mean = lambda k: sum(x[k] for x in timed) / len(timed)
     res = {k: mean(k) for k in ("step_seconds", "gpu_compute_seconds", "h2d_seconds", "d2h_seconds",
@@ -157,6 +159,7 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
     res["gpu_peak_gib"] = max(x["gpu_peak_bytes"] for x in rows) / 2**30
     res["plan"] = plan
     res["planner_notes"] = notes
+    res["lsp_checks"] = checks
     return res
 
 
@@ -222,6 +225,10 @@ def main() -> int:
             print(f"batch {r['batch']}: {r['plan']}")
         for note in r.get("planner_notes", []):
             print(f"batch {r['batch']}: {note}")
+        for c in r.get("lsp_checks", []):
+            print(f"batch {r['batch']}: LSP check before step {c['step']}: {c['lsp_checked']} matrices, "
+                  f"{c['lsp_switched']} switched, bias {c['lsp_mean_bias']:.3f} -> {c['lsp_mean_bias_after']:.3f}, "
+                  f"{c['lsp_check_seconds']:.1f} s")
         if r.get("nvme_activation_bytes"):
             print(f"batch {r['batch']}: activations to/from NVMe {r['nvme_activation_bytes'] / 2**30:.2f} GiB "
                   f"per step, step loop waited {r['stall_activations_seconds']:.3f} s for them")

@@ -155,6 +155,16 @@ class PrintObserver : public TrainObserver {
       jsonl_->flush();
     }
   }
+  void OnProjectorCheck(const ProjectorCheckStats& c) override {
+    if (jsonl_ != nullptr) {  // its own record, full precision (the log line rounds)
+      nlohmann::json j = {{"step", c.step}, {"lsp_checked", c.checked}, {"lsp_switched", c.switched},
+                          {"lsp_mean_bias", c.mean_bias}, {"lsp_mean_bias_after", c.mean_bias_after},
+                          {"lsp_check_seconds", c.seconds}};
+      *jsonl_ << j.dump() << "\n";
+      jsonl_->flush();
+    }
+  }
+
   void OnEval(const EvalStats& e) override {
     std::printf("eval step %lld loss %.6f tokens %lld  %.3fs\n", static_cast<long long>(e.step), e.loss,
                 static_cast<long long>(e.tokens), e.seconds);

@@ -58,8 +58,11 @@ def run_train(binary_dir: pathlib.Path, args: list[str], timeout: int = 600,
     return r
 
 
-def read_stats(path: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_stats(path: pathlib.Path, steps_only: bool = True) -> list[dict]:
+    """--stats-jsonl records: the optimizer steps' (with "loss"), or every record (evaluations and
+    LSP projector checks have their own)."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if "loss" in r] if steps_only else records
 
 
 def micro_batch_loss(model, m: dict, trained: int):

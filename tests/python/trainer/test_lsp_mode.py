@@ -139,3 +139,29 @@ def test_unsupported_combinations_are_refused(binary_dir, tmp_path, extra, messa
     r = run_train(binary_dir, train_args(model, data, tmp_path / "out", accum=1) + [LEARNED] + extra,
                   check=False)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-1500:]
+
+
+def test_the_gemm_form_of_the_projector_check_equals_the_sparse_passes(binary_dir, tmp_path):
+    """The GPU's form of the residual ||P P^T G Q Q^T - G||^2 (GEMMs through C = P^T G Q; forced
+    on the CPU with OFFLOADD_LSP_DENSE=1) against the sparse passes the CPU uses: the check's mean
+    bias agrees to 1e-4 relative (fp32 rounding of two summation orders over ~1e3 terms), and so do
+    the learned projectors' biases to 1e-3 (20 Adam steps carry that rounding)."""
+    import os
+    import subprocess
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    found = {}
+    for dense in ("0", "1"):
+        out = tmp_path / f"dense{dense}"
+        cmd = [str(binary_dir / "trainer" / "offloadd-train"), *train_args(model, data, out, accum=1), LEARNED,
+               "--max-steps=2"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "OFFLOADD_LSP_DENSE": dense})
+        assert r.returncode == 0, r.stderr[-2000:]
+        check = next(s for s in read_stats(out / "stats.jsonl", steps_only=False) if "lsp_checked" in s)
+        found[dense] = (check["lsp_mean_bias"], check["lsp_checked"], check["lsp_switched"],
+                        check["lsp_mean_bias_after"])
+    (b0, n0, s0, a0), (b1, n1, s1, a1) = found["0"], found["1"]
+    assert (n0, s0) == (n1, s1) and s0 > 0, found
+    assert abs(b0 - b1) <= 1e-4 * b0, found
+    assert abs(a0 - a1) <= 1e-3 * a0, found
