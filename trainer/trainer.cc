@@ -107,7 +107,7 @@ Status Trainer::Impl::RunStep() {
   // warm-up (cuDNN plans, cuBLAS handles, allocator growth), 2.5x the steady time at Llama-2-7B
   // batch 16 on the H200.
   if (steps_run == (cuda ? 2 : 1) && (device_placement_pending || !cfg.profile_dir.empty())) {
-    RETURN_IF_ERROR(RecordShapeProfile());
+    if (FixedShape()) RETURN_IF_ERROR(RecordShapeProfile());
   }
   if (device_placement_pending && steps_run == (cuda ? 2 : 1)) RETURN_IF_ERROR(PlaceDeviceBlocks());
   // The step the shape profile records measures each compute span's allocator peak.

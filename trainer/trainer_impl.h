@@ -124,6 +124,11 @@ struct Trainer::Impl {
   // in the log), and recording the step just run (then writing it under cfg.profile_dir).
   std::string ShapeKey(int64_t batch) const;
   int64_t SeqLength() const;  // the micro-batch's tokens per row (synthetic or max_seq_length)
+  // Every micro-batch has SeqLength() tokens per row (synthetic data, or packing). Otherwise rows
+  // are padded to each batch's longest record, so a measured step may be shorter than the longest
+  // the job will run: its memory and times are not used as the job's (shape profiles are neither
+  // recorded nor read, and the planner takes the static estimate at SeqLength() as its floor).
+  bool FixedShape() const;
   std::optional<ShapeProfile> CachedShapeProfile(int64_t batch);
   Status RecordShapeProfile();
   // Device memory the AdamW states of blocks [0, k) need, per k (their weights replace resident

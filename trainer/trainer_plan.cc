@@ -62,6 +62,19 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   }
   in.budget_bytes = gpu_budget;
   in.base_peak_bytes = streams->PeakReservedBytes();
+  if (cuda && !FixedShape()) {
+    // The measured step's rows may be shorter than max_seq_length: a later batch of full rows
+    // needs what PlanDevice's static estimate at max_seq_length sized (a 6 GiB TinyLlama job on
+    // Alpaca records ran out of memory when kept layers were priced from a short first batch).
+    const int64_t static_peak = planned_held_bytes + EstimateMemory(B).workspace;
+    if (static_peak > in.base_peak_bytes) {
+      Log(TrainObserver::Level::kInfo,
+          "step plan: records vary in length, so the step's floor is the estimate at " + std::to_string(T) +
+              " tokens per row (" + FormatByteSize(static_cast<uint64_t>(static_peak)) + "), not the measured " +
+              FormatByteSize(static_cast<uint64_t>(in.base_peak_bytes)));
+      in.base_peak_bytes = static_peak;
+    }
+  }
   in.gpu_seconds = first.gpu_compute_seconds;
   in.h2d_bytes = static_cast<double>(first.h2d_bytes);
   in.d2h_bytes = static_cast<double>(first.d2h_bytes);

@@ -32,13 +32,15 @@ int64_t Trainer::Impl::SeqLength() const {
   return cfg.data.synthetic_seq_length > 0 ? cfg.data.synthetic_seq_length : cfg.data.max_seq_length;
 }
 
+bool Trainer::Impl::FixedShape() const { return cfg.data.synthetic_seq_length > 0 || cfg.data.packing; }
+
 std::string Trainer::Impl::ShapeKey(int64_t batch) const {
   return ShapeProfileKey(DeviceName(cuda, device), Fingerprint(), batch, SeqLength(),
                          c10::toString(dtype));
 }
 
 std::optional<ShapeProfile> Trainer::Impl::CachedShapeProfile(int64_t batch) {
-  if (cfg.profile_dir.empty()) return std::nullopt;
+  if (cfg.profile_dir.empty() || !FixedShape()) return std::nullopt;
   const std::string key = ShapeKey(batch);
   const std::string path = ShapeProfilePath(cfg.profile_dir, key);
   auto p = ReadShapeProfile(path);
