@@ -139,7 +139,9 @@ def run_transformers(model_dir, work, batches, args, steps):
     return res
 
 
-def plot(results, path):
+def plot(results, path, title="stories260K fine-tuned on Alpaca + LIMA records: held-out loss",
+         time_label="training wall time (s, CPU)"):
+    """Held-out loss against step and against wall time, one line per run (also convergence_gpu.py)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -148,12 +150,12 @@ def plot(results, path):
         axes[0].plot(r["steps"], r["eval_loss"], marker=".", label=r["name"])
         axes[1].plot(r["seconds"], r["eval_loss"], marker=".", label=r["name"])
     axes[0].set_xlabel("optimizer step")
-    axes[1].set_xlabel("training wall time (s, CPU)")
+    axes[1].set_xlabel(time_label)
     for ax in axes:
         ax.set_ylabel("held-out loss (nats/token)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("stories260K fine-tuned on Alpaca + LIMA records: held-out loss")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -19,7 +19,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench/lsp"))
 sys.path.insert(0, str(ROOT / "bench/pipeline"))
-from convergence import encode, write_jsonl  # noqa: E402
+from convergence import encode, plot, write_jsonl  # noqa: E402
 from run_bench import write_config  # noqa: E402
 
 
@@ -60,26 +60,6 @@ def run(args, model, work, name, extra):
             "checks": checks}
 
 
-def plot(path: pathlib.Path, png: pathlib.Path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    runs = json.loads(path.read_text())["runs"]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    for r in runs:
-        ax[0].plot(r["steps"], r["eval_loss"], marker="o", label=r["name"])
-        ax[1].plot(r["seconds"], r["eval_loss"], marker="o", label=r["name"])
-    ax[0].set_xlabel("optimizer step")
-    ax[1].set_xlabel("training wall time, s (checks included)")
-    for a in ax:
-        a.set_ylabel("held-out loss (nats/token)")
-        a.grid(alpha=0.3)
-        a.legend()
-    fig.suptitle("1.1B Llama shape (random init) on Alpaca, H200: exact offloaded vs LSP s=512")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default="build-gpu")
@@ -96,7 +76,9 @@ def main():
     p.add_argument("--png", type=pathlib.Path, default=ROOT / "bench/lsp/convergence_gpu.png")
     args = p.parse_args()
     if args.plot:
-        plot(args.plot, args.png)
+        plot(json.loads(args.plot.read_text())["runs"], args.png,
+             title="1.1B Llama shape (random init) on Alpaca, H200: exact offloaded vs LSP s=512",
+             time_label="training wall time, s (checks included)")
         return
     args.work.mkdir(parents=True, exist_ok=True)
     model = prepare(args.data_dir, args.work, args.max_len)

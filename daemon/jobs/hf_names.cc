@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "common/message_text.h"
+#include "trainer/batch_planner.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -143,7 +144,7 @@ void ResolveBatchSize(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
       }
     }
   }
-  if (t->auto_find_batch_size() && !t->has_per_device_train_batch_size()) t->set_per_device_train_batch_size(64);
+  if (t->auto_find_batch_size() && !t->has_per_device_train_batch_size()) t->set_per_device_train_batch_size(trainer::kDefaultAutoBatchCap);
 }
 
 }  // namespace
