@@ -161,8 +161,11 @@ at::Tensor DenseOf(const at::Tensor& index, const at::Tensor& values, int64_t co
 // ||P P^T G Q Q^T - G||^2 by GEMMs, for the CUDA path: with C = P^T G Q,
 //   ||P C Q^T - G||^2 = ||G||^2 - 2 ||C||^2 + tr(C^T (P^T P) C (Q^T Q)),
 // so G is read once (P^T G Q) and the rest is s x s. Same value as the sparse passes up to rounding.
-at::Tensor SquaredResidual(const at::Tensor& pd, const at::Tensor& qd, const at::Tensor& g32, double norm2) {
-  const at::Tensor c = at::matmul(at::matmul(pd.t(), g32), qd);
+// G may be held in a lower precision (LearnOptions::gemm_dtype): P^T G is then that dtype's GEMM,
+// with fp32 accumulation, and the rest fp32.
+at::Tensor SquaredResidual(const at::Tensor& pd, const at::Tensor& qd, const at::Tensor& g, double norm2) {
+  const at::Tensor ptg = at::matmul(pd.t().to(g.scalar_type()), g).to(at::kFloat);
+  const at::Tensor c = at::matmul(ptg, qd);
   const at::Tensor ptp = at::matmul(pd.t(), pd), qtq = at::matmul(qd.t(), qd);
   return norm2 - 2 * c.square().sum() + (at::matmul(at::matmul(c.t(), ptp), c) * qtq).sum();
 }
@@ -191,6 +194,7 @@ ProjectorPair ProjectorPair::Learn(const at::Tensor& g, const LearnOptions& opt,
   const at::Tensor g32 = Fp32(g).detach();
   const double norm2 = g32.square().sum().item<double>();
   if (norm2 > 0 && opt.steps > 0) {
+    const at::Tensor g_gemm = g32.to(opt.gemm_dtype);  // the dense form's copy of G (once)
     c10::AutoGradMode grad_mode(true);
     std::vector<at::Tensor> vals = {fresh.p_.values().contiguous().clone().requires_grad_(true),
                                     fresh.q_.values().contiguous().clone().requires_grad_(true)};
@@ -204,7 +208,7 @@ ProjectorPair ProjectorPair::Learn(const at::Tensor& g, const LearnOptions& opt,
       at::Tensor residual;
       if (DenseForm(g32)) {
         residual = SquaredResidual(DenseOf(fresh.p_.index(), vals[0], fresh.p_.cols()),
-                                   DenseOf(fresh.q_.index(), vals[1], fresh.q_.cols()), g32, norm2);
+                                   DenseOf(fresh.q_.index(), vals[1], fresh.q_.cols()), g_gemm, norm2);
       } else {
         const ProjectorPair trial(fresh.p_.WithValues(vals[0]), fresh.q_.WithValues(vals[1]));
         residual = (trial.Decompress(trial.Compress(g32)) - g32).square().sum();

@@ -67,6 +67,12 @@ struct LearnOptions {
   double lr = 1e-2;
   double gamma = 1e-4;   // the seed's norm regulariser, on ||P||_F^2 + ||Q||_F^2
   uint64_t seed = 0;     // positions and initial values of the new projectors
+  // The dtype of the learning loop's G-sized GEMMs (P^T G and its gradient) in the GEMM form
+  // (CUDA): fp32 by default; the trainer's LSP mode on CUDA passes its compute dtype (bf16), whose
+  // tensor-core GEMMs are ~10x faster. P^T G accumulates in fp32 either way and is rounded once to
+  // this dtype; everything s x s stays fp32, and the biases reported (and the threshold decision)
+  // are computed in fp32 whatever this is.
+  at::ScalarType gemm_dtype = at::kFloat;
 };
 
 struct LearnReport {

@@ -55,6 +55,9 @@ struct DeviceStreams::Impl {
   std::vector<Span> spans;  // CPU device
   double compute_start = 0;
   std::string compute_name;
+  std::unique_ptr<at::cuda::CUDAEvent> inner_start;
+  double inner_start_us = 0;  // CPU device
+  std::string inner_track, inner_name;
 
   std::unique_ptr<at::cuda::CUDAEvent> Mark(const at::cuda::CUDAStream& s) {
     auto e = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
@@ -70,6 +73,8 @@ struct DeviceStreams::Impl {
   uint64_t pinned_bytes = 0;  // nothing is pinned without CUDA
   double compute_start = 0;
   std::string compute_name;
+  double inner_start_us = 0;
+  std::string inner_track, inner_name;
 };
 #endif
 
@@ -295,6 +300,33 @@ void DeviceStreams::EndCompute() {
 #endif
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->spans.push_back({"gpu compute", impl_->compute_name, impl_->compute_start, static_cast<double>(NowMicros())});
+}
+
+void DeviceStreams::BeginInner(const std::string& track, const std::string& name) {
+  Impl& m = *impl_;
+  m.inner_track = track;
+  m.inner_name = name;
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    m.inner_start = m.Mark(m.compute());
+    return;
+  }
+#endif
+  m.inner_start_us = static_cast<double>(NowMicros());
+}
+
+void DeviceStreams::EndInner() {
+  Impl& m = *impl_;
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    Impl::Timed t{m.inner_track, m.inner_name, std::move(m.inner_start), m.Mark(m.compute()), 0, 0, 0};
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.timed.push_back(std::move(t));
+    return;
+  }
+#endif
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.spans.push_back({m.inner_track, m.inner_name, m.inner_start_us, static_cast<double>(NowMicros())});
 }
 
 void DeviceStreams::MarkStepStart() {

@@ -75,6 +75,11 @@ class DeviceStreams {
   // Timing of compute work for the trace: Begin/End around a block's forward or backward.
   void BeginCompute(const std::string& name);
   void EndCompute();
+  // A span of compute-stream work on its own track (e.g. "lsp compress" inside a block's
+  // backward): timed by CUDA events on the compute stream, by the host clock on a CPU device. One
+  // open at a time, from the step loop's thread; it may lie inside a BeginCompute span.
+  void BeginInner(const std::string& track, const std::string& name);
+  void EndInner();
   // Marks the start of a step (the base the spans are measured from).
   void MarkStepStart();
   // Waits for all streams, then returns the spans recorded since MarkStepStart with host

@@ -119,6 +119,11 @@ void LspMode::Materialize(int b) {
   }
 }
 
+bool LspMode::Stale(int b) const {
+  return std::any_of(matrices_.begin(), matrices_.end(),
+                     [b](const Matrix& mx) { return mx.block == b && mx.materialized != mx.a_version; });
+}
+
 void LspMode::Release(int b) {
   for (Matrix& mx : matrices_) {
     if (mx.block != b || !mx.effective.defined()) continue;
@@ -204,6 +209,9 @@ StatusOr<LspMode::CheckSummary> LspMode::Check(int64_t step, const std::map<std:
     if (it == by_weight_.end()) continue;
     Matrix& mx = matrices_[it->second];
     opt.learn.seed = seed_ * 1000003ull + static_cast<uint64_t>(step) * 7919ull + it->second;
+    // The learning's G-sized GEMMs in bf16 on CUDA (tensor cores; its range is fp32's, so a small
+    // gradient does not underflow as in fp16); the decision and the reported biases stay fp32.
+    opt.learn.gemm_dtype = on_device() ? at::kBFloat16 : at::kFloat;
     lsp::CheckResult r = lsp::CheckAndUpdate(mx.pq, g, opt);
     ++s.checked;
     s.mean_bias += r.bias;

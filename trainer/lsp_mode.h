@@ -58,6 +58,7 @@ class LspMode {
   // CUDA: block b's effective weights, W_base + P A Q^T, on the current stream (a no-op when they
   // already are for the current A); Release frees them (the weights point at W_base meanwhile).
   void Materialize(int b);
+  bool Stale(int b) const;  // CUDA: Materialize(b) has work to do
   void Release(int b);
   bool on_device() const { return device_.is_cuda(); }
   // Device memory it holds: W_base, A, projectors (CUDA); and one block's effective weights at most.

@@ -111,6 +111,8 @@ void StepAccounting::CollectDeviceSpans() {
   auto spans = options_.streams->TakeSpans(&st.gpu_compute_seconds, &st.h2d_seconds,
                                            &st.d2h_seconds, &st.h2d_bytes, &st.d2h_bytes);
   for (const Span& s : spans) {
+    if (s.track == "lsp compress") st.lsp_compress_seconds += (s.end_us - s.start_us) * 1e-6;
+    if (s.track == "lsp decompress") st.lsp_decompress_seconds += (s.end_us - s.start_us) * 1e-6;
     if (s.track != "gpu compute") continue;
     if (s.name.rfind("forward ", 0) == 0) st.gpu_forward_seconds += (s.end_us - s.start_us) * 1e-6;
     pending_->compute.push_back(s);

@@ -183,10 +183,10 @@ StatusOr<at::Tensor> StepSchedule::BackwardBlock(const engine::MicroBatch& mb, i
         slot.View(grads).copy_(grad);
         continue;
       }
-      const int64_t t0 = NowMicros();  // LSP: P^T G Q, inline in this block's backward
+      // LSP: P^T G Q, inline in this block's backward; GPU-timed on its own track.
+      options_.streams->BeginInner("lsp compress", "compress " + slot.compressed->name);
       slot.View(grads).copy_(options_.compress(slot, grad));
-      options_.accounting->AddSpan({"lsp", "compress " + slot.compressed->name, static_cast<double>(t0),
-                                    static_cast<double>(NowMicros())});
+      options_.streams->EndInner();
     }
   };
   engine::Block& block = options_.model->block(b);

@@ -37,6 +37,10 @@ struct StepStats {
   double d2h_seconds = 0;
   double cpu_update_seconds = 0;  // summed over workers / number of workers
   double nvme_seconds = 0;
+  // LSP mode: GPU time of the compressions (P^T G Q) and of the materialisations (W_base + P A Q^T),
+  // inside gpu_compute_seconds.
+  double lsp_compress_seconds = 0;
+  double lsp_decompress_seconds = 0;
   // ... and time the compute stream (or the step loop) waited for each of them.
   double stall_weights_seconds = 0;  // forward/backward waited for weights (update or H2D)
   double stall_grads_seconds = 0;    // backward waited for a free gradient staging buffer

@@ -110,6 +110,7 @@ struct Trainer::Impl {
   // How many of the lowest blocks get device-resident optimizer states, given the device
   // memory the rest of the plan uses (`used`); fills device_blocks.
   Status PlanDeviceOptimizer(bool resident, int64_t used);
+  Status PlanLspDeviceOptimizer(bool resident, int64_t used);  // its LSP case: the exact lowest blocks
   // Creates the DeviceOptimizer with the arena's initial masters (after host->Initialize).
   Status StartDeviceOptimizer();
   // trainer_plan.cc. auto: after the first step, the step planner picks how many of the lowest

@@ -160,8 +160,11 @@ Status Trainer::Impl::CheckConfig() {
       return UnimplementedError("per_device_train_batch_size auto does not price LSP compression yet; set a "
                                 "micro-batch");
     }
-    if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0)
-      return UnimplementedError("LSP compression updates every subspace on the CPU; device optimizer blocks are not supported with it");
+    if (cfg.offload.device_optimizer_share >= 0) {
+      return UnimplementedError("LSP compression updates every subspace on the CPU: offload_optimizer.ratio "
+                                "is not supported with it (device_optimizer_blocks 0 or 1 places the "
+                                "embedding's AdamW states)");
+    }
   }
   return OkStatus();
 }
@@ -360,9 +363,9 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
 }
 
 Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
-  // LSP: every subspace is updated by the CPU workers (auto places nothing).
-  int requested = lsp ? 0 : cfg.offload.device_optimizer_blocks;
   device_blocks.assign(n, false);
+  if (lsp) return PlanLspDeviceOptimizer(resident, used);
+  int requested = cfg.offload.device_optimizer_blocks;
   if (const double share = cfg.offload.device_optimizer_share; share >= 0) {
     if (!(share <= 1)) {
       return InvalidArgumentError("device optimizer share must be in [0, 1], got " + std::to_string(share));
@@ -411,6 +414,44 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
     } else {
       count = requested;
     }
+  }
+  for (int b = 0; b < count; ++b) device_blocks[b] = true;
+  return OkStatus();
+}
+
+Status Trainer::Impl::PlanLspDeviceOptimizer(bool resident, int64_t used) {
+  // LSP: the decoder layers' subspaces are updated by the CPU workers. The lowest blocks without
+  // a compressed weight (the embedding) are exact, and their update is the one the next forward
+  // waits for first under clipping: their AdamW states may live on the GPU. Auto places them when
+  // the static estimate fits the budget with kLspDeviceMargin to spare (the planner's measured
+  // placement prices CPU updates of whole blocks, which LSP's are not).
+  int exact_prefix = 0;
+  while (exact_prefix < n && std::none_of(layout[exact_prefix].params.begin(), layout[exact_prefix].params.end(),
+                                          [](const ParamSlot& s) { return s.compressed != nullptr; })) {
+    ++exact_prefix;
+  }
+  const int requested = cfg.offload.device_optimizer_blocks;
+  if (requested > exact_prefix) {
+    return UnimplementedError("device_optimizer_blocks " + std::to_string(requested) +
+                              " with LSP compression: only the lowest " + std::to_string(exact_prefix) +
+                              " block(s), exact (no compressed weight), can keep AdamW states on the GPU; "
+                              "the decoder layers' subspaces are updated by the CPU workers");
+  }
+  int count = std::max(0, requested);
+  if (requested == OffloadPlanConfig::kAutoDeviceOptimizer) {
+    count = 0;
+    if (cuda) {
+      constexpr double kLspDeviceMargin = 0.10;
+      const std::vector<int64_t> need = DeviceOptimizerNeeds(resident);
+      const auto room = static_cast<int64_t>((1 - kLspDeviceMargin) * static_cast<double>(gpu_budget));
+      while (count < exact_prefix && used + need[count + 1] <= room) ++count;
+    }
+  } else if (cuda && count > 0 && used + DeviceOptimizerNeeds(resident)[count] > gpu_budget) {
+    return ResourceExhaustedError("device_optimizer_blocks " + std::to_string(count) + " needs " +
+                                  FormatByteSize(static_cast<uint64_t>(DeviceOptimizerNeeds(resident)[count])) +
+                                  " of GPU memory beside " + FormatByteSize(static_cast<uint64_t>(used)) +
+                                  ": more than gpu_memory_limit " +
+                                  FormatByteSize(static_cast<uint64_t>(gpu_budget)));
   }
   for (int b = 0; b < count; ++b) device_blocks[b] = true;
   return OkStatus();
@@ -492,7 +533,13 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   wo.resident = resident;
   wo.device_optimizer = device_opt.get();
   if (lsp && lsp->on_device()) {  // effective weights exist only while their block computes
-    wo.on_ensured = [l = lsp.get()](int b) { l->Materialize(b); };
+    // W_base + P A Q^T, GPU-timed on its own track (a no-op when block b's are current).
+    wo.on_ensured = [l = lsp.get(), s = streams.get(), m = model.get()](int b) {
+      if (!l->Stale(b)) return;
+      s->BeginInner("lsp decompress", "decompress " + m->block(b).name());
+      l->Materialize(b);
+      s->EndInner();
+    };
     wo.on_released = [l = lsp.get()](int b) { l->Release(b); };
   }
   ASSIGN_OR_RETURN(weights, WeightResidency::Create(wo));

@@ -143,6 +143,8 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
     res["corrected_layers"] = sum(x.get("corrected_layers", 0) for x in timed) / len(timed)
     res["nvme_activation_bytes"] = sum(x.get("nvme_activation_bytes", 0) for x in timed) / len(timed)
     res["stall_activations_seconds"] = sum(x.get("stall_activations_seconds", 0) for x in timed) / len(timed)
+    for k in ("lsp_compress_seconds", "lsp_decompress_seconds"):  # LSP: GPU time inside gpu_compute
+        res[k] = sum(x.get(k, 0) for x in timed) / len(timed)
     res["tokens_per_second"] = res["tokens"] / res["step_seconds"]
     res["model_tflops"] = res["model_flops"] / res["step_seconds"] / 1e12
     held = lambda x: (args.max_grad_norm > 0 or args.dtype == "fp16") and x.get("speculated_layers", 0) == 0
@@ -225,6 +227,10 @@ def main() -> int:
             print(f"batch {r['batch']}: {r['plan']}")
         for note in r.get("planner_notes", []):
             print(f"batch {r['batch']}: {note}")
+        if r.get("lsp_checks"):
+            print(f"batch {r['batch']}: LSP GPU time per step: compression {r['lsp_compress_seconds']:.4f} s, "
+                  f"decompression (materialisation) {r['lsp_decompress_seconds']:.4f} s, of "
+                  f"{r['gpu_compute_seconds']:.3f} s of GPU compute")
         for c in r.get("lsp_checks", []):
             print(f"batch {r['batch']}: LSP check before step {c['step']}: {c['lsp_checked']} matrices, "
                   f"{c['lsp_switched']} switched, bias {c['lsp_mean_bias']:.3f} -> {c['lsp_mean_bias_after']:.3f}, "

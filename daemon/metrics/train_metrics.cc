@@ -32,7 +32,10 @@ const Histogram::BucketBoundaries& StepBuckets() {
 
 // Label values of the per-resource families; the order matches the StepStats fields read in
 // Observe.
-constexpr std::array<const char*, 5> kPhases = {"gpu_compute", "h2d", "d2h", "cpu_update", "nvme"};
+// lsp_compress and lsp_decompress (LSP mode: P^T G Q in each backward, W_base + P A Q^T before each
+// block computes) are GPU time inside gpu_compute, on their own series.
+constexpr std::array<const char*, 7> kPhases = {"gpu_compute", "h2d",          "d2h",           "cpu_update",
+                                                "nvme",        "lsp_compress", "lsp_decompress"};
 constexpr std::array<const char*, 3> kStalls = {"weights", "grads", "optimizer"};
 constexpr std::array<const char*, 4> kLinks = {"h2d", "d2h", "nvme_read", "nvme_write"};
 // Exact clipping with speculative updates (workers/step_driver.h).
@@ -140,7 +143,8 @@ struct TrainMetrics::Impl {
                          .Help("Wall time of one optimizer step.")
                          .Register(r)),
         phase(CounterFamily(r, "offloadd_train_step_phase_seconds_total",
-                            "Busy time of each resource inside optimizer steps.")),
+                            "Busy time of each resource inside optimizer steps (lsp_compress and "
+                            "lsp_decompress: GPU time inside gpu_compute).")),
         stall(CounterFamily(r, "offloadd_train_stall_seconds_total",
                             "Time the compute stream or step loop waited, by what it waited for "
                             "(weights, gradient staging buffers, optimizer updates).")),
@@ -318,7 +322,8 @@ void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& 
   }
   // prometheus-cpp counters ignore negative increments, so a clock hiccup cannot decrease them.
   const std::array<double, kPhases.size()> phase = {
-      s.gpu_compute_seconds, s.h2d_seconds, s.d2h_seconds, s.cpu_update_seconds, s.nvme_seconds};
+      s.gpu_compute_seconds, s.h2d_seconds,          s.d2h_seconds,           s.cpu_update_seconds,
+      s.nvme_seconds,        s.lsp_compress_seconds, s.lsp_decompress_seconds};
   const std::array<double, kStalls.size()> stall = {s.stall_weights_seconds, s.stall_grads_seconds,
                                                     s.stall_optimizer_seconds};
   const std::array<uint64_t, kLinks.size()> link = {s.h2d_bytes, s.d2h_bytes, s.nvme_read_bytes,

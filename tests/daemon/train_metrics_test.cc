@@ -50,6 +50,8 @@ trainer::StepStats Step(int64_t step) {
   s.d2h_seconds = 0.5;
   s.cpu_update_seconds = 1.25;
   s.nvme_seconds = 0.25;
+  s.lsp_compress_seconds = 0.0625;
+  s.lsp_decompress_seconds = 0.03125;
   s.stall_weights_seconds = 0.125;
   s.stall_grads_seconds = 0.0625;
   s.stall_optimizer_seconds = 0.375;
@@ -104,6 +106,8 @@ TEST(TrainMetricsTest, StepsAccumulateCountersAndSetGauges) {
   EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="d2h"})"], 1);
   EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="cpu_update"})"], 2.5);
   EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="nvme"})"], 0.5);
+  EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="lsp_compress"})"], 0.125);
+  EXPECT_EQ(s[R"(offloadd_train_step_phase_seconds_total{job_id="a",resource="lsp_decompress"})"], 0.0625);
   EXPECT_EQ(s[R"(offloadd_train_stall_seconds_total{job_id="a",resource="weights"})"], 0.25);
   EXPECT_EQ(s[R"(offloadd_train_stall_seconds_total{job_id="a",resource="grads"})"], 0.125);
   EXPECT_EQ(s[R"(offloadd_train_stall_seconds_total{job_id="a",resource="optimizer"})"], 0.75);

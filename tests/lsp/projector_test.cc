@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "workers/adamw_kernel.h"
@@ -142,6 +143,29 @@ TEST(ProjectorPairTest, LearningLowersTheBias) {
   // Positions are kept; only values move.
   EXPECT_TRUE(learned.p().index().equal(ProjectorPair::Random(128, 96, 16, 4, 11, kCpu).p().index()));
   EXPECT_EQ(learned.rank_rows(), 16);
+}
+
+// The GEMM form (CUDA's; forced here) with the learning's G-sized GEMMs in bf16, as the trainer
+// runs it on CUDA: it still learns, and the biases it reports are fp32 ones of what it returns.
+TEST(ProjectorPairTest, LearningInBf16GemmsLowersTheBias) {
+  ASSERT_EQ(setenv("OFFLOADD_LSP_DENSE", "1", 1), 0);
+  at::manual_seed(4);
+  const at::Tensor g = at::randn({128, 4}).mm(at::randn({4, 96})) + 0.05 * at::randn({128, 96});
+  const ProjectorPair old = ProjectorPair::Random(128, 96, 16, 4, 10, kCpu);
+  LearnOptions opt;
+  opt.steps = 200;
+  opt.lr = 2e-2;
+  opt.seed = 11;
+  LearnReport fp32, bf16;
+  const ProjectorPair exact = old.Learn(g, opt, &fp32);
+  opt.gemm_dtype = at::kBFloat16;
+  const ProjectorPair fast = old.Learn(g, opt, &bf16);
+  unsetenv("OFFLOADD_LSP_DENSE");
+  EXPECT_EQ(bf16.bias_initial, fp32.bias_initial);  // both fp32, of the same fresh draw
+  EXPECT_LT(fp32.bias_after, 0.5 * fp32.bias_initial) << fp32.bias_initial << " -> " << fp32.bias_after;
+  EXPECT_LT(bf16.bias_after, 0.5 * bf16.bias_initial) << bf16.bias_initial << " -> " << bf16.bias_after;
+  EXPECT_NEAR(bf16.bias_after, fast.RelativeBias(g), 1e-12);
+  EXPECT_FALSE(fast.p().values().equal(exact.p().values()));  // the bf16 GEMMs did run
 }
 
 // Adam on the subspace coordinates A with the compressed gradient P^T G Q (the CPU workers'

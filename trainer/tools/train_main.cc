@@ -142,6 +142,8 @@ class PrintObserver : public TrainObserver {
                           {"h2d_seconds", s.h2d_seconds}, {"d2h_seconds", s.d2h_seconds},
                           {"cpu_update_seconds", s.cpu_update_seconds},
                           {"nvme_seconds", s.nvme_seconds},
+                          {"lsp_compress_seconds", s.lsp_compress_seconds},
+                          {"lsp_decompress_seconds", s.lsp_decompress_seconds},
                           {"stall_weights_seconds", s.stall_weights_seconds},
                           {"stall_grads_seconds", s.stall_grads_seconds},
                           {"stall_optimizer_seconds", s.stall_optimizer_seconds},
