@@ -79,7 +79,6 @@ Status LspMode::Initialize(const engine::Model& model) {
     if (on_device()) {
       // A = 0: the effective weight is W_base itself until the first update.
       mx.base = init.to(device_, dtype_).contiguous().clone();
-      mx.a_device = at::zeros({mx.pq.rank_rows(), mx.pq.rank_cols()}, at::TensorOptions().device(device_));
       mx.weight->value = mx.base;
       mx.a_version = mx.materialized = 0;
       continue;
@@ -97,10 +96,13 @@ at::Tensor LspMode::Compress(const ParamSlot& slot, const at::Tensor& grad) cons
   return mx.pq.Compress(grad).to(grad.scalar_type());
 }
 
-at::Tensor LspMode::DecompressDense(const Matrix& mx) const {
-  // (P A) in fp32 (small: m x s), then (P A) Q^T as a bf16 GEMM accumulating in fp32.
-  const at::Tensor pa = at::matmul(mx.pq.p().Dense(), mx.a_device);
-  return at::matmul(pa.to(dtype_), mx.pq.q().Dense().to(dtype_).t());
+at::Tensor LspMode::EffectiveDense(const Matrix& mx) const {
+  // A as the block's weights bring it to the device (the compute dtype, bound to the coordinates'
+  // Param by WeightResidency); P A (m x s) and W_base + (P A) Q^T as GEMMs accumulating in fp32,
+  // the latter with W_base as addmm's input: one rounding of the effective weight.
+  const at::Tensor& a = mx.coords->value;
+  const at::Tensor pa = at::matmul(mx.pq.p().Dense().to(dtype_), a.to(dtype_));
+  return at::addmm(mx.base, pa, mx.pq.q().Dense().to(dtype_).t());
 }
 
 at::Tensor LspMode::CompressDense(const Matrix& mx, const at::Tensor& grad) const {
@@ -113,7 +115,7 @@ void LspMode::Materialize(int b) {
   c10::NoGradGuard no_grad;
   for (Matrix& mx : matrices_) {
     if (mx.block != b || mx.materialized == mx.a_version) continue;
-    mx.effective = at::add(mx.base, DecompressDense(mx));
+    mx.effective = EffectiveDense(mx);
     mx.weight->value = mx.effective;
     mx.materialized = mx.a_version;
   }
@@ -137,8 +139,7 @@ int64_t LspMode::DeviceBytes() const {
   if (!on_device()) return 0;
   int64_t bytes = 0;
   for (const Matrix& mx : matrices_) {  // from the shapes: callable before Initialize
-    bytes += mx.pq.p().rows() * mx.pq.q().rows() * static_cast<int64_t>(c10::elementSize(dtype_)) +
-             mx.pq.rank_rows() * mx.pq.rank_cols() * 4;
+    bytes += mx.pq.p().rows() * mx.pq.q().rows() * static_cast<int64_t>(c10::elementSize(dtype_));
     bytes += (mx.pq.p().rows() + mx.pq.q().rows()) * mx.pq.p().nonzeros() * 12;  // positions + values
   }
   return bytes;
@@ -167,9 +168,8 @@ at::Tensor LspMode::Coordinates(const Matrix& mx, const float* block_master) con
 
 void LspMode::Rebuild(Matrix& mx, const float* block_master) {
   if (on_device()) {
-    // A synchronous copy (a pageable source): done before the block counts as updated, so the
-    // next Materialize, on the compute stream, reads this A.
-    mx.a_device.copy_(Coordinates(mx, block_master));
+    // The block's weights (A among them, in the compute dtype) reach the device through
+    // WeightResidency like any streamed block's; the next Materialize rebuilds from them.
     ++mx.a_version;
     return;
   }
@@ -212,7 +212,9 @@ StatusOr<LspMode::CheckSummary> LspMode::Check(int64_t step, const std::map<std:
     // The learning's G-sized GEMMs in bf16 on CUDA (tensor cores; its range is fp32's, so a small
     // gradient does not underflow as in fp16); the decision and the reported biases stay fp32.
     opt.learn.gemm_dtype = on_device() ? at::kBFloat16 : at::kFloat;
+    const auto l0 = std::chrono::steady_clock::now();
     lsp::CheckResult r = lsp::CheckAndUpdate(mx.pq, g, opt);
+    s.learn_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
     ++s.checked;
     s.mean_bias += r.bias;
     if (r.updated) {
@@ -220,6 +222,7 @@ StatusOr<LspMode::CheckSummary> LspMode::Check(int64_t step, const std::map<std:
       by_block[mx.block].emplace_back(it->second, std::move(r.next));
     }
   }
+  const auto s0 = std::chrono::steady_clock::now();
   std::vector<float> master, m, v;
   for (auto& [b, next] : by_block) {
     RETURN_IF_ERROR(states.read(b, &master, &m, &v));
@@ -253,6 +256,7 @@ StatusOr<LspMode::CheckSummary> LspMode::Check(int64_t step, const std::map<std:
       Rebuild(matrices_[idx], master.data());
     }
   }
+  s.switch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
   if (s.checked > 0) s.mean_bias /= s.checked;
   if (s.switched > 0) s.mean_bias_after /= s.switched;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

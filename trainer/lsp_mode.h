@@ -14,9 +14,10 @@
 //
 // On the CPU device (fp32) each weight's effective value W_base + P A Q^T is kept and rebuilt after
 // each update. On CUDA (bf16) that would hold every weight twice, which a 7B model in 24 GiB cannot:
-// W_base stays resident in bf16 (the model's own weights), A has a device copy refreshed after each
-// update, and a block's effective weights exist only while it computes (Materialize when its
-// weights are ensured, Release after; the projections as dense bf16 GEMMs with fp32 accumulation).
+// W_base stays resident in bf16 (the model's own weights), A reaches the device in bf16 with the
+// block's other weights (norms; WeightResidency, like any streamed block), and a block's effective
+// weights exist only while it computes (Materialize when its weights are ensured, Release after;
+// W_base + (P A) Q^T as dense bf16 GEMMs with fp32 accumulation, rounded once).
 // Compression is P^T G Q by the same GEMMs. lsp/README.md states the precision consequences.
 //
 // Thread-safety: OnUpdated runs on the host optimizer's thread for a block the step loop is not
@@ -53,7 +54,7 @@ class LspMode {
   // P^T G Q for the slot's weight, in the gradient's dtype.
   at::Tensor Compress(const ParamSlot& slot, const at::Tensor& grad) const;
   // Block b's coordinates (its flat fp32 masters) were updated: rebuild its weights (CPU) or
-  // refresh the device copy of A (CUDA; synchronous).
+  // mark its effective weights stale (CUDA).
   Status OnUpdated(int b, const float* block_master);
   // CUDA: block b's effective weights, W_base + P A Q^T, on the current stream (a no-op when they
   // already are for the current A); Release frees them (the weights point at W_base meanwhile).
@@ -61,7 +62,7 @@ class LspMode {
   bool Stale(int b) const;  // CUDA: Materialize(b) has work to do
   void Release(int b);
   bool on_device() const { return device_.is_cuda(); }
-  // Device memory it holds: W_base, A, projectors (CUDA); and one block's effective weights at most.
+  // Device memory it holds: W_base and the projectors (CUDA); and one block's effective weights at most.
   int64_t DeviceBytes() const;
   int64_t MaxBlockEffectiveBytes() const;
 
@@ -75,6 +76,9 @@ class LspMode {
     int checked = 0, switched = 0;
     double mean_bias = 0, mean_bias_after = 0;  // over the checked / the switched matrices
     double seconds = 0;
+    // Of it: the bias checks and learning (CheckAndUpdate), and the switches (fold, moment
+    // re-projection, state read/restore); host time, each synchronised by its scalar reads.
+    double learn_seconds = 0, switch_seconds = 0;
   };
   bool CheckDue(int64_t step) const;  // step k (1-based) checks its projectors first
   // The projector check of Alg. 2 on `grads` (weight name -> dL/dW of a probe batch), between
@@ -98,11 +102,10 @@ class LspMode {
     lsp::ProjectorPair pq;
     at::Tensor base;       // CPU: fp32 [m, n]; CUDA: compute dtype [m, n], resident
     at::Tensor effective;  // compute dtype [m, n], bound to `weight` (CUDA: while materialized)
-    at::Tensor a_device;   // CUDA: fp32 [s_m, s_n], the coordinates as of the last update
     int64_t a_version = 0, materialized = -1;  // CUDA: effective is for A version `materialized`
   };
-  // CUDA: P A Q^T and P^T G Q as dense GEMMs (P, Q densified per call: m x s and n x s).
-  at::Tensor DecompressDense(const Matrix& mx) const;
+  // CUDA: W_base + P A Q^T and P^T G Q as dense GEMMs (P, Q densified per call: m x s and n x s).
+  at::Tensor EffectiveDense(const Matrix& mx) const;
   at::Tensor CompressDense(const Matrix& mx, const at::Tensor& grad) const;
   LspMode(const LspConfig& config, uint64_t seed, std::vector<BlockLayout>* layout, c10::Device device,
           c10::ScalarType dtype)

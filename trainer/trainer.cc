@@ -224,8 +224,11 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
   };
   access.restore = [this](int b, const std::vector<float>& master, const std::vector<float>& m,
                           const std::vector<float>& v) {
-    return RestoreBlockStates(b, master.data(), m.data(), v.data(),
-                              static_cast<uint64_t>(accounting->applied()));
+    RETURN_IF_ERROR(RestoreBlockStates(b, master.data(), m.data(), v.data(),
+                                       static_cast<uint64_t>(accounting->applied())));
+    // Resident weights: the device copy of A (now zero) follows, after the probe's use of it.
+    weights->OnUpdated(b, /*after_compute=*/true);
+    return OkStatus();
   };
   // Block by block as the probe's backward produces their gradients (bounded memory on CUDA).
   LspMode::CheckSummary s;
@@ -233,6 +236,8 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
   RETURN_IF_ERROR(schedule->ProbeGradients(mb, [&](std::map<std::string, at::Tensor> grads) -> Status {
     ASSIGN_OR_RETURN(const LspMode::CheckSummary part, lsp->Check(k, grads, access));
     s.checked += part.checked;
+    s.learn_seconds += part.learn_seconds;
+    s.switch_seconds += part.switch_seconds;
     s.switched += part.switched;
     bias_sum += part.mean_bias * part.checked;
     bias_after_sum += part.mean_bias_after * part.switched;
@@ -247,7 +252,8 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
   msg << "LSP projector check before step " << k << ": mean relative bias " << s.mean_bias << " over "
       << s.checked << " matrices; " << s.switched << " switched to learned projectors";
   if (s.switched > 0) msg << " (mean bias " << s.mean_bias_after << " after)";
-  msg << " in " << s.seconds << " s";
+  msg << " in " << s.seconds << " s (" << s.learn_seconds << " s checking and learning, " << s.switch_seconds
+      << " s switching, the rest the probe's forward and backward)";
   Log(TrainObserver::Level::kInfo, msg.str());
   if (obs) obs->OnProjectorCheck({k, s.checked, s.switched, s.mean_bias, s.mean_bias_after, s.seconds});
   return OkStatus();

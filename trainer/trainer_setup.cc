@@ -580,11 +580,12 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   host->SetOnUpdated([this, w = weights.get(), l = lsp.get(), h = host.get()](int b) -> Status {
     w->OnUpdated(b);
     if (!l) return OkStatus();
-    const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T (CPU) or A to the device (CUDA)
+    const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T (CPU), or marks the block stale (CUDA)
     RETURN_IF_ERROR(l->OnUpdated(b, h->master_weights(b)));
-    accounting->AddSpan({"lsp", l->on_device() ? "A to the device " + model->block(b).name()
-                                               : "decompress " + model->block(b).name(),
-                         static_cast<double>(t0), static_cast<double>(NowMicros())});
+    if (!l->on_device()) {
+      accounting->AddSpan({"lsp", "decompress " + model->block(b).name(), static_cast<double>(t0),
+                           static_cast<double>(NowMicros())});
+    }
     return OkStatus();
   });
   host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {

@@ -92,10 +92,10 @@ void WeightResidency::Release(int b) {
   layout_[b].Unbind();
 }
 
-void WeightResidency::OnUpdated(int b) {
+void WeightResidency::OnUpdated(int b, bool after_compute) {
   if (!cuda_ || !resident_ || OnDevice(b)) return;
   auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b],
-                                  "weights " + model_->block(b).name(), /*after_compute=*/false);
+                                  "weights " + model_->block(b).name(), after_compute);
   std::lock_guard<std::mutex> lock(ready_mu_);
   ready_[b] = e;
 }

@@ -61,7 +61,9 @@ class WeightResidency {
   // Streamed: drops block b's device copy (the tied embedding stays).
   void Release(int b);
   // Optimizer thread: block b's new weights are in the arena (resident: upload them now).
-  void OnUpdated(int b);
+  // after_compute: the copy waits for the compute stream's work so far (a block the step loop
+  // may still be computing with, as the LSP projector check's).
+  void OnUpdated(int b, bool after_compute = false);
   // Resident: uploads every block again (after the arena was restored from a checkpoint).
   Status Reload();
   // Binds block b's compute weights again (after something else was bound, e.g. fp32 masters).
