@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,21 @@ SparseProjector SparseProjector::Random(int64_t rows, int64_t cols, int64_t nonz
                                         at::Device device) {
   const int64_t d = std::clamp<int64_t>(nonzeros, 1, cols);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  // d distinct columns per row: multinomial without replacement over equal weights.
-  at::Tensor index = at::multinomial(at::ones({rows, cols}, at::kFloat), d, /*replacement=*/false, gen);
+  // d distinct columns per row, uniform over the d-subsets: Floyd's algorithm, O(rows d) draws
+  // (a multinomial without replacement over [rows, cols] weights took 0.23 s for one 11008 x 512
+  // projector, most of a 7B projector check).
+  at::Tensor index = at::empty({rows, d}, at::kLong);
+  std::mt19937_64 rng(seed);
+  int64_t* out = index.data_ptr<int64_t>();
+  std::vector<int64_t> picked;
+  for (int64_t r = 0; r < rows; ++r) {
+    picked.clear();
+    for (int64_t j = cols - d; j < cols; ++j) {
+      const auto t = static_cast<int64_t>(rng() % static_cast<uint64_t>(j + 1));
+      picked.push_back(std::find(picked.begin(), picked.end(), t) == picked.end() ? t : j);
+    }
+    std::copy(picked.begin(), picked.end(), out + r * d);
+  }
   at::Tensor values = at::normal(0.0, 1.0 / std::sqrt(static_cast<double>(d)), {rows, d}, gen);
   SparseProjector p;
   p.rows_ = rows;

@@ -32,6 +32,14 @@ TEST(SparseProjectorTest, RandomHasDistinctPositionsAndTheSeedsVariance) {
   EXPECT_FALSE(sorted.narrow(1, 1, 15).eq(sorted.narrow(1, 0, 15)).any().item<bool>());
   EXPECT_GE(p.index().min().item<int64_t>(), 0);
   EXPECT_LT(p.index().max().item<int64_t>(), 64);
+  // Uniform positions: each column is picked by a row with probability d/cols = 1/4, so its count
+  // over 4096 rows is 1024 with standard deviation sqrt(4096 * 1/4 * 3/4) = 27.7; 6 of them bound
+  // all 64 columns (a false alarm has probability ~1e-7).
+  const at::Tensor counts = at::bincount(p.index().reshape({-1}), {}, 64);
+  EXPECT_LE((counts - 1024).abs().max().item<int64_t>(), 6 * 27.7) << counts;
+  // d = cols: every column once per row.
+  const at::Tensor full = std::get<0>(SparseProjector::Random(8, 5, 5, 3, kCpu).index().sort(1));
+  EXPECT_TRUE(full.equal(at::arange(5, at::kLong).expand({8, 5})));
   // N(0, 1/d): 65,536 draws put the sample variance within 2% of 1/16 (its standard error is
   // sqrt(2/65536) = 0.55% relative).
   EXPECT_NEAR(p.values().var().item<double>(), 1.0 / 16, 0.02 / 16);
