@@ -129,9 +129,9 @@ at::Tensor SparseProjector::ProjectColumns(const at::Tensor& x) const { return P
 at::Tensor SparseProjector::Expand(const at::Tensor& y) const { return Gather(y, 0); }
 at::Tensor SparseProjector::ExpandColumns(const at::Tensor& z) const { return Gather(z, 1); }
 
-at::Tensor SparseProjector::Dense() const {
-  at::Tensor out = at::zeros({rows_, cols_}, values_.options());
-  return out.scatter_add(1, index_.t(), values_.t());
+at::Tensor SparseProjector::Dense(at::ScalarType dtype) const {
+  at::Tensor out = at::zeros({rows_, cols_}, values_.options().dtype(dtype));
+  return out.scatter_(1, index_.t(), dtype == values_.scalar_type() ? values_.t() : values_.t().to(dtype));
 }
 
 ProjectorPair ProjectorPair::Random(int64_t m, int64_t n, int64_t s, int64_t d, uint64_t seed,

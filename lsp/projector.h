@@ -51,7 +51,8 @@ class SparseProjector {
   at::Tensor ProjectColumns(const at::Tensor& x) const;  // x P:   [k, rows] -> [k, cols]
   at::Tensor Expand(const at::Tensor& y) const;          // P y:   [cols, k] -> [rows, k]
   at::Tensor ExpandColumns(const at::Tensor& z) const;   // z P^T: [k, cols] -> [k, rows]
-  at::Tensor Dense() const;                              // [rows, cols] fp32
+  // [rows, cols] in `dtype` (positions are distinct per row, so each entry is one value, rounded once).
+  at::Tensor Dense(at::ScalarType dtype = at::kFloat) const;
 
  private:
   at::Tensor Project(const at::Tensor& x, int64_t dim) const;  // P^T applied along dim

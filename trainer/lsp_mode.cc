@@ -101,13 +101,13 @@ at::Tensor LspMode::EffectiveDense(const Matrix& mx) const {
   // Param by WeightResidency); P A (m x s) and W_base + (P A) Q^T as GEMMs accumulating in fp32,
   // the latter with W_base as addmm's input: one rounding of the effective weight.
   const at::Tensor& a = mx.coords->value;
-  const at::Tensor pa = at::matmul(mx.pq.p().Dense().to(dtype_), a.to(dtype_));
-  return at::addmm(mx.base, pa, mx.pq.q().Dense().to(dtype_).t());
+  const at::Tensor pa = at::matmul(mx.pq.p().Dense(dtype_), a.to(dtype_));
+  return at::addmm(mx.base, pa, mx.pq.q().Dense(dtype_).t());
 }
 
 at::Tensor LspMode::CompressDense(const Matrix& mx, const at::Tensor& grad) const {
   // P^T G as a bf16 GEMM (s x n, accumulated in fp32, rounded to bf16), then (P^T G) Q in fp32.
-  const at::Tensor ptg = at::matmul(mx.pq.p().Dense().to(grad.scalar_type()).t(), grad);
+  const at::Tensor ptg = at::matmul(mx.pq.p().Dense(grad.scalar_type()).t(), grad);
   return at::matmul(ptg.to(at::kFloat), mx.pq.q().Dense());
 }
 

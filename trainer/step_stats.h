@@ -37,8 +37,9 @@ struct StepStats {
   double d2h_seconds = 0;
   double cpu_update_seconds = 0;  // summed over workers / number of workers
   double nvme_seconds = 0;
-  // LSP mode: GPU time of the compressions (P^T G Q) and of the materialisations (W_base + P A Q^T),
-  // inside gpu_compute_seconds.
+  // LSP mode: GPU time of the compressions (P^T G Q, inside gpu_compute_seconds: the backward's
+  // spans) and of the materialisations (W_base + P A Q^T, before each block's compute span: not
+  // in gpu_compute_seconds).
   double lsp_compress_seconds = 0;
   double lsp_decompress_seconds = 0;
   // ... and time the compute stream (or the step loop) waited for each of them.

@@ -32,8 +32,8 @@ const Histogram::BucketBoundaries& StepBuckets() {
 
 // Label values of the per-resource families; the order matches the StepStats fields read in
 // Observe.
-// lsp_compress and lsp_decompress (LSP mode: P^T G Q in each backward, W_base + P A Q^T before each
-// block computes) are GPU time inside gpu_compute, on their own series.
+// lsp_compress and lsp_decompress (LSP mode) are GPU time on their own series: P^T G Q inside
+// each backward (part of gpu_compute), W_base + P A Q^T before each block computes (not part of it).
 constexpr std::array<const char*, 7> kPhases = {"gpu_compute", "h2d",          "d2h",           "cpu_update",
                                                 "nvme",        "lsp_compress", "lsp_decompress"};
 constexpr std::array<const char*, 3> kStalls = {"weights", "grads", "optimizer"};
@@ -143,8 +143,8 @@ struct TrainMetrics::Impl {
                          .Help("Wall time of one optimizer step.")
                          .Register(r)),
         phase(CounterFamily(r, "offloadd_train_step_phase_seconds_total",
-                            "Busy time of each resource inside optimizer steps (lsp_compress and "
-                            "lsp_decompress: GPU time inside gpu_compute).")),
+                            "Busy time of each resource inside optimizer steps (LSP mode: lsp_compress, "
+                            "GPU time inside gpu_compute; lsp_decompress, GPU time beside it).")),
         stall(CounterFamily(r, "offloadd_train_stall_seconds_total",
                             "Time the compute stream or step loop waited, by what it waited for "
                             "(weights, gradient staging buffers, optimizer updates).")),
