@@ -123,7 +123,7 @@ class LspMode {
   int64_t switches_ = 0;                     // subspace switches so far (a seed for the next draw)
 };
 
-// "lsp:rank=512,nonzeros=16,check_every=100,threshold=0.5,learn_steps=50,learn_lr=0.01,gamma=1e-4"
+// "lsp:rank=512,nonzeros=16,check_every=1000,threshold=0.5,learn_steps=50,learn_lr=0.01,gamma=1e-4"
 // (any subset, in any order; "lsp" alone takes the defaults; "none" disables). Errors name the key.
 Status ParseLspSpec(const std::string& spec, LspConfig* out);
 

@@ -93,7 +93,9 @@ struct LspConfig {
   bool enabled = false;
   int64_t rank = 512;        // s, clamped per side to the matrix
   int64_t nonzeros = 16;     // d, clamped to s
-  int64_t check_every = 100; // steps between projector checks (the first step always checks)
+  // Steps between projector checks (the first step always checks): the seed's 1000. A check costs
+  // 20-33 s at 1.1B-7B on the H200 (bench/RESULTS.md), 0.03 s per step amortised over 1000.
+  int64_t check_every = 1000;
   double threshold = 0.5;    // relative squared bias that triggers learning new projectors
   int learn_steps = 50;      // Adam steps of the projector learning
   double learn_lr = 1e-2;

@@ -123,7 +123,7 @@ def test_lsp_compression_is_refused_on_a_node_with_a_gpu_only(daemon, workspace)
     with offloadd.Client(daemon.target) as c:
         job = c.create_job(spec, validate_only=True)
     comp = job.spec.compression
-    assert (comp.subspace_rank, comp.sparsity, comp.projector_update_interval) == (512, 16, 100)
+    assert (comp.subspace_rank, comp.sparsity, comp.projector_update_interval) == (512, 16, 1000)
 
 
 def test_request_id_makes_create_idempotent_across_restarts(binary_dir, workspace):
