@@ -108,6 +108,26 @@ void AddCommands(CLI::App& app, Options* o) {
                    "when the job succeeded, 1 when it failed, 3 when it was cancelled"),
            o);
 
+  CLI::App* convert = Command(
+      app, o, "convert",
+      "turn a Hugging Face TrainingArguments JSON, a TRL or Axolotl YAML, or a DeepSpeed "
+      "ds_config.json into a job file (printed, or written with --out), listing on stderr every "
+      "key it dropped and why; several inputs merge (training arguments plus a ds_config.json)");
+  convert->add_option("FILE", o->convert_files, "configurations to convert; - reads one from stdin")
+      ->type_name("FILE")
+      ->required();
+  convert->add_option("--from", o->convert_from, "their kind: auto (guessed per file), hf, trl, axolotl, deepspeed")
+      ->check(CLI::IsMember({"auto", "hf", "trl", "axolotl", "deepspeed"}))
+      ->capture_default_str();
+  convert->add_option("--model", o->convert_model, "model.path of the job (wins over the inputs')")
+      ->type_name("DIR");
+  convert->add_option("--dataset", o->convert_datasets, "a dataset.paths entry; repeat for several")
+      ->type_name("PATH");
+  convert->add_option("--output-dir", o->convert_output_dir, "output_dir of the job (wins over the inputs')")
+      ->type_name("DIR");
+  convert->add_option("--out", o->convert_out_file, "write the job file here (an existing file is refused)")
+      ->type_name("FILE");
+
   CLI::App* completion = Command(app, o, "completion", "print a shell completion script");
   completion->add_option("SHELL", o->shell, "bash or zsh")
       ->required()

@@ -29,6 +29,11 @@ struct Options {
   bool wait = false;             // get
   std::vector<std::string> states;  // list, short lower-case names ("running")
   std::string shell;             // completion
+  // convert
+  std::vector<std::string> convert_files;  // "-" is stdin
+  std::string convert_from = "auto";
+  std::string convert_model, convert_output_dir, convert_out_file;
+  std::vector<std::string> convert_datasets;
 
   OutputFormat format() const;
 };

@@ -2,6 +2,7 @@
 // offloadctl's commands, each a function of the parsed Options that prints its result to stdout
 // (errors to stderr) and returns the process's exit status (client/offloadctl/exit_codes.h).
 
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +24,14 @@ int RunGet(offloadd::client::Client& c, const Options& o);
 int RunJobAction(offloadd::client::Client& c, const Options& o);  // cancel, pause, resume
 int RunCheckpoints(offloadd::client::Client& c, const Options& o);
 int RunWatch(offloadd::client::Client& c, const Options& o);
+
+// Commands that need no daemon (commands/convert.cc).
+int RunConvert(const Options& o);
+
+// The text of `path`, or of stdin for "-"; nullopt and an error naming `what` ("job file") when it
+// cannot be read (`stdin_usage`, e.g. "submit -", names the empty-stdin case).
+std::optional<std::string> ReadInputFile(const std::string& path, const std::string& what,
+                                         const std::string& stdin_usage, std::string* error);
 
 // Prints "offloadctl: COMMAND: <status>" to stderr; returns the status's exit code.
 int Fail(const std::string& command, const offloadd::Status& s);

@@ -46,32 +46,6 @@ int WatchToEnd(Client& c, const std::string& command, const std::string& job_id,
               code);
 }
 
-// The job file's text, from `path` or ("-") stdin; an error message and nullopt when it cannot
-// be read.
-std::optional<std::string> ReadJobFile(const std::string& path, std::string* error) {
-  std::stringstream text;
-  if (path == "-") {
-    text << std::cin.rdbuf();
-    if (text.str().empty()) *error = "the job file on stdin (submit -) is empty";
-    return text.str().empty() ? std::nullopt : std::optional(text.str());
-  }
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    *error = "the job file '" + path + "' does not exist";
-    return std::nullopt;
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    *error = "'" + path + "' is a directory, not a job file";
-    return std::nullopt;
-  }
-  std::ifstream in(path);
-  if (!in) {
-    *error = "cannot read the job file '" + path + "': " + std::strerror(errno);
-    return std::nullopt;
-  }
-  text << in.rdbuf();
-  return text.str();
-}
 
 // A job file with problems: the daemon validates the part that read, so its problems (paths,
 // ranges, memory) come back in the same run as the file's own.
@@ -91,7 +65,7 @@ int FailWithEveryProblem(Client& c, const std::string& source, const offloadd::c
 
 int RunSubmit(Client& c, const Options& o) {
   std::string error;
-  const auto text = ReadJobFile(o.job_file, &error);
+  const auto text = ReadInputFile(o.job_file, "job file", "submit -", &error);
   if (!text) return Fail("submit", error, kExitUsage);
   const std::string source = o.job_file == "-" ? "<stdin>" : o.job_file;
   auto spec = offloadd::client::ReadJobSpec(*text, source);

@@ -43,6 +43,7 @@ int RunCommand(const Options& o, const CLI::App& app) {
     std::cout << (o.shell == "zsh" ? ZshCompletion(app) : BashCompletion(app));
     return kExitOk;
   }
+  if (o.command == "convert") return RunConvert(o);
   auto connected = offloadd::client::Client::Connect(o.connect);
   // Connect only builds the channel: what fails here is the flags (target, TLS files).
   if (!connected.ok()) return Fail("", connected.status().ToString(), kExitUsage);

@@ -22,7 +22,7 @@ from offloadd.v1 import job_pb2  # noqa: E402
 COMMANDS = {
     "health": [], "node": [], "submit": ["--validate-only", "--watch"], "list": ["--state"],
     "get": ["--wait"], "cancel": [], "pause": [], "resume": [], "checkpoints": [], "watch": [],
-    "completion": [],
+    "completion": [], "convert": ["--from", "--model", "--dataset", "--output-dir", "--out"],
 }
 
 
