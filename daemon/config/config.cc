@@ -31,7 +31,7 @@ bool ValidHostPort(const std::string& s) {
 void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
   if (!r.CheckMap(n, {"unix_socket", "unix_socket_mode", "tcp", "max_request_bytes",
                       "shutdown_grace_seconds", "max_active_jobs_per_client",
-                      "max_watchers_per_client"})) {
+                      "max_watchers_per_client", "max_threads"})) {
     return;
   }
   r.String(n, "unix_socket", &c->unix_socket);
@@ -40,6 +40,7 @@ void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
   r.Double(n, "shutdown_grace_seconds", &c->shutdown_grace_seconds, 0, 3600);
   r.UInt32(n, "max_active_jobs_per_client", &c->max_active_jobs_per_client, 1, 1000000);
   r.UInt32(n, "max_watchers_per_client", &c->max_watchers_per_client, 1, 100000);
+  r.UInt32(n, "max_threads", &c->max_threads, 8, 100000);
   const YamlReader t = r.Child("tcp");
   const YAML::Node tn = n["tcp"];
   if (t.CheckMap(tn, {"listen", "tls_cert_file", "tls_key_file", "auth_token_file"})) {
@@ -237,6 +238,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "shutdown_grace_seconds" << YAML::Value << c.server.shutdown_grace_seconds;
   e << YAML::Key << "max_active_jobs_per_client" << YAML::Value << c.server.max_active_jobs_per_client;
   e << YAML::Key << "max_watchers_per_client" << YAML::Value << c.server.max_watchers_per_client;
+  e << YAML::Key << "max_threads" << YAML::Value << c.server.max_threads;
   e << YAML::EndMap;
   e << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "listen" << YAML::Value << c.metrics.listen;

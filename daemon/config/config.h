@@ -34,6 +34,9 @@ struct ServerConfig {
   // queued, running or paused, and WatchJob streams open at once (each holds a server thread).
   uint32_t max_active_jobs_per_client = 1000;
   uint32_t max_watchers_per_client = 1024;
+  // All clients together: server threads handling calls at once (grpc::ResourceQuota). A call
+  // beyond it gets RESOURCE_EXHAUSTED; the backstop when many clients each stay under their limits.
+  uint32_t max_threads = 4096;
 };
 
 struct MetricsConfig {

@@ -71,6 +71,11 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
 
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.server.max_request_bytes));
+  // The global cap on call-handling threads (server.max_threads): a call that finds none free gets
+  // RESOURCE_EXHAUSTED instead of a new thread, whatever the per-client limits allow.
+  grpc::ResourceQuota quota("offloadd-server");
+  quota.SetMaxThreads(static_cast<int>(config.server.max_threads));
+  builder.SetResourceQuota(quota);
   // The socket is bound inside a fresh 0700 directory, given its mode there, and only then renamed
   // to its configured path: no client can connect while it has the umask's mode (0777 under umask
   // 000 before, until the chmod after the bind).

@@ -35,6 +35,7 @@ server:
   shutdown_grace_seconds: 5
   max_active_jobs_per_client: 20
   max_watchers_per_client: 8
+  max_threads: 64
 metrics:
   listen: 0.0.0.0:0
   peak_flops: 989e12
@@ -55,6 +56,7 @@ memory: {host_memory_limit: 200GiB, gpu_memory_limit: 24GiB}
   EXPECT_EQ(c->server.max_request_bytes, 8u << 20);
   EXPECT_EQ(c->server.max_active_jobs_per_client, 20u);
   EXPECT_EQ(c->server.max_watchers_per_client, 8u);
+  EXPECT_EQ(c->server.max_threads, 64u);
   ASSERT_EQ(c->storage.directories.size(), 2u);
   EXPECT_EQ(c->storage.directories[0].weight, 2.0);
   EXPECT_EQ(c->storage.directories[1].path, "/nvme1/offloadd");
@@ -100,6 +102,7 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
   EXPECT_NE(ErrorOf("metrics: {job_series_retention_seconds: -5}").find("metrics.job_series_retention_seconds"),
             std::string::npos);
   EXPECT_NE(ErrorOf("metrics: {peak_flops: fast}").find("metrics.peak_flops: expected a number"), std::string::npos);
+  EXPECT_NE(ErrorOf("server: {max_threads: 4}").find("server.max_threads"), std::string::npos);
   EXPECT_NE(ErrorOf("server: {max_watchers_per_client: 0}").find("server.max_watchers_per_client"),
             std::string::npos);
   EXPECT_NE(ErrorOf("server: {shutdown_grace_seconds: 1e9}").find("server.shutdown_grace_seconds: must be between"),

@@ -169,6 +169,7 @@ class LoadTest : public ::testing::Test {
     config.state_dir = dir_;
     config.allowed_roots = {dir_};
     if (watchers_limit_ > 0) config.server.max_watchers_per_client = watchers_limit_;
+    if (threads_limit_ > 0) config.server.max_threads = threads_limit_;
     config.server.unix_socket = dir_ + "/offloadd.sock";
     auto server =
         GrpcServer::Start(config, {"test", "test", "none", false}, jobs_.get(), metrics_.get());
@@ -235,6 +236,7 @@ class LoadTest : public ::testing::Test {
 
   std::string dir_;
   uint32_t watchers_limit_ = 0;  // server.max_watchers_per_client when set
+  uint32_t threads_limit_ = 0;   // server.max_threads when set
   HeldRunner* runner_ = nullptr;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<DaemonMetrics> metrics_;
@@ -342,6 +344,60 @@ TEST_F(WatcherLimitTest, OneStreamOverTheLimitIsRefusedAndAClosedOneFreesItsSlot
     EXPECT_EQ(watches_.back()->status().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     ASSERT_LT(Clock::now(), deadline) << "the cancelled stream's slot was not freed within 10 s";
   }
+}
+
+// server.max_threads through the real server: 40 WatchJob streams (each holds a handler thread
+// while it lasts) against a cap of 16 threads, under the per-client limit. The calls beyond the cap
+// are refused with RESOURCE_EXHAUSTED rather than given threads, and once the streams end the
+// daemon answers again.
+class ThreadQuotaTest : public LoadTest {
+ protected:
+  ThreadQuotaTest() { threads_limit_ = 16; }
+};
+
+TEST_F(ThreadQuotaTest, CallsBeyondTheCapAreRefusedAndTheDaemonRecovers) {
+  v1::JobSpec spec;
+  spec.set_display_name("watched");
+  auto job = jobs_->Create(spec);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_TRUE(runner_->WaitStarted(seconds(30)));
+  constexpr int kStreams = 40;
+  for (int i = 0; i < kStreams; ++i) {
+    watches_.push_back(std::make_unique<WatchStream>(stubs_[i % kChannels].get(), job->id(), &tally_));
+  }
+  // At most 16 threads: some streams open, the rest are refused (and end) at once.
+  ASSERT_TRUE(tally_.WaitFor(&Tally::done, kStreams - 16, seconds(30))) << "no stream was refused";
+  int refused = 0;
+  {
+    std::lock_guard<std::mutex> lock(tally_.mu);
+    EXPECT_GT(tally_.opened, 0);
+    EXPECT_LT(tally_.opened, 16);
+  }
+  for (auto& w : watches_) {
+    if (!w->status().ok()) {
+      EXPECT_EQ(w->status().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << w->status().error_message();
+      ++refused;
+    }
+  }
+  EXPECT_GE(refused, kStreams - 16);
+  for (auto& w : watches_) w->Cancel();
+  ASSERT_TRUE(tally_.WaitFor(&Tally::done, kStreams, seconds(30)));
+  // The handlers return within their 2 s cancellation poll; then every call is served again.
+  const auto deadline = Clock::now() + seconds(15);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    v1::ListJobsRequest list;
+    v1::ListJobsResponse resp;
+    const grpc::Status st = stubs_[0]->ListJobs(&ctx, list, &resp);
+    if (st.ok()) break;
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+    ASSERT_LT(Clock::now(), deadline) << "the daemon did not serve again after the streams ended";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  // Then several calls at once, well under the cap, are all served.
+  std::this_thread::sleep_for(seconds(3));  // past the last handler's 2 s cancellation poll
+  CheckResponsive(job->id());
 }
 
 }  // namespace
