@@ -113,6 +113,13 @@ struct TrainerState {
   std::vector<LogEntry> log_history;
   // fp16 dynamic loss scaling ("grad_scaler" in the JSON); absent for bf16 / fp32 runs.
   std::optional<GradScalerState> grad_scaler;
+  // The shape per_device_train_batch_size auto chose ("auto_batch_size" in the JSON), which a
+  // resumed run keeps instead of pricing again; absent when the batch was given.
+  struct BatchShape {
+    int64_t micro = 0, accumulation = 0;
+    friend bool operator==(const BatchShape&, const BatchShape&) = default;
+  };
+  std::optional<BatchShape> auto_batch;
 };
 
 struct CheckpointInfo {

@@ -106,6 +106,10 @@ json StateToJson(const TrainerState& s, int num_layers,
     out["grad_scaler"] = {{"scale", DoubleToJson(s.grad_scaler->scale)},
                           {"growth_tracker", s.grad_scaler->growth_tracker}};
   }
+  if (s.auto_batch) {
+    out["auto_batch_size"] = {{"per_device_train_batch_size", s.auto_batch->micro},
+                              {"gradient_accumulation_steps", s.auto_batch->accumulation}};
+  }
   return out;
 }
 
@@ -154,6 +158,16 @@ Status StateFromJson(const json& j, const std::string& path, TrainerState* s, in
     st.scale = static_cast<float>(scale);
     ASSIGN_OR_RETURN(st.growth_tracker, gs.Int("growth_tracker"));
     s->grad_scaler = st;
+  }
+  if (f.Has("auto_batch_size")) {
+    ASSIGN_OR_RETURN(JsonFields ab, f.Object("auto_batch_size"));
+    TrainerState::BatchShape shape;
+    ASSIGN_OR_RETURN(shape.micro, ab.Int("per_device_train_batch_size"));
+    ASSIGN_OR_RETURN(shape.accumulation, ab.Int("gradient_accumulation_steps"));
+    if (shape.micro < 1 || shape.micro > 1'000'000 || shape.accumulation < 1 || shape.accumulation > 1'000'000) {
+      return f.Bad("auto_batch_size", "holds a batch shape out of range");
+    }
+    s->auto_batch = shape;
   }
   ASSIGN_OR_RETURN(int64_t layers, f.Int("num_layers"));
   if (layers < 1 || layers > 1'000'000) return f.Bad("num_layers", "is out of range");

@@ -16,6 +16,7 @@
 #endif
 
 #include "common/units.h"
+#include "trainer/checkpoint.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -239,10 +240,33 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
 
 Status Trainer::Impl::ChooseBatchSize() {
   if (!cfg.auto_batch_size) return OkStatus();
+  const int cap = cfg.batch_size > 0 ? cfg.batch_size : kDefaultAutoBatchCap;
+  if (!cfg.resume_from.empty()) {
+    // A resumed run keeps the shape its checkpoint trained with: pricing again (other measured
+    // rates, another node) could change the global batch in the middle of a run.
+    ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(cfg.resume_from));
+    if (const auto& kept = r.state().auto_batch) {
+      if (kept->micro > cap || (cfg.global_batch_size > 0 && kept->micro * kept->accumulation != cfg.global_batch_size)) {
+        return InvalidArgumentError(
+            cfg.resume_from + " trained with micro-batch " + std::to_string(kept->micro) + " x " +
+            std::to_string(kept->accumulation) + " (per_device_train_batch_size auto), which this job's " +
+            (kept->micro > cap ? "cap of " + std::to_string(cap) : "train_batch_size " + std::to_string(cfg.global_batch_size)) +
+            " contradicts");
+      }
+      cfg.batch_size = static_cast<int>(kept->micro);
+      cfg.gradient_accumulation_steps = static_cast<int>(kept->accumulation);
+      Log(TrainObserver::Level::kInfo, "batch size (auto): " + std::to_string(kept->micro) + " x " +
+                                           std::to_string(kept->accumulation) + ", as " + cfg.resume_from +
+                                           " trained (a resumed run keeps its shape)");
+      return OkStatus();
+    }
+    Log(TrainObserver::Level::kWarning, cfg.resume_from + " does not record an automatic batch size (it was "
+                                        "written by a run with a fixed one, or by an older build): pricing "
+                                        "the candidates again");
+  }
   RETURN_IF_ERROR(InitialModes());
   if (cuda) gpu_budget = DeviceBudget();
   ASSIGN_OR_RETURN(const NodeProfile prof, PlanNodeProfile());
-  const int cap = cfg.batch_size > 0 ? cfg.batch_size : kDefaultAutoBatchCap;
   ASSIGN_OR_RETURN(std::vector<BatchCandidate> candidates,
                    BatchCandidates(cap, cfg.global_batch_size, cfg.gradient_accumulation_steps));
   c10::NoGradGuard no_grad;

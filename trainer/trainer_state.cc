@@ -90,6 +90,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
                   total};
   st.model_fingerprint = Fingerprint();
   if (scaler) st.grad_scaler = scaler->state();
+  if (cfg.auto_batch_size) st.auto_batch = TrainerState::BatchShape{cfg.batch_size, cfg.gradient_accumulation_steps};
   for (const auto& [step, loss] : accounting->loss_history())
     st.log_history.push_back({step, 0, loss, 0, 0});
   ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(st));

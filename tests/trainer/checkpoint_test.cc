@@ -91,6 +91,7 @@ TrainerState MakeState(int64_t step, const FakeModel& m) {
   if (s.log_history.size() > 1)
     s.log_history[0].grad_norm = -std::numeric_limits<double>::infinity();
   if (step % 2 == 1) s.grad_scaler = GradScalerState{.scale = 0x1p-3f, .growth_tracker = step};
+  if (step % 2 == 1) s.auto_batch = TrainerState::BatchShape{.micro = 16, .accumulation = step};
   return s;
 }
 
@@ -184,6 +185,7 @@ TEST_F(CheckpointTest, RoundTripIsBitExact) {
   ASSERT_TRUE(got.grad_scaler.has_value());
   EXPECT_EQ(got.grad_scaler->scale, 0x1p-3f);
   EXPECT_EQ(got.grad_scaler->growth_tracker, 7);
+  EXPECT_EQ(got.auto_batch, (TrainerState::BatchShape{.micro = 16, .accumulation = 7}));
   ASSERT_EQ(got.log_history.size(), want.log_history.size());
   for (size_t i = 0; i < want.log_history.size(); ++i) {
     const LogEntry &a = got.log_history[i], &b = want.log_history[i];
@@ -210,6 +212,7 @@ TEST_F(CheckpointTest, GradScalerStateIsOptional) {  // bf16 / fp32 runs have no
   auto r = CheckpointReader::Open(Dir(4));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->state().grad_scaler.has_value());
+  EXPECT_FALSE(r->state().auto_batch.has_value()) << "a fixed batch records no automatic choice";
 }
 
 TEST_F(CheckpointTest, MasterWeightsLoadAsAShardedModel) {

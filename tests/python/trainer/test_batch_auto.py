@@ -64,3 +64,24 @@ def test_bad_settings_are_refused_by_name(binary_dir, tmp_path):
                          (["--batch-size=auto:4", "--host-memory-limit=64KiB"], "no micro-batch fits: at 1")]:
         r = run_train(binary_dir, args(model, tmp_path / "bad", *extra), check=False)
         assert r.returncode != 0 and words in r.stderr, (extra, r.stderr)
+
+
+def test_a_resumed_run_keeps_the_chosen_shape(binary_dir, tmp_path):
+    """The checkpoint records the automatic choice (trainer_state.json "auto_batch_size"); resuming
+    reuses it instead of pricing again, and continues the same loss curve. A resumed job whose
+    settings contradict the recorded shape is refused naming both."""
+    import json
+    model = build_model(tmp_path / "model", layers=2)
+    r = run_train(binary_dir, args(model, tmp_path / "full", "--batch-size=auto:8", "--save-steps=1"))
+    (micro, acc), _, _ = choice(r.stderr)
+    ckpt = tmp_path / "full" / "checkpoint-1"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["auto_batch_size"] == {"per_device_train_batch_size": micro, "gradient_accumulation_steps": acc}
+    resumed = run_train(binary_dir, args(model, tmp_path / "resumed", "--batch-size=auto:8", f"--resume-from={ckpt}"))
+    assert f"batch size (auto): {micro} x {acc}, as {ckpt} trained" in resumed.stderr, resumed.stderr[-2000:]
+    assert "micro-batch" not in next(l for l in resumed.stderr.splitlines() if "batch size (auto" in l)
+    full, again = read_stats(tmp_path / "full" / "stats.jsonl"), read_stats(tmp_path / "resumed" / "stats.jsonl")
+    assert [s["loss"] for s in again] == [s["loss"] for s in full[1:]]
+    bad = run_train(binary_dir, args(model, tmp_path / "bad", "--batch-size=auto:8",
+                                     f"--train-batch-size={2 * micro * acc}", f"--resume-from={ckpt}"), check=False)
+    assert bad.returncode != 0 and f"trained with micro-batch {micro} x {acc}" in bad.stderr, bad.stderr[-1500:]
