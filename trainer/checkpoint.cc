@@ -31,6 +31,7 @@
 namespace offloadd::trainer {
 namespace {
 
+using checkpoint_internal::HfStateToJson;
 using checkpoint_internal::ChecksumsFromJson;
 using checkpoint_internal::StateFromJson;
 using checkpoint_internal::StateToJson;
@@ -41,7 +42,8 @@ using json = nlohmann::json;
 static_assert(std::endian::native == std::endian::little,
               "checkpoints assume a little-endian host");
 
-constexpr char kStateFile[] = "trainer_state.json";
+constexpr char kStateFile[] = "offloadd_state.json";
+constexpr char kHfStateFile[] = "trainer_state.json";  // Hugging Face's schema (HfStateToJson)
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kDirPrefix[] = "checkpoint-";
 constexpr char kHiddenPrefix[] = ".checkpoint-";  // writers' and pruners' temporary directories
@@ -430,7 +432,7 @@ Status CheckpointWriter::AddFile(const std::string& name, std::string_view conte
   if (tmp_dir_.empty())
     return FailedPreconditionError(output_dir_ + ": checkpoint writer is spent");
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.' || name == kStateFile ||
-      name == kIndexFile || files_.count(name)) {
+      name == kHfStateFile || name == kIndexFile || files_.count(name)) {
     return InvalidArgumentError(tmp_dir_ + ": cannot add a file named \"" + name + "\"");
   }
   ASSIGN_OR_RETURN(crcs_[name],
@@ -481,6 +483,14 @@ StatusOr<CheckpointInfo> CheckpointWriter::Commit(const TrainerState& state) {
                                                       JoinPath(tmp_dir_, kIndexFile), {Bytes(index)}));
   files_[kIndexFile] = index.size();
   std::string text;
+  try {  // Hugging Face's view of the run, checksummed like every other file
+    const std::string hf = HfStateToJson(state).dump(2);
+    ASSIGN_OR_RETURN(crcs_[kHfStateFile],
+                     WriteSyncedFile(lock_fd_, kHfStateFile, JoinPath(tmp_dir_, kHfStateFile), {Bytes(hf)}));
+    files_[kHfStateFile] = hf.size();
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(final_dir + ": trainer state cannot be written as JSON: " + e.what());
+  }
   try {
     json j = StateToJson(state, num_layers, files_);
     json crcs = json::object();
@@ -571,13 +581,29 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
 
 StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir,
                                                   std::string_view expected_fingerprint) {
-  const std::string path = JoinPath(dir, kStateFile);
+  std::string path = JoinPath(dir, kStateFile);
   StatusOr<std::string> text = ReadFileConfined(path);
-  if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound)
-      return NotFoundError(path + " is missing: not a (complete) checkpoint");
-    return text.status();
+  if (!text.ok() && text.status().code() == StatusCode::kNotFound) {
+    // Earlier builds kept offloadd's state in trainer_state.json; a Hugging Face Trainer's
+    // checkpoint has one too, with its own schema.
+    const std::string hf_path = JoinPath(dir, kHfStateFile);
+    StatusOr<std::string> hf = ReadFileConfined(hf_path);
+    if (!hf.ok()) {
+      if (hf.status().code() == StatusCode::kNotFound)
+        return NotFoundError(path + " is missing: not a (complete) checkpoint");
+      return hf.status();
+    }
+    const json hj = json::parse(*hf, nullptr, /*allow_exceptions=*/false);
+    if (!hj.is_object() || !hj.contains("format")) {
+      return FailedPreconditionError(
+          dir + " is a Hugging Face Trainer checkpoint (trainer_state.json without offloadd's " + kStateFile +
+          "): offloadd resumes only checkpoints it wrote. To fine-tune from its weights, give the directory "
+          "as model.path and leave resume_from_checkpoint unset");
+    }
+    path = hf_path;
+    text = std::move(hf);
   }
+  if (!text.ok()) return text.status();
   json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return DataLossError(path + ": not a JSON object (" + std::to_string(text->size()) + " bytes)");
@@ -598,11 +624,11 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir,
     struct stat st {};
     if (::stat(file.c_str(), &st) != 0) {
       if (errno == ENOENT)
-        return DataLossError(file + " is missing (listed in " + kStateFile + ")");
+        return DataLossError(file + " is missing (listed in " + path + ")");
       return ErrnoError(errno, "stat " + file);
     }
     if (static_cast<uint64_t>(st.st_size) != bytes) {
-      return DataLossError(file + " is " + std::to_string(st.st_size) + " bytes, " + kStateFile +
+      return DataLossError(file + " is " + std::to_string(st.st_size) + " bytes, " + path +
                            " recorded " + std::to_string(bytes) + " (truncated or overwritten)");
     }
   }

@@ -10,15 +10,18 @@
 //   optimizer-layer-00003.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq"; metadata
 //                                      "adam_step" = AdamW updates applied to the layer
 //   model.safetensors.index.json       {"metadata": {"total_size"}, "weight_map": {name: file}}
-//   trainer_state.json                 TrainerState, plus the byte size and the crc32c of every
-//                                      file above ("files", "crc32c")
+//   trainer_state.json                 Hugging Face's TrainerState schema with this run's values
+//                                      (transformers' TrainerState.load_from_json reads it)
+//   offloadd_state.json                TrainerState, plus the byte size and the crc32c of every
+//                                      file above ("files", "crc32c"); written last: the commit
+// Checkpoints of earlier builds kept offloadd's state in trainer_state.json; they still load.
 // Layers are the pipeline's blocks: 0 = embedding, 1..N = decoder layers, N + 1 = head. Inside a
 // layer file the tensors lie back to back in the layer's parameter order, so its data section is
 // the pipeline's flat buffer byte for byte; readers still look tensors up by name.
 //
 // Atomicity: a writer fills output_dir/.checkpoint-<step>.tmp-XXXXXX (flock'ed while alive),
 // fsyncs every file and the directory, renames it to checkpoint-<step> and fsyncs output_dir.
-// Only directories named checkpoint-<digits> whose trainer_state.json parses and lists files of
+// Only directories named checkpoint-<digits> whose offloadd_state.json parses and lists files of
 // the recorded sizes count as checkpoints; LatestCheckpoint also checks every file's crc32c, so
 // that flipped bytes in tensor data send a resume to the previous intact checkpoint, and ReadLayer
 // checks the crc32c of the files it reads. Checkpoints written before checksums existed (no
@@ -98,7 +101,7 @@ struct LogEntry {  // one logged optimizer step, as in the Hugging Face trainer_
   friend bool operator==(const LogEntry&, const LogEntry&) = default;
 };
 
-// trainer_state.json. Doubles round-trip exactly (NaN and infinities included).
+// offloadd_state.json. Doubles round-trip exactly (NaN and infinities included).
 struct TrainerState {
   int64_t global_step = 0;  // optimizer steps done; equals the checkpoint's step
   int64_t max_steps = 0;
@@ -120,6 +123,15 @@ struct TrainerState {
     friend bool operator==(const BatchShape&, const BatchShape&) = default;
   };
   std::optional<BatchShape> auto_batch;
+  // Only for the Hugging Face trainer_state.json beside it (not read back): the run's settings
+  // that HF's TrainerState records.
+  struct HfSettings {
+    int64_t logging_steps = 500, eval_steps = 500, save_steps = 500;
+    int64_t train_batch_size = 0;  // sequences per optimizer step; 0 writes null
+    double num_train_epochs = 0;
+    double total_flos = 0;
+  };
+  HfSettings hf;
 };
 
 struct CheckpointInfo {

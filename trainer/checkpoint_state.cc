@@ -1,4 +1,5 @@
-// trainer_state.json of a checkpoint: TrainerState <-> JSON, and the per-file checksums.
+// offloadd_state.json of a checkpoint: TrainerState <-> JSON, the per-file checksums, and the
+// Hugging Face trainer_state.json written beside it.
 #include "trainer/checkpoint_state.h"
 
 #include <cmath>
@@ -111,6 +112,37 @@ json StateToJson(const TrainerState& s, int num_layers,
                               {"gradient_accumulation_steps", s.auto_batch->accumulation}};
   }
   return out;
+}
+
+json HfStateToJson(const TrainerState& s) {
+  json log = json::array();
+  for (const LogEntry& e : s.log_history) {
+    log.push_back({{"epoch", DoubleToJson(e.epoch)},
+                   {"grad_norm", DoubleToJson(e.grad_norm)},
+                   {"learning_rate", DoubleToJson(e.learning_rate)},
+                   {"loss", DoubleToJson(e.loss)},
+                   {"step", e.step}});
+  }
+  return {{"best_global_step", nullptr},
+          {"best_metric", nullptr},
+          {"best_model_checkpoint", nullptr},
+          {"epoch", DoubleToJson(s.epoch)},
+          {"eval_steps", s.hf.eval_steps},
+          {"global_step", s.global_step},
+          {"is_hyper_param_search", false},
+          {"is_local_process_zero", true},
+          {"is_world_process_zero", true},
+          {"log_history", std::move(log)},
+          {"logging_steps", s.hf.logging_steps},
+          {"max_steps", s.max_steps},
+          {"num_input_tokens_seen", s.num_input_tokens_seen},
+          {"num_train_epochs", DoubleToJson(s.hf.num_train_epochs)},
+          {"save_steps", s.hf.save_steps},
+          {"stateful_callbacks", json::object()},
+          {"total_flos", DoubleToJson(s.hf.total_flos)},
+          {"train_batch_size", s.hf.train_batch_size > 0 ? json(s.hf.train_batch_size) : json(nullptr)},
+          {"trial_name", nullptr},
+          {"trial_params", nullptr}};
 }
 
 Status StateFromJson(const json& j, const std::string& path, TrainerState* s, int* num_layers,

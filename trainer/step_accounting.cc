@@ -49,10 +49,10 @@ Status StepAccounting::Flush() {
 }
 
 void StepAccounting::Restore(int64_t applied,
-                             std::vector<std::pair<int64_t, double>> loss_history) {
+                             std::vector<LogEntry> loss_history) {
   applied_ = applied;
   loss_history_ = std::move(loss_history);
-  if (!loss_history_.empty()) last_loss_ = loss_history_.back().second;
+  if (!loss_history_.empty()) last_loss_ = loss_history_.back().loss;
 }
 
 Status StepAccounting::Report(std::chrono::steady_clock::time_point end) {
@@ -96,7 +96,7 @@ Status StepAccounting::Report(std::chrono::steady_clock::time_point end) {
   last_loss_ = s.loss;
   last_stats_ = s;
   last_compute_ = std::move(p.compute);
-  loss_history_.push_back({s.step, s.loss});
+  loss_history_.push_back({s.step, s.epoch, s.loss, s.learning_rate, s.grad_norm});
   {
     std::lock_guard<std::mutex> lock(trace_mu_);
     ++traced_steps_;

@@ -22,6 +22,7 @@
 
 #include "common/status.h"
 #include "trainer/activation_spill.h"
+#include "trainer/checkpoint.h"
 #include "trainer/device_streams.h"
 #include "trainer/grad_scaler.h"
 #include "trainer/host_optimizer.h"
@@ -77,9 +78,10 @@ class StepAccounting {
   // The last reported step's compute spans ("forward <block>", "backward <block>", ...), with
   // their memory figures on CUDA: the per-block profile (trainer/shape_profile.h).
   const std::vector<Span>& last_compute_spans() const { return last_compute_; }
-  const std::vector<std::pair<int64_t, double>>& loss_history() const { return loss_history_; }
+  // Every finished step as trainer_state.json's log_history records it.
+  const std::vector<LogEntry>& loss_history() const { return loss_history_; }
   // Resuming from a checkpoint.
-  void Restore(int64_t applied, std::vector<std::pair<int64_t, double>> loss_history);
+  void Restore(int64_t applied, std::vector<LogEntry> loss_history);
 
   // Any thread: a span for the trace, kept while the first trace_steps steps are not reported.
   void AddSpan(Span span);
@@ -106,7 +108,7 @@ class StepAccounting {
   double last_loss_ = 0;
   StepStats last_stats_;
   std::vector<Span> last_compute_;
-  std::vector<std::pair<int64_t, double>> loss_history_;
+  std::vector<LogEntry> loss_history_;
   std::mutex trace_mu_;
   std::vector<Span> trace_;
   int64_t traced_steps_ = 0;  // reported steps

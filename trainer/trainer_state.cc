@@ -91,8 +91,12 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.model_fingerprint = Fingerprint();
   if (scaler) st.grad_scaler = scaler->state();
   if (cfg.auto_batch_size) st.auto_batch = TrainerState::BatchShape{cfg.batch_size, cfg.gradient_accumulation_steps};
-  for (const auto& [step, loss] : accounting->loss_history())
-    st.log_history.push_back({step, 0, loss, 0, 0});
+  st.log_history = accounting->loss_history();
+  st.hf.logging_steps = cfg.logging_steps;
+  st.hf.eval_steps = cfg.eval_steps > 0 ? cfg.eval_steps : cfg.logging_steps;
+  st.hf.save_steps = cfg.save_steps;
+  st.hf.train_batch_size = static_cast<int64_t>(cfg.batch_size) * cfg.gradient_accumulation_steps;
+  st.hf.num_train_epochs = cfg.num_train_epochs;
   ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(st));
   RETURN_IF_ERROR(PruneCheckpoints(cfg.output_dir, cfg.save_total_limit));
   if (obs) obs->OnCheckpoint(info.path, info.step, info.size_bytes, accounting->last_loss());
@@ -143,9 +147,7 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
     }
   }
   completed = st.global_step;
-  std::vector<std::pair<int64_t, double>> history;
-  for (const auto& e : st.log_history) history.push_back({e.step, e.loss});
-  accounting->Restore(adam_steps, std::move(history));
+  accounting->Restore(adam_steps, st.log_history);
   RETURN_IF_ERROR(
       host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
   if (lsp) {

@@ -16,6 +16,7 @@
 #include "daemon/jobs/unsupported_options.h"
 #include "engine/file_util.h"
 #include "engine/model_config.h"
+#include "trainer/checkpoint.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
 #include "text/tokenizer.h"
@@ -509,6 +510,11 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   if (!spec.resume_from_checkpoint().empty()) {
     if (auto ck = paths.ResolveExisting(spec.resume_from_checkpoint()); !c.Fails("resume_from_checkpoint", ck.status())) {
       spec.set_resume_from_checkpoint(*ck);
+      // An offloadd checkpoint (its state parses and its files are all there); a Hugging Face
+      // Trainer's is refused here with advice. The crc32c of the tensor data is checked as it is read.
+      if (auto reader = trainer::CheckpointReader::Open(*ck); !reader.ok()) {
+        c.Add("resume_from_checkpoint", SafeMessageText(std::string(reader.status().message()), 1024));
+      }
     }
   }
 

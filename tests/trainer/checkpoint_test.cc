@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/file_util.h"
 #include "engine/safetensors.h"
 
@@ -280,12 +282,12 @@ TEST_F(CheckpointTest, LatestSkipsTemporaryAndIncompleteDirectories) {
   const FakeModel m(1);
   ASSERT_TRUE(Save(out_, 10, m).ok());
   ASSERT_TRUE(Save(out_, 20, m).ok());
-  // Newer but incomplete: a crashed writer's temporary, a directory without trainer_state.json,
+  // Newer but incomplete: a crashed writer's temporary, a directory without offloadd_state.json,
   // names that are not checkpoint-<step>.
   const std::string stale = JoinPath(out_, ".checkpoint-30.tmp-abcdef");
   ASSERT_EQ(::mkdir(stale.c_str(), 0755), 0);
-  ASSERT_TRUE(engine::CopyFile(JoinPath(Dir(20), "trainer_state.json"),
-                               JoinPath(stale, "trainer_state.json"))
+  ASSERT_TRUE(engine::CopyFile(JoinPath(Dir(20), "offloadd_state.json"),
+                               JoinPath(stale, "offloadd_state.json"))
                   .ok());
   ASSERT_EQ(::mkdir(Dir(40).c_str(), 0755), 0);
   ASSERT_TRUE(engine::CopyFile(JoinPath(Dir(20), "model-layer-00000.safetensors"),
@@ -293,7 +295,7 @@ TEST_F(CheckpointTest, LatestSkipsTemporaryAndIncompleteDirectories) {
                   .ok());
   ASSERT_EQ(::mkdir(JoinPath(out_, "checkpoint-50x").c_str(), 0755), 0);
   ASSERT_TRUE(
-      engine::CopyFile(JoinPath(Dir(20), "trainer_state.json"), JoinPath(out_, "checkpoint-60"))
+      engine::CopyFile(JoinPath(Dir(20), "offloadd_state.json"), JoinPath(out_, "checkpoint-60"))
           .ok());
   // A live writer's temporary stays.
   auto live = CheckpointWriter::Begin(out_, 70);
@@ -376,7 +378,7 @@ TEST_F(CheckpointTest, DamagedFilesAreClearErrors) {
   EXPECT_THAT(read.status().message(), HasSubstr(model0));
 
   // Bad JSON.
-  const std::string state = JoinPath(Dir(10), "trainer_state.json");
+  const std::string state = JoinPath(Dir(10), "offloadd_state.json");
   ASSERT_EQ(::truncate(state.c_str(), 20), 0);
   r = CheckpointReader::Open(Dir(10));
   ASSERT_FALSE(r.ok());
@@ -455,10 +457,82 @@ TEST_F(CheckpointTest, FlippedBytesInAnAddedFileOrTheIndexAreDetected) {
   EXPECT_EQ(LatestCheckpoint(out_).status().code(), StatusCode::kNotFound);
 }
 
+// Beside offloadd's own state, trainer_state.json follows Hugging Face's TrainerState schema with
+// the run's values (issue #17 item 4); it is checksummed like every file.
+TEST_F(CheckpointTest, TrainerStateJsonIsHuggingFacesSchema) {
+  const FakeModel m(2);
+  ASSERT_TRUE(Save(out_, 3, m).ok());
+  auto text = engine::ReadFile(JoinPath(Dir(3), "trainer_state.json"));
+  ASSERT_TRUE(text.ok());
+  const nlohmann::json hf = nlohmann::json::parse(*text);
+  std::vector<std::string> keys;
+  for (auto it = hf.begin(); it != hf.end(); ++it) keys.push_back(it.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "best_global_step", "best_metric", "best_model_checkpoint", "epoch", "eval_steps",
+                      "global_step", "is_hyper_param_search", "is_local_process_zero", "is_world_process_zero",
+                      "log_history", "logging_steps", "max_steps", "num_input_tokens_seen", "num_train_epochs",
+                      "save_steps", "stateful_callbacks", "total_flos", "train_batch_size", "trial_name",
+                      "trial_params"}));
+  EXPECT_EQ(hf["global_step"], 3);
+  ASSERT_EQ(hf["log_history"].size(), 3u);
+  EXPECT_EQ(hf["log_history"][1]["learning_rate"], 2e-5);  // the values, not zeros
+  EXPECT_EQ(hf["log_history"][1]["step"], 2);
+  // Checksummed: a flipped byte in it is found.
+  const std::string path = JoinPath(Dir(3), "trainer_state.json");
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "X", 1, 2), 1);
+  ::close(fd);
+  auto r = CheckpointReader::Open(Dir(3));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->Verify().code(), StatusCode::kDataLoss);
+}
+
+// Checkpoints of earlier builds (offloadd's state in trainer_state.json, no offloadd_state.json)
+// still load; a Hugging Face Trainer's checkpoint is refused with advice.
+TEST_F(CheckpointTest, LegacyLayoutLoadsAndHuggingFaceCheckpointsAreRefused) {
+  const FakeModel m(2);
+  ASSERT_TRUE(Save(out_, 5, m).ok());
+  auto ours = engine::ReadFile(JoinPath(Dir(5), "offloadd_state.json"));
+  ASSERT_TRUE(ours.ok());
+  nlohmann::json legacy = nlohmann::json::parse(*ours);
+  legacy["files"].erase("trainer_state.json");
+  legacy["crc32c"].erase("trainer_state.json");
+  ASSERT_EQ(::unlink(JoinPath(Dir(5), "offloadd_state.json").c_str()), 0);
+  ASSERT_EQ(::unlink(JoinPath(Dir(5), "trainer_state.json").c_str()), 0);
+  {
+    const std::string text = legacy.dump(2);
+    const int fd = ::open(JoinPath(Dir(5), "trainer_state.json").c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::close(fd);
+  }
+  auto r = CheckpointReader::Open(Dir(5));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->state().global_step, 5);
+  EXPECT_TRUE(r->Verify().ok());
+  EXPECT_EQ(*LatestCheckpoint(out_), Dir(5));
+  ExpectHolds(Dir(5), m);
+
+  const std::string hf_dir = JoinPath(out_, "hf-checkpoint");
+  ASSERT_EQ(::mkdir(hf_dir.c_str(), 0755), 0);
+  {
+    const std::string text = R"({"global_step": 10, "log_history": [], "best_metric": null})";
+    const int fd = ::open(JoinPath(hf_dir, "trainer_state.json").c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::close(fd);
+  }
+  auto hf = CheckpointReader::Open(hf_dir);
+  ASSERT_FALSE(hf.ok());
+  EXPECT_EQ(hf.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(hf.status().message(), HasSubstr("is a Hugging Face Trainer checkpoint"));
+  EXPECT_THAT(hf.status().message(), HasSubstr("give the directory as model.path"));
+}
+
 TEST_F(CheckpointTest, CheckpointsWrittenBeforeChecksumsStillLoad) {
   const FakeModel m(3);
   ASSERT_TRUE(Save(out_, 10, m).ok());
-  const std::string state = JoinPath(Dir(10), "trainer_state.json");
+  const std::string state = JoinPath(Dir(10), "offloadd_state.json");
   auto text = engine::ReadFile(state);
   ASSERT_TRUE(text.ok());
   const size_t key = text->find("\"crc32c\": {");  // keys are sorted: it is first, a comma follows

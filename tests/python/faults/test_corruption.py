@@ -2,7 +2,7 @@
 detected with a clear error, never used silently.
 
 * Checkpoint: one byte flipped in each kind of file a checkpoint holds (a model layer, an optimizer
-  layer, trainer_state.json, the safetensors index); a job told to resume from it must fail naming
+  layer, offloadd_state.json, HF's trainer_state.json, the safetensors index); a job told to resume from it must fail naming
   the damage, not train on. (The fallback to an older intact checkpoint after a crash is
   tests/python/daemon/test_checkpoint_corruption.py.)
 * Store: a job's per-job store directory is left by a daemon SIGKILL; bytes flipped in its data
@@ -55,8 +55,8 @@ def test_corrupt_checkpoint_files_are_refused_on_resume(binary_dir, tmp_path, as
             done = c.submit(spec(ws, "src", steps=SAVE_STEPS + 1, save_steps=SAVE_STEPS), wait=True, timeout=120)
             assert done.state == S.JOB_STATE_SUCCEEDED, done.error
             good = ws / "src" / f"checkpoint-{SAVE_STEPS}"
-            files = ["model-layer-00001.safetensors", "optimizer-layer-00002.safetensors", "trainer_state.json",
-                     "model.safetensors.index.json"]
+            files = ["model-layer-00001.safetensors", "optimizer-layer-00002.safetensors", "offloadd_state.json",
+                     "trainer_state.json", "model.safetensors.index.json"]
             figures.did.append(f"one byte flipped (seeded offset) in each of {files} of a committed checkpoint; a job "
                                f"resumes from each copy")
             silent = []
@@ -68,15 +68,18 @@ def test_corrupt_checkpoint_files_are_refused_on_resume(binary_dir, tmp_path, as
                 off = rng.randrange(size - 64, size) if name.endswith(".safetensors") else rng.randrange(size)
                 flip(bad / name, off)
                 t0 = time.monotonic()
-                r = c.submit(spec(ws, f"out-{bad.name}", steps=STEPS, save_steps=SAVE_STEPS, resume_from=str(bad)),
-                             wait=True, timeout=120)
+                try:
+                    r = c.submit(spec(ws, f"out-{bad.name}", steps=STEPS, save_steps=SAVE_STEPS,
+                                      resume_from=str(bad)), wait=True, timeout=120)
+                    state, msg, shown = r.state, r.error.message, state_name(r.state)
+                except offloadd.InvalidArgument as e:  # refused at CreateJob: the checkpoint's state is read there
+                    state, msg, shown = S.JOB_STATE_FAILED, str(e), "refused at CreateJob"
                 took = time.monotonic() - t0
-                msg = r.error.message
-                clear = r.state == S.JOB_STATE_FAILED and name in msg or any(k in msg.lower() for k in CLEAR)
-                figures.rows.append({"case": name, "offset": off, "state": state_name(r.state), "s": round(took, 2),
+                clear = state == S.JOB_STATE_FAILED and name in msg or any(k in msg.lower() for k in CLEAR)
+                figures.rows.append({"case": name, "offset": off, "state": shown, "s": round(took, 2),
                                      "error": msg[:200]})
-                figures.happened.append(f"{name} @ {off}: {state_name(r.state)} in {took:.1f} s: {msg[:160]}")
-                if r.state == S.JOB_STATE_SUCCEEDED:
+                figures.happened.append(f"{name} @ {off}: {shown} in {took:.1f} s: {msg[:160]}")
+                if state == S.JOB_STATE_SUCCEEDED:
                     # Only harmless if the file is not read on resume: the result must equal a
                     # resume from the intact checkpoint.
                     if not (ws / "out-good" / "model.safetensors").exists():
@@ -85,12 +88,12 @@ def test_corrupt_checkpoint_files_are_refused_on_resume(binary_dir, tmp_path, as
                         assert g.state == S.JOB_STATE_SUCCEEDED, g.error
                     diff, _ = differing_bytes(load_weights(ws / f"out-{bad.name}" / "model.safetensors"),
                                               load_weights(ws / "out-good" / "model.safetensors"))
-                    figures.happened.append(f"{name}: not read on resume (its crc32c in trainer_state.json is not "
+                    figures.happened.append(f"{name}: not read on resume (its crc32c in offloadd_state.json is not "
                                             f"checked); final weights differ from an intact resume in {diff} bytes")
                     if diff:
                         silent.append(f"{name} (byte {off}): used, {diff} weight bytes differ")
                 elif not clear:
-                    silent.append(f"{name} (byte {off}): {state_name(r.state)} {msg!r}")
+                    silent.append(f"{name} (byte {off}): {shown} {msg!r}")
             figures.lost.append(f"{len(silent)} of {len(files)} corrupt checkpoints used silently")
             assert not silent, figures.defect("corrupt checkpoint used or refused unclearly: " + "; ".join(silent))
     finally:

@@ -246,8 +246,8 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
             else:
                 cps = committed_checkpoints(ws / "out")
                 assert cps, f"no committed checkpoint left in {ws / 'out'}: {sorted(os.listdir(ws / 'out'))}"
-                incomplete = [p.name for p in cps if not (p / "trainer_state.json").exists()]
-                assert not incomplete, figures.defect(f"checkpoints without trainer_state.json visible: {incomplete}")
+                incomplete = [p.name for p in cps if not (p / "offloadd_state.json").exists()]
+                assert not incomplete, figures.defect(f"checkpoints without offloadd_state.json visible: {incomplete}")
                 newest = cps[-1]
                 done = c.submit(spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS, resume_from=str(newest)),
                                 wait=True, timeout=120)

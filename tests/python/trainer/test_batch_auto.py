@@ -67,7 +67,7 @@ def test_bad_settings_are_refused_by_name(binary_dir, tmp_path):
 
 
 def test_a_resumed_run_keeps_the_chosen_shape(binary_dir, tmp_path):
-    """The checkpoint records the automatic choice (trainer_state.json "auto_batch_size"); resuming
+    """The checkpoint records the automatic choice (offloadd_state.json "auto_batch_size"); resuming
     reuses it instead of pricing again, and continues the same loss curve. A resumed job whose
     settings contradict the recorded shape is refused naming both."""
     import json
@@ -75,7 +75,7 @@ def test_a_resumed_run_keeps_the_chosen_shape(binary_dir, tmp_path):
     r = run_train(binary_dir, args(model, tmp_path / "full", "--batch-size=auto:8", "--save-steps=1"))
     (micro, acc), _, _ = choice(r.stderr)
     ckpt = tmp_path / "full" / "checkpoint-1"
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = json.loads((ckpt / "offloadd_state.json").read_text())
     assert state["auto_batch_size"] == {"per_device_train_batch_size": micro, "gradient_accumulation_steps": acc}
     resumed = run_train(binary_dir, args(model, tmp_path / "resumed", "--batch-size=auto:8", f"--resume-from={ckpt}"))
     assert f"batch size (auto): {micro} x {acc}, as {ckpt} trained" in resumed.stderr, resumed.stderr[-2000:]

@@ -50,13 +50,22 @@ def test_optimizer_moments(checkpoint):
         assert f.metadata()["adam_step"] == "2"
 
 
-def test_trainer_state(checkpoint):
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+def test_offloadd_state(checkpoint):
+    state = json.loads((checkpoint / "offloadd_state.json").read_text())
     assert state["global_step"] == 2
     assert state["num_layers"] == 1
     assert state["model_fingerprint"].startswith("llama/1 layers/9 params/")
     for name, size in state["files"].items():
         assert (checkpoint / name).stat().st_size == size
+
+
+def test_trainer_state_json_is_huggingfaces(checkpoint):  # issue #17 item 4
+    """transformers' TrainerState.load_from_json reads it: its schema, no offloadd keys."""
+    trainer_callback = pytest.importorskip("transformers.trainer_callback")
+    hf = trainer_callback.TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    assert hf.global_step == 2
+    raw = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert "format" not in raw and "files" not in raw
 
 
 def crc32c(data: bytes) -> int:
@@ -70,7 +79,30 @@ def crc32c(data: bytes) -> int:
 
 
 def test_every_file_has_its_crc32c(checkpoint):  # issue #18 item 8
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state = json.loads((checkpoint / "offloadd_state.json").read_text())
+    assert "trainer_state.json" in state["files"]  # HF's view is checksummed like the rest
     assert sorted(state["crc32c"]) == sorted(state["files"])
     for name, crc in state["crc32c"].items():
         assert int(crc, 16) == crc32c((checkpoint / name).read_bytes()), name
+
+
+def test_a_runs_trainer_state_json_has_its_log_history(binary_dir, tmp_path):  # issue #17 item 4
+    """A real run's checkpoint: HF's TrainerState loads it, and log_history holds each step's loss,
+    learning rate, gradient norm and epoch as the run reported them (not zeros)."""
+    trainer_callback = pytest.importorskip("transformers.trainer_callback")
+    from pipeline_testlib import build_model, read_stats, run_train
+    model = build_model(tmp_path / "model", layers=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    run_train(binary_dir, [f"--model={model}", "--random-init", "--synthetic-seq=32", "--dtype=fp32",
+                           "--batch-size=2", "--grad-accum=2", "--max-steps=4", "--save-steps=3", "--lr=1e-3",
+                           "--scheduler=linear", "--warmup-steps=1", "--workers=1x2", f"--output-dir={out}",
+                           f"--stats-jsonl={out}/stats.jsonl", "--no-export"])
+    hf = trainer_callback.TrainerState.load_from_json(str(out / "checkpoint-3" / "trainer_state.json"))
+    stats = read_stats(out / "stats.jsonl")
+    assert hf.global_step == 3 and hf.max_steps == 4 and hf.train_batch_size == 4
+    assert [e["step"] for e in hf.log_history] == [1, 2, 3]
+    for e, s in zip(hf.log_history, stats):
+        assert (e["loss"], e["learning_rate"], e["grad_norm"], e["epoch"]) == \
+            (s["loss"], s["learning_rate"], s["grad_norm"], s["epoch"]), (e, s)
+    assert all(e["learning_rate"] > 0 and e["grad_norm"] > 0 and e["epoch"] > 0 for e in hf.log_history[1:])

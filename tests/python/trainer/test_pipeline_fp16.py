@@ -141,7 +141,7 @@ def test_overflow_skips_steps_like_gradscaler(binary_dir, tmp_path):
         ckpt = out / f"checkpoint-{k}"
         cur = _layers(ckpt)
         applied += not stats[k - 1]["skipped"]
-        state = json.loads((ckpt / "trainer_state.json").read_text())
+        state = json.loads((ckpt / "offloadd_state.json").read_text())
         assert state["global_step"] == k
         assert state["grad_scaler"]["scale"] == stats[k]["loss_scale"]  # the next step's
         with safe_open(str(ckpt / "optimizer-layer-00000.safetensors"), framework="pt") as f:
@@ -168,7 +168,7 @@ def test_resume_continues_the_scale_exactly(binary_dir, tmp_path):
         assert {k: sa[k] for k in keys} == {k: sb[k] for k in keys}, (sa, sb)
     assert any(s["skipped"] for s in a[:6]) and any(s["skipped"] for s in a[6:]), \
         [s["skipped"] for s in a]
-    state = json.loads((full / "checkpoint-6" / "trainer_state.json").read_text())
+    state = json.loads((full / "checkpoint-6" / "offloadd_state.json").read_text())
     assert state["grad_scaler"]["scale"] == a[6]["loss_scale"]
     assert state["grad_scaler"]["growth_tracker"] in (0, 1)
     wa, wb = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
