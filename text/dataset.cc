@@ -169,6 +169,7 @@ StatusOr<Document> RecordEncoder::EncodeChat(const ojson& messages, const ojson&
     if (trained) doc.labels[i] = enc.ids[i];
   }
   doc.input_ids = std::move(enc.ids);
+  doc.chat = true;
   return doc;
 }
 
@@ -379,6 +380,7 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
         continue;
       }
       reader.stats_.tokens += doc->input_ids.size();
+      reader.stats_.chat_records += doc->chat ? 1 : 0;
       for (int32_t l : doc->labels) reader.stats_.trained_tokens += l != kIgnoreIndex;
       reader.documents_->push_back(std::move(*doc));
     }

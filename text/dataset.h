@@ -64,6 +64,7 @@ struct DatasetOptions {
 struct Document {
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;  // same length; kIgnoreIndex where no loss is taken
+  bool chat = false;            // rendered with the chat template
 };
 
 struct DatasetStats {
@@ -71,6 +72,7 @@ struct DatasetStats {
   size_t skipped = 0;   // bad records skipped (skip_bad_records)
   uint64_t tokens = 0;  // total input tokens
   uint64_t trained_tokens = 0;
+  size_t chat_records = 0;  // records rendered with the chat template
   std::vector<std::string> first_errors;  // up to 10 "file:line: what" messages
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -27,10 +28,15 @@ std::string DirOf(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// The template and (in *origin) where it came from.
 StatusOr<text::ChatTemplate> LoadTemplate(const DataConfig& c, const text::Tokenizer& tok,
-                                          const std::string& tokenizer_dir) {
-  if (c.chat_template == "builtin") return text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(tok));
+                                          const std::string& tokenizer_dir, std::string* origin) {
+  if (c.chat_template == "builtin") {
+    *origin = "offloadd's built-in template (chat_template: builtin)";
+    return text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(tok));
+  }
   if (!c.chat_template.empty()) {
+    *origin = "the file " + c.chat_template;
     std::ifstream in(c.chat_template);
     if (!in) return NotFoundError("chat template " + c.chat_template + " cannot be read");
     std::stringstream ss;
@@ -40,8 +46,11 @@ StatusOr<text::ChatTemplate> LoadTemplate(const DataConfig& c, const text::Token
         ss.str(), tokens.ok() ? *tokens : text::SpecialTokens::Guess(tok));
   }
   auto t = text::ChatTemplate::FromDirectory(tokenizer_dir);
-  if (!t.ok() && t.status().code() == StatusCode::kNotFound)
+  if (!t.ok() && t.status().code() == StatusCode::kNotFound) {
+    *origin = "offloadd's built-in template (the tokenizer has none)";
     return text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(tok));
+  }
+  *origin = "the tokenizer's own";
   return t;
 }
 
@@ -62,6 +71,7 @@ struct DataSource::Impl {
   uint64_t seed = 0;
   std::unique_ptr<text::Tokenizer> tokenizer;
   std::unique_ptr<text::ChatTemplate> chat;
+  std::optional<DataSource::TemplateUse> template_use;  // set when chat records were rendered
   std::shared_ptr<const std::vector<text::Document>> docs;
   std::unique_ptr<text::Batcher> batcher;
   text::DatasetStats stats;
@@ -96,7 +106,8 @@ StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& confi
   if (!tok.ok()) return tok.status().WithContext("tokenizer " + tok_path);
   impl->tokenizer = std::move(*tok);
   const std::string tok_dir = IsDir(tok_path) ? tok_path : DirOf(tok_path);
-  ASSIGN_OR_RETURN(text::ChatTemplate chat, LoadTemplate(config, *impl->tokenizer, tok_dir));
+  std::string origin;
+  ASSIGN_OR_RETURN(text::ChatTemplate chat, LoadTemplate(config, *impl->tokenizer, tok_dir, &origin));
   impl->chat = std::make_unique<text::ChatTemplate>(std::move(chat));
 
   text::DatasetOptions dopts;
@@ -106,6 +117,9 @@ StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& confi
   ASSIGN_OR_RETURN(text::DatasetReader reader,
                    text::DatasetReader::Load(config.paths, *impl->tokenizer, impl->chat.get(), dopts));
   impl->stats = reader.stats();
+  if (impl->stats.chat_records > 0) {
+    impl->template_use = TemplateUse{impl->chat->source(), origin, origin == "the tokenizer's own", tok_dir};
+  }
   auto docs = reader.documents();
   if (config.max_samples > 0 && docs->size() > static_cast<size_t>(config.max_samples)) {
     auto cut = std::make_shared<std::vector<text::Document>>(docs->begin(),
@@ -237,6 +251,10 @@ Status DataSource::Restore(const std::string& state) {
   }
 }
 
+const DataSource::TemplateUse* DataSource::template_use() const {
+  return impl_->template_use ? &*impl_->template_use : nullptr;
+}
+
 std::string DataSource::Describe() const {
   const Impl& m = *impl_;
   if (m.config.synthetic_seq_length > 0)
@@ -244,7 +262,10 @@ std::string DataSource::Describe() const {
   return std::to_string(m.docs->size()) + " documents (" + std::to_string(m.stats.skipped) +
          " skipped), " + std::to_string(m.stats.tokens) + " tokens, " +
          std::to_string(m.stats.trained_tokens) + " trained; " +
-         std::to_string(sequences_per_epoch_) + " sequences per epoch";
+         std::to_string(sequences_per_epoch_) + " sequences per epoch" +
+         (m.template_use ? "; " + std::to_string(m.stats.chat_records) + " records rendered with " +
+                               m.template_use->origin + " chat template, which the exported model carries"
+                         : "");
 }
 
 int64_t TotalSteps(int64_t max_steps, double num_train_epochs, int64_t sequences_per_epoch,

@@ -51,6 +51,16 @@ class DataSource {
   // Totals of the loaded dataset, for logs.
   std::string Describe() const;
 
+  // The chat template the records were rendered with, when any were (issue #17 item 3): its
+  // Jinja source and where it came from. The exported model carries it.
+  struct TemplateUse {
+    std::string source;
+    std::string origin;    // "the tokenizer's own", "the file X", "offloadd's built-in template"
+    bool tokenizers_own = false;
+    std::string tokenizer_dir;  // the directory the tokenizer was read from
+  };
+  const TemplateUse* template_use() const;
+
  private:
   struct Impl;
   explicit DataSource(std::unique_ptr<Impl> impl);

@@ -179,6 +179,7 @@ struct Trainer::Impl {
   // trainer_state.cc
   StatusOr<std::string> SaveCheckpoint();
   Status RestoreCheckpoint(const std::string& dir);
+  Status ExportTokenizer(const std::string& dir);  // tokenizer files and the chat template used
   Status ExportModel(const std::string& dir);
   std::string Fingerprint() const;
   void Log(TrainObserver::Level level, const std::string& message);

@@ -9,6 +9,12 @@
 #include <utility>
 #include <vector>
 
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/safe_path.h"
+#include "engine/file_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer_impl.h"
 
@@ -177,7 +183,44 @@ Status Trainer::Impl::ExportModel(const std::string& dir) {
   }
   Status st = model->Export(dir);
   for (int b = 0; b < n; ++b) weights->Rebind(b);  // back to the compute bindings
-  return st;
+  RETURN_IF_ERROR(st);
+  return ExportTokenizer(dir);
+}
+
+Status Trainer::Impl::ExportTokenizer(const std::string& dir) {
+  // A separate tokenizer (tokenizer.path) replaces the model directory's copies: a directory's
+  // tokenizer files, or the one tokenizer.json file given.
+  const std::string& tok = cfg.data.tokenizer_path;
+  if (!tok.empty()) {
+    struct stat st {};
+    if (::stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                            "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"}) {
+        const std::string from = engine::JoinPath(tok, f);
+        if (::lstat(from.c_str(), &st) != 0) continue;
+        RETURN_IF_ERROR(CopyFileConfined(from, engine::JoinPath(dir, f)).WithContext("export"));
+      }
+    } else {
+      RETURN_IF_ERROR(CopyFileConfined(tok, engine::JoinPath(dir, "tokenizer.json")).WithContext("export"));
+    }
+  }
+  // The chat template the records were rendered with travels with the model, so that
+  // apply_chat_template on the fine-tuned model formats prompts as training did: written as
+  // chat_template.jinja (which transformers prefers) and into tokenizer_config.json.
+  const DataSource::TemplateUse* use = data ? data->template_use() : nullptr;
+  if (use == nullptr || use->tokenizers_own) return OkStatus();
+  RETURN_IF_ERROR(WriteFileAtomically(engine::JoinPath(dir, "chat_template.jinja"), use->source).WithContext("export"));
+  const std::string config_path = engine::JoinPath(dir, "tokenizer_config.json");
+  nlohmann::ordered_json config = nlohmann::ordered_json::object();
+  if (auto text = ReadFileConfined(config_path); text.ok()) {
+    config = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!config.is_object()) return DataLossError(config_path + ": not a JSON object; the chat template is not added");
+  }
+  config["chat_template"] = use->source;
+  RETURN_IF_ERROR(WriteFileAtomically(config_path, config.dump(2) + "\n").WithContext("export"));
+  Log(TrainObserver::Level::kInfo, "export: the chat template used in training (" + use->origin +
+                                       ") written to chat_template.jinja and tokenizer_config.json");
+  return OkStatus();
 }
 
 StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {

@@ -129,6 +129,15 @@ def test_a_converted_config_trains_the_demo_model(binary_dir, daemon, case):
     r = ctl(binary_dir, "--target", d.target, "submit", str(ws / "job.yaml"), "--watch", check=False)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:] + d.log()[-3000:]
     assert (out / "model.safetensors").exists(), sorted(p.name for p in out.iterdir()) if out.exists() else out
+    # The Alpaca records were rendered with offloadd's built-in chat template (stories260K's tokenizer
+    # has none): the exported model carries it, so apply_chat_template formats prompts as training did.
+    template = (out / "chat_template.jinja").read_text()
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == template
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    text = tok.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert "Name a colour." in text
 
 
 def test_convert_refuses_to_overwrite_and_names_contradictions(binary_dir, tmp_path):
