@@ -233,7 +233,10 @@ StatusOr<ChatTemplate::Rendered> ChatTemplate::RenderWithAssistantSpans(const oj
     }
     size_t end = 0;
     while (end < with_reply.size() && end < r.text.size() && with_reply[end] == r.text[end]) ++end;
-    if (end > prefix.size()) r.assistant_spans.emplace_back(prefix.size(), end);
+    if (end > prefix.size()) {
+      r.assistant_spans.emplace_back(prefix.size(), end);
+      r.span_messages.push_back(k);
+    }
   }
   return r;
 }

@@ -71,6 +71,9 @@ class ChatTemplate {
   struct Rendered {
     std::string text;
     std::vector<std::pair<size_t, size_t>> assistant_spans;
+    // The message index of each span when the spans were found message by message (templates
+    // without generation blocks); empty when the template's {% generation %} blocks gave them.
+    std::vector<size_t> span_messages;
   };
   StatusOr<Rendered> RenderWithAssistantSpans(const nlohmann::ordered_json& messages,
                                               const nlohmann::ordered_json& tools = nullptr) const;

@@ -1,5 +1,6 @@
 #include "text/dataset.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -120,6 +121,26 @@ Status CheckMessages(const ojson& messages) {
   return OkStatus();
 }
 
+// OpenAI's per-message "weight" (fine-tuning format): 0 or 1 on assistant messages; those with 0
+// are not trained. Anything else is an error naming the message.
+StatusOr<std::vector<bool>> ZeroWeightMessages(const ojson& messages) {
+  std::vector<bool> zero(messages.size(), false);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    if (!m.contains("weight")) continue;
+    const ojson& w = m["weight"];
+    const std::string where = "messages[" + std::to_string(i) + "].weight";
+    if (m.value("role", "") != "assistant") {
+      return InvalidArgumentError(where + ": a weight applies to assistant messages only");
+    }
+    if (!w.is_number() || (w.get<double>() != 0 && w.get<double>() != 1)) {
+      return InvalidArgumentError(where + " must be 0 or 1, got " + w.dump().substr(0, 64));
+    }
+    zero[i] = w.get<double>() == 0;
+  }
+  return zero;
+}
+
 }  // namespace
 
 StatusOr<DatasetFormat> ParseDatasetFormat(std::string_view name) {
@@ -157,15 +178,36 @@ StatusOr<RecordEncoder> RecordEncoder::Create(const Tokenizer& tokenizer,
 
 StatusOr<Document> RecordEncoder::EncodeChat(const ojson& messages, const ojson& tools) const {
   RETURN_IF_ERROR(CheckMessages(messages));
+  ASSIGN_OR_RETURN(const std::vector<bool> skipped, ZeroWeightMessages(messages));
   ASSIGN_OR_RETURN(ChatTemplate::Rendered r, template_->RenderWithAssistantSpans(messages, tools));
+  // The spans of assistant messages with weight 0 (OpenAI's fine-tuning format): never trained.
+  std::vector<std::pair<size_t, size_t>> excluded;
+  if (std::find(skipped.begin(), skipped.end(), true) != skipped.end()) {
+    std::vector<size_t> owner = r.span_messages;
+    if (owner.empty()) {  // generation blocks: one per assistant message, in order, or no mapping
+      for (size_t k = 0; k < messages.size(); ++k) {
+        if (messages[k].value("role", "") == "assistant") owner.push_back(k);
+      }
+      if (owner.size() != r.assistant_spans.size()) {
+        return FailedPreconditionError(
+            "a message has \"weight\": 0, but the chat template's generation blocks (" +
+            std::to_string(r.assistant_spans.size()) + ") do not map one to one onto the " +
+            std::to_string(owner.size()) + " assistant messages, so the weighted turns cannot be located");
+      }
+    }
+    for (size_t j = 0; j < r.assistant_spans.size(); ++j) {
+      if (skipped[owner[j]]) excluded.push_back(r.assistant_spans[j]);
+    }
+  }
   ASSIGN_OR_RETURN(Encoding enc, tokenizer_->EncodeWithOffsets(r.text, false));
   Document doc;
   doc.labels.resize(enc.ids.size(), kIgnoreIndex);
+  auto inside = [&](size_t start, const std::vector<std::pair<size_t, size_t>>& spans) {
+    return std::any_of(spans.begin(), spans.end(), [&](const auto& s) { return start >= s.first && start < s.second; });
+  };
   for (size_t i = 0; i < enc.ids.size(); ++i) {
-    bool trained = !options_.mask_prompt;
-    for (const auto& [b, e] : r.assistant_spans) {
-      trained = trained || (enc.starts[i] >= b && enc.starts[i] < e);
-    }
+    const bool trained = (!options_.mask_prompt || inside(enc.starts[i], r.assistant_spans)) &&
+                         !inside(enc.starts[i], excluded);
     if (trained) doc.labels[i] = enc.ids[i];
   }
   doc.input_ids = std::move(enc.ids);

@@ -4,7 +4,8 @@
 //
 // Record formats (DatasetFormat::kAuto picks one per record from its keys, in this order):
 //   pretokenized       {"input_ids": [...], "labels": [...]?}  labels default to input_ids
-//   messages           {"messages": [{"role", "content", ...}], "tools": [...]?}
+//   messages           {"messages": [{"role", "content", ...}], "tools": [...]?}; an assistant
+//                      message may carry OpenAI's "weight": 0 (rendered, not trained) or 1
 //   sharegpt           {"conversations": [{"from", "value"}], "tools": "<json>"?, "system"?}
 //                      from: human|user -> user, gpt|assistant -> assistant, system -> system,
 //                      function_call -> assistant, observation|tool -> tool

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -62,6 +63,52 @@ TEST(RecordEncoder, FormatsAndErrors) {
         R"({"instruction": "a"})", R"({"foo": 1})", R"([1, 2])",
         R"({"conversations": [{"from": "alien", "value": "x"}]})", R"({"messages": []})"}) {
     EXPECT_FALSE(enc->Encode(nlohmann::ordered_json::parse(bad)).ok()) << bad;
+  }
+}
+
+// OpenAI's per-message "weight": an assistant message with weight 0 is rendered but not trained;
+// weight 1 is the default; a weight elsewhere, or of another value, is an error naming it.
+TEST(RecordEncoder, PerMessageWeightZeroIsNotTrained) {
+  auto tok = ToyTokenizer();
+  for (bool mask_prompt : {true, false}) {
+    DatasetOptions options;
+    options.mask_prompt = mask_prompt;
+    auto enc = RecordEncoder::Create(*tok, nullptr, options);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    auto conversation = [](const char* w1, const char* w2) {
+      return nlohmann::ordered_json::parse(std::string(R"({"messages": [{"role": "user", "content": "a"},
+        {"role": "assistant", "content": "ab")") + w1 + R"(}, {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "ba")" + w2 + "}]}");
+    };
+    auto plain = enc->Encode(conversation("", ""));
+    auto ones = enc->Encode(conversation(R"(, "weight": 1)", R"(, "weight": 1)"));
+    auto first_off = enc->Encode(conversation(R"(, "weight": 0)", ""));
+    ASSERT_TRUE(plain.ok() && ones.ok() && first_off.ok()) << first_off.status().ToString();
+    EXPECT_EQ(ones->labels, plain->labels);
+    EXPECT_EQ(first_off->input_ids, plain->input_ids) << "the turn is still rendered";
+    auto trained = [](const Document& d) {
+      return std::count_if(d.labels.begin(), d.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+    };
+    EXPECT_GT(trained(*plain), trained(*first_off));
+    EXPECT_GT(trained(*first_off), 0) << "the second assistant turn is still trained";
+    // Nothing that was not trained without weights becomes trained.
+    for (size_t i = 0; i < plain->labels.size(); ++i) {
+      if (plain->labels[i] == kIgnoreIndex) {
+        EXPECT_EQ(first_off->labels[i], kIgnoreIndex) << i;
+      }
+    }
+  }
+  DatasetOptions options;
+  auto enc = RecordEncoder::Create(*tok, nullptr, options);
+  for (const char* bad : {R"({"messages": [{"role": "user", "content": "a", "weight": 0},
+                                           {"role": "assistant", "content": "b"}]})",
+                          R"({"messages": [{"role": "user", "content": "a"},
+                                           {"role": "assistant", "content": "b", "weight": 0.5}]})",
+                          R"({"messages": [{"role": "user", "content": "a"},
+                                           {"role": "assistant", "content": "b", "weight": "no"}]})"}) {
+    auto r = enc->Encode(nlohmann::ordered_json::parse(bad));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(std::string(r.status().message()).find("weight"), std::string::npos) << r.status().ToString();
   }
 }
 
