@@ -298,6 +298,24 @@ StatusOr<Document> RecordEncoder::Encode(const ojson& record) const {
         return EncodeChat(messages, ojson());
       }
       case DatasetFormat::kPromptCompletion: {
+        const bool listed = record["prompt"].is_array(), completion_listed = record["completion"].is_array();
+        if (listed != completion_listed) {
+          return InvalidArgumentError("\"prompt\" and \"completion\" must both be strings (standard) or both "
+                                      "lists of messages (TRL's conversational prompt/completion)");
+        }
+        if (listed) {
+          // TRL's conversational form: the conversation is prompt + completion. With mask_prompt
+          // (completion_only_loss), only the completion's assistant turns are trained: an assistant
+          // turn inside the prompt is rendered with weight 0.
+          ojson messages = ojson::array();
+          for (ojson m : record["prompt"]) {
+            if (options_.mask_prompt && m.is_object() && m.value("role", "") == "assistant") m["weight"] = 0;
+            messages.push_back(std::move(m));
+          }
+          for (const ojson& m : record["completion"]) messages.push_back(m);
+          ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
+          return EncodeChat(messages, tools);
+        }
         ASSIGN_OR_RETURN(std::string prompt, StringField(record, "prompt", true));
         ASSIGN_OR_RETURN(std::string completion, StringField(record, "completion", true));
         return EncodeText(prompt, completion, options_.mask_prompt);

@@ -12,7 +12,9 @@
 //   alpaca             {"instruction", "input"?, "output", "history"?: [[user, assistant]...],
 //                      "system"?} -> messages; the user turn is instruction + "\n" + input
 //                      (just instruction when input is empty)
-//   prompt/completion  {"prompt", "completion"}
+//   prompt/completion  {"prompt", "completion"}: strings, or (TRL's conversational form) lists of
+//                      messages rendered as one conversation; with mask_prompt only the
+//                      completion's assistant turns are trained
 //   text               {"text"}
 // Chat-like records are rendered with the chat template (the tokenizer's, else the built-in one,
 // see chat_template.h) and tokenized as one text without extra special tokens, exactly like

@@ -112,6 +112,41 @@ TEST(RecordEncoder, PerMessageWeightZeroIsNotTrained) {
   }
 }
 
+// TRL's conversational prompt/completion: rendered as one conversation; with mask_prompt only the
+// completion's assistant turns are trained (an assistant turn in the prompt is context).
+TEST(RecordEncoder, ConversationalPromptCompletion) {
+  auto tok = ToyTokenizer();
+  DatasetOptions options;
+  options.mask_prompt = true;
+  auto enc = RecordEncoder::Create(*tok, nullptr, options);
+  ASSERT_TRUE(enc.ok());
+  using J = nlohmann::ordered_json;
+  auto pc = enc->Encode(J::parse(R"({"prompt": [{"role": "user", "content": "a"}],
+                                     "completion": [{"role": "assistant", "content": "ab"}]})"));
+  auto msgs = enc->Encode(J::parse(R"({"messages": [{"role": "user", "content": "a"},
+                                                    {"role": "assistant", "content": "ab"}]})"));
+  ASSERT_TRUE(pc.ok() && msgs.ok()) << pc.status().ToString();
+  EXPECT_EQ(pc->input_ids, msgs->input_ids);
+  EXPECT_EQ(pc->labels, msgs->labels);
+  // A multi-turn prompt: its assistant turn is not trained, the completion's is.
+  auto multi = enc->Encode(J::parse(R"({"prompt": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "ab"}, {"role": "user", "content": "b"}],
+      "completion": [{"role": "assistant", "content": "ba"}]})"));
+  auto all = enc->Encode(J::parse(R"({"messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "ab"}, {"role": "user", "content": "b"},
+      {"role": "assistant", "content": "ba"}]})"));
+  ASSERT_TRUE(multi.ok() && all.ok()) << multi.status().ToString();
+  EXPECT_EQ(multi->input_ids, all->input_ids);
+  auto trained = [](const Document& d) {
+    return std::count_if(d.labels.begin(), d.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+  };
+  EXPECT_GT(trained(*multi), 0);
+  EXPECT_LT(trained(*multi), trained(*all));
+  auto mixed = enc->Encode(J::parse(R"({"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]})"));
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(std::string(mixed.status().message()).find("conversational"), std::string::npos);
+}
+
 TEST(DatasetReader, BadLineIsAnErrorWithFileAndLineOrSkipped) {
   const std::string path = testing::TempDir() + "/bad.jsonl";
   std::ofstream(path) << "{\"text\": \"ab\"}\n{\"text\": 3}\n{\"text\": \"b\"}\n";
