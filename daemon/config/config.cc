@@ -154,10 +154,11 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
       ReadServer(root["server"], r.Child("server"), &c.server);
       const YAML::Node m = root["metrics"];
       const YamlReader mr = r.Child("metrics");
-      if (mr.CheckMap(m, {"listen", "peak_flops", "job_series_retention_seconds"})) {
+      if (mr.CheckMap(m, {"listen", "peak_flops", "job_series_retention_seconds", "progress_interval_seconds"})) {
         mr.String(m, "listen", &c.metrics.listen);
         mr.Double(m, "peak_flops", &c.metrics.peak_flops, 0, 1e20);
         mr.Double(m, "job_series_retention_seconds", &c.metrics.job_series_retention_seconds, 0, 1e7);
+        mr.Double(m, "progress_interval_seconds", &c.metrics.progress_interval_seconds, 0.1, 86400);
       }
       ReadStorage(root["storage"], r.Child("storage"), &c.storage);
       const YAML::Node w = root["workers"];
@@ -243,7 +244,8 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "listen" << YAML::Value << c.metrics.listen;
   e << YAML::Key << "peak_flops" << YAML::Value << c.metrics.peak_flops;
-  e << YAML::Key << "job_series_retention_seconds" << YAML::Value << c.metrics.job_series_retention_seconds
+  e << YAML::Key << "job_series_retention_seconds" << YAML::Value << c.metrics.job_series_retention_seconds;
+  e << YAML::Key << "progress_interval_seconds" << YAML::Value << c.metrics.progress_interval_seconds
     << YAML::EndMap;
   e << YAML::Key << "storage" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "directories" << YAML::Value << YAML::BeginSeq;

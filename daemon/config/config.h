@@ -48,6 +48,9 @@ struct MetricsConfig {
   // A job's offloadd_train_* series (and offloadd_job_info) stay this long after it stops running,
   // so that short jobs are scraped and dashboards keep their last values; 0 removes them at once.
   double job_series_retention_seconds = 900;
+  // A running job reports a progress event at least this often, whatever its logging_steps (its
+  // steps still report every logging_steps as well): `offloadctl watch` is never silent for long.
+  double progress_interval_seconds = 10;
 };
 
 struct StoreDirectoryConfig {

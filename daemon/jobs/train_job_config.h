@@ -27,6 +27,7 @@ struct TrainerEnvironment {
   std::vector<std::string> store_dirs;  // storage.directories: NVMe tier when nvme_path is unset
   int64_t trace_steps = 3;  // steps recorded in output_dir/trace.json (0: no trace)
   std::string profile_dir;  // the node profile cache: <state_dir>/profiles
+  double progress_interval_seconds = 10;  // metrics.progress_interval_seconds
 };
 
 // The job's TrainConfig, resume_from left empty. Each job's NVMe states go to a subdirectory

@@ -60,9 +60,11 @@ class JobObserver final : public trainer::TrainObserver {
  public:
   // Steps up to `reported_before` were reported by an earlier run of the job (0: none).
   JobObserver(const v1::Job& job, JobControl& control, TrainMetrics* metrics, int64_t tokens_seen,
-              int64_t reported_before)
+              int64_t reported_before, double progress_interval_seconds)
       : job_id_(job.id()),
         logging_steps_(std::max<int64_t>(1, job.spec().training().logging_steps())),
+        progress_interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(progress_interval_seconds))),
         control_(control),
         metrics_(metrics),
         tokens_seen_(tokens_seen),
@@ -74,7 +76,12 @@ class JobObserver final : public trainer::TrainObserver {
     // The ETA follows recent steps (the first ones include warm-up costs).
     step_seconds_ = step_seconds_ > 0 ? 0.8 * step_seconds_ + 0.2 * s.step_seconds : s.step_seconds;
     last_ = s;
-    if (s.step % logging_steps_ == 0 || s.step >= s.max_steps) Report();
+    // Every logging_steps, the last step, and whenever progress_interval passed since the last
+    // report (metrics.progress_interval_seconds: watchers hear from a job with long steps).
+    if (s.step % logging_steps_ == 0 || s.step >= s.max_steps ||
+        std::chrono::steady_clock::now() - last_report_ >= progress_interval_) {
+      Report();
+    }
   }
 
   void OnEval(const trainer::EvalStats& e) override {
@@ -134,10 +141,13 @@ class JobObserver final : public trainer::TrainObserver {
     SetDuration(s.step_seconds, p.mutable_step_time());
     control_.ReportProgress(p);
     reported_step_ = s.step;
+    last_report_ = std::chrono::steady_clock::now();
   }
 
   const std::string job_id_;
   const int64_t logging_steps_;
+  const std::chrono::steady_clock::duration progress_interval_;
+  std::chrono::steady_clock::time_point last_report_ = std::chrono::steady_clock::now();
   JobControl& control_;
   TrainMetrics* metrics_;
   int64_t tokens_seen_;
@@ -207,7 +217,7 @@ Status TrainJobRunner::Run(const v1::Job& job, JobControl& control) {
   remove_states();
 
   if (metrics_ != nullptr) metrics_->StartJob(job.id(), job.spec().display_name(), config.model_dir);
-  JobObserver observer(job, control, metrics_, tokens_seen, reported_before);
+  JobObserver observer(job, control, metrics_, tokens_seen, reported_before, env_.progress_interval_seconds);
   Status status;
   try {
     status = Train(job, config, control, observer);
@@ -244,6 +254,7 @@ TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has
   env.worker_threads = config.workers.threads_per_process;
   env.adamw_kernel = config.workers.adamw_kernel;
   env.profile_dir = config.state_dir + "/profiles";
+  env.progress_interval_seconds = config.metrics.progress_interval_seconds;
   env.host_memory_limit = config.memory.host_memory_limit;
   env.gpu_memory_limit = config.memory.gpu_memory_limit;
   for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);

@@ -304,3 +304,28 @@ def test_lsp_compression_job_trains_and_checkpoints_its_subspace(daemon, workspa
     evals = [m for m in log if m.startswith("eval at step")]
     assert [m.split("eval at step ")[1].split(":")[0] for m in evals] == ["0", "4", "8"], evals
     assert [p.step for p in progress(seen)] == list(range(1, 9))
+
+
+def test_progress_is_reported_every_interval_whatever_logging_steps(binary_dir, workspace):
+    """metrics.progress_interval_seconds (issue #17 item 5): with logging_steps far above the job's
+    steps, progress events still come at least every interval, not only at the end."""
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace)
+    d.config_path.write_text(d.config_path.read_text().replace(
+        "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n  progress_interval_seconds: 0.1\n"))
+    d.start()
+    try:
+        with offloadd.Client(d.target) as c:
+            s = spec(workspace, "out", steps=60, save_steps=1000)
+            s["training"]["logging_steps"] = 1000
+            seen = []
+            t0 = time.monotonic()
+            done = c.wait(c.create_job(s).id, timeout=120, on_event=seen.append)
+            took = time.monotonic() - t0
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen))
+            steps = [p.step for p in progress(seen)]
+            assert steps[-1] == 60 and steps == sorted(steps), steps
+            # Training took `took` seconds; an event at least every 0.1 s of it (minus setup) means
+            # more than the final one whenever the steps themselves took over 0.1 s.
+            assert len(steps) >= 2, (steps, took)
+    finally:
+        d.stop()
