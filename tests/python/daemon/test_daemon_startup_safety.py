@@ -65,7 +65,10 @@ def test_socket_never_has_another_mode_than_configured(binary_dir, tmp_path):
         assert stat.S_IMODE(os.lstat(d.socket_path).st_mode) == 0o600
         stop.set()
         t.join()
-        assert seen == {0o600}, {oct(m) for m in seen}
+        # The watcher samples while the daemon binds; on a loaded machine it may see the socket only
+        # after start() returned (or not at all: the lstat above is the sample then). Whatever it
+        # saw must be the configured mode: never the umask's 0777 of a socket not yet chmod'ed.
+        assert seen <= {0o600}, {oct(m) for m in seen}
         assert not [p for p in d.socket_path.parent.iterdir() if p.name.startswith(".offloadd-")]
     finally:
         stop.set()
