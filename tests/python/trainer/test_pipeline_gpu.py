@@ -119,12 +119,14 @@ def test_streamed_weights_equal_resident(binary_dir, tmp_path, speculate):
 def test_checkpoints_in_pinned_ram_equal_recompute_gpu(binary_dir, tmp_path):
     """recompute_offload_cpu: each layer's checkpoint goes to pinned RAM after its forward and
     comes back (prefetched one block ahead) for its recompute: the same bytes, so the losses and
-    gradient norms equal plain recompute's bit for bit; the per-block profile records the mode."""
+    gradient norms equal plain recompute's bit for bit; the per-block profile records the mode.
+    Packed, so that every step has one shape: records of varying length record no shape profile
+    (6518fec)."""
     model = build_model(tmp_path / "model", layers=4)
     data = write_pretokenized(tmp_path / "data.jsonl")
     a, b = tmp_path / "recompute", tmp_path / "pinned"
-    run_train(binary_dir, args(model, data, a, ["--activations=recompute"]))
-    r = run_train(binary_dir, args(model, data, b, ["--activations=recompute_offload_cpu",
+    run_train(binary_dir, args(model, data, a, ["--activations=recompute", "--packing"]))
+    r = run_train(binary_dir, args(model, data, b, ["--activations=recompute_offload_cpu", "--packing",
                                                     "--layer-activation=2:keep",
                                                     f"--profile-dir={tmp_path}/profiles"]))
     sa, sb = read_stats(a / "stats.jsonl"), read_stats(b / "stats.jsonl")
