@@ -298,7 +298,9 @@ StatusOr<Document> RecordEncoder::Encode(const ojson& record) const {
         return EncodeChat(messages, ojson());
       }
       case DatasetFormat::kPromptCompletion: {
-        const bool listed = record["prompt"].is_array(), completion_listed = record["completion"].is_array();
+        // contains() first: a const operator[] on a missing key is undefined (the dataset fuzzer).
+        const bool listed = record.contains("prompt") && record["prompt"].is_array();
+        const bool completion_listed = record.contains("completion") && record["completion"].is_array();
         if (listed != completion_listed) {
           return InvalidArgumentError("\"prompt\" and \"completion\" must both be strings (standard) or both "
                                       "lists of messages (TRL's conversational prompt/completion)");
