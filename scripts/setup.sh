@@ -25,6 +25,7 @@ apt_packages=(
   libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
+  libgloo-dev  # c10d ProcessGroupGloo headers: CPU data-parallel executors (trainer/data_parallel.cc)
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
 )
 

@@ -10,6 +10,7 @@
 #include "common/proc_stat.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
+#include "trainer/group_link.h"
 #include "trainer/trace.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/shard_layout.h"
@@ -92,8 +93,13 @@ StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimiz
 }
 
 Status HostOptimizer::Start(const HostOptimizerOptions& o) {
+  if (o.group != nullptr && o.group->rank() > 0) return StartFollower(o);
   options_ = o;
   if (o.block_elements.empty()) return InvalidArgumentError("model has no parameters");
+  if (o.group != nullptr && std::count(o.device_blocks.begin(), o.device_blocks.end(), true) > 0) {
+    return UnimplementedError("optimizer states on the GPU (device_optimizer_blocks) are not built for "
+                              "data-parallel jobs yet; set device_optimizer_blocks to 0");
+  }
   if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
     return InvalidArgumentError("the NVMe tier needs at least one store directory");
   const auto lo = LayoutOptions(o);
@@ -188,12 +194,17 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     std::lock_guard<std::mutex> lock(mu_);
     updated_step_[shard] = driver_step_;
     staging_busy_[shard] = false;
+    if (options_.group) {
+      options_.group->PublishUpdated(static_cast<int>(shard), driver_step_);
+      PublishStagingFree(static_cast<int>(shard));
+    }
     cv_.notify_all();
   });
   driver_->SetOnDecided([this](const workers::StepResult& r) {
     std::lock_guard<std::mutex> lock(mu_);
     decision_ = r;
     decided_step_ = driver_step_;
+    if (options_.group) options_.group->PublishDecision(driver_step_, r);
     cv_.notify_all();
   });
   driver_->SetBeforeUpdate([this](size_t shard, workers::ShardSpec* spec) -> Status {
@@ -207,9 +218,12 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   });
   updated_step_.assign(shards_.size(), 0);
   staging_busy_.assign(shards_.size(), false);
+  handoffs_.assign(shards_.size(), 0);
+  if (o.group) PublishBlocks();
   thread_ = std::thread([this] { Loop(); });
   return OkStatus();
 }
+
 
 HostOptimizer::~HostOptimizer() {
   {
@@ -227,9 +241,10 @@ HostOptimizer::~HostOptimizer() {
   }
 }
 
-uint32_t HostOptimizer::worker_processes() const { return pool_->size(); }
+uint32_t HostOptimizer::worker_processes() const { return pool_ ? pool_->size() : options_.worker_processes; }
 
 std::string HostOptimizer::kernel_description() const {
+  if (follower_) return "rank 0's workers";
   const workers::WorkerPoolMetrics m = pool_->Metrics();
   return m.kernel_path + " (" + m.kernel_reason + ")";
 }
@@ -239,11 +254,12 @@ void* HostOptimizer::grad_staging(int block) const {
 }
 
 const float* HostOptimizer::master_weights(int block) const {
-  if (store_) return nullptr;
+  if (store_ || follower_) return nullptr;
   return arena_->At<float>(shards_[block].master_offset);
 }
 
 void* HostOptimizer::compute_weights(int block) const {
+  if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
   if (options_.compute != HostDtype::kFp32) return arena_->At<void>(shards_[block].weights_offset);
   if (store_) return arena_->At<void>(compute_copy_[block]);
   return arena_->At<void>(shards_[block].master_offset);
@@ -256,6 +272,7 @@ uint64_t HostOptimizer::compute_weight_bytes(int block) const {
 void HostOptimizer::Fail(const Status& s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (error_.ok()) error_ = s;
+  if (options_.group) options_.group->Abort(s);
   cv_.notify_all();
 }
 
@@ -297,13 +314,17 @@ Status HostOptimizer::Handle(Item& item) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
       if (item.fn) RETURN_IF_ERROR(item.fn());
+      // Data parallel: the other ranks' shards of the block land in the same staging buffer.
+      if (options_.group) RETURN_IF_ERROR(WaitPeers(item.block));
       std::optional<double> sq;
-      if (item.sq_norm) sq = item.sq_norm();
+      if (item.sq_norm) sq = item.sq_norm() + (options_.group ? options_.group->PeersSquaredNorm(item.block) : 0.0);
+      ++handoffs_[item.block];
       RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro, sq));
       if (item.micro + 1 < std::max<uint32_t>(1, options_.accumulation_steps)) {
         RETURN_IF_ERROR(driver_->WaitShardIdle(item.block));  // accumulated: staging reusable
         std::lock_guard<std::mutex> lock(mu_);
         staging_busy_[item.block] = false;
+        if (options_.group) PublishStagingFree(item.block);
         cv_.notify_all();
       }
       return OkStatus();
@@ -317,6 +338,14 @@ Status HostOptimizer::Handle(Item& item) {
       if (r.ok() && r->skipped) {  // no update ran: the blocks keep their weights of the last one
         std::fill(updated_step_.begin(), updated_step_.end(), driver_step_);
         std::fill(staging_busy_.begin(), staging_busy_.end(), false);
+        for (int b = 0; options_.group && b < num_blocks(); ++b) {
+          options_.group->PublishUpdated(b, driver_step_);
+          PublishStagingFree(b);
+        }
+      }
+      if (options_.group) {
+        options_.group->PublishFinished(driver_step_, r);
+        if (!r.ok()) options_.group->Abort(r.status());  // the other ranks' waits end with it
       }
       // A failed step (a non-finite gradient norm, a dead store or worker) leaves its blocks
       // un-updated: the step loop may already wait for them (WaitUpdated in the next forward), so
@@ -361,6 +390,7 @@ Status HostOptimizer::RunOnThread(std::function<Status()> fn) {
 Status HostOptimizer::BeginStep(uint64_t step, double lr, float grad_unscale) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
+  if (follower_) return options_.group->aborted();  // the leader's driver runs the step
   Item it;
   it.kind = Item::kBegin;
   it.step = step;
@@ -372,6 +402,13 @@ Status HostOptimizer::BeginStep(uint64_t step, double lr, float grad_unscale) {
 }
 
 Status HostOptimizer::WaitStagingFree(int block) {
+  if (follower_) {  // the leader consumed this rank's every earlier hand-off of the block
+    GroupLink& g = *options_.group;
+    RETURN_IF_ERROR(g.Wait([&] { return g.consumed(block) >= handoffs_[block]; },
+                           "rank 0 to consume block " + std::to_string(block) + "'s gradients"));
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !staging_busy_[block] || !error_.ok(); });
   return error_;
@@ -382,6 +419,7 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
   if (!shards_[block].on_device) staging_busy_[block] = true;
+  if (follower_) ++handoffs_[block];
   Item it;
   it.kind = Item::kGrads;
   it.block = block;
@@ -391,6 +429,7 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
   it.sq_norm = std::move(sq_norm);
   queue_.push_back(std::move(it));
   cv_.notify_all();
+  if (follower_) options_.group->Nudge();  // its thread sleeps on the group's futex
   return OkStatus();
 }
 
@@ -399,6 +438,10 @@ Status HostOptimizer::SetDeviceBlocks(const std::vector<bool>& device_blocks) {
     return InvalidArgumentError("device_blocks names " + std::to_string(device_blocks.size()) +
                                 " blocks, the model has " + std::to_string(shards_.size()));
   }
+  if (options_.group && std::count(device_blocks.begin(), device_blocks.end(), true) > 0) {
+    return UnimplementedError("optimizer states on the GPU are not built for data-parallel jobs yet");
+  }
+  if (follower_) return OkStatus();
   const Status moved = RunOnThread([&]() -> Status {
     for (size_t b = 0; b < shards_.size(); ++b) RETURN_IF_ERROR(driver_->SetOnDevice(b, device_blocks[b]));
     return OkStatus();
@@ -416,6 +459,13 @@ Status HostOptimizer::WaitUpdated(int block, uint64_t step) {
 }
 
 Status HostOptimizer::ResumeAt(uint64_t step, uint64_t adam_step) {
+  if (follower_) {  // once the leader restored the checkpoint into the arena
+    RETURN_IF_ERROR(options_.group->WaitInitialized(2));
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(updated_step_.begin(), updated_step_.end(), step);
+    resumed_step_ = step;
+    return OkStatus();
+  }
   if (adam_step > step) {
     return InvalidArgumentError("AdamW step " + std::to_string(adam_step) +
                                 " is beyond optimizer step " + std::to_string(step));
@@ -435,12 +485,17 @@ Status HostOptimizer::ResumeAt(uint64_t step, uint64_t adam_step) {
   std::fill(updated_step_.begin(), updated_step_.end(), step);
   finished_step_ = step;
   decided_step_ = step;
+  if (options_.group) {  // the restored weights are in the arena: the other ranks upload them
+    for (int b = 0; b < num_blocks(); ++b) options_.group->PublishUpdated(b, step);
+    options_.group->PublishInitialized(2);
+  }
   return OkStatus();
 }
 
 Status HostOptimizer::FinishStepAsync() {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
+  if (follower_) return OkStatus();
   Item it;
   it.kind = Item::kFinish;
   queue_.push_back(std::move(it));
@@ -449,6 +504,7 @@ Status HostOptimizer::FinishStepAsync() {
 }
 
 StatusOr<workers::StepResult> HostOptimizer::WaitDecided(uint64_t step) {
+  if (follower_) return step <= resumed_step_ ? workers::StepResult{} : options_.group->WaitDecision(step);
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return decided_step_ >= step || !error_.ok(); });
   if (decided_step_ < step) return error_;
@@ -456,6 +512,7 @@ StatusOr<workers::StepResult> HostOptimizer::WaitDecided(uint64_t step) {
 }
 
 StatusOr<workers::StepResult> HostOptimizer::WaitFinished(uint64_t step) {
+  if (follower_) return step <= resumed_step_ ? workers::StepResult{} : options_.group->WaitFinished(step);
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return finished_step_ >= step || !error_.ok(); });
   if (finished_step_ < step) return error_;
@@ -463,6 +520,7 @@ StatusOr<workers::StepResult> HostOptimizer::WaitFinished(uint64_t step) {
 }
 
 UpdateTotals HostOptimizer::TakeTotals() {
+  if (follower_) return UpdateTotals{};  // rank 0 reports the updates
   const auto m = pool_->Metrics();
   double busy = 0;
   for (const auto& w : m.workers) busy += w.busy_seconds_total;
@@ -489,6 +547,13 @@ void To16(HostDtype dt, const float* src, uint16_t* dst, uint64_t n) {
 }  // namespace
 
 Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill) {
+  if (follower_) return options_.group->WaitInitialized(1);  // rank 0 fills the shared arena
+  RETURN_IF_ERROR(InitializeBlocks(fill));
+  if (options_.group) options_.group->PublishInitialized(1);
+  return OkStatus();
+}
+
+Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>& fill) {
   for (size_t b = 0; b < shards_.size(); ++b) {
     const auto& s = shards_[b];
     if (!store_) {
@@ -517,6 +582,7 @@ Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill)
 }
 
 Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq) {
+  if (follower_) return FailedPreconditionError("only rank 0 of a data-parallel group holds the optimizer states");
   const auto& s = shards_[block];
   const uint64_t bytes = s.num_elements * 4;
   if (!store_) {
@@ -539,6 +605,7 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
 
 Status HostOptimizer::RestoreStates(int block, const float* master, const float* exp_avg,
                                     const float* exp_avg_sq, uint64_t adam_step) {
+  if (follower_) return FailedPreconditionError("only rank 0 of a data-parallel group holds the optimizer states");
   const auto& s = shards_[block];
   const uint64_t bytes = s.num_elements * 4;
   uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
@@ -687,6 +754,7 @@ RuntimeStats::Store StoreRuntimeStats(const storage::StoreProcess& store, const 
 }
 
 void HostOptimizer::AddRuntime(RuntimeStats* out) const {
+  if (follower_) return;  // rank 0 reports the job's workers and arena
   const workers::WorkerPoolMetrics m = pool_->Metrics();
   for (size_t i = 0; i < m.workers.size(); ++i) {
     const auto& w = m.workers[i];

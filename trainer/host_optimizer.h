@@ -46,6 +46,8 @@ class WorkerPool;
 
 namespace offloadd::trainer {
 
+class GroupLink;
+
 enum class HostDtype { kFp32, kBf16, kFp16 };  // compute dtype as the host sees it
 
 struct HostOptimizerOptions {
@@ -70,6 +72,12 @@ struct HostOptimizerOptions {
   // there (DeviceOptimizer). The driver counts its gradient norm, given with GradsReady's last
   // micro-batch, into the step's decision (WaitDecided); no worker touches it.
   std::vector<bool> device_blocks;
+  // Data parallel (trainer/group_link.h, may be null): rank 0 publishes through it what the
+  // other ranks follow. A rank > 0 starts no workers or store: it attaches to the leader's arena
+  // at `leader_arena_path` (ArenaPath() there), lands its gradient shards in the shared staging
+  // buffers and follows the leader's updates and decisions (host_optimizer_group.cc).
+  GroupLink* group = nullptr;
+  std::string leader_arena_path;
 };
 
 struct UpdateTotals {  // since the last TakeTotals()
@@ -95,6 +103,10 @@ class HostOptimizer {
   void* compute_weights(int block) const;
   uint64_t compute_weight_bytes(int block) const;
   const ipc::SharedSegment& segment() const { return segment_; }
+  // "/proc/<pid>/fd/<fd>" of the arena: how the other ranks of a data-parallel group attach.
+  std::string ArenaPath() const;
+  // A rank > 0 of a data-parallel group: the leader holds the states and runs the updates.
+  bool follower() const { return follower_; }
 
   // Initial values: `fill(block, master)` writes the block's fp32 master weights into the
   // provided buffer; the compute copy is derived from it and the moments start at zero.
@@ -170,6 +182,7 @@ class HostOptimizer {
   struct Slot;
   HostOptimizer() = default;
   Status Start(const HostOptimizerOptions& options);
+  Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
   void Loop();
   Status Handle(Item& item);
   Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits
@@ -182,6 +195,15 @@ class HostOptimizer {
                  bool wait);
   Status PumpStore(bool block);
   void Fail(const Status& s);
+  // Data parallel, leader: waits (dispatching updates) until every rank landed its shard of
+  // `block`'s next hand-off; publishes a freed staging buffer.
+  Status WaitPeers(int block);
+  void PublishStagingFree(int block);
+  void PublishBlocks();
+  // Data parallel, ranks > 0 (host_optimizer_group.cc).
+  Status StartFollower(const HostOptimizerOptions& options);
+  void FollowLoop();
+  Status FollowUpdates();
 
   HostOptimizerOptions options_;
   ipc::SharedSegment segment_;
@@ -217,6 +239,12 @@ class HostOptimizer {
   workers::StepResult decision_;
   UpdateTotals totals_;
   double busy_base_ = 0;
+  // Data parallel: per block, gradient hand-offs taken (leader: consumed by the driver; follower:
+  // submitted by the step loop) and, on a follower, landed in the staging buffer.
+  bool follower_ = false;
+  std::vector<uint64_t> handoffs_;
+  std::vector<uint64_t> landed_;
+  uint64_t resumed_step_ = 0;  // follower: steps done before this run (a resume)
 };
 
 // A store process as its client sees it, with its CPU time (the per-job metrics).

@@ -158,6 +158,15 @@ StatusOr<at::Tensor> StepSchedule::GradientBuffer(int b) {
   RETURN_IF_ERROR(options_.host->WaitStagingFree(b));
   options_.accounting->stalls().grads +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (options_.dp != nullptr) {  // a private buffer, zero past the block, for the reduce-scatter
+    const int64_t numel = static_cast<int64_t>(layout_[b].numel);
+    const int64_t padded = options_.dp->Padded(numel);
+    at::Tensor full = at::empty({padded}, at::TensorOptions().dtype(options_.dtype).device(options_.device));
+    if (padded > numel) full.narrow(0, numel, padded - numel).zero_();
+    if (padded_.empty()) padded_.resize(static_cast<size_t>(n_));
+    padded_[b] = full;
+    return full.narrow(0, 0, numel);
+  }
   if (!cuda_) return host_grads_[b];
   return at::empty({static_cast<int64_t>(layout_[b].numel)},
                    at::TensorOptions().dtype(options_.dtype).device(options_.device));
@@ -254,8 +263,40 @@ Status StepSchedule::LandOnDevice(int b, uint32_t micro) {
   return GradsReadyAfter(b, micro, std::move(e), {norm}, LandedSquaredNorm(b));
 }
 
+Status StepSchedule::HandOffShard(int b, uint32_t micro) {
+  DataParallel& dp = *options_.dp;
+  at::Tensor full = std::move(padded_[b]);
+  const int64_t chunk = full.numel() / dp.world();
+  at::Tensor shard = at::empty({chunk}, full.options());
+  RETURN_IF_ERROR(dp.ReduceScatter(full, shard));
+  const int64_t numel = static_cast<int64_t>(layout_[b].numel);
+  const int64_t offset = std::min<int64_t>(numel, dp.rank() * chunk);
+  const int64_t len = std::min<int64_t>(chunk, numel - offset);
+  if (len == 0) {  // a block smaller than the group: this rank's shard is all padding
+    return options_.host->GradsReady(b, micro, nullptr, nullptr, []() { return 0.0; });
+  }
+  at::Tensor dst = host_grads_[b].narrow(0, offset, len);
+  at::Tensor src = shard.narrow(0, 0, len);
+  if (!cuda_) {  // rank 0's driver measures the norm over the whole staging buffer, as without dp
+    dst.copy_(src);
+    return options_.host->GradsReady(b, micro, nullptr);
+  }
+  const std::string name = options_.model->block(b).name();
+  at::Tensor norm;
+  std::function<double()> sq_norm;
+  if (options_.accumulation_steps == 1) {  // this shard's part of ||g||^2; rank 0 sums the parts
+    norm = at::linalg_vector_norm(src, 2.0, std::nullopt, false, at::kFloat).view({1});
+    at::Tensor slot = host_norms_.narrow(0, b, 1);
+    options_.streams->CopyToHost(slot, norm, "gradient norm " + name);
+    sq_norm = LandedSquaredNorm(b);
+  }
+  auto e = options_.streams->CopyToHost(dst, src, "gradient shard " + name);
+  return GradsReadyAfter(b, micro, std::move(e), {full, shard, norm}, std::move(sq_norm));
+}
+
 Status StepSchedule::HandOff(int b, uint32_t micro, const at::Tensor& grads) {
   if (OnDevice(b)) return LandOnDevice(b, micro);
+  if (options_.dp != nullptr) return HandOffShard(b, micro);
   if (!cuda_) return options_.host->GradsReady(b, micro, nullptr);
   const std::string name = options_.model->block(b).name();
   // Without accumulation the block's ||g|| is measured here, on the device, beside the copy (one

@@ -25,6 +25,7 @@
 #include "engine/model.h"
 #include "trainer/activation_offload.h"
 #include "trainer/block_layout.h"
+#include "trainer/data_parallel.h"
 #include "trainer/device_optimizer.h"
 #include "trainer/device_streams.h"
 #include "trainer/grad_scaler.h"
@@ -57,6 +58,9 @@ class StepSchedule {
     uint32_t accumulation_steps = 1;  // micro-batches per step
     // LSP mode (may be empty): what goes into a compressed weight's slot instead of its gradient.
     std::function<at::Tensor(const ParamSlot&, const at::Tensor&)> compress;
+    // Data parallel (may be null): each block's gradients are reduce-scattered over the group and
+    // this rank's shard lands in its part of the shared staging buffer (HandOffShard).
+    DataParallel* dp = nullptr;
   };
   // Pins the gradient staging buffers.
   static StatusOr<std::unique_ptr<StepSchedule>> Create(const Options& options);
@@ -93,6 +97,9 @@ class StepSchedule {
                                      const at::Tensor& grad_out, const at::Tensor& grads,
                                      at::Tensor* tied_grad);
   Status HandOff(int b, uint32_t micro, const at::Tensor& grads);
+  // Data parallel: the group's sum of block b's gradients, reduce-scattered; this rank's shard
+  // goes into [rank x shard, ...) of the staging buffer, with its ||g||^2 for rank 0's decision.
+  Status HandOffShard(int b, uint32_t micro);
   // A device-optimized block's gradients are complete: its norm goes to the host optimizer, and
   // (not held) its update runs now, on the compute stream.
   Status LandOnDevice(int b, uint32_t micro);
@@ -110,6 +117,7 @@ class StepSchedule {
   const bool cuda_;
   std::map<std::string, std::pair<int, uint64_t>> owner_;  // param name -> (block, offset)
   std::vector<at::Tensor> host_grads_;     // per block, flat view of its staging buffer
+  std::vector<at::Tensor> padded_;         // data parallel: per block, its gradients padded to shards
   at::Tensor host_norms_;  // CUDA: per block, its gradients' L2 norm (pinned, fp32)
   std::vector<engine::SavedState> saved_;  // per block, from its forward for its backward
   std::vector<uint64_t> checkpoint_ticket_;  // per block: its offloaded checkpoint (0: none)

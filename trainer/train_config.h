@@ -103,6 +103,21 @@ struct LspConfig {
   bool identity = false;     // identity projectors (s = the full dimensions, no checks): tests
 };
 
+// Data parallelism over the GPUs of one host (issue #15, docs/data_parallel.md): world_size
+// executor processes, one per device, each computing on its rows of every global micro-batch.
+// Per block, the gradients are reduce-scattered over the group (c10d: NCCL on CUDA, Gloo on the
+// CPU); each rank copies its shard into the one shared arena, whose workers update the block once
+// (rank 0 owns the arena, the workers, the step's decisions and the checkpoints; the others attach
+// to its arena). Every rank uploads the updated weights from that arena.
+struct ParallelConfig {
+  int world_size = 1;
+  int rank = 0;
+  // Where the group meets: "file:///dir/rendezvous" (one host) or "tcp://host:port" (rank 0
+  // listens there). Required when world_size > 1.
+  std::string rendezvous;
+  int64_t timeout_seconds = 600;  // rendezvous and collectives
+};
+
 struct TrainConfig {
   std::string model_dir;
   bool random_init = false;  // bench: config.json only, transformers-style random weights
@@ -121,7 +136,10 @@ struct TrainConfig {
   OptimConfig optim;
   OffloadPlanConfig offload;
   LspConfig lsp;
-  int32_t batch_size = 8;  // sequences per micro-batch (auto_batch_size: the largest one tried)
+  ParallelConfig parallel;
+  // Sequences per micro-batch on each rank (auto_batch_size: the largest one tried); the global
+  // micro-batch is batch_size x parallel.world_size.
+  int32_t batch_size = 8;
   int32_t gradient_accumulation_steps = 1;
   // per_device_train_batch_size: auto (trainer/batch_planner.h): the micro-batch and accumulation
   // the step planner prices fastest, set before anything is sized by them. global_batch_size > 0

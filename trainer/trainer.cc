@@ -78,6 +78,25 @@ StatusOr<StepBatches> NextBatches(DataSource& data, uint32_t count) {
   return s;
 }
 
+// Rows [first, first + count) of a micro-batch (a data-parallel rank's share); the token counts
+// stay the whole batch's, which normalise the loss.
+MicroBatchData RowsOf(const MicroBatchData& m, int64_t first, int64_t count) {
+  MicroBatchData r;
+  r.batch = count;
+  r.seq = m.seq;
+  auto cut = [&](const std::vector<int64_t>& v) {
+    if (v.empty()) return std::vector<int64_t>();
+    return std::vector<int64_t>(v.begin() + first * m.seq, v.begin() + (first + count) * m.seq);
+  };
+  r.input_ids = cut(m.input_ids);
+  r.targets = cut(m.targets);
+  r.position_ids = cut(m.position_ids);
+  r.segment_ids = cut(m.segment_ids);
+  r.tokens = m.tokens;
+  r.trained_tokens = m.trained_tokens;
+  return r;
+}
+
 // The engine's batch for one micro-batch (the loss normalised over the whole step's trained
 // tokens); adds its model FLOPs to *flops.
 StatusOr<engine::MicroBatch> Prepare(engine::Model& model, const MicroBatchData& m,
@@ -120,6 +139,11 @@ Status Trainer::Impl::RunStep() {
   at::Tensor loss_sum;
   double flops = 0;
   for (uint32_t a = 0; a < A; ++a) {
+    if (dp) {  // this rank's rows of the global micro-batch
+      MicroBatchData& m = batches.micro[a];
+      const int64_t rows = m.batch / dp->world();
+      m = RowsOf(m, rows * dp->rank(), rows);
+    }
     ASSIGN_OR_RETURN(engine::MicroBatch mb,
                      Prepare(*model, batches.micro[a], batches.trained_tokens, dtype, &flops));
     if (a == 0 && lsp && lsp->CheckDue(k)) RETURN_IF_ERROR(CheckProjectors(k, mb));
@@ -127,6 +151,12 @@ Status Trainer::Impl::RunStep() {
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss.clone();
     if (a == 0) RETURN_IF_ERROR(BeginUpdates(k));
     RETURN_IF_ERROR(schedule->Backward(mb, a));
+  }
+  if (dp) {  // each rank's loss is its rows' share of the step's mean; the model FLOPs every rank's
+    at::Tensor l = loss_sum.reshape({1});
+    RETURN_IF_ERROR(dp->AllReduceSum(l));
+    loss_sum = l.reshape({});
+    flops *= dp->world();
   }
   RETURN_IF_ERROR(host->FinishStepAsync());
   RETURN_IF_ERROR(UpdateDeviceBlocks(k));
@@ -158,7 +188,8 @@ Status Trainer::Impl::BeginUpdates(int64_t k) {
 }
 
 Status Trainer::Impl::Evaluate() {
-  if (!eval_data || evaluated_at == completed) return OkStatus();
+  // Data parallel: the weights are the same on every rank; rank 0 evaluates.
+  if (!eval_data || evaluated_at == completed || !leader()) return OkStatus();
   c10::NoGradGuard no_grad;
   streams->UseCompute();
   const auto t0 = std::chrono::steady_clock::now();

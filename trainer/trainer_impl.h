@@ -20,6 +20,8 @@
 #include "trainer/activation_spill.h"
 #include "trainer/batch_planner.h"
 #include "trainer/block_layout.h"
+#include "trainer/data_parallel.h"
+#include "trainer/group_link.h"
 #include "trainer/data_source.h"
 #include "trainer/device_optimizer.h"
 #include "trainer/device_streams.h"
@@ -57,6 +59,12 @@ struct Trainer::Impl {
   std::string eval_start;                 // eval_data's state before its first record
   int64_t evaluated_at = -1;              // the step of the last evaluation
   std::unique_ptr<HostOptimizer> host;
+  // Data parallel (cfg.parallel.world_size > 1): the process group and the shared control
+  // segment. Rank 0 (the leader) owns the arena, the updates, checkpoints, evaluation and export.
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<GroupLink> link;
+  bool leader() const { return dp == nullptr || dp->rank() == 0; }
+  int world() const { return dp == nullptr ? 1 : dp->world(); }
   std::optional<LrSchedule> lr_schedule;
   std::optional<GradScaler> scaler;  // fp16 compute only
   c10::Device device = c10::Device(c10::kCPU);
@@ -103,6 +111,12 @@ struct Trainer::Impl {
   // trainer_setup.cc
   Status Setup();
   Status CheckConfig();  // device, compute dtype, numbers
+  // trainer_parallel.cc: joins the data-parallel group (refusing what it does not support yet);
+  // creates (rank 0) or attaches to (others) the host optimizer; the stop decision between steps.
+  Status StartGroup();
+  Status CreateHostOptimizer(HostOptimizerOptions ho);
+  StatusOr<bool> StopAtBoundary();
+  Status RestoreFollower(const std::string& dir);
   Status LoadModel();    // placeholders and the block layout
   // Activation modes and weight residency under the GPU budget; returns whether the weights
   // stay resident on the device.

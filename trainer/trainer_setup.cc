@@ -49,8 +49,13 @@ Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(LoadModel());
   ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
   RETURN_IF_ERROR(ChooseBatchSize());
+  RETURN_IF_ERROR(StartGroup());
+  // Data parallel: every rank reads the same global micro-batches (batch_size rows per rank) and
+  // trains on its rows, so the loss normaliser and the padding are those of one executor on the
+  // whole batch.
+  const int32_t global_micro = cfg.batch_size * world();
   ASSIGN_OR_RETURN(data, DataSource::Create(cfg.data, cfg.model_dir, model->config().vocab_size,
-                                            cfg.batch_size, cfg.seed));
+                                            global_micro, cfg.seed));
   if (!cfg.eval_data.paths.empty()) {
     if (cfg.eval_steps < 1) {
       return InvalidArgumentError("eval data given without eval_steps (evaluate every N steps, N >= 1)");
@@ -64,7 +69,7 @@ Status Trainer::Impl::Setup() {
     return InvalidArgumentError("eval_steps " + std::to_string(cfg.eval_steps) + " given without eval data");
   }
   total = TotalSteps(cfg.max_steps, cfg.num_train_epochs, data->sequences_per_epoch(),
-                     cfg.batch_size, cfg.gradient_accumulation_steps);
+                     global_micro, cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(LrSchedule sched,
                    LrSchedule::Create(cfg.optim.lr_scheduler_type, cfg.optim.warmup_steps,
                                       cfg.optim.warmup_ratio, total,
@@ -74,7 +79,7 @@ Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(StartSpill());
 
   const HostOptimizerOptions ho = HostOptions();
-  ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+  RETURN_IF_ERROR(CreateHostOptimizer(ho));
   RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
     for (const auto& slot : layout[b].params) {
       if (slot.compressed) {  // LSP subspace coordinates start at zero: W = W_base
@@ -573,6 +578,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   so.device = device;
   so.dtype = dtype;
   so.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+  so.dp = dp.get();
   if (lsp) {
     so.compress = [l = lsp.get()](const ParamSlot& slot, const at::Tensor& grad) { return l->Compress(slot, grad); };
   }

@@ -60,6 +60,7 @@ Status Trainer::Impl::RestoreBlockStates(int b, const float* master, const float
 
 StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   if (cfg.output_dir.empty()) return FailedPreconditionError("no output_dir to write checkpoints to");
+  if (!leader()) return std::string();  // data parallel: rank 0 holds the states and writes them
   RETURN_IF_ERROR(Flush());
   ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(cfg.output_dir, completed));
   std::vector<float> master, m, v;
@@ -111,6 +112,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
 }
 
 Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
+  if (!leader()) return RestoreFollower(dir);
   RETURN_IF_ERROR(Flush());
   ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, Fingerprint()));
   if (r.num_layers() != n) {
@@ -172,6 +174,7 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
 
 Status Trainer::Impl::ExportModel(const std::string& dir) {
   RETURN_IF_ERROR(Flush());
+  if (!leader()) return OkStatus();  // data parallel: rank 0 exports
   std::vector<float> m, v;
   for (int b = 0; b < n; ++b) {
     const int64_t numel = static_cast<int64_t>(layout[b].numel);
@@ -239,7 +242,8 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   };
   if (m.eval_data) RETURN_IF_ERROR(evaluate());  // the starting point (or the resumed step's)
   while (m.completed < m.total) {
-    if (m.obs && m.obs->StopRequested()) {
+    ASSIGN_OR_RETURN(const bool stop, m.StopAtBoundary());
+    if (stop) {
       RETURN_IF_ERROR(m.Flush());
       if (checkpoint_on_stop && !m.cfg.output_dir.empty()) {
         ASSIGN_OR_RETURN(result.last_checkpoint, m.SaveCheckpoint());
@@ -260,7 +264,7 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   RETURN_IF_ERROR(write_trace());
   result.steps = m.completed;
   result.final_loss = m.accounting->last_loss();
-  if (!m.cfg.output_dir.empty() && m.cfg.export_final_model) {
+  if (!m.cfg.output_dir.empty() && m.cfg.export_final_model && m.leader()) {
     if (m.model->has_checkpoint()) {
       RETURN_IF_ERROR(m.ExportModel(m.cfg.output_dir));
       result.exported_to = m.cfg.output_dir;

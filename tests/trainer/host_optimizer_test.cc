@@ -11,7 +11,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,8 +22,11 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/file_util.h"
+#include "trainer/group_link.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -205,6 +210,143 @@ TEST_F(HostOptimizerTest, DestructionIsBoundedWithAStoppedStore) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("destroyed in %.1f s with the store stopped\n", s);
   EXPECT_EQ(::kill(store, 0), -1);  // killed and reaped
+}
+
+// ---- data parallel (issue #15): one leader, one follower, the same arena ----
+
+// The gradient each rank computes for element i of block b at `step` (rank 0 and 1 each hold a
+// part of the batch; their sum is the step's gradient).
+float RankGrad(int rank, int b, uint64_t i, uint64_t step) {
+  return 0.01f * static_cast<float>((i * 7 + static_cast<uint64_t>(b) * 3 + step + static_cast<uint64_t>(rank)) % 11) - 0.05f;
+}
+
+// One step as rank `rank` of two drives it: for each block (reverse order), wait for the staging,
+// write this rank's half of the summed gradient (what the reduce-scatter leaves it), hand it over.
+void RankStep(HostOptimizer* h, int rank, uint64_t step) {
+  ASSERT_TRUE(h->BeginStep(step, 1e-3).ok());
+  for (int b = h->num_blocks() - 1; b >= 0; --b) {
+    ASSERT_TRUE(Bounded("WaitStagingFree", [&] { return h->WaitStagingFree(b); }).ok());
+    const uint64_t n = h->elements(b), chunk = (n + 1) / 2;
+    float* g = static_cast<float*>(h->grad_staging(b));
+    for (uint64_t i = chunk * rank; i < std::min(n, chunk * (rank + 1)); ++i) {
+      g[i] = RankGrad(0, b, i, step) + RankGrad(1, b, i, step);
+    }
+    ASSERT_TRUE(h->GradsReady(b, 0, nullptr).ok());
+  }
+  ASSERT_TRUE(h->FinishStepAsync().ok());
+}
+
+TEST_F(HostOptimizerTest, DataParallelRanksUpdateOnceLikeOneOptimizer) {
+  HostOptimizerOptions o = Options(StateTier::kCpu);
+  o.optim.max_grad_norm = 0.05;  // clips: the decision needs every rank's shard
+  constexpr uint64_t kSteps = 3;
+  // The reference: one optimizer, the whole summed gradient from one caller.
+  auto ref = Make(o);
+  ASSERT_TRUE(ref);
+  for (uint64_t s = 1; s <= kSteps; ++s) {
+    ASSERT_TRUE(ref->BeginStep(s, 1e-3).ok());
+    for (int b = ref->num_blocks() - 1; b >= 0; --b) {
+      ASSERT_TRUE(Bounded("WaitStagingFree", [&] { return ref->WaitStagingFree(b); }).ok());
+      float* g = static_cast<float*>(ref->grad_staging(b));
+      for (uint64_t i = 0; i < ref->elements(b); ++i) g[i] = RankGrad(0, b, i, s) + RankGrad(1, b, i, s);
+      ASSERT_TRUE(ref->GradsReady(b, 0, nullptr).ok());
+    }
+    ASSERT_TRUE(ref->FinishStepAsync().ok());
+  }
+  auto ref_result = Bounded("WaitFinished", [&] { return ref->WaitFinished(kSteps); });
+  ASSERT_TRUE(ref_result.ok()) << ref_result.status().ToString();
+
+  auto link0 = GroupLink::Create(2, 3, 20);
+  ASSERT_TRUE(link0.ok()) << link0.status().ToString();
+  o.group = link0->get();
+  auto leader = Make(o);
+  ASSERT_TRUE(leader);
+  auto link1 = GroupLink::Attach((*link0)->Path(), 1, 20);
+  ASSERT_TRUE(link1.ok()) << link1.status().ToString();
+  HostOptimizerOptions fo = o;
+  fo.group = link1->get();
+  fo.leader_arena_path = leader->ArenaPath();
+  auto follower = Make(fo);  // Initialize waits for the leader's weights, fills nothing
+  ASSERT_TRUE(follower);
+  ASSERT_TRUE(follower->follower());
+  std::vector<int> uploads(3, 0);
+  follower->SetOnUpdated([&](int b) {
+    ++uploads[b];
+    return OkStatus();
+  });
+  std::thread rank1([&] {
+    for (uint64_t s = 1; s <= kSteps; ++s) {
+      for (int b = 0; b < 3; ++b) ASSERT_TRUE(Bounded("follower WaitUpdated", [&] { return follower->WaitUpdated(b, s - 1); }).ok());
+      RankStep(follower.get(), 1, s);
+    }
+  });
+  for (uint64_t s = 1; s <= kSteps; ++s) {
+    for (int b = 0; b < 3; ++b) ASSERT_TRUE(Bounded("WaitUpdated", [&] { return leader->WaitUpdated(b, s - 1); }).ok());
+    RankStep(leader.get(), 0, s);
+  }
+  rank1.join();
+  auto lr = Bounded("WaitFinished", [&] { return leader->WaitFinished(kSteps); });
+  auto fr = Bounded("follower WaitFinished", [&] { return follower->WaitFinished(kSteps); });
+  ASSERT_TRUE(lr.ok() && fr.ok());
+  EXPECT_TRUE(lr->clipped);
+  EXPECT_EQ(lr->grad_norm, ref_result->grad_norm);  // every shard counted once
+  EXPECT_EQ(fr->grad_norm, lr->grad_norm);
+  EXPECT_EQ(fr->clip_coef, lr->clip_coef);
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_TRUE(Bounded("follower WaitUpdated", [&] { return follower->WaitUpdated(b, kSteps); }).ok());
+    EXPECT_EQ(uploads[b], static_cast<int>(kSteps)) << "block " << b;  // the follower uploads each update
+    const uint64_t n = leader->elements(b);
+    std::vector<float> m1(n), a1(n), v1(n), m2(n), a2(n), v2(n);
+    ASSERT_TRUE(ref->ReadStates(b, m1.data(), a1.data(), v1.data()).ok());
+    ASSERT_TRUE(leader->ReadStates(b, m2.data(), a2.data(), v2.data()).ok());
+    EXPECT_EQ(m1, m2) << "block " << b;  // bit for bit: the same AdamW on the same gradients
+    EXPECT_EQ(a1, a2);
+    EXPECT_EQ(v1, v2);
+    // The follower computes with the leader's weights, in the same memory.
+    EXPECT_EQ(std::memcmp(follower->compute_weights(b), leader->compute_weights(b), leader->compute_weight_bytes(b)), 0);
+  }
+  EXPECT_FALSE(follower->ReadStates(0, nullptr, nullptr, nullptr).ok());  // rank 0's to read
+}
+
+// A failed step on the leader (a non-finite norm under clipping) reaches the follower's waits,
+// and a follower whose leader never comes gives up after the group timeout, naming the wait.
+TEST_F(HostOptimizerTest, DataParallelFailuresReachTheFollower) {
+  HostOptimizerOptions o = Options(StateTier::kCpu);
+  auto link0 = GroupLink::Create(2, 3, 2);
+  ASSERT_TRUE(link0.ok());
+  o.group = link0->get();
+  auto leader = Make(o);
+  ASSERT_TRUE(leader);
+  auto link1 = GroupLink::Attach((*link0)->Path(), 1, 2);
+  ASSERT_TRUE(link1.ok());
+  HostOptimizerOptions fo = o;
+  fo.group = link1->get();
+  fo.leader_arena_path = leader->ArenaPath();
+  auto follower = Make(fo);
+  ASSERT_TRUE(follower);
+  // Nobody lands block 2 on the leader's side: the follower's staging wait times out.
+  ASSERT_TRUE(follower->GradsReady(2, 0, nullptr).ok());
+  Status st = Bounded("follower WaitStagingFree", [&] { return follower->WaitStagingFree(2); });
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  EXPECT_NE(st.message().find("rank 0 to consume block 2"), std::string::npos) << st.ToString();
+  // A NaN gradient: the leader's step fails and so does every wait of the follower.
+  std::thread rank1([&] {
+    for (int b = 1; b >= 0; --b) {
+      (void)follower->WaitStagingFree(b);
+      (void)follower->GradsReady(b, 0, nullptr);
+    }
+  });
+  ASSERT_TRUE(leader->BeginStep(1, 1e-3).ok());
+  for (int b = 2; b >= 0; --b) {
+    float* g = static_cast<float*>(leader->grad_staging(b));
+    for (uint64_t i = 0; i < leader->elements(b); ++i) g[i] = b == 1 ? std::numeric_limits<float>::quiet_NaN() : 0.1f;
+    ASSERT_TRUE(leader->GradsReady(b, 0, nullptr).ok());
+  }
+  ASSERT_TRUE(leader->FinishStepAsync().ok());
+  rank1.join();
+  EXPECT_FALSE(Bounded("WaitFinished", [&] { return leader->WaitFinished(1); }).ok());
+  EXPECT_FALSE(Bounded("follower WaitFinished", [&] { return follower->WaitFinished(1); }).ok());
+  EXPECT_FALSE(Bounded("follower WaitUpdated", [&] { return follower->WaitUpdated(0, 1); }).ok());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "trainer/batch_planner.h"
 #include "trainer/data_source.h"
 #include "trainer/lsp_mode.h"
+#include "trainer/tools/rank_launcher.h"
 #include "trainer/trainer.h"
 
 namespace offloadd::trainer {
@@ -49,6 +50,9 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                auto, micro x accumulation = N) --grad-accum=N --epochs=X --max-steps=N --seed=N
                --output-dir=DIR --save-steps=N --save-total-limit=N --resume-from=DIR --no-export
   output:      --trace=FILE.json --trace-steps=N --stats-jsonl=FILE --dump-batches=FILE
+  parallel:    --gpus=N (data parallel: N ranks of this program, one per GPU; on --device=cpu N CPU
+               ranks over Gloo) --rank=R --world-size=N --rendezvous=file:///PATH|tcp://HOST:PORT
+               (one rank of a group started elsewhere) --parallel-timeout=SECONDS (600)
   binaries:    --worker-binary=PATH --store-binary=PATH (default: next to this program)
 )";
 
@@ -58,6 +62,12 @@ std::string SelfDir() {
   if (n <= 0) return ".";
   std::string p(buf, static_cast<size_t>(n));
   return p.substr(0, p.rfind('/'));
+}
+
+std::string SelfPath() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n <= 0 ? std::string("offloadd-train") : std::string(buf, static_cast<size_t>(n));
 }
 
 std::string FindBinary(const std::string& name, const std::string& component) {
@@ -105,8 +115,9 @@ StatusOr<ActivationMode> ParseMode(const std::string& s) {
 
 class PrintObserver : public TrainObserver {
  public:
-  explicit PrintObserver(std::ofstream* jsonl) : jsonl_(jsonl) {}
+  PrintObserver(std::ofstream* jsonl, int rank) : jsonl_(rank == 0 ? jsonl : nullptr), rank_(rank) {}
   void OnStep(const StepStats& s) override {
+    if (rank_ != 0) return;
     std::printf("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f  %.3fs  %.0f tok/s  %.1f TFLOP/s"
                 "  (gpu %.3fs h2d %.3fs d2h %.3fs cpu %.3fs nvme %.3fs; stalls w %.3fs g %.3fs o %.3fs)",
                 static_cast<long long>(s.step), static_cast<long long>(s.max_steps), s.loss,
@@ -179,11 +190,14 @@ class PrintObserver : public TrainObserver {
     }
   }
   void OnLog(Level level, const std::string& message) override {
-    std::fprintf(stderr, "%s: %s\n", level == Level::kWarning ? "warning" : "info", message.c_str());
+    if (rank_ != 0 && (level == Level::kDebug || level == Level::kInfo)) return;
+    std::fprintf(stderr, "%s%s: %s\n", rank_ == 0 ? "" : ("[rank " + std::to_string(rank_) + "] ").c_str(),
+                 level == Level::kWarning ? "warning" : "info", message.c_str());
   }
 
  private:
   std::ofstream* jsonl_;
+  int rank_ = 0;
 };
 
 Status DumpBatches(const TrainConfig& c, const std::string& path, int64_t steps) {
@@ -210,6 +224,8 @@ int Run(int argc, char** argv) {
   TrainConfig c;
   std::string stats_path, dump_path;
   std::vector<std::string> eval_paths;
+  int gpus = 0;
+  std::vector<std::string> rank_args;  // --gpus=N: the arguments every rank gets
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -219,6 +235,7 @@ int Run(int argc, char** argv) {
     const size_t eq = arg.find('=');
     const std::string key = arg.substr(0, eq);
     const std::string v = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key != "--gpus" && key != "--control-fd") rank_args.push_back(arg);
     auto size = [&](uint64_t* out) -> Status {
       ASSIGN_OR_RETURN(*out, ParseByteSize(v));
       return OkStatus();
@@ -328,6 +345,12 @@ int Run(int argc, char** argv) {
       else if (key == "--dump-batches") dump_path = v;
       else if (key == "--worker-binary") c.worker_binary = v;
       else if (key == "--store-binary") c.store_binary = v;
+      else if (key == "--gpus") gpus = StrictStoi(v);
+      else if (key == "--rank") c.parallel.rank = StrictStoi(v);
+      else if (key == "--world-size") c.parallel.world_size = StrictStoi(v);
+      else if (key == "--rendezvous") c.parallel.rendezvous = v;
+      else if (key == "--parallel-timeout") c.parallel.timeout_seconds = StrictStoll(v);
+      else if (key == "--control-fd") close(StrictStoi(v));  // the rank launcher's channel: unused
       else st = InvalidArgumentError("unknown flag " + key + " (see --help)");
     } catch (const std::exception&) {
       st = InvalidArgumentError(key + ": bad value '" + v + "'");
@@ -347,6 +370,17 @@ int Run(int argc, char** argv) {
     std::cerr << "offloadd-train: --model is required\n" << kUsage;
     return 2;
   }
+  if (gpus < 0 || (gpus > 1 && c.parallel.world_size > 1)) {
+    std::cerr << "offloadd-train: --gpus is a rank count >= 1, and not given with --world-size\n";
+    return 2;
+  }
+  if (gpus > 1) {
+    if (c.device.rfind("cuda:", 0) == 0) {
+      std::cerr << "offloadd-train: --gpus gives each rank its own GPU; use --device=cuda (and CUDA_VISIBLE_DEVICES)\n";
+      return 2;
+    }
+    return RunRanks(SelfPath(), rank_args, gpus, c.device == "cuda");
+  }
   if (c.worker_binary.empty()) c.worker_binary = FindBinary("offloadd-worker", "workers");
   if (c.store_binary.empty()) c.store_binary = FindBinary("offloadd-store", "storage");
   std::ofstream stats;
@@ -357,7 +391,8 @@ int Run(int argc, char** argv) {
       return 1;
     }
   }
-  PrintObserver obs(stats_path.empty() ? nullptr : &stats);
+  // Data parallel: rank 0 reports the steps; the other ranks only their warnings.
+  PrintObserver obs(stats_path.empty() ? nullptr : &stats, c.parallel.rank);
   auto trainer = Trainer::Create(c, &obs);
   if (!trainer.ok()) {
     std::cerr << "offloadd-train: " << trainer.status().ToString() << "\n";
@@ -378,7 +413,7 @@ int Run(int argc, char** argv) {
     std::cerr << "offloadd-train: " << r.status().ToString() << "\n";
     return 1;
   }
-  std::printf("done: %lld steps, final loss %.6f%s%s\n", static_cast<long long>(r->steps),
+  if (c.parallel.rank == 0) std::printf("done: %lld steps, final loss %.6f%s%s\n", static_cast<long long>(r->steps),
               r->final_loss, r->exported_to.empty() ? "" : ", model in ",
               r->exported_to.c_str());
   return 0;

@@ -1,0 +1,122 @@
+"""Issue #15 item 4: data parallelism is exact. Two CPU ranks over c10d's Gloo backend, each on its
+half of every global micro-batch, equal one rank on the whole batch: the per-block gradients are
+reduce-scattered, each rank lands its shard in rank 0's one arena, rank 0's workers update every
+block once, and both ranks compute with the weights of that arena.
+
+Tolerances are the CPU parity tests' (test_pipeline_parity.py): per-step loss |diff| <= 1e-5,
+final weights max |diff| <= 2e-5 (fp32). The two runs differ only in summation order: two half-
+batch matmuls summed by Gloo instead of one whole-batch matmul."""
+
+import socket
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline_testlib import build_model, read_stats, run_train, write_pretokenized
+
+STEPS = 12
+
+
+def args(model, data, out, *, batch, accum=1, extra=()):
+    out.mkdir(parents=True, exist_ok=True)
+    return [f"--model={model}", f"--data={data}", "--format=pretokenized", "--dtype=fp32",
+            f"--batch-size={batch}", f"--grad-accum={accum}", f"--max-steps={STEPS}", "--lr=2e-3",
+            "--weight-decay=0.1", "--max-grad-norm=0.5", "--scheduler=cosine", "--warmup-steps=3",
+            "--seed=7", "--workers=1x1", f"--output-dir={out}", f"--stats-jsonl={out}/stats.jsonl",
+            *extra]
+
+
+def assert_close_runs(a, b, *, bitwise=False):
+    sa, sb = read_stats(a / "stats.jsonl"), read_stats(b / "stats.jsonl")
+    assert [s["step"] for s in sa] == [s["step"] for s in sb] == list(range(1, STEPS + 1))
+    for x, y in zip(sa, sb):
+        assert x["tokens"] == y["tokens"], "the same global batches"
+        assert abs(x["loss"] - y["loss"]) <= (0 if bitwise else 1e-5), (x["step"], x["loss"], y["loss"])
+        assert abs(x["grad_norm"] - y["grad_norm"]) <= (0 if bitwise else 1e-5 * max(1.0, x["grad_norm"]))
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        diff = (wa[name] - wb[name]).abs().max().item()
+        assert diff <= (0 if bitwise else 2e-5), f"{name}: max |diff| {diff}"
+
+
+@pytest.mark.parametrize("tied,accum", [(False, 1), (True, 2)])
+def test_two_cpu_ranks_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, tied, accum):
+    model = build_model(tmp_path / "model", tied=tied, layers=3)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(binary_dir, args(model, data, one, batch=4, accum=accum))
+    r = run_train(binary_dir, args(model, data, two, batch=2, accum=accum, extra=["--gpus=2"]))
+    assert "data parallel: rank 0 of 2 (gloo" in r.stderr
+    stats = read_stats(two / "stats.jsonl")
+    # Every parameter is updated once per step, by rank 0's workers (not once per rank).
+    params = sum(t.numel() for t in load_file(two / "model.safetensors").values())
+    if not tied:
+        assert all(s["cpu_update_params"] == params for s in stats), (stats[0]["cpu_update_params"], params)
+    assert stats[-1]["loss"] < stats[0]["loss"]
+    assert_close_runs(one, two)
+    # Only rank 0 writes: one checkpoint-less output, one exported model.
+    assert not list(two.glob("*.rank1*"))
+
+
+def test_two_rank_resume_equals_uninterrupted_run(binary_dir, tmp_path):
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_train(binary_dir, args(model, data, full, batch=2, extra=["--gpus=2"]))
+    run_train(binary_dir, args(model, data, part, batch=2, extra=["--gpus=2", "--save-steps=6"]))
+    ckpt = part / "checkpoint-6"
+    assert ckpt.is_dir()
+    resumed = tmp_path / "resumed"
+    run_train(binary_dir, args(model, data, resumed, batch=2, extra=["--gpus=2", f"--resume-from={ckpt}"]))
+    # Same process layout, same order of every sum: bit for bit.
+    fa, fb = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in fa:
+        assert torch.equal(fa[name], fb[name]), name
+    sa = read_stats(full / "stats.jsonl")
+    sb = read_stats(resumed / "stats.jsonl")
+    assert [s["loss"] for s in sa[6:]] == [s["loss"] for s in sb]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_started_apart_meet_over_tcp(binary_dir, tmp_path):
+    """The multi-host form of the rendezvous (tcp://host:port, rank 0 serving), on loopback."""
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(binary_dir, args(model, data, one, batch=4))
+    port = free_port()
+    procs = [subprocess.Popen([str(binary_dir / "trainer" / "offloadd-train"),
+                               *args(model, data, two, batch=2,
+                                     extra=[f"--rank={r}", "--world-size=2",
+                                            f"--rendezvous=tcp://127.0.0.1:{port}",
+                                            "--parallel-timeout=120"])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e
+    assert_close_runs(one, two)
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--compression=lsp"], "LSP"),
+    (["--device-optimizer-blocks=1"], "device_optimizer_blocks"),
+    (["--batch-size=auto"], "per_device_train_batch_size auto"),
+    (["--rendezvous=nowhere://x", "--rank=0", "--world-size=2"], "rendezvous must be"),
+])
+def test_unsupported_settings_are_refused_by_name(binary_dir, tmp_path, extra, named):
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    a = args(model, data, tmp_path / "out", batch=2)
+    group = [] if any(x.startswith("--world-size") for x in extra) else ["--gpus=2"]
+    r = run_train(binary_dir, [*a, *extra, *group], check=False, timeout=120)
+    assert r.returncode != 0
+    assert named in r.stderr, r.stderr

@@ -1,0 +1,88 @@
+// Trainer in a data-parallel group (issue #15, docs/data_parallel.md): joining the group, the one
+// host optimizer (rank 0 creates it, the other ranks attach to its arena), the shared stop
+// decision between steps, and a resume on ranks > 0 (rank 0 restores the states).
+#include <algorithm>
+
+#include "trainer/checkpoint.h"
+#include "trainer/trainer_impl.h"
+
+namespace offloadd::trainer {
+
+Status Trainer::Impl::StartGroup() {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.world_size < 1) return InvalidArgumentError("parallel.world_size must be >= 1");
+  if (p.world_size == 1) return OkStatus();
+  const std::string what = "data parallelism (" + std::to_string(p.world_size) + " ranks)";
+  // What the group does not support yet is refused by name rather than run wrongly.
+  if (cfg.lsp.enabled) return UnimplementedError(what + " with LSP compression is not built yet");
+  if (cfg.auto_batch_size) {
+    return UnimplementedError(what + " with per_device_train_batch_size auto is not built yet (each rank "
+                              "would price its own); give the micro-batch per rank");
+  }
+  if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0) {
+    return UnimplementedError(what + " with optimizer states on the GPU (device_optimizer_blocks / "
+                              "offload_optimizer.ratio) is not built yet");
+  }
+  cfg.offload.device_optimizer_blocks = 0;  // auto: none (the states live once, in rank 0's arena)
+  bool nvme_activations = cfg.offload.activations == ActivationMode::kOffloadNvme;
+  for (const auto& [layer, mode] : cfg.offload.layer_overrides) nvme_activations |= mode == ActivationMode::kOffloadNvme;
+  if (nvme_activations) return UnimplementedError(what + " with activations offloaded to NVMe is not built yet");
+  ASSIGN_OR_RETURN(dp, DataParallel::Create(p, device));
+  if (!cfg.trace_path.empty() && dp->rank() > 0) cfg.trace_path += ".rank" + std::to_string(dp->rank());
+  Log(TrainObserver::Level::kInfo, "data parallel: rank " + std::to_string(dp->rank()) + " of " +
+                                       std::to_string(dp->world()) + " (" + dp->backend_name() + ", " +
+                                       p.rendezvous + "), micro-batch " + std::to_string(cfg.batch_size) +
+                                       " per rank");
+  return OkStatus();
+}
+
+Status Trainer::Impl::CreateHostOptimizer(HostOptimizerOptions ho) {
+  if (!dp) {
+    ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+    return OkStatus();
+  }
+  const double timeout = static_cast<double>(cfg.parallel.timeout_seconds);
+  if (dp->rank() == 0) {
+    ASSIGN_OR_RETURN(link, GroupLink::Create(dp->world(), n, timeout));
+    ho.group = link.get();
+    ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+    RETURN_IF_ERROR(dp->Set("link", link->Path()));
+    return dp->Set("arena", host->ArenaPath());
+  }
+  ASSIGN_OR_RETURN(const std::string link_path, dp->Get("link"));
+  ASSIGN_OR_RETURN(link, GroupLink::Attach(link_path, dp->rank(), timeout));
+  ho.group = link.get();
+  ASSIGN_OR_RETURN(ho.leader_arena_path, dp->Get("arena"));
+  ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+  return OkStatus();
+}
+
+StatusOr<bool> Trainer::Impl::StopAtBoundary() {
+  if (!link) return obs != nullptr && obs->StopRequested();
+  if (leader()) {
+    const bool stop = obs != nullptr && obs->StopRequested();
+    link->PublishBoundary(completed, stop);
+    return stop;
+  }
+  return link->WaitBoundary(completed);
+}
+
+Status Trainer::Impl::RestoreFollower(const std::string& dir) {
+  RETURN_IF_ERROR(Flush());
+  // The states are rank 0's to read; this rank needs the step, the data position and the history.
+  ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, Fingerprint()));
+  const TrainerState& st = r.state();
+  RETURN_IF_ERROR(data->Restore(st.data_cursor));
+  if (scaler && st.grad_scaler) RETURN_IF_ERROR(scaler->Restore(*st.grad_scaler));
+  completed = st.global_step;
+  // The AdamW step count only matters where the updates run (rank 0); the loss history is the
+  // step accounting's, which this rank keeps like rank 0 (its reports are not forwarded).
+  accounting->Restore(st.global_step, st.log_history);
+  RETURN_IF_ERROR(host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(completed)));
+  RETURN_IF_ERROR(weights->Reload());
+  Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " resumed from " + dir + " at step " +
+                                       std::to_string(completed));
+  return OkStatus();
+}
+
+}  // namespace offloadd::trainer
