@@ -23,7 +23,7 @@
 #include "daemon/build_info.h"
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/job_store.h"
-#include "daemon/jobs/train_job_runner.h"
+#include "daemon/jobs/executor_job_runner.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/metrics/peak_flops.h"
 #include "daemon/metrics/train_metrics.h"
@@ -103,6 +103,11 @@ class ShutdownWatchdog {
   std::thread thread_;  // last: starts once the members it uses exist
 };
 
+const char* LogSeverityName(LogSeverity s) {
+  static constexpr const char* kNames[] = {"debug", "info", "warning", "error"};
+  return kNames[static_cast<int>(s)];
+}
+
 int Fail(const Status& s) {
   OFFLOADD_LOG(kError, kLog) << s.ToString();
   [[maybe_unused]] Status ignored = SdNotify("STATUS=failed: " + s.message());
@@ -117,7 +122,7 @@ int RunDaemon(const DaemonConfig& config) {
                             << OFFLOADD_FLAVOUR << " flavour, LibTorch " << OFFLOADD_TORCH_VERSION << ") starting";
   LogEffectiveConfig(config);
 
-  // POSIX, not std::filesystem: the daemon links LibTorch (docs/DEVELOPING.md, hazards).
+  // POSIX calls of engine/file_util.h, shared with the torch-linked executor.
   if (Status s = engine::MakeDirs(config.state_dir); !s.ok()) {
     return Fail(s.WithContext("cannot create state_dir " + config.state_dir));
   }
@@ -143,8 +148,11 @@ int RunDaemon(const DaemonConfig& config) {
 
   auto store = JobStore::Open(config.state_dir + "/jobs.db");
   if (!store.ok()) return Fail(store.status());
-  // Jobs train on the GPU when the node probe finds one (CUDA flavour), else on the CPU.
+  // Jobs train on the GPU when the probe finds one (CUDA flavour), else on the CPU. The daemon
+  // does not load CUDA: a short-lived executor asks the CUDA runtime.
+  const std::string executor_binary = FindSiblingBinary("offloadd-executor", "executor");
   std::string gpu_problem;
+  SetProbedGpus(ProbeGpusWithExecutor(executor_binary, &gpu_problem), gpu_problem);
   const std::vector<GpuFacts> gpus = ProbeGpus(&gpu_problem);
   if (gpus.empty()) {
     OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
@@ -162,15 +170,22 @@ int RunDaemon(const DaemonConfig& config) {
                              {.peak_flops = peak_flops,
                               .job_series_retention_seconds = config.metrics.job_series_retention_seconds,
                               .clock = {}});
-  auto runner = std::make_unique<TrainJobRunner>(DaemonTrainerEnvironment(config, !gpus.empty()), &train_metrics);
-  const TrainerEnvironment& env = runner->environment();
-  OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << ", "
-                            << env.worker_processes << " optimizer worker process(es), " << env.worker_binary;
+  ExecutorRunnerOptions runner_options;
+  runner_options.executor_binary = executor_binary;
+  runner_options.environment = DaemonTrainerEnvironment(config, !gpus.empty());
+  runner_options.state_dir = config.state_dir;
+  runner_options.max_restarts = config.jobs.max_executor_restarts;
+  runner_options.log_level = LogSeverityName(config.log_level);
+  auto runner = std::make_unique<ExecutorJobRunner>(std::move(runner_options), &train_metrics);
+  const TrainerEnvironment& env = runner->options().environment;
+  OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << " in " << executor_binary
+                            << " (one per job and GPU), " << env.worker_processes
+                            << " optimizer worker process(es) per job, " << env.worker_binary;
   // train_metrics outlives the manager, which reports counts until its scheduler stops.
-  auto jobs = JobManager::Start(std::move(*store), std::move(runner),
-                                [&train_metrics](const JobManager::StateCounts& counts) {
-                                  train_metrics.SetJobsByState(counts);
-                                });
+  auto jobs = JobManager::Start(
+      std::move(*store), std::move(runner),
+      [&train_metrics](const JobManager::StateCounts& counts) { train_metrics.SetJobsByState(counts); },
+      JobManager::Options{.gpus = static_cast<int>(gpus.size())});
   if (!jobs.ok()) return Fail(jobs.status());
 
   // Signals are set up before the server starts so an early SIGTERM is not lost.

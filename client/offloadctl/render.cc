@@ -68,7 +68,8 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
     o << "gpu " << g.index() << "       " << g.name() << ", " << Bytes(g.total_memory_bytes()) << " ("
       << Bytes(g.free_memory_bytes()) << " free), sm_" << g.compute_capability_major()
       << g.compute_capability_minor() << ", " << g.pci_bus_id() << ", NUMA node "
-      << (g.numa_node() >= 0 ? std::to_string(g.numa_node()) : std::string("unknown")) << "\n";
+      << (g.numa_node() >= 0 ? std::to_string(g.numa_node()) : std::string("unknown"))
+      << (g.job_id().empty() ? std::string(", free") : ", running " + g.job_id()) << "\n";
   }
   for (const auto& s : n.store_directories()) {
     o << "store       " << s.path() << " weight " << s.weight() << ": " << Bytes(s.available_bytes()) << " free of "

@@ -143,7 +143,7 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
   const YamlReader r(&errors, "");
   if (root && !root.IsNull()) {
     if (r.CheckMap(root, {"log_level", "state_dir", "allowed_roots", "server", "metrics",
-                          "storage", "workers", "memory"})) {
+                          "storage", "workers", "memory", "jobs"})) {
       std::string level;
       r.String(root, "log_level", &level);
       if (!level.empty() && !ParseLogSeverity(level, &c.log_level)) {
@@ -174,6 +174,11 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
       if (memr.CheckMap(mem, {"host_memory_limit", "gpu_memory_limit"})) {
         memr.Bytes(mem, "host_memory_limit", &c.memory.host_memory_limit, 0, kMaxBytes);
         memr.Bytes(mem, "gpu_memory_limit", &c.memory.gpu_memory_limit, 0, kMaxBytes);
+      }
+      const YAML::Node jobs = root["jobs"];
+      const YamlReader jr = r.Child("jobs");
+      if (jr.CheckMap(jobs, {"max_executor_restarts"})) {
+        jr.UInt32(jobs, "max_executor_restarts", &c.jobs.max_executor_restarts, 0, 100);
       }
     }
   }
@@ -266,6 +271,9 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "host_memory_limit" << YAML::Value << FormatByteSizeExact(c.memory.host_memory_limit);
   e << YAML::Key << "gpu_memory_limit" << YAML::Value << FormatByteSizeExact(c.memory.gpu_memory_limit);
+  e << YAML::EndMap;
+  e << YAML::Key << "jobs" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "max_executor_restarts" << YAML::Value << c.jobs.max_executor_restarts;
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

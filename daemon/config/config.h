@@ -87,6 +87,12 @@ struct MemoryConfig {
   uint64_t gpu_memory_limit = 0;
 };
 
+struct JobsConfig {
+  // How often a job whose executor died (a signal, a non-zero exit, a lost socket: not a training
+  // error) starts again from its last checkpoint before it fails with the cause. 0: never.
+  uint32_t max_executor_restarts = 2;
+};
+
 struct DaemonConfig {
   LogSeverity log_level = LogSeverity::kInfo;
   // Job database, checkpoints by default, runtime files.
@@ -98,6 +104,7 @@ struct DaemonConfig {
   StorageConfig storage;
   WorkersConfig workers;
   MemoryConfig memory;
+  JobsConfig jobs;
 };
 
 // Parses YAML text. `source` names the origin in messages (a file path or "<string>").

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cctype>
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -10,6 +11,8 @@
 
 #include "common/logging.h"
 #include "common/message_text.h"
+#include "ipc/event_fd.h"
+#include "ipc/unique_fd.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -44,16 +47,35 @@ std::string StateLabel(v1::JobState s) {
   return n;
 }
 
+int GpusNeeded(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
+
+std::string DescribeGpus(const std::vector<int>& gpus) {
+  if (gpus.empty()) return "the CPU";
+  std::string out = gpus.size() == 1 ? "GPU " : "GPUs ";
+  for (size_t i = 0; i < gpus.size(); ++i) out += (i ? "," : "") + std::to_string(gpus[i]);
+  return out;
+}
+
 }  // namespace
+
+// A job running now: what its control reads, and its thread.
+struct JobManager::Running {
+  JobControl::Stop stop = JobControl::Stop::kNone;
+  bool requeue_on_stop = false;  // stopped by Shutdown(): QUEUED again, not PAUSED
+  std::vector<int> gpus;
+  ipc::UniqueFd stop_fd;  // eventfd, signalled on every change of `stop`
+  std::thread thread;
+  bool done = false;  // its end is recorded (or given up on at shutdown): join the thread
+};
 
 bool IsFinalState(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
-// The JobControl handed to the runner for the job running now.
+// The JobControl handed to the runner for one running job.
 class JobManager::Control final : public JobControl {
  public:
-  Control(JobManager* m, std::string id) : m_(m), id_(std::move(id)) {}
+  Control(JobManager* m, std::string id, const Running* running) : m_(m), id_(std::move(id)), running_(running) {}
 
   void ReportProgress(const v1::JobProgress& progress) override {
     std::lock_guard<std::mutex> lock(m_->mu_);
@@ -87,8 +109,10 @@ class JobManager::Control final : public JobControl {
   }
   Stop stop_requested() const override {
     std::lock_guard<std::mutex> lock(m_->mu_);
-    return m_->stop_;
+    return running_->stop;
   }
+  int stop_fd() const override { return running_->stop_fd.get(); }
+  std::vector<int> gpus() const override { return running_->gpus; }  // fixed while the job runs
 
  private:
   Status Append(v1::JobEvent e) {
@@ -100,12 +124,18 @@ class JobManager::Control final : public JobControl {
   }
   JobManager* m_;
   std::string id_;
+  const Running* running_;
 };
+
+JobManager::JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner, StateCountsSink on_counts,
+                       Options options)
+    : store_(std::move(store)), runner_(std::move(runner)), on_counts_(std::move(on_counts)), options_(options) {}
 
 StatusOr<std::unique_ptr<JobManager>> JobManager::Start(std::unique_ptr<JobStore> store,
                                                         std::unique_ptr<JobRunner> runner,
-                                                        StateCountsSink on_counts) {
-  std::unique_ptr<JobManager> m(new JobManager(std::move(store), std::move(runner), std::move(on_counts)));
+                                                        StateCountsSink on_counts, Options options) {
+  std::unique_ptr<JobManager> m(
+      new JobManager(std::move(store), std::move(runner), std::move(on_counts), options));
   RETURN_IF_ERROR(m->Recover());
   if (m->runner_) m->scheduler_ = std::thread([p = m.get()] { p->SchedulerLoop(); });
   return m;
@@ -118,11 +148,10 @@ void JobManager::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
-    // The running job checkpoints and stops; unless a user had asked for a pause, it is queued
-    // again, so it continues when the daemon restarts (README: jobs continue after a restart).
-    if (!running_id_.empty() && stop_ == JobControl::Stop::kNone) {
-      stop_ = JobControl::Stop::kPause;
-      requeue_on_stop_ = true;
+    // Running jobs checkpoint and stop; unless a user had asked for a pause, they are queued
+    // again, so they continue when the daemon restarts (README: jobs continue after a restart).
+    for (auto& [id, r] : running_) {
+      if (r->stop == JobControl::Stop::kNone) RequestStopLocked(id, JobControl::Stop::kPause, /*requeue=*/true);
     }
     for (auto& [id, slot] : watch_slots_) slot->appended.notify_all();
   }
@@ -269,7 +298,7 @@ StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& r
       return job;
     case v1::JOB_STATE_RUNNING:
     case v1::JOB_STATE_PAUSING:
-      stop_ = JobControl::Stop::kCancel;
+      RequestStopLocked(id, JobControl::Stop::kCancel);
       RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_CANCELLING, why));
       return job;
     case v1::JOB_STATE_CANCELLING:
@@ -287,7 +316,7 @@ StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
       RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_PAUSED, "paused by request while queued"));
       return job;
     case v1::JOB_STATE_RUNNING:
-      stop_ = JobControl::Stop::kPause;
+      RequestStopLocked(id, JobControl::Stop::kPause);
       RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_PAUSING, "pausing: writing a checkpoint"));
       return job;
     case v1::JOB_STATE_PAUSING:
@@ -410,79 +439,155 @@ Status JobManager::Watch(const std::string& id, int64_t after_cursor,
   }
 }
 
+void JobManager::RequestStopLocked(const std::string& id, JobControl::Stop stop, bool requeue) {
+  auto it = running_.find(id);
+  if (it == running_.end()) return;
+  it->second->stop = stop;
+  it->second->requeue_on_stop = requeue;
+  if (it->second->stop_fd.valid()) ipc::SignalEventFd(it->second->stop_fd.get());
+}
+
+std::map<int, std::string> JobManager::GpuAssignments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<int, std::string> out;
+  for (const auto& [id, r] : running_) {
+    if (r->done) continue;
+    for (int g : r->gpus) out[g] = id;
+  }
+  return out;
+}
+
+std::optional<std::vector<int>> JobManager::PickGpusLocked(const v1::Job& job) const {
+  if (options_.gpus <= 0) return running_.empty() ? std::optional<std::vector<int>>(std::vector<int>{}) : std::nullopt;
+  std::vector<bool> busy(static_cast<size_t>(options_.gpus), false);
+  for (const auto& [id, r] : running_) {
+    for (int g : r->gpus) {
+      if (g >= 0 && g < options_.gpus) busy[static_cast<size_t>(g)] = true;
+    }
+  }
+  const int need = GpusNeeded(job);
+  // Unset (or -1): any free GPU.
+  const int pinned = job.spec().resources().has_gpu_index() ? job.spec().resources().gpu_index() : -1;
+  if (need == 1 && pinned >= 0 && pinned < options_.gpus) {
+    if (busy[static_cast<size_t>(pinned)]) return std::nullopt;
+    return std::vector<int>{pinned};
+  }
+  std::vector<int> picked;
+  for (int g = 0; g < options_.gpus && static_cast<int>(picked.size()) < need; ++g) {
+    if (!busy[static_cast<size_t>(g)]) picked.push_back(g);
+  }
+  if (static_cast<int>(picked.size()) < need) return std::nullopt;
+  return picked;
+}
+
+void JobManager::StartQueuedLocked(std::unique_lock<std::mutex>& lock) {
+  auto queued = store_->InStates({v1::JOB_STATE_QUEUED});
+  if (!queued.ok()) {
+    OFFLOADD_LOG(kError, kLog) << queued.status().ToString();
+    return;
+  }
+  for (v1::Job& job : *queued) {
+    // Paused and resumed before its thread was joined: it starts once the thread is gone.
+    if (running_.count(job.id()) > 0) break;
+    if (options_.gpus > 0 && GpusNeeded(job) > options_.gpus) {
+      const std::string why = "the job needs " + std::to_string(GpusNeeded(job)) + " GPUs (resources.gpus); this node has " +
+                              std::to_string(options_.gpus);
+      job.mutable_error()->set_code(static_cast<int>(StatusCode::kFailedPrecondition));
+      job.mutable_error()->set_message(why);
+      if (Status s = TransitionLocked(&job, v1::JOB_STATE_FAILED, why); !s.ok()) OFFLOADD_LOG(kError, kLog) << s.ToString();
+      continue;
+    }
+    std::optional<std::vector<int>> gpus = PickGpusLocked(job);
+    if (!gpus) break;  // strictly FIFO: the head of the queue waits for its GPUs, the rest behind it
+    auto running = std::make_unique<Running>();
+    running->gpus = std::move(*gpus);
+    if (auto fd = ipc::MakeEventFd(); fd.ok()) running->stop_fd = std::move(*fd);
+    if (Status s = TransitionLocked(&job, v1::JOB_STATE_RUNNING, "started on " + DescribeGpus(running->gpus)); !s.ok()) {
+      OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " not started: its state cannot be recorded ("
+                                 << s.ToString() << "); trying again in " << kRecordRetry.count() << " s";
+      changed_.wait_for(lock, kRecordRetry);  // not a busy loop on a full state directory
+      return;
+    }
+    Running* r = running.get();
+    running_[job.id()] = std::move(running);
+    r->thread = std::thread([this, job, r] { RunJob(job, r); });
+  }
+}
+
 void JobManager::SchedulerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    v1::Job job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (true) {
-        if (shutting_down_) return;
-        auto queued = store_->InStates({v1::JOB_STATE_QUEUED});
-        if (!queued.ok()) {
-          OFFLOADD_LOG(kError, kLog) << queued.status().ToString();
-        } else if (!queued->empty()) {
-          job = std::move(queued->front());
-          break;
-        }
-        changed_.wait_for(lock, std::chrono::seconds(5));
-      }
-      running_id_ = job.id();
-      stop_ = JobControl::Stop::kNone;
-      if (Status s = TransitionLocked(&job, v1::JOB_STATE_RUNNING, "started"); !s.ok()) {
-        OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " not started: its state cannot be recorded ("
-                                   << s.ToString() << "); trying again in " << kRecordRetry.count() << " s";
-        running_id_.clear();
-        changed_.wait_for(lock, kRecordRetry);  // not a busy loop on a full state directory
+    // Join the threads of jobs whose end is recorded; their GPUs are free again.
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (!it->second->done) {
+        ++it;
         continue;
       }
+      std::unique_ptr<Running> r = std::move(it->second);
+      running_.erase(it);
+      lock.unlock();
+      r->thread.join();
+      lock.lock();
+      it = running_.begin();
     }
-    OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " running";
-    Control control(this, job.id());
-    const Status result = runner_->Run(job, control);
-    std::unique_lock<std::mutex> lock(mu_);
-    RunEnd end{v1::JOB_STATE_SUCCEEDED, "finished", OkStatus()};
-    if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kCancel) {
-      end = {v1::JOB_STATE_CANCELLED, "cancelled", OkStatus()};
-    } else if (!result.ok() && result.code() == StatusCode::kCancelled && stop_ == JobControl::Stop::kPause) {
-      end.state = requeue_on_stop_ ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_PAUSED;
-      end.reason = requeue_on_stop_ ? "checkpointed and queued again: the daemon is shutting down; it continues "
-                                      "when the daemon restarts"
-                   : shutting_down_ ? "paused: the daemon is shutting down"
-                                    : "paused";
-    } else if (!result.ok()) {
-      end = {v1::JOB_STATE_FAILED, SafeMessageText(result.message(), 8192), result};
+    if (shutting_down_) {
+      if (running_.empty()) return;
+    } else if (unrecorded_ends_ == 0) {
+      StartQueuedLocked(lock);
     }
-    // The end of a run must reach the store, or the job shows RUNNING until a restart. A full or
-    // failing state directory refuses it: say so, and try again until it is recorded (any other
-    // job would fail the same way meanwhile) or the daemon stops.
-    for (int attempt = 1;; ++attempt) {
-      const Status s = RecordEndLocked(job.id(), end);
-      if (s.ok()) {
-        if (attempt > 1) {
-          OFFLOADD_LOG(kWarning, kLog) << "job " << job.id() << ": " << StateName(end.state)
-                                       << " recorded at attempt " << attempt;
-        }
-        break;
-      }
-      if (shutting_down_) {
-        OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
-                                   << " but the state directory could not record it (" << s.ToString()
-                                   << "); after a restart the job runs again from its last checkpoint";
-        break;
-      }
-      if (attempt == 1 || attempt % 30 == 0) {
-        OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
-                                   << " but the state directory cannot record it (" << s.ToString()
-                                   << "); the job shows RUNNING until it can. Retrying every " << kRecordRetry.count()
-                                   << " s (attempt " << attempt << "): free space in the state directory";
-      }
-      changed_.wait_for(lock, kRecordRetry);
-    }
-    OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " " << StateName(end.state) << ": " << end.reason;
-    running_id_.clear();
-    stop_ = JobControl::Stop::kNone;
-    requeue_on_stop_ = false;
+    changed_.wait_for(lock, std::chrono::seconds(5));
   }
+}
+
+void JobManager::RunJob(v1::Job job, Running* running) {
+  OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " running on " << DescribeGpus(running->gpus);
+  Control control(this, job.id(), running);
+  const Status result = runner_->Run(job, control);
+  std::unique_lock<std::mutex> lock(mu_);
+  RunEnd end{v1::JOB_STATE_SUCCEEDED, "finished", OkStatus()};
+  if (!result.ok() && result.code() == StatusCode::kCancelled && running->stop == JobControl::Stop::kCancel) {
+    end = {v1::JOB_STATE_CANCELLED, "cancelled", OkStatus()};
+  } else if (!result.ok() && result.code() == StatusCode::kCancelled && running->stop == JobControl::Stop::kPause) {
+    end.state = running->requeue_on_stop ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_PAUSED;
+    end.reason = running->requeue_on_stop ? "checkpointed and queued again: the daemon is shutting down; it continues "
+                                            "when the daemon restarts"
+                 : shutting_down_ ? "paused: the daemon is shutting down"
+                                  : "paused";
+  } else if (!result.ok()) {
+    end = {v1::JOB_STATE_FAILED, SafeMessageText(result.message(), 8192), result};
+  }
+  // The end of a run must reach the store, or the job shows RUNNING until a restart. A full or
+  // failing state directory refuses it: say so, and try again until it is recorded (any other
+  // job would fail the same way meanwhile, so none starts) or the daemon stops.
+  for (int attempt = 1;; ++attempt) {
+    const Status s = RecordEndLocked(job.id(), end);
+    if (s.ok()) {
+      if (attempt > 1) {
+        --unrecorded_ends_;
+        OFFLOADD_LOG(kWarning, kLog) << "job " << job.id() << ": " << StateName(end.state)
+                                     << " recorded at attempt " << attempt;
+      }
+      break;
+    }
+    if (attempt == 1) ++unrecorded_ends_;
+    if (shutting_down_) {
+      --unrecorded_ends_;
+      OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
+                                 << " but the state directory could not record it (" << s.ToString()
+                                 << "); after a restart the job runs again from its last checkpoint";
+      break;
+    }
+    if (attempt == 1 || attempt % 30 == 0) {
+      OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
+                                 << " but the state directory cannot record it (" << s.ToString()
+                                 << "); the job shows RUNNING until it can. Retrying every " << kRecordRetry.count()
+                                 << " s (attempt " << attempt << "): free space in the state directory";
+    }
+    changed_.wait_for(lock, kRecordRetry);
+  }
+  OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << " " << StateName(end.state) << ": " << end.reason;
+  running->done = true;
+  changed_.notify_all();
 }
 
 Status JobManager::RecordEndLocked(const std::string& id, const RunEnd& end) {

@@ -1,7 +1,15 @@
 #pragma once
 // JobManager: the job service core. Owns the job lifecycle (states, queue order, cancel / pause /
-// resume), persists every change through JobStore, and runs one job at a time on the node's GPU
-// through a JobRunner (the training pipeline). gRPC handlers translate to and from these calls.
+// resume), persists every change through JobStore, and runs jobs through a JobRunner (the
+// training pipeline), each on a thread of its own. gRPC handlers translate to and from these calls.
+//
+// Scheduling: on a node with GPUs every running job holds the GPUs it needs (resources.gpus, 0
+// meaning 1; resources.gpu_index pins a one-GPU job to that GPU), so jobs run side by side while
+// GPUs are free: two one-GPU jobs at once on a two-GPU host. The queue is strictly FIFO: a job that
+// does not fit the free GPUs waits, and the jobs behind it wait for it (a big job is never starved
+// by small ones). A job needing more GPUs than the node has fails when it reaches the head of the
+// queue. On a node without GPUs one job runs at a time (whatever its resources.gpus: its executors
+// share the CPUs).
 //
 // States: VALIDATING -> QUEUED -> RUNNING -> SUCCEEDED | FAILED;
 //         QUEUED | PAUSED -> CANCELLED at once; RUNNING -> CANCELLING -> CANCELLED;
@@ -11,8 +19,8 @@
 // resumes from their last checkpoint) and CANCELLING ones end CANCELLED. A job that ends without
 // running again has its state outside output_dir removed (JobRunner::DiscardJobState).
 // A job's final state is never dropped: when the store cannot record it (a full or failing state
-// directory), the scheduler logs why and retries every few seconds, starting no other job, until
-// it is recorded or the daemon stops (the job then runs again from its last checkpoint).
+// directory), its thread logs why and retries every few seconds, and the scheduler starts no other
+// job, until it is recorded or the daemon stops (the job then runs again from its last checkpoint).
 // The manager also keeps the number of jobs in each state (counted from the store at start,
 // then followed through every transition) and hands it to a StateCountsSink (the daemon's
 // offloadd_jobs{state} gauge).
@@ -24,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -45,6 +54,12 @@ class JobControl {
   virtual void CheckpointSaved(const offloadd::v1::Checkpoint& checkpoint) = 0;
   // Polled by the runner between steps.
   virtual Stop stop_requested() const = 0;
+  // An fd (eventfd) that turns readable whenever stop_requested() changes, for runners that wait in
+  // poll(2); -1 when this control has none (then poll stop_requested()). Owned by the control.
+  virtual int stop_fd() const { return -1; }
+  // The GPUs the scheduler gave this run of the job, one per executor (rank r uses gpus()[r]);
+  // empty on a node without GPUs.
+  virtual std::vector<int> gpus() const { return {}; }
 };
 
 // The training pipeline, as the job service sees it.
@@ -67,6 +82,10 @@ class JobRunner {
   }
 };
 
+struct JobManagerOptions {
+  int gpus = 0;  // GPUs of the node (indices 0..gpus-1); 0: a CPU node, one job at a time
+};
+
 class JobManager {
  public:
   // The number of jobs in every state but UNSPECIFIED (zeros included), keyed by the lower-case
@@ -77,11 +96,13 @@ class JobManager {
   // into the manager.
   using StateCountsSink = std::function<void(const StateCounts&)>;
 
+  using Options = JobManagerOptions;
+
   // `runner` may be null: jobs can then be inspected but not created (the build has no pipeline).
   // `on_counts` may be empty.
   static StatusOr<std::unique_ptr<JobManager>> Start(std::unique_ptr<JobStore> store,
                                                      std::unique_ptr<JobRunner> runner,
-                                                     StateCountsSink on_counts = {});
+                                                     StateCountsSink on_counts = {}, Options options = {});
   ~JobManager();  // stops the scheduler; a running job is asked to pause
 
   bool can_run_jobs() const { return runner_ != nullptr; }
@@ -110,16 +131,28 @@ class JobManager {
                const std::function<bool(const offloadd::v1::JobEvent&)>& sink,
                const std::function<bool()>& cancelled, int poll_ms = 500);
 
-  // Stops taking new jobs, asks a running one to pause, waits for the scheduler to finish.
+  // GPU index -> the id of the job running on it (GPUs without a job are absent).
+  std::map<int, std::string> GpuAssignments();
+
+  // Stops taking new jobs, asks running ones to pause, waits for the scheduler and their threads.
   void Shutdown();
 
  private:
   class Control;
-  JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner, StateCountsSink on_counts)
-      : store_(std::move(store)), runner_(std::move(runner)), on_counts_(std::move(on_counts)) {}
+  struct Running;
+  JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner, StateCountsSink on_counts,
+             Options options);
 
   Status Recover();
   void SchedulerLoop();
+  // Starts queued jobs, in order, while the head of the queue fits. Caller holds `lock` on mu_.
+  void StartQueuedLocked(std::unique_lock<std::mutex>& lock);
+  // The GPUs `job` would get now; nullopt when they are not free. Caller holds mu_.
+  std::optional<std::vector<int>> PickGpusLocked(const offloadd::v1::Job& job) const;
+  // A job's thread: runs it, records how it ended.
+  void RunJob(offloadd::v1::Job job, Running* running);
+  // Sets the stop request of running job `id` and wakes its runner. Caller holds mu_.
+  void RequestStopLocked(const std::string& id, JobControl::Stop stop, bool requeue = false);
   // Sets the state, records the transition and appends its event. Caller holds mu_.
   Status TransitionLocked(offloadd::v1::Job* job, offloadd::v1::JobState state, const std::string& reason);
   Status AppendLocked(offloadd::v1::JobEvent event);
@@ -151,9 +184,9 @@ class JobManager {
   std::condition_variable changed_;  // any job or event change
   std::unordered_map<std::string, std::shared_ptr<WatchSlot>> watch_slots_;  // by job id
   std::map<offloadd::v1::JobState, int64_t> counts_;  // jobs by state, as in store_
-  std::string running_id_;
-  JobControl::Stop stop_ = JobControl::Stop::kNone;
-  bool requeue_on_stop_ = false;  // the running job was stopped by Shutdown(): QUEUED, not PAUSED
+  const Options options_;
+  std::map<std::string, std::unique_ptr<Running>> running_;  // by job id; erased once joined
+  int unrecorded_ends_ = 0;  // running jobs whose end the store refused so far: start nothing new
   bool shutting_down_ = false;
   std::thread scheduler_;
 };

@@ -526,6 +526,20 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     c.Add("resources.gpu_index", "this node has " + std::to_string(node.gpus.size()) + " GPU(s); got index " +
                                      std::to_string(res.gpu_index()));
   }
+  // resources.gpus: one executor per GPU. A node without GPUs runs that many CPU executors (the
+  // data-parallel group over Gloo), bounded by its cores.
+  const int64_t executors = std::max<int64_t>(1, res.gpus());
+  if (gpu_count > 0 && executors > gpu_count) {
+    c.Add("resources.gpus", "this node has " + std::to_string(gpu_count) + " GPU(s); the job asks for " +
+                                std::to_string(executors));
+  } else if (gpu_count == 0 && executors > std::max(1, node.cpu_cores)) {
+    c.Add("resources.gpus", "this node has no GPU; at most one CPU executor per core (" +
+                                std::to_string(node.cpu_cores) + ") can stand in for GPUs, got " + std::to_string(executors));
+  }
+  if (executors > 1 && res.has_gpu_index() && res.gpu_index() >= 0) {
+    c.Add("resources.gpu_index", "pins a one-GPU job; a job on " + std::to_string(executors) +
+                                     " GPUs gets free ones from the scheduler (leave gpu_index unset)");
+  }
   if (spec.compression().type() == v1::COMPRESSION_TYPE_LSP && !node.gpus.empty() &&
       spec.model().compute_dtype() != v1::COMPUTE_DTYPE_UNSPECIFIED &&
       spec.model().compute_dtype() != v1::COMPUTE_DTYPE_BF16) {

@@ -39,6 +39,7 @@ struct NodeBudget {
   uint64_t host_memory_limit = 0;         // daemon default for host_memory_limit (0 = 80% of RAM)
   uint64_t gpu_memory_limit = 0;          // daemon default per-job GPU budget (0 = GPU's memory)
   std::vector<GpuFacts> gpus;
+  int cpu_cores = 1;                      // logical cores: the bound of CPU executors (resources.gpus)
   std::vector<StoreDirFacts> store_dirs;  // the daemon's configured NVMe store directories
   std::string profile_dir;                // <state_dir>/profiles: measured floors (issue #13)
 };

@@ -69,6 +69,8 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.model_dir = s.model().path();
   const int gpu = s.resources().gpu_index() >= 0 ? s.resources().gpu_index() : 0;
   c.device = env.has_gpu ? "cuda:" + std::to_string(gpu) : "cpu";
+  // One executor per GPU (the executor sets its rank, rendezvous and device from its placement).
+  c.parallel.world_size = std::max<int>(1, static_cast<int>(s.resources().gpus()));
   // AdamW states on the GPU where they fit (placed after the first step); none on a CPU node.
   c.offload.device_optimizer_blocks = env.has_gpu ? trainer::OffloadPlanConfig::kAutoDeviceOptimizer : 0;
   c.dropout_disabled = s.dropout() == v1::DROPOUT_MODE_DISABLE;
@@ -193,9 +195,9 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   return c;
 }
 
-StatusOr<std::string> ResumePoint(const v1::Job& job) {
+StatusOr<std::string> ResumePoint(const v1::Job& job, bool restarted) {
   const v1::JobSpec& spec = job.spec();
-  int runs = 0;  // this one included: the manager records RUNNING before it calls the runner
+  int runs = restarted ? 1 : 0;  // this one included: the manager records RUNNING before it calls the runner
   for (const auto& t : job.transitions()) runs += t.state() == v1::JOB_STATE_RUNNING;
   StatusOr<std::string> own = NotFoundError("no output_dir");
   if (!spec.output_dir().empty()) own = trainer::LatestCheckpoint(spec.output_dir());

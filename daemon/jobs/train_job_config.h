@@ -40,7 +40,9 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const offloadd::v1::Job& job, con
 // else the spec's resume_from_checkpoint (a new job continuing another's run); else "" (a fresh
 // start). A first run whose output_dir already holds checkpoints of some other run is
 // FAILED_PRECONDITION: mixing two runs' checkpoints would let a later resume pick the wrong one.
-StatusOr<std::string> ResumePoint(const offloadd::v1::Job& job);
+// `restarted`: this run goes on after its executor died (ExecutorJobRunner), so it continues from
+// its own newest checkpoint as a later run would.
+StatusOr<std::string> ResumePoint(const offloadd::v1::Job& job, bool restarted = false);
 
 // Where a FAILED job continues from when ResumeJob asks it to: the newest intact checkpoint in its
 // output_dir, if the job wrote one itself (latest_checkpoint_step > 0: an output_dir holding only

@@ -71,16 +71,27 @@ struct StoreDirInput {
   double weight = 1;
 };
 
-// Everything but GPUs and io_uring is cheap; GPUs are probed once per call through the CUDA
-// runtime (the daemon owns the GPU, so its context exists anyway).
+// Everything but io_uring is cheap; the GPUs are those the daemon probed at startup
+// (SetProbedGpus), since the daemon does not load CUDA itself.
 NodeFacts ProbeNode(const std::vector<StoreDirInput>& store_dirs);
 
 // Only what job validation budgets against: memory, GPUs and store directories (no CPU flags,
 // NUMA or io_uring probe, which would be wasted work on every CreateJob).
 NodeFacts ProbeNodeResources(const std::vector<StoreDirInput>& store_dirs);
 
-// GPUs visible to the CUDA runtime; on failure, returns none and sets *problem.
+// The GPUs recorded by SetProbedGpus (none, with *problem saying why, before it or when the
+// probe found none). Thread-safe.
 std::vector<GpuFacts> ProbeGpus(std::string* problem);
+void SetProbedGpus(std::vector<GpuFacts> gpus, std::string problem);
+
+// Runs `executor_binary --probe-gpus` (ipc::LaunchChild) and reads its JSON answer from the control
+// socket: the GPUs the CUDA runtime sees (their free memory as of now). A missing or failing
+// executor, or one that does not answer within `timeout_ms`, gives no GPUs and *problem says why.
+std::vector<GpuFacts> ProbeGpusWithExecutor(const std::string& executor_binary, std::string* problem,
+                                            int timeout_ms = 60000);
+// The probe's JSON ({"gpus": [...], "problem": "..."}, executor/gpu_probe.h) as GpuFacts (numa_node
+// is left to ProbeNodeResources); none, with *problem set, when it does not parse.
+std::vector<GpuFacts> ParseGpuProbe(const std::string& json, std::string* problem);
 
 // NUMA node of the PCI device `pci_bus_id` (as CUDA writes it, "0000:3B:00.0", or with NVML's
 // 8-digit domain, "00000000:3B:00.0"), read from <sysfs_root>/bus/pci/devices/<id>/numa_node.

@@ -67,6 +67,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   auto node = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
   node->set_adamw_kernel(config.workers.adamw_kernel);
   node->set_profile_dir(config.state_dir + "/profiles");  // where jobs cache the node profile
+  if (jobs != nullptr) node->set_gpu_jobs([jobs] { return jobs->GpuAssignments(); });
   s->node_service_ = std::move(node);
 
   grpc::ServerBuilder builder;

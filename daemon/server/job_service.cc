@@ -1,5 +1,7 @@
 #include "daemon/server/job_service.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <string>
 
@@ -64,6 +66,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   node.host_memory_limit = config_.memory.host_memory_limit;
   node.gpu_memory_limit = config_.memory.gpu_memory_limit;
   node.gpus = facts.gpus;
+  node.cpu_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   node.profile_dir = config_.state_dir + "/profiles";
   for (const auto& d : facts.store_dirs) {
     if (d.problem.empty()) node.store_dirs.push_back(d);

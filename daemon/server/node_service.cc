@@ -29,6 +29,12 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
                                           offloadd::v1::NodeInfo* response) {
   RpcRecorder rec(metrics_, "GetNodeInfo");
   FillNodeInfo(ProbeNode(store_dirs_), build_, response);
+  if (gpu_jobs_) {
+    const std::map<int, std::string> on = gpu_jobs_();
+    for (auto& g : *response->mutable_gpus()) {
+      if (auto it = on.find(g.index()); it != on.end()) g.set_job_id(it->second);
+    }
+  }
   auto* cpu = response->mutable_cpu();
   for (workers::KernelPath p : workers::SupportedPaths()) {
     cpu->add_adamw_kernels(std::string(workers::KernelPathName(p)));

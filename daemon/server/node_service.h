@@ -1,6 +1,8 @@
 #pragma once
 // gRPC NodeService: translates the node probe into offloadd.v1.NodeInfo.
 
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,8 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
   void set_adamw_kernel(std::string request) { adamw_kernel_ = std::move(request); }
   // Where jobs cache the node profile (trainer/node_profile.h); shown as NodeInfo.bandwidths.
   void set_profile_dir(std::string dir) { profile_dir_ = std::move(dir); }
+  // Which job runs on which GPU (JobManager::GpuAssignments), shown as GpuInfo.job_id.
+  void set_gpu_jobs(std::function<std::map<int, std::string>()> gpu_jobs) { gpu_jobs_ = std::move(gpu_jobs); }
 
  private:
   BuildFacts build_;
@@ -35,6 +39,7 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
   int64_t start_unix_seconds_;
   std::string adamw_kernel_ = "auto";
   std::string profile_dir_;
+  std::function<std::map<int, std::string>()> gpu_jobs_;
 };
 
 // Fills NodeInfo.bandwidths from the node profile cached in `dir` (problem set when none is).

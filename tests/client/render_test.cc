@@ -40,9 +40,10 @@ TEST(RenderTest, NodeInfoShowsEachGpusNumaNode) {
   auto* unknown = n.add_gpus();
   unknown->set_index(1);
   unknown->set_numa_node(-1);
+  unknown->set_job_id("job-1");
   const std::string text = RenderNodeInfo(n);
-  EXPECT_NE(text.find("0000:3B:00.0, NUMA node 1\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("NUMA node unknown\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("0000:3B:00.0, NUMA node 1, free\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("NUMA node unknown, running job-1\n"), std::string::npos) << text;
 }
 
 TEST(RenderTest, NodeInfoShowsTheAdamWKernelAndWhy) {

@@ -1,5 +1,6 @@
 #include "daemon/node/node_probe.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -64,6 +65,52 @@ TEST_F(PciNumaNodeTest, UnknownIsMinusOne) {
   EXPECT_EQ(PciNumaNode("0000:04:00.0", root_), -1) << "no such device";
   EXPECT_EQ(PciNumaNode("", root_), -1);
   EXPECT_EQ(PciNumaNode("../../etc", root_), -1) << "not a path";
+}
+
+}  // namespace
+}  // namespace offloadd::daemon
+
+namespace offloadd::daemon {
+namespace {
+
+// The daemon learns its GPUs from `offloadd-executor --probe-gpus` (issue #15).
+TEST(GpuProbe, ParsesTheExecutorsAnswer) {
+  std::string problem = "stale";
+  const auto gpus = ParseGpuProbe(
+      R"({"gpus":[{"index":1,"name":"NVIDIA H200","total_memory_bytes":150000000000,"free_memory_bytes":149000000000,)"
+      R"("cc_major":9,"cc_minor":0,"pci_bus_id":"0000:3B:00.0"}],"problem":""})",
+      &problem);
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0].index, 1);
+  EXPECT_EQ(gpus[0].name, "NVIDIA H200");
+  EXPECT_EQ(gpus[0].total_memory_bytes, 150000000000u);
+  EXPECT_EQ(gpus[0].cc_major, 9);
+  EXPECT_EQ(gpus[0].pci_bus_id, "0000:3B:00.0");
+  EXPECT_TRUE(problem.empty());
+  EXPECT_TRUE(ParseGpuProbe(R"({"gpus":[],"problem":"no NVIDIA GPU"})", &problem).empty());
+  EXPECT_EQ(problem, "no NVIDIA GPU");
+  EXPECT_TRUE(ParseGpuProbe("not json", &problem).empty());
+  EXPECT_NE(problem.find("not the expected JSON"), std::string::npos);
+  EXPECT_TRUE(ParseGpuProbe(R"({"gpus":[{"index":"zero"}]})", &problem).empty());
+  EXPECT_NE(problem.find("malformed"), std::string::npos);
+}
+
+TEST(GpuProbe, AMissingOrFailingExecutorMeansNoGpusWithAReason) {
+  std::string problem;
+  EXPECT_TRUE(ProbeGpusWithExecutor("/nonexistent/offloadd-executor", &problem, 5000).empty());
+  EXPECT_NE(problem.find("exited with code 127 (could not be executed)"), std::string::npos) << problem;
+  EXPECT_TRUE(ProbeGpusWithExecutor("/bin/false", &problem, 5000).empty());
+  EXPECT_NE(problem.find("exited with code 1 without an answer"), std::string::npos) << problem;
+  // One that never answers (a hung driver) is killed after the timeout.
+  char dir[] = "/tmp/offloadd_probe_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string script = std::string(dir) + "/hangs";
+  std::ofstream(script) << "#!/bin/sh\nexec sleep 60\n";
+  ASSERT_EQ(chmod(script.c_str(), 0700), 0);
+  EXPECT_TRUE(ProbeGpusWithExecutor(script, &problem, 300).empty());
+  EXPECT_NE(problem.find("gave no answer within"), std::string::npos) << problem;
+  unlink(script.c_str());
+  rmdir(dir);
 }
 
 }  // namespace

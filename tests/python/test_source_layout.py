@@ -29,7 +29,11 @@ ALLOWED = {
     "storage": {"common", "ipc"},
     "lsp": {"common", "engine", "workers"},
     "trainer": {"common", "engine", "ipc", "lsp", "storage", "text", "workers"},
-    "daemon": {"common", "engine", "proto", "text", "trainer", "workers"},
+    # The executor (issue #15) runs a job for the daemon: it maps the job with the daemon's torch-free
+    # daemon/jobs/train_job_config.h and speaks daemon/jobs/executor_protocol.h; the daemon never
+    # includes executor/ (it starts the binary).
+    "executor": {"common", "daemon", "engine", "ipc", "lsp", "proto", "storage", "text", "trainer", "workers"},
+    "daemon": {"common", "engine", "ipc", "proto", "text", "trainer", "workers"},
     "client": {"common", "proto"},
 }
 GENERATED = {"offloadd": "proto"}  # "offloadd/v1/...": the protobuf/gRPC code generated from proto/

@@ -10,7 +10,7 @@ import subprocess
 SOURCE = pathlib.Path(os.environ.get("OFFLOADD_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[3]))
 BUILD = pathlib.Path(os.environ.get("OFFLOADD_BINARY_DIR", SOURCE / "build"))
 SHARED_DATA = SOURCE.parent / "shared" / "data"
-PROGRAMS = ["offloadd", "offloadd-worker", "offloadd-store", "offloadd-train", "offloadctl"]
+PROGRAMS = ["offloadd", "offloadd-executor", "offloadd-worker", "offloadd-store", "offloadd-train", "offloadctl"]
 
 
 def clean_env(**extra: str) -> dict:

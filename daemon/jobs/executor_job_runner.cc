@@ -1,0 +1,385 @@
+#include "daemon/jobs/executor_job_runner.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <optional>
+#include <vector>
+
+#include "common/logging.h"
+#include "daemon/jobs/executor_protocol.h"
+#include "engine/file_util.h"
+#include "ipc/child_process.h"
+#include "ipc/event_fd.h"
+#include "workers/cpu_topology.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+namespace pb = offloadd::internal;
+using Clock = std::chrono::steady_clock;
+constexpr const char* kLog = "jobs";
+
+// One executor of the attempt running now.
+struct Executor {
+  int rank = 0;
+  int gpu = -1;
+  ipc::ChildProcess child;
+  bool hello = false;     // its hello arrived and was accepted
+  bool finished = false;  // it sent its final status
+  Status result;          // that status
+  bool socket_open = true;
+  bool exited = false;
+  int wait_status = 0;
+  std::string problem;  // why it counts as failed while it may still run (garbled, lost socket)
+};
+
+// How one attempt (one set of executors) ended.
+struct Attempt {
+  bool died = false;      // an executor died abnormally: the job may start again
+  bool retryable = true;  // false: retrying cannot help (a protocol mismatch)
+  Status status;          // the job's result; when `died`, the cause
+};
+
+// Runs one attempt: launches the job's executors, relays their events, forwards stop requests and
+// supervises them until every one has exited.
+class AttemptRunner {
+ public:
+  AttemptRunner(const ExecutorRunnerOptions& options, TrainMetrics* metrics, const v1::Job& job,
+                JobControl& control, uint32_t restart, v1::JobProgress* last_progress)
+      : options_(options), metrics_(metrics), job_(job), control_(control), restart_(restart),
+        last_progress_(last_progress) {}
+
+  Attempt Run() {
+    std::string rendezvous_path;
+    const int world = JobWorldSize(job_);
+    if (world > 1) {
+      const std::string dir = options_.state_dir + "/jobs/" + job_.id();
+      rendezvous_path = dir + "/rendezvous-" + std::to_string(restart_);
+      if (Status s = engine::MakeDirs(dir); !s.ok()) return {false, false, s.WithContext("rendezvous directory")};
+      if (Status s = engine::RemoveTree(rendezvous_path); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+    }
+    const std::vector<int> gpus = control_.gpus();
+    for (int rank = 0; rank < world; ++rank) {
+      int gpu = -1;
+      if (static_cast<size_t>(rank) < gpus.size()) {
+        gpu = gpus[static_cast<size_t>(rank)];
+      } else if (options_.environment.has_gpu) {
+        gpu = world == 1 && job_.spec().resources().gpu_index() >= 0 ? job_.spec().resources().gpu_index() : rank;
+      }
+      if (Status s = Launch(rank, world, gpu, rendezvous_path); !s.ok()) {
+        Fail(nullptr, s, /*died=*/false);
+        break;
+      }
+    }
+    Supervise();
+    if (!rendezvous_path.empty()) {
+      if (Status s = engine::RemoveTree(rendezvous_path); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+    }
+    if (trigger_) return *trigger_;
+    // Every executor sent its final status: rank 0's speaks for the job.
+    return {false, true, executors_.empty() ? InternalError("no executor ran") : executors_.front().result};
+  }
+
+ private:
+  Status Launch(int rank, int world, int gpu, const std::string& rendezvous_path) {
+    ASSIGN_OR_RETURN(ipc::ChildProcess child,
+                     ipc::LaunchChild(options_.executor_binary, {"--log-level=" + options_.log_level}));
+    Executor& e = executors_.emplace_back();
+    e.rank = rank;
+    e.gpu = gpu;
+    e.child = std::move(child);
+    control_.Log(v1::LOG_LEVEL_INFO, "executor started: pid " + std::to_string(e.child.pid) + " rank " +
+                                         std::to_string(rank) + " gpu " + (gpu >= 0 ? std::to_string(gpu) : "cpu"));
+    pb::DaemonMessage hello;
+    *hello.mutable_hello() = MakeHello(kDaemonProgram);
+    pb::DaemonMessage start;
+    pb::StartJob& s = *start.mutable_start();
+    *s.mutable_job() = job_;
+    *s.mutable_environment() = ToProto(options_.environment);
+    pb::Placement& p = *s.mutable_placement();
+    p.set_world_size(world);
+    p.set_rank(rank);
+    if (!rendezvous_path.empty()) p.set_rendezvous("file://" + rendezvous_path);
+    p.set_gpu_index(gpu);
+    s.set_restart(restart_);
+    // An executor that cannot read them (it failed to start) shows through its pidfd: its exit
+    // status says why.
+    Status sent = SendProto(e.child.control.get(), hello);
+    if (sent.ok()) sent = SendProto(e.child.control.get(), start);
+    if (!sent.ok()) OFFLOADD_LOG(kDebug, kLog) << "job " << job_.id() << " rank " << rank << ": " << sent.ToString();
+    return OkStatus();
+  }
+
+  std::string Name(const Executor& e) const {
+    return "executor rank " + std::to_string(e.rank) + " (pid " + std::to_string(e.child.pid) + ")";
+  }
+
+  // The first failure of the attempt decides its outcome; the other executors are asked to stop and
+  // killed after the grace period.
+  void Fail(Executor* e, const Status& why, bool died, bool retryable = true) {
+    if (!trigger_) {
+      trigger_ = Attempt{died, retryable, why};
+      if (e != nullptr) OFFLOADD_LOG(kWarning, kLog) << "job " << job_.id() << ": " << why.message();
+      Broadcast(pb::Control::ACTION_CANCEL);
+      kill_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options_.kill_grace_seconds * 1000));
+    }
+  }
+
+  void Broadcast(pb::Control::Action action) {
+    pb::DaemonMessage m;
+    m.mutable_control()->set_action(action);
+    for (Executor& e : executors_) {
+      if (e.socket_open && !e.exited) (void)SendProto(e.child.control.get(), m);
+    }
+  }
+
+  void Kill(Executor& e) {
+    if (!e.exited) ::kill(e.child.pid, SIGKILL);
+  }
+
+  void Supervise() {
+    const int stop_fd = control_.stop_fd();
+    JobControl::Stop forwarded = JobControl::Stop::kNone;
+    if (stop_fd < 0 || control_.stop_requested() != JobControl::Stop::kNone) forwarded = ForwardStop(forwarded);
+    while (std::any_of(executors_.begin(), executors_.end(), [](const Executor& e) { return !e.exited; })) {
+      std::vector<pollfd> fds;
+      std::vector<std::pair<Executor*, bool>> owners;  // (executor, is its pidfd)
+      bool no_pidfd = false;
+      for (Executor& e : executors_) {
+        if (e.socket_open) {
+          fds.push_back({e.child.control.get(), POLLIN, 0});
+          owners.emplace_back(&e, false);
+        }
+        if (!e.exited && e.child.pidfd.valid()) {
+          fds.push_back({e.child.pidfd.get(), POLLIN, 0});
+          owners.emplace_back(&e, true);
+        }
+        no_pidfd |= !e.exited && !e.child.pidfd.valid();
+      }
+      if (stop_fd >= 0) fds.push_back({stop_fd, POLLIN, 0});
+      int timeout_ms = stop_fd < 0 || no_pidfd ? 200 : -1;  // no fd to wake on: look again soon
+      if (kill_deadline_) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_deadline_ - Clock::now()).count();
+        timeout_ms = timeout_ms < 0 ? static_cast<int>(std::max<int64_t>(0, left))
+                                    : std::min(timeout_ms, static_cast<int>(std::max<int64_t>(0, left)));
+      }
+      const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (n < 0 && errno != EINTR) {
+        OFFLOADD_LOG(kError, kLog) << "poll: " << ErrnoError(errno, "poll").ToString();
+        for (Executor& e : executors_) Kill(e);
+      }
+      for (size_t i = 0; n > 0 && i < owners.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        Executor& e = *owners[i].first;
+        if (owners[i].second) {
+          Reap(e);
+        } else if (e.socket_open) {
+          ReadOne(e);
+        }
+      }
+      if (stop_fd >= 0 && n > 0 && fds.back().revents != 0) ipc::DrainEventFd(stop_fd);
+      if (stop_fd < 0 || (n > 0 && fds.back().revents != 0)) forwarded = ForwardStop(forwarded);
+      for (Executor& e : executors_) {
+        if (no_pidfd && !e.exited && e.child.pidfd.valid() == false) ReapIfExited(e);
+      }
+      if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
+        for (Executor& e : executors_) Kill(e);
+        kill_deadline_.reset();
+      }
+    }
+  }
+
+  JobControl::Stop ForwardStop(JobControl::Stop forwarded) {
+    const JobControl::Stop now = control_.stop_requested();
+    if (now == forwarded || now == JobControl::Stop::kNone) return forwarded;
+    Broadcast(now == JobControl::Stop::kPause ? pb::Control::ACTION_PAUSE : pb::Control::ACTION_CANCEL);
+    return now;
+  }
+
+  // One message from `e`, or the end of its socket.
+  void ReadOne(Executor& e) {
+    pb::ExecutorMessage m;
+    const Status s = RecvProto(e.child.control.get(), &m);
+    if (s.ok()) {
+      Relay(e, m);
+      return;
+    }
+    e.socket_open = false;
+    e.child.control.reset();
+    if (s.code() == StatusCode::kUnavailable) {
+      // After its final status the executor exits; before it, a closed socket is a lost executor.
+      if (!e.finished && !e.exited) {
+        e.problem = "closed its control socket without a final status";
+        Kill(e);
+      }
+      return;
+    }
+    e.problem = "sent a garbled message (" + std::string(s.message()) + ")";
+    Kill(e);
+  }
+
+  void Relay(Executor& e, const pb::ExecutorMessage& m) {
+    if (!e.hello) {
+      Status s = m.has_hello() ? CheckHello(m.hello(), kExecutorProgram)
+                               : DataLossError("its first message is not a hello");
+      if (!s.ok()) {
+        e.problem = s.message();
+        Fail(&e, FailedPreconditionError(Name(e) + ": " + std::string(s.message())), false, false);
+        Kill(e);
+        return;
+      }
+      e.hello = true;
+      return;
+    }
+    if (m.has_finished()) {
+      e.finished = true;
+      e.result = FromFinished(m.finished());
+      // A training error ends the job (no retry); CANCELLED is the answer to a stop request.
+      if (!e.result.ok() && !(e.result.code() == StatusCode::kCancelled &&
+                              control_.stop_requested() != JobControl::Stop::kNone)) {
+        Fail(&e, e.result, /*died=*/false);
+      }
+      return;
+    }
+    if (m.has_log()) {
+      control_.Log(m.log().level(), m.log().message());
+      return;
+    }
+    if (e.rank != 0) return;  // rank 0 speaks for the job
+    if (m.has_progress()) {
+      *last_progress_ = m.progress();
+      control_.ReportProgress(m.progress());
+    } else if (m.has_checkpoint()) {
+      control_.CheckpointSaved(m.checkpoint());
+    } else if (metrics_ != nullptr && m.has_step()) {
+      metrics_->Observe(job_.id(), FromProto(m.step()));
+    } else if (metrics_ != nullptr && m.has_eval()) {
+      metrics_->ObserveEval(job_.id(), FromProto(m.eval()));
+    } else if (metrics_ != nullptr && m.has_projector_check()) {
+      metrics_->ObserveProjectorCheck(job_.id(), FromProto(m.projector_check()));
+    } else if (metrics_ != nullptr && m.has_runtime()) {
+      metrics_->ObserveRuntime(job_.id(), FromProto(m.runtime()));
+    }
+  }
+
+  // `e` exited: collect its status, read what it sent before, and judge the ending.
+  void Reap(Executor& e) {
+    int status = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(e.child.pid, &status, 0);
+    } while (r < 0 && errno == EINTR);
+    Exited(e, r == e.child.pid ? status : 0);
+  }
+  void ReapIfExited(Executor& e) {
+    int status = 0;
+    if (::waitpid(e.child.pid, &status, WNOHANG) == e.child.pid) Exited(e, status);
+  }
+  void Exited(Executor& e, int status) {
+    e.exited = true;
+    e.wait_status = status;
+    e.child.pidfd.reset();
+    // Its messages are still in the socket (the process is gone: reading does not block).
+    while (e.socket_open) {
+      pollfd p{e.child.control.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) break;
+      ReadOne(e);
+    }
+    e.socket_open = false;
+    e.child.control.reset();
+    if (e.finished) return;
+    std::string cause = ipc::DescribeExit(status);
+    if (!e.problem.empty()) cause = e.problem + "; " + cause;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) cause += " without a final status";
+    Fail(&e, AbortedError(Name(e) + " " + cause), /*died=*/true);
+  }
+
+  const ExecutorRunnerOptions& options_;
+  TrainMetrics* metrics_;
+  const v1::Job& job_;
+  JobControl& control_;
+  const uint32_t restart_;
+  v1::JobProgress* last_progress_;
+  std::vector<Executor> executors_;
+  std::optional<Attempt> trigger_;
+  std::optional<Clock::time_point> kill_deadline_;
+};
+
+}  // namespace
+
+int JobWorldSize(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
+
+Status ExecutorJobRunner::Run(const v1::Job& job, JobControl& control) {
+  if (metrics_ != nullptr) metrics_->StartJob(job.id(), job.spec().display_name(), job.spec().model().path());
+  v1::Job current = job;
+  Status result;
+  for (uint32_t restart = 0;; ++restart) {
+    v1::JobProgress last = current.progress();
+    const Attempt a = AttemptRunner(options_, metrics_, current, control, restart, &last).Run();
+    // Steps reported so far are not reported again by the next attempt.
+    if (last.step() > current.progress().step()) *current.mutable_progress() = last;
+    if (!a.died) {
+      result = a.status;
+      break;
+    }
+    if (control.stop_requested() != JobControl::Stop::kNone) {
+      result = CancelledError("stopped on request; " + std::string(a.status.message()));
+      break;
+    }
+    if (!a.retryable || restart >= options_.max_restarts) {
+      result = AbortedError(std::string(a.status.message()) +
+                            (options_.max_restarts == 0 ? std::string(" (jobs.max_executor_restarts is 0)")
+                                                        : "; the job was restarted " + std::to_string(restart) +
+                                                              " time(s) (jobs.max_executor_restarts: " +
+                                                              std::to_string(options_.max_restarts) + ")"));
+      break;
+    }
+    control.Log(v1::LOG_LEVEL_WARNING, std::string(a.status.message()) + "; restarting the job from its last checkpoint (restart " +
+                                           std::to_string(restart + 1) + " of " + std::to_string(options_.max_restarts) + ")");
+  }
+  if (metrics_ != nullptr) metrics_->EndJob(job.id());  // kept for the retention, then removed
+  return result;
+}
+
+void ExecutorJobRunner::DiscardJobState(const v1::Job& job) {
+  auto config = MakeTrainConfig(job, options_.environment);
+  if (!config.ok()) return;  // nothing was created
+  for (const auto& d : config->offload.nvme_dirs) {
+    if (access(d.c_str(), F_OK) != 0) continue;
+    if (Status s = engine::RemoveTree(d); !s.ok()) {
+      OFFLOADD_LOG(kWarning, kLog) << "job " << job.id() << ": " << s.ToString();
+    } else {
+      OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": removed its NVMe states " << d;
+    }
+  }
+}
+
+StatusOr<std::string> ExecutorJobRunner::CheckpointForResume(const v1::Job& job) { return CheckpointForFailedJob(job); }
+
+TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has_gpu) {
+  TrainerEnvironment env;
+  env.has_gpu = has_gpu;
+  env.worker_binary = FindSiblingBinary("offloadd-worker", "workers");
+  env.store_binary = FindSiblingBinary("offloadd-store", "storage");
+  env.worker_processes = config.workers.processes;
+  if (env.worker_processes == 0) {
+    env.worker_processes = static_cast<uint32_t>(std::max<size_t>(1, workers::NumaNodes(workers::AllowedCpus()).size()));
+  }
+  env.worker_threads = config.workers.threads_per_process;
+  env.adamw_kernel = config.workers.adamw_kernel;
+  env.profile_dir = config.state_dir + "/profiles";
+  env.progress_interval_seconds = config.metrics.progress_interval_seconds;
+  env.host_memory_limit = config.memory.host_memory_limit;
+  env.gpu_memory_limit = config.memory.gpu_memory_limit;
+  for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);
+  return env;
+}
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,70 @@
+#pragma once
+// ExecutorJobRunner: the JobRunner that trains each job in executor processes (offloadd-executor,
+// issue #15), so that LibTorch and CUDA never load into the daemon and a job that crashes its
+// process cannot take the daemon down with it.
+//
+// Per run of a job: one executor per GPU the job uses (resources.gpus; rank r on the r-th GPU the
+// scheduler assigned, JobControl::gpus()), each started with ipc::LaunchChild and sent, after the
+// versioned hellos, the job with the daemon's TrainerEnvironment and its placement in the job's
+// data-parallel group (world_size > 1: file rendezvous in <state_dir>/jobs/<id>/rendezvous-<n>,
+// fresh per attempt and removed after it). The runner relays rank 0's progress, logs, checkpoints
+// and stats to the job's events and the offloadd_train_* metrics (other ranks send warnings and
+// errors only), forwards pause / cancel requests, and supervises the executors by polling their
+// pidfds and sockets (and the JobControl's stop fd).
+//
+// Endings: every executor sends its final status and exits 0 -> the job's result (an ordinary
+// training error fails the job, without retries). An executor that dies otherwise (a signal, a
+// non-zero exit, a lost socket, a garbled message) -> the others of the job are cancelled, and
+// SIGKILLed after kill_grace_seconds; the job starts again from its newest checkpoint up to
+// max_restarts times, each restart a warning event naming the cause (ipc::DescribeExit); then it
+// fails with that cause. Every executor start is an event "executor started: pid N rank r gpu g".
+//
+// Thread-safe: Run may be called for several jobs at once (one scheduler thread per running job).
+
+#include <cstdint>
+#include <string>
+
+#include "daemon/config/config.h"
+#include "daemon/jobs/job_manager.h"
+#include "daemon/jobs/train_job_config.h"
+#include "daemon/metrics/train_metrics.h"
+
+namespace offloadd::daemon {
+
+struct ExecutorRunnerOptions {
+  std::string executor_binary;   // offloadd-executor
+  TrainerEnvironment environment;
+  std::string state_dir;         // rendezvous files under <state_dir>/jobs/<job id>/
+  uint32_t max_restarts = 2;     // jobs.max_executor_restarts
+  double kill_grace_seconds = 5;  // the others of a failed executor: cancel, then SIGKILL
+  std::string log_level = "info";  // the executors' --log-level
+};
+
+class ExecutorJobRunner final : public JobRunner {
+ public:
+  // `metrics` may be null (no offloadd_train_* series); when set it must outlive the runner.
+  ExecutorJobRunner(ExecutorRunnerOptions options, TrainMetrics* metrics)
+      : options_(std::move(options)), metrics_(metrics) {}
+
+  Status Run(const offloadd::v1::Job& job, JobControl& control) override;
+  // Removes the job's per-job NVMe state directories.
+  void DiscardJobState(const offloadd::v1::Job& job) override;
+  // CheckpointForFailedJob (train_job_config.h).
+  StatusOr<std::string> CheckpointForResume(const offloadd::v1::Job& job) override;
+
+  const ExecutorRunnerOptions& options() const { return options_; }
+
+ private:
+  const ExecutorRunnerOptions options_;
+  TrainMetrics* const metrics_;
+};
+
+// The executors a job runs: resources.gpus, 0 meaning 1.
+int JobWorldSize(const offloadd::v1::Job& job);
+
+// The daemon's TrainerEnvironment: binaries beside the offloadd executable, workers.processes
+// (0: one per NUMA node this process may use) and threads_per_process, memory defaults, store
+// directories. `has_gpu`: whether the GPU probe found a GPU (CUDA flavour executor).
+TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has_gpu);
+
+}  // namespace offloadd::daemon

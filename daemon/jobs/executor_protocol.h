@@ -1,0 +1,62 @@
+#pragma once
+// The daemon <-> offloadd-executor protocol (proto/offloadd/internal/executor.proto) as both ends
+// use it: whole messages over the control socket (ipc/message_channel.h), the versioned hellos,
+// and the conversions between the trainer's torch-free structs (trainer/step_stats.h,
+// TrainerEnvironment, trainer::ParallelConfig) and their wire messages. Torch-free, so the daemon
+// links it without the training pipeline; the executor links it beside the trainer.
+// Thread-compatible free functions (callers serialise the senders of one socket).
+
+#include <cstdint>
+#include <string>
+
+#include <google/protobuf/message_lite.h>
+
+#include "common/status.h"
+#include "daemon/jobs/train_job_config.h"
+#include "offloadd/internal/executor.pb.h"
+#include "trainer/step_stats.h"
+#include "trainer/train_config.h"
+
+namespace offloadd::daemon {
+
+// Raised whenever a message changes meaning; both hellos carry it, and a peer with another
+// version is refused by name (a stale executor beside a newer daemon).
+inline constexpr uint32_t kExecutorProtocolVersion = 1;
+inline constexpr const char* kDaemonProgram = "offloadd";
+inline constexpr const char* kExecutorProgram = "offloadd-executor";
+// A job record (spec, transitions) is a few KiB to a few MiB; anything larger is refused.
+inline constexpr size_t kMaxExecutorMessageBytes = 64u << 20;
+
+// Serialises `message` and sends it as one framed message.
+Status SendProto(int socket_fd, const google::protobuf::MessageLite& message);
+// Receives one framed message into `message`. The channel's errors (UNAVAILABLE: the peer closed
+// the socket; DATA_LOSS: garbled; RESOURCE_EXHAUSTED: over kMaxExecutorMessageBytes), or
+// DATA_LOSS when the bytes do not parse as `message`'s type.
+Status RecvProto(int socket_fd, google::protobuf::MessageLite* message);
+
+// This process's hello as `program`.
+offloadd::internal::Hello MakeHello(const std::string& program);
+// OK when `hello` comes from `expected_program` and speaks kExecutorProtocolVersion;
+// FAILED_PRECONDITION naming both programs and versions otherwise.
+Status CheckHello(const offloadd::internal::Hello& hello, const std::string& expected_program);
+
+// Field-for-field conversions.
+offloadd::internal::StepStats ToProto(const trainer::StepStats& s);
+trainer::StepStats FromProto(const offloadd::internal::StepStats& p);
+offloadd::internal::EvalStats ToProto(const trainer::EvalStats& s);
+trainer::EvalStats FromProto(const offloadd::internal::EvalStats& p);
+offloadd::internal::ProjectorCheckStats ToProto(const trainer::ProjectorCheckStats& s);
+trainer::ProjectorCheckStats FromProto(const offloadd::internal::ProjectorCheckStats& p);
+offloadd::internal::RuntimeStats ToProto(const trainer::RuntimeStats& s);
+trainer::RuntimeStats FromProto(const offloadd::internal::RuntimeStats& p);
+offloadd::internal::TrainerEnvironment ToProto(const TrainerEnvironment& e);
+TrainerEnvironment FromProto(const offloadd::internal::TrainerEnvironment& p);
+
+// The placement's trainer::ParallelConfig (gpu_index is the executor's device, not part of it).
+trainer::ParallelConfig ParallelFromPlacement(const offloadd::internal::Placement& p);
+
+// A Status as the executor's final message, and back.
+offloadd::internal::Finished ToFinished(const Status& s);
+Status FromFinished(const offloadd::internal::Finished& f);
+
+}  // namespace offloadd::daemon

@@ -1,0 +1,34 @@
+#pragma once
+// The executor's end of its control socket: events go out through Send (from the trainer's thread
+// and the control reader alike), and the daemon's pause / cancel requests land in stop().
+// Thread-safe.
+#include <atomic>
+#include <mutex>
+
+#include "common/status.h"
+#include "offloadd/internal/executor.pb.h"
+
+namespace offloadd::executor {
+
+enum class StopRequest { kNone, kPause, kCancel };
+
+class ExecutorChannel {
+ public:
+  explicit ExecutorChannel(int fd) : fd_(fd) {}
+
+  // Sends one message. After the first failure (the daemon is gone) later sends are dropped: the
+  // death signal ends this process soon, and training must not stall on a dead socket.
+  void Send(const offloadd::internal::ExecutorMessage& message);
+  // A request only ever escalates (a cancel after a pause stays a cancel).
+  void RequestStop(StopRequest request);
+  StopRequest stop() const { return stop_.load(); }
+  int fd() const { return fd_; }
+
+ private:
+  const int fd_;
+  std::mutex mu_;
+  bool broken_ = false;
+  std::atomic<StopRequest> stop_{StopRequest::kNone};
+};
+
+}  // namespace offloadd::executor

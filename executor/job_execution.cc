@@ -1,0 +1,260 @@
+#include "executor/job_execution.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/util/time_util.h>
+
+#include "common/logging.h"
+#include "daemon/jobs/executor_protocol.h"
+#include "daemon/jobs/memory_estimate.h"
+#include "daemon/jobs/train_job_config.h"
+#include "engine/file_util.h"
+#include "engine/model_config.h"
+#include "trainer/checkpoint.h"
+#include "trainer/trainer.h"
+
+namespace offloadd::executor {
+namespace {
+
+namespace v1 = offloadd::v1;
+namespace pb = offloadd::internal;
+constexpr const char* kLog = "executor";
+
+google::protobuf::Timestamp Now() { return google::protobuf::util::TimeUtil::GetCurrentTime(); }
+
+void SetDuration(double seconds, google::protobuf::Duration* d) {
+  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
+  *d = google::protobuf::util::TimeUtil::NanosecondsToDuration(static_cast<int64_t>(seconds * 1e9));
+}
+
+v1::LogLevel ToLogLevel(trainer::TrainObserver::Level level) {
+  switch (level) {
+    case trainer::TrainObserver::Level::kDebug: return v1::LOG_LEVEL_DEBUG;
+    case trainer::TrainObserver::Level::kWarning: return v1::LOG_LEVEL_WARNING;
+    case trainer::TrainObserver::Level::kError: return v1::LOG_LEVEL_ERROR;
+    default: return v1::LOG_LEVEL_INFO;
+  }
+}
+
+// Input tokens the job had seen when `checkpoint` was written: the checkpoint's own count when it
+// records one, else an estimate from the job's last reported progress (exact when that report was
+// for the checkpoint's step, as after a pause, since every checkpoint is reported).
+int64_t TokensAtCheckpoint(const v1::Job& job, const std::string& checkpoint) {
+  auto reader = trainer::CheckpointReader::Open(checkpoint);
+  if (!reader.ok()) return 0;  // Train() reports the real problem when it opens it
+  const trainer::TrainerState& st = reader->state();
+  if (st.num_input_tokens_seen > 0) return st.num_input_tokens_seen;
+  const v1::JobProgress& p = job.progress();
+  if (p.step() <= 0 || st.global_step <= 0) return 0;
+  const double share = std::min(1.0, static_cast<double>(st.global_step) / static_cast<double>(p.step()));
+  return static_cast<int64_t>(std::llround(static_cast<double>(p.tokens_seen()) * share));
+}
+
+// Sends what the trainer reports to the daemon: everything on rank 0, warnings and errors on the
+// others.
+class ChannelObserver final : public trainer::TrainObserver {
+ public:
+  // Steps up to `reported_before` were reported by an earlier run of the job (0: none).
+  ChannelObserver(const v1::Job& job, int rank, ExecutorChannel& channel, int64_t tokens_seen,
+                  int64_t reported_before, double progress_interval_seconds)
+      : job_id_(job.id()),
+        rank_(rank),
+        logging_steps_(std::max<int64_t>(1, job.spec().training().logging_steps())),
+        progress_interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(progress_interval_seconds))),
+        channel_(channel),
+        tokens_seen_(tokens_seen),
+        reported_before_(reported_before) {}
+
+  void OnStep(const trainer::StepStats& s) override {
+    if (rank_ != 0) return;
+    pb::ExecutorMessage m;
+    *m.mutable_step() = daemon::ToProto(s);
+    channel_.Send(m);
+    tokens_seen_ += s.tokens;
+    // The ETA follows recent steps (the first ones include warm-up costs).
+    step_seconds_ = step_seconds_ > 0 ? 0.8 * step_seconds_ + 0.2 * s.step_seconds : s.step_seconds;
+    last_ = s;
+    // Every logging_steps, the last step, and whenever progress_interval passed since the last
+    // report (metrics.progress_interval_seconds: watchers hear from a job with long steps).
+    if (s.step % logging_steps_ == 0 || s.step >= s.max_steps ||
+        std::chrono::steady_clock::now() - last_report_ >= progress_interval_) {
+      Report();
+    }
+  }
+
+  void OnEval(const trainer::EvalStats& e) override {
+    if (rank_ != 0) return;
+    pb::ExecutorMessage m;
+    *m.mutable_eval() = daemon::ToProto(e);
+    channel_.Send(m);
+  }
+  void OnProjectorCheck(const trainer::ProjectorCheckStats& c) override {
+    if (rank_ != 0) return;
+    pb::ExecutorMessage m;
+    *m.mutable_projector_check() = daemon::ToProto(c);
+    channel_.Send(m);
+  }
+  void OnRuntime(const trainer::RuntimeStats& r) override {
+    if (rank_ != 0) return;
+    pb::ExecutorMessage m;
+    *m.mutable_runtime() = daemon::ToProto(r);
+    channel_.Send(m);
+  }
+
+  void OnLog(Level level, const std::string& message) override {
+    const bool loud = level == Level::kWarning || level == Level::kError;
+    if (loud) {
+      OFFLOADD_LOG(kWarning, kLog) << "job " << job_id_ << " rank " << rank_ << ": " << message;
+    } else {
+      OFFLOADD_LOG(kInfo, kLog) << "job " << job_id_ << " rank " << rank_ << ": " << message;
+    }
+    if (rank_ != 0 && !loud) return;
+    Log(ToLogLevel(level), rank_ == 0 ? message : "rank " + std::to_string(rank_) + ": " + message);
+  }
+
+  void OnCheckpoint(const std::string& path, int64_t step, uint64_t bytes, double loss) override {
+    if (rank_ != 0) return;
+    // The checkpoint's step gets a progress event even between logging steps, so the job record
+    // shows where a paused job stands and a resume can count tokens from it.
+    if (last_.step == step && reported_step_ != step) Report();
+    pb::ExecutorMessage m;
+    v1::Checkpoint& c = *m.mutable_checkpoint();
+    c.set_id(path.substr(path.rfind('/') + 1));
+    c.set_job_id(job_id_);
+    c.set_step(step);
+    *c.mutable_create_time() = Now();
+    c.set_path(path);
+    c.set_size_bytes(bytes);
+    c.set_loss(loss);
+    channel_.Send(m);
+  }
+
+  bool StopRequested() override { return channel_.stop() != StopRequest::kNone; }
+
+  void Log(v1::LogLevel level, const std::string& message) {
+    pb::ExecutorMessage m;
+    m.mutable_log()->set_level(level);
+    m.mutable_log()->set_message(message);
+    channel_.Send(m);
+  }
+
+ private:
+  void Report() {
+    const trainer::StepStats& s = last_;
+    // A step an earlier run already reported (replayed after a resume) keeps its first event.
+    if (s.step <= reported_before_) return;
+    pb::ExecutorMessage m;
+    v1::JobProgress& p = *m.mutable_progress();
+    p.set_step(s.step);
+    p.set_max_steps(s.max_steps);
+    p.set_epoch(s.epoch);
+    p.set_tokens_seen(tokens_seen_);
+    p.set_loss(s.loss);
+    p.set_learning_rate(s.learning_rate);
+    p.set_grad_norm(s.grad_norm);
+    if (s.step_seconds > 0) {
+      p.set_tokens_per_second(static_cast<double>(s.tokens) / s.step_seconds);
+      p.set_model_tflops(s.model_flops / s.step_seconds / 1e12);
+    }
+    SetDuration(static_cast<double>(std::max<int64_t>(0, s.max_steps - s.step)) * step_seconds_, p.mutable_eta());
+    SetDuration(s.step_seconds, p.mutable_step_time());
+    channel_.Send(m);
+    reported_step_ = s.step;
+    last_report_ = std::chrono::steady_clock::now();
+  }
+
+  const std::string job_id_;
+  const int rank_;
+  const int64_t logging_steps_;
+  const std::chrono::steady_clock::duration progress_interval_;
+  std::chrono::steady_clock::time_point last_report_ = std::chrono::steady_clock::now();
+  ExecutorChannel& channel_;
+  int64_t tokens_seen_;
+  double step_seconds_ = 0;
+  trainer::StepStats last_;
+  int64_t reported_step_ = 0;
+  const int64_t reported_before_;
+};
+
+// Free space in output_dir for a checkpoint and the exported model, sized from the model's config.
+Status CheckOutputSpaceAtStart(const trainer::TrainConfig& config) {
+  auto model = engine::LoadModelConfig(config.model_dir);
+  if (!model.ok()) return OkStatus();  // the trainer reports it, with its context
+  return daemon::CheckOutputSpace(
+      config.output_dir, daemon::EstimateOutputSpace(daemon::EstimateModelSize(*model).total_params, config.model_dir));
+}
+
+// Runs the trainer; the caller cleans up whatever the outcome.
+Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorChannel& channel,
+             ChannelObserver& observer) {
+  auto created = trainer::Trainer::Create(config, &observer);
+  if (!created.ok()) return created.status().WithContext("setting up the training pipeline");
+  std::unique_ptr<trainer::Trainer> t = std::move(*created);
+  // No checkpoint from Train() itself on a stop: a cancelled job does not need one, a paused one
+  // gets it below.
+  auto result = t->Train(/*checkpoint_on_stop=*/false);
+  if (result.ok()) {
+    if (config.parallel.rank == 0) {
+      observer.Log(v1::LOG_LEVEL_INFO, "finished " + std::to_string(result->steps) + " steps, final loss " +
+                                           std::to_string(result->final_loss) +
+                                           (result->exported_to.empty() ? "" : "; model in " + result->exported_to));
+    }
+    return OkStatus();
+  }
+  if (result.status().code() == StatusCode::kCancelled && channel.stop() == StopRequest::kPause) {
+    auto saved = t->SaveCheckpoint();  // every rank: the trainer writes it on rank 0 only
+    if (!saved.ok()) return saved.status().WithContext("job " + job.id() + ": checkpoint for the pause");
+  }
+  return result.status();
+}
+
+}  // namespace
+
+Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
+  const v1::Job& job = start.job();
+  const daemon::TrainerEnvironment env = daemon::FromProto(start.environment());
+  ASSIGN_OR_RETURN(trainer::TrainConfig config, daemon::MakeTrainConfig(job, env));
+  config.parallel = daemon::ParallelFromPlacement(start.placement());
+  if (env.has_gpu && start.placement().gpu_index() >= 0) {
+    config.device = "cuda:" + std::to_string(start.placement().gpu_index());
+  }
+  ASSIGN_OR_RETURN(config.resume_from, daemon::ResumePoint(job, /*restarted=*/start.restart() > 0));
+  const int rank = config.parallel.rank;
+  int64_t tokens_seen = 0;
+  // Progress reported by an earlier run of this job (a new job resuming another's checkpoint has
+  // none): replayed steps up to there are not reported again.
+  const int64_t reported_before = config.resume_from.empty() ? 0 : job.progress().step();
+  if (!config.resume_from.empty()) tokens_seen = TokensAtCheckpoint(job, config.resume_from);
+  ChannelObserver observer(job, rank, channel, tokens_seen, reported_before, env.progress_interval_seconds);
+  if (!config.resume_from.empty() && rank == 0) observer.Log(v1::LOG_LEVEL_INFO, "resuming from " + config.resume_from);
+  if (Status s = engine::MakeDirs(config.output_dir); !s.ok()) return s.WithContext("output_dir");
+  RETURN_IF_ERROR(CheckOutputSpaceAtStart(config));
+  // States of an earlier run of this job are stale: the checkpoint holds what resuming needs.
+  // Rank 0 owns them (its arena and store).
+  auto remove_states = [&] {
+    if (rank != 0) return;
+    for (const auto& d : config.offload.nvme_dirs) {
+      if (Status s = engine::RemoveTree(d); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+    }
+  };
+  remove_states();
+  Status status;
+  try {
+    status = Train(job, config, channel, observer);
+  } catch (const std::exception& e) {  // LibTorch throws c10::Error; the trainer converts most
+    status = InternalError(std::string("training: ") + e.what());
+  }
+  remove_states();
+  return status;
+}
+
+}  // namespace offloadd::executor
