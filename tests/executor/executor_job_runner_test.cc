@@ -1,0 +1,206 @@
+// ExecutorJobRunner against a fake executor that speaks the real protocol (fake_executor_main.cc):
+// events are relayed, an executor that dies restarts the job up to max_restarts and then fails it
+// with the cause, a training error fails it at once, stop requests reach the executors, and the
+// others of a data-parallel group are stopped when one fails.
+#include "daemon/jobs/executor_job_runner.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ipc/event_fd.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace v1 = offloadd::v1;
+
+class FakeControl : public JobControl {
+ public:
+  FakeControl() {
+    auto fd = ipc::MakeEventFd();
+    EXPECT_TRUE(fd.ok());
+    fd_ = std::move(*fd);
+  }
+  void ReportProgress(const v1::JobProgress& p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps.push_back(p.step());
+  }
+  void Log(v1::LogLevel, const std::string& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    logs.push_back(message);
+  }
+  void CheckpointSaved(const v1::Checkpoint& c) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    checkpoints.push_back(c.step());
+  }
+  Stop stop_requested() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  }
+  int stop_fd() const override { return fd_.get(); }
+  std::vector<int> gpus() const override { return gpus_; }
+
+  void RequestStop(Stop s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = s;
+    }
+    ipc::SignalEventFd(fd_.get());
+  }
+  std::vector<std::string> Logs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return logs;
+  }
+  int CountLogs(const std::string& part) {
+    int n = 0;
+    for (const auto& l : Logs()) n += l.find(part) != std::string::npos;
+    return n;
+  }
+
+  std::vector<int64_t> steps, checkpoints;
+  std::vector<std::string> logs;
+  std::vector<int> gpus_;
+
+ private:
+  mutable std::mutex mu_;
+  Stop stop_ = Stop::kNone;
+  ipc::UniqueFd fd_;
+};
+
+class ExecutorJobRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/offloadd_runner_XXXXXX";
+    state_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { [[maybe_unused]] int rc = std::system(("rm -rf " + state_).c_str()); }
+
+  Status Run(const std::string& mode, FakeControl& control, uint32_t max_restarts = 2, uint32_t gpus = 0) {
+    ExecutorRunnerOptions o;
+    o.executor_binary = OFFLOADD_FAKE_EXECUTOR;
+    o.state_dir = state_;
+    o.max_restarts = max_restarts;
+    o.kill_grace_seconds = 0.5;
+    ExecutorJobRunner runner(o, nullptr);
+    v1::Job job;
+    job.set_id("job-1");
+    job.mutable_spec()->set_display_name(mode);
+    job.mutable_spec()->mutable_resources()->set_gpus(gpus);
+    return runner.Run(job, control);
+  }
+  std::string state_;
+};
+
+TEST_F(ExecutorJobRunnerTest, RelaysRankZerosEventsAndItsResult) {
+  FakeControl c;
+  const Status s = Run("ok", c);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.steps, std::vector<int64_t>{2});
+  EXPECT_EQ(c.checkpoints, std::vector<int64_t>{2});
+  ASSERT_EQ(c.CountLogs("executor started: pid "), 1);
+  EXPECT_EQ(c.CountLogs(" rank 0 gpu cpu"), 1);
+  EXPECT_EQ(c.CountLogs("rank 0 restart 0 gpu -1 world 1 rendezvous"), 1);
+}
+
+TEST_F(ExecutorJobRunnerTest, ADeadExecutorRestartsTheJobFromItsCheckpoint) {
+  FakeControl c;
+  const Status s = Run("die-once", c);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.CountLogs("executor started: pid "), 2);
+  ASSERT_EQ(c.CountLogs("killed by signal 9 (Killed); restarting the job from its last checkpoint (restart 1 of 2)"), 1)
+      << ::testing::PrintToString(c.Logs());
+  EXPECT_EQ(c.CountLogs("rank 0 restart 1"), 1);
+  EXPECT_EQ(c.steps, (std::vector<int64_t>{1, 3}));  // the second attempt's report
+}
+
+TEST_F(ExecutorJobRunnerTest, AfterTheLastRestartTheJobFailsWithTheCause) {
+  FakeControl c;
+  const Status s = Run("always-die", c, /*max_restarts=*/1);
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("executor rank 0 (pid "), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("killed by signal 9"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("restarted 1 time(s) (jobs.max_executor_restarts: 1)"), std::string::npos);
+  EXPECT_EQ(c.CountLogs("executor started"), 2);
+  FakeControl none;
+  const Status at_once = Run("always-die", none, /*max_restarts=*/0);
+  EXPECT_NE(at_once.message().find("killed by signal 9 (Killed) (jobs.max_executor_restarts is 0)"), std::string::npos)
+      << at_once.message();
+  FakeControl exit3;
+  const Status code3 = Run("exit-3", exit3, 0);
+  EXPECT_NE(code3.message().find("exited with code 3"), std::string::npos) << code3.message();
+}
+
+TEST_F(ExecutorJobRunnerTest, ATrainingErrorFailsTheJobWithoutARestart) {
+  FakeControl c;
+  const Status s = Run("fail", c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "bad record");
+  EXPECT_EQ(c.CountLogs("executor started"), 1);
+}
+
+TEST_F(ExecutorJobRunnerTest, AnExecutorOfAnotherProtocolVersionIsRefusedByName) {
+  FakeControl c;
+  const Status s = Run("old-version", c);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("offloadd-executor speaks executor protocol version 0"), std::string::npos) << s.message();
+  EXPECT_EQ(c.CountLogs("executor started"), 1);
+}
+
+TEST_F(ExecutorJobRunnerTest, StopRequestsReachTheExecutor) {
+  for (auto stop : {JobControl::Stop::kPause, JobControl::Stop::kCancel}) {
+    FakeControl c;
+    std::thread t([&] {
+      while (c.CountLogs("executor started") == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      c.RequestStop(stop);
+    });
+    const Status s = Run("wait-stop", c);
+    t.join();
+    EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  }
+}
+
+TEST_F(ExecutorJobRunnerTest, OneRankFailingStopsTheOthers) {
+  FakeControl c;
+  c.gpus_ = {3, 5};
+  const Status s = Run("rank1-fails", c, 2, /*gpus=*/2);
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "rank 1 broke");
+  EXPECT_EQ(c.CountLogs(" rank 0 gpu 3"), 1);
+  EXPECT_EQ(c.CountLogs(" rank 1 gpu 5"), 1);
+  // The per-attempt rendezvous is gone afterwards.
+  EXPECT_NE(access((state_ + "/jobs/job-1").c_str(), F_OK), -1);
+  EXPECT_EQ(access((state_ + "/jobs/job-1/rendezvous-0").c_str(), F_OK), -1);
+}
+
+TEST_F(ExecutorJobRunnerTest, DataParallelRanksGetTheirPlacement) {
+  FakeControl c;
+  c.gpus_ = {1, 0};
+  ASSERT_TRUE(Run("ok", c, 2, 2).ok());
+  const std::string rdv = "rendezvous file://" + state_ + "/jobs/job-1/rendezvous-0";
+  EXPECT_EQ(c.CountLogs("rank 0 restart 0 gpu 1 world 2 " + rdv), 1) << ::testing::PrintToString(c.Logs());
+  EXPECT_EQ(c.CountLogs("rank 1 restart 0 gpu 0 world 2 " + rdv), 1);
+  EXPECT_EQ(c.steps, std::vector<int64_t>{2});  // rank 1's progress is not relayed
+}
+
+TEST_F(ExecutorJobRunnerTest, AMissingExecutorBinaryFailsWithItsExitCause) {
+  FakeControl c;
+  ExecutorRunnerOptions o;
+  o.executor_binary = "/nonexistent/offloadd-executor";
+  o.state_dir = state_;
+  o.max_restarts = 0;
+  v1::Job job;
+  job.set_id("job-2");
+  const Status s = ExecutorJobRunner(o, nullptr).Run(job, c);
+  EXPECT_NE(s.message().find("exited with code 127 (could not be executed)"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace offloadd::daemon

@@ -1,0 +1,101 @@
+// A stand-in for offloadd-executor that speaks its protocol without training (torch-free), for
+// ExecutorJobRunner's tests. What it does is chosen by the job's display_name:
+//   ok            progress for step 1, a checkpoint, then OK
+//   die-once      progress, then SIGKILLs itself on the first attempt; OK after a restart
+//   always-die    SIGKILLs itself after its hello
+//   fail          finishes with INVALID_ARGUMENT ("bad record")
+//   exit-3        exits with code 3 without a final status
+//   wait-stop     waits for pause or cancel, then finishes CANCELLED
+//   rank1-fails   rank 1 finishes with INTERNAL at once; rank 0 waits for cancel
+//   old-version   says hello with protocol version 0
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "daemon/jobs/executor_protocol.h"
+
+namespace pb = offloadd::internal;
+using namespace offloadd;
+using namespace offloadd::daemon;
+
+namespace {
+
+void Send(int fd, const pb::ExecutorMessage& m) { (void)SendProto(fd, m); }
+
+void Finish(int fd, const Status& s) {
+  pb::ExecutorMessage m;
+  *m.mutable_finished() = ToFinished(s);
+  Send(fd, m);
+}
+
+void WaitForStop(int fd) {
+  while (true) {
+    pb::DaemonMessage m;
+    if (!RecvProto(fd, &m).ok()) std::_Exit(5);
+    if (m.has_control()) return;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int fd = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--control-fd=", 0) == 0) fd = std::atoi(a.c_str() + 13);
+  }
+  if (fd < 0) return 64;
+  pb::DaemonMessage hello, start;
+  if (!RecvProto(fd, &hello).ok() || !RecvProto(fd, &start).ok() || !start.has_start()) return 2;
+  const std::string mode = start.start().job().spec().display_name();
+  const int rank = start.start().placement().rank();
+  pb::ExecutorMessage h;
+  *h.mutable_hello() = MakeHello(kExecutorProgram);
+  if (mode == "old-version") h.mutable_hello()->set_protocol_version(0);
+  Send(fd, h);
+  if (mode == "always-die" || (mode == "die-once" && start.start().restart() == 0 && rank == 0)) {
+    pb::ExecutorMessage p;
+    p.mutable_progress()->set_step(1);
+    Send(fd, p);
+    ::raise(SIGKILL);
+  }
+  if (mode == "exit-3") return 3;
+  if (mode == "old-version") {
+    WaitForStop(fd);
+    return 0;
+  }
+  if (mode == "fail") {
+    Finish(fd, InvalidArgumentError("bad record"));
+    return 0;
+  }
+  if (mode == "wait-stop" || (mode == "rank1-fails" && rank == 0)) {
+    WaitForStop(fd);
+    Finish(fd, CancelledError("stopped"));
+    return 0;
+  }
+  if (mode == "rank1-fails") {
+    Finish(fd, InternalError("rank 1 broke"));
+    return 0;
+  }
+  if (rank == 0) {
+    pb::ExecutorMessage p;
+    p.mutable_progress()->set_step(start.start().restart() + 2);
+    Send(fd, p);
+    pb::ExecutorMessage c;
+    c.mutable_checkpoint()->set_step(2);
+    Send(fd, c);
+    pb::ExecutorMessage st;
+    st.mutable_step()->set_step(2);
+    Send(fd, st);
+  }
+  pb::ExecutorMessage l;
+  l.mutable_log()->set_message("rank " + std::to_string(rank) + " restart " + std::to_string(start.start().restart()) +
+                               " gpu " + std::to_string(start.start().placement().gpu_index()) + " world " +
+                               std::to_string(start.start().placement().world_size()) + " rendezvous " +
+                               start.start().placement().rendezvous());
+  Send(fd, l);
+  Finish(fd, OkStatus());
+  return 0;
+}
