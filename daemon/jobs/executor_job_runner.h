@@ -20,6 +20,8 @@
 // fails with that cause. Every executor start is an event "executor started: pid N rank r gpu g".
 //
 // Thread-safe: Run may be called for several jobs at once (one scheduler thread per running job).
+// The executors' death signal (PR_SET_PDEATHSIG) follows the thread that launched them, so Run
+// launches and reaps them on its own thread, which outlives them.
 
 #include <cstdint>
 #include <string>

@@ -38,6 +38,19 @@ output_dir: /srv/out
   EXPECT_EQ(spec->offload().activations().layer_overrides().at(0), offloadd::v1::ACTIVATION_MODE_KEEP);
 }
 
+// resources: {gpus: N} (issue #15): the GPUs (executors) of a data-parallel job; gpu_index keeps
+// its presence, so an explicit 0 pins GPU 0 while an unset one means any GPU.
+TEST(JobFileTest, ResourcesGpusAndGpuIndex) {
+  auto spec = ParseJobSpec("resources: {gpus: 2}\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->resources().gpus(), 2u);
+  EXPECT_FALSE(spec->resources().has_gpu_index());
+  auto pinned = ParseJobSpec("resources: {gpu_index: 0}\n", "job.yaml");
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  EXPECT_TRUE(pinned->resources().has_gpu_index());
+  EXPECT_FALSE(ParseJobSpec("resources: {gpus: -1}\n", "job.yaml").ok());
+}
+
 TEST(JobFileTest, UnknownFieldIsNamed) {
   auto spec = ParseJobSpec("training: {learning_rat: 1e-4}\n", "job.yaml");
   ASSERT_FALSE(spec.ok());

@@ -139,3 +139,11 @@ def test_merge_keeps_the_daemons_problems_on_other_fields():
               F("training.learning_rate", "must be in (0, 1]")]
     merged = merge_violations(client, daemon)
     assert [v.field for v in merged] == ["model.path", "dataset.paths[0]", "output_dir", "training.learning_rate"]
+
+
+def test_resources_gpus_and_an_explicit_gpu_index():
+    """resources: {gpus: N} (issue #15); gpu_index has presence: 0 pins GPU 0, unset means any."""
+    spec = offloadd.job_spec({"resources": {"gpus": 2}})
+    assert spec.resources.gpus == 2 and not spec.resources.HasField("gpu_index")
+    assert offloadd.job_spec({"resources": {"gpu_index": 0}}).resources.HasField("gpu_index")
+    assert "resources.gpus" in problems({"resources": {"gpus": -1}})
