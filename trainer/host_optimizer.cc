@@ -225,13 +225,17 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
 }
 
 
-HostOptimizer::~HostOptimizer() {
+void HostOptimizer::StopThread() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+}
+
+HostOptimizer::~HostOptimizer() {
+  StopThread();
   if (pool_) (void)pool_->Shutdown();
   if (store_) {
     // Bounded: a store that stopped answering is killed rather than waited on (a job that ends

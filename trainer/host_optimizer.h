@@ -107,6 +107,9 @@ class HostOptimizer {
   std::string ArenaPath() const;
   // A rank > 0 of a data-parallel group: the leader holds the states and runs the updates.
   bool follower() const { return follower_; }
+  // Stops the optimizer thread (a follower's calls on_updated until then; the trainer stops it
+  // before the weights it uploads into go away). Idempotent; the destructor calls it.
+  void StopThread();
 
   // Initial values: `fill(block, master)` writes the block's fp32 master weights into the
   // provided buffer; the compute copy is derived from it and the moments start at zero.

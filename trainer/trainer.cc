@@ -23,6 +23,9 @@ Trainer::~Trainer() {
     Status st = impl_->Flush();
     (void)st;
   }
+  // A data-parallel follower's thread uploads rank 0's updates into this rank's weights: it stops
+  // before they are destroyed (rank 0's own thread only runs for steps this process submitted).
+  if (impl_ && impl_->host && impl_->host->follower()) impl_->host->StopThread();
 }
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,

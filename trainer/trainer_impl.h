@@ -53,18 +53,19 @@ inline constexpr double kMeasuredKeepSafety = 1.1;
 struct Trainer::Impl {
   TrainConfig cfg;
   TrainObserver* obs = nullptr;
+  // Data parallel (cfg.parallel.world_size > 1): the process group and the shared control segment
+  // (declared before `host`, which uses them, so that they outlive it). Rank 0 (the leader) owns
+  // the arena, the updates, checkpoints, evaluation and export.
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<GroupLink> link;
+  bool leader() const { return dp == nullptr || dp->rank() == 0; }
+  int world() const { return dp == nullptr ? 1 : dp->world(); }
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<DataSource> data;
   std::unique_ptr<DataSource> eval_data;  // held-out records (cfg.eval_data), rewound per evaluation
   std::string eval_start;                 // eval_data's state before its first record
   int64_t evaluated_at = -1;              // the step of the last evaluation
   std::unique_ptr<HostOptimizer> host;
-  // Data parallel (cfg.parallel.world_size > 1): the process group and the shared control
-  // segment. Rank 0 (the leader) owns the arena, the updates, checkpoints, evaluation and export.
-  std::unique_ptr<DataParallel> dp;
-  std::unique_ptr<GroupLink> link;
-  bool leader() const { return dp == nullptr || dp->rank() == 0; }
-  int world() const { return dp == nullptr ? 1 : dp->world(); }
   std::optional<LrSchedule> lr_schedule;
   std::optional<GradScaler> scaler;  // fp16 compute only
   c10::Device device = c10::Device(c10::kCPU);

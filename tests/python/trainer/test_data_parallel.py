@@ -55,7 +55,6 @@ def test_two_cpu_ranks_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, t
     params = sum(t.numel() for t in load_file(two / "model.safetensors").values())
     if not tied:
         assert all(s["cpu_update_params"] == params for s in stats), (stats[0]["cpu_update_params"], params)
-    assert stats[-1]["loss"] < stats[0]["loss"]
     assert_close_runs(one, two)
     # Only rank 0 writes: one checkpoint-less output, one exported model.
     assert not list(two.glob("*.rank1*"))

@@ -1,0 +1,76 @@
+"""Issue #15 item 5: two ranks in separate network namespaces, joined over c10d with a TCP
+rendezvous, train across a real network interface (a veth pair this test creates, with
+addresses only it uses) and equal one rank on the whole batch (test_data_parallel.py's bounds).
+
+The ranks still share the host's memory (rank 1 maps rank 0's arena through /proc): what crosses
+the network is the rendezvous and every Gloo collective. Needs root (ip netns); skips otherwise."""
+
+import os
+import random
+import shutil
+import subprocess
+
+import pytest
+
+from pipeline_testlib import build_model, run_train, write_pretokenized
+from test_data_parallel import args, assert_close_runs
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, capture_output=True, text=True, check=check)
+
+
+@pytest.fixture
+def two_namespaces():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (ip netns)")
+    tag = f"odp{os.getpid() % 100000}"
+    ns = [f"{tag}a", f"{tag}b"]
+    veth = [f"{tag}va", f"{tag}vb"]
+    subnet = random.randrange(0, 64) * 4  # a /30 of 10.213.0.0/24 nobody else here uses
+    addrs = [f"10.213.{random.randrange(1, 250)}.{subnet + 1}", None]
+    addrs[1] = addrs[0].rsplit(".", 1)[0] + f".{subnet + 2}"
+    try:
+        if sh("ip", "netns", "add", ns[0], check=False).returncode != 0:
+            pytest.skip("cannot create network namespaces here")
+        sh("ip", "netns", "add", ns[1])
+        sh("ip", "link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
+        for n, v, a in zip(ns, veth, addrs):
+            sh("ip", "link", "set", v, "netns", n)
+            sh("ip", "-n", n, "addr", "add", f"{a}/30", "dev", v)
+            sh("ip", "-n", n, "link", "set", v, "up")
+            sh("ip", "-n", n, "link", "set", "lo", "up")
+        yield ns, veth, addrs
+    finally:
+        for n in ns:
+            sh("ip", "netns", "del", n, check=False)  # takes its end of the veth pair with it
+
+
+def rx_bytes(ns, dev):
+    r = sh("ip", "netns", "exec", ns, "cat", f"/sys/class/net/{dev}/statistics/rx_bytes")
+    return int(r.stdout.strip())
+
+
+def test_ranks_in_two_network_namespaces_train_over_a_veth_pair(binary_dir, tmp_path, two_namespaces):
+    ns, veth, addrs = two_namespaces
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(binary_dir, args(model, data, one, batch=4))
+    before = rx_bytes(ns[1], veth[1])
+    exe = str(binary_dir / "trainer" / "offloadd-train")
+    procs = []
+    for rank in (0, 1):
+        cmd = ["ip", "netns", "exec", ns[rank], "env", f"GLOO_SOCKET_IFNAME={veth[rank]}", exe,
+               *args(model, data, two, batch=2,
+                     extra=[f"--rank={rank}", "--world-size=2", f"--rendezvous=tcp://{addrs[0]}:29731",
+                            "--parallel-timeout=120"])]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    moved = rx_bytes(ns[1], veth[1]) - before
+    # Every step's reduce-scatters cross the pair: at least rank 0's half of the gradients.
+    assert moved > 100_000, f"only {moved} bytes crossed {veth[1]}"
+    print(f"\n{moved} bytes received by rank 1 over {veth[1]} ({addrs[1]})")
+    assert_close_runs(one, two)
