@@ -18,18 +18,58 @@ Prints a Markdown table; --json also writes all rows.
 Model FLOPs follow offloadd's engine (Block::EstimateCost): per token and layer
 2*h*(2*q_dim + 2*kv_dim + 3*ffn) plus causal attention 2*heads*seq*head_dim, plus the LM head
 2*h*vocab; times 3 for forward + backward; recomputation is not counted (model FLOPs, as in MFU).
+
+Several GPUs (issue #15; --parallel ddp|fsdp2, one rank per GPU; --nproc N spawns the N ranks
+itself with torch.multiprocessing, rendezvous through a file, no port to pick):
+
+    # DistributedDataParallel: every GPU holds the whole model, its gradients and fp32 AdamW states
+    # (16 bytes/parameter: llama2-7b fits only on 141 GB cards):
+    python3 bench/pipeline/baseline_torch.py --parallel ddp --nproc 2 --shape llama2-7b --batch 4
+    # FSDP2 (fully_shard per decoder layer, then the root; fp32 master parameters, bf16 compute
+    # through MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)):
+    python3 bench/pipeline/baseline_torch.py --parallel fsdp2 --nproc 2 --shape llama2-7b --batch 4
+    # the same under torchrun (then --nproc is ignored; torchrun's environment gives the ranks):
+    torchrun --standalone --nproc_per_node=2 bench/pipeline/baseline_torch.py --parallel fsdp2 --batch 4
+    # CPU smoke runs (gloo; FSDP2 and DDP both run on CPU in torch 2.11):
+    ~/.cache/offloadd/venv/bin/python bench/pipeline/baseline_torch.py --device cpu --shape tiny \
+        --parallel ddp --nproc 2 --steps 2
+    ~/.cache/offloadd/venv/bin/python bench/pipeline/baseline_torch.py --device cpu --shape tiny \
+        --parallel fsdp2 --nproc 2 --steps 2
+
+With --parallel, --batch is the micro-batch per GPU: the global batch is batch x world. Every rank
+draws the same global [batch x world, seq] tokens from the seeded generator and trains on its rows,
+so N ranks at batch B see the data of one GPU at batch N x B. DDP: the model built on each GPU from
+the same seed, DistributedDataParallel(gradient_as_bucket_view=True), bf16 autocast as on one GPU,
+no_sync() on all but the last micro-batch of a step, fused AdamW, clip_grad_norm_(1.0). FSDP2: the
+model built on each GPU from the same seed and then sharded (the full fp32 copy is freed by the
+sharding), bf16 autocast around the forward as on one GPU, the gradient norm of the DTensor
+gradients made whole (get_total_norm + full_tensor) and clip_grads_with_norm_(1.0), fused AdamW on
+the fp32 shards. Gradient checkpointing as on one GPU. Each step is timed on rank 0 between two
+barriers (device sync + a one-element all-reduce), so a step ends when the slowest rank ends.
+Reported: tokens/s of the whole group (batch x world x seq x grad-accum per step) and per GPU,
+model TFLOP/s and MFU per GPU, the peak memory of every rank (torch.cuda.max_memory_allocated,
+reset once the model is built and sharded) and the loss averaged over the ranks. A batch that
+runs out of memory on any rank is reported as "oom" (the ranks agree through an all-reduce) and
+the next batch runs. NCCL_NVLS_ENABLE defaults to 0 (NVLink SHARP multicast stays off).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import gc
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 
-import torch
-import transformers
+# NVLink SHARP (NVLS) multicast stays off unless the caller says otherwise; set before NCCL starts.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 SHAPES = {
     "llama2-7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
@@ -60,6 +100,12 @@ def parse_args(argv=None):
     p.add_argument("--peak-tflops", type=float, default=0,
                    help="peak dense bf16 TFLOP/s of the device, for MFU (H100/H200 SXM: 989)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    p.add_argument("--parallel", choices=["none", "ddp", "fsdp2"], default="none",
+                   help="none (default): one process, one device; ddp or fsdp2: one rank per GPU")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks to spawn with --parallel (default 1; ignored under torchrun)")
+    p.add_argument("--pg-timeout", type=int, default=600,
+                   help="seconds a rank waits in a collective before the group fails (default 600)")
     args = p.parse_args(argv)
     try:
         args.batches = [int(b) for b in args.batch.split(",")]
@@ -70,6 +116,12 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup < 0 or any(b < 1 for b in args.batches):
         p.error("--warmup must be >= 0 and every --batch >= 1")
+    if args.nproc < 1:
+        p.error("--nproc must be at least 1")
+    if args.parallel == "none" and (args.nproc > 1 or (under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1)):
+        p.error("--nproc N / torchrun need --parallel ddp or fsdp2")
+    if args.parallel != "none" and args.device.startswith("cuda:"):
+        p.error("--parallel gives rank r the GPU cuda:<local rank>: use --device cuda (and CUDA_VISIBLE_DEVICES)")
     return args
 
 
@@ -171,8 +223,251 @@ def print_row(r: dict):
           f"{r['loss']:.3f} |", flush=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# Several ranks: --parallel ddp | fsdp2 (issue #15's baseline).
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def group_barrier(device: torch.device):
+    """Every rank's queued work done, then a one-element all-reduce: on return every rank is here."""
+    import torch.distributed as dist
+    sync(device)
+    t = torch.zeros(1, device=device)
+    dist.all_reduce(t)
+    sync(device)
+
+
+def run_batch_parallel(args, cfg, device: torch.device, batch: int, rank: int, world: int) -> dict:
+    import torch.distributed as dist
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(cfg)  # fp32 parameters: the master weights
+    model.train()
+    if not args.no_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert model.is_gradient_checkpointing, "transformers did not enable gradient checkpointing"
+    if args.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                          gradient_as_bucket_view=True, broadcast_buffers=False)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = init_device_mesh(device.type, (world,))
+        mp = MixedPrecisionPolicy() if args.no_autocast else \
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        forward = model
+    params = list(model.parameters())  # after fully_shard: the fp32 shards (DTensors)
+    if device.type == "cuda":
+        opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, fused=True)
+        gc.collect()
+        torch.cuda.empty_cache()  # the full copy fully_shard freed
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, foreach=True)
+    gen = torch.Generator().manual_seed(args.seed)
+
+    def grad_norm_and_clip():
+        if args.parallel == "ddp":  # the gradients are already averaged over the ranks: whole
+            return torch.nn.utils.clip_grad_norm_(params, 1.0)
+        from torch.distributed.tensor import DTensor
+        grads = [p.grad for p in params if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads, 2.0)
+        if isinstance(total, DTensor):  # partial norms of the shards: reduced over the ranks
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, 1.0, total)
+        return total
+
+    def step():
+        loss_sum = torch.zeros((), device=device)
+        for a in range(args.grad_accum):
+            # The global micro-batch, the same on every rank; this rank trains on its rows.
+            ids = torch.randint(0, cfg.vocab_size, (batch * world, args.seq), generator=gen)
+            ids = ids[rank * batch:(rank + 1) * batch].to(device)
+            last = a == args.grad_accum - 1
+            ctx = forward.no_sync() if args.parallel == "ddp" and not last else contextlib.nullcontext()
+            with ctx:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not args.no_autocast):
+                    loss = forward(input_ids=ids, labels=ids).loss / args.grad_accum
+                loss.backward()
+            loss_sum += loss.detach().float()
+        grad_norm = grad_norm_and_clip()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm
+
+    for _ in range(args.warmup):
+        step()
+    group_barrier(device)
+    times = []
+    for _ in range(args.steps):
+        group_barrier(device)
+        t0 = time.perf_counter()
+        loss, grad_norm = step()
+        group_barrier(device)
+        times.append(time.perf_counter() - t0)
+
+    dist.all_reduce(loss)  # the ranks' mean losses: their mean is the global batch's loss
+    loss = float(loss) / world
+    step_s = sum(times) / len(times)
+    tokens = batch * world * args.seq * args.grad_accum
+    flops = model_flops_per_step(cfg, batch * world, args.seq) * args.grad_accum
+    row = {"status": "ok", "parallel": args.parallel, "world": world, "batch": batch,
+           "global_batch": batch * world, "grad_accum": args.grad_accum, "seq": args.seq,
+           "tokens_per_step": tokens, "step_s": step_s, "step_s_min": min(times),
+           "step_s_max": max(times), "tokens_per_s": tokens / step_s,
+           "tokens_per_s_per_gpu": tokens / step_s / world,
+           "model_tflops_per_s": flops / step_s / 1e12,
+           "model_tflops_per_s_per_gpu": flops / step_s / 1e12 / world,
+           "loss": loss, "grad_norm": float(grad_norm)}
+    if args.peak_tflops > 0:
+        row["mfu"] = row["model_tflops_per_s_per_gpu"] / args.peak_tflops
+    return row
+
+
+def print_row_parallel(r: dict, world: int, parallel: str):
+    if r["status"] != "ok":
+        print(f"| {parallel} | {world} | {r['batch']} | {r['grad_accum']} | {r['status']} | - | - | - | - | - | - |",
+              flush=True)
+        return
+    mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
+    peaks = r.get("peak_allocated_bytes_per_rank")
+    peak = "/".join(gib(x) for x in peaks) if peaks else "-"
+    print(f"| {parallel} | {world} | {r['batch']} | {r['grad_accum']} | {r['step_s']:.3f} | "
+          f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
+          f"{r['model_tflops_per_s_per_gpu']:.3g} | {mfu} | {peak} | {r['loss']:.3f} |", flush=True)
+
+
+def parallel_rank(local_rank: int, rank: int, world: int, args, init_method: str) -> int:
+    """One rank: every batch of --batch in turn. Rank 0 prints and writes the JSON."""
+    import torch.distributed as dist
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        if not torch.cuda.is_available() or torch.cuda.device_count() <= local_rank:
+            print(f"error: rank {rank} needs cuda:{local_rank}, torch sees {torch.cuda.device_count()} GPUs",
+                  file=sys.stderr)
+            return 2
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.pg_timeout),
+                            device_id=device if cuda else None)
+    try:
+        cfg = model_config(args)
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in transformers.LlamaForCausalLM(cfg).parameters())
+        device_name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
+        env = {"shape": args.shape, "params": n_params, "device": device_name, "torch": torch.__version__,
+               "transformers": transformers.__version__, "attn": args.attn,
+               "checkpointing": not args.no_checkpointing, "autocast_bf16": not args.no_autocast,
+               "steps": args.steps, "warmup": args.warmup, "seed": args.seed, "parallel": args.parallel,
+               "world": world, "backend": backend,
+               "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+               "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE")}
+        if rank == 0:
+            states = (16 if args.parallel == "ddp" else 16 / world) * n_params / 2**30
+            print(f"# PyTorch {args.parallel} baseline: {world} ranks ({backend}), {args.shape} "
+                  f"({n_params / 1e6:,.1f}M parameters, fp32 weights + grads + AdamW states = {states:.1f} GiB "
+                  f"per rank), seq {args.seq}, {device_name}, torch {torch.__version__}, transformers "
+                  f"{transformers.__version__}, attn {args.attn}, checkpointing "
+                  f"{'on' if env['checkpointing'] else 'off'}, {'bf16' if env['autocast_bf16'] else 'fp32'} compute, "
+                  f"{args.steps} steps after {args.warmup} warmup; batch is per GPU, tokens/s is the group's")
+            print("| parallel | GPUs | batch/GPU | grad accum | step s | tokens/s | tokens/s/GPU | "
+                  "model TFLOP/s/GPU | MFU | peak GiB per rank | loss |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+        rows = []
+        for batch in args.batches:
+            release(device)
+            row, oom = None, 0
+            try:
+                row = run_batch_parallel(args, cfg, device, batch, rank, world)
+            except torch.OutOfMemoryError:
+                oom = 1
+            release_keep_peak(device)
+            # Every rank learns whether one ran out of memory (a rank that did not sits here too:
+            # the ranks run out at the same point, as they allocate alike).
+            flag = torch.tensor([float(oom)], device=device)
+            dist.all_reduce(flag)
+            if flag.item() > 0:
+                row = {"status": "oom", "parallel": args.parallel, "world": world, "batch": batch,
+                       "global_batch": batch * world, "grad_accum": args.grad_accum, "seq": args.seq,
+                       "oom_ranks": int(flag.item())}
+            peaks = torch.tensor([float(torch.cuda.max_memory_allocated(device)),
+                                  float(torch.cuda.max_memory_reserved(device))] if cuda else [0.0, 0.0],
+                                 dtype=torch.float64, device=device)
+            gathered = [torch.zeros_like(peaks) for _ in range(world)]
+            dist.all_gather(gathered, peaks)
+            if cuda and row["status"] == "ok":
+                row["peak_allocated_bytes_per_rank"] = [int(g[0].item()) for g in gathered]
+                row["peak_reserved_bytes_per_rank"] = [int(g[1].item()) for g in gathered]
+                row["peak_allocated_bytes"] = max(row["peak_allocated_bytes_per_rank"])
+                row["peak_reserved_bytes"] = max(row["peak_reserved_bytes_per_rank"])
+            rows.append(row)
+            if rank == 0:
+                print_row_parallel(row, world, args.parallel)
+        if rank == 0 and args.json:
+            with open(args.json, "w") as f:
+                json.dump({"env": env, "rows": rows}, f, indent=1)
+        return 0 if any(r["status"] == "ok" for r in rows) else 1
+    finally:
+        dist.destroy_process_group()
+
+
+def release_keep_peak(device: torch.device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _spawned_rank(local_rank: int, world: int, args, init_method: str, rc_path: str):
+    rc = parallel_rank(local_rank, local_rank, world, args, init_method)
+    if local_rank == 0:
+        with open(rc_path, "w") as f:
+            f.write(str(rc))
+
+
+def main_parallel(args) -> int:
+    if under_torchrun():
+        return parallel_rank(int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]),
+                             int(os.environ["WORLD_SIZE"]), args, "env://")
+    if args.device.startswith("cuda") and torch.cuda.device_count() < args.nproc:
+        print(f"error: --nproc {args.nproc} but torch sees {torch.cuda.device_count()} CUDA devices",
+              file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="baseline-torch-") as tmp:
+        init_method = f"file://{tmp}/rendezvous"
+        rc_path = os.path.join(tmp, "rc")
+        if args.nproc == 1:
+            return parallel_rank(0, 0, 1, args, init_method)
+        import torch.multiprocessing as mp
+        try:
+            mp.spawn(_spawned_rank, args=(args.nproc, args, init_method, rc_path), nprocs=args.nproc, join=True)
+        except mp.ProcessRaisedException as e:
+            print(f"error: a rank failed: {e}", file=sys.stderr)
+            return 1
+        except mp.ProcessExitedException as e:
+            print(f"error: a rank died: {e}", file=sys.stderr)
+            return 1
+        try:
+            with open(rc_path) as f:
+                return int(f.read().strip() or 1)
+        except OSError:
+            return 1
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.parallel != "none":
+        return main_parallel(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no CUDA device (use --device cpu for a smoke run)",
