@@ -35,6 +35,7 @@ class GroupLink {
     uint64_t grad_offset = 0;
     uint64_t weights_offset = 0;  // the compute copy the devices read (0: master_offset)
     uint64_t master_offset = 0;
+    uint64_t exp_avg_offset = 0, exp_avg_sq_offset = 0;  // RAM tier (0: in rank 0's store)
   };
   static constexpr int kMaxWorld = 64;
 

@@ -96,10 +96,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   if (o.group != nullptr && o.group->rank() > 0) return StartFollower(o);
   options_ = o;
   if (o.block_elements.empty()) return InvalidArgumentError("model has no parameters");
-  if (o.group != nullptr && std::count(o.device_blocks.begin(), o.device_blocks.end(), true) > 0) {
-    return UnimplementedError("optimizer states on the GPU (device_optimizer_blocks) are not built for "
-                              "data-parallel jobs yet; set device_optimizer_blocks to 0");
-  }
+
   if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
     return InvalidArgumentError("the NVMe tier needs at least one store directory");
   const auto lo = LayoutOptions(o);
@@ -318,10 +315,12 @@ Status HostOptimizer::Handle(Item& item) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
       if (item.fn) RETURN_IF_ERROR(item.fn());
-      // Data parallel: the other ranks' shards of the block land in the same staging buffer.
-      if (options_.group) RETURN_IF_ERROR(WaitPeers(item.block));
+      // Data parallel: the other ranks' shards of the block land in the same staging buffer (a
+      // block on the device has its all-reduced gradients on every rank: this rank's norm is it).
+      const bool shared = options_.group != nullptr && !shards_[item.block].on_device;
+      if (shared) RETURN_IF_ERROR(WaitPeers(item.block));
       std::optional<double> sq;
-      if (item.sq_norm) sq = item.sq_norm() + (options_.group ? options_.group->PeersSquaredNorm(item.block) : 0.0);
+      if (item.sq_norm) sq = item.sq_norm() + (shared ? options_.group->PeersSquaredNorm(item.block) : 0.0);
       ++handoffs_[item.block];
       RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro, sq));
       if (item.micro + 1 < std::max<uint32_t>(1, options_.accumulation_steps)) {
@@ -422,6 +421,7 @@ Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status
                                  std::function<bool()> done, std::function<double()> sq_norm) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(error_);
+  if (follower_ && shards_[block].on_device) return OkStatus();  // rank 0's replica's norm counts
   if (!shards_[block].on_device) staging_busy_[block] = true;
   if (follower_) ++handoffs_[block];
   Item it;
@@ -442,10 +442,11 @@ Status HostOptimizer::SetDeviceBlocks(const std::vector<bool>& device_blocks) {
     return InvalidArgumentError("device_blocks names " + std::to_string(device_blocks.size()) +
                                 " blocks, the model has " + std::to_string(shards_.size()));
   }
-  if (options_.group && std::count(device_blocks.begin(), device_blocks.end(), true) > 0) {
-    return UnimplementedError("optimizer states on the GPU are not built for data-parallel jobs yet");
+  if (follower_) {  // its ranks' replicas are updated on each GPU; the leader's driver counts them
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t b = 0; b < shards_.size(); ++b) shards_[b].on_device = device_blocks[b];
+    return OkStatus();
   }
-  if (follower_) return OkStatus();
   const Status moved = RunOnThread([&]() -> Status {
     for (size_t b = 0; b < shards_.size(); ++b) RETURN_IF_ERROR(driver_->SetOnDevice(b, device_blocks[b]));
     return OkStatus();
@@ -586,7 +587,7 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
 }
 
 Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq) {
-  if (follower_) return FailedPreconditionError("only rank 0 of a data-parallel group holds the optimizer states");
+  if (follower_) return FollowerReadStates(block, master, exp_avg, exp_avg_sq);
   const auto& s = shards_[block];
   const uint64_t bytes = s.num_elements * 4;
   if (!store_) {

@@ -207,6 +207,8 @@ class HostOptimizer {
   Status StartFollower(const HostOptimizerOptions& options);
   void FollowLoop();
   Status FollowUpdates();
+  // Between steps, the RAM tier: block's states straight from rank 0's arena.
+  Status FollowerReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq);
 
   HostOptimizerOptions options_;
   ipc::SharedSegment segment_;

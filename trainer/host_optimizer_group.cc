@@ -28,6 +28,10 @@ void HostOptimizer::PublishBlocks() {
     info.num_elements = shards_[b].num_elements;
     info.grad_offset = shards_[b].grad_offset;
     info.master_offset = shards_[b].master_offset;
+    if (!store_) {  // the RAM tier: the other ranks can read the states (device blocks' start)
+      info.exp_avg_offset = shards_[b].exp_avg_offset;
+      info.exp_avg_sq_offset = shards_[b].exp_avg_sq_offset;
+    }
     info.weights_offset = static_cast<uint64_t>(static_cast<uint8_t*>(compute_weights(static_cast<int>(b))) -
                                                 arena_->base());
     options_.group->SetBlock(static_cast<int>(b), info);
@@ -89,12 +93,30 @@ Status HostOptimizer::StartFollower(const HostOptimizerOptions& o) {
     shards_[b].grad_offset = info.grad_offset;
     shards_[b].weights_offset = info.weights_offset;
     shards_[b].master_offset = info.master_offset;
+    shards_[b].exp_avg_offset = info.exp_avg_offset;
+    shards_[b].exp_avg_sq_offset = info.exp_avg_sq_offset;
   }
   updated_step_.assign(shards_.size(), 0);
   staging_busy_.assign(shards_.size(), false);
   handoffs_.assign(shards_.size(), 0);
   landed_.assign(shards_.size(), 0);
   thread_ = std::thread([this] { FollowLoop(); });
+  return OkStatus();
+}
+
+Status HostOptimizer::FollowerReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq) {
+  const auto& s = shards_[block];
+  if (s.exp_avg_offset == 0) {
+    return FailedPreconditionError("the optimizer states of block " + std::to_string(block) +
+                                   " are in rank 0's NVMe store: only rank 0 reads them");
+  }
+  const uint64_t bytes = s.num_elements * 4;
+  const uint64_t offsets[3] = {s.master_offset, s.exp_avg_offset, s.exp_avg_sq_offset};
+  float* dst[3] = {master, exp_avg, exp_avg_sq};
+  for (int k = 0; k < 3; ++k) {
+    RETURN_IF_ERROR(arena_->Check(offsets[k], bytes));
+    std::memcpy(dst[k], arena_->At<void>(offsets[k]), bytes);
+  }
   return OkStatus();
 }
 

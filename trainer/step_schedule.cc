@@ -246,6 +246,10 @@ Status StepSchedule::GradsReadyAfter(int b, uint32_t micro, DeviceStreams::Event
 
 Status StepSchedule::LandOnDevice(int b, uint32_t micro) {
   DeviceOptimizer& device = *device_opt_;
+  if (options_.dp != nullptr) {  // every rank's replica is updated with the group's sum
+    at::Tensor g = device.GradientBuffer(b);
+    RETURN_IF_ERROR(options_.dp->AllReduceSum(g));
+  }
   at::Tensor norm = device.Land(b, micro);
   if (!norm.defined()) return options_.host->GradsReady(b, micro, nullptr);  // more to come
   if (!cuda_) {

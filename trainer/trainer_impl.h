@@ -134,6 +134,13 @@ struct Trainer::Impl {
   Status PlaceDeviceBlocks();
   // The top `keep` recomputed decoder layers keep their activations from the next step on.
   Status ApplyKeptLayers(int keep);
+  // The lowest `count` blocks' AdamW states move from the arena to the device, between steps.
+  Status MoveStatesToDevice(int count);
+  // Data parallel: rank 0 publishes its plan (device blocks, kept layers); the other ranks apply
+  // it (trainer_parallel.cc). Every GPU then holds replicas of the same blocks' states, updated
+  // from the all-reduced gradients, and keeps the same layers' activations.
+  Status PublishDevicePlan(int device_block_count);
+  Status FollowDevicePlan();
   // Once the checked step is reported: measured against predicted, re-solved once if > 10% off.
   Status CheckPlan();
   // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why

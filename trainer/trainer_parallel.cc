@@ -2,6 +2,7 @@
 // host optimizer (rank 0 creates it, the other ranks attach to its arena), the shared stop
 // decision between steps, and a resume on ranks > 0 (rank 0 restores the states).
 #include <algorithm>
+#include <sstream>
 
 #include "trainer/checkpoint.h"
 #include "trainer/trainer_impl.h"
@@ -19,11 +20,11 @@ Status Trainer::Impl::StartGroup() {
     return UnimplementedError(what + " with per_device_train_batch_size auto is not built yet (each rank "
                               "would price its own); give the micro-batch per rank");
   }
-  if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0) {
-    return UnimplementedError(what + " with optimizer states on the GPU (device_optimizer_blocks / "
-                              "offload_optimizer.ratio) is not built yet");
+  if ((cfg.offload.device_optimizer_blocks != 0 || cfg.offload.device_optimizer_share >= 0) &&
+      cfg.offload.tier == StateTier::kNvme) {
+    return UnimplementedError(what + " with optimizer states on the GPU and the NVMe tier is not built yet "
+                              "(the other ranks read the states they start from in rank 0's arena)");
   }
-  cfg.offload.device_optimizer_blocks = 0;  // auto: none (the states live once, in rank 0's arena)
   bool nvme_activations = cfg.offload.activations == ActivationMode::kOffloadNvme;
   for (const auto& [layer, mode] : cfg.offload.layer_overrides) nvme_activations |= mode == ActivationMode::kOffloadNvme;
   if (nvme_activations) return UnimplementedError(what + " with activations offloaded to NVMe is not built yet");
@@ -67,21 +68,34 @@ StatusOr<bool> Trainer::Impl::StopAtBoundary() {
   return link->WaitBoundary(completed);
 }
 
-Status Trainer::Impl::RestoreFollower(const std::string& dir) {
-  RETURN_IF_ERROR(Flush());
-  // The states are rank 0's to read; this rank needs the step, the data position and the history.
-  ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, Fingerprint()));
-  const TrainerState& st = r.state();
-  RETURN_IF_ERROR(data->Restore(st.data_cursor));
-  if (scaler && st.grad_scaler) RETURN_IF_ERROR(scaler->Restore(*st.grad_scaler));
-  completed = st.global_step;
-  // The AdamW step count only matters where the updates run (rank 0); the loss history is the
-  // step accounting's, which this rank keeps like rank 0 (its reports are not forwarded).
-  accounting->Restore(st.global_step, st.log_history);
-  RETURN_IF_ERROR(host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(completed)));
-  RETURN_IF_ERROR(weights->Reload());
-  Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " resumed from " + dir + " at step " +
-                                       std::to_string(completed));
+Status Trainer::Impl::PublishDevicePlan(int device_block_count) {
+  if (!dp) return OkStatus();
+  std::string kept;
+  for (int b = 0; b < n; ++b) {
+    if (modes[b] == engine::SaveMode::kKeep) kept += " " + std::to_string(b);
+  }
+  return dp->Set("device-plan", std::to_string(device_block_count) + kept);
+}
+
+Status Trainer::Impl::FollowDevicePlan() {
+  device_placement_pending = false;
+  RETURN_IF_ERROR(accounting->Flush());
+  ASSIGN_OR_RETURN(const std::string text, dp->Get("device-plan"));
+  std::istringstream in(text);
+  int count = 0;
+  in >> count;
+  std::string kept_list;
+  for (int b; in >> b;) {
+    if (b < 0 || b >= n) return InternalError("rank 0's plan names block " + std::to_string(b));
+    modes[b] = engine::SaveMode::kKeep;
+    schedule->SetMode(b, engine::SaveMode::kKeep);
+    kept_list += " " + std::to_string(b);
+  }
+  if (count < 0 || count > n) return InternalError("rank 0's plan places " + std::to_string(count) + " blocks");
+  if (count > 0) RETURN_IF_ERROR(MoveStatesToDevice(count));
+  Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " follows rank 0's plan: " +
+                                       std::to_string(count) + " blocks' AdamW states on this GPU, activations kept in blocks" +
+                                       (kept_list.empty() ? " none" : kept_list));
   return OkStatus();
 }
 

@@ -23,6 +23,7 @@ constexpr double kRecheckTolerance = 0.10;
 }  // namespace
 
 Status Trainer::Impl::PlaceDeviceBlocks() {
+  if (!leader()) return FollowDevicePlan();  // data parallel: rank 0 plans for every GPU
   device_placement_pending = false;
   RETURN_IF_ERROR(accounting->Flush());  // step 1's figures: GPU time and bytes moved
   const StepStats& first = accounting->last_stats();
@@ -99,6 +100,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
           FormatByteSize(static_cast<uint64_t>(in.base_peak_bytes)) + " and its GPU work took " +
           FormatSeconds(first.gpu_compute_seconds));
   RETURN_IF_ERROR(ApplyKeptLayers(plan.keep_layers));
+  RETURN_IF_ERROR(PublishDevicePlan(plan.device_blocks));
   plan_check_step = completed + 2;  // the second step run under the plan
   const int count = plan.device_blocks;
   std::ostringstream msg;
@@ -115,7 +117,15 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
     Log(TrainObserver::Level::kInfo, msg.str());
     return OkStatus();
   }
-  // Step 1's updates must be in the arena before the states move.
+  RETURN_IF_ERROR(MoveStatesToDevice(count));
+  msg << "the AdamW states of blocks 0-" << count - 1 << " (" << device_opt->params() << " parameters, "
+      << FormatByteSize(static_cast<uint64_t>(need[count])) << ") move to the device";
+  Log(TrainObserver::Level::kInfo, msg.str());
+  return OkStatus();
+}
+
+Status Trainer::Impl::MoveStatesToDevice(int count) {
+  // The last step's updates must be in the arena before the states move.
   ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(completed)));
   (void)last;
   for (int b = 0; b < count; ++b) device_blocks[b] = true;
@@ -124,9 +134,6 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   weights->AdoptDeviceOptimizer(device_opt.get());
   schedule->SetDeviceOptimizer(device_opt.get());
   accounting->SetDeviceParams(device_opt->params());
-  msg << "the AdamW states of blocks 0-" << count - 1 << " (" << device_opt->params() << " parameters, "
-      << FormatByteSize(static_cast<uint64_t>(need[count])) << ") move to the device";
-  Log(TrainObserver::Level::kInfo, msg.str());
   return OkStatus();
 }
 

@@ -156,6 +156,7 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
   }
   completed = st.global_step;
   accounting->Restore(adam_steps, st.log_history);
+  if (dp) RETURN_IF_ERROR(dp->Set("resume-adam-steps", std::to_string(adam_steps)));  // RestoreFollower
   RETURN_IF_ERROR(
       host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
   if (lsp) {
@@ -169,6 +170,45 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
   RETURN_IF_ERROR(weights->Reload());
   Log(TrainObserver::Level::kInfo,
       "resumed from " + dir + " at step " + std::to_string(completed) + " of " + std::to_string(total));
+  return OkStatus();
+}
+
+// Data parallel, ranks > 0: rank 0 restores the states into the arena (RestoreCheckpoint).
+Status Trainer::Impl::RestoreFollower(const std::string& dir) {
+  RETURN_IF_ERROR(Flush());
+  // The states are rank 0's to read; this rank needs the step, the data position and the history.
+  ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, Fingerprint()));
+  const TrainerState& st = r.state();
+  RETURN_IF_ERROR(data->Restore(st.data_cursor));
+  if (scaler && st.grad_scaler) RETURN_IF_ERROR(scaler->Restore(*st.grad_scaler));
+  completed = st.global_step;
+  // The AdamW updates applied (fewer than the steps when fp16 skipped some) set the learning rate
+  // and the device blocks' AdamW step on every rank: rank 0 read them from the layers.
+  ASSIGN_OR_RETURN(const std::string applied_text, dp->Get("resume-adam-steps"));
+  const int64_t adam_steps = std::stoll(applied_text);
+  accounting->Restore(adam_steps, st.log_history);
+  // This rank's replicas of the blocks whose states live on the GPUs (an explicit placement;
+  // auto places them again from the arena after this run's first steps).
+  std::vector<float> master, m, v;
+  for (int b = 0; device_opt && b < n; ++b) {
+    if (!device_opt->owns(b)) continue;
+    const uint64_t numel = layout[b].numel;
+    master.resize(numel);
+    m.resize(numel);
+    v.resize(numel);
+    LayerTarget t;
+    t.params = SpecsOf(layout[b]);
+    t.master = {std::span<float>(master)};
+    t.exp_avg = {std::span<float>(m)};
+    t.exp_avg_sq = {std::span<float>(v)};
+    ASSIGN_OR_RETURN(int64_t adam_step, r.ReadLayer(b, t));
+    (void)adam_step;
+    RETURN_IF_ERROR(device_opt->RestoreStates(b, master.data(), m.data(), v.data()));
+  }
+  RETURN_IF_ERROR(host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
+  RETURN_IF_ERROR(weights->Reload());
+  Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " resumed from " + dir + " at step " +
+                                       std::to_string(completed));
   return OkStatus();
 }
 

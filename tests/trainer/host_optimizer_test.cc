@@ -305,7 +305,17 @@ TEST_F(HostOptimizerTest, DataParallelRanksUpdateOnceLikeOneOptimizer) {
     // The follower computes with the leader's weights, in the same memory.
     EXPECT_EQ(std::memcmp(follower->compute_weights(b), leader->compute_weights(b), leader->compute_weight_bytes(b)), 0);
   }
-  EXPECT_FALSE(follower->ReadStates(0, nullptr, nullptr, nullptr).ok());  // rank 0's to read
+  // Between steps a follower reads the states from the leader's arena (RAM tier): what a block
+  // whose states move to the GPUs starts from on every rank.
+  for (int b = 0; b < 3; ++b) {
+    const uint64_t n = leader->elements(b);
+    std::vector<float> m1(n), a1(n), v1(n), m2(n), a2(n), v2(n);
+    ASSERT_TRUE(leader->ReadStates(b, m1.data(), a1.data(), v1.data()).ok());
+    ASSERT_TRUE(follower->ReadStates(b, m2.data(), a2.data(), v2.data()).ok());
+    EXPECT_EQ(m1, m2);
+    EXPECT_EQ(a1, a2);
+    EXPECT_EQ(v1, v2);
+  }
 }
 
 // A failed step on the leader (a non-finite norm under clipping) reaches the follower's waits,

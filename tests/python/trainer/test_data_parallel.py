@@ -42,34 +42,47 @@ def assert_close_runs(a, b, *, bitwise=False):
         assert diff <= (0 if bitwise else 2e-5), f"{name}: max |diff| {diff}"
 
 
-@pytest.mark.parametrize("tied,accum", [(False, 1), (True, 2)])
-def test_two_cpu_ranks_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, tied, accum):
+@pytest.mark.parametrize("tied,accum,device_blocks", [(False, 1, "0"), (True, 2, "0"), (False, 1, "2"), (True, 2, "2"),
+                                                     (False, 1, "auto")])
+def test_two_cpu_ranks_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, tied, accum, device_blocks):
+    """device_blocks > 0: the lowest blocks' states live on the "device" (here the CPU device's own
+    memory), replicated per rank and updated from all-reduced gradients; the rest in the arena."""
     model = build_model(tmp_path / "model", tied=tied, layers=3)
     data = write_pretokenized(tmp_path / "data.jsonl")
     one, two = tmp_path / "one", tmp_path / "two"
-    run_train(binary_dir, args(model, data, one, batch=4, accum=accum))
-    r = run_train(binary_dir, args(model, data, two, batch=2, accum=accum, extra=["--gpus=2"]))
+    placement = [f"--device-optimizer-blocks={device_blocks}"]
+    if device_blocks == "auto":  # rank 0 plans after the first step; rank 1 applies its plan
+        placement += ["--gpu-memory-limit=1GiB", f"--profile-dir={tmp_path / 'profile'}"]
+    run_train(binary_dir, args(model, data, one, batch=4, accum=accum, extra=placement))
+    r = run_train(binary_dir, args(model, data, two, batch=2, accum=accum, extra=["--gpus=2", *placement]))
     assert "data parallel: rank 0 of 2 (gloo" in r.stderr
     stats = read_stats(two / "stats.jsonl")
     # Every parameter is updated once per step, by rank 0's workers (not once per rank).
     params = sum(t.numel() for t in load_file(two / "model.safetensors").values())
-    if not tied:
+    if not tied and device_blocks == "0":
         assert all(s["cpu_update_params"] == params for s in stats), (stats[0]["cpu_update_params"], params)
+    if device_blocks == "2":
+        assert all(s["device_update_params"] > 0 for s in stats)
+    if device_blocks == "auto":  # placed after step 1, on both ranks
+        assert stats[0]["device_update_params"] == 0 and stats[-1]["device_update_params"] > 0
     assert_close_runs(one, two)
     # Only rank 0 writes: one checkpoint-less output, one exported model.
     assert not list(two.glob("*.rank1*"))
 
 
-def test_two_rank_resume_equals_uninterrupted_run(binary_dir, tmp_path):
+@pytest.mark.parametrize("device_blocks", [0, 1])
+def test_two_rank_resume_equals_uninterrupted_run(binary_dir, tmp_path, device_blocks):
+    """With device blocks, rank 1 restores its replica of their states from the checkpoint."""
     model = build_model(tmp_path / "model", layers=2)
     data = write_pretokenized(tmp_path / "data.jsonl")
     full, part = tmp_path / "full", tmp_path / "part"
-    run_train(binary_dir, args(model, data, full, batch=2, extra=["--gpus=2"]))
-    run_train(binary_dir, args(model, data, part, batch=2, extra=["--gpus=2", "--save-steps=6"]))
+    group = ["--gpus=2", f"--device-optimizer-blocks={device_blocks}"]
+    run_train(binary_dir, args(model, data, full, batch=2, extra=group))
+    run_train(binary_dir, args(model, data, part, batch=2, extra=[*group, "--save-steps=6"]))
     ckpt = part / "checkpoint-6"
     assert ckpt.is_dir()
     resumed = tmp_path / "resumed"
-    run_train(binary_dir, args(model, data, resumed, batch=2, extra=["--gpus=2", f"--resume-from={ckpt}"]))
+    run_train(binary_dir, args(model, data, resumed, batch=2, extra=[*group, f"--resume-from={ckpt}"]))
     # Same process layout, same order of every sum: bit for bit.
     fa, fb = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
     for name in fa:
@@ -107,7 +120,7 @@ def test_ranks_started_apart_meet_over_tcp(binary_dir, tmp_path):
 
 @pytest.mark.parametrize("extra,named", [
     (["--compression=lsp"], "LSP"),
-    (["--device-optimizer-blocks=1"], "device_optimizer_blocks"),
+    (["--device-optimizer-blocks=1", "--tier=nvme", "--nvme-dir=/tmp"], "NVMe tier"),
     (["--batch-size=auto"], "per_device_train_batch_size auto"),
     (["--rendezvous=nowhere://x", "--rank=0", "--world-size=2"], "rendezvous must be"),
 ])
