@@ -77,13 +77,15 @@ for x, y in zip(a, b):
 PY
     ;;
   speed)
-    m="$(model "$2")"; b="$3"; n="$4"
-    if [[ "$n" == 1 ]]; then train "speed-$2-b$b-1gpu" 0 --model="$m" --batch-size="$b"
-    else train "speed-$2-b$b-${n}gpu" 0,1 --model="$m" --batch-size="$b" --gpus="$n"; fi
+    m="$(model "$2")"; b="$3"; n="$4"; shift 4
+    if [[ "$n" == 1 ]]; then train "speed-$2-b$b-1gpu" 0 --model="$m" --batch-size="$b" "$@"
+    else train "speed-$2-b$b-${n}gpu" 0,1 --model="$m" --batch-size="$b" --gpus="$n" "$@"; fi
     summary "$out/speed-$2-b$b-${n}gpu.jsonl"
     ;;
   concurrent)
     m="$(model "$2")"; b="$3"
+    train "conc-$2-b$b-solo" 0 --model="$m" --batch-size="$b"  # the same worker layout, alone
+    summary "$out/conc-$2-b$b-solo.jsonl"
     train "conc-$2-b$b-gpu0" 0 --model="$m" --batch-size="$b" &
     p0=$!
     train "conc-$2-b$b-gpu1" 1 --model="$m" --batch-size="$b" &
