@@ -77,10 +77,10 @@ for x, y in zip(a, b):
 PY
     ;;
   speed)
-    m="$(model "$2")"; b="$3"; n="$4"; shift 4
-    if [[ "$n" == 1 ]]; then train "speed-$2-b$b-1gpu" 0 --model="$m" --batch-size="$b" "$@"
-    else train "speed-$2-b$b-${n}gpu" 0,1 --model="$m" --batch-size="$b" --gpus="$n" "$@"; fi
-    summary "$out/speed-$2-b$b-${n}gpu.jsonl"
+    shape="$2"; m="$(model "$shape")"; b="$3"; n="$4"; shift 4
+    if [[ "$n" == 1 ]]; then train "speed-$shape-b$b-1gpu" 0 --model="$m" --batch-size="$b" "$@"
+    else train "speed-$shape-b$b-${n}gpu" 0,1 --model="$m" --batch-size="$b" --gpus="$n" "$@"; fi
+    summary "$out/speed-$shape-b$b-${n}gpu.jsonl"
     ;;
   concurrent)
     m="$(model "$2")"; b="$3"
