@@ -152,7 +152,10 @@ int RunDaemon(const DaemonConfig& config) {
   // does not load CUDA: a short-lived executor asks the CUDA runtime.
   const std::string executor_binary = FindSiblingBinary("offloadd-executor", "executor");
   std::string gpu_problem;
-  SetProbedGpus(ProbeGpusWithExecutor(executor_binary, &gpu_problem), gpu_problem);
+  // Two statements: the order in which one call's arguments are evaluated is unspecified, and
+  // the problem must be read after the probe wrote it.
+  std::vector<GpuFacts> probed = ProbeGpusWithExecutor(executor_binary, &gpu_problem);
+  SetProbedGpus(std::move(probed), gpu_problem);
   const std::vector<GpuFacts> gpus = ProbeGpus(&gpu_problem);
   if (gpus.empty()) {
     OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)

@@ -13,6 +13,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "common/logging.h"
+#include "common/safe_path.h"
 #include "daemon/jobs/executor_protocol.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/train_job_config.h"
@@ -222,6 +223,8 @@ Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorCha
 Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   const v1::Job& job = start.job();
   const daemon::TrainerEnvironment env = daemon::FromProto(start.environment());
+  // Every file the job opens stays under the daemon's allowed_roots, checked at use (issue #18).
+  SetAllowedRoots(env.allowed_roots);
   ASSIGN_OR_RETURN(trainer::TrainConfig config, daemon::MakeTrainConfig(job, env));
   config.parallel = daemon::ParallelFromPlacement(start.placement());
   if (env.has_gpu && start.placement().gpu_index() >= 0) {

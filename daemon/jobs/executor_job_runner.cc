@@ -379,6 +379,7 @@ TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has
   env.host_memory_limit = config.memory.host_memory_limit;
   env.gpu_memory_limit = config.memory.gpu_memory_limit;
   for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);
+  env.allowed_roots = config.allowed_roots;
   return env;
 }
 

@@ -140,12 +140,14 @@ pb::TrainerEnvironment ToProto(const TrainerEnvironment& s) {
   pb::TrainerEnvironment p;
   OFFLOADD_ENV_FIELDS(OFFLOADD_TO)
   for (const auto& d : s.store_dirs) p.add_store_dirs(d);
+  for (const auto& r : s.allowed_roots) p.add_allowed_roots(r);
   return p;
 }
 TrainerEnvironment FromProto(const pb::TrainerEnvironment& p) {
   TrainerEnvironment s;
   OFFLOADD_ENV_FIELDS(OFFLOADD_FROM)
   s.store_dirs.assign(p.store_dirs().begin(), p.store_dirs().end());
+  s.allowed_roots.assign(p.allowed_roots().begin(), p.allowed_roots().end());
   return s;
 }
 

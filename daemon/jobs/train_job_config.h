@@ -28,6 +28,7 @@ struct TrainerEnvironment {
   int64_t trace_steps = 3;  // steps recorded in output_dir/trace.json (0: no trace)
   std::string profile_dir;  // the node profile cache: <state_dir>/profiles
   double progress_interval_seconds = 10;  // metrics.progress_interval_seconds
+  std::vector<std::string> allowed_roots;  // the daemon's allowed_roots, for the executor's confinement
 };
 
 // The job's TrainConfig, resume_from left empty. Each job's NVMe states go to a subdirectory

@@ -27,6 +27,7 @@ from pipeline_testlib import build_model, write_pretokenized  # noqa: E402
 
 import offloadd  # noqa: E402
 from offloadd.v1 import job_pb2  # noqa: E402
+from proc_tree import descendants_named  # noqa: E402
 
 S = job_pb2
 GRACE_S = 5  # daemon_process.py's server.shutdown_grace_seconds
@@ -69,16 +70,7 @@ def spec(ws: pathlib.Path, *, steps: int = 5, model: str = "model", data: str = 
     return s
 
 
-def children_named(pid: int, name: str) -> list[int]:
-    out = []
-    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
-        for c in (task / "children").read_text().split():
-            try:
-                if pathlib.Path(f"/proc/{c}/comm").read_text().strip() == name:
-                    out.append(int(c))
-            except FileNotFoundError:
-                pass
-    return out
+children_named = descendants_named  # the helpers are the executor's children now
 
 
 def stop_within_grace(d: DaemonProcess) -> float:

@@ -103,7 +103,7 @@ def test_killed_executor_fails_the_job_when_no_restart_is_left(binary_dir, works
             assert f"pid {pid}" in done.error.message
             assert "max_executor_restarts is 0" in done.error.message
             # The daemon still runs jobs: a second one trains to the end.
-            again = c.create_job(spec(workspace, "out2", steps=3, save_steps=0))
+            again = c.create_job(spec(workspace, "out2", steps=3, save_steps=10))
             assert c.wait(again.id, timeout=120).state == S.JOB_STATE_SUCCEEDED
     finally:
         d.stop()

@@ -31,6 +31,7 @@ from test_training_jobs import Events, assets, logs, progress, spec, workspace  
 
 import offloadd  # noqa: E402
 from offloadd.v1 import job_pb2  # noqa: E402
+from proc_tree import descendants_named  # noqa: E402
 
 S = job_pb2
 
@@ -77,18 +78,7 @@ def wait_until(pred, timeout: float, what: str, poll: float = 0.1):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-def children_named(pid: int, name: str) -> list[int]:
-    out = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        comm = text[text.index("(") + 1:text.rindex(")")]
-        ppid = int(text[text.rindex(")") + 2:].split()[1])
-        if ppid == pid and comm == name[:15]:
-            out.append(int(stat.parent.name))
-    return out
+children_named = descendants_named  # the helpers are the executor's children now
 
 
 def all_events(c: offloadd.Client, job_id: str) -> list:

@@ -22,6 +22,7 @@ from pipeline_testlib import build_model, write_pretokenized  # noqa: E402,F401
 
 import offloadd  # noqa: E402
 from offloadd.v1 import job_pb2  # noqa: E402
+from proc_tree import descendants_named  # noqa: E402
 
 S = job_pb2
 FULL = os.environ.get("OFFLOADD_FAULTS_FULL", "") not in ("", "0")
@@ -144,27 +145,7 @@ class FaultDaemon:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
 
-def children_named(pid: int, name: str) -> list[int]:
-    out = []
-    try:
-        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
-    except FileNotFoundError:
-        return out
-    for task in tasks:
-        try:
-            kids = (task / "children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for c in kids:
-            try:
-                # A zombie (state Z: dead, not yet reaped) is not a live child.
-                stat = pathlib.Path(f"/proc/{c}/stat").read_text()
-                if pathlib.Path(f"/proc/{c}/comm").read_text().strip() == name[:15] and \
-                        stat[stat.rindex(")") + 2] != "Z":
-                    out.append(int(c))
-            except FileNotFoundError:
-                pass
-    return sorted(set(out))
+children_named = descendants_named  # the helpers are the executor's children now
 
 
 def vm_rss_kib(pid: int) -> int:
