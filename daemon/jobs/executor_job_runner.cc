@@ -317,7 +317,11 @@ class AttemptRunner {
 int JobWorldSize(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
 
 Status ExecutorJobRunner::Run(const v1::Job& job, JobControl& control) {
-  if (metrics_ != nullptr) metrics_->StartJob(job.id(), job.spec().display_name(), job.spec().model().path());
+  if (metrics_ != nullptr) {
+    std::string gpus;
+    for (int g : control.gpus()) gpus += (gpus.empty() ? "" : ",") + std::to_string(g);
+    metrics_->StartJob(job.id(), job.spec().display_name(), job.spec().model().path(), gpus);
+  }
   v1::Job current = job;
   Status result;
   for (uint32_t restart = 0;; ++restart) {

@@ -198,7 +198,8 @@ struct TrainMetrics::Impl {
         pinned(GaugeFamily(r, "offloadd_job_host_pinned_bytes",
                            "Host memory the job page-locked for the GPU's copies.")),
         job_info(GaugeFamily(r, "offloadd_job_info",
-                             "1 for each job with series here: its display name and model path. Kept "
+                             "1 for each job with series here: its display name, model path and the GPUs its "
+                             "executors use (\"0,1\"; \"cpu\"). Kept "
                              "with the job's other series for metrics.job_series_retention_seconds "
                              "after the job stops running.")) {}
 
@@ -450,12 +451,14 @@ void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) 
   }
 }
 
-void TrainMetrics::StartJob(const std::string& job_id, const std::string& display_name, const std::string& model) {
+void TrainMetrics::StartJob(const std::string& job_id, const std::string& display_name, const std::string& model,
+                            const std::string& gpus) {
   std::lock_guard lock(impl_->mu);
   Impl::JobSeries& j = impl_->SeriesLocked(job_id);
   j.ended.reset();
   if (j.info != nullptr) impl_->job_info.Remove(j.info);
-  j.info = &impl_->job_info.Add({{"job_id", job_id}, {"display_name", display_name}, {"model", model}});
+  j.info = &impl_->job_info.Add(
+      {{"job_id", job_id}, {"display_name", display_name}, {"model", model}, {"gpus", gpus.empty() ? "cpu" : gpus}});
   j.info->Set(1);
   impl_->SweepLocked();
 }

@@ -70,8 +70,10 @@ class TrainMetrics {
   void SetJobsByState(const std::map<std::string, int64_t>& counts);
 
   // A job starts (or resumes) running: offloadd_job_info = 1 with its labels; a removal pending
-  // from an earlier EndJob is cancelled, so its counters continue.
-  void StartJob(const std::string& job_id, const std::string& display_name, const std::string& model);
+  // from an earlier EndJob is cancelled, so its counters continue. `gpus`: the GPUs its executors
+  // use, e.g. "0,1" (empty: it trains on the CPU, shown as "cpu").
+  void StartJob(const std::string& job_id, const std::string& display_name, const std::string& model,
+                const std::string& gpus = "");
   // The job stopped running: its series stay for job_series_retention_seconds, then go.
   void EndJob(const std::string& job_id);
   // Removes what has outlived the retention (every member also does; the daemon calls this on a

@@ -167,9 +167,9 @@ TEST(TrainMetricsTest, EndedJobsSeriesStayForTheRetentionWithTheirInfo) {
   TrainMetrics m(registry, options);
   m.StartJob("a", "short job", "/models/tiny");
   m.Observe("a", Step(1));
-  m.StartJob("b", "long job", "/models/7b");
+  m.StartJob("b", "long job", "/models/7b", "0,1");
   m.EndJob("a");
-  const char* info_a = R"(offloadd_job_info{display_name="short job",job_id="a",model="/models/tiny"})";
+  const char* info_a = R"(offloadd_job_info{display_name="short job",gpus="cpu",job_id="a",model="/models/tiny"})";
   auto v = Samples(Scrape(registry));
   EXPECT_EQ(v[info_a], 1) << Scrape(registry);
   EXPECT_EQ(v[R"(offloadd_train_steps_total{job_id="a"})"], 1);
@@ -180,13 +180,13 @@ TEST(TrainMetricsTest, EndedJobsSeriesStayForTheRetentionWithTheirInfo) {
   m.Sweep();
   std::string text = Scrape(registry);
   EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
-  EXPECT_NE(text.find(R"(offloadd_job_info{display_name="long job",job_id="b",model="/models/7b"})"), std::string::npos)
+  EXPECT_NE(text.find(R"(offloadd_job_info{display_name="long job",gpus="0,1",job_id="b",model="/models/7b"})"), std::string::npos)
       << "a running job's series stay";
   // Ended, then resumed within the retention: the removal is cancelled and counters continue.
   m.Observe("b", Step(1));
   m.EndJob("b");
   now += std::chrono::seconds(30);
-  m.StartJob("b", "long job", "/models/7b");
+  m.StartJob("b", "long job", "/models/7b", "0,1");
   m.Observe("b", Step(2));
   now += std::chrono::seconds(3600);
   m.Sweep();
