@@ -241,10 +241,12 @@ class AttemptRunner {
     if (m.has_finished()) {
       e.finished = true;
       e.result = FromFinished(m.finished());
-      // A training error ends the job (no retry); CANCELLED is the answer to a stop request.
+      // A training error ends the job (no retry); CANCELLED is the answer to a stop request. A
+      // failure of the device (a CUDA error, the GPU out of memory, the NCCL group) is not the
+      // job's: like an executor's death, it restarts the job from its last checkpoint.
       if (!e.result.ok() && !(e.result.code() == StatusCode::kCancelled &&
                               control_.stop_requested() != JobControl::Stop::kNone)) {
-        Fail(&e, e.result, /*died=*/false);
+        Fail(&e, e.result, /*died=*/IsDeviceFailure(e.result));
       }
       return;
     }
@@ -313,6 +315,19 @@ class AttemptRunner {
 };
 
 }  // namespace
+
+bool IsDeviceFailure(const Status& s) {
+  if (s.ok() || (s.code() != StatusCode::kInternal && s.code() != StatusCode::kResourceExhausted &&
+                 s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kAborted)) {
+    return false;
+  }
+  const std::string& m = s.message();
+  for (const char* sign : {"CUDA error", "CUDA out of memory", "cudaError", "CUBLAS_STATUS_", "CUDNN_STATUS_",
+                           "NCCL", "data-parallel"}) {
+    if (m.find(sign) != std::string::npos) return true;
+  }
+  return false;
+}
 
 int JobWorldSize(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
 

@@ -64,6 +64,12 @@ class ExecutorJobRunner final : public JobRunner {
 // The executors a job runs: resources.gpus, 0 meaning 1.
 int JobWorldSize(const offloadd::v1::Job& job);
 
+// Whether an executor's final error is its device's, not the job's: a CUDA error (the context is
+// lost with the process), the GPU out of memory, a cuBLAS/cuDNN failure, or the NCCL data-parallel
+// group failing (a peer lost). Issue #15: such a job restarts from its last checkpoint like one
+// whose executor died, up to jobs.max_executor_restarts; any other error fails it at once.
+bool IsDeviceFailure(const Status& s);
+
 // The daemon's TrainerEnvironment: binaries beside the offloadd executable, workers.processes
 // (0: one per NUMA node this process may use) and threads_per_process, memory defaults, store
 // directories. `has_gpu`: whether the GPU probe found a GPU (CUDA flavour executor).

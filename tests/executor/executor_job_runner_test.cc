@@ -146,6 +146,27 @@ TEST_F(ExecutorJobRunnerTest, ATrainingErrorFailsTheJobWithoutARestart) {
   EXPECT_EQ(c.CountLogs("executor started"), 1);
 }
 
+// A device failure reported by the executor (not its death) restarts the job like a death does.
+TEST_F(ExecutorJobRunnerTest, ACudaErrorRestartsTheJobFromItsCheckpoint) {
+  FakeControl c;
+  const Status s = Run("cuda-error-once", c);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.CountLogs("executor started: pid "), 2);
+  EXPECT_EQ(c.CountLogs("CUDA error: an illegal memory access was encountered; restarting the job from its last "
+                        "checkpoint (restart 1 of 2)"),
+            1)
+      << ::testing::PrintToString(c.Logs());
+}
+
+TEST(IsDeviceFailureTest, DeviceErrorsAreRetriedOthersAreNot) {
+  EXPECT_TRUE(IsDeviceFailure(InternalError("training step: CUDA error: an illegal memory access was encountered")));
+  EXPECT_TRUE(IsDeviceFailure(ResourceExhaustedError("CUDA out of memory. Tried to allocate 2.00 GiB")));
+  EXPECT_TRUE(IsDeviceFailure(UnavailableError("data-parallel reduce-scatter: NCCL error: remote process exited")));
+  EXPECT_FALSE(IsDeviceFailure(InvalidArgumentError("CUDA error in a record's text")));  // the job's input
+  EXPECT_FALSE(IsDeviceFailure(InternalError("bad record")));
+  EXPECT_FALSE(IsDeviceFailure(OkStatus()));
+}
+
 TEST_F(ExecutorJobRunnerTest, AnExecutorOfAnotherProtocolVersionIsRefusedByName) {
   FakeControl c;
   const Status s = Run("old-version", c);

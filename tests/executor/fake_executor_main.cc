@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
     Finish(fd, InvalidArgumentError("bad record"));
     return 0;
   }
+  if (mode == "cuda-error-once" && start.start().restart() == 0 && rank == 0) {
+    Finish(fd, InternalError("training step: CUDA error: an illegal memory access was encountered"));
+    return 0;
+  }
   if (mode == "wait-stop" || (mode == "rank1-fails" && rank == 0)) {
     WaitForStop(fd);
     Finish(fd, CancelledError("stopped"));
