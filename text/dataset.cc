@@ -1,8 +1,12 @@
 #include "text/dataset.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "common/safe_path.h"
 #include "text/chat_template.h"
@@ -413,6 +417,50 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
   return out;
 }
 
+namespace {
+
+// Parquet and Arrow datasets (issue #17 item 5) would need Apache Arrow's C++ library, which Debian
+// does not package: they are refused by name, with the formats that are read and how to convert.
+Status ColumnarRefusal(const std::string& path, const std::string& what) {
+  return UnimplementedError(
+      path + ": " + what +
+      ": Parquet and Arrow datasets are not read (they need Apache Arrow's C++ library, which Debian does "
+      "not package). Give JSON Lines or a JSON array of records (alpaca, messages, sharegpt, text, "
+      "prompt_completion or pretokenized records); with Hugging Face datasets: "
+      "Dataset.from_parquet(path).to_json(\"data.jsonl\"), or load_from_disk(dir).to_json(\"data.jsonl\")");
+}
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A path that cannot be read as a file: an HF save_to_disk directory is named as such.
+Status ExplainUnreadable(const std::string& path, const Status& read_error) {
+  struct stat st {};
+  // Not for a path outside the allowed roots: its refusal stands, and says nothing of what is there.
+  if (read_error.code() != StatusCode::kPermissionDenied && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    for (const char* marker : {"/dataset_info.json", "/state.json", "/dataset_dict.json"}) {
+      if (::access((path + marker).c_str(), F_OK) == 0) {
+        return ColumnarRefusal(path, "a Hugging Face datasets directory (save_to_disk: Arrow files)");
+      }
+    }
+  }
+  return read_error.WithContext("dataset file");
+}
+
+// Parquet files start and end with "PAR1"; Arrow IPC files start with "ARROW1"; Arrow streams (the
+// .arrow files of save_to_disk) with the continuation marker 0xFFFFFFFF.
+Status RefuseColumnar(const std::string& path, const std::string& contents) {
+  if (contents.rfind("PAR1", 0) == 0 || EndsWith(path, ".parquet")) return ColumnarRefusal(path, "a Parquet file");
+  if (contents.rfind("ARROW1", 0) == 0 || contents.rfind(std::string(4, '\xff'), 0) == 0 ||
+      EndsWith(path, ".arrow") || EndsWith(path, ".feather")) {
+    return ColumnarRefusal(path, "an Arrow file");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& paths,
                                             const Tokenizer& tokenizer,
                                             const ChatTemplate* chat_template,
@@ -424,8 +472,9 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
     // Not an ifstream: a FIFO given as a dataset would block its open for good. This opens
     // O_NONBLOCK and refuses anything but a regular file (confined to the allowed roots, if set).
     auto read = ReadFileConfined(path);
-    if (!read.ok()) return read.status().WithContext("dataset file");
+    if (!read.ok()) return ExplainUnreadable(path, read.status());
     const std::string contents = std::move(*read);
+    RETURN_IF_ERROR(RefuseColumnar(path, contents));
     ASSIGN_OR_RETURN(std::vector<RawRecord> records, SplitRecords(contents, path));
     for (const RawRecord& raw : records) {
       ++reader.stats_.records;

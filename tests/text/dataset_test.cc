@@ -164,6 +164,37 @@ TEST(DatasetReader, BadLineIsAnErrorWithFileAndLineOrSkipped) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
+// Issue #17 item 5: Parquet and Arrow (an HF save_to_disk directory too) are refused by name, with
+// the formats that are read and how to convert; never parsed as JSON or reported as "not a file".
+TEST(DatasetReader, ParquetAndArrowDatasetsAreRefusedNamingTheFormats) {
+  auto tok = ToyTokenizer();
+  const std::string dir = testing::TempDir();
+  std::ofstream(dir + "/train.parquet", std::ios::binary) << "PAR1" << std::string(16, '\0') << "PAR1";
+  std::ofstream(dir + "/x.bin", std::ios::binary) << "ARROW1" << std::string(10, '\0');
+  std::ofstream(dir + "/stream.bin", std::ios::binary) << std::string(4, '\xff') << std::string(8, '\0');
+  const std::string hf = dir + "/hf_dataset";
+  std::filesystem::create_directories(hf);
+  std::ofstream(hf + "/dataset_info.json") << "{}";
+  std::ofstream(hf + "/data-00000-of-00001.arrow") << "x";
+  for (const auto& [path, what] : std::vector<std::pair<std::string, std::string>>{
+           {dir + "/train.parquet", "a Parquet file"},
+           {dir + "/x.bin", "an Arrow file"},
+           {dir + "/stream.bin", "an Arrow file"},
+           {hf, "a Hugging Face datasets directory"}}) {
+    auto ds = DatasetReader::Load({path}, *tok, nullptr, DatasetOptions{});
+    ASSERT_FALSE(ds.ok()) << path;
+    EXPECT_EQ(ds.status().code(), StatusCode::kUnimplemented) << ds.status().ToString();
+    EXPECT_NE(ds.status().message().find(path + ": " + what), std::string::npos) << ds.status().message();
+    EXPECT_NE(ds.status().message().find("JSON Lines"), std::string::npos);
+    EXPECT_NE(ds.status().message().find("to_json"), std::string::npos);
+  }
+  // A plain directory is still "not a regular file", not a dataset format.
+  std::filesystem::create_directories(dir + "/plain");
+  auto plain = DatasetReader::Load({dir + "/plain"}, *tok, nullptr, DatasetOptions{});
+  ASSERT_FALSE(plain.ok());
+  EXPECT_EQ(plain.status().message().find("Parquet"), std::string::npos) << plain.status().message();
+}
+
 std::shared_ptr<std::vector<Document>> Docs(const std::vector<size_t>& lengths) {
   auto docs = std::make_shared<std::vector<Document>>();
   for (size_t i = 0; i < lengths.size(); ++i) {
