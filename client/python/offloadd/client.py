@@ -1,48 +1,46 @@
-"""A small typed wrapper over offloadd's gRPC API (Unix socket or TCP + TLS + bearer token)."""
+"""The synchronous client: a small typed wrapper over offloadd's gRPC API (Unix socket, or TCP
+with TLS and a bearer token). ``offloadd.AsyncClient`` (offloadd/aio.py) has the same methods
+for asyncio; both build their requests and map errors in offloadd/_shared.py."""
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from typing import Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
-from offloadd.errors import InvalidArgument, OffloaddError, Unavailable, WaitTimeout, from_rpc_error
-from offloadd.job_file import JobSpecError, job_spec, merge_violations
-from offloadd.progress import ProgressPrinter, state_name
+from offloadd import _shared
+from offloadd._shared import DEFAULT_TARGET, FINAL_STATES, SpecLike  # noqa: F401 (public names)
+from offloadd.errors import OffloaddError, from_rpc_error
+from offloadd.result import JobResult
 from offloadd.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
 
-DEFAULT_TARGET = "unix:///run/offloadd/offloadd.sock"
-
-# States a job never leaves.
-FINAL_STATES = frozenset({job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED})
-
-# Codes of a watch stream that broke rather than failed: the daemon restarting or draining
-# (UNAVAILABLE, or CANCELLED once its shutdown grace ends), a dropped connection, an aborted call.
-_BROKEN_STREAM = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
-_FIRST_RETRY_S = 0.1
-_MAX_RETRY_S = 5.0
-
-
-class _BearerToken(grpc.AuthMetadataPlugin):
-    def __init__(self, token: str):
-        self._header = f"Bearer {token}"
-
-    def __call__(self, context, callback):
-        callback((("authorization", self._header),), None)
+_BearerToken = _shared.BearerToken  # the name before the shared module
 
 
 class Client:
-    """Connects to offloadd. Thread-safe; use as a context manager or call close().
+    """A connection to offloadd. Thread-safe; use as a context manager or call ``close()``.
 
-    target: "unix:///path.sock" (default: $OFFLOADD_TARGET or DEFAULT_TARGET) or "host:port".
-    TCP targets need tls_ca_file and token_file: the daemon serves TCP only with TLS and a token.
-    timeout: per-call deadline of unary calls, in seconds.
-    reconnect_window: how long wait() keeps trying to reopen a broken watch stream (daemon
-    restarting, connection dropped) before it gives up; the clock restarts with every event.
+    Calls return the API's protobuf messages (``offloadd.v1.Job``, ...); ``result`` returns a
+    ``JobResult``, and ``JobState.of(job)`` reads any job's state as a string. Failed calls raise
+    ``OffloaddError`` subclasses (``NotFound``, ``InvalidArgument`` with ``field_violations``, ...).
+
+    Args:
+        target: ``"unix:///path.sock"`` or ``"host:port"``; default ``$OFFLOADD_TARGET``, else
+            ``DEFAULT_TARGET`` (``unix:///run/offloadd/offloadd.sock``).
+        tls_ca_file: PEM file of the CA that signed the daemon's certificate. TCP targets need
+            it and ``token_file``: the daemon serves TCP only with TLS and a bearer token.
+        token_file: file holding the bearer token (surrounding whitespace ignored).
+        tls_server_name: the name to check the daemon's certificate against, when it is not the
+            target's host (e.g. ``"localhost"`` for a certificate made for it).
+        timeout: deadline of each unary call, in seconds.
+        reconnect_window: how long ``wait`` keeps trying to reopen a broken watch stream (the
+            daemon restarting, the connection dropped) before it gives up; the clock restarts
+            with every event.
+
+    Raises:
+        ValueError: a TCP target without ``tls_ca_file`` and ``token_file``.
     """
 
     def __init__(
@@ -55,32 +53,17 @@ class Client:
         timeout: float = 30.0,
         reconnect_window: float = 60.0,
     ):
-        self.target = target or os.environ.get("OFFLOADD_TARGET") or DEFAULT_TARGET
+        settings = _shared.channel_settings(target, tls_ca_file, token_file, tls_server_name)
+        self.target = settings.target
         self.timeout = timeout
         self.reconnect_window = reconnect_window
-        if self.target.startswith("unix:"):
-            self._channel = grpc.insecure_channel(self.target)
-        else:
-            if not tls_ca_file or not token_file:
-                raise ValueError(
-                    f"TCP target {self.target} needs tls_ca_file and token_file "
-                    "(offloadd serves TCP only with TLS and a bearer token)"
-                )
-            with open(tls_ca_file, "rb") as f:
-                ca = f.read()
-            with open(token_file) as f:
-                token = f.read().strip()
-            creds = grpc.composite_channel_credentials(
-                grpc.ssl_channel_credentials(root_certificates=ca),
-                grpc.metadata_call_credentials(_BearerToken(token)),
-            )
-            options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
-            self._channel = grpc.secure_channel(self.target, creds, options=options)
+        self._channel = _shared.open_channel(grpc, settings)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._node = node_service_pb2_grpc.NodeServiceStub(self._channel)
         self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)
 
     def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -97,38 +80,61 @@ class Client:
 
     # --- node and health -------------------------------------------------------------------
     def health(self, service: str = "") -> str:
-        """grpc.health.v1 status name: "SERVING", "NOT_SERVING", ..."""
-        resp = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service))
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        """Asks the daemon's grpc.health.v1 service how it is.
+
+        Args:
+            service: the service to ask about; "" for the daemon as a whole.
+
+        Returns:
+            The status name: ``"SERVING"``, ``"NOT_SERVING"`` (draining), ...
+
+        Raises:
+            Unavailable: the daemon is not reachable.
+        """
+        return _shared.health_name(self._call(self._health.Check, _shared.health_request(service)))
 
     def node_info(self) -> node_service_pb2.NodeInfo:
+        """The daemon's machine: GPUs (and which job holds each), CPU, memory, store directories,
+        measured bandwidths, build.
+
+        Returns:
+            An ``offloadd.v1.NodeInfo``.
+        """
         return self._call(self._node.GetNodeInfo, node_service_pb2.GetNodeInfoRequest())
 
     # --- jobs ------------------------------------------------------------------------------
-    def create_job(
-        self, spec: Union[job_pb2.JobSpec, dict, str, os.PathLike], *, validate_only: bool = False, request_id: str = ""
-    ) -> job_pb2.Job:
-        """Submits a job. `spec` is a JobSpec, a dict with job.proto's field names, or a path to
-        a YAML job file. Raises InvalidArgument with .field_violations listing every problem: when
-        the spec itself does not read (a JobSpecError), the daemon still checks the part that did,
-        and its problems are listed too."""
-        try:
-            spec = job_spec(spec)
-        except JobSpecError as e:
+    def create_job(self, spec: SpecLike, *, validate_only: bool = False, request_id: str = "") -> job_pb2.Job:
+        """Submits a job (queues it), or only validates it.
+
+        Args:
+            spec: an ``offloadd.v1.JobSpec``, a dict with job.proto's field names (Hugging Face
+                names and ``"24GiB"`` sizes accepted, see ``job_spec``), or the path of a YAML
+                or JSON job file.
+            validate_only: check the spec and return the job as it would be, without queueing it.
+            request_id: an idempotency key: a retried call with the same key returns the job
+                the first one created instead of queueing another.
+
+        Returns:
+            The created ``offloadd.v1.Job`` (state ``QUEUED``; its spec as the daemon resolved it).
+
+        Raises:
+            InvalidArgument: the spec has problems; ``field_violations`` lists every one. When
+                the spec does not even read (a ``JobSpecError``), the daemon still checks the
+                part that did, and its problems are listed too.
+            AlreadyExists: ``request_id`` was used for a job with another spec.
+        """
+        spec, problem = _shared.read_spec(spec)
+        if problem is not None:
             try:
-                self.create_job(e.spec, validate_only=True)
-            except InvalidArgument as daemon:
-                raise JobSpecError(e.source, merge_violations(e.field_violations, daemon.field_violations),
-                                   e.spec) from None
-            except OffloaddError:
-                pass  # the daemon is not reachable: the spec's own problems are all there is to say
-            raise
-        req = job_service_pb2.CreateJobRequest(spec=spec, validate_only=validate_only, request_id=request_id)
-        return self._call(self._jobs.CreateJob, req)
+                self.create_job(spec, validate_only=True)
+            except OffloaddError as daemon:
+                raise _shared.spec_error_with_daemons(problem, daemon) from None
+            raise problem
+        return self._call(self._jobs.CreateJob, _shared.create_job_request(spec, validate_only, request_id))
 
     def submit(
         self,
-        spec: Union[job_pb2.JobSpec, dict, str, os.PathLike],
+        spec: SpecLike,
         *,
         wait: bool = False,
         timeout: Optional[float] = None,
@@ -136,8 +142,19 @@ class Client:
         progress: bool = False,
         request_id: str = "",
     ) -> job_pb2.Job:
-        """Queues a job (as create_job) and returns it; with wait=True, waits for it to end (as
-        wait(), with timeout, on_event and progress) and returns the finished job."""
+        """Queues a job (as ``create_job``) and optionally waits for it to end (as ``wait``).
+
+        Args:
+            spec: as for ``create_job``.
+            wait: wait for the job to end and return it as it ended.
+            timeout: with ``wait``: the longest wait, in seconds (None: no limit).
+            on_event: with ``wait``: called with each of the job's events.
+            progress: with ``wait``: draw a progress bar on stderr.
+            request_id: as for ``create_job``.
+
+        Returns:
+            The queued ``offloadd.v1.Job``, or the finished one with ``wait=True``.
+        """
         job = self.create_job(spec, request_id=request_id)
         if not wait:
             return job
@@ -149,111 +166,194 @@ class Client:
         timeout: Optional[float] = None,
         on_event: Optional[Callable[[job_pb2.JobEvent], None]] = None,
         progress: bool = False,
+        *,
+        raise_on_failure: bool = False,
     ) -> job_pb2.Job:
-        """Waits until the job is SUCCEEDED, FAILED or CANCELLED and returns it as it ended.
+        """Waits until the job is succeeded, failed or cancelled, and returns it as it ended.
 
-        on_event sees each of the job's events once, in cursor order, from the first. When the
-        stream breaks (the daemon restarts, the connection drops) the watch resumes after the last
-        cursor delivered, retrying with backoff for up to reconnect_window seconds without news.
-        timeout (seconds, None = no limit) bounds the whole wait: WaitTimeout (a DeadlineExceeded
-        and a TimeoutError) when it passes. progress=True draws a progress bar on stderr.
-        Other errors (NotFound, ...) are raised at once.
+        When the watch stream breaks (the daemon restarts, the connection drops), the watch
+        resumes after the last event delivered, retrying with backoff for up to
+        ``reconnect_window`` seconds without news.
+
+        Args:
+            job_id: the job's id.
+            timeout: bounds the whole wait, in seconds (None: no limit).
+            on_event: called with each of the job's events once, in cursor order, from the first.
+            progress: draw a progress bar on stderr (as ``offloadctl watch``).
+            raise_on_failure: raise ``JobFailed`` / ``JobCancelled`` instead of returning a job
+                that failed or was cancelled.
+
+        Returns:
+            The finished ``offloadd.v1.Job`` (``JobState.of(job)`` gives its state as a string).
+
+        Raises:
+            WaitTimeout: ``timeout`` passed (a ``DeadlineExceeded`` and a ``TimeoutError``).
+            JobFailed, JobCancelled: with ``raise_on_failure``.
+            NotFound: no such job. Other errors are raised at once, too.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        cursor = 0
-        last_state = job_pb2.JOB_STATE_UNSPECIFIED
-        printer = ProgressPrinter(sys.stderr) if progress else None
+        job, logs = self._wait(job_id, timeout, on_event, progress)
+        if raise_on_failure:
+            JobResult.from_job(job, logs).raise_for_status()
+        return job
 
-        def timed_out() -> WaitTimeout:
-            seen = state_name(last_state).upper() if last_state else "no state"
-            return WaitTimeout(
-                f"job {job_id} did not finish within {timeout:g} s (last seen {seen}, cursor {cursor})",
-                job_id=job_id, cursor=cursor, last_state=last_state)
+    def result(
+        self,
+        job_id: str,
+        *,
+        wait: bool = True,
+        timeout: Optional[float] = None,
+        raise_on_failure: bool = False,
+        on_event: Optional[Callable[[job_pb2.JobEvent], None]] = None,
+        progress: bool = False,
+    ) -> JobResult:
+        """The job's outcome as a ``JobResult``: ``status``, ``fine_tuned_model`` (the exported
+        model's directory), ``trained_tokens``, ``final_loss``, ``error``, timestamps.
 
-        news = time.monotonic()  # last time the watch made progress
-        retry = _FIRST_RETRY_S
+        Args:
+            job_id: the job's id.
+            wait: wait for the job to end first (as ``wait``). With False, a job that has not
+                ended is described as it is now (``fine_tuned_model`` None).
+            timeout: bounds the wait, in seconds (None: no limit).
+            raise_on_failure: raise ``JobFailed`` / ``JobCancelled`` for a job that failed or
+                was cancelled, instead of returning its result.
+            on_event: called with each of the job's events, as for ``wait``.
+            progress: draw a progress bar on stderr while waiting.
+
+        Returns:
+            The ``JobResult``.
+
+        Raises:
+            JobFailed, JobCancelled: with ``raise_on_failure``; ``.result`` holds the result.
+            WaitTimeout: ``timeout`` passed.
+            NotFound: no such job.
+        """
+        if not wait:
+            job = self.get_job(job_id)
+            if job.state not in FINAL_STATES:
+                return JobResult.from_job(job)
+        # Waiting reads the job's log, which names the exported model; progress events are only
+        # fetched when someone looks at them.
+        job, logs = self._wait(job_id, timeout, on_event, progress, include_progress=bool(on_event or progress))
+        result = JobResult.from_job(job, logs)
+        return result.raise_for_status() if raise_on_failure else result
+
+    def _wait(self, job_id, timeout, on_event, progress, include_progress: bool = True):
+        loop = _shared.WaitLoop(job_id, timeout, self.reconnect_window, progress, include_progress)
         try:
             while True:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise timed_out()
-                call = self._jobs.WatchJob(
-                    job_service_pb2.WatchJobRequest(job_id=job_id, after_cursor=cursor), timeout=remaining)
+                call = self._jobs.WatchJob(loop.request(), timeout=loop.remaining())
                 try:
                     for event in call:
-                        if event.cursor <= cursor:
-                            continue  # never twice, whatever the server resends
-                        cursor = event.cursor
-                        if event.HasField("state_change"):
-                            last_state = event.state_change.state
-                        news, retry = time.monotonic(), _FIRST_RETRY_S
-                        if printer:
-                            printer.on_event(event)
-                        if on_event:
+                        if loop.accept(event) and on_event:
                             on_event(event)
-                    # The daemon ends a watch once the job is final and every event is out;
-                    # confirm, since a stream can also end early (a proxy, an older daemon).
-                    job = self.get_job(job_id)
-                    if job.state in FINAL_STATES:
-                        return job
-                    broken = Unavailable(grpc.StatusCode.UNAVAILABLE,
-                                         f"the watch stream ended while the job was {state_name(job.state).upper()}")
+                    job = loop.finished(self.get_job(job_id))
+                    if job is not None:
+                        return job, loop.logs
                 except grpc.RpcError as err:
-                    if deadline is not None and (err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                                                 or time.monotonic() >= deadline):
-                        raise timed_out() from None
-                    if err.code() not in _BROKEN_STREAM:
-                        raise from_rpc_error(err) from None
-                    broken = from_rpc_error(err)
+                    loop.stream_failed(err)
                 except OffloaddError as err:  # from get_job
-                    if err.code not in _BROKEN_STREAM:
-                        raise
-                    broken = err
+                    loop.get_job_failed(err)
                 finally:
                     call.cancel()
-                now = time.monotonic()
-                if now - news >= self.reconnect_window:
-                    raise type(broken)(
-                        broken.code,
-                        f"lost the watch of job {job_id} and could not resume it for {self.reconnect_window:g} s "
-                        f"(watch again with after_cursor={cursor}): {broken.message}") from None
-                pause = min(retry, news + self.reconnect_window - now)
-                if deadline is not None:
-                    pause = min(pause, deadline - now)
-                time.sleep(max(0.0, pause))
-                retry = min(retry * 2, _MAX_RETRY_S)
+                time.sleep(loop.pause())
         finally:
-            if printer:
-                printer.close()
+            loop.close()
 
     def get_job(self, job_id: str) -> job_pb2.Job:
+        """The job as it is now.
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            The ``offloadd.v1.Job``; ``JobState.of(job)`` reads its state as a string,
+            ``JobResult.from_job(job)`` makes it a result object.
+
+        Raises:
+            NotFound: no such job.
+        """
         return self._call(self._jobs.GetJob, job_service_pb2.GetJobRequest(job_id=job_id))
 
-    def list_jobs(self, states=(), page_size: int = 0) -> Iterator[job_pb2.Job]:
-        """Yields every job (all pages), optionally only those in `states` (JobState values)."""
+    def list_jobs(self, states: Any = (), page_size: int = 0) -> Iterator[job_pb2.Job]:
+        """Yields every job, all pages, optionally only those in some states.
+
+        Args:
+            states: a state or an iterable of states: ``JobState`` members, names
+                (``"running"``, ``"JOB_STATE_RUNNING"``) or ``offloadd.v1.JobState`` numbers.
+                Empty: every job.
+            page_size: jobs per request (0: the daemon's default).
+
+        Yields:
+            ``offloadd.v1.Job`` messages.
+
+        Raises:
+            ValueError: a state name that names no state.
+        """
         token = ""
         while True:
-            req = job_service_pb2.ListJobsRequest(page_size=page_size, page_token=token, states=list(states))
-            resp = self._call(self._jobs.ListJobs, req)
+            resp = self._call(self._jobs.ListJobs, _shared.list_jobs_request(states, page_size, token))
             yield from resp.jobs
             token = resp.next_page_token
             if not token:
                 return
 
     def cancel_job(self, job_id: str, reason: str = "") -> job_pb2.Job:
+        """Cancels a job: a queued or paused one at once, a running one at its next step
+        (``cancelling``, then ``cancelled``).
+
+        Args:
+            job_id: the job's id.
+            reason: recorded as the job's error message.
+
+        Returns:
+            The job after the request.
+        """
         return self._call(self._jobs.CancelJob, job_service_pb2.CancelJobRequest(job_id=job_id, reason=reason))
 
     def pause_job(self, job_id: str) -> job_pb2.Job:
+        """Pauses a running job: it writes a checkpoint and frees the GPU (``pausing``, then ``paused``).
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            The job after the request.
+        """
         return self._call(self._jobs.PauseJob, job_service_pb2.PauseJobRequest(job_id=job_id))
 
     def resume_job(self, job_id: str) -> job_pb2.Job:
+        """Queues a paused job again; it continues from its pause checkpoint.
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            The job after the request (``queued``).
+        """
         return self._call(self._jobs.ResumeJob, job_service_pb2.ResumeJobRequest(job_id=job_id))
 
     def list_checkpoints(self, job_id: str):
+        """The job's checkpoints, oldest first.
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            A sequence of ``offloadd.v1.Checkpoint`` (``id``, ``step``, ``path``, ``size_bytes``, ``loss``).
+        """
         return self._call(self._jobs.ListCheckpoints, job_service_pb2.ListCheckpointsRequest(job_id=job_id)).checkpoints
 
     def watch_job(self, job_id: str, after_cursor: int = 0) -> Iterator[job_pb2.JobEvent]:
-        """Streams events until the job ends; resume after a disconnect with the last cursor."""
+        """Streams the job's events until it ends (no reconnect: ``wait`` has that).
+
+        Args:
+            job_id: the job's id.
+            after_cursor: start after this event's cursor (0: from the first event); after a
+                disconnect, pass the last cursor seen.
+
+        Yields:
+            ``offloadd.v1.JobEvent`` messages: state changes, progress, logs, checkpoints.
+        """
         req = job_service_pb2.WatchJobRequest(job_id=job_id, after_cursor=after_cursor)
         try:
             yield from self._jobs.WatchJob(req)

@@ -2,6 +2,11 @@
 
 Every failing call raises a subclass of OffloaddError carrying the gRPC code, the server's
 message and, for INVALID_ARGUMENT from CreateJob, the per-field problems (google.rpc.BadRequest).
+The sync ``Client`` and the ``AsyncClient`` raise the same classes.
+
+A job that ends without succeeding is not a failed call: ``Client.wait`` and ``Client.result``
+return it, unless asked to raise (``raise_on_failure=True``); then they raise ``JobFailed`` or
+``JobCancelled`` (both ``JobError``, an ``OffloaddError``), carrying the job's ``JobResult``.
 """
 
 from __future__ import annotations
@@ -15,11 +20,23 @@ from grpc_status import rpc_status
 
 @dataclass(frozen=True)
 class FieldViolation:
+    """One problem in a request: ``field`` is its snake_case path in the JobSpec
+    (``"training.learning_rate"``, ``"dataset.paths[1]"``), ``description`` what is wrong."""
+
     field: str
     description: str
 
 
 class OffloaddError(Exception):
+    """Base class of every error the SDK raises for an offloadd call.
+
+    Attributes:
+        code: the ``grpc.StatusCode`` of the failed call.
+        message: the server's message.
+        field_violations: list of ``FieldViolation``, one per problem, for INVALID_ARGUMENT
+            (empty otherwise).
+    """
+
     def __init__(self, code: grpc.StatusCode, message: str, field_violations=()):
         self.code = code
         self.message = message
@@ -31,11 +48,11 @@ class OffloaddError(Exception):
 
 
 class InvalidArgument(OffloaddError):
-    pass
+    """The request is invalid (INVALID_ARGUMENT); ``field_violations`` lists every problem."""
 
 
 class NotFound(OffloaddError):
-    pass
+    """No such job or checkpoint (NOT_FOUND)."""
 
 
 class AlreadyExists(OffloaddError):
@@ -43,23 +60,24 @@ class AlreadyExists(OffloaddError):
 
 
 class PermissionDenied(OffloaddError):
-    pass
+    """A path outside the daemon's allowed roots, or a forbidden operation (PERMISSION_DENIED)."""
 
 
 class Unauthenticated(OffloaddError):
-    pass
+    """TCP without a valid bearer token (UNAUTHENTICATED)."""
 
 
 class Unavailable(OffloaddError):
-    pass
+    """The daemon is not reachable, restarting or draining (UNAVAILABLE); also a watch that
+    could not be resumed within the client's reconnect_window."""
 
 
 class Unimplemented(OffloaddError):
-    pass
+    """The daemon does not know this call (UNIMPLEMENTED): an older daemon."""
 
 
 class DeadlineExceeded(OffloaddError):
-    pass
+    """The call's deadline passed (DEADLINE_EXCEEDED)."""
 
 
 class WaitTimeout(DeadlineExceeded, TimeoutError):
@@ -73,6 +91,40 @@ class WaitTimeout(DeadlineExceeded, TimeoutError):
         self.job_id = job_id
         self.cursor = cursor
         self.last_state = last_state
+
+    @property
+    def last_status(self):
+        """``last_state`` as a ``JobState`` (``"running"``, ...; ``"unspecified"`` when none)."""
+        from offloadd.states import JobState
+
+        return JobState.parse(self.last_state)
+
+
+class JobError(OffloaddError):
+    """A job ended without succeeding, raised when asked to (``raise_on_failure=True``).
+
+    Attributes:
+        job_id: the job's id.
+        status: its final ``JobState`` (``"failed"`` or ``"cancelled"``).
+        result: its ``JobResult`` (``error``, ``steps``, ``trained_tokens``, ...).
+        code: for ``JobFailed``, the ``grpc.StatusCode`` the daemon recorded in the job's error
+            (``UNKNOWN`` when none); for ``JobCancelled``, ``CANCELLED``.
+        message: the job's error message (for a cancel, its reason).
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str, *, job_id: str, status, result=None):
+        super().__init__(code, message)
+        self.job_id = job_id
+        self.status = status
+        self.result = result
+
+
+class JobFailed(JobError):
+    """The job ended FAILED: ``message`` is the daemon's reason (``Job.error.message``)."""
+
+
+class JobCancelled(JobError):
+    """The job ended CANCELLED: ``message`` is the cancel's reason."""
 
 
 _BY_CODE = {

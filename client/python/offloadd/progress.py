@@ -24,6 +24,7 @@ def state_name(state: int) -> str:
 
 
 def render_progress_line(p: job_pb2.JobProgress, bar_width: int = 24) -> str:
+    """The status line of a progress report: step, bar, loss, learning rate, tokens/s, ETA."""
     out = f"step {p.step}"
     if p.max_steps > 0:
         frac = min(1.0, p.step / p.max_steps)
@@ -53,10 +54,12 @@ def render_event(e: job_pb2.JobEvent) -> str:
 
 
 class ProgressPrinter:
-    """Writes a job's events to `stream` (default: stderr). Not thread-safe.
+    """Writes a job's events to a stream, as ``offloadctl watch`` does. Not thread-safe.
 
-    live: redraw a status line in place; default: whether `stream` is a terminal (TERM != dumb).
-    columns: the terminal's width (the status line is cut to fit so it redraws cleanly).
+    Args:
+        stream: where to write (``wait(progress=True)`` uses stderr).
+        live: redraw a status line in place; default: whether ``stream`` is a terminal (TERM != dumb).
+        columns: the terminal's width (the status line is cut to fit so it redraws cleanly).
     """
 
     def __init__(self, stream: TextIO, live: Optional[bool] = None, columns: Optional[int] = None):
@@ -69,16 +72,19 @@ class ProgressPrinter:
         self._first: Optional[tuple[int, float]] = None  # (step, time) of the first progress event
 
     def on_event(self, e: job_pb2.JobEvent) -> None:
+        """Writes an event (as ``render`` draws it) and flushes; usable as ``wait``'s on_event."""
         self._stream.write(self.render(e))
         self._stream.flush()
 
     def close(self) -> None:
+        """Ends the status line (a newline after it on a terminal)."""
         if self._live and self._status:
             self._stream.write("\n")
             self._stream.flush()
         self._status = ""
 
     def render(self, e: job_pb2.JobEvent) -> str:
+        """The text ``on_event`` writes for an event (redraw codes included on a terminal)."""
         if not self._live:
             return render_event(e) + "\n"
         if e.HasField("progress"):
