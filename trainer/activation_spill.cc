@@ -66,6 +66,7 @@ StatusOr<std::unique_ptr<ActivationSpill>> ActivationSpill::Create(const Activat
     po.args.push_back("--dir=" + d);
   }
   po.args.push_back("--queue-depth=" + std::to_string(options.queue_depth));
+  if (options.block_size > 0) po.args.push_back("--block-size=" + std::to_string(options.block_size));
   auto store = storage::StoreProcess::Launch(s->segment_, s->arena_.get(), po);
   if (!store.ok()) return store.status().WithContext("starting the activation store");
   s->store_ = std::move(*store);

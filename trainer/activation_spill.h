@@ -40,6 +40,7 @@ struct ActivationSpillOptions {
   std::string store_binary;       // offloadd-store
   std::vector<std::string> dirs;  // store directories (created if missing)
   uint32_t queue_depth = 32;
+  uint32_t block_size = 0;  // offloadd-store --block-size; 0: its default
   uint64_t buffer_bytes = 256ull << 20;  // pinned staging buffer
 };
 

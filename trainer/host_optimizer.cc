@@ -154,6 +154,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     so2.binary = o.store_binary;
     for (const auto& d : o.nvme_dirs) so2.args.push_back("--dir=" + d);
     so2.args.push_back("--queue-depth=" + std::to_string(o.nvme_queue_depth));
+    if (o.nvme_block_size > 0) so2.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
     ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so2));
   }
   ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));

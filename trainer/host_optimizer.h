@@ -61,6 +61,7 @@ struct HostOptimizerOptions {
   StateTier tier = StateTier::kCpu;
   std::vector<std::string> nvme_dirs;
   uint32_t nvme_queue_depth = 32;
+  uint32_t nvme_block_size = 0;  // offloadd-store --block-size; 0: its default
   uint32_t nvme_slots = 3;  // staging slots for the NVMe tier
   int defer_below_block = 0;  // LSP transition (without clipping, or with speculation)
   uint32_t update_depth = 1;  // updates queued per worker process (workers::OptimizerConfig)

@@ -59,6 +59,7 @@ struct OffloadPlanConfig {
   // `activations` directory inside each.
   std::vector<std::string> nvme_dirs;
   uint32_t nvme_queue_depth = 32;
+  uint32_t nvme_block_size = 0;  // the store's --block-size (aio.block_size); 0: its default, 1 MiB
   ActivationMode activations = ActivationMode::kAuto;
   std::map<int, ActivationMode> layer_overrides;  // decoder layer index -> mode
   // Device weights: kAuto keeps them resident when they fit the budget, else streams them in a

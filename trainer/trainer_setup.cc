@@ -215,6 +215,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
   ho.tier = cfg.offload.tier;
   ho.nvme_dirs = cfg.offload.nvme_dirs;
   ho.nvme_queue_depth = cfg.offload.nvme_queue_depth;
+  ho.nvme_block_size = cfg.offload.nvme_block_size;
   // Update order: earliest-needed-first dispatch (workers/step_driver.h), unless a transition
   // layer asks for LSP-Offload's static FCFS/LCFS schedule (blocks below it held to the end).
   ho.defer_below_block = cfg.offload.transition_layer >= 0 ? cfg.offload.transition_layer + 1 : 0;
@@ -523,6 +524,7 @@ Status Trainer::Impl::StartSpill() {
   so.store_binary = cfg.store_binary;
   for (const auto& d : cfg.offload.nvme_dirs) so.dirs.push_back(d + "/activations");
   so.queue_depth = cfg.offload.nvme_queue_depth;
+  so.block_size = cfg.offload.nvme_block_size;
   // Four blocks' worth (one being written, two read ahead, one being consumed) with a margin
   // over the estimate, which counts the saved tensors without allocator padding.
   so.buffer_bytes = std::max<uint64_t>(64ull << 20, static_cast<uint64_t>(largest) * 5);

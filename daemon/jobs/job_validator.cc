@@ -257,6 +257,19 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
   if (o.offload_param().has_ratio()) {
     c.Add("offload.offload_param.ratio", "only offload_optimizer takes a ratio (the share of its states kept off the GPU)");
   }
+  // Settings that would not act are refused rather than echoed back (issue #17 item 2).
+  if (o.offload_param().device() == v1::OFFLOAD_DEVICE_NVME) {
+    c.Add("offload.offload_param.device",
+          "nvme is not built: the bf16 weights the GPU reads stay in host RAM and stream from there (use cpu; "
+          "offload_optimizer.device nvme puts the fp32 master weights and Adam states on NVMe)");
+  }
+  for (const auto& [target, name] : {std::pair{&o.offload_optimizer(), "offload.offload_optimizer.pin_memory"},
+                                     std::pair{&o.offload_param(), "offload.offload_param.pin_memory"}}) {
+    if (target->has_pin_memory() && !target->pin_memory()) {
+      c.Add(name, "false is not built: every copy between host and GPU is staged through pinned memory (the "
+                  "arena is page-locked once); remove it or set true");
+    }
+  }
   if (o.offload_optimizer().has_ratio()) {
     const double r = o.offload_optimizer().ratio();
     if (!(r >= 0.0 && r <= 1.0)) {
@@ -387,6 +400,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   CheckSizes(spec, c);
   if (!r.violations.empty()) return r;  // nothing oversized reaches the file system or the parsers
   ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
+  // The daemon's storage.aio is the default of the job's offload.aio (issue #17 item 2: it acts).
+  if (!spec.offload().aio().has_block_size()) spec.mutable_offload()->mutable_aio()->set_block_size(node.aio_block_size);
+  if (!spec.offload().aio().has_queue_depth()) spec.mutable_offload()->mutable_aio()->set_queue_depth(node.aio_queue_depth);
   ApplyJobDefaults(&spec);
 
   // Model.

@@ -42,6 +42,9 @@ struct NodeBudget {
   int cpu_cores = 1;                      // logical cores: the bound of CPU executors (resources.gpus)
   std::vector<StoreDirFacts> store_dirs;  // the daemon's configured NVMe store directories
   std::string profile_dir;                // <state_dir>/profiles: measured floors (issue #13)
+  // The daemon's storage.aio: a job's offload.aio defaults to it.
+  uint64_t aio_block_size = 1u << 20;
+  uint32_t aio_queue_depth = 32;
 };
 
 struct ValidationResult {

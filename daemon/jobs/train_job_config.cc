@@ -158,6 +158,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
     for (const auto& r : roots) c.offload.nvme_dirs.push_back(r + "/" + job.id());
   }
   if (o.aio().queue_depth() > 0) c.offload.nvme_queue_depth = o.aio().queue_depth();
+  if (o.aio().block_size() > 0) c.offload.nvme_block_size = static_cast<uint32_t>(o.aio().block_size());
   using Weights = trainer::OffloadPlanConfig::Weights;
   switch (o.offload_param().device()) {
     case v1::OFFLOAD_DEVICE_NONE: c.offload.weights = Weights::kResident; break;

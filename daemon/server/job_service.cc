@@ -68,6 +68,8 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   node.gpus = facts.gpus;
   node.cpu_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   node.profile_dir = config_.state_dir + "/profiles";
+  node.aio_block_size = config_.storage.aio.block_size;
+  node.aio_queue_depth = config_.storage.aio.queue_depth;
   for (const auto& d : facts.store_dirs) {
     if (d.problem.empty()) node.store_dirs.push_back(d);
   }

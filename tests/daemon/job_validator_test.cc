@@ -293,6 +293,35 @@ TEST_F(JobValidatorTest, NvmeNeedsAConfiguredStoreDirectory) {
   EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
 }
 
+// Issue #17 item 2: a setting that would not act is refused, naming the field and what to do; the
+// daemon's storage.aio is the default of a job's offload.aio (and the job's own value wins).
+TEST_F(JobValidatorTest, KnobsThatWouldNotActAreRefusedAndAioDefaultsToTheDaemons) {
+  v1::JobSpec s = ValidSpec();
+  StoreDirFacts dir;
+  dir.path = fs::canonical(root_);
+  dir.available_bytes = 1ull << 40;
+  node_.store_dirs.push_back(dir);
+  s.mutable_offload()->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  s.mutable_offload()->mutable_offload_optimizer()->set_pin_memory(false);
+  ValidationResult r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("nvme is not built"), std::string::npos);
+  ASSERT_NE(Find(r, "offload.offload_optimizer.pin_memory"), nullptr) << Describe(r);
+  EXPECT_EQ(Find(r, "offload.offload_param.pin_memory"), nullptr);  // unset: true, the default
+  s.mutable_offload()->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_CPU);
+  s.mutable_offload()->mutable_offload_optimizer()->set_pin_memory(true);
+  node_.aio_block_size = 256 * 1024;
+  node_.aio_queue_depth = 8;
+  r = Validate(s);
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_EQ(r.resolved.offload().aio().block_size(), 256u * 1024);
+  EXPECT_EQ(r.resolved.offload().aio().queue_depth(), 8u);
+  s.mutable_offload()->mutable_aio()->set_block_size(64 * 1024);
+  r = Validate(s);
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_EQ(r.resolved.offload().aio().block_size(), 64u * 1024);
+}
+
 TEST_F(JobValidatorTest, OptimizerRatioIsAShareInUnitRange) {
   v1::JobSpec s = ValidSpec();
   auto* opt = s.mutable_offload()->mutable_offload_optimizer();

@@ -117,6 +117,7 @@ TEST_F(TrainJobConfigTest, MapsTheResolvedSpec) {
   EXPECT_EQ(c.offload.weights, trainer::OffloadPlanConfig::Weights::kStreamed);  // offload_param: cpu
   EXPECT_EQ(c.offload.activations, ActivationMode::kAuto);
   EXPECT_EQ(c.offload.host_memory_limit, 1u << 30);
+  EXPECT_EQ(c.offload.nvme_block_size, 1u << 20);  // aio.block_size: the store's --block-size
   EXPECT_EQ(c.worker_binary, "/bin/offloadd-worker");
   EXPECT_EQ(c.worker_processes, 2u);
   EXPECT_EQ(c.profile_dir, "/var/lib/offloadd/profiles");  // the node profile, cached per node

@@ -35,7 +35,8 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --speculate=auto|always|never (updates before the clipping norm is known)
                --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
                  learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
-               --tier=cpu|nvme --nvme-dir=DIR (repeat) --host-memory-limit=SIZE
+               --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
+               --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
                and updated there; auto (default): the step planner places them after the first
@@ -346,6 +347,14 @@ int Run(int argc, char** argv) {
       else if (key == "--worker-binary") c.worker_binary = v;
       else if (key == "--store-binary") c.store_binary = v;
       else if (key == "--gpus") gpus = StrictStoi(v);
+      else if (key == "--nvme-block-size") {
+        uint64_t b = 0;
+        st = size(&b);
+        if (st.ok() && (b == 0 || b % 4096 != 0 || b > (64u << 20))) {
+          st = InvalidArgumentError("--nvme-block-size: a multiple of 4096 up to 64MiB, got " + v);
+        }
+        c.offload.nvme_block_size = static_cast<uint32_t>(b);
+      }
       else if (key == "--rank") c.parallel.rank = StrictStoi(v);
       else if (key == "--world-size") c.parallel.world_size = StrictStoi(v);
       else if (key == "--rendezvous") c.parallel.rendezvous = v;
