@@ -120,9 +120,18 @@ class FaultDaemon:
         return self.proc is not None and self.proc.poll() is None
 
     def kill9(self) -> None:
+        """SIGKILLs the daemon and returns once the processes it started are gone too. They die by
+        their death signals, in a chain since issue #15 (daemon -> executor -> worker/store): a
+        test that opens what they held (a store's LOCK) must not race the chain's last link."""
+        below = [p for name in ("offloadd-executor", "offloadd-worker", "offloadd-store")
+                 for p in descendants_named(self.proc.pid, name)]
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
         self._log.close()
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in below):
+            assert time.monotonic() < deadline, f"processes of the killed daemon still alive: {below}"
+            time.sleep(0.02)  # no event tells a process's end to a non-parent
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -146,6 +155,15 @@ class FaultDaemon:
 
 
 children_named = descendants_named  # the helpers are the executor's children now
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, dead but not reaped by its new parent, does not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def vm_rss_kib(pid: int) -> int:
