@@ -29,6 +29,20 @@ std::vector<ParamSpec> SpecsOf(const BlockLayout& bl) {
   return out;
 }
 
+// Reads block b's fp32 states from checkpoint `r` into the buffers (resized); returns its AdamW step.
+StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout, int b, std::vector<float>* master,
+                                  std::vector<float>* m, std::vector<float>* v) {
+  master->resize(layout.numel);
+  m->resize(layout.numel);
+  v->resize(layout.numel);
+  LayerTarget t;
+  t.params = SpecsOf(layout);
+  t.master = {std::span<float>(*master)};
+  t.exp_avg = {std::span<float>(*m)};
+  t.exp_avg_sq = {std::span<float>(*v)};
+  return r.ReadLayer(b, t);
+}
+
 StatusOr<std::string> ReadSmallFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFoundError(path + " cannot be read");
@@ -122,16 +136,7 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
   std::vector<float> master, m, v;
   int64_t adam_steps = -1;
   for (int b = 0; b < n; ++b) {
-    const uint64_t numel = layout[b].numel;
-    master.resize(numel);
-    m.resize(numel);
-    v.resize(numel);
-    LayerTarget t;
-    t.params = SpecsOf(layout[b]);
-    t.master = {std::span<float>(master)};
-    t.exp_avg = {std::span<float>(m)};
-    t.exp_avg_sq = {std::span<float>(v)};
-    ASSIGN_OR_RETURN(int64_t adam_step, r.ReadLayer(b, t));
+    ASSIGN_OR_RETURN(const int64_t adam_step, ReadLayerStates(r, layout[b], b, &master, &m, &v));
     if (adam_steps >= 0 && adam_step != adam_steps) {
       return DataLossError(dir + ": layer " + std::to_string(b) + " has AdamW step " +
                            std::to_string(adam_step) + ", layer 0 " + std::to_string(adam_steps));
@@ -192,17 +197,7 @@ Status Trainer::Impl::RestoreFollower(const std::string& dir) {
   std::vector<float> master, m, v;
   for (int b = 0; device_opt && b < n; ++b) {
     if (!device_opt->owns(b)) continue;
-    const uint64_t numel = layout[b].numel;
-    master.resize(numel);
-    m.resize(numel);
-    v.resize(numel);
-    LayerTarget t;
-    t.params = SpecsOf(layout[b]);
-    t.master = {std::span<float>(master)};
-    t.exp_avg = {std::span<float>(m)};
-    t.exp_avg_sq = {std::span<float>(v)};
-    ASSIGN_OR_RETURN(int64_t adam_step, r.ReadLayer(b, t));
-    (void)adam_step;
+    RETURN_IF_ERROR(ReadLayerStates(r, layout[b], b, &master, &m, &v).status());
     RETURN_IF_ERROR(device_opt->RestoreStates(b, master.data(), m.data(), v.data()));
   }
   RETURN_IF_ERROR(host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
