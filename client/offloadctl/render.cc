@@ -140,6 +140,7 @@ std::string RenderJob(const offloadd::v1::Job& j) {
   o << "job " << j.id() << "  " << JobStateName(j.state());
   if (!j.spec().display_name().empty()) o << "  \"" << j.spec().display_name() << "\"";
   o << "\n";
+  if (!j.submitted_by().empty()) o << "  submitted by " << j.submitted_by() << "\n";
   const auto& p = j.progress();
   if (p.step() > 0) {
     o << "  step " << p.step() << "/" << p.max_steps() << "  loss " << p.loss() << "  lr " << p.learning_rate()

@@ -30,7 +30,7 @@ struct ServerConfig {
   uint64_t max_request_bytes = 4ull << 20;
   // SIGTERM: in-flight calls get this long to finish before they are cancelled.
   double shutdown_grace_seconds = 30;
-  // Per client (a TCP address, or every Unix-socket client together): jobs it created that are
+  // Per client (a TCP address, or a local user on the Unix socket, by SO_PEERCRED uid): jobs it created that are
   // queued, running or paused, and WatchJob streams open at once (each holds a server thread).
   uint32_t max_active_jobs_per_client = 1000;
   uint32_t max_watchers_per_client = 1024;

@@ -79,15 +79,19 @@ class JobManager::Control final : public JobControl {
 
   void ReportProgress(const v1::JobProgress& progress) override {
     std::lock_guard<std::mutex> lock(m_->mu_);
-    auto job = m_->store_->Get(id_);
-    if (job.ok()) {
-      *job->mutable_progress() = progress;
-      *job->mutable_update_time() = Now();
-      Warn(m_->store_->Update(*job));
-    }
     v1::JobEvent e;
     *e.mutable_progress() = progress;
-    Warn(Append(std::move(e)));
+    // The record's progress and its event in one transaction: a resumed run takes the steps it
+    // has reported from the event log, so the record must never be a step ahead of it.
+    auto job = m_->store_->Get(id_);
+    if (!job.ok()) {
+      Warn(job.status());
+      return;
+    }
+    *job->mutable_progress() = progress;
+    *job->mutable_update_time() = Now();
+    e.set_job_id(id_);
+    Warn(m_->CommitLocked(*job, std::move(e)));
   }
   void Log(v1::LogLevel level, const std::string& message) override {
     std::lock_guard<std::mutex> lock(m_->mu_);
@@ -99,13 +103,15 @@ class JobManager::Control final : public JobControl {
   void CheckpointSaved(const v1::Checkpoint& checkpoint) override {
     std::lock_guard<std::mutex> lock(m_->mu_);
     auto job = m_->store_->Get(id_);
-    if (job.ok()) {
-      job->set_latest_checkpoint_step(checkpoint.step());
-      Warn(m_->store_->Update(*job));
+    if (!job.ok()) {
+      Warn(job.status());
+      return;
     }
+    job->set_latest_checkpoint_step(checkpoint.step());
     v1::JobEvent e;
+    e.set_job_id(id_);
     *e.mutable_checkpoint_saved() = checkpoint;
-    Warn(Append(std::move(e)));
+    Warn(m_->CommitLocked(*job, std::move(e)));
   }
   Stop stop_requested() const override {
     std::lock_guard<std::mutex> lock(m_->mu_);
@@ -209,12 +215,23 @@ void JobManager::PublishCountsLocked() {
 Status JobManager::AppendLocked(v1::JobEvent event) {
   *event.mutable_time() = Now();
   ASSIGN_OR_RETURN(int64_t cursor, store_->AppendEvent(&event));
-  if (auto it = watch_slots_.find(event.job_id()); it != watch_slots_.end()) {
+  NotifyLocked(event.job_id(), cursor);
+  return OkStatus();
+}
+
+Status JobManager::CommitLocked(const v1::Job& job, v1::JobEvent event) {
+  *event.mutable_time() = Now();
+  ASSIGN_OR_RETURN(int64_t cursor, store_->UpdateAndAppend(job, &event));
+  NotifyLocked(event.job_id(), cursor);
+  return OkStatus();
+}
+
+void JobManager::NotifyLocked(const std::string& job_id, int64_t cursor) {
+  if (auto it = watch_slots_.find(job_id); it != watch_slots_.end()) {
     it->second->last_cursor = cursor;
     it->second->appended.notify_all();
   }
   changed_.notify_all();
-  return OkStatus();
 }
 
 Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std::string& reason) {
@@ -228,15 +245,16 @@ Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std:
   t->set_state(state);
   *t->mutable_time() = now;
   t->set_reason(reason);
-  RETURN_IF_ERROR(store_->Update(*job));
-  CountLocked(from, state);  // the store holds the new state even if appending its event fails
   v1::JobEvent e;
   e.set_job_id(job->id());
   *e.mutable_state_change() = *t;
-  return AppendLocked(std::move(e));
+  RETURN_IF_ERROR(CommitLocked(*job, std::move(e)));  // the new state and its event, or neither
+  CountLocked(from, state);
+  return OkStatus();
 }
 
-StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std::string& request_id) {
+StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std::string& request_id,
+                                     const std::string& submitted_by) {
   if (!runner_) {
     return FailedPreconditionError("this build cannot run jobs: the training pipeline is not available (issue #6)");
   }
@@ -256,6 +274,7 @@ StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std
   }
   v1::Job job;
   job.set_request_id(request_id);
+  job.set_submitted_by(submitted_by);
   *job.mutable_spec() = resolved_spec;
   job.set_state(v1::JOB_STATE_VALIDATING);
   *job.mutable_create_time() = Now();

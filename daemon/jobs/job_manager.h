@@ -109,9 +109,10 @@ class JobManager {
 
   // Queues a job whose spec has passed ValidateJobSpec.
   // With a request_id: the job already created with it when its spec is the same (a retry);
-  // ALREADY_EXISTS naming that job when the spec differs.
+  // ALREADY_EXISTS naming that job when the spec differs. `submitted_by` names the client
+  // (Job.submitted_by).
   StatusOr<offloadd::v1::Job> Create(const offloadd::v1::JobSpec& resolved_spec,
-                                     const std::string& request_id = "");
+                                     const std::string& request_id = "", const std::string& submitted_by = "");
   StatusOr<offloadd::v1::Job> Get(const std::string& id);
   StatusOr<JobStore::Page> List(const std::vector<offloadd::v1::JobState>& states, int page_size,
                                 const std::string& page_token);
@@ -156,6 +157,9 @@ class JobManager {
   // Sets the state, records the transition and appends its event. Caller holds mu_.
   Status TransitionLocked(offloadd::v1::Job* job, offloadd::v1::JobState state, const std::string& reason);
   Status AppendLocked(offloadd::v1::JobEvent event);
+  // Writes the job's record and appends its event in one store transaction.
+  Status CommitLocked(const offloadd::v1::Job& job, offloadd::v1::JobEvent event);
+  void NotifyLocked(const std::string& job_id, int64_t cursor);
   // How a run ended, as the job's final (or PAUSED) state.
   struct RunEnd {
     offloadd::v1::JobState state;

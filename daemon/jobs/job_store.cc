@@ -143,6 +143,10 @@ Status JobStore::Insert(const v1::Job& job) {
 
 Status JobStore::Update(const v1::Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
+  return UpdateLocked(job);
+}
+
+Status JobStore::UpdateLocked(const v1::Job& job) {
   Stmt s(db_, "UPDATE jobs SET state = ?, priority = ?, record = ? WHERE id = ?");
   if (!s.ok()) return Error("prepare update");
   s.Int(1, job.state());
@@ -237,6 +241,29 @@ StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
 
 StatusOr<int64_t> JobStore::AppendEvent(v1::JobEvent* event) {
   std::lock_guard<std::mutex> lock(mu_);
+  return AppendEventLocked(event);
+}
+
+StatusOr<int64_t> JobStore::UpdateAndAppend(const v1::Job& job, v1::JobEvent* event) {
+  if (event->job_id() != job.id()) {
+    return InvalidArgumentError("event of job '" + event->job_id() + "' given with the record of job " + job.id());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Status st = UpdateLocked(job);
+  StatusOr<int64_t> cursor = st.ok() ? AppendEventLocked(event) : StatusOr<int64_t>(st);
+  if (cursor.ok()) {
+    st = Exec("COMMIT");
+    if (st.ok()) return cursor;
+    cursor = st;
+  }
+  // A failed COMMIT may already have rolled back (SQLITE_FULL, SQLITE_IOERR); then this one fails
+  // with "no transaction is active", which changes nothing.
+  (void)Exec("ROLLBACK");
+  return cursor;
+}
+
+StatusOr<int64_t> JobStore::AppendEventLocked(v1::JobEvent* event) {
   Stmt next(db_, "SELECT COALESCE(MAX(cursor), 0) + 1 FROM events WHERE job_id = ?");
   if (!next.ok()) return Error("prepare cursor");
   next.Text(1, event->job_id());

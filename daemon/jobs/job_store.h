@@ -50,6 +50,10 @@ class JobStore {
 
   // Appends an event, assigning the next cursor of that job (1, 2, ...); returns the cursor.
   StatusOr<int64_t> AppendEvent(offloadd::v1::JobEvent* event);
+  // Updates the job's record and appends `event` (to that job's log) in one transaction: a crash
+  // of the daemon leaves both or neither, so the record never runs ahead of the event log (a
+  // resumed job decides from the log which steps it has reported). Returns the event's cursor.
+  StatusOr<int64_t> UpdateAndAppend(const offloadd::v1::Job& job, offloadd::v1::JobEvent* event);
   // Events with cursor > after_cursor, oldest first, at most `limit`.
   StatusOr<std::vector<offloadd::v1::JobEvent>> Events(const std::string& job_id, int64_t after_cursor,
                                                        int limit);
@@ -58,6 +62,9 @@ class JobStore {
   explicit JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   Status Exec(const char* sql);
   Status Error(const std::string& what);
+  // The bodies of Update and AppendEvent; the caller holds mu_.
+  Status UpdateLocked(const offloadd::v1::Job& job);
+  StatusOr<int64_t> AppendEventLocked(offloadd::v1::JobEvent* event);
 
   std::mutex mu_;
   sqlite3* db_;

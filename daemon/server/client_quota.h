@@ -2,7 +2,8 @@
 // ClientQuota: per-client limits on active jobs (QUEUED, RUNNING or PAUSED ones it created since
 // the daemon started) and on concurrent WatchJob streams (issue #18, the security review's
 // limits). A client is its transport address without the port: "ipv4:10.0.0.7", "ipv6:[::1]";
-// every Unix-socket client is one client, "unix" (the socket's mode decides who may connect).
+// a Unix-socket client is its user, "unix:uid=<uid>" (PeerCredentials, unix_peer_listener.h); a
+// Unix peer string without credentials is "unix".
 #include <cstdint>
 #include <functional>
 #include <map>

@@ -63,7 +63,8 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
 
   std::vector<StoreDirInput> dirs;
   for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
-  s->job_service_ = std::make_unique<JobServiceImpl>(config, jobs, metrics);
+  auto peers = std::make_shared<PeerCredentials>();
+  s->job_service_ = std::make_unique<JobServiceImpl>(config, jobs, metrics, peers);
   auto node = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
   node->set_adamw_kernel(config.workers.adamw_kernel);
   node->set_profile_dir(config.state_dir + "/profiles");  // where jobs cache the node profile
@@ -79,12 +80,13 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   builder.SetResourceQuota(quota);
   // The socket is bound inside a fresh 0700 directory, given its mode there, and only then renamed
   // to its configured path: no client can connect while it has the umask's mode (0777 under umask
-  // 000 before, until the chmod after the bind).
+  // 000 before, until the chmod after the bind). The daemon accepts its connections itself, to
+  // read each client's user (SO_PEERCRED), and hands them to the gRPC server.
   std::unique_ptr<PrivateSocketBinding> binding;
   if (!config.server.unix_socket.empty()) {
     RETURN_IF_ERROR(PrepareUnixSocketPath(config.server.unix_socket));
     ASSIGN_OR_RETURN(binding, PrivateSocketBinding::Create(config.server.unix_socket));
-    builder.AddListeningPort("unix:" + binding->bind_path(), grpc::InsecureServerCredentials());
+    ASSIGN_OR_RETURN(s->unix_listener_, UnixPeerListener::Bind(binding->bind_path(), peers));
     s->unix_socket_ = config.server.unix_socket;
   }
   if (!config.server.tcp.listen.empty()) {
@@ -95,16 +97,19 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   builder.RegisterService(s->node_service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_) {
-    return UnavailableError("gRPC server failed to start: cannot bind " +
-                            (s->unix_socket_.empty() ? "" : "unix:" + s->unix_socket_ + " ") +
-                            config.server.tcp.listen + " (see the gRPC error above)");
+    return UnavailableError("gRPC server failed to start" +
+                            (config.server.tcp.listen.empty() ? std::string()
+                                                              : ": cannot bind " + config.server.tcp.listen) +
+                            " (see the gRPC error above)");
   }
   if (!config.server.tcp.listen.empty() && s->tcp_port_ == 0) {
     s->server_->Shutdown();
     return UnavailableError("cannot bind server.tcp.listen=" + config.server.tcp.listen);
   }
+  if (s->unix_listener_) s->unix_listener_->Start(s->server_.get());
   if (binding) {
     if (Status st = binding->Publish(config.server.unix_socket_mode); !st.ok()) {
+      s->unix_listener_->Stop();
       s->server_->Shutdown();
       return st;
     }
@@ -117,6 +122,7 @@ void GrpcServer::Shutdown(double grace_seconds) {
   if (!server_) return;
   // Health first, so load balancers and clients polling health stop sending work.
   server_->GetHealthCheckService()->Shutdown();
+  if (unix_listener_) unix_listener_->Stop();  // no new connections
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000));
   server_->Shutdown(deadline);

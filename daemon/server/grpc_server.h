@@ -14,6 +14,7 @@
 #include "daemon/jobs/job_manager.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/node_service.h"
+#include "daemon/server/unix_peer_listener.h"
 
 namespace offloadd::daemon {
 
@@ -43,6 +44,9 @@ class GrpcServer {
   std::unique_ptr<grpc::Service> job_service_;
   std::unique_ptr<grpc::Service> node_service_;
   std::unique_ptr<grpc::Server> server_;
+  // Accepts the Unix socket's connections (their SO_PEERCRED names the client) and hands them to
+  // server_; stopped before it.
+  std::unique_ptr<UnixPeerListener> unix_listener_;
   std::string unix_socket_;
   int tcp_port_ = 0;
 };

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 
+#include "common/logging.h"
 #include "common/message_text.h"
 #include "daemon/jobs/job_validator.h"
 #include "daemon/node/node_probe.h"
@@ -12,6 +13,9 @@
 #include "google/rpc/status.pb.h"
 
 namespace offloadd::daemon {
+namespace {
+constexpr const char* kLog = "server";
+}  // namespace
 
 namespace v1 = offloadd::v1;
 
@@ -48,12 +52,19 @@ grpc::Status InvalidSpec(const std::vector<FieldViolation>& violations) {
 
 }  // namespace
 
-JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics)
+JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics,
+                               std::shared_ptr<const PeerCredentials> peers)
     : config_(config),
       paths_(config.allowed_roots),
       jobs_(jobs),
       metrics_(metrics),
-      quota_(config.server.max_active_jobs_per_client, config.server.max_watchers_per_client) {}
+      quota_(config.server.max_active_jobs_per_client, config.server.max_watchers_per_client),
+      peers_(std::move(peers)) {}
+
+std::string JobServiceImpl::ClientOf(const grpc::ServerContext& context) const {
+  const std::string peer = context.peer();
+  return peers_ ? peers_->ClientFor(peer) : ClientKey(peer);
+}
 
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                                        v1::Job* job) {
@@ -89,7 +100,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
     job->set_state(v1::JOB_STATE_QUEUED);
     return rec.Done(grpc::Status::OK);
   }
-  const std::string client = ClientKey(context->peer());
+  const std::string client = ClientOf(*context);
   const Status reserved = quota_.Reserve(client, [this](const std::string& id) {
     auto j = jobs_->Get(id);
     if (!j.ok()) return false;
@@ -97,12 +108,13 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
     return st == v1::JOB_STATE_QUEUED || st == v1::JOB_STATE_RUNNING || st == v1::JOB_STATE_PAUSED;
   });
   if (!reserved.ok()) return rec.Done(ToGrpcStatus(reserved));
-  auto created = jobs_->Create(result.resolved, request->request_id());
+  auto created = jobs_->Create(result.resolved, request->request_id(), client);
   if (!created.ok()) {
     quota_.Release(client);
     return rec.Done(ToGrpcStatus(created.status()));
   }
   quota_.Commit(client, created->id());
+  OFFLOADD_LOG(kInfo, kLog) << "job " << created->id() << " created by " << client;
   *job = std::move(*created);
   return rec.Done(grpc::Status::OK);
 }
@@ -154,7 +166,7 @@ grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext*, const v1::ResumeJob
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   RpcRecorder rec(metrics_, "WatchJob");
-  auto slot = quota_.AcquireWatcher(ClientKey(context->peer()));
+  auto slot = quota_.AcquireWatcher(ClientOf(*context));
   if (!slot.ok()) return rec.Done(ToGrpcStatus(slot.status()));
   const bool progress = !request->has_include_progress() || request->include_progress();
   const bool logs = !request->has_include_logs() || request->include_logs();

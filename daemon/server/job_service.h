@@ -12,14 +12,17 @@
 #include "daemon/jobs/path_policy.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/client_quota.h"
+#include "daemon/server/unix_peer_listener.h"
 #include "offloadd/v1/job_service.grpc.pb.h"
 
 namespace offloadd::daemon {
 
 class JobServiceImpl final : public offloadd::v1::JobService::Service {
  public:
-  // `jobs` must outlive the service.
-  JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics);
+  // `jobs` must outlive the service. `peers` names the Unix-socket clients by user (null: every
+  // Unix-socket client is the one client "unix").
+  JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics,
+                 std::shared_ptr<const PeerCredentials> peers = nullptr);
 
   grpc::Status CreateJob(grpc::ServerContext*, const offloadd::v1::CreateJobRequest*, offloadd::v1::Job*) override;
   grpc::Status GetJob(grpc::ServerContext*, const offloadd::v1::GetJobRequest*, offloadd::v1::Job*) override;
@@ -42,8 +45,12 @@ class JobServiceImpl final : public offloadd::v1::JobService::Service {
   // at most this many at once, so a burst of CreateJob calls cannot multiply that memory.
   static constexpr int kMaxConcurrentValidations = 4;
   std::counting_semaphore<kMaxConcurrentValidations> validations_{kMaxConcurrentValidations};
+  // The client a call comes from, for the per-client limits and the log.
+  std::string ClientOf(const grpc::ServerContext& context) const;
+
   // server.max_active_jobs_per_client and server.max_watchers_per_client.
   ClientQuota quota_;
+  std::shared_ptr<const PeerCredentials> peers_;
 };
 
 }  // namespace offloadd::daemon
