@@ -1,12 +1,10 @@
 // Fuzzes CreateJob's validation (daemon/jobs/job_validator.h) on a JobSpec parsed from the input
-// bytes (the protobuf wire format, as the gRPC handler receives it). JobService::CreateJob itself
-// lives in offloadd_daemon_core, which links the trainer and LibTorch; its handler only parses the
-// request and calls ValidateJobSpec, which is what this harness drives: sizes, enums, ranges,
-// path policy, config.json, tokenizer, chat template and the first dataset records.
+// bytes (the protobuf wire format, as the gRPC handler receives it): ValidateJobSpec alone, fast,
+// on sizes, enums, ranges, path policy, config.json, tokenizer, chat template and the first
+// dataset records. grpc_handlers_fuzzer drives the whole server (CreateJob and the other calls).
 //
-// The paths a spec names resolve under a fixed sandbox, kRoot, created at start-up: a tiny Llama
-// model directory (config.json, model.safetensors, a 457-token byte-level tokenizer), datasets
-// in several formats, a chat template, an output parent and an NVMe directory. kRoot is the only
+// The paths a spec names resolve under a fixed sandbox, kRoot, created at start-up
+// (fuzz/job_sandbox.h). kRoot is the only
 // allowed root (PathPolicy and SetAllowedRoots, as the daemon configures them), so the seeds in
 // the corpus name real files and mutations reach both the accept and the refuse paths.
 // Checked: a spec that validates has resolved paths under kRoot.
@@ -25,55 +23,13 @@
 #include "common/safe_path.h"
 #include "daemon/jobs/job_validator.h"
 #include "fuzz/fuzz_util.h"
+#include "fuzz/job_sandbox.h"
 
 namespace od = offloadd::daemon;
 
 namespace {
 
 constexpr const char* kRoot = "/tmp/offloadd-fuzz-job-spec";
-
-void Write(const std::string& rel, const std::string& contents) {
-  std::ofstream out(std::string(kRoot) + "/" + rel, std::ios::binary | std::ios::trunc);
-  out << contents;
-  if (!out) offloadd::fuzz::SetupFailed("cannot write " + std::string(kRoot) + "/" + rel);
-}
-
-std::string ReadSource(const std::string& rel) {
-  const std::string path = std::string(OFFLOADD_FUZZ_SOURCE_DIR) + "/" + rel;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) offloadd::fuzz::SetupFailed("cannot read " + path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void MakeSandbox() {
-  for (const char* d : {"", "/model", "/data", "/out", "/nvme"}) {
-    ::mkdir((std::string(kRoot) + d).c_str(), 0755);
-  }
-  Write("model/config.json",
-        R"({"model_type": "llama", "vocab_size": 457, "hidden_size": 16, "intermediate_size": 32,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-            "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "eos_token_id": 456,
-            "tie_word_embeddings": false})");
-  // An empty but valid safetensors file: u64 header length 8, "{}" padded to 8 bytes.
-  Write("model/model.safetensors", std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
-  Write("model/tokenizer.json", ReadSource("fuzz/data/tiny_bytelevel_tokenizer.json"));
-  Write("model/tokenizer_config.json",
-        R"({"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"})");
-  Write("data/alpaca.jsonl",
-        "{\"instruction\": \"Say hi\", \"input\": \"\", \"output\": \"hi\"}\n"
-        "{\"instruction\": \"Add\", \"input\": \"1+1\", \"output\": \"2\", "
-        "\"history\": [[\"a\", \"b\"]], \"system\": \"s\"}\n");
-  Write("data/chat.json",
-        R"([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])");
-  Write("data/sharegpt.json",
-        R"([{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
-             "tools": "[]", "system": "sys"}])");
-  Write("data/text.jsonl", "{\"text\": \"once upon a time\"}\n{\"prompt\": \"2+2=\", \"completion\": \"4\"}\n");
-  Write("data/pretok.jsonl", "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n");
-  Write("template.jinja",
-        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{{ eos_token }}{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}");
-}
 
 struct Env {
   od::PathPolicy paths{{kRoot}};
@@ -82,7 +38,7 @@ struct Env {
 
 const Env& GetEnv() {
   static const Env env = [] {
-    MakeSandbox();
+    offloadd::fuzz::MakeJobSandbox(kRoot);
     offloadd::SetAllowedRoots({kRoot});
     Env e;
     e.node.host_memory_bytes = 64ull << 30;

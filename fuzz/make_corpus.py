@@ -335,18 +335,69 @@ JOB_SPECS = [
 ]
 
 
-def job_spec_seeds(c):
+def encode(message, text, proto="offloadd/v1/job.proto"):
+    """The protobuf wire format of `text` (text format) as `message`; None without protoc."""
     protoc = shutil.which("protoc")
     if not protoc:
-        print("make_corpus: protoc not found; job_spec starts from an empty corpus", file=sys.stderr)
+        return None
+    r = subprocess.run([protoc, f"--encode=offloadd.v1.{message}", "--proto_path=" + os.path.join(REPO, "proto"),
+                        proto], input=text.encode(), capture_output=True, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"protoc --encode={message} failed: {r.stderr.decode()}\n{text}")
+    return r.stdout
+
+
+def job_spec_seeds(c):
+    if not shutil.which("protoc"):
+        print("make_corpus: protoc not found; job_spec and grpc_handlers start from empty corpora", file=sys.stderr)
         return
     for i, text in enumerate(JOB_SPECS):
-        r = subprocess.run([protoc, "--encode=offloadd.v1.JobSpec",
-                            "--proto_path=" + os.path.join(REPO, "proto"), "offloadd/v1/job.proto"],
-                           input=text.encode(), capture_output=True, check=False)
-        if r.returncode != 0:
-            raise SystemExit(f"protoc --encode failed for job_spec seed {i}: {r.stderr.decode()}")
-        c.add("job_spec", f"spec{i}.pb", r.stdout)
+        c.add("job_spec", f"spec{i}.pb", encode("JobSpec", text))
+
+
+# --- gRPC call sequences (grpc_handlers_fuzzer: method byte, u16 length, request) --------------
+
+GRPC_ROOT = "/tmp/offloadd-fuzz-grpc"
+GRPC_METHODS = {"CreateJob": (0, "CreateJobRequest"), "GetJob": (1, "GetJobRequest"),
+                "ListJobs": (2, "ListJobsRequest"), "CancelJob": (3, "CancelJobRequest"),
+                "PauseJob": (4, "PauseJobRequest"), "ResumeJob": (5, "ResumeJobRequest"),
+                "WatchJob": (6, "WatchJobRequest"), "ListCheckpoints": (7, "ListCheckpointsRequest"),
+                "GetNodeInfo": (8, "GetNodeInfoRequest")}
+
+
+def grpc_calls(calls):
+    out = b""
+    for method, text in calls:
+        code, message = GRPC_METHODS[method]
+        proto = "offloadd/v1/node_service.proto" if method == "GetNodeInfo" else "offloadd/v1/job_service.proto"
+        body = encode(message, text, proto)
+        out += struct.pack("<BH", code, len(body)) + body
+    return out
+
+
+def grpc_seeds(c):
+    if not shutil.which("protoc"):
+        return
+    spec = JOB_SPECS[0].replace(ROOT, GRPC_ROOT)
+    chat = JOB_SPECS[1].replace(ROOT, GRPC_ROOT)
+    hostile = JOB_SPECS[3].replace(ROOT, GRPC_ROOT)
+    seqs = {
+        "create-watch": [("CreateJob", f"spec {{ {spec} }}"), ("GetJob", 'job_id: "$0"'),
+                         ("WatchJob", 'job_id: "$0"'), ("ListCheckpoints", 'job_id: "$0"'),
+                         ("ListJobs", "page_size: 2")],
+        "pause-resume-cancel": [("CreateJob", f"spec {{ {chat} }}"), ("PauseJob", 'job_id: "$0"'),
+                                ("ResumeJob", 'job_id: "$0"'), ("CancelJob", 'job_id: "$0" reason: "r"'),
+                                ("WatchJob", 'job_id: "$0" after_cursor: 2 include_progress: false')],
+        "idempotent": [("CreateJob", f'spec {{ {spec} }} request_id: "r1"'),
+                       ("CreateJob", f'spec {{ {spec} }} request_id: "r1"'),
+                       ("CreateJob", f'spec {{ {chat} }} request_id: "r1"'), ("CancelJob", 'job_id: "$0"')],
+        "validate-node": [("CreateJob", f"spec {{ {spec} }} validate_only: true"), ("GetNodeInfo", ""),
+                          ("ListJobs", "states: JOB_STATE_QUEUED page_token: \"1\"")],
+        "hostile": [("CreateJob", f"spec {{ {hostile} }}"), ("GetJob", 'job_id: "../../etc/passwd"'),
+                    ("ResumeJob", 'job_id: "$0"')],
+    }
+    for name, calls in seqs.items():
+        c.add("grpc_handlers", name, grpc_calls(calls))
 
 
 # --- wire formats ------------------------------------------------------------------------------
@@ -431,6 +482,7 @@ def main():
     model_config_seeds(c)
     yaml_seeds(c)
     job_spec_seeds(c)
+    grpc_seeds(c)
     store_seeds(c)
     worker_seeds(c)
     print("make_corpus: " + ", ".join(f"{h} {n}" for h, n in sorted(c.counts.items())))

@@ -83,6 +83,9 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfi
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = timeout;
       st.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(st.store, c.rank, c.world_size, o);
+      // The rank's GPU, not NCCL's guess (rank modulo the visible GPUs): an executor sees every
+      // GPU of the node, and a job placed on GPUs {2, 1} would open its barrier's context on GPU 0.
+      st.backend->setBoundDeviceId(device);
       st.name = "nccl";
 #else
       return UnimplementedError("this build has no NCCL process group (built without CUDA)");

@@ -50,6 +50,7 @@ class GroupLink {
   int world() const;
   int blocks() const;
   int rank() const { return rank_; }
+  double timeout_seconds() const { return timeout_seconds_; }  // every wait's bound
 
   // ---- leader (rank 0) ----
   void SetBlock(int b, const BlockInfo& info);

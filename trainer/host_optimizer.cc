@@ -339,6 +339,10 @@ Status HostOptimizer::Handle(Item& item) {
         while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
       }
       std::lock_guard<std::mutex> lock(mu_);
+      // An earlier failure of this optimizer (a wait for the other ranks' gradients that timed
+      // out, a dead worker) is the cause; the driver's complaint about the blocks it then did not
+      // get would hide it.
+      if (!error_.ok()) r = error_;
       if (r.ok() && r->skipped) {  // no update ran: the blocks keep their weights of the last one
         std::fill(updated_step_.begin(), updated_step_.end(), driver_step_);
         std::fill(staging_busy_.begin(), staging_busy_.end(), false);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -45,13 +46,18 @@ void HostOptimizer::PublishStagingFree(int block) {
 Status HostOptimizer::WaitPeers(int block) {
   GroupLink& g = *options_.group;
   const uint64_t want = handoffs_[block] + 1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+  // The group's timeout (parallel.timeout_seconds), as every GroupLink wait.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(g.timeout_seconds() * 1000));
   while (!g.PeersArrived(block, want)) {
     RETURN_IF_ERROR(driver_->Poll());
     RETURN_IF_ERROR(g.aborted());
     if (std::chrono::steady_clock::now() > deadline) {
-      return Status(StatusCode::kDeadlineExceeded,
-                    "rank 0 waited 600 s for the other ranks' gradients of block " + std::to_string(block));
+      char waited[32];
+      std::snprintf(waited, sizeof waited, "%g", g.timeout_seconds());
+      return Status(StatusCode::kDeadlineExceeded, std::string("rank 0 waited ") + waited +
+                                                       " s (parallel timeout) for the other ranks' gradients of block " +
+                                                       std::to_string(block));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

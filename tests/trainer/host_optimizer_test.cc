@@ -359,5 +359,30 @@ TEST_F(HostOptimizerTest, DataParallelFailuresReachTheFollower) {
   EXPECT_FALSE(Bounded("follower WaitUpdated", [&] { return follower->WaitUpdated(0, 1); }).ok());
 }
 
+// Rank 0 waiting for the other ranks' shards of a block gives up after the group's timeout
+// (parallel.timeout_seconds, 2 s here), as the GroupLink waits do: it was a fixed 600 s.
+TEST_F(HostOptimizerTest, DataParallelLeaderWaitsForPeersAtMostTheGroupTimeout) {
+  HostOptimizerOptions o = Options(StateTier::kCpu);
+  auto link0 = GroupLink::Create(2, 3, 2);
+  ASSERT_TRUE(link0.ok());
+  o.group = link0->get();
+  auto leader = Make(o);
+  ASSERT_TRUE(leader);
+  ASSERT_TRUE(leader->BeginStep(1, 1e-3).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int b = 2; b >= 0; --b) {
+    float* g = static_cast<float*>(leader->grad_staging(b));
+    for (uint64_t i = 0; i < leader->elements(b); ++i) g[i] = 0.1f;
+    ASSERT_TRUE(leader->GradsReady(b, 0, nullptr).ok());
+  }
+  ASSERT_TRUE(leader->FinishStepAsync().ok());
+  auto r = Bounded("leader WaitFinished", [&] { return leader->WaitFinished(1); });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("waited 2 s (parallel timeout)"), std::string::npos) << r.status().ToString();
+  EXPECT_LT(waited, 30.0);
+}
+
 }  // namespace
 }  // namespace offloadd::trainer
