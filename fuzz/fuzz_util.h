@@ -26,6 +26,17 @@
 
 namespace offloadd::fuzz {
 
+// The checkout's root (fuzz/data lives there): $OFFLOADD_FUZZ_SOURCE_DIR when set (harnesses run
+// on another machine than the one that built them), else the path the build was configured at.
+inline std::string SourceDir() {
+  if (const char* env = std::getenv("OFFLOADD_FUZZ_SOURCE_DIR"); env && *env) return env;
+#ifdef OFFLOADD_FUZZ_SOURCE_DIR
+  return OFFLOADD_FUZZ_SOURCE_DIR;
+#else
+  return ".";
+#endif
+}
+
 inline std::string SharedDataDir() {
   if (const char* env = std::getenv("OFFLOADD_FUZZ_DATA"); env && *env) return env;
   return OFFLOADD_FUZZ_SHARED_DATA;

@@ -22,7 +22,7 @@ inline void WriteUnder(const std::string& root, const std::string& rel, const st
 }
 
 inline std::string ReadSource(const std::string& rel) {
-  const std::string path = std::string(OFFLOADD_FUZZ_SOURCE_DIR) + "/" + rel;
+  const std::string path = SourceDir() + "/" + rel;
   std::ifstream in(path, std::ios::binary);
   if (!in) SetupFailed("cannot read " + path);
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -32,7 +32,8 @@ Status Trainer::Impl::StartGroup() {
   if (!cfg.trace_path.empty() && dp->rank() > 0) cfg.trace_path += ".rank" + std::to_string(dp->rank());
   Log(TrainObserver::Level::kInfo, "data parallel: rank " + std::to_string(dp->rank()) + " of " +
                                        std::to_string(dp->world()) + " (" + dp->backend_name() + ", " +
-                                       p.rendezvous + "), micro-batch " + std::to_string(cfg.batch_size) +
+                                       p.rendezvous + ", " + device.str() + "), micro-batch " +
+                                       std::to_string(cfg.batch_size) +
                                        " per rank");
   return OkStatus();
 }
