@@ -19,21 +19,14 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from daemon_process import DaemonProcess  # noqa: E402
+from demo_model import write_demo  # noqa: E402
 
 STEPS = 3
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory, shared_dir, source_dir):
-    root = tmp_path_factory.mktemp("demo")
-    src = shared_dir / "data/models/stories260K"
-    r = subprocess.run([sys.executable, str(source_dir / "scripts/convert_llama2c.py"), "--model",
-                        str(src / "stories260K.bin"), "--tokenizer", str(src / "tok512.bin"), "--out",
-                        str(root / "stories260K")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    records = json.loads((shared_dir / "data/alpaca/alpaca_5000.json").read_text())[:64]
-    (root / "alpaca.json").write_text(json.dumps(records))
-    return root
+    return write_demo(tmp_path_factory.mktemp("demo"), shared_dir, source_dir)
 
 
 @pytest.fixture()

@@ -18,6 +18,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from daemon_process import DaemonProcess  # noqa: E402
+from demo_model import write_demo  # noqa: E402
 
 NOBODY = 65534
 
@@ -27,13 +28,7 @@ def workspace(shared_dir, source_dir):
     # Not pytest's tmp_path: its parents are 0700, and the second user must reach the socket.
     root = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-peer-"))
     root.chmod(0o755)
-    src = shared_dir / "data/models/stories260K"
-    r = subprocess.run([sys.executable, str(source_dir / "scripts/convert_llama2c.py"), "--model",
-                        str(src / "stories260K.bin"), "--tokenizer", str(src / "tok512.bin"), "--out",
-                        str(root / "stories260K")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    records = json.loads((shared_dir / "data/alpaca/alpaca_5000.json").read_text())[:64]
-    (root / "alpaca.json").write_text(json.dumps(records))
+    write_demo(root, shared_dir, source_dir)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
