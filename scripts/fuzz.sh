@@ -122,14 +122,14 @@ run_harness() {
   local found="$build/corpus-found/$h"
   [[ "$keep" == 1 ]] || rm -rf "$found"
   mkdir -p "$found"
-  local before after cpu0 cpu start wall rc=0 execs
+  local before after cpu0 cpu start wall rc=0 execs me=$BASHPID  # not inside $(...): a subshell of its own
   before=$(find "$found" -type f | wc -l)
-  cpu0=$(awk '{print $14+$15+$16+$17}' "/proc/$BASHPID/stat")
+  cpu0=$(awk '{print $14+$15+$16+$17}' "/proc/$me/stat")
   start=$SECONDS
   "$bin" "${common_flags[@]}" "${fork_flags[@]}" -max_total_time="$seconds" -artifact_prefix="$art/" \
     "$found" "$build/corpus-seed/$h" >"$log" 2>&1 || rc=$?
   wall=$((SECONDS - start))
-  cpu=$(awk -v t0="$cpu0" -v hz="$(getconf CLK_TCK)" '{printf "%.0f", ($14+$15+$16+$17-t0)/hz}' "/proc/$BASHPID/stat")
+  cpu=$(awk -v t0="$cpu0" -v hz="$(getconf CLK_TCK)" '{printf "%.0f", ($14+$15+$16+$17-t0)/hz}' "/proc/$me/stat")
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   # Fork mode prints no final stats: its last status line ("#N: cov: ...") counts the executions.
   [[ -n "$execs" ]] || execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
