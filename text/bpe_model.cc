@@ -60,6 +60,15 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& mod
     bpe->vocab_.emplace(it.key(), id);
     max_id = std::max(max_id, id);
   }
+  // Ids index a dense table. A real vocab is dense (ids 0..n-1, added tokens just past it); an id
+  // far beyond the entries would make a 2^31-entry table from a few bytes (fuzz regression
+  // tokenizer/sparse-vocab-id). Holes up to the entries' count plus 64 Ki are allowed.
+  const size_t max_dense = 2 * vocab->size() + 65536;
+  if (static_cast<size_t>(max_id) >= max_dense) {
+    return InvalidArgumentError("model.vocab: id " + std::to_string(max_id) + " with only " +
+                                std::to_string(vocab->size()) + " entries; ids must be dense (below " +
+                                std::to_string(max_dense) + " here)");
+  }
   bpe->id_to_token_.resize(static_cast<size_t>(max_id) + 1);
   bpe->has_id_.assign(static_cast<size_t>(max_id) + 1, false);
   for (const auto& [tok, id] : bpe->vocab_) {

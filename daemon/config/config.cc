@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/message_text.h"
 #include "common/units.h"
 #include "daemon/config/yaml_reader.h"
 #include "workers/adamw_kernel.h"
@@ -63,7 +64,13 @@ void ReadStorage(const YAML::Node& n, const YamlReader& r, StorageConfig* c) {
         const YamlReader d = r.Child("directories[" + std::to_string(i) + "]");
         StoreDirectoryConfig dir;
         if (dirs[i].IsScalar()) {
-          dir.path = dirs[i].Scalar();
+          // The short form (`- /srv/offloadd`) is checked as `path:` is (fuzz regression
+          // daemon_config/non-utf8-short-store-directory).
+          if (InvalidUtf8At(dirs[i].Scalar()) != std::string_view::npos) {
+            r.Error("directories[" + std::to_string(i) + "]", "is not valid UTF-8");
+          } else {
+            dir.path = dirs[i].Scalar();
+          }
         } else if (d.CheckMap(dirs[i], {"path", "weight"})) {
           d.String(dirs[i], "path", &dir.path);
           d.Double(dirs[i], "weight", &dir.weight, 1e-6, 1e6);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string>
+#include <string_view>
 #include <tuple>
 
 #include "common/message_text.h"
@@ -17,12 +19,21 @@ std::string Lower(std::string name) {  // COMPUTE_DTYPE_BF16 -> bf16 after the p
   return name;
 }
 
+// "bf16" for COMPUTE_DTYPE_BF16; a value the enum does not define (proto3 keeps unknown numbers:
+// a client may send any) is named by its number, for the validator's own enum check to refuse.
+std::string EnumSuffix(const std::string& name, std::string_view prefix, int value) {
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) {
+    return "unknown value " + std::to_string(value);
+  }
+  return Lower(name.substr(prefix.size()));
+}
+
 std::string DtypeName(v1::ComputeDtype d) {
-  return Lower(v1::ComputeDtype_Name(d).substr(sizeof("COMPUTE_DTYPE_") - 1));
+  return EnumSuffix(v1::ComputeDtype_Name(d), "COMPUTE_DTYPE_", static_cast<int>(d));
 }
 
 std::string ModeName(v1::ActivationMode m) {
-  return Lower(v1::ActivationMode_Name(m).substr(sizeof("ACTIVATION_MODE_") - 1));
+  return EnumSuffix(v1::ActivationMode_Name(m), "ACTIVATION_MODE_", static_cast<int>(m));
 }
 
 const char* Bool(bool b) { return b ? "true" : "false"; }

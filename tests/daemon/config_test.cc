@@ -91,6 +91,10 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
   // A raw 0xe9 byte (Latin-1), not the YAML escape "\xe9" (which is U+00E9, valid UTF-8).
   EXPECT_NE(ErrorOf("state_dir: /tmp/caf\xe9\n").find("state_dir: is not valid UTF-8"), std::string::npos)
       << ErrorOf("state_dir: /tmp/caf\xe9\n");
+  // The short form of a store directory too (fuzz regression daemon_config/non-utf8-short-store-directory).
+  EXPECT_NE(ErrorOf("storage:\n  directories:\n    - /srv/caf\xe9\n").find("storage.directories[0]: is not valid UTF-8"),
+            std::string::npos)
+      << ErrorOf("storage:\n  directories:\n    - /srv/caf\xe9\n");
   EXPECT_NE(ErrorOf("workers: {adamw_kernel: sse9}").find("workers.adamw_kernel: AdamW kernel: unknown kernel path 'sse9'"),
             std::string::npos);
   EXPECT_NE(ErrorOf("allowed_roots: relative/dir").find("allowed_roots: expected a list"), std::string::npos);

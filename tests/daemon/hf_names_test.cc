@@ -51,6 +51,19 @@ TEST(HfNamesTest, Bf16AndFp16SetTheComputeDtype) {
   EXPECT_TRUE(Resolve(s).violations.empty());
 }
 
+// A compute_dtype number the proto does not define (a client may send any) is named by its number
+// in the contradiction, not thrown from (fuzz regression job_spec/unknown-compute-dtype-name).
+TEST(HfNamesTest, AnUnknownComputeDtypeNumberIsNamedNotThrown) {
+  v1::JobSpec s;
+  s.mutable_training()->set_bf16(true);
+  s.mutable_model()->set_compute_dtype(static_cast<v1::ComputeDtype>(99));
+  Resolved r = Resolve(s);
+  ASSERT_EQ(r.violations.size(), 1u) << r.Fields();
+  EXPECT_EQ(r.violations[0].field, "training.bf16");
+  EXPECT_NE(r.violations[0].description.find("model.compute_dtype is unknown value 99"), std::string::npos)
+      << r.Fields();
+}
+
 TEST(HfNamesTest, TheAutomaticBatchSizeAndTrainBatchSize) {
   v1::JobSpec s;  // auto without a micro-batch: the cap defaults to 64
   s.mutable_training()->set_auto_find_batch_size(true);

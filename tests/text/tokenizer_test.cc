@@ -45,6 +45,19 @@ std::vector<int32_t> Ids(const Tokenizer& t, std::string_view s, bool special = 
   return ids.ok() ? *ids : std::vector<int32_t>{};
 }
 
+// A vocab id far past the entries would size the id table from it: 2^31 strings from a few bytes
+// (fuzz regression tokenizer/sparse-vocab-id). Refused, naming the id.
+TEST(TokenizerTest, AVocabIdFarBeyondTheEntriesIsRefused) {
+  json j = ToyByteLevel();
+  j["model"]["vocab"]["Ġa"] = 2147483000;
+  auto t = Tokenizer::FromJson(j.dump(), "sparse/tokenizer.json");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("id 2147483000 with only 8 entries"), std::string::npos) << t.status().ToString();
+  j["model"]["vocab"]["Ġa"] = 100;  // holes a real vocab could have stay accepted
+  j["added_tokens"] = json::array();
+  EXPECT_TRUE(Tokenizer::FromJson(j.dump()).ok());
+}
+
 TEST(ByteLevelTable, IsABijectionOverPrintableCodePoints) {
   std::set<uint32_t> seen;
   for (int b = 0; b < 256; ++b) {
