@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "daemon/config/config.h"
@@ -24,6 +25,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  again.status().ToString().c_str());
   }
   FUZZ_CHECK(again.ok());
-  FUZZ_CHECK(ConfigToYaml(*again) == printed);
+  const std::string reprinted = ConfigToYaml(*again);
+  if (reprinted != printed) {
+    std::fprintf(stderr, "effective config printed back differently:\n%s\n---- then ----\n%s\n", printed.c_str(),
+                 reprinted.c_str());
+  }
+  FUZZ_CHECK(reprinted == printed);
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -227,6 +228,24 @@ StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
   return ParseConfig(text, path);
 }
 
+namespace {
+
+// A string value as it must be read back. yaml-cpp's emitter writes leading or trailing blanks
+// and a trailing carriage return unquoted, and a reader then drops them (fuzz regression
+// daemon_config/trailing-blanks-in-path: "/srv/offloadd add    \r"): values with whitespace at
+// either end or any control character are double-quoted (escaped there).
+struct Text {
+  const std::string& s;
+};
+YAML::Emitter& operator<<(YAML::Emitter& e, Text t) {
+  const auto space = [](unsigned char ch) { return ch == ' ' || (ch >= '\t' && ch <= '\r'); };
+  const bool control = std::any_of(t.s.begin(), t.s.end(), [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; });
+  if (control || (!t.s.empty() && (space(t.s.front()) || space(t.s.back())))) e << YAML::DoubleQuoted;
+  return e << t.s;
+}
+
+}  // namespace
+
 std::string ConfigToYaml(const DaemonConfig& c) {
   static constexpr const char* kLevels[] = {"debug", "info", "warning", "error"};
   YAML::Emitter e;
@@ -234,18 +253,18 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   std::snprintf(mode, sizeof mode, "%04o", c.server.unix_socket_mode);
   e << YAML::BeginMap;
   e << YAML::Key << "log_level" << YAML::Value << kLevels[static_cast<int>(c.log_level)];
-  e << YAML::Key << "state_dir" << YAML::Value << c.state_dir;
+  e << YAML::Key << "state_dir" << YAML::Value << Text{c.state_dir};
   e << YAML::Key << "allowed_roots" << YAML::Value << YAML::BeginSeq;
-  for (const auto& root : c.allowed_roots) e << root;
+  for (const auto& root : c.allowed_roots) e << Text{root};
   e << YAML::EndSeq;
   e << YAML::Key << "server" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "unix_socket" << YAML::Value << c.server.unix_socket;
+  e << YAML::Key << "unix_socket" << YAML::Value << Text{c.server.unix_socket};
   e << YAML::Key << "unix_socket_mode" << YAML::Value << YAML::DoubleQuoted << mode;
   e << YAML::Key << "tcp" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "listen" << YAML::Value << c.server.tcp.listen;
-  e << YAML::Key << "tls_cert_file" << YAML::Value << c.server.tcp.tls_cert_file;
-  e << YAML::Key << "tls_key_file" << YAML::Value << c.server.tcp.tls_key_file;
-  e << YAML::Key << "auth_token_file" << YAML::Value << c.server.tcp.auth_token_file;
+  e << YAML::Key << "listen" << YAML::Value << Text{c.server.tcp.listen};
+  e << YAML::Key << "tls_cert_file" << YAML::Value << Text{c.server.tcp.tls_cert_file};
+  e << YAML::Key << "tls_key_file" << YAML::Value << Text{c.server.tcp.tls_key_file};
+  e << YAML::Key << "auth_token_file" << YAML::Value << Text{c.server.tcp.auth_token_file};
   e << YAML::EndMap;
   e << YAML::Key << "max_request_bytes" << YAML::Value << FormatByteSizeExact(c.server.max_request_bytes);
   e << YAML::Key << "shutdown_grace_seconds" << YAML::Value << c.server.shutdown_grace_seconds;
@@ -254,7 +273,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "max_threads" << YAML::Value << c.server.max_threads;
   e << YAML::EndMap;
   e << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "listen" << YAML::Value << c.metrics.listen;
+  e << YAML::Key << "listen" << YAML::Value << Text{c.metrics.listen};
   e << YAML::Key << "peak_flops" << YAML::Value << c.metrics.peak_flops;
   e << YAML::Key << "job_series_retention_seconds" << YAML::Value << c.metrics.job_series_retention_seconds;
   e << YAML::Key << "progress_interval_seconds" << YAML::Value << c.metrics.progress_interval_seconds
@@ -262,7 +281,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "storage" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "directories" << YAML::Value << YAML::BeginSeq;
   for (const auto& d : c.storage.directories) {
-    e << YAML::BeginMap << YAML::Key << "path" << YAML::Value << d.path << YAML::Key << "weight"
+    e << YAML::BeginMap << YAML::Key << "path" << YAML::Value << Text{d.path} << YAML::Key << "weight"
       << YAML::Value << d.weight << YAML::EndMap;
   }
   e << YAML::EndSeq;
@@ -274,7 +293,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "processes" << YAML::Value << c.workers.processes;
   e << YAML::Key << "threads_per_process" << YAML::Value << c.workers.threads_per_process;
   e << YAML::Key << "pin_cores" << YAML::Value << c.workers.pin_cores;
-  e << YAML::Key << "adamw_kernel" << YAML::Value << c.workers.adamw_kernel << YAML::EndMap;
+  e << YAML::Key << "adamw_kernel" << YAML::Value << Text{c.workers.adamw_kernel} << YAML::EndMap;
   e << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "host_memory_limit" << YAML::Value << FormatByteSizeExact(c.memory.host_memory_limit);
   e << YAML::Key << "gpu_memory_limit" << YAML::Value << FormatByteSizeExact(c.memory.gpu_memory_limit);

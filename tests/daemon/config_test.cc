@@ -169,5 +169,21 @@ TEST(ConfigTest, EffectiveYamlRoundTrips) {
   EXPECT_EQ(again->metrics.peak_flops, 312e12);
 }
 
+// Whitespace at either end and control characters survive the round trip (fuzz regression
+// daemon_config/trailing-blanks-in-path: yaml-cpp wrote "/srv/offloadd add    \r" unquoted).
+TEST(ConfigTest, EffectiveYamlKeepsBlanksAndControlCharacters) {
+  auto c = Parse("state_dir: \"/var/lib/x\\r\"\nstorage: {directories: [\"/srv/a b   \", \"/trail\\r\", \"/tab\\tin\"]}\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->storage.directories.size(), 3u);
+  EXPECT_EQ(c->state_dir, "/var/lib/x\r");
+  auto again = Parse(ConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ConfigToYaml(*c);
+  EXPECT_EQ(again->state_dir, "/var/lib/x\r");
+  EXPECT_EQ(again->storage.directories[0].path, "/srv/a b   ");
+  EXPECT_EQ(again->storage.directories[1].path, "/trail\r");
+  EXPECT_EQ(again->storage.directories[2].path, "/tab\tin");
+  EXPECT_EQ(ConfigToYaml(*again), ConfigToYaml(*c));
+}
+
 }  // namespace
 }  // namespace offloadd::daemon
