@@ -139,24 +139,50 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
   return rec.Done(grpc::Status::OK);
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request, v1::Job* job) {
+Status JobServiceImpl::MayControl(const grpc::ServerContext& context, const std::string& job_id,
+                                  const char* action) const {
+  if (!peers_) return OkStatus();
+  const auto cred = peers_->Lookup(context.peer());
+  if (!cred || cred->uid == 0 || cred->uid == ::geteuid()) return OkStatus();
+  ASSIGN_OR_RETURN(v1::Job job, jobs_->Get(job_id));
+  const std::string caller = "unix:uid=" + std::to_string(cred->uid);
+  if (job.submitted_by().empty() || job.submitted_by() == caller) return OkStatus();
+  return PermissionDeniedError("job " + job_id + " was submitted by " + job.submitted_by() + "; " + caller +
+                               " may not " + action + " it (only its submitter, root or the daemon's user, uid " +
+                               std::to_string(::geteuid()) + ")");
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+                                       v1::Job* job) {
   RpcRecorder rec(metrics_, "CancelJob");
+  if (Status allowed = MayControl(*context, request->job_id(), "cancel"); !allowed.ok()) {
+    return rec.Done(ToGrpcStatus(allowed));
+  }
   auto j = jobs_->Cancel(request->job_id(), request->reason());
   if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
+  OFFLOADD_LOG(kInfo, kLog) << "job " << request->job_id() << " cancelled by " << ClientOf(*context);
   *job = std::move(*j);
   return rec.Done(grpc::Status::OK);
 }
 
-grpc::Status JobServiceImpl::PauseJob(grpc::ServerContext*, const v1::PauseJobRequest* request, v1::Job* job) {
+grpc::Status JobServiceImpl::PauseJob(grpc::ServerContext* context, const v1::PauseJobRequest* request,
+                                      v1::Job* job) {
   RpcRecorder rec(metrics_, "PauseJob");
+  if (Status allowed = MayControl(*context, request->job_id(), "pause"); !allowed.ok()) {
+    return rec.Done(ToGrpcStatus(allowed));
+  }
   auto j = jobs_->Pause(request->job_id());
   if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
   *job = std::move(*j);
   return rec.Done(grpc::Status::OK);
 }
 
-grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext*, const v1::ResumeJobRequest* request, v1::Job* job) {
+grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext* context, const v1::ResumeJobRequest* request,
+                                       v1::Job* job) {
   RpcRecorder rec(metrics_, "ResumeJob");
+  if (Status allowed = MayControl(*context, request->job_id(), "resume"); !allowed.ok()) {
+    return rec.Done(ToGrpcStatus(allowed));
+  }
   auto j = jobs_->Resume(request->job_id());
   if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
   *job = std::move(*j);

@@ -47,6 +47,10 @@ class JobServiceImpl final : public offloadd::v1::JobService::Service {
   std::counting_semaphore<kMaxConcurrentValidations> validations_{kMaxConcurrentValidations};
   // The client a call comes from, for the per-client limits and the log.
   std::string ClientOf(const grpc::ServerContext& context) const;
+  // Whether the caller may cancel, pause or resume the job: a local user only its own jobs
+  // (Job.submitted_by), unless it is root or the daemon's user; TCP clients (token holders) and
+  // jobs without a recorded submitter, any. PERMISSION_DENIED naming the owner otherwise.
+  Status MayControl(const grpc::ServerContext& context, const std::string& job_id, const char* action) const;
 
   // server.max_active_jobs_per_client and server.max_watchers_per_client.
   ClientQuota quota_;

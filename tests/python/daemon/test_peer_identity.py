@@ -1,7 +1,8 @@
 """Unix-socket clients are known by their user (issue #18, security review): the daemon accepts its
 socket's connections itself, reads each one's SO_PEERCRED and hands it to gRPC, so a job records
-who submitted it ("unix:uid=<uid>") and server.max_active_jobs_per_client counts per local user,
-not for every local user together. The second user's part needs root (to run a client as nobody)."""
+who submitted it ("unix:uid=<uid>"), server.max_active_jobs_per_client counts per local user, not
+for every local user together, and a local user may cancel, pause or resume only its own jobs (root
+and the daemon's user any). The second user's parts need root (to run a client as nobody)."""
 
 from __future__ import annotations
 
@@ -100,4 +101,28 @@ def test_the_active_job_limit_counts_per_local_user(binary_dir, daemon, workspac
         assert more.returncode != 0 and "max_active_jobs_per_client" in more.stderr, more.stdout + more.stderr
     finally:
         for i in ids:
+            ctl(binary_dir, daemon, "cancel", i)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a client as a second user needs root")
+def test_a_local_user_controls_only_its_own_jobs(binary_dir, daemon, workspace):
+    mine = json.loads(ctl(binary_dir, daemon, "submit", str(job_file(workspace, "roots"))).stdout)["id"]
+    r = ctl(binary_dir, daemon, "submit", str(job_file(workspace, "nobodys")), user=NOBODY)
+    assert r.returncode == 0, r.stdout + r.stderr
+    theirs = json.loads(r.stdout)["id"]
+    try:
+        # nobody may not touch root's job...
+        for verb in ("cancel", "pause"):
+            r = ctl(binary_dir, daemon, verb, mine, user=NOBODY)
+            assert r.returncode != 0, (verb, r.stdout)
+            assert f"job {mine} was submitted by unix:uid=0; unix:uid={NOBODY} may not {verb} it" in r.stderr, r.stderr
+        assert json.loads(ctl(binary_dir, daemon, "get", mine).stdout)["state"] in ("JOB_STATE_QUEUED", "JOB_STATE_RUNNING")
+        # ...but its own, and root (the daemon's user here) may control anyone's.
+        r = ctl(binary_dir, daemon, "cancel", theirs, user=NOBODY)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"job {theirs} cancelled by unix:uid={NOBODY}" in daemon.log()
+        r = ctl(binary_dir, daemon, "cancel", mine)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        for i in (mine, theirs):
             ctl(binary_dir, daemon, "cancel", i)
