@@ -133,8 +133,12 @@ class Campaign:
         self.connect()
         ev = self.submit()
         for i, target in enumerate(targets, 1):
+            # Or the job ended: a resumed run does not report again the steps reported before the
+            # kill, so a late kill point may see the job succeed with no progress event past it
+            # (full campaign, daemon kill point 30); the SUCCEEDED case below then ends the campaign.
             hit = ev.wait_for(lambda e: (e.HasField("progress") and e.progress.step >= target) or (
-                e.HasField("state_change") and e.state_change.state == S.JOB_STATE_FAILED), STEP_BOUND_S)
+                e.HasField("state_change") and e.state_change.state in (S.JOB_STATE_FAILED, S.JOB_STATE_SUCCEEDED)),
+                STEP_BOUND_S)
             if hit is not None and not hit.HasField("state_change") and self.kind == "store" and \
                     not self.d.children("offloadd-store"):
                 # The store killed last time is gone and the job has not noticed yet: a dead store is
@@ -191,8 +195,13 @@ class Campaign:
             row["recovery"] = "daemon restart"
         else:
             name = "offloadd-worker" if self.kind == "worker" else "offloadd-store"
-            pids = self.d.children(name)
-            assert pids, f"no {name} child of the daemon at kill point {row['n']} (step {row['step_at_kill']})"
+            # A worker killed at the last point is respawned by its pool within tens of ms, but the
+            # job may report its next step first (nothing was queued for the worker): wait for the
+            # new process rather than find none in that window (full campaign, kill point 13).
+            deadline = time.monotonic() + 10
+            while not (pids := self.d.children(name)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert pids, f"no {name} child of the daemon within 10 s at kill point {row['n']} (step {row['step_at_kill']})"
             os.kill(self.rng.choice(pids), signal.SIGKILL)
             row["recovery"] = "worker restart + replay" if self.kind == "worker" else "recovered in place"
         # Recovered: a progress event past the kill. Or the job ended: it is resubmitted.
