@@ -2,19 +2,17 @@
 
 #include <grpcpp/server.h>
 #include <grpcpp/server_posix.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
-#include <chrono>
 #include <cstring>
 
 #include "common/logging.h"
 #include "daemon/server/client_quota.h"
+#include "ipc/event_fd.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -57,8 +55,7 @@ StatusOr<std::unique_ptr<UnixPeerListener>> UnixPeerListener::Bind(const std::st
     return ErrnoError(errno, "cannot bind Unix socket " + bind_path);
   }
   if (listen(fd.get(), SOMAXCONN) != 0) return ErrnoError(errno, "listen on " + bind_path);
-  ipc::UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) return ErrnoError(errno, "eventfd");
+  ASSIGN_OR_RETURN(ipc::UniqueFd wake, ipc::MakeEventFd());
   return std::unique_ptr<UnixPeerListener>(new UnixPeerListener(std::move(fd), std::move(wake), std::move(peers)));
 }
 
@@ -70,31 +67,26 @@ void UnixPeerListener::Start(grpc::Server* server) {
 
 void UnixPeerListener::Stop() {
   if (!thread_.joinable()) return;
-  const uint64_t one = 1;
-  if (write(wake_fd_.get(), &one, sizeof one) < 0) {
-    OFFLOADD_LOG(kError, kLog) << "cannot wake the Unix socket's accept loop: " << std::strerror(errno);
-  }
+  ipc::SignalEventFd(wake_fd_.get());
   thread_.join();
   listen_fd_.reset();
 }
 
 void UnixPeerListener::AcceptLoop(grpc::Server* server) {
-  pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
   for (;;) {
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      OFFLOADD_LOG(kError, kLog) << "Unix socket accept loop: poll: " << std::strerror(errno);
+    // Stop() signals wake_fd_, which ends the wait with UNAVAILABLE.
+    if (Status s = ipc::WaitReadable(listen_fd_.get(), wake_fd_.get(), -1); !s.ok()) {
+      if (s.code() != StatusCode::kUnavailable) OFFLOADD_LOG(kError, kLog) << "Unix socket accept loop: " << s.ToString();
       return;
     }
-    if (fds[1].revents != 0) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
     const int conn = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn < 0) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       // Out of fds (EMFILE, ENFILE) or memory: the pending connection waits in the backlog; retry
-      // shortly rather than spin. Connections already served are unaffected.
+      // shortly rather than spin (or stop, if asked meanwhile). Connections already served are
+      // unaffected.
       OFFLOADD_LOG(kWarning, kLog) << "Unix socket: accept: " << std::strerror(errno) << "; retrying in 100 ms";
-      if (poll(&fds[1], 1, 100) > 0) return;
+      if (ipc::WaitReadable(wake_fd_.get(), -1, 100).ok()) return;
       continue;
     }
     ucred cred{};
