@@ -138,13 +138,26 @@ StatusOr<Arena> Arena::Open(SharedSegment* segment) {
                                 "; restart all offloadd processes together");
   }
   const bool bounds_ok =
-      h->table_offset >= header_offset + sizeof(Header) && h->max_regions > 0 &&
-      h->alignment >= 64 && (h->alignment & (h->alignment - 1)) == 0 &&
+      h->table_offset >= header_offset + sizeof(Header) && h->table_offset % 64 == 0 &&
+      h->max_regions > 0 && h->alignment >= 64 && (h->alignment & (h->alignment - 1)) == 0 &&
+      h->heap_begin % h->alignment == 0 &&
       h->table_offset + uint64_t{h->max_regions} * sizeof(Entry) <= h->heap_begin &&
       h->heap_begin <= h->heap_end && h->heap_end <= size && h->heap_next.load() >= h->heap_begin;
   if (!bounds_ok) {
     return InvalidArgumentError("arena header is corrupt (table/heap bounds outside the " +
-                                std::to_string(size) + "-byte segment)");
+                                std::to_string(size) + "-byte segment, or misaligned)");
+  }
+  // Every live region must lie inside the heap at the arena's alignment: views (rings, tensors)
+  // are built on these offsets without further checks.
+  for (const Region& r : arena.List()) {
+    if (r.offset < h->heap_begin || r.offset % h->alignment != 0 || r.offset > h->heap_end ||
+        r.size > h->heap_end - r.offset) {
+      return InvalidArgumentError("arena region '" + r.name + "' is corrupt: [" +
+                                  std::to_string(r.offset) + ", +" + std::to_string(r.size) +
+                                  ") is not an aligned range inside the heap [" +
+                                  std::to_string(h->heap_begin) + ", " +
+                                  std::to_string(h->heap_end) + ")");
+    }
   }
   return arena;
 }

@@ -139,6 +139,14 @@ StatusOr<SharedSegment> SharedSegment::Attach(int fd) {
     return InvalidArgumentError("shared segment header says " + std::to_string(h.total_size) +
                                 " bytes but the mapping has " + std::to_string(size));
   }
+  // Create puts the data at a whole page past the header; what lies there (the arena header) is
+  // read through 8-byte fields and atomics, so an unaligned offset is corruption, not a layout.
+  if (h.data_offset < sizeof(SegmentHeader) || h.data_offset % kPage != 0) {
+    return InvalidArgumentError("shared segment header is corrupt: data offset " +
+                                std::to_string(h.data_offset) + " is not a multiple of " +
+                                std::to_string(kPage) + " past the " +
+                                std::to_string(sizeof(SegmentHeader)) + "-byte header");
+  }
   return seg;
 }
 

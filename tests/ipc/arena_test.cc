@@ -109,10 +109,43 @@ TEST(ArenaTest, OpenRefusesUnformattedAndCorruptHeaders) {
   std::memcpy(h + 32, &table_offset, 8);
   EXPECT_TRUE(Arena::Open(&*seg).ok());
 
+  // A table offset that is in bounds but not aligned would give misaligned atomics.
+  const uint64_t misaligned = table_offset + 8;
+  std::memcpy(h + 32, &misaligned, 8);
+  auto unaligned = Arena::Open(&*seg);
+  ASSERT_FALSE(unaligned.ok());
+  EXPECT_NE(unaligned.status().message().find("misaligned"), std::string::npos);
+  std::memcpy(h + 32, &table_offset, 8);
+  EXPECT_TRUE(Arena::Open(&*seg).ok());
+
   h[8] = 99;  // version
   auto old = Arena::Open(&*seg);
   ASSERT_FALSE(old.ok());
   EXPECT_NE(old.status().message().find("restart all offloadd processes"), std::string::npos);
+}
+
+// A live region whose offset points past the heap: views built on it (rings, tensors) would read
+// outside the mapping, so Open refuses the arena and names the region.
+TEST(ArenaTest, OpenRefusesARegionOutsideTheHeap) {
+  auto seg = SharedSegment::Create(1 << 20);
+  ASSERT_TRUE(seg.ok());
+  auto arena = Arena::Format(&*seg);
+  ASSERT_TRUE(arena.ok());
+  auto r = arena->Allocate("ring", RegionKind::kQueue, 4096);
+  ASSERT_TRUE(r.ok());
+  const uint8_t* h = seg->base() + seg->header().data_offset;
+  uint64_t table_offset;
+  std::memcpy(&table_offset, h + 32, 8);
+  uint8_t* entry = seg->base() + table_offset;  // Entry 0: state, kind, offset, size, name
+  for (const uint64_t bad : {uint64_t{1} << 40, r->offset + 1}) {
+    std::memcpy(entry + 8, &bad, 8);
+    auto opened = Arena::Open(&*seg);
+    ASSERT_FALSE(opened.ok()) << bad;
+    EXPECT_NE(opened.status().message().find("region 'ring' is corrupt"), std::string::npos)
+        << opened.status().ToString();
+  }
+  std::memcpy(entry + 8, &r->offset, 8);
+  EXPECT_TRUE(Arena::Open(&*seg).ok());
 }
 
 }  // namespace

@@ -52,6 +52,22 @@ TEST(SharedSegmentTest, AttachRejectsOtherVersion) {
   EXPECT_NE(other.status().message().find("restart all offloadd processes"), std::string::npos);
 }
 
+// Found by the worker_protocol fuzzer in CI: a segment whose data offset is not page-aligned made
+// Arena::Open read its header through a misaligned pointer (UBSan). Attach refuses it.
+TEST(SharedSegmentTest, AttachRejectsMisalignedOrOverlappingDataOffset) {
+  for (const uint64_t offset : {uint64_t{4097}, uint64_t{8}, uint64_t{0}}) {
+    auto seg = SharedSegment::Create(8192);
+    ASSERT_TRUE(seg.ok());
+    const_cast<SegmentHeader&>(seg->header()).data_offset = offset;
+    auto other = SharedSegment::Attach(seg->fd());
+    ASSERT_FALSE(other.ok()) << offset;
+    EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(other.status().message().find("data offset " + std::to_string(offset)),
+              std::string::npos)
+        << other.status().ToString();
+  }
+}
+
 TEST(SharedSegmentTest, HugePagesFallBackWithReason) {
   auto seg = SharedSegment::Create(4096, {.name = "huge", .try_huge_pages = true});
   ASSERT_TRUE(seg.ok()) << seg.status().ToString();
