@@ -28,14 +28,21 @@ def workspace(tmp_path):
     return tmp_path
 
 
-def store_cmdline(daemon_pid: int, timeout: float = 60) -> list[str]:
+def store_cmdline(daemon_pid: int, exclude: set[int], timeout: float = 60) -> tuple[int, list[str]]:
+    """The pid and arguments of an offloadd-store below the daemon that is not in `exclude` (the
+    stores of jobs already cancelled, which may still be exiting). A process that has exited but
+    not been reaped keeps its name and has an empty cmdline: it is skipped, not returned."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in descendants_named(daemon_pid, "offloadd-store"):
-            try:
-                return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-            except FileNotFoundError:
+            if pid in exclude:
                 continue
+            try:
+                raw = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if raw:
+                return pid, raw.decode().rstrip("\0").split("\0")
         time.sleep(0.05)  # the store starts with the job's executor; no event announces it
     raise AssertionError("no offloadd-store below the daemon")
 
@@ -52,10 +59,12 @@ def test_block_size_reaches_the_store(binary_dir, workspace):
     d.start()
     try:
         with offloadd.Client(d.target) as c:
+            seen: set[int] = set()
             for out, aio, want in (("daemon-default", {}, 128 * 1024), ("job-value", {"block_size": "64KiB"}, 64 * 1024)):
                 job = c.create_job(nvme_job(workspace, out, **aio))
                 assert job.spec.offload.aio.block_size == want  # what --validate-only shows acts
-                args = store_cmdline(d.proc.pid)
+                pid, args = store_cmdline(d.proc.pid, exclude=seen)
+                seen.add(pid)
                 assert f"--block-size={want}" in args, args
                 c.cancel_job(job.id)
                 c.wait(job.id, timeout=120)
