@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 
 #include "common/logging.h"
@@ -73,6 +74,8 @@ void UnixPeerListener::Stop() {
 }
 
 void UnixPeerListener::AcceptLoop(grpc::Server* server) {
+  std::chrono::steady_clock::time_point last_report{};
+  int64_t failed_accepts = 0;
   for (;;) {
     // Stop() signals wake_fd_, which ends the wait with UNAVAILABLE.
     if (Status s = ipc::WaitReadable(listen_fd_.get(), wake_fd_.get(), -1); !s.ok()) {
@@ -85,7 +88,15 @@ void UnixPeerListener::AcceptLoop(grpc::Server* server) {
       // Out of fds (EMFILE, ENFILE) or memory: the pending connection waits in the backlog; retry
       // shortly rather than spin (or stop, if asked meanwhile). Connections already served are
       // unaffected.
-      OFFLOADD_LOG(kWarning, kLog) << "Unix socket: accept: " << std::strerror(errno) << "; retrying in 100 ms";
+      // Logged at most every 10 s while it lasts, with the count: not 10 lines a second.
+      const int err = errno;
+      ++failed_accepts;
+      if (const auto now = std::chrono::steady_clock::now(); now - last_report >= std::chrono::seconds(10)) {
+        OFFLOADD_LOG(kWarning, kLog) << "Unix socket: accept: " << std::strerror(err) << " (" << failed_accepts
+                                     << " failed accept(s) since the last report); retrying every 100 ms";
+        last_report = now;
+        failed_accepts = 0;
+      }
       if (ipc::WaitReadable(wake_fd_.get(), -1, 100).ok()) return;
       continue;
     }
