@@ -1,7 +1,8 @@
 #pragma once
 // ClientQuota: per-client limits on active jobs (QUEUED, RUNNING or PAUSED ones it created since
 // the daemon started) and on concurrent WatchJob streams (issue #18, the security review's
-// limits). A client is its transport address without the port: "ipv4:10.0.0.7", "ipv6:[::1]";
+// limits). A TCP client named in the token file is "token:<name>" (token_auth.h); another is its
+// transport address without the port: "ipv4:10.0.0.7", "ipv6:[::1]";
 // a Unix-socket client is its user, "unix:uid=<uid>" (PeerCredentials, unix_peer_listener.h); a
 // Unix peer string without credentials is "unix".
 #include <cstdint>

@@ -28,11 +28,11 @@ StatusOr<std::string> ReadFile(const std::string& path, const std::string& key) 
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const TcpConfig& tcp) {
   ASSIGN_OR_RETURN(std::string cert, ReadFile(tcp.tls_cert_file, "server.tcp.tls_cert_file"));
   ASSIGN_OR_RETURN(std::string key, ReadFile(tcp.tls_key_file, "server.tcp.tls_key_file"));
-  ASSIGN_OR_RETURN(std::string token, ReadTokenFile(tcp.auth_token_file));
+  ASSIGN_OR_RETURN(std::vector<ClientToken> tokens, ReadTokenFile(tcp.auth_token_file));
   grpc::SslServerCredentialsOptions opts;
   opts.pem_key_cert_pairs.push_back({key, cert});
   auto creds = grpc::SslServerCredentials(opts);
-  creds->SetAuthMetadataProcessor(MakeTokenAuthProcessor(std::move(token)));
+  creds->SetAuthMetadataProcessor(MakeTokenAuthProcessor(std::move(tokens)));
   return creds;
 }
 

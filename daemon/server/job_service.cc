@@ -10,6 +10,7 @@
 #include "daemon/jobs/job_validator.h"
 #include "daemon/node/node_probe.h"
 #include "daemon/server/rpc_recorder.h"
+#include "daemon/server/token_auth.h"
 #include "google/rpc/status.pb.h"
 
 namespace offloadd::daemon {
@@ -62,6 +63,7 @@ JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, Dae
       peers_(std::move(peers)) {}
 
 std::string JobServiceImpl::ClientOf(const grpc::ServerContext& context) const {
+  if (const auto named = TokenClientOf(context.auth_context().get())) return "token:" + named->name;
   const std::string peer = context.peer();
   return peers_ ? peers_->ClientFor(peer) : ClientKey(peer);
 }
@@ -141,6 +143,18 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
 
 Status JobServiceImpl::MayControl(const grpc::ServerContext& context, const std::string& job_id,
                                   const char* action) const {
+  // TCP: a client named in the token file controls its own jobs unless it is an operator; the
+  // holders of a bare token are operators.
+  if (const auto named = TokenClientOf(context.auth_context().get())) {
+    if (named->is_operator) return OkStatus();
+    ASSIGN_OR_RETURN(v1::Job job, jobs_->Get(job_id));
+    const std::string caller = "token:" + named->name;
+    if (job.submitted_by() == caller) return OkStatus();
+    return PermissionDeniedError("job " + job_id + " was submitted by " +
+                                 (job.submitted_by().empty() ? std::string("an unrecorded client") : job.submitted_by()) +
+                                 "; " + caller + " may not " + action +
+                                 " it (only its submitter, or a token file line marked 'operator')");
+  }
   if (!peers_) return OkStatus();
   const auto cred = peers_->Lookup(context.peer());
   if (!cred || cred->uid == 0 || cred->uid == ::geteuid()) return OkStatus();

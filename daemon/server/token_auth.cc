@@ -4,17 +4,27 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <set>
+#include <sstream>
 
 namespace offloadd::daemon {
 namespace {
 
+constexpr char kClientProperty[] = "offloadd.token_client";
+constexpr char kRoleProperty[] = "offloadd.token_role";
+
 class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenAuthProcessor(std::string token) : expected_("Bearer " + std::move(token)) {}
+  explicit TokenAuthProcessor(std::vector<ClientToken> tokens) {
+    for (ClientToken& t : tokens) {
+      t.token = "Bearer " + t.token;
+      expected_.push_back(std::move(t));
+    }
+  }
 
   bool IsBlocking() const override { return false; }
 
-  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext*, OutputMetadata* consumed,
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context, OutputMetadata* consumed,
                        OutputMetadata*) override {
     const auto it = auth_metadata.find("authorization");
     if (it == auth_metadata.end()) {
@@ -22,41 +32,127 @@ class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
                           "missing 'authorization: Bearer <token>' metadata (required on TCP)");
     }
     const grpc::string_ref got = it->second;
-    // Constant-time comparison so the token cannot be guessed byte by byte from timings.
-    if (got.size() != expected_.size() || CRYPTO_memcmp(got.data(), expected_.data(), got.size()) != 0) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+    // Constant-time comparison against every token, with no early exit, so neither a token's bytes
+    // nor which client's token was close can be learned from timings (only the lengths).
+    const ClientToken* match = nullptr;
+    for (const ClientToken& t : expected_) {
+      const bool same = got.size() == t.token.size() && CRYPTO_memcmp(got.data(), t.token.data(), got.size()) == 0;
+      if (same) match = &t;
+    }
+    if (match == nullptr) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+    if (!match->name.empty() && context != nullptr) {
+      context->AddProperty(kClientProperty, match->name);
+      context->AddProperty(kRoleProperty, match->is_operator ? "operator" : "client");
     }
     consumed->insert({std::string(it->first.data(), it->first.size()), std::string(got.data(), got.size())});
     return grpc::Status::OK;
   }
 
  private:
-  std::string expected_;
+  std::vector<ClientToken> expected_;
 };
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxTokenClientName) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-' || c == '@';
+    if (!ok) return false;
+  }
+  return true;
+}
 
 }  // namespace
 
-StatusOr<std::string> ReadTokenFile(const std::string& path) {
+StatusOr<std::vector<ClientToken>> ParseTokenFile(const std::string& text, const std::string& path) {
+  std::vector<ClientToken> out;
+  std::set<std::string> names, tokens;
+  bool bare = false;
+  std::istringstream lines(text);
+  std::string line;
+  for (int n = 1; std::getline(lines, line); ++n) {
+    const std::string where = "server.tcp.auth_token_file " + path + ":" + std::to_string(n) + ": ";
+    if (const auto first = line.find_first_not_of(" \t\r"); first != std::string::npos && line[first] == '#') {
+      continue;  // a comment line ('#' inside a token is part of it)
+    }
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string word; words >> word;) w.push_back(word);
+    if (w.empty()) continue;
+    if (w.size() > 3) {
+      return InvalidArgumentError(where + "expected '<name> <token> [operator]' or one bare token, got " +
+                                  std::to_string(w.size()) + " words");
+    }
+    ClientToken t;
+    if (w.size() == 1) {
+      t.token = w[0];
+      bare = true;
+    } else {
+      t.name = w[0];
+      t.token = w[1];
+      t.is_operator = w.size() == 3;
+      if (!ValidName(t.name)) {
+        return InvalidArgumentError(where + "client name must be 1.." + std::to_string(kMaxTokenClientName) +
+                                    " of [A-Za-z0-9._@-]");
+      }
+      if (w.size() == 3 && w[2] != "operator") {
+        return InvalidArgumentError(where + "unknown role '" + w[2].substr(0, 32) + "' (the only role is 'operator')");
+      }
+      if (!names.insert(t.name).second) return InvalidArgumentError(where + "client '" + t.name + "' is named twice");
+    }
+    if (t.token.size() < kMinTokenChars) {
+      return InvalidArgumentError(where + "a token must have at least " + std::to_string(kMinTokenChars) +
+                                  " characters");
+    }
+    if (!tokens.insert(t.token).second) {
+      return InvalidArgumentError(where + "this token is already given to another client");
+    }
+    out.push_back(std::move(t));
+  }
+  if (out.empty()) {
+    return InvalidArgumentError("server.tcp.auth_token_file " + path + " must hold a token of at least " +
+                                std::to_string(kMinTokenChars) + " characters");
+  }
+  if (bare && out.size() > 1) {
+    return InvalidArgumentError("server.tcp.auth_token_file " + path +
+                                ": a bare token cannot stand beside other lines; name every client "
+                                "('<name> <token> [operator]')");
+  }
+  return out;
+}
+
+StatusOr<std::vector<ClientToken>> ReadTokenFile(const std::string& path) {
   struct stat st{};
   if (stat(path.c_str(), &st) != 0) return ErrnoError(errno, "server.tcp.auth_token_file " + path);
+  if (!S_ISREG(st.st_mode)) return InvalidArgumentError("server.tcp.auth_token_file " + path + " is not a regular file");
   if ((st.st_mode & 077) != 0) {
     return PermissionDeniedError("server.tcp.auth_token_file " + path +
                                  " is readable by group or others; chmod 600 it");
   }
-  std::ifstream in(path);
-  std::string token;
-  std::getline(in, token);
-  const auto b = token.find_first_not_of(" \t\r");
-  const auto e = token.find_last_not_of(" \t\r");
-  token = b == std::string::npos ? "" : token.substr(b, e - b + 1);
-  if (token.size() < 16) {
-    return InvalidArgumentError("server.tcp.auth_token_file " + path + " must hold a token of at least 16 characters");
+  constexpr off_t kMaxBytes = 1 << 20;
+  if (st.st_size > kMaxBytes) {
+    return InvalidArgumentError("server.tcp.auth_token_file " + path + " is larger than 1 MiB");
   }
-  return token;
+  std::ifstream in(path);
+  if (!in) return ErrnoError(errno, "server.tcp.auth_token_file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseTokenFile(text.str(), path);
 }
 
-std::shared_ptr<grpc::AuthMetadataProcessor> MakeTokenAuthProcessor(std::string token) {
-  return std::make_shared<TokenAuthProcessor>(std::move(token));
+std::shared_ptr<grpc::AuthMetadataProcessor> MakeTokenAuthProcessor(std::vector<ClientToken> tokens) {
+  return std::make_shared<TokenAuthProcessor>(std::move(tokens));
+}
+
+std::optional<TokenClient> TokenClientOf(const grpc::AuthContext* context) {
+  if (context == nullptr) return std::nullopt;
+  const auto names = context->FindPropertyValues(kClientProperty);
+  if (names.empty()) return std::nullopt;
+  const auto roles = context->FindPropertyValues(kRoleProperty);
+  TokenClient c;
+  c.name.assign(names.front().data(), names.front().size());
+  c.is_operator = !roles.empty() && std::string_view(roles.front().data(), roles.front().size()) == "operator";
+  return c;
 }
 
 }  // namespace offloadd::daemon

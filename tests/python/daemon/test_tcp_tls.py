@@ -23,8 +23,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def tls_daemon(binary_dir, tmp_path):
+def start_tls_daemon(binary_dir, tmp_path, token_text: str, server_yaml: str = ""):
+    """offloadd with TCP on a free port (a self-signed certificate for localhost) and the given
+    token file; returns the daemon, the TCP target, the certificate and the token file."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -33,17 +34,23 @@ def tls_daemon(binary_dir, tmp_path):
          "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True)
     token = tmp_path / "token"
-    token.write_text("s3cret-token-for-tests-0123456789\n")
+    token.write_text(token_text)
     os.chmod(token, 0o600)
     port = free_port()
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path)
     text = d.config_path.read_text().replace(
         "  shutdown_grace_seconds: 5\n",
         f"  shutdown_grace_seconds: 5\n  tcp:\n    listen: 127.0.0.1:{port}\n    tls_cert_file: {cert}\n"
-        f"    tls_key_file: {key}\n    auth_token_file: {token}\n")
+        f"    tls_key_file: {key}\n    auth_token_file: {token}\n{server_yaml}")
     d.config_path.write_text(text)
     d.start()
-    yield d, f"127.0.0.1:{port}", cert, token
+    return d, f"127.0.0.1:{port}", cert, token
+
+
+@pytest.fixture()
+def tls_daemon(binary_dir, tmp_path):
+    d, target, cert, token = start_tls_daemon(binary_dir, tmp_path, "s3cret-token-for-tests-0123456789\n")
+    yield d, target, cert, token
     d.stop()
 
 
@@ -98,3 +105,75 @@ def test_plaintext_client_cannot_talk_to_the_tls_port(tls_daemon):
     assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     with offloadd.Client(d.target) as c:
         assert c.health() == "SERVING", "the daemon stays up"
+
+
+# One token per client (docs/security.md): "<name> <token> [operator]" lines. Each named client is
+# "token:<name>" for the per-client limits and as a job's submitter, even from the same address,
+# and controls only its own jobs unless its line says "operator".
+TOKENS = {"alice": "alice-token-0123456789abcdef", "bob": "bob-token-0123456789abcdef",
+          "ops": "ops-token-0123456789abcdef"}
+
+
+def test_named_tokens_are_separate_clients(binary_dir, tmp_path, shared_dir, source_dir):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from demo_model import write_demo  # noqa: E402
+    import yaml
+
+    text = "# TCP clients\n" + "".join(f"{n} {t}{' operator' if n == 'ops' else ''}\n" for n, t in TOKENS.items())
+    d, target, cert, _ = start_tls_daemon(binary_dir, tmp_path, text, "  max_active_jobs_per_client: 1\n")
+    write_demo(tmp_path, shared_dir, source_dir)
+
+    def client(name):
+        f = tmp_path / f"{name}.token"
+        f.write_text(TOKENS[name] + "\n")
+        return offloadd.Client(target, tls_ca_file=str(cert), token_file=str(f), tls_server_name="localhost")
+
+    def spec(name):
+        return {"display_name": name, "model": {"path": str(tmp_path / "stories260K")},
+                "dataset": {"paths": [str(tmp_path / "alpaca.json")], "format": "alpaca", "max_seq_length": 128},
+                "training": {"learning_rate": 1e-4, "per_device_train_batch_size": 2, "max_steps": 100000},
+                "output_dir": str(tmp_path / f"out-{name}")}
+
+    ids = []
+    try:
+        with client("alice") as alice, client("bob") as bob, client("ops") as ops:
+            a = alice.create_job(spec("alice-1"))
+            ids.append(a.id)
+            assert a.submitted_by == "token:alice"
+            assert f"job {a.id} created by token:alice" in d.log()
+            # alice is at her limit; bob, from the same address, is another client.
+            with pytest.raises(offloadd.OffloaddError) as e:
+                alice.create_job(spec("alice-2"))
+            assert "max_active_jobs_per_client" in e.value.message
+            b = bob.create_job(spec("bob-1"))
+            ids.append(b.id)
+            assert b.submitted_by == "token:bob"
+            # bob may not touch alice's job; he may cancel his own; the operator may cancel hers.
+            for verb in (bob.cancel_job, bob.pause_job):
+                with pytest.raises(offloadd.PermissionDenied) as e:
+                    verb(a.id)
+                assert f"job {a.id} was submitted by token:alice; token:bob may not" in e.value.message
+            assert offloadd.JobState.of(ops.get_job(a.id)) in ("queued", "running")
+            bob.cancel_job(b.id)
+            ops.cancel_job(a.id)
+            for i in ids:
+                assert offloadd.JobState.of(ops.wait(i, timeout=120)) == "cancelled"
+            assert f"job {a.id} cancelled by token:ops" in d.log()
+    finally:
+        d.stop()
+
+
+def test_a_bad_token_file_is_refused_naming_the_line(binary_dir, tmp_path):
+    token = tmp_path / "token"
+    token.write_text(f"alice {TOKENS['alice']}\nbob {TOKENS['alice']}\n")
+    os.chmod(token, 0o600)
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path)
+    d.config_path.write_text(d.config_path.read_text().replace(
+        "  shutdown_grace_seconds: 5\n",
+        f"  shutdown_grace_seconds: 5\n  tcp:\n    listen: 127.0.0.1:{free_port()}\n    tls_cert_file: {token}\n"
+        f"    tls_key_file: {token}\n    auth_token_file: {token}\n"))
+    r = subprocess.run([str(binary_dir / "daemon" / "offloadd"), "--config", str(d.config_path), "--validate-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert f"{token}:2: this token is already given to another client" in r.stderr + r.stdout
+    assert TOKENS["alice"] not in r.stderr + r.stdout  # never echo a token
