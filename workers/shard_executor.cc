@@ -49,6 +49,12 @@ uint64_t UndoRegionBytes(uint32_t threads) { return threads * kUndoSlotBytes; }
 StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset,
                                     uint32_t threads) {
   RETURN_IF_ERROR(arena.Check(undo_offset, UndoRegionBytes(threads)));
+  // A slot's counter and destinations are state arrays, never the undo region itself: a corrupt
+  // slot pointing into it would copy a slot over itself (overlapping memcpy) or over another.
+  const uint64_t undo_end = undo_offset + UndoRegionBytes(threads);
+  const auto in_undo_region = [&](uint64_t offset, uint64_t bytes) {
+    return offset < undo_end && undo_offset < offset + bytes;  // both ranges checked in the arena
+  };
   uint32_t completed = 0;
   for (uint32_t t = 0; t < threads; ++t) {
     UndoSlot* slot = SlotAt(arena, undo_offset, t);
@@ -59,13 +65,22 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
       return DataLossError("redo slot " + std::to_string(t) + " is corrupt");
     }
     RETURN_IF_ERROR(arena.Check(slot->counter_offset, sizeof(uint64_t)));
+    if (in_undo_region(slot->counter_offset, sizeof(uint64_t))) {
+      return DataLossError("redo slot " + std::to_string(t) + " is corrupt: its counter lies in the undo region");
+    }
+    for (uint32_t a = 0; a < slot->arrays; ++a) {
+      RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->count * sizeof(float)));
+      if (in_undo_region(slot->dst_offset[a], slot->count * sizeof(float))) {
+        return DataLossError("redo slot " + std::to_string(t) + " is corrupt: array " + std::to_string(a) +
+                             " would be copied into the undo region");
+      }
+    }
     std::atomic_ref<uint64_t> counter(*arena.At<uint64_t>(slot->counter_offset));
     // The slot holds the chunk's complete new state; a copy interrupted half-way is simply redone.
     // Below seq: not committed yet (AdamW and accumulate counters read seq - 1 then; a correction
     // counter may be older, as not every step is corrected).
     if (counter.load(std::memory_order_acquire) < slot->seq) {
       for (uint32_t a = 0; a < slot->arrays; ++a) {
-        RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->count * sizeof(float)));
         std::memcpy(arena.At<float>(slot->dst_offset[a]), SlotData(slot, a),
                     slot->count * sizeof(float));
       }
