@@ -37,6 +37,14 @@ float* SlotData(UndoSlot* slot, uint32_t array) {
   return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(slot) + 64) + array * kChunkElements;
 }
 
+// Whether [offset, +bytes) overlaps the undo log of `threads` slots at `undo_offset`. A command's
+// arrays and a redo slot's counter and destinations never may: the log's data would be copied
+// over itself (found twice by the worker_protocol fuzzer: overlapping memcpy). Both ranges must
+// already be checked inside the arena, so the sums cannot wrap.
+bool OverlapsUndoLog(uint64_t undo_offset, uint32_t threads, uint64_t offset, uint64_t bytes) {
+  return offset < undo_offset + UndoRegionBytes(threads) && undo_offset < offset + bytes;
+}
+
 [[noreturn]] void CrashForTest() {
   ::kill(::getpid(), SIGKILL);
   for (;;) ::pause();
@@ -49,12 +57,6 @@ uint64_t UndoRegionBytes(uint32_t threads) { return threads * kUndoSlotBytes; }
 StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offset,
                                     uint32_t threads) {
   RETURN_IF_ERROR(arena.Check(undo_offset, UndoRegionBytes(threads)));
-  // A slot's counter and destinations are state arrays, never the undo region itself: a corrupt
-  // slot pointing into it would copy a slot over itself (overlapping memcpy) or over another.
-  const uint64_t undo_end = undo_offset + UndoRegionBytes(threads);
-  const auto in_undo_region = [&](uint64_t offset, uint64_t bytes) {
-    return offset < undo_end && undo_offset < offset + bytes;  // both ranges checked in the arena
-  };
   uint32_t completed = 0;
   for (uint32_t t = 0; t < threads; ++t) {
     UndoSlot* slot = SlotAt(arena, undo_offset, t);
@@ -65,12 +67,12 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
       return DataLossError("redo slot " + std::to_string(t) + " is corrupt");
     }
     RETURN_IF_ERROR(arena.Check(slot->counter_offset, sizeof(uint64_t)));
-    if (in_undo_region(slot->counter_offset, sizeof(uint64_t))) {
+    if (OverlapsUndoLog(undo_offset, threads, slot->counter_offset, sizeof(uint64_t))) {
       return DataLossError("redo slot " + std::to_string(t) + " is corrupt: its counter lies in the undo region");
     }
     for (uint32_t a = 0; a < slot->arrays; ++a) {
       RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->count * sizeof(float)));
-      if (in_undo_region(slot->dst_offset[a], slot->count * sizeof(float))) {
+      if (OverlapsUndoLog(undo_offset, threads, slot->dst_offset[a], slot->count * sizeof(float))) {
         return DataLossError("redo slot " + std::to_string(t) + " is corrupt: array " + std::to_string(a) +
                              " would be copied into the undo region");
       }
@@ -282,10 +284,9 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
     Status st = arena_->Check(offset, bytes);
     if (!st.ok()) return st.WithContext(what);
     // The undo log is the worker's own: a command's region inside it would be overwritten by the
-    // log it is being copied from (found by the worker_protocol fuzzer: overlapping memcpy).
+    // log it is being copied from.
     if (options_.crash_consistent) {
-      const uint64_t undo_end = options_.undo_offset + UndoRegionBytes(options_.threads);
-      if (offset < undo_end && options_.undo_offset < offset + bytes) {
+      if (OverlapsUndoLog(options_.undo_offset, options_.threads, offset, bytes)) {
         return InvalidArgumentError(std::string(what) + " range [" + std::to_string(offset) + ", +" +
                                     std::to_string(bytes) + ") overlaps the worker's undo log");
       }

@@ -148,7 +148,7 @@ Status JobServiceImpl::MayControl(const grpc::ServerContext& context, const std:
   if (const auto named = TokenClientOf(context.auth_context().get())) {
     if (named->is_operator) return OkStatus();
     ASSIGN_OR_RETURN(v1::Job job, jobs_->Get(job_id));
-    const std::string caller = "token:" + named->name;
+    const std::string caller = ClientOf(context);  // "token:<name>", as recorded at CreateJob
     if (job.submitted_by() == caller) return OkStatus();
     return PermissionDeniedError("job " + job_id + " was submitted by " +
                                  (job.submitted_by().empty() ? std::string("an unrecorded client") : job.submitted_by()) +

@@ -96,7 +96,8 @@ StatusOr<std::vector<ClientToken>> ParseTokenFile(const std::string& text, const
                                     " of [A-Za-z0-9._@-]");
       }
       if (w.size() == 3 && w[2] != "operator") {
-        return InvalidArgumentError(where + "unknown role '" + w[2].substr(0, 32) + "' (the only role is 'operator')");
+        // Not echoed: a misordered line may hold the token there.
+        return InvalidArgumentError(where + "the third word must be the role 'operator' (the only role)");
       }
       if (!names.insert(t.name).second) return InvalidArgumentError(where + "client '" + t.name + "' is named twice");
     }

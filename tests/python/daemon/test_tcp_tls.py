@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from daemon_process import DaemonProcess  # noqa: E402
+from demo_model import write_demo  # noqa: E402
 
 import offloadd  # noqa: E402
 
@@ -115,10 +116,6 @@ TOKENS = {"alice": "alice-token-0123456789abcdef", "bob": "bob-token-0123456789a
 
 
 def test_named_tokens_are_separate_clients(binary_dir, tmp_path, shared_dir, source_dir):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from demo_model import write_demo  # noqa: E402
-    import yaml
-
     text = "# TCP clients\n" + "".join(f"{n} {t}{' operator' if n == 'ops' else ''}\n" for n, t in TOKENS.items())
     d, target, cert, _ = start_tls_daemon(binary_dir, tmp_path, text, "  max_active_jobs_per_client: 1\n")
     write_demo(tmp_path, shared_dir, source_dir)
