@@ -14,6 +14,8 @@
 #include <mutex>
 #include <random>
 
+#include "common/file_identity.h"
+
 namespace offloadd {
 namespace {
 
@@ -149,22 +151,68 @@ std::vector<std::string> AllowedRoots() {
   return g_roots;
 }
 
-StatusOr<OwnedFd> OpenConfined(const std::string& path, int flags, Access access, mode_t mode) {
-  const std::vector<std::string> roots = AllowedRoots();
-  if (roots.empty()) {
-    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-    if (fd < 0) return ErrnoError(errno, "open " + path);
-    return OwnedFd(fd);
+namespace {
+
+const char* FileKind(mode_t m) {
+  if (S_ISFIFO(m)) return " (a FIFO)";
+  if (S_ISCHR(m)) return " (a character device)";
+  if (S_ISBLK(m)) return " (a block device)";
+  if (S_ISSOCK(m)) return " (a socket)";
+  if (S_ISDIR(m)) return " (a directory)";
+  return "";
+}
+
+Status NotRegular(const std::string& path, mode_t m) {
+  return FailedPreconditionError("'" + path + "' is not a regular file" + FileKind(m) +
+                                 "; a job reads and writes only regular files");
+}
+
+// The open itself never blocks (O_NONBLOCK: a FIFO would wait for a writer forever), and only a
+// regular file is kept; then the caller's blocking mode is restored.
+StatusOr<OwnedFd> KeepRegular(OwnedFd fd, const std::string& path, int flags) {
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, "stat " + path);
+  if (!S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
+  if (!(flags & O_NONBLOCK)) {
+    const int fl = ::fcntl(fd.get(), F_GETFL);
+    if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) {
+      return ErrnoError(errno, "fcntl " + path);
+    }
   }
-  ASSIGN_OR_RETURN(Anchor a, FindAnchor(path, roots));
-  OwnedFd root(::open(a.root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return ErrnoError(errno, "open allowed root " + a.root);
-  const int fd = OpenBeneath(root.get(), a.rel, flags, mode, access);
-  if (fd < 0) return OpenError(errno, path, a, access);
-  return OwnedFd(fd);
+  return fd;
+}
+
+}  // namespace
+
+StatusOr<OwnedFd> OpenConfined(const std::string& path, int flags, Access access, mode_t mode) {
+  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
+  RETURN_IF_ERROR(as_user.status());
+  const bool file = !(flags & (O_DIRECTORY | O_PATH));
+  const int open_flags = file ? flags | O_NONBLOCK : flags;
+  const std::vector<std::string> roots = AllowedRoots();
+  int fd = -1;
+  if (roots.empty()) {
+    fd = ::open(path.c_str(), open_flags | O_CLOEXEC, mode);
+    if (fd < 0 && errno == ENXIO)
+      return FailedPreconditionError("'" + path + "' is not a regular file");
+    if (fd < 0) return ErrnoError(errno, "open " + path);
+  } else {
+    ASSIGN_OR_RETURN(Anchor a, FindAnchor(path, roots));
+    OwnedFd root(::open(a.root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root.valid()) return ErrnoError(errno, "open allowed root " + a.root);
+    fd = OpenBeneath(root.get(), a.rel, open_flags, mode, access);
+    // ENXIO: a FIFO opened for writing without a reader.
+    if (fd < 0 && errno == ENXIO)
+      return FailedPreconditionError("'" + path + "' is not a regular file");
+    if (fd < 0) return OpenError(errno, path, a, access);
+  }
+  if (!file) return OwnedFd(fd);
+  return KeepRegular(OwnedFd(fd), path, flags);
 }
 
 StatusOr<OwnedFd> MakeDirsConfined(const std::string& path) {
+  AsJobUser as_user;
+  RETURN_IF_ERROR(as_user.status());
   const std::vector<std::string> roots = AllowedRoots();
   OwnedFd cur;
   std::vector<std::string> parts;
@@ -235,6 +283,8 @@ Status WriteAll(int fd, const void* data, size_t size, const std::string& what) 
 }
 
 Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& fill) {
+  AsJobUser as_user;  // the temporary file, the rename and the unlink on failure
+  RETURN_IF_ERROR(as_user.status());
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -279,9 +329,7 @@ StatusOr<std::string> ReadFileConfined(const std::string& path) {
   ASSIGN_OR_RETURN(OwnedFd fd, OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, "stat " + path);
-  if (!S_ISREG(st.st_mode)) {
-    return FailedPreconditionError("'" + path + "' is not a regular file");
-  }
+  if (!S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
   std::string data;
   char buf[1 << 16];
   while (true) {

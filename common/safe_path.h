@@ -15,6 +15,13 @@
 // Kernels without openat2 (< 5.6) fall back to a component walk with O_NOFOLLOW, which refuses
 // every symlink.
 //
+// Every file opened here is a regular file (issue #29 item 3): the open itself never blocks
+// (O_NONBLOCK, so a FIFO cannot wait for a writer forever), then fstat refuses anything else
+// before the caller's blocking mode is restored. And every open, create, mkdir and rename here runs
+// with the rights of the job's user when the daemon runs as root (common/file_identity.h, issue
+// #29 item 1). Every open of a job's file goes through this file; tests/python/
+// test_job_file_opens.py fails CI on any other.
+//
 // The roots are process-wide: the daemon sets its allowed_roots once at startup. With no roots set
 // (offloadd-train, tests, tools) the functions open paths as given, following symlinks, so that an
 // operator's own command line works as before; the durable-write helpers still never follow a
@@ -63,7 +70,9 @@ enum class Access { kRead, kWrite };
 
 // open(path, flags, mode), confined as described above; O_CLOEXEC is always added. Errors name
 // the path: PERMISSION_DENIED for a path outside the roots or a refused symlink, INVALID_ARGUMENT
-// for a relative path or one with "." or ".." components (confined mode only), else the errno.
+// for a relative path or one with "." or ".." components (confined mode only),
+// FAILED_PRECONDITION for anything but a regular file (unless O_DIRECTORY or O_PATH is asked
+// for), else the errno.
 StatusOr<OwnedFd> OpenConfined(const std::string& path, int flags, Access access, mode_t mode = 0);
 
 // mkdir -p of `path` (mode 0755), confined for writing; returns the directory opened O_RDONLY.

@@ -29,6 +29,7 @@
 #include "daemon/metrics/train_metrics.h"
 #include "daemon/node/node_probe.h"
 #include "daemon/server/grpc_server.h"
+#include "daemon/server/token_auth.h"
 #include "daemon/systemd/sd_notify.h"
 #include "engine/file_util.h"
 
@@ -179,6 +180,11 @@ int RunDaemon(const DaemonConfig& config) {
   runner_options.state_dir = config.state_dir;
   runner_options.max_restarts = config.jobs.max_executor_restarts;
   runner_options.log_level = LogSeverityName(config.log_level);
+  if (!config.server.tcp.listen.empty()) {  // read once more: CheckStartup accepted it above
+    auto tokens = ReadTokenFile(config.server.tcp.auth_token_file);
+    if (!tokens.ok()) return Fail(tokens.status());
+    for (const ClientToken& t : *tokens) runner_options.token_users[t.name] = t.user;
+  }
   auto runner = std::make_unique<ExecutorJobRunner>(std::move(runner_options), &train_metrics);
   const TrainerEnvironment& env = runner->options().environment;
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << " in " << executor_binary

@@ -1,5 +1,6 @@
 #include "executor/job_execution.h"
 
+#include <google/protobuf/util/time_util.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <google/protobuf/util/time_util.h>
-
+#include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/safe_path.h"
 #include "daemon/jobs/executor_protocol.h"
@@ -225,6 +225,15 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   const daemon::TrainerEnvironment env = daemon::FromProto(start.environment());
   // Every file the job opens stays under the daemon's allowed_roots, checked at use (issue #18).
   SetAllowedRoots(env.allowed_roots);
+  // ...and is opened with the rights of the job's user (common/file_identity.h, issue #29 item 1).
+  if (start.has_file_identity()) {
+    FileIdentity id;
+    id.uid = start.file_identity().uid();
+    id.gid = start.file_identity().gid();
+    id.groups.assign(start.file_identity().groups().begin(), start.file_identity().groups().end());
+    id.user = start.file_identity().user();
+    SetJobFileIdentity(std::move(id));
+  }
   ASSIGN_OR_RETURN(trainer::TrainConfig config, daemon::MakeTrainConfig(job, env));
   config.parallel = daemon::ParallelFromPlacement(start.placement());
   if (env.has_gpu && start.placement().gpu_index() >= 0) {
@@ -239,7 +248,11 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   if (!config.resume_from.empty()) tokens_seen = TokensAtCheckpoint(job, config.resume_from);
   ChannelObserver observer(job, rank, channel, tokens_seen, reported_before, env.progress_interval_seconds);
   if (!config.resume_from.empty() && rank == 0) observer.Log(v1::LOG_LEVEL_INFO, "resuming from " + config.resume_from);
-  if (Status s = engine::MakeDirs(config.output_dir); !s.ok()) return s.WithContext("output_dir");
+  // Through the confined open, never through a symlink: a parent of output_dir swapped for one
+  // while the job was queued is refused here, before training (issue #29 item 10).
+  if (auto out = MakeDirsConfined(config.output_dir); !out.ok()) {
+    return out.status().WithContext("output_dir");
+  }
   RETURN_IF_ERROR(CheckOutputSpaceAtStart(config));
   // States of an earlier run of this job are stale: the checkpoint holds what resuming needs.
   // Rank 0 owns them (its arena and store).

@@ -2,9 +2,9 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
 #include <sstream>
 
+#include "common/safe_path.h"
 #include "text/json_guard.h"
 #include "text/tokenizer.h"
 
@@ -21,14 +21,8 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return DataLossError("cannot read " + path);
-  return buf.str();
-}
+// Confined to the allowed roots, regular files only (common/safe_path.h, issue #29 item 1).
+StatusOr<std::string> ReadFile(const std::string& path) { return ReadFileConfined(path); }
 
 std::string TokenString(const ojson& j) {
   if (j.is_string()) return j.get<std::string>();

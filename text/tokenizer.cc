@@ -1,9 +1,9 @@
 #include "text/tokenizer.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/safe_path.h"
 #include "text/added_tokens.h"
 #include "text/bpe_model.h"
 #include "text/components.h"
@@ -17,25 +17,16 @@ using json = nlohmann::json;
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
+// Confined to the allowed roots, regular files only (common/safe_path.h, issue #29 item 1).
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open tokenizer file " + path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return DataLossError("cannot read tokenizer file " + path);
-  return FromJson(buf.str(), path);
+  StatusOr<std::string> text = ReadFileConfined(path);
+  if (!text.ok()) return text.status().WithContext("tokenizer file");
+  return FromJson(*text, path);
 }
 
 namespace {
 
-StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return DataLossError("cannot read " + path);
-  return buf.str();
-}
+StatusOr<std::string> ReadFile(const std::string& path) { return ReadFileConfined(path); }
 
 // The id of `content` among the added tokens or the model vocab of a tokenizer.json.
 std::optional<int64_t> FindId(const json& j, const std::string& content) {
@@ -122,6 +113,10 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string&
       return InvalidArgumentError(path + ": not a tokenizer.json");
     const std::string config_path = dir + "/tokenizer_config.json";
     auto config_text = ReadFile(config_path);
+    // Absent is fine; one that cannot be opened (refused by the confinement, a FIFO) is named.
+    if (!config_text.ok() && config_text.status().code() != StatusCode::kNotFound) {
+      return config_text.status();
+    }
     if (config_text.ok()) {
       json config = json::parse(*config_text, nullptr, false);
       if (config.is_discarded() || !config.is_object()) {

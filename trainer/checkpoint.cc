@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "common/crc32c.h"
+#include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/safe_path.h"
 #include "engine/file_util.h"
@@ -114,6 +115,8 @@ std::string Hex(uint32_t v) {
 // the file on failure.
 StatusOr<uint32_t> WriteSyncedFile(int dirfd, const std::string& name, const std::string& path,
                                    const std::vector<std::span<const std::byte>>& chunks) {
+  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
+  RETURN_IF_ERROR(as_user.status());
   const int fd = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                           0644);
   if (fd < 0) return ErrnoError(errno, "create " + path);
@@ -136,8 +139,8 @@ StatusOr<uint32_t> WriteSyncedFile(int dirfd, const std::string& name, const std
 // Opens and flocks (non-blocking) a directory; checks it is still at `path` once locked, so a lock
 // on a directory that someone else removed in between is never mistaken for ownership.
 StatusOr<int> LockDir(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open " + path);
+  ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY | O_DIRECTORY, Access::kWrite));
+  const int fd = owned.release();
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd);
@@ -152,14 +155,6 @@ StatusOr<int> LockDir(const std::string& path) {
     return NotFoundError(path + " was removed while being locked");
   }
   return fd;
-}
-
-// mkdtemp(output_dir/.checkpoint-<step>.<what>-XXXXXX).
-StatusOr<std::string> MakeHiddenDir(const std::string& output_dir, int64_t step, const char* what) {
-  std::string templ =
-      JoinPath(output_dir, kHiddenPrefix + std::to_string(step) + "." + what + "-XXXXXX");
-  if (::mkdtemp(templ.data()) == nullptr) return ErrnoError(errno, "mkdtemp " + templ);
-  return templ;
 }
 
 // mkdir(<dirfd>/.checkpoint-<step>.<what>-XXXXXX) under a fresh random name; returns the name.
@@ -314,6 +309,8 @@ std::string ModelFingerprint(std::string_view architecture,
 
 StatusOr<CheckpointWriter> CheckpointWriter::Begin(const std::string& output_dir, int64_t step) {
   if (step < 0) return InvalidArgumentError(output_dir + ": negative checkpoint step");
+  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
+  RETURN_IF_ERROR(as_user.status());
   // Everything below goes through this descriptor: output_dir is resolved once, without symlinks
   // and inside the allowed roots (common/safe_path.h), so replacing it while the job runs cannot
   // redirect the checkpoint elsewhere.
@@ -365,6 +362,7 @@ CheckpointWriter::~CheckpointWriter() { Abandon(); }
 
 void CheckpointWriter::Abandon() {
   if (!tmp_dir_.empty()) {
+    AsJobUser as_user;  // removed with the rights it was written with
     // Through the descriptor of output_dir, not its path (which may have been replaced).
     Status st = engine::RemoveTree("/proc/self/fd/" + std::to_string(out_fd_) + "/" + tmp_name_);
     if (!st.ok()) OFFLOADD_LOG(kWarning, "checkpoint") << tmp_dir_ << ": " << st.ToString();
@@ -506,6 +504,8 @@ StatusOr<CheckpointInfo> CheckpointWriter::Commit(const TrainerState& state) {
   RETURN_IF_ERROR(FsyncFd(lock_fd_, tmp_dir_));
 
   const std::string final_name = kDirPrefix + std::to_string(step_);
+  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
+  RETURN_IF_ERROR(as_user.status());
   if (::renameat(out_fd_, tmp_name_.c_str(), out_fd_, final_name.c_str()) != 0) {
     if (errno != ENOTEMPTY && errno != EEXIST)
       return ErrnoError(errno, "rename " + tmp_dir_ + " -> " + final_dir);
@@ -529,6 +529,8 @@ StatusOr<CheckpointInfo> CheckpointWriter::Commit(const TrainerState& state) {
 
 Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
   if (keep <= 0) return OkStatus();
+  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
+  RETURN_IF_ERROR(as_user.status());
   ASSIGN_OR_RETURN(auto dirs, ListCheckpointDirs(output_dir, nullptr));
   std::vector<std::pair<int64_t, std::string>> valid;
   for (auto& d : dirs) {
@@ -538,12 +540,16 @@ Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
     const auto& [step, path] = valid[i];
     // Hide it first (one rename) so that a crash mid-removal leaves no half-deleted checkpoint;
     // locked from before the rename so that LatestCheckpoint leaves the removal to us.
+    // Through the confined directory, never a path a symlink could redirect (issue #29 item 1).
+    ASSIGN_OR_RETURN(OwnedFd out, OpenConfined(output_dir, O_RDONLY | O_DIRECTORY, Access::kWrite));
     ASSIGN_OR_RETURN(int fd, LockDir(path));
-    StatusOr<std::string> hidden = MakeHiddenDir(output_dir, step, "deleting");
+    StatusOr<std::string> hidden = MakeHiddenDirAt(out.get(), output_dir, step, "deleting");
     Status st = hidden.status();
-    if (st.ok() && ::rename(path.c_str(), hidden->c_str()) != 0)
-      st = ErrnoError(errno, "rename " + path + " -> " + *hidden);
-    if (st.ok()) st = engine::RemoveTree(*hidden);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    if (st.ok() && ::renameat(out.get(), name.c_str(), out.get(), hidden->c_str()) != 0)
+      st = ErrnoError(errno, "rename " + path + " -> " + JoinPath(output_dir, *hidden));
+    if (st.ok())
+      st = engine::RemoveTree("/proc/self/fd/" + std::to_string(out.get()) + "/" + *hidden);
     ::close(fd);
     RETURN_IF_ERROR(st);
     OFFLOADD_LOG(kInfo, "checkpoint") << "deleted " << path << " (save_total_limit " << keep << ")";
@@ -555,6 +561,8 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
   if (!engine::PathExists(output_dir)) {
     return NotFoundError(output_dir + ": no checkpoint (the directory does not exist)");
   }
+  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
+  RETURN_IF_ERROR(as_user.status());
   std::vector<std::string> hidden;
   ASSIGN_OR_RETURN(auto dirs, ListCheckpointDirs(output_dir, &hidden));
   for (const std::string& path : hidden) {

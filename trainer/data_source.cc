@@ -4,12 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
-#include <sstream>
 
+#include "common/safe_path.h"
 #include "text/batcher.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
@@ -37,13 +36,12 @@ StatusOr<text::ChatTemplate> LoadTemplate(const DataConfig& c, const text::Token
   }
   if (!c.chat_template.empty()) {
     *origin = "the file " + c.chat_template;
-    std::ifstream in(c.chat_template);
-    if (!in) return NotFoundError("chat template " + c.chat_template + " cannot be read");
-    std::stringstream ss;
-    ss << in.rdbuf();
+    // Confined, a regular file only (common/safe_path.h).
+    StatusOr<std::string> source = ReadFileConfined(c.chat_template);
+    if (!source.ok()) return source.status().WithContext("chat template");
     auto tokens = text::SpecialTokens::FromTokenizerConfig(tokenizer_dir + "/tokenizer_config.json");
-    return text::ChatTemplate::FromString(
-        ss.str(), tokens.ok() ? *tokens : text::SpecialTokens::Guess(tok));
+    return text::ChatTemplate::FromString(*source,
+                                          tokens.ok() ? *tokens : text::SpecialTokens::Guess(tok));
   }
   auto t = text::ChatTemplate::FromDirectory(tokenizer_dir);
   if (!t.ok() && t.status().code() == StatusCode::kNotFound) {

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/safe_path.h"
+
 namespace offloadd::trainer {
 namespace {
 
@@ -141,57 +143,49 @@ Status TraceRecorder::WriteJson(const std::string& path) const {
     return a->track < b->track;
   });
 
-  // A unique temporary name: several threads may flush to the same path.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(errno, "cannot create trace file " + tmp);
-
-  FdWriter w(fd);
-  w.Append("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock\":\"steady, us since trace epoch\"");
-  w.Append(",\"dropped_events\":" + std::to_string(dropped));
-  w.Append(",\"max_events\":" + std::to_string(options_.max_events));
-  w.Append("},\"traceEvents\":[\n");
-  w.Append(R"({"ph":"M","pid":1,"tid":0,"name":"process_name","args":{"name":)" +
-           JsonString(options_.process_name) + "}}");
-  // Track i is thread i+1 (tid 0 is the process), sorted in creation order.
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string tid = std::to_string(i + 1);
-    w.Append(",\n{\"ph\":\"M\",\"pid\":1,\"tid\":" + tid +
-             ",\"name\":\"thread_name\",\"args\":{\"name\":" + JsonString(names[i]) + "}}");
-    w.Append(",\n{\"ph\":\"M\",\"pid\":1,\"tid\":" + tid +
-             ",\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":" + std::to_string(i) +
-             "}}");
-  }
-  std::string line;
-  for (const Span* s : spans) {
-    line = ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":";
-    line += std::to_string(s->track + 1);
-    line += ",\"ts\":";
-    line += std::to_string(s->start_us);
-    line += ",\"dur\":";
-    line += std::to_string(s->dur_us);
-    line += ",\"name\":";
-    line += JsonString(s->name);
-    if (!s->args_json.empty()) {
-      line += ",\"args\":";
-      line += s->args_json;
+  // Through the job's confined directory, to a fresh temporary file (O_EXCL, never through a
+  // symlink, a unique name per call: several threads may flush to the same path), renamed over
+  // `path` (common/safe_path.h).
+  const Status written = WriteFileAtomically(path, [&](int fd) -> Status {
+    FdWriter w(fd);
+    w.Append(
+        "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock\":\"steady, us since trace epoch\"");
+    w.Append(",\"dropped_events\":" + std::to_string(dropped));
+    w.Append(",\"max_events\":" + std::to_string(options_.max_events));
+    w.Append("},\"traceEvents\":[\n");
+    w.Append(R"({"ph":"M","pid":1,"tid":0,"name":"process_name","args":{"name":)" +
+             JsonString(options_.process_name) + "}}");
+    // Track i is thread i+1 (tid 0 is the process), sorted in creation order.
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string tid = std::to_string(i + 1);
+      w.Append(",\n{\"ph\":\"M\",\"pid\":1,\"tid\":" + tid +
+               ",\"name\":\"thread_name\",\"args\":{\"name\":" + JsonString(names[i]) + "}}");
+      w.Append(",\n{\"ph\":\"M\",\"pid\":1,\"tid\":" + tid +
+               ",\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":" + std::to_string(i) +
+               "}}");
     }
-    line += '}';
-    w.Append(line);
-  }
-  w.Append("\n]}\n");
-
-  int err = w.Flush();
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    return ErrnoError(err, "cannot write trace file " + path);
-  }
-  return OkStatus();
+    std::string line;
+    for (const Span* s : spans) {
+      line = ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":";
+      line += std::to_string(s->track + 1);
+      line += ",\"ts\":";
+      line += std::to_string(s->start_us);
+      line += ",\"dur\":";
+      line += std::to_string(s->dur_us);
+      line += ",\"name\":";
+      line += JsonString(s->name);
+      if (!s->args_json.empty()) {
+        line += ",\"args\":";
+        line += s->args_json;
+      }
+      line += '}';
+      w.Append(line);
+    }
+    w.Append("\n]}\n");
+    const int err = w.Flush();
+    return err == 0 ? OkStatus() : ErrnoError(err, "write " + path);
+  });
+  return written.WithContext("cannot write trace file " + path);
 }
 
 Status TraceRecorder::StepFinished(int64_t step) {

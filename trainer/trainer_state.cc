@@ -1,17 +1,13 @@
 // Trainer: checkpoints (save, restore), the final Hugging Face export and the Train() loop.
+#include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <c10/util/Exception.h>
-
-#include <fstream>
-#include <sstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 #include <vector>
-
-#include <sys/stat.h>
-
-#include <nlohmann/json.hpp>
 
 #include "common/safe_path.h"
 #include "engine/file_util.h"
@@ -43,12 +39,15 @@ StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout
   return r.ReadLayer(b, t);
 }
 
-StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path + " cannot be read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// A file of the model directory copied into each checkpoint: through the confined open (a symlink
+// out of the allowed roots, a FIFO or a file the job's user cannot read fails the checkpoint,
+// naming it; issue #29 items 1 and 3). One that is not there is not copied.
+StatusOr<std::optional<std::string>> ReadModelFile(const std::string& path) {
+  StatusOr<std::string> text = ReadFileConfined(path);
+  if (text.ok()) return std::optional<std::string>(std::move(*text));
+  if (text.status().code() == StatusCode::kNotFound) return std::optional<std::string>();
+  return text.status().WithContext("copying the model's " + path.substr(path.rfind('/') + 1) +
+                                   " into the checkpoint");
 }
 
 }  // namespace
@@ -98,8 +97,8 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
                         "tokenizer_config.json", "special_tokens_map.json"}) {
-    auto text = ReadSmallFile(cfg.model_dir + "/" + f);
-    if (text.ok()) RETURN_IF_ERROR(w.AddFile(f, *text));
+    ASSIGN_OR_RETURN(std::optional<std::string> text, ReadModelFile(cfg.model_dir + "/" + f));
+    if (text) RETURN_IF_ERROR(w.AddFile(f, *text));
   }
   TrainerState st;
   st.global_step = completed;

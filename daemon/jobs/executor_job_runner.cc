@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "daemon/jobs/executor_protocol.h"
+#include "daemon/jobs/path_policy.h"
 #include "engine/file_util.h"
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
@@ -89,6 +90,9 @@ class AttemptRunner {
 
  private:
   Status Launch(int rank, int world, int gpu, const std::string& rendezvous_path) {
+    // The submitter's rights for the job's files (a token's user= may be gone since CreateJob).
+    ASSIGN_OR_RETURN(std::optional<FileIdentity> identity,
+                     SubmitterFileIdentity(job_.submitted_by(), options_.token_users));
     ASSIGN_OR_RETURN(ipc::ChildProcess child,
                      ipc::LaunchChild(options_.executor_binary, {"--log-level=" + options_.log_level}));
     Executor& e = executors_.emplace_back();
@@ -109,6 +113,13 @@ class AttemptRunner {
     if (!rendezvous_path.empty()) p.set_rendezvous("file://" + rendezvous_path);
     p.set_gpu_index(gpu);
     s.set_restart(restart_);
+    if (identity) {
+      pb::FileIdentity& f = *s.mutable_file_identity();
+      f.set_uid(identity->uid);
+      f.set_gid(identity->gid);
+      for (gid_t g : identity->groups) f.add_groups(g);
+      f.set_user(identity->user);
+    }
     // An executor that cannot read them (it failed to start) shows through its pidfd: its exit
     // status says why.
     Status sent = SendProto(e.child.control.get(), hello);

@@ -24,6 +24,7 @@
 // launches and reaps them on its own thread, which outlives them.
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "daemon/config/config.h"
@@ -40,6 +41,9 @@ struct ExecutorRunnerOptions {
   uint32_t max_restarts = 2;     // jobs.max_executor_restarts
   double kill_grace_seconds = 5;  // the others of a failed executor: cancel, then SIGKILL
   std::string log_level = "info";  // the executors' --log-level
+  // TCP token client name -> the user= of its token file line: whose rights its jobs' files are
+  // opened with (SubmitterFileIdentity, issue #29 item 1).
+  std::map<std::string, std::string> token_users;
 };
 
 class ExecutorJobRunner final : public JobRunner {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/message_text.h"
+#include "common/safe_path.h"
 #include "common/units.h"
 #include "daemon/jobs/hf_names.h"
 #include "daemon/jobs/train_job_config.h"
@@ -76,18 +77,11 @@ text::DatasetFormat ToTextFormat(v1::DatasetFormat f) {
 // The first records of a dataset file. JSON Lines are read in 1 MiB pieces only until enough
 // whole lines are in (each CreateJob used to allocate 64 MiB per dataset path whatever the file's
 // size: 150 concurrent calls on a 52-byte dataset peaked at 2.3 GB); a JSON array must be read
-// whole and is refused beyond kMaxDatasetPreviewBytes. Only regular files are opened (a FIFO would
-// block the request thread), without following a symlink at the last component.
+// whole and is refused beyond kMaxDatasetPreviewBytes. Opened as the job opens it: confined, a
+// regular file only, never blocking (common/safe_path.h).
 StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
-  if (fd < 0) return ErrnoError(errno, "cannot read " + path);
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{fd};
-  struct stat st{};
-  if (fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat " + path);
-  if (!S_ISREG(st.st_mode)) return InvalidArgumentError(path + " is not a regular file");
+  ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead));
+  const int fd = owned.get();
   constexpr size_t kPiece = 1 << 20;
   std::string data;
   bool eof = false;
@@ -424,6 +418,8 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       if (!Exists(*dir + "/model.safetensors") && !Exists(*dir + "/model.safetensors.index.json")) {
         c.Add("model.path", *dir + " has neither model.safetensors nor model.safetensors.index.json");
       }
+      // Every file the job will open there, as it will open it (issue #29 items 1 and 3).
+      for (const std::string& problem : ModelFileProblems(*dir)) c.Add("model.path", problem);
     }
   }
 

@@ -8,9 +8,12 @@
 // roots (common/safe_path.h, SetAllowedRoots at startup). Thread-safe (stateless after
 // construction).
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/file_identity.h"
 #include "common/status.h"
 
 namespace offloadd::daemon {
@@ -37,5 +40,22 @@ class PathPolicy {
 
   std::vector<std::string> roots_;
 };
+
+// The files of a model (or tokenizer) directory that a job will open, other than those CreateJob
+// parses anyway: config.json, generation_config.json, the tokenizer files, special_tokens_map.json,
+// chat_template.jinja, model.safetensors or model.safetensors.index.json and every shard the index
+// names. Each one present is opened as the job will open it (common/safe_path.h: under the allowed
+// roots, with the rights of the job's user when set, never blocking) and must be a regular file:
+// a FIFO there would hang the job at its first checkpoint, a symlink out of the roots would copy
+// an outside file into it (issue #29 items 1 and 3). Returns one problem per file, each naming it.
+std::vector<std::string> ModelFileProblems(const std::string& dir);
+
+// Whose rights a job's files are opened with (common/file_identity.h, issue #29 item 1), from the
+// client that submits it (Job.submitted_by): "unix:uid=<n>" is that local user; "token:<name>" is
+// the user its token file line names (`token_users`: client name -> user=, or the `token_user` of
+// the call at CreateJob); any other client, a token line without user=, or a daemon not running as
+// root: nullopt, the daemon's own rights. NOT_FOUND when a token's user= names no local user.
+StatusOr<std::optional<FileIdentity>> SubmitterFileIdentity(
+    const std::string& submitted_by, const std::map<std::string, std::string>& token_users);
 
 }  // namespace offloadd::daemon

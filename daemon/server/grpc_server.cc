@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -46,6 +47,15 @@ Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnin
     warnings->push_back(std::string("server.unix_socket_mode ") + mode +
                         " lets every local user submit jobs that read and write under allowed_roots; "
                         "use 0660 and a group");
+  }
+  if (!config.server.tcp.listen.empty() && ::geteuid() == 0) {
+    auto tokens = ReadTokenFile(config.server.tcp.auth_token_file);
+    if (tokens.ok() && std::any_of(tokens->begin(), tokens->end(),
+                                   [](const ClientToken& t) { return t.user.empty(); })) {
+      warnings->push_back(
+          "server.tcp.auth_token_file has lines without user=<local user>: the daemon runs as "
+          "root, so their jobs read and write under allowed_roots with root's rights");
+    }
   }
   for (const std::string& root : config.allowed_roots) {
     if (root == "/") {

@@ -3,11 +3,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 
+#include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/message_text.h"
 #include "daemon/jobs/job_validator.h"
+#include "daemon/jobs/path_policy.h"
 #include "daemon/node/node_probe.h"
 #include "daemon/server/rpc_recorder.h"
 #include "daemon/server/token_auth.h"
@@ -90,7 +93,22 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
     return rec.Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                  "too many job validations in progress; retry CreateJob later"));
   }
-  ValidationResult result = ValidateJobSpec(request->spec(), paths_, node);
+  // Every file is opened with the rights of the client's user (common/file_identity.h), as the
+  // job will open it.
+  const std::string client = ClientOf(*context);
+  std::map<std::string, std::string> token_user;
+  if (const auto named = TokenClientOf(context->auth_context().get()))
+    token_user[named->name] = named->user;
+  auto identity = SubmitterFileIdentity(client, token_user);
+  if (!identity.ok()) {
+    validations_.release();
+    return rec.Done(ToGrpcStatus(identity.status().WithContext("the rights of " + client)));
+  }
+  ValidationResult result;
+  {
+    ScopedJobFileIdentity as_client(*identity);
+    result = ValidateJobSpec(request->spec(), paths_, node);
+  }
   validations_.release();
   if (request->request_id().size() > kMaxRequestIdBytes) {
     result.violations.push_back({"request_id", std::to_string(request->request_id().size()) + " bytes, more than the " +
@@ -102,7 +120,6 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
     job->set_state(v1::JOB_STATE_QUEUED);
     return rec.Done(grpc::Status::OK);
   }
-  const std::string client = ClientOf(*context);
   const Status reserved = quota_.Reserve(client, [this](const std::string& id) {
     auto j = jobs_->Get(id);
     if (!j.ok()) return false;

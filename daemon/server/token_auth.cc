@@ -7,11 +7,14 @@
 #include <set>
 #include <sstream>
 
+#include "common/file_identity.h"
+
 namespace offloadd::daemon {
 namespace {
 
 constexpr char kClientProperty[] = "offloadd.token_client";
 constexpr char kRoleProperty[] = "offloadd.token_role";
+constexpr char kUserProperty[] = "offloadd.token_user";
 
 class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
  public:
@@ -43,6 +46,7 @@ class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
     if (!match->name.empty() && context != nullptr) {
       context->AddProperty(kClientProperty, match->name);
       context->AddProperty(kRoleProperty, match->is_operator ? "operator" : "client");
+      if (!match->user.empty()) context->AddProperty(kUserProperty, match->user);
     }
     consumed->insert({std::string(it->first.data(), it->first.size()), std::string(got.data(), got.size())});
     return grpc::Status::OK;
@@ -62,6 +66,37 @@ bool ValidName(const std::string& name) {
   return true;
 }
 
+// A token travels in an HTTP/2 header ("authorization: Bearer <token>"), where only printable
+// ASCII survives: a byte order mark, a NUL, a control character or a non-ASCII byte in a token line
+// would make a file that passes --validate-config and that no client can authenticate with (issue
+// #29 item 15). Names the line and column, never the bytes around them (they may be the token).
+Status CheckLineBytes(const std::string& line, int n, bool comment, const std::string& where) {
+  if (n == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) {
+    return InvalidArgumentError(where +
+                                "starts with a UTF-8 byte order mark; save the file as plain "
+                                "ASCII without it");
+  }
+  for (size_t i = 0; i < line.size(); ++i) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    const auto col = [&] { return "column " + std::to_string(i + 1) + ": "; };
+    if (c == 0)
+      return InvalidArgumentError(where + col() + "a NUL byte; the file must be plain text");
+    if (comment) continue;                            // anything printable in a comment
+    if (c == '\r' && i + 1 == line.size()) continue;  // a CRLF line end
+    if (c >= 0x80) {
+      return InvalidArgumentError(where + col() +
+                                  "a non-ASCII byte; names and tokens are printable "
+                                  "ASCII (a token travels in an HTTP/2 header)");
+    }
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      return InvalidArgumentError(where + col() +
+                                  "a control character; names and tokens are printable "
+                                  "ASCII (a token travels in an HTTP/2 header)");
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<std::vector<ClientToken>> ParseTokenFile(const std::string& text, const std::string& path) {
@@ -72,16 +107,20 @@ StatusOr<std::vector<ClientToken>> ParseTokenFile(const std::string& text, const
   std::string line;
   for (int n = 1; std::getline(lines, line); ++n) {
     const std::string where = "server.tcp.auth_token_file " + path + ":" + std::to_string(n) + ": ";
-    if (const auto first = line.find_first_not_of(" \t\r"); first != std::string::npos && line[first] == '#') {
-      continue;  // a comment line ('#' inside a token is part of it)
-    }
+    const auto first = line.find_first_not_of(" \t\r");
+    const bool comment = first != std::string::npos && line[first] == '#';
+    RETURN_IF_ERROR(CheckLineBytes(line, n, comment, where));
+    if (comment) continue;  // a comment line ('#' inside a token is part of it)
     std::istringstream words(line);
     std::vector<std::string> w;
     for (std::string word; words >> word;) w.push_back(word);
     if (w.empty()) continue;
-    if (w.size() > 3) {
-      return InvalidArgumentError(where + "expected '<name> <token> [operator]' or one bare token, got " +
-                                  std::to_string(w.size()) + " words");
+    if (w.size() > 4) {
+      return InvalidArgumentError(
+          where +
+          "expected '<name> <token> [operator] [user=<local user>]' or one bare "
+          "token, got " +
+          std::to_string(w.size()) + " words");
     }
     ClientToken t;
     if (w.size() == 1) {
@@ -90,14 +129,32 @@ StatusOr<std::vector<ClientToken>> ParseTokenFile(const std::string& text, const
     } else {
       t.name = w[0];
       t.token = w[1];
-      t.is_operator = w.size() == 3;
+      t.is_operator = false;
+      t.line = n;
       if (!ValidName(t.name)) {
         return InvalidArgumentError(where + "client name must be 1.." + std::to_string(kMaxTokenClientName) +
                                     " of [A-Za-z0-9._@-]");
       }
-      if (w.size() == 3 && w[2] != "operator") {
-        // Not echoed: a misordered line may hold the token there.
-        return InvalidArgumentError(where + "the third word must be the role 'operator' (the only role)");
+      for (size_t i = 2; i < w.size(); ++i) {
+        if (i == 2 && w[i] == "operator") {
+          t.is_operator = true;
+        } else if (w[i].rfind("user=", 0) == 0 && t.user.empty()) {
+          // The local user whose rights the client's jobs get (common/file_identity.h).
+          t.user = w[i].substr(5);
+          if (!ValidName(t.user) || t.user.size() > 32) {
+            return InvalidArgumentError(where +
+                                        "user= must name a local user (1..32 of [A-Za-z0-9._@-])");
+          }
+        } else if (i == 2) {
+          // Not echoed: a misordered line may hold the token there.
+          return InvalidArgumentError(
+              where +
+              "the third word must be the role 'operator' (the only role) or "
+              "user=<local user>");
+        } else {
+          return InvalidArgumentError(where +
+                                      "expected '<name> <token> [operator] [user=<local user>]'");
+        }
       }
       if (!names.insert(t.name).second) return InvalidArgumentError(where + "client '" + t.name + "' is named twice");
     }
@@ -138,7 +195,16 @@ StatusOr<std::vector<ClientToken>> ReadTokenFile(const std::string& path) {
   if (!in) return ErrnoError(errno, "server.tcp.auth_token_file " + path);
   std::stringstream text;
   text << in.rdbuf();
-  return ParseTokenFile(text.str(), path);
+  ASSIGN_OR_RETURN(std::vector<ClientToken> tokens, ParseTokenFile(text.str(), path));
+  for (const ClientToken& t : tokens) {
+    if (t.user.empty()) continue;
+    if (auto id = IdentityOfUser(t.user); !id.ok()) {
+      return InvalidArgumentError("server.tcp.auth_token_file " + path + ":" +
+                                  std::to_string(t.line) + ": user=" + t.user + ": " +
+                                  std::string(id.status().message()));
+    }
+  }
+  return tokens;
 }
 
 std::shared_ptr<grpc::AuthMetadataProcessor> MakeTokenAuthProcessor(std::vector<ClientToken> tokens) {
@@ -153,6 +219,9 @@ std::optional<TokenClient> TokenClientOf(const grpc::AuthContext* context) {
   TokenClient c;
   c.name.assign(names.front().data(), names.front().size());
   c.is_operator = !roles.empty() && std::string_view(roles.front().data(), roles.front().size()) == "operator";
+  if (const auto users = context->FindPropertyValues(kUserProperty); !users.empty()) {
+    c.user.assign(users.front().data(), users.front().size());
+  }
   return c;
 }
 

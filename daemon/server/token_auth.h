@@ -5,9 +5,13 @@
 //
 // The token file (mode 0600 or stricter) holds either
 //   - one bare token: every holder is an operator, and clients are told apart by address only; or
-//   - one client per line, "<name> <token> [operator]" (lines starting with '#' are comments): each holder is the
-//     client "token:<name>" for the per-client limits and as a job's submitter, and may cancel,
-//     pause or resume only its own jobs unless the line says "operator".
+//   - one client per line, "<name> <token> [operator] [user=<local user>]" (lines starting with '#'
+//   are
+//     comments): each holder is the client "token:<name>" for the per-client limits and as a job's
+//     submitter, and may cancel, pause or resume only its own jobs unless the line says "operator".
+//     With user=, a daemon running as root opens the client's job files with that local user's
+//     rights (common/file_identity.h); without it, with the daemon's own.
+// Only printable ASCII in token lines: a token travels in an HTTP/2 header.
 
 #include <grpcpp/security/auth_context.h>
 #include <grpcpp/security/auth_metadata_processor.h>
@@ -25,6 +29,8 @@ struct ClientToken {
   std::string name;  // empty for the bare-token form
   std::string token;
   bool is_operator = true;
+  std::string user;  // user=<local user> of the line, "" for none
+  int line = 0;      // for messages
 };
 
 inline constexpr size_t kMinTokenChars = 16;
@@ -33,7 +39,8 @@ inline constexpr size_t kMaxTokenClientName = 64;
 // Parses a token file's text. Errors name the line: a token shorter than 16 characters, a bad or
 // repeated name, a repeated token, an unknown role, a bare token among named lines, no token.
 StatusOr<std::vector<ClientToken>> ParseTokenFile(const std::string& text, const std::string& path);
-// Reads and parses the file; errors if it is missing or readable by group/others.
+// Reads and parses the file; errors if it is missing or readable by group/others, or a user= names
+// no local user.
 StatusOr<std::vector<ClientToken>> ReadTokenFile(const std::string& path);
 
 std::shared_ptr<grpc::AuthMetadataProcessor> MakeTokenAuthProcessor(std::vector<ClientToken> tokens);
@@ -42,6 +49,7 @@ std::shared_ptr<grpc::AuthMetadataProcessor> MakeTokenAuthProcessor(std::vector<
 struct TokenClient {
   std::string name;
   bool is_operator = false;
+  std::string user;  // the line's user=, "" for none
 };
 std::optional<TokenClient> TokenClientOf(const grpc::AuthContext* context);
 

@@ -100,6 +100,40 @@ TEST_F(SafePathTest, ReadRefusesAFifoWithoutBlocking) {
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
 }
 
+// Issue #29 item 3: every open, not only ReadFileConfined, refuses a FIFO or a device without
+// blocking (a FIFO in a model directory hung a job at its first checkpoint), for reading and for
+// writing, confined or not; a regular file comes back in the blocking mode asked for.
+TEST_F(SafePathTest, EveryOpenRefusesAFifoOrDeviceWithoutBlocking) {
+  ASSERT_EQ(::mkfifo((root_ + "/fifo").c_str(), 0644), 0);
+  for (bool confined : {false, true}) {
+    SetAllowedRoots(confined ? std::vector<std::string>{root_} : std::vector<std::string>{});
+    for (int flags : {O_RDONLY, O_WRONLY, O_RDWR, O_WRONLY | O_TRUNC}) {
+      auto fd =
+          OpenConfined(root_ + "/fifo", flags, flags == O_RDONLY ? Access::kRead : Access::kWrite);
+      ASSERT_FALSE(fd.ok()) << flags;
+      EXPECT_EQ(fd.status().code(), StatusCode::kFailedPrecondition) << fd.status().ToString();
+      EXPECT_NE(fd.status().message().find(root_ + "/fifo"), std::string::npos)
+          << fd.status().ToString();
+      EXPECT_NE(fd.status().message().find("not a regular file"), std::string::npos)
+          << fd.status().ToString();
+    }
+    auto dev = OpenConfined("/dev/null", O_RDONLY, Access::kRead);
+    if (!confined) {
+      EXPECT_EQ(dev.status().code(), StatusCode::kFailedPrecondition) << dev.status().ToString();
+    }
+  }
+  Put(root_ + "/file", "x");
+  Confine();
+  auto fd = OpenConfined(root_ + "/file", O_RDONLY, Access::kRead);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  EXPECT_EQ(::fcntl(fd->get(), F_GETFL) & O_NONBLOCK, 0);
+  auto nb = OpenConfined(root_ + "/file", O_RDONLY | O_NONBLOCK, Access::kRead);
+  ASSERT_TRUE(nb.ok()) << nb.status().ToString();
+  EXPECT_NE(::fcntl(nb->get(), F_GETFL) & O_NONBLOCK, 0);
+  // Directories are opened as asked (O_DIRECTORY).
+  EXPECT_TRUE(OpenConfined(root_, O_RDONLY | O_DIRECTORY, Access::kRead).ok());
+}
+
 TEST_F(SafePathTest, WriteReplacesASymlinkInsteadOfWritingThroughIt) {
   for (bool confined : {false, true}) {
     SetAllowedRoots(confined ? std::vector<std::string>{root_} : std::vector<std::string>{});

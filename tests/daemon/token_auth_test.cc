@@ -70,6 +70,61 @@ TEST(TokenFileTest, EveryBadLineIsNamedWithItsNumber) {
   }
 }
 
+// Issue #29 item 15: a token travels in an HTTP/2 header, so a byte order mark, a NUL, a control
+// character or a non-ASCII byte in a token line made a file that passed --validate-config and that
+// no client could authenticate with. Each is refused naming file:line, and the token is never
+// echoed.
+TEST(TokenFileTest, BytesNoHeaderCanCarryAreRefusedNamingTheLine) {
+  const struct {
+    std::string text;
+    std::string error;
+  } cases[] = {
+      {"\xEF\xBB\xBF" + kA + "\n", "f:1: starts with a UTF-8 byte order mark"},
+      {"\xEF\xBB\xBF"
+       "alice " +
+           kA + "\n",
+       "f:1: starts with a UTF-8 byte order mark"},
+      {"alice " + kA + std::string(1, '\0') + "\n", "f:1: column 29: a NUL byte"},
+      {"# ok\nalice " + kA + "\nbob " + kB + "\xC3\xA9\n", "f:3: column 27: a non-ASCII byte"},
+      {"alice " + kA + "\nbob\xC2\xA0" + kB + "\n", "f:2: column 4: a non-ASCII byte"},
+      {"alice " + kA + "\x7f\n", "f:1: column 29: a control character"},
+      {"alice " + kA + "\x1b[0m\n", "f:1: column 29: a control character"},
+      {"alice\r" + kA + "\n", "f:1: column 6: a control character"},
+      {std::string("# a NUL in a comment\0\nalice ", 28) + kA + "\n", "f:1: column 21: a NUL byte"},
+  };
+  for (const auto& c : cases) {
+    auto t = ParseTokenFile(c.text, "f");
+    ASSERT_FALSE(t.ok()) << c.text;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << c.text;
+    EXPECT_NE(t.status().message().find(c.error), std::string::npos)
+        << c.text << " -> " << t.status().ToString();
+    EXPECT_EQ(t.status().message().find("-token"), std::string::npos) << t.status().ToString();
+  }
+  // What stays accepted: CRLF line ends, tabs between words, UTF-8 in a comment.
+  auto ok = ParseTokenFile("# Jürgen's\r\nalice\t" + kA + "\r\nbob " + kB + " operator\r\n", "f");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->size(), 2u);
+}
+
+// Issue #29 item 1: a line may name the local user whose rights its client's jobs get.
+TEST(TokenFileTest, AUserOnALineNamesWhoseRightsItsJobsGet) {
+  auto t = ParseTokenFile("alice " + kA + " user=alice\nops " + kB + " operator user=root\n", "f");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ((*t)[0].user, "alice");
+  EXPECT_FALSE((*t)[0].is_operator);
+  EXPECT_EQ((*t)[1].user, "root");
+  EXPECT_TRUE((*t)[1].is_operator);
+  EXPECT_EQ((*t)[1].line, 2);
+  for (const std::string& bad :
+       {"alice " + kA + " user=\n", "alice " + kA + " user=a/b\n",
+        "alice " + kA + " user=a user=b\n", "alice " + kA + " user=a operator\n"}) {
+    auto r = ParseTokenFile(bad, "f");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("f:1: "), std::string::npos) << r.status().ToString();
+    EXPECT_EQ(r.status().message().find("-token"), std::string::npos) << r.status().ToString();
+  }
+}
+
 class TokenFileOnDiskTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -96,6 +151,25 @@ TEST_F(TokenFileOnDiskTest, ModeAndTypeAreCheckedBeforeTheText) {
   auto ok = ReadTokenFile(Write("alice " + kA + "\nbob " + kB + " operator\n", 0600));
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->size(), 2u);
+
+  // The file as --validate-config and the daemon read it: the same refusals (issue #29 item 15).
+  auto bom =
+      ReadTokenFile(Write("\xEF\xBB\xBF"
+                          "alice " +
+                              kA + "\n",
+                          0600));
+  ASSERT_FALSE(bom.ok());
+  EXPECT_NE(bom.status().message().find(dir_ + "/token:1: starts with a UTF-8 byte order mark"),
+            std::string::npos)
+      << bom.status().ToString();
+
+  // A user= that names no local user is refused when the file is read (--validate-config).
+  auto nouser =
+      ReadTokenFile(Write("alice " + kA + "\nbob " + kB + " user=no-such-user-offloadd\n", 0600));
+  ASSERT_FALSE(nouser.ok());
+  EXPECT_NE(nouser.status().message().find(dir_ + "/token:2: user=no-such-user-offloadd"),
+            std::string::npos)
+      << nouser.status().ToString();
 
   auto dir = ReadTokenFile(dir_);
   ASSERT_FALSE(dir.ok());

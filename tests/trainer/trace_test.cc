@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -206,6 +207,30 @@ TEST_F(TraceTest, UnwritablePathIsAnErrorNamingIt) {
   const Status st = r.WriteJson(dir_ + "/missing/trace.json");
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
   EXPECT_NE(st.message().find("missing/trace.json"), std::string::npos) << st.ToString();
+}
+
+// Issue #29 item 2: the temporary file was opened by absolute path, following symlinks and
+// truncating what they pointed at. Symlinks planted at every name it used (<path>.tmp.<pid>.<n>)
+// and at the trace itself: the victim is untouched, the trace is a new regular file.
+TEST_F(TraceTest, PlantedSymlinksAreNeverWrittenThrough) {
+  const std::string victim = dir_ + "/victim";
+  std::ofstream(victim) << "victim";
+  const std::string path = dir_ + "/trace.json";
+  for (int n = 0; n < 64; ++n) {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n);
+    ASSERT_EQ(::symlink(victim.c_str(), tmp.c_str()), 0);
+  }
+  ASSERT_EQ(::symlink(victim.c_str(), path.c_str()), 0);
+  TraceRecorder r(Opts("planted"));
+  r.AddSpan(tracks::kStep, "step 1", 0, 10);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(r.WriteJson(path).ok());
+  std::ifstream in(victim);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "victim");
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  std::ifstream trace(path);
+  EXPECT_EQ(Complete(json::parse(trace)).size(), 1u);
 }
 
 TEST(NowMicrosTest, IsMonotonicFromOneEpoch) {
