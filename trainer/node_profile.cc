@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/file_identity.h"
 #include "common/safe_path.h"
 #include "common/units.h"
 #include "engine/file_util.h"
@@ -274,6 +275,9 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
                                                const std::string& store_dir, bool* cached,
                                                std::string* cache_problem) {
   if (threads < 1) return InvalidArgumentError("node profile: threads must be >= 1");
+  // The daemon's profile cache (profile_dir), not a job's file: with the process's own rights
+  // (common/file_identity.h).
+  ScopedJobFileIdentity daemon_own(std::nullopt);
   ASSIGN_OR_RETURN(workers::KernelChoice choice, workers::ResolveKernelPath(kernel));
   const std::string path_name(workers::KernelPathName(choice.path));
   std::ostringstream key;

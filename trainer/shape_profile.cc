@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/file_identity.h"
 #include "common/safe_path.h"
 #include "common/units.h"
 #include "engine/file_util.h"
@@ -29,6 +30,9 @@ std::string ShapeProfilePath(const std::string& dir, const std::string& key) {
 }
 
 StatusOr<ShapeProfile> ReadShapeProfile(const std::string& path) {
+  // The daemon's profile cache (profile_dir), not a job's file: with the process's own rights
+  // (common/file_identity.h).
+  ScopedJobFileIdentity daemon_own(std::nullopt);
   if (!engine::PathExists(path)) return NotFoundError("no shape profile at " + path);
   ASSIGN_OR_RETURN(std::string text, engine::ReadFile(path));
   try {
@@ -105,6 +109,9 @@ std::string ShapeProfileJson(const ShapeProfile& p) {
 }
 
 Status WriteShapeProfile(const std::string& dir, const ShapeProfile& p) {
+  // The daemon's profile cache (profile_dir), not a job's file: with the process's own rights
+  // (common/file_identity.h).
+  ScopedJobFileIdentity daemon_own(std::nullopt);
   RETURN_IF_ERROR(engine::MakeDirs(engine::JoinPath(dir, kShapeProfileDir)));
   return WriteFileAtomically(ShapeProfilePath(dir, p.key), ShapeProfileJson(p));
 }
