@@ -431,6 +431,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   if (!tok_path.empty()) {
     if (auto real = paths.ResolveExisting(tok_path); !c.Fails(tok_field, real.status())) {
       if (!spec.tokenizer().path().empty()) spec.mutable_tokenizer()->set_path(*real);
+      if (!spec.tokenizer().path().empty() && IsDirectory(*real)) {  // the export copies its files
+        for (const std::string& problem : ModelFileProblems(*real)) c.Add("tokenizer.path", problem);
+      }
       auto tok = IsDirectory(*real) ? text::Tokenizer::FromDirectory(*real) : text::Tokenizer::FromFile(*real);
       if (!c.Fails(tok_field, tok.status().WithContext("tokenizer"))) {
         tokenizer = std::move(*tok);
