@@ -163,6 +163,8 @@ def shared_workspace(assets):
     ws.chmod(0o755)
     shutil.copytree(model, ws / "m")
     shutil.copy(data, ws / "data.jsonl")
+    for p in ws.rglob("*"):  # world-readable (save_pretrained writes its safetensors 0600)
+        p.chmod(0o755 if p.is_dir() else 0o644)
     (ws / "secret").write_text(SECRET + "\n")
     (ws / "secret").chmod(0o600)
     # nobody's model: a hard link to root's secret as its generation_config.json.
