@@ -28,8 +28,12 @@ NOBODY = 65534
 def workspace(shared_dir, source_dir):
     # Not pytest's tmp_path: its parents are 0700, and the second user must reach the socket.
     root = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-peer-"))
-    root.chmod(0o755)
     write_demo(root, shared_dir, source_dir)
+    # A job's files are opened with its submitter's rights (issue #29): the second user must be able
+    # to read the model and data and to create its output directory.
+    for p in root.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    root.chmod(0o777)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
