@@ -56,7 +56,8 @@ TEST(TokenFileTest, EveryBadLineIsNamedWithItsNumber) {
       {"alice operator " + kA + "\n", "f:1: the third word must be the role 'operator'"},
       {"al/ice " + kA + "\n", "f:1: client name must be 1..64"},
       {std::string(65, 'n') + " " + kA + "\n", "f:1: client name must be 1..64"},
-      {"alice " + kA + " operator extra\n", "f:1: expected '<name> <token> [operator] [user=<local user>]'"},
+      {"alice " + kA + " operator extra\n",
+       "f:1: expected '<name> <token> [operator] [user=<local user>]'"},
       {kA + "\nbob " + kB + "\n", "a bare token cannot stand beside other lines"},
       {kA + "\n" + kB + "\n", "a bare token cannot stand beside other lines"},
   };
