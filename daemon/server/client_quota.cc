@@ -66,14 +66,14 @@ void ClientQuota::ReleaseLease(const std::string& client, Lease::Kind kind) {
 Status ClientQuota::CheckHeldLocked(const std::string& client, const Client& c,
                                     const char* what) const {
   const int mine = c.watchers + c.creates;
-  if (held_ >= static_cast<int>(limits_.max_held_calls)) {
+  if (held_ >= static_cast<int64_t>(limits_.max_held_calls)) {
     return ResourceExhaustedError(
         std::string(what) + " refused: the server has " + std::to_string(held_) +
         " CreateJob and WatchJob calls in progress, all the threads it gives them "
         "(server.max_threads less server.reserved_threads, kept for job control and "
         "health); retry later");
   }
-  if (mine >= static_cast<int>(limits_.max_held_calls_per_client)) {
+  if (mine >= static_cast<int64_t>(limits_.max_held_calls_per_client)) {
     return ResourceExhaustedError(
         std::string(what) + " refused: client " + client + " has " + std::to_string(mine) +
         " CreateJob and WatchJob calls in progress, its share (" +
@@ -87,7 +87,7 @@ Status ClientQuota::CheckHeldLocked(const std::string& client, const Client& c,
 StatusOr<ClientQuota::Lease> ClientQuota::AcquireWatcher(const std::string& client) {
   std::lock_guard<std::mutex> lock(mu_);
   Client& c = clients_[client];
-  if (c.watchers >= static_cast<int>(limits_.max_watchers)) {
+  if (c.watchers >= static_cast<int64_t>(limits_.max_watchers)) {
     const int open = c.watchers;
     DropIfIdle(client);
     return ResourceExhaustedError("client " + client + " has " + std::to_string(open) +
@@ -106,7 +106,7 @@ StatusOr<ClientQuota::Lease> ClientQuota::AcquireWatcher(const std::string& clie
 StatusOr<ClientQuota::Lease> ClientQuota::AcquireCreate(const std::string& client) {
   std::lock_guard<std::mutex> lock(mu_);
   Client& c = clients_[client];
-  if (c.creates >= static_cast<int>(limits_.max_creates_per_client)) {
+  if (c.creates >= static_cast<int64_t>(limits_.max_creates_per_client)) {
     const int open = c.creates;
     DropIfIdle(client);
     return ResourceExhaustedError(
@@ -134,11 +134,11 @@ StatusOr<ClientQuota::Lease> ClientQuota::AcquireValidation(
   // The first waiter whose client is under its share takes the next free slot: FIFO, except that
   // a client at its share does not hold up the others.
   const auto my_turn = [&] {
-    if (validations_ >= static_cast<int>(limits_.validation_slots)) return false;
+    if (validations_ >= static_cast<int64_t>(limits_.validation_slots)) return false;
     for (const auto& [t, who] : waiting_) {
       auto it = clients_.find(who);
       const int taken = it == clients_.end() ? 0 : it->second.validations;
-      if (taken < static_cast<int>(limits_.validation_slots_per_client)) return t == ticket;
+      if (taken < static_cast<int64_t>(limits_.validation_slots_per_client)) return t == ticket;
     }
     return false;
   };
@@ -187,7 +187,7 @@ Status ClientQuota::Reserve(const std::string& client,
                  c.jobs.end());
   }
   const int held = static_cast<int>(c.jobs.size()) + c.pending;
-  if (held >= static_cast<int>(limits_.max_active_jobs)) {
+  if (held >= static_cast<int64_t>(limits_.max_active_jobs)) {
     DropIfIdle(client);
     return ResourceExhaustedError(
         "client " + client + " has " + std::to_string(held) +

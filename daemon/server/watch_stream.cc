@@ -23,7 +23,7 @@ struct WatchStreams::Core {
   bool progress = true, logs = true;  // which events the client asked for
   int64_t cursor = 0;                 // the last event read
   std::deque<v1::JobEvent> batch;     // read, not yet written
-  bool more = false;                  // the last read was full: read again without news
+  bool more = false;                  // the last read returned events: read again without news
   bool complete = false;              // the job is final and every event is read
   Status error;                       // the read failed: the stream ends with it
   bool writing = false;               // a write is in flight
@@ -206,7 +206,9 @@ void WatchStreams::Pump(const std::shared_ptr<Core>& core) {
       if ((e.has_progress() && !core->progress) || (e.has_log() && !core->logs)) continue;
       core->batch.push_back(std::move(e));
     }
-    core->more = events->size() == static_cast<size_t>(kReadBatch);
+    // After events, read again once they are written: more may be waiting (a full batch), or the
+    // job may have ended with the last of them (an empty read then says so).
+    core->more = !events->empty();
     core->complete = complete;
   }
   core->stream->Advance(std::move(lock));

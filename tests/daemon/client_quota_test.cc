@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -135,10 +136,12 @@ TEST(ClientQuotaTest, ValidationSlotsAreSharedAmongClients) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
   // Client b is not held up by a's waiting call.
   std::atomic<bool> b_got{false};
+  std::optional<ClientQuota::Lease> a4;
   std::thread a_waits([&] {
-    auto a4 = q.AcquireValidation("a", {}, soon());
-    EXPECT_TRUE(a4.ok());
+    auto got = q.AcquireValidation("a", {}, soon());
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_TRUE(b_got.load()) << "a waited behind its share, b went first";
+    a4.emplace(std::move(*got));
   });
   auto b1 = q.AcquireValidation("b", {}, soon());
   ASSERT_TRUE(b1.ok()) << b1.status().ToString();
@@ -146,6 +149,7 @@ TEST(ClientQuotaTest, ValidationSlotsAreSharedAmongClients) {
   EXPECT_EQ(q.validations(), 3);
   { auto done = std::move(*a1); }  // one of a's validations ends: its waiting call gets the slot
   a_waits.join();
+  EXPECT_EQ(q.validations(), 3);
   // A waiting call whose client went away gives up (CANCELLED) without taking a slot.
   std::atomic<bool> gone{false};
   std::thread cancel([&] {

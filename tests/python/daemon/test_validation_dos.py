@@ -38,7 +38,7 @@ from offloadd.v1 import job_service_pb2  # noqa: E402
 TOKENS = {"mallory": "mallory-token-0123456789abcdef", "alice": "alice-token-0123456789abcdef"}
 
 # ~3M steps per rendering (under the 4M limit of one rendering, ~1-2 s each), prefix-stable.
-SLOW_TEMPLATE = ("{% for i in range(1500000) %}{% endfor %}"
+SLOW_TEMPLATE = ("{% for i in range(700) %}{% for j in range(1000) %}{% endfor %}{% endfor %}"
                  "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
 
 
@@ -55,21 +55,31 @@ def start(binary_dir, tmp_path, server_yaml: str = ""):
     return d, client
 
 
+def demo_spec(ws: pathlib.Path, name: str) -> dict:
+    """A job on the demo model (stories260K: its tokenizer loads in milliseconds)."""
+    return {"display_name": name, "model": {"path": str(ws / "stories260K")},
+            "dataset": {"paths": [str(ws / "alpaca.json")], "format": "alpaca", "max_seq_length": 128},
+            "training": {"learning_rate": 1e-4, "per_device_train_batch_size": 2, "max_steps": 100000},
+            "output_dir": str(ws / f"out-{name}")}
+
+
 def hostile_request(ws: pathlib.Path):
     """The defect's request: a slow template and the same file as every one of 512 paths."""
     template = ws / "slow.jinja"
     template.write_text(SLOW_TEMPLATE)
-    spec = spec_dict(ws)
+    spec = demo_spec(ws, "hostile")
     spec["dataset"]["template"] = str(template)
-    spec["dataset"]["paths"] = [str(ws / "alpaca.jsonl")] * 256
-    spec["dataset"]["eval_paths"] = [str(ws / "alpaca.jsonl")] * 256
+    spec["dataset"]["paths"] = [str(ws / "alpaca.json")] * 256
+    spec["dataset"]["eval_paths"] = [str(ws / "alpaca.json")] * 256
     proto, problem = _shared.read_spec(spec)
     assert problem is None, problem
     return _shared.create_job_request(proto, True, "")
 
 
-def test_abandoned_slow_validations_do_not_hold_up_another_client(binary_dir, workspace):  # noqa: F811
+def test_abandoned_slow_validations_do_not_hold_up_another_client(binary_dir, workspace, shared_dir,  # noqa: F811
+                                                                   source_dir):
     d, client = start(binary_dir, workspace)
+    write_demo(workspace, shared_dir, source_dir)
     try:
         with client("mallory") as mallory, client("alice") as alice:
             request = hostile_request(workspace)
@@ -88,6 +98,8 @@ def test_abandoned_slow_validations_do_not_hold_up_another_client(binary_dir, wo
                 try:
                     f.result()
                     codes.append(grpc.StatusCode.OK)
+                except grpc.FutureCancelledError:
+                    codes.append(grpc.StatusCode.CANCELLED)
                 except grpc.RpcError as e:
                     codes.append(e.code())
             assert grpc.StatusCode.OK not in codes, codes
@@ -123,12 +135,7 @@ def test_one_client_cannot_take_every_server_thread(binary_dir, workspace, share
     try:
         with client("mallory", timeout=600) as mallory, client("alice") as alice:
             # alice's job, to look at and cancel while mallory floods.
-            job = alice.create_job({"model": {"path": str(workspace / "stories260K")},
-                                    "dataset": {"paths": [str(workspace / "alpaca.json")], "format": "alpaca",
-                                                "max_seq_length": 128},
-                                    "training": {"learning_rate": 1e-4, "per_device_train_batch_size": 2,
-                                                 "max_steps": 100000},
-                                    "output_dir": str(workspace / "out-alice")})
+            job = alice.create_job(demo_spec(workspace, "alice"))
             request = hostile_request(workspace)
             # mallory floods: 20 CreateJobs that validate slowly, then 20 WatchJob streams.
             answered = threading.Semaphore(0)
