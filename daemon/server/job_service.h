@@ -46,10 +46,12 @@ class JobServiceImpl final : public offloadd::v1::JobService::WithCallbackMethod
   // Validation reads model configs, tokenizers and dataset heads (up to 64 MiB for a JSON array):
   // at most this many at once, so a burst of CreateJob calls cannot multiply that memory, and one
   // client at most kMaxValidationsPerClient of them (ClientQuota::AcquireValidation). A call
-  // waits at most kValidationWaitSeconds for a slot, less when its deadline comes first.
+  // waits at most kValidationWaitSeconds for a slot, less when its deadline comes first (it stops
+  // waiting as soon as its client cancels; one client's waiting calls are bounded by its share of
+  // the server's threads, so a long wait cannot pile up threads).
   static constexpr int kMaxConcurrentValidations = 4;
   static constexpr int kMaxValidationsPerClient = 2;
-  static constexpr int kValidationWaitSeconds = 30;
+  static constexpr int kValidationWaitSeconds = 120;
   // The client a call comes from, for the per-client limits and the log.
   std::string ClientOf(const grpc::ServerContextBase& context) const;
   // Whether the caller may cancel, pause or resume the job: a local user only its own jobs
