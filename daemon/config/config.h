@@ -32,7 +32,7 @@ struct ServerConfig {
   double shutdown_grace_seconds = 30;
   // Per client (a TCP address, or a local user on the Unix socket, by SO_PEERCRED uid): jobs it
   // created that are queued, running or paused (counted from the job store at start), and WatchJob
-  // streams open at once (each holds a server thread).
+  // streams open at once.
   uint32_t max_active_jobs_per_client = 1000;
   uint32_t max_watchers_per_client = 1024;
   // All clients together: server threads handling calls at once (grpc::ResourceQuota). A call

@@ -4,10 +4,11 @@
 //   - active jobs: QUEUED, RUNNING or PAUSED ones the client created (rebuilt from the job store
 //     when the daemon starts, Adopt);
 //   - concurrent WatchJob streams;
-//   - calls that hold a server thread for long (CreateJob while it waits for a validation slot
-//     and validates, WatchJob streams): all clients together at most `max_held_calls`, the
-//     threads of server.max_threads not kept for job control and health, and one client at most
-//     its share of them, so that one client cannot take every thread;
+//   - calls that last: CreateJob, which holds a server thread while it waits for a validation
+//     slot and validates, and WatchJob streams (callback API: no thread, but counted alike, so
+//     that one client's streams stay within its share too): all clients together at most
+//     `max_held_calls`, the threads of server.max_threads not kept for job control and health,
+//     and one client at most its share of them, so that one client cannot take every thread;
 //   - CreateJob calls in progress per client, and the validation slots: `validation_slots` at
 //     once, one client at most `validation_slots_per_client` of them.
 // A TCP client named in the token file is "token:<name>" (token_auth.h); another is its
