@@ -83,6 +83,11 @@ SpecialTokens SpecialTokens::Guess(const Tokenizer& tokenizer) {
 }
 
 StatusOr<ChatTemplate> ChatTemplate::FromString(std::string_view source, SpecialTokens tokens) {
+  if (source.size() > kMaxChatTemplateBytes) {
+    return InvalidArgumentError("chat template is " + std::to_string(source.size()) +
+                                " bytes, more than the " + std::to_string(kMaxChatTemplateBytes) +
+                                " allowed (real templates are a few KiB)");
+  }
   auto t = jinja::Template::Parse(source);
   if (!t.ok()) return t.status().WithContext("chat template");
   return ChatTemplate(std::move(*t), std::string(source), std::move(tokens));

@@ -26,6 +26,11 @@ namespace offloadd::text {
 
 class Tokenizer;
 
+// The largest chat template accepted, from any source. Real ones are a few KiB (Llama-3.1 with
+// tools, Mistral's tool templates: under 20 KiB); parsing costs ~200 bytes of AST per source byte,
+// so an 8 MB template cost 1.5 GB of memory per CreateJob (issue #29 item 4).
+inline constexpr size_t kMaxChatTemplateBytes = 256 << 10;
+
 struct SpecialTokens {
   std::string bos_token, eos_token, unk_token, pad_token;
   bool add_bos_token = false;  // tokenizer_config.json "add_bos_token" (informational)
@@ -40,6 +45,7 @@ struct SpecialTokens {
 class ChatTemplate {
  public:
   static StatusOr<ChatTemplate> FromDirectory(const std::string& dir);
+  // INVALID_ARGUMENT for a source over kMaxChatTemplateBytes (before it is parsed).
   static StatusOr<ChatTemplate> FromString(std::string_view source, SpecialTokens tokens);
   // The built-in template, used when a tokenizer has none:
   //   {bos_token}[### Tools:\n{tools|tojson}\n\n]

@@ -24,7 +24,9 @@
 // daemon's CreateJob, so a loop, a string repetition or a recursive macro must end in an error
 // naming the limit, never in a hang or an allocation of gigabytes.
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -55,6 +57,47 @@ struct RenderLimits {
   int max_depth = 400;
 };
 
+// What all the renderings of one request may spend together (issue #29 item 4: a CreateJob that
+// renders 8 records of each of 512 files, each rendering within RenderLimits, ran for an hour), and
+// a way to stop them early: `stop` is asked every few thousand steps and ends the rendering once
+// it returns true (the caller's client went away or its deadline passed). Installed for the
+// rendering thread with ScopedRequestBudget; every Template::Render on that thread, whatever
+// calls it (ChatTemplate, the dataset encoder), charges its steps here as well as to its own
+// RenderLimits. Thread-safe (renderings on several threads may share one).
+class RequestBudget {
+ public:
+  explicit RequestBudget(uint64_t max_steps, std::function<bool()> stop = {})
+      : max_steps_(max_steps), stop_(std::move(stop)) {}
+  RequestBudget(const RequestBudget&) = delete;
+  RequestBudget& operator=(const RequestBudget&) = delete;
+
+  // Adds `steps`; false once the total passes max_steps or `stop` has returned true.
+  bool Charge(uint64_t steps);
+  // Asks `stop` now (also between renderings): true once it has returned true.
+  bool Stopped();
+  bool spent() const { return steps_.load(std::memory_order_relaxed) > max_steps_; }
+  uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+  uint64_t max_steps() const { return max_steps_; }
+
+ private:
+  const uint64_t max_steps_;
+  const std::function<bool()> stop_;
+  std::atomic<uint64_t> steps_{0};
+  std::atomic<bool> stopped_{false};
+};
+
+// Makes `budget` (may be null) the request budget of this thread's renderings while in scope.
+class ScopedRequestBudget {
+ public:
+  explicit ScopedRequestBudget(RequestBudget* budget);
+  ~ScopedRequestBudget();
+  ScopedRequestBudget(const ScopedRequestBudget&) = delete;
+  ScopedRequestBudget& operator=(const ScopedRequestBudget&) = delete;
+
+ private:
+  RequestBudget* previous_;
+};
+
 class Template {
  public:
   // Errors: INVALID_ARGUMENT "line N: ..." for syntax errors and unsupported constructs.
@@ -62,7 +105,8 @@ class Template {
 
   // Renders with `context` (a dict of variables). raise_exception(msg) in the template yields
   // FAILED_PRECONDITION with msg; runtime type errors yield INVALID_ARGUMENT "line N: ...";
-  // exceeding `limits` yields RESOURCE_EXHAUSTED "line N: ..." naming the limit.
+  // exceeding `limits` or the thread's RequestBudget yields RESOURCE_EXHAUSTED "line N: ..."
+  // naming the limit; a RequestBudget whose `stop` fired yields CANCELLED.
   // With `generation_spans`, also returns the byte ranges of the output produced inside
   // {% generation %} blocks (at top level, not inside macros or set blocks).
   StatusOr<std::string> Render(

@@ -64,9 +64,9 @@ class Interpreter {
  private:
   // The first limit exceeded, with the innermost node's line; other errors pass through.
   Status Checked(const Node& n, Status s) const {
-    if (!budget_.exhausted() || s.code() == StatusCode::kResourceExhausted) return s;
-    return Status(StatusCode::kResourceExhausted,
-                  "line " + std::to_string(n.line) + ": " + budget_.error().message());
+    const StatusCode code = budget_.error().code();  // CANCELLED when the request was stopped
+    if (!budget_.exhausted() || s.code() == code) return s;
+    return Status(code, "line " + std::to_string(n.line) + ": " + budget_.error().message());
   }
 
   Status Append(const Node& n, std::string* out, const std::string& piece) {

@@ -10,19 +10,63 @@ namespace offloadd::text::jinja {
 namespace {
 
 thread_local Budget* current_budget = nullptr;
+thread_local RequestBudget* current_request_budget = nullptr;
 
 std::string Mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 }  // namespace
+
+bool RequestBudget::Charge(uint64_t steps) {
+  const uint64_t total = steps_.fetch_add(steps, std::memory_order_relaxed) + steps;
+  if (total > max_steps_) return false;
+  return !Stopped();
+}
+
+bool RequestBudget::Stopped() {
+  if (stopped_.load(std::memory_order_relaxed)) return true;
+  if (stop_ && stop_()) stopped_.store(true, std::memory_order_relaxed);
+  return stopped_.load(std::memory_order_relaxed);
+}
+
+ScopedRequestBudget::ScopedRequestBudget(RequestBudget* budget)
+    : previous_(current_request_budget) {
+  current_request_budget = budget;
+}
+ScopedRequestBudget::~ScopedRequestBudget() { current_request_budget = previous_; }
+
+RequestBudget* CurrentRequestBudget() { return current_request_budget; }
+
+Budget::Budget(const RenderLimits& limits) : limits_(limits), request_(current_request_budget) {}
+
+Budget::~Budget() {
+  if (request_ != nullptr && unflushed_ > 0) request_->Charge(unflushed_);
+}
 
 bool Budget::Fail(std::string what) {
   if (error_.ok()) error_ = ResourceExhaustedError("chat template rendering stopped: " + what);
   return false;
 }
 
+bool Budget::FlushToRequest() {
+  const uint64_t n = unflushed_;
+  unflushed_ = 0;
+  if (request_->Charge(n)) return true;
+  if (request_->spent()) {
+    return Fail("the request's renderings together took more than " +
+                std::to_string(request_->max_steps()) +
+                " steps (every record and file it checks shares one budget)");
+  }
+  if (error_.ok())
+    error_ = CancelledError(
+        "chat template rendering stopped: the request was "
+        "cancelled or passed its deadline");
+  return false;
+}
+
 bool Budget::Step(uint64_t n) {
   if (exhausted()) return false;
   steps_ += n;
+  if (request_ != nullptr && (unflushed_ += n) >= kFlushSteps && !FlushToRequest()) return false;
   if (steps_ <= limits_.max_steps) return true;
   return Fail("more than " + std::to_string(limits_.max_steps) +
               " steps (loop iterations, evaluated expressions and elements visited); is there an "

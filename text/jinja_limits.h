@@ -20,7 +20,11 @@ namespace offloadd::text::jinja {
 
 class Budget {
  public:
-  explicit Budget(const RenderLimits& limits) : limits_(limits) {}
+  // Also charges the thread's RequestBudget (ScopedRequestBudget), if any, every kFlushSteps.
+  explicit Budget(const RenderLimits& limits);
+  ~Budget();  // hands the steps not yet flushed to the RequestBudget
+  Budget(const Budget&) = delete;
+  Budget& operator=(const Budget&) = delete;
 
   // Each returns false once any limit has been exceeded (now or before).
   bool Step(uint64_t n = 1);
@@ -31,13 +35,21 @@ class Budget {
   void Leave() { --depth_; }
 
   bool exhausted() const { return !error_.ok(); }
-  // RESOURCE_EXHAUSTED naming the first limit exceeded; OK while none is.
+  // RESOURCE_EXHAUSTED naming the first limit exceeded (CANCELLED when the RequestBudget's
+  // `stop` fired); OK while none is.
   const Status& error() const { return error_; }
 
  private:
   bool Fail(std::string what);
+  bool FlushToRequest();
+
+  // Steps are handed to the shared RequestBudget in batches: an atomic add and a `stop` check per
+  // few thousand steps (about a millisecond of rendering) rather than per step.
+  static constexpr uint64_t kFlushSteps = 4096;
 
   RenderLimits limits_;
+  RequestBudget* request_;
+  uint64_t unflushed_ = 0;
   uint64_t steps_ = 0;
   uint64_t bytes_ = 0;
   int depth_ = 0;
@@ -46,6 +58,8 @@ class Budget {
 
 // The budget installed on this thread, or nullptr outside a rendering.
 Budget* CurrentBudget();
+// The request budget installed on this thread (ScopedRequestBudget), or nullptr.
+RequestBudget* CurrentRequestBudget();
 
 class ScopedBudget {
  public:

@@ -33,7 +33,7 @@ bool ValidHostPort(const std::string& s) {
 void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
   if (!r.CheckMap(n, {"unix_socket", "unix_socket_mode", "tcp", "max_request_bytes",
                       "shutdown_grace_seconds", "max_active_jobs_per_client",
-                      "max_watchers_per_client", "max_threads"})) {
+                      "max_watchers_per_client", "max_threads", "reserved_threads"})) {
     return;
   }
   r.String(n, "unix_socket", &c->unix_socket);
@@ -43,6 +43,12 @@ void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
   r.UInt32(n, "max_active_jobs_per_client", &c->max_active_jobs_per_client, 1, 1000000);
   r.UInt32(n, "max_watchers_per_client", &c->max_watchers_per_client, 1, 100000);
   r.UInt32(n, "max_threads", &c->max_threads, 8, 100000);
+  r.UInt32(n, "reserved_threads", &c->reserved_threads, 0, 100000);
+  if (c->reserved_threads > 0 && c->reserved_threads + 3 > c->max_threads) {
+    r.Error("reserved_threads",
+            std::to_string(c->reserved_threads) + " leaves fewer than 3 of server.max_threads (" +
+                std::to_string(c->max_threads) + ") for CreateJob, WatchJob and gRPC's pollers");
+  }
   const YamlReader t = r.Child("tcp");
   const YAML::Node tn = n["tcp"];
   if (t.CheckMap(tn, {"listen", "tls_cert_file", "tls_key_file", "auth_token_file"})) {
@@ -271,6 +277,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "max_active_jobs_per_client" << YAML::Value << c.server.max_active_jobs_per_client;
   e << YAML::Key << "max_watchers_per_client" << YAML::Value << c.server.max_watchers_per_client;
   e << YAML::Key << "max_threads" << YAML::Value << c.server.max_threads;
+  e << YAML::Key << "reserved_threads" << YAML::Value << c.server.reserved_threads;
   e << YAML::EndMap;
   e << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "listen" << YAML::Value << Text{c.metrics.listen};

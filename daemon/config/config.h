@@ -30,13 +30,18 @@ struct ServerConfig {
   uint64_t max_request_bytes = 4ull << 20;
   // SIGTERM: in-flight calls get this long to finish before they are cancelled.
   double shutdown_grace_seconds = 30;
-  // Per client (a TCP address, or a local user on the Unix socket, by SO_PEERCRED uid): jobs it created that are
-  // queued, running or paused, and WatchJob streams open at once (each holds a server thread).
+  // Per client (a TCP address, or a local user on the Unix socket, by SO_PEERCRED uid): jobs it
+  // created that are queued, running or paused (counted from the job store at start), and WatchJob
+  // streams open at once.
   uint32_t max_active_jobs_per_client = 1000;
   uint32_t max_watchers_per_client = 1024;
   // All clients together: server threads handling calls at once (grpc::ResourceQuota). A call
   // beyond it gets RESOURCE_EXHAUSTED; the backstop when many clients each stay under their limits.
   uint32_t max_threads = 4096;
+  // Of max_threads, kept for short calls (GetJob, ListJobs, CancelJob, PauseJob, ResumeJob,
+  // health): CreateJob and WatchJob calls, which hold a thread for long, get the rest (less 2 for
+  // gRPC's pollers), one client at most half of that. 0: max_threads / 8, within [2, 64].
+  uint32_t reserved_threads = 0;
 };
 
 struct MetricsConfig {

@@ -159,7 +159,10 @@ void JobManager::Shutdown() {
     for (auto& [id, r] : running_) {
       if (r->stop == JobControl::Stop::kNone) RequestStopLocked(id, JobControl::Stop::kPause, /*requeue=*/true);
     }
-    for (auto& [id, slot] : watch_slots_) slot->appended.notify_all();
+    for (auto& [id, slot] : watch_slots_) {
+      slot->appended.notify_all();
+      for (auto& [handle, wake] : slot->wakers) wake();
+    }
   }
   changed_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
@@ -230,8 +233,51 @@ void JobManager::NotifyLocked(const std::string& job_id, int64_t cursor) {
   if (auto it = watch_slots_.find(job_id); it != watch_slots_.end()) {
     it->second->last_cursor = cursor;
     it->second->appended.notify_all();
+    for (auto& [handle, wake] : it->second->wakers) wake();
   }
   changed_.notify_all();
+}
+
+uint64_t JobManager::Subscribe(const std::string& id, std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& s = watch_slots_[id];
+  if (!s) s = std::make_shared<WatchSlot>();
+  ++s->watchers;
+  const uint64_t handle = next_waker_++;
+  s->wakers.emplace(handle, std::move(wake));
+  return handle;
+}
+
+void JobManager::Unsubscribe(const std::string& id, uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = watch_slots_.find(id);
+  if (it == watch_slots_.end() || it->second->wakers.erase(handle) == 0) return;
+  if (--it->second->watchers == 0) watch_slots_.erase(it);
+}
+
+StatusOr<std::vector<v1::JobEvent>> JobManager::ReadWatch(const std::string& id,
+                                                          int64_t after_cursor, int limit,
+                                                          bool* complete) {
+  *complete = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) {
+      return UnavailableError(
+          "the daemon is shutting down; watch again after it restarts with after_cursor=" +
+          std::to_string(after_cursor));
+    }
+  }
+  ASSIGN_OR_RETURN(auto events, store_->Events(id, after_cursor, limit));
+  if (!events.empty()) return events;
+  // As in Watch: the state read under mu_ has its event in the store already.
+  ASSIGN_OR_RETURN(v1::Job job, [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return store_->Get(id);
+  }());
+  if (!IsFinalState(job.state())) return events;
+  ASSIGN_OR_RETURN(events, store_->Events(id, after_cursor, limit));
+  *complete = events.empty();
+  return events;
 }
 
 Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std::string& reason) {
@@ -261,7 +307,16 @@ StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return UnavailableError("the daemon is shutting down; submit the job again after it restarts");
   if (!request_id.empty()) {  // under mu_: two concurrent retries create one job
-    auto existing = store_->JobForRequest(request_id);
+    // Per client: another client's job with the same request_id is none of this one's business.
+    auto existing = store_->JobForRequest(submitted_by, request_id);
+    if (existing.status().code() == StatusCode::kNotFound && !submitted_by.empty()) {
+      // A key recorded before request ids were per client counts only for its own submitter.
+      auto legacy = store_->JobForRequest("", request_id);
+      if (legacy.ok()) {
+        auto prior = store_->Get(*legacy);
+        if (prior.ok() && prior->submitted_by() == submitted_by) existing = std::move(legacy);
+      }
+    }
     if (existing.ok()) {
       ASSIGN_OR_RETURN(v1::Job prior, store_->Get(*existing));
       if (prior.spec().SerializeAsString() != resolved_spec.SerializeAsString()) {

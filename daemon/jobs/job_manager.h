@@ -108,9 +108,9 @@ class JobManager {
   bool can_run_jobs() const { return runner_ != nullptr; }
 
   // Queues a job whose spec has passed ValidateJobSpec.
-  // With a request_id: the job already created with it when its spec is the same (a retry);
-  // ALREADY_EXISTS naming that job when the spec differs. `submitted_by` names the client
-  // (Job.submitted_by).
+  // With a request_id: the job `submitted_by` already created with it when its spec is the same
+  // (a retry); ALREADY_EXISTS naming that job when the spec differs. Request ids are per client:
+  // another client's equal id is another job. `submitted_by` names the client (Job.submitted_by).
   StatusOr<offloadd::v1::Job> Create(const offloadd::v1::JobSpec& resolved_spec,
                                      const std::string& request_id = "", const std::string& submitted_by = "");
   StatusOr<offloadd::v1::Job> Get(const std::string& id);
@@ -131,6 +131,19 @@ class JobManager {
   Status Watch(const std::string& id, int64_t after_cursor,
                const std::function<bool(const offloadd::v1::JobEvent&)>& sink,
                const std::function<bool()>& cancelled, int poll_ms = 500);
+
+  // Watching without a thread (a gRPC callback stream, issue #29 item 16): Subscribe registers
+  // `wake`, called after each event appended to job `id` and once when the manager shuts down,
+  // with the manager's lock held: it must only note the news and hand the reading to another
+  // thread, never call into the manager. Unsubscribe (before `wake` becomes invalid) removes it.
+  uint64_t Subscribe(const std::string& id, std::function<void()> wake);
+  void Unsubscribe(const std::string& id, uint64_t handle);
+  // One read of such a watch: up to `limit` events after `after_cursor`, as Watch delivers them;
+  // `*complete` is set when the job is in a final state and no event follows those returned.
+  // UNAVAILABLE once the manager is shutting down.
+  StatusOr<std::vector<offloadd::v1::JobEvent>> ReadWatch(const std::string& id,
+                                                          int64_t after_cursor, int limit,
+                                                          bool* complete);
 
   // GPU index -> the id of the job running on it (GPUs without a job are absent).
   std::map<int, std::string> GpuAssignments();
@@ -182,7 +195,9 @@ class JobManager {
     std::condition_variable appended;
     int64_t last_cursor = 0;  // highest cursor appended to the job while the slot existed
     int watchers = 0;
+    std::map<uint64_t, std::function<void()>> wakers;  // Subscribe's, by handle
   };
+  uint64_t next_waker_ = 1;
 
   std::mutex mu_;
   std::condition_variable changed_;  // any job or event change

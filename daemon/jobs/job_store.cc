@@ -99,11 +99,21 @@ Status JobStore::Error(const std::string& what) {
   return InternalError(msg);
 }
 
-StatusOr<std::string> JobStore::JobForRequest(const std::string& request_id) {
+namespace {
+// The request_ids key: the client and its request id. A client name has no space (a TCP token
+// file's name, an address or "unix:uid=<n>"), so the first space ends it; without a client (keys
+// recorded before, and callers that name none) the request id alone.
+std::string RequestKey(const std::string& client, const std::string& request_id) {
+  return client.empty() ? request_id : client + " " + request_id;
+}
+}  // namespace
+
+StatusOr<std::string> JobStore::JobForRequest(const std::string& client,
+                                              const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt s(db_, "SELECT job_id FROM request_ids WHERE request_id = ?");
   if (!s.ok()) return Error("prepare request id lookup");
-  s.Text(1, request_id);
+  s.Text(1, RequestKey(client, request_id));
   const int rc = s.Step();
   if (rc == SQLITE_DONE) return NotFoundError("no job for request_id '" + request_id + "'");
   if (rc != SQLITE_ROW) return Error("look up request_id");
@@ -116,7 +126,7 @@ Status JobStore::Insert(const v1::Job& job) {
     // The key goes in first: a key already taken refuses the insert before the job exists.
     Stmt k(db_, "INSERT INTO request_ids (request_id, job_id) VALUES (?, ?)");
     if (!k.ok()) return Error("prepare request id insert");
-    k.Text(1, job.request_id());
+    k.Text(1, RequestKey(job.submitted_by(), job.request_id()));
     k.Text(2, job.id());
     const int rc = k.Step();
     if (rc == SQLITE_CONSTRAINT) return FailedPreconditionError("request_id '" + job.request_id() + "' is taken");
@@ -132,7 +142,7 @@ Status JobStore::Insert(const v1::Job& job) {
   if (rc != SQLITE_DONE && !job.request_id().empty()) {
     Stmt undo(db_, "DELETE FROM request_ids WHERE request_id = ?");
     if (undo.ok()) {
-      undo.Text(1, job.request_id());
+      undo.Text(1, RequestKey(job.submitted_by(), job.request_id()));
       undo.Step();
     }
   }

@@ -27,10 +27,12 @@ class JobStore {
   ~JobStore();
 
   // ALREADY_EXISTS if the id is taken.
-  // Also records job.request_id() when set (FAILED_PRECONDITION when another job holds it).
+  // Also records job.request_id() when set, as a key of job.submitted_by()'s (FAILED_PRECONDITION
+  // when another job of that client holds it): request ids are per client (issue #29 item 8).
   Status Insert(const offloadd::v1::Job& job);
-  // The job created with this CreateJob request_id; NOT_FOUND when none.
-  StatusOr<std::string> JobForRequest(const std::string& request_id);
+  // The job `client` created with this CreateJob request_id; NOT_FOUND when none. Keys recorded
+  // before request ids were per client are found with an empty `client`.
+  StatusOr<std::string> JobForRequest(const std::string& client, const std::string& request_id);
   // NOT_FOUND if the job does not exist.
   Status Update(const offloadd::v1::Job& job);
   StatusOr<offloadd::v1::Job> Get(const std::string& id);

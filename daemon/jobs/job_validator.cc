@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "common/message_text.h"
@@ -17,10 +18,11 @@
 #include "daemon/jobs/unsupported_options.h"
 #include "engine/file_util.h"
 #include "engine/model_config.h"
-#include "trainer/checkpoint.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
+#include "text/jinja.h"
 #include "text/tokenizer.h"
+#include "trainer/checkpoint.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -74,41 +76,69 @@ text::DatasetFormat ToTextFormat(v1::DatasetFormat f) {
   }
 }
 
-// The first records of a dataset file. JSON Lines are read in 1 MiB pieces only until enough
-// whole lines are in (each CreateJob used to allocate 64 MiB per dataset path whatever the file's
-// size: 150 concurrent calls on a 52-byte dataset peaked at 2.3 GB); a JSON array must be read
-// whole and is refused beyond kMaxDatasetPreviewBytes. Opened as the job opens it: confined, a
-// regular file only, never blocking (common/safe_path.h).
-StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path) {
+// What the dataset previews of one request may still spend (ValidationOptions), shared by all its
+// files.
+struct PreviewBudget {
+  text::jinja::RequestBudget* render = nullptr;  // also carries the request's stop()
+  uint64_t bytes_left = 0;
+  int records_per_file = kDatasetPreviewRecords;
+  std::set<std::string> seen;   // resolved paths already checked: a repeated path is checked once
+  bool steps_reported = false;  // the render budget's violation was added
+};
+
+// The first `max_records` records of a dataset file. JSON Lines are read in 1 MiB pieces only
+// until enough whole lines are in (each CreateJob used to allocate 64 MiB per dataset path whatever
+// the file's size: 150 concurrent calls on a 52-byte dataset peaked at 2.3 GB); a JSON array must
+// be read whole and is refused beyond kMaxDatasetPreviewBytes. Opened as the job opens it: confined,
+// a regular file only, never blocking (common/safe_path.h).
+// Reads charge budget->bytes_left; when it runs out first, *skipped is set and no records are
+// returned (the file is then checked only when the job loads it).
+StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path,
+                                                      PreviewBudget* budget, bool* skipped) {
+  *skipped = false;
   ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead));
   const int fd = owned.get();
   constexpr size_t kPiece = 1 << 20;
+  const auto max_records = static_cast<size_t>(budget->records_per_file);
   std::string data;
   bool eof = false;
   size_t newlines = 0;
   while (!eof) {
-    const size_t want = std::min<size_t>(kPiece, kMaxDatasetPreviewBytes - data.size());
+    if (budget->render->Stopped()) return CancelledError("validation stopped");
+    const size_t want =
+        std::min<size_t>({kPiece, kMaxDatasetPreviewBytes - data.size(), budget->bytes_left});
     if (want == 0) break;
     const size_t old = data.size();
     data.resize(old + want);
     const ssize_t n = read(fd, data.data() + old, want);
     if (n < 0) return ErrnoError(errno, "cannot read " + path);
     data.resize(old + static_cast<size_t>(n));
+    budget->bytes_left -= static_cast<uint64_t>(n);
     eof = n == 0;
     const size_t first = data.find_first_not_of(" \t\r\n");
     const bool array = first != std::string::npos && data[first] == '[';
     newlines += static_cast<size_t>(std::count(data.begin() + static_cast<ptrdiff_t>(old), data.end(), '\n'));
-    if (!array && newlines > static_cast<size_t>(kDatasetPreviewRecords)) break;
+    if (!array && newlines > max_records) break;
   }
   const size_t first = data.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && data[first] == '[' && !eof) {
+  const bool array = first != std::string::npos && data[first] == '[';
+  const bool out_of_bytes = !eof && budget->bytes_left == 0 && (array || newlines <= max_records);
+  if (array && !eof) {
+    if (out_of_bytes) {
+      *skipped = true;
+      return std::vector<text::RawRecord>{};
+    }
     return InvalidArgumentError(path + " is a JSON array larger than " + FormatByteSize(kMaxDatasetPreviewBytes) +
                                 "; use JSON Lines (one record per line) for large datasets");
   }
   if (!eof) data.resize(data.rfind('\n') == std::string::npos ? 0 : data.rfind('\n') + 1);  // whole lines
   ASSIGN_OR_RETURN(auto records, text::SplitRecords(data, path));
+  if (records.empty() && out_of_bytes) {
+    *skipped = true;
+    return records;
+  }
   if (records.empty()) return InvalidArgumentError(path + " holds no records");
-  if (records.size() > static_cast<size_t>(kDatasetPreviewRecords)) records.resize(kDatasetPreviewRecords);
+  if (records.size() > max_records) records.resize(max_records);
   return records;
 }
 
@@ -288,9 +318,10 @@ void CheckCompression(const v1::CompressionConfig& comp, Checker& c) {
 // A data file of the spec (training or held-out): under an allowed root, a file, and (when the
 // tokenizer loaded) its first records encode into the model's vocabulary. Returns the resolved
 // path, or "" when it cannot be used.
-std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokenizer, const text::ChatTemplate* chat,
-                          const engine::ModelConfig* config, const v1::DatasetSpec& ds, Checker& c,
-                          const std::string& field, const std::string& path) {
+std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokenizer,
+                          const text::ChatTemplate* chat, const engine::ModelConfig* config,
+                          const v1::DatasetSpec& ds, Checker& c, const std::string& field,
+                          const std::string& path, PreviewBudget& budget) {
   auto real = paths.ResolveExisting(path);
   if (c.Fails(field, real.status())) return "";
   if (IsDirectory(*real)) {
@@ -298,7 +329,13 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
     return "";
   }
   if (!tokenizer || !chat) return *real;  // reported above; records cannot be encoded without them
-  auto records = PreviewRecords(*real);
+  // Checked once per file, however often it is listed; and not at all once the request's render
+  // budget is spent (that is reported once) or the request stopped.
+  if (!budget.seen.insert(*real).second || budget.render->spent() || budget.render->Stopped())
+    return *real;
+  bool skipped = false;
+  auto records = PreviewRecords(*real, &budget, &skipped);
+  if (budget.render->Stopped()) return *real;
   if (c.Fails(field, records.status())) return *real;
   text::DatasetOptions opts;
   opts.format = ToTextFormat(ds.format());
@@ -315,6 +352,19 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
       break;
     }
     auto doc = encoder->Encode(j);
+    if (budget.render->Stopped()) break;  // nobody waits for the answer
+    if (budget.render->spent()) {  // whatever skip_bad_records says: the request's budget is gone
+      if (!budget.steps_reported) {
+        c.Add(field,
+              where +
+                  ": validation stopped: rendering the chat template for the records checked took "
+                  "more than " +
+                  std::to_string(budget.render->max_steps()) +
+                  " steps in all (the budget of one CreateJob, shared by every record and file)");
+        budget.steps_reported = true;
+      }
+      break;
+    }
     if (!doc.ok()) {
       if (!ds.skip_bad_records()) {
         c.Add(field, where + ": " + doc.status().message());
@@ -386,13 +436,24 @@ void ApplyJobDefaults(v1::JobSpec* spec) {
   // GPU, fp32 on the CPU).
 }
 
-ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& paths, const NodeBudget& node) {
+ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& paths,
+                                 const NodeBudget& node, const ValidationOptions& options) {
   ValidationResult r;
   r.resolved = input;
   v1::JobSpec& spec = r.resolved;
   Checker c(&r.violations);
   CheckSizes(spec, c);
   if (!r.violations.empty()) return r;  // nothing oversized reaches the file system or the parsers
+  // One budget for every rendering of this request, whichever record and file it is for; its
+  // stop() also ends the reads and the rendering once the client has gone.
+  text::jinja::RequestBudget render_budget(options.max_render_steps, options.stop);
+  text::jinja::ScopedRequestBudget scoped_budget(&render_budget);
+  const auto stopped = [&] {
+    if (render_budget.Stopped())
+      r.stopped =
+          CancelledError("validation stopped: the call was cancelled or passed its deadline");
+    return !r.stopped.ok();
+  };
   ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
   // The daemon's storage.aio is the default of the job's offload.aio (issue #17 item 2: it acts).
   if (!spec.offload().aio().has_block_size()) spec.mutable_offload()->mutable_aio()->set_block_size(node.aio_block_size);
@@ -422,6 +483,8 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       for (const std::string& problem : ModelFileProblems(*dir)) c.Add("model.path", problem);
     }
   }
+
+  if (stopped()) return r;
 
   // Tokenizer (defaults to the model directory).
   std::unique_ptr<text::Tokenizer> tokenizer;
@@ -465,7 +528,14 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       t = text::ChatTemplate::BuiltIn(text::SpecialTokens::Guess(*tokenizer));
     } else if (!ds.template_().empty()) {
       auto real = paths.ResolveExisting(ds.template_());
-      if (!c.Fails("dataset.template", real.status())) {
+      struct stat st {};
+      if (real.ok() && ::stat(real->c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          static_cast<uint64_t>(st.st_size) > text::kMaxChatTemplateBytes) {
+        c.Add("dataset.template",
+              "'" + *real + "' is " + FormatByteSize(static_cast<uint64_t>(st.st_size)) +
+                  ", more than the " + FormatByteSize(text::kMaxChatTemplateBytes) +
+                  " a chat template may have (real ones are a few KiB)");
+      } else if (!c.Fails("dataset.template", real.status())) {
         auto source = engine::ReadFile(*real);  // a regular file, never a FIFO
         if (!c.Fails("dataset.template", source.status())) {
           auto tokens = text::SpecialTokens::FromTokenizerConfig(tokenizer_dir + "/tokenizer_config.json");
@@ -483,14 +553,29 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     }
     if (t.ok()) chat = std::make_unique<text::ChatTemplate>(std::move(*t));
   }
+  // The preview records are shared among the distinct files named (as given; symlinks to one file
+  // are found when resolved): a few files get kDatasetPreviewRecords each, 512 get one.
+  std::set<std::string> named(ds.paths().begin(), ds.paths().end());
+  named.insert(ds.eval_paths().begin(), ds.eval_paths().end());
+  PreviewBudget preview;
+  preview.render = &render_budget;
+  preview.bytes_left = options.max_preview_bytes;
+  preview.records_per_file =
+      std::clamp(options.max_preview_records / std::max<int>(1, static_cast<int>(named.size())), 1,
+                 kDatasetPreviewRecords);
   for (int i = 0; i < ds.paths_size(); ++i) {
-    const std::string real = CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c, "dataset.paths[" + std::to_string(i) + "]", ds.paths(i));
+    const std::string real =
+        CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c,
+                      "dataset.paths[" + std::to_string(i) + "]", ds.paths(i), preview);
     if (!real.empty()) spec.mutable_dataset()->set_paths(i, real);
   }
   for (int i = 0; i < ds.eval_paths_size(); ++i) {
-    const std::string real = CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c, "dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i));
+    const std::string real =
+        CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c,
+                      "dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i), preview);
     if (!real.empty()) spec.mutable_dataset()->set_eval_paths(i, real);
   }
+  if (stopped()) return r;
   if (ds.eval_paths_size() == 0 && spec.training().has_eval_steps()) {
     c.Add("training.eval_steps", "given without dataset.eval_paths (the held-out records to evaluate)");
   } else if (ds.eval_paths_size() > 0) {

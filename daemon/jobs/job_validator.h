@@ -11,6 +11,7 @@
 // canonicalised: what the job would actually run with. Thread-safe (no shared state).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,30 @@ struct NodeBudget {
   uint32_t aio_queue_depth = 32;
 };
 
+// What one CreateJob's validation may spend, over all its files and records together (issue #29
+// item 4: each rendering was bounded, but 8 preview records of each of 512 paths, the same file
+// allowed 512 times, made ~94 CPU-minutes for one request). Repeated paths are checked once.
+inline constexpr uint64_t kMaxValidationRenderSteps =
+    16'000'000;  // ~8 s of chat template rendering
+inline constexpr uint64_t kMaxValidationPreviewBytes = 256ull << 20;  // dataset bytes read
+inline constexpr int kMaxValidationPreviewRecords = 64;  // records encoded, all files together
+
+struct ValidationOptions {
+  // Asked between files and records and every few thousand template steps; once it returns true,
+  // validation ends early with ValidationResult::stopped (the client cancelled the call or its
+  // deadline passed: nobody waits for the answer). Empty: never stops early.
+  std::function<bool()> stop;
+  uint64_t max_render_steps = kMaxValidationRenderSteps;
+  uint64_t max_preview_bytes = kMaxValidationPreviewBytes;
+  // Each distinct file gets kDatasetPreviewRecords of these, fewer when there are many files (at
+  // least one record each).
+  int max_preview_records = kMaxValidationPreviewRecords;
+};
+
 struct ValidationResult {
+  // CANCELLED when ValidationOptions::stop ended validation early (the violations are then
+  // incomplete and the result must not be used).
+  Status stopped;
   std::vector<FieldViolation> violations;
   offloadd::v1::JobSpec resolved;  // defaults filled, paths canonical (meaningful when valid)
   ModelSize model_size;
@@ -59,7 +83,7 @@ struct ValidationResult {
 inline constexpr int kDatasetPreviewRecords = 8;
 
 ValidationResult ValidateJobSpec(const offloadd::v1::JobSpec& spec, const PathPolicy& paths,
-                                 const NodeBudget& node);
+                                 const NodeBudget& node, const ValidationOptions& options = {});
 
 // Fills unset optional fields with the Hugging Face / DeepSpeed defaults documented in job.proto.
 void ApplyJobDefaults(offloadd::v1::JobSpec* spec);

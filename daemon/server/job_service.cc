@@ -25,11 +25,6 @@ namespace v1 = offloadd::v1;
 
 namespace {
 
-// How often an idle WatchJob checks whether its client went away. The sync API offers no
-// notification, and each check wakes the stream's thread: every 2 s keeps 1000 idle watchers
-// near zero CPU, while a vanished client's thread is still back within 2 s.
-constexpr int kWatchCancelPollMs = 2000;
-
 // INVALID_ARGUMENT carrying every violation as google.rpc.BadRequest in the status details, and
 // the first few in the message for clients that do not read details.
 grpc::Status InvalidSpec(const std::vector<FieldViolation>& violations) {
@@ -54,6 +49,22 @@ grpc::Status InvalidSpec(const std::vector<FieldViolation>& violations) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message, rich.SerializeAsString());
 }
 
+// The client quota's limits for this server (client_quota.h).
+ClientQuotaLimits LimitsOf(const ServerConfig& server, int validation_slots,
+                           int validations_per_client) {
+  ClientQuotaLimits l =
+      QuotaLimitsFor(server.max_active_jobs_per_client, server.max_watchers_per_client,
+                     server.max_threads, server.reserved_threads);
+  l.validation_slots = static_cast<uint32_t>(validation_slots);
+  l.validation_slots_per_client = static_cast<uint32_t>(validations_per_client);
+  return l;
+}
+
+bool IsActive(v1::JobState st) {
+  return st == v1::JOB_STATE_QUEUED || st == v1::JOB_STATE_RUNNING || st == v1::JOB_STATE_PAUSING ||
+         st == v1::JOB_STATE_PAUSED;
+}
+
 }  // namespace
 
 JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics,
@@ -62,10 +73,35 @@ JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, Dae
       paths_(config.allowed_roots),
       jobs_(jobs),
       metrics_(metrics),
-      quota_(config.server.max_active_jobs_per_client, config.server.max_watchers_per_client),
-      peers_(std::move(peers)) {}
+      quota_(LimitsOf(config.server, kMaxConcurrentValidations, kMaxValidationsPerClient)),
+      peers_(std::move(peers)),
+      watch_streams_(jobs, metrics) {
+  // The per-client active-job counts survive a restart: every active job the store holds counts
+  // for its submitter (issue #29 item 16; they used to start at zero).
+  if (jobs_ == nullptr) return;
+  std::string token;
+  int adopted = 0;
+  do {
+    auto page = jobs_->List(
+        {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_PAUSING, v1::JOB_STATE_PAUSED},
+        1000, token);
+    if (!page.ok()) {
+      OFFLOADD_LOG(kWarning, kLog)
+          << "cannot count the active jobs per client: " << page.status().ToString();
+      break;
+    }
+    for (const v1::Job& j : page->jobs) {
+      if (j.submitted_by().empty()) continue;  // recorded before submitters were: nobody's quota
+      quota_.Adopt(j.submitted_by(), j.id());
+      ++adopted;
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
+  if (adopted > 0)
+    OFFLOADD_LOG(kInfo, kLog) << adopted << " active jobs counted against their clients' limits";
+}
 
-std::string JobServiceImpl::ClientOf(const grpc::ServerContext& context) const {
+std::string JobServiceImpl::ClientOf(const grpc::ServerContextBase& context) const {
   if (const auto named = TokenClientOf(context.auth_context().get())) return "token:" + named->name;
   const std::string peer = context.peer();
   return peers_ ? peers_->ClientFor(peer) : ClientKey(peer);
@@ -74,6 +110,11 @@ std::string JobServiceImpl::ClientOf(const grpc::ServerContext& context) const {
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                                        v1::Job* job) {
   RpcRecorder rec(metrics_, "CreateJob");
+  const std::string client = ClientOf(*context);
+  // Counted while it waits and validates: a client cannot hold more than its share of the server's
+  // threads with CreateJob calls (issue #29 item 6).
+  auto call = quota_.AcquireCreate(client);
+  if (!call.ok()) return rec.Done(ToGrpcStatus(call.status()));
   std::vector<StoreDirInput> dirs;
   for (const auto& d : config_.storage.directories) dirs.push_back({d.path, d.weight});
   const NodeFacts facts = ProbeNodeResources(dirs);
@@ -89,27 +130,47 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   for (const auto& d : facts.store_dirs) {
     if (d.problem.empty()) node.store_dirs.push_back(d);
   }
-  if (!validations_.try_acquire_for(std::chrono::seconds(30))) {
-    return rec.Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                 "too many job validations in progress; retry CreateJob later"));
-  }
+  // Nobody waits for the answer once the client cancelled or its deadline passed: the wait for a
+  // slot and the validation itself stop then (issue #29 item 4).
+  const auto deadline = context->deadline();
+  const auto stop = [context, deadline] {
+    return context->IsCancelled() || std::chrono::system_clock::now() >= deadline;
+  };
+  const auto stopped_status = [&] {
+    return std::chrono::system_clock::now() >= deadline
+               ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                              "the deadline passed during CreateJob's validation")
+               : grpc::Status(grpc::StatusCode::CANCELLED,
+                              "CreateJob was cancelled during its validation");
+  };
   // Every file is opened with the rights of the client's user (common/file_identity.h), as the
   // job will open it.
-  const std::string client = ClientOf(*context);
   std::map<std::string, std::string> token_user;
   if (const auto named = TokenClientOf(context->auth_context().get()))
     token_user[named->name] = named->user;
   auto identity = SubmitterFileIdentity(client, token_user);
   if (!identity.ok()) {
-    validations_.release();
     return rec.Done(ToGrpcStatus(identity.status().WithContext("the rights of " + client)));
   }
   ValidationResult result;
   {
+    auto slot = quota_.AcquireValidation(
+        client, stop,
+        std::chrono::steady_clock::now() + std::chrono::seconds(kValidationWaitSeconds));
+    if (!slot.ok()) {
+      return rec.Done(slot.status().code() == StatusCode::kCancelled ? stopped_status()
+                                                                     : ToGrpcStatus(slot.status()));
+    }
+    ValidationOptions options;
+    options.stop = stop;
     ScopedJobFileIdentity as_client(*identity);
-    result = ValidateJobSpec(request->spec(), paths_, node);
+    result = ValidateJobSpec(request->spec(), paths_, node, options);
   }
-  validations_.release();
+  if (!result.stopped.ok()) {
+    OFFLOADD_LOG(kInfo, kLog) << "CreateJob from " << client
+                              << " stopped during validation: " << result.stopped.message();
+    return rec.Done(stopped_status());
+  }
   if (request->request_id().size() > kMaxRequestIdBytes) {
     result.violations.push_back({"request_id", std::to_string(request->request_id().size()) + " bytes, more than the " +
                                                    std::to_string(kMaxRequestIdBytes) + " allowed"});
@@ -122,9 +183,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   }
   const Status reserved = quota_.Reserve(client, [this](const std::string& id) {
     auto j = jobs_->Get(id);
-    if (!j.ok()) return false;
-    const v1::JobState st = j->state();
-    return st == v1::JOB_STATE_QUEUED || st == v1::JOB_STATE_RUNNING || st == v1::JOB_STATE_PAUSED;
+    return j.ok() && IsActive(j->state());
   });
   if (!reserved.ok()) return rec.Done(ToGrpcStatus(reserved));
   auto created = jobs_->Create(result.resolved, request->request_id(), client);
@@ -220,21 +279,9 @@ grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext* context, const v1::R
   return rec.Done(grpc::Status::OK);
 }
 
-grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
-                                      grpc::ServerWriter<v1::JobEvent>* writer) {
-  RpcRecorder rec(metrics_, "WatchJob");
-  auto slot = quota_.AcquireWatcher(ClientOf(*context));
-  if (!slot.ok()) return rec.Done(ToGrpcStatus(slot.status()));
-  const bool progress = !request->has_include_progress() || request->include_progress();
-  const bool logs = !request->has_include_logs() || request->include_logs();
-  const Status s = jobs_->Watch(
-      request->job_id(), request->after_cursor(),
-      [&](const v1::JobEvent& e) {
-        if ((e.has_progress() && !progress) || (e.has_log() && !logs)) return true;
-        return writer->Write(e);
-      },
-      [&] { return context->IsCancelled(); }, kWatchCancelPollMs);
-  return rec.Done(ToGrpcStatus(s));
+grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return watch_streams_.Start(context, *request, quota_.AcquireWatcher(ClientOf(*context)));
 }
 
 grpc::Status JobServiceImpl::ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest* request,

@@ -109,6 +109,9 @@ TEST(ConfigTest, BadValuesNameKeyAndValue) {
   EXPECT_NE(ErrorOf("server: {max_threads: 4}").find("server.max_threads"), std::string::npos);
   EXPECT_NE(ErrorOf("server: {max_watchers_per_client: 0}").find("server.max_watchers_per_client"),
             std::string::npos);
+  EXPECT_NE(ErrorOf("server: {max_threads: 16, reserved_threads: 14}")
+                .find("server.reserved_threads: 14 leaves fewer than 3 of server.max_threads (16)"),
+            std::string::npos);
   EXPECT_NE(ErrorOf("server: {shutdown_grace_seconds: 1e9}").find("server.shutdown_grace_seconds: must be between"),
             std::string::npos);
 }

@@ -284,6 +284,57 @@ TEST_F(JobManagerTest, RestartRequeuesInterruptedJobsAndKeepsHistory) {
   EXPECT_EQ(manager_->Get("job-pausing")->state(), v1::JOB_STATE_PAUSED);
 }
 
+// Issue #29 item 8: request ids are idempotency keys of one client. Bob reusing Alice's id gets
+// a job of his own (it used to be Alice's, and his was never created); each retry, also after a
+// restart, returns the retrying client's own job.
+TEST_F(JobManagerTest, RequestIdsArePerClientAndSurviveRestart) {
+  StartManager(std::make_unique<GatedRunner>(1000));
+  auto alice = manager_->Create(Spec("alice"), "nightly-1", "token:alice");
+  ASSERT_TRUE(alice.ok()) << alice.status().ToString();
+  auto bob = manager_->Create(Spec("bob"), "nightly-1", "token:bob");
+  ASSERT_TRUE(bob.ok()) << bob.status().ToString();
+  EXPECT_NE(bob->id(), alice->id()) << "Bob received Alice's job";
+  EXPECT_EQ(bob->submitted_by(), "token:bob");
+  EXPECT_EQ(bob->spec().display_name(), "bob");
+  EXPECT_EQ(bob->request_id(), "nightly-1") << "the record keeps the id as the client gave it";
+  EXPECT_EQ(manager_->Create(Spec("alice"), "nightly-1", "token:alice")->id(), alice->id());
+  // A different spec under one's own id is a conflict; under another client's id it is not.
+  auto conflict = manager_->Create(Spec("other"), "nightly-1", "token:alice");
+  EXPECT_EQ(conflict.status().code(), StatusCode::kAlreadyExists) << conflict.status().ToString();
+  manager_.reset();
+  StartManager(std::make_unique<GatedRunner>(1000));
+  EXPECT_EQ(manager_->Create(Spec("alice"), "nightly-1", "token:alice")->id(), alice->id());
+  EXPECT_EQ(manager_->Create(Spec("bob"), "nightly-1", "token:bob")->id(), bob->id());
+  auto carol = manager_->Create(Spec("carol"), "nightly-1", "unix:uid=1000");
+  ASSERT_TRUE(carol.ok()) << carol.status().ToString();
+  EXPECT_NE(carol->id(), alice->id());
+  EXPECT_NE(carol->id(), bob->id());
+}
+
+// A key recorded before request ids were per client (no client in it) still answers its own
+// submitter's retry, and nobody else's.
+TEST_F(JobManagerTest, ARequestIdRecordedBeforeItWasPerClientAnswersOnlyItsSubmitter) {
+  {
+    auto store = JobStore::Open(dir_ + "/jobs.db");
+    ASSERT_TRUE(store.ok());
+    v1::Job old;
+    old.set_id("job-old");
+    old.set_state(v1::JOB_STATE_PAUSED);
+    old.set_submitted_by("");  // Insert then recorded the plain request id
+    old.set_request_id("r-1");
+    ASSERT_TRUE((*store)->Insert(old).ok());
+    old.set_submitted_by("token:alice");
+    ASSERT_TRUE((*store)->Update(old).ok());
+  }
+  StartManager(std::make_unique<GatedRunner>(1000));
+  auto retry = manager_->Create(v1::JobSpec(), "r-1", "token:alice");
+  ASSERT_TRUE(retry.ok()) << retry.status().ToString();
+  EXPECT_EQ(retry->id(), "job-old");
+  auto other = manager_->Create(v1::JobSpec(), "r-1", "token:bob");
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_NE(other->id(), "job-old");
+}
+
 // offloadd_jobs{state} as the daemon's registry exposes it: state label -> value.
 std::map<std::string, double> JobsGauge(prometheus::Registry& registry) {
   std::map<std::string, double> out;

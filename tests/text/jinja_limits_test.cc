@@ -8,6 +8,7 @@
 #include <chrono>
 #include <string>
 
+#include "text/chat_template.h"
 #include "text/jinja.h"
 
 namespace offloadd::text::jinja {
@@ -181,6 +182,68 @@ TEST(JinjaLimits, LimitsCanBeTightenedAndNameTheLimit) {
   ASSERT_FALSE(out.ok());
   EXPECT_NE(out.status().message().find("output"), std::string::npos) << out.status().ToString();
   EXPECT_TRUE(t->Render(Value::NewDict()).ok());
+}
+
+// Issue #29 item 4: the renderings of one request share a RequestBudget. Each rendering below is
+// well within its own RenderLimits, but together they pass the request's steps.
+TEST(RequestBudgetTest, RenderingsOfOneRequestShareOneStepBudget) {
+  auto t = Template::Parse("{% for i in range(20000) %}{% endfor %}ok");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  RequestBudget request(100'000);
+  ScopedRequestBudget scoped(&request);
+  int rendered = 0;
+  Status last;
+  for (int i = 0; i < 100 && last.ok(); ++i) {
+    auto out = t->Render(Value::NewDict());
+    if (out.ok()) {
+      EXPECT_EQ(*out, "ok");
+      ++rendered;
+    } else {
+      last = out.status();
+    }
+  }
+  EXPECT_GE(rendered, 1) << "one rendering fits the request's budget";
+  EXPECT_LT(rendered, 10) << "the request's budget ends the renderings";
+  EXPECT_EQ(last.code(), StatusCode::kResourceExhausted) << last.ToString();
+  EXPECT_NE(last.message().find("the request's renderings together took more than 100000 steps"),
+            std::string::npos)
+      << last.ToString();
+  // Without a request budget the same template renders as often as asked.
+  ScopedRequestBudget none(nullptr);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(t->Render(Value::NewDict()).ok());
+}
+
+// The request's stop() (its client cancelled or its deadline passed) ends a long rendering within
+// a few thousand steps instead of at the 4M-step limit.
+TEST(RequestBudgetTest, StopEndsALongRenderingEarly) {
+  auto t = Template::Parse(
+      "{% for i in range(3000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  int asked = 0;
+  RequestBudget request(UINT64_MAX, [&] { return ++asked >= 3; });
+  ScopedRequestBudget scoped(&request);
+  const auto t0 = Clock::now();
+  auto out = t->Render(Value::NewDict());
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kCancelled) << out.status().ToString();
+  EXPECT_LT(request.steps(), 20'000u) << "stopped at the third check, every 4096 steps";
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 0.5 * kSlowdown);
+  EXPECT_TRUE(request.Stopped()) << "stays stopped";
+}
+
+// An 8 MB template cost 1.5 GB of memory to parse (issue #29 item 4): sources over
+// kMaxChatTemplateBytes are refused before parsing, from a string or a directory.
+TEST(RequestBudgetTest, OversizedChatTemplatesAreRefusedBeforeParsing) {
+  const std::string big(kMaxChatTemplateBytes + 1, 'x');
+  const long before = PeakRssMib();
+  auto t = ChatTemplate::FromString(big, SpecialTokens{});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("more than the 262144 allowed"), std::string::npos)
+      << t.status().ToString();
+  EXPECT_LT(PeakRssMib() - before, 16);
+  EXPECT_TRUE(
+      ChatTemplate::FromString(std::string(kMaxChatTemplateBytes, 'x'), SpecialTokens{}).ok());
 }
 
 }  // namespace
