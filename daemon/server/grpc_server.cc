@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/server/job_service.h"
 #include "daemon/server/token_auth.h"
 #include "daemon/server/unix_socket.h"
@@ -47,6 +48,8 @@ Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnin
                         " lets every local user submit jobs that read and write under allowed_roots; "
                         "use 0660 and a group");
   }
+  if (std::string w = MetricsListenWarning(config.metrics.listen); !w.empty())
+    warnings->push_back(w);
   for (const std::string& root : config.allowed_roots) {
     if (root == "/") {
       warnings->push_back("allowed_roots includes /: jobs may read and write any file the daemon's user can");
