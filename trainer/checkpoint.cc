@@ -27,6 +27,7 @@
 #include "engine/file_util.h"
 #include "engine/safetensors.h"
 #include "trainer/checkpoint_state.h"
+#include "trainer/export_files.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -554,6 +555,11 @@ Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
 StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
   if (!engine::PathExists(output_dir)) {
     return NotFoundError(output_dir + ": no checkpoint (the directory does not exist)");
+  }
+  // An export killed before its rename left a whole model's worth of temporary file
+  // (export_files.h).
+  if (auto removed = RemoveExportTemporaries(output_dir); !removed.ok()) {
+    OFFLOADD_LOG(kWarning, "checkpoint") << removed.status().ToString();
   }
   std::vector<std::string> hidden;
   ASSIGN_OR_RETURN(auto dirs, ListCheckpointDirs(output_dir, &hidden));
