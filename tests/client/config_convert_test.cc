@@ -229,7 +229,7 @@ TEST(ConfigConvertTest, ValuesTheDaemonWouldRefuseFailNamingTheSourceKey) {
        "training.adam_beta2"},
       {ConfigKind::kDeepSpeed, R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})",
        "args `optimizer.params.lr`", "training.learning_rate"},
-      {ConfigKind::kAxolotl, "base_model: /m\nmicro_batch_size: 0\nnum_epochs: 1\n",
+      {ConfigKind::kAxolotl, "base_model: /m\nmicro_batch_size: -2\nnum_epochs: 1\n",
        "args `micro_batch_size`", "training.per_device_train_batch_size"},
   };
   for (const auto& c : cases) {
