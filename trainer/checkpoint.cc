@@ -28,6 +28,7 @@
 #include "engine/file_util.h"
 #include "engine/safetensors.h"
 #include "trainer/checkpoint_state.h"
+#include "trainer/export_files.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -563,6 +564,11 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
   }
   AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
   RETURN_IF_ERROR(as_user.status());
+  // An export killed before its rename left a whole model's worth of temporary file
+  // (export_files.h).
+  if (auto removed = RemoveExportTemporaries(output_dir); !removed.ok()) {
+    OFFLOADD_LOG(kWarning, "checkpoint") << removed.status().ToString();
+  }
   std::vector<std::string> hidden;
   ASSIGN_OR_RETURN(auto dirs, ListCheckpointDirs(output_dir, &hidden));
   for (const std::string& path : hidden) {

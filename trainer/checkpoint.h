@@ -186,7 +186,8 @@ Status PruneCheckpoints(const std::string& output_dir, int64_t keep);
 
 // The newest valid output_dir/checkpoint-<step> whose files all match their crc32c (NOT_FOUND if
 // none; invalid or corrupt newer ones are skipped with a warning naming the file). Reads every
-// file of the checkpoints it checks. Also removes temporary directories of writers that died.
+// file of the checkpoints it checks. Also removes temporary directories of writers that died, and
+// the temporary files of an export that died (RemoveExportTemporaries, export_files.h).
 StatusOr<std::string> LatestCheckpoint(const std::string& output_dir);
 
 // Reads one checkpoint. Open parses trainer_state.json and checks that every file is there with

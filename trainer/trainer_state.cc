@@ -12,6 +12,7 @@
 #include "common/safe_path.h"
 #include "engine/file_util.h"
 #include "trainer/checkpoint.h"
+#include "trainer/export_files.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -209,6 +210,8 @@ Status Trainer::Impl::RestoreFollower(const std::string& dir) {
 Status Trainer::Impl::ExportModel(const std::string& dir) {
   RETURN_IF_ERROR(Flush());
   if (!leader()) return OkStatus();  // data parallel: rank 0 exports
+  // Held while the files are written: a resume's cleanup leaves this export's temporaries alone.
+  ASSIGN_OR_RETURN(ExportLock lock, ExportLock::Acquire(dir));
   std::vector<float> m, v;
   for (int b = 0; b < n; ++b) {
     const int64_t numel = static_cast<int64_t>(layout[b].numel);

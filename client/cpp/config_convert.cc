@@ -11,6 +11,9 @@
 #include <sstream>
 #include <utility>
 
+#include "client/cpp/job_file.h"
+#include "daemon/jobs/training_rules.h"
+
 namespace offloadd::client {
 namespace {
 
@@ -185,6 +188,7 @@ class Converter {
     e << job_;
     y << e.c_str() << "\n";
     out_.job_yaml = y.str();
+    RETURN_IF_ERROR(CheckValues());
     return out_;
   }
 
@@ -192,6 +196,44 @@ class Converter {
 
  private:
   static YAML::Node Str(const std::string& s) { return YAML::Node(s); }
+
+  // "args.json `learning_rate`": the input and key that set the job field `path`, or a field above
+  // it.
+  std::string SetBy(const std::string& path) const {
+    for (std::string p = path;;) {
+      if (auto it = set_.find(p); it != set_.end()) return it->second.first;
+      const size_t dot = p.find_last_of(".[");
+      if (dot == std::string::npos) return "";
+      p.resize(dot);
+    }
+  }
+
+  // The converted values, read back as the job file they are and checked with the job validator's
+  // value rules (daemon/jobs/training_rules.h): a value the daemon would refuse (learning_rate:
+  // fast, NaN, max_steps: -5) fails the conversion, naming the input and key, instead of being
+  // copied into the file. Fields no input set are not checked (their defaults apply).
+  Status CheckValues() const {
+    ASSIGN_OR_RETURN(JobFileContents read, ReadJobSpec(out_.job_yaml, "the converted job file"));
+    std::vector<FieldViolation> problems = read.violations;
+    offloadd::v1::JobSpec spec = read.spec;
+    daemon::ApplyJobDefaults(&spec);
+    std::vector<daemon::FieldViolation> ranges;
+    daemon::CheckTrainingValues(spec.training(), &ranges);
+    for (const auto& v : ranges) {
+      bool reported = false;
+      for (const auto& p : problems) reported |= p.field == v.field;
+      if (!reported && set_.count(v.field)) problems.push_back({v.field, v.description});
+    }
+    if (problems.empty()) return OkStatus();
+    std::string message = std::to_string(problems.size()) +
+                          (problems.size() == 1 ? " value" : " values") +
+                          " the daemon would refuse:";
+    for (const auto& p : problems) {
+      const std::string by = SetBy(p.field);
+      message += "\n  " + (by.empty() ? p.field : by + " (" + p.field + ")") + ": " + p.description;
+    }
+    return InvalidArgumentError(message);
+  }
 
   static ConfigKind Guess(const YAML::Node& root) {
     for (const char* k : {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size",

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <sstream>
 
+#include "common/message_text.h"
 #include "common/units.h"
 
 namespace offloadctl {
@@ -23,6 +24,55 @@ namespace {
 std::string Bytes(uint64_t b) { return offloadd::FormatByteSize(b); }
 
 }  // namespace
+
+namespace {
+
+// Whether the code point is one a terminal must not receive raw: C1 controls (U+0080-U+009F; 0x9b
+// is CSI on terminals that read 8-bit controls) and the bidirectional controls that reorder what
+// follows (Trojan Source: U+061C, U+200E/F, U+202A-U+202E, U+2066-U+2069).
+bool IsHiddenControl(uint32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9f) || cp == 0x61c || cp == 0x200e || cp == 0x200f ||
+         (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+uint32_t CodePoint(std::string_view s, size_t i, size_t n) {
+  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(s[i + k])); };
+  if (n == 2) return ((b(0) & 0x1f) << 6) | (b(1) & 0x3f);
+  if (n == 3) return ((b(0) & 0x0f) << 12) | ((b(1) & 0x3f) << 6) | (b(2) & 0x3f);
+  return ((b(0) & 0x07) << 18) | ((b(1) & 0x3f) << 12) | ((b(2) & 0x3f) << 6) | (b(3) & 0x3f);
+}
+
+std::string Escape(std::string_view s, bool keep_newlines) {
+  std::string out;
+  out.reserve(s.size());
+  char buf[16];
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    const size_t n = offloadd::Utf8SequenceLength(s, i);
+    if (n == 1 && c >= 0x20 && c != 0x7f) {
+      out += static_cast<char>(c);
+    } else if (n == 1 && c == '\n') {
+      out += keep_newlines ? "\n" : "\\n";
+    } else if (n == 1 && c == '\t') {
+      out += "\\t";
+    } else if (n == 0 || n == 1) {  // invalid UTF-8, or a C0 control or DEL
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else if (const uint32_t cp = CodePoint(s, i, n); IsHiddenControl(cp)) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(cp));
+      out += buf;
+    } else {
+      out.append(s.substr(i, n));
+    }
+    i += n == 0 ? 1 : n;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string TerminalText(std::string_view s) { return Escape(s, /*keep_newlines=*/false); }
+std::string TerminalLines(std::string_view s) { return Escape(s, /*keep_newlines=*/true); }
 
 std::string Upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -137,18 +187,19 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
 
 std::string RenderJob(const offloadd::v1::Job& j) {
   std::ostringstream o;
-  o << "job " << j.id() << "  " << JobStateName(j.state());
-  if (!j.spec().display_name().empty()) o << "  \"" << j.spec().display_name() << "\"";
+  o << "job " << TerminalText(j.id()) << "  " << JobStateName(j.state());
+  if (!j.spec().display_name().empty())
+    o << "  \"" << TerminalText(j.spec().display_name()) << "\"";
   o << "\n";
-  if (!j.submitted_by().empty()) o << "  submitted by " << j.submitted_by() << "\n";
+  if (!j.submitted_by().empty()) o << "  submitted by " << TerminalText(j.submitted_by()) << "\n";
   const auto& p = j.progress();
   if (p.step() > 0) {
     o << "  step " << p.step() << "/" << p.max_steps() << "  loss " << p.loss() << "  lr " << p.learning_rate()
       << "  " << p.tokens_per_second() << " tok/s\n";
   }
   if (j.has_error() && j.error().code() != 0) {
-    o << "  error: " << j.error().message();
-    if (!j.error().field_path().empty()) o << " (" << j.error().field_path() << ")";
+    o << "  error: " << TerminalLines(j.error().message());
+    if (!j.error().field_path().empty()) o << " (" << TerminalText(j.error().field_path()) << ")";
     o << "\n";
   }
   return o.str();
@@ -160,11 +211,14 @@ std::string RenderJobList(const offloadd::v1::ListJobsResponse& r) {
   std::snprintf(line, sizeof line, "%-24s %-11s %10s %10s  %s\n", "JOB", "STATE", "STEP", "LOSS", "NAME");
   o << line;
   for (const auto& j : r.jobs()) {
-    std::snprintf(line, sizeof line, "%-24s %-11s %10lld %10.4f  %s\n", j.id().c_str(), JobStateName(j.state()).c_str(),
-                  static_cast<long long>(j.progress().step()), j.progress().loss(), j.spec().display_name().c_str());
-    o << line;
+    // The name is appended, not formatted into `line`: escaped, it may be longer than the buffer.
+    std::snprintf(line, sizeof line, "%-24s %-11s %10lld %10.4f  ", TerminalText(j.id()).c_str(),
+                  JobStateName(j.state()).c_str(), static_cast<long long>(j.progress().step()),
+                  j.progress().loss());
+    o << line << TerminalText(j.spec().display_name()) << "\n";
   }
-  if (!r.next_page_token().empty()) o << "(more: next page token " << r.next_page_token() << ")\n";
+  if (!r.next_page_token().empty())
+    o << "(more: next page token " << TerminalText(r.next_page_token()) << ")\n";
   return o.str();
 }
 
@@ -194,10 +248,17 @@ std::string RenderProgressLine(const offloadd::v1::JobProgress& p, int bar_width
 std::string RenderEvent(const offloadd::v1::JobEvent& e) {
   std::ostringstream o;
   o << "[" << e.cursor() << "] ";
-  if (e.has_state_change()) o << "state " << JobStateName(e.state_change().state()) << " " << e.state_change().reason();
-  else if (e.has_progress()) o << RenderProgressLine(e.progress());
-  else if (e.has_log()) o << e.log().message();
-  else if (e.has_checkpoint_saved()) o << "checkpoint " << e.checkpoint_saved().id() << " at step " << e.checkpoint_saved().step();
+  if (e.has_state_change()) {
+    o << "state " << JobStateName(e.state_change().state()) << " "
+      << TerminalText(e.state_change().reason());
+  } else if (e.has_progress()) {
+    o << RenderProgressLine(e.progress());
+  } else if (e.has_log()) {
+    o << TerminalText(e.log().message());
+  } else if (e.has_checkpoint_saved()) {
+    o << "checkpoint " << TerminalText(e.checkpoint_saved().id()) << " at step "
+      << e.checkpoint_saved().step();
+  }
   o << "\n";
   return o.str();
 }

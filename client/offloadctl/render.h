@@ -2,6 +2,7 @@
 // Human-readable rendering of API messages for offloadctl.
 
 #include <string>
+#include <string_view>
 
 #include "offloadd/v1/job_service.pb.h"
 #include "offloadd/v1/node_service.pb.h"
@@ -9,6 +10,16 @@
 namespace offloadctl {
 
 std::string Upper(std::string s);
+
+// Text from the daemon (display names, labels, paths, reasons, error messages: whatever a user put
+// in a job spec or a file name) made safe to show on a terminal: control characters (C0, DEL and
+// C1, which terminals take as escape sequences, bells or cursor moves), bidirectional-override
+// characters and invalid UTF-8 are shown escaped ("\x1b", "\u202e"); the rest, other languages'
+// letters included, as it is. TerminalText keeps the text on one line (a line break shows as
+// "\n", so a display name cannot forge a row of `offloadctl list`); TerminalLines keeps line
+// breaks, for messages of several lines. JSON and YAML output escape by their own rules instead.
+std::string TerminalText(std::string_view s);
+std::string TerminalLines(std::string_view s);
 // "succeeded" for JOB_STATE_SUCCEEDED.
 std::string JobStateName(offloadd::v1::JobState s);
 std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n);

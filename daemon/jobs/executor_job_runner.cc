@@ -346,7 +346,7 @@ Status ExecutorJobRunner::Run(const v1::Job& job, JobControl& control) {
   if (metrics_ != nullptr) {
     std::string gpus;
     for (int g : control.gpus()) gpus += (gpus.empty() ? "" : ",") + std::to_string(g);
-    metrics_->StartJob(job.id(), job.spec().display_name(), job.spec().model().path(), gpus);
+    metrics_->StartJob(job.id(), gpus);  // no display name or path: /metrics is unauthenticated
   }
   v1::Job current = job;
   Status result;

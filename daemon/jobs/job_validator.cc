@@ -14,6 +14,7 @@
 #include "common/safe_path.h"
 #include "common/units.h"
 #include "daemon/jobs/hf_names.h"
+#include "daemon/jobs/spec_refusals.h"
 #include "daemon/jobs/train_job_config.h"
 #include "daemon/jobs/unsupported_options.h"
 #include "engine/file_util.h"
@@ -86,15 +87,21 @@ struct PreviewBudget {
   bool steps_reported = false;  // the render budget's violation was added
 };
 
-// The first `max_records` records of a dataset file. JSON Lines are read in 1 MiB pieces only
-// until enough whole lines are in (each CreateJob used to allocate 64 MiB per dataset path whatever
-// the file's size: 150 concurrent calls on a 52-byte dataset peaked at 2.3 GB); a JSON array must
-// be read whole and is refused beyond kMaxDatasetPreviewBytes. Opened as the job opens it: confined,
-// a regular file only, never blocking (common/safe_path.h).
+// The records a preview read, and whether they are the whole file (it was read to its end and
+// holds no more than the records it may preview).
+struct Preview {
+  std::vector<text::RawRecord> records;
+  bool whole_file = false;
+};
+
+// The first `budget->records_per_file` records of a dataset file. JSON Lines are read in 1 MiB
+// pieces only until enough whole lines are in (each CreateJob used to allocate 64 MiB per dataset
+// path whatever the file's size: 150 concurrent calls on a 52-byte dataset peaked at 2.3 GB); a
+// JSON array must be read whole and is refused beyond kMaxDatasetPreviewBytes. Opened as the job
+// opens it: confined, a regular file only, never blocking (common/safe_path.h).
 // Reads charge budget->bytes_left; when it runs out first, *skipped is set and no records are
 // returned (the file is then checked only when the job loads it).
-StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path,
-                                                      PreviewBudget* budget, bool* skipped) {
+StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget, bool* skipped) {
   *skipped = false;
   ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead));
   const int fd = owned.get();
@@ -126,7 +133,7 @@ StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path,
   if (array && !eof) {
     if (out_of_bytes) {
       *skipped = true;
-      return std::vector<text::RawRecord>{};
+      return Preview{};
     }
     return InvalidArgumentError(path + " is a JSON array larger than " + FormatByteSize(kMaxDatasetPreviewBytes) +
                                 "; use JSON Lines (one record per line) for large datasets");
@@ -135,11 +142,15 @@ StatusOr<std::vector<text::RawRecord>> PreviewRecords(const std::string& path,
   ASSIGN_OR_RETURN(auto records, text::SplitRecords(data, path));
   if (records.empty() && out_of_bytes) {
     *skipped = true;
-    return records;
+    return Preview{};
   }
   if (records.empty()) return InvalidArgumentError(path + " holds no records");
+  RETURN_IF_ERROR(CheckArrayElements(path, records));
+  Preview preview;
+  preview.whole_file = eof && records.size() <= max_records;
   if (records.size() > max_records) records.resize(max_records);
-  return records;
+  preview.records = std::move(records);
+  return preview;
 }
 
 // Enum fields hold whatever number the client sent (proto3 open enums): name unknown ones.
@@ -197,63 +208,6 @@ void CheckSizes(const v1::JobSpec& s, Checker& c) {
   }
   at_most("offload.activations.layer_overrides", s.offload().activations().layer_overrides_size(),
           kMaxLayerOverrides, "entries");
-}
-
-// lr_scheduler_type and the lr_scheduler_kwargs its transformers schedule takes (get_scheduler
-// raises for any other).
-void CheckScheduler(const v1::TrainingArguments& t, Checker& c) {
-  const std::string& s = t.lr_scheduler_type();
-  if (s != "linear" && s != "cosine" && s != "cosine_with_min_lr" && s != "constant" &&
-      s != "constant_with_warmup") {
-    c.Add("training.lr_scheduler_type", "must be linear, cosine, cosine_with_min_lr, constant or "
-                                        "constant_with_warmup, got '" + SafeMessageText(s, 128) + "'");
-    return;
-  }
-  const v1::LrSchedulerKwargs& k = t.lr_scheduler_kwargs();
-  const bool cosine = s == "cosine" || s == "cosine_with_min_lr";
-  if (k.has_num_cycles()) {
-    if (cosine) {
-      c.Range("training.lr_scheduler_kwargs.num_cycles", k.num_cycles(), 0.0, 1e6, /*lo_open=*/true);
-    } else {
-      c.Add("training.lr_scheduler_kwargs.num_cycles", "only cosine and cosine_with_min_lr take num_cycles, not " + s);
-    }
-  }
-  if (s != "cosine_with_min_lr") {
-    for (const auto& [has, name] :
-         {std::pair{k.has_min_lr(), std::string("min_lr")}, std::pair{k.has_min_lr_rate(), std::string("min_lr_rate")}}) {
-      if (has) c.Add("training.lr_scheduler_kwargs." + name, "only cosine_with_min_lr takes " + name + ", not " + s);
-    }
-    return;
-  }
-  if (k.has_min_lr() == k.has_min_lr_rate()) {
-    c.Add("training.lr_scheduler_kwargs", std::string("cosine_with_min_lr needs exactly one of min_lr and ") +
-                                              "min_lr_rate, got " + (k.has_min_lr() ? "both" : "neither"));
-  } else if (k.has_min_lr()) {
-    c.Range("training.lr_scheduler_kwargs.min_lr", k.min_lr(), 0.0, t.learning_rate());
-  } else {
-    c.Range("training.lr_scheduler_kwargs.min_lr_rate", k.min_lr_rate(), 0.0, 1.0);
-  }
-}
-
-void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
-  c.Range("training.learning_rate", t.learning_rate(), 0.0, 1.0, /*lo_open=*/true);
-  c.Range<int64_t>("training.per_device_train_batch_size", t.per_device_train_batch_size(), 1, 65536);
-  c.Range<int64_t>("training.gradient_accumulation_steps", t.gradient_accumulation_steps(), 1, 1 << 20);
-  if (t.max_steps() == 0 || t.max_steps() < -1) c.Add("training.max_steps", "must be -1 (use num_train_epochs) or positive");
-  if (t.max_steps() == -1) c.Range("training.num_train_epochs", t.num_train_epochs(), 0.0, 1e6, true);
-  c.Range<int64_t>("training.warmup_steps", t.warmup_steps(), 0, int64_t{1} << 40);
-  c.Range("training.warmup_ratio", t.warmup_ratio(), 0.0, 1.0);
-  CheckScheduler(t, c);
-  c.Range("training.weight_decay", t.weight_decay(), 0.0, 10.0);
-  for (const auto& [value, field] : {std::pair{t.adam_beta1(), "training.adam_beta1"},
-                                     std::pair{t.adam_beta2(), "training.adam_beta2"}}) {
-    if (!(value >= 0.0 && value < 1.0)) c.Add(field, "must be in [0, 1), got " + std::to_string(value));
-  }
-  c.Range("training.adam_epsilon", t.adam_epsilon(), 0.0, 1.0, true);
-  c.Range("training.max_grad_norm", t.max_grad_norm(), 0.0, 1e12);
-  c.Range<int64_t>("training.logging_steps", t.logging_steps(), 1, int64_t{1} << 40);
-  c.Range<int64_t>("training.save_steps", t.save_steps(), 1, int64_t{1} << 40);
-  c.Range<int64_t>("training.save_total_limit", t.save_total_limit(), 0, 1 << 20);
 }
 
 void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const PathPolicy& paths, Checker& c) {
@@ -321,34 +275,41 @@ void CheckCompression(const v1::CompressionConfig& comp, Checker& c) {
 std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokenizer,
                           const text::ChatTemplate* chat, const engine::ModelConfig* config,
                           const v1::DatasetSpec& ds, Checker& c, const std::string& field,
-                          const std::string& path, PreviewBudget& budget) {
+                          const std::string& path, PreviewBudget& budget,
+                          DataPreviewSummary* summary) {
+  DataPreviewSummary unused;
+  DataPreviewSummary& sum = summary != nullptr ? *summary : unused;
   auto real = paths.ResolveExisting(path);
   if (c.Fails(field, real.status())) return "";
   if (IsDirectory(*real)) {
     c.Add(field, "'" + *real + "' is a directory; give the JSON or JSON Lines file");
     return "";
   }
+  const bool whole_so_far = sum.whole;
+  sum.whole = false;                      // until the preview below shows every record of the file
   if (!tokenizer || !chat) return *real;  // reported above; records cannot be encoded without them
   // Checked once per file, however often it is listed; and not at all once the request's render
   // budget is spent (that is reported once) or the request stopped.
   if (!budget.seen.insert(*real).second || budget.render->spent() || budget.render->Stopped())
     return *real;
   bool skipped = false;
-  auto records = PreviewRecords(*real, &budget, &skipped);
+  auto preview = PreviewRecords(*real, &budget, &skipped);
   if (budget.render->Stopped()) return *real;
-  if (c.Fails(field, records.status())) return *real;
+  if (c.Fails(field, preview.status())) return *real;
   text::DatasetOptions opts;
   opts.format = ToTextFormat(ds.format());
   opts.mask_prompt = ds.mask_prompt();
   auto encoder = text::RecordEncoder::Create(*tokenizer, chat, opts);
   if (c.Fails(field, encoder.status())) return *real;
-  for (const auto& rec : *records) {
+  bool all_read = preview->whole_file;
+  for (const auto& rec : preview->records) {
     const std::string where = *real + ":" + std::to_string(rec.line);
     nlohmann::ordered_json j;
     try {
       j = nlohmann::ordered_json::parse(rec.text);
     } catch (const nlohmann::json::exception& e) {
       c.Add(field, where + ": not valid JSON: " + e.what());
+      all_read = false;
       break;
     }
     auto doc = encoder->Encode(j);
@@ -368,73 +329,31 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
     if (!doc.ok()) {
       if (!ds.skip_bad_records()) {
         c.Add(field, where + ": " + doc.status().message());
+        all_read = false;
         break;
       }
-    } else if (config && !doc->input_ids.empty()) {
+    } else if (doc->input_ids.empty()) {  // the trainer refused it only once the job ran
+      c.Add(
+          field,
+          where + ": the record has no tokens (empty input_ids); every record needs at least one");
+      all_read = false;
+      break;
+    } else {
       for (int32_t id : doc->input_ids) {
-        if (id < 0 || id >= config->vocab_size) {
+        if (config && (id < 0 || id >= config->vocab_size)) {
           c.Add(field, where + ": token id " + std::to_string(id) + " is outside the model's vocabulary of " +
                            std::to_string(config->vocab_size) + " (tokenizer and model do not match)");
           break;
         }
       }
+      sum.trained_tokens += TrainedTokens(*doc, ds.max_seq_length());
     }
   }
+  sum.whole = whole_so_far && all_read;
   return *real;
 }
 
 }  // namespace
-
-void ApplyJobDefaults(v1::JobSpec* spec) {
-  auto* t = spec->mutable_training();
-  if (!t->has_learning_rate()) t->set_learning_rate(5e-5);
-  if (!t->has_per_device_train_batch_size()) t->set_per_device_train_batch_size(8);
-  if (!t->has_gradient_accumulation_steps()) t->set_gradient_accumulation_steps(1);
-  if (!t->has_num_train_epochs()) t->set_num_train_epochs(3.0);
-  if (!t->has_max_steps()) t->set_max_steps(-1);
-  if (!t->has_warmup_steps()) t->set_warmup_steps(0);
-  if (!t->has_warmup_ratio()) t->set_warmup_ratio(0.0);
-  if (!t->has_lr_scheduler_type()) t->set_lr_scheduler_type("linear");
-  const bool cosine = t->lr_scheduler_type() == "cosine" || t->lr_scheduler_type() == "cosine_with_min_lr";
-  if (cosine && !t->lr_scheduler_kwargs().has_num_cycles()) t->mutable_lr_scheduler_kwargs()->set_num_cycles(0.5);
-  if (!t->has_weight_decay()) t->set_weight_decay(0.0);
-  if (!t->has_adam_beta1()) t->set_adam_beta1(0.9);
-  if (!t->has_adam_beta2()) t->set_adam_beta2(0.999);
-  if (!t->has_adam_epsilon()) t->set_adam_epsilon(1e-8);
-  if (!t->has_max_grad_norm()) t->set_max_grad_norm(1.0);
-  if (!t->has_seed()) t->set_seed(42);
-  if (!t->has_logging_steps()) t->set_logging_steps(500);
-  if (!t->has_eval_steps() && spec->dataset().eval_paths_size() > 0) t->set_eval_steps(t->logging_steps());
-  if (!t->has_save_steps()) t->set_save_steps(500);
-  if (!t->has_save_total_limit()) t->set_save_total_limit(0);
-  auto* d = spec->mutable_dataset();
-  if (!d->has_mask_prompt()) d->set_mask_prompt(true);
-  if (!d->has_max_seq_length()) d->set_max_seq_length(1024);
-  if (!d->has_shuffle()) d->set_shuffle(true);
-  auto* o = spec->mutable_offload();
-  for (auto* target : {o->mutable_offload_optimizer(), o->mutable_offload_param()}) {
-    if (!target->has_pin_memory()) target->set_pin_memory(true);
-  }
-  if (o->offload_optimizer().device() == v1::OFFLOAD_DEVICE_UNSPECIFIED) {
-    o->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_CPU);
-  }
-  if (o->offload_param().device() == v1::OFFLOAD_DEVICE_UNSPECIFIED) {
-    o->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_CPU);
-  }
-  if (o->activations().mode() == v1::ACTIVATION_MODE_UNSPECIFIED) {
-    o->mutable_activations()->set_mode(v1::ACTIVATION_MODE_AUTO);
-  }
-  if (!o->aio().has_block_size()) o->mutable_aio()->set_block_size(1u << 20);
-  if (!o->aio().has_queue_depth()) o->mutable_aio()->set_queue_depth(32);
-  auto* comp = spec->mutable_compression();
-  if (comp->type() == v1::COMPRESSION_TYPE_UNSPECIFIED) comp->set_type(v1::COMPRESSION_TYPE_NONE);
-  if (!comp->has_subspace_rank()) comp->set_subspace_rank(512);
-  if (!comp->has_sparsity()) comp->set_sparsity(16);                // the seed's d
-  // The seed's instruction-tuning runs re-check every 1000 iterations (a 7B check costs ~60 steps).
-  if (!comp->has_projector_update_interval()) comp->set_projector_update_interval(1000);
-  // model.compute_dtype stays UNSPECIFIED here: it resolves when the job is placed (bf16 on a
-  // GPU, fp32 on the CPU).
-}
 
 ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& paths,
                                  const NodeBudget& node, const ValidationOptions& options) {
@@ -443,7 +362,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   v1::JobSpec& spec = r.resolved;
   Checker c(&r.violations);
   CheckSizes(spec, c);
-  if (!r.violations.empty()) return r;  // nothing oversized reaches the file system or the parsers
+  CheckPathBytes(spec, &r.violations);
+  if (!r.violations.empty())
+    return r;  // nothing oversized or cut reaches the file system or the parsers
   // One budget for every rendering of this request, whichever record and file it is for; its
   // stop() also ends the reads and the rendering once the client has gone.
   text::jinja::RequestBudget render_budget(options.max_render_steps, options.stop);
@@ -563,16 +484,22 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   preview.records_per_file =
       std::clamp(options.max_preview_records / std::max<int>(1, static_cast<int>(named.size())), 1,
                  kDatasetPreviewRecords);
+  DataPreviewSummary train_data;
+  const size_t violations_before_data = r.violations.size();
   for (int i = 0; i < ds.paths_size(); ++i) {
     const std::string real =
         CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c,
-                      "dataset.paths[" + std::to_string(i) + "]", ds.paths(i), preview);
+                      "dataset.paths[" + std::to_string(i) + "]", ds.paths(i), preview,
+                      &train_data);
     if (!real.empty()) spec.mutable_dataset()->set_paths(i, real);
   }
+  CheckSomethingTrains(ds, train_data, r.violations.size() == violations_before_data,
+                       &r.violations);
   for (int i = 0; i < ds.eval_paths_size(); ++i) {
     const std::string real =
         CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c,
-                      "dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i), preview);
+                      "dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i), preview,
+                      nullptr);
     if (!real.empty()) spec.mutable_dataset()->set_eval_paths(i, real);
   }
   if (stopped()) return r;
@@ -593,7 +520,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   }
   CheckEnums(spec, c);
   c.Range<int64_t>("dataset.max_samples", ds.max_samples(), 0, int64_t{1} << 40);
-  CheckTraining(spec.training(), c);
+  CheckTrainingValues(spec.training(), &r.violations);
   CheckOffload(spec.offload(), node, paths, c);
   CheckCompression(spec.compression(), c);
   for (FieldViolation& v : UnsupportedOptions(spec)) c.Add(v.field, v.description);
@@ -606,6 +533,8 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     spec.set_output_dir(*out);
     if (Exists(*out) && !IsDirectory(*out)) c.Add("output_dir", "'" + *out + "' exists and is not a directory");
     output_dir_ok = true;
+    if (config)
+      CheckOutputApartFromModel(*out, spec.model().path(), &r.violations);  // model.path resolved
   }
   if (!spec.resume_from_checkpoint().empty()) {
     if (auto ck = paths.ResolveExisting(spec.resume_from_checkpoint()); !c.Fails("resume_from_checkpoint", ck.status())) {

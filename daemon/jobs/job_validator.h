@@ -18,6 +18,7 @@
 #include "daemon/jobs/field_violation.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/path_policy.h"
+#include "daemon/jobs/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues
 #include "daemon/node/node_probe.h"
 #include "offloadd/v1/job.pb.h"
 
@@ -84,8 +85,5 @@ inline constexpr int kDatasetPreviewRecords = 8;
 
 ValidationResult ValidateJobSpec(const offloadd::v1::JobSpec& spec, const PathPolicy& paths,
                                  const NodeBudget& node, const ValidationOptions& options = {});
-
-// Fills unset optional fields with the Hugging Face / DeepSpeed defaults documented in job.proto.
-void ApplyJobDefaults(offloadd::v1::JobSpec* spec);
 
 }  // namespace offloadd::daemon

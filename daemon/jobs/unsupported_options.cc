@@ -8,10 +8,59 @@ namespace offloadd::daemon {
 namespace v1 = offloadd::v1;
 
 std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
-  // Every setting of the spec acts today. LSP compression's one limit (nodes without a GPU) depends
-  // on the node and is checked by the validator.
-  (void)s;
-  return {};
+  // Every setting of the spec acts on its own. What remains are combinations the trainer refuses
+  // when it sets up (trainer_setup.cc, trainer_parallel.cc): listed here so that CreateJob refuses
+  // them with the field path instead of the job failing once started (issue #29 item 17). LSP
+  // compression's one node-dependent limit (the compute dtype on a GPU) is checked by the
+  // validator.
+  std::vector<FieldViolation> out;
+  const bool lsp = s.compression().type() == v1::COMPRESSION_TYPE_LSP;
+  const v1::OffloadTarget& opt = s.offload().offload_optimizer();
+  const bool nvme_states = opt.device() == v1::OFFLOAD_DEVICE_NVME;
+  const bool auto_batch = s.training().auto_find_batch_size();
+  const int64_t ranks = s.resources().gpus();
+  const std::string group = "resources.gpus " + std::to_string(ranks) + " (data parallelism)";
+  if (lsp && nvme_states) {
+    out.push_back(
+        {"offload.offload_optimizer.device",
+         "nvme is not supported with compression.type lsp: LSP keeps its subspace states in RAM "
+         "(use cpu)"});
+  }
+  if (lsp && opt.has_ratio()) {
+    out.push_back(
+        {"offload.offload_optimizer.ratio",
+         "is not supported with compression.type lsp: LSP updates every subspace on the CPU"});
+  }
+  if (lsp && auto_batch) {
+    out.push_back(
+        {"training.per_device_train_batch_size",
+         "auto does not price LSP compression yet (compression.type lsp); give the micro-batch"});
+  }
+  if (ranks > 1) {
+    if (lsp) {
+      out.push_back(
+          {"resources.gpus", group + " with compression.type lsp is not built yet; use one GPU"});
+    }
+    if (auto_batch) {
+      out.push_back({"training.per_device_train_batch_size",
+                     "auto with " + group +
+                         " is not built yet (each rank would price its own); give the "
+                         "micro-batch per rank"});
+    }
+    if (nvme_states && opt.has_ratio()) {
+      out.push_back(
+          {"offload.offload_optimizer.ratio",
+           "optimizer states on the GPU with the NVMe tier and " + group + " is not built yet"});
+    }
+    bool nvme_activations = s.offload().activations().mode() == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+    for (const auto& [layer, mode] : s.offload().activations().layer_overrides()) {
+      nvme_activations |= mode == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+    }
+    if (nvme_activations) {
+      out.push_back({"offload.activations", "offload_nvme with " + group + " is not built yet"});
+    }
+  }
+  return out;
 }
 
 }  // namespace offloadd::daemon

@@ -4,6 +4,20 @@
 
 namespace offloadd::daemon {
 
+std::string MetricsListenWarning(const std::string& listen) {
+  if (listen.empty()) return "";
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0) return "";
+  return "metrics.listen " + listen +
+         " is not a loopback address: /metrics has no authentication, " +
+         "so anyone who reaches this port reads the daemon's job ids and training metrics; listen "
+         "on " +
+         "127.0.0.1 (Prometheus on this host), or restrict the port with a firewall";
+}
+
 StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Start(const std::string& listen,
                                                               const BuildLabels& build) {
   std::unique_ptr<DaemonMetrics> m(new DaemonMetrics());

@@ -19,6 +19,12 @@
 
 namespace offloadd::daemon {
 
+// The warning for a metrics.listen that other hosts can reach, or "" for a loopback address
+// (127.0.0.0/8, ::1, localhost) or an empty one (metrics off). /metrics has no authentication: what
+// it shows (job ids, step rates, memory) is then open to the network. Startup logs it and
+// --validate-config prints it (CheckStartup).
+std::string MetricsListenWarning(const std::string& listen);
+
 struct BuildLabels {
   std::string version;
   std::string revision;

@@ -142,66 +142,79 @@ struct TrainMetrics::Impl {
                          .Name("offloadd_train_step_seconds")
                          .Help("Wall time of one optimizer step.")
                          .Register(r)),
-        phase(CounterFamily(r, "offloadd_train_step_phase_seconds_total",
-                            "Busy time of each resource inside optimizer steps (LSP mode: lsp_compress, "
-                            "GPU time inside gpu_compute; lsp_decompress, GPU time beside it).")),
+        phase(CounterFamily(
+            r, "offloadd_train_step_phase_seconds_total",
+            "Busy time of each resource inside optimizer steps (LSP mode: lsp_compress, "
+            "GPU time inside gpu_compute; lsp_decompress, GPU time beside it).")),
         stall(CounterFamily(r, "offloadd_train_stall_seconds_total",
                             "Time the compute stream or step loop waited, by what it waited for "
                             "(weights, gradient staging buffers, optimizer updates).")),
         link(CounterFamily(r, "offloadd_link_bytes_total",
                            "Bytes moved per link: PCIe host-to-device and device-to-host, NVMe "
                            "reads and writes.")),
-        clip(CounterFamily(r, "offloadd_train_clip_events_total",
-                           "Steps whose gradients max_grad_norm scaled down (clipped_steps), layers "
-                           "updated before the step's norm was known (speculated_layers) and, of "
-                           "those, corrected to the clip coefficient (corrected_layers).")),
-        updated(CounterFamily(r, "offloadd_train_updated_params_total",
-                              "Parameters passed through AdamW, by where their states live: the CPU "
-                              "workers (corrections included) or the GPU (device-resident blocks).")),
-        eval_loss(GaugeFamily(r, "offloadd_train_eval_loss",
-                              "Mean token loss on the job's held-out records (dataset.eval_paths) at "
-                              "its last evaluation.")),
-        eval_step(GaugeFamily(r, "offloadd_train_eval_step", "Optimizer step of the last evaluation.")),
+        clip(
+            CounterFamily(r, "offloadd_train_clip_events_total",
+                          "Steps whose gradients max_grad_norm scaled down (clipped_steps), layers "
+                          "updated before the step's norm was known (speculated_layers) and, of "
+                          "those, corrected to the clip coefficient (corrected_layers).")),
+        updated(
+            CounterFamily(r, "offloadd_train_updated_params_total",
+                          "Parameters passed through AdamW, by where their states live: the CPU "
+                          "workers (corrections included) or the GPU (device-resident blocks).")),
+        eval_loss(
+            GaugeFamily(r, "offloadd_train_eval_loss",
+                        "Mean token loss on the job's held-out records (dataset.eval_paths) at "
+                        "its last evaluation.")),
+        eval_step(
+            GaugeFamily(r, "offloadd_train_eval_step", "Optimizer step of the last evaluation.")),
         lsp_checks(CounterFamily(r, "offloadd_train_lsp_checks_total",
                                  "LSP-Offload projector checks (Alg. 2) run by the job.")),
-        lsp_switched(CounterFamily(r, "offloadd_train_lsp_switched_matrices_total",
-                                   "Matrices whose projectors a check replaced with learned ones.")),
+        lsp_switched(
+            CounterFamily(r, "offloadd_train_lsp_switched_matrices_total",
+                          "Matrices whose projectors a check replaced with learned ones.")),
         lsp_seconds(CounterFamily(r, "offloadd_train_lsp_check_seconds_total",
                                   "Wall time of the projector checks (probe, learning, switch).")),
-        lsp_bias(GaugeFamily(r, "offloadd_train_lsp_bias",
-                             "Mean relative bias ||C(G) - G||^2 / ||G||^2 at the last check: of the "
-                             "projectors in use, and of the learned ones that replaced them.")),
-        worker_cpu(CounterFamily(r, "offloadd_worker_cpu_seconds_total",
-                                 "User and system CPU time of each optimizer worker process of the job.")),
+        lsp_bias(
+            GaugeFamily(r, "offloadd_train_lsp_bias",
+                        "Mean relative bias ||C(G) - G||^2 / ||G||^2 at the last check: of the "
+                        "projectors in use, and of the learned ones that replaced them.")),
+        worker_cpu(
+            CounterFamily(r, "offloadd_worker_cpu_seconds_total",
+                          "User and system CPU time of each optimizer worker process of the job.")),
         worker_busy(CounterFamily(r, "offloadd_worker_busy_seconds_total",
                                   "Time each optimizer worker spent executing update commands.")),
         worker_params(CounterFamily(r, "offloadd_worker_updated_params_total",
                                     "Parameters each optimizer worker passed through AdamW.")),
         worker_restarts(CounterFamily(r, "offloadd_worker_restarts_total",
                                       "Restarts of each optimizer worker after it died.")),
-        worker_queue(GaugeFamily(r, "offloadd_worker_queue_depth",
-                                 "Update commands submitted to each worker and not yet completed.")),
+        worker_queue(
+            GaugeFamily(r, "offloadd_worker_queue_depth",
+                        "Update commands submitted to each worker and not yet completed.")),
         store_cpu(CounterFamily(r, "offloadd_job_store_cpu_seconds_total",
                                 "User and system CPU time of the job's NVMe store process, by role "
                                 "(optimizer: the states' tier; activations).")),
-        store_requests(CounterFamily(r, "offloadd_job_store_requests_total",
-                                     "Requests the job's NVMe store completed, as the job saw them, by "
-                                     "role and result (ok, error).")),
-        store_in_flight(GaugeFamily(r, "offloadd_job_store_requests_in_flight",
-                                    "Requests submitted to the job's NVMe store and not yet completed.")),
+        store_requests(
+            CounterFamily(r, "offloadd_job_store_requests_total",
+                          "Requests the job's NVMe store completed, as the job saw them, by "
+                          "role and result (ok, error).")),
+        store_in_flight(
+            GaugeFamily(r, "offloadd_job_store_requests_in_flight",
+                        "Requests submitted to the job's NVMe store and not yet completed.")),
         store_latency(prometheus::BuildHistogram()
                           .Name("offloadd_job_store_latency_seconds")
                           .Help("Submit-to-completion time of the job's NVMe store requests.")
                           .Register(r)),
-        arena(GaugeFamily(r, "offloadd_job_host_arena_bytes",
-                          "The job's shared host arena: fp32 master weights, Adam states, staging.")),
+        arena(
+            GaugeFamily(r, "offloadd_job_host_arena_bytes",
+                        "The job's shared host arena: fp32 master weights, Adam states, staging.")),
         pinned(GaugeFamily(r, "offloadd_job_host_pinned_bytes",
                            "Host memory the job page-locked for the GPU's copies.")),
-        job_info(GaugeFamily(r, "offloadd_job_info",
-                             "1 for each job with series here: its display name, model path and the GPUs its "
-                             "executors use (\"0,1\"; \"cpu\"). Kept "
-                             "with the job's other series for metrics.job_series_retention_seconds "
-                             "after the job stops running.")) {}
+        job_info(GaugeFamily(
+            r, "offloadd_job_info",
+            "1 for each job with series here, with the GPUs its executors use (\"0,1\"; "
+            "\"cpu\"); offloadctl get <job_id> names the job. Kept "
+            "with the job's other series for metrics.job_series_retention_seconds "
+            "after the job stops running.")) {}
 
   std::chrono::steady_clock::time_point Now() const {
     return options.clock ? options.clock() : std::chrono::steady_clock::now();
@@ -451,14 +464,12 @@ void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) 
   }
 }
 
-void TrainMetrics::StartJob(const std::string& job_id, const std::string& display_name, const std::string& model,
-                            const std::string& gpus) {
+void TrainMetrics::StartJob(const std::string& job_id, const std::string& gpus) {
   std::lock_guard lock(impl_->mu);
   Impl::JobSeries& j = impl_->SeriesLocked(job_id);
   j.ended.reset();
   if (j.info != nullptr) impl_->job_info.Remove(j.info);
-  j.info = &impl_->job_info.Add(
-      {{"job_id", job_id}, {"display_name", display_name}, {"model", model}, {"gpus", gpus.empty() ? "cpu" : gpus}});
+  j.info = &impl_->job_info.Add({{"job_id", job_id}, {"gpus", gpus.empty() ? "cpu" : gpus}});
   j.info->Set(1);
   impl_->SweepLocked();
 }

@@ -7,9 +7,13 @@
 // Per-job series carry the label job_id (not "job": Prometheus sets its own job target label at
 // scrape time and would rename ours to exported_job). Their number stays bounded: the job runner
 // calls EndJob when a job stops running, and the series go job_series_retention_seconds later (so
-// a job shorter than a scrape interval still appears), with offloadd_job_info{job_id,
-// display_name, model} beside them from StartJob. offloadd_jobs{state} is fed by the job
-// manager's state counts (JobManager::StateCountsSink).
+// a job shorter than a scrape interval still appears), with offloadd_job_info{job_id, gpus} beside
+// them from StartJob. offloadd_jobs{state} is fed by the job manager's state counts
+// (JobManager::StateCountsSink).
+//
+// /metrics has no authentication (its port is for a Prometheus on the host or a trusted network),
+// so no label carries what a user wrote: no display name, label, model or dataset path, only the
+// daemon's job ids and fixed words (issue #29 item 14). `offloadctl get <job_id>` names the job.
 //
 // Thread-safe: all members may be called from any thread.
 
@@ -69,11 +73,10 @@ class TrainMetrics {
   // from `counts` is set to 0, so its series does not go stale.
   void SetJobsByState(const std::map<std::string, int64_t>& counts);
 
-  // A job starts (or resumes) running: offloadd_job_info = 1 with its labels; a removal pending
-  // from an earlier EndJob is cancelled, so its counters continue. `gpus`: the GPUs its executors
-  // use, e.g. "0,1" (empty: it trains on the CPU, shown as "cpu").
-  void StartJob(const std::string& job_id, const std::string& display_name, const std::string& model,
-                const std::string& gpus = "");
+  // A job starts (or resumes) running: offloadd_job_info{job_id, gpus} = 1; a removal pending from
+  // an earlier EndJob is cancelled, so its counters continue. `gpus`: the GPUs its executors use,
+  // e.g. "0,1" (empty: it trains on the CPU, shown as "cpu").
+  void StartJob(const std::string& job_id, const std::string& gpus = "");
   // The job stopped running: its series stay for job_series_retention_seconds, then go.
   void EndJob(const std::string& job_id);
   // Removes what has outlived the retention (every member also does; the daemon calls this on a

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/server/job_service.h"
 #include "daemon/server/token_auth.h"
 #include "daemon/server/unix_socket.h"
@@ -57,6 +58,8 @@ Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnin
           "root, so their jobs read and write under allowed_roots with root's rights");
     }
   }
+  if (std::string w = MetricsListenWarning(config.metrics.listen); !w.empty())
+    warnings->push_back(w);
   for (const std::string& root : config.allowed_roots) {
     if (root == "/") {
       warnings->push_back("allowed_roots includes /: jobs may read and write any file the daemon's user can");

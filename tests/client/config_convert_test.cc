@@ -211,5 +211,41 @@ TEST(ConfigConvertTest, MissingFieldsAndBadInputsAreNamed) {
   EXPECT_EQ(*ParseConfigKind("trl"), ConfigKind::kHuggingFace);
 }
 
+// Issue #29 item 18: values the daemon would refuse fail the conversion, naming the input and key,
+// with the job validator's own rules (daemon/jobs/training_rules.h).
+TEST(ConfigConvertTest, ValuesTheDaemonWouldRefuseFailNamingTheSourceKey) {
+  const struct {
+    ConfigKind kind;
+    const char* text;
+    const char* named;  // the input's key, as the message names it
+    const char* field;
+  } cases[] = {
+      {ConfigKind::kHuggingFace, R"({"learning_rate": "fast"})", "args `learning_rate`",
+       "training.learning_rate"},
+      {ConfigKind::kHuggingFace, R"({"learning_rate": .nan})", "args `learning_rate`",
+       "training.learning_rate"},
+      {ConfigKind::kHuggingFace, R"({"max_steps": -5})", "args `max_steps`", "training.max_steps"},
+      {ConfigKind::kHuggingFace, R"({"adam_beta2": 1.5, "seed": 1})", "args `adam_beta2`",
+       "training.adam_beta2"},
+      {ConfigKind::kDeepSpeed, R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})",
+       "args `optimizer.params.lr`", "training.learning_rate"},
+      {ConfigKind::kAxolotl, "base_model: /m\nmicro_batch_size: -2\nnum_epochs: 1\n",
+       "args `micro_batch_size`", "training.per_device_train_batch_size"},
+  };
+  for (const auto& c : cases) {
+    auto r = ConvertConfigs({{"args", c.text}}, c.kind, Paths());
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    const std::string m(r.status().message());
+    EXPECT_NE(m.find(std::string(c.named) + " (" + c.field + "): "), std::string::npos) << m;
+  }
+  // In range, and a field no input set (its default applies): converted.
+  auto ok = ConvertConfigs(
+      {{"args", R"({"learning_rate": 3e-4, "max_steps": 5, "lr_scheduler_type": "cosine"})"}},
+      ConfigKind::kHuggingFace, Paths());
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(Read(*ok).training().max_steps(), 5);
+}
+
 }  // namespace
 }  // namespace offloadd::client

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace offloadctl {
 namespace {
 
@@ -76,6 +78,54 @@ TEST(RenderTest, NodeInfoShowsTheNodeProfileOrWhyThereIsNone) {
                       "PCIe H2D 54.7 / D2H 54.7 / both 94.5 GB/s, measured 2026-11-24 22:47:06 UTC\n"),
             std::string::npos)
       << text;
+}
+
+// Issue #29 item 13: what users put in a spec reaches the terminal escaped.
+TEST(RenderTest, TerminalTextEscapesControlsAndKeepsLetters) {
+  EXPECT_EQ(TerminalText("caf\u00e9 \u65e5\u672c tab\there"), "caf\u00e9 \u65e5\u672c tab\\there");
+  EXPECT_EQ(TerminalText("a\x1b[2Jb\x07"
+                         "c\x7f\r\n"),
+            "a\\x1b[2Jb\\x07c\\x7f\\x0d\\n");
+  EXPECT_EQ(TerminalText(std::string("nul\0end", 7)), "nul\\x00end");
+  EXPECT_EQ(TerminalText("\xc2\x9b"
+                         "31m"),
+            "\\u009b31m");  // C1 CSI
+  EXPECT_EQ(TerminalText("\xe2\x80\xae"
+                         "abc"),
+            "\\u202eabc");                                  // right-to-left override
+  EXPECT_EQ(TerminalText("bad\xff\xc3"), "bad\\xff\\xc3");  // invalid UTF-8
+  EXPECT_EQ(TerminalLines("one\x1b]0;t\x07\ntwo"), "one\\x1b]0;t\\x07\ntwo");
+}
+
+TEST(RenderTest, JobListAndJobEscapeDisplayNamesAndErrors) {
+  offloadd::v1::ListJobsResponse r;
+  auto* j = r.add_jobs();
+  j->set_id("job-1");
+  const std::string name = "n\x1b]0;pwned\x07" + std::string(300, 'y') + "\nforged";
+  j->mutable_spec()->set_display_name(name);
+  const std::string list = RenderJobList(r);
+  EXPECT_EQ(list.find('\x1b'), std::string::npos) << list;
+  EXPECT_EQ(list.find('\x07'), std::string::npos) << list;
+  // One header line and one job line, the whole (escaped) name on it.
+  EXPECT_EQ(std::count(list.begin(), list.end(), '\n'), 2) << list;
+  EXPECT_NE(list.find("n\\x1b]0;pwned\\x07" + std::string(300, 'y') + "\\nforged\n"),
+            std::string::npos)
+      << list;
+
+  offloadd::v1::Job job;
+  job.set_id("job-1");
+  job.mutable_spec()->set_display_name(
+      "\xe2\x80\xae"
+      "gpj.exe");
+  job.mutable_error()->set_code(3);
+  job.mutable_error()->set_message("line one\x1b[8m\nline two");
+  const std::string text = RenderJob(job);
+  EXPECT_NE(text.find("\"\\u202egpj.exe\""), std::string::npos) << text;
+  EXPECT_NE(text.find("error: line one\\x1b[8m\nline two"), std::string::npos) << text;
+
+  offloadd::v1::JobEvent e;
+  e.mutable_log()->set_message("log\x1b[2K\rhidden");
+  EXPECT_EQ(RenderEvent(e), "[0] log\\x1b[2K\\x0dhidden\n");
 }
 
 }  // namespace

@@ -237,11 +237,18 @@ TEST_F(TrainJobConfigTest, EvalPathsBecomeTheTrainersEvalData) {
   EXPECT_EQ(c.eval_steps, 25);
 }
 
-// Every setting acts: the runner's list of unsupported options is empty for any spec.
+// Every setting acts on its own; what remains unsupported are combinations (job_refusals_test), and
+// a job stored before such an entry existed fails to start with its words.
 TEST_F(TrainJobConfigTest, NoSettingIsUnsupported) {
   v1::JobSpec* spec = job_.mutable_spec();
   spec->mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
   EXPECT_TRUE(UnsupportedOptions(*spec).empty());
+  spec->mutable_resources()->set_gpus(2);
+  auto c = MakeTrainConfig(job_, env_);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(std::string(c.status().message()).find("resources.gpus: "), std::string::npos)
+      << c.status().ToString();
 }
 
 TEST_F(TrainJobConfigTest, FreshJobStartsFromScratchOrTheSpecsCheckpoint) {

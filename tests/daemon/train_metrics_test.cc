@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "daemon/metrics/metrics.h"
 #include "daemon/metrics/peak_flops.h"
 
 namespace offloadd::daemon {
@@ -165,11 +166,11 @@ TEST(TrainMetricsTest, EndedJobsSeriesStayForTheRetentionWithTheirInfo) {
   options.job_series_retention_seconds = 60;
   options.clock = [&now] { return now; };
   TrainMetrics m(registry, options);
-  m.StartJob("a", "short job", "/models/tiny");
+  m.StartJob("a");
   m.Observe("a", Step(1));
-  m.StartJob("b", "long job", "/models/7b", "0,1");
+  m.StartJob("b", "0,1");
   m.EndJob("a");
-  const char* info_a = R"(offloadd_job_info{display_name="short job",gpus="cpu",job_id="a",model="/models/tiny"})";
+  const char* info_a = R"(offloadd_job_info{gpus="cpu",job_id="a"})";
   auto v = Samples(Scrape(registry));
   EXPECT_EQ(v[info_a], 1) << Scrape(registry);
   EXPECT_EQ(v[R"(offloadd_train_steps_total{job_id="a"})"], 1);
@@ -180,13 +181,13 @@ TEST(TrainMetricsTest, EndedJobsSeriesStayForTheRetentionWithTheirInfo) {
   m.Sweep();
   std::string text = Scrape(registry);
   EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
-  EXPECT_NE(text.find(R"(offloadd_job_info{display_name="long job",gpus="0,1",job_id="b",model="/models/7b"})"), std::string::npos)
+  EXPECT_NE(text.find(R"(offloadd_job_info{gpus="0,1",job_id="b"})"), std::string::npos)
       << "a running job's series stay";
   // Ended, then resumed within the retention: the removal is cancelled and counters continue.
   m.Observe("b", Step(1));
   m.EndJob("b");
   now += std::chrono::seconds(30);
-  m.StartJob("b", "long job", "/models/7b", "0,1");
+  m.StartJob("b", "0,1");
   m.Observe("b", Step(2));
   now += std::chrono::seconds(3600);
   m.Sweep();
@@ -194,7 +195,7 @@ TEST(TrainMetricsTest, EndedJobsSeriesStayForTheRetentionWithTheirInfo) {
   // Retention 0: gone at EndJob.
   prometheus::Registry r0;
   TrainMetrics m0(r0, {.peak_flops = 0, .job_series_retention_seconds = 0, .clock = {}});
-  m0.StartJob("c", "c", "/m");
+  m0.StartJob("c");
   m0.EndJob("c");
   EXPECT_EQ(Scrape(r0).find(R"(job_id="c")"), std::string::npos);
 }
@@ -330,6 +331,33 @@ TEST(PeakFlopsTest, KnownGpusByTheNameCudaReports) {
   EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA H200 NVL"), 835e12);
   EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA A100-SXM4-80GB"), 312e12);
   EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA GeForce GTX 1080"), 0);  // unknown: no MFU
+}
+
+// Issue #29 item 14: /metrics is unauthenticated; a listen address beyond loopback is warned.
+TEST(MetricsListenWarningTest, WarnsBeyondLoopbackOnly) {
+  for (const char* quiet : {"", "127.0.0.1:9464", "127.0.0.2:0", "localhost:9464", "[::1]:9464"}) {
+    EXPECT_EQ(MetricsListenWarning(quiet), "") << quiet;
+  }
+  for (const char* open :
+       {"0.0.0.0:9464", "[::]:9464", "10.1.2.3:9464", "metrics.example.com:9464"}) {
+    const std::string w = MetricsListenWarning(open);
+    EXPECT_NE(w.find(std::string("metrics.listen ") + open + " is not a loopback address"),
+              std::string::npos)
+        << w;
+    EXPECT_NE(w.find("no authentication"), std::string::npos) << w;
+  }
+}
+
+// No label of offloadd_job_info carries what a user wrote: only the job id and the GPUs.
+TEST(TrainMetricsTest, JobInfoHasNoUserText) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  m.StartJob("job-7", "0");
+  const std::string text = Scrape(registry);
+  EXPECT_NE(text.find(R"(offloadd_job_info{gpus="0",job_id="job-7"} 1)"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("display_name"), std::string::npos) << text;
+  EXPECT_EQ(text.find("model="), std::string::npos) << text;
 }
 
 }  // namespace

@@ -22,8 +22,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/safe_path.h"
 #include "engine/file_util.h"
 #include "engine/safetensors.h"
+#include "trainer/export_files.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -702,6 +704,79 @@ TEST(CheckpointSample, WritesSampleForPython) {
   s.model_fingerprint = ModelFingerprint("llama", {{a, b}});
   auto info = writer->Commit(s);
   ASSERT_TRUE(info.ok()) << info.status().ToString();
+}
+
+// Issue #29 item 11: an export killed before its rename leaves
+// ".model.safetensors.tmp-XXXXXXXXXXXX" (a whole model) in output_dir; the next resume
+// (LatestCheckpoint) removes it, and nothing else.
+TEST_F(CheckpointTest, ResumeRemovesTheTemporariesOfAKilledExport) {
+  // The real writer, killed where the export would be renaming its file into place.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto lock = ExportLock::Acquire(out_);
+    if (!lock.ok()) ::_exit(2);
+    (void)WriteFileAtomically(JoinPath(out_, "model.safetensors"), [](int fd) -> Status {
+      const std::string weights(1 << 20, 'w');
+      if (::write(fd, weights.data(), weights.size()) != static_cast<ssize_t>(weights.size()))
+        ::_exit(3);
+      ::kill(::getpid(), SIGKILL);  // the crash, before WriteFileAtomically renames
+      return OkStatus();
+    });
+    ::_exit(4);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL) << wstatus;
+  std::vector<std::string> left = Entries(out_);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_TRUE(IsExportTemporaryName(left[0])) << left[0];
+  EXPECT_EQ(left[0].rfind(".model.safetensors.tmp-", 0), 0u) << left[0];
+
+  // Beside it: what is not an export temporary stays, and a symlink with such a name is not
+  // followed (its target stays too).
+  const FakeModel m(1);
+  ASSERT_TRUE(Save(out_, 3, m).ok());
+  ASSERT_TRUE(WriteFileAtomically(JoinPath(out_, "config.json"), "{}").ok());
+  ASSERT_TRUE(WriteFileAtomically(JoinPath(out_, ".notes.tmp-xyz"), "keep").ok());
+  ASSERT_TRUE(WriteFileAtomically(JoinPath(out_, "victim"), "keep").ok());
+  ASSERT_EQ(
+      ::symlink(JoinPath(out_, "victim").c_str(), JoinPath(out_, ".link.tmp-0123456789ab").c_str()),
+      0);
+  ASSERT_EQ(::mkdir(JoinPath(out_, ".dir.tmp-0123456789ab").c_str(), 0755), 0);
+
+  auto latest = LatestCheckpoint(out_);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, Dir(3));
+  EXPECT_EQ(Entries(out_),
+            (std::vector<std::string>{".dir.tmp-0123456789ab", ".link.tmp-0123456789ab",
+                                      ".notes.tmp-xyz", "checkpoint-3", "config.json", "victim"}));
+
+  // A live export's temporaries are left to it.
+  {
+    auto lock = ExportLock::Acquire(out_);
+    ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+    ASSERT_TRUE(
+        WriteFileAtomically(JoinPath(out_, ".model.safetensors.tmp-00000000beef"), "w").ok());
+    ASSERT_TRUE(LatestCheckpoint(out_).ok());
+    auto removed = RemoveExportTemporaries(out_);
+    ASSERT_TRUE(removed.ok());
+    EXPECT_TRUE(removed->empty());
+  }
+  auto removed = RemoveExportTemporaries(out_);
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_EQ(*removed,
+            std::vector<std::string>{JoinPath(out_, ".model.safetensors.tmp-00000000beef")});
+}
+
+TEST(ExportTemporaryNameTest, MatchesOnlyTheAtomicWritersNames) {
+  EXPECT_TRUE(IsExportTemporaryName(".model.safetensors.tmp-0123456789ab"));
+  EXPECT_TRUE(IsExportTemporaryName(".model-00001-of-00002.safetensors.tmp-ffffffffffff"));
+  EXPECT_FALSE(IsExportTemporaryName("model.safetensors.tmp-0123456789ab"));   // not hidden
+  EXPECT_FALSE(IsExportTemporaryName(".model.safetensors.tmp-0123456789AB"));  // upper case
+  EXPECT_FALSE(IsExportTemporaryName(".model.safetensors.tmp-0123456789a"));   // 11 digits
+  EXPECT_FALSE(IsExportTemporaryName(".tmp-0123456789ab"));
+  EXPECT_FALSE(IsExportTemporaryName(".checkpoint-3.tmp-01234f"));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // offloadctl's commands, each a function of the parsed Options that prints its result to stdout
 // (errors to stderr) and returns the process's exit status (client/offloadctl/exit_codes.h).
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -29,9 +30,15 @@ int RunWatch(offloadd::client::Client& c, const Options& o);
 int RunConvert(const Options& o);
 
 // The text of `path`, or of stdin for "-"; nullopt and an error naming `what` ("job file") when it
-// cannot be read (`stdin_usage`, e.g. "submit -", names the empty-stdin case).
+// cannot be read (`stdin_usage`, e.g. "submit -", names the empty-stdin case), is not a regular
+// file (a FIFO, a device, a socket) or holds more than `max_bytes`.
 std::optional<std::string> ReadInputFile(const std::string& path, const std::string& what,
-                                         const std::string& stdin_usage, std::string* error);
+                                         const std::string& stdin_usage, size_t max_bytes,
+                                         std::string* error);
+// Bounds on what ReadInputFile reads: a configuration to convert is a few KiB (a TrainingArguments
+// JSON, a ds_config.json, an Axolotl YAML); a job file may list 256 dataset paths of 4 KiB each.
+inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
+inline constexpr size_t kMaxJobFileBytes = 8 << 20;
 
 // Prints "offloadctl: COMMAND: <status>" to stderr; returns the status's exit code.
 int Fail(const std::string& command, const offloadd::Status& s);

@@ -65,7 +65,7 @@ int FailWithEveryProblem(Client& c, const std::string& source, const offloadd::c
 
 int RunSubmit(Client& c, const Options& o) {
   std::string error;
-  const auto text = ReadInputFile(o.job_file, "job file", "submit -", &error);
+  const auto text = ReadInputFile(o.job_file, "job file", "submit -", kMaxJobFileBytes, &error);
   if (!text) return Fail("submit", error, kExitUsage);
   const std::string source = o.job_file == "-" ? "<stdin>" : o.job_file;
   auto spec = offloadd::client::ReadJobSpec(*text, source);

@@ -10,8 +10,9 @@
 namespace offloadctl {
 
 int Fail(const std::string& command, const std::string& message, int code) {
+  // Messages carry the daemon's errors and the user's paths and names: escaped for the terminal.
   std::fprintf(stderr, "offloadctl: %s%s%s\n", command.c_str(), command.empty() ? "" : ": ",
-               message.c_str());
+               TerminalLines(message).c_str());
   return code;
 }
 

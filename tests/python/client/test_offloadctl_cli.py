@@ -6,6 +6,7 @@ bash completion script and `submit -`."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -104,6 +105,34 @@ def test_output_json_and_yaml_parse_back(ctl, fake):
     assert json.loads(ctl("--target", server.target, "--json", "get", "job-1").stdout)["id"] == "job-1"
     assert yaml.safe_load(ctl("--target", server.target, "-o", "yaml", "get", "job-1").stdout)["state"] == \
         "JOB_STATE_SUCCEEDED"
+
+
+# A display name that clears the screen, sets the window title, rings the bell, and (CSI as the C1
+# byte, a right-to-left override) hides what follows; then a line break that would forge a row.
+HOSTILE_NAME = "x\x1b[2J\x1b]0;owned\x07\u009b31m\u202eevil\nfake-row SUCCEEDED"
+
+
+def test_table_output_escapes_control_characters(ctl, fake):
+    """Issue #29 item 13: list and get show a job's display name, labels and errors escaped; JSON and
+    YAML give the exact bytes back."""
+    job = job_pb2.Job(spec=job_pb2.JobSpec(display_name=HOSTILE_NAME), submitted_by="uid:0\x1b[8m")
+    job.error.code = 3
+    job.error.message = "bad\x1b[31m\nsecond line"
+    server = fake(FakeJobService(scripted_events(), known_jobs={"job-1"}, job=job,
+                                 jobs=[job_pb2.Job(id="job-1", spec=job.spec)]))
+    for cmd in (["list"], ["get", "job-1"]):
+        r = ctl("--target", server.target, *cmd)
+        assert r.returncode == 0, r.stderr
+        for raw in ("\x1b", "\x07", "\u009b", "\u202e"):
+            assert raw not in r.stdout, (cmd, r.stdout)
+        assert "x\\x1b[2J\\x1b]0;owned\\x07\\u009b31m\\u202eevil\\nfake-row SUCCEEDED" in r.stdout, r.stdout
+        assert "\nfake-row" not in r.stdout, r.stdout
+    get = ctl("--target", server.target, "get", "job-1").stdout
+    assert "submitted by uid:0\\x1b[8m" in get and "error: bad\\x1b[31m\nsecond line" in get, get
+    listed = json.loads(ctl("--target", server.target, "list", "-o", "json").stdout)
+    assert listed["jobs"][0]["spec"]["display_name"] == HOSTILE_NAME
+    got = yaml.safe_load(ctl("--target", server.target, "get", "job-1", "-o", "yaml").stdout)
+    assert got["spec"]["display_name"] == HOSTILE_NAME
 
 
 def test_watch_json_is_json_lines(ctl, fake):
@@ -221,3 +250,53 @@ def test_bash_completion_script(ctl, tmp_path):
     assert complete("completion", "z") == ["zsh"]
     zsh = ctl("completion", "zsh")
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef offloadctl")
+
+
+def test_convert_refuses_what_is_not_a_small_regular_file(ctl, tmp_path):
+    """Issue #29 item 18: /dev/zero and a 100 MB JSON aborted convert with bad_alloc, and a FIFO
+    hung it. Each is refused at once, naming the file."""
+    fifo = tmp_path / "args.fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(100 << 20)  # sparse: its size is what is refused
+    for path, why in (("/dev/zero", "is a character device"), (str(fifo), "is a FIFO"),
+                      (str(big), "is 100 MiB, more than the 1 MiB a configuration may be")):
+        r = ctl("convert", path)  # the fixture's timeout (60 s) catches a hang
+        assert r.returncode == 2, (path, r.returncode, r.stderr)
+        assert why in r.stderr, (path, r.stderr)
+    # The job file of submit is read the same way.
+    r = ctl("submit", str(fifo), "--target", "unix:///nonexistent.sock")
+    assert r.returncode == 2 and "is a FIFO" in r.stderr, r.stderr
+
+
+def test_convert_out_never_follows_a_symlink(ctl, tmp_path):
+    """Issue #29 item 18: --out onto a dangling symlink wrote through it, outside the directory."""
+    args = tmp_path / "args.json"
+    args.write_text('{"learning_rate": 1e-4}')
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = tmp_path / "job.yaml"
+    link.symlink_to(outside / "planted.yaml")  # dangling
+    r = ctl("convert", str(args), "--out", str(link))
+    assert r.returncode == 2, r.stderr
+    assert "exists (a symbolic link, which is not followed); it is not overwritten" in r.stderr, r.stderr
+    assert not (outside / "planted.yaml").exists()
+    fresh = tmp_path / "fresh.yaml"
+    r = ctl("convert", str(args), "--out", str(fresh))
+    assert r.returncode == 0, r.stderr
+    assert "learning_rate: 1e-4" in fresh.read_text()
+
+
+@pytest.mark.parametrize("args, key", [('{"learning_rate": "fast"}', "learning_rate"),
+                                       ('{"learning_rate": NaN}', "learning_rate"),
+                                       ('{"max_steps": -5}', "max_steps")])
+def test_convert_refuses_values_the_daemon_would_refuse(ctl, tmp_path, args, key):
+    """Issue #29 item 18: invalid values were copied into the job file with exit 0."""
+    path = tmp_path / "args.json"
+    path.write_text(args)
+    out = tmp_path / "job.yaml"
+    r = ctl("convert", str(path), "--out", str(out))
+    assert r.returncode == 6, (r.returncode, r.stderr)
+    assert f"{path} `{key}` (training.{key}): " in r.stderr, r.stderr
+    assert not out.exists()

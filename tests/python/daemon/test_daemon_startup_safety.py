@@ -104,3 +104,27 @@ def test_validate_config_refuses_what_startup_refuses_and_warns(binary_dir, tmp_
     assert r.returncode == 0, r.stderr
     assert "warning: server.unix_socket_mode 0777 lets every local user submit jobs" in r.stderr, r.stderr
     assert "warning: allowed_roots includes /" in r.stderr, r.stderr
+
+
+def test_metrics_listen_beyond_loopback_is_warned(binary_dir, tmp_path):
+    """Issue #29 item 14: /metrics has no authentication, so a metrics.listen other hosts reach is
+    warned about by --validate-config and in the daemon's log at startup; loopback is not."""
+    d = DaemonProcess(offloadd_bin(binary_dir), tmp_path)
+    base = d.config_path.read_text()
+    warning = "warning: metrics.listen 0.0.0.0:0 is not a loopback address: /metrics has no authentication"
+    for listen, warned in (("127.0.0.1:0", False), ("'[::1]:0'", False), ("localhost:0", False),
+                           ("0.0.0.0:0", True), ("'[::]:0'", True)):
+        cfg = tmp_path / "metrics.yaml"
+        cfg.write_text(base.replace("listen: 127.0.0.1:0", f"listen: {listen}"))
+        r = validate(binary_dir, cfg)
+        assert r.returncode == 0, r.stderr
+        assert ("is not a loopback address: /metrics has no authentication" in r.stderr) == warned, (listen, r.stderr)
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    daemon = DaemonProcess(offloadd_bin(binary_dir), open_to_all)
+    daemon.config_path.write_text(daemon.config_path.read_text().replace("listen: 127.0.0.1:0", "listen: 0.0.0.0:0"))
+    daemon.start()
+    try:
+        assert warning.removeprefix("warning: ") in daemon.log(), daemon.log()
+    finally:
+        daemon.stop()

@@ -65,3 +65,54 @@ def test_verify(source_dir, tmp_path):
     r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, SYSTEMD_LOG_LEVEL="notice"))
     assert r.returncode == 0 and "offloadd.service" not in r.stderr, r.stdout + r.stderr
+
+
+def service_settings(text: str) -> dict[str, list[str]]:
+    """The [Service] section's Key=value lines (a key may repeat)."""
+    settings: dict[str, list[str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line:
+            key, value = line.split("=", 1)
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+def test_memory_and_task_bounds(source_dir):
+    """Issue #29 item 19: the service's cgroup is bounded (MemoryMax=, TasksMax=), with room for
+    what jobs may pin by default and for the default server.max_threads, and a child killed at the
+    bound does not stop the daemon."""
+    s = service_settings((source_dir / "deploy" / "offloadd.service").read_text())
+    assert "MemoryMax" in s and "TasksMax" in s, sorted(s)
+    memory_max = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)%", s["MemoryMax"][-1])
+    assert memory_max, f"MemoryMax={s['MemoryMax'][-1]}: give a share of RAM, so one unit fits every node"
+    config = (source_dir / "deploy" / "offloadd.yaml").read_text()
+    # resources.host_memory_limit 0 means 80% of RAM: jobs may pin that much, plus their own memory.
+    assert re.search(r"host_memory_limit: 0 +# .*0 = 80% of RAM", config), "the default pinned bound moved"
+    assert 90 <= float(memory_max.group(1)) <= 100, s["MemoryMax"]
+    # Pinned pages cannot be reclaimed: MemoryHigh= would only throttle a job that pinned its arena.
+    assert "MemoryHigh" not in s
+    assert s.get("OOMPolicy") == ["continue"], "an executor killed at MemoryMax= must not stop the daemon"
+    max_threads = int(re.search(r"^  max_threads: ([0-9]+)", config, re.M).group(1))
+    # The unit's own sizing rule: max_threads + jobs x (3 x cores + 64), for 8 jobs on 128 threads.
+    assert int(s["TasksMax"][-1]) >= max_threads + 8 * (3 * 128 + 64), s["TasksMax"]
+
+
+def test_verify_reports_invalid_bounds(tmp_path):
+    """test_verify's check (the unit's name absent from verify's stderr) catches a bound systemd
+    would ignore: an invalid MemoryMax= or TasksMax= is reported, not silently dropped."""
+    tool = systemd_analyze()
+    (tmp_path / "bin").mkdir()
+    stand_in = tmp_path / "bin" / "offloadd"
+    stand_in.write_text("#!/bin/sh\n")
+    stand_in.chmod(0o755)
+    unit = tmp_path / "bounds.service"
+    unit.write_text(f"[Service]\nExecStart={stand_in}\nMemoryMax=95 percent\nTasksMax=lots\n")
+    r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, SYSTEMD_LOG_LEVEL="notice"))
+    assert "bounds.service:3" in r.stderr and "bounds.service:4" in r.stderr, r.stdout + r.stderr

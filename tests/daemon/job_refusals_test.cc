@@ -1,0 +1,208 @@
+// Issue #29 item 17: specs that CreateJob accepted and that then failed once the job ran, or that
+// trained nothing and SUCCEEDED, are refused by validation, each naming its field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "daemon/jobs/job_validator.h"
+#include "daemon/jobs/unsupported_options.h"
+
+namespace offloadd::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = offloadd::v1;
+
+// A tiny GPT-2 directory with the real GPT-2 tokenizer (../shared/data) under an allowed root.
+class JobRefusalsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
+    const fs::path tokenizer = fs::path(src ? src : ".") / ".." / "shared" / "data" / "tokenizers" /
+                               "gpt2" / "tokenizer.json";
+    if (!fs::exists(tokenizer)) GTEST_SKIP() << "../shared/data (real tokenizers) not present";
+    char tmpl[] = "/tmp/offloadd_refusals_XXXXXX";
+    root_ = fs::canonical(mkdtemp(tmpl));
+    fs::create_directories(root_ / "model");
+    std::ofstream(root_ / "model" / "config.json")
+        << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4,
+              "n_positions": 256})";
+    std::ofstream(root_ / "model" / "model.safetensors") << "x";
+    fs::copy_file(tokenizer, root_ / "model" / "tokenizer.json");
+    Write("data.jsonl", R"({"instruction": "Say hi", "input": "", "output": "hi"})"
+                        "\n");
+    node_.host_memory_bytes = 64ull << 30;
+    node_.cpu_cores = 4;  // CPU executors stand in for GPUs: resources.gpus 2 is placeable
+    StoreDirFacts store;
+    store.path = root_.string();
+    store.capacity_bytes = store.available_bytes = 1ull << 40;
+    node_.store_dirs.push_back(store);
+  }
+  void TearDown() override {
+    if (!root_.empty()) fs::remove_all(root_);
+  }
+
+  void Write(const std::string& name, const std::string& text) const {
+    std::ofstream(root_ / name) << text;
+  }
+
+  v1::JobSpec Spec(const std::string& data = "data.jsonl") const {
+    v1::JobSpec s;
+    s.mutable_model()->set_path(root_ / "model");
+    s.mutable_dataset()->add_paths(root_ / data);
+    s.mutable_dataset()->set_max_seq_length(128);
+    s.mutable_training()->set_per_device_train_batch_size(2);
+    s.set_output_dir(root_ / "out");
+    s.set_dropout(v1::DROPOUT_MODE_DISABLE);
+    return s;
+  }
+
+  ValidationResult Validate(const v1::JobSpec& s) const {
+    return ValidateJobSpec(s, PathPolicy({root_}), node_);
+  }
+
+  static std::string Describe(const ValidationResult& r) {
+    std::string out;
+    for (const auto& v : r.violations) out += v.field + ": " + v.description + "\n";
+    return out;
+  }
+
+  // The one violation of `r`, which must be on `field` and say `says`.
+  static void ExpectOnly(const ValidationResult& r, const std::string& field,
+                         const std::string& says) {
+    ASSERT_EQ(r.violations.size(), 1u) << Describe(r);
+    EXPECT_EQ(r.violations[0].field, field) << Describe(r);
+    EXPECT_NE(r.violations[0].description.find(says), std::string::npos) << Describe(r);
+  }
+
+  fs::path root_;
+  NodeBudget node_;
+};
+
+TEST_F(JobRefusalsTest, TheBaseSpecIsValid) {
+  const ValidationResult r = Validate(Spec());
+  EXPECT_TRUE(r.ok()) << Describe(r);
+}
+
+TEST_F(JobRefusalsTest, OutputDirMustBeApartFromTheModel) {
+  v1::JobSpec s = Spec();
+  s.set_output_dir(root_ / "model");
+  ExpectOnly(Validate(s), "output_dir", "is model.path");
+  s.set_output_dir((root_ / "model" / ".." / "model").string() + "/");
+  const ValidationResult again = Validate(s);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.violations[0].field, "output_dir") << Describe(again);
+  s.set_output_dir(root_ / "model" / "run1");
+  ExpectOnly(Validate(s), "output_dir", "lies inside model.path");
+  s.set_output_dir(root_);
+  ExpectOnly(Validate(s), "output_dir", "contains model.path");
+  s.set_output_dir(root_ / "model-run");  // a sibling whose name starts like the model's
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+}
+
+TEST_F(JobRefusalsTest, ANulByteInAPathIsRefusedNotCut) {
+  v1::JobSpec s = Spec();
+  s.set_output_dir((root_ / "out").string() + std::string("\0/../elsewhere", 14));
+  ExpectOnly(Validate(s), "output_dir", "NUL byte at offset");
+  s = Spec();
+  s.mutable_dataset()->set_paths(0, (root_ / "data.jsonl").string() + std::string(1, '\0') + "x");
+  ExpectOnly(Validate(s), "dataset.paths[0]", "NUL byte");
+}
+
+TEST_F(JobRefusalsTest, CombinationsTheTrainerRefusesAtStart) {
+  v1::JobSpec s = Spec();
+  s.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  ExpectOnly(Validate(s), "offload.offload_optimizer.device",
+             "not supported with compression.type lsp");
+
+  s = Spec();
+  s.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+  s.mutable_resources()->set_gpus(2);
+  ExpectOnly(Validate(s), "resources.gpus", "with compression.type lsp is not built yet");
+
+  s = Spec();
+  s.mutable_training()->set_auto_find_batch_size(true);
+  s.mutable_resources()->set_gpus(2);
+  ExpectOnly(Validate(s), "training.per_device_train_batch_size", "auto with resources.gpus 2");
+
+  // Each alone is fine.
+  for (auto alone : {std::function<void(v1::JobSpec&)>(
+                         [](v1::JobSpec& x) { x.mutable_resources()->set_gpus(2); }),
+                     std::function<void(v1::JobSpec&)>([](v1::JobSpec& x) {
+                       x.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);
+                     }),
+                     std::function<void(v1::JobSpec&)>([](v1::JobSpec& x) {
+                       x.mutable_training()->set_auto_find_batch_size(true);
+                     })}) {
+    v1::JobSpec one = Spec();
+    alone(one);
+    EXPECT_TRUE(UnsupportedOptions(one).empty()) << one.ShortDebugString();
+  }
+}
+
+TEST_F(JobRefusalsTest, AJsonArrayWithATrailingCommaIsRefused) {
+  std::string array = "[";
+  for (int i = 0; i < 12; ++i)
+    array += R"({"instruction": "Say hi", "input": "", "output": "hi"},)"
+             "\n";
+  Write("trailing.json", array + "]\n");
+  ExpectOnly(Validate(Spec("trailing.json")), "dataset.paths[0]",
+             ":13: an empty element in the JSON array");
+  Write("fine.json", array.substr(0, array.size() - 2) + "\n]\n");
+  const ValidationResult fine = Validate(Spec("fine.json"));
+  EXPECT_TRUE(fine.ok()) << Describe(fine);
+}
+
+TEST_F(JobRefusalsTest, APretokenizedRecordWithNoTokensIsRefused) {
+  Write("empty.jsonl", R"({"input_ids": [1, 2, 3]})"
+                       "\n"
+                       R"({"input_ids": []})"
+                       "\n");
+  v1::JobSpec s = Spec("empty.jsonl");
+  s.mutable_dataset()->set_format(v1::DATASET_FORMAT_PRETOKENIZED);
+  ExpectOnly(Validate(s), "dataset.paths[0]",
+             "empty.jsonl:2: the record has no tokens (empty input_ids)");
+}
+
+TEST_F(JobRefusalsTest, ADatasetWithNothingToTrainIsRefused) {
+  Write("masked.jsonl", R"({"input_ids": [1, 2, 3], "labels": [-100, -100, -100]})"
+                        "\n"
+                        R"({"input_ids": [4, 5], "labels": [4, -100]})"
+                        "\n");  // labels[0] never trains
+  v1::JobSpec s = Spec("masked.jsonl");
+  s.mutable_dataset()->set_format(v1::DATASET_FORMAT_PRETOKENIZED);
+  ExpectOnly(Validate(s), "dataset.paths", "no record has a token to train on");
+  // One trained label anywhere (here in a second file) is enough.
+  Write("one.jsonl", R"({"input_ids": [4, 5], "labels": [-100, 5]})"
+                     "\n");
+  s.mutable_dataset()->add_paths(root_ / "one.jsonl");
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+  // Cut at max_seq_length, the trained label is gone.
+  Write(
+      "late.jsonl",
+      R"({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "labels": [-100, -100, -100, -100, -100, -100, -100, -100, -100, 10]})"
+      "\n");
+  v1::JobSpec late = Spec("late.jsonl");
+  late.mutable_dataset()->set_format(v1::DATASET_FORMAT_PRETOKENIZED);
+  late.mutable_dataset()->set_max_seq_length(8);
+  ExpectOnly(Validate(late), "dataset.paths", "within dataset.max_seq_length (8)");
+  // A file longer than the preview may train later on: not refused on its first records.
+  std::string many;
+  for (int i = 0; i < 20; ++i)
+    many += R"({"input_ids": [1, 2], "labels": [-100, -100]})"
+            "\n";
+  Write("many.jsonl", many + R"({"input_ids": [1, 2], "labels": [-100, 2]})"
+                             "\n");
+  v1::JobSpec big = Spec("many.jsonl");
+  big.mutable_dataset()->set_format(v1::DATASET_FORMAT_PRETOKENIZED);
+  EXPECT_TRUE(Validate(big).ok()) << Describe(Validate(big));
+}
+
+}  // namespace
+}  // namespace offloadd::daemon
