@@ -138,6 +138,9 @@ Status Trainer::Impl::RunStep() {
   const int64_t k = completed + 1;
   const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(StepBatches batches, NextBatches(*data, A));
+  for (const MicroBatchData& m : batches.micro) {  // the step planner's check prices a new length's warm-up
+    if (seen_lengths.insert(m.seq).second) steps_with_new_length.insert(k);
+  }
   accounting->BeginStep(k, batches.tokens, batches.trained_tokens);
   schedule->BeginStep(k);
   at::Tensor loss_sum;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,11 @@ struct Trainer::Impl {
   // planned_flops, the per-step model FLOPs at that length (0: priced on the measured step).
   Status PriceVariableLengths(PlanInputs* in);
   double planned_flops = 0;
+  // Variable lengths: the padded lengths the job's micro-batches have had (trainer.cc), the steps
+  // that met one not seen before (at most one per length), and what that adds to a step
+  // (PriceVariableLengths).
+  std::set<int64_t> seen_lengths, steps_with_new_length;
+  double new_length_forward_s = 0, new_length_backward_s = 0;
   // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why
   // in the log), and recording the step just run (then writing it under cfg.profile_dir).
   std::string ShapeKey(int64_t batch) const;
@@ -199,6 +205,10 @@ struct Trainer::Impl {
     double layer_forward_s = 0;
     double layer_backward_s = 0;  // the recompute included (the layer ran kRecompute)
     double head_s = 0;            // forward (with the head's backward inside) + backward
+    // The first run at this shape over the warm ones (cuDNN builds its attention graphs per
+    // sequence length; the allocator grows): what a step at a new length adds, forward and
+    // backward.
+    double new_shape_forward_s = 0, new_shape_backward_s = 0;
   };
   StatusOr<BlockTiming> TimeBlocks(int64_t micro, int64_t seq);
   // Held updates' tails (step_planner.h) from the copy rates already in `in` and one

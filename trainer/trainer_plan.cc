@@ -160,6 +160,9 @@ Status Trainer::Impl::PriceVariableLengths(PlanInputs* in) {
     if (in->recompute_seconds[b] > 0) in->recompute_seconds[b] = A * t.layer_forward_s;
   }
   if (in->held_updates) SetHeldTails(in, t.head_s);
+  new_length_forward_s = A * t.new_shape_forward_s;
+  new_length_backward_s = A * t.new_shape_backward_s;
+  seen_lengths.insert(T);  // its kernels are warm now
   for (int b = 0; b < n; ++b) {  // StepStats' model_flops at that length (trainer.cc Prepare)
     const double f = model->block(b).EstimateCost(cfg.batch_size, T, dtype).forward_flops;
     planned_flops += A * (b == n - 1 ? f : 3 * f);
@@ -168,7 +171,8 @@ Status Trainer::Impl::PriceVariableLengths(PlanInputs* in) {
   msg.precision(3);
   msg << "step plan: records vary in length; priced at the expected padded length " << T << " of "
       << static_cast<int64_t>(rows) << " rows (mean " << expected << ", at most " << SeqLength()
-      << "), blocks timed there: GPU " << in->gpu_seconds << " s per step";
+      << "), blocks timed there: GPU " << in->gpu_seconds << " s per step; a step at a length not seen before adds "
+      << new_length_forward_s + new_length_backward_s << " s (kernel warm-up: cuDNN's graphs are per length)";
   Log(TrainObserver::Level::kInfo, msg.str());
   return OkStatus();
 }
@@ -211,10 +215,15 @@ Status Trainer::Impl::CheckPlan() {
     at.gpu_seconds *= r;
     at.gpu_forward_seconds *= r;
     for (double& x : at.recompute_seconds) x *= r;
+    const bool new_length = steps_with_new_length.count(s.step) > 0;
+    if (new_length) {  // its kernels warmed up for the new length inside the step
+      at.gpu_seconds += new_length_forward_s + new_length_backward_s;
+      at.gpu_forward_seconds += new_length_forward_s;
+    }
     predicted = EvaluatePlan(at, plan.device_blocks, plan.keep_layers).predicted_s;
-    msg << "step plan check: step " << s.step << " (" << s.tokens << " tokens, " << r
-        << "x the expected length's work) took " << measured << " s against " << predicted << " s predicted for it ("
-        << plan.predicted_s << " s at the expected length)";
+    msg << "step plan check: step " << s.step << " (" << s.tokens << " tokens, " << r << "x the expected length's work"
+        << (new_length ? ", a length not seen before" : "") << ") took " << measured << " s against "
+        << predicted << " s predicted for it (" << plan.predicted_s << " s at the expected length)";
   } else {
     msg << "step plan check: step " << s.step << " took " << measured << " s against " << predicted
         << " s predicted";

@@ -81,14 +81,22 @@ def main() -> int:
     p.add_argument("--data-dir", type=pathlib.Path, required=True)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--case-timeout", type=int, default=240)
+    p.add_argument("--follow-refusals", action="store_true",
+                   help="after a refusal up front that names the largest micro-batch that fits, run that batch")
     p.add_argument("--json")
     p.add_argument("cases", nargs="+")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-plan-"))
     results = []
-    for spec in args.cases:
+    queue = list(args.cases)
+    while queue:
+        spec = queue.pop(0)
         r = run_case(args, spec, work)
         results.append(r)
+        m = re.search(r"the largest micro-batch that fits is (\d+)", r.get("error", ""))
+        if m and args.follow_refusals:  # run what the refusal suggests
+            name, shape, _, *rest = spec.split(":")
+            queue.insert(0, ":".join([name + "-suggested", shape, m[1], *rest]))
         for note in r["notes"]:
             print(f"  {r['case']}: {note}", flush=True)
         if "error" in r:
