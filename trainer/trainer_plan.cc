@@ -207,15 +207,16 @@ Status Trainer::Impl::CheckPlan() {
   double predicted = plan.predicted_s;
   std::ostringstream msg;
   msg.precision(3);
-  if (planned_flops > 0 && s.model_flops > 0) {
+  const bool variable = planned_flops > 0 && s.model_flops > 0;
+  const double r = variable ? s.model_flops / world() / planned_flops : 1.0;
+  const bool new_length = variable && steps_with_new_length.count(s.step) > 0;
+  if (variable) {
     // Variable lengths: the plan's cost model at this step's own shape (its GPU work scaled by
     // the step's model FLOPs against the expected length's).
-    const double r = s.model_flops / world() / planned_flops;
     PlanInputs at = plan_inputs;
     at.gpu_seconds *= r;
     at.gpu_forward_seconds *= r;
     for (double& x : at.recompute_seconds) x *= r;
-    const bool new_length = steps_with_new_length.count(s.step) > 0;
     if (new_length) {  // its kernels warmed up for the new length inside the step
       at.gpu_seconds += new_length_forward_s + new_length_backward_s;
       at.gpu_forward_seconds += new_length_forward_s;
@@ -230,7 +231,9 @@ Status Trainer::Impl::CheckPlan() {
   }
   const double off = predicted > 0 ? measured / predicted - 1 : 0;
   msg << " (" << (off >= 0 ? "+" : "") << 100 * off << "%)";
-  if (std::abs(off) <= kRecheckTolerance || plan_resolved) {
+  if (std::abs(off) <= kRecheckTolerance || plan_resolved || new_length) {
+    // A new length's warm-up is a one-off (its cost varies between runs): no rate to re-fit.
+    if (std::abs(off) > kRecheckTolerance && new_length) msg << "; not re-fitted on a step's one-off warm-up";
     Log(TrainObserver::Level::kInfo, msg.str());
     return OkStatus();
   }
@@ -239,7 +242,8 @@ Status Trainer::Impl::CheckPlan() {
   plan_resolved = true;
   PlanInputs in = plan_inputs;
   const double placed = static_cast<double>(plan.placed_params);
-  in.gpu_seconds = s.gpu_compute_seconds + plan.recompute_saved_s - in.device_seconds_per_param * placed;
+  // (Variable lengths: taken back to the expected length's work.)
+  in.gpu_seconds = s.gpu_compute_seconds / r + plan.recompute_saved_s - in.device_seconds_per_param * placed;
   in.h2d_bytes = static_cast<double>(s.h2d_bytes) + in.h2d_saved_per_param * placed;
   in.d2h_bytes = static_cast<double>(s.d2h_bytes) + in.d2h_saved_per_param * placed;
   in.gpu_forward_seconds = std::min(in.gpu_forward_seconds, in.gpu_seconds);

@@ -10,9 +10,6 @@
 #include <new>
 #include <stdexcept>
 
-#include "engine/model.h"
-#include "tests/engine/tiny_model.h"
-
 namespace offloadd::engine {
 namespace {
 
@@ -38,6 +35,13 @@ TEST(TorchErrorStatusTest, OutOfMemoryIsResourceExhausted) {
   EXPECT_EQ(s.message().find("Exception raised from"), std::string::npos)
       << "no C++ backtrace: " << s.message();
   EXPECT_EQ(Caught([] { throw std::bad_alloc(); }).code(), StatusCode::kResourceExhausted);
+}
+
+TEST(TorchErrorStatusTest, TheCpuAllocatorsFailureIsResourceExhausted) {
+  // A real allocation LibTorch cannot make (1 PiB): its CPU allocator throws a plain c10::Error.
+  const Status s = Caught([] { (void)at::empty({int64_t{1} << 50}, at::kByte); });
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("1125899906842624 bytes"), std::string::npos) << s.message();
 }
 
 TEST(TorchErrorStatusTest, OtherErrorsAreInternal) {
