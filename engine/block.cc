@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "engine/blocks.h"
+#include "engine/torch_status.h"
 
 namespace offloadd::engine {
 
@@ -58,10 +59,8 @@ Status Block::To(c10::Device device, c10::ScalarType dtype) {
     for (auto& p : params_) {
       if (p.value.defined()) p.value = p.value.to(device, dtype);
     }
-  } catch (const c10::Error& e) {
-    return InternalError(name_ + ": moving parameters failed: " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(name_ + ": moving parameters failed: " + e.what());
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, out of memory included
+    return TorchErrorStatus(name_ + ": moving parameters failed", e);
   }
   return OkStatus();
 }
@@ -146,10 +145,8 @@ StatusOr<at::Tensor> Block::Forward(const MicroBatch& mb, const at::Tensor& x, S
       }
     }
     return out;
-  } catch (const c10::Error& e) {
-    return InternalError(name_ + " forward: " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(name_ + " forward: " + e.what());
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, out of memory included
+    return TorchErrorStatus(name_ + " forward", e);
   }
 }
 
@@ -196,10 +193,8 @@ StatusOr<at::Tensor> Block::Backward(const MicroBatch& mb, const at::Tensor& gra
     }
     saved->Clear();
     return Backprop(mb, grad_out, tensors, on_grad);
-  } catch (const c10::Error& e) {
-    return InternalError(name_ + " backward: " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(name_ + " backward: " + e.what());
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, out of memory included
+    return TorchErrorStatus(name_ + " backward", e);
   }
 }
 
@@ -211,10 +206,8 @@ StatusOr<at::Tensor> Block::Logits(const MicroBatch& mb, const at::Tensor& x) {
   try {
     c10::NoGradGuard no_grad;
     return RunLogits(mb, x);
-  } catch (const c10::Error& e) {
-    return InternalError(name_ + " logits: " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(name_ + " logits: " + e.what());
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, out of memory included
+    return TorchErrorStatus(name_ + " logits", e);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "daemon/jobs/train_job_config.h"
 #include "engine/file_util.h"
 #include "engine/model_config.h"
+#include "engine/torch_status.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 
@@ -267,7 +268,7 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   try {
     status = Train(job, config, channel, observer);
   } catch (const std::exception& e) {  // LibTorch throws c10::Error; the trainer converts most
-    status = InternalError(std::string("training: ") + e.what());
+    status = engine::TorchErrorStatus("training", e);
   }
   remove_states();
   return status;

@@ -1,6 +1,7 @@
 #include "trainer/batch_planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -31,6 +32,21 @@ StatusOr<std::vector<BatchCandidate>> BatchCandidates(int cap, int global_batch,
   for (; m < cap; m *= 2) add(m, accumulation);
   add(cap, accumulation);
   return out;
+}
+
+double ExpectedPaddedLength(std::vector<int64_t> lengths, int batch, int64_t multiple, int64_t cap) {
+  if (lengths.empty() || batch < 1) return 0;
+  std::sort(lengths.begin(), lengths.end());
+  const double n = static_cast<double>(lengths.size());
+  const int64_t m = std::max<int64_t>(1, multiple);
+  double expected = 0, below = 0;  // below: P(max <= the previous length)
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const double at_most = std::pow(static_cast<double>(i + 1) / n, batch);
+    const int64_t padded = std::min(std::max<int64_t>(cap, lengths[i]), (lengths[i] + m - 1) / m * m);
+    expected += static_cast<double>(padded) * (at_most - below);
+    below = at_most;
+  }
+  return expected;
 }
 
 double CandidateTokensPerSecond(const BatchCandidate& c, int64_t seq) {

@@ -42,6 +42,12 @@ inline constexpr int kDefaultAutoBatchCap = 64;
 // of it up to cap; else powers of two up to cap, and cap, each with `accumulation`.
 StatusOr<std::vector<BatchCandidate>> BatchCandidates(int cap, int global_batch, int accumulation);
 
+// The expected padded length of a micro-batch of `batch` rows drawn from `lengths` (records of
+// varying length, padded to the longest row rounded up to `multiple`, at most `cap`): exactly
+// E[round_up(max of batch draws)] over the empirical distribution, whose i-th smallest of N is the
+// maximum with probability (i/N)^batch - ((i-1)/N)^batch. 0 when `lengths` is empty.
+double ExpectedPaddedLength(std::vector<int64_t> lengths, int batch, int64_t multiple, int64_t cap);
+
 // Tokens per second of a priced candidate (micro x accumulation x seq tokens per predicted step).
 double CandidateTokensPerSecond(const BatchCandidate& c, int64_t seq);
 

@@ -253,6 +253,17 @@ const DataSource::TemplateUse* DataSource::template_use() const {
   return impl_->template_use ? &*impl_->template_use : nullptr;
 }
 
+std::vector<int64_t> DataSource::SequenceLengths() const {
+  const Impl& m = *impl_;
+  std::vector<int64_t> out;
+  if (m.config.synthetic_seq_length > 0 || m.config.packing || !m.docs) return out;
+  out.reserve(m.docs->size());
+  for (const auto& d : *m.docs) {
+    out.push_back(std::min<int64_t>(static_cast<int64_t>(d.input_ids.size()), m.config.max_seq_length));
+  }
+  return out;
+}
+
 std::string DataSource::Describe() const {
   const Impl& m = *impl_;
   if (m.config.synthetic_seq_length > 0)

@@ -48,6 +48,10 @@ class DataSource {
   double epoch() const;  // fractional epochs consumed so far
   std::string State() const;
   Status Restore(const std::string& state);
+  // Without packing, the tokens of each document's sequence (at most max_seq_length): the
+  // length distribution the step planner prices variable-length batches from. Empty for
+  // synthetic or packed data (every micro-batch has the full length).
+  std::vector<int64_t> SequenceLengths() const;
   // Totals of the loaded dataset, for logs.
   std::string Describe() const;
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "engine/tensor_io.h"
+#include "engine/torch_status.h"
 #include "lsp/subspace.h"
 
 namespace offloadd::trainer {
@@ -135,29 +136,14 @@ void LspMode::Release(int b) {
   }
 }
 
-int64_t LspMode::DeviceBytes() const {
-  if (!on_device()) return 0;
-  int64_t bytes = 0;
-  for (const Matrix& mx : matrices_) {  // from the shapes: callable before Initialize
-    bytes += mx.pq.p().rows() * mx.pq.q().rows() * static_cast<int64_t>(c10::elementSize(dtype_));
-    bytes += (mx.pq.p().rows() + mx.pq.q().rows()) * mx.pq.p().nonzeros() * 12;  // positions + values
-  }
-  return bytes;
-}
-
-int64_t LspMode::MaxBlockEffectiveBytes() const {
-  std::map<int, int64_t> per_block;
-  int64_t biggest = 0;
+LspWorkingSet LspMode::WorkingSet() const {
+  if (!on_device()) return {};
+  std::vector<LspMatrixShape> shapes;
   for (const Matrix& mx : matrices_) {
-    const int64_t m = mx.pq.p().rows(), n = mx.pq.q().rows();
-    const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype_));
-    per_block[mx.block] += m * n * elem;
-    // One matrix's transients while it is built: (P A) Q^T in bf16, and P, Q dense.
-    biggest = std::max<int64_t>(biggest, m * n * elem + (m + n) * mx.pq.rank_rows() * 6);
+    shapes.push_back({mx.block, mx.pq.p().rows(), mx.pq.q().rows(), mx.pq.rank_rows(), mx.pq.rank_cols(),
+                      std::max(mx.pq.p().nonzeros(), mx.pq.q().nonzeros())});
   }
-  int64_t block = 0;
-  for (const auto& [b, bytes] : per_block) block = std::max(block, bytes);
-  return block + biggest;
+  return PriceLspWorkingSet(shapes, static_cast<int64_t>(c10::elementSize(dtype_)));
 }
 
 at::Tensor LspMode::Coordinates(const Matrix& mx, const float* block_master) const {
@@ -184,8 +170,8 @@ Status LspMode::OnUpdated(int b, const float* block_master) {
     for (Matrix& mx : matrices_) {
       if (mx.block == b) Rebuild(mx, block_master);
     }
-  } catch (const c10::Error& e) {  // on the optimizer thread: an error, never a terminate
-    return InternalError("LSP: rebuilding block " + std::to_string(b) + "'s weights: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {  // on the optimizer thread: an error, never a terminate
+    return engine::TorchErrorStatus("LSP: rebuilding block " + std::to_string(b) + "'s weights", e);
   }
   return OkStatus();
 }

@@ -37,6 +37,7 @@
 #include "lsp/projector.h"
 #include "trainer/block_layout.h"
 #include "trainer/train_config.h"
+#include "trainer/working_set.h"
 
 namespace offloadd::trainer {
 
@@ -62,9 +63,10 @@ class LspMode {
   bool Stale(int b) const;  // CUDA: Materialize(b) has work to do
   void Release(int b);
   bool on_device() const { return device_.is_cuda(); }
-  // Device memory it holds: W_base and the projectors (CUDA); and one block's effective weights at most.
-  int64_t DeviceBytes() const;
-  int64_t MaxBlockEffectiveBytes() const;
+  // Its GPU working set (CUDA; zero on the CPU device), priced from the matrices' shapes
+  // (callable before Initialize): W_base and the projectors, a block's effective weights, and
+  // the largest of materialising, compressing and the projector check (trainer/working_set.h).
+  LspWorkingSet WorkingSet() const;
 
   // Reads/writes a block's fp32 states (master, exp_avg, exp_avg_sq; elements(b) floats each).
   struct StateAccess {

@@ -53,6 +53,10 @@ Status ValidatePlanInputs(const PlanInputs& in) {
   if (!(in.cpu_params_per_s_during_dma >= 0) || !std::isfinite(in.cpu_params_per_s_during_dma)) {
     return InvalidArgumentError("plan inputs: cpu_params_per_s_during_dma must be >= 0");
   }
+  if (!(in.norm_tail_seconds >= 0) || !(in.update_tail_seconds >= 0) || !std::isfinite(in.norm_tail_seconds) ||
+      !std::isfinite(in.update_tail_seconds)) {
+    return InvalidArgumentError("plan inputs: norm_tail_seconds and update_tail_seconds must be >= 0");
+  }
   if (!(in.gpu_forward_seconds >= 0) || in.gpu_forward_seconds > in.gpu_seconds) {
     return InvalidArgumentError("plan inputs: gpu_forward_seconds must be in [0, gpu_seconds]");
   }
@@ -96,7 +100,8 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
     const double update = std::max(c.cpu_s, cpu_params * in.host_bytes_per_param / in.host_bytes_per_s);
     c.update_s = update;
     const double backward = std::max(0.0, in.gpu_seconds - in.gpu_forward_seconds - recompute_saved);
-    c.held_s = backward + in.device_seconds_per_param * placed + std::max(in.gpu_forward_seconds, update);
+    c.held_s = backward + in.norm_tail_seconds + in.device_seconds_per_param * placed +
+               std::max(in.gpu_forward_seconds, update + in.update_tail_seconds);
   }
   const std::pair<const char*, double> parts[] = {{"GPU", c.gpu_s},
                                                   {"CPU update", c.cpu_s},

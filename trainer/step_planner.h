@@ -18,8 +18,10 @@
 // and, when the updates are held until the step's global gradient norm is known (clipping
 // without speculation, fp16's overflow check), the dependency that exactness imposes: no update
 // starts before the backward ends, and the next forward needs each block's update, so
-//   held    = GPU backward (less the kept layers' recompute) + device AdamW
-//             + max(GPU forward, CPU update at max(pool rate, host memory roofline))
+//   held    = GPU backward (less the kept layers' recompute) + norm tail + device AdamW
+//             + max(GPU forward, CPU update at max(pool rate, host memory roofline) + update tail)
+// (the tails: the last gradients' copy before the norm exists; the last block's upload and
+// forward after its update)
 // subject to  first-step peak + margin + placed states + kept activations <= GPU budget.
 // The decision is (s, k): the lowest s blocks' states on the GPU (a prefix: the next forward needs
 // them first and their gradients land last) and the top k decoder layers kept. The planner
@@ -67,6 +69,12 @@ struct PlanInputs {
   // gpu_seconds (the shape profile's per-block forward times).
   bool held_updates = false;
   double gpu_forward_seconds = 0;
+  // The held dependency's tails (issue #29 item 23): the norm exists only once the backward's
+  // last gradients (the embedding's) are copied out, and after the last block's CPU update (the
+  // head's, earliest-needed-first) the next forward still uploads it and runs it:
+  //   held = backward + norm_tail + device AdamW + max(forward, update + update_tail).
+  double norm_tail_seconds = 0;
+  double update_tail_seconds = 0;
   // >= 0: the number of blocks with GPU states is fixed at this (they are already there).
   int fixed_device_blocks = -1;
 };

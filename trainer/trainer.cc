@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/torch_status.h"
 #include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 
@@ -35,8 +36,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   impl->obs = observer;
   try {
     RETURN_IF_ERROR(impl->Setup());
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("trainer setup: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, out of memory included
+    return engine::TorchErrorStatus("trainer setup", e);
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
@@ -44,8 +45,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
 Status Trainer::RunStep() {
   try {
     return impl_->RunStep();
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("training step: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return engine::TorchErrorStatus("training step", e);
   }
 }
 Status Trainer::Flush() { return impl_->Flush(); }
@@ -137,6 +138,9 @@ Status Trainer::Impl::RunStep() {
   const int64_t k = completed + 1;
   const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(StepBatches batches, NextBatches(*data, A));
+  for (const MicroBatchData& m : batches.micro) {  // the step planner's check prices a new length's warm-up
+    if (seen_lengths.insert(m.seq).second) steps_with_new_length.insert(k);
+  }
   accounting->BeginStep(k, batches.tokens, batches.trained_tokens);
   schedule->BeginStep(k);
   at::Tensor loss_sum;

@@ -8,16 +8,19 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <limits>
 
 #if OFFLOADD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 #include "common/units.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer_impl.h"
+#include "trainer/working_set.h"
 
 namespace offloadd::trainer {
 
@@ -86,10 +89,73 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B) const {
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
   // gradients, the head's chunked logits (engine/head_chunk.h), allocator slack.
   est.workspace = 2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
+  // What the block costs leave out (trainer/working_set.h): packed batches' O(T^2) attention,
+  // and LSP's own working set on CUDA.
+  if (Packed()) {
+    const engine::ModelConfig& mc = model->config();
+    est.packed_attention = PackedAttentionBytes(B, T, mc.num_heads, elem) + PackedMaskBytes(B, T, elem);
+    est.workspace += est.packed_attention;
+  }
+  if (lsp && lsp->on_device()) {
+    // W_base and the projectors stay resident; a block's effective weights exist while it
+    // computes, up to the streaming window's blocks at once.
+    est.lsp = lsp->WorkingSet().Total(WeightResidency::kWindow + 2);
+    est.workspace += est.lsp;
+  }
   const bool tied = !model->block(n - 1).shared_params().empty();
   est.streamed = static_cast<int64_t>(WeightResidency::kWindow + 2) * max_block +
                  (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
   return est;
+}
+
+void Trainer::Impl::SetHeldTails(PlanInputs* in, double head_forward_s) const {
+  // The backward ends with the embedding's gradient, whose copy out precedes the norm; the
+  // next forward ends with the head, updated last (earliest-needed-first), then uploaded.
+  const double elem = static_cast<double>(c10::elementSize(dtype));
+  in->norm_tail_seconds = elem * static_cast<double>(layout[0].numel) / in->d2h_bytes_per_s;
+  in->update_tail_seconds = elem * static_cast<double>(layout[n - 1].numel) / in->h2d_bytes_per_s + head_forward_s;
+}
+
+int Trainer::Impl::LargestFittingMicroBatch(int cap) const {
+  using Weights = OffloadPlanConfig::Weights;
+  return LargestFittingBatch(cap, [&](int micro) {
+    const MemoryEstimate est = EstimateMemory(micro);
+    int64_t acts = 0;
+    for (int b = 0; b < n; ++b) {
+      // What PlanDevice can move to pinned RAM: auto layers' checkpoints (recompute_offload_cpu).
+      const bool movable = b >= 1 && b + 1 < n && !cfg.offload.layer_overrides.count(b - 1) &&
+                           cfg.offload.activations == ActivationMode::kAuto &&
+                           modes[b] == engine::SaveMode::kRecompute;
+      if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
+      if (modes[b] == engine::SaveMode::kRecompute && !movable && !offload_checkpoint[b]) {
+        acts += est.cost[b].saved_bytes_recompute;
+      }
+    }
+    const int64_t w = cfg.offload.weights == Weights::kResident ? est.weights : est.streamed;
+    return w + acts + est.workspace <= gpu_budget;
+  });
+}
+
+std::string Trainer::Impl::WorkspaceParts(const MemoryEstimate& est) const {
+  if (shape_profile || (est.packed_attention == 0 && est.lsp == 0)) return "";
+  std::string parts;
+  if (est.packed_attention > 0) {
+    parts += "packed records' attention at " + std::to_string(SeqLength()) + " tokens " +
+             FormatByteSize(static_cast<uint64_t>(est.packed_attention));
+  }
+  if (est.lsp > 0) {
+    parts += std::string(parts.empty() ? "" : ", ") +
+             lsp->WorkingSet().Describe(WeightResidency::kWindow + 2);
+  }
+  return " (of it " + parts + ")";
+}
+
+std::string Trainer::Impl::LargestBatchHint() const {
+  if (cfg.batch_size <= 1) return "; not even micro-batch 1 fits";
+  const int fits = LargestFittingMicroBatch(cfg.batch_size - 1);
+  if (fits == 0) return "; not even micro-batch 1 fits at this max_seq_length";
+  return "; the largest micro-batch that fits is " + std::to_string(fits) +
+         " (per_device_train_batch_size, with gradient_accumulation_steps to keep the global batch)";
 }
 
 int64_t Trainer::Impl::DeviceBudget() const {
@@ -136,6 +202,105 @@ double Trainer::Impl::SecondsPerFlop(int64_t micro) {
   Synchronize(cuda);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kReps;
   return secs / (2.0 * static_cast<double>(rows) * static_cast<double>(h) * static_cast<double>(f));
+}
+
+namespace {
+
+// Gives a block's parameters (and the ones it shares) random device values for as long as it
+// lives, then puts back what was there (the loader's placeholders, or the trained weights).
+class TemporaryWeights {
+ public:
+  // A streamed-out block's Params are undefined: their shapes come from the layout.
+  TemporaryWeights(engine::Block& block, const at::TensorOptions& opts, const std::vector<BlockLayout>& layout) {
+    auto install = [&](engine::Param& p) {
+      std::vector<int64_t> shape;
+      if (p.value.defined()) {
+        shape = p.value.sizes().vec();
+      } else {
+        for (const auto& bl : layout) {
+          for (const auto& slot : bl.params) {
+            if (slot.param == &p) shape = slot.shape;
+          }
+        }
+      }
+      saved_.emplace_back(&p, p.value);
+      p.value = at::randn(shape, opts).mul_(0.02);
+    };
+    for (auto& p : block.params()) install(p);
+    for (engine::Param* p : block.shared_params()) install(*p);
+  }
+  ~TemporaryWeights() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) it->first->value = it->second;
+  }
+  TemporaryWeights(const TemporaryWeights&) = delete;
+  TemporaryWeights& operator=(const TemporaryWeights&) = delete;
+
+ private:
+  std::vector<std::pair<engine::Param*, at::Tensor>> saved_;
+};
+
+}  // namespace
+
+StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, int64_t seq) {
+  // The real kernels at the real shape: GEMMs, attention at this length (the fused kernels, or
+  // the explicit softmax of packed batches), the elementwise kernels and the head's chunked
+  // loss, which a flop count at one GEMM's rate leaves out (issue #29 item 23: 7B at micro-batch
+  // 64 priced 28% optimistic). One decoder layer stands for all (they have one shape). Each
+  // block runs once to warm up (kernel choice, cuDNN graphs for the shape), then twice timed;
+  // the faster counts.
+  c10::NoGradGuard no_grad;
+  const engine::ModelConfig& mc = model->config();
+  const auto opts = at::TensorOptions().device(device).dtype(dtype);
+  const auto ids_opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor ids = at::randint(mc.vocab_size, {micro, seq}, ids_opts);
+  at::Tensor segments = Packed() ? at::zeros({micro, seq}, ids_opts) : at::Tensor();
+  ASSIGN_OR_RETURN(engine::MicroBatch mb,
+                   model->PrepareBatch(ids, ids, static_cast<double>(micro * seq), at::Tensor(), segments));
+  const engine::GradCallback drop = [](const std::string&, const at::Tensor&) {};
+  auto now = [this] {
+    Synchronize(cuda);
+    return std::chrono::steady_clock::now();
+  };
+  auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  BlockTiming t;
+  for (int b : {0, 1, n - 1}) {
+    engine::Block& block = model->block(b);
+    TemporaryWeights temp(block, opts, layout);
+    // As the step runs it: recomputed layers re-run their forward inside the backward.
+    const engine::SaveMode mode =
+        modes[b] == engine::SaveMode::kRecompute ? engine::SaveMode::kRecompute : engine::SaveMode::kKeep;
+    at::Tensor x = b == 0 ? at::Tensor() : at::randn({micro, seq, mc.hidden_size}, opts);
+    double best_fwd = 1e30, best_bwd = 1e30, first_fwd = 0, first_bwd = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      engine::SavedState saved;
+      const auto t0 = now();
+      ASSIGN_OR_RETURN(at::Tensor y, block.Forward(mb, x, mode, &saved));
+      const auto t1 = now();
+      const at::Tensor dy = b == n - 1 ? at::Tensor() : at::randn_like(y);
+      const auto t2 = now();
+      ASSIGN_OR_RETURN(at::Tensor dx, block.Backward(mb, dy, &saved, drop));
+      const auto t3 = now();
+      (void)dx;
+      if (rep == 0) {  // warm-up: what a step at a length not seen before pays once more
+        first_fwd = secs(t0, t1);
+        first_bwd = secs(t2, t3);
+        continue;
+      }
+      best_fwd = std::min(best_fwd, secs(t0, t1));
+      best_bwd = std::min(best_bwd, secs(t2, t3));
+    }
+    t.new_shape_forward_s += std::max(0.0, first_fwd - best_fwd);
+    t.new_shape_backward_s += std::max(0.0, first_bwd - best_bwd);
+    if (b == 0) t.embedding_s = best_fwd + best_bwd;
+    if (b == 1) t.layer_forward_s = best_fwd, t.layer_backward_s = best_bwd;
+    if (b == n - 1) t.head_s = best_fwd + best_bwd;
+  }
+#if OFFLOADD_WITH_CUDA
+  // What the timing cached is not the job's: free memory and the peaks are measured after it.
+  Synchronize(cuda);
+  if (cuda) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  return t;
 }
 
 StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, const NodeProfile& prof) {
@@ -189,20 +354,47 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
 
   // GPU work: the cached shape profile's measured times at this micro-batch, else the flops of
   // the blocks' training step at the GEMM rate measured at its size.
-  const double spf = profiled ? 0 : SecondsPerFlop(micro);
+  // Timed at this micro-batch's shape on the GPU; the CPU device prices flops at a GEMM's rate.
+  std::optional<BlockTiming> timed;
+  double flop_rate_s = 0;  // what the flop count at the GEMM rate said (logged beside the timing)
+  if (cuda && !profiled) {
+    flop_rate_s = SecondsPerFlop(micro);
+    auto t = TimeBlocks(micro, SeqLength());
+    if (!t.ok()) {
+      if (t.status().code() != StatusCode::kResourceExhausted) return t.status();
+      cand.feasible = false;
+      cand.why_not = "one decoder layer's step ran out of GPU memory when timed at it";
+      return cand;
+    }
+    timed = *t;
+  }
+  const double spf = profiled || timed ? 0 : SecondsPerFlop(micro);
   const bool may_keep = cuda && cfg.offload.activations == ActivationMode::kAuto && cfg.offload.layer_overrides.empty();
   const std::vector<int64_t> need = DeviceOptimizerNeeds(resident, accumulation);
   PlanInputs in;
-  double gpu = 0, fwd = 0;
+  double gpu = 0, fwd = 0, head_forward = 0;
   for (int b = 0; b < n; ++b) {
     const engine::BlockCost& c = est.cost[b];
     const bool recomputed = modes[b] == engine::SaveMode::kRecompute;
-    const double f = profiled ? profiled->blocks[b].forward_s : c.forward_flops * spf;
-    const double r = recomputed ? (profiled ? profiled->blocks[b].recompute_s : f) : 0.0;
+    double f = 0, r = 0, total = 0;
+    if (profiled) {
+      f = profiled->blocks[b].forward_s;
+      r = recomputed ? profiled->blocks[b].recompute_s : 0.0;
+      total = f + profiled->blocks[b].backward_s;
+    } else if (timed) {
+      // The head's forward runs its own backward (its loss and gradients in chunks).
+      f = b == 0 ? timed->embedding_s : b == n - 1 ? timed->head_s : timed->layer_forward_s;
+      r = recomputed ? timed->layer_forward_s : 0.0;
+      total = b == 0 || b == n - 1 ? f : timed->layer_forward_s + timed->layer_backward_s;
+    } else {
+      f = c.forward_flops * spf;
+      r = recomputed ? f : 0.0;
+      // The head's cost counts its chunked backward inside its forward flops.
+      total = b == n - 1 ? f : 3 * f + r;
+    }
     fwd += f;
-    // The head's cost counts its chunked backward inside its forward flops.
-    gpu += profiled ? profiled->blocks[b].forward_s + profiled->blocks[b].backward_s
-                    : (b == n - 1 ? f : 3 * f + r);
+    gpu += total;
+    if (b == n - 1) head_forward = f;
     in.params.push_back(static_cast<int64_t>(layout[b].numel));
     in.device_state_bytes.push_back(need[b + 1] - need[b]);
     in.keep_extra_bytes.push_back(
@@ -211,6 +403,19 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
                                                                                           c.saved_bytes_recompute)))
             : 0);
     in.recompute_seconds.push_back(A * r);
+  }
+  if (timed) {
+    double flops = 0;
+    for (int b = 0; b < n; ++b) flops += (b == n - 1 ? 1 : 3) * est.cost[b].forward_flops;
+    char buf[320];
+    std::snprintf(buf, sizeof(buf),
+                  "batch size (auto): micro-batch %d timed at %lld tokens per row: GPU %.3f s per micro-batch "
+                  "(embedding %.1f ms, a decoder layer %.1f ms forward + %.1f ms backward, head %.1f ms); "
+                  "the flop count at the GEMM rate says %.3f s",
+                  micro, static_cast<long long>(SeqLength()), gpu, 1e3 * timed->embedding_s,
+                  1e3 * timed->layer_forward_s, 1e3 * timed->layer_backward_s, 1e3 * timed->head_s,
+                  flops * flop_rate_s);
+    Log(TrainObserver::Level::kInfo, buf);
   }
   const double weight_bytes = static_cast<double>(est.weights);
   const double params = weight_bytes / static_cast<double>(elem);
@@ -232,6 +437,7 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
   in.place_states = cuda && auto_states;
   in.keep_activations = may_keep;
   in.held_updates = cfg.optim.max_grad_norm > 0 || scaler.has_value();
+  if (in.held_updates && cuda) SetHeldTails(&in, head_forward);
   if (!cuda) in.budget_bytes = std::numeric_limits<int64_t>::max() / 4;
   ASSIGN_OR_RETURN(cand.plan, SolvePlan(in));
   cand.tokens_per_s = CandidateTokensPerSecond(cand, SeqLength());

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,16 @@ struct Trainer::Impl {
   Status FollowDevicePlan();
   // Once the checked step is reported: measured against predicted, re-solved once if > 10% off.
   Status CheckPlan();
+  // Records of varying length (not FixedShape): GPU time priced at the data's expected padded
+  // length with the blocks timed there, instead of the measured step's (trainer_plan.cc); sets
+  // planned_flops, the per-step model FLOPs at that length (0: priced on the measured step).
+  Status PriceVariableLengths(PlanInputs* in);
+  double planned_flops = 0;
+  // Variable lengths: the padded lengths the job's micro-batches have had (trainer.cc), the steps
+  // that met one not seen before (at most one per length), and what that adds to a step
+  // (PriceVariableLengths).
+  std::set<int64_t> seen_lengths, steps_with_new_length;
+  double new_length_forward_s = 0, new_length_backward_s = 0;
   // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why
   // in the log), and recording the step just run (then writing it under cfg.profile_dir).
   std::string ShapeKey(int64_t batch) const;
@@ -166,7 +177,17 @@ struct Trainer::Impl {
   struct MemoryEstimate {
     std::vector<engine::BlockCost> cost;
     int64_t weights = 0, streamed = 0, workspace = 0;
+    // Of the workspace: packed batches' attention and mask, LSP's working set (working_set.h).
+    int64_t packed_attention = 0, lsp = 0;
   };
+  // Packed records (not synthetic): attention takes the explicit-softmax path.
+  bool Packed() const { return cfg.data.packing && cfg.data.synthetic_seq_length <= 0; }
+  // The largest micro-batch up to `cap` whose static estimate fits the GPU budget with the
+  // weights streamed and the checkpoints in pinned RAM where they may go (what PlanDevice falls
+  // back to); 0 when not even 1 does. Names the batch a refusal suggests.
+  int LargestFittingMicroBatch(int cap) const;
+  std::string LargestBatchHint() const;
+  std::string WorkspaceParts(const MemoryEstimate& est) const;  // " (of it packed attention ...)"  // "; the largest micro-batch that fits is N (...)"
   MemoryEstimate EstimateMemory(int64_t B) const;
   int64_t DeviceBudget() const;  // gpu_memory_limit, else 90% of what the device has free
   // The node profile (cached under cfg.profile_dir, else measured once per run), logged.
@@ -177,6 +198,22 @@ struct Trainer::Impl {
   Status ChooseBatchSize();
   StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof);
   double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
+  // CUDA: the embedding, one decoder layer and the head run at [micro, seq] with random weights
+  // (the model's placeholders are put back after), timed warm (trainer_batch.cc).
+  struct BlockTiming {
+    double embedding_s = 0;  // forward + backward
+    double layer_forward_s = 0;
+    double layer_backward_s = 0;  // the recompute included (the layer ran kRecompute)
+    double head_s = 0;            // forward (with the head's backward inside) + backward
+    // The first run at this shape over the warm ones (cuDNN builds its attention graphs per
+    // sequence length; the allocator grows): what a step at a new length adds, forward and
+    // backward.
+    double new_shape_forward_s = 0, new_shape_backward_s = 0;
+  };
+  StatusOr<BlockTiming> TimeBlocks(int64_t micro, int64_t seq);
+  // Held updates' tails (step_planner.h) from the copy rates already in `in` and one
+  // micro-batch's head forward.
+  void SetHeldTails(PlanInputs* in, double head_forward_s) const;
   Status StartSpill();
   HostOptimizerOptions HostOptions() const;
   // The step's owners, once the host optimizer's arena holds the initial weights.

@@ -288,12 +288,7 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
   const std::vector<engine::BlockCost>& cost = est.cost;
   const int64_t weights = est.weights;
   gpu_budget = DeviceBudget();
-  int64_t workspace = est.workspace;
-  if (lsp && lsp->on_device()) {
-    // W_base and A stay resident; a block's effective weights exist while it computes, up to the
-    // streaming window's blocks at once.
-    workspace += lsp->DeviceBytes() + (WeightResidency::kWindow + 2) * lsp->MaxBlockEffectiveBytes();
-  }
+  int64_t workspace = est.workspace;  // LSP's and packed attention's included (EstimateMemory)
   if (shape_profile) {
     // Measured on this GPU for this model and micro-batch shape: the step's working set beyond
     // what that run's plan held, plus room for the allocator's placement to differ between runs.
@@ -329,7 +324,8 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
         "weights resident on the GPU need " + FormatByteSize(static_cast<uint64_t>(weights)) +
         " + activations " + FormatByteSize(static_cast<uint64_t>(acts)) + " + workspace " +
         FormatByteSize(static_cast<uint64_t>(workspace)) + " > gpu_memory_limit " +
-        FormatByteSize(static_cast<uint64_t>(gpu_budget)) + "; let them stream (offload_param: cpu)");
+        FormatByteSize(static_cast<uint64_t>(gpu_budget)) + "; let them stream (offload_param: cpu)" +
+        LargestBatchHint());
   }
   if (!resident || !fits(weights)) {
     resident = false;
@@ -359,8 +355,8 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
           FormatByteSize(static_cast<uint64_t>(streamed)) + " in flight) and recomputing " +
           "activations (" + FormatByteSize(static_cast<uint64_t>(acts)) + " held) needs " +
           FormatByteSize(static_cast<uint64_t>(streamed + acts + workspace)) +
-          " with a " + FormatByteSize(static_cast<uint64_t>(workspace)) +
-          " workspace; lower per_device_train_batch_size or max_seq_length");
+          " with a " + FormatByteSize(static_cast<uint64_t>(workspace)) + " workspace" + WorkspaceParts(est) +
+          "; lower per_device_train_batch_size or max_seq_length" + LargestBatchHint());
     }
   }
   RETURN_IF_ERROR(PlanDeviceOptimizer(resident, (resident ? weights : streamed) + acts + workspace));

@@ -54,6 +54,8 @@ PlanInputs Parse(const nlohmann::json& j) {
   Read(j, "held_updates", &in.held_updates, false);
   Read(j, "cpu_params_per_s_during_dma", &in.cpu_params_per_s_during_dma, false);
   Read(j, "gpu_forward_seconds", &in.gpu_forward_seconds, false);
+  Read(j, "norm_tail_seconds", &in.norm_tail_seconds, false);
+  Read(j, "update_tail_seconds", &in.update_tail_seconds, false);
   return in;
 }
 

@@ -1,0 +1,69 @@
+// The step planner's held-update dependency with its tails, and the length distribution the
+// planner prices variable-length batches from (issue #29 item 23).
+#include "trainer/step_planner.h"
+
+#include <gtest/gtest.h>
+
+#include "trainer/batch_planner.h"
+
+namespace offloadd::trainer {
+namespace {
+
+// Two blocks of 1 G parameters each, nothing placeable: a step bound by its held updates.
+PlanInputs HeldStep() {
+  PlanInputs in;
+  in.params = {1'000'000'000, 1'000'000'000};
+  in.device_state_bytes = {0, 0};
+  in.keep_extra_bytes = {0, 0};
+  in.recompute_seconds = {0, 0};
+  in.budget_bytes = int64_t{1} << 40;
+  in.gpu_seconds = 0.9;
+  in.gpu_forward_seconds = 0.3;
+  in.host_bytes_per_s = 1e15;  // the pool's rate binds the update
+  in.cpu_params_per_s = 4e9;   // 0.5 s for 2 G parameters
+  in.h2d_bytes_per_s = in.d2h_bytes_per_s = 1e15;
+  in.place_states = in.keep_activations = false;
+  in.held_updates = true;
+  return in;
+}
+
+TEST(HeldUpdatesTest, TheTailsFollowTheBackwardAndTheUpdate) {
+  PlanInputs in = HeldStep();
+  PlanChoice c = EvaluatePlan(in, 0, 0);
+  EXPECT_DOUBLE_EQ(c.held_s, 0.6 + 0.5);  // backward, then the update (longer than the forward)
+  EXPECT_EQ(c.bound, "held updates");
+  // The norm waits for the last gradients' copy; the next forward for the last block's upload
+  // and its own forward after its update.
+  in.norm_tail_seconds = 0.02;
+  in.update_tail_seconds = 0.05;
+  c = EvaluatePlan(in, 0, 0);
+  EXPECT_DOUBLE_EQ(c.held_s, 0.6 + 0.02 + 0.5 + 0.05);
+  EXPECT_DOUBLE_EQ(c.predicted_s, c.held_s);
+  // A forward longer than update + tail hides the tail.
+  in.gpu_forward_seconds = 0.7;
+  in.gpu_seconds = 1.3;
+  c = EvaluatePlan(in, 0, 0);
+  EXPECT_DOUBLE_EQ(c.held_s, 0.6 + 0.02 + 0.7);
+}
+
+TEST(HeldUpdatesTest, NegativeTailsAreRefusedByName) {
+  PlanInputs in = HeldStep();
+  in.update_tail_seconds = -1;
+  EXPECT_NE(ValidatePlanInputs(in).message().find("update_tail_seconds"), std::string::npos);
+}
+
+TEST(ExpectedPaddedLengthTest, TheMaximumOfTheBatchRoundedUp) {
+  // One row: the mean of the rounded lengths.
+  EXPECT_DOUBLE_EQ(ExpectedPaddedLength({8, 16}, 1, 8, 1024), 12);
+  // Two rows: the longer is 16 unless both draws are 8 (probability 1/4).
+  EXPECT_DOUBLE_EQ(ExpectedPaddedLength({16, 8}, 2, 8, 1024), 0.25 * 8 + 0.75 * 16);
+  // Rounded up to the multiple, and never past the cap (the rows are truncated to it).
+  EXPECT_DOUBLE_EQ(ExpectedPaddedLength({5}, 4, 8, 1024), 8);
+  EXPECT_DOUBLE_EQ(ExpectedPaddedLength({1020}, 4, 8, 1020), 1020);
+  // Large batches approach the longest record.
+  EXPECT_NEAR(ExpectedPaddedLength({100, 200, 300, 400}, 64, 8, 1024), 400, 1e-4);
+  EXPECT_EQ(ExpectedPaddedLength({}, 8, 8, 1024), 0);
+}
+
+}  // namespace
+}  // namespace offloadd::trainer
