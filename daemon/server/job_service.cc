@@ -84,7 +84,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   node.aio_block_size = config_.storage.aio.block_size;
   node.aio_queue_depth = config_.storage.aio.queue_depth;
   for (const auto& d : facts.store_dirs) {
-    if (d.problem.empty()) node.store_dirs.push_back(d);
+    (d.problem.empty() ? node.store_dirs : node.unusable_store_dirs).push_back(d);
   }
   if (!validations_.try_acquire_for(std::chrono::seconds(30))) {
     return rec.Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
