@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -198,9 +199,14 @@ class ReportingRunner : public JobRunner {
       }
     }
     for (int s = 1; s <= steps_; ++s) {
+      // As the executor reports them: counts that grow, durations whose encoded size varies.
       v1::JobProgress p;
       p.set_step(s);
       p.set_max_steps(steps_);
+      p.set_tokens_seen(int64_t{4096} * s * s);
+      p.set_loss(2.0 / s);
+      p.mutable_eta()->set_seconds(steps_ - s);
+      p.mutable_eta()->set_nanos(s % 2 ? 5 : 500000000);
       control.ReportProgress(p);
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -273,6 +279,8 @@ TEST_F(DurabilityTest, ProgressReportsDoNotRewriteTheSpec) {
   r->Go();
   r->WaitReported();
   const int64_t per_update = (BytesWritten() - before) / 30;
+  RecordProperty("bytes_written_per_progress_update", static_cast<int>(per_update));
+  std::printf("bytes written per progress update: %lld\n", static_cast<long long>(per_update));
   // A few SQLite pages (the progress row, the event, their WAL frames), not the 250 KB record.
   EXPECT_LT(per_update, 32 << 10) << per_update << " bytes written per progress update";
   auto got = m->Get(job->id());
