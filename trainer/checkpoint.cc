@@ -27,6 +27,7 @@
 #include "engine/file_util.h"
 #include "engine/safetensors.h"
 #include "trainer/checkpoint_state.h"
+#include "trainer/latest_checkpoint.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -550,6 +551,8 @@ Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
   }
   return OkStatus();
 }
+
+StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) { return LatestCheckpoint(output_dir, nullptr); }
 
 StatusOr<std::string> LatestCheckpoint(const std::string& output_dir, std::vector<std::string>* skipped) {
   if (!engine::PathExists(output_dir)) {

@@ -185,10 +185,9 @@ class CheckpointWriter {
 Status PruneCheckpoints(const std::string& output_dir, int64_t keep);
 
 // The newest valid output_dir/checkpoint-<step> whose files all match their crc32c (NOT_FOUND if
-// none; invalid or corrupt newer ones are skipped with a warning naming the file, also added to
-// `skipped` when given, so the job's events can say why). Reads every file of the checkpoints it
-// checks. Also removes temporary directories of writers that died.
-StatusOr<std::string> LatestCheckpoint(const std::string& output_dir, std::vector<std::string>* skipped = nullptr);
+// none; invalid or corrupt newer ones are skipped with a warning naming the file). Reads every
+// file of the checkpoints it checks. Also removes temporary directories of writers that died.
+StatusOr<std::string> LatestCheckpoint(const std::string& output_dir);
 
 // Reads one checkpoint. Open parses trainer_state.json and checks that every file is there with
 // its recorded size; ReadLayer fully validates the layer's files. Thread-safe after Open.

@@ -12,6 +12,7 @@
 #include "common/units.h"
 #include "daemon/jobs/unsupported_options.h"
 #include "trainer/checkpoint.h"
+#include "trainer/latest_checkpoint.h"
 
 namespace offloadd::daemon {
 namespace {
