@@ -124,6 +124,9 @@ def test_jobs_db_that_cannot_be_recreated_turns_health_not_serving(binary_dir, w
             assert str(db) in problem and "cannot be recreated" in problem, problem
             assert c.health() == "NOT_SERVING"
             assert c.get_job(job.id).state == S.JOB_STATE_SUCCEEDED  # still served from the open file
+            node = subprocess.run([str(binary_dir / "client" / "offloadctl"), "--target", d.target, "node"],
+                                  capture_output=True, text=True, timeout=60)
+            assert "health      NOT_SERVING: " in node.stdout and str(db) in node.stdout, node.stdout
             figures.happened.append(f"while it could not be recreated: NOT_SERVING, {problem[:200]}")
             arm.unlink()
             wait_until(lambda: c.health() == "SERVING", 20, "health SERVING once jobs.db is recreated")
