@@ -225,7 +225,12 @@ int RunDaemon(const DaemonConfig& config) {
     where += (where.empty() ? "" : " and ") + std::string("tcp port ") + std::to_string((*server)->tcp_port()) +
              " (TLS)";
   }
-  (*metrics)->SetServing(true);
+  // Health is NOT_SERVING, with the reason in NodeInfo.serving_problem and the log, while jobs
+  // are not durable (the job database deleted, a full or read-only state directory).
+  (*jobs)->SetHealthSink([&server, &metrics](const std::string& problem) {
+    (*server)->SetServing(problem.empty());
+    (*metrics)->SetServing(problem.empty());
+  });
   OFFLOADD_LOG(kInfo, kLog) << "serving gRPC on " << where;
   if (Status s = SdNotify("READY=1\nSTATUS=serving on " + where); !s.ok()) {
     OFFLOADD_LOG(kWarning, kLog) << "sd_notify failed: " << s.ToString();
@@ -236,6 +241,7 @@ int RunDaemon(const DaemonConfig& config) {
   OFFLOADD_LOG(kInfo, kLog) << (received == SIGINT ? "SIGINT" : "SIGTERM") << ": draining (grace "
                             << config.server.shutdown_grace_seconds << " s)";
   [[maybe_unused]] Status ignored = SdNotify("STOPPING=1\nSTATUS=draining");
+  (*jobs)->SetHealthSink({});
   (*metrics)->SetServing(false);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config.server.shutdown_grace_seconds * 1000));

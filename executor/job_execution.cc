@@ -240,15 +240,25 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   if (env.has_gpu && start.placement().gpu_index() >= 0) {
     config.device = "cuda:" + std::to_string(start.placement().gpu_index());
   }
-  ASSIGN_OR_RETURN(config.resume_from, daemon::ResumePoint(job, /*restarted=*/start.restart() > 0));
+  std::vector<std::string> skipped;  // checkpoints passed over, and why: the job's events say so
+  ASSIGN_OR_RETURN(config.resume_from, daemon::ResumePoint(job, /*restarted=*/start.restart() > 0, &skipped));
   const int rank = config.parallel.rank;
   int64_t tokens_seen = 0;
-  // Progress reported by an earlier run of this job (a new job resuming another's checkpoint has
-  // none): replayed steps up to there are not reported again.
-  const int64_t reported_before = config.resume_from.empty() ? 0 : job.progress().step();
+  // Progress reported by an earlier run of this job (a new job has none; a new job resuming
+  // another's checkpoint neither): replayed steps up to there are not reported again, also when
+  // the earlier run ended before its first checkpoint and this one trains from step 0 again.
+  const int64_t reported_before = job.progress().step();
   if (!config.resume_from.empty()) tokens_seen = TokensAtCheckpoint(job, config.resume_from);
   ChannelObserver observer(job, rank, channel, tokens_seen, reported_before, env.progress_interval_seconds);
+  if (rank == 0) {
+    for (const std::string& s : skipped) observer.Log(v1::LOG_LEVEL_WARNING, s);
+  }
   if (!config.resume_from.empty() && rank == 0) observer.Log(v1::LOG_LEVEL_INFO, "resuming from " + config.resume_from);
+  if (config.resume_from.empty() && reported_before > 0 && rank == 0) {
+    observer.Log(v1::LOG_LEVEL_INFO, "restarted before the job's first checkpoint: training again from step 1; steps 1-" +
+                                         std::to_string(reported_before) +
+                                         " were reported by the earlier run and are not reported again");
+  }
   // Through the confined open, never through a symlink: a parent of output_dir swapped for one
   // while the job was queued is refused here, before training (issue #29 item 10).
   if (auto out = MakeDirsConfined(config.output_dir); !out.ok()) {

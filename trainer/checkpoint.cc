@@ -29,6 +29,7 @@
 #include "engine/safetensors.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/export_files.h"
+#include "trainer/latest_checkpoint.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -558,7 +559,9 @@ Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
   return OkStatus();
 }
 
-StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
+StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) { return LatestCheckpoint(output_dir, nullptr); }
+
+StatusOr<std::string> LatestCheckpoint(const std::string& output_dir, std::vector<std::string>* skipped) {
   if (!engine::PathExists(output_dir)) {
     return NotFoundError(output_dir + ": no checkpoint (the directory does not exist)");
   }
@@ -587,6 +590,7 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
     const Status st = r.ok() ? r->Verify() : r.status();
     if (st.ok()) return it->second;
     OFFLOADD_LOG(kWarning, "checkpoint") << "skipping " << it->second << ": " << st.ToString();
+    if (skipped != nullptr) skipped->push_back("skipped " + it->second + ": " + st.ToString());
   }
   return NotFoundError(output_dir + ": no complete checkpoint-<step> directory");
 }

@@ -95,6 +95,8 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   o << "host        " << n.hostname() << " (Linux " << n.kernel_release() << ")\n";
   o << "offloadd    " << n.build().version() << " " << n.build().git_revision() << ", "
     << (n.build().cuda() ? "CUDA" : "CPU") << " flavour, LibTorch " << n.build().torch_version() << "\n";
+  // Why health is NOT_SERVING (jobs not durable: jobs.db missing, the state directory failing).
+  if (!n.serving_problem().empty()) o << "health      NOT_SERVING: " << n.serving_problem() << "\n";
   o << "cpu         " << n.cpu().model_name() << ": " << n.cpu().physical_cores() << " cores / "
     << n.cpu().logical_cores() << " threads" << (n.cpu().avx512f() ? ", AVX-512" : "")
     << (n.cpu().avx512_bf16() ? " (BF16)" : "") << (n.cpu().avx2() ? ", AVX2" : "") << "\n";

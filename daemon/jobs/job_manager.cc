@@ -81,17 +81,15 @@ class JobManager::Control final : public JobControl {
     std::lock_guard<std::mutex> lock(m_->mu_);
     v1::JobEvent e;
     *e.mutable_progress() = progress;
-    // The record's progress and its event in one transaction: a resumed run takes the steps it
-    // has reported from the event log, so the record must never be a step ahead of it.
-    auto job = m_->store_->Get(id_);
-    if (!job.ok()) {
-      Warn(job.status());
-      return;
-    }
-    *job->mutable_progress() = progress;
-    *job->mutable_update_time() = Now();
     e.set_job_id(id_);
-    Warn(m_->CommitLocked(*job, std::move(e)));
+    *e.mutable_time() = Now();
+    // The job's progress and its event in one transaction (a resumed run takes the steps it has
+    // reported from the job's progress, so that must never be a step ahead of the log); only the
+    // small progress row is written, not the record with the spec.
+    auto cursor = m_->store_->SetProgressAndAppend(id_, progress, &e);
+    if (cursor.ok()) m_->NotifyLocked(id_, *cursor);
+    m_->RefreshHealthLocked();
+    Warn(cursor.status());
   }
   void Log(v1::LogLevel level, const std::string& message) override {
     std::lock_guard<std::mutex> lock(m_->mu_);
@@ -217,16 +215,62 @@ void JobManager::PublishCountsLocked() {
 
 Status JobManager::AppendLocked(v1::JobEvent event) {
   *event.mutable_time() = Now();
-  ASSIGN_OR_RETURN(int64_t cursor, store_->AppendEvent(&event));
-  NotifyLocked(event.job_id(), cursor);
+  StatusOr<int64_t> cursor = store_->AppendEvent(&event);
+  RefreshHealthLocked();
+  RETURN_IF_ERROR(cursor.status());
+  NotifyLocked(event.job_id(), *cursor);
   return OkStatus();
 }
 
 Status JobManager::CommitLocked(const v1::Job& job, v1::JobEvent event) {
   *event.mutable_time() = Now();
-  ASSIGN_OR_RETURN(int64_t cursor, store_->UpdateAndAppend(job, &event));
-  NotifyLocked(event.job_id(), cursor);
+  StatusOr<int64_t> cursor = store_->UpdateAndAppend(job, &event);
+  RefreshHealthLocked();
+  RETURN_IF_ERROR(cursor.status());
+  NotifyLocked(event.job_id(), *cursor);
   return OkStatus();
+}
+
+std::string JobManager::HealthProblem() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return HealthProblemLocked();
+}
+
+std::string JobManager::HealthProblemLocked() {
+  std::string problem = store_->problem();
+  if (!unrecorded_.empty()) {
+    const auto& [id, end] = *unrecorded_.begin();
+    problem = "job " + id + " ended " + StateName(end.first.state()) + " but the state directory cannot record it (" +
+              end.second + ")" + (unrecorded_.size() > 1 ? " (and " + std::to_string(unrecorded_.size() - 1) + " more)" : "") +
+              "; no job starts until it is recorded";
+  }
+  return problem;
+}
+
+void JobManager::SetHealthSink(HealthSink sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  health_sink_ = std::move(sink);
+  if (health_sink_) health_sink_(health_problem_);
+}
+
+void JobManager::RefreshHealthLocked() {
+  std::string problem = HealthProblemLocked();
+  if (problem == health_problem_) return;
+  if (problem.empty()) {
+    OFFLOADD_LOG(kWarning, kLog) << "health SERVING again: jobs are durable (was: " << health_problem_ << ")";
+  } else {
+    OFFLOADD_LOG(kError, kLog) << "health NOT_SERVING: " << problem;
+  }
+  health_problem_ = std::move(problem);
+  if (health_sink_) health_sink_(health_problem_);
+}
+
+void JobManager::OverlayUnrecordedLocked(v1::Job* job) const {
+  if (auto it = unrecorded_.find(job->id()); it != unrecorded_.end()) {
+    v1::Job ended = it->second.first;
+    *ended.mutable_progress() = job->progress();  // progress reports may have landed meanwhile
+    *job = std::move(ended);
+  }
 }
 
 void JobManager::NotifyLocked(const std::string& job_id, int64_t cursor) {
@@ -291,6 +335,11 @@ Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std:
   t->set_state(state);
   *t->mutable_time() = now;
   t->set_reason(reason);
+  // The record keeps the latest transitions only (the event log keeps all): a job paused and
+  // resumed without end would otherwise grow its record, and every write of it, for ever.
+  if (job->transitions_size() > kMaxTransitionsKept) {
+    job->mutable_transitions()->DeleteSubrange(0, job->transitions_size() - kMaxTransitionsKept);
+  }
   v1::JobEvent e;
   e.set_job_id(job->id());
   *e.mutable_state_change() = *t;
@@ -327,6 +376,13 @@ StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std
     }
     if (existing.status().code() != StatusCode::kNotFound) return existing.status();
   }
+  // The whole record stays small (ValidateJobSpec bounds the spec as sent; this the resolved one).
+  if (const size_t bytes = resolved_spec.ByteSizeLong() + request_id.size() + submitted_by.size();
+      bytes > kMaxJobSpecBytes) {
+    return InvalidArgumentError("the job spec is " + std::to_string(bytes) + " bytes serialized, more than the " +
+                                std::to_string(kMaxJobSpecBytes) + " (256 KiB) a job record may hold; use fewer or " +
+                                "shorter dataset paths, labels and names");
+  }
   v1::Job job;
   job.set_request_id(request_id);
   job.set_submitted_by(submitted_by);
@@ -341,20 +397,29 @@ StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std
     inserted = store_->Insert(job);
     if (inserted.code() != StatusCode::kAlreadyExists) break;
   }
+  RefreshHealthLocked();
   RETURN_IF_ERROR(inserted);
   CountLocked(v1::JOB_STATE_UNSPECIFIED, job.state());
   RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_QUEUED, "validated"));
   return job;
 }
 
-StatusOr<v1::Job> JobManager::Get(const std::string& id) { return store_->Get(id); }
+StatusOr<v1::Job> JobManager::Get(const std::string& id) {
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  std::lock_guard<std::mutex> lock(mu_);
+  OverlayUnrecordedLocked(&job);
+  return job;
+}
 
 StatusOr<JobStore::Page> JobManager::List(const std::vector<v1::JobState>& states, int page_size,
                                           const std::string& page_token) {
   if (page_size < 0) return InvalidArgumentError("page_size must not be negative");
   if (page_size == 0) page_size = 50;
   if (page_size > 1000) page_size = 1000;
-  return store_->List(states, page_size, page_token);
+  ASSIGN_OR_RETURN(JobStore::Page page, store_->List(states, page_size, page_token, kListPageBytes));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (v1::Job& job : page.jobs) OverlayUnrecordedLocked(&job);
+  return page;
 }
 
 StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& reason) {
@@ -609,6 +674,9 @@ void JobManager::SchedulerLoop() {
     } else if (unrecorded_ends_ == 0) {
       StartQueuedLocked(lock);
     }
+    // The database file is checked at every write and here, so an idle daemon notices too.
+    (void)store_->CheckFile();  // logged and reported by the store
+    RefreshHealthLocked();
     changed_.wait_for(lock, std::chrono::seconds(5));
   }
 }
@@ -638,14 +706,19 @@ void JobManager::RunJob(v1::Job job, Running* running) {
     if (s.ok()) {
       if (attempt > 1) {
         --unrecorded_ends_;
+        unrecorded_.erase(job.id());
+        RefreshHealthLocked();
         OFFLOADD_LOG(kWarning, kLog) << "job " << job.id() << ": " << StateName(end.state)
                                      << " recorded at attempt " << attempt;
       }
       break;
     }
     if (attempt == 1) ++unrecorded_ends_;
+    if (unrecorded_.count(job.id()) > 0) unrecorded_[job.id()].second = s.message();
+    RefreshHealthLocked();
     if (shutting_down_) {
       --unrecorded_ends_;
+      unrecorded_.erase(job.id());
       OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
                                  << " but the state directory could not record it (" << s.ToString()
                                  << "); after a restart the job runs again from its last checkpoint";
@@ -654,8 +727,9 @@ void JobManager::RunJob(v1::Job job, Running* running) {
     if (attempt == 1 || attempt % 30 == 0) {
       OFFLOADD_LOG(kError, kLog) << "job " << job.id() << " ended " << StateName(end.state)
                                  << " but the state directory cannot record it (" << s.ToString()
-                                 << "); the job shows RUNNING until it can. Retrying every " << kRecordRetry.count()
-                                 << " s (attempt " << attempt << "): free space in the state directory";
+                                 << "); it is not durable until it can. Retrying every " << kRecordRetry.count()
+                                 << " s (attempt " << attempt << "): free space in the state directory "
+                                 << "(GetJob shows " << StateName(end.state) << " meanwhile)";
     }
     changed_.wait_for(lock, kRecordRetry);
   }
@@ -678,7 +752,10 @@ Status JobManager::RecordEndLocked(const std::string& id, const RunEnd& end) {
     current.mutable_error()->set_code(static_cast<int>(end.error.code()));
     current.mutable_error()->set_message(SafeMessageText(end.error.message(), 8192));
   }
-  return TransitionLocked(&current, end.state, end.reason);
+  const Status recorded = TransitionLocked(&current, end.state, end.reason);
+  // Until the store holds it, GetJob and ListJobs show the job as it ended.
+  if (!recorded.ok()) unrecorded_[id] = {current, recorded.message()};
+  return recorded;
 }
 
 }  // namespace offloadd::daemon

@@ -21,12 +21,16 @@
 // A job's final state is never dropped: when the store cannot record it (a full or failing state
 // directory), its thread logs why and retries every few seconds, and the scheduler starts no other
 // job, until it is recorded or the daemon stops (the job then runs again from its last checkpoint).
+// Meanwhile GetJob and ListJobs show the state the job ended in (kept in memory), and health is
+// NOT_SERVING with the reason (HealthProblem()); so it is while the store reports a problem of its
+// own (its database file deleted and not yet recreated, a write failing): see SetHealthSink.
 // The manager also keeps the number of jobs in each state (counted from the store at start,
 // then followed through every transition) and hands it to a StateCountsSink (the daemon's
 // offloadd_jobs{state} gauge).
 // Thread-safe.
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -40,6 +44,7 @@
 
 #include "common/status.h"
 #include "daemon/jobs/job_store.h"
+#include "daemon/jobs/job_validator.h"
 #include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {
@@ -82,6 +87,11 @@ class JobRunner {
   }
 };
 
+// A job's whole record is bounded: its spec (paths, labels, names) at CreateJob
+// (kMaxJobSpecBytes), and the transitions it keeps (older ones stay in its event log). ListJobs
+// pages by bytes as well (kListPageBytes), so no listing nears gRPC's 4 MiB message limit.
+inline constexpr int kMaxTransitionsKept = 64;
+
 struct JobManagerOptions {
   int gpus = 0;  // GPUs of the node (indices 0..gpus-1); 0: a CPU node, one job at a time
 };
@@ -97,6 +107,10 @@ class JobManager {
   using StateCountsSink = std::function<void(const StateCounts&)>;
 
   using Options = JobManagerOptions;
+
+  // Called with why the daemon cannot keep jobs durable ("" when it can again), each time that
+  // changes, and once when set; with the manager's lock held (quick; no calls back into it).
+  using HealthSink = std::function<void(const std::string& problem)>;
 
   // `runner` may be null: jobs can then be inspected but not created (the build has no pipeline).
   // `on_counts` may be empty.
@@ -144,6 +158,11 @@ class JobManager {
   StatusOr<std::vector<offloadd::v1::JobEvent>> ReadWatch(const std::string& id,
                                                           int64_t after_cursor, int limit,
                                                           bool* complete);
+  // Why jobs are not durable now (the store's problem, or job ends it could not record), empty
+  // when they are. Health is NOT_SERVING while it is not empty.
+  std::string HealthProblem();
+  // Replaces the health sink (empty: none); calls the new one with the current problem.
+  void SetHealthSink(HealthSink sink);
 
   // GPU index -> the id of the job running on it (GPUs without a job are absent).
   std::map<int, std::string> GpuAssignments();
@@ -185,6 +204,11 @@ class JobManager {
   // counts. Caller holds mu_.
   void CountLocked(offloadd::v1::JobState from, offloadd::v1::JobState to);
   void PublishCountsLocked();
+  // The health problem now; tells the sink when it changed. Caller holds mu_.
+  std::string HealthProblemLocked();
+  void RefreshHealthLocked();
+  // `job` as the store holds it, or as it ended when the store could not record that yet.
+  void OverlayUnrecordedLocked(offloadd::v1::Job* job) const;
 
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobRunner> runner_;
@@ -206,6 +230,10 @@ class JobManager {
   const Options options_;
   std::map<std::string, std::unique_ptr<Running>> running_;  // by job id; erased once joined
   int unrecorded_ends_ = 0;  // running jobs whose end the store refused so far: start nothing new
+  // Those jobs as they ended (what GetJob shows until the store holds it), and why not recorded.
+  std::map<std::string, std::pair<offloadd::v1::Job, std::string>> unrecorded_;
+  HealthSink health_sink_;
+  std::string health_problem_;  // as last told to the sink and logged
   bool shutting_down_ = false;
   std::thread scheduler_;
 };

@@ -1,13 +1,24 @@
 #include "daemon/jobs/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <string_view>
+
+#include "common/logging.h"
 
 namespace offloadd::daemon {
 namespace {
 
 namespace v1 = offloadd::v1;
+constexpr const char* kLog = "jobs";
+// A database file that cannot be recreated (a read-only or full state directory) is tried again
+// at most this often, not at every write.
+constexpr std::chrono::seconds kRecreateRetry{2};
 
 // Finalizes a prepared statement on scope exit.
 class Stmt {
@@ -24,6 +35,7 @@ class Stmt {
   int Step() { return sqlite3_step(stmt_); }
   std::string ColumnBlob(int i) {
     const void* p = sqlite3_column_blob(stmt_, i);
+    if (p == nullptr) return "";  // NULL (a job without a progress row) or empty
     return std::string(static_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(stmt_, i)));
   }
   int64_t ColumnInt(int i) { return sqlite3_column_int64(stmt_, i); }
@@ -33,16 +45,49 @@ class Stmt {
   int rc_;
 };
 
-std::string StatesClause(const std::vector<v1::JobState>& states) {
+std::string StatesClause(const std::vector<v1::JobState>& states, const char* column = "state") {
   if (states.empty()) return "";
-  std::string s = " state IN (";
+  std::string s = std::string(" ") + column + " IN (";
   for (size_t i = 0; i < states.size(); ++i) s += (i ? "," : "") + std::to_string(static_cast<int>(states[i]));
   return s + ")";
 }
 
+// The part of a job kept in its progress row: its progress and the time of the last report.
+std::string ProgressRow(const v1::JobProgress& progress, const google::protobuf::Timestamp& update_time) {
+  v1::Job row;
+  *row.mutable_progress() = progress;
+  *row.mutable_update_time() = update_time;
+  return row.SerializeAsString();
+}
+
+bool Later(const google::protobuf::Timestamp& a, const google::protobuf::Timestamp& b) {
+  return a.seconds() != b.seconds() ? a.seconds() > b.seconds() : a.nanos() > b.nanos();
+}
+
+// Errors of the storage under the database (not of the request): they make problem() non-empty.
+bool IsStorageError(const Status& s) {
+  return s.code() == StatusCode::kResourceExhausted || s.code() == StatusCode::kDataLoss ||
+         s.code() == StatusCode::kInternal || s.code() == StatusCode::kUnavailable;
+}
+
+const Status& StatusOf(const Status& s) { return s; }
+template <typename T>
+Status StatusOf(const StatusOr<T>& s) {
+  return s.status();
+}
+
+Status SyncFile(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open " + path);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 ? OkStatus() : ErrnoError(err, "fsync " + path);
+}
+
 }  // namespace
 
-StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+StatusOr<sqlite3*> JobStore::OpenDb(const std::string& path) {
   sqlite3* db = nullptr;
   const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                                  nullptr);
@@ -51,42 +96,62 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
     sqlite3_close(db);
     return UnavailableError("cannot open job database " + path + ": " + msg);
   }
-  std::unique_ptr<JobStore> store(new JobStore(db, path));
   sqlite3_busy_timeout(db, 5000);
   // WAL: readers never block the writer; synchronous=FULL makes each commit durable (a job's
   // state change must survive a crash of the daemon or the machine).
-  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
-  RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL"));
-  RETURN_IF_ERROR(store->Exec(
-      "CREATE TABLE IF NOT EXISTS jobs ("
-      "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-      "  id TEXT NOT NULL UNIQUE,"
-      "  state INTEGER NOT NULL,"
-      "  priority INTEGER NOT NULL,"
-      "  record BLOB NOT NULL)"));
-  RETURN_IF_ERROR(store->Exec(
-      "CREATE TABLE IF NOT EXISTS events ("
-      "  job_id TEXT NOT NULL,"
-      "  cursor INTEGER NOT NULL,"
-      "  record BLOB NOT NULL,"
-      "  PRIMARY KEY (job_id, cursor)) WITHOUT ROWID"));
-  // CreateJob idempotency keys (request_id -> job id); kept as long as the job is.
-  RETURN_IF_ERROR(store->Exec(
-      "CREATE TABLE IF NOT EXISTS request_ids ("
-      "  request_id TEXT PRIMARY KEY,"
-      "  job_id TEXT NOT NULL) WITHOUT ROWID"));
-  RETURN_IF_ERROR(store->Exec("CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq)"));
+  for (const char* sql : {
+           "PRAGMA journal_mode=WAL",
+           "PRAGMA synchronous=FULL",
+           "CREATE TABLE IF NOT EXISTS jobs ("
+           "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+           "  id TEXT NOT NULL UNIQUE,"
+           "  state INTEGER NOT NULL,"
+           "  priority INTEGER NOT NULL,"
+           "  record BLOB NOT NULL)",
+           "CREATE TABLE IF NOT EXISTS events ("
+           "  job_id TEXT NOT NULL,"
+           "  cursor INTEGER NOT NULL,"
+           "  record BLOB NOT NULL,"
+           "  PRIMARY KEY (job_id, cursor)) WITHOUT ROWID",
+           // CreateJob idempotency keys (request_id -> job id); kept as long as the job is.
+           "CREATE TABLE IF NOT EXISTS request_ids ("
+           "  request_id TEXT PRIMARY KEY,"
+           "  job_id TEXT NOT NULL) WITHOUT ROWID",
+           // Each job's progress and last update time (a serialized Job holding only those), apart
+           // from its record. Jobs of a database written before it have theirs in the record.
+           "CREATE TABLE IF NOT EXISTS progress ("
+           "  job_id TEXT PRIMARY KEY,"
+           "  record BLOB NOT NULL) WITHOUT ROWID",
+           "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq)",
+       }) {
+    if (Status s = ExecOn(db, path, sql); !s.ok()) {
+      sqlite3_close(db);
+      return s;
+    }
+  }
+  return db;
+}
+
+StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(sqlite3 * db, OpenDb(path));
+  std::unique_ptr<JobStore> store(new JobStore(db, path));
+  std::lock_guard<std::mutex> lock(store->mu_);
+  RETURN_IF_ERROR(store->RememberFileLocked());
   return store;
 }
 
 JobStore::~JobStore() { sqlite3_close(db_); }
 
-Status JobStore::Exec(const char* sql) {
+Status JobStore::ExecOn(sqlite3* db, const std::string& path, const char* sql) {
   char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     const std::string msg = err ? err : "unknown error";
     sqlite3_free(err);
-    return InternalError("job database " + path_ + ": " + msg + " (in: " + sql + ")");
+    const int code = sqlite3_errcode(db);
+    const std::string what = "job database " + path + ": " + msg + " (in: " + sql + ")";
+    if (code == SQLITE_FULL) return ResourceExhaustedError(what);
+    if (code == SQLITE_READONLY || code == SQLITE_CANTOPEN) return UnavailableError(what);
+    return InternalError(what);
   }
   return OkStatus();
 }
@@ -96,6 +161,7 @@ Status JobStore::Error(const std::string& what) {
   const std::string msg = "job database " + path_ + ": " + what + ": " + sqlite3_errmsg(db_);
   if (code == SQLITE_FULL) return ResourceExhaustedError(msg);
   if (code == SQLITE_IOERR || code == SQLITE_CORRUPT) return DataLossError(msg);
+  if (code == SQLITE_READONLY || code == SQLITE_CANTOPEN) return UnavailableError(msg);
   return InternalError(msg);
 }
 
@@ -108,9 +174,130 @@ std::string RequestKey(const std::string& client, const std::string& request_id)
 }
 }  // namespace
 
+template <typename T, typename F>
+T JobStore::Write(F write) {
+  // A missing file is logged and reported by the check; the write still goes to the open
+  // database (a later recreation copies it), unless there is none.
+  (void)CheckFileLocked();
+  if (db_ == nullptr) return T(UnavailableError(file_problem_));
+  T result = write();
+  const Status st = StatusOf(result);
+  if (st.ok()) {
+    write_problem_.clear();
+  } else if (IsStorageError(st)) {
+    write_problem_ = st.message();
+  }
+  return result;
+}
+
+std::string JobStore::problem() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !file_problem_.empty() ? file_problem_ : write_problem_;
+}
+
+Status JobStore::RememberFileLocked() {
+  struct stat st{};
+  if (::stat(path_.c_str(), &st) != 0) return ErrnoError(errno, "job database " + path_);
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
+  return OkStatus();
+}
+
+Status JobStore::CheckFile() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckFileLocked();
+}
+
+Status JobStore::CheckFileLocked() {
+  struct stat st{};
+  const int rc = ::stat(path_.c_str(), &st);
+  const int err = rc == 0 ? 0 : errno;
+  if (rc == 0 && st.st_dev == dev_ && st.st_ino == ino_ && db_ != nullptr) return OkStatus();
+  if (rc != 0 && err != ENOENT) {
+    // Not known to be gone (EACCES, EIO): say so, but do not write a new file over it.
+    file_problem_ = "job database " + path_ + " cannot be checked: " + ErrnoError(err, "stat").message();
+    return UnavailableError(file_problem_);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (file_problem_.empty()) {
+    file_problem_ = "job database " + path_ +
+                    (db_ == nullptr ? std::string(" is not open")
+                     : rc != 0      ? std::string(" was deleted while the daemon ran")
+                                    : std::string(" was replaced by another file while the daemon ran")) +
+                    "; jobs are not durable until it is recreated";
+    OFFLOADD_LOG(kError, kLog) << file_problem_ << ": recreating it from the open database (every job "
+                               << "and event); health is NOT_SERVING meanwhile";
+  } else if (now < next_recreate_try_) {
+    return UnavailableError(file_problem_);
+  }
+  if (Status s = RecreateLocked(); !s.ok()) {
+    next_recreate_try_ = now + kRecreateRetry;
+    file_problem_ = "job database " + path_ + " is missing and cannot be recreated (" + s.message() +
+                    "); jobs are not durable until it is. Retrying every " + std::to_string(kRecreateRetry.count()) +
+                    " s";
+    OFFLOADD_LOG(kError, kLog) << file_problem_;
+    return UnavailableError(file_problem_);
+  }
+  file_problem_.clear();
+  ++recreated_;
+  OFFLOADD_LOG(kWarning, kLog) << "job database " << path_ << " recreated from the open database; jobs are "
+                               << "durable again";
+  return OkStatus();
+}
+
+Status JobStore::RecreateLocked() {
+  if (db_ != nullptr) {
+    // The open connection still reads the unlinked file (and its WAL): copy all of it into a new
+    // file, then put that in place atomically.
+    const std::string tmp = path_ + ".recreate." + std::to_string(::getpid());
+    ::unlink(tmp.c_str());
+    {
+      Stmt v(db_, "VACUUM INTO ?");
+      if (!v.ok()) return Error("prepare the copy of the open database");
+      v.Text(1, tmp);
+      if (v.Step() != SQLITE_DONE) {
+        Status s = Error("copy the open database into " + tmp);
+        ::unlink(tmp.c_str());
+        return s;
+      }
+    }
+    Status synced = SyncFile(tmp, O_RDONLY);
+    if (synced.ok() && ::rename(tmp.c_str(), path_.c_str()) != 0) {
+      synced = ErrnoError(errno, "rename " + tmp + " to " + path_);
+    }
+    if (!synced.ok()) {
+      ::unlink(tmp.c_str());
+      return synced;
+    }
+    const size_t slash = path_.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+    if (Status s = SyncFile(dir, O_RDONLY | O_DIRECTORY); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+    // Closing the old connection removes its -wal and -shm files by name; the new file has none
+    // yet. Any left over would be replayed into the new file: remove them first.
+    sqlite3_close_v2(db_);
+    db_ = nullptr;
+    for (const char* suffix : {"-wal", "-shm"}) ::unlink((path_ + suffix).c_str());
+  }
+  ASSIGN_OR_RETURN(db_, OpenDb(path_));
+  return RememberFileLocked();
+}
+
+Status JobStore::ParseJob(const std::string& record, const std::string& progress, v1::Job* job) {
+  if (!job->ParseFromString(record)) return DataLossError("job database " + path_ + ": corrupt job record");
+  if (progress.empty()) return OkStatus();
+  v1::Job row;
+  if (!row.ParseFromString(progress)) {
+    return DataLossError("job database " + path_ + ": corrupt progress of job " + job->id());
+  }
+  *job->mutable_progress() = row.progress();
+  if (Later(row.update_time(), job->update_time())) *job->mutable_update_time() = row.update_time();
+  return OkStatus();
+}
+
 StatusOr<std::string> JobStore::JobForRequest(const std::string& client,
                                               const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (db_ == nullptr) return UnavailableError(file_problem_);
   Stmt s(db_, "SELECT job_id FROM request_ids WHERE request_id = ?");
   if (!s.ok()) return Error("prepare request id lookup");
   s.Text(1, RequestKey(client, request_id));
@@ -122,67 +309,95 @@ StatusOr<std::string> JobStore::JobForRequest(const std::string& client,
 
 Status JobStore::Insert(const v1::Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!job.request_id().empty()) {
-    // The key goes in first: a key already taken refuses the insert before the job exists.
-    Stmt k(db_, "INSERT INTO request_ids (request_id, job_id) VALUES (?, ?)");
-    if (!k.ok()) return Error("prepare request id insert");
-    k.Text(1, RequestKey(job.submitted_by(), job.request_id()));
-    k.Text(2, job.id());
-    const int rc = k.Step();
-    if (rc == SQLITE_CONSTRAINT) return FailedPreconditionError("request_id '" + job.request_id() + "' is taken");
-    if (rc != SQLITE_DONE) return Error("insert request id for job " + job.id());
-  }
-  Stmt s(db_, "INSERT INTO jobs (id, state, priority, record) VALUES (?, ?, ?, ?)");
-  if (!s.ok()) return Error("prepare insert");
-  s.Text(1, job.id());
-  s.Int(2, job.state());
-  s.Int(3, job.spec().priority());
-  s.Blob(4, job.SerializeAsString());
-  const int rc = s.Step();
-  if (rc != SQLITE_DONE && !job.request_id().empty()) {
-    Stmt undo(db_, "DELETE FROM request_ids WHERE request_id = ?");
-    if (undo.ok()) {
-      undo.Text(1, RequestKey(job.submitted_by(), job.request_id()));
-      undo.Step();
-    }
-  }
-  if (rc == SQLITE_CONSTRAINT) return AlreadyExistsError("job " + job.id() + " already exists");
-  if (rc != SQLITE_DONE) return Error("insert job " + job.id());
-  return OkStatus();
+  return Write<Status>([&]() -> Status {
+    RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    Status st = [&]() -> Status {
+      if (!job.request_id().empty()) {
+        // The key goes in first: a key already taken refuses the insert before the job exists.
+        Stmt k(db_, "INSERT INTO request_ids (request_id, job_id) VALUES (?, ?)");
+        if (!k.ok()) return Error("prepare request id insert");
+        k.Text(1, RequestKey(job.submitted_by(), job.request_id()));
+        k.Text(2, job.id());
+        const int rc = k.Step();
+        if (rc == SQLITE_CONSTRAINT) return FailedPreconditionError("request_id '" + job.request_id() + "' is taken");
+        if (rc != SQLITE_DONE) return Error("insert request id for job " + job.id());
+      }
+      v1::Job record = job;
+      record.clear_progress();
+      Stmt s(db_, "INSERT INTO jobs (id, state, priority, record) VALUES (?, ?, ?, ?)");
+      if (!s.ok()) return Error("prepare insert");
+      s.Text(1, job.id());
+      s.Int(2, job.state());
+      s.Int(3, job.spec().priority());
+      s.Blob(4, record.SerializeAsString());
+      const int rc = s.Step();
+      if (rc == SQLITE_CONSTRAINT) return AlreadyExistsError("job " + job.id() + " already exists");
+      if (rc != SQLITE_DONE) return Error("insert job " + job.id());
+      if (job.has_progress()) return SetProgressLocked(job.id(), job.progress(), job.update_time());
+      return OkStatus();
+    }();
+    if (st.ok()) st = Exec("COMMIT");
+    if (!st.ok()) (void)Exec("ROLLBACK");  // may find no transaction (a failed COMMIT rolled back)
+    return st;
+  });
 }
 
 Status JobStore::Update(const v1::Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
-  return UpdateLocked(job);
+  return Write<Status>([&] {
+    RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    Status st = UpdateLocked(job);
+    if (st.ok()) st = Exec("COMMIT");
+    if (!st.ok()) (void)Exec("ROLLBACK");
+    return st;
+  });
 }
 
 Status JobStore::UpdateLocked(const v1::Job& job) {
+  v1::Job record = job;
+  record.clear_progress();
   Stmt s(db_, "UPDATE jobs SET state = ?, priority = ?, record = ? WHERE id = ?");
   if (!s.ok()) return Error("prepare update");
   s.Int(1, job.state());
   s.Int(2, job.spec().priority());
-  s.Blob(3, job.SerializeAsString());
+  s.Blob(3, record.SerializeAsString());
   s.Text(4, job.id());
   if (s.Step() != SQLITE_DONE) return Error("update job " + job.id());
   if (sqlite3_changes(db_) == 0) return NotFoundError("job " + job.id() + " does not exist");
+  // A record read with its progress keeps it (a database written before the progress table has
+  // it only in the record): the progress row is small.
+  if (job.has_progress()) return SetProgressLocked(job.id(), job.progress(), job.update_time());
+  return OkStatus();
+}
+
+Status JobStore::SetProgressLocked(const std::string& job_id, const v1::JobProgress& progress,
+                                   const google::protobuf::Timestamp& update_time) {
+  Stmt s(db_,
+         "INSERT INTO progress (job_id, record) VALUES (?, ?) "
+         "ON CONFLICT (job_id) DO UPDATE SET record = excluded.record");
+  if (!s.ok()) return Error("prepare progress update");
+  s.Text(1, job_id);
+  s.Blob(2, ProgressRow(progress, update_time));
+  if (s.Step() != SQLITE_DONE) return Error("update progress of job " + job_id);
   return OkStatus();
 }
 
 StatusOr<v1::Job> JobStore::Get(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_, "SELECT record FROM jobs WHERE id = ?");
+  if (db_ == nullptr) return UnavailableError(file_problem_);
+  Stmt s(db_, "SELECT j.record, p.record FROM jobs j LEFT JOIN progress p ON p.job_id = j.id WHERE j.id = ?");
   if (!s.ok()) return Error("prepare get");
   s.Text(1, id);
   const int rc = s.Step();
   if (rc == SQLITE_DONE) return NotFoundError("job '" + id + "' does not exist");
   if (rc != SQLITE_ROW) return Error("get job " + id);
   v1::Job job;
-  if (!job.ParseFromString(s.ColumnBlob(0))) return DataLossError("job database " + path_ + ": record of job " + id + " is corrupt");
+  RETURN_IF_ERROR(ParseJob(s.ColumnBlob(0), s.ColumnBlob(1), &job));
   return job;
 }
 
 StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& states, int page_size,
-                                        const std::string& page_token) {
+                                        const std::string& page_token, size_t max_bytes) {
   int64_t after = 0;
   if (!page_token.empty()) {
     char* end = nullptr;
@@ -191,25 +406,32 @@ StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& states,
       return InvalidArgumentError("page_token '" + page_token + "' is not a token from a previous ListJobs");
     }
   }
-  std::string where = " WHERE seq > ?";
-  if (!states.empty()) where += " AND" + StatesClause(states);
-  const std::string sql = "SELECT seq, record FROM jobs" + where + " ORDER BY seq LIMIT ?";
+  std::string where = " WHERE j.seq > ?";
+  if (!states.empty()) where += " AND" + StatesClause(states, "j.state");
+  const std::string sql =
+      "SELECT j.seq, j.record, p.record FROM jobs j LEFT JOIN progress p ON p.job_id = j.id" + where +
+      " ORDER BY j.seq LIMIT ?";
   std::lock_guard<std::mutex> lock(mu_);
+  if (db_ == nullptr) return UnavailableError(file_problem_);
   Stmt s(db_, sql.c_str());
   if (!s.ok()) return Error("prepare list");
   s.Int(1, after);
   s.Int(2, page_size + 1);  // one more tells whether there is a next page
   Page page;
   int64_t last_seq = 0;
+  size_t bytes = 0;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) {
-    if (static_cast<int>(page.jobs.size()) == page_size) {
+    v1::Job job;
+    RETURN_IF_ERROR(ParseJob(s.ColumnBlob(1), s.ColumnBlob(2), &job));
+    const size_t size = job.ByteSizeLong();
+    // Full by count or by bytes: the rest on the next page (a page holds at least one job).
+    if (static_cast<int>(page.jobs.size()) == page_size || (!page.jobs.empty() && bytes + size > max_bytes)) {
       page.next_page_token = std::to_string(last_seq);
       break;
     }
     last_seq = s.ColumnInt(0);
-    v1::Job job;
-    if (!job.ParseFromString(s.ColumnBlob(1))) return DataLossError("job database " + path_ + ": corrupt job record");
+    bytes += size;
     page.jobs.push_back(std::move(job));
   }
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) return Error("list jobs");
@@ -217,15 +439,17 @@ StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& states,
 }
 
 StatusOr<std::vector<v1::Job>> JobStore::InStates(const std::vector<v1::JobState>& states) {
-  const std::string sql = "SELECT record FROM jobs WHERE" + StatesClause(states) + " ORDER BY priority DESC, seq";
+  const std::string sql = "SELECT j.record, p.record FROM jobs j LEFT JOIN progress p ON p.job_id = j.id WHERE" +
+                          StatesClause(states, "j.state") + " ORDER BY j.priority DESC, j.seq";
   std::lock_guard<std::mutex> lock(mu_);
+  if (db_ == nullptr) return UnavailableError(file_problem_);
   Stmt s(db_, sql.c_str());
   if (!s.ok()) return Error("prepare select by state");
   std::vector<v1::Job> out;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) {
     v1::Job job;
-    if (!job.ParseFromString(s.ColumnBlob(0))) return DataLossError("job database " + path_ + ": corrupt job record");
+    RETURN_IF_ERROR(ParseJob(s.ColumnBlob(0), s.ColumnBlob(1), &job));
     out.push_back(std::move(job));
   }
   if (rc != SQLITE_DONE) return Error("select jobs by state");
@@ -234,6 +458,7 @@ StatusOr<std::vector<v1::Job>> JobStore::InStates(const std::vector<v1::JobState
 
 StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (db_ == nullptr) return UnavailableError(file_problem_);
   Stmt s(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
   if (!s.ok()) return Error("prepare count by state");
   std::map<v1::JobState, int64_t> out;
@@ -251,7 +476,7 @@ StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
 
 StatusOr<int64_t> JobStore::AppendEvent(v1::JobEvent* event) {
   std::lock_guard<std::mutex> lock(mu_);
-  return AppendEventLocked(event);
+  return Write<StatusOr<int64_t>>([&] { return AppendEventLocked(event); });
 }
 
 StatusOr<int64_t> JobStore::UpdateAndAppend(const v1::Job& job, v1::JobEvent* event) {
@@ -259,18 +484,48 @@ StatusOr<int64_t> JobStore::UpdateAndAppend(const v1::Job& job, v1::JobEvent* ev
     return InvalidArgumentError("event of job '" + event->job_id() + "' given with the record of job " + job.id());
   }
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  Status st = UpdateLocked(job);
-  StatusOr<int64_t> cursor = st.ok() ? AppendEventLocked(event) : StatusOr<int64_t>(st);
-  if (cursor.ok()) {
-    st = Exec("COMMIT");
-    if (st.ok()) return cursor;
-    cursor = st;
+  return Write<StatusOr<int64_t>>([&]() -> StatusOr<int64_t> {
+    RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    Status st = UpdateLocked(job);
+    StatusOr<int64_t> cursor = st.ok() ? AppendEventLocked(event) : StatusOr<int64_t>(st);
+    if (cursor.ok()) {
+      st = Exec("COMMIT");
+      if (st.ok()) return cursor;
+      cursor = st;
+    }
+    // A failed COMMIT may already have rolled back (SQLITE_FULL, SQLITE_IOERR); then this one
+    // fails with "no transaction is active", which changes nothing.
+    (void)Exec("ROLLBACK");
+    return cursor;
+  });
+}
+
+StatusOr<int64_t> JobStore::SetProgressAndAppend(const std::string& job_id, const v1::JobProgress& progress,
+                                                 v1::JobEvent* event) {
+  if (event->job_id() != job_id) {
+    return InvalidArgumentError("event of job '" + event->job_id() + "' given with the progress of job " + job_id);
   }
-  // A failed COMMIT may already have rolled back (SQLITE_FULL, SQLITE_IOERR); then this one fails
-  // with "no transaction is active", which changes nothing.
-  (void)Exec("ROLLBACK");
-  return cursor;
+  std::lock_guard<std::mutex> lock(mu_);
+  return Write<StatusOr<int64_t>>([&]() -> StatusOr<int64_t> {
+    RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    StatusOr<int64_t> cursor = [&]() -> StatusOr<int64_t> {
+      Stmt exists(db_, "SELECT 1 FROM jobs WHERE id = ?");
+      if (!exists.ok()) return Error("prepare job lookup");
+      exists.Text(1, job_id);
+      const int rc = exists.Step();
+      if (rc == SQLITE_DONE) return NotFoundError("job " + job_id + " does not exist");
+      if (rc != SQLITE_ROW) return Error("look up job " + job_id);
+      RETURN_IF_ERROR(SetProgressLocked(job_id, progress, event->time()));
+      return AppendEventLocked(event);
+    }();
+    if (cursor.ok()) {
+      const Status st = Exec("COMMIT");
+      if (st.ok()) return cursor;
+      cursor = st;
+    }
+    (void)Exec("ROLLBACK");
+    return cursor;
+  });
 }
 
 StatusOr<int64_t> JobStore::AppendEventLocked(v1::JobEvent* event) {
@@ -290,6 +545,7 @@ StatusOr<int64_t> JobStore::AppendEventLocked(v1::JobEvent* event) {
 
 StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id, int64_t after_cursor, int limit) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (db_ == nullptr) return UnavailableError(file_problem_);
   Stmt s(db_, "SELECT record FROM events WHERE job_id = ? AND cursor > ? ORDER BY cursor LIMIT ?");
   if (!s.ok()) return Error("prepare events");
   s.Text(1, job_id);

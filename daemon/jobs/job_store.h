@@ -4,8 +4,22 @@
 //
 // Records are the API's own protobuf messages (Job, JobEvent) stored as serialized blobs, with
 // the columns needed for filtering and ordering (state, priority, submission sequence) kept
-// alongside. Thread-safe: one connection guarded by a mutex (SQLite serialises writers anyway).
+// alongside. A job's progress is kept in a row of its own: a progress report writes that small
+// row and its event, never the record with the spec (a 2 MB spec written again at every step
+// wrote 60 MiB in 30 steps).
+//
+// The database file is watched: when it is deleted (or replaced) while the daemon runs, the
+// writes would go on into the unlinked file and be lost at the next start. Every write and every
+// CheckFile() compares the file at `path` with the one open; on a mismatch the store logs it,
+// reports it through problem(), and writes the open database's whole content (every record and
+// event) to a new file at `path`, which it then uses.
+//
+// Thread-safe: one connection guarded by a mutex (SQLite serialises writers anyway).
 
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -19,6 +33,10 @@
 struct sqlite3;
 
 namespace offloadd::daemon {
+
+// A ListJobs page holds at most this many bytes of job records (and at least one job): with
+// records bounded at CreateJob, a page stays well under gRPC's 4 MiB message limit.
+inline constexpr size_t kListPageBytes = 1u << 20;
 
 class JobStore {
  public:
@@ -41,10 +59,11 @@ class JobStore {
     std::vector<offloadd::v1::Job> jobs;
     std::string next_page_token;  // empty on the last page
   };
-  // Jobs in submission order, `page_size` at most, after `page_token` (from a previous Page),
-  // only those in `states` when it is not empty. INVALID_ARGUMENT for a malformed token.
+  // Jobs in submission order, `page_size` at most and no more than `max_bytes` of records (but
+  // at least one), after `page_token` (from a previous Page), only those in `states` when it is
+  // not empty. INVALID_ARGUMENT for a malformed token.
   StatusOr<Page> List(const std::vector<offloadd::v1::JobState>& states, int page_size,
-                      const std::string& page_token);
+                      const std::string& page_token, size_t max_bytes = kListPageBytes);
   // Jobs in any of `states`, highest priority first, then in submission order.
   StatusOr<std::vector<offloadd::v1::Job>> InStates(const std::vector<offloadd::v1::JobState>& states);
   // The number of jobs in each state that has any (one indexed query, no records read).
@@ -56,21 +75,59 @@ class JobStore {
   // of the daemon leaves both or neither, so the record never runs ahead of the event log (a
   // resumed job decides from the log which steps it has reported). Returns the event's cursor.
   StatusOr<int64_t> UpdateAndAppend(const offloadd::v1::Job& job, offloadd::v1::JobEvent* event);
+  // Sets the job's progress (and update_time) and appends `event` in one transaction, without
+  // writing the job's record. NOT_FOUND when the job does not exist.
+  StatusOr<int64_t> SetProgressAndAppend(const std::string& job_id, const offloadd::v1::JobProgress& progress,
+                                         offloadd::v1::JobEvent* event);
   // Events with cursor > after_cursor, oldest first, at most `limit`.
   StatusOr<std::vector<offloadd::v1::JobEvent>> Events(const std::string& job_id, int64_t after_cursor,
                                                        int limit);
 
+  // Compares the file at the database's path with the open one and recreates it when it was
+  // deleted or replaced (see above). OK when the file is in place (again).
+  Status CheckFile();
+  // Why the store cannot keep jobs durable now, empty when it can: the database file is missing
+  // and could not be recreated yet, or the last write failed (a full or read-only state
+  // directory, an I/O error); cleared by the next successful write.
+  std::string problem();
+  // How many times the database file was recreated since Open.
+  int recreated() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recreated_;
+  }
+  const std::string& path() const { return path_; }
+
  private:
-  explicit JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
-  Status Exec(const char* sql);
+  JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  // Opens and sets up the database at `path` (schema, WAL); the caller owns the handle.
+  static StatusOr<sqlite3*> OpenDb(const std::string& path);
+  static Status ExecOn(sqlite3* db, const std::string& path, const char* sql);
+  Status Exec(const char* sql) { return ExecOn(db_, path_, sql); }
   Status Error(const std::string& what);
   // The bodies of Update and AppendEvent; the caller holds mu_.
   Status UpdateLocked(const offloadd::v1::Job& job);
+  Status SetProgressLocked(const std::string& job_id, const offloadd::v1::JobProgress& progress,
+                           const google::protobuf::Timestamp& update_time);
   StatusOr<int64_t> AppendEventLocked(offloadd::v1::JobEvent* event);
+  // Parses a record and the job's progress row (empty: none) into `job`.
+  Status ParseJob(const std::string& record, const std::string& progress, offloadd::v1::Job* job);
+  // Runs `write` (statements on db_) after CheckFileLocked, and notes its outcome for problem().
+  template <typename T, typename F>
+  T Write(F write);
+  Status CheckFileLocked();
+  Status RecreateLocked();
+  // The identity of the file at path_ when it was opened (or recreated).
+  Status RememberFileLocked();
 
   std::mutex mu_;
-  sqlite3* db_;
+  sqlite3* db_;  // null only after a recreation failed to open the new file (retried)
   std::string path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  std::string file_problem_;   // the file is missing or replaced and not yet recreated
+  std::string write_problem_;  // the last write failed
+  std::chrono::steady_clock::time_point next_recreate_try_{};
+  int recreated_ = 0;
 };
 
 }  // namespace offloadd::daemon

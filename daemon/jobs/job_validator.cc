@@ -208,6 +208,8 @@ void CheckSizes(const v1::JobSpec& s, Checker& c) {
   }
   at_most("offload.activations.layer_overrides", s.offload().activations().layer_overrides_size(),
           kMaxLayerOverrides, "entries");
+  at_most("spec", s.ByteSizeLong(), kMaxJobSpecBytes,
+          "bytes serialized (all paths, labels and names together; the limit is 256 KiB)");
 }
 
 void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const PathPolicy& paths, Checker& c) {
@@ -218,7 +220,16 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
       continue;
     }
     if (node.store_dirs.empty()) {
-      c.Add(std::string(name) + ".device", "nvme needs store directories; none is configured in the daemon (storage.directories)");
+      std::string why = "none is configured in the daemon (storage.directories)";
+      if (!node.unusable_store_dirs.empty()) {
+        // Configured, but missing or not writable: name them, not "none is configured".
+        why.clear();
+        for (const auto& d : node.unusable_store_dirs) {
+          why += (why.empty() ? "" : "; ") + std::string("storage.directories entry ") + d.path + " is unusable (" +
+                 d.problem + ")";
+        }
+      }
+      c.Add(std::string(name) + ".device", "nvme needs store directories; " + why);
       continue;
     }
     if (!target->nvme_path().empty()) {

@@ -34,6 +34,9 @@ inline constexpr size_t kMaxPathBytes = 4096;
 inline constexpr size_t kMaxDatasetPaths = 256;
 inline constexpr size_t kMaxLayerOverrides = 4096;
 inline constexpr size_t kMaxRequestIdBytes = 128;
+// The whole spec, serialized: 256 dataset and 256 eval paths of 4 KB each made a 2.1 MB job
+// record that broke `offloadctl list` for everyone.
+inline constexpr size_t kMaxJobSpecBytes = 256u << 10;
 
 // What this node offers; filled from the node probe and the daemon config.
 struct NodeBudget {
@@ -43,6 +46,8 @@ struct NodeBudget {
   std::vector<GpuFacts> gpus;
   int cpu_cores = 1;                      // logical cores: the bound of CPU executors (resources.gpus)
   std::vector<StoreDirFacts> store_dirs;  // the daemon's configured NVMe store directories
+  // Configured store directories that cannot be used now (missing, not writable), with why.
+  std::vector<StoreDirFacts> unusable_store_dirs;
   std::string profile_dir;                // <state_dir>/profiles: measured floors (issue #13)
   // The daemon's storage.aio: a job's offload.aio defaults to it.
   uint64_t aio_block_size = 1u << 20;

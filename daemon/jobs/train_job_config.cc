@@ -12,6 +12,7 @@
 #include "common/units.h"
 #include "daemon/jobs/unsupported_options.h"
 #include "trainer/checkpoint.h"
+#include "trainer/latest_checkpoint.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -196,12 +197,12 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   return c;
 }
 
-StatusOr<std::string> ResumePoint(const v1::Job& job, bool restarted) {
+StatusOr<std::string> ResumePoint(const v1::Job& job, bool restarted, std::vector<std::string>* skipped) {
   const v1::JobSpec& spec = job.spec();
   int runs = restarted ? 1 : 0;  // this one included: the manager records RUNNING before it calls the runner
   for (const auto& t : job.transitions()) runs += t.state() == v1::JOB_STATE_RUNNING;
   StatusOr<std::string> own = NotFoundError("no output_dir");
-  if (!spec.output_dir().empty()) own = trainer::LatestCheckpoint(spec.output_dir());
+  if (!spec.output_dir().empty()) own = trainer::LatestCheckpoint(spec.output_dir(), skipped);
   // NOT_FOUND: no intact checkpoint (corrupt ones were skipped). Anything else (output_dir now a
   // symlink, outside the allowed roots, unreadable) fails the job here, before it writes anything.
   if (!own.ok() && own.status().code() != StatusCode::kNotFound) {
@@ -222,12 +223,16 @@ StatusOr<std::string> CheckpointForFailedJob(const v1::Job& job) {
     return FailedPreconditionError("job " + job.id() + " failed before it saved a checkpoint, so there is nothing to " +
                                    "resume from; submit it again with CreateJob");
   }
-  auto latest = trainer::LatestCheckpoint(out);
+  std::vector<std::string> skipped;
+  auto latest = trainer::LatestCheckpoint(out, &skipped);
   if (latest.ok()) return *latest;
   if (latest.status().code() == StatusCode::kNotFound) {
+    std::string why;
+    for (const std::string& s : skipped) why += "; " + s;
     return FailedPreconditionError("job " + job.id() + " cannot resume: output_dir " + out +
                                    " holds no intact checkpoint any more (it saved checkpoint-" +
-                                   std::to_string(job.latest_checkpoint_step()) + "); submit it again with CreateJob");
+                                   std::to_string(job.latest_checkpoint_step()) + why +
+                                   "); submit it again with CreateJob");
   }
   return FailedPreconditionError("job " + job.id() + " cannot resume: " + latest.status().message());
 }

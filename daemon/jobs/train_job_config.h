@@ -43,7 +43,9 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const offloadd::v1::Job& job, con
 // FAILED_PRECONDITION: mixing two runs' checkpoints would let a later resume pick the wrong one.
 // `restarted`: this run goes on after its executor died (ExecutorJobRunner), so it continues from
 // its own newest checkpoint as a later run would.
-StatusOr<std::string> ResumePoint(const offloadd::v1::Job& job, bool restarted = false);
+// Checkpoints passed over as corrupt or incomplete are described in `skipped` when given.
+StatusOr<std::string> ResumePoint(const offloadd::v1::Job& job, bool restarted = false,
+                                  std::vector<std::string>* skipped = nullptr);
 
 // Where a FAILED job continues from when ResumeJob asks it to: the newest intact checkpoint in its
 // output_dir, if the job wrote one itself (latest_checkpoint_step > 0: an output_dir holding only

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -119,7 +120,7 @@ StoreDirFacts ProbeStoreDir(const StoreDirInput& in) {
   s.weight = in.weight;
   struct statvfs vfs{};
   if (statvfs(in.path.c_str(), &vfs) != 0) {
-    s.problem = std::string("cannot stat: ") + std::strerror(errno);
+    s.problem = errno == ENOENT ? std::string("missing: no such directory") : std::string("cannot stat: ") + std::strerror(errno);
     return s;
   }
   s.capacity_bytes = uint64_t{vfs.f_blocks} * vfs.f_frsize;

@@ -65,6 +65,18 @@ Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnin
       warnings->push_back("allowed_roots includes /: jobs may read and write any file the daemon's user can");
     }
   }
+  // A store directory that is missing (an unmounted NVMe) is said so, with its path, not taken
+  // for "none configured"; jobs offloading to NVMe are refused, naming it, until it is back.
+  std::vector<StoreDirInput> dirs;
+  for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
+  const std::vector<StoreDirFacts> probed = ProbeNodeResources(dirs).store_dirs;
+  for (size_t i = 0; i < probed.size(); ++i) {
+    const StoreDirFacts& d = probed[i];
+    if (!d.problem.empty()) {
+      warnings->push_back("storage.directories[" + std::to_string(i) + "].path " + d.path + " is unusable (" +
+                          d.problem + "); jobs offloading to NVMe are refused until it is usable");
+    }
+  }
   return OkStatus();
 }
 
@@ -81,7 +93,10 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   auto node = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
   node->set_adamw_kernel(config.workers.adamw_kernel);
   node->set_profile_dir(config.state_dir + "/profiles");  // where jobs cache the node profile
-  if (jobs != nullptr) node->set_gpu_jobs([jobs] { return jobs->GpuAssignments(); });
+  if (jobs != nullptr) {
+    node->set_gpu_jobs([jobs] { return jobs->GpuAssignments(); });
+    node->set_serving_problem([jobs] { return jobs->HealthProblem(); });
+  }
   s->node_service_ = std::move(node);
 
   grpc::ServerBuilder builder;
@@ -131,10 +146,19 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   return s;
 }
 
+void GrpcServer::SetServing(bool serving) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (server_ && !health_shut_down_) server_->GetHealthCheckService()->SetServingStatus(serving);
+}
+
 void GrpcServer::Shutdown(double grace_seconds) {
   if (!server_) return;
   // Health first, so load balancers and clients polling health stop sending work.
-  server_->GetHealthCheckService()->Shutdown();
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    health_shut_down_ = true;
+    server_->GetHealthCheckService()->Shutdown();
+  }
   if (unix_listener_) unix_listener_->Stop();  // no new connections
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000));

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ class GrpcServer {
   // The TCP port actually bound (0 when TCP is off).
   int tcp_port() const { return tcp_port_; }
 
+  // Sets grpc.health.v1's answer (NOT_SERVING while jobs are not durable); ignored once Shutdown
+  // began. Thread-safe.
+  void SetServing(bool serving);
+
   // Health goes NOT_SERVING at once, new calls are refused, in-flight calls get `grace_seconds`
   // to finish and are then cancelled. Returns when the server has stopped.
   void Shutdown(double grace_seconds);
@@ -48,6 +53,8 @@ class GrpcServer {
   // server_; stopped before it.
   std::unique_ptr<UnixPeerListener> unix_listener_;
   std::string unix_socket_;
+  std::mutex health_mu_;  // SetServing against Shutdown
+  bool health_shut_down_ = false;
   int tcp_port_ = 0;
 };
 

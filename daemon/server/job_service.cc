@@ -128,7 +128,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   node.aio_block_size = config_.storage.aio.block_size;
   node.aio_queue_depth = config_.storage.aio.queue_depth;
   for (const auto& d : facts.store_dirs) {
-    if (d.problem.empty()) node.store_dirs.push_back(d);
+    (d.problem.empty() ? node.store_dirs : node.unusable_store_dirs).push_back(d);
   }
   // Nobody waits for the answer once the client cancelled or its deadline passed: the wait for a
   // slot and the validation itself stop then (issue #29 item 4).

@@ -35,6 +35,7 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
       if (auto it = on.find(g.index()); it != on.end()) g.set_job_id(it->second);
     }
   }
+  if (serving_problem_) response->set_serving_problem(serving_problem_());
   auto* cpu = response->mutable_cpu();
   for (workers::KernelPath p : workers::SupportedPaths()) {
     cpu->add_adamw_kernels(std::string(workers::KernelPathName(p)));

@@ -31,6 +31,8 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
   void set_profile_dir(std::string dir) { profile_dir_ = std::move(dir); }
   // Which job runs on which GPU (JobManager::GpuAssignments), shown as GpuInfo.job_id.
   void set_gpu_jobs(std::function<std::map<int, std::string>()> gpu_jobs) { gpu_jobs_ = std::move(gpu_jobs); }
+  // Why health is NOT_SERVING (JobManager::HealthProblem), shown as NodeInfo.serving_problem.
+  void set_serving_problem(std::function<std::string()> problem) { serving_problem_ = std::move(problem); }
 
  private:
   BuildFacts build_;
@@ -40,6 +42,7 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
   std::string adamw_kernel_ = "auto";
   std::string profile_dir_;
   std::function<std::map<int, std::string>()> gpu_jobs_;
+  std::function<std::string()> serving_problem_;
 };
 
 // Fills NodeInfo.bandwidths from the node profile cached in `dir` (problem set when none is).

@@ -21,7 +21,8 @@ TEST(NodeProbeTest, ReportsThisMachine) {
   ASSERT_EQ(f.store_dirs.size(), 2u);
   EXPECT_TRUE(f.store_dirs[0].problem.empty()) << f.store_dirs[0].problem;
   EXPECT_GT(f.store_dirs[0].capacity_bytes, 0u);
-  EXPECT_NE(f.store_dirs[1].problem.find("cannot stat"), std::string::npos);
+  // A missing directory is said to be missing (issue #29 item 21), not "cannot stat".
+  EXPECT_NE(f.store_dirs[1].problem.find("missing"), std::string::npos) << f.store_dirs[1].problem;
   // Either GPUs were found or we are told why not.
   EXPECT_TRUE(!f.gpus.empty() || !f.gpu_problem.empty());
   EXPECT_TRUE(f.io_uring_available || !f.io_uring_problem.empty());

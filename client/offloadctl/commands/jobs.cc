@@ -103,9 +103,16 @@ int RunList(Client& c, const Options& o) {
     }
     req.add_states(st);
   }
-  auto r = c.ListJobs(req);
-  if (!r.ok()) return Fail("list", r.status());
-  Print(*r, o.format(), RenderJobList(*r));
+  // Every page: the daemon ends a page at a count or a size (large job records), so one response
+  // need not hold every job.
+  offloadd::v1::ListJobsResponse all;
+  do {
+    auto r = c.ListJobs(req);
+    if (!r.ok()) return Fail("list", r.status());
+    for (auto& job : *r->mutable_jobs()) *all.add_jobs() = std::move(job);
+    req.set_page_token(r->next_page_token());
+  } while (!req.page_token().empty());
+  Print(all, o.format(), RenderJobList(all));
   return kExitOk;
 }
 

@@ -49,6 +49,9 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(binary_dir, wo
             resumed = [m for m in logs(seen) if m.startswith("resuming from ")]
             assert resumed == [f"resuming from {workspace / 'crash' / f'checkpoint-{previous}'}"], logs(seen)
             assert "checksum mismatch" in d.log() and f"checkpoint-{newest}" in d.log()
+            # Issue #29 item 21: the reason is in the job's own events too, not only the daemon's log.
+            skipped = [m for m in logs(seen) if m.startswith("skipped ") and f"checkpoint-{newest}" in m]
+            assert len(skipped) == 1 and "checksum mismatch" in skipped[0], logs(seen)
             ref_events = []
             ref = c.submit(spec(workspace, "reference", steps=steps, save_steps=save, accum=accum), wait=True,
                            timeout=180, on_event=ref_events.append)

@@ -103,11 +103,17 @@ def test_full_state_dir_keeps_the_final_state_and_says_why(binary_dir, workspace
                 line = next(ln for ln in d.log().splitlines() if "cannot record it" in ln)
                 assert job.id in line and "SUCCEEDED" in line and "full" in line, line
                 assert d.proc.poll() is None, "the daemon stays up"
-                assert c.get_job(job.id).state == S.JOB_STATE_RUNNING  # what the store holds meanwhile
+                # Issue #29 item 20: GetJob shows how the job ended, and health says why it is not
+                # durable yet (it said RUNNING and SERVING).
+                assert c.get_job(job.id).state == S.JOB_STATE_SUCCEEDED
+                assert c.health() == "NOT_SERVING"
+                problem = c.node_info().serving_problem
+                assert job.id in problem and "SUCCEEDED" in problem, problem
 
                 filler.unlink()  # room again: no restart needed
                 done = c.wait(job.id, timeout=30)
                 assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, d.log()[-3000:])
+                wait_until(lambda: c.health() == "SERVING", 30, "health SERVING once the end is recorded")
                 states = [e.state_change.state for e in all_events(c, job.id) if e.HasField("state_change")]
                 assert states[-1] == S.JOB_STATE_SUCCEEDED and states.count(S.JOB_STATE_SUCCEEDED) == 1, states
                 # The scheduler goes on: the next job runs.
@@ -185,6 +191,39 @@ def test_steps_trained_again_after_a_resume_show_once_in_the_event_log(binary_di
     reported = [p.step for p in progress(log)]
     assert reported == list(range(1, steps + 1)), f"steps reported more than once: {reported}"
     assert [e.cursor for e in log] == list(range(1, len(log) + 1))
+
+
+def test_steps_before_the_first_checkpoint_show_once_after_a_restart(binary_dir, workspace):
+    # Issue #29 item 12: killed before its first checkpoint, the job trains again from step 1 and
+    # reported steps 1-6 a second time (the runner skipped reported steps only when resuming from a
+    # checkpoint). A watcher sees each step once, and a log event says why steps are silent.
+    steps, accum = 24, 4
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
+    try:
+        with offloadd.Client(d.target) as c:
+            job = c.create_job(spec(workspace, "early", steps=steps, save_steps=1000, accum=accum))
+            first = Events(c, job.id)
+            first.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 4)
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            first.join()
+        d.stop()
+        killed_at = max(p.step for p in progress(first.events))
+        assert not any(e.HasField("checkpoint_saved") for e in first.events)
+        assert killed_at < steps
+
+        d.start()
+        with offloadd.Client(d.target) as c:
+            done = c.wait(job.id, timeout=120)
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, d.log()[-3000:])
+            assert done.progress.step == steps
+            log = all_events(c, job.id)
+    finally:
+        d.stop()
+    reported = [p.step for p in progress(log)]
+    assert reported == list(range(1, steps + 1)), f"steps reported more than once: {reported}"
+    marked = [m for m in logs(log) if m.startswith("restarted before the job's first checkpoint")]
+    assert len(marked) == 1 and f"steps 1-{killed_at} " in marked[0], logs(log)
 
 
 def test_output_space_is_checked_and_a_failed_job_resumes_from_its_checkpoint(binary_dir, workspace):

@@ -188,8 +188,16 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
                                     f"{final.progress.step} after {took:.1f} s"
                                     + (f": {final.error.message[:300]}" if final.error.message else "")
                                     + f"; daemon {'up, ' + health if alive else 'DIED'}")
-            assert alive and health == "SERVING", figures.defect(
-                f"the daemon did not survive {fault} under {where}:\n{d.log()[-3000:]}")
+            assert alive, figures.defect(f"the daemon did not survive {fault} under {where}:\n{d.log()[-3000:]}")
+            # A failing state directory makes jobs not durable: health says so, with the reason
+            # (issue #29 item 20). A full one may still take writes into space SQLite holds.
+            problem = c.node_info().serving_problem
+            if where == "state" and fault == "EIO":
+                assert health == "NOT_SERVING" and "jobs.db" in problem, figures.defect(
+                    f"health {health} while every write to the state directory fails ({problem!r})")
+            elif where != "state":
+                assert health == "SERVING", figures.defect(f"health {health} with {fault} under {where}: {problem!r}")
+            assert (health == "NOT_SERVING") == bool(problem), (health, problem)
             hung = final.state in (S.JOB_STATE_RUNNING, S.JOB_STATE_QUEUED, S.JOB_STATE_PAUSING,
                                    S.JOB_STATE_CANCELLING)
             if hung and where == "state":
