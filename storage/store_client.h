@@ -10,10 +10,16 @@
 // eventfds and the socket; borrows the segment and arena, which must outlive it. Destruction
 // closes the control socket (the store finishes in-flight work and exits), kills the child if it
 // has not exited within 10 s, and reaps it.
+//
+// Liveness (issue #29): NextCompletion with commands in flight waits at most
+// StoreLiveness::DeadlineSeconds of them without a completion; a store that misses it (stopped,
+// wedged in the kernel) is SIGKILLed and NextCompletion returns UNAVAILABLE naming the store, the
+// wait and kStoreDiedSign, which the daemon restarts the job after (as after the store's death).
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,11 +35,26 @@
 
 namespace offloadd::storage {
 
+// "offloadd-store (pid N) died" / "... killed by the liveness watchdog": the words every error
+// about a lost store process carries (daemon::IsRestartableFailure looks for them).
+inline constexpr const char* kStoreDiedSign = "offloadd-store (pid ";
+
+// The deadline on the commands in flight: max(floor_seconds, factor x their bytes /
+// bytes_per_second), bytes_per_second being the node profile's store rate (0: unknown, the floor
+// alone). floor_seconds 0: no deadline.
+struct StoreLiveness {
+  double floor_seconds = 0;
+  double factor = 10;
+  double bytes_per_second = 0;
+  double DeadlineSeconds(uint64_t bytes) const;
+};
+
 struct StoreProcessOptions {
   std::string binary;             // path of offloadd-store
   std::vector<std::string> args;  // e.g. {"--dir=/nvme0/store", "--queue-depth=32"}
   uint32_t queue_capacity = 256;  // records per ring (power of two)
   int ready_timeout_ms = 120000;  // opening a big store replays its manifest
+  StoreLiveness liveness;
 };
 
 struct Completion {
@@ -51,6 +72,7 @@ struct Completion {
 struct StoreClientStats {
   uint64_t submitted = 0, completed = 0, errors = 0;
   uint32_t in_flight = 0;
+  uint64_t watchdog_kills = 0;  // 1 once the liveness watchdog killed the store
   // counts[i]: completions with latency <= bounds[i] and > bounds[i-1]; counts.back(): +Inf.
   std::vector<double> latency_bounds_seconds;
   std::vector<uint64_t> latency_counts;
@@ -87,6 +109,9 @@ class StoreProcess {
   StoreProcess() = default;
   // `st` from a ring wait: when the store is gone, an UNAVAILABLE error saying how it ended.
   Status PeerError(Status st, const char* what);
+  // A ring wait (`wait(ms)`: DEADLINE_EXCEEDED after ms, -1 forever) bounded by timeout_ms and
+  // by the liveness deadline of the commands in flight; past the latter the store is killed.
+  Status WaitWithDeadline(const std::function<Status(int)>& wait, int timeout_ms, const char* what);
   pid_t pid_ = -1;
   bool reaped_ = false;
   int wait_status_ = 0;
@@ -98,6 +123,11 @@ class StoreProcess {
   mutable std::mutex stats_mu_;
   StoreClientStats stats_;  // guarded by stats_mu_
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> submitted_at_;  // by id
+  // Liveness: bytes in flight by id, and when the wait for them started (the last completion, or
+  // the submit that found nothing in flight). Guarded by stats_mu_.
+  StoreLiveness liveness_;
+  std::unordered_map<uint64_t, uint64_t> in_flight_bytes_;
+  std::chrono::steady_clock::time_point progress_at_{};
 };
 
 }  // namespace offloadd::storage

@@ -227,6 +227,13 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
                           ? cfg.worker_threads
                           : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
   ho.kernel_path = cfg.adamw_kernel;
+  ho.liveness_floor_seconds = cfg.liveness_floor_seconds;
+  ho.liveness_factor = cfg.liveness_factor;
+  if (node_profile) {
+    ho.adamw_params_per_second = node_profile->cpu_params_per_s;
+    ho.store_bytes_per_second =
+        std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s);
+  }
   ho.host_memory_limit = cfg.offload.host_memory_limit;
   ho.device_blocks = device_blocks;
   return ho;

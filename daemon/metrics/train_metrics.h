@@ -65,6 +65,10 @@ class TrainMetrics {
   // offloadd_job_host_pinned_bytes.
   void ObserveRuntime(const std::string& job_id, const trainer::RuntimeStats& stats);
 
+  // offloadd_watchdog_kills_total{process}: a job's `process` ("executor", "store") was killed for
+  // missing its liveness deadline. Worker kills come through ObserveRuntime.
+  void CountWatchdogKill(const std::string& process);
+
   // offloadd_jobs{state}: the count of jobs in each state. A state reported before and absent
   // from `counts` is set to 0, so its series does not go stale.
   void SetJobsByState(const std::map<std::string, int64_t>& counts);

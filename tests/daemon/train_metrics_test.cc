@@ -261,6 +261,32 @@ TEST(TrainMetricsTest, WorkerAndStoreSeriesFollowTheJobsProcesses) {
 }
 
 // Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with ClearJob.
+// Issue #29 item 5: processes killed for missing a liveness deadline, by kind; every kind has its
+// series from the start, and the workers' count follows the jobs' runtime reports by increase.
+TEST(TrainMetricsTest, WatchdogKillsCountByProcess) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  auto v = Samples(Scrape(registry));
+  for (const char* p : {"executor", "worker", "store"}) {
+    EXPECT_EQ(v.count(std::string("offloadd_watchdog_kills_total{process=\"") + p + "\"}"), 1u) << p;
+  }
+  m.CountWatchdogKill("executor");
+  m.CountWatchdogKill("store");
+  m.CountWatchdogKill("store");
+  trainer::RuntimeStats r;
+  r.worker_watchdog_kills = 2;
+  m.ObserveRuntime("a", r);
+  m.ObserveRuntime("a", r);  // the same cumulative count again: no increase
+  r.worker_watchdog_kills = 3;
+  m.ObserveRuntime("a", r);
+  r.worker_watchdog_kills = 1;
+  m.ObserveRuntime("b", r);
+  v = Samples(Scrape(registry));
+  EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="executor"})"], 1);
+  EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="store"})"], 2);
+  EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="worker"})"], 4);
+}
+
 TEST(TrainMetricsTest, EvalAndProjectorCheckSeries) {
   prometheus::Registry registry;
   TrainMetrics m(registry);

@@ -10,8 +10,10 @@ during store writes, and between steps. After each kill the job must recover:
 * worker: the pool restarts the worker and replays its commands (no resume); only a crash loop
   (more than the pool's max_restarts crashes in a row with no completed command between) would fail
   the job, which is then resubmitted as a store-killed one is;
-* store: the job must end with an error naming the dead store (or recover by itself); it is then
-  resubmitted with resume_from_checkpoint = its newest checkpoint, into the same output_dir.
+* store: the job restarts from its newest checkpoint by itself, as after an executor's death (issue
+  #29 item 21), within jobs.max_executor_restarts; past them it ends with an error naming the dead
+  store and is resubmitted with resume_from_checkpoint = its newest checkpoint, into the same
+  output_dir.
 Every wait is bounded: a job that neither progresses nor ends within RECOVERY_BOUND_S after a kill
 is the hang of issue #18 defect 2, named as such.
 
@@ -203,7 +205,7 @@ class Campaign:
                 time.sleep(0.01)
             assert pids, f"no {name} child of the daemon within 10 s at kill point {row['n']} (step {row['step_at_kill']})"
             os.kill(self.rng.choice(pids), signal.SIGKILL)
-            row["recovery"] = "worker restart + replay" if self.kind == "worker" else "recovered in place"
+            row["recovery"] = "worker restart + replay" if self.kind == "worker" else "job restart"
         # Recovered: a progress event past the kill. Or the job ended: it is resubmitted.
         got = ev.wait_for(lambda e: e.cursor > after_cursor and (
             e.HasField("progress") or (e.HasField("state_change") and e.state_change.state in (
