@@ -290,6 +290,38 @@ TEST(WorkerPoolTest, ExternalSigkillWhileBusyGivesTheSameResult) {
 }
 
 
+// Issue #29 item 5: a stopped worker (SIGSTOP: no death for its pidfd to show, as a worker wedged
+// in the kernel or deadlocked) is killed once its oldest command is past the liveness deadline,
+// restarted and replayed: the result is the uninterrupted one, bit for bit.
+TEST(WorkerPoolTest, AStoppedWorkerIsKilledByTheLivenessDeadlineAndReplayed) {
+  Model m(kSizes);
+  WorkerPoolOptions o = Options(2, 1);
+  o.liveness = {.floor_seconds = 0.3, .factor = 10, .params_per_second = 1e9};
+  auto pool = WorkerPool::Start(&m.segment(), &m.arena(), o);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const pid_t stopped = (*pool)->Pids()[0];
+  ASSERT_EQ(::kill(stopped, SIGSTOP), 0);
+  uint64_t id = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  Train(&m, pool->get(), 3, &id);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  const WorkerPoolMetrics metrics = (*pool)->Metrics();
+  EXPECT_EQ(metrics.watchdog_kills_total, 1u);
+  EXPECT_EQ(metrics.restarts_total, 1u);
+  EXPECT_NE((*pool)->Pids()[0], stopped);
+  EXPECT_EQ(m.State(), Reference(3));
+}
+
+TEST(WorkerLivenessTest, DeadlineIsTheFloorOrTheFactorTimesTheExpectedTime) {
+  const WorkerLiveness off{};
+  EXPECT_EQ(off.DeadlineSeconds(1'000'000'000), 0);  // no floor: no deadline
+  const WorkerLiveness l{.floor_seconds = 2, .factor = 10, .params_per_second = 1e8};
+  EXPECT_EQ(l.DeadlineSeconds(1'000'000), 2);            // 10 ms expected: the floor
+  EXPECT_EQ(l.DeadlineSeconds(1'000'000'000), 100);      // 10 s expected, x 10
+  const WorkerLiveness unknown{.floor_seconds = 2, .factor = 10, .params_per_second = 0};
+  EXPECT_EQ(unknown.DeadlineSeconds(1'000'000'000), 2);  // no profile: the floor
+}
+
 TEST(WorkerPoolTest, AWorkerThatCompletesWorkBetweenKillsIsNeverAbandoned) {
   // max_restarts bounds a crash loop (consecutive crashes with no completed command between),
   // not the crashes of a job's lifetime: four kills, each after a completed step, with
