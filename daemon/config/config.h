@@ -91,9 +91,10 @@ struct MemoryConfig {
 // its NVMe store and its data-parallel ranks (docs/faults.md). A process that misses one is
 // logged, counted (offloadd_watchdog_kills_total), killed and recovered as after its crash.
 struct LivenessConfig {
-  // Work handed to a worker or the store, and each training step of an executor, must finish
-  // within max(floor_seconds, factor x its expected time from the node profile (a step: the
-  // recent steps' time)). 0 turns these deadlines off.
+  // Work handed to a worker or the store must finish within max(floor_seconds, factor x its
+  // expected time from the node profile); a training step of an executor within floor_seconds +
+  // max(floor_seconds, factor x the recent steps' time) (one floor more, so that the deadlines
+  // inside the step act first). 0 turns these deadlines off (the heartbeats stay).
   double floor_seconds = 120;
   double factor = 10;
   // An executor reports a heartbeat this often; one silent for max(6 heartbeats, 1 s) (stopped,
