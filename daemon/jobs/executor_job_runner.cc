@@ -329,7 +329,8 @@ class AttemptRunner {
     if (s.code() == StatusCode::kUnavailable) {
       // After its final status the executor exits; before it, a closed socket is a lost executor.
       if (!e.finished && !e.exited) {
-        e.problem = "closed its control socket without a final status";
+        // A cause found before (the cancel's grace period, a forced cancel) stays the cause.
+        if (e.problem.empty()) e.problem = "closed its control socket without a final status";
         Kill(e);
       }
       return;

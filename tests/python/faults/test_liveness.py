@@ -43,9 +43,10 @@ RECOVERY_BOUND_S = 60
 STARTED = re.compile(r"executor started: pid (\d+) rank (\d+)")
 
 
-def liveness_yaml(*, restarts: int = 2, cancel_grace: float = 30, heartbeat: float = HEARTBEAT_S) -> str:
+def liveness_yaml(*, restarts: int = 2, cancel_grace: float = 30, heartbeat: float = HEARTBEAT_S,
+                  floor: float = FLOOR_S) -> str:
     return (f"jobs:\n  max_executor_restarts: {restarts}\n  cancel_grace_seconds: {cancel_grace}\n"
-            f"  liveness: {{floor_seconds: {FLOOR_S}, factor: 10, heartbeat_seconds: {heartbeat}}}\n")
+            f"  liveness: {{floor_seconds: {floor}, factor: 10, heartbeat_seconds: {heartbeat}}}\n")
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +212,8 @@ def start_stopped_job(binary_dir, ws: pathlib.Path, extra_yaml: str):
 @pytest.mark.timeout(180)
 def test_cancel_of_a_stopped_executor_escalates_after_the_grace_period(binary_dir, tmp_path, assets, figures):
     grace = 1.0
-    # Heartbeats far apart: here the cancel's grace period, not the liveness watchdog, ends it.
-    yaml = liveness_yaml(cancel_grace=grace, heartbeat=600)
+    # Deadlines far off: here the cancel's grace period, not the liveness watchdog, ends it.
+    yaml = liveness_yaml(cancel_grace=grace, heartbeat=600, floor=600)
     d, c, job_id, pid = start_stopped_job(binary_dir, workspace(tmp_path / "ws", assets), yaml)
     try:
         t0 = time.monotonic()
@@ -233,7 +234,7 @@ def test_cancel_of_a_stopped_executor_escalates_after_the_grace_period(binary_di
 @pytest.mark.timeout(180)
 def test_cancel_force_kills_at_once(binary_dir, tmp_path, assets, figures):
     # Neither the grace period nor the watchdog would end it within the test.
-    yaml = liveness_yaml(cancel_grace=3600, heartbeat=600)
+    yaml = liveness_yaml(cancel_grace=3600, heartbeat=600, floor=600)
     d, c, job_id, pid = start_stopped_job(binary_dir, workspace(tmp_path / "ws", assets), yaml)
     try:
         ctl = [str(binary_dir / "client" / "offloadctl"), "--target", d.target]
