@@ -20,6 +20,7 @@
 #include "engine/file_util.h"
 #include "engine/model_config.h"
 #include "executor/heartbeat.h"
+#include "ipc/liveness.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 
@@ -113,6 +114,7 @@ class ChannelObserver final : public trainer::TrainObserver {
     if (rank_ != 0) return;
     pb::ExecutorMessage m;
     *m.mutable_runtime() = daemon::ToProto(r);
+    m.mutable_runtime()->set_worker_watchdog_kills(ipc::WatchdogKills("worker"));
     channel_.Send(m);
   }
 
@@ -254,6 +256,9 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   const daemon::TrainerEnvironment env = daemon::FromProto(start.environment());
   // Every file the job opens stays under the daemon's allowed_roots, checked at use (issue #18).
   SetAllowedRoots(env.allowed_roots);
+  // So are its waits on its workers and store (jobs.liveness; the trainer adds the node profile's
+  // rates).
+  ipc::SetLivenessPolicy(env.liveness_floor_seconds, env.liveness_factor);
   ASSIGN_OR_RETURN(trainer::TrainConfig config, daemon::MakeTrainConfig(job, env));
   config.parallel = daemon::ParallelFromPlacement(start.placement());
   if (env.has_gpu && start.placement().gpu_index() >= 0) {

@@ -19,6 +19,7 @@
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
 #include "ipc/fd_passing.h"
+#include "ipc/liveness.h"
 
 namespace offloadd::storage {
 namespace {
@@ -31,17 +32,10 @@ constexpr int kExitTimeoutMs = 10000;
 using ipc::DescribeExit;
 }  // namespace
 
-double StoreLiveness::DeadlineSeconds(uint64_t bytes) const {
-  if (floor_seconds <= 0) return 0;
-  const double expected = bytes_per_second > 0 ? static_cast<double>(bytes) / bytes_per_second : 0;
-  return std::max(floor_seconds, factor * expected);
-}
-
 StatusOr<std::unique_ptr<StoreProcess>> StoreProcess::Launch(const ipc::SharedSegment& segment,
                                                              ipc::Arena* arena,
                                                              const StoreProcessOptions& options) {
   std::unique_ptr<StoreProcess> p(new StoreProcess);
-  p->liveness_ = options.liveness;
   // Fresh ring names per launch: a restarted store never sees records of a dead one.
   const std::string tag =
       "store." + std::to_string(::getpid()) + "." + std::to_string(g_generation++);
@@ -220,7 +214,7 @@ Status StoreProcess::WaitWithDeadline(const std::function<Status(int)>& wait, in
       std::lock_guard<std::mutex> lock(stats_mu_);
       in_flight = stats_.in_flight;
       for (const auto& [id, b] : in_flight_bytes_) bytes += b;
-      limit = in_flight > 0 ? liveness_.DeadlineSeconds(bytes) : 0;
+      limit = in_flight > 0 ? ipc::StoreLivenessPolicy().DeadlineSeconds(static_cast<double>(bytes)) : 0;
       since = progress_at_;
     }
     const Clock::time_point deadline =
@@ -247,6 +241,7 @@ Status StoreProcess::WaitWithDeadline(const std::function<Status(int)>& wait, in
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.watchdog_kills = 1;
       }
+      ipc::CountWatchdogKill("store");
       char secs[32];
       std::snprintf(secs, sizeof secs, "%g", limit);
       return UnavailableError(std::string(kStoreDiedSign) + std::to_string(pid_) +

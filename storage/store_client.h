@@ -11,10 +11,11 @@
 // closes the control socket (the store finishes in-flight work and exits), kills the child if it
 // has not exited within 10 s, and reaps it.
 //
-// Liveness (issue #29): NextCompletion with commands in flight waits at most
-// StoreLiveness::DeadlineSeconds of them without a completion; a store that misses it (stopped,
-// wedged in the kernel) is SIGKILLed and NextCompletion returns UNAVAILABLE naming the store, the
-// wait and kStoreDiedSign, which the daemon restarts the job after (as after the store's death).
+// Liveness (issue #29, ipc/liveness.h): Submit and NextCompletion with commands in flight wait at
+// most the process's StoreLivenessPolicy deadline of their bytes without a completion; a store
+// that misses it (stopped, wedged in the kernel) is SIGKILLed and the call returns UNAVAILABLE
+// naming the store, the wait and kStoreDiedSign, which the daemon restarts the job after (as
+// after the store's death).
 
 #include <sys/types.h>
 
@@ -39,22 +40,11 @@ namespace offloadd::storage {
 // about a lost store process carries (daemon::IsRestartableFailure looks for them).
 inline constexpr const char* kStoreDiedSign = "offloadd-store (pid ";
 
-// The deadline on the commands in flight: max(floor_seconds, factor x their bytes /
-// bytes_per_second), bytes_per_second being the node profile's store rate (0: unknown, the floor
-// alone). floor_seconds 0: no deadline.
-struct StoreLiveness {
-  double floor_seconds = 0;
-  double factor = 10;
-  double bytes_per_second = 0;
-  double DeadlineSeconds(uint64_t bytes) const;
-};
-
 struct StoreProcessOptions {
   std::string binary;             // path of offloadd-store
   std::vector<std::string> args;  // e.g. {"--dir=/nvme0/store", "--queue-depth=32"}
   uint32_t queue_capacity = 256;  // records per ring (power of two)
   int ready_timeout_ms = 120000;  // opening a big store replays its manifest
-  StoreLiveness liveness;
 };
 
 struct Completion {
@@ -125,7 +115,6 @@ class StoreProcess {
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> submitted_at_;  // by id
   // Liveness: bytes in flight by id, and when the wait for them started (the last completion, or
   // the submit that found nothing in flight). Guarded by stats_mu_.
-  StoreLiveness liveness_;
   std::unordered_map<uint64_t, uint64_t> in_flight_bytes_;
   std::chrono::steady_clock::time_point progress_at_{};
 };

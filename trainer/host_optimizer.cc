@@ -49,9 +49,6 @@ workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o) {
   p.processes = std::max<uint32_t>(1, o.worker_processes);
   p.threads_per_process = std::max<uint32_t>(1, o.worker_threads);
   p.kernel_path = o.kernel_path;
-  p.liveness = {.floor_seconds = o.liveness_floor_seconds,
-                .factor = o.liveness_factor,
-                .params_per_second = o.adamw_params_per_second};
   return p;
 }
 
@@ -158,9 +155,6 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     for (const auto& d : o.nvme_dirs) so2.args.push_back("--dir=" + d);
     so2.args.push_back("--queue-depth=" + std::to_string(o.nvme_queue_depth));
     if (o.nvme_block_size > 0) so2.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
-    so2.liveness = {.floor_seconds = o.liveness_floor_seconds,
-                    .factor = o.liveness_factor,
-                    .bytes_per_second = o.store_bytes_per_second};
     ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so2));
   }
   ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
@@ -784,7 +778,6 @@ void HostOptimizer::AddRuntime(RuntimeStats* out) const {
     x.restarts = w.restarts;
     out->workers.push_back(x);
   }
-  out->worker_watchdog_kills += m.watchdog_kills_total;
   if (store_) out->stores.push_back(StoreRuntimeStats(*store_, "optimizer"));
   out->arena_bytes += ArenaBytes(options_);
 }

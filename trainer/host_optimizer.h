@@ -68,12 +68,6 @@ struct HostOptimizerOptions {
   std::string worker_binary, store_binary;
   uint32_t worker_processes = 1, worker_threads = 1;
   std::string kernel_path = "auto";  // workers::ResolveKernelPath's request
-  // Liveness deadlines (TrainConfig::liveness_*) and the node profile's rates they scale (0:
-  // unknown, the floor alone applies).
-  double liveness_floor_seconds = 0;
-  double liveness_factor = 10;
-  double adamw_params_per_second = 0;
-  double store_bytes_per_second = 0;
   uint64_t host_memory_limit = 0;  // refuse an arena larger than this
   // Per block (empty: none): its optimizer states live on the GPU and the trainer updates it
   // there (DeviceOptimizer). The driver counts its gradient norm, given with GradsReady's last

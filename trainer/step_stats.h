@@ -99,7 +99,6 @@ struct RuntimeStats {
   std::vector<Store> stores;
   uint64_t arena_bytes = 0;        // the shared arena: master weights, Adam states, staging
   uint64_t pinned_host_bytes = 0;  // host memory page-locked for the GPU's copies (CUDA; 0 on a CPU device)
-  uint64_t worker_watchdog_kills = 0;  // workers killed for missing their liveness deadline, since the pool started
 };
 
 }  // namespace offloadd::trainer

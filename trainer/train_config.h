@@ -164,11 +164,6 @@ struct TrainConfig {
   // CPU AdamW kernel flavour: auto (OFFLOADD_ADAMW_KERNEL, else the fastest), portable, avx2,
   // avx512, avx512bf16. Every flavour computes the same AdamW (workers/adamw_kernel.h).
   std::string adamw_kernel = "auto";
-  // Liveness deadlines on waits for the workers and the store (workers::WorkerPoolOptions,
-  // storage::StoreProcessOptions): max(floor, factor x the node profile's expected time of the
-  // work outstanding); the process is then killed and recovered as after a crash. 0: none.
-  double liveness_floor_seconds = 0;
-  double liveness_factor = 10;
   // Where the node profile (trainer/node_profile.h) is cached; empty: measured every run. The
   // daemon passes <state_dir>/profiles.
   std::string profile_dir;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "ipc/liveness.h"
 #include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 
@@ -79,6 +80,12 @@ Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(StartSpill());
 
   const HostOptimizerOptions ho = HostOptions();
+  // The workers' and the store's liveness deadlines scale with the node profile's rates
+  // (ipc/liveness.h; the executor set the floor and factor).
+  if (node_profile) {
+    ipc::SetLivenessRates(node_profile->cpu_params_per_s,
+                          std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s));
+  }
   RETURN_IF_ERROR(CreateHostOptimizer(ho));
   RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
     for (const auto& slot : layout[b].params) {
@@ -227,13 +234,6 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
                           ? cfg.worker_threads
                           : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
   ho.kernel_path = cfg.adamw_kernel;
-  ho.liveness_floor_seconds = cfg.liveness_floor_seconds;
-  ho.liveness_factor = cfg.liveness_factor;
-  if (node_profile) {
-    ho.adamw_params_per_second = node_profile->cpu_params_per_s;
-    ho.store_bytes_per_second =
-        std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s);
-  }
   ho.host_memory_limit = cfg.offload.host_memory_limit;
   ho.device_blocks = device_blocks;
   return ho;

@@ -18,6 +18,7 @@
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
 #include "ipc/fd_passing.h"
+#include "ipc/liveness.h"
 #include "workers/cpu_topology.h"
 #include "workers/shard_executor.h"
 
@@ -56,12 +57,6 @@ const char* CommandName(uint32_t kind) {
 }
 
 }  // namespace
-
-double WorkerLiveness::DeadlineSeconds(uint64_t elements) const {
-  if (floor_seconds <= 0) return 0;
-  const double expected = params_per_second > 0 ? static_cast<double>(elements) / params_per_second : 0;
-  return std::max(floor_seconds, factor * expected);
-}
 
 struct WorkerPool::Pending {
   ipc::CommandRecord command;
@@ -443,7 +438,8 @@ void WorkerPool::HandleDeath(Worker* w) {
   }
   OFFLOADD_LOG(kWarning, "workers")
       << "worker " << w->index << " (pid " << old_pid << ") "
-      << (watchdog ? "killed by the liveness watchdog" : DescribeExit(status)) << "; replaying " << w->in_flight.size() << " command(s)";
+      << (watchdog ? "killed by the liveness watchdog" : DescribeExit(status)) << "; replaying "
+      << w->in_flight.size() << " command(s)";
   replayed_total_ += w->in_flight.size();
   while (!w->in_flight.empty()) {
     w->pending.push_front(w->in_flight.back());
@@ -476,36 +472,6 @@ void WorkerPool::HandleDeath(Worker* w) {
   }
 }
 
-Clock::time_point WorkerPool::EnforceDeadlinesLocked() {
-  Clock::time_point next = Clock::time_point::max();
-  if (options_.liveness.floor_seconds <= 0 || force_stop_) return next;
-  const Clock::time_point now = Clock::now();
-  for (auto& wp : workers_) {
-    Worker* w = wp.get();
-    if (w->failed || w->pid < 0 || w->in_flight.empty() || w->watchdog_killed) continue;
-    const Pending& oldest = w->in_flight.front();
-    const double limit = options_.liveness.DeadlineSeconds(CommandElements(oldest.command));
-    const Clock::time_point deadline =
-        w->progress_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
-    if (now < deadline) {
-      next = std::min(next, deadline);
-      continue;
-    }
-    // Stopped (SIGSTOP), wedged in the kernel (D state) or deadlocked: nothing to see on its pidfd.
-    // The kill makes it a crash, which the death path restarts and replays.
-    ++watchdog_kills_;
-    w->watchdog_killed = true;
-    OFFLOADD_LOG(kError, "workers")
-        << "liveness: worker " << w->index << " (pid " << w->pid << ") completed nothing for " << limit
-        << " s while running a " << CommandName(oldest.command.kind) << " of "
-        << CommandElements(oldest.command) << " elements (" << w->in_flight.size()
-        << " command(s) in flight; deadline max(floor " << options_.liveness.floor_seconds << " s, "
-        << options_.liveness.factor << " x expected)); killing it";
-    ::kill(w->pid, SIGKILL);  // seen through its pidfd like any death
-  }
-  return next;
-}
-
 void WorkerPool::Loop() {
   Status st;
   for (auto& w : workers_) {
@@ -530,6 +496,38 @@ void WorkerPool::Loop() {
   }
   bool shutdown_sent = false;
   Clock::time_point kill_deadline{};
+  // Liveness (ipc/liveness.h): kills the workers whose oldest command is past its deadline (their
+  // deaths then take the crash path: restart, replay); returns the next deadline. Caller holds mu_.
+  const auto enforce_deadlines = [this]() -> Clock::time_point {
+    Clock::time_point next = Clock::time_point::max();
+    const ipc::LivenessPolicy policy = ipc::WorkerLivenessPolicy();
+    if (policy.floor_seconds <= 0 || force_stop_) return next;
+    const Clock::time_point now = Clock::now();
+    for (auto& wp : workers_) {
+      Worker* w = wp.get();
+      if (w->failed || w->pid < 0 || w->in_flight.empty() || w->watchdog_killed) continue;
+      const Pending& oldest = w->in_flight.front();
+      const uint64_t elements = CommandElements(oldest.command);
+      const double limit = policy.DeadlineSeconds(static_cast<double>(elements));
+      const Clock::time_point deadline =
+          w->progress_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
+      if (now < deadline) {
+        next = std::min(next, deadline);
+        continue;
+      }
+      // Stopped (SIGSTOP), wedged in the kernel (D state) or deadlocked: nothing shows on its pidfd.
+      ipc::CountWatchdogKill("worker");
+      w->watchdog_killed = true;
+      OFFLOADD_LOG(kError, "workers") << "liveness: worker " << w->index << " (pid " << w->pid
+                                      << ") completed nothing for " << limit << " s while running a "
+                                      << CommandName(oldest.command.kind) << " of " << elements << " elements ("
+                                      << w->in_flight.size() << " command(s) in flight; deadline max(floor "
+                                      << policy.floor_seconds << " s, " << policy.factor
+                                      << " x expected)); killing it";
+      ::kill(w->pid, SIGKILL);  // seen through its pidfd like any death
+    }
+    return next;
+  };
   for (;;) {
     bool sleep = true;
     Clock::time_point liveness_deadline = Clock::time_point::max();
@@ -554,7 +552,7 @@ void WorkerPool::Loop() {
         if (!w->completions.ArmConsumerWait()) sleep = false;
         if (!w->pending.empty() && !w->commands.ArmProducerWait()) sleep = false;
       }
-      liveness_deadline = EnforceDeadlinesLocked();
+      liveness_deadline = enforce_deadlines();
     }
     epoll_event events[64];
     int timeout = -1;
@@ -634,7 +632,6 @@ WorkerPoolMetrics WorkerPool::Metrics() const {
   m.restarts_total = restarts_total_;
   m.replayed_commands_total = replayed_total_;
   m.failed_commands_total = failed_total_;
-  m.watchdog_kills_total = watchdog_kills_;
   m.latency_bounds_seconds.assign(std::begin(kLatencyBounds), std::end(kLatencyBounds));
   m.latency_counts = latency_counts_;
   m.latency_sum_seconds = latency_sum_;

@@ -20,17 +20,11 @@
 // that kills it on every replay) is abandoned: its interrupted chunk commits are completed here and its commands complete
 // UNAVAILABLE.
 //
-// Liveness (issue #29): a worker that holds commands and completes none for
-// WorkerLiveness::DeadlineSeconds of its oldest one (stopped, wedged in the kernel, deadlocked: no
-// death to see) is logged, counted (watchdog_kills_total) and SIGKILLed by the supervisor; its
-// death then takes the crash path above (restart, replay), and its restart budget.
-//
 // Thread-safety: Submit/WaitCompletion/TryGetCompletion/Metrics/Shutdown may be called from any
 // threads. The segment and arena must outlive the pool.
 
 #include <sys/types.h>
 
-#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -47,16 +41,6 @@
 
 namespace offloadd::workers {
 
-// The deadline on a worker's oldest outstanding command: max(floor_seconds, factor x its
-// elements / params_per_second), params_per_second being the node profile's AdamW rate (0:
-// unknown, the floor alone). floor_seconds 0: no deadline.
-struct WorkerLiveness {
-  double floor_seconds = 0;
-  double factor = 10;
-  double params_per_second = 0;
-  double DeadlineSeconds(uint64_t elements) const;
-};
-
 struct WorkerPoolOptions {
   std::string worker_binary;  // path of offloadd-worker
   uint32_t processes = 1;
@@ -72,7 +56,6 @@ struct WorkerPoolOptions {
   uint32_t max_restarts = 3;         // per worker: consecutive crashes with no completion between
   int start_timeout_ms = 10000;      // a worker must attach within this
   int shutdown_timeout_ms = 10000;   // then it is SIGKILLed
-  WorkerLiveness liveness;
   // Test seam: the first incarnation of worker `crash_worker` kills itself (protocol.h).
   CrashPoint crash_point = CrashPoint::kNone;
   uint64_t crash_after_chunks = 0;
@@ -96,7 +79,6 @@ struct WorkerPoolMetrics {
   uint64_t restarts_total = 0;
   uint64_t replayed_commands_total = 0;
   uint64_t failed_commands_total = 0;
-  uint64_t watchdog_kills_total = 0;  // workers killed for missing their liveness deadline
   // Submit-to-completion latency histogram: counts[i] is the number of commands with latency
   // <= bounds[i] and > bounds[i-1]; counts.back() is the +Inf bucket.
   std::vector<double> latency_bounds_seconds;
@@ -147,8 +129,6 @@ class WorkerPool {
   void HandleDeath(Worker* w);
   void AbandonLocked(Worker* w, const Status& why);
   void WatchDeathFd(Worker* w, bool add);
-  // Kills the workers past their liveness deadline; the time of the next deadline (max if none).
-  std::chrono::steady_clock::time_point EnforceDeadlinesLocked();
 
   ipc::SharedSegment* segment_;
   ipc::Arena* arena_;
@@ -169,7 +149,7 @@ class WorkerPool {
   bool stopping_ = false;
   bool force_stop_ = false;  // shutdown timed out: workers were SIGKILLed, do not restart them
   bool stopped_ = false;
-  uint64_t restarts_total_ = 0, replayed_total_ = 0, failed_total_ = 0, watchdog_kills_ = 0;
+  uint64_t restarts_total_ = 0, replayed_total_ = 0, failed_total_ = 0;
   std::vector<uint64_t> latency_counts_;
   double latency_sum_ = 0;
 };

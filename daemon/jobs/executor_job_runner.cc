@@ -396,6 +396,7 @@ class AttemptRunner {
       metrics_->ObserveProjectorCheck(job_.id(), FromProto(m.projector_check()));
     } else if (metrics_ != nullptr && m.has_runtime()) {
       metrics_->ObserveRuntime(job_.id(), FromProto(m.runtime()));
+      metrics_->ObserveWorkerWatchdogKills(job_.id(), m.runtime().worker_watchdog_kills());
     }
   }
 

@@ -118,7 +118,6 @@ pb::RuntimeStats ToProto(const trainer::RuntimeStats& r) {
   }
   out.set_arena_bytes(r.arena_bytes);
   out.set_pinned_host_bytes(r.pinned_host_bytes);
-  out.set_worker_watchdog_kills(r.worker_watchdog_kills);
   return out;
 }
 trainer::RuntimeStats FromProto(const pb::RuntimeStats& in) {
@@ -135,7 +134,6 @@ trainer::RuntimeStats FromProto(const pb::RuntimeStats& in) {
   }
   r.arena_bytes = in.arena_bytes();
   r.pinned_host_bytes = in.pinned_host_bytes();
-  r.worker_watchdog_kills = in.worker_watchdog_kills();
   return r;
 }
 

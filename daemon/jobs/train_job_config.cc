@@ -189,8 +189,6 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.worker_threads = env.worker_threads;
   c.adamw_kernel = env.adamw_kernel;
   c.profile_dir = env.profile_dir;
-  c.liveness_floor_seconds = env.liveness_floor_seconds;
-  c.liveness_factor = env.liveness_factor;
   if (env.trace_steps > 0 && !c.output_dir.empty()) {
     c.trace_path = c.output_dir + "/trace.json";
     c.trace_steps = env.trace_steps;

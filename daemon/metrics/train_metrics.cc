@@ -447,9 +447,14 @@ void TrainMetrics::ObserveRuntime(const std::string& job_id, const trainer::Runt
   }
   j.arena->Set(static_cast<double>(r.arena_bytes));
   j.pinned->Set(static_cast<double>(r.pinned_host_bytes));
-  const double kills = static_cast<double>(r.worker_watchdog_kills);
+}
+
+void TrainMetrics::ObserveWorkerWatchdogKills(const std::string& job_id, uint64_t total) {
+  std::lock_guard lock(impl_->mu);
+  Impl::JobSeries& j = impl_->SeriesLocked(job_id);
+  const double kills = static_cast<double>(total);
   if (kills > j.last_worker_watchdog_kills) {
-    m.watchdog_kills.Add({{"process", "worker"}}).Increment(kills - j.last_worker_watchdog_kills);
+    impl_->watchdog_kills.Add({{"process", "worker"}}).Increment(kills - j.last_worker_watchdog_kills);
   }
   j.last_worker_watchdog_kills = kills;
 }

@@ -262,7 +262,7 @@ TEST(TrainMetricsTest, WorkerAndStoreSeriesFollowTheJobsProcesses) {
 
 // Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with ClearJob.
 // Issue #29 item 5: processes killed for missing a liveness deadline, by kind; every kind has its
-// series from the start, and the workers' count follows the jobs' runtime reports by increase.
+// series from the start, and the workers' count follows each job's cumulative count by increase.
 TEST(TrainMetricsTest, WatchdogKillsCountByProcess) {
   prometheus::Registry registry;
   TrainMetrics m(registry);
@@ -273,14 +273,10 @@ TEST(TrainMetricsTest, WatchdogKillsCountByProcess) {
   m.CountWatchdogKill("executor");
   m.CountWatchdogKill("store");
   m.CountWatchdogKill("store");
-  trainer::RuntimeStats r;
-  r.worker_watchdog_kills = 2;
-  m.ObserveRuntime("a", r);
-  m.ObserveRuntime("a", r);  // the same cumulative count again: no increase
-  r.worker_watchdog_kills = 3;
-  m.ObserveRuntime("a", r);
-  r.worker_watchdog_kills = 1;
-  m.ObserveRuntime("b", r);
+  m.ObserveWorkerWatchdogKills("a", 2);
+  m.ObserveWorkerWatchdogKills("a", 2);  // the same cumulative count again: no increase
+  m.ObserveWorkerWatchdogKills("a", 3);
+  m.ObserveWorkerWatchdogKills("b", 1);
   v = Samples(Scrape(registry));
   EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="executor"})"], 1);
   EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="store"})"], 2);

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "ipc/arena.h"
+#include "ipc/liveness.h"
 #include "ipc/shm_segment.h"
 #include "storage/store_client.h"
 #include "tests/storage/test_util.h"
@@ -129,9 +130,9 @@ TEST_F(StoreProcessTest, RoundTripsThroughTheRingsAndRejectsBadOffsets) {
 // I/O) is killed once the commands in flight are past the liveness deadline, and the wait returns
 // UNAVAILABLE naming the store and the watchdog (which the daemon restarts the job after).
 TEST_F(StoreProcessTest, AStoppedStoreIsKilledByTheLivenessDeadline) {
-  StoreProcessOptions o = Options();
-  o.liveness = {.floor_seconds = 0.3, .factor = 10, .bytes_per_second = 1e9};
-  auto p = StoreProcess::Launch(segment_, &arena_, o);
+  ipc::SetLivenessPolicy(/*floor_seconds=*/0.3, /*factor=*/10);
+  ipc::SetLivenessRates(0, /*store_bytes_per_second=*/1e9);
+  auto p = StoreProcess::Launch(segment_, &arena_, Options());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   const size_t size = 65536;
   ipc::Region src = Region("src", size);
@@ -151,12 +152,11 @@ TEST_F(StoreProcessTest, AStoppedStoreIsKilledByTheLivenessDeadline) {
       << c.status().message();
   EXPECT_EQ((*p)->Stats().watchdog_kills, 1u);
   // Without work in flight there is nothing to wait for: no deadline, a plain timeout.
-  StoreProcessOptions idle_options = Options();
-  idle_options.liveness = o.liveness;
-  auto idle = StoreProcess::Launch(segment_, &arena_, idle_options);
+  auto idle = StoreProcess::Launch(segment_, &arena_, Options());
   ASSERT_TRUE(idle.ok()) << idle.status().ToString();
   EXPECT_EQ((*idle)->NextCompletion(500).status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_TRUE((*idle)->Shutdown().ok());
+  ipc::SetLivenessPolicy(0, 10);  // the other tests: no deadlines
 }
 
 TEST_F(StoreProcessTest, OpenErrorsComeBackThroughTheHandshake) {
