@@ -179,6 +179,11 @@ int RunDaemon(const DaemonConfig& config) {
   runner_options.environment = DaemonTrainerEnvironment(config, !gpus.empty());
   runner_options.state_dir = config.state_dir;
   runner_options.max_restarts = config.jobs.max_executor_restarts;
+  runner_options.cancel_grace_seconds = config.jobs.cancel_grace_seconds;
+  runner_options.group_timeout_seconds = config.jobs.group_timeout_seconds;
+  runner_options.liveness_floor_seconds = config.jobs.liveness.floor_seconds;
+  runner_options.liveness_factor = config.jobs.liveness.factor;
+  runner_options.heartbeat_seconds = config.jobs.liveness.heartbeat_seconds;
   runner_options.log_level = LogSeverityName(config.log_level);
   if (!config.server.tcp.listen.empty()) {  // read once more: CheckStartup accepted it above
     auto tokens = ReadTokenFile(config.server.tcp.auth_token_file);

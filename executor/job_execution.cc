@@ -20,6 +20,8 @@
 #include "engine/file_util.h"
 #include "engine/model_config.h"
 #include "engine/torch_status.h"
+#include "executor/heartbeat.h"
+#include "ipc/liveness.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 
@@ -66,10 +68,13 @@ class ChannelObserver final : public trainer::TrainObserver {
  public:
   // Steps up to `reported_before` were reported by an earlier run of the job (0: none).
   ChannelObserver(const v1::Job& job, int rank, ExecutorChannel& channel, int64_t tokens_seen,
-                  int64_t reported_before, double progress_interval_seconds)
+                  int64_t reported_before, double progress_interval_seconds, Heartbeat& heartbeat)
       : job_id_(job.id()),
         rank_(rank),
         logging_steps_(std::max<int64_t>(1, job.spec().training().logging_steps())),
+        save_steps_(job.spec().training().save_steps()),
+        eval_steps_(job.spec().training().eval_steps()),
+        heartbeat_(heartbeat),
         progress_interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(progress_interval_seconds))),
         channel_(channel),
@@ -77,6 +82,7 @@ class ChannelObserver final : public trainer::TrainObserver {
         reported_before_(reported_before) {}
 
   void OnStep(const trainer::StepStats& s) override {
+    EnterNextStep(s);
     if (rank_ != 0) return;
     pb::ExecutorMessage m;
     *m.mutable_step() = daemon::ToProto(s);
@@ -109,6 +115,7 @@ class ChannelObserver final : public trainer::TrainObserver {
     if (rank_ != 0) return;
     pb::ExecutorMessage m;
     *m.mutable_runtime() = daemon::ToProto(r);
+    m.mutable_runtime()->set_worker_watchdog_kills(ipc::WatchdogKills("worker"));
     channel_.Send(m);
   }
 
@@ -124,6 +131,10 @@ class ChannelObserver final : public trainer::TrainObserver {
   }
 
   void OnCheckpoint(const std::string& path, int64_t step, uint64_t bytes, double loss) override {
+    // How long a checkpoint takes (from the step report before it): later steps that write one
+    // are expected to take that much longer.
+    checkpoint_seconds_ = std::max(
+        checkpoint_seconds_, std::chrono::duration<double>(std::chrono::steady_clock::now() - last_step_at_).count());
     if (rank_ != 0) return;
     // The checkpoint's step gets a progress event even between logging steps, so the job record
     // shows where a paused job stands and a resume can count tokens from it.
@@ -150,6 +161,21 @@ class ChannelObserver final : public trainer::TrainObserver {
   }
 
  private:
+  // The heartbeat's phase after step s: the next step, expected to take the recent steps' time,
+  // plus a checkpoint's when one falls around it. Unknown (0: only the heartbeats are watched)
+  // before a step time or a checkpoint time was measured, around evaluations and before the
+  // export that follows the last step.
+  void EnterNextStep(const trainer::StepStats& s) {
+    last_step_at_ = std::chrono::steady_clock::now();
+    step_ema_ = step_ema_ > 0 ? 0.8 * step_ema_ + 0.2 * s.step_seconds : s.step_seconds;
+    const int64_t next = s.step + 1;
+    const auto near = [&](int64_t every) { return every > 0 && (s.step % every == 0 || next % every == 0); };
+    double expected = step_ema_;
+    if (near(save_steps_)) expected = checkpoint_seconds_ > 0 ? expected + checkpoint_seconds_ : 0;
+    if (near(eval_steps_) || next >= s.max_steps) expected = 0;
+    heartbeat_.Enter("step " + std::to_string(next), expected);
+  }
+
   void Report() {
     const trainer::StepStats& s = last_;
     // A step an earlier run already reported (replayed after a resume) keeps its first event.
@@ -177,6 +203,8 @@ class ChannelObserver final : public trainer::TrainObserver {
   const std::string job_id_;
   const int rank_;
   const int64_t logging_steps_;
+  const int64_t save_steps_, eval_steps_;
+  Heartbeat& heartbeat_;
   const std::chrono::steady_clock::duration progress_interval_;
   std::chrono::steady_clock::time_point last_report_ = std::chrono::steady_clock::now();
   ExecutorChannel& channel_;
@@ -185,6 +213,8 @@ class ChannelObserver final : public trainer::TrainObserver {
   trainer::StepStats last_;
   int64_t reported_step_ = 0;
   const int64_t reported_before_;
+  double step_ema_ = 0, checkpoint_seconds_ = 0;
+  std::chrono::steady_clock::time_point last_step_at_ = std::chrono::steady_clock::now();
 };
 
 // Free space in output_dir for a checkpoint and the exported model, sized from the model's config.
@@ -197,7 +227,7 @@ Status CheckOutputSpaceAtStart(const trainer::TrainConfig& config) {
 
 // Runs the trainer; the caller cleans up whatever the outcome.
 Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorChannel& channel,
-             ChannelObserver& observer) {
+             ChannelObserver& observer, Heartbeat& heartbeat) {
   auto created = trainer::Trainer::Create(config, &observer);
   if (!created.ok()) return created.status().WithContext("setting up the training pipeline");
   std::unique_ptr<trainer::Trainer> t = std::move(*created);
@@ -213,6 +243,7 @@ Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorCha
     return OkStatus();
   }
   if (result.status().code() == StatusCode::kCancelled && channel.stop() == StopRequest::kPause) {
+    heartbeat.Enter("writing the pause checkpoint", 0);
     auto saved = t->SaveCheckpoint();  // every rank: the trainer writes it on rank 0 only
     if (!saved.ok()) return saved.status().WithContext("job " + job.id() + ": checkpoint for the pause");
   }
@@ -235,6 +266,9 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
     id.user = start.file_identity().user();
     SetJobFileIdentity(std::move(id));
   }
+  // So are its waits on its workers and store (jobs.liveness; the trainer adds the node profile's
+  // rates).
+  ipc::SetLivenessPolicy(env.liveness_floor_seconds, env.liveness_factor);
   ASSIGN_OR_RETURN(trainer::TrainConfig config, daemon::MakeTrainConfig(job, env));
   config.parallel = daemon::ParallelFromPlacement(start.placement());
   if (env.has_gpu && start.placement().gpu_index() >= 0) {
@@ -249,7 +283,11 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   // the earlier run ended before its first checkpoint and this one trains from step 0 again.
   const int64_t reported_before = job.progress().step();
   if (!config.resume_from.empty()) tokens_seen = TokensAtCheckpoint(job, config.resume_from);
-  ChannelObserver observer(job, rank, channel, tokens_seen, reported_before, env.progress_interval_seconds);
+  // Liveness: heartbeats to the daemon from here until the job's final status.
+  Heartbeat heartbeat(channel, env.heartbeat_seconds);
+  heartbeat.Enter("setting up the training pipeline", 0);
+  ChannelObserver observer(job, rank, channel, tokens_seen, reported_before, env.progress_interval_seconds,
+                           heartbeat);
   if (rank == 0) {
     for (const std::string& s : skipped) observer.Log(v1::LOG_LEVEL_WARNING, s);
   }
@@ -276,7 +314,7 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   remove_states();
   Status status;
   try {
-    status = Train(job, config, channel, observer);
+    status = Train(job, config, channel, observer, heartbeat);
   } catch (const std::exception& e) {  // LibTorch throws c10::Error; the trainer converts most
     status = engine::TorchErrorStatus("training", e);
   }

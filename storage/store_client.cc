@@ -9,13 +9,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "common/logging.h"
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
 #include "ipc/fd_passing.h"
+#include "ipc/liveness.h"
 
 namespace offloadd::storage {
 namespace {
@@ -134,7 +138,7 @@ Status StoreProcess::PeerError(Status st, const char* what) {
     return st.WithContext(what);
   }
   // The pidfd fired: the store is gone. Say how, once reaped (it is a zombie by now).
-  return UnavailableError("offloadd-store (pid " + std::to_string(pid_) + ") died: " +
+  return UnavailableError(std::string(kStoreDiedSign) + std::to_string(pid_) + ") died: " +
                           DescribeExit(Reap()) + " (" + what + ")");
 }
 
@@ -143,13 +147,14 @@ Status StoreProcess::Submit(StoreOp op, uint64_t id, const StoreCommand& command
   r.kind = static_cast<uint32_t>(op);
   r.id = id;
   r.Pack(command);
-  Status st = commands_.Push(r, timeout_ms, pidfd_.get());
-  if (!st.ok()) return PeerError(std::move(st), "offloadd-store command ring");
+  RETURN_IF_ERROR(WaitWithDeadline([&](int ms) { return commands_.Push(r, ms, pidfd_.get()); }, timeout_ms,
+                                   "offloadd-store command ring"));
   if (op != StoreOp::kShutdown) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.submitted;
-    ++stats_.in_flight;
+    if (stats_.in_flight++ == 0) progress_at_ = std::chrono::steady_clock::now();
     submitted_at_[id] = std::chrono::steady_clock::now();
+    in_flight_bytes_[id] = command.bytes;
   }
   return OkStatus();
 }
@@ -173,8 +178,8 @@ StoreClientStats StoreProcess::Stats() const {
 
 StatusOr<Completion> StoreProcess::NextCompletion(int timeout_ms) {
   ipc::CommandRecord r;
-  Status st = completions_.Pop(&r, timeout_ms, pidfd_.get());
-  if (!st.ok()) return PeerError(std::move(st), "offloadd-store completion ring");
+  RETURN_IF_ERROR(WaitWithDeadline([&](int ms) { return completions_.Pop(&r, ms, pidfd_.get()); }, timeout_ms,
+                                   "offloadd-store completion ring"));
   Completion c;
   c.id = r.id;
   c.body = r.Unpack<StoreCompletion>();
@@ -189,9 +194,63 @@ StatusOr<Completion> StoreProcess::NextCompletion(int timeout_ms) {
     stats_.latency_sum_seconds += secs;
     ++stats_.completed;
     if (stats_.in_flight > 0) --stats_.in_flight;
+    in_flight_bytes_.erase(c.id);
+    progress_at_ = std::chrono::steady_clock::now();
     if (c.body.code != 0) ++stats_.errors;
   }
   return c;
+}
+
+Status StoreProcess::WaitWithDeadline(const std::function<Status(int)>& wait, int timeout_ms, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  const auto until =
+      timeout_ms < 0 ? Clock::time_point::max() : Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    double limit = 0;
+    uint64_t bytes = 0;
+    uint32_t in_flight = 0;
+    Clock::time_point since;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      in_flight = stats_.in_flight;
+      for (const auto& [id, b] : in_flight_bytes_) bytes += b;
+      limit = in_flight > 0 ? ipc::StoreLivenessPolicy().DeadlineSeconds(static_cast<double>(bytes)) : 0;
+      since = progress_at_;
+    }
+    const Clock::time_point deadline =
+        limit > 0 ? since + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit))
+                  : Clock::time_point::max();
+    const Clock::time_point wake = std::min(until, deadline);
+    int wait_ms = -1;
+    if (wake != Clock::time_point::max()) {
+      wait_ms = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count() + 1, 0, INT32_MAX));
+    }
+    Status st = wait(wait_ms);
+    if (st.ok()) return st;
+    if (st.code() != StatusCode::kDeadlineExceeded) return PeerError(std::move(st), what);
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      // Stopped (SIGSTOP), wedged in the kernel or deadlocked: its pidfd never fires by itself.
+      OFFLOADD_LOG(kError, "storage") << "liveness: offloadd-store (pid " << pid_ << ") completed nothing for "
+                                      << limit << " s with " << in_flight << " command(s) (" << bytes
+                                      << " bytes) in flight; killing it";
+      ::kill(pid_, SIGKILL);
+      const int status = Reap();
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.watchdog_kills = 1;
+      }
+      ipc::CountWatchdogKill("store");
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", limit);
+      return UnavailableError(std::string(kStoreDiedSign) + std::to_string(pid_) +
+                              ") killed by the liveness watchdog: no I/O completed in " + secs + " s with " +
+                              std::to_string(in_flight) + " command(s) (" + std::to_string(bytes) +
+                              " bytes) in flight (" + what + "; " + DescribeExit(status) + ")");
+    }
+    if (now >= until) return st;
+  }
 }
 
 Status StoreProcess::Shutdown(int timeout_ms) {

@@ -10,10 +10,17 @@
 // eventfds and the socket; borrows the segment and arena, which must outlive it. Destruction
 // closes the control socket (the store finishes in-flight work and exits), kills the child if it
 // has not exited within 10 s, and reaps it.
+//
+// Liveness (issue #29, ipc/liveness.h): Submit and NextCompletion with commands in flight wait at
+// most the process's StoreLivenessPolicy deadline of their bytes without a completion; a store
+// that misses it (stopped, wedged in the kernel) is SIGKILLed and the call returns UNAVAILABLE
+// naming the store, the wait and kStoreDiedSign, which the daemon restarts the job after (as
+// after the store's death).
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +35,10 @@
 #include "storage/store_protocol.h"
 
 namespace offloadd::storage {
+
+// "offloadd-store (pid N) died" / "... killed by the liveness watchdog": the words every error
+// about a lost store process carries (daemon::IsRestartableFailure looks for them).
+inline constexpr const char* kStoreDiedSign = "offloadd-store (pid ";
 
 struct StoreProcessOptions {
   std::string binary;             // path of offloadd-store
@@ -51,6 +62,7 @@ struct Completion {
 struct StoreClientStats {
   uint64_t submitted = 0, completed = 0, errors = 0;
   uint32_t in_flight = 0;
+  uint64_t watchdog_kills = 0;  // 1 once the liveness watchdog killed the store
   // counts[i]: completions with latency <= bounds[i] and > bounds[i-1]; counts.back(): +Inf.
   std::vector<double> latency_bounds_seconds;
   std::vector<uint64_t> latency_counts;
@@ -87,6 +99,9 @@ class StoreProcess {
   StoreProcess() = default;
   // `st` from a ring wait: when the store is gone, an UNAVAILABLE error saying how it ended.
   Status PeerError(Status st, const char* what);
+  // A ring wait (`wait(ms)`: DEADLINE_EXCEEDED after ms, -1 forever) bounded by timeout_ms and
+  // by the liveness deadline of the commands in flight; past the latter the store is killed.
+  Status WaitWithDeadline(const std::function<Status(int)>& wait, int timeout_ms, const char* what);
   pid_t pid_ = -1;
   bool reaped_ = false;
   int wait_status_ = 0;
@@ -98,6 +113,10 @@ class StoreProcess {
   mutable std::mutex stats_mu_;
   StoreClientStats stats_;  // guarded by stats_mu_
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> submitted_at_;  // by id
+  // Liveness: bytes in flight by id, and when the wait for them started (the last completion, or
+  // the submit that found nothing in flight). Guarded by stats_mu_.
+  std::unordered_map<uint64_t, uint64_t> in_flight_bytes_;
+  std::chrono::steady_clock::time_point progress_at_{};
 };
 
 }  // namespace offloadd::storage

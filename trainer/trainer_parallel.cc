@@ -33,8 +33,8 @@ Status Trainer::Impl::StartGroup() {
   Log(TrainObserver::Level::kInfo, "data parallel: rank " + std::to_string(dp->rank()) + " of " +
                                        std::to_string(dp->world()) + " (" + dp->backend_name() + ", " +
                                        p.rendezvous + ", " + device.str() + "), micro-batch " +
-                                       std::to_string(cfg.batch_size) +
-                                       " per rank");
+                                       std::to_string(cfg.batch_size) + " per rank, group timeout " +
+                                       std::to_string(p.timeout_seconds) + " s");
   return OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "ipc/liveness.h"
 #include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 
@@ -79,6 +80,12 @@ Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(StartSpill());
 
   const HostOptimizerOptions ho = HostOptions();
+  // The workers' and the store's liveness deadlines scale with the node profile's rates
+  // (ipc/liveness.h; the executor set the floor and factor).
+  if (node_profile) {
+    ipc::SetLivenessRates(node_profile->cpu_params_per_s,
+                          std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s));
+  }
   RETURN_IF_ERROR(CreateHostOptimizer(ho));
   RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
     for (const auto& slot : layout[b].params) {

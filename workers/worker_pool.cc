@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <cstdio>
 
 #include "common/logging.h"
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
 #include "ipc/fd_passing.h"
+#include "ipc/liveness.h"
 #include "workers/cpu_topology.h"
 #include "workers/shard_executor.h"
 
@@ -31,6 +33,28 @@ enum EventType : uint64_t { kWake = 0, kDeath = 1, kCompletionReady = 2, kComman
 uint64_t EventKey(uint32_t worker, EventType type) { return (uint64_t{worker} << 8) | type; }
 
 using ipc::DescribeExit;
+
+// The elements a command works on (each command struct starts with its num_elements).
+uint64_t CommandElements(const ipc::CommandRecord& c) {
+  switch (static_cast<CommandKind>(c.kind)) {
+    case CommandKind::kAdamW:
+    case CommandKind::kAdamWCorrect: return c.Unpack<AdamWCommand>().num_elements;
+    case CommandKind::kAccumulate: return c.Unpack<AccumulateCommand>().num_elements;
+    case CommandKind::kGradNorm: return c.Unpack<GradNormCommand>().num_elements;
+    default: return 0;
+  }
+}
+
+const char* CommandName(uint32_t kind) {
+  switch (static_cast<CommandKind>(kind)) {
+    case CommandKind::kAdamW: return "AdamW update";
+    case CommandKind::kAdamWCorrect: return "AdamW correction";
+    case CommandKind::kAccumulate: return "gradient accumulation";
+    case CommandKind::kGradNorm: return "gradient norm";
+    case CommandKind::kShutdown: return "shutdown";
+    default: return "command";
+  }
+}
 
 }  // namespace
 
@@ -54,6 +78,10 @@ struct WorkerPool::Worker {
   std::deque<Pending> in_flight;  // in the ring or executing
   uint32_t incarnation = 0;
   uint32_t crashes_without_progress = 0;  // reset by every completed command
+  // Liveness: when the oldest in-flight command's clock started (its push into the ring, or the
+  // last completion), and whether the watchdog has killed this incarnation.
+  Clock::time_point progress_at{};
+  bool watchdog_killed = false;
   bool failed = false;
   bool exited = false;  // after shutdown
   uint64_t commands_total = 0, params_total = 0;
@@ -323,6 +351,7 @@ void WorkerPool::CompleteLocked(Worker* w, const WorkerCompletion& c) {
     w->in_flight.erase(it);
   }
   w->crashes_without_progress = 0;
+  w->progress_at = Clock::now();
   ++w->commands_total;
   w->busy_seconds += static_cast<double>(c.busy_ns) * 1e-9;
   if (c.status_code == 0 && c.kind == static_cast<uint32_t>(CommandKind::kAdamW))
@@ -340,6 +369,7 @@ void WorkerPool::PumpLocked() {
     WorkerCompletion c;
     while (w->completions.TryPop(&c)) CompleteLocked(w, c);
     while (!w->pending.empty() && w->commands.TryPush(w->pending.front().command)) {
+      if (w->in_flight.empty()) w->progress_at = Clock::now();
       w->in_flight.push_back(w->pending.front());
       w->pending.pop_front();
     }
@@ -362,7 +392,8 @@ void WorkerPool::AbandonLocked(Worker* w, const Status& why) {
       c.kind = p.command.kind;
       c.worker = w->index;
       c.status_code = static_cast<int32_t>(StatusCode::kUnavailable);
-      std::strncpy(c.message, "worker abandoned after repeated crashes", sizeof(c.message) - 1);
+      std::snprintf(c.message, sizeof(c.message), "offloadd-worker %u abandoned (%s): %s", w->index,
+                    CommandName(p.command.kind), why.message().c_str());
       ++failed_total_;
       completions_.push_back(c);
     }
@@ -381,6 +412,8 @@ void WorkerPool::HandleDeath(Worker* w) {
   std::unique_lock<std::mutex> lock(mu_);  // pid is read by Pids()/Metrics()
   const pid_t old_pid = w->pid;
   w->pid = -1;
+  const bool watchdog = w->watchdog_killed;
+  w->watchdog_killed = false;
   // Completions it published before dying are real; everything else it had is replayed.
   WorkerCompletion c;
   while (w->completions.TryPop(&c)) CompleteLocked(w, c);
@@ -404,8 +437,9 @@ void WorkerPool::HandleDeath(Worker* w) {
     return;
   }
   OFFLOADD_LOG(kWarning, "workers")
-      << "worker " << w->index << " (pid " << old_pid << ") " << DescribeExit(status)
-      << "; replaying " << w->in_flight.size() << " command(s)";
+      << "worker " << w->index << " (pid " << old_pid << ") "
+      << (watchdog ? "killed by the liveness watchdog" : DescribeExit(status)) << "; replaying "
+      << w->in_flight.size() << " command(s)";
   replayed_total_ += w->in_flight.size();
   while (!w->in_flight.empty()) {
     w->pending.push_front(w->in_flight.back());
@@ -424,6 +458,7 @@ void WorkerPool::HandleDeath(Worker* w) {
     if (++w->crashes_without_progress > options_.max_restarts) {
       std::string msg = "crashed " + std::to_string(w->crashes_without_progress) +
                         " times in a row without completing a command";
+      if (watchdog) msg += " (the last one killed by the liveness watchdog: no command completed in time)";
       if (!why.ok()) msg += " (last restart: " + why.message() + ")";
       AbandonLocked(w, UnavailableError(msg));
       w->exited = true;
@@ -461,8 +496,41 @@ void WorkerPool::Loop() {
   }
   bool shutdown_sent = false;
   Clock::time_point kill_deadline{};
+  // Liveness (ipc/liveness.h): kills the workers whose oldest command is past its deadline (their
+  // deaths then take the crash path: restart, replay); returns the next deadline. Caller holds mu_.
+  const auto enforce_deadlines = [this]() -> Clock::time_point {
+    Clock::time_point next = Clock::time_point::max();
+    const ipc::LivenessPolicy policy = ipc::WorkerLivenessPolicy();
+    if (policy.floor_seconds <= 0 || force_stop_) return next;
+    const Clock::time_point now = Clock::now();
+    for (auto& wp : workers_) {
+      Worker* w = wp.get();
+      if (w->failed || w->pid < 0 || w->in_flight.empty() || w->watchdog_killed) continue;
+      const Pending& oldest = w->in_flight.front();
+      const uint64_t elements = CommandElements(oldest.command);
+      const double limit = policy.DeadlineSeconds(static_cast<double>(elements));
+      const Clock::time_point deadline =
+          w->progress_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
+      if (now < deadline) {
+        next = std::min(next, deadline);
+        continue;
+      }
+      // Stopped (SIGSTOP), wedged in the kernel (D state) or deadlocked: nothing shows on its pidfd.
+      ipc::CountWatchdogKill("worker");
+      w->watchdog_killed = true;
+      OFFLOADD_LOG(kError, "workers") << "liveness: worker " << w->index << " (pid " << w->pid
+                                      << ") completed nothing for " << limit << " s while running a "
+                                      << CommandName(oldest.command.kind) << " of " << elements << " elements ("
+                                      << w->in_flight.size() << " command(s) in flight; deadline max(floor "
+                                      << policy.floor_seconds << " s, " << policy.factor
+                                      << " x expected)); killing it";
+      ::kill(w->pid, SIGKILL);  // seen through its pidfd like any death
+    }
+    return next;
+  };
   for (;;) {
     bool sleep = true;
+    Clock::time_point liveness_deadline = Clock::time_point::max();
     {
       std::lock_guard<std::mutex> lock(mu_);
       PumpLocked();
@@ -484,6 +552,7 @@ void WorkerPool::Loop() {
         if (!w->completions.ArmConsumerWait()) sleep = false;
         if (!w->pending.empty() && !w->commands.ArmProducerWait()) sleep = false;
       }
+      liveness_deadline = enforce_deadlines();
     }
     epoll_event events[64];
     int timeout = -1;
@@ -493,8 +562,15 @@ void WorkerPool::Loop() {
               .count();
       timeout = static_cast<int>(std::max<int64_t>(left, 0));
     }
+    if (liveness_deadline != Clock::time_point::max()) {
+      // Rounded up: waking a millisecond early would only loop once more.
+      const int64_t left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(liveness_deadline - Clock::now()).count() + 1;
+      const int ms = static_cast<int>(std::clamp<int64_t>(left, 0, 24 * 3600 * 1000));
+      timeout = timeout < 0 ? ms : std::min(timeout, ms);
+    }
     const int n = sleep ? ::epoll_wait(epoll_fd_, events, 64, timeout) : 0;
-    if (sleep && n == 0 && shutdown_sent) {
+    if (sleep && n == 0 && shutdown_sent && Clock::now() >= kill_deadline) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         force_stop_ = true;

@@ -190,10 +190,11 @@ StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& reque
   OFFLOADD_UNARY(jobs, ListJobs, request, v1::ListJobsResponse);
 }
 
-StatusOr<v1::Job> Client::CancelJob(const std::string& job_id, const std::string& reason) {
+StatusOr<v1::Job> Client::CancelJob(const std::string& job_id, const std::string& reason, bool force) {
   v1::CancelJobRequest req;
   req.set_job_id(job_id);
   req.set_reason(reason);
+  req.set_force(force);
   OFFLOADD_UNARY(jobs, CancelJob, req, v1::Job);
 }
 

@@ -61,7 +61,9 @@ class Client {
   StatusOr<offloadd::v1::Job> CreateJob(const offloadd::v1::JobSpec& spec, bool validate_only = false);
   StatusOr<offloadd::v1::Job> GetJob(const std::string& job_id);
   StatusOr<offloadd::v1::ListJobsResponse> ListJobs(const offloadd::v1::ListJobsRequest& request);
-  StatusOr<offloadd::v1::Job> CancelJob(const std::string& job_id, const std::string& reason = "");
+  // `force`: the daemon kills the job's processes at once instead of asking them to stop.
+  StatusOr<offloadd::v1::Job> CancelJob(const std::string& job_id, const std::string& reason = "",
+                                        bool force = false);
   StatusOr<offloadd::v1::Job> PauseJob(const std::string& job_id);
   StatusOr<offloadd::v1::Job> ResumeJob(const std::string& job_id);
   StatusOr<offloadd::v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);

@@ -99,6 +99,8 @@ void AddCommands(CLI::App& app, Options* o) {
   CLI::App* cancel = Command(app, o, "cancel", "cancel a job");
   AddJobId(cancel, o);
   cancel->add_option("REASON", o->reason, "why, recorded with the job");
+  cancel->add_flag("--force", o->force,
+                   "kill the job's processes now (SIGKILL) instead of letting them stop at the next step");
   AddJobId(Command(app, o, "pause", "checkpoint and pause a running job"), o);
   AddJobId(Command(app, o, "resume", "re-queue a paused job"), o);
   AddJobId(Command(app, o, "checkpoints", "list a job's checkpoints"), o);

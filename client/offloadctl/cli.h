@@ -23,6 +23,7 @@ struct Options {
   std::string command;
   std::string job_id;            // get, cancel, pause, resume, checkpoints, watch
   std::string reason;            // cancel
+  bool force = false;            // cancel --force
   std::string job_file;          // submit; "-" is stdin
   bool validate_only = false;    // submit
   bool watch = false;            // submit

@@ -191,8 +191,17 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
       }
       const YAML::Node jobs = root["jobs"];
       const YamlReader jr = r.Child("jobs");
-      if (jr.CheckMap(jobs, {"max_executor_restarts"})) {
+      if (jr.CheckMap(jobs, {"max_executor_restarts", "cancel_grace_seconds", "group_timeout_seconds", "liveness"})) {
         jr.UInt32(jobs, "max_executor_restarts", &c.jobs.max_executor_restarts, 0, 100);
+        jr.Double(jobs, "cancel_grace_seconds", &c.jobs.cancel_grace_seconds, 0, 86400);
+        jr.Double(jobs, "group_timeout_seconds", &c.jobs.group_timeout_seconds, 1, 86400);
+        const YAML::Node live = jobs["liveness"];
+        const YamlReader lr = jr.Child("liveness");
+        if (lr.CheckMap(live, {"floor_seconds", "factor", "heartbeat_seconds"})) {
+          lr.Double(live, "floor_seconds", &c.jobs.liveness.floor_seconds, 0, 86400);
+          lr.Double(live, "factor", &c.jobs.liveness.factor, 1, 1000);
+          lr.Double(live, "heartbeat_seconds", &c.jobs.liveness.heartbeat_seconds, 0.05, 3600);
+        }
       }
     }
   }
@@ -307,6 +316,13 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::EndMap;
   e << YAML::Key << "jobs" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "max_executor_restarts" << YAML::Value << c.jobs.max_executor_restarts;
+  e << YAML::Key << "cancel_grace_seconds" << YAML::Value << c.jobs.cancel_grace_seconds;
+  e << YAML::Key << "group_timeout_seconds" << YAML::Value << c.jobs.group_timeout_seconds;
+  e << YAML::Key << "liveness" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "floor_seconds" << YAML::Value << c.jobs.liveness.floor_seconds;
+  e << YAML::Key << "factor" << YAML::Value << c.jobs.liveness.factor;
+  e << YAML::Key << "heartbeat_seconds" << YAML::Value << c.jobs.liveness.heartbeat_seconds;
+  e << YAML::EndMap;
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

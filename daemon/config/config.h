@@ -92,10 +92,33 @@ struct MemoryConfig {
   uint64_t gpu_memory_limit = 0;
 };
 
+// Liveness deadlines on every wait between the daemon, a job's executors, its optimizer workers,
+// its NVMe store and its data-parallel ranks (docs/faults.md). A process that misses one is
+// logged, counted (offloadd_watchdog_kills_total), killed and recovered as after its crash.
+struct LivenessConfig {
+  // Work handed to a worker or the store must finish within max(floor_seconds, factor x its
+  // expected time from the node profile); a training step of an executor within floor_seconds +
+  // max(floor_seconds, factor x the recent steps' time) (one floor more, so that the deadlines
+  // inside the step act first). 0 turns these deadlines off (the heartbeats stay).
+  double floor_seconds = 120;
+  double factor = 10;
+  // An executor reports a heartbeat this often; one silent for max(6 heartbeats, 1 s) (stopped,
+  // wedged in the kernel) is killed.
+  double heartbeat_seconds = 5;
+};
+
 struct JobsConfig {
-  // How often a job whose executor died (a signal, a non-zero exit, a lost socket: not a training
-  // error) starts again from its last checkpoint before it fails with the cause. 0: never.
+  // How often a job whose executor died (a signal, a non-zero exit, a lost socket, a liveness
+  // deadline, its NVMe store's death: not a training error) starts again from its last checkpoint
+  // before it fails with the cause. 0: never.
   uint32_t max_executor_restarts = 2;
+  // CancelJob asks the job's executors to stop at their next step; those still running this long
+  // after are killed (SIGKILL). CancelJob with `force` kills them at once.
+  double cancel_grace_seconds = 30;
+  // A data-parallel job's ranks: the bound on joining the group and on every collective (the
+  // c10d store and process group timeout; Gloo's own default is 600 s).
+  double group_timeout_seconds = 300;
+  LivenessConfig liveness;
 };
 
 struct DaemonConfig {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <optional>
 #include <vector>
 
@@ -39,7 +41,24 @@ struct Executor {
   bool exited = false;
   int wait_status = 0;
   std::string problem;  // why it counts as failed while it may still run (garbled, lost socket)
+  // Liveness: its last message (the launch before the first), whether a heartbeat came, and the
+  // phase the last one named (daemon-side start time, expected duration; 0: unknown).
+  Clock::time_point last_heard;
+  bool heartbeat = false;
+  std::string phase = "starting";
+  Clock::time_point phase_since;
+  double expected_seconds = 0;
 };
+
+Clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", s);
+  return buf;
+}
 
 // How one attempt (one set of executors) ended.
 struct Attempt {
@@ -99,6 +118,7 @@ class AttemptRunner {
     e.rank = rank;
     e.gpu = gpu;
     e.child = std::move(child);
+    e.last_heard = e.phase_since = Clock::now();
     control_.Log(v1::LOG_LEVEL_INFO, "executor started: pid " + std::to_string(e.child.pid) + " rank " +
                                          std::to_string(rank) + " gpu " + (gpu >= 0 ? std::to_string(gpu) : "cpu"));
     pb::DaemonMessage hello;
@@ -112,6 +132,7 @@ class AttemptRunner {
     p.set_rank(rank);
     if (!rendezvous_path.empty()) p.set_rendezvous("file://" + rendezvous_path);
     p.set_gpu_index(gpu);
+    p.set_timeout_seconds(static_cast<int64_t>(std::ceil(options_.group_timeout_seconds)));
     s.set_restart(restart_);
     if (identity) {
       pb::FileIdentity& f = *s.mutable_file_identity();
@@ -176,10 +197,17 @@ class AttemptRunner {
       }
       if (stop_fd >= 0) fds.push_back({stop_fd, POLLIN, 0});
       int timeout_ms = stop_fd < 0 || no_pidfd ? 200 : -1;  // no fd to wake on: look again soon
-      if (kill_deadline_) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_deadline_ - Clock::now()).count();
-        timeout_ms = timeout_ms < 0 ? static_cast<int>(std::max<int64_t>(0, left))
-                                    : std::min(timeout_ms, static_cast<int>(std::max<int64_t>(0, left)));
+      std::optional<Clock::time_point> wake = kill_deadline_;
+      const auto earliest = [&wake](std::optional<Clock::time_point> t) {
+        if (t && (!wake || *t < *wake)) wake = t;
+      };
+      earliest(cancel_deadline_);
+      earliest(NextLivenessDeadline());
+      if (wake) {
+        // Rounded up: waking a millisecond early would only loop once more.
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*wake - Clock::now()).count() + 1;
+        const int ms = static_cast<int>(std::clamp<int64_t>(left, 0, 3600 * 1000));
+        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
       }
       const int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0 && errno != EINTR) {
@@ -204,13 +232,97 @@ class AttemptRunner {
         for (Executor& e : executors_) Kill(e);
         kill_deadline_.reset();
       }
+      if (cancel_deadline_ && Clock::now() >= *cancel_deadline_) {
+        cancel_deadline_.reset();
+        KillAll("did not stop within jobs.cancel_grace_seconds (" + FormatSeconds(options_.cancel_grace_seconds) +
+                " s) of the cancel request: killed");
+      }
+      EnforceLiveness();
+    }
+  }
+
+  // Kills every executor still running, `why` becoming its cause.
+  void KillAll(const std::string& why) {
+    for (Executor& e : executors_) {
+      if (e.exited) continue;
+      if (e.problem.empty()) e.problem = why;
+      OFFLOADD_LOG(kWarning, kLog) << "job " << job_.id() << ": " << Name(e) << " " << why;
+      Kill(e);
+    }
+  }
+
+  // The executors' liveness deadlines (class comment in executor_job_runner.h): silence, then the
+  // phase. None for an executor that finished, exited or lost its socket (its death shows).
+  struct Deadline {
+    Clock::time_point at;
+    bool phase;  // the phase's deadline, not the heartbeat's
+  };
+  std::optional<Deadline> LivenessDeadline(const Executor& e) const {
+    if (options_.heartbeat_seconds <= 0 || e.exited || e.finished || !e.socket_open) return std::nullopt;
+    // Before its first heartbeat the process is still loading its libraries and the job.
+    const double silence = std::max(e.heartbeat ? 1.0 : 60.0, 6 * options_.heartbeat_seconds);
+    Deadline d{e.last_heard + Seconds(silence), false};
+    if (options_.liveness_floor_seconds > 0 && e.expected_seconds > 0) {
+      const Clock::time_point phase_end = e.phase_since + Seconds(PhaseLimit(e));
+      if (phase_end < d.at) d = {phase_end, true};
+    }
+    return d;
+  }
+  // One floor more than a worker's or the store's own deadline: those run inside the step and,
+  // started later, act first (a replay in place beats a restart from the checkpoint).
+  double PhaseLimit(const Executor& e) const {
+    return options_.liveness_floor_seconds +
+           std::max(options_.liveness_floor_seconds, options_.liveness_factor * e.expected_seconds);
+  }
+  std::optional<Clock::time_point> NextLivenessDeadline() const {
+    std::optional<Clock::time_point> next;
+    for (const Executor& e : executors_) {
+      if (auto d = LivenessDeadline(e); d && (!next || d->at < *next)) next = d->at;
+    }
+    return next;
+  }
+
+  // Kills the executors past a liveness deadline: their deaths then restart the job (or fail it
+  // naming them and their phase once the restarts are spent).
+  void EnforceLiveness() {
+    const Clock::time_point now = Clock::now();
+    for (Executor& e : executors_) {
+      const std::optional<Deadline> d = LivenessDeadline(e);
+      if (!d || now < d->at) continue;
+      const double in_phase = std::chrono::duration<double>(now - e.phase_since).count();
+      std::string why = "killed by the liveness watchdog: ";
+      if (d->phase) {
+        why += "'" + e.phase + "' ran " + FormatSeconds(in_phase) + " s, over its deadline of " +
+               FormatSeconds(PhaseLimit(e)) + " s (jobs.liveness.floor_seconds + max(floor, factor " +
+               FormatSeconds(options_.liveness_factor) + " x expected " + FormatSeconds(e.expected_seconds) + " s))";
+      } else {
+        why += "no heartbeat for " + FormatSeconds(std::chrono::duration<double>(now - e.last_heard).count()) +
+               " s (jobs.liveness.heartbeat_seconds " + FormatSeconds(options_.heartbeat_seconds) +
+               "), while in '" + e.phase + "' for " + FormatSeconds(in_phase) + " s";
+      }
+      if (metrics_ != nullptr) metrics_->CountWatchdogKill("executor");
+      e.problem = why;
+      OFFLOADD_LOG(kError, kLog) << "job " << job_.id() << ": " << Name(e) << " " << why;
+      Kill(e);
+      e.socket_open = false;  // nothing more is read from it; its pidfd reports the death
+      e.child.control.reset();
     }
   }
 
   JobControl::Stop ForwardStop(JobControl::Stop forwarded) {
     const JobControl::Stop now = control_.stop_requested();
+    if (now == JobControl::Stop::kCancel && !forced_ && control_.force_stop()) {
+      forced_ = true;
+      cancel_deadline_.reset();
+      control_.Log(v1::LOG_LEVEL_WARNING, "cancel --force: killing the job's executors");
+      KillAll("killed by a forced cancel");
+    }
     if (now == forwarded || now == JobControl::Stop::kNone) return forwarded;
     Broadcast(now == JobControl::Stop::kPause ? pb::Control::ACTION_PAUSE : pb::Control::ACTION_CANCEL);
+    // A cancelled executor that does not stop (stopped, wedged) is killed after the grace period.
+    if (now == JobControl::Stop::kCancel && !forced_) {
+      cancel_deadline_ = Clock::now() + Seconds(options_.cancel_grace_seconds);
+    }
     return now;
   }
 
@@ -219,6 +331,7 @@ class AttemptRunner {
     pb::ExecutorMessage m;
     const Status s = RecvProto(e.child.control.get(), &m);
     if (s.ok()) {
+      e.last_heard = Clock::now();
       Relay(e, m);
       return;
     }
@@ -227,7 +340,8 @@ class AttemptRunner {
     if (s.code() == StatusCode::kUnavailable) {
       // After its final status the executor exits; before it, a closed socket is a lost executor.
       if (!e.finished && !e.exited) {
-        e.problem = "closed its control socket without a final status";
+        // A cause found before (the cancel's grace period, a forced cancel) stays the cause.
+        if (e.problem.empty()) e.problem = "closed its control socket without a final status";
         Kill(e);
       }
       return;
@@ -249,6 +363,15 @@ class AttemptRunner {
       e.hello = true;
       return;
     }
+    if (m.has_heartbeat()) {
+      const pb::Heartbeat& h = m.heartbeat();
+      e.heartbeat = true;
+      e.phase = h.phase().substr(0, 200);
+      e.expected_seconds = std::isfinite(h.expected_seconds()) ? std::max(0.0, h.expected_seconds()) : 0;
+      const double in_phase = std::isfinite(h.phase_seconds()) ? std::clamp(h.phase_seconds(), 0.0, 1e7) : 0;
+      e.phase_since = Clock::now() - Seconds(in_phase);
+      return;
+    }
     if (m.has_finished()) {
       e.finished = true;
       e.result = FromFinished(m.finished());
@@ -257,7 +380,12 @@ class AttemptRunner {
       // job's: like an executor's death, it restarts the job from its last checkpoint.
       if (!e.result.ok() && !(e.result.code() == StatusCode::kCancelled &&
                               control_.stop_requested() != JobControl::Stop::kNone)) {
-        Fail(&e, e.result, /*died=*/IsDeviceFailure(e.result));
+        const bool restartable = IsRestartableFailure(e.result);
+        if (restartable && metrics_ != nullptr &&
+            e.result.message().find("killed by the liveness watchdog") != std::string::npos) {
+          metrics_->CountWatchdogKill("store");  // the store's watchdog runs in the executor
+        }
+        Fail(&e, e.result, /*died=*/restartable);
       }
       return;
     }
@@ -279,6 +407,7 @@ class AttemptRunner {
       metrics_->ObserveProjectorCheck(job_.id(), FromProto(m.projector_check()));
     } else if (metrics_ != nullptr && m.has_runtime()) {
       metrics_->ObserveRuntime(job_.id(), FromProto(m.runtime()));
+      metrics_->ObserveWorkerWatchdogKills(job_.id(), m.runtime().worker_watchdog_kills());
     }
   }
 
@@ -323,6 +452,8 @@ class AttemptRunner {
   std::vector<Executor> executors_;
   std::optional<Attempt> trigger_;
   std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> cancel_deadline_;  // a cancel's grace period ends
+  bool forced_ = false;                               // a forced cancel killed the executors
 };
 
 }  // namespace
@@ -338,6 +469,17 @@ bool IsDeviceFailure(const Status& s) {
     if (m.find(sign) != std::string::npos) return true;
   }
   return false;
+}
+
+bool IsRestartableFailure(const Status& s) {
+  if (IsDeviceFailure(s)) return true;
+  // storage::kStoreDiedSign (the daemon does not link the store client): "offloadd-store (pid N)
+  // died: ..." or "... killed by the liveness watchdog". Its I/O errors (ENOSPC, EIO, a checksum
+  // mismatch) say neither and still fail the job.
+  return !s.ok() && s.code() != StatusCode::kCancelled &&
+         s.message().find("offloadd-store (pid ") != std::string::npos &&
+         (s.message().find(") died: ") != std::string::npos ||
+          s.message().find("killed by the liveness watchdog") != std::string::npos);
 }
 
 int JobWorldSize(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
@@ -410,6 +552,9 @@ TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has
   env.gpu_memory_limit = config.memory.gpu_memory_limit;
   for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);
   env.allowed_roots = config.allowed_roots;
+  env.liveness_floor_seconds = config.jobs.liveness.floor_seconds;
+  env.liveness_factor = config.jobs.liveness.factor;
+  env.heartbeat_seconds = config.jobs.liveness.heartbeat_seconds;
   return env;
 }
 

@@ -14,10 +14,21 @@
 //
 // Endings: every executor sends its final status and exits 0 -> the job's result (an ordinary
 // training error fails the job, without retries). An executor that dies otherwise (a signal, a
-// non-zero exit, a lost socket, a garbled message) -> the others of the job are cancelled, and
+// non-zero exit, a lost socket, a garbled message), or whose final error is a lost device or a
+// lost NVMe store process (IsRestartableFailure) -> the others of the job are cancelled, and
 // SIGKILLed after kill_grace_seconds; the job starts again from its newest checkpoint up to
 // max_restarts times, each restart a warning event naming the cause (ipc::DescribeExit); then it
 // fails with that cause. Every executor start is an event "executor started: pid N rank r gpu g".
+//
+// Liveness (issue #29): every executor sends heartbeats (executor/heartbeat.h). One not heard
+// from for max(6 heartbeats, 1 s) (60 s before its first: the process is still loading), or whose
+// phase (a step) overruns floor + max(floor, factor x its expected time) (one floor more than the
+// workers' and the store's own deadlines inside the step, so that theirs act first), is
+// logged, counted (offloadd_watchdog_kills_total{process="executor"}), SIGKILLed, and handled as
+// a death: restart, then failure naming the executor and its phase.
+//
+// Cancel: the executors are asked to stop; those still running cancel_grace_seconds later are
+// SIGKILLed (JobControl::force_stop(): at once). The job ends CANCELLED either way.
 //
 // Thread-safe: Run may be called for several jobs at once (one scheduler thread per running job).
 // The executors' death signal (PR_SET_PDEATHSIG) follows the thread that launched them, so Run
@@ -40,6 +51,13 @@ struct ExecutorRunnerOptions {
   std::string state_dir;         // rendezvous files under <state_dir>/jobs/<job id>/
   uint32_t max_restarts = 2;     // jobs.max_executor_restarts
   double kill_grace_seconds = 5;  // the others of a failed executor: cancel, then SIGKILL
+  double cancel_grace_seconds = 30;  // jobs.cancel_grace_seconds: a cancelled job's executors
+  double group_timeout_seconds = 300;  // jobs.group_timeout_seconds: Placement.timeout_seconds
+  // jobs.liveness: the phase deadline's floor and factor (0 floor: no phase deadline) and the
+  // heartbeat interval (0: no heartbeats watched). The environment carries them to the executor.
+  double liveness_floor_seconds = 0;
+  double liveness_factor = 10;
+  double heartbeat_seconds = 0;
   std::string log_level = "info";  // the executors' --log-level
   // TCP token client name -> the user= of its token file line: whose rights its jobs' files are
   // opened with (SubmitterFileIdentity, issue #29 item 1).
@@ -73,6 +91,10 @@ int JobWorldSize(const offloadd::v1::Job& job);
 // group failing (a peer lost). Issue #15: such a job restarts from its last checkpoint like one
 // whose executor died, up to jobs.max_executor_restarts; any other error fails it at once.
 bool IsDeviceFailure(const Status& s);
+
+// IsDeviceFailure, or the job's NVMe store process died or was killed by its liveness watchdog
+// (storage::kStoreDiedSign): issue #29, a store death restarts the job as an executor death does.
+bool IsRestartableFailure(const Status& s);
 
 // The daemon's TrainerEnvironment: binaries beside the offloadd executable, workers.processes
 // (0: one per NUMA node this process may use) and threads_per_process, memory defaults, store

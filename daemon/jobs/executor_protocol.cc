@@ -65,7 +65,8 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
   X(role) X(pid) X(cpu_seconds) X(submitted) X(completed) X(errors) X(in_flight) X(latency_sum_seconds)
 #define OFFLOADD_ENV_FIELDS(X)                                                                          \
   X(has_gpu) X(worker_binary) X(store_binary) X(worker_processes) X(worker_threads) X(adamw_kernel)      \
-  X(host_memory_limit) X(gpu_memory_limit) X(trace_steps) X(profile_dir) X(progress_interval_seconds)
+  X(host_memory_limit) X(gpu_memory_limit) X(trace_steps) X(profile_dir) X(progress_interval_seconds)   \
+  X(liveness_floor_seconds) X(liveness_factor) X(heartbeat_seconds)
 
 #define OFFLOADD_TO(f) p.set_##f(s.f);
 #define OFFLOADD_FROM(f) s.f = p.f();

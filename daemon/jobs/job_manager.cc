@@ -62,6 +62,7 @@ std::string DescribeGpus(const std::vector<int>& gpus) {
 struct JobManager::Running {
   JobControl::Stop stop = JobControl::Stop::kNone;
   bool requeue_on_stop = false;  // stopped by Shutdown(): QUEUED again, not PAUSED
+  bool force = false;            // CancelJob force: kill its processes now
   std::vector<int> gpus;
   ipc::UniqueFd stop_fd;  // eventfd, signalled on every change of `stop`
   std::thread thread;
@@ -116,6 +117,10 @@ class JobManager::Control final : public JobControl {
     return running_->stop;
   }
   int stop_fd() const override { return running_->stop_fd.get(); }
+  bool force_stop() const override {
+    std::lock_guard<std::mutex> lock(m_->mu_);
+    return running_->force;
+  }
   std::vector<int> gpus() const override { return running_->gpus; }  // fixed while the job runs
 
  private:
@@ -422,7 +427,7 @@ StatusOr<JobStore::Page> JobManager::List(const std::vector<v1::JobState>& state
   return page;
 }
 
-StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& reason) {
+StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& reason, bool force) {
   std::unique_lock<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
   const std::string why = reason.empty() ? "cancelled by request" : reason;
@@ -437,10 +442,11 @@ StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& r
       return job;
     case v1::JOB_STATE_RUNNING:
     case v1::JOB_STATE_PAUSING:
-      RequestStopLocked(id, JobControl::Stop::kCancel);
+      RequestStopLocked(id, JobControl::Stop::kCancel, /*requeue=*/false, force);
       RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_CANCELLING, why));
       return job;
     case v1::JOB_STATE_CANCELLING:
+      if (force) RequestStopLocked(id, JobControl::Stop::kCancel, /*requeue=*/false, force);
       return job;
     default:
       return FailedPreconditionError("job " + id + " is already " + StateName(job.state()));
@@ -578,11 +584,12 @@ Status JobManager::Watch(const std::string& id, int64_t after_cursor,
   }
 }
 
-void JobManager::RequestStopLocked(const std::string& id, JobControl::Stop stop, bool requeue) {
+void JobManager::RequestStopLocked(const std::string& id, JobControl::Stop stop, bool requeue, bool force) {
   auto it = running_.find(id);
   if (it == running_.end()) return;
   it->second->stop = stop;
   it->second->requeue_on_stop = requeue;
+  it->second->force = it->second->force || force;
   if (it->second->stop_fd.valid()) ipc::SignalEventFd(it->second->stop_fd.get());
 }
 

@@ -62,6 +62,9 @@ class JobControl {
   // An fd (eventfd) that turns readable whenever stop_requested() changes, for runners that wait in
   // poll(2); -1 when this control has none (then poll stop_requested()). Owned by the control.
   virtual int stop_fd() const { return -1; }
+  // A cancel with `force` (CancelJob force): kill the job's processes now, do not wait for them
+  // to stop. Changes wake stop_fd() as stop_requested() does.
+  virtual bool force_stop() const { return false; }
   // The GPUs the scheduler gave this run of the job, one per executor (rank r uses gpus()[r]);
   // empty on a node without GPUs.
   virtual std::vector<int> gpus() const { return {}; }
@@ -130,7 +133,9 @@ class JobManager {
   StatusOr<offloadd::v1::Job> Get(const std::string& id);
   StatusOr<JobStore::Page> List(const std::vector<offloadd::v1::JobState>& states, int page_size,
                                 const std::string& page_token);
-  StatusOr<offloadd::v1::Job> Cancel(const std::string& id, const std::string& reason);
+  // `force`: the running job's processes are killed at once (JobControl::force_stop), also when it
+  // is CANCELLING already.
+  StatusOr<offloadd::v1::Job> Cancel(const std::string& id, const std::string& reason, bool force = false);
   StatusOr<offloadd::v1::Job> Pause(const std::string& id);
   // PAUSED -> QUEUED; FAILED -> QUEUED when JobRunner::CheckpointForResume names a checkpoint.
   StatusOr<offloadd::v1::Job> Resume(const std::string& id);
@@ -185,7 +190,8 @@ class JobManager {
   // A job's thread: runs it, records how it ended.
   void RunJob(offloadd::v1::Job job, Running* running);
   // Sets the stop request of running job `id` and wakes its runner. Caller holds mu_.
-  void RequestStopLocked(const std::string& id, JobControl::Stop stop, bool requeue = false);
+  // `force` (a cancel's): JobControl::force_stop() turns true and stays so.
+  void RequestStopLocked(const std::string& id, JobControl::Stop stop, bool requeue = false, bool force = false);
   // Sets the state, records the transition and appends its event. Caller holds mu_.
   Status TransitionLocked(offloadd::v1::Job* job, offloadd::v1::JobState state, const std::string& reason);
   Status AppendLocked(offloadd::v1::JobEvent event);

@@ -29,6 +29,10 @@ struct TrainerEnvironment {
   std::string profile_dir;  // the node profile cache: <state_dir>/profiles
   double progress_interval_seconds = 10;  // metrics.progress_interval_seconds
   std::vector<std::string> allowed_roots;  // the daemon's allowed_roots, for the executor's confinement
+  // jobs.liveness: deadlines on the job's waits for its workers and store (0: none).
+  double liveness_floor_seconds = 0;
+  double liveness_factor = 10;
+  double heartbeat_seconds = 0;  // the executor's heartbeat interval (0: none)
 };
 
 // The job's TrainConfig, resume_from left empty. Each job's NVMe states go to a subdirectory

@@ -103,6 +103,7 @@ struct TrainMetrics::Impl {
       std::vector<uint64_t> last_counts;
     };
     std::map<std::string, StoreSeries> stores;
+    double last_worker_watchdog_kills = 0;
     Gauge* arena = nullptr;
     Gauge* pinned = nullptr;
     // Set by EndJob: the series go once job_series_retention_seconds have passed since.
@@ -214,7 +215,13 @@ struct TrainMetrics::Impl {
             "1 for each job with series here, with the GPUs its executors use (\"0,1\"; "
             "\"cpu\"); offloadctl get <job_id> names the job. Kept "
             "with the job's other series for metrics.job_series_retention_seconds "
-            "after the job stops running.")) {}
+            "after the job stops running.")),
+        watchdog_kills(CounterFamily(r, "offloadd_watchdog_kills_total",
+                                     "Processes of jobs killed for missing a liveness deadline (stopped, wedged, "
+                                     "deadlocked), by process: executor, worker, store (jobs.liveness).")) {
+    // Every process kind from the start, so that a rate over it never lacks a series.
+    for (const char* p : {"executor", "worker", "store"}) watchdog_kills.Add({{"process", p}});
+  }
 
   std::chrono::steady_clock::time_point Now() const {
     return options.clock ? options.clock() : std::chrono::steady_clock::now();
@@ -302,6 +309,7 @@ struct TrainMetrics::Impl {
   Family<Gauge>& arena;
   Family<Gauge>& pinned;
   Family<Gauge>& job_info;
+  Family<Counter>& watchdog_kills;
 
   std::mutex mu;
   std::unordered_map<std::string, JobSeries> by_job;  // guarded by mu
@@ -452,6 +460,21 @@ void TrainMetrics::ObserveRuntime(const std::string& job_id, const trainer::Runt
   }
   j.arena->Set(static_cast<double>(r.arena_bytes));
   j.pinned->Set(static_cast<double>(r.pinned_host_bytes));
+}
+
+void TrainMetrics::ObserveWorkerWatchdogKills(const std::string& job_id, uint64_t total) {
+  std::lock_guard lock(impl_->mu);
+  Impl::JobSeries& j = impl_->SeriesLocked(job_id);
+  const double kills = static_cast<double>(total);
+  if (kills > j.last_worker_watchdog_kills) {
+    impl_->watchdog_kills.Add({{"process", "worker"}}).Increment(kills - j.last_worker_watchdog_kills);
+  }
+  j.last_worker_watchdog_kills = kills;
+}
+
+void TrainMetrics::CountWatchdogKill(const std::string& process) {
+  std::lock_guard lock(impl_->mu);
+  impl_->watchdog_kills.Add({{"process", process}}).Increment();
 }
 
 void TrainMetrics::SetJobsByState(const std::map<std::string, int64_t>& counts) {

@@ -69,6 +69,13 @@ class TrainMetrics {
   // offloadd_job_host_pinned_bytes.
   void ObserveRuntime(const std::string& job_id, const trainer::RuntimeStats& stats);
 
+  // offloadd_watchdog_kills_total{process}: a job's `process` ("executor", "store") was killed for
+  // missing its liveness deadline.
+  void CountWatchdogKill(const std::string& process);
+  // The same for "worker", from the job's cumulative count of workers its executor killed (the
+  // series grows by the increase since the last report).
+  void ObserveWorkerWatchdogKills(const std::string& job_id, uint64_t total);
+
   // offloadd_jobs{state}: the count of jobs in each state. A state reported before and absent
   // from `counts` is set to 0, so its series does not go stale.
   void SetJobsByState(const std::map<std::string, int64_t>& counts);

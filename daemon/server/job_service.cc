@@ -248,9 +248,10 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::C
   if (Status allowed = MayControl(*context, request->job_id(), "cancel"); !allowed.ok()) {
     return rec.Done(ToGrpcStatus(allowed));
   }
-  auto j = jobs_->Cancel(request->job_id(), request->reason());
+  auto j = jobs_->Cancel(request->job_id(), request->reason(), request->force());
   if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
-  OFFLOADD_LOG(kInfo, kLog) << "job " << request->job_id() << " cancelled by " << ClientOf(*context);
+  OFFLOADD_LOG(kInfo, kLog) << "job " << request->job_id() << (request->force() ? " force-" : " ")
+                            << "cancelled by " << ClientOf(*context);
   *job = std::move(*j);
   return rec.Done(grpc::Status::OK);
 }

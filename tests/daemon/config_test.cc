@@ -172,6 +172,43 @@ TEST(ConfigTest, EffectiveYamlRoundTrips) {
   EXPECT_EQ(again->metrics.peak_flops, 312e12);
 }
 
+// Issue #29 item 5: the cancel grace period, the data-parallel group timeout and the liveness
+// deadlines are settings, defaulted, range-checked with their key paths, and shown in the
+// effective configuration.
+TEST(ConfigTest, JobsLivenessSettings) {
+  auto d = Parse("");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->jobs.cancel_grace_seconds, 30);
+  EXPECT_EQ(d->jobs.group_timeout_seconds, 300);
+  EXPECT_EQ(d->jobs.liveness.floor_seconds, 120);
+  EXPECT_EQ(d->jobs.liveness.factor, 10);
+  EXPECT_EQ(d->jobs.liveness.heartbeat_seconds, 5);
+  const std::string effective = ConfigToYaml(*d);
+  for (const char* key : {"cancel_grace_seconds: 30", "group_timeout_seconds: 300", "liveness:",
+                          "floor_seconds: 120", "factor: 10", "heartbeat_seconds: 5"}) {
+    EXPECT_NE(effective.find(key), std::string::npos) << key << " missing from\n" << effective;
+  }
+
+  auto c = Parse("jobs: {cancel_grace_seconds: 0.5, group_timeout_seconds: 20, "
+                 "liveness: {floor_seconds: 2, factor: 4, heartbeat_seconds: 0.25}}\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->jobs.cancel_grace_seconds, 0.5);
+  EXPECT_EQ(c->jobs.group_timeout_seconds, 20);
+  EXPECT_EQ(c->jobs.liveness.floor_seconds, 2);
+  EXPECT_EQ(c->jobs.liveness.factor, 4);
+  EXPECT_EQ(c->jobs.liveness.heartbeat_seconds, 0.25);
+  auto again = Parse(ConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(ConfigToYaml(*again), ConfigToYaml(*c));
+
+  EXPECT_NE(ErrorOf("jobs: {cancel_grace_seconds: -1}").find("jobs.cancel_grace_seconds"), std::string::npos);
+  EXPECT_NE(ErrorOf("jobs: {group_timeout_seconds: 0}").find("jobs.group_timeout_seconds"), std::string::npos);
+  EXPECT_NE(ErrorOf("jobs: {liveness: {factor: 0.5}}").find("jobs.liveness.factor"), std::string::npos);
+  EXPECT_NE(ErrorOf("jobs: {liveness: {heartbeat_seconds: fast}}").find("jobs.liveness.heartbeat_seconds"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("jobs: {liveness: {floor: 3}}").find("jobs.liveness.floor"), std::string::npos);
+}
+
 // Whitespace at either end and control characters survive the round trip (fuzz regression
 // daemon_config/trailing-blanks-in-path: yaml-cpp wrote "/srv/offloadd add    \r" unquoted).
 TEST(ConfigTest, EffectiveYamlKeepsBlanksAndControlCharacters) {

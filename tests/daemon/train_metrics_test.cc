@@ -262,6 +262,28 @@ TEST(TrainMetricsTest, WorkerAndStoreSeriesFollowTheJobsProcesses) {
 }
 
 // Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with ClearJob.
+// Issue #29 item 5: processes killed for missing a liveness deadline, by kind; every kind has its
+// series from the start, and the workers' count follows each job's cumulative count by increase.
+TEST(TrainMetricsTest, WatchdogKillsCountByProcess) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  auto v = Samples(Scrape(registry));
+  for (const char* p : {"executor", "worker", "store"}) {
+    EXPECT_EQ(v.count(std::string("offloadd_watchdog_kills_total{process=\"") + p + "\"}"), 1u) << p;
+  }
+  m.CountWatchdogKill("executor");
+  m.CountWatchdogKill("store");
+  m.CountWatchdogKill("store");
+  m.ObserveWorkerWatchdogKills("a", 2);
+  m.ObserveWorkerWatchdogKills("a", 2);  // the same cumulative count again: no increase
+  m.ObserveWorkerWatchdogKills("a", 3);
+  m.ObserveWorkerWatchdogKills("b", 1);
+  v = Samples(Scrape(registry));
+  EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="executor"})"], 1);
+  EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="store"})"], 2);
+  EXPECT_EQ(v[R"(offloadd_watchdog_kills_total{process="worker"})"], 4);
+}
+
 TEST(TrainMetricsTest, EvalAndProjectorCheckSeries) {
   prometheus::Registry registry;
   TrainMetrics m(registry);

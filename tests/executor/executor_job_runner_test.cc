@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,12 +47,17 @@ class FakeControl : public JobControl {
     return stop_;
   }
   int stop_fd() const override { return fd_.get(); }
+  bool force_stop() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return force_;
+  }
   std::vector<int> gpus() const override { return gpus_; }
 
-  void RequestStop(Stop s) {
+  void RequestStop(Stop s, bool force = false) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = s;
+      force_ = force_ || force;
     }
     ipc::SignalEventFd(fd_.get());
   }
@@ -72,6 +78,7 @@ class FakeControl : public JobControl {
  private:
   mutable std::mutex mu_;
   Stop stop_ = Stop::kNone;
+  bool force_ = false;
   ipc::UniqueFd fd_;
 };
 
@@ -83,12 +90,14 @@ class ExecutorJobRunnerTest : public ::testing::Test {
   }
   void TearDown() override { [[maybe_unused]] int rc = std::system(("rm -rf " + state_).c_str()); }
 
-  Status Run(const std::string& mode, FakeControl& control, uint32_t max_restarts = 2, uint32_t gpus = 0) {
+  Status Run(const std::string& mode, FakeControl& control, uint32_t max_restarts = 2, uint32_t gpus = 0,
+             const std::function<void(ExecutorRunnerOptions&)>& tune = {}) {
     ExecutorRunnerOptions o;
     o.executor_binary = OFFLOADD_FAKE_EXECUTOR;
     o.state_dir = state_;
     o.max_restarts = max_restarts;
     o.kill_grace_seconds = 0.5;
+    if (tune) tune(o);
     ExecutorJobRunner runner(o, nullptr);
     v1::Job job;
     job.set_id("job-1");
@@ -209,6 +218,103 @@ TEST_F(ExecutorJobRunnerTest, DataParallelRanksGetTheirPlacement) {
   EXPECT_EQ(c.CountLogs("rank 0 restart 0 gpu 1 world 2 " + rdv), 1) << ::testing::PrintToString(c.Logs());
   EXPECT_EQ(c.CountLogs("rank 1 restart 0 gpu 0 world 2 " + rdv), 1);
   EXPECT_EQ(c.steps, std::vector<int64_t>{2});  // rank 1's progress is not relayed
+}
+
+// Issue #29 item 5: liveness. A stopped executor (no heartbeat) and one whose step overruns its
+// deadline are killed by the watchdog; the job restarts from its checkpoint, or fails naming the
+// executor and what it was doing once the restarts are spent.
+void Liveness(ExecutorRunnerOptions& o) {
+  o.heartbeat_seconds = 0.1;  // silent for max(1 s, 6 heartbeats) = 1 s
+  o.liveness_floor_seconds = 0.2;
+  o.liveness_factor = 10;
+}
+
+TEST_F(ExecutorJobRunnerTest, AStoppedExecutorIsKilledByTheWatchdogAndTheJobRestarts) {
+  FakeControl c;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = Run("stop-once", c, 2, 0, Liveness);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_EQ(c.CountLogs("executor started: pid "), 2);
+  EXPECT_EQ(c.CountLogs("killed by the liveness watchdog: no heartbeat for "), 1) << ::testing::PrintToString(c.Logs());
+  EXPECT_EQ(c.CountLogs("while in 'step 3'"), 1);
+  EXPECT_EQ(c.CountLogs("restarting the job from its last checkpoint (restart 1 of 2)"), 1);
+}
+
+TEST_F(ExecutorJobRunnerTest, AStepOverItsDeadlineIsKilledAndAfterTheRestartsTheJobFailsNamingIt) {
+  FakeControl c;
+  const Status s = Run("overrun-once", c, /*max_restarts=*/0, 0, Liveness);
+  EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+  EXPECT_NE(s.message().find("executor rank 0 (pid "), std::string::npos) << s.message();
+  // floor + max(floor, factor x expected) = 0.2 + max(0.2, 10 x 0.1) = 1.2 s
+  EXPECT_NE(s.message().find("killed by the liveness watchdog: 'step 3' ran "), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("over its deadline of 1.2 s"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("(jobs.max_executor_restarts is 0)"), std::string::npos) << s.message();
+  FakeControl again;
+  EXPECT_TRUE(Run("overrun-once", again, 2, 0, Liveness).ok());
+}
+
+TEST_F(ExecutorJobRunnerTest, ACancelTheExecutorIgnoresEndsInSigkillAfterTheGracePeriod) {
+  FakeControl c;
+  std::thread t([&] {
+    while (c.CountLogs("executor started") == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    c.RequestStop(JobControl::Stop::kCancel);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = Run("ignore-cancel", c, 2, 0, [](ExecutorRunnerOptions& o) { o.cancel_grace_seconds = 0.3; });
+  t.join();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  EXPECT_NE(s.message().find("did not stop within jobs.cancel_grace_seconds (0.3 s)"), std::string::npos)
+      << s.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(c.CountLogs("executor started"), 1);  // a cancelled job does not restart
+}
+
+TEST_F(ExecutorJobRunnerTest, AForcedCancelKillsAtOnce) {
+  FakeControl c;
+  std::thread t([&] {
+    while (c.CountLogs("executor started") == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    c.RequestStop(JobControl::Stop::kCancel);
+    c.RequestStop(JobControl::Stop::kCancel, /*force=*/true);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = Run("ignore-cancel", c, 2, 0, [](ExecutorRunnerOptions& o) { o.cancel_grace_seconds = 3600; });
+  t.join();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  EXPECT_NE(s.message().find("killed by a forced cancel"), std::string::npos) << s.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(c.CountLogs("cancel --force: killing the job's executors"), 1);
+}
+
+// Issue #29 item 21: the job's NVMe store dying restarts the job, as an executor's death does.
+TEST_F(ExecutorJobRunnerTest, ADeadStoreRestartsTheJobFromItsCheckpoint) {
+  FakeControl c;
+  const Status s = Run("store-died-once", c);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.CountLogs("executor started: pid "), 2);
+  EXPECT_EQ(c.CountLogs("offloadd-store (pid 42) died: killed by signal 9 (Killed) (offloadd-store completion ring); "
+                        "restarting the job from its last checkpoint (restart 1 of 2)"),
+            1)
+      << ::testing::PrintToString(c.Logs());
+}
+
+TEST(IsRestartableFailureTest, DeviceFailuresAndTheStoresDeathButNotItsIoErrors) {
+  EXPECT_TRUE(IsRestartableFailure(InternalError("training step: CUDA error: an illegal memory access")));
+  EXPECT_TRUE(IsRestartableFailure(UnavailableError("NVMe store: offloadd-store (pid 7) died: killed by signal 9")));
+  EXPECT_TRUE(IsRestartableFailure(
+      UnavailableError("offloadd-store (pid 7) killed by the liveness watchdog: no I/O completed in 120 s")));
+  EXPECT_FALSE(IsRestartableFailure(InternalError("NVMe store I/O 142: No space left on device")));
+  EXPECT_FALSE(IsRestartableFailure(DataLossError("NVMe store I/O 61: checksum mismatch over 38400 bytes")));
+  EXPECT_FALSE(IsRestartableFailure(CancelledError("offloadd-store (pid 7) died: killed by signal 9")));
+  EXPECT_FALSE(IsRestartableFailure(OkStatus()));
+}
+
+// jobs.group_timeout_seconds reaches every rank's placement (the c10d store and group timeout).
+TEST_F(ExecutorJobRunnerTest, TheGroupTimeoutReachesEveryRank) {
+  FakeControl c;
+  c.gpus_ = {0, 1};
+  ASSERT_TRUE(Run("ok", c, 2, 2, [](ExecutorRunnerOptions& o) { o.group_timeout_seconds = 45; }).ok());
+  EXPECT_EQ(c.CountLogs(" timeout 45"), 2) << ::testing::PrintToString(c.Logs());
 }
 
 TEST_F(ExecutorJobRunnerTest, AMissingExecutorBinaryFailsWithItsExitCause) {

@@ -8,11 +8,19 @@
 //   wait-stop     waits for pause or cancel, then finishes CANCELLED
 //   rank1-fails   rank 1 finishes with INTERNAL at once; rank 0 waits for cancel
 //   old-version   says hello with protocol version 0
+//   stop-once     a heartbeat ("step 3"), then SIGSTOPs itself on the first attempt; OK after a restart
+//   overrun-once  heartbeats every 0.1 s in phase "step 3" (expected 0.1 s) that never ends, on the
+//                 first attempt; OK after a restart
+//   ignore-cancel heartbeats, then ignores pause and cancel (a wedged trainer)
+//   store-died-once  finishes with the store's death on the first attempt; OK after a restart
+// Every log line it sends names its placement, the group timeout included.
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "daemon/jobs/executor_protocol.h"
 
@@ -28,6 +36,23 @@ void Finish(int fd, const Status& s) {
   pb::ExecutorMessage m;
   *m.mutable_finished() = ToFinished(s);
   Send(fd, m);
+}
+
+void Heartbeat(int fd, const std::string& phase, double expected, double in_phase) {
+  pb::ExecutorMessage m;
+  m.mutable_heartbeat()->set_phase(phase);
+  m.mutable_heartbeat()->set_expected_seconds(expected);
+  m.mutable_heartbeat()->set_phase_seconds(in_phase);
+  m.mutable_heartbeat()->set_interval_seconds(0.1);
+  Send(fd, m);
+}
+
+// Alive (heartbeats every 0.1 s) but stuck in `phase` until killed.
+[[noreturn]] void Stuck(int fd, const std::string& phase, double expected) {
+  for (int i = 0;; ++i) {
+    Heartbeat(fd, phase, expected, 0.1 * i);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 void WaitForStop(int fd) {
@@ -62,6 +87,22 @@ int main(int argc, char** argv) {
     ::raise(SIGKILL);
   }
   if (mode == "exit-3") return 3;
+  const bool first = start.start().restart() == 0 && rank == 0;
+  if (mode == "stop-once" && first) {
+    Heartbeat(fd, "step 3", 0, 0);
+    ::raise(SIGSTOP);
+  }
+  if (mode == "overrun-once" && first) Stuck(fd, "step 3", 0.1);
+  if (mode == "ignore-cancel") {
+    Heartbeat(fd, "step 1", 0, 0);
+    WaitForStop(fd);
+    Stuck(fd, "step 2", 0);
+  }
+  if (mode == "store-died-once" && first) {
+    Finish(fd, UnavailableError("NVMe store: offloadd-store (pid 42) died: killed by signal 9 (Killed) "
+                                "(offloadd-store completion ring)"));
+    return 0;
+  }
   if (mode == "old-version") {
     WaitForStop(fd);
     return 0;
@@ -98,7 +139,8 @@ int main(int argc, char** argv) {
   l.mutable_log()->set_message("rank " + std::to_string(rank) + " restart " + std::to_string(start.start().restart()) +
                                " gpu " + std::to_string(start.start().placement().gpu_index()) + " world " +
                                std::to_string(start.start().placement().world_size()) + " rendezvous " +
-                               start.start().placement().rendezvous());
+                               start.start().placement().rendezvous() + " timeout " +
+                               std::to_string(start.start().placement().timeout_seconds()));
   Send(fd, l);
   Finish(fd, OkStatus());
   return 0;

@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
 
 #include "ipc/arena.h"
+#include "ipc/liveness.h"
 #include "ipc/shm_segment.h"
 #include "storage/store_client.h"
 #include "tests/storage/test_util.h"
@@ -122,6 +124,39 @@ TEST_F(StoreProcessTest, RoundTripsThroughTheRingsAndRejectsBadOffsets) {
   EXPECT_GT(st.latency_sum_seconds, 0);
   EXPECT_TRUE((*p)->Shutdown().ok());
   EXPECT_EQ((*p)->Stats().submitted, 5u) << "the shutdown command is not a request";
+}
+
+// Issue #29 item 5: a stopped store (SIGSTOP: its pidfd never fires, as a store wedged in D-state
+// I/O) is killed once the commands in flight are past the liveness deadline, and the wait returns
+// UNAVAILABLE naming the store and the watchdog (which the daemon restarts the job after).
+TEST_F(StoreProcessTest, AStoppedStoreIsKilledByTheLivenessDeadline) {
+  ipc::SetLivenessPolicy(/*floor_seconds=*/0.3, /*factor=*/10);
+  ipc::SetLivenessRates(0, /*store_bytes_per_second=*/1e9);
+  auto p = StoreProcess::Launch(segment_, &arena_, Options());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const size_t size = 65536;
+  ipc::Region src = Region("src", size);
+  ASSERT_EQ(::kill((*p)->pid(), SIGSTOP), 0);
+  const TensorKey key{1, static_cast<uint32_t>(TensorKind::kAdamM), 0};
+  ASSERT_TRUE((*p)->Submit(StoreOp::kWrite, 1, Cmd(key, 1, src, size)).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = (*p)->NextCompletion();  // no timeout of its own: the liveness deadline ends it
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  const std::string pid = std::to_string((*p)->pid());
+  EXPECT_NE(c.status().message().find(std::string(kStoreDiedSign) + pid + ") killed by the liveness watchdog"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find("1 command(s) (65536 bytes) in flight"), std::string::npos)
+      << c.status().message();
+  EXPECT_EQ((*p)->Stats().watchdog_kills, 1u);
+  // Without work in flight there is nothing to wait for: no deadline, a plain timeout.
+  auto idle = StoreProcess::Launch(segment_, &arena_, Options());
+  ASSERT_TRUE(idle.ok()) << idle.status().ToString();
+  EXPECT_EQ((*idle)->NextCompletion(500).status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE((*idle)->Shutdown().ok());
+  ipc::SetLivenessPolicy(0, 10);  // the other tests: no deadlines
 }
 
 TEST_F(StoreProcessTest, OpenErrorsComeBackThroughTheHandshake) {

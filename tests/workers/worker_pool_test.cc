@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "ipc/liveness.h"
 #include "workers/adamw_kernel_impl.h"
 
 namespace offloadd::workers {
@@ -289,6 +290,39 @@ TEST(WorkerPoolTest, ExternalSigkillWhileBusyGivesTheSameResult) {
   EXPECT_EQ(m.State(), Reference(3));
 }
 
+
+// Issue #29 item 5: a stopped worker (SIGSTOP: no death for its pidfd to show, as a worker wedged
+// in the kernel or deadlocked) is killed once its oldest command is past the liveness deadline,
+// restarted and replayed: the result is the uninterrupted one, bit for bit.
+TEST(WorkerPoolTest, AStoppedWorkerIsKilledByTheLivenessDeadlineAndReplayed) {
+  Model m(kSizes);
+  ipc::SetLivenessPolicy(/*floor_seconds=*/0.3, /*factor=*/10);
+  ipc::SetLivenessRates(/*worker_params_per_second=*/1e9, 0);
+  const uint64_t kills_before = ipc::WatchdogKills("worker");
+  auto pool = WorkerPool::Start(&m.segment(), &m.arena(), Options(2, 1));
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const pid_t stopped = (*pool)->Pids()[0];
+  ASSERT_EQ(::kill(stopped, SIGSTOP), 0);
+  uint64_t id = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  Train(&m, pool->get(), 3, &id);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  ipc::SetLivenessPolicy(0, 10);  // the other tests: no deadlines
+  EXPECT_EQ(ipc::WatchdogKills("worker") - kills_before, 1u);
+  EXPECT_EQ((*pool)->Metrics().restarts_total, 1u);
+  EXPECT_NE((*pool)->Pids()[0], stopped);
+  EXPECT_EQ(m.State(), Reference(3));
+}
+
+TEST(LivenessPolicyTest, DeadlineIsTheFloorOrTheFactorTimesTheExpectedTime) {
+  const ipc::LivenessPolicy off{};
+  EXPECT_EQ(off.DeadlineSeconds(1e9), 0);  // no floor: no deadline
+  const ipc::LivenessPolicy l{.floor_seconds = 2, .factor = 10, .work_per_second = 1e8};
+  EXPECT_EQ(l.DeadlineSeconds(1e6), 2);    // 10 ms expected: the floor
+  EXPECT_EQ(l.DeadlineSeconds(1e9), 100);  // 10 s expected, x 10
+  const ipc::LivenessPolicy unknown{.floor_seconds = 2, .factor = 10, .work_per_second = 0};
+  EXPECT_EQ(unknown.DeadlineSeconds(1e9), 2);  // no profile: the floor
+}
 
 TEST(WorkerPoolTest, AWorkerThatCompletesWorkBetweenKillsIsNeverAbandoned) {
   // max_restarts bounds a crash loop (consecutive crashes with no completed command between),

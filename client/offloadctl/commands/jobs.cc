@@ -125,7 +125,7 @@ int RunGet(Client& c, const Options& o) {
 
 int RunJobAction(Client& c, const Options& o) {
   const std::string& cmd = o.command;
-  offloadd::StatusOr<offloadd::v1::Job> j = cmd == "cancel" ? c.CancelJob(o.job_id, o.reason)
+  offloadd::StatusOr<offloadd::v1::Job> j = cmd == "cancel" ? c.CancelJob(o.job_id, o.reason, o.force)
                                             : cmd == "pause" ? c.PauseJob(o.job_id)
                                                              : c.ResumeJob(o.job_id);
   if (!j.ok()) return Fail(cmd, j.status());

@@ -288,17 +288,21 @@ class AsyncClient:
             if not token:
                 return
 
-    async def cancel_job(self, job_id: str, reason: str = "") -> job_pb2.Job:
+    async def cancel_job(self, job_id: str, reason: str = "", force: bool = False) -> job_pb2.Job:
         """Cancels a job (as ``Client.cancel_job``).
 
         Args:
             job_id: the job's id.
             reason: recorded as the job's error message.
+            force: kill the job's processes at once (SIGKILL) instead of asking them to stop at
+                the next step; also escalates a job already ``cancelling``. Without it, the daemon
+                kills them after its ``jobs.cancel_grace_seconds``.
 
         Returns:
             The job after the request.
         """
-        return await self._call(self._jobs.CancelJob, job_service_pb2.CancelJobRequest(job_id=job_id, reason=reason))
+        request = job_service_pb2.CancelJobRequest(job_id=job_id, reason=reason, force=force)
+        return await self._call(self._jobs.CancelJob, request)
 
     async def pause_job(self, job_id: str) -> job_pb2.Job:
         """Pauses a running job (as ``Client.pause_job``).

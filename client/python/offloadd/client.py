@@ -297,18 +297,22 @@ class Client:
             if not token:
                 return
 
-    def cancel_job(self, job_id: str, reason: str = "") -> job_pb2.Job:
+    def cancel_job(self, job_id: str, reason: str = "", force: bool = False) -> job_pb2.Job:
         """Cancels a job: a queued or paused one at once, a running one at its next step
         (``cancelling``, then ``cancelled``).
 
         Args:
             job_id: the job's id.
             reason: recorded as the job's error message.
+            force: kill the job's processes at once (SIGKILL) instead of asking them to stop at
+                the next step; also escalates a job already ``cancelling``. Without it, the daemon
+                kills them after its ``jobs.cancel_grace_seconds``.
 
         Returns:
             The job after the request.
         """
-        return self._call(self._jobs.CancelJob, job_service_pb2.CancelJobRequest(job_id=job_id, reason=reason))
+        request = job_service_pb2.CancelJobRequest(job_id=job_id, reason=reason, force=force)
+        return self._call(self._jobs.CancelJob, request)
 
     def pause_job(self, job_id: str) -> job_pb2.Job:
         """Pauses a running job: it writes a checkpoint and frees the GPU (``pausing``, then ``paused``).

@@ -53,6 +53,7 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
         self.cursors: list[int] = []
         self.watch_requests: list = []
         self.cancelled: list[tuple[str, str]] = []
+        self.forced: list[str] = []  # job ids of CancelJob calls with force
         self._lock = threading.Lock()
 
     def WatchJob(self, request, context):
@@ -92,6 +93,8 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
     def CancelJob(self, request, context):
         self._check_known(request.job_id, context)
         self.cancelled.append((request.job_id, request.reason))
+        if request.force:
+            self.forced.append(request.job_id)
         return job_pb2.Job(id=request.job_id, state=job_pb2.JOB_STATE_CANCELLED)
 
     def ListJobs(self, request, context):

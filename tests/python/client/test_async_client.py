@@ -75,11 +75,13 @@ def test_unary_calls_and_health(server):
         assert running == ["j1", "j2"]
         assert (await c.get_job("j1")).id == "j1"
         assert offloadd.JobState.of(await c.cancel_job("j1", reason="test")) == "cancelled"
+        assert offloadd.JobState.of(await c.cancel_job("j2", force=True)) == "cancelled"
         assert offloadd.JobState.of(await c.pause_job("j1")) == "pausing"
         assert offloadd.JobState.of(await c.resume_job("j1")) == "queued"
 
     run(calls, s.target)
-    assert service.cancelled == [("j1", "test")]
+    assert service.cancelled == [("j1", "test"), ("j2", "")]
+    assert service.forced == ["j2"]
 
 
 def test_watch_is_an_async_iterator_and_errors_map_as_in_the_sync_client(server):

@@ -22,7 +22,7 @@ from offloadd.v1 import job_pb2  # noqa: E402
 
 COMMANDS = {
     "health": [], "node": [], "submit": ["--validate-only", "--watch"], "list": ["--state"],
-    "get": ["--wait"], "cancel": [], "pause": [], "resume": [], "checkpoints": [], "watch": [],
+    "get": ["--wait"], "cancel": ["--force"], "pause": [], "resume": [], "checkpoints": [], "watch": [],
     "completion": [], "convert": ["--from", "--model", "--dataset", "--output-dir", "--out"],
 }
 
@@ -214,6 +214,14 @@ def test_cancel_with_a_reason_after_flags(ctl, fake):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["state"] == "JOB_STATE_CANCELLED"
     assert server.service.cancelled == [("job-1", "not needed")]
+    assert server.service.forced == []
+
+
+def test_cancel_force_asks_the_daemon_to_kill_at_once(ctl, fake):
+    server = fake()
+    r = ctl("cancel", "job-1", "--force", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert server.service.forced == ["job-1"]
 
 
 def test_submit_reads_the_job_file_from_stdin(ctl, fake):
