@@ -19,6 +19,7 @@ PHASES = ["cuda", "model", "data", "plan", "arena", "workers", "weights", "devic
 
 
 def base_args(model, data, out, *extra):
+    out.mkdir(parents=True, exist_ok=True)
     return [f"--model={model}", f"--data={data}", "--format=pretokenized", "--device=cpu", "--dtype=fp32",
             "--batch-size=4", "--workers=1x2", f"--output-dir={out}", f"--stats-jsonl={out}/stats.jsonl", *extra]
 
