@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -181,6 +182,54 @@ StatusOr<at::Tensor> Model::ReadInitialValue(const std::string& name) const {
     return t;
   } catch (const c10::Error& e) {
     return InternalError("reading the initial value of " + name + ": " + e.what_without_backtrace());
+  }
+}
+
+Status Model::ReadInitialValueInto(const std::string& name, int64_t begin, int64_t count,
+                                   float* dst) const {
+  if (source_ == nullptr) {  // a random value is drawn whole, from its own generator
+    ASSIGN_OR_RETURN(at::Tensor t, ReadInitialValue(name));
+    if (begin != 0 || count != t.numel()) {
+      return InvalidArgumentError("the random initial value of " + name + " is drawn whole (" +
+                                  std::to_string(t.numel()) + " elements)");
+    }
+    std::memcpy(dst, t.data_ptr<float>(), static_cast<size_t>(count) * sizeof(float));
+    return OkStatus();
+  }
+  ASSIGN_OR_RETURN(auto entry, source_->checkpoint->Get(name));
+  const TensorInfo& info = *entry.info;
+  int64_t numel = 1;
+  for (int64_t d : info.shape) numel *= d;
+  if (begin < 0 || count < 0 || begin + count > numel) {
+    return InvalidArgumentError(entry.file->path() + ": elements [" + std::to_string(begin) + ", " +
+                                std::to_string(begin + count) + ") of \"" + name +
+                                "\" are outside its " + std::to_string(numel));
+  }
+  // The mapping is not necessarily aligned for the element type: read it bytewise.
+  const std::byte* src = entry.file->data(info).data();
+  switch (info.dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src + begin * 4, static_cast<size_t>(count) * 4);
+      return OkStatus();
+    case DType::kBF16:
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + (begin + i) * 2, 2);
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        std::memcpy(dst + i, &bits, 4);
+      }
+      return OkStatus();
+    case DType::kF16:
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + (begin + i) * 2, 2);
+        dst[i] = static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+      }
+      return OkStatus();
+    default:
+      return InvalidArgumentError(entry.file->path() + ": tensor \"" + name + "\" has dtype " +
+                                  std::string(DTypeName(info.dtype)) +
+                                  "; parameters must be F32, F16 or BF16");
   }
 }
 

@@ -234,6 +234,12 @@ class Model {
   // The checkpoint value of parameter `name` (kLazy) or its random initial value (kRandom), as an
   // fp32 CPU tensor; also valid after kEager loading (re-reads the checkpoint).
   StatusOr<at::Tensor> ReadInitialValue(const std::string& name) const;
+  // Elements [begin, begin + count) of that value, converted to fp32 straight from the
+  // checkpoint's mapping into dst (no intermediate tensors), so that disjoint pieces of one
+  // parameter can be read on several threads at once. Thread-safe. Without a checkpoint (kRandom)
+  // a value is drawn whole: only begin 0 with count = numel.
+  Status ReadInitialValueInto(const std::string& name, int64_t begin, int64_t count,
+                              float* dst) const;
   bool has_checkpoint() const;
 
   // Whole-model helpers over the block API.

@@ -5,9 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace offloadd::ipc {
 namespace {
@@ -25,6 +28,37 @@ Status SizeError(int err, size_t bytes, const char* what) {
            "/proc/sys/vm/nr_hugepages)";
   }
   return ErrnoError(err, std::string(what) + " of " + std::to_string(bytes) + " bytes" + hint);
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+// Faults in [base, base + bytes) on `threads` threads, each a slice of whole pages.
+Status PopulateInParallel(void* base, size_t bytes, uint32_t threads) {
+  const size_t pages = bytes / kPage;
+  const size_t per = (pages + threads - 1) / threads;
+  std::vector<int> errs(threads, 0);
+  std::vector<std::thread> pool;
+  for (uint32_t t = 0; t < threads; ++t) {
+    const size_t first = std::min(pages, t * per), last = std::min(pages, first + per);
+    if (first == last) break;
+    pool.emplace_back([&errs, t, base, first, last] {
+      char* p = static_cast<char*>(base) + first * kPage;
+      const size_t len = (last - first) * kPage;
+      if (::madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
+      if (errno != EINVAL) {  // EINVAL: a kernel before 5.14; ENOMEM / EFAULT: no memory for it
+        errs[t] = errno;
+        return;
+      }
+      for (size_t off = 0; off < len; off += kPage) static_cast<volatile char*>(p)[off] = 0;
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int e : errs) {
+    if (e != 0) return SizeError(e, bytes, "populating the shared segment");
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -87,11 +121,20 @@ StatusOr<SharedSegment> SharedSegment::Create(size_t data_bytes, const SegmentOp
       ::close(fd);
       return SizeError(err, total, "ftruncate of shared segment");
     }
-    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    const uint32_t threads = std::max<uint32_t>(1, options.populate_threads);
+    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                  MAP_SHARED | (threads == 1 ? MAP_POPULATE : 0), fd, 0);
     if (base == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
       return SizeError(err, total, "mmap of shared segment");
+    }
+    if (threads > 1) {
+      if (Status st = PopulateInParallel(base, total, threads); !st.ok()) {
+        ::munmap(base, total);
+        ::close(fd);
+        return st;
+      }
     }
   }
   seg.fd_ = fd;

@@ -36,6 +36,11 @@ struct SegmentOptions {
   std::string name = "offloadd";
   // Try MFD_HUGETLB first; fall back to normal pages (and say so in hugepage_fallback_reason()).
   bool try_huge_pages = false;
+  // Normal pages are faulted in at creation (no page faults later, in the step). 1: the kernel's
+  // MAP_POPULATE, on this thread. More: that many threads each populate a slice
+  // (MADV_POPULATE_WRITE, else a write per page): a 100 GiB arena is faulted in at the memory's
+  // rate rather than one core's.
+  uint32_t populate_threads = 1;
 };
 
 class SharedSegment {

@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
+#include <thread>
 
 #if OFFLOADD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -114,7 +116,14 @@ void DeviceStreams::UseCompute() const {
 Status DeviceStreams::Pin(void* base, size_t bytes) {
 #if OFFLOADD_WITH_CUDA
   if (!cuda_ || bytes == 0) return OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (const auto& p : impl_->pins) {
+      if (p.base() == base && p.bytes() == bytes) return OkStatus();  // PinAll did
+    }
+  }
   ASSIGN_OR_RETURN(ipc::CudaHostRegistration r, ipc::CudaHostRegistration::Register(base, bytes));
+  std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->pins.push_back(std::move(r));
   impl_->pinned_bytes += bytes;
 #else
@@ -122,6 +131,34 @@ Status DeviceStreams::Pin(void* base, size_t bytes) {
   (void)bytes;
 #endif
   return OkStatus();
+}
+
+Status DeviceStreams::PinAll(const std::vector<std::pair<void*, size_t>>& ranges,
+                             uint32_t threads) {
+  if (!cuda_ || ranges.empty()) return OkStatus();
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first_error;
+  auto run = [&] {
+#if OFFLOADD_WITH_CUDA
+    c10::cuda::set_device(impl_->index);  // a new thread's current device is 0
+#endif
+    for (size_t i = next++; i < ranges.size(); i = next++) {
+      Status st = Pin(ranges[i].first, ranges[i].second);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = st;
+        next = ranges.size();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const uint32_t n =
+      std::max<uint32_t>(1, std::min<uint32_t>(threads, static_cast<uint32_t>(ranges.size())));
+  for (uint32_t t = 1; t < n; ++t) pool.emplace_back(run);
+  run();
+  for (auto& t : pool) t.join();
+  return first_error;
 }
 
 uint64_t DeviceStreams::PinnedBytes() const { return impl_->pinned_bytes; }

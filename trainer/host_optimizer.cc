@@ -108,8 +108,10 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
         std::to_string(o.host_memory_limit >> 20) + " MiB" +
         (o.tier == StateTier::kCpu ? "; offload the optimizer to NVMe" : ""));
   }
+  const auto t_arena = std::chrono::steady_clock::now();
   ipc::SegmentOptions so;
   so.name = "offloadd-train";
+  so.populate_threads = std::max<uint32_t>(1, o.populate_threads);
   ASSIGN_OR_RETURN(segment_, ipc::SharedSegment::Create(bytes, so));
   ipc::ArenaOptions ao;
   ao.max_regions = workers::RegionsFor(o.block_elements, lo, po.processes) + 3 * o.nvme_slots +
@@ -157,7 +159,11 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     if (o.nvme_block_size > 0) so2.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
     ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so2));
   }
+  const auto t_workers = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
+  arena_seconds_ = std::chrono::duration<double>(t_workers - t_arena).count();
+  workers_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_workers).count();
   workers::OptimizerConfig oc;
   oc.beta1 = o.optim.beta1;
   oc.beta2 = o.optim.beta2;
@@ -168,7 +174,11 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
   oc.update_depth = o.update_depth;
   oc.skip_nonfinite = o.skip_nonfinite;
-  ASSIGN_OR_RETURN(oc.speculation, workers::ParseSpeculation(o.optim.speculation));
+  // Unset: the Trainer resolves the default per device (train_config.h); a bare HostOptimizer
+  // holds.
+  if (!o.optim.speculation.empty()) {
+    ASSIGN_OR_RETURN(oc.speculation, workers::ParseSpeculation(o.optim.speculation));
+  }
   // NVMe tier: a speculated block holds its staging slot until the step's norm is known, and the
   // slots are fewer than the blocks; fp16: a skipped step would have to undo updates bit for bit.
   if (o.tier == StateTier::kNvme || o.skip_nonfinite) oc.speculation = workers::Speculation::kNever;
@@ -545,8 +555,7 @@ UpdateTotals HostOptimizer::TakeTotals() {
 
 // ---- initial values and checkpoints ----
 
-namespace {
-// The 16-bit weight copy the device reads (nothing to do for fp32 compute).
+namespace internal {
 void To16(HostDtype dt, const float* src, uint16_t* dst, uint64_t n) {
   if (dt == HostDtype::kBf16) {
     for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToBf16(src[i]);
@@ -554,7 +563,7 @@ void To16(HostDtype dt, const float* src, uint16_t* dst, uint64_t n) {
     for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToFp16(src[i]);
   }
 }
-}  // namespace
+}  // namespace internal
 
 Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill) {
   if (follower_) return options_.group->WaitInitialized(1);  // rank 0 fills the shared arena
@@ -569,7 +578,8 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
     if (!store_) {
       float* master = arena_->At<float>(s.master_offset);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
-      To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+      internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
+                     s.num_elements);
       continue;
     }
     const Status staged = RunOnThread([&, b]() -> Status {
@@ -579,7 +589,8 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
       if (compute_copy_[b] != 0)
         std::memcpy(arena_->At<void>(compute_copy_[b]), master, s.num_elements * 4);
-      To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+      internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
+                     s.num_elements);
       std::memset(arena_->At<void>(slot.offset[1]), 0, s.num_elements * 4);
       std::memset(arena_->At<void>(slot.offset[2]), 0, s.num_elements * 4);
       for (int k = 0; k < 3; ++k)
@@ -621,7 +632,7 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
   std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
   auto derive = [&](const float* m) {
-    To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+    internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
     if (store_ && compute_copy_[block] != 0)
       std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
   };

@@ -69,6 +69,9 @@ struct HostOptimizerOptions {
   uint32_t worker_processes = 1, worker_threads = 1;
   std::string kernel_path = "auto";  // workers::ResolveKernelPath's request
   uint64_t host_memory_limit = 0;  // refuse an arena larger than this
+  // Threads that populate (fault in) the arena's pages at creation: 1, the kernel's MAP_POPULATE
+  // on one thread; more split it (ipc::SegmentOptions::populate_threads).
+  uint32_t populate_threads = 1;
   // Per block (empty: none): its optimizer states live on the GPU and the trainer updates it
   // there (DeviceOptimizer). The driver counts its gradient norm, given with GradsReady's last
   // micro-batch, into the step's decision (WaitDecided); no worker touches it.
@@ -80,6 +83,11 @@ struct HostOptimizerOptions {
   GroupLink* group = nullptr;
   std::string leader_arena_path;
 };
+
+namespace internal {
+// The 16-bit weight copy the device reads, from fp32 masters (nothing to do for fp32 compute).
+void To16(HostDtype dt, const float* src, uint16_t* dst, uint64_t n);
+}  // namespace internal
 
 struct UpdateTotals {  // since the last TakeTotals()
   double worker_busy_seconds = 0;
@@ -115,6 +123,20 @@ class HostOptimizer {
   // Initial values: `fill(block, master)` writes the block's fp32 master weights into the
   // provided buffer; the compute copy is derived from it and the moments start at zero.
   Status Initialize(const std::function<Status(int block, float* master)>& fill);
+  // The same in pieces on `threads` threads at once (RAM tier; the NVMe tier stages one block at
+  // a time and fills pieces in order): fill(piece, dst) writes elements [begin, begin + count) of
+  // the piece's block to dst; pieces must cover every block's elements exactly once.
+  struct InitPiece {
+    int block = 0;
+    uint64_t begin = 0, count = 0;
+  };
+  Status InitializePieces(const std::vector<InitPiece>& pieces,
+                          const std::function<Status(const InitPiece& piece, float* dst)>& fill,
+                          uint32_t threads);
+  // Wall seconds HostOptimizer::Create spent creating and populating the arena, and starting the
+  // workers (and store) on it (the trainer's set-up phases "arena" and "workers").
+  double arena_seconds() const { return arena_seconds_; }
+  double workers_seconds() const { return workers_seconds_; }
   // The block's fp32 master weights in the arena (RAM tier only; null on the NVMe tier, where they
   // live in the store between updates). Read it from the on-updated callback or between steps.
   const float* master_weights(int block) const;
@@ -187,6 +209,7 @@ class HostOptimizer {
   HostOptimizer() = default;
   Status Start(const HostOptimizerOptions& options);
   Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
+  double arena_seconds_ = 0, workers_seconds_ = 0;
   void Loop();
   Status Handle(Item& item);
   Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits

@@ -27,6 +27,11 @@ void StepAccounting::BeginStep(int64_t step, int64_t tokens, int64_t trained_tok
   current_.stats.tokens = tokens;
   current_.stats.trained_tokens = trained_tokens;
   current_.stats.device_update_params = device_params_;  // the placement this step runs with
+  if (setup_pending_) {
+    current_.stats.time_to_first_step_seconds = Seconds(created_, start);
+    current_.stats.setup_phase_seconds = std::move(setup_phases_);
+    setup_pending_ = false;
+  }
 }
 
 void StepAccounting::SetUpdateSettings(double learning_rate, double loss_scale) {

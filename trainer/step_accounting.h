@@ -58,6 +58,13 @@ class StepAccounting {
   // Parameters whose AdamW states live on the device from the next BeginStep on (each applied
   // step updates them).
   void SetDeviceParams(uint64_t params) { device_params_ = params; }
+  // The run's set-up (trainer_setup.cc): the next step to begin reports the time since `created`
+  // and these phases (StepStats::time_to_first_step_seconds, setup_phase_seconds).
+  void SetSetup(std::chrono::steady_clock::time_point created, std::vector<double> phase_seconds) {
+    created_ = created;
+    setup_phases_ = std::move(phase_seconds);
+    setup_pending_ = true;
+  }
   // The current step's work is queued; it is pending until reported. `loss`: its summed
   // micro-batch losses, a scalar on the device.
   void EndStep(at::Tensor loss, double model_flops, double epoch);
@@ -105,6 +112,9 @@ class StepAccounting {
   std::optional<Step> pending_;
   int64_t applied_ = 0;
   uint64_t device_params_ = 0;
+  std::chrono::steady_clock::time_point created_;
+  std::vector<double> setup_phases_;
+  bool setup_pending_ = false;
   double last_loss_ = 0;
   StepStats last_stats_;
   std::vector<Span> last_compute_;

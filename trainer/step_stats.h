@@ -4,11 +4,20 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace offloadd::trainer {
+
+// The phases of a run's set-up before its first step, in order (issue #29 item 24): the CUDA
+// context and streams, the model's config and checkpoint index, the dataset, the device plan
+// (batch size, group, memory), creating and populating the host arena, starting the worker (and
+// store) processes, reading the initial weights into the arena, and the device side
+// (page-locking, device optimizer, first uploads).
+inline constexpr std::array<const char*, 8> kSetupPhases = {
+    "cuda", "model", "data", "plan", "arena", "workers", "weights", "device"};
 
 struct StepStats {
   int64_t step = 0;            // 1-based optimizer step just finished
@@ -54,6 +63,11 @@ struct StepStats {
   uint64_t nvme_write_bytes = 0;
   uint64_t nvme_activation_bytes = 0;  // of the NVMe bytes: activations written + read
   int64_t gpu_peak_bytes = 0;  // CUDA caching allocator peak (reserved) since the job started
+  // The first step of a run only (0 / empty on the others): seconds from the trainer's creation
+  // to this step's start, and the set-up's share of it by phase (kSetupPhases order; the rest is
+  // what ran between set-up and the step, e.g. restoring a checkpoint).
+  double time_to_first_step_seconds = 0;
+  std::vector<double> setup_phase_seconds;
 };
 
 // A held-out evaluation (TrainConfig::eval_data): the mean token loss over every record.

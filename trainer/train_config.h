@@ -47,10 +47,14 @@ struct OptimConfig {
   // With clipping: update each block as its gradients land, assuming no clipping, and correct
   // those updates when the step does clip (workers/step_driver.h). "auto" speculates while fewer
   // than half of the recent steps clipped; "always" / "never". Not with fp16 loss scaling or the
-  // NVMe tier (then never). Off by default: in a step that clips, which blocks were speculated
-  // depends on timing, and a corrected update differs from a held one in the last bits, so runs
-  // with it are reproducible within fp32 rounding (the PyTorch parity bounds), not bit for bit.
-  std::string speculation = "never";
+  // NVMe tier (then never). "" (unset): "auto" on a CUDA device, "never" on the CPU
+  // (Trainer resolves it and the plan log names it). With speculation, in a step that clips, which
+  // blocks were speculated depends on timing, and a corrected update differs from a held one in
+  // the last bits: runs are reproducible within fp32 rounding (the PyTorch parity bounds of
+  // tests/python/trainer/test_speculation.py), not bit for bit; "never" is the bitwise choice.
+  // On the CPU the backward and the updates share the cores, so speculation has little to
+  // overlap, and CPU runs stay bitwise by default (bench/RESULTS.md, "The speculation default").
+  std::string speculation;
 };
 
 struct OffloadPlanConfig {
@@ -161,6 +165,10 @@ struct TrainConfig {
   std::string store_binary;   // offloadd-store (tier kNvme)
   uint32_t worker_processes = 1;
   uint32_t worker_threads = 0;  // per process; 0: the cores this process may use
+  // Threads for the set-up's bulk work before the first step: populating the arena, reading the
+  // initial weights into it, page-locking the copy buffers. 0: the cores this process may use;
+  // 1: one thread (what every set-up did before issue #29 item 24).
+  uint32_t setup_threads = 0;
   // CPU AdamW kernel flavour: auto (OFFLOADD_ADAMW_KERNEL, else the fastest), portable, avx2,
   // avx512, avx512bf16. Every flavour computes the same AdamW (workers/adamw_kernel.h).
   std::string adamw_kernel = "auto";

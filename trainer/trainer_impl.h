@@ -9,6 +9,8 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -94,6 +96,10 @@ struct Trainer::Impl {
   std::unique_ptr<LspMode> lsp;  // LSP-Offload mode (cfg.lsp.enabled)
   int64_t gpu_budget = 0;
   std::string plan_text;
+  bool speculation_defaulted = false;  // cfg.optim.speculation was unset (train_config.h)
+  // Set-up timing (Trainer::Create): when it began, and wall seconds per kSetupPhases phase.
+  std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
+  std::array<double, kSetupPhases.size()> setup_seconds{};
   // The step planner's inputs and choice (trainer_plan.cc); plan_check_step: the step whose
   // measured time is compared with the prediction (0: none pending).
   PlanInputs plan_inputs;
@@ -113,6 +119,10 @@ struct Trainer::Impl {
   // trainer_setup.cc
   Status Setup();
   Status CheckConfig();  // device, compute dtype, numbers
+  Status CreateData();   // the training and eval data, total steps, the LR schedule
+  uint32_t SetupThreads() const;  // cfg.setup_threads, else the usable cores
+  Status PinHostBuffers();  // page-locks the host buffers the pipeline copies, on SetupThreads()
+  std::string DescribeSetup() const;  // "set-up 12.3 s (16 threads): cuda 1.2, model 0.01, ..."
   // trainer_parallel.cc: joins the data-parallel group (refusing what it does not support yet);
   // creates (rank 0) or attaches to (others) the host optimizer; the stop decision between steps.
   Status StartGroup();
@@ -219,6 +229,8 @@ struct Trainer::Impl {
   // The step's owners, once the host optimizer's arena holds the initial weights.
   Status StartPipeline(bool resident);
   std::string DescribePlan(const HostOptimizerOptions& ho) const;
+  // Clipping and the speculation policy in force (its default resolved in CheckConfig).
+  std::string DescribeClipping(const HostOptimizerOptions& ho) const;
   // trainer.cc
   Status RunStep();
   // Step k's learning rate and loss scale, once step k-1 is reported; starts its updates.

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -45,12 +46,130 @@ void Trainer::Impl::Log(TrainObserver::Level level, const std::string& message) 
   if (obs) obs->OnLog(level, message);
 }
 
+namespace {
+
+// Wall time of one set-up phase, added to its slot of Impl::setup_seconds.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* slot) : slot_(slot), start_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() {
+    *slot_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double* slot_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Pieces of the initial weights read on separate threads: whole parameters for a random
+// initialisation (drawn whole from per-parameter generators), else slices of at most kPiece
+// elements, so that the embedding and the large matrices spread over the threads too.
+std::vector<HostOptimizer::InitPiece> InitPieces(const std::vector<BlockLayout>& layout,
+                                                 bool sliced) {
+  constexpr uint64_t kPiece = uint64_t{16} << 20;
+  std::vector<HostOptimizer::InitPiece> pieces;
+  for (int b = 0; b < static_cast<int>(layout.size()); ++b) {
+    for (const auto& slot : layout[b].params) {
+      const uint64_t step = sliced && !slot.compressed ? kPiece : std::max<uint64_t>(1, slot.numel);
+      for (uint64_t at = 0; at < slot.numel; at += step) {
+        pieces.push_back({b, slot.offset + at, std::min(step, slot.numel - at)});
+      }
+    }
+  }
+  return pieces;
+}
+
+}  // namespace
+
 Status Trainer::Impl::Setup() {
+  auto& phase = setup_seconds;  // kSetupPhases order
   RETURN_IF_ERROR(CheckConfig());
-  RETURN_IF_ERROR(LoadModel());
-  ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
-  RETURN_IF_ERROR(ChooseBatchSize());
-  RETURN_IF_ERROR(StartGroup());
+  {
+    PhaseTimer t(&phase[1]);
+    RETURN_IF_ERROR(LoadModel());
+  }
+  {
+    PhaseTimer t(&phase[0]);
+    ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
+  }
+  {
+    PhaseTimer t(&phase[3]);
+    RETURN_IF_ERROR(ChooseBatchSize());
+    RETURN_IF_ERROR(StartGroup());
+  }
+  {
+    PhaseTimer t(&phase[2]);
+    RETURN_IF_ERROR(CreateData());
+  }
+  bool resident = false;
+  {
+    PhaseTimer t(&phase[3]);
+    ASSIGN_OR_RETURN(resident, PlanDevice());
+    RETURN_IF_ERROR(StartSpill());
+  }
+
+  const HostOptimizerOptions ho = HostOptions();
+  // The workers' and the store's liveness deadlines scale with the node profile's rates
+  // (ipc/liveness.h; the executor set the floor and factor).
+  if (node_profile) {
+    ipc::SetLivenessRates(node_profile->cpu_params_per_s,
+                          std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s));
+  }
+  RETURN_IF_ERROR(CreateHostOptimizer(ho));
+  if (host) {
+    phase[4] += host->arena_seconds();
+    phase[5] += host->workers_seconds();
+  }
+  {
+    PhaseTimer t(&phase[6]);
+    const std::vector<HostOptimizer::InitPiece> pieces =
+        InitPieces(layout, model->has_checkpoint());
+    auto fill = [&](const HostOptimizer::InitPiece& piece, float* dst) -> Status {
+      // The slots of the piece's block overlapping it (one, unless a random value is whole).
+      for (const auto& slot : layout[piece.block].params) {
+        const uint64_t lo = std::max(slot.offset, piece.begin);
+        const uint64_t hi = std::min(slot.offset + slot.numel, piece.begin + piece.count);
+        if (lo >= hi) continue;
+        float* out = dst + (lo - piece.begin);
+        if (slot.compressed) {  // LSP subspace coordinates start at zero: W = W_base
+          std::memset(out, 0, (hi - lo) * sizeof(float));
+          continue;
+        }
+        RETURN_IF_ERROR(model->ReadInitialValueInto(slot.param->name,
+                                                    static_cast<int64_t>(lo - slot.offset),
+                                                    static_cast<int64_t>(hi - lo), out));
+      }
+      return OkStatus();
+    };
+    RETURN_IF_ERROR(host->InitializePieces(pieces, fill, SetupThreads()));
+  }
+  {
+    PhaseTimer t(&phase[7]);
+    if (lsp) RETURN_IF_ERROR(lsp->Initialize(*model));
+    RETURN_IF_ERROR(StartDeviceOptimizer());
+    RETURN_IF_ERROR(PinHostBuffers());
+    RETURN_IF_ERROR(StartPipeline(resident));
+  }
+  accounting->SetSetup(created, std::vector<double>(phase.begin(), phase.end()));
+  plan_text = DescribePlan(ho);
+  Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
+  Log(TrainObserver::Level::kInfo, DescribeSetup());
+  if (const std::string d = engine::DescribeDropout(model->config()); !d.empty()) {
+    Log(TrainObserver::Level::kWarning,
+        "training WITHOUT dropout (dropout: disable): the model's config.json sets " + d +
+            ", which is not applied");
+  }
+  Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
+  if (eval_data) {
+    Log(TrainObserver::Level::kInfo,
+        "eval data (every " + std::to_string(cfg.eval_steps) + " steps): " + eval_data->Describe());
+  }
+  return OkStatus();
+}
+
+Status Trainer::Impl::CreateData() {
   // Data parallel: every rank reads the same global micro-batches (batch_size rows per rank) and
   // trains on its rows, so the loss normaliser and the padding are those of one executor on the
   // whole batch.
@@ -76,44 +195,37 @@ Status Trainer::Impl::Setup() {
                                       cfg.optim.warmup_ratio, total,
                                       {cfg.optim.num_cycles, cfg.optim.min_lr_rate}));
   lr_schedule = sched;
-  ASSIGN_OR_RETURN(const bool resident, PlanDevice());
-  RETURN_IF_ERROR(StartSpill());
-
-  const HostOptimizerOptions ho = HostOptions();
-  // The workers' and the store's liveness deadlines scale with the node profile's rates
-  // (ipc/liveness.h; the executor set the floor and factor).
-  if (node_profile) {
-    ipc::SetLivenessRates(node_profile->cpu_params_per_s,
-                          std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s));
-  }
-  RETURN_IF_ERROR(CreateHostOptimizer(ho));
-  RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
-    for (const auto& slot : layout[b].params) {
-      if (slot.compressed) {  // LSP subspace coordinates start at zero: W = W_base
-        std::memset(master + slot.offset, 0, slot.numel * sizeof(float));
-        continue;
-      }
-      ASSIGN_OR_RETURN(at::Tensor v, model->ReadInitialValue(slot.param->name));
-      std::memcpy(master + slot.offset, v.data_ptr<float>(), slot.numel * sizeof(float));
-    }
-    return OkStatus();
-  }));
-  if (lsp) RETURN_IF_ERROR(lsp->Initialize(*model));
-  RETURN_IF_ERROR(StartDeviceOptimizer());
-  RETURN_IF_ERROR(StartPipeline(resident));
-  plan_text = DescribePlan(ho);
-  Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
-  if (const std::string d = engine::DescribeDropout(model->config()); !d.empty()) {
-    Log(TrainObserver::Level::kWarning,
-        "training WITHOUT dropout (dropout: disable): the model's config.json sets " + d +
-            ", which is not applied");
-  }
-  Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
-  if (eval_data) {
-    Log(TrainObserver::Level::kInfo, "eval data (every " + std::to_string(cfg.eval_steps) +
-                                         " steps): " + eval_data->Describe());
-  }
   return OkStatus();
+}
+
+uint32_t Trainer::Impl::SetupThreads() const {
+  return cfg.setup_threads > 0 ? cfg.setup_threads : UsableCpus();
+}
+
+Status Trainer::Impl::PinHostBuffers() {
+  // What WeightResidency and StepSchedule page-lock block by block (their Pin finds these done):
+  // every block's gradient staging buffer, and the 16-bit weights of blocks not on the device.
+  std::vector<std::pair<void*, size_t>> ranges;
+  for (int b = 0; b < n; ++b) {
+    ranges.emplace_back(host->grad_staging(b), host->compute_weight_bytes(b));
+    const bool on_device =
+        device_opt && b < static_cast<int>(device_blocks.size()) && device_blocks[b];
+    if (!on_device) ranges.emplace_back(host->compute_weights(b), host->compute_weight_bytes(b));
+  }
+  return streams->PinAll(ranges, SetupThreads());
+}
+
+std::string Trainer::Impl::DescribeSetup() const {
+  double total_s = 0;
+  for (double s : setup_seconds) total_s += s;
+  std::ostringstream out;
+  out.precision(3);
+  out << "set-up " << total_s << " s (" << SetupThreads() << " threads):";
+  for (size_t i = 0; i < kSetupPhases.size(); ++i) {
+    out << (i ? ", " : " ") << kSetupPhases[i] << " " << setup_seconds[i];
+  }
+  if (host) out << "; arena " << FormatByteSize(host->segment().total_size());
+  return out.str();
 }
 
 Status Trainer::Impl::CheckConfig() {
@@ -145,6 +257,13 @@ Status Trainer::Impl::CheckConfig() {
                                   std::to_string(v));
     }
   }
+  // The speculation default (train_config.h): on a GPU the CPU updates overlap the backward under
+  // exact clipping; on the CPU, runs stay bitwise reproducible.
+  if (cfg.optim.speculation.empty()) {
+    cfg.optim.speculation = cuda ? "auto" : "never";
+    speculation_defaulted = true;
+  }
+  RETURN_IF_ERROR(workers::ParseSpeculation(cfg.optim.speculation).status());
   if (cfg.batch_size < 1) return InvalidArgumentError("batch size must be at least 1");
   if (cfg.gradient_accumulation_steps < 1)
     return InvalidArgumentError("gradient_accumulation_steps must be at least 1");
@@ -235,6 +354,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
                           : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
   ho.kernel_path = cfg.adamw_kernel;
   ho.host_memory_limit = cfg.offload.host_memory_limit;
+  ho.populate_threads = SetupThreads();
   ho.device_blocks = device_blocks;
   return ho;
 }
@@ -268,6 +388,7 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
          << device_opt->params() << " parameters, "
          << FormatByteSize(static_cast<uint64_t>(device_opt->params()) * 12) << ")";
   }
+  plan << "; " << DescribeClipping(ho);
   if (lsp) plan << "; " << lsp->Describe();
   plan << "; " << total << " steps";
   if (scaler) {
@@ -277,6 +398,23 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
   }
   if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
   return plan.str();
+}
+
+std::string Trainer::Impl::DescribeClipping(const HostOptimizerOptions& ho) const {
+  if (cfg.optim.max_grad_norm <= 0) return "no clipping: updates start as gradients land";
+  std::string out =
+      "clipping at max_grad_norm " + ShortNumber(cfg.optim.max_grad_norm) + ", speculation ";
+  if (ho.tier == StateTier::kNvme || ho.skip_nonfinite) {
+    return out + "never (" + (ho.skip_nonfinite ? "fp16 loss scaling" : "the NVMe tier") +
+           " holds every update until the step's norm is known)";
+  }
+  out += cfg.optim.speculation;
+  if (speculation_defaulted) {
+    out += cuda ? " (the GPU default: runs equal within fp32 rounding; speculation never for "
+                  "bitwise ones)"
+                : " (the CPU default: bitwise reproducible)";
+  }
+  return out;
 }
 
 StatusOr<bool> Trainer::Impl::PlanDevice() {

@@ -106,7 +106,7 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
            f"--grad-accum={args.grad_accum}", f"--max-steps={args.steps + args.warmup}",
            f"--device={args.device}", f"--dtype={args.dtype}", f"--gpu-memory-limit={args.gpu_memory_limit}",
            f"--workers={args.workers}", f"--max-grad-norm={args.max_grad_norm}", "--lr=1e-5",
-           "--scheduler=constant", f"--speculate={args.speculate}",
+           "--scheduler=constant", *([f"--speculate={args.speculate}"] if args.speculate != "default" else []),
            f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
            f"--activations={args.activations}", f"--weights={args.weights}",
            f"--update-depth={args.update_depth}", f"--device-optimizer-blocks={args.device_optimizer_blocks}"]
@@ -184,7 +184,8 @@ def main() -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--nvme-dir", default="")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--speculate", default="never", choices=["never", "always", "auto"])
+    p.add_argument("--speculate", default="never", choices=["never", "always", "auto", "default"],
+                   help="default: the trainer's own (auto on a GPU, never on the CPU)")
     p.add_argument("--update-depth", type=int, default=1, help="updates queued per worker process")
     p.add_argument("--device-optimizer-blocks", default="auto",
                    help="the lowest N blocks' AdamW states on the GPU (N or auto)")

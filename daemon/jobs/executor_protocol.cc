@@ -56,7 +56,7 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
   X(h2d_seconds) X(d2h_seconds) X(cpu_update_seconds) X(nvme_seconds) X(lsp_compress_seconds)             \
   X(lsp_decompress_seconds) X(stall_weights_seconds) X(stall_grads_seconds) X(stall_optimizer_seconds)    \
   X(stall_activations_seconds) X(h2d_bytes) X(d2h_bytes) X(nvme_read_bytes) X(nvme_write_bytes)           \
-  X(nvme_activation_bytes) X(gpu_peak_bytes)
+  X(nvme_activation_bytes) X(gpu_peak_bytes) X(time_to_first_step_seconds)
 #define OFFLOADD_EVAL_FIELDS(X) X(step) X(loss) X(tokens) X(seconds)
 #define OFFLOADD_CHECK_FIELDS(X) X(step) X(checked) X(switched) X(mean_bias) X(mean_bias_after) X(seconds)
 #define OFFLOADD_WORKER_FIELDS(X) \
@@ -74,11 +74,13 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
 pb::StepStats ToProto(const trainer::StepStats& s) {
   pb::StepStats p;
   OFFLOADD_STEP_FIELDS(OFFLOADD_TO)
+  for (double v : s.setup_phase_seconds) p.add_setup_phase_seconds(v);
   return p;
 }
 trainer::StepStats FromProto(const pb::StepStats& p) {
   trainer::StepStats s;
   OFFLOADD_STEP_FIELDS(OFFLOADD_FROM)
+  s.setup_phase_seconds.assign(p.setup_phase_seconds().begin(), p.setup_phase_seconds().end());
   return s;
 }
 

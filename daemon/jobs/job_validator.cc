@@ -391,6 +391,15 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   if (!spec.offload().aio().has_block_size()) spec.mutable_offload()->mutable_aio()->set_block_size(node.aio_block_size);
   if (!spec.offload().aio().has_queue_depth()) spec.mutable_offload()->mutable_aio()->set_queue_depth(node.aio_queue_depth);
   ApplyJobDefaults(&spec);
+  // The speculation default depends on where the job trains (a node with GPUs trains on them):
+  // resolved here so that the job record names the policy in force.
+  if (!v1::Speculation_IsValid(spec.offload().speculation())) {
+    c.Add("offload.speculation", "unknown value " + std::to_string(spec.offload().speculation()) +
+                                     " (expected auto, never or always)");
+  } else if (spec.offload().speculation() == v1::SPECULATION_UNSPECIFIED) {
+    spec.mutable_offload()->set_speculation(node.gpus.empty() ? v1::SPECULATION_NEVER
+                                                              : v1::SPECULATION_AUTO);
+  }
 
   // Model.
   if (!v1::DropoutMode_IsValid(spec.dropout())) {

@@ -118,6 +118,15 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.optim.beta2 = t.adam_beta2();
   c.optim.eps = t.adam_epsilon();
   c.optim.max_grad_norm = t.max_grad_norm();
+  switch (s.offload().speculation()) {  // unset: the trainer's default for the device
+    case v1::SPECULATION_UNSPECIFIED: c.optim.speculation = env.has_gpu ? "auto" : "never"; break;
+    case v1::SPECULATION_AUTO: c.optim.speculation = "auto"; break;
+    case v1::SPECULATION_NEVER: c.optim.speculation = "never"; break;
+    case v1::SPECULATION_ALWAYS: c.optim.speculation = "always"; break;
+    default:
+      return InvalidArgumentError("offload.speculation: unsupported value " +
+                                  std::to_string(static_cast<int>(s.offload().speculation())));
+  }
   c.batch_size = t.per_device_train_batch_size();
   c.gradient_accumulation_steps = t.gradient_accumulation_steps();
   c.auto_batch_size = t.auto_find_batch_size();

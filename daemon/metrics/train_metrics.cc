@@ -80,6 +80,9 @@ struct TrainMetrics::Impl {
     Counter* lsp_seconds = nullptr;
     std::array<Gauge*, 2> lsp_bias{};  // in_use, learned
     Gauge* info = nullptr;  // offloadd_job_info, from StartJob
+    // Created on a run's first step (null before): time to it and the set-up phases.
+    Gauge* time_to_first_step = nullptr;
+    std::array<Gauge*, trainer::kSetupPhases.size()> setup_phase{};
     // The job's helper processes (ObserveRuntime); counters follow cumulative figures by their
     // increase since the last report (a restarted process starts again from 0).
     struct WorkerSeries {
@@ -210,6 +213,14 @@ struct TrainMetrics::Impl {
                         "The job's shared host arena: fp32 master weights, Adam states, staging.")),
         pinned(GaugeFamily(r, "offloadd_job_host_pinned_bytes",
                            "Host memory the job page-locked for the GPU's copies.")),
+        time_to_first_step(GaugeFamily(
+            r, "offloadd_train_time_to_first_step_seconds",
+            "Seconds from the trainer's creation (the job's executor starting it, or restarting it) "
+            "to the start of the run's first step: checkpoint reading, arena, workers, pinning.")),
+        setup_phase(GaugeFamily(
+            r, "offloadd_train_setup_phase_seconds",
+            "Wall seconds of each phase of the run's set-up before its first step (cuda, model, data, "
+            "plan, arena, workers, weights, device; trainer/step_stats.h kSetupPhases).")),
         job_info(GaugeFamily(
             r, "offloadd_job_info",
             "1 for each job with series here, with the GPUs its executors use (\"0,1\"; "
@@ -308,6 +319,8 @@ struct TrainMetrics::Impl {
   Family<Histogram>& store_latency;
   Family<Gauge>& arena;
   Family<Gauge>& pinned;
+  Family<Gauge>& time_to_first_step;
+  Family<Gauge>& setup_phase;
   Family<Gauge>& job_info;
   Family<Counter>& watchdog_kills;
 
@@ -358,6 +371,18 @@ void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& 
   j.clip[2]->Increment(s.corrected_layers);
   j.updated[0]->Increment(static_cast<double>(s.cpu_update_params));
   j.updated[1]->Increment(static_cast<double>(s.device_update_params));
+  if (!s.setup_phase_seconds.empty()) {  // a run's first step
+    if (j.time_to_first_step == nullptr) {
+      j.time_to_first_step = &impl_->time_to_first_step.Add({{"job_id", job_id}});
+      for (size_t i = 0; i < trainer::kSetupPhases.size(); ++i) {
+        j.setup_phase[i] = &impl_->setup_phase.Add({{"job_id", job_id}, {"phase", trainer::kSetupPhases[i]}});
+      }
+    }
+    j.time_to_first_step->Set(s.time_to_first_step_seconds);
+    for (size_t i = 0; i < j.setup_phase.size(); ++i) {
+      j.setup_phase[i]->Set(i < s.setup_phase_seconds.size() ? s.setup_phase_seconds[i] : 0.0);
+    }
+  }
 }
 
 void TrainMetrics::ObserveEval(const std::string& job_id, const trainer::EvalStats& e) {
@@ -547,6 +572,10 @@ void TrainMetrics::Impl::RemoveLocked(std::unordered_map<std::string, JobSeries>
     for (Gauge* g : j.lsp_bias) m.lsp_bias.Remove(g);
   }
   if (j.info != nullptr) m.job_info.Remove(j.info);
+  if (j.time_to_first_step != nullptr) {
+    m.time_to_first_step.Remove(j.time_to_first_step);
+    for (Gauge* g : j.setup_phase) m.setup_phase.Remove(g);
+  }
   for (const auto& [index, w] : j.workers) {
     m.worker_cpu.Remove(w.cpu);
     m.worker_busy.Remove(w.busy);

@@ -91,6 +91,30 @@ TEST_F(JobValidatorTest, ValidSpecGetsDefaultsAndCanonicalPaths) {
   EXPECT_EQ(r.model_size.total_params, 50257 * 64 + 256 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
 }
 
+// Issue #29 item 25: the job record names the speculation policy in force: unset resolves to auto
+// on a node with GPUs (the CPU updates overlap the backward under exact clipping) and to never on
+// a CPU node (bitwise reproducible); a value the job sets stays.
+TEST_F(JobValidatorTest, SpeculationDefaultIsResolvedPerNode) {
+  ValidationResult r = Validate(ValidSpec());
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_EQ(r.resolved.offload().speculation(), v1::SPECULATION_NEVER);
+  GpuFacts gpu;
+  gpu.name = "test GPU";
+  gpu.total_memory_bytes = 80ull << 30;
+  node_.gpus.push_back(gpu);
+  r = Validate(ValidSpec());
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_EQ(r.resolved.offload().speculation(), v1::SPECULATION_AUTO);
+  v1::JobSpec s = ValidSpec();
+  s.mutable_offload()->set_speculation(v1::SPECULATION_NEVER);
+  r = Validate(s);
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  EXPECT_EQ(r.resolved.offload().speculation(), v1::SPECULATION_NEVER);
+  s.mutable_offload()->set_speculation(static_cast<v1::Speculation>(9));
+  r = Validate(s);
+  ASSERT_NE(Find(r, "offload.speculation"), nullptr) << Describe(r);
+}
+
 TEST_F(JobValidatorTest, EveryProblemIsReportedAtOnce) {
   v1::JobSpec s = ValidSpec();
   s.mutable_training()->set_learning_rate(-1);

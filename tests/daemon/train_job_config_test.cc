@@ -142,6 +142,23 @@ TEST_F(TrainJobConfigTest, DeviceAndDtypeFollowTheNode) {
   EXPECT_EQ(c.offload.gpu_memory_limit, 4ull << 30);
 }
 
+// Issue #29 item 25: speculation (CPU updates before the clipping norm is known) is the default on
+// a GPU node and off on a CPU node; an explicit setting wins on either.
+TEST_F(TrainJobConfigTest, SpeculationDefaultFollowsTheNode) {
+  env_.has_gpu = true;
+  EXPECT_EQ(Make().optim.speculation, "auto");
+  env_.has_gpu = false;
+  EXPECT_EQ(Make().optim.speculation, "never");
+  auto* o = job_.mutable_spec()->mutable_offload();
+  o->set_speculation(v1::SPECULATION_ALWAYS);
+  EXPECT_EQ(Make().optim.speculation, "always");
+  env_.has_gpu = true;
+  o->set_speculation(v1::SPECULATION_NEVER);
+  EXPECT_EQ(Make().optim.speculation, "never");
+  o->set_speculation(v1::SPECULATION_AUTO);
+  EXPECT_EQ(Make().optim.speculation, "auto");
+}
+
 // Optimizer states on the GPU: placed after the first step by default on a GPU node, none on a
 // CPU node; device none puts all of them there, a ratio keeps that share on the host.
 TEST_F(TrainJobConfigTest, OptimizerStatesOnTheGpu) {

@@ -307,6 +307,32 @@ TEST(TrainMetricsTest, EvalAndProjectorCheckSeries) {
   EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
 }
 
+// Issue #29 item 24: a run's first step carries the time to it and its set-up phases; they become
+// gauges of the job (set again by a restarted run's first step) and go with the job's series.
+TEST(TrainMetricsTest, TimeToFirstStepAndSetupPhases) {
+  prometheus::Registry registry;
+  TrainMetrics m(registry);
+  m.Observe("plain", Step(2));  // not a first step: no set-up series
+  trainer::StepStats first = Step(1);
+  first.time_to_first_step_seconds = 21.5;
+  first.setup_phase_seconds = {1.5, 0.25, 0.125, 0.5, 6.0, 0.75, 9.0, 2.5};
+  m.Observe("a", first);
+  m.Observe("a", Step(2));  // later steps leave them
+  std::map<std::string, double> v = Samples(Scrape(registry));
+  EXPECT_EQ(v[R"(offloadd_train_time_to_first_step_seconds{job_id="a"})"], 21.5);
+  EXPECT_EQ(v[R"(offloadd_train_setup_phase_seconds{job_id="a",phase="arena"})"], 6.0);
+  EXPECT_EQ(v[R"(offloadd_train_setup_phase_seconds{job_id="a",phase="weights"})"], 9.0);
+  EXPECT_EQ(v[R"(offloadd_train_setup_phase_seconds{job_id="a",phase="device"})"], 2.5);
+  EXPECT_EQ(v.count(R"(offloadd_train_time_to_first_step_seconds{job_id="plain"})"), 0u);
+  first.time_to_first_step_seconds = 12.0;  // a restarted executor's run
+  m.Observe("a", first);
+  v = Samples(Scrape(registry));
+  EXPECT_EQ(v[R"(offloadd_train_time_to_first_step_seconds{job_id="a"})"], 12.0);
+  m.ClearJob("a");
+  const std::string text = Scrape(registry);
+  EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
+}
+
 TEST(TrainMetricsTest, JobsByStateZeroesStatesThatEmptied) {
   prometheus::Registry registry;
   TrainMetrics m(registry);
@@ -327,7 +353,10 @@ TEST(TrainMetricsTest, ExpositionPassesPromtool) {
   options.peak_flops = 989e12;
   TrainMetrics m(registry, options);
   m.SetJobsByState({{"RUNNING", 1}});
-  m.Observe("job-1", Step(1));
+  trainer::StepStats first = Step(1);
+  first.time_to_first_step_seconds = 20;
+  first.setup_phase_seconds.assign(trainer::kSetupPhases.size(), 1.0);
+  m.Observe("job-1", first);
 
   char path[] = "/tmp/offloadd-train-metrics-XXXXXX";
   const int fd = ::mkstemp(path);

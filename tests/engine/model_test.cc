@@ -372,6 +372,45 @@ TEST(ModelLoad, CheckpointProblemsAreNamed) {
   (void)c;
 }
 
+// Issue #29 item 24: the set-up reads initial values in pieces on several threads, converted
+// straight from the mapping: any slice equals that slice of the whole value, in every dtype.
+TEST(ModelLoad, InitialValuesReadInSlicesEqualTheWholeValue) {
+  auto dir = TempDir("slices");
+  WriteTinyModel(dir, TinyArch::kLlama, false);
+  auto tensors = *LoadTensorFile(JoinPath(dir, "model.safetensors"));
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    std::vector<std::pair<std::string, at::Tensor>> v;
+    for (const auto& [k, t] : tensors) v.push_back({k, t.to(dtype)});
+    ASSERT_TRUE(SaveTensorFile(JoinPath(dir, "model.safetensors"), v).ok());
+    LoadOptions lo;
+    lo.materialize = LoadOptions::Materialize::kLazy;
+    auto m = Model::Load(dir, lo);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const std::string name = "model.layers.1.mlp.up_proj.weight";  // [48, 32]
+    const at::Tensor whole = *(*m)->ReadInitialValue(name);
+    EXPECT_TRUE(at::equal(whole, tensors[name].to(dtype).to(at::kFloat)));
+    std::vector<float> out(whole.numel(), -1.0f);
+    for (int64_t begin = 0; begin < whole.numel(); begin += 500) {  // uneven pieces
+      const int64_t count = std::min<int64_t>(500, whole.numel() - begin);
+      ASSERT_TRUE((*m)->ReadInitialValueInto(name, begin, count, out.data() + begin).ok());
+    }
+    EXPECT_TRUE(at::equal(at::from_blob(out.data(), whole.sizes(), at::kFloat), whole))
+        << c10::toString(dtype);
+    const Status past = (*m)->ReadInitialValueInto(name, whole.numel() - 1, 2, out.data());
+    EXPECT_FALSE(past.ok());
+    EXPECT_NE(past.message().find("outside its 1536"), std::string::npos) << past.ToString();
+  }
+  // A random initialisation is drawn whole (per-parameter generator): slices are refused.
+  LoadOptions lo;
+  lo.materialize = LoadOptions::Materialize::kRandom;
+  auto r = Model::Load(dir, lo);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<float> out(1536);
+  EXPECT_TRUE((*r)->ReadInitialValueInto("model.layers.1.mlp.up_proj.weight", 0, 1536, out.data()).ok());
+  EXPECT_FALSE((*r)->ReadInitialValueInto("model.layers.1.mlp.up_proj.weight", 0, 100, out.data()).ok());
+  (void)RemoveTree(dir);
+}
+
 TEST(ModelExport, RoundTripKeepsNamesDtypesAndBuffers) {
   for (TinyArch arch : {TinyArch::kGpt2, TinyArch::kQwen2}) {
     auto dir = TempDir("export_src");

@@ -32,12 +32,14 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
   optimizer:   --lr=X --scheduler=linear|cosine|cosine_with_min_lr|constant|constant_with_warmup
                --warmup-steps=N --warmup-ratio=X --num-cycles=X --min-lr-rate=X --weight-decay=X
                --beta1=X --beta2=X --eps=X --max-grad-norm=X
-               --speculate=auto|always|never (updates before the clipping norm is known)
+               --speculate=auto|always|never (updates before the clipping norm is known; default
+               auto on a GPU, never on the CPU; never is the bitwise-reproducible choice)
                --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
                  learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
                --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
+               --setup-threads=N (populating the arena, reading the weights, pinning; 0: all cores)
                --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
                and updated there; auto (default): the step planner places them after the first
                step, and keeps the top layers' activations where that is faster, from the node
@@ -165,6 +167,12 @@ class PrintObserver : public TrainObserver {
                           {"nvme_read_bytes", s.nvme_read_bytes},
                           {"nvme_write_bytes", s.nvme_write_bytes},
                           {"gpu_peak_bytes", s.gpu_peak_bytes}};
+      if (!s.setup_phase_seconds.empty()) {  // the run's first step
+        j["time_to_first_step_seconds"] = s.time_to_first_step_seconds;
+        for (size_t i = 0; i < s.setup_phase_seconds.size() && i < kSetupPhases.size(); ++i) {
+          j["setup_" + std::string(kSetupPhases[i]) + "_seconds"] = s.setup_phase_seconds[i];
+        }
+      }
       *jsonl_ << j.dump() << "\n";
       jsonl_->flush();
     }
@@ -285,6 +293,7 @@ int Run(int argc, char** argv) {
       else if (key == "--eps") c.optim.eps = StrictStod(v);
       else if (key == "--max-grad-norm") c.optim.max_grad_norm = StrictStod(v);
       else if (key == "--speculate") c.optim.speculation = v;
+      else if (key == "--setup-threads") c.setup_threads = static_cast<uint32_t>(StrictStoi(v));
       else if (key == "--compression") st = ParseLspSpec(v, &c.lsp);
       else if (key == "--init-scale") c.loss_scale.init_scale = StrictStod(v);
       else if (key == "--growth-factor") c.loss_scale.growth_factor = StrictStod(v);

@@ -1,0 +1,74 @@
+// HostOptimizer::InitializePieces: the initial fp32 master weights written into the arena in
+// pieces on several threads at once, each piece's 16-bit copy for the device derived from it
+// (issue #29 item 24: a 7B model's 27 GB of masters were written on one thread).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "trainer/group_link.h"
+#include "trainer/host_optimizer.h"
+
+namespace offloadd::trainer {
+
+Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
+                                       const std::function<Status(const InitPiece&, float*)>& fill,
+                                       uint32_t threads) {
+  if (follower_) return options_.group->WaitInitialized(1);
+  std::vector<uint64_t> covered(shards_.size(), 0);
+  for (const InitPiece& p : pieces) {
+    if (p.block < 0 || p.block >= num_blocks() ||
+        p.begin + p.count > shards_[p.block].num_elements) {
+      return InvalidArgumentError("initial-value piece [" + std::to_string(p.begin) + ", " +
+                                  std::to_string(p.begin + p.count) + ") of block " +
+                                  std::to_string(p.block) + " is outside it");
+    }
+    covered[p.block] += p.count;
+  }
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    if (covered[b] != shards_[b].num_elements) {
+      return InvalidArgumentError("initial-value pieces cover " + std::to_string(covered[b]) +
+                                  " of block " + std::to_string(b) + "'s " +
+                                  std::to_string(shards_[b].num_elements) + " elements");
+    }
+  }
+  if (store_) {  // one staged block at a time: its pieces in order, on this thread
+    return Initialize([&](int b, float* master) -> Status {
+      for (const InitPiece& p : pieces) {
+        if (p.block == b) RETURN_IF_ERROR(fill(p, master + p.begin));
+      }
+      return OkStatus();
+    });
+  }
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first_error;
+  auto run = [&] {
+    for (size_t i = next++; i < pieces.size(); i = next++) {
+      const InitPiece& p = pieces[i];
+      const auto& s = shards_[p.block];
+      float* master = arena_->At<float>(s.master_offset) + p.begin;
+      Status st = fill(p, master);
+      if (st.ok())
+        internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset) + p.begin,
+                       p.count);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = st;
+        next = pieces.size();  // stop handing out pieces
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const uint32_t n =
+      std::max<uint32_t>(1, std::min<uint32_t>(threads, static_cast<uint32_t>(pieces.size())));
+  for (uint32_t t = 1; t < n; ++t) pool.emplace_back(run);
+  run();
+  for (auto& t : pool) t.join();
+  RETURN_IF_ERROR(first_error);
+  if (options_.group) options_.group->PublishInitialized(1);
+  return OkStatus();
+}
+
+}  // namespace offloadd::trainer
