@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "client/cpp/job_file.h"
-#include "daemon/jobs/training_rules.h"
+#include "jobspec/training_rules.h"
 
 namespace offloadd::client {
 namespace {
@@ -209,7 +209,7 @@ class Converter {
   }
 
   // The converted values, read back as the job file they are and checked with the job validator's
-  // value rules (daemon/jobs/training_rules.h): a value the daemon would refuse (learning_rate:
+  // value rules (jobspec/training_rules.h): a value the daemon would refuse (learning_rate:
   // fast, NaN, max_steps: -5) fails the conversion, naming the input and key, instead of being
   // copied into the file. Fields no input set are not checked (their defaults apply).
   Status CheckValues() const {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/jobs/field_violation.h"
+#include "jobspec/field_violation.h"
 #include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {

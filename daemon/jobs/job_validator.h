@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "daemon/jobs/field_violation.h"
+#include "jobspec/field_violation.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/path_policy.h"
-#include "daemon/jobs/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues
+#include "jobspec/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues
 #include "daemon/node/node_probe.h"
 #include "offloadd/v1/job.pb.h"
 

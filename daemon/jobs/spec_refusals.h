@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "daemon/jobs/field_violation.h"
+#include "jobspec/field_violation.h"
 #include "offloadd/v1/job.pb.h"
 #include "text/dataset.h"
 

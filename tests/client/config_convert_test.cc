@@ -212,7 +212,7 @@ TEST(ConfigConvertTest, MissingFieldsAndBadInputsAreNamed) {
 }
 
 // Issue #29 item 18: values the daemon would refuse fail the conversion, naming the input and key,
-// with the job validator's own rules (daemon/jobs/training_rules.h).
+// with the job validator's own rules (jobspec/training_rules.h).
 TEST(ConfigConvertTest, ValuesTheDaemonWouldRefuseFailNamingTheSourceKey) {
   const struct {
     ConfigKind kind;

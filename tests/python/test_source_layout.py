@@ -22,6 +22,8 @@ SOURCES = (".cc", ".h", ".cu", ".inc")
 ALLOWED = {
     "common": set(),
     "proto": set(),
+    # The value rules of a job spec that the daemon's validation and `offloadctl convert` share.
+    "jobspec": {"common", "proto"},
     "ipc": {"common"},
     "text": {"common"},
     "engine": {"common", "text"},
@@ -32,12 +34,13 @@ ALLOWED = {
     # The executor (issue #15) runs a job for the daemon: it maps the job with the daemon's torch-free
     # daemon/jobs/train_job_config.h and speaks daemon/jobs/executor_protocol.h; the daemon never
     # includes executor/ (it starts the binary).
-    "executor": {"common", "daemon", "engine", "ipc", "lsp", "proto", "storage", "text", "trainer", "workers"},
-    "daemon": {"common", "engine", "ipc", "proto", "text", "trainer", "workers"},
-    "client": {"common", "proto"},
+    "executor": {"common", "daemon", "engine", "ipc", "jobspec", "lsp", "proto", "storage", "text", "trainer",
+                 "workers"},
+    "daemon": {"common", "engine", "ipc", "jobspec", "proto", "text", "trainer", "workers"},
+    "client": {"common", "jobspec", "proto"},
 }
 GENERATED = {"offloadd": "proto"}  # "offloadd/v1/...": the protobuf/gRPC code generated from proto/
-TORCH_FREE = ("common", "proto", "ipc", "text", "workers", "storage", "daemon", "client")
+TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage", "daemon", "client")
 TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10|caffe2)/', re.M)
 PROJECT_INCLUDE = re.compile(r'^\s*#\s*include\s*"(([a-z_0-9]+)/[^"]+)"', re.M)
 MAX_LINES = 800

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "daemon/jobs/field_violation.h"
+#include "jobspec/field_violation.h"
 #include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {

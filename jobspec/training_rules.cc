@@ -1,4 +1,4 @@
-#include "daemon/jobs/training_rules.h"
+#include "jobspec/training_rules.h"
 
 #include <cstdint>
 #include <sstream>
