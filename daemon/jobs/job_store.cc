@@ -195,7 +195,13 @@ std::string JobStore::problem() {
   return !file_problem_.empty() ? file_problem_ : write_problem_;
 }
 
+namespace {
+// SQLite's in-memory database (":memory:", the fuzz harness's) has no file to watch.
+bool IsInMemory(const std::string& path) { return path == ":memory:"; }
+}  // namespace
+
 Status JobStore::RememberFileLocked() {
+  if (IsInMemory(path_)) return OkStatus();
   struct stat st{};
   if (::stat(path_.c_str(), &st) != 0) return ErrnoError(errno, "job database " + path_);
   dev_ = st.st_dev;
@@ -209,6 +215,9 @@ Status JobStore::CheckFile() {
 }
 
 Status JobStore::CheckFileLocked() {
+  if (IsInMemory(path_)) {
+    return db_ != nullptr ? OkStatus() : UnavailableError("job database :memory: is not open");
+  }
   struct stat st{};
   const int rc = ::stat(path_.c_str(), &st);
   const int err = rc == 0 ? 0 : errno;
