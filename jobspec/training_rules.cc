@@ -12,25 +12,6 @@ namespace {
 
 namespace v1 = offloadd::v1;
 
-class Checker {
- public:
-  explicit Checker(std::vector<FieldViolation>* out) : out_(out) {}
-  void Add(const std::string& field, const std::string& description) {
-    out_->push_back({field, description});
-  }
-  // NaN is outside every range (the comparisons are written so that it fails them).
-  template <typename T>
-  void Range(const std::string& field, T value, T lo, T hi, bool lo_open = false) {
-    if (!(value >= lo && value <= hi) || (lo_open && value == lo)) {
-      std::ostringstream o;
-      o << "must be in " << (lo_open ? "(" : "[") << lo << ", " << hi << "], got " << value;
-      Add(field, o.str());
-    }
-  }
-
- private:
-  std::vector<FieldViolation>* out_;
-};
 
 // lr_scheduler_type and the lr_scheduler_kwargs its transformers schedule takes (get_scheduler
 // raises for any other).

@@ -32,28 +32,6 @@ namespace v1 = offloadd::v1;
 
 constexpr uint64_t kMaxDatasetPreviewBytes = 64ull << 20;
 
-class Checker {
- public:
-  explicit Checker(std::vector<FieldViolation>* out) : out_(out) {}
-  void Add(const std::string& field, const std::string& description) { out_->push_back({field, description}); }
-  bool Fails(const std::string& field, const Status& s) {
-    if (s.ok()) return false;
-    Add(field, s.message());
-    return true;
-  }
-  // NaN is outside every range (the comparisons are written so that it fails them).
-  template <typename T>
-  void Range(const std::string& field, T value, T lo, T hi, bool lo_open = false) {
-    if (!(value >= lo && value <= hi) || (lo_open && value == lo)) {
-      std::ostringstream o;
-      o << "must be in " << (lo_open ? "(" : "[") << lo << ", " << hi << "], got " << value;
-      Add(field, o.str());
-    }
-  }
-
- private:
-  std::vector<FieldViolation>* out_;
-};
 
 bool IsDirectory(const std::string& path) {
   struct stat st{};
