@@ -173,7 +173,8 @@ int Main(int argc, char** argv) {
       std::printf("| %s | %s | %.3f | %.3f | %.2fx | %.0f |\n", c.name.c_str(), c.shape.c_str(),
                   aten_ms, fused_ms, aten_ms / fused_ms, c.bytes / (fused_ms * 1e-3) / 1e9);
     } else {
-      std::printf("| %s | %s | %.3f | — | — | — |\n", c.name.c_str(), c.shape.c_str(), aten_ms);
+      std::printf("| %s | %s | %.3f | — | — | — |\n", c.name.c_str(), c.shape.c_str(),
+                  aten_ms);
     }
     std::fflush(stdout);
   }

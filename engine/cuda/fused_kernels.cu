@@ -1,6 +1,7 @@
-// Fused RMSNorm and gated-MLP (SwiGLU, GeGLU) kernels; the roundings follow engine/ops.cc's ATen op sequences (see
-// fused_kernels.h). __fmul_rn/__fadd_rn/__fsub_rn keep nvcc from contracting a multiply and an
-// add that the op sequence rounds separately (two ATen kernels never share an FMA).
+// Fused RMSNorm and gated-MLP (SwiGLU, GeGLU) kernels; the roundings follow engine/ops.cc's ATen
+// op sequences (see fused_kernels.h). __fmul_rn/__fadd_rn/__fsub_rn keep nvcc from contracting a
+// multiply and an add that the op sequence rounds separately (two ATen kernels never share an
+// FMA); the activations are written as ATen writes them, so that both contract alike.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
