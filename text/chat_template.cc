@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "common/safe_path.h"
@@ -197,9 +198,9 @@ jinja::Value Context(const SpecialTokens& tokens, const ojson& messages, bool ad
 
 // Some templates render the final message differently from the same message followed by more:
 // Qwen3 opens the last assistant turn with "<think>\n\n</think>\n\n" and drops it once a tool
-// result follows, so Render(messages[:k+1]) and the whole conversation part right where reply k
-// begins. The reply is then the longest tail of its rendering as the last message that the whole
-// text continues with at `start`; the length of that tail (0 if none) is returned. The tail
+// result follows, so Render(messages[:k+1]) and the whole conversation part (almost) right where
+// reply k begins. The reply is then the longest tail of its rendering as the last message that the
+// whole text continues with at `start`; the length of that tail (0 if none) is returned. The tail
 // includes the turn's end markup, exactly as for the other templates.
 size_t LastTurnTail(const std::string& with_reply, const std::string& full, size_t start) {
   for (size_t a = start + 1; a < with_reply.size(); ++a) {
@@ -246,7 +247,9 @@ StatusOr<ChatTemplate::Rendered> ChatTemplate::RenderWithAssistantSpans(const oj
     }
     size_t end = 0;
     while (end < with_reply.size() && end < r.text.size() && with_reply[end] == r.text[end]) ++end;
-    if (end <= prefix.size()) end = prefix.size() + LastTurnTail(with_reply, r.text, prefix.size());
+    if (end < with_reply.size()) {
+      end = std::max(end, prefix.size() + LastTurnTail(with_reply, r.text, prefix.size()));
+    }
     if (end > prefix.size()) {
       r.assistant_spans.emplace_back(prefix.size(), end);
       r.span_messages.push_back(k);

@@ -72,9 +72,9 @@ class ChatTemplate {
   // Render(messages[:k], add_generation_prompt=true) ends (which must be a prefix of the full text)
   // and ends where Render(messages[:k+1]) stops agreeing with the full text, so it covers the reply
   // (its tool calls included) and the template's end-of-turn markup (e.g. "<|end|>\n" or
-  // "</s>"). Where the two part right at the span's start because the template renders the last
-  // message differently (Qwen3's empty "<think>" block on the final turn only), the span is the
-  // longest tail of Render(messages[:k+1]) that the full text continues with there. Templates
+  // "</s>"). Where the template renders the last message differently (Qwen3's empty "<think>"
+  // block on the final turn only), the span ends, if that reaches further, after the longest tail
+  // of Render(messages[:k+1]) that the full text continues with at the span's start. Templates
   // whose partial renderings are not prefixes of the full text are rejected with
   // FAILED_PRECONDITION.
   struct Rendered {

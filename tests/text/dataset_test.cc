@@ -200,8 +200,8 @@ TEST(RecordEncoder, ToolCallsRenderThroughTheTemplate) {
   EXPECT_EQ(*trained_text, " <tool_call>get {\"city\": \"Oslo\"}</tool_call>\n It is cold.\n");
   // A function_call that is not a call, and string arguments that are not an object, are errors
   // naming the turn.
-  auto bad = enc->Encode(J::parse(R"({"conversations": [{"from": "human", "value": "a"},
-      {"from": "function_call", "value": "get(1)"}]})"));
+  auto bad = enc->Encode(J::parse(R"j({"conversations": [{"from": "human", "value": "a"},
+      {"from": "function_call", "value": "get(1)"}]})j"));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("conversations[1]"), std::string::npos)
       << bad.status().ToString();

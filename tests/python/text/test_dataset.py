@@ -67,11 +67,11 @@ def ref_chat(render, encode, msgs, tools, mask):
         end = 0
         while end < min(len(upto), len(full)) and upto[end] == full[end]:
             end += 1
-        if end <= len(prefix):
+        if end < len(upto):
             # The reply renders differently as the last message (Qwen3's empty <think> block):
             # the longest tail of that rendering which the full text continues with there.
-            end = len(prefix) + next((len(upto) - a for a in range(len(prefix) + 1, len(upto))
-                                      if full.startswith(upto[a:], len(prefix))), 0)
+            end = max(end, len(prefix) + next((len(upto) - a for a in range(len(prefix) + 1, len(upto))
+                                               if full.startswith(upto[a:], len(prefix))), 0))
         spans.append((len(prefix), end))
     ids, starts = encode(full)
     labels = [i if (not mask or any(b <= s < e for b, e in spans)) else IGNORE

@@ -211,12 +211,10 @@ CHATML_TOOLS_TEMPLATE = """{%- set ns = namespace(system=none, calls=0) -%}
 {%- for message in messages -%}
   {%- if message.role == 'system' and loop.first -%}
   {%- elif message.role == 'assistant' and message.tool_calls is defined and message.tool_calls -%}
-{{ '<|im_start|>assistant' }}{% if message.content %}{{ '\\n' + message.content | trim }}{% endif %}
+{{ '<|im_start|>assistant\\n' }}{% if message.content %}{{ message.content | trim + '\\n' }}{% endif %}
     {%- for call in message.tool_calls %}
       {%- set ns.calls = ns.calls + 1 %}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
+{{ '<tool_call>\\n{"name": "' ~ call.function.name ~ '", "arguments": ' ~ call.function.arguments | tojson ~ '}\\n</tool_call>' }}
     {%- endfor %}<|im_end|>
 {% elif message.role == 'tool' -%}
 {{ '<|im_start|>user\\n<tool_response>\\n' ~ message.content ~ '\\n</tool_response><|im_end|>\\n' }}
