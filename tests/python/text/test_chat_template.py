@@ -88,6 +88,8 @@ def test_jinja_errors_are_reported():
         {"template": "{{ x.y }}", "context": {}},
         {"template": "{% include 'other.j2' %}", "context": {}},
         {"template": "{{ 1 + 'a' }}", "context": {}},
+        {"template": "{% if false %}{{ x | wordwrap(3) }}{% endif %}", "context": {}},
+        {"template": "line1\n{% if x is lower %}{% endif %}", "context": {}},
     ])
     assert "roles must alternate" in replies[0]["error"]
     assert "endif" in replies[1]["error"]
@@ -95,6 +97,10 @@ def test_jinja_errors_are_reported():
     assert "undefined" in replies[3]["error"]
     assert "include" in replies[4]["error"]
     assert "unsupported operand" in replies[5]["error"]
+    # Filters and tests outside the subset are refused when the template is parsed, even in a
+    # branch that never renders, naming the construct and its line.
+    assert "line 1: unsupported filter 'wordwrap'" in replies[6]["error"]
+    assert "line 2: unsupported test 'lower'" in replies[7]["error"]
 
 
 def conversations():
