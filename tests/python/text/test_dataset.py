@@ -478,3 +478,37 @@ def test_generation_blocks_give_the_masks_transformers_gives(tmp_path):
         ids = list(out["input_ids"])
         want.append((ids, [i if m else IGNORE for i, m in zip(ids, out["assistant_masks"])]))
     compare_docs(docs, want)
+
+
+def test_qwen3_reasoning_in_earlier_turns(tmp_path):
+    """Qwen3's template keeps reasoning_content only after the last user query and opens the final
+    turn with a <think> block: every assistant turn is still trained (earlier ones as rendered in
+    the whole conversation, without their reasoning), the ids are apply_chat_template's, and the
+    mask is the reference's."""
+    d = TOK_DIR / "qwen3"
+    hf = load_hf(d)
+    lima = json.loads((DATA_DIR / "lima" / "lima.json").read_text("utf-8"))
+    records = []
+    for k, rec in enumerate([r for r in lima if r["history"]][:6]):
+        msgs = []
+        for j, (u, a) in enumerate(rec["history"]):
+            msgs += [{"role": "user", "content": u},
+                     {"role": "assistant", "content": a, "reasoning_content": f"Step {j}."}]
+        last = {"role": "assistant", "content": rec["output"]}
+        if k % 2:
+            last["reasoning_content"] = "Think it over."
+        msgs += [{"role": "user", "content": rec["instruction"]}, last]
+        records.append({"messages": msgs})
+    data = tmp_path / "reasoning.jsonl"
+    data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records), encoding="utf-8")
+    _, _, docs = run_dataset(["--tokenizer", d, "--data", data])
+    compare_docs(docs, [ref_chat(hf_render(hf), hf_encode(hf), r["messages"], None, True)
+                        for r in records])
+    for r, doc in zip(records, docs):
+        enc = hf.apply_chat_template(r["messages"], tokenize=True, return_dict=True)
+        assert doc["input_ids"] == list(enc["input_ids"])
+        trained = hf.decode([l for l in doc["labels"] if l != IGNORE])
+        assert all(m["content"] in trained for m in r["messages"] if m["role"] == "assistant")
+        assert "Step 0." not in trained  # earlier reasoning is not in the rendering at all
+        if "reasoning_content" in r["messages"][-1]:
+            assert "<think>\nThink it over.\n</think>" in trained
