@@ -190,9 +190,9 @@ def test_tool_calls_render_through_the_template(tmp_path, name, form):
     d = TOK_DIR / name
     hf = load_hf(d)
     records = [r for r in glaive_records()
-               if any(t["from"] == "function_call" for t in r["conversations"])][:12]
+               if any(t["from"] == "function_call" for t in r["conversations"])][:10]
     records += [r for r in glaive_records()
-                if not any(t["from"] == "function_call" for t in r["conversations"])][:3]
+                if not any(t["from"] == "function_call" for t in r["conversations"])][:2]
     data = tmp_path / "tools.jsonl"
     lines = records if form == "sharegpt" else [openai_record(r) for r in records]
     data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in lines), encoding="utf-8")

@@ -291,13 +291,17 @@ def test_directory_equals_tokenizers_on_its_file(base):
 N_REAL_TOKENS = 12
 
 
-def real_added_tokens(name):
-    """The added tokens placed in texts: every non-special one and those the chat template uses,
-    up to N_REAL_TOKENS, then a deterministic sample of the rest (Llama 3.1 has 256 specials,
-    Mistral 770, Tekken 1000)."""
-    d = TOK_DIR / name
-    added = [t["content"] for t in json.loads((d / "tokenizer.json").read_text(
+def all_added_tokens(name):
+    return [t["content"] for t in json.loads((TOK_DIR / name / "tokenizer.json").read_text(
         encoding="utf-8"))["added_tokens"]]
+
+
+def real_added_tokens(name):
+    """The added tokens placed in every context: those the chat template uses, up to
+    N_REAL_TOKENS, then a deterministic sample of the rest (Llama 3.1 has 256 specials, Mistral
+    770, Tekken 1000; every one of them is also placed in three contexts, `every-added`)."""
+    d = TOK_DIR / name
+    added = all_added_tokens(name)
     template = (d / "chat_template.jinja").read_text(encoding="utf-8")
     first = [t for t in added if t in template][:N_REAL_TOKENS]
     rest = sorted((t for t in added if t not in first),
@@ -312,7 +316,7 @@ def real_chat_texts(name):
     d = TOK_DIR / name
     source = (d / "chat_template.jinja").read_text(encoding="utf-8")
     tokens = config_special_tokens(d / "tokenizer_config.json")
-    cases = [(m, None) for m in conversations()[:12]]
+    cases = [(m, None) for m in conversations()]
     tool_recs = [r for r in glaive_records()
                  if any(t["from"] == "function_call" for t in r["conversations"])][:8]
     cases += [(glaive_messages(r, ids=True), glaive_tools(r)) for r in tool_recs]
@@ -346,11 +350,12 @@ def test_real_tokenizer_directory_conforms(name):
         "chat": chats,
         "multilingual": multilingual_texts(),
         "random-unicode": random_unicode(rng, tokens),
+        "every-added": [c for t in all_added_tokens(name) for c in (t, f" {t}x", f"a{t}\n")],
     }
     n, bad = compare(d, ref, groups)
     assert not bad, f"{len(bad)}/{n} encodings differ from tokenizers:\n" + "\n".join(bad[:5])
     assert n >= 2 * 1500, n
-    assert len(chats) >= 24, len(chats)
+    assert len(chats) >= 60, len(chats)
     from transformers import AutoTokenizer
     hf = AutoTokenizer.from_pretrained(str(d))
     for a in (False, True):
