@@ -114,8 +114,9 @@ StatusOr<ojson> NormalizeMessages(ojson messages) {
     const std::string where = "messages[" + std::to_string(i) + "].tool_calls";
     if (!m["tool_calls"].is_array()) return InvalidArgumentError(where + " must be a list");
     for (size_t j = 0; j < m["tool_calls"].size(); ++j) {
-      ASSIGN_OR_RETURN(m["tool_calls"][j], NormalizeToolCall(std::move(m["tool_calls"][j]),
-                                                             where + "[" + std::to_string(j) + "]"));
+      ojson& call = m["tool_calls"][j];
+      const std::string at = where + "[" + std::to_string(j) + "]";
+      ASSIGN_OR_RETURN(call, NormalizeToolCall(std::move(call), at));
     }
   }
   return messages;
