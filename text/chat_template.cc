@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "common/safe_path.h"
 #include "text/json_guard.h"
@@ -203,11 +204,26 @@ jinja::Value Context(const SpecialTokens& tokens, const ojson& messages, bool ad
 // whole text continues with at `start`; the length of that tail (0 if none) is returned. The tail
 // includes the turn's end markup, exactly as for the other templates.
 size_t LastTurnTail(const std::string& with_reply, const std::string& full, size_t start) {
-  for (size_t a = start + 1; a < with_reply.size(); ++a) {
-    const size_t n = with_reply.size() - a;
-    if (start + n <= full.size() && full.compare(start, n, with_reply, a, n) == 0) return n;
+  // The longest suffix of W = with_reply[start:] that is a prefix of F = full[start:], in linear
+  // time (a reply of one repeated character would make the direct search quadratic): the prefix
+  // function of F[:|W|] + sentinel + W ends with that length.
+  if (with_reply.size() <= start || full.size() < start) return 0;
+  const size_t w = with_reply.size() - start;
+  const size_t f = std::min(full.size() - start, w);
+  std::vector<int> seq;
+  seq.reserve(f + 1 + w);
+  for (size_t i = 0; i < f; ++i) seq.push_back(static_cast<unsigned char>(full[start + i]));
+  seq.push_back(256);  // no byte: a match never crosses it
+  for (size_t i = 0; i < w; ++i) seq.push_back(static_cast<unsigned char>(with_reply[start + i]));
+  std::vector<size_t> pi(seq.size(), 0);
+  for (size_t i = 1; i < seq.size(); ++i) {
+    size_t k = pi[i - 1];
+    while (k > 0 && seq[i] != seq[k]) k = pi[k - 1];
+    pi[i] = seq[i] == seq[k] ? k + 1 : k;
   }
-  return 0;
+  size_t n = pi.back();
+  while (n >= w && n > 0) n = pi[n - 1];  // a proper tail: the reply's own rendering differs
+  return n;
 }
 
 }  // namespace

@@ -121,6 +121,25 @@ TEST(ChatTemplate, AssistantSpansWhereTheLastTurnRendersDifferently) {
   EXPECT_EQ(span(1), "<think></think><a></assistant>");
 }
 
+// A long reply of one repeated character whose end markup differs as the last message (gpt-oss's
+// <|return|> against <|end|>): the tail search stays linear, and the span is the common part.
+TEST(ChatTemplate, AssistantSpanSearchIsLinearInTheReply) {
+  auto t = ChatTemplate::FromString(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+      "{% if m.role == 'assistant' %}{{ '!' if loop.last else '?' }}{% endif %}"
+      "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+      {});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string reply(400000, 'a');
+  ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", "q"}},
+                             ojson{{"role", "assistant"}, {"content", reply}},
+                             ojson{{"role", "user"}, {"content", "r"}}});
+  auto r = t->RenderWithAssistantSpans(msgs);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->assistant_spans.size(), 1u);
+  EXPECT_EQ(r->assistant_spans[0].second - r->assistant_spans[0].first, reply.size());
+}
+
 TEST(ChatTemplate, GenerationBlocksAreTheAssistantSpans) {
   auto t = ChatTemplate::FromString(
       "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}"
