@@ -51,6 +51,7 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& mod
     return InvalidArgumentError("model.vocab: missing or empty object");
   }
   int32_t max_id = -1;
+  bpe->vocab_.reserve(vocab->size());  // o200k / Qwen3.6's 248k: no rehashing while loading
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > INT32_MAX) {
       return InvalidArgumentError("model.vocab[\"" + it.key() +

@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "common/safe_path.h"
 #include "text/json_guard.h"
@@ -195,6 +197,35 @@ jinja::Value Context(const SpecialTokens& tokens, const ojson& messages, bool ad
   return ctx;
 }
 
+// Some templates render the final message differently from the same message followed by more:
+// Qwen3 opens the last assistant turn with "<think>\n\n</think>\n\n" and drops it once a tool
+// result follows, so Render(messages[:k+1]) and the whole conversation part (almost) right where
+// reply k begins. The reply is then the longest tail of its rendering as the last message that the
+// whole text continues with at `start`; the length of that tail (0 if none) is returned. The tail
+// includes the turn's end markup, exactly as for the other templates.
+size_t LastTurnTail(const std::string& with_reply, const std::string& full, size_t start) {
+  // The longest suffix of W = with_reply[start:] that is a prefix of F = full[start:], in linear
+  // time (a reply of one repeated character would make the direct search quadratic): the prefix
+  // function of F[:|W|] + sentinel + W ends with that length.
+  if (with_reply.size() <= start || full.size() < start) return 0;
+  const size_t w = with_reply.size() - start;
+  const size_t f = std::min(full.size() - start, w);
+  std::vector<int> seq;
+  seq.reserve(f + 1 + w);
+  for (size_t i = 0; i < f; ++i) seq.push_back(static_cast<unsigned char>(full[start + i]));
+  seq.push_back(256);  // no byte: a match never crosses it
+  for (size_t i = 0; i < w; ++i) seq.push_back(static_cast<unsigned char>(with_reply[start + i]));
+  std::vector<size_t> pi(seq.size(), 0);
+  for (size_t i = 1; i < seq.size(); ++i) {
+    size_t k = pi[i - 1];
+    while (k > 0 && seq[i] != seq[k]) k = pi[k - 1];
+    pi[i] = seq[i] == seq[k] ? k + 1 : k;
+  }
+  size_t n = pi.back();
+  while (n >= w && n > 0) n = pi[n - 1];  // a proper tail: the reply's own rendering differs
+  return n;
+}
+
 }  // namespace
 
 StatusOr<std::string> ChatTemplate::Render(const ojson& messages, bool add_generation_prompt,
@@ -232,6 +263,9 @@ StatusOr<ChatTemplate::Rendered> ChatTemplate::RenderWithAssistantSpans(const oj
     }
     size_t end = 0;
     while (end < with_reply.size() && end < r.text.size() && with_reply[end] == r.text[end]) ++end;
+    if (end < with_reply.size()) {
+      end = std::max(end, prefix.size() + LastTurnTail(with_reply, r.text, prefix.size()));
+    }
     if (end > prefix.size()) {
       r.assistant_spans.emplace_back(prefix.size(), end);
       r.span_messages.push_back(k);

@@ -71,9 +71,12 @@ class ChatTemplate {
   // return_assistant_tokens_mask). Otherwise, for assistant message k the span starts where
   // Render(messages[:k], add_generation_prompt=true) ends (which must be a prefix of the full text)
   // and ends where Render(messages[:k+1]) stops agreeing with the full text, so it covers the reply
-  // and the template's end-of-turn markup (e.g. "<|end|>\n" or
-  // "</s>"). Templates whose partial renderings are not prefixes of the full text are rejected
-  // with FAILED_PRECONDITION.
+  // (its tool calls included) and the template's end-of-turn markup (e.g. "<|end|>\n" or
+  // "</s>"). Where the template renders the last message differently (Qwen3's empty "<think>"
+  // block on the final turn only), the span ends, if that reaches further, after the longest tail
+  // of Render(messages[:k+1]) that the full text continues with at the span's start. Templates
+  // whose partial renderings are not prefixes of the full text are rejected with
+  // FAILED_PRECONDITION.
   struct Rendered {
     std::string text;
     std::vector<std::pair<size_t, size_t>> assistant_spans;

@@ -43,6 +43,19 @@ DatasetFormat Detect(const ojson& r) {
   return DatasetFormat::kAuto;
 }
 
+// A tool given as a bare function schema {name, description, parameters} (ShareGPT files, e.g.
+// Glaive via LLaMA-Factory) becomes OpenAI's {"type": "function", "function": schema}: the form
+// transformers' get_json_schema produces, which templates read as tool.function (gpt-oss, Llama
+// 3.1, Mistral) or print whole (Qwen). Tools that already have a "type" are kept as given.
+ojson WrapTools(ojson tools) {
+  for (ojson& t : tools) {
+    if (t.is_object() && !t.contains("type") && t.contains("name")) {
+      t = ojson{{"type", "function"}, {"function", std::move(t)}};
+    }
+  }
+  return tools;
+}
+
 // "tools" may be a list or a JSON-encoded string (ShareGPT files store it as a string).
 StatusOr<ojson> ParseTools(const ojson& r) {
   if (!Has(r, "tools")) return ojson();
@@ -51,10 +64,62 @@ StatusOr<ojson> ParseTools(const ojson& r) {
     if (t.get<std::string>().empty()) return ojson();
     ojson parsed = ojson::parse(t.get<std::string>(), nullptr, false);
     if (parsed.is_discarded()) return InvalidArgumentError("\"tools\" is a string but not JSON");
-    return parsed.is_array() && parsed.empty() ? ojson() : parsed;
+    if (!parsed.is_array()) return InvalidArgumentError("\"tools\" must encode a list");
+    return parsed.empty() ? ojson() : WrapTools(std::move(parsed));
   }
-  if (t.is_array()) return t.empty() ? ojson() : t;
+  if (t.is_array()) return t.empty() ? ojson() : WrapTools(t);
   return InvalidArgumentError("\"tools\" must be a list or a JSON string");
+}
+
+// One tool call in transformers' form, {"type": "function", "function": {"name", "arguments"}},
+// from that form or a bare {"name", "arguments"} (ShareGPT's function_call turns). Arguments
+// given as a JSON-encoded object string (OpenAI's API form) are decoded: templates print them
+// with tojson (Llama 3.1, gpt-oss, Mistral) or iterate them (Qwen3.6, GLM), so a string would be
+// encoded twice or refused.
+StatusOr<ojson> NormalizeToolCall(ojson call, const std::string& where) {
+  if (!call.is_object()) return InvalidArgumentError(where + " must be an object");
+  if (!call.contains("function")) {
+    if (!call.contains("name")) {
+      return InvalidArgumentError(where + " needs \"function\" or \"name\"");
+    }
+    ojson fn = ojson::object();
+    fn["name"] = call["name"];
+    if (call.contains("arguments")) fn["arguments"] = call["arguments"];
+    ojson wrapped = ojson::object();
+    if (call.contains("id")) wrapped["id"] = call["id"];
+    wrapped["type"] = "function";
+    wrapped["function"] = std::move(fn);
+    call = std::move(wrapped);
+  }
+  ojson& fn = call["function"];
+  if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) {
+    return InvalidArgumentError(where + ".function needs a string \"name\"");
+  }
+  if (fn.contains("arguments") && fn["arguments"].is_string()) {
+    ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
+    if (args.is_discarded() || !args.is_object()) {
+      return InvalidArgumentError(where + ".function.arguments is a string but not a JSON object");
+    }
+    fn["arguments"] = std::move(args);
+  }
+  return call;
+}
+
+// The tool calls of assistant messages (OpenAI's "tool_calls"), normalized as above.
+StatusOr<ojson> NormalizeMessages(ojson messages) {
+  if (!messages.is_array()) return messages;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    ojson& m = messages[i];
+    if (!m.is_object() || !m.contains("tool_calls") || m["tool_calls"].is_null()) continue;
+    const std::string where = "messages[" + std::to_string(i) + "].tool_calls";
+    if (!m["tool_calls"].is_array()) return InvalidArgumentError(where + " must be a list");
+    for (size_t j = 0; j < m["tool_calls"].size(); ++j) {
+      ojson& call = m["tool_calls"][j];
+      const std::string at = where + "[" + std::to_string(j) + "]";
+      ASSIGN_OR_RETURN(call, NormalizeToolCall(std::move(call), at));
+    }
+  }
+  return messages;
 }
 
 StatusOr<ojson> ShareGptToMessages(const ojson& r) {
@@ -74,8 +139,10 @@ StatusOr<ojson> ShareGptToMessages(const ojson& r) {
     std::string role;
     if (from == "human" || from == "user")
       role = "user";
-    else if (from == "gpt" || from == "assistant" || from == "function_call")
+    else if (from == "gpt" || from == "assistant")
       role = "assistant";
+    else if (from == "function_call")
+      role = "function_call";
     else if (from == "system")
       role = "system";
     else if (from == "observation" || from == "tool")
@@ -83,6 +150,25 @@ StatusOr<ojson> ShareGptToMessages(const ojson& r) {
     else
       return InvalidArgumentError("conversations[" + std::to_string(i) + "]: unknown \"from\": \"" +
                                   from + "\"");
+    if (role == "function_call") {
+      // LLaMA-Factory's function_call turn: {"name", "arguments"} or a list of them (parallel
+      // calls), rendered by the template as an assistant message with tool_calls.
+      const std::string where = "conversations[" + std::to_string(i) + "]";
+      ojson value = ojson::parse(turn["value"].get<std::string>(), nullptr, false);
+      if (value.is_discarded() || !(value.is_object() || value.is_array())) {
+        return InvalidArgumentError(where + ": a function_call value must be a JSON object "
+                                    "{\"name\", \"arguments\"} or a list of them");
+      }
+      if (value.is_object()) value = ojson::array({std::move(value)});
+      ojson calls = ojson::array();
+      for (size_t j = 0; j < value.size(); ++j) {
+        ASSIGN_OR_RETURN(ojson call, NormalizeToolCall(std::move(value[j]),
+                                                       where + "[" + std::to_string(j) + "]"));
+        calls.push_back(std::move(call));
+      }
+      messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", calls}});
+      continue;
+    }
     messages.push_back({{"role", role}, {"content", turn["value"]}});
   }
   return messages;
@@ -180,8 +266,9 @@ StatusOr<RecordEncoder> RecordEncoder::Create(const Tokenizer& tokenizer,
   return RecordEncoder(tokenizer, std::move(tmpl), options, eos);
 }
 
-StatusOr<Document> RecordEncoder::EncodeChat(const ojson& messages, const ojson& tools) const {
-  RETURN_IF_ERROR(CheckMessages(messages));
+StatusOr<Document> RecordEncoder::EncodeChat(const ojson& raw_messages, const ojson& tools) const {
+  RETURN_IF_ERROR(CheckMessages(raw_messages));
+  ASSIGN_OR_RETURN(const ojson messages, NormalizeMessages(raw_messages));
   ASSIGN_OR_RETURN(const std::vector<bool> skipped, ZeroWeightMessages(messages));
   ASSIGN_OR_RETURN(ChatTemplate::Rendered r, template_->RenderWithAssistantSpans(messages, tools));
   // The spans of assistant messages with weight 0 (OpenAI's fine-tuning format): never trained.

@@ -13,8 +13,9 @@
 // + - * / // % **, ~ concatenation, conditional expressions.
 // Globals: raise_exception, namespace, range, dict, strftime_now; filters: trim, tojson, length,
 // count, upper, lower, title, capitalize, first, last, join, default/d, string, int, float,
-// list, items, replace, selectattr, rejectattr, map, reverse, sort, unique, abs, round, indent,
-// safe, e/escape; string methods strip/lstrip/rstrip/split/startswith/endswith/upper/lower/
+// list, items, replace, select, reject, selectattr, rejectattr, map, reverse, sort, unique,
+// abs, round, indent, safe, e/escape (others are refused when parsed, as are unknown tests);
+// string methods strip/lstrip/rstrip/split/startswith/endswith/upper/lower/
 // title/replace/find/count/join/format-free; dict methods items/keys/values/get.
 // Anything outside the subset is a parse error naming the construct and the line.
 //

@@ -607,8 +607,8 @@ class Interpreter {
   StatusOr<Value> ApplyFilter(const Node& n, const std::string& name, const Value& in,
                               std::vector<Value>& args, KwArgs& kwargs) {
     if (name == "trim") {
-      if (!in.is_string()) return Err(n, "trim needs a string");
-      return Value::String(Strip(in.str(), Arg(args, kwargs, 0, "chars"), true, true));
+      // jinja2 trims str(value): a list of content parts prints as its repr (Llama 3.1).
+      return Value::String(Strip(in.ToString(), Arg(args, kwargs, 0, "chars"), true, true));
     }
     if (name == "tojson") {
       const Value* indent = Arg(args, kwargs, 0, "indent");
@@ -845,20 +845,26 @@ class Interpreter {
       }
       return MakeList(n, std::move(out));
     }
-    if (name == "selectattr" || name == "rejectattr") {
+    // select/reject test the item itself (Llama 3.1: builtin_tools | reject('equalto', ...)),
+    // selectattr/rejectattr one of its attributes.
+    if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
       ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      if (args.empty()) return Err(n, name + " needs an attribute name");
+      const size_t test_arg = name.ends_with("attr") ? 1 : 0;
+      if (test_arg == 1 && args.empty()) return Err(n, name + " needs an attribute name");
       List out;
       for (const auto& item : items) {
-        ASSIGN_OR_RETURN(Value v, GetAttr(n, item, args[0].ToString()));
+        Value v = item;
+        if (test_arg == 1) {
+          ASSIGN_OR_RETURN(v, GetAttr(n, item, args[0].ToString()));
+        }
         bool ok;
-        if (args.size() >= 2) {
-          std::vector<Value> targs(args.begin() + 2, args.end());
-          ASSIGN_OR_RETURN(ok, Test(n, args[1].ToString(), v, targs));
+        if (args.size() > test_arg) {
+          std::vector<Value> targs(args.begin() + test_arg + 1, args.end());
+          ASSIGN_OR_RETURN(ok, Test(n, args[test_arg].ToString(), v, targs));
         } else {
           ok = v.Truthy();
         }
-        if (ok == (name == "selectattr")) out.push_back(item);
+        if (ok == name.starts_with("select")) out.push_back(item);
       }
       return MakeList(n, std::move(out));
     }

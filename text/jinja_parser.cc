@@ -240,6 +240,28 @@ class Lexer {
   bool at_line_start_ = false;
 };
 
+// The filters and tests the evaluator implements (ApplyFilter in jinja_eval.cc, ApplyTest in
+// jinja_builtins.cc). A template naming another one is refused when it is parsed, with the line,
+// so that a job is refused at validation, not when a rarely taken branch first renders.
+bool KnownFilter(const std::string& name) {
+  static const std::set<std::string> kFilters = {
+      "abs",     "capitalize", "count",  "d",          "default", "e",       "escape",
+      "first",   "float",      "indent", "int",        "items",   "join",    "last",
+      "length",  "list",       "lower",  "map",        "reject",  "rejectattr", "replace",
+      "reverse", "round",      "safe",   "select",     "selectattr", "sort", "string",
+      "title",   "tojson",     "trim",   "unique",     "upper"};
+  return kFilters.count(name) != 0;
+}
+
+bool KnownTest(const std::string& name) {
+  static const std::set<std::string> kTests = {
+      "defined", "undefined", "none",  "string", "number",   "integer",     "float",
+      "boolean", "true",      "false", "mapping", "sequence", "iterable",   "callable",
+      "odd",     "even",      "divisibleby", "equalto", "eq", "==",         "sameas",
+      "ne",      "!=",        "lt",    "gt",     "le",       "ge",          "in"};
+  return kTests.count(name) != 0;
+}
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
@@ -780,6 +802,7 @@ class Parser {
         ++i_;
         NodePtr n = Make(Node::Type::kFilter);
         ASSIGN_OR_RETURN(n->name, ExpectName());
+        if (!KnownFilter(n->name)) return Error("unsupported filter '" + n->name + "'");
         n->children.push_back(node);
         if (IsOp("(")) RETURN_IF_ERROR(ParseArgs(n));
         node = n;
@@ -791,6 +814,7 @@ class Parser {
           n->negated = true;
         }
         ASSIGN_OR_RETURN(n->name, ExpectName());
+        if (!KnownTest(n->name)) return Error("unsupported test '" + n->name + "'");
         n->children.push_back(node);
         if (IsOp("(")) {
           RETURN_IF_ERROR(ParseArgs(n));

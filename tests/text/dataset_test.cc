@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "text/batcher.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace offloadd::text {
@@ -145,6 +146,70 @@ TEST(RecordEncoder, ConversationalPromptCompletion) {
   auto mixed = enc->Encode(J::parse(R"({"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]})"));
   ASSERT_FALSE(mixed.ok());
   EXPECT_NE(std::string(mixed.status().message()).find("conversational"), std::string::npos);
+}
+
+// ShareGPT's function_call / observation turns and OpenAI's tool_calls render through the
+// template's own tool-call syntax (here a Qwen-like <tool_call> block), the bare function schemas
+// of ShareGPT's "tools" are wrapped as {"type": "function", "function": ...}, string arguments are
+// decoded, and the call is trained while the tool result is not.
+TEST(RecordEncoder, ToolCallsRenderThroughTheTemplate) {
+  const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
+  const auto gpt2 = std::filesystem::path(src != nullptr ? src : ".") / ".." / "shared" / "data" /
+                    "tokenizers" / "gpt2" / "tokenizer.json";
+  if (!std::filesystem::exists(gpt2)) GTEST_SKIP() << "shared data not found at " << gpt2;
+  auto tok = Tokenizer::FromFile(gpt2.string());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  SpecialTokens tokens;
+  tokens.eos_token = "<|endoftext|>";
+  auto tmpl = ChatTemplate::FromString(
+      "{% for t in tools %}[{{ t.type }}:{{ t.function.name }}]{{ '\\n' }}{% endfor %}"
+      "{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.tool_calls %}"
+      "{% for c in m.tool_calls %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}"
+      "</tool_call>{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}assistant:{% endif %}",
+      tokens);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().ToString();
+  auto enc = RecordEncoder::Create(**tok, &*tmpl, DatasetOptions());
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  using J = nlohmann::ordered_json;
+  auto sharegpt = enc->Encode(J::parse(R"({"conversations": [
+      {"from": "human", "value": "weather?"},
+      {"from": "function_call", "value": "{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}"},
+      {"from": "observation", "value": "cold"}, {"from": "gpt", "value": "It is cold."}],
+      "tools": "[{\"name\": \"get\", \"parameters\": {}}]"})"));
+  auto openai = enc->Encode(J::parse(R"({"messages": [{"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+       "function": {"name": "get", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "content": "cold"}, {"role": "assistant", "content": "It is cold."}],
+      "tools": [{"type": "function", "function": {"name": "get", "parameters": {}}}]})"));
+  ASSERT_TRUE(sharegpt.ok()) << sharegpt.status().ToString();
+  ASSERT_TRUE(openai.ok()) << openai.status().ToString();
+  EXPECT_EQ(sharegpt->input_ids, openai->input_ids);
+  EXPECT_EQ(sharegpt->labels, openai->labels);
+  auto text = (*tok)->Decode(sharegpt->input_ids, false);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text,
+            "[function:get]\nuser: weather?\nassistant: <tool_call>get {\"city\": \"Oslo\"}"
+            "</tool_call>\ntool: cold\nassistant: It is cold.\n");
+  std::vector<int32_t> trained;
+  for (int32_t l : sharegpt->labels) {
+    if (l != kIgnoreIndex) trained.push_back(l);
+  }
+  auto trained_text = (*tok)->Decode(trained, false);
+  ASSERT_TRUE(trained_text.ok());
+  EXPECT_EQ(*trained_text, " <tool_call>get {\"city\": \"Oslo\"}</tool_call>\n It is cold.\n");
+  // A function_call that is not a call, and string arguments that are not an object, are errors
+  // naming the turn.
+  auto bad = enc->Encode(J::parse(R"j({"conversations": [{"from": "human", "value": "a"},
+      {"from": "function_call", "value": "get(1)"}]})j"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("conversations[1]"), std::string::npos)
+      << bad.status().ToString();
+  bad = enc->Encode(J::parse(R"({"messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("messages[1].tool_calls[0]"),
+            std::string::npos) << bad.status().ToString();
 }
 
 TEST(DatasetReader, BadLineIsAnErrorWithFileAndLineOrSkipped) {

@@ -94,6 +94,52 @@ TEST(ChatTemplate, AssistantSpansCoverRepliesAndEndMarkup) {
   EXPECT_EQ(span(1), "a</assistant>");
 }
 
+// Qwen3's way: the final assistant turn opens with an empty <think> block that the same turn
+// followed by more does not have. The span of an earlier reply is still the whole reply (its tool
+// call included) with its end markup: the longest tail of its last-message rendering that the
+// conversation continues with.
+TEST(ChatTemplate, AssistantSpansWhereTheLastTurnRendersDifferently) {
+  auto t = ChatTemplate::FromString(
+      "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and loop.last %}"
+      "<think></think>{% endif %}{{ m.content }}{% if m.tool_calls %}<call>"
+      "{{ m.tool_calls[0].function.name }}</call>{% endif %}</{{ m.role }}>{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}",
+      {});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ojson msgs = ojson::parse(R"([{"role":"user","content":"hi"},
+      {"role":"assistant","content":"","tool_calls":[{"function":{"name":"f"}}]},
+      {"role":"tool","content":"42"},{"role":"assistant","content":"<a>"}])");
+  auto r = t->RenderWithAssistantSpans(msgs);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->assistant_spans.size(), 2u);
+  auto span = [&](size_t i) {
+    return r->text.substr(r->assistant_spans[i].first,
+                          r->assistant_spans[i].second - r->assistant_spans[i].first);
+  };
+  // The first reply starts with '<' like "<think>": the common prefix alone would stop there.
+  EXPECT_EQ(span(0), "<call>f</call></assistant>");
+  EXPECT_EQ(span(1), "<think></think><a></assistant>");
+}
+
+// A long reply of one repeated character whose end markup differs as the last message (gpt-oss's
+// <|return|> against <|end|>): the tail search stays linear, and the span is the common part.
+TEST(ChatTemplate, AssistantSpanSearchIsLinearInTheReply) {
+  auto t = ChatTemplate::FromString(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+      "{% if m.role == 'assistant' %}{{ '!' if loop.last else '?' }}{% endif %}"
+      "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+      {});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string reply(400000, 'a');
+  ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", "q"}},
+                             ojson{{"role", "assistant"}, {"content", reply}},
+                             ojson{{"role", "user"}, {"content", "r"}}});
+  auto r = t->RenderWithAssistantSpans(msgs);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->assistant_spans.size(), 1u);
+  EXPECT_EQ(r->assistant_spans[0].second - r->assistant_spans[0].first, reply.size());
+}
+
 TEST(ChatTemplate, GenerationBlocksAreTheAssistantSpans) {
   auto t = ChatTemplate::FromString(
       "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}"

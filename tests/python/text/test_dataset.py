@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from text_testlib import CHATML_TOOLS_TEMPLATE, DATA_DIR, TOK_DIR, run_chat, tool
+from text_testlib import (CHATML_TOOLS_TEMPLATE, DATA_DIR, TOK_DIR, glaive_messages, glaive_records,
+                          glaive_tools, run_chat, tool)
 
 IGNORE = -100
 
@@ -49,9 +50,8 @@ def alpaca_messages(rec):
 
 
 def sharegpt_messages(rec):
-    roles = {"human": "user", "gpt": "assistant", "function_call": "assistant",
-             "observation": "tool", "system": "system"}
-    return [{"role": roles[t["from"]], "content": t["value"]} for t in rec["conversations"]]
+    """ShareGPT turns as messages: function_call turns are assistant tool calls (glaive_messages)."""
+    return glaive_messages(rec)
 
 
 def ref_chat(render, encode, msgs, tools, mask):
@@ -67,6 +67,11 @@ def ref_chat(render, encode, msgs, tools, mask):
         end = 0
         while end < min(len(upto), len(full)) and upto[end] == full[end]:
             end += 1
+        if end < len(upto):
+            # The reply renders differently as the last message (Qwen3's empty <think> block):
+            # the longest tail of that rendering which the full text continues with there.
+            end = max(end, len(prefix) + next((len(upto) - a for a in range(len(prefix) + 1, len(upto))
+                                               if full.startswith(upto[a:], len(prefix))), 0))
         spans.append((len(prefix), end))
     ids, starts = encode(full)
     labels = [i if (not mask or any(b <= s < e for b, e in spans)) else IGNORE
@@ -152,10 +157,67 @@ def test_sharegpt_tool_calls_with_chatml_template(tmp_path):
                               DATA_DIR / "glaive_toolcall_sharegpt" / "glaive_toolcall_en_demo.json"])
     want = []
     for r in records:
-        tools = json.loads(r["tools"]) if r.get("tools") else None
-        want.append(ref_chat(hf_render(hf, tools or None), hf_encode(hf), sharegpt_messages(r),
+        tools = glaive_tools(r)
+        want.append(ref_chat(hf_render(hf, tools), hf_encode(hf), sharegpt_messages(r),
                              tools, True))
     compare_docs(docs[:40], want)
+
+
+# ---- tool calls through the real templates -----------------------------------------------------
+
+def openai_record(rec):
+    """A Glaive record in OpenAI's fine-tuning form: messages with tool_calls whose arguments are
+    JSON strings (as OpenAI's API writes them), tool messages, and tools."""
+    msgs = glaive_messages(rec)
+    for m in msgs:
+        for c in m.get("tool_calls", []):
+            c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
+    return {"messages": msgs, "tools": glaive_tools(rec)}
+
+
+TOOL_MARKERS = {"qwen3": "<tool_call>", "llama3.1": '{"name": "', "gpt-oss": "<|call|>"}
+
+
+@pytest.mark.parametrize("form", ["sharegpt", "openai"])
+@pytest.mark.parametrize("name", ["qwen3", "llama3.1", "gpt-oss"])
+def test_tool_calls_render_through_the_template(tmp_path, name, form):
+    """Glaive's function_call / observation turns (ShareGPT) and OpenAI-style tool_calls / tool
+    messages render through the template's own tool-call syntax, exactly as transformers'
+    apply_chat_template(messages, tools=...) with tool_calls (text and ids), and only the
+    assistant's tokens are trained: its replies and its tool calls, not the prompts, the tool
+    schemas or the tool results. The mask is the reference computed from transformers'
+    renderings of prefixes (ref_chat)."""
+    d = TOK_DIR / name
+    hf = load_hf(d)
+    records = [r for r in glaive_records()
+               if any(t["from"] == "function_call" for t in r["conversations"])][:10]
+    records += [r for r in glaive_records()
+                if not any(t["from"] == "function_call" for t in r["conversations"])][:2]
+    data = tmp_path / "tools.jsonl"
+    lines = records if form == "sharegpt" else [openai_record(r) for r in records]
+    data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in lines), encoding="utf-8")
+    _, stats, docs = run_dataset(["--tokenizer", d, "--data", data])
+    want = []
+    for r in records:
+        msgs, tools = glaive_messages(r), glaive_tools(r)
+        want.append(ref_chat(hf_render(hf, tools), hf_encode(hf), msgs, tools, True))
+        text = hf.apply_chat_template(msgs, tools=tools, tokenize=False)
+        assert TOOL_MARKERS[name] in text or not msgs[1].get("tool_calls")
+    compare_docs(docs, want)
+    for r, doc in zip(records[:4], docs):
+        enc = hf.apply_chat_template(glaive_messages(r), tools=glaive_tools(r), tokenize=True,
+                                     return_dict=True)
+        assert doc["input_ids"] == list(enc["input_ids"])
+    assert stats["documents"] == len(records) and stats["skipped"] == 0
+    # The first record's call is trained; its tool result and its prompts are not.
+    msgs = glaive_messages(records[0])
+    trained = hf.decode([l for l in docs[0]["labels"] if l != IGNORE])
+    call = next(m for m in msgs if m.get("tool_calls"))["tool_calls"][0]["function"]
+    result = next(m for m in msgs if m["role"] == "tool")["content"]
+    assert json.dumps(call["arguments"]) in trained and call["name"] in trained
+    assert result not in trained
+    assert all(m["content"] not in trained for m in msgs if m["role"] == "user")
+    assert all(m["content"] in trained for m in msgs if m["role"] == "assistant")
 
 
 def test_builtin_template_for_tokenizer_without_one(tmp_path):
@@ -416,3 +478,37 @@ def test_generation_blocks_give_the_masks_transformers_gives(tmp_path):
         ids = list(out["input_ids"])
         want.append((ids, [i if m else IGNORE for i, m in zip(ids, out["assistant_masks"])]))
     compare_docs(docs, want)
+
+
+def test_qwen3_reasoning_in_earlier_turns(tmp_path):
+    """Qwen3's template keeps reasoning_content only after the last user query and opens the final
+    turn with a <think> block: every assistant turn is still trained (earlier ones as rendered in
+    the whole conversation, without their reasoning), the ids are apply_chat_template's, and the
+    mask is the reference's."""
+    d = TOK_DIR / "qwen3"
+    hf = load_hf(d)
+    lima = json.loads((DATA_DIR / "lima" / "lima.json").read_text("utf-8"))
+    records = []
+    for k, rec in enumerate([r for r in lima if r["history"]][:6]):
+        msgs = []
+        for j, (u, a) in enumerate(rec["history"]):
+            msgs += [{"role": "user", "content": u},
+                     {"role": "assistant", "content": a, "reasoning_content": f"Step {j}."}]
+        last = {"role": "assistant", "content": rec["output"]}
+        if k % 2:
+            last["reasoning_content"] = "Think it over."
+        msgs += [{"role": "user", "content": rec["instruction"]}, last]
+        records.append({"messages": msgs})
+    data = tmp_path / "reasoning.jsonl"
+    data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records), encoding="utf-8")
+    _, _, docs = run_dataset(["--tokenizer", d, "--data", data])
+    compare_docs(docs, [ref_chat(hf_render(hf), hf_encode(hf), r["messages"], None, True)
+                        for r in records])
+    for r, doc in zip(records, docs):
+        enc = hf.apply_chat_template(r["messages"], tokenize=True, return_dict=True)
+        assert doc["input_ids"] == list(enc["input_ids"])
+        trained = hf.decode([l for l in doc["labels"] if l != IGNORE])
+        assert all(m["content"] in trained for m in r["messages"] if m["role"] == "assistant")
+        assert "Step 0." not in trained  # earlier reasoning is not in the rendering at all
+        if "reasoning_content" in r["messages"][-1]:
+            assert "<think>\nThink it over.\n</think>" in trained

@@ -25,8 +25,9 @@ import zlib
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from text_testlib import (CHATML_TOOLS_TEMPLATE, DATA_DIR, LLAMA2_CHAT_TEMPLATE, SPECIAL_SNIPPETS,
-                          TOK_DIR, NativeTokenizer, run_chat, tool)
+from text_testlib import (CHATML_TOOLS_TEMPLATE, DATA_DIR, LLAMA2_CHAT_TEMPLATE, REAL_TOKENIZERS,
+                          SPECIAL_SNIPPETS, TOK_DIR, NativeTokenizer, config_special_tokens,
+                          glaive_messages, glaive_records, glaive_tools, run_chat, tool)
 
 BASES = ["gpt2", "llama2", "phi3-mini", "llama3", "qwen2-style", "llama2-metaspace"]
 VARIANTS = ["shipped", "strip", "single-word", "normalized-flipped", "mixed"]
@@ -279,6 +280,87 @@ def test_directory_equals_tokenizers_on_its_file(base):
     if base == "phi3-mini":
         ids = NativeTokenizer(d).encode_many(["<|user|>\nCan brain cells move?"], False)[0]
         assert ids[:2] == [32010, 1815]
+
+
+# ---------------------------------------------------------------------------------------------
+# The real tokenizers of issue #30 (shared/data/tokenizers/<name>/): vocabularies of 32k to 248k
+# with merges written as pairs, ignore_merges, Tekken's and o200k's case-split regexes, Qwen3.6's
+# \p{M} classes, SentencePiece v3 with byte fallback and 770 control tokens. Loaded as jobs load
+# them (the directory, honouring tokenizer_config.json); one native process per tokenizer.
+
+N_REAL_TOKENS = 12
+
+
+def all_added_tokens(name):
+    return [t["content"] for t in json.loads((TOK_DIR / name / "tokenizer.json").read_text(
+        encoding="utf-8"))["added_tokens"]]
+
+
+def real_added_tokens(name):
+    """The added tokens placed in every context: those the chat template uses, up to
+    N_REAL_TOKENS, then a deterministic sample of the rest (Llama 3.1 has 256 specials, Mistral
+    770, Tekken 1000; every one of them is also placed in three contexts, `every-added`)."""
+    d = TOK_DIR / name
+    added = all_added_tokens(name)
+    template = (d / "chat_template.jinja").read_text(encoding="utf-8")
+    first = [t for t in added if t in template][:N_REAL_TOKENS]
+    rest = sorted((t for t in added if t not in first),
+                  key=lambda t: zlib.crc32(t.encode("utf-8")))
+    return first + rest[:max(4, N_REAL_TOKENS - len(first))]
+
+
+def real_chat_texts(name):
+    """The tokenizer's own template rendered by transformers over LIMA / Alpaca chats and Glaive
+    tool conversations (skipping those the template refuses, e.g. Mistral's id rules)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+    d = TOK_DIR / name
+    source = (d / "chat_template.jinja").read_text(encoding="utf-8")
+    tokens = config_special_tokens(d / "tokenizer_config.json")
+    cases = [(m, None) for m in conversations()]
+    tool_recs = [r for r in glaive_records()
+                 if any(t["from"] == "function_call" for t in r["conversations"])][:8]
+    cases += [(glaive_messages(r, ids=True), glaive_tools(r)) for r in tool_recs]
+    texts = []
+    for msgs, tools in cases:
+        for gen in [False, True]:
+            m = msgs[:-1] if gen else msgs
+            try:
+                texts.append(render_jinja_template([m], tools=tools, chat_template=source,
+                                                   add_generation_prompt=gen, **tokens)[0][0])
+            except Exception:
+                pass
+    return texts
+
+
+@pytest.mark.parametrize("name", REAL_TOKENIZERS)
+def test_real_tokenizer_directory_conforms(name):
+    """offloadd loads the directory natively and gives the `tokenizers` library's ids on its
+    tokenizer.json with zero mismatches, with and without special tokens, over the added tokens
+    in context, chat renderings with tools, the multilingual vectors and random Unicode;
+    transformers' AutoTokenizer (tokenizer_config.json applied) gives those ids too, checked on
+    the chat renderings."""
+    tool("offloadd-tokenize")
+    d = TOK_DIR / name
+    ref = Tokenizer.from_file(str(d / "tokenizer.json"))
+    rng = random.Random(zlib.crc32(name.encode()))
+    tokens = real_added_tokens(name)
+    chats = real_chat_texts(name)
+    groups = {
+        "placement": placement_texts(tokens, rng),
+        "chat": chats,
+        "multilingual": multilingual_texts(),
+        "random-unicode": random_unicode(rng, tokens),
+        "every-added": [c for t in all_added_tokens(name) for c in (t, f" {t}x", f"a{t}\n")],
+    }
+    n, bad = compare(d, ref, groups)
+    assert not bad, f"{len(bad)}/{n} encodings differ from tokenizers:\n" + "\n".join(bad[:5])
+    assert n >= 2 * 1500, n
+    assert len(chats) >= 60, len(chats)
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(str(d))
+    for a in (False, True):
+        want = [e.ids for e in ref.encode_batch(chats, add_special_tokens=a)]
+        assert [hf(t, add_special_tokens=a)["input_ids"] for t in chats] == want
 
 
 REGEX_CLASSES = [r"\s", r"\S", r"\p{L}", r"\p{N}", r"\p{M}", r"\p{P}", r"\p{S}", r"\d",

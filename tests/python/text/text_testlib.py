@@ -211,12 +211,10 @@ CHATML_TOOLS_TEMPLATE = """{%- set ns = namespace(system=none, calls=0) -%}
 {%- for message in messages -%}
   {%- if message.role == 'system' and loop.first -%}
   {%- elif message.role == 'assistant' and message.tool_calls is defined and message.tool_calls -%}
-{{ '<|im_start|>assistant' }}{% if message.content %}{{ '\\n' + message.content | trim }}{% endif %}
+{{ '<|im_start|>assistant\\n' }}{% if message.content %}{{ message.content | trim + '\\n' }}{% endif %}
     {%- for call in message.tool_calls %}
       {%- set ns.calls = ns.calls + 1 %}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
+{{ '<tool_call>\\n{"name": "' ~ call.function.name ~ '", "arguments": ' ~ call.function.arguments | tojson ~ '}\\n</tool_call>' }}
     {%- endfor %}<|im_end|>
 {% elif message.role == 'tool' -%}
 {{ '<|im_start|>user\\n<tool_response>\\n' ~ message.content ~ '\\n</tool_response><|im_end|>\\n' }}
@@ -236,3 +234,97 @@ def run_chat(requests):
     replies = [json.loads(line) for line in proc.stdout.split("\n") if line]
     assert len(replies) == len(requests)
     return replies
+
+
+# ---- the real tokenizers and chat templates of issue #30 --------------------------------------
+
+# Tokenizer directories (tokenizer.json + tokenizer_config.json + chat_template.jinja).
+REAL_TOKENIZERS = ["qwen3", "qwen3.6", "llama3.1", "mistral-7b-v0.3", "mistral-tekken", "gpt-oss"]
+# Template-only folders: name -> (template file, tokenizer_config.json or None, special tokens
+# the family uses when the folder has no config; PROVENANCE.md names them).
+TEMPLATE_ONLY = {
+    "gemma3": (TOK_DIR / "gemma3-template" / "chat_template.jinja",
+               TOK_DIR / "gemma3-template" / "tokenizer_config.json", {}),
+    "deepseek-v3.1": (TOK_DIR / "chat-templates" / "deepseek-ai-DeepSeek-V3.1.jinja", None,
+                      {"bos_token": "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+                       "eos_token": "<\uff5cend\u2581of\u2581sentence\uff5c>"}),
+    "glm-4.6": (TOK_DIR / "chat-templates" / "GLM-4.6.jinja", None,
+                {"eos_token": "<|endoftext|>"}),
+    "smollm3": (TOK_DIR / "chat-templates" / "HuggingFaceTB-SmolLM3-3B.jinja",
+                TOK_DIR / "chat-templates" / "HuggingFaceTB-SmolLM3-3B.tokenizer_config.json", {}),
+}
+
+
+def config_special_tokens(config_path):
+    """The special-token variables transformers passes to a template, from tokenizer_config.json."""
+    config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    out = {}
+    for key in ["bos_token", "eos_token", "unk_token", "pad_token"]:
+        v = config.get(key)
+        if isinstance(v, dict):
+            v = v.get("content")
+        out[key] = v or ""
+    return out
+
+
+def template_dir(name, tmp):
+    """A directory offloadd's ChatTemplate::FromDirectory reads for `name` (a REAL_TOKENIZERS
+    folder as shipped, or a template-only one laid out as chat_template.jinja plus a config), and
+    (template source, special tokens) for transformers' renderer."""
+    if name in REAL_TOKENIZERS:
+        d = TOK_DIR / name
+        return d, (d / "chat_template.jinja").read_text(encoding="utf-8"), \
+            config_special_tokens(d / "tokenizer_config.json")
+    source_path, config_path, tokens = TEMPLATE_ONLY[name]
+    d = Path(tmp) / name
+    d.mkdir(parents=True, exist_ok=True)
+    source = source_path.read_text(encoding="utf-8")
+    (d / "chat_template.jinja").write_text(source, encoding="utf-8")
+    if config_path is not None:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config.pop("chat_template", None)
+        tokens = config_special_tokens(config_path)
+    else:
+        config = dict(tokens)
+    (d / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    full = {k: "" for k in ["bos_token", "eos_token", "unk_token", "pad_token"]}
+    full.update(tokens)
+    return d, source, full
+
+
+def glaive_records():
+    return json.loads((DATA_DIR / "glaive_toolcall_sharegpt" / "glaive_toolcall_en_demo.json")
+                      .read_text(encoding="utf-8"))
+
+
+def glaive_tools(rec):
+    """ShareGPT's bare function schemas in OpenAI's form (what offloadd's dataset does too)."""
+    tools = json.loads(rec["tools"]) if rec.get("tools") else []
+    return [t if "type" in t else {"type": "function", "function": t} for t in tools] or None
+
+
+def glaive_messages(rec, ids=False):
+    """A Glaive ShareGPT record as OpenAI-style messages: function_call turns become assistant
+    messages with tool_calls, observations tool messages (the rule offloadd's dataset applies).
+    With `ids`, calls and results carry 9-character ids (Mistral's templates require them)."""
+    roles = {"human": "user", "gpt": "assistant", "system": "system", "observation": "tool"}
+    msgs, n = [], 0
+    for turn in rec["conversations"]:
+        if turn["from"] == "function_call":
+            call = json.loads(turn["value"])
+            calls = call if isinstance(call, list) else [call]
+            tool_calls = []
+            for c in calls:
+                n += 1
+                tc = {"type": "function", "function": {"name": c["name"],
+                                                       "arguments": c.get("arguments", {})}}
+                if ids:
+                    tc = {"id": f"call{n:05d}", **tc}
+                tool_calls.append(tc)
+            msgs.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
+        else:
+            m = {"role": roles[turn["from"]], "content": turn["value"]}
+            if ids and m["role"] == "tool":
+                m["tool_call_id"] = f"call{n:05d}"
+            msgs.append(m)
+    return msgs
