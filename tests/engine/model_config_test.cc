@@ -378,7 +378,8 @@ TEST(ModelConfigTest, RopeTypesAsTransformersStandardisesThem) {
   EXPECT_EQ(l3->rope.original_max_position_embeddings, 2048);
   // rope_scaling wins over rope_parameters (`rope_scaling or rope_parameters`).
   auto both = Parse("{" + base + R"(, "rope_parameters": {"rope_type": "default",
-    "rope_theta": 5.0}, "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_theta": 7.0})");
+    "rope_theta": 5.0}, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+    "rope_theta": 7.0})");
   ASSERT_TRUE(both.ok()) << both.status().ToString();
   EXPECT_EQ(both->rope.type, "linear");
   EXPECT_DOUBLE_EQ(both->rope.theta, 7.0);
@@ -417,7 +418,8 @@ TEST(ModelConfigTest, RejectsUnsupportedByName) {
   ExpectRejected(llama(R"("architectures": ["LlamaForSequenceClassification"])"),
                  "LlamaForSequenceClassification");
   ExpectRejected(llama(R"("architectures": ["MistralForCausalLM"])"),
-                 "architectures: unsupported architecture \"MistralForCausalLM\" for model_type llama");
+                 "architectures: unsupported architecture \"MistralForCausalLM\" for "
+                 "model_type llama");
   ExpectRejected(llama(R"("rope_scaling": {"rope_type": "mrope", "factor": 4.0})"),
                  "rope_scaling.rope_type: \"mrope\" is not supported");
   ExpectRejected(llama(R"("rope_parameters": {"type": "su", "factor": 4.0})"),
@@ -434,7 +436,8 @@ TEST(ModelConfigTest, RejectsUnsupportedByName) {
   ExpectRejected(llama(R"("hidden_act": "gelu")"), "hidden_act: \"gelu\" is not supported");
   ExpectRejected(llama(R"("partial_rotary_factor": 0.5)"),
                  "partial_rotary_factor: 0.5 is not supported");
-  ExpectRejected(llama(R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})"),
+  ExpectRejected(llama(R"("rope_parameters": {"rope_type": "default",
+                               "partial_rotary_factor": 0.5})"),
                  "rope_parameters.partial_rotary_factor: 0.5 is not supported");
   ExpectRejected(R"({"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 3})",
                  "num_key_value_heads: must divide num_attention_heads (4)");
