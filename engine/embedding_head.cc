@@ -145,11 +145,13 @@ void PrepareLayerInputs(const ModelConfig& c, c10::ScalarType dtype, MicroBatch*
             : ops::CausalMask(t, device, dtype, c.sliding_window);
   }
   if (c.arch != Architecture::kLlama) return;
-  ops::RopeTables(c.rope, c.head_dim, mb->position_ids, dtype, &mb->rope_cos,
-                  &mb->rope_sin);
+  // Tables over the rotated dimensions only (partial_rotary_factor); the attention part passes
+  // the rest of each head through.
+  auto dim = [&](const RopeConfig& r) { return r.rotary_dim > 0 ? r.rotary_dim : c.head_dim; };
+  ops::RopeTables(c.rope, dim(c.rope), mb->position_ids, dtype, &mb->rope_cos, &mb->rope_sin);
   if (c.has_local_rope) {
-    ops::RopeTables(c.rope_local, c.head_dim, mb->position_ids, dtype,
-                    &mb->rope_cos_local, &mb->rope_sin_local);
+    ops::RopeTables(c.rope_local, dim(c.rope_local), mb->position_ids, dtype, &mb->rope_cos_local,
+                    &mb->rope_sin_local);
   }
 }
 

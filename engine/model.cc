@@ -45,33 +45,6 @@ bool IsMaskBuffer(const ModelConfig& c, const std::string& name) {
   return ends_with(".rotary_emb.inv_freq");
 }
 
-// Until the family table (engine/families.cc) fills every family's parts and names, the config
-// parser leaves the rotary families' defaults in them: GPT-2's are set here, and Mistral's
-// sliding_window applies to every layer.
-void FillLegacyParts(ModelConfig* c) {
-  if (c->model_type == "mistral" && c->sliding_window > 0 && c->sliding.empty()) {
-    c->sliding.assign(static_cast<size_t>(c->num_layers), true);
-  }
-  if (c->arch != Architecture::kGpt2 || c->names.embed != TensorNames().embed) return;
-  c->norm = NormKind::kLayer;
-  c->mlp = MlpKind::kGeluMlp;
-  c->mlp_bias = c->qkv_bias = c->o_bias = true;
-  TensorNames& n = c->names;
-  n = TensorNames();
-  n.embed = "wte.weight";
-  n.position_embed = "wpe.weight";
-  n.final_norm = "ln_f.weight";
-  n.final_norm_bias = "ln_f.bias";
-  n.layer_prefix = "h.";
-  n.input_norm = "ln_1";
-  n.post_attn_norm = "ln_2";
-  n.q = n.k = n.v = n.gate = "";
-  n.qkv = "attn.c_attn";
-  n.o = "attn.c_proj";
-  n.up = "mlp.c_fc";
-  n.down = "mlp.c_proj";
-}
-
 // GPT2LMHeadModel.save_pretrained writes "transformer.*"; the hub's original GPT-2 files don't.
 // The names are written without it; it is added when the checkpoint has it.
 void ApplyCheckpointPrefix(ModelConfig* c, const Checkpoint* checkpoint) {
@@ -95,7 +68,6 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir));
-  FillLegacyParts(&m->config_);
   using Materialize = LoadOptions::Materialize;
   if (options.materialize == Materialize::kRandom) return CreateRandom(std::move(m), options);
   m->source_ = std::make_unique<Source>();
@@ -349,7 +321,7 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
   }
 }
 
-std::vector<std::string> Model::DescribeParts(c10::Device device, c10::ScalarType dtype,
+std::vector<std::string> Model::DescribeKernels(c10::Device device, c10::ScalarType dtype,
                                               int64_t seq) const {
   std::vector<std::string> out;
   for (const auto& b : blocks_) {

@@ -269,7 +269,7 @@ class Model {
   // How each part of the decoder layers runs on `device` in `dtype` at sequence length `seq`:
   // "attention: fused", "norm: aten (why)", ... one entry per distinct line (the plan log says
   // which part fell back from a fused kernel to LibTorch ops).
-  std::vector<std::string> DescribeParts(c10::Device device, c10::ScalarType dtype,
+  std::vector<std::string> DescribeKernels(c10::Device device, c10::ScalarType dtype,
                                          int64_t seq) const;
 
   // Helper: HF labels [B, T] (aligned with input_ids) -> next-token targets (shift left by one,
