@@ -157,7 +157,7 @@ Status Trainer::Impl::Setup() {
   Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
   {  // which part of the decoder layers runs a fused kernel and which fell back to LibTorch ops
     std::string parts;
-    for (const std::string& p : model->DescribeParts(device, dtype, SeqLength())) {
+    for (const std::string& p : model->DescribeKernels(device, dtype, SeqLength())) {
       parts += (parts.empty() ? "" : "; ") + p;
     }
     if (!parts.empty()) Log(TrainObserver::Level::kInfo, "model parts: " + parts);

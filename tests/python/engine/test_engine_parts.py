@@ -93,5 +93,7 @@ def test_sliding_window_changes_the_result(tmp_path):
     model.config.sliding_window = 64
     model.save_pretrained(tmp_path / "wide")
     wide = run_check(tmp_path / "wide", tmp_path / "in.safetensors", tmp_path / "x.safetensors")
-    assert torch.equal(windowed["logits"][:, :5], wide["logits"][:, :5])  # within the window
+    # Within the window both see the same keys (explicit softmax against the flash kernel: equal
+    # to rounding); beyond it the window hides the earliest tokens.
+    torch.testing.assert_close(windowed["logits"][:, :5], wide["logits"][:, :5], **LOGIT_TOL)
     assert (windowed["logits"][:, 5:] - wide["logits"][:, 5:]).abs().max() > 1e-3
