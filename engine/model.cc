@@ -60,7 +60,7 @@ void AdaptNamesToCheckpoint(const Checkpoint& ckpt, ModelConfig* c) {
       ckpt.Contains("transformer." + n.embed)) {
     for (std::string* name : {&n.embed, &n.position_embed, &n.final_norm, &n.final_norm_bias,
                               &n.layer_prefix}) {
-      *name = "transformer." + *name;
+      if (!name->empty()) *name = "transformer." + *name;
     }
   }
   const std::string legacy = "language_model.model.";
@@ -132,14 +132,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   };
 
   try {
-    if (m->config_.arch == Architecture::kLlama) {
-      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, load));
-    } else {
-      // save_pretrained of GPT2LMHeadModel writes "transformer.*"; the original hub files don't.
-      const std::string prefix =
-          src.checkpoint->Contains("transformer.wte.weight") ? "transformer." : "";
-      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, prefix, load));
-    }
+    ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, load));
   } catch (const c10::Error& e) {
     return InternalError(dir + ": loading parameters: " + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -177,11 +170,7 @@ StatusOr<std::unique_ptr<Model>> Model::CreateRandom(std::unique_ptr<Model> m,
     return at::empty(shape, at::TensorOptions().dtype(options.dtype).device(c10::kMeta));
   };
   try {
-    if (m->config_.arch == Architecture::kLlama) {
-      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, placeholder));
-    } else {
-      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, "", placeholder));
-    }
+    ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, placeholder));
   } catch (const c10::Error& e) {
     return InternalError(m->dir_ + ": building a random model: " + e.what_without_backtrace());
   }
@@ -328,12 +317,6 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
       return bad("position " + std::to_string(max_pos) + " exceeds n_positions " +
                  std::to_string(config_.max_position_embeddings));
     }
-    if (config_.sliding_window > 0 && t > config_.sliding_window) {
-      return UnimplementedError("micro-batch: sequence length " + std::to_string(t) +
-                                " exceeds sliding_window " +
-                                std::to_string(config_.sliding_window) +
-                                " (sliding-window attention is not implemented)");
-    }
     if (targets.defined()) {
       if (targets.sizes() != input_ids.sizes() || targets.scalar_type() != at::kLong) {
         return bad("targets must be int64 with the shape of input_ids");
@@ -356,16 +339,24 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
       mb.segment_ids = segment_ids.to(device_);
       mb.attn_mask = ops::SegmentMask(mb.segment_ids, dtype_);
     }
-    if (config_.arch == Architecture::kLlama) {
-      ops::RopeTables(config_.rope, config_.head_dim, mb.position_ids, dtype_, &mb.rope_cos,
-                      &mb.rope_sin);
-    }
+    PrepareLayerInputs(config_, dtype_, &mb);
     return mb;
   } catch (const c10::Error& e) {
     return InternalError(std::string("micro-batch: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
     return InternalError(std::string("micro-batch: ") + e.what());
   }
+}
+
+std::vector<std::string> Model::DescribeKernels(c10::Device device, c10::ScalarType dtype,
+                                              int64_t seq) const {
+  std::vector<std::string> out;
+  for (const auto& b : blocks_) {
+    for (std::string& line : DescribeLayerParts(*b, device, dtype, seq)) {
+      if (std::find(out.begin(), out.end(), line) == out.end()) out.push_back(std::move(line));
+    }
+  }
+  return out;
 }
 
 StatusOr<at::Tensor> Model::Logits(const MicroBatch& mb) {
