@@ -733,6 +733,9 @@ Status ParseFamily(const ConfigReader& r, ModelConfig* c) {
     RETURN_IF_ERROR(ParseRotary(*tf, text, c));
     // The wrapper's own tie_word_embeddings decides (PreTrainedModel reads the top config).
     ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", f->tie));
+    // Gemma3ForConditionalGeneration's forward applies no final-logit soft-capping (only
+    // Gemma3ForCausalLM reads text_config.final_logit_softcapping).
+    c->final_logit_softcap = 0;
     TensorNames& n = c->names;
     n.embed = "language_model." + n.embed;
     n.final_norm = "language_model." + n.final_norm;

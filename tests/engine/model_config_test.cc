@@ -263,6 +263,7 @@ TEST(ModelConfigTest, Gemma3MultimodalCheckpointTrainsItsTextHalf) {
     "boi_token_index": 255999, "eoi_token_index": 256000, "eos_token_id": [1, 106],
     "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
     "model_type": "gemma3", "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+    "final_logit_softcapping": 30.0,
     "model_type": "gemma3_text", "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0,
     "rope_type": "linear"}, "sliding_window": 1024}, "torch_dtype": "bfloat16",
     "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
@@ -288,6 +289,8 @@ TEST(ModelConfigTest, Gemma3MultimodalCheckpointTrainsItsTextHalf) {
             (std::vector<std::string>{"vision_tower.", "multi_modal_projector."}));
   EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{1, 106}));
   EXPECT_EQ(c->sliding_window, 1024);
+  // The wrapper's forward does not soft-cap the logits (Gemma3ForCausalLM's does).
+  EXPECT_EQ(c->final_logit_softcap, 0.0);
 }
 
 TEST(ModelConfigTest, Phi3FusedNamesLongRopeAndPartialRotary) {
