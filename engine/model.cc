@@ -45,6 +45,43 @@ bool IsMaskBuffer(const ModelConfig& c, const std::string& name) {
   return ends_with(".rotary_emb.inv_freq");
 }
 
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The checkpoint's layout where config.json alone does not tell it: GPT-2 saved by
+// save_pretrained has "transformer." before every name but lm_head (the hub's files have none);
+// a Gemma 3 multimodal checkpoint has its language model under "language_model.model." (what
+// transformers 5's save_pretrained writes, and the hub's files) or under "model.language_model."
+// (the module layout of transformers 5, as some conversions store it).
+void AdaptNamesToCheckpoint(const Checkpoint& ckpt, ModelConfig* c) {
+  TensorNames& n = c->names;
+  if (c->arch == Architecture::kGpt2 && !ckpt.Contains(n.embed) &&
+      ckpt.Contains("transformer." + n.embed)) {
+    for (std::string* name : {&n.embed, &n.position_embed, &n.final_norm, &n.final_norm_bias,
+                              &n.layer_prefix}) {
+      if (!name->empty()) *name = "transformer." + *name;
+    }
+  }
+  const std::string legacy = "language_model.model.";
+  const std::string modular = "model.language_model.";
+  if (StartsWith(n.embed, legacy) && !ckpt.Contains(n.embed) &&
+      ckpt.Contains(modular + n.embed.substr(legacy.size()))) {
+    for (std::string* name : {&n.embed, &n.final_norm, &n.layer_prefix}) {
+      *name = modular + name->substr(legacy.size());
+    }
+    n.lm_head = "lm_head.weight";
+    for (std::string& prefix : n.passthrough_prefixes) prefix = "model." + prefix;
+  }
+}
+
+bool IsPassthrough(const ModelConfig& c, const std::string& name) {
+  for (const std::string& prefix : c.names.passthrough_prefixes) {
+    if (StartsWith(name, prefix)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOptions& options) {
@@ -60,6 +97,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   m->source_ = std::make_unique<Source>();
   Source& src = *m->source_;
   ASSIGN_OR_RETURN(src.checkpoint, Checkpoint::Open(dir));
+  AdaptNamesToCheckpoint(*src.checkpoint, &m->config_);
   for (const auto& name : src.checkpoint->Names()) {
     ASSIGN_OR_RETURN(auto e, src.checkpoint->Get(name));
     src.dtypes[name] = e.info->dtype;
@@ -94,14 +132,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   };
 
   try {
-    if (m->config_.arch == Architecture::kLlama) {
-      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, load));
-    } else {
-      // save_pretrained of GPT2LMHeadModel writes "transformer.*"; the original hub files don't.
-      const std::string prefix =
-          src.checkpoint->Contains("transformer.wte.weight") ? "transformer." : "";
-      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, prefix, load));
-    }
+    ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, load));
   } catch (const c10::Error& e) {
     return InternalError(dir + ": loading parameters: " + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -111,9 +142,12 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   const std::string tied_target = m->blocks_[0]->params()[0].name;
   for (const auto& name : src.checkpoint->Names()) {
     if (used.count(name)) continue;
-    if (m->config_.tie_word_embeddings && name == "lm_head.weight") {
+    if (m->config_.tie_word_embeddings && name == m->config_.names.lm_head) {
       src.tied_alias = name;  // stored although tied: transformers ignores it; we re-export it
       src.tied_target = tied_target;
+    } else if (IsPassthrough(m->config_, name)) {
+      // Not the language model's (Gemma 3's vision tower and projector): written back unchanged.
+      src.passthrough.insert(name);
     } else if (IsMaskBuffer(m->config_, name)) {
       src.passthrough.insert(name);
     } else {
@@ -136,11 +170,7 @@ StatusOr<std::unique_ptr<Model>> Model::CreateRandom(std::unique_ptr<Model> m,
     return at::empty(shape, at::TensorOptions().dtype(options.dtype).device(c10::kMeta));
   };
   try {
-    if (m->config_.arch == Architecture::kLlama) {
-      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, placeholder));
-    } else {
-      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, "", placeholder));
-    }
+    ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, placeholder));
   } catch (const c10::Error& e) {
     return InternalError(m->dir_ + ": building a random model: " + e.what_without_backtrace());
   }
@@ -171,7 +201,10 @@ StatusOr<at::Tensor> Model::ReadInitialValue(const std::string& name) const {
              name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
     if (ends_with(".bias")) return at::zeros(shape, at::kFloat);
-    if (shape.size() == 1) return at::ones(shape, at::kFloat);  // norm weights
+    if (shape.size() == 1) {  // norm weights: 1, or 0 where the norm scales by (1 + w) (Gemma)
+      return config_.norm == NormKind::kRmsOneOffset ? at::zeros(shape, at::kFloat)
+                                                     : at::ones(shape, at::kFloat);
+    }
     // One generator per parameter, seeded from (seed, name): the value does not depend on the
     // order parameters are materialized in.
     uint64_t h = 1469598103934665603ull ^ random_seed_;
@@ -284,12 +317,6 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
       return bad("position " + std::to_string(max_pos) + " exceeds n_positions " +
                  std::to_string(config_.max_position_embeddings));
     }
-    if (config_.sliding_window > 0 && t > config_.sliding_window) {
-      return UnimplementedError("micro-batch: sequence length " + std::to_string(t) +
-                                " exceeds sliding_window " +
-                                std::to_string(config_.sliding_window) +
-                                " (sliding-window attention is not implemented)");
-    }
     if (targets.defined()) {
       if (targets.sizes() != input_ids.sizes() || targets.scalar_type() != at::kLong) {
         return bad("targets must be int64 with the shape of input_ids");
@@ -312,16 +339,24 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
       mb.segment_ids = segment_ids.to(device_);
       mb.attn_mask = ops::SegmentMask(mb.segment_ids, dtype_);
     }
-    if (config_.arch == Architecture::kLlama) {
-      ops::RopeTables(config_.rope, config_.head_dim, mb.position_ids, dtype_, &mb.rope_cos,
-                      &mb.rope_sin);
-    }
+    PrepareLayerInputs(config_, dtype_, &mb);
     return mb;
   } catch (const c10::Error& e) {
     return InternalError(std::string("micro-batch: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
     return InternalError(std::string("micro-batch: ") + e.what());
   }
+}
+
+std::vector<std::string> Model::DescribeKernels(c10::Device device, c10::ScalarType dtype,
+                                              int64_t seq) const {
+  std::vector<std::string> out;
+  for (const auto& b : blocks_) {
+    for (std::string& line : DescribeLayerParts(*b, device, dtype, seq)) {
+      if (std::find(out.begin(), out.end(), line) == out.end()) out.push_back(std::move(line));
+    }
+  }
+  return out;
 }
 
 StatusOr<at::Tensor> Model::Logits(const MicroBatch& mb) {
