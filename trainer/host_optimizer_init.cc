@@ -48,6 +48,14 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
     for (size_t i = next++; i < pieces.size(); i = next++) {
       const InitPiece& p = pieces[i];
       const auto& s = shards_[p.block];
+      if (population_) {  // the block's pages first (a write would fault them in one at a time)
+        if (Status st = population_->WaitGate(static_cast<size_t>(p.block)); !st.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (first_error.ok()) first_error = st;
+          next = pieces.size();
+          return;
+        }
+      }
       float* master = arena_->At<float>(s.master_offset) + p.begin;
       Status st = fill(p, master);
       if (st.ok())

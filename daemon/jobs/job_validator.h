@@ -82,6 +82,7 @@ struct ValidationResult {
   offloadd::v1::JobSpec resolved;  // defaults filled, paths canonical (meaningful when valid)
   ModelSize model_size;
   MemoryFloor memory_floor;
+  offloadd::v1::StepEstimate step_estimate;  // the step priced on this node (EstimateJobStep)
   bool ok() const { return violations.empty(); }
 };
 

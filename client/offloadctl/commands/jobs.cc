@@ -78,6 +78,9 @@ int RunSubmit(Client& c, const Options& o) {
     if (format == OutputFormat::kTable) {
       std::printf("%s: valid. The job would run as:\n", source.c_str());
       std::fputs(ToJson(job->spec()).c_str(), stdout);
+      // The step priced on the daemon's node (its node profile, and a shape profile when a run of
+      // this shape recorded one there): issue #29 item 23.
+      if (job->has_step_estimate()) std::printf("Predicted step: %s\n", job->step_estimate().text().c_str());
     } else {
       Print(job->spec(), format, "");
     }
