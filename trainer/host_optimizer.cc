@@ -236,36 +236,6 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   return OkStatus();
 }
 
-Status HostOptimizer::StartPopulation() {
-  // Gates 0..n-1: block b's masters and 16-bit weights (what InitializePieces writes); gate n:
-  // every gradient staging buffer (what the device set-up page-locks); then the rest.
-  ArenaPopulationOptions po;
-  po.base = segment_.base();
-  po.size = segment_.total_size();
-  po.threads = options_.populate_threads;
-  po.before_chunk = options_.populate_hook;
-  const uint64_t grad_bytes = options_.compute == HostDtype::kFp32 ? 4 : 2;
-  std::vector<ByteRange> staging;
-  for (const workers::ShardSpec& s : shards_) {
-    const uint64_t n = s.num_elements;
-    po.gates.push_back({{s.master_offset, s.master_offset + n * 4},
-                        {s.weights_offset, s.weights_offset + n * 2}});
-    staging.push_back({s.grad_offset, s.grad_offset + n * grad_bytes});
-  }
-  po.gates.push_back(std::move(staging));
-  ASSIGN_OR_RETURN(population_, ArenaPopulation::Start(std::move(po)));
-  return OkStatus();
-}
-
-Status HostOptimizer::WaitPopulated() {
-  if (!population_) return OkStatus();
-  RETURN_IF_ERROR(population_->Finish());
-  arena_end_ = population_->end_time();
-  arena_seconds_ = std::chrono::duration<double>(arena_end_ - arena_start_).count();
-  population_.reset();
-  return OkStatus();
-}
-
 void HostOptimizer::StopThread() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -63,10 +63,6 @@ class PhaseTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
-double Seconds(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
 // Pieces of the initial weights read on separate threads: whole parameters for a random
 // initialisation (drawn whole from per-parameter generators), else slices of at most kPiece
 // elements, so that the embedding and the large matrices spread over the threads too.
@@ -86,12 +82,6 @@ std::vector<HostOptimizer::InitPiece> InitPieces(const std::vector<BlockLayout>&
 }
 
 }  // namespace
-
-void Trainer::Impl::AddSetupPhase(size_t phase, std::chrono::steady_clock::time_point begin,
-                                  std::chrono::steady_clock::time_point end) {
-  if (setup_start[phase] < 0) setup_start[phase] = Seconds(created, begin);
-  setup_seconds[phase] += Seconds(begin, end);
-}
 
 Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(CheckConfig());
@@ -231,50 +221,6 @@ Status Trainer::Impl::PinHostBuffers() {
     if (!on_device) ranges.emplace_back(host->compute_weights(b), host->compute_weight_bytes(b));
   }
   return streams->PinAll(ranges, SetupThreads());
-}
-
-std::string Trainer::Impl::DescribeSetup() const {
-  // The wall time the phases cover (their union), and for each phase that overlaps another its
-  // interval and the phases it overlaps: the durations of overlapping phases do not add up.
-  constexpr size_t kN = kSetupPhases.size();
-  std::vector<std::pair<double, double>> spans;
-  for (size_t i = 0; i < kN; ++i) {
-    if (setup_start[i] >= 0) spans.emplace_back(setup_start[i], setup_start[i] + setup_seconds[i]);
-  }
-  std::sort(spans.begin(), spans.end());
-  double covered = 0, reach = -1;
-  for (const auto& [b, e] : spans) {
-    if (b > reach) {
-      covered += e - b;
-    } else if (e > reach) {
-      covered += e - reach;
-    }
-    reach = std::max(reach, e);
-  }
-  auto overlap = [&](size_t i, size_t j) {
-    if (i == j || setup_start[i] < 0 || setup_start[j] < 0) return false;
-    const double lo = std::max(setup_start[i], setup_start[j]);
-    const double hi = std::min(setup_start[i] + setup_seconds[i], setup_start[j] + setup_seconds[j]);
-    return hi - lo > 1e-4;  // a tenth of a millisecond: not phases run one after the other
-  };
-  std::ostringstream out;
-  out.precision(3);
-  out << "set-up " << covered << " s (" << SetupThreads() << " threads"
-      << (arena_in_background ? "; the arena populated in the background" : "")
-      << "):";
-  for (size_t i = 0; i < kN; ++i) {
-    out << (i ? ", " : " ") << kSetupPhases[i] << " " << setup_seconds[i];
-    std::string with;
-    for (size_t j = 0; j < kN; ++j) {
-      if (overlap(i, j)) with += std::string(with.empty() ? "" : ", ") + kSetupPhases[j];
-    }
-    if (!with.empty()) {
-      out << " (" << setup_start[i] << "-" << setup_start[i] + setup_seconds[i] << " s, beside "
-          << with << ")";
-    }
-  }
-  if (host) out << "; arena " << FormatByteSize(host->segment().total_size());
-  return out.str();
 }
 
 Status Trainer::Impl::CheckConfig() {
