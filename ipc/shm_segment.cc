@@ -63,6 +63,19 @@ Status PopulateInParallel(void* base, size_t bytes, uint32_t threads) {
 
 }  // namespace
 
+Status PopulatePages(void* addr, size_t bytes) {
+  char* const p = static_cast<char*>(addr);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
+  const size_t len = RoundUp(reinterpret_cast<uintptr_t>(p) + bytes, kPage) - first;
+  if (bytes == 0) return OkStatus();
+  if (::madvise(reinterpret_cast<void*>(first), len, MADV_POPULATE_WRITE) == 0) return OkStatus();
+  if (errno != EINVAL) return SizeError(errno, bytes, "populating the shared segment");
+  for (size_t off = 0; off < len; off += kPage) {
+    __atomic_fetch_add(reinterpret_cast<char*>(first + off), 0, __ATOMIC_RELAXED);
+  }
+  return OkStatus();
+}
+
 SharedSegment::SharedSegment(SharedSegment&& other) noexcept { *this = std::move(other); }
 
 SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
@@ -123,13 +136,13 @@ StatusOr<SharedSegment> SharedSegment::Create(size_t data_bytes, const SegmentOp
     }
     const uint32_t threads = std::max<uint32_t>(1, options.populate_threads);
     base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE,
-                  MAP_SHARED | (threads == 1 ? MAP_POPULATE : 0), fd, 0);
+                  MAP_SHARED | (threads == 1 && !options.defer_populate ? MAP_POPULATE : 0), fd, 0);
     if (base == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
       return SizeError(err, total, "mmap of shared segment");
     }
-    if (threads > 1) {
+    if (threads > 1 && !options.defer_populate) {
       if (Status st = PopulateInParallel(base, total, threads); !st.ok()) {
         ::munmap(base, total);
         ::close(fd);

@@ -41,7 +41,15 @@ struct SegmentOptions {
   // (MADV_POPULATE_WRITE, else a write per page): a 100 GiB arena is faulted in at the memory's
   // rate rather than one core's.
   uint32_t populate_threads = 1;
+  // Leave the normal pages unpopulated: the caller faults them in with PopulatePages, e.g. in the
+  // background while it fills the first regions (trainer/arena_population.h).
+  bool defer_populate = false;
 };
+
+// Faults in the pages of [addr, addr + bytes) writable without changing their contents
+// (MADV_POPULATE_WRITE; before Linux 5.14 an atomic add of zero to a byte of each page), so other
+// threads may be writing into them meanwhile. ENOMEM names the bytes when memory runs out.
+Status PopulatePages(void* addr, size_t bytes);
 
 class SharedSegment {
  public:

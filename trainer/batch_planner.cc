@@ -49,6 +49,42 @@ double ExpectedPaddedLength(std::vector<int64_t> lengths, int batch, int64_t mul
   return expected;
 }
 
+int64_t PaddedLength(int64_t longest, int64_t cap, bool buckets) {
+  const int64_t top = std::max(cap, longest);
+  int64_t step = 8;
+  if (buckets) {
+    step = 16;
+    for (int64_t octave = 64; octave < longest; octave *= 2) step = octave / 4;
+  }
+  return std::min(top, std::max<int64_t>(1, (longest + step - 1) / step * step));
+}
+
+std::vector<std::pair<int64_t, double>> PaddedLengthDistribution(std::vector<int64_t> lengths, int batch,
+                                                                  int64_t cap, bool buckets) {
+  std::vector<std::pair<int64_t, double>> out;
+  if (lengths.empty() || batch < 1) return out;
+  std::sort(lengths.begin(), lengths.end());
+  const double n = static_cast<double>(lengths.size());
+  double below = 0;  // P(longest <= the previous length)
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const double at_most = std::pow(static_cast<double>(i + 1) / n, batch);
+    const int64_t padded = PaddedLength(lengths[i], cap, buckets);
+    if (!out.empty() && out.back().first == padded) {
+      out.back().second += at_most - below;
+    } else if (at_most > below) {
+      out.emplace_back(padded, at_most - below);
+    }
+    below = at_most;
+  }
+  return out;
+}
+
+double ExpectedLength(const std::vector<std::pair<int64_t, double>>& distribution) {
+  double e = 0;
+  for (const auto& [length, p] : distribution) e += static_cast<double>(length) * p;
+  return e;
+}
+
 double CandidateTokensPerSecond(const BatchCandidate& c, int64_t seq) {
   if (!(c.plan.predicted_s > 0)) return 0;
   return static_cast<double>(c.micro) * c.accumulation * static_cast<double>(seq) / c.plan.predicted_s;

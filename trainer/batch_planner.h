@@ -20,6 +20,7 @@
 // Torch-free: the trainer (trainer/trainer_batch.cc) fills the candidates' plan inputs.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -47,6 +48,22 @@ StatusOr<std::vector<BatchCandidate>> BatchCandidates(int cap, int global_batch,
 // E[round_up(max of batch draws)] over the empirical distribution, whose i-th smallest of N is the
 // maximum with probability (i/N)^batch - ((i-1)/N)^batch. 0 when `lengths` is empty.
 double ExpectedPaddedLength(std::vector<int64_t> lengths, int batch, int64_t multiple, int64_t cap);
+
+// The padded length of a micro-batch whose longest row has `longest` tokens, at most
+// max(cap, longest): rounded up to a multiple of 8, or with `buckets` to one of a few lengths per
+// octave (multiples of 16 up to 64, then quarter octaves: 80, 96, 112, 128, 160, ..., 768, 896,
+// 1024, ...; at most 25% padding). On CUDA each length a job meets costs a kernel warm-up inside
+// its step (cuDNN builds a graph per length; issue #29 item 23: 0.25-0.40 s at 1.1B for a 0.29 s
+// step), and Alpaca records padded to multiples of 8 met a new length most steps: buckets bound
+// the lengths to a few, which the planner warms before they are met.
+int64_t PaddedLength(int64_t longest, int64_t cap, bool buckets);
+
+// The distribution of a micro-batch's padded length when its `batch` rows are drawn from
+// `lengths` (the i-th smallest of N is the longest with probability (i/N)^batch -
+// ((i-1)/N)^batch): (padded length, probability) pairs, ascending. Empty when `lengths` is.
+std::vector<std::pair<int64_t, double>> PaddedLengthDistribution(std::vector<int64_t> lengths, int batch,
+                                                                  int64_t cap, bool buckets);
+double ExpectedLength(const std::vector<std::pair<int64_t, double>>& distribution);
 
 // Tokens per second of a priced candidate (micro x accumulation x seq tokens per predicted step).
 double CandidateTokensPerSecond(const BatchCandidate& c, int64_t seq);

@@ -10,6 +10,7 @@
 
 #include "common/safe_path.h"
 #include "text/batcher.h"
+#include "trainer/batch_planner.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
 #include "text/tokenizer.h"
@@ -182,10 +183,11 @@ StatusOr<MicroBatchData> DataSource::Next() {
   }
   size_t longest = 0;
   for (const auto& s : seqs) longest = std::max(longest, s.input_ids.size());
-  int64_t T = static_cast<int64_t>((longest + 7) / 8 * 8);
   const int64_t cap = m.config.synthetic_seq_length > 0 ? m.config.synthetic_seq_length
                                                         : m.config.max_seq_length;
-  T = std::min<int64_t>(std::max<int64_t>(T, 1), std::max<int64_t>(cap, longest));
+  const bool buckets = m.config.length_buckets.value_or(false) && !m.config.packing &&
+                       m.config.synthetic_seq_length == 0;
+  const int64_t T = PaddedLength(static_cast<int64_t>(longest), cap, buckets);
   out.seq = T;
   const size_t total = static_cast<size_t>(out.batch * T);
   out.input_ids.assign(total, 0);

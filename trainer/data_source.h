@@ -4,7 +4,8 @@
 // text::Batcher (or, for benchmarks, uniformly random tokens). Torch-free.
 //
 // A micro-batch holds batch_size sequences right-padded to the longest one (rounded up to a
-// multiple of 8, at most max_seq_length): padding has target kIgnoreIndex, so it never adds to
+// multiple of 8, or to a length bucket with DataConfig::length_buckets; at most max_seq_length,
+// batch_planner.h PaddedLength): padding has target kIgnoreIndex, so it never adds to
 // the loss, and causal attention keeps real tokens from seeing it. Targets are the HF labels
 // shifted left by one (transformers' ForCausalLMLoss). With packing, segment ids restrict
 // attention to each document (document_ids of the Batcher; padding gets its own segment).

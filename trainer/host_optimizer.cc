@@ -108,10 +108,13 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
         std::to_string(o.host_memory_limit >> 20) + " MiB" +
         (o.tier == StateTier::kCpu ? "; offload the optimizer to NVMe" : ""));
   }
-  const auto t_arena = std::chrono::steady_clock::now();
+  arena_start_ = Clock::now();
   ipc::SegmentOptions so;
   so.name = "offloadd-train";
   so.populate_threads = std::max<uint32_t>(1, o.populate_threads);
+  const bool background = o.populate_in_background && so.populate_threads > 1 &&
+                          o.tier == StateTier::kCpu && o.group == nullptr;
+  so.defer_populate = background;
   ASSIGN_OR_RETURN(segment_, ipc::SharedSegment::Create(bytes, so));
   ipc::ArenaOptions ao;
   ao.max_regions = workers::RegionsFor(o.block_elements, lo, po.processes) + 3 * o.nvme_slots +
@@ -159,11 +162,12 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     if (o.nvme_block_size > 0) so2.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
     ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so2));
   }
-  const auto t_workers = std::chrono::steady_clock::now();
+  if (background && !segment_.huge_pages()) RETURN_IF_ERROR(StartPopulation());
+  workers_start_ = arena_end_ = Clock::now();
   ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
-  arena_seconds_ = std::chrono::duration<double>(t_workers - t_arena).count();
-  workers_seconds_ =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_workers).count();
+  workers_end_ = Clock::now();
+  arena_seconds_ = std::chrono::duration<double>(arena_end_ - arena_start_).count();
+  workers_seconds_ = std::chrono::duration<double>(workers_end_ - workers_start_).count();
   workers::OptimizerConfig oc;
   oc.beta1 = o.optim.beta1;
   oc.beta2 = o.optim.beta2;
@@ -231,7 +235,6 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   thread_ = std::thread([this] { Loop(); });
   return OkStatus();
 }
-
 
 void HostOptimizer::StopThread() {
   {
@@ -576,6 +579,7 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
   for (size_t b = 0; b < shards_.size(); ++b) {
     const auto& s = shards_[b];
     if (!store_) {
+      if (population_) RETURN_IF_ERROR(population_->WaitGate(b));
       float* master = arena_->At<float>(s.master_offset);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
       internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),

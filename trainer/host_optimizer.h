@@ -20,6 +20,7 @@
 //
 // Thread-safety: every public method is for the step-loop thread except where noted.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -33,6 +34,7 @@
 #include "common/status.h"
 #include "ipc/arena.h"
 #include "ipc/shm_segment.h"
+#include "trainer/arena_population.h"
 #include "trainer/step_stats.h"
 #include "trainer/train_config.h"
 #include "workers/step_driver.h"
@@ -72,6 +74,13 @@ struct HostOptimizerOptions {
   // Threads that populate (fault in) the arena's pages at creation: 1, the kernel's MAP_POPULATE
   // on one thread; more split it (ipc::SegmentOptions::populate_threads).
   uint32_t populate_threads = 1;
+  // With populate_threads > 1, the RAM tier and no data-parallel group: the arena is populated in
+  // the background (trainer/arena_population.h), each block's masters and 16-bit weights first in
+  // block order, then the gradient staging, then the rest; InitializePieces fills block b once
+  // its pages are in, and WaitPopulated() waits for the whole arena.
+  bool populate_in_background = false;
+  // Tests: ArenaPopulationOptions::before_chunk of the background population.
+  std::function<void(size_t chunk)> populate_hook;
   // Per block (empty: none): its optimizer states live on the GPU and the trainer updates it
   // there (DeviceOptimizer). The driver counts its gradient norm, given with GradsReady's last
   // micro-batch, into the step's decision (WaitDecided); no worker touches it.
@@ -137,6 +146,18 @@ class HostOptimizer {
   // workers (and store) on it (the trainer's set-up phases "arena" and "workers").
   double arena_seconds() const { return arena_seconds_; }
   double workers_seconds() const { return workers_seconds_; }
+  // The same as intervals. With the population in the background (populate_in_background),
+  // arena_end() is when the last page was populated (after WaitPopulated(); until then, the
+  // formatting's end) and the workers start before it.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point arena_start() const { return arena_start_; }
+  Clock::time_point arena_end() const { return arena_end_; }
+  Clock::time_point workers_start() const { return workers_start_; }
+  Clock::time_point workers_end() const { return workers_end_; }
+  bool populating_in_background() const { return population_ != nullptr; }
+  // Waits until the whole arena is populated (at once without a background population); its
+  // first error (ENOMEM naming the bytes). Idempotent.
+  Status WaitPopulated();
   // The block's fp32 master weights in the arena (RAM tier only; null on the NVMe tier, where they
   // live in the store between updates). Read it from the on-updated callback or between steps.
   const float* master_weights(int block) const;
@@ -210,6 +231,7 @@ class HostOptimizer {
   Status Start(const HostOptimizerOptions& options);
   Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
   double arena_seconds_ = 0, workers_seconds_ = 0;
+  Clock::time_point arena_start_, arena_end_, workers_start_, workers_end_;
   void Loop();
   Status Handle(Item& item);
   Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits
@@ -231,11 +253,14 @@ class HostOptimizer {
   Status StartFollower(const HostOptimizerOptions& options);
   void FollowLoop();
   Status FollowUpdates();
+  Status StartPopulation();  // populate_in_background: the gates of the arena's population
   // Between steps, the RAM tier: block's states straight from rank 0's arena.
   Status FollowerReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq);
 
   HostOptimizerOptions options_;
   ipc::SharedSegment segment_;
+  // The background population of segment_ (declared after it: stopped before it is unmapped).
+  std::unique_ptr<ArenaPopulation> population_;
   std::unique_ptr<ipc::Arena> arena_;
   std::vector<workers::ShardSpec> shards_;
   std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe tier + fp32)

@@ -1,6 +1,7 @@
 // HostOptimizer::InitializePieces: the initial fp32 master weights written into the arena in
 // pieces on several threads at once, each piece's 16-bit copy for the device derived from it
-// (issue #29 item 24: a 7B model's 27 GB of masters were written on one thread).
+// (issue #29 item 24: a 7B model's 27 GB of masters were written on one thread); and the arena's
+// population in the background that the pieces wait on (StartPopulation, WaitPopulated).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -48,6 +49,14 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
     for (size_t i = next++; i < pieces.size(); i = next++) {
       const InitPiece& p = pieces[i];
       const auto& s = shards_[p.block];
+      if (population_) {  // the block's pages first (a write would fault them in one at a time)
+        if (Status st = population_->WaitGate(static_cast<size_t>(p.block)); !st.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (first_error.ok()) first_error = st;
+          next = pieces.size();
+          return;
+        }
+      }
       float* master = arena_->At<float>(s.master_offset) + p.begin;
       Status st = fill(p, master);
       if (st.ok())
@@ -68,6 +77,36 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
   for (auto& t : pool) t.join();
   RETURN_IF_ERROR(first_error);
   if (options_.group) options_.group->PublishInitialized(1);
+  return OkStatus();
+}
+
+Status HostOptimizer::StartPopulation() {
+  // Gates 0..n-1: block b's masters and 16-bit weights (what InitializePieces writes); gate n:
+  // every gradient staging buffer (what the device set-up page-locks); then the rest.
+  ArenaPopulationOptions po;
+  po.base = segment_.base();
+  po.size = segment_.total_size();
+  po.threads = options_.populate_threads;
+  po.before_chunk = options_.populate_hook;
+  const uint64_t grad_bytes = options_.compute == HostDtype::kFp32 ? 4 : 2;
+  std::vector<ByteRange> staging;
+  for (const workers::ShardSpec& s : shards_) {
+    const uint64_t n = s.num_elements;
+    po.gates.push_back({{s.master_offset, s.master_offset + n * 4},
+                        {s.weights_offset, s.weights_offset + n * 2}});
+    staging.push_back({s.grad_offset, s.grad_offset + n * grad_bytes});
+  }
+  po.gates.push_back(std::move(staging));
+  ASSIGN_OR_RETURN(population_, ArenaPopulation::Start(std::move(po)));
+  return OkStatus();
+}
+
+Status HostOptimizer::WaitPopulated() {
+  if (!population_) return OkStatus();
+  RETURN_IF_ERROR(population_->Finish());
+  arena_end_ = population_->end_time();
+  arena_seconds_ = std::chrono::duration<double>(arena_end_ - arena_start_).count();
+  population_.reset();
   return OkStatus();
 }
 

@@ -30,6 +30,7 @@ void StepAccounting::BeginStep(int64_t step, int64_t tokens, int64_t trained_tok
   if (setup_pending_) {
     current_.stats.time_to_first_step_seconds = Seconds(created_, start);
     current_.stats.setup_phase_seconds = std::move(setup_phases_);
+    current_.stats.setup_phase_start_seconds = std::move(setup_starts_);
     setup_pending_ = false;
   }
 }

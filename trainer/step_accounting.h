@@ -60,9 +60,12 @@ class StepAccounting {
   void SetDeviceParams(uint64_t params) { device_params_ = params; }
   // The run's set-up (trainer_setup.cc): the next step to begin reports the time since `created`
   // and these phases (StepStats::time_to_first_step_seconds, setup_phase_seconds).
-  void SetSetup(std::chrono::steady_clock::time_point created, std::vector<double> phase_seconds) {
+  // `phase_start`: when each phase first began, seconds since `created` (-1: it did not run).
+  void SetSetup(std::chrono::steady_clock::time_point created, std::vector<double> phase_seconds,
+                std::vector<double> phase_start = {}) {
     created_ = created;
     setup_phases_ = std::move(phase_seconds);
+    setup_starts_ = std::move(phase_start);
     setup_pending_ = true;
   }
   // The current step's work is queued; it is pending until reported. `loss`: its summed
@@ -113,7 +116,7 @@ class StepAccounting {
   int64_t applied_ = 0;
   uint64_t device_params_ = 0;
   std::chrono::steady_clock::time_point created_;
-  std::vector<double> setup_phases_;
+  std::vector<double> setup_phases_, setup_starts_;
   bool setup_pending_ = false;
   double last_loss_ = 0;
   StepStats last_stats_;

@@ -68,6 +68,10 @@ struct StepStats {
   // what ran between set-up and the step, e.g. restoring a checkpoint).
   double time_to_first_step_seconds = 0;
   std::vector<double> setup_phase_seconds;
+  // When each phase first began, seconds from the trainer's creation (-1: it did not run).
+  // Phases overlap: the arena is populated while the workers start, the weights are read and the
+  // device is set up (TrainConfig::setup_overlap), so their seconds do not add up.
+  std::vector<double> setup_phase_start_seconds;
 };
 
 // A held-out evaluation (TrainConfig::eval_data): the mean token loss over every record.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct DataConfig {
   bool skip_bad_records = false;
   // Bench mode: no dataset, uniformly random tokens of exactly this length (seeded).
   int32_t synthetic_seq_length = 0;
+  // Unpacked records: pad each micro-batch to one of a few lengths per octave instead of a
+  // multiple of 8 (trainer/batch_planner.h PaddedLength; the loss is the same, the padding has no
+  // target). Unset: on a CUDA device, where each new length costs a kernel warm-up in the step.
+  std::optional<bool> length_buckets;
 };
 
 struct OptimConfig {
@@ -169,6 +174,14 @@ struct TrainConfig {
   // initial weights into it, page-locking the copy buffers. 0: the cores this process may use;
   // 1: one thread (what every set-up did before issue #29 item 24).
   uint32_t setup_threads = 0;
+  // With more than one set-up thread and the RAM tier: populate the arena in the background,
+  // each block's masters first, and fill block b as soon as its pages are in (the workers and the
+  // device set-up also run beside it). False: populate all of it, then read (what set-ups did
+  // before; the same masters bit for bit).
+  bool setup_overlap = true;
+  // Stop after the plan (model, data, batch size, device plan; no arena, no step): the trainer
+  // prices the job's step (Trainer::prediction()), as offloadd-train --validate-only prints it.
+  bool validate_only = false;
   // CPU AdamW kernel flavour: auto (OFFLOADD_ADAMW_KERNEL, else the fastest), portable, avx2,
   // avx512, avx512bf16. Every flavour computes the same AdamW (workers/adamw_kernel.h).
   std::string adamw_kernel = "auto";

@@ -55,6 +55,7 @@ int64_t Trainer::total_steps() const { return impl_->total; }
 int32_t Trainer::batch_size() const { return impl_->cfg.batch_size; }
 int32_t Trainer::gradient_accumulation_steps() const { return impl_->cfg.gradient_accumulation_steps; }
 std::string Trainer::DescribePlan() const { return impl_->plan_text; }
+const StepPrediction& Trainer::prediction() const { return impl_->prediction; }
 StatusOr<std::string> Trainer::SaveCheckpoint() { return impl_->SaveCheckpoint(); }
 Status Trainer::RestoreCheckpoint(const std::string& dir) { return impl_->RestoreCheckpoint(dir); }
 Status Trainer::ExportModel(const std::string& dir) { return impl_->ExportModel(dir); }

@@ -54,6 +54,18 @@ class TrainObserver {
   virtual bool StopRequested() { return false; }
 };
 
+// What the job's step is priced at before it runs (TrainConfig::validate_only): the step planner's
+// cost model on the node profile's rates and the GPU work of the job's shape.
+struct StepPrediction {
+  double step_seconds = 0;
+  double tokens_per_second = 0;  // real (non-padding) tokens
+  int64_t micro = 0, accumulation = 0;
+  int64_t seq = 0;               // tokens per row priced (the expected padded length for records)
+  std::string bound;             // the resource that sets the step time
+  std::string basis;             // where the figures come from
+  std::string text;              // one line with all of it
+};
+
 struct TrainResult {
   int64_t steps = 0;  // optimizer steps completed (including those before a resume)
   double final_loss = 0;
@@ -88,6 +100,8 @@ class Trainer {
   Status ExportModel(const std::string& dir);
   // Human-readable plan: device, residency, activation modes, arena size.
   std::string DescribePlan() const;
+  // TrainConfig::validate_only: the priced step (the trainer stopped after its plan; no step runs).
+  const StepPrediction& prediction() const;
 
  private:
   struct Impl;

@@ -8,9 +8,11 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <limits>
+#include <sstream>
 
 #if OFFLOADD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -241,7 +243,7 @@ class TemporaryWeights {
 
 }  // namespace
 
-StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, int64_t seq) {
+StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, int64_t seq, int reps) {
   // The real kernels at the real shape: GEMMs, attention at this length (the fused kernels, or
   // the explicit softmax of packed batches), the elementwise kernels and the head's chunked
   // loss, which a flop count at one GEMM's rate leaves out (issue #29 item 23: 7B at micro-batch
@@ -271,7 +273,7 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
         modes[b] == engine::SaveMode::kRecompute ? engine::SaveMode::kRecompute : engine::SaveMode::kKeep;
     at::Tensor x = b == 0 ? at::Tensor() : at::randn({micro, seq, mc.hidden_size}, opts);
     double best_fwd = 1e30, best_bwd = 1e30, first_fwd = 0, first_bwd = 0;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < std::max(1, reps); ++rep) {
       engine::SavedState saved;
       const auto t0 = now();
       ASSIGN_OR_RETURN(at::Tensor y, block.Forward(mb, x, mode, &saved));
@@ -289,6 +291,7 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
       best_fwd = std::min(best_fwd, secs(t0, t1));
       best_bwd = std::min(best_bwd, secs(t2, t3));
     }
+    if (reps <= 1) continue;  // warmed only
     t.new_shape_forward_s += std::max(0.0, first_fwd - best_fwd);
     t.new_shape_backward_s += std::max(0.0, first_bwd - best_bwd);
     if (b == 0) t.embedding_s = best_fwd + best_bwd;
@@ -303,13 +306,17 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
   return t;
 }
 
-StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, const NodeProfile& prof) {
+StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, const NodeProfile& prof,
+                                                   int64_t seq, std::string* basis) {
+  const int64_t T = seq > 0 ? seq : SeqLength();
   BatchCandidate cand;
   cand.micro = micro;
   cand.accumulation = accumulation;
   const double A = accumulation;
   const MemoryEstimate est = EstimateMemory(micro);
-  const std::optional<ShapeProfile> profiled = CachedShapeProfile(micro);
+  // A cached shape profile was measured at SeqLength() tokens per row.
+  const std::optional<ShapeProfile> profiled =
+      T == SeqLength() ? CachedShapeProfile(micro) : std::optional<ShapeProfile>();
   const int64_t elem = c10::elementSize(dtype);
   using Weights = OffloadPlanConfig::Weights;
   const bool auto_states = cfg.offload.device_optimizer_blocks == OffloadPlanConfig::kAutoDeviceOptimizer &&
@@ -359,7 +366,7 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
   double flop_rate_s = 0;  // what the flop count at the GEMM rate said (logged beside the timing)
   if (cuda && !profiled) {
     flop_rate_s = SecondsPerFlop(micro);
-    auto t = TimeBlocks(micro, SeqLength());
+    auto t = TimeBlocks(micro, T);
     if (!t.ok()) {
       if (t.status().code() != StatusCode::kResourceExhausted) return t.status();
       cand.feasible = false;
@@ -368,7 +375,8 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
     }
     timed = *t;
   }
-  const double spf = profiled || timed ? 0 : SecondsPerFlop(micro);
+  // The flop count at the GEMM rate: the blocks' estimates are at SeqLength() tokens per row.
+  const double spf = profiled || timed ? 0 : SecondsPerFlop(micro) * static_cast<double>(T) / SeqLength();
   const bool may_keep = cuda && cfg.offload.activations == ActivationMode::kAuto && cfg.offload.layer_overrides.empty();
   const std::vector<int64_t> need = DeviceOptimizerNeeds(resident, accumulation);
   PlanInputs in;
@@ -412,7 +420,7 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
                   "batch size (auto): micro-batch %d timed at %lld tokens per row: GPU %.3f s per micro-batch "
                   "(embedding %.1f ms, a decoder layer %.1f ms forward + %.1f ms backward, head %.1f ms); "
                   "the flop count at the GEMM rate says %.3f s",
-                  micro, static_cast<long long>(SeqLength()), gpu, 1e3 * timed->embedding_s,
+                  micro, static_cast<long long>(T), gpu, 1e3 * timed->embedding_s,
                   1e3 * timed->layer_forward_s, 1e3 * timed->layer_backward_s, 1e3 * timed->head_s,
                   flops * flop_rate_s);
     Log(TrainObserver::Level::kInfo, buf);
@@ -440,8 +448,64 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
   if (in.held_updates && cuda) SetHeldTails(&in, head_forward);
   if (!cuda) in.budget_bytes = std::numeric_limits<int64_t>::max() / 4;
   ASSIGN_OR_RETURN(cand.plan, SolvePlan(in));
-  cand.tokens_per_s = CandidateTokensPerSecond(cand, SeqLength());
+  cand.tokens_per_s = CandidateTokensPerSecond(cand, T);
+  if (basis != nullptr) {
+    *basis = profiled  ? "the shape profile of " + profiled->measured_at + " on " + profiled->gpu
+             : timed   ? "the embedding, a decoder layer and the head timed at " + std::to_string(micro) + "x" +
+                           std::to_string(T) + " on the GPU"
+                       : "the blocks' flop counts at the rate of a GEMM of the model's MLP shape";
+  }
   return cand;
+}
+
+Status Trainer::Impl::PredictStep() {
+  // The configured step as the step planner would price it before the job (what the automatic
+  // batch size compares candidates by), on the node profile's rates; records of varying length at
+  // the expected padded length of their distribution, tokens/s counting real tokens only.
+  ASSIGN_OR_RETURN(const NodeProfile prof, PlanNodeProfile());
+  int64_t T = SeqLength();
+  double real_per_row = static_cast<double>(T);
+  std::string shape = "rows of " + std::to_string(T) + " tokens";
+  if (!FixedShape()) {
+    const std::vector<int64_t> lengths = data->SequenceLengths();
+    const bool buckets = cfg.data.length_buckets.value_or(false) && !Packed();
+    const double rows = static_cast<double>(cfg.batch_size) * world();
+    const double expected =
+        ExpectedLength(PaddedLengthDistribution(lengths, static_cast<int>(rows), SeqLength(), buckets));
+    if (expected > 0) {
+      T = std::clamp<int64_t>((std::llround(expected) + 7) / 8 * 8, 8, SeqLength());
+      double sum = 0;
+      for (int64_t l : lengths) sum += static_cast<double>(std::min<int64_t>(l, SeqLength()));
+      real_per_row = sum / static_cast<double>(lengths.size());
+      std::ostringstream o;
+      o.precision(4);
+      o << "records of " << real_per_row << " tokens on average, padded to " << T << " expected"
+        << (buckets ? " (length buckets)" : "");
+      shape = o.str();
+    }
+  }
+  std::string gpu_basis;
+  ASSIGN_OR_RETURN(const BatchCandidate c,
+                   PriceBatch(cfg.batch_size, cfg.gradient_accumulation_steps, prof, T, &gpu_basis));
+  if (!c.feasible) return ResourceExhaustedError("micro-batch " + std::to_string(cfg.batch_size) + " " + c.why_not);
+  StepPrediction& p = prediction;
+  p.step_seconds = c.plan.predicted_s;
+  p.micro = cfg.batch_size;
+  p.accumulation = cfg.gradient_accumulation_steps;
+  p.seq = T;
+  p.tokens_per_second = p.step_seconds > 0 ? static_cast<double>(p.micro * p.accumulation * world()) *
+                                                 real_per_row / p.step_seconds
+                                           : 0;
+  p.bound = c.plan.bound;
+  p.basis = "node profile " + prof.key + " of " + prof.measured_at + "; GPU work: " + gpu_basis;
+  std::ostringstream o;
+  o.precision(3);
+  o << "predicted " << p.step_seconds << " s/step, " << p.tokens_per_second / 1e3 << "k tokens/s (micro-batch "
+    << p.micro << " x " << p.accumulation << " accumulation, " << shape << "; " << trainer::DescribePlan(c.plan, gpu_budget)
+    << "; basis: " << p.basis << ")";
+  p.text = o.str();
+  Log(TrainObserver::Level::kInfo, "validate-only: " + p.text);
+  return OkStatus();
 }
 
 Status Trainer::Impl::ChooseBatchSize() {

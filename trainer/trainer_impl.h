@@ -97,9 +97,15 @@ struct Trainer::Impl {
   int64_t gpu_budget = 0;
   std::string plan_text;
   bool speculation_defaulted = false;  // cfg.optim.speculation was unset (train_config.h)
-  // Set-up timing (Trainer::Create): when it began, and wall seconds per kSetupPhases phase.
+  // Set-up timing (Trainer::Create): when it began, wall seconds per kSetupPhases phase and when
+  // each phase first began (seconds since `created`; -1: it did not run). Phases may overlap
+  // (the arena is populated in the background, cfg.setup_overlap).
   std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   std::array<double, kSetupPhases.size()> setup_seconds{};
+  std::array<double, kSetupPhases.size()> setup_start{-1, -1, -1, -1, -1, -1, -1, -1};
+  bool arena_in_background = false;  // HostOptimizer::populating_in_background() at its creation
+  void AddSetupPhase(size_t phase, std::chrono::steady_clock::time_point begin,
+                     std::chrono::steady_clock::time_point end);
   // The step planner's inputs and choice (trainer_plan.cc); plan_check_step: the step whose
   // measured time is compared with the prediction (0: none pending).
   PlanInputs plan_inputs;
@@ -122,7 +128,9 @@ struct Trainer::Impl {
   Status CreateData();   // the training and eval data, total steps, the LR schedule
   uint32_t SetupThreads() const;  // cfg.setup_threads, else the usable cores
   Status PinHostBuffers();  // page-locks the host buffers the pipeline copies, on SetupThreads()
-  std::string DescribeSetup() const;  // "set-up 12.3 s (16 threads): cuda 1.2, model 0.01, ..."
+  // "set-up 12.3 s (16 threads): cuda 1.2, model 0.01, ..., arena 9.5 (0.2-9.7 s, beside workers,
+  // weights), ...": the wall time the phases cover, and each overlapping phase's interval.
+  std::string DescribeSetup() const;
   // trainer_parallel.cc: joins the data-parallel group (refusing what it does not support yet);
   // creates (rank 0) or attaches to (others) the host optimizer; the stop decision between steps.
   Status StartGroup();
@@ -163,6 +171,8 @@ struct Trainer::Impl {
   // that met one not seen before (at most one per length), and what that adds to a step
   // (PriceVariableLengths).
   std::set<int64_t> seen_lengths, steps_with_new_length;
+  // trainer_plan.cc: warms the likely padded lengths (length buckets); what it did, for the log.
+  std::string WarmLengths(const std::vector<std::pair<int64_t, double>>& lengths);
   double new_length_forward_s = 0, new_length_backward_s = 0;
   // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why
   // in the log), and recording the step just run (then writing it under cfg.profile_dir).
@@ -206,7 +216,13 @@ struct Trainer::Impl {
   // per_device_train_batch_size auto (trainer/batch_planner.h): sets cfg.batch_size and
   // cfg.gradient_accumulation_steps before anything is sized by them.
   Status ChooseBatchSize();
-  StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof);
+  // seq: tokens per row priced (0: SeqLength()); `basis` (may be null) gets where the GPU work's
+  // figures came from.
+  StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof, int64_t seq = 0,
+                                      std::string* basis = nullptr);
+  // TrainConfig::validate_only: prices the configured step into `prediction` (trainer_batch.cc).
+  Status PredictStep();
+  StepPrediction prediction;
   double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
   // CUDA: the embedding, one decoder layer and the head run at [micro, seq] with random weights
   // (the model's placeholders are put back after), timed warm (trainer_batch.cc).
@@ -220,7 +236,8 @@ struct Trainer::Impl {
     // backward.
     double new_shape_forward_s = 0, new_shape_backward_s = 0;
   };
-  StatusOr<BlockTiming> TimeBlocks(int64_t micro, int64_t seq);
+  // reps 1: only the warm-up run (the kernels of that shape are then warm; its times are 0).
+  StatusOr<BlockTiming> TimeBlocks(int64_t micro, int64_t seq, int reps = 3);
   // Held updates' tails (step_planner.h) from the copy rates already in `in` and one
   // micro-batch's head forward.
   void SetHeldTails(PlanInputs* in, double head_forward_s) const;

@@ -48,18 +48,18 @@ void Trainer::Impl::Log(TrainObserver::Level level, const std::string& message) 
 
 namespace {
 
-// Wall time of one set-up phase, added to its slot of Impl::setup_seconds.
+// Wall time of one set-up phase, added to its slot of Impl::setup_seconds (Impl::AddSetupPhase).
+template <typename Impl>
 class PhaseTimer {
  public:
-  explicit PhaseTimer(double* slot) : slot_(slot), start_(std::chrono::steady_clock::now()) {}
-  ~PhaseTimer() {
-    *slot_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  PhaseTimer(Impl* impl, size_t phase) : impl_(impl), phase_(phase), start_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() { impl_->AddSetupPhase(phase_, start_, std::chrono::steady_clock::now()); }
   PhaseTimer(const PhaseTimer&) = delete;
   PhaseTimer& operator=(const PhaseTimer&) = delete;
 
  private:
-  double* slot_;
+  Impl* impl_;
+  size_t phase_;
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -84,29 +84,29 @@ std::vector<HostOptimizer::InitPiece> InitPieces(const std::vector<BlockLayout>&
 }  // namespace
 
 Status Trainer::Impl::Setup() {
-  auto& phase = setup_seconds;  // kSetupPhases order
   RETURN_IF_ERROR(CheckConfig());
   {
-    PhaseTimer t(&phase[1]);
+    PhaseTimer t(this, 1);
     RETURN_IF_ERROR(LoadModel());
   }
   {
-    PhaseTimer t(&phase[0]);
+    PhaseTimer t(this, 0);
     ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
   }
   {
-    PhaseTimer t(&phase[3]);
+    PhaseTimer t(this, 3);
     RETURN_IF_ERROR(ChooseBatchSize());
     RETURN_IF_ERROR(StartGroup());
   }
   {
-    PhaseTimer t(&phase[2]);
+    PhaseTimer t(this, 2);
     RETURN_IF_ERROR(CreateData());
   }
   bool resident = false;
   {
-    PhaseTimer t(&phase[3]);
+    PhaseTimer t(this, 3);
     ASSIGN_OR_RETURN(resident, PlanDevice());
+    if (cfg.validate_only) return PredictStep();  // no arena, no step
     RETURN_IF_ERROR(StartSpill());
   }
 
@@ -118,12 +118,15 @@ Status Trainer::Impl::Setup() {
                           std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s));
   }
   RETURN_IF_ERROR(CreateHostOptimizer(ho));
-  if (host) {
-    phase[4] += host->arena_seconds();
-    phase[5] += host->workers_seconds();
+  // With cfg.setup_overlap the arena is populated in the background from here (HostOptimizer::
+  // WaitPopulated): the workers start, block b's masters are filled once its pages are in, and the
+  // device set-up runs while the moments and the rest are populated.
+  arena_in_background = host && host->populating_in_background();
+  if (host && host->workers_end() > host->workers_start()) {
+    AddSetupPhase(5, host->workers_start(), host->workers_end());
   }
   {
-    PhaseTimer t(&phase[6]);
+    PhaseTimer t(this, 6);
     const std::vector<HostOptimizer::InitPiece> pieces =
         InitPieces(layout, model->has_checkpoint());
     auto fill = [&](const HostOptimizer::InitPiece& piece, float* dst) -> Status {
@@ -146,13 +149,18 @@ Status Trainer::Impl::Setup() {
     RETURN_IF_ERROR(host->InitializePieces(pieces, fill, SetupThreads()));
   }
   {
-    PhaseTimer t(&phase[7]);
+    PhaseTimer t(this, 7);
     if (lsp) RETURN_IF_ERROR(lsp->Initialize(*model));
     RETURN_IF_ERROR(StartDeviceOptimizer());
     RETURN_IF_ERROR(PinHostBuffers());
     RETURN_IF_ERROR(StartPipeline(resident));
   }
-  accounting->SetSetup(created, std::vector<double>(phase.begin(), phase.end()));
+  if (host) {
+    RETURN_IF_ERROR(host->WaitPopulated());
+    if (host->arena_end() > host->arena_start()) AddSetupPhase(4, host->arena_start(), host->arena_end());
+  }
+  accounting->SetSetup(created, std::vector<double>(setup_seconds.begin(), setup_seconds.end()),
+                       std::vector<double>(setup_start.begin(), setup_start.end()));
   plan_text = DescribePlan(ho);
   Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
   {  // which part of the decoder layers runs a fused kernel and which fell back to LibTorch ops
@@ -222,19 +230,6 @@ Status Trainer::Impl::PinHostBuffers() {
   return streams->PinAll(ranges, SetupThreads());
 }
 
-std::string Trainer::Impl::DescribeSetup() const {
-  double total_s = 0;
-  for (double s : setup_seconds) total_s += s;
-  std::ostringstream out;
-  out.precision(3);
-  out << "set-up " << total_s << " s (" << SetupThreads() << " threads):";
-  for (size_t i = 0; i < kSetupPhases.size(); ++i) {
-    out << (i ? ", " : " ") << kSetupPhases[i] << " " << setup_seconds[i];
-  }
-  if (host) out << "; arena " << FormatByteSize(host->segment().total_size());
-  return out.str();
-}
-
 Status Trainer::Impl::CheckConfig() {
   ASSIGN_OR_RETURN(device, ParseDevice(cfg.device));
   cuda = device.is_cuda();
@@ -271,6 +266,10 @@ Status Trainer::Impl::CheckConfig() {
     speculation_defaulted = true;
   }
   RETURN_IF_ERROR(workers::ParseSpeculation(cfg.optim.speculation).status());
+  // Padded lengths in buckets on a GPU (train_config.h DataConfig::length_buckets); the eval data
+  // pads the same way.
+  if (!cfg.data.length_buckets) cfg.data.length_buckets = cuda;
+  cfg.eval_data.length_buckets = cfg.data.length_buckets;
   if (cfg.batch_size < 1) return InvalidArgumentError("batch size must be at least 1");
   if (cfg.gradient_accumulation_steps < 1)
     return InvalidArgumentError("gradient_accumulation_steps must be at least 1");
@@ -362,6 +361,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
   ho.kernel_path = cfg.adamw_kernel;
   ho.host_memory_limit = cfg.offload.host_memory_limit;
   ho.populate_threads = SetupThreads();
+  ho.populate_in_background = cfg.setup_overlap;
   ho.device_blocks = device_blocks;
   return ho;
 }

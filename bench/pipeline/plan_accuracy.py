@@ -25,7 +25,8 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from run_bench import write_config  # noqa: E402
 
-NOTES = ("batch size (auto", "step plan", "records vary in length", "largest micro-batch", "LSP projector check")
+NOTES = ("batch size (auto", "step plan", "records vary in length", "largest micro-batch", "LSP projector check",
+         "validate-only")
 
 
 def run_case(args, spec: str, work: pathlib.Path) -> dict:
@@ -45,6 +46,17 @@ def run_case(args, spec: str, work: pathlib.Path) -> dict:
         if data == "packed":
             cmd += ["--packing"]
     cmd += extra
+    if args.profile_dir:  # one node profile for the validation and the run (measured by the first)
+        cmd += [f"--profile-dir={args.profile_dir}"]
+    res_validate = None
+    if args.validate:  # what --validate-only prices before the job
+        print("$", " ".join(cmd + ["--validate-only"]), flush=True)
+        v = subprocess.run(cmd + ["--validate-only"], capture_output=True, text=True, timeout=args.case_timeout)
+        lines = v.stdout.strip().splitlines()
+        res_validate = json.loads(lines[-1]) if v.returncode == 0 and lines else {"error": v.stderr[-600:]}
+        if len(lines) > 1:
+            res_validate["line"] = lines[0]
+        print(f"  validate-only: {res_validate.get('line', res_validate)}", flush=True)
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     try:
@@ -53,7 +65,7 @@ def run_case(args, spec: str, work: pathlib.Path) -> dict:
     except subprocess.TimeoutExpired as e:
         rc, err = "timeout", (e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or "")
     res = {"case": name, "shape": shape, "batch": batch, "limit": limit, "data": data, "extra": extra,
-           "rc": rc, "wall_s": time.time() - t0, "command": " ".join(cmd)}
+           "rc": rc, "wall_s": time.time() - t0, "command": " ".join(cmd), "validate": res_validate}
     (out / "stderr.log").write_text(err)
     res["notes"] = [l.split("] ", 1)[-1] for l in err.splitlines() if any(k in l for k in NOTES)]
     if rc != 0:
@@ -83,6 +95,8 @@ def main() -> int:
     p.add_argument("--case-timeout", type=int, default=240)
     p.add_argument("--follow-refusals", action="store_true",
                    help="after a refusal up front that names the largest micro-batch that fits, run that batch")
+    p.add_argument("--validate", action="store_true", help="run each case with --validate-only first")
+    p.add_argument("--profile-dir", help="cache the node profile here (shared by the cases)")
     p.add_argument("--json")
     p.add_argument("cases", nargs="+")
     args = p.parse_args()
@@ -106,13 +120,14 @@ def main() -> int:
                   f"{s['gpu_compute_seconds']:.3f} s, peak {s['gpu_peak_gib']:.1f} GiB", flush=True)
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
-    print("\n| case | shape | batch | budget | data | outcome | auto price s/step | step-4 check predicted / measured s | off |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| case | shape | batch | budget | data | outcome | validate-only s/step | auto price s/step | "
+          "step-4 check predicted / measured s | off |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         c = r.get("check", {})
         outcome = "ran" if r["rc"] == 0 else f"exit {r['rc']}"
         print(f"| {r['case']} | {r['shape']} | {r['batch']} | {r['limit']} | {r['data']} | {outcome} | "
-              f"{r.get('auto_predicted_s', '')} | "
+              f"{(r.get('validate') or {}).get('predicted_step_seconds', '')} | {r.get('auto_predicted_s', '')} | "
               f"{'%.3f / %.3f' % (c['predicted_s'], c['measured_s']) if c else ''} | "
               f"{'%+.1f%%' % c['off_percent'] if c else ''} |")
     return 0

@@ -75,12 +75,15 @@ pb::StepStats ToProto(const trainer::StepStats& s) {
   pb::StepStats p;
   OFFLOADD_STEP_FIELDS(OFFLOADD_TO)
   for (double v : s.setup_phase_seconds) p.add_setup_phase_seconds(v);
+  for (double v : s.setup_phase_start_seconds) p.add_setup_phase_start_seconds(v);
   return p;
 }
 trainer::StepStats FromProto(const pb::StepStats& p) {
   trainer::StepStats s;
   OFFLOADD_STEP_FIELDS(OFFLOADD_FROM)
   s.setup_phase_seconds.assign(p.setup_phase_seconds().begin(), p.setup_phase_seconds().end());
+  s.setup_phase_start_seconds.assign(p.setup_phase_start_seconds().begin(),
+                                     p.setup_phase_start_seconds().end());
   return s;
 }
 

@@ -577,6 +577,13 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     const bool auto_batch = spec.training().auto_find_batch_size();
     const int64_t floor_batch = auto_batch ? 1 : spec.training().per_device_train_batch_size();
     r.memory_floor = EstimateMemoryFloor(r.model_size, *config, floor_batch, ds.max_seq_length(), compute_bytes);
+    // The step's price on this node, for `offloadctl submit --validate-only` (issue #29 item 23).
+    const int gi = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
+    r.step_estimate = auto_batch ? StepEstimateUnavailable("per_device_train_batch_size auto is priced when the job "
+                                                           "starts (its log lists each candidate's price)")
+                                 : EstimateJobStep(node.profile_dir, gpu ? node.gpus[gi].name : "", *config,
+                                                   r.model_size, floor_batch, spec.training().gradient_accumulation_steps(),
+                                                   ds.max_seq_length(), compute_bytes, spec.training().max_grad_norm() > 0);
     const MemoryFloor& f = r.memory_floor;
     if (gpu) {
       const int idx = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;

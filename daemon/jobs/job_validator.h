@@ -85,6 +85,7 @@ struct ValidationResult {
   // The model as the engine assembles it (engine::DescribeParts); empty when config.json was not
   // read. model_type and architectures[0] of its config.json.
   std::string model_type, model_architecture, model_parts;
+  offloadd::v1::StepEstimate step_estimate;  // the step priced on this node (EstimateJobStep)
   bool ok() const { return violations.empty(); }
 };
 

@@ -5,6 +5,7 @@
 #include "common/units.h"
 #include "engine/head_chunk.h"
 #include "trainer/shape_profile.h"
+#include "trainer/step_estimate.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -66,6 +67,51 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
   f.optimizer_bytes = 12 * static_cast<uint64_t>(size.total_params);
   f.host_pinned_bytes = 2 * static_cast<uint64_t>(size.total_params) + 2 * grads;
   return f;
+}
+
+v1::StepEstimate StepEstimateUnavailable(const std::string& why) {
+  v1::StepEstimate out;
+  out.set_text("no estimate: " + why);
+  return out;
+}
+
+v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::string& gpu,
+                                 const engine::ModelConfig& config, const ModelSize& size, int64_t micro,
+                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates) {
+  v1::StepEstimate out;
+  trainer::StepEstimateInputs in;
+  const int64_t layers = std::max<int64_t>(0, config.num_layers);
+  in.block_params.push_back(size.embedding_params);
+  for (int64_t l = 0; l < layers; ++l) in.block_params.push_back(size.layer_params);
+  in.block_params.push_back(
+      std::max<int64_t>(0, size.total_params - size.embedding_params - layers * size.layer_params));
+  in.micro = micro;
+  in.accumulation = accumulation;
+  in.seq = seq_len;
+  in.compute_bytes = compute_bytes;
+  in.gpu = !gpu.empty();
+  in.held_updates = held_updates;
+  if (!profile_dir.empty()) {
+    auto prof = trainer::ReadNodeProfile(profile_dir + "/" + trainer::kNodeProfileFile);
+    if (prof.ok()) in.node = *prof;
+    // The fingerprint's prefix, as ProfiledGpuFloor matches it.
+    const std::string model = config.model_type + "/" + std::to_string(config.num_layers + 2) + " layers/" +
+                              std::to_string(size.total_params) + " params/";
+    in.shape = trainer::FindShapeProfile(profile_dir, in.gpu ? gpu : "cpu", model, micro, seq_len, compute_bytes);
+  }
+  auto e = trainer::EstimateStep(in);
+  if (!e.ok()) {
+    out.set_text("no estimate: " + std::string(e.status().message()));
+    return out;
+  }
+  out.set_available(true);
+  out.set_lower_bound(e->lower_bound);
+  out.set_step_seconds(e->step_seconds);
+  out.set_tokens_per_second(e->tokens_per_second);
+  out.set_bound(e->bound);
+  out.set_basis(e->basis);
+  out.set_text(e->text);
+  return out;
 }
 
 }  // namespace offloadd::daemon

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/model_config.h"
+#include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {
 
@@ -47,5 +48,13 @@ struct ProfiledFloor {
 std::optional<ProfiledFloor> ProfiledGpuFloor(const std::string& profile_dir, const std::string& gpu,
                                               const engine::ModelConfig& config, const ModelSize& size,
                                               int64_t batch, int64_t seq_len, int compute_bytes);
+
+// The job's step priced on this node (trainer/step_estimate.h) for `offloadctl submit
+// --validate-only`: the node profile under profile_dir and, when a run of this model at this
+// micro-batch and length recorded one on the GPU named `gpu` ("" for a CPU job), its shape profile.
+v1::StepEstimate StepEstimateUnavailable(const std::string& why);
+v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::string& gpu,
+                                 const engine::ModelConfig& config, const ModelSize& size, int64_t micro,
+                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates);
 
 }  // namespace offloadd::daemon

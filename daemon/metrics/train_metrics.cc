@@ -83,6 +83,7 @@ struct TrainMetrics::Impl {
     // Created on a run's first step (null before): time to it and the set-up phases.
     Gauge* time_to_first_step = nullptr;
     std::array<Gauge*, trainer::kSetupPhases.size()> setup_phase{};
+    std::array<Gauge*, trainer::kSetupPhases.size()> setup_phase_start{};
     // The job's helper processes (ObserveRuntime); counters follow cumulative figures by their
     // increase since the last report (a restarted process starts again from 0).
     struct WorkerSeries {
@@ -220,7 +221,13 @@ struct TrainMetrics::Impl {
         setup_phase(GaugeFamily(
             r, "offloadd_train_setup_phase_seconds",
             "Wall seconds of each phase of the run's set-up before its first step (cuda, model, data, "
-            "plan, arena, workers, weights, device; trainer/step_stats.h kSetupPhases).")),
+            "plan, arena, workers, weights, device; trainer/step_stats.h kSetupPhases). Phases "
+            "overlap (the arena is populated while the workers start, the weights are read and the "
+            "device is set up): see offloadd_train_setup_phase_start_seconds.")),
+        setup_phase_start(GaugeFamily(
+            r, "offloadd_train_setup_phase_start_seconds",
+            "When each set-up phase first began, seconds from the trainer's creation (-1: it did "
+            "not run); with offloadd_train_setup_phase_seconds, the phases' intervals.")),
         job_info(GaugeFamily(
             r, "offloadd_job_info",
             "1 for each job with series here, with the GPUs its executors use (\"0,1\"; "
@@ -321,6 +328,7 @@ struct TrainMetrics::Impl {
   Family<Gauge>& pinned;
   Family<Gauge>& time_to_first_step;
   Family<Gauge>& setup_phase;
+  Family<Gauge>& setup_phase_start;
   Family<Gauge>& job_info;
   Family<Counter>& watchdog_kills;
 
@@ -376,11 +384,14 @@ void TrainMetrics::Observe(const std::string& job_id, const trainer::StepStats& 
       j.time_to_first_step = &impl_->time_to_first_step.Add({{"job_id", job_id}});
       for (size_t i = 0; i < trainer::kSetupPhases.size(); ++i) {
         j.setup_phase[i] = &impl_->setup_phase.Add({{"job_id", job_id}, {"phase", trainer::kSetupPhases[i]}});
+        j.setup_phase_start[i] =
+            &impl_->setup_phase_start.Add({{"job_id", job_id}, {"phase", trainer::kSetupPhases[i]}});
       }
     }
     j.time_to_first_step->Set(s.time_to_first_step_seconds);
     for (size_t i = 0; i < j.setup_phase.size(); ++i) {
       j.setup_phase[i]->Set(i < s.setup_phase_seconds.size() ? s.setup_phase_seconds[i] : 0.0);
+      j.setup_phase_start[i]->Set(i < s.setup_phase_start_seconds.size() ? s.setup_phase_start_seconds[i] : -1.0);
     }
   }
 }
@@ -575,6 +586,7 @@ void TrainMetrics::Impl::RemoveLocked(std::unordered_map<std::string, JobSeries>
   if (j.time_to_first_step != nullptr) {
     m.time_to_first_step.Remove(j.time_to_first_step);
     for (Gauge* g : j.setup_phase) m.setup_phase.Remove(g);
+    for (Gauge* g : j.setup_phase_start) m.setup_phase_start.Remove(g);
   }
   for (const auto& [index, w] : j.workers) {
     m.worker_cpu.Remove(w.cpu);

@@ -178,6 +178,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   if (!result.ok()) return rec.Done(InvalidSpec(result.violations));
   if (request->validate_only()) {
     *job->mutable_spec() = std::move(result.resolved);
+    *job->mutable_step_estimate() = std::move(result.step_estimate);
     job->set_state(v1::JOB_STATE_QUEUED);
     v1::ModelSummary* model = job->mutable_model();
     model->set_model_type(result.model_type);

@@ -2,6 +2,7 @@
 # Run ON THE GPU MACHINE (issue #29 items 24-25), from the repository root, .debs carried.
 #   scripts/gpu/startup_bench.sh build              # offloadd-train, -worker, -store (CUDA)
 #   scripts/gpu/startup_bench.sh startup [RUNS]     # 7B checkpoint on local disk: time to first step
+#     (RUNS: name:flags,...; default overlap:,previous:--no-setup-overlap,serial:--setup-threads=1)
 #   scripts/gpu/startup_bench.sh speculation        # 7B b16 24 GiB: the default policy vs holding
 #   scripts/gpu/startup_bench.sh clip DATA_DIR      # 1.1B on Alpaca: clip rate, default vs never
 # OFFLOADD_BUILD_DIR (default build-gpu) is the build; OUT receives JSON.
@@ -20,7 +21,7 @@ case "${1:-}" in
     ;;
   startup)
     timeout "${RUN_TIMEOUT:-420}" python3 bench/pipeline/startup_bench.py --build "$build" --cold \
-      --runs "${2:-parallel:,serial:--setup-threads=1}" ${STARTUP_ARGS:-} --json "$OUT/startup.json" 2>&1 | grep -v Warning
+      --runs "${2:-overlap:,previous:--no-setup-overlap,serial:--setup-threads=1}" ${STARTUP_ARGS:-} --json "$OUT/startup.json" 2>&1 | grep -v Warning
     ;;
   speculation)
     for s in default never; do

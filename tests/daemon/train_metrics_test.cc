@@ -316,6 +316,8 @@ TEST(TrainMetricsTest, TimeToFirstStepAndSetupPhases) {
   trainer::StepStats first = Step(1);
   first.time_to_first_step_seconds = 21.5;
   first.setup_phase_seconds = {1.5, 0.25, 0.125, 0.5, 6.0, 0.75, 9.0, 2.5};
+  // The arena populated beside the workers and the weights: the phases' start times say so.
+  first.setup_phase_start_seconds = {0.0, 1.5, 1.75, 1.875, 2.375, 2.5, 3.25, 12.25};
   m.Observe("a", first);
   m.Observe("a", Step(2));  // later steps leave them
   std::map<std::string, double> v = Samples(Scrape(registry));
@@ -323,6 +325,8 @@ TEST(TrainMetricsTest, TimeToFirstStepAndSetupPhases) {
   EXPECT_EQ(v[R"(offloadd_train_setup_phase_seconds{job_id="a",phase="arena"})"], 6.0);
   EXPECT_EQ(v[R"(offloadd_train_setup_phase_seconds{job_id="a",phase="weights"})"], 9.0);
   EXPECT_EQ(v[R"(offloadd_train_setup_phase_seconds{job_id="a",phase="device"})"], 2.5);
+  EXPECT_EQ(v[R"(offloadd_train_setup_phase_start_seconds{job_id="a",phase="arena"})"], 2.375);
+  EXPECT_EQ(v[R"(offloadd_train_setup_phase_start_seconds{job_id="a",phase="weights"})"], 3.25);
   EXPECT_EQ(v.count(R"(offloadd_train_time_to_first_step_seconds{job_id="plain"})"), 0u);
   first.time_to_first_step_seconds = 12.0;  // a restarted executor's run
   m.Observe("a", first);

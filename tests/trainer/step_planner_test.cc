@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "trainer/batch_planner.h"
 
 namespace offloadd::trainer {
@@ -63,6 +65,55 @@ TEST(ExpectedPaddedLengthTest, TheMaximumOfTheBatchRoundedUp) {
   // Large batches approach the longest record.
   EXPECT_NEAR(ExpectedPaddedLength({100, 200, 300, 400}, 64, 8, 1024), 400, 1e-4);
   EXPECT_EQ(ExpectedPaddedLength({}, 8, 8, 1024), 0);
+}
+
+TEST(PaddedLengthTest, BucketsAreAFewLengthsPerOctave) {
+  // Without buckets: a multiple of 8, never past max(cap, longest).
+  EXPECT_EQ(PaddedLength(1, 1024, false), 8);
+  EXPECT_EQ(PaddedLength(217, 1024, false), 224);
+  EXPECT_EQ(PaddedLength(1020, 1020, false), 1020);
+  EXPECT_EQ(PaddedLength(1030, 1024, false), 1030);  // a row longer than the cap keeps its length
+  // Buckets: multiples of 16 up to 64, then quarter octaves.
+  EXPECT_EQ(PaddedLength(1, 1024, true), 16);
+  EXPECT_EQ(PaddedLength(64, 1024, true), 64);
+  EXPECT_EQ(PaddedLength(65, 1024, true), 80);
+  EXPECT_EQ(PaddedLength(128, 1024, true), 128);
+  EXPECT_EQ(PaddedLength(129, 1024, true), 160);
+  EXPECT_EQ(PaddedLength(217, 1024, true), 224);
+  EXPECT_EQ(PaddedLength(257, 1024, true), 320);
+  EXPECT_EQ(PaddedLength(900, 1024, true), 1024);
+  EXPECT_EQ(PaddedLength(900, 1000, true), 1000);  // the cap, not the bucket past it
+  // Every length from 1 to 1024 lands in one of 20 buckets, each at most 25% (or 15 tokens) of
+  // padding.
+  std::set<int64_t> buckets;
+  for (int64_t t = 1; t <= 1024; ++t) {
+    const int64_t p = PaddedLength(t, 1024, true);
+    EXPECT_GE(p, t);
+    EXPECT_LE(p - t, std::max<int64_t>(15, t / 4)) << t;
+    buckets.insert(p);
+  }
+  EXPECT_EQ(buckets.size(), 20u);
+}
+
+TEST(PaddedLengthTest, DistributionOfTheBatchsLongestRow) {
+  // Two rows from {8, 16}: 16 unless both draws are 8.
+  auto d = PaddedLengthDistribution({16, 8}, 2, 1024, false);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].first, 8);
+  EXPECT_DOUBLE_EQ(d[0].second, 0.25);
+  EXPECT_EQ(d[1].first, 16);
+  EXPECT_DOUBLE_EQ(d[1].second, 0.75);
+  EXPECT_DOUBLE_EQ(ExpectedLength(d), ExpectedPaddedLength({16, 8}, 2, 8, 1024));
+  // Buckets merge lengths: 70 and 75 both pad to 80.
+  d = PaddedLengthDistribution({70, 75, 200}, 1, 1024, true);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].first, 80);
+  EXPECT_NEAR(d[0].second, 2.0 / 3, 1e-12);
+  EXPECT_EQ(d[1].first, 224);
+  double total = 0;
+  for (const auto& [length, p] : PaddedLengthDistribution({10, 90, 300, 301, 700}, 8, 1024, true)) total += p;
+  EXPECT_NEAR(total, 1.0, 1e-12);
+  EXPECT_TRUE(PaddedLengthDistribution({}, 8, 1024, true).empty());
 }
 
 }  // namespace

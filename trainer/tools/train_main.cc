@@ -40,6 +40,9 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --host-memory-limit=SIZE
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --setup-threads=N (populating the arena, reading the weights, pinning; 0: all cores)
+               --no-setup-overlap (populate the whole arena before reading the weights)
+               --validate-only (stop after the plan: print the predicted step time and tokens/s)
+               --length-buckets=on|off (pad records to a few lengths per octave; default on a GPU)
                --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
                and updated there; auto (default): the step planner places them after the first
                step, and keeps the top layers' activations where that is faster, from the node
@@ -171,6 +174,9 @@ class PrintObserver : public TrainObserver {
         j["time_to_first_step_seconds"] = s.time_to_first_step_seconds;
         for (size_t i = 0; i < s.setup_phase_seconds.size() && i < kSetupPhases.size(); ++i) {
           j["setup_" + std::string(kSetupPhases[i]) + "_seconds"] = s.setup_phase_seconds[i];
+          if (i < s.setup_phase_start_seconds.size()) {
+            j["setup_" + std::string(kSetupPhases[i]) + "_start_seconds"] = s.setup_phase_start_seconds[i];
+          }
         }
       }
       *jsonl_ << j.dump() << "\n";
@@ -294,6 +300,12 @@ int Run(int argc, char** argv) {
       else if (key == "--max-grad-norm") c.optim.max_grad_norm = StrictStod(v);
       else if (key == "--speculate") c.optim.speculation = v;
       else if (key == "--setup-threads") c.setup_threads = static_cast<uint32_t>(StrictStoi(v));
+      else if (key == "--no-setup-overlap") c.setup_overlap = false;
+      else if (key == "--validate-only") c.validate_only = true;
+      else if (key == "--length-buckets") {
+        if (v != "on" && v != "off") st = InvalidArgumentError("--length-buckets: on or off");
+        c.data.length_buckets = v == "on";
+      }
       else if (key == "--compression") st = ParseLspSpec(v, &c.lsp);
       else if (key == "--init-scale") c.loss_scale.init_scale = StrictStod(v);
       else if (key == "--growth-factor") c.loss_scale.growth_factor = StrictStod(v);
@@ -416,10 +428,23 @@ int Run(int argc, char** argv) {
     std::cerr << "offloadd-train: " << trainer.status().ToString() << "\n";
     return 1;
   }
+  if (c.validate_only) {  // the plan is made and priced; nothing is trained
+    const StepPrediction& p = (*trainer)->prediction();
+    if (c.parallel.rank == 0) {
+      std::printf("valid: %s\n", p.text.c_str());
+      nlohmann::json j = {{"predicted_step_seconds", p.step_seconds},
+                          {"predicted_tokens_per_second", p.tokens_per_second},
+                          {"micro_batch", p.micro}, {"accumulation", p.accumulation}, {"seq", p.seq},
+                          {"bound", p.bound}, {"basis", p.basis}};
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return 0;
+  }
   if (!dump_path.empty()) {
     TrainConfig chosen = c;  // the automatic batch size's choice
     chosen.batch_size = (*trainer)->batch_size();
     chosen.gradient_accumulation_steps = (*trainer)->gradient_accumulation_steps();
+    if (!chosen.data.length_buckets) chosen.data.length_buckets = c.device != "cpu";  // as the trainer resolves it
     Status st = DumpBatches(chosen, dump_path, (*trainer)->total_steps());
     if (!st.ok()) {
       std::cerr << "offloadd-train: " << st.ToString() << "\n";

@@ -105,3 +105,30 @@ class DaemonProcess:
             self._log.close()
         if getattr(self, "_notify", None):
             self._notify.close()
+
+
+def tiny_assets(root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The tiny Llama (2 layers, hidden 32) under <root>/model and 64 pretokenized documents in
+    <root>/data.jsonl (tests/python/trainer/pipeline_testlib.py; imported here only when used: it
+    loads torch)."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "trainer"))
+    from pipeline_testlib import build_model, write_pretokenized
+
+    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
+
+
+def pretokenized_spec(root: pathlib.Path, out: str, *, model: str = "model", steps: int = 2, save_steps: int = 100,
+                      accum: int = 1) -> dict:
+    """A small fp32 job on <root>/<model> and <root>/data.jsonl (pretokenized, 64 tokens per row)
+    writing <root>/<out>: the path-confinement tests' job."""
+    return {
+        "display_name": out,
+        "model": {"path": str(root / model), "compute_dtype": "fp32"},
+        "dataset": {"paths": [str(root / "data.jsonl")], "format": "pretokenized", "max_seq_length": 64},
+        "training": {"learning_rate": 1e-3, "per_device_train_batch_size": 4, "max_steps": steps,
+                     "gradient_accumulation_steps": accum, "seed": 7, "logging_steps": 1,
+                     "save_steps": save_steps},
+        "output_dir": str(root / out),
+    }

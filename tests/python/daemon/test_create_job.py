@@ -237,6 +237,38 @@ def test_offloadctl_submit_validate_only(binary_dir, daemon, workspace):
     assert "training.max_steps: must be -1 (use num_train_epochs) or positive" in r.stderr
 
 
+def test_validate_only_prices_the_step_on_the_nodes_profile(binary_dir, daemon, workspace):
+    """Issue #29 item 23: validate_only answers with the step priced on this node (the step
+    planner's cost model on <state_dir>/profiles/node-profile.json); without a node profile it says
+    why there is none, and offloadctl submit --validate-only prints it."""
+    spec = spec_dict(workspace)
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec, validate_only=True)
+    assert not job.step_estimate.available
+    assert job.step_estimate.text.startswith("no estimate: no node profile on this node yet"), job.step_estimate
+    profiles = workspace / "state" / "profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    (profiles / "node-profile.json").write_text(json.dumps({
+        "key": "test-node", "host_bytes_per_s": 1e12, "cpu_params_per_s": 1e6, "threads": 2, "kernel": "portable",
+        "h2d_bytes_per_s": 0, "d2h_bytes_per_s": 0, "both_bytes_per_s": 0, "measure_seconds": 1,
+        "measured_at": "2026-11-27T00:00:00Z"}))
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec, validate_only=True)
+    e = job.step_estimate
+    assert e.available and e.step_seconds > 0, e
+    # A CPU node (CI): the updates at 1e6 parameters/s set the step, held for the clipping norm.
+    assert e.bound in ("CPU update", "held updates"), e
+    assert not e.lower_bound and "node profile test-node of 2026-11-27T00:00:00Z" in e.basis, e
+    # micro-batch 2 x 1 accumulation x 128 tokens per row per step.
+    assert e.tokens_per_second * e.step_seconds == pytest.approx(2 * 128, rel=1e-9)
+    job_file = workspace / "job.json"
+    job_file.write_text(json.dumps(spec))
+    ctl = [str(binary_dir / "client" / "offloadctl"), "--target", daemon.target]
+    r = subprocess.run(ctl + ["submit", str(job_file), "--validate-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "Predicted step: " in r.stdout and "s/step" in r.stdout and "basis: node profile test-node" in r.stdout
+
+
 def test_oversized_request_is_refused_and_daemon_stays_up(binary_dir, tmp_path):
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path)
     d.config_path.write_text(d.config_path.read_text().replace("  shutdown_grace_seconds: 5\n",

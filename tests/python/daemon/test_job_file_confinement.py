@@ -27,8 +27,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "trainer"))
-from daemon_process import DaemonProcess  # noqa: E402
-from pipeline_testlib import build_model, write_pretokenized  # noqa: E402
+from daemon_process import DaemonProcess, pretokenized_spec, tiny_assets  # noqa: E402
 
 import offloadd  # noqa: E402
 from offloadd.v1 import job_pb2  # noqa: E402
@@ -39,10 +38,9 @@ SECRET = "s3cret-token-outside-the-roots"
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("assets")
-    model = build_model(root / "model", layers=2)
+    model, data = tiny_assets(tmp_path_factory.mktemp("assets"))
     (model / "generation_config.json").write_text('{"bos_token_id": 0, "eos_token_id": 0}\n')
-    return model, write_pretokenized(root / "data.jsonl", n=64)
+    return model, data
 
 
 @pytest.fixture()
@@ -71,15 +69,7 @@ def daemon(binary_dir, roots):
 
 def spec(root: pathlib.Path, out: str, *, model: str = "m", steps: int = 4, save_steps: int = 2,
          accum: int = 1) -> dict:
-    return {
-        "display_name": out,
-        "model": {"path": str(root / model), "compute_dtype": "fp32"},
-        "dataset": {"paths": [str(root / "data.jsonl")], "format": "pretokenized", "max_seq_length": 64},
-        "training": {"learning_rate": 1e-3, "per_device_train_batch_size": 4, "max_steps": steps,
-                     "gradient_accumulation_steps": accum, "seed": 7, "logging_steps": 1,
-                     "save_steps": save_steps},
-        "output_dir": str(root / out),
-    }
+    return pretokenized_spec(root, out, model=model, steps=steps, save_steps=save_steps, accum=accum)
 
 
 def leaked(root: pathlib.Path) -> list[str]:

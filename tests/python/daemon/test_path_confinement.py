@@ -13,8 +13,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "trainer"))
-from daemon_process import DaemonProcess  # noqa: E402
-from pipeline_testlib import build_model, write_pretokenized  # noqa: E402
+from daemon_process import DaemonProcess, pretokenized_spec, tiny_assets  # noqa: E402
 
 import offloadd  # noqa: E402
 from offloadd.v1 import job_pb2  # noqa: E402
@@ -24,8 +23,7 @@ S = job_pb2
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("assets")
-    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
+    return tiny_assets(tmp_path_factory.mktemp("assets"))
 
 
 @pytest.fixture()
@@ -49,16 +47,7 @@ def daemon(binary_dir, roots):
     d.stop()
 
 
-def spec(root: pathlib.Path, out: str, *, steps: int = 2, save_steps: int = 100, accum: int = 1) -> dict:
-    return {
-        "display_name": out,
-        "model": {"path": str(root / "model"), "compute_dtype": "fp32"},
-        "dataset": {"paths": [str(root / "data.jsonl")], "format": "pretokenized", "max_seq_length": 64},
-        "training": {"learning_rate": 1e-3, "per_device_train_batch_size": 4, "max_steps": steps,
-                     "gradient_accumulation_steps": accum, "seed": 7, "logging_steps": 1,
-                     "save_steps": save_steps},
-        "output_dir": str(root / out),
-    }
+spec = pretokenized_spec
 
 
 def test_symlink_in_model_dir_leading_out_of_the_roots_is_not_exported(daemon, roots):

@@ -298,6 +298,35 @@ def wait_final(client: offloadd.Client, job_id: str, timeout: float) -> S.Job:
         return client.get_job(job_id)
 
 
+def build_fault_shim(out_dir: pathlib.Path) -> pathlib.Path:
+    """fault_shim.c compiled into <out_dir>/fault_shim.so (the LD_PRELOAD shim that fails writes
+    and syncs under a prefix while an arm file exists); skips the test without a C compiler."""
+    import shutil
+
+    import pytest
+
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        pytest.skip("no C compiler for the LD_PRELOAD fault shim")
+    out = out_dir / "fault_shim.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(HERE / "fault_shim.c"), "-ldl"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def wait_until(pred, timeout: float, what: str):
+    """pred()'s first true value within `timeout` s (polled every 0.1 s: health and the log have
+    no change notification to wait on); AssertionError naming `what` after it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
 def make_assets(root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """The suite's tiny Llama (2 layers, hidden 32) and 64 pretokenized documents."""
     return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)

@@ -22,7 +22,6 @@ import errno
 import os
 import pathlib
 import re
-import shutil
 import sqlite3
 import subprocess
 import time
@@ -30,40 +29,26 @@ import time
 import pytest
 
 import offloadd
-from faultlib import (S, Events, FaultDaemon, build_model, differing_bytes, load_weights, spec, state_name, wait_final,
-                      write_pretokenized)
+from faultlib import (S, Events, FaultDaemon, build_fault_shim, differing_bytes, load_weights, make_assets,
+                      make_workspace, spec, state_name, wait_final)
 
 STEPS, SAVE_STEPS = 24, 4
 FAULT_BOUND_S = 30
 SETTLE_S = 5
 TMPFS_SIZE = "64m"
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("disk_assets")
-    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
+    return make_assets(tmp_path_factory.mktemp("disk_assets"))
 
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> pathlib.Path:
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        pytest.skip("no C compiler for the LD_PRELOAD fault shim")
-    out = tmp_path_factory.mktemp("shim") / "fault_shim.so"
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(HERE / "fault_shim.c"), "-ldl"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return out
+    return build_fault_shim(tmp_path_factory.mktemp("shim"))
 
 
-def workspace(root: pathlib.Path, assets) -> pathlib.Path:
-    model, data = assets
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(model, root / "model")
-    shutil.copy(data, root / "data.jsonl")
-    return root
+workspace = make_workspace
 
 
 @pytest.fixture(scope="module")

@@ -11,59 +11,35 @@
 from __future__ import annotations
 
 import errno
-import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from faultlib import Events, FaultDaemon, build_model, spec, write_pretokenized  # noqa: E402
+from faultlib import (Events, FaultDaemon, build_fault_shim, make_assets, make_workspace, spec,  # noqa: E402
+                      wait_until)
 
 import offloadd  # noqa: E402
 from offloadd.v1 import job_pb2  # noqa: E402
 
 S = job_pb2
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store_assets")
-    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
+    return make_assets(tmp_path_factory.mktemp("store_assets"))
 
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> pathlib.Path:
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        pytest.skip("no C compiler for the LD_PRELOAD fault shim")
-    out = tmp_path_factory.mktemp("shim") / "fault_shim.so"
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(HERE / "fault_shim.c"), "-ldl"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return out
+    return build_fault_shim(tmp_path_factory.mktemp("shim"))
 
 
 @pytest.fixture()
 def ws(tmp_path, assets) -> pathlib.Path:
-    model, data = assets
-    shutil.copytree(model, tmp_path / "model")
-    shutil.copy(data, tmp_path / "data.jsonl")
-    return tmp_path
-
-
-def wait_until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)  # health and the log have no change notification to wait on
-    raise AssertionError(f"not within {timeout} s: {what}")
+    return make_workspace(tmp_path, assets)
 
 
 def failing_state_dir(shim: pathlib.Path, ws: pathlib.Path, err: int) -> tuple[dict, pathlib.Path]:

@@ -27,15 +27,14 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import shutil
 import signal
 import time
 
 import pytest
 
 import offloadd
-from faultlib import (FULL, SEED, S, Events, FaultDaemon, build_model, differing_bytes, load_weights, logs,
-                      spec, state_name, wait_final, write_pretokenized)
+from faultlib import (FULL, SEED, S, Events, FaultDaemon, differing_bytes, load_weights, logs, make_assets,
+                      make_workspace, spec, state_name, wait_final)
 
 STEPS = 48 if FULL else 20
 # A worker's death does not stop the job (the pool restarts it and replays), nor since issue #29 does
@@ -51,16 +50,7 @@ STEP_BOUND_S = 60  # a healthy step of this model takes well under a second, eve
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kill_assets")
-    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
-
-
-def make_workspace(root: pathlib.Path, assets) -> pathlib.Path:
-    model, data = assets
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(model, root / "model")
-    shutil.copy(data, root / "data.jsonl")
-    return root
+    return make_assets(tmp_path_factory.mktemp("kill_assets"))
 
 
 @pytest.fixture(scope="module")

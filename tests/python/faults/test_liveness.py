@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -30,8 +29,8 @@ import time
 import pytest
 
 import offloadd
-from faultlib import (S, Events, FaultDaemon, build_model, differing_bytes, load_weights, logs, spec, state_name,
-                      wait_final, write_pretokenized)
+from faultlib import (S, Events, FaultDaemon, differing_bytes, load_weights, logs, make_assets, make_workspace, spec,
+                      state_name, wait_final)
 
 STEPS = 24
 SAVE_STEPS = 4
@@ -51,16 +50,10 @@ def liveness_yaml(*, restarts: int = 2, cancel_grace: float = 30, heartbeat: flo
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("liveness_assets")
-    return build_model(root / "model", layers=2), write_pretokenized(root / "data.jsonl", n=64)
+    return make_assets(tmp_path_factory.mktemp("liveness_assets"))
 
 
-def workspace(root: pathlib.Path, assets) -> pathlib.Path:
-    model, data = assets
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(model, root / "model")
-    shutil.copy(data, root / "data.jsonl")
-    return root
+workspace = make_workspace
 
 
 @pytest.fixture(scope="module")
