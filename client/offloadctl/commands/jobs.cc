@@ -86,8 +86,10 @@ int RunSubmit(Client& c, const Options& o) {
                     std::to_string(job->model().parameters()).c_str());
       }
       // The step priced on the daemon's node (its node profile, and a shape profile when a run of
-      // this shape recorded one there): issue #29 item 23.
-      if (job->has_step_estimate()) std::printf("Predicted step: %s\n", job->step_estimate().text().c_str());
+      // this shape recorded one there).
+      if (job->has_step_estimate()) {
+        std::printf("Predicted step: %s\n", TerminalText(job->step_estimate().text()).c_str());
+      }
     } else {
       Print(job->spec(), format, "");
     }
