@@ -66,8 +66,9 @@ class SavedReader {
 
 // ---- norms (build_norm) -------------------------------------------------------------------------
 
-// RMSNorm (each family's rounding, ops::RmsScale) or LayerNorm over the last dimension. Saved: rstd (RMS) or mean and rstd
-// (LayerNorm), fp32 [.., 1]; the normalised output is re-applied from them in backward.
+// RMSNorm (each family's rounding, ops::RmsScale) or LayerNorm over the last dimension. Saved:
+// rstd (RMS) or mean and rstd (LayerNorm), fp32 [.., 1]; the normalised output is re-applied
+// from them in backward.
 class NormPart {
  public:
   NormPart() = default;
@@ -163,8 +164,9 @@ class MlpPart {
     at::Tensor a, b;  // gate, up | gate_up, - | c_fc output, -
   };
   Saved Read(SavedReader* r) const;
-  at::Tensor Backward(const Weights& W, const at::Tensor& dy, const std::function<at::Tensor()>& input,
-                      const Saved& s, const Emit& emit) const;
+  at::Tensor Backward(const Weights& W, const at::Tensor& dy,
+                      const std::function<at::Tensor()>& input, const Saved& s,
+                      const Emit& emit) const;
   int64_t SavedBytes(double tokens, double e) const;
   double Flops(double tokens) const;
   std::string Describe(c10::Device device, c10::ScalarType dtype) const;
