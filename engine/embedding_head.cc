@@ -11,6 +11,7 @@
 #include "engine/blocks.h"
 #include "engine/ops.h"
 #include "engine/parts.h"
+#include "engine/rope.h"
 
 namespace offloadd::engine {
 namespace {
@@ -24,7 +25,8 @@ class Embedding final : public Block {
   // params: token table[, position table].
   Embedding(const ModelConfig& c, std::vector<Param> params)
       : Block(Kind::kEmbedding, 0, "embedding"),
-        scale_(c.scale_embeddings ? std::sqrt(static_cast<double>(c.hidden_size)) : 0.0) {
+        scale_(c.scale_embeddings ? std::sqrt(static_cast<double>(c.hidden_size)) : 0.0),
+        padding_idx_(c.pad_token_id) {
     params_ = std::move(params);
   }
 
@@ -45,12 +47,14 @@ class Embedding final : public Block {
       on_grad(params_[1].name,
               at::embedding_dense_backward(d, mb.position_ids, P(1).size(0), -1, false));
     }
-    on_grad(params_[0].name, at::embedding_dense_backward(d, mb.input_ids, P(0).size(0), -1, false));
+    on_grad(params_[0].name,
+            at::embedding_dense_backward(d, mb.input_ids, P(0).size(0), padding_idx_, false));
     return at::Tensor();
   }
 
  private:
-  double scale_;  // 0: none
+  double scale_;         // 0: none
+  int64_t padding_idx_;  // the row the lookup gives no gradient (-1: none), as nn.Embedding
 };
 
 class Head final : public Block {
@@ -145,12 +149,11 @@ void PrepareLayerInputs(const ModelConfig& c, c10::ScalarType dtype, MicroBatch*
             : ops::CausalMask(t, device, dtype, c.sliding_window);
   }
   if (c.arch != Architecture::kLlama) return;
-  // Tables over the rotated dimensions only (partial_rotary_factor); the attention part passes
-  // the rest of each head through.
-  auto dim = [&](const RopeConfig& r) { return r.rotary_dim > 0 ? r.rotary_dim : c.head_dim; };
-  ops::RopeTables(c.rope, dim(c.rope), mb->position_ids, dtype, &mb->rope_cos, &mb->rope_sin);
+  // Tables over the rotated dimensions only (partial_rotary_factor); ApplyRope passes the rest
+  // of each head through.
+  ops::RopeTables(c.rope, c.head_dim, mb->position_ids, dtype, &mb->rope_cos, &mb->rope_sin);
   if (c.has_local_rope) {
-    ops::RopeTables(c.rope_local, dim(c.rope_local), mb->position_ids, dtype, &mb->rope_cos_local,
+    ops::RopeTables(c.rope_local, c.head_dim, mb->position_ids, dtype, &mb->rope_cos_local,
                     &mb->rope_sin_local);
   }
 }
@@ -169,7 +172,7 @@ StatusOr<std::vector<std::unique_ptr<Block>>> BuildBlocks(const ModelConfig& c,
     blocks.push_back(std::move(layer));
   }
   ParamList pl;
-  NormPart norm(c.norm, c.norm_eps, n.final_norm, n.final_norm_bias, hs, &pl);
+  NormPart norm(c, n.final_norm, n.final_norm_bias, hs, &pl);
   const size_t lm_head =
       c.tie_word_embeddings ? parts::kAbsent : pl.Add(n.lm_head, {c.vocab_size, hs});
   ASSIGN_OR_RETURN(auto params, LoadParams(load, pl.specs()));

@@ -534,6 +534,10 @@ TensorNames Gpt2Names() {
 
 Status ParseTokenIds(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1, -1, int64_t{1} << 40));
+  if (c->arch == Architecture::kLlama) {  // GPT-2's wte has no padding_idx
+    ASSIGN_OR_RETURN(int64_t pad, r.Int("pad_token_id", -1, -1, int64_t{1} << 40));
+    c->pad_token_id = pad < c->vocab_size ? pad : -1;
+  }
   if (!r.Has("eos_token_id")) return OkStatus();
   const json& e = r.raw().at("eos_token_id");
   if (e.is_number_integer()) {
