@@ -27,6 +27,11 @@ MIN_TOKENS = 40  # and has at least this many: longer than every sliding window 
                  # original_max_position_embeddings, so each micro-batch runs the same RoPE factors
 WINDOW = 16      # sliding_window of the sliding families: a quarter of the sequence
 SYNTHETIC_VOCAB = 512
+# transformers' embeddings are nn.Embedding(..., padding_idx=pad_token_id): the pad row's
+# gradient from its input occurrences is zero, so that row is not trained where the pad id is an
+# input token (a config with pad_token_id = eos, as Phi-3's; Gemma's pad 0). The models here put
+# pad_token_id on the last embedding row, which no record uses (write_data checks), so the
+# comparison does not depend on it; test_families.py::test_pad_row_gradient covers the rule.
 
 # Dimensions: head_dim 16 with hidden 32 and 4 heads makes q_dim (64) differ from hidden (32), so
 # a kernel that assumes hidden == heads * head_dim fails.
@@ -44,7 +49,8 @@ def _configs(vocab: int, bos: int, eos: int, dims: dict) -> dict:
     none). Options are chosen so each part differs from its default: biases on, windows shorter
     than the sequence, soft caps small enough that tanh bends, scaling factors != 1. dims: DIMS
     or larger (the GPU test), with head_dim for the families whose head_dim is free."""
-    ids = dict(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
+    # pad_token_id: the last embedding row, which no record uses (see the note on padding_idx above).
+    ids = dict(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos, pad_token_id=vocab - 1)
     d = {k: v for k, v in dims.items() if k != "head_dim"}
     d.update(ids)
     hd = dims["head_dim"]
@@ -90,14 +96,14 @@ def _configs(vocab: int, bos: int, eos: int, dims: dict) -> dict:
 def _gemma3_vlm(text: dict, vocab: int):
     """Gemma3ForConditionalGeneration with a tiny SigLIP tower: its tensors (and the projector's)
     are not trained and must come back unchanged on export. The image token ids are the
-    synthetic vocabulary's last three ids (never in the training data)."""
+    synthetic vocabulary's special ids before the padding row (never in the training data)."""
     vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=28, patch_size=14,
                                              vision_use_head=False)
-    text = {k: v for k, v in text.items() if k not in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    text = {k: v for k, v in text.items() if k not in ("bos_token_id", "eos_token_id")}
     return transformers.Gemma3Config(text_config=text, vision_config=vision.to_dict(), mm_tokens_per_image=4,
-                                     boi_token_index=vocab - 3, eoi_token_index=vocab - 2,
-                                     image_token_index=vocab - 1)
+                                     boi_token_index=vocab - 4, eoi_token_index=vocab - 3,
+                                     image_token_index=vocab - 2)
 
 
 # variant -> tokenizer folder under ../shared/data/tokenizers, or None for the synthetic one.
@@ -117,10 +123,10 @@ def _synthetic_tokenizer(out: pathlib.Path, texts: list[str]) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=SYNTHETIC_VOCAB - 3, special_tokens=["<eos>", "<bos>"],
+    trainer = trainers.BpeTrainer(vocab_size=SYNTHETIC_VOCAB - 4, special_tokens=["<eos>", "<bos>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
-    tok.add_special_tokens(["<boi>", "<eoi>", "<image>"][:SYNTHETIC_VOCAB - tok.get_vocab_size()])
+    tok.add_special_tokens(["<boi>", "<eoi>", "<image>", "<pad>"])
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>"}))
@@ -182,6 +188,8 @@ def write_data(variant: str, model_dir: pathlib.Path, shared: pathlib.Path, path
     i.e. the render with add_generation_prompt up to the assistant turn, is masked with -100),
     else as "instruction\\n\\nresponse" + eos. Each is cut to SEQ tokens and has >= MIN_TOKENS."""
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    pad = cfg.get("text_config", cfg).get("pad_token_id")
     lines = []
     for r in alpaca_records(shared, 4 * n, seed):
         user = r["instruction"] + ("\n" + r["input"] if r["input"] else "")
@@ -196,6 +204,7 @@ def write_data(variant: str, model_dir: pathlib.Path, shared: pathlib.Path, path
             ids = head + tok(r["output"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         masked = next((i for i, (a, b) in enumerate(zip(ids, head)) if a != b), min(len(ids), len(head)))
         masked = min(masked, SEQ // 2)  # keep a trained completion inside the cut
+        assert pad not in ids, f"record uses the pad row {pad}"
         ids = ids[:SEQ]
         if len(ids) < MIN_TOKENS:
             continue

@@ -70,18 +70,22 @@ def train_args(model, data, out):
 
 def compare_weights(got: dict, want: dict, init: dict) -> dict:
     """The bounds of the module doc; returns the worst ratios seen."""
-    worst = {"rel": 0.0, "rel_name": "", "embed_abs": 0.0}
+    worst = {"rel": 0.0, "rel_name": "", "embed_abs": 0.0, "fro": 0.0, "fro_name": ""}
     for name, w in want.items():
         if name not in init:  # e.g. a tied lm_head transformers did not save
             continue
         if name not in got:
             raise AssertionError(f"{name} missing from the exported model")
-        g = got[name].float()
-        diff = (g - w.float()).abs().max().item()
-        moved = (w.float() - init[name].float()).abs().max().item()
+        g, w, w0 = got[name].double(), w.double(), init[name].double()
+        diff = (g - w).abs().max().item()
+        moved = (w - w0).abs().max().item()
         if moved == 0:  # untrained (a vision tower): must be untouched
             assert torch.equal(got[name], init[name]), f"{name} changed but transformers left it"
             continue
+        fro = (g - w).norm().item() / (w - w0).norm().item()
+        assert fro <= 1e-3, f"{name}: |w_off - w_ref| = {fro:.3g} x |w_ref - w0| (Frobenius)"
+        if fro > worst["fro"]:
+            worst["fro"], worst["fro_name"] = fro, name
         if name in EMBEDDINGS:
             assert diff <= 1e-3, f"{name}: max |diff| {diff:.3g} > 1e-3 (update up to {moved:.3g})"
             worst["embed_abs"] = max(worst["embed_abs"], diff)
@@ -139,7 +143,7 @@ def test_family_matches_transformers(binary_dir, shared_dir, tmp_path, variant):
         assert got_layout[k] == v, f"{k}: exported {got_layout[k]}, checkpoint {v}"
 
     init = load_checkpoint(model)
-    ref = reference_model(model)
+    ref = reference_model(model, torch.float64)
     ref_losses = run_reference(ref, batches, **OPTIM)
     ours = [s["loss"] for s in stats]
     rel = [abs(a - b) / abs(b) for a, b in zip(ours, ref_losses)]
@@ -153,6 +157,35 @@ def test_family_matches_transformers(binary_dir, shared_dir, tmp_path, variant):
     prompt = json.loads(data.read_text().splitlines()[0])["input_ids"][:24]
     new = check_generation(out, prompt, tmp_path)
     print(f"\n{variant} [{tok['name']}]: loss rel max {max(rel):.2g}; weights max diff/update "
-          f"{worst['rel']:.2g} ({worst['rel_name']}); embeddings max abs {worst['embed_abs']:.2g}; "
+          f"{worst['rel']:.2g} ({worst['rel_name']}), Frobenius {worst['fro']:.2g} ({worst['fro_name']}); "
+          f"embeddings max abs {worst['embed_abs']:.2g}; "
           f"greedy ids equal {new}; offloadd {t_off:.1f} s, reference+checks "
           f"{time.monotonic() - t0 - t_off:.1f} s (reference {t_ref:.1f} s)")
+
+
+@pytest.mark.xfail(strict=False, reason="the engine trains the pad row from its input occurrences "
+                   "(nn.Embedding padding_idx not applied; found by this test, issue #30)")
+def test_pad_row_gradient(tmp_path):
+    """transformers builds every rotary family's embedding as nn.Embedding(vocab, hidden,
+    padding_idx=pad_token_id): an input occurrence of the pad id contributes nothing to that row's
+    gradient. Configs whose pad id is a real token (Phi-3: pad = eos = 32000; Gemma: pad 0; many
+    fine-tuned Llama/Qwen checkpoints set pad = eos) then train that row differently if the engine
+    treats it as any other row. One forward/backward through offloadd-engine-check on a tiny
+    Llama whose pad id is in the input: every gradient within the fp32 bounds of
+    test_engine_parity.py (atol 2e-5, rtol 1e-3)."""
+    import transformers
+    from engine_testlib import hf_reference, make_batch, run_check, write_inputs
+    torch.manual_seed(4)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   pad_token_id=7, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(tmp_path / "m")
+    ids, labels = make_batch(96, seed=2)
+    ids[:, 4] = 7  # the pad id as an input token of every row
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    ours = run_check(tmp_path / "m", tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    _, _, grads = hf_reference(model, ids, labels)
+    assert grads["model.embed_tokens.weight"][7].abs().max() == 0  # transformers' rule
+    for n, g in grads.items():
+        torch.testing.assert_close(ours["grad/" + n], g, atol=2e-5, rtol=1e-3, msg=lambda m: f"{n}: {m}")
