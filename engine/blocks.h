@@ -1,5 +1,8 @@
 #pragma once
-// Engine-internal: builders for the concrete blocks of each architecture.
+// Engine-internal: assembling a model's blocks from its ModelConfig. One decoder layer
+// (engine/decoder_layer.cc) is built from the parts the config selects (engine/parts.h); the
+// embedding and head are in engine/embedding_head.cc. A family is a config mapping (tensor names
+// and part choices in ModelConfig), not a block of its own.
 
 #include <functional>
 #include <memory>
@@ -14,13 +17,22 @@ namespace offloadd::engine {
 using ParamLoader =
     std::function<StatusOr<at::Tensor>(const std::string& name, const std::vector<int64_t>& shape)>;
 
-// [embedding, layers..., head] for Llama / Mistral / Qwen2 (HF names "model.*", "lm_head.weight").
-StatusOr<std::vector<std::unique_ptr<Block>>> BuildLlamaBlocks(const ModelConfig& config,
-                                                               const ParamLoader& load);
-// Same for GPT-2; `prefix` is "transformer." or "" depending on how the checkpoint was saved.
-StatusOr<std::vector<std::unique_ptr<Block>>> BuildGpt2Blocks(const ModelConfig& config,
-                                                              const std::string& prefix,
-                                                              const ParamLoader& load);
+// [embedding, layer 0..N-1, head] with the checkpoint's tensor names (config.names, used as
+// given: Model::Load applies a checkpoint's prefix such as GPT-2's "transformer.").
+StatusOr<std::vector<std::unique_ptr<Block>>> BuildBlocks(const ModelConfig& config,
+                                                          const ParamLoader& load);
+// The tensors a micro-batch's layers share, once per micro-batch (Model::PrepareBatch's last
+// step; mb has input_ids, position_ids and, when packed, segment_ids and attn_mask on the compute
+// device): RoPE tables (global and, with has_local_rope, local), the sliding-window mask when a
+// window is shorter than the sequence, a causal mask when attention soft-capping needs one.
+void PrepareLayerInputs(const ModelConfig& config, c10::ScalarType dtype, MicroBatch* mb);
+// Decoder layer `layer` alone (benchmarks).
+StatusOr<std::unique_ptr<Block>> BuildDecoderLayer(const ModelConfig& config, int layer,
+                                                   const ParamLoader& load);
+// "norm: fused", "attention: aten (why)", ... for a decoder layer run on device/dtype at
+// sequence length `seq` (the plan log); empty for other blocks.
+std::vector<std::string> DescribeLayerParts(const Block& layer, c10::Device device,
+                                            c10::ScalarType dtype, int64_t seq);
 
 // Helper for builders: loads each (name, shape) into a Param list.
 StatusOr<std::vector<Param>> LoadParams(

@@ -45,6 +45,19 @@ bool IsMaskBuffer(const ModelConfig& c, const std::string& name) {
   return ends_with(".rotary_emb.inv_freq");
 }
 
+// GPT2LMHeadModel.save_pretrained writes "transformer.*"; the hub's original GPT-2 files don't.
+// The names are written without it; it is added when the checkpoint has it.
+void ApplyCheckpointPrefix(ModelConfig* c, const Checkpoint* checkpoint) {
+  if (c->arch != Architecture::kGpt2 || checkpoint == nullptr) return;
+  const std::string prefix = "transformer.";
+  if (!checkpoint->Contains(prefix + c->names.embed)) return;
+  TensorNames& n = c->names;
+  for (std::string* name :
+       {&n.embed, &n.position_embed, &n.final_norm, &n.final_norm_bias, &n.layer_prefix}) {
+    if (!name->empty()) *name = prefix + *name;
+  }
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOptions& options) {
@@ -94,14 +107,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   };
 
   try {
-    if (m->config_.arch == Architecture::kLlama) {
-      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, load));
-    } else {
-      // save_pretrained of GPT2LMHeadModel writes "transformer.*"; the original hub files don't.
-      const std::string prefix =
-          src.checkpoint->Contains("transformer.wte.weight") ? "transformer." : "";
-      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, prefix, load));
-    }
+    ApplyCheckpointPrefix(&m->config_, src.checkpoint.get());
+    ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, load));
   } catch (const c10::Error& e) {
     return InternalError(dir + ": loading parameters: " + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -136,11 +143,7 @@ StatusOr<std::unique_ptr<Model>> Model::CreateRandom(std::unique_ptr<Model> m,
     return at::empty(shape, at::TensorOptions().dtype(options.dtype).device(c10::kMeta));
   };
   try {
-    if (m->config_.arch == Architecture::kLlama) {
-      ASSIGN_OR_RETURN(m->blocks_, BuildLlamaBlocks(m->config_, placeholder));
-    } else {
-      ASSIGN_OR_RETURN(m->blocks_, BuildGpt2Blocks(m->config_, "", placeholder));
-    }
+    ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, placeholder));
   } catch (const c10::Error& e) {
     return InternalError(m->dir_ + ": building a random model: " + e.what_without_backtrace());
   }
@@ -171,7 +174,10 @@ StatusOr<at::Tensor> Model::ReadInitialValue(const std::string& name) const {
              name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
     if (ends_with(".bias")) return at::zeros(shape, at::kFloat);
-    if (shape.size() == 1) return at::ones(shape, at::kFloat);  // norm weights
+    if (shape.size() == 1) {  // norm weights: Gemma's (1 + w) starts from w = 0
+      return config_.norm == NormKind::kRmsOneOffset ? at::zeros(shape, at::kFloat)
+                                                      : at::ones(shape, at::kFloat);
+    }
     // One generator per parameter, seeded from (seed, name): the value does not depend on the
     // order parameters are materialized in.
     uint64_t h = 1469598103934665603ull ^ random_seed_;
@@ -284,12 +290,6 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
       return bad("position " + std::to_string(max_pos) + " exceeds n_positions " +
                  std::to_string(config_.max_position_embeddings));
     }
-    if (config_.sliding_window > 0 && t > config_.sliding_window) {
-      return UnimplementedError("micro-batch: sequence length " + std::to_string(t) +
-                                " exceeds sliding_window " +
-                                std::to_string(config_.sliding_window) +
-                                " (sliding-window attention is not implemented)");
-    }
     if (targets.defined()) {
       if (targets.sizes() != input_ids.sizes() || targets.scalar_type() != at::kLong) {
         return bad("targets must be int64 with the shape of input_ids");
@@ -312,16 +312,24 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
       mb.segment_ids = segment_ids.to(device_);
       mb.attn_mask = ops::SegmentMask(mb.segment_ids, dtype_);
     }
-    if (config_.arch == Architecture::kLlama) {
-      ops::RopeTables(config_.rope, config_.head_dim, mb.position_ids, dtype_, &mb.rope_cos,
-                      &mb.rope_sin);
-    }
+    PrepareLayerInputs(config_, dtype_, &mb);
     return mb;
   } catch (const c10::Error& e) {
     return InternalError(std::string("micro-batch: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
     return InternalError(std::string("micro-batch: ") + e.what());
   }
+}
+
+std::vector<std::string> Model::DescribeKernels(c10::Device device, c10::ScalarType dtype,
+                                              int64_t seq) const {
+  std::vector<std::string> out;
+  for (const auto& b : blocks_) {
+    for (std::string& line : DescribeLayerParts(*b, device, dtype, seq)) {
+      if (std::find(out.begin(), out.end(), line) == out.end()) out.push_back(std::move(line));
+    }
+  }
+  return out;
 }
 
 StatusOr<at::Tensor> Model::Logits(const MicroBatch& mb) {

@@ -70,8 +70,13 @@ struct MicroBatch {
   // loss * loss_scale; the loss the head returns is not scaled. Set it before the head's Forward.
   double loss_scale = 1.0;
   at::Tensor segment_ids;         // [B, T] int64 packed-document ids, or undefined (one document)
-  at::Tensor rope_cos, rope_sin;  // [B, T, head_dim] in the compute dtype (Llama family)
-  at::Tensor attn_mask;           // [B, 1, T, T] additive mask built from segment_ids
+  at::Tensor rope_cos, rope_sin;  // [B, T, rotary_dim] in the compute dtype (rotary families)
+  at::Tensor rope_cos_local, rope_sin_local;  // sliding layers' own tables (has_local_rope)
+  // Additive masks ([B or 1, 1, T, T], 0 / -inf) for the explicit-softmax attention: attn_mask
+  // from segment_ids (or plain causal when attention soft-capping needs the explicit path);
+  // attn_mask_sliding for sliding-window layers whose window is shorter than T.
+  at::Tensor attn_mask;
+  at::Tensor attn_mask_sliding;
 };
 
 struct Param {
@@ -260,6 +265,12 @@ class Model {
   // transformers.AutoModelForCausalLM.from_pretrained(out_dir) loads it. out_dir must not be the
   // source directory.
   Status Export(const std::string& out_dir) const;
+
+  // How each part of the decoder layers runs on `device` in `dtype` at sequence length `seq`:
+  // "attention: fused", "norm: aten (why)", ... one entry per distinct line (the plan log says
+  // which part fell back from a fused kernel to LibTorch ops).
+  std::vector<std::string> DescribeKernels(c10::Device device, c10::ScalarType dtype,
+                                         int64_t seq) const;
 
   // Helper: HF labels [B, T] (aligned with input_ids) -> next-token targets (shift left by one,
   // last position kIgnoreIndex), as transformers' ForCausalLMLoss does.

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
-#include <span>
+#include <string>
+#include <vector>
 
+#include "engine/config_reader.h"
 #include "engine/file_util.h"
 
 namespace offloadd::engine {
@@ -13,269 +15,67 @@ namespace {
 
 using json = nlohmann::json;
 
-// Small typed accessors that name the key and the file on error.
-class Reader {
- public:
-  Reader(const json& j, std::string_view origin, std::string prefix = "")
-      : j_(j), origin_(origin), prefix_(std::move(prefix)) {}
-
-  Status Error(std::string_view key, const std::string& what) const {
-    return InvalidArgumentError(std::string(origin_) + ": " + prefix_ + std::string(key) + ": " +
-                                what);
-  }
-  bool Has(std::string_view key) const {
-    auto it = j_.find(key);
-    return it != j_.end() && !it->is_null();
-  }
-  // Dimensions beyond 2^24 (16.7M) are refused: real models stay far below, and the size
-  // arithmetic downstream (parameter counts, memory estimates) must not overflow.
-  StatusOr<int64_t> Int(std::string_view key, std::optional<int64_t> def = std::nullopt,
-                        int64_t min = 1, int64_t max = int64_t{1} << 24) const {
-    if (!Has(key)) {
-      if (def) return *def;
-      return Error(key, "required integer is missing");
-    }
-    const json& v = j_.at(std::string(key));
-    if (!v.is_number_integer()) return Error(key, "expected an integer, got " + v.dump());
-    int64_t x = v.get<int64_t>();
-    if (x < min) return Error(key, "must be >= " + std::to_string(min) + ", got " + v.dump());
-    if (x > max) return Error(key, "must be <= " + std::to_string(max) + ", got " + v.dump());
-    return x;
-  }
-  StatusOr<double> Double(std::string_view key, std::optional<double> def = std::nullopt) const {
-    if (!Has(key)) {
-      if (def) return *def;
-      return Error(key, "required number is missing");
-    }
-    const json& v = j_.at(std::string(key));
-    if (!v.is_number()) return Error(key, "expected a number, got " + v.dump());
-    return v.get<double>();
-  }
-  StatusOr<bool> Bool(std::string_view key, bool def) const {
-    if (!Has(key)) return def;
-    const json& v = j_.at(std::string(key));
-    if (!v.is_boolean()) return Error(key, "expected true/false, got " + v.dump());
-    return v.get<bool>();
-  }
-  StatusOr<std::string> String(std::string_view key, std::optional<std::string> def) const {
-    if (!Has(key)) {
-      if (def) return *def;
-      return Error(key, "required string is missing");
-    }
-    const json& v = j_.at(std::string(key));
-    if (!v.is_string()) return Error(key, "expected a string, got " + v.dump());
-    return v.get<std::string>();
-  }
-  const json& raw() const { return j_; }
-
- private:
-  const json& j_;
-  std::string_view origin_;
-  std::string prefix_;
+// Parameter counts in T: double for the parser's overflow check, int64_t once it passed.
+template <typename T>
+struct Counts {
+  T embedding = 0, layer = 0, final_norm = 0, lm_head = 0;
 };
 
-Status ParseRope(const Reader& r, std::string_view origin, RopeConfig* rope) {
-  const json& j = r.raw();
-  // transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...}; older files have a
-  // top-level rope_theta and an optional rope_scaling {type|rope_type, factor, ...}.
-  const json* params = nullptr;
-  std::string prefix;
-  if (r.Has("rope_parameters")) {
-    params = &j.at("rope_parameters");
-    prefix = "rope_parameters.";
-  } else if (r.Has("rope_scaling")) {
-    params = &j.at("rope_scaling");
-    prefix = "rope_scaling.";
-  }
-  ASSIGN_OR_RETURN(rope->theta, r.Double("rope_theta", 10000.0));
-  if (params == nullptr) return OkStatus();
-  if (!params->is_object()) return r.Error(prefix, "expected an object, got " + params->dump());
-  Reader p(*params, origin, prefix);
-  if (p.Has("rope_theta")) {
-    ASSIGN_OR_RETURN(rope->theta, p.Double("rope_theta"));
-  }
-  std::string type = "default";
-  if (p.Has("rope_type")) {
-    ASSIGN_OR_RETURN(type, p.String("rope_type", std::nullopt));
-  } else if (p.Has("type")) {
-    ASSIGN_OR_RETURN(type, p.String("type", std::nullopt));
-  }
-  if (p.Has("partial_rotary_factor")) {
-    ASSIGN_OR_RETURN(double prf, p.Double("partial_rotary_factor"));
-    if (prf != 1.0) return p.Error("partial_rotary_factor", "only 1.0 is supported");
-  }
-  rope->type = type;
-  if (type == "default") return OkStatus();
-  if (type == "linear") {
-    ASSIGN_OR_RETURN(rope->factor, p.Double("factor"));
-    return OkStatus();
-  }
-  if (type == "llama3") {
-    ASSIGN_OR_RETURN(rope->factor, p.Double("factor"));
-    ASSIGN_OR_RETURN(rope->low_freq_factor, p.Double("low_freq_factor"));
-    ASSIGN_OR_RETURN(rope->high_freq_factor, p.Double("high_freq_factor"));
-    ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
-                     p.Int("original_max_position_embeddings"));
-    if (rope->high_freq_factor <= rope->low_freq_factor) {
-      return p.Error("high_freq_factor", "must be greater than low_freq_factor");
-    }
-    return OkStatus();
-  }
-  return p.Error("rope_type",
-                 "unsupported rope type \"" + type + "\" (supported: default, linear, llama3)");
-}
-
-Status ParseTokenIds(const Reader& r, ModelConfig* c) {
-  ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1, -1));
-  if (!r.Has("eos_token_id")) return OkStatus();
-  const json& e = r.raw().at("eos_token_id");
-  if (e.is_number_integer()) {
-    c->eos_token_ids.push_back(e.get<int64_t>());
-  } else if (e.is_array()) {
-    for (const json& x : e) {
-      if (!x.is_number_integer()) return r.Error("eos_token_id", "expected integers");
-      c->eos_token_ids.push_back(x.get<int64_t>());
-    }
+template <typename T>
+Counts<T> CountIn(const ModelConfig& c) {
+  Counts<T> n;
+  const T h = static_cast<T>(c.hidden_size), v = static_cast<T>(c.vocab_size);
+  const T q = static_cast<T>(c.q_dim()), kv = static_cast<T>(c.kv_dim());
+  const T inter = static_cast<T>(c.intermediate_size), d = static_cast<T>(c.head_dim);
+  const T norm = c.norm == NormKind::kLayer ? 2 * h : h;  // LayerNorm has a bias
+  // Attention: q, k, v (separate or fused: the same count) and o, with their biases.
+  T layer = h * q + 2 * h * kv + q * h;
+  if (c.qkv_bias) layer += q + 2 * kv;
+  if (c.o_bias) layer += h;
+  if (c.qk_norm == QkNorm::kPerHead) layer += 2 * d;
+  if (c.qk_norm == QkNorm::kWhole) layer += q + kv;
+  // Norms: pre-norm and post-norm have two per layer, the sandwich four.
+  layer += (c.norm_placement == NormPlacement::kSandwich ? 4 : 2) * norm;
+  // MLP: gate, up (separate or fused) and down; GPT-2's c_fc and c_proj.
+  if (c.mlp == MlpKind::kGeluMlp) {
+    layer += 2 * h * inter + (c.mlp_bias ? inter + h : 0);
   } else {
-    return r.Error("eos_token_id", "expected an integer or a list, got " + e.dump());
+    layer += 3 * h * inter + (c.mlp_bias ? 2 * inter + h : 0);
   }
-  return OkStatus();
-}
-
-Status ParseLlama(const Reader& r, std::string_view origin, ModelConfig* c) {
-  c->arch = Architecture::kLlama;
-  ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
-  ASSIGN_OR_RETURN(c->hidden_size, r.Int("hidden_size"));
-  ASSIGN_OR_RETURN(c->intermediate_size, r.Int("intermediate_size"));
-  ASSIGN_OR_RETURN(c->num_layers, r.Int("num_hidden_layers"));
-  ASSIGN_OR_RETURN(c->num_heads, r.Int("num_attention_heads"));
-  ASSIGN_OR_RETURN(c->num_kv_heads, r.Int("num_key_value_heads", c->num_heads));
-  if (c->num_heads % c->num_kv_heads != 0) {
-    return r.Error("num_key_value_heads",
-                   "must divide num_attention_heads (" + std::to_string(c->num_heads) + ")");
-  }
-  if (!r.Has("head_dim") && c->hidden_size % c->num_heads != 0) {
-    return r.Error("hidden_size", "not divisible by num_attention_heads and no head_dim given");
-  }
-  ASSIGN_OR_RETURN(c->head_dim, r.Int("head_dim", c->hidden_size / c->num_heads));
-  if (c->head_dim % 2 != 0) return r.Error("head_dim", "must be even for rotary embeddings");
-  ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("max_position_embeddings", 2048));
-  ASSIGN_OR_RETURN(c->norm_eps, r.Double("rms_norm_eps", 1e-6));
-  ASSIGN_OR_RETURN(c->initializer_range, r.Double("initializer_range", 0.02));
-  ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", false));
-  ASSIGN_OR_RETURN(c->hidden_act, r.String("hidden_act", "silu"));
-  if (c->hidden_act != "silu") {
-    return r.Error("hidden_act", "unsupported activation \"" + c->hidden_act + "\" (need silu)");
-  }
-  ASSIGN_OR_RETURN(bool mlp_bias, r.Bool("mlp_bias", false));
-  if (mlp_bias) return r.Error("mlp_bias", "true is not supported");
-  if (c->model_type == "qwen2") {
-    c->qkv_bias = true;
-    ASSIGN_OR_RETURN(bool use_sw, r.Bool("use_sliding_window", false));
-    if (use_sw) return r.Error("use_sliding_window", "true is not supported");
-  } else {
-    ASSIGN_OR_RETURN(bool attention_bias, r.Bool("attention_bias", false));
-    c->qkv_bias = c->o_bias = attention_bias;
-  }
-  if (c->model_type == "mistral") {
-    ASSIGN_OR_RETURN(c->sliding_window, r.Int("sliding_window", 0));
-  }
-  if (r.Has("partial_rotary_factor")) {
-    ASSIGN_OR_RETURN(double prf, r.Double("partial_rotary_factor"));
-    if (prf != 1.0) return r.Error("partial_rotary_factor", "only 1.0 is supported");
-  }
-  return ParseRope(r, origin, &c->rope);
-}
-
-Status ParseGpt2(const Reader& r, ModelConfig* c) {
-  c->arch = Architecture::kGpt2;
-  ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
-  ASSIGN_OR_RETURN(c->hidden_size, r.Int("n_embd"));
-  ASSIGN_OR_RETURN(c->num_layers, r.Int("n_layer"));
-  ASSIGN_OR_RETURN(c->num_heads, r.Int("n_head"));
-  ASSIGN_OR_RETURN(c->initializer_range, r.Double("initializer_range", 0.02));
-  if (c->hidden_size % c->num_heads != 0) return r.Error("n_embd", "not divisible by n_head");
-  c->num_kv_heads = c->num_heads;
-  c->head_dim = c->hidden_size / c->num_heads;
-  ASSIGN_OR_RETURN(c->intermediate_size, r.Int("n_inner", 4 * c->hidden_size));
-  ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("n_positions"));
-  ASSIGN_OR_RETURN(c->norm_eps, r.Double("layer_norm_epsilon", 1e-5));
-  ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", true));
-  ASSIGN_OR_RETURN(c->hidden_act, r.String("activation_function", "gelu_new"));
-  if (c->hidden_act == "gelu_pytorch_tanh") c->hidden_act = "gelu_new";  // same function
-  if (c->hidden_act != "gelu_new") {
-    return r.Error("activation_function",
-                   "unsupported activation \"" + c->hidden_act + "\" (need gelu_new)");
-  }
-  ASSIGN_OR_RETURN(bool scale, r.Bool("scale_attn_weights", true));
-  if (!scale) return r.Error("scale_attn_weights", "false is not supported");
-  for (const char* key :
-       {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"}) {
-    ASSIGN_OR_RETURN(bool on, r.Bool(key, false));
-    if (on) return r.Error(key, "true is not supported");
-  }
-  c->qkv_bias = c->o_bias = true;
-  return OkStatus();
-}
-
-// Only the keys HF's modeling code for the architecture reads in its CausalLM model: GPT-2's
-// summary_first_dropout belongs to GPT2DoubleHeadsModel and does not act here.
-Status ParseDropout(const Reader& r, ModelConfig* c) {
-  static const char* const kGpt2[] = {"embd_pdrop", "attn_pdrop", "resid_pdrop"};
-  static const char* const kLlama[] = {"attention_dropout"};
-  const bool gpt2 = c->arch == Architecture::kGpt2;
-  const std::span<const char* const> keys = gpt2 ? std::span<const char* const>(kGpt2)
-                                                 : std::span<const char* const>(kLlama);
-  for (const char* key : keys) {
-    // transformers' defaults: 0.1 for GPT-2's three, 0.0 for attention_dropout.
-    ASSIGN_OR_RETURN(double p, r.Double(key, gpt2 ? 0.1 : 0.0));
-    if (!(p >= 0 && p < 1)) return r.Error(key, "must be in [0, 1)");
-    if (p > 0) c->dropout.emplace_back(key, p);
-  }
-  return OkStatus();
+  n.layer = layer;
+  n.embedding = v * h;
+  if (c.arch == Architecture::kGpt2) n.embedding += static_cast<T>(c.max_position_embeddings) * h;
+  n.final_norm = norm;
+  n.lm_head = c.tie_word_embeddings ? 0 : v * h;
+  return n;
 }
 
 }  // namespace
+
+ParamCounts CountParams(const ModelConfig& c) {
+  const Counts<int64_t> n = CountIn<int64_t>(c);
+  ParamCounts p;
+  p.embedding = n.embedding;
+  p.layer = n.layer;
+  p.final_norm = n.final_norm;
+  p.lm_head = n.lm_head;
+  p.total = n.embedding + c.num_layers * n.layer + n.final_norm + n.lm_head;
+  return p;
+}
 
 StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view origin) {
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgumentError(std::string(origin) + ": not valid JSON");
   if (!j.is_object()) return InvalidArgumentError(std::string(origin) + ": not a JSON object");
-  Reader r(j, origin);
+  ConfigReader r(j, origin);
   ModelConfig c;
   ASSIGN_OR_RETURN(c.model_type, r.String("model_type", std::nullopt));
-  if (r.Has("architectures")) {
-    const json& a = j.at("architectures");
-    if (!a.is_array()) return r.Error("architectures", "expected a list");
-    for (const json& name : a) {
-      static const char* kKnown[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                     "GPT2LMHeadModel"};
-      bool known = false;
-      for (const char* k : kKnown) known = known || (name.is_string() && name == k);
-      if (!known) {
-        return r.Error("architectures", "unsupported architecture " + name.dump() +
-                                            " (supported: LlamaForCausalLM, MistralForCausalLM, "
-                                            "Qwen2ForCausalLM, GPT2LMHeadModel)");
-      }
-    }
-  }
-  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
-    RETURN_IF_ERROR(ParseLlama(r, origin, &c));
-  } else if (c.model_type == "gpt2") {
-    RETURN_IF_ERROR(ParseGpt2(r, &c));
-  } else {
-    return r.Error("model_type", "unsupported model type \"" + c.model_type +
-                                     "\" (supported: llama, mistral, qwen2, gpt2)");
-  }
-  RETURN_IF_ERROR(ParseTokenIds(r, &c));
-  RETURN_IF_ERROR(ParseDropout(r, &c));
+  RETURN_IF_ERROR(ParseFamily(r, &c));
   // Bounded dimensions can still multiply past what any machine trains (and past int64 in the
   // callers' byte counts): refuse more than 2^50 parameters (1.1e15), in double arithmetic.
-  const double h = static_cast<double>(c.hidden_size);
-  const double params = 2.0 * static_cast<double>(c.vocab_size) * h +
-                        static_cast<double>(c.num_layers) *
-                            (2.0 * h * static_cast<double>(c.q_dim() + c.kv_dim()) +
-                             3.0 * h * static_cast<double>(c.intermediate_size));
+  const Counts<double> n = CountIn<double>(c);
+  const double params =
+      n.embedding + static_cast<double>(c.num_layers) * n.layer + n.final_norm + n.lm_head;
   if (params > std::ldexp(1.0, 50)) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.3g", params);
@@ -283,6 +83,25 @@ StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view o
                                 " parameters, beyond the 2^50 offloadd accepts");
   }
   return c;
+}
+
+Status SequenceLengthProblem(const ModelConfig& c, int64_t max_seq_length) {
+  const std::string got = ", got max_seq_length " + std::to_string(max_seq_length);
+  if (c.arch == Architecture::kGpt2 && max_seq_length > c.max_position_embeddings) {
+    return InvalidArgumentError("the model's n_positions is " +
+                                std::to_string(c.max_position_embeddings) +
+                                ": GPT-2 has learned positions for that many tokens" + got);
+  }
+  for (const RopeConfig* rope : {&c.rope, &c.rope_local}) {
+    if (rope->type == "dynamic" && max_seq_length > rope->original_max_position_embeddings) {
+      return InvalidArgumentError(
+          "the model's RoPE type is \"dynamic\": transformers rescales its frequencies from the "
+          "longest sequence seen so far once sequences exceed max_position_embeddings (" +
+          std::to_string(rope->original_max_position_embeddings) +
+          "), which offloadd does not reproduce" + got);
+    }
+  }
+  return OkStatus();
 }
 
 std::string DescribeDropout(const ModelConfig& c) {
@@ -302,6 +121,74 @@ Status DropoutProblem(const ModelConfig& c, bool dropout_disabled) {
       ", which Hugging Face applies in training, and offloadd does not implement dropout; set "
       "`dropout: disable` in the job (offloadd-train --dropout=disable) to train without it, or set "
       "those values to 0 in config.json");
+}
+
+namespace {
+
+// 1e6 rather than 1e+06; 10000 stays 10000.
+std::string Num(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  std::string s = buf;
+  if (auto e = s.find("e+"); e != std::string::npos) {
+    size_t d = e + 2;
+    while (d + 1 < s.size() && s[d] == '0') ++d;
+    s = s.substr(0, e + 1) + s.substr(d);
+  }
+  return s;
+}
+
+std::string DescribeRope(const RopeConfig& r, int64_t head_dim) {
+  std::string out = "RoPE " + r.type + " θ=" + Num(r.theta);
+  if (r.type != "default") out += " factor " + Num(r.factor);
+  if (r.rotary_dim > 0 && r.rotary_dim < head_dim) {
+    out += ", rotary " + std::to_string(r.rotary_dim) + "/" + std::to_string(head_dim) + " dims";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeParts(const ModelConfig& c) {
+  std::vector<std::string> parts;
+  static const char* kNorm[] = {"RMSNorm", "RMSNorm (1 + w)", "LayerNorm"};
+  static const char* kPlacement[] = {"pre-norm", "sandwich norms", "post-norm"};
+  parts.push_back(std::string(kNorm[static_cast<int>(c.norm)]) + " " +
+                  kPlacement[static_cast<int>(c.norm_placement)]);
+  std::string attn = c.num_kv_heads == c.num_heads ? "MHA " + std::to_string(c.num_heads)
+                     : c.num_kv_heads == 1         ? "MQA " + std::to_string(c.num_heads) + "/1"
+                                                   : "GQA " + std::to_string(c.num_heads) + "/" +
+                                                 std::to_string(c.num_kv_heads);
+  attn += " head_dim " + std::to_string(c.head_dim);
+  if (c.qkv_bias) attn += c.o_bias ? ", q/k/v/o bias" : ", q/k/v bias";
+  parts.push_back(attn);
+  if (c.qk_norm == QkNorm::kPerHead) parts.push_back("per-head q/k norm");
+  if (c.qk_norm == QkNorm::kWhole) parts.push_back("q/k norm over the projection");
+  if (c.attn_scale > 0 && std::abs(c.attn_scale * std::sqrt(static_cast<double>(c.head_dim)) - 1) >
+                              1e-12) {
+    parts.push_back("attention scale " + Num(c.attn_scale));
+  }
+  if (c.attn_logit_softcap > 0) parts.push_back("attention softcap " + Num(c.attn_logit_softcap));
+  if (!c.sliding.empty()) {
+    int64_t n = 0;
+    for (bool s : c.sliding) n += s;
+    parts.push_back("sliding window " + std::to_string(c.sliding_window) + " on " +
+                    std::to_string(n) + "/" + std::to_string(c.num_layers) + " layers");
+  }
+  static const char* kMlp[] = {"SwiGLU", "GeGLU (tanh)", "GELU MLP"};
+  parts.push_back(std::string(kMlp[static_cast<int>(c.mlp)]) + (c.mlp_bias ? " with bias" : ""));
+  if (c.arch == Architecture::kGpt2) {
+    parts.push_back("learned positions " + std::to_string(c.max_position_embeddings));
+  } else {
+    parts.push_back(DescribeRope(c.rope, c.head_dim));
+    if (c.has_local_rope) parts.push_back("local " + DescribeRope(c.rope_local, c.head_dim));
+  }
+  if (c.scale_embeddings) parts.push_back("embedding x sqrt(hidden)");
+  parts.push_back(c.tie_word_embeddings ? "tied head" : "untied head");
+  if (c.final_logit_softcap > 0) parts.push_back("final softcap " + Num(c.final_logit_softcap));
+  std::string out = c.model_type + ":";
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : " ") + parts[i];
+  return out;
 }
 
 StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {

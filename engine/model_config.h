@@ -160,6 +160,22 @@ StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 // validator calls it with the job's max_seq_length, so nothing is refused after a step.
 Status SequenceLengthProblem(const ModelConfig& c, int64_t max_seq_length);
 
+// Parameters counted from the parts (norm weights and biases, q/k norms, projection and MLP
+// biases; fused tensors count as their parts). For a config ParseModelConfig accepted.
+struct ParamCounts {
+  int64_t embedding = 0;   // token embeddings (+ GPT-2's learned positions)
+  int64_t layer = 0;       // one decoder layer
+  int64_t final_norm = 0;  // the final norm (+ its bias)
+  int64_t lm_head = 0;     // 0 when tied
+  int64_t total = 0;
+};
+ParamCounts CountParams(const ModelConfig& c);
+
+// One line naming the family and its parts, for `--validate-only` and logs, e.g.
+// "qwen3: RMSNorm pre-norm, GQA 32/8 head_dim 128, per-head q/k norm, SwiGLU, RoPE default
+// θ=1e6, untied head".
+std::string DescribeParts(const ModelConfig& c);
+
 // "resid_pdrop=0.1, attn_pdrop=0.1" for the model's dropout; empty when it has none.
 std::string DescribeDropout(const ModelConfig& c);
 // FAILED_PRECONDITION naming every dropout setting when the model trains with dropout in Hugging

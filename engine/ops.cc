@@ -338,31 +338,80 @@ at::Tensor RepeatKv(const at::Tensor& x, int64_t rep) {
 at::Tensor ReduceKv(const at::Tensor& dx, int64_t rep) {
   if (rep == 1) return dx;
   const int64_t b = dx.size(0), h = dx.size(1) / rep, t = dx.size(2), d = dx.size(3);
-  return dx.view({b, h, rep, t, d}).sum(2);
+  return dx.contiguous().view({b, h, rep, t, d}).sum(2);
+}
+
+// [T, T] bool: key j visible from query i (j <= i, and i - j < window when window > 0).
+at::Tensor CausalAllowed(int64_t t, c10::Device device, int64_t window) {
+  at::Tensor allowed = at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
+  if (window > 0) allowed = allowed.triu(-(window - 1));
+  return allowed;
 }
 
 }  // namespace
 
-at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype) {
+at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype, int64_t window) {
   const int64_t t = segment_ids.size(1);
   at::Tensor same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));  // [B, T, T]
-  at::Tensor causal = at::ones({t, t}, segment_ids.options().dtype(at::kBool)).tril();
-  at::Tensor allowed = (same & causal).unsqueeze(1);
+  at::Tensor allowed = (same & CausalAllowed(t, segment_ids.device(), window)).unsqueeze(1);
   return at::zeros(allowed.sizes(), segment_ids.options().dtype(dtype))
       .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
+at::Tensor CausalMask(int64_t t, c10::Device device, c10::ScalarType dtype, int64_t window) {
+  at::Tensor allowed = CausalAllowed(t, device, window).view({1, 1, t, t});
+  return at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(device))
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+}
+
+bool WindowedFlashFits(c10::Device device, c10::ScalarType dtype, int64_t head_dim) {
+  const std::string& forced = ForcedAttentionKernel();
+  return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 8 == 0 &&
+         head_dim <= 256 && (forced == "auto" || forced == "flash");
+}
+
+namespace {
+
+// The explicit path's scaled logits, soft-capped when asked (transformers' eager attention for
+// Gemma 2: / cap, tanh, * cap, in q's dtype).
+at::Tensor Logits(const at::Tensor& q, const at::Tensor& ke, double scale, double softcap,
+                  at::Tensor* capped_tanh) {
+  at::Tensor s = at::matmul(q, ke.transpose(2, 3)) * scale;
+  if (softcap <= 0) return s;
+  at::Tensor t = at::tanh(s / softcap);
+  if (capped_tanh) *capped_tanh = t;
+  return t * softcap;
+}
+
+// FlashAttention-2 with its own sliding window, [B, H, T, D] in and out (the kernel's layout is
+// [B, T, H, D]). aux: logsumexp, rng state, the kernel's unused tensor.
+at::Tensor WindowedFlash(const at::Tensor& q, const at::Tensor& ke, const at::Tensor& ve,
+                         double scale, int64_t window, std::vector<at::Tensor>* aux) {
+  const int64_t t = q.size(2);
+  auto r = at::_flash_attention_forward(q.transpose(1, 2), ke.transpose(1, 2), ve.transpose(1, 2),
+                                        std::nullopt, std::nullopt, t, t, /*dropout_p=*/0.0,
+                                        /*is_causal=*/true, /*return_debug_mask=*/false, scale,
+                                        /*window_size_left=*/window - 1, /*window_size_right=*/0);
+  if (aux) aux->insert(aux->end(), {std::get<1>(r), std::get<2>(r), std::get<3>(r)});
+  return std::get<0>(r).transpose(1, 2);
+}
+
+}  // namespace
+
 at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                     const at::Tensor& mask, std::vector<at::Tensor>* aux) {
+                     const at::Tensor& mask, std::vector<at::Tensor>* aux, double softcap,
+                     int64_t window) {
   const int64_t rep = q.size(1) / k.size(1);
   at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
+  TORCH_CHECK(softcap <= 0 || mask.defined(), "attention soft-capping needs the explicit path");
   if (mask.defined()) {
     // transformers' eager_attention_forward: softmax in fp32, probabilities cast back.
-    at::Tensor scores = at::matmul(q, ke.transpose(2, 3)) * scale + mask;
+    at::Tensor scores = Logits(q, ke, scale, softcap, nullptr) + mask;
     at::Tensor p = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
     if (aux) aux->push_back(p);
     return at::matmul(p, ve);
   }
+  if (window > 0) return WindowedFlash(q, ke, ve, scale, window, aux);
   switch (PickKernel(q)) {
     case AttnKernel::kCpuFlash: {
       auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
@@ -411,7 +460,7 @@ at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
                        double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,
-                       at::Tensor* dv) {
+                       at::Tensor* dv, double softcap, int64_t window) {
   const int64_t rep = q.size(1) / k.size(1);
   at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
   at::Tensor gk, gv;
@@ -421,12 +470,28 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
     at::Tensor dp = at::matmul(dout, ve.transpose(2, 3));
     // Softmax backward (ATen's kernel, fp32 like the forward), then the scaled QK^T product.
     at::Tensor ds = at::_softmax_backward_data(dp.to(at::kFloat), p.to(at::kFloat), -1, at::kFloat)
-                        .to(q.scalar_type()) *
-                    scale;
+                        .to(q.scalar_type());
+    if (softcap > 0) {  // through * cap, tanh and / cap; tanh is recomputed (one QK^T product)
+      at::Tensor t;
+      Logits(q, ke, scale, softcap, &t);
+      ds = at::tanh_backward(ds * softcap, t) / softcap;
+    }
+    ds = ds * scale;
     *dq = at::matmul(ds, ke);
     gk = at::matmul(ds.transpose(2, 3), q);
     *dk = ReduceKv(gk, rep);
     *dv = ReduceKv(gv, rep);
+    return;
+  }
+  if (window > 0) {
+    const int64_t t = q.size(2);
+    std::tie(*dq, gk, gv) = at::_flash_attention_backward(
+        dout.transpose(1, 2).contiguous(), q.transpose(1, 2), ke.transpose(1, 2),
+        ve.transpose(1, 2), out.transpose(1, 2), aux[0], at::Tensor(), at::Tensor(), t, t,
+        /*dropout_p=*/0.0, /*is_causal=*/true, aux[1], aux[2], scale, window - 1, 0);
+    *dq = dq->transpose(1, 2);
+    *dk = ReduceKv(gk.transpose(1, 2), rep);
+    *dv = ReduceKv(gv.transpose(1, 2), rep);
     return;
   }
   switch (PickKernel(q)) {
@@ -528,7 +593,7 @@ static_assert(kHeadChunkBytes == engine::kHeadChunkBytes, "engine/head_chunk.h i
 
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
                       double normalizer, at::Tensor* dn, at::Tensor* dw, int64_t chunk_bytes,
-                      double grad_scale) {
+                      double grad_scale, double softcap) {
   const int64_t hidden = n.size(-1), vocab = w.size(0);
   at::Tensor n2 = n.reshape({-1, hidden});
   at::Tensor t2 = targets.reshape({-1});
@@ -545,9 +610,15 @@ at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor
     const int64_t len = std::min(chunk, tokens - start);
     at::Tensor nc = n2.narrow(0, start, len);
     at::Tensor logits = at::linear(nc, w);
+    at::Tensor capped_tanh;
+    if (softcap > 0) {  // transformers' Gemma 2: / cap, tanh, * cap in the logits' dtype
+      capped_tanh = at::tanh(logits / softcap);
+      logits = capped_tanh * softcap;
+    }
     at::Tensor dlogits;
     loss += CrossEntropy(logits, t2.narrow(0, start, len), normalizer, grad ? &dlogits : nullptr,
                          grad_scale);
+    if (grad && softcap > 0) dlogits = at::tanh_backward(dlogits * softcap, capped_tanh) / softcap;
     if (grad) {
       dn2.narrow(0, start, len).copy_(dlogits.mm(w));
       dw32 += dlogits.t().mm(nc);

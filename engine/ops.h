@@ -51,20 +51,30 @@ at::Tensor ApplyRopeBackward(const at::Tensor& dy, const at::Tensor& cos, const 
 
 // Causal scaled-dot-product attention. q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] with Hq % Hkv == 0.
 // `mask` undefined: plain causal attention through ATen's fused kernels (flash on CPU and for
-// bf16/fp16 on CUDA, memory-efficient otherwise). `mask` defined: an additive [B, 1, T, T] mask in
-// q's dtype (0 or -inf, see SegmentMask) through an explicit softmax (O(T^2) memory) as in
-// transformers' eager attention.
+// bf16/fp16 on CUDA, memory-efficient otherwise); with `window` > 0 (WindowedFlashFits only) the
+// flash kernel attends to the last `window` keys of each query (itself included). `mask`
+// defined: an additive [B, 1, T, T] mask in q's dtype (0 or -inf, see SegmentMask / CausalMask)
+// through an explicit softmax (O(T^2) memory) as in transformers' eager attention; `softcap` > 0
+// (Gemma 2, explicit path only) caps the scaled logits as softcap * tanh(logits / softcap) before
+// the mask is added.
 // Returns out [B, Hq, T, D]; appends to `aux` what AttentionBackward needs besides q, k, v, out.
 at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                     const at::Tensor& mask, std::vector<at::Tensor>* aux);
+                     const at::Tensor& mask, std::vector<at::Tensor>* aux, double softcap = 0.0,
+                     int64_t window = 0);
 void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
                        double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,
-                       at::Tensor* dv);
+                       at::Tensor* dv, double softcap = 0.0, int64_t window = 0);
+// Whether the flash kernel's own sliding window can run for q on `device` in `dtype` (CUDA,
+// bf16/fp16, head size a multiple of 8 up to 256, OFFLOADD_ATTENTION_KERNEL auto or flash).
+bool WindowedFlashFits(c10::Device device, c10::ScalarType dtype, int64_t head_dim);
 
 // Packed documents: segment_ids [B, T] -> additive mask [B, 1, T, T] allowing token i to see
-// token j iff j <= i and segment_ids[i] == segment_ids[j].
-at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype);
+// token j iff j <= i and segment_ids[i] == segment_ids[j]; with window > 0 also i - j < window
+// (sliding-window layers: a token sees itself and the window - 1 before it).
+at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype, int64_t window = 0);
+// The same for one document per row: [1, 1, T, T] (broadcast over the batch).
+at::Tensor CausalMask(int64_t t, c10::Device device, c10::ScalarType dtype, int64_t window = 0);
 
 // SwiGLU: silu(g) * u, and its backward; `a`, when given, receives silu(g) * u again (one pass
 // over g and u instead of two).
@@ -87,11 +97,13 @@ at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, dou
 // (fp32) exists at once (Llama-3's 128k vocabulary x 16k tokens would be 8 GiB per copy). With
 // dn/dw non-null also returns d loss / d n ([B, T, H], n's dtype) and d loss / d W ([V, H], W's
 // dtype, accumulated over chunks in fp32). The gradients are of loss * grad_scale; the returned
-// loss is not scaled.
+// loss is not scaled. `softcap` > 0 (Gemma 2's final_logit_softcapping) caps the logits as
+// softcap * tanh(logits / softcap) before the loss, in the logits' dtype, as transformers does.
 inline constexpr int64_t kHeadChunkBytes = 128ll << 20;  // engine/head_chunk.h says why
 at::Tensor LmHeadLoss(const at::Tensor& n, const at::Tensor& w, const at::Tensor& targets,
                       double normalizer, at::Tensor* dn, at::Tensor* dw,
-                      int64_t chunk_bytes = kHeadChunkBytes, double grad_scale = 1.0);
+                      int64_t chunk_bytes = kHeadChunkBytes, double grad_scale = 1.0,
+                      double softcap = 0.0);
 
 // [B, T, H*D] <-> [B, H, T, D]
 at::Tensor SplitHeads(const at::Tensor& x, int64_t heads, int64_t head_dim);

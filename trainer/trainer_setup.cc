@@ -155,6 +155,13 @@ Status Trainer::Impl::Setup() {
   accounting->SetSetup(created, std::vector<double>(phase.begin(), phase.end()));
   plan_text = DescribePlan(ho);
   Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
+  {  // which part of the decoder layers runs a fused kernel and which fell back to LibTorch ops
+    std::string parts;
+    for (const std::string& p : model->DescribeKernels(device, dtype, SeqLength())) {
+      parts += (parts.empty() ? "" : "; ") + p;
+    }
+    if (!parts.empty()) Log(TrainObserver::Level::kInfo, "model parts: " + parts);
+  }
   Log(TrainObserver::Level::kInfo, DescribeSetup());
   if (const std::string d = engine::DescribeDropout(model->config()); !d.empty()) {
     Log(TrainObserver::Level::kWarning,

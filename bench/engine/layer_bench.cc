@@ -108,12 +108,12 @@ int Main(int argc, char** argv) {
     auto opts = at::TensorOptions().dtype(dtype).device(device);
     return name.find("norm") != std::string::npos ? at::ones(s, opts) : at::randn(s, opts) * 0.02;
   };
-  auto blocks = BuildLlamaBlocks(c, load);
-  if (!blocks.ok()) {
-    std::fprintf(stderr, "%s\n", blocks.status().ToString().c_str());
+  auto built = BuildDecoderLayer(c, 0, load);
+  if (!built.ok()) {
+    std::fprintf(stderr, "%s\n", built.status().ToString().c_str());
     return 1;
   }
-  Block& layer = *(*blocks)[1];
+  Block& layer = **built;
   GradCallback sink = [](const std::string&, const at::Tensor&) {};
 
   for (int64_t b : a.batches) {

@@ -1,0 +1,183 @@
+#pragma once
+// Engine-internal: the parts a decoder block is assembled from, as llama.cpp builds every
+// architecture from build_norm / build_attn / build_ffn. A part registers its parameters with the
+// block (ParamList, checkpoint names from ModelConfig::names), runs its forward appending what its
+// backward needs to the block's saved list, and runs the analytic backward, emitting parameter
+// gradients as they are computed. What is saved follows one rule: tensors that cost a matmul
+// (projection outputs, attention output and statistics) are stored; elementwise results
+// (normalised inputs, activations, rotated q/k after a q/k norm) are recomputed in backward.
+// Numerics follow transformers' modeling code of each family, casts included.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model.h"
+
+namespace offloadd::engine::parts {
+
+inline constexpr size_t kAbsent = SIZE_MAX;
+using Spec = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// A block's parameter specs in load order; Add returns the parameter's index in the block.
+class ParamList {
+ public:
+  size_t Add(std::string name, std::vector<int64_t> shape) {
+    specs_.emplace_back(std::move(name), std::move(shape));
+    return specs_.size() - 1;
+  }
+  const Spec& specs() const { return specs_; }
+
+ private:
+  Spec specs_;
+};
+
+// The block's parameters as the parts read them.
+class Weights {
+ public:
+  explicit Weights(const std::vector<Param>& params) : params_(params) {}
+  const at::Tensor& operator[](size_t i) const { return params_[i].value; }
+  at::Tensor Opt(size_t i) const { return i == kAbsent ? at::Tensor() : params_[i].value; }
+
+ private:
+  const std::vector<Param>& params_;
+};
+
+// Delivers d loss / d params[index].
+using Emit = std::function<void(size_t index, const at::Tensor& grad)>;
+
+// Reads a block's saved tensors in the order forward appended them.
+class SavedReader {
+ public:
+  explicit SavedReader(const std::vector<at::Tensor>& s) : s_(s) {}
+  const at::Tensor& Next() { return s_.at(pos_++); }
+  // What is left (the attention kernel's statistics, appended last).
+  const at::Tensor* Rest() const { return s_.data() + pos_; }
+
+ private:
+  const std::vector<at::Tensor>& s_;
+  size_t pos_ = 0;
+};
+
+// ---- norms (build_norm) -------------------------------------------------------------------------
+
+// RMSNorm (w or 1 + w) or LayerNorm over the last dimension. Saved: rstd (RMS) or mean and rstd
+// (LayerNorm), fp32 [.., 1]; the normalised output is re-applied from them in backward.
+class NormPart {
+ public:
+  NormPart() = default;
+  // `weight` / `bias` are full tensor names; an empty weight name means no norm here.
+  NormPart(NormKind kind, double eps, const std::string& weight, const std::string& bias,
+           int64_t dim, ParamList* pl);
+  bool present() const { return w_ != kAbsent; }
+  NormKind kind() const { return kind_; }
+  int num_stats() const { return kind_ == NormKind::kLayer ? 2 : 1; }
+
+  at::Tensor Forward(const Weights& W, const at::Tensor& x, std::vector<at::Tensor>* saved) const;
+  // The forward output again, from the stats Forward saved (`stats` points at them).
+  at::Tensor Reapply(const Weights& W, const at::Tensor& x, const at::Tensor* stats) const;
+  // d loss / d x, plus `residual` when defined (the residual branch's gradient).
+  at::Tensor Backward(const Weights& W, const at::Tensor& dy, const at::Tensor& x,
+                      const at::Tensor* stats, const Emit& emit,
+                      const at::Tensor& residual = at::Tensor()) const;
+  int64_t SavedBytes(double rows) const { return static_cast<int64_t>(rows * 4 * num_stats()); }
+  // "fused" or "aten (why)" for the plan log.
+  std::string Describe(c10::Device device, c10::ScalarType dtype) const;
+
+ private:
+  NormKind kind_ = NormKind::kRms;
+  double eps_ = 1e-6;
+  size_t w_ = kAbsent, b_ = kAbsent;
+};
+
+// ---- attention (build_attn) ---------------------------------------------------------------------
+
+// Projections (separate q/k/v or fused qkv rows [q; k; v], nn.Linear or GPT-2's Conv1D, biases
+// per config), q/k norm per head or over the projection, RoPE (global or local tables), then
+// causal attention: ATen's fused kernels, or the explicit softmax for masks (packing, sliding
+// windows shorter than the sequence) and logit soft-capping. Returns o_proj's output.
+class AttentionPart {
+ public:
+  AttentionPart(const ModelConfig& c, int layer, const std::string& prefix, ParamList* pl);
+  // Saved, in order: [q_lin, k_lin, q stats, k stats] with a q/k norm, else [q, k] (rotated);
+  // then v, attention output; the kernel's statistics go to `aux` (appended last by the layer).
+  at::Tensor Forward(const Weights& W, const MicroBatch& mb, const at::Tensor& x,
+                     std::vector<at::Tensor>* saved, std::vector<at::Tensor>* aux) const;
+  // Reads Forward's tensors from `r` (aux: the kernel statistics). `x` gives the input again.
+  struct Saved {
+    at::Tensor q_lin, k_lin, q, k, v, out;
+    const at::Tensor *q_stats = nullptr, *k_stats = nullptr;
+  };
+  Saved Read(SavedReader* r) const;
+  // d loss / d x accumulated into a fresh tensor; `dout` is d loss / d (o_proj output).
+  at::Tensor Backward(const Weights& W, const MicroBatch& mb, const at::Tensor& dout,
+                      const std::function<at::Tensor()>& input, const Saved& s,
+                      const at::Tensor* aux, const Emit& emit) const;
+  // Bytes Forward saves for `tokens` = batch * seq (aux included, unpacked batch).
+  int64_t SavedBytes(int64_t batch, int64_t seq, double e) const;
+  double Flops(int64_t batch, int64_t seq) const;  // projections + attention, forward
+  std::string Describe(c10::Device device, c10::ScalarType dtype, int64_t seq) const;
+  // Whether this layer runs the explicit-softmax path for an unpacked [.., seq] batch.
+  bool Explicit(int64_t seq) const;
+
+ private:
+  // The additive mask (or, for the windowed flash kernel, the window) this layer attends with.
+  at::Tensor Mask(const MicroBatch& mb, const at::Tensor& q, int64_t* window) const;
+  void Rope(const MicroBatch& mb, const at::Tensor** cos, const at::Tensor** sin) const;
+  // q, k after the q/k norm and RoPE, [B, H, T, D].
+  at::Tensor Heads(const Weights& W, const MicroBatch& mb, const at::Tensor& lin,
+                   const NormPart& norm, int64_t heads, const at::Tensor* stats,
+                   std::vector<at::Tensor>* saved) const;
+  at::Tensor HeadsBackward(const Weights& W, const MicroBatch& mb, const at::Tensor& dheads,
+                           const at::Tensor& lin, const NormPart& norm, int64_t heads,
+                           const at::Tensor* stats, const Emit& emit) const;
+
+  int64_t heads_, kv_heads_, head_dim_, hidden_;
+  bool conv1d_, rope_, slides_, local_rope_;
+  QkNorm qk_;
+  NormPart q_norm_, k_norm_;
+  double scale_, softcap_;
+  int64_t window_;
+  size_t q_ = kAbsent, k_ = kAbsent, v_ = kAbsent, qkv_ = kAbsent, o_ = kAbsent;
+  size_t qb_ = kAbsent, kb_ = kAbsent, vb_ = kAbsent, qkvb_ = kAbsent, ob_ = kAbsent;
+};
+
+// ---- MLP (build_ffn) ----------------------------------------------------------------------------
+
+// SwiGLU / GeGLU-tanh with separate or fused gate_up (gate rows first), optional biases, or
+// GPT-2's c_proj(gelu_new(c_fc(x))) with Conv1D. Saved: gate and up (or fused gate_up, or c_fc's
+// output); the activation product is rebuilt in backward.
+class MlpPart {
+ public:
+  MlpPart(const ModelConfig& c, const std::string& prefix, ParamList* pl);
+  at::Tensor Forward(const Weights& W, const at::Tensor& x, std::vector<at::Tensor>* saved) const;
+  struct Saved {
+    at::Tensor a, b;  // gate, up | gate_up, - | c_fc output, -
+  };
+  Saved Read(SavedReader* r) const;
+  at::Tensor Backward(const Weights& W, const at::Tensor& dy, const std::function<at::Tensor()>& input,
+                      const Saved& s, const Emit& emit) const;
+  int64_t SavedBytes(double tokens, double e) const;
+  double Flops(double tokens) const;
+  std::string Describe(c10::Device device, c10::ScalarType dtype) const;
+
+ private:
+  MlpKind kind_;
+  bool conv1d_;
+  int64_t hidden_, ff_;
+  size_t gate_ = kAbsent, up_ = kAbsent, down_ = kAbsent, gate_up_ = kAbsent;
+  size_t gb_ = kAbsent, ub_ = kAbsent, db_ = kAbsent, gub_ = kAbsent;
+};
+
+// nn.Linear (weights [out, in]) or GPT-2's Conv1D ([in, out]), with an optional bias.
+at::Tensor Project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool conv1d);
+// Returns d x (added into *accumulate when given: nn.Linear only); writes dW and db (with a bias).
+at::Tensor ProjectBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                           bool has_bias, bool conv1d, at::Tensor* dw, at::Tensor* db,
+                           at::Tensor* accumulate = nullptr);
+
+}  // namespace offloadd::engine::parts
