@@ -4,9 +4,8 @@
 // family table's entry points (engine/families.cc) that engine/model_config.cc dispatches to.
 // Not thread-safe; a ConfigReader borrows the JSON value and the origin string.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>

@@ -24,7 +24,8 @@ class Embedding final : public Block {
   // params: token table[, position table].
   Embedding(const ModelConfig& c, std::vector<Param> params)
       : Block(Kind::kEmbedding, 0, "embedding"),
-        scale_(c.scale_embeddings ? std::sqrt(static_cast<double>(c.hidden_size)) : 0.0) {
+        scale_(c.scale_embeddings ? std::sqrt(static_cast<double>(c.hidden_size)) : 0.0),
+        padding_idx_(c.pad_token_id) {
     params_ = std::move(params);
   }
 
@@ -45,12 +46,14 @@ class Embedding final : public Block {
       on_grad(params_[1].name,
               at::embedding_dense_backward(d, mb.position_ids, P(1).size(0), -1, false));
     }
-    on_grad(params_[0].name, at::embedding_dense_backward(d, mb.input_ids, P(0).size(0), -1, false));
+    on_grad(params_[0].name,
+            at::embedding_dense_backward(d, mb.input_ids, P(0).size(0), padding_idx_, false));
     return at::Tensor();
   }
 
  private:
-  double scale_;  // 0: none
+  double scale_;         // 0: none
+  int64_t padding_idx_;  // the row the lookup gives no gradient (-1: none), as nn.Embedding
 };
 
 class Head final : public Block {

@@ -63,54 +63,105 @@ const std::vector<FamilyRule>& Rules() {
                       "mlp_bias",
        .biases = Biases::kAttentionBias,
        .mlp_bias_key = true,
-       .vocab = 32000, .hidden = 4096, .intermediate = 11008, .layers = 32, .heads = 32,
+       .vocab = 32000,
+       .hidden = 4096,
+       .intermediate = 11008,
+       .layers = 32,
+       .heads = 32,
        .max_pos = 2048},
       {.model_type = "mistral",
        .architectures = {"MistralForCausalLM"},
        .description = "Mistral: Llama's parts with a sliding window on every layer",
-       .vocab = 32000, .hidden = 4096, .intermediate = 14336, .layers = 32, .heads = 32,
-       .kv_heads = 8, .max_pos = 131072,
-       .sliding = Sliding::kEveryLayer, .window = 4096},
+       .vocab = 32000,
+       .hidden = 4096,
+       .intermediate = 14336,
+       .layers = 32,
+       .heads = 32,
+       .kv_heads = 8,
+       .max_pos = 131072,
+       .sliding = Sliding::kEveryLayer,
+       .window = 4096},
       {.model_type = "qwen2",
        .architectures = {"Qwen2ForCausalLM"},
        .description = "Qwen2 / 2.5: q/k/v biases; sliding windows above max_window_layers",
        .biases = Biases::kQkv,
-       .vocab = 151936, .hidden = 4096, .intermediate = 22016, .layers = 32, .heads = 32,
-       .kv_heads = 32, .max_pos = 32768,
-       .sliding = Sliding::kQwen, .window = 4096},
+       .vocab = 151936,
+       .hidden = 4096,
+       .intermediate = 22016,
+       .layers = 32,
+       .heads = 32,
+       .kv_heads = 32,
+       .max_pos = 32768,
+       .sliding = Sliding::kQwen,
+       .window = 4096},
       {.model_type = "qwen3",
        .architectures = {"Qwen3ForCausalLM"},
        .description = "Qwen3: per-head q/k RMSNorm, head_dim independent of the width",
        .qk_norm = QkNorm::kPerHead,
        .biases = Biases::kAttentionBias,
-       .vocab = 151936, .hidden = 4096, .intermediate = 22016, .layers = 32, .heads = 32,
-       .kv_heads = 32, .head_dim = 128, .max_pos = 32768,
-       .sliding = Sliding::kQwen, .window = 4096},
+       .vocab = 151936,
+       .hidden = 4096,
+       .intermediate = 22016,
+       .layers = 32,
+       .heads = 32,
+       .kv_heads = 32,
+       .head_dim = 128,
+       .max_pos = 32768,
+       .sliding = Sliding::kQwen,
+       .window = 4096},
       {.model_type = "gemma2",
        .architectures = {"Gemma2ForCausalLM"},
-       .description = "Gemma 2: RMSNorm (1 + w) sandwich norms, GeGLU (tanh), query_pre_attn_scalar, "
-                      "attention and final logit soft-capping, alternating sliding layers",
-       .norm = NormKind::kRmsOneOffset, .placement = NormPlacement::kSandwich,
+       .description =
+           "Gemma 2: RMSNorm (1 + w) sandwich norms, GeGLU (tanh), query_pre_attn_scalar, "
+           "attention and final logit soft-capping, alternating sliding layers",
+       .norm = NormKind::kRmsOneOffset,
+       .placement = NormPlacement::kSandwich,
        .mlp = MlpKind::kGeGluTanh,
-       .act_key = "hidden_activation", .act = "gelu_pytorch_tanh",
+       .act_key = "hidden_activation",
+       .act = "gelu_pytorch_tanh",
        .biases = Biases::kAttentionBias,
-       .gemma = true, .attn_softcap = 50.0, .final_softcap = 30.0,
-       .vocab = 256000, .hidden = 2304, .intermediate = 9216, .layers = 26, .heads = 8,
-       .kv_heads = 4, .head_dim = 256, .max_pos = 8192, .tie = true,
-       .sliding = Sliding::kAlternating, .window = 4096, .pattern = 2},
+       .gemma = true,
+       .attn_softcap = 50.0,
+       .final_softcap = 30.0,
+       .vocab = 256000,
+       .hidden = 2304,
+       .intermediate = 9216,
+       .layers = 26,
+       .heads = 8,
+       .kv_heads = 4,
+       .head_dim = 256,
+       .max_pos = 8192,
+       .tie = true,
+       .sliding = Sliding::kAlternating,
+       .window = 4096,
+       .pattern = 2},
       {.model_type = "gemma3_text",
        .architectures = {"Gemma3ForCausalLM"},
        .description = "Gemma 3 (text): Gemma 2's parts plus per-head q/k norm, 5 local layers per "
                       "global one, local RoPE base 10k",
-       .norm = NormKind::kRmsOneOffset, .placement = NormPlacement::kSandwich,
-       .qk_norm = QkNorm::kPerHead, .mlp = MlpKind::kGeGluTanh,
-       .act_key = "hidden_activation", .act = "gelu_pytorch_tanh",
+       .norm = NormKind::kRmsOneOffset,
+       .placement = NormPlacement::kSandwich,
+       .qk_norm = QkNorm::kPerHead,
+       .mlp = MlpKind::kGeGluTanh,
+       .act_key = "hidden_activation",
+       .act = "gelu_pytorch_tanh",
        .biases = Biases::kAttentionBias,
        .gemma = true,
-       .vocab = 262208, .hidden = 2304, .intermediate = 9216, .layers = 26, .heads = 8,
-       .kv_heads = 4, .head_dim = 256, .max_pos = 131072, .tie = true,
-       .sliding = Sliding::kAlternating, .window = 4096, .pattern = 6,
-       .rope = RopeKind::kPerLayerType, .theta = 1e6, .local_theta = 1e4},
+       .vocab = 262208,
+       .hidden = 2304,
+       .intermediate = 9216,
+       .layers = 26,
+       .heads = 8,
+       .kv_heads = 4,
+       .head_dim = 256,
+       .max_pos = 131072,
+       .tie = true,
+       .sliding = Sliding::kAlternating,
+       .window = 4096,
+       .pattern = 6,
+       .rope = RopeKind::kPerLayerType,
+       .theta = 1e6,
+       .local_theta = 1e4},
       {.model_type = "gemma3",
        .architectures = {"Gemma3ForConditionalGeneration"},
        .description = "Gemma 3 (multimodal checkpoint): its text_config as gemma3_text; the vision "
@@ -122,8 +173,13 @@ const std::vector<FamilyRule>& Rules() {
        .description = "Phi-3 / 3.5 / 4-mini: fused qkv_proj and gate_up_proj, partial rotary, "
                       "longrope",
        .fused = true,
-       .vocab = 32064, .hidden = 3072, .intermediate = 8192, .layers = 32, .heads = 32,
-       .max_pos = 4096, .eps = 1e-5,
+       .vocab = 32064,
+       .hidden = 3072,
+       .intermediate = 8192,
+       .layers = 32,
+       .heads = 32,
+       .max_pos = 4096,
+       .eps = 1e-5,
        .sliding = Sliding::kEveryLayer,
        .rope = RopeKind::kPhi3,
        .dropout = {"resid_pdrop", "attention_dropout"}},
@@ -131,16 +187,29 @@ const std::vector<FamilyRule>& Rules() {
        .architectures = {"Olmo2ForCausalLM"},
        .description = "OLMo 2: post-norm (after attention and MLP), q/k RMSNorm over the whole "
                       "projection",
-       .placement = NormPlacement::kPost, .qk_norm = QkNorm::kWhole,
+       .placement = NormPlacement::kPost,
+       .qk_norm = QkNorm::kWhole,
        .biases = Biases::kAttentionBias,
-       .vocab = 50304, .hidden = 4096, .intermediate = 11008, .layers = 32, .heads = 32,
-       .max_pos = 2048, .eps = 1e-5},
+       .vocab = 50304,
+       .hidden = 4096,
+       .intermediate = 11008,
+       .layers = 32,
+       .heads = 32,
+       .max_pos = 2048,
+       .eps = 1e-5},
       {.model_type = "gpt2",
        .architectures = {"GPT2LMHeadModel"},
        .description = "GPT-2: LayerNorm pre-norm, learned positions, Conv1D projections, GELU MLP",
-       .norm = NormKind::kLayer, .mlp = MlpKind::kGeluMlp,
-       .act_key = "activation_function", .act = "gelu_new",
-       .vocab = 50257, .hidden = 768, .layers = 12, .heads = 12, .max_pos = 1024, .eps = 1e-5,
+       .norm = NormKind::kLayer,
+       .mlp = MlpKind::kGeluMlp,
+       .act_key = "activation_function",
+       .act = "gelu_new",
+       .vocab = 50257,
+       .hidden = 768,
+       .layers = 12,
+       .heads = 12,
+       .max_pos = 1024,
+       .eps = 1e-5,
        .tie = true,
        .dropout = {"embd_pdrop", "attn_pdrop", "resid_pdrop"}},
   };
@@ -183,16 +252,17 @@ Status ParseRopeParams(const FamilyRule& f, const ConfigReader& top, const Confi
   const ConfigReader& prf_src = p != nullptr && p->Has("partial_rotary_factor") ? *p : top;
   ASSIGN_OR_RETURN(prf, prf_src.Double("partial_rotary_factor", 1.0));
   if (prf != 1.0 && f.rope != RopeKind::kPhi3) {
-    return prf_src.Unsupported("partial_rotary_factor",
-                               c.model_type + " rotates whole heads (only phi3 has partial rotary)");
+    return prf_src.Unsupported(
+        "partial_rotary_factor",
+        c.model_type + " rotates whole heads (only phi3 has partial rotary)");
   }
   if (!(prf > 0 && prf <= 1)) return prf_src.Error("partial_rotary_factor", "must be in (0, 1]");
   // int(head_dim * partial_rotary_factor), as transformers computes it.
   const auto rotary = static_cast<int64_t>(static_cast<double>(c.head_dim) * prf);
   if (rotary < 2 || rotary % 2 != 0) {
-    return prf_src.Error("partial_rotary_factor", "gives " + std::to_string(rotary) +
-                                                      " rotary dimensions of head_dim " +
-                                                      std::to_string(c.head_dim) + "; need an even number >= 2");
+    return prf_src.Error("partial_rotary_factor",
+                         "gives " + std::to_string(rotary) + " rotary dimensions of head_dim " +
+                             std::to_string(c.head_dim) + "; need an even number >= 2");
   }
   rope->rotary_dim = rotary;
   rope->type = type;
@@ -237,9 +307,10 @@ Status ParseRopeParams(const FamilyRule& f, const ConfigReader& top, const Confi
     ASSIGN_OR_RETURN(rope->original_max_position_embeddings, original_max());
     if (!q.Present("factor")) return q.Error("factor", "required number is missing");
     // factor null: max_position_embeddings / original_max_position_embeddings.
-    ASSIGN_OR_RETURN(rope->factor,
-                     q.Positive("factor", static_cast<double>(c.max_position_embeddings) /
-                                              static_cast<double>(rope->original_max_position_embeddings)));
+    ASSIGN_OR_RETURN(
+        rope->factor,
+        q.Positive("factor", static_cast<double>(c.max_position_embeddings) /
+                                 static_cast<double>(rope->original_max_position_embeddings)));
     if (q.Has("attention_factor")) {
       ASSIGN_OR_RETURN(rope->attention_factor, q.Positive("attention_factor"));
     }
@@ -259,9 +330,10 @@ Status ParseRopeParams(const FamilyRule& f, const ConfigReader& top, const Confi
   }
   if (type == "longrope") {
     ASSIGN_OR_RETURN(rope->original_max_position_embeddings, original_max());
-    ASSIGN_OR_RETURN(rope->factor,
-                     q.Positive("factor", static_cast<double>(c.max_position_embeddings) /
-                                              static_cast<double>(rope->original_max_position_embeddings)));
+    ASSIGN_OR_RETURN(
+        rope->factor,
+        q.Positive("factor", static_cast<double>(c.max_position_embeddings) /
+                                 static_cast<double>(rope->original_max_position_embeddings)));
     if (q.Has("attention_factor")) {
       ASSIGN_OR_RETURN(rope->attention_factor, q.Positive("attention_factor"));
     }
@@ -272,8 +344,8 @@ Status ParseRopeParams(const FamilyRule& f, const ConfigReader& top, const Confi
         return q.Error(key, "expected a list of " + std::to_string(rotary / 2) +
                                 " numbers (rotary dimensions / 2)");
       }
-      std::vector<double>& out = std::string_view(key) == "short_factor" ? rope->short_factor
-                                                                         : rope->long_factor;
+      std::vector<double>& out =
+          std::string_view(key) == "short_factor" ? rope->short_factor : rope->long_factor;
       for (const json& x : v) {
         if (!x.is_number() || !(x.get<double>() > 0)) {
           return q.Error(key, "expected numbers > 0, got " + x.dump());
@@ -283,8 +355,9 @@ Status ParseRopeParams(const FamilyRule& f, const ConfigReader& top, const Confi
     }
     return OkStatus();
   }
-  return src.Unsupported(type_key, "supported RoPE types: default, linear, dynamic, llama3, yarn, "
-                                   "longrope");
+  return src.Unsupported(type_key,
+                         "supported RoPE types: default, linear, dynamic, llama3, yarn, "
+                         "longrope");
 }
 
 // The parameter object of a single-RoPE config: transformers 5's rope_parameters, or 4.x's
@@ -311,8 +384,9 @@ Status ParseRope(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
     ASSIGN_OR_RETURN(ConfigReader params, r.Child("rope_parameters"));
     for (const auto& [key, value] : params.raw().items()) {
       if (key != "full_attention" && key != "sliding_attention") {
-        return params.Error(key, "expected only full_attention and sliding_attention entries "
-                                 "(Gemma 3 has a RoPE per layer type)");
+        return params.Error(key,
+                            "expected only full_attention and sliding_attention entries "
+                            "(Gemma 3 has a RoPE per layer type)");
       }
     }
     if (params.Has("full_attention")) {
@@ -331,8 +405,8 @@ Status ParseRope(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
   }
   RETURN_IF_ERROR(
       ParseRopeParams(f, r, full ? &*full : nullptr, "rope_theta", f.theta, *c, &c->rope));
-  return ParseRopeParams(f, r, local ? &*local : nullptr, "rope_local_base_freq", f.local_theta,
-                         *c, &c->rope_local);
+  return ParseRopeParams(f, r, local ? &*local : nullptr, "rope_local_base_freq", f.local_theta, *c,
+                         &c->rope_local);
 }
 
 // ---- sliding layers -----------------------------------------------------------------------------
@@ -460,6 +534,10 @@ TensorNames Gpt2Names() {
 
 Status ParseTokenIds(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1, -1, int64_t{1} << 40));
+  if (c->arch == Architecture::kLlama) {  // GPT-2's wte has no padding_idx
+    ASSIGN_OR_RETURN(int64_t pad, r.Int("pad_token_id", -1, -1, int64_t{1} << 40));
+    c->pad_token_id = pad < c->vocab_size ? pad : -1;
+  }
   if (!r.Has("eos_token_id")) return OkStatus();
   const json& e = r.raw().at("eos_token_id");
   if (e.is_number_integer()) {
@@ -491,8 +569,9 @@ Status ParseDropout(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) 
 // Keys any family may carry that would make transformers compute something else.
 Status RefuseOddities(const ConfigReader& r) {
   if (r.Has("quantization_config")) {
-    return r.Error("quantization_config", "quantized checkpoints are not supported (offloadd "
-                                          "trains F32, F16 or BF16 weights)");
+    return r.Error("quantization_config",
+                   "quantized checkpoints are not supported (offloadd "
+                   "trains F32, F16 or BF16 weights)");
   }
   ASSIGN_OR_RETURN(bool causal, r.Bool("is_causal", true));
   if (!causal) return r.Unsupported("is_causal", "offloadd trains causal language models");
@@ -618,8 +697,9 @@ Status CheckArchitectures(const FamilyRule& f, const ConfigReader& r, ModelConfi
     bool known = false;
     for (const std::string& k : f.architectures) known = known || (name.is_string() && name == k);
     if (!known) {
-      return r.Error("architectures", "unsupported architecture " + name.dump() + " for model_type " +
-                                          f.model_type + " (supported: " + accepted + ")");
+      return r.Error("architectures", "unsupported architecture " + name.dump() +
+                                          " for model_type " + f.model_type +
+                                          " (supported: " + accepted + ")");
     }
     if (i == 0) c->architecture = name.get<std::string>();
   }
@@ -649,14 +729,17 @@ Status ParseFamily(const ConfigReader& r, ModelConfig* c) {
     ASSIGN_OR_RETURN(ConfigReader text, r.Child("text_config"));
     ASSIGN_OR_RETURN(std::string text_type, text.String("model_type", f->text_config_of));
     if (text_type != f->text_config_of) {
-      return text.Error("model_type", "expected \"" + f->text_config_of + "\", got \"" +
-                                          text_type + "\"");
+      return text.Error("model_type",
+                        "expected \"" + f->text_config_of + "\", got \"" + text_type + "\"");
     }
     const FamilyRule* tf = FindRule(f->text_config_of);
     RETURN_IF_ERROR(RefuseOddities(text));
     RETURN_IF_ERROR(ParseRotary(*tf, text, c));
     // The wrapper's own tie_word_embeddings decides (PreTrainedModel reads the top config).
     ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", f->tie));
+    // Gemma3ForConditionalGeneration's forward applies no final-logit soft-capping (only
+    // Gemma3ForCausalLM reads text_config.final_logit_softcapping).
+    c->final_logit_softcap = 0;
     TensorNames& n = c->names;
     n.embed = "language_model." + n.embed;
     n.final_norm = "language_model." + n.final_norm;

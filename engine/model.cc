@@ -45,17 +45,41 @@ bool IsMaskBuffer(const ModelConfig& c, const std::string& name) {
   return ends_with(".rotary_emb.inv_freq");
 }
 
-// GPT2LMHeadModel.save_pretrained writes "transformer.*"; the hub's original GPT-2 files don't.
-// The names are written without it; it is added when the checkpoint has it.
-void ApplyCheckpointPrefix(ModelConfig* c, const Checkpoint* checkpoint) {
-  if (c->arch != Architecture::kGpt2 || checkpoint == nullptr) return;
-  const std::string prefix = "transformer.";
-  if (!checkpoint->Contains(prefix + c->names.embed)) return;
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The checkpoint's layout where config.json alone does not tell it: GPT-2 saved by
+// save_pretrained has "transformer." before every name but lm_head (the hub's files have none);
+// a Gemma 3 multimodal checkpoint has its language model under "language_model.model." (what
+// transformers 5's save_pretrained writes, and the hub's files) or under "model.language_model."
+// (the module layout of transformers 5, as some conversions store it).
+void AdaptNamesToCheckpoint(const Checkpoint& ckpt, ModelConfig* c) {
   TensorNames& n = c->names;
-  for (std::string* name :
-       {&n.embed, &n.position_embed, &n.final_norm, &n.final_norm_bias, &n.layer_prefix}) {
-    if (!name->empty()) *name = prefix + *name;
+  if (c->arch == Architecture::kGpt2 && !ckpt.Contains(n.embed) &&
+      ckpt.Contains("transformer." + n.embed)) {
+    for (std::string* name : {&n.embed, &n.position_embed, &n.final_norm, &n.final_norm_bias,
+                              &n.layer_prefix}) {
+      if (!name->empty()) *name = "transformer." + *name;
+    }
   }
+  const std::string legacy = "language_model.model.";
+  const std::string modular = "model.language_model.";
+  if (StartsWith(n.embed, legacy) && !ckpt.Contains(n.embed) &&
+      ckpt.Contains(modular + n.embed.substr(legacy.size()))) {
+    for (std::string* name : {&n.embed, &n.final_norm, &n.layer_prefix}) {
+      *name = modular + name->substr(legacy.size());
+    }
+    n.lm_head = "lm_head.weight";
+    for (std::string& prefix : n.passthrough_prefixes) prefix = "model." + prefix;
+  }
+}
+
+bool IsPassthrough(const ModelConfig& c, const std::string& name) {
+  for (const std::string& prefix : c.names.passthrough_prefixes) {
+    if (StartsWith(name, prefix)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -73,6 +97,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   m->source_ = std::make_unique<Source>();
   Source& src = *m->source_;
   ASSIGN_OR_RETURN(src.checkpoint, Checkpoint::Open(dir));
+  AdaptNamesToCheckpoint(*src.checkpoint, &m->config_);
   for (const auto& name : src.checkpoint->Names()) {
     ASSIGN_OR_RETURN(auto e, src.checkpoint->Get(name));
     src.dtypes[name] = e.info->dtype;
@@ -107,7 +132,6 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   };
 
   try {
-    ApplyCheckpointPrefix(&m->config_, src.checkpoint.get());
     ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, load));
   } catch (const c10::Error& e) {
     return InternalError(dir + ": loading parameters: " + e.what_without_backtrace());
@@ -118,9 +142,12 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   const std::string tied_target = m->blocks_[0]->params()[0].name;
   for (const auto& name : src.checkpoint->Names()) {
     if (used.count(name)) continue;
-    if (m->config_.tie_word_embeddings && name == "lm_head.weight") {
+    if (m->config_.tie_word_embeddings && name == m->config_.names.lm_head) {
       src.tied_alias = name;  // stored although tied: transformers ignores it; we re-export it
       src.tied_target = tied_target;
+    } else if (IsPassthrough(m->config_, name)) {
+      // Not the language model's (Gemma 3's vision tower and projector): written back unchanged.
+      src.passthrough.insert(name);
     } else if (IsMaskBuffer(m->config_, name)) {
       src.passthrough.insert(name);
     } else {
@@ -174,9 +201,9 @@ StatusOr<at::Tensor> Model::ReadInitialValue(const std::string& name) const {
              name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
     if (ends_with(".bias")) return at::zeros(shape, at::kFloat);
-    if (shape.size() == 1) {  // norm weights: Gemma's (1 + w) starts from w = 0
+    if (shape.size() == 1) {  // norm weights: 1, or 0 where the norm scales by (1 + w) (Gemma)
       return config_.norm == NormKind::kRmsOneOffset ? at::zeros(shape, at::kFloat)
-                                                      : at::ones(shape, at::kFloat);
+                                                     : at::ones(shape, at::kFloat);
     }
     // One generator per parameter, seeded from (seed, name): the value does not depend on the
     // order parameters are materialized in.

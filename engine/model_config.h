@@ -132,6 +132,9 @@ struct ModelConfig {
   // model is refused unless it says `dropout: disable` (DropoutProblem).
   std::vector<std::pair<std::string, double>> dropout;
   int64_t bos_token_id = -1;
+  // nn.Embedding's padding_idx in the rotary families' modeling code (config.pad_token_id): the
+  // embedding lookup gives that row no gradient. -1: none (GPT-2, or no pad token in the vocab).
+  int64_t pad_token_id = -1;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

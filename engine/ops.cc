@@ -217,57 +217,6 @@ at::Tensor LayerNormBackward(const at::Tensor& dy, const at::Tensor& x, const at
   return dx;
 }
 
-void RopeTables(const RopeConfig& rope, int64_t head_dim, const at::Tensor& position_ids,
-                c10::ScalarType dtype, at::Tensor* cos, at::Tensor* sin) {
-  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
-  // Same op sequence as transformers' _compute_default_rope_parameters (fp32).
-  at::Tensor exponent = at::arange(0, head_dim, 2, fopts.dtype(at::kLong)).to(at::kFloat) /
-                        static_cast<double>(head_dim);
-  at::Tensor inv_freq = 1.0 / at::pow(rope.theta, exponent);
-  if (rope.type == "linear") {
-    inv_freq = inv_freq / rope.factor;
-  } else if (rope.type == "llama3") {
-    // transformers' _compute_llama3_parameters.
-    const double old_ctx = static_cast<double>(rope.original_max_position_embeddings);
-    const double low_wavelen = old_ctx / rope.low_freq_factor;
-    const double high_wavelen = old_ctx / rope.high_freq_factor;
-    at::Tensor wavelen = 2 * M_PI / inv_freq;
-    at::Tensor llama = at::where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq);
-    at::Tensor smooth =
-        (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
-    at::Tensor smoothed = (1 - smooth) * llama / rope.factor + smooth * llama;
-    at::Tensor medium =
-        (wavelen < high_wavelen).logical_not() & (wavelen > low_wavelen).logical_not();
-    inv_freq = at::where(medium, smoothed, llama);
-  }
-  at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1);
-  *cos = emb.cos().to(dtype);
-  *sin = emb.sin().to(dtype);
-}
-
-namespace {
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-// Transpose of RotateHalf: [a, b] -> [b, -a].
-at::Tensor RotateHalfT(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({x.narrow(-1, half, half), -x.narrow(-1, 0, half)}, -1);
-}
-}  // namespace
-
-at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-  return x * c + RotateHalf(x) * s;
-}
-
-at::Tensor ApplyRopeBackward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin) {
-  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-  return dy * c + RotateHalfT(dy * s);
-}
-
 namespace {
 
 enum class AttnKernel { kCpuFlash, kCudaCudnn, kCudaFlash, kCudaEfficient };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/model_config.h"
+#include "engine/rope.h"
 
 namespace offloadd::engine::ops {
 
@@ -42,12 +43,7 @@ at::Tensor LayerNormBackward(const at::Tensor& dy, const at::Tensor& x, const at
                              const at::Tensor& b, const at::Tensor& mean, const at::Tensor& rstd,
                              at::Tensor* dw, at::Tensor* db);
 
-// Rotary tables [B, T, head_dim] (fp32 math, cast to dtype) for position_ids [B, T].
-void RopeTables(const RopeConfig& rope, int64_t head_dim, const at::Tensor& position_ids,
-                c10::ScalarType dtype, at::Tensor* cos, at::Tensor* sin);
-// x: [B, H, T, D]; HF rotate_half convention.
-at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-at::Tensor ApplyRopeBackward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin);
+// RoPE (RopeTables, ApplyRope, ApplyRopeBackward): engine/rope.h.
 
 // Causal scaled-dot-product attention. q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] with Hq % Hkv == 0.
 // `mask` undefined: plain causal attention through ATen's fused kernels (flash on CPU and for

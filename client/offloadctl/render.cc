@@ -184,6 +184,13 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
     o << buf;
   }
   for (const auto& problem : n.shape_profile_problems()) o << "shape       unreadable: " << problem << "\n";
+  // The model families the daemon trains: config.json's model_type, then the architectures it takes.
+  for (int i = 0; i < n.supported_families_size(); ++i) {
+    const auto& f = n.supported_families(i);
+    o << (i == 0 ? "families    " : "            ") << TerminalText(f.model_type()) << " (";
+    for (int a = 0; a < f.architectures_size(); ++a) o << (a ? ", " : "") << TerminalText(f.architectures(a));
+    o << "): " << TerminalText(f.description()) << "\n";
+  }
   return o.str();
 }
 

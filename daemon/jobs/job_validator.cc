@@ -392,6 +392,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       c.Add("model.path", "'" + *dir + "' is not a directory");
     } else if (auto mc = engine::LoadModelConfig(*dir); !c.Fails("model.path", mc.status())) {
       config = std::make_unique<engine::ModelConfig>(*mc);
+      r.model_type = mc->model_type;
+      r.model_architecture = mc->architecture;
+      r.model_parts = engine::DescribeParts(*mc);
       if (v1::DropoutMode_IsValid(spec.dropout())) {
         c.Fails("dropout", engine::DropoutProblem(*mc, spec.dropout() == v1::DROPOUT_MODE_DISABLE));
       }
@@ -428,18 +431,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   const auto& ds = spec.dataset();
   if (ds.paths().empty()) c.Add("dataset.paths", "required: at least one JSON or JSON Lines file");
   c.Range("dataset.max_seq_length", ds.max_seq_length(), 8, 1 << 20);
-  if (config && config->max_position_embeddings > 0 && ds.max_seq_length() > config->max_position_embeddings &&
-      config->arch == engine::Architecture::kGpt2) {
-    c.Add("dataset.max_seq_length", "GPT-2 has learned positions for " + std::to_string(config->max_position_embeddings) +
-                                        " tokens, got " + std::to_string(ds.max_seq_length()));
-  }
-  // The engine attends over the whole sequence; a micro-batch longer than a sliding window would
-  // fail mid-job (engine/model.cc).
-  if (config && config->sliding_window > 0 && ds.max_seq_length() > config->sliding_window) {
-    c.Add("dataset.max_seq_length",
-          "sliding-window attention is not implemented: at most the model's sliding_window of " +
-              std::to_string(config->sliding_window) + " tokens, got " + std::to_string(ds.max_seq_length()));
-  }
+  // The longest sequence the model trains as transformers does (GPT-2's learned positions, dynamic
+  // RoPE), known here so that nothing is refused after a step. Sliding windows are implemented.
+  if (config) c.Fails("dataset.max_seq_length", engine::SequenceLengthProblem(*config, ds.max_seq_length()));
   std::unique_ptr<text::ChatTemplate> chat;
   if (tokenizer) {
     StatusOr<text::ChatTemplate> t = InvalidArgumentError("unset");

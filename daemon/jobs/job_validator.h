@@ -82,6 +82,9 @@ struct ValidationResult {
   offloadd::v1::JobSpec resolved;  // defaults filled, paths canonical (meaningful when valid)
   ModelSize model_size;
   MemoryFloor memory_floor;
+  // The model as the engine assembles it (engine::DescribeParts); empty when config.json was not
+  // read. model_type and architectures[0] of its config.json.
+  std::string model_type, model_architecture, model_parts;
   bool ok() const { return violations.empty(); }
 };
 

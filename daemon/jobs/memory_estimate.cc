@@ -21,25 +21,14 @@ uint64_t SatAdd(uint64_t a, uint64_t b) {
 }  // namespace
 
 ModelSize EstimateModelSize(const engine::ModelConfig& c) {
+  // Counted from the model's parts (engine::CountParams): norms and their biases, q/k norms,
+  // sandwich norms, projection and MLP biases, learned positions.
+  const engine::ParamCounts n = engine::CountParams(c);
   ModelSize s;
-  const int64_t h = c.hidden_size;
-  int64_t layer = 0;
-  if (c.arch == engine::Architecture::kGpt2) {
-    // c_attn (h x 3h + 3h), c_proj (h x h + h), mlp (h x 4h + 4h, 4h x h + h), two LayerNorms.
-    const int64_t inner = c.intermediate_size > 0 ? c.intermediate_size : 4 * h;
-    layer = h * 3 * h + 3 * h + h * h + h + h * inner + inner + inner * h + h + 4 * h;
-    s.embedding_params = c.vocab_size * h + c.max_position_embeddings * h;
-  } else {
-    layer = h * c.q_dim() + 2 * h * c.kv_dim() + c.q_dim() * h + 3 * h * c.intermediate_size + 2 * h;
-    if (c.qkv_bias) layer += c.q_dim() + 2 * c.kv_dim();
-    if (c.o_bias) layer += h;
-    s.embedding_params = c.vocab_size * h;
-  }
-  s.layer_params = layer;
-  const int64_t head = c.tie_word_embeddings ? 0 : c.vocab_size * h;
-  const int64_t final_norm = c.arch == engine::Architecture::kGpt2 ? 2 * h : h;  // ln_f has a bias
-  s.total_params = s.embedding_params + c.num_layers * layer + head + final_norm;
-  s.largest_block_params = std::max({s.embedding_params, layer, head});
+  s.embedding_params = n.embedding;
+  s.layer_params = n.layer;
+  s.total_params = n.total;
+  s.largest_block_params = std::max({s.embedding_params, s.layer_params, n.lm_head});
   return s;
 }
 

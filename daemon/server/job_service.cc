@@ -179,6 +179,11 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   if (request->validate_only()) {
     *job->mutable_spec() = std::move(result.resolved);
     job->set_state(v1::JOB_STATE_QUEUED);
+    v1::ModelSummary* model = job->mutable_model();
+    model->set_model_type(result.model_type);
+    model->set_architecture(result.model_architecture);
+    model->set_parts(result.model_parts);
+    model->set_parameters(result.model_size.total_params);
     return rec.Done(grpc::Status::OK);
   }
   const Status reserved = quota_.Reserve(client, [this](const std::string& id) {

@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "daemon/server/rpc_recorder.h"
+#include "engine/model_config.h"
 #include "trainer/node_profile_file.h"
 #include "trainer/shape_profile.h"
 #include "workers/adamw_kernel.h"
@@ -167,6 +168,12 @@ void FillNodeInfo(const NodeFacts& f, const BuildFacts& build, offloadd::v1::Nod
   }
   out->set_io_uring_available(f.io_uring_available);
   out->set_io_uring_problem(f.io_uring_problem);
+  for (const engine::FamilyInfo& family : engine::SupportedFamilies()) {
+    auto* p = out->add_supported_families();
+    p->set_model_type(family.model_type);
+    for (const auto& a : family.architectures) p->add_architectures(a);
+    p->set_description(family.description);
+  }
 }
 
 }  // namespace offloadd::daemon

@@ -60,6 +60,24 @@ TEST(RenderTest, NodeInfoShowsTheAdamWKernelAndWhy) {
       << text;
 }
 
+TEST(RenderTest, NodeInfoListsTheSupportedModelFamilies) {
+  offloadd::v1::NodeInfo n;
+  auto* q = n.add_supported_families();
+  q->set_model_type("qwen3");
+  q->add_architectures("Qwen3ForCausalLM");
+  q->set_description("Qwen3: per-head q/k RMSNorm");
+  auto* g = n.add_supported_families();
+  g->set_model_type("gemma3");
+  g->add_architectures("Gemma3ForConditionalGeneration");
+  g->set_description("Gemma 3 (multimodal\x1b[2J checkpoint)");
+  const std::string text = RenderNodeInfo(n);
+  EXPECT_NE(text.find("families    qwen3 (Qwen3ForCausalLM): Qwen3: per-head q/k RMSNorm\n"
+                      "            gemma3 (Gemma3ForConditionalGeneration): Gemma 3 (multimodal"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << "terminal escapes are escaped";
+}
+
 TEST(RenderTest, NodeInfoShowsTheNodeProfileOrWhyThereIsNone) {
   offloadd::v1::NodeInfo n;
   n.mutable_bandwidths()->set_problem("not measured yet");

@@ -425,8 +425,9 @@ TEST_F(JobValidatorTest, EvalPathsAreCheckedAndEvalStepsDefaultsToLoggingSteps) 
   EXPECT_NE(r.violations[0].description.find("dataset.eval_paths"), std::string::npos);
 }
 
-// What the engine would refuse mid-job for this model is refused up front.
-TEST_F(JobValidatorTest, LayerOverridesAndSlidingWindowAreCheckedAgainstTheModel) {
+// What the engine would refuse mid-job for this model is refused up front; a sliding window
+// shorter than the sequence is implemented (issue #30) and accepted.
+TEST_F(JobValidatorTest, LayerOverridesAndSequenceLengthAreCheckedAgainstTheModel) {
   v1::JobSpec s = ValidSpec();
   auto& overrides = *s.mutable_offload()->mutable_activations()->mutable_layer_overrides();
   overrides[1] = v1::ACTIVATION_MODE_RECOMPUTE;  // the model's last layer: fine
@@ -436,17 +437,36 @@ TEST_F(JobValidatorTest, LayerOverridesAndSlidingWindowAreCheckedAgainstTheModel
   EXPECT_EQ(r.violations[0].field, "offload.activations.layer_overrides[2]");
   EXPECT_NE(r.violations[0].description.find("2 layers (0 to 1)"), std::string::npos) << Describe(r);
 
+  const std::string mistral =
+      R"({"model_type": "mistral", "vocab_size": 50257, "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "sliding_window": 64)";
   std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
-      << R"({"model_type": "mistral", "vocab_size": 50257, "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 1024, "sliding_window": 64})";
-  s = ValidSpec();  // max_seq_length 128
+      << mistral << R"(, "max_position_embeddings": 1024})";
+  s = ValidSpec();  // max_seq_length 128, twice the window
+  EXPECT_EQ(Find(Validate(s), "dataset.max_seq_length"), nullptr) << Describe(Validate(s));
+
+  // Dynamic RoPE past max_position_embeddings: transformers' frequencies depend on the longest
+  // sequence seen so far in the run.
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
+      << mistral << R"(, "max_position_embeddings": 96,
+          "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})";
   r = Validate(s);
   const FieldViolation* w = Find(r, "dataset.max_seq_length");
   ASSERT_NE(w, nullptr) << Describe(r);
-  EXPECT_NE(w->description.find("sliding_window of 64 tokens, got 128"), std::string::npos) << w->description;
-  s.mutable_dataset()->set_max_seq_length(64);
+  EXPECT_NE(w->description.find("\"dynamic\""), std::string::npos) << w->description;
+  EXPECT_NE(w->description.find("max_position_embeddings (96)"), std::string::npos) << w->description;
+  EXPECT_NE(w->description.find("got max_seq_length 128"), std::string::npos) << w->description;
+  s.mutable_dataset()->set_max_seq_length(96);
   EXPECT_EQ(Find(Validate(s), "dataset.max_seq_length"), nullptr) << Describe(Validate(s));
+
+  // GPT-2's learned positions.
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
+      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4,
+            "n_positions": 64})";
+  w = Find(Validate(s), "dataset.max_seq_length");
+  ASSERT_NE(w, nullptr) << Describe(Validate(s));
+  EXPECT_NE(w->description.find("n_positions is 64"), std::string::npos) << w->description;
 }
 
 // Issue #18 defect 14: NaN passed every range check (`v < lo || v > hi` is false for NaN), open

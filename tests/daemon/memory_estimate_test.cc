@@ -26,6 +26,38 @@ TEST(MemoryEstimateTest, TinyLlamaParameterCount) {
   EXPECT_EQ(s.largest_block_params, 32000 * 2048);
 }
 
+// Issue #30's families, counted from their parts (q/k norms, sandwich norms, fused tensors, tied
+// heads): totals are transformers' num_parameters() of the same configs.
+TEST(MemoryEstimateTest, ParameterCountsFromThePartsOfEachFamily) {
+  struct Case {
+    const char* json;
+    int64_t params;
+  };
+  const Case cases[] = {
+      {R"({"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+           "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+           "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": true})",
+       596049920},  // Qwen3-0.6B
+      {R"({"model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152,
+           "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,
+           "num_key_value_heads": 1, "head_dim": 256})",
+       999885952},  // Gemma-3-1B
+      {R"({"model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
+           "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24,
+           "num_key_value_heads": 8, "tie_word_embeddings": true, "partial_rotary_factor": 0.75})",
+       3836021760},  // Phi-4-mini
+      {R"({"model_type": "olmo2", "vocab_size": 100352, "hidden_size": 2048,
+           "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16,
+           "num_key_value_heads": 16})",
+       1484916736},  // OLMo-2-1B
+  };
+  for (const Case& k : cases) {
+    auto c = engine::ParseModelConfig(k.json, "config.json");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(EstimateModelSize(*c).total_params, k.params) << c->model_type;
+  }
+}
+
 TEST(MemoryEstimateTest, HeadIsCountedPerChunk) {
   const engine::ModelConfig c = TinyLlama();
   const ModelSize s = EstimateModelSize(c);

@@ -7,10 +7,28 @@
 
 #include <gtest/gtest.h>
 
+#include "daemon/server/node_service.h"
 #include "engine/file_util.h"
 
 namespace offloadd::daemon {
 namespace {
+
+// `offloadctl node` lists the model families the engine trains (issue #30), from the family table.
+TEST(NodeProbeTest, NodeInfoListsTheSupportedModelFamilies) {
+  offloadd::v1::NodeInfo info;
+  FillNodeInfo(NodeFacts{}, BuildFacts{}, &info);
+  ASSERT_EQ(info.supported_families_size(), 10);
+  EXPECT_EQ(info.supported_families(0).model_type(), "llama");
+  EXPECT_EQ(info.supported_families(0).architectures(0), "LlamaForCausalLM");
+  bool qwen3 = false, gemma3 = false;
+  for (const auto& f : info.supported_families()) {
+    EXPECT_FALSE(f.description().empty()) << f.model_type();
+    qwen3 = qwen3 || (f.model_type() == "qwen3" && f.architectures(0) == "Qwen3ForCausalLM");
+    gemma3 = gemma3 || (f.model_type() == "gemma3" &&
+                        f.architectures(0) == "Gemma3ForConditionalGeneration");
+  }
+  EXPECT_TRUE(qwen3 && gemma3);
+}
 
 TEST(NodeProbeTest, ReportsThisMachine) {
   const NodeFacts f = ProbeNode({{"/tmp", 1.0}, {"/nonexistent/store", 2.0}});

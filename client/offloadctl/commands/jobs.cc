@@ -78,6 +78,13 @@ int RunSubmit(Client& c, const Options& o) {
     if (format == OutputFormat::kTable) {
       std::printf("%s: valid. The job would run as:\n", source.c_str());
       std::fputs(ToJson(job->spec()).c_str(), stdout);
+      // The model's family and the parts the engine assembles it from.
+      if (!job->model().parts().empty()) {
+        std::printf("model: %s (%s), %s parameters\n",
+                    TerminalText(job->model().parts()).c_str(),
+                    TerminalText(job->model().architecture()).c_str(),
+                    std::to_string(job->model().parameters()).c_str());
+      }
     } else {
       Print(job->spec(), format, "");
     }

@@ -58,6 +58,25 @@ def test_validate_only_returns_resolved_spec(daemon, workspace):
     assert job.spec.training.adam_beta2 == pytest.approx(0.999), "defaults are filled in"
     assert offloadd.v1.job_pb2.DatasetFormat.Name(job.spec.dataset.format) == "DATASET_FORMAT_ALPACA"
     assert job.spec.output_dir == str(workspace.resolve() / "out")
+    # The model as the engine assembles it (issue #30).
+    assert job.model.model_type == "gpt2" and job.model.architecture == "GPT2LMHeadModel"
+    assert job.model.parts.startswith("gpt2: LayerNorm pre-norm, MHA 4 head_dim 16, q/k/v/o bias, GELU MLP"), \
+        job.model.parts
+    # 50257 x 64 + 256 x 64 embeddings, 2 layers of 4 x 64^2 + 2 x 64 x 256 weights, their biases and
+    # LayerNorms, ln_f: transformers' num_parameters() of this config.
+    assert job.model.parameters == 3332928
+
+
+def test_validate_only_names_the_family_and_parts_of_a_qwen3_model(daemon, workspace):
+    (workspace / "model" / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 50257, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "rope_theta": 1000000.0, "tie_word_embeddings": True}))
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec_dict(workspace), validate_only=True)
+    assert job.model.parts == ("qwen3: RMSNorm pre-norm, GQA 4/2 head_dim 32, per-head q/k norm, SwiGLU, "
+                               "RoPE default θ=1e6, tied head"), job.model.parts
+    assert job.model.architecture == "Qwen3ForCausalLM"
 
 
 def test_dropout_the_engine_would_drop_is_refused_unless_disabled(daemon, workspace):
@@ -205,6 +224,8 @@ def test_offloadctl_submit_validate_only(binary_dir, daemon, workspace):
     r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "valid" in r.stdout and '"lr_scheduler_type": "linear"' in r.stdout
+    assert "model: gpt2: LayerNorm pre-norm, MHA 4 head_dim 16" in r.stdout, r.stdout
+    assert "(GPT2LMHeadModel), 3332928 parameters" in r.stdout, r.stdout
 
     job.write_text(job.read_text().replace("learning_rate", "learning_rat"))
     r = subprocess.run(ctl + ["submit", str(job), "--validate-only"], capture_output=True, text=True, timeout=60)

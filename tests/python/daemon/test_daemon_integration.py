@@ -64,6 +64,16 @@ def test_cpp_client_health_and_node_info(binary_dir, daemon):
     want = kernels[0] if forced == "auto" else forced
     assert node["cpu"]["adamw_kernel"] == want
     assert f"adamw       {want} kernel (" in human, human
+    # The model families the engine trains (issue #30), each with the architectures it accepts.
+    families = {f["model_type"]: f["architectures"] for f in node["supported_families"]}
+    for model_type, arch in [("llama", "LlamaForCausalLM"), ("mistral", "MistralForCausalLM"),
+                             ("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM"),
+                             ("gemma2", "Gemma2ForCausalLM"), ("gemma3_text", "Gemma3ForCausalLM"),
+                             ("gemma3", "Gemma3ForConditionalGeneration"), ("phi3", "Phi3ForCausalLM"),
+                             ("olmo2", "Olmo2ForCausalLM"), ("gpt2", "GPT2LMHeadModel")]:
+        assert families.get(model_type) == [arch], (model_type, families)
+    assert "families    llama (LlamaForCausalLM): " in human, human
+    assert "            qwen3 (Qwen3ForCausalLM): " in human, human
 
 
 def test_job_queries_on_an_empty_daemon(binary_dir, daemon):

@@ -176,11 +176,11 @@ def test_bf16_checkpoint_loads_as_fp32(tmp_path):
 
 
 @pytest.mark.parametrize("patch,needle", [
-    ({"model_type": "phi3"}, "unsupported model type \"phi3\""),
+    ({"model_type": "deepseek_v3"}, "unsupported model type \"deepseek_v3\""),
     ({"architectures": ["MixtralForCausalLM"]}, "MixtralForCausalLM"),
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}, "yarn"),
-    ({"mlp_bias": True}, "mlp_bias"),
+    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 10000.0}}, "proportional"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
 ])
 def test_unsupported_config_is_rejected_by_name(tmp_path, patch, needle):
     _, d = tiny_llama(tmp_path)
