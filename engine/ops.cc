@@ -79,30 +79,51 @@ FusedMode FusedKernelsMode() {
   return mode;
 }
 
+#if OFFLOADD_WITH_CUDA
+constexpr int64_t kMaxNormHidden = cuda::kMaxRmsNormHidden;
+#else
+constexpr int64_t kMaxNormHidden = std::numeric_limits<int64_t>::max();
+#endif
+
+const char* FusedOpName(FusedOp op) {
+  switch (op) {
+    case FusedOp::kRmsNorm: return "RMSNorm";
+    case FusedOp::kRmsNormBackward: return "RMSNorm backward";
+    case FusedOp::kSwiGlu: return "SwiGLU";
+    case FusedOp::kGeGluTanh: return "GeGLU";
+  }
+  return "?";
+}
+
+// Why the fused kernel cannot take these inputs (FusedKernelFor without the mode).
+std::string FusedMisfit(FusedOp op, c10::ScalarType dtype, c10::Device device, int64_t h) {
+  if (!OFFLOADD_WITH_CUDA) return "needs the CUDA build";
+  if (!device.is_cuda()) return "needs CUDA tensors";
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
+    return "needs fp32, bf16 or fp16";
+  }
+  if (op == FusedOp::kRmsNormBackward && h > kMaxNormHidden) {
+    return "supports a last dimension up to " + std::to_string(kMaxNormHidden);
+  }
+  return "";
+}
+
 // Whether the fused kernel runs for these tensors (all of one dtype, on one CUDA device).
-bool UseFused(const char* op, std::initializer_list<const at::Tensor*> ts, int64_t h,
-              int64_t max_h) {
+bool UseFused(FusedOp op, std::initializer_list<const at::Tensor*> ts, int64_t h) {
   const FusedMode mode = FusedKernelsMode();
   if (mode == FusedMode::kAten) return false;
-  std::string why;
   const at::Tensor& first = **ts.begin();
-  const auto dtype = first.scalar_type();
-  if (!OFFLOADD_WITH_CUDA) {
-    why = "needs the CUDA build";
-  } else if (!first.is_cuda()) {
-    why = "needs CUDA tensors";
-  } else if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
-    why = "needs fp32, bf16 or fp16";
-  } else if (h > max_h) {
-    why = "supports a last dimension up to " + std::to_string(max_h);
-  } else {
+  std::string why = FusedMisfit(op, first.scalar_type(), first.device(), h);
+  if (why.empty()) {
     for (const at::Tensor* t : ts) {
-      if (t->defined() && (t->scalar_type() != dtype || t->device() != first.device())) {
+      if (t->defined() &&
+          (t->scalar_type() != first.scalar_type() || t->device() != first.device())) {
         why = "needs every input in one dtype on one device";
       }
     }
   }
-  TORCH_CHECK(why.empty() || mode == FusedMode::kAuto, "fused kernels forced: ", op, " ", why);
+  TORCH_CHECK(why.empty() || mode == FusedMode::kAuto, "fused kernels forced: ", FusedOpName(op),
+              " ", why);
   return why.empty();
 }
 
@@ -114,25 +135,58 @@ cuda::DType KernelType(const at::Tensor& t) {
     default: return cuda::DType::kFloat;
   }
 }
+
+cuda::RmsScale KernelScale(RmsScale s) {
+  switch (s) {
+    case RmsScale::kScaleThenCast: return cuda::RmsScale::kScaleThenCast;
+    case RmsScale::kOneOffset: return cuda::RmsScale::kOneOffset;
+    default: return cuda::RmsScale::kCastThenScale;
+  }
+}
 #endif
 
-constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
-#if OFFLOADD_WITH_CUDA
-constexpr int64_t kMaxNormHidden = cuda::kMaxRmsNormHidden;
-#else
-constexpr int64_t kMaxNormHidden = kNoLimit;
-#endif
+// The fp32 factor of the flavours that scale before the cast: w.float() or 1 + w.float().
+at::Tensor Fp32Scale(const at::Tensor& w, RmsScale scale) {
+  at::Tensor wf = w.to(at::kFloat);
+  return scale == RmsScale::kOneOffset ? wf + 1.0 : wf;
+}
+
+// y from n = x.float() * rstd (fp32), rounded as the family's modeling code rounds it.
+at::Tensor ScaleNormalized(const at::Tensor& n, const at::Tensor& w, c10::ScalarType dtype,
+                           RmsScale scale) {
+  if (scale == RmsScale::kCastThenScale) return w * n.to(dtype);
+  return (n * Fp32Scale(w, scale)).to(dtype);
+}
+
+void CheckNormWeight(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), "RMSNorm: weight of shape ", w.sizes(),
+              " for rows of ", x.size(-1));
+}
 
 }  // namespace
+
+RmsScale RmsScaleFor(const ModelConfig& c) {
+  if (c.norm == NormKind::kRmsOneOffset) return RmsScale::kOneOffset;
+  if (c.model_type == "olmo2") return RmsScale::kScaleThenCast;
+  return RmsScale::kCastThenScale;
+}
+
+std::string FusedKernelFor(FusedOp op, c10::ScalarType dtype, c10::Device device,
+                           int64_t last_dim) {
+  if (FusedKernelsMode() == FusedMode::kAten) return "OFFLOADD_FUSED_KERNELS=aten";
+  return FusedMisfit(op, dtype, device, last_dim);
+}
 
 void SetFusedKernels(const std::string& mode) {
   g_fused_mode.store(static_cast<int>(ParseFusedMode(mode, "the fused kernel mode")),
                      std::memory_order_relaxed);
 }
 
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd) {
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd,
+                   RmsScale scale) {
+  CheckNormWeight(x, w);
   const int64_t h = x.size(-1);
-  if (UseFused("RMSNorm", {&x, &w}, h, kNoLimit)) {
+  if (UseFused(FusedOp::kRmsNorm, {&x, &w}, h)) {
 #if OFFLOADD_WITH_CUDA
     const c10::cuda::CUDAGuard guard(x.device());
     at::Tensor xc = x.contiguous(), wc = w.contiguous();
@@ -140,38 +194,43 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Ten
     std::vector<int64_t> rshape(x.sizes().begin(), x.sizes().end());
     rshape.back() = 1;
     *rstd = at::empty(rshape, x.options().dtype(at::kFloat));
-    cuda::RmsNormForward(KernelType(x), xc.data_ptr(), wc.data_ptr(), static_cast<float>(eps),
-                         xc.numel() / h, h, y.data_ptr(), rstd->data_ptr<float>(),
-                         at::cuda::getCurrentCUDAStream());
+    cuda::RmsNormForward(KernelType(x), KernelScale(scale), xc.data_ptr(), wc.data_ptr(),
+                         static_cast<float>(eps), xc.numel() / h, h, y.data_ptr(),
+                         rstd->data_ptr<float>(), at::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return y;
 #endif
   }
   at::Tensor xf = x.to(at::kFloat);
   *rstd = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return w * (xf * *rstd).to(x.scalar_type());
+  return ScaleNormalized(xf * *rstd, w, x.scalar_type(), scale);
 }
 
-at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd) {
+at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd,
+                           RmsScale scale) {
+  CheckNormWeight(x, w);
   const int64_t h = x.size(-1);
-  if (UseFused("RMSNorm", {&x, &w}, h, kNoLimit)) {
+  if (UseFused(FusedOp::kRmsNorm, {&x, &w}, h)) {
 #if OFFLOADD_WITH_CUDA
     const c10::cuda::CUDAGuard guard(x.device());
     at::Tensor xc = x.contiguous(), wc = w.contiguous(), rc = rstd.contiguous();
     at::Tensor y = at::empty_like(xc);
-    cuda::RmsNormApply(KernelType(x), xc.data_ptr(), wc.data_ptr(), rc.data_ptr<float>(),
-                       xc.numel() / h, h, y.data_ptr(), at::cuda::getCurrentCUDAStream());
+    cuda::RmsNormApply(KernelType(x), KernelScale(scale), xc.data_ptr(), wc.data_ptr(),
+                       rc.data_ptr<float>(), xc.numel() / h, h, y.data_ptr(),
+                       at::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return y;
 #endif
   }
-  return w * (x.to(at::kFloat) * rstd).to(x.scalar_type());
+  return ScaleNormalized(x.to(at::kFloat) * rstd, w, x.scalar_type(), scale);
 }
 
 at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                           const at::Tensor& rstd, at::Tensor* dw, const at::Tensor& residual) {
+                           const at::Tensor& rstd, at::Tensor* dw, const at::Tensor& residual,
+                           RmsScale scale) {
+  CheckNormWeight(x, w);
   const int64_t h = x.size(-1);
-  if (UseFused("RMSNorm backward", {&x, &dy, &w, &residual}, h, kMaxNormHidden)) {
+  if (UseFused(FusedOp::kRmsNormBackward, {&x, &dy, &w, &residual}, h)) {
 #if OFFLOADD_WITH_CUDA
     const c10::cuda::CUDAGuard guard(x.device());
     at::Tensor xc = x.contiguous(), dyc = dy.contiguous(), wc = w.contiguous(),
@@ -182,21 +241,49 @@ at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::
     *dw = at::empty({h}, w.options());
     at::Tensor partial =
         at::empty({cuda::RmsNormBackwardScratch(rows, h)}, x.options().dtype(at::kFloat));
-    cuda::RmsNormBackward(KernelType(x), dyc.data_ptr(), xc.data_ptr(), wc.data_ptr(),
-                          rc.data_ptr<float>(), res.defined() ? res.data_ptr() : nullptr, rows, h,
-                          dx.data_ptr(), dw->data_ptr(), partial.data_ptr<float>(),
+    cuda::RmsNormBackward(KernelType(x), KernelScale(scale), dyc.data_ptr(), xc.data_ptr(),
+                          wc.data_ptr(), rc.data_ptr<float>(),
+                          res.defined() ? res.data_ptr() : nullptr, rows, h, dx.data_ptr(),
+                          dw->data_ptr(), partial.data_ptr<float>(),
                           at::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return dx;
 #endif
   }
-  // y = w * cast(n), n = x * rstd. dn = cast_back(dy * w); dx = rstd * (dn - n * mean(dn * n)).
+  // n = x * rstd; with dn = d loss/d n, dx = rstd * (dn - n * mean(dn * n)) (the gradient
+  // through rstd folded in), rounded to x's dtype once as autograd's cast back does.
   at::Tensor n = x.to(at::kFloat) * rstd;
-  at::Tensor n_cast = n.to(x.scalar_type());
-  *dw = (dy * n_cast).reshape({-1, h}).sum(0);
-  at::Tensor dn = (dy * w).to(at::kFloat);
+  at::Tensor dn;
+  if (scale == RmsScale::kCastThenScale) {
+    // y = w * cast(n): dW sums the products rounded to the dtype; dn = cast_back(dy * w).
+    *dw = (dy * n.to(x.scalar_type())).reshape({-1, h}).sum(0);
+    dn = (dy * w).to(at::kFloat);
+  } else {
+    // y = cast(s * n) with s = w.float() (+ 1): all fp32, dW rounded once after the row sum.
+    at::Tensor dyf = dy.to(at::kFloat);
+    *dw = (dyf * n).reshape({-1, h}).sum(0).to(w.scalar_type());
+    dn = dyf * Fp32Scale(w, scale);
+  }
   at::Tensor dx = (rstd * (dn - n * (dn * n).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
   return residual.defined() ? residual + dx : dx;
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd,
+                   bool one_offset) {
+  return RmsNorm(x, w, eps, rstd, one_offset ? RmsScale::kOneOffset : RmsScale::kCastThenScale);
+}
+
+at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd,
+                           bool one_offset) {
+  return RmsNormFromRstd(x, w, rstd,
+                         one_offset ? RmsScale::kOneOffset : RmsScale::kCastThenScale);
+}
+
+at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                           const at::Tensor& rstd, at::Tensor* dw, const at::Tensor& residual,
+                           bool one_offset) {
+  return RmsNormBackward(dy, x, w, rstd, dw, residual,
+                         one_offset ? RmsScale::kOneOffset : RmsScale::kCastThenScale);
 }
 
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
@@ -476,17 +563,42 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
   *dv = ReduceKv(gv, rep);
 }
 
-at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u) {
-  if (UseFused("SwiGLU", {&g, &u}, 0, kNoLimit)) {
+namespace {
+
 #if OFFLOADD_WITH_CUDA
-    const c10::cuda::CUDAGuard guard(g.device());
-    at::Tensor gc = g.contiguous(), uc = u.contiguous();
-    TORCH_CHECK(gc.sizes() == uc.sizes(), "SwiGLU: gate and up shapes differ");
-    at::Tensor a = at::empty_like(gc);
-    cuda::SwiGluForward(KernelType(g), gc.data_ptr(), uc.data_ptr(), gc.numel(), a.data_ptr(),
-                        at::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return a;
+at::Tensor GluFused(cuda::Glu act, const at::Tensor& g, const at::Tensor& u) {
+  const c10::cuda::CUDAGuard guard(g.device());
+  at::Tensor gc = g.contiguous(), uc = u.contiguous();
+  TORCH_CHECK(gc.sizes() == uc.sizes(), "gated MLP: gate and up shapes differ");
+  at::Tensor a = at::empty_like(gc);
+  cuda::GluForward(KernelType(g), act, gc.data_ptr(), uc.data_ptr(), gc.numel(), a.data_ptr(),
+                   at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return a;
+}
+
+void GluBackwardFused(cuda::Glu act, const at::Tensor& da, const at::Tensor& g,
+                      const at::Tensor& u, at::Tensor* dg, at::Tensor* du, at::Tensor* a) {
+  const c10::cuda::CUDAGuard guard(g.device());
+  at::Tensor gc = g.contiguous(), uc = u.contiguous(), dac = da.contiguous();
+  TORCH_CHECK(gc.sizes() == uc.sizes() && gc.sizes() == dac.sizes(),
+              "gated MLP backward: gate, up and gradient shapes differ");
+  *dg = at::empty_like(gc);
+  *du = at::empty_like(gc);
+  if (a) *a = at::empty_like(gc);
+  cuda::GluBackward(KernelType(g), act, dac.data_ptr(), gc.data_ptr(), uc.data_ptr(), gc.numel(),
+                    dg->data_ptr(), du->data_ptr(), a ? a->data_ptr() : nullptr,
+                    at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#endif
+
+}  // namespace
+
+at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u) {
+  if (UseFused(FusedOp::kSwiGlu, {&g, &u}, g.size(-1))) {
+#if OFFLOADD_WITH_CUDA
+    return GluFused(cuda::Glu::kSilu, g, u);
 #endif
   }
   return at::silu(g) * u;
@@ -494,25 +606,37 @@ at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u) {
 
 void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u, at::Tensor* dg,
                     at::Tensor* du, at::Tensor* a) {
-  if (UseFused("SwiGLU backward", {&g, &u, &da}, 0, kNoLimit)) {
+  if (UseFused(FusedOp::kSwiGlu, {&g, &u, &da}, g.size(-1))) {
 #if OFFLOADD_WITH_CUDA
-    const c10::cuda::CUDAGuard guard(g.device());
-    at::Tensor gc = g.contiguous(), uc = u.contiguous(), dac = da.contiguous();
-    TORCH_CHECK(gc.sizes() == uc.sizes() && gc.sizes() == dac.sizes(),
-                "SwiGLU backward: gate, up and gradient shapes differ");
-    *dg = at::empty_like(gc);
-    *du = at::empty_like(gc);
-    if (a) *a = at::empty_like(gc);
-    cuda::SwiGluBackward(KernelType(g), dac.data_ptr(), gc.data_ptr(), uc.data_ptr(), gc.numel(),
-                         dg->data_ptr(), du->data_ptr(), a ? a->data_ptr() : nullptr,
-                         at::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
+    return GluBackwardFused(cuda::Glu::kSilu, da, g, u, dg, du, a);
 #endif
   }
   // The ops autograd would run for silu(g) * u, in the same dtype.
   at::Tensor s = at::silu(g);
   *dg = at::silu_backward(da * u, g);
+  *du = da * s;
+  if (a) *a = s * u;
+}
+
+at::Tensor GeGluTanh(const at::Tensor& g, const at::Tensor& u) {
+  if (UseFused(FusedOp::kGeGluTanh, {&g, &u}, g.size(-1))) {
+#if OFFLOADD_WITH_CUDA
+    return GluFused(cuda::Glu::kGeluTanh, g, u);
+#endif
+  }
+  return at::gelu(g, "tanh") * u;
+}
+
+void GeGluTanhBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u,
+                       at::Tensor* dg, at::Tensor* du, at::Tensor* a) {
+  if (UseFused(FusedOp::kGeGluTanh, {&g, &u, &da}, g.size(-1))) {
+#if OFFLOADD_WITH_CUDA
+    return GluBackwardFused(cuda::Glu::kGeluTanh, da, g, u, dg, du, a);
+#endif
+  }
+  // The ops autograd would run for gelu(g, approximate="tanh") * u, in the same dtype.
+  at::Tensor s = at::gelu(g, "tanh");
+  *dg = at::gelu_backward(da * u, g, "tanh");
   *du = da * s;
   if (a) *a = s * u;
 }

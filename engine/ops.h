@@ -26,15 +26,35 @@ at::Tensor Conv1D(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 at::Tensor Conv1DBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
                           at::Tensor* dw, at::Tensor* db);
 
-// Llama RMSNorm: w * (x.float() * rstd).to(x.dtype), rstd = rsqrt(mean(x^2) + eps) in fp32.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd);
+// RMSNorm over the last dimension: n = x.float() * rstd, rstd = rsqrt(mean(x.float()^2) + eps)
+// (fp32, [.., 1]), then the weight, with each family's roundings in 16-bit dtypes:
+//   kCastThenScale  w * n.to(dtype)                    Llama, Mistral, Qwen2/3, Phi-3
+//   kScaleThenCast  (w.float() * n).to(dtype)          OLMo 2
+//   kOneOffset      ((1 + w.float()) * n).to(dtype)    Gemma 2/3 (the checkpoint stores w)
+// x may be [.., h] of any rank: per-head q/k norm passes [B, T, H, head_dim] with w [head_dim].
+enum class RmsScale { kCastThenScale, kScaleThenCast, kOneOffset };
+// The flavour of a model's RMSNorms (its decoder norms, final norm and q/k norms alike).
+RmsScale RmsScaleFor(const ModelConfig& c);
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd,
+                   RmsScale scale = RmsScale::kCastThenScale);
 // Same output from a saved rstd (no reduction).
-at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd);
+at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd,
+                           RmsScale scale = RmsScale::kCastThenScale);
 // Returns d loss/d x, plus `residual` when given (the residual branch's gradient, added in the
-// same pass on CUDA).
+// same pass on CUDA); writes d loss/d w in w's dtype (summed over rows in fp32).
 at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
                            const at::Tensor& rstd, at::Tensor* dw,
-                           const at::Tensor& residual = at::Tensor());
+                           const at::Tensor& residual = at::Tensor(),
+                           RmsScale scale = RmsScale::kCastThenScale);
+// The same with a bool: one_offset picks kOneOffset, else kCastThenScale (OLMo 2 needs the enum).
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor* rstd,
+                   bool one_offset);
+at::Tensor RmsNormFromRstd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd,
+                           bool one_offset);
+at::Tensor RmsNormBackward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                           const at::Tensor& rstd, at::Tensor* dw, const at::Tensor& residual,
+                           bool one_offset);
 
 // LayerNorm over the last dimension (ATen's native kernels). mean/rstd are fp32 [.., 1].
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
@@ -72,15 +92,28 @@ at::Tensor SegmentMask(const at::Tensor& segment_ids, c10::ScalarType dtype, int
 // The same for one document per row: [1, 1, T, T] (broadcast over the batch).
 at::Tensor CausalMask(int64_t t, c10::Device device, c10::ScalarType dtype, int64_t window = 0);
 
+// Fused CUDA kernels. On CUDA, RMSNorm (every RmsScale, any row length: per-head q/k norm rows
+// of head_dim run several rows per block), SwiGLU and GeGLU run the kernels of engine/cuda/;
+// OFFLOADD_FUSED_KERNELS=auto|fused|aten forces a flavour (a forced flavour the inputs cannot
+// use is an error). SetFusedKernels("auto"|"fused"|"aten") overrides it for this process (tests).
+void SetFusedKernels(const std::string& mode);
+enum class FusedOp { kRmsNorm, kRmsNormBackward, kSwiGlu, kGeGluTanh };
+// Why `op` on tensors of `dtype` on `device` with last dimension `last_dim` would run the ATen
+// op sequence instead of its fused kernel under the current mode ("OFFLOADD_FUSED_KERNELS=aten",
+// "needs CUDA tensors", ...); empty when the fused kernel runs. For the plan log's fallback list.
+std::string FusedKernelFor(FusedOp op, c10::ScalarType dtype, c10::Device device,
+                           int64_t last_dim);
+
 // SwiGLU: silu(g) * u, and its backward; `a`, when given, receives silu(g) * u again (one pass
 // over g and u instead of two).
-// On CUDA, RMSNorm and SwiGLU run the fused kernels of engine/cuda/ (OFFLOADD_FUSED_KERNELS=
-// auto|fused|aten forces a flavour; a forced flavour the inputs cannot use is an error).
-// SetFusedKernels("auto"|"fused"|"aten") overrides it for this process (tests).
-void SetFusedKernels(const std::string& mode);
 at::Tensor SwiGlu(const at::Tensor& g, const at::Tensor& u);
 void SwiGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u, at::Tensor* dg,
                     at::Tensor* du, at::Tensor* a = nullptr);
+// GeGLU with tanh-GELU (Gemma's gelu_pytorch_tanh): gelu(g, approximate="tanh") * u in the
+// model dtype, and its backward, as SwiGLU.
+at::Tensor GeGluTanh(const at::Tensor& g, const at::Tensor& u);
+void GeGluTanhBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u,
+                       at::Tensor* dg, at::Tensor* du, at::Tensor* a = nullptr);
 
 // Cross-entropy summed over targets != kIgnoreIndex, divided by `normalizer`, fp32 scalar.
 // With `dlogits` non-null also returns d (loss * grad_scale) / d logits in logits' dtype, scaled

@@ -1,4 +1,5 @@
-// The fused RMSNorm/SwiGLU CUDA kernels (engine/cuda/) against the ATen op sequences they replace
+// The fused RMSNorm (each RmsScale: Llama, OLMo 2, Gemma's 1 + w; long rows and per-head q/k
+// rows) and SwiGLU/GeGLU CUDA kernels (engine/cuda/) against the ATen op sequences they replace
 // (engine/ops.cc with the flavour forced to "aten"), on the same inputs. GPU cases skip without
 // CUDA; the flavour checks run everywhere.
 //
@@ -15,7 +16,9 @@
 //   - plus, for dx = rstd * (dn - n * dot), the dot product's fp32 difference times rstd * |n|:
 //     where dn cancels against n * dot, that absolute change is many ulps of a small dx.
 // fp32 results: 1e-5 relative to the tensor's largest magnitude plus the same dot-product term.
-// SwiGLU has no sums: expected equal to the bit, asserted within the same bounds.
+// The fp32-scale flavours (OLMo 2, Gemma) round once where Llama's rounds twice; the same
+// argument holds with fewer boundaries to land near.
+// SwiGLU and GeGLU have no sums: expected equal to the bit, asserted within the same bounds.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -69,34 +72,45 @@ class FusedKernelsGpu : public ::testing::TestWithParam<std::tuple<at::ScalarTyp
 
 TEST_P(FusedKernelsGpu, RmsNormMatchesTheAtenOpSequence) {
   const auto [dtype, rows, h] = GetParam();
-  at::manual_seed(7);
-  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-  at::Tensor x = at::randn({rows, h}, opts) * 3, w = at::randn({h}, opts) * 0.5 + 1;
-  at::Tensor dy = at::randn({rows, h}, opts), res = at::randn({rows, h}, opts);
-  at::Tensor y[2], rstd[2], yr[2], dx[2], dxr[2], dw[2], dwr[2];
-  for (int f = 0; f < 2; ++f) {
-    const Flavour flavour(f == 0 ? "fused" : "aten");
-    y[f] = ops::RmsNorm(x, w, 1e-5, &rstd[f]);
+  for (const ops::RmsScale scale : {ops::RmsScale::kCastThenScale, ops::RmsScale::kScaleThenCast,
+                                    ops::RmsScale::kOneOffset}) {
+    SCOPED_TRACE("RmsScale " + std::to_string(static_cast<int>(scale)));
+    std::printf(" RmsScale %d\n", static_cast<int>(scale));
+    at::manual_seed(7);
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+    at::Tensor x = at::randn({rows, h}, opts) * 3;
+    at::Tensor w = scale == ops::RmsScale::kOneOffset ? at::randn({h}, opts) * 0.3
+                                                      : at::randn({h}, opts) * 0.5 + 1;
+    at::Tensor dy = at::randn({rows, h}, opts), res = at::randn({rows, h}, opts);
+    at::Tensor y[2], rstd[2], yr[2], dx[2], dxr[2], dw[2], dwr[2];
+    for (int f = 0; f < 2; ++f) {
+      const Flavour flavour(f == 0 ? "fused" : "aten");
+      y[f] = ops::RmsNorm(x, w, 1e-5, &rstd[f], scale);
+    }
+    for (int f = 0; f < 2; ++f) {  // both from the ATen rstd, so only the kernels differ
+      const Flavour flavour(f == 0 ? "fused" : "aten");
+      yr[f] = ops::RmsNormFromRstd(x, w, rstd[1], scale);
+      dx[f] = ops::RmsNormBackward(dy, x, w, rstd[1], &dw[f], at::Tensor(), scale);
+      dxr[f] = ops::RmsNormBackward(dy, x, w, rstd[1], &dwr[f], res, scale);
+    }
+    EXPECT_LE((rstd[0] - rstd[1]).abs().max().item<double>(),
+              4e-6 * rstd[1].abs().max().item<double>());
+    ExpectClose("y", y[0], y[1]);
+    ExpectClose("y(rstd)", yr[0], yr[1]);  // no sum involved: expected equal to the bit
+    // The dot product's share: rstd * |n| * 1e-5 * mean |dn * n| per row.
+    at::Tensor n = x.to(at::kFloat) * rstd[1];
+    at::Tensor dn = scale == ops::RmsScale::kCastThenScale
+                        ? (dy * w).to(at::kFloat)
+                        : dy.to(at::kFloat) * (w.to(at::kFloat) +
+                                               (scale == ops::RmsScale::kOneOffset ? 1.0 : 0.0));
+    at::Tensor slack = rstd[1] * n.abs() * 1e-5 * (dn * n).abs().mean(-1, /*keepdim=*/true);
+    ExpectClose("dx", dx[0], dx[1], slack);
+    // The sum rounds dx first: a flipped rounding of dx moves it by up to 2 ulps of dx too.
+    ExpectClose("dx+res", dxr[0], dxr[1],
+                slack + 2 * UlpOfOne(dtype) * dx[1].to(at::kFloat).abs());
+    ExpectClose("dw", dw[0], dw[1]);
+    ExpectClose("dw(res)", dwr[0], dw[0]);  // the residual does not change dW
   }
-  for (int f = 0; f < 2; ++f) {  // both from the ATen rstd, so only the kernels differ
-    const Flavour flavour(f == 0 ? "fused" : "aten");
-    yr[f] = ops::RmsNormFromRstd(x, w, rstd[1]);
-    dx[f] = ops::RmsNormBackward(dy, x, w, rstd[1], &dw[f]);
-    dxr[f] = ops::RmsNormBackward(dy, x, w, rstd[1], &dwr[f], res);
-  }
-  EXPECT_LE((rstd[0] - rstd[1]).abs().max().item<double>(),
-            4e-6 * rstd[1].abs().max().item<double>());
-  ExpectClose("y", y[0], y[1]);
-  ExpectClose("y(rstd)", yr[0], yr[1]);  // no sum involved: expected equal to the bit
-  // The dot product's share: rstd * |n| * 1e-5 * mean |dn * n| per row.
-  at::Tensor n = x.to(at::kFloat) * rstd[1], dn = (dy * w).to(at::kFloat);
-  at::Tensor slack = rstd[1] * n.abs() * 1e-5 * (dn * n).abs().mean(-1, /*keepdim=*/true);
-  ExpectClose("dx", dx[0], dx[1], slack);
-  // The sum rounds dx first: a flipped rounding of dx moves it by up to 2 ulps of dx too.
-  ExpectClose("dx+res", dxr[0], dxr[1],
-              slack + 2 * UlpOfOne(dtype) * dx[1].to(at::kFloat).abs());
-  ExpectClose("dw", dw[0], dw[1]);
-  ExpectClose("dw(res)", dwr[0], dw[0]);  // the residual does not change dW
 }
 
 TEST_P(FusedKernelsGpu, SwiGluMatchesTheAtenOpSequence) {
@@ -117,18 +131,77 @@ TEST_P(FusedKernelsGpu, SwiGluMatchesTheAtenOpSequence) {
   ExpectClose("du", du[0], du[1]);
 }
 
+TEST_P(FusedKernelsGpu, GeGluMatchesTheAtenOpSequence) {
+  const auto [dtype, rows, h] = GetParam();
+  at::manual_seed(9);
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+  at::Tensor g = at::randn({rows, h}, opts) * 4, u = at::randn({rows, h}, opts);
+  at::Tensor da = at::randn({rows, h}, opts);
+  at::Tensor a[2], dg[2], du[2], a2[2];
+  for (int f = 0; f < 2; ++f) {
+    const Flavour flavour(f == 0 ? "fused" : "aten");
+    a[f] = ops::GeGluTanh(g, u);
+    ops::GeGluTanhBackward(da, g, u, &dg[f], &du[f], &a2[f]);
+  }
+  ExpectClose("a", a[0], a[1]);
+  ExpectClose("a(bwd)", a2[0], a[1]);
+  ExpectClose("dg", dg[0], dg[1]);
+  ExpectClose("du", du[0], du[1]);
+}
+
+// Per-head q/k norm (Qwen3, Gemma 3): x [B, T, H, head_dim] normalised over head_dim with one
+// weight [head_dim], as the attention part calls it before the head transpose; rows of 128 and
+// 256 run 16 or 32 threads per row, several rows per block.
+TEST(FusedKernelsGpuQkNorm, PerHeadRowsMatchTheAtenOpSequence) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "needs CUDA";
+  for (const int64_t d : {int64_t{128}, int64_t{256}}) {
+    for (const ops::RmsScale scale : {ops::RmsScale::kCastThenScale, ops::RmsScale::kOneOffset}) {
+      SCOPED_TRACE("head_dim " + std::to_string(d));
+      at::manual_seed(10);
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+      at::Tensor x = at::randn({2, 300, 8, d}, opts) * 2, w = at::randn({d}, opts) * 0.3 + 1;
+      at::Tensor dy = at::randn({2, 300, 8, d}, opts);
+      at::Tensor y[2], rstd[2], dx[2], dw[2];
+      for (int f = 0; f < 2; ++f) {
+        const Flavour flavour(f == 0 ? "fused" : "aten");
+        y[f] = ops::RmsNorm(x, w, 1e-6, &rstd[f], scale);
+      }
+      for (int f = 0; f < 2; ++f) {  // both from the ATen rstd
+        const Flavour flavour(f == 0 ? "fused" : "aten");
+        dx[f] = ops::RmsNormBackward(dy, x, w, rstd[1], &dw[f], at::Tensor(), scale);
+      }
+      EXPECT_EQ(rstd[0].sizes(), rstd[1].sizes());
+      ExpectClose("qk y", y[0], y[1]);
+      at::Tensor n = x.to(at::kFloat) * rstd[1];
+      at::Tensor dn = scale == ops::RmsScale::kCastThenScale
+                          ? (dy * w).to(at::kFloat)
+                          : dy.to(at::kFloat) * (w.to(at::kFloat) + 1.0);
+      ExpectClose("qk dx", dx[0], dx[1],
+                  rstd[1] * n.abs() * 1e-5 * (dn * n).abs().mean(-1, /*keepdim=*/true));
+      ExpectClose("qk dw", dw[0], dw[1]);
+    }
+  }
+}
+
 // (dtype, rows, hidden): the vectorised path (h % 8 == 0), several rows per backward block
 // (rows > 8192), an odd hidden size (scalar path) and the largest hidden size (dW partials above
-// 48 KiB of shared memory).
+// 48 KiB of shared memory); short rows (q/k norm over head_dim) on 16 lanes (h = 40, 64, 128 in
+// 16-bit: up to one pack per lane) and 32 lanes (256, 1024 in 16-bit, 128 in fp32).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedKernelsGpu,
     ::testing::Values(std::make_tuple(at::kBFloat16, int64_t{4096}, int64_t{4096}),
                       std::make_tuple(at::kBFloat16, int64_t{9000}, int64_t{512}),
                       std::make_tuple(at::kBFloat16, int64_t{33}, int64_t{37}),
                       std::make_tuple(at::kBFloat16, int64_t{64}, int64_t{12288}),
+                      std::make_tuple(at::kBFloat16, int64_t{20000}, int64_t{128}),
+                      std::make_tuple(at::kBFloat16, int64_t{3001}, int64_t{256}),
+                      std::make_tuple(at::kBFloat16, int64_t{777}, int64_t{1024}),
+                      std::make_tuple(at::kBFloat16, int64_t{9001}, int64_t{40}),
                       std::make_tuple(at::kHalf, int64_t{1024}, int64_t{4096}),
                       std::make_tuple(at::kHalf, int64_t{5}, int64_t{96}),
+                      std::make_tuple(at::kHalf, int64_t{1003}, int64_t{64}),
                       std::make_tuple(at::kFloat, int64_t{1024}, int64_t{4096}),
+                      std::make_tuple(at::kFloat, int64_t{5000}, int64_t{128}),
                       std::make_tuple(at::kFloat, int64_t{7}, int64_t{37})));
 
 // ---- flavour selection (every device) -------------------------------------------------------------
@@ -152,6 +225,18 @@ TEST(FusedKernels, ForcedFusedOnCpuTensorsIsAnErrorNotAFallback) {
     FAIL() << "fused RMSNorm ran on CPU tensors";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("fused kernels forced: RMSNorm needs"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(FusedKernels, ForcedFusedGeGluOnCpuTensorsIsAnError) {
+  const Flavour flavour("fused");
+  at::Tensor g = at::randn({2, 8}), u = at::randn({2, 8});
+  try {
+    ops::GeGluTanh(g, u);
+    FAIL() << "fused GeGLU ran on CPU tensors";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fused kernels forced: GeGLU needs"), std::string::npos)
         << e.what();
   }
 }
