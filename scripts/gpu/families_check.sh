@@ -9,6 +9,7 @@
 # survives between calls while the machine stays warm). Logs and JSON go to $OUT (or /tmp).
 # Benchmarks: seq 1024, --gpu-memory-limit 24GiB, max_grad_norm 1.0, bf16, 1x15 workers, 3 timed
 # steps after 2 (STEPS / WARMUP override), no idle-core calibration (the step bound is not reported).
+# DEADLINE_S (seconds, default 3600) stops the parity tests in time for the call to report.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$here"
@@ -33,7 +34,9 @@ while [[ $# -gt 0 ]]; do
     parity|bench|baseline) mode="$arg"
       if [[ "$mode" == parity ]]; then
         t=$(date +%s)
-        OFFLOADD_BINARY_DIR="$build" python3 -m pytest -q -s -p no:cacheprovider \
+        # DEADLINE_S: seconds the whole script may take; the tests stop in time to report.
+        left=$(( ${DEADLINE_S:-3600} - (t - t0) - 15 ))
+        OFFLOADD_BINARY_DIR="$build" timeout "$left" python3 -m pytest -q -s -p no:cacheprovider \
           tests/python/engine/test_families_gpu.py 2>&1 | tee "$out/parity.log" \
           | grep -E "^[a-z0-9_]+ \[|^[a-z0-9_]+: weights|passed|failed|Error|error" | tail -60
         echo "== parity $(( $(date +%s) - t )) s"
@@ -48,6 +51,14 @@ while [[ $# -gt 0 ]]; do
       --speculate default --json "$out/bench-$shape.json" >"$out/bench-$shape.log" 2>&1
     grep -E "^\| $shape|batch size \(auto|^batch .*plan:|error" "$out/bench-$shape.log" | cut -c1-400
   elif [[ "$mode" == baseline ]]; then
+    # "auto": the micro-batch offloadd's automatic batch trained (tokens per step / seq), read from
+    # the bench run of the same shape earlier in the call.
+    if [[ "$batches" == *auto* ]]; then
+      auto=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1])) if str(x['batch']).startswith('auto') and 'tokens' in x]; print(round(r[0]['tokens'] / 1024) if r else '')" "$out/bench-$shape.json" 2>/dev/null)
+      batches="${batches//auto/$auto}"; batches="${batches%,}"; batches="${batches#,}"
+      echo "== baseline $shape: auto = micro-batch ${auto:-unknown}"
+      [[ -n "$batches" ]] || continue
+    fi
     python3 bench/pipeline/baseline_torch.py --shape "$shape" --batch "$batches" --seq 1024 \
       --steps "$steps" --warmup "$warmup" --peak-tflops 989 --json "$out/baseline-$shape.json" 2>&1 \
       | grep -v Warning | tail -8
