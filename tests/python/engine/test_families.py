@@ -163,8 +163,6 @@ def test_family_matches_transformers(binary_dir, shared_dir, tmp_path, variant):
           f"{time.monotonic() - t0 - t_off:.1f} s (reference {t_ref:.1f} s)")
 
 
-@pytest.mark.xfail(strict=False, reason="the engine trains the pad row from its input occurrences "
-                   "(nn.Embedding padding_idx not applied; found by this test, issue #30)")
 def test_pad_row_gradient(tmp_path):
     """transformers builds every rotary family's embedding as nn.Embedding(vocab, hidden,
     padding_idx=pad_token_id): an input occurrence of the pad id contributes nothing to that row's
