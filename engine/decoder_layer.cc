@@ -44,8 +44,7 @@ LayerParts MakeParts(const ModelConfig& c, int layer, const std::string& p, Para
   const TensorNames& n = c.names;
   auto norm = [&](const std::string& name) {
     return name.empty() ? NormPart()
-                        : NormPart(c.norm, c.norm_eps, p + name + ".weight", p + name + ".bias",
-                                   c.hidden_size, pl);
+                        : NormPart(c, p + name + ".weight", p + name + ".bias", c.hidden_size, pl);
   };
   const NormPlacement place = c.norm_placement;
   NormPart in_norm = norm(place == NormPlacement::kPost ? "" : n.input_norm);

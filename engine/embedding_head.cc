@@ -11,6 +11,7 @@
 #include "engine/blocks.h"
 #include "engine/ops.h"
 #include "engine/parts.h"
+#include "engine/rope.h"
 
 namespace offloadd::engine {
 namespace {
@@ -148,12 +149,11 @@ void PrepareLayerInputs(const ModelConfig& c, c10::ScalarType dtype, MicroBatch*
             : ops::CausalMask(t, device, dtype, c.sliding_window);
   }
   if (c.arch != Architecture::kLlama) return;
-  // Tables over the rotated dimensions only (partial_rotary_factor); the attention part passes
-  // the rest of each head through.
-  auto dim = [&](const RopeConfig& r) { return r.rotary_dim > 0 ? r.rotary_dim : c.head_dim; };
-  ops::RopeTables(c.rope, dim(c.rope), mb->position_ids, dtype, &mb->rope_cos, &mb->rope_sin);
+  // Tables over the rotated dimensions only (partial_rotary_factor); ApplyRope passes the rest
+  // of each head through.
+  ops::RopeTables(c.rope, c.head_dim, mb->position_ids, dtype, &mb->rope_cos, &mb->rope_sin);
   if (c.has_local_rope) {
-    ops::RopeTables(c.rope_local, dim(c.rope_local), mb->position_ids, dtype, &mb->rope_cos_local,
+    ops::RopeTables(c.rope_local, c.head_dim, mb->position_ids, dtype, &mb->rope_cos_local,
                     &mb->rope_sin_local);
   }
 }
@@ -172,7 +172,7 @@ StatusOr<std::vector<std::unique_ptr<Block>>> BuildBlocks(const ModelConfig& c,
     blocks.push_back(std::move(layer));
   }
   ParamList pl;
-  NormPart norm(c.norm, c.norm_eps, n.final_norm, n.final_norm_bias, hs, &pl);
+  NormPart norm(c, n.final_norm, n.final_norm_bias, hs, &pl);
   const size_t lm_head =
       c.tie_word_embeddings ? parts::kAbsent : pl.Add(n.lm_head, {c.vocab_size, hs});
   ASSIGN_OR_RETURN(auto params, LoadParams(load, pl.specs()));

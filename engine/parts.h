@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/ops.h"
 
 namespace offloadd::engine::parts {
 
@@ -65,14 +66,16 @@ class SavedReader {
 
 // ---- norms (build_norm) -------------------------------------------------------------------------
 
-// RMSNorm (w or 1 + w) or LayerNorm over the last dimension. Saved: rstd (RMS) or mean and rstd
-// (LayerNorm), fp32 [.., 1]; the normalised output is re-applied from them in backward.
+// RMSNorm (each family's rounding, ops::RmsScale) or LayerNorm over the last dimension. Saved:
+// rstd (RMS) or mean and rstd (LayerNorm), fp32 [.., 1]; the normalised output is re-applied
+// from them in backward.
 class NormPart {
  public:
   NormPart() = default;
-  // `weight` / `bias` are full tensor names; an empty weight name means no norm here.
-  NormPart(NormKind kind, double eps, const std::string& weight, const std::string& bias,
-           int64_t dim, ParamList* pl);
+  // The config's norm kind and rounding (ops::RmsScaleFor); `weight` / `bias` are full tensor
+  // names, an empty weight name meaning no norm here.
+  NormPart(const ModelConfig& c, const std::string& weight, const std::string& bias, int64_t dim,
+           ParamList* pl);
   bool present() const { return w_ != kAbsent; }
   NormKind kind() const { return kind_; }
   int num_stats() const { return kind_ == NormKind::kLayer ? 2 : 1; }
@@ -90,7 +93,9 @@ class NormPart {
 
  private:
   NormKind kind_ = NormKind::kRms;
+  ops::RmsScale scale_ = ops::RmsScale::kCastThenScale;
   double eps_ = 1e-6;
+  int64_t dim_ = 0;
   size_t w_ = kAbsent, b_ = kAbsent;
 };
 
@@ -159,8 +164,9 @@ class MlpPart {
     at::Tensor a, b;  // gate, up | gate_up, - | c_fc output, -
   };
   Saved Read(SavedReader* r) const;
-  at::Tensor Backward(const Weights& W, const at::Tensor& dy, const std::function<at::Tensor()>& input,
-                      const Saved& s, const Emit& emit) const;
+  at::Tensor Backward(const Weights& W, const at::Tensor& dy,
+                      const std::function<at::Tensor()>& input, const Saved& s,
+                      const Emit& emit) const;
   int64_t SavedBytes(double tokens, double e) const;
   double Flops(double tokens) const;
   std::string Describe(c10::Device device, c10::ScalarType dtype) const;

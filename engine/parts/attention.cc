@@ -9,27 +9,9 @@
 
 #include "engine/ops.h"
 #include "engine/parts.h"
+#include "engine/rope.h"
 
 namespace offloadd::engine::parts {
-namespace {
-
-// RoPE over the first rotary_dim = cos.size(-1) dimensions of each head; the rest pass through
-// (partial_rotary_factor, Phi-3/4), as transformers' apply_rotary_pos_emb does.
-at::Tensor RopeFwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t r = cos.size(-1), d = x.size(-1);
-  if (r == d) return ops::ApplyRope(x, cos, sin);
-  return at::cat({ops::ApplyRope(x.narrow(-1, 0, r), cos, sin), x.narrow(-1, r, d - r)}, -1);
-}
-
-at::Tensor RopeBwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t r = cos.size(-1), d = dy.size(-1);
-  if (r == d) return ops::ApplyRopeBackward(dy, cos, sin);
-  return at::cat({ops::ApplyRopeBackward(dy.narrow(-1, 0, r), cos, sin), dy.narrow(-1, r, d - r)},
-                 -1);
-}
-
-}  // namespace
-
 AttentionPart::AttentionPart(const ModelConfig& c, int layer, const std::string& p, ParamList* pl)
     : heads_(c.num_heads),
       kv_heads_(c.num_kv_heads),
@@ -66,9 +48,9 @@ AttentionPart::AttentionPart(const ModelConfig& c, int layer, const std::string&
   if (c.o_bias) ob_ = pl->Add(p + n.o + ".bias", {h});
   if (qk_ != QkNorm::kNone) {
     const bool whole = qk_ == QkNorm::kWhole;
-    q_norm_ = NormPart(c.norm, c.norm_eps, p + n.q_norm + ".weight", p + n.q_norm + ".bias",
+    q_norm_ = NormPart(c, p + n.q_norm + ".weight", p + n.q_norm + ".bias",
                        whole ? qd : head_dim_, pl);
-    k_norm_ = NormPart(c.norm, c.norm_eps, p + n.k_norm + ".weight", p + n.k_norm + ".bias",
+    k_norm_ = NormPart(c, p + n.k_norm + ".weight", p + n.k_norm + ".bias",
                        whole ? kvd : head_dim_, pl);
   }
 }
@@ -114,7 +96,7 @@ at::Tensor AttentionPart::Heads(const Weights& W, const MicroBatch& mb, const at
   if (!rope_) return x;
   const at::Tensor *cos, *sin;
   Rope(mb, &cos, &sin);
-  return RopeFwd(x, *cos, *sin);
+  return ops::ApplyRope(x, *cos, *sin);
 }
 
 at::Tensor AttentionPart::Forward(const Weights& W, const MicroBatch& mb, const at::Tensor& x,
@@ -179,7 +161,7 @@ at::Tensor AttentionPart::HeadsBackward(const Weights& W, const MicroBatch& mb,
   if (rope_) {
     const at::Tensor *cos, *sin;
     Rope(mb, &cos, &sin);
-    d = RopeBwd(d, *cos, *sin);
+    d = ops::ApplyRopeBackward(d, *cos, *sin);
   }
   d = ops::MergeHeads(d);  // [B, T, heads * head_dim], contiguous
   if (qk_ == QkNorm::kWhole) {

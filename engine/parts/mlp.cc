@@ -7,22 +7,6 @@
 #include "engine/parts.h"
 
 namespace offloadd::engine::parts {
-namespace {
-
-// GeGLU with tanh-GELU: gelu_tanh(g) * u, and the ops autograd runs for it. ATen ops; the fused
-// CUDA flavour arrives with ops::GeGluTanh / GeGluTanhBackward (h5), which these then call.
-at::Tensor GeGlu(const at::Tensor& g, const at::Tensor& u) { return at::gelu(g, "tanh") * u; }
-
-void GeGluBackward(const at::Tensor& da, const at::Tensor& g, const at::Tensor& u, at::Tensor* dg,
-                   at::Tensor* du, at::Tensor* a) {
-  at::Tensor s = at::gelu(g, "tanh");
-  *dg = at::gelu_backward(da * u, g, "tanh");
-  *du = da * s;
-  if (a) *a = s * u;
-}
-
-}  // namespace
-
 MlpPart::MlpPart(const ModelConfig& c, const std::string& p, ParamList* pl)
     : kind_(c.mlp),
       conv1d_(c.arch == Architecture::kGpt2),
@@ -73,7 +57,7 @@ at::Tensor MlpPart::Forward(const Weights& W, const at::Tensor& x,
     up = ops::Linear(x, W[up_], W.Opt(ub_));
     if (saved) saved->insert(saved->end(), {gate, up});
   }
-  at::Tensor a = kind_ == MlpKind::kSwiGlu ? ops::SwiGlu(gate, up) : GeGlu(gate, up);
+  at::Tensor a = kind_ == MlpKind::kSwiGlu ? ops::SwiGlu(gate, up) : ops::GeGluTanh(gate, up);
   return ops::Linear(a, W[down_], W.Opt(db_));
 }
 
@@ -110,7 +94,8 @@ at::Tensor MlpPart::Backward(const Weights& W, const at::Tensor& dy,
   if (kind_ == MlpKind::kSwiGlu) {
     ops::SwiGluBackward(da, gate.reshape({-1, ff_}), up.reshape({-1, ff_}), &dgate, &dup, &act);
   } else {
-    GeGluBackward(da, gate.reshape({-1, ff_}), up.reshape({-1, ff_}), &dgate, &dup, &act);
+    ops::GeGluTanhBackward(da, gate.reshape({-1, ff_}), up.reshape({-1, ff_}), &dgate, &dup,
+                           &act);
   }
   da = at::Tensor();
   emit(down_, dy2.t().mm(act));
@@ -143,16 +128,11 @@ double MlpPart::Flops(double tokens) const {
                                     : 2 * tokens * hidden_ * 3 * ff_;
 }
 
-std::string MlpPart::Describe(c10::Device device, c10::ScalarType) const {
-  switch (kind_) {
-    case MlpKind::kSwiGlu:
-      return device.is_cuda() ? "fused" : "aten (CPU)";
-    case MlpKind::kGeGluTanh:
-      return "aten (GeGLU has no fused kernel yet)";
-    case MlpKind::kGeluMlp:
-      return "aten (gelu_new MLP: ATen's GELU kernel)";
-  }
-  return "?";
+std::string MlpPart::Describe(c10::Device device, c10::ScalarType dtype) const {
+  if (kind_ == MlpKind::kGeluMlp) return "aten (gelu_new MLP: ATen's GELU kernel)";
+  const auto op = kind_ == MlpKind::kSwiGlu ? ops::FusedOp::kSwiGlu : ops::FusedOp::kGeGluTanh;
+  const std::string why = ops::FusedKernelFor(op, dtype, device, ff_);
+  return why.empty() ? "fused" : "aten (" + why + ")";
 }
 
 }  // namespace offloadd::engine::parts

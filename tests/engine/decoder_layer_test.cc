@@ -294,6 +294,20 @@ TEST(SlidingWindow, MaskCombinesSegmentsAndWindow) {
   }
 }
 
+// nn.Embedding(padding_idx): the lookup gives the pad row no gradient (untied: nothing else does).
+TEST(Embedding, PadRowGetsNoGradient) {
+  ModelConfig c = Family("llama_bias");
+  c.pad_token_id = 3;
+  Tiny m(c);
+  MicroBatch mb = m.Batch(2, 8);
+  mb.input_ids.index_put_({0, 1}, 3);
+  mb.input_ids.index_put_({0, 2}, 5);
+  const auto grads = m.Grads(mb, SaveMode::kKeep);
+  const at::Tensor& g = grads.at(c.names.embed);
+  EXPECT_TRUE(at::equal(g[3], at::zeros_like(g[3])));
+  EXPECT_GT(g[5].abs().sum().item<double>(), 0.0);
+}
+
 // Gemma 2's final soft-capping bounds every logit by the cap.
 TEST(Softcap, FinalLogitsStayWithinTheCap) {
   Tiny m(Family("gemma2"));
