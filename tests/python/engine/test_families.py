@@ -8,8 +8,8 @@ layers); Gemma3ForConditionalGeneration's text half (language_model.* keys, a ti
 phi3 (partial_rotary_factor 0.5, longrope); olmo2 (post-norm, q/k norm over the projection); gpt2)
 a tiny random-init model is built with transformers' own config class (fp32, seeded; norm weights
 and biases perturbed off their init), saved, and trained for 8 steps by offloadd-train on the CPU
-and by transformers + torch.optim.AdamW + clip_grad_norm_ + transformers' cosine schedule on the
-batches offloadd-train dumped (families_testlib.run_reference).
+and by transformers (float64) + torch.optim.AdamW + clip_grad_norm_ + transformers' cosine schedule
+on the batches offloadd-train dumped (families_testlib.run_reference).
 
 Data: Alpaca records tokenized with the family's real tokenizer from ../shared/data and its chat
 template (transformers' apply_chat_template; prompt tokens masked): llama3.1 (Llama), mistral-7b-
@@ -23,10 +23,14 @@ pretokenized lines, so every family sees real token statistics on the same code 
 Bounds, with w0 the initial tensor, w_ref transformers' after 8 steps and w_off offloadd's export:
   * per-step loss: |loss_off - loss_ref| <= 1e-5 * |loss_ref| (a mean of ~200 token losses in
     fp32; measured ~1e-7).
-  * weights, per tensor, in the max norm: max_i |w_off[i] - w_ref[i]| <= 1e-3 * max_i |w_ref[i] -
-    w0[i]| ("within 1e-3 of the tensor's own update"). Adam normalises each element's update to
-    ~lr, so an element whose gradient is near zero carries its gradient's fp32 rounding into the
-    update magnified; test_hf_crosscheck.py measured <= 3.1e-4 on the largest tensors.
+  * weights, per tensor ("within 1e-3 of the tensor's own update"), in two norms, both asserted:
+    Frobenius |w_off - w_ref|_2 <= 1e-3 * |w_ref - w0|_2, and max-norm max_i |w_off[i] - w_ref[i]|
+    <= 1e-3 * max_i |w_ref[i] - w0[i]|. Adam normalises each element's update to ~lr, so an element
+    whose gradient is near zero carries its gradient's fp32 rounding into the update magnified;
+    test_hf_crosscheck.py measured <= 3.1e-4 on the largest tensors in the max norm. The reference
+    is transformers in float64 (model, AdamW and loss): against transformers' own fp32 run the
+    max-norm error of a 4.9M-element lm_head reached 2.2e-3, transformers' fp32 rounding, not
+    offloadd's (offloadd against float64: 1.7e-4).
   * embedding tables (and a tied head): max_i |w_off[i] - w_ref[i]| <= 1e-3 absolute: rows seen
     once or twice get their update from one or two such normalised gradients (update <= lr *
     steps = 2.4e-2).
@@ -35,8 +39,11 @@ Bounds, with w0 the initial tensor, w_ref transformers' after 8 steps and w_off 
     with AutoModelForCausalLM and its greedy generation (generate(), 8 new tokens, KV cache)
     equals the engine's greedy ids on the exported model (offloadd-engine-check --generate, no
     cache) token for token.
-Timing (2 shared cores): see the test-time table in tests/python/engine/README.md... printed per
-variant with -s.
+Measured (2026-11-28, the 2-core dev machine shared with six builds, load average 8-10): all 11
+variants pass in 140 s for the whole file (the 128k-152k vocabularies take 25-30 s each, the
+synthetic-vocabulary ones 2-5 s); worst loss error 1.2e-7 relative; worst weight error 3.9e-4 of
+the update in the max norm and 2.9e-4 in the Frobenius norm (Llama's k_proj.bias); embeddings
+<= 8.1e-5 absolute; greedy ids equal for every variant. Per-variant figures print with -s.
 """
 
 import json
