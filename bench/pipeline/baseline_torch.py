@@ -76,10 +76,54 @@ SHAPES = {
                       num_key_value_heads=32, intermediate_size=11008, vocab_size=32000),
     "tinyllama-1.1b": dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
                            num_key_value_heads=4, intermediate_size=5632, vocab_size=32000),
+    # Issue #30: the shapes of Qwen3-4B, Qwen3-8B and Gemma 3 4B's language model (the text_config
+    # of google/gemma-3-4b-it; the 0.4B SigLIP tower is not trained). FAMILIES below holds the rest
+    # of their config.json.
+    "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=9728, vocab_size=151936),
+    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936),
+    "gemma3-4b": dict(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=256, intermediate_size=10240, vocab_size=262208),
     # About 1M parameters (4 MB in fp32): for CPU smoke runs only.
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=344, vocab_size=2048),
 }
+# config.json fields of the non-Llama shapes, as the released checkpoints have them (Qwen/Qwen3-4B,
+# Qwen/Qwen3-8B; google/gemma-3-4b-it's text_config: sliding window 1024 on five layers of every
+# six, local RoPE base 10k, global 1M with linear scaling 8, query_pre_attn_scalar 256, no soft caps).
+FAMILIES = {
+    "qwen3-4b": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=True,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960,
+                     hidden_act="silu", bos_token_id=151643, eos_token_id=151645),
+    "qwen3-8b": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960,
+                     hidden_act="silu", bos_token_id=151643, eos_token_id=151645),
+    "gemma3-4b": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], tie_word_embeddings=True,
+                      rms_norm_eps=1e-6, max_position_embeddings=131072, query_pre_attn_scalar=256,
+                      sliding_window=1024, sliding_window_pattern=6, rope_theta=1000000.0,
+                      rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                      hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+                      attn_logit_softcapping=None, bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0),
+}
+
+
+def hf_config_dict(shape: str, seq: int) -> dict:
+    """The config.json of a shape: the Llama shapes as before (untied, RoPE base 10k), the others
+    with their family's fields."""
+    if shape in FAMILIES:
+        d = dict(SHAPES[shape], **FAMILIES[shape])
+        d["max_position_embeddings"] = max(seq, d["max_position_embeddings"])
+        return d
+    return dict(SHAPES[shape], model_type="llama", architectures=["LlamaForCausalLM"],
+                max_position_embeddings=max(seq, 4096), rms_norm_eps=1e-5, hidden_act="silu",
+                tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, rope_theta=10000.0)
+
+
+def causal_lm(cfg):
+    """transformers' own model class of the config's family (LlamaForCausalLM, Qwen3ForCausalLM,
+    Gemma3ForCausalLM), in the default dtype (fp32)."""
+    return transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)](cfg)
 
 
 def parse_args(argv=None):
@@ -125,17 +169,17 @@ def parse_args(argv=None):
     return args
 
 
-def model_config(args) -> transformers.LlamaConfig:
-    cfg = transformers.LlamaConfig(**SHAPES[args.shape], max_position_embeddings=max(args.seq, 4096),
-                                   rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-                                   use_cache=False)
+def model_config(args) -> transformers.PretrainedConfig:
+    d = hf_config_dict(args.shape, args.seq)
+    d.pop("architectures")
+    cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d, use_cache=False)
     cfg._attn_implementation = args.attn
     return cfg
 
 
 def model_flops_per_step(cfg, batch: int, seq: int) -> float:
     h, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-    head_dim = h // heads
+    head_dim = getattr(cfg, "head_dim", None) or h // heads
     q_dim, kv_dim = heads * head_dim, kv * head_dim
     tokens = batch * seq
     layer = 2 * tokens * h * (2 * q_dim + 2 * kv_dim + 3 * cfg.intermediate_size) \
@@ -152,7 +196,7 @@ def sync(device: torch.device):
 def run_batch(args, cfg, device: torch.device, batch: int) -> dict:
     torch.manual_seed(args.seed)
     with torch.device(device):
-        model = transformers.LlamaForCausalLM(cfg)  # fp32 parameters: the master weights
+        model = causal_lm(cfg)  # fp32 parameters: the master weights
     model.train()
     if not args.no_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -243,7 +287,7 @@ def run_batch_parallel(args, cfg, device: torch.device, batch: int, rank: int, w
     import torch.distributed as dist
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     with torch.device(device):
-        model = transformers.LlamaForCausalLM(cfg)  # fp32 parameters: the master weights
+        model = causal_lm(cfg)  # fp32 parameters: the master weights
     model.train()
     if not args.no_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -364,7 +408,7 @@ def parallel_rank(local_rank: int, rank: int, world: int, args, init_method: str
     try:
         cfg = model_config(args)
         with torch.device("meta"):
-            n_params = sum(p.numel() for p in transformers.LlamaForCausalLM(cfg).parameters())
+            n_params = sum(p.numel() for p in causal_lm(cfg).parameters())
         device_name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
         env = {"shape": args.shape, "params": n_params, "device": device_name, "torch": torch.__version__,
                "transformers": transformers.__version__, "attn": args.attn,
@@ -475,7 +519,7 @@ def main(argv=None) -> int:
         return 2
     cfg = model_config(args)
     with torch.device("meta"):
-        n_params = sum(p.numel() for p in transformers.LlamaForCausalLM(cfg).parameters())
+        n_params = sum(p.numel() for p in causal_lm(cfg).parameters())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     env = {"shape": args.shape, "params": n_params, "device": device_name, "torch": torch.__version__,
            "transformers": transformers.__version__, "attn": args.attn,

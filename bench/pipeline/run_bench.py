@@ -33,16 +33,16 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from baseline_torch import SHAPES  # noqa: E402
+from baseline_torch import SHAPES, hf_config_dict  # noqa: E402
 
 
-def write_config(shape: str, out: pathlib.Path) -> pathlib.Path:
-    cfg = dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama",
-               max_position_embeddings=4096, rms_norm_eps=1e-5, hidden_act="silu",
-               tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, rope_theta=10000.0,
-               initializer_range=0.02, torch_dtype="bfloat16")
+def write_config(shape: str, out: pathlib.Path, seq: int = 1024) -> pathlib.Path:
+    """config.json of the shape's family (baseline_torch.hf_config_dict: Llama, Qwen3, Gemma 3)."""
+    cfg = dict(hf_config_dict(shape, seq), initializer_range=0.02, torch_dtype="bfloat16")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
@@ -96,6 +96,36 @@ def step_bound(x: dict, cal: dict, held: bool = False) -> dict:
     return out
 
 
+def host_used_bytes() -> int:
+    """MemTotal - MemAvailable: what the machine's processes hold, the shared arena (shmem)
+    included; the page cache is not counted."""
+    info = {}
+    for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+        k, v = line.split(":", 1)
+        info[k] = int(v.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+class HostMemoryPeak:
+    """Samples host_used_bytes every 0.2 s while a run lasts; peak is over the level before it."""
+
+    def __init__(self):
+        self.base = host_used_bytes()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self):
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, host_used_bytes())
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return {"host_peak_gib": (self.peak - self.base) / 2**30, "host_base_gib": self.base / 2**30}
+
+
 def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict) -> dict:
     # batch: N, or auto / auto:N (per_device_train_batch_size auto, issue #13 item 4).
     tag = batch.replace(":", "")
@@ -119,11 +149,13 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
     if args.nvme_dir:  # the optimizer tier and/or activations offloaded to NVMe
         cmd += [f"--nvme-dir={args.nvme_dir}"]
     print("$", " ".join(cmd), flush=True)
+    mem = HostMemoryPeak()
     r = subprocess.run(cmd, capture_output=True, text=True)
+    host = mem.stop()
     sys.stdout.write(r.stdout[-4000:])
     sys.stderr.write(r.stderr[-4000:])
     if r.returncode != 0:
-        return {"batch": batch, "error": (r.stderr.strip().splitlines() or ["?"])[-1]}
+        return {"batch": batch, "error": (r.stderr.strip().splitlines() or ["?"])[-1], **host}
     plan = next((l for l in r.stderr.splitlines() if "plan:" in l), "")
     # The planner's prediction beside the measured step, and what it profiled (issue #13).
     notes = [l.split("] ", 1)[-1] for l in r.stderr.splitlines()
@@ -139,6 +171,11 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
                                 "stall_grads_seconds", "stall_optimizer_seconds", "h2d_bytes",
                                 "d2h_bytes", "model_flops", "tokens")}
     res["batch"] = batch
+    res.update(host)
+    res["arena_gib"] = max(x.get("arena_bytes", 0) for x in rows) / 2**30
+    res["pinned_host_gib"] = max(x.get("pinned_host_bytes", 0) for x in rows) / 2**30
+    auto = [n for n in notes if "batch size (auto" in n]
+    res["chosen"] = auto[0] if auto else ""
     res["clip_rate"] = sum(1 for x in timed if x.get("clipped")) / len(timed)
     res["speculated_layers"] = sum(x.get("speculated_layers", 0) for x in timed) / len(timed)
     res["corrected_layers"] = sum(x.get("corrected_layers", 0) for x in timed) / len(timed)
@@ -199,7 +236,7 @@ def main() -> int:
     p.add_argument("--json")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))
-    model_dir = write_config(args.shape, work / "model")
+    model_dir = write_config(args.shape, work / "model", args.seq)
     cal = {} if args.no_calibrate else calibrate(args)
     results = [run(args, b, model_dir, work, cal) for b in args.batch.split(",")]
     print(f"\n| shape | batch | tok/s | step s | GPU s | H2D s | D2H s | CPU alone s | host mem s | NVMe s | "
@@ -215,6 +252,11 @@ def main() -> int:
               f"{r['bound_by']} {r['bound_seconds']:.3f} | {r['step_over_bound']:.2f} | {r['cpu_update_seconds']:.3f} | "
               f"{r['stall_weights_seconds']:.2f}/{r['stall_grads_seconds']:.2f}/{r['stall_optimizer_seconds']:.2f} | "
               f"{r['model_tflops']:.0f} | {r['gpu_peak_gib']:.1f} |")
+    print("\n| shape | batch | tok/s | host RAM peak GiB (over the level before the run) | arena GiB | pinned GiB |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {args.shape} | {r['batch']} | {r.get('tokens_per_second', 0):.0f} | "
+              f"{r.get('host_peak_gib', 0):.1f} | {r.get('arena_gib', 0):.1f} | {r.get('pinned_host_gib', 0):.1f} |")
     for r in results:
         if "clip_rate" in r:
             print(f"batch {r['batch']}: max_grad_norm {args.max_grad_norm}, speculate {args.speculate}: clip rate "

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Run ON THE GPU MACHINE (issue #30 items 4 and 6), from the repository root with .debs carried:
+#   scripts/gpu/families_check.sh parity             # build + tests/python/engine/test_families_gpu.py
+#   scripts/gpu/families_check.sh bench SPEC...      # offloadd-train (bench/pipeline/run_bench.py)
+#   scripts/gpu/families_check.sh baseline SPEC...   # transformers on the GPU (baseline_torch.py)
+# SPEC = SHAPE:BATCHES, e.g. qwen3-4b:16,auto gemma3-4b:16. Several modes may follow each other in
+# one call: `families_check.sh parity -- bench qwen3-4b:16,auto -- baseline qwen3-4b:16,64`.
+# Every mode builds first (a no-op once built; OFFLOADD_BUILD_DIR, default /tmp/offloadd-build-gpu,
+# survives between calls while the machine stays warm). Logs and JSON go to $OUT (or /tmp).
+# Benchmarks: seq 1024, --gpu-memory-limit 24GiB, max_grad_norm 1.0, bf16, 1x15 workers, 3 timed
+# steps after 2 (STEPS / WARMUP override), no idle-core calibration (the step bound is not reported).
+# DEADLINE_S (seconds, default 3600) stops the parity tests in time for the call to report.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$here"
+out="${OUT:-/tmp}"
+export OFFLOADD_BUILD_DIR="${OFFLOADD_BUILD_DIR:-/tmp/offloadd-build-gpu}"
+build="$OFFLOADD_BUILD_DIR"
+steps="${STEPS:-3}"
+warmup="${WARMUP:-2}"
+
+t0=$(date +%s)
+OFFLOADD_GPU_TARGETS="offloadd-train offloadd-worker offloadd-store offloadd-engine-check" \
+  scripts/gpu/build_and_test.sh -R '^$' >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+echo "== build $(( $(date +%s) - t0 )) s: $(grep -E 'CUDA flavour' "$build.configure.log" | head -1)"
+export LD_LIBRARY_PATH="$here/.gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1
+
+mode=""
+while [[ $# -gt 0 ]]; do
+  arg="$1"; shift
+  case "$arg" in
+    --) continue ;;
+    parity|bench|baseline) mode="$arg"
+      if [[ "$mode" == parity ]]; then
+        t=$(date +%s)
+        # DEADLINE_S: seconds the whole script may take; the tests stop in time to report.
+        left=$(( ${DEADLINE_S:-3600} - (t - t0) - 15 ))
+        OFFLOADD_BINARY_DIR="$build" timeout "$left" python3 -m pytest -q -s -p no:cacheprovider \
+          tests/python/engine/test_families_gpu.py 2>&1 | tee "$out/parity.log" \
+          | grep -E "^[a-z0-9_]+ \[|^[a-z0-9_]+: weights|passed|failed|Error|error" | tail -60
+        echo "== parity $(( $(date +%s) - t )) s"
+      fi
+      continue ;;
+  esac
+  IFS=: read -r shape batches <<<"$arg"
+  t=$(date +%s)
+  if [[ "$mode" == bench ]]; then
+    python3 bench/pipeline/run_bench.py --build "$build" --shape "$shape" --batch "$batches" --seq 1024 \
+      --gpu-memory-limit 24GiB --max-grad-norm 1.0 --steps "$steps" --warmup "$warmup" --no-calibrate \
+      --speculate default --json "$out/bench-$shape.json" >"$out/bench-$shape.log" 2>&1
+    grep -E "^\| $shape|batch size \(auto|^batch .*plan:|error" "$out/bench-$shape.log" | cut -c1-400
+  elif [[ "$mode" == baseline ]]; then
+    # "auto": the micro-batch offloadd's automatic batch trained (tokens per step / seq), read from
+    # the bench run of the same shape earlier in the call.
+    if [[ "$batches" == *auto* ]]; then
+      auto=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1])) if str(x['batch']).startswith('auto') and 'tokens' in x]; print(round(r[0]['tokens'] / 1024) if r else '')" "$out/bench-$shape.json" 2>/dev/null)
+      batches="${batches//auto/$auto}"; batches="${batches%,}"; batches="${batches#,}"
+      echo "== baseline $shape: auto = micro-batch ${auto:-unknown}"
+      [[ -n "$batches" ]] || continue
+    fi
+    python3 bench/pipeline/baseline_torch.py --shape "$shape" --batch "$batches" --seq 1024 \
+      --steps "$steps" --warmup "$warmup" --peak-tflops 989 --json "$out/baseline-$shape.json" 2>&1 \
+      | grep -v Warning | tail -8
+  fi
+  echo "== $mode $shape:$batches $(( $(date +%s) - t )) s"
+done
+exit 0

@@ -1,0 +1,127 @@
+"""Issue #30 item 4: every family's bf16 training on the GPU is as accurate as transformers' own
+bf16 model (skips without CUDA).
+
+Per variant of test_families.py (the same configs at hidden 128, 4 layers, head_dim 32, real
+tokenizers as there), 8 steps of offloadd-train --device=cuda --dtype=bf16 (bf16 weights and
+activations, fp32 master weights and AdamW on the CPU, every update held for the clip norm) are
+compared with two runs of transformers on the same dumped batches, on the same GPU:
+  * the truth: the model in float64 (torch.optim.AdamW, clip_grad_norm_, the cosine schedule);
+  * transformers' bf16: the model loaded in bf16 runs forward/backward, its gradients summed in
+    fp32 into an fp32 master, AdamW on the master, the bf16 copy refreshed each step
+    (families_testlib.run_reference_low). This is the computation offloadd performs, done by
+    transformers' own modeling code: the same reference test_engine_fp16.py uses for fp16.
+
+Bounds, derived as in test_engine_fp16.py (the engine's error against the truth is compared with
+transformers' error against the same truth, not with an absolute tolerance):
+  * weights after 8 steps, per tensor of k elements (Frobenius norms):
+      |w_off - w64| <= (1.25 + 4 / sqrt(k)) * |w_hf - w64|.
+    Both errors are sums of many independent bf16 roundings through computations of the same
+    depth (and of Adam's sign flips on near-zero gradients that they cause), so their norms
+    concentrate near a common expectation: test_engine_fp16.py measured ratios within 10% and
+    bounds them by 1.25. For a tensor of k elements the norm of one such error fluctuates by
+    ~1/sqrt(2k) relative, the ratio of two by ~1/sqrt(k); 4/sqrt(k) adds four such deviations for
+    the small tensors (norm weights, biases: k = 32..128 gives +0.35..0.71), nothing for the large.
+    Over all the model's trained tensors together: <= 1.25.
+  * per-step loss: |loss_off(s) - loss64(s)| <= 3 * max_s' |loss_hf(s') - loss64(s')|. The loss
+    is one number per step, so its error is a single draw (no norm to concentrate): it is
+    bounded by the spread of transformers' own bf16 errors over the 8 steps (three times the
+    largest of 8 draws: a draw of the same distribution exceeds it with probability < 1e-3).
+Tensors that did not train (Gemma 3's vision tower) must be unchanged bit for bit. All ratios are
+printed (pytest -s) for bench/RESULTS.md.
+
+Measured (H100 80GB, 2026-11-28, 73 s for the file; bench/RESULTS.md "Issue #30 families"): 7 of
+11 pass (mistral, qwen3, gemma2, gemma3_text, gemma3 multimodal, phi3, olmo2; whole-model ratios
+0.94-1.04); llama (attention_bias), qwen2 tied/untied and gpt2 fail on their q/k projections
+(whole model 2.32 and 3.50 for llama and gpt2; qwen2's k_proj.bias 3.1-5.4x): open, see there.
+Every per-step loss was within its bound.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+from families_testlib import (VARIANTS, build_variant, load_checkpoint, reference_model,
+                              run_reference, run_reference_low, state_as_checkpoint, write_data)
+from pipeline_testlib import read_stats, run_train
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+STEPS = 8
+BATCH, ACCUM = 4, 2
+OPTIM = dict(lr=1e-3, weight_decay=0.1, max_grad_norm=1.0, scheduler="cosine", warmup_steps=2)
+GPU_DIMS = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128, head_dim=32)
+
+
+def train_args(model, data, out):
+    return [f"--model={model}", f"--data={data}", "--format=pretokenized", "--max-seq-length=64",
+            "--dtype=bf16", "--device=cuda", f"--batch-size={BATCH}", f"--grad-accum={ACCUM}",
+            f"--max-steps={STEPS}", f"--lr={OPTIM['lr']}", f"--weight-decay={OPTIM['weight_decay']}",
+            f"--max-grad-norm={OPTIM['max_grad_norm']}", f"--scheduler={OPTIM['scheduler']}",
+            f"--warmup-steps={OPTIM['warmup_steps']}", "--seed=5", "--workers=1x4", "--speculate=never",
+            "--device-optimizer-blocks=0", f"--output-dir={out}", f"--stats-jsonl={out}/stats.jsonl",
+            f"--dump-batches={out}/batches.json"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_path, variant):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model, tok = build_variant(variant, shared_dir, tmp_path / "model", seed=VARIANTS.index(variant),
+                               dims=GPU_DIMS)
+    data = write_data(variant, model, shared_dir, tmp_path / "data.jsonl", n=BATCH * ACCUM * STEPS,
+                      seed=29 + VARIANTS.index(variant))
+    out = tmp_path / "out"
+    out.mkdir()
+    run_train(binary_dir, train_args(model, data, out))
+    ours = [s["loss"] for s in read_stats(out / "stats.jsonl")]
+    batches = json.loads((out / "batches.json").read_text())
+    init = load_checkpoint(model)
+
+    truth = reference_model(model, torch.float64, "cuda")
+    loss64 = run_reference(truth, batches, **OPTIM)
+    w64 = state_as_checkpoint(truth, tmp_path / "w64")
+    del truth
+    master = reference_model(model, torch.float32, "cuda")
+    low = reference_model(model, torch.bfloat16, "cuda")
+    loss_hf = run_reference_low(master, low, batches, **OPTIM)
+    w_hf = state_as_checkpoint(master, tmp_path / "whf")
+    del master, low
+    torch.cuda.empty_cache()
+    w_off = load_checkpoint(out)
+
+    e_hf = [abs(a - b) for a, b in zip(loss_hf, loss64)]
+    e_off = [abs(a - b) for a, b in zip(ours, loss64)]
+    report = [f"{variant} [{tok['name']}] loss |err| per step: offloadd "
+              + " ".join(f"{e:.2g}" for e in e_off) + " | transformers bf16 " + " ".join(f"{e:.2g}" for e in e_hf)]
+    failures = []
+    for s, e in enumerate(e_off, 1):
+        if e > 3 * max(e_hf):
+            failures.append(f"step {s}: loss error {e:.3g} > 3 x {max(e_hf):.3g}")
+    sq_off = sq_hf = 0.0
+    worst = (0.0, "")
+    for name, t64 in w64.items():
+        if name not in init:
+            continue
+        t64 = t64.double()
+        if torch.equal(w_hf[name], init[name]) and torch.equal(t64, init[name].double()):
+            assert torch.equal(w_off[name], init[name]), f"{name}: not trained, but changed"
+            continue
+        d_off = (w_off[name].double() - t64).norm().item()
+        d_hf = (w_hf[name].double() - t64).norm().item()
+        sq_off, sq_hf = sq_off + d_off ** 2, sq_hf + d_hf ** 2
+        k = t64.numel()
+        bound = 1.25 + 4 / math.sqrt(k)
+        ratio = d_off / max(d_hf, 1e-30)
+        worst = max(worst, (ratio / bound, f"{name} {ratio:.3f} (bound {bound:.2f}, |err| {d_off:.3g})"))
+        if ratio > bound:
+            failures.append(f"{name}: |w_off - w64| {d_off:.3g} > {bound:.2f} x |w_hf - w64| {d_hf:.3g}")
+    whole = math.sqrt(sq_off / sq_hf)
+    report.append(f"{variant}: weights error offloadd/transformers bf16: whole model {whole:.3f}; "
+                  f"closest to its bound: {worst[1]}")
+    if whole > 1.25:
+        failures.append(f"whole model: error ratio {whole:.3f} > 1.25")
+    print("\n" + "\n".join(report))
+    assert not failures, "\n".join(report + failures)
