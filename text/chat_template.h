@@ -89,6 +89,9 @@ class ChatTemplate {
 
   const SpecialTokens& special_tokens() const { return tokens_; }
   const std::string& source() const { return source_; }
+  // Whether the template reads messages' "tool_calls" at all: one that does not would render an
+  // assistant turn carrying only calls as empty, and the calls would not be trained.
+  bool reads_tool_calls() const { return source_.find("tool_calls") != std::string::npos; }
 
  private:
   ChatTemplate(jinja::Template t, std::string source, SpecialTokens tokens)

@@ -122,7 +122,7 @@ StatusOr<ojson> NormalizeMessages(ojson messages) {
   return messages;
 }
 
-StatusOr<ojson> ShareGptToMessages(const ojson& r) {
+StatusOr<ojson> ShareGptToMessages(const ojson& r, bool template_reads_tool_calls) {
   const ojson& conv = r["conversations"];
   if (!conv.is_array()) return InvalidArgumentError("\"conversations\" must be a list");
   ojson messages = ojson::array();
@@ -150,6 +150,11 @@ StatusOr<ojson> ShareGptToMessages(const ojson& r) {
     else
       return InvalidArgumentError("conversations[" + std::to_string(i) + "]: unknown \"from\": \"" +
                                   from + "\"");
+    if (role == "function_call" && !template_reads_tool_calls) {
+      // A template without tool-call syntax: the call is trained as the assistant's JSON text.
+      messages.push_back({{"role", "assistant"}, {"content", turn["value"]}});
+      continue;
+    }
     if (role == "function_call") {
       // LLaMA-Factory's function_call turn: {"name", "arguments"} or a list of them (parallel
       // calls), rendered by the template as an assistant message with tool_calls.
@@ -269,6 +274,19 @@ StatusOr<RecordEncoder> RecordEncoder::Create(const Tokenizer& tokenizer,
 StatusOr<Document> RecordEncoder::EncodeChat(const ojson& raw_messages, const ojson& tools) const {
   RETURN_IF_ERROR(CheckMessages(raw_messages));
   ASSIGN_OR_RETURN(const ojson messages, NormalizeMessages(raw_messages));
+  if (!template_->reads_tool_calls()) {
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const ojson& m = messages[i];
+      if (m.is_object() && m.contains("tool_calls") && m["tool_calls"].is_array() &&
+          !m["tool_calls"].empty()) {
+        return InvalidArgumentError(
+            "messages[" + std::to_string(i) +
+            "] has tool_calls, but the chat template never reads tool_calls, so the calls would "
+            "not be rendered or trained; use a template with tool-call syntax (the model's own), "
+            "or give the call as the message's content");
+      }
+    }
+  }
   ASSIGN_OR_RETURN(const std::vector<bool> skipped, ZeroWeightMessages(messages));
   ASSIGN_OR_RETURN(ChatTemplate::Rendered r, template_->RenderWithAssistantSpans(messages, tools));
   // The spans of assistant messages with weight 0 (OpenAI's fine-tuning format): never trained.
@@ -380,7 +398,8 @@ StatusOr<Document> RecordEncoder::Encode(const ojson& record) const {
       case DatasetFormat::kShareGpt: {
         if (!record.contains("conversations"))
           return InvalidArgumentError("missing \"conversations\"");
-        ASSIGN_OR_RETURN(ojson messages, ShareGptToMessages(record));
+        ASSIGN_OR_RETURN(ojson messages,
+                         ShareGptToMessages(record, template_->reads_tool_calls()));
         ASSIGN_OR_RETURN(ojson tools, ParseTools(record));
         return EncodeChat(messages, tools);
       }

@@ -449,4 +449,34 @@ void InstallGlobals(std::unordered_map<std::string, Value>* globals, std::vector
       });
 }
 
+StatusOr<std::string> ToJsonFilter(const Value& in, const std::vector<Value>& args,
+                                   const KwArgs& kwargs) {
+  const Value* indent = Arg(args, kwargs, 0, "indent");
+  const Value* sort = Arg(args, kwargs, 99, "sort_keys");
+  const Value* seps = Arg(args, kwargs, 99, "separators");
+  const int ind =
+      indent && indent->kind() == Value::Kind::kInt ? static_cast<int>(indent->int_value()) : -1;
+  std::string item_sep = ind >= 0 ? "," : ", ", key_sep = ": ";
+  if (seps && seps->is_list() && seps->list().size() == 2) {
+    item_sep = seps->list()[0].ToString();
+    key_sep = seps->list()[1].ToString();
+  }
+  return in.ToJson(ind, item_sep, key_sep, sort && sort->Truthy());
+}
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace offloadd::text::jinja

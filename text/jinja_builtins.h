@@ -32,6 +32,12 @@ const Value* Arg(const std::vector<Value>& args, const KwArgs& kwargs, size_t po
 std::optional<Value> DictMethod(const Value& obj, const std::string& name);
 std::optional<Value> StringMethod(const std::string& s, const std::string& name);
 
+// The tojson filter: indent=, sort_keys=, separators= as jinja2 passes them to json.dumps.
+StatusOr<std::string> ToJsonFilter(const Value& in, const std::vector<Value>& args,
+                                   const KwArgs& kwargs);
+// The escape filter: & < > " ' as jinja2's markupsafe writes them.
+std::string HtmlEscape(const std::string& s);
+
 // `v is name(args)`.
 StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args);
 

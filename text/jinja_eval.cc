@@ -611,18 +611,7 @@ class Interpreter {
       return Value::String(Strip(in.ToString(), Arg(args, kwargs, 0, "chars"), true, true));
     }
     if (name == "tojson") {
-      const Value* indent = Arg(args, kwargs, 0, "indent");
-      const Value* sort = Arg(args, kwargs, 99, "sort_keys");
-      const Value* seps = Arg(args, kwargs, 99, "separators");
-      const int ind = indent && indent->kind() == Value::Kind::kInt
-                          ? static_cast<int>(indent->int_value())
-                          : -1;
-      std::string item_sep = ind >= 0 ? "," : ", ", key_sep = ": ";
-      if (seps && seps->is_list() && seps->list().size() == 2) {
-        item_sep = seps->list()[0].ToString();
-        key_sep = seps->list()[1].ToString();
-      }
-      auto j = in.ToJson(ind, item_sep, key_sep, sort && sort->Truthy());
+      auto j = ToJsonFilter(in, args, kwargs);
       if (!j.ok()) return Err(n, j.status().message());
       return Value::String(*j);
     }
@@ -672,32 +661,8 @@ class Interpreter {
       return use_default ? (dflt ? *dflt : Value::String("")) : in;
     }
     if (name == "string") return in.is_string() ? in : Value::String(in.ToString());
-    if (name == "safe" || name == "e" || name == "escape") {
-      if (name == "safe") return in;
-      std::string out;
-      for (char c : in.ToString()) {
-        switch (c) {
-          case '&':
-            out += "&amp;";
-            break;
-          case '<':
-            out += "&lt;";
-            break;
-          case '>':
-            out += "&gt;";
-            break;
-          case '"':
-            out += "&#34;";
-            break;
-          case '\'':
-            out += "&#39;";
-            break;
-          default:
-            out += c;
-        }
-      }
-      return Value::String(out);
-    }
+    if (name == "safe") return in;
+    if (name == "e" || name == "escape") return Value::String(HtmlEscape(in.ToString()));
     if (name == "int") {
       if (in.kind() == Value::Kind::kInt) return in;
       if (in.is_number()) {

@@ -212,6 +212,47 @@ TEST(RecordEncoder, ToolCallsRenderThroughTheTemplate) {
             std::string::npos) << bad.status().ToString();
 }
 
+// A template without tool-call syntax never reads "tool_calls": a ShareGPT call is trained as the
+// assistant's JSON text, as it was written, and an OpenAI message carrying calls is refused
+// (rendered by such a template its calls would vanish from the training text).
+TEST(RecordEncoder, ToolCallsWithATemplateWithoutToolSyntax) {
+  const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
+  const auto gpt2 = std::filesystem::path(src != nullptr ? src : ".") / ".." / "shared" / "data" /
+                    "tokenizers" / "gpt2" / "tokenizer.json";
+  if (!std::filesystem::exists(gpt2)) GTEST_SKIP() << "shared data not found at " << gpt2;
+  auto tok = Tokenizer::FromFile(gpt2.string());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  SpecialTokens tokens;
+  tokens.eos_token = "<|endoftext|>";
+  auto tmpl = ChatTemplate::FromString(
+      "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ '\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}assistant:{% endif %}",
+      tokens);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().ToString();
+  ASSERT_FALSE(tmpl->reads_tool_calls());
+  auto enc = RecordEncoder::Create(**tok, &*tmpl, DatasetOptions());
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  using J = nlohmann::ordered_json;
+  auto sharegpt = enc->Encode(J::parse(R"({"conversations": [
+      {"from": "human", "value": "weather?"},
+      {"from": "function_call", "value": "{\"name\": \"get\"}"},
+      {"from": "observation", "value": "cold"}]})"));
+  ASSERT_TRUE(sharegpt.ok()) << sharegpt.status().ToString();
+  std::vector<int32_t> trained;
+  for (int32_t l : sharegpt->labels) {
+    if (l != kIgnoreIndex) trained.push_back(l);
+  }
+  auto trained_text = (*tok)->Decode(trained, false);
+  ASSERT_TRUE(trained_text.ok());
+  EXPECT_EQ(*trained_text, " {\"name\": \"get\"}\n");
+  auto openai = enc->Encode(J::parse(R"({"messages": [{"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+       "function": {"name": "get", "arguments": {}}}]}]})"));
+  ASSERT_FALSE(openai.ok());
+  EXPECT_NE(std::string(openai.status().message()).find("messages[1] has tool_calls"),
+            std::string::npos) << openai.status().ToString();
+}
+
 TEST(DatasetReader, BadLineIsAnErrorWithFileAndLineOrSkipped) {
   const std::string path = testing::TempDir() + "/bad.jsonl";
   std::ofstream(path) << "{\"text\": \"ab\"}\n{\"text\": 3}\n{\"text\": \"b\"}\n";
