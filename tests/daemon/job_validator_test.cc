@@ -464,8 +464,9 @@ TEST_F(JobValidatorTest, LayerOverridesAndSequenceLengthAreCheckedAgainstTheMode
   std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
       << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4,
             "n_positions": 64})";
-  w = Find(Validate(s), "dataset.max_seq_length");
-  ASSERT_NE(w, nullptr) << Describe(Validate(s));
+  const ValidationResult gpt2 = Validate(s);  // Find points into it: keep it alive
+  w = Find(gpt2, "dataset.max_seq_length");
+  ASSERT_NE(w, nullptr) << Describe(gpt2);
   EXPECT_NE(w->description.find("n_positions is 64"), std::string::npos) << w->description;
 }
 
