@@ -152,10 +152,15 @@ TEST(RecordEncoder, ConversationalPromptCompletion) {
 // template's own tool-call syntax (here a Qwen-like <tool_call> block), the bare function schemas
 // of ShareGPT's "tools" are wrapped as {"type": "function", "function": ...}, string arguments are
 // decoded, and the call is trained while the tool result is not.
-TEST(RecordEncoder, ToolCallsRenderThroughTheTemplate) {
+// ../shared/data's GPT-2 tokenizer.json (the tool-call tests skip without the shared data).
+std::filesystem::path SharedGpt2Tokenizer() {
   const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
-  const auto gpt2 = std::filesystem::path(src != nullptr ? src : ".") / ".." / "shared" / "data" /
-                    "tokenizers" / "gpt2" / "tokenizer.json";
+  return std::filesystem::path(src != nullptr ? src : ".") / ".." / "shared" / "data" /
+         "tokenizers" / "gpt2" / "tokenizer.json";
+}
+
+TEST(RecordEncoder, ToolCallsRenderThroughTheTemplate) {
+  const auto gpt2 = SharedGpt2Tokenizer();
   if (!std::filesystem::exists(gpt2)) GTEST_SKIP() << "shared data not found at " << gpt2;
   auto tok = Tokenizer::FromFile(gpt2.string());
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
@@ -216,9 +221,7 @@ TEST(RecordEncoder, ToolCallsRenderThroughTheTemplate) {
 // assistant's JSON text, as it was written, and an OpenAI message carrying calls is refused
 // (rendered by such a template its calls would vanish from the training text).
 TEST(RecordEncoder, ToolCallsWithATemplateWithoutToolSyntax) {
-  const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
-  const auto gpt2 = std::filesystem::path(src != nullptr ? src : ".") / ".." / "shared" / "data" /
-                    "tokenizers" / "gpt2" / "tokenizer.json";
+  const auto gpt2 = SharedGpt2Tokenizer();
   if (!std::filesystem::exists(gpt2)) GTEST_SKIP() << "shared data not found at " << gpt2;
   auto tok = Tokenizer::FromFile(gpt2.string());
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
