@@ -23,6 +23,11 @@ endif()
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
+# sd_notify / sd_watchdog_enabled for the daemon's readiness and watchdog (libsystemd-dev).
+pkg_check_modules(LIBSYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
+# SentencePiece tokenizer.model files (libsentencepiece-dev). Optional: without it the build
+# still works and loading a tokenizer.model is refused naming the missing package.
+pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
 find_package(OpenSSL REQUIRED)
 
 # CLI11 (header-only) for offloadctl's command line: Debian/Ubuntu package libcli11-dev.
