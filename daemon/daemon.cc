@@ -155,10 +155,21 @@ int RunDaemon(const DaemonConfig& config) {
   std::string gpu_problem;
   // Two statements: the order in which one call's arguments are evaluated is unspecified, and
   // the problem must be read after the probe wrote it.
-  std::vector<GpuFacts> probed = ProbeGpusWithExecutor(executor_binary, &gpu_problem);
-  SetProbedGpus(std::move(probed), gpu_problem);
+  GpuDriverFacts driver;
+  std::vector<GpuFacts> probed = ProbeGpusWithExecutor(executor_binary, &gpu_problem, 60000, &driver);
+  driver.driver_version = ReadNvidiaDriverVersion();
+  // A GPU whose driver is too old for the bundled CUDA runtime is an error, not a CPU node: jobs
+  // are refused at validation until the driver is upgraded or the GPUs are hidden on purpose.
+  const std::string driver_problem =
+      GpusHiddenByEnvironment(std::getenv("CUDA_VISIBLE_DEVICES")) ? "" : GpuDriverProblem(driver);
+  if (!driver_problem.empty()) {
+    OFFLOADD_LOG(kError, kLog) << "GPU unusable: " << driver_problem << "; until then jobs are refused";
+    probed.clear();
+    gpu_problem = driver_problem;
+  }
+  SetProbedGpus(std::move(probed), gpu_problem, DescribeGpuDriver(driver), driver_problem);
   const std::vector<GpuFacts> gpus = ProbeGpus(&gpu_problem);
-  if (gpus.empty()) {
+  if (gpus.empty() && driver_problem.empty()) {
     OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
                               << "): jobs train on the CPU";
   }
@@ -217,9 +228,32 @@ int RunDaemon(const DaemonConfig& config) {
     });
   };
   arm_sweep();
+  // With WatchdogSec= in the unit, systemd restarts a daemon that stops sending WATCHDOG=1. It is
+  // sent from this loop, so a wedged main loop goes unanswered; twice per interval, as
+  // sd_watchdog_enabled(3) advises.
+  auto watchdog_interval = SdWatchdogInterval();
+  if (!watchdog_interval.ok()) return Fail(watchdog_interval.status());
+  boost::asio::steady_timer watchdog_timer(io);
+  std::function<void()> arm_watchdog = [&] {
+    if (!*watchdog_interval) return;
+    watchdog_timer.expires_after(**watchdog_interval / 2);
+    watchdog_timer.async_wait([&](const boost::system::error_code& error) {
+      if (error) return;  // cancelled: shutting down
+      if (Status s = SdNotify("WATCHDOG=1"); !s.ok()) {
+        OFFLOADD_LOG(kWarning, kLog) << "systemd watchdog: " << s.ToString();
+      }
+      arm_watchdog();
+    });
+  };
+  if (*watchdog_interval) {
+    OFFLOADD_LOG(kInfo, kLog) << "systemd watchdog: every "
+                              << std::chrono::duration<double>(**watchdog_interval).count() << " s";
+  }
+  arm_watchdog();
   signals.async_wait([&](const boost::system::error_code& error, int signo) {
     if (!error) received = signo;
     sweep.cancel();
+    watchdog_timer.cancel();
   });
 
   auto server = GrpcServer::Start(config, build, jobs->get(), metrics->get());

@@ -15,8 +15,16 @@ std::string ProbeGpusJson() {
   out["gpus"] = nlohmann::json::array();
   std::string problem;
 #if OFFLOADD_WITH_CUDA
+  // The daemon compares these (daemon/node/gpu_driver.h): a driver too old for this runtime is an
+  // error there, not a CPU node. Both calls work without a usable driver.
+  int driver_version = 0, runtime_version = 0;
+  if (cudaDriverGetVersion(&driver_version) != cudaSuccess) driver_version = 0;
+  if (cudaRuntimeGetVersion(&runtime_version) != cudaSuccess) runtime_version = 0;
+  out["driver_cuda_version"] = driver_version;
+  out["runtime_cuda_version"] = runtime_version;
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
+  out["insufficient_driver"] = rc == cudaErrorInsufficientDriver;
   if (rc != cudaSuccess) {
     problem = rc == cudaErrorInsufficientDriver || rc == cudaErrorNoDevice
                   ? std::string("no NVIDIA GPU or driver on this machine (") + cudaGetErrorString(rc) + ")"

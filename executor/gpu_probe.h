@@ -6,7 +6,9 @@
 namespace offloadd::executor {
 
 // {"gpus": [{"index", "name", "total_memory_bytes", "free_memory_bytes", "cc_major", "cc_minor",
-// "pci_bus_id"}...], "problem": "..."}: daemon/node/node_probe.h ParseGpuProbe reads it.
+// "pci_bus_id"}...], "problem": "...", and in the CUDA flavour "driver_cuda_version",
+// "runtime_cuda_version" (cudaDriverGetVersion / cudaRuntimeGetVersion) and "insufficient_driver"}:
+// daemon/node/node_probe.h ParseGpuProbe reads it.
 std::string ProbeGpusJson();
 
 }  // namespace offloadd::executor

@@ -543,6 +543,11 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   const auto& res = spec.resources();
   // 0 is also the unset value (proto3), so it stands for "the CPU" on a node without GPUs.
   const int gpu_count = static_cast<int>(node.gpus.size());
+  // Jobs train on the GPU whenever the node has one; this node has one it cannot drive.
+  if (!node.gpu_driver_problem.empty()) {
+    c.Add("resources", "this node has an NVIDIA GPU it cannot use: " + node.gpu_driver_problem +
+                           "; the job would train on the CPU instead, so it is refused");
+  }
   if (res.gpu_index() < -1 || res.gpu_index() >= std::max(gpu_count, 1)) {
     c.Add("resources.gpu_index", "this node has " + std::to_string(node.gpus.size()) + " GPU(s); got index " +
                                      std::to_string(res.gpu_index()));

@@ -45,6 +45,9 @@ struct NodeBudget {
   uint64_t gpu_memory_limit = 0;          // daemon default per-job GPU budget (0 = GPU's memory)
   std::vector<GpuFacts> gpus;
   int cpu_cores = 1;                      // logical cores: the bound of CPU executors (resources.gpus)
+  // Why this node's NVIDIA GPU cannot be used (its driver is too old for the bundled CUDA runtime,
+  // node/gpu_driver.h); every job is refused while it is set, rather than trained on the CPU.
+  std::string gpu_driver_problem;
   std::vector<StoreDirFacts> store_dirs;  // the daemon's configured NVMe store directories
   // Configured store directories that cannot be used now (missing, not writable), with why.
   std::vector<StoreDirFacts> unusable_store_dirs;

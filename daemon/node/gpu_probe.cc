@@ -26,6 +26,8 @@ std::mutex& GpuMutex() {
 struct GpuCache {
   std::vector<GpuFacts> gpus;
   std::string problem = "the GPUs were not probed (no executor asked yet)";
+  std::string driver;
+  std::string driver_problem;
 };
 GpuCache& Cache() {
   static GpuCache cache;
@@ -41,7 +43,7 @@ int Reap(pid_t pid) {
 
 }  // namespace
 
-std::vector<GpuFacts> ParseGpuProbe(const std::string& json, std::string* problem) {
+std::vector<GpuFacts> ParseGpuProbe(const std::string& json, std::string* problem, GpuDriverFacts* driver) {
   std::vector<GpuFacts> gpus;
   nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("gpus") || !j["gpus"].is_array()) {
@@ -61,6 +63,11 @@ std::vector<GpuFacts> ParseGpuProbe(const std::string& json, std::string* proble
       gpus.push_back(std::move(f));
     }
     *problem = j.value("problem", std::string());
+    if (driver != nullptr) {
+      driver->driver_cuda_version = j.value("driver_cuda_version", 0);
+      driver->runtime_cuda_version = j.value("runtime_cuda_version", 0);
+      driver->insufficient_driver = j.value("insufficient_driver", false);
+    }
   } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
     gpus.clear();
     *problem = std::string("the GPU probe's answer is malformed: ") + e.what();
@@ -69,7 +76,7 @@ std::vector<GpuFacts> ParseGpuProbe(const std::string& json, std::string* proble
 }
 
 std::vector<GpuFacts> ProbeGpusWithExecutor(const std::string& executor_binary, std::string* problem,
-                                            int timeout_ms) {
+                                            int timeout_ms, GpuDriverFacts* driver) {
   auto child = ipc::LaunchChild(executor_binary, {"--probe-gpus"});
   if (!child.ok()) {
     *problem = "cannot start " + executor_binary + " --probe-gpus: " + std::string(child.status().message());
@@ -94,13 +101,22 @@ std::vector<GpuFacts> ProbeGpusWithExecutor(const std::string& executor_binary, 
     *problem = executor_binary + " --probe-gpus " + ipc::DescribeExit(status) + " without an answer";
     return {};
   }
-  return ParseGpuProbe(*answer, problem);
+  return ParseGpuProbe(*answer, problem, driver);
 }
 
-void SetProbedGpus(std::vector<GpuFacts> gpus, std::string problem) {
+void SetProbedGpus(std::vector<GpuFacts> gpus, std::string problem, std::string driver,
+                   std::string driver_problem) {
   std::lock_guard<std::mutex> lock(GpuMutex());
   Cache().gpus = std::move(gpus);
   Cache().problem = std::move(problem);
+  Cache().driver = std::move(driver);
+  Cache().driver_problem = std::move(driver_problem);
+}
+
+void ProbedGpuDriver(std::string* driver, std::string* driver_problem) {
+  std::lock_guard<std::mutex> lock(GpuMutex());
+  *driver = Cache().driver;
+  *driver_problem = Cache().driver_problem;
 }
 
 std::vector<GpuFacts> ProbeGpus(std::string* problem) {

@@ -171,6 +171,7 @@ NodeFacts ProbeNodeResources(const std::vector<StoreDirInput>& store_dirs) {
   NodeFacts f;
   f.memory = ProbeMemory();
   f.gpus = ProbeGpus(&f.gpu_problem);
+  ProbedGpuDriver(&f.gpu_driver, &f.gpu_driver_problem);
   for (auto& g : f.gpus) g.numa_node = PciNumaNode(g.pci_bus_id);
   for (const auto& d : store_dirs) f.store_dirs.push_back(ProbeStoreDir(d));
   return f;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/node/gpu_driver.h"
+
 namespace offloadd::daemon {
 
 struct CpuFacts {
@@ -61,6 +63,10 @@ struct NodeFacts {
   std::vector<NumaFacts> numa_nodes;
   std::vector<GpuFacts> gpus;
   std::string gpu_problem;
+  // The NVIDIA driver as probed at start ("580.65.06 (CUDA 13.0)"), and, when it is too old for
+  // the bundled CUDA runtime, why (then gpus is empty and jobs are refused: gpu_driver.h).
+  std::string gpu_driver;
+  std::string gpu_driver_problem;
   std::vector<StoreDirFacts> store_dirs;
   bool io_uring_available = false;
   std::string io_uring_problem;
@@ -82,16 +88,25 @@ NodeFacts ProbeNodeResources(const std::vector<StoreDirInput>& store_dirs);
 // The GPUs recorded by SetProbedGpus (none, with *problem saying why, before it or when the
 // probe found none). Thread-safe.
 std::vector<GpuFacts> ProbeGpus(std::string* problem);
-void SetProbedGpus(std::vector<GpuFacts> gpus, std::string problem);
+// `driver` describes the NVIDIA driver (DescribeGpuDriver) and `driver_problem` says why it cannot
+// be used (GpuDriverProblem), both empty when there is nothing to say.
+void SetProbedGpus(std::vector<GpuFacts> gpus, std::string problem, std::string driver = {},
+                   std::string driver_problem = {});
+// What SetProbedGpus recorded about the driver. Thread-safe.
+void ProbedGpuDriver(std::string* driver, std::string* driver_problem);
 
 // Runs `executor_binary --probe-gpus` (ipc::LaunchChild) and reads its JSON answer from the control
 // socket: the GPUs the CUDA runtime sees (their free memory as of now). A missing or failing
 // executor, or one that does not answer within `timeout_ms`, gives no GPUs and *problem says why.
+// `driver`, when given, receives what the probe says of the driver (all but driver_version).
 std::vector<GpuFacts> ProbeGpusWithExecutor(const std::string& executor_binary, std::string* problem,
-                                            int timeout_ms = 60000);
-// The probe's JSON ({"gpus": [...], "problem": "..."}, executor/gpu_probe.h) as GpuFacts (numa_node
-// is left to ProbeNodeResources); none, with *problem set, when it does not parse.
-std::vector<GpuFacts> ParseGpuProbe(const std::string& json, std::string* problem);
+                                            int timeout_ms = 60000, GpuDriverFacts* driver = nullptr);
+// The probe's JSON ({"gpus": [...], "problem": "...", "driver_cuda_version", "runtime_cuda_version",
+// "insufficient_driver"}, executor/gpu_probe.h) as GpuFacts (numa_node is left to
+// ProbeNodeResources); none, with *problem set, when it does not parse. The driver fields go to
+// *driver when it is given (absent fields: 0 / false, as from an older executor).
+std::vector<GpuFacts> ParseGpuProbe(const std::string& json, std::string* problem,
+                                    GpuDriverFacts* driver = nullptr);
 
 // NUMA node of the PCI device `pci_bus_id` (as CUDA writes it, "0000:3B:00.0", or with NVML's
 // 8-digit domain, "00000000:3B:00.0"), read from <sysfs_root>/bus/pci/devices/<id>/numa_node.

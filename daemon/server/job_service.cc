@@ -123,6 +123,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   node.host_memory_limit = config_.memory.host_memory_limit;
   node.gpu_memory_limit = config_.memory.gpu_memory_limit;
   node.gpus = facts.gpus;
+  node.gpu_driver_problem = facts.gpu_driver_problem;
   node.cpu_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   node.profile_dir = config_.state_dir + "/profiles";
   node.aio_block_size = config_.storage.aio.block_size;

@@ -158,6 +158,7 @@ void FillNodeInfo(const NodeFacts& f, const BuildFacts& build, offloadd::v1::Nod
     p->set_numa_node(g.numa_node);
   }
   out->set_gpu_problem(f.gpu_problem);
+  out->set_gpu_driver(f.gpu_driver);
   for (const auto& s : f.store_dirs) {
     auto* p = out->add_store_directories();
     p->set_path(s.path);

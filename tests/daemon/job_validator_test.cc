@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "common/units.h"
+#include "daemon/node/gpu_driver.h"
 #include "trainer/shape_profile.h"
 
 namespace offloadd::daemon {
@@ -113,6 +114,24 @@ TEST_F(JobValidatorTest, SpeculationDefaultIsResolvedPerNode) {
   s.mutable_offload()->set_speculation(static_cast<v1::Speculation>(9));
   r = Validate(s);
   ASSERT_NE(Find(r, "offload.speculation"), nullptr) << Describe(r);
+}
+
+// A node whose NVIDIA driver is too old for the bundled CUDA runtime has no usable GPU, but its
+// jobs must not quietly train on the CPU: validation refuses them, naming the driver and floor.
+TEST_F(JobValidatorTest, GpuWhoseDriverIsTooOldRefusesTheJob) {
+  ASSERT_TRUE(Validate(ValidSpec()).ok());
+  GpuDriverFacts old;
+  old.driver_version = "570.86.15";
+  old.driver_cuda_version = 12080;
+  old.runtime_cuda_version = 13000;
+  old.insufficient_driver = true;
+  node_.gpu_driver_problem = GpuDriverProblem(old);
+  const ValidationResult r = Validate(ValidSpec());
+  const FieldViolation* v = Find(r, "resources");
+  ASSERT_NE(v, nullptr) << Describe(r);
+  EXPECT_NE(v->description.find("570.86.15"), std::string::npos) << v->description;
+  EXPECT_NE(v->description.find(">= 580"), std::string::npos) << v->description;
+  EXPECT_NE(v->description.find("train on the CPU"), std::string::npos) << v->description;
 }
 
 TEST_F(JobValidatorTest, EveryProblemIsReportedAtOnce) {
