@@ -26,6 +26,8 @@ apt_packages=(
   libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
   libgloo-dev  # c10d ProcessGroupGloo headers: CPU data-parallel executors (trainer/data_parallel.cc)
+  libsystemd-dev  # sd_notify / sd_watchdog_enabled (daemon/systemd/sd_notify.cc)
+  libsentencepiece-dev  # tokenizer.model files (text/sentencepiece_shim.cc)
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
 )
 

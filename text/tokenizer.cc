@@ -1,5 +1,7 @@
 #include "text/tokenizer.h"
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -8,6 +10,7 @@
 #include "text/bpe_model.h"
 #include "text/components.h"
 #include "text/json_guard.h"
+#include "text/sentencepiece_model.h"
 #include "text/unicode.h"
 
 namespace offloadd::text {
@@ -106,7 +109,12 @@ Status ApplyLlamaTokenizerClass(const json& config, json* j, const std::string& 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string& dir) {
   return GuardJson(dir, [&]() -> StatusOr<std::unique_ptr<Tokenizer>> {
     const std::string path = dir + "/tokenizer.json";
-    ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    auto read = ReadFile(path);
+    if (!read.ok() && read.status().code() == StatusCode::kNotFound &&
+        ::access((dir + "/tokenizer.model").c_str(), F_OK) == 0) {
+      return FromSentencePiece(dir);
+    }
+    ASSIGN_OR_RETURN(std::string text, std::move(read));
     json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return InvalidArgumentError(path + ": not valid JSON");
     if (!j.is_object() || !j.contains("model"))
@@ -203,22 +211,27 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromParsed(const json& j,
       tok->vocab_size_ = std::max(tok->vocab_size_, t.id + 1);
       tok->added_tokens_.push_back(std::move(t));
     }
-    std::vector<AddedTokenMatcher::Pattern> raw, normalized;
-    for (const AddedToken& t : tok->added_tokens_) {
-      if (t.normalized && tok->normalizer_) {
-        AlignedText pattern = AlignedText::FromOriginal(t.content, 0, true);
-        RETURN_IF_ERROR(tok->normalizer_->Normalize(&pattern));
-        normalized.push_back({std::move(pattern.text), &t});
-      } else if (t.normalized) {
-        normalized.push_back({t.content, &t});
-      } else {
-        raw.push_back({t.content, &t});
-      }
-    }
-    tok->raw_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(raw));
-    tok->normalized_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(normalized));
+    RETURN_IF_ERROR(tok->BuildAddedTokenMatchers());
     return tok;
   });
+}
+
+Status Tokenizer::BuildAddedTokenMatchers() {
+  std::vector<AddedTokenMatcher::Pattern> raw, normalized;
+  for (const AddedToken& t : added_tokens_) {
+    if (t.normalized && normalizer_) {
+      AlignedText pattern = AlignedText::FromOriginal(t.content, 0, true);
+      RETURN_IF_ERROR(normalizer_->Normalize(&pattern));
+      normalized.push_back({std::move(pattern.text), &t});
+    } else if (t.normalized) {
+      normalized.push_back({t.content, &t});
+    } else {
+      raw.push_back({t.content, &t});
+    }
+  }
+  raw_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(raw));
+  normalized_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(normalized));
+  return OkStatus();
 }
 
 Status Tokenizer::EncodePieces(std::vector<AlignedText>* pieces, Encoding* out) const {
@@ -238,6 +251,8 @@ Status Tokenizer::EncodePieces(std::vector<AlignedText>* pieces, Encoding* out) 
 }
 
 Status Tokenizer::EncodeSegment(std::string_view raw, uint32_t base, Encoding* out) const {
+  // transformers' non-legacy Llama tokenizers prefix "▁" only where the text begins.
+  if (spm_) return spm_->Encode(raw, spm_legacy_ || base == 0, base, out);
   AlignedText text = AlignedText::FromOriginal(raw, base, base == 0);
   if (normalizer_) RETURN_IF_ERROR(normalizer_->Normalize(&text));
   std::vector<AlignedText> pieces;
@@ -293,7 +308,11 @@ StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
       if (!(skip_special_tokens && t.special)) tokens.push_back(t.content);
       continue;
     }
-    if (const std::string* t = model_->IdToToken(id)) tokens.push_back(*t);
+    if (spm_) {
+      if (auto t = spm_->Piece(id)) tokens.push_back(std::move(*t));
+    } else if (const std::string* t = model_->IdToToken(id)) {
+      tokens.push_back(*t);
+    }
   }
   if (!decoder_) {
     std::string out;
@@ -310,12 +329,14 @@ std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
   for (const AddedToken& t : added_tokens_) {
     if (t.content == token) return t.id;
   }
+  if (spm_) return spm_->PieceToId(token);
   return model_->TokenToId(token);
 }
 
 std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
   auto added = added_by_id_.find(id);
   if (added != added_by_id_.end()) return added_tokens_[added->second].content;
+  if (spm_) return spm_->Piece(id);
   if (const std::string* t = model_->IdToToken(id)) return *t;
   return std::nullopt;
 }

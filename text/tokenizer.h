@@ -32,6 +32,7 @@ class PreTokenizer;
 class Decoder;
 class PostProcessor;
 class AddedTokenMatcher;
+class SentencePieceModel;
 
 struct AddedToken {
   int32_t id = 0;
@@ -66,6 +67,13 @@ class Tokenizer {
   // the Replace/ByteFallback/Fuse[/Strip] decoder. (transformers 5's LlamaTokenizer always
   // rebuilds, which changes the token after each added token on such files: not followed.)
   // Other classes, or no tokenizer_config.json: the file as is (same as FromFile).
+  // A directory without tokenizer.json but with a SentencePiece tokenizer.model (Mistral v0.3,
+  // Llama 2, Gemma) is read through libsentencepiece, as transformers' LlamaTokenizer[Fast]
+  // converted from it encodes: the model's control and unknown pieces are special tokens split out
+  // of the text first; each other segment is encoded by SentencePiece, with its "▁" dummy prefix
+  // on every segment when tokenizer_config.json's legacy is true (the default) and only on a
+  // segment at the start of the text when it is false; BOS/EOS from add_bos_token (default true)
+  // and add_eos_token; decoding through the converted Replace/ByteFallback/Fuse/Strip decoder.
   static StatusOr<std::unique_ptr<Tokenizer>> FromDirectory(const std::string& dir);
   // Parses tokenizer.json contents; `origin` names the source in error messages.
   static StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json_text,
@@ -93,10 +101,14 @@ class Tokenizer {
   Tokenizer();
   static StatusOr<std::unique_ptr<Tokenizer>> FromParsed(const nlohmann::json& j,
                                                          const std::string& where);
+  static StatusOr<std::unique_ptr<Tokenizer>> FromSentencePiece(const std::string& dir);
+  Status BuildAddedTokenMatchers();
   Status EncodeSegment(std::string_view text, uint32_t base, Encoding* out) const;
   Status EncodePieces(std::vector<struct AlignedText>* pieces, Encoding* out) const;
 
-  std::unique_ptr<BpeModel> model_;
+  std::unique_ptr<BpeModel> model_;         // tokenizer.json; null for a tokenizer.model
+  std::unique_ptr<SentencePieceModel> spm_;  // tokenizer.model; null for a tokenizer.json
+  bool spm_legacy_ = true;                   // every segment gets SentencePiece's "▁" prefix
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<Decoder> decoder_;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (a machine with internet): downloads the Ubuntu 24.04 (noble) .debs that the GPU
-# machine lacks — gRPC C++, liburing, prometheus-cpp, PCRE2, SQLite, nlohmann-json, CLI11 and their
+# machine lacks — gRPC C++, liburing, prometheus-cpp, PCRE2, SQLite, nlohmann-json, CLI11, libsystemd's
+# headers, SentencePiece and their
 # libraries — into .debs/ (git-ignored), for scripts/gpu/build_and_test.sh to unpack there.
 # The GPU machine already has protobuf, yaml-cpp, GoogleTest, Boost, OpenSSL, zlib, CUDA, torch.
 set -euo pipefail
@@ -17,6 +18,7 @@ packages=(
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
   libsqlite3-dev libsqlite3-0 nlohmann-json3-dev libicu-dev libicu74
   libcli11-dev
+  libsystemd-dev libsystemd0 libsentencepiece-dev libsentencepiece0
 )
 
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$out"
