@@ -91,9 +91,9 @@ TEST(GpuDriverTest, ProbeAnswerCarriesTheDriverFacts) {
   std::string problem;
   GpuDriverFacts f;
   const auto gpus = ParseGpuProbe(
-      R"({"gpus":[],"problem":"no NVIDIA GPU or driver on this machine (CUDA driver version is )"
-      R"(insufficient for CUDA runtime version)","driver_cuda_version":12080,)"
-      R"("runtime_cuda_version":13000,"insufficient_driver":true})",
+      R"j({"gpus":[],"problem":"no NVIDIA GPU or driver on this machine (CUDA driver version is )j"
+      R"j(insufficient for CUDA runtime version)","driver_cuda_version":12080,)j"
+      R"j("runtime_cuda_version":13000,"insufficient_driver":true})j",
       &problem, &f);
   EXPECT_TRUE(gpus.empty());
   EXPECT_EQ(f.driver_cuda_version, 12080);
@@ -105,7 +105,7 @@ TEST(GpuDriverTest, ProbeAnswerCarriesTheDriverFacts) {
 
   // An older executor's answer (no driver fields): nothing to object to.
   GpuDriverFacts none;
-  ParseGpuProbe(R"({"gpus":[],"problem":"this offloadd was built without CUDA (CPU flavour)"})", &problem,
+  ParseGpuProbe(R"j({"gpus":[],"problem":"this offloadd was built without CUDA (CPU flavour)"})j", &problem,
                 &none);
   EXPECT_EQ(GpuDriverProblem(none), "");
 
