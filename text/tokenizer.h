@@ -69,8 +69,8 @@ class Tokenizer {
   // Other classes, or no tokenizer_config.json: the file as is (same as FromFile).
   // A directory without tokenizer.json but with a SentencePiece tokenizer.model (Mistral v0.3,
   // Llama 2, Gemma) is read through libsentencepiece, as transformers' LlamaTokenizer[Fast]
-  // converted from it encodes: the model's control and unknown pieces are special tokens split out
-  // of the text first; each other segment is encoded by SentencePiece, with its "▁" dummy prefix
+  // converted from it encodes: the model's control pieces are special tokens split out of the
+  // text first; each other segment is encoded by SentencePiece, with its "▁" dummy prefix
   // on every segment when tokenizer_config.json's legacy is true (the default) and only on a
   // segment at the start of the text when it is false; BOS/EOS from add_bos_token (default true)
   // and add_eos_token; decoding through the converted Replace/ByteFallback/Fuse/Strip decoder.

@@ -55,13 +55,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(const std::str
     tok->spm_legacy_ = !(config.contains("legacy") && config["legacy"].is_boolean() &&
                          !config["legacy"].get<bool>());
     tok->vocab_size_ = spm->size();
-    // The control pieces (<s>, </s>, Mistral's [INST]...) and <unk> are the converted tokenizer's
-    // special added tokens: split out of the text as written, never normalized.
+    // The control pieces (<s>, </s>, Mistral's [INST]...) are the converted tokenizer's special
+    // added tokens: split out of the text as written, never normalized. (<unk> is not one: the
+    // converter leaves it in the vocabulary, so "<unk>" in a text is encoded as characters.)
     for (int32_t id = 0; id < spm->size(); ++id) {
-      const auto kind = spm->KindOf(id);
-      if (kind != SentencePieceModel::Kind::kControl && kind != SentencePieceModel::Kind::kUnknown) {
-        continue;
-      }
+      if (spm->KindOf(id) != SentencePieceModel::Kind::kControl) continue;
       AddedToken t;
       t.id = id;
       t.content = spm->Piece(id).value_or("");

@@ -104,6 +104,7 @@ std::vector<std::string> ModelFileProblems(const std::string& dir) {
   std::set<std::string> names = {
       "config.json",           "generation_config.json",      "tokenizer.json",
       "tokenizer_config.json", "special_tokens_map.json",     "chat_template.jinja",
+      "tokenizer.model",
       "model.safetensors",     "model.safetensors.index.json"};
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::vector<std::string> problems;

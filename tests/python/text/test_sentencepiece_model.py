@@ -2,8 +2,9 @@
 libsentencepiece (text/sentencepiece_model.h). Its ids equal the `sentencepiece` package's on the
 same file and transformers' converted fast tokenizer's (the shipped tokenizer.json of each
 directory, which transformers' LlamaConverter made from that tokenizer.model: legacy for Llama 2,
-non-legacy for Mistral v0.3) on the Alpaca and LIMA records, with 0 mismatches; special tokens,
-BOS/EOS and decoding behave as that fast tokenizer's."""
+non-legacy for Mistral v0.3) on the Alpaca and LIMA records, with 0 mismatches (but for the one
+record that begins with spaces, where the two references disagree and offloadd follows
+SentencePiece); special tokens, BOS/EOS and decoding behave as that fast tokenizer's."""
 
 import json
 import shutil
@@ -50,14 +51,18 @@ def test_llama2_tokenizer_model_equals_sentencepiece_and_the_converted_fast_toke
     bad_fast = [t for t, g, w in zip(texts, got, want_fast) if g != w]
     assert not bad_sp, f"{len(bad_sp)}/{len(texts)} differ from sentencepiece, e.g. {bad_sp[:3]!r}"
     assert not bad_fast, f"{len(bad_fast)}/{len(texts)} differ from tokenizers, e.g. {bad_fast[:3]!r}"
-    # BOS as LlamaTokenizerFast adds it; control tokens written in the text are split out.
-    special = ["Hello world", "<s>[INST] hi</s>", "a</s>b", " leading space", "x<unk>y"]
-    assert native.encode_many(special, add_special_tokens=True) == [
-        e.ids for e in fast.encode_batch(special, add_special_tokens=True)]
-    # Decoding, with and without the special tokens.
-    ids = [fast.encode(t).ids for t in texts[:300] + special]
-    for skip in (True, False):
-        assert native.decode_many(ids, skip) == [fast.decode(i, skip_special_tokens=skip) for i in ids]
+    # BOS as LlamaTokenizerFast adds it. (This 2023 tokenizer.json marks <s> and </s>
+    # normalized: true, which today's converter no longer writes, so control tokens written in the
+    # text are checked on Mistral's below.)
+    head = texts[:300] + [" leading space", "  two", "tab\there", "line\n\nbreaks", "😀 ünï 中文"]
+    assert native.encode_many(head, add_special_tokens=True) == [
+        e.ids for e in fast.encode_batch(head, add_special_tokens=True)]
+    assert native.encode_many(head[-5:], add_special_tokens=False) == sp.encode(head[-5:])
+    # Decoding as SentencePiece does (which drops control tokens); with the special tokens kept
+    # they are written out as LlamaTokenizerFast's decoder writes them.
+    ids = [sp.encode(t) for t in head]
+    assert native.decode_many([[1] + i + [2] for i in ids], True) == sp.decode(ids)
+    assert native.decode_many([[1] + ids[0] + [2]], False) == ["<s> " + sp.decode(ids[0]) + "</s>"]
 
 
 def test_mistral_v3_tokenizer_model_follows_its_config(tmp_path):
@@ -77,18 +82,28 @@ def test_mistral_v3_tokenizer_model_follows_its_config(tmp_path):
     fast = tokenizers.Tokenizer.from_file(str(TOK_DIR / "mistral-7b-v0.3" / "tokenizer.json"))
     want_sp = sp.encode(texts)
     want_fast = [e.ids for e in fast.encode_batch(texts, add_special_tokens=False)]
-    # Metaspace(prepend_scheme first) and SentencePiece differ only on text that begins with
-    # whitespace (PROVENANCE.md); no record field does.
-    assert not [t for t in texts if t[:1].isspace()]
-    assert sum(g != w for g, w in zip(got, want_sp)) == 0
-    assert sum(g != w for g, w in zip(got, want_fast)) == 0
+    bad_sp = [t for t, g, w in zip(texts, got, want_sp) if g != w]
+    assert not bad_sp, f"{len(bad_sp)}/{len(texts)} differ from sentencepiece, e.g. {bad_sp[:3]!r}"
+    # The two references disagree where a text begins with spaces (PROVENANCE.md): SentencePiece
+    # (and transformers' slow LlamaTokenizer) add "▁" before "  Any", Metaspace(prepend_scheme
+    # first) does not. offloadd follows SentencePiece there; every other record equals the fast
+    # tokenizer. One LIMA record of the 4,188 fields begins with spaces.
+    bad_fast = [t for t, g, w in zip(texts, got, want_fast) if g != w]
+    assert all(t.startswith(" ") for t in bad_fast), [t[:40] for t in bad_fast if not t.startswith(" ")]
+    assert len(bad_fast) == sum(t.startswith(" ") for t in texts) == 1, len(bad_fast)
     chats = [f"[INST] {r}[/INST] {o}</s>" for r, o in zip(texts[0:200:2], texts[1:200:2])]
     chats += ["<s>[INST] What is the capital of France?[/INST] Paris.</s>[INST] And of Germany?[/INST]"]
     for a in (False, True):
         assert native.encode_many(chats, add_special_tokens=a) == [
             e.ids for e in fast.encode_batch(chats, add_special_tokens=a)]
     ids = [fast.encode(t).ids for t in chats[:50]]
-    assert native.decode_many(ids, True) == [fast.decode(i, skip_special_tokens=True) for i in ids]
+    for skip in (True, False):
+        assert native.decode_many(ids, skip) == [fast.decode(i, skip_special_tokens=skip) for i in ids]
+    # A control token in the vocabulary but not in the text stays text: [control_12] is one token
+    # only when written exactly.
+    odd = ["[control_12]x", "[INST][INST]", "<unk>x", "a [TOOL_CALLS] b"]
+    assert native.encode_many(odd, add_special_tokens=False) == [
+        e.ids for e in fast.encode_batch(odd, add_special_tokens=False)]
 
 
 def test_tokenizer_json_still_wins_beside_tokenizer_model(tmp_path):
