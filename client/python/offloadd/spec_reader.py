@@ -1,17 +1,22 @@
-"""Reads plain data (dicts, lists, scalars from YAML or JSON) into a protobuf message by its
-descriptor, as offloadctl's client/cpp/spec_reader.cc does: field names as in the .proto
-(snake_case; lowerCamelCase JSON names are accepted too), enum values in full or short (any case),
-byte sizes as 24GiB/500MB/plain bytes, None as "unset". Every problem is collected with its
-snake_case path ("training.max_grad_norm", "dataset.paths[1]") instead of stopping at the first,
-with a "did you mean" for near misses and the list of the message's fields for unknown ones.
-"""
+"""Reads plain data (dicts, lists, scalars from YAML or JSON job files) into a protobuf message
+through google.protobuf.json_format.ParseDict, one field at a time so that every problem is
+reported at once with its snake_case path ("training.max_steps", "dataset.paths[1]").
 
+Only the job-file spellings that protobuf's JSON mapping lacks are translated first, as offloadctl's
+reader (client/cpp/spec_reader.cc) reads them: enum values short or in any case ("alpaca" for
+DATASET_FORMAT_ALPACA), byte sizes ("24GiB", "500MB"), None as unset. Types and ranges are
+ParseDict's; what values mean (learning rates in range, NaN, unknown enum numbers, paths, the model)
+is the daemon's to check when the job is submitted (daemon/jobs/job_validator.cc), and is not
+repeated here. An unknown key is an error naming it, with a "did you mean" for near misses and the
+message's fields.
+"""
 from __future__ import annotations
 
 import math
 import re
 from typing import Any, Iterable, Optional
 
+from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
@@ -123,6 +128,19 @@ def _is_map(f: FieldDescriptor) -> bool:
     return f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type.GetOptions().map_entry
 
 
+class _Spelling(ValueError):
+    """A job-file spelling that does not translate (a byte size that does not parse)."""
+
+
+def _reason(error: Exception) -> str:
+    """ParseDict's message without its nesting ("Failed to parse x field: ") and location."""
+    text = str(error)
+    while (m := re.match(r"Failed to parse \w+ field: ", text)) is not None:
+        text = text[m.end():]
+    text = re.sub(r" at [\w.\[\]\"]+\.*$", "", text.strip())
+    return text.rstrip(".")
+
+
 class _Reader:
     def __init__(self, root: Descriptor, out: list):
         self.root = root
@@ -170,133 +188,88 @@ class _Reader:
         self.add(_child(path, _short(key)), f"unknown field{hint} (fields of {what}: {', '.join(names)})")
 
     def field(self, v: Any, path: str, f: FieldDescriptor, msg: Message) -> None:
+        """Nested messages recurse (their problems get their own paths); maps and lists are parsed
+        entry by entry, so that each bad entry is named; scalars go to ParseDict as they are."""
         if _is_map(f):
             if not isinstance(v, dict):
                 self.add(path, f"expected a mapping, got {_kind(v)}")
                 return
-            kf, vf = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
-            target = getattr(msg, f.name)
             for k, item in v.items():
-                where = f"{path}[{_short(k)}]"
-                ok_k, key = self.scalar(k, where, kf)
-                if not ok_k:
-                    continue
-                if vf.type == FieldDescriptor.TYPE_MESSAGE:
-                    self.message(item, where, target[key])
-                else:
-                    ok_v, value = self.scalar(item, where, vf)
-                    if ok_v:
-                        target[key] = value
+                self.parse(msg, f, {k: item}, f"{path}[{_short(k)}]")
             return
         if f.is_repeated:
             if not isinstance(v, list):
                 self.add(path, f"expected a list, got {_kind(v)}")
                 return
-            target = getattr(msg, f.name)
             for i, item in enumerate(v):
-                where = f"{path}[{i}]"
                 if f.type == FieldDescriptor.TYPE_MESSAGE:
-                    if not self.message(item, where, target.add()):
-                        del target[-1]
+                    part = f.message_type._concrete_class()
+                    if self.message(item, f"{path}[{i}]", part):
+                        getattr(msg, f.name).append(part)
                 else:
-                    ok, value = self.scalar(item, where, f)
-                    if ok:
-                        target.append(value)
+                    self.parse(msg, f, [item], f"{path}[{i}]")
             return
         if f.type == FieldDescriptor.TYPE_MESSAGE:
             self.message(v, path, getattr(msg, f.name))
             return
-        ok, value = self.scalar(v, path, f)
-        if ok:
-            setattr(msg, f.name, value)
+        self.parse(msg, f, v, path)
 
-    def scalar(self, v: Any, path: str, f: FieldDescriptor):
-        """(True, the value for `f`) or (False, None) with a violation added."""
-        if isinstance(v, (dict, list)):
-            expected = "a string" if f.type == FieldDescriptor.TYPE_STRING else "a single value"
-            self.add(path, f"expected {expected}, got {_kind(v)}")
-            return False, None
-        t = f.type
-        if t == FieldDescriptor.TYPE_STRING:
-            if isinstance(v, bool):
-                v = "true" if v else "false"
-            return True, str(v)
-        if t == FieldDescriptor.TYPE_BOOL:
-            if isinstance(v, bool):
-                return True, v
-            if isinstance(v, str) and v.lower() in ("true", "false"):
-                return True, v.lower() == "true"
-            self.add(path, f"expected true or false, got '{_short(v)}'")
-            return False, None
-        if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
-            try:
-                if isinstance(v, bool):
-                    raise ValueError
-                number = float(v)
-                if not math.isfinite(number):
-                    raise ValueError
-                return True, number
-            except ValueError:
-                self.add(path, f"expected a number, got '{_short(v)}'")
-                return False, None
-        if t == FieldDescriptor.TYPE_ENUM:
-            return self.enum(v, path, f)
-        return self.integer(v, path, f)
+    def parse(self, msg: Message, f: FieldDescriptor, value: Any, path: str) -> None:
+        """ParseDict of {f: value} into a message of msg's type, merged into msg when it parses."""
+        part = type(msg)()
+        try:
+            json_format.ParseDict({f.name: self.spelling(value, f)}, part)
+        except _Spelling as e:
+            self.add(path, str(e))
+            return
+        except json_format.ParseError as e:
+            hint = self.enum_hint(value, f) if "Invalid enum value" in str(e) else None
+            self.add(path, hint or _reason(e))
+            return
+        msg.MergeFrom(part)
 
-    def integer(self, v: Any, path: str, f: FieldDescriptor):
+    def spelling(self, value: Any, f: FieldDescriptor) -> Any:
+        """The job-file spellings protobuf's JSON lacks, translated: enum names short or in any
+        case, byte sizes. Anything else is left for ParseDict to take or refuse."""
+        if _is_map(f):
+            vf = f.message_type.fields_by_name["value"]
+            return {k: self.spelling(item, vf) for k, item in value.items()}
+        if isinstance(value, list):
+            return [self.spelling(item, f) for item in value]
+        if f.type == FieldDescriptor.TYPE_ENUM and isinstance(value, str):
+            e = f.enum_type
+            prefix = _enum_prefix(e)
+            upper = value.strip().upper()
+            found = e.values_by_name.get(upper) or e.values_by_name.get(prefix + upper)
+            return found.name if found is not None else value
         if f.full_name in BYTE_SIZE_FIELDS:
             try:
-                return True, parse_byte_size(v)
-            except ValueError as e:
-                self.add(path, str(e))
-                return False, None
-        number: Optional[int] = None
-        if isinstance(v, int) and not isinstance(v, bool):
-            number = v
-        elif not isinstance(v, bool):
-            try:
-                number = int(str(v).strip(), 10)
-            except ValueError:
-                try:
-                    d = float(v)  # 1e3 and 1000.0 are whole numbers too, as protobuf's JSON reads them
-                    number = int(d) if math.isfinite(d) and d == math.floor(d) else None
-                except ValueError:
-                    number = None
-        if number is None:
-            self.add(path, f"expected a whole number, got '{_short(v)}'")
-            return False, None
-        bits = 32 if t32(f) else 64
-        lo, hi = (0, 2**bits - 1) if unsigned(f) else (-(2**(bits - 1)), 2**(bits - 1) - 1)
-        if not lo <= number <= hi:
-            self.add(path, f"'{_short(v)}' is out of range for {'u' if unsigned(f) else ''}int{bits}")
-            return False, None
-        return True, number
+                return parse_byte_size(value)
+            except ValueError as err:
+                raise _Spelling(str(err)) from None
+        return value
 
-    def enum(self, v: Any, path: str, f: FieldDescriptor):
-        e = f.enum_type
-        prefix = e.values[0].name[: e.values[0].name.rfind("UNSPECIFIED")]
-        value = None
-        if isinstance(v, int) and not isinstance(v, bool):
-            value = e.values_by_number.get(v)
-        elif isinstance(v, str):
-            upper = v.upper()
-            value = e.values_by_name.get(upper) or e.values_by_name.get(prefix + upper)
-        if value is None:
-            names = [x.name[len(prefix):].lower() if x.name.startswith(prefix) else x.name.lower() for x in e.values]
-            names = [n for n in names if n != "unspecified"]
-            near = nearest_name(str(v), names)
-            hint = f"; did you mean `{near}`?" if near else ""
-            self.add(path, f"unknown value '{_short(v)}'{hint} (one of {', '.join(names)})")
-            return False, None
-        return True, value.number
+    def enum_hint(self, value: Any, f: FieldDescriptor) -> Optional[str]:
+        """For an enum name ParseDict did not know: the names a job file may use, and the nearest."""
+        if _is_map(f):
+            f = f.message_type.fields_by_name["value"]
+            value = next(iter(value.values()), None)
+        elif isinstance(value, list):
+            value = value[0] if value else None
+        if f.type != FieldDescriptor.TYPE_ENUM or not isinstance(value, str):
+            return None
+        prefix = _enum_prefix(f.enum_type)
+        names = [x.name[len(prefix):].lower() if x.name.startswith(prefix) else x.name.lower()
+                 for x in f.enum_type.values]
+        names = [n for n in names if n != "unspecified"]
+        near = nearest_name(value, names)
+        hint = f"; did you mean `{near}`?" if near else ""
+        return f"unknown value '{_short(value)}'{hint} (one of {', '.join(names)})"
 
 
-def t32(f: FieldDescriptor) -> bool:
-    return f.cpp_type in (FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_UINT32)
-
-
-def unsigned(f: FieldDescriptor) -> bool:
-    return f.cpp_type in (FieldDescriptor.CPPTYPE_UINT32, FieldDescriptor.CPPTYPE_UINT64)
+def _enum_prefix(e) -> str:
+    first = e.values[0].name
+    return first[: first.rfind("UNSPECIFIED")] if "UNSPECIFIED" in first else ""
 
 
 def read_message(value: Any, msg: Message, path: str = "") -> list:

@@ -1,6 +1,7 @@
 """Job specs in the Python SDK (issue #17): sizes with units everywhere, every problem at once with
-snake_case paths and "did you mean", HF/TRL names read, and the same rules as offloadctl's reader
-(client/cpp/spec_reader.cc; tests/client/job_file_test.cc checks the C++ side)."""
+snake_case paths and "did you mean", HF/TRL names read, and the same spellings as offloadctl's
+reader (client/cpp/spec_reader.cc; tests/client/job_file_test.cc checks the C++ side). Types and
+ranges are protobuf's json_format's; what values mean is the daemon's to check."""
 
 from __future__ import annotations
 
@@ -33,18 +34,18 @@ def test_every_problem_at_once_with_snake_case_paths_and_suggestions():
     want = {
         "trainingg": "did you mean `training`?",
         "packing": "did you mean `dataset.packing`?",
-        "model.path": "expected a string, got a list",
+        "model.path": "expected string or bytes-like object, got 'list'",
         "dataset.format": "unknown value 'alpca'; did you mean `alpaca`?",
         "dataset.paths": "expected a list",
         "dataset.max_seq_len": "did you mean `max_seq_length`?",
         "training.learning_rat": "did you mean `learning_rate`?",
         "training.max_grad_nrom": "did you mean `max_grad_norm`?",
-        "training.max_steps": "expected a whole number, got '2.5'",
-        "training.per_device_train_batch_size": "expected a whole number, got 'many'",
+        "training.max_steps": "Couldn't parse integer: 2.5",
+        "training.per_device_train_batch_size": "'many'",
         "resources.gpu_memory_limit": "unknown size unit 'gx'",
-        "offload.activations.layer_overrides[x]": "expected a whole number",
+        "offload.activations.layer_overrides[x]": "invalid literal for int() with base 10: 'x'",
         "offload.activations.layer_overrides[1]": "unknown value 'sometimes'",
-        "labels[team]": "expected a string, got a list",
+        "labels[team]": "got 'list'",
     }
     assert set(got) == set(want), got
     for field, text in want.items():
@@ -147,3 +148,23 @@ def test_resources_gpus_and_an_explicit_gpu_index():
     assert spec.resources.gpus == 2 and not spec.resources.HasField("gpu_index")
     assert offloadd.job_spec({"resources": {"gpu_index": 0}}).resources.HasField("gpu_index")
     assert "resources.gpus" in problems({"resources": {"gpus": -1}})
+
+
+def test_values_are_parsed_by_json_format_and_judged_by_the_daemon():
+    """The SDK reads through google.protobuf.json_format: protobuf's types and ranges, no rules of
+    its own. NaN and unknown enum numbers read here and are refused by the daemon
+    (tests/daemon/job_validator_test.cc, NanUnknownEnumsNegativeSamplesAndAbsentGpusAreRefused)."""
+    spec = offloadd.job_spec({"training": {"learning_rate": "NaN", "max_steps": "10", "bf16": True},
+                              "dataset": {"format": 99, "paths": ["/a"]},
+                              "offload": {"activations": {"layer_overrides": {"3": "recompute"}}}})
+    assert spec.training.learning_rate != spec.training.learning_rate  # NaN
+    assert spec.training.max_steps == 10 and spec.dataset.format == 99
+    assert spec.offload.activations.layer_overrides[3] == job_pb2.ACTIVATION_MODE_RECOMPUTE
+    got = problems({"resources": {"gpus": -1, "gpu_index": 2**40}, "display_name": 5,
+                    "training": {"bf16": "yes"}})
+    assert got["resources.gpus"] == "Value out of range: -1"
+    assert "out of range" in got["resources.gpu_index"]
+    assert "got 'int'" in got["display_name"]
+    assert "true or false" in got["training.bf16"]
+    # An unknown key is an error naming it, nested or not.
+    assert "unknown field" in problems({"offload": {"aio": {"block": 1}}})["offload.aio.block"]
