@@ -116,7 +116,7 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
     o << "numa " << node.id() << "      cpus " << node.cpus() << ", " << Bytes(node.memory_total_bytes()) << "\n";
   }
   if (n.gpus().empty()) o << "gpus        none: " << n.gpu_problem() << "\n";
-  if (!n.gpu_driver().empty()) o << "gpu driver  " << n.gpu_driver() << "\n";
+  if (!n.gpu_driver().empty()) o << "gpu driver  " << TerminalText(n.gpu_driver()) << "\n";
   for (const auto& g : n.gpus()) {
     o << "gpu " << g.index() << "       " << g.name() << ", " << Bytes(g.total_memory_bytes()) << " ("
       << Bytes(g.free_memory_bytes()) << " free), sm_" << g.compute_capability_major()

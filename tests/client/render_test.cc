@@ -48,6 +48,20 @@ TEST(RenderTest, NodeInfoShowsEachGpusNumaNode) {
   EXPECT_NE(text.find("NUMA node unknown, running job-1\n"), std::string::npos) << text;
 }
 
+// A GPU node whose NVIDIA driver is too old for the bundled CUDA says so, with the driver.
+TEST(RenderTest, NodeInfoShowsAGpuDriverThatIsTooOld) {
+  offloadd::v1::NodeInfo n;
+  n.set_gpu_problem("the NVIDIA driver 570.86.15 supports CUDA 12.8, but this offloadd's CUDA runtime is "
+                    "13.0 and needs driver >= 580 (R580 or newer)");
+  n.set_gpu_driver("570.86.15 (CUDA 12.8)");
+  const std::string text = RenderNodeInfo(n);
+  EXPECT_NE(text.find("gpus        none: the NVIDIA driver 570.86.15 supports CUDA 12.8, but this "
+                      "offloadd's CUDA runtime is 13.0 and needs driver >= 580"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpu driver  570.86.15 (CUDA 12.8)\n"), std::string::npos) << text;
+}
+
 TEST(RenderTest, NodeInfoShowsTheAdamWKernelAndWhy) {
   offloadd::v1::NodeInfo n;
   n.mutable_cpu()->set_adamw_kernel("avx2");
