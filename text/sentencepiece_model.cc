@@ -30,7 +30,8 @@ constexpr const char* kShimName = "liboffloadd_sentencepiece.so";
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
 constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;
@@ -97,8 +98,9 @@ StatusOr<const SentencePieceModel::Api*> LoadApi() {
     };
     if (!sym(&api.load, "offloadd_spm_load") || !sym(&api.free, "offloadd_spm_free") ||
         !sym(&api.size, "offloadd_spm_size") || !sym(&api.piece, "offloadd_spm_piece") ||
-        !sym(&api.piece_to_id, "offloadd_spm_piece_to_id") || !sym(&api.kind, "offloadd_spm_kind") ||
-        !sym(&api.encode, "offloadd_spm_encode") || !sym(&api.release, "offloadd_spm_release")) {
+        !sym(&api.piece_to_id, "offloadd_spm_piece_to_id") ||
+        !sym(&api.kind, "offloadd_spm_kind") || !sym(&api.encode, "offloadd_spm_encode") ||
+        !sym(&api.release, "offloadd_spm_release")) {
       status = FailedPreconditionError(std::string(kShimName) + " lacks a symbol: " + dlerror());
     }
 #endif
@@ -137,18 +139,24 @@ std::optional<std::string> SentencePieceModel::Piece(int32_t id) const {
 }
 
 std::optional<int32_t> SentencePieceModel::PieceToId(std::string_view piece) const {
-  const int32_t id = api_->piece_to_id(static_cast<offloadd_spm*>(handle_), piece.data(), piece.size());
+  const int32_t id =
+      api_->piece_to_id(static_cast<offloadd_spm*>(handle_), piece.data(), piece.size());
   if (id < 0) return std::nullopt;
   return id;
 }
 
 SentencePieceModel::Kind SentencePieceModel::KindOf(int32_t id) const {
   switch (api_->kind(static_cast<offloadd_spm*>(handle_), id)) {
-    case OFFLOADD_SPM_UNKNOWN: return Kind::kUnknown;
-    case OFFLOADD_SPM_CONTROL: return Kind::kControl;
-    case OFFLOADD_SPM_UNUSED: return Kind::kUnused;
-    case OFFLOADD_SPM_BYTE: return Kind::kByte;
-    default: return Kind::kNormal;
+    case OFFLOADD_SPM_UNKNOWN:
+      return Kind::kUnknown;
+    case OFFLOADD_SPM_CONTROL:
+      return Kind::kControl;
+    case OFFLOADD_SPM_UNUSED:
+      return Kind::kUnused;
+    case OFFLOADD_SPM_BYTE:
+      return Kind::kByte;
+    default:
+      return Kind::kNormal;
   }
 }
 
@@ -157,8 +165,8 @@ Status SentencePieceModel::Encode(std::string_view text, bool dummy_prefix, uint
   int32_t* ids = nullptr;
   uint32_t* begins = nullptr;
   char err[512] = {};
-  const long n = api_->encode(static_cast<offloadd_spm*>(handle_), dummy_prefix ? 1 : 0, text.data(),
-                              text.size(), &ids, &begins, err, sizeof err);
+  const long n = api_->encode(static_cast<offloadd_spm*>(handle_), dummy_prefix ? 1 : 0,
+                              text.data(), text.size(), &ids, &begins, err, sizeof err);
   if (n < 0) return InvalidArgumentError(std::string("SentencePiece encode: ") + err);
   out->ids.insert(out->ids.end(), ids, ids + n);
   for (long i = 0; i < n; ++i) out->starts.push_back(base + begins[i]);

@@ -36,7 +36,7 @@ class SentencePieceModel {
   // dummy_prefix false: as if the model did not prepend "▁" (add_dummy_prefix = false).
   Status Encode(std::string_view text, bool dummy_prefix, uint32_t base, Encoding* out) const;
 
- struct Api;  // the shim's entry points (sentencepiece_model.cc)
+  struct Api;  // the shim's entry points (sentencepiece_model.cc)
 
  private:
   SentencePieceModel() = default;

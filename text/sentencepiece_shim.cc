@@ -38,7 +38,8 @@ offloadd_spm* offloadd_spm_load(const char* data, size_t size, char* err, size_t
   // (normalizer_spec, length-delimited: 0x1A) holding NormalizerSpec field 3 (add_dummy_prefix,
   // varint: 0x18) = 0 overrides that one setting and keeps the rest.
   static constexpr char kNoDummyPrefix[] = {0x1A, 0x02, 0x18, 0x00};
-  if (auto s = model->without_prefix.LoadFromSerializedProto(bytes + std::string(kNoDummyPrefix, 4));
+  if (auto s =
+          model->without_prefix.LoadFromSerializedProto(bytes + std::string(kNoDummyPrefix, 4));
       !s.ok()) {
     SetError(err, err_cap, s.ToString());
     return nullptr;

@@ -15,8 +15,14 @@ extern "C" {
 typedef struct offloadd_spm offloadd_spm;
 
 // Piece kinds, as SentencePiece's ModelProto types them.
-enum { OFFLOADD_SPM_NORMAL = 1, OFFLOADD_SPM_UNKNOWN = 2, OFFLOADD_SPM_CONTROL = 3,
-       OFFLOADD_SPM_USER_DEFINED = 4, OFFLOADD_SPM_UNUSED = 5, OFFLOADD_SPM_BYTE = 6 };
+enum {
+  OFFLOADD_SPM_NORMAL = 1,
+  OFFLOADD_SPM_UNKNOWN = 2,
+  OFFLOADD_SPM_CONTROL = 3,
+  OFFLOADD_SPM_USER_DEFINED = 4,
+  OFFLOADD_SPM_UNUSED = 5,
+  OFFLOADD_SPM_BYTE = 6
+};
 
 // Parses a serialized ModelProto (a tokenizer.model file's bytes). Null on failure, with the
 // reason in err (NUL-terminated, truncated to err_cap).

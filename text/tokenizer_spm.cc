@@ -75,15 +75,18 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(const std::str
     const json decoder = {
         {"type", "Sequence"},
         {"decoders",
-         json::array({{{"type", "Replace"}, {"pattern", {{"String", kMetaspace}}}, {"content", " "}},
-                      {{"type", "ByteFallback"}},
-                      {{"type", "Fuse"}},
-                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+         json::array(
+             {{{"type", "Replace"}, {"pattern", {{"String", kMetaspace}}}, {"content", " "}},
+              {{"type", "ByteFallback"}},
+              {{"type", "Fuse"}},
+              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
     ASSIGN_OR_RETURN(tok->decoder_, MakeDecoder(decoder, "decoder"));
     json single = json::array(), specials = json::object();
     auto add = [&](const std::string& token) -> Status {
       auto id = spm->PieceToId(token);
-      if (!id) return InvalidArgumentError(config_path + ": special token \"" + token + "\" is not in " + path);
+      if (!id)
+        return InvalidArgumentError(config_path + ": special token \"" + token + "\" is not in " +
+                                    path);
       single.push_back({{"SpecialToken", {{"id", token}, {"type_id", 0}}}});
       specials[token] = {{"id", token}, {"ids", {*id}}, {"tokens", {token}}};
       return OkStatus();
@@ -93,7 +96,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(const std::str
     if (config.value("add_bos_token", true) && !bos.empty()) RETURN_IF_ERROR(add(bos));
     single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
     if (config.value("add_eos_token", false) && !eos.empty()) RETURN_IF_ERROR(add(eos));
-    const json post = {{"type", "TemplateProcessing"}, {"single", single}, {"pair", single},
+    const json post = {{"type", "TemplateProcessing"},
+                       {"single", single},
+                       {"pair", single},
                        {"special_tokens", specials}};
     ASSIGN_OR_RETURN(tok->post_processor_, MakePostProcessor(post, "post_processor"));
     tok->spm_ = std::move(spm);

@@ -10,10 +10,14 @@ int MinimumDriverBranch(int cuda_major) {
   // https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html, table
   // "CUDA Toolkit 11.x, 12.x, and 13.x Minimum and Maximum Required Driver Versions".
   switch (cuda_major) {
-    case 13: return 580;
-    case 12: return 525;
-    case 11: return 450;
-    default: return 0;
+    case 13:
+      return 580;
+    case 12:
+      return 525;
+    case 11:
+      return 450;
+    default:
+      return 0;
   }
 }
 
@@ -26,16 +30,17 @@ std::string GpuDriverProblem(const GpuDriverFacts& f) {
   const int major = f.runtime_cuda_version / 1000;
   // A driver of the runtime's major release runs every minor release of it (minor version
   // compatibility), so a 13.0 driver runs a 13.x runtime.
-  const bool too_old = f.insufficient_driver ||
-                       (f.driver_cuda_version > 0 && f.driver_cuda_version < major * 1000);
+  const bool too_old =
+      f.insufficient_driver || (f.driver_cuda_version > 0 && f.driver_cuda_version < major * 1000);
   if (!too_old) return "";
   std::string s = "the NVIDIA driver";
   if (!f.driver_version.empty()) s += " " + f.driver_version;
-  if (f.driver_cuda_version > 0) s += " supports CUDA " + FormatCudaVersion(f.driver_cuda_version);
-  else s += " is too old";
+  s += f.driver_cuda_version > 0 ? " supports CUDA " + FormatCudaVersion(f.driver_cuda_version)
+                                 : std::string(" is too old");
   s += ", but this offloadd's CUDA runtime is " + FormatCudaVersion(f.runtime_cuda_version);
   if (const int floor = MinimumDriverBranch(major); floor > 0) {
-    s += " and needs driver >= " + std::to_string(floor) + " (R" + std::to_string(floor) + " or newer)";
+    s += " and needs driver >= " + std::to_string(floor) + " (R" + std::to_string(floor) +
+         " or newer)";
   } else {
     s += " and needs a driver that supports CUDA " + std::to_string(major) + ".0";
   }
@@ -52,7 +57,8 @@ std::string ParseNvidiaDriverVersion(std::string_view text) {
   std::istringstream words{std::string(line.substr(at + 13))};
   std::string w;
   while (words >> w) {
-    if (std::isdigit(static_cast<unsigned char>(w[0])) && w.find('.') != std::string::npos) return w;
+    if (std::isdigit(static_cast<unsigned char>(w[0])) && w.find('.') != std::string::npos)
+      return w;
   }
   return "";
 }
@@ -75,7 +81,8 @@ bool GpusHiddenByEnvironment(const char* v) {
 std::string DescribeGpuDriver(const GpuDriverFacts& f) {
   std::string s = f.driver_version;
   if (f.driver_cuda_version > 0) {
-    s += (s.empty() ? "" : " ") + std::string("(CUDA ") + FormatCudaVersion(f.driver_cuda_version) + ")";
+    s += (s.empty() ? "" : " ") + std::string("(CUDA ") + FormatCudaVersion(f.driver_cuda_version) +
+         ")";
   }
   return s;
 }

@@ -1,12 +1,11 @@
 #include "daemon/node/gpu_driver.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "daemon/node/node_probe.h"
 
@@ -35,12 +34,14 @@ GpuDriverFacts Facts(int driver_cuda, int runtime_cuda, bool insufficient, std::
 
 TEST(GpuDriverTest, R570UnderTheCuda13RuntimeIsTooOldAndSaysWhy) {
   const std::string p = GpuDriverProblem(Facts(12080, 13000, true, "570.86.15"));
-  EXPECT_EQ(p,
-            "the NVIDIA driver 570.86.15 supports CUDA 12.8, but this offloadd's CUDA runtime is 13.0 "
-            "and needs driver >= 580 (R580 or newer): upgrade the driver, or start the daemon with "
-            "CUDA_VISIBLE_DEVICES= to train on the CPU (docs/gpu_driver.md)");
+  EXPECT_EQ(
+      p,
+      "the NVIDIA driver 570.86.15 supports CUDA 12.8, but this offloadd's CUDA runtime is 13.0 "
+      "and needs driver >= 580 (R580 or newer): upgrade the driver, or start the daemon with "
+      "CUDA_VISIBLE_DEVICES= to train on the CPU (docs/gpu_driver.md)");
   // The version comparison alone decides too (a runtime that did not flag the driver).
-  EXPECT_NE(GpuDriverProblem(Facts(12080, 13000, false, "")).find("needs driver >= 580"), std::string::npos);
+  EXPECT_NE(GpuDriverProblem(Facts(12080, 13000, false, "")).find("needs driver >= 580"),
+            std::string::npos);
   // The runtime's refusal alone decides too (no driver version known).
   EXPECT_NE(GpuDriverProblem(Facts(0, 13000, true, "")).find("is too old"), std::string::npos);
 }
@@ -57,20 +58,23 @@ TEST(GpuDriverTest, NewEnoughNoDriverOrCpuFlavourIsNoProblem) {
 }
 
 TEST(GpuDriverTest, KernelModuleVersionIsParsed) {
-  EXPECT_EQ(ParseNvidiaDriverVersion("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Fri Jan 24 "
-                                     "02:09:28 UTC 2025\nGCC version:  gcc version 12.2.0\n"),
+  EXPECT_EQ(ParseNvidiaDriverVersion(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Fri Jan 24 "
+                "02:09:28 UTC 2025\nGCC version:  gcc version 12.2.0\n"),
             "570.86.15");
-  EXPECT_EQ(ParseNvidiaDriverVersion("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  "
-                                     "Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Jul 22 2025"),
+  EXPECT_EQ(ParseNvidiaDriverVersion(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  "
+                "Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Jul 22 2025"),
             "580.65.06");
   EXPECT_EQ(ParseNvidiaDriverVersion("garbage"), "");
   EXPECT_EQ(ParseNvidiaDriverVersion(""), "");
 
-  const std::filesystem::path root = std::filesystem::temp_directory_path() /
-                                     ("offloadd_gpu_driver_" + std::to_string(getpid()));
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("offloadd_gpu_driver_" + std::to_string(getpid()));
   std::filesystem::create_directories(root / "driver" / "nvidia");
   std::ofstream(root / "driver" / "nvidia" / "version")
-      << "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n";
+      << "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC "
+         "2024\n";
   EXPECT_EQ(ReadNvidiaDriverVersion(root.string()), "535.183.01");
   EXPECT_EQ(ReadNvidiaDriverVersion((root / "absent").string()), "");
   std::filesystem::remove_all(root);
@@ -105,8 +109,8 @@ TEST(GpuDriverTest, ProbeAnswerCarriesTheDriverFacts) {
 
   // An older executor's answer (no driver fields): nothing to object to.
   GpuDriverFacts none;
-  ParseGpuProbe(R"j({"gpus":[],"problem":"this offloadd was built without CUDA (CPU flavour)"})j", &problem,
-                &none);
+  ParseGpuProbe(R"j({"gpus":[],"problem":"this offloadd was built without CUDA (CPU flavour)"})j",
+                &problem, &none);
   EXPECT_EQ(GpuDriverProblem(none), "");
 
   // What the daemon records is what NodeInfo and validation read.

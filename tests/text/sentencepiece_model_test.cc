@@ -5,6 +5,7 @@
 
 #include "text/sentencepiece_model.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -12,8 +13,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "text/tokenizer.h"
 
@@ -63,7 +62,8 @@ TEST_F(SentencePieceDirTest, MistralV3WithItsNonLegacyConfig) {
   auto text_back = (*tok)->Decode(e->ids, /*skip_special_tokens=*/false);
   ASSERT_TRUE(text_back.ok());
   EXPECT_EQ(*text_back, "<s>[INST] What is the capital of France?[/INST]");
-  EXPECT_EQ(*(*tok)->Decode(e->ids, /*skip_special_tokens=*/true), "What is the capital of France?");
+  EXPECT_EQ(*(*tok)->Decode(e->ids, /*skip_special_tokens=*/true),
+            "What is the capital of France?");
 }
 
 TEST_F(SentencePieceDirTest, Llama2WithoutConfigIsLegacyWithBos) {
@@ -79,7 +79,8 @@ TEST_F(SentencePieceDirTest, NotAModelOrABadConfigIsRefusedByName) {
   std::ofstream(dir_ / "tokenizer.model") << "\x01not a ModelProto";
   auto bad = Tokenizer::FromDirectory(dir_.string());
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("tokenizer.model"), std::string::npos) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("tokenizer.model"), std::string::npos)
+      << bad.status().ToString();
   if (!ModelOnly("llama2", R"({"legacy": "yes"})")) GTEST_SKIP() << "shared data not found";
   auto config = Tokenizer::FromDirectory(dir_.string());
   ASSERT_FALSE(config.ok());
