@@ -125,3 +125,19 @@ def test_a_file_that_is_not_a_sentencepiece_model_is_refused_by_name(tmp_path):
                           input="", capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "tokenizer.model" in proc.stderr and "SentencePiece" in proc.stderr, proc.stderr
+
+
+def test_libsentencepiece_is_only_in_the_shim():
+    """Debian's libsentencepiece exports the protobuf-lite 3.14 it bundles; in a process that also
+    uses the system protobuf (gRPC: the daemon, the executor) it aborts or crashes. offloadd's
+    programs never link it: only liboffloadd_sentencepiece.so does, loaded with RTLD_DEEPBIND."""
+    import subprocess
+    shim = tool("liboffloadd_sentencepiece.so")
+    program = tool("offloadd-tokenize")
+
+    def needed(path):
+        out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+        return [line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
+
+    assert any(n.startswith("libsentencepiece.so") for n in needed(shim)), needed(shim)
+    assert not [n for n in needed(program) if "sentencepiece" in n], needed(program)
