@@ -14,6 +14,7 @@
 
 #include "common/units.h"
 #include "daemon/node/gpu_driver.h"
+#include "text/tokenizer.h"
 #include "trainer/shape_profile.h"
 
 namespace offloadd::daemon {
@@ -132,6 +133,27 @@ TEST_F(JobValidatorTest, GpuWhoseDriverIsTooOldRefusesTheJob) {
   EXPECT_NE(v->description.find("570.86.15"), std::string::npos) << v->description;
   EXPECT_NE(v->description.find(">= 580"), std::string::npos) << v->description;
   EXPECT_NE(v->description.find("train on the CPU"), std::string::npos) << v->description;
+}
+
+// The daemon validates with the system protobuf loaded (gRPC, the JobSpec); Debian's
+// libsentencepiece bundles and exports protobuf-lite 3.14, which aborts such a process when linked
+// into it. Through its dlopened shim (text/sentencepiece_shim.h) both work side by side.
+TEST_F(JobValidatorTest, TokenizerModelLoadsBesideTheSystemProtobuf) {
+  const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
+  const fs::path model = fs::path(src != nullptr ? src : ".") / ".." / "shared" / "data" /
+                         "tokenizers" / "mistral-7b-v0.3" / "tokenizer.model";
+  if (!fs::exists(model)) GTEST_SKIP() << model << " not found";
+  const fs::path dir = root_ / "spm";
+  fs::create_directories(dir);
+  fs::copy_file(model, dir / "tokenizer.model");
+  v1::JobSpec spec = ValidSpec();
+  const std::string before = spec.SerializeAsString();
+  auto tok = text::Tokenizer::FromDirectory(dir.string());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ(*(*tok)->Encode("Hello world", false), (std::vector<int32_t>{23325, 2294}));
+  v1::JobSpec back;
+  ASSERT_TRUE(back.ParseFromString(before));
+  EXPECT_EQ(back.SerializeAsString(), before);
 }
 
 TEST_F(JobValidatorTest, EveryProblemIsReportedAtOnce) {
