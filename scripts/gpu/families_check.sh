@@ -46,15 +46,17 @@ while [[ $# -gt 0 ]]; do
   IFS=: read -r shape batches <<<"$arg"
   t=$(date +%s)
   if [[ "$mode" == bench ]]; then
+    # One log and JSON per shape and batch list: a shape may be benched twice in one call.
+    tag="$shape-${batches//,/_}"
     python3 bench/pipeline/run_bench.py --build "$build" --shape "$shape" --batch "$batches" --seq 1024 \
       --gpu-memory-limit 24GiB --max-grad-norm 1.0 --steps "$steps" --warmup "$warmup" --no-calibrate \
-      --speculate default --json "$out/bench-$shape.json" >"$out/bench-$shape.log" 2>&1
-    grep -E "^\| $shape|batch size \(auto|^batch .*plan:|error" "$out/bench-$shape.log" | cut -c1-400
+      --speculate default --json "$out/bench-$tag.json" >"$out/bench-$tag.log" 2>&1
+    grep -E "^\| $shape|batch size \(auto|^batch .*plan:|model parts|error" "$out/bench-$tag.log" | cut -c1-400
   elif [[ "$mode" == baseline ]]; then
     # "auto": the micro-batch offloadd's automatic batch trained (tokens per step / seq), read from
     # the bench run of the same shape earlier in the call.
     if [[ "$batches" == *auto* ]]; then
-      auto=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1])) if str(x['batch']).startswith('auto') and 'tokens' in x]; print(round(r[0]['tokens'] / 1024) if r else '')" "$out/bench-$shape.json" 2>/dev/null)
+      auto=$(python3 -c "import json,sys; r=[x for f in sys.argv[1:] for x in json.load(open(f)) if str(x['batch']).startswith('auto') and 'tokens' in x]; print(round(r[0]['tokens'] / 1024) if r else '')" "$out"/bench-"$shape"-*.json 2>/dev/null)
       batches="${batches//auto/$auto}"; batches="${batches%,}"; batches="${batches#,}"
       echo "== baseline $shape: auto = micro-batch ${auto:-unknown}"
       [[ -n "$batches" ]] || continue

@@ -65,17 +65,7 @@ def train_args(model, data, out):
             f"--dump-batches={out}/batches.json"]
 
 
-# Measured failing on an H100 (bench/RESULTS.md "Issue #30 families"): only the q/k projections of
-# the families with q/k biases exceed the bound. The exact gradient of a key bias is zero (softmax
-# is invariant to a constant added to one query's logits), so its update is AdamW normalising
-# bf16 rounding noise; why the engine's noise is larger there is not established. Open: kept
-# non-strict so a GPU run still reports these variants, and any other failure stands out.
-QK_BIAS_OPEN = {"llama", "qwen2_tied", "qwen2_untied", "gpt2"}
-
-
-@pytest.mark.parametrize("variant", [
-    pytest.param(v, marks=pytest.mark.xfail(strict=False, reason="q/k-bias bf16 parity open"))
-    if v in QK_BIAS_OPEN else v for v in VARIANTS])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_path, variant):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
