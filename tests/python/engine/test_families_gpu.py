@@ -36,7 +36,7 @@ D = rowsum(dO * out) from the bf16 output, and the v bias's common component mad
 dominate dS = P (dP - D), which the k bias carried into dq (test_engine_bf16.py). The engine now
 centres k and v (ops::Attention); the same comparison on the CPU (its flash kernel has the same
 backward; this file's configuration with --device=cpu) went from 3.13 to 0.88 for gpt2 (worst
-tensor 1.10) and to 1.09 for llama. Not yet re-run on a GPU: the H200 call of 2026-11-28 ran
+tensor 1.10), to 1.09 for llama and 1.13 for qwen2 untied. Not yet re-run on a GPU: the H200 call of 2026-11-28 ran
 without ../shared and skipped every variant (families_check.sh now carries it).
 """
 
