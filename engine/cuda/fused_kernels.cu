@@ -118,6 +118,22 @@ __device__ __forceinline__ int64_t RowOf() {
                  : static_cast<int64_t>(blockIdx.x);
 }
 
+// y = w-scaled x * r over one row (this thread's packs of it): the forward's and the re-apply's
+// output.
+template <typename T, int V, int G, RmsScale S>
+__device__ __forceinline__ void ScaleRow(const T* x, const T* w, int64_t base, int64_t h, int lane,
+                                         float r, T* y) {
+  for (int64_t j = lane * V; j < h; j += G * V) {
+    const Pack<T, V> xv = Load<T, V>(x, base + j), wv = Load<T, V>(w, j);
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      out.v[e] = ScaleOut<T, S>(__fmul_rn(Cvt<T>::To(xv.v[e]), r), Cvt<T>::To(wv.v[e]));
+    }
+    Store<T, V>(y, base + j, out);
+  }
+}
+
 template <typename T, int V, int G, RmsScale S>
 __global__ void RmsNormForwardKernel(const T* __restrict__ x, const T* __restrict__ w, float eps,
                                      int64_t rows, int64_t h, T* __restrict__ y,
@@ -140,15 +156,7 @@ __global__ void RmsNormForwardKernel(const T* __restrict__ x, const T* __restric
   if (!valid) return;
   const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, 1.f / static_cast<float>(h)), eps));
   if (lane == 0) rstd[row] = r;
-  for (int64_t j = lane * V; j < h; j += G * V) {
-    const Pack<T, V> xv = Load<T, V>(x, base + j), wv = Load<T, V>(w, j);
-    Pack<T, V> out;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      out.v[e] = ScaleOut<T, S>(__fmul_rn(Cvt<T>::To(xv.v[e]), r), Cvt<T>::To(wv.v[e]));
-    }
-    Store<T, V>(y, base + j, out);
-  }
+  ScaleRow<T, V, G, S>(x, w, base, h, lane, r, y);
 }
 
 template <typename T, int V, int G, RmsScale S>
@@ -160,15 +168,7 @@ __global__ void RmsNormApplyKernel(const T* __restrict__ x, const T* __restrict_
   const int lane = threadIdx.x % G;
   const int64_t base = row * h;
   const float r = rstd[row];
-  for (int64_t j = lane * V; j < h; j += G * V) {
-    const Pack<T, V> xv = Load<T, V>(x, base + j), wv = Load<T, V>(w, j);
-    Pack<T, V> out;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      out.v[e] = ScaleOut<T, S>(__fmul_rn(Cvt<T>::To(xv.v[e]), r), Cvt<T>::To(wv.v[e]));
-    }
-    Store<T, V>(y, base + j, out);
-  }
+  ScaleRow<T, V, G, S>(x, w, base, h, lane, r, y);
 }
 
 // dx for one pack of a row, once the row's dot = mean(dn * n) is known.

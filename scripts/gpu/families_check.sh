@@ -10,9 +10,23 @@
 # Benchmarks: seq 1024, --gpu-memory-limit 24GiB, max_grad_norm 1.0, bf16, 1x15 workers, 3 timed
 # steps after 2 (STEPS / WARMUP override), no idle-core calibration (the step bound is not reported).
 # DEADLINE_S (seconds, default 3600) stops the parity tests in time for the call to report.
+# The parity tests read ../shared (tokenizers, Alpaca records; tests/python/conftest.py), which
+# does not travel with the tree: `families_check.sh pack-shared` (here, before the call) packs what
+# they read into .gpu-shared.tar.xz (5 MB; list it in .git/info/exclude), and `parity` unpacks it
+# into ../shared on the GPU machine. Without either, parity stops instead of skipping every test.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$here"
+if [[ "${1:-}" == pack-shared ]]; then
+  files=(data/alpaca/alpaca_5000.json)
+  for t in llama3.1 mistral-7b-v0.3 qwen3 phi3-mini gpt2; do  # families_testlib.TOKENIZERS
+    for f in tokenizer.json tokenizer_config.json chat_template.jinja; do
+      [[ -f "../shared/data/tokenizers/$t/$f" ]] && files+=("data/tokenizers/$t/$f")
+    done
+  done
+  tar cJf .gpu-shared.tar.xz -C ../shared "${files[@]}" && ls -l .gpu-shared.tar.xz
+  exit $?
+fi
 out="${OUT:-/tmp}"
 export OFFLOADD_BUILD_DIR="${OFFLOADD_BUILD_DIR:-/tmp/offloadd-build-gpu}"
 build="$OFFLOADD_BUILD_DIR"
@@ -34,6 +48,13 @@ while [[ $# -gt 0 ]]; do
     parity|bench|baseline) mode="$arg"
       if [[ "$mode" == parity ]]; then
         t=$(date +%s)
+        if [[ ! -d ../shared/data/tokenizers && -f .gpu-shared.tar.xz ]]; then
+          mkdir -p ../shared && tar xJf .gpu-shared.tar.xz -C ../shared
+        fi
+        if [[ ! -d ../shared/data/tokenizers ]]; then
+          echo "== parity: no ../shared/data/tokenizers and no .gpu-shared.tar.xz (run pack-shared first)"
+          continue
+        fi
         # DEADLINE_S: seconds the whole script may take; the tests stop in time to report.
         left=$(( ${DEADLINE_S:-3600} - (t - t0) - 15 ))
         OFFLOADD_BINARY_DIR="$build" timeout "$left" python3 -m pytest -q -s -p no:cacheprovider \
@@ -46,15 +67,17 @@ while [[ $# -gt 0 ]]; do
   IFS=: read -r shape batches <<<"$arg"
   t=$(date +%s)
   if [[ "$mode" == bench ]]; then
+    # One log and JSON per shape and batch list: a shape may be benched twice in one call.
+    tag="$shape-${batches//,/_}"
     python3 bench/pipeline/run_bench.py --build "$build" --shape "$shape" --batch "$batches" --seq 1024 \
       --gpu-memory-limit 24GiB --max-grad-norm 1.0 --steps "$steps" --warmup "$warmup" --no-calibrate \
-      --speculate default --json "$out/bench-$shape.json" >"$out/bench-$shape.log" 2>&1
-    grep -E "^\| $shape|batch size \(auto|^batch .*plan:|error" "$out/bench-$shape.log" | cut -c1-400
+      --speculate default --json "$out/bench-$tag.json" >"$out/bench-$tag.log" 2>&1
+    grep -E "^\| $shape|batch size \(auto|^batch .*plan:|model parts|error" "$out/bench-$tag.log" | cut -c1-400
   elif [[ "$mode" == baseline ]]; then
     # "auto": the micro-batch offloadd's automatic batch trained (tokens per step / seq), read from
     # the bench run of the same shape earlier in the call.
     if [[ "$batches" == *auto* ]]; then
-      auto=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1])) if str(x['batch']).startswith('auto') and 'tokens' in x]; print(round(r[0]['tokens'] / 1024) if r else '')" "$out/bench-$shape.json" 2>/dev/null)
+      auto=$(python3 -c "import json,sys; r=[x for f in sys.argv[1:] for x in json.load(open(f)) if str(x['batch']).startswith('auto') and 'tokens' in x]; print(round(r[0]['tokens'] / 1024) if r else '')" "$out"/bench-"$shape"-*.json 2>/dev/null)
       batches="${batches//auto/$auto}"; batches="${batches%,}"; batches="${batches#,}"
       echo "== baseline $shape: auto = micro-batch ${auto:-unknown}"
       [[ -n "$batches" ]] || continue

@@ -113,17 +113,21 @@ TEST_P(FusedKernelsGpu, RmsNormMatchesTheAtenOpSequence) {
   }
 }
 
-TEST_P(FusedKernelsGpu, SwiGluMatchesTheAtenOpSequence) {
-  const auto [dtype, rows, h] = GetParam();
-  at::manual_seed(8);
+// A gated MLP's fused kernels against its ATen op sequence: forward, and the backward's dg, du
+// and rebuilt product.
+template <typename Forward, typename Backward>
+void ExpectGluMatches(const FusedKernelsGpu::ParamType& param, uint64_t seed, Forward forward,
+                      Backward backward) {
+  const auto [dtype, rows, h] = param;
+  at::manual_seed(seed);
   const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
   at::Tensor g = at::randn({rows, h}, opts) * 4, u = at::randn({rows, h}, opts);
   at::Tensor da = at::randn({rows, h}, opts);
   at::Tensor a[2], dg[2], du[2], a2[2];
   for (int f = 0; f < 2; ++f) {
     const Flavour flavour(f == 0 ? "fused" : "aten");
-    a[f] = ops::SwiGlu(g, u);
-    ops::SwiGluBackward(da, g, u, &dg[f], &du[f], &a2[f]);
+    a[f] = forward(g, u);
+    backward(da, g, u, &dg[f], &du[f], &a2[f]);
   }
   ExpectClose("a", a[0], a[1]);
   ExpectClose("a(bwd)", a2[0], a[1]);
@@ -131,22 +135,12 @@ TEST_P(FusedKernelsGpu, SwiGluMatchesTheAtenOpSequence) {
   ExpectClose("du", du[0], du[1]);
 }
 
+TEST_P(FusedKernelsGpu, SwiGluMatchesTheAtenOpSequence) {
+  ExpectGluMatches(GetParam(), 8, ops::SwiGlu, ops::SwiGluBackward);
+}
+
 TEST_P(FusedKernelsGpu, GeGluMatchesTheAtenOpSequence) {
-  const auto [dtype, rows, h] = GetParam();
-  at::manual_seed(9);
-  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-  at::Tensor g = at::randn({rows, h}, opts) * 4, u = at::randn({rows, h}, opts);
-  at::Tensor da = at::randn({rows, h}, opts);
-  at::Tensor a[2], dg[2], du[2], a2[2];
-  for (int f = 0; f < 2; ++f) {
-    const Flavour flavour(f == 0 ? "fused" : "aten");
-    a[f] = ops::GeGluTanh(g, u);
-    ops::GeGluTanhBackward(da, g, u, &dg[f], &du[f], &a2[f]);
-  }
-  ExpectClose("a", a[0], a[1]);
-  ExpectClose("a(bwd)", a2[0], a[1]);
-  ExpectClose("dg", dg[0], dg[1]);
-  ExpectClose("du", du[0], du[1]);
+  ExpectGluMatches(GetParam(), 9, ops::GeGluTanh, ops::GeGluTanhBackward);
 }
 
 // Per-head q/k norm (Qwen3, Gemma 3): x [B, T, H, head_dim] normalised over head_dim with one

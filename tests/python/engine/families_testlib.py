@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 # trainer's tests; pytest's rootdir insertion does not put that folder on the path when this
 # directory runs alone.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "trainer"))
+from pipeline_testlib import micro_batch_loss, train_steps  # noqa: E402
 
 SEQ = 64         # --max-seq-length; every document is cut to at most this
 MIN_TOKENS = 40  # and has at least this many: longer than every sliding window and Phi-3's
@@ -249,39 +250,14 @@ def reference_model(model_dir: pathlib.Path, dtype=torch.float32, device="cpu"):
 
 
 def run_reference(model, batches: list, *, lr: float, weight_decay: float, max_grad_norm: float,
-                  scheduler: str, warmup_steps: int, autocast=None) -> list[float]:
+                  scheduler: str, warmup_steps: int) -> list[float]:
     """transformers + torch.optim.AdamW + clip_grad_norm_ + transformers' scheduler on the batches
-    offloadd-train dumped; trains `model` in place and returns the per-step losses. Parameters
-    that get no gradient (a vision tower) are not touched by AdamW. autocast: a dtype for
-    torch.autocast on the model's device (bf16 runs), else none."""
-    dev = next(model.parameters()).device
+    offloadd-train dumped (pipeline_testlib.train_steps, the trainer tests' loop), on the model's
+    device and in its dtype; trains `model` in place and returns the per-step losses. Parameters
+    that get no gradient (a vision tower) are not touched by AdamW."""
     model.train()
-    params = [p for p in model.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
-    sched = transformers.get_scheduler(scheduler, opt, num_warmup_steps=warmup_steps,
-                                       num_training_steps=len(batches))
-    losses = []
-    for step in batches:
-        opt.zero_grad(set_to_none=True)
-        trained = sum(sum(1 for t in m["targets"] if t != -100) for m in step)
-        total = 0.0
-        for m in step:
-            b, t = m["batch"], m["seq"]
-            ids = torch.tensor(m["input_ids"], device=dev).view(b, t)
-            pos = torch.tensor(m["position_ids"], device=dev).view(b, t)
-            tg = torch.tensor(m["targets"], device=dev).view(b, t)
-            with torch.autocast(dev.type, dtype=autocast, enabled=autocast is not None):
-                logits = model(input_ids=ids, position_ids=pos).logits
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # HF: the loss in fp32
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), tg.view(-1),
-                                                     ignore_index=-100, reduction="sum") / trained
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
-        opt.step()
-        sched.step()
-        losses.append(total)
-    return losses
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
+    return train_steps(model, batches, opt, scheduler, warmup_steps, max_grad_norm)
 
 
 def run_reference_low(master, low, batches: list, *, lr: float, weight_decay: float,
@@ -292,7 +268,6 @@ def run_reference_low(master, low, batches: list, *, lr: float, weight_decay: fl
     16-bit gradients are summed over micro-batches in fp32 into `master`'s .grad; clip_grad_norm_
     and torch.optim.AdamW on the fp32 master; the 16-bit copy refreshed from the master after
     every step. Returns the per-step losses; `master` holds the trained weights."""
-    dev = next(master.parameters()).device
     master.train()
     low.train()
     params, lparams = list(master.parameters()), list(low.parameters())
@@ -307,13 +282,7 @@ def run_reference_low(master, low, batches: list, *, lr: float, weight_decay: fl
         trained = sum(sum(1 for t in m["targets"] if t != -100) for m in step)
         total = 0.0
         for m in step:
-            b, t = m["batch"], m["seq"]
-            ids = torch.tensor(m["input_ids"], device=dev).view(b, t)
-            pos = torch.tensor(m["position_ids"], device=dev).view(b, t)
-            tg = torch.tensor(m["targets"], device=dev).view(b, t)
-            logits = low(input_ids=ids, position_ids=pos).logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), tg.view(-1),
-                                                     ignore_index=-100, reduction="sum") / trained
+            loss = micro_batch_loss(low, m, trained)
             loss.backward()
             for i, lp in enumerate(lparams):
                 if lp.grad is not None:

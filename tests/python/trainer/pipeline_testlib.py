@@ -69,10 +69,12 @@ def micro_batch_loss(model, m: dict, trained: int):
     """One dumped micro-batch's summed token loss over the step's trained-token count, as the
     pipeline normalises it."""
     b, t = m["batch"], m["seq"]
-    ids = torch.tensor(m["input_ids"]).view(b, t)
-    pos = torch.tensor(m["position_ids"]).view(b, t)
-    targets = torch.tensor(m["targets"]).view(b, t)
-    logits = model(input_ids=ids, position_ids=pos).logits.float()
+    dev = next(model.parameters()).device
+    ids = torch.tensor(m["input_ids"], device=dev).view(b, t)
+    pos = torch.tensor(m["position_ids"], device=dev).view(b, t)
+    targets = torch.tensor(m["targets"], device=dev).view(b, t)
+    logits = model(input_ids=ids, position_ids=pos).logits
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # HF: the loss in fp32
     return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
                                              ignore_index=-100, reduction="sum") / max(1, trained)
 
@@ -87,8 +89,20 @@ def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                               attn_implementation="eager")
     model.train()
-    params = [p for p in model.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                            fused=True)
+    losses = train_steps(model, batches, opt, scheduler, warmup_steps, max_grad_norm, loss_fn)
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train_steps(model, batches: list, opt, scheduler: str, warmup_steps: int, max_grad_norm: float,
+                loss_fn=None) -> list[float]:
+    """The reference loop of the trainer's and the engine's parity tests (families_testlib): per
+    step of dumped micro-batches, each one's loss over the step's trained tokens backward,
+    clip_grad_norm_ when max_grad_norm > 0 (parameters without a gradient, e.g. a vision tower,
+    are left out), `opt`, transformers' scheduler. Returns the per-step losses."""
+    loss_fn = loss_fn or micro_batch_loss
+    params = [p for g in opt.param_groups for p in g["params"]]
     sched = transformers.get_scheduler(scheduler, opt, num_warmup_steps=warmup_steps,
                                        num_training_steps=len(batches))
     losses = []
@@ -101,11 +115,11 @@ def reference_train(model_dir: pathlib.Path, batches: list, *, lr: float, weight
             loss.backward()
             total += loss.item()
         if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
         opt.step()
         sched.step()
         losses.append(total)
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses
 
 
 def reference_train_fp16(model_dir: pathlib.Path, batches: list, *, lr: float, weight_decay: float,
