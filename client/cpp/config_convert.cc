@@ -61,6 +61,8 @@ Status Converter::HuggingFaceKey(const std::string& key, const YAML::Node& v) {
   } else if (key == "dataset_config" || key == "dataset_train_split" || key == "dataset_test_split") {
     Drop(key, v, "part of the Hub dataset's name: offloadd reads the records from local files (--dataset)",
          Group::kOperational);
+  } else if (key == "train_sampling_strategy" && v.IsScalar() && v.Scalar() == "random") {
+    ++out_.unset_keys;  // transformers' default: a random order per epoch, as offloadd's shuffle
   } else if (key == "average_tokens_across_devices" && !IsOff(v)) {
     ++out_.unset_keys;  // offloadd's loss is the global batch's mean per trained token, as this says
   } else if (key == "dataset_kwargs" && v.IsMap() && v["add_special_tokens"] && IsOff(v["add_special_tokens"])) {
