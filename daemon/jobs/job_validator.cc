@@ -266,6 +266,21 @@ std::string FormatNumber(double x) {
 // max_position_embeddings for the latter; the larger of the two counts). GPT-2's learned positions
 // and "dynamic" RoPE are engine::SequenceLengthProblem's. A 512-position model asked for 8192
 // tokens per sequence used to pass validation and make no step in 20 minutes.
+// The limit itself (0: none known): what a job that leaves dataset.max_seq_length unset trains
+// at when the default (1024) is longer.
+int64_t PositionsLimit(const engine::ModelConfig& config) {
+  const int64_t positions = config.max_position_embeddings;
+  if (positions <= 0) return 0;
+  const engine::RopeConfig& rope = config.rope;
+  if (config.arch == engine::Architecture::kGpt2) return positions;
+  if (rope.type == "dynamic") return std::min(positions, rope.original_max_position_embeddings);
+  if (rope.type == "linear" && rope.factor > 1) return static_cast<int64_t>(positions * rope.factor);
+  if ((rope.type == "yarn" || rope.type == "llama3" || rope.type == "longrope") && rope.factor > 1) {
+    return std::max<int64_t>(positions, static_cast<int64_t>(rope.original_max_position_embeddings * rope.factor));
+  }
+  return positions;
+}
+
 Status PositionsProblem(const engine::ModelConfig& config, int64_t max_seq_length) {
   const int64_t positions = config.max_position_embeddings;
   if (positions <= 0 || max_seq_length <= positions) return OkStatus();
@@ -448,6 +463,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     return !r.stopped.ok();
   };
   ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
+  const bool seq_len_given = spec.dataset().has_max_seq_length();  // here, or as TRL's max_length
   // The daemon's storage.aio is the default of the job's offload.aio (issue #17 item 2: it acts).
   if (!spec.offload().aio().has_block_size()) spec.mutable_offload()->mutable_aio()->set_block_size(node.aio_block_size);
   if (!spec.offload().aio().has_queue_depth()) spec.mutable_offload()->mutable_aio()->set_queue_depth(node.aio_queue_depth);
@@ -516,6 +532,9 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   c.Range("dataset.max_seq_length", ds.max_seq_length(), 8, 1 << 20);
   // The longest sequence the model trains as transformers does (GPT-2's learned positions, dynamic
   // RoPE), known here so that nothing is refused after a step. Sliding windows are implemented.
+  // Left unset, the default (1024) gives way to a model with fewer positions (stories260K: 512).
+  if (config && !seq_len_given && PositionsLimit(*config) > 0 && ds.max_seq_length() > PositionsLimit(*config))
+    spec.mutable_dataset()->set_max_seq_length(static_cast<int32_t>(PositionsLimit(*config)));
   if (config && !c.Fails("dataset.max_seq_length", engine::SequenceLengthProblem(*config, ds.max_seq_length())))
     c.Fails("dataset.max_seq_length", PositionsProblem(*config, ds.max_seq_length()));
   std::unique_ptr<text::ChatTemplate> chat;

@@ -487,6 +487,11 @@ TEST_F(JobValidatorTest, SequenceLengthBeyondTheModelsPositionsIsRefusedNamingBo
   s.mutable_dataset()->set_max_seq_length(512);
   r = Validate(s);
   EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
+  // Left unset, the default (1024) gives way to the model's 512 positions.
+  s.mutable_dataset()->clear_max_seq_length();
+  r = Validate(s);
+  EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
+  EXPECT_EQ(r.resolved.dataset().max_seq_length(), 512);
 
   // Linear scaling stretches the positions by its factor: 512 x 4 = 2048.
   std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
