@@ -529,6 +529,26 @@ StatusOr<CheckpointInfo> CheckpointWriter::Commit(const TrainerState& state) {
 
 // --- directory management -----------------------------------------------------------------------
 
+namespace {
+
+// Hides output_dir/checkpoint-<step> first (one rename) so that a crash mid-removal leaves no
+// half-deleted checkpoint, locked from before the rename so that LatestCheckpoint leaves the
+// removal to us; through the confined directory, never a path a symlink could redirect.
+Status RemoveCheckpointDir(const std::string& output_dir, int64_t step, const std::string& path) {
+  ASSIGN_OR_RETURN(OwnedFd out, OpenConfined(output_dir, O_RDONLY | O_DIRECTORY, Access::kWrite));
+  ASSIGN_OR_RETURN(int fd, LockDir(path));
+  StatusOr<std::string> hidden = MakeHiddenDirAt(out.get(), output_dir, step, "deleting");
+  Status st = hidden.status();
+  const std::string name = path.substr(path.rfind('/') + 1);
+  if (st.ok() && ::renameat(out.get(), name.c_str(), out.get(), hidden->c_str()) != 0)
+    st = ErrnoError(errno, "rename " + path + " -> " + JoinPath(output_dir, *hidden));
+  if (st.ok()) st = engine::RemoveTree("/proc/self/fd/" + std::to_string(out.get()) + "/" + *hidden);
+  ::close(fd);
+  return st;
+}
+
+}  // namespace
+
 Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
   if (keep <= 0) return OkStatus();
   AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
@@ -540,21 +560,19 @@ Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
   }
   for (size_t i = 0; i + static_cast<uint64_t>(keep) < valid.size(); ++i) {
     const auto& [step, path] = valid[i];
-    // Hide it first (one rename) so that a crash mid-removal leaves no half-deleted checkpoint;
-    // locked from before the rename so that LatestCheckpoint leaves the removal to us.
-    // Through the confined directory, never a path a symlink could redirect (issue #29 item 1).
-    ASSIGN_OR_RETURN(OwnedFd out, OpenConfined(output_dir, O_RDONLY | O_DIRECTORY, Access::kWrite));
-    ASSIGN_OR_RETURN(int fd, LockDir(path));
-    StatusOr<std::string> hidden = MakeHiddenDirAt(out.get(), output_dir, step, "deleting");
-    Status st = hidden.status();
-    const std::string name = path.substr(path.rfind('/') + 1);
-    if (st.ok() && ::renameat(out.get(), name.c_str(), out.get(), hidden->c_str()) != 0)
-      st = ErrnoError(errno, "rename " + path + " -> " + JoinPath(output_dir, *hidden));
-    if (st.ok())
-      st = engine::RemoveTree("/proc/self/fd/" + std::to_string(out.get()) + "/" + *hidden);
-    ::close(fd);
-    RETURN_IF_ERROR(st);
+    RETURN_IF_ERROR(RemoveCheckpointDir(output_dir, step, path));
     OFFLOADD_LOG(kInfo, "checkpoint") << "deleted " << path << " (save_total_limit " << keep << ")";
+  }
+  return OkStatus();
+}
+
+Status RemoveCheckpoints(const std::string& output_dir) {
+  AsJobUser as_user;
+  RETURN_IF_ERROR(as_user.status());
+  ASSIGN_OR_RETURN(auto dirs, ListCheckpointDirs(output_dir, nullptr));
+  for (const auto& [step, path] : dirs) {
+    RETURN_IF_ERROR(RemoveCheckpointDir(output_dir, step, path));
+    OFFLOADD_LOG(kInfo, "checkpoint") << "deleted " << path << " (overwrite_output_dir)";
   }
   return OkStatus();
 }

@@ -184,6 +184,10 @@ class CheckpointWriter {
 // LatestCheckpoint returns always stays. Each is renamed to a hidden name before removal.
 Status PruneCheckpoints(const std::string& output_dir, int64_t keep);
 
+// Deletes every output_dir/checkpoint-<step> (Hugging Face overwrite_output_dir: a job that starts
+// over in a directory holding another run's checkpoints), each hidden before removal.
+Status RemoveCheckpoints(const std::string& output_dir);
+
 // The newest valid output_dir/checkpoint-<step> whose files all match their crc32c (NOT_FOUND if
 // none; invalid or corrupt newer ones are skipped with a warning naming the file). Reads every
 // file of the checkpoints it checks. Also removes temporary directories of writers that died, and

@@ -112,21 +112,29 @@ void AddCommands(CLI::App& app, Options* o) {
 
   CLI::App* convert = Command(
       app, o, "convert",
-      "turn a Hugging Face TrainingArguments JSON, a TRL or Axolotl YAML, or a DeepSpeed "
-      "ds_config.json into a job file (printed, or written with --out), listing on stderr every "
-      "key it dropped and why; several inputs merge (training arguments plus a ds_config.json)");
+      "turn a Hugging Face TrainingArguments JSON, a TRL, Axolotl or LLaMA-Factory YAML, or a "
+      "DeepSpeed ds_config.json into a job file (printed, or written with --out; a chat template "
+      "is written beside it), listing on stderr every key it dropped and why; several inputs merge "
+      "(training arguments plus a ds_config.json). A value the job could not be validated with "
+      "exits 6 naming the input and key");
   convert->add_option("FILE", o->convert_files, "configurations to convert; - reads one from stdin")
       ->type_name("FILE")
       ->required();
-  convert->add_option("--from", o->convert_from, "their kind: auto (guessed per file), hf, trl, axolotl, deepspeed")
-      ->check(CLI::IsMember({"auto", "hf", "trl", "axolotl", "deepspeed"}))
+  convert->add_option("--from", o->convert_from,
+                      "their kind: auto (guessed per file), hf, trl, axolotl, llamafactory, deepspeed")
+      ->check(CLI::IsMember({"auto", "hf", "trl", "axolotl", "llamafactory", "deepspeed"}))
       ->capture_default_str();
-  convert->add_option("--model", o->convert_model, "model.path of the job (wins over the inputs')")
+  convert->add_option("--model", o->convert_model, "model.path of the job (replaces the inputs')")
       ->type_name("DIR");
-  convert->add_option("--dataset", o->convert_datasets, "a dataset.paths entry; repeat for several")
+  convert->add_option("--dataset", o->convert_datasets,
+                      "a dataset.paths entry, replacing the inputs' datasets (their format applies); "
+                      "repeat for several")
       ->type_name("PATH");
-  convert->add_option("--output-dir", o->convert_output_dir, "output_dir of the job (wins over the inputs')")
+  convert->add_option("--output-dir", o->convert_output_dir, "output_dir of the job (replaces the inputs')")
       ->type_name("DIR");
+  convert->add_flag("--validate", o->convert_validate,
+                    "ask the daemon (--target) to validate the converted job as submit --validate-only "
+                    "does; its problems exit 6 naming the key each came from, and nothing is left written");
   convert->add_option("--out", o->convert_out_file, "write the job file here (an existing file is refused)")
       ->type_name("FILE");
 

@@ -35,6 +35,7 @@ struct Options {
   std::string convert_from = "auto";
   std::string convert_model, convert_output_dir, convert_out_file;
   std::vector<std::string> convert_datasets;
+  bool convert_validate = false;  // ask the daemon to validate the converted job
 
   OutputFormat format() const;
 };

@@ -1,5 +1,6 @@
 #include "daemon/jobs/job_validator.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -251,6 +252,103 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
   c.Range<uint64_t>("offload.aio.queue_depth", o.aio().queue_depth(), 1, 4096);
 }
 
+// 2 rather than 2.000000; 1e+06 for a million.
+std::string FormatNumber(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// The longest sequence the model's positions cover, as its family encodes them: RoPE models
+// rotate any position, but train and are evaluated up to max_position_embeddings, which "linear"
+// scaling stretches by its factor and "yarn", "llama3" and "longrope" extend to
+// original_max_position_embeddings x factor (transformers writes the extended length into
+// max_position_embeddings for the latter; the larger of the two counts). GPT-2's learned positions
+// and "dynamic" RoPE are engine::SequenceLengthProblem's. A 512-position model asked for 8192
+// tokens per sequence used to pass validation and make no step in 20 minutes.
+// The limit itself (0: none known): what a job that leaves dataset.max_seq_length unset trains
+// at when the default (1024) is longer.
+int64_t PositionsLimit(const engine::ModelConfig& config) {
+  const int64_t positions = config.max_position_embeddings;
+  if (positions <= 0) return 0;
+  const engine::RopeConfig& rope = config.rope;
+  if (config.arch == engine::Architecture::kGpt2) return positions;
+  if (rope.type == "dynamic") return std::min(positions, rope.original_max_position_embeddings);
+  if (rope.type == "linear" && rope.factor > 1) return static_cast<int64_t>(positions * rope.factor);
+  if ((rope.type == "yarn" || rope.type == "llama3" || rope.type == "longrope") && rope.factor > 1) {
+    return std::max<int64_t>(positions, static_cast<int64_t>(rope.original_max_position_embeddings * rope.factor));
+  }
+  return positions;
+}
+
+Status PositionsProblem(const engine::ModelConfig& config, int64_t max_seq_length) {
+  const int64_t positions = config.max_position_embeddings;
+  if (positions <= 0 || max_seq_length <= positions) return OkStatus();
+  const engine::RopeConfig& rope = config.rope;
+  double limit = static_cast<double>(positions);
+  std::string how = "max_position_embeddings is " + std::to_string(positions);
+  if (rope.type == "linear" && rope.factor > 1) {
+    limit = positions * rope.factor;
+    how += ", x " + FormatNumber(rope.factor) + " by its linear RoPE scaling = " + FormatNumber(limit);
+  } else if ((rope.type == "yarn" || rope.type == "llama3" || rope.type == "longrope") && rope.factor > 1) {
+    const double extended = static_cast<double>(rope.original_max_position_embeddings) * rope.factor;
+    if (extended > limit) {
+      limit = extended;
+      how += "; its " + rope.type + " RoPE scaling extends original_max_position_embeddings " +
+             std::to_string(rope.original_max_position_embeddings) + " x " + FormatNumber(rope.factor) +
+             " = " + FormatNumber(limit);
+    }
+  }
+  if (static_cast<double>(max_seq_length) <= limit) return OkStatus();
+  return InvalidArgumentError(std::to_string(max_seq_length) +
+                              " tokens per sequence is longer than the model's positions: its config.json " +
+                              how + " (set dataset.max_seq_length to at most " +
+                              std::to_string(static_cast<int64_t>(limit)) +
+                              ", or use a model whose RoPE scaling covers " + std::to_string(max_seq_length) + ")");
+}
+
+// output_dir/checkpoint-<step> directories, newest first (names only; nothing is opened).
+std::vector<std::pair<int64_t, std::string>> CheckpointDirsIn(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("checkpoint-", 0) != 0 || name.size() == 11 || name.size() > 30) continue;
+    if (name.find_first_not_of("0123456789", 11) != std::string::npos) continue;
+    if (IsDirectory(dir + "/" + name)) out.emplace_back(std::stoll(name.substr(11)), name);
+  }
+  closedir(d);
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+// An output_dir that already holds checkpoints, as Hugging Face's TrainingArguments read it:
+// refused unless resume_from_checkpoint continues from one of them (`latest` picks the newest,
+// resolved here) or overwrite_output_dir starts over (the job then removes them before its first
+// step). Without this the job was accepted and failed once started. `out` is resolved.
+void CheckOutputCheckpoints(const std::string& out, v1::JobSpec* spec, Checker& c) {
+  const auto dirs = CheckpointDirsIn(out);
+  const bool latest = spec->resume_from_checkpoint() == "latest";
+  if (latest) {
+    if (dirs.empty()) {
+      c.Add("resume_from_checkpoint", "'latest': output_dir '" + out + "' holds no checkpoint-<step> directory");
+      return;
+    }
+    if (spec->overwrite_output_dir()) {
+      c.Add("overwrite_output_dir", "true removes the checkpoints resume_from_checkpoint: latest continues from");
+      return;
+    }
+    spec->set_resume_from_checkpoint(out + "/" + dirs.front().second);
+    return;
+  }
+  if (dirs.empty() || spec->overwrite_output_dir() || !spec->resume_from_checkpoint().empty()) return;
+  c.Add("output_dir", "'" + out + "' already holds " + std::to_string(dirs.size()) + " checkpoint(s) (newest " +
+                          dirs.front().second + ") of another run: set resume_from_checkpoint: latest to "
+                          "continue from it, overwrite_output_dir: true to remove them and start over, or "
+                          "choose another output_dir");
+}
+
 void CheckCompression(const v1::CompressionConfig& comp, Checker& c) {
   if (comp.type() != v1::COMPRESSION_TYPE_LSP) return;
   c.Range("compression.subspace_rank", comp.subspace_rank(), 1, 65536);
@@ -365,6 +463,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     return !r.stopped.ok();
   };
   ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
+  const bool seq_len_given = spec.dataset().has_max_seq_length();  // here, or as TRL's max_length
   // The daemon's storage.aio is the default of the job's offload.aio (issue #17 item 2: it acts).
   if (!spec.offload().aio().has_block_size()) spec.mutable_offload()->mutable_aio()->set_block_size(node.aio_block_size);
   if (!spec.offload().aio().has_queue_depth()) spec.mutable_offload()->mutable_aio()->set_queue_depth(node.aio_queue_depth);
@@ -433,7 +532,11 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   c.Range("dataset.max_seq_length", ds.max_seq_length(), 8, 1 << 20);
   // The longest sequence the model trains as transformers does (GPT-2's learned positions, dynamic
   // RoPE), known here so that nothing is refused after a step. Sliding windows are implemented.
-  if (config) c.Fails("dataset.max_seq_length", engine::SequenceLengthProblem(*config, ds.max_seq_length()));
+  // Left unset, the default (1024) gives way to a model with fewer positions (stories260K: 512).
+  if (config && !seq_len_given && PositionsLimit(*config) > 0 && ds.max_seq_length() > PositionsLimit(*config))
+    spec.mutable_dataset()->set_max_seq_length(static_cast<int32_t>(PositionsLimit(*config)));
+  if (config && !c.Fails("dataset.max_seq_length", engine::SequenceLengthProblem(*config, ds.max_seq_length())))
+    c.Fails("dataset.max_seq_length", PositionsProblem(*config, ds.max_seq_length()));
   std::unique_ptr<text::ChatTemplate> chat;
   if (tokenizer) {
     StatusOr<text::ChatTemplate> t = InvalidArgumentError("unset");
@@ -525,10 +628,11 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     spec.set_output_dir(*out);
     if (Exists(*out) && !IsDirectory(*out)) c.Add("output_dir", "'" + *out + "' exists and is not a directory");
     output_dir_ok = true;
+    CheckOutputCheckpoints(*out, &spec, c);
     if (config)
       CheckOutputApartFromModel(*out, spec.model().path(), &r.violations);  // model.path resolved
   }
-  if (!spec.resume_from_checkpoint().empty()) {
+  if (!spec.resume_from_checkpoint().empty() && spec.resume_from_checkpoint() != "latest") {
     if (auto ck = paths.ResolveExisting(spec.resume_from_checkpoint()); !c.Fails("resume_from_checkpoint", ck.status())) {
       spec.set_resume_from_checkpoint(*ck);
       // An offloadd checkpoint (its state parses and its files are all there); a Hugging Face

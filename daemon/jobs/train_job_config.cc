@@ -219,6 +219,10 @@ StatusOr<std::string> ResumePoint(const v1::Job& job, bool restarted, std::vecto
   }
   if (own.ok() && runs > 1) return *own;
   if (!spec.resume_from_checkpoint().empty()) return spec.resume_from_checkpoint();
+  if (own.ok() && spec.overwrite_output_dir()) {  // validated: the other run's checkpoints go first
+    RETURN_IF_ERROR(trainer::RemoveCheckpoints(spec.output_dir()).WithContext("overwrite_output_dir"));
+    return std::string();
+  }
   if (own.ok()) {
     return FailedPreconditionError("output_dir " + spec.output_dir() + " already holds checkpoints of another run (" +
                                    *own + "); use an empty output_dir, or set resume_from_checkpoint to continue one");

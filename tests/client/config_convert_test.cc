@@ -62,9 +62,8 @@ TEST(ConfigConvertTest, HuggingFaceTrainingArguments) {
   const DroppedKey* ls = Find(job->dropped, "label_smoothing_factor");
   ASSERT_NE(ls, nullptr);
   EXPECT_EQ(ls->value, "0.1");
-  for (const char* k : {"report_to", "dataloader_num_workers", "local_rank"}) {
-    EXPECT_NE(Find(job->operational, k), nullptr) << k;
-  }
+  EXPECT_NE(Find(job->operational, "dataloader_num_workers"), nullptr);
+  for (const char* k : {"report_to", "local_rank"}) EXPECT_NE(Find(job->internals, k), nullptr) << k;
   EXPECT_EQ(job->dropped.size(), 1u);
   EXPECT_GE(job->unset_keys, 4) << "push_to_hub false, neftune null, eval_strategy no, kwargs {}...";
   EXPECT_TRUE(job->missing.empty());
@@ -98,7 +97,7 @@ bf16: auto
 gradient_checkpointing: true
 flash_attention: true
 warmup_steps: 10
-output_dir: ./outputs/out
+output_dir: /srv/outputs/out
 )";
   auto job = ConvertConfigs({{"axolotl.yml", yaml}}, ConfigKind::kAuto, {});
   ASSERT_TRUE(job.ok()) << job.status().ToString();
@@ -115,15 +114,15 @@ output_dir: ./outputs/out
   EXPECT_EQ(spec.training().lr_scheduler_type(), "cosine_with_min_lr");
   EXPECT_DOUBLE_EQ(spec.training().lr_scheduler_kwargs().min_lr_rate(), 0.1);
   EXPECT_FALSE(spec.training().has_bf16()) << "bf16: auto is left to the daemon";
-  EXPECT_EQ(spec.output_dir(), "./outputs/out");
+  EXPECT_EQ(spec.output_dir(), "/srv/outputs/out");
   // LoRA and an unsupported prompt strategy change what is trained: listed with their reason.
   ASSERT_NE(Find(job->dropped, "adapter"), nullptr);
   EXPECT_NE(Find(job->dropped, "adapter")->reason.find("every weight"), std::string::npos);
   EXPECT_NE(Find(job->dropped, "lora_r"), nullptr);
   ASSERT_NE(Find(job->dropped, "datasets[1]"), nullptr);
   EXPECT_NE(Find(job->dropped, "datasets[1]")->reason.find("alpaca:chatml"), std::string::npos);
-  EXPECT_NE(Find(job->operational, "flash_attention"), nullptr);
-  EXPECT_NE(Find(job->operational, "model_type"), nullptr);
+  EXPECT_NE(Find(job->internals, "flash_attention"), nullptr);
+  EXPECT_NE(Find(job->internals, "model_type"), nullptr);
   EXPECT_EQ(job->notes.size(), 1u) << "bf16: auto";
 }
 
@@ -162,7 +161,7 @@ TEST(ConfigConvertTest, DeepSpeedConfig) {
   EXPECT_NE(Find(job->dropped, "fp16.initial_scale_power"), nullptr);
   EXPECT_NE(Find(job->dropped, "activation_checkpointing.partition_activations"), nullptr);
   for (const char* k : {"zero_optimization.overlap_comm", "zero_optimization.offload_optimizer.buffer_count"}) {
-    EXPECT_NE(Find(job->operational, k), nullptr) << k;
+    EXPECT_NE(Find(job->internals, k), nullptr) << k;
   }
   EXPECT_EQ(job->unset_keys, 2) << "single_submit false, warmup_min_lr 0";
 }
@@ -245,6 +244,192 @@ TEST(ConfigConvertTest, ValuesTheDaemonWouldRefuseFailNamingTheSourceKey) {
       ConfigKind::kHuggingFace, Paths());
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(Read(*ok).training().max_steps(), 5);
+}
+
+
+// TRL's max_seq_length was dropped as "no such setting" (the job trained at 1024), and the
+// alignment-handbook's inline chat_template was dropped too.
+TEST(ConfigConvertTest, TrlMaxSeqLengthAndAnInlineTemplateAreKept) {
+  const std::string yaml = R"(
+model_name_or_path: mistralai/Mistral-7B-v0.1
+chat_template: "{% for message in messages %}{{ message['content'] + eos_token }}{% endfor %}"
+max_seq_length: 2048
+learning_rate: 2.0e-05
+overwrite_output_dir: true
+resume_from_checkpoint: true
+)";
+  ConvertOverrides o = Paths();
+  o.job_file = "/srv/jobs/zephyr.yaml";
+  auto job = ConvertConfigs({{"config_full.yaml", yaml}}, ConfigKind::kAuto, o);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  const auto spec = Read(*job);
+  EXPECT_EQ(spec.dataset().max_seq_length(), 2048);
+  EXPECT_EQ(spec.model().path(), "/srv/m") << "--model replaces the Hub id";
+  EXPECT_TRUE(spec.overwrite_output_dir());
+  EXPECT_EQ(spec.resume_from_checkpoint(), "latest") << "transformers' true: the newest checkpoint";
+  ASSERT_EQ(job->files.size(), 1u);
+  EXPECT_EQ(job->files[0].path, "/srv/jobs/zephyr.chat_template.jinja");
+  EXPECT_EQ(job->files[0].text, "{% for message in messages %}{{ message['content'] + eos_token }}{% endfor %}");
+  EXPECT_EQ(spec.dataset().template_(), job->files[0].path);
+  EXPECT_EQ(Find(job->dropped, "max_seq_length"), nullptr);
+  EXPECT_EQ(Find(job->dropped, "chat_template"), nullptr);
+  // Without --out there is nowhere to put the template: refused by name.
+  auto no_out = ConvertConfigs({{"config_full.yaml", yaml}}, ConfigKind::kAuto, Paths());
+  ASSERT_FALSE(no_out.ok());
+  EXPECT_NE(std::string(no_out.status().message()).find("`chat_template` (dataset.template)"), std::string::npos)
+      << no_out.status().message();
+}
+
+// LLaMA-Factory was not a kind: cutoff_len, max_samples and template were dropped.
+TEST(ConfigConvertTest, LlamaFactoryIsAKindOfItsOwn) {
+  const std::string yaml = R"(
+model_name_or_path: Qwen/Qwen3-4B-Instruct-2507
+stage: sft
+finetuning_type: full
+dataset: identity,alpaca_en_demo
+template: qwen3_nothink
+cutoff_len: 2048
+max_samples: 1000
+plot_loss: true
+output_dir: saves/qwen3-4b/full/sft
+per_device_train_batch_size: 1
+learning_rate: 1.0e-5
+)";
+  ConvertOverrides o = Paths();
+  o.job_file = "/srv/jobs/qwen3.yaml";
+  auto job = ConvertConfigs({{"qwen3_full_sft.yaml", yaml}}, ConfigKind::kAuto, o);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  EXPECT_EQ(job->kinds, std::vector<std::string>{"llamafactory"});
+  const auto spec = Read(*job);
+  EXPECT_EQ(spec.dataset().max_seq_length(), 2048);
+  EXPECT_EQ(spec.dataset().max_samples(), 1000);
+  EXPECT_EQ(spec.dataset().paths(0), "/srv/d.jsonl") << "--dataset replaces the registry names";
+  EXPECT_EQ(spec.dataset().paths_size(), 1);
+  ASSERT_EQ(job->files.size(), 1u);
+  EXPECT_NE(job->files[0].text.find("<|im_start|>"), std::string::npos) << "Qwen3's template";
+  EXPECT_NE(Find(job->internals, "plot_loss"), nullptr);
+  EXPECT_TRUE(job->dropped.empty()) << job->dropped[0].key;
+  // Without the command line's paths, the registry names, the Hub id and the relative output_dir
+  // are each refused by name.
+  ConvertOverrides bare;
+  bare.job_file = "/srv/jobs/qwen3.yaml";
+  auto refused = ConvertConfigs({{"qwen3_full_sft.yaml", yaml}}, ConfigKind::kAuto, bare);
+  ASSERT_FALSE(refused.ok());
+  const std::string m(refused.status().message());
+  for (const char* named : {"`model_name_or_path` (model.path): 'Qwen/Qwen3-4B-Instruct-2507' is a Hugging Face Hub id",
+                            "`dataset` (dataset.paths): 'identity' is a name in LLaMA-Factory",
+                            "`dataset` (dataset.paths): 'alpaca_en_demo'", "`output_dir` (output_dir): 'saves/"}) {
+    EXPECT_NE(m.find(named), std::string::npos) << named << "\n" << m;
+  }
+  auto unknown = ConvertConfigs({{"lf.yaml", "stage: sft\ntemplate: vicuna_v9\n"}}, ConfigKind::kAuto, o);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(std::string(unknown.status().message()).find("no chat template named 'vicuna_v9' (known: chatml"),
+            std::string::npos)
+      << unknown.status().message();
+}
+
+// An Axolotl ShareGPT dataset became `format: messages`, and its named chat template was dropped.
+TEST(ConfigConvertTest, AxolotlShareGptFieldMappingsAndNamedTemplate) {
+  const std::string yaml = R"(
+base_model: /srv/models/llama
+chat_template: llama3
+datasets:
+  - path: /srv/data/finetome.jsonl
+    type: chat_template
+    field_messages: conversations
+    message_property_mappings:
+      role: from
+      content: value
+output_dir: /srv/out
+plugins:
+  - axolotl.integrations.liger.LigerPlugin
+liger_rope: true
+special_tokens:
+  pad_token: <|finetune_right_pad_id|>
+)";
+  ConvertOverrides o;
+  o.job_file = "/srv/jobs/ax.yaml";
+  auto job = ConvertConfigs({{"ax.yml", yaml}}, ConfigKind::kAuto, o);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  const auto spec = Read(*job);
+  EXPECT_EQ(spec.dataset().format(), offloadd::v1::DATASET_FORMAT_SHAREGPT);
+  ASSERT_EQ(job->files.size(), 1u);
+  EXPECT_NE(job->files[0].text.find("<|start_header_id|>"), std::string::npos) << "Llama 3's template";
+  EXPECT_TRUE(job->dropped.empty()) << job->dropped[0].key;
+  for (const char* k : {"plugins", "liger_rope", "special_tokens"}) EXPECT_NE(Find(job->internals, k), nullptr) << k;
+
+  // The older spelling, and messages/role/content: format messages.
+  auto msgs = ConvertConfigs({{"ax.yml", "base_model: /m\noutput_dir: /o\ndatasets:\n  - path: /d.jsonl\n"
+                                         "    type: chat_template\n    message_field_role: role\n"}},
+                             ConfigKind::kAuto, o);
+  ASSERT_TRUE(msgs.ok()) << msgs.status().ToString();
+  EXPECT_EQ(Read(*msgs).dataset().format(), offloadd::v1::DATASET_FORMAT_MESSAGES);
+  // A layout no reader takes is refused naming the dataset's key.
+  auto other = ConvertConfigs({{"ax.yml", "base_model: /m\noutput_dir: /o\ndatasets:\n  - path: /d.jsonl\n"
+                                          "    type: chat_template\n    field_messages: turns\n"}},
+                              ConfigKind::kAuto, o);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(std::string(other.status().message()).find("`datasets[0].field_messages` (dataset.format): turns in "
+                                                       "'turns'"),
+            std::string::npos)
+      << other.status().message();
+}
+
+// paged_adamw_8bit, a Hub id and pin_memory: false were passed through without comment, and
+// eval_steps without an eval set; the converted files did not validate.
+TEST(ConfigConvertTest, ValuesThatCouldNotValidateAreRefusedOrDroppedByName) {
+  auto paged = ConvertConfigs({{"fft-8b.yaml", "base_model: NousResearch/Meta-Llama-3.1-8B\n"
+                                               "optimizer: paged_adamw_8bit\noutput_dir: /o\n"
+                                               "datasets:\n  - path: tatsu-lab/alpaca\n    type: alpaca\n"}},
+                              ConfigKind::kAuto, {});
+  ASSERT_FALSE(paged.ok());
+  const std::string m(paged.status().message());
+  for (const char* named : {"fft-8b.yaml `optimizer` (training.optim): 'paged_adamw_8bit' is not available",
+                            "fft-8b.yaml `base_model` (model.path): 'NousResearch/Meta-Llama-3.1-8B' is a Hugging "
+                            "Face Hub id",
+                            "fft-8b.yaml `datasets[0].path` (dataset.paths): 'tatsu-lab/alpaca' is a Hugging Face "
+                            "Hub dataset"}) {
+    EXPECT_NE(m.find(named), std::string::npos) << named << "\n" << m;
+  }
+  // --model and --dataset replace the Hub ids; the optimizer is still refused.
+  auto replaced = ConvertConfigs({{"fft-8b.yaml", "base_model: NousResearch/Meta-Llama-3.1-8B\n"
+                                                  "optimizer: paged_adamw_8bit\n"}},
+                                 ConfigKind::kAuto, Paths());
+  ASSERT_FALSE(replaced.ok());
+  EXPECT_EQ(std::string(replaced.status().message()).find("Hub id"), std::string::npos);
+
+  auto ds = ConvertConfigs({{"ds.json", R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                                           {"device": "cpu", "pin_memory": false}}})"},
+                            {"args.json", R"({"eval_steps": 50, "learning_rate": 1e-4})"}},
+                           ConfigKind::kAuto, Paths());
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  const auto spec = Read(*ds);
+  EXPECT_FALSE(spec.offload().offload_optimizer().has_pin_memory());
+  EXPECT_FALSE(spec.training().has_eval_steps());
+  ASSERT_NE(Find(ds->operational, "zero_optimization.offload_optimizer.pin_memory"), nullptr);
+  EXPECT_NE(Find(ds->operational, "zero_optimization.offload_optimizer.pin_memory")->reason.find("pinned"),
+            std::string::npos);
+  ASSERT_NE(Find(ds->operational, "eval_steps"), nullptr);
+}
+
+// The "changes what is trained" list was mostly library internals, and some reasons were wrong
+// ("one GPU per job": offloadd trains data parallel).
+TEST(ConfigConvertTest, LibraryInternalsAreAQuietGroupWithCorrectReasons) {
+  const std::string json = R"({"_n_gpu": 1, "ray_scope": "last", "use_liger_kernel": true,
+    "attn_implementation": "flash_attention_2", "torch_dtype": "bfloat16", "ddp_timeout": 1800,
+    "average_tokens_across_devices": true, "hub_model_id": "me/model", "report_to": ["wandb"],
+    "gradient_checkpointing_kwargs": {"use_reentrant": false}, "label_smoothing_factor": 0.1})";
+  auto job = ConvertConfigs({{"args.json", json}}, ConfigKind::kHuggingFace, Paths());
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_EQ(job->dropped.size(), 1u) << job->dropped[0].key;
+  EXPECT_EQ(job->dropped[0].key, "label_smoothing_factor");
+  for (const char* k : {"_n_gpu", "ray_scope", "use_liger_kernel", "attn_implementation", "torch_dtype",
+                        "ddp_timeout", "hub_model_id", "report_to", "gradient_checkpointing_kwargs"}) {
+    EXPECT_NE(Find(job->internals, k), nullptr) << k;
+  }
+  for (const auto* list : {&job->dropped, &job->operational, &job->internals}) {
+    for (const auto& d : *list) EXPECT_EQ(d.reason.find("one GPU"), std::string::npos) << d.key << ": " << d.reason;
+  }
 }
 
 }  // namespace

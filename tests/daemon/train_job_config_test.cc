@@ -1,6 +1,8 @@
 // JobSpec -> trainer::TrainConfig, and which checkpoint a job continues from.
 #include "daemon/jobs/train_job_config.h"
 
+#include <filesystem>
+
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -324,6 +326,25 @@ TEST_F(TrainJobConfigTest, FirstRunRefusesAnOutputDirWithSomeoneElsesCheckpoints
   r = ResumePoint(job_);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(*r, dir_ + "/out/checkpoint-5");
+}
+
+// overwrite_output_dir was not a setting: another run's checkpoints made the job fail once
+// started. Now the first run removes them and starts from scratch; a rerun resumes its own.
+TEST_F(TrainJobConfigTest, OverwriteOutputDirRemovesAnotherRunsCheckpointsFirst) {
+  SaveCheckpoint(dir_ + "/out", 5);
+  SaveCheckpoint(dir_ + "/out", 9);
+  job_.mutable_spec()->set_overwrite_output_dir(true);
+  AddRun();
+  auto r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "") << "from scratch";
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/out/checkpoint-5"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/out/checkpoint-9"));
+  SaveCheckpoint(dir_ + "/out", 2);  // its own, then a restart
+  AddRun();
+  r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, dir_ + "/out/checkpoint-2");
 }
 
 }  // namespace

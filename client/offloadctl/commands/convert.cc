@@ -12,6 +12,7 @@
 #include <map>
 
 #include "client/cpp/config_convert.h"
+#include "client/cpp/job_file.h"
 #include "client/offloadctl/commands/commands.h"
 #include "client/offloadctl/exit_codes.h"
 #include "client/offloadctl/render.h"
@@ -67,14 +68,15 @@ void PrintReport(const ConvertedJob& job, std::ostream& err) {
   }
   if (!job.operational.empty()) {
     err << "offloadctl: convert: " << job.operational.size()
-        << " key(s) about running and reporting dropped (offloadd has its own; -o json gives each reason):";
+        << " key(s) about how their run is driven dropped (offloadd has its own; -o json gives each reason):";
     for (const auto& d : job.operational) err << " " << TerminalText(d.key);
     err << "\n";
   }
   for (const auto& n : job.notes) err << "offloadctl: convert: note: " << TerminalText(n) << "\n";
-  if (job.unset_keys > 0) {
-    err << "offloadctl: convert: " << job.unset_keys
-        << " key(s) left at an off value (null, false, empty, no) were dropped; nothing is lost with them\n";
+  if (job.unset_keys > 0 || !job.internals.empty()) {
+    err << "offloadctl: convert: " << job.unset_keys + job.internals.size()
+        << " more key(s) dropped with nothing lost: off values, library internals, logging and hub (-o json "
+           "lists them)\n";
   }
   if (!job.missing.empty()) {
     static const std::map<std::string, std::string> kFlag = {
@@ -83,6 +85,46 @@ void PrintReport(const ConvertedJob& job, std::ostream& err) {
     for (const auto& m : job.missing) err << " " << m << " (" << kFlag.at(m) << ")";
     err << "\n";
   }
+}
+
+// The input and key behind a job field the daemon found a problem with: the field itself, or the
+// nearest field above it that an input set.
+std::string KeyBehind(const ConvertedJob& job, std::string field) {
+  for (;;) {
+    if (auto it = job.set_by.find(field); it != job.set_by.end()) return it->second;
+    const size_t cut = field.find_last_of(".[");
+    if (cut == std::string::npos) return "";
+    field.resize(cut);
+  }
+}
+
+// The daemon's validate-only verdict on the written job file; on problems, the files written are
+// removed and each problem is named with the key it came from.
+int ValidateWithDaemon(const Options& o, const ConvertedJob& job, const std::vector<std::string>& written) {
+  auto remove_written = [&] {
+    for (const std::string& path : written) ::unlink(path.c_str());
+  };
+  auto read = offloadd::client::ReadJobSpec(job.job_yaml, "the converted job file");
+  auto connected = offloadd::client::Client::Connect(o.connect);
+  if (!read.ok() || !connected.ok()) {
+    remove_written();
+    return Fail("convert", (!read.ok() ? read.status() : connected.status()).ToString(), kExitUsage);
+  }
+  offloadd::client::Client& c = **connected;
+  auto verdict = c.CreateJob(read->spec, /*validate_only=*/true);
+  if (verdict.ok()) return kExitOk;
+  remove_written();
+  if (verdict.status().code() != offloadd::StatusCode::kInvalidArgument) {
+    return Fail("convert", "the daemon could not validate the converted job: " + verdict.status().ToString(),
+                ExitCodeFor(verdict.status().code()));
+  }
+  std::string message = "the daemon refuses the converted job:";
+  for (const auto& v : c.last_field_violations()) {
+    const std::string by = KeyBehind(job, v.field);
+    message += "\n  " + (by.empty() ? v.field : by + " (" + v.field + ")") + ": " + v.description;
+  }
+  if (c.last_field_violations().empty()) message += " " + verdict.status().ToString();
+  return Fail("convert", message, kExitInvalid);
 }
 
 }  // namespace
@@ -101,20 +143,43 @@ int RunConvert(const Options& o) {
   over.model_path = o.convert_model;
   over.output_dir = o.convert_output_dir;
   over.dataset_paths = o.convert_datasets;
+  over.job_file = o.convert_out_file;
   auto job = offloadd::client::ConvertConfigs(inputs, *kind, over);
   if (!job.ok()) return Fail("convert", job.status().message(), kExitInvalid);
+  if (o.convert_validate && o.convert_out_file.empty()) {
+    return Fail("convert", "--validate checks the job file it writes: give --out FILE", kExitUsage);
+  }
+  std::vector<std::string> written;
+  for (const auto& f : job->files) {  // beside the job file, which names them
+    if (const int rc = WriteNewFile(f.path, f.text); rc != kExitOk) {
+      for (const std::string& path : written) ::unlink(path.c_str());
+      return rc;
+    }
+    written.push_back(f.path);
+  }
   if (!o.convert_out_file.empty()) {
-    if (const int rc = WriteNewFile(o.convert_out_file, job->job_yaml); rc != kExitOk) return rc;
+    if (const int rc = WriteNewFile(o.convert_out_file, job->job_yaml); rc != kExitOk) {
+      for (const std::string& path : written) ::unlink(path.c_str());
+      return rc;
+    }
+    written.push_back(o.convert_out_file);
+  }
+  if (o.convert_validate) {
+    PrintReport(*job, std::cerr);
+    return ValidateWithDaemon(o, *job, written);
   }
   if (o.format() == OutputFormat::kJson) {
     nlohmann::json j = {{"job_yaml", job->job_yaml}, {"kinds", job->kinds}, {"notes", job->notes},
                         {"missing", job->missing}, {"unset_keys", job->unset_keys}};
-    for (const char* list : {"dropped", "operational"}) {
+    for (const auto& [list, keys] : {std::pair{"dropped", &job->dropped}, std::pair{"operational", &job->operational},
+                                      std::pair{"internals", &job->internals}}) {
       j[list] = nlohmann::json::array();
-      for (const auto& d : std::string(list) == "dropped" ? job->dropped : job->operational) {
+      for (const auto& d : *keys) {
         j[list].push_back({{"source", d.source}, {"key", d.key}, {"value", d.value}, {"reason", d.reason}});
       }
     }
+    j["files"] = nlohmann::json::array();
+    for (const auto& f : job->files) j["files"].push_back(f.path);
     std::cout << j.dump(2) << "\n";
   } else if (o.convert_out_file.empty()) {
     std::cout << job->job_yaml;

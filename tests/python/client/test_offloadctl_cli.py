@@ -23,7 +23,7 @@ from offloadd.v1 import job_pb2  # noqa: E402
 COMMANDS = {
     "health": [], "node": [], "submit": ["--validate-only", "--watch"], "list": ["--state"],
     "get": ["--wait"], "cancel": ["--force"], "pause": [], "resume": [], "checkpoints": [], "watch": [],
-    "completion": [], "convert": ["--from", "--model", "--dataset", "--output-dir", "--out"],
+    "completion": [], "convert": ["--from", "--model", "--dataset", "--output-dir", "--out", "--validate"],
 }
 
 

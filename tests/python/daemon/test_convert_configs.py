@@ -112,7 +112,7 @@ def test_a_converted_config_trains_the_demo_model(binary_dir, daemon, case):
     if case == "hf+deepspeed":
         assert job["offload"]["offload_optimizer"]["device"] == "cpu"
         assert job["training"]["max_grad_norm"] == 1.0
-        assert "zero_optimization.overlap_comm" in [x["key"] for x in report["operational"]]
+        assert "zero_optimization.overlap_comm" in [x["key"] for x in report["internals"]]
     if case == "axolotl":
         assert job["dataset"] == {"paths": [str(ws / "alpaca.json")], "format": "alpaca", "max_seq_length": 128,
                                   "packing": False, "mask_prompt": True}
