@@ -322,6 +322,8 @@ def _described_service(**kwargs):
     saved = job_pb2.JobEvent(cursor=4, job_id="job-1")
     saved.checkpoint_saved.id = "checkpoint-2"
     saved.checkpoint_saved.step = 2
+    for e in (setup, warning, saved):
+        e.time.seconds = 1000 + e.cursor
     events = [events[0], setup, warning, saved, events[4]]
     job = job_pb2.Job(spec=job_pb2.JobSpec(display_name="demo", output_dir="/srv/out/demo"))
     job.spec.model.path = "/models/tiny"
