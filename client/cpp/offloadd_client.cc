@@ -204,6 +204,12 @@ StatusOr<v1::Job> Client::CancelJob(const std::string& job_id, const std::string
   OFFLOADD_UNARY(jobs, CancelJob, req, v1::Job);
 }
 
+StatusOr<v1::Job> Client::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(job_id);
+  OFFLOADD_UNARY(jobs, DeleteJob, req, v1::Job);
+}
+
 StatusOr<v1::Job> Client::PauseJob(const std::string& job_id) {
   v1::PauseJobRequest req;
   req.set_job_id(job_id);

@@ -112,6 +112,14 @@ void AddCommands(CLI::App& app, Options* o) {
   AddJobId(logs, o);
   logs->add_flag("-f,--follow", o->follow, "keep printing new lines until the job ends");
 
+  CLI::App* del = Command(app, o, "delete",
+                          "remove a job that ended from the daemon's records (its record and "
+                          "events); its output directory stays unless --purge");
+  AddJobId(del, o);
+  del->add_flag("--purge", o->purge,
+                "also remove the job's output directory (checkpoints, the exported model), as you; "
+                "refused for a job that has not ended");
+
   CLI::App* cancel = Command(app, o, "cancel", "cancel a job");
   AddJobId(cancel, o);
   cancel->add_option("REASON", o->reason, "why, recorded with the job");

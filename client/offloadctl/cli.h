@@ -29,6 +29,7 @@ struct Options {
   bool watch = false;            // submit
   bool wait = false;             // get
   bool follow = false;           // logs -f
+  bool purge = false;            // delete --purge
   int events = 20;               // describe --events: how many of the last events
   std::vector<std::string> states;  // list, short lower-case names ("running")
   std::string shell;             // completion

@@ -476,6 +476,20 @@ StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& r
   }
 }
 
+StatusOr<v1::Job> JobManager::Delete(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  if (!IsFinalState(job.state()) || running_.count(id) > 0 || unrecorded_.count(id) > 0) {
+    return FailedPreconditionError("job " + id + " is " + StateName(job.state()) +
+                                   ": only a job that ended (succeeded, failed, cancelled) can be "
+                                   "deleted; cancel it first");
+  }
+  RETURN_IF_ERROR(store_->Delete(id));
+  --counts_[job.state()];
+  PublishCountsLocked();
+  return job;
+}
+
 StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));

@@ -24,9 +24,10 @@ int RunList(offloadd::client::Client& c, const Options& o);
 int RunGet(offloadd::client::Client& c, const Options& o);
 int RunJobAction(offloadd::client::Client& c, const Options& o);  // cancel, pause, resume
 int RunCheckpoints(offloadd::client::Client& c, const Options& o);
-// commands/describe.cc
+// commands/describe.cc (describe, logs, delete)
 int RunDescribe(offloadd::client::Client& c, const Options& o);
 int RunLogs(offloadd::client::Client& c, const Options& o);
+int RunDelete(offloadd::client::Client& c, const Options& o);
 int RunWatch(offloadd::client::Client& c, const Options& o);
 
 // Commands that need no daemon (commands/convert.cc).

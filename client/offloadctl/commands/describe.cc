@@ -1,7 +1,9 @@
-// describe and logs: one job in full, and its log. Both read the job's events from the daemon's
+// describe, logs and delete: one job in full, its log, and its removal. Both read the job's events from the daemon's
 // event log (WatchJob until_now: the events it has, without following), which keeps what the
 // job's executors logged (offloadd.internal LogLine -> JobEvent.log).
 #include <cstdio>
+#include <filesystem>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -94,6 +96,55 @@ int RunLogs(Client& c, const Options& o) {
   auto events = EventsNow(c, o.job_id, /*logs_only=*/true);
   if (!events.ok()) return Fail("logs", events.status());
   for (const auto& e : *events) print(e);
+  return kExitOk;
+}
+
+int RunDelete(Client& c, const Options& o) {
+  auto job = c.GetJob(o.job_id);
+  if (!job.ok()) return Fail("delete", job.status());
+  const offloadd::v1::JobState st = job->state();
+  const bool ended = st == offloadd::v1::JOB_STATE_SUCCEEDED || st == offloadd::v1::JOB_STATE_FAILED ||
+                     st == offloadd::v1::JOB_STATE_CANCELLED;
+  const std::string dir = job->spec().output_dir();
+  if (o.purge && !ended) {
+    return Fail("delete",
+                "job " + o.job_id + " is " + JobStateName(st) +
+                    ": --purge removes the output directory only of a job that ended; cancel it first",
+                kExitError);
+  }
+  auto deleted = c.DeleteJob(o.job_id);
+  if (!deleted.ok()) return Fail("delete", deleted.status());
+  std::string purged;
+  if (o.purge && !dir.empty()) {
+    // Removed by this process, as the user who asks: only what they may remove goes.
+    namespace fs = std::filesystem;
+    const fs::path path(dir);
+    std::error_code ec;
+    const auto status = fs::symlink_status(path, ec);
+    if (!path.is_absolute() || path.relative_path().empty() || path == path.root_path()) {
+      return Fail("delete", "job " + o.job_id + " deleted; its output directory '" + dir +
+                                "' is not one --purge removes (not an absolute path below /)",
+                  kExitError);
+    }
+    if (ec || !fs::exists(status)) {
+      purged = " (output directory " + dir + " not found on this host: nothing removed)";
+    } else if (!fs::is_directory(status)) {
+      return Fail("delete", "job " + o.job_id + " deleted; its output directory " + dir +
+                                " is not a directory (a symlink or a file): not removed",
+                  kExitError);
+    } else if (fs::remove_all(path, ec); ec) {
+      return Fail("delete", "job " + o.job_id + " deleted; removing its output directory " + dir +
+                                " failed: " + ec.message(),
+                  kExitError);
+    } else {
+      purged = " and its output directory " + dir;
+    }
+  }
+  if (o.format() == OutputFormat::kTable) {
+    std::printf("%s\n", TerminalText("deleted job " + o.job_id + purged).c_str());
+  } else {
+    Print(*deleted, o.format(), "");
+  }
   return kExitOk;
 }
 

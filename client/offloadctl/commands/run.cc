@@ -57,6 +57,7 @@ int RunCommand(const Options& o, const CLI::App& app) {
   if (cmd == "get") return RunGet(c, o);
   if (cmd == "describe") return RunDescribe(c, o);
   if (cmd == "logs") return RunLogs(c, o);
+  if (cmd == "delete") return RunDelete(c, o);
   if (cmd == "cancel" || cmd == "pause" || cmd == "resume") return RunJobAction(c, o);
   if (cmd == "checkpoints") return RunCheckpoints(c, o);
   if (cmd == "watch") return RunWatch(c, o);

@@ -52,6 +52,7 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
         self.jobs = jobs  # what ListJobs pages through; None: one job in final_state
         self.create_violations = create_violations  # [(field, description)]: CreateJob's BadRequest
         self.checkpoints = checkpoints or []  # what ListCheckpoints answers
+        self.deleted: list[str] = []  # job ids of DeleteJob calls that succeeded
         self.cursors: list[int] = []
         self.watch_requests: list = []
         self.cancelled: list[tuple[str, str]] = []
@@ -127,6 +128,13 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
             context.abort_with_status(rpc_status.to_status(status_pb2.Status(
                 code=code_pb2.INVALID_ARGUMENT, message=message, details=[detail])))
         return job_pb2.Job(id="job-1", spec=request.spec, state=job_pb2.JOB_STATE_QUEUED)
+
+    def DeleteJob(self, request, context):
+        self._check_known(request.job_id, context)
+        if self.final_state not in (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {request.job_id} has not ended; cancel it first")
+        self.deleted.append(request.job_id)
+        return self.GetJob(request, context)
 
     def ListCheckpoints(self, request, context):
         from offloadd.v1 import job_service_pb2

@@ -22,7 +22,8 @@ from offloadd.v1 import job_pb2  # noqa: E402
 
 COMMANDS = {
     "health": [], "node": [], "submit": ["--validate-only", "--watch"], "list": ["--state"],
-    "get": ["--wait"], "describe": ["--events"], "logs": ["--follow"], "cancel": ["--force"], "pause": [], "resume": [], "checkpoints": [], "watch": [],
+    "get": ["--wait"], "describe": ["--events"], "logs": ["--follow"], "delete": ["--purge"],
+    "cancel": ["--force"], "pause": [], "resume": [], "checkpoints": [], "watch": [],
     "completion": [], "convert": ["--from", "--model", "--dataset", "--output-dir", "--out"],
 }
 
@@ -416,3 +417,35 @@ def test_each_refusal_is_reported_once(ctl, fake, tmp_path):
         c.create_job({"display_name": "x"})
     for _, description in problems:
         assert str(err.value).count(description) == 1, str(err.value)
+
+
+def test_delete_removes_the_record_and_with_purge_the_output_directory(ctl, fake, tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"x")
+    job = job_pb2.Job(spec=job_pb2.JobSpec(output_dir=str(out)))
+    server = fake(FakeJobService([], known_jobs={"job-1"}, job=job))
+    r = ctl("delete", "job-1", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert server.service.deleted == ["job-1"] and out.is_dir(), "a plain delete keeps the output"
+    r = ctl("delete", "job-1", "--purge", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert not out.exists() and f"and its output directory {out}" in r.stdout, r.stdout
+    missing = ctl("delete", "job-9", "--target", server.target)
+    assert missing.returncode == 4, missing.stderr
+    import offloadd
+    with offloadd.Client(server.target) as c:  # the SDK's delete_job is the same call
+        assert c.delete_job("job-1").id == "job-1"
+    assert server.service.deleted == ["job-1"] * 3
+
+
+def test_delete_purge_refuses_a_running_job(ctl, fake, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = job_pb2.Job(spec=job_pb2.JobSpec(output_dir=str(out)))
+    server = fake(FakeJobService([], known_jobs={"job-1"}, job=job, final_state=job_pb2.JOB_STATE_RUNNING))
+    r = ctl("delete", "job-1", "--purge", "--target", server.target)
+    assert r.returncode == 7 and "running" in r.stderr and "cancel it first" in r.stderr, r.stderr
+    assert out.is_dir() and server.service.deleted == []
+    r = ctl("delete", "job-1", "--target", server.target)  # the daemon refuses it too
+    assert r.returncode == 7 and "FAILED_PRECONDITION" in r.stderr, r.stderr
