@@ -56,6 +56,13 @@ std::string DescribeGpus(const std::vector<int>& gpus) {
   return out;
 }
 
+// A cancelled job's error: CANCELLED with the reason the user gave (Job.error, the SDK's
+// JobResult.error).
+void SetCancelError(v1::Job* job, const std::string& reason) {
+  job->mutable_error()->set_code(static_cast<int>(StatusCode::kCancelled));
+  job->mutable_error()->set_message(SafeMessageText(reason, 8192));
+}
+
 }  // namespace
 
 // A job running now: what its control reads, and its thread.
@@ -69,17 +76,6 @@ struct JobManager::Running {
   std::thread thread;
   bool done = false;  // its end is recorded (or given up on at shutdown): join the thread
 };
-
-namespace {
-
-// A cancelled job's error: CANCELLED with the reason the user gave (Job.error, the SDK's
-// JobResult.error).
-void SetCancelError(v1::Job* job, const std::string& reason) {
-  job->mutable_error()->set_code(static_cast<int>(StatusCode::kCancelled));
-  job->mutable_error()->set_message(SafeMessageText(reason, 8192));
-}
-
-}  // namespace
 
 bool IsFinalState(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
@@ -199,14 +195,11 @@ Status JobManager::Recover() {
       job.mutable_error()->set_code(static_cast<int>(StatusCode::kAborted));
       job.mutable_error()->set_message("the daemon stopped while the job was being validated; submit it again");
     }
-    std::string reason = "daemon restarted";
-    if (to == v1::JOB_STATE_CANCELLED) {
-      // The cancel's own reason, from the CANCELLING transition, stays the job's.
-      const std::string asked = job.transitions().empty() ? "" : job.transitions().rbegin()->reason();
-      SetCancelError(&job, asked.empty() ? "cancelled" : asked);
-      reason = "daemon restarted while cancelling: " + job.error().message();
-    }
-    RETURN_IF_ERROR(TransitionLocked(&job, to, reason));
+    // A cancel's own reason, from the CANCELLING transition, stays the job's.
+    const std::string asked = job.transitions().empty() ? "" : job.transitions().rbegin()->reason();
+    if (to == v1::JOB_STATE_CANCELLED) SetCancelError(&job, asked.empty() ? "cancelled" : asked);
+    const std::string why = to == v1::JOB_STATE_CANCELLED ? job.error().message() : "daemon restarted";
+    RETURN_IF_ERROR(TransitionLocked(&job, to, why));
     OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": " << StateName(to) << " after restart";
     if (to == v1::JOB_STATE_CANCELLED) cancelled.push_back(std::move(job));
   }
@@ -481,8 +474,7 @@ StatusOr<v1::Job> JobManager::Delete(const std::string& id) {
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
   if (!IsFinalState(job.state()) || running_.count(id) > 0 || unrecorded_.count(id) > 0) {
     return FailedPreconditionError("job " + id + " is " + StateName(job.state()) +
-                                   ": only a job that ended (succeeded, failed, cancelled) can be "
-                                   "deleted; cancel it first");
+                                   ": only a job that ended can be deleted; cancel it first");
   }
   RETURN_IF_ERROR(store_->Delete(id));
   --counts_[job.state()];
