@@ -23,6 +23,9 @@ def run(binary_dir, tmp_path_factory):
     offloadd's built-in template, which must travel with every checkpoint and the final model."""
     tmp = tmp_path_factory.mktemp("export")
     model = build_model(tmp / "model")
+    # Special tokens but no template of its own.
+    (model / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"}))
     data = tmp / "chat.jsonl"
     with open(data, "w") as f:
         for i in range(16):
