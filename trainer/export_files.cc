@@ -6,7 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "common/logging.h"
 #include "engine/file_util.h"
@@ -69,6 +74,99 @@ StatusOr<std::vector<std::string>> RemoveExportTemporaries(const std::string& ou
   ::closedir(d);
   if (!status.ok()) return status;
   return removed;
+}
+
+std::string ModelCardFacts::OffloaddVersion() {
+#ifdef OFFLOADD_VERSION
+  return OFFLOADD_VERSION;
+#else
+  return "unknown";
+#endif
+}
+
+namespace {
+
+// A YAML scalar that reads back as the same string: a JSON string is a YAML double-quoted one.
+std::string Quoted(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string Number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
+// A Hub id is "name" or "owner/name" of letters, digits, '-', '_' and '.': not a path.
+bool IsHubId(const std::string& s) {
+  if (s.empty() || s.front() == '/' || s.front() == '.' || s.find("//") != std::string::npos) return false;
+  int slashes = 0;
+  for (char c : s) {
+    if (c == '/') ++slashes;
+    else if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) return false;
+  }
+  return slashes <= 1;
+}
+
+std::string BaseName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+std::string ModelCard(const ModelCardFacts& f) {
+  std::string base;
+  if (!f.config_json.empty()) {
+    const auto config = nlohmann::json::parse(f.config_json, nullptr, /*allow_exceptions=*/false);
+    if (config.is_object() && config.contains("_name_or_path") && config["_name_or_path"].is_string()) {
+      const std::string named = config["_name_or_path"].get<std::string>();
+      if (IsHubId(named)) base = named;
+    }
+  }
+  const bool hub = !base.empty();
+  if (!hub) base = BaseName(f.model_dir);
+  std::ostringstream o;
+  o << "---\n";
+  o << "library_name: transformers\n";
+  o << "base_model: " << Quoted(base) << "\n";
+  o << "tags:\n  - offloadd\n  - full-fine-tune\n  - generated_from_trainer\n";
+  if (!f.datasets.empty()) {
+    o << "datasets:\n";
+    for (const auto& d : f.datasets) o << "  - " << Quoted(BaseName(d)) << "\n";
+  }
+  o << "model-index:\n  - name: " << Quoted(base + "-finetuned") << "\n    results: []\n";
+  o << "---\n\n";
+  o << "# " << base << " fine-tuned with offloadd\n\n";
+  o << "This model is a full fine-tune of "
+    << (hub ? "[" + base + "](https://huggingface.co/" + base + ")" : "`" + base + "`")
+    << " (from `" << f.model_dir << "`)";
+  if (!f.datasets.empty()) {
+    o << " on ";
+    for (size_t i = 0; i < f.datasets.size(); ++i) o << (i ? ", " : "") << "`" << f.datasets[i] << "`";
+  }
+  o << ".\n";
+  if (f.eval_loss) {
+    o << "It achieves the following results on the evaluation set";
+    if (!f.eval_datasets.empty()) {
+      o << " (";
+      for (size_t i = 0; i < f.eval_datasets.size(); ++i) o << (i ? ", " : "") << "`" << f.eval_datasets[i] << "`";
+      o << ")";
+    }
+    o << ":\n- Loss: " << Number(*f.eval_loss) << "\n";
+  }
+  o << "\n## Training procedure\n\n### Training hyperparameters\n\n";
+  o << "The following hyperparameters were used during training:\n";
+  for (const auto& [name, value] : f.hyperparameters) o << "- " << name << ": " << value << "\n";
+  o << "\n### Training results\n\n";
+  o << "- Steps: " << f.steps << "\n";
+  if (f.tokens > 0) o << "- Tokens trained on: " << f.tokens << "\n";
+  o << "- Final training loss: " << (f.final_loss ? Number(*f.final_loss) : std::string("none (no step ran)"))
+    << "\n";
+  if (f.eval_loss) o << "- Evaluation loss: " << Number(*f.eval_loss) << "\n";
+  o << "\n### Framework versions\n\n- offloadd " << f.offloadd_version << "\n";
+  return o.str();
 }
 
 }  // namespace offloadd::trainer

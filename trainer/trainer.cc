@@ -235,6 +235,7 @@ Status Trainer::Impl::Evaluate() {
   st.loss = trained > 0 ? sum.item<double>() / static_cast<double>(trained) : 0.0;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   evaluated_at = completed;
+  last_eval_loss = st.loss;
   std::ostringstream msg;
   msg << "eval at step " << completed << ": loss " << st.loss << " over " << trained << " tokens ("
       << batches << " batches, " << st.seconds << " s)";

@@ -68,6 +68,7 @@ struct Trainer::Impl {
   std::unique_ptr<DataSource> eval_data;  // held-out records (cfg.eval_data), rewound per evaluation
   std::string eval_start;                 // eval_data's state before its first record
   int64_t evaluated_at = -1;              // the step of the last evaluation
+  std::optional<double> last_eval_loss;   // its mean token loss (the model card's eval loss)
   std::unique_ptr<HostOptimizer> host;
   std::optional<LrSchedule> lr_schedule;
   std::optional<GradScaler> scaler;  // fp16 compute only
@@ -268,6 +269,11 @@ struct Trainer::Impl {
   StatusOr<std::string> SaveCheckpoint();
   Status RestoreCheckpoint(const std::string& dir);
   Status ExportTokenizer(const std::string& dir);  // tokenizer files and the chat template used
+  // What a checkpoint holds of the tokenizer, by file name: the files ExportTokenizer writes (the
+  // model directory's, a separate tokenizer's over them, the chat template training used), so
+  // that apply_chat_template works on every checkpoint-N/ as on the final model.
+  StatusOr<std::vector<std::pair<std::string, std::string>>> TokenizerFiles();
+  Status WriteModelCard(const std::string& dir);  // README.md, as Hugging Face's Trainer writes
   Status ExportModel(const std::string& dir);
   std::string Fingerprint() const;
   void Log(TrainObserver::Level level, const std::string& message);

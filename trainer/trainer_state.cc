@@ -5,7 +5,11 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <map>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -96,11 +100,12 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     ASSIGN_OR_RETURN(const std::string lsp_state, lsp->Serialize());
     RETURN_IF_ERROR(w.AddFile(kLspStateFile, lsp_state));
   }
-  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
-                        "tokenizer_config.json", "special_tokens_map.json"}) {
+  for (const char* f : {"config.json", "generation_config.json"}) {
     ASSIGN_OR_RETURN(std::optional<std::string> text, ReadModelFile(cfg.model_dir + "/" + f));
     if (text) RETURN_IF_ERROR(w.AddFile(f, *text));
   }
+  ASSIGN_OR_RETURN(const auto tokenizer, TokenizerFiles());
+  for (const auto& [name, contents] : tokenizer) RETURN_IF_ERROR(w.AddFile(name, contents));
   TrainerState st;
   st.global_step = completed;
   st.max_steps = total;
@@ -224,7 +229,89 @@ Status Trainer::Impl::ExportModel(const std::string& dir) {
   Status st = model->Export(dir);
   for (int b = 0; b < n; ++b) weights->Rebind(b);  // back to the compute bindings
   RETURN_IF_ERROR(st);
-  return ExportTokenizer(dir);
+  RETURN_IF_ERROR(ExportTokenizer(dir));
+  return WriteModelCard(dir);
+}
+
+namespace {
+constexpr const char* kTokenizerFileNames[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json",     "merges.txt",            "added_tokens.json",       "chat_template.jinja"};
+}  // namespace
+
+StatusOr<std::vector<std::pair<std::string, std::string>>> Trainer::Impl::TokenizerFiles() {
+  std::map<std::string, std::string> files;
+  const auto read_dir = [&files](const std::string& dir) -> Status {
+    for (const char* f : kTokenizerFileNames) {
+      ASSIGN_OR_RETURN(std::optional<std::string> text, ReadModelFile(engine::JoinPath(dir, f)));
+      if (text) files[f] = std::move(*text);
+    }
+    return OkStatus();
+  };
+  RETURN_IF_ERROR(read_dir(cfg.model_dir));
+  // A separate tokenizer (tokenizer.path) replaces the model directory's copies, as in the export.
+  const std::string& tok = cfg.data.tokenizer_path;
+  if (!tok.empty()) {
+    struct stat st {};
+    if (::stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      RETURN_IF_ERROR(read_dir(tok));
+    } else {
+      ASSIGN_OR_RETURN(std::optional<std::string> text, ReadModelFile(tok));
+      if (text) files["tokenizer.json"] = std::move(*text);
+    }
+  }
+  const DataSource::TemplateUse* use = data ? data->template_use() : nullptr;
+  if (use != nullptr && !use->tokenizers_own) {
+    files["chat_template.jinja"] = use->source;
+    nlohmann::ordered_json config = nlohmann::ordered_json::object();
+    if (auto it = files.find("tokenizer_config.json"); it != files.end()) {
+      config = nlohmann::ordered_json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+      if (!config.is_object()) {
+        return DataLossError("tokenizer_config.json: not a JSON object; the chat template cannot be added");
+      }
+    }
+    config["chat_template"] = use->source;
+    files["tokenizer_config.json"] = config.dump(2) + "\n";
+  }
+  return std::vector<std::pair<std::string, std::string>>(files.begin(), files.end());
+}
+
+Status Trainer::Impl::WriteModelCard(const std::string& dir) {
+  ModelCardFacts f;
+  f.model_dir = cfg.model_dir;
+  if (auto config = ReadFileConfined(engine::JoinPath(cfg.model_dir, "config.json")); config.ok()) {
+    f.config_json = *config;
+  }
+  f.datasets = cfg.data.paths;
+  f.eval_datasets = cfg.eval_data.paths;
+  const auto num = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  const auto& o = cfg.optim;
+  f.hyperparameters = {
+      {"learning_rate", num(o.learning_rate)},
+      {"train_batch_size", std::to_string(cfg.batch_size)},
+      {"gradient_accumulation_steps", std::to_string(cfg.gradient_accumulation_steps)},
+      {"total_train_batch_size",
+       std::to_string(static_cast<int64_t>(cfg.batch_size) * cfg.gradient_accumulation_steps *
+                      std::max(1, cfg.parallel.world_size))},
+      {"max_seq_length", std::to_string(cfg.data.max_seq_length)},
+      {"optimizer", "adamw_torch with betas=(" + num(o.beta1) + "," + num(o.beta2) + ") and epsilon=" +
+                        num(o.eps)},
+      {"weight_decay", num(o.weight_decay)},
+      {"max_grad_norm", num(o.max_grad_norm)},
+      {"lr_scheduler_type", o.lr_scheduler_type},
+      {"lr_scheduler_warmup_steps", std::to_string(lr_schedule ? lr_schedule->warmup_steps() : o.warmup_steps)},
+      {"training_steps", std::to_string(total)},
+      {"seed", std::to_string(cfg.seed)},
+      {"compute_dtype", cfg.compute_dtype},
+  };
+  f.steps = completed;
+  if (completed > 0) f.final_loss = accounting->last_loss();
+  f.eval_loss = last_eval_loss;
+  return WriteFileAtomically(engine::JoinPath(dir, "README.md"), ModelCard(f)).WithContext("export");
 }
 
 Status Trainer::Impl::ExportTokenizer(const std::string& dir) {
@@ -268,7 +355,15 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   TrainResult result;
   if (!m.cfg.resume_from.empty()) RETURN_IF_ERROR(m.RestoreCheckpoint(m.cfg.resume_from));
   auto write_trace = [&]() -> Status {
-    return m.cfg.trace_path.empty() ? OkStatus() : m.accounting->WriteTrace(m.cfg.trace_path);
+    if (m.cfg.trace_path.empty()) return OkStatus();
+    // The trace goes in a directory of its own (output_dir/runs/, Hugging Face's logging_dir),
+    // not beside the model's files.
+    const size_t slash = m.cfg.trace_path.rfind('/');
+    if (slash != std::string::npos && slash > 0) {
+      ASSIGN_OR_RETURN(OwnedFd dir, MakeDirsConfined(m.cfg.trace_path.substr(0, slash)));
+      (void)dir;
+    }
+    return m.accounting->WriteTrace(m.cfg.trace_path);
   };
   auto evaluate = [&]() -> Status {
     try {

@@ -97,12 +97,18 @@ struct Client::Impl {
       for (const auto& any : rich.details()) {
         google::rpc::BadRequest bad;
         if (any.UnpackTo(&bad)) {
-          for (const auto& v : bad.field_violations()) {
-            found.push_back({v.field(), v.description()});
-            message += "\n  " + v.field() + ": " + v.description();
-          }
+          for (const auto& v : bad.field_violations()) found.push_back({v.field(), v.description()});
         }
       }
+    }
+    if (!found.empty()) {
+      // The message's head ("2 problems in the job spec") and each violation once, on a line of
+      // its own: the daemon's message also inlines the first few, for clients that do not read
+      // the details, and those would show twice.
+      const size_t inline_at = message.find(": " + found.front().field + ": ");
+      if (inline_at != std::string::npos) message.resize(inline_at);
+      message += ":";
+      for (const FieldViolation& v : found) message += "\n  " + v.field + ": " + v.description;
     }
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -196,6 +202,12 @@ StatusOr<v1::Job> Client::CancelJob(const std::string& job_id, const std::string
   req.set_reason(reason);
   req.set_force(force);
   OFFLOADD_UNARY(jobs, CancelJob, req, v1::Job);
+}
+
+StatusOr<v1::Job> Client::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(job_id);
+  OFFLOADD_UNARY(jobs, DeleteJob, req, v1::Job);
 }
 
 StatusOr<v1::Job> Client::PauseJob(const std::string& job_id) {

@@ -65,6 +65,8 @@ class Client {
   StatusOr<offloadd::v1::Job> CancelJob(const std::string& job_id, const std::string& reason = "",
                                         bool force = false);
   StatusOr<offloadd::v1::Job> PauseJob(const std::string& job_id);
+  // Removes an ended job's record; returns the job as it was (its output_dir stays).
+  StatusOr<offloadd::v1::Job> DeleteJob(const std::string& job_id);
   StatusOr<offloadd::v1::Job> ResumeJob(const std::string& job_id);
   StatusOr<offloadd::v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
   // Calls on_event for each event until the stream ends (job finished) or on_event returns false.

@@ -96,6 +96,30 @@ void AddCommands(CLI::App& app, Options* o) {
   get->add_flag("--wait", o->wait,
                 "wait until the job ends, then show it and exit as `watch` does (0, 1, 3)");
 
+  CLI::App* describe = Command(
+      app, o, "describe",
+      "show one job in full: state and why, spec, placement (its GPUs), the plan and setup it "
+      "logged, its last events, checkpoints and output directory");
+  AddJobId(describe, o);
+  describe->add_option("--events", o->events, "how many of the last events to show")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  CLI::App* logs = Command(app, o, "logs",
+                           "print a job's log (what its executors logged: setup, plan, warnings, "
+                           "errors), as the daemon keeps it with the job");
+  AddJobId(logs, o);
+  logs->add_flag("-f,--follow", o->follow, "keep printing new lines until the job ends");
+
+  CLI::App* del = Command(app, o, "delete",
+                          "remove a job that ended from the daemon's records (its record and "
+                          "events); its output directory stays unless --purge");
+  AddJobId(del, o);
+  del->add_flag("--purge", o->purge,
+                "also remove the job's output directory (checkpoints, the exported model), as you; "
+                "refused for a job that has not ended");
+
   CLI::App* cancel = Command(app, o, "cancel", "cancel a job");
   AddJobId(cancel, o);
   cancel->add_option("REASON", o->reason, "why, recorded with the job");
@@ -103,7 +127,7 @@ void AddCommands(CLI::App& app, Options* o) {
                    "kill the job's processes now (SIGKILL) instead of letting them stop at the next step");
   AddJobId(Command(app, o, "pause", "checkpoint and pause a running job"), o);
   AddJobId(Command(app, o, "resume", "re-queue a paused job"), o);
-  AddJobId(Command(app, o, "checkpoints", "list a job's checkpoints"), o);
+  AddJobId(Command(app, o, "checkpoints", "list a job's checkpoints (step, loss, size, path)"), o);
   AddJobId(Command(app, o, "watch",
                    "stream a job's events until it ends, resuming after a dropped connection; on "
                    "a terminal, progress redraws one status line (bar, loss, tok/s, ETA). Exit 0 "

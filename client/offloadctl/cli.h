@@ -21,13 +21,16 @@ struct Options {
   bool json = false;             // --json, the older spelling of -o json
   // The command given and its arguments.
   std::string command;
-  std::string job_id;            // get, cancel, pause, resume, checkpoints, watch
+  std::string job_id;            // get, describe, logs, cancel, pause, resume, checkpoints, watch
   std::string reason;            // cancel
   bool force = false;            // cancel --force
   std::string job_file;          // submit; "-" is stdin
   bool validate_only = false;    // submit
   bool watch = false;            // submit
   bool wait = false;             // get
+  bool follow = false;           // logs -f
+  bool purge = false;            // delete --purge
+  int events = 20;               // describe --events: how many of the last events
   std::vector<std::string> states;  // list, short lower-case names ("running")
   std::string shell;             // completion
   // convert

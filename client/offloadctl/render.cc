@@ -207,6 +207,7 @@ std::string RenderJob(const offloadd::v1::Job& j) {
     o << "  step " << p.step() << "/" << p.max_steps() << "  loss " << p.loss() << "  lr " << p.learning_rate()
       << "  " << p.tokens_per_second() << " tok/s\n";
   }
+  if (!j.spec().output_dir().empty()) o << "  output " << TerminalText(j.spec().output_dir()) << "\n";
   if (j.has_error() && j.error().code() != 0) {
     o << "  error: " << TerminalLines(j.error().message());
     if (!j.error().field_path().empty()) o << " (" << TerminalText(j.error().field_path()) << ")";
@@ -229,6 +230,99 @@ std::string RenderJobList(const offloadd::v1::ListJobsResponse& r) {
   }
   if (!r.next_page_token().empty())
     o << "(more: next page token " << TerminalText(r.next_page_token()) << ")\n";
+  return o.str();
+}
+
+std::string RenderCheckpoints(const offloadd::v1::ListCheckpointsResponse& r) {
+  std::ostringstream o;
+  char line[256];
+  std::snprintf(line, sizeof line, "%10s %10s %10s  %-23s  %s\n", "STEP", "LOSS", "SIZE", "CREATED",
+                "PATH");
+  o << line;
+  for (const auto& c : r.checkpoints()) {
+    std::snprintf(line, sizeof line, "%10lld %10.4f %10s  %-23s  ", static_cast<long long>(c.step()),
+                  c.loss(), Bytes(c.size_bytes()).c_str(),
+                  c.has_create_time() ? FormatTime(c.create_time().seconds()).c_str() : "-");
+    o << line << TerminalText(c.path()) << "\n";
+  }
+  if (r.checkpoints().empty()) o << "(no checkpoints)\n";
+  return o.str();
+}
+
+std::string RenderLogLine(const offloadd::v1::JobEvent& e) {
+  std::string level = "info";
+  switch (e.log().level()) {
+    case offloadd::v1::LOG_LEVEL_DEBUG: level = "debug"; break;
+    case offloadd::v1::LOG_LEVEL_WARNING: level = "warning"; break;
+    case offloadd::v1::LOG_LEVEL_ERROR: level = "error"; break;
+    default: break;
+  }
+  char head[64];
+  std::snprintf(head, sizeof head, "%-23s  %-7s  ",
+                e.has_time() ? FormatTime(e.time().seconds()).c_str() : "-", level.c_str());
+  return head + TerminalLines(e.log().message()) + "\n";
+}
+
+std::string RenderDescription(const JobDescription& d, int last_events, const std::string& spec_text) {
+  const auto& j = d.job;
+  std::ostringstream o;
+  o << RenderJob(j);
+  const auto when = [&](const char* what, const google::protobuf::Timestamp& t) {
+    if (t.seconds() > 0) o << "  " << what << FormatTime(t.seconds()) << "\n";
+  };
+  when("created  ", j.create_time());
+  when("started  ", j.start_time());
+  when("ended    ", j.end_time());
+  if (j.state() == offloadd::v1::JOB_STATE_QUEUED) o << "  queue position " << j.queue_position() << "\n";
+  o << "\nTransitions:\n";
+  for (const auto& t : j.transitions()) {
+    o << "  " << (t.has_time() ? FormatTime(t.time().seconds()) : std::string("-")) << "  "
+      << JobStateName(t.state()) << (t.reason().empty() ? "" : ": ") << TerminalText(t.reason()) << "\n";
+  }
+  o << "\nPlacement:\n";
+  if (!d.placement_known) {
+    o << "  unknown (the node's GPUs could not be read)\n";
+  } else if (!d.gpus.empty()) {
+    o << "  GPU";
+    for (size_t i = 0; i < d.gpus.size(); ++i) o << (i ? "," : " ") << d.gpus[i];
+    o << "\n";
+  } else {
+    o << "  " << (j.state() == offloadd::v1::JOB_STATE_RUNNING ? "CPU (no GPU held)" : "none (not running)")
+      << "\n";
+  }
+  // The latest run's setup: what it logged from its RUNNING transition to its first step (the
+  // model, the batch size the planner chose, the memory plan, the node profile).
+  std::vector<const offloadd::v1::JobEvent*> setup;
+  bool in_setup = false;
+  for (const auto& e : d.events) {
+    if (e.has_state_change() && e.state_change().state() == offloadd::v1::JOB_STATE_RUNNING) {
+      setup.clear();
+      in_setup = true;
+    } else if (e.has_checkpoint_saved() || (e.has_state_change() && e.state_change().state() !=
+                                                                        offloadd::v1::JOB_STATE_RUNNING)) {
+      in_setup = false;
+    } else if (in_setup && e.has_log()) {
+      setup.push_back(&e);
+    }
+  }
+  o << "\nSetup and plan (latest run):\n";
+  if (setup.empty()) o << "  (nothing logged yet)\n";
+  for (const auto* e : setup) o << "  " << RenderLogLine(*e);
+  o << "\nSpec:\n";
+  std::istringstream spec(spec_text);
+  for (std::string line; std::getline(spec, line);) o << "  " << TerminalText(line) << "\n";
+  o << "\nEvents (last " << last_events << "):\n";
+  const size_t first = d.events.size() > static_cast<size_t>(last_events)
+                           ? d.events.size() - static_cast<size_t>(last_events)
+                           : 0;
+  for (size_t i = first; i < d.events.size(); ++i) o << "  " << RenderEvent(d.events[i]);
+  if (d.events.empty()) o << "  (none)\n";
+  o << "\nCheckpoints:\n";
+  std::istringstream table(RenderCheckpoints(d.checkpoints));
+  for (std::string line; std::getline(table, line);) o << "  " << line << "\n";
+  o << "\nOutput directory: "
+    << (j.spec().output_dir().empty() ? std::string("(none)") : TerminalText(j.spec().output_dir()))
+    << "\n";
   return o.str();
 }
 

@@ -56,6 +56,13 @@ std::string DescribeGpus(const std::vector<int>& gpus) {
   return out;
 }
 
+// A cancelled job's error: CANCELLED with the reason the user gave (Job.error, the SDK's
+// JobResult.error).
+void SetCancelError(v1::Job* job, const std::string& reason) {
+  job->mutable_error()->set_code(static_cast<int>(StatusCode::kCancelled));
+  job->mutable_error()->set_message(SafeMessageText(reason, 8192));
+}
+
 }  // namespace
 
 // A job running now: what its control reads, and its thread.
@@ -63,6 +70,7 @@ struct JobManager::Running {
   JobControl::Stop stop = JobControl::Stop::kNone;
   bool requeue_on_stop = false;  // stopped by Shutdown(): QUEUED again, not PAUSED
   bool force = false;            // CancelJob force: kill its processes now
+  std::string cancel_reason;     // the first CancelJob's reason: the CANCELLED state's and error's
   std::vector<int> gpus;
   ipc::UniqueFd stop_fd;  // eventfd, signalled on every change of `stop`
   std::thread thread;
@@ -187,7 +195,11 @@ Status JobManager::Recover() {
       job.mutable_error()->set_code(static_cast<int>(StatusCode::kAborted));
       job.mutable_error()->set_message("the daemon stopped while the job was being validated; submit it again");
     }
-    RETURN_IF_ERROR(TransitionLocked(&job, to, "daemon restarted"));
+    // A cancel's own reason, from the CANCELLING transition, stays the job's.
+    const std::string asked = job.transitions().empty() ? "" : job.transitions().rbegin()->reason();
+    if (to == v1::JOB_STATE_CANCELLED) SetCancelError(&job, asked.empty() ? "cancelled" : asked);
+    const std::string why = to == v1::JOB_STATE_CANCELLED ? job.error().message() : "daemon restarted";
+    RETURN_IF_ERROR(TransitionLocked(&job, to, why));
     OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": " << StateName(to) << " after restart";
     if (to == v1::JOB_STATE_CANCELLED) cancelled.push_back(std::move(job));
   }
@@ -435,6 +447,7 @@ StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& r
     case v1::JOB_STATE_QUEUED:
     case v1::JOB_STATE_PAUSED:
     case v1::JOB_STATE_VALIDATING:
+      SetCancelError(&job, why);
       RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_CANCELLED, why));
       lock.unlock();
       // A queued or paused job may hold NVMe states of a run a crash interrupted.
@@ -443,6 +456,9 @@ StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& r
     case v1::JOB_STATE_RUNNING:
     case v1::JOB_STATE_PAUSING:
       RequestStopLocked(id, JobControl::Stop::kCancel, /*requeue=*/false, force);
+      if (auto it = running_.find(id); it != running_.end() && it->second->cancel_reason.empty()) {
+        it->second->cancel_reason = why;
+      }
       RETURN_IF_ERROR(TransitionLocked(&job, v1::JOB_STATE_CANCELLING, why));
       return job;
     case v1::JOB_STATE_CANCELLING:
@@ -451,6 +467,19 @@ StatusOr<v1::Job> JobManager::Cancel(const std::string& id, const std::string& r
     default:
       return FailedPreconditionError("job " + id + " is already " + StateName(job.state()));
   }
+}
+
+StatusOr<v1::Job> JobManager::Delete(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  if (!IsFinalState(job.state()) || running_.count(id) > 0 || unrecorded_.count(id) > 0) {
+    return FailedPreconditionError("job " + id + " is " + StateName(job.state()) +
+                                   ": only a job that ended can be deleted; cancel it first");
+  }
+  RETURN_IF_ERROR(store_->Delete(id));
+  --counts_[job.state()];
+  PublishCountsLocked();
+  return job;
 }
 
 StatusOr<v1::Job> JobManager::Pause(const std::string& id) {
@@ -695,7 +724,9 @@ void JobManager::RunJob(v1::Job job, Running* running) {
   std::unique_lock<std::mutex> lock(mu_);
   RunEnd end{v1::JOB_STATE_SUCCEEDED, "finished", OkStatus()};
   if (!result.ok() && result.code() == StatusCode::kCancelled && running->stop == JobControl::Stop::kCancel) {
-    end = {v1::JOB_STATE_CANCELLED, "cancelled", OkStatus()};
+    // The user's reason stays the job's: in its last transition and in its error.
+    const std::string why = running->cancel_reason.empty() ? "cancelled" : running->cancel_reason;
+    end = {v1::JOB_STATE_CANCELLED, why, CancelledError(why)};
   } else if (!result.ok() && result.code() == StatusCode::kCancelled && running->stop == JobControl::Stop::kPause) {
     end.state = running->requeue_on_stop ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_PAUSED;
     end.reason = running->requeue_on_stop ? "checkpointed and queued again: the daemon is shutting down; it continues "

@@ -139,6 +139,10 @@ class JobManager {
   StatusOr<offloadd::v1::Job> Pause(const std::string& id);
   // PAUSED -> QUEUED; FAILED -> QUEUED when JobRunner::CheckpointForResume names a checkpoint.
   StatusOr<offloadd::v1::Job> Resume(const std::string& id);
+  // Removes an ended job's record and events (what it wrote to its output_dir stays: removing
+  // that is the client's, as the user). FAILED_PRECONDITION for a job that has not ended.
+  // Returns the job as it was.
+  StatusOr<offloadd::v1::Job> Delete(const std::string& id);
 
   // Checkpoints the job announced that still exist on disk (older ones are pruned by
   // save_total_limit), oldest first.

@@ -362,6 +362,33 @@ Status JobStore::Update(const v1::Job& job) {
   });
 }
 
+Status JobStore::Delete(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Write<Status>([&] {
+    RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    Status st;
+    int deleted = 0;
+    for (const char* sql : {"DELETE FROM jobs WHERE id = ?", "DELETE FROM events WHERE job_id = ?",
+                            "DELETE FROM progress WHERE job_id = ?", "DELETE FROM request_ids WHERE job_id = ?"}) {
+      Stmt s(db_, sql);
+      if (!s.ok()) {
+        st = Error("prepare delete");
+        break;
+      }
+      s.Text(1, id);
+      if (s.Step() != SQLITE_DONE) {
+        st = Error("delete job " + id);
+        break;
+      }
+      if (deleted == 0) deleted = sqlite3_changes(db_) > 0 ? 1 : -1;  // the jobs row
+    }
+    if (st.ok() && deleted < 0) st = NotFoundError("job " + id + " not found");
+    if (st.ok()) st = Exec("COMMIT");
+    if (!st.ok()) (void)Exec("ROLLBACK");
+    return st;
+  });
+}
+
 Status JobStore::UpdateLocked(const v1::Job& job) {
   v1::Job record = job;
   record.clear_progress();

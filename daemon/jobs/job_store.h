@@ -53,6 +53,9 @@ class JobStore {
   StatusOr<std::string> JobForRequest(const std::string& client, const std::string& request_id);
   // NOT_FOUND if the job does not exist.
   Status Update(const offloadd::v1::Job& job);
+  // Removes the job's record, events, progress and request id in one transaction; NOT_FOUND when
+  // there is no such job.
+  Status Delete(const std::string& id);
   StatusOr<offloadd::v1::Job> Get(const std::string& id);
 
   struct Page {

@@ -426,12 +426,19 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
       all_read = false;
       break;
     } else {
+      bool outside = false;
       for (int32_t id : doc->input_ids) {
         if (config && (id < 0 || id >= config->vocab_size)) {
           c.Add(field, where + ": token id " + std::to_string(id) + " is outside the model's vocabulary of " +
                            std::to_string(config->vocab_size) + " (tokenizer and model do not match)");
+          outside = true;
           break;
         }
+      }
+      // A tokenizer that does not match the model fails every record alike: said once per file.
+      if (outside) {
+        all_read = false;
+        break;
       }
       sum.trained_tokens += TrainedTokens(*doc, ds.max_seq_length());
     }

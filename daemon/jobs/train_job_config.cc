@@ -200,7 +200,8 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.adamw_kernel = env.adamw_kernel;
   c.profile_dir = env.profile_dir;
   if (env.trace_steps > 0 && !c.output_dir.empty()) {
-    c.trace_path = c.output_dir + "/trace.json";
+    // Beside the model, not in its directory: output_dir/runs/ (Hugging Face's logging_dir).
+    c.trace_path = c.output_dir + "/runs/trace.json";
     c.trace_steps = env.trace_steps;
   }
   return c;

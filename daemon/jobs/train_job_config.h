@@ -25,7 +25,7 @@ struct TrainerEnvironment {
   uint64_t host_memory_limit = 0;  // memory.host_memory_limit, used when the job sets none
   uint64_t gpu_memory_limit = 0;   // memory.gpu_memory_limit, used when the job sets none
   std::vector<std::string> store_dirs;  // storage.directories: NVMe tier when nvme_path is unset
-  int64_t trace_steps = 3;  // steps recorded in output_dir/trace.json (0: no trace)
+  int64_t trace_steps = 3;  // steps recorded in output_dir/runs/trace.json (0: no trace)
   std::string profile_dir;  // the node profile cache: <state_dir>/profiles
   double progress_interval_seconds = 10;  // metrics.progress_interval_seconds
   std::vector<std::string> allowed_roots;  // the daemon's allowed_roots, for the executor's confinement

@@ -263,6 +263,19 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::C
   return rec.Done(grpc::Status::OK);
 }
 
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                                       v1::Job* job) {
+  RpcRecorder rec(metrics_, "DeleteJob");
+  if (Status allowed = MayControl(*context, request->job_id(), "delete"); !allowed.ok()) {
+    return rec.Done(ToGrpcStatus(allowed));
+  }
+  auto j = jobs_->Delete(request->job_id());
+  if (!j.ok()) return rec.Done(ToGrpcStatus(j.status()));
+  OFFLOADD_LOG(kInfo, kLog) << "job " << request->job_id() << " deleted by " << ClientOf(*context);
+  *job = std::move(*j);
+  return rec.Done(grpc::Status::OK);
+}
+
 grpc::Status JobServiceImpl::PauseJob(grpc::ServerContext* context, const v1::PauseJobRequest* request,
                                       v1::Job* job) {
   RpcRecorder rec(metrics_, "PauseJob");

@@ -32,6 +32,7 @@ class JobServiceImpl final : public offloadd::v1::JobService::WithCallbackMethod
                         offloadd::v1::ListJobsResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const offloadd::v1::CancelJobRequest*, offloadd::v1::Job*) override;
   grpc::Status PauseJob(grpc::ServerContext*, const offloadd::v1::PauseJobRequest*, offloadd::v1::Job*) override;
+  grpc::Status DeleteJob(grpc::ServerContext*, const offloadd::v1::DeleteJobRequest*, offloadd::v1::Job*) override;
   grpc::Status ResumeJob(grpc::ServerContext*, const offloadd::v1::ResumeJobRequest*, offloadd::v1::Job*) override;
   grpc::ServerWriteReactor<offloadd::v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext*, const offloadd::v1::WatchJobRequest*) override;

@@ -21,6 +21,7 @@ struct WatchStreams::Core {
   Stream* stream = nullptr;  // null once the stream is done
   std::string job_id;
   bool progress = true, logs = true;  // which events the client asked for
+  bool until_now = false;             // end after the events there are now (no following)
   int64_t cursor = 0;                 // the last event read
   std::deque<v1::JobEvent> batch;     // read, not yet written
   bool more = false;                  // the last read returned events: read again without news
@@ -143,6 +144,7 @@ grpc::ServerWriteReactor<v1::JobEvent>* WatchStreams::Start(
   core->cursor = request.after_cursor();
   core->progress = !request.has_include_progress() || request.include_progress();
   core->logs = !request.has_include_logs() || request.include_logs();
+  core->until_now = request.until_now();
   if (!slot.ok()) {
     auto* refused = new Stream(this, core, std::nullopt);
     refused->Refuse(slot.status());
@@ -209,7 +211,8 @@ void WatchStreams::Pump(const std::shared_ptr<Core>& core) {
     // After events, read again once they are written: more may be waiting (a full batch), or the
     // job may have ended with the last of them (an empty read then says so).
     core->more = !events->empty();
-    core->complete = complete;
+    // until_now: the first read that finds nothing new ends the stream.
+    core->complete = complete || (core->until_now && events->empty());
   }
   core->stream->Advance(std::move(lock));
 }

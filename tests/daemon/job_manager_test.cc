@@ -195,6 +195,57 @@ TEST_F(JobManagerTest, CancelQueuedAndRunning) {
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
 }
 
+// The reason a user gives stays the job's: its last transition and its error, queued or running.
+TEST_F(JobManagerTest, CancelKeepsTheReasonInTheRecordAndTheError) {
+  auto runner = std::make_unique<GatedRunner>(5);
+  GatedRunner* r = runner.get();
+  StartManager(std::move(runner));
+  auto first = manager_->Create(Spec("first"));
+  auto second = manager_->Create(Spec("second"));
+  ASSERT_TRUE(first.ok() && second.ok());
+  r->WaitStarted(1);
+  ASSERT_TRUE(manager_->Cancel(second->id(), "wrong dataset").ok());
+  ASSERT_TRUE(manager_->Cancel(first->id(), "sequence length too long").ok());
+  WaitForState(first->id(), v1::JOB_STATE_CANCELLED);
+  for (const auto& [id, why] : {std::pair{first->id(), std::string("sequence length too long")},
+                                std::pair{second->id(), std::string("wrong dataset")}}) {
+    auto job = manager_->Get(id);
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->error().message(), why);
+    EXPECT_EQ(job->error().code(), static_cast<int>(StatusCode::kCancelled));
+    ASSERT_FALSE(job->transitions().empty());
+    EXPECT_EQ(job->transitions().rbegin()->reason(), why);
+  }
+}
+
+// Delete removes an ended job's record and events; a job that has not ended is refused.
+TEST_F(JobManagerTest, DeleteRemovesAnEndedJobAndRefusesARunningOne) {
+  auto runner = std::make_unique<GatedRunner>(5);
+  GatedRunner* r = runner.get();
+  StartManager(std::move(runner));
+  auto first = manager_->Create(Spec("first"));
+  auto second = manager_->Create(Spec("second"));
+  ASSERT_TRUE(first.ok() && second.ok());
+  r->WaitStarted(1);
+  auto running = manager_->Delete(first->id());
+  EXPECT_EQ(running.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(running.status().message().find("cancel it first"), std::string::npos) << running.status().ToString();
+  auto queued = manager_->Delete(second->id());
+  EXPECT_EQ(queued.status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(manager_->Cancel(second->id(), "not needed").ok());
+  auto deleted = manager_->Delete(second->id());
+  ASSERT_TRUE(deleted.ok()) << deleted.status().ToString();
+  EXPECT_EQ(deleted->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(manager_->Get(second->id()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Delete(second->id()).status().code(), StatusCode::kNotFound);
+  auto page = manager_->List({}, 10, "");
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->jobs.size(), 1u);
+  EXPECT_EQ(page->jobs[0].id(), first->id());
+  ASSERT_TRUE(manager_->Cancel(first->id(), "").ok());
+  WaitForState(first->id(), v1::JOB_STATE_CANCELLED);
+}
+
 TEST_F(JobManagerTest, PauseAndResumeRunningJob) {
   auto runner = std::make_unique<GatedRunner>(2);
   GatedRunner* r = runner.get();

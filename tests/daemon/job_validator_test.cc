@@ -214,6 +214,13 @@ TEST_F(JobValidatorTest, TokenizerMismatchWithModelIsCaught) {
   const FieldViolation* d = Find(r, "dataset.paths[0]");
   ASSERT_NE(d, nullptr) << Describe(r);
   EXPECT_NE(d->description.find("outside the model's vocabulary of 100"), std::string::npos) << d->description;
+  // Every record fails alike: the mismatch is said once, not once per record checked.
+  EXPECT_EQ(std::count_if(r.violations.begin(), r.violations.end(),
+                          [](const FieldViolation& v) {
+                            return v.description.find("outside the model's vocabulary") != std::string::npos;
+                          }),
+            1)
+      << Describe(r);
 }
 
 TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {

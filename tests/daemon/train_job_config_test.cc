@@ -114,7 +114,7 @@ TEST_F(TrainJobConfigTest, MapsTheResolvedSpec) {
   EXPECT_EQ(c.save_total_limit, 2);
   EXPECT_EQ(c.logging_steps, 5);
   EXPECT_EQ(c.output_dir, dir_ + "/out");
-  EXPECT_EQ(c.trace_path, dir_ + "/out/trace.json");
+  EXPECT_EQ(c.trace_path, dir_ + "/out/runs/trace.json");  // not in the model's directory
   EXPECT_EQ(c.offload.tier, trainer::StateTier::kCpu);
   EXPECT_EQ(c.offload.weights, trainer::OffloadPlanConfig::Weights::kStreamed);  // offload_param: cpu
   EXPECT_EQ(c.offload.activations, ActivationMode::kAuto);

@@ -16,7 +16,7 @@ namespace offloadctl {
 // Runs options.command; connects to the daemon when the command needs it.
 int RunCommand(const Options& options, const CLI::App& app);
 
-// Commands that talk to the daemon (commands/daemon.cc, commands/jobs.cc).
+// Commands that talk to the daemon (commands/daemon.cc, commands/jobs.cc, commands/describe.cc).
 int RunHealth(offloadd::client::Client& c, const Options& o);
 int RunNode(offloadd::client::Client& c, const Options& o);
 int RunSubmit(offloadd::client::Client& c, const Options& o);
@@ -24,6 +24,10 @@ int RunList(offloadd::client::Client& c, const Options& o);
 int RunGet(offloadd::client::Client& c, const Options& o);
 int RunJobAction(offloadd::client::Client& c, const Options& o);  // cancel, pause, resume
 int RunCheckpoints(offloadd::client::Client& c, const Options& o);
+// commands/describe.cc (describe, logs, delete)
+int RunDescribe(offloadd::client::Client& c, const Options& o);
+int RunLogs(offloadd::client::Client& c, const Options& o);
+int RunDelete(offloadd::client::Client& c, const Options& o);
 int RunWatch(offloadd::client::Client& c, const Options& o);
 
 // Commands that need no daemon (commands/convert.cc).

@@ -1,4 +1,5 @@
-// The job commands: submit, list, get, cancel/pause/resume, checkpoints, watch.
+// The job commands: submit, list, get, cancel/pause/resume, checkpoints, watch (describe and logs:
+// describe.cc).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -148,7 +149,7 @@ int RunJobAction(Client& c, const Options& o) {
 int RunCheckpoints(Client& c, const Options& o) {
   auto r = c.ListCheckpoints(o.job_id);
   if (!r.ok()) return Fail("checkpoints", r.status());
-  Print(*r, o.format(), ToJson(*r));  // no table rendering yet: JSON, as before
+  Print(*r, o.format(), RenderCheckpoints(*r));
   return kExitOk;
 }
 

@@ -55,6 +55,9 @@ int RunCommand(const Options& o, const CLI::App& app) {
   if (cmd == "submit") return RunSubmit(c, o);
   if (cmd == "list") return RunList(c, o);
   if (cmd == "get") return RunGet(c, o);
+  if (cmd == "describe") return RunDescribe(c, o);
+  if (cmd == "logs") return RunLogs(c, o);
+  if (cmd == "delete") return RunDelete(c, o);
   if (cmd == "cancel" || cmd == "pause" || cmd == "resume") return RunJobAction(c, o);
   if (cmd == "checkpoints") return RunCheckpoints(c, o);
   if (cmd == "watch") return RunWatch(c, o);

@@ -42,6 +42,11 @@ class OffloaddError(Exception):
         self.message = message
         self.field_violations = list(field_violations)
         text = f"{code.name}: {message}"
+        first = f": {self.field_violations[0].field}: " if self.field_violations else None
+        if first and first in message:
+            # The daemon's message inlines the first few problems after its head ("2 problems in
+            # the job spec: model.path: ..."); listed below one per line, each is said once.
+            text = f"{code.name}: {message[:message.index(first)]}:"
         for v in self.field_violations:
             text += f"\n  {v.field}: {v.description}"
         super().__init__(text)

@@ -39,7 +39,8 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
     with UNAVAILABLE after `break_after` events, as a restarting daemon would."""
 
     def __init__(self, events, *, final_state=job_pb2.JOB_STATE_SUCCEEDED, break_calls=0, break_after=0,
-                 hang_at_end=False, refuse=None, known_jobs=None, job=None, jobs=None, create_violations=None):
+                 hang_at_end=False, refuse=None, known_jobs=None, job=None, jobs=None, create_violations=None,
+                 checkpoints=None):
         self.events = events
         self.final_state = final_state
         self.break_calls = break_calls
@@ -50,6 +51,8 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
         self.job = job  # what GetJob answers (its id and state set per call); None: a bare Job
         self.jobs = jobs  # what ListJobs pages through; None: one job in final_state
         self.create_violations = create_violations  # [(field, description)]: CreateJob's BadRequest
+        self.checkpoints = checkpoints or []  # what ListCheckpoints answers
+        self.deleted: list[str] = []  # job ids of DeleteJob calls that succeeded
         self.cursors: list[int] = []
         self.watch_requests: list = []
         self.cancelled: list[tuple[str, str]] = []
@@ -69,13 +72,15 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
         for e in self.events:
             if e.cursor <= request.after_cursor:
                 continue
+            if request.HasField("include_progress") and not request.include_progress and e.HasField("progress"):
+                continue
             if breaks and sent == self.break_after:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset (test)")
             yield e
             sent += 1
         if breaks:
             context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset (test)")
-        while self.hang_at_end and context.is_active():
+        while self.hang_at_end and not request.until_now and context.is_active():
             time.sleep(0.01)
 
     def _check_known(self, job_id, context):
@@ -116,9 +121,25 @@ class FakeJobService(job_service_pb2_grpc.JobServiceServicer):
                 error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in self.create_violations])
             detail = any_pb2.Any()
             detail.Pack(bad)
+            # As the daemon words it: the count, then the first three problems inline.
+            n = len(self.create_violations)
+            message = f"{n} problem{'' if n == 1 else 's'} in the job spec: " + "; ".join(
+                f"{f}: {d}" for f, d in self.create_violations[:3]) + ("; ..." if n > 3 else "")
             context.abort_with_status(rpc_status.to_status(status_pb2.Status(
-                code=code_pb2.INVALID_ARGUMENT, message="invalid job spec", details=[detail])))
+                code=code_pb2.INVALID_ARGUMENT, message=message, details=[detail])))
         return job_pb2.Job(id="job-1", spec=request.spec, state=job_pb2.JOB_STATE_QUEUED)
+
+    def DeleteJob(self, request, context):
+        self._check_known(request.job_id, context)
+        if self.final_state not in (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {request.job_id} has not ended; cancel it first")
+        self.deleted.append(request.job_id)
+        return self.GetJob(request, context)
+
+    def ListCheckpoints(self, request, context):
+        from offloadd.v1 import job_service_pb2
+        self._check_known(request.job_id, context)
+        return job_service_pb2.ListCheckpointsResponse(checkpoints=self.checkpoints)
 
     def PauseJob(self, request, context):
         self._check_known(request.job_id, context)

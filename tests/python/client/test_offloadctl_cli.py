@@ -22,7 +22,8 @@ from offloadd.v1 import job_pb2  # noqa: E402
 
 COMMANDS = {
     "health": [], "node": [], "submit": ["--validate-only", "--watch"], "list": ["--state"],
-    "get": ["--wait"], "cancel": ["--force"], "pause": [], "resume": [], "checkpoints": [], "watch": [],
+    "get": ["--wait"], "describe": ["--events"], "logs": ["--follow"], "delete": ["--purge"],
+    "cancel": ["--force"], "pause": [], "resume": [], "checkpoints": [], "watch": [],
     "completion": [], "convert": ["--from", "--model", "--dataset", "--output-dir", "--out", "--validate"],
 }
 
@@ -104,7 +105,7 @@ def test_output_json_and_yaml_parse_back(ctl, fake):
         assert json.loads(j.stdout) == yaml.safe_load(y.stdout)
     assert json.loads(ctl("--target", server.target, "--json", "get", "job-1").stdout)["id"] == "job-1"
     assert yaml.safe_load(ctl("--target", server.target, "-o", "yaml", "get", "job-1").stdout)["state"] == \
-        "JOB_STATE_SUCCEEDED"
+        "succeeded"
 
 
 # A display name that clears the screen, sets the window title, rings the bell, and (CSI as the C1
@@ -140,8 +141,8 @@ def test_watch_json_is_json_lines(ctl, fake):
     r = ctl("watch", "job-1", "-o", "json", "--target", server.target)
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [int(e["cursor"]) for e in events] == [1, 2, 3, 4, 5]
-    assert events[-1]["state_change"]["state"] == "JOB_STATE_SUCCEEDED"
+    assert [e["cursor"] for e in events] == [1, 2, 3, 4, 5]  # numbers, not strings
+    assert events[-1]["state_change"]["state"] == "succeeded"
     r = ctl("watch", "job-1", "-o", "yaml", "--target", server.target)
     assert len([d for d in yaml.safe_load_all(r.stdout) if d]) == 5
 
@@ -212,7 +213,7 @@ def test_cancel_with_a_reason_after_flags(ctl, fake):
     server = fake()
     r = ctl("cancel", "-o", "json", "job-1", "not needed", "--target", server.target)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["state"] == "JOB_STATE_CANCELLED"
+    assert json.loads(r.stdout)["state"] == "cancelled"
     assert server.service.cancelled == [("job-1", "not needed")]
     assert server.service.forced == []
 
@@ -308,3 +309,143 @@ def test_convert_refuses_values_the_daemon_would_refuse(ctl, tmp_path, args, key
     assert r.returncode == 6, (r.returncode, r.stderr)
     assert f"{path} `{key}` (training.{key}): " in r.stderr, r.stderr
     assert not out.exists()
+
+
+def _described_service(**kwargs):
+    """job-1 with an output directory, a log line of setup, a warning, a checkpoint and a failure."""
+    events = scripted_events()
+    setup = job_pb2.JobEvent(cursor=2, job_id="job-1")
+    setup.log.level = job_pb2.LOG_LEVEL_INFO
+    setup.log.message = "batch size (auto): 4 x 2"
+    warning = job_pb2.JobEvent(cursor=3, job_id="job-1")
+    warning.log.level = job_pb2.LOG_LEVEL_WARNING
+    warning.log.message = "grad norm is not finite at step 2"
+    saved = job_pb2.JobEvent(cursor=4, job_id="job-1")
+    saved.checkpoint_saved.id = "checkpoint-2"
+    saved.checkpoint_saved.step = 2
+    for e in (setup, warning, saved):
+        e.time.seconds = 1000 + e.cursor
+    events = [events[0], setup, warning, saved, events[4]]
+    job = job_pb2.Job(spec=job_pb2.JobSpec(display_name="demo", output_dir="/srv/out/demo"))
+    job.spec.model.path = "/models/tiny"
+    ckpt = job_pb2.Checkpoint(id="checkpoint-2", job_id="job-1", step=2, path="/srv/out/demo/checkpoint-2",
+                              size_bytes=3 << 20, loss=1.25)
+    ckpt.create_time.seconds = 1700000000
+    return FakeJobService(events, known_jobs={"job-1"}, job=job, checkpoints=[ckpt], **kwargs)
+
+
+def test_checkpoints_prints_a_table(ctl, fake):
+    server = fake(_described_service())
+    r = ctl("checkpoints", "job-1", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    header, row = r.stdout.splitlines()[:2]
+    assert header.split() == ["STEP", "LOSS", "SIZE", "CREATED", "PATH"], r.stdout
+    assert row.split()[:2] == ["2", "1.2500"] and row.endswith("/srv/out/demo/checkpoint-2"), r.stdout
+    assert not r.stdout.lstrip().startswith("{"), r.stdout
+    listed = json.loads(ctl("checkpoints", "job-1", "-o", "json", "--target", server.target).stdout)
+    assert listed["checkpoints"][0]["step"] == 2 and listed["checkpoints"][0]["size_bytes"] == 3 << 20
+
+
+def test_get_shows_the_output_directory(ctl, fake):
+    server = fake(_described_service())
+    r = ctl("get", "job-1", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert "output /srv/out/demo" in r.stdout, r.stdout
+
+
+def test_describe_shows_spec_setup_events_checkpoints_and_output(ctl, fake):
+    server = fake(_described_service())
+    r = ctl("describe", "job-1", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for section in ("Transitions:", "Placement:", "Setup and plan (latest run):", "Spec:", "Events (last 20):",
+                    "Checkpoints:", "Output directory: /srv/out/demo"):
+        assert section in out, (section, out)
+    setup = out.split("Setup and plan (latest run):")[1].split("Spec:")[0]
+    assert "batch size (auto): 4 x 2" in setup, out
+    assert '"path": "/models/tiny"' in out.split("Spec:")[1], out
+    events = out.split("Events (last 20):")[1].split("Checkpoints:")[0]
+    assert "grad norm is not finite" in events and "checkpoint checkpoint-2 at step 2" in events, out
+    assert "/srv/out/demo/checkpoint-2" in out.split("Checkpoints:")[1], out
+    # Progress is not asked for: describe shows what happened, not every step.
+    assert server.service.watch_requests[-1].include_progress is False
+    assert server.service.watch_requests[-1].until_now is True
+    d = json.loads(ctl("describe", "job-1", "-o", "json", "--events", "2", "--target", server.target).stdout)
+    assert d["job"]["state"] == "succeeded" and d["output_dir"] == "/srv/out/demo"
+    assert [e["cursor"] for e in d["events"]] == [4, 5]
+    assert d["checkpoints"][0]["path"] == "/srv/out/demo/checkpoint-2"
+    assert yaml.safe_load(ctl("describe", "job-1", "-o", "yaml", "--target", server.target).stdout)["job"]["id"] == \
+        "job-1"
+    missing = ctl("describe", "job-9", "--target", server.target)
+    assert missing.returncode == 4 and missing.stderr.count("job-9") == 1, missing.stderr
+
+
+def test_logs_prints_the_jobs_log_lines(ctl, fake):
+    server = fake(_described_service(hang_at_end=True))
+    r = ctl("logs", "job-1", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout
+    assert lines[0].split()[3:] == ["info", "batch", "size", "(auto):", "4", "x", "2"], lines
+    assert "warning" in lines[1] and lines[1].endswith("grad norm is not finite at step 2"), lines
+    j = [json.loads(line) for line in ctl("logs", "job-1", "-o", "json", "--target", server.target).stdout.splitlines()]
+    assert [e["log"]["level"] for e in j] == ["info", "warning"]
+
+
+def test_logs_follow_prints_until_the_job_ends(ctl, fake):
+    server = fake(_described_service())
+    r = ctl("logs", "-f", "job-1", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 2, r.stdout
+    assert not server.service.watch_requests[-1].until_now
+
+
+def test_each_refusal_is_reported_once(ctl, fake, tmp_path):
+    """The daemon's message inlines the first problems and its details list them all: a missing
+    model was printed twice. Now once each, by offloadctl and by the Python SDK."""
+    problems = [("model.path", "/models/gone does not exist"), ("training.learning_rate", "must be > 0")]
+    server = fake(FakeJobService([], create_violations=problems))
+    job = tmp_path / "job.yaml"
+    job.write_text("display_name: x\n")
+    r = ctl("--target", server.target, "submit", str(job))
+    assert r.returncode == 6, r.stderr
+    for _, description in problems:
+        assert r.stderr.count(description) == 1, r.stderr
+    assert "2 problems in the job spec:" in r.stderr, r.stderr
+    import offloadd
+    with offloadd.Client(server.target) as c, pytest.raises(offloadd.InvalidArgument) as err:
+        c.create_job({"display_name": "x"})
+    for _, description in problems:
+        assert str(err.value).count(description) == 1, str(err.value)
+
+
+def test_delete_removes_the_record_and_with_purge_the_output_directory(ctl, fake, tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"x")
+    job = job_pb2.Job(spec=job_pb2.JobSpec(output_dir=str(out)))
+    server = fake(FakeJobService([], known_jobs={"job-1"}, job=job))
+    r = ctl("delete", "job-1", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert server.service.deleted == ["job-1"] and out.is_dir(), "a plain delete keeps the output"
+    r = ctl("delete", "job-1", "--purge", "--target", server.target)
+    assert r.returncode == 0, r.stderr
+    assert not out.exists() and f"and its output directory {out}" in r.stdout, r.stdout
+    missing = ctl("delete", "job-9", "--target", server.target)
+    assert missing.returncode == 4, missing.stderr
+    import offloadd
+    with offloadd.Client(server.target) as c:  # the SDK's delete_job is the same call
+        assert c.delete_job("job-1").id == "job-1"
+    assert server.service.deleted == ["job-1"] * 3
+
+
+def test_delete_purge_refuses_a_running_job(ctl, fake, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = job_pb2.Job(spec=job_pb2.JobSpec(output_dir=str(out)))
+    server = fake(FakeJobService([], known_jobs={"job-1"}, job=job, final_state=job_pb2.JOB_STATE_RUNNING))
+    r = ctl("delete", "job-1", "--purge", "--target", server.target)
+    assert r.returncode == 7 and "running" in r.stderr and "cancel it first" in r.stderr, r.stderr
+    assert out.is_dir() and server.service.deleted == []
+    r = ctl("delete", "job-1", "--target", server.target)  # the daemon refuses it too
+    assert r.returncode == 7 and "FAILED_PRECONDITION" in r.stderr, r.stderr

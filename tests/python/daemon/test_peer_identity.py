@@ -120,7 +120,7 @@ def test_a_local_user_controls_only_its_own_jobs(binary_dir, daemon, workspace):
             r = ctl(binary_dir, daemon, verb, mine, user=NOBODY)
             assert r.returncode != 0, (verb, r.stdout)
             assert f"job {mine} was submitted by unix:uid=0; unix:uid={NOBODY} may not {verb} it" in r.stderr, r.stderr
-        assert json.loads(ctl(binary_dir, daemon, "get", mine).stdout)["state"] in ("JOB_STATE_QUEUED", "JOB_STATE_RUNNING")
+        assert json.loads(ctl(binary_dir, daemon, "get", mine).stdout)["state"] in ("queued", "running")
         # ...but its own, and root (the daemon's user here) may control anyone's.
         r = ctl(binary_dir, daemon, "cancel", theirs, user=NOBODY)
         assert r.returncode == 0, r.stdout + r.stderr

@@ -140,7 +140,9 @@ def test_job_trains_to_a_loadable_model(daemon, workspace):
         plan = [m for m in logs(seen) if m.startswith("plan: ")]
         assert len(plan) == 1 and ", AdamW kernel " in plan[0], logs(seen)
     out = workspace / "out"
-    assert (out / "trace.json").stat().st_size > 0
+    # The trace is beside the model (output_dir/runs/), not among its files; the model card is.
+    assert (out / "runs" / "trace.json").stat().st_size > 0 and not (out / "trace.json").exists()
+    assert (out / "README.md").read_text().startswith("---\nlibrary_name: transformers\n")
     import torch
     import transformers
 

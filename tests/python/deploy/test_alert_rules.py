@@ -1,6 +1,7 @@
 """The shipped alert rules (deploy/prometheus/offloadd-alerts.yml) pass `promtool check rules` and
-their unit tests (offloadd-alerts.test.yml), the shipped scrape config loads them, and they name only
-metrics the sources declare (or node_exporter's, for host memory)."""
+their unit tests (offloadd-alerts.test.yml), the shipped scrape config loads them, they read only
+series that the shipped scrape config scrapes (the daemon's /metrics, or node_exporter's for host
+memory), and every `offloadctl` command they tell an operator to run exists."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ TESTS = HERE / "offloadd-alerts.test.yml"
 # Host memory: offloadd exports none, so that alert reads node_exporter's.
 NODE_EXPORTER = {"node_memory_MemAvailable_bytes", "node_memory_MemTotal_bytes"}
 PROMQL_WORDS = {"up", "absent", "delta", "increase", "max", "sum", "by", "on", "unless", "and", "or"}
-SOURCE_DIRS = ("daemon", "common", "storage", "workers", "trainer", "engine", "ipc")
+# What the daemon's /metrics serves (the "offloadd" scrape job): its own declarations and common/'s.
+# The offloadd-store, worker and executor processes serve no endpoint that the scrape config
+# reaches; what of theirs an alert needs, the daemon re-exports.
+SOURCE_DIRS = ("daemon", "common")
 
 
 def rules_path(source_dir: pathlib.Path) -> pathlib.Path:
@@ -74,7 +78,8 @@ def test_rules_name_declared_metrics(source_dir):
     for d in SOURCE_DIRS:
         for f in (source_dir / d).rglob("*.cc"):
             declared.update(re.findall(r'"((?:offloadd|process)_[a-z0-9_]+)"', f.read_text(errors="replace")))
-    assert "offloadd_jobs" in declared and "offloadd_store_errors_total" in declared, "declarations not found"
+    assert "offloadd_jobs" in declared and "offloadd_job_store_requests_total" in declared, \
+        "declarations not found"
     for group in yaml.safe_load(rules_path(source_dir).read_text())["groups"]:
         for rule in group["rules"]:
             expr = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"', "", rule["expr"])
@@ -83,4 +88,20 @@ def test_rules_name_declared_metrics(source_dir):
                     continue
                 base = re.sub(r"_(bucket|sum|count)$", "", name)
                 assert name in declared or base in declared or name in NODE_EXPORTER, \
-                    f"{rule['alert']}: {name} is not a metric the sources declare"
+                    f"{rule['alert']}: {name} is not a metric on the daemon's /metrics"
+
+
+def test_commands_named_by_alerts_exist(source_dir):
+    """An annotation telling an operator to run `offloadctl describe` is wrong while no such
+    command exists."""
+    cli = (source_dir / "client" / "offloadctl" / "cli.cc").read_text()
+    commands = set(re.findall(r'Command\(\s*app,\s*o,\s*"([a-z-]+)"', cli))
+    assert {"get", "list", "describe", "logs"} <= commands, sorted(commands)
+    named = []
+    for group in yaml.safe_load(rules_path(source_dir).read_text())["groups"]:
+        for rule in group["rules"]:
+            for text in rule.get("annotations", {}).values():
+                named += [(rule["alert"], c) for c in re.findall(r"`offloadctl\s+([a-z-]+)", text)]
+    assert named, "no alert names an offloadctl command"
+    for alert, command in named:
+        assert command in commands, f"{alert} tells operators to run `offloadctl {command}`, which does not exist"

@@ -218,6 +218,16 @@ def test_cancel_of_a_stopped_executor_escalates_after_the_grace_period(binary_di
         assert final.state == S.JOB_STATE_CANCELLED, (state_name(final.state), d.log()[-3000:])
         assert took < grace + 10, f"cancel took {took:.1f} s with a grace period of {grace} s"
         assert "did not stop within jobs.cancel_grace_seconds" in d.log(), d.log()[-3000:]
+        # The reason given stays the job's: its error and last transition, through the SDK and
+        # `offloadctl get -o json`, not "cancelled".
+        assert final.error.message == "test" and final.transitions[-1].reason == "test", final
+        assert offloadd.JobResult.from_job(final).error == "test"
+        got = subprocess.run([str(binary_dir / "client" / "offloadctl"), "--target", d.target, "get", job_id,
+                              "-o", "json"], capture_output=True, text=True, timeout=30)
+        assert got.returncode == 0, got.stderr
+        import json
+        as_json = json.loads(got.stdout)
+        assert as_json["state"] == "cancelled" and as_json["error"]["message"] == "test", got.stdout
     finally:
         unstop(pid)
         c.close()
@@ -247,6 +257,58 @@ def test_cancel_force_kills_at_once(binary_dir, tmp_path, assets, figures):
         assert not os.path.exists(f"/proc/{pid}") or "Z" in pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2]
     finally:
         unstop(pid)
+        c.close()
+        d.stop()
+
+
+@pytest.mark.timeout(300)
+def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, tmp_path, assets, figures):
+    """The executor is SIGSTOPped while it writes a checkpoint (its .checkpoint-N.tmp-* directory
+    exists), then the job is cancelled: it ends within the grace period, the half-written
+    directory never becomes a checkpoint-N, and the previous checkpoint is intact (a new job
+    resumes from it)."""
+    grace = 1.0
+    ws = workspace(tmp_path / "ws", assets)
+    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws,
+                    extra_yaml=liveness_yaml(cancel_grace=grace, heartbeat=600, floor=600)).start()
+    c = offloadd.Client(d.target, timeout=30)
+    out = ws / "out"
+    pid = None
+    try:
+        job = c.create_job(spec(ws, "out", steps=STEPS, save_steps=1))
+        ev = Events(c, job.id)
+        pid = executor_pid(ev)
+        # Catch a checkpoint mid-write: after the first committed one, stop the executor the
+        # moment a temporary directory shows.
+        assert ev.wait_for(lambda e: e.HasField("checkpoint_saved"), 120) is not None, d.log()[-3000:]
+        deadline = time.monotonic() + 120
+        caught = None
+        while caught is None and time.monotonic() < deadline:
+            caught = next((p.name for p in out.iterdir() if p.name.startswith(".checkpoint-")), None)
+            if caught is None:
+                time.sleep(0.0005)
+        stop(pid)
+        assert caught, "no checkpoint was seen being written"
+        t0 = time.monotonic()
+        c.cancel_job(job.id, "stopped mid-checkpoint")
+        final = wait_final(c, job.id, timeout=grace + 30)
+        took = time.monotonic() - t0
+        figures.did.append(f"SIGSTOP of the executor while {caught} was being written, then CancelJob "
+                           f"(jobs.cancel_grace_seconds {grace})")
+        figures.happened.append(f"job {state_name(final.state)} {took:.1f} s after the cancel")
+        assert final.state == S.JOB_STATE_CANCELLED and took < grace + 10, (state_name(final.state), took)
+        step = int(caught.split("-")[1].split(".")[0])
+        assert not (out / f"checkpoint-{step}").exists() or (out / f"checkpoint-{step}" / "offloadd_state.json").exists()
+        committed = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+        assert committed, list(out.iterdir())
+        last = out / f"checkpoint-{committed[-1]}"
+        # A new job continuing from it validates it (every file's crc32c) and trains on.
+        more = c.submit(spec(ws, "more", steps=committed[-1] + 2, save_steps=1000, resume_from=str(last)),
+                        wait=True, timeout=300)
+        assert more.state == S.JOB_STATE_SUCCEEDED, (more.error, d.log()[-3000:])
+    finally:
+        if pid is not None:
+            unstop(pid)
         c.close()
         d.stop()
 
