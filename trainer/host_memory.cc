@@ -48,7 +48,7 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
 std::string HostMemoryPrediction::Describe() const {
   std::string s = "host RAM " + FormatByteSize(total) + " (arena " + FormatByteSize(arena);
   if (checkpoints > 0) s += ", activation checkpoints in pinned RAM " + FormatByteSize(checkpoints);
-  if (device > 0) s += ", the CPU device's weights and activations " + FormatByteSize(device);
+  if (device > 0) s += ", the CPU device's activations " + FormatByteSize(device);
   s += ", processes " + FormatByteSize(processes) + ")";
   s += disk_bytes > 0 ? "; disk " + FormatByteSize(disk_bytes) +
                             (nvme_params > 0 ? " (" + std::to_string(nvme_params) +
