@@ -106,6 +106,7 @@ Status Trainer::Impl::Setup() {
   {
     PhaseTimer t(this, 3);
     ASSIGN_OR_RETURN(resident, PlanDevice());
+    RETURN_IF_ERROR(CheckHostMemory());  // refused with numbers, never OOM-killed
     if (cfg.validate_only) return PredictStep();  // no arena, no step
     RETURN_IF_ERROR(StartSpill());
   }
