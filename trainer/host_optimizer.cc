@@ -47,6 +47,7 @@ StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimiz
 Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   if (o.group != nullptr && o.group->rank() > 0) return StartFollower(o);
   options_ = o;
+  weights_fp32_ = WeightsAreFp32(o);
   if (o.block_elements.empty()) return InvalidArgumentError("model has no parameters");
 
   if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
@@ -227,12 +228,16 @@ const float* HostOptimizer::master_weights(int block) const {
 
 void* HostOptimizer::compute_weights(int block) const {
   if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
-  if (options_.compute != HostDtype::kFp32) return arena_->At<void>(shards_[block].weights_offset);
+  if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
   if (store_) return arena_->At<void>(compute_copy_[block]);
   return arena_->At<void>(shards_[block].master_offset);
 }
 
 uint64_t HostOptimizer::compute_weight_bytes(int block) const {
+  return shards_[block].num_elements * (weights_fp32_ ? 4 : 2);
+}
+
+uint64_t HostOptimizer::grad_staging_bytes(int block) const {
   return shards_[block].num_elements * (options_.compute == HostDtype::kFp32 ? 4 : 2);
 }
 
@@ -534,8 +539,9 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
       if (population_) RETURN_IF_ERROR(population_->WaitGate(b));
       float* master = arena_->At<float>(s.master_offset);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
-      internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
-                     s.num_elements);
+      if (s.weights_offset != 0)
+        internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
+                       s.num_elements);
       continue;
     }
     const Status staged = RunOnThread([&, b]() -> Status {
@@ -588,7 +594,8 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
   std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
   auto derive = [&](const float* m) {
-    internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+    if (s.weights_offset != 0)
+      internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
     if (store_ && compute_copy_[block] != 0)
       std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
   };

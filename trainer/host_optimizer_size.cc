@@ -1,4 +1,5 @@
-// HostOptimizer::ArenaBytes and the layout options it sizes (trainer/host_optimizer_layout.h).
+// HostOptimizer::ArenaBytes, BytesPerParameter and WeightsAreFp32, and the layout options they
+// size (trainer/host_optimizer_layout.h).
 #include <algorithm>
 
 #include "trainer/host_optimizer_layout.h"
@@ -28,6 +29,7 @@ workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
       lo.weight_dtype = workers::WeightDtype::kFp16;
       break;
   }
+  if (HostOptimizer::WeightsAreFp32(o)) lo.weight_dtype = workers::WeightDtype::kNone;
   lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
   lo.states_resident = o.tier == StateTier::kCpu;
   return lo;
@@ -62,6 +64,14 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
 uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
   return workers::ArenaBytesFor(o.block_elements, internal::LayoutOptions(o), internal::PoolOptions(o)) +
          internal::ExtraBytes(o);
+}
+
+uint64_t HostOptimizer::BytesPerParameter(const HostOptimizerOptions& o) {
+  return workers::BytesPerParameter(internal::LayoutOptions(o));
+}
+
+bool HostOptimizer::WeightsAreFp32(const HostOptimizerOptions& o) {
+  return o.compute == HostDtype::kFp32 || (!o.host_weight_copy && o.tier == StateTier::kCpu);
 }
 
 }  // namespace offloadd::trainer

@@ -80,6 +80,7 @@ trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const eng
   o.compute = compute_bytes == 4 ? trainer::HostDtype::kFp32
               : dt == v1::COMPUTE_DTYPE_FP16 ? trainer::HostDtype::kFp16
                                              : trainer::HostDtype::kBf16;
+  o.host_weight_copy = false;  // the trainer's default (TrainConfig::offload.host_weight_copy)
   o.accumulation_steps = static_cast<uint32_t>(std::max<int64_t>(1, spec.training().gradient_accumulation_steps()));
   o.tier = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME ? trainer::StateTier::kNvme
                                                                                  : trainer::StateTier::kCpu;

@@ -38,6 +38,8 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                  learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
                --host-memory-limit=SIZE (default: 80% of RAM, as the daemon's; a job over it is refused)
+               --host-weight-copy (16-bit compute: keep a 16-bit weight copy in RAM, 16 bytes per
+               parameter, instead of casting the fp32 masters on the device, 14)
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --setup-threads=N (populating the arena, reading the weights, pinning; 0: all cores)
                --no-setup-overlap (populate the whole arena before reading the weights)
@@ -301,6 +303,7 @@ int Run(int argc, char** argv) {
       else if (key == "--speculate") c.optim.speculation = v;
       else if (key == "--setup-threads") c.setup_threads = static_cast<uint32_t>(StrictStoi(v));
       else if (key == "--no-setup-overlap") c.setup_overlap = false;
+      else if (key == "--host-weight-copy") c.offload.host_weight_copy = true;
       else if (key == "--validate-only") c.validate_only = true;
       else if (key == "--length-buckets") {
         if (v != "on" && v != "off") st = InvalidArgumentError("--length-buckets: on or off");
