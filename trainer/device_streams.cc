@@ -38,6 +38,10 @@ struct DeviceStreams::Impl {
   std::vector<ipc::CudaHostRegistration> pins;
   uint64_t pinned_bytes = 0;
   std::mutex mu;
+  // Host-to-device copies into another dtype (CastToDevice): one fp32 staging buffer on the h2d
+  // stream, its users serialised (the optimizer thread's uploads and the step loop's prefetches).
+  std::mutex cast_mu;
+  at::Tensor cast_stage;
   struct Timed {
     std::string track, name;
     std::unique_ptr<at::cuda::CUDAEvent> start, end;
@@ -223,6 +227,33 @@ void DeviceStreams::ReleaseAfterCopies(const at::Tensor& t) const {
 #endif
 }
 
+#if OFFLOADD_WITH_CUDA
+// fp32 host weights (the masters) into a bf16/fp16 device tensor, on the current (h2d) stream:
+// chunk by chunk through one fp32 staging buffer, each chunk rounded there by ATen's cast kernel
+// (c10::BFloat16/Half on CUDA: round to nearest even, denormals kept; the host kernels' rounding,
+// workers/adamw_kernel.h). PCIe carries 4 bytes per parameter instead of 2; the device holds
+// kCastChunk fp32 elements beyond the destination.
+void DeviceStreams::CastToDevice(Impl& m, at::Tensor& dst, const at::Tensor& src) {
+  constexpr int64_t kCastChunk = int64_t{8} << 20;  // 32 MiB of fp32: 0.6 ms at 52 GB/s
+  std::lock_guard<std::mutex> lock(m.cast_mu);
+  const int64_t n = src.numel();
+  if (!m.cast_stage.defined() || m.cast_stage.scalar_type() != src.scalar_type()) {
+    m.cast_stage = at::empty({std::min(n, kCastChunk)},
+                             at::TensorOptions().dtype(src.scalar_type()).device(dst.device()));
+  } else if (m.cast_stage.numel() < std::min(n, kCastChunk)) {
+    m.cast_stage = at::empty({std::min(n, kCastChunk)}, m.cast_stage.options());
+  }
+  at::Tensor d = dst.view({-1});
+  const at::Tensor s = src.view({-1});
+  for (int64_t i = 0; i < n; i += kCastChunk) {
+    const int64_t len = std::min(kCastChunk, n - i);
+    at::Tensor stage = m.cast_stage.narrow(0, 0, len);
+    stage.copy_(s.narrow(0, i, len), /*non_blocking=*/true);
+    d.narrow(0, i, len).copy_(stage, /*non_blocking=*/true);
+  }
+}
+#endif
+
 DeviceStreams::EventPtr DeviceStreams::Copy(bool to_device, at::Tensor& dst, const at::Tensor& src,
                                             const std::string& name, bool after_compute) {
   const char* track = to_device ? "h2d" : "d2h";
@@ -239,7 +270,11 @@ DeviceStreams::EventPtr DeviceStreams::Copy(bool to_device, at::Tensor& dst, con
     Impl::Timed t{track, name, m.Mark(stream), nullptr, static_cast<uint64_t>(src.nbytes())};
     {
       c10::cuda::CUDAStreamGuard sg(stream);
-      dst.copy_(src, /*non_blocking=*/true);
+      if (to_device && dst.scalar_type() != src.scalar_type()) {
+        CastToDevice(m, dst, src);
+      } else {
+        dst.copy_(src, /*non_blocking=*/true);
+      }
     }
     t.end = m.Mark(stream);
     auto done = std::make_shared<Event>();

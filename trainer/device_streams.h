@@ -62,7 +62,8 @@ class DeviceStreams {
 
   // Host-to-device copy on the copy stream; with after_compute, only after the compute stream's
   // work so far (so memory the compute stream freed may be overwritten). Returns the copy's
-  // completion event.
+  // completion event. A destination of another dtype (fp32 masters into bf16/fp16 weights) is
+  // cast on the device, chunk by chunk through a small staging buffer.
   EventPtr CopyToDevice(at::Tensor& dst, const at::Tensor& src, const std::string& name,
                         bool after_compute = true);
   // Lets the caching allocator reuse `t`'s memory only after the copy streams' work so far.
@@ -97,6 +98,7 @@ class DeviceStreams {
   DeviceStreams() = default;
   EventPtr Copy(bool to_device, at::Tensor& dst, const at::Tensor& src, const std::string& name,
                 bool after_compute);
+  static void CastToDevice(Impl& m, at::Tensor& dst, const at::Tensor& src);
   bool cuda_ = false;
   std::unique_ptr<Impl> impl_;
 };

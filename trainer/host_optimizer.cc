@@ -12,6 +12,7 @@
 #include "storage/store_client.h"
 #include "trainer/group_link.h"
 #include "trainer/trace.h"
+#include "trainer/host_optimizer_layout.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
@@ -19,54 +20,9 @@
 namespace offloadd::trainer {
 namespace {
 
-constexpr uint64_t kAlign = 4096;
-uint64_t RoundUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
-  workers::ShardLayoutOptions lo;
-  switch (o.compute) {
-    case HostDtype::kFp32:
-      lo.grad_dtype = workers::GradDtype::kFp32;
-      lo.weight_dtype = workers::WeightDtype::kNone;  // the device reads the master weights
-      break;
-    case HostDtype::kBf16:
-      lo.grad_dtype = workers::GradDtype::kBf16;
-      lo.weight_dtype = workers::WeightDtype::kBf16;
-      break;
-    case HostDtype::kFp16:
-      lo.grad_dtype = workers::GradDtype::kFp16;
-      lo.weight_dtype = workers::WeightDtype::kFp16;
-      break;
-  }
-  lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
-  lo.states_resident = o.tier == StateTier::kCpu;
-  return lo;
-}
-
-workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o) {
-  workers::WorkerPoolOptions p;
-  p.worker_binary = o.worker_binary;
-  p.processes = std::max<uint32_t>(1, o.worker_processes);
-  p.threads_per_process = std::max<uint32_t>(1, o.worker_threads);
-  p.kernel_path = o.kernel_path;
-  return p;
-}
-
-uint64_t MaxElements(const HostOptimizerOptions& o) {
-  uint64_t m = 0;
-  for (uint64_t n : o.block_elements) m = std::max(m, n);
-  return m;
-}
-
-// Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
-uint64_t ExtraBytes(const HostOptimizerOptions& o) {
-  if (o.tier != StateTier::kNvme) return 0;
-  uint64_t bytes = uint64_t{o.nvme_slots} * 3 * RoundUp(MaxElements(o) * 4);
-  if (o.compute == HostDtype::kFp32) {
-    for (uint64_t n : o.block_elements) bytes += RoundUp(n * 4);
-  }
-  return bytes + 2 * kAlign * (o.nvme_slots * 3 + o.block_elements.size() + 8);
-}
+using internal::LayoutOptions;
+using internal::MaxElements;
+using internal::PoolOptions;
 
 using storage::TensorKind;
 constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
@@ -82,10 +38,6 @@ struct HostOptimizer::Slot {
   std::vector<uint64_t> pending_reads, pending_writes;
 };
 
-uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
-  return workers::ArenaBytesFor(o.block_elements, LayoutOptions(o), PoolOptions(o)) + ExtraBytes(o);
-}
-
 StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimizerOptions& options) {
   std::unique_ptr<HostOptimizer> h(new HostOptimizer());
   RETURN_IF_ERROR(h->Start(options));
@@ -95,6 +47,7 @@ StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimiz
 Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   if (o.group != nullptr && o.group->rank() > 0) return StartFollower(o);
   options_ = o;
+  weights_fp32_ = WeightsAreFp32(o);
   if (o.block_elements.empty()) return InvalidArgumentError("model has no parameters");
 
   if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
@@ -275,12 +228,16 @@ const float* HostOptimizer::master_weights(int block) const {
 
 void* HostOptimizer::compute_weights(int block) const {
   if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
-  if (options_.compute != HostDtype::kFp32) return arena_->At<void>(shards_[block].weights_offset);
+  if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
   if (store_) return arena_->At<void>(compute_copy_[block]);
   return arena_->At<void>(shards_[block].master_offset);
 }
 
 uint64_t HostOptimizer::compute_weight_bytes(int block) const {
+  return shards_[block].num_elements * (weights_fp32_ ? 4 : 2);
+}
+
+uint64_t HostOptimizer::grad_staging_bytes(int block) const {
   return shards_[block].num_elements * (options_.compute == HostDtype::kFp32 ? 4 : 2);
 }
 
@@ -582,8 +539,9 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
       if (population_) RETURN_IF_ERROR(population_->WaitGate(b));
       float* master = arena_->At<float>(s.master_offset);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
-      internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
-                     s.num_elements);
+      if (s.weights_offset != 0)
+        internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
+                       s.num_elements);
       continue;
     }
     const Status staged = RunOnThread([&, b]() -> Status {
@@ -636,7 +594,8 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
   std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
   auto derive = [&](const float* m) {
-    internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+    if (s.weights_offset != 0)
+      internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
     if (store_ && compute_copy_[block] != 0)
       std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
   };

@@ -1,7 +1,7 @@
 #pragma once
 // HostOptimizer: the CPU side of the offloaded step. Owns the shared pinned arena (one shard per
-// model block: gradient staging, fp32 master weights, Adam moments, the compute-dtype weight copy
-// the device reads), the offloadd-worker pool running fused AdamW, the StepDriver (exact
+// model block: gradient staging, fp32 master weights, Adam moments and, where kept, the 16-bit
+// weight copy the device reads; without it the device reads the fp32 masters and casts them), the offloadd-worker pool running fused AdamW, the StepDriver (exact
 // clipping, accumulation, FCFS/LCFS order) and, for the NVMe tier, the offloadd-store process
 // with a few staging slots the fp32 states pass through.
 //
@@ -55,6 +55,12 @@ enum class HostDtype { kFp32, kBf16, kFp16 };  // compute dtype as the host sees
 struct HostOptimizerOptions {
   std::vector<uint64_t> block_elements;  // parameters per block, in block order
   HostDtype compute = HostDtype::kFp32;
+  // 16-bit compute, RAM tier: keep a 16-bit copy of the weights beside the fp32 masters for the
+  // device to read (16 bytes per parameter). false: no copy (14 bytes per parameter); the
+  // device reads the masters (compute_weights is fp32) and rounds them itself, to the same bits
+  // (trainer/README.md prices both). The NVMe tier always keeps the copy: its masters are not in
+  // RAM between updates.
+  bool host_weight_copy = true;
   // fp16 dynamic loss scaling: updates wait for the global norm and a non-finite one skips the
   // step (workers::OptimizerConfig::skip_nonfinite).
   bool skip_nonfinite = false;
@@ -111,15 +117,25 @@ class HostOptimizer {
 
   // Bytes the arena needs for these options (for planning and validation).
   static uint64_t ArenaBytes(const HostOptimizerOptions& options);
+  // The arena's bytes per parameter for these options (workers::BytesPerParameter of the layout):
+  // 16 for bf16/fp16 compute with the 16-bit copy, 14 without, 16 for fp32 compute, +4 with
+  // gradient accumulation; 2 (+4) on the NVMe tier, whose states live in the store.
+  static uint64_t BytesPerParameter(const HostOptimizerOptions& options);
+  // True when the weights the device reads (compute_weights) are fp32 although the device may
+  // compute in 16 bits: fp32 compute, or no 16-bit copy (host_weight_copy false, RAM tier).
+  static bool WeightsAreFp32(const HostOptimizerOptions& options);
 
   int num_blocks() const { return static_cast<int>(shards_.size()); }
   uint64_t elements(int block) const { return shards_[block].num_elements; }
   // Staging buffer for block gradients, in the compute dtype (fp32, bf16 or fp16).
   void* grad_staging(int block) const;
-  // The weights the device computes with, in the compute dtype (updated in place by the workers,
-  // or copied from the staged master after each update in the NVMe tier with fp32 compute).
+  uint64_t grad_staging_bytes(int block) const;
+  // The weights the device computes with: in the compute dtype (updated in place by the workers,
+  // or copied from the staged master after each update in the NVMe tier with fp32 compute), or
+  // the fp32 masters themselves when weights_fp32() (the device rounds them to its dtype).
   void* compute_weights(int block) const;
   uint64_t compute_weight_bytes(int block) const;
+  bool weights_fp32() const { return weights_fp32_; }
   const ipc::SharedSegment& segment() const { return segment_; }
   // "/proc/<pid>/fd/<fd>" of the arena: how the other ranks of a data-parallel group attach.
   std::string ArenaPath() const;
@@ -296,6 +312,7 @@ class HostOptimizer {
   // Data parallel: per block, gradient hand-offs taken (leader: consumed by the driver; follower:
   // submitted by the step loop) and, on a follower, landed in the staging buffer.
   bool follower_ = false;
+  bool weights_fp32_ = false;  // WeightsAreFp32(options_)
   std::vector<uint64_t> handoffs_;
   std::vector<uint64_t> landed_;
   uint64_t resumed_step_ = 0;  // follower: steps done before this run (a resume)

@@ -84,7 +84,8 @@ Status HostOptimizer::StartFollower(const HostOptimizerOptions& o) {
   ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Open(&segment_));
   arena_ = std::make_unique<ipc::Arena>(std::move(arena));
   const uint64_t grad_bytes = o.compute == HostDtype::kFp32 ? 4 : 2;
-  const uint64_t weight_bytes = o.compute == HostDtype::kFp32 ? 4 : 2;
+  weights_fp32_ = WeightsAreFp32(o);  // the leader's choice: the options are the same on every rank
+  const uint64_t weight_bytes = weights_fp32_ ? 4 : 2;
   shards_.resize(o.block_elements.size());
   for (size_t b = 0; b < shards_.size(); ++b) {
     const GroupLink::BlockInfo info = g.block(static_cast<int>(b));

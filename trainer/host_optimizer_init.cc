@@ -59,7 +59,7 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
       }
       float* master = arena_->At<float>(s.master_offset) + p.begin;
       Status st = fill(p, master);
-      if (st.ok())
+      if (st.ok() && s.weights_offset != 0)
         internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset) + p.begin,
                        p.count);
       if (!st.ok()) {
@@ -92,8 +92,9 @@ Status HostOptimizer::StartPopulation() {
   std::vector<ByteRange> staging;
   for (const workers::ShardSpec& s : shards_) {
     const uint64_t n = s.num_elements;
-    po.gates.push_back({{s.master_offset, s.master_offset + n * 4},
-                        {s.weights_offset, s.weights_offset + n * 2}});
+    std::vector<ByteRange> gate = {{s.master_offset, s.master_offset + n * 4}};
+    if (s.weights_offset != 0) gate.push_back({s.weights_offset, s.weights_offset + n * 2});
+    po.gates.push_back(std::move(gate));
     staging.push_back({s.grad_offset, s.grad_offset + n * grad_bytes});
   }
   po.gates.push_back(std::move(staging));

@@ -34,7 +34,7 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(const Options& opti
   for (int b = 0; b < s->n_; ++b) {
     const int64_t numel = static_cast<int64_t>(s->layout_[b].numel);
     s->host_grads_[b] = at::from_blob(host->grad_staging(b), {numel}, opts);
-    RETURN_IF_ERROR(options.streams->Pin(host->grad_staging(b), host->compute_weight_bytes(b)));
+    RETURN_IF_ERROR(options.streams->Pin(host->grad_staging(b), host->grad_staging_bytes(b)));
   }
   if (s->cuda_) {
     s->host_norms_ = at::empty({s->n_}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));

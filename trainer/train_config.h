@@ -76,6 +76,10 @@ struct OffloadPlanConfig {
   enum class Weights { kAuto, kResident, kStreamed } weights = Weights::kAuto;
   uint64_t gpu_memory_limit = 0;   // bytes; 0: what the device has free
   uint64_t host_memory_limit = 0;  // bytes; 0: no limit
+  // 16-bit compute, RAM tier: keep a 16-bit copy of the weights beside the fp32 masters in the
+  // arena (16 bytes per parameter). false (default): the device reads the fp32 masters and
+  // rounds them itself, to the same bits (14 bytes per parameter; HostOptimizerOptions).
+  bool host_weight_copy = false;
   // >= 0: LSP-Offload's static schedule: decoder layers < transition have their CPU updates
   // deferred to the end of backward and run in ascending order, the others first-come-first-
   // served. -1: earliest-needed-first dispatch (workers/step_driver.h, "Update order").

@@ -64,6 +64,13 @@ struct StepPrediction {
   std::string bound;             // the resource that sets the step time
   std::string basis;             // where the figures come from
   std::string text;              // one line with all of it
+  // Host RAM and disk (trainer/host_memory.h), the limit they were checked against, and the same
+  // per tier of the optimizer states: all in RAM, all on NVMe (with the disk's step-time floor
+  // from the node profile's store rates; 0: not measured).
+  uint64_t host_bytes = 0, disk_bytes = 0, host_limit = 0;
+  uint64_t ram_tier_host_bytes = 0, nvme_tier_host_bytes = 0, nvme_tier_disk_bytes = 0;
+  double nvme_tier_disk_seconds = 0;
+  std::string host_text;
 };
 
 struct TrainResult {

@@ -498,6 +498,9 @@ Status Trainer::Impl::PredictStep() {
                                            : 0;
   p.bound = c.plan.bound;
   p.basis = "node profile " + prof.key + " of " + prof.measured_at + "; GPU work: " + gpu_basis;
+  uint64_t params = 0;  // every block's states on NVMe: the disk's share of the step
+  for (const auto& bl : layout) params += bl.numel;
+  p.nvme_tier_disk_seconds = NvmeStepSeconds(params, prof.store_read_bytes_per_s, prof.store_write_bytes_per_s);
   std::ostringstream o;
   o.precision(3);
   o << "predicted " << p.step_seconds << " s/step, " << p.tokens_per_second / 1e3 << "k tokens/s (micro-batch "

@@ -32,6 +32,7 @@
 #include "trainer/host_optimizer.h"
 #include "trainer/lsp_mode.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/host_memory.h"
 #include "trainer/node_profile.h"
 #include "trainer/step_accounting.h"
 #include "trainer/shape_profile.h"
@@ -224,6 +225,11 @@ struct Trainer::Impl {
   // TrainConfig::validate_only: prices the configured step into `prediction` (trainer_batch.cc).
   Status PredictStep();
   StepPrediction prediction;
+  // The host RAM and disk the planned job needs (trainer/host_memory.h) against
+  // cfg.offload.host_memory_limit, which it resolves (unset: DefaultHostMemoryLimit, as the
+  // daemon); RESOURCE_EXHAUSTED with the numbers and the smallest change that fits, before the
+  // arena is made (trainer_plan.cc). Fills prediction's host fields.
+  Status CheckHostMemory();
   double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
   // CUDA: the embedding, one decoder layer and the head run at [micro, seq] with random weights
   // (the model's placeholders are put back after), timed warm (trainer_batch.cc).

@@ -21,8 +21,62 @@ namespace {
 
 constexpr double kRecheckTolerance = 0.10;
 
-
 }  // namespace
+
+Status Trainer::Impl::CheckHostMemory() {
+  const uint64_t ram = HostRamBytes();
+  const bool named = cfg.offload.host_memory_limit > 0;
+  const uint64_t limit = DefaultHostMemoryLimit(cfg.offload.host_memory_limit, ram);
+  // Applied from here on (the arena's own check, the batch planner's CPU activations).
+  cfg.offload.host_memory_limit = limit;
+  // Data parallel: the leader's arena is the node's; the other ranks attach to it.
+  if (!leader()) return OkStatus();
+  HostMemoryInputs in;
+  in.optimizer = HostOptions();
+  in.cuda = cuda;
+  in.micro = cfg.batch_size;
+  const MemoryEstimate est = EstimateMemory(cfg.batch_size);
+  for (int b = 0; b < n; ++b) {
+    const auto recompute = static_cast<uint64_t>(est.cost[b].saved_bytes_recompute);
+    const auto keep = static_cast<uint64_t>(est.cost[b].saved_bytes_keep);
+    if (offload_checkpoint[b]) in.checkpoint_bytes += recompute;
+    if (spill_nvme[b]) in.spill_disk_bytes += keep;
+    // The CPU device's activations are host RAM too.
+    if (!cuda && !spill_nvme[b]) {
+      in.device_batch_bytes += modes[b] == engine::SaveMode::kKeep ? keep : recompute;
+    }
+  }
+  const HostMemoryPrediction p = PredictHostMemory(in);
+  StepPrediction& out = prediction;
+  out.host_bytes = p.total;
+  out.disk_bytes = p.disk_bytes;
+  out.host_limit = limit;
+  {  // the two tiers side by side, for --validate-only
+    HostMemoryInputs t = in;
+    t.optimizer.tier = StateTier::kCpu;
+    out.ram_tier_host_bytes = PredictHostMemory(t).total;
+    t.optimizer.tier = StateTier::kNvme;
+    const HostMemoryPrediction q = PredictHostMemory(t);
+    out.nvme_tier_host_bytes = q.total;
+    out.nvme_tier_disk_bytes = q.disk_bytes;
+    if (node_profile) {
+      out.nvme_tier_disk_seconds =
+          NvmeStepSeconds(q.nvme_params, node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s);
+    }
+  }
+  const std::string source = named ? "host_memory_limit"
+                                   : "the default: " + std::to_string(kDefaultHostMemoryPercent) + "% of this node's " +
+                                         FormatByteSize(ram) + " of RAM";
+  out.host_text = p.Describe() + " within the host memory limit of " + FormatByteSize(limit) + " (" + source + ")";
+  HostMemoryNames names;
+  names.limit = "resources.host_memory_limit, --host-memory-limit";
+  names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";
+  names.batch = "per_device_train_batch_size, --batch-size";
+  names.nvme_configured = !cfg.offload.nvme_dirs.empty();
+  RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, ram, names));
+  Log(TrainObserver::Level::kInfo, "host memory: " + out.host_text);
+  return OkStatus();
+}
 
 Status Trainer::Impl::PlaceDeviceBlocks() {
   if (!leader()) return FollowDevicePlan();  // data parallel: rank 0 plans for every GPU

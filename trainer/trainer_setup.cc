@@ -106,6 +106,7 @@ Status Trainer::Impl::Setup() {
   {
     PhaseTimer t(this, 3);
     ASSIGN_OR_RETURN(resident, PlanDevice());
+    RETURN_IF_ERROR(CheckHostMemory());  // refused with numbers, never OOM-killed
     if (cfg.validate_only) return PredictStep();  // no arena, no step
     RETURN_IF_ERROR(StartSpill());
   }
@@ -219,10 +220,11 @@ uint32_t Trainer::Impl::SetupThreads() const {
 
 Status Trainer::Impl::PinHostBuffers() {
   // What WeightResidency and StepSchedule page-lock block by block (their Pin finds these done):
-  // every block's gradient staging buffer, and the 16-bit weights of blocks not on the device.
+  // every block's gradient staging buffer, and the weights the device reads (16-bit copies or fp32
+  // masters) of blocks not on the device.
   std::vector<std::pair<void*, size_t>> ranges;
   for (int b = 0; b < n; ++b) {
-    ranges.emplace_back(host->grad_staging(b), host->compute_weight_bytes(b));
+    ranges.emplace_back(host->grad_staging(b), host->grad_staging_bytes(b));
     const bool on_device =
         device_opt && b < static_cast<int>(device_blocks.size()) && device_blocks[b];
     if (!on_device) ranges.emplace_back(host->compute_weights(b), host->compute_weight_bytes(b));
@@ -360,6 +362,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
                           : std::max<uint32_t>(1, UsableCpus() / ho.worker_processes);
   ho.kernel_path = cfg.adamw_kernel;
   ho.host_memory_limit = cfg.offload.host_memory_limit;
+  ho.host_weight_copy = cfg.offload.host_weight_copy;
   ho.populate_threads = SetupThreads();
   ho.populate_in_background = cfg.setup_overlap;
   ho.device_blocks = device_blocks;
@@ -380,7 +383,12 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
                                    : std::string(engine::SaveModeName(modes[b]))]++;
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
   plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
-       << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << ", " << ho.worker_processes
+       << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << " ("
+       << HostOptimizer::BytesPerParameter(ho) << " B/parameter, weights "
+       << (dtype == c10::kFloat              ? "fp32"
+           : HostOptimizer::WeightsAreFp32(ho) ? "cast on the device from the fp32 masters"
+                                               : "16-bit copy in RAM")
+       << "), " << ho.worker_processes
        << "x" << ho.worker_threads << " worker threads, AdamW kernel " << host->kernel_description()
        << ", updates "
        << (ho.defer_below_block > 0

@@ -16,6 +16,8 @@ WeightResidency::WeightResidency(const Options& options)
       dtype_(options.dtype),
       cuda_(options.device.is_cuda()),
       resident_(options.resident),
+      host_dtype_(options.host->weights_fp32() ? c10::kFloat : options.dtype),
+      cast_(host_dtype_ != options.dtype),
       n_(options.model->num_blocks()),
       tied_(!options.model->block(n_ - 1).shared_params().empty()),
       host_weights_(n_),
@@ -37,9 +39,12 @@ Status WeightResidency::BindInitial(int b) {
   }
   const int64_t numel = static_cast<int64_t>(layout_[b].numel);
   host_weights_[b] = at::from_blob(host_->compute_weights(b), {numel},
-                                   at::TensorOptions().dtype(dtype_).device(c10::kCPU));
+                                   at::TensorOptions().dtype(host_dtype_).device(c10::kCPU));
   RETURN_IF_ERROR(streams_->Pin(host_->compute_weights(b), host_->compute_weight_bytes(b)));
-  if (!cuda_) {
+  if (!cuda_ && cast_) {
+    device_weights_[b] = host_weights_[b].to(dtype_);
+    layout_[b].Bind(device_weights_[b]);
+  } else if (!cuda_) {
     layout_[b].Bind(host_weights_[b]);
   } else if (resident_) {
     streams_->UseCompute();
@@ -93,6 +98,10 @@ void WeightResidency::Release(int b) {
 }
 
 void WeightResidency::OnUpdated(int b, bool after_compute) {
+  if (!cuda_ && cast_ && !OnDevice(b)) {
+    device_weights_[b].copy_(host_weights_[b]);  // as the workers' in-place 16-bit write
+    return;
+  }
   if (!cuda_ || !resident_ || OnDevice(b)) return;
   auto e = streams_->CopyToDevice(device_weights_[b], host_weights_[b],
                                   "weights " + model_->block(b).name(), after_compute);
@@ -101,6 +110,12 @@ void WeightResidency::OnUpdated(int b, bool after_compute) {
 }
 
 Status WeightResidency::Reload() {
+  if (!cuda_ && cast_) {
+    for (int b = 0; b < n_; ++b) {
+      if (!OnDevice(b)) device_weights_[b].copy_(host_weights_[b]);
+    }
+    return OkStatus();
+  }
   if (!cuda_ || !resident_) return OkStatus();
   streams_->UseCompute();
   for (int b = 0; b < n_; ++b) {
@@ -129,7 +144,7 @@ void WeightResidency::Rebind(int b) {
   if (OnDevice(b)) {
     layout_[b].Bind(device_opt_->weights(b));
   } else if (!cuda_) {
-    layout_[b].Bind(host_weights_[b]);
+    layout_[b].Bind(cast_ ? device_weights_[b] : host_weights_[b]);
   } else if (device_weights_[b].defined()) {
     layout_[b].Bind(device_weights_[b]);
   } else {

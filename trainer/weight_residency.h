@@ -1,6 +1,7 @@
 #pragma once
 // WeightResidency: where each block's compute-dtype weights are for the device to use. On a CPU
-// device the blocks compute straight from the host arena. On CUDA they are either resident (one
+// device the blocks compute straight from the host arena (or, when the arena holds fp32 masters
+// and the compute is 16-bit, from a copy cast after each update). On CUDA they are either resident (one
 // device copy per block, refreshed host-to-device right behind each CPU update) or streamed (a
 // block is uploaded ahead of use, Prefetch, and dropped after, Release; the tied embedding stays
 // while the head needs it). Owns the host views of the arena's compute weights, the device
@@ -85,10 +86,15 @@ class WeightResidency {
   const c10::Device device_;
   const c10::ScalarType dtype_;
   const bool cuda_, resident_;
+  // The arena's weights are fp32 masters, the compute 16-bit (HostOptimizer::weights_fp32): every
+  // upload casts on the device (DeviceStreams::CopyToDevice); a CPU device casts into a copy.
+  const c10::ScalarType host_dtype_;
+  const bool cast_;
   const int n_;
   const bool tied_;                         // the head uses block 0's embedding matrix
   std::vector<at::Tensor> host_weights_;    // per block, flat view of the arena's compute weights
-  std::vector<at::Tensor> device_weights_;  // CUDA: per block flat weights while on the device
+  // CUDA: per block flat weights while on the device; CPU with cast_: the cast copy.
+  std::vector<at::Tensor> device_weights_;
   std::mutex ready_mu_;
   std::vector<DeviceStreams::EventPtr> ready_;  // per block: its weights' upload (CUDA)
   std::function<void(int)> on_ensured_, on_released_;

@@ -13,8 +13,10 @@
 //   p  = p + (-lr / (1 - beta1^k)) * m / (sqrt(v) / sqrt(1 - beta2^k) + eps)
 // so results agree with PyTorch to fp32 rounding (see tests/python/workers for the tolerance).
 // Code paths: AVX-512 with AVX512_BF16 conversions, AVX-512 (integer bf16 rounding), AVX2+F16C+FMA
-// and portable C++, chosen at run time from cpuid; all give the same results except that the
-// AVX512_BF16 instruction flushes fp32 denormals to zero when rounding to bf16.
+// and portable C++, chosen at run time from cpuid; all give the same results bit for bit, the
+// 16-bit weight copy included (round to nearest even with denormals kept, as c10::BFloat16 and
+// the CUDA cast of the fp32 masters: the AVX512_BF16 instruction's flush of fp32 denormals is
+// avoided for vectors that hold one).
 //
 // Thread-safe: pure functions over caller-owned memory; callers split shards between threads.
 

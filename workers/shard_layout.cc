@@ -49,7 +49,8 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
   uint64_t bytes = 0;
   ForEachShard(layers, o, [&](size_t, uint64_t, uint64_t n) {
     bytes += RoundUp(n * gsize, kAlign) + (o.states_resident ? 3 * RoundUp(n * 4, kAlign) : 0) +
-             RoundUp(n * 2, kAlign) + RoundUp(AdamWCountersBytes(n), kAlign);
+             (o.weight_dtype != WeightDtype::kNone ? RoundUp(n * 2, kAlign) : 0) +
+             RoundUp(AdamWCountersBytes(n), kAlign);
     if (o.accumulation_steps > 1)
       bytes += RoundUp(n * 4, kAlign) + RoundUp(CountersBytes(n), kAlign);
   });
@@ -59,6 +60,11 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
                              RoundUp(UndoRegionBytes(pool.threads_per_process), kAlign));
   const uint64_t table = uint64_t{RegionsFor(layers, o, pool.processes)} * 80 + 4096;
   return bytes + RoundUp(table, kAlign) + kAlign;
+}
+
+uint64_t BytesPerParameter(const ShardLayoutOptions& o) {
+  return GradBytes(o.grad_dtype) + (o.states_resident ? 12 : 0) +
+         (o.weight_dtype != WeightDtype::kNone ? 2 : 0) + (o.accumulation_steps > 1 ? 4 : 0);
 }
 
 Status BindShardsToWorkers(const ipc::Arena& arena, const std::vector<ShardSpec>& shards,
@@ -115,7 +121,8 @@ StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
       spec.exp_avg_offset = alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4);
       spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4);
     }
-    spec.weights_offset = alloc("weights", ipc::RegionKind::kParamStaging, n * 2);
+    if (o.weight_dtype != WeightDtype::kNone)
+      spec.weights_offset = alloc("weights", ipc::RegionKind::kParamStaging, n * 2);
     spec.counters_offset = alloc("counters", ipc::RegionKind::kControl, AdamWCountersBytes(n));
     if (o.accumulation_steps > 1) {
       spec.accum_offset = alloc("accum", ipc::RegionKind::kGradAccum, n * 4);

@@ -26,6 +26,8 @@ namespace offloadd::workers {
 
 struct ShardLayoutOptions {
   GradDtype grad_dtype = GradDtype::kBf16;
+  // The 16-bit copy of the new weights the workers write for the device; kNone: no such region
+  // (weights_offset 0; the device reads the fp32 masters and casts them itself).
   WeightDtype weight_dtype = WeightDtype::kBf16;
   uint32_t accumulation_steps = 1;  // > 1 adds an fp32 accumulation buffer per shard
   // Split layers into shards of at most this many elements (rounded up to kChunkElements);
@@ -43,6 +45,12 @@ uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOption
 // Segment bytes (data area) for the shards, the pool's rings and redo slots, and the region table.
 uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
                        const WorkerPoolOptions& pool);
+// Host RAM per parameter of the shards' tensors (gradient staging, fp32 master and moments when
+// states_resident, the 16-bit weight copy unless weight_dtype is kNone, the fp32 accumulation
+// buffer): what planners multiply by the parameter count. ArenaBytesFor adds to that the step
+// counters (16 B per 2048 parameters), 4 KiB rounding per region, the rings and the table.
+// bf16 compute, RAM tier, no accumulation: 2 + 12 + 2 = 16 with the 16-bit copy, 14 without.
+uint64_t BytesPerParameter(const ShardLayoutOptions& options);
 // Moves every shard's state onto the NUMA node of the worker that updates it (no-op when the
 // workers run on one node). Call after WorkerPool::Start and before the first step; needs the
 // shards to be mapped by this process only or CAP_SYS_NICE (mbind MPOL_MF_MOVE).

@@ -140,6 +140,8 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
            f"--stats-jsonl={stats_path}", f"--trace={trace}", f"--trace-steps={args.warmup + 2}",
            f"--activations={args.activations}", f"--weights={args.weights}",
            f"--update-depth={args.update_depth}", f"--device-optimizer-blocks={args.device_optimizer_blocks}"]
+    if args.train_args:  # further offloadd-train flags, e.g. --host-weight-copy
+        cmd += args.train_args.split()
     if args.compression:  # LSP-Offload (issue #14)
         cmd += [f"--compression={args.compression}"]
     if args.profile_dir:  # node and shape profiles cached across runs (issue #13)
@@ -197,6 +199,7 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
         res[f"{k}_bound_seconds"] = sum(b["parts"][k] for b in bounds) / len(bounds)
     res["calibration"] = cal
     res["gpu_peak_gib"] = max(x["gpu_peak_bytes"] for x in rows) / 2**30
+    res["time_to_first_step_seconds"] = rows[0].get("time_to_first_step_seconds", 0)
     res["plan"] = plan
     res["planner_notes"] = notes
     res["lsp_checks"] = checks
@@ -233,6 +236,7 @@ def main() -> int:
     p.add_argument("--profile-dir", default="",
                    help="--profile-dir for offloadd-train: node and shape profiles cached across runs")
     p.add_argument("--compression", default="", help="offloadd-train --compression, e.g. lsp or lsp:rank=256")
+    p.add_argument("--train-args", default="", help="more offloadd-train flags, space-separated")
     p.add_argument("--json")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))

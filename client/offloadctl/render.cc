@@ -108,6 +108,10 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   o << "memory      " << Bytes(m.total_bytes()) << " total, " << Bytes(m.available_bytes()) << " available, "
     << "/dev/shm " << Bytes(m.shm_available_bytes()) << " free, memlock "
     << (m.memlock_limit_bytes() == 0 ? std::string("unlimited") : Bytes(m.memlock_limit_bytes())) << "\n";
+  if (m.default_host_memory_limit_bytes() > 0) {
+    o << "host limit  " << Bytes(m.default_host_memory_limit_bytes()) << " per job by default ("
+      << m.default_host_memory_limit_source() << "; resources.host_memory_limit overrides it)\n";
+  }
   if (m.hugepages_total() > 0) {
     o << "hugepages   " << m.hugepages_free() << "/" << m.hugepages_total() << " free of "
       << Bytes(m.hugepage_size_bytes()) << "\n";

@@ -447,6 +447,61 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   return *real;
 }
 
+// Host RAM and disk as the trainer plans them (trainer/host_memory.h, the same functions): the
+// limit is the job's resources.host_memory_limit, else the node's default (DefaultHostMemoryLimit:
+// the daemon's memory.host_memory_limit or 80% of RAM), which offloadd-train applies too.
+void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& config, int compute_bytes,
+                            bool gpu, const NodeBudget& node, Checker& c, ValidationResult* r) {
+  const auto& res = spec.resources();
+  // A job's own limit first, else the node's default.
+  const uint64_t host_limit = res.host_memory_limit()
+                                  ? res.host_memory_limit()
+                                  : trainer::DefaultHostMemoryLimit(node.host_memory_limit, node.host_memory_bytes);
+  if (res.host_memory_limit() > node.host_memory_bytes) {
+    c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
+                                             FormatByteSize(node.host_memory_bytes) + " of RAM");
+  }
+  const trainer::HostMemoryInputs in = JobHostMemoryInputs(spec, config, r->model_size, compute_bytes, gpu);
+  r->host_memory = trainer::PredictHostMemory(in);
+  r->host_memory_limit = host_limit;
+  {
+    trainer::HostMemoryInputs t = in;
+    t.optimizer.tier = trainer::StateTier::kCpu;
+    r->ram_tier_host_bytes = trainer::PredictHostMemory(t).total;
+    t.optimizer.tier = trainer::StateTier::kNvme;
+    const trainer::HostMemoryPrediction q = trainer::PredictHostMemory(t);
+    r->nvme_tier_host_bytes = q.total;
+    r->nvme_tier_disk_bytes = q.disk_bytes;
+  }
+  const std::string source =
+      res.host_memory_limit() ? "resources.host_memory_limit"
+      : node.host_memory_limit
+          ? "the daemon's memory.host_memory_limit"
+          : "the default: " + std::to_string(trainer::kDefaultHostMemoryPercent) + "% of this node's " +
+                FormatByteSize(node.host_memory_bytes) + " of RAM";
+  trainer::HostMemoryNames names;
+  names.limit = "resources.host_memory_limit";
+  names.nvme = "offload.offload_optimizer.device: nvme";
+  names.batch = "training.per_device_train_batch_size";
+  names.nvme_configured = !node.store_dirs.empty();
+  const Status host = trainer::CheckHostMemory(in, host_limit, source, node.host_memory_bytes, names);
+  if (!host.ok()) {
+    c.Add(res.host_memory_limit() ? "resources.host_memory_limit" : "offload.offload_optimizer.device",
+          std::string(host.message()));
+  }
+  if (r->host_memory.disk_bytes > 0 && !node.store_dirs.empty()) {
+    uint64_t free_bytes = 0;
+    for (const auto& d : node.store_dirs) free_bytes += d.available_bytes;
+    if (free_bytes < r->host_memory.disk_bytes) {
+      c.Add("offload.offload_optimizer.device",
+            "the store directories have " + FormatByteSize(free_bytes) + " free, below the " +
+                FormatByteSize(r->host_memory.disk_bytes) +
+                " the optimizer states need there (12 B per parameter and the new versions in flight); "
+                "add a store directory (storage.directories) or keep the states in RAM (device cpu)");
+    }
+  }
+}
+
 }  // namespace
 
 ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& paths,
@@ -740,32 +795,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
         }
       }
     }
-    const uint64_t host_default = node.host_memory_limit ? node.host_memory_limit : node.host_memory_bytes / 10 * 8;
-    const uint64_t host_limit = res.host_memory_limit() ? res.host_memory_limit() : host_default;
-    if (res.host_memory_limit() > node.host_memory_bytes) {
-      c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
-                                               FormatByteSize(node.host_memory_bytes) + " of RAM");
-    }
-    const bool states_on_nvme = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
-    const uint64_t host_need = f.host_pinned_bytes + (states_on_nvme ? 0 : f.optimizer_bytes);
-    if (host_need > host_limit) {
-      c.Add(res.host_memory_limit() ? "resources.host_memory_limit" : "offload.offload_optimizer.device",
-            "host memory budget " + FormatByteSize(host_limit) + " is below the " + FormatByteSize(host_need) + " needed for " +
-                std::to_string(r.model_size.total_params) + " parameters (" +
-                (states_on_nvme ? std::string("bf16 weights and gradient staging")
-                                : "fp32 master weights + Adam states " + FormatByteSize(f.optimizer_bytes) +
-                                      ", bf16 weights and gradient staging " + FormatByteSize(f.host_pinned_bytes)) +
-                (states_on_nvme ? ")" : "); put the optimizer states on NVMe (offload_optimizer.device: nvme)"));
-    }
-    if (states_on_nvme && !node.store_dirs.empty()) {
-      uint64_t free_bytes = 0;
-      for (const auto& d : node.store_dirs) free_bytes += d.available_bytes;
-      if (free_bytes < f.optimizer_bytes * 2) {  // two versions: the committed one and the one being written
-        c.Add("offload.offload_optimizer.device", "the store directories have " + FormatByteSize(free_bytes) +
-                                                      " free, below the " + FormatByteSize(f.optimizer_bytes * 2) +
-                                                      " for two versions of the optimizer states");
-      }
-    }
+    CheckHostMemoryAndDisk(spec, *config, compute_bytes, gpu, node, c, &r);
     // Room for a checkpoint and the exported model (checked again when the job starts).
     if (output_dir_ok) {
       const Status space =

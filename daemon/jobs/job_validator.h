@@ -41,7 +41,8 @@ inline constexpr size_t kMaxJobSpecBytes = 256u << 10;
 // What this node offers; filled from the node probe and the daemon config.
 struct NodeBudget {
   uint64_t host_memory_bytes = 0;         // physical RAM
-  uint64_t host_memory_limit = 0;         // daemon default for host_memory_limit (0 = 80% of RAM)
+  uint64_t host_memory_limit = 0;         // daemon default for host_memory_limit (0: 80% of RAM,
+                                          // trainer::DefaultHostMemoryLimit)
   uint64_t gpu_memory_limit = 0;          // daemon default per-job GPU budget (0 = GPU's memory)
   std::vector<GpuFacts> gpus;
   int cpu_cores = 1;                      // logical cores: the bound of CPU executors (resources.gpus)
@@ -89,6 +90,11 @@ struct ValidationResult {
   // read. model_type and architectures[0] of its config.json.
   std::string model_type, model_architecture, model_parts;
   offloadd::v1::StepEstimate step_estimate;  // the step priced on this node (EstimateJobStep)
+  // Host RAM and disk as the trainer would plan them (trainer/host_memory.h), the limit they were
+  // checked against, and the host RAM and disk with every state in RAM or all on NVMe.
+  trainer::HostMemoryPrediction host_memory;
+  uint64_t host_memory_limit = 0;
+  uint64_t ram_tier_host_bytes = 0, nvme_tier_host_bytes = 0, nvme_tier_disk_bytes = 0;
   bool ok() const { return violations.empty(); }
 };
 

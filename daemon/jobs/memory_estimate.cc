@@ -64,9 +64,29 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
                     FormatByteSize(grads) + ", one layer's activations " + FormatByteSize(layer_act) +
                     ", LM head and loss " + FormatByteSize(logits) + " (logits in chunks of " +
                     std::to_string(head_tokens) + " tokens)";
-  f.optimizer_bytes = 12 * static_cast<uint64_t>(size.total_params);
-  f.host_pinned_bytes = 2 * static_cast<uint64_t>(size.total_params) + 2 * grads;
   return f;
+}
+
+trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const engine::ModelConfig& config,
+                                              const ModelSize& size, int compute_bytes, bool gpu) {
+  trainer::HostMemoryInputs in;
+  trainer::HostOptimizerOptions& o = in.optimizer;
+  const int64_t layers = std::max<int64_t>(0, config.num_layers);
+  o.block_elements.push_back(static_cast<uint64_t>(size.embedding_params));
+  for (int64_t l = 0; l < layers; ++l) o.block_elements.push_back(static_cast<uint64_t>(size.layer_params));
+  o.block_elements.push_back(static_cast<uint64_t>(
+      std::max<int64_t>(0, size.total_params - size.embedding_params - layers * size.layer_params)));
+  const v1::ComputeDtype dt = spec.model().compute_dtype();
+  o.compute = compute_bytes == 4 ? trainer::HostDtype::kFp32
+              : dt == v1::COMPUTE_DTYPE_FP16 ? trainer::HostDtype::kFp16
+                                             : trainer::HostDtype::kBf16;
+  o.host_weight_copy = false;  // the trainer's default (TrainConfig::offload.host_weight_copy)
+  o.accumulation_steps = static_cast<uint32_t>(std::max<int64_t>(1, spec.training().gradient_accumulation_steps()));
+  o.tier = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME ? trainer::StateTier::kNvme
+                                                                                 : trainer::StateTier::kCpu;
+  in.cuda = gpu;
+  in.micro = std::max<int64_t>(1, spec.training().per_device_train_batch_size());
+  return in;
 }
 
 v1::StepEstimate StepEstimateUnavailable(const std::string& why) {

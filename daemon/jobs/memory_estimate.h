@@ -9,6 +9,7 @@
 
 #include "engine/model_config.h"
 #include "offloadd/v1/job.pb.h"
+#include "trainer/host_memory.h"
 
 namespace offloadd::daemon {
 
@@ -24,8 +25,7 @@ ModelSize EstimateModelSize(const engine::ModelConfig& config);
 struct MemoryFloor {
   uint64_t gpu_bytes = 0;         // streaming everything, recomputing activations
   std::string gpu_breakdown;      // human-readable parts of gpu_bytes
-  uint64_t optimizer_bytes = 0;   // fp32 master + exp_avg + exp_avg_sq (RAM or NVMe)
-  uint64_t host_pinned_bytes = 0; // bf16 weight staging + gradient staging when states are on NVMe
+  // Host RAM and disk: JobHostMemoryInputs below, priced by the trainer's own functions.
 };
 
 // compute_bytes: 2 for bf16/fp16, 4 for fp32.
@@ -56,5 +56,13 @@ v1::StepEstimate StepEstimateUnavailable(const std::string& why);
 v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::string& gpu,
                                  const engine::ModelConfig& config, const ModelSize& size, int64_t micro,
                                  int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates);
+
+// The host RAM and disk the job needs as the trainer plans it (trainer/host_memory.h): its arena
+// sized by HostOptimizer::ArenaBytes from the model's blocks (embedding, decoder layers, head),
+// the compute dtype, the accumulation and the tier of its optimizer states. The checkpoints the
+// trainer may keep in pinned RAM are placed when the job starts and are not counted here (the
+// trainer checks again with them before its arena is made).
+trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const engine::ModelConfig& config,
+                                              const ModelSize& size, int compute_bytes, bool gpu);
 
 }  // namespace offloadd::daemon

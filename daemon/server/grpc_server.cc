@@ -93,6 +93,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const DaemonConfig& conf
   auto node = std::make_unique<NodeServiceImpl>(build, dirs, metrics);
   node->set_adamw_kernel(config.workers.adamw_kernel);
   node->set_profile_dir(config.state_dir + "/profiles");  // where jobs cache the node profile
+  node->set_host_memory_limit(config.memory.host_memory_limit);
   if (jobs != nullptr) {
     node->set_gpu_jobs([jobs] { return jobs->GpuAssignments(); });
     node->set_serving_problem([jobs] { return jobs->HealthProblem(); });

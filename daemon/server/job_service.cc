@@ -9,6 +9,7 @@
 #include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/message_text.h"
+#include "common/units.h"
 #include "daemon/jobs/job_validator.h"
 #include "daemon/jobs/path_policy.h"
 #include "daemon/node/node_probe.h"
@@ -180,6 +181,17 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   if (request->validate_only()) {
     *job->mutable_spec() = std::move(result.resolved);
     *job->mutable_step_estimate() = std::move(result.step_estimate);
+    {
+      v1::StepEstimate* e = job->mutable_step_estimate();
+      e->set_host_bytes(result.host_memory.total);
+      e->set_disk_bytes(result.host_memory.disk_bytes);
+      e->set_host_memory_limit(result.host_memory_limit);
+      e->set_host_text(result.host_memory.Describe() + " within the host memory limit of " +
+                       FormatByteSize(result.host_memory_limit));
+      e->set_ram_tier_host_bytes(result.ram_tier_host_bytes);
+      e->set_nvme_tier_host_bytes(result.nvme_tier_host_bytes);
+      e->set_nvme_tier_disk_bytes(result.nvme_tier_disk_bytes);
+    }
     job->set_state(v1::JOB_STATE_QUEUED);
     v1::ModelSummary* model = job->mutable_model();
     model->set_model_type(result.model_type);

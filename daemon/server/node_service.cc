@@ -4,6 +4,7 @@
 
 #include "daemon/server/rpc_recorder.h"
 #include "engine/model_config.h"
+#include "trainer/host_memory.h"
 #include "trainer/node_profile_file.h"
 #include "trainer/shape_profile.h"
 #include "workers/adamw_kernel.h"
@@ -47,6 +48,13 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
     cpu->set_adamw_kernel_reason(k->reason);
   } else {
     cpu->set_adamw_kernel_reason(k.status().message());
+  }
+  {
+    v1::MemoryInfo* mem = response->mutable_memory();
+    mem->set_default_host_memory_limit_bytes(trainer::DefaultHostMemoryLimit(host_memory_limit_, mem->total_bytes()));
+    mem->set_default_host_memory_limit_source(host_memory_limit_ ? "memory.host_memory_limit"
+                                                                 : std::to_string(trainer::kDefaultHostMemoryPercent) +
+                                                                       "% of RAM");
   }
   response->mutable_start_time()->set_seconds(start_unix_seconds_);
   FillBandwidths(profile_dir_, response->mutable_bandwidths());

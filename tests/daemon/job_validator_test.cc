@@ -347,7 +347,59 @@ TEST_F(JobValidatorTest, InfeasibleHostBudgetSuggestsNvme) {
   const ValidationResult r = Validate(s);
   const FieldViolation* h = Find(r, "resources.host_memory_limit");
   ASSERT_NE(h, nullptr) << Describe(r);
-  EXPECT_NE(h->description.find("offload_optimizer.device: nvme"), std::string::npos) << h->description;
+  // The numbers: what the job needs (the trainer's own prediction) and the limit.
+  EXPECT_NE(h->description.find(FormatByteSize(r.host_memory.total)), std::string::npos) << h->description;
+  EXPECT_NE(h->description.find("more than the host memory limit of 1 MiB (resources.host_memory_limit)"),
+            std::string::npos)
+      << h->description;
+  // The states in RAM: at least the fp32 master weights and both moments (12 B per parameter).
+  EXPECT_GE(r.host_memory.arena, 12 * static_cast<uint64_t>(r.model_size.total_params));
+}
+
+// Host RAM as the trainer plans it: a model whose decoder layers outweigh its embedding (24 layers of
+// 1024) needs less RAM with its states on NVMe, so a limit between the two tiers is refused with
+// NVMe as the fix, and NVMe then needs 12 B per parameter (and the versions in flight) of store space.
+TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDiskIsChecked) {
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
+      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 1024, "n_layer": 24, "n_head": 16,
+            "n_positions": 256})";
+  GpuFacts gpu;
+  gpu.name = "test GPU";
+  gpu.total_memory_bytes = 80ull << 30;
+  node_.gpus.push_back(gpu);
+  v1::JobSpec s = ValidSpec();
+  ValidationResult r = Validate(s);
+  ASSERT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
+  // The default limit: 80% of the node's 64 GiB.
+  EXPECT_EQ(r.host_memory_limit, (64ull << 30) / 100 * 80);
+  ASSERT_LT(r.nvme_tier_host_bytes, r.ram_tier_host_bytes);
+  // 12 B per parameter, and the new versions of the largest block in flight (3 slots + 1 committing).
+  EXPECT_EQ(r.nvme_tier_disk_bytes, 12 * static_cast<uint64_t>(r.model_size.total_params) +
+                                        48 * static_cast<uint64_t>(r.model_size.largest_block_params));
+  // The daemon's memory.host_memory_limit is the default when the job names none.
+  node_.host_memory_limit = (r.nvme_tier_host_bytes + r.ram_tier_host_bytes) / 2;
+  r = Validate(s);
+  const FieldViolation* h = Find(r, "offload.offload_optimizer.device");
+  ASSERT_NE(h, nullptr) << Describe(r);
+  EXPECT_NE(h->description.find("the daemon's memory.host_memory_limit"), std::string::npos) << h->description;
+  EXPECT_NE(h->description.find("the optimizer states on NVMe (offload.offload_optimizer.device: nvme)"),
+            std::string::npos)
+      << h->description;
+  EXPECT_NE(h->description.find("this needs a store directory"), std::string::npos) << h->description;
+  // On NVMe it fits the RAM; the store directories must hold the states twice.
+  StoreDirFacts dir;
+  dir.path = fs::canonical(root_);
+  dir.available_bytes = r.nvme_tier_disk_bytes - 1;
+  node_.store_dirs.push_back(dir);
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  r = Validate(s);
+  h = Find(r, "offload.offload_optimizer.device");
+  ASSERT_NE(h, nullptr) << Describe(r);
+  EXPECT_NE(h->description.find("the optimizer states need there"), std::string::npos) << h->description;
+  node_.store_dirs.back().available_bytes = r.nvme_tier_disk_bytes;
+  r = Validate(s);
+  EXPECT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
+  EXPECT_EQ(r.host_memory.total, r.nvme_tier_host_bytes);
 }
 
 TEST_F(JobValidatorTest, NvmeNeedsAConfiguredStoreDirectory) {

@@ -138,6 +138,64 @@ TEST_F(HostOptimizerTest, HealthyStepsUpdateEveryBlock) {
   }
 }
 
+// bf16 compute without the 16-bit weight copy: 14 bytes per parameter instead of 16, the device
+// reads the fp32 masters (compute_weights), and training is bit-identical to the layout with the
+// copy, whose copy is the round-to-nearest-even of those masters (the device's cast).
+TEST_F(HostOptimizerTest, NoWeightCopyArenaIsSmallerAndTrainsTheSame) {
+  HostOptimizerOptions with = Options(StateTier::kCpu);
+  with.compute = HostDtype::kBf16;
+  with.block_elements = {1 << 18, 1 << 19, 1 << 17};  // whole pages: no rounding
+  HostOptimizerOptions without = with;
+  without.host_weight_copy = false;
+  const uint64_t params = 7 << 17;
+  EXPECT_EQ(HostOptimizer::BytesPerParameter(with), 16u);
+  EXPECT_EQ(HostOptimizer::BytesPerParameter(without), 14u);
+  EXPECT_FALSE(HostOptimizer::WeightsAreFp32(with));
+  EXPECT_TRUE(HostOptimizer::WeightsAreFp32(without));
+  EXPECT_EQ(HostOptimizer::ArenaBytes(with) - HostOptimizer::ArenaBytes(without), 2 * params);
+  // 14 bytes per parameter, the step counters (1/128) and a few MiB of rings, table and rounding.
+  EXPECT_LE(HostOptimizer::ArenaBytes(without), params * 14 + params / 128 + (8u << 20));
+  HostOptimizerOptions nvme = without;  // the NVMe tier keeps its copy: masters are in the store
+  nvme.tier = StateTier::kNvme;
+  EXPECT_FALSE(HostOptimizer::WeightsAreFp32(nvme));
+
+  auto a = Make(with), b = Make(without);
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(a->weights_fp32());
+  EXPECT_TRUE(b->weights_fp32());
+  const auto bf16 = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  };
+  for (uint64_t s = 1; s <= 3; ++s) {
+    for (HostOptimizer* h : {a.get(), b.get()}) {
+      ASSERT_TRUE(h->BeginStep(s, 1e-3).ok());
+      for (int blk = h->num_blocks() - 1; blk >= 0; --blk) {
+        ASSERT_TRUE(Bounded("WaitStagingFree", [&] { return h->WaitStagingFree(blk); }).ok());
+        auto* g = static_cast<uint16_t*>(h->grad_staging(blk));
+        for (uint64_t i = 0; i < h->elements(blk); ++i)
+          g[i] = bf16(1e-3f * static_cast<float>((i * 7 + s + blk) % 13) - 6e-3f);
+        ASSERT_TRUE(h->GradsReady(blk, 0, nullptr).ok());
+      }
+      ASSERT_TRUE(h->FinishStepAsync().ok());
+      auto r = Bounded("WaitFinished", [&] { return h->WaitFinished(s); });
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    }
+  }
+  for (int blk = 0; blk < a->num_blocks(); ++blk) {
+    const uint64_t n = a->elements(blk);
+    ASSERT_EQ(b->compute_weights(blk), static_cast<const void*>(b->master_weights(blk)));
+    EXPECT_EQ(b->compute_weight_bytes(blk), n * 4);
+    EXPECT_EQ(a->compute_weight_bytes(blk), n * 2);
+    EXPECT_EQ(b->grad_staging_bytes(blk), n * 2);
+    ASSERT_EQ(std::memcmp(a->master_weights(blk), b->master_weights(blk), n * 4), 0) << blk;
+    const auto* copy = static_cast<const uint16_t*>(a->compute_weights(blk));
+    const float* master = b->master_weights(blk);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(copy[i], bf16(master[i])) << blk << " " << i;
+  }
+}
+
 // Defect 1: NaN gradients with clipping. The next forward waits for the blocks' update of the
 // failed step (WaitUpdated); before the fix only WaitFinished saw the error and this wait hung.
 TEST_F(HostOptimizerTest, NonFiniteNormFailsEveryWaitOfTheStep) {

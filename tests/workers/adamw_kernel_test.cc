@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -211,6 +212,47 @@ TEST(AdamWKernelTest, EveryPathComputesThePortableBits) {
         EXPECT_EQ(got_w, want_w);  // no denormal weights here: AVX512_BF16 rounds them the same
       }
     }
+  }
+}
+
+// The bf16 weight copy of denormal, tiny and ordinary masters, vectors mixing them included, is
+// round-to-nearest-even with denormals kept on every path (AVX512_BF16's instruction alone would
+// flush the denormals): the bits c10::BFloat16 and the device's cast of the fp32 masters give.
+TEST(AdamWKernelTest, Bf16WeightCopyKeepsDenormalsOnEveryPath) {
+  const auto rne = [](float f) {  // c10::detail::round_to_nearest_even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  };
+  std::vector<float> master;
+  for (uint32_t bits : {0x00000001u, 0x00008000u, 0x00018000u, 0x0007ffffu, 0x007fffffu,
+                        0x80400000u, 0x807f8000u, 0x00800000u, 0x3f808000u, 0x3f818000u})
+    master.push_back(std::bit_cast<float>(bits));
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> mantissa(0, 0x7fffff);
+  for (int i = 0; i < 60; ++i) master.push_back(std::bit_cast<float>(mantissa(rng) | (i % 3 ? 0u : 0x80000000u)));
+  for (int i = 0; i < 64; ++i) master.push_back(std::bit_cast<float>(0x3c000000u + mantissa(rng)));
+  const size_t n = master.size();
+  std::vector<uint16_t> want(n);
+  for (size_t i = 0; i < n; ++i) want[i] = rne(master[i]);
+  // lr 0, no decay, zero gradients: the masters stay as they are, the copy is their rounding.
+  const AdamWHyper h{.lr = 0.0, .weight_decay = 0.0, .step = 1};
+  for (KernelPath path : SupportedPaths()) {
+    SCOPED_TRACE(KernelPathName(path));
+    std::vector<float> p = master, m(n, 0.0f), v(n, 0.0f), grad(n, 0.0f);
+    std::vector<uint16_t> w(n, 0xffff);
+    AdamWSpan span;
+    span.grad = grad.data();
+    span.grad_dtype = GradDtype::kFp32;
+    span.master = p.data();
+    span.exp_avg = m.data();
+    span.exp_avg_sq = v.data();
+    span.weights = w.data();
+    span.weight_dtype = WeightDtype::kBf16;
+    span.n = n;
+    FusedAdamW(span, h, path);
+    ASSERT_EQ(0, std::memcmp(p.data(), master.data(), n * 4));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(w[i], want[i]) << i << " bits " << std::bit_cast<uint32_t>(master[i]);
   }
 }
 

@@ -60,5 +60,36 @@ TEST(ShardLayoutTest, SizesTheSegmentFromThePlan) {
   }
 }
 
+// Without a 16-bit copy (the device casts the fp32 masters) a shard has no weights region and
+// the arena is 14 bytes per bf16 parameter, not 16; BytesPerParameter prices every layout.
+TEST(ShardLayoutTest, NoWeightCopySavesTwoBytesPerParameter) {
+  const std::vector<uint64_t> layers = {1 << 20, 1 << 19};  // whole pages: no rounding
+  const uint64_t params = 3 << 19;
+  ShardLayoutOptions copy;
+  ShardLayoutOptions none{.weight_dtype = WeightDtype::kNone};
+  EXPECT_EQ(BytesPerParameter(copy), 16u);
+  EXPECT_EQ(BytesPerParameter(none), 14u);
+  EXPECT_EQ(BytesPerParameter({.grad_dtype = GradDtype::kFp32, .weight_dtype = WeightDtype::kNone}),
+            16u);
+  EXPECT_EQ(BytesPerParameter({.accumulation_steps = 2}), 20u);
+  EXPECT_EQ(BytesPerParameter({.weight_dtype = WeightDtype::kNone, .states_resident = false}), 2u);
+  WorkerPoolOptions po;
+  const uint64_t with = ArenaBytesFor(layers, copy, po), without = ArenaBytesFor(layers, none, po);
+  EXPECT_EQ(with - without, 2 * params);
+  // Beyond the per-parameter bytes: counters (1/128 B per parameter), rounding, rings, table.
+  EXPECT_LE(without, params * 14 + params / 128 + (4u << 20));
+  EXPECT_GE(without, params * 14);
+  auto seg = ipc::SharedSegment::Create(without);
+  ASSERT_TRUE(seg.ok());
+  auto arena = ipc::Arena::Format(&*seg, {.max_regions = RegionsFor(layers, none, 1)});
+  ASSERT_TRUE(arena.ok());
+  auto shards = AllocateShards(&*arena, layers, none, 1);
+  ASSERT_TRUE(shards.ok()) << shards.status().ToString();
+  EXPECT_EQ((*shards)[0].weights_offset, 0u);
+  EXPECT_EQ((*shards)[0].weight_dtype, WeightDtype::kNone);
+  EXPECT_EQ(arena->Find("L0.S0.weights").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(arena->Stats().bytes_by_kind[static_cast<size_t>(ipc::RegionKind::kParamStaging)], 0u);
+}
+
 }  // namespace
 }  // namespace offloadd::workers

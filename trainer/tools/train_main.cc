@@ -37,7 +37,9 @@ const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --
                --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
                  learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
-               --host-memory-limit=SIZE
+               --host-memory-limit=SIZE (default: 80% of RAM, as the daemon's; a job over it is refused)
+               --host-weight-copy (16-bit compute: keep a 16-bit weight copy in RAM, 16 bytes per
+               parameter, instead of casting the fp32 masters on the device, 14)
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
                --setup-threads=N (populating the arena, reading the weights, pinning; 0: all cores)
                --no-setup-overlap (populate the whole arena before reading the weights)
@@ -301,6 +303,7 @@ int Run(int argc, char** argv) {
       else if (key == "--speculate") c.optim.speculation = v;
       else if (key == "--setup-threads") c.setup_threads = static_cast<uint32_t>(StrictStoi(v));
       else if (key == "--no-setup-overlap") c.setup_overlap = false;
+      else if (key == "--host-weight-copy") c.offload.host_weight_copy = true;
       else if (key == "--validate-only") c.validate_only = true;
       else if (key == "--length-buckets") {
         if (v != "on" && v != "off") st = InvalidArgumentError("--length-buckets: on or off");
@@ -435,8 +438,22 @@ int Run(int argc, char** argv) {
       nlohmann::json j = {{"predicted_step_seconds", p.step_seconds},
                           {"predicted_tokens_per_second", p.tokens_per_second},
                           {"micro_batch", p.micro}, {"accumulation", p.accumulation}, {"seq", p.seq},
-                          {"bound", p.bound}, {"basis", p.basis}};
+                          {"bound", p.bound}, {"basis", p.basis},
+                          {"predicted_host_bytes", p.host_bytes}, {"predicted_disk_bytes", p.disk_bytes},
+                          {"host_memory_limit", p.host_limit},
+                          {"tiers", {{"ram", {{"host_bytes", p.ram_tier_host_bytes}, {"disk_bytes", 0}}},
+                                     {"nvme", {{"host_bytes", p.nvme_tier_host_bytes},
+                                               {"disk_bytes", p.nvme_tier_disk_bytes},
+                                               {"disk_seconds", p.nvme_tier_disk_seconds}}}}}};
       std::printf("%s\n", j.dump().c_str());
+      std::printf("host memory: %s\n", p.host_text.c_str());
+      std::printf("per tier of the optimizer states: RAM: host %s, disk 0; NVMe: host %s, disk %s%s\n",
+                  FormatByteSize(p.ram_tier_host_bytes).c_str(), FormatByteSize(p.nvme_tier_host_bytes).c_str(),
+                  FormatByteSize(p.nvme_tier_disk_bytes).c_str(),
+                  p.nvme_tier_disk_seconds > 0
+                      ? (", the disk's share of a step at least " + std::to_string(p.nvme_tier_disk_seconds) + " s")
+                            .c_str()
+                      : "");
     }
     return 0;
   }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "client/cpp/job_file.h"
+#include "common/units.h"
 #include "client/offloadctl/commands/commands.h"
 #include "client/offloadctl/commands/print.h"
 #include "client/offloadctl/exit_codes.h"
@@ -90,6 +91,14 @@ int RunSubmit(Client& c, const Options& o) {
       // this shape recorded one there).
       if (job->has_step_estimate()) {
         std::printf("Predicted step: %s\n", TerminalText(job->step_estimate().text()).c_str());
+        const offloadd::v1::StepEstimate& e = job->step_estimate();
+        if (!e.host_text().empty()) {
+          std::printf("Predicted host memory: %s\n", TerminalText(e.host_text()).c_str());
+          std::printf("Per tier of the optimizer states: RAM: host %s, disk 0; NVMe: host %s, disk %s\n",
+                      offloadd::FormatByteSize(e.ram_tier_host_bytes()).c_str(),
+                      offloadd::FormatByteSize(e.nvme_tier_host_bytes()).c_str(),
+                      offloadd::FormatByteSize(e.nvme_tier_disk_bytes()).c_str());
+        }
       }
     } else {
       Print(job->spec(), format, "");

@@ -5,6 +5,7 @@ expected padded length of their distribution and tokens/s counts their real toke
 """
 
 import json
+import os
 
 from pipeline_testlib import build_model, run_train, write_pretokenized
 
@@ -46,3 +47,36 @@ def test_validate_only_refuses_what_the_run_would(binary_dir, tmp_path):
     r = run_train(binary_dir, [f"--model={model}", f"--data={data}", "--format=pretokenized", "--device=cpu",
                                "--batch-size=0", "--validate-only"], check=False)
     assert r.returncode != 0 and "batch size must be at least 1" in r.stderr, r.stderr
+
+
+def test_validate_only_prints_host_memory_per_tier_under_the_default_limit(binary_dir, tmp_path):
+    # offloadd-train applies the daemon's default host limit (80% of RAM) when none is given, and
+    # --validate-only prints the predicted host RAM and disk with each tier of the optimizer states.
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl", n=16)
+    _, p, r = validate(binary_dir, tmp_path, model, data, "--batch-size=2")
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert p["host_memory_limit"] == ram // 100 * 80, p
+    assert p["predicted_host_bytes"] == p["tiers"]["ram"]["host_bytes"] > 0 and p["predicted_disk_bytes"] == 0, p
+    nvme = p["tiers"]["nvme"]
+    # 12 B per parameter (fp32 master, exp_avg, exp_avg_sq) and the versions in flight on disk.
+    assert nvme["disk_bytes"] > 0 and nvme["disk_bytes"] % 12 == 0 and nvme["host_bytes"] > 0, p
+    assert "host memory: host RAM " in r.stdout and "80% of this node's" in r.stdout, r.stdout
+    assert "per tier of the optimizer states: RAM: host " in r.stdout, r.stdout
+
+
+def test_a_job_over_the_host_limit_is_refused_with_its_numbers(binary_dir, tmp_path):
+    # Refused before the arena is made (never killed by the kernel), naming what it needs, the
+    # limit and the smallest change that fits.
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl", n=16)
+    for extra in ([], ["--validate-only"]):
+        r = run_train(binary_dir, [f"--model={model}", f"--data={data}", "--format=pretokenized", "--device=cpu",
+                                   "--dtype=fp32", "--workers=1x1", "--max-steps=2", "--batch-size=2",
+                                   f"--output-dir={tmp_path}/out", "--host-memory-limit=256MiB", *extra],
+                      check=False)
+        assert r.returncode != 0, r.stdout
+        assert "RESOURCE_EXHAUSTED" in r.stderr and "the job needs host RAM " in r.stderr, r.stderr
+        assert "more than the host memory limit of 256 MiB (host_memory_limit)" in r.stderr, r.stderr
+        assert "it would fit with a host memory limit of at least " in r.stderr, r.stderr
+        assert "step 1/" not in r.stdout + r.stderr

@@ -1,0 +1,19 @@
+#pragma once
+// How HostOptimizerOptions map onto the worker pool's shard layout, and the arena bytes beyond the
+// shards. Torch-free, in its own library (offloadd_trainer_arena) so that the daemon's job
+// validation sizes the arena with HostOptimizer::ArenaBytes itself, never a copy of its formula.
+#include <cstdint>
+
+#include "trainer/host_optimizer.h"
+#include "workers/shard_layout.h"
+#include "workers/worker_pool.h"
+
+namespace offloadd::trainer::internal {
+
+workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o);
+workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o);
+uint64_t MaxElements(const HostOptimizerOptions& o);
+// Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
+uint64_t ExtraBytes(const HostOptimizerOptions& o);
+
+}  // namespace offloadd::trainer::internal

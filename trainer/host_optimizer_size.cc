@@ -1,0 +1,77 @@
+// HostOptimizer::ArenaBytes, BytesPerParameter and WeightsAreFp32, and the layout options they
+// size (trainer/host_optimizer_layout.h).
+#include <algorithm>
+
+#include "trainer/host_optimizer_layout.h"
+
+namespace offloadd::trainer {
+namespace internal {
+namespace {
+
+constexpr uint64_t kAlign = 4096;
+uint64_t RoundUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
+  workers::ShardLayoutOptions lo;
+  switch (o.compute) {
+    case HostDtype::kFp32:
+      lo.grad_dtype = workers::GradDtype::kFp32;
+      lo.weight_dtype = workers::WeightDtype::kNone;  // the device reads the master weights
+      break;
+    case HostDtype::kBf16:
+      lo.grad_dtype = workers::GradDtype::kBf16;
+      lo.weight_dtype = workers::WeightDtype::kBf16;
+      break;
+    case HostDtype::kFp16:
+      lo.grad_dtype = workers::GradDtype::kFp16;
+      lo.weight_dtype = workers::WeightDtype::kFp16;
+      break;
+  }
+  if (HostOptimizer::WeightsAreFp32(o)) lo.weight_dtype = workers::WeightDtype::kNone;
+  lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
+  lo.states_resident = o.tier == StateTier::kCpu;
+  return lo;
+}
+
+workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o) {
+  workers::WorkerPoolOptions p;
+  p.worker_binary = o.worker_binary;
+  p.processes = std::max<uint32_t>(1, o.worker_processes);
+  p.threads_per_process = std::max<uint32_t>(1, o.worker_threads);
+  p.kernel_path = o.kernel_path;
+  return p;
+}
+
+uint64_t MaxElements(const HostOptimizerOptions& o) {
+  uint64_t m = 0;
+  for (uint64_t n : o.block_elements) m = std::max(m, n);
+  return m;
+}
+
+uint64_t ExtraBytes(const HostOptimizerOptions& o) {
+  if (o.tier != StateTier::kNvme) return 0;
+  uint64_t bytes = uint64_t{o.nvme_slots} * 3 * RoundUp(MaxElements(o) * 4);
+  if (o.compute == HostDtype::kFp32) {
+    for (uint64_t n : o.block_elements) bytes += RoundUp(n * 4);
+  }
+  return bytes + 2 * kAlign * (o.nvme_slots * 3 + o.block_elements.size() + 8);
+}
+
+}  // namespace internal
+
+uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
+  return workers::ArenaBytesFor(o.block_elements, internal::LayoutOptions(o), internal::PoolOptions(o)) +
+         internal::ExtraBytes(o);
+}
+
+uint64_t HostOptimizer::BytesPerParameter(const HostOptimizerOptions& o) {
+  return workers::BytesPerParameter(internal::LayoutOptions(o));
+}
+
+bool HostOptimizer::WeightsAreFp32(const HostOptimizerOptions& o) {
+  return o.compute == HostDtype::kFp32 || (!o.host_weight_copy && o.tier == StateTier::kCpu);
+}
+
+}  // namespace offloadd::trainer
