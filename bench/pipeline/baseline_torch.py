@@ -77,6 +77,9 @@ SHAPES = {
     # Issue #31: Meta-Llama-3-8B's shape (GQA 32/8, vocab 128,256; RoPE base as the Llama shapes).
     "llama3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
+    # LLaMA-30B's shape (60 x 6656, ffn 17920, 52 heads, vocab 32,000: 32.5B parameters).
+    "llama-30b": dict(hidden_size=6656, num_hidden_layers=60, num_attention_heads=52,
+                      num_key_value_heads=52, intermediate_size=17920, vocab_size=32000),
     "tinyllama-1.1b": dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
                            num_key_value_heads=4, intermediate_size=5632, vocab_size=32000),
     # Issue #30: the shapes of Qwen3-4B, Qwen3-8B and Gemma 3 4B's language model (the text_config
