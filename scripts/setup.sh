@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything offloadd needs on a fresh Debian 12 / Ubuntu 24.04 machine:
 #   1. Debian packages (compiler, build tools, gRPC, protobuf, Boost, liburing, prometheus-cpp,
-#      yaml-cpp, GoogleTest, SQLite, PCRE2, Prometheus/promtool, CBC, fio; clang 16 with its
-#      libFuzzer/sanitizer runtimes for the fuzz harnesses, scripts/fuzz.sh);
+#      yaml-cpp, GoogleTest, SQLite, PCRE2, Prometheus/promtool, CBC, fio, clang-format; clang 16
+#      with its libFuzzer/sanitizer runtimes for the fuzz harnesses, scripts/fuzz.sh);
 #   2. a Python virtualenv with LibTorch (PyPI's torch wheel, pinned) and the SDK/test packages.
 # Idempotent: each step checks first and is skipped when already satisfied. The virtualenv is
 # reused as long as python-requirements.txt and the interpreter are unchanged.
@@ -26,6 +26,7 @@ apt_packages=(
   libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
   libgloo-dev  # c10d ProcessGroupGloo headers: CPU data-parallel executors (trainer/data_parallel.cc)
+  clang-format  # git clang-format: the changed-lines format check (scripts/check_format.sh)
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
 )
 
