@@ -19,7 +19,7 @@
 #include "daemon/jobs/train_job_config.h"
 #include "engine/file_util.h"
 #include "engine/model_config.h"
-#include "engine/torch_status.h"
+#include "engine/torch_boundary.h"
 #include "executor/heartbeat.h"
 #include "ipc/liveness.h"
 #include "trainer/checkpoint.h"

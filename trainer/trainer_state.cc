@@ -11,6 +11,7 @@
 
 #include "common/safe_path.h"
 #include "engine/file_util.h"
+#include "engine/torch_boundary.h"
 #include "trainer/checkpoint.h"
 #include "trainer/export_files.h"
 #include "trainer/trainer_impl.h"
@@ -271,11 +272,7 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
     return m.cfg.trace_path.empty() ? OkStatus() : m.accounting->WriteTrace(m.cfg.trace_path);
   };
   auto evaluate = [&]() -> Status {
-    try {
-      return m.Evaluate();
-    } catch (const c10::Error& e) {
-      return InternalError(std::string("evaluation: ") + e.what_without_backtrace());
-    }
+    return engine::RunTorch("evaluation", [&] { return m.Evaluate(); });
   };
   if (m.eval_data) RETURN_IF_ERROR(evaluate());  // the starting point (or the resumed step's)
   while (m.completed < m.total) {
