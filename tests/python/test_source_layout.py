@@ -44,7 +44,7 @@ TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage",
 TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10|caffe2)/', re.M)
 PROJECT_INCLUDE = re.compile(r'^\s*#\s*include\s*"(([a-z_0-9]+)/[^"]+)"', re.M)
 MAX_LINES = 800
-OVER_LIMIT = {"text/jinja_eval.cc": 868}
+OVER_LIMIT: dict = {}  # files allowed past MAX_LINES for now: {path: its length}
 
 
 def _files(component):
