@@ -23,9 +23,6 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// Confined to the allowed roots, regular files only (common/safe_path.h, issue #29 item 1).
-StatusOr<std::string> ReadFile(const std::string& path) { return ReadFileConfined(path); }
-
 std::string TokenString(const ojson& j) {
   if (j.is_string()) return j.get<std::string>();
   if (j.is_object() && j.contains("content") && j["content"].is_string()) {

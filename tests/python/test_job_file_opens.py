@@ -1,4 +1,4 @@
-"""Issue #29 item 1: every file a job reads or writes goes through the one confined open
+"""Every file a job reads or writes goes through the one confined open
 (common/safe_path.h: a descriptor of the allowed root, RESOLVE_BENEATH, never through a symlink
 for writes, regular files only, with the rights of the job's user). A plain std::ifstream of the
 model directory's generation_config.json copied a 0600 file from outside the roots into every
