@@ -13,7 +13,7 @@
 namespace offloadd::daemon {
 namespace {
 
-// `offloadctl node` lists the model families the engine trains (issue #30), from the family table.
+// `offloadctl node` lists the model families the engine trains, from the family table.
 TEST(NodeProbeTest, NodeInfoListsTheSupportedModelFamilies) {
   offloadd::v1::NodeInfo info;
   FillNodeInfo(NodeFacts{}, BuildFacts{}, &info);
@@ -39,7 +39,7 @@ TEST(NodeProbeTest, ReportsThisMachine) {
   ASSERT_EQ(f.store_dirs.size(), 2u);
   EXPECT_TRUE(f.store_dirs[0].problem.empty()) << f.store_dirs[0].problem;
   EXPECT_GT(f.store_dirs[0].capacity_bytes, 0u);
-  // A missing directory is said to be missing (issue #29 item 21), not "cannot stat".
+  // A missing directory is said to be missing, not "cannot stat".
   EXPECT_NE(f.store_dirs[1].problem.find("missing"), std::string::npos) << f.store_dirs[1].problem;
   // Either GPUs were found or we are told why not.
   EXPECT_TRUE(!f.gpus.empty() || !f.gpu_problem.empty());
@@ -92,7 +92,7 @@ TEST_F(PciNumaNodeTest, UnknownIsMinusOne) {
 namespace offloadd::daemon {
 namespace {
 
-// The daemon learns its GPUs from `offloadd-executor --probe-gpus` (issue #15).
+// The daemon learns its GPUs from `offloadd-executor --probe-gpus`.
 TEST(GpuProbe, ParsesTheExecutorsAnswer) {
   std::string problem = "stale";
   const auto gpus = ParseGpuProbe(

@@ -402,7 +402,7 @@ void FlipByte(const std::string& path, off_t offset) {
   ::close(fd);
 }
 
-// Issue #18 item 8: flipped bytes in tensor data used to load silently.
+// Flipped bytes in tensor data used to load silently.
 TEST_F(CheckpointTest, FlippedTensorBytesAreDetectedAndLatestFallsBack) {
   const FakeModel m(1);
   ASSERT_TRUE(Save(out_, 10, m).ok());
@@ -460,7 +460,7 @@ TEST_F(CheckpointTest, FlippedBytesInAnAddedFileOrTheIndexAreDetected) {
 }
 
 // Beside offloadd's own state, trainer_state.json follows Hugging Face's TrainerState schema with
-// the run's values (issue #17 item 4); it is checksummed like every file.
+// the run's values; it is checksummed like every file.
 TEST_F(CheckpointTest, TrainerStateJsonIsHuggingFacesSchema) {
   const FakeModel m(2);
   ASSERT_TRUE(Save(out_, 3, m).ok());
@@ -706,7 +706,7 @@ TEST(CheckpointSample, WritesSampleForPython) {
   ASSERT_TRUE(info.ok()) << info.status().ToString();
 }
 
-// Issue #29 item 11: an export killed before its rename leaves
+// An export killed before its rename leaves
 // ".model.safetensors.tmp-XXXXXXXXXXXX" (a whole model) in output_dir; the next resume
 // (LatestCheckpoint) removes it, and nothing else.
 TEST_F(CheckpointTest, ResumeRemovesTheTemporariesOfAKilledExport) {
