@@ -26,8 +26,8 @@ apt_packages=(
   libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
   libgloo-dev  # c10d ProcessGroupGloo headers: CPU data-parallel executors (trainer/data_parallel.cc)
-  clang-format  # git clang-format: the changed-lines format check (scripts/check_format.sh)
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
+  clang-format  # git clang-format: the changed-lines format check (scripts/check_format.sh)
 )
 
 install_apt() {
