@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/file.h"
 #include "common/safe_path.h"
 #include "engine/blocks.h"
-#include "engine/file_util.h"
 #include "engine/ops.h"
 #include "engine/safetensors.h"
 #include "engine/tensor_io.h"

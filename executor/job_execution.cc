@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "common/file.h"
 #include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/safe_path.h"
 #include "daemon/jobs/executor_protocol.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/train_job_config.h"
-#include "engine/file_util.h"
 #include "engine/model_config.h"
 #include "engine/torch_boundary.h"
 #include "executor/heartbeat.h"
@@ -308,7 +308,7 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   auto remove_states = [&] {
     if (rank != 0) return;
     for (const auto& d : config.offload.nvme_dirs) {
-      if (Status s = engine::RemoveTree(d); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+      if (Status s = RemoveTree(d); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
     }
   };
   remove_states();

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <vector>
 
-#include "common/safe_path.h"
+#include "common/file.h"
 #include "text/json_guard.h"
 #include "text/tokenizer.h"
 

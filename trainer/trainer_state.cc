@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/file.h"
 #include "common/safe_path.h"
-#include "engine/file_util.h"
 #include "engine/torch_boundary.h"
 #include "trainer/checkpoint.h"
 #include "trainer/export_files.h"
@@ -237,12 +237,12 @@ Status Trainer::Impl::ExportTokenizer(const std::string& dir) {
     if (::stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                             "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"}) {
-        const std::string from = engine::JoinPath(tok, f);
+        const std::string from = JoinPath(tok, f);
         if (::lstat(from.c_str(), &st) != 0) continue;
-        RETURN_IF_ERROR(CopyFileConfined(from, engine::JoinPath(dir, f)).WithContext("export"));
+        RETURN_IF_ERROR(CopyFileConfined(from, JoinPath(dir, f)).WithContext("export"));
       }
     } else {
-      RETURN_IF_ERROR(CopyFileConfined(tok, engine::JoinPath(dir, "tokenizer.json")).WithContext("export"));
+      RETURN_IF_ERROR(CopyFileConfined(tok, JoinPath(dir, "tokenizer.json")).WithContext("export"));
     }
   }
   // The chat template the records were rendered with travels with the model, so that
@@ -250,8 +250,9 @@ Status Trainer::Impl::ExportTokenizer(const std::string& dir) {
   // chat_template.jinja (which transformers prefers) and into tokenizer_config.json.
   const DataSource::TemplateUse* use = data ? data->template_use() : nullptr;
   if (use == nullptr || use->tokenizers_own) return OkStatus();
-  RETURN_IF_ERROR(WriteFileAtomically(engine::JoinPath(dir, "chat_template.jinja"), use->source).WithContext("export"));
-  const std::string config_path = engine::JoinPath(dir, "tokenizer_config.json");
+  RETURN_IF_ERROR(
+      WriteFileAtomically(JoinPath(dir, "chat_template.jinja"), use->source).WithContext("export"));
+  const std::string config_path = JoinPath(dir, "tokenizer_config.json");
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
   if (auto text = ReadFileConfined(config_path); text.ok()) {
     config = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);

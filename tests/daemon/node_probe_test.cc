@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/file.h"
 #include "daemon/server/node_service.h"
-#include "engine/file_util.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -46,7 +46,7 @@ TEST(NodeProbeTest, ReportsThisMachine) {
   EXPECT_TRUE(f.io_uring_available || !f.io_uring_problem.empty());
 }
 
-// POSIX helpers (engine/file_util.h), not std::filesystem: this binary links the daemon core and so
+// POSIX helpers (common/file.h), not std::filesystem: this binary links the daemon core and so
 // LibTorch, whose CUDA build interposes its own std::filesystem (docs/DEVELOPING.md).
 // A fake sysfs root with PCI devices whose numa_node files say what each test needs.
 class PciNumaNodeTest : public ::testing::Test {
@@ -55,10 +55,10 @@ class PciNumaNodeTest : public ::testing::Test {
     char tmpl[] = "/tmp/offloadd_sysfs_XXXXXX";
     root_ = mkdtemp(tmpl);
   }
-  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(root_).ok()); }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(root_).ok()); }
   void Device(const std::string& name, const std::string& numa_node_text) {
     const std::string dir = root_ + "/bus/pci/devices/" + name;
-    ASSERT_TRUE(engine::MakeDirs(dir).ok());
+    ASSERT_TRUE(MakeDirs(dir).ok());
     std::ofstream(dir + "/numa_node") << numa_node_text;
   }
   std::string root_;

@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/file.h"
 #include "common/safe_path.h"
-#include "engine/file_util.h"
 #include "engine/model.h"
 #include "tests/engine/tiny_model.h"
 

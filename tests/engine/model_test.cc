@@ -12,7 +12,7 @@
 #include <map>
 #include <set>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 #include "engine/ops.h"
 #include "engine/tensor_io.h"
 #include "tests/engine/tiny_model.h"
