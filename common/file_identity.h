@@ -1,5 +1,5 @@
 #pragma once
-// The rights a job's files are opened with (issue #29 item 1). The allowed roots
+// The rights a job's files are opened with. The allowed roots
 // (common/safe_path.h) bound where a job may read and write; within them, a daemon running as root
 // could still read any file there for any client (a hard link to another user's 0600 file was
 // copied into a checkpoint). So when the daemon runs as root, every confined open, create, mkdir

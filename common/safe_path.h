@@ -1,6 +1,6 @@
 #pragma once
 // Opening and creating files under a job's paths without leaving the allowed roots, and writing
-// files durably (issue #18 items 3 and 10).
+// files durably.
 //
 // Validation (daemon/jobs/path_policy.h) checks a job's top-level paths once, at CreateJob. That
 // is not enough: a symlink inside a model directory, a symlink planted in an output directory, or
@@ -15,11 +15,11 @@
 // Kernels without openat2 (< 5.6) fall back to a component walk with O_NOFOLLOW, which refuses
 // every symlink.
 //
-// Every file opened here is a regular file (issue #29 item 3): the open itself never blocks
+// Every file opened here is a regular file: the open itself never blocks
 // (O_NONBLOCK, so a FIFO cannot wait for a writer forever), then fstat refuses anything else
 // before the caller's blocking mode is restored. And every open, create, mkdir and rename here runs
-// with the rights of the job's user when the daemon runs as root (common/file_identity.h, issue
-// #29 item 1). Every open of a job's file goes through this file; tests/python/
+// with the rights of the job's user when the daemon runs as root (common/file_identity.h).
+// Every open of a job's file goes through this file; tests/python/
 // test_job_file_opens.py fails CI on any other.
 //
 // The roots are process-wide: the daemon sets its allowed_roots once at startup. With no roots set

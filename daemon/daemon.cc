@@ -18,12 +18,13 @@
 #include <sstream>
 #include <thread>
 
+#include "common/file.h"
 #include "common/logging.h"
 #include "common/safe_path.h"
 #include "daemon/build_info.h"
+#include "daemon/jobs/executor_job_runner.h"
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/job_store.h"
-#include "daemon/jobs/executor_job_runner.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/metrics/peak_flops.h"
 #include "daemon/metrics/train_metrics.h"
@@ -31,7 +32,6 @@
 #include "daemon/server/grpc_server.h"
 #include "daemon/server/token_auth.h"
 #include "daemon/systemd/sd_notify.h"
-#include "engine/file_util.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -123,8 +123,8 @@ int RunDaemon(const DaemonConfig& config) {
                             << OFFLOADD_FLAVOUR << " flavour, LibTorch " << OFFLOADD_TORCH_VERSION << ") starting";
   LogEffectiveConfig(config);
 
-  // POSIX calls of engine/file_util.h, shared with the torch-linked executor.
-  if (Status s = engine::MakeDirs(config.state_dir); !s.ok()) {
+  // POSIX calls of common/file.h, shared with the torch-linked executor.
+  if (Status s = MakeDirs(config.state_dir); !s.ok()) {
     return Fail(s.WithContext("cannot create state_dir " + config.state_dir));
   }
   auto lock = LockStateDir(config.state_dir);

@@ -5,7 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "engine/blocks.h"
-#include "engine/torch_status.h"
+#include "engine/torch_boundary.h"
 
 namespace offloadd::engine {
 

@@ -13,12 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/file.h"
 #include "common/safe_path.h"
 #include "engine/blocks.h"
-#include "engine/file_util.h"
 #include "engine/ops.h"
 #include "engine/safetensors.h"
 #include "engine/tensor_io.h"
+#include "engine/torch_boundary.h"
 
 namespace offloadd::engine {
 
@@ -133,10 +134,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
 
   try {
     ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, load));
-  } catch (const c10::Error& e) {
-    return InternalError(dir + ": loading parameters: " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(dir + ": loading parameters: " + e.what());
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, out of memory included
+    return TorchErrorStatus(dir + ": loading parameters", e);
   }
 
   const std::string tied_target = m->blocks_[0]->params()[0].name;
@@ -171,8 +170,8 @@ StatusOr<std::unique_ptr<Model>> Model::CreateRandom(std::unique_ptr<Model> m,
   };
   try {
     ASSIGN_OR_RETURN(m->blocks_, BuildBlocks(m->config_, placeholder));
-  } catch (const c10::Error& e) {
-    return InternalError(m->dir_ + ": building a random model: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(m->dir_ + ": building a random model", e);
   }
   m->dtype_ = options.dtype;
   return m;
@@ -213,8 +212,8 @@ StatusOr<at::Tensor> Model::ReadInitialValue(const std::string& name) const {
     at::Tensor t = at::empty(shape, at::kFloat);
     t.normal_(0.0, init_std_, gen);
     return t;
-  } catch (const c10::Error& e) {
-    return InternalError("reading the initial value of " + name + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return TorchErrorStatus("reading the initial value of " + name, e);
   }
 }
 
@@ -341,10 +340,8 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
     }
     PrepareLayerInputs(config_, dtype_, &mb);
     return mb;
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("micro-batch: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return InternalError(std::string("micro-batch: ") + e.what());
+    return TorchErrorStatus("micro-batch", e);
   }
 }
 
@@ -459,10 +456,8 @@ Status Model::Export(const std::string& out_dir) const {
       ASSIGN_OR_RETURN(c10::ScalarType type, ToScalarType(dtype));
       shards[shard].push_back({name, values.at(name).to(at::kCPU, type)});
     }
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("export: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return InternalError(std::string("export: ") + e.what());
+    return TorchErrorStatus("export", e);
   }
   int64_t total = 0;
   nlohmann::json weight_map = nlohmann::json::object();

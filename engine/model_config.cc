@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/file.h"
 #include "engine/config_reader.h"
-#include "engine/file_util.h"
 
 namespace offloadd::engine {
 namespace {

@@ -15,8 +15,8 @@
 #include <stack>
 #include <utility>
 
+#include "common/file.h"
 #include "common/safe_path.h"
-#include "engine/file_util.h"
 
 namespace offloadd::engine {
 namespace {

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "engine/torch_boundary.h"
+
 namespace offloadd::engine {
 
 StatusOr<c10::ScalarType> ToScalarType(DType dtype) {
@@ -81,8 +83,8 @@ Status ToWrite(const std::string& where, const std::vector<std::pair<std::string
                         std::vector<int64_t>(c.sizes().begin(), c.sizes().end()),
                         {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}});
     }
-  } catch (const c10::Error& e) {
-    return InternalError(where + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(where, e);
   }
   return OkStatus();
 }

@@ -1,5 +1,5 @@
 // offloadd-executor: one training process per job and GPU, started by the daemon through
-// ipc::LaunchChild (issue #15). Over the control socket (fd 3): the hellos, the job to run
+// ipc::LaunchChild. Over the control socket (fd 3): the hellos, the job to run
 // (offloadd.internal.StartJob), then pause / cancel requests in; events and one final status out
 // (proto/offloadd/internal/executor.proto). Exits 0 once it has sent its final status, whatever
 // that status is; any other exit tells the daemon the executor died.

@@ -1,5 +1,5 @@
 #pragma once
-// The executor's heartbeat (issue #29, liveness): a thread that tells the daemon every
+// The executor's heartbeat (liveness): a thread that tells the daemon every
 // `interval_seconds` that this process still runs and what its trainer is doing (the phase, how
 // long it has been in it, and how long it is expected to take). The daemon kills an executor it
 // has not heard from for several intervals (stopped, wedged in the kernel) and one whose phase

@@ -11,15 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "common/file.h"
 #include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/safe_path.h"
 #include "daemon/jobs/executor_protocol.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/train_job_config.h"
-#include "engine/file_util.h"
 #include "engine/model_config.h"
-#include "engine/torch_status.h"
+#include "engine/torch_boundary.h"
 #include "executor/heartbeat.h"
 #include "ipc/liveness.h"
 #include "trainer/checkpoint.h"
@@ -255,9 +255,9 @@ Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorCha
 Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   const v1::Job& job = start.job();
   const daemon::TrainerEnvironment env = daemon::FromProto(start.environment());
-  // Every file the job opens stays under the daemon's allowed_roots, checked at use (issue #18).
+  // Every file the job opens stays under the daemon's allowed_roots, checked at use.
   SetAllowedRoots(env.allowed_roots);
-  // ...and is opened with the rights of the job's user (common/file_identity.h, issue #29 item 1).
+  // ...and is opened with the rights of the job's user (common/file_identity.h).
   if (start.has_file_identity()) {
     FileIdentity id;
     id.uid = start.file_identity().uid();
@@ -298,7 +298,7 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
                                          " were reported by the earlier run and are not reported again");
   }
   // Through the confined open, never through a symlink: a parent of output_dir swapped for one
-  // while the job was queued is refused here, before training (issue #29 item 10).
+  // while the job was queued is refused here, before training.
   if (auto out = MakeDirsConfined(config.output_dir); !out.ok()) {
     return out.status().WithContext("output_dir");
   }
@@ -308,7 +308,7 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   auto remove_states = [&] {
     if (rank != 0) return;
     for (const auto& d : config.offload.nvme_dirs) {
-      if (Status s = engine::RemoveTree(d); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+      if (Status s = RemoveTree(d); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
     }
   };
   remove_states();

@@ -5,7 +5,7 @@
 // Checked: assistant spans are ordered and inside the rendered text.
 //
 // Run with -timeout and -rss_limit_mb (scripts/fuzz.sh does): a template that loops or
-// allocates without bound is a finding (issue #18, defect 4), not a harness hang.
+// allocates without bound is a finding, not a harness hang.
 
 #include <cstddef>
 #include <cstdint>

@@ -141,7 +141,7 @@ MISC = ("{% set ns = namespace(n=0) %}{% macro f(x, y=2) %}{{ x * y }}{% endmacr
         "{{ messages[-1].content[1:3] | default('d') }}{# comment #}")
 
 
-# Issue #18 defect 4: number literals out of range, loops and strings that grow without bound.
+# Number literals out of range, loops and strings that grow without bound.
 HOSTILE = {
     "huge_int": "{{ 99999999999999999999 }}{{ '99999999999999999999' | int }}",
     "huge_float": "{{ 1e999 }}{{ -1e999 | round }}{{ 'nan' | float }}",
@@ -270,7 +270,7 @@ CONFIGS = [
     {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4,
      "n_positions": 1024, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new",
      "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1},
-    # Issue #30's families: per-head q/k norm, sandwich norms and softcaps, per-layer-type RoPE,
+    # The supported families: per-head q/k norm, sandwich norms and softcaps, per-layer-type RoPE,
     # a multimodal wrapper, fused tensors with longrope and partial rotary, post-norm.
     {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
      "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,

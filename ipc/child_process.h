@@ -1,6 +1,6 @@
 #pragma once
-// One launcher for the daemon's helper processes (offloadd-worker, offloadd-store; issue #15 item
-// 2): fork + exec of `binary args... --control-fd=3` with
+// One launcher for the daemon's helper processes (offloadd-worker, offloadd-store):
+// fork + exec of `binary args... --control-fd=3` with
 //   - the child's end of a SOCK_SEQPACKET socketpair as fd 3 (the control channel: the versioned
 //     hello with the shared-memory fds, the ready handshake, and EOF when either side is gone);
 //   - every other inherited fd closed (close_range), so a helper never holds the daemon's sockets,

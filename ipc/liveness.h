@@ -1,5 +1,5 @@
 #pragma once
-// Liveness deadlines on a process's waits for its child processes (issue #29): an optimizer
+// Liveness deadlines on a process's waits for its child processes: an optimizer
 // worker (workers::WorkerPool) or the NVMe store (storage::StoreProcess) that holds work and
 // completes none of it within the deadline is stopped, wedged in the kernel or deadlocked; it
 // shows no death, so the waiter kills it (SIGKILL) and recovers as after its crash.

@@ -1,5 +1,5 @@
 #pragma once
-// LSP-Offload's learned d-sparse subspace projectors (issue #14; ../shared/seeds/lsp-offload.txt
+// LSP-Offload's learned d-sparse subspace projectors (../shared/seeds/lsp-offload.txt
 // §4.1, Alg. 2, Def. 1).
 //
 // A weight matrix W [m, n] is trained as W = W_base + P A Q^T with P [m, s_m] and Q [n, s_n]

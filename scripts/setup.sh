@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything offloadd needs on a fresh Debian 12 / Ubuntu 24.04 machine:
 #   1. Debian packages (compiler, build tools, gRPC, protobuf, Boost, liburing, prometheus-cpp,
-#      yaml-cpp, GoogleTest, SQLite, PCRE2, Prometheus/promtool, CBC, fio; clang 16 with its
-#      libFuzzer/sanitizer runtimes for the fuzz harnesses, scripts/fuzz.sh);
+#      yaml-cpp, GoogleTest, SQLite, PCRE2, Prometheus/promtool, CBC, fio, clang-format; clang 16
+#      with its libFuzzer/sanitizer runtimes for the fuzz harnesses, scripts/fuzz.sh);
 #   2. a Python virtualenv with LibTorch (PyPI's torch wheel, pinned) and the SDK/test packages.
 # Idempotent: each step checks first and is skipped when already satisfied. The virtualenv is
 # reused as long as python-requirements.txt and the interpreter are unchanged.
@@ -29,6 +29,7 @@ apt_packages=(
   libsystemd-dev  # sd_notify / sd_watchdog_enabled (daemon/systemd/sd_notify.cc)
   libsentencepiece-dev  # tokenizer.model files (text/sentencepiece_shim.cc)
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
+  clang-format  # git clang-format: the changed-lines format check (scripts/check_format.sh)
 )
 
 install_apt() {

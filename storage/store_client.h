@@ -11,7 +11,7 @@
 // closes the control socket (the store finishes in-flight work and exits), kills the child if it
 // has not exited within 10 s, and reaps it.
 //
-// Liveness (issue #29, ipc/liveness.h): Submit and NextCompletion with commands in flight wait at
+// Liveness (ipc/liveness.h): Submit and NextCompletion with commands in flight wait at
 // most the process's StoreLivenessPolicy deadline of their bytes without a completion; a store
 // that misses it (stopped, wedged in the kernel) is SIGKILLed and the call returns UNAVAILABLE
 // naming the store, the wait and kStoreDiedSign, which the daemon restarts the job after (as

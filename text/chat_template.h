@@ -28,7 +28,7 @@ class Tokenizer;
 
 // The largest chat template accepted, from any source. Real ones are a few KiB (Llama-3.1 with
 // tools, Mistral's tool templates: under 20 KiB); parsing costs ~200 bytes of AST per source byte,
-// so an 8 MB template cost 1.5 GB of memory per CreateJob (issue #29 item 4).
+// so an 8 MB template cost 1.5 GB of memory per CreateJob.
 inline constexpr size_t kMaxChatTemplateBytes = 256 << 10;
 
 struct SpecialTokens {

@@ -525,7 +525,7 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
 
 namespace {
 
-// Parquet and Arrow datasets (issue #17 item 5) would need Apache Arrow's C++ library, which Debian
+// Parquet and Arrow datasets would need Apache Arrow's C++ library, which Debian
 // does not package: they are refused by name, with the formats that are read and how to convert.
 Status ColumnarRefusal(const std::string& path, const std::string& what) {
   return UnimplementedError(

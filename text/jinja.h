@@ -58,7 +58,7 @@ struct RenderLimits {
   int max_depth = 400;
 };
 
-// What all the renderings of one request may spend together (issue #29 item 4: a CreateJob that
+// What all the renderings of one request may spend together (a CreateJob that
 // renders 8 records of each of 512 files, each rendering within RenderLimits, ran for an hour), and
 // a way to stop them early: `stop` is asked every few thousand steps and ends the rendering once
 // it returns true (the caller's client went away or its deadline passed). Installed for the

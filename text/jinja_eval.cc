@@ -10,6 +10,7 @@
 #include "text/jinja.h"
 #include "text/jinja_ast.h"
 #include "text/jinja_builtins.h"
+#include "text/jinja_filters.h"
 #include "text/jinja_limits.h"
 #include "text/unicode.h"
 
@@ -23,7 +24,7 @@ StatusOr<int64_t> NormalizeIndex(int64_t i, size_t n) {
   return i < 0 ? i + static_cast<int64_t>(n) : i;
 }
 
-class Interpreter {
+class Interpreter final : public FilterHost {
  public:
   Interpreter(const Value& context, const std::string* root_out,
               std::vector<std::pair<size_t, size_t>>* generation_spans, const RenderLimits& limits)
@@ -40,7 +41,7 @@ class Interpreter {
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
 
-  Budget* budget() { return &budget_; }
+  Budget* budget() override { return &budget_; }
 
   // Every statement and expression costs a step and a level of depth; a string result is
   // charged for its bytes (a copy or a new string each time).
@@ -63,7 +64,7 @@ class Interpreter {
 
  private:
   // The first limit exceeded, with the innermost node's line; other errors pass through.
-  Status Checked(const Node& n, Status s) const {
+  Status Checked(const Node& n, Status s) const override {
     const StatusCode code = budget_.error().code();  // CANCELLED when the request was stopped
     if (!budget_.exhausted() || s.code() == code) return s;
     return Status(code, "line " + std::to_string(n.line) + ": " + budget_.error().message());
@@ -79,7 +80,7 @@ class Interpreter {
   }
 
   // A new list or tuple: its slots and the strings copied into it are charged.
-  StatusOr<Value> MakeList(const Node& n, List items, bool tuple = false) {
+  StatusOr<Value> MakeList(const Node& n, List items, bool tuple = false) override {
     if (!ChargeItems(items)) return Checked(n, OkStatus());
     return tuple ? Value::NewTuple(std::move(items)) : Value::NewList(std::move(items));
   }
@@ -189,7 +190,7 @@ class Interpreter {
         std::vector<Value> args;
         KwArgs kwargs;
         RETURN_IF_ERROR(EvalArgs(n, 1, &args, &kwargs));
-        return ApplyFilter(n, n.name, input, args, kwargs);
+        return ApplyFilter({*this, n, n.name, input, args, kwargs});
       }
       case Node::Type::kTest: {
         ASSIGN_OR_RETURN(Value input, Eval(*n.children[0]));
@@ -256,7 +257,7 @@ class Interpreter {
     }
   }
 
-  Status Err(const Node& n, const std::string& msg) const {
+  Status Err(const Node& n, const std::string& msg) const override {
     return InvalidArgumentError("line " + std::to_string(n.line) + ": " + msg);
   }
 
@@ -292,7 +293,7 @@ class Interpreter {
     return OkStatus();
   }
 
-  StatusOr<List> Iterate(const Node& n, const Value& v) {
+  StatusOr<List> Iterate(const Node& n, const Value& v) override {
     switch (v.kind()) {
       case Value::Kind::kUndefined:
         return List{};
@@ -428,7 +429,7 @@ class Interpreter {
     return OkStatus();
   }
 
-  StatusOr<Value> GetAttr(const Node& n, const Value& obj, const std::string& name) {
+  StatusOr<Value> GetAttr(const Node& n, const Value& obj, const std::string& name) override {
     if (obj.is_undefined()) {
       std::string what =
           n.children[0]->type == Node::Type::kName ? "'" + n.children[0]->name + "' " : "value ";
@@ -604,240 +605,8 @@ class Interpreter {
     return r;
   }
 
-  StatusOr<Value> ApplyFilter(const Node& n, const std::string& name, const Value& in,
-                              std::vector<Value>& args, KwArgs& kwargs) {
-    if (name == "trim") {
-      // jinja2 trims str(value): a list of content parts prints as its repr (Llama 3.1).
-      return Value::String(Strip(in.ToString(), Arg(args, kwargs, 0, "chars"), true, true));
-    }
-    if (name == "tojson") {
-      auto j = ToJsonFilter(in, args, kwargs);
-      if (!j.ok()) return Err(n, j.status().message());
-      return Value::String(*j);
-    }
-    if (name == "length" || name == "count") {
-      if (in.is_string()) return Value::Int(static_cast<int64_t>(CountCodePoints(in.str())));
-      if (in.is_list()) return Value::Int(static_cast<int64_t>(in.list().size()));
-      if (in.is_dict()) return Value::Int(static_cast<int64_t>(in.dict().size()));
-      if (in.is_undefined()) return Value::Int(0);
-      return Err(n, "length of " + KindName(in.kind()));
-    }
-    if (name == "upper" || name == "lower")
-      return Value::String(AsciiCase(in.ToString(), name == "upper"));
-    if (name == "title") return Value::String(Title(in.ToString()));
-    if (name == "capitalize") {
-      std::string out = AsciiCase(in.ToString(), false);
-      if (!out.empty())
-        out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-      return Value::String(out);
-    }
-    if (name == "first" || name == "last") {
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      if (items.empty()) return Value();
-      return name == "first" ? items.front() : items.back();
-    }
-    if (name == "join") {
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      const Value* sep = Arg(args, kwargs, 0, "d");
-      const Value* attr = Arg(args, kwargs, 1, "attribute");
-      const std::string separator = sep ? sep->ToString() : "";
-      std::string out;
-      for (size_t i = 0; i < items.size(); ++i) {
-        Value item = items[i];
-        if (attr) {
-          ASSIGN_OR_RETURN(item, GetAttr(n, item, attr->ToString()));
-        }
-        const std::string text = item.ToString();
-        if (!budget_.Alloc((i ? separator.size() : 0) + text.size())) return Checked(n, OkStatus());
-        if (i) out += separator;
-        out += text;
-      }
-      return Value::String(out);
-    }
-    if (name == "default" || name == "d") {
-      const Value* dflt = Arg(args, kwargs, 0, "default_value");
-      const Value* boolean = Arg(args, kwargs, 1, "boolean");
-      const bool use_default = in.is_undefined() || (boolean && boolean->Truthy() && !in.Truthy());
-      return use_default ? (dflt ? *dflt : Value::String("")) : in;
-    }
-    if (name == "string") return in.is_string() ? in : Value::String(in.ToString());
-    if (name == "safe") return in;
-    if (name == "e" || name == "escape") return Value::String(HtmlEscape(in.ToString()));
-    if (name == "int") {
-      if (in.kind() == Value::Kind::kInt) return in;
-      if (in.is_number()) {
-        auto i = FloatToInt(in.number());
-        if (!i.ok()) return Err(n, i.status().message());
-        return Value::Int(*i);
-      }
-      if (in.is_string()) {
-        try {
-          return Value::Int(std::stoll(in.str()));
-        } catch (...) {
-          return Value::Int(0);
-        }
-      }
-      return Value::Int(in.Truthy() ? 1 : 0);
-    }
-    if (name == "float") {
-      if (in.is_number()) return Value::Float(in.number());
-      try {
-        return Value::Float(std::stod(in.ToString()));
-      } catch (...) {
-        return Value::Float(0);
-      }
-    }
-    if (name == "abs") {
-      if (!in.is_number()) return Err(n, "abs of " + KindName(in.kind()));
-      if (in.kind() == Value::Kind::kInt && in.int_value() == INT64_MIN)
-        return Err(n, "integer overflow in abs");
-      return in.kind() == Value::Kind::kInt ? Value::Int(std::llabs(in.int_value()))
-                                            : Value::Float(std::fabs(in.number()));
-    }
-    if (name == "round") {
-      const Value* prec = Arg(args, kwargs, 0, "precision");
-      const double p = std::pow(10.0, prec ? prec->number() : 0);
-      return Value::Float(std::round(in.number() * p) / p);
-    }
-    if (name == "list") {
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      return Value::NewList(std::move(items));
-    }
-    if (name == "items") {
-      if (!in.is_dict()) return Err(n, "items needs a dict");
-      List out;
-      for (const auto& [k, v] : in.dict()) {
-        if (!budget_.Alloc(3 * sizeof(Value) + k.size())) return Checked(n, OkStatus());
-        out.push_back(Value::NewList({Value::String(k), v}));
-      }
-      return MakeList(n, std::move(out));
-    }
-    if (name == "replace") {
-      if (args.size() < 2) return Err(n, "replace needs two arguments");
-      const int64_t count =
-          args.size() > 2 && args[2].kind() == Value::Kind::kInt ? args[2].int_value() : -1;
-      return Value::String(
-          ReplaceStr(in.ToString(), args[0].ToString(), args[1].ToString(), count));
-    }
-    if (name == "reverse") {
-      if (in.is_string()) {
-        if (!budget_.Alloc(CountCodePoints(in.str()) * 40)) return Checked(n, OkStatus());
-        auto cps = SplitCodePoints(in.str());
-        std::string out;
-        for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
-        return Value::String(out);
-      }
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      std::reverse(items.begin(), items.end());
-      return MakeList(n, std::move(items));
-    }
-    if (name == "sort") {
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      const Value* reverse = Arg(args, kwargs, 0, "reverse");
-      const Value* attr = Arg(args, kwargs, 2, "attribute");
-      Status err;
-      std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
-        Value x = a, y = b;
-        if (attr) {
-          x = a.Find(attr->ToString()) ? *a.Find(attr->ToString()) : Value();
-          y = b.Find(attr->ToString()) ? *b.Find(attr->ToString()) : Value();
-        }
-        auto c = Value::Compare(x, y);
-        if (!c.ok()) {
-          err = c.status();
-          return false;
-        }
-        return *c < 0;
-      });
-      if (budget_.exhausted()) return Checked(n, OkStatus());
-      if (!err.ok()) return Err(n, err.message());
-      if (reverse && reverse->Truthy()) std::reverse(items.begin(), items.end());
-      return MakeList(n, std::move(items));
-    }
-    if (name == "unique") {
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      List out;
-      for (const auto& v : items) {
-        // Quadratic: every comparison is a step (operator== charges the budget).
-        if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-        if (budget_.exhausted()) return Checked(n, OkStatus());
-      }
-      return MakeList(n, std::move(out));
-    }
-    if (name == "indent") {
-      const Value* width = Arg(args, kwargs, 0, "width");
-      const Value* first = Arg(args, kwargs, 1, "first");
-      const Value* blank = Arg(args, kwargs, 2, "blank");
-      const double w = width && !width->is_string() ? width->number() : 4;
-      if (!(w >= 0 && w <= (1 << 20))) return Err(n, "indent width must be 0 to 1048576");
-      const std::string pad =
-          width && width->is_string() ? width->str() : std::string(static_cast<size_t>(w), ' ');
-      std::string s = in.ToString(), out;
-      size_t start = 0;
-      bool first_line = true;
-      while (true) {
-        const size_t nl = s.find('\n', start);
-        const std::string line =
-            s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-        const bool indent_line = (!first_line || (first && first->Truthy())) &&
-                                 (!line.empty() || (blank && blank->Truthy()));
-        if (!budget_.Alloc((indent_line ? pad.size() : 0) + line.size() + 1))
-          return Checked(n, OkStatus());
-        out += (indent_line ? pad : "") + line;
-        if (nl == std::string::npos) break;
-        out += "\n";
-        start = nl + 1;
-        first_line = false;
-      }
-      return Value::String(out);
-    }
-    if (name == "map") {
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      const Value* attr = Arg(args, kwargs, 99, "attribute");
-      List out;
-      for (const auto& item : items) {
-        if (attr) {
-          ASSIGN_OR_RETURN(Value v, GetAttr(n, item, attr->ToString()));
-          out.push_back(v);
-        } else if (!args.empty() && args[0].is_string()) {
-          std::vector<Value> rest(args.begin() + 1, args.end());
-          KwArgs none;
-          ASSIGN_OR_RETURN(Value v, ApplyFilter(n, args[0].str(), item, rest, none));
-          out.push_back(v);
-        } else {
-          return Err(n, "map needs attribute= or a filter name");
-        }
-      }
-      return MakeList(n, std::move(out));
-    }
-    // select/reject test the item itself (Llama 3.1: builtin_tools | reject('equalto', ...)),
-    // selectattr/rejectattr one of its attributes.
-    if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
-      ASSIGN_OR_RETURN(List items, Iterate(n, in));
-      const size_t test_arg = name.ends_with("attr") ? 1 : 0;
-      if (test_arg == 1 && args.empty()) return Err(n, name + " needs an attribute name");
-      List out;
-      for (const auto& item : items) {
-        Value v = item;
-        if (test_arg == 1) {
-          ASSIGN_OR_RETURN(v, GetAttr(n, item, args[0].ToString()));
-        }
-        bool ok;
-        if (args.size() > test_arg) {
-          std::vector<Value> targs(args.begin() + test_arg + 1, args.end());
-          ASSIGN_OR_RETURN(ok, Test(n, args[test_arg].ToString(), v, targs));
-        } else {
-          ok = v.Truthy();
-        }
-        if (ok == name.starts_with("select")) out.push_back(item);
-      }
-      return MakeList(n, std::move(out));
-    }
-    return Err(n, "unsupported filter '" + name + "'");
-  }
-
   StatusOr<bool> Test(const Node& n, const std::string& name, const Value& v,
-                      const std::vector<Value>& args) {
+                      const std::vector<Value>& args) override {
     auto r = ApplyTest(name, v, args);
     if (!r.ok()) return Err(n, r.status().message());
     return r;

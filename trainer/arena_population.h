@@ -1,6 +1,6 @@
 #pragma once
 // ArenaPopulation: faults in a fresh shared arena in the background, in the order its users need
-// it (issue #29 item 24). The set-up of a 7B job populates 100 GiB of arena at the VM's rate of
+// it. The set-up of a 7B job populates 100 GiB of arena at the VM's rate of
 // backing fresh memory (~23 s on the H200 host) and reads 13.5 GB of checkpoint at the disk's
 // (~9-13 s); in sequence they were 33 of its 35 s. Populated in gates, the first ones being each
 // block's fp32 masters and 16-bit weights in block order, the reader fills block b as soon as

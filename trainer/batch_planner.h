@@ -1,5 +1,5 @@
 #pragma once
-// The automatic batch size (issue #13 item 4; per_device_train_batch_size: auto, offloadd-train
+// The automatic batch size (per_device_train_batch_size: auto, offloadd-train
 // --batch-size=auto): which micro-batch and gradient accumulation give the most tokens per second
 // under the job's budgets.
 //
@@ -53,7 +53,7 @@ double ExpectedPaddedLength(std::vector<int64_t> lengths, int batch, int64_t mul
 // max(cap, longest): rounded up to a multiple of 8, or with `buckets` to one of a few lengths per
 // octave (multiples of 16 up to 64, then quarter octaves: 80, 96, 112, 128, 160, ..., 768, 896,
 // 1024, ...; at most 25% padding). On CUDA each length a job meets costs a kernel warm-up inside
-// its step (cuDNN builds a graph per length; issue #29 item 23: 0.25-0.40 s at 1.1B for a 0.29 s
+// its step (cuDNN builds a graph per length: 0.25-0.40 s at 1.1B for a 0.29 s
 // step), and Alpaca records padded to multiples of 8 met a new length most steps: buckets bound
 // the lengths to a few, which the planner warms before they are met.
 int64_t PaddedLength(int64_t longest, int64_t cap, bool buckets);

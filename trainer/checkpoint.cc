@@ -22,10 +22,10 @@
 #include <utility>
 
 #include "common/crc32c.h"
+#include "common/file.h"
 #include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/safe_path.h"
-#include "engine/file_util.h"
 #include "engine/safetensors.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/export_files.h"
@@ -34,11 +34,10 @@
 namespace offloadd::trainer {
 namespace {
 
-using checkpoint_internal::HfStateToJson;
 using checkpoint_internal::ChecksumsFromJson;
+using checkpoint_internal::HfStateToJson;
 using checkpoint_internal::StateFromJson;
 using checkpoint_internal::StateToJson;
-using engine::JoinPath;
 using json = nlohmann::json;
 
 // Layer files hold the host's floats as they are; safetensors is little-endian.
@@ -366,7 +365,7 @@ void CheckpointWriter::Abandon() {
   if (!tmp_dir_.empty()) {
     AsJobUser as_user;  // removed with the rights it was written with
     // Through the descriptor of output_dir, not its path (which may have been replaced).
-    Status st = engine::RemoveTree("/proc/self/fd/" + std::to_string(out_fd_) + "/" + tmp_name_);
+    Status st = RemoveTree("/proc/self/fd/" + std::to_string(out_fd_) + "/" + tmp_name_);
     if (!st.ok()) OFFLOADD_LOG(kWarning, "checkpoint") << tmp_dir_ << ": " << st.ToString();
     tmp_dir_.clear();
     tmp_name_.clear();
@@ -542,7 +541,7 @@ Status RemoveCheckpointDir(const std::string& output_dir, int64_t step, const st
   const std::string name = path.substr(path.rfind('/') + 1);
   if (st.ok() && ::renameat(out.get(), name.c_str(), out.get(), hidden->c_str()) != 0)
     st = ErrnoError(errno, "rename " + path + " -> " + JoinPath(output_dir, *hidden));
-  if (st.ok()) st = engine::RemoveTree("/proc/self/fd/" + std::to_string(out.get()) + "/" + *hidden);
+  if (st.ok()) st = RemoveTree("/proc/self/fd/" + std::to_string(out.get()) + "/" + *hidden);
   ::close(fd);
   return st;
 }
@@ -580,7 +579,7 @@ Status RemoveCheckpoints(const std::string& output_dir) {
 StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) { return LatestCheckpoint(output_dir, nullptr); }
 
 StatusOr<std::string> LatestCheckpoint(const std::string& output_dir, std::vector<std::string>* skipped) {
-  if (!engine::PathExists(output_dir)) {
+  if (!PathExists(output_dir)) {
     return NotFoundError(output_dir + ": no checkpoint (the directory does not exist)");
   }
   AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
@@ -595,7 +594,7 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir, std::vecto
   for (const std::string& path : hidden) {
     StatusOr<int> fd = LockDir(path);
     if (!fd.ok()) continue;  // a live writer or pruner, or already gone
-    Status st = engine::RemoveTree(path);
+    Status st = RemoveTree(path);
     ::close(*fd);
     if (st.ok()) {
       OFFLOADD_LOG(kInfo, "checkpoint") << "removed " << path << ", left by an interrupted save";

@@ -1,8 +1,8 @@
 #pragma once
-// DataParallel: the c10d process group of one data-parallel job (issue #15,
-// docs/data_parallel.md): NCCL between the GPUs of a host, Gloo between CPU executors (the CI
-// test, and the network test). PyTorch's own engine, from LibTorch: the store (FileStore for
-// "file://", TCPStore for "tcp://host:port", rank 0 listening) and the backend.
+// DataParallel: the c10d process group of one data-parallel job (docs/data_parallel.md): NCCL
+// between the GPUs of a host, Gloo between CPU executors (the CI test, and the network test).
+// PyTorch's own engine, from LibTorch: the store (FileStore for "file://", TCPStore for
+// "tcp://host:port", rank 0 listening) and the backend.
 //
 // The collectives the pipeline uses: per block, a reduce-scatter of its flat gradients (SUM; each
 // rank keeps its 1/world shard); per step, an all-reduce of the loss. Both are issued in the same

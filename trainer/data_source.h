@@ -56,7 +56,7 @@ class DataSource {
   // Totals of the loaded dataset, for logs.
   std::string Describe() const;
 
-  // The chat template the records were rendered with, when any were (issue #17 item 3): its
+  // The chat template the records were rendered with, when any were: its
   // Jinja source and where it came from. The exported model carries it.
   struct TemplateUse {
     std::string source;

@@ -9,6 +9,8 @@
 #include <optional>
 #include <thread>
 
+#include "engine/torch_boundary.h"
+
 #if OFFLOADD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -321,13 +323,7 @@ bool DeviceStreams::Completed(const EventPtr& e) {
 
 Status DeviceStreams::Synchronize(const EventPtr& e) {
 #if OFFLOADD_WITH_CUDA
-  if (e) {
-    try {
-      e->event.synchronize();
-    } catch (const c10::Error& err) {
-      return InternalError(std::string("CUDA: ") + err.what_without_backtrace());
-    }
-  }
+  if (e) return engine::RunTorch("CUDA: synchronizing an event", [&] { e->event.synchronize(); });
 #else
   (void)e;
 #endif

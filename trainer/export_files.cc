@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file.h"
 #include "common/logging.h"
-#include "engine/file_util.h"
 
 namespace offloadd::trainer {
 
@@ -40,7 +40,7 @@ StatusOr<ExportLock> ExportLock::Acquire(const std::string& output_dir) {
 
 StatusOr<std::vector<std::string>> RemoveExportTemporaries(const std::string& output_dir) {
   std::vector<std::string> removed;
-  if (!engine::PathExists(output_dir)) return removed;
+  if (!PathExists(output_dir)) return removed;
   ASSIGN_OR_RETURN(OwnedFd dir, OpenConfined(output_dir, O_RDONLY | O_DIRECTORY, Access::kWrite));
   if (::flock(dir.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return removed;  // an export is writing them
@@ -62,7 +62,7 @@ StatusOr<std::vector<std::string>> RemoveExportTemporaries(const std::string& ou
     struct stat st {};
     if (::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
       continue;
-    const std::string path = engine::JoinPath(output_dir, name);
+    const std::string path = JoinPath(output_dir, name);
     if (::unlinkat(dir.get(), name.c_str(), 0) != 0) {
       if (errno != ENOENT && status.ok()) status = ErrnoError(errno, "remove " + path);
       continue;

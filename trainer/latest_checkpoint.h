@@ -1,6 +1,6 @@
 #pragma once
 // LatestCheckpoint (trainer/checkpoint.h) that also says which checkpoints it passed over, and
-// why, so a resumed job can put the reasons in its own events (issue #29 item 21). Declared apart
+// why, so a resumed job can put the reasons in its own events. Declared apart
 // from checkpoint.h, which most of the trainer includes.
 
 #include <string>

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "engine/tensor_io.h"
-#include "engine/torch_status.h"
+#include "engine/torch_boundary.h"
 #include "lsp/subspace.h"
 
 namespace offloadd::trainer {

@@ -1,5 +1,5 @@
 #pragma once
-// LspMode: the trainer's LSP-Offload mode (issue #14; lsp/README.md, ../shared/seeds/lsp-offload.txt
+// LspMode: the trainer's LSP-Offload mode (lsp/README.md, ../shared/seeds/lsp-offload.txt
 // Alg. 2). Every 2-D weight of a decoder layer is trained as W = W_base + P A Q^T:
 //   - the block layout's slot for such a weight holds its subspace coordinates A ([s_m, s_n], a
 //     shadow Param "<weight>.lsp_a"), so the host optimizer's shard, the CPU workers' AdamW,
@@ -13,12 +13,12 @@
 // Embeddings, norms, biases and the head stay exact.
 //
 // On the CPU device (fp32) each weight's effective value W_base + P A Q^T is kept and rebuilt after
-// each update. On CUDA (bf16) that would hold every weight twice, which a 7B model in 24 GiB cannot:
-// W_base stays resident in bf16 (the model's own weights), A reaches the device in bf16 with the
-// block's other weights (norms; WeightResidency, like any streamed block), and a block's effective
-// weights exist only while it computes (Materialize when its weights are ensured, Release after;
-// W_base + (P A) Q^T as dense bf16 GEMMs with fp32 accumulation, rounded once).
-// Compression is P^T G Q by the same GEMMs. lsp/README.md states the precision consequences.
+// each update. On CUDA (bf16) that would hold every weight twice, which a 7B model in 24 GiB
+// cannot: W_base stays resident in bf16 (the model's own weights), A reaches the device in bf16
+// with the block's other weights (norms; WeightResidency, like any streamed block), and a block's
+// effective weights exist only while it computes (Materialize when its weights are ensured, Release
+// after; W_base + (P A) Q^T as dense bf16 GEMMs with fp32 accumulation, rounded once). Compression
+// is P^T G Q by the same GEMMs. lsp/README.md states the precision consequences.
 //
 // Thread-safety: OnUpdated runs on the host optimizer's thread for a block the step loop is not
 // using (the next forward waits for the block's update); everything else is for the step loop.

@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/file.h"
 #include "common/file_identity.h"
 #include "common/safe_path.h"
 #include "common/units.h"
-#include "engine/file_util.h"
 #include "workers/adamw_kernel.h"
 
 #if OFFLOADD_WITH_CUDA
@@ -230,7 +230,7 @@ double MeasureAdamWDuringDma(c10::Device device, int threads, workers::KernelPat
 // removed after.
 Status MeasureStore(const std::string& dir, NodeProfile* p) {
   constexpr size_t kChunk = size_t{4} << 20, kTotal = size_t{256} << 20;
-  const std::string path = engine::JoinPath(dir, ".offloadd-node-profile.tmp");
+  const std::string path = JoinPath(dir, ".offloadd-node-profile.tmp");
   int flags = O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC;
   int fd = open(path.c_str(), flags | O_DIRECT, 0600);
   p->store_direct_io = fd >= 0;
@@ -334,7 +334,7 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
   p.measured_at = NowUtcIso8601();
   if (!file.empty()) {
     // The cache only saves time: a job does not fail because it cannot be written.
-    Status st = engine::MakeDirs(dir);
+    Status st = MakeDirs(dir);
     if (st.ok()) st = WriteFileAtomically(file, NodeProfileJson(p));
     if (!st.ok()) *cache_problem = "not cached: " + std::string(st.message());
   }

@@ -1,9 +1,10 @@
 #pragma once
-// NodeProfile: what this machine's resources do alone, measured once and cached (issue #13 item 1,
-// the per-node half): host memory bandwidth (STREAM triad on every usable core), the AdamW
+// NodeProfile: what this machine's resources do alone, measured once and cached (the per-node half
+// of the step's price): host memory bandwidth (STREAM triad on every usable core), the AdamW
 // kernel's rate on the optimizer's thread count and on 1, 2, 4, ... threads, and while both PCIe
 // directions copy, each PCIe direction alone and both at once (pinned host memory, on CUDA), and
-// the NVMe store directory's write and read rates. The step planner (trainer/step_planner.h) prices a plan with it.
+// the NVMe store directory's write and read rates. The step planner (trainer/step_planner.h) prices
+// a plan with it.
 //
 // Cached as JSON at <dir>/node-profile.json under a key naming the host, the CPU model, the
 // usable cores, the AdamW thread count and kernel, and the GPU: a profile measured elsewhere or

@@ -2,13 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 
 namespace offloadd::trainer {
 
 StatusOr<NodeProfile> ReadNodeProfile(const std::string& path) {
-  if (!engine::PathExists(path)) return NotFoundError("no node profile at " + path);
-  ASSIGN_OR_RETURN(std::string text, engine::ReadFile(path));
+  if (!PathExists(path)) return NotFoundError("no node profile at " + path);
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
     NodeProfile p;

@@ -7,10 +7,10 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/file.h"
 #include "common/file_identity.h"
 #include "common/safe_path.h"
 #include "common/units.h"
-#include "engine/file_util.h"
 
 namespace offloadd::trainer {
 
@@ -26,15 +26,15 @@ std::string ShapeProfilePath(const std::string& dir, const std::string& key) {
   for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
   char name[32];
   std::snprintf(name, sizeof(name), "%016llx.json", static_cast<unsigned long long>(h));
-  return engine::JoinPath(engine::JoinPath(dir, kShapeProfileDir), name);
+  return JoinPath(JoinPath(dir, kShapeProfileDir), name);
 }
 
 StatusOr<ShapeProfile> ReadShapeProfile(const std::string& path) {
   // The daemon's profile cache (profile_dir), not a job's file: with the process's own rights
   // (common/file_identity.h).
   ScopedJobFileIdentity daemon_own(std::nullopt);
-  if (!engine::PathExists(path)) return NotFoundError("no shape profile at " + path);
-  ASSIGN_OR_RETURN(std::string text, engine::ReadFile(path));
+  if (!PathExists(path)) return NotFoundError("no shape profile at " + path);
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
     ShapeProfile p;
@@ -112,13 +112,13 @@ Status WriteShapeProfile(const std::string& dir, const ShapeProfile& p) {
   // The daemon's profile cache (profile_dir), not a job's file: with the process's own rights
   // (common/file_identity.h).
   ScopedJobFileIdentity daemon_own(std::nullopt);
-  RETURN_IF_ERROR(engine::MakeDirs(engine::JoinPath(dir, kShapeProfileDir)));
+  RETURN_IF_ERROR(MakeDirs(JoinPath(dir, kShapeProfileDir)));
   return WriteFileAtomically(ShapeProfilePath(dir, p.key), ShapeProfileJson(p));
 }
 
 std::vector<ShapeProfile> ListShapeProfiles(const std::string& dir, std::vector<std::string>* problems) {
   std::vector<ShapeProfile> out;
-  const std::string sub = engine::JoinPath(dir, kShapeProfileDir);
+  const std::string sub = JoinPath(dir, kShapeProfileDir);
   DIR* d = opendir(sub.c_str());
   if (d == nullptr) return out;
   std::vector<std::string> names;
@@ -129,7 +129,7 @@ std::vector<ShapeProfile> ListShapeProfiles(const std::string& dir, std::vector<
   closedir(d);
   std::sort(names.begin(), names.end());
   for (const auto& name : names) {
-    auto p = ReadShapeProfile(engine::JoinPath(sub, name));
+    auto p = ReadShapeProfile(JoinPath(sub, name));
     if (p.ok()) {
       out.push_back(std::move(*p));
     } else if (problems) {

@@ -1,6 +1,6 @@
 #pragma once
 // ShapeProfile: what one step of a model at one micro-batch shape measured on this node, per block
-// (issue #13 item 1, the per-block half; LoHan §IV-B's first-iteration profile): forward,
+// (the per-block half; LoHan §IV-B's first-iteration profile): forward,
 // backward and recompute times, the bytes its activations hold when kept and when recomputed,
 // and the caching allocator's peak within its forward and backward, plus the step's own peak.
 // The trainer records it on the step it prices its plan with and caches it under

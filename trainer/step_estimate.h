@@ -1,5 +1,5 @@
 #pragma once
-// The step a job would run at, priced without running anything (issue #29 item 23: `offloadctl
+// The step a job would run at, priced without running anything (`offloadctl
 // submit --validate-only` shows it): the step planner's cost model (trainer/step_planner.h) on the
 // node profile's rates, with the GPU work of the job's shape from the shape profile a run of the
 // same model, micro-batch and length recorded on this node. Without such a profile the GPU's share

@@ -1,7 +1,7 @@
 #pragma once
 // StepPlanner: after the first step, places the AdamW states of the lowest blocks on the GPU and
 // keeps (instead of recomputing) the activations of the top decoder layers, so that the predicted
-// step time is smallest under the GPU budget (issue #13, OFFMATE's placement question with
+// step time is smallest under the GPU budget (OFFMATE's placement question with
 // LoHan's profile-fed cost model).
 //
 // Cost model: every resource works concurrently with the others (the pipeline overlaps them), so a
@@ -69,7 +69,7 @@ struct PlanInputs {
   // gpu_seconds (the shape profile's per-block forward times).
   bool held_updates = false;
   double gpu_forward_seconds = 0;
-  // The held dependency's tails (issue #29 item 23): the norm exists only once the backward's
+  // The held dependency's tails: the norm exists only once the backward's
   // last gradients (the embedding's) are copied out, and after the last block's CPU update (the
   // head's, earliest-needed-first) the next forward still uploads it and runs it:
   //   held = backward + norm_tail + device AdamW + max(forward, update + update_tail).

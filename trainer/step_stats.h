@@ -11,7 +11,7 @@
 
 namespace offloadd::trainer {
 
-// The phases of a run's set-up before its first step, in order (issue #29 item 24): the CUDA
+// The phases of a run's set-up before its first step, in order: the CUDA
 // context and streams, the model's config and checkpoint index, the dataset, the device plan
 // (batch size, group, memory), creating and populating the host arena, starting the worker (and
 // store) processes, reading the initial weights into the arena, and the device side
@@ -91,7 +91,7 @@ struct ProjectorCheckStats {
   double seconds = 0;
 };
 
-// The job's helper processes after a step (issue #16 item 4; the daemon exports these per job):
+// The job's helper processes after a step (the daemon exports these per job):
 // each optimizer worker's CPU time and work, and each NVMe store as its client sees it.
 struct RuntimeStats {
   struct Worker {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/torch_status.h"
+#include "engine/torch_boundary.h"
 #include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 

@@ -1,4 +1,4 @@
-// Trainer in a data-parallel group (issue #15, docs/data_parallel.md): joining the group, the one
+// Trainer in a data-parallel group (docs/data_parallel.md): joining the group, the one
 // host optimizer (rank 0 creates it, the other ranks attach to its arena), the shared stop
 // decision between steps, and a resume on ranks > 0 (rank 0 restores the states).
 #include <algorithm>

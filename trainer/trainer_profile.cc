@@ -1,4 +1,4 @@
-// The per-block shape profile in the trainer (issue #13 item 1): recorded from the compute spans
+// The per-block shape profile in the trainer: recorded from the compute spans
 // and allocator figures of the step the plan is priced with (the first on a CPU device, the second
 // on CUDA), cached under <profile_dir>/shapes, and read back by the next run of the same GPU,
 // model and micro-batch shape, whose PlanDevice then sizes the step's working set from it.

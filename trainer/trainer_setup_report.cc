@@ -1,5 +1,5 @@
 // The set-up's timing by phase (trainer_setup.cc): each phase's wall seconds and first start, and
-// the plan log's line, which names the phases that overlapped (issue #29 item 24).
+// the plan log's line, which names the phases that overlapped.
 #include <algorithm>
 #include <chrono>
 #include <sstream>

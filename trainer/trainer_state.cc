@@ -13,8 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/file.h"
 #include "common/safe_path.h"
-#include "engine/file_util.h"
+#include "engine/torch_boundary.h"
 #include "trainer/checkpoint.h"
 #include "trainer/export_files.h"
 #include "trainer/trainer_impl.h"
@@ -243,7 +244,7 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> Trainer::Impl::Tokeni
   std::map<std::string, std::string> files;
   const auto read_dir = [&files](const std::string& dir) -> Status {
     for (const char* f : kTokenizerFileNames) {
-      ASSIGN_OR_RETURN(std::optional<std::string> text, ReadModelFile(engine::JoinPath(dir, f)));
+      ASSIGN_OR_RETURN(std::optional<std::string> text, ReadModelFile(JoinPath(dir, f)));
       if (text) files[f] = std::move(*text);
     }
     return OkStatus();
@@ -279,7 +280,7 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> Trainer::Impl::Tokeni
 Status Trainer::Impl::WriteModelCard(const std::string& dir) {
   ModelCardFacts f;
   f.model_dir = cfg.model_dir;
-  if (auto config = ReadFileConfined(engine::JoinPath(cfg.model_dir, "config.json")); config.ok()) {
+  if (auto config = ReadFileConfined(JoinPath(cfg.model_dir, "config.json")); config.ok()) {
     f.config_json = *config;
   }
   f.datasets = cfg.data.paths;
@@ -311,7 +312,7 @@ Status Trainer::Impl::WriteModelCard(const std::string& dir) {
   f.steps = completed;
   if (completed > 0) f.final_loss = accounting->last_loss();
   f.eval_loss = last_eval_loss;
-  return WriteFileAtomically(engine::JoinPath(dir, "README.md"), ModelCard(f)).WithContext("export");
+  return WriteFileAtomically(JoinPath(dir, "README.md"), ModelCard(f)).WithContext("export");
 }
 
 Status Trainer::Impl::ExportTokenizer(const std::string& dir) {
@@ -323,12 +324,12 @@ Status Trainer::Impl::ExportTokenizer(const std::string& dir) {
     if (::stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                             "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"}) {
-        const std::string from = engine::JoinPath(tok, f);
+        const std::string from = JoinPath(tok, f);
         if (::lstat(from.c_str(), &st) != 0) continue;
-        RETURN_IF_ERROR(CopyFileConfined(from, engine::JoinPath(dir, f)).WithContext("export"));
+        RETURN_IF_ERROR(CopyFileConfined(from, JoinPath(dir, f)).WithContext("export"));
       }
     } else {
-      RETURN_IF_ERROR(CopyFileConfined(tok, engine::JoinPath(dir, "tokenizer.json")).WithContext("export"));
+      RETURN_IF_ERROR(CopyFileConfined(tok, JoinPath(dir, "tokenizer.json")).WithContext("export"));
     }
   }
   // The chat template the records were rendered with travels with the model, so that
@@ -336,8 +337,9 @@ Status Trainer::Impl::ExportTokenizer(const std::string& dir) {
   // chat_template.jinja (which transformers prefers) and into tokenizer_config.json.
   const DataSource::TemplateUse* use = data ? data->template_use() : nullptr;
   if (use == nullptr || use->tokenizers_own) return OkStatus();
-  RETURN_IF_ERROR(WriteFileAtomically(engine::JoinPath(dir, "chat_template.jinja"), use->source).WithContext("export"));
-  const std::string config_path = engine::JoinPath(dir, "tokenizer_config.json");
+  RETURN_IF_ERROR(
+      WriteFileAtomically(JoinPath(dir, "chat_template.jinja"), use->source).WithContext("export"));
+  const std::string config_path = JoinPath(dir, "tokenizer_config.json");
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
   if (auto text = ReadFileConfined(config_path); text.ok()) {
     config = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -366,11 +368,7 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
     return m.accounting->WriteTrace(m.cfg.trace_path);
   };
   auto evaluate = [&]() -> Status {
-    try {
-      return m.Evaluate();
-    } catch (const c10::Error& e) {
-      return InternalError(std::string("evaluation: ") + e.what_without_backtrace());
-    }
+    return engine::RunTorch("evaluation", [&] { return m.Evaluate(); });
   };
   if (m.eval_data) RETURN_IF_ERROR(evaluate());  // the starting point (or the resumed step's)
   while (m.completed < m.total) {

@@ -1,7 +1,7 @@
 #pragma once
 // What a training step holds on the GPU beyond the static estimate's saved activations, weights
 // and workspace (trainer_batch.cc EstimateMemory), for the two cases the estimate priced as if
-// they were the plain step (issue #29 item 22: Llama-2-7B, LSP, packed Alpaca records, batch 8 in
+// they were the plain step (Llama-2-7B, LSP, packed Alpaca records, batch 8 in
 // 24 GiB ran out of memory in layer 31's backward):
 //   - packed batches (segment ids) take the explicit-softmax attention path (engine/ops.cc
 //     Attention / AttentionBackward), whose [batch, heads, seq, seq] scores, probabilities and

@@ -13,10 +13,10 @@
 #include <optional>
 #include <vector>
 
+#include "common/file.h"
 #include "common/logging.h"
 #include "daemon/jobs/executor_protocol.h"
 #include "daemon/jobs/path_policy.h"
-#include "engine/file_util.h"
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
 #include "workers/cpu_topology.h"
@@ -82,8 +82,10 @@ class AttemptRunner {
     if (world > 1) {
       const std::string dir = options_.state_dir + "/jobs/" + job_.id();
       rendezvous_path = dir + "/rendezvous-" + std::to_string(restart_);
-      if (Status s = engine::MakeDirs(dir); !s.ok()) return {false, false, s.WithContext("rendezvous directory")};
-      if (Status s = engine::RemoveTree(rendezvous_path); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+      if (Status s = MakeDirs(dir); !s.ok())
+        return {false, false, s.WithContext("rendezvous directory")};
+      if (Status s = RemoveTree(rendezvous_path); !s.ok())
+        OFFLOADD_LOG(kWarning, kLog) << s.ToString();
     }
     const std::vector<int> gpus = control_.gpus();
     for (int rank = 0; rank < world; ++rank) {
@@ -100,7 +102,8 @@ class AttemptRunner {
     }
     Supervise();
     if (!rendezvous_path.empty()) {
-      if (Status s = engine::RemoveTree(rendezvous_path); !s.ok()) OFFLOADD_LOG(kWarning, kLog) << s.ToString();
+      if (Status s = RemoveTree(rendezvous_path); !s.ok())
+        OFFLOADD_LOG(kWarning, kLog) << s.ToString();
     }
     if (trigger_) return *trigger_;
     // Every executor sent its final status: rank 0's speaks for the job.
@@ -525,7 +528,7 @@ void ExecutorJobRunner::DiscardJobState(const v1::Job& job) {
   if (!config.ok()) return;  // nothing was created
   for (const auto& d : config->offload.nvme_dirs) {
     if (access(d.c_str(), F_OK) != 0) continue;
-    if (Status s = engine::RemoveTree(d); !s.ok()) {
+    if (Status s = RemoveTree(d); !s.ok()) {
       OFFLOADD_LOG(kWarning, kLog) << "job " << job.id() << ": " << s.ToString();
     } else {
       OFFLOADD_LOG(kInfo, kLog) << "job " << job.id() << ": removed its NVMe states " << d;

@@ -1,6 +1,6 @@
 #pragma once
-// ExecutorJobRunner: the JobRunner that trains each job in executor processes (offloadd-executor,
-// issue #15), so that LibTorch and CUDA never load into the daemon and a job that crashes its
+// ExecutorJobRunner: the JobRunner that trains each job in executor processes (offloadd-executor),
+// so that LibTorch and CUDA never load into the daemon and a job that crashes its
 // process cannot take the daemon down with it.
 //
 // Per run of a job: one executor per GPU the job uses (resources.gpus; rank r on the r-th GPU the
@@ -20,7 +20,7 @@
 // max_restarts times, each restart a warning event naming the cause (ipc::DescribeExit); then it
 // fails with that cause. Every executor start is an event "executor started: pid N rank r gpu g".
 //
-// Liveness (issue #29): every executor sends heartbeats (executor/heartbeat.h). One not heard
+// Liveness: every executor sends heartbeats (executor/heartbeat.h). One not heard
 // from for max(6 heartbeats, 1 s) (60 s before its first: the process is still loading), or whose
 // phase (a step) overruns floor + max(floor, factor x its expected time) (one floor more than the
 // workers' and the store's own deadlines inside the step, so that theirs act first), is
@@ -60,7 +60,7 @@ struct ExecutorRunnerOptions {
   double heartbeat_seconds = 0;
   std::string log_level = "info";  // the executors' --log-level
   // TCP token client name -> the user= of its token file line: whose rights its jobs' files are
-  // opened with (SubmitterFileIdentity, issue #29 item 1).
+  // opened with (SubmitterFileIdentity).
   std::map<std::string, std::string> token_users;
 };
 
@@ -88,12 +88,12 @@ int JobWorldSize(const offloadd::v1::Job& job);
 
 // Whether an executor's final error is its device's, not the job's: a CUDA error (the context is
 // lost with the process), the GPU out of memory, a cuBLAS/cuDNN failure, or the NCCL data-parallel
-// group failing (a peer lost). Issue #15: such a job restarts from its last checkpoint like one
+// group failing (a peer lost). Such a job restarts from its last checkpoint like one
 // whose executor died, up to jobs.max_executor_restarts; any other error fails it at once.
 bool IsDeviceFailure(const Status& s);
 
 // IsDeviceFailure, or the job's NVMe store process died or was killed by its liveness watchdog
-// (storage::kStoreDiedSign): issue #29, a store death restarts the job as an executor death does.
+// (storage::kStoreDiedSign): a store death restarts the job as an executor death does.
 bool IsRestartableFailure(const Status& s);
 
 // The daemon's TrainerEnvironment: binaries beside the offloadd executable, workers.processes

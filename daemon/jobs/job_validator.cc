@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/file.h"
 #include "common/message_text.h"
 #include "common/safe_path.h"
 #include "common/units.h"
@@ -18,7 +19,6 @@
 #include "daemon/jobs/spec_refusals.h"
 #include "daemon/jobs/train_job_config.h"
 #include "daemon/jobs/unsupported_options.h"
-#include "engine/file_util.h"
 #include "engine/model_config.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
@@ -614,7 +614,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
                   ", more than the " + FormatByteSize(text::kMaxChatTemplateBytes) +
                   " a chat template may have (real ones are a few KiB)");
       } else if (!c.Fails("dataset.template", real.status())) {
-        auto source = engine::ReadFile(*real);  // a regular file, never a FIFO
+        auto source = ReadFile(*real);  // a regular file, never a FIFO
         if (!c.Fails("dataset.template", source.status())) {
           auto tokens = text::SpecialTokens::FromTokenizerConfig(tokenizer_dir + "/tokenizer_config.json");
           t = text::ChatTemplate::FromString(*source, tokens.ok() ? *tokens : text::SpecialTokens::Guess(*tokenizer));

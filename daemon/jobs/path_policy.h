@@ -47,10 +47,10 @@ class PathPolicy {
 // names. Each one present is opened as the job will open it (common/safe_path.h: under the allowed
 // roots, with the rights of the job's user when set, never blocking) and must be a regular file:
 // a FIFO there would hang the job at its first checkpoint, a symlink out of the roots would copy
-// an outside file into it (issue #29 items 1 and 3). Returns one problem per file, each naming it.
+// an outside file into it. Returns one problem per file, each naming it.
 std::vector<std::string> ModelFileProblems(const std::string& dir);
 
-// Whose rights a job's files are opened with (common/file_identity.h, issue #29 item 1), from the
+// Whose rights a job's files are opened with (common/file_identity.h), from the
 // client that submits it (Job.submitted_by): "unix:uid=<n>" is that local user; "token:<name>" is
 // the user its token file line names (`token_users`: client name -> user=, or the `token_user` of
 // the call at CreateJob); any other client, a token line without user=, or a daemon not running as

@@ -1,6 +1,6 @@
 #pragma once
 // Checks of a job spec that refuse at CreateJob what used to pass validation and then fail once
-// the job ran, or train nothing and SUCCEED (issue #29 item 17). ValidateJobSpec
+// the job ran, or train nothing and SUCCEED. ValidateJobSpec
 // (job_validator.h) calls them; combinations of settings the trainer does not build are listed in
 // unsupported_options.h instead. Each problem names its field. Thread-safe: pure functions.
 

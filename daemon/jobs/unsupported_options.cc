@@ -10,7 +10,7 @@ namespace v1 = offloadd::v1;
 std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   // Every setting of the spec acts on its own. What remains are combinations the trainer refuses
   // when it sets up (trainer_setup.cc, trainer_parallel.cc): listed here so that CreateJob refuses
-  // them with the field path instead of the job failing once started (issue #29 item 17). LSP
+  // them with the field path instead of the job failing once started. LSP
   // compression's one node-dependent limit (the compute dtype on a GPU) is checked by the
   // validator.
   std::vector<FieldViolation> out;

@@ -13,7 +13,7 @@
 //
 // /metrics has no authentication (its port is for a Prometheus on the host or a trusted network),
 // so no label carries what a user wrote: no display name, label, model or dataset path, only the
-// daemon's job ids and fixed words (issue #29 item 14). `offloadctl get <job_id>` names the job.
+// daemon's job ids and fixed words. `offloadctl get <job_id>` names the job.
 //
 // Thread-safe: all members may be called from any thread.
 

@@ -1,6 +1,5 @@
 #pragma once
-// ClientQuota: per-client limits (issue #18, the security review's limits; issue #29 items 4 and
-// 6):
+// ClientQuota: per-client limits (the security review's limits):
 //   - active jobs: QUEUED, RUNNING or PAUSED ones the client created (rebuilt from the job store
 //     when the daemon starts, Adopt);
 //   - concurrent WatchJob streams;

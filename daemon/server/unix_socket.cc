@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 
 namespace offloadd::daemon {
 
@@ -17,7 +17,8 @@ Status PrepareUnixSocketPath(const std::string& path) {
   const size_t slash = path.rfind('/');
   const std::string parent = slash == std::string::npos ? "" : path.substr(0, slash);
   if (!parent.empty()) {
-    if (Status s = engine::MakeDirs(parent); !s.ok()) return s.WithContext("cannot create socket directory " + parent);
+    if (Status s = MakeDirs(parent); !s.ok())
+      return s.WithContext("cannot create socket directory " + parent);
   }
   struct stat st{};
   if (lstat(path.c_str(), &st) != 0) {

@@ -1,5 +1,5 @@
 #pragma once
-// WatchJob on gRPC's callback API (issue #29 items 6 and 16). A stream holds no server thread
+// WatchJob on gRPC's callback API. A stream holds no server thread
 // while it waits for its job's next event, and it ends as soon as gRPC reports that its client
 // cancelled (OnCancel): its ClientQuota slot is free at once. The synchronous handler it replaces
 // held a thread per stream and noticed a cancelled client only at its next poll, about 2 s later.

@@ -27,6 +27,7 @@
 
 #include "engine/model.h"
 #include "engine/tensor_io.h"
+#include "engine/torch_boundary.h"
 
 namespace offloadd::engine {
 namespace {
@@ -225,14 +226,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "offloadd-engine-check: %s\n", args.status().ToString().c_str());
     return 2;
   }
-  try {
-    offloadd::Status st = offloadd::engine::Run(*args);
-    if (!st.ok()) {
-      std::fprintf(stderr, "offloadd-engine-check: %s\n", st.ToString().c_str());
-      return 1;
-    }
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "offloadd-engine-check: torch error: %s\n", e.what_without_backtrace());
+  const offloadd::Status st =
+      offloadd::engine::RunTorch("engine check", [&] { return offloadd::engine::Run(*args); });
+  if (!st.ok()) {
+    std::fprintf(stderr, "offloadd-engine-check: %s\n", st.ToString().c_str());
     return 1;
   }
   return 0;

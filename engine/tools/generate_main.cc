@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/torch_boundary.h"
 #include "text/tokenizer.h"
 
 namespace offloadd::engine {
@@ -75,14 +76,10 @@ Status Run(int argc, char** argv) {
 }  // namespace offloadd::engine
 
 int main(int argc, char** argv) {
-  try {
-    offloadd::Status st = offloadd::engine::Run(argc, argv);
-    if (!st.ok()) {
-      std::fprintf(stderr, "offloadd-generate: %s\n", st.ToString().c_str());
-      return 1;
-    }
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "offloadd-generate: torch error: %s\n", e.what_without_backtrace());
+  const offloadd::Status st =
+      offloadd::engine::RunTorch("generation", [&] { return offloadd::engine::Run(argc, argv); });
+  if (!st.ok()) {
+    std::fprintf(stderr, "offloadd-generate: %s\n", st.ToString().c_str());
     return 1;
   }
   return 0;

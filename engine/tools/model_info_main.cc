@@ -22,6 +22,7 @@
 #include "engine/model_config.h"
 #include "engine/rope.h"
 #include "engine/tensor_io.h"
+#include "engine/torch_boundary.h"
 
 namespace offloadd::engine {
 namespace {
@@ -198,12 +199,11 @@ int Run(int argc, char** argv) {
 }  // namespace offloadd::engine
 
 int main(int argc, char** argv) {
-  try {
-    return offloadd::engine::Run(argc, argv);
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "offloadd-model-info: torch error: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "offloadd-model-info: %s\n", e.what());
+  const offloadd::StatusOr<int> rc =
+      offloadd::engine::RunTorch("model info", [&] { return offloadd::engine::Run(argc, argv); });
+  if (!rc.ok()) {
+    std::fprintf(stderr, "offloadd-model-info: %s\n", rc.status().ToString().c_str());
+    return 1;
   }
-  return 1;
+  return *rc;
 }

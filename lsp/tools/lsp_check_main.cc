@@ -11,7 +11,6 @@
 // receives "p_index", "p_values", "q_index", "q_values" ([rows, d]), "compressed/<k>", "a", "exp_avg",
 // "exp_avg_sq" and "w" = w0 + P A Q^T.
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include <string>
 
 #include "engine/tensor_io.h"
+#include "engine/torch_boundary.h"
 #include "lsp/projector.h"
 #include "workers/adamw_kernel.h"
 
@@ -95,14 +95,10 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", a.hyper.weight_decay);
   app.add_option("--kernel", a.kernel, "AdamW kernel path");
   CLI11_PARSE(app, argc, argv);
-  try {
-    const offloadd::Status st = offloadd::lsp::Run(a);
-    if (!st.ok()) {
-      std::fprintf(stderr, "offloadd-lsp-check: %s\n", st.message().c_str());
-      return 1;
-    }
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "offloadd-lsp-check: %s\n", e.what_without_backtrace());
+  const offloadd::Status st =
+      offloadd::engine::RunTorch("LSP check", [&] { return offloadd::lsp::Run(a); });
+  if (!st.ok()) {
+    std::fprintf(stderr, "offloadd-lsp-check: %s\n", st.message().c_str());
     return 1;
   }
   return 0;

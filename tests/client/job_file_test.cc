@@ -38,7 +38,7 @@ output_dir: /srv/out
   EXPECT_EQ(spec->offload().activations().layer_overrides().at(0), offloadd::v1::ACTIVATION_MODE_KEEP);
 }
 
-// resources: {gpus: N} (issue #15): the GPUs (executors) of a data-parallel job; gpu_index keeps
+// resources: {gpus: N}: the GPUs (executors) of a data-parallel job; gpu_index keeps
 // its presence, so an explicit 0 pins GPU 0 while an unset one means any GPU.
 TEST(JobFileTest, ResourcesGpusAndGpuIndex) {
   auto spec = ParseJobSpec("resources: {gpus: 2}\n", "job.yaml");
@@ -58,7 +58,7 @@ TEST(JobFileTest, UnknownFieldIsNamed) {
   EXPECT_NE(spec.status().message().find("job.yaml"), std::string::npos);
 }
 
-// Issue #17: pasted HF blocks took one run per unknown field. Every problem comes back from one
+// Pasted HF blocks took one run per unknown field. Every problem comes back from one
 // read, by snake_case path, with a "did you mean" for near misses.
 TEST(JobFileTest, EveryProblemAtOnceWithSnakeCasePathsAndSuggestions) {
   auto read = ReadJobSpec(R"(
@@ -236,7 +236,7 @@ TEST(JobFileTest, InvalidUtf8InAStringIsAProblemNotABrokenSpec) {
   EXPECT_TRUE(ParseJobSpec("display_name: \"caf\xc3\xa9" "\"\n", "job.yaml").ok());  // valid UTF-8
 }
 
-// Issue #18 defect 19: a 300-byte alias bomb made offloadctl abort (9^9 values on expansion).
+// A 300-byte alias bomb made offloadctl abort (9^9 values on expansion).
 TEST(JobFileTest, AliasBombIsRefusedNotExpanded) {
   std::string yaml = "a: &a [x, x, x, x, x, x, x, x, x]\n";
   for (char c = 'b'; c <= 'i'; ++c) {

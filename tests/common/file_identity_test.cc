@@ -21,7 +21,7 @@ constexpr uid_t kNobody = 65534;
 
 uid_t FsUid() { return static_cast<uid_t>(::syscall(SYS_setfsuid, static_cast<uid_t>(-1))); }
 
-// Issue #29 item 1: with the daemon running as root, a job's files are opened with its user's
+// With the daemon running as root, a job's files are opened with its user's
 // rights, so a hard link (or any path) to a file that user cannot read is refused by the kernel,
 // and what the job writes belongs to that user. base/ is the allowed root.
 class FileIdentityTest : public ::testing::Test {

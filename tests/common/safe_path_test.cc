@@ -100,7 +100,7 @@ TEST_F(SafePathTest, ReadRefusesAFifoWithoutBlocking) {
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
 }
 
-// Issue #29 item 3: every open, not only ReadFileConfined, refuses a FIFO or a device without
+// Every open, not only ReadFileConfined, refuses a FIFO or a device without
 // blocking (a FIFO in a model directory hung a job at its first checkpoint), for reading and for
 // writing, confined or not; a regular file comes back in the blocking mode asked for.
 TEST_F(SafePathTest, EveryOpenRefusesAFifoOrDeviceWithoutBlocking) {

@@ -1,4 +1,4 @@
-// Per-client limits on active jobs and WatchJob streams (issue #18, daemon/server/client_quota.h).
+// Per-client limits on active jobs and WatchJob streams (daemon/server/client_quota.h).
 #include "daemon/server/client_quota.h"
 
 #include <gtest/gtest.h>
@@ -63,7 +63,7 @@ TEST(ClientQuotaTest, OnlyActiveJobsAndPendingCreationsCount) {
   EXPECT_TRUE(q.Reserve("unix", is_active).ok());
 }
 
-// Issue #29 item 6: CreateJob calls (waiting for a validation slot or validating) and WatchJob
+// CreateJob calls (waiting for a validation slot or validating) and WatchJob
 // streams hold a server thread each. One client may hold at most its share of the threads left
 // after the reserve for job control and health, and at most max_creates_per_client CreateJobs.
 TEST(ClientQuotaTest, HeldCallsAreBoundedPerClientAndOverall) {
@@ -162,7 +162,7 @@ TEST(ClientQuotaTest, ValidationSlotsAreSharedAmongClients) {
   EXPECT_EQ(c1.status().code(), StatusCode::kCancelled) << c1.status().ToString();
 }
 
-// Issue #29 item 16: the active jobs of the store count after a restart.
+// The active jobs of the store count after a restart.
 TEST(ClientQuotaTest, AdoptedJobsCountLikeCreatedOnes) {
   ClientQuota q(1, 10);
   q.Adopt("unix:uid=1000", "job-1");

@@ -172,7 +172,7 @@ TEST(ConfigTest, EffectiveYamlRoundTrips) {
   EXPECT_EQ(again->metrics.peak_flops, 312e12);
 }
 
-// Issue #29 item 5: the cancel grace period, the data-parallel group timeout and the liveness
+// The cancel grace period, the data-parallel group timeout and the liveness
 // deadlines are settings, defaulted, range-checked with their key paths, and shown in the
 // effective configuration.
 TEST(ConfigTest, JobsLivenessSettings) {

@@ -1,4 +1,4 @@
-// Issue #29 item 17: specs that CreateJob accepted and that then failed once the job ran, or that
+// Specs that CreateJob accepted and that then failed once the job ran, or that
 // trained nothing and SUCCEEDED, are refused by validation, each naming its field.
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,6 +1,7 @@
-// JobManager's scheduler on nodes with several GPUs (issue #15): jobs hold the GPUs they need
-// (resources.gpus), run side by side while GPUs are free, wait in strict FIFO order when they do not
-// fit, and a node without GPUs runs one job at a time. A fake runner stands in for the executors.
+// JobManager's scheduler on nodes with several GPUs: jobs hold the GPUs they need
+// (resources.gpus), run side by side while GPUs are free, wait in strict FIFO order when they do
+// not fit, and a node without GPUs runs one job at a time. A fake runner stands in for the
+// executors.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>

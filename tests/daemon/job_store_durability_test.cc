@@ -1,4 +1,4 @@
-// Issue #29 items 7, 9 and 20: the job database deleted under a running daemon is recreated from
+// The job database deleted under a running daemon is recreated from
 // the open one; a job record is bounded, listed in pages bounded by bytes, and a progress report
 // writes its progress, not the record; a job end the store refuses shows in GetJob and in health.
 #include <sqlite3.h>

@@ -1,4 +1,4 @@
-// Issue #29 item 21: a configured store directory that is missing was reported as "none is
+// A configured store directory that is missing was reported as "none is
 // configured". The violation names the directory and says it is missing.
 #include <gtest/gtest.h>
 

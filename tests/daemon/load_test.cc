@@ -348,8 +348,8 @@ TEST_F(WatcherLimitTest, OneStreamOverTheLimitIsRefusedAndAClosedOneFreesItsSlot
 
 // server.max_threads through the real server: 40 WatchJob streams of one client against a cap of
 // 16 threads, under the per-client watcher limit. The client's CreateJob and WatchJob calls are
-// bounded by its share of the threads left after the reserve for short calls (issue #29 item 6:
-// 6 of 12), so the streams beyond it are refused with RESOURCE_EXHAUSTED, and once the streams
+// bounded by its share of the threads left after the reserve for short calls (6 of
+// 12), so the streams beyond it are refused with RESOURCE_EXHAUSTED, and once the streams
 // end the daemon answers again.
 class ThreadQuotaTest : public LoadTest {
  protected:

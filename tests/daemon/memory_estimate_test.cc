@@ -26,7 +26,7 @@ TEST(MemoryEstimateTest, TinyLlamaParameterCount) {
   EXPECT_EQ(s.largest_block_params, 32000 * 2048);
 }
 
-// Issue #30's families, counted from their parts (q/k norms, sandwich norms, fused tensors, tied
+// The supported families, counted from their parts (q/k norms, sandwich norms, fused tensors, tied
 // heads): totals are transformers' num_parameters() of the same configs.
 TEST(MemoryEstimateTest, ParameterCountsFromThePartsOfEachFamily) {
   struct Case {

@@ -7,13 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include "common/file.h"
 #include "daemon/server/node_service.h"
-#include "engine/file_util.h"
 
 namespace offloadd::daemon {
 namespace {
 
-// `offloadctl node` lists the model families the engine trains (issue #30), from the family table.
+// `offloadctl node` lists the model families the engine trains, from the family table.
 TEST(NodeProbeTest, NodeInfoListsTheSupportedModelFamilies) {
   offloadd::v1::NodeInfo info;
   FillNodeInfo(NodeFacts{}, BuildFacts{}, &info);
@@ -39,14 +39,14 @@ TEST(NodeProbeTest, ReportsThisMachine) {
   ASSERT_EQ(f.store_dirs.size(), 2u);
   EXPECT_TRUE(f.store_dirs[0].problem.empty()) << f.store_dirs[0].problem;
   EXPECT_GT(f.store_dirs[0].capacity_bytes, 0u);
-  // A missing directory is said to be missing (issue #29 item 21), not "cannot stat".
+  // A missing directory is said to be missing, not "cannot stat".
   EXPECT_NE(f.store_dirs[1].problem.find("missing"), std::string::npos) << f.store_dirs[1].problem;
   // Either GPUs were found or we are told why not.
   EXPECT_TRUE(!f.gpus.empty() || !f.gpu_problem.empty());
   EXPECT_TRUE(f.io_uring_available || !f.io_uring_problem.empty());
 }
 
-// POSIX helpers (engine/file_util.h), not std::filesystem: this binary links the daemon core and so
+// POSIX helpers (common/file.h), not std::filesystem: this binary links the daemon core and so
 // LibTorch, whose CUDA build interposes its own std::filesystem (docs/DEVELOPING.md).
 // A fake sysfs root with PCI devices whose numa_node files say what each test needs.
 class PciNumaNodeTest : public ::testing::Test {
@@ -55,10 +55,10 @@ class PciNumaNodeTest : public ::testing::Test {
     char tmpl[] = "/tmp/offloadd_sysfs_XXXXXX";
     root_ = mkdtemp(tmpl);
   }
-  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(root_).ok()); }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(root_).ok()); }
   void Device(const std::string& name, const std::string& numa_node_text) {
     const std::string dir = root_ + "/bus/pci/devices/" + name;
-    ASSERT_TRUE(engine::MakeDirs(dir).ok());
+    ASSERT_TRUE(MakeDirs(dir).ok());
     std::ofstream(dir + "/numa_node") << numa_node_text;
   }
   std::string root_;
@@ -92,7 +92,7 @@ TEST_F(PciNumaNodeTest, UnknownIsMinusOne) {
 namespace offloadd::daemon {
 namespace {
 
-// The daemon learns its GPUs from `offloadd-executor --probe-gpus` (issue #15).
+// The daemon learns its GPUs from `offloadd-executor --probe-gpus`.
 TEST(GpuProbe, ParsesTheExecutorsAnswer) {
   std::string problem = "stale";
   const auto gpus = ParseGpuProbe(

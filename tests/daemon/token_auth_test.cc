@@ -71,7 +71,7 @@ TEST(TokenFileTest, EveryBadLineIsNamedWithItsNumber) {
   }
 }
 
-// Issue #29 item 15: a token travels in an HTTP/2 header, so a byte order mark, a NUL, a control
+// A token travels in an HTTP/2 header, so a byte order mark, a NUL, a control
 // character or a non-ASCII byte in a token line made a file that passed --validate-config and that
 // no client could authenticate with. Each is refused naming file:line, and the token is never
 // echoed.
@@ -107,7 +107,7 @@ TEST(TokenFileTest, BytesNoHeaderCanCarryAreRefusedNamingTheLine) {
   EXPECT_EQ(ok->size(), 2u);
 }
 
-// Issue #29 item 1: a line may name the local user whose rights its client's jobs get.
+// A line may name the local user whose rights its client's jobs get.
 TEST(TokenFileTest, AUserOnALineNamesWhoseRightsItsJobsGet) {
   auto t = ParseTokenFile("alice " + kA + " user=alice\nops " + kB + " operator user=root\n", "f");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -153,7 +153,7 @@ TEST_F(TokenFileOnDiskTest, ModeAndTypeAreCheckedBeforeTheText) {
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->size(), 2u);
 
-  // The file as --validate-config and the daemon read it: the same refusals (issue #29 item 15).
+  // The file as --validate-config and the daemon read it: the same refusals.
   auto bom =
       ReadTokenFile(Write("\xEF\xBB\xBF"
                           "alice " +

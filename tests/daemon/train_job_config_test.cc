@@ -11,9 +11,9 @@
 
 #include <vector>
 
+#include "common/file.h"
 #include "daemon/jobs/job_validator.h"
 #include "daemon/jobs/unsupported_options.h"
-#include "engine/file_util.h"
 #include "trainer/checkpoint.h"
 
 namespace offloadd::daemon {
@@ -41,7 +41,7 @@ class TrainJobConfigTest : public ::testing::Test {
     env_.profile_dir = "/var/lib/offloadd/profiles";
     env_.store_dirs = {"/nvme0", "/nvme1"};
   }
-  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(dir_).ok()); }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
 
   TrainConfig Make() {
     auto c = MakeTrainConfig(job_, env_);

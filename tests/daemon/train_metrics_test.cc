@@ -261,9 +261,9 @@ TEST(TrainMetricsTest, WorkerAndStoreSeriesFollowTheJobsProcesses) {
   EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
 }
 
-// Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with ClearJob.
-// Issue #29 item 5: processes killed for missing a liveness deadline, by kind; every kind has its
-// series from the start, and the workers' count follows each job's cumulative count by increase.
+// Evaluation and LSP check series exist only for jobs that evaluate / run LSP, and go with
+// ClearJob. Processes killed for missing a liveness deadline, by kind; every kind has its series
+// from the start, and the workers' count follows each job's cumulative count by increase.
 TEST(TrainMetricsTest, WatchdogKillsCountByProcess) {
   prometheus::Registry registry;
   TrainMetrics m(registry);
@@ -307,7 +307,7 @@ TEST(TrainMetricsTest, EvalAndProjectorCheckSeries) {
   EXPECT_EQ(text.find(R"(job_id="a")"), std::string::npos) << text;
 }
 
-// Issue #29 item 24: a run's first step carries the time to it and its set-up phases; they become
+// A run's first step carries the time to it and its set-up phases; they become
 // gauges of the job (set again by a restarted run's first step) and go with the job's series.
 TEST(TrainMetricsTest, TimeToFirstStepAndSetupPhases) {
   prometheus::Registry registry;
@@ -388,7 +388,7 @@ TEST(PeakFlopsTest, KnownGpusByTheNameCudaReports) {
   EXPECT_DOUBLE_EQ(KnownPeakBf16Flops("NVIDIA GeForce GTX 1080"), 0);  // unknown: no MFU
 }
 
-// Issue #29 item 14: /metrics is unauthenticated; a listen address beyond loopback is warned.
+// /metrics is unauthenticated; a listen address beyond loopback is warned.
 TEST(MetricsListenWarningTest, WarnsBeyondLoopbackOnly) {
   for (const char* quiet : {"", "127.0.0.1:9464", "127.0.0.2:0", "localhost:9464", "[::1]:9464"}) {
     EXPECT_EQ(MetricsListenWarning(quiet), "") << quiet;

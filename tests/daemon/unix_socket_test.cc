@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -28,7 +28,7 @@ class UnixSocketTest : public ::testing::Test {
     char tmpl[] = "/tmp/offloadd_sock_XXXXXX";
     dir_ = mkdtemp(tmpl);
   }
-  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(dir_).ok()); }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
 
   int Listen(const std::string& path) {
     const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -51,9 +51,9 @@ TEST_F(UnixSocketTest, RemovesStaleSocket) {
   const std::string path = dir_ + "/s.sock";
   const int fd = Listen(path);  // bound but not listening: connect is refused, like a dead daemon
   close(fd);
-  ASSERT_TRUE(engine::PathExists(path));
+  ASSERT_TRUE(PathExists(path));
   EXPECT_TRUE(PrepareUnixSocketPath(path).ok());
-  EXPECT_FALSE(engine::PathExists(path));
+  EXPECT_FALSE(PathExists(path));
 }
 
 TEST_F(UnixSocketTest, RefusesLiveSocket) {
@@ -63,7 +63,7 @@ TEST_F(UnixSocketTest, RefusesLiveSocket) {
   const Status s = PrepareUnixSocketPath(path);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("already serving"), std::string::npos) << s.message();
-  EXPECT_TRUE(engine::PathExists(path));
+  EXPECT_TRUE(PathExists(path));
   close(fd);
 }
 
@@ -72,7 +72,7 @@ TEST_F(UnixSocketTest, RefusesRegularFile) {
   std::ofstream(path) << "precious";
   const Status s = PrepareUnixSocketPath(path);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(engine::PathExists(path));
+  EXPECT_TRUE(PathExists(path));
 }
 
 TEST_F(UnixSocketTest, SetsMode) {

@@ -1,4 +1,4 @@
-// Issue #29 item 4: CreateJob validation is bounded per request, not per rendering. Repeated
+// CreateJob validation is bounded per request, not per rendering. Repeated
 // dataset paths are checked once, the chat template renderings of all records and files share one
 // step budget, an oversized template file is refused unread, and validation stops as soon as
 // ValidationOptions::stop says nobody waits for it.

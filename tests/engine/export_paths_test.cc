@@ -1,4 +1,4 @@
-// Model::Export and the paths it touches (issue #18): it stays inside the allowed roots whatever
+// Model::Export and the paths it touches: it stays inside the allowed roots whatever
 // symlinks the model or output directory holds (item 3), and fsyncs what it writes (item 10).
 #include <limits.h>
 #include <stdlib.h>
@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/file.h"
 #include "common/safe_path.h"
-#include "engine/file_util.h"
 #include "engine/model.h"
 #include "tests/engine/tiny_model.h"
 

@@ -10,7 +10,7 @@
 
 #include <map>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 #include "engine/model.h"
 #include "tests/engine/tiny_model.h"
 

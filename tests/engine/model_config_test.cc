@@ -101,8 +101,7 @@ TEST(ModelConfigTest, Gpt2) {
   EXPECT_TRUE(c->qkv_bias);
 }
 
-
-// ---- issue #30's families (configs as their hub checkpoints write them, abridged) -------------
+// ---- the supported families (configs as their hub checkpoints write them, abridged) -------------
 
 TEST(ModelConfigTest, LlamaWithAttentionAndMlpBiases) {
   auto c = Parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",

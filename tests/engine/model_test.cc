@@ -12,7 +12,7 @@
 #include <map>
 #include <set>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 #include "engine/ops.h"
 #include "engine/tensor_io.h"
 #include "tests/engine/tiny_model.h"
@@ -372,7 +372,7 @@ TEST(ModelLoad, CheckpointProblemsAreNamed) {
   (void)c;
 }
 
-// Issue #29 item 24: the set-up reads initial values in pieces on several threads, converted
+// The set-up reads initial values in pieces on several threads, converted
 // straight from the mapping: any slice equals that slice of the whole value, in every dtype.
 TEST(ModelLoad, InitialValuesReadInSlicesEqualTheWholeValue) {
   auto dir = TempDir("slices");

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 #include "engine/model_config.h"
 #include "engine/tensor_io.h"
 

@@ -220,7 +220,7 @@ TEST_F(ExecutorJobRunnerTest, DataParallelRanksGetTheirPlacement) {
   EXPECT_EQ(c.steps, std::vector<int64_t>{2});  // rank 1's progress is not relayed
 }
 
-// Issue #29 item 5: liveness. A stopped executor (no heartbeat) and one whose step overruns its
+// Liveness. A stopped executor (no heartbeat) and one whose step overruns its
 // deadline are killed by the watchdog; the job restarts from its checkpoint, or fails naming the
 // executor and what it was doing once the restarts are spent.
 void Liveness(ExecutorRunnerOptions& o) {
@@ -286,7 +286,7 @@ TEST_F(ExecutorJobRunnerTest, AForcedCancelKillsAtOnce) {
   EXPECT_EQ(c.CountLogs("cancel --force: killing the job's executors"), 1);
 }
 
-// Issue #29 item 21: the job's NVMe store dying restarts the job, as an executor's death does.
+// The job's NVMe store dying restarts the job, as an executor's death does.
 TEST_F(ExecutorJobRunnerTest, ADeadStoreRestartsTheJobFromItsCheckpoint) {
   FakeControl c;
   const Status s = Run("store-died-once", c);

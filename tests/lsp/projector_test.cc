@@ -1,4 +1,4 @@
-// LSP-Offload's projectors (issue #14 item 3) against dense references: the d-sparse products,
+// LSP-Offload's projectors against dense references: the d-sparse products,
 // the compressor's bias, the seed's moment re-projection, the projector learning, and Adam in the
 // subspace against dense AdamW on the reparameterised weight.
 #include "lsp/projector.h"

@@ -1,4 +1,4 @@
-// LSP-Offload's check-and-update and the projector's saved form (issue #14 items 1-2).
+// LSP-Offload's check-and-update and the projector's saved form.
 #include "lsp/subspace.h"
 
 #include <ATen/ATen.h>

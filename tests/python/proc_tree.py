@@ -1,4 +1,4 @@
-"""The processes below a daemon: since issue #15 its helper processes (offloadd-worker,
+"""The processes below a daemon: its helper processes (offloadd-worker,
 offloadd-store) are started by the job's offloadd-executor, the daemon's child, so tests that look
 for them search the whole subtree, not the daemon's direct children."""
 

@@ -1,4 +1,4 @@
-"""Issue #29 item 1: every file a job reads or writes goes through the one confined open
+"""Every file a job reads or writes goes through the one confined open
 (common/safe_path.h: a descriptor of the allowed root, RESOLVE_BENEATH, never through a symlink
 for writes, regular files only, with the rights of the job's user). A plain std::ifstream of the
 model directory's generation_config.json copied a 0600 file from outside the roots into every
@@ -54,9 +54,6 @@ ALLOWED = {
         "a checkpoint directory under the confined output_dir descriptor, never through a symlink",
     ("trainer/activation_spill.cc", "::mkdir(prefix.c_str(), 0750)"):
         "activation spill directories in the daemon's store directories (storage.directories)",
-    ("engine/file_util.cc", "::mkdir(cur.c_str(), 0755)"):
-        "engine::MakeDirs, for the daemon's own directories (state_dir, socket, rendezvous); job "
-        "directories use MakeDirsConfined",
     ("daemon/jobs/train_job_config.cc", "opendir(model_dir.c_str())"):
         "lists the model's file names and sizes (fstatat, no symlink followed) for the free-space estimate; "
         "opens no file",

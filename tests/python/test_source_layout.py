@@ -3,7 +3,7 @@
 - layering: each component includes only the components below it (ALLOWED); a new edge must be
   added here on purpose, with the reason in review;
 - torch-free components include no LibTorch header, directly or through another component's
-  header (the daemon must build and run without the model runtime's headers, issue #15);
+  header (the daemon must build and run without the model runtime's headers);
 - file length: sources stay under 800 lines; the files already over it are listed with their
   current length and may only shrink.
 """
@@ -31,7 +31,7 @@ ALLOWED = {
     "storage": {"common", "ipc"},
     "lsp": {"common", "engine", "workers"},
     "trainer": {"common", "engine", "ipc", "lsp", "storage", "text", "workers"},
-    # The executor (issue #15) runs a job for the daemon: it maps the job with the daemon's torch-free
+    # The executor runs a job for the daemon: it maps the job with the daemon's torch-free
     # daemon/jobs/train_job_config.h and speaks daemon/jobs/executor_protocol.h; the daemon never
     # includes executor/ (it starts the binary).
     "executor": {"common", "daemon", "engine", "ipc", "jobspec", "lsp", "proto", "storage", "text", "trainer",
@@ -44,7 +44,7 @@ TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage",
 TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10|caffe2)/', re.M)
 PROJECT_INCLUDE = re.compile(r'^\s*#\s*include\s*"(([a-z_0-9]+)/[^"]+)"', re.M)
 MAX_LINES = 800
-OVER_LIMIT = {"text/jinja_eval.cc": 868}
+OVER_LIMIT: dict = {}  # files allowed past MAX_LINES for now: {path: its length}
 
 
 def _files(component):

@@ -126,7 +126,7 @@ TEST_F(StoreProcessTest, RoundTripsThroughTheRingsAndRejectsBadOffsets) {
   EXPECT_EQ((*p)->Stats().submitted, 5u) << "the shutdown command is not a request";
 }
 
-// Issue #29 item 5: a stopped store (SIGSTOP: its pidfd never fires, as a store wedged in D-state
+// A stopped store (SIGSTOP: its pidfd never fires, as a store wedged in D-state
 // I/O) is killed once the commands in flight are past the liveness deadline, and the wait returns
 // UNAVAILABLE naming the store and the watchdog (which the daemon restarts the job after).
 TEST_F(StoreProcessTest, AStoppedStoreIsKilledByTheLivenessDeadline) {

@@ -273,7 +273,7 @@ TEST(DatasetReader, BadLineIsAnErrorWithFileAndLineOrSkipped) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
-// Issue #17 item 5: Parquet and Arrow (an HF save_to_disk directory too) are refused by name, with
+// Parquet and Arrow (an HF save_to_disk directory too) are refused by name, with
 // the formats that are read and how to convert; never parsed as JSON or reported as "not a file".
 TEST(DatasetReader, ParquetAndArrowDatasetsAreRefusedNamingTheFormats) {
   auto tok = ToyTokenizer();

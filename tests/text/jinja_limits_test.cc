@@ -1,4 +1,4 @@
-// Hostile templates (issue #18, defect 4): every rendering is bounded in steps, bytes and depth,
+// Hostile templates: every rendering is bounded in steps, bytes and depth,
 // and number literals or arithmetic that overflow are errors, never exceptions, traps or hangs.
 // Each case must end with a clear error within a second or two and without a large allocation.
 
@@ -184,7 +184,7 @@ TEST(JinjaLimits, LimitsCanBeTightenedAndNameTheLimit) {
   EXPECT_TRUE(t->Render(Value::NewDict()).ok());
 }
 
-// Issue #29 item 4: the renderings of one request share a RequestBudget. Each rendering below is
+// The renderings of one request share a RequestBudget. Each rendering below is
 // well within its own RenderLimits, but together they pass the request's steps.
 TEST(RequestBudgetTest, RenderingsOfOneRequestShareOneStepBudget) {
   auto t = Template::Parse("{% for i in range(20000) %}{% endfor %}ok");
@@ -231,7 +231,7 @@ TEST(RequestBudgetTest, StopEndsALongRenderingEarly) {
   EXPECT_TRUE(request.Stopped()) << "stays stopped";
 }
 
-// An 8 MB template cost 1.5 GB of memory to parse (issue #29 item 4): sources over
+// An 8 MB template cost 1.5 GB of memory to parse: sources over
 // kMaxChatTemplateBytes are refused before parsing, from a string or a directory.
 TEST(RequestBudgetTest, OversizedChatTemplatesAreRefusedBeforeParsing) {
   const std::string big(kMaxChatTemplateBytes + 1, 'x');

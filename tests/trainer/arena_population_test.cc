@@ -1,4 +1,4 @@
-// The arena populated in the background (issue #29 item 24): gates complete in order and a done
+// The arena populated in the background: gates complete in order and a done
 // gate may be written while later ones are populated; populating never changes contents; and a
 // HostOptimizer filling its masters beside the population ends with the same arena, bit for bit,
 // as one that populated everything first, while the fill ran before the population ended.

@@ -22,15 +22,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file.h"
 #include "common/safe_path.h"
-#include "engine/file_util.h"
 #include "engine/safetensors.h"
 #include "trainer/export_files.h"
 
 namespace offloadd::trainer {
 namespace {
 
-using engine::JoinPath;
 using ::testing::HasSubstr;
 
 // A three-layer model (embedding, one decoder layer, head) with its fp32 state in flat buffers, the
@@ -146,7 +145,7 @@ class CheckpointTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     out_ = tmpl;
   }
-  void TearDown() override { ASSERT_TRUE(engine::RemoveTree(out_).ok()); }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(out_).ok()); }
   std::string Dir(int64_t step) const {
     return JoinPath(out_, "checkpoint-" + std::to_string(step));
   }
@@ -244,7 +243,7 @@ TEST_F(CheckpointTest, AddedFilesAreKeptAndChecked) {
   EXPECT_FALSE(w->AddFile("../escape", "x").ok());
   EXPECT_FALSE(w->AddFile("trainer_state.json", "x").ok());
   ASSERT_TRUE(w->Commit(MakeState(1, m)).ok());
-  auto text = engine::ReadFile(JoinPath(Dir(1), "config.json"));
+  auto text = ReadFile(JoinPath(Dir(1), "config.json"));
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*text, R"({"model_type": "llama"})");
   ASSERT_EQ(::truncate(JoinPath(Dir(1), "config.json").c_str(), 3), 0);
@@ -288,17 +287,16 @@ TEST_F(CheckpointTest, LatestSkipsTemporaryAndIncompleteDirectories) {
   // names that are not checkpoint-<step>.
   const std::string stale = JoinPath(out_, ".checkpoint-30.tmp-abcdef");
   ASSERT_EQ(::mkdir(stale.c_str(), 0755), 0);
-  ASSERT_TRUE(engine::CopyFile(JoinPath(Dir(20), "offloadd_state.json"),
-                               JoinPath(stale, "offloadd_state.json"))
-                  .ok());
+  ASSERT_TRUE(
+      CopyFile(JoinPath(Dir(20), "offloadd_state.json"), JoinPath(stale, "offloadd_state.json"))
+          .ok());
   ASSERT_EQ(::mkdir(Dir(40).c_str(), 0755), 0);
-  ASSERT_TRUE(engine::CopyFile(JoinPath(Dir(20), "model-layer-00000.safetensors"),
-                               JoinPath(Dir(40), "model-layer-00000.safetensors"))
+  ASSERT_TRUE(CopyFile(JoinPath(Dir(20), "model-layer-00000.safetensors"),
+                       JoinPath(Dir(40), "model-layer-00000.safetensors"))
                   .ok());
   ASSERT_EQ(::mkdir(JoinPath(out_, "checkpoint-50x").c_str(), 0755), 0);
   ASSERT_TRUE(
-      engine::CopyFile(JoinPath(Dir(20), "offloadd_state.json"), JoinPath(out_, "checkpoint-60"))
-          .ok());
+      CopyFile(JoinPath(Dir(20), "offloadd_state.json"), JoinPath(out_, "checkpoint-60")).ok());
   // A live writer's temporary stays.
   auto live = CheckpointWriter::Begin(out_, 70);
   ASSERT_TRUE(live.ok());
@@ -306,11 +304,11 @@ TEST_F(CheckpointTest, LatestSkipsTemporaryAndIncompleteDirectories) {
   auto latest = LatestCheckpoint(out_);
   ASSERT_TRUE(latest.ok()) << latest.status().ToString();
   EXPECT_EQ(*latest, Dir(20));
-  EXPECT_FALSE(engine::PathExists(stale));
-  EXPECT_TRUE(engine::PathExists(live->tmp_dir()));
+  EXPECT_FALSE(PathExists(stale));
+  EXPECT_TRUE(PathExists(live->tmp_dir()));
   const std::string live_tmp = live->tmp_dir();
   { CheckpointWriter gone = std::move(*live); }  // an abandoned writer cleans up
-  EXPECT_FALSE(engine::PathExists(live_tmp));
+  EXPECT_FALSE(PathExists(live_tmp));
 }
 
 TEST_F(CheckpointTest, WriterRefusesInconsistentInput) {
@@ -330,8 +328,8 @@ TEST_F(CheckpointTest, WriterRefusesInconsistentInput) {
   auto info = w->Commit(MakeState(4, m));
   ASSERT_FALSE(info.ok());
   EXPECT_THAT(info.status().message(), HasSubstr("layer 1 was not written"));
-  EXPECT_FALSE(engine::PathExists(tmp));  // a failed commit leaves nothing
-  EXPECT_FALSE(engine::PathExists(Dir(4)));
+  EXPECT_FALSE(PathExists(tmp));  // a failed commit leaves nothing
+  EXPECT_FALSE(PathExists(Dir(4)));
   EXPECT_EQ(w->WriteLayer(1, m.State(1)).code(), StatusCode::kFailedPrecondition);  // spent
 
   auto w2 = CheckpointWriter::Begin(out_, 5);
@@ -402,7 +400,7 @@ void FlipByte(const std::string& path, off_t offset) {
   ::close(fd);
 }
 
-// Issue #18 item 8: flipped bytes in tensor data used to load silently.
+// Flipped bytes in tensor data used to load silently.
 TEST_F(CheckpointTest, FlippedTensorBytesAreDetectedAndLatestFallsBack) {
   const FakeModel m(1);
   ASSERT_TRUE(Save(out_, 10, m).ok());
@@ -460,11 +458,11 @@ TEST_F(CheckpointTest, FlippedBytesInAnAddedFileOrTheIndexAreDetected) {
 }
 
 // Beside offloadd's own state, trainer_state.json follows Hugging Face's TrainerState schema with
-// the run's values (issue #17 item 4); it is checksummed like every file.
+// the run's values; it is checksummed like every file.
 TEST_F(CheckpointTest, TrainerStateJsonIsHuggingFacesSchema) {
   const FakeModel m(2);
   ASSERT_TRUE(Save(out_, 3, m).ok());
-  auto text = engine::ReadFile(JoinPath(Dir(3), "trainer_state.json"));
+  auto text = ReadFile(JoinPath(Dir(3), "trainer_state.json"));
   ASSERT_TRUE(text.ok());
   const nlohmann::json hf = nlohmann::json::parse(*text);
   std::vector<std::string> keys;
@@ -495,7 +493,7 @@ TEST_F(CheckpointTest, TrainerStateJsonIsHuggingFacesSchema) {
 TEST_F(CheckpointTest, LegacyLayoutLoadsAndHuggingFaceCheckpointsAreRefused) {
   const FakeModel m(2);
   ASSERT_TRUE(Save(out_, 5, m).ok());
-  auto ours = engine::ReadFile(JoinPath(Dir(5), "offloadd_state.json"));
+  auto ours = ReadFile(JoinPath(Dir(5), "offloadd_state.json"));
   ASSERT_TRUE(ours.ok());
   nlohmann::json legacy = nlohmann::json::parse(*ours);
   legacy["files"].erase("trainer_state.json");
@@ -535,7 +533,7 @@ TEST_F(CheckpointTest, CheckpointsWrittenBeforeChecksumsStillLoad) {
   const FakeModel m(3);
   ASSERT_TRUE(Save(out_, 10, m).ok());
   const std::string state = JoinPath(Dir(10), "offloadd_state.json");
-  auto text = engine::ReadFile(state);
+  auto text = ReadFile(state);
   ASSERT_TRUE(text.ok());
   const size_t key = text->find("\"crc32c\": {");  // keys are sorted: it is first, a comma follows
   ASSERT_NE(key, std::string::npos) << *text;
@@ -652,7 +650,7 @@ void KillSweep(const std::string& out, int64_t new_step) {
   constexpr int kKills = 16;
   int saw_old = 0, saw_new = 0;
   for (int i = 0; i <= kKills; ++i) {
-    ASSERT_TRUE(engine::RemoveTree(out).ok());
+    ASSERT_TRUE(RemoveTree(out).ok());
     ASSERT_TRUE(Save(out, 10, old_model).ok());
     const pid_t pid = Fork(save);
     if (i < kKills) {
@@ -706,7 +704,7 @@ TEST(CheckpointSample, WritesSampleForPython) {
   ASSERT_TRUE(info.ok()) << info.status().ToString();
 }
 
-// Issue #29 item 11: an export killed before its rename leaves
+// An export killed before its rename leaves
 // ".model.safetensors.tmp-XXXXXXXXXXXX" (a whole model) in output_dir; the next resume
 // (LatestCheckpoint) removes it, and nothing else.
 TEST_F(CheckpointTest, ResumeRemovesTheTemporariesOfAKilledExport) {

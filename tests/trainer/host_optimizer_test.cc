@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 #include "trainer/group_link.h"
 
 namespace offloadd::trainer {
@@ -91,7 +91,7 @@ class HostOptimizerTest : public ::testing::Test {
   }
   void TearDown() override {
     if (!dir_.empty()) {
-      EXPECT_TRUE(engine::RemoveTree(dir_).ok());
+      EXPECT_TRUE(RemoveTree(dir_).ok());
     }
   }
 

@@ -10,7 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "engine/file_util.h"
+#include "common/file.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -22,7 +22,7 @@ class ShapeProfileTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { (void)engine::RemoveTree(dir_); }
+  void TearDown() override { (void)RemoveTree(dir_); }
 
   static ShapeProfile Sample(int64_t batch, const std::string& at) {
     ShapeProfile p;
@@ -55,7 +55,7 @@ class ShapeProfileTest : public ::testing::Test {
   }
 
   void WriteRaw(const std::string& key, const std::string& text) {
-    ASSERT_TRUE(engine::MakeDirs(engine::JoinPath(dir_, kShapeProfileDir)).ok());
+    ASSERT_TRUE(MakeDirs(JoinPath(dir_, kShapeProfileDir)).ok());
     std::ofstream(ShapeProfilePath(dir_, key)) << text;
   }
 

@@ -1,4 +1,4 @@
-// The step priced without running it (issue #29 item 23: `offloadctl submit --validate-only`):
+// The step priced without running it (`offloadctl submit --validate-only`):
 // the node profile's rates, the GPU's work from a shape profile when one matches, else a bound.
 #include "trainer/step_estimate.h"
 

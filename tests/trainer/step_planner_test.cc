@@ -1,5 +1,5 @@
 // The step planner's held-update dependency with its tails, and the length distribution the
-// planner prices variable-length batches from (issue #29 item 23).
+// planner prices variable-length batches from.
 #include "trainer/step_planner.h"
 
 #include <gtest/gtest.h>

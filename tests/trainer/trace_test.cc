@@ -209,7 +209,7 @@ TEST_F(TraceTest, UnwritablePathIsAnErrorNamingIt) {
   EXPECT_NE(st.message().find("missing/trace.json"), std::string::npos) << st.ToString();
 }
 
-// Issue #29 item 2: the temporary file was opened by absolute path, following symlinks and
+// The temporary file was opened by absolute path, following symlinks and
 // truncating what they pointed at. Symlinks planted at every name it used (<path>.tmp.<pid>.<n>)
 // and at the trace itself: the victim is untouched, the trace is a new regular file.
 TEST_F(TraceTest, PlantedSymlinksAreNeverWrittenThrough) {

@@ -1,4 +1,4 @@
-// What the static GPU estimate used to leave out (trainer/working_set.h; issue #29 item 22):
+// What the static GPU estimate used to leave out (trainer/working_set.h):
 // packed batches' explicit attention and LSP's working set, priced at the job's shape.
 #include "trainer/working_set.h"
 
@@ -75,7 +75,7 @@ TEST(LargestFittingBatchTest, BisectsAMonotoneFit) {
   EXPECT_EQ(LargestFittingBatch(1, under(1)), 1);
 }
 
-// The repro of issue #29 item 22 in numbers: at Llama-2-7B, batch 8 of packed 1024-token rows,
+// A 7B LSP job's out-of-memory error in numbers: at Llama-2-7B, batch 8 of packed 1024-token rows,
 // the explicit attention's 5 GiB and LSP's 15+ GiB do not fit a 24 GiB budget beside the
 // streamed weights and the step's own working set, while batch 2 leaves room.
 TEST(LspWorkingSetTest, SevenBPackedBatchEightDoesNotFitTwentyFourGiB) {

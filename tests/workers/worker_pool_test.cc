@@ -290,8 +290,7 @@ TEST(WorkerPoolTest, ExternalSigkillWhileBusyGivesTheSameResult) {
   EXPECT_EQ(m.State(), Reference(3));
 }
 
-
-// Issue #29 item 5: a stopped worker (SIGSTOP: no death for its pidfd to show, as a worker wedged
+// A stopped worker (SIGSTOP: no death for its pidfd to show, as a worker wedged
 // in the kernel or deadlocked) is killed once its oldest command is past the liveness deadline,
 // restarted and replayed: the result is the uninterrupted one, bit for bit.
 TEST(WorkerPoolTest, AStoppedWorkerIsKilledByTheLivenessDeadlineAndReplayed) {

@@ -1,5 +1,5 @@
 #pragma once
-// offloadd-train --gpus=N (issue #15): runs this program once per rank of a data-parallel group
+// offloadd-train --gpus=N: runs this program once per rank of a data-parallel group
 // on this host, through the one child launcher (ipc/child_process.h: death signal, closed fds,
 // pidfd), each rank with --rank/--world-size and a fresh file:// rendezvous, and on CUDA its own
 // GPU as its only visible device. When a rank fails the others are killed: a group with a rank

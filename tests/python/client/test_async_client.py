@@ -1,4 +1,4 @@
-"""Issue #17 item 7: offloadd.AsyncClient (grpc.aio) against the fake JobService: the sync client's
+"""Offloadd.AsyncClient (grpc.aio) against the fake JobService: the sync client's
 methods as coroutines, watch_job as an async iterator, wait's resume after broken streams, the
 result object, the same error mapping (field violations from the status details included) and
 the same target handling (TLS plus bearer token, for both clients)."""

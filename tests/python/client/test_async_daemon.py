@@ -1,4 +1,4 @@
-"""Issue #17 item 7 end to end: a tiny job on the real daemon (CPU, fp32, the 2-layer demo Llama)
+"""End to end: a tiny job on the real daemon (CPU, fp32, the 2-layer demo Llama)
 driven through offloadd.AsyncClient, and its result object: status "succeeded", the exported model
 directory (model.safetensors in it), trained tokens, steps and final loss as the daemon reported."""
 

@@ -1,4 +1,4 @@
-"""Issue #17 item 7: the SDK's docstrings render as a reference page with pydoc (text, and HTML
+"""The SDK's docstrings render as a reference page with pydoc (text, and HTML
 with `python -m pydoc -w`), and every public class, method and property has one, Google style
 (an Args: section where there are arguments)."""
 

@@ -1,4 +1,4 @@
-"""Issue #16 item 3: the Python SDK installs from a clone into a clean virtualenv (its gRPC stubs
+"""The Python SDK installs from a clone into a clean virtualenv (its gRPC stubs
 generated from proto/ at build time, since they are not in git), imports, and declares the
 dependency floors its generated code checks at import."""
 

@@ -1,4 +1,4 @@
-"""Issue #17 item 7 (sync client): job states as strings (offloadd.JobState) wherever the SDK gives
+"""The sync client: job states as strings (offloadd.JobState) wherever the SDK gives
 or takes a state, and the result object (offloadd.JobResult, OpenAI/Vertex-like) of succeeded,
 failed and cancelled jobs, against the fake JobService."""
 

@@ -1,4 +1,4 @@
-"""Shutdown is bounded and hostile input files cannot pin the daemon (issue #18, defect 5).
+"""Shutdown is bounded and hostile input files cannot pin the daemon.
 
 * SIGTERM stops the daemon within server.shutdown_grace_seconds whatever the running job does:
   here its optimizer worker is frozen (SIGSTOP), so the job can neither step nor pause. The job

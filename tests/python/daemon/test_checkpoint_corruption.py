@@ -1,4 +1,4 @@
-"""Issue #18 item 8 through the real daemon: after a crash, a newest checkpoint whose tensor bytes
+"""Through the real daemon: after a crash, a newest checkpoint whose tensor bytes
 were flipped is detected (crc32c) and skipped; the job resumes from the previous intact checkpoint
 and succeeds, with the same losses as an uninterrupted run from there on."""
 
@@ -49,7 +49,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(binary_dir, wo
             resumed = [m for m in logs(seen) if m.startswith("resuming from ")]
             assert resumed == [f"resuming from {workspace / 'crash' / f'checkpoint-{previous}'}"], logs(seen)
             assert "checksum mismatch" in d.log() and f"checkpoint-{newest}" in d.log()
-            # Issue #29 item 21: the reason is in the job's own events too, not only the daemon's log.
+            # The reason is in the job's own events too, not only the daemon's log.
             skipped = [m for m in logs(seen) if m.startswith("skipped ") and f"checkpoint-{newest}" in m]
             assert len(skipped) == 1 and "checksum mismatch" in skipped[0], logs(seen)
             ref_events = []
@@ -61,7 +61,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(binary_dir, wo
     cursor = first.events[-1].cursor
     second = [e for e in seen if e.cursor > cursor]
     # Steps the first run reported are trained again from `previous` without new progress events
-    # (issue #18 defect 20); the second run reports from the first step past them, and its losses
+    #; the second run reports from the first step past them, and its losses
     # (which follow from the replayed state) match the uninterrupted run's.
     assert [p.step for p in progress(seen)] == list(range(1, steps + 1))
     killed_at = max(p.step for p in progress(first.events))

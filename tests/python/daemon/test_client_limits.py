@@ -1,4 +1,4 @@
-"""Issue #29 items 8 and 16: per-client state is per client, holds across a restart and is
+"""Per-client state is per client, holds across a restart and is
 released promptly.
 
 - A CreateJob request_id was global: Bob reusing Alice's id received Alice's job, and his own was

@@ -58,7 +58,7 @@ def test_validate_only_returns_resolved_spec(daemon, workspace):
     assert job.spec.training.adam_beta2 == pytest.approx(0.999), "defaults are filled in"
     assert offloadd.v1.job_pb2.DatasetFormat.Name(job.spec.dataset.format) == "DATASET_FORMAT_ALPACA"
     assert job.spec.output_dir == str(workspace.resolve() / "out")
-    # The model as the engine assembles it (issue #30).
+    # The model as the engine assembles it.
     assert job.model.model_type == "gpt2" and job.model.architecture == "GPT2LMHeadModel"
     assert job.model.parts.startswith("gpt2: LayerNorm pre-norm, MHA 4 head_dim 16, q/k/v/o bias, GELU MLP"), \
         job.model.parts
@@ -146,7 +146,7 @@ def test_lsp_compression_is_refused_on_a_node_with_a_gpu_only(daemon, workspace)
 
 
 def test_request_id_makes_create_idempotent_across_restarts(binary_dir, workspace):
-    """Issue #18 defect 11: the same request_id created two jobs."""
+    """The same request_id created two jobs."""
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
     try:
         spec = spec_dict(workspace)
@@ -174,7 +174,7 @@ def test_request_id_makes_create_idempotent_across_restarts(binary_dir, workspac
 
 
 def test_oversized_strings_are_refused_and_errors_stay_readable(daemon, workspace):
-    """Issue #18 defects 12 and 15: unbounded strings in job records; an error echoing invalid
+    """Unbounded strings in job records; an error echoing invalid
     UTF-8 or a megabyte-long value broke the SDK's parsing or hid the message."""
     spec = spec_dict(workspace)
     spec["display_name"] = "x" * (3 << 20)
@@ -238,7 +238,7 @@ def test_offloadctl_submit_validate_only(binary_dir, daemon, workspace):
 
 
 def test_validate_only_prices_the_step_on_the_nodes_profile(binary_dir, daemon, workspace):
-    """Issue #29 item 23: validate_only answers with the step priced on this node (the step
+    """Validate_only answers with the step priced on this node (the step
     planner's cost model on <state_dir>/profiles/node-profile.json); without a node profile it says
     why there is none, and offloadctl submit --validate-only prints it."""
     spec = spec_dict(workspace)
@@ -292,9 +292,9 @@ def _vm_hwm_bytes(pid: int) -> int:
 
 
 def test_concurrent_validations_do_not_multiply_memory(daemon, workspace):
-    """Issue #18 defect 13: each CreateJob allocated 64 MiB per dataset path; 150 concurrent calls
+    """Each CreateJob allocated 64 MiB per dataset path; 150 concurrent calls
     on a 52-byte dataset peaked at 2.3 GB. Now a dataset head is read in 1 MiB pieces and at most
-    4 validations run at once (2 for one client, issue #29): the daemon's peak RSS grows by well
+    4 validations run at once (2 for one client): the daemon's peak RSS grows by well
     under 150 x 64 MiB."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -317,7 +317,7 @@ def test_concurrent_validations_do_not_multiply_memory(daemon, workspace):
 
 
 def test_yaml_alias_bomb_is_refused_by_sdk_and_offloadctl(binary_dir, tmp_path):
-    """Issue #18 defect 19: a 300-byte alias bomb made offloadctl abort."""
+    """A 300-byte alias bomb made offloadctl abort."""
     lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
     for prev, cur in zip("abcdefgh", "bcdefghi"):
         lines.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
@@ -333,7 +333,7 @@ def test_yaml_alias_bomb_is_refused_by_sdk_and_offloadctl(binary_dir, tmp_path):
 
 
 def test_pasted_hf_names_and_sizes_act_through_the_daemon(daemon, workspace):
-    """Issue #17: HF/TRL names and sizes with units are accepted and show up as the settings they
+    """HF/TRL names and sizes with units are accepted and show up as the settings they
     stand for in the resolved spec."""
     spec = spec_dict(workspace)
     del spec["dataset"]["max_seq_length"]

@@ -64,7 +64,7 @@ def test_cpp_client_health_and_node_info(binary_dir, daemon):
     want = kernels[0] if forced == "auto" else forced
     assert node["cpu"]["adamw_kernel"] == want
     assert f"adamw       {want} kernel (" in human, human
-    # The model families the engine trains (issue #30), each with the architectures it accepts.
+    # The model families the engine trains, each with the architectures it accepts.
     families = {f["model_type"]: f["architectures"] for f in node["supported_families"]}
     for model_type, arch in [("llama", "LlamaForCausalLM"), ("mistral", "MistralForCausalLM"),
                              ("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM"),
@@ -191,7 +191,7 @@ def test_node_shows_the_cached_node_profile(binary_dir, daemon):
 
 def test_node_lists_the_cached_shape_profiles(binary_dir, daemon):
     """`offloadctl node` lists the per-block shape profiles jobs cache under
-    <state_dir>/profiles/shapes (issue #13 item 1), newest first, and names unreadable files."""
+    <state_dir>/profiles/shapes, newest first, and names unreadable files."""
     shapes = daemon.workdir / "state" / "profiles" / "shapes"
     shapes.mkdir(parents=True, exist_ok=True)
     model = "llama/22 layers/1100048384 params/0123456789abcdef"

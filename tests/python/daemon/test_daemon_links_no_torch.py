@@ -1,4 +1,4 @@
-"""The daemon runs no LibTorch and no CUDA in its own process (issue #15): training runs in
+"""The daemon runs no LibTorch and no CUDA in its own process: training runs in
 offloadd-executor processes, and the GPUs are probed by a short-lived executor. Its dynamic section
 must not name LibTorch's or CUDA's libraries (a CUDA error, or a crash inside LibTorch, would
 otherwise take every job and client stream down with the daemon)."""

@@ -1,4 +1,4 @@
-"""Startup hardening (issue #18 defects 6, 17, 18): one daemon per state directory, a Unix socket
+"""Startup hardening: one daemon per state directory, a Unix socket
 that never exists with another mode than the configured one, and `--validate-config` refusing
 what startup refuses."""
 
@@ -107,7 +107,7 @@ def test_validate_config_refuses_what_startup_refuses_and_warns(binary_dir, tmp_
 
 
 def test_metrics_listen_beyond_loopback_is_warned(binary_dir, tmp_path):
-    """Issue #29 item 14: /metrics has no authentication, so a metrics.listen other hosts reach is
+    """/metrics has no authentication, so a metrics.listen other hosts reach is
     warned about by --validate-config and in the daemon's log at startup; loopback is not."""
     d = DaemonProcess(offloadd_bin(binary_dir), tmp_path)
     base = d.config_path.read_text()

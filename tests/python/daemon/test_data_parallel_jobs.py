@@ -1,4 +1,4 @@
-"""Issue #15 item 4 through the daemon: a job with resources.gpus 2 on a node without GPUs runs two
+"""Data parallelism through the daemon: a job with resources.gpus 2 on a node without GPUs runs two
 CPU executors that form a Gloo group, each on its half of every global batch, and trains what one
 executor trains on the whole batch: per-step losses within 1e-5 and final weights within 2e-5 (the
 CPU parity tests' bounds, as in tests/python/trainer/test_data_parallel.py)."""

@@ -1,4 +1,4 @@
-"""Jobs train in offloadd-executor processes (issue #15). When an executor dies (here SIGKILL, as
+"""Jobs train in offloadd-executor processes. When an executor dies (here SIGKILL, as
 the OOM killer or a CUDA fault would end it), the daemon stays up and serves other calls, and the
 job starts again from its last checkpoint by itself, up to jobs.max_executor_restarts times; with
 no restarts left it fails, its error naming the cause. Every executor start is a job event naming

@@ -1,4 +1,4 @@
-"""Issue #18 defect 4: a chat template given as dataset.template runs inside CreateJob. An 84-byte
+"""A chat template given as dataset.template runs inside CreateJob. An 84-byte
 template pegged a core and held ~4.3 GB per request, a 57-byte one drove the daemon to 15.2 GB,
 and {{ 99999999999999999999 }} came back as UNKNOWN (an uncaught std::out_of_range). Each must
 now be INVALID_ARGUMENT naming dataset.template's limit within seconds, with the daemon's peak

@@ -1,4 +1,4 @@
-"""Issue #29 items 1, 3 and 10: every file a job opens goes through the confined open, also the
+"""Every file a job opens goes through the confined open, also the
 model files each checkpoint copies, and only regular files are opened.
 
 - A symlink out of the roots in the model directory (generation_config.json -> a 0600 token file

@@ -1,4 +1,4 @@
-"""Job state through faults, with the real daemon (issue #18, defects 7, 16 and 20):
+"""Job state through faults, with the real daemon:
 
 * a full state directory (a small tmpfs as state_dir) must not lose a job's final state: the
   daemon says why in its log and records the state once there is room, without a restart;
@@ -103,7 +103,7 @@ def test_full_state_dir_keeps_the_final_state_and_says_why(binary_dir, workspace
                 line = next(ln for ln in d.log().splitlines() if "cannot record it" in ln)
                 assert job.id in line and "SUCCEEDED" in line and "full" in line, line
                 assert d.proc.poll() is None, "the daemon stays up"
-                # Issue #29 item 20: GetJob shows how the job ended, and health says why it is not
+                # GetJob shows how the job ended, and health says why it is not
                 # durable yet (it said RUNNING and SERVING).
                 assert c.get_job(job.id).state == S.JOB_STATE_SUCCEEDED
                 assert c.health() == "NOT_SERVING"
@@ -194,7 +194,7 @@ def test_steps_trained_again_after_a_resume_show_once_in_the_event_log(binary_di
 
 
 def test_steps_before_the_first_checkpoint_show_once_after_a_restart(binary_dir, workspace):
-    # Issue #29 item 12: killed before its first checkpoint, the job trains again from step 1 and
+    # Killed before its first checkpoint, the job trains again from step 1 and
     # reported steps 1-6 a second time (the runner skipped reported steps only when resuming from a
     # checkpoint). A watcher sees each step once, and a log event says why steps are silent.
     steps, accum = 24, 4

@@ -1,4 +1,4 @@
-"""Issue #16 item 4: log lines carry <N> syslog priorities when stderr goes to the journal
+"""Log lines carry <N> syslog priorities when stderr goes to the journal
 (JOURNAL_STREAM=<dev>:<inode> names stderr), so `journalctl -p warning` finds the warnings; and
 no prefix otherwise."""
 

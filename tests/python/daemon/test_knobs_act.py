@@ -1,4 +1,4 @@
-"""Issue #17 item 2: every accepted setting acts. The NVMe store's block size (the daemon's
+"""Every accepted setting acts. The NVMe store's block size (the daemon's
 storage.aio.block_size, or the job's offload.aio.block_size, which wins) reaches the store's command
 line; settings that would not act (offload_param.device nvme, pin_memory false) are refused at
 CreateJob, naming the field."""

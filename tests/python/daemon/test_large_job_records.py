@@ -1,4 +1,4 @@
-"""Issue #29 item 9 through the real daemon: job records are bounded and ListJobs pages by bytes.
+"""Through the real daemon: job records are bounded and ListJobs pages by bytes.
 
 Before, a job record could reach 2.1 MB (256 dataset and 256 eval paths of 4 KB); with 8 such jobs
 one ListJobs response passed gRPC's 4 MiB limit and `offloadctl list` failed for everyone. Now

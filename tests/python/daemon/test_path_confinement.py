@@ -1,4 +1,4 @@
-"""Issue #18 item 3: a job reads and writes only under the daemon's allowed_roots, whatever symlinks
+"""A job reads and writes only under the daemon's allowed_roots, whatever symlinks
 its model or output directory holds, and even when its output directory is swapped for a symlink
 after CreateJob validated it. Each case used to read or write outside the roots."""
 
@@ -55,7 +55,7 @@ def test_symlink_in_model_dir_leading_out_of_the_roots_is_not_exported(daemon, r
     link = root / "model" / "generation_config.json"
     link.unlink(missing_ok=True)
     link.symlink_to(outside / "secret.json")
-    # CreateJob opens every model file the job will (issue #29): refused there, naming the link.
+    # CreateJob opens every model file the job will: refused there, naming the link.
     # One swapped in after CreateJob fails the job (test_job_file_confinement.py).
     with offloadd.Client(daemon.target) as c:
         with pytest.raises(offloadd.OffloaddError) as e:

@@ -1,4 +1,4 @@
-"""Issue #29 item 21 through the real daemon: a configured storage directory that is missing (an
+"""Through the real daemon: a configured storage directory that is missing (an
 NVMe not mounted) is reported as missing, naming its path, at startup and when a job asks for the
 NVMe tier; it was reported as "none is configured"."""
 

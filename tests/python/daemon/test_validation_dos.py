@@ -1,4 +1,4 @@
-"""Issue #29 items 4 and 6: one client must not turn CreateJob validation, or the server's threads,
+"""One client must not turn CreateJob validation, or the server's threads,
 into a denial of service for the others.
 
 Item 4: validation was bounded per rendering, not per request: a chat template near the step limit

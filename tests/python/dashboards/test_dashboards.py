@@ -55,7 +55,7 @@ def test_queries_parse_and_name_known_metrics(source_dir, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-# Issue #16 item 4: every metric a panel queries is declared in the sources, and per-job panels follow
+# Every metric a panel queries is declared in the sources, and per-job panels follow
 # the Job variable, whose values come from offloadd_job_info (jobs stay selectable for
 # metrics.job_series_retention_seconds after they end).
 SOURCE_DIRS = ("daemon", "common", "storage", "workers", "trainer", "engine", "ipc")

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 # Achieved: 1.8 with systemd 252 (Debian 12); it was 5.9 before the hardening. Other systemd
-# versions weigh the settings a little differently, hence the margin. Issue #16 asks for < 3.0.
+# versions weigh the settings a little differently, hence the margin; the target is < 3.0.
 MAX_EXPOSURE = 2.5
 # The @VAR@ form that CMake's string(CONFIGURE ... @ONLY) replaces (deploy/CMakeLists.txt).
 CMAKE_VARIABLE = re.compile(r"@[A-Za-z_0-9/.+-]+@")
@@ -84,7 +84,7 @@ def service_settings(text: str) -> dict[str, list[str]]:
 
 
 def test_memory_and_task_bounds(source_dir):
-    """Issue #29 item 19: the service's cgroup is bounded (MemoryMax=, TasksMax=), with room for
+    """The service's cgroup is bounded (MemoryMax=, TasksMax=), with room for
     what jobs may pin by default and for the default server.max_threads, and a child killed at the
     bound does not stop the daemon."""
     s = service_settings((source_dir / "deploy" / "offloadd.service").read_text())

@@ -1,4 +1,4 @@
-"""Tiny random-init models of every supported family (issue #30), built with transformers' own
+"""Tiny random-init models of every supported family, built with transformers' own
 config classes, with the family's real tokenizer from ../shared/data where its vocabulary is small
 enough for a CPU test, else a synthetic byte-level BPE; Alpaca records tokenized through the
 tokenizer's own chat template as pretokenized training data. Shared by test_families.py (CPU, fp32)

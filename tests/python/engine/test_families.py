@@ -1,4 +1,4 @@
-"""Issue #30 item 5: every supported family trains as transformers does (CPU, fp32).
+"""Every supported family trains as transformers does (CPU, fp32).
 
 For each variant (llama 3.x with attention_bias, mlp_bias and llama3 RoPE; mistral with a sliding
 window of 16 on 40-64-token sequences; qwen2 tied and untied; qwen3 (head_dim 16 != hidden/heads,

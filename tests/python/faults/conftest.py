@@ -1,4 +1,4 @@
-"""The fault suite's harness (issue #18, deliverable 4).
+"""The fault suite's harness.
 
 * `@pytest.mark.timeout(seconds)`: every test here carries one. pytest-timeout is not in the
   venv, so the bound is kept here: SIGALRM fails the test in the main thread, and faulthandler

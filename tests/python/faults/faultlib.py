@@ -121,7 +121,7 @@ class FaultDaemon:
 
     def kill9(self) -> None:
         """SIGKILLs the daemon and returns once the processes it started are gone too. They die by
-        their death signals, in a chain since issue #15 (daemon -> executor -> worker/store): a
+        their death signals, in a chain (daemon -> executor -> worker/store): a
         test that opens what they held (a store's LOCK) must not race the chain's last link."""
         below = [p for name in ("offloadd-executor", "offloadd-worker", "offloadd-store")
                  for p in descendants_named(self.proc.pid, name)]

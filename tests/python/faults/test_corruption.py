@@ -1,4 +1,4 @@
-"""Corrupted checkpoint, store and SQLite files (issue #18, deliverable 4): each corruption is
+"""Corrupted checkpoint, store and SQLite files: each corruption is
 detected with a clear error, never used silently.
 
 * Checkpoint: one byte flipped in each kind of file a checkpoint holds (a model layer, an optimizer

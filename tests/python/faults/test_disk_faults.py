@@ -1,4 +1,4 @@
-"""Full disks and I/O errors (issue #18, deliverable 4) under the three places the daemon writes:
+"""Full disks and I/O errors under the three places the daemon writes:
 the job's output directory (checkpoints, the exported model), the state directory (SQLite job
 records) and the store's directory (NVMe tier optimizer states).
 
@@ -106,7 +106,7 @@ class Tmpfs:
 def wait_ended(c: offloadd.Client, d: FaultDaemon, job_id: str, t_fault: float, out: pathlib.Path) -> S.Job:
     """The job once it ends; or, FAULT_BOUND_S after the fault, or SETTLE_S after the daemon's log
     says the job ended or its model is exported, the job as it then stands (a job the daemon finished but still shows
-    RUNNING is issue #18 defect 7)."""
+    RUNNING is a defect)."""
     ended_at = None
     while True:
         job = wait_final(c, job_id, 1)
@@ -174,8 +174,8 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
                                     + (f": {final.error.message[:300]}" if final.error.message else "")
                                     + f"; daemon {'up, ' + health if alive else 'DIED'}")
             assert alive, figures.defect(f"the daemon did not survive {fault} under {where}:\n{d.log()[-3000:]}")
-            # A failing state directory makes jobs not durable: health says so, with the reason
-            # (issue #29 item 20). A full one may still take writes into space SQLite holds.
+            # A failing state directory makes jobs not durable: health says so, with the reason.
+            # A full one may still take writes into space SQLite holds.
             problem = c.node_info().serving_problem
             if where == "state" and fault == "EIO":
                 assert health == "NOT_SERVING" and "jobs.db" in problem, figures.defect(
@@ -204,7 +204,7 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
                 on_disk = (ws / "out" / "model.safetensors").exists()
                 figures.defect(f"{fault} under {where}: the job still shows {state_name(final.state)} at step "
                                f"{final.progress.step} {took:.0f} s after the fault (and after it was cleared)"
-                               + (" although it ended and its exported model is on disk (issue #18 defect 7)"
+                               + (" although it ended and its exported model is on disk"
                                   if on_disk else ""))
             if final.state == S.JOB_STATE_FAILED:
                 msg = final.error.message

@@ -1,4 +1,4 @@
-"""Hostile paths and resource exhaustion (issue #18, deliverable 4).
+"""Hostile paths and resource exhaustion.
 
 Paths: symlinks and `..` leading out of allowed_roots, FIFOs and devices given as the model's
 config.json, the dataset, the chat template and the daemon's own --config, and a dataset that

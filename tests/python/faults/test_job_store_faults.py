@@ -1,4 +1,4 @@
-"""The job database under faults, with the real daemon (issue #29 items 7 and 20):
+"""The job database under faults, with the real daemon:
 
 * jobs.db deleted while the daemon runs: the daemon notices (at the next write, or within its
   5 s check), logs it, recreates the file from the database it has open, and a restart still lists

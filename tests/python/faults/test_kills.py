@@ -1,4 +1,4 @@
-"""SIGKILL campaigns (issue #18, deliverable 4): the daemon, an optimizer worker (offloadd-worker)
+"""SIGKILL campaigns: the daemon, an optimizer worker (offloadd-worker)
 and the NVMe tensor store (offloadd-store) are killed at seeded random points of one CPU fp32 job
 whose optimizer states live on the NVMe tier (storage directory: a tmp dir).
 
@@ -10,12 +10,12 @@ during store writes, and between steps. After each kill the job must recover:
 * worker: the pool restarts the worker and replays its commands (no resume); only a crash loop
   (more than the pool's max_restarts crashes in a row with no completed command between) would fail
   the job, which is then resubmitted as a store-killed one is;
-* store: the job restarts from its newest checkpoint by itself, as after an executor's death (issue
-  #29 item 21), within jobs.max_executor_restarts; past them it ends with an error naming the dead
+* store: the job restarts from its newest checkpoint by itself, as after an executor's death,
+  within jobs.max_executor_restarts; past them it ends with an error naming the dead
   store and is resubmitted with resume_from_checkpoint = its newest checkpoint, into the same
   output_dir.
 Every wait is bounded: a job that neither progresses nor ends within RECOVERY_BOUND_S after a kill
-is the hang of issue #18 defect 2, named as such.
+is a hang, named as such.
 
 At the end the job succeeds and its exported weights equal an uninterrupted run's bit for bit;
 the figures (per kill point: step reached, last event before the kill, checkpoint resumed from,
@@ -37,7 +37,7 @@ from faultlib import (FULL, SEED, S, Events, FaultDaemon, differing_bytes, load_
                       make_workspace, spec, state_name, wait_final)
 
 STEPS = 48 if FULL else 20
-# A worker's death does not stop the job (the pool restarts it and replays), nor since issue #29 does
+# A worker's death does not stop the job (the pool restarts it and replays), nor does
 # the store's (the job restarts by itself), so the job runs on while the test handles each kill: their
 # jobs are longer, or the last kill points would find them finished (6 of 8 landed in a CI run on a
 # loaded box).
@@ -198,7 +198,7 @@ class Campaign:
             os.kill(self.rng.choice(pids), signal.SIGKILL)
             row["recovery"] = "worker restart + replay" if self.kind == "worker" else "job restart"
         if self.kind == "store":
-            # The store's death restarts the job from its checkpoint (issue #29 item 21): its recovery is
+            # The store's death restarts the job from its checkpoint: its recovery is
             # the progress after that restart, not a step the dying run still reported.
             restarted = ev.wait_for(lambda e: e.cursor > after_cursor and (
                 (e.HasField("log") and "restarting the job from its last checkpoint" in e.log.message) or (

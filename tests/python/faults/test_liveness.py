@@ -1,4 +1,4 @@
-"""Hung children (issue #29, items 5 and 21): a job's process that stops answering is killed and
+"""Hung children: a job's process that stops answering is killed and
 recovered as after its crash, a cancel that the job's processes do not obey escalates to SIGKILL,
 and the death of the job's NVMe store restarts the job as an executor's does.
 

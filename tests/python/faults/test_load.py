@@ -1,4 +1,4 @@
-"""Load (issue #18, deliverable 4): a bounded loopback test. CLIENTS concurrent clients, each on
+"""Load: a bounded loopback test. CLIENTS concurrent clients, each on
 its own channel to the daemon's Unix socket, run ROUNDS rounds of: create a job, watch it, cancel
 it, and read the watch to the end. The daemon's VmRSS and open fds are sampled after every round.
 

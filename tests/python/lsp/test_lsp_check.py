@@ -1,4 +1,4 @@
-"""LSP-Offload's compression and Adam in the subspace (issue #14 item 3) against dense PyTorch.
+"""LSP-Offload's compression and Adam in the subspace against dense PyTorch.
 
 offloadd-lsp-check draws the d-sparse projectors, compresses each step's gradient (P^T G Q) and runs
 the CPU workers' fused AdamW kernel on the subspace coordinates A; here the same projectors are

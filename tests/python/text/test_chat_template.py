@@ -203,7 +203,7 @@ def test_builtin_template_renders_documented_layout():
     assert reply["spans"] == [[text.index("A</s>"), len(text)]]
 
 
-# ---- the real templates of issue #30 ------------------------------------------------------------
+# ---- the real templates of the supported families ------------------------------------------------------------
 
 # Template variables each family documents (apply_chat_template's **kwargs), tried besides none.
 TEMPLATE_EXTRAS = {

@@ -1,4 +1,4 @@
-"""Conformance of offloadd-tokenize with the Python `tokenizers` library (issue #11, item 2).
+"""Conformance of offloadd-tokenize with the Python `tokenizers` library.
 
 Every tokenizer in shared/data (gpt2, llama2, phi3-mini, and llama3 / qwen2-style / llama2-metaspace
 built from its files by text_testlib) is loaded as shipped and in four variants whose added tokens
@@ -283,7 +283,7 @@ def test_directory_equals_tokenizers_on_its_file(base):
 
 
 # ---------------------------------------------------------------------------------------------
-# The real tokenizers of issue #30 (shared/data/tokenizers/<name>/): vocabularies of 32k to 248k
+# The real tokenizers of the supported families (shared/data/tokenizers/<name>/): vocabularies of 32k to 248k
 # with merges written as pairs, ignore_merges, Tekken's and o200k's case-split regexes, Qwen3.6's
 # \p{M} classes, SentencePiece v3 with byte fallback and 770 control tokens. Loaded as jobs load
 # them (the directory, honouring tokenizer_config.json); one native process per tokenizer.

@@ -236,7 +236,7 @@ def run_chat(requests):
     return replies
 
 
-# ---- the real tokenizers and chat templates of issue #30 --------------------------------------
+# ---- the real tokenizers and chat templates of the supported families --------------------------------------
 
 # Tokenizer directories (tokenizer.json + tokenizer_config.json + chat_template.jinja).
 REAL_TOKENIZERS = ["qwen3", "qwen3.6", "llama3.1", "mistral-7b-v0.3", "mistral-tekken", "gpt-oss"]

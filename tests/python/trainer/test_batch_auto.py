@@ -1,4 +1,4 @@
-"""Issue #13 item 4, per_device_train_batch_size auto (offloadd-train --batch-size=auto[:N],
+"""per_device_train_batch_size auto (offloadd-train --batch-size=auto[:N],
 --train-batch-size=N): the step planner prices each candidate micro-batch (trainer/batch_planner.h)
 and the trainer runs the fastest; the log lists every candidate with its predicted tokens/s.
 

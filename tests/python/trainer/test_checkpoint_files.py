@@ -59,7 +59,7 @@ def test_offloadd_state(checkpoint):
         assert (checkpoint / name).stat().st_size == size
 
 
-def test_trainer_state_json_is_huggingfaces(checkpoint):  # issue #17 item 4
+def test_trainer_state_json_is_huggingfaces(checkpoint):
     """transformers' TrainerState.load_from_json reads it: its schema, no offloadd keys."""
     trainer_callback = pytest.importorskip("transformers.trainer_callback")
     hf = trainer_callback.TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
@@ -78,7 +78,7 @@ def crc32c(data: bytes) -> int:
     return crc ^ 0xFFFFFFFF
 
 
-def test_every_file_has_its_crc32c(checkpoint):  # issue #18 item 8
+def test_every_file_has_its_crc32c(checkpoint):
     state = json.loads((checkpoint / "offloadd_state.json").read_text())
     assert "trainer_state.json" in state["files"]  # HF's view is checksummed like the rest
     assert sorted(state["crc32c"]) == sorted(state["files"])
@@ -86,7 +86,7 @@ def test_every_file_has_its_crc32c(checkpoint):  # issue #18 item 8
         assert int(crc, 16) == crc32c((checkpoint / name).read_bytes()), name
 
 
-def test_a_runs_trainer_state_json_has_its_log_history(binary_dir, tmp_path):  # issue #17 item 4
+def test_a_runs_trainer_state_json_has_its_log_history(binary_dir, tmp_path):
     """A real run's checkpoint: HF's TrainerState loads it, and log_history holds each step's loss,
     learning rate, gradient norm and epoch as the run reported them (not zeros)."""
     trainer_callback = pytest.importorskip("transformers.trainer_callback")

@@ -1,4 +1,4 @@
-"""Issue #15 item 4: data parallelism is exact. Two CPU ranks over c10d's Gloo backend, each on its
+"""Data parallelism is exact. Two CPU ranks over c10d's Gloo backend, each on its
 half of every global micro-batch, equal one rank on the whole batch: the per-block gradients are
 reduce-scattered, each rank lands its shard in rank 0's one arena, rank 0's workers update every
 block once, and both ranks compute with the weights of that arena.

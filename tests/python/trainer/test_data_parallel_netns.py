@@ -1,4 +1,4 @@
-"""Issue #15 item 5: two ranks in separate network namespaces, joined over c10d with a TCP
+"""Two ranks in separate network namespaces, joined over c10d with a TCP
 rendezvous, train across a real network interface (a veth pair this test creates, with
 addresses only it uses) and equal one rank on the whole batch (test_data_parallel.py's bounds).
 

@@ -1,4 +1,4 @@
-"""Device-resident optimizer states (issue #13 item 3): the lowest blocks' fp32 masters and Adam
+"""Device-resident optimizer states: the lowest blocks' fp32 masters and Adam
 moments live on the device and are updated there (trainer/device_optimizer.h), the rest by the
 CPU workers, with one clipping decision and one fp16 overflow check over all blocks. On a CPU
 device the same code runs with its tensors in process memory: these tests cover mixed placements

@@ -1,5 +1,5 @@
 """offloadd-train refuses a named pipe (FIFO) or a device given as a dataset file instead of blocking
-in open(2) for good (issue #18, defect 5). Bounded by a timeout: before the fix the run hung."""
+in open(2) for good. Bounded by a timeout: before the fix the run hung."""
 
 import os
 import stat

@@ -1,4 +1,4 @@
-"""Issue #11 item 4: a standing cross-check of offloadd-train against transformers.
+"""A standing cross-check of offloadd-train against transformers.
 
 For each family (Llama; Qwen2 with tied embeddings and q/k/v biases; Mistral; GPT-2), a tiny
 random-init model with a real tokenizer from ../shared/data is trained for 8 steps by
@@ -219,7 +219,7 @@ def test_dropout_config_needs_disable(binary_dir, shared_dir, tmp_path):
     --dropout=disable (offloadd would otherwise train without the dropout HF applies)."""
     help_text = run_train(binary_dir, ["--help"]).stdout
     if "--dropout" not in help_text:
-        pytest.skip("offloadd-train has no --dropout flag yet (issue #11 item 3)")
+        pytest.skip("offloadd-train has no --dropout flag yet")
     model = build_family_model("gpt2", shared_dir / "data" / "tokenizers", tmp_path / "model")
     cfg = json.loads((model / "config.json").read_text())
     cfg.update(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)

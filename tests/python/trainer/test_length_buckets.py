@@ -1,4 +1,4 @@
-"""Issue #29 item 23: records of varying length padded to length buckets (the default on a GPU,
+"""Records of varying length padded to length buckets (the default on a GPU,
 --length-buckets=on elsewhere), so that a job meets a few padded lengths, which the planner warms
 before they are met, instead of a new one most steps.
 

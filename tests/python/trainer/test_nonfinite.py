@@ -1,5 +1,5 @@
-"""Non-finite values in the weights end the job with an error naming them, never a hang (issue #18,
-defect 1): a NaN in the model's safetensors (as a corrupt base model or checkpoint would bring)
+"""Non-finite values in the weights end the job with an error naming them, never a hang: a
+NaN in the model's safetensors (as a corrupt base model or checkpoint would bring)
 makes every gradient NaN. With clipping the global gradient norm is NaN and the step must fail
 saying so; without clipping the loss turns NaN and the step must fail saying that. With fp16 loss
 scaling a non-finite norm is an overflow: the step is skipped as torch.amp.GradScaler does, and the

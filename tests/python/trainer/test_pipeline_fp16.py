@@ -1,4 +1,4 @@
-"""fp16 compute with dynamic loss scaling (issue #6 item 3) on the CPU: offloadd-train --dtype=fp16
+"""fp16 compute with dynamic loss scaling on the CPU: offloadd-train --dtype=fp16
 (fp16 weights and activations, loss-scaled fp16 gradients staged in the arena, fp32 master weights
 and AdamW on the workers, 1/scale folded into the clip coefficient, inf/NaN steps skipped) against
 the PyTorch reference in pipeline_testlib.reference_train_fp16 (a model.half() copy, the real

@@ -1,4 +1,4 @@
-"""Issue #6 correctness: offloaded training (engine blocks + CPU AdamW workers, fp32 on CPU)
+"""Correctness: offloaded training (engine blocks + CPU AdamW workers, fp32 on CPU)
 equals plain PyTorch training of the same transformers model with torch.optim.AdamW(fused) and
 clip_grad_norm_ on the same batches; the NVMe tier gives bit-identical results to the RAM tier.
 

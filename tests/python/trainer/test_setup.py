@@ -1,4 +1,4 @@
-"""Issue #29 items 24-25: the trainer's set-up before the first step.
+"""The trainer's set-up before the first step.
 
 - The first step of a run reports the time from the trainer's creation to it and the set-up's
   phases (StepStats::time_to_first_step_seconds, setup_phase_seconds; the daemon's

@@ -1,4 +1,4 @@
-"""Issue #13 item 1, the per-block profile: the step the plan is priced with (the first on a CPU
+"""The per-block profile: the step the plan is priced with (the first on a CPU
 device) is recorded per block (forward, backward and recompute times, the bytes its activations
 hold when kept and when recomputed) and cached under --profile-dir/shapes, keyed by device, model
 fingerprint and micro-batch shape; the next run of the same key reads it back.

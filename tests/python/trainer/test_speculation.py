@@ -1,4 +1,4 @@
-"""Issue #12 item 1: CPU updates overlap backward under max_grad_norm, exactly. With speculation
+"""CPU updates overlap backward under max_grad_norm, exactly. With speculation
 each block is updated as its gradients land, with clip coefficient 1; if the step then clips by
 c < 1, the speculated blocks are corrected (workers/adamw_kernel.h CorrectAdamW). Against
 PyTorch (clip_grad_norm_ + AdamW) over 50 steps, where clipping triggers on no step, some steps

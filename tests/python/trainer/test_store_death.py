@@ -1,5 +1,5 @@
-"""A dead offloadd-store ends the job with an error naming it, never a silent hang (issue #18,
-defect 2). offloadd-train runs with the optimizer states on the NVMe tier; once it is training,
+"""A dead offloadd-store ends the job with an error naming it, never a silent hang.
+offloadd-train runs with the optimizer states on the NVMe tier; once it is training,
 its offloadd-store child is SIGKILLed. The run must exit non-zero within a bound, saying that the
 store died and how. Both clipping modes: with clipping the updates run in FinishStep (the path that
 hung), without it they run as gradients arrive."""

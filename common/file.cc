@@ -1,4 +1,4 @@
-#include "engine/file_util.h"
+#include "common/file.h"
 
 #include <fcntl.h>
 #include <ftw.h>
@@ -10,7 +10,7 @@
 
 #include "common/safe_path.h"
 
-namespace offloadd::engine {
+namespace offloadd {
 
 std::string JoinPath(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
@@ -46,9 +46,11 @@ bool SameFile(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// Both confined to the allowed roots when they are set (common/safe_path.h); the copy is atomic and
-// fsync'd.
 StatusOr<std::string> ReadFile(const std::string& path) { return ReadFileConfined(path); }
+
+Status WriteFile(const std::string& path, std::string_view contents) {
+  return WriteFileAtomically(path, contents);
+}
 
 Status CopyFile(const std::string& from, const std::string& to) {
   return CopyFileConfined(from, to);
@@ -62,4 +64,4 @@ Status RemoveTree(const std::string& path) {
   return OkStatus();
 }
 
-}  // namespace offloadd::engine
+}  // namespace offloadd
