@@ -95,7 +95,7 @@ def test_overrides_are_justified():
 def test_lintian_clean(deb):
     """No error or warning; the overrides are the package's (debian/offloadd.lintian-overrides,
     installed with it). lintian reads every bundled library's ELF tables: about 5 minutes of CPU
-    (26 minutes on a loaded two-core machine) for the CUDA flavour's 3.5 GB, so a package over 1 GB
+    (13 to 26 minutes on a loaded two-core machine) for the CUDA flavour's 3.5 GB, so a package over 1 GB
     is checked only with OFFLOADD_LINTIAN=1; OFFLOADD_LINTIAN=0 skips the check."""
     if not shutil.which("lintian"):
         pytest.skip("lintian not installed (scripts/setup.sh installs it)")
