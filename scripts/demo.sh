@@ -21,7 +21,7 @@ python="${OFFLOADD_VENV:-$HOME/.cache/offloadd/venv}/bin/python"
 mkdir -p "$demo"
 cat >"$demo/offloadd.yaml" <<YAML
 state_dir: $demo/state
-allowed_roots: [$demo, $here/../shared/data]
+allowed_roots: [$demo]
 server:
   unix_socket: $demo/run/offloadd.sock
   unix_socket_mode: "0600"
@@ -55,37 +55,15 @@ echo "[demo] offloadd is up (log: $demo/offloadd.log)"
 grep -E "metrics listening|serving gRPC" "$demo/offloadd.log" | sed 's/^/[demo]   /'
 echo "[demo] \$ offloadctl health";  "${ctl[@]}" health
 echo "[demo] \$ offloadctl node";    "${ctl[@]}" node
-# The demo model: Karpathy's pretrained stories260K Llama, converted to a Hugging Face directory
-# (safetensors + config.json + tokenizer.json). The demo job fine-tunes it for 30 steps on 200
-# Alpaca records: checked by the daemon (paths, model, tokenizer, dataset records, ranges, memory),
-# queued, trained with the optimizer states in CPU RAM, checkpointed every 10 steps, and exported
-# as a Hugging Face model into its output_dir.
-shared="$(cd "$here/.." && pwd)/shared/data"
-if [[ ! -f "$shared/models/stories260K/stories260K.bin" ]]; then
-  echo "[demo] $shared/models/stories260K is missing: no demo job to train" >&2
-  exit 1
-fi
-model="$demo/models/stories260K"
-if [[ ! -f "$model/config.json" ]]; then
-  "$python" "$here/scripts/convert_llama2c.py" --model "$shared/models/stories260K/stories260K.bin" \
-    --tokenizer "$shared/models/stories260K/tok512.bin" --out "$model" >/dev/null
-fi
+# The demo job, examples/job.yaml: Karpathy's pretrained stories260K Llama (examples/data,
+# converted to a Hugging Face directory: safetensors + config.json + tokenizer.json) fine-tuned for
+# 30 steps on 200 Alpaca records. Checked by the daemon (paths, model, tokenizer, dataset records,
+# ranges, memory), queued, trained with the optimizer states in CPU RAM, checkpointed every 10
+# steps, and exported as a Hugging Face model into its output_dir.
+job="$(PYTHON="$python" "$here/scripts/demo_prepare.sh" "$demo")"
 out="$demo/out/stories260k-alpaca"
-rm -rf "$out"  # a fresh run: the daemon refuses an output_dir holding another run's checkpoints
-cat >"$demo/job.yaml" <<YAML
-display_name: stories260k-alpaca-demo
-model: {path: $model}
-dataset:
-  paths: [$shared/alpaca/alpaca_5000.json]
-  format: alpaca
-  max_seq_length: 256
-  max_samples: 200
-training: {learning_rate: 1e-3, per_device_train_batch_size: 8, max_steps: 30, warmup_steps: 3,
-           logging_steps: 1, save_steps: 10, save_total_limit: 2}
-output_dir: $out
-YAML
-echo "[demo] \$ offloadctl submit $demo/job.yaml --watch"
-"${ctl[@]}" submit "$demo/job.yaml" --watch || {
+echo "[demo] \$ offloadctl submit $job --watch"
+"${ctl[@]}" submit "$job" --watch || {
   echo "[demo] the demo job did not succeed (daemon log: $demo/offloadd.log)" >&2
   exit 1
 }

@@ -20,6 +20,7 @@ die() { printf '\033[31m[setup] FAILED:\033[0m %s\n' "$*" >&2; exit 1; }
 
 apt_packages=(
   build-essential g++ cmake ninja-build ccache pkg-config git curl ca-certificates dpkg-dev debootstrap
+  debhelper help2man lintian  # the Debian package: debian/ (scripts/package.sh, tests/python/packaging)
   python3 python3-venv python3-dev
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev libcli11-dev

@@ -9,7 +9,7 @@ import subprocess
 
 SOURCE = pathlib.Path(os.environ.get("OFFLOADD_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[3]))
 BUILD = pathlib.Path(os.environ.get("OFFLOADD_BINARY_DIR", SOURCE / "build"))
-SHARED_DATA = SOURCE.parent / "shared" / "data"
+EXAMPLES = SOURCE / "examples" / "data"  # the demo's model and data, in the repository
 PROGRAMS = ["offloadd", "offloadd-executor", "offloadd-worker", "offloadd-store", "offloadd-train", "offloadctl"]
 
 

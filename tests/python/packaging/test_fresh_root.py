@@ -2,7 +2,8 @@
 Debian root made from Debian's own packages (debootstrap, the release and mirror of this machine's
 apt sources), and run there:
   - `apt-get install ./offloadd_*.deb` resolves the Depends from the mirror and runs the maintainer
-    scripts, which create the `offloadd` user and its directories (systemd-sysusers, -tmpfiles);
+    scripts debhelper wrote, which create the `offloadd` user and its directories
+    (dh_installsysusers, dh_installtmpfiles);
   - `systemd-analyze verify` passes on the installed unit;
   - the daemon starts exactly as the unit's ExecStartPre/ExecStart lines say, as the `offloadd` user
     and group, on the installed configuration changed only in the paths this test needs, with the
@@ -31,7 +32,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from deb_testlib import SHARED_DATA, SOURCE, run  # noqa: E402
+from deb_testlib import EXAMPLES, SOURCE, run  # noqa: E402
 
 DEMO_STEPS = int(os.environ.get("OFFLOADD_PACKAGING_DEMO_STEPS", "10"))
 
@@ -199,15 +200,13 @@ class ServiceInChroot:
 @pytest.fixture(scope="module")
 def demo_inputs(fresh_root):
     """The README's demo model and dataset, under the configured allowed root, readable by offloadd."""
-    if not (SHARED_DATA / "models/stories260K/stories260K.bin").exists():
-        pytest.skip(f"{SHARED_DATA} (the demo model and dataset) is not present")
     demo = fresh_root / "srv/offloadd-demo"
     (demo / "out").mkdir(parents=True, exist_ok=True)
-    src = SHARED_DATA / "models/stories260K"
+    src = EXAMPLES / "stories260K"
     r = run([sys.executable, SOURCE / "scripts/convert_llama2c.py", "--model", src / "stories260K.bin",
              "--tokenizer", src / "tok512.bin", "--out", demo / "stories260K"])
     assert r.returncode == 0, r.stderr
-    shutil.copy(SHARED_DATA / "alpaca/alpaca_5000.json", demo / "alpaca.json")
+    shutil.copy(EXAMPLES / "alpaca/alpaca_300.json", demo / "alpaca.json")
     assert chroot(fresh_root, "chown", "-R", "offloadd:offloadd", "/srv/offloadd-demo").returncode == 0
     return demo
 
