@@ -5,10 +5,10 @@
 //   offloadd-sizing --batch=B --seq=S [--compute-bytes=2|4] DIR...
 //
 // Prints one JSON object per DIR (one line each): total_params; gpu_floor_bytes (streaming every
-// block, recomputing activations) with its breakdown; optimizer_bytes (fp32 master + Adam m, v);
-// host_pinned_bytes (bf16 weights and gradient staging); host_bytes_cpu (what the validator checks
-// against the host budget with offload_optimizer.device cpu) and host_bytes_nvme (device nvme);
-// nvme_bytes (two versions of the optimizer states); checkpoint_bytes (one checkpoint's states).
+// block, recomputing activations) with its breakdown; host_bytes_cpu (the host RAM the validator
+// predicts and checks against the host limit with offload_optimizer.device cpu: arena and
+// processes, trainer/host_memory.h) and host_bytes_nvme (device nvme); nvme_bytes (the store's
+// disk with the states on NVMe); checkpoint_bytes (one checkpoint's states).
 // Exit 1 with the reason when a config is refused, 2 on bad flags.
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +20,7 @@
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/train_job_config.h"
 #include "engine/model_config.h"
+#include "trainer/host_memory.h"
 
 namespace {
 
@@ -66,6 +67,18 @@ int main(int argc, char** argv) {
     const auto size = offloadd::daemon::EstimateModelSize(*config);
     const auto f = offloadd::daemon::EstimateMemoryFloor(size, *config, batch, seq, static_cast<int>(compute_bytes));
     const auto out = offloadd::daemon::EstimateOutputSpace(size.total_params, dir);
+    // The host RAM and disk the validator predicts (JobHostMemoryInputs -> the trainer's
+    // PredictHostMemory) with the optimizer states in RAM and on NVMe, on a GPU node.
+    offloadd::v1::JobSpec spec;
+    spec.mutable_training()->set_per_device_train_batch_size(static_cast<int32_t>(batch));
+    if (compute_bytes == 4)
+      spec.mutable_model()->set_compute_dtype(offloadd::v1::COMPUTE_DTYPE_FP32);
+    offloadd::trainer::HostMemoryInputs in = offloadd::daemon::JobHostMemoryInputs(
+        spec, *config, size, static_cast<int>(compute_bytes), true);
+    in.optimizer.tier = offloadd::trainer::StateTier::kCpu;
+    const offloadd::trainer::HostMemoryPrediction ram = offloadd::trainer::PredictHostMemory(in);
+    in.optimizer.tier = offloadd::trainer::StateTier::kNvme;
+    const offloadd::trainer::HostMemoryPrediction nvme = offloadd::trainer::PredictHostMemory(in);
     nlohmann::json j = {{"dir", dir},
                         {"model_type", config->model_type},
                         {"total_params", size.total_params},
@@ -74,11 +87,9 @@ int main(int argc, char** argv) {
                         {"compute_bytes", compute_bytes},
                         {"gpu_floor_bytes", f.gpu_bytes},
                         {"gpu_breakdown", f.gpu_breakdown},
-                        {"optimizer_bytes", f.optimizer_bytes},
-                        {"host_pinned_bytes", f.host_pinned_bytes},
-                        {"host_bytes_cpu", f.host_pinned_bytes + f.optimizer_bytes},
-                        {"host_bytes_nvme", f.host_pinned_bytes},
-                        {"nvme_bytes", 2 * f.optimizer_bytes},
+                        {"host_bytes_cpu", ram.total},
+                        {"host_bytes_nvme", nvme.total},
+                        {"nvme_bytes", nvme.disk_bytes},
                         {"checkpoint_bytes", out.checkpoint_bytes}};
     std::printf("%s\n", j.dump().c_str());
   }
