@@ -368,9 +368,7 @@ Status JobManager::TransitionLocked(v1::Job* job, v1::JobState state, const std:
 StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std::string& request_id,
                                      const std::string& submitted_by) {
   if (!runner_) {
-    return FailedPreconditionError(
-        "this build cannot run jobs: the training pipeline is not available (the daemon has no job "
-        "runner)");
+    return FailedPreconditionError("this build cannot run jobs: the daemon has no job runner");
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return UnavailableError("the daemon is shutting down; submit the job again after it restarts");

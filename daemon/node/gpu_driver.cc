@@ -30,8 +30,12 @@ std::string GpuDriverProblem(const GpuDriverFacts& f) {
   const int major = f.runtime_cuda_version / 1000;
   // A driver of the runtime's major release runs every minor release of it (minor version
   // compatibility), so a 13.0 driver runs a 13.x runtime.
-  const bool too_old =
-      f.insufficient_driver || (f.driver_cuda_version > 0 && f.driver_cuda_version < major * 1000);
+  // cudaErrorInsufficientDriver is also what the runtime answers on a machine with no NVIDIA
+  // driver at all (no GPU): only a driver that is there (its library answered, or its kernel
+  // module is loaded) can be too old.
+  const bool driver_present = f.driver_cuda_version > 0 || !f.driver_version.empty();
+  const bool too_old = (f.insufficient_driver && driver_present) ||
+                       (f.driver_cuda_version > 0 && f.driver_cuda_version < major * 1000);
   if (!too_old) return "";
   std::string s = "the NVIDIA driver";
   if (!f.driver_version.empty()) s += " " + f.driver_version;

@@ -32,6 +32,14 @@ GpuDriverFacts Facts(int driver_cuda, int runtime_cuda, bool insufficient, std::
   return f;
 }
 
+TEST(GpuDriverTest, NoDriverAtAllIsNoGpuNotAnOldDriver) {
+  // A machine with no NVIDIA driver: cudaGetDeviceCount answers cudaErrorInsufficientDriver and
+  // cudaDriverGetVersion 0, and there is no /proc/driver/nvidia: it trains on the CPU, unrefused.
+  EXPECT_EQ(GpuDriverProblem(Facts(0, 13000, true, "")), "");
+  // The kernel module alone (no driver library answering) still names the old driver.
+  EXPECT_NE(GpuDriverProblem(Facts(0, 13000, true, "570.86.15")).find("570.86.15"), std::string::npos);
+}
+
 TEST(GpuDriverTest, R570UnderTheCuda13RuntimeIsTooOldAndSaysWhy) {
   const std::string p = GpuDriverProblem(Facts(12080, 13000, true, "570.86.15"));
   EXPECT_EQ(

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "common/units.h"
+#include "tests/daemon/job_validator_fixture.h"
 #include "daemon/node/gpu_driver.h"
 #include "text/tokenizer.h"
 #include "trainer/shape_profile.h"
@@ -22,63 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace v1 = offloadd::v1;
+using testing_fixture::JobValidatorTest;
 
-// A tiny GPT-2 checkpoint directory with the real GPT-2 tokenizer from ../shared/data, an Alpaca
-// dataset, and an allowed root around them.
-class JobValidatorTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
-    shared_ = fs::path(src ? src : ".") / ".." / "shared" / "data";
-    if (!fs::exists(shared_ / "tokenizers" / "gpt2" / "tokenizer.json")) {
-      GTEST_SKIP() << "../shared/data (real tokenizers) not present";
-    }
-    char tmpl[] = "/tmp/offloadd_validator_XXXXXX";
-    root_ = mkdtemp(tmpl);
-    fs::create_directories(root_ / "model");
-    std::ofstream(root_ / "model" / "config.json")
-        << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4,
-              "n_positions": 256})";
-    std::ofstream(root_ / "model" / "model.safetensors") << "x";
-    fs::copy_file(shared_ / "tokenizers" / "gpt2" / "tokenizer.json", root_ / "model" / "tokenizer.json");
-    std::ofstream(root_ / "data.jsonl") << R"({"instruction": "Say hi", "input": "", "output": "hi"})" << "\n"
-                                        << R"({"instruction": "Add", "input": "1+1", "output": "2"})" << "\n";
-    node_.host_memory_bytes = 64ull << 30;
-  }
-  void TearDown() override {
-    if (!root_.empty()) fs::remove_all(root_);
-  }
-
-  v1::JobSpec ValidSpec() const {
-    v1::JobSpec s;
-    s.mutable_model()->set_path(root_ / "model");
-    s.mutable_dataset()->add_paths(root_ / "data.jsonl");
-    s.mutable_dataset()->set_max_seq_length(128);
-    s.mutable_training()->set_per_device_train_batch_size(2);
-    s.set_output_dir(root_ / "out" / "run1");
-    s.set_dropout(v1::DROPOUT_MODE_DISABLE);  // GPT-2's transformers defaults are 0.1
-    return s;
-  }
-
-  ValidationResult Validate(const v1::JobSpec& s) const { return ValidateJobSpec(s, PathPolicy({root_}), node_); }
-
-  static std::string Describe(const ValidationResult& r) {
-    std::string out;
-    for (const auto& v : r.violations) out += v.field + ": " + v.description + "\n";
-    return out;
-  }
-
-  static const FieldViolation* Find(const ValidationResult& r, const std::string& field) {
-    for (const auto& v : r.violations) {
-      if (v.field == field) return &v;
-    }
-    return nullptr;
-  }
-
-  fs::path shared_;
-  fs::path root_;
-  NodeBudget node_;
-};
 
 TEST_F(JobValidatorTest, ValidSpecGetsDefaultsAndCanonicalPaths) {
   const ValidationResult r = Validate(ValidSpec());
@@ -572,90 +518,6 @@ TEST_F(JobValidatorTest, LayerOverridesAndSequenceLengthAreCheckedAgainstTheMode
 
 // A RoPE model with 512 positions asked for 8192 tokens per sequence passed validation and made
 // no step in 20 minutes; RoPE scaling that extends the positions as the family says still passes.
-TEST_F(JobValidatorTest, SequenceLengthBeyondTheModelsPositionsIsRefusedNamingBoth) {
-  const std::string llama =
-      R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 64, "intermediate_size": 128,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512)";
-  std::ofstream(root_ / "model" / "config.json", std::ios::trunc) << llama << "}";
-  v1::JobSpec s = ValidSpec();
-  s.mutable_dataset()->set_max_seq_length(8192);
-  ValidationResult r = Validate(s);
-  const FieldViolation* w = Find(r, "dataset.max_seq_length");
-  ASSERT_NE(w, nullptr) << Describe(r);
-  EXPECT_NE(w->description.find("8192 tokens"), std::string::npos) << w->description;
-  EXPECT_NE(w->description.find("max_position_embeddings is 512"), std::string::npos) << w->description;
-  s.mutable_dataset()->set_max_seq_length(512);
-  r = Validate(s);
-  EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
-  // Left unset, the default (1024) gives way to the model's 512 positions.
-  s.mutable_dataset()->clear_max_seq_length();
-  r = Validate(s);
-  EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
-  EXPECT_EQ(r.resolved.dataset().max_seq_length(), 512);
-
-  // Linear scaling stretches the positions by its factor: 512 x 4 = 2048.
-  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
-      << llama << R"(, "rope_scaling": {"rope_type": "linear", "factor": 4.0}})";
-  s.mutable_dataset()->set_max_seq_length(2048);
-  r = Validate(s);
-  EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
-  s.mutable_dataset()->set_max_seq_length(2049);
-  r = Validate(s);
-  w = Find(r, "dataset.max_seq_length");
-  ASSERT_NE(w, nullptr) << Describe(r);
-  EXPECT_NE(w->description.find("linear RoPE scaling = 2048"), std::string::npos) << w->description;
-
-  // YaRN extends original_max_position_embeddings by its factor: 256 x 8 = 2048.
-  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
-      << llama << R"(, "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
-                     "original_max_position_embeddings": 256}})";
-  s.mutable_dataset()->set_max_seq_length(2048);
-  r = Validate(s);
-  EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
-}
-
-// An output_dir holding another run's checkpoints passed validation and failed once the job had
-// started. Now it is refused at validation unless resume_from_checkpoint (latest: the newest) or
-// overwrite_output_dir says what to do with them, as Hugging Face's TrainingArguments do.
-TEST_F(JobValidatorTest, OutputDirWithCheckpointsIsRefusedResumedOrOverwritten) {
-  v1::JobSpec s = ValidSpec();
-  const fs::path out = root_ / "out" / "run1";
-  fs::create_directories(out / "checkpoint-5");
-  fs::create_directories(out / "checkpoint-40");
-  fs::create_directories(out / "checkpoint-x");  // not a checkpoint name
-  ValidationResult r = Validate(s);
-  const FieldViolation* w = Find(r, "output_dir");
-  ASSERT_NE(w, nullptr) << Describe(r);
-  EXPECT_NE(w->description.find("2 checkpoint(s) (newest checkpoint-40)"), std::string::npos) << w->description;
-  EXPECT_NE(w->description.find("resume_from_checkpoint: latest"), std::string::npos) << w->description;
-  EXPECT_NE(w->description.find("overwrite_output_dir: true"), std::string::npos) << w->description;
-
-  s.set_overwrite_output_dir(true);
-  r = Validate(s);
-  EXPECT_TRUE(r.ok()) << Describe(r);
-
-  // latest resolves to the newest by step (40, not 5), which is then opened as a checkpoint: these
-  // empty directories are not, and the reader says so under resume_from_checkpoint.
-  s.set_overwrite_output_dir(false);
-  s.set_resume_from_checkpoint("latest");
-  r = Validate(s);
-  EXPECT_EQ(Find(r, "output_dir"), nullptr) << Describe(r);
-  ASSERT_NE(Find(r, "resume_from_checkpoint"), nullptr) << Describe(r);
-  EXPECT_NE(Find(r, "resume_from_checkpoint")->description.find("checkpoint-40"), std::string::npos)
-      << Describe(r);
-  s.set_overwrite_output_dir(true);
-  r = Validate(s);
-  EXPECT_NE(Find(r, "overwrite_output_dir"), nullptr) << Describe(r);
-
-  fs::remove_all(out);
-  s = ValidSpec();
-  s.set_resume_from_checkpoint("latest");
-  r = Validate(s);
-  w = Find(r, "resume_from_checkpoint");
-  ASSERT_NE(w, nullptr) << Describe(r);
-  EXPECT_NE(w->description.find("holds no checkpoint"), std::string::npos) << w->description;
-}
-
 // Issue #18 defect 14: NaN passed every range check (`v < lo || v > hi` is false for NaN), open
 // enums took any number, and a negative max_samples or a GPU index on a GPU-less node went through.
 TEST_F(JobValidatorTest, NanUnknownEnumsNegativeSamplesAndAbsentGpusAreRefused) {

@@ -52,7 +52,8 @@ def test_sizing_table_is_the_validators_estimate():
 
 def test_sizing_rule_states_the_bytes_per_parameter():
     own = section("Your own model and data")
-    for rule in ("14 bytes per parameter", "24 bytes per parameter", "12 bytes per", "80% of the node's RAM"):
+    for rule in ("14 bytes per parameter", "12 bytes per parameter plus the new versions", "12 bytes per",
+                 "80% of the node's RAM"):
         assert rule in own, rule
 
 
