@@ -50,8 +50,9 @@ TEST(GpuDriverTest, R570UnderTheCuda13RuntimeIsTooOldAndSaysWhy) {
   // The version comparison alone decides too (a runtime that did not flag the driver).
   EXPECT_NE(GpuDriverProblem(Facts(12080, 13000, false, "")).find("needs driver >= 580"),
             std::string::npos);
-  // The runtime's refusal alone decides too (no driver version known).
-  EXPECT_NE(GpuDriverProblem(Facts(0, 13000, true, "")).find("is too old"), std::string::npos);
+  // The runtime's refusal with no driver known at all is a machine without a GPU
+  // (NoDriverAtAllIsNoGpuNotAnOldDriver); with the kernel module loaded it is an old driver.
+  EXPECT_NE(GpuDriverProblem(Facts(0, 13000, true, "570.86.15")).find("is too old"), std::string::npos);
 }
 
 TEST(GpuDriverTest, NewEnoughNoDriverOrCpuFlavourIsNoProblem) {
