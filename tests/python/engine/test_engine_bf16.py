@@ -15,7 +15,15 @@ Bound, as in test_engine_fp16.py: each tensor's relative engine error <= 1.25 x 
 (two sums of many independent roundings through computations of the same depth concentrate near
 a common expectation), and the whole model's <= 1.1 x. GPT-2's c_attn is checked per q, k, v
 third. Measured (2-core CPU): before the centring llama 6.9x (q/k projections 2.0-8.5x), gpt2
-4.3x (c_attn q/k 3.0-7.7x); after it 0.63x and 0.15x, every tensor within its bound."""
+4.3x (c_attn q/k 3.0-7.7x); after it 0.63x and 0.15x, every tensor within its bound.
+
+The centring was reverted (2026-11-28) before it landed: its sequence means run over padded
+positions too, whose exact-arithmetic zero gradients then came back as rounding noise, and AdamW
+turned that noise into full steps of the embedding rows only padding uses (GPT-2's wpe rows past
+the sequence) — test_pipeline_fp16's and test_device_optimizer's fp16 embedding bounds failed by
+9-22x on the CPU, and test_families_gpu's embeddings on the H200. The defect this test shows is
+therefore open again: it is an expected failure (strict: a fix that makes it pass must remove
+the mark) until the means are taken over the positions each row attends."""
 
 import pytest
 import torch
@@ -60,6 +68,8 @@ def thirds(name: str, t: torch.Tensor):
     return [p for p in parts if not (name.endswith("bias") and p[0].endswith("[k]"))]
 
 
+@pytest.mark.xfail(strict=True, reason="q/k-bias bf16 gradient error open: the centring fix was "
+                   "reverted for leaking padding noise into embeddings (docstring)")
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_bf16_gradients_with_large_attention_biases(tmp_path, family):
     torch.manual_seed(11)
