@@ -131,6 +131,10 @@ class JobManager {
   StatusOr<offloadd::v1::Job> Create(const offloadd::v1::JobSpec& resolved_spec,
                                      const std::string& request_id = "", const std::string& submitted_by = "");
   StatusOr<offloadd::v1::Job> Get(const std::string& id);
+  // Whether `submitted_by` already created a job with this CreateJob request_id (a retry).
+  bool CreatedWithRequest(const std::string& submitted_by, const std::string& request_id) {
+    return !request_id.empty() && store_->JobForRequest(submitted_by, request_id).ok();
+  }
   StatusOr<JobStore::Page> List(const std::vector<offloadd::v1::JobState>& states, int page_size,
                                 const std::string& page_token);
   // `force`: the running job's processes are killed at once (JobControl::force_stop), also when it

@@ -644,7 +644,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     spec.set_output_dir(*out);
     if (Exists(*out) && !IsDirectory(*out)) c.Add("output_dir", "'" + *out + "' exists and is not a directory");
     output_dir_ok = true;
-    CheckOutputCheckpoints(*out, &spec, c);
+    if (!options.retry_of_created_job) CheckOutputCheckpoints(*out, &spec, c);
     if (config)
       CheckOutputApartFromModel(*out, spec.model().path(), &r.violations);  // model.path resolved
   }

@@ -76,6 +76,10 @@ struct ValidationOptions {
   // Each distinct file gets kDatasetPreviewRecords of these, fewer when there are many files (at
   // least one record each).
   int max_preview_records = kMaxValidationPreviewRecords;
+  // A CreateJob retry: the client already created a job with this request_id, which gets that job
+  // back (or AlreadyExists for another spec), so the checkpoints that job wrote into output_dir
+  // are no reason to refuse it.
+  bool retry_of_created_job = false;
 };
 
 struct ValidationResult {

@@ -165,6 +165,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
     }
     ValidationOptions options;
     options.stop = stop;
+    options.retry_of_created_job = jobs_->CreatedWithRequest(client, request->request_id());
     ScopedJobFileIdentity as_client(*identity);
     result = ValidateJobSpec(request->spec(), paths_, node, options);
   }

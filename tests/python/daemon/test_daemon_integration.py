@@ -213,4 +213,4 @@ def test_node_lists_the_cached_shape_profiles(binary_dir, daemon):
     assert "shape       unreadable: " in human and "0000000000000002.json" in human, human
     node = json.loads(offloadctl(binary_dir, daemon, "--json", "node").stdout)
     (p,) = node["shape_profiles"]
-    assert p["batch"] == "32" and len(p["blocks"]) == 3 and p["blocks"][1]["name"] == "model.layers.0", p
+    assert p["batch"] == 32 and len(p["blocks"]) == 3 and p["blocks"][1]["name"] == "model.layers.0", p
