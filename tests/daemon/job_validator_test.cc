@@ -95,6 +95,8 @@ TEST_F(JobValidatorTest, TokenizerModelLoadsBesideTheSystemProtobuf) {
   v1::JobSpec spec = ValidSpec();
   const std::string before = spec.SerializeAsString();
   auto tok = text::Tokenizer::FromDirectory(dir.string());
+  if (!tok.ok() && tok.status().message().find("sanitizer builds") != std::string::npos)
+    GTEST_SKIP() << tok.status().ToString();  // no RTLD_DEEPBIND under the sanitizers
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   EXPECT_EQ(*(*tok)->Encode("Hello world", false), (std::vector<int32_t>{23325, 2294}));
   v1::JobSpec back;

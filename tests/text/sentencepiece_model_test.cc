@@ -26,6 +26,12 @@ fs::path TokenizersDir() {
   return fs::path(src != nullptr ? src : ".") / ".." / "shared" / "data" / "tokenizers";
 }
 
+// Sanitizer builds do not read tokenizer.model (the shim needs RTLD_DEEPBIND, which the
+// sanitizer runtimes refuse; sentencepiece_model.cc says so in its error).
+bool SanitizerBuildRefusal(const Status& st) {
+  return st.message().find("sanitizer builds") != std::string::npos;
+}
+
 class SentencePieceDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -49,6 +55,7 @@ TEST_F(SentencePieceDirTest, MistralV3WithItsNonLegacyConfig) {
     GTEST_SKIP() << "shared data not found at " << TokenizersDir();
   }
   auto tok = Tokenizer::FromDirectory(dir_.string());
+  if (!tok.ok() && SanitizerBuildRefusal(tok.status())) GTEST_SKIP() << tok.status().ToString();
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   EXPECT_EQ((*tok)->vocab_size(), 32768);
   const std::string text = "[INST] What is the capital of France?[/INST]";
@@ -69,6 +76,7 @@ TEST_F(SentencePieceDirTest, MistralV3WithItsNonLegacyConfig) {
 TEST_F(SentencePieceDirTest, Llama2WithoutConfigIsLegacyWithBos) {
   if (!ModelOnly("llama2")) GTEST_SKIP() << "shared data not found at " << TokenizersDir();
   auto tok = Tokenizer::FromDirectory(dir_.string());
+  if (!tok.ok() && SanitizerBuildRefusal(tok.status())) GTEST_SKIP() << tok.status().ToString();
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   // sentencepiece 0.2.3: "Hello world" -> [15043, 3186], " Hello" -> [29871, 15043].
   EXPECT_EQ(*(*tok)->Encode("Hello world", true), (std::vector<int32_t>{1, 15043, 3186}));
