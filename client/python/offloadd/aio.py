@@ -316,17 +316,13 @@ class AsyncClient:
         return await self._call(self._jobs.PauseJob, job_service_pb2.PauseJobRequest(job_id=job_id))
 
     async def delete_job(self, job_id: str) -> job_pb2.Job:
-        """Removes a job that ended (succeeded, failed or cancelled) from the daemon's records: its
-        record and events. What it wrote to its output directory stays.
+        """Removes a job that ended from the daemon's records (as ``Client.delete_job``).
 
         Args:
             job_id: the job's id.
 
         Returns:
             The job as it was.
-
-        Raises:
-            OffloaddError: FAILED_PRECONDITION when the job has not ended (cancel it first).
         """
         return await self._call(self._jobs.DeleteJob, job_service_pb2.DeleteJobRequest(job_id=job_id))
 
