@@ -156,11 +156,20 @@ Status Converter::SetOptim(const YAML::Node& v, const std::string& key) {
   for (const char* ok : kAdamWNames) {
     if (name == ok) return Set("training.optim", v, key);
   }
+  for (const char* ok : kAdamW8bitNames) {
+    if (name == ok) return Set("training.optim", v, key);  // optimizer.state_dtype int8
+  }
   std::string list;
   for (const char* ok : kAdamWNames) list += (list.empty() ? "" : ", ") + std::string(ok);
+  if (name == "adamw_torch_4bit") {
+    Refuse(key, "training.optim",
+           "'adamw_torch_4bit' is not available: 4-bit optimizer states are not offered; the smallest are "
+           "8-bit (adamw_8bit, adamw_bnb_8bit: optimizer.state_dtype int8)");
+    return OkStatus();
+  }
   Refuse(key, "training.optim",
-         "'" + name + "' is not available: offloadd trains with full-precision AdamW (fp32 states; " + list +
-             "); set one of those, knowing the states then take 8 bytes per parameter");
+         "'" + name + "' is not available: offloadd trains with AdamW (fp32 states: " + list +
+             "; 8-bit states: adamw_8bit, adamw_bnb_8bit); set one of those");
   return OkStatus();
 }
 

@@ -35,6 +35,8 @@ inline constexpr std::array<const char*, 27> kTrainingNames = {
 // docs/hf-names.md): any other optimizer is refused by the daemon, so the conversion names it.
 inline constexpr const char* kAdamWNames[] = {"adamw_torch",     "adamw_torch_fused", "adamw_hf",
                                               "adamw_apex_fused", "adamw_torch_xla",  "adamw_torch_npu_fused"};
+// 8-bit AdamW (bitsandbytes): the daemon maps these onto optimizer.state_dtype int8.
+inline constexpr const char* kAdamW8bitNames[] = {"adamw_8bit", "adamw_bnb_8bit"};
 
 inline std::string Render(const YAML::Node& n) {
   YAML::Emitter e;

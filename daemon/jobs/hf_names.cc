@@ -81,12 +81,36 @@ void ResolveCheckpointing(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
   spec->mutable_offload()->mutable_activations()->set_mode(want);
 }
 
-void ResolveOptim(const v1::TrainingArguments& t, std::vector<FieldViolation>* out) {
+// AdamW's names: the full-precision ones keep the spec's optimizer settings; the 8-bit ones
+// (bitsandbytes' 8-bit AdamW: fp32 master, blockwise 8-bit states) mean optimizer.state_dtype
+// int8, and contradict another state_dtype set beside them.
+void ResolveOptim(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
+  const v1::TrainingArguments& t = spec->training();
   if (!t.has_optim()) return;
   const auto& names = AdamWOptimNames();
   if (std::find(names.begin(), names.end(), t.optim()) != names.end()) return;  // AdamW: what runs
+  const auto& int8 = AdamW8bitOptimNames();
+  if (std::find(int8.begin(), int8.end(), t.optim()) != int8.end()) {
+    const v1::StateDtype have = spec->optimizer().state_dtype();
+    if (have != v1::STATE_DTYPE_UNSPECIFIED && have != v1::STATE_DTYPE_INT8) {
+      out->push_back({"training.optim", "optim: " + t.optim() +
+                                            " means optimizer.state_dtype int8, but that is set to " +
+                                            EnumSuffix(v1::StateDtype_Name(have), "STATE_DTYPE_", have) +
+                                            "; set only one of them"});
+      return;
+    }
+    spec->mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);
+    return;
+  }
   std::string list;
   for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  for (const std::string& n : int8) list += ", " + n;
+  if (t.optim() == "adamw_torch_4bit") {
+    out->push_back({"training.optim", "'adamw_torch_4bit' is not available: 4-bit optimizer states are not "
+                                      "offered; the smallest are 8-bit (optim: adamw_8bit, or "
+                                      "optimizer.state_dtype: int8)"});
+    return;
+  }
   out->push_back({"training.optim", "'" + SafeMessageText(t.optim(), 128) +
                                         "' is not available: offloadd trains with AdamW (optim: " + list + ")"});
 }
@@ -166,10 +190,15 @@ const std::vector<std::string>& AdamWOptimNames() {
   return kNames;
 }
 
+const std::vector<std::string>& AdamW8bitOptimNames() {
+  static const std::vector<std::string> kNames = {"adamw_8bit", "adamw_bnb_8bit"};
+  return kNames;
+}
+
 void ResolveHfNames(v1::JobSpec* spec, std::vector<FieldViolation>* violations) {
   ResolveDtype(spec, violations);
   ResolveCheckpointing(spec, violations);
-  ResolveOptim(spec->training(), violations);
+  ResolveOptim(spec, violations);
   ResolveTrlData(spec, violations);
   ResolveBatchSize(spec, violations);
   v1::TrainingArguments* t = spec->mutable_training();

@@ -23,5 +23,8 @@ void ResolveHfNames(offloadd::v1::JobSpec* spec, std::vector<FieldViolation>* vi
 // The `optim` values that mean AdamW as offloadd implements it (full-precision, decoupled weight
 // decay): the implementation variants of transformers' OptimizerNames.
 const std::vector<std::string>& AdamWOptimNames();
+// The `optim` values of 8-bit AdamW (bitsandbytes): fp32 master weights, blockwise 8-bit states.
+// They resolve to optimizer.state_dtype int8.
+const std::vector<std::string>& AdamW8bitOptimNames();
 
 }  // namespace offloadd::daemon

@@ -140,6 +140,9 @@ void CheckEnums(const v1::JobSpec& s, Checker& c) {
   };
   check("model.compute_dtype", v1::ComputeDtype_IsValid(s.model().compute_dtype()), s.model().compute_dtype());
   check("dataset.format", v1::DatasetFormat_IsValid(s.dataset().format()), s.dataset().format());
+  check("optimizer.state_dtype", v1::StateDtype_IsValid(s.optimizer().state_dtype()), s.optimizer().state_dtype());
+  check("optimizer.master_dtype", v1::MasterDtype_IsValid(s.optimizer().master_dtype()),
+        s.optimizer().master_dtype());
   check("offload.offload_optimizer.device", v1::OffloadDevice_IsValid(s.offload().offload_optimizer().device()),
         s.offload().offload_optimizer().device());
   check("offload.offload_param.device", v1::OffloadDevice_IsValid(s.offload().offload_param().device()),

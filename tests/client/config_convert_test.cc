@@ -176,6 +176,33 @@ TEST(ConfigConvertTest, AnOptimizerOtherThanAdamWIsListedAsDropped) {
   EXPECT_FALSE(Read(*job).training().has_learning_rate()) << "Lamb's lr is not AdamW's";
 }
 
+// DeepSpeed's bf16 master weights / optimizer states and the 8-bit AdamW names map onto the job's
+// optimizer settings; 4-bit AdamW is refused by name.
+TEST(ConfigConvertTest, LowPrecisionOptimizerSettingsMapOntoTheOptimizerModes) {
+  auto ds = ConvertConfigs({{"ds.json", R"({"bf16": {"enabled": true, "bf16_optimizer_states": true,
+                                           "bf16_master_weights_and_grads": false}})"}},
+                           ConfigKind::kDeepSpeed, Paths());
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  auto spec = Read(*ds);
+  EXPECT_EQ(spec.optimizer().state_dtype(), offloadd::v1::STATE_DTYPE_BF16);
+  EXPECT_EQ(spec.optimizer().master_dtype(), offloadd::v1::MASTER_DTYPE_UNSPECIFIED);
+  EXPECT_EQ(Find(ds->dropped, "bf16.bf16_optimizer_states"), nullptr);
+  ds = ConvertConfigs({{"ds.json", R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})"}},
+                      ConfigKind::kDeepSpeed, Paths());
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(Read(*ds).optimizer().master_dtype(), offloadd::v1::MASTER_DTYPE_BF16);
+
+  auto hf = ConvertConfigs({{"args.json", R"({"optim": "adamw_bnb_8bit", "learning_rate": 1e-4})"}},
+                           ConfigKind::kAuto, Paths());
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  EXPECT_EQ(Read(*hf).training().optim(), "adamw_bnb_8bit") << "the daemon maps it to state_dtype int8";
+  auto four = ConvertConfigs({{"args.json", R"({"optim": "adamw_torch_4bit"})"}}, ConfigKind::kAuto, Paths());
+  ASSERT_FALSE(four.ok());
+  EXPECT_NE(std::string(four.status().message()).find("'adamw_torch_4bit' is not available: 4-bit optimizer states"),
+            std::string::npos)
+      << four.status().ToString();
+}
+
 TEST(ConfigConvertTest, InputsMergeAndContradictionsNameBoth) {
   const ConfigInput hf{"args.json", R"({"learning_rate": 3e-5, "per_device_train_batch_size": 4})"};
   auto merged = ConvertConfigs({hf, {"ds.json", R"({"train_micro_batch_size_per_gpu": 4,

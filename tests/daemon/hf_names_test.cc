@@ -162,11 +162,42 @@ TEST(HfNamesTest, CheckpointingOptimAndTrlNamesAct) {
     EXPECT_TRUE(r.violations.empty()) << name << ": " << r.Fields();
     EXPECT_FALSE(r.spec.training().has_optim());
   }
-  for (const char* other : {"adamw_bnb_8bit", "paged_adamw_32bit", "sgd", "adafactor", "adamw_torch_4bit", ""}) {
+  for (const char* other : {"paged_adamw_32bit", "sgd", "adafactor", "adamw_torch_4bit", ""}) {
     s = {};
     s.mutable_training()->set_optim(other);
     EXPECT_EQ(Resolve(s).violations.size(), 1u) << other;
   }
+}
+
+// bitsandbytes' 8-bit AdamW names are int8 optimizer states (fp32 master); 4-bit is refused by name.
+TEST(HfNamesTest, EightBitOptimNamesMeanInt8States) {
+  for (const std::string& name : AdamW8bitOptimNames()) {
+    v1::JobSpec s;
+    s.mutable_training()->set_optim(name);
+    Resolved r = Resolve(s);
+    EXPECT_TRUE(r.violations.empty()) << name << ": " << r.Fields();
+    EXPECT_EQ(r.spec.optimizer().state_dtype(), v1::STATE_DTYPE_INT8) << name;
+    EXPECT_EQ(r.spec.optimizer().master_dtype(), v1::MASTER_DTYPE_UNSPECIFIED) << name;
+    EXPECT_FALSE(r.spec.training().has_optim());
+
+    s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);  // the same thing twice: fine
+    EXPECT_TRUE(Resolve(s).violations.empty()) << name;
+    s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_BF16);
+    r = Resolve(s);
+    ASSERT_EQ(r.violations.size(), 1u) << name;
+    EXPECT_EQ(r.violations[0].field, "training.optim");
+    EXPECT_NE(r.Fields().find("optim: " + name + " means optimizer.state_dtype int8, but that is set to bf16"),
+              std::string::npos)
+        << r.Fields();
+    EXPECT_EQ(r.spec.optimizer().state_dtype(), v1::STATE_DTYPE_BF16) << "left as it was";
+  }
+  v1::JobSpec s;
+  s.mutable_training()->set_optim("adamw_torch_4bit");
+  const Resolved r = Resolve(s);
+  ASSERT_EQ(r.violations.size(), 1u);
+  EXPECT_NE(r.Fields().find("'adamw_torch_4bit' is not available: 4-bit optimizer states are not offered"),
+            std::string::npos)
+      << r.Fields();
 }
 
 }  // namespace

@@ -146,6 +146,31 @@ TEST_F(JobRefusalsTest, CombinationsTheTrainerRefusesAtStart) {
   }
 }
 
+// Compact optimizer modes are not run by the trainer yet: refused naming the field and the value;
+// exact (unset or fp32) is accepted, and an unknown number is named.
+TEST_F(JobRefusalsTest, CompactOptimizerModesAreRefusedUntilTheTrainerRunsThem) {
+  v1::JobSpec s = Spec();
+  s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);
+  ExpectOnly(Validate(s), "optimizer.state_dtype", "int8 is not built into the trainer yet");
+  s = Spec();
+  s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_BF16);
+  ExpectOnly(Validate(s), "optimizer.state_dtype", "bf16 is not built into the trainer yet");
+  s = Spec();
+  s.mutable_optimizer()->set_master_dtype(v1::MASTER_DTYPE_BF16);
+  ExpectOnly(Validate(s), "optimizer.master_dtype", "bf16 is not built into the trainer yet");
+  s = Spec();
+  s.mutable_training()->set_optim("adamw_bnb_8bit");  // resolves to state_dtype int8
+  ExpectOnly(Validate(s), "optimizer.state_dtype", "int8 is not built into the trainer yet");
+  s = Spec();
+  s.mutable_optimizer()->set_state_dtype(static_cast<v1::StateDtype>(9));
+  ExpectOnly(Validate(s), "optimizer.state_dtype", "unknown value 9");
+  s = Spec();
+  s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_FP32);
+  s.mutable_optimizer()->set_master_dtype(v1::MASTER_DTYPE_FP32);
+  const ValidationResult exact = Validate(s);
+  EXPECT_TRUE(exact.ok()) << Describe(exact);
+}
+
 TEST_F(JobRefusalsTest, AJsonArrayWithATrailingCommaIsRefused) {
   std::string array = "[";
   for (int i = 0; i < 12; ++i)
