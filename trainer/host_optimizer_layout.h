@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "trainer/host_optimizer.h"
+#include "workers/adamw_compact.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
 
@@ -15,5 +16,14 @@ workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o);
 uint64_t MaxElements(const HostOptimizerOptions& o);
 // Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
 uint64_t ExtraBytes(const HostOptimizerOptions& o);
+
+// Compact optimizer modes (workers/adamw_compact.h, docs/optimizer-modes.md), for the planners
+// (PredictHostMemory, the step planner's CPU-update term) once the arena holds them; exact mode
+// gives what they price today. The arena's bytes per parameter in `mode` on the RAM tier
+// (BytesPerParameter with the master and states in the mode's formats: 14 exact with bf16 compute
+// and no 16-bit copy, 8.03 with int8 states), and the bytes the CPU update moves per parameter per
+// step (26 exact with bf16 compute and no copy to write, 14.06 with int8 states).
+double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode);
+double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode);
 
 }  // namespace offloadd::trainer::internal

@@ -59,6 +59,18 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
   return bytes + 2 * kAlign * (o.nvme_slots * 3 + o.block_elements.size() + 8);
 }
 
+double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
+  const double exact_states = workers::StateBytesPerParam({});
+  const double base = static_cast<double>(HostOptimizer::BytesPerParameter(o));
+  if (o.tier != StateTier::kCpu) return base;  // the states live in the store
+  return base - exact_states + workers::StateBytesPerParam(mode);
+}
+
+double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
+  const workers::ShardLayoutOptions lo = LayoutOptions(o);
+  return workers::StepTrafficBytesPerParam(mode, lo.grad_dtype, lo.weight_dtype);
+}
+
 }  // namespace internal
 
 uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
