@@ -4,7 +4,8 @@ table: STREAM copy/triad, an "AdamW-shaped copy" (the same five streams and 28 B
 update, with trivial arithmetic: the bandwidth roof for this access pattern), the fused kernel per
 code path and thread count, the worker's ShardExecutor in process (chunks, step counters, with
 and without redo slots, alternating run by run), the WorkerPool across processes, and
-PyTorch's CPU AdamW (fused=True, foreach=True, default) at the same thread counts.
+PyTorch's CPU AdamW (fused=True, foreach=True, default) at the same thread counts, and the compact
+optimizer modes (docs/optimizer-modes.md) at their own bytes per parameter.
 
     run_bench.py --build build-workers --params 67108864 --repeats 5 [--threads 1,2] [--pool 1x2,2x1]
 
@@ -74,6 +75,11 @@ def main():
         elif r["bench"] == "adamw_kernel":
             table.append((f"kernel {r['path']}", f"{r['threads']} thr",
                           f"{r['params_per_s'] / 1e9:.3f}", f"{r['gbps']:.1f}",
+                          f"{r['gbps_median']:.1f}", f"{100 * r['gbps'] / best_triad:.0f}%"))
+        elif r["bench"] == "adamw_compact":  # GB/s at the mode's own bytes per parameter
+            table.append((f"compact {r['master_dtype']} master, {r['state_dtype']} states "
+                          f"{r['path']} ({r['bytes_per_param']:.2f} B/param)", f"{r['threads']} thr",
+                          f"{r['gparams_per_s']:.3f}", f"{r['gbps']:.1f}",
                           f"{r['gbps_median']:.1f}", f"{100 * r['gbps'] / best_triad:.0f}%"))
         elif r["bench"] == "adamw_executor":
             cc = "redo" if r["crash_consistent"] else "no-redo"

@@ -7,6 +7,9 @@
 //
 // Bytes per AdamW parameter: bf16 grad read 2 + fp32 master/exp_avg/exp_avg_sq read 12 and
 // written 12 + bf16 weight written 2 = 28 B (write-allocate traffic not counted, as in STREAM).
+// The compact optimizer modes (workers/adamw_compact.h) report their own bytes per parameter
+// (StepTrafficBytesPerParam: 16.06 with int8 states) and their share of the triad's roofline;
+// --compact runs only the triad and those (offloadd-workers-bench --compact --threads=1,2).
 // Each figure is the best of --repeats runs after a warm-up (the median is printed too): on a
 // shared machine other load only ever slows a run down.
 #include <pthread.h>
@@ -18,11 +21,13 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "workers/adamw_compact.h"
 #include "workers/adamw_kernel.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/cpu_topology.h"
@@ -43,6 +48,8 @@ struct Args {
   std::vector<std::pair<uint32_t, uint32_t>> pools;
   int repeats = 5;
   bool undo_variants = true;
+  bool compact_only = false;
+  std::map<int, double> triad_gbps;  // by thread count, from Stream
 };
 
 std::vector<int> Cpus() {
@@ -118,7 +125,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AdamWShapeLoop
 
 void Emit(nlohmann::json j) { std::cout << j.dump() << std::endl; }
 
-void Stream(const Args& a, int threads) {
+// Returns the triad's bandwidth (GB/s, best run).
+double Stream(const Args& a, int threads) {
   const uint64_t n = a.params;
   float* x = Alloc<float>(n);
   float* y = Alloc<float>(n);
@@ -150,6 +158,7 @@ void Stream(const Args& a, int threads) {
   std::free(x);
   std::free(y);
   std::free(z);
+  return 12.0 * n / Best(triad) / 1e9;
 }
 
 void Kernel(const Args& a, KernelPath path, int threads) {
@@ -206,6 +215,84 @@ void Kernel(const Args& a, KernelPath path, int threads) {
         {"gbps_median", kAdamWBytesPerParam * n / Median(times) / 1e9}});
   for (void* x : {static_cast<void*>(g), static_cast<void*>(w), static_cast<void*>(p),
                   static_cast<void*>(m), static_cast<void*>(v)}) {
+    std::free(x);
+  }
+}
+
+// One compact mode on one path: G params/s, bytes per parameter per step, and the share of the
+// triad's roofline (the triad's bandwidth over the mode's bytes per parameter) it reaches.
+void Compact(const Args& a, KernelPath path, int threads, OptimizerMode mode) {
+  const uint64_t n = a.params / kInt8BlockSize * kInt8BlockSize;
+  const uint64_t blocks = Int8Blocks(n);
+  uint16_t* g = Alloc<uint16_t>(n);
+  uint16_t* w = Alloc<uint16_t>(n);
+  float* p = Alloc<float>(n);  // fp32 master, or bf16 master + bf16 compensation (same 4 bytes)
+  const size_t sb = mode.state == StateDtype::kFp32 ? 4 : mode.state == StateDtype::kBf16 ? 2 : 1;
+  uint8_t* m = Alloc<uint8_t>(n * sb);
+  uint8_t* v = Alloc<uint8_t>(n * sb);
+  float* ms = Alloc<float>(blocks);
+  float* vs = Alloc<float>(blocks);
+  const bool bf16_master = mode.master == MasterDtype::kBf16;
+  uint16_t* hi = reinterpret_cast<uint16_t*>(p);
+  uint16_t* lo = hi + n;
+  Parallel(threads, [&](int t) {
+    auto [b, e] = Slice(blocks, threads, t);
+    for (uint64_t i = b * kInt8BlockSize; i < std::min(n, e * kInt8BlockSize); ++i) {
+      g[i] = internal::FloatToBf16(1e-3f * static_cast<float>((i * 2654435761u) % 1000) - 0.5f);
+      const float x = 0.01f * static_cast<float>(i % 100);
+      if (bf16_master) {
+        hi[i] = internal::FloatToBf16(x), lo[i] = 0;
+      } else {
+        p[i] = x;
+      }
+      w[i] = 0;
+    }
+    std::memset(m + b * kInt8BlockSize * sb, 0, (std::min(n, e * kInt8BlockSize) - b * kInt8BlockSize) * sb);
+    std::memset(v + b * kInt8BlockSize * sb, 0, (std::min(n, e * kInt8BlockSize) - b * kInt8BlockSize) * sb);
+    for (uint64_t k = b; k < e; ++k) ms[k] = vs[k] = 0;
+  });
+  std::vector<double> times;
+  bool ok = true;
+  for (int r = 0; r < a.repeats + 1; ++r) {
+    AdamWHyper h;
+    h.step = static_cast<uint64_t>(r + 1);
+    const double secs = Parallel(threads, [&](int t) {
+      auto [b, e] = Slice(blocks, threads, t);
+      const uint64_t i0 = b * kInt8BlockSize, i1 = std::min(n, e * kInt8BlockSize);
+      CompactSpan s;
+      s.grad = g + i0;
+      s.master = bf16_master ? static_cast<void*>(hi + i0) : p + i0;
+      s.master_comp = lo + i0;
+      s.exp_avg = m + i0 * sb;
+      s.exp_avg_sq = v + i0 * sb;
+      s.exp_avg_scale = ms + b;
+      s.exp_avg_sq_scale = vs + b;
+      s.weights = w + i0;
+      s.n = i1 - i0;
+      s.first_index = i0;
+      if (!CompactAdamW(s, mode, h, path).ok()) ok = false;
+    });
+    if (r > 0) times.push_back(secs);
+  }
+  const double t = Best(times);
+  const double bytes = StepTrafficBytesPerParam(mode, GradDtype::kBf16, WeightDtype::kBf16);
+  const double triad = a.triad_gbps.count(threads) ? a.triad_gbps.at(threads) : 0;
+  Emit({{"bench", "adamw_compact"},
+        {"mode", mode.Describe()},
+        {"state_dtype", std::string(StateDtypeName(mode.state))},
+        {"master_dtype", std::string(MasterDtypeName(mode.master))},
+        {"path", std::string(KernelPathName(path))},
+        {"threads", threads},
+        {"ok", ok},
+        {"bytes_per_param", bytes},
+        {"gparams_per_s", n / t / 1e9},
+        {"gbps", bytes * n / t / 1e9},
+        {"gbps_median", bytes * n / Median(times) / 1e9},
+        {"triad_gbps", triad},
+        {"of_triad_roofline", triad > 0 ? bytes * n / t / 1e9 / triad : 0.0}});
+  for (void* x : {static_cast<void*>(g), static_cast<void*>(w), static_cast<void*>(p),
+                  static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(ms),
+                  static_cast<void*>(vs)}) {
     std::free(x);
   }
 }
@@ -364,9 +451,11 @@ int main(int argc, char** argv) {
                            static_cast<uint32_t>(std::stoul(item.substr(x + 1)))});
         pos = comma + 1;
       }
+    } else if (arg == "--compact") {
+      a.compact_only = true;
     } else {
       std::cerr << "usage: offloadd-workers-bench [--params=N] [--threads=1,2,4] [--pool=1x4,2x2] "
-                   "[--repeats=R]\n";
+                   "[--repeats=R] [--compact]\n";
       return 2;
     }
   }
@@ -374,7 +463,15 @@ int main(int argc, char** argv) {
     std::cerr << "--params must be at least " << kChunkElements << "\n";
     return 2;
   }
-  for (int t : a.threads) Stream(a, t);
+  for (int t : a.threads) a.triad_gbps[t] = Stream(a, t);
+  for (KernelPath p : SupportedPaths()) {
+    for (int t : a.threads) {
+      for (StateDtype sd : {StateDtype::kFp32, StateDtype::kBf16, StateDtype::kInt8}) {
+        for (MasterDtype md : {MasterDtype::kFp32, MasterDtype::kBf16}) Compact(a, p, t, {sd, md});
+      }
+    }
+  }
+  if (a.compact_only) return 0;
   for (KernelPath p : SupportedPaths()) {
     for (int t : a.threads) Kernel(a, p, t);
   }

@@ -9,6 +9,10 @@
 //     (master/exp_avg/exp_avg_sq are updated in place; prints {"sq_norm": ...})
 //   offloadd-optim-tool accumulate --path= --n= --grad= --grad-dtype= --acc=a.bin [--overwrite]
 //   offloadd-optim-tool norm --path= --n= --grad= --grad-dtype=
+//   offloadd-optim-tool compact --state-dtype=fp32|bf16|int8 --master-dtype=fp32|bf16 (and the
+//       adamw flags; --master holds fp32, or the bf16 master with --master-comp beside it;
+//       --exp-avg/--exp-avg-sq hold the states' dtype, int8 with --exp-avg-scale and
+//       --exp-avg-sq-scale, one fp32 per 256; [--seed=]) : workers/adamw_compact.h, in place
 //   offloadd-optim-tool train --spec=dir/spec.json  (see workers/tools/train.cc)
 #include <cstdio>
 #include <cstring>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "workers/adamw_compact.h"
 #include "workers/adamw_kernel.h"
 #include "workers/tools/train.h"
 
@@ -71,6 +76,68 @@ StatusOr<GradDtype> ParseGradDtype(const std::string& s) {
   return InvalidArgumentError("--grad-dtype must be bf16, fp16 or fp32, not '" + s + "'");
 }
 
+StatusOr<AdamWHyper> ReadHyper(const Flags& f) {
+  AdamWHyper h;
+  ASSIGN_OR_RETURN(h.lr, NeedNumber(f, "lr"));
+  ASSIGN_OR_RETURN(h.beta1, NeedNumber(f, "beta1"));
+  ASSIGN_OR_RETURN(h.beta2, NeedNumber(f, "beta2"));
+  ASSIGN_OR_RETURN(h.eps, NeedNumber(f, "eps"));
+  ASSIGN_OR_RETURN(h.weight_decay, NeedNumber(f, "weight-decay"));
+  ASSIGN_OR_RETURN(double step, NeedNumber(f, "step"));
+  h.step = static_cast<uint64_t>(step);
+  if (f.count("grad-scale")) {
+    ASSIGN_OR_RETURN(double gs, NeedNumber(f, "grad-scale"));
+    h.grad_scale = static_cast<float>(gs);
+  }
+  RETURN_IF_ERROR(ValidateHyper(h));
+  return h;
+}
+
+// The compact modes on files (the convergence study drives it step by step).
+StatusOr<double> RunCompact(const Flags& f, KernelPath path, const void* grad, GradDtype grad_dtype,
+                            size_t n) {
+  ASSIGN_OR_RETURN(AdamWHyper h, ReadHyper(f));
+  ASSIGN_OR_RETURN(OptimizerMode mode,
+                   ParseOptimizerMode(f.count("state-dtype") ? f.at("state-dtype") : "",
+                                      f.count("master-dtype") ? f.at("master-dtype") : ""));
+  const size_t sb = mode.state == StateDtype::kFp32 ? 4 : mode.state == StateDtype::kBf16 ? 2 : 1;
+  const size_t mb = mode.master == MasterDtype::kFp32 ? 4 : 2;
+  std::vector<std::pair<std::string, size_t>> files = {
+      {"master", n * mb}, {"exp-avg", n * sb}, {"exp-avg-sq", n * sb}};
+  if (mode.master == MasterDtype::kBf16) files.push_back({"master-comp", n * 2});
+  if (mode.state == StateDtype::kInt8) {
+    files.push_back({"exp-avg-scale", Int8Blocks(n) * 4});
+    files.push_back({"exp-avg-sq-scale", Int8Blocks(n) * 4});
+  }
+  std::map<std::string, std::vector<uint8_t>> data;
+  for (const auto& [key, bytes] : files) {
+    ASSIGN_OR_RETURN(std::string p, Need(f, key));
+    ASSIGN_OR_RETURN(data[key], ReadFile(p, bytes));
+  }
+  const auto at = [&](const char* key) -> void* {
+    auto it = data.find(key);
+    return it == data.end() ? nullptr : it->second.data();
+  };
+  CompactSpan span;
+  span.grad = grad;
+  span.grad_dtype = grad_dtype;
+  span.master = at("master");
+  span.master_comp = static_cast<uint16_t*>(at("master-comp"));
+  span.exp_avg = at("exp-avg");
+  span.exp_avg_sq = at("exp-avg-sq");
+  span.exp_avg_scale = static_cast<float*>(at("exp-avg-scale"));
+  span.exp_avg_sq_scale = static_cast<float*>(at("exp-avg-sq-scale"));
+  span.weight_dtype = WeightDtype::kNone;
+  span.n = n;
+  if (f.count("seed")) {
+    ASSIGN_OR_RETURN(double seed, NeedNumber(f, "seed"));
+    span.seed = static_cast<uint64_t>(seed);
+  }
+  ASSIGN_OR_RETURN(double sq, CompactAdamW(span, mode, h, path));
+  for (const auto& [key, bytes] : files) RETURN_IF_ERROR(WriteFile(f.at(key), data[key]));
+  return sq;
+}
+
 Status Run(const std::string& op, const Flags& f) {
   if (op == "paths") {
     nlohmann::json j = nlohmann::json::array();
@@ -99,20 +166,10 @@ Status Run(const std::string& op, const Flags& f) {
     out["sq_norm"] = AccumulateGrad(reinterpret_cast<float*>(acc.data()), grad.data(), grad_dtype,
                                     n, f.count("overwrite") > 0, path);
     RETURN_IF_ERROR(WriteFile(acc_path, acc));
+  } else if (op == "compact") {
+    ASSIGN_OR_RETURN(out["sq_norm"], RunCompact(f, path, grad.data(), grad_dtype, n));
   } else if (op == "adamw") {
-    AdamWHyper h;
-    ASSIGN_OR_RETURN(h.lr, NeedNumber(f, "lr"));
-    ASSIGN_OR_RETURN(h.beta1, NeedNumber(f, "beta1"));
-    ASSIGN_OR_RETURN(h.beta2, NeedNumber(f, "beta2"));
-    ASSIGN_OR_RETURN(h.eps, NeedNumber(f, "eps"));
-    ASSIGN_OR_RETURN(h.weight_decay, NeedNumber(f, "weight-decay"));
-    ASSIGN_OR_RETURN(double step, NeedNumber(f, "step"));
-    h.step = static_cast<uint64_t>(step);
-    if (f.count("grad-scale")) {
-      ASSIGN_OR_RETURN(double gs, NeedNumber(f, "grad-scale"));
-      h.grad_scale = static_cast<float>(gs);
-    }
-    RETURN_IF_ERROR(ValidateHyper(h));
+    ASSIGN_OR_RETURN(AdamWHyper h, ReadHyper(f));
     std::vector<std::vector<uint8_t>> state;
     std::vector<std::string> paths;
     for (const char* key : {"master", "exp-avg", "exp-avg-sq"}) {
@@ -142,7 +199,7 @@ Status Run(const std::string& op, const Flags& f) {
     if (f.count("weights")) RETURN_IF_ERROR(WriteFile(f.at("weights"), weights));
   } else {
     return InvalidArgumentError("unknown command '" + op +
-                                "' (paths, adamw, accumulate, norm, train)");
+                                "' (paths, adamw, compact, accumulate, norm, train)");
   }
   out["path"] = std::string(KernelPathName(path));
   std::cout << out.dump() << "\n";
