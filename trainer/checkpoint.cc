@@ -615,7 +615,9 @@ StatusOr<std::string> LatestCheckpoint(const std::string& output_dir, std::vecto
 // --- CheckpointReader ---------------------------------------------------------------------------
 
 StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir,
-                                                  std::string_view expected_fingerprint) {
+                                                  std::string_view expected_fingerprint,
+                                                  std::string_view state_dtype,
+                                                  std::string_view master_dtype) {
   std::string path = JoinPath(dir, kStateFile);
   StatusOr<std::string> text = ReadFileConfined(path);
   if (!text.ok() && text.status().code() == StatusCode::kNotFound) {
@@ -671,6 +673,18 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir,
     return FailedPreconditionError(path + ": the checkpoint is of model \"" +
                                    r.state_.model_fingerprint + "\", this job's model is \"" +
                                    std::string(expected_fingerprint) + "\"");
+  }
+  if (r.state_.state_dtype != state_dtype || r.state_.master_dtype != master_dtype) {
+    const auto mode = [](std::string_view master, std::string_view state) {
+      const std::string what = std::string(master) + " master, " + std::string(state) + " states";
+      return master == "fp32" && state == "fp32" ? "exact (" + what + ")" : "not exact: " + what;
+    };
+    return FailedPreconditionError(
+        path + ": the checkpoint's optimizer states are " +
+        mode(r.state_.master_dtype, r.state_.state_dtype) + ", this run's are " +
+        mode(master_dtype, state_dtype) +
+        "; resuming in another optimizer mode is not supported (set optimizer.state_dtype and "
+        "master_dtype as the checkpoint was trained)");
   }
   return r;
 }

@@ -123,6 +123,11 @@ struct TrainerState {
     friend bool operator==(const BatchShape&, const BatchShape&) = default;
   };
   std::optional<BatchShape> auto_batch;
+  // The optimizer mode the states were trained in ("optimizer" in the JSON; the job spec's
+  // optimizer.state_dtype / master_dtype names, docs/optimizer-modes.md). Absent in checkpoints
+  // written before it existed: exact (fp32, fp32).
+  std::string state_dtype = "fp32";
+  std::string master_dtype = "fp32";
   // Only for the Hugging Face trainer_state.json beside it (not read back): the run's settings
   // that HF's TrainerState records.
   struct HfSettings {
@@ -200,8 +205,13 @@ class CheckpointReader {
  public:
   // A non-empty expected_fingerprint must equal the checkpoint's (FAILED_PRECONDITION naming
   // both otherwise); empty accepts any model.
+  // The checkpoint's optimizer mode must be the run's (`state_dtype`/`master_dtype`, exact by
+  // default): its states are read as they are stored, never converted, so a mode change is
+  // FAILED_PRECONDITION naming both modes.
   static StatusOr<CheckpointReader> Open(const std::string& dir,
-                                         std::string_view expected_fingerprint = {});
+                                         std::string_view expected_fingerprint = {},
+                                         std::string_view state_dtype = "fp32",
+                                         std::string_view master_dtype = "fp32");
 
   const std::string& dir() const { return dir_; }
   const TrainerState& state() const { return state_; }

@@ -107,6 +107,7 @@ json StateToJson(const TrainerState& s, int num_layers,
     out["grad_scaler"] = {{"scale", DoubleToJson(s.grad_scaler->scale)},
                           {"growth_tracker", s.grad_scaler->growth_tracker}};
   }
+  out["optimizer"] = {{"state_dtype", s.state_dtype}, {"master_dtype", s.master_dtype}};
   if (s.auto_batch) {
     out["auto_batch_size"] = {{"per_device_train_batch_size", s.auto_batch->micro},
                               {"gradient_accumulation_steps", s.auto_batch->accumulation}};
@@ -200,6 +201,17 @@ Status StateFromJson(const json& j, const std::string& path, TrainerState* s, in
       return f.Bad("auto_batch_size", "holds a batch shape out of range");
     }
     s->auto_batch = shape;
+  }
+  if (f.Has("optimizer")) {  // absent before optimizer modes existed: exact
+    ASSIGN_OR_RETURN(JsonFields om, f.Object("optimizer"));
+    ASSIGN_OR_RETURN(s->state_dtype, om.String("state_dtype"));
+    ASSIGN_OR_RETURN(s->master_dtype, om.String("master_dtype"));
+    const bool state_ok = s->state_dtype == "fp32" || s->state_dtype == "bf16" || s->state_dtype == "int8";
+    const bool master_ok = s->master_dtype == "fp32" || s->master_dtype == "bf16";
+    if (!state_ok || !master_ok) {
+      return f.Bad("optimizer", "names an unknown optimizer mode (state_dtype \"" + s->state_dtype +
+                                    "\", master_dtype \"" + s->master_dtype + "\")");
+    }
   }
   ASSIGN_OR_RETURN(int64_t layers, f.Int("num_layers"));
   if (layers < 1 || layers > 1'000'000) return f.Bad("num_layers", "is out of range");

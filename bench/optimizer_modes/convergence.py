@@ -4,6 +4,8 @@ stories260K (../shared/data) fine-tuned on Alpaca records, every mode from the s
 same batches, its held-out loss against exact AdamW's.
 
     convergence.py --build build [--steps 300] [--out bench/optimizer_modes]
+    # or split over processes, then merge:
+    convergence.py --modes int8/fp32,bf16/fp32 --part a; ...; convergence.py --merge a,b,c
 
 PyTorch (transformers' LlamaForCausalLM, fp32) computes the loss and the gradients; each step's
 update is offloadd's kernel (offloadd-optim-tool compact, workers/adamw_compact.h) on the flat
@@ -200,7 +202,16 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--held-out", type=int, default=128)
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent))
+    ap.add_argument("--modes", default="", help="state/master,... (default: all, exact first)")
+    ap.add_argument("--part", default="", help="write convergence_<part>.json only (see --merge)")
+    ap.add_argument("--merge", default="", help="parts to merge into convergence.json/.png")
     args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        parts = [json.loads((out / f"convergence_{p}.json").read_text()) for p in args.merge.split(",")]
+        runs = sorted((r for p in parts for r in p["runs"]), key=lambda r: MODES.index((r["state_dtype"], r["master_dtype"])))
+        return finish(runs, parts[0]["config"] | {"modes": "", "part": "", "merge": args.merge}, out)
     torch.set_num_threads(1)
     tool = str(pathlib.Path(args.build) / "workers/offloadd-optim-tool")
     src = pathlib.Path(args.shared) / "data/models/stories260K"
@@ -212,13 +223,19 @@ def main():
         records = json.loads((pathlib.Path(args.shared) / "data/alpaca/alpaca_5000.json").read_text())
         train = encode(tok, records[:-args.held_out], args.seq)
         held = encode(tok, records[-args.held_out:], args.seq)
-        results = [run_mode(m, model_dir, train, held, args, tool) for m in MODES]
+        modes = [tuple(m.split("/")) for m in args.modes.split(",")] if args.modes else MODES
+        results = [run_mode(m, model_dir, train, held, args, tool) for m in modes]
+    config = vars(args) | {"train_records": len(train), "held_out_records": len(held)}
+    if args.part:
+        (out / f"convergence_{args.part}.json").write_text(json.dumps({"config": config, "runs": results}, indent=1))
+        return None
+    return finish(results, config, out)
+
+
+def finish(results, config, out):
     exact = results[0]["held_out"][-1][1]
     summary = {r["mode"]: {"final_held_out": r["held_out"][-1][1],
                            "vs_exact_percent": 100 * (r["held_out"][-1][1] / exact - 1)} for r in results}
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = vars(args) | {"train_records": len(train), "held_out_records": len(held)}
     (out / "convergence.json").write_text(
         json.dumps({"config": config, "summary": summary, "runs": results}, indent=1))
     plot(results, out / "convergence.png")

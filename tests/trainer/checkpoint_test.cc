@@ -584,6 +584,61 @@ TEST_F(CheckpointTest, AnotherModelIsRefused) {
   EXPECT_EQ(r->ReadLayer(3, {m.params[0], {w}, {}, {}}).status().code(), StatusCode::kOutOfRange);
 }
 
+// The optimizer mode is recorded; resuming in another one is refused naming both, a checkpoint
+// without the record is exact, and an unknown mode is a clear error naming the key.
+TEST_F(CheckpointTest, TheOptimizerModeIsRecordedAndAnotherIsRefused) {
+  const FakeModel m(1);
+  ASSERT_TRUE(Save(out_, 10, m).ok());
+  auto r = CheckpointReader::Open(Dir(10), m.fingerprint());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->state().state_dtype, "fp32");
+  EXPECT_EQ(r->state().master_dtype, "fp32");
+  r = CheckpointReader::Open(Dir(10), m.fingerprint(), "int8", "fp32");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("the checkpoint's optimizer states are exact (fp32 master, fp32 states), this "
+                        "run's are not exact: fp32 master, int8 states"));
+
+  auto begun = CheckpointWriter::Begin(out_, 20);
+  ASSERT_TRUE(begun.ok()) << begun.status().ToString();
+  CheckpointWriter w = std::move(*begun);
+  for (int l = m.layers() - 1; l >= 0; --l) ASSERT_TRUE(w.WriteLayer(l, m.State(l)).ok());
+  TrainerState compact = MakeState(20, m);
+  compact.state_dtype = "bf16";
+  compact.master_dtype = "bf16";
+  ASSERT_TRUE(w.Commit(compact).ok());
+  r = CheckpointReader::Open(Dir(20), m.fingerprint(), "bf16", "bf16");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  r = CheckpointReader::Open(Dir(20), m.fingerprint());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("are not exact: bf16 master, bf16 states, this run's are exact"));
+
+  // Before the record existed: exact. An unknown mode names the key.
+  const std::string state = JoinPath(Dir(10), "offloadd_state.json");
+  auto text = ReadFile(state);
+  ASSERT_TRUE(text.ok());
+  const auto rewrite = [&](const nlohmann::json* optimizer) {
+    nlohmann::json j = nlohmann::json::parse(*text);
+    j.erase("optimizer");
+    if (optimizer != nullptr) j["optimizer"] = *optimizer;
+    const std::string changed = j.dump(2);
+    ASSERT_EQ(::unlink(state.c_str()), 0);
+    const int fd = ::open(state.c_str(), O_WRONLY | O_CREAT, 0644);
+    ASSERT_EQ(::write(fd, changed.data(), changed.size()), static_cast<ssize_t>(changed.size()));
+    ::close(fd);
+  };
+  rewrite(nullptr);
+  r = CheckpointReader::Open(Dir(10), m.fingerprint());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->state().state_dtype, "fp32");
+  const nlohmann::json int4 = {{"state_dtype", "int4"}, {"master_dtype", "fp32"}};
+  rewrite(&int4);
+  r = CheckpointReader::Open(Dir(10), m.fingerprint());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("names an unknown optimizer mode (state_dtype \"int4\""));
+}
+
 // --- crashes
 // --------------------------------------------------------------------------------------
 
