@@ -24,9 +24,11 @@ constexpr double kRecheckTolerance = 0.10;
 }  // namespace
 
 Status Trainer::Impl::CheckHostMemory() {
-  const uint64_t ram = HostRamBytes();
+  NodeMemory node = ProbeNodeMemory();
+  node.pinned = cuda;
   const bool named = cfg.offload.host_memory_limit > 0;
-  const uint64_t limit = DefaultHostMemoryLimit(cfg.offload.host_memory_limit, ram);
+  const HostMemoryLimit node_limit = DefaultHostMemoryLimit(0, node);
+  const uint64_t limit = named ? cfg.offload.host_memory_limit : node_limit.bytes;
   // Applied from here on (the arena's own check, the batch planner's CPU activations).
   cfg.offload.host_memory_limit = limit;
   // Data parallel: the leader's arena is the node's; the other ranks attach to it.
@@ -64,16 +66,14 @@ Status Trainer::Impl::CheckHostMemory() {
           NvmeStepSeconds(q.nvme_params, node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s);
     }
   }
-  const std::string source = named ? "host_memory_limit"
-                                   : "the default: " + std::to_string(kDefaultHostMemoryPercent) + "% of this node's " +
-                                         FormatByteSize(ram) + " of RAM";
+  const std::string source = named ? "host_memory_limit" : node_limit.source;
   out.host_text = p.Describe() + " within the host memory limit of " + FormatByteSize(limit) + " (" + source + ")";
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";
   names.batch = "per_device_train_batch_size, --batch-size";
   names.nvme_configured = !cfg.offload.nvme_dirs.empty();
-  RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, ram, names));
+  RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, node_limit.bytes, names));
   Log(TrainObserver::Level::kInfo, "host memory: " + out.host_text);
   return OkStatus();
 }

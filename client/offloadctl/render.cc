@@ -107,7 +107,11 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   const auto& m = n.memory();
   o << "memory      " << Bytes(m.total_bytes()) << " total, " << Bytes(m.available_bytes()) << " available, "
     << "/dev/shm " << Bytes(m.shm_available_bytes()) << " free, memlock "
-    << (m.memlock_limit_bytes() == 0 ? std::string("unlimited") : Bytes(m.memlock_limit_bytes())) << "\n";
+    << (m.memlock_limit_bytes() == 0 ? std::string("unlimited") : Bytes(m.memlock_limit_bytes()))
+    << (m.cgroup_memory_max_bytes() > 0 ? ", cgroup " + Bytes(m.cgroup_memory_current_bytes()) + " used of " +
+                                              Bytes(m.cgroup_memory_max_bytes())
+                                        : std::string())
+    << "\n";
   if (m.default_host_memory_limit_bytes() > 0) {
     o << "host limit  " << Bytes(m.default_host_memory_limit_bytes()) << " per job by default ("
       << m.default_host_memory_limit_source() << "; resources.host_memory_limit overrides it)\n";

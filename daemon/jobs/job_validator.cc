@@ -403,14 +403,18 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
 
 // Host RAM and disk as the trainer plans them (trainer/host_memory.h, the same functions): the
 // limit is the job's resources.host_memory_limit, else the node's default (DefaultHostMemoryLimit:
-// the daemon's memory.host_memory_limit or 80% of RAM), which offloadd-train applies too.
+// the daemon's memory.host_memory_limit or what the node can give safely now), which
+// offloadd-train applies too.
 void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& config, int compute_bytes,
                             bool gpu, const NodeBudget& node, Checker& c, ValidationResult* r) {
   const auto& res = spec.resources();
   // A job's own limit first, else the node's default.
-  const uint64_t host_limit = res.host_memory_limit()
-                                  ? res.host_memory_limit()
-                                  : trainer::DefaultHostMemoryLimit(node.host_memory_limit, node.host_memory_bytes);
+  trainer::NodeMemory mem = node.host_memory;
+  if (mem.total == 0) mem.total = node.host_memory_bytes;
+  mem.pinned = gpu;
+  const trainer::HostMemoryLimit node_default = trainer::DefaultHostMemoryLimit(node.host_memory_limit, mem);
+  const trainer::HostMemoryLimit node_can = trainer::DefaultHostMemoryLimit(0, mem);
+  const uint64_t host_limit = res.host_memory_limit() ? res.host_memory_limit() : node_default.bytes;
   if (res.host_memory_limit() > node.host_memory_bytes) {
     c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
                                              FormatByteSize(node.host_memory_bytes) + " of RAM");
@@ -427,18 +431,13 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
     r->nvme_tier_host_bytes = q.total;
     r->nvme_tier_disk_bytes = q.disk_bytes;
   }
-  const std::string source =
-      res.host_memory_limit() ? "resources.host_memory_limit"
-      : node.host_memory_limit
-          ? "the daemon's memory.host_memory_limit"
-          : "the default: " + std::to_string(trainer::kDefaultHostMemoryPercent) + "% of this node's " +
-                FormatByteSize(node.host_memory_bytes) + " of RAM";
+  const std::string source = res.host_memory_limit() ? "resources.host_memory_limit" : node_default.source;
   trainer::HostMemoryNames names;
   names.limit = "resources.host_memory_limit";
   names.nvme = "offload.offload_optimizer.device: nvme";
   names.batch = "training.per_device_train_batch_size";
   names.nvme_configured = !node.store_dirs.empty();
-  const Status host = trainer::CheckHostMemory(in, host_limit, source, node.host_memory_bytes, names);
+  const Status host = trainer::CheckHostMemory(in, host_limit, source, node_can.bytes, names);
   if (!host.ok()) {
     c.Add(res.host_memory_limit() ? "resources.host_memory_limit" : "offload.offload_optimizer.device",
           std::string(host.message()));

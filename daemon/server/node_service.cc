@@ -51,10 +51,15 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
   }
   {
     v1::MemoryInfo* mem = response->mutable_memory();
-    mem->set_default_host_memory_limit_bytes(trainer::DefaultHostMemoryLimit(host_memory_limit_, mem->total_bytes()));
-    mem->set_default_host_memory_limit_source(host_memory_limit_ ? "memory.host_memory_limit"
-                                                                 : std::to_string(trainer::kDefaultHostMemoryPercent) +
-                                                                       "% of RAM");
+    // What a GPU job (its arena pinned) that names no limit gets now.
+    trainer::NodeMemory node = trainer::ProbeNodeMemory();
+    node.pinned = response->gpus_size() > 0;
+    const trainer::HostMemoryLimit limit = trainer::DefaultHostMemoryLimit(host_memory_limit_, node);
+    mem->set_default_host_memory_limit_bytes(limit.bytes);
+    mem->set_default_host_memory_limit_source(limit.source);
+    mem->set_cgroup_memory_max_bytes(node.cgroup_max);
+    mem->set_cgroup_memory_current_bytes(node.cgroup_usage);
+    mem->set_host_memory_reserve_bytes(trainer::HostMemoryReserve(node.total));
   }
   response->mutable_start_time()->set_seconds(start_unix_seconds_);
   FillBandwidths(profile_dir_, response->mutable_bandwidths());

@@ -318,8 +318,8 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   v1::JobSpec s = ValidSpec();
   ValidationResult r = Validate(s);
   ASSERT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
-  // The default limit: 80% of the node's 64 GiB.
-  EXPECT_EQ(r.host_memory_limit, (64ull << 30) / 100 * 80);
+  // The default limit: what the node can give, its 64 GiB (nothing else known) less the 4 GiB reserve.
+  EXPECT_EQ(r.host_memory_limit, (64ull << 30) - trainer::HostMemoryReserve(64ull << 30));
   ASSERT_LT(r.nvme_tier_host_bytes, r.ram_tier_host_bytes);
   // 12 B per parameter, and the new versions of the largest block in flight (3 slots + 1 committing).
   EXPECT_EQ(r.nvme_tier_disk_bytes, 12 * static_cast<uint64_t>(r.model_size.total_params) +
