@@ -22,7 +22,7 @@ TEST(StatePlacementTest, EverythingInRamWhenItFits) {
   EXPECT_EQ(p->ram_bytes, 8 * kGiB);
   EXPECT_EQ(p->disk_bytes, 0u);
   EXPECT_EQ(p->nvme_blocks(), std::vector<bool>({false, false, false}));
-  EXPECT_EQ(p->Describe(), "blocks 0-2 in RAM (8.0 GiB)");
+  EXPECT_EQ(p->Describe(), "blocks 0-2 in RAM (8 GiB)");
 }
 
 TEST(StatePlacementTest, FirstBlocksInRamTheRestOnNvme) {
@@ -32,14 +32,14 @@ TEST(StatePlacementTest, FirstBlocksInRamTheRestOnNvme) {
   EXPECT_EQ(p->nvme_blocks(), std::vector<bool>({false, false, true, true, false}));
   EXPECT_EQ(p->ram_bytes, 8 * kGiB);
   EXPECT_EQ(p->disk_bytes, 6 * kGiB);
-  EXPECT_EQ(p->Describe(), "blocks 0-1, 4 in RAM (8.0 GiB), 2-3 on NVMe (6.0 GiB)");
+  EXPECT_EQ(p->Describe(), "blocks 0-1, 4 in RAM (8 GiB), 2-3 on NVMe (6 GiB)");
 }
 
 TEST(StatePlacementTest, NoRamPutsEveryBlockOnNvme) {
   auto p = PlaceBlockStates(Blocks({1, 1}), 0, 2 * kGiB);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(p->ram_blocks(), 0);
-  EXPECT_EQ(p->Describe(), "blocks 0-1 on NVMe (2.0 GiB)");
+  EXPECT_EQ(p->Describe(), "blocks 0-1 on NVMe (2 GiB)");
 }
 
 TEST(StatePlacementTest, BlocksOnTheDeviceTakeNothing) {
@@ -55,8 +55,8 @@ TEST(StatePlacementTest, TooLittleDiskIsRefusedWithTheNumbers) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(p.status().message(),
-            "the optimizer states need 8.0 GiB on NVMe (2 of 3 blocks) beside 4.0 GiB in RAM, but "
-            "the store directories have 7.0 GiB free; free disk space, add a store directory or "
+            "the optimizer states need 8 GiB on NVMe (2 of 3 blocks) beside 4 GiB in RAM, but "
+            "the store directories have 7 GiB free; free disk space, add a store directory or "
             "raise the host memory limit");
 }
 
