@@ -1,9 +1,20 @@
 #include "trainer/state_placement.h"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <set>
+
 #include "common/units.h"
 
 namespace offloadd::trainer {
 namespace {
+
+constexpr uint64_t kPage = 4096;
+uint64_t RoundUp(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 
 // "0-11, 14" for the blocks whose tier is `tier`.
 std::string Ranges(const std::vector<BlockTier>& tiers, BlockTier tier) {
@@ -53,8 +64,11 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
                                           uint64_t ram_available, uint64_t disk_free) {
   StatePlacement p;
   p.tiers.assign(blocks.size(), BlockTier::kNvme);
+  std::vector<size_t> order(blocks.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return blocks[a].ram > blocks[b].ram; });
   uint64_t ram_left = ram_available;
-  for (size_t b = 0; b < blocks.size(); ++b) {
+  for (size_t b : order) {
     if (blocks[b].ram <= ram_left) {
       p.tiers[b] = BlockTier::kRam;
       ram_left -= blocks[b].ram;
@@ -72,6 +86,67 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
         " free; free disk space, add a store directory or raise the host memory limit");
   }
   return p;
+}
+
+StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit, uint64_t disk_free) {
+  HostOptimizerOptions& o = in->optimizer;
+  o.nvme_blocks.clear();
+  const HostMemoryPrediction all = PredictHostMemory(*in);  // every block's states on NVMe
+  const uint64_t ram_left = all.total < limit ? limit - all.total : 0;
+  const uint64_t beside = all.disk_bytes - 12 * all.nvme_params;  // in flight, activations
+  std::vector<BlockStateBytes> blocks;
+  for (uint64_t n : o.block_elements) {
+    BlockStateBytes b;
+    // HostOptimizer::ArenaBytes: three regions (and their rounding) in the arena; with fp32
+    // compute an NVMe block's fp32 compute copy goes away.
+    b.ram = 3 * RoundUp(n * 4) + 2 * kPage * 3 - (o.compute == HostDtype::kFp32 ? RoundUp(n * 4) : 0);
+    b.disk = 12 * n;
+    blocks.push_back(b);
+  }
+  ASSIGN_OR_RETURN(StatePlacement p,
+                   PlaceBlockStates(blocks, ram_left, disk_free > beside ? disk_free - beside : 0));
+  o.nvme_blocks = p.nvme_blocks();
+  // The staging slots were sized for the largest block; with it in RAM they shrink, and the RAM
+  // they free takes more blocks (in block order).
+  for (bool moved = true; moved && p.ram_blocks() < static_cast<int>(blocks.size());) {
+    const uint64_t total = PredictHostMemory(*in).total;
+    uint64_t left = total < limit ? limit - total : 0;
+    moved = false;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (p.tiers[b] != BlockTier::kNvme || blocks[b].ram > left) continue;
+      p.tiers[b] = BlockTier::kRam;
+      left -= blocks[b].ram;
+      p.ram_bytes += blocks[b].ram;
+      p.disk_bytes -= blocks[b].disk;
+      moved = true;
+    }
+    o.nvme_blocks = p.nvme_blocks();
+  }
+  return p;
+}
+
+uint64_t StoreDirsFreeBytes(const std::vector<std::string>& dirs) {
+  std::set<unsigned long> seen;  // file systems counted
+  uint64_t free_bytes = 0;
+  bool any = false;
+  for (std::string d : dirs) {
+    struct statvfs fs;
+    struct stat st;
+    bool found = false;
+    while (!d.empty()) {
+      if (::statvfs(d.c_str(), &fs) == 0 && ::stat(d.c_str(), &st) == 0) {
+        found = true;
+        break;
+      }
+      const size_t slash = d.find_last_of('/');  // the parent: "a/b" -> "a", "/a" -> "/"
+      d = slash == std::string::npos || d == "/" ? "" : slash == 0 ? "/" : d.substr(0, slash);
+    }
+    if (!found) continue;
+    any = true;
+    if (!seen.insert(static_cast<unsigned long>(st.st_dev)).second) continue;
+    free_bytes += static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  }
+  return any ? free_bytes : std::numeric_limits<uint64_t>::max();
 }
 
 }  // namespace offloadd::trainer

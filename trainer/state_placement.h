@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "trainer/host_memory.h"
 
 namespace offloadd::trainer {
 
@@ -30,13 +31,24 @@ struct StatePlacement {
   std::string Describe() const;
 };
 
-// Blocks go into RAM in block order while they fit in `ram_available` (block 0 first: its update
-// is the last of backward and the next forward needs it first, so a read from disk there would
-// stall the step, while the later blocks' reads and writes overlap the rest of backward); a block
-// that does not fit goes to NVMe and smaller later ones may still take RAM. A block with ram 0 and
+// Blocks go into RAM while they fit in `ram_available`, the largest first (the embedding and the
+// head: the NVMe tier's staging slots are sized by the largest block on NVMe), blocks of equal size
+// in block order (block 0 first: its update is the last of backward and the next forward needs it
+// first, while the higher blocks' reads and writes overlap the rest of backward); a block that
+// does not fit goes to NVMe and smaller ones may still take RAM. A block with ram 0 and
 // disk 0 (its states on the GPU) stays in RAM. Refused (ResourceExhausted, with the numbers) when
 // the NVMe blocks need more than `disk_free`.
 StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& blocks,
                                           uint64_t ram_available, uint64_t disk_free);
+
+// The NVMe tier under a host limit: `in` predicted with every block on NVMe leaves the RAM under
+// `limit` that the blocks' states may take (PlaceBlockStates, each block at what its master and
+// moments add to the arena; then again with the smaller staging slots of that placement); `disk_free` (the store directories' free space) less the new versions
+// in flight and the spilled activations is the disk. Sets in->optimizer.nvme_blocks.
+StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit, uint64_t disk_free);
+
+// The free bytes of the file systems of `dirs` (each counted once; a directory not made yet counts
+// its nearest existing parent); UINT64_MAX when none can be asked.
+uint64_t StoreDirsFreeBytes(const std::vector<std::string>& dirs);
 
 }  // namespace offloadd::trainer

@@ -35,6 +35,17 @@ TEST(StatePlacementTest, FirstBlocksInRamTheRestOnNvme) {
   EXPECT_EQ(p->Describe(), "blocks 0-1, 4 in RAM (8 GiB), 2-3 on NVMe (6 GiB)");
 }
 
+// The largest blocks first (the NVMe staging slots are sized by the largest block on NVMe), equal
+// ones in block order.
+TEST(StatePlacementTest, LargestBlocksFirst) {
+  auto p = PlaceBlockStates(Blocks({2, 1, 1, 3}), 5 * kGiB, 100 * kGiB);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->nvme_blocks(), std::vector<bool>({false, true, true, false}));
+  p = PlaceBlockStates(Blocks({2, 1, 1, 3}), 4 * kGiB, 100 * kGiB);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->nvme_blocks(), std::vector<bool>({true, false, true, false}));
+}
+
 TEST(StatePlacementTest, NoRamPutsEveryBlockOnNvme) {
   auto p = PlaceBlockStates(Blocks({1, 1}), 0, 2 * kGiB);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
