@@ -129,9 +129,10 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
   if (o.tier == StateTier::kNvme) {
     p.processes += kStoreProcessBytes;
     uint64_t largest = 0;
-    for (uint64_t n : o.block_elements) {
-      p.nvme_params += n;
-      largest = std::max(largest, n);
+    for (size_t b = 0; b < o.block_elements.size(); ++b) {
+      if (!o.nvme_blocks.empty() && !o.nvme_blocks[b]) continue;  // its states in RAM
+      p.nvme_params += o.block_elements[b];
+      largest = std::max(largest, o.block_elements[b]);
     }
     // 12 B per parameter, and the new versions in flight: a write takes new extents and the old
     // ones return after its commit (storage/README.md), one per staging slot and one committing.

@@ -12,6 +12,9 @@ namespace offloadd::trainer::internal {
 
 workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o);
 workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o);
+// The block's states live in the store (NVMe tier, HostOptimizerOptions::nvme_blocks).
+bool OnNvme(const HostOptimizerOptions& o, size_t block);
+// The largest block whose states pass through the NVMe staging slots (0: none).
 uint64_t MaxElements(const HostOptimizerOptions& o);
 // Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
 uint64_t ExtraBytes(const HostOptimizerOptions& o);

@@ -84,6 +84,10 @@ struct Trainer::Impl {
   std::vector<bool> offload_checkpoint;  // recomputed blocks whose checkpoint waits in pinned RAM
   // Per block: its optimizer states live on the device (the lowest blocks; PlanDevice).
   std::vector<bool> device_blocks;
+  // The NVMe tier: per block, whether its fp32 masters and moments are in the store (empty: every
+  // block); PlaceStatesUnderLimit in CheckHostMemory, described in state_placement_text.
+  std::vector<bool> nvme_blocks;
+  std::string state_placement_text;
   std::unique_ptr<DeviceOptimizer> device_opt;  // null when no block is there
   // device_optimizer_blocks auto on CUDA: placed after this process's first step, from the
   // allocator's measured peak (PlaceDeviceBlocks).

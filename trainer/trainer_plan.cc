@@ -14,6 +14,7 @@
 #include "common/units.h"
 #include "trainer/batch_planner.h"
 #include "trainer/node_profile.h"
+#include "trainer/state_placement.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -48,6 +49,15 @@ Status Trainer::Impl::CheckHostMemory() {
       in.device_batch_bytes += modes[b] == engine::SaveMode::kKeep ? keep : recompute;
     }
   }
+  in.optimizer.nvme_blocks.clear();
+  const uint64_t disk_free = StoreDirsFreeBytes(cfg.offload.nvme_dirs);
+  if (in.optimizer.tier == StateTier::kNvme && (named || PredictHostMemory(in).disk_bytes > disk_free)) {
+    // A named limit, or a disk too small for every block: RAM holds the states of as many blocks
+    // as the limit allows, NVMe the rest (trainer/state_placement.h).
+    ASSIGN_OR_RETURN(const StatePlacement placed, PlaceStatesUnderLimit(&in, limit, disk_free));
+    state_placement_text = placed.Describe();
+  }
+  nvme_blocks = in.optimizer.nvme_blocks;
   const HostMemoryPrediction p = PredictHostMemory(in);
   StepPrediction& out = prediction;
   out.host_bytes = p.total;
@@ -68,6 +78,7 @@ Status Trainer::Impl::CheckHostMemory() {
   }
   const std::string source = named ? "host_memory_limit" : node_limit.source;
   out.host_text = p.Describe() + " within the host memory limit of " + FormatByteSize(limit) + " (" + source + ")";
+  if (!state_placement_text.empty()) out.host_text += "; optimizer states per block: " + state_placement_text;
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";

@@ -334,10 +334,12 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
             std::string::npos)
       << h->description;
   EXPECT_NE(h->description.find("this needs a store directory"), std::string::npos) << h->description;
-  // On NVMe it fits the RAM; the store directories must hold the states twice.
+  // On NVMe it fits the RAM; the store directories must hold the states (with a disk too small
+  // for every block, as many blocks' states as the limit allows stay in RAM: none here fit a disk
+  // of one page).
   StoreDirFacts dir;
   dir.path = fs::canonical(root_);
-  dir.available_bytes = r.nvme_tier_disk_bytes - 1;
+  dir.available_bytes = 4096;
   node_.store_dirs.push_back(dir);
   s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
   r = Validate(s);
