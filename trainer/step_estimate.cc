@@ -75,6 +75,10 @@ StatusOr<StepEstimate> EstimateStep(const StepEstimateInputs& e) {
     out.basis += "; the GPU's work is not known before a run of this shape (no shape profile on this node): "
                  "the CPU update, host memory and PCIe terms only";
   }
+  if (e.nvme_params > 0 && in.nvme_read_bytes_per_s <= 0) {
+    out.lower_bound = true;
+    out.basis += "; the disk is not priced: the node profile measured no store directory";
+  }
   std::ostringstream o;
   o.precision(3);
   o << (out.lower_bound ? "at least " : "") << out.step_seconds << " s/step, " << (out.lower_bound ? "at most " : "")

@@ -252,6 +252,9 @@ struct Trainer::Impl {
   // Held updates' tails (step_planner.h) from the copy rates already in `in` and one
   // micro-batch's head forward.
   void SetHeldTails(PlanInputs* in, double head_forward_s) const;
+  // The per-parameter traffic of this job's arena (ApplyParamTraffic) and its NVMe blocks' disk
+  // term at the node profile's store rates; `streamed`: weights upload per micro-batch.
+  void SetParamTraffic(PlanInputs* in, bool streamed, const NodeProfile& prof) const;
   Status StartSpill();
   HostOptimizerOptions HostOptions() const;
   // The step's owners, once the host optimizer's arena holds the initial weights.

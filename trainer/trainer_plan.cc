@@ -152,6 +152,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   in.h2d_bytes_per_s = prof.h2d_bytes_per_s > 0 ? prof.h2d_bytes_per_s : 1e30;
   in.d2h_bytes_per_s = prof.d2h_bytes_per_s > 0 ? prof.d2h_bytes_per_s : 1e30;
   in.keep_activations = may_keep;
+  SetParamTraffic(&in, !weights->resident(), prof);
   // Clipping without speculation (or fp16's overflow check) holds every update until the step's
   // norm exists: the priced step updated no block during its backward.
   in.held_updates = (cfg.optim.max_grad_norm > 0 || scaler.has_value()) && first.speculated_layers == 0;
@@ -366,6 +367,10 @@ Status Trainer::Impl::CheckPlan() {
     in.host_bytes_per_s /= slow;
   }
   if (plan.bound == "H2D") in.h2d_bytes_per_s /= slow;
+  if (plan.bound == "NVMe") {
+    in.nvme_read_bytes_per_s /= slow;
+    in.nvme_write_bytes_per_s /= slow;
+  }
   if (plan.bound == "D2H") in.d2h_bytes_per_s /= slow;
   // The placed states stay where they are: only the kept layers may change.
   in.fixed_device_blocks = plan.device_blocks;

@@ -712,13 +712,6 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     const bool auto_batch = spec.training().auto_find_batch_size();
     const int64_t floor_batch = auto_batch ? 1 : spec.training().per_device_train_batch_size();
     r.memory_floor = EstimateMemoryFloor(r.model_size, *config, floor_batch, ds.max_seq_length(), compute_bytes);
-    // The step's price on this node, for `offloadctl submit --validate-only` (issue #29 item 23).
-    const int gi = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
-    r.step_estimate = auto_batch ? StepEstimateUnavailable("per_device_train_batch_size auto is priced when the job "
-                                                           "starts (its log lists each candidate's price)")
-                                 : EstimateJobStep(node.profile_dir, gpu ? node.gpus[gi].name : "", *config,
-                                                   r.model_size, floor_batch, spec.training().gradient_accumulation_steps(),
-                                                   ds.max_seq_length(), compute_bytes, spec.training().max_grad_norm() > 0);
     const MemoryFloor& f = r.memory_floor;
     if (gpu) {
       const int idx = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
@@ -760,6 +753,18 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       }
     }
     CheckHostMemoryAndDisk(spec, *config, compute_bytes, gpu, node, c, &r);
+    // The step's price on this node, for `offloadctl submit --validate-only`, with the NVMe
+    // blocks the host check placed; the device reads the fp32 masters except on the NVMe tier's
+    // 16-bit compute (HostOptimizer::WeightsAreFp32).
+    const int gi = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
+    const bool nvme = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
+    r.step_estimate = auto_batch ? StepEstimateUnavailable("per_device_train_batch_size auto is priced when the job "
+                                                           "starts (its log lists each candidate's price)")
+                                 : EstimateJobStep(node.profile_dir, gpu ? node.gpus[gi].name : "", *config,
+                                                   r.model_size, floor_batch, spec.training().gradient_accumulation_steps(),
+                                                   ds.max_seq_length(), compute_bytes, spec.training().max_grad_norm() > 0,
+                                                   static_cast<int64_t>(r.host_memory.nvme_params),
+                                                   compute_bytes == 4 || !nvme);
     // Room for a checkpoint and the exported model (checked again when the job starts).
     if (output_dir_ok) {
       const Status space =
