@@ -197,7 +197,7 @@ StatusOr<NodeProfile> Trainer::Impl::PlanNodeProfile() {
                    LoadOrMeasureNodeProfile(cfg.profile_dir,
                                             static_cast<int>(ho.worker_processes * ho.worker_threads),
                                             cfg.adamw_kernel, device,
-                                            cfg.offload.nvme_dirs.empty() ? "" : cfg.offload.nvme_dirs[0],
+                                            cfg.offload.nvme_dirs,
                                             &cached, &cache_problem));
   Log(TrainObserver::Level::kInfo, std::string("node profile (") + (cached ? "cached" : "measured") +
                                        "): " + DescribeNodeProfile(prof));

@@ -134,7 +134,14 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   }
   for (const auto& s : n.store_directories()) {
     o << "store       " << s.path() << " weight " << s.weight() << ": " << Bytes(s.available_bytes()) << " free of "
-      << Bytes(s.capacity_bytes()) << (s.problem().empty() ? "" : " — " + s.problem()) << "\n";
+      << Bytes(s.capacity_bytes());
+    if (s.measured_read_bytes_per_second() > 0) {
+      char rates[96];
+      std::snprintf(rates, sizeof(rates), ", read %.2f / write %.2f GB/s%s", s.measured_read_bytes_per_second() / 1e9,
+                    s.measured_write_bytes_per_second() / 1e9, s.measured_direct_io() ? " (O_DIRECT)" : " (buffered)");
+      o << rates;
+    }
+    o << (s.problem().empty() ? "" : " — " + s.problem()) << "\n";
   }
   o << "io_uring    " << (n.io_uring_available() ? "available" : "unavailable: " + n.io_uring_problem()) << "\n";
   const auto& b = n.bandwidths();

@@ -63,6 +63,7 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
   }
   response->mutable_start_time()->set_seconds(start_unix_seconds_);
   FillBandwidths(profile_dir_, response->mutable_bandwidths());
+  FillStoreRates(profile_dir_, response);
   FillShapeProfiles(profile_dir_, response);
   return rec.Done(grpc::Status::OK);
 }
@@ -97,6 +98,20 @@ void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out) {
   out->set_store_write_bytes_per_second(p->store_write_bytes_per_s);
   out->set_store_direct_io(p->store_direct_io);
   if (int64_t t = 0; ParseUtc(p->measured_at, &t)) out->mutable_measured_at()->set_seconds(t);
+}
+
+void FillStoreRates(const std::string& dir, offloadd::v1::NodeInfo* out) {
+  if (dir.empty()) return;
+  auto p = trainer::ReadNodeProfile(dir + "/" + trainer::kNodeProfileFile);
+  if (!p.ok()) return;
+  for (auto& s : *out->mutable_store_directories()) {
+    for (const auto& r : p->stores) {
+      if (r.dir != s.path()) continue;
+      s.set_measured_read_bytes_per_second(r.read_bytes_per_s);
+      s.set_measured_write_bytes_per_second(r.write_bytes_per_s);
+      s.set_measured_direct_io(r.direct_io);
+    }
+  }
 }
 
 void FillShapeProfiles(const std::string& dir, offloadd::v1::NodeInfo* out) {

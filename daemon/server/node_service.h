@@ -53,6 +53,8 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
 void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out);
 // The shape profiles cached under <dir>/shapes (trainer/shape_profile.h), newest first.
 void FillShapeProfiles(const std::string& dir, offloadd::v1::NodeInfo* out);
+// Each listed store directory's own rates from the node profile under `dir` (none when absent).
+void FillStoreRates(const std::string& dir, offloadd::v1::NodeInfo* out);
 
 // Exposed for tests: fills `out` from probed facts.
 void FillNodeInfo(const NodeFacts& facts, const BuildFacts& build, offloadd::v1::NodeInfo* out);

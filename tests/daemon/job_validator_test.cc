@@ -320,6 +320,14 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   ASSERT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
   // The default limit: what the node can give, its 64 GiB (nothing else known) less the 4 GiB reserve.
   EXPECT_EQ(r.host_memory_limit, (64ull << 30) - trainer::HostMemoryReserve(64ull << 30));
+  // With the node's probe: what is available now (another job holds the rest) less the reserve,
+  // and the source says so.
+  node_.host_memory.total = 64ull << 30;
+  node_.host_memory.available = 20ull << 30;
+  r = Validate(s);
+  EXPECT_EQ(r.host_memory_limit, 16ull << 30);
+  node_.host_memory = {};
+  r = Validate(s);
   ASSERT_LT(r.nvme_tier_host_bytes, r.ram_tier_host_bytes);
   // 12 B per parameter, and the new versions of the largest block in flight (3 slots + 1 committing).
   EXPECT_EQ(r.nvme_tier_disk_bytes, 12 * static_cast<uint64_t>(r.model_size.total_params) +
