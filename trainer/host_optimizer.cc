@@ -31,13 +31,6 @@ constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
 
 }  // namespace
 
-struct HostOptimizer::Slot {
-  uint64_t offset[3] = {};  // master, exp_avg, exp_avg_sq
-  int shard = -1;           // whose states it holds
-  bool loaded = false;      // reads complete
-  std::vector<uint64_t> pending_reads, pending_writes;
-};
-
 StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimizerOptions& options) {
   std::unique_ptr<HostOptimizer> h(new HostOptimizer());
   RETURN_IF_ERROR(h->Start(options));
