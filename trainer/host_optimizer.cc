@@ -744,6 +744,8 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
   // updated, one writing back, one reading).
   if (slots_.size() >= 3) {
     const int next = PrefetchCandidate(shard);
+    // Never into this shard's own slot (a slot kept from an earlier step sits anywhere in turn).
+    if (next >= 0 && next_slot_ == static_cast<size_t>(slot_index)) next_slot_ = (next_slot_ + 1) % slots_.size();
     if (next >= 0) RETURN_IF_ERROR(IssueReads(static_cast<size_t>(next)).status());
   }
   last_staged_ = static_cast<int>(shard);
