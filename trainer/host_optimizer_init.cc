@@ -52,7 +52,7 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
   for (size_t b = 0; store_ && b < shards_.size(); ++b) {
     if (!OnNvme(b)) continue;
     const uint64_t n = shards_[b].num_elements;
-    RETURN_IF_ERROR(RunOnThread([&, b]() -> Status {
+    const Status staged = RunOnThread([&, b]() -> Status {
       ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
       float* master = arena_->At<float>(slot->offset[0]);
       for (const InitPiece& p : pieces) {
@@ -66,7 +66,8 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
         RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(b), kStateKinds[k], slot->offset[k], n * 4, true));
       }
       return OkStatus();
-    }));
+    });
+    RETURN_IF_ERROR(staged);
   }
   std::atomic<size_t> next{0};
   std::mutex mu;
