@@ -282,6 +282,10 @@ void HostOptimizer::Loop() {
 Status HostOptimizer::Handle(Item& item) {
   switch (item.kind) {
     case Item::kBegin:
+      // Every NVMe block's states are read again each step, even one a slot still holds from the
+      // last (its read is where a dead store shows before the block is updated); within the step
+      // the next block's read is issued ahead (StageIn).
+      if (store_) RETURN_IF_ERROR(ScratchSlot().status());
       driver_step_ = item.step;
       return driver_->BeginStep(item.step, item.lr, item.grad_unscale);
     case Item::kGrads: {
@@ -733,8 +737,8 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
   const auto t0 = std::chrono::steady_clock::now();
   int slot_index = slot_of_[shard];
   if (slot_index >= 0) {
-    // Its reads were issued ahead, or the slot still holds what its last update wrote back; that
-    // write must be done before the update changes the slot again.
+    // Its reads were issued ahead (or, within this step, the slot still holds what its update
+    // wrote back: that write must be done before the slot changes again).
     ++prefetch_hits_;
     while (!slots_[slot_index]->pending_writes.empty()) RETURN_IF_ERROR(PumpStore(true));
   } else {
