@@ -31,13 +31,6 @@ constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
 
 }  // namespace
 
-struct HostOptimizer::Slot {
-  uint64_t offset[3] = {};  // master, exp_avg, exp_avg_sq
-  int shard = -1;           // whose states it holds
-  bool loaded = false;      // reads complete
-  std::vector<uint64_t> pending_reads, pending_writes;
-};
-
 StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimizerOptions& options) {
   std::unique_ptr<HostOptimizer> h(new HostOptimizer());
   RETURN_IF_ERROR(h->Start(options));
@@ -289,6 +282,10 @@ void HostOptimizer::Loop() {
 Status HostOptimizer::Handle(Item& item) {
   switch (item.kind) {
     case Item::kBegin:
+      // Every NVMe block's states are read again each step, even one a slot still holds from the
+      // last (its read is where a dead store shows before the block is updated); within the step
+      // the next block's read is issued ahead (StageIn).
+      if (store_) RETURN_IF_ERROR(ScratchSlot().status());
       driver_step_ = item.step;
       return driver_->BeginStep(item.step, item.lr, item.grad_unscale);
     case Item::kGrads: {
@@ -740,8 +737,8 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
   const auto t0 = std::chrono::steady_clock::now();
   int slot_index = slot_of_[shard];
   if (slot_index >= 0) {
-    // Its reads were issued ahead, or the slot still holds what its last update wrote back; that
-    // write must be done before the update changes the slot again.
+    // Its reads were issued ahead (or, within this step, the slot still holds what its update
+    // wrote back: that write must be done before the slot changes again).
     ++prefetch_hits_;
     while (!slots_[slot_index]->pending_writes.empty()) RETURN_IF_ERROR(PumpStore(true));
   } else {
@@ -751,6 +748,8 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
   // updated, one writing back, one reading).
   if (slots_.size() >= 3) {
     const int next = PrefetchCandidate(shard);
+    // Never into this shard's own slot (a slot kept from an earlier step sits anywhere in turn).
+    if (next >= 0 && next_slot_ == static_cast<size_t>(slot_index)) next_slot_ = (next_slot_ + 1) % slots_.size();
     if (next >= 0) RETURN_IF_ERROR(IssueReads(static_cast<size_t>(next)).status());
   }
   last_staged_ = static_cast<int>(shard);

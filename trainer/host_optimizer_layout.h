@@ -3,10 +3,23 @@
 // shards. Torch-free, in its own library (offloadd_trainer_arena) so that the daemon's job
 // validation sizes the arena with HostOptimizer::ArenaBytes itself, never a copy of its formula.
 #include <cstdint>
+#include <vector>
 
 #include "trainer/host_optimizer.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
+
+namespace offloadd::trainer {
+
+// An NVMe staging slot: one block's fp32 states between their read and their write-back.
+struct HostOptimizer::Slot {
+  uint64_t offset[3] = {};  // master, exp_avg, exp_avg_sq
+  int shard = -1;           // whose states it holds
+  bool loaded = false;      // reads complete
+  std::vector<uint64_t> pending_reads, pending_writes;
+};
+
+}  // namespace offloadd::trainer
 
 namespace offloadd::trainer::internal {
 

@@ -93,7 +93,6 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
   o.nvme_blocks.clear();
   const HostMemoryPrediction all = PredictHostMemory(*in);  // every block's states on NVMe
   const uint64_t ram_left = all.total < limit ? limit - all.total : 0;
-  const uint64_t beside = all.disk_bytes - 12 * all.nvme_params;  // in flight, activations
   std::vector<BlockStateBytes> blocks;
   for (uint64_t n : o.block_elements) {
     BlockStateBytes b;
@@ -103,8 +102,9 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
     b.disk = 12 * n;
     blocks.push_back(b);
   }
-  ASSIGN_OR_RETURN(StatePlacement p,
-                   PlaceBlockStates(blocks, ram_left, disk_free > beside ? disk_free - beside : 0));
+  // The disk is checked below, with what is in flight beside the states for this placement (the
+  // new versions of its largest NVMe block, not of the model's largest).
+  ASSIGN_OR_RETURN(StatePlacement p, PlaceBlockStates(blocks, ram_left, std::numeric_limits<uint64_t>::max()));
   o.nvme_blocks = p.nvme_blocks();
   // The staging slots were sized for the largest block; with it in RAM they shrink, and the RAM
   // they free takes more blocks (in block order).
@@ -121,6 +121,18 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
       moved = true;
     }
     o.nvme_blocks = p.nvme_blocks();
+  }
+  const HostMemoryPrediction placed = PredictHostMemory(*in);
+  if (placed.disk_bytes > disk_free) {
+    const uint64_t nvme_blocks = blocks.size() - static_cast<size_t>(p.ram_blocks());
+    const Status refused = ResourceExhaustedError(
+        "the optimizer states need " + FormatByteSize(placed.disk_bytes) + " on NVMe (" +
+        std::to_string(nvme_blocks) + " of " + std::to_string(blocks.size()) + " blocks, " +
+        FormatByteSize(p.disk_bytes) + " of states and the new versions in flight) beside " +
+        FormatByteSize(p.ram_bytes) + " in RAM, but the store directories have " + FormatByteSize(disk_free) +
+        " free; free disk space, add a store directory or raise the host memory limit");
+    o.nvme_blocks.clear();
+    return refused;
   }
   return p;
 }

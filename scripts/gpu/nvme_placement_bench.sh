@@ -46,18 +46,18 @@ print({k: r.get(k) for k in ("batch", "tokens_per_second", "step_seconds", "gpu_
 print([(x["step"], round(x["step_seconds"], 2), x["bound_by"], round(x["step_over_bound"], 2)) for x in r.get("per_step", [])])
 PY
 }
-bench() {  # shape, json, more run_bench flags
-  local shape=$1 json=$2
-  shift 2
+bench() {  # timeout, shape, json, more run_bench flags
+  local limit=$1 shape=$2 json=$3
+  shift 3
   rm -rf "$store/states"
-  timeout "${RUN_TIMEOUT:-240}" python3 bench/pipeline/run_bench.py --build "$build" --shape "$shape" --batch 16 \
+  timeout "$limit" python3 bench/pipeline/run_bench.py --build "$build" --shape "$shape" --batch 16 \
     --gpu-memory-limit 24GiB --steps "${STEPS:-2}" --warmup "${WARMUP:-1}" --max-grad-norm 1.0 --speculate default \
     --tier nvme --nvme-dir "$store/states" --nvme-gbps "$best_r,$best_w" "$@" --json "$json" 2>&1 \
     | grep -E "^\| (llama|shape|---)|step/bound per step|calibration:|rror|plan:|Killed|host memory:|^\\$"
   summary "$json"
 }
 if [[ -n "${LIMIT8-112GiB}" ]]; then
-  bench llama3-8b "$OUT/llama3-8b.json" "--train-args=--host-memory-limit=${LIMIT8:-112GiB}"
+  bench "${TIMEOUT8:-240}" llama3-8b "$OUT/llama3-8b.json" "--train-args=--host-memory-limit=${LIMIT8:-112GiB}"
 fi
 # The largest shape the default limit and the disk accept.
 for n in ${LAYERS:-48 46 44 42 40 38 36 34}; do
@@ -69,7 +69,7 @@ for n in ${LAYERS:-48 46 44 42 40 38 36 34}; do
       --device=cuda --dtype=bf16 --gpu-memory-limit=24GiB --workers=1x15 --max-grad-norm=1.0 \
       --tier=nvme --nvme-dir="$store/states" --validate-only > /tmp/v.txt 2>&1; then
     echo "largest accepted: $shape"; grep -E "host memory|optimizer states in|per tier" /tmp/v.txt | cut -c1-600
-    bench "$shape" "$OUT/$shape.json"
+    bench "${TIMEOUT_LARGEST:-300}" "$shape" "$OUT/$shape.json"
     break
   fi
   echo "$shape refused: $(grep -iE 'refus|need|error' /tmp/v.txt | tail -1 | cut -c1-400)"

@@ -71,5 +71,37 @@ TEST(StatePlacementTest, TooLittleDiskIsRefusedWithTheNumbers) {
             "raise the host memory limit");
 }
 
+// Under a host limit: the prediction with the placement stays within it, the blocks that fit are
+// in RAM (the embedding and head first), and the disk check counts what is in flight for this
+// placement's largest NVMe block.
+TEST(StatePlacementTest, UnderALimitThePredictionFitsAndTheDiskIsExact) {
+  HostMemoryInputs in;
+  in.optimizer.tier = StateTier::kNvme;
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.block_elements = {1 << 21, 1 << 20, 1 << 20, 1 << 20, 1 << 20, (1 << 21) + 64};
+  const HostMemoryPrediction all = PredictHostMemory(in);
+  // Room for the states of the embedding, the head and half a layer (12 B per parameter); the
+  // staging slots, sized for the head until it is in RAM, then free room for three layers more.
+  const uint64_t limit = all.total + 12 * ((1 << 22) + 64 + (1 << 19));
+  auto p = PlaceStatesUnderLimit(&in, limit, uint64_t{1} << 40);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(in.optimizer.nvme_blocks, std::vector<bool>({false, false, false, false, true, false}))
+      << p->Describe();
+  const HostMemoryPrediction placed = PredictHostMemory(in);
+  EXPECT_LE(placed.total, limit);
+  EXPECT_EQ(placed.nvme_params, uint64_t{1} << 20);
+  // The disk: the states of block 4 and one new version per staging slot and one committing.
+  EXPECT_EQ(placed.disk_bytes, 12u * (1 << 20) * (1 + 3 + 1));
+  HostMemoryInputs again = in;
+  ASSERT_TRUE(PlaceStatesUnderLimit(&again, limit, placed.disk_bytes).ok());
+  auto short_disk = PlaceStatesUnderLimit(&again, limit, placed.disk_bytes - 1);
+  ASSERT_FALSE(short_disk.ok());
+  EXPECT_EQ(short_disk.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(short_disk.status().message().find("(1 of 6 blocks, 12 MiB of states and the new versions in flight)"),
+            std::string::npos)
+      << short_disk.status().message();
+  EXPECT_TRUE(again.optimizer.nvme_blocks.empty());  // refused: every block on NVMe again
+}
+
 }  // namespace
 }  // namespace offloadd::trainer
