@@ -331,11 +331,11 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
     MeasurePcie(device, &p);
     p.cpu_params_per_s_during_dma = MeasureAdamWDuringDma(device, threads, choice.path);
   }
-  for (const auto& dir : store_dirs) {
+  for (const auto& store : store_dirs) {
     NodeProfile::StoreRate r;
-    r.dir = dir;
+    r.dir = store;
     // A store that cannot be measured is named; the job itself finds out what it can do.
-    if (Status st = MeasureStore(dir, &r); !st.ok()) *cache_problem = "store not measured: " + std::string(st.message());
+    if (Status st = MeasureStore(store, &r); !st.ok()) *cache_problem = "store not measured: " + std::string(st.message());
     p.stores.push_back(r);
   }
   SumStoreRates(&p);
