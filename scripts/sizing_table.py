@@ -70,7 +70,8 @@ def table(build: pathlib.Path) -> str:
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, a, b in zip(SHAPES, one, many):
         params = a["total_params"]
-        # What validation checks against the host budget (80% of RAM by default), the NVMe
+        # What validation checks against the host budget (the available RAM less a reserve by
+        # default), the NVMe
         # store's two versions of the states, and a checkpoint plus the bf16 export.
         rows.append(f"| {name} | {params / 1e9:.2f} B | {gib(a['host_bytes_cpu'])} | {gib(a['host_bytes_nvme'])} | "
                     f"{gib(a['nvme_bytes'])} | {gib(a['gpu_floor_bytes'])} | {gib(b['gpu_floor_bytes'])} | "

@@ -1,23 +1,121 @@
 #include "trainer/host_memory.h"
 
-#include <unistd.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "common/units.h"
 
 namespace offloadd::trainer {
 
-uint64_t DefaultHostMemoryLimit(uint64_t configured, uint64_t ram_bytes) {
-  if (configured > 0) return configured;
-  return ram_bytes / 100 * kDefaultHostMemoryPercent;
+namespace {
+
+// "Key:   123 kB" of a meminfo-style file, in bytes; 0 when absent.
+uint64_t MeminfoBytes(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream v(line.substr(key.size() + 1));
+    uint64_t n = 0;
+    std::string unit;
+    v >> n >> unit;
+    return unit == "kB" ? n * 1024 : n;
+  }
+  return 0;
 }
 
-uint64_t HostRamBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+// A cgroup v2 file holding one number ("max": 0).
+uint64_t CgroupNumber(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(word.c_str(), &end, 10);
+  return end != word.c_str() && *end == '\0' ? v : 0;
+}
+
+// Whether CAP_IPC_LOCK (bit 14) is effective: then RLIMIT_MEMLOCK does not bound pinning.
+bool HasIpcLock(const std::string& proc_root) {
+  std::ifstream in(proc_root + "/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("CapEff:", 0) != 0) continue;
+    const unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return (caps >> 14) & 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+NodeMemory ProbeNodeMemory(const std::string& proc_root, const std::string& cgroup_root) {
+  NodeMemory m;
+  m.total = MeminfoBytes(proc_root + "/meminfo", "MemTotal");
+  m.available = MeminfoBytes(proc_root + "/meminfo", "MemAvailable");
+  // cgroup v2: the one line "0::/path"; the nearest memory.max on the way up bounds us.
+  std::ifstream cg(proc_root + "/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) != 0) continue;
+    std::string dir = line.substr(3);
+    while (true) {
+      const std::string at = cgroup_root + (dir == "/" ? "" : dir);
+      const uint64_t max = CgroupNumber(at + "/memory.max");
+      if (max > 0) {
+        m.cgroup_max = max;
+        m.cgroup_usage = CgroupNumber(at + "/memory.current");
+        break;
+      }
+      if (dir.empty() || dir == "/") break;
+      const size_t slash = dir.rfind('/');
+      dir = slash == 0 || slash == std::string::npos ? "/" : dir.substr(0, slash);
+    }
+  }
+  rlimit lim{};
+  if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && !HasIpcLock(proc_root)) {
+    m.memlock = lim.rlim_cur;
+  }
+  return m;
+}
+
+uint64_t HostMemoryReserve(uint64_t total_bytes) {
+  return std::max(kHostReserveMinBytes, total_bytes / 100 * kHostReservePercent);
+}
+
+HostMemoryLimit DefaultHostMemoryLimit(uint64_t configured, const NodeMemory& node) {
+  HostMemoryLimit l;
+  if (configured > 0) {
+    l.bytes = configured;
+    l.source = "the daemon's memory.host_memory_limit";
+    return l;
+  }
+  if (node.total == 0) return l;  // nothing known to limit by
+  uint64_t can = node.available > 0 ? node.available : node.total;
+  std::string what = FormatByteSize(can) + (node.available > 0 ? " available" : " of RAM");
+  if (node.cgroup_max > 0) {
+    const uint64_t room = node.cgroup_max > node.cgroup_usage ? node.cgroup_max - node.cgroup_usage : 0;
+    if (room < can) {
+      can = room;
+      what = FormatByteSize(room) + " left under the cgroup's memory.max of " + FormatByteSize(node.cgroup_max);
+    }
+  }
+  const uint64_t reserve = HostMemoryReserve(node.total);
+  // Nothing left is a limit of 1 byte, which refuses every job, never 0 (no limit).
+  l.bytes = can > reserve ? can - reserve : 1;
+  l.source = "the default: what this node can give now, " + what + " less a reserve of " +
+             FormatByteSize(reserve) + " (the larger of 4 GiB and " + std::to_string(kHostReservePercent) +
+             "% of its " + FormatByteSize(node.total) + " of RAM)";
+  if (node.pinned && node.memlock > 0 && node.memlock < l.bytes) {
+    l.bytes = node.memlock;
+    l.source = "the default: the memlock limit of " + FormatByteSize(node.memlock) +
+               " (the arena is pinned; raise it with `ulimit -l unlimited` or LimitMEMLOCK=infinity)";
+  }
+  return l;
 }
 
 HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
@@ -31,9 +129,10 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
   if (o.tier == StateTier::kNvme) {
     p.processes += kStoreProcessBytes;
     uint64_t largest = 0;
-    for (uint64_t n : o.block_elements) {
-      p.nvme_params += n;
-      largest = std::max(largest, n);
+    for (size_t b = 0; b < o.block_elements.size(); ++b) {
+      if (!o.nvme_blocks.empty() && !o.nvme_blocks[b]) continue;  // its states in RAM
+      p.nvme_params += o.block_elements[b];
+      largest = std::max(largest, o.block_elements[b]);
     }
     // 12 B per parameter, and the new versions in flight: a write takes new extents and the old
     // ones return after its commit (storage/README.md), one per staging slot and one committing.
@@ -67,7 +166,7 @@ double NvmeStepSeconds(uint64_t nvme_params, double read_bytes_per_s, double wri
 }
 
 Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::string& limit_source,
-                       uint64_t ram_bytes, const HostMemoryNames& names) {
+                       uint64_t node_limit, const HostMemoryNames& names) {
   const HostMemoryPrediction p = PredictHostMemory(in);
   if (limit == 0 || p.total <= limit) return OkStatus();
   std::vector<std::string> fixes;
@@ -91,16 +190,16 @@ Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::st
                       (names.nvme_configured ? "" : "; this needs a store directory"));
     }
   }
-  // A higher limit only while the kernel, the page cache and the daemon keep a tenth of the RAM.
-  if (ram_bytes == 0 || p.total <= ram_bytes / 100 * kMaxHostMemoryPercent) {
+  // A higher limit only up to what the node can give safely (DefaultHostMemoryLimit).
+  if (node_limit == 0 || p.total <= node_limit) {
     fixes.push_back("a host memory limit of at least " + FormatByteSize(p.total) + " (" + names.limit +
-                    (ram_bytes > 0 ? "; this node has " + FormatByteSize(ram_bytes) + " of RAM" : "") + ")");
+                    (node_limit > 0 ? "; this node can give " + FormatByteSize(node_limit) : "") + ")");
   }
   std::string msg = "the job needs " + p.Describe() + ", more than the host memory limit of " +
                     FormatByteSize(limit) + " (" + limit_source + ")";
   if (fixes.empty()) {
     msg += "; nothing smaller fits: not even with the optimizer states on NVMe (a smaller model, or a node "
-           "with more RAM)";
+           "with more free RAM)";
   } else {
     msg += "; it would fit with ";
     for (size_t i = 0; i < fixes.size(); ++i) msg += (i == 0 ? "" : ", or ") + fixes[i];

@@ -20,18 +20,40 @@
 
 namespace offloadd::trainer {
 
-// The share of physical RAM a job may take when neither it nor the daemon names a limit.
-inline constexpr uint64_t kDefaultHostMemoryPercent = 80;
-// The most a refusal suggests raising a limit to (the rest is the kernel's, the page cache's and
-// the daemon's: the 8B runs killed by the kernel had an arena of 96% of RAM).
-inline constexpr uint64_t kMaxHostMemoryPercent = 90;
+// What the node can give a job safely when neither the job nor the daemon names a limit:
+//   min(MemAvailable, the cgroup's memory.max - memory.current, RLIMIT_MEMLOCK) - reserve
+// probed when the job is validated or starts (another job's arena is already not available).
+// The reserve holds what the prediction leaves out plus the kernel's own slack: the measured
+// host peaks ran 2.7-7.7 GiB (at most 6.1% of RAM) above PredictHostMemory on the 125.9 GiB
+// H200 host and 8.6 GiB (1.7%) on the 503 GiB x4 host (docs/host_memory_and_nvme.md).
+inline constexpr uint64_t kHostReserveMinBytes = uint64_t{4} << 30;
+inline constexpr uint64_t kHostReservePercent = 6;
 
-// `configured` (the daemon's memory.host_memory_limit, or a job's own) when set, else 80% of
-// `ram_bytes`: what the node can give a job safely, beside the daemon, the page cache the
-// checkpoint reader uses and whatever else runs there. `offloadctl node` shows it.
-uint64_t DefaultHostMemoryLimit(uint64_t configured, uint64_t ram_bytes);
-// Physical RAM of this machine (sysconf; MemTotal).
-uint64_t HostRamBytes();
+// The host's memory as the default limit sees it. 0 means unknown (or unlimited, for the caps).
+struct NodeMemory {
+  uint64_t total = 0;         // MemTotal
+  uint64_t available = 0;     // MemAvailable (0: unknown, then `total` counts)
+  uint64_t cgroup_max = 0;    // the process's cgroup v2 memory.max (0: "max", or no cgroup v2)
+  uint64_t cgroup_usage = 0;  // its memory.current
+  uint64_t memlock = 0;       // RLIMIT_MEMLOCK's soft limit (0: unlimited)
+  bool pinned = true;         // the arena is page-locked (a GPU): memlock bounds it
+};
+
+// Reads <proc>/meminfo, <proc>/self/cgroup with <cgroup_root>/<path>/memory.{max,current}, and
+// getrlimit. The roots are seams for tests.
+NodeMemory ProbeNodeMemory(const std::string& proc_root = "/proc",
+                           const std::string& cgroup_root = "/sys/fs/cgroup");
+// max(4 GiB, 6% of `total_bytes`).
+uint64_t HostMemoryReserve(uint64_t total_bytes);
+
+struct HostMemoryLimit {
+  uint64_t bytes = 0;  // 0: nothing known to limit by (no RAM size); 1: nothing left to give
+  std::string source;  // "the default: what this node can give now: 118.2 GiB available less ..."
+};
+// `configured` (the daemon's memory.host_memory_limit) when set, else what the node can give
+// safely (above). `offloadctl node`, the daemon's validation, the executor's trainer and
+// offloadd-train all call it.
+HostMemoryLimit DefaultHostMemoryLimit(uint64_t configured, const NodeMemory& node);
 
 // Allowances (measured RSS of the processes beside the shared arena, rounded up).
 inline constexpr uint64_t kTrainerProcessBytes = uint64_t{768} << 20;      // LibTorch, data, CPU
@@ -71,9 +93,11 @@ struct HostMemoryNames {
 
 // OK when the prediction fits `limit`; else RESOURCE_EXHAUSTED with the prediction, the limit and
 // where it came from (`limit_source`), and the smallest changes that would fit: a lower
-// micro-batch, the states on NVMe (with its RAM and disk), a higher limit up to 90% of the RAM.
+// micro-batch, the states on NVMe (with its RAM and disk), a higher limit up to what the node can
+// give safely (`node_limit`: DefaultHostMemoryLimit(0, node).bytes; 0: unknown, none offered
+// beyond the RAM).
 Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::string& limit_source,
-                       uint64_t ram_bytes, const HostMemoryNames& names = {});
+                       uint64_t node_limit, const HostMemoryNames& names = {});
 
 // The disk term of a step with `nvme_params` parameters' states on NVMe: each is read and written
 // once per step (fp32 master, exp_avg, exp_avg_sq: 12 B each way) at the store's measured rates;

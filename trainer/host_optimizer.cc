@@ -31,13 +31,6 @@ constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
 
 }  // namespace
 
-struct HostOptimizer::Slot {
-  uint64_t offset[3] = {};  // master, exp_avg, exp_avg_sq
-  int shard = -1;           // whose states it holds
-  bool loaded = false;      // reads complete
-  std::vector<uint64_t> pending_reads, pending_writes;
-};
-
 StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimizerOptions& options) {
   std::unique_ptr<HostOptimizer> h(new HostOptimizer());
   RETURN_IF_ERROR(h->Start(options));
@@ -52,6 +45,10 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
 
   if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
     return InvalidArgumentError("the NVMe tier needs at least one store directory");
+  if (!o.nvme_blocks.empty() && o.nvme_blocks.size() != o.block_elements.size()) {
+    return InvalidArgumentError("nvme_blocks names " + std::to_string(o.nvme_blocks.size()) +
+                                " blocks, the model has " + std::to_string(o.block_elements.size()));
+  }
   const auto lo = LayoutOptions(o);
   const auto po = PoolOptions(o);
   const uint64_t bytes = ArenaBytes(o);
@@ -71,7 +68,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   ASSIGN_OR_RETURN(segment_, ipc::SharedSegment::Create(bytes, so));
   ipc::ArenaOptions ao;
   ao.max_regions = workers::RegionsFor(o.block_elements, lo, po.processes) + 3 * o.nvme_slots +
-                   static_cast<uint32_t>(o.block_elements.size()) + 32;
+                   4 * static_cast<uint32_t>(o.block_elements.size()) + 32;
   ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&segment_, ao));
   arena_ = std::make_unique<ipc::Arena>(std::move(arena));
   ASSIGN_OR_RETURN(shards_, workers::AllocateShards(arena_.get(), o.block_elements, lo, po.processes));
@@ -82,7 +79,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
                                 " blocks, the model has " + std::to_string(shards_.size()));
   for (size_t b = 0; b < o.device_blocks.size(); ++b) shards_[b].on_device = o.device_blocks[b];
   if (o.tier == StateTier::kNvme) {
-    const uint64_t max_n = MaxElements(o);
+    const uint64_t max_n = std::max<uint64_t>(1, MaxElements(o));
     for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
       auto slot = std::make_unique<Slot>();
       const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
@@ -97,11 +94,19 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     }
     slot_of_.assign(shards_.size(), -1);
     compute_copy_.assign(shards_.size(), 0);
-    if (o.compute == HostDtype::kFp32) {
-      for (size_t b = 0; b < shards_.size(); ++b) {
-        ASSIGN_OR_RETURN(ipc::Region r,
-                         arena_->Allocate("B" + std::to_string(b) + ".compute",
-                                          ipc::RegionKind::kParamStaging, shards_[b].num_elements * 4));
+    for (size_t b = 0; b < shards_.size(); ++b) {
+      const std::string prefix = "B" + std::to_string(b) + ".";
+      const uint64_t bytes4 = shards_[b].num_elements * 4;
+      if (!internal::OnNvme(o, b)) {  // this block's states stay in RAM
+        ASSIGN_OR_RETURN(ipc::Region m, arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
+        ASSIGN_OR_RETURN(ipc::Region v1, arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
+        ASSIGN_OR_RETURN(ipc::Region v2,
+                         arena_->Allocate(prefix + "exp_avg_sq", ipc::RegionKind::kExpAvgSq, bytes4));
+        shards_[b].master_offset = m.offset;
+        shards_[b].exp_avg_offset = v1.offset;
+        shards_[b].exp_avg_sq_offset = v2.offset;
+      } else if (o.compute == HostDtype::kFp32) {
+        ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute", ipc::RegionKind::kParamStaging, bytes4));
         compute_copy_[b] = r.offset;
       }
     }
@@ -143,7 +148,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   update_start_us_.assign(shards_.size(), 0);
   driver_->SetOnShardUpdated([this](size_t shard) {
     if (span_sink_) span_sink_("cpu update", static_cast<int>(shard), update_start_us_[shard], NowMicros());
-    if (store_) {
+    if (OnNvme(shard)) {
       const Slot& slot = *slots_[slot_of_[shard]];
       if (compute_copy_[shard] != 0) {
         std::memcpy(arena_->At<void>(compute_copy_[shard]), arena_->At<void>(slot.offset[0]),
@@ -173,7 +178,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     cv_.notify_all();
   });
   driver_->SetBeforeUpdate([this](size_t shard, workers::ShardSpec* spec) -> Status {
-    if (store_) {
+    if (OnNvme(shard)) {
       const int64_t t0 = NowMicros();
       RETURN_IF_ERROR(StageIn(shard, spec));
       if (span_sink_) span_sink_("nvme read", static_cast<int>(shard), t0, NowMicros());
@@ -222,14 +227,14 @@ void* HostOptimizer::grad_staging(int block) const {
 }
 
 const float* HostOptimizer::master_weights(int block) const {
-  if (store_ || follower_) return nullptr;
+  if (follower_ || OnNvme(block)) return nullptr;
   return arena_->At<float>(shards_[block].master_offset);
 }
 
 void* HostOptimizer::compute_weights(int block) const {
   if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
   if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
-  if (store_) return arena_->At<void>(compute_copy_[block]);
+  if (OnNvme(block)) return arena_->At<void>(compute_copy_[block]);
   return arena_->At<void>(shards_[block].master_offset);
 }
 
@@ -277,6 +282,10 @@ void HostOptimizer::Loop() {
 Status HostOptimizer::Handle(Item& item) {
   switch (item.kind) {
     case Item::kBegin:
+      // Every NVMe block's states are read again each step, even one a slot still holds from the
+      // last (its read is where a dead store shows before the block is updated); within the step
+      // the next block's read is issued ahead (StageIn).
+      if (store_) RETURN_IF_ERROR(ScratchSlot().status());
       driver_step_ = item.step;
       return driver_->BeginStep(item.step, item.lr, item.grad_unscale);
     case Item::kGrads: {
@@ -535,7 +544,7 @@ Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill)
 Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>& fill) {
   for (size_t b = 0; b < shards_.size(); ++b) {
     const auto& s = shards_[b];
-    if (!store_) {
+    if (!OnNvme(b)) {
       if (population_) RETURN_IF_ERROR(population_->WaitGate(b));
       float* master = arena_->At<float>(s.master_offset);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
@@ -568,7 +577,7 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
   if (follower_) return FollowerReadStates(block, master, exp_avg, exp_avg_sq);
   const auto& s = shards_[block];
   const uint64_t bytes = s.num_elements * 4;
-  if (!store_) {
+  if (!OnNvme(block)) {
     std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
     std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), bytes);
     std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
@@ -596,10 +605,10 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   auto derive = [&](const float* m) {
     if (s.weights_offset != 0)
       internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
-    if (store_ && compute_copy_[block] != 0)
+    if (OnNvme(block) && compute_copy_[block] != 0)
       std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
   };
-  if (!store_) {
+  if (!OnNvme(block)) {
     std::memcpy(arena_->At<void>(s.master_offset), master, bytes);
     std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, bytes);
     std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, bytes);
@@ -623,10 +632,15 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
 
 StatusOr<HostOptimizer::Slot*> HostOptimizer::ScratchSlot() {
   while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
-  Slot& slot = *slots_[0];
-  if (slot.shard >= 0) slot_of_[slot.shard] = -1;  // its states are written back already
-  slot.shard = -1;
-  return &slot;
+  // Every slot's states are written back already; a prefetched one may be about to change in the
+  // store (a restore), so none is kept.
+  for (auto& slot : slots_) {
+    if (slot->shard >= 0) slot_of_[slot->shard] = -1;
+    slot->shard = -1;
+  }
+  next_slot_ = 0;
+  last_staged_ = -1;
+  return slots_[0].get();
 }
 
 Status HostOptimizer::StoreIo(bool write, uint32_t layer, uint32_t kind, uint64_t offset,
@@ -688,15 +702,15 @@ Status HostOptimizer::WriteBack(size_t shard) {
   return OkStatus();
 }
 
-Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
-  const auto t0 = std::chrono::steady_clock::now();
-  // Take the next slot in turn; its previous shard must be updated and written back first.
+StatusOr<int> HostOptimizer::IssueReads(size_t shard) {
+  // The next slot in turn; its previous shard must be updated and written back first (a
+  // prefetched shard that was not staged after all is simply dropped: it is unchanged).
   Slot& slot = *slots_[next_slot_];
   const int slot_index = static_cast<int>(next_slot_);
   next_slot_ = (next_slot_ + 1) % slots_.size();
   if (slot.shard >= 0) {
     RETURN_IF_ERROR(driver_->WaitShardIdle(slot.shard));  // its update (and write-back issue)
-    while (!slot.pending_writes.empty()) RETURN_IF_ERROR(PumpStore(true));
+    while (!slot.pending_writes.empty() || !slot.pending_reads.empty()) RETURN_IF_ERROR(PumpStore(true));
     slot_of_[slot.shard] = -1;
   }
   slot.shard = static_cast<int>(shard);
@@ -707,6 +721,39 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
     RETURN_IF_ERROR(StoreIo(false, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k], bytes, false));
     slot.pending_reads.push_back(id);
   }
+  return slot_index;
+}
+
+int HostOptimizer::PrefetchCandidate(size_t shard) const {
+  const int s = static_cast<int>(shard);
+  const int step = last_staged_ >= 0 && last_staged_ < s ? 1 : -1;  // backward: down
+  for (int b = s + step; b >= 0 && b < num_blocks(); b += step) {
+    if (OnNvme(static_cast<size_t>(b)) && !shards_[b].on_device) return slot_of_[b] >= 0 ? -1 : b;
+  }
+  return -1;
+}
+
+Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int slot_index = slot_of_[shard];
+  if (slot_index >= 0) {
+    // Its reads were issued ahead (or, within this step, the slot still holds what its update
+    // wrote back: that write must be done before the slot changes again).
+    ++prefetch_hits_;
+    while (!slots_[slot_index]->pending_writes.empty()) RETURN_IF_ERROR(PumpStore(true));
+  } else {
+    ASSIGN_OR_RETURN(slot_index, IssueReads(shard));
+  }
+  // Read the next shard's states while this one is updated (with at least three slots: one
+  // updated, one writing back, one reading).
+  if (slots_.size() >= 3) {
+    const int next = PrefetchCandidate(shard);
+    // Never into this shard's own slot (a slot kept from an earlier step sits anywhere in turn).
+    if (next >= 0 && next_slot_ == static_cast<size_t>(slot_index)) next_slot_ = (next_slot_ + 1) % slots_.size();
+    if (next >= 0) RETURN_IF_ERROR(IssueReads(static_cast<size_t>(next)).status());
+  }
+  last_staged_ = static_cast<int>(shard);
+  Slot& slot = *slots_[slot_index];
   while (!slot.pending_reads.empty()) RETURN_IF_ERROR(PumpStore(true));
   spec->master_offset = slot.offset[0];
   spec->exp_avg_offset = slot.offset[1];

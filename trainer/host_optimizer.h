@@ -67,6 +67,10 @@ struct HostOptimizerOptions {
   uint32_t accumulation_steps = 1;
   OptimConfig optim;
   StateTier tier = StateTier::kCpu;
+  // NVMe tier, per block (empty: every block): true where the block's fp32 masters and moments
+  // live in the store; the others keep theirs in the arena, as on the RAM tier (with the 16-bit
+  // copy). trainer/state_placement.h decides it from the host memory limit.
+  std::vector<bool> nvme_blocks;
   std::vector<std::string> nvme_dirs;
   uint32_t nvme_queue_depth = 32;
   uint32_t nvme_block_size = 0;  // offloadd-store --block-size; 0: its default
@@ -174,8 +178,8 @@ class HostOptimizer {
   // Waits until the whole arena is populated (at once without a background population); its
   // first error (ENOMEM naming the bytes). Idempotent.
   Status WaitPopulated();
-  // The block's fp32 master weights in the arena (RAM tier only; null on the NVMe tier, where they
-  // live in the store between updates). Read it from the on-updated callback or between steps.
+  // The block's fp32 master weights in the arena (null for a block whose states are on NVMe,
+  // where they live in the store between updates). Read it from the on-updated callback or between steps.
   const float* master_weights(int block) const;
   // Checkpoint I/O between steps: the block's fp32 states (master, exp_avg, exp_avg_sq) are copied
   // out to / in from the given buffers (each elements(block) floats). `adam_step` is the
@@ -252,7 +256,16 @@ class HostOptimizer {
   Status Handle(Item& item);
   Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits
   // NVMe tier (optimizer thread).
+  bool OnNvme(size_t shard) const {
+    return store_ != nullptr && (options_.nvme_blocks.empty() || options_.nvme_blocks[shard]);
+  }
   Status StageIn(size_t shard, workers::ShardSpec* spec);
+  // Takes the next slot in turn for `shard` (once its previous shard's update and write-back are
+  // done) and issues the reads of its states; returns the slot.
+  StatusOr<int> IssueReads(size_t shard);
+  // The NVMe shard the next update will most likely stage, from the direction the staged shards
+  // move in (down during backward): -1 when none.
+  int PrefetchCandidate(size_t shard) const;
   // Between steps: waits for all store I/O and hands out slot 0 for checkpoint / init copies.
   StatusOr<Slot*> ScratchSlot();
   Status WriteBack(size_t shard);
@@ -279,13 +292,15 @@ class HostOptimizer {
   std::unique_ptr<ArenaPopulation> population_;
   std::unique_ptr<ipc::Arena> arena_;
   std::vector<workers::ShardSpec> shards_;
-  std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe tier + fp32)
+  std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe block + fp32)
   std::unique_ptr<workers::WorkerPool> pool_;
   std::unique_ptr<workers::StepDriver> driver_;
   std::unique_ptr<storage::StoreProcess> store_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> slot_of_;  // per shard: slot holding its states, -1
   size_t next_slot_ = 0;
+  int last_staged_ = -1;  // the shard StageIn staged last
+  uint64_t prefetch_hits_ = 0;
   uint64_t next_io_id_ = 1;
   uint64_t write_version_ = 0;
   std::vector<uint64_t> io_done_;  // ids completed but not yet claimed

@@ -8,10 +8,19 @@
 #include <mutex>
 #include <thread>
 
+#include "storage/format.h"
 #include "trainer/group_link.h"
 #include "trainer/host_optimizer.h"
+#include "trainer/host_optimizer_layout.h"
 
 namespace offloadd::trainer {
+namespace {
+
+constexpr uint32_t kStateKinds[3] = {static_cast<uint32_t>(storage::TensorKind::kParamFp32),
+                                     static_cast<uint32_t>(storage::TensorKind::kAdamM),
+                                     static_cast<uint32_t>(storage::TensorKind::kAdamV)};
+
+}  // namespace
 
 Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
                                        const std::function<Status(const InitPiece&, float*)>& fill,
@@ -34,26 +43,44 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
                                   std::to_string(shards_[b].num_elements) + " elements");
     }
   }
-  if (store_) {  // one staged block at a time: its pieces in order, on this thread
-    return Initialize([&](int b, float* master) -> Status {
+  std::vector<InitPiece> ram_pieces;  // on the threads below
+  for (const InitPiece& p : pieces) {
+    if (!OnNvme(static_cast<size_t>(p.block))) ram_pieces.push_back(p);
+  }
+  // Blocks whose states are on NVMe: one staged block at a time, its pieces in order, on the
+  // optimizer thread, written to the store (the others' go into the arena below, on threads).
+  for (size_t b = 0; store_ && b < shards_.size(); ++b) {
+    if (!OnNvme(b)) continue;
+    const uint64_t n = shards_[b].num_elements;
+    const Status staged = RunOnThread([&, b]() -> Status {
+      ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
+      float* master = arena_->At<float>(slot->offset[0]);
       for (const InitPiece& p : pieces) {
-        if (p.block == b) RETURN_IF_ERROR(fill(p, master + p.begin));
+        if (p.block == static_cast<int>(b)) RETURN_IF_ERROR(fill(p, master + p.begin));
+      }
+      if (compute_copy_[b] != 0) std::memcpy(arena_->At<void>(compute_copy_[b]), master, n * 4);
+      internal::To16(options_.compute, master, arena_->At<uint16_t>(shards_[b].weights_offset), n);
+      std::memset(arena_->At<void>(slot->offset[1]), 0, n * 4);
+      std::memset(arena_->At<void>(slot->offset[2]), 0, n * 4);
+      for (int k = 0; k < 3; ++k) {
+        RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(b), kStateKinds[k], slot->offset[k], n * 4, true));
       }
       return OkStatus();
     });
+    RETURN_IF_ERROR(staged);
   }
   std::atomic<size_t> next{0};
   std::mutex mu;
   Status first_error;
   auto run = [&] {
-    for (size_t i = next++; i < pieces.size(); i = next++) {
-      const InitPiece& p = pieces[i];
+    for (size_t i = next++; i < ram_pieces.size(); i = next++) {
+      const InitPiece& p = ram_pieces[i];
       const auto& s = shards_[p.block];
       if (population_) {  // the block's pages first (a write would fault them in one at a time)
         if (Status st = population_->WaitGate(static_cast<size_t>(p.block)); !st.ok()) {
           std::lock_guard<std::mutex> lock(mu);
           if (first_error.ok()) first_error = st;
-          next = pieces.size();
+          next = ram_pieces.size();
           return;
         }
       }
@@ -65,13 +92,13 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = st;
-        next = pieces.size();  // stop handing out pieces
+        next = ram_pieces.size();  // stop handing out pieces
       }
     }
   };
   std::vector<std::thread> pool;
   const uint32_t n =
-      std::max<uint32_t>(1, std::min<uint32_t>(threads, static_cast<uint32_t>(pieces.size())));
+      std::max<uint32_t>(1, std::min<uint32_t>(threads, static_cast<uint32_t>(ram_pieces.size())));
   for (uint32_t t = 1; t < n; ++t) pool.emplace_back(run);
   run();
   for (auto& t : pool) t.join();

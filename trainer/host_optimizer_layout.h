@@ -3,16 +3,32 @@
 // shards. Torch-free, in its own library (offloadd_trainer_arena) so that the daemon's job
 // validation sizes the arena with HostOptimizer::ArenaBytes itself, never a copy of its formula.
 #include <cstdint>
+#include <vector>
 
 #include "trainer/host_optimizer.h"
 #include "workers/adamw_compact.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
 
+namespace offloadd::trainer {
+
+// An NVMe staging slot: one block's fp32 states between their read and their write-back.
+struct HostOptimizer::Slot {
+  uint64_t offset[3] = {};  // master, exp_avg, exp_avg_sq
+  int shard = -1;           // whose states it holds
+  bool loaded = false;      // reads complete
+  std::vector<uint64_t> pending_reads, pending_writes;
+};
+
+}  // namespace offloadd::trainer
+
 namespace offloadd::trainer::internal {
 
 workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o);
 workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o);
+// The block's states live in the store (NVMe tier, HostOptimizerOptions::nvme_blocks).
+bool OnNvme(const HostOptimizerOptions& o, size_t block);
+// The largest block whose states pass through the NVMe staging slots (0: none).
 uint64_t MaxElements(const HostOptimizerOptions& o);
 // Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
 uint64_t ExtraBytes(const HostOptimizerOptions& o);

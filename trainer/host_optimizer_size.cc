@@ -44,19 +44,33 @@ workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o) {
   return p;
 }
 
+bool OnNvme(const HostOptimizerOptions& o, size_t block) {
+  return o.tier == StateTier::kNvme && (o.nvme_blocks.empty() || o.nvme_blocks[block]);
+}
+
 uint64_t MaxElements(const HostOptimizerOptions& o) {
   uint64_t m = 0;
-  for (uint64_t n : o.block_elements) m = std::max(m, n);
+  for (size_t b = 0; b < o.block_elements.size(); ++b) {
+    if (OnNvme(o, b)) m = std::max(m, o.block_elements[b]);
+  }
   return m;
 }
 
 uint64_t ExtraBytes(const HostOptimizerOptions& o) {
   if (o.tier != StateTier::kNvme) return 0;
-  uint64_t bytes = uint64_t{o.nvme_slots} * 3 * RoundUp(MaxElements(o) * 4);
-  if (o.compute == HostDtype::kFp32) {
-    for (uint64_t n : o.block_elements) bytes += RoundUp(n * 4);
+  const uint64_t slots = std::max<uint32_t>(2, o.nvme_slots);  // as HostOptimizer allocates them
+  uint64_t bytes = slots * 3 * RoundUp(std::max<uint64_t>(1, MaxElements(o)) * 4);
+  uint64_t regions = slots * 3 + o.block_elements.size() + 8;
+  for (size_t b = 0; b < o.block_elements.size(); ++b) {
+    const uint64_t n = o.block_elements[b];
+    if (!OnNvme(o, b)) {  // its master and moments in the arena
+      bytes += 3 * RoundUp(n * 4);
+      regions += 3;
+    } else if (o.compute == HostDtype::kFp32) {
+      bytes += RoundUp(n * 4);
+    }
   }
-  return bytes + 2 * kAlign * (o.nvme_slots * 3 + o.block_elements.size() + 8);
+  return bytes + 2 * kAlign * regions;
 }
 
 double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -228,12 +229,12 @@ double MeasureAdamWDuringDma(c10::Device device, int threads, workers::KernelPat
 // Sequential write then read of 256 MiB in 4 MiB requests in `dir` (O_DIRECT when the file
 // system allows it, else buffered with the written pages dropped before reading), the file
 // removed after.
-Status MeasureStore(const std::string& dir, NodeProfile* p) {
+Status MeasureStore(const std::string& dir, NodeProfile::StoreRate* p) {
   constexpr size_t kChunk = size_t{4} << 20, kTotal = size_t{256} << 20;
   const std::string path = JoinPath(dir, ".offloadd-node-profile.tmp");
   int flags = O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC;
   int fd = open(path.c_str(), flags | O_DIRECT, 0600);
-  p->store_direct_io = fd >= 0;
+  p->direct_io = fd >= 0;
   if (fd < 0) fd = open(path.c_str(), flags, 0600);
   if (fd < 0) return UnavailableError("cannot create " + path + ": " + std::strerror(errno));
   void* raw = nullptr;
@@ -258,21 +259,24 @@ Status MeasureStore(const std::string& dir, NodeProfile* p) {
     if (write && st.ok() && fdatasync(fd) != 0) st = DataLossError("fdatasync " + path + ": " + std::strerror(errno));
     return static_cast<double>(kTotal) / Since(t0);
   };
-  p->store_write_bytes_per_s = pass(true);
-  if (!p->store_direct_io) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  if (st.ok()) p->store_read_bytes_per_s = pass(false);
+  struct stat sb{};
+  if (fstat(fd, &sb) == 0) p->device = static_cast<uint64_t>(sb.st_dev);
+  p->write_bytes_per_s = pass(true);
+  if (!p->direct_io) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (st.ok()) p->read_bytes_per_s = pass(false);
   close(fd);
   unlink(path.c_str());
-  if (!st.ok()) p->store_read_bytes_per_s = p->store_write_bytes_per_s = 0;
+  if (!st.ok()) p->read_bytes_per_s = p->write_bytes_per_s = 0;
   return st;
 }
+
 
 
 }  // namespace
 
 StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
                                                const std::string& kernel, c10::Device device,
-                                               const std::string& store_dir, bool* cached,
+                                               const std::vector<std::string>& store_dirs, bool* cached,
                                                std::string* cache_problem) {
   if (threads < 1) return InvalidArgumentError("node profile: threads must be >= 1");
   // The daemon's profile cache (profile_dir), not a job's file: with the process's own rights
@@ -283,7 +287,9 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
   std::ostringstream key;
   key << HostName() << " | " << CpuModel() << " | " << UsableCores() << " cores | AdamW "
       << threads << " threads " << path_name << " | "
-      << (store_dir.empty() ? std::string("no store") : "store " + store_dir) << " | ";
+      << (store_dirs.empty() ? std::string("no store") : "store");
+  for (const auto& d : store_dirs) key << " " << d;
+  key << " | ";
 #if OFFLOADD_WITH_CUDA
   if (device.is_cuda()) {
     key << at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
@@ -325,11 +331,14 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
     MeasurePcie(device, &p);
     p.cpu_params_per_s_during_dma = MeasureAdamWDuringDma(device, threads, choice.path);
   }
-  if (!store_dir.empty()) {
-    p.store_dir = store_dir;
+  for (const auto& store : store_dirs) {
+    NodeProfile::StoreRate r;
+    r.dir = store;
     // A store that cannot be measured is named; the job itself finds out what it can do.
-    if (Status st = MeasureStore(store_dir, &p); !st.ok()) *cache_problem = "store not measured: " + std::string(st.message());
+    if (Status st = MeasureStore(store, &r); !st.ok()) *cache_problem = "store not measured: " + std::string(st.message());
+    p.stores.push_back(r);
   }
+  SumStoreRates(&p);
   p.measure_seconds = Since(t0);
   p.measured_at = NowUtcIso8601();
   if (!file.empty()) {
@@ -362,10 +371,15 @@ std::string DescribeNodeProfile(const NodeProfile& p) {
     std::snprintf(buf, sizeof(buf), ", %.2f while both PCIe directions copy", p.cpu_params_per_s_during_dma / 1e9);
     out += buf;
   }
-  if (!p.store_dir.empty()) {
-    std::snprintf(buf, sizeof(buf), "; store %s write %.2f / read %.2f GB/s%s", p.store_dir.c_str(),
-                  p.store_write_bytes_per_s / 1e9, p.store_read_bytes_per_s / 1e9,
-                  p.store_direct_io ? " (O_DIRECT)" : " (buffered: no O_DIRECT there)");
+  for (const auto& s : p.stores) {
+    std::snprintf(buf, sizeof(buf), "; store %s write %.2f / read %.2f GB/s%s", s.dir.c_str(),
+                  s.write_bytes_per_s / 1e9, s.read_bytes_per_s / 1e9,
+                  s.direct_io ? " (O_DIRECT)" : " (buffered: no O_DIRECT there)");
+    out += buf;
+  }
+  if (p.stores.size() > 1) {
+    std::snprintf(buf, sizeof(buf), "; striped write %.2f / read %.2f GB/s", p.store_write_bytes_per_s / 1e9,
+                  p.store_read_bytes_per_s / 1e9);
     out += buf;
   }
   return out;

@@ -12,6 +12,7 @@
 #include <c10/core/Device.h>
 
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "trainer/node_profile_file.h"
@@ -21,10 +22,10 @@ namespace offloadd::trainer {
 // Cached profile when `dir` holds one with the same key, else measures (and writes it when `dir`
 // is not empty). `*cached` tells which; `*cache_problem` says why a measured profile could not be
 // written (the caller warns: the cache only saves time). Errors: an unusable AdamW kernel.
-// store_dir: the NVMe store directory to measure ("" none; part of the key).
+// store_dirs: the NVMe store directories to measure, each alone (part of the key).
 StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
                                                const std::string& kernel, c10::Device device,
-                                               const std::string& store_dir, bool* cached,
+                                               const std::vector<std::string>& store_dirs, bool* cached,
                                                std::string* cache_problem);
 std::string DescribeNodeProfile(const NodeProfile& p);
 

@@ -28,7 +28,16 @@ struct NodeProfile {
   };
   std::vector<ThreadRate> adamw_by_threads;
   double cpu_params_per_s_during_dma = 0;
-  // The NVMe store directory's sequential rates (O_DIRECT when it allows it); empty dir: none.
+  // Each NVMe store directory's sequential rates alone (O_DIRECT when it allows it).
+  struct StoreRate {
+    std::string dir;
+    double read_bytes_per_s = 0, write_bytes_per_s = 0;
+    bool direct_io = false;
+    uint64_t device = 0;  // st_dev: directories on one device share its rate
+  };
+  std::vector<StoreRate> stores;
+  // What the store reaches striped over them: per device the fastest directory's rate, summed
+  // over the devices. store_dir: the first directory (empty: none).
   std::string store_dir;
   double store_read_bytes_per_s = 0;
   double store_write_bytes_per_s = 0;
@@ -39,6 +48,9 @@ struct NodeProfile {
 
 inline constexpr char kNodeProfileFile[] = "node-profile.json";
 
+// The striped rates from `stores` (per device the fastest directory, summed over devices), and
+// store_dir, store_direct_io.
+void SumStoreRates(NodeProfile* p);
 // NOT_FOUND when absent; INVALID_ARGUMENT naming the problem when it is not a profile.
 StatusOr<NodeProfile> ReadNodeProfile(const std::string& path);
 std::string NodeProfileJson(const NodeProfile& p);

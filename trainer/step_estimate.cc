@@ -36,10 +36,23 @@ StatusOr<StepEstimate> EstimateStep(const StepEstimateInputs& e) {
     in.gpu_seconds = A * total;
     in.gpu_forward_seconds = A * fwd;
   }
+  ParamTraffic t;
+  t.grad_bytes = e.compute_bytes;
+  t.upload_bytes = e.weights_fp32 ? 4 : e.compute_bytes;
+  t.weight_copy = !e.weights_fp32 && e.compute_bytes < 4;
+  t.accumulation = static_cast<int>(A);
+  // The GPU gives each block's norm beside its copy, except with accumulation (the norm is of the
+  // accumulated gradients) or without a GPU.
+  t.cpu_norm = e.held_updates && (A > 1 || !e.gpu);
+  ApplyParamTraffic(t, &in);
   if (e.gpu) {  // weights streamed in for the forward and again for the backward; gradients out
-    const double weight_bytes = params * e.compute_bytes;
-    in.h2d_bytes = 2 * A * weight_bytes;
-    in.d2h_bytes = A * weight_bytes;
+    in.h2d_bytes = 2 * A * params * t.upload_bytes;
+    in.d2h_bytes = A * params * e.compute_bytes;
+  }
+  if (e.nvme_params > 0) {
+    in.nvme_params = static_cast<double>(e.nvme_params);
+    in.nvme_read_bytes_per_s = prof.store_read_bytes_per_s;
+    in.nvme_write_bytes_per_s = prof.store_write_bytes_per_s;
   }
   in.host_bytes_per_s = prof.host_bytes_per_s;
   in.cpu_params_per_s = prof.cpu_params_per_s;
@@ -61,6 +74,10 @@ StatusOr<StepEstimate> EstimateStep(const StepEstimateInputs& e) {
   } else if (e.gpu) {
     out.basis += "; the GPU's work is not known before a run of this shape (no shape profile on this node): "
                  "the CPU update, host memory and PCIe terms only";
+  }
+  if (e.nvme_params > 0 && in.nvme_read_bytes_per_s <= 0) {
+    out.lower_bound = true;
+    out.basis += "; the disk is not priced: the node profile measured no store directory";
   }
   std::ostringstream o;
   o.precision(3);

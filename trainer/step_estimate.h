@@ -23,7 +23,11 @@ struct StepEstimateInputs {
   std::vector<int64_t> block_params;  // embedding, decoder layers, head
   int64_t micro = 1, seq = 1;         // rows and tokens per row of a micro-batch
   int64_t accumulation = 1;
-  int compute_bytes = 2;              // of the weights and gradients that cross PCIe
+  int compute_bytes = 2;              // of the gradients that cross PCIe
+  // The device reads the fp32 masters and casts them (4 B per upload; the default on the RAM
+  // tier); false: the 16-bit copy the workers write (compute_bytes per upload, 2 B more traffic).
+  bool weights_fp32 = true;
+  int64_t nvme_params = 0;            // parameters whose states are on NVMe (the store's rates)
   bool gpu = true;                    // CUDA: weights stream in, gradients out
   bool held_updates = false;          // clipping or fp16's overflow check: updates wait for the norm
   std::optional<NodeProfile> node;    // none: no estimate (NOT_FOUND)

@@ -57,11 +57,32 @@ Status ValidatePlanInputs(const PlanInputs& in) {
       !std::isfinite(in.update_tail_seconds)) {
     return InvalidArgumentError("plan inputs: norm_tail_seconds and update_tail_seconds must be >= 0");
   }
+  if (!(in.nvme_params >= 0) || !(in.nvme_read_bytes_per_s >= 0) || !(in.nvme_write_bytes_per_s >= 0) ||
+      !std::isfinite(in.nvme_params)) {
+    return InvalidArgumentError("plan inputs: nvme_params and the NVMe rates must be >= 0");
+  }
   if (!(in.gpu_forward_seconds >= 0) || in.gpu_forward_seconds > in.gpu_seconds) {
     return InvalidArgumentError("plan inputs: gpu_forward_seconds must be in [0, gpu_seconds]");
   }
   if (in.budget_bytes <= 0) return InvalidArgumentError("plan inputs: budget_bytes must be positive");
   return OkStatus();
+}
+
+double HostUpdateBytesPerParam(const ParamTraffic& t) {
+  const int A = std::max(1, t.accumulation);
+  const double grad = A > 1 ? 4 : t.grad_bytes;  // what the update and the norm read
+  double bytes = grad + 24 + (t.weight_copy ? 2 : 0) + (t.cpu_norm ? grad : 0);
+  // Accumulation: each micro-batch's staged gradient read; the buffer written by the first, read
+  // and written by the others.
+  if (A > 1) bytes += A * t.grad_bytes + 4 + 8.0 * (A - 1);
+  return bytes;
+}
+
+void ApplyParamTraffic(const ParamTraffic& t, PlanInputs* in) {
+  const int A = std::max(1, t.accumulation);
+  in->host_bytes_per_param = HostUpdateBytesPerParam(t);
+  in->h2d_saved_per_param = (t.streamed ? 2.0 * A : 1.0) * t.upload_bytes;
+  in->d2h_saved_per_param = static_cast<double>(A) * t.grad_bytes;
 }
 
 PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers) {
@@ -93,9 +114,16 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
     c.cpu_s = cpu_params <= contended ? cpu_params / in.cpu_params_per_s_during_dma
                                       : dma + (cpu_params - contended) / in.cpu_params_per_s;
   }
-  c.host_s = (cpu_params * in.host_bytes_per_param + h2d + d2h) / in.host_bytes_per_s;
+  // An NVMe block's states also cross host memory twice more: read into the staging slots, and
+  // written back from them (12 B each way).
+  c.host_s = (cpu_params * in.host_bytes_per_param + 24.0 * in.nvme_params + h2d + d2h) / in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;
+  if (in.nvme_params > 0 && in.nvme_read_bytes_per_s > 0 && in.nvme_write_bytes_per_s > 0) {
+    // Reads and writes share the drives (NvmeStepSeconds, trainer/host_memory.h).
+    const double bytes = 12.0 * in.nvme_params;
+    c.nvme_s = bytes / in.nvme_read_bytes_per_s + bytes / in.nvme_write_bytes_per_s;
+  }
   if (in.held_updates) {
     const double update = std::max(c.cpu_s, cpu_params * in.host_bytes_per_param / in.host_bytes_per_s);
     c.update_s = update;
@@ -108,6 +136,7 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
                                                   {"host memory", c.host_s},
                                                   {"H2D", c.h2d_s},
                                                   {"D2H", c.d2h_s},
+                                                  {"NVMe", c.nvme_s},
                                                   {"held updates", c.held_s}};
   for (const auto& [name, s] : parts) {
     if (s > c.predicted_s || c.bound.empty()) {
@@ -158,6 +187,7 @@ std::string DescribePlan(const PlanChoice& c, int64_t budget_bytes) {
     << FormatSeconds(c.predicted_s) << "/step (" << c.bound << "; GPU " << FormatSeconds(c.gpu_s)
     << ", CPU " << FormatSeconds(c.cpu_s) << ", host memory " << FormatSeconds(c.host_s) << ", H2D "
     << FormatSeconds(c.h2d_s) << ", D2H " << FormatSeconds(c.d2h_s);
+  if (c.nvme_s > 0) o << ", NVMe " << FormatSeconds(c.nvme_s);
   if (c.held_s > 0) o << ", held updates " << FormatSeconds(c.held_s);
   o << "), "
     << FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, c.gpu_bytes))) << " of "

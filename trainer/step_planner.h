@@ -12,9 +12,13 @@
 //   CPU     = CPU-updated parameters at the AdamW pool's rate alone (node profile), except while
 //             the PCIe copies run (the longer direction's time): then at its rate during DMA
 //             (node profile; the copies share the memory bus)
-//   host    = (CPU-updated parameters * 28 B + H2D bytes + D2H bytes) / host memory bandwidth
+//   host    = (CPU-updated parameters * host_bytes_per_param + NVMe parameters * 24 B
+//             + H2D bytes + D2H bytes) / host memory bandwidth (HostUpdateBytesPerParam: 26 B by
+//             default; an NVMe block's states also land in and leave the staging slots)
 //   H2D/D2H = measured bytes - what the placed blocks no longer move (their weights stay on the
 //             GPU, their gradients are not copied out), over the profiled link rates
+//   NVMe    = the NVMe blocks' 12 B per parameter read and written at the store's measured rates
+//             (NvmeStepSeconds; the placement is trainer/state_placement.h's)
 // and, when the updates are held until the step's global gradient norm is known (clipping
 // without speculation, fp16's overflow check), the dependency that exactness imposes: no update
 // starts before the backward ends, and the next forward needs each block's update, so
@@ -57,10 +61,14 @@ struct PlanInputs {
   double cpu_params_per_s_during_dma = 0;  // 0: not measured (the rate alone throughout)
   double h2d_bytes_per_s = 0;
   double d2h_bytes_per_s = 0;
-  // Model constants.
-  double host_bytes_per_param = 28;  // bf16 grad in, fp32 master/m/v read and written, bf16 out
-  double h2d_saved_per_param = 2;    // a placed block's bf16 weights stay on the GPU
+  // Model constants (ApplyParamTraffic derives them from the arena's layout).
+  double host_bytes_per_param = 26;  // bf16 grad in, fp32 master/m/v read and written
+  double h2d_saved_per_param = 8;    // a placed block's weights stay on the GPU (2 fp32 uploads)
   double d2h_saved_per_param = 2;    // and its bf16 gradients are not copied out
+  // Parameters whose states are on NVMe, read and written every step at the store's rates.
+  double nvme_params = 0;
+  double nvme_read_bytes_per_s = 0;
+  double nvme_write_bytes_per_s = 0;
   double device_seconds_per_param = 1e-11;  // ATen fused AdamW, ~30 B/param at ~3 TB/s
   // Choices the job leaves open (false: fixed at 0).
   bool place_states = true;
@@ -83,6 +91,7 @@ struct PlanChoice {
   int device_blocks = 0;  // lowest blocks with GPU-resident AdamW states
   int keep_layers = 0;    // top decoder layers whose activations are kept
   double gpu_s = 0, cpu_s = 0, host_s = 0, h2d_s = 0, d2h_s = 0;
+  double nvme_s = 0;    // the store's reads and writes (0 when no states are on NVMe)
   double held_s = 0;    // the held updates' dependency (0 when updates are not held)
   double update_s = 0;  // its CPU update: max(CPU, the update's host memory traffic)
   double predicted_s = 0;  // the max of the above
@@ -92,6 +101,27 @@ struct PlanChoice {
   double recompute_saved_s = 0;   // recompute time the kept layers no longer spend
   bool feasible = false;
 };
+
+// What one CPU-updated parameter moves, from the arena's layout (workers/shard_layout.h) and the
+// workers' commands (workers/step_driver.h).
+struct ParamTraffic {
+  int grad_bytes = 2;         // the staged gradient: 2 (bf16/fp16), 4 (fp32 compute)
+  int upload_bytes = 4;       // what the device reads per upload: the fp32 masters it casts (4),
+                              // or the 16-bit copy the workers write (2)
+  bool weight_copy = false;   // the workers write that 16-bit copy
+  int accumulation = 1;       // micro-batches per step: > 1 accumulates into an fp32 buffer
+  bool cpu_norm = false;      // held updates whose norm the workers measure (not given by the GPU)
+  bool streamed = true;       // weights upload twice per micro-batch; false: once per step
+};
+// Host memory bytes per CPU-updated parameter and step: the update reads the gradient (the fp32
+// accumulation buffer with accumulation) and reads and writes the master and both moments (24 B),
+// writes the 16-bit copy when kept; a CPU norm reads the gradient once more; accumulation reads
+// each micro-batch's staged gradient and writes (first) or reads and writes (later) the buffer.
+// 2 + 24 = 26 B by default (bf16, no copy, no accumulation, the norm given by the GPU).
+double HostUpdateBytesPerParam(const ParamTraffic& t);
+// Sets host_bytes_per_param, h2d_saved_per_param (a placed block's uploads: 2 x accumulation
+// streamed, 1 resident, of upload_bytes) and d2h_saved_per_param (its gradients, per micro-batch).
+void ApplyParamTraffic(const ParamTraffic& t, PlanInputs* in);
 
 // The blocks whose activations `keep` kept layers keep: the top keepable blocks
 // (keep_extra_bytes > 0), top first.

@@ -112,10 +112,33 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B) const {
 
 void Trainer::Impl::SetHeldTails(PlanInputs* in, double head_forward_s) const {
   // The backward ends with the embedding's gradient, whose copy out precedes the norm; the
-  // next forward ends with the head, updated last (earliest-needed-first), then uploaded.
+  // next forward ends with the head, updated last (earliest-needed-first), then uploaded (the
+  // fp32 masters, when the device casts them).
   const double elem = static_cast<double>(c10::elementSize(dtype));
+  const double upload = HostOptimizer::WeightsAreFp32(HostOptions()) ? 4.0 : elem;
   in->norm_tail_seconds = elem * static_cast<double>(layout[0].numel) / in->d2h_bytes_per_s;
-  in->update_tail_seconds = elem * static_cast<double>(layout[n - 1].numel) / in->h2d_bytes_per_s + head_forward_s;
+  in->update_tail_seconds = upload * static_cast<double>(layout[n - 1].numel) / in->h2d_bytes_per_s + head_forward_s;
+}
+
+void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodeProfile& prof) const {
+  const HostOptimizerOptions o = HostOptions();
+  ParamTraffic t;
+  t.grad_bytes = static_cast<int>(c10::elementSize(dtype));
+  t.upload_bytes = HostOptimizer::WeightsAreFp32(o) ? 4 : t.grad_bytes;
+  t.weight_copy = !HostOptimizer::WeightsAreFp32(o);
+  t.accumulation = static_cast<int>(cfg.gradient_accumulation_steps);
+  // The GPU gives each block's norm beside its copy, except with accumulation.
+  t.cpu_norm = (cfg.optim.max_grad_norm > 0 || scaler.has_value()) && (t.accumulation > 1 || !cuda);
+  t.streamed = streamed;
+  ApplyParamTraffic(t, in);
+  in->nvme_params = 0;
+  if (o.tier == StateTier::kNvme) {
+    for (int b = 0; b < n; ++b) {
+      if (nvme_blocks.empty() || nvme_blocks[b]) in->nvme_params += static_cast<double>(layout[b].numel);
+    }
+    in->nvme_read_bytes_per_s = prof.store_read_bytes_per_s;
+    in->nvme_write_bytes_per_s = prof.store_write_bytes_per_s;
+  }
 }
 
 int Trainer::Impl::LargestFittingMicroBatch(int cap) const {
@@ -174,7 +197,7 @@ StatusOr<NodeProfile> Trainer::Impl::PlanNodeProfile() {
                    LoadOrMeasureNodeProfile(cfg.profile_dir,
                                             static_cast<int>(ho.worker_processes * ho.worker_threads),
                                             cfg.adamw_kernel, device,
-                                            cfg.offload.nvme_dirs.empty() ? "" : cfg.offload.nvme_dirs[0],
+                                            cfg.offload.nvme_dirs,
                                             &cached, &cache_problem));
   Log(TrainObserver::Level::kInfo, std::string("node profile (") + (cached ? "cached" : "measured") +
                                        "): " + DescribeNodeProfile(prof));
@@ -433,9 +456,12 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
   in.gpu_forward_seconds = A * fwd;
   // Streamed weights cross twice per micro-batch (forward, backward), resident ones once per step
   // (the update); gradients leave per micro-batch; offloaded checkpoints go out and come back.
+  SetParamTraffic(&in, !resident, prof);
   if (cuda) {
-    in.h2d_bytes = (resident ? weight_bytes : 2 * A * weight_bytes) + A * static_cast<double>(offloaded_bytes);
-    in.d2h_bytes = A * 2.0 * params + A * static_cast<double>(offloaded_bytes);
+    // Each upload moves what the device reads: the fp32 masters it casts, or the 16-bit copy.
+    const double upload = in.h2d_saved_per_param / (resident ? 1.0 : 2 * A);
+    in.h2d_bytes = (resident ? 1.0 : 2 * A) * upload * params + A * static_cast<double>(offloaded_bytes);
+    in.d2h_bytes = A * static_cast<double>(elem) * params + A * static_cast<double>(offloaded_bytes);
   }
   in.host_bytes_per_s = prof.host_bytes_per_s;
   in.cpu_params_per_s = prof.cpu_params_per_s;

@@ -84,6 +84,10 @@ struct Trainer::Impl {
   std::vector<bool> offload_checkpoint;  // recomputed blocks whose checkpoint waits in pinned RAM
   // Per block: its optimizer states live on the device (the lowest blocks; PlanDevice).
   std::vector<bool> device_blocks;
+  // The NVMe tier: per block, whether its fp32 masters and moments are in the store (empty: every
+  // block); PlaceStatesUnderLimit in CheckHostMemory, described in state_placement_text.
+  std::vector<bool> nvme_blocks;
+  std::string state_placement_text;
   std::unique_ptr<DeviceOptimizer> device_opt;  // null when no block is there
   // device_optimizer_blocks auto on CUDA: placed after this process's first step, from the
   // allocator's measured peak (PlaceDeviceBlocks).
@@ -248,6 +252,9 @@ struct Trainer::Impl {
   // Held updates' tails (step_planner.h) from the copy rates already in `in` and one
   // micro-batch's head forward.
   void SetHeldTails(PlanInputs* in, double head_forward_s) const;
+  // The per-parameter traffic of this job's arena (ApplyParamTraffic) and its NVMe blocks' disk
+  // term at the node profile's store rates; `streamed`: weights upload per micro-batch.
+  void SetParamTraffic(PlanInputs* in, bool streamed, const NodeProfile& prof) const;
   Status StartSpill();
   HostOptimizerOptions HostOptions() const;
   // The step's owners, once the host optimizer's arena holds the initial weights.

@@ -14,6 +14,7 @@
 #include "common/units.h"
 #include "trainer/batch_planner.h"
 #include "trainer/node_profile.h"
+#include "trainer/state_placement.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -24,9 +25,11 @@ constexpr double kRecheckTolerance = 0.10;
 }  // namespace
 
 Status Trainer::Impl::CheckHostMemory() {
-  const uint64_t ram = HostRamBytes();
+  NodeMemory node = ProbeNodeMemory();
+  node.pinned = cuda;
   const bool named = cfg.offload.host_memory_limit > 0;
-  const uint64_t limit = DefaultHostMemoryLimit(cfg.offload.host_memory_limit, ram);
+  const HostMemoryLimit node_limit = DefaultHostMemoryLimit(0, node);
+  const uint64_t limit = named ? cfg.offload.host_memory_limit : node_limit.bytes;
   // Applied from here on (the arena's own check, the batch planner's CPU activations).
   cfg.offload.host_memory_limit = limit;
   // Data parallel: the leader's arena is the node's; the other ranks attach to it.
@@ -46,6 +49,15 @@ Status Trainer::Impl::CheckHostMemory() {
       in.device_batch_bytes += modes[b] == engine::SaveMode::kKeep ? keep : recompute;
     }
   }
+  in.optimizer.nvme_blocks.clear();
+  const uint64_t disk_free = StoreDirsFreeBytes(cfg.offload.nvme_dirs);
+  if (in.optimizer.tier == StateTier::kNvme && (named || PredictHostMemory(in).disk_bytes > disk_free)) {
+    // A named limit, or a disk too small for every block: RAM holds the states of as many blocks
+    // as the limit allows, NVMe the rest (trainer/state_placement.h).
+    ASSIGN_OR_RETURN(const StatePlacement placed, PlaceStatesUnderLimit(&in, limit, disk_free));
+    state_placement_text = placed.Describe();
+  }
+  nvme_blocks = in.optimizer.nvme_blocks;
   const HostMemoryPrediction p = PredictHostMemory(in);
   StepPrediction& out = prediction;
   out.host_bytes = p.total;
@@ -64,16 +76,15 @@ Status Trainer::Impl::CheckHostMemory() {
           NvmeStepSeconds(q.nvme_params, node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s);
     }
   }
-  const std::string source = named ? "host_memory_limit"
-                                   : "the default: " + std::to_string(kDefaultHostMemoryPercent) + "% of this node's " +
-                                         FormatByteSize(ram) + " of RAM";
+  const std::string source = named ? "host_memory_limit" : node_limit.source;
   out.host_text = p.Describe() + " within the host memory limit of " + FormatByteSize(limit) + " (" + source + ")";
+  if (!state_placement_text.empty()) out.host_text += "; optimizer states per block: " + state_placement_text;
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";
   names.batch = "per_device_train_batch_size, --batch-size";
   names.nvme_configured = !cfg.offload.nvme_dirs.empty();
-  RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, ram, names));
+  RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, node_limit.bytes, names));
   Log(TrainObserver::Level::kInfo, "host memory: " + out.host_text);
   return OkStatus();
 }
@@ -141,6 +152,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   in.h2d_bytes_per_s = prof.h2d_bytes_per_s > 0 ? prof.h2d_bytes_per_s : 1e30;
   in.d2h_bytes_per_s = prof.d2h_bytes_per_s > 0 ? prof.d2h_bytes_per_s : 1e30;
   in.keep_activations = may_keep;
+  SetParamTraffic(&in, !weights->resident(), prof);
   // Clipping without speculation (or fp16's overflow check) holds every update until the step's
   // norm exists: the priced step updated no block during its backward.
   in.held_updates = (cfg.optim.max_grad_norm > 0 || scaler.has_value()) && first.speculated_layers == 0;
@@ -355,6 +367,10 @@ Status Trainer::Impl::CheckPlan() {
     in.host_bytes_per_s /= slow;
   }
   if (plan.bound == "H2D") in.h2d_bytes_per_s /= slow;
+  if (plan.bound == "NVMe") {
+    in.nvme_read_bytes_per_s /= slow;
+    in.nvme_write_bytes_per_s /= slow;
+  }
   if (plan.bound == "D2H") in.d2h_bytes_per_s /= slow;
   // The placed states stay where they are: only the kept layers may change.
   in.fixed_device_blocks = plan.device_blocks;

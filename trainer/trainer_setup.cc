@@ -366,6 +366,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
   ho.populate_threads = SetupThreads();
   ho.populate_in_background = cfg.setup_overlap;
   ho.device_blocks = device_blocks;
+  ho.nvme_blocks = nvme_blocks;
   return ho;
 }
 
@@ -382,7 +383,10 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
            : offload_checkpoint[b] ? "recompute_offload_cpu"
                                    : std::string(engine::SaveModeName(modes[b]))]++;
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
-  plan << "; optimizer states in " << (cfg.offload.tier == StateTier::kNvme ? "NVMe" : "RAM")
+  plan << "; optimizer states in "
+       << (cfg.offload.tier != StateTier::kNvme ? "RAM"
+           : state_placement_text.empty()      ? "NVMe"
+                                               : "RAM and NVMe: " + state_placement_text)
        << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << " ("
        << HostOptimizer::BytesPerParameter(ho) << " B/parameter, weights "
        << (dtype == c10::kFloat              ? "fp32"

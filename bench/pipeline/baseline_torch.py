@@ -95,6 +95,9 @@ SHAPES = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=344, vocab_size=2048),
 }
+# Issue #31: Llama-3-8B's shape with more layers (llama3-36l ... llama3-48l), for the largest model
+# that RAM plus disk hold (218 M parameters per layer; 40 layers: 9.77 B).
+SHAPES.update({f"llama3-{n}l": dict(SHAPES["llama3-8b"], num_hidden_layers=n) for n in range(34, 50, 2)})
 # config.json fields of the non-Llama shapes, as the released checkpoints have them (Qwen/Qwen3-4B,
 # Qwen/Qwen3-8B; google/gemma-3-4b-it's text_config: sliding window 1024 on five layers of every
 # six, local RoPE base 10k, global 1M with linear scaling 8, query_pre_attn_scalar 256, no soft caps).

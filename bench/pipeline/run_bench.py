@@ -82,7 +82,11 @@ def step_bound(x: dict, cal: dict, held: bool = False) -> dict:
     # LSP's materialisations run on the compute stream beside the compute spans: GPU work too.
     parts = {"gpu": x["gpu_compute_seconds"] + x.get("lsp_decompress_seconds", 0.0), "h2d": x["h2d_seconds"], "d2h": x["d2h_seconds"],
              "cpu": params / cal["cpu_params_per_s"] if cal else x["cpu_update_seconds"],
-             "nvme": x["nvme_seconds"],
+             # The disk at its measured rates (--nvme-gbps): every byte read and written, states
+             # and activations, on drives reads and writes share; else the store's busy time.
+             "nvme": (x.get("nvme_read_bytes", 0) / (cal["nvme_read_gbps"] * 1e9) +
+                      x.get("nvme_write_bytes", 0) / (cal["nvme_write_gbps"] * 1e9))
+             if cal.get("nvme_read_gbps") else x["nvme_seconds"],
              "host_mem": (ADAMW_BYTES_PER_PARAM * params + x["h2d_bytes"] + x["d2h_bytes"]) / (cal["host_gbps"] * 1e9)
              if cal else 0.0}
     limit = max(parts, key=parts.get)
@@ -172,6 +176,8 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
                                 "cpu_update_seconds", "nvme_seconds", "stall_weights_seconds",
                                 "stall_grads_seconds", "stall_optimizer_seconds", "h2d_bytes",
                                 "d2h_bytes", "model_flops", "tokens")}
+    for k in ("nvme_read_bytes", "nvme_write_bytes"):  # per step: the states' and activations'
+        res[k] = sum(x.get(k, 0) for x in timed) / len(timed)
     res["batch"] = batch
     res.update(host)
     res["arena_gib"] = max(x.get("arena_bytes", 0) for x in rows) / 2**30
@@ -195,7 +201,7 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
     res["held_bound_seconds"] = sum(b["held_bound_seconds"] for b in bounds) / len(bounds)
     res["step_over_held_bound"] = sum(b["step_over_held_bound"] for b in bounds) / len(bounds)
     res["bound_by"] = max(set(b["bound_by"] for b in bounds), key=[b["bound_by"] for b in bounds].count)
-    for k in ("cpu", "host_mem"):
+    for k in ("cpu", "host_mem", "nvme"):
         res[f"{k}_bound_seconds"] = sum(b["parts"][k] for b in bounds) / len(bounds)
     res["calibration"] = cal
     res["gpu_peak_gib"] = max(x["gpu_peak_bytes"] for x in rows) / 2**30
@@ -237,11 +243,16 @@ def main() -> int:
                    help="--profile-dir for offloadd-train: node and shape profiles cached across runs")
     p.add_argument("--compression", default="", help="offloadd-train --compression, e.g. lsp or lsp:rank=256")
     p.add_argument("--train-args", default="", help="more offloadd-train flags, space-separated")
+    p.add_argument("--nvme-gbps", default="",
+                   help="READ,WRITE: the store directories' measured GB/s (bench/storage); the NVMe "
+                        "term of the bound is then the step's disk bytes at these rates")
     p.add_argument("--json")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-bench-"))
     model_dir = write_config(args.shape, work / "model", args.seq)
     cal = {} if args.no_calibrate else calibrate(args)
+    if args.nvme_gbps:
+        cal["nvme_read_gbps"], cal["nvme_write_gbps"] = (float(v) for v in args.nvme_gbps.split(","))
     results = [run(args, b, model_dir, work, cal) for b in args.batch.split(",")]
     print(f"\n| shape | batch | tok/s | step s | GPU s | H2D s | D2H s | CPU alone s | host mem s | NVMe s | "
           f"bound | step/bound | CPU busy s | stalls w/g/o s | TFLOP/s | GPU peak GiB |")

@@ -107,7 +107,11 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   const auto& m = n.memory();
   o << "memory      " << Bytes(m.total_bytes()) << " total, " << Bytes(m.available_bytes()) << " available, "
     << "/dev/shm " << Bytes(m.shm_available_bytes()) << " free, memlock "
-    << (m.memlock_limit_bytes() == 0 ? std::string("unlimited") : Bytes(m.memlock_limit_bytes())) << "\n";
+    << (m.memlock_limit_bytes() == 0 ? std::string("unlimited") : Bytes(m.memlock_limit_bytes()))
+    << (m.cgroup_memory_max_bytes() > 0 ? ", cgroup " + Bytes(m.cgroup_memory_current_bytes()) + " used of " +
+                                              Bytes(m.cgroup_memory_max_bytes())
+                                        : std::string())
+    << "\n";
   if (m.default_host_memory_limit_bytes() > 0) {
     o << "host limit  " << Bytes(m.default_host_memory_limit_bytes()) << " per job by default ("
       << m.default_host_memory_limit_source() << "; resources.host_memory_limit overrides it)\n";
@@ -130,7 +134,14 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   }
   for (const auto& s : n.store_directories()) {
     o << "store       " << s.path() << " weight " << s.weight() << ": " << Bytes(s.available_bytes()) << " free of "
-      << Bytes(s.capacity_bytes()) << (s.problem().empty() ? "" : " — " + s.problem()) << "\n";
+      << Bytes(s.capacity_bytes());
+    if (s.measured_read_bytes_per_second() > 0) {
+      char rates[96];
+      std::snprintf(rates, sizeof(rates), ", read %.2f / write %.2f GB/s%s", s.measured_read_bytes_per_second() / 1e9,
+                    s.measured_write_bytes_per_second() / 1e9, s.measured_direct_io() ? " (O_DIRECT)" : " (buffered)");
+      o << rates;
+    }
+    o << (s.problem().empty() ? "" : " — " + s.problem()) << "\n";
   }
   o << "io_uring    " << (n.io_uring_available() ? "available" : "unavailable: " + n.io_uring_problem()) << "\n";
   const auto& b = n.bandwidths();

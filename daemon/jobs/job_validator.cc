@@ -26,6 +26,7 @@
 #include "text/jinja.h"
 #include "text/tokenizer.h"
 #include "trainer/checkpoint.h"
+#include "trainer/state_placement.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -406,19 +407,33 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
 
 // Host RAM and disk as the trainer plans them (trainer/host_memory.h, the same functions): the
 // limit is the job's resources.host_memory_limit, else the node's default (DefaultHostMemoryLimit:
-// the daemon's memory.host_memory_limit or 80% of RAM), which offloadd-train applies too.
+// the daemon's memory.host_memory_limit or what the node can give safely now), which
+// offloadd-train applies too.
 void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& config, int compute_bytes,
                             bool gpu, const NodeBudget& node, Checker& c, ValidationResult* r) {
   const auto& res = spec.resources();
   // A job's own limit first, else the node's default.
-  const uint64_t host_limit = res.host_memory_limit()
-                                  ? res.host_memory_limit()
-                                  : trainer::DefaultHostMemoryLimit(node.host_memory_limit, node.host_memory_bytes);
+  trainer::NodeMemory mem = node.host_memory;
+  if (mem.total == 0) mem.total = node.host_memory_bytes;
+  mem.pinned = gpu;
+  const trainer::HostMemoryLimit node_default = trainer::DefaultHostMemoryLimit(node.host_memory_limit, mem);
+  const trainer::HostMemoryLimit node_can = trainer::DefaultHostMemoryLimit(0, mem);
+  const uint64_t host_limit = res.host_memory_limit() ? res.host_memory_limit() : node_default.bytes;
   if (res.host_memory_limit() > node.host_memory_bytes) {
     c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
                                              FormatByteSize(node.host_memory_bytes) + " of RAM");
   }
-  const trainer::HostMemoryInputs in = JobHostMemoryInputs(spec, config, r->model_size, compute_bytes, gpu);
+  trainer::HostMemoryInputs in = JobHostMemoryInputs(spec, config, r->model_size, compute_bytes, gpu);
+  if (in.optimizer.tier == trainer::StateTier::kNvme && !node.store_dirs.empty()) {
+    // As the trainer places them (trainer/state_placement.h): with a named limit, or a disk too
+    // small for every block, RAM holds as many blocks' states as the limit allows, NVMe the rest.
+    uint64_t free_bytes = 0;
+    for (const auto& d : node.store_dirs) free_bytes += d.available_bytes;
+    if (res.host_memory_limit() > 0 || trainer::PredictHostMemory(in).disk_bytes > free_bytes) {
+      auto placed = trainer::PlaceStatesUnderLimit(&in, host_limit, free_bytes);
+      if (!placed.ok()) c.Add("offload.offload_optimizer.device", std::string(placed.status().message()));
+    }
+  }
   r->host_memory = trainer::PredictHostMemory(in);
   r->host_memory_limit = host_limit;
   {
@@ -430,18 +445,13 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
     r->nvme_tier_host_bytes = q.total;
     r->nvme_tier_disk_bytes = q.disk_bytes;
   }
-  const std::string source =
-      res.host_memory_limit() ? "resources.host_memory_limit"
-      : node.host_memory_limit
-          ? "the daemon's memory.host_memory_limit"
-          : "the default: " + std::to_string(trainer::kDefaultHostMemoryPercent) + "% of this node's " +
-                FormatByteSize(node.host_memory_bytes) + " of RAM";
+  const std::string source = res.host_memory_limit() ? "resources.host_memory_limit" : node_default.source;
   trainer::HostMemoryNames names;
   names.limit = "resources.host_memory_limit";
   names.nvme = "offload.offload_optimizer.device: nvme";
   names.batch = "training.per_device_train_batch_size";
   names.nvme_configured = !node.store_dirs.empty();
-  const Status host = trainer::CheckHostMemory(in, host_limit, source, node.host_memory_bytes, names);
+  const Status host = trainer::CheckHostMemory(in, host_limit, source, node_can.bytes, names);
   if (!host.ok()) {
     c.Add(res.host_memory_limit() ? "resources.host_memory_limit" : "offload.offload_optimizer.device",
           std::string(host.message()));
@@ -705,13 +715,6 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     const bool auto_batch = spec.training().auto_find_batch_size();
     const int64_t floor_batch = auto_batch ? 1 : spec.training().per_device_train_batch_size();
     r.memory_floor = EstimateMemoryFloor(r.model_size, *config, floor_batch, ds.max_seq_length(), compute_bytes);
-    // The step's price on this node, for `offloadctl submit --validate-only` (issue #29 item 23).
-    const int gi = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
-    r.step_estimate = auto_batch ? StepEstimateUnavailable("per_device_train_batch_size auto is priced when the job "
-                                                           "starts (its log lists each candidate's price)")
-                                 : EstimateJobStep(node.profile_dir, gpu ? node.gpus[gi].name : "", *config,
-                                                   r.model_size, floor_batch, spec.training().gradient_accumulation_steps(),
-                                                   ds.max_seq_length(), compute_bytes, spec.training().max_grad_norm() > 0);
     const MemoryFloor& f = r.memory_floor;
     if (gpu) {
       const int idx = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
@@ -753,6 +756,18 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       }
     }
     CheckHostMemoryAndDisk(spec, *config, compute_bytes, gpu, node, c, &r);
+    // The step's price on this node, for `offloadctl submit --validate-only`, with the NVMe
+    // blocks the host check placed; the device reads the fp32 masters except on the NVMe tier's
+    // 16-bit compute (HostOptimizer::WeightsAreFp32).
+    const int gi = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
+    const bool nvme = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
+    r.step_estimate = auto_batch ? StepEstimateUnavailable("per_device_train_batch_size auto is priced when the job "
+                                                           "starts (its log lists each candidate's price)")
+                                 : EstimateJobStep(node.profile_dir, gpu ? node.gpus[gi].name : "", *config,
+                                                   r.model_size, floor_batch, spec.training().gradient_accumulation_steps(),
+                                                   ds.max_seq_length(), compute_bytes, spec.training().max_grad_norm() > 0,
+                                                   static_cast<int64_t>(r.host_memory.nvme_params),
+                                                   compute_bytes == 4 || !nvme);
     // Room for a checkpoint and the exported model (checked again when the job starts).
     if (output_dir_ok) {
       const Status space =

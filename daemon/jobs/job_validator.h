@@ -41,8 +41,11 @@ inline constexpr size_t kMaxJobSpecBytes = 256u << 10;
 // What this node offers; filled from the node probe and the daemon config.
 struct NodeBudget {
   uint64_t host_memory_bytes = 0;         // physical RAM
-  uint64_t host_memory_limit = 0;         // daemon default for host_memory_limit (0: 80% of RAM,
-                                          // trainer::DefaultHostMemoryLimit)
+  uint64_t host_memory_limit = 0;         // daemon default for host_memory_limit (0: what the
+                                          // node can give safely, trainer::DefaultHostMemoryLimit)
+  // MemAvailable, the cgroup's memory.max and memory.current, memlock (trainer::ProbeNodeMemory);
+  // total 0: host_memory_bytes with nothing else known.
+  trainer::NodeMemory host_memory;
   uint64_t gpu_memory_limit = 0;          // daemon default per-job GPU budget (0 = GPU's memory)
   std::vector<GpuFacts> gpus;
   int cpu_cores = 1;                      // logical cores: the bound of CPU executors (resources.gpus)

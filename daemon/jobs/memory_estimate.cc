@@ -97,7 +97,8 @@ v1::StepEstimate StepEstimateUnavailable(const std::string& why) {
 
 v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::string& gpu,
                                  const engine::ModelConfig& config, const ModelSize& size, int64_t micro,
-                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates) {
+                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates,
+                                 int64_t nvme_params, bool weights_fp32) {
   v1::StepEstimate out;
   trainer::StepEstimateInputs in;
   const int64_t layers = std::max<int64_t>(0, config.num_layers);
@@ -111,6 +112,8 @@ v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::stri
   in.compute_bytes = compute_bytes;
   in.gpu = !gpu.empty();
   in.held_updates = held_updates;
+  in.nvme_params = nvme_params;
+  in.weights_fp32 = weights_fp32;
   if (!profile_dir.empty()) {
     auto prof = trainer::ReadNodeProfile(profile_dir + "/" + trainer::kNodeProfileFile);
     if (prof.ok()) in.node = *prof;

@@ -55,7 +55,8 @@ std::optional<ProfiledFloor> ProfiledGpuFloor(const std::string& profile_dir, co
 v1::StepEstimate StepEstimateUnavailable(const std::string& why);
 v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::string& gpu,
                                  const engine::ModelConfig& config, const ModelSize& size, int64_t micro,
-                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates);
+                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates,
+                                 int64_t nvme_params = 0, bool weights_fp32 = true);
 
 // The host RAM and disk the job needs as the trainer plans it (trainer/host_memory.h): its arena
 // sized by HostOptimizer::ArenaBytes from the model's blocks (embedding, decoder layers, head),

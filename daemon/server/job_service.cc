@@ -121,6 +121,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   const NodeFacts facts = ProbeNodeResources(dirs);
   NodeBudget node;
   node.host_memory_bytes = facts.memory.total_bytes;
+  node.host_memory = trainer::ProbeNodeMemory();
   node.host_memory_limit = config_.memory.host_memory_limit;
   node.gpu_memory_limit = config_.memory.gpu_memory_limit;
   node.gpus = facts.gpus;

@@ -51,13 +51,19 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
   }
   {
     v1::MemoryInfo* mem = response->mutable_memory();
-    mem->set_default_host_memory_limit_bytes(trainer::DefaultHostMemoryLimit(host_memory_limit_, mem->total_bytes()));
-    mem->set_default_host_memory_limit_source(host_memory_limit_ ? "memory.host_memory_limit"
-                                                                 : std::to_string(trainer::kDefaultHostMemoryPercent) +
-                                                                       "% of RAM");
+    // What a GPU job (its arena pinned) that names no limit gets now.
+    trainer::NodeMemory node = trainer::ProbeNodeMemory();
+    node.pinned = response->gpus_size() > 0;
+    const trainer::HostMemoryLimit limit = trainer::DefaultHostMemoryLimit(host_memory_limit_, node);
+    mem->set_default_host_memory_limit_bytes(limit.bytes);
+    mem->set_default_host_memory_limit_source(limit.source);
+    mem->set_cgroup_memory_max_bytes(node.cgroup_max);
+    mem->set_cgroup_memory_current_bytes(node.cgroup_usage);
+    mem->set_host_memory_reserve_bytes(trainer::HostMemoryReserve(node.total));
   }
   response->mutable_start_time()->set_seconds(start_unix_seconds_);
   FillBandwidths(profile_dir_, response->mutable_bandwidths());
+  FillStoreRates(profile_dir_, response);
   FillShapeProfiles(profile_dir_, response);
   return rec.Done(grpc::Status::OK);
 }
@@ -92,6 +98,20 @@ void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out) {
   out->set_store_write_bytes_per_second(p->store_write_bytes_per_s);
   out->set_store_direct_io(p->store_direct_io);
   if (int64_t t = 0; ParseUtc(p->measured_at, &t)) out->mutable_measured_at()->set_seconds(t);
+}
+
+void FillStoreRates(const std::string& dir, offloadd::v1::NodeInfo* out) {
+  if (dir.empty()) return;
+  auto p = trainer::ReadNodeProfile(dir + "/" + trainer::kNodeProfileFile);
+  if (!p.ok()) return;
+  for (auto& s : *out->mutable_store_directories()) {
+    for (const auto& r : p->stores) {
+      if (r.dir != s.path()) continue;
+      s.set_measured_read_bytes_per_second(r.read_bytes_per_s);
+      s.set_measured_write_bytes_per_second(r.write_bytes_per_s);
+      s.set_measured_direct_io(r.direct_io);
+    }
+  }
 }
 
 void FillShapeProfiles(const std::string& dir, offloadd::v1::NodeInfo* out) {

@@ -29,7 +29,8 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
   void set_adamw_kernel(std::string request) { adamw_kernel_ = std::move(request); }
   // Where jobs cache the node profile (trainer/node_profile.h); shown as NodeInfo.bandwidths.
   void set_profile_dir(std::string dir) { profile_dir_ = std::move(dir); }
-  // The daemon's memory.host_memory_limit (0: 80% of RAM), shown as the default a job gets.
+  // The daemon's memory.host_memory_limit (0: what the node can give safely,
+  // trainer::DefaultHostMemoryLimit), shown as the default a job gets.
   void set_host_memory_limit(uint64_t bytes) { host_memory_limit_ = bytes; }
   // Which job runs on which GPU (JobManager::GpuAssignments), shown as GpuInfo.job_id.
   void set_gpu_jobs(std::function<std::map<int, std::string>()> gpu_jobs) { gpu_jobs_ = std::move(gpu_jobs); }
@@ -52,6 +53,8 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
 void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out);
 // The shape profiles cached under <dir>/shapes (trainer/shape_profile.h), newest first.
 void FillShapeProfiles(const std::string& dir, offloadd::v1::NodeInfo* out);
+// Each listed store directory's own rates from the node profile under `dir` (none when absent).
+void FillStoreRates(const std::string& dir, offloadd::v1::NodeInfo* out);
 
 // Exposed for tests: fills `out` from probed facts.
 void FillNodeInfo(const NodeFacts& facts, const BuildFacts& build, offloadd::v1::NodeInfo* out);

@@ -318,8 +318,16 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   v1::JobSpec s = ValidSpec();
   ValidationResult r = Validate(s);
   ASSERT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
-  // The default limit: 80% of the node's 64 GiB.
-  EXPECT_EQ(r.host_memory_limit, (64ull << 30) / 100 * 80);
+  // The default limit: what the node can give, its 64 GiB (nothing else known) less the 4 GiB reserve.
+  EXPECT_EQ(r.host_memory_limit, (64ull << 30) - trainer::HostMemoryReserve(64ull << 30));
+  // With the node's probe: what is available now (another job holds the rest) less the reserve,
+  // and the source says so.
+  node_.host_memory.total = 64ull << 30;
+  node_.host_memory.available = 20ull << 30;
+  r = Validate(s);
+  EXPECT_EQ(r.host_memory_limit, 16ull << 30);
+  node_.host_memory = {};
+  r = Validate(s);
   ASSERT_LT(r.nvme_tier_host_bytes, r.ram_tier_host_bytes);
   // 12 B per parameter, and the new versions of the largest block in flight (3 slots + 1 committing).
   EXPECT_EQ(r.nvme_tier_disk_bytes, 12 * static_cast<uint64_t>(r.model_size.total_params) +
@@ -334,10 +342,12 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
             std::string::npos)
       << h->description;
   EXPECT_NE(h->description.find("this needs a store directory"), std::string::npos) << h->description;
-  // On NVMe it fits the RAM; the store directories must hold the states twice.
+  // On NVMe it fits the RAM; the store directories must hold the states (with a disk too small
+  // for every block, as many blocks' states as the limit allows stay in RAM: none here fit a disk
+  // of one page).
   StoreDirFacts dir;
   dir.path = fs::canonical(root_);
-  dir.available_bytes = r.nvme_tier_disk_bytes - 1;
+  dir.available_bytes = 4096;
   node_.store_dirs.push_back(dir);
   s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
   r = Validate(s);

@@ -196,6 +196,103 @@ TEST_F(HostOptimizerTest, NoWeightCopyArenaIsSmallerAndTrainsTheSame) {
   }
 }
 
+// Per-block placement (nvme_blocks): blocks 0 and 3 keep their states in RAM, the other four (more
+// than the three staging slots, so prefetches and reused slots rotate) in the store. Training is bit for bit that of every block in RAM, only the NVMe blocks touch the disk
+// (12 B per parameter written per step), and a resume into another placement (another host
+// limit) continues with the same bits. bf16 and fp32 compute (the fp32 compute copy of NVMe
+// blocks).
+TEST_F(HostOptimizerTest, MixedPlacementTrainsLikeRamAndResumesIntoAnotherPlacement) {
+  for (HostDtype dt : {HostDtype::kBf16, HostDtype::kFp32}) {
+    SCOPED_TRACE(dt == HostDtype::kBf16 ? "bf16" : "fp32");
+    HostOptimizerOptions ram = Options(StateTier::kCpu);
+    ram.compute = dt;
+    ram.block_elements = {1 << 14, 1 << 15, 1 << 13, 1 << 15, 1 << 14, 1 << 15};  // whole pages
+    HostOptimizerOptions mixed = Options(StateTier::kNvme);
+    mixed.compute = dt;
+    mixed.block_elements = ram.block_elements;
+    HostOptimizerOptions all_nvme = mixed;
+    mixed.nvme_blocks = {false, true, true, false, true, true};
+    HostOptimizerOptions other = mixed;  // the resumed run: another placement, its own store
+    other.nvme_blocks = {true, false, true, true, false, true};
+    other.nvme_dirs = {dir_ + ".other"};
+    // The RAM blocks' master and moments join the arena; the slots and the rest are the same.
+    const uint64_t ram_params = (1 << 14) + (1 << 15);
+    EXPECT_EQ(HostOptimizer::ArenaBytes(mixed) - HostOptimizer::ArenaBytes(all_nvme),
+              12 * ram_params + 2 * 4096 * 6 - (dt == HostDtype::kFp32 ? 4 * ram_params : 0));
+    const auto bf16 = [](float f) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    };
+    const auto run = [&](HostOptimizer* h, uint64_t s) {
+      ASSERT_TRUE(h->BeginStep(s, 1e-3).ok());
+      for (int blk = h->num_blocks() - 1; blk >= 0; --blk) {
+        ASSERT_TRUE(Bounded("WaitStagingFree", [&] { return h->WaitStagingFree(blk); }).ok());
+        for (uint64_t i = 0; i < h->elements(blk); ++i) {
+          const float g = 1e-3f * static_cast<float>((i * 7 + s + blk) % 13) - 6e-3f;
+          if (dt == HostDtype::kBf16) {
+            static_cast<uint16_t*>(h->grad_staging(blk))[i] = bf16(g);
+          } else {
+            static_cast<float*>(h->grad_staging(blk))[i] = g;
+          }
+        }
+        ASSERT_TRUE(h->GradsReady(blk, 0, nullptr).ok());
+      }
+      ASSERT_TRUE(h->FinishStepAsync().ok());
+      auto r = Bounded("WaitFinished", [&] { return h->WaitFinished(s); });
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    };
+    using States = std::vector<std::vector<float>>;  // per block: master, exp_avg, exp_avg_sq
+    const auto states = [](HostOptimizer* h) {
+      States out;
+      for (int blk = 0; blk < h->num_blocks(); ++blk) {
+        const uint64_t n = h->elements(blk);
+        std::vector<float> m(n), a(n), v(n);
+        EXPECT_TRUE(h->ReadStates(blk, m.data(), a.data(), v.data()).ok());
+        for (auto* x : {&m, &a, &v}) out.push_back(std::move(*x));
+      }
+      return out;
+    };
+    auto a = Make(ram), b = Make(mixed);
+    ASSERT_TRUE(a && b);
+    EXPECT_NE(b->master_weights(0), nullptr);
+    EXPECT_EQ(b->master_weights(1), nullptr);
+    (void)b->TakeTotals();
+    for (uint64_t s = 1; s <= 2; ++s) {
+      run(a.get(), s);
+      run(b.get(), s);
+    }
+    const UpdateTotals t = b->TakeTotals();
+    const uint64_t nvme_params = (1 << 15) + (1 << 13) + (1 << 14) + (1 << 15);
+    EXPECT_EQ(t.nvme_write_bytes, 2 * 12 * nvme_params);
+    EXPECT_EQ(t.nvme_read_bytes, 2 * 12 * nvme_params);  // each NVMe block once a step
+    const States at2 = states(b.get());
+    ASSERT_TRUE(at2 == states(a.get()));
+    // Resume step 2's states into the other placement and run step 3 on all three.
+    {
+      auto c = Make(other);
+      ASSERT_TRUE(c);
+      for (int blk = 0; blk < c->num_blocks(); ++blk) {
+        ASSERT_TRUE(c->RestoreStates(blk, at2[3 * blk].data(), at2[3 * blk + 1].data(),
+                                     at2[3 * blk + 2].data(), 2)
+                        .ok());
+      }
+      ASSERT_TRUE(c->ResumeAt(2, 2).ok());
+      for (HostOptimizer* h : {a.get(), b.get(), c.get()}) run(h, 3);
+      const States want = states(a.get());
+      EXPECT_TRUE(states(b.get()) == want);
+      EXPECT_TRUE(states(c.get()) == want);
+      for (int blk = 0; blk < c->num_blocks(); ++blk) {  // the weights the device reads too
+        ASSERT_EQ(std::memcmp(a->compute_weights(blk), c->compute_weights(blk),
+                              a->compute_weight_bytes(blk)),
+                  0)
+            << blk;
+      }
+    }
+    EXPECT_TRUE(RemoveTree(dir_ + ".other").ok());
+  }
+}
+
 // Defect 1: NaN gradients with clipping. The next forward waits for the blocks' update of the
 // failed step (WaitUpdated); before the fix only WaitFinished saw the error and this wait hung.
 TEST_F(HostOptimizerTest, NonFiniteNormFailsEveryWaitOfTheStep) {

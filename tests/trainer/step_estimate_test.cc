@@ -61,5 +61,34 @@ TEST(StepEstimateTest, TheShapeProfileGivesTheGpuWork) {
   EXPECT_NEAR(e->step_seconds, 1.6, 1e-6);
 }
 
+// The device reads the fp32 masters and casts them: each upload moves 4 B per parameter (it was
+// priced at the compute dtype's 2), twice per micro-batch.
+TEST(StepEstimateTest, UploadsArePricedAtTheFp32MastersTheDeviceReads) {
+  StepEstimateInputs in = Inputs();
+  in.node->h2d_bytes_per_s = 1e8;
+  auto e = EstimateStep(in);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->bound, "H2D");
+  EXPECT_NEAR(e->step_seconds, 2 * 2 * 6e6 * 4 / 1e8, 1e-9);  // accumulation x 2 passes x 4 B
+  in.weights_fp32 = false;  // the 16-bit copy in RAM
+  e = EstimateStep(in);
+  ASSERT_TRUE(e.ok());
+  EXPECT_NEAR(e->step_seconds, 2 * 2 * 6e6 * 2 / 1e8, 1e-9);
+}
+
+TEST(StepEstimateTest, StatesOnNvmeArePricedAtTheStoresRates) {
+  StepEstimateInputs in = Inputs();
+  in.nvme_params = 6000000;
+  auto e = EstimateStep(in);
+  ASSERT_TRUE(e.ok());
+  EXPECT_NE(e->basis.find("the disk is not priced"), std::string::npos) << e->basis;
+  in.node->store_read_bytes_per_s = 1e8;
+  in.node->store_write_bytes_per_s = 5e7;
+  e = EstimateStep(in);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->bound, "NVMe");
+  EXPECT_NEAR(e->step_seconds, 72e6 / 1e8 + 72e6 / 5e7, 1e-9);
+}
+
 }  // namespace
 }  // namespace offloadd::trainer

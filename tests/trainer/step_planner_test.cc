@@ -54,6 +54,66 @@ TEST(HeldUpdatesTest, NegativeTailsAreRefusedByName) {
   EXPECT_NE(ValidatePlanInputs(in).message().find("update_tail_seconds"), std::string::npos);
 }
 
+// What a CPU-updated parameter moves, from the arena's layout and the workers' commands.
+TEST(ParamTrafficTest, TheUpdatesHostBytesAndAPlacedBlocksSavingsFollowTheLayout) {
+  ParamTraffic t;  // bf16 gradients, fp32 masters uploaded and cast on the GPU, streamed
+  // Gradient read (2), master and moments read and written (24); no 16-bit copy written.
+  EXPECT_DOUBLE_EQ(HostUpdateBytesPerParam(t), 26);
+  t.weight_copy = true;
+  t.upload_bytes = 2;
+  EXPECT_DOUBLE_EQ(HostUpdateBytesPerParam(t), 28);
+  t.weight_copy = false;
+  t.upload_bytes = 4;
+  // Held updates whose norm the workers measure read the gradient once more.
+  t.cpu_norm = true;
+  EXPECT_DOUBLE_EQ(HostUpdateBytesPerParam(t), 28);
+  // Accumulation over 4: the update and the norm read the fp32 buffer (4 + 24 + 4); each
+  // micro-batch's bf16 gradient is read (4 x 2), the buffer written once and read and written 3
+  // times (4 + 3 x 8).
+  t.accumulation = 4;
+  EXPECT_DOUBLE_EQ(HostUpdateBytesPerParam(t), 32 + 8 + 4 + 24);
+  PlanInputs in;
+  ApplyParamTraffic(t, &in);
+  // A placed block's weights stay on the GPU: two fp32 uploads per micro-batch saved; and its
+  // bf16 gradients are not copied out, per micro-batch.
+  EXPECT_DOUBLE_EQ(in.h2d_saved_per_param, 2 * 4 * 4);
+  EXPECT_DOUBLE_EQ(in.d2h_saved_per_param, 4 * 2);
+  t.streamed = false;  // resident weights: the update's one upload per step
+  ApplyParamTraffic(t, &in);
+  EXPECT_DOUBLE_EQ(in.h2d_saved_per_param, 4);
+  // The planner's defaults are the default traffic's.
+  const PlanInputs defaults;
+  PlanInputs derived;
+  ApplyParamTraffic(ParamTraffic{}, &derived);
+  EXPECT_DOUBLE_EQ(defaults.host_bytes_per_param, derived.host_bytes_per_param);
+  EXPECT_DOUBLE_EQ(defaults.h2d_saved_per_param, derived.h2d_saved_per_param);
+  EXPECT_DOUBLE_EQ(defaults.d2h_saved_per_param, derived.d2h_saved_per_param);
+}
+
+// States on NVMe: 12 B per NVMe parameter read and written at the store's rates is a resource of
+// its own, and those bytes cross host memory into and out of the staging slots.
+TEST(NvmeTermTest, TheStoresReadsAndWritesEnterTheBound) {
+  PlanInputs in = HeldStep();
+  in.held_updates = false;
+  PlanChoice c = EvaluatePlan(in, 0, 0);
+  EXPECT_EQ(c.nvme_s, 0);
+  const double host_before = c.host_s;
+  in.nvme_params = 1e9;
+  in.nvme_read_bytes_per_s = 6e9;
+  in.nvme_write_bytes_per_s = 4e9;
+  c = EvaluatePlan(in, 0, 0);
+  EXPECT_DOUBLE_EQ(c.nvme_s, 12e9 / 6e9 + 12e9 / 4e9);
+  EXPECT_EQ(c.bound, "NVMe");
+  EXPECT_DOUBLE_EQ(c.predicted_s, c.nvme_s);
+  EXPECT_DOUBLE_EQ(c.host_s - host_before, 24e9 / in.host_bytes_per_s);
+  EXPECT_NE(DescribePlan(c, in.budget_bytes).find("NVMe 5.00 s"), std::string::npos);
+  // No measured rate: not priced (the estimate says so).
+  in.nvme_write_bytes_per_s = 0;
+  EXPECT_EQ(EvaluatePlan(in, 0, 0).nvme_s, 0);
+  in.nvme_params = -1;
+  EXPECT_NE(ValidatePlanInputs(in).message().find("nvme_params"), std::string::npos);
+}
+
 TEST(ExpectedPaddedLengthTest, TheMaximumOfTheBatchRoundedUp) {
   // One row: the mean of the rounded lengths.
   EXPECT_DOUBLE_EQ(ExpectedPaddedLength({8, 16}, 1, 8, 1024), 12);

@@ -56,6 +56,9 @@ PlanInputs Parse(const nlohmann::json& j) {
   Read(j, "gpu_forward_seconds", &in.gpu_forward_seconds, false);
   Read(j, "norm_tail_seconds", &in.norm_tail_seconds, false);
   Read(j, "update_tail_seconds", &in.update_tail_seconds, false);
+  Read(j, "nvme_params", &in.nvme_params, false);
+  Read(j, "nvme_read_bytes_per_s", &in.nvme_read_bytes_per_s, false);
+  Read(j, "nvme_write_bytes_per_s", &in.nvme_write_bytes_per_s, false);
   return in;
 }
 
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
                               {"gpu_s", c.gpu_s},                 {"cpu_s", c.cpu_s},
                               {"host_s", c.host_s},               {"h2d_s", c.h2d_s},
                               {"d2h_s", c.d2h_s},                 {"held_s", c.held_s},
+                              {"nvme_s", c.nvme_s},
                               {"gpu_bytes", c.gpu_bytes}}
                    .dump()
             << "\n";

@@ -92,8 +92,10 @@ def test_memory_and_task_bounds(source_dir):
     memory_max = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)%", s["MemoryMax"][-1])
     assert memory_max, f"MemoryMax={s['MemoryMax'][-1]}: give a share of RAM, so one unit fits every node"
     config = (source_dir / "deploy" / "offloadd.yaml").read_text()
-    # resources.host_memory_limit 0 means 80% of RAM: jobs may pin that much, plus their own memory.
-    assert re.search(r"host_memory_limit: 0 +# .*0 = 80% of RAM", config), "the default pinned bound moved"
+    # resources.host_memory_limit 0 means what the node can give: the available RAM (within the
+    # unit's MemoryMax=, which the default reads from the cgroup) less a reserve.
+    assert re.search(r"host_memory_limit: 0 +# .*0 = what the node can give: available RAM less max\(4 GiB, 6% of RAM\), "
+                     r"within MemoryMax", config), "the default pinned bound moved"
     assert 90 <= float(memory_max.group(1)) <= 100, s["MemoryMax"]
     # Pinned pages cannot be reclaimed: MemoryHigh= would only throttle a job that pinned its arena.
     assert "MemoryHigh" not in s

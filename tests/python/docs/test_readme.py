@@ -53,7 +53,7 @@ def test_sizing_table_is_the_validators_estimate():
 def test_sizing_rule_states_the_bytes_per_parameter():
     own = section("Your own model and data")
     for rule in ("14 bytes per parameter", "12 bytes per parameter plus the new versions", "12 bytes per",
-                 "80% of the node's RAM"):
+                 "a reserve of 4 GiB or 6% of RAM"):
         assert rule in own, rule
 
 

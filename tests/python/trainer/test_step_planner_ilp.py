@@ -52,8 +52,11 @@ def plan_inputs(shape, batch, budget_gib, peak_gib, gpu_seconds, seq=1024, held=
         recompute_seconds=[0.0] + [gpu_seconds * fwd_layer / work] * layers + [0.0],
         budget_bytes=int(budget_gib * GIB), base_peak_bytes=int(peak_gib * GIB),
         gpu_seconds=gpu_seconds,
-        h2d_bytes=2.0 * sum(params),  # streamed bf16 weights
+        h2d_bytes=2 * 4.0 * sum(params),  # fp32 masters streamed twice, cast on the GPU
         d2h_bytes=2.0 * sum(params),  # bf16 gradients
+        # offloadd-plan's defaults (ApplyParamTraffic with no accumulation): the update's 26 B,
+        # a placed block's two fp32 uploads and its bf16 gradients
+        host_bytes_per_param=26.0, h2d_saved_per_param=8.0, d2h_saved_per_param=2.0,
         held_updates=held,
         gpu_forward_seconds=gpu_seconds * (fwd_layer * layers + fwd_head / 3) / work,
         **PROFILE)
@@ -108,16 +111,17 @@ def ilp_optimum(inp):
     # T >= (P - p.y) / cpu   <=>   T + p.y / cpu >= P / cpu
     cpu = inp["cpu_params_per_s"]
     row(coef_y=p / cpu, t=1, lb=P / cpu)
-    # host: ((P - p.y) 28 + h2d - 2 p.y + d2h - 2 p.y) / bw
+    # host: ((P - p.y) hb + h2d - hs p.y + d2h - ds p.y) / bw
     bw = inp["host_bytes_per_s"]
-    row(coef_y=p * (28 + 2 + 2) / bw, t=1, lb=(P * 28 + inp["h2d_bytes"] + inp["d2h_bytes"]) / bw)
-    row(coef_y=2 * p / inp["h2d_bytes_per_s"], t=1, lb=inp["h2d_bytes"] / inp["h2d_bytes_per_s"])
-    row(coef_y=2 * p / inp["d2h_bytes_per_s"], t=1, lb=inp["d2h_bytes"] / inp["d2h_bytes_per_s"])
+    hb, hs, ds = inp["host_bytes_per_param"], inp["h2d_saved_per_param"], inp["d2h_saved_per_param"]
+    row(coef_y=p * (hb + hs + ds) / bw, t=1, lb=(P * hb + inp["h2d_bytes"] + inp["d2h_bytes"]) / bw)
+    row(coef_y=hs * p / inp["h2d_bytes_per_s"], t=1, lb=inp["h2d_bytes"] / inp["h2d_bytes_per_s"])
+    row(coef_y=ds * p / inp["d2h_bytes_per_s"], t=1, lb=inp["d2h_bytes"] / inp["d2h_bytes_per_s"])
     if inp.get("held_updates"):
         fwd = inp["gpu_forward_seconds"]
         row(u=1, lb=fwd)  # u >= forward
         row(coef_y=p / cpu, u=1, lb=P / cpu)  # u >= (P - p.y) / cpu
-        row(coef_y=p * 28 / bw, u=1, lb=P * 28 / bw)  # u >= (P - p.y) 28 / bw
+        row(coef_y=p * hb / bw, u=1, lb=P * hb / bw)  # u >= (P - p.y) hb / bw
         # T >= backward - rec.x + dev p.y + u
         row(coef_y=-dev * p, coef_x=rec, t=1, u=-1, lb=inp["gpu_seconds"] - fwd)
     c = np.zeros(nv)
@@ -191,7 +195,7 @@ def test_held_updates_price_the_backward_then_the_update(binary_dir, tmp_path):
     inp = plan_inputs("tinyllama-1.1b", 8, 6, 5.9, 0.16, held=True)  # nothing fits beside it
     plan, text, _ = run_plan(binary_dir, inp, tmp_path)
     P = sum(inp["params"])
-    update = max(P / inp["cpu_params_per_s"], 28 * P / inp["host_bytes_per_s"])
+    update = max(P / inp["cpu_params_per_s"], inp["host_bytes_per_param"] * P / inp["host_bytes_per_s"])
     fwd = inp["gpu_forward_seconds"]
     assert plan["bound"] == "held updates", plan
     assert plan["held_s"] == pytest.approx(0.16 - fwd + max(fwd, update), rel=1e-12), plan
