@@ -563,7 +563,7 @@ void AttentionKernelBackward(const at::Tensor& dout, const at::Tensor& q, const 
 }
 
 // Centring (16-bit inputs). Softmax is invariant to a constant added to all of a query's logits,
-// and each row of probabilities sums to one, so for vectors c_k, c_v that are the same for every key
+// and each row of probabilities sums to one, so for vectors c_k, c_v the same for every key
 //   attention(q, k, v) = attention(q, k - c_k, v - c_v) + c_v
 // exactly (under any mask: each row attends to at least itself). The fused kernels' backward forms
 // dS = P (dP - D) with D = rowsum(dO * out) from the 16-bit output. Where v has a large common

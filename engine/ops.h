@@ -80,7 +80,7 @@ at::Tensor LayerNormBackward(const at::Tensor& dy, const at::Tensor& x, const at
 // backward (no gradient flows through them, exactly so in exact arithmetic).
 // Returns out [B, Hq, T, D]; appends to `aux` what AttentionBackward needs besides q, k, v and
 // the kernel's output, written to `*kernel_out` (what AttentionBackward takes as `out`; equal to
-// the returned out in fp32). AttentionValue(kernel_out, aux) rebuilds the returned out, bit for bit.
+// the returned out in fp32). AttentionValue(kernel_out, aux) rebuilds the returned out bit for bit.
 at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                      const at::Tensor& mask, std::vector<at::Tensor>* aux, double softcap = 0.0,
                      int64_t window = 0, at::Tensor* kernel_out = nullptr);

@@ -9,10 +9,10 @@
 # survives between calls while the machine stays warm). Logs and JSON go to $OUT (or /tmp).
 # Benchmarks: seq 1024, --gpu-memory-limit 24GiB, max_grad_norm 1.0, bf16, 1x15 workers, 3 timed
 # steps after 2 (STEPS / WARMUP override), no idle-core calibration (the step bound is not reported).
-# DEADLINE_S (seconds, default 3600) stops the parity tests in time for the call to report; it counts
-# from the script's start, the build (~2 min cold) included. PARITY_K selects variants (pytest -k,
-# e.g. PARITY_K="qwen2 or gpt2"); OFFLOADD_ATTENTION_KERNEL (auto, cudnn, flash, efficient) passes
-# through to offloadd-train.
+# DEADLINE_S (seconds, default 3600) stops the parity tests in time for the call to report; it
+# counts from the script's start, the build (~2 min cold) included. PARITY_K selects variants
+# (pytest -k, e.g. PARITY_K="qwen2 or gpt2"); OFFLOADD_ATTENTION_KERNEL (auto, cudnn, flash,
+# efficient) passes through to offloadd-train.
 # The parity tests read ../shared (tokenizers, Alpaca records; tests/python/conftest.py), which
 # does not travel with the tree: `families_check.sh pack-shared` (here, before the call) packs what
 # they read into .gpu-shared.tar.xz (5 MB; list it in .git/info/exclude), and `parity` unpacks it
