@@ -432,11 +432,10 @@ at::Tensor WindowedFlash(const at::Tensor& q, const at::Tensor& ke, const at::Te
   return std::get<0>(r).transpose(1, 2);
 }
 
-}  // namespace
-
-at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                     const at::Tensor& mask, std::vector<at::Tensor>* aux, double softcap,
-                     int64_t window) {
+// The attention kernels on (possibly centred) k and v: out [B, Hq, T, D] and the kernel's aux.
+at::Tensor AttentionKernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double scale, const at::Tensor& mask, std::vector<at::Tensor>* aux,
+                           double softcap, int64_t window) {
   const int64_t rep = q.size(1) / k.size(1);
   at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
   TORCH_CHECK(softcap <= 0 || mask.defined(), "attention soft-capping needs the explicit path");
@@ -493,10 +492,10 @@ at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return {};
 }
 
-void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                       const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
-                       double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,
-                       at::Tensor* dv, double softcap, int64_t window) {
+void AttentionKernelBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
+                             double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,
+                             at::Tensor* dv, double softcap, int64_t window) {
   const int64_t rep = q.size(1) / k.size(1);
   at::Tensor ke = RepeatKv(k, rep), ve = RepeatKv(v, rep);
   at::Tensor gk, gv;
@@ -561,6 +560,79 @@ void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Te
   }
   *dk = ReduceKv(gk, rep);
   *dv = ReduceKv(gv, rep);
+}
+
+// Centring (16-bit inputs). Softmax is invariant to a constant added to all of a query's logits,
+// and each row of probabilities sums to one, so for vectors c_k, c_v the same for every key
+//   attention(q, k, v) = attention(q, k - c_k, v - c_v) + c_v
+// exactly (under any mask: each row attends to at least itself). The fused kernels' backward forms
+// dS = P (dP - D) with D = rowsum(dO * out) from the 16-bit output. Where v has a large common
+// component (a v bias) out and dP are large and their difference small, so out's rounding (2^-9
+// of |out|) swamps dS, and a large common component of k (a k bias) multiplies that error into
+// dq (dq_i's error is the row's error times the probability-weighted mean key); the explicit path's
+// bf16 probabilities do the same. transformers' eager attention takes D in fp32 and does not
+// suffer this. Subtracting each sequence's mean of k and v (per batch row and KV head, in fp32,
+// rounded once) leaves only the rounding of the centred values. k is not centred under
+// soft-capping (tanh is not shift-invariant). fp32 runs the kernels on k and v as they are.
+// The means are taken without gradient. In exact arithmetic none flows through them: a constant
+// added to every key a query sees leaves its probabilities unchanged (sum_j dS_ij = 0), and c_v
+// subtracted from v and added to out contributes (1 - sum_j P_ij) d out_i = 0. Differentiating
+// them anyway (d k = d kc - mean(d kc), ...) only spreads the rounding of those zeros over every
+// position, padding included, whose exact zero gradients AdamW then turns into full steps of the
+// embedding rows only padding uses. Being constants, they may average any positions of the row.
+bool Centred(const at::Tensor& q) {
+  return q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+}
+
+at::Tensor Centre(const at::Tensor& x, at::Tensor* mean) {
+  const at::Tensor f = x.to(at::kFloat);
+  *mean = f.mean(2, /*keepdim=*/true);
+  return (f - *mean).to(x.scalar_type());
+}
+
+// out + c_v, c_v [B, Hkv, 1, D] fp32 repeated over each KV head's query heads.
+at::Tensor AddMean(const at::Tensor& out, const at::Tensor& mean) {
+  return (out.to(at::kFloat) + RepeatKv(mean, out.size(1) / mean.size(1))).to(out.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                     const at::Tensor& mask, std::vector<at::Tensor>* aux, double softcap,
+                     int64_t window, at::Tensor* kernel_out) {
+  if (!Centred(q)) {
+    at::Tensor out = AttentionKernel(q, k, v, scale, mask, aux, softcap, window);
+    if (kernel_out) *kernel_out = out;
+    return out;
+  }
+  at::Tensor k_mean, v_mean;
+  const at::Tensor kc = softcap > 0 ? k : Centre(k, &k_mean);
+  const at::Tensor vc = Centre(v, &v_mean);
+  if (aux) aux->push_back(v_mean);
+  at::Tensor out = AttentionKernel(q, kc, vc, scale, mask, aux, softcap, window);
+  if (kernel_out) *kernel_out = out;
+  return AddMean(out, v_mean);
+}
+
+at::Tensor AttentionValue(const at::Tensor& kernel_out, const at::Tensor* aux) {
+  return Centred(kernel_out) ? AddMean(kernel_out, aux[0]) : kernel_out;
+}
+
+void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
+                       double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,
+                       at::Tensor* dv, double softcap, int64_t window) {
+  if (!Centred(q)) {
+    return AttentionKernelBackward(dout, q, k, v, out, aux, scale, mask, dq, dk, dv, softcap,
+                                   window);
+  }
+  // The means are constants of the backward: no gradient flows through them (the header comment
+  // says why that is exact), so d k = d kc and d v = d vc, and a position no query with a nonzero
+  // d out attends (padding) keeps its exact zero gradient.
+  at::Tensor k_mean;
+  const at::Tensor kc = softcap <= 0 ? Centre(k, &k_mean) : k;  // the forward's bits again
+  const at::Tensor vc = (v.to(at::kFloat) - aux[0]).to(v.scalar_type());
+  AttentionKernelBackward(dout, q, kc, vc, out, aux + 1, scale, mask, dq, dk, dv, softcap, window);
 }
 
 namespace {

@@ -73,10 +73,18 @@ at::Tensor LayerNormBackward(const at::Tensor& dy, const at::Tensor& x, const at
 // through an explicit softmax (O(T^2) memory) as in transformers' eager attention; `softcap` > 0
 // (Gemma 2, explicit path only) caps the scaled logits as softcap * tanh(logits / softcap) before
 // the mask is added.
-// Returns out [B, Hq, T, D]; appends to `aux` what AttentionBackward needs besides q, k, v, out.
+// For bf16/fp16 the kernels run on k and v less their mean over the sequence (per batch row and KV
+// head; k only without soft-capping), the values' mean added back to the output: the same
+// attention in exact arithmetic, without the kernels' backward error that grows with a large
+// common component of k and v (q/k/v biases; ops.cc says why). The means are constants of the
+// backward (no gradient flows through them, exactly so in exact arithmetic).
+// Returns out [B, Hq, T, D]; appends to `aux` what AttentionBackward needs besides q, k, v and
+// the kernel's output, written to `*kernel_out` (what AttentionBackward takes as `out`; equal to
+// the returned out in fp32). AttentionValue(kernel_out, aux) rebuilds the returned out bit for bit.
 at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                      const at::Tensor& mask, std::vector<at::Tensor>* aux, double softcap = 0.0,
-                     int64_t window = 0);
+                     int64_t window = 0, at::Tensor* kernel_out = nullptr);
+at::Tensor AttentionValue(const at::Tensor& kernel_out, const at::Tensor* aux);
 void AttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
                        double scale, const at::Tensor& mask, at::Tensor* dq, at::Tensor* dk,

@@ -121,7 +121,10 @@ at::Tensor AttentionPart::Forward(const Weights& W, const MicroBatch& mb, const 
   at::Tensor v = ops::SplitHeads(v_lin, kv_heads_, head_dim_);
   int64_t window = 0;
   const at::Tensor mask = Mask(mb, q, &window);
-  at::Tensor out = ops::Attention(q, k, v, scale_, mask, aux, softcap_, window);
+  std::vector<at::Tensor> local_aux;  // the values' mean where nothing is saved (16-bit)
+  at::Tensor out;
+  const at::Tensor value =
+      ops::Attention(q, k, v, scale_, mask, aux ? aux : &local_aux, softcap_, window, &out);
   if (saved) {
     if (normed) {  // the rotated q and k are rebuilt from the projections in backward
       saved->insert(saved->end(), {q_lin, k_lin});
@@ -132,7 +135,7 @@ at::Tensor AttentionPart::Forward(const Weights& W, const MicroBatch& mb, const 
     }
     saved->insert(saved->end(), {v, out});
   }
-  return Project(ops::MergeHeads(out), W[o_], W.Opt(ob_), conv1d_);
+  return Project(ops::MergeHeads(value), W[o_], W.Opt(ob_), conv1d_);
 }
 
 AttentionPart::Saved AttentionPart::Read(SavedReader* r) const {
@@ -177,8 +180,8 @@ at::Tensor AttentionPart::Backward(const Weights& W, const MicroBatch& mb, const
                                    const std::function<at::Tensor()>& input, const Saved& s,
                                    const at::Tensor* aux, const Emit& emit) const {
   at::Tensor dw, db;
-  at::Tensor dattn = ProjectBackward(dout, ops::MergeHeads(s.out), W[o_], ob_ != kAbsent, conv1d_,
-                                     &dw, &db);
+  at::Tensor dattn = ProjectBackward(dout, ops::MergeHeads(ops::AttentionValue(s.out, aux)), W[o_],
+                                     ob_ != kAbsent, conv1d_, &dw, &db);
   emit(o_, dw);
   if (ob_ != kAbsent) emit(ob_, db);
   const bool normed = qk_ != QkNorm::kNone;
@@ -233,6 +236,7 @@ int64_t AttentionPart::SavedBytes(int64_t batch, int64_t seq, double e) const {
   } else {
     bytes += n * 4 * heads_;  // logsumexp (CPU flash)
   }
+  if (e < 4) bytes += static_cast<double>(batch) * kvd * 4;  // the values' mean (ops::Attention)
   return static_cast<int64_t>(bytes);
 }
 

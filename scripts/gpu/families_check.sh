@@ -9,7 +9,10 @@
 # survives between calls while the machine stays warm). Logs and JSON go to $OUT (or /tmp).
 # Benchmarks: seq 1024, --gpu-memory-limit 24GiB, max_grad_norm 1.0, bf16, 1x15 workers, 3 timed
 # steps after 2 (STEPS / WARMUP override), no idle-core calibration (the step bound is not reported).
-# DEADLINE_S (seconds, default 3600) stops the parity tests in time for the call to report.
+# DEADLINE_S (seconds, default 3600) stops the parity tests in time for the call to report; it
+# counts from the script's start, the build (~2 min cold) included. PARITY_K selects variants
+# (pytest -k, e.g. PARITY_K="qwen2 or gpt2"); OFFLOADD_ATTENTION_KERNEL (auto, cudnn, flash,
+# efficient) passes through to offloadd-train.
 # The parity tests read ../shared (tokenizers, Alpaca records; tests/python/conftest.py), which
 # does not travel with the tree: `families_check.sh pack-shared` (here, before the call) packs what
 # they read into .gpu-shared.tar.xz (5 MB; list it in .git/info/exclude), and `parity` unpacks it
@@ -58,7 +61,8 @@ while [[ $# -gt 0 ]]; do
         # DEADLINE_S: seconds the whole script may take; the tests stop in time to report.
         left=$(( ${DEADLINE_S:-3600} - (t - t0) - 15 ))
         OFFLOADD_BINARY_DIR="$build" timeout "$left" python3 -m pytest -q -s -p no:cacheprovider \
-          tests/python/engine/test_families_gpu.py 2>&1 | tee "$out/parity.log" \
+          ${PARITY_K:+-k "$PARITY_K"} tests/python/engine/test_families_gpu.py 2>&1 \
+          | tee "$out/parity.log" \
           | grep -E "^[a-z0-9_]+ \[|^[a-z0-9_]+: weights|passed|failed|Error|error" | tail -60
         echo "== parity $(( $(date +%s) - t )) s"
       fi

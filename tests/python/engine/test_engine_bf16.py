@@ -17,13 +17,12 @@ a common expectation), and the whole model's <= 1.1 x. GPT-2's c_attn is checked
 third. Measured (2-core CPU): before the centring llama 6.9x (q/k projections 2.0-8.5x), gpt2
 4.3x (c_attn q/k 3.0-7.7x); after it 0.63x and 0.15x, every tensor within its bound.
 
-The centring was reverted (2026-11-28) before it landed: its sequence means run over padded
-positions too, whose exact-arithmetic zero gradients then came back as rounding noise, and AdamW
-turned that noise into full steps of the embedding rows only padding uses (GPT-2's wpe rows past
-the sequence) — test_pipeline_fp16's and test_device_optimizer's fp16 embedding bounds failed by
-9-22x on the CPU, and test_families_gpu's embeddings on the H200. The defect this test shows is
-therefore open again: it is an expected failure (strict: a fix that makes it pass must remove
-the mark) until the means are taken over the positions each row attends."""
+The centring was first reverted (2026-11-28): its backward differentiated the sequence means, so
+the rounding of their exactly-zero gradients came back on every position, padded ones included,
+and AdamW turned it into full steps of the embedding rows only padding uses (test_pipeline_fp16's
+and test_device_optimizer's fp16 embedding bounds 9-22x over on the CPU; test_families_gpu's
+embeddings on the H200). The means are now constants of the backward (no gradient flows through
+them in exact arithmetic; ops.cc): the same figures here (0.63x, 0.15x) and those tests pass."""
 
 import pytest
 import torch
@@ -68,8 +67,6 @@ def thirds(name: str, t: torch.Tensor):
     return [p for p in parts if not (name.endswith("bias") and p[0].endswith("[k]"))]
 
 
-@pytest.mark.xfail(strict=True, reason="q/k-bias bf16 gradient error open: the centring fix was "
-                   "reverted for leaking padding noise into embeddings (docstring)")
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_bf16_gradients_with_large_attention_biases(tmp_path, family):
     torch.manual_seed(11)
@@ -100,3 +97,34 @@ def test_bf16_gradients_with_large_attention_biases(tmp_path, family):
     if whole > 1.1:
         failures.append(report[-1])
     assert not failures, "\n".join(report + ["over the bound:"] + failures)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_positions_only_padding_uses_get_no_gradient(tmp_path, family):
+    """Right padding: the last positions hold token ids used nowhere else and are not trained.
+    Nothing trained reads them (causal attention), so in exact arithmetic, and in transformers'
+    bf16 backward, every gradient there is zero: Llama's embedding rows of those ids (GPT-2 ties
+    them to the head, which trains every row) and GPT-2's position rows of the padded tail must
+    get exactly zero. A gradient through the
+    centring's means spread rounding noise onto them, which AdamW turns into full steps."""
+    torch.manual_seed(11)
+    d = tmp_path / "model"
+    biased_model(family, d)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(2, 112, (4, 48), generator=g)
+    ids[:, 40:] = torch.arange(112, 120)  # ids 112..119 appear only in the padded tail
+    labels = ids.clone()
+    labels[:, 39:] = -100  # position 39's target is the first padding token: not trained either
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    ours = run_check(d, tmp_path / "in.safetensors", tmp_path / "o.safetensors", "--dtype", "bf16")
+    ref = grads_hf(d, torch.bfloat16, ids, labels)
+    if family == "llama":
+        rows = {"model.embed_tokens.weight": slice(112, 120)}
+    else:
+        rows = {"transformer.wpe.weight": slice(40, 48)}
+    for name, sl in rows.items():
+        assert torch.count_nonzero(ref[name][sl]) == 0, f"{name}: transformers' own gradient"
+        got = ours["grad/" + name][sl]
+        worst = got.abs().max().item()
+        assert torch.count_nonzero(got) == 0, (
+            f"{name} rows {sl.start}..{sl.stop - 1}: max |grad| {worst:.3g}, want 0")
