@@ -118,7 +118,9 @@ def test_kills_at_a_mixed_placement_and_resumes_at_others_bitwise(binary_dir, jo
     ram_all, text = validate(binary_dir, job, tmp_path, 16 << 30)
     low, high = nvme_all["predicted_host_bytes"], ram_all["predicted_host_bytes"]
     assert high > low, (nvme_all, ram_all)
-    limits = [low + (high - low) // 2, low + (high - low) // 5]
+    # (high - low is every block's states less the staging slots they no longer need: each limit
+    # holds a different number of whole blocks in RAM.)
+    limits = [low + (high - low) * 3 // 4, low + (high - low) * 7 // 20]
     placements = [placement(validate(binary_dir, job, tmp_path, lim)[1]) for lim in limits]
     print("placements:", placements, "| all in RAM:", placement(text))
     for p in placements:
