@@ -347,7 +347,8 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   h = Find(r, "offload.offload_optimizer.device");
   ASSERT_NE(h, nullptr) << Describe(r);
   EXPECT_NE(h->description.find("on NVMe ("), std::string::npos) << h->description;
-  EXPECT_NE(h->description.find("in RAM, but the store directories have 4 KiB free"), std::string::npos)
+  EXPECT_NE(h->description.find("in RAM, but the store directories have 4 KiB free"),
+            std::string::npos)
       << h->description;
   // One byte short of every block's states: the job fits RAM plus disk, part of its states in RAM.
   node_.store_dirs.back().available_bytes = all_nvme_disk - 1;
