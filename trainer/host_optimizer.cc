@@ -47,7 +47,8 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     return InvalidArgumentError("the NVMe tier needs at least one store directory");
   if (!o.nvme_blocks.empty() && o.nvme_blocks.size() != o.block_elements.size()) {
     return InvalidArgumentError("nvme_blocks names " + std::to_string(o.nvme_blocks.size()) +
-                                " blocks, the model has " + std::to_string(o.block_elements.size()));
+                                " blocks, the model has " +
+                                std::to_string(o.block_elements.size()));
   }
   const auto lo = LayoutOptions(o);
   const auto po = PoolOptions(o);
@@ -98,15 +99,18 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
       const std::string prefix = "B" + std::to_string(b) + ".";
       const uint64_t bytes4 = shards_[b].num_elements * 4;
       if (!internal::OnNvme(o, b)) {  // this block's states stay in RAM
-        ASSIGN_OR_RETURN(ipc::Region m, arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
-        ASSIGN_OR_RETURN(ipc::Region v1, arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
-        ASSIGN_OR_RETURN(ipc::Region v2,
-                         arena_->Allocate(prefix + "exp_avg_sq", ipc::RegionKind::kExpAvgSq, bytes4));
+        ASSIGN_OR_RETURN(ipc::Region m,
+                         arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
+        ASSIGN_OR_RETURN(ipc::Region v1,
+                         arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
+        ASSIGN_OR_RETURN(ipc::Region v2, arena_->Allocate(prefix + "exp_avg_sq",
+                                                          ipc::RegionKind::kExpAvgSq, bytes4));
         shards_[b].master_offset = m.offset;
         shards_[b].exp_avg_offset = v1.offset;
         shards_[b].exp_avg_sq_offset = v2.offset;
       } else if (o.compute == HostDtype::kFp32) {
-        ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute", ipc::RegionKind::kParamStaging, bytes4));
+        ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute",
+                                                         ipc::RegionKind::kParamStaging, bytes4));
         compute_copy_[b] = r.offset;
       }
     }
@@ -710,7 +714,8 @@ StatusOr<int> HostOptimizer::IssueReads(size_t shard) {
   next_slot_ = (next_slot_ + 1) % slots_.size();
   if (slot.shard >= 0) {
     RETURN_IF_ERROR(driver_->WaitShardIdle(slot.shard));  // its update (and write-back issue)
-    while (!slot.pending_writes.empty() || !slot.pending_reads.empty()) RETURN_IF_ERROR(PumpStore(true));
+    while (!slot.pending_writes.empty() || !slot.pending_reads.empty())
+      RETURN_IF_ERROR(PumpStore(true));
     slot_of_[slot.shard] = -1;
   }
   slot.shard = static_cast<int>(shard);
@@ -749,7 +754,8 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
   if (slots_.size() >= 3) {
     const int next = PrefetchCandidate(shard);
     // Never into this shard's own slot (a slot kept from an earlier step sits anywhere in turn).
-    if (next >= 0 && next_slot_ == static_cast<size_t>(slot_index)) next_slot_ = (next_slot_ + 1) % slots_.size();
+    if (next >= 0 && next_slot_ == static_cast<size_t>(slot_index))
+      next_slot_ = (next_slot_ + 1) % slots_.size();
     if (next >= 0) RETURN_IF_ERROR(IssueReads(static_cast<size_t>(next)).status());
   }
   last_staged_ = static_cast<int>(shard);

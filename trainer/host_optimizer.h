@@ -179,7 +179,8 @@ class HostOptimizer {
   // first error (ENOMEM naming the bytes). Idempotent.
   Status WaitPopulated();
   // The block's fp32 master weights in the arena (null for a block whose states are on NVMe,
-  // where they live in the store between updates). Read it from the on-updated callback or between steps.
+  // where they live in the store between updates). Read it from the on-updated callback or between
+  // steps.
   const float* master_weights(int block) const;
   // Checkpoint I/O between steps: the block's fp32 states (master, exp_avg, exp_avg_sq) are copied
   // out to / in from the given buffers (each elements(block) floats). `adam_step` is the

@@ -63,7 +63,8 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
       std::memset(arena_->At<void>(slot->offset[1]), 0, n * 4);
       std::memset(arena_->At<void>(slot->offset[2]), 0, n * 4);
       for (int k = 0; k < 3; ++k) {
-        RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(b), kStateKinds[k], slot->offset[k], n * 4, true));
+        RETURN_IF_ERROR(
+            StoreIo(true, static_cast<uint32_t>(b), kStateKinds[k], slot->offset[k], n * 4, true));
       }
       return OkStatus();
     });

@@ -52,7 +52,9 @@ std::string StatePlacement::Describe() const {
   const int ram = ram_blocks();
   const int nvme = static_cast<int>(tiers.size()) - ram;
   std::string out;
-  if (ram > 0) out += "blocks " + Ranges(tiers, BlockTier::kRam) + " in RAM (" + FormatByteSize(ram_bytes) + ")";
+  if (ram > 0)
+    out +=
+        "blocks " + Ranges(tiers, BlockTier::kRam) + " in RAM (" + FormatByteSize(ram_bytes) + ")";
   if (nvme > 0) {
     out += (ram > 0 ? ", " : "blocks ") + Ranges(tiers, BlockTier::kNvme) + " on NVMe (" +
            FormatByteSize(disk_bytes) + ")";
@@ -66,7 +68,8 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
   p.tiers.assign(blocks.size(), BlockTier::kNvme);
   std::vector<size_t> order(blocks.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return blocks[a].ram > blocks[b].ram; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return blocks[a].ram > blocks[b].ram; });
   uint64_t ram_left = ram_available;
   for (size_t b : order) {
     if (blocks[b].ram <= ram_left) {
@@ -88,7 +91,8 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
   return p;
 }
 
-StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit, uint64_t disk_free) {
+StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
+                                               uint64_t disk_free) {
   HostOptimizerOptions& o = in->optimizer;
   o.nvme_blocks.clear();
   const HostMemoryPrediction all = PredictHostMemory(*in);  // every block's states on NVMe
@@ -98,13 +102,15 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
     BlockStateBytes b;
     // HostOptimizer::ArenaBytes: three regions (and their rounding) in the arena; with fp32
     // compute an NVMe block's fp32 compute copy goes away.
-    b.ram = 3 * RoundUp(n * 4) + 2 * kPage * 3 - (o.compute == HostDtype::kFp32 ? RoundUp(n * 4) : 0);
+    b.ram =
+        3 * RoundUp(n * 4) + 2 * kPage * 3 - (o.compute == HostDtype::kFp32 ? RoundUp(n * 4) : 0);
     b.disk = 12 * n;
     blocks.push_back(b);
   }
   // The disk is checked below, with what is in flight beside the states for this placement (the
   // new versions of its largest NVMe block, not of the model's largest).
-  ASSIGN_OR_RETURN(StatePlacement p, PlaceBlockStates(blocks, ram_left, std::numeric_limits<uint64_t>::max()));
+  ASSIGN_OR_RETURN(StatePlacement p,
+                   PlaceBlockStates(blocks, ram_left, std::numeric_limits<uint64_t>::max()));
   o.nvme_blocks = p.nvme_blocks();
   // The staging slots were sized for the largest block; with it in RAM they shrink, and the RAM
   // they free takes more blocks (in block order).
@@ -129,7 +135,8 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
         "the optimizer states need " + FormatByteSize(placed.disk_bytes) + " on NVMe (" +
         std::to_string(nvme_blocks) + " of " + std::to_string(blocks.size()) + " blocks, " +
         FormatByteSize(p.disk_bytes) + " of states and the new versions in flight) beside " +
-        FormatByteSize(p.ram_bytes) + " in RAM, but the store directories have " + FormatByteSize(disk_free) +
+        FormatByteSize(p.ram_bytes) + " in RAM, but the store directories have " +
+        FormatByteSize(disk_free) +
         " free; free disk space, add a store directory or raise the host memory limit");
     o.nvme_blocks.clear();
     return refused;

@@ -43,9 +43,11 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
 
 // The NVMe tier under a host limit: `in` predicted with every block on NVMe leaves the RAM under
 // `limit` that the blocks' states may take (PlaceBlockStates, each block at what its master and
-// moments add to the arena; then again with the smaller staging slots of that placement); `disk_free` (the store directories' free space) less the new versions
-// in flight and the spilled activations is the disk. Sets in->optimizer.nvme_blocks.
-StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit, uint64_t disk_free);
+// moments add to the arena; then again with the smaller staging slots of that placement);
+// `disk_free` (the store directories' free space) less the new versions in flight and the spilled
+// activations is the disk. Sets in->optimizer.nvme_blocks.
+StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
+                                               uint64_t disk_free);
 
 // The free bytes of the file systems of `dirs` (each counted once; a directory not made yet counts
 // its nearest existing parent); UINT64_MAX when none can be asked.

@@ -51,7 +51,8 @@ Status Trainer::Impl::CheckHostMemory() {
   }
   in.optimizer.nvme_blocks.clear();
   const uint64_t disk_free = StoreDirsFreeBytes(cfg.offload.nvme_dirs);
-  if (in.optimizer.tier == StateTier::kNvme && (named || PredictHostMemory(in).disk_bytes > disk_free)) {
+  if (in.optimizer.tier == StateTier::kNvme &&
+      (named || PredictHostMemory(in).disk_bytes > disk_free)) {
     // A named limit, or a disk too small for every block: RAM holds the states of as many blocks
     // as the limit allows, NVMe the rest (trainer/state_placement.h).
     ASSIGN_OR_RETURN(const StatePlacement placed, PlaceStatesUnderLimit(&in, limit, disk_free));
@@ -78,7 +79,8 @@ Status Trainer::Impl::CheckHostMemory() {
   }
   const std::string source = named ? "host_memory_limit" : node_limit.source;
   out.host_text = p.Describe() + " within the host memory limit of " + FormatByteSize(limit) + " (" + source + ")";
-  if (!state_placement_text.empty()) out.host_text += "; optimizer states per block: " + state_placement_text;
+  if (!state_placement_text.empty())
+    out.host_text += "; optimizer states per block: " + state_placement_text;
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";

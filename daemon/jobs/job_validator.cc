@@ -423,7 +423,8 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
     c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
                                              FormatByteSize(node.host_memory_bytes) + " of RAM");
   }
-  trainer::HostMemoryInputs in = JobHostMemoryInputs(spec, config, r->model_size, compute_bytes, gpu);
+  trainer::HostMemoryInputs in =
+      JobHostMemoryInputs(spec, config, r->model_size, compute_bytes, gpu);
   if (in.optimizer.tier == trainer::StateTier::kNvme && !node.store_dirs.empty()) {
     // As the trainer places them (trainer/state_placement.h): with a named limit, or a disk too
     // small for every block, RAM holds as many blocks' states as the limit allows, NVMe the rest.
@@ -431,7 +432,8 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
     for (const auto& d : node.store_dirs) free_bytes += d.available_bytes;
     if (res.host_memory_limit() > 0 || trainer::PredictHostMemory(in).disk_bytes > free_bytes) {
       auto placed = trainer::PlaceStatesUnderLimit(&in, host_limit, free_bytes);
-      if (!placed.ok()) c.Add("offload.offload_optimizer.device", std::string(placed.status().message()));
+      if (!placed.ok())
+        c.Add("offload.offload_optimizer.device", std::string(placed.status().message()));
     }
   }
   r->host_memory = trainer::PredictHostMemory(in);

@@ -332,6 +332,7 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   // 12 B per parameter, and the new versions of the largest block in flight (3 slots + 1 committing).
   EXPECT_EQ(r.nvme_tier_disk_bytes, 12 * static_cast<uint64_t>(r.model_size.total_params) +
                                         48 * static_cast<uint64_t>(r.model_size.largest_block_params));
+  const uint64_t all_nvme_disk = r.nvme_tier_disk_bytes, all_nvme_host = r.nvme_tier_host_bytes;
   // The daemon's memory.host_memory_limit is the default when the job names none.
   node_.host_memory_limit = (r.nvme_tier_host_bytes + r.ram_tier_host_bytes) / 2;
   r = Validate(s);
@@ -342,9 +343,9 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
             std::string::npos)
       << h->description;
   EXPECT_NE(h->description.find("this needs a store directory"), std::string::npos) << h->description;
-  // On NVMe it fits the RAM; the store directories must hold the states (with a disk too small
-  // for every block, as many blocks' states as the limit allows stay in RAM: none here fit a disk
-  // of one page).
+  // On NVMe it fits the RAM; the store directories must hold what RAM does not: with a disk too
+  // small for every block's states, as many blocks' states as the limit allows stay in RAM
+  // (trainer/state_placement.h), and a disk of one page holds not even the rest.
   StoreDirFacts dir;
   dir.path = fs::canonical(root_);
   dir.available_bytes = 4096;
@@ -353,8 +354,18 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   r = Validate(s);
   h = Find(r, "offload.offload_optimizer.device");
   ASSERT_NE(h, nullptr) << Describe(r);
-  EXPECT_NE(h->description.find("the optimizer states need there"), std::string::npos) << h->description;
-  node_.store_dirs.back().available_bytes = r.nvme_tier_disk_bytes;
+  EXPECT_NE(h->description.find("on NVMe ("), std::string::npos) << h->description;
+  EXPECT_NE(h->description.find("in RAM, but the store directories have 4 KiB free"),
+            std::string::npos)
+      << h->description;
+  // One byte short of every block's states: the job fits RAM plus disk, part of its states in RAM.
+  node_.store_dirs.back().available_bytes = all_nvme_disk - 1;
+  r = Validate(s);
+  EXPECT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
+  EXPECT_LT(r.host_memory.disk_bytes, all_nvme_disk);
+  EXPECT_GT(r.host_memory.total, all_nvme_host);
+  EXPECT_LE(r.host_memory.total, r.host_memory_limit);
+  node_.store_dirs.back().available_bytes = all_nvme_disk;
   r = Validate(s);
   EXPECT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
   EXPECT_EQ(r.host_memory.total, r.nvme_tier_host_bytes);

@@ -197,10 +197,10 @@ TEST_F(HostOptimizerTest, NoWeightCopyArenaIsSmallerAndTrainsTheSame) {
 }
 
 // Per-block placement (nvme_blocks): blocks 0 and 3 keep their states in RAM, the other four (more
-// than the three staging slots, so prefetches and reused slots rotate) in the store. Training is bit for bit that of every block in RAM, only the NVMe blocks touch the disk
-// (12 B per parameter written per step), and a resume into another placement (another host
-// limit) continues with the same bits. bf16 and fp32 compute (the fp32 compute copy of NVMe
-// blocks).
+// than the three staging slots, so prefetches and reused slots rotate) in the store. Training is
+// bit for bit that of every block in RAM, only the NVMe blocks touch the disk (12 B per parameter
+// written per step), and a resume into another placement (another host limit) continues with the
+// same bits. bf16 and fp32 compute (the fp32 compute copy of NVMe blocks).
 TEST_F(HostOptimizerTest, MixedPlacementTrainsLikeRamAndResumesIntoAnotherPlacement) {
   for (HostDtype dt : {HostDtype::kBf16, HostDtype::kFp32}) {
     SCOPED_TRACE(dt == HostDtype::kBf16 ? "bf16" : "fp32");

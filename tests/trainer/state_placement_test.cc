@@ -97,7 +97,8 @@ TEST(StatePlacementTest, UnderALimitThePredictionFitsAndTheDiskIsExact) {
   auto short_disk = PlaceStatesUnderLimit(&again, limit, placed.disk_bytes - 1);
   ASSERT_FALSE(short_disk.ok());
   EXPECT_EQ(short_disk.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(short_disk.status().message().find("(1 of 6 blocks, 12 MiB of states and the new versions in flight)"),
+  EXPECT_NE(short_disk.status().message().find(
+                "(1 of 6 blocks, 12 MiB of states and the new versions in flight)"),
             std::string::npos)
       << short_disk.status().message();
   EXPECT_TRUE(again.optimizer.nvme_blocks.empty());  // refused: every block on NVMe again

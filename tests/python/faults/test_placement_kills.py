@@ -5,8 +5,8 @@ holds some blocks' fp32 masters and AdamW moments in RAM and puts the rest in th
 store is SIGKILLed mid-run (the run must fail naming the store), then the trainer process itself
 (what an executor's death is to the job); each time the run resumes from its newest checkpoint
 under another limit, so another placement. The final weights must equal an uninterrupted run's at
-the first placement bit for bit: the store's versions and the checkpoints carry the states
-whichever tier held them."""
+the first placement bit for bit, and so must a run with every block's states in RAM: the store's
+versions and the checkpoints carry the states whichever tier held them."""
 
 from __future__ import annotations
 
@@ -118,7 +118,9 @@ def test_kills_at_a_mixed_placement_and_resumes_at_others_bitwise(binary_dir, jo
     ram_all, text = validate(binary_dir, job, tmp_path, 16 << 30)
     low, high = nvme_all["predicted_host_bytes"], ram_all["predicted_host_bytes"]
     assert high > low, (nvme_all, ram_all)
-    limits = [low + (high - low) // 2, low + (high - low) // 5]
+    # (high - low is every block's states less the staging slots they no longer need: each limit
+    # holds a different number of whole blocks in RAM.)
+    limits = [low + (high - low) * 3 // 4, low + (high - low) * 7 // 20]
     placements = [placement(validate(binary_dir, job, tmp_path, lim)[1]) for lim in limits]
     print("placements:", placements, "| all in RAM:", placement(text))
     for p in placements:
@@ -131,6 +133,14 @@ def test_kills_at_a_mixed_placement_and_resumes_at_others_bitwise(binary_dir, jo
     assert r.returncode == 0, r.stderr[-3000:]
     assert placement(r.stderr) == placements[0], r.stderr[-3000:]
     ref = load_weights(ref_out / "model.safetensors")
+    # The placement does not change the result: every block's states in RAM (the RAM tier) trains
+    # the same bits.
+    ram_cmd = [a for a in train_cmd(binary_dir, job, tmp_path / "ram", tmp_path / "ram-nvme", None)
+               if not a.startswith(("--tier=", "--nvme-dir="))]
+    r = subprocess.run(ram_cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    diff, total = differing_bytes(load_weights(tmp_path / "ram" / "model.safetensors"), ref)
+    assert diff == 0, f"the RAM tier's weights differ from the mixed placement's in {diff} of {total} bytes"
 
     out = tmp_path / "out"
     # The store dies at step 6 (placement 0); the run resumes under limit 1, where its trainer is
