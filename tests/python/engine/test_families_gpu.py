@@ -129,6 +129,7 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
             failures.append(f"step {s}: loss error {e:.3g} > 3 x {max(e_hf):.3g}")
     sq_off = sq_hf = 0.0
     worst = (0.0, "")
+    tensors = []
     for name, t64 in w64.items():
         if name not in init:
             continue
@@ -143,6 +144,10 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
         bound = 1.25 + 4 / math.sqrt(k)
         ratio = d_off / max(d_hf, 1e-30)
         worst = max(worst, (ratio / bound, f"{name} {ratio:.3f} (bound {bound:.2f}, |err| {d_off:.3g})"))
+        # Every tensor's ratio and largest element error (offloadd / transformers bf16).
+        tensors.append(f"  {name} ratio {ratio:.3f} / {bound:.2f}; max |err| "
+                       f"{(w_off[name].double() - t64).abs().max().item():.3g} / "
+                       f"{(w_hf[name].double() - t64).abs().max().item():.3g}")
         if ratio > bound:
             failures.append(f"{name}: |w_off - w64| {d_off:.3g} > {bound:.2f} x |w_hf - w64| {d_hf:.3g}")
     whole = math.sqrt(sq_off / sq_hf)
@@ -150,5 +155,5 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
                   f"closest to its bound: {worst[1]}")
     if whole > 1.25:
         failures.append(f"whole model: error ratio {whole:.3f} > 1.25")
-    print("\n" + "\n".join(report))
+    print("\n" + "\n".join(report + tensors))
     assert not failures, "\n".join(report + failures)
