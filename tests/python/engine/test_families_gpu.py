@@ -48,11 +48,25 @@ parity`; bench/RESULTS.md "The q/k-bias bf16 parity"): the deadline reached 4 va
 (attention_bias, mlp_bias) passes: whole model 0.973, worst tensor layers.1 k_proj.bias 1.61 /
 1.75 (it was 2.32 with q_proj at 7.6x on the H100). mistral passes (1.005). qwen2 tied (0.964)
 and untied (0.991) are within the whole-model bound but each fails one bias tensor: tied
-layers.3 q_proj.bias 1.68 / 1.60, untied layers.2 k_proj.bias 2.36 / 1.75 (5.4 before). Those two
-and gpt2 (not reached on the GPU; it passes on the CPU) stay non-strict expected failures
-(QK_BIAS_OPEN) until a GPU run passes them; the bounds are unchanged. As both qwen2 variants pass
-on the CPU with room, what remains is in the CUDA kernel (cuDNN's on Hopper): to be told apart by
-running them with OFFLOADD_ATTENTION_KERNEL=flash and =efficient.
+layers.3 q_proj.bias 1.68 / 1.60, untied layers.2 k_proj.bias 2.36 / 1.75 (5.4 before).
+
+Measured (NVIDIA H200, 2026-11-28, a second call; the file's variants in five concurrent pytest
+runs after one build, per kernel OFFLOADD_ATTENTION_KERNEL=auto (cuDNN on Hopper), flash,
+efficient; bench/RESULTS.md gives the command): every variant not reached before passes with
+auto: gpt2 0.767 (worst h.0 c_fc.bias 1.28 / 1.43; 3.50 on the H100 before the centring, so it
+is strict now), qwen3 0.996, gemma2 1.089, gemma3_text 1.000, gemma3 multimodal 0.996, phi3
+1.013, olmo2 0.969 (worst tensors 1.04-1.38 against bounds 1.28-1.60). qwen2 is not the cuDNN
+kernel: tied layers.3 q_proj.bias is 1.680 (cuDNN; the same figures as the first call), 1.592
+(flash) and 1.662 (efficient) against 1.60, its largest element error 3.3-3.6e-4 against
+transformers' 1.0e-4 under all three; untied's worst k_proj.bias is 2.357 (cuDNN, layers.2),
+2.281 (flash, layers.3) and 1.525 (efficient, layers.1: passes), the failing layer moving with
+the kernel. Their k biases' gradients are not zero in exact arithmetic (RoPE rotates the bias by
+each key's position, so softmax's shift invariance does not remove it: |grad| 1.7e-4 beside the q
+bias's 2.1e-4 in a float64 check, against 1e-19 for gpt2's unrotated k bias), so no bound from
+AdamW's arithmetic alone applies to them. The two qwen2 variants stay non-strict expected
+failures (QK_BIAS_OPEN); the bounds are unchanged. What is left is likely the rotated k bias's
+spread across positions, which centring by one mean does not remove, multiplying D's bf16
+rounding into dq; D in fp32 is the untried remedy.
 """
 
 import json
@@ -86,7 +100,7 @@ def train_args(model, data, out):
 
 # The q/k-bias variants not yet passed on a GPU (docstring): non-strict, so a run that passes
 # them says so (XPASS).
-QK_BIAS_OPEN = {"qwen2_tied", "qwen2_untied", "gpt2"}
+QK_BIAS_OPEN = {"qwen2_tied", "qwen2_untied"}
 
 
 @pytest.mark.parametrize("variant", [
@@ -129,6 +143,7 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
             failures.append(f"step {s}: loss error {e:.3g} > 3 x {max(e_hf):.3g}")
     sq_off = sq_hf = 0.0
     worst = (0.0, "")
+    tensors = []
     for name, t64 in w64.items():
         if name not in init:
             continue
@@ -143,6 +158,10 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
         bound = 1.25 + 4 / math.sqrt(k)
         ratio = d_off / max(d_hf, 1e-30)
         worst = max(worst, (ratio / bound, f"{name} {ratio:.3f} (bound {bound:.2f}, |err| {d_off:.3g})"))
+        # Every tensor's ratio and largest element error (offloadd / transformers bf16).
+        tensors.append(f"  {name} ratio {ratio:.3f} / {bound:.2f}; max |err| "
+                       f"{(w_off[name].double() - t64).abs().max().item():.3g} / "
+                       f"{(w_hf[name].double() - t64).abs().max().item():.3g}")
         if ratio > bound:
             failures.append(f"{name}: |w_off - w64| {d_off:.3g} > {bound:.2f} x |w_hf - w64| {d_hf:.3g}")
     whole = math.sqrt(sq_off / sq_hf)
@@ -150,5 +169,5 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
                   f"closest to its bound: {worst[1]}")
     if whole > 1.25:
         failures.append(f"whole model: error ratio {whole:.3f} > 1.25")
-    print("\n" + "\n".join(report))
+    print("\n" + "\n".join(report + tensors))
     assert not failures, "\n".join(report + failures)
