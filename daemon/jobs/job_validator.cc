@@ -401,6 +401,20 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   return *real;
 }
 
+}  // namespace
+
+JobDefaults JobDefaultsOf(const NodeBudget& node) {
+  JobDefaults d;
+  d.has_gpu = !node.gpus.empty();  // a node with GPUs trains on them
+  d.aio_block_size = node.aio_block_size;
+  d.aio_queue_depth = node.aio_queue_depth;
+  d.host_memory_limit = node.host_memory_limit;
+  d.gpu_memory_limit = node.gpu_memory_limit;
+  return d;
+}
+
+namespace {
+
 // Host RAM and disk as the trainer plans them (trainer/host_memory.h, the same functions): the
 // limit is the job's resources.host_memory_limit, else the node's default (DefaultHostMemoryLimit:
 // the daemon's memory.host_memory_limit or 80% of RAM), which offloadd-train applies too.
@@ -408,9 +422,8 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
                             bool gpu, const NodeBudget& node, Checker& c, ValidationResult* r) {
   const auto& res = spec.resources();
   // A job's own limit first, else the node's default.
-  const uint64_t host_limit = res.host_memory_limit()
-                                  ? res.host_memory_limit()
-                                  : trainer::DefaultHostMemoryLimit(node.host_memory_limit, node.host_memory_bytes);
+  const uint64_t host_limit = trainer::DefaultHostMemoryLimit(
+      ResolveJobDefaults(spec, JobDefaultsOf(node)).host_memory_limit, node.host_memory_bytes);
   if (res.host_memory_limit() > node.host_memory_bytes) {
     c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
                                              FormatByteSize(node.host_memory_bytes) + " of RAM");
@@ -480,18 +493,11 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   };
   ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
   const bool seq_len_given = spec.dataset().has_max_seq_length();  // here, or as TRL's max_length
-  // The daemon's storage.aio is the default of the job's offload.aio (issue #17 item 2: it acts).
-  if (!spec.offload().aio().has_block_size()) spec.mutable_offload()->mutable_aio()->set_block_size(node.aio_block_size);
-  if (!spec.offload().aio().has_queue_depth()) spec.mutable_offload()->mutable_aio()->set_queue_depth(node.aio_queue_depth);
-  ApplyJobDefaults(&spec);
-  // The speculation default depends on where the job trains (a node with GPUs trains on them):
-  // resolved here so that the job record names the policy in force.
+  const ResolvedJob resolved = ResolveJobDefaults(spec, JobDefaultsOf(node));
+  spec = resolved.spec;
   if (!v1::Speculation_IsValid(spec.offload().speculation())) {
     c.Add("offload.speculation", "unknown value " + std::to_string(spec.offload().speculation()) +
                                      " (expected auto, never or always)");
-  } else if (spec.offload().speculation() == v1::SPECULATION_UNSPECIFIED) {
-    spec.mutable_offload()->set_speculation(node.gpus.empty() ? v1::SPECULATION_NEVER
-                                                              : v1::SPECULATION_AUTO);
   }
 
   // Model.
@@ -719,7 +725,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
         r.memory_floor.gpu_breakdown = p->source;
       }
       const uint64_t card = node.gpus[idx].total_memory_bytes;
-      const uint64_t limit = res.gpu_memory_limit() ? res.gpu_memory_limit() : node.gpu_memory_limit ? node.gpu_memory_limit : card;
+      const uint64_t limit = resolved.gpu_memory_limit ? resolved.gpu_memory_limit : card;
       if (limit > card) {
         c.Add("resources.gpu_memory_limit", FormatByteSize(limit) + " is more than GPU " + std::to_string(idx) + "'s " +
                                                 FormatByteSize(card));

@@ -15,11 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "jobspec/field_violation.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/path_policy.h"
-#include "jobspec/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues
 #include "daemon/node/node_probe.h"
+#include "jobspec/field_violation.h"
+#include "jobspec/job_defaults.h"
+#include "jobspec/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues
 #include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {
@@ -57,6 +58,9 @@ struct NodeBudget {
   uint64_t aio_block_size = 1u << 20;
   uint32_t aio_queue_depth = 32;
 };
+
+// The defaults this node and the daemon's configuration give a job (ResolveJobDefaults).
+JobDefaults JobDefaultsOf(const NodeBudget& node);
 
 // What one CreateJob's validation may spend, over all its files and records together (issue #29
 // item 4: each rendering was bounded, but 8 preview records of each of 512 paths, the same file

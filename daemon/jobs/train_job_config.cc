@@ -11,6 +11,7 @@
 
 #include "common/units.h"
 #include "daemon/jobs/unsupported_options.h"
+#include "jobspec/job_defaults.h"
 #include "trainer/checkpoint.h"
 #include "trainer/latest_checkpoint.h"
 
@@ -55,8 +56,18 @@ std::string SelfDir() {
 
 }  // namespace
 
+JobDefaults JobDefaultsOf(const TrainerEnvironment& env) {
+  JobDefaults d;
+  d.has_gpu = env.has_gpu;
+  d.host_memory_limit = env.host_memory_limit;
+  d.gpu_memory_limit = env.gpu_memory_limit;
+  return d;  // storage.aio: in the spec validation resolved (else job.proto's defaults)
+}
+
 StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const TrainerEnvironment& env) {
-  const v1::JobSpec& s = job.spec();
+  // What validation resolved; the same function again for a job stored before a default was added.
+  const ResolvedJob resolved = ResolveJobDefaults(job.spec(), JobDefaultsOf(env));
+  const v1::JobSpec& s = resolved.spec;
   // Validation refuses these before a job is queued; a job stored before an entry was added
   // still fails here with the same messages.
   if (const auto unsupported = UnsupportedOptions(s); !unsupported.empty()) {
@@ -118,8 +129,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.optim.beta2 = t.adam_beta2();
   c.optim.eps = t.adam_epsilon();
   c.optim.max_grad_norm = t.max_grad_norm();
-  switch (s.offload().speculation()) {  // unset: the trainer's default for the device
-    case v1::SPECULATION_UNSPECIFIED: c.optim.speculation = env.has_gpu ? "auto" : "never"; break;
+  switch (s.offload().speculation()) {
     case v1::SPECULATION_AUTO: c.optim.speculation = "auto"; break;
     case v1::SPECULATION_NEVER: c.optim.speculation = "never"; break;
     case v1::SPECULATION_ALWAYS: c.optim.speculation = "always"; break;
@@ -180,9 +190,8 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
     ASSIGN_OR_RETURN(c.offload.layer_overrides[layer],
                      ToActivationMode(mode, "offload.activations.layer_overrides[" + std::to_string(layer) + "]"));
   }
-  c.offload.gpu_memory_limit = s.resources().gpu_memory_limit() ? s.resources().gpu_memory_limit() : env.gpu_memory_limit;
-  c.offload.host_memory_limit =
-      s.resources().host_memory_limit() ? s.resources().host_memory_limit() : env.host_memory_limit;
+  c.offload.gpu_memory_limit = resolved.gpu_memory_limit;
+  c.offload.host_memory_limit = resolved.host_memory_limit;
   if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {  // trainer/lsp_mode.h
     const v1::CompressionConfig& comp = s.compression();
     c.lsp.enabled = true;
