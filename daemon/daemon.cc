@@ -115,6 +115,34 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// What CreateJob admits a job against (JobManager::Submit): the allowed roots, and the node as
+// probed at each call (memory, GPUs, store directories) with this daemon's defaults.
+JobManager::Options ManagerOptions(const DaemonConfig& config, int gpus) {
+  JobManager::Options options;
+  options.gpus = gpus;
+  options.allowed_roots = config.allowed_roots;
+  options.probe_node = [config] {
+    std::vector<StoreDirInput> dirs;
+    for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
+    const NodeFacts facts = ProbeNodeResources(dirs);
+    NodeBudget node;
+    node.host_memory_bytes = facts.memory.total_bytes;
+    node.host_memory_limit = config.memory.host_memory_limit;
+    node.gpu_memory_limit = config.memory.gpu_memory_limit;
+    node.gpus = facts.gpus;
+    node.gpu_driver_problem = facts.gpu_driver_problem;
+    node.cpu_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    node.profile_dir = config.state_dir + "/profiles";
+    node.aio_block_size = config.storage.aio.block_size;
+    node.aio_queue_depth = config.storage.aio.queue_depth;
+    for (const auto& d : facts.store_dirs) {
+      (d.problem.empty() ? node.store_dirs : node.unusable_store_dirs).push_back(d);
+    }
+    return node;
+  };
+  return options;
+}
+
 }  // namespace
 
 int RunDaemon(const DaemonConfig& config) {
@@ -209,8 +237,10 @@ int RunDaemon(const DaemonConfig& config) {
   // train_metrics outlives the manager, which reports counts until its scheduler stops.
   auto jobs = JobManager::Start(
       std::move(*store), std::move(runner),
-      [&train_metrics](const JobManager::StateCounts& counts) { train_metrics.SetJobsByState(counts); },
-      JobManager::Options{.gpus = static_cast<int>(gpus.size())});
+      [&train_metrics](const JobManager::StateCounts& counts) {
+        train_metrics.SetJobsByState(counts);
+      },
+      ManagerOptions(config, static_cast<int>(gpus.size())));
   if (!jobs.ok()) return Fail(jobs.status());
 
   // Signals are set up before the server starts so an early SIGTERM is not lost.
