@@ -54,6 +54,66 @@ std::string SelfDir() {
   return p.substr(0, p.rfind('/'));
 }
 
+// offload: where the optimizer states, weights and activations live, the NVMe directories (one
+// per job in each root) and the store's aio settings.
+Status ApplyOffload(const v1::JobSpec& s, const std::string& job_id, const TrainerEnvironment& env,
+                    trainer::TrainConfig& c) {
+  const v1::OffloadConfig& o = s.offload();
+  // Optimizer states on the GPU: none (all of them) or a ratio kept on the host (ZeRO-Offload++);
+  // unset, placed after the first step where they fit (set with the device above).
+  if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
+    c.offload.device_optimizer_share = 1.0;
+  } else if (o.offload_optimizer().has_ratio()) {
+    c.offload.device_optimizer_share = 1.0 - o.offload_optimizer().ratio();
+  }
+  // The store directories serve optimizer states on NVMe and activations offloaded to NVMe.
+  bool nvme_activations = o.activations().mode() == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
+    nvme_activations |= mode == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  }
+  const bool nvme_states = o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
+  if (nvme_states) c.offload.tier = trainer::StateTier::kNvme;
+  if (nvme_states || nvme_activations) {
+    std::vector<std::string> roots;
+    if (!o.offload_optimizer().nvme_path().empty()) {
+      roots.push_back(o.offload_optimizer().nvme_path());
+    } else {
+      roots = env.store_dirs;
+    }
+    if (roots.empty()) {
+      return FailedPreconditionError(std::string(nvme_states
+                                                     ? "offload.offload_optimizer.device: nvme"
+                                                     : "offload.activations: offload_nvme") +
+                                     " needs a store directory; none is configured "
+                                     "(storage.directories or offload_optimizer.nvme_path)");
+    }
+    for (const auto& r : roots) c.offload.nvme_dirs.push_back(r + "/" + job_id);
+  }
+  if (o.aio().queue_depth() > 0) c.offload.nvme_queue_depth = o.aio().queue_depth();
+  if (o.aio().block_size() > 0)
+    c.offload.nvme_block_size = static_cast<uint32_t>(o.aio().block_size());
+  using Weights = trainer::OffloadPlanConfig::Weights;
+  switch (o.offload_param().device()) {
+    case v1::OFFLOAD_DEVICE_NONE:
+      c.offload.weights = Weights::kResident;
+      break;
+    case v1::OFFLOAD_DEVICE_UNSPECIFIED:
+      c.offload.weights = Weights::kAuto;
+      break;
+    default:
+      c.offload.weights = Weights::kStreamed;
+      break;  // cpu (and nvme: staged through host memory)
+  }
+  ASSIGN_OR_RETURN(c.offload.activations,
+                   ToActivationMode(o.activations().mode(), "offload.activations.mode"));
+  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
+    ASSIGN_OR_RETURN(c.offload.layer_overrides[layer],
+                     ToActivationMode(mode, "offload.activations.layer_overrides[" +
+                                                std::to_string(layer) + "]"));
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 JobDefaults JobDefaultsOf(const TrainerEnvironment& env) {
@@ -148,48 +208,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.save_steps = t.save_steps();
   c.save_total_limit = t.save_total_limit();
 
-  const v1::OffloadConfig& o = s.offload();
-  // Optimizer states on the GPU: none (all of them) or a ratio kept on the host (ZeRO-Offload++);
-  // unset, placed after the first step where they fit (set with the device above).
-  if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
-    c.offload.device_optimizer_share = 1.0;
-  } else if (o.offload_optimizer().has_ratio()) {
-    c.offload.device_optimizer_share = 1.0 - o.offload_optimizer().ratio();
-  }
-  // The store directories serve optimizer states on NVMe and activations offloaded to NVMe.
-  bool nvme_activations = o.activations().mode() == v1::ACTIVATION_MODE_OFFLOAD_NVME;
-  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
-    nvme_activations |= mode == v1::ACTIVATION_MODE_OFFLOAD_NVME;
-  }
-  const bool nvme_states = o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
-  if (nvme_states) c.offload.tier = trainer::StateTier::kNvme;
-  if (nvme_states || nvme_activations) {
-    std::vector<std::string> roots;
-    if (!o.offload_optimizer().nvme_path().empty()) {
-      roots.push_back(o.offload_optimizer().nvme_path());
-    } else {
-      roots = env.store_dirs;
-    }
-    if (roots.empty()) {
-      return FailedPreconditionError(
-          std::string(nvme_states ? "offload.offload_optimizer.device: nvme" : "offload.activations: offload_nvme") +
-          " needs a store directory; none is configured (storage.directories or offload_optimizer.nvme_path)");
-    }
-    for (const auto& r : roots) c.offload.nvme_dirs.push_back(r + "/" + job.id());
-  }
-  if (o.aio().queue_depth() > 0) c.offload.nvme_queue_depth = o.aio().queue_depth();
-  if (o.aio().block_size() > 0) c.offload.nvme_block_size = static_cast<uint32_t>(o.aio().block_size());
-  using Weights = trainer::OffloadPlanConfig::Weights;
-  switch (o.offload_param().device()) {
-    case v1::OFFLOAD_DEVICE_NONE: c.offload.weights = Weights::kResident; break;
-    case v1::OFFLOAD_DEVICE_UNSPECIFIED: c.offload.weights = Weights::kAuto; break;
-    default: c.offload.weights = Weights::kStreamed; break;  // cpu (and nvme: staged through host memory)
-  }
-  ASSIGN_OR_RETURN(c.offload.activations, ToActivationMode(o.activations().mode(), "offload.activations.mode"));
-  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
-    ASSIGN_OR_RETURN(c.offload.layer_overrides[layer],
-                     ToActivationMode(mode, "offload.activations.layer_overrides[" + std::to_string(layer) + "]"));
-  }
+  RETURN_IF_ERROR(ApplyOffload(s, job.id(), env, c));
   c.offload.gpu_memory_limit = resolved.gpu_memory_limit;
   c.offload.host_memory_limit = resolved.host_memory_limit;
   if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {  // trainer/lsp_mode.h
