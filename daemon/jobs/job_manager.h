@@ -200,7 +200,7 @@ class JobManager {
                const std::function<bool(const offloadd::v1::JobEvent&)>& sink,
                const std::function<bool()>& cancelled, int poll_ms = 500);
 
-  // Watching without a thread (a gRPC callback stream, issue #29 item 16): Subscribe registers
+  // Watching without a thread (a gRPC callback stream): Subscribe registers
   // `wake`, called after each event appended to job `id` and once when the manager shuts down,
   // with the manager's lock held: it must only note the news and hand the reading to another
   // thread, never call into the manager. Unsubscribe (before `wake` becomes invalid) removes it.

@@ -227,7 +227,7 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
   if (o.offload_param().has_ratio()) {
     c.Add("offload.offload_param.ratio", "only offload_optimizer takes a ratio (the share of its states kept off the GPU)");
   }
-  // Settings that would not act are refused rather than echoed back (issue #17 item 2).
+  // Settings that would not act are refused rather than echoed back.
   if (o.offload_param().device() == v1::OFFLOAD_DEVICE_NVME) {
     c.Add("offload.offload_param.device",
           "nvme is not built: the bf16 weights the GPU reads stay in host RAM and stream from there (use cpu; "
@@ -495,7 +495,7 @@ std::unique_ptr<engine::ModelConfig> CheckModel(v1::JobSpec& spec, const PathPol
       if (!Exists(*dir + "/model.safetensors") && !Exists(*dir + "/model.safetensors.index.json")) {
         c.Add("model.path", *dir + " has neither model.safetensors nor model.safetensors.index.json");
       }
-      // Every file the job will open there, as it will open it (issue #29 items 1 and 3).
+      // Every file the job will open there, as it will open it.
       for (const std::string& problem : ModelFileProblems(*dir)) c.Add("model.path", problem);
     }
   }

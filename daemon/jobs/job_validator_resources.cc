@@ -65,7 +65,7 @@ void CheckGpuMemory(const v1::JobSpec& spec, const engine::ModelConfig& config,
   const int64_t floor_batch = auto_batch ? 1 : spec.training().per_device_train_batch_size();
   r->memory_floor =
       EstimateMemoryFloor(r->model_size, config, floor_batch, ds.max_seq_length(), compute_bytes);
-  // The step's price on this node, for `offloadctl submit --validate-only` (issue #29 item 23).
+  // The step's price on this node, for `offloadctl submit --validate-only`.
   const int gi = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size())
                      ? res.gpu_index()
                      : 0;

@@ -96,7 +96,7 @@ JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, Dae
       peers_(std::move(peers)),
       watch_streams_(jobs, metrics) {
   // The per-client active-job counts survive a restart: every active job the store holds counts
-  // for its submitter (issue #29 item 16; they used to start at zero).
+  // for its submitter (they used to start at zero).
   if (jobs_ == nullptr) return;
   std::string token;
   int adopted = 0;
