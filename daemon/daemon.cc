@@ -166,9 +166,11 @@ StatusOr<ExecutorRunnerOptions> RunnerOptions(const DaemonConfig& config,
   return runner_options;
 }
 
+}  // namespace
+
 // What CreateJob admits a job against (JobManager::Submit): the allowed roots, and the node as
 // probed at each call (memory, GPUs, store directories) with this daemon's defaults.
-JobManager::Options ManagerOptions(const DaemonConfig& config, int gpus) {
+JobManager::Options JobManagerOptionsFor(const DaemonConfig& config, int gpus) {
   JobManager::Options options;
   options.gpus = gpus;
   options.allowed_roots = config.allowed_roots;
@@ -193,8 +195,6 @@ JobManager::Options ManagerOptions(const DaemonConfig& config, int gpus) {
   };
   return options;
 }
-
-}  // namespace
 
 int RunDaemon(const DaemonConfig& config) {
   signal(SIGPIPE, SIG_IGN);
@@ -257,7 +257,7 @@ int RunDaemon(const DaemonConfig& config) {
       [&train_metrics](const JobManager::StateCounts& counts) {
         train_metrics.SetJobsByState(counts);
       },
-      ManagerOptions(config, static_cast<int>(gpus.size())));
+      JobManagerOptionsFor(config, static_cast<int>(gpus.size())));
   if (!jobs.ok()) return Fail(jobs.status());
 
   // Signals are set up before the server starts so an early SIGTERM is not lost.
