@@ -115,7 +115,87 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// The GPUs jobs train on, as a short-lived executor finds them (SetProbedGpus records them for
+// the node probe); none when the driver is too old for the bundled CUDA runtime, which is logged.
+std::vector<GpuFacts> ProbeDaemonGpus(const std::string& executor_binary) {
+  std::string gpu_problem;
+  // Two statements: the order in which one call's arguments are evaluated is unspecified, and
+  // the problem must be read after the probe wrote it.
+  GpuDriverFacts driver;
+  std::vector<GpuFacts> probed =
+      ProbeGpusWithExecutor(executor_binary, &gpu_problem, 60000, &driver);
+  driver.driver_version = ReadNvidiaDriverVersion();
+  // A GPU whose driver is too old for the bundled CUDA runtime is an error, not a CPU node: jobs
+  // are refused at validation until the driver is upgraded or the GPUs are hidden on purpose.
+  const std::string driver_problem =
+      GpusHiddenByEnvironment(std::getenv("CUDA_VISIBLE_DEVICES")) ? "" : GpuDriverProblem(driver);
+  if (!driver_problem.empty()) {
+    OFFLOADD_LOG(kError, kLog) << "GPU unusable: " << driver_problem
+                               << "; until then jobs are refused";
+    probed.clear();
+    gpu_problem = driver_problem;
+  }
+  SetProbedGpus(std::move(probed), gpu_problem, DescribeGpuDriver(driver), driver_problem);
+  const std::vector<GpuFacts> gpus = ProbeGpus(&gpu_problem);
+  if (gpus.empty() && driver_problem.empty()) {
+    OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
+                              << "): jobs train on the CPU";
+  }
+  return gpus;
+}
+
+// How the daemon's executors are started and watched, from its config.
+StatusOr<ExecutorRunnerOptions> RunnerOptions(const DaemonConfig& config,
+                                              const std::string& executor_binary, bool has_gpu) {
+  ExecutorRunnerOptions runner_options;
+  runner_options.executor_binary = executor_binary;
+  runner_options.environment = DaemonTrainerEnvironment(config, has_gpu);
+  runner_options.state_dir = config.state_dir;
+  runner_options.max_restarts = config.jobs.max_executor_restarts;
+  runner_options.cancel_grace_seconds = config.jobs.cancel_grace_seconds;
+  runner_options.group_timeout_seconds = config.jobs.group_timeout_seconds;
+  runner_options.liveness_floor_seconds = config.jobs.liveness.floor_seconds;
+  runner_options.liveness_factor = config.jobs.liveness.factor;
+  runner_options.heartbeat_seconds = config.jobs.liveness.heartbeat_seconds;
+  runner_options.log_level = LogSeverityName(config.log_level);
+  if (!config.server.tcp.listen.empty()) {  // read once more: CheckStartup accepted it above
+    auto tokens = ReadTokenFile(config.server.tcp.auth_token_file);
+    if (!tokens.ok()) return tokens.status();
+    for (const ClientToken& t : *tokens) runner_options.token_users[t.name] = t.user;
+  }
+  return runner_options;
+}
+
 }  // namespace
+
+// What CreateJob admits a job against (JobManager::Submit): the allowed roots, and the node as
+// probed at each call (memory, GPUs, store directories) with this daemon's defaults.
+JobManager::Options JobManagerOptionsFor(const DaemonConfig& config, int gpus) {
+  JobManager::Options options;
+  options.gpus = gpus;
+  options.allowed_roots = config.allowed_roots;
+  options.probe_node = [config] {
+    std::vector<StoreDirInput> dirs;
+    for (const auto& d : config.storage.directories) dirs.push_back({d.path, d.weight});
+    const NodeFacts facts = ProbeNodeResources(dirs);
+    NodeBudget node;
+    node.host_memory_bytes = facts.memory.total_bytes;
+    node.host_memory = trainer::ProbeNodeMemory();
+    node.host_memory_limit = config.memory.host_memory_limit;
+    node.gpu_memory_limit = config.memory.gpu_memory_limit;
+    node.gpus = facts.gpus;
+    node.gpu_driver_problem = facts.gpu_driver_problem;
+    node.cpu_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    node.profile_dir = config.state_dir + "/profiles";
+    node.aio_block_size = config.storage.aio.block_size;
+    node.aio_queue_depth = config.storage.aio.queue_depth;
+    for (const auto& d : facts.store_dirs) {
+      (d.problem.empty() ? node.store_dirs : node.unusable_store_dirs).push_back(d);
+    }
+    return node;
+  };
+  return options;
+}
 
 int RunDaemon(const DaemonConfig& config) {
   signal(SIGPIPE, SIG_IGN);
@@ -152,27 +232,7 @@ int RunDaemon(const DaemonConfig& config) {
   // Jobs train on the GPU when the probe finds one (CUDA flavour), else on the CPU. The daemon
   // does not load CUDA: a short-lived executor asks the CUDA runtime.
   const std::string executor_binary = FindSiblingBinary("offloadd-executor", "executor");
-  std::string gpu_problem;
-  // Two statements: the order in which one call's arguments are evaluated is unspecified, and
-  // the problem must be read after the probe wrote it.
-  GpuDriverFacts driver;
-  std::vector<GpuFacts> probed = ProbeGpusWithExecutor(executor_binary, &gpu_problem, 60000, &driver);
-  driver.driver_version = ReadNvidiaDriverVersion();
-  // A GPU whose driver is too old for the bundled CUDA runtime is an error, not a CPU node: jobs
-  // are refused at validation until the driver is upgraded or the GPUs are hidden on purpose.
-  const std::string driver_problem =
-      GpusHiddenByEnvironment(std::getenv("CUDA_VISIBLE_DEVICES")) ? "" : GpuDriverProblem(driver);
-  if (!driver_problem.empty()) {
-    OFFLOADD_LOG(kError, kLog) << "GPU unusable: " << driver_problem << "; until then jobs are refused";
-    probed.clear();
-    gpu_problem = driver_problem;
-  }
-  SetProbedGpus(std::move(probed), gpu_problem, DescribeGpuDriver(driver), driver_problem);
-  const std::vector<GpuFacts> gpus = ProbeGpus(&gpu_problem);
-  if (gpus.empty() && driver_problem.empty()) {
-    OFFLOADD_LOG(kInfo, kLog) << "no GPU (" << (gpu_problem.empty() ? "none visible" : gpu_problem)
-                              << "): jobs train on the CPU";
-  }
+  const std::vector<GpuFacts> gpus = ProbeDaemonGpus(executor_binary);
   // MFU needs the GPU's peak: metrics.peak_flops, else the table of known GPUs.
   double peak_flops = config.metrics.peak_flops;
   if (peak_flops <= 0 && !gpus.empty()) {
@@ -185,23 +245,9 @@ int RunDaemon(const DaemonConfig& config) {
                              {.peak_flops = peak_flops,
                               .job_series_retention_seconds = config.metrics.job_series_retention_seconds,
                               .clock = {}});
-  ExecutorRunnerOptions runner_options;
-  runner_options.executor_binary = executor_binary;
-  runner_options.environment = DaemonTrainerEnvironment(config, !gpus.empty());
-  runner_options.state_dir = config.state_dir;
-  runner_options.max_restarts = config.jobs.max_executor_restarts;
-  runner_options.cancel_grace_seconds = config.jobs.cancel_grace_seconds;
-  runner_options.group_timeout_seconds = config.jobs.group_timeout_seconds;
-  runner_options.liveness_floor_seconds = config.jobs.liveness.floor_seconds;
-  runner_options.liveness_factor = config.jobs.liveness.factor;
-  runner_options.heartbeat_seconds = config.jobs.liveness.heartbeat_seconds;
-  runner_options.log_level = LogSeverityName(config.log_level);
-  if (!config.server.tcp.listen.empty()) {  // read once more: CheckStartup accepted it above
-    auto tokens = ReadTokenFile(config.server.tcp.auth_token_file);
-    if (!tokens.ok()) return Fail(tokens.status());
-    for (const ClientToken& t : *tokens) runner_options.token_users[t.name] = t.user;
-  }
-  auto runner = std::make_unique<ExecutorJobRunner>(std::move(runner_options), &train_metrics);
+  auto runner_options = RunnerOptions(config, executor_binary, !gpus.empty());
+  if (!runner_options.ok()) return Fail(runner_options.status());
+  auto runner = std::make_unique<ExecutorJobRunner>(std::move(*runner_options), &train_metrics);
   const TrainerEnvironment& env = runner->options().environment;
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << " in " << executor_binary
                             << " (one per job and GPU), " << env.worker_processes
@@ -209,8 +255,10 @@ int RunDaemon(const DaemonConfig& config) {
   // train_metrics outlives the manager, which reports counts until its scheduler stops.
   auto jobs = JobManager::Start(
       std::move(*store), std::move(runner),
-      [&train_metrics](const JobManager::StateCounts& counts) { train_metrics.SetJobsByState(counts); },
-      JobManager::Options{.gpus = static_cast<int>(gpus.size())});
+      [&train_metrics](const JobManager::StateCounts& counts) {
+        train_metrics.SetJobsByState(counts);
+      },
+      JobManagerOptionsFor(config, static_cast<int>(gpus.size())));
   if (!jobs.ok()) return Fail(jobs.status());
 
   // Signals are set up before the server starts so an early SIGTERM is not lost.

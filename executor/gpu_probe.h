@@ -1,6 +1,6 @@
 #pragma once
 // `offloadd-executor --probe-gpus`: the GPUs the CUDA runtime sees, as JSON, so that the daemon
-// learns them without loading CUDA itself (issue #15). The CPU flavour reports why there are none.
+// learns them without loading CUDA itself. The CPU flavour reports why there are none.
 #include <string>
 
 namespace offloadd::executor {

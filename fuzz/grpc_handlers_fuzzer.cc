@@ -32,6 +32,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/safe_path.h"
+#include "daemon/daemon.h"
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/job_store.h"
 #include "daemon/metrics/metrics.h"
@@ -96,12 +97,6 @@ Daemon Start() {
   Daemon d;
   auto store = od::JobStore::Open(":memory:");
   if (!store.ok()) offloadd::fuzz::SetupFailed(store.status().ToString());
-  auto jobs = od::JobManager::Start(std::move(*store), std::make_unique<QuickRunner>());
-  if (!jobs.ok()) offloadd::fuzz::SetupFailed(jobs.status().ToString());
-  d.jobs = std::move(*jobs);
-  auto metrics = od::DaemonMetrics::Start("", {"fuzz", "fuzz", "none", "cpu"});
-  if (!metrics.ok()) offloadd::fuzz::SetupFailed(metrics.status().ToString());
-  d.metrics = std::move(*metrics);
   od::DaemonConfig config;
   config.state_dir = std::string(kRoot) + "/state";
   config.allowed_roots = {kRoot};
@@ -111,6 +106,14 @@ Daemon Start() {
   d.socket = std::string(kRoot) + "/sock-" + std::to_string(::getpid());
   config.server.unix_socket = d.socket;
   config.storage.directories.push_back({std::string(kRoot) + "/nvme", 1.0});
+  // Admission as the daemon's: its roots and node probe (JobManager::Submit).
+  auto jobs = od::JobManager::Start(std::move(*store), std::make_unique<QuickRunner>(), {},
+                                    od::JobManagerOptionsFor(config, /*gpus=*/0));
+  if (!jobs.ok()) offloadd::fuzz::SetupFailed(jobs.status().ToString());
+  d.jobs = std::move(*jobs);
+  auto metrics = od::DaemonMetrics::Start("", {"fuzz", "fuzz", "none", "cpu"});
+  if (!metrics.ok()) offloadd::fuzz::SetupFailed(metrics.status().ToString());
+  d.metrics = std::move(*metrics);
   auto server = od::GrpcServer::Start(config, {"fuzz", "fuzz", "none", false}, d.jobs.get(), d.metrics.get());
   if (!server.ok()) offloadd::fuzz::SetupFailed(server.status().ToString());
   d.server = std::move(*server);

@@ -20,7 +20,7 @@ using json = nlohmann::json;
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
-// Confined to the allowed roots, regular files only (common/safe_path.h, issue #29 item 1).
+// Confined to the allowed roots, regular files only (common/safe_path.h).
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
   StatusOr<std::string> text = ReadFileConfined(path);
   if (!text.ok()) return text.status().WithContext("tokenizer file");

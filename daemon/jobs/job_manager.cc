@@ -144,9 +144,13 @@ class JobManager::Control final : public JobControl {
   const Running* running_;
 };
 
-JobManager::JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner, StateCountsSink on_counts,
-                       Options options)
-    : store_(std::move(store)), runner_(std::move(runner)), on_counts_(std::move(on_counts)), options_(options) {}
+JobManager::JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner,
+                       StateCountsSink on_counts, Options options)
+    : store_(std::move(store)),
+      runner_(std::move(runner)),
+      on_counts_(std::move(on_counts)),
+      options_(options),
+      paths_(options_.allowed_roots) {}
 
 StatusOr<std::unique_ptr<JobManager>> JobManager::Start(std::unique_ptr<JobStore> store,
                                                         std::unique_ptr<JobRunner> runner,
@@ -373,25 +377,16 @@ StatusOr<v1::Job> JobManager::Create(const v1::JobSpec& resolved_spec, const std
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return UnavailableError("the daemon is shutting down; submit the job again after it restarts");
   if (!request_id.empty()) {  // under mu_: two concurrent retries create one job
-    // Per client: another client's job with the same request_id is none of this one's business.
-    auto existing = store_->JobForRequest(submitted_by, request_id);
-    if (existing.status().code() == StatusCode::kNotFound && !submitted_by.empty()) {
-      // A key recorded before request ids were per client counts only for its own submitter.
-      auto legacy = store_->JobForRequest("", request_id);
-      if (legacy.ok()) {
-        auto prior = store_->Get(*legacy);
-        if (prior.ok() && prior->submitted_by() == submitted_by) existing = std::move(legacy);
-      }
-    }
-    if (existing.ok()) {
-      ASSIGN_OR_RETURN(v1::Job prior, store_->Get(*existing));
-      if (prior.spec().SerializeAsString() != resolved_spec.SerializeAsString()) {
-        return AlreadyExistsError("request_id '" + request_id + "' was used for job " + prior.id() +
+    auto prior = JobForRequestLocked(submitted_by, request_id);
+    if (prior.ok()) {
+      if (prior->spec().SerializeAsString() != resolved_spec.SerializeAsString()) {
+        return AlreadyExistsError("request_id '" + request_id + "' was used for job " +
+                                  prior->id() +
                                   " with a different spec; use a new request_id for a new job");
       }
       return prior;
     }
-    if (existing.status().code() != StatusCode::kNotFound) return existing.status();
+    if (prior.status().code() != StatusCode::kNotFound) return prior.status();
   }
   // The whole record stays small (ValidateJobSpec bounds the spec as sent; this the resolved one).
   if (const size_t bytes = resolved_spec.ByteSizeLong() + request_id.size() + submitted_by.size();

@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/file_identity.h"
 #include "common/status.h"
 #include "daemon/jobs/job_store.h"
 #include "daemon/jobs/job_validator.h"
@@ -97,6 +98,44 @@ inline constexpr int kMaxTransitionsKept = 64;
 
 struct JobManagerOptions {
   int gpus = 0;  // GPUs of the node (indices 0..gpus-1); 0: a CPU node, one job at a time
+  // Admission (Submit): the roots a job's paths must resolve under, and what the node offers a
+  // job now (memory, GPUs, store directories, the daemon's defaults), asked at every Submit.
+  // Empty probe: ProbeNodeResources with no store directories and no daemon defaults.
+  std::vector<std::string> allowed_roots;
+  std::function<NodeBudget()> probe_node;
+};
+
+// A client's share of the node's jobs (the server's per-client limit), held from before a job is
+// recorded: Reserve, then Commit once the job exists or Release when it was not created.
+class SubmitQuota {
+ public:
+  virtual ~SubmitQuota() = default;
+  virtual Status Reserve() = 0;  // RESOURCE_EXHAUSTED naming the limit
+  virtual void Commit(const std::string& job_id) = 0;
+  virtual void Release() = 0;
+};
+
+// One CreateJob, as the wire gave it.
+struct SubmitRequest {
+  offloadd::v1::JobSpec spec;
+  std::string request_id;    // idempotency key, per client
+  std::string submitted_by;  // the client (Job.submitted_by)
+  bool validate_only = false;
+  // Whose rights the job's files are opened with during validation (common/file_identity.h);
+  // nullopt: the daemon's own.
+  std::optional<FileIdentity> identity;
+  std::function<bool()> stop;    // the caller gave up: validation ends early
+  SubmitQuota* quota = nullptr;  // may be null (no per-client limit)
+};
+
+// What Submit decided. `validation` holds every violation found (none: admitted) and
+// `validation.stopped` is CANCELLED when `stop` ended it; `job` is the job created (or the one a
+// retry of the same request created before), or, for validate_only, the job as it would be queued:
+// its resolved spec, step estimate and model summary.
+struct Submission {
+  ValidationResult validation;
+  offloadd::v1::Job job;
+  bool admitted() const { return validation.stopped.ok() && validation.ok(); }
 };
 
 class JobManager {
@@ -124,6 +163,12 @@ class JobManager {
 
   bool can_run_jobs() const { return runner_ != nullptr; }
 
+  // Admission: a retry of a request this client already made (by request_id) is looked up first,
+  // so that the checkpoints its job wrote to output_dir are no reason to refuse it; the spec is
+  // validated against this node (options' probe_node); an admitted job is created, unless
+  // validate_only. Violations are the result's, not an error; errors are the store's, the
+  // quota's, or ALREADY_EXISTS for a request_id reused with another spec.
+  StatusOr<Submission> Submit(const SubmitRequest& request);
   // Queues a job whose spec has passed ValidateJobSpec.
   // With a request_id: the job `submitted_by` already created with it when its spec is the same
   // (a retry); ALREADY_EXISTS naming that job when the spec differs. Request ids are per client:
@@ -131,10 +176,6 @@ class JobManager {
   StatusOr<offloadd::v1::Job> Create(const offloadd::v1::JobSpec& resolved_spec,
                                      const std::string& request_id = "", const std::string& submitted_by = "");
   StatusOr<offloadd::v1::Job> Get(const std::string& id);
-  // Whether `submitted_by` already created a job with this CreateJob request_id (a retry).
-  bool CreatedWithRequest(const std::string& submitted_by, const std::string& request_id) {
-    return !request_id.empty() && store_->JobForRequest(submitted_by, request_id).ok();
-  }
   StatusOr<JobStore::Page> List(const std::vector<offloadd::v1::JobState>& states, int page_size,
                                 const std::string& page_token);
   // `force`: the running job's processes are killed at once (JobControl::force_stop), also when it
@@ -159,7 +200,7 @@ class JobManager {
                const std::function<bool(const offloadd::v1::JobEvent&)>& sink,
                const std::function<bool()>& cancelled, int poll_ms = 500);
 
-  // Watching without a thread (a gRPC callback stream, issue #29 item 16): Subscribe registers
+  // Watching without a thread (a gRPC callback stream): Subscribe registers
   // `wake`, called after each event appended to job `id` and once when the manager shuts down,
   // with the manager's lock held: it must only note the news and hand the reading to another
   // thread, never call into the manager. Unsubscribe (before `wake` becomes invalid) removes it.
@@ -190,6 +231,10 @@ class JobManager {
              Options options);
 
   Status Recover();
+  // The job `submitted_by` created with `request_id`, if any (NOT_FOUND otherwise). Caller
+  // holds mu_.
+  StatusOr<offloadd::v1::Job> JobForRequestLocked(const std::string& submitted_by,
+                                                  const std::string& request_id);
   void SchedulerLoop();
   // Starts queued jobs, in order, while the head of the queue fits. Caller holds `lock` on mu_.
   void StartQueuedLocked(std::unique_lock<std::mutex>& lock);
@@ -242,6 +287,7 @@ class JobManager {
   std::unordered_map<std::string, std::shared_ptr<WatchSlot>> watch_slots_;  // by job id
   std::map<offloadd::v1::JobState, int64_t> counts_;  // jobs by state, as in store_
   const Options options_;
+  const PathPolicy paths_;                                   // options_.allowed_roots
   std::map<std::string, std::unique_ptr<Running>> running_;  // by job id; erased once joined
   int unrecorded_ends_ = 0;  // running jobs whose end the store refused so far: start nothing new
   // Those jobs as they ended (what GetJob shows until the store holds it), and why not recorded.

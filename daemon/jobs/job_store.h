@@ -46,7 +46,7 @@ class JobStore {
 
   // ALREADY_EXISTS if the id is taken.
   // Also records job.request_id() when set, as a key of job.submitted_by()'s (FAILED_PRECONDITION
-  // when another job of that client holds it): request ids are per client (issue #29 item 8).
+  // when another job of that client holds it): request ids are per client.
   Status Insert(const offloadd::v1::Job& job);
   // The job `client` created with this CreateJob request_id; NOT_FOUND when none. Keys recorded
   // before request ids were per client are found with an empty `client`.

@@ -16,6 +16,7 @@
 #include "common/safe_path.h"
 #include "common/units.h"
 #include "daemon/jobs/hf_names.h"
+#include "daemon/jobs/job_validator_checks.h"
 #include "daemon/jobs/sequence_positions.h"
 #include "daemon/jobs/spec_refusals.h"
 #include "daemon/jobs/train_job_config.h"
@@ -230,7 +231,7 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
   if (o.offload_param().has_ratio()) {
     c.Add("offload.offload_param.ratio", "only offload_optimizer takes a ratio (the share of its states kept off the GPU)");
   }
-  // Settings that would not act are refused rather than echoed back (issue #17 item 2).
+  // Settings that would not act are refused rather than echoed back.
   if (o.offload_param().device() == v1::OFFLOAD_DEVICE_NVME) {
     c.Add("offload.offload_param.device",
           "nvme is not built: the bf16 weights the GPU reads stay in host RAM and stream from there (use cpu; "
@@ -405,6 +406,20 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   return *real;
 }
 
+}  // namespace
+
+JobDefaults JobDefaultsOf(const NodeBudget& node) {
+  JobDefaults d;
+  d.has_gpu = !node.gpus.empty();  // a node with GPUs trains on them
+  d.aio_block_size = node.aio_block_size;
+  d.aio_queue_depth = node.aio_queue_depth;
+  d.host_memory_limit = node.host_memory_limit;
+  d.gpu_memory_limit = node.gpu_memory_limit;
+  return d;
+}
+
+namespace {
+
 // Host RAM and disk as the trainer plans them (trainer/host_memory.h, the same functions): the
 // limit is the job's resources.host_memory_limit, else the node's default (DefaultHostMemoryLimit:
 // the daemon's memory.host_memory_limit or what the node can give safely now), which
@@ -416,9 +431,10 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
   trainer::NodeMemory mem = node.host_memory;
   if (mem.total == 0) mem.total = node.host_memory_bytes;
   mem.pinned = gpu;
-  const trainer::HostMemoryLimit node_default = trainer::DefaultHostMemoryLimit(node.host_memory_limit, mem);
+  const trainer::HostMemoryLimit node_default = trainer::DefaultHostMemoryLimit(
+      ResolveJobDefaults(spec, JobDefaultsOf(node)).host_memory_limit, mem);
   const trainer::HostMemoryLimit node_can = trainer::DefaultHostMemoryLimit(0, mem);
-  const uint64_t host_limit = res.host_memory_limit() ? res.host_memory_limit() : node_default.bytes;
+  const uint64_t host_limit = node_default.bytes;
   if (res.host_memory_limit() > node.host_memory_bytes) {
     c.Add("resources.host_memory_limit", FormatByteSize(res.host_memory_limit()) + " is more than this node's " +
                                              FormatByteSize(node.host_memory_bytes) + " of RAM");
@@ -471,45 +487,10 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
   }
 }
 
-}  // namespace
-
-ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& paths,
-                                 const NodeBudget& node, const ValidationOptions& options) {
-  ValidationResult r;
-  r.resolved = input;
-  v1::JobSpec& spec = r.resolved;
-  Checker c(&r.violations);
-  CheckSizes(spec, c);
-  CheckPathBytes(spec, &r.violations);
-  if (!r.violations.empty())
-    return r;  // nothing oversized or cut reaches the file system or the parsers
-  // One budget for every rendering of this request, whichever record and file it is for; its
-  // stop() also ends the reads and the rendering once the client has gone.
-  text::jinja::RequestBudget render_budget(options.max_render_steps, options.stop);
-  text::jinja::ScopedRequestBudget scoped_budget(&render_budget);
-  const auto stopped = [&] {
-    if (render_budget.Stopped())
-      r.stopped =
-          CancelledError("validation stopped: the call was cancelled or passed its deadline");
-    return !r.stopped.ok();
-  };
-  ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
-  const bool seq_len_given = spec.dataset().has_max_seq_length();  // here, or as TRL's max_length
-  // The daemon's storage.aio is the default of the job's offload.aio (issue #17 item 2: it acts).
-  if (!spec.offload().aio().has_block_size()) spec.mutable_offload()->mutable_aio()->set_block_size(node.aio_block_size);
-  if (!spec.offload().aio().has_queue_depth()) spec.mutable_offload()->mutable_aio()->set_queue_depth(node.aio_queue_depth);
-  ApplyJobDefaults(&spec);
-  // The speculation default depends on where the job trains (a node with GPUs trains on them):
-  // resolved here so that the job record names the policy in force.
-  if (!v1::Speculation_IsValid(spec.offload().speculation())) {
-    c.Add("offload.speculation", "unknown value " + std::to_string(spec.offload().speculation()) +
-                                     " (expected auto, never or always)");
-  } else if (spec.offload().speculation() == v1::SPECULATION_UNSPECIFIED) {
-    spec.mutable_offload()->set_speculation(node.gpus.empty() ? v1::SPECULATION_NEVER
-                                                              : v1::SPECULATION_AUTO);
-  }
-
-  // Model.
+// model.path: a Hugging Face model directory under the roots whose config.json the engine
+// assembles, with the files the job opens; the dropout it trains with. Its config when it read.
+std::unique_ptr<engine::ModelConfig> CheckModel(v1::JobSpec& spec, const PathPolicy& paths,
+                                                Checker& c, ValidationResult* r) {
   if (!v1::DropoutMode_IsValid(spec.dropout())) {
     c.Add("dropout", "unknown value " + std::to_string(spec.dropout()) + " (expected disable)");
   }
@@ -522,25 +503,33 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       c.Add("model.path", "'" + *dir + "' is not a directory");
     } else if (auto mc = engine::LoadModelConfig(*dir); !c.Fails("model.path", mc.status())) {
       config = std::make_unique<engine::ModelConfig>(*mc);
-      r.model_type = mc->model_type;
-      r.model_architecture = mc->architecture;
-      r.model_parts = engine::DescribeParts(*mc);
+      r->model_type = mc->model_type;
+      r->model_architecture = mc->architecture;
+      r->model_parts = engine::DescribeParts(*mc);
       if (v1::DropoutMode_IsValid(spec.dropout())) {
         c.Fails("dropout", engine::DropoutProblem(*mc, spec.dropout() == v1::DROPOUT_MODE_DISABLE));
       }
       if (!Exists(*dir + "/model.safetensors") && !Exists(*dir + "/model.safetensors.index.json")) {
         c.Add("model.path", *dir + " has neither model.safetensors nor model.safetensors.index.json");
       }
-      // Every file the job will open there, as it will open it (issue #29 items 1 and 3).
+      // Every file the job will open there, as it will open it.
       for (const std::string& problem : ModelFileProblems(*dir)) c.Add("model.path", problem);
     }
   }
 
-  if (stopped()) return r;
+  return config;
+}
 
-  // Tokenizer (defaults to the model directory).
-  std::unique_ptr<text::Tokenizer> tokenizer;
-  std::string tokenizer_dir;
+// The tokenizer (tokenizer.path, else the model directory's) and the directory it is in.
+struct TokenizerCheck {
+  std::unique_ptr<text::Tokenizer> tokenizer;  // null when it did not load
+  std::string dir;
+};
+
+TokenizerCheck CheckTokenizer(v1::JobSpec& spec, const PathPolicy& paths, Checker& c) {
+  TokenizerCheck t;
+  std::unique_ptr<text::Tokenizer>& tokenizer = t.tokenizer;
+  std::string& tokenizer_dir = t.dir;
   const std::string tok_field = spec.tokenizer().path().empty() ? "model.path" : "tokenizer.path";
   const std::string tok_path = spec.tokenizer().path().empty() ? spec.model().path() : spec.tokenizer().path();
   if (!tok_path.empty()) {
@@ -557,17 +546,16 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     }
   }
 
-  // Dataset.
+  return t;
+}
+
+// dataset.template: "builtin", a template file, or the tokenizer directory's (else the built-in
+// one). Null when there is no tokenizer or the template does not parse.
+std::unique_ptr<text::ChatTemplate> CheckChatTemplate(v1::JobSpec& spec, const PathPolicy& paths,
+                                                      const TokenizerCheck& tok, Checker& c) {
   const auto& ds = spec.dataset();
-  if (ds.paths().empty()) c.Add("dataset.paths", "required: at least one JSON or JSON Lines file");
-  c.Range("dataset.max_seq_length", ds.max_seq_length(), 8, 1 << 20);
-  // The longest sequence the model trains as transformers does (GPT-2's learned positions, dynamic
-  // RoPE), known here so that nothing is refused after a step. Sliding windows are implemented.
-  // Left unset, the default (1024) gives way to a model with fewer positions (stories260K: 512).
-  if (config && !seq_len_given && PositionsLimit(*config) > 0 && ds.max_seq_length() > PositionsLimit(*config))
-    spec.mutable_dataset()->set_max_seq_length(static_cast<int32_t>(PositionsLimit(*config)));
-  if (config && !c.Fails("dataset.max_seq_length", engine::SequenceLengthProblem(*config, ds.max_seq_length())))
-    c.Fails("dataset.max_seq_length", PositionsProblem(*config, ds.max_seq_length()));
+  const std::unique_ptr<text::Tokenizer>& tokenizer = tok.tokenizer;
+  const std::string& tokenizer_dir = tok.dir;
   std::unique_ptr<text::ChatTemplate> chat;
   if (tokenizer) {
     StatusOr<text::ChatTemplate> t = InvalidArgumentError("unset");
@@ -600,37 +588,125 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     }
     if (t.ok()) chat = std::make_unique<text::ChatTemplate>(std::move(*t));
   }
+  return chat;
+}
+
+// dataset.paths and eval_paths: each distinct file resolves, and its first records parse and
+// encode, within the request's preview budget; something trains.
+void CheckDatasets(v1::JobSpec& spec, const PathPolicy& paths, const TokenizerCheck& tok,
+                   const text::ChatTemplate* chat, const engine::ModelConfig* config,
+                   const ValidationOptions& options, text::jinja::RequestBudget* render_budget,
+                   Checker& c, ValidationResult* r) {
+  const auto& ds = spec.dataset();
   // The preview records are shared among the distinct files named (as given; symlinks to one file
   // are found when resolved): a few files get kDatasetPreviewRecords each, 512 get one.
   std::set<std::string> named(ds.paths().begin(), ds.paths().end());
   named.insert(ds.eval_paths().begin(), ds.eval_paths().end());
   PreviewBudget preview;
-  preview.render = &render_budget;
+  preview.render = render_budget;
   preview.bytes_left = options.max_preview_bytes;
   preview.records_per_file =
       std::clamp(options.max_preview_records / std::max<int>(1, static_cast<int>(named.size())), 1,
                  kDatasetPreviewRecords);
   DataPreviewSummary train_data;
-  const size_t violations_before_data = r.violations.size();
+  const size_t violations_before_data = r->violations.size();
   for (int i = 0; i < ds.paths_size(); ++i) {
-    const std::string real =
-        CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c,
-                      "dataset.paths[" + std::to_string(i) + "]", ds.paths(i), preview,
-                      &train_data);
+    const std::string real = CheckDataFile(paths, tok.tokenizer.get(), chat, config, ds, c,
+                                           "dataset.paths[" + std::to_string(i) + "]", ds.paths(i),
+                                           preview, &train_data);
     if (!real.empty()) spec.mutable_dataset()->set_paths(i, real);
   }
-  CheckSomethingTrains(ds, train_data, r.violations.size() == violations_before_data,
-                       &r.violations);
+  CheckSomethingTrains(ds, train_data, r->violations.size() == violations_before_data,
+                       &r->violations);
   for (int i = 0; i < ds.eval_paths_size(); ++i) {
-    const std::string real =
-        CheckDataFile(paths, tokenizer.get(), chat.get(), config.get(), ds, c,
-                      "dataset.eval_paths[" + std::to_string(i) + "]", ds.eval_paths(i), preview,
-                      nullptr);
+    const std::string real = CheckDataFile(paths, tok.tokenizer.get(), chat, config, ds, c,
+                                           "dataset.eval_paths[" + std::to_string(i) + "]",
+                                           ds.eval_paths(i), preview, nullptr);
     if (!real.empty()) spec.mutable_dataset()->set_eval_paths(i, real);
   }
+}
+
+// output_dir (writable under the roots, apart from the model, without another run's
+// checkpoints unless this is a retry of the request that created the job) and
+// resume_from_checkpoint. True when output_dir resolved.
+bool CheckOutput(v1::JobSpec& spec, const PathPolicy& paths, const ValidationOptions& options,
+                 bool have_config, Checker& c, ValidationResult* r) {
+  bool output_dir_ok = false;
+  if (spec.output_dir().empty()) {
+    c.Add("output_dir", "required: where checkpoints and the final model are written");
+  } else if (auto out = paths.ResolveForWriting(spec.output_dir()); !c.Fails("output_dir", out.status())) {
+    spec.set_output_dir(*out);
+    if (Exists(*out) && !IsDirectory(*out)) c.Add("output_dir", "'" + *out + "' exists and is not a directory");
+    output_dir_ok = true;
+    if (!options.retry_of_created_job) CheckOutputCheckpoints(*out, &spec, c);
+    if (have_config)
+      CheckOutputApartFromModel(*out, spec.model().path(), &r->violations);  // model.path resolved
+  }
+  if (!spec.resume_from_checkpoint().empty() && spec.resume_from_checkpoint() != "latest") {
+    if (auto ck = paths.ResolveExisting(spec.resume_from_checkpoint()); !c.Fails("resume_from_checkpoint", ck.status())) {
+      spec.set_resume_from_checkpoint(*ck);
+      // An offloadd checkpoint (its state parses and its files are all there); a Hugging Face
+      // Trainer's is refused here with advice. The crc32c of the tensor data is checked as it is read.
+      if (auto reader = trainer::CheckpointReader::Open(*ck); !reader.ok()) {
+        c.Add("resume_from_checkpoint", SafeMessageText(std::string(reader.status().message()), 1024));
+      }
+    }
+  }
+
+  return output_dir_ok;
+}
+
+}  // namespace
+
+ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& paths,
+                                 const NodeBudget& node, const ValidationOptions& options) {
+  ValidationResult r;
+  r.resolved = input;
+  v1::JobSpec& spec = r.resolved;
+  Checker c(&r.violations);
+  CheckSizes(spec, c);
+  CheckPathBytes(spec, &r.violations);
+  if (!r.violations.empty())
+    return r;  // nothing oversized or cut reaches the file system or the parsers
+  // One budget for every rendering of this request, whichever record and file it is for; its
+  // stop() also ends the reads and the rendering once the client has gone.
+  text::jinja::RequestBudget render_budget(options.max_render_steps, options.stop);
+  text::jinja::ScopedRequestBudget scoped_budget(&render_budget);
+  const auto stopped = [&] {
+    if (render_budget.Stopped())
+      r.stopped =
+          CancelledError("validation stopped: the call was cancelled or passed its deadline");
+    return !r.stopped.ok();
+  };
+  ResolveHfNames(&spec, &r.violations);  // before the defaults: a set value must win over them
+  const bool seq_len_given = spec.dataset().has_max_seq_length();  // here, or as TRL's max_length
+  const ResolvedJob resolved = ResolveJobDefaults(spec, JobDefaultsOf(node));
+  spec = resolved.spec;
+  if (!v1::Speculation_IsValid(spec.offload().speculation())) {
+    c.Add("offload.speculation", "unknown value " + std::to_string(spec.offload().speculation()) +
+                                     " (expected auto, never or always)");
+  }
+  const std::unique_ptr<engine::ModelConfig> config = CheckModel(spec, paths, c, &r);
+  if (stopped()) return r;
+  const TokenizerCheck tok = CheckTokenizer(spec, paths, c);
+  const auto& ds = spec.dataset();
+  if (ds.paths().empty()) c.Add("dataset.paths", "required: at least one JSON or JSON Lines file");
+  c.Range("dataset.max_seq_length", ds.max_seq_length(), 8, 1 << 20);
+  // The longest sequence the model trains as transformers does (GPT-2's learned positions, dynamic
+  // RoPE), known here so that nothing is refused after a step. Sliding windows are implemented.
+  // Left unset, the default (1024) gives way to a model with fewer positions (stories260K: 512).
+  if (config && !seq_len_given && PositionsLimit(*config) > 0 &&
+      ds.max_seq_length() > PositionsLimit(*config))
+    spec.mutable_dataset()->set_max_seq_length(static_cast<int32_t>(PositionsLimit(*config)));
+  if (config && !c.Fails("dataset.max_seq_length",
+                         engine::SequenceLengthProblem(*config, ds.max_seq_length())))
+    c.Fails("dataset.max_seq_length", PositionsProblem(*config, ds.max_seq_length()));
+  const std::unique_ptr<text::ChatTemplate> chat = CheckChatTemplate(spec, paths, tok, c);
+  CheckDatasets(spec, paths, tok, chat.get(), config.get(), options, &render_budget, c, &r);
   if (stopped()) return r;
   if (ds.eval_paths_size() == 0 && spec.training().has_eval_steps()) {
-    c.Add("training.eval_steps", "given without dataset.eval_paths (the held-out records to evaluate)");
+    c.Add("training.eval_steps",
+          "given without dataset.eval_paths (the held-out records to evaluate)");
   } else if (ds.eval_paths_size() > 0) {
     c.Range<int64_t>("training.eval_steps", spec.training().eval_steps(), 1, int64_t{1} << 40);
   }
@@ -651,125 +727,13 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   CheckCompression(spec.compression(), c);
   for (FieldViolation& v : UnsupportedOptions(spec)) c.Add(v.field, v.description);
 
-  // Output directory.
-  bool output_dir_ok = false;
-  if (spec.output_dir().empty()) {
-    c.Add("output_dir", "required: where checkpoints and the final model are written");
-  } else if (auto out = paths.ResolveForWriting(spec.output_dir()); !c.Fails("output_dir", out.status())) {
-    spec.set_output_dir(*out);
-    if (Exists(*out) && !IsDirectory(*out)) c.Add("output_dir", "'" + *out + "' exists and is not a directory");
-    output_dir_ok = true;
-    if (!options.retry_of_created_job) CheckOutputCheckpoints(*out, &spec, c);
-    if (config)
-      CheckOutputApartFromModel(*out, spec.model().path(), &r.violations);  // model.path resolved
-  }
-  if (!spec.resume_from_checkpoint().empty() && spec.resume_from_checkpoint() != "latest") {
-    if (auto ck = paths.ResolveExisting(spec.resume_from_checkpoint()); !c.Fails("resume_from_checkpoint", ck.status())) {
-      spec.set_resume_from_checkpoint(*ck);
-      // An offloadd checkpoint (its state parses and its files are all there); a Hugging Face
-      // Trainer's is refused here with advice. The crc32c of the tensor data is checked as it is read.
-      if (auto reader = trainer::CheckpointReader::Open(*ck); !reader.ok()) {
-        c.Add("resume_from_checkpoint", SafeMessageText(std::string(reader.status().message()), 1024));
-      }
-    }
-  }
-
-  // Resources and memory feasibility.
-  const auto& res = spec.resources();
-  // 0 is also the unset value (proto3), so it stands for "the CPU" on a node without GPUs.
-  const int gpu_count = static_cast<int>(node.gpus.size());
-  // Jobs train on the GPU whenever the node has one; this node has one it cannot drive.
-  if (!node.gpu_driver_problem.empty()) {
-    c.Add("resources", "this node has an NVIDIA GPU it cannot use: " + node.gpu_driver_problem +
-                           "; the job would train on the CPU instead, so it is refused");
-  }
-  if (res.gpu_index() < -1 || res.gpu_index() >= std::max(gpu_count, 1)) {
-    c.Add("resources.gpu_index", "this node has " + std::to_string(node.gpus.size()) + " GPU(s); got index " +
-                                     std::to_string(res.gpu_index()));
-  }
-  // resources.gpus: one executor per GPU. A node without GPUs runs that many CPU executors (the
-  // data-parallel group over Gloo), bounded by its cores.
-  const int64_t executors = std::max<int64_t>(1, res.gpus());
-  if (gpu_count > 0 && executors > gpu_count) {
-    c.Add("resources.gpus", "this node has " + std::to_string(gpu_count) + " GPU(s); the job asks for " +
-                                std::to_string(executors));
-  } else if (gpu_count == 0 && executors > std::max(1, node.cpu_cores)) {
-    c.Add("resources.gpus", "this node has no GPU; at most one CPU executor per core (" +
-                                std::to_string(node.cpu_cores) + ") can stand in for GPUs, got " + std::to_string(executors));
-  }
-  if (executors > 1 && res.has_gpu_index() && res.gpu_index() >= 0) {
-    c.Add("resources.gpu_index", "pins a one-GPU job; a job on " + std::to_string(executors) +
-                                     " GPUs gets free ones from the scheduler (leave gpu_index unset)");
-  }
-  if (spec.compression().type() == v1::COMPRESSION_TYPE_LSP && !node.gpus.empty() &&
-      spec.model().compute_dtype() != v1::COMPUTE_DTYPE_UNSPECIFIED &&
-      spec.model().compute_dtype() != v1::COMPUTE_DTYPE_BF16) {
-    c.Add("model.compute_dtype", "lsp compression on a GPU computes in bf16 (leave compute_dtype unset or bf16)");
-  }
+  const bool output_dir_ok = CheckOutput(spec, paths, options, config != nullptr, c, &r);
+  CheckResources(spec, node, c);
   if (config) {
-    r.model_size = EstimateModelSize(*config);
-    const bool gpu = !node.gpus.empty();
-    const int compute_bytes =
-        spec.model().compute_dtype() == v1::COMPUTE_DTYPE_FP32 || (!gpu && spec.model().compute_dtype() == v1::COMPUTE_DTYPE_UNSPECIFIED)
-            ? 4
-            : 2;
-    // The automatic batch size needs its smallest candidate, micro-batch 1, to fit.
-    const bool auto_batch = spec.training().auto_find_batch_size();
-    const int64_t floor_batch = auto_batch ? 1 : spec.training().per_device_train_batch_size();
-    r.memory_floor = EstimateMemoryFloor(r.model_size, *config, floor_batch, ds.max_seq_length(), compute_bytes);
-    const MemoryFloor& f = r.memory_floor;
-    if (gpu) {
-      const int idx = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
-      // A job of this shape ran here before: its measured working set replaces the estimate.
-      if (auto p = ProfiledGpuFloor(node.profile_dir, node.gpus[idx].name, *config, r.model_size, floor_batch,
-                                    ds.max_seq_length(), compute_bytes)) {
-        r.memory_floor.gpu_bytes = p->gpu_bytes;
-        r.memory_floor.gpu_breakdown = p->source;
-      }
-      const uint64_t card = node.gpus[idx].total_memory_bytes;
-      const uint64_t limit = res.gpu_memory_limit() ? res.gpu_memory_limit() : node.gpu_memory_limit ? node.gpu_memory_limit : card;
-      if (limit > card) {
-        c.Add("resources.gpu_memory_limit", FormatByteSize(limit) + " is more than GPU " + std::to_string(idx) + "'s " +
-                                                FormatByteSize(card));
-      } else if (limit < f.gpu_bytes) {
-        const int64_t batch = floor_batch;
-        const int64_t fits = LargestBatchWithin(r.model_size, *config, ds.max_seq_length(), compute_bytes, limit, batch);
-        c.Add(res.gpu_memory_limit() ? "resources.gpu_memory_limit" : "training.per_device_train_batch_size",
-              "the GPU budget of " + FormatByteSize(limit) + " is below the " + FormatByteSize(f.gpu_bytes) +
-                  " this model needs at " + (auto_batch ? "micro-batch 1 (the automatic batch size's smallest)" : "batch " + std::to_string(batch)) + " x " + std::to_string(ds.max_seq_length()) +
-                  " tokens (" + f.gpu_breakdown + "); the smallest budget for this batch is " +
-                  FormatByteSize(f.gpu_bytes) + ", and " +
-                  (fits > 0 ? "the largest batch within " + FormatByteSize(limit) + " is " + std::to_string(fits)
-                            : "not even batch 1 fits within " + FormatByteSize(limit) + " at this max_seq_length") +
-                  " (per_device_train_batch_size, with gradient_accumulation_steps to keep the global batch)");
-      } else if (const v1::OffloadTarget& opt = spec.offload().offload_optimizer();
-                 opt.device() == v1::OFFLOAD_DEVICE_NONE || opt.has_ratio()) {
-        // States asked onto the GPU (none: all; ratio: 1 - ratio of them) add 12 B per parameter
-        // (fp32 master, exp_avg, exp_avg_sq) to the floor.
-        const bool all = opt.device() == v1::OFFLOAD_DEVICE_NONE;
-        const double share = all ? 1.0 : 1.0 - opt.ratio();
-        const auto states = static_cast<uint64_t>(share * 12.0 * static_cast<double>(r.model_size.total_params));
-        if (share >= 0 && share <= 1 && limit < f.gpu_bytes + states) {
-          c.Add(all ? "offload.offload_optimizer.device" : "offload.offload_optimizer.ratio",
-                "the GPU budget of " + FormatByteSize(limit) + " is below the " + FormatByteSize(f.gpu_bytes + states) +
-                    " needed with " + FormatByteSize(states) + " of optimizer states on the GPU (" + f.gpu_breakdown +
-                    "); keep more of them on the CPU (a higher ratio), or leave ratio unset to place what fits");
-        }
-      }
-    }
-    CheckHostMemoryAndDisk(spec, *config, compute_bytes, gpu, node, c, &r);
-    // The step's price on this node, for `offloadctl submit --validate-only`, with the NVMe
-    // blocks the host check placed; the device reads the fp32 masters except on the NVMe tier's
-    // 16-bit compute (HostOptimizer::WeightsAreFp32).
-    const int gi = res.gpu_index() >= 0 && res.gpu_index() < static_cast<int>(node.gpus.size()) ? res.gpu_index() : 0;
-    const bool nvme = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
-    r.step_estimate = auto_batch ? StepEstimateUnavailable("per_device_train_batch_size auto is priced when the job "
-                                                           "starts (its log lists each candidate's price)")
-                                 : EstimateJobStep(node.profile_dir, gpu ? node.gpus[gi].name : "", *config,
-                                                   r.model_size, floor_batch, spec.training().gradient_accumulation_steps(),
-                                                   ds.max_seq_length(), compute_bytes, spec.training().max_grad_norm() > 0,
-                                                   static_cast<int64_t>(r.host_memory.nvme_params),
-                                                   compute_bytes == 4 || !nvme);
+    CheckGpuMemory(spec, *config, node, resolved.gpu_memory_limit, c, &r);
+    const int compute_bytes = ComputeBytes(spec, !node.gpus.empty());
+    CheckHostMemoryAndDisk(spec, *config, compute_bytes, !node.gpus.empty(), node, c, &r);
+    PriceStep(spec, *config, node, &r);  // with the NVMe blocks the host check placed
     // Room for a checkpoint and the exported model (checked again when the job starts).
     if (output_dir_ok) {
       const Status space =

@@ -15,11 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "jobspec/field_violation.h"
 #include "daemon/jobs/memory_estimate.h"
 #include "daemon/jobs/path_policy.h"
-#include "jobspec/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues
 #include "daemon/node/node_probe.h"
+#include "jobspec/field_violation.h"
+#include "jobspec/job_defaults.h"
+#include "jobspec/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues
 #include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {
@@ -55,15 +56,18 @@ struct NodeBudget {
   std::vector<StoreDirFacts> store_dirs;  // the daemon's configured NVMe store directories
   // Configured store directories that cannot be used now (missing, not writable), with why.
   std::vector<StoreDirFacts> unusable_store_dirs;
-  std::string profile_dir;                // <state_dir>/profiles: measured floors (issue #13)
+  std::string profile_dir;  // <state_dir>/profiles: measured floors
   // The daemon's storage.aio: a job's offload.aio defaults to it.
   uint64_t aio_block_size = 1u << 20;
   uint32_t aio_queue_depth = 32;
 };
 
-// What one CreateJob's validation may spend, over all its files and records together (issue #29
-// item 4: each rendering was bounded, but 8 preview records of each of 512 paths, the same file
-// allowed 512 times, made ~94 CPU-minutes for one request). Repeated paths are checked once.
+// The defaults this node and the daemon's configuration give a job (ResolveJobDefaults).
+JobDefaults JobDefaultsOf(const NodeBudget& node);
+
+// What one CreateJob's validation may spend, over all its files and records together (each
+// rendering was bounded, but 8 preview records of each of 512 paths, the same file allowed 512
+// times, made ~94 CPU-minutes for one request). Repeated paths are checked once.
 inline constexpr uint64_t kMaxValidationRenderSteps =
     16'000'000;  // ~8 s of chat template rendering
 inline constexpr uint64_t kMaxValidationPreviewBytes = 256ull << 20;  // dataset bytes read
@@ -79,9 +83,9 @@ struct ValidationOptions {
   // Each distinct file gets kDatasetPreviewRecords of these, fewer when there are many files (at
   // least one record each).
   int max_preview_records = kMaxValidationPreviewRecords;
-  // A CreateJob retry: the client already created a job with this request_id, which gets that job
-  // back (or AlreadyExists for another spec), so the checkpoints that job wrote into output_dir
-  // are no reason to refuse it.
+  // A CreateJob retry: the client already created a job with this request_id (JobManager::Submit
+  // looks it up before validating), which gets that job back (or AlreadyExists for another spec),
+  // so the checkpoints that job wrote into output_dir are no reason to refuse it.
   bool retry_of_created_job = false;
 };
 

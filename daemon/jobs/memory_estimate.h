@@ -36,7 +36,7 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
 int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t seq_len,
                            int compute_bytes, uint64_t gpu_bytes, int64_t max_batch);
 
-// The GPU floor measured on this node (issue #13 item 5): when <profile_dir>/shapes holds the
+// The GPU floor measured on this node: when <profile_dir>/shapes holds the
 // shape profile a job of this model, micro-batch and dtype recorded on a GPU named `gpu`
 // (trainer/shape_profile.h), the floor is the static floor's weight buffers (two of the largest
 // block plus its gradient) plus that run's measured working set and a 256 MiB margin; the

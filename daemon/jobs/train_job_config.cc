@@ -11,6 +11,7 @@
 
 #include "common/units.h"
 #include "daemon/jobs/unsupported_options.h"
+#include "jobspec/job_defaults.h"
 #include "trainer/checkpoint.h"
 #include "trainer/latest_checkpoint.h"
 
@@ -53,10 +54,80 @@ std::string SelfDir() {
   return p.substr(0, p.rfind('/'));
 }
 
+// offload: where the optimizer states, weights and activations live, the NVMe directories (one
+// per job in each root) and the store's aio settings.
+Status ApplyOffload(const v1::JobSpec& s, const std::string& job_id, const TrainerEnvironment& env,
+                    trainer::TrainConfig& c) {
+  const v1::OffloadConfig& o = s.offload();
+  // Optimizer states on the GPU: none (all of them) or a ratio kept on the host (ZeRO-Offload++);
+  // unset, placed after the first step where they fit (set with the device above).
+  if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
+    c.offload.device_optimizer_share = 1.0;
+  } else if (o.offload_optimizer().has_ratio()) {
+    c.offload.device_optimizer_share = 1.0 - o.offload_optimizer().ratio();
+  }
+  // The store directories serve optimizer states on NVMe and activations offloaded to NVMe.
+  bool nvme_activations = o.activations().mode() == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
+    nvme_activations |= mode == v1::ACTIVATION_MODE_OFFLOAD_NVME;
+  }
+  const bool nvme_states = o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
+  if (nvme_states) c.offload.tier = trainer::StateTier::kNvme;
+  if (nvme_states || nvme_activations) {
+    std::vector<std::string> roots;
+    if (!o.offload_optimizer().nvme_path().empty()) {
+      roots.push_back(o.offload_optimizer().nvme_path());
+    } else {
+      roots = env.store_dirs;
+    }
+    if (roots.empty()) {
+      return FailedPreconditionError(std::string(nvme_states
+                                                     ? "offload.offload_optimizer.device: nvme"
+                                                     : "offload.activations: offload_nvme") +
+                                     " needs a store directory; none is configured "
+                                     "(storage.directories or offload_optimizer.nvme_path)");
+    }
+    for (const auto& r : roots) c.offload.nvme_dirs.push_back(r + "/" + job_id);
+  }
+  if (o.aio().queue_depth() > 0) c.offload.nvme_queue_depth = o.aio().queue_depth();
+  if (o.aio().block_size() > 0)
+    c.offload.nvme_block_size = static_cast<uint32_t>(o.aio().block_size());
+  using Weights = trainer::OffloadPlanConfig::Weights;
+  switch (o.offload_param().device()) {
+    case v1::OFFLOAD_DEVICE_NONE:
+      c.offload.weights = Weights::kResident;
+      break;
+    case v1::OFFLOAD_DEVICE_UNSPECIFIED:
+      c.offload.weights = Weights::kAuto;
+      break;
+    default:
+      c.offload.weights = Weights::kStreamed;
+      break;  // cpu (and nvme: staged through host memory)
+  }
+  ASSIGN_OR_RETURN(c.offload.activations,
+                   ToActivationMode(o.activations().mode(), "offload.activations.mode"));
+  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
+    ASSIGN_OR_RETURN(c.offload.layer_overrides[layer],
+                     ToActivationMode(mode, "offload.activations.layer_overrides[" +
+                                                std::to_string(layer) + "]"));
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
+JobDefaults JobDefaultsOf(const TrainerEnvironment& env) {
+  JobDefaults d;
+  d.has_gpu = env.has_gpu;
+  d.host_memory_limit = env.host_memory_limit;
+  d.gpu_memory_limit = env.gpu_memory_limit;
+  return d;  // storage.aio: in the spec validation resolved (else job.proto's defaults)
+}
+
 StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const TrainerEnvironment& env) {
-  const v1::JobSpec& s = job.spec();
+  // What validation resolved; the same function again for a job stored before a default was added.
+  const ResolvedJob resolved = ResolveJobDefaults(job.spec(), JobDefaultsOf(env));
+  const v1::JobSpec& s = resolved.spec;
   // Validation refuses these before a job is queued; a job stored before an entry was added
   // still fails here with the same messages.
   if (const auto unsupported = UnsupportedOptions(s); !unsupported.empty()) {
@@ -118,8 +189,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.optim.beta2 = t.adam_beta2();
   c.optim.eps = t.adam_epsilon();
   c.optim.max_grad_norm = t.max_grad_norm();
-  switch (s.offload().speculation()) {  // unset: the trainer's default for the device
-    case v1::SPECULATION_UNSPECIFIED: c.optim.speculation = env.has_gpu ? "auto" : "never"; break;
+  switch (s.offload().speculation()) {
     case v1::SPECULATION_AUTO: c.optim.speculation = "auto"; break;
     case v1::SPECULATION_NEVER: c.optim.speculation = "never"; break;
     case v1::SPECULATION_ALWAYS: c.optim.speculation = "always"; break;
@@ -138,51 +208,9 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.save_steps = t.save_steps();
   c.save_total_limit = t.save_total_limit();
 
-  const v1::OffloadConfig& o = s.offload();
-  // Optimizer states on the GPU: none (all of them) or a ratio kept on the host (ZeRO-Offload++);
-  // unset, placed after the first step where they fit (set with the device above).
-  if (o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NONE) {
-    c.offload.device_optimizer_share = 1.0;
-  } else if (o.offload_optimizer().has_ratio()) {
-    c.offload.device_optimizer_share = 1.0 - o.offload_optimizer().ratio();
-  }
-  // The store directories serve optimizer states on NVMe and activations offloaded to NVMe.
-  bool nvme_activations = o.activations().mode() == v1::ACTIVATION_MODE_OFFLOAD_NVME;
-  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
-    nvme_activations |= mode == v1::ACTIVATION_MODE_OFFLOAD_NVME;
-  }
-  const bool nvme_states = o.offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
-  if (nvme_states) c.offload.tier = trainer::StateTier::kNvme;
-  if (nvme_states || nvme_activations) {
-    std::vector<std::string> roots;
-    if (!o.offload_optimizer().nvme_path().empty()) {
-      roots.push_back(o.offload_optimizer().nvme_path());
-    } else {
-      roots = env.store_dirs;
-    }
-    if (roots.empty()) {
-      return FailedPreconditionError(
-          std::string(nvme_states ? "offload.offload_optimizer.device: nvme" : "offload.activations: offload_nvme") +
-          " needs a store directory; none is configured (storage.directories or offload_optimizer.nvme_path)");
-    }
-    for (const auto& r : roots) c.offload.nvme_dirs.push_back(r + "/" + job.id());
-  }
-  if (o.aio().queue_depth() > 0) c.offload.nvme_queue_depth = o.aio().queue_depth();
-  if (o.aio().block_size() > 0) c.offload.nvme_block_size = static_cast<uint32_t>(o.aio().block_size());
-  using Weights = trainer::OffloadPlanConfig::Weights;
-  switch (o.offload_param().device()) {
-    case v1::OFFLOAD_DEVICE_NONE: c.offload.weights = Weights::kResident; break;
-    case v1::OFFLOAD_DEVICE_UNSPECIFIED: c.offload.weights = Weights::kAuto; break;
-    default: c.offload.weights = Weights::kStreamed; break;  // cpu (and nvme: staged through host memory)
-  }
-  ASSIGN_OR_RETURN(c.offload.activations, ToActivationMode(o.activations().mode(), "offload.activations.mode"));
-  for (const auto& [layer, mode] : o.activations().layer_overrides()) {
-    ASSIGN_OR_RETURN(c.offload.layer_overrides[layer],
-                     ToActivationMode(mode, "offload.activations.layer_overrides[" + std::to_string(layer) + "]"));
-  }
-  c.offload.gpu_memory_limit = s.resources().gpu_memory_limit() ? s.resources().gpu_memory_limit() : env.gpu_memory_limit;
-  c.offload.host_memory_limit =
-      s.resources().host_memory_limit() ? s.resources().host_memory_limit() : env.host_memory_limit;
+  RETURN_IF_ERROR(ApplyOffload(s, job.id(), env, c));
+  c.offload.gpu_memory_limit = resolved.gpu_memory_limit;
+  c.offload.host_memory_limit = resolved.host_memory_limit;
   if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {  // trainer/lsp_mode.h
     const v1::CompressionConfig& comp = s.compression();
     c.lsp.enabled = true;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "jobspec/job_defaults.h"
 #include "offloadd/v1/job.pb.h"
 #include "trainer/train_config.h"
 
@@ -35,9 +36,14 @@ struct TrainerEnvironment {
   double heartbeat_seconds = 0;  // the executor's heartbeat interval (0: none)
 };
 
-// The job's TrainConfig, resume_from left empty. Each job's NVMe states go to a subdirectory
-// named after the job in its nvme_path (or in every configured store directory). Settings the
-// pipeline does not implement (unsupported_options.h) are UNIMPLEMENTED, naming every field.
+// The defaults the environment gives a job (its storage.aio is in the spec validation resolved).
+JobDefaults JobDefaultsOf(const TrainerEnvironment& env);
+
+// The job's TrainConfig, resume_from left empty, from its spec resolved with ResolveJobDefaults
+// (jobspec/job_defaults.h) and the environment's defaults: the choice validation made. Each job's
+// NVMe states go to a subdirectory named after the job in its nvme_path (or in every configured
+// store directory). Settings the pipeline does not implement (unsupported_options.h) are
+// UNIMPLEMENTED, naming every field.
 StatusOr<trainer::TrainConfig> MakeTrainConfig(const offloadd::v1::Job& job, const TrainerEnvironment& env);
 
 // Where the job continues from: when it ran before (paused, or the daemon stopped or crashed while

@@ -1,4 +1,4 @@
-// GPU discovery without CUDA in the daemon (issue #15): a short-lived `offloadd-executor
+// GPU discovery without CUDA in the daemon: a short-lived `offloadd-executor
 // --probe-gpus` asks the CUDA runtime and answers with JSON over its control socket; the daemon
 // keeps the answer for its lifetime (the GPUs of a host do not change under a running daemon).
 #include <poll.h>

@@ -12,7 +12,6 @@
 #include "common/units.h"
 #include "daemon/jobs/job_validator.h"
 #include "daemon/jobs/path_policy.h"
-#include "daemon/node/node_probe.h"
 #include "daemon/server/rpc_recorder.h"
 #include "daemon/server/token_auth.h"
 #include "google/rpc/status.pb.h"
@@ -66,19 +65,38 @@ bool IsActive(v1::JobState st) {
          st == v1::JOB_STATE_PAUSED;
 }
 
+// The client's active-job limit (ClientQuota::Reserve), as Submit holds it.
+class ActiveJobQuota : public SubmitQuota {
+ public:
+  ActiveJobQuota(ClientQuota& quota, const std::string& client, JobManager& jobs)
+      : quota_(quota), client_(client), jobs_(jobs) {}
+  Status Reserve() override {
+    return quota_.Reserve(client_, [this](const std::string& id) {
+      auto j = jobs_.Get(id);
+      return j.ok() && IsActive(j->state());
+    });
+  }
+  void Commit(const std::string& job_id) override { quota_.Commit(client_, job_id); }
+  void Release() override { quota_.Release(client_); }
+
+ private:
+  ClientQuota& quota_;
+  const std::string client_;
+  JobManager& jobs_;
+};
+
 }  // namespace
 
 JobServiceImpl::JobServiceImpl(const DaemonConfig& config, JobManager* jobs, DaemonMetrics* metrics,
                                std::shared_ptr<const PeerCredentials> peers)
     : config_(config),
-      paths_(config.allowed_roots),
       jobs_(jobs),
       metrics_(metrics),
       quota_(LimitsOf(config.server, kMaxConcurrentValidations, kMaxValidationsPerClient)),
       peers_(std::move(peers)),
       watch_streams_(jobs, metrics) {
   // The per-client active-job counts survive a restart: every active job the store holds counts
-  // for its submitter (issue #29 item 16; they used to start at zero).
+  // for its submitter (they used to start at zero).
   if (jobs_ == nullptr) return;
   std::string token;
   int adopted = 0;
@@ -113,28 +131,11 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   RpcRecorder rec(metrics_, "CreateJob");
   const std::string client = ClientOf(*context);
   // Counted while it waits and validates: a client cannot hold more than its share of the server's
-  // threads with CreateJob calls (issue #29 item 6).
+  // threads with CreateJob calls.
   auto call = quota_.AcquireCreate(client);
   if (!call.ok()) return rec.Done(ToGrpcStatus(call.status()));
-  std::vector<StoreDirInput> dirs;
-  for (const auto& d : config_.storage.directories) dirs.push_back({d.path, d.weight});
-  const NodeFacts facts = ProbeNodeResources(dirs);
-  NodeBudget node;
-  node.host_memory_bytes = facts.memory.total_bytes;
-  node.host_memory = trainer::ProbeNodeMemory();
-  node.host_memory_limit = config_.memory.host_memory_limit;
-  node.gpu_memory_limit = config_.memory.gpu_memory_limit;
-  node.gpus = facts.gpus;
-  node.gpu_driver_problem = facts.gpu_driver_problem;
-  node.cpu_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  node.profile_dir = config_.state_dir + "/profiles";
-  node.aio_block_size = config_.storage.aio.block_size;
-  node.aio_queue_depth = config_.storage.aio.queue_depth;
-  for (const auto& d : facts.store_dirs) {
-    (d.problem.empty() ? node.store_dirs : node.unusable_store_dirs).push_back(d);
-  }
   // Nobody waits for the answer once the client cancelled or its deadline passed: the wait for a
-  // slot and the validation itself stop then (issue #29 item 4).
+  // slot and the validation itself stop then.
   const auto deadline = context->deadline();
   const auto stop = [context, deadline] {
     return context->IsCancelled() || std::chrono::system_clock::now() >= deadline;
@@ -146,6 +147,12 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
                : grpc::Status(grpc::StatusCode::CANCELLED,
                               "CreateJob was cancelled during its validation");
   };
+  SubmitRequest submit;
+  submit.spec = request->spec();
+  submit.request_id = request->request_id();
+  submit.submitted_by = client;
+  submit.validate_only = request->validate_only();
+  submit.stop = stop;
   // Every file is opened with the rights of the client's user (common/file_identity.h), as the
   // job will open it.
   std::map<std::string, std::string> token_user;
@@ -155,66 +162,29 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context, const v1::C
   if (!identity.ok()) {
     return rec.Done(ToGrpcStatus(identity.status().WithContext("the rights of " + client)));
   }
-  ValidationResult result;
-  {
-    auto slot = quota_.AcquireValidation(
-        client, stop,
-        std::chrono::steady_clock::now() + std::chrono::seconds(kValidationWaitSeconds));
-    if (!slot.ok()) {
-      return rec.Done(slot.status().code() == StatusCode::kCancelled ? stopped_status()
-                                                                     : ToGrpcStatus(slot.status()));
-    }
-    ValidationOptions options;
-    options.stop = stop;
-    options.retry_of_created_job = jobs_->CreatedWithRequest(client, request->request_id());
-    ScopedJobFileIdentity as_client(*identity);
-    result = ValidateJobSpec(request->spec(), paths_, node, options);
+  submit.identity = *identity;
+  ActiveJobQuota active(quota_, client, *jobs_);
+  submit.quota = &active;
+  auto slot = quota_.AcquireValidation(
+      client, stop,
+      std::chrono::steady_clock::now() + std::chrono::seconds(kValidationWaitSeconds));
+  if (!slot.ok()) {
+    return rec.Done(slot.status().code() == StatusCode::kCancelled ? stopped_status()
+                                                                   : ToGrpcStatus(slot.status()));
   }
+  auto submitted = jobs_->Submit(submit);
+  if (!submitted.ok()) return rec.Done(ToGrpcStatus(submitted.status()));
+  const ValidationResult& result = submitted->validation;
   if (!result.stopped.ok()) {
     OFFLOADD_LOG(kInfo, kLog) << "CreateJob from " << client
                               << " stopped during validation: " << result.stopped.message();
     return rec.Done(stopped_status());
   }
-  if (request->request_id().size() > kMaxRequestIdBytes) {
-    result.violations.push_back({"request_id", std::to_string(request->request_id().size()) + " bytes, more than the " +
-                                                   std::to_string(kMaxRequestIdBytes) + " allowed"});
-  }
   if (!result.ok()) return rec.Done(InvalidSpec(result.violations));
-  if (request->validate_only()) {
-    *job->mutable_spec() = std::move(result.resolved);
-    *job->mutable_step_estimate() = std::move(result.step_estimate);
-    {
-      v1::StepEstimate* e = job->mutable_step_estimate();
-      e->set_host_bytes(result.host_memory.total);
-      e->set_disk_bytes(result.host_memory.disk_bytes);
-      e->set_host_memory_limit(result.host_memory_limit);
-      e->set_host_text(result.host_memory.Describe() + " within the host memory limit of " +
-                       FormatByteSize(result.host_memory_limit));
-      e->set_ram_tier_host_bytes(result.ram_tier_host_bytes);
-      e->set_nvme_tier_host_bytes(result.nvme_tier_host_bytes);
-      e->set_nvme_tier_disk_bytes(result.nvme_tier_disk_bytes);
-    }
-    job->set_state(v1::JOB_STATE_QUEUED);
-    v1::ModelSummary* model = job->mutable_model();
-    model->set_model_type(result.model_type);
-    model->set_architecture(result.model_architecture);
-    model->set_parts(result.model_parts);
-    model->set_parameters(result.model_size.total_params);
-    return rec.Done(grpc::Status::OK);
+  if (!request->validate_only()) {
+    OFFLOADD_LOG(kInfo, kLog) << "job " << submitted->job.id() << " created by " << client;
   }
-  const Status reserved = quota_.Reserve(client, [this](const std::string& id) {
-    auto j = jobs_->Get(id);
-    return j.ok() && IsActive(j->state());
-  });
-  if (!reserved.ok()) return rec.Done(ToGrpcStatus(reserved));
-  auto created = jobs_->Create(result.resolved, request->request_id(), client);
-  if (!created.ok()) {
-    quota_.Release(client);
-    return rec.Done(ToGrpcStatus(created.status()));
-  }
-  quota_.Commit(client, created->id());
-  OFFLOADD_LOG(kInfo, kLog) << "job " << created->id() << " created by " << client;
-  *job = std::move(*created);
+  *job = std::move(submitted->job);
   return rec.Done(grpc::Status::OK);
 }
 

@@ -41,7 +41,6 @@ class JobServiceImpl final : public offloadd::v1::JobService::WithCallbackMethod
 
  private:
   const DaemonConfig config_;
-  PathPolicy paths_;
   JobManager* jobs_;
   DaemonMetrics* metrics_;
   // Validation reads model configs, tokenizers and dataset heads (up to 64 MiB for a JSON array):

@@ -89,7 +89,9 @@ class JobSchedulerTest : public ::testing::Test {
     HoldingRunner* r = runner.get();
     auto store = JobStore::Open(dir_ + "/jobs.db");
     EXPECT_TRUE(store.ok());
-    auto m = JobManager::Start(std::move(*store), std::move(runner), {}, JobManager::Options{.gpus = gpus});
+    JobManager::Options options;
+    options.gpus = gpus;
+    auto m = JobManager::Start(std::move(*store), std::move(runner), {}, options);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     manager_ = std::move(*m);
     return r;

@@ -217,7 +217,7 @@ TEST_F(JobValidatorTest, InfeasibleGpuBudgetGivesTheNumbers) {
       << g3->description;
 }
 
-// A shape profile a job of the same model, batch and dtype recorded on this GPU (issue #13 item 5)
+// A shape profile a job of the same model, batch and dtype recorded on this GPU
 // replaces the static floor: its measured working set plus the weight buffers and a margin; the
 // refusal says it was measured, and a profile of another shape or GPU is not used.
 TEST_F(JobValidatorTest, ProfiledFloorReplacesTheEstimate) {
@@ -495,7 +495,7 @@ TEST_F(JobValidatorTest, EvalPathsAreCheckedAndEvalStepsDefaultsToLoggingSteps) 
 }
 
 // What the engine would refuse mid-job for this model is refused up front; a sliding window
-// shorter than the sequence is implemented (issue #30) and accepted.
+// shorter than the sequence is implemented and accepted.
 TEST_F(JobValidatorTest, LayerOverridesAndSequenceLengthAreCheckedAgainstTheModel) {
   v1::JobSpec s = ValidSpec();
   auto& overrides = *s.mutable_offload()->mutable_activations()->mutable_layer_overrides();

@@ -1,5 +1,6 @@
-// offloadd-train: runs the offloaded training pipeline for one job from flags, outside the daemon
-// (benchmarks, parity tests, debugging). Prints one line per step; --stats-jsonl writes every
+// offloadd-train: runs the offloaded training pipeline for one job outside the daemon (benchmarks,
+// parity tests, debugging): a job file read as the daemon reads it, or flags alone, the flags
+// overriding the job file (train_args.h). Prints one line per step; --stats-jsonl writes every
 // StepStats as JSON; --dump-batches writes the token ids of the first steps.
 #include <unistd.h>
 
@@ -14,55 +15,13 @@
 #include "common/units.h"
 #include "trainer/batch_planner.h"
 #include "trainer/data_source.h"
-#include "trainer/lsp_mode.h"
+#include "trainer/tools/job_file_config.h"
 #include "trainer/tools/rank_launcher.h"
+#include "trainer/tools/train_args.h"
 #include "trainer/trainer.h"
 
 namespace offloadd::trainer {
 namespace {
-
-const char kUsage[] = R"(usage: offloadd-train --model=DIR (--data=FILE ... | --synthetic-seq=N) [options]
-  model/data:  --model=DIR --random-init --dropout=model|disable --tokenizer=PATH --data=FILE (repeat) --format=F
-               --max-seq-length=N --packing --no-shuffle --max-samples=N --synthetic-seq=N
-               --chat-template=builtin|FILE
-               --eval-data=FILE (repeat; same format) --eval-steps=N (held-out loss every N steps)
-  device:      --device=cpu|cuda|cuda:N --dtype=auto|fp32|bf16|fp16 --gpu-memory-limit=SIZE
-               --activations=auto|keep|recompute|recompute_offload_cpu|offload_cpu|offload_nvme --layer-activation=I:MODE (repeat)
-               --weights=auto|resident|stream
-  optimizer:   --lr=X --scheduler=linear|cosine|cosine_with_min_lr|constant|constant_with_warmup
-               --warmup-steps=N --warmup-ratio=X --num-cycles=X --min-lr-rate=X --weight-decay=X
-               --beta1=X --beta2=X --eps=X --max-grad-norm=X
-               --speculate=auto|always|never (updates before the clipping norm is known; default
-               auto on a GPU, never on the CPU; never is the bitwise-reproducible choice)
-               --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
-                 learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
-               --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
-               --host-memory-limit=SIZE (default: 80% of RAM, as the daemon's; a job over it is refused)
-               --host-weight-copy (16-bit compute: keep a 16-bit weight copy in RAM, 16 bytes per
-               parameter, instead of casting the fp32 masters on the device, 14)
-               --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)
-               --setup-threads=N (populating the arena, reading the weights, pinning; 0: all cores)
-               --no-setup-overlap (populate the whole arena before reading the weights)
-               --validate-only (stop after the plan: print the predicted step time and tokens/s)
-               --length-buckets=on|off (pad records to a few lengths per octave; default on a GPU)
-               --device-optimizer-blocks=N|auto (the lowest N blocks' AdamW states on the device
-               and updated there; auto (default): the step planner places them after the first
-               step, and keeps the top layers' activations where that is faster, from the node
-               profile: --profile-dir=DIR caches it, else it is measured every run)
-               --adamw-kernel=auto|portable|avx2|avx512|avx512bf16 (auto: $OFFLOADD_ADAMW_KERNEL,
-               else the fastest this CPU supports)
-  fp16 loss scaling (torch.amp.GradScaler's arguments): --init-scale=X (65536)
-               --growth-factor=X (2) --backoff-factor=X (0.5) --growth-interval=N (2000)
-  loop:        --batch-size=N|auto|auto:N (auto: the micro-batch up to N, 64, and accumulation the
-               planner prices fastest) --train-batch-size=N (sequences per optimizer step: with
-               auto, micro x accumulation = N) --grad-accum=N --epochs=X --max-steps=N --seed=N
-               --output-dir=DIR --save-steps=N --save-total-limit=N --resume-from=DIR --no-export
-  output:      --trace=FILE.json --trace-steps=N --stats-jsonl=FILE --dump-batches=FILE
-  parallel:    --gpus=N (data parallel: N ranks of this program, one per GPU; on --device=cpu N CPU
-               ranks over Gloo) --rank=R --world-size=N --rendezvous=file:///PATH|tcp://HOST:PORT
-               (one rank of a group started elsewhere) --parallel-timeout=SECONDS (600)
-  binaries:    --worker-binary=PATH --store-binary=PATH (default: next to this program)
-)";
 
 std::string SelfDir() {
   char buf[4096];
@@ -84,41 +43,6 @@ std::string FindBinary(const std::string& name, const std::string& component) {
     if (access(c.c_str(), X_OK) == 0) return c;
   }
   return dir + "/" + name;
-}
-
-// std::sto* with the whole value consumed: "4x" or "1e-3abc" is a bad value, not 4 or 1e-3, and an
-// unsigned flag refuses a sign (std::stoull("-1") wraps around). Throws like std::sto* (the flag
-// loop turns it into "bad value").
-template <typename T, typename F>
-T Whole(const std::string& s, F parse, bool is_unsigned = false) {
-  if (is_unsigned && s.find('-') != std::string::npos) throw std::invalid_argument(s);
-  size_t pos = 0;
-  const T v = parse(s, &pos);
-  if (pos != s.size()) throw std::invalid_argument(s);
-  return v;
-}
-int StrictStoi(const std::string& s) { return Whole<int>(s, [](const std::string& x, size_t* p) { return std::stoi(x, p); }); }
-long long StrictStoll(const std::string& s) {
-  return Whole<long long>(s, [](const std::string& x, size_t* p) { return std::stoll(x, p); });
-}
-unsigned long StrictStoul(const std::string& s) {
-  return Whole<unsigned long>(s, [](const std::string& x, size_t* p) { return std::stoul(x, p); }, true);
-}
-unsigned long long StrictStoull(const std::string& s) {
-  return Whole<unsigned long long>(s, [](const std::string& x, size_t* p) { return std::stoull(x, p); }, true);
-}
-double StrictStod(const std::string& s) { return Whole<double>(s, [](const std::string& x, size_t* p) { return std::stod(x, p); }); }
-
-StatusOr<ActivationMode> ParseMode(const std::string& s) {
-  if (s == "auto") return ActivationMode::kAuto;
-  if (s == "keep") return ActivationMode::kKeep;
-  if (s == "recompute") return ActivationMode::kRecompute;
-  if (s == "offload" || s == "offload_cpu") return ActivationMode::kOffloadCpu;
-  if (s == "offload_nvme") return ActivationMode::kOffloadNvme;
-  if (s == "recompute_offload_cpu") return ActivationMode::kRecomputeOffloadCpu;
-  return InvalidArgumentError(
-      "activation mode must be auto, keep, recompute, recompute_offload_cpu, offload_cpu or offload_nvme, got '" + s +
-      "'");
 }
 
 class PrintObserver : public TrainObserver {
@@ -237,170 +161,70 @@ Status DumpBatches(const TrainConfig& c, const std::string& path, int64_t steps)
   return OkStatus();
 }
 
+// The run's configuration: the job file's (or the defaults) with the flags applied over it.
+StatusOr<TrainArgs> MakeArgs(int argc, char** argv) {
+  ASSIGN_OR_RETURN(ParsedCommandLine parsed, ParseCommandLine(argc, argv));
+  TrainArgs& args = parsed.args;
+  if (args.help) return std::move(args);
+  if (!args.job_file.empty()) {
+    const JobFileBinaries binaries{FindBinary("offloadd-worker", "workers"),
+                                   FindBinary("offloadd-store", "storage")};
+    ASSIGN_OR_RETURN(args.config, TrainConfigFromJobFile(args.job_file, args.sets, binaries));
+  } else if (!args.sets.empty()) {
+    return InvalidArgumentError("--set overrides a job file's fields: name the job file first");
+  }
+  RETURN_IF_ERROR(ApplyOverrides(parsed.overrides, &args));
+  return std::move(args);
+}
+
+void PrintPrediction(const StepPrediction& p) {
+  std::printf("valid: %s\n", p.text.c_str());
+  nlohmann::json j = {{"predicted_step_seconds", p.step_seconds},
+                      {"predicted_tokens_per_second", p.tokens_per_second},
+                      {"micro_batch", p.micro},
+                      {"accumulation", p.accumulation},
+                      {"seq", p.seq},
+                      {"bound", p.bound},
+                      {"basis", p.basis},
+                      {"predicted_host_bytes", p.host_bytes},
+                      {"predicted_disk_bytes", p.disk_bytes},
+                      {"host_memory_limit", p.host_limit},
+                      {"tiers",
+                       {{"ram", {{"host_bytes", p.ram_tier_host_bytes}, {"disk_bytes", 0}}},
+                        {"nvme",
+                         {{"host_bytes", p.nvme_tier_host_bytes},
+                          {"disk_bytes", p.nvme_tier_disk_bytes},
+                          {"disk_seconds", p.nvme_tier_disk_seconds}}}}}};
+  std::printf("%s\n", j.dump().c_str());
+  std::printf("host memory: %s\n", p.host_text.c_str());
+  std::printf("per tier of the optimizer states: RAM: host %s, disk 0; NVMe: host %s, disk %s%s\n",
+              FormatByteSize(p.ram_tier_host_bytes).c_str(),
+              FormatByteSize(p.nvme_tier_host_bytes).c_str(),
+              FormatByteSize(p.nvme_tier_disk_bytes).c_str(),
+              p.nvme_tier_disk_seconds > 0 ? (", the disk's share of a step at least " +
+                                              std::to_string(p.nvme_tier_disk_seconds) + " s")
+                                                 .c_str()
+                                           : "");
+}
+
 int Run(int argc, char** argv) {
-  TrainConfig c;
-  std::string stats_path, dump_path;
-  std::vector<std::string> eval_paths;
-  int gpus = 0;
-  std::vector<std::string> rank_args;  // --gpus=N: the arguments every rank gets
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    const size_t eq = arg.find('=');
-    const std::string key = arg.substr(0, eq);
-    const std::string v = eq == std::string::npos ? "" : arg.substr(eq + 1);
-    if (key != "--gpus" && key != "--control-fd") rank_args.push_back(arg);
-    auto size = [&](uint64_t* out) -> Status {
-      ASSIGN_OR_RETURN(*out, ParseByteSize(v));
-      return OkStatus();
-    };
-    Status st;
-    try {
-      if (key == "--model") c.model_dir = v;
-      else if (key == "--random-init") c.random_init = true;
-      else if (key == "--dropout") {
-        if (v != "model" && v != "disable") st = InvalidArgumentError("--dropout: model or disable");
-        c.dropout_disabled = v == "disable";
-      }
-      else if (key == "--tokenizer") c.data.tokenizer_path = v;
-      else if (key == "--data") c.data.paths.push_back(v);
-      else if (key == "--eval-data") eval_paths.push_back(v);
-      else if (key == "--eval-steps") c.eval_steps = StrictStoll(v);
-      else if (key == "--format") c.data.format = v;
-      else if (key == "--max-seq-length") c.data.max_seq_length = StrictStoi(v);
-      else if (key == "--packing") c.data.packing = true;
-      else if (key == "--no-shuffle") c.data.shuffle = false;
-      else if (key == "--max-samples") c.data.max_samples = StrictStoll(v);
-      else if (key == "--synthetic-seq") c.data.synthetic_seq_length = StrictStoi(v);
-      else if (key == "--chat-template") c.data.chat_template = v;
-      else if (key == "--device") c.device = v;
-      else if (key == "--dtype") c.compute_dtype = v;
-      else if (key == "--gpu-memory-limit") st = size(&c.offload.gpu_memory_limit);
-      else if (key == "--host-memory-limit") st = size(&c.offload.host_memory_limit);
-      else if (key == "--activations") {
-        auto m = ParseMode(v);
-        st = m.status();
-        if (m.ok()) c.offload.activations = *m;
-      } else if (key == "--layer-activation") {
-        const size_t colon = v.find(':');
-        auto m = ParseMode(colon == std::string::npos ? "" : v.substr(colon + 1));
-        st = m.status();
-        if (m.ok()) c.offload.layer_overrides[StrictStoi(v.substr(0, colon))] = *m;
-      } else if (key == "--lr") c.optim.learning_rate = StrictStod(v);
-      else if (key == "--scheduler") c.optim.lr_scheduler_type = v;
-      else if (key == "--warmup-steps") c.optim.warmup_steps = StrictStoll(v);
-      else if (key == "--warmup-ratio") c.optim.warmup_ratio = StrictStod(v);
-      else if (key == "--num-cycles") c.optim.num_cycles = StrictStod(v);
-      else if (key == "--min-lr-rate") c.optim.min_lr_rate = StrictStod(v);
-      else if (key == "--weight-decay") c.optim.weight_decay = StrictStod(v);
-      else if (key == "--beta1") c.optim.beta1 = StrictStod(v);
-      else if (key == "--beta2") c.optim.beta2 = StrictStod(v);
-      else if (key == "--eps") c.optim.eps = StrictStod(v);
-      else if (key == "--max-grad-norm") c.optim.max_grad_norm = StrictStod(v);
-      else if (key == "--speculate") c.optim.speculation = v;
-      else if (key == "--setup-threads") c.setup_threads = static_cast<uint32_t>(StrictStoi(v));
-      else if (key == "--no-setup-overlap") c.setup_overlap = false;
-      else if (key == "--host-weight-copy") c.offload.host_weight_copy = true;
-      else if (key == "--validate-only") c.validate_only = true;
-      else if (key == "--length-buckets") {
-        if (v != "on" && v != "off") st = InvalidArgumentError("--length-buckets: on or off");
-        c.data.length_buckets = v == "on";
-      }
-      else if (key == "--compression") st = ParseLspSpec(v, &c.lsp);
-      else if (key == "--init-scale") c.loss_scale.init_scale = StrictStod(v);
-      else if (key == "--growth-factor") c.loss_scale.growth_factor = StrictStod(v);
-      else if (key == "--backoff-factor") c.loss_scale.backoff_factor = StrictStod(v);
-      else if (key == "--growth-interval") c.loss_scale.growth_interval = StrictStoll(v);
-      else if (key == "--weights") {
-        using W = OffloadPlanConfig::Weights;
-        if (v == "auto") c.offload.weights = W::kAuto;
-        else if (v == "resident") c.offload.weights = W::kResident;
-        else if (v == "stream") c.offload.weights = W::kStreamed;
-        else st = InvalidArgumentError("--weights: auto, resident or stream");
-      } else if (key == "--tier") {
-        if (v != "cpu" && v != "nvme") st = InvalidArgumentError("--tier: cpu or nvme");
-        c.offload.tier = v == "nvme" ? StateTier::kNvme : StateTier::kCpu;
-      } else if (key == "--nvme-dir") c.offload.nvme_dirs.push_back(v);
-      else if (key == "--workers") {
-        const size_t x = v.find('x');
-        c.worker_processes = static_cast<uint32_t>(StrictStoul(v.substr(0, x)));
-        if (x != std::string::npos) c.worker_threads = static_cast<uint32_t>(StrictStoul(v.substr(x + 1)));
-      } else if (key == "--adamw-kernel") c.adamw_kernel = v;
-      else if (key == "--transition-layer") c.offload.transition_layer = StrictStoi(v);
-      else if (key == "--update-depth") {
-        const int d = StrictStoi(v);
-        if (d < 1 || d > 64) st = InvalidArgumentError("--update-depth: 1..64 updates queued per worker, got " + v);
-        c.offload.update_depth = static_cast<uint32_t>(d);
-      } else if (key == "--device-optimizer-blocks") {
-        if (v == "auto") {
-          c.offload.device_optimizer_blocks = OffloadPlanConfig::kAutoDeviceOptimizer;
-        } else {
-          const int d = StrictStoi(v);
-          if (d < 0) st = InvalidArgumentError("--device-optimizer-blocks: a block count >= 0 or auto, got " + v);
-          c.offload.device_optimizer_blocks = d;
-        }
-      }
-      else if (key == "--batch-size") {
-        // auto: the fastest micro-batch up to 64; auto:N up to N (trainer/batch_planner.h).
-        if (v.rfind("auto", 0) == 0) {
-          c.auto_batch_size = true;
-          c.batch_size = v == "auto" ? kDefaultAutoBatchCap : v.rfind("auto:", 0) == 0 ? StrictStoi(v.substr(5)) : 0;
-          if (c.batch_size < 1) st = InvalidArgumentError("--batch-size: N, auto or auto:N (N >= 1), got " + v);
-        } else {
-          c.batch_size = StrictStoi(v);
-        }
-      }
-      else if (key == "--train-batch-size") c.global_batch_size = StrictStoi(v);
-      else if (key == "--grad-accum") c.gradient_accumulation_steps = StrictStoi(v);
-      else if (key == "--epochs") c.num_train_epochs = StrictStod(v);
-      else if (key == "--max-steps") c.max_steps = StrictStoll(v);
-      else if (key == "--seed") c.seed = StrictStoull(v);
-      else if (key == "--output-dir") c.output_dir = v;
-      else if (key == "--save-steps") c.save_steps = StrictStoll(v);
-      else if (key == "--save-total-limit") c.save_total_limit = StrictStoll(v);
-      else if (key == "--resume-from") c.resume_from = v;
-      else if (key == "--no-export") c.export_final_model = false;
-      else if (key == "--trace") c.trace_path = v;
-      else if (key == "--profile-dir") c.profile_dir = v;
-      else if (key == "--trace-steps") c.trace_steps = StrictStoll(v);
-      else if (key == "--stats-jsonl") stats_path = v;
-      else if (key == "--dump-batches") dump_path = v;
-      else if (key == "--worker-binary") c.worker_binary = v;
-      else if (key == "--store-binary") c.store_binary = v;
-      else if (key == "--gpus") gpus = StrictStoi(v);
-      else if (key == "--nvme-block-size") {
-        uint64_t b = 0;
-        st = size(&b);
-        if (st.ok() && (b == 0 || b % 4096 != 0 || b > (64u << 20))) {
-          st = InvalidArgumentError("--nvme-block-size: a multiple of 4096 up to 64MiB, got " + v);
-        }
-        c.offload.nvme_block_size = static_cast<uint32_t>(b);
-      }
-      else if (key == "--rank") c.parallel.rank = StrictStoi(v);
-      else if (key == "--world-size") c.parallel.world_size = StrictStoi(v);
-      else if (key == "--rendezvous") c.parallel.rendezvous = v;
-      else if (key == "--parallel-timeout") c.parallel.timeout_seconds = StrictStoll(v);
-      else if (key == "--control-fd") close(StrictStoi(v));  // the rank launcher's channel: unused
-      else st = InvalidArgumentError("unknown flag " + key + " (see --help)");
-    } catch (const std::exception&) {
-      st = InvalidArgumentError(key + ": bad value '" + v + "'");
-    }
-    if (!st.ok()) {
-      std::cerr << "offloadd-train: " << st.ToString() << "\n";
-      return 2;
-    }
+  auto parsed = MakeArgs(argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "offloadd-train: " << parsed.status().ToString() << "\n";
+    return 2;
   }
-  if (!eval_paths.empty()) {  // read like the training data, in order, every record
-    c.eval_data = c.data;
-    c.eval_data.paths = eval_paths;
-    c.eval_data.max_samples = 0;
-    c.eval_data.synthetic_seq_length = 0;
+  if (parsed->help) {
+    std::fputs(kTrainUsage, stdout);
+    return 0;
   }
+  const TrainArgs& args = *parsed;
+  TrainConfig c = args.config;
+  const int gpus = args.gpus;
+  const std::string& stats_path = args.stats_path;
+  const std::string& dump_path = args.dump_path;
   if (c.model_dir.empty()) {
-    std::cerr << "offloadd-train: --model is required\n" << kUsage;
+    std::cerr << "offloadd-train: --model is required (or a job file's model.path)\n"
+              << kTrainUsage;
     return 2;
   }
   if (gpus < 0 || (gpus > 1 && c.parallel.world_size > 1)) {
@@ -412,7 +236,7 @@ int Run(int argc, char** argv) {
       std::cerr << "offloadd-train: --gpus gives each rank its own GPU; use --device=cuda (and CUDA_VISIBLE_DEVICES)\n";
       return 2;
     }
-    return RunRanks(SelfPath(), rank_args, gpus, c.device == "cuda");
+    return RunRanks(SelfPath(), args.rank_args, gpus, c.device == "cuda");
   }
   if (c.worker_binary.empty()) c.worker_binary = FindBinary("offloadd-worker", "workers");
   if (c.store_binary.empty()) c.store_binary = FindBinary("offloadd-store", "storage");
@@ -432,29 +256,7 @@ int Run(int argc, char** argv) {
     return 1;
   }
   if (c.validate_only) {  // the plan is made and priced; nothing is trained
-    const StepPrediction& p = (*trainer)->prediction();
-    if (c.parallel.rank == 0) {
-      std::printf("valid: %s\n", p.text.c_str());
-      nlohmann::json j = {{"predicted_step_seconds", p.step_seconds},
-                          {"predicted_tokens_per_second", p.tokens_per_second},
-                          {"micro_batch", p.micro}, {"accumulation", p.accumulation}, {"seq", p.seq},
-                          {"bound", p.bound}, {"basis", p.basis},
-                          {"predicted_host_bytes", p.host_bytes}, {"predicted_disk_bytes", p.disk_bytes},
-                          {"host_memory_limit", p.host_limit},
-                          {"tiers", {{"ram", {{"host_bytes", p.ram_tier_host_bytes}, {"disk_bytes", 0}}},
-                                     {"nvme", {{"host_bytes", p.nvme_tier_host_bytes},
-                                               {"disk_bytes", p.nvme_tier_disk_bytes},
-                                               {"disk_seconds", p.nvme_tier_disk_seconds}}}}}};
-      std::printf("%s\n", j.dump().c_str());
-      std::printf("host memory: %s\n", p.host_text.c_str());
-      std::printf("per tier of the optimizer states: RAM: host %s, disk 0; NVMe: host %s, disk %s%s\n",
-                  FormatByteSize(p.ram_tier_host_bytes).c_str(), FormatByteSize(p.nvme_tier_host_bytes).c_str(),
-                  FormatByteSize(p.nvme_tier_disk_bytes).c_str(),
-                  p.nvme_tier_disk_seconds > 0
-                      ? (", the disk's share of a step at least " + std::to_string(p.nvme_tier_disk_seconds) + " s")
-                            .c_str()
-                      : "");
-    }
+    if (c.parallel.rank == 0) PrintPrediction((*trainer)->prediction());
     return 0;
   }
   if (!dump_path.empty()) {

@@ -1,4 +1,4 @@
-"""Job specs in the Python SDK (issue #17): sizes with units everywhere, every problem at once with
+"""Job specs in the Python SDK: sizes with units everywhere, every problem at once with
 snake_case paths and "did you mean", HF/TRL names read, and the same spellings as offloadctl's
 reader (client/cpp/spec_reader.cc; tests/client/job_file_test.cc checks the C++ side). Types and
 ranges are protobuf's json_format's; what values mean is the daemon's to check."""
@@ -143,7 +143,7 @@ def test_merge_keeps_the_daemons_problems_on_other_fields():
 
 
 def test_resources_gpus_and_an_explicit_gpu_index():
-    """resources: {gpus: N} (issue #15); gpu_index has presence: 0 pins GPU 0, unset means any."""
+    """resources: {gpus: N}; gpu_index has presence: 0 pins GPU 0, unset means any."""
     spec = offloadd.job_spec({"resources": {"gpus": 2}})
     assert spec.resources.gpus == 2 and not spec.resources.HasField("gpu_index")
     assert offloadd.job_spec({"resources": {"gpu_index": 0}}).resources.HasField("gpu_index")

@@ -1,4 +1,4 @@
-"""offloadctl's command line (issue #17 deliverable 6) against the fake JobService: per-command
+"""offloadctl's command line against the fake JobService: per-command
 help, flags after the command and --flag=value, -o json|yaml, watch -o json as JSON Lines, the
 exit codes (failed, cancelled, not found, unreachable, usage, invalid job file), --version, the
 bash completion script and `submit -`."""

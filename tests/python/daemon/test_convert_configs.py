@@ -1,4 +1,4 @@
-"""offloadctl convert (issue #17 item 1) end to end: configurations of Hugging Face Trainer, TRL,
+"""offloadctl convert end to end: configurations of Hugging Face Trainer, TRL,
 Axolotl and DeepSpeed, written here from their documented fields, are converted into job files,
 and each job then trains the README's demo model (stories260K on Alpaca records) on the real
 daemon to SUCCEEDED, exporting a model. The conversion's own cases (every key mapped or listed

@@ -1,4 +1,4 @@
-"""Unix-socket clients are known by their user (issue #18, security review): the daemon accepts its
+"""Unix-socket clients are known by their user (security review): the daemon accepts its
 socket's connections itself, reads each one's SO_PEERCRED and hands it to gRPC, so a job records
 who submitted it ("unix:uid=<uid>"), server.max_active_jobs_per_client counts per local user, not
 for every local user together, and a local user may cancel, pause or resume only its own jobs (root
@@ -29,7 +29,7 @@ def workspace(shared_dir, source_dir):
     # Not pytest's tmp_path: its parents are 0700, and the second user must reach the socket.
     root = pathlib.Path(tempfile.mkdtemp(prefix="offloadd-peer-"))
     write_demo(root, shared_dir, source_dir)
-    # A job's files are opened with its submitter's rights (issue #29): the second user must be able
+    # A job's files are opened with its submitter's rights: the second user must be able
     # to read the model and data and to create its output directory.
     for p in root.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)

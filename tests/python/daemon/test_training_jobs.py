@@ -180,7 +180,7 @@ def test_kill_9_resumes_from_the_last_checkpoint_with_the_same_losses(binary_dir
             resume_step = int(resumed[0].rsplit("checkpoint-", 1)[1])
             assert resume_step == max(saved) and resume_step <= killed_at
             # Every step shows once: those the first run reported before the kill are trained
-            # again from the checkpoint without new progress events (issue #18 defect 20).
+            # again from the checkpoint without new progress events.
             assert [p.step for p in progress(seen)] == list(range(1, steps + 1))
             cursor_after_kill = first.events[-1].cursor
             second = [e for e in seen if e.cursor > cursor_after_kill]
@@ -237,7 +237,7 @@ def test_pause_checkpoints_resume_continues_and_cancel_stops(daemon, workspace):
     text = scrape(daemon)
     assert series in text, "a stopped job's series stay for the retention"
     assert f'offloadd_job_info{{gpus="cpu",job_id="{job.id}"}} 1' in text, text
-    # /metrics is unauthenticated: nothing the user wrote is on it (issue #29 item 14).
+    # /metrics is unauthenticated: nothing the user wrote is on it.
     for private in ("pausable", str(workspace), "display_name", "model="):
         assert private not in text, (private, text)
 
@@ -258,7 +258,7 @@ def test_nvme_tier_job_equals_ram_tier_and_removes_its_states(daemon, workspace)
                                   steps=6, save_steps=3)
         done, nvme, log = train_variant(c, workspace, "tier-nvme", {"offload_optimizer": {"device": "nvme"}},
                                         steps=6, save_steps=3)
-        # The job's worker and store processes reach the daemon's /metrics (issue #16 item 4).
+        # The job's worker and store processes reach the daemon's /metrics.
         text = scrape(daemon)
         # A tiny model's updates may take less CPU than one clock tick (10 ms): present, maybe 0.
         assert f'offloadd_worker_cpu_seconds_total{{job_id="{done.id}",worker="0"}} ' in text
@@ -287,7 +287,7 @@ def test_activations_offloaded_to_nvme_train_like_kept_ones(daemon, workspace):
 
 
 def test_lsp_compression_job_trains_and_checkpoints_its_subspace(daemon, workspace):
-    """compression: {type: lsp} through the job API (issue #14 item 1), on this GPU-less node, with
+    """compression: {type: lsp} through the job API, on this GPU-less node, with
     held-out evaluation (dataset.eval_paths, training.eval_steps)."""
     s = spec(workspace, "lsp", steps=8, save_steps=4)
     s["compression"] = {"type": "lsp", "subspace_rank": 8, "sparsity": 2, "projector_update_interval": 4}
@@ -312,7 +312,7 @@ def test_lsp_compression_job_trains_and_checkpoints_its_subspace(daemon, workspa
 
 
 def test_progress_is_reported_every_interval_whatever_logging_steps(binary_dir, workspace):
-    """metrics.progress_interval_seconds (issue #17 item 5): with logging_steps far above the job's
+    """metrics.progress_interval_seconds: with logging_steps far above the job's
     steps, progress events still come at least every interval, not only at the end."""
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace)
     d.config_path.write_text(d.config_path.read_text().replace(
