@@ -726,13 +726,19 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
       } else if (limit < f.gpu_bytes) {
         const int64_t batch = floor_batch;
         const int64_t fits = LargestBatchWithin(r.model_size, *config, ds.max_seq_length(), compute_bytes, limit, batch);
+        const int64_t seq_fits = fits > 0 ? 0
+                                          : LargestSeqLengthWithin(r.model_size, *config, 1, compute_bytes, limit,
+                                                                   ds.max_seq_length() - 8);
         c.Add(res.gpu_memory_limit() ? "resources.gpu_memory_limit" : "training.per_device_train_batch_size",
               "the GPU budget of " + FormatByteSize(limit) + " is below the " + FormatByteSize(f.gpu_bytes) +
                   " this model needs at " + (auto_batch ? "micro-batch 1 (the automatic batch size's smallest)" : "batch " + std::to_string(batch)) + " x " + std::to_string(ds.max_seq_length()) +
                   " tokens (" + f.gpu_breakdown + "); the smallest budget for this batch is " +
                   FormatByteSize(f.gpu_bytes) + ", and " +
                   (fits > 0 ? "the largest batch within " + FormatByteSize(limit) + " is " + std::to_string(fits)
-                            : "not even batch 1 fits within " + FormatByteSize(limit) + " at this max_seq_length") +
+                            : "not even batch 1 fits within " + FormatByteSize(limit) + " at this max_seq_length" +
+                                  (seq_fits > 0 ? " (the largest dataset.max_seq_length that fits at batch 1 is " +
+                                                      std::to_string(seq_fits) + ")"
+                                                : "")) +
                   " (per_device_train_batch_size, with gradient_accumulation_steps to keep the global batch)");
       } else if (const v1::OffloadTarget& opt = spec.offload().offload_optimizer();
                  opt.device() == v1::OFFLOAD_DEVICE_NONE || opt.has_ratio()) {
