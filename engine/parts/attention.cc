@@ -227,7 +227,9 @@ int64_t AttentionPart::SavedBytes(int64_t batch, int64_t seq, double e) const {
     const double rows_k = qk_ == QkNorm::kWhole ? n : n * kv_heads_;
     bytes += q_norm_.SavedBytes(rows_q) + k_norm_.SavedBytes(rows_k);
   }
-  bytes += n * 4 * heads_;  // logsumexp (fused kernels; the tiled document path saves none)
+  // The fused kernels' logsumexp. The tiled path (soft-capping; on the CPU a window shorter than
+  // the sequence) saves nothing more; the windowed flash kernel's logsumexp on CUDA is left out.
+  if (softcap_ <= 0 && Window(seq) == 0) bytes += n * 4 * heads_;
   return static_cast<int64_t>(bytes);
 }
 

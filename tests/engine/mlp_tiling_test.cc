@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,7 +45,7 @@ struct Result {
   int64_t held = 0, estimated = 0;
 };
 
-Result Run(const ModelConfig& c, int64_t t, SaveMode mode) {
+Result RunLayer(const ModelConfig& c, int64_t t, SaveMode mode) {
   uint64_t seed = 1;
   ParamLoader load = [&](const std::string&, const std::vector<int64_t>& shape)
       -> StatusOr<at::Tensor> {
@@ -80,11 +81,11 @@ class MlpTilingTest : public ::testing::TestWithParam<std::string> {
 TEST_P(MlpTilingTest, TiledLayerEqualsUntiled) {
   const ModelConfig c = MlpConfig(GetParam());
   const int64_t t = 150;  // 2 x 150 = 300 rows
-  const Result plain = Run(c, t, SaveMode::kKeep);
+  const Result plain = RunLayer(c, t, SaveMode::kKeep);
   // Tiles of 64 rows: gate and up of 64 rows are 64 * 2 * 48 * 4 bytes.
   parts::SetMlpTileBytes(64 * 2 * c.intermediate_size * 4);
   for (SaveMode mode : {SaveMode::kKeep, SaveMode::kRecompute}) {
-    const Result tiled = Run(c, t, mode);
+    const Result tiled = RunLayer(c, t, mode);
     auto close = [](const at::Tensor& a, const at::Tensor& b) {
       return (a - b).abs().max().item<double>() <= 1e-5 * std::max(1.0, b.abs().max().item<double>());
     };
