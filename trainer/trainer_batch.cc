@@ -127,22 +127,20 @@ int Trainer::Impl::LargestFittingMicroBatch(int cap) const {
 
 bool Trainer::Impl::FitsStreamed(int micro, int64_t seq) const {
   using Weights = OffloadPlanConfig::Weights;
-  {
-    const MemoryEstimate est = EstimateMemory(micro, seq);
-    int64_t acts = 0;
-    for (int b = 0; b < n; ++b) {
-      // What PlanDevice can move to pinned RAM: auto layers' checkpoints (recompute_offload_cpu).
-      const bool movable = b >= 1 && b + 1 < n && !cfg.offload.layer_overrides.count(b - 1) &&
-                           cfg.offload.activations == ActivationMode::kAuto &&
-                           modes[b] == engine::SaveMode::kRecompute;
-      if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
-      if (modes[b] == engine::SaveMode::kRecompute && !movable && !offload_checkpoint[b]) {
-        acts += est.cost[b].saved_bytes_recompute;
-      }
+  const MemoryEstimate est = EstimateMemory(micro, seq);
+  int64_t acts = 0;
+  for (int b = 0; b < n; ++b) {
+    // What PlanDevice can move to pinned RAM: auto layers' checkpoints (recompute_offload_cpu).
+    const bool movable = b >= 1 && b + 1 < n && !cfg.offload.layer_overrides.count(b - 1) &&
+                         cfg.offload.activations == ActivationMode::kAuto &&
+                         modes[b] == engine::SaveMode::kRecompute;
+    if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
+    if (modes[b] == engine::SaveMode::kRecompute && !movable && !offload_checkpoint[b]) {
+      acts += est.cost[b].saved_bytes_recompute;
     }
-    const int64_t w = cfg.offload.weights == Weights::kResident ? est.weights : est.streamed;
-    return w + acts + est.workspace <= gpu_budget;
   }
+  const int64_t w = cfg.offload.weights == Weights::kResident ? est.weights : est.streamed;
+  return w + acts + est.workspace <= gpu_budget;
 }
 
 int64_t Trainer::Impl::LargestFittingSeqLength(int micro, int64_t cap) const {
