@@ -22,9 +22,9 @@ using ParamLoader =
 StatusOr<std::vector<std::unique_ptr<Block>>> BuildBlocks(const ModelConfig& config,
                                                           const ParamLoader& load);
 // The tensors a micro-batch's layers share, once per micro-batch (Model::PrepareBatch's last
-// step; mb has input_ids, position_ids and, when packed, segment_ids and attn_mask on the compute
-// device): RoPE tables (global and, with has_local_rope, local), the sliding-window mask when a
-// window is shorter than the sequence, a causal mask when attention soft-capping needs one.
+// step; mb has input_ids, position_ids and, when packed, segment_ids and docs on the compute
+// device): RoPE tables (global and, with has_local_rope, local), and one document per row when
+// soft-capping or a sliding window shorter than the sequence needs the document path unpacked.
 void PrepareLayerInputs(const ModelConfig& config, c10::ScalarType dtype, MicroBatch* mb);
 // Decoder layer `layer` alone (benchmarks).
 StatusOr<std::unique_ptr<Block>> BuildDecoderLayer(const ModelConfig& config, int layer,

@@ -138,7 +138,7 @@ class DecoderLayer final : public Block {
     const at::Tensor* attn_post_stats = ReadStats(&r, p_.attn_post);
     const at::Tensor& h = r.Next();
     const at::Tensor* mlp_pre_stats = ReadStats(&r, p_.mlp_pre);
-    const MlpPart::Saved ms = p_.mlp.Read(&r);
+    const MlpPart::Saved ms = p_.mlp.Read(&r, h);
     const at::Tensor* mlp_out = p_.mlp_post.present() ? &r.Next() : nullptr;
     const at::Tensor* mlp_post_stats = ReadStats(&r, p_.mlp_post);
     const at::Tensor* aux = r.Rest();

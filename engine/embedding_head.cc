@@ -134,19 +134,14 @@ class Head final : public Block {
 void PrepareLayerInputs(const ModelConfig& c, c10::ScalarType dtype, MicroBatch* mb) {
   const c10::Device device = mb->input_ids.device();
   const int64_t t = mb->input_ids.size(1);
-  // Soft-capped attention runs the explicit softmax, which needs a mask even unpacked.
-  if (c.attn_logit_softcap > 0 && !mb->attn_mask.defined()) {
-    mb->attn_mask = ops::CausalMask(t, device, dtype);
-  }
-  // One sliding mask per micro-batch, shared by every sliding layer (built only when a window
-  // is shorter than the sequence; longer windows are plain causal attention).
+  // Unpacked rows run the document path (one document per row) where soft-capping needs it, or
+  // a sliding window shorter than the sequence that the windowed flash kernel cannot take.
   const bool slides = std::find(c.sliding.begin(), c.sliding.end(), true) !=
                       c.sliding.end();
-  if (slides && c.sliding_window > 0 && c.sliding_window < t) {
-    mb->attn_mask_sliding =
-        mb->segment_ids.defined()
-            ? ops::SegmentMask(mb->segment_ids, dtype, c.sliding_window)
-            : ops::CausalMask(t, device, dtype, c.sliding_window);
+  const bool short_window = slides && c.sliding_window > 0 && c.sliding_window < t &&
+                            !ops::WindowedFlashFits(device, dtype, c.head_dim);
+  if (!mb->docs.defined() && (c.attn_logit_softcap > 0 || short_window)) {
+    mb->docs = ops::RowDocuments(mb->input_ids.size(0), t, device);
   }
   if (c.arch != Architecture::kLlama) return;
   // Tables over the rotated dimensions only (partial_rotary_factor); ApplyRope passes the rest

@@ -336,7 +336,7 @@ StatusOr<MicroBatch> Model::PrepareBatch(const at::Tensor& input_ids, const at::
         return bad("segment_ids must be int64 with the shape of input_ids");
       }
       mb.segment_ids = segment_ids.to(device_);
-      mb.attn_mask = ops::SegmentMask(mb.segment_ids, dtype_);
+      mb.docs = ops::DocumentsOf(segment_ids, device_);
     }
     PrepareLayerInputs(config_, dtype_, &mb);
     return mb;

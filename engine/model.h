@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/doc_attention.h"
 #include "engine/model_config.h"
 
 namespace offloadd::engine {
@@ -72,11 +73,10 @@ struct MicroBatch {
   at::Tensor segment_ids;         // [B, T] int64 packed-document ids, or undefined (one document)
   at::Tensor rope_cos, rope_sin;  // [B, T, rotary_dim] in the compute dtype (rotary families)
   at::Tensor rope_cos_local, rope_sin_local;  // sliding layers' own tables (has_local_rope)
-  // Additive masks ([B or 1, 1, T, T], 0 / -inf) for the explicit-softmax attention: attn_mask
-  // from segment_ids (or plain causal when attention soft-capping needs the explicit path);
-  // attn_mask_sliding for sliding-window layers whose window is shorter than T.
-  at::Tensor attn_mask;
-  at::Tensor attn_mask_sliding;
+  // The documents attention stays within (engine/doc_attention.h; no [T, T] mask is built): the
+  // runs of segment_ids when packed, else one per row when some layer needs the document path
+  // (soft-capping, or a sliding window shorter than T that the fused kernels cannot take).
+  ops::Documents docs;
 };
 
 struct Param {
@@ -161,7 +161,7 @@ class Block {
   StatusOr<at::Tensor> Logits(const MicroBatch& mb, const at::Tensor& x);
 
   // Estimated sizes for a micro-batch of [batch, seq] tokens computed in `dtype` without packing
-  // (with segment_ids attention additionally saves [batch, heads, seq, seq] probabilities).
+  // (packed batches save the same: attention keeps no [seq, seq] tensor).
   // saved_bytes_keep equals SavedState::held_bytes() after a kKeep forward on CPU; on CUDA the
   // attention kernels' logsumexp may be padded by a few percent.
   virtual BlockCost EstimateCost(int64_t batch, int64_t seq, c10::ScalarType dtype) const;
@@ -229,8 +229,9 @@ class Model {
   // Validates ids/targets (shape, range, sequence length) and moves them to the model's device.
   // position_ids defaults to 0..T-1 per row. targets may be undefined (inference).
   // segment_ids (packing): tokens attend only within their own segment; pair it with
-  // position_ids restarting at 0 per segment. Packed batches use the explicit-softmax attention
-  // path (O(T^2) memory per head) instead of the fused kernels.
+  // position_ids restarting at 0 per segment. A segment is a run of equal ids within a row;
+  // packed batches attend within each run (variable-length flash on CUDA, a tiled exact path
+  // elsewhere), with O(T) memory per head: no [T, T] mask is built.
   StatusOr<MicroBatch> PrepareBatch(const at::Tensor& input_ids, const at::Tensor& targets,
                                     double num_trained_tokens,
                                     const at::Tensor& position_ids = at::Tensor(),

@@ -18,6 +18,7 @@
 
 #include "engine/model.h"
 #include "engine/ops.h"
+#include "engine/tiles.h"
 
 namespace offloadd::engine::parts {
 
@@ -103,8 +104,9 @@ class NormPart {
 
 // Projections (separate q/k/v or fused qkv rows [q; k; v], nn.Linear or GPT-2's Conv1D, biases
 // per config), q/k norm per head or over the projection, RoPE (global or local tables), then
-// causal attention: ATen's fused kernels, or the explicit softmax for masks (packing, sliding
-// windows shorter than the sequence) and logit soft-capping. Returns o_proj's output.
+// causal attention: ATen's fused kernels for unpacked rows, attention within documents
+// (engine/doc_attention.h: packing, logit soft-capping, sliding windows the flash kernel cannot
+// take) without a [T, T] mask. Returns o_proj's output.
 class AttentionPart {
  public:
   AttentionPart(const ModelConfig& c, int layer, const std::string& prefix, ParamList* pl);
@@ -126,12 +128,12 @@ class AttentionPart {
   int64_t SavedBytes(int64_t batch, int64_t seq, double e) const;
   double Flops(int64_t batch, int64_t seq) const;  // projections + attention, forward
   std::string Describe(c10::Device device, c10::ScalarType dtype, int64_t seq) const;
-  // Whether this layer runs the explicit-softmax path for an unpacked [.., seq] batch.
-  bool Explicit(int64_t seq) const;
 
  private:
-  // The additive mask (or, for the windowed flash kernel, the window) this layer attends with.
-  at::Tensor Mask(const MicroBatch& mb, const at::Tensor& q, int64_t* window) const;
+  // The sliding window applied at sequence length `seq` (0: the window covers it, plain causal).
+  int64_t Window(int64_t seq) const;
+  // Whether ops::Attention's fused kernels run (unpacked, no soft-capping, a window they take).
+  bool Plain(const MicroBatch& mb, const at::Tensor& q) const;
   void Rope(const MicroBatch& mb, const at::Tensor** cos, const at::Tensor** sin) const;
   // q, k after the q/k norm and RoPE, [B, H, T, D].
   at::Tensor Heads(const Weights& W, const MicroBatch& mb, const at::Tensor& lin,
@@ -156,14 +158,27 @@ class AttentionPart {
 // SwiGLU / GeGLU-tanh with separate or fused gate_up (gate rows first), optional biases, or
 // GPT-2's c_proj(gelu_new(c_fc(x))) with Conv1D. Saved: gate and up (or fused gate_up, or c_fc's
 // output); the activation product is rebuilt in backward.
+//
+// Sequence tiling (ALST's tiled MLP): a gated MLP over more tokens than TileRows() runs in tiles of
+// that many rows, saves nothing (backward gets its input again) and recomputes each tile's gate
+// and up in backward, so no [tokens, ffn] tensor larger than a tile exists at long sequence
+// lengths. Weight gradients are summed over tiles in fp32 and rounded once.
+// One tile's gate and up together stay within kMlpTileBytes (engine/tiles.h, MlpTileRows).
+// Overrides kMlpTileBytes for this process (tests; <= 0 restores it).
+void SetMlpTileBytes(int64_t bytes);
+
 class MlpPart {
  public:
   MlpPart(const ModelConfig& c, const std::string& prefix, ParamList* pl);
   at::Tensor Forward(const Weights& W, const at::Tensor& x, std::vector<at::Tensor>* saved) const;
   struct Saved {
-    at::Tensor a, b;  // gate, up | gate_up, - | c_fc output, -
+    at::Tensor a, b;  // gate, up | gate_up, - | c_fc output, - | nothing (tiled)
   };
-  Saved Read(SavedReader* r) const;
+  // `x`: the MLP's input, or any tensor of its shape and dtype (whether Forward tiled).
+  Saved Read(SavedReader* r, const at::Tensor& x) const;
+  // Rows per tile for elements of `e` bytes; Tiled: whether `tokens` rows run in tiles.
+  int64_t TileRows(double e) const;
+  bool Tiled(double tokens, double e) const;
   at::Tensor Backward(const Weights& W, const at::Tensor& dy,
                       const std::function<at::Tensor()>& input, const Saved& s,
                       const Emit& emit) const;
@@ -172,6 +187,13 @@ class MlpPart {
   std::string Describe(c10::Device device, c10::ScalarType dtype) const;
 
  private:
+  at::Tensor TiledForward(const Weights& W, const at::Tensor& x) const;
+  at::Tensor TiledBackward(const Weights& W, const at::Tensor& dy, const at::Tensor& x,
+                           const Emit& emit) const;
+  // gate and up of rows x (views of the fused projection when gate_up is fused).
+  void GateUp(const Weights& W, const at::Tensor& x, at::Tensor* gate, at::Tensor* up,
+              at::Tensor* fused) const;
+
   MlpKind kind_;
   bool conv1d_;
   int64_t hidden_, ff_;

@@ -20,6 +20,7 @@
 #endif
 
 #include "common/units.h"
+#include "engine/doc_attention.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer_impl.h"
 #include "trainer/working_set.h"
@@ -75,8 +76,8 @@ Status Trainer::Impl::InitialModes() {
   return OkStatus();
 }
 
-Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B) const {
-  const int64_t T = SeqLength();
+Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t seq) const {
+  const int64_t T = seq > 0 ? seq : SeqLength();
   const int64_t elem = c10::elementSize(dtype);
   MemoryEstimate est;
   int64_t max_block = 0, max_keep = 0;
@@ -91,11 +92,13 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B) const {
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
   // gradients, the head's chunked logits (engine/head_chunk.h), allocator slack.
   est.workspace = 2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
-  // What the block costs leave out (trainer/working_set.h): packed batches' O(T^2) attention,
-  // and LSP's own working set on CUDA.
+  // What the block costs leave out (trainer/working_set.h): packed batches' attention within
+  // documents (O(T)), and LSP's own working set on CUDA.
   if (Packed()) {
     const engine::ModelConfig& mc = model->config();
-    est.packed_attention = PackedAttentionBytes(B, T, mc.num_heads, elem) + PackedMaskBytes(B, T, elem);
+    const bool flash = engine::ops::VarlenFlashFits(device, dtype, mc.head_dim, mc.attn_logit_softcap);
+    est.packed_attention =
+        DocumentAttentionBytes(B, T, mc.num_heads, mc.num_kv_heads, mc.head_dim, elem, flash);
     est.workspace += est.packed_attention;
   }
   if (lsp && lsp->on_device()) {
@@ -142,23 +145,29 @@ void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodePro
 }
 
 int Trainer::Impl::LargestFittingMicroBatch(int cap) const {
+  return LargestFittingBatch(cap, [&](int micro) { return FitsStreamed(micro, SeqLength()); });
+}
+
+bool Trainer::Impl::FitsStreamed(int micro, int64_t seq) const {
   using Weights = OffloadPlanConfig::Weights;
-  return LargestFittingBatch(cap, [&](int micro) {
-    const MemoryEstimate est = EstimateMemory(micro);
-    int64_t acts = 0;
-    for (int b = 0; b < n; ++b) {
-      // What PlanDevice can move to pinned RAM: auto layers' checkpoints (recompute_offload_cpu).
-      const bool movable = b >= 1 && b + 1 < n && !cfg.offload.layer_overrides.count(b - 1) &&
-                           cfg.offload.activations == ActivationMode::kAuto &&
-                           modes[b] == engine::SaveMode::kRecompute;
-      if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
-      if (modes[b] == engine::SaveMode::kRecompute && !movable && !offload_checkpoint[b]) {
-        acts += est.cost[b].saved_bytes_recompute;
-      }
+  const MemoryEstimate est = EstimateMemory(micro, seq);
+  int64_t acts = 0;
+  for (int b = 0; b < n; ++b) {
+    // What PlanDevice can move to pinned RAM: auto layers' checkpoints (recompute_offload_cpu).
+    const bool movable = b >= 1 && b + 1 < n && !cfg.offload.layer_overrides.count(b - 1) &&
+                         cfg.offload.activations == ActivationMode::kAuto &&
+                         modes[b] == engine::SaveMode::kRecompute;
+    if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
+    if (modes[b] == engine::SaveMode::kRecompute && !movable && !offload_checkpoint[b]) {
+      acts += est.cost[b].saved_bytes_recompute;
     }
-    const int64_t w = cfg.offload.weights == Weights::kResident ? est.weights : est.streamed;
-    return w + acts + est.workspace <= gpu_budget;
-  });
+  }
+  const int64_t w = cfg.offload.weights == Weights::kResident ? est.weights : est.streamed;
+  return w + acts + est.workspace <= gpu_budget;
+}
+
+int64_t Trainer::Impl::LargestFittingSeqLength(int micro, int64_t cap) const {
+  return LargestFittingLength(cap, [&](int64_t seq) { return FitsStreamed(micro, seq); });
 }
 
 std::string Trainer::Impl::WorkspaceParts(const MemoryEstimate& est) const {
@@ -176,9 +185,14 @@ std::string Trainer::Impl::WorkspaceParts(const MemoryEstimate& est) const {
 }
 
 std::string Trainer::Impl::LargestBatchHint() const {
-  if (cfg.batch_size <= 1) return "; not even micro-batch 1 fits";
+  // The sequence length priced too: at micro-batch 1, the largest max_seq_length that fits.
+  const int64_t len = LargestFittingSeqLength(1, SeqLength() - 8);
+  const std::string at_one =
+      len > 0 ? "; at micro-batch 1 the largest max_seq_length that fits is " + std::to_string(len)
+              : "; not even max_seq_length 8 fits at micro-batch 1";
+  if (cfg.batch_size <= 1) return "; not even micro-batch 1 fits" + at_one;
   const int fits = LargestFittingMicroBatch(cfg.batch_size - 1);
-  if (fits == 0) return "; not even micro-batch 1 fits at this max_seq_length";
+  if (fits == 0) return "; not even micro-batch 1 fits at this max_seq_length" + at_one;
   return "; the largest micro-batch that fits is " + std::to_string(fits) +
          " (per_device_train_batch_size, with gradient_accumulation_steps to keep the global batch)";
 }
@@ -268,7 +282,7 @@ class TemporaryWeights {
 
 StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, int64_t seq, int reps) {
   // The real kernels at the real shape: GEMMs, attention at this length (the fused kernels, or
-  // the explicit softmax of packed batches), the elementwise kernels and the head's chunked
+  // attention within documents for packed batches), the elementwise kernels and the head's chunked
   // loss, which a flop count at one GEMM's rate leaves out (issue #29 item 23: 7B at micro-batch
   // 64 priced 28% optimistic). One decoder layer stands for all (they have one shape). Each
   // block runs once to warm up (kernel choice, cuDNN graphs for the shape), then twice timed;

@@ -203,18 +203,22 @@ struct Trainer::Impl {
   struct MemoryEstimate {
     std::vector<engine::BlockCost> cost;
     int64_t weights = 0, streamed = 0, workspace = 0;
-    // Of the workspace: packed batches' attention and mask, LSP's working set (working_set.h).
+    // Of the workspace: packed batches' attention, LSP's working set (working_set.h).
     int64_t packed_attention = 0, lsp = 0;
   };
-  // Packed records (not synthetic): attention takes the explicit-softmax path.
+  // Packed records (not synthetic): attention within documents (engine/doc_attention.h).
   bool Packed() const { return cfg.data.packing && cfg.data.synthetic_seq_length <= 0; }
   // The largest micro-batch up to `cap` whose static estimate fits the GPU budget with the
   // weights streamed and the checkpoints in pinned RAM where they may go (what PlanDevice falls
   // back to); 0 when not even 1 does. Names the batch a refusal suggests.
   int LargestFittingMicroBatch(int cap) const;
+  // Whether micro-batch `micro` of `seq` tokens per row fits so (LargestFittingMicroBatch's test),
+  // and the largest max_seq_length (a multiple of 8, at most `cap`) at which `micro` does.
+  bool FitsStreamed(int micro, int64_t seq) const;
+  int64_t LargestFittingSeqLength(int micro, int64_t cap) const;
   std::string LargestBatchHint() const;
   std::string WorkspaceParts(const MemoryEstimate& est) const;  // " (of it packed attention ...)"  // "; the largest micro-batch that fits is N (...)"
-  MemoryEstimate EstimateMemory(int64_t B) const;
+  MemoryEstimate EstimateMemory(int64_t B, int64_t seq = 0) const;  // seq 0: SeqLength()
   int64_t DeviceBudget() const;  // gpu_memory_limit, else 90% of what the device has free
   // The node profile (cached under cfg.profile_dir, else measured once per run), logged.
   StatusOr<NodeProfile> PlanNodeProfile();

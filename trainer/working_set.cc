@@ -5,21 +5,16 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "engine/tiles.h"
 
 namespace offloadd::trainer {
 
-int64_t PackedAttentionBytes(int64_t batch, int64_t seq, int64_t heads, int64_t elem) {
-  const double scores = static_cast<double>(batch) * static_cast<double>(heads) *
-                        static_cast<double>(seq) * static_cast<double>(seq);
-  return static_cast<int64_t>(scores * static_cast<double>(4 * elem + 12));
-}
-
-int64_t PackedMaskBytes(int64_t batch, int64_t seq, int64_t elem) {
-  // The mask itself, and while it is built: `same` [B, T, T], the causal [T, T], their
-  // conjunction and its negation (bool each).
-  const double cells =
-      static_cast<double>(batch) * static_cast<double>(seq) * static_cast<double>(seq);
-  return static_cast<int64_t>(cells * static_cast<double>(elem + 3));
+int64_t DocumentAttentionBytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, int64_t elem, bool varlen_flash) {
+  const int64_t n = batch * seq;
+  if (varlen_flash) return n * head_dim * (heads * (3 * elem + 4) + 2 * kv_heads * elem);
+  const int64_t tile_scores = engine::QueryTile(heads, seq) * heads * seq * 4;
+  return 5 * tile_scores + 2 * seq * heads * head_dim * elem + 2 * n * kv_heads * head_dim * 4;
 }
 
 int64_t LspWorkingSet::Total(int materialized_blocks) const {
@@ -82,6 +77,21 @@ int LargestFittingBatch(int max_batch, const std::function<bool(int)>& fits) {
     }
   }
   return lo;
+}
+
+int64_t LargestFittingLength(int64_t max_len, const std::function<bool(int64_t)>& fits) {
+  const int64_t steps = max_len / 8;
+  if (steps <= 0) return 0;
+  int64_t lo = 0, hi = steps;  // fits(8 lo) holds (lo = 0: nothing checked yet)
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(8 * mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return 8 * lo;
 }
 
 }  // namespace offloadd::trainer

@@ -3,9 +3,9 @@
 // and workspace (trainer_batch.cc EstimateMemory), for the two cases the estimate priced as if
 // they were the plain step (Llama-2-7B, LSP, packed Alpaca records, batch 8 in
 // 24 GiB ran out of memory in layer 31's backward):
-//   - packed batches (segment ids) take the explicit-softmax attention path (engine/ops.cc
-//     Attention / AttentionBackward), whose [batch, heads, seq, seq] scores, probabilities and
-//     their gradients are O(seq^2) per head instead of the fused kernels' O(seq);
+//   - packed batches (segment ids) attend within documents (engine/doc_attention.h): the
+//     variable-length flash kernels' layout copies and fp32 accumulators, or the tiled path's
+//     tile and fp32 gradients, O(seq) per head (no [seq, seq] tensor: the mask path is gone);
 //   - LSP on CUDA: the resident W_base and sparse projectors, each computing block's effective
 //     weights W_base + P A Q^T, the products and densified projectors that build them, the
 //     compression P^T G Q of each gradient, and the projector check's dense fp32 gradients.
@@ -20,16 +20,17 @@
 
 namespace offloadd::trainer {
 
-// Peak bytes of the explicit-softmax attention inside one layer's backward at [batch, heads,
-// seq, seq], beyond the saved activations (one such layer at a time: recompute, then backward).
-// In AttentionBackward's softmax-backward statement every temporary lives to its end: the saved
-// probabilities p and dp = dout V^T (elem each), dp and p upcast to fp32, the fp32 result, its
-// cast back and the scaled product (elem each): (4 elem + 12) bytes per score. The recompute's
-// forward peak (scores, their scaled and masked copies, the fp32 softmax) is below it.
-int64_t PackedAttentionBytes(int64_t batch, int64_t seq, int64_t heads, int64_t elem);
-// The micro-batch's additive mask [batch, 1, seq, seq] in the compute dtype (ops::SegmentMask),
-// held while the micro-batch is, plus its construction's boolean temporaries.
-int64_t PackedMaskBytes(int64_t batch, int64_t seq, int64_t elem);
+// Peak bytes of a packed micro-batch's attention inside one layer's backward, beyond the saved
+// activations (one layer at a time), for n = batch * seq tokens of head size d:
+//   varlen_flash (CUDA, 16-bit): the [n, heads, d] layout copies of q, d out (and k, v at
+//     kv_heads), the kernel's fp32 d q accumulator, and d k, d v expanded to every query head
+//     before the group sum: n d (heads (3 elem + 4) + 2 kv_heads elem);
+//   tiled (CPU, fp32, soft-capping): one query tile's scores (engine/tiles.h: at most
+//     kTileScoreBytes of fp32, its rows at seq keys), five copies of them (elem + 4 x 4 bytes per
+//     fp32-sized score, rounded up to 5 x 4), the repeated keys and values of a tile, and the
+//     fp32 d k, d v: 5 tile + 2 seq heads d elem + 2 n kv_heads d 4.
+int64_t DocumentAttentionBytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, int64_t elem, bool varlen_flash);
 
 // One LSP-compressed weight: [rows, cols] trained as W_base + P A Q^T with A [rank_rows,
 // rank_cols]; P has rows x nonzeros entries, Q cols x nonzeros.
@@ -55,5 +56,8 @@ LspWorkingSet PriceLspWorkingSet(const std::vector<LspMatrixShape>& matrices, in
 // The largest b in [1, max_batch] with fits(b), for fits monotone (true up to some b, false
 // after); 0 when not even 1 fits. Bisects: O(log max_batch) calls.
 int LargestFittingBatch(int max_batch, const std::function<bool(int)>& fits);
+// The largest multiple of 8 in [8, max_len] with fits(len), for fits monotone in the length
+// (a refusal's "the largest max_seq_length that fits"); 0 when not even 8 fits.
+int64_t LargestFittingLength(int64_t max_len, const std::function<bool(int64_t)>& fits);
 
 }  // namespace offloadd::trainer

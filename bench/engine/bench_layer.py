@@ -13,6 +13,12 @@ fused attention) and "eager" (explicit softmax), no torch.compile. offloadd runs
 with SaveMode keep (everything saved) and recompute (only the input saved; forward re-run
 before backward). Times are means over --iters after --warmup steps, with device syncs around
 each phase. Prints a table; --json also writes all rows.
+
+Long sequences: --docs N packs each row as N equal documents (positions restart per document).
+offloadd attends within documents (no [T, T] mask); transformers gets the block-diagonal causal
+mask [B, 1, T, T] it needs for that. --impls picks the transformers attention implementations
+(eager materialises [B, heads, T, T] scores: leave it out at long T). On CUDA every row reports
+the allocator's peak over the timed steps (GiB, the layer's weights and inputs included).
 """
 import argparse
 import json
@@ -35,7 +41,8 @@ def sync(device):
 def bench_hf(args, attn_impl, batch, device, dtype):
     cfg = transformers.LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate,
                                    num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                                   num_hidden_layers=1, max_position_embeddings=4096,
+                                   num_hidden_layers=1,
+                                   max_position_embeddings=max(4096, args.seq),
                                    rms_norm_eps=1e-5, vocab_size=32000)
     cfg._attn_implementation = attn_impl
     with torch.device(device):
@@ -45,11 +52,20 @@ def bench_hf(args, attn_impl, batch, device, dtype):
     x = torch.randn(batch, args.seq, args.hidden, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn_like(x) * 1e-3
     pos = torch.arange(args.seq, device=device).unsqueeze(0).expand(batch, -1)
-    cos, sin = rope(x, pos)
     mask = None
-    if attn_impl == "eager":  # eager attention needs an explicit causal mask
+    if args.docs > 1:  # block-diagonal causal mask, positions restarting per document
+        length = -(-args.seq // args.docs)
+        seg = torch.arange(args.seq, device=device) // length
+        pos = (torch.arange(args.seq, device=device) % length).unsqueeze(0).expand(batch, -1)
+        allowed = (seg[:, None] == seg[None, :]) & torch.ones(args.seq, args.seq, device=device,
+                                                              dtype=torch.bool).tril()
+        mask = torch.zeros(args.seq, args.seq, device=device, dtype=dtype)
+        mask = mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None].expand(batch, 1, -1, -1)
+        del allowed
+    elif attn_impl == "eager":  # eager attention needs an explicit causal mask
         mask = torch.full((args.seq, args.seq), torch.finfo(dtype).min, device=device, dtype=dtype)
         mask = torch.triu(mask, 1)[None, None].expand(batch, 1, -1, -1)
+    cos, sin = rope(x, pos)
 
     def step():
         t0 = time.perf_counter()
@@ -67,15 +83,18 @@ def bench_hf(args, attn_impl, batch, device, dtype):
 
     for _ in range(args.warmup):
         step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     f = b = 0.0
     for _ in range(args.iters):
         df, db = step()
         f += df
         b += db
     f, b = 1e3 * f / args.iters, 1e3 * b / args.iters
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     return {"impl": f"transformers-{attn_impl}", "mode": "autograd", "batch": batch, "seq": args.seq,
-            "fwd_ms": f, "bwd_ms": b, "total_ms": f + b,
-            "tokens_per_s": batch * args.seq / ((f + b) / 1e3)}
+            "docs": args.docs, "fwd_ms": f, "bwd_ms": b, "total_ms": f + b,
+            "tokens_per_s": batch * args.seq / ((f + b) / 1e3), "peak_gib": peak}
 
 
 def bench_ours(args, build_dir):
@@ -85,7 +104,7 @@ def bench_ours(args, build_dir):
     cmd = [str(exe), "--device", args.device, "--dtype", args.dtype, "--hidden", args.hidden,
            "--heads", args.heads, "--kv-heads", args.kv_heads, "--intermediate", args.intermediate,
            "--seq", args.seq, "--batches", ",".join(map(str, args.batches)), "--iters", args.iters,
-           "--warmup", args.warmup, "--modes", "keep,recompute"]
+           "--warmup", args.warmup, "--modes", "keep,recompute", "--docs", args.docs]
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(map(str, cmd))} failed:\n{proc.stderr}")
@@ -105,6 +124,8 @@ def main():
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--docs", type=int, default=1, help="documents packed per row (default 1)")
+    ap.add_argument("--impls", default="sdpa,eager", help="transformers attention implementations")
     ap.add_argument("--tiny", action="store_true", help="hidden 64, 4 heads, ff 172, seq 32, batches 1,2")
     ap.add_argument("--json", help="also write all rows to this file")
     args = ap.parse_args()
@@ -119,7 +140,7 @@ def main():
 
     rows = bench_ours(args, args.build_dir)
     for b in args.batches:
-        for impl in ("sdpa", "eager"):
+        for impl in args.impls.split(","):
             try:
                 rows.append(bench_hf(args, impl, b, device, dtype))
             except torch.OutOfMemoryError:
@@ -129,20 +150,21 @@ def main():
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"# Llama decoder layer fwd+bwd: hidden {args.hidden}, heads {args.heads}/{args.kv_heads}, "
-          f"ffn {args.intermediate}, seq {args.seq}, {args.dtype}, {name}, torch {torch.__version__}, "
+          f"ffn {args.intermediate}, seq {args.seq}, {args.docs} document(s) per row, {args.dtype}, "
+          f"{name}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {args.iters} iters after {args.warmup} warmup")
-    print(f"| batch | implementation | fwd ms | bwd ms | total ms | tokens/s | vs transformers-sdpa |")
-    print(f"|---:|---|---:|---:|---:|---:|---:|")
+    print(f"| batch | implementation | fwd ms | bwd ms | total ms | tokens/s | peak GiB | vs transformers-sdpa |")
+    print(f"|---:|---|---:|---:|---:|---:|---:|---:|")
     for b in args.batches:
         ref = next((r for r in rows if r["batch"] == b and r["impl"] == "transformers-sdpa" and "error" not in r), None)
         for r in [r for r in rows if r["batch"] == b]:
             label = r["impl"] + ("" if r["impl"].startswith("transformers") else f" ({r['mode']})")
             if "error" in r:
-                print(f"| {b} | {label} | {r['error']} | | | | |")
+                print(f"| {b} | {label} | {r['error']} | | | | | |")
                 continue
             speed = f"{ref['total_ms'] / r['total_ms']:.2f}x" if ref else "-"
             print(f"| {b} | {label} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {r['total_ms']:.2f} | "
-                  f"{r['tokens_per_s']:,.0f} | {speed} |")
+                  f"{r['tokens_per_s']:,.0f} | {r.get('peak_gib', 0):.2f} | {speed} |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"device": name, "rows": rows}, indent=1))
 

@@ -5,13 +5,18 @@
 //
 //   offloadd-engine-layer-bench [--device cuda|cpu] [--dtype bf16|f32] [--hidden 4096]
 //       [--heads 32] [--kv-heads 32] [--intermediate 11008] [--seq 1024] [--batches 1,2,4,8,16]
-//       [--iters 10] [--warmup 3] [--modes keep,recompute]
+//       [--iters 10] [--warmup 3] [--modes keep,recompute] [--docs 1]
+// --docs N packs each row as N documents of equal length (segment ids, positions restarting per
+// document): attention within documents (engine/doc_attention.h). On CUDA each row also reports
+// the allocator's peak over the timed steps (peak_gib, the layer's weights and inputs included).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #if OFFLOADD_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -31,6 +36,7 @@ struct Args {
   std::vector<int64_t> batches = {1, 2, 4, 8, 16};
   std::vector<std::string> modes = {"keep", "recompute"};
   int iters = 10, warmup = 3;
+  int64_t docs = 1;
 };
 
 template <typename T>
@@ -71,6 +77,8 @@ int Main(int argc, char** argv) {
       a.iters = std::stoi(v);
     else if (k == "--warmup")
       a.warmup = std::stoi(v);
+    else if (k == "--docs")
+      a.docs = std::stoll(v);
     else if (k == "--batches")
       a.batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
     else if (k == "--modes")
@@ -96,7 +104,7 @@ int Main(int argc, char** argv) {
   c.num_heads = a.heads;
   c.num_kv_heads = a.kv_heads;
   c.head_dim = a.hidden / a.heads;
-  c.max_position_embeddings = 4096;
+  c.max_position_embeddings = std::max<int64_t>(4096, a.seq);
   c.norm_eps = 1e-5;
   c.hidden_act = "silu";
   ParamLoader load = [&](const std::string& name,
@@ -120,6 +128,13 @@ int Main(int argc, char** argv) {
     MicroBatch mb;
     mb.input_ids = at::zeros({b, a.seq}, at::TensorOptions().dtype(at::kLong).device(device));
     mb.position_ids = at::arange(a.seq, mb.input_ids.options()).unsqueeze(0).expand({b, a.seq});
+    if (a.docs > 1) {
+      const int64_t len = (a.seq + a.docs - 1) / a.docs;
+      at::Tensor pos = at::arange(a.seq, mb.input_ids.options());
+      mb.segment_ids = at::floor_divide(pos, len).unsqueeze(0).expand({b, a.seq}).contiguous();
+      mb.position_ids = at::remainder(pos, len).unsqueeze(0).expand({b, a.seq});
+      mb.docs = ops::DocumentsOf(mb.segment_ids, device);
+    }
     ops::RopeTables(c.rope, c.head_dim, mb.position_ids, dtype, &mb.rope_cos, &mb.rope_sin);
     at::Tensor x = at::randn({b, a.seq, a.hidden}, at::TensorOptions().dtype(dtype).device(device));
     at::Tensor dy = at::randn_like(x) * 1e-3;
@@ -147,14 +162,24 @@ int Main(int argc, char** argv) {
         return true;
       };
       double f = 0, bw = 0;
+      double peak_gib = 0;
       try {
         for (int i = 0; i < a.warmup; ++i) {
           if (!step(&f, &bw)) return 1;
         }
         f = bw = 0;
+#if OFFLOADD_WITH_CUDA
+        if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#endif
         for (int i = 0; i < a.iters; ++i) {
           if (!step(&f, &bw)) return 1;
         }
+#if OFFLOADD_WITH_CUDA
+        if (device.is_cuda()) {
+          const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+          peak_gib = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 30);
+        }
+#endif
       } catch (const c10::Error& e) {
         std::printf("{\"impl\":\"offloadd\",\"mode\":\"%s\",\"batch\":%ld,\"error\":\"%s\"}\n",
                     mode_name.c_str(), static_cast<long>(b), "torch error (out of memory?)");
@@ -163,10 +188,12 @@ int Main(int argc, char** argv) {
       }
       const double fwd_ms = 1e3 * f / a.iters, bwd_ms = 1e3 * bw / a.iters;
       std::printf(
-          "{\"impl\":\"offloadd\",\"mode\":\"%s\",\"batch\":%ld,\"seq\":%ld,\"fwd_ms\":%.4f,"
-          "\"bwd_ms\":%.4f,\"total_ms\":%.4f,\"tokens_per_s\":%.1f}\n",
-          mode_name.c_str(), static_cast<long>(b), static_cast<long>(a.seq), fwd_ms, bwd_ms,
-          fwd_ms + bwd_ms, static_cast<double>(b * a.seq) / ((f + bw) / a.iters));
+          "{\"impl\":\"offloadd\",\"mode\":\"%s\",\"batch\":%ld,\"seq\":%ld,\"docs\":%ld,"
+          "\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"total_ms\":%.4f,\"tokens_per_s\":%.1f,"
+          "\"peak_gib\":%.3f}\n",
+          mode_name.c_str(), static_cast<long>(b), static_cast<long>(a.seq),
+          static_cast<long>(a.docs), fwd_ms, bwd_ms, fwd_ms + bwd_ms,
+          static_cast<double>(b * a.seq) / ((f + bw) / a.iters), peak_gib);
       std::fflush(stdout);
     }
   }

@@ -110,6 +110,10 @@ void CheckGpuMemory(const v1::JobSpec& spec, const engine::ModelConfig& config,
       const int64_t batch = floor_batch;
       const int64_t fits = LargestBatchWithin(r->model_size, config, ds.max_seq_length(),
                                               compute_bytes, limit, batch);
+      const int64_t seq_fits =
+          fits > 0 ? 0
+                   : LargestSeqLengthWithin(r->model_size, config, 1, compute_bytes, limit,
+                                            ds.max_seq_length() - 8);
       c.Add(res.gpu_memory_limit() ? "resources.gpu_memory_limit"
                                    : "training.per_device_train_batch_size",
             "the GPU budget of " + FormatByteSize(limit) + " is below the " +
@@ -122,7 +126,11 @@ void CheckGpuMemory(const v1::JobSpec& spec, const engine::ModelConfig& config,
                 (fits > 0 ? "the largest batch within " + FormatByteSize(limit) + " is " +
                                 std::to_string(fits)
                           : "not even batch 1 fits within " + FormatByteSize(limit) +
-                                " at this max_seq_length") +
+                                " at this max_seq_length" +
+                                (seq_fits > 0
+                                     ? " (the largest dataset.max_seq_length that fits at batch 1 is " +
+                                           std::to_string(seq_fits) + ")"
+                                     : "")) +
                 " (per_device_train_batch_size, with gradient_accumulation_steps to keep the "
                 "global batch)");
     } else if (const v1::OffloadTarget& opt = spec.offload().offload_optimizer();

@@ -4,8 +4,10 @@
 
 #include "common/units.h"
 #include "engine/head_chunk.h"
+#include "engine/tiles.h"
 #include "trainer/shape_profile.h"
 #include "trainer/step_estimate.h"
+#include "trainer/working_set.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -42,10 +44,17 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
   const uint64_t weights = 2 * cb * static_cast<uint64_t>(size.largest_block_params);
   const uint64_t grads = cb * static_cast<uint64_t>(size.largest_block_params);
   // One layer's forward intermediates during its recomputation and backward: attention
-  // projections, MLP up/gate/activation, norms and the layer input/output (~ 8h + 3i per token).
+  // projections, norms and the layer input/output (~ 8h per token), and the MLP's up/gate/
+  // activation (~ 3i per token) over at most one sequence tile of rows (engine/tiles.h: a gated
+  // MLP over more tokens runs in tiles).
   const uint64_t inter = static_cast<uint64_t>(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size);
-  const uint64_t layer_act_per_token = (8 * static_cast<uint64_t>(c.hidden_size) + 3 * inter) * cb;
-  const uint64_t layer_act = SatMul(tokens, layer_act_per_token);
+  const bool gated = c.mlp != engine::MlpKind::kGeluMlp;
+  const uint64_t mlp_rows =
+      gated ? std::min<uint64_t>(tokens, static_cast<uint64_t>(engine::MlpTileRows(
+                                             static_cast<int64_t>(inter), compute_bytes)))
+            : tokens;
+  const uint64_t layer_act = SatAdd(SatMul(tokens, 8 * static_cast<uint64_t>(c.hidden_size) * cb),
+                                    SatMul(mlp_rows, 3 * inter * cb));
   // Checkpointed layer inputs are offloadable, so only the LM head is a floor. It runs over chunks
   // of tokens whose fp32 logits stay under kHeadChunkBytes (ops::LmHeadLoss); per chunk element:
   // the logits and their gradient in the compute dtype, and three fp32 buffers at the peak of
@@ -154,6 +163,13 @@ int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& con
     if (fits(mid)) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+int64_t LargestSeqLengthWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t batch,
+                               int compute_bytes, uint64_t gpu_bytes, int64_t max_len) {
+  return trainer::LargestFittingLength(max_len, [&](int64_t seq) {
+    return EstimateMemoryFloor(size, config, batch, seq, compute_bytes).gpu_bytes <= gpu_bytes;
+  });
 }
 
 std::optional<ProfiledFloor> ProfiledGpuFloor(const std::string& profile_dir, const std::string& gpu,

@@ -35,6 +35,10 @@ MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig
 // The largest batch (1..max_batch) whose floor fits gpu_bytes at seq_len; 0 when not even batch 1.
 int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t seq_len,
                            int compute_bytes, uint64_t gpu_bytes, int64_t max_batch);
+// The largest max_seq_length (a multiple of 8, at most max_len) whose floor at `batch` fits
+// gpu_bytes; 0 when not even 8 tokens do. The floor grows with the sequence, so bisect.
+int64_t LargestSeqLengthWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t batch,
+                               int compute_bytes, uint64_t gpu_bytes, int64_t max_len);
 
 // The GPU floor measured on this node: when <profile_dir>/shapes holds the
 // shape profile a job of this model, micro-batch and dtype recorded on a GPU named `gpu`

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "engine/doc_attention.h"
 #include "engine/ops.h"
 #include "engine/parts.h"
 #include "engine/rope.h"
@@ -55,24 +56,16 @@ AttentionPart::AttentionPart(const ModelConfig& c, int layer, const std::string&
   }
 }
 
-bool AttentionPart::Explicit(int64_t seq) const {
-  return softcap_ > 0 || (window_ > 0 && window_ < seq);
+int64_t AttentionPart::Window(int64_t seq) const {
+  return window_ > 0 && window_ < seq ? window_ : 0;
 }
 
-at::Tensor AttentionPart::Mask(const MicroBatch& mb, const at::Tensor& q, int64_t* window) const {
-  // PrepareBatch builds the sliding mask when a window is shorter than the sequence, and a plain
-  // causal mask when soft-capping needs the explicit path and nothing else masks. Where the flash
-  // kernel takes the window itself (CUDA, 16-bit, no packing, no soft-capping), no mask is used.
-  *window = 0;
-  if (window_ > 0 && window_ < mb.input_ids.size(1)) {
-    if (softcap_ == 0 && !mb.segment_ids.defined() &&
-        ops::WindowedFlashFits(q.device(), q.scalar_type(), head_dim_)) {
-      *window = window_;
-      return at::Tensor();
-    }
-    return mb.attn_mask_sliding;
-  }
-  return mb.attn_mask;
+bool AttentionPart::Plain(const MicroBatch& mb, const at::Tensor& q) const {
+  // Unpacked rows without soft-capping take ATen's fused causal kernels (the flash kernel's own
+  // window where a sliding window is shorter than the sequence); everything else attends within
+  // mb.docs (variable-length flash on CUDA, the tiled exact path elsewhere).
+  if (mb.segment_ids.defined() || softcap_ > 0) return false;
+  return Window(q.size(2)) == 0 || ops::WindowedFlashFits(q.device(), q.scalar_type(), head_dim_);
 }
 
 void AttentionPart::Rope(const MicroBatch& mb, const at::Tensor** cos,
@@ -119,12 +112,16 @@ at::Tensor AttentionPart::Forward(const Weights& W, const MicroBatch& mb, const 
   at::Tensor q = Heads(W, mb, q_lin, q_norm_, heads_, nullptr, &q_stats);
   at::Tensor k = Heads(W, mb, k_lin, k_norm_, kv_heads_, nullptr, &k_stats);
   at::Tensor v = ops::SplitHeads(v_lin, kv_heads_, head_dim_);
-  int64_t window = 0;
-  const at::Tensor mask = Mask(mb, q, &window);
+  const int64_t window = Window(q.size(2));
+  // Plain rows: the fused kernels on k and v less their mean (ops::Attention; `out` is the
+  // kernel's output, `value` the attention's), documents: ops::DocumentAttention.
   std::vector<at::Tensor> local_aux;  // the values' mean where nothing is saved (16-bit)
-  at::Tensor out;
-  const at::Tensor value =
-      ops::Attention(q, k, v, scale_, mask, aux ? aux : &local_aux, softcap_, window, &out);
+  at::Tensor out, value;
+  if (Plain(mb, q)) {
+    value = ops::Attention(q, k, v, scale_, at::Tensor(), aux ? aux : &local_aux, 0.0, window, &out);
+  } else {
+    out = value = ops::DocumentAttention(q, k, v, scale_, mb.docs, window, softcap_, aux);
+  }
   if (saved) {
     if (normed) {  // the rotated q and k are rebuilt from the projections in backward
       saved->insert(saved->end(), {q_lin, k_lin});
@@ -180,7 +177,9 @@ at::Tensor AttentionPart::Backward(const Weights& W, const MicroBatch& mb, const
                                    const std::function<at::Tensor()>& input, const Saved& s,
                                    const at::Tensor* aux, const Emit& emit) const {
   at::Tensor dw, db;
-  at::Tensor dattn = ProjectBackward(dout, ops::MergeHeads(ops::AttentionValue(s.out, aux)), W[o_],
+  // Plain rows saved the kernel's output: the attention's value adds the values' mean back.
+  const at::Tensor value = Plain(mb, s.v) ? ops::AttentionValue(s.out, aux) : s.out;
+  at::Tensor dattn = ProjectBackward(dout, ops::MergeHeads(value), W[o_],
                                      ob_ != kAbsent, conv1d_, &dw, &db);
   emit(o_, dw);
   if (ob_ != kAbsent) emit(ob_, db);
@@ -191,10 +190,15 @@ at::Tensor AttentionPart::Backward(const Weights& W, const MicroBatch& mb, const
     k = Heads(W, mb, s.k_lin, k_norm_, kv_heads_, s.k_stats, nullptr);
   }
   at::Tensor dq, dk, dv;
-  int64_t window = 0;
-  const at::Tensor mask = Mask(mb, q, &window);
-  ops::AttentionBackward(ops::SplitHeads(dattn, heads_, head_dim_), q, k, s.v, s.out, aux, scale_,
-                         mask, &dq, &dk, &dv, softcap_, window);
+  const int64_t window = Window(q.size(2));
+  const at::Tensor dheads = ops::SplitHeads(dattn, heads_, head_dim_);
+  if (Plain(mb, q)) {
+    ops::AttentionBackward(dheads, q, k, s.v, s.out, aux, scale_, at::Tensor(), &dq, &dk, &dv, 0.0,
+                           window);
+  } else {
+    ops::DocumentAttentionBackward(dheads, q, k, s.v, s.out, aux, scale_, mb.docs, window,
+                                   softcap_, &dq, &dk, &dv);
+  }
   q = k = at::Tensor();
   // Gradients of the norms' weights come first (they sit after the projections), then q, k, v.
   dq = normed ? HeadsBackward(W, mb, dq, s.q_lin, q_norm_, heads_, s.q_stats, emit)
@@ -231,11 +235,9 @@ int64_t AttentionPart::SavedBytes(int64_t batch, int64_t seq, double e) const {
     const double rows_k = qk_ == QkNorm::kWhole ? n : n * kv_heads_;
     bytes += q_norm_.SavedBytes(rows_q) + k_norm_.SavedBytes(rows_k);
   }
-  if (Explicit(seq)) {
-    bytes += static_cast<double>(batch) * heads_ * seq * seq * e;  // probabilities
-  } else {
-    bytes += n * 4 * heads_;  // logsumexp (CPU flash)
-  }
+  // The fused kernels' logsumexp. The tiled path (soft-capping; on the CPU a window shorter than
+  // the sequence) saves nothing more; the windowed flash kernel's logsumexp on CUDA is left out.
+  if (softcap_ <= 0 && Window(seq) == 0) bytes += n * 4 * heads_;
   if (e < 4) bytes += static_cast<double>(batch) * kvd * 4;  // the values' mean (ops::Attention)
   return static_cast<int64_t>(bytes);
 }
@@ -256,11 +258,11 @@ double AttentionPart::Flops(int64_t batch, int64_t seq) const {
 }
 
 std::string AttentionPart::Describe(c10::Device device, c10::ScalarType dtype, int64_t seq) const {
-  if (softcap_ > 0) return "aten (explicit softmax: attn_logit_softcapping)";
+  if (softcap_ > 0) return "aten (tiled exact attention: attn_logit_softcapping)";
   if (window_ > 0 && window_ < seq) {
     if (ops::WindowedFlashFits(device, dtype, head_dim_)) return "fused (flash, sliding window)";
-    return "aten (explicit softmax: sliding_window " + std::to_string(window_) + " < sequence " +
-           std::to_string(seq) + ")";
+    return "aten (tiled exact attention: sliding_window " + std::to_string(window_) +
+           " < sequence " + std::to_string(seq) + ")";
   }
   return device.is_cuda() ? "fused" : "fused (CPU flash)";
 }

@@ -81,6 +81,34 @@ TEST(MemoryEstimateTest, HeadIsCountedPerChunk) {
   EXPECT_NE(small.gpu_breakdown.find("chunks of 16 tokens"), std::string::npos) << small.gpu_breakdown;
 }
 
+// Past one MLP tile (engine/tiles.h: 1 GiB of gate and up, 47662 TinyLlama rows in bf16) the
+// MLP's intermediates stop growing with the sequence; the rest of the layer stays linear.
+TEST(MemoryEstimateTest, LongSequencesPriceOneMlpTile) {
+  const engine::ModelConfig c = TinyLlama();
+  const ModelSize s = EstimateModelSize(c);
+  const uint64_t rows = (1ull << 30) / (2 * 5632 * 2);
+  ASSERT_EQ(rows, 47662u);
+  const uint64_t short_layer = 32768ull * (8 * 2048 + 3 * 5632) * 2;
+  const uint64_t long_layer = 131072ull * 8 * 2048 * 2 + rows * 3 * 5632 * 2;
+  EXPECT_EQ(EstimateMemoryFloor(s, c, 1, 131072, 2).gpu_bytes -
+                EstimateMemoryFloor(s, c, 1, 32768, 2).gpu_bytes,
+            long_layer - short_layer);
+}
+
+// A refusal names the longest sequence that fits at batch 1: the floor at that length fits, 8
+// tokens more do not.
+TEST(MemoryEstimateTest, LargestSeqLengthWithinIsTheLastThatFits) {
+  const engine::ModelConfig c = TinyLlama();
+  const ModelSize s = EstimateModelSize(c);
+  const uint64_t budget = EstimateMemoryFloor(s, c, 1, 20000, 2).gpu_bytes;
+  const int64_t len = LargestSeqLengthWithin(s, c, 1, 2, budget, 131072);
+  EXPECT_EQ(len % 8, 0);
+  EXPECT_GE(len, 20000 - 8);
+  EXPECT_LE(EstimateMemoryFloor(s, c, 1, len, 2).gpu_bytes, budget);
+  EXPECT_GT(EstimateMemoryFloor(s, c, 1, len + 8, 2).gpu_bytes, budget);
+  EXPECT_EQ(LargestSeqLengthWithin(s, c, 1, 2, 1 << 20, 131072), 0);  // not even 8 tokens
+}
+
 TEST(MemoryEstimateTest, LargestBatchWithinIsTheLastThatFits) {
   const engine::ModelConfig c = TinyLlama();
   const ModelSize s = EstimateModelSize(c);

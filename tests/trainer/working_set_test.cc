@@ -1,5 +1,5 @@
 // What the static GPU estimate used to leave out (trainer/working_set.h):
-// packed batches' explicit attention and LSP's working set, priced at the job's shape.
+// packed batches' attention within documents and LSP's working set, priced at the job's shape.
 #include "trainer/working_set.h"
 
 #include <gtest/gtest.h>
@@ -9,19 +9,25 @@ namespace {
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-TEST(PackedAttentionTest, TwentyBytesPerScoreInBf16) {
-  // Llama-2-7B, batch 8 x 1024 tokens, 32 heads, bf16: 2^28 scores; the softmax backward's
-  // statement holds p, dp, dp and p in fp32, the fp32 result, its bf16 cast and the scaled copy.
-  EXPECT_EQ(PackedAttentionBytes(8, 1024, 32, 2), int64_t{8} * 32 * 1024 * 1024 * 20);
-  EXPECT_EQ(PackedAttentionBytes(8, 1024, 32, 2), 5 * kGiB);
-  // fp32 compute (the CPU device): 4 x 4 + 12 bytes per score.
-  EXPECT_EQ(PackedAttentionBytes(1, 16, 2, 4), 16 * 16 * 2 * 28);
-  // Quadratic in the length, linear in the batch.
-  EXPECT_EQ(PackedAttentionBytes(4, 2048, 32, 2), 2 * PackedAttentionBytes(8, 1024, 32, 2));
+TEST(PackedAttentionTest, VarlenFlashIsLinearInTokens) {
+  // Llama-3-8B (32 query / 8 key-value heads, head size 128), bf16, batch 8 x 1024 tokens:
+  // 2^13 tokens x 128 x (32 x 10 + 2 x 8 x 2) bytes = 352 MiB, where the mask path's
+  // [8, 32, 1024, 1024] scores at 20 bytes each were 5 GiB.
+  EXPECT_EQ(DocumentAttentionBytes(8, 1024, 32, 8, 128, 2, true), int64_t{8192} * 128 * 352);
+  // Linear in the tokens: one 32K row costs what four 8K rows do.
+  EXPECT_EQ(DocumentAttentionBytes(1, 32768, 32, 8, 128, 2, true),
+            DocumentAttentionBytes(4, 8192, 32, 8, 128, 2, true));
 }
 
-TEST(PackedAttentionTest, TheMaskIsHeldPerMicroBatch) {
-  EXPECT_EQ(PackedMaskBytes(8, 1024, 2), int64_t{8} * 1024 * 1024 * 5);
+TEST(PackedAttentionTest, TiledPathHoldsOneTile) {
+  // fp32 on the CPU, 32 heads at 1024 keys: 512-row tiles (64 MiB of scores per tile).
+  const int64_t tile = int64_t{512} * 32 * 1024 * 4;
+  EXPECT_EQ(tile, int64_t{64} << 20);
+  EXPECT_EQ(DocumentAttentionBytes(8, 1024, 32, 8, 128, 4, false),
+            5 * tile + 2 * 1024 * 32 * 128 * 4 + 2 * int64_t{8192} * 8 * 128 * 4);
+  // Past 4K keys the tile's rows shrink and its scores stay at 64 MiB: the rest grows with T.
+  const int64_t at_32k = DocumentAttentionBytes(1, 32768, 32, 8, 128, 4, false);
+  EXPECT_LT(at_32k, 2 * kGiB);
 }
 
 // The seven matrices of one Llama-2-7B layer at LSP's defaults (s = 512, d = 16).
@@ -76,16 +82,29 @@ TEST(LargestFittingBatchTest, BisectsAMonotoneFit) {
 }
 
 // A 7B LSP job's out-of-memory error in numbers: at Llama-2-7B, batch 8 of packed 1024-token rows,
-// the explicit attention's 5 GiB and LSP's 15+ GiB do not fit a 24 GiB budget beside the
-// streamed weights and the step's own working set, while batch 2 leaves room.
-TEST(LspWorkingSetTest, SevenBPackedBatchEightDoesNotFitTwentyFourGiB) {
+// the explicit attention's 5 GiB (the mask path, since replaced) and LSP's 15+ GiB did not fit a
+// 24 GiB budget; with attention within documents the packed rows add ~0.6 GiB at batch 8.
+TEST(LspWorkingSetTest, SevenBPackedBatchEightFitsWithDocumentAttention) {
   const int64_t lsp = PriceLspWorkingSet(Llama7bLayers(32), 2).Total(4);
   auto need = [&](int b) {
-    return lsp + PackedAttentionBytes(b, 1024, 32, 2) + PackedMaskBytes(b, 1024, 2);
+    return lsp + DocumentAttentionBytes(b, 1024, 32, 32, 128, 2, true);
   };
-  EXPECT_GT(need(8), 20 * kGiB);
-  EXPECT_LT(need(2), 18 * kGiB);
-  EXPECT_EQ(LargestFittingBatch(8, [&](int b) { return need(b) <= 20 * kGiB; }), 7);
+  EXPECT_LT(need(8) - lsp, kGiB);
+  EXPECT_GT(lsp, 15 * kGiB);
+  // The packed rows no longer set the largest batch: all 8 fit in LSP's set plus 1 GiB.
+  EXPECT_EQ(LargestFittingBatch(8, [&](int b) { return need(b) <= lsp + kGiB; }), 8);
+}
+
+TEST(LargestFittingLengthTest, BisectsMultiplesOfEight) {
+  auto under = [](int64_t limit) { return [limit](int64_t len) { return len <= limit; }; };
+  EXPECT_EQ(LargestFittingLength(131072, under(40000)), 40000);
+  EXPECT_EQ(LargestFittingLength(131072, under(40003)), 40000);
+  EXPECT_EQ(LargestFittingLength(131072, under(1 << 20)), 131072);
+  EXPECT_EQ(LargestFittingLength(131072, under(7)), 0);
+  EXPECT_EQ(LargestFittingLength(4, under(100)), 0);
+  int calls = 0;
+  LargestFittingLength(131072, [&](int64_t len) { return ++calls, len <= 5000; });
+  EXPECT_LE(calls, 15);  // log2(16384) + 1
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ def test_sliding_window_changes_the_result(tmp_path):
     model.config.sliding_window = 64
     model.save_pretrained(tmp_path / "wide")
     wide = run_check(tmp_path / "wide", tmp_path / "in.safetensors", tmp_path / "x.safetensors")
-    # Within the window both see the same keys (explicit softmax against the flash kernel: equal
+    # Within the window both see the same keys (the tiled path against the flash kernel: equal
     # to rounding); beyond it the window hides the earliest tokens.
     torch.testing.assert_close(windowed["logits"][:, :5], wide["logits"][:, :5], **LOGIT_TOL)
     assert (windowed["logits"][:, 5:] - wide["logits"][:, 5:]).abs().max() > 1e-3
@@ -103,7 +103,7 @@ def test_sliding_window_changes_the_result(tmp_path):
 # Against transformers' eager attention in the same dtype, with test_engine_parity.py's GPU bounds
 # on the relative error of whole tensors: bf16 3e-2 for logits/loss and 8e-2 for gradients, fp32
 # 2e-3. bf16 "auto" runs FlashAttention-2's own window for the sliding layers (sequence 32,
-# windows 5) and the fused RMSNorm/SwiGLU kernels; "efficient" forces the masked explicit softmax.
+# windows 5) and the fused RMSNorm/SwiGLU kernels; "efficient" forces the tiled exact path.
 # llama_biases is checked in fp32 only: its upper layer's attention saturates, so its q/k
 # gradients are ~1e-6 (three orders below the others; the k bias's is zero in exact arithmetic)
 # and their bf16 relative error is cancellation (transformers' own bf16 is 43% off its fp32).
