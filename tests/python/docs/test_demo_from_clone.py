@@ -92,3 +92,22 @@ def test_prepared_job_validates_on_the_daemon(prepared):
         assert "stories260k-alpaca" in r.stdout, r.stdout
     finally:
         d.stop()
+
+
+def test_text_tests_that_read_the_shared_folder_skip_without_it(tmp_path):
+    """The README's test command from a plain clone (no ../shared beside it): the text tests that
+    read its real tokenizers and corpora skip, naming the folder, instead of failing on a missing
+    file (or reading some other copy of it); those that need none still run."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    text = SOURCE / "tests/python/text"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        f"{text}/test_dataset.py::test_lima_multi_turn_history",
+                        f"{text}/test_chat_template.py::test_jinja_errors_are_reported"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, OFFLOADD_SOURCE_DIR=str(clone), OFFLOADD_BINARY_DIR=str(BUILD)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    reason = f"{tmp_path / 'shared' / 'data'} (the shared data folder"
+    skipped = [line for line in r.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len([s for s in skipped if reason in s and "test_dataset.py" in s]) == 1, r.stdout
+    assert not [s for s in skipped if reason in s and "test_chat_template.py" in s], r.stdout
