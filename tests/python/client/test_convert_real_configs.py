@@ -48,11 +48,11 @@ SEQ_KEY = {
 
 
 @pytest.fixture(scope="module")
-def daemon(binary_dir, tmp_path_factory, shared_dir, source_dir):
+def daemon(binary_dir, tmp_path_factory, source_dir):
     if not (binary_dir / "client" / "offloadctl").exists() or not (binary_dir / "daemon" / "offloadd").exists():
         pytest.skip("offloadctl or offloadd is not built")
     root = tmp_path_factory.mktemp("convert")
-    write_demo(root, shared_dir, source_dir)
+    write_demo(root, None, source_dir)  # the repository's copy: runs from a plain clone
     long = root / "stories260K-8k"
     shutil.copytree(root / "stories260K", long)
     config = json.loads((long / "config.json").read_text())
