@@ -111,3 +111,23 @@ def test_text_tests_that_read_the_shared_folder_skip_without_it(tmp_path):
     skipped = [line for line in r.stdout.splitlines() if line.startswith("SKIPPED")]
     assert len([s for s in skipped if reason in s and "test_dataset.py" in s]) == 1, r.stdout
     assert not [s for s in skipped if reason in s and "test_chat_template.py" in s], r.stdout
+
+
+@pytest.mark.timeout(900)
+def test_demo_script_trains_the_demo_job_to_the_end():
+    """The README's first command, scripts/demo.sh, as written, on the build tree the suite runs on
+    (up to date, so it configures and builds nothing new): the daemon serves, the demo job trains
+    its 30 steps to SUCCEEDED, the fine-tuned model is in its output directory, and the daemon
+    stops cleanly. CI runs this in a fresh clone."""
+    programs = ("daemon/offloadd", "client/offloadctl", "executor/offloadd-executor")
+    if not all((BUILD / p).exists() for p in programs):
+        pytest.skip(f"{', '.join(programs)} not built in {BUILD}")
+    r = subprocess.run(["bash", SOURCE / "scripts/demo.sh"], capture_output=True, text=True, timeout=840,
+                       env=dict(os.environ, OFFLOADD_BUILD_DIR=str(BUILD)))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "step 30/30" in r.stdout and "state succeeded" in r.stdout, r.stdout[-4000:]
+    out = BUILD / "demo/out/stories260k-alpaca"
+    assert f"written to {out}" in r.stdout, r.stdout[-2000:]
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
+        assert (out / f).is_file(), f
+    assert "offloadd stopped cleanly" in r.stdout, r.stdout[-2000:]
