@@ -113,7 +113,6 @@ def test_text_tests_that_read_the_shared_folder_skip_without_it(tmp_path):
     assert not [s for s in skipped if reason in s and "test_chat_template.py" in s], r.stdout
 
 
-@pytest.mark.timeout(900)
 def test_demo_script_trains_the_demo_job_to_the_end():
     """The README's first command, scripts/demo.sh, as written, on the build tree the suite runs on
     (up to date, so it configures and builds nothing new): the daemon serves, the demo job trains
