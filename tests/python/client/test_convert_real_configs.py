@@ -48,11 +48,11 @@ SEQ_KEY = {
 
 
 @pytest.fixture(scope="module")
-def daemon(binary_dir, tmp_path_factory, shared_dir, source_dir):
+def daemon(binary_dir, tmp_path_factory, source_dir):
     if not (binary_dir / "client" / "offloadctl").exists() or not (binary_dir / "daemon" / "offloadd").exists():
         pytest.skip("offloadctl or offloadd is not built")
     root = tmp_path_factory.mktemp("convert")
-    write_demo(root, shared_dir, source_dir)
+    write_demo(root, None, source_dir)  # the repository's copy: runs from a plain clone
     long = root / "stories260K-8k"
     shutil.copytree(root / "stories260K", long)
     config = json.loads((long / "config.json").read_text())
@@ -121,3 +121,47 @@ def test_named_and_inline_templates_are_written_beside_the_job(binary_dir, daemo
     template = out.parent / (out.stem + ".chat_template.jinja")
     assert f"template: {template}" in job and "format: sharegpt" in job, job
     assert template.read_text() == (pathlib.Path(__file__).resolve().parents[3] / "client/templates/llama3.jinja").read_text()
+
+
+def training_arguments_dump(path: pathlib.Path, **values) -> dict:
+    """A Hugging Face TrainingArguments dump as to_json_string writes it (every field the installed
+    transformers declares, enums as their values), each at its default unless given. Written from
+    the dataclass's fields: constructing one would need accelerate."""
+    transformers = pytest.importorskip("transformers")
+    import dataclasses
+    import enum
+    dump = {}
+    for f in dataclasses.fields(transformers.TrainingArguments):
+        if not f.init:
+            continue
+        v = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        dump[f.name] = v.value if isinstance(v, enum.Enum) else v
+    unknown = set(values) - set(dump)
+    assert not unknown, f"not TrainingArguments fields in transformers {transformers.__version__}: {unknown}"
+    dump.update(values)
+    path.write_text(json.dumps(dump, indent=2, default=str))
+    return dump
+
+
+def test_a_training_arguments_dump_of_the_installed_transformers_validates(binary_dir, daemon):
+    """The HF kind on a real dump: all of the installed transformers' TrainingArguments fields (112
+    in 5.17), as a script that sets a few leaves the rest. The job validates; the keys that change
+    training are mapped (none is listed as dropped), the rest are sorted into the quiet groups."""
+    d, root = daemon
+    dump = training_arguments_dump(root / "training_args.json", output_dir="out", learning_rate=2e-5,
+                                   per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=10,
+                                   lr_scheduler_type="cosine", warmup_steps=2, weight_decay=0.01,
+                                   logging_steps=1, save_steps=5, save_total_limit=2, seed=7, optim="adamw_torch")
+    out = root / "hf-training_args.yaml"
+    r = subprocess.run(
+        [str(binary_dir / "client" / "offloadctl"), "--target", d.target, "convert", str(root / "training_args.json"),
+         "--model", str(root / "stories260K"), "--dataset", str(root / "alpaca.json"), "--output-dir",
+         str(root / "out-hf"), "--out", str(out), "--validate"],
+        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr + d.log()[-2000:]
+    job = out.read_text()
+    for field in ("learning_rate: 2e-05", "max_steps: 10", "gradient_accumulation_steps: 2", "save_total_limit: 2"):
+        assert field in job, job
+    assert len(dump) > 50
+    assert "change what is trained" not in r.stderr, r.stderr

@@ -25,8 +25,8 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory, shared_dir, source_dir):
-    return write_demo(tmp_path_factory.mktemp("demo"), shared_dir, source_dir)
+def demo(tmp_path_factory, source_dir):
+    return write_demo(tmp_path_factory.mktemp("demo"), None, source_dir)  # examples/data: from a plain clone
 
 
 @pytest.fixture()

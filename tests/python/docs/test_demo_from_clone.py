@@ -92,3 +92,41 @@ def test_prepared_job_validates_on_the_daemon(prepared):
         assert "stories260k-alpaca" in r.stdout, r.stdout
     finally:
         d.stop()
+
+
+def test_text_tests_that_read_the_shared_folder_skip_without_it(tmp_path):
+    """The README's test command from a plain clone (no ../shared beside it): the text tests that
+    read its real tokenizers and corpora skip, naming the folder, instead of failing on a missing
+    file (or reading some other copy of it); those that need none still run."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    text = SOURCE / "tests/python/text"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        f"{text}/test_dataset.py::test_lima_multi_turn_history",
+                        f"{text}/test_chat_template.py::test_jinja_errors_are_reported"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, OFFLOADD_SOURCE_DIR=str(clone), OFFLOADD_BINARY_DIR=str(BUILD)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    reason = f"{tmp_path / 'shared' / 'data'} (the shared data folder"
+    skipped = [line for line in r.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len([s for s in skipped if reason in s and "test_dataset.py" in s]) == 1, r.stdout
+    assert not [s for s in skipped if reason in s and "test_chat_template.py" in s], r.stdout
+
+
+def test_demo_script_trains_the_demo_job_to_the_end():
+    """The README's first command, scripts/demo.sh, as written, on the build tree the suite runs on
+    (up to date, so it configures and builds nothing new): the daemon serves, the demo job trains
+    its 30 steps to SUCCEEDED, the fine-tuned model is in its output directory, and the daemon
+    stops cleanly. CI runs this in a fresh clone."""
+    programs = ("daemon/offloadd", "client/offloadctl", "executor/offloadd-executor")
+    if not all((BUILD / p).exists() for p in programs):
+        pytest.skip(f"{', '.join(programs)} not built in {BUILD}")
+    r = subprocess.run(["bash", SOURCE / "scripts/demo.sh"], capture_output=True, text=True, timeout=840,
+                       env=dict(os.environ, OFFLOADD_BUILD_DIR=str(BUILD)))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "step 30/30" in r.stdout and "state succeeded" in r.stdout, r.stdout[-4000:]
+    out = BUILD / "demo/out/stories260k-alpaca"
+    assert f"written to {out}" in r.stdout, r.stdout[-2000:]
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
+        assert (out / f).is_file(), f
+    assert "offloadd stopped cleanly" in r.stdout, r.stdout[-2000:]

@@ -79,6 +79,26 @@ def test_control_states_dependencies_and_the_conffile(deb):
         shutil.rmtree(ctrl)
 
 
+# What scripts/setup.sh installs that no package build needs: the test, fuzz and Python-extension
+# headers (the suites are not built into the package); dpkg-dev is build-essential's, implied.
+NOT_FOR_THE_PACKAGE = {"libgtest-dev", "libgmock-dev", "libclang-rt-16-dev", "python3-dev", "dpkg-dev"}
+
+
+def test_every_library_the_build_uses_is_a_build_dependency():
+    """A clean build host (sbuild, a fresh clone's dpkg-buildpackage) installs only Build-Depends:
+    each -dev package scripts/setup.sh installs for the programs must be one. libsystemd-dev and
+    libsentencepiece-dev were missing (the build only passed where setup.sh had run)."""
+    setup = (SOURCE / "scripts/setup.sh").read_text()
+    listed = re.search(r"^apt_packages=\((.*?)^\)", setup, re.S | re.M).group(1)
+    dev = {w for line in listed.splitlines() for w in line.split("#")[0].split() if w.endswith("-dev")}
+    control = (SOURCE / "debian/control").read_text()
+    build_depends = re.search(r"^Build-Depends:(.*?)^\S", control, re.S | re.M).group(1)
+    declared = {d.strip().split()[0] for d in build_depends.replace("\n", " ").split(",") if d.strip()}
+    missing = sorted(dev - NOT_FOR_THE_PACKAGE - declared)
+    assert not missing, f"in scripts/setup.sh but not in debian/control's Build-Depends: {missing}"
+    assert "libgloo-dev" in declared and len(dev - NOT_FOR_THE_PACKAGE) > 15, (dev, declared)
+
+
 def test_overrides_are_justified():
     """Each lintian override sits under a comment that says why (a comment, then the overrides it
     justifies, then a blank line)."""

@@ -72,6 +72,7 @@ JINJA_CASES = [
 ]
 
 
+@pytest.mark.without_shared_data
 def test_jinja_subset_matches_jinja2():
     from transformers.utils.chat_template_utils import _compile_jinja_template
     replies = run_chat([{"template": t, "context": c} for t, c in JINJA_CASES])
@@ -80,6 +81,7 @@ def test_jinja_subset_matches_jinja2():
         assert reply.get("text") == want, (template, reply)
 
 
+@pytest.mark.without_shared_data
 def test_jinja_errors_are_reported():
     replies = run_chat([
         {"template": "{{ raise_exception('roles must alternate') }}", "context": {}},
@@ -193,6 +195,7 @@ def test_llama2_template_raises_on_bad_roles(template_dirs):
     assert "Conversation roles must alternate" in reply["error"]
 
 
+@pytest.mark.without_shared_data
 def test_builtin_template_renders_documented_layout():
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
             {"role": "assistant", "content": "A"}]

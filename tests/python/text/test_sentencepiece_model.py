@@ -116,6 +116,7 @@ def test_tokenizer_json_still_wins_beside_tokenizer_model(tmp_path):
     assert NativeTokenizer(d).encode_many(texts, True) == [e.ids for e in fast.encode_batch(texts)]
 
 
+@pytest.mark.without_shared_data
 def test_a_file_that_is_not_a_sentencepiece_model_is_refused_by_name(tmp_path):
     import subprocess
     d = tmp_path / "bad"
@@ -127,6 +128,7 @@ def test_a_file_that_is_not_a_sentencepiece_model_is_refused_by_name(tmp_path):
     assert "tokenizer.model" in proc.stderr and "SentencePiece" in proc.stderr, proc.stderr
 
 
+@pytest.mark.without_shared_data
 def test_libsentencepiece_is_only_in_the_shim():
     """Debian's libsentencepiece exports the protobuf-lite 3.14 it bundles; in a process that also
     uses the system protobuf (gRPC: the daemon, the executor) it aborts or crashes. offloadd's

@@ -455,6 +455,7 @@ def _unsupported_tokenizers():
     return cases
 
 
+@pytest.mark.without_shared_data
 def test_unsupported_families_are_refused_by_name(tmp_path):
     """Tokenizer families offloadd does not implement are refused when loading, naming the
     model or component type, instead of encoding differently from the library."""
