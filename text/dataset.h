@@ -1,6 +1,7 @@
 #pragma once
-// Training datasets: JSON array or JSON-lines files whose records are rendered and tokenized
-// into documents {input_ids, labels}. The training engine turns them into tensors later.
+// Training datasets: JSON array or JSON-lines files (plain or gzip-compressed, gzip_reader.h)
+// whose records are rendered and tokenized into documents {input_ids, labels}. The training
+// engine turns them into tensors later.
 //
 // Record formats (DatasetFormat::kAuto picks one per record from its keys, in this order):
 //   pretokenized       {"input_ids": [...], "labels": [...]?}  labels default to input_ids
