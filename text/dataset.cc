@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <string_view>
 
 #include "common/safe_path.h"
+#include "text/batcher.h"
 #include "text/chat_template.h"
 #include "text/gzip_reader.h"
 #include "text/json_guard.h"
@@ -651,6 +653,37 @@ Status ForEachRecord(const std::string& path, const std::function<Status(const R
 }
 
 }  // namespace
+
+std::vector<size_t> HeldOutIndices(size_t n, double fraction, uint64_t seed) {
+  if (n < 2 || !(fraction > 0)) return {};
+  constexpr uint64_t kEvalSplitSalt = 0x6576616c73706c74;  // "evalsplt": not the epoch-0 shuffle
+  const auto want =
+      static_cast<size_t>(std::ceil(static_cast<double>(n) * std::min(fraction, 1.0)));
+  const size_t k = std::clamp<size_t>(want, 1, n - 1);
+  const std::vector<uint32_t> order = Batcher::EpochOrder(n, seed ^ kEvalSplitSalt, 0, true);
+  std::vector<size_t> out(order.begin(), order.begin() + static_cast<ptrdiff_t>(k));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+StatusOr<std::vector<Document>> SplitHeldOut(const std::vector<Document>& docs, double fraction,
+                                             uint64_t seed, bool held_out) {
+  const std::vector<size_t> held = HeldOutIndices(docs.size(), fraction, seed);
+  if (held.empty()) {
+    return InvalidArgumentError("eval_split needs at least 2 records to hold one out; the "
+                                "dataset has " +
+                                std::to_string(docs.size()));
+  }
+  std::vector<Document> out;
+  out.reserve(held_out ? held.size() : docs.size() - held.size());
+  size_t h = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const bool is_held = h < held.size() && held[h] == i;
+    h += is_held ? 1 : 0;
+    if (is_held == held_out) out.push_back(docs[i]);
+  }
+  return out;
+}
 
 StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& paths,
                                             const Tokenizer& tokenizer,

@@ -123,6 +123,15 @@ class DatasetReader {
   DatasetStats stats_;
 };
 
+// The held-out records of an eval split: ceil(n * fraction) of the n indices (at least 1, at most
+// n - 1; none when n < 2), chosen by a seeded permutation (Batcher::EpochOrder of seed ^
+// kEvalSplitSalt), in ascending order. Deterministic in (n, fraction, seed).
+std::vector<size_t> HeldOutIndices(size_t n, double fraction, uint64_t seed);
+// The held-out documents (held_out) or the rest, each in dataset order. INVALID_ARGUMENT when
+// fewer than 2 documents leave nothing to hold out.
+StatusOr<std::vector<Document>> SplitHeldOut(const std::vector<Document>& docs, double fraction,
+                                             uint64_t seed, bool held_out);
+
 // One record of a JSON array or JSON-lines file, with its 1-based line.
 struct RawRecord {
   size_t line = 0;

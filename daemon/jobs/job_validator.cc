@@ -630,9 +630,18 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
     if (!real.empty()) spec.mutable_dataset()->set_eval_paths(i, real);
   }
   if (stopped()) return r;
-  if (ds.eval_paths_size() == 0 && spec.training().has_eval_steps()) {
-    c.Add("training.eval_steps", "given without dataset.eval_paths (the held-out records to evaluate)");
-  } else if (ds.eval_paths_size() > 0) {
+  if (ds.has_eval_split()) {
+    c.Range("dataset.eval_split", ds.eval_split(), 0.0, 0.5, /*lo_open=*/true);  // NaN too
+    if (ds.eval_paths_size() > 0) {
+      c.Add("dataset.eval_split",
+            "given with dataset.eval_paths: hold records out, or name them, not both");
+    }
+  }
+  if (ds.eval_paths_size() == 0 && !ds.has_eval_split() && spec.training().has_eval_steps()) {
+    c.Add("training.eval_steps",
+          "given without dataset.eval_paths or dataset.eval_split (the held-out records to "
+          "evaluate)");
+  } else if (ds.eval_paths_size() > 0 || ds.has_eval_split()) {
     c.Range<int64_t>("training.eval_steps", spec.training().eval_steps(), 1, int64_t{1} << 40);
   }
 

@@ -1,8 +1,10 @@
-// gzip-compressed datasets in validation: previewed in their inflated text, bad records named
-// file:line as in the plain file, truncated streams refused naming the file.
+// Dataset files in validation: gzip-compressed files previewed in their inflated text (bad records
+// named file:line as in the plain file, truncated streams refused naming the file), and
+// dataset.eval_split.
 
 #include <zlib.h>
 
+#include <cmath>
 #include <fstream>
 #include <string>
 
@@ -58,6 +60,35 @@ TEST_F(JobValidatorTest, GzipDatasetsArePreviewedInflated) {
   ASSERT_NE(cut, nullptr) << Describe(r);
   EXPECT_NE(cut->description.find("cut.jsonl.gz: truncated gzip stream"), std::string::npos)
       << cut->description;
+}
+
+TEST_F(JobValidatorTest, EvalSplitIsAFractionUpToHalfAndNotBesideEvalPaths) {
+  v1::JobSpec s = ValidSpec();
+  s.mutable_dataset()->set_eval_split(0.05);
+  ValidationResult r = Validate(s);
+  EXPECT_TRUE(r.violations.empty()) << Describe(r);
+  // eval_steps defaults to logging_steps, as with eval_paths.
+  EXPECT_EQ(r.resolved.training().eval_steps(), r.resolved.training().logging_steps());
+  for (const double bad : {0.0, -0.1, 0.6, std::nan("")}) {
+    s.mutable_dataset()->set_eval_split(bad);
+    r = Validate(s);
+    const FieldViolation* v = Find(r, "dataset.eval_split");
+    ASSERT_NE(v, nullptr) << bad << ": " << Describe(r);
+    EXPECT_NE(v->description.find("must be in (0, 0.5]"), std::string::npos) << v->description;
+  }
+  s.mutable_dataset()->set_eval_split(0.1);
+  s.mutable_dataset()->add_eval_paths(root_ / "data.jsonl");
+  r = Validate(s);
+  const FieldViolation* both = Find(r, "dataset.eval_split");
+  ASSERT_NE(both, nullptr) << Describe(r);
+  EXPECT_NE(both->description.find("dataset.eval_paths"), std::string::npos) << both->description;
+  // eval_steps without either is still refused, naming both ways to give held-out records.
+  v1::JobSpec none = ValidSpec();
+  none.mutable_training()->set_eval_steps(10);
+  r = Validate(none);
+  const FieldViolation* steps = Find(r, "training.eval_steps");
+  ASSERT_NE(steps, nullptr) << Describe(r);
+  EXPECT_NE(steps->description.find("dataset.eval_split"), std::string::npos) << steps->description;
 }
 
 }  // namespace
