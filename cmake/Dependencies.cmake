@@ -29,6 +29,8 @@ pkg_check_modules(LIBSYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 # still works and loading a tokenizer.model is refused naming the missing package.
 pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
 find_package(OpenSSL REQUIRED)
+# gzip-compressed datasets (*.jsonl.gz) are inflated with zlib (zlib1g-dev).
+find_package(ZLIB REQUIRED)
 
 # CLI11 (header-only) for offloadctl's command line: Debian/Ubuntu package libcli11-dev.
 find_path(OFFLOADD_CLI11_INCLUDE_DIR CLI/CLI.hpp)

@@ -110,7 +110,8 @@ void ApplyJobDefaults(v1::JobSpec* spec) {
   if (!t->has_max_grad_norm()) t->set_max_grad_norm(1.0);
   if (!t->has_seed()) t->set_seed(42);
   if (!t->has_logging_steps()) t->set_logging_steps(500);
-  if (!t->has_eval_steps() && spec->dataset().eval_paths_size() > 0)
+  if (!t->has_eval_steps() &&
+      (spec->dataset().eval_paths_size() > 0 || spec->dataset().has_eval_split()))
     t->set_eval_steps(t->logging_steps());
   if (!t->has_save_steps()) t->set_save_steps(500);
   if (!t->has_save_total_limit()) t->set_save_total_limit(0);

@@ -1,15 +1,20 @@
 #include "text/dataset.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string_view>
 
 #include "common/safe_path.h"
+#include "text/batcher.h"
 #include "text/chat_template.h"
+#include "text/gzip_reader.h"
 #include "text/json_guard.h"
 #include "text/tokenizer.h"
 
@@ -565,7 +570,120 @@ Status RefuseColumnar(const std::string& path, const std::string& contents) {
   return OkStatus();
 }
 
+// gzip-compressed JSON Lines (or a JSON array) streamed through zlib: JSON Lines are split and
+// encoded a piece of whole lines at a time, so only the current piece of text is held; a JSON
+// array must be whole and is refused beyond kMaxGzipArrayBytes of text.
+constexpr size_t kGzipPiece = 1 << 20;
+constexpr size_t kMaxGzipArrayBytes = size_t{1} << 30;
+
+Status ForEachGzipRecord(GzipReader& gz, const std::function<Status(const RawRecord&)>& each) {
+  const std::string& path = gz.path();
+  std::string text;
+  size_t line = 1;     // JSON Lines: the line of text's first character
+  size_t records = 0;  // records handed out
+  bool array = false, decided = false, eof = false;
+  while (!eof) {
+    const size_t old = text.size();
+    text.resize(old + kGzipPiece);
+    StatusOr<size_t> got = gz.Read(text.data() + old, kGzipPiece);
+    if (!got.ok()) {
+      return Status(got.status().code(), got.status().message() + " (after record " +
+                                             std::to_string(records) + " of the file)");
+    }
+    text.resize(old + *got);
+    eof = *got == 0;
+    if (!decided) {
+      const size_t first = text.find_first_not_of(" \t\r\n");
+      if (first == std::string::npos && !eof) continue;
+      decided = true;
+      array = first != std::string::npos && text[first] == '[';
+    }
+    if (array) {
+      if (text.size() > kMaxGzipArrayBytes) {
+        return InvalidArgumentError(path + " is a gzip-compressed JSON array larger than 1 GiB "
+                                    "of text; use JSON Lines (one record per line) for large "
+                                    "datasets");
+      }
+      continue;
+    }
+    // JSON Lines, as SplitRecords reads them: every whole line that is not blank is a record.
+    size_t start = 0;
+    while (true) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) {
+        if (!eof || start >= text.size()) break;
+        end = text.size();
+      }
+      const std::string_view l = std::string_view(text).substr(start, end - start);
+      if (l.find_first_not_of(" \t\r\n") != std::string_view::npos) {
+        ++records;
+        RETURN_IF_ERROR(each(RawRecord{line, std::string(l)}));
+      }
+      ++line;
+      start = end + 1;
+      if (end == text.size()) break;
+    }
+    text.erase(0, std::min(start, text.size()));
+  }
+  if (!array) return OkStatus();
+  ASSIGN_OR_RETURN(std::vector<RawRecord> raws, SplitRecords(text, path));
+  for (const RawRecord& raw : raws) RETURN_IF_ERROR(each(raw));
+  return OkStatus();
+}
+
+// Calls `each` with every record of a dataset file, plain or gzip-compressed.
+Status ForEachRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+  // Not an ifstream: a FIFO given as a dataset would block its open for good. This opens
+  // O_NONBLOCK and refuses anything but a regular file (confined to the allowed roots, if set).
+  StatusOr<OwnedFd> fd = OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead);
+  if (!fd.ok()) return ExplainUnreadable(path, fd.status());
+  ASSIGN_OR_RETURN(bool gzipped, IsGzipFile(fd->get(), path));
+  if (gzipped) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GzipReader> gz, GzipReader::Open(std::move(*fd), path));
+    return ForEachGzipRecord(*gz, each);
+  }
+  fd->reset();
+  auto read = ReadFileConfined(path);
+  if (!read.ok()) return ExplainUnreadable(path, read.status());
+  const std::string contents = std::move(*read);
+  RETURN_IF_ERROR(RefuseColumnar(path, contents));
+  ASSIGN_OR_RETURN(std::vector<RawRecord> records, SplitRecords(contents, path));
+  for (const RawRecord& raw : records) RETURN_IF_ERROR(each(raw));
+  return OkStatus();
+}
+
 }  // namespace
+
+std::vector<size_t> HeldOutIndices(size_t n, double fraction, uint64_t seed) {
+  if (n < 2 || !(fraction > 0)) return {};
+  constexpr uint64_t kEvalSplitSalt = 0x6576616c73706c74;  // "evalsplt": not the epoch-0 shuffle
+  const auto want =
+      static_cast<size_t>(std::ceil(static_cast<double>(n) * std::min(fraction, 1.0)));
+  const size_t k = std::clamp<size_t>(want, 1, n - 1);
+  const std::vector<uint32_t> order = Batcher::EpochOrder(n, seed ^ kEvalSplitSalt, 0, true);
+  std::vector<size_t> out(order.begin(), order.begin() + static_cast<ptrdiff_t>(k));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+StatusOr<std::vector<Document>> SplitHeldOut(const std::vector<Document>& docs, double fraction,
+                                             uint64_t seed, bool held_out) {
+  const std::vector<size_t> held = HeldOutIndices(docs.size(), fraction, seed);
+  if (held.empty()) {
+    return InvalidArgumentError("eval_split needs at least 2 records to hold one out; the "
+                                "dataset has " +
+                                std::to_string(docs.size()));
+  }
+  std::vector<Document> out;
+  out.reserve(held_out ? held.size() : docs.size() - held.size());
+  size_t h = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const bool is_held = h < held.size() && held[h] == i;
+    h += is_held ? 1 : 0;
+    if (is_held == held_out) out.push_back(docs[i]);
+  }
+  return out;
+}
 
 StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& paths,
                                             const Tokenizer& tokenizer,
@@ -575,14 +693,7 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
   DatasetReader reader;
   if (paths.empty()) return InvalidArgumentError("no dataset files given");
   for (const std::string& path : paths) {
-    // Not an ifstream: a FIFO given as a dataset would block its open for good. This opens
-    // O_NONBLOCK and refuses anything but a regular file (confined to the allowed roots, if set).
-    auto read = ReadFileConfined(path);
-    if (!read.ok()) return ExplainUnreadable(path, read.status());
-    const std::string contents = std::move(*read);
-    RETURN_IF_ERROR(RefuseColumnar(path, contents));
-    ASSIGN_OR_RETURN(std::vector<RawRecord> records, SplitRecords(contents, path));
-    for (const RawRecord& raw : records) {
+    RETURN_IF_ERROR(ForEachRecord(path, [&](const RawRecord& raw) -> Status {
       ++reader.stats_.records;
       ojson record = ojson::parse(raw.text, nullptr, false);
       StatusOr<Document> doc = record.is_discarded()
@@ -594,13 +705,14 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
         if (!options.skip_bad_records) return Status(doc.status().code(), msg);
         ++reader.stats_.skipped;
         if (reader.stats_.first_errors.size() < 10) reader.stats_.first_errors.push_back(msg);
-        continue;
+        return OkStatus();
       }
       reader.stats_.tokens += doc->input_ids.size();
       reader.stats_.chat_records += doc->chat ? 1 : 0;
       for (int32_t l : doc->labels) reader.stats_.trained_tokens += l != kIgnoreIndex;
       reader.documents_->push_back(std::move(*doc));
-    }
+      return OkStatus();
+    }));
   }
   if (reader.documents_->empty()) {
     return InvalidArgumentError("dataset has no usable records (" +

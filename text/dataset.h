@@ -1,6 +1,7 @@
 #pragma once
-// Training datasets: JSON array or JSON-lines files whose records are rendered and tokenized
-// into documents {input_ids, labels}. The training engine turns them into tensors later.
+// Training datasets: JSON array or JSON-lines files (plain or gzip-compressed, gzip_reader.h)
+// whose records are rendered and tokenized into documents {input_ids, labels}. The training
+// engine turns them into tensors later.
 //
 // Record formats (DatasetFormat::kAuto picks one per record from its keys, in this order):
 //   pretokenized       {"input_ids": [...], "labels": [...]?}  labels default to input_ids
@@ -121,6 +122,15 @@ class DatasetReader {
   std::shared_ptr<std::vector<Document>> documents_ = std::make_shared<std::vector<Document>>();
   DatasetStats stats_;
 };
+
+// The held-out records of an eval split: ceil(n * fraction) of the n indices (at least 1, at most
+// n - 1; none when n < 2), chosen by a seeded permutation (Batcher::EpochOrder of seed ^
+// kEvalSplitSalt), in ascending order. Deterministic in (n, fraction, seed).
+std::vector<size_t> HeldOutIndices(size_t n, double fraction, uint64_t seed);
+// The held-out documents (held_out) or the rest, each in dataset order. INVALID_ARGUMENT when
+// fewer than 2 documents leave nothing to hold out.
+StatusOr<std::vector<Document>> SplitHeldOut(const std::vector<Document>& docs, double fraction,
+                                             uint64_t seed, bool held_out);
 
 // One record of a JSON array or JSON-lines file, with its 1-based line.
 struct RawRecord {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -120,6 +121,11 @@ StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& confi
     impl->template_use = TemplateUse{impl->chat->source(), origin, origin == "the tokenizer's own", tok_dir};
   }
   auto docs = reader.documents();
+  if (config.eval_split > 0) {  // the held-out records, or the rest (before max_samples)
+    ASSIGN_OR_RETURN(std::vector<text::Document> part,
+                     text::SplitHeldOut(*docs, config.eval_split, seed, config.held_out));
+    docs = std::make_shared<std::vector<text::Document>>(std::move(part));
+  }
   if (config.max_samples > 0 && docs->size() > static_cast<size_t>(config.max_samples)) {
     auto cut = std::make_shared<std::vector<text::Document>>(docs->begin(),
                                                              docs->begin() + config.max_samples);
@@ -270,7 +276,15 @@ std::string DataSource::Describe() const {
   const Impl& m = *impl_;
   if (m.config.synthetic_seq_length > 0)
     return "synthetic random tokens, " + std::to_string(m.config.synthetic_seq_length) + " per sequence";
-  return std::to_string(m.docs->size()) + " documents (" + std::to_string(m.stats.skipped) +
+  std::string split;
+  if (m.config.eval_split > 0) {
+    char f[32];
+    std::snprintf(f, sizeof f, "%g", m.config.eval_split);
+    split = (m.config.held_out ? " held out by eval_split " : " not held out by eval_split ") +
+            std::string(f);
+  }
+  return std::to_string(m.docs->size()) + " documents" + split + " (" +
+         std::to_string(m.stats.skipped) +
          " skipped), " + std::to_string(m.stats.tokens) + " tokens, " +
          std::to_string(m.stats.trained_tokens) + " trained; " +
          std::to_string(sequences_per_epoch_) + " sequences per epoch" +

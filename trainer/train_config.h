@@ -29,6 +29,10 @@ struct DataConfig {
   bool shuffle = true;
   int64_t max_samples = 0;  // 0: all
   bool skip_bad_records = false;
+  // Hold out this fraction of the records (text::HeldOutIndices, by the seed; 0: none): the
+  // source is the rest, or with held_out the held-out records themselves (an eval source).
+  double eval_split = 0;
+  bool held_out = false;
   // Bench mode: no dataset, uniformly random tokens of exactly this length (seeded).
   int32_t synthetic_seq_length = 0;
   // Unpacked records: pad each micro-batch to one of a few lengths per octave instead of a

@@ -107,8 +107,8 @@ Status Converter::DatasetMixture(const YAML::Node& v) {
     const std::string k = kv.first.Scalar();
     if (k == "test_split_size") {
       Drop("dataset_mixture.test_split_size", kv.second,
-           "records held out for evaluation: offloadd trains on all of them (give held-out records as "
-           "dataset.eval_paths)");
+           "records held out for evaluation: not converted (set dataset.eval_split to the fraction, or "
+           "give dataset.eval_paths)");
     } else if (k == "seed") {
       Drop("dataset_mixture.seed", kv.second, "the seed of the held-out split", Group::kOperational);
     } else if (k != "datasets") {

@@ -118,10 +118,10 @@ constexpr Reason kReasons[] = {
     {"lora_", kLora},
     {"peft", kLora},
     {"load_in_", "offloadd trains in bf16, fp16 or fp32 with fp32 master weights; no quantised base"},
-    {"val_set_size", "a share of the records held out for evaluation: offloadd trains on all of them "
-                     "(give held-out records as dataset.eval_paths)"},
-    {"val_size", "a share of the records held out for evaluation: offloadd trains on all of them "
-                 "(give held-out records as dataset.eval_paths)"},
+    {"val_set_size", "a share of the records held out for evaluation: not converted (set "
+                     "dataset.eval_split to the fraction, or give dataset.eval_paths)"},
+    {"val_size", "a share of the records held out for evaluation: not converted (set "
+                 "dataset.eval_split to the fraction, or give dataset.eval_paths)"},
     {"special_tokens", "the tokenizer is used as it is; adding or replacing tokens is not supported"},
     {"tokens", "the tokenizer is used as it is; adding tokens is not supported"},
     {"group_by_length", "offloadd shuffles records per epoch (dataset.shuffle); length grouping changes the "

@@ -24,6 +24,7 @@
 #include "engine/model_config.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
+#include "text/gzip_reader.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
 #include "trainer/checkpoint.h"
@@ -87,6 +88,12 @@ StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget,
   *skipped = false;
   ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead));
   const int fd = owned.get();
+  // A gzip-compressed file (*.jsonl.gz) is previewed in its inflated text (text/gzip_reader.h).
+  ASSIGN_OR_RETURN(const bool gzipped, text::IsGzipFile(fd, path));
+  std::unique_ptr<text::GzipReader> gz;
+  if (gzipped) {
+    ASSIGN_OR_RETURN(gz, text::GzipReader::Open(std::move(owned), path));
+  }
   constexpr size_t kPiece = 1 << 20;
   const auto max_records = static_cast<size_t>(budget->records_per_file);
   std::string data;
@@ -99,7 +106,13 @@ StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget,
     if (want == 0) break;
     const size_t old = data.size();
     data.resize(old + want);
-    const ssize_t n = read(fd, data.data() + old, want);
+    ssize_t n = 0;
+    if (gz) {
+      ASSIGN_OR_RETURN(const size_t got, gz->Read(data.data() + old, want));
+      n = static_cast<ssize_t>(got);
+    } else {
+      n = read(fd, data.data() + old, want);
+    }
     if (n < 0) return ErrnoError(errno, "cannot read " + path);
     data.resize(old + static_cast<size_t>(n));
     budget->bytes_left -= static_cast<uint64_t>(n);
@@ -704,10 +717,18 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   const std::unique_ptr<text::ChatTemplate> chat = CheckChatTemplate(spec, paths, tok, c);
   CheckDatasets(spec, paths, tok, chat.get(), config.get(), options, &render_budget, c, &r);
   if (stopped()) return r;
-  if (ds.eval_paths_size() == 0 && spec.training().has_eval_steps()) {
+  if (ds.has_eval_split()) {
+    c.Range("dataset.eval_split", ds.eval_split(), 0.0, 0.5, /*lo_open=*/true);  // NaN too
+    if (ds.eval_paths_size() > 0) {
+      c.Add("dataset.eval_split",
+            "given with dataset.eval_paths: hold records out, or name them, not both");
+    }
+  }
+  if (ds.eval_paths_size() == 0 && !ds.has_eval_split() && spec.training().has_eval_steps()) {
     c.Add("training.eval_steps",
-          "given without dataset.eval_paths (the held-out records to evaluate)");
-  } else if (ds.eval_paths_size() > 0) {
+          "given without dataset.eval_paths or dataset.eval_split (the held-out records to "
+          "evaluate)");
+  } else if (ds.eval_paths_size() > 0 || ds.has_eval_split()) {
     c.Range<int64_t>("training.eval_steps", spec.training().eval_steps(), 1, int64_t{1} << 40);
   }
 

@@ -172,6 +172,12 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
     c.eval_data.paths.assign(d.eval_paths().begin(), d.eval_paths().end());
     c.eval_data.max_samples = 0;
     c.eval_steps = s.training().eval_steps();
+  } else if (d.has_eval_split()) {  // held out of the training records, by the seed
+    c.data.eval_split = d.eval_split();
+    c.eval_data = c.data;
+    c.eval_data.held_out = true;
+    c.eval_data.max_samples = 0;
+    c.eval_steps = s.training().eval_steps();
   }
 
   const v1::TrainingArguments& t = s.training();

@@ -256,6 +256,21 @@ TEST_F(TrainJobConfigTest, EvalPathsBecomeTheTrainersEvalData) {
   EXPECT_EQ(c.eval_steps, 25);
 }
 
+TEST_F(TrainJobConfigTest, EvalSplitHoldsOutOfTheTrainingRecords) {
+  auto* d = job_.mutable_spec()->mutable_dataset();
+  d->set_eval_split(0.05);
+  d->set_max_samples(10);
+  job_.mutable_spec()->mutable_training()->set_eval_steps(25);
+  const TrainConfig c = Make();
+  EXPECT_EQ(c.data.eval_split, 0.05);
+  EXPECT_FALSE(c.data.held_out);  // trains on the rest
+  EXPECT_EQ(c.eval_data.paths, c.data.paths);
+  EXPECT_EQ(c.eval_data.eval_split, 0.05);
+  EXPECT_TRUE(c.eval_data.held_out);  // evaluates the held-out records
+  EXPECT_EQ(c.eval_data.max_samples, 0);
+  EXPECT_EQ(c.eval_steps, 25);
+}
+
 // Every setting acts on its own; what remains unsupported are combinations (job_refusals_test), and
 // a job stored before such an entry existed fails to start with its words.
 TEST_F(TrainJobConfigTest, NoSettingIsUnsupported) {

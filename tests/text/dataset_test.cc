@@ -384,5 +384,36 @@ TEST(Batcher, RejectsUnusableInput) {
   EXPECT_FALSE(Batcher::Create(std::make_shared<std::vector<Document>>(), BatcherOptions{}).ok());
 }
 
+TEST(EvalSplit, HeldOutRecordsAreDeterministicBySeedDisjointAndComplete) {
+  std::vector<Document> docs(1000);
+  for (size_t i = 0; i < docs.size(); ++i) docs[i].input_ids = {static_cast<int32_t>(i)};
+  const std::vector<size_t> a = HeldOutIndices(1000, 0.05, 42);
+  EXPECT_EQ(a.size(), 50u);                          // ceil(1000 * 0.05)
+  EXPECT_EQ(a, HeldOutIndices(1000, 0.05, 42));      // the same seed, the same records
+  EXPECT_NE(a, HeldOutIndices(1000, 0.05, 43));      // another seed, others
+  EXPECT_TRUE(std::is_sorted(a.begin(), a.end()));
+  EXPECT_EQ(std::adjacent_find(a.begin(), a.end()), a.end());
+  EXPECT_GT(a.back(), 900u);  // chosen across the file, not its first records
+  EXPECT_EQ(HeldOutIndices(10, 0.01, 1).size(), 1u);  // at least one
+  EXPECT_EQ(HeldOutIndices(2, 0.5, 1).size(), 1u);    // at most n - 1
+  EXPECT_TRUE(HeldOutIndices(1, 0.5, 1).empty());
+
+  auto eval = SplitHeldOut(docs, 0.05, 42, /*held_out=*/true);
+  auto train = SplitHeldOut(docs, 0.05, 42, /*held_out=*/false);
+  ASSERT_TRUE(eval.ok() && train.ok());
+  ASSERT_EQ(eval->size(), 50u);
+  ASSERT_EQ(train->size(), 950u);
+  std::vector<int32_t> seen;
+  for (const Document& d : *eval) seen.push_back(d.input_ids[0]);
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(seen[k], static_cast<int32_t>(a[k]));
+  for (const Document& d : *train) seen.push_back(d.input_ids[0]);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());  // disjoint
+  EXPECT_EQ(seen.size(), 1000u);                                         // and complete
+  auto one = SplitHeldOut(std::vector<Document>(1), 0.5, 1, true);
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.status().message().find("at least 2 records"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace offloadd::text
