@@ -600,10 +600,20 @@ Status ParseMoe(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
   MoeConfig& m = c->moe;
   const int64_t n = c->num_layers;
   const bool mixtral = f.moe == Moe::kMixtral;
-  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  // The config classes alias num_experts and num_local_experts (attribute_map): transformers 5
+  // writes num_local_experts for Qwen3-MoE and Mixtral, num_experts for OLMoE; hub files have
+  // either.
+  const char* experts_key = r.Has("num_local_experts") ? "num_local_experts" : "num_experts";
   // Qwen3-MoE with num_experts 0 is a dense model (every layer its MLP).
   ASSIGN_OR_RETURN(m.num_experts, r.Int(experts_key, f.experts, f.moe == Moe::kQwen3 ? 0 : 1,
                                         int64_t{1} << 16));
+  if (r.Has("num_local_experts") && r.Has("num_experts")) {
+    ASSIGN_OR_RETURN(int64_t other, r.Int("num_experts", std::nullopt, 0, int64_t{1} << 16));
+    if (other != m.num_experts) {
+      return r.Error("num_experts", "is " + std::to_string(other) + " but num_local_experts is " +
+                                        std::to_string(m.num_experts) + " (the same setting)");
+    }
+  }
   if (m.num_experts == 0) {
     m.sparse.assign(n, false);
     return OkStatus();
