@@ -23,11 +23,6 @@ enum class Sliding { kNone, kEveryLayer, kQwen, kAlternating };
 // kPhi3: default or longrope ("su" and "yarn" mean longrope), partial_rotary_factor, the top-level
 // original_max_position_embeddings; kPerLayerType: Gemma 3's full/sliding parameter pair.
 enum class RopeKind { kSingle, kPhi3, kPerLayerType };
-// The sparse feed-forward's config keys: kQwen3 (num_experts, moe_intermediate_size,
-// decoder_sparse_step, mlp_only_layers, norm_topk_prob), kOlmoe (num_experts, intermediate_size
-// per expert, norm_topk_prob, every layer sparse), kMixtral (num_local_experts, intermediate_size
-// per expert, always renormalised, router_jitter_noise).
-enum class Moe { kNone, kQwen3, kOlmoe, kMixtral };
 
 struct FamilyRule {
   std::string model_type = {};
@@ -58,9 +53,7 @@ struct FamilyRule {
   double theta = 10000.0, local_theta = 0;
   std::vector<std::string> dropout = {"attention_dropout"};
   std::string text_config_of = {};  // a multimodal wrapper: its text_config is this family
-  Moe moe = Moe::kNone;
-  int64_t experts = 0, top_k = 0, expert_intermediate = 0;  // config class defaults
-  double aux_coef = 0;
+  std::optional<MoeDefaults> moe = {};  // a mixture of experts (engine/families_moe.cc)
 };
 
 const std::vector<FamilyRule>& Rules() {
@@ -218,11 +211,11 @@ const std::vector<FamilyRule>& Rules() {
        .heads = 32,
        .kv_heads = 4,
        .max_pos = 32768,
-       .moe = Moe::kQwen3,
-       .experts = 128,
-       .top_k = 8,
-       .expert_intermediate = 768,
-       .aux_coef = 0.001},
+       .moe = MoeDefaults{.family = MoeFamily::kQwen3,
+                          .experts = 128,
+                          .top_k = 8,
+                          .intermediate = 768,
+                          .aux_coef = 0.001}},
       {.model_type = "olmoe",
        .architectures = {"OlmoeForCausalLM"},
        .description = "OLMoE: q/k RMSNorm over the projection, softmax top-k router "
@@ -236,11 +229,8 @@ const std::vector<FamilyRule>& Rules() {
        .heads = 16,
        .max_pos = 4096,
        .eps = 1e-5,
-       .moe = Moe::kOlmoe,
-       .experts = 64,
-       .top_k = 8,
-       .expert_intermediate = 2048,
-       .aux_coef = 0.01},
+       .moe = MoeDefaults{
+           .family = MoeFamily::kOlmoe, .experts = 64, .top_k = 8, .aux_coef = 0.01}},
       {.model_type = "mixtral",
        .architectures = {"MixtralForCausalLM"},
        .description = "Mixtral: Mistral's attention, softmax top-k router (always renormalised), "
@@ -255,11 +245,8 @@ const std::vector<FamilyRule>& Rules() {
        .eps = 1e-5,
        .sliding = Sliding::kEveryLayer,
        .theta = 1e6,
-       .moe = Moe::kMixtral,
-       .experts = 8,
-       .top_k = 2,
-       .expert_intermediate = 14336,
-       .aux_coef = 0.001},
+       .moe = MoeDefaults{
+           .family = MoeFamily::kMixtral, .experts = 8, .top_k = 2, .aux_coef = 0.001}},
       {.model_type = "gpt2",
        .architectures = {"GPT2LMHeadModel"},
        .description = "GPT-2: LayerNorm pre-norm, learned positions, Conv1D projections, GELU MLP",
@@ -593,91 +580,6 @@ TensorNames Gpt2Names() {
   return n;
 }
 
-// ---- mixture of experts -------------------------------------------------------------------------
-
-Status ParseMoe(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
-  if (f.moe == Moe::kNone) return OkStatus();
-  MoeConfig& m = c->moe;
-  const int64_t n = c->num_layers;
-  const bool mixtral = f.moe == Moe::kMixtral;
-  // The config classes alias num_experts and num_local_experts (attribute_map): transformers 5
-  // writes num_local_experts for Qwen3-MoE and Mixtral, num_experts for OLMoE; hub files have
-  // either.
-  const char* experts_key = r.Has("num_local_experts") ? "num_local_experts" : "num_experts";
-  // Qwen3-MoE with num_experts 0 is a dense model (every layer its MLP).
-  ASSIGN_OR_RETURN(m.num_experts, r.Int(experts_key, f.experts, f.moe == Moe::kQwen3 ? 0 : 1,
-                                        int64_t{1} << 16));
-  if (r.Has("num_local_experts") && r.Has("num_experts")) {
-    ASSIGN_OR_RETURN(int64_t other, r.Int("num_experts", std::nullopt, 0, int64_t{1} << 16));
-    if (other != m.num_experts) {
-      return r.Error("num_experts", "is " + std::to_string(other) + " but num_local_experts is " +
-                                        std::to_string(m.num_experts) + " (the same setting)");
-    }
-  }
-  if (m.num_experts == 0) {
-    m.sparse.assign(n, false);
-    return OkStatus();
-  }
-  ASSIGN_OR_RETURN(m.top_k, r.Int("num_experts_per_tok", f.top_k, 1, m.num_experts));
-  if (f.moe == Moe::kQwen3) {
-    ASSIGN_OR_RETURN(m.intermediate_size, r.Int("moe_intermediate_size", f.expert_intermediate));
-  } else {
-    m.intermediate_size = c->intermediate_size;  // OLMoE and Mixtral: the expert's width
-  }
-  m.norm_topk_prob = true;  // Mixtral's router always renormalises
-  if (!mixtral) {
-    ASSIGN_OR_RETURN(m.norm_topk_prob, r.Bool("norm_topk_prob", false));
-  }
-  ASSIGN_OR_RETURN(m.output_router_logits, r.Bool("output_router_logits", false));
-  ASSIGN_OR_RETURN(m.router_aux_loss_coef, r.Double("router_aux_loss_coef", f.aux_coef));
-  if (!(m.router_aux_loss_coef >= 0 && m.router_aux_loss_coef < 1e6)) {
-    return r.Error("router_aux_loss_coef", "must be a finite number >= 0, got " +
-                                               r.Dump("router_aux_loss_coef"));
-  }
-  m.sparse.assign(n, true);
-  if (f.moe == Moe::kQwen3) {
-    ASSIGN_OR_RETURN(bool sliding, r.Bool("use_sliding_window", false));
-    if (sliding) {
-      return r.Unsupported("use_sliding_window",
-                           "qwen3_moe's sliding window on every layer is not implemented");
-    }
-    ASSIGN_OR_RETURN(int64_t step, r.Int("decoder_sparse_step", 1));
-    std::vector<bool> dense(n, false);
-    if (r.Has("mlp_only_layers")) {
-      const json& v = r.raw().at("mlp_only_layers");
-      if (!v.is_array()) return r.Error("mlp_only_layers", "expected a list of layer indices");
-      for (const json& x : v) {
-        // transformers tests `layer_idx in mlp_only_layers`: an index past the last layer has no
-        // effect there, but is almost surely a mistake in the config.
-        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= n) {
-          return r.Error("mlp_only_layers", "expected layer indices in [0, " + std::to_string(n) +
-                                                "), got " + x.dump());
-        }
-        dense[x.get<int64_t>()] = true;
-      }
-    }
-    for (int64_t i = 0; i < n; ++i) m.sparse[i] = !dense[i] && (i + 1) % step == 0;
-  } else if (f.moe == Moe::kOlmoe) {
-    if (r.Has("clip_qkv")) {
-      return r.Unsupported("clip_qkv", "OLMoE's q/k/v clamping is not implemented");
-    }
-  } else {
-    ASSIGN_OR_RETURN(double jitter, r.Double("router_jitter_noise", 0.0));
-    if (jitter != 0) {
-      return r.Unsupported("router_jitter_noise",
-                           "Mixtral multiplies the router input by random noise in training, which "
-                           "offloadd does not reproduce; set it to 0");
-    }
-    TensorNames& names = c->names;
-    names.router = "block_sparse_moe.gate";
-    names.experts = "block_sparse_moe.experts";
-    names.expert_gate = "w1";
-    names.expert_up = "w3";
-    names.expert_down = "w2";
-  }
-  return OkStatus();
-}
-
 // ---- families -----------------------------------------------------------------------------------
 
 Status ParseTokenIds(const ConfigReader& r, ModelConfig* c) {
@@ -830,7 +732,7 @@ Status ParseRotary(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseSliding(f, r, c));
   RETURN_IF_ERROR(ParseRope(f, r, c));
   c->names = NamesFor(f, *c);
-  return ParseMoe(f, r, c);
+  return f.moe ? ParseMoe(*f.moe, r, c) : OkStatus();
 }
 
 Status CheckArchitectures(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
