@@ -122,6 +122,14 @@ def build_moe(variant: str, shared: pathlib.Path, out: pathlib.Path, seed: int =
 AUX_LOG: list[float] = []  # moe_loss_fn appends each micro-batch's coef * aux_loss
 
 
+def moe_reference(model_dir: pathlib.Path):
+    """transformers in float64 (as families_testlib.reference_model) with the eager experts loop:
+    transformers 5's default experts implementation (grouped_mm) refuses float64."""
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
+                                                             attn_implementation="eager",
+                                                             experts_implementation="eager")
+
+
 def moe_loss_fn(model, m: dict, trained: int):
     """pipeline_testlib.micro_batch_loss plus what transformers' *ForCausalLM.forward adds with
     labels when config.output_router_logits: router_aux_loss_coef * load_balancing_loss_func over

@@ -36,11 +36,10 @@ import torch
 import transformers
 from safetensors import safe_open
 
-from families_testlib import (checkpoint_layout, load_checkpoint, reference_model, state_as_checkpoint,
-                              write_data)
+from families_testlib import checkpoint_layout, load_checkpoint, state_as_checkpoint, write_data
 from engine_testlib import hf_reference, make_batch, run_check, write_inputs
 from moe_testlib import (AUX_LOG, DEAD_EXPERT, MOE_VARIANTS, build_moe, force_dead_expert, moe_config, moe_loss_fn,
-                         pack_experts, router_name)
+                         moe_reference, pack_experts, router_name)
 from pipeline_testlib import read_stats, run_train, train_steps
 from test_families import ACCUM, BATCH, OPTIM, STEPS, check_generation, compare_weights, train_args
 from test_model_configs import describe, refusal, save_config
@@ -94,7 +93,7 @@ def test_moe_family_matches_transformers(binary_dir, shared_dir, tmp_path, varia
     assert got_layout == want_layout, "the export changed the checkpoint's layout"
 
     init = load_checkpoint(model)
-    ref = reference_model(model, torch.float64)
+    ref = moe_reference(model)
     ref.train()
     opt = torch.optim.AdamW(ref.parameters(), lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"],
                             foreach=False)
