@@ -27,7 +27,8 @@ BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_po
 
 def moe_config(variant: str, vocab: int, bos: int, eos: int):
     """variant -> (config, model class). Each turns on what its family has: Qwen3-MoE a dense
-    layer between sparse ones (mlp_only_layers) and renormalised top-k; OLMoE top-3 of 8 without
+    layer between sparse ones (mlp_only_layers), renormalised top-k and a tied head (its 151,936-row
+    vocabulary once); OLMoE top-3 of 8 without
     renormalisation; Mixtral (always renormalised) a sliding window and no load-balancing loss."""
     ids = dict(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos, pad_token_id=vocab - 1)
     c = transformers
@@ -36,7 +37,7 @@ def moe_config(variant: str, vocab: int, bos: int, eos: int):
                                 moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                                 norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1,
                                 output_router_logits=True, router_aux_loss_coef=0.05,
-                                tie_word_embeddings=False, attention_dropout=0.0), c.Qwen3MoeForCausalLM
+                                tie_word_embeddings=True, attention_dropout=0.0), c.Qwen3MoeForCausalLM
     if variant in ("olmoe", "olmoe_packed"):
         return c.OlmoeConfig(**BASE, **ids, num_hidden_layers=2, intermediate_size=32, num_experts=8,
                              num_experts_per_tok=3, norm_topk_prob=False, output_router_logits=True,

@@ -2,8 +2,8 @@
 
 Variants (tiny random-init models from transformers' config classes, hidden 64, 2-3 layers):
   * qwen3_moe: 8 experts, top-2 renormalised (norm_topk_prob), layer 1 dense (mlp_only_layers),
-    q/k norm per head, the load-balancing loss (output_router_logits, coefficient 0.05); the qwen3
-    tokenizer.
+    q/k norm per head, the load-balancing loss (output_router_logits, coefficient 0.05), tied head;
+    the qwen3 tokenizer.
   * olmoe: 8 experts, top-3 not renormalised, q/k norm over the projection, load-balancing loss;
     a synthetic byte-level BPE (OLMoE's GPT-NeoX tokenizer is not in ../shared).
   * olmoe_packed: the same family with the experts stored packed 3-D (mlp.experts.gate_up_proj
