@@ -113,4 +113,19 @@ class ConfigReader {
 // unknown model_type is impossible (INVALID_ARGUMENT naming model_type and the supported ones).
 Status ParseFamily(const ConfigReader& r, ModelConfig* c);
 
+// engine/families_moe.cc: a mixture-of-experts family's MoeConfig (and expert tensor names) from
+// config.json, with its config class's defaults.
+enum class MoeFamily {
+  kQwen3,    // num_experts, moe_intermediate_size, decoder_sparse_step, mlp_only_layers
+  kOlmoe,    // num_experts of intermediate_size, every layer sparse
+  kMixtral,  // num_local_experts of intermediate_size, always renormalised, router_jitter_noise
+};
+struct MoeDefaults {
+  MoeFamily family = MoeFamily::kQwen3;
+  int64_t experts = 0, top_k = 0;
+  int64_t intermediate = 0;  // Qwen3-MoE's moe_intermediate_size (the others: intermediate_size)
+  double aux_coef = 0;       // router_aux_loss_coef
+};
+Status ParseMoe(const MoeDefaults& defaults, const ConfigReader& r, ModelConfig* c);
+
 }  // namespace offloadd::engine

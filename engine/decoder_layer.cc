@@ -11,6 +11,8 @@
 // re-applied from their stats in backward.
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "engine/blocks.h"
 #include "engine/parts.h"
 
@@ -19,6 +21,7 @@ namespace {
 
 using parts::AttentionPart;
 using parts::MlpPart;
+using parts::MoePart;
 using parts::NormPart;
 using parts::ParamList;
 using parts::SavedReader;
@@ -32,10 +35,12 @@ const at::Tensor* ReadStats(SavedReader* r, const NormPart& n) {
   return first;
 }
 
+// The feed-forward: the dense MLP, or the mixture of experts on a sparse layer.
 struct LayerParts {
   NormPart in_norm, attn_post, mlp_pre, mlp_post;
   AttentionPart attn;
-  MlpPart mlp;
+  std::optional<MlpPart> mlp;
+  std::optional<MoePart> moe;
 };
 
 // Registers the layer's parameters in checkpoint order of the parts: norm1, attention,
@@ -53,9 +58,16 @@ LayerParts MakeParts(const ModelConfig& c, int layer, const std::string& p, Para
   NormPart mlp_pre = norm(place == NormPlacement::kPre        ? n.post_attn_norm
                           : place == NormPlacement::kSandwich ? n.pre_mlp_norm
                                                               : "");
-  MlpPart mlp(c, p, pl);
+  std::optional<MlpPart> mlp;
+  std::optional<MoePart> moe;
+  if (c.layer_sparse(layer)) {
+    moe.emplace(c, layer, p, pl);
+  } else {
+    mlp.emplace(c, p, pl);
+  }
   NormPart mlp_post = norm(place == NormPlacement::kPre ? "" : n.post_mlp_norm);
-  return {in_norm, attn_post, mlp_pre, mlp_post, std::move(attn), std::move(mlp)};
+  return {in_norm,         attn_post,      mlp_pre,       mlp_post,
+          std::move(attn), std::move(mlp), std::move(moe)};
 }
 
 class DecoderLayer final : public Block {
@@ -73,7 +85,8 @@ class DecoderLayer final : public Block {
     const double e = static_cast<double>(c10::elementSize(dtype));
     const double hidden_bytes = n * hidden_ * e;
     double keep = 2 * hidden_bytes;  // x, h
-    keep += p_.attn.SavedBytes(batch, seq, e) + p_.mlp.SavedBytes(n, e);
+    keep += p_.attn.SavedBytes(batch, seq, e) +
+            (p_.moe ? p_.moe->SavedBytes(n, e) : p_.mlp->SavedBytes(n, e));
     for (const NormPart* norm : {&p_.in_norm, &p_.attn_post, &p_.mlp_pre, &p_.mlp_post}) {
       if (norm->present()) keep += norm->SavedBytes(n);
     }
@@ -83,7 +96,8 @@ class DecoderLayer final : public Block {
     cost.param_bytes = OwnedParamBytes();
     cost.saved_bytes_keep = static_cast<int64_t>(keep);
     cost.saved_bytes_recompute = static_cast<int64_t>(hidden_bytes);
-    cost.forward_flops = p_.attn.Flops(batch, seq) + p_.mlp.Flops(n);
+    cost.forward_flops =
+        p_.attn.Flops(batch, seq) + (p_.moe ? p_.moe->Flops(n) : p_.mlp->Flops(n));
     return cost;
   }
 
@@ -92,7 +106,8 @@ class DecoderLayer final : public Block {
     const NormPart& norm = p_.in_norm.present() ? p_.in_norm : p_.attn_post;
     return {"norm: " + norm.Describe(device, dtype),
             "attention: " + p_.attn.Describe(device, dtype, seq),
-            "mlp: " + p_.mlp.Describe(device, dtype)};
+            p_.moe ? "moe: " + p_.moe->Describe(device, dtype)
+                   : "mlp: " + p_.mlp->Describe(device, dtype)};
   }
 
  protected:
@@ -116,7 +131,7 @@ class DecoderLayer final : public Block {
     at::Tensor m;
     {
       const at::Tensor n2 = p_.mlp_pre.present() ? p_.mlp_pre.Forward(W, h, saved) : h;
-      m = p_.mlp.Forward(W, n2, saved);
+      m = p_.moe ? p_.moe->Forward(W, mb, n2, saved) : p_.mlp->Forward(W, n2, saved);
     }
     if (p_.mlp_post.present()) {
       if (saved) saved->push_back(m);
@@ -138,7 +153,13 @@ class DecoderLayer final : public Block {
     const at::Tensor* attn_post_stats = ReadStats(&r, p_.attn_post);
     const at::Tensor& h = r.Next();
     const at::Tensor* mlp_pre_stats = ReadStats(&r, p_.mlp_pre);
-    const MlpPart::Saved ms = p_.mlp.Read(&r, h);
+    MlpPart::Saved ms;
+    MoePart::Saved es;
+    if (p_.moe) {
+      es = p_.moe->Read(&r);
+    } else {
+      ms = p_.mlp->Read(&r, h);
+    }
     const at::Tensor* mlp_out = p_.mlp_post.present() ? &r.Next() : nullptr;
     const at::Tensor* mlp_post_stats = ReadStats(&r, p_.mlp_post);
     const at::Tensor* aux = r.Rest();
@@ -147,7 +168,9 @@ class DecoderLayer final : public Block {
     at::Tensor dm = dy;
     if (p_.mlp_post.present()) dm = p_.mlp_post.Backward(W, dy, *mlp_out, mlp_post_stats, emit);
     auto n2 = [&] { return p_.mlp_pre.present() ? p_.mlp_pre.Reapply(W, h, mlp_pre_stats) : h; };
-    at::Tensor dn2 = p_.mlp.Backward(W, dm, n2, ms, emit).view(h.sizes());
+    at::Tensor dn2 = (p_.moe ? p_.moe->Backward(W, mb, dm, n2, es, emit)
+                             : p_.mlp->Backward(W, dm, n2, ms, emit))
+                         .view(h.sizes());
     dm = at::Tensor();
     at::Tensor dh = p_.mlp_pre.present() ? p_.mlp_pre.Backward(W, dn2, h, mlp_pre_stats, emit, dy)
                                          : dy + dn2;

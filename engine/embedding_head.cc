@@ -102,6 +102,8 @@ class Head final : public Block {
     at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
                                       saved ? &dn : nullptr, saved ? &dw : nullptr,
                                       ops::kHeadChunkBytes, mb.loss_scale, softcap_);
+    // The MoE load-balancing loss (its gradient is the sparse layers' backward's).
+    if (mb.moe && mb.moe->aux_coef > 0) loss = loss + mb.moe->AuxLoss() * mb.moe->aux_coef;
     if (saved) {
       *saved = {x};
       saved->insert(saved->end(), stats.begin(), stats.end());
@@ -134,6 +136,14 @@ class Head final : public Block {
 void PrepareLayerInputs(const ModelConfig& c, c10::ScalarType dtype, MicroBatch* mb) {
   const c10::Device device = mb->input_ids.device();
   const int64_t t = mb->input_ids.size(1);
+  if (c.moe.output_router_logits && c.moe.num_experts > 0) {
+    mb->moe = std::make_shared<MoeRouterStats>();
+    mb->moe->num_experts = c.moe.num_experts;
+    mb->moe->aux_coef = c.moe.router_aux_loss_coef;
+    mb->moe->counts.resize(c.num_layers);
+    mb->moe->prob_sums.resize(c.num_layers);
+    mb->moe->rows.assign(c.num_layers, 0);
+  }
   // Unpacked rows run the document path (one document per row) where soft-capping needs it, or
   // a sliding window shorter than the sequence that the windowed flash kernel cannot take.
   const bool slides = std::find(c.sliding.begin(), c.sliding.end(), true) !=

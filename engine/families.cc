@@ -53,6 +53,7 @@ struct FamilyRule {
   double theta = 10000.0, local_theta = 0;
   std::vector<std::string> dropout = {"attention_dropout"};
   std::string text_config_of = {};  // a multimodal wrapper: its text_config is this family
+  std::optional<MoeDefaults> moe = {};  // a mixture of experts (engine/families_moe.cc)
 };
 
 const std::vector<FamilyRule>& Rules() {
@@ -212,6 +213,55 @@ const std::vector<FamilyRule>& Rules() {
        .eps = 1e-5,
        .tie = true,
        .dropout = {"embd_pdrop", "attn_pdrop", "resid_pdrop"}},
+      {.model_type = "qwen3_moe",
+       .architectures = {"Qwen3MoeForCausalLM"},
+       .description = "Qwen3-MoE: Qwen3's attention, softmax top-k router (norm_topk_prob), SwiGLU "
+                      "experts, decoder_sparse_step and mlp_only_layers",
+       .qk_norm = QkNorm::kPerHead,
+       .biases = Biases::kAttentionBias,
+       .vocab = 151936,
+       .hidden = 2048,
+       .intermediate = 6144,
+       .layers = 24,
+       .heads = 32,
+       .kv_heads = 4,
+       .max_pos = 32768,
+       .moe = MoeDefaults{.family = MoeFamily::kQwen3,
+                          .experts = 128,
+                          .top_k = 8,
+                          .intermediate = 768,
+                          .aux_coef = 0.001}},
+      {.model_type = "olmoe",
+       .architectures = {"OlmoeForCausalLM"},
+       .description = "OLMoE: q/k RMSNorm over the projection, softmax top-k router "
+                      "(norm_topk_prob), SwiGLU experts on every layer",
+       .qk_norm = QkNorm::kWhole,
+       .biases = Biases::kAttentionBias,
+       .vocab = 50304,
+       .hidden = 2048,
+       .intermediate = 2048,
+       .layers = 16,
+       .heads = 16,
+       .max_pos = 4096,
+       .eps = 1e-5,
+       .moe = MoeDefaults{
+           .family = MoeFamily::kOlmoe, .experts = 64, .top_k = 8, .aux_coef = 0.01}},
+      {.model_type = "mixtral",
+       .architectures = {"MixtralForCausalLM"},
+       .description = "Mixtral: Mistral's attention, softmax top-k router (always renormalised), "
+                      "SwiGLU experts on every layer",
+       .vocab = 32000,
+       .hidden = 4096,
+       .intermediate = 14336,
+       .layers = 32,
+       .heads = 32,
+       .kv_heads = 8,
+       .max_pos = 131072,
+       .eps = 1e-5,
+       .sliding = Sliding::kEveryLayer,
+       .theta = 1e6,
+       .moe = MoeDefaults{
+           .family = MoeFamily::kMixtral, .experts = 8, .top_k = 2, .aux_coef = 0.001}},
   };
   return *rules;
 }
@@ -682,7 +732,7 @@ Status ParseRotary(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseSliding(f, r, c));
   RETURN_IF_ERROR(ParseRope(f, r, c));
   c->names = NamesFor(f, *c);
-  return OkStatus();
+  return f.moe ? ParseMoe(*f.moe, r, c) : OkStatus();
 }
 
 Status CheckArchitectures(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {

@@ -74,6 +74,18 @@ void AdaptNamesToCheckpoint(const Checkpoint& ckpt, ModelConfig* c) {
     n.lm_head = "lm_head.weight";
     for (std::string& prefix : n.passthrough_prefixes) prefix = "model." + prefix;
   }
+  // Mixture of experts: per-expert tensors (the hub's files, transformers 5's save_pretrained)
+  // or packed 3-D ones (transformers 5's module layout: <layer>.mlp.experts.gate_up_proj).
+  for (int64_t i = 0; i < c->num_layers; ++i) {
+    if (!c->layer_sparse(i)) continue;
+    const std::string layer = n.layer_prefix + std::to_string(i) + ".";
+    if (ckpt.Contains(layer + "mlp.experts.gate_up_proj")) {
+      c->moe.packed = true;
+      n.router = "mlp.gate";  // Mixtral's module name in transformers 5
+      n.experts = "mlp.experts";
+    }
+    break;
+  }
 }
 
 bool IsPassthrough(const ModelConfig& c, const std::string& name) {

@@ -61,6 +61,24 @@ enum class SaveMode {
 };
 std::string_view SaveModeName(SaveMode mode);
 
+// Mixture-of-experts router statistics of one micro-batch for transformers' load-balancing loss
+// (load_balancing_loss_func without an attention mask: every row of every sparse layer). Each
+// sparse layer's forward sets its entry (a recompute sets the same values again); the head adds
+// aux_coef * AuxLoss() to the loss, and each sparse layer's backward adds the loss's gradient.
+struct MoeRouterStats {
+  int64_t num_experts = 0;
+  double aux_coef = 0;
+  // Per layer (undefined for dense layers): top-k assignments per expert and the routing
+  // probabilities summed over the rows, fp32 [E]; the rows.
+  std::vector<at::Tensor> counts, prob_sums;
+  std::vector<int64_t> rows;
+  // E * sum_e (counts_e / R) * (prob_sums_e / R), R = all layers' rows; fp32 scalar (0 when no
+  // layer has run).
+  at::Tensor AuxLoss() const;
+  // d AuxLoss / d (one row's probability of expert e) = E * counts_e / R^2, fp32 [E].
+  at::Tensor AuxProbGrad() const;
+};
+
 // Inputs shared by all blocks for one micro-batch; build it with Model::PrepareBatch.
 struct MicroBatch {
   at::Tensor input_ids;           // [B, T] int64
@@ -77,6 +95,8 @@ struct MicroBatch {
   // runs of segment_ids when packed, else one per row when some layer needs the document path
   // (soft-capping, or a sliding window shorter than T that the fused kernels cannot take).
   ops::Documents docs;
+  // Set when the model adds the MoE load-balancing loss (MoeConfig::output_router_logits).
+  std::shared_ptr<MoeRouterStats> moe;
 };
 
 struct Param {

@@ -1,6 +1,7 @@
 #include "engine/model_config.h"
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -19,6 +20,7 @@ using json = nlohmann::json;
 template <typename T>
 struct Counts {
   T embedding = 0, layer = 0, final_norm = 0, lm_head = 0;
+  T layers = 0;  // all decoder layers (MoE models mix sparse and dense layers)
 };
 
 template <typename T>
@@ -42,6 +44,16 @@ Counts<T> CountIn(const ModelConfig& c) {
   } else {
     layer += 3 * h * inter + (c.mlp_bias ? 2 * inter + h : 0);
   }
+  // A sparse layer: the router and E SwiGLU experts instead of the MLP.
+  const T dense_mlp = 3 * h * inter + (c.mlp_bias ? 2 * inter + h : 0);
+  const T sparse_mlp = static_cast<T>(c.moe.num_experts) * h +
+                       static_cast<T>(c.moe.num_experts) * 3 * h *
+                           static_cast<T>(c.moe.intermediate_size);
+  n.layers = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    n.layers += c.layer_sparse(i) ? layer - dense_mlp + sparse_mlp : layer;
+  }
+  if (c.moe.num_experts > 0) layer = std::max(layer, layer - dense_mlp + sparse_mlp);
   n.layer = layer;
   n.embedding = v * h;
   if (c.arch == Architecture::kGpt2) n.embedding += static_cast<T>(c.max_position_embeddings) * h;
@@ -59,7 +71,7 @@ ParamCounts CountParams(const ModelConfig& c) {
   p.layer = n.layer;
   p.final_norm = n.final_norm;
   p.lm_head = n.lm_head;
-  p.total = n.embedding + c.num_layers * n.layer + n.final_norm + n.lm_head;
+  p.total = n.embedding + n.layers + n.final_norm + n.lm_head;
   return p;
 }
 
@@ -74,8 +86,7 @@ StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view o
   // Bounded dimensions can still multiply past what any machine trains (and past int64 in the
   // callers' byte counts): refuse more than 2^50 parameters (1.1e15), in double arithmetic.
   const Counts<double> n = CountIn<double>(c);
-  const double params =
-      n.embedding + static_cast<double>(c.num_layers) * n.layer + n.final_norm + n.lm_head;
+  const double params = n.embedding + n.layers + n.final_norm + n.lm_head;
   if (params > std::ldexp(1.0, 50)) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.3g", params);
@@ -177,6 +188,17 @@ std::string DescribeParts(const ModelConfig& c) {
   }
   static const char* kMlp[] = {"SwiGLU", "GeGLU (tanh)", "GELU MLP"};
   parts.push_back(std::string(kMlp[static_cast<int>(c.mlp)]) + (c.mlp_bias ? " with bias" : ""));
+  if (c.moe.num_experts > 0) {
+    int64_t n = 0;
+    for (bool s : c.moe.sparse) n += s;
+    std::string moe = "MoE " + std::to_string(c.moe.num_experts) + " SwiGLU experts of " +
+                      std::to_string(c.moe.intermediate_size) + ", top-" +
+                      std::to_string(c.moe.top_k) +
+                      (c.moe.norm_topk_prob ? " renormalised" : "") + " on " + std::to_string(n) +
+                      "/" + std::to_string(c.num_layers) + " layers";
+    if (c.moe.output_router_logits) moe += ", aux loss " + Num(c.moe.router_aux_loss_coef);
+    parts.push_back(moe);
+  }
   if (c.arch == Architecture::kGpt2) {
     parts.push_back("learned positions " + std::to_string(c.max_position_embeddings));
   } else {

@@ -78,9 +78,33 @@ struct TensorNames {
   std::string q_norm, k_norm;  // "self_attn.q_norm" / "self_attn.k_norm" when qk_norm != kNone
   std::string gate = "mlp.gate_proj", up = "mlp.up_proj", down = "mlp.down_proj";
   std::string gate_up;  // fused (Phi-3 "mlp.gate_up_proj": gate rows first, then up)
+  // Mixture-of-experts layers (MoeConfig): the router and the experts, per-expert
+  // (<experts>.<e>.<expert_gate>.weight ...) or packed 3-D (<experts>.gate_up_proj, [E, 2I, H],
+  // gate rows first, and <experts>.down_proj, [E, H, I]), as MoeConfig::packed says.
+  std::string router = "mlp.gate";      // ".weight" [E, H]
+  std::string experts = "mlp.experts";  // Mixtral's hub files: "block_sparse_moe.experts"
+  std::string expert_gate = "gate_proj", expert_up = "up_proj", expert_down = "down_proj";
   // Tensors of the checkpoint that are not the language model's (Gemma 3's vision tower and
   // projector): names starting with these prefixes are kept aside and written back on export.
   std::vector<std::string> passthrough_prefixes;
+};
+
+// The sparse feed-forward of mixture-of-experts families (Qwen3-MoE, OLMoE, Mixtral): a router
+// linear (fp32), softmax over all experts, the top-k (renormalised to sum 1 with norm_topk_prob),
+// and SwiGLU experts weighted by them. num_experts == 0: a dense model.
+struct MoeConfig {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;                   // num_experts_per_tok
+  int64_t intermediate_size = 0;       // of one expert (Qwen3-MoE's moe_intermediate_size)
+  bool norm_topk_prob = false;         // Mixtral: always
+  // transformers adds router_aux_loss_coef * load-balancing loss to the loss when the config's
+  // output_router_logits is true (the Switch Transformer loss over every sparse layer's router).
+  bool output_router_logits = false;
+  double router_aux_loss_coef = 0.0;
+  std::vector<bool> sparse;  // per layer: the MoE feed-forward (else the dense MLP)
+  // The checkpoint stores the experts packed (transformers 5's module layout) rather than per
+  // expert (the hub's files and transformers 5's save_pretrained). Set by Model::Load.
+  bool packed = false;
 };
 
 struct ModelConfig {
@@ -125,6 +149,7 @@ struct ModelConfig {
 
   std::string hidden_act;  // "silu", "gelu_pytorch_tanh" or "gelu_new"
   TensorNames names;
+  MoeConfig moe;
   std::vector<int64_t> eos_token_ids;
   // The nonzero dropout probabilities Hugging Face's modeling code applies in training for this
   // architecture (GPT-2: embd_pdrop, attn_pdrop, resid_pdrop; the rotary families:
@@ -138,6 +163,9 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  bool layer_sparse(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(moe.sparse.size()) && moe.sparse[layer];
+  }
   bool layer_slides(int64_t layer) const {
     return layer >= 0 && layer < static_cast<int64_t>(sliding.size()) && sliding[layer];
   }
@@ -167,7 +195,7 @@ Status SequenceLengthProblem(const ModelConfig& c, int64_t max_seq_length);
 // biases; fused tensors count as their parts). For a config ParseModelConfig accepted.
 struct ParamCounts {
   int64_t embedding = 0;   // token embeddings (+ GPT-2's learned positions)
-  int64_t layer = 0;       // one decoder layer
+  int64_t layer = 0;       // one decoder layer (MoE models: the largest, a sparse one)
   int64_t final_norm = 0;  // the final norm (+ its bias)
   int64_t lm_head = 0;     // 0 when tied
   int64_t total = 0;

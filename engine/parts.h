@@ -201,6 +201,48 @@ class MlpPart {
   size_t gb_ = kAbsent, ub_ = kAbsent, db_ = kAbsent, gub_ = kAbsent;
 };
 
+// ---- mixture of experts (build_moe_ffn) -------------------------------------------------------
+
+// The sparse feed-forward of Qwen3-MoE, OLMoE and Mixtral (engine/parts/moe.cc): router logits
+// x W_r^T in fp32, softmax over all experts, the top-k probabilities (divided by their sum with
+// norm_topk_prob) weigh the SwiGLU experts' outputs. Tokens are permuted so that each expert's
+// rows are contiguous (sorted by expert, stable) and each non-empty expert runs one GEMM per
+// projection over its rows; the per-expert loop is the place a grouped GEMM replaces on CUDA.
+// Experts are held as the checkpoint stores them: per expert (gate, up, down) or packed
+// ([E, 2I, H] gate_up, [E, H, I] down). transformers 5 holds every family's experts packed, so an
+// expert that gets no token in a micro-batch still gets a gradient (zeros) and AdamW decays it:
+// offloadd emits zeros for it in both layouts. Saved: the routing probabilities (fp32 [N, E]), the
+// top-k expert ids, and the permuted gate/up and (unweighted) expert outputs; the activation is
+// rebuilt in backward.
+class MoePart {
+ public:
+  MoePart(const ModelConfig& c, int layer, const std::string& prefix, ParamList* pl);
+  at::Tensor Forward(const Weights& W, const MicroBatch& mb, const at::Tensor& x,
+                     std::vector<at::Tensor>* saved) const;
+  struct Saved {
+    at::Tensor probs, top, gate_up, out;
+  };
+  Saved Read(SavedReader* r) const;
+  at::Tensor Backward(const Weights& W, const MicroBatch& mb, const at::Tensor& dy,
+                      const std::function<at::Tensor()>& input, const Saved& s,
+                      const Emit& emit) const;
+  int64_t SavedBytes(double tokens, double e) const;
+  double Flops(double tokens) const;  // router + top_k experts per token, forward
+  std::string Describe(c10::Device device, c10::ScalarType dtype) const;
+
+ private:
+  struct Routing;
+  Routing Route(const at::Tensor& probs, const at::Tensor& top) const;
+  at::Tensor GateUp(const Weights& W, int64_t e) const;  // [2I, H], gate rows first
+  at::Tensor Down(const Weights& W, int64_t e) const;    // [H, I]
+
+  int layer_;
+  int64_t hidden_, ff_, experts_, top_k_;
+  bool norm_topk_, packed_;
+  size_t router_ = kAbsent, gate_up_ = kAbsent, down_ = kAbsent;  // packed
+  std::vector<size_t> gate_, up_, downs_;                         // per expert
+};
+
 // nn.Linear (weights [out, in]) or GPT-2's Conv1D ([in, out]), with an optional bias.
 at::Tensor Project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool conv1d);
 // Returns d x (added into *accumulate when given: nn.Linear only); writes dW and db (with a bias).

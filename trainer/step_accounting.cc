@@ -40,8 +40,10 @@ void StepAccounting::SetUpdateSettings(double learning_rate, double loss_scale) 
   current_.stats.loss_scale = loss_scale;
 }
 
-void StepAccounting::EndStep(at::Tensor loss, double model_flops, double epoch) {
+void StepAccounting::EndStep(at::Tensor loss, double model_flops, double epoch,
+                             at::Tensor aux_loss) {
   current_.loss = std::move(loss);
+  current_.aux_loss = std::move(aux_loss);
   current_.stats.model_flops = model_flops;
   current_.stats.epoch = epoch;
   pending_ = std::move(current_);
@@ -71,6 +73,7 @@ Status StepAccounting::Report(std::chrono::steady_clock::time_point end) {
                    options_.host->WaitFinished(static_cast<uint64_t>(s.step)));
   s.stall_optimizer_seconds = Seconds(t0, std::chrono::steady_clock::now());
   s.loss = p.loss.defined() ? p.loss.item<double>() : 0.0;
+  s.aux_loss = p.aux_loss.defined() ? p.aux_loss.item<double>() : 0.0;
   s.grad_norm = r.grad_norm;
   s.skipped = r.skipped;
   s.clipped = r.clipped;

@@ -70,7 +70,9 @@ class StepAccounting {
   }
   // The current step's work is queued; it is pending until reported. `loss`: its summed
   // micro-batch losses, a scalar on the device.
-  void EndStep(at::Tensor loss, double model_flops, double epoch);
+  // `aux_loss`: the MoE load-balancing share of it (StepStats::aux_loss), or undefined.
+  void EndStep(at::Tensor loss, double model_flops, double epoch,
+               at::Tensor aux_loss = at::Tensor());
 
   bool has_pending() const { return pending_.has_value(); }
   // Reports the pending step (if any) as having ended when the current one began.
@@ -101,7 +103,8 @@ class StepAccounting {
  private:
   struct Step {
     StepStats stats;
-    at::Tensor loss;  // fp32 scalar on the device
+    at::Tensor loss;      // fp32 scalar on the device
+    at::Tensor aux_loss;  // its MoE load-balancing share, or undefined
     std::chrono::steady_clock::time_point start;
     Stalls stalls;
     std::vector<Span> compute;

@@ -26,6 +26,9 @@ struct StepStats {
   int64_t tokens = 0;          // input tokens of this step (all micro-batches)
   int64_t trained_tokens = 0;  // tokens with a target (loss normaliser)
   double loss = 0;             // mean token loss of the step
+  // Mixture of experts with output_router_logits: router_aux_loss_coef x the load-balancing loss,
+  // summed over the step's micro-batches (part of `loss`, as transformers adds it); else 0.
+  double aux_loss = 0;
   double learning_rate = 0;
   double grad_norm = 0;        // before clipping (unscaled; inf or NaN on a skipped step)
   double loss_scale = 1;       // fp16: the scale this step's backward ran with (else 1)

@@ -144,7 +144,7 @@ Status Trainer::Impl::RunStep() {
   }
   accounting->BeginStep(k, batches.tokens, batches.trained_tokens);
   schedule->BeginStep(k);
-  at::Tensor loss_sum;
+  at::Tensor loss_sum, aux_sum;
   double flops = 0;
   for (uint32_t a = 0; a < A; ++a) {
     if (dp) {  // this rank's rows of the global micro-batch
@@ -155,8 +155,15 @@ Status Trainer::Impl::RunStep() {
     ASSIGN_OR_RETURN(engine::MicroBatch mb,
                      Prepare(*model, batches.micro[a], batches.trained_tokens, dtype, &flops));
     if (a == 0 && lsp && lsp->CheckDue(k)) RETURN_IF_ERROR(CheckProjectors(k, mb));
+    // Data parallel: each rank's load-balancing loss over its rows, averaged over the ranks as
+    // DDP averages transformers' per-rank losses.
+    if (dp && mb.moe) mb.moe->aux_coef /= static_cast<double>(dp->world());
     ASSIGN_OR_RETURN(at::Tensor loss, schedule->Forward(mb, a));
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss.clone();
+    if (mb.moe) {
+      at::Tensor aux = mb.moe->AuxLoss() * mb.moe->aux_coef;
+      aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
+    }
     if (a == 0) RETURN_IF_ERROR(BeginUpdates(k));
     RETURN_IF_ERROR(schedule->Backward(mb, a));
   }
@@ -164,13 +171,18 @@ Status Trainer::Impl::RunStep() {
     at::Tensor l = loss_sum.reshape({1});
     RETURN_IF_ERROR(dp->AllReduceSum(l));
     loss_sum = l.reshape({});
+    if (aux_sum.defined()) {
+      at::Tensor x = aux_sum.reshape({1});
+      RETURN_IF_ERROR(dp->AllReduceSum(x));
+      aux_sum = x.reshape({});
+    }
     flops *= dp->world();
   }
   RETURN_IF_ERROR(host->FinishStepAsync());
   RETURN_IF_ERROR(UpdateDeviceBlocks(k));
   completed = k;
   ++steps_run;
-  accounting->EndStep(loss_sum, flops, data->epoch());
+  accounting->EndStep(loss_sum, flops, data->epoch(), aux_sum);
   if (obs) {
     RuntimeStats rt;
     host->AddRuntime(&rt);

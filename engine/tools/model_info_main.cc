@@ -75,6 +75,11 @@ json ConfigJson(const ModelConfig& c) {
                 {"up", n.up},
                 {"down", n.down},
                 {"gate_up", n.gate_up},
+                {"router", n.router},
+                {"experts", n.experts},
+                {"expert_gate", n.expert_gate},
+                {"expert_up", n.expert_up},
+                {"expert_down", n.expert_down},
                 {"passthrough_prefixes", n.passthrough_prefixes}};
   json dropout = json::object();
   for (const auto& [key, p] : c.dropout) dropout[key] = p;
@@ -111,6 +116,14 @@ json ConfigJson(const ModelConfig& c) {
           {"rope_local", RopeJson(c.rope_local)},
           {"hidden_act", c.hidden_act},
           {"names", names},
+          {"moe",
+           {{"num_experts", c.moe.num_experts},
+            {"top_k", c.moe.top_k},
+            {"intermediate_size", c.moe.intermediate_size},
+            {"norm_topk_prob", c.moe.norm_topk_prob},
+            {"output_router_logits", c.moe.output_router_logits},
+            {"router_aux_loss_coef", c.moe.router_aux_loss_coef},
+            {"sparse", c.moe.sparse}}},
           {"eos_token_ids", c.eos_token_ids},
           {"bos_token_id", c.bos_token_id},
           {"dropout", dropout},

@@ -395,9 +395,11 @@ TEST(ModelConfigTest, SupportedFamiliesComeFromTheTable) {
     EXPECT_FALSE(f.description.empty()) << f.model_type;
   }
   EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma2",
-                                             "gemma3_text", "gemma3", "phi3", "olmo2", "gpt2"}));
+                                             "gemma3_text", "gemma3", "phi3", "olmo2", "gpt2",
+                                             "qwen3_moe", "olmoe", "mixtral"}));
   EXPECT_EQ(SupportedModelTypes(),
-            "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3, olmo2, gpt2");
+            "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3, olmo2, gpt2, "
+            "qwen3_moe, olmoe, mixtral");
 }
 
 TEST(ModelConfigTest, ParameterCountsFromTheParts) {

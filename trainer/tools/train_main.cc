@@ -72,7 +72,8 @@ class PrintObserver : public TrainObserver {
     if (jsonl_ != nullptr) {
       nlohmann::json j = {{"step", s.step}, {"max_steps", s.max_steps}, {"epoch", s.epoch},
                           {"tokens", s.tokens}, {"trained_tokens", s.trained_tokens},
-                          {"loss", s.loss}, {"learning_rate", s.learning_rate},
+                          {"loss", s.loss}, {"aux_loss", s.aux_loss},
+                          {"learning_rate", s.learning_rate},
                           {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
                           {"skipped", s.skipped}, {"clipped", s.clipped},
                           {"speculated_layers", s.speculated_layers},
