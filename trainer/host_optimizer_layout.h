@@ -32,6 +32,10 @@ bool OnNvme(const HostOptimizerOptions& o, size_t block);
 uint64_t MaxElements(const HostOptimizerOptions& o);
 // Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
 uint64_t ExtraBytes(const HostOptimizerOptions& o);
+// The arena's region-table entries beyond the workers' own (workers::RegionsFor): the NVMe slots,
+// each block's in-RAM states, compute copies and the rest. Start formats the arena with them, and
+// ExtraBytes counts their table bytes.
+uint32_t ExtraRegions(const HostOptimizerOptions& o);
 
 // Compact optimizer modes (workers/adamw_compact.h, docs/optimizer-modes.md), for the planners
 // (PredictHostMemory, the step planner's CPU-update term) once the arena holds them; exact mode

@@ -56,8 +56,15 @@ uint64_t MaxElements(const HostOptimizerOptions& o) {
   return m;
 }
 
+uint32_t ExtraRegions(const HostOptimizerOptions& o) {
+  return 3 * o.nvme_slots + 4 * static_cast<uint32_t>(o.block_elements.size()) + 32;
+}
+
 uint64_t ExtraBytes(const HostOptimizerOptions& o) {
-  if (o.tier != StateTier::kNvme) return 0;
+  // Their entries in the region table (ipc::Arena's entry is 72 bytes; 80 as workers::ArenaBytesFor
+  // counts its own).
+  const uint64_t table = RoundUp(uint64_t{ExtraRegions(o)} * 80);
+  if (o.tier != StateTier::kNvme) return table;
   const uint64_t slots = std::max<uint32_t>(2, o.nvme_slots);  // as HostOptimizer allocates them
   uint64_t bytes = slots * 3 * RoundUp(std::max<uint64_t>(1, MaxElements(o)) * 4);
   uint64_t regions = slots * 3 + o.block_elements.size() + 8;
@@ -70,7 +77,7 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
       bytes += RoundUp(n * 4);
     }
   }
-  return bytes + 2 * kAlign * regions;
+  return table + bytes + 2 * kAlign * regions;
 }
 
 double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {

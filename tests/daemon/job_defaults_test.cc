@@ -84,8 +84,10 @@ TEST_F(JobValidatorTest, ValidationAndTheTrainerConfigAgreeOnEveryDefault) {
     EXPECT_EQ(c.offload.nvme_block_size, 4u << 20);
     EXPECT_EQ(c.offload.nvme_queue_depth, 8u);
     EXPECT_EQ(c.offload.host_memory_limit, 16ull << 30);
-    EXPECT_EQ(r.host_memory_limit, trainer::DefaultHostMemoryLimit(c.offload.host_memory_limit,
-                                                                   node_.host_memory_bytes));
+    trainer::NodeMemory mem;
+    mem.total = node_.host_memory_bytes;
+    EXPECT_EQ(r.host_memory_limit,
+              trainer::DefaultHostMemoryLimit(c.offload.host_memory_limit, mem).bytes);
     EXPECT_EQ(c.offload.gpu_memory_limit, 20ull << 30);
     // The record shows what the job asked: the daemon's budgets stay beside it.
     EXPECT_EQ(s.resources().host_memory_limit(), 0u);

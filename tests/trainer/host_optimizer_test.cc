@@ -138,6 +138,21 @@ TEST_F(HostOptimizerTest, HealthyStepsUpdateEveryBlock) {
   }
 }
 
+// The arena holds every region the optimizer allocates, its table entries included: with many
+// blocks, the entries the optimizer adds beyond the workers' own (4 per block) once outgrew the
+// slack of the workers' estimate, and a Llama-3-8B shape failed with "shared arena full:
+// region 'worker0.undo' needs 364 KiB but only 360 KiB ... are left".
+TEST_F(HostOptimizerTest, ArenaHoldsTheRegionTableOfManyBlocks) {
+  for (const StateTier tier : {StateTier::kCpu, StateTier::kNvme}) {
+    HostOptimizerOptions o = Options(tier);
+    o.compute = HostDtype::kBf16;
+    o.host_weight_copy = false;
+    o.block_elements.assign(400, 1024);  // whole pages: no rounding slack
+    auto h = HostOptimizer::Create(o);
+    ASSERT_TRUE(h.ok()) << (tier == StateTier::kCpu ? "cpu: " : "nvme: ") << h.status().ToString();
+  }
+}
+
 // bf16 compute without the 16-bit weight copy: 14 bytes per parameter instead of 16, the device
 // reads the fp32 masters (compute_weights), and training is bit-identical to the layout with the
 // copy, whose copy is the round-to-nearest-even of those masters (the device's cast).
