@@ -66,8 +66,7 @@ LayerParts MakeParts(const ModelConfig& c, int layer, const std::string& p, Para
     mlp.emplace(c, p, pl);
   }
   NormPart mlp_post = norm(place == NormPlacement::kPre ? "" : n.post_mlp_norm);
-  return {in_norm,         attn_post,      mlp_pre,       mlp_post,
-          std::move(attn), std::move(mlp), std::move(moe)};
+  return {in_norm, attn_post, mlp_pre, mlp_post, std::move(attn), std::move(mlp), std::move(moe)};
 }
 
 class DecoderLayer final : public Block {
@@ -96,8 +95,7 @@ class DecoderLayer final : public Block {
     cost.param_bytes = OwnedParamBytes();
     cost.saved_bytes_keep = static_cast<int64_t>(keep);
     cost.saved_bytes_recompute = static_cast<int64_t>(hidden_bytes);
-    cost.forward_flops =
-        p_.attn.Flops(batch, seq) + (p_.moe ? p_.moe->Flops(n) : p_.mlp->Flops(n));
+    cost.forward_flops = p_.attn.Flops(batch, seq) + (p_.moe ? p_.moe->Flops(n) : p_.mlp->Flops(n));
     return cost;
   }
 
@@ -168,9 +166,9 @@ class DecoderLayer final : public Block {
     at::Tensor dm = dy;
     if (p_.mlp_post.present()) dm = p_.mlp_post.Backward(W, dy, *mlp_out, mlp_post_stats, emit);
     auto n2 = [&] { return p_.mlp_pre.present() ? p_.mlp_pre.Reapply(W, h, mlp_pre_stats) : h; };
-    at::Tensor dn2 = (p_.moe ? p_.moe->Backward(W, mb, dm, n2, es, emit)
-                             : p_.mlp->Backward(W, dm, n2, ms, emit))
-                         .view(h.sizes());
+    at::Tensor dn2 =
+        (p_.moe ? p_.moe->Backward(W, mb, dm, n2, es, emit) : p_.mlp->Backward(W, dm, n2, ms, emit))
+            .view(h.sizes());
     dm = at::Tensor();
     at::Tensor dh = p_.mlp_pre.present() ? p_.mlp_pre.Backward(W, dn2, h, mlp_pre_stats, emit, dy)
                                          : dy + dn2;

@@ -18,8 +18,8 @@ Documents Finish(std::vector<int64_t> offsets, int64_t seq, c10::Device device) 
   for (size_t i = 0; i + 1 < offsets.size(); ++i) {
     docs.max_len = std::max(docs.max_len, offsets[i + 1] - offsets[i]);
   }
-  TORCH_CHECK(offsets.back() <= std::numeric_limits<int32_t>::max(),
-              "attention: ", offsets.back(), " tokens in one micro-batch exceed int32 offsets");
+  TORCH_CHECK(offsets.back() <= std::numeric_limits<int32_t>::max(), "attention: ", offsets.back(),
+              " tokens in one micro-batch exceed int32 offsets");
   docs.cu_seqlens = at::tensor(offsets, at::kLong).to(at::kInt).to(device);
   docs.offsets = std::move(offsets);
   return docs;
@@ -99,12 +99,11 @@ std::optional<int64_t> Right(int64_t window) {
 }
 
 void CheckShapes(const at::Tensor& q, const at::Tensor& k, const Documents& docs) {
-  TORCH_CHECK(docs.defined() && docs.seq == q.size(2) &&
-                  docs.offsets.back() == q.size(0) * q.size(2),
-              "attention: the documents do not cover the micro-batch [", q.size(0), ", ",
-              q.size(2), "]");
-  TORCH_CHECK(q.size(1) % k.size(1) == 0, "attention: ", q.size(1), " query heads for ",
-              k.size(1), " key/value heads");
+  TORCH_CHECK(
+      docs.defined() && docs.seq == q.size(2) && docs.offsets.back() == q.size(0) * q.size(2),
+      "attention: the documents do not cover the micro-batch [", q.size(0), ", ", q.size(2), "]");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "attention: ", q.size(1), " query heads for ", k.size(1),
+              " key/value heads");
 }
 
 }  // namespace
@@ -130,8 +129,7 @@ Documents RowDocuments(int64_t batch, int64_t seq, c10::Device device) {
   return Finish(std::move(offsets), seq, device);
 }
 
-bool VarlenFlashFits(c10::Device device, c10::ScalarType dtype, int64_t head_dim,
-                     double softcap) {
+bool VarlenFlashFits(c10::Device device, c10::ScalarType dtype, int64_t head_dim, double softcap) {
   return softcap <= 0 && WindowedFlashFits(device, dtype, head_dim);
 }
 
@@ -141,11 +139,10 @@ at::Tensor DocumentAttention(const at::Tensor& q, const at::Tensor& k, const at:
   CheckShapes(q, k, docs);
   if (VarlenFlashFits(q.device(), q.scalar_type(), q.size(3), softcap)) {
     // Grouped-query heads go in as they are: the kernel maps query heads onto key/value heads.
-    auto r = at::_flash_attention_forward(Flat(q), Flat(k), Flat(v), docs.cu_seqlens,
-                                          docs.cu_seqlens, docs.max_len, docs.max_len,
-                                          /*dropout_p=*/0.0, /*is_causal=*/true,
-                                          /*return_debug_mask=*/false, scale, Left(window),
-                                          Right(window));
+    auto r = at::_flash_attention_forward(
+        Flat(q), Flat(k), Flat(v), docs.cu_seqlens, docs.cu_seqlens, docs.max_len, docs.max_len,
+        /*dropout_p=*/0.0, /*is_causal=*/true,
+        /*return_debug_mask=*/false, scale, Left(window), Right(window));
     if (aux) aux->insert(aux->end(), {std::get<1>(r), std::get<2>(r), std::get<3>(r)});
     return Unflat(std::get<0>(r), q.size(0));
   }
@@ -162,14 +159,14 @@ at::Tensor DocumentAttention(const at::Tensor& q, const at::Tensor& k, const at:
 
 void DocumentAttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
-                               double scale, const Documents& docs, int64_t window,
-                               double softcap, at::Tensor* dq, at::Tensor* dk, at::Tensor* dv) {
+                               double scale, const Documents& docs, int64_t window, double softcap,
+                               at::Tensor* dq, at::Tensor* dk, at::Tensor* dv) {
   CheckShapes(q, k, docs);
   if (VarlenFlashFits(q.device(), q.scalar_type(), q.size(3), softcap)) {
     auto [gq, gk, gv] = at::_flash_attention_backward(
         Flat(dout).contiguous(), Flat(q), Flat(k), Flat(v), Flat(out), aux[0], docs.cu_seqlens,
-        docs.cu_seqlens, docs.max_len, docs.max_len, /*dropout_p=*/0.0, /*is_causal=*/true,
-        aux[1], aux[2], scale, Left(window), Right(window));
+        docs.cu_seqlens, docs.max_len, docs.max_len, /*dropout_p=*/0.0, /*is_causal=*/true, aux[1],
+        aux[2], scale, Left(window), Right(window));
     const int64_t b = q.size(0);
     *dq = Unflat(gq, b);
     *dk = Unflat(gk, b);

@@ -5,7 +5,8 @@
 // token sequence (FlashAttention's cu_seqlens), not by a dense [B, 1, T, T] mask: at T = 32K the
 // mask alone is 2 GiB in bf16 and it rules out the fused kernels. Two implementations share
 // DocumentAttention / DocumentAttentionBackward:
-//   - CUDA, bf16/fp16, head size a multiple of 8 up to 256, no logit soft-capping: FlashAttention-2's
+//   - CUDA, bf16/fp16, head size a multiple of 8 up to 256, no logit soft-capping:
+//   FlashAttention-2's
 //     variable-length kernels (at::_flash_attention_forward/backward with cum_seq_q/k), with the
 //     kernel's own sliding window (window_size_left) and grouped-query heads as they are;
 //   - otherwise (CPU, fp32, Gemma 2's soft-capping): an exact tiled implementation that walks each
@@ -50,8 +51,8 @@ at::Tensor DocumentAttention(const at::Tensor& q, const at::Tensor& k, const at:
                              std::vector<at::Tensor>* aux);
 void DocumentAttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
-                               double scale, const Documents& docs, int64_t window,
-                               double softcap, at::Tensor* dq, at::Tensor* dk, at::Tensor* dv);
+                               double scale, const Documents& docs, int64_t window, double softcap,
+                               at::Tensor* dq, at::Tensor* dk, at::Tensor* dv);
 
 // The tiled path's query tile: engine/tiles.h (QueryTile, kTileScoreBytes).
 

@@ -244,8 +244,8 @@ const std::vector<FamilyRule>& Rules() {
        .heads = 16,
        .max_pos = 4096,
        .eps = 1e-5,
-       .moe = MoeDefaults{
-           .family = MoeFamily::kOlmoe, .experts = 64, .top_k = 8, .aux_coef = 0.01}},
+       .moe =
+           MoeDefaults{.family = MoeFamily::kOlmoe, .experts = 64, .top_k = 8, .aux_coef = 0.01}},
       {.model_type = "mixtral",
        .architectures = {"MixtralForCausalLM"},
        .description = "Mixtral: Mistral's attention, softmax top-k router (always renormalised), "
@@ -260,8 +260,8 @@ const std::vector<FamilyRule>& Rules() {
        .eps = 1e-5,
        .sliding = Sliding::kEveryLayer,
        .theta = 1e6,
-       .moe = MoeDefaults{
-           .family = MoeFamily::kMixtral, .experts = 8, .top_k = 2, .aux_coef = 0.001}},
+       .moe =
+           MoeDefaults{.family = MoeFamily::kMixtral, .experts = 8, .top_k = 2, .aux_coef = 0.001}},
   };
   return *rules;
 }

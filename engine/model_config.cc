@@ -1,9 +1,9 @@
 #include "engine/model_config.h"
 
-#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,9 +46,9 @@ Counts<T> CountIn(const ModelConfig& c) {
   }
   // A sparse layer: the router and E SwiGLU experts instead of the MLP.
   const T dense_mlp = 3 * h * inter + (c.mlp_bias ? 2 * inter + h : 0);
-  const T sparse_mlp = static_cast<T>(c.moe.num_experts) * h +
-                       static_cast<T>(c.moe.num_experts) * 3 * h *
-                           static_cast<T>(c.moe.intermediate_size);
+  const T sparse_mlp =
+      static_cast<T>(c.moe.num_experts) * h +
+      static_cast<T>(c.moe.num_experts) * 3 * h * static_cast<T>(c.moe.intermediate_size);
   n.layers = 0;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     n.layers += c.layer_sparse(i) ? layer - dense_mlp + sparse_mlp : layer;
@@ -193,9 +193,8 @@ std::string DescribeParts(const ModelConfig& c) {
     for (bool s : c.moe.sparse) n += s;
     std::string moe = "MoE " + std::to_string(c.moe.num_experts) + " SwiGLU experts of " +
                       std::to_string(c.moe.intermediate_size) + ", top-" +
-                      std::to_string(c.moe.top_k) +
-                      (c.moe.norm_topk_prob ? " renormalised" : "") + " on " + std::to_string(n) +
-                      "/" + std::to_string(c.num_layers) + " layers";
+                      std::to_string(c.moe.top_k) + (c.moe.norm_topk_prob ? " renormalised" : "") +
+                      " on " + std::to_string(n) + "/" + std::to_string(c.num_layers) + " layers";
     if (c.moe.output_router_logits) moe += ", aux loss " + Num(c.moe.router_aux_loss_coef);
     parts.push_back(moe);
   }

@@ -94,9 +94,9 @@ struct TensorNames {
 // and SwiGLU experts weighted by them. num_experts == 0: a dense model.
 struct MoeConfig {
   int64_t num_experts = 0;
-  int64_t top_k = 0;                   // num_experts_per_tok
-  int64_t intermediate_size = 0;       // of one expert (Qwen3-MoE's moe_intermediate_size)
-  bool norm_topk_prob = false;         // Mixtral: always
+  int64_t top_k = 0;              // num_experts_per_tok
+  int64_t intermediate_size = 0;  // of one expert (Qwen3-MoE's moe_intermediate_size)
+  bool norm_topk_prob = false;    // Mixtral: always
   // transformers adds router_aux_loss_coef * load-balancing loss to the loss when the config's
   // output_router_logits is true (the Switch Transformer loss over every sparse layer's router).
   bool output_router_logits = false;

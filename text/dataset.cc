@@ -600,7 +600,8 @@ Status ForEachGzipRecord(GzipReader& gz, const std::function<Status(const RawRec
     }
     if (array) {
       if (text.size() > kMaxGzipArrayBytes) {
-        return InvalidArgumentError(path + " is a gzip-compressed JSON array larger than 1 GiB "
+        return InvalidArgumentError(path +
+                                    " is a gzip-compressed JSON array larger than 1 GiB "
                                     "of text; use JSON Lines (one record per line) for large "
                                     "datasets");
       }
@@ -670,9 +671,10 @@ StatusOr<std::vector<Document>> SplitHeldOut(const std::vector<Document>& docs, 
                                              uint64_t seed, bool held_out) {
   const std::vector<size_t> held = HeldOutIndices(docs.size(), fraction, seed);
   if (held.empty()) {
-    return InvalidArgumentError("eval_split needs at least 2 records to hold one out; the "
-                                "dataset has " +
-                                std::to_string(docs.size()));
+    return InvalidArgumentError(
+        "eval_split needs at least 2 records to hold one out; the "
+        "dataset has " +
+        std::to_string(docs.size()));
   }
   std::vector<Document> out;
   out.reserve(held_out ? held.size() : docs.size() - held.size());

@@ -70,8 +70,7 @@ StatusOr<size_t> GzipReader::Read(char* out, size_t size) {
       }
       return DataLossError(path_ + ": truncated gzip stream (it ends inside a member, after " +
                            std::to_string(consumed_) + " compressed bytes, " +
-                           std::to_string(produced_ + (want - zs_.avail_out)) +
-                           " bytes inflated)");
+                           std::to_string(produced_ + (want - zs_.avail_out)) + " bytes inflated)");
     }
     in_member_ = true;
     const int rc = inflate(&zs_, Z_NO_FLUSH);

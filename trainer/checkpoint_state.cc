@@ -206,7 +206,8 @@ Status StateFromJson(const json& j, const std::string& path, TrainerState* s, in
     ASSIGN_OR_RETURN(JsonFields om, f.Object("optimizer"));
     ASSIGN_OR_RETURN(s->state_dtype, om.String("state_dtype"));
     ASSIGN_OR_RETURN(s->master_dtype, om.String("master_dtype"));
-    const bool state_ok = s->state_dtype == "fp32" || s->state_dtype == "bf16" || s->state_dtype == "int8";
+    const bool state_ok =
+        s->state_dtype == "fp32" || s->state_dtype == "bf16" || s->state_dtype == "int8";
     const bool master_ok = s->master_dtype == "fp32" || s->master_dtype == "bf16";
     if (!state_ok || !master_ok) {
       return f.Bad("optimizer", "names an unknown optimizer mode (state_dtype \"" + s->state_dtype +

@@ -284,13 +284,13 @@ std::string DataSource::Describe() const {
             std::string(f);
   }
   return std::to_string(m.docs->size()) + " documents" + split + " (" +
-         std::to_string(m.stats.skipped) +
-         " skipped), " + std::to_string(m.stats.tokens) + " tokens, " +
-         std::to_string(m.stats.trained_tokens) + " trained; " +
+         std::to_string(m.stats.skipped) + " skipped), " + std::to_string(m.stats.tokens) +
+         " tokens, " + std::to_string(m.stats.trained_tokens) + " trained; " +
          std::to_string(sequences_per_epoch_) + " sequences per epoch" +
-         (m.template_use ? "; " + std::to_string(m.stats.chat_records) + " records rendered with " +
-                               m.template_use->origin + " chat template, which the exported model carries"
-                         : "");
+         (m.template_use
+              ? "; " + std::to_string(m.stats.chat_records) + " records rendered with " +
+                    m.template_use->origin + " chat template, which the exported model carries"
+              : "");
 }
 
 int64_t TotalSteps(int64_t max_steps, double num_train_epochs, int64_t sequences_per_epoch,

@@ -77,7 +77,8 @@ NodeMemory ProbeNodeMemory(const std::string& proc_root, const std::string& cgro
     }
   }
   rlimit lim{};
-  if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && !HasIpcLock(proc_root)) {
+  if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+      !HasIpcLock(proc_root)) {
     m.memlock = lim.rlim_cur;
   }
   return m;
@@ -98,22 +99,26 @@ HostMemoryLimit DefaultHostMemoryLimit(uint64_t configured, const NodeMemory& no
   uint64_t can = node.available > 0 ? node.available : node.total;
   std::string what = FormatByteSize(can) + (node.available > 0 ? " available" : " of RAM");
   if (node.cgroup_max > 0) {
-    const uint64_t room = node.cgroup_max > node.cgroup_usage ? node.cgroup_max - node.cgroup_usage : 0;
+    const uint64_t room =
+        node.cgroup_max > node.cgroup_usage ? node.cgroup_max - node.cgroup_usage : 0;
     if (room < can) {
       can = room;
-      what = FormatByteSize(room) + " left under the cgroup's memory.max of " + FormatByteSize(node.cgroup_max);
+      what = FormatByteSize(room) + " left under the cgroup's memory.max of " +
+             FormatByteSize(node.cgroup_max);
     }
   }
   const uint64_t reserve = HostMemoryReserve(node.total);
   // Nothing left is a limit of 1 byte, which refuses every job, never 0 (no limit).
   l.bytes = can > reserve ? can - reserve : 1;
   l.source = "the default: what this node can give now, " + what + " less a reserve of " +
-             FormatByteSize(reserve) + " (the larger of 4 GiB and " + std::to_string(kHostReservePercent) +
-             "% of its " + FormatByteSize(node.total) + " of RAM)";
+             FormatByteSize(reserve) + " (the larger of 4 GiB and " +
+             std::to_string(kHostReservePercent) + "% of its " + FormatByteSize(node.total) +
+             " of RAM)";
   if (node.pinned && node.memlock > 0 && node.memlock < l.bytes) {
     l.bytes = node.memlock;
-    l.source = "the default: the memlock limit of " + FormatByteSize(node.memlock) +
-               " (the arena is pinned; raise it with `ulimit -l unlimited` or LimitMEMLOCK=infinity)";
+    l.source =
+        "the default: the memlock limit of " + FormatByteSize(node.memlock) +
+        " (the arena is pinned; raise it with `ulimit -l unlimited` or LimitMEMLOCK=infinity)";
   }
   return l;
 }
@@ -192,14 +197,17 @@ Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::st
   }
   // A higher limit only up to what the node can give safely (DefaultHostMemoryLimit).
   if (node_limit == 0 || p.total <= node_limit) {
-    fixes.push_back("a host memory limit of at least " + FormatByteSize(p.total) + " (" + names.limit +
-                    (node_limit > 0 ? "; this node can give " + FormatByteSize(node_limit) : "") + ")");
+    fixes.push_back(
+        "a host memory limit of at least " + FormatByteSize(p.total) + " (" + names.limit +
+        (node_limit > 0 ? "; this node can give " + FormatByteSize(node_limit) : "") + ")");
   }
   std::string msg = "the job needs " + p.Describe() + ", more than the host memory limit of " +
                     FormatByteSize(limit) + " (" + limit_source + ")";
   if (fixes.empty()) {
-    msg += "; nothing smaller fits: not even with the optimizer states on NVMe (a smaller model, or a node "
-           "with more free RAM)";
+    msg +=
+        "; nothing smaller fits: not even with the optimizer states on NVMe (a smaller model, or a "
+        "node "
+        "with more free RAM)";
   } else {
     msg += "; it would fit with ";
     for (size_t i = 0; i < fixes.size(); ++i) msg += (i == 0 ? "" : ", or ") + fixes[i];

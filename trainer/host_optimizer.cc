@@ -68,7 +68,8 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   so.defer_populate = background;
   ASSIGN_OR_RETURN(segment_, ipc::SharedSegment::Create(bytes, so));
   ipc::ArenaOptions ao;
-  ao.max_regions = workers::RegionsFor(o.block_elements, lo, po.processes) + internal::ExtraRegions(o);
+  ao.max_regions =
+      workers::RegionsFor(o.block_elements, lo, po.processes) + internal::ExtraRegions(o);
   ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&segment_, ao));
   arena_ = std::make_unique<ipc::Arena>(std::move(arena));
   ASSIGN_OR_RETURN(shards_, workers::AllocateShards(arena_.get(), o.block_elements, lo, po.processes));

@@ -259,7 +259,7 @@ Status MeasureStore(const std::string& dir, NodeProfile::StoreRate* p) {
     if (write && st.ok() && fdatasync(fd) != 0) st = DataLossError("fdatasync " + path + ": " + std::strerror(errno));
     return static_cast<double>(kTotal) / Since(t0);
   };
-  struct stat sb{};
+  struct stat sb {};
   if (fstat(fd, &sb) == 0) p->device = static_cast<uint64_t>(sb.st_dev);
   p->write_bytes_per_s = pass(true);
   if (!p->direct_io) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -270,14 +270,12 @@ Status MeasureStore(const std::string& dir, NodeProfile::StoreRate* p) {
   return st;
 }
 
-
-
 }  // namespace
 
 StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
                                                const std::string& kernel, c10::Device device,
-                                               const std::vector<std::string>& store_dirs, bool* cached,
-                                               std::string* cache_problem) {
+                                               const std::vector<std::string>& store_dirs,
+                                               bool* cached, std::string* cache_problem) {
   if (threads < 1) return InvalidArgumentError("node profile: threads must be >= 1");
   // The daemon's profile cache (profile_dir), not a job's file: with the process's own rights
   // (common/file_identity.h).
@@ -285,8 +283,8 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
   ASSIGN_OR_RETURN(workers::KernelChoice choice, workers::ResolveKernelPath(kernel));
   const std::string path_name(workers::KernelPathName(choice.path));
   std::ostringstream key;
-  key << HostName() << " | " << CpuModel() << " | " << UsableCores() << " cores | AdamW "
-      << threads << " threads " << path_name << " | "
+  key << HostName() << " | " << CpuModel() << " | " << UsableCores() << " cores | AdamW " << threads
+      << " threads " << path_name << " | "
       << (store_dirs.empty() ? std::string("no store") : "store");
   for (const auto& d : store_dirs) key << " " << d;
   key << " | ";
@@ -335,7 +333,8 @@ StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threa
     NodeProfile::StoreRate r;
     r.dir = store;
     // A store that cannot be measured is named; the job itself finds out what it can do.
-    if (Status st = MeasureStore(store, &r); !st.ok()) *cache_problem = "store not measured: " + std::string(st.message());
+    if (Status st = MeasureStore(store, &r); !st.ok())
+      *cache_problem = "store not measured: " + std::string(st.message());
     p.stores.push_back(r);
   }
   SumStoreRates(&p);
@@ -378,8 +377,8 @@ std::string DescribeNodeProfile(const NodeProfile& p) {
     out += buf;
   }
   if (p.stores.size() > 1) {
-    std::snprintf(buf, sizeof(buf), "; striped write %.2f / read %.2f GB/s", p.store_write_bytes_per_s / 1e9,
-                  p.store_read_bytes_per_s / 1e9);
+    std::snprintf(buf, sizeof(buf), "; striped write %.2f / read %.2f GB/s",
+                  p.store_write_bytes_per_s / 1e9, p.store_read_bytes_per_s / 1e9);
     out += buf;
   }
   return out;

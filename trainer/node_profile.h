@@ -25,8 +25,8 @@ namespace offloadd::trainer {
 // store_dirs: the NVMe store directories to measure, each alone (part of the key).
 StatusOr<NodeProfile> LoadOrMeasureNodeProfile(const std::string& dir, int threads,
                                                const std::string& kernel, c10::Device device,
-                                               const std::vector<std::string>& store_dirs, bool* cached,
-                                               std::string* cache_problem);
+                                               const std::vector<std::string>& store_dirs,
+                                               bool* cached, std::string* cache_problem);
 std::string DescribeNodeProfile(const NodeProfile& p);
 
 }  // namespace offloadd::trainer

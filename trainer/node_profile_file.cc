@@ -19,7 +19,8 @@ void SumStoreRates(NodeProfile* p) {
                            [&](const NodeProfile::StoreRate* f) { return f->device == s.device; });
     if (it == fastest.end()) {
       fastest.push_back(&s);
-    } else if (s.read_bytes_per_s + s.write_bytes_per_s > (*it)->read_bytes_per_s + (*it)->write_bytes_per_s) {
+    } else if (s.read_bytes_per_s + s.write_bytes_per_s >
+               (*it)->read_bytes_per_s + (*it)->write_bytes_per_s) {
       *it = &s;
     }
   }

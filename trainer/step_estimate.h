@@ -23,7 +23,7 @@ struct StepEstimateInputs {
   std::vector<int64_t> block_params;  // embedding, decoder layers, head
   int64_t micro = 1, seq = 1;         // rows and tokens per row of a micro-batch
   int64_t accumulation = 1;
-  int compute_bytes = 2;              // of the gradients that cross PCIe
+  int compute_bytes = 2;  // of the gradients that cross PCIe
   // The device reads the fp32 masters and casts them (4 B per upload; the default on the RAM
   // tier); false: the 16-bit copy the workers write (compute_bytes per upload, 2 B more traffic).
   bool weights_fp32 = true;

@@ -57,8 +57,8 @@ Status ValidatePlanInputs(const PlanInputs& in) {
       !std::isfinite(in.update_tail_seconds)) {
     return InvalidArgumentError("plan inputs: norm_tail_seconds and update_tail_seconds must be >= 0");
   }
-  if (!(in.nvme_params >= 0) || !(in.nvme_read_bytes_per_s >= 0) || !(in.nvme_write_bytes_per_s >= 0) ||
-      !std::isfinite(in.nvme_params)) {
+  if (!(in.nvme_params >= 0) || !(in.nvme_read_bytes_per_s >= 0) ||
+      !(in.nvme_write_bytes_per_s >= 0) || !std::isfinite(in.nvme_params)) {
     return InvalidArgumentError("plan inputs: nvme_params and the NVMe rates must be >= 0");
   }
   if (!(in.gpu_forward_seconds >= 0) || in.gpu_forward_seconds > in.gpu_seconds) {
@@ -116,7 +116,8 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
   }
   // An NVMe block's states also cross host memory twice more: read into the staging slots, and
   // written back from them (12 B each way).
-  c.host_s = (cpu_params * in.host_bytes_per_param + 24.0 * in.nvme_params + h2d + d2h) / in.host_bytes_per_s;
+  c.host_s = (cpu_params * in.host_bytes_per_param + 24.0 * in.nvme_params + h2d + d2h) /
+             in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;
   if (in.nvme_params > 0 && in.nvme_read_bytes_per_s > 0 && in.nvme_write_bytes_per_s > 0) {
@@ -131,13 +132,9 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
     c.held_s = backward + in.norm_tail_seconds + in.device_seconds_per_param * placed +
                std::max(in.gpu_forward_seconds, update + in.update_tail_seconds);
   }
-  const std::pair<const char*, double> parts[] = {{"GPU", c.gpu_s},
-                                                  {"CPU update", c.cpu_s},
-                                                  {"host memory", c.host_s},
-                                                  {"H2D", c.h2d_s},
-                                                  {"D2H", c.d2h_s},
-                                                  {"NVMe", c.nvme_s},
-                                                  {"held updates", c.held_s}};
+  const std::pair<const char*, double> parts[] = {
+      {"GPU", c.gpu_s}, {"CPU update", c.cpu_s}, {"host memory", c.host_s}, {"H2D", c.h2d_s},
+      {"D2H", c.d2h_s}, {"NVMe", c.nvme_s},      {"held updates", c.held_s}};
   for (const auto& [name, s] : parts) {
     if (s > c.predicted_s || c.bound.empty()) {
       c.predicted_s = s;

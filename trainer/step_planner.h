@@ -105,13 +105,13 @@ struct PlanChoice {
 // What one CPU-updated parameter moves, from the arena's layout (workers/shard_layout.h) and the
 // workers' commands (workers/step_driver.h).
 struct ParamTraffic {
-  int grad_bytes = 2;         // the staged gradient: 2 (bf16/fp16), 4 (fp32 compute)
-  int upload_bytes = 4;       // what the device reads per upload: the fp32 masters it casts (4),
-                              // or the 16-bit copy the workers write (2)
-  bool weight_copy = false;   // the workers write that 16-bit copy
-  int accumulation = 1;       // micro-batches per step: > 1 accumulates into an fp32 buffer
-  bool cpu_norm = false;      // held updates whose norm the workers measure (not given by the GPU)
-  bool streamed = true;       // weights upload twice per micro-batch; false: once per step
+  int grad_bytes = 2;        // the staged gradient: 2 (bf16/fp16), 4 (fp32 compute)
+  int upload_bytes = 4;      // what the device reads per upload: the fp32 masters it casts (4),
+                             // or the 16-bit copy the workers write (2)
+  bool weight_copy = false;  // the workers write that 16-bit copy
+  int accumulation = 1;      // micro-batches per step: > 1 accumulates into an fp32 buffer
+  bool cpu_norm = false;     // held updates whose norm the workers measure (not given by the GPU)
+  bool streamed = true;      // weights upload twice per micro-batch; false: once per step
 };
 // Host memory bytes per CPU-updated parameter and step: the update reads the gradient (the fp32
 // accumulation buffer with accumulation) and reads and writes the master and both moments (24 B),

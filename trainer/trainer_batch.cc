@@ -96,7 +96,8 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t s
   // documents (O(T)), and LSP's own working set on CUDA.
   if (Packed()) {
     const engine::ModelConfig& mc = model->config();
-    const bool flash = engine::ops::VarlenFlashFits(device, dtype, mc.head_dim, mc.attn_logit_softcap);
+    const bool flash =
+        engine::ops::VarlenFlashFits(device, dtype, mc.head_dim, mc.attn_logit_softcap);
     est.packed_attention =
         DocumentAttentionBytes(B, T, mc.num_heads, mc.num_kv_heads, mc.head_dim, elem, flash);
     est.workspace += est.packed_attention;
@@ -120,7 +121,8 @@ void Trainer::Impl::SetHeldTails(PlanInputs* in, double head_forward_s) const {
   const double elem = static_cast<double>(c10::elementSize(dtype));
   const double upload = HostOptimizer::WeightsAreFp32(HostOptions()) ? 4.0 : elem;
   in->norm_tail_seconds = elem * static_cast<double>(layout[0].numel) / in->d2h_bytes_per_s;
-  in->update_tail_seconds = upload * static_cast<double>(layout[n - 1].numel) / in->h2d_bytes_per_s + head_forward_s;
+  in->update_tail_seconds =
+      upload * static_cast<double>(layout[n - 1].numel) / in->h2d_bytes_per_s + head_forward_s;
 }
 
 void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodeProfile& prof) const {
@@ -137,7 +139,8 @@ void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodePro
   in->nvme_params = 0;
   if (o.tier == StateTier::kNvme) {
     for (int b = 0; b < n; ++b) {
-      if (nvme_blocks.empty() || nvme_blocks[b]) in->nvme_params += static_cast<double>(layout[b].numel);
+      if (nvme_blocks.empty() || nvme_blocks[b])
+        in->nvme_params += static_cast<double>(layout[b].numel);
     }
     in->nvme_read_bytes_per_s = prof.store_read_bytes_per_s;
     in->nvme_write_bytes_per_s = prof.store_write_bytes_per_s;
@@ -208,11 +211,9 @@ StatusOr<NodeProfile> Trainer::Impl::PlanNodeProfile() {
   bool cached = false;
   std::string cache_problem;
   ASSIGN_OR_RETURN(NodeProfile prof,
-                   LoadOrMeasureNodeProfile(cfg.profile_dir,
-                                            static_cast<int>(ho.worker_processes * ho.worker_threads),
-                                            cfg.adamw_kernel, device,
-                                            cfg.offload.nvme_dirs,
-                                            &cached, &cache_problem));
+                   LoadOrMeasureNodeProfile(
+                       cfg.profile_dir, static_cast<int>(ho.worker_processes * ho.worker_threads),
+                       cfg.adamw_kernel, device, cfg.offload.nvme_dirs, &cached, &cache_problem));
   Log(TrainObserver::Level::kInfo, std::string("node profile (") + (cached ? "cached" : "measured") +
                                        "): " + DescribeNodeProfile(prof));
   if (!cache_problem.empty()) {
@@ -474,8 +475,10 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
   if (cuda) {
     // Each upload moves what the device reads: the fp32 masters it casts, or the 16-bit copy.
     const double upload = in.h2d_saved_per_param / (resident ? 1.0 : 2 * A);
-    in.h2d_bytes = (resident ? 1.0 : 2 * A) * upload * params + A * static_cast<double>(offloaded_bytes);
-    in.d2h_bytes = A * static_cast<double>(elem) * params + A * static_cast<double>(offloaded_bytes);
+    in.h2d_bytes =
+        (resident ? 1.0 : 2 * A) * upload * params + A * static_cast<double>(offloaded_bytes);
+    in.d2h_bytes =
+        A * static_cast<double>(elem) * params + A * static_cast<double>(offloaded_bytes);
   }
   in.host_bytes_per_s = prof.host_bytes_per_s;
   in.cpu_params_per_s = prof.cpu_params_per_s;

@@ -385,16 +385,15 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
   plan << "; optimizer states in "
        << (cfg.offload.tier != StateTier::kNvme ? "RAM"
-           : state_placement_text.empty()      ? "NVMe"
-                                               : "RAM and NVMe: " + state_placement_text)
+           : state_placement_text.empty()       ? "NVMe"
+                                                : "RAM and NVMe: " + state_placement_text)
        << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << " ("
        << HostOptimizer::BytesPerParameter(ho) << " B/parameter, weights "
-       << (dtype == c10::kFloat              ? "fp32"
+       << (dtype == c10::kFloat                ? "fp32"
            : HostOptimizer::WeightsAreFp32(ho) ? "cast on the device from the fp32 masters"
                                                : "16-bit copy in RAM")
-       << "), " << ho.worker_processes
-       << "x" << ho.worker_threads << " worker threads, AdamW kernel " << host->kernel_description()
-       << ", updates "
+       << "), " << ho.worker_processes << "x" << ho.worker_threads
+       << " worker threads, AdamW kernel " << host->kernel_description() << ", updates "
        << (ho.defer_below_block > 0
                ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
                : std::string("earliest-needed first"))

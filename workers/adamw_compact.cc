@@ -36,8 +36,8 @@ StatusOr<OptimizerMode> ParseOptimizerMode(std::string_view state_dtype,
   } else if (state_dtype == "int8") {
     mode.state = StateDtype::kInt8;
   } else if (!state_dtype.empty() && state_dtype != "fp32") {
-    return InvalidArgumentError("optimizer.state_dtype: unknown value '" + std::string(state_dtype) +
-                                "' (fp32, bf16 or int8)");
+    return InvalidArgumentError("optimizer.state_dtype: unknown value '" +
+                                std::string(state_dtype) + "' (fp32, bf16 or int8)");
   }
   if (master_dtype == "bf16") {
     mode.master = MasterDtype::kBf16;

@@ -50,7 +50,8 @@ struct OptimizerMode {
 std::string_view StateDtypeName(StateDtype d);    // "fp32", "bf16", "int8"
 std::string_view MasterDtypeName(MasterDtype d);  // "fp32", "bf16"
 // The job spec's names ("" is fp32); INVALID_ARGUMENT naming the setting and its choices.
-StatusOr<OptimizerMode> ParseOptimizerMode(std::string_view state_dtype, std::string_view master_dtype);
+StatusOr<OptimizerMode> ParseOptimizerMode(std::string_view state_dtype,
+                                           std::string_view master_dtype);
 
 inline constexpr size_t kInt8BlockSize = 256;
 inline size_t Int8Blocks(size_t n) { return (n + kInt8BlockSize - 1) / kInt8BlockSize; }

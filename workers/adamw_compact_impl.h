@@ -47,10 +47,10 @@ inline uint16_t Bf16Stochastic(float x, uint32_t random16) {
   return x != x ? uint16_t{0x7fc0} : r;
 }
 
-#define OFFLOADD_DECLARE_COMPACT_PATH(ns)                                                     \
-  namespace ns {                                                                              \
-  double CompactAdamW(const CompactSpan& span, OptimizerMode mode, const AdamWScalars& s,     \
-                      uint64_t step);                                                         \
+#define OFFLOADD_DECLARE_COMPACT_PATH(ns)                                                 \
+  namespace ns {                                                                          \
+  double CompactAdamW(const CompactSpan& span, OptimizerMode mode, const AdamWScalars& s, \
+                      uint64_t step);                                                     \
   }
 OFFLOADD_DECLARE_COMPACT_PATH(portable)
 OFFLOADD_DECLARE_COMPACT_PATH(avx2)

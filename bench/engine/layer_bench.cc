@@ -169,14 +169,16 @@ int Main(int argc, char** argv) {
         }
         f = bw = 0;
 #if OFFLOADD_WITH_CUDA
-        if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+        if (device.is_cuda())
+          c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
 #endif
         for (int i = 0; i < a.iters; ++i) {
           if (!step(&f, &bw)) return 1;
         }
 #if OFFLOADD_WITH_CUDA
         if (device.is_cuda()) {
-          const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+          const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+              device.index() < 0 ? 0 : device.index());
           peak_gib = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 30);
         }
 #endif

@@ -247,8 +247,10 @@ void Compact(const Args& a, KernelPath path, int threads, OptimizerMode mode) {
       }
       w[i] = 0;
     }
-    std::memset(m + b * kInt8BlockSize * sb, 0, (std::min(n, e * kInt8BlockSize) - b * kInt8BlockSize) * sb);
-    std::memset(v + b * kInt8BlockSize * sb, 0, (std::min(n, e * kInt8BlockSize) - b * kInt8BlockSize) * sb);
+    std::memset(m + b * kInt8BlockSize * sb, 0,
+                (std::min(n, e * kInt8BlockSize) - b * kInt8BlockSize) * sb);
+    std::memset(v + b * kInt8BlockSize * sb, 0,
+                (std::min(n, e * kInt8BlockSize) - b * kInt8BlockSize) * sb);
     for (uint64_t k = b; k < e; ++k) ms[k] = vs[k] = 0;
   });
   std::vector<double> times;
@@ -290,9 +292,9 @@ void Compact(const Args& a, KernelPath path, int threads, OptimizerMode mode) {
         {"gbps_median", bytes * n / Median(times) / 1e9},
         {"triad_gbps", triad},
         {"of_triad_roofline", triad > 0 ? bytes * n / t / 1e9 / triad : 0.0}});
-  for (void* x : {static_cast<void*>(g), static_cast<void*>(w), static_cast<void*>(p),
-                  static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(ms),
-                  static_cast<void*>(vs)}) {
+  for (void* x :
+       {static_cast<void*>(g), static_cast<void*>(w), static_cast<void*>(p), static_cast<void*>(m),
+        static_cast<void*>(v), static_cast<void*>(ms), static_cast<void*>(vs)}) {
     std::free(x);
   }
 }

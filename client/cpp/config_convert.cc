@@ -107,7 +107,8 @@ Status Converter::DatasetMixture(const YAML::Node& v) {
     const std::string k = kv.first.Scalar();
     if (k == "test_split_size") {
       Drop("dataset_mixture.test_split_size", kv.second,
-           "records held out for evaluation: not converted (set dataset.eval_split to the fraction, or "
+           "records held out for evaluation: not converted (set dataset.eval_split to the "
+           "fraction, or "
            "give dataset.eval_paths)");
     } else if (k == "seed") {
       Drop("dataset_mixture.seed", kv.second, "the seed of the held-out split", Group::kOperational);
@@ -163,7 +164,8 @@ Status Converter::SetOptim(const YAML::Node& v, const std::string& key) {
   for (const char* ok : kAdamWNames) list += (list.empty() ? "" : ", ") + std::string(ok);
   if (name == "adamw_torch_4bit") {
     Refuse(key, "training.optim",
-           "'adamw_torch_4bit' is not available: 4-bit optimizer states are not offered; the smallest are "
+           "'adamw_torch_4bit' is not available: 4-bit optimizer states are not offered; the "
+           "smallest are "
            "8-bit (adamw_8bit, adamw_bnb_8bit: optimizer.state_dtype int8)");
     return OkStatus();
   }

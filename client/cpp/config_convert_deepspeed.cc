@@ -143,13 +143,14 @@ Status Converter::DeepSpeed(const YAML::Node& root) {
         const std::string k = o.first.Scalar();
         if (k == "enabled") continue;
         // DeepSpeed's low-precision master weights and optimizer states (bf16 section).
-        const bool master = k == "bf16_master_weights_and_grads", states = k == "bf16_optimizer_states";
+        const bool master = k == "bf16_master_weights_and_grads",
+                   states = k == "bf16_optimizer_states";
         if (key == "bf16" && (master || states)) {
           if (IsOff(o.second) || IsAuto(o.second)) {
             ++out_.unset_keys;
           } else {
-            RETURN_IF_ERROR(Set(master ? "optimizer.master_dtype" : "optimizer.state_dtype", Str("bf16"),
-                                "bf16." + k));
+            RETURN_IF_ERROR(Set(master ? "optimizer.master_dtype" : "optimizer.state_dtype",
+                                Str("bf16"), "bf16." + k));
           }
           continue;
         }

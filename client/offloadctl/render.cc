@@ -105,11 +105,12 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
   for (const auto& k : n.cpu().adamw_kernels()) o << " " << k;
   o << "\n";
   const auto& m = n.memory();
-  o << "memory      " << Bytes(m.total_bytes()) << " total, " << Bytes(m.available_bytes()) << " available, "
+  o << "memory      " << Bytes(m.total_bytes()) << " total, " << Bytes(m.available_bytes())
+    << " available, "
     << "/dev/shm " << Bytes(m.shm_available_bytes()) << " free, memlock "
     << (m.memlock_limit_bytes() == 0 ? std::string("unlimited") : Bytes(m.memlock_limit_bytes()))
-    << (m.cgroup_memory_max_bytes() > 0 ? ", cgroup " + Bytes(m.cgroup_memory_current_bytes()) + " used of " +
-                                              Bytes(m.cgroup_memory_max_bytes())
+    << (m.cgroup_memory_max_bytes() > 0 ? ", cgroup " + Bytes(m.cgroup_memory_current_bytes()) +
+                                              " used of " + Bytes(m.cgroup_memory_max_bytes())
                                         : std::string())
     << "\n";
   if (m.default_host_memory_limit_bytes() > 0) {
@@ -133,12 +134,14 @@ std::string RenderNodeInfo(const offloadd::v1::NodeInfo& n) {
       << (g.job_id().empty() ? std::string(", free") : ", running " + g.job_id()) << "\n";
   }
   for (const auto& s : n.store_directories()) {
-    o << "store       " << s.path() << " weight " << s.weight() << ": " << Bytes(s.available_bytes()) << " free of "
-      << Bytes(s.capacity_bytes());
+    o << "store       " << s.path() << " weight " << s.weight() << ": "
+      << Bytes(s.available_bytes()) << " free of " << Bytes(s.capacity_bytes());
     if (s.measured_read_bytes_per_second() > 0) {
       char rates[96];
-      std::snprintf(rates, sizeof(rates), ", read %.2f / write %.2f GB/s%s", s.measured_read_bytes_per_second() / 1e9,
-                    s.measured_write_bytes_per_second() / 1e9, s.measured_direct_io() ? " (O_DIRECT)" : " (buffered)");
+      std::snprintf(rates, sizeof(rates), ", read %.2f / write %.2f GB/s%s",
+                    s.measured_read_bytes_per_second() / 1e9,
+                    s.measured_write_bytes_per_second() / 1e9,
+                    s.measured_direct_io() ? " (O_DIRECT)" : " (buffered)");
       o << rates;
     }
     o << (s.problem().empty() ? "" : " — " + s.problem()) << "\n";

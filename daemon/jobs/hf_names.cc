@@ -93,10 +93,11 @@ void ResolveOptim(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
   if (std::find(int8.begin(), int8.end(), t.optim()) != int8.end()) {
     const v1::StateDtype have = spec->optimizer().state_dtype();
     if (have != v1::STATE_DTYPE_UNSPECIFIED && have != v1::STATE_DTYPE_INT8) {
-      out->push_back({"training.optim", "optim: " + t.optim() +
-                                            " means optimizer.state_dtype int8, but that is set to " +
-                                            EnumSuffix(v1::StateDtype_Name(have), "STATE_DTYPE_", have) +
-                                            "; set only one of them"});
+      out->push_back(
+          {"training.optim", "optim: " + t.optim() +
+                                 " means optimizer.state_dtype int8, but that is set to " +
+                                 EnumSuffix(v1::StateDtype_Name(have), "STATE_DTYPE_", have) +
+                                 "; set only one of them"});
       return;
     }
     spec->mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);
@@ -106,9 +107,10 @@ void ResolveOptim(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
   for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
   for (const std::string& n : int8) list += ", " + n;
   if (t.optim() == "adamw_torch_4bit") {
-    out->push_back({"training.optim", "'adamw_torch_4bit' is not available: 4-bit optimizer states are not "
-                                      "offered; the smallest are 8-bit (optim: adamw_8bit, or "
-                                      "optimizer.state_dtype: int8)"});
+    out->push_back({"training.optim",
+                    "'adamw_torch_4bit' is not available: 4-bit optimizer states are not "
+                    "offered; the smallest are 8-bit (optim: adamw_8bit, or "
+                    "optimizer.state_dtype: int8)"});
     return;
   }
   out->push_back({"training.optim", "'" + SafeMessageText(t.optim(), 128) +

@@ -155,7 +155,8 @@ void CheckEnums(const v1::JobSpec& s, Checker& c) {
   };
   check("model.compute_dtype", v1::ComputeDtype_IsValid(s.model().compute_dtype()), s.model().compute_dtype());
   check("dataset.format", v1::DatasetFormat_IsValid(s.dataset().format()), s.dataset().format());
-  check("optimizer.state_dtype", v1::StateDtype_IsValid(s.optimizer().state_dtype()), s.optimizer().state_dtype());
+  check("optimizer.state_dtype", v1::StateDtype_IsValid(s.optimizer().state_dtype()),
+        s.optimizer().state_dtype());
   check("optimizer.master_dtype", v1::MasterDtype_IsValid(s.optimizer().master_dtype()),
         s.optimizer().master_dtype());
   check("offload.offload_optimizer.device", v1::OffloadDevice_IsValid(s.offload().offload_optimizer().device()),
@@ -476,7 +477,8 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
     r->nvme_tier_host_bytes = q.total;
     r->nvme_tier_disk_bytes = q.disk_bytes;
   }
-  const std::string source = res.host_memory_limit() ? "resources.host_memory_limit" : node_default.source;
+  const std::string source =
+      res.host_memory_limit() ? "resources.host_memory_limit" : node_default.source;
   trainer::HostMemoryNames names;
   names.limit = "resources.host_memory_limit";
   names.nvme = "offload.offload_optimizer.device: nvme";

@@ -66,15 +66,15 @@ void PriceStep(const v1::JobSpec& spec, const engine::ModelConfig& config, const
   // (HostOptimizer::WeightsAreFp32).
   const bool nvme = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
   r->step_estimate =
-      auto_batch ? StepEstimateUnavailable("per_device_train_batch_size auto is priced when the job "
-                                           "starts (its log lists each candidate's price)")
-                 : EstimateJobStep(node.profile_dir, gpu ? node.gpus[gi].name : "", config,
-                                   r->model_size, floor_batch,
-                                   spec.training().gradient_accumulation_steps(),
-                                   spec.dataset().max_seq_length(), compute_bytes,
-                                   spec.training().max_grad_norm() > 0,
-                                   static_cast<int64_t>(r->host_memory.nvme_params),
-                                   compute_bytes == 4 || !nvme);
+      auto_batch
+          ? StepEstimateUnavailable(
+                "per_device_train_batch_size auto is priced when the job "
+                "starts (its log lists each candidate's price)")
+          : EstimateJobStep(
+                node.profile_dir, gpu ? node.gpus[gi].name : "", config, r->model_size, floor_batch,
+                spec.training().gradient_accumulation_steps(), spec.dataset().max_seq_length(),
+                compute_bytes, spec.training().max_grad_norm() > 0,
+                static_cast<int64_t>(r->host_memory.nvme_params), compute_bytes == 4 || !nvme);
 }
 
 void CheckGpuMemory(const v1::JobSpec& spec, const engine::ModelConfig& config,
@@ -110,10 +110,10 @@ void CheckGpuMemory(const v1::JobSpec& spec, const engine::ModelConfig& config,
       const int64_t batch = floor_batch;
       const int64_t fits = LargestBatchWithin(r->model_size, config, ds.max_seq_length(),
                                               compute_bytes, limit, batch);
-      const int64_t seq_fits =
-          fits > 0 ? 0
-                   : LargestSeqLengthWithin(r->model_size, config, 1, compute_bytes, limit,
-                                            ds.max_seq_length() - 8);
+      const int64_t seq_fits = fits > 0
+                                   ? 0
+                                   : LargestSeqLengthWithin(r->model_size, config, 1, compute_bytes,
+                                                            limit, ds.max_seq_length() - 8);
       c.Add(res.gpu_memory_limit() ? "resources.gpu_memory_limit"
                                    : "training.per_device_train_batch_size",
             "the GPU budget of " + FormatByteSize(limit) + " is below the " +
@@ -123,14 +123,15 @@ void CheckGpuMemory(const v1::JobSpec& spec, const engine::ModelConfig& config,
                 " x " + std::to_string(ds.max_seq_length()) + " tokens (" + f.gpu_breakdown +
                 "); the smallest budget for this batch is " + FormatByteSize(f.gpu_bytes) +
                 ", and " +
-                (fits > 0 ? "the largest batch within " + FormatByteSize(limit) + " is " +
-                                std::to_string(fits)
-                          : "not even batch 1 fits within " + FormatByteSize(limit) +
-                                " at this max_seq_length" +
-                                (seq_fits > 0
-                                     ? " (the largest dataset.max_seq_length that fits at batch 1 is " +
-                                           std::to_string(seq_fits) + ")"
-                                     : "")) +
+                (fits > 0
+                     ? "the largest batch within " + FormatByteSize(limit) + " is " +
+                           std::to_string(fits)
+                     : "not even batch 1 fits within " + FormatByteSize(limit) +
+                           " at this max_seq_length" +
+                           (seq_fits > 0
+                                ? " (the largest dataset.max_seq_length that fits at batch 1 is " +
+                                      std::to_string(seq_fits) + ")"
+                                : "")) +
                 " (per_device_train_batch_size, with gradient_accumulation_steps to keep the "
                 "global batch)");
     } else if (const v1::OffloadTarget& opt = spec.offload().offload_optimizer();

@@ -105,9 +105,10 @@ v1::StepEstimate StepEstimateUnavailable(const std::string& why) {
 }
 
 v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::string& gpu,
-                                 const engine::ModelConfig& config, const ModelSize& size, int64_t micro,
-                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates,
-                                 int64_t nvme_params, bool weights_fp32) {
+                                 const engine::ModelConfig& config, const ModelSize& size,
+                                 int64_t micro, int64_t accumulation, int64_t seq_len,
+                                 int compute_bytes, bool held_updates, int64_t nvme_params,
+                                 bool weights_fp32) {
   v1::StepEstimate out;
   trainer::StepEstimateInputs in;
   const int64_t layers = std::max<int64_t>(0, config.num_layers);
@@ -165,8 +166,9 @@ int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& con
   return lo;
 }
 
-int64_t LargestSeqLengthWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t batch,
-                               int compute_bytes, uint64_t gpu_bytes, int64_t max_len) {
+int64_t LargestSeqLengthWithin(const ModelSize& size, const engine::ModelConfig& config,
+                               int64_t batch, int compute_bytes, uint64_t gpu_bytes,
+                               int64_t max_len) {
   return trainer::LargestFittingLength(max_len, [&](int64_t seq) {
     return EstimateMemoryFloor(size, config, batch, seq, compute_bytes).gpu_bytes <= gpu_bytes;
   });

@@ -37,8 +37,9 @@ int64_t LargestBatchWithin(const ModelSize& size, const engine::ModelConfig& con
                            int compute_bytes, uint64_t gpu_bytes, int64_t max_batch);
 // The largest max_seq_length (a multiple of 8, at most max_len) whose floor at `batch` fits
 // gpu_bytes; 0 when not even 8 tokens do. The floor grows with the sequence, so bisect.
-int64_t LargestSeqLengthWithin(const ModelSize& size, const engine::ModelConfig& config, int64_t batch,
-                               int compute_bytes, uint64_t gpu_bytes, int64_t max_len);
+int64_t LargestSeqLengthWithin(const ModelSize& size, const engine::ModelConfig& config,
+                               int64_t batch, int compute_bytes, uint64_t gpu_bytes,
+                               int64_t max_len);
 
 // The GPU floor measured on this node: when <profile_dir>/shapes holds the
 // shape profile a job of this model, micro-batch and dtype recorded on a GPU named `gpu`
@@ -58,9 +59,10 @@ std::optional<ProfiledFloor> ProfiledGpuFloor(const std::string& profile_dir, co
 // micro-batch and length recorded one on the GPU named `gpu` ("" for a CPU job), its shape profile.
 v1::StepEstimate StepEstimateUnavailable(const std::string& why);
 v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::string& gpu,
-                                 const engine::ModelConfig& config, const ModelSize& size, int64_t micro,
-                                 int64_t accumulation, int64_t seq_len, int compute_bytes, bool held_updates,
-                                 int64_t nvme_params = 0, bool weights_fp32 = true);
+                                 const engine::ModelConfig& config, const ModelSize& size,
+                                 int64_t micro, int64_t accumulation, int64_t seq_len,
+                                 int compute_bytes, bool held_updates, int64_t nvme_params = 0,
+                                 bool weights_fp32 = true);
 
 // The host RAM and disk the job needs as the trainer plans it (trainer/host_memory.h): its arena
 // sized by HostOptimizer::ArenaBytes from the model's blocks (embedding, decoder layers, head),

@@ -32,17 +32,20 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   // the checkpoints and the step planner hold fp32 masters and states, so the trainer cannot run
   // these modes yet; a value it would ignore is refused.
   const v1::StateDtype state = s.optimizer().state_dtype();
-  if (state != v1::STATE_DTYPE_UNSPECIFIED && state != v1::STATE_DTYPE_FP32 && v1::StateDtype_IsValid(state)) {
-    out.push_back({"optimizer.state_dtype",
-                   Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1)) +
-                       " is not built into the trainer yet (compact states; the CPU kernels exist, the "
-                       "arena and checkpoints hold fp32 states); leave it unset or fp32"});
+  if (state != v1::STATE_DTYPE_UNSPECIFIED && state != v1::STATE_DTYPE_FP32 &&
+      v1::StateDtype_IsValid(state)) {
+    out.push_back(
+        {"optimizer.state_dtype",
+         Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1)) +
+             " is not built into the trainer yet (compact states; the CPU kernels exist, the "
+             "arena and checkpoints hold fp32 states); leave it unset or fp32"});
   }
   const v1::MasterDtype master = s.optimizer().master_dtype();
   if (master == v1::MASTER_DTYPE_BF16) {
-    out.push_back({"optimizer.master_dtype",
-                   "bf16 is not built into the trainer yet (compact master weights; the CPU kernels "
-                   "exist, the arena and checkpoints hold fp32 masters); leave it unset or fp32"});
+    out.push_back(
+        {"optimizer.master_dtype",
+         "bf16 is not built into the trainer yet (compact master weights; the CPU kernels "
+         "exist, the arena and checkpoints hold fp32 masters); leave it unset or fp32"});
   }
   if (lsp && nvme_states) {
     out.push_back(

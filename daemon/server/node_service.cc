@@ -54,7 +54,8 @@ grpc::Status NodeServiceImpl::GetNodeInfo(grpc::ServerContext*, const offloadd::
     // What a GPU job (its arena pinned) that names no limit gets now.
     trainer::NodeMemory node = trainer::ProbeNodeMemory();
     node.pinned = response->gpus_size() > 0;
-    const trainer::HostMemoryLimit limit = trainer::DefaultHostMemoryLimit(host_memory_limit_, node);
+    const trainer::HostMemoryLimit limit =
+        trainer::DefaultHostMemoryLimit(host_memory_limit_, node);
     mem->set_default_host_memory_limit_bytes(limit.bytes);
     mem->set_default_host_memory_limit_source(limit.source);
     mem->set_cgroup_memory_max_bytes(node.cgroup_max);

@@ -118,7 +118,8 @@ at::Tensor AttentionPart::Forward(const Weights& W, const MicroBatch& mb, const 
   std::vector<at::Tensor> local_aux;  // the values' mean where nothing is saved (16-bit)
   at::Tensor out, value;
   if (Plain(mb, q)) {
-    value = ops::Attention(q, k, v, scale_, at::Tensor(), aux ? aux : &local_aux, 0.0, window, &out);
+    value =
+        ops::Attention(q, k, v, scale_, at::Tensor(), aux ? aux : &local_aux, 0.0, window, &out);
   } else {
     out = value = ops::DocumentAttention(q, k, v, scale_, mb.docs, window, softcap_, aux);
   }
@@ -179,8 +180,8 @@ at::Tensor AttentionPart::Backward(const Weights& W, const MicroBatch& mb, const
   at::Tensor dw, db;
   // Plain rows saved the kernel's output: the attention's value adds the values' mean back.
   const at::Tensor value = Plain(mb, s.v) ? ops::AttentionValue(s.out, aux) : s.out;
-  at::Tensor dattn = ProjectBackward(dout, ops::MergeHeads(value), W[o_],
-                                     ob_ != kAbsent, conv1d_, &dw, &db);
+  at::Tensor dattn =
+      ProjectBackward(dout, ops::MergeHeads(value), W[o_], ob_ != kAbsent, conv1d_, &dw, &db);
   emit(o_, dw);
   if (ob_ != kAbsent) emit(ob_, db);
   const bool normed = qk_ != QkNorm::kNone;
@@ -196,8 +197,8 @@ at::Tensor AttentionPart::Backward(const Weights& W, const MicroBatch& mb, const
     ops::AttentionBackward(dheads, q, k, s.v, s.out, aux, scale_, at::Tensor(), &dq, &dk, &dv, 0.0,
                            window);
   } else {
-    ops::DocumentAttentionBackward(dheads, q, k, s.v, s.out, aux, scale_, mb.docs, window,
-                                   softcap_, &dq, &dk, &dv);
+    ops::DocumentAttentionBackward(dheads, q, k, s.v, s.out, aux, scale_, mb.docs, window, softcap_,
+                                   &dq, &dk, &dv);
   }
   q = k = at::Tensor();
   // Gradients of the norms' weights come first (they sit after the projections), then q, k, v.

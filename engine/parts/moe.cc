@@ -45,9 +45,9 @@ namespace parts {
 // Each expert's rows in the permuted order: slot s = token * k + j of the top-k, sorted by
 // expert (stable, so a token's slots keep their order within an expert).
 struct MoePart::Routing {
-  at::Tensor order;    // [N k] slots in permuted order
-  at::Tensor tokens;   // [N k] the token of each permuted row
-  at::Tensor weights;  // [N, k] fp32 routing weights
+  at::Tensor order;             // [N k] slots in permuted order
+  at::Tensor tokens;            // [N k] the token of each permuted row
+  at::Tensor weights;           // [N, k] fp32 routing weights
   std::vector<int64_t> counts;  // rows per expert
 };
 
@@ -173,8 +173,8 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
       at::Tensor do_e = dout.narrow(0, off, rows);
       at::Tensor gate_up = GateUp(W, e);
       at::Tensor dgate, dup, act;
-      ops::SwiGluBackward(do_e.mm(Down(W, e)), gu.narrow(1, 0, ff_), gu.narrow(1, ff_, ff_),
-                          &dgate, &dup, &act);
+      ops::SwiGluBackward(do_e.mm(Down(W, e)), gu.narrow(1, 0, ff_), gu.narrow(1, ff_, ff_), &dgate,
+                          &dup, &act);
       ddown_w = do_e.t().mm(act);
       at::Tensor dgu = at::cat({dgate, dup}, 1);
       dgu_w = dgu.t().mm(xp.narrow(0, off, rows));

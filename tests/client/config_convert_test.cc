@@ -187,18 +187,22 @@ TEST(ConfigConvertTest, LowPrecisionOptimizerSettingsMapOntoTheOptimizerModes) {
   EXPECT_EQ(spec.optimizer().state_dtype(), offloadd::v1::STATE_DTYPE_BF16);
   EXPECT_EQ(spec.optimizer().master_dtype(), offloadd::v1::MASTER_DTYPE_UNSPECIFIED);
   EXPECT_EQ(Find(ds->dropped, "bf16.bf16_optimizer_states"), nullptr);
-  ds = ConvertConfigs({{"ds.json", R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})"}},
-                      ConfigKind::kDeepSpeed, Paths());
+  ds = ConvertConfigs(
+      {{"ds.json", R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})"}},
+      ConfigKind::kDeepSpeed, Paths());
   ASSERT_TRUE(ds.ok()) << ds.status().ToString();
   EXPECT_EQ(Read(*ds).optimizer().master_dtype(), offloadd::v1::MASTER_DTYPE_BF16);
 
   auto hf = ConvertConfigs({{"args.json", R"({"optim": "adamw_bnb_8bit", "learning_rate": 1e-4})"}},
                            ConfigKind::kAuto, Paths());
   ASSERT_TRUE(hf.ok()) << hf.status().ToString();
-  EXPECT_EQ(Read(*hf).training().optim(), "adamw_bnb_8bit") << "the daemon maps it to state_dtype int8";
-  auto four = ConvertConfigs({{"args.json", R"({"optim": "adamw_torch_4bit"})"}}, ConfigKind::kAuto, Paths());
+  EXPECT_EQ(Read(*hf).training().optim(), "adamw_bnb_8bit")
+      << "the daemon maps it to state_dtype int8";
+  auto four = ConvertConfigs({{"args.json", R"({"optim": "adamw_torch_4bit"})"}}, ConfigKind::kAuto,
+                             Paths());
   ASSERT_FALSE(four.ok());
-  EXPECT_NE(std::string(four.status().message()).find("'adamw_torch_4bit' is not available: 4-bit optimizer states"),
+  EXPECT_NE(std::string(four.status().message())
+                .find("'adamw_torch_4bit' is not available: 4-bit optimizer states"),
             std::string::npos)
       << four.status().ToString();
 }

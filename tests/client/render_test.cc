@@ -121,8 +121,9 @@ TEST(RenderTest, NodeInfoShowsTheHostLimitsInputsAndEachStoresRates) {
   m->set_cgroup_memory_max_bytes(95ull << 30);
   m->set_cgroup_memory_current_bytes(1ull << 30);
   m->set_default_host_memory_limit_bytes(84ull << 30);
-  m->set_default_host_memory_limit_source("the default: what this node can give now, 90 GiB available less a "
-                                          "reserve of 6 GiB");
+  m->set_default_host_memory_limit_source(
+      "the default: what this node can give now, 90 GiB available less a "
+      "reserve of 6 GiB");
   auto* s = n.add_store_directories();
   s->set_path("/nvme0/offloadd");
   s->set_weight(1);
@@ -132,12 +133,16 @@ TEST(RenderTest, NodeInfoShowsTheHostLimitsInputsAndEachStoresRates) {
   s->set_measured_write_bytes_per_second(4.2e9);
   s->set_measured_direct_io(true);
   const std::string text = RenderNodeInfo(n);
-  EXPECT_NE(text.find("memlock unlimited, cgroup 1 GiB used of 95 GiB\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("host limit  84 GiB per job by default (the default: what this node can give now, 90 GiB "
-                      "available less a reserve of 6 GiB;"),
-            std::string::npos)
+  EXPECT_NE(text.find("memlock unlimited, cgroup 1 GiB used of 95 GiB\n"), std::string::npos)
       << text;
-  EXPECT_NE(text.find("store       /nvme0/offloadd weight 1: 500 GiB free of 1000 GiB, read 6.10 / write 4.20 GB/s "
+  EXPECT_NE(
+      text.find(
+          "host limit  84 GiB per job by default (the default: what this node can give now, 90 GiB "
+          "available less a reserve of 6 GiB;"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("store       /nvme0/offloadd weight 1: 500 GiB free of 1000 GiB, read 6.10 / "
+                      "write 4.20 GB/s "
                       "(O_DIRECT)\n"),
             std::string::npos)
       << text;

@@ -169,7 +169,8 @@ TEST(HfNamesTest, CheckpointingOptimAndTrlNamesAct) {
   }
 }
 
-// bitsandbytes' 8-bit AdamW names are int8 optimizer states (fp32 master); 4-bit is refused by name.
+// bitsandbytes' 8-bit AdamW names are int8 optimizer states (fp32 master); 4-bit is refused by
+// name.
 TEST(HfNamesTest, EightBitOptimNamesMeanInt8States) {
   for (const std::string& name : AdamW8bitOptimNames()) {
     v1::JobSpec s;
@@ -186,7 +187,8 @@ TEST(HfNamesTest, EightBitOptimNamesMeanInt8States) {
     r = Resolve(s);
     ASSERT_EQ(r.violations.size(), 1u) << name;
     EXPECT_EQ(r.violations[0].field, "training.optim");
-    EXPECT_NE(r.Fields().find("optim: " + name + " means optimizer.state_dtype int8, but that is set to bf16"),
+    EXPECT_NE(r.Fields().find("optim: " + name +
+                              " means optimizer.state_dtype int8, but that is set to bf16"),
               std::string::npos)
         << r.Fields();
     EXPECT_EQ(r.spec.optimizer().state_dtype(), v1::STATE_DTYPE_BF16) << "left as it was";
@@ -195,7 +197,8 @@ TEST(HfNamesTest, EightBitOptimNamesMeanInt8States) {
   s.mutable_training()->set_optim("adamw_torch_4bit");
   const Resolved r = Resolve(s);
   ASSERT_EQ(r.violations.size(), 1u);
-  EXPECT_NE(r.Fields().find("'adamw_torch_4bit' is not available: 4-bit optimizer states are not offered"),
+  EXPECT_NE(r.Fields().find(
+                "'adamw_torch_4bit' is not available: 4-bit optimizer states are not offered"),
             std::string::npos)
       << r.Fields();
 }

@@ -318,7 +318,8 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   v1::JobSpec s = ValidSpec();
   ValidationResult r = Validate(s);
   ASSERT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);
-  // The default limit: what the node can give, its 64 GiB (nothing else known) less the 4 GiB reserve.
+  // The default limit: what the node can give, its 64 GiB (nothing else known) less the 4 GiB
+  // reserve.
   EXPECT_EQ(r.host_memory_limit, (64ull << 30) - trainer::HostMemoryReserve(64ull << 30));
   // With the node's probe: what is available now (another job holds the rest) less the reserve,
   // and the source says so.

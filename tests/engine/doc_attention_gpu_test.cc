@@ -101,7 +101,8 @@ TEST_P(DocAttentionGpuTest, VarlenFlashBf16MatchesMaskedFp32) {
   v2.select(0, 1).narrow(1, 0, 100).mul_(3);
   const ops::Documents docs = ops::DocumentsOf(seg, q.device());
   at::Tensor o2 = ops::DocumentAttention(q, k, v2, scale, docs, window, 0.0, nullptr);
-  EXPECT_TRUE(at::equal(o2.select(0, 1).narrow(1, 100, 924), got.out.select(0, 1).narrow(1, 100, 924)));
+  EXPECT_TRUE(
+      at::equal(o2.select(0, 1).narrow(1, 100, 924), got.out.select(0, 1).narrow(1, 100, 924)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Windows, DocAttentionGpuTest, ::testing::Values(0, 96),
@@ -135,7 +136,8 @@ TEST(DocAttentionGpuLongTest, Packed32kRowPeakIsLinear) {
   const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
   at::Tensor q = at::randn({1, h, t, d}, opts), k = at::randn({1, hkv, t, d}, opts);
   at::Tensor v = at::randn({1, hkv, t, d}, opts), dout = at::randn({1, h, t, d}, opts);
-  const ops::Documents docs = ops::DocumentsOf(Segments(1, {{16384, 8192, 6144, 2048}}), q.device());
+  const ops::Documents docs =
+      ops::DocumentsOf(Segments(1, {{16384, 8192, 6144, 2048}}), q.device());
   const int dev = q.get_device();
   for (int window : {0, 4096}) {
     at::cuda::device_synchronize();
@@ -144,7 +146,8 @@ TEST(DocAttentionGpuLongTest, Packed32kRowPeakIsLinear) {
         c10::cuda::CUDACachingAllocator::getDeviceStats(dev).allocated_bytes[0].current;
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<at::Tensor> aux;
-    at::Tensor out = ops::DocumentAttention(q, k, v, 1.0 / std::sqrt(128.0), docs, window, 0.0, &aux);
+    at::Tensor out =
+        ops::DocumentAttention(q, k, v, 1.0 / std::sqrt(128.0), docs, window, 0.0, &aux);
     at::Tensor dq, dk, dv;
     ops::DocumentAttentionBackward(dout, q, k, v, out, aux.data(), 1.0 / std::sqrt(128.0), docs,
                                    window, 0.0, &dq, &dk, &dv);
@@ -154,10 +157,11 @@ TEST(DocAttentionGpuLongTest, Packed32kRowPeakIsLinear) {
     const int64_t peak =
         c10::cuda::CUDACachingAllocator::getDeviceStats(dev).allocated_bytes[0].peak - before;
     const int64_t q_bytes = q.numel() * 2;
-    std::printf("packed 32K row, window %d: forward+backward %.1f ms (first call included), "
-                "peak %.2f GiB above the inputs (q: %.2f GiB)\n",
-                window, ms, static_cast<double>(peak) / (1 << 30),
-                static_cast<double>(q_bytes) / (1 << 30));
+    std::printf(
+        "packed 32K row, window %d: forward+backward %.1f ms (first call included), "
+        "peak %.2f GiB above the inputs (q: %.2f GiB)\n",
+        window, ms, static_cast<double>(peak) / (1 << 30),
+        static_cast<double>(q_bytes) / (1 << 30));
     EXPECT_LT(peak, 16 * q_bytes);
   }
 #endif

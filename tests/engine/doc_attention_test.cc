@@ -87,8 +87,8 @@ TEST_P(DocAttentionTest, TiledPathEqualsMaskedReference) {
   at::Tensor out = ops::DocumentAttention(q, k, val, scale, docs, v.window, v.softcap, &aux);
   EXPECT_TRUE(aux.empty()) << "the tiled path saves nothing besides q, k, v and out";
   at::Tensor dq, dk, dv;
-  ops::DocumentAttentionBackward(dout, q, k, val, out, aux.data(), scale, docs, v.window,
-                                 v.softcap, &dq, &dk, &dv);
+  ops::DocumentAttentionBackward(dout, q, k, val, out, aux.data(), scale, docs, v.window, v.softcap,
+                                 &dq, &dk, &dv);
   const double tol = 5e-5;
   EXPECT_LE((out - ref).abs().max().item<double>(), tol);
   EXPECT_LE((dq - rdq).abs().max().item<double>(), tol);
@@ -133,8 +133,8 @@ ModelConfig LayerConfig() {
 int64_t LayerLargestAllocation(int64_t t) {
   const ModelConfig c = LayerConfig();
   uint64_t seed = 1;
-  ParamLoader load = [&](const std::string&, const std::vector<int64_t>& shape)
-      -> StatusOr<at::Tensor> {
+  ParamLoader load = [&](const std::string&,
+                         const std::vector<int64_t>& shape) -> StatusOr<at::Tensor> {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed++);
     return 0.1 * at::randn(shape, gen);
   };

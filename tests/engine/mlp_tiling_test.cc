@@ -47,8 +47,8 @@ struct Result {
 
 Result RunLayer(const ModelConfig& c, int64_t t, SaveMode mode) {
   uint64_t seed = 1;
-  ParamLoader load = [&](const std::string&, const std::vector<int64_t>& shape)
-      -> StatusOr<at::Tensor> {
+  ParamLoader load = [&](const std::string&,
+                         const std::vector<int64_t>& shape) -> StatusOr<at::Tensor> {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed++);
     return (shape.size() == 1 ? 0.1 : 0.3) * at::randn(shape, gen);
   };
@@ -87,7 +87,8 @@ TEST_P(MlpTilingTest, TiledLayerEqualsUntiled) {
   for (SaveMode mode : {SaveMode::kKeep, SaveMode::kRecompute}) {
     const Result tiled = RunLayer(c, t, mode);
     auto close = [](const at::Tensor& a, const at::Tensor& b) {
-      return (a - b).abs().max().item<double>() <= 1e-5 * std::max(1.0, b.abs().max().item<double>());
+      return (a - b).abs().max().item<double>() <=
+             1e-5 * std::max(1.0, b.abs().max().item<double>());
     };
     EXPECT_TRUE(close(tiled.y, plain.y));
     EXPECT_TRUE(close(tiled.dx, plain.dx));

@@ -388,9 +388,9 @@ TEST(EvalSplit, HeldOutRecordsAreDeterministicBySeedDisjointAndComplete) {
   std::vector<Document> docs(1000);
   for (size_t i = 0; i < docs.size(); ++i) docs[i].input_ids = {static_cast<int32_t>(i)};
   const std::vector<size_t> a = HeldOutIndices(1000, 0.05, 42);
-  EXPECT_EQ(a.size(), 50u);                          // ceil(1000 * 0.05)
-  EXPECT_EQ(a, HeldOutIndices(1000, 0.05, 42));      // the same seed, the same records
-  EXPECT_NE(a, HeldOutIndices(1000, 0.05, 43));      // another seed, others
+  EXPECT_EQ(a.size(), 50u);                      // ceil(1000 * 0.05)
+  EXPECT_EQ(a, HeldOutIndices(1000, 0.05, 42));  // the same seed, the same records
+  EXPECT_NE(a, HeldOutIndices(1000, 0.05, 43));  // another seed, others
   EXPECT_TRUE(std::is_sorted(a.begin(), a.end()));
   EXPECT_EQ(std::adjacent_find(a.begin(), a.end()), a.end());
   EXPECT_GT(a.back(), 900u);  // chosen across the file, not its first records
@@ -409,7 +409,7 @@ TEST(EvalSplit, HeldOutRecordsAreDeterministicBySeedDisjointAndComplete) {
   for (const Document& d : *train) seen.push_back(d.input_ids[0]);
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());  // disjoint
-  EXPECT_EQ(seen.size(), 1000u);                                         // and complete
+  EXPECT_EQ(seen.size(), 1000u);                                        // and complete
   auto one = SplitHeldOut(std::vector<Document>(1), 0.5, 1, true);
   ASSERT_FALSE(one.ok());
   EXPECT_NE(one.status().message().find("at least 2 records"), std::string::npos);

@@ -596,9 +596,10 @@ TEST_F(CheckpointTest, TheOptimizerModeIsRecordedAndAnotherIsRefused) {
   r = CheckpointReader::Open(Dir(10), m.fingerprint(), "int8", "fp32");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("the checkpoint's optimizer states are exact (fp32 master, fp32 states), this "
-                        "run's are not exact: fp32 master, int8 states"));
+  EXPECT_THAT(
+      r.status().message(),
+      HasSubstr("the checkpoint's optimizer states are exact (fp32 master, fp32 states), this "
+                "run's are not exact: fp32 master, int8 states"));
 
   auto begun = CheckpointWriter::Begin(out_, 20);
   ASSERT_TRUE(begun.ok()) << begun.status().ToString();
@@ -612,7 +613,8 @@ TEST_F(CheckpointTest, TheOptimizerModeIsRecordedAndAnotherIsRefused) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   r = CheckpointReader::Open(Dir(20), m.fingerprint());
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("are not exact: bf16 master, bf16 states, this run's are exact"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("are not exact: bf16 master, bf16 states, this run's are exact"));
 
   // Before the record existed: exact. An unknown mode names the key.
   const std::string state = JoinPath(Dir(10), "offloadd_state.json");
@@ -636,7 +638,8 @@ TEST_F(CheckpointTest, TheOptimizerModeIsRecordedAndAnotherIsRefused) {
   rewrite(&int4);
   r = CheckpointReader::Open(Dir(10), m.fingerprint());
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("names an unknown optimizer mode (state_dtype \"int4\""));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("names an unknown optimizer mode (state_dtype \"int4\""));
 }
 
 // --- crashes

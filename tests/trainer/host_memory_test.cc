@@ -48,10 +48,12 @@ TEST(HostMemoryTest, DefaultLimitIsTheConfiguredOneElseWhatIsAvailableLessTheRes
   EXPECT_EQ(HostMemoryReserve(500 * kGiB), 500 * kGiB / 100 * 6);
   const HostMemoryLimit configured = DefaultHostMemoryLimit(3 * kGiB, Node(100 * kGiB, 90 * kGiB));
   EXPECT_EQ(configured.bytes, 3 * kGiB);
-  EXPECT_NE(configured.source.find("memory.host_memory_limit"), std::string::npos) << configured.source;
+  EXPECT_NE(configured.source.find("memory.host_memory_limit"), std::string::npos)
+      << configured.source;
   const HostMemoryLimit l = DefaultHostMemoryLimit(0, Node(100 * kGiB, 90 * kGiB));
   EXPECT_EQ(l.bytes, 84 * kGiB);
-  EXPECT_NE(l.source.find("90 GiB available less a reserve of 6 GiB"), std::string::npos) << l.source;
+  EXPECT_NE(l.source.find("90 GiB available less a reserve of 6 GiB"), std::string::npos)
+      << l.source;
   // MemAvailable unknown: the RAM counts; unknown RAM: no limit to apply.
   EXPECT_EQ(DefaultHostMemoryLimit(0, Node(100 * kGiB, 0)).bytes, 94 * kGiB);
   EXPECT_EQ(DefaultHostMemoryLimit(0, Node(0, 0)).bytes, 0u);
@@ -61,11 +63,12 @@ TEST(HostMemoryTest, DefaultLimitIsTheConfiguredOneElseWhatIsAvailableLessTheRes
 
 TEST(HostMemoryTest, DefaultLimitIsCappedByTheCgroupAndByMemlockWhenPinned) {
   NodeMemory m = Node(100 * kGiB, 90 * kGiB);
-  m.cgroup_max = 95 * kGiB;  // the unit's MemoryMax=95%
+  m.cgroup_max = 95 * kGiB;    // the unit's MemoryMax=95%
   m.cgroup_usage = 30 * kGiB;  // another job's arena
   HostMemoryLimit l = DefaultHostMemoryLimit(0, m);
   EXPECT_EQ(l.bytes, 59 * kGiB);
-  EXPECT_NE(l.source.find("65 GiB left under the cgroup's memory.max of 95 GiB"), std::string::npos) << l.source;
+  EXPECT_NE(l.source.find("65 GiB left under the cgroup's memory.max of 95 GiB"), std::string::npos)
+      << l.source;
   m.memlock = 8 << 20;  // a login shell's 8 MiB
   m.pinned = false;     // a CPU device pins nothing
   EXPECT_EQ(DefaultHostMemoryLimit(0, m).bytes, 59 * kGiB);
@@ -82,8 +85,9 @@ TEST(HostMemoryTest, ProbeReadsMeminfoAndTheNearestCgroupMemoryMax) {
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root + "/proc/self");
   std::filesystem::create_directories(root + "/cg/system.slice/offloadd.service/job");
-  std::ofstream(root + "/proc/meminfo") << "MemTotal:       131072000 kB\nMemFree:         1000 kB\n"
-                                           "MemAvailable:   125829120 kB\n";
+  std::ofstream(root + "/proc/meminfo")
+      << "MemTotal:       131072000 kB\nMemFree:         1000 kB\n"
+         "MemAvailable:   125829120 kB\n";
   std::ofstream(root + "/proc/self/cgroup") << "0::/system.slice/offloadd.service/job\n";
   std::ofstream(root + "/cg/system.slice/offloadd.service/job/memory.max") << "max\n";
   std::ofstream(root + "/cg/system.slice/offloadd.service/memory.max") << 100 * kGiB << "\n";
@@ -109,7 +113,7 @@ TEST(HostMemoryTest, ProbeReadsMeminfoAndTheNearestCgroupMemoryMax) {
 // their predictions. The old default (80% of RAM, 100.7 GiB) refused both.
 TEST(HostMemoryTest, The8BShapesFitTheDefaultOfThe125GiBHost) {
   const uint64_t total = uint64_t{132017844} * 1024;  // 125.9 GiB
-  const uint64_t idle_available = total - 2 * kGiB;     // an idle host: ~2 GiB in use
+  const uint64_t idle_available = total - 2 * kGiB;   // an idle host: ~2 GiB in use
   const HostMemoryLimit l = DefaultHostMemoryLimit(0, Node(total, idle_available));
   HostMemoryInputs in;
   in.optimizer = Llama3_8B();
@@ -118,8 +122,8 @@ TEST(HostMemoryTest, The8BShapesFitTheDefaultOfThe125GiBHost) {
   in.cuda = true;
   const HostMemoryPrediction p = PredictHostMemory(in);
   EXPECT_GT(p.total, total / 100 * 80);  // the old default refused it
-  EXPECT_TRUE(CheckHostMemory(in, l.bytes, l.source, l.bytes).ok()) << FormatByteSize(p.total) << " > "
-                                                                      << FormatByteSize(l.bytes);
+  EXPECT_TRUE(CheckHostMemory(in, l.bytes, l.source, l.bytes).ok())
+      << FormatByteSize(p.total) << " > " << FormatByteSize(l.bytes);
   // The measured peak less the prediction fits in the reserve.
   const uint64_t measured_peak = static_cast<uint64_t>(117.2 * static_cast<double>(kGiB));
   EXPECT_LE(measured_peak, l.bytes + HostMemoryReserve(total));

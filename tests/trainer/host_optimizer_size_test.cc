@@ -19,7 +19,8 @@ TEST(HostOptimizerSizeTest, CompactModesShrinkTheArenaAndTheUpdatesTraffic) {
   ASSERT_EQ(HostOptimizer::BytesPerParameter(o), 14u);
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {}), 14);
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kBf16, MasterDtype::kFp32}), 10);
-  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kBf16}), 8 + 8.0 / 256);
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kBf16}),
+                   8 + 8.0 / 256);
   EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, {}), 26);
   EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, {StateDtype::kInt8, MasterDtype::kFp32}),
                    14 + 16.0 / 256);

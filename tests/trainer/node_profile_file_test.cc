@@ -23,7 +23,9 @@ NodeProfile Measured() {
 
 TEST(NodeProfileFileTest, StripedRatesSumTheDevicesEachOnce) {
   NodeProfile p = Measured();
-  p.stores = {{"/nvme0/a", 6e9, 5e9, true, 1}, {"/nvme1/a", 5e9, 4e9, true, 2}, {"/nvme0/b", 3e9, 2e9, false, 1}};
+  p.stores = {{"/nvme0/a", 6e9, 5e9, true, 1},
+              {"/nvme1/a", 5e9, 4e9, true, 2},
+              {"/nvme0/b", 3e9, 2e9, false, 1}};
   SumStoreRates(&p);
   EXPECT_EQ(p.store_dir, "/nvme0/a");
   // /nvme0/b shares /nvme0/a's device: the faster of the two counts, once.

@@ -70,7 +70,7 @@ TEST(StepEstimateTest, UploadsArePricedAtTheFp32MastersTheDeviceReads) {
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_EQ(e->bound, "H2D");
   EXPECT_NEAR(e->step_seconds, 2 * 2 * 6e6 * 4 / 1e8, 1e-9);  // accumulation x 2 passes x 4 B
-  in.weights_fp32 = false;  // the 16-bit copy in RAM
+  in.weights_fp32 = false;                                    // the 16-bit copy in RAM
   e = EstimateStep(in);
   ASSERT_TRUE(e.ok());
   EXPECT_NEAR(e->step_seconds, 2 * 2 * 6e6 * 2 / 1e8, 1e-9);

@@ -86,9 +86,7 @@ TEST(LargestFittingBatchTest, BisectsAMonotoneFit) {
 // 24 GiB budget; with attention within documents the packed rows add ~0.6 GiB at batch 8.
 TEST(LspWorkingSetTest, SevenBPackedBatchEightFitsWithDocumentAttention) {
   const int64_t lsp = PriceLspWorkingSet(Llama7bLayers(32), 2).Total(4);
-  auto need = [&](int b) {
-    return lsp + DocumentAttentionBytes(b, 1024, 32, 32, 128, 2, true);
-  };
+  auto need = [&](int b) { return lsp + DocumentAttentionBytes(b, 1024, 32, 32, 128, 2, true); };
   EXPECT_LT(need(8) - lsp, kGiB);
   EXPECT_GT(lsp, 15 * kGiB);
   // The packed rows no longer set the largest batch: all 8 fit in LSP's set plus 1 GiB.

@@ -76,7 +76,8 @@ struct Buffers {
           v_scale.push_back(av);
           for (size_t i = b0; i < e; ++i) {
             m8.push_back(static_cast<int8_t>(am > 0 ? std::nearbyint(m[i] / am * 127) : 0));
-            v8.push_back(static_cast<uint8_t>(av > 0 ? std::nearbyint(std::sqrt(v[i]) / av * 255) : 0));
+            v8.push_back(
+                static_cast<uint8_t>(av > 0 ? std::nearbyint(std::sqrt(v[i]) / av * 255) : 0));
           }
         }
         break;
@@ -141,9 +142,8 @@ struct Buffers {
   }
 
   bool operator==(const Buffers& o) const {
-    return master32 == o.master32 && hi == o.hi && lo == o.lo &&
-           m32 == o.m32 && v32 == o.v32 && m16 == o.m16 && v16 == o.v16 && m8 == o.m8 &&
-           v8 == o.v8 && weights == o.weights &&
+    return master32 == o.master32 && hi == o.hi && lo == o.lo && m32 == o.m32 && v32 == o.v32 &&
+           m16 == o.m16 && v16 == o.v16 && m8 == o.m8 && v8 == o.v8 && weights == o.weights &&
            std::memcmp(m_scale.data(), o.m_scale.data(), m_scale.size() * 4) == 0 &&
            std::memcmp(v_scale.data(), o.v_scale.data(), v_scale.size() * 4) == 0;
   }
@@ -188,18 +188,20 @@ TEST(AdamWCompactTest, NamesAndBytesPerParameter) {
   EXPECT_DOUBLE_EQ(StateBytesPerParam({StateDtype::kBf16, MasterDtype::kFp32}), 8);
   EXPECT_DOUBLE_EQ(StateBytesPerParam({StateDtype::kInt8, MasterDtype::kBf16}), 6 + 8.0 / 256);
   EXPECT_DOUBLE_EQ(StepTrafficBytesPerParam({}, GradDtype::kBf16, WeightDtype::kBf16), 28);
-  EXPECT_DOUBLE_EQ(StepTrafficBytesPerParam({StateDtype::kInt8, MasterDtype::kFp32}, GradDtype::kBf16,
-                                            WeightDtype::kBf16),
+  EXPECT_DOUBLE_EQ(StepTrafficBytesPerParam({StateDtype::kInt8, MasterDtype::kFp32},
+                                            GradDtype::kBf16, WeightDtype::kBf16),
                    16 + 16.0 / 256);
   auto mode = ParseOptimizerMode("int8", "");
   ASSERT_TRUE(mode.ok());
   EXPECT_EQ(*mode, (OptimizerMode{StateDtype::kInt8, MasterDtype::kFp32}));
   auto bad = ParseOptimizerMode("int4", "fp32");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("optimizer.state_dtype: unknown value 'int4'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("optimizer.state_dtype: unknown value 'int4'"),
+            std::string::npos);
   bad = ParseOptimizerMode("fp32", "fp16");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("optimizer.master_dtype: unknown value 'fp16'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("optimizer.master_dtype: unknown value 'fp16'"),
+            std::string::npos);
 }
 
 TEST(AdamWCompactTest, SpansMissingWhatTheModeNeedsAreRefused) {
@@ -209,8 +211,9 @@ TEST(AdamWCompactTest, SpansMissingWhatTheModeNeedsAreRefused) {
   s.first_index = 100;
   auto r = CompactAdamW(s, b.mode, Hyper(1), KernelPath::kPortable);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("int8 states start at a block boundary (256), not at element 100"),
-            std::string::npos)
+  EXPECT_NE(
+      r.status().message().find("int8 states start at a block boundary (256), not at element 100"),
+      std::string::npos)
       << r.status().ToString();
   s = b.Span(in.grad16.data(), GradDtype::kBf16);
   s.master_comp = nullptr;
@@ -231,8 +234,8 @@ TEST(AdamWCompactTest, ExactModeIsFusedAdamW) {
                   .ok());
   std::vector<float> p = in.p, m = in.m, v = in.v;
   std::vector<uint16_t> w(kN);
-  AdamWSpan e{in.grad16.data(), GradDtype::kBf16, p.data(), m.data(), v.data(), w.data(),
-              WeightDtype::kBf16, kN};
+  AdamWSpan e{in.grad16.data(), GradDtype::kBf16, p.data(),           m.data(),
+              v.data(),         w.data(),         WeightDtype::kBf16, kN};
   FusedAdamW(e, Hyper(3), KernelPath::kPortable);
   EXPECT_EQ(b.master32, p);
   EXPECT_EQ(b.m32, m);
@@ -246,8 +249,8 @@ TEST(AdamWCompactTest, EveryFlavourMatchesPortableBitForBit) {
   const Inputs in = MakeInputs(3);
   for (const OptimizerMode mode : AllModes()) {
     for (const GradDtype gd : {GradDtype::kBf16, GradDtype::kFp32}) {
-      const void* grad = gd == GradDtype::kBf16 ? static_cast<const void*>(in.grad16.data())
-                                                : in.grad32.data();
+      const void* grad =
+          gd == GradDtype::kBf16 ? static_cast<const void*>(in.grad16.data()) : in.grad32.data();
       Buffers want(mode, in.p, in.m, in.v);
       std::vector<double> want_norm;
       for (uint64_t step = 1; step <= 3; ++step) {
@@ -264,7 +267,8 @@ TEST(AdamWCompactTest, EveryFlavourMatchesPortableBitForBit) {
           EXPECT_EQ(*r, want_norm[step - 1]) << mode.Describe() << " " << KernelPathName(path);
         }
         EXPECT_TRUE(got == want) << mode.Describe() << " on " << KernelPathName(path)
-                                 << " differs from portable (grad dtype " << static_cast<int>(gd) << ")";
+                                 << " differs from portable (grad dtype " << static_cast<int>(gd)
+                                 << ")";
       }
     }
   }
@@ -288,7 +292,9 @@ TEST(AdamWCompactTest, MatchesAFloat64ReferenceWithinTheQuantisationStep) {
       m0[i] = b.M(i);
       v0[i] = b.SqrtV(i) * b.SqrtV(i);
     }
-    ASSERT_TRUE(CompactAdamW(b.Span(in.grad16.data(), GradDtype::kBf16), mode, h, KernelPath::kPortable).ok());
+    ASSERT_TRUE(
+        CompactAdamW(b.Span(in.grad16.data(), GradDtype::kBf16), mode, h, KernelPath::kPortable)
+            .ok());
     const double bc1 = 1 - std::pow(h.beta1, 5.0), bc2 = 1 - std::pow(h.beta2, 5.0);
     std::vector<double> p(kN), m(kN), sv(kN), u(kN), g(kN);
     for (size_t i = 0; i < kN; ++i) {
@@ -302,7 +308,8 @@ TEST(AdamWCompactTest, MatchesAFloat64ReferenceWithinTheQuantisationStep) {
     const auto block_max = [&](const std::vector<double>& x, size_t i) {
       const size_t b0 = i / kInt8BlockSize * kInt8BlockSize;
       double most = 0;
-      for (size_t j = b0; j < std::min(kN, b0 + kInt8BlockSize); ++j) most = std::max(most, std::fabs(x[j]));
+      for (size_t j = b0; j < std::min(kN, b0 + kInt8BlockSize); ++j)
+        most = std::max(most, std::fabs(x[j]));
       return most;
     };
     constexpr double kFp32 = 0x1p-21;
@@ -321,7 +328,8 @@ TEST(AdamWCompactTest, MatchesAFloat64ReferenceWithinTheQuantisationStep) {
         sv_tol += (sv[i] < sv_step ? 1.0 : 0.5) * sv_step + kFp32 * block_max(sv, i);
       }
       ASSERT_LE(std::fabs(b.M(i) - m[i]), m_tol) << mode.Describe() << " exp_avg " << i;
-      ASSERT_LE(std::fabs(b.SqrtV(i) - sv[i]), sv_tol) << mode.Describe() << " sqrt(exp_avg_sq) " << i;
+      ASSERT_LE(std::fabs(b.SqrtV(i) - sv[i]), sv_tol)
+          << mode.Describe() << " sqrt(exp_avg_sq) " << i;
       if (mode.state == StateDtype::kInt8 && sv[i] > 0) {
         ASSERT_GT(b.SqrtV(i), 0) << "a nonzero v decodes to zero at " << i;
       }
@@ -368,8 +376,10 @@ TEST(AdamWCompactTest, CompensatedBf16MasterKeepsUpdatesBelowHalfAnUlp) {
   h.weight_decay = 0;
   for (int k = 1; k <= 200; ++k) {
     h.step = k;
-    ASSERT_TRUE(CompactAdamW(exact.Span(grad.data(), GradDtype::kBf16), exact.mode, h, BestPath()).ok());
-    ASSERT_TRUE(CompactAdamW(kahan.Span(grad.data(), GradDtype::kBf16), kahan.mode, h, BestPath()).ok());
+    ASSERT_TRUE(
+        CompactAdamW(exact.Span(grad.data(), GradDtype::kBf16), exact.mode, h, BestPath()).ok());
+    ASSERT_TRUE(
+        CompactAdamW(kahan.Span(grad.data(), GradDtype::kBf16), kahan.mode, h, BestPath()).ok());
   }
   for (size_t i = 0; i < n; ++i) {
     ASSERT_LT(exact.P(i), 0.985) << "200 steps of about 1e-4 each";

@@ -93,11 +93,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& c = *plan;
-  std::cout << nlohmann::json{{"device_blocks", c.device_blocks}, {"keep_layers", c.keep_layers},
-                              {"predicted_s", c.predicted_s},     {"bound", c.bound},
-                              {"gpu_s", c.gpu_s},                 {"cpu_s", c.cpu_s},
-                              {"host_s", c.host_s},               {"h2d_s", c.h2d_s},
-                              {"d2h_s", c.d2h_s},                 {"held_s", c.held_s},
+  std::cout << nlohmann::json{{"device_blocks", c.device_blocks},
+                              {"keep_layers", c.keep_layers},
+                              {"predicted_s", c.predicted_s},
+                              {"bound", c.bound},
+                              {"gpu_s", c.gpu_s},
+                              {"cpu_s", c.cpu_s},
+                              {"host_s", c.host_s},
+                              {"h2d_s", c.h2d_s},
+                              {"d2h_s", c.d2h_s},
+                              {"held_s", c.held_s},
                               {"nvme_s", c.nvme_s},
                               {"gpu_bytes", c.gpu_bytes}}
                    .dump()
