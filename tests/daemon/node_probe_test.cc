@@ -17,7 +17,7 @@ namespace {
 TEST(NodeProbeTest, NodeInfoListsTheSupportedModelFamilies) {
   offloadd::v1::NodeInfo info;
   FillNodeInfo(NodeFacts{}, BuildFacts{}, &info);
-  ASSERT_EQ(info.supported_families_size(), 10);
+  ASSERT_EQ(info.supported_families_size(), 13);  // 10 dense families, 3 mixtures of experts
   EXPECT_EQ(info.supported_families(0).model_type(), "llama");
   EXPECT_EQ(info.supported_families(0).architectures(0), "LlamaForCausalLM");
   bool qwen3 = false, gemma3 = false;

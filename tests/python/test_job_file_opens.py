@@ -33,6 +33,9 @@ ALLOWED_FILES = {
     "storage/tensor_store.cc": "the store's manifest in the daemon's store directories",
     "daemon/jobs/job_store.cc": "the daemon's own job database (<state_dir>/jobs.db), its recreation "
     "and its -wal/-shm files; never a job path",
+    "trainer/host_memory.cc": "the node's memory facts: /proc/meminfo, /proc/self/status, "
+    "/proc/self/cgroup and the cgroup's memory.max / memory.current under /sys/fs/cgroup; never a "
+    "job path",
 }
 
 # (file, a piece of the line): why it is not a job path, or how it stays confined.
