@@ -21,6 +21,7 @@ import time
 import pytest
 
 from faultlib import build_model, differing_bytes, load_weights, write_pretokenized
+from proc_tree import descendants_named  # noqa: E402 (on the path through faultlib)
 
 STEPS = 12
 SAVE_STEPS = 4
@@ -57,20 +58,6 @@ def placement(text: str) -> str:
     return m.group(1) if m else "every block on NVMe"
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-def comm(pid: int) -> str:
-    try:
-        return pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
-    except FileNotFoundError:
-        return ""
-
-
 def run_and_kill(cmd: list[str], log: pathlib.Path, at_step: int, victim: str) -> str:
     """Runs cmd until it reports step `at_step`, SIGKILLs `victim` ("store": its offloadd-store
     child; "trainer": the process itself) and returns its output; the run must end within the bound."""
@@ -83,8 +70,8 @@ def run_and_kill(cmd: list[str], log: pathlib.Path, at_step: int, victim: str) -
             else:
                 pytest.fail(f"the run ended before step {at_step}:\n{log.read_text()[-2000:]}")
             if victim == "store":
-                stores = [c for c in children(p.pid) if comm(c) == "offloadd-store"]
-                assert len(stores) == 1, [(c, comm(c)) for c in children(p.pid)]
+                stores = descendants_named(p.pid, "offloadd-store")
+                assert len(stores) == 1, stores
                 os.kill(stores[0], signal.SIGKILL)
             else:
                 os.kill(p.pid, signal.SIGKILL)
