@@ -144,8 +144,12 @@ struct Buffers {
   bool operator==(const Buffers& o) const {
     return master32 == o.master32 && hi == o.hi && lo == o.lo && m32 == o.m32 && v32 == o.v32 &&
            m16 == o.m16 && v16 == o.v16 && m8 == o.m8 && v8 == o.v8 && weights == o.weights &&
-           std::memcmp(m_scale.data(), o.m_scale.data(), m_scale.size() * 4) == 0 &&
-           std::memcmp(v_scale.data(), o.v_scale.data(), v_scale.size() * 4) == 0;
+           SameBits(m_scale, o.m_scale) && SameBits(v_scale, o.v_scale);
+  }
+  // Bitwise (a NaN scale equals itself); empty vectors have no data() to compare.
+  static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   }
 };
 
