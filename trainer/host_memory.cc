@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "common/units.h"
@@ -51,6 +53,18 @@ bool HasIpcLock(const std::string& proc_root) {
   return false;
 }
 
+// The bytes of memory.stat's `keys` summed ("anon 123\nfile 456\n...").
+uint64_t CgroupStatSum(const std::string& path, std::initializer_list<std::string_view> keys) {
+  std::ifstream in(path);
+  std::string key;
+  uint64_t value = 0;
+  uint64_t sum = 0;
+  while (in >> key >> value) {
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) sum += value;
+  }
+  return sum;
+}
+
 }  // namespace
 
 NodeMemory ProbeNodeMemory(const std::string& proc_root, const std::string& cgroup_root) {
@@ -69,6 +83,9 @@ NodeMemory ProbeNodeMemory(const std::string& proc_root, const std::string& cgro
       if (max > 0) {
         m.cgroup_max = max;
         m.cgroup_usage = CgroupNumber(at + "/memory.current");
+        m.cgroup_reclaimable = std::min(
+            m.cgroup_usage, CgroupStatSum(at + "/memory.stat",
+                                          {"active_file", "inactive_file", "slab_reclaimable"}));
         break;
       }
       if (dir.empty() || dir == "/") break;
@@ -99,8 +116,8 @@ HostMemoryLimit DefaultHostMemoryLimit(uint64_t configured, const NodeMemory& no
   uint64_t can = node.available > 0 ? node.available : node.total;
   std::string what = FormatByteSize(can) + (node.available > 0 ? " available" : " of RAM");
   if (node.cgroup_max > 0) {
-    const uint64_t room =
-        node.cgroup_max > node.cgroup_usage ? node.cgroup_max - node.cgroup_usage : 0;
+    const uint64_t held = node.cgroup_usage - std::min(node.cgroup_usage, node.cgroup_reclaimable);
+    const uint64_t room = node.cgroup_max > held ? node.cgroup_max - held : 0;
     if (room < can) {
       can = room;
       what = FormatByteSize(room) + " left under the cgroup's memory.max of " +

@@ -21,7 +21,8 @@
 namespace offloadd::trainer {
 
 // What the node can give a job safely when neither the job nor the daemon names a limit:
-//   min(MemAvailable, the cgroup's memory.max - memory.current, RLIMIT_MEMLOCK) - reserve
+//   min(MemAvailable, the cgroup's memory.max - (memory.current - its page cache),
+//       RLIMIT_MEMLOCK) - reserve
 // probed when the job is validated or starts (another job's arena is already not available).
 // The reserve holds what the prediction leaves out plus the kernel's own slack: the measured
 // host peaks ran 2.7-7.7 GiB (at most 6.1% of RAM) above PredictHostMemory on the 125.9 GiB
@@ -35,11 +36,18 @@ struct NodeMemory {
   uint64_t available = 0;     // MemAvailable (0: unknown, then `total` counts)
   uint64_t cgroup_max = 0;    // the process's cgroup v2 memory.max (0: "max", or no cgroup v2)
   uint64_t cgroup_usage = 0;  // its memory.current
+  // The part of memory.current the kernel reclaims before it OOM-kills inside the cgroup: the
+  // page cache on the file LRUs (active_file + inactive_file of memory.stat; shmem, hence the
+  // arena's memfd, is on the anon LRUs and stays counted) and reclaimable slab. A container
+  // that has just built or read a lot shows memory.current near memory.max with most of it
+  // cache, as MemAvailable counts cache as available.
+  uint64_t cgroup_reclaimable = 0;
   uint64_t memlock = 0;       // RLIMIT_MEMLOCK's soft limit (0: unlimited)
   bool pinned = true;         // the arena is page-locked (a GPU): memlock bounds it
 };
 
-// Reads <proc>/meminfo, <proc>/self/cgroup with <cgroup_root>/<path>/memory.{max,current}, and
+// Reads <proc>/meminfo, <proc>/self/cgroup with <cgroup_root>/<path>/memory.{max,current,stat},
+// and
 // getrlimit. The roots are seams for tests.
 NodeMemory ProbeNodeMemory(const std::string& proc_root = "/proc",
                            const std::string& cgroup_root = "/sys/fs/cgroup");

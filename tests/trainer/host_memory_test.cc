@@ -78,6 +78,24 @@ TEST(HostMemoryTest, DefaultLimitIsCappedByTheCgroupAndByMemlockWhenPinned) {
   EXPECT_NE(l.source.find("ulimit -l unlimited"), std::string::npos) << l.source;
 }
 
+// A CI container (memory.max 24 GiB) right after a build: memory.current is at the max, almost
+// all of it page cache. The kernel reclaims the cache before it OOM-kills, so it is room, as
+// MemAvailable counts it; before, the limit was 1 byte and every job was refused.
+TEST(HostMemoryTest, TheCgroupsPageCacheIsRoomNotUsage) {
+  NodeMemory m = Node(24 * kGiB, 22 * kGiB);
+  m.cgroup_max = 24 * kGiB;
+  m.cgroup_usage = 24 * kGiB;
+  m.cgroup_reclaimable = 21 * kGiB;  // 3 GiB of anon + shmem held
+  HostMemoryLimit l = DefaultHostMemoryLimit(0, m);
+  EXPECT_EQ(l.bytes, 21 * kGiB - HostMemoryReserve(24 * kGiB)) << l.source;
+  EXPECT_NE(l.source.find("21 GiB left under the cgroup's memory.max of 24 GiB"),
+            std::string::npos)
+      << l.source;
+  // Nothing reclaimable: what is held is all the cgroup has used.
+  m.cgroup_reclaimable = 0;
+  EXPECT_EQ(DefaultHostMemoryLimit(0, m).bytes, 1u);
+}
+
 // The rule's inputs from the files the kernel writes: meminfo, the process's cgroup v2 path and
 // the nearest memory.max above it ("max" means none).
 TEST(HostMemoryTest, ProbeReadsMeminfoAndTheNearestCgroupMemoryMax) {
@@ -92,11 +110,15 @@ TEST(HostMemoryTest, ProbeReadsMeminfoAndTheNearestCgroupMemoryMax) {
   std::ofstream(root + "/cg/system.slice/offloadd.service/job/memory.max") << "max\n";
   std::ofstream(root + "/cg/system.slice/offloadd.service/memory.max") << 100 * kGiB << "\n";
   std::ofstream(root + "/cg/system.slice/offloadd.service/memory.current") << 10 * kGiB << "\n";
+  std::ofstream(root + "/cg/system.slice/offloadd.service/memory.stat")
+      << "anon " << 2 * kGiB << "\nfile " << 8 * kGiB << "\nshmem " << kGiB << "\nactive_file "
+      << 3 * kGiB << "\ninactive_file " << 4 * kGiB << "\nslab_reclaimable " << kGiB / 2 << "\n";
   const NodeMemory m = ProbeNodeMemory(root + "/proc", root + "/cg");
   EXPECT_EQ(m.total, uint64_t{131072000} * 1024);
   EXPECT_EQ(m.available, uint64_t{125829120} * 1024);
   EXPECT_EQ(m.cgroup_max, 100 * kGiB);
   EXPECT_EQ(m.cgroup_usage, 10 * kGiB);
+  EXPECT_EQ(m.cgroup_reclaimable, 7 * kGiB + kGiB / 2);  // the file LRUs and reclaimable slab
   // No cgroup v2 line: no cap.
   std::ofstream(root + "/proc/self/cgroup", std::ios::trunc) << "1:memory:/x\n";
   EXPECT_EQ(ProbeNodeMemory(root + "/proc", root + "/cg").cgroup_max, 0u);
