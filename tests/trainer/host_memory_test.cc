@@ -88,8 +88,7 @@ TEST(HostMemoryTest, TheCgroupsPageCacheIsRoomNotUsage) {
   m.cgroup_reclaimable = 21 * kGiB;  // 3 GiB of anon + shmem held
   HostMemoryLimit l = DefaultHostMemoryLimit(0, m);
   EXPECT_EQ(l.bytes, 21 * kGiB - HostMemoryReserve(24 * kGiB)) << l.source;
-  EXPECT_NE(l.source.find("21 GiB left under the cgroup's memory.max of 24 GiB"),
-            std::string::npos)
+  EXPECT_NE(l.source.find("21 GiB left under the cgroup's memory.max of 24 GiB"), std::string::npos)
       << l.source;
   // Nothing reclaimable: what is held is all the cgroup has used.
   m.cgroup_reclaimable = 0;
