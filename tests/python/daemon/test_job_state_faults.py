@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import pathlib
+import re
 import signal
 import sqlite3
 import subprocess
@@ -50,14 +51,19 @@ def tmpfs(path: pathlib.Path, size: str, mode: str = "0755"):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def fill(directory: pathlib.Path) -> pathlib.Path:
-    """Writes a file in `directory` until its file system is full (ENOSPC); returns it."""
+def fill(directory: pathlib.Path, leave: int = 0) -> pathlib.Path:
+    """Writes a file in `directory` until its file system has at most `leave` bytes free (0:
+    until it is full, ENOSPC); returns it."""
     filler = directory / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        for chunk in (1 << 16, 1 << 12, 1 << 9):
+        # Pages (4 KiB) are what a tmpfs counts: to leave an amount, stop at page size.
+        for chunk in (1 << 16, 1 << 12) + (() if leave else (1 << 9,)):
             block = b"\0" * chunk
             while True:
+                fs = os.statvfs(directory)
+                if leave and fs.f_bavail * fs.f_frsize - chunk < leave:
+                    break
                 try:
                     os.write(fd, block)
                 except OSError as e:
@@ -65,6 +71,9 @@ def fill(directory: pathlib.Path) -> pathlib.Path:
                     break
     finally:
         os.close(fd)
+    if leave:
+        fs = os.statvfs(directory)
+        assert leave <= fs.f_bavail * fs.f_frsize < leave + (1 << 12), (leave, fs.f_bavail * fs.f_frsize)
     return filler
 
 
@@ -255,11 +264,18 @@ def test_output_space_is_checked_and_a_failed_job_resumes_from_its_checkpoint(bi
             assert "before it saved a checkpoint" in str(err.value), str(err.value)
             filler.unlink()
 
-            # A job that fails after a checkpoint (output_dir full at its second checkpoint)...
-            job = c.create_job(dict(spec(workspace, "z", steps=12, save_steps=4, accum=4), output_dir=str(disk / "z")))
-            ev = Events(c, job.id)
-            ev.wait_for(lambda e: e.HasField("checkpoint_saved"))
-            filler = fill(disk)
+            # A job that fails after a checkpoint (output_dir full at its second checkpoint)... The
+            # disk is filled before it starts, to leave what validation asks for (one checkpoint
+            # and the export) and 64 KiB: the first checkpoint fits, the second cannot (a
+            # checkpoint's fp32 master and AdamW states outweigh the export). Filling it once the
+            # first checkpoint was reported raced the job to its second (CI saw checkpoint 8).
+            z = dict(spec(workspace, "z", steps=12, save_steps=4, accum=4), output_dir=str(disk / "z"))
+            with pytest.raises(offloadd.InvalidArgument) as err:
+                c.create_job(dict(z, output_dir=str(small / "z")), validate_only=True)
+            msg = next(v.description for v in err.value.field_violations if v.field == "output_dir")
+            need = int(re.search(r"below the \S+ \S+ \((\d+) bytes\) the job writes there", msg).group(1))
+            filler = fill(disk, leave=need + (64 << 10))
+            job = c.create_job(z)
             failed = c.wait(job.id, timeout=120)
             assert failed.state == S.JOB_STATE_FAILED and failed.latest_checkpoint_step == 4, (failed, d.log()[-2000:])
             # ... resumes from it with ResumeJob once there is room again.
