@@ -45,9 +45,16 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
 // `limit` that the blocks' states may take (PlaceBlockStates, each block at what its master and
 // moments add to the arena; then again with the smaller staging slots of that placement);
 // `disk_free` (the store directories' free space) less the new versions in flight and the spilled
-// activations is the disk. Sets in->optimizer.nvme_blocks.
+// activations is the disk. Sets in->optimizer.nvme_blocks. Refused (ResourceExhausted) when that
+// disk is short, naming the disk it lacks and the smallest host limit that would fit
+// (SmallestHostLimitForDisk); in->optimizer.nvme_blocks is then empty (every block on NVMe).
 StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
                                                uint64_t disk_free);
+
+// The smallest host limit (rounded up to 1 MiB) above `limit` under which PlaceStatesUnderLimit's
+// placement needs no more than `disk_free` of disk (more blocks' states in RAM); 0 when none does,
+// not even with every block in RAM. What a refusal for disk space names beside the disk it lacks.
+uint64_t SmallestHostLimitForDisk(const HostMemoryInputs& in, uint64_t limit, uint64_t disk_free);
 
 // The free bytes of the file systems of `dirs` (each counted once; a directory not made yet counts
 // its nearest existing parent); UINT64_MAX when none can be asked.

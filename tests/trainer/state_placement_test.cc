@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
+
+#include "common/units.h"
+
 namespace offloadd::trainer {
 namespace {
 
@@ -102,6 +106,99 @@ TEST(StatePlacementTest, UnderALimitThePredictionFitsAndTheDiskIsExact) {
             std::string::npos)
       << short_disk.status().message();
   EXPECT_TRUE(again.optimizer.nvme_blocks.empty());  // refused: every block on NVMe again
+}
+
+// A refusal for disk names what it lacks and the smallest host limit that fits the disk there is:
+// under it the placement fits, 1 MiB less it does not.
+TEST(StatePlacementTest, ADiskRefusalNamesTheSmallestLimitThatFits) {
+  HostMemoryInputs in;
+  in.optimizer.tier = StateTier::kNvme;
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.block_elements = {1 << 21, 1 << 20, 1 << 20, 1 << 20, 1 << 20, (1 << 21) + 64};
+  const uint64_t limit = PredictHostMemory(in).total + 12 * (1 << 22);  // embedding and head
+  const uint64_t disk = 12 * (1 << 20) * 5 - 1;  // short of block 4's states and its versions
+  const uint64_t smallest = SmallestHostLimitForDisk(in, limit, disk);
+  ASSERT_GT(smallest, limit);
+  HostMemoryInputs t = in;
+  ASSERT_TRUE(PlaceStatesUnderLimit(&t, smallest, disk).ok());
+  EXPECT_EQ(t.optimizer.nvme_blocks, std::vector<bool>(6, false));  // no NVMe block fits the disk
+  t = in;
+  EXPECT_FALSE(PlaceStatesUnderLimit(&t, smallest - (1 << 20), disk).ok());
+  auto refused = PlaceStatesUnderLimit(&in, limit, disk);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  const std::string m(refused.status().message());
+  EXPECT_NE(m.find("free (under the host memory limit of " + FormatByteSize(limit) + ")"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("it would fit with "), std::string::npos) << m;
+  EXPECT_NE(m.find("more free disk (free disk space or add a store directory), or a host memory "
+                   "limit of at least " +
+                   FormatByteSize(smallest) + " (more blocks' states in RAM)"),
+            std::string::npos)
+      << m;
+  // A limit that fits already is its own answer; no disk at all leaves no limit that fits.
+  EXPECT_EQ(SmallestHostLimitForDisk(in, smallest, disk), smallest);
+  in.spill_disk_bytes = disk + 1;  // the spilled activations alone overflow the disk
+  EXPECT_EQ(SmallestHostLimitForDisk(in, limit, disk), 0u);
+}
+
+// A Llama-shaped model's blocks (embedding, `layers` decoder layers, final norm and untied head),
+// bf16 compute on the NVMe tier with one worker process (the H200 runs' setting).
+HostMemoryInputs Llama(int layers, uint64_t h, uint64_t inter, uint64_t kv, uint64_t vocab) {
+  HostMemoryInputs in;
+  in.cuda = true;
+  in.optimizer.tier = StateTier::kNvme;
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.worker_processes = 1;
+  in.optimizer.block_elements.push_back(vocab * h);
+  const uint64_t layer = 2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h;
+  for (int l = 0; l < layers; ++l) in.optimizer.block_elements.push_back(layer);
+  in.optimizer.block_elements.push_back(vocab * h + h);
+  return in;
+}
+
+uint64_t Params(const HostMemoryInputs& in) {
+  uint64_t n = 0;
+  for (uint64_t b : in.optimizer.block_elements) n += b;
+  return n;
+}
+
+// The largest trainable model on the H200 host with per-block placement (the planner's own
+// numbers, docs/host_memory_and_nvme.md "Largest trainable model"): the default limit of the idle
+// 125.9 GiB host (116.3 GiB) and the 62.9 GiB its disk had free. Llama-2-13B's shape (40 x 5120)
+// is refused for disk with the limit that would fit (159.4 GiB); the largest of its width that
+// fits has 30 layers (9.8 B parameters), of Llama-3-8B's width (4096, vocab 128,256) 43 layers
+// (10.4 B): about (R + D) / 16 less the staging slots and the versions in flight, against the
+// (R + D) / 12 = 16.1 B of the physical limit.
+TEST(StatePlacementTest, LargestLlamaShapesOnTheH200Host) {
+  const uint64_t total = uint64_t{132017844} * 1024;  // MemTotal 125.9 GiB
+  NodeMemory node;
+  node.total = total;
+  node.available = total - 2 * kGiB;  // idle
+  const uint64_t limit = DefaultHostMemoryLimit(0, node).bytes;
+  EXPECT_EQ(FormatByteSize(limit), "116.3 GiB");
+  const uint64_t disk = static_cast<uint64_t>(62.9 * static_cast<double>(kGiB));
+  HostMemoryInputs l13 = Llama(40, 5120, 13824, 5120, 32000);
+  EXPECT_EQ(Params(l13) / 100'000'000, 130u);  // 13.0 B
+  auto refused = PlaceStatesUnderLimit(&l13, limit, disk);
+  ASSERT_FALSE(refused.ok());
+  std::cout << "13B: " << refused.status().message() << "\n";
+  auto largest = [&](uint64_t h, uint64_t inter, uint64_t kv, uint64_t vocab) {
+    int layers = 1;
+    for (int l = 1; l < 200; ++l) {
+      HostMemoryInputs in = Llama(l, h, inter, kv, vocab);
+      if (!PlaceStatesUnderLimit(&in, limit, disk).ok()) break;
+      layers = l;
+    }
+    HostMemoryInputs in = Llama(layers, h, inter, kv, vocab);
+    auto p = PlaceStatesUnderLimit(&in, limit, disk);
+    const HostMemoryPrediction q = PredictHostMemory(in);
+    std::cout << layers << " x " << h << ": " << Params(in) << " parameters; "
+              << (p.ok() ? p->Describe() : "") << "; " << q.Describe() << "\n";
+    return layers;
+  };
+  EXPECT_EQ(largest(5120, 13824, 5120, 32000), 30);
+  EXPECT_EQ(largest(4096, 14336, 1024, 128256), 43);
 }
 
 }  // namespace
