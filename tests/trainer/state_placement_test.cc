@@ -128,7 +128,8 @@ TEST(StatePlacementTest, ADiskRefusalNamesTheSmallestLimitThatFits) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
   const std::string m(refused.status().message());
-  EXPECT_NE(m.find("free (under the host memory limit of " + FormatByteSize(limit) + ")"), std::string::npos)
+  EXPECT_NE(m.find("free (under the host memory limit of " + FormatByteSize(limit) + ")"),
+            std::string::npos)
       << m;
   EXPECT_NE(m.find("it would fit with "), std::string::npos) << m;
   EXPECT_NE(m.find("more free disk (free disk space or add a store directory), or a host memory "
