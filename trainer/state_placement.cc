@@ -48,6 +48,12 @@ std::vector<bool> StatePlacement::nvme_blocks() const {
   return out;
 }
 
+std::vector<bool> StatePlacement::nvme_weight_blocks() const {
+  std::vector<bool> out(weight_tiers.size());
+  for (size_t b = 0; b < weight_tiers.size(); ++b) out[b] = weight_tiers[b] == BlockTier::kNvme;
+  return out;
+}
+
 std::string StatePlacement::Describe() const {
   const int ram = ram_blocks();
   const int nvme = static_cast<int>(tiers.size()) - ram;
@@ -59,7 +65,12 @@ std::string StatePlacement::Describe() const {
     out += (ram > 0 ? ", " : "blocks ") + Ranges(tiers, BlockTier::kNvme) + " on NVMe (" +
            FormatByteSize(disk_bytes) + ")";
   }
-  return out.empty() ? "no blocks" : out;
+  if (out.empty()) return "no blocks";
+  if (weight_disk_bytes > 0) {
+    out += "; 16-bit weights of blocks " + Ranges(weight_tiers, BlockTier::kNvme) + " on NVMe (" +
+           FormatByteSize(weight_disk_bytes) + ")";
+  }
+  return out;
 }
 
 StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& blocks,
@@ -141,6 +152,7 @@ StatusOr<StatePlacement> PlaceInRam(HostMemoryInputs* in, uint64_t limit) {
 uint64_t SmallestHostLimitForDisk(const HostMemoryInputs& in, uint64_t limit, uint64_t disk_free) {
   constexpr uint64_t kStep = uint64_t{1} << 20;
   HostMemoryInputs t = in;
+  t.optimizer.nvme_weight_blocks.clear();  // the weights in RAM: the least disk
   auto fits = [&](uint64_t l) {
     return PlaceInRam(&t, l).ok() && PredictHostMemory(t).disk_bytes <= disk_free;
   };
@@ -162,9 +174,41 @@ uint64_t SmallestHostLimitForDisk(const HostMemoryInputs& in, uint64_t limit, ui
   return (hi + kStep - 1) / kStep * kStep;
 }
 
+namespace {
+
+// States first, then weights (PlaceStatesUnderLimit): while the prediction is above `limit`, the
+// 16-bit weights of one more NVMe block go to the store: the smallest first (the slots' and
+// buffers' weight regions grow to the largest such block), equal ones from the last block down.
+void PlaceWeights(HostMemoryInputs* in, uint64_t limit, StatePlacement* p) {
+  HostOptimizerOptions& o = in->optimizer;
+  const size_t n = o.block_elements.size();
+  o.nvme_weight_blocks.assign(n, false);
+  p->weight_tiers.assign(n, BlockTier::kRam);
+  if (o.compute == HostDtype::kFp32 || PredictHostMemory(*in).total <= limit) {
+    o.nvme_weight_blocks.clear();
+    return;
+  }
+  std::vector<size_t> order;
+  for (size_t b = n; b-- > 0;) {
+    if (p->tiers[b] == BlockTier::kNvme) order.push_back(b);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return o.block_elements[a] < o.block_elements[b]; });
+  for (size_t b : order) {
+    if (PredictHostMemory(*in).total <= limit) break;
+    o.nvme_weight_blocks[b] = true;
+    p->weight_tiers[b] = BlockTier::kNvme;
+    p->weight_disk_bytes += 2 * o.block_elements[b];
+  }
+}
+
+}  // namespace
+
 StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
                                                uint64_t disk_free) {
+  in->optimizer.nvme_weight_blocks.clear();
   ASSIGN_OR_RETURN(StatePlacement p, PlaceInRam(in, limit));
+  if (in->nvme_weights_allowed) PlaceWeights(in, limit, &p);
   const HostMemoryPrediction placed = PredictHostMemory(*in);
   if (placed.disk_bytes > disk_free) {
     const size_t n = in->optimizer.block_elements.size();
@@ -179,11 +223,15 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
     const Status refused = ResourceExhaustedError(
         "the optimizer states need " + FormatByteSize(placed.disk_bytes) + " on NVMe (" +
         std::to_string(nvme_blocks) + " of " + std::to_string(n) + " blocks, " +
-        FormatByteSize(p.disk_bytes) + " of states and the new versions in flight) beside " +
-        FormatByteSize(p.ram_bytes) + " in RAM, but the store directories have " +
-        FormatByteSize(disk_free) + " free (under the host memory limit of " +
-        FormatByteSize(limit) + "); it would fit with " + fixes);
+        FormatByteSize(p.disk_bytes) + " of states" +
+        (p.weight_disk_bytes > 0 ? ", " + FormatByteSize(p.weight_disk_bytes) + " of 16-bit weights"
+                                 : "") +
+        " and the new versions in flight) beside " + FormatByteSize(p.ram_bytes) +
+        " in RAM, but the store directories have " + FormatByteSize(disk_free) +
+        " free (under the host memory limit of " + FormatByteSize(limit) + "); it would fit with " +
+        fixes);
     in->optimizer.nvme_blocks.clear();
+    in->optimizer.nvme_weight_blocks.clear();
     return refused;
   }
   return p;

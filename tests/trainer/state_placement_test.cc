@@ -143,6 +143,54 @@ TEST(StatePlacementTest, ADiskRefusalNamesTheSmallestLimitThatFits) {
   EXPECT_EQ(SmallestHostLimitForDisk(in, limit, disk), 0u);
 }
 
+// offload_param: {device: nvme}: states first, then weights. With every block's states on NVMe
+// still above the limit, the 16-bit weights of NVMe blocks go to the store, the layers from the
+// last down, until the prediction fits; each moved layer frees its 2 B per parameter, the first
+// adds the slots' and buffers' weight regions of its size.
+TEST(StatePlacementTest, StatesFirstThenWeights) {
+  HostMemoryInputs in;
+  in.optimizer.tier = StateTier::kNvme;
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.block_elements.assign(18, 1 << 20);
+  in.optimizer.block_elements.front() = in.optimizer.block_elements.back() = 1 << 21;
+  const HostMemoryPrediction all = PredictHostMemory(in);  // every block's states on NVMe
+  const uint64_t limit = all.total - (4 << 20);
+  HostMemoryInputs states_only = in;
+  ASSERT_TRUE(PlaceStatesUnderLimit(&states_only, limit, uint64_t{1} << 40).ok());
+  EXPECT_TRUE(states_only.optimizer.nvme_weight_blocks.empty());
+  EXPECT_GT(PredictHostMemory(states_only).total, limit);  // CheckHostMemory refuses it
+  in.nvme_weights_allowed = true;
+  auto p = PlaceStatesUnderLimit(&in, limit, uint64_t{1} << 40);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  std::vector<bool> want(18, false);
+  for (int b = 9; b <= 16; ++b) want[b] = true;  // 8 layers: 16 MiB freed, 10 MiB of regions
+  EXPECT_EQ(in.optimizer.nvme_weight_blocks, want) << p->Describe();
+  EXPECT_EQ(p->nvme_weight_blocks(), want);
+  EXPECT_EQ(p->ram_blocks(), 0);
+  const HostMemoryPrediction placed = PredictHostMemory(in);
+  EXPECT_LE(placed.total, limit);
+  EXPECT_EQ(placed.nvme_weight_params, uint64_t{8} << 20);
+  // 2 B per parameter and one new version per slot and one committing, of a layer.
+  EXPECT_EQ(placed.disk_bytes, all.disk_bytes + 2 * (uint64_t{8} << 20) + 2 * (1 << 20) * 4);
+  HostMemoryInputs seven = in;  // one layer fewer does not fit
+  seven.optimizer.nvme_weight_blocks[9] = false;
+  EXPECT_GT(PredictHostMemory(seven).total, limit);
+  EXPECT_NE(p->Describe().find("; 16-bit weights of blocks 9-16 on NVMe (16 MiB)"),
+            std::string::npos)
+      << p->Describe();
+  // The disk must hold them too.
+  auto short_disk = PlaceStatesUnderLimit(&in, limit, placed.disk_bytes - 1);
+  ASSERT_FALSE(short_disk.ok());
+  EXPECT_NE(short_disk.status().message().find(", 16 MiB of 16-bit weights and the new versions"),
+            std::string::npos)
+      << short_disk.status().message();
+  EXPECT_TRUE(in.optimizer.nvme_weight_blocks.empty());
+  // fp32 compute keeps no 16-bit copy to move.
+  in.optimizer.compute = HostDtype::kFp32;
+  ASSERT_TRUE(PlaceStatesUnderLimit(&in, limit, uint64_t{1} << 40).ok());
+  EXPECT_TRUE(in.optimizer.nvme_weight_blocks.empty());
+}
+
 // A Llama-shaped model's blocks (embedding, `layers` decoder layers, final norm and untied head),
 // bf16 compute on the NVMe tier with one worker process (the H200 runs' setting).
 HostMemoryInputs Llama(int layers, uint64_t h, uint64_t inter, uint64_t kv, uint64_t vocab) {
@@ -200,6 +248,25 @@ TEST(StatePlacementTest, LargestLlamaShapesOnTheH200Host) {
   };
   EXPECT_EQ(largest(5120, 13824, 5120, 32000), 30);
   EXPECT_EQ(largest(4096, 14336, 1024, 128256), 43);
+  // The weights on NVMe do not move that limit here: RAM is not what runs out (every block's
+  // weights and gradients, 4 B per parameter, take 48 GiB of the 116.3), the disk is, and a
+  // weight on NVMe takes the 2 B of disk it frees in RAM.
+  HostMemoryInputs w13 = Llama(40, 5120, 13824, 5120, 32000);
+  w13.nvme_weights_allowed = true;
+  auto same = PlaceStatesUnderLimit(&w13, limit, disk);
+  ASSERT_FALSE(same.ok());
+  EXPECT_EQ(same.status().message(), refused.status().message());
+  // Where RAM runs out first they do: 13B under a 48 GiB limit with 1 TiB of disk.
+  const uint64_t small = 48 * kGiB, big_disk = 1024 * kGiB;
+  HostMemoryInputs r13 = Llama(40, 5120, 13824, 5120, 32000);
+  ASSERT_TRUE(PlaceStatesUnderLimit(&r13, small, big_disk).ok());
+  EXPECT_GT(PredictHostMemory(r13).total, small);  // states alone: refused later, for RAM
+  r13.nvme_weights_allowed = true;
+  auto fits = PlaceStatesUnderLimit(&r13, small, big_disk);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_LE(PredictHostMemory(r13).total, small);
+  std::cout << "13B under 48 GiB: " << fits->Describe() << "; " << PredictHostMemory(r13).Describe()
+            << "\n";
 }
 
 }  // namespace
