@@ -671,6 +671,31 @@ TEST_F(HostOptimizerTest, WeightsOnNvmeTrainLikeRamBitForBit) {
             StatusCode::kInvalidArgument);
 }
 
+// A store killed under NVMe weights: the next read of them fails at once, naming the store and the
+// block, never blocks.
+TEST_F(HostOptimizerTest, WeightsOnNvmeFromAKilledStoreFailNamingIt) {
+  HostOptimizerOptions o = Options(StateTier::kNvme);
+  o.compute = HostDtype::kBf16;
+  o.nvme_weight_blocks = {true, false, true};
+  auto h = Make(o);
+  ASSERT_TRUE(h);
+  ASSERT_TRUE(Bounded("FetchWeights", [&] { return h->FetchWeights(2, 1).status(); }).ok());
+  const pid_t store = ChildNamed("offloadd-store");
+  ASSERT_GT(store, 0);
+  ASSERT_EQ(::kill(store, SIGKILL), 0);
+  const Status st = Bounded("FetchWeights", [&] { return h->FetchWeights(0, 0).status(); });
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("reading block 0's weights from NVMe"), std::string::npos)
+      << st.ToString();
+  EXPECT_NE(st.message().find("offloadd-store (pid " + std::to_string(store) + ") died"),
+            std::string::npos)
+      << st.ToString();
+  Bounded("destruction", [&] {
+    h.reset();
+    return 0;
+  });
+}
+
 TEST_F(HostOptimizerTest, WeightsOnNvmeAreRefusedWhereTheyCannotAct) {
   HostOptimizerOptions o = Options(StateTier::kNvme);
   o.compute = HostDtype::kBf16;
