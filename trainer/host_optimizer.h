@@ -20,6 +20,7 @@
 //
 // Thread-safety: every public method is for the step-loop thread except where noted.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -156,6 +157,12 @@ class HostOptimizer {
   // are (compute_weight_bytes(block) bytes), valid until that buffer is fetched into again. Runs
   // the read on the optimizer thread; for blocks with weights_on_nvme only.
   StatusOr<const void*> FetchWeights(int block, int buffer);
+  // Issues that read ahead, into `buffer`, without waiting: a FetchWeights of the same block and
+  // buffer then waits only for what is left of it. A prefetch that a later write-back of the block
+  // (its update, a restore) overtakes is dropped, and FetchWeights reads again: it always returns
+  // the latest weights written back. FetchWeights calls that found their read issued ahead:
+  uint64_t weight_prefetch_hits() const;
+  Status PrefetchWeights(int block, int buffer);
   const ipc::SharedSegment& segment() const { return segment_; }
   // "/proc/<pid>/fd/<fd>" of the arena: how the other ranks of a data-parallel group attach.
   std::string ArenaPath() const;
@@ -311,6 +318,16 @@ class HostOptimizer {
   std::vector<workers::ShardSpec> shards_;
   std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe block + fp32)
   std::vector<uint64_t> weight_buffers_;  // FetchWeights' destinations (kWeightBuffers)
+  struct WeightRead {  // per weight buffer (optimizer thread): the read issued into it
+    int block = -1;
+    uint64_t id = 0;     // its store I/O, 0: none in flight
+    bool stale = false;  // a write-back of the block came after it
+  };
+  std::vector<WeightRead> weight_reads_;
+  std::atomic<uint64_t> weight_prefetch_hits_{0};
+  Status IssueWeightRead(int block, int buffer);  // optimizer thread
+  Status ClaimIo(uint64_t id);                     // waits for a non-slot I/O to complete
+  void DropWeightReads(size_t block);              // its reads in flight are stale
   bool WeightsOnNvme(size_t shard) const;
   // The 16-bit copy of `master` for block b: into its arena region, or (weights on NVMe) into
   // `slot`'s and written to the store (optimizer thread).

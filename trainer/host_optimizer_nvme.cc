@@ -95,6 +95,7 @@ Status HostOptimizer::WriteBack(size_t shard) {
     slot.pending_writes.push_back(id);
   }
   if (WeightsOnNvme(shard)) {  // the new 16-bit weights the update wrote into the slot
+    DropWeightReads(shard);
     const uint64_t id = next_io_id_;
     RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(shard), kHalf, slot.offset[3],
                             shards_[shard].num_elements * 2, false));

@@ -3,6 +3,7 @@
 // restore, and read back for the device (FetchWeights). The update side is the NVMe tier's own
 // (host_optimizer_nvme.cc: the update writes them into the block's staging slot, the write-back
 // takes them to the store with the states).
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -69,6 +70,7 @@ Status HostOptimizer::AllocateWeightRegions() {
                                                      ipc::RegionKind::kParamStaging, w * 2));
     weight_buffers_.push_back(r.offset);
   }
+  weight_reads_.assign(kWeightBuffers, WeightRead{});
   return OkStatus();
 }
 
@@ -80,36 +82,94 @@ Status HostOptimizer::Derive16(size_t b, const float* master, const Slot* slot) 
     return OkStatus();
   }
   internal::To16(options_.compute, master, arena_->At<uint16_t>(slot->offset[3]), n);
+  DropWeightReads(b);
   return StoreIo(true, static_cast<uint32_t>(b),
                  static_cast<uint32_t>(storage::TensorKind::kParamHalf), slot->offset[3], n * 2,
                  true);
 }
 
-StatusOr<const void*> HostOptimizer::FetchWeights(int block, int buffer) {
-  if (!weights_on_nvme(block)) {
+void HostOptimizer::DropWeightReads(size_t block) {
+  for (WeightRead& r : weight_reads_) {
+    if (r.block == static_cast<int>(block)) r.stale = true;
+  }
+}
+
+Status HostOptimizer::ClaimIo(uint64_t id) {
+  while (std::find(io_done_.begin(), io_done_.end(), id) == io_done_.end())
+    RETURN_IF_ERROR(PumpStore(true));
+  io_done_.erase(std::find(io_done_.begin(), io_done_.end(), id));
+  return OkStatus();
+}
+
+Status HostOptimizer::IssueWeightRead(int block, int buffer) {
+  WeightRead& r = weight_reads_[static_cast<size_t>(buffer)];
+  // The buffer's earlier read must land before another may write into it.
+  if (r.id != 0) RETURN_IF_ERROR(ClaimIo(r.id));
+  r = WeightRead{};
+  // The block's last write-back must have reached the store: a read of the latest version would
+  // otherwise find the one before it.
+  const int s = slot_of_[static_cast<size_t>(block)];
+  if (s >= 0) {
+    while (!slots_[static_cast<size_t>(s)]->pending_writes.empty())
+      RETURN_IF_ERROR(PumpStore(true));
+  }
+  const uint64_t id = next_io_id_;
+  RETURN_IF_ERROR(StoreIo(false, static_cast<uint32_t>(block),
+                          static_cast<uint32_t>(storage::TensorKind::kParamHalf),
+                          weight_buffers_[static_cast<size_t>(buffer)],
+                          shards_[static_cast<size_t>(block)].num_elements * 2, false));
+  r.block = block;
+  r.id = id;
+  return OkStatus();
+}
+
+namespace {
+
+Status CheckWeightRequest(bool on_nvme, int block, int buffer, int buffers) {
+  if (!on_nvme) {
     return InvalidArgumentError("block " + std::to_string(block) +
                                 " has no weights on NVMe to fetch");
   }
-  if (buffer < 0 || buffer >= kWeightBuffers) {
+  if (buffer < 0 || buffer >= buffers) {
     return InvalidArgumentError("weight buffer " + std::to_string(buffer) + " out of range [0, " +
-                                std::to_string(kWeightBuffers) + ")");
+                                std::to_string(buffers) + ")");
   }
-  const uint64_t dst = weight_buffers_[static_cast<size_t>(buffer)];
+  return OkStatus();
+}
+
+}  // namespace
+
+Status HostOptimizer::PrefetchWeights(int block, int buffer) {
+  RETURN_IF_ERROR(CheckWeightRequest(weights_on_nvme(block), block, buffer, kWeightBuffers));
+  const Status issued = RunOnThread([&]() -> Status {
+    const WeightRead& r = weight_reads_[static_cast<size_t>(buffer)];
+    if (r.block == block && r.id != 0 && !r.stale) return OkStatus();  // already on its way
+    return IssueWeightRead(block, buffer);
+  });
+  if (!issued.ok())
+    return issued.WithContext("reading block " + std::to_string(block) + "'s weights from NVMe");
+  return OkStatus();
+}
+
+uint64_t HostOptimizer::weight_prefetch_hits() const { return weight_prefetch_hits_.load(); }
+
+StatusOr<const void*> HostOptimizer::FetchWeights(int block, int buffer) {
+  RETURN_IF_ERROR(CheckWeightRequest(weights_on_nvme(block), block, buffer, kWeightBuffers));
   const Status read = RunOnThread([&]() -> Status {
-    // The block's last write-back must have reached the store: a read of the latest version
-    // would otherwise find the one before it.
-    const int s = slot_of_[static_cast<size_t>(block)];
-    if (s >= 0) {
-      while (!slots_[static_cast<size_t>(s)]->pending_writes.empty())
-        RETURN_IF_ERROR(PumpStore(true));
+    WeightRead& r = weight_reads_[static_cast<size_t>(buffer)];
+    if (r.block == block && r.id != 0 && !r.stale) {
+      ++weight_prefetch_hits_;
+    } else {
+      RETURN_IF_ERROR(IssueWeightRead(block, buffer));
     }
-    return StoreIo(false, static_cast<uint32_t>(block),
-                   static_cast<uint32_t>(storage::TensorKind::kParamHalf), dst,
-                   shards_[static_cast<size_t>(block)].num_elements * 2, true);
+    const uint64_t id = r.id;
+    r.id = 0;
+    r.block = -1;
+    return ClaimIo(id);
   });
   if (!read.ok())
     return read.WithContext("reading block " + std::to_string(block) + "'s weights from NVMe");
-  return static_cast<const void*>(arena_->At<void>(dst));
+  return static_cast<const void*>(arena_->At<void>(weight_buffers_[static_cast<size_t>(buffer)]));
 }
 
 }  // namespace offloadd::trainer

@@ -609,16 +609,25 @@ TEST_F(HostOptimizerTest, WeightsOnNvmeTrainLikeRamBitForBit) {
     }
     return out;
   };
-  // Every block's 16-bit weights as the device would read them.
+  // Every block's 16-bit weights as the device would read them: NVMe ones through the two
+  // buffers in turn, the next one's read issued ahead while this one is fetched.
   const auto weights = [](HostOptimizer* h) {
     std::vector<std::vector<uint16_t>> out;
+    std::vector<int> on_nvme;
     for (int blk = 0; blk < h->num_blocks(); ++blk) {
+      if (h->weights_on_nvme(blk)) on_nvme.push_back(blk);
+    }
+    for (int blk = 0, i = 0; blk < h->num_blocks(); ++blk) {
       const void* src = h->compute_weights(blk);
       if (h->weights_on_nvme(blk)) {
         EXPECT_EQ(src, nullptr);
-        auto fetched = h->FetchWeights(blk, blk % HostOptimizer::kWeightBuffers);
+        if (i + 1 < static_cast<int>(on_nvme.size())) {
+          EXPECT_TRUE(h->PrefetchWeights(on_nvme[i + 1], (i + 1) % 2).ok());
+        }
+        auto fetched = h->FetchWeights(blk, i % 2);
         EXPECT_TRUE(fetched.ok()) << fetched.status().ToString();
         src = fetched.ok() ? *fetched : nullptr;
+        ++i;
       }
       const auto* p = static_cast<const uint16_t*>(src);
       out.emplace_back(p, p + (p != nullptr ? h->elements(blk) : 0));
@@ -658,11 +667,15 @@ TEST_F(HostOptimizerTest, WeightsOnNvmeTrainLikeRamBitForBit) {
     }
     ASSERT_TRUE(c->ResumeAt(2, 2).ok());
     EXPECT_TRUE(weights(c.get()) == weights(a.get()));  // derived from the restored masters
+    // Read ahead before step 3 updates block 1: the update overtakes the read, which is dropped.
+    const uint64_t hits = b->weight_prefetch_hits();
+    ASSERT_TRUE(b->PrefetchWeights(1, 0).ok());
     for (HostOptimizer* h : {a.get(), b.get(), c.get()}) run(h, 3);
     const States want = states(a.get());
     EXPECT_TRUE(states(b.get()) == want);
     EXPECT_TRUE(states(c.get()) == want);
     EXPECT_TRUE(weights(b.get()) == weights(a.get()));
+    EXPECT_EQ(b->weight_prefetch_hits(), hits + 2);  // blocks 4 and 5, read ahead; 1 read again
     EXPECT_TRUE(weights(c.get()) == weights(a.get()));
   }
   EXPECT_TRUE(RemoveTree(dir_ + ".other").ok());
