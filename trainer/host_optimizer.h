@@ -326,8 +326,8 @@ class HostOptimizer {
   std::vector<WeightRead> weight_reads_;
   std::atomic<uint64_t> weight_prefetch_hits_{0};
   Status IssueWeightRead(int block, int buffer);  // optimizer thread
-  Status ClaimIo(uint64_t id);                     // waits for a non-slot I/O to complete
-  void DropWeightReads(size_t block);              // its reads in flight are stale
+  Status ClaimIo(uint64_t id);                    // waits for a non-slot I/O to complete
+  void DropWeightReads(size_t block);             // its reads in flight are stale
   bool WeightsOnNvme(size_t shard) const;
   // The 16-bit copy of `master` for block b: into its arena region, or (weights on NVMe) into
   // `slot`'s and written to the store (optimizer thread).
