@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/units.h"
+#include "trainer/host_optimizer_layout.h"
 
 namespace offloadd::trainer {
 
@@ -159,6 +160,15 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
     // 12 B per parameter, and the new versions in flight: a write takes new extents and the old
     // ones return after its commit (storage/README.md), one per staging slot and one committing.
     p.disk_bytes = 12 * p.nvme_params + 12 * largest * (uint64_t{o.nvme_slots} + 1);
+    // The 16-bit weights of the blocks that keep them in the store too, and their versions in
+    // flight alike.
+    uint64_t largest_w = 0;
+    for (size_t b = 0; b < o.block_elements.size(); ++b) {
+      if (!internal::WeightsOnNvme(o, b)) continue;
+      p.nvme_weight_params += o.block_elements[b];
+      largest_w = std::max(largest_w, o.block_elements[b]);
+    }
+    p.disk_bytes += 2 * p.nvme_weight_params + 2 * largest_w * (uint64_t{o.nvme_slots} + 1);
   }
   if (in.spill_disk_bytes > 0 && o.tier != StateTier::kNvme) p.processes += kStoreProcessBytes;
   p.disk_bytes += in.spill_disk_bytes;
@@ -171,12 +181,17 @@ std::string HostMemoryPrediction::Describe() const {
   if (checkpoints > 0) s += ", activation checkpoints in pinned RAM " + FormatByteSize(checkpoints);
   if (device > 0) s += ", the CPU device's activations " + FormatByteSize(device);
   s += ", processes " + FormatByteSize(processes) + ")";
-  s += disk_bytes > 0 ? "; disk " + FormatByteSize(disk_bytes) +
-                            (nvme_params > 0 ? " (" + std::to_string(nvme_params) +
-                                                   " parameters' fp32 master and AdamW states, and the "
-                                                   "new versions in flight)"
-                                             : "")
-                      : "; disk none";
+  s += disk_bytes > 0
+           ? "; disk " + FormatByteSize(disk_bytes) +
+                 (nvme_params > 0
+                      ? " (" + std::to_string(nvme_params) +
+                            " parameters' fp32 master and AdamW states" +
+                            (nvme_weight_params > 0 ? ", " + std::to_string(nvme_weight_params) +
+                                                          " parameters' 16-bit weights"
+                                                    : "") +
+                            ", and the new versions in flight)"
+                      : "")
+           : "; disk none";
   return s;
 }
 

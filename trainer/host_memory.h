@@ -10,7 +10,7 @@
 // process; the store with its io_uring buffers; the checkpoint reader). Disk: 12 B per parameter
 // whose states are on NVMe, the new versions in flight (one block per staging slot and one
 // committing: a write takes new extents, the old return after its commit), and the offload_nvme
-// activations.
+// activations; 2 B more per parameter whose 16-bit weights are there too (nvme_weight_blocks).
 // Torch-free; thread-compatible.
 #include <cstdint>
 #include <string>
@@ -78,6 +78,9 @@ struct HostMemoryInputs {
   uint64_t device_batch_bytes = 0;  // a CPU device's activations and workspace (0 on a GPU)
   uint64_t device_fixed_bytes = 0;  // a CPU device's own weight copy (0 on a GPU)
   uint64_t spill_disk_bytes = 0;    // offload_nvme activations (per micro-batch)
+  // offload_param: {device: nvme}: PlaceStatesUnderLimit may put NVMe blocks' 16-bit weights in
+  // the store too (optimizer.nvme_weight_blocks) when their states on NVMe do not free enough RAM.
+  bool nvme_weights_allowed = false;
 };
 
 struct HostMemoryPrediction {
@@ -85,6 +88,7 @@ struct HostMemoryPrediction {
   uint64_t total = 0;       // RAM
   uint64_t disk_bytes = 0;  // the store directories
   uint64_t nvme_params = 0;  // parameters whose states are on NVMe
+  uint64_t nvme_weight_params = 0;  // of them, those whose 16-bit weights are there too
   std::string Describe() const;  // "host RAM 12.3 GiB (arena ..., ...); disk ..."
 };
 

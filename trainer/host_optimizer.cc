@@ -50,6 +50,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
                                 " blocks, the model has " +
                                 std::to_string(o.block_elements.size()));
   }
+  RETURN_IF_ERROR(CheckWeightPlacement(o));
   const auto lo = LayoutOptions(o);
   const auto po = PoolOptions(o);
   const uint64_t bytes = ArenaBytes(o);
@@ -93,6 +94,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
       }
       slots_.push_back(std::move(slot));
     }
+    RETURN_IF_ERROR(AllocateWeightRegions());
     slot_of_.assign(shards_.size(), -1);
     compute_copy_.assign(shards_.size(), 0);
     for (size_t b = 0; b < shards_.size(); ++b) {
@@ -237,6 +239,7 @@ const float* HostOptimizer::master_weights(int block) const {
 
 void* HostOptimizer::compute_weights(int block) const {
   if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
+  if (WeightsOnNvme(block)) return nullptr;
   if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
   if (OnNvme(block)) return arena_->At<void>(compute_copy_[block]);
   return arena_->At<void>(shards_[block].master_offset);
@@ -564,8 +567,7 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
       if (compute_copy_[b] != 0)
         std::memcpy(arena_->At<void>(compute_copy_[b]), master, s.num_elements * 4);
-      internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
-                     s.num_elements);
+      RETURN_IF_ERROR(Derive16(b, master, &slot));
       std::memset(arena_->At<void>(slot.offset[1]), 0, s.num_elements * 4);
       std::memset(arena_->At<void>(slot.offset[2]), 0, s.num_elements * 4);
       for (int k = 0; k < 3; ++k)
@@ -607,7 +609,7 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
   std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
   auto derive = [&](const float* m) {
-    if (s.weights_offset != 0)
+    if (s.weights_offset != 0 && !WeightsOnNvme(block))
       internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
     if (OnNvme(block) && compute_copy_[block] != 0)
       std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
@@ -628,6 +630,7 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
       RETURN_IF_ERROR(StoreIo(true, block, kKinds[k], slot.offset[k], bytes, true));
     }
     derive(master);
+    if (WeightsOnNvme(block)) RETURN_IF_ERROR(Derive16(block, master, &slot));
     return OkStatus();
   });
 }

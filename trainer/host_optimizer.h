@@ -20,6 +20,7 @@
 //
 // Thread-safety: every public method is for the step-loop thread except where noted.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -71,6 +72,12 @@ struct HostOptimizerOptions {
   // live in the store; the others keep theirs in the arena, as on the RAM tier (with the 16-bit
   // copy). trainer/state_placement.h decides it from the host memory limit.
   std::vector<bool> nvme_blocks;
+  // NVMe tier, per block (empty: none; offload_param: {device: nvme}): true where the block's
+  // 16-bit weights live in the store too, beside its states (the block must be on NVMe, the
+  // compute 16-bit, no data-parallel group). The update writes them into the block's staging slot
+  // and they are written back with the states (TensorKind::kParamHalf); compute_weights(block) is
+  // null and FetchWeights reads them. trainer/state_placement.h prices it.
+  std::vector<bool> nvme_weight_blocks;
   std::vector<std::string> nvme_dirs;
   uint32_t nvme_queue_depth = 32;
   uint32_t nvme_block_size = 0;  // offloadd-store --block-size; 0: its default
@@ -137,9 +144,25 @@ class HostOptimizer {
   // The weights the device computes with: in the compute dtype (updated in place by the workers,
   // or copied from the staged master after each update in the NVMe tier with fp32 compute), or
   // the fp32 masters themselves when weights_fp32() (the device rounds them to its dtype).
-  void* compute_weights(int block) const;
+  void* compute_weights(int block) const;  // null for a block whose weights are on NVMe
   uint64_t compute_weight_bytes(int block) const;
   bool weights_fp32() const { return weights_fp32_; }
+  // The block's 16-bit weights live in the store (HostOptimizerOptions::nvme_weight_blocks).
+  bool weights_on_nvme(int block) const;
+  // Pinned arena buffers the NVMe weights are read into, each the size of the largest such block:
+  // one in use while the next is read.
+  static constexpr int kWeightBuffers = 2;
+  // Reads block's 16-bit weights (the latest written back: call WaitUpdated for the update wanted
+  // first) from the store into weight buffer `buffer` (< kWeightBuffers) and returns where they
+  // are (compute_weight_bytes(block) bytes), valid until that buffer is fetched into again. Runs
+  // the read on the optimizer thread; for blocks with weights_on_nvme only.
+  StatusOr<const void*> FetchWeights(int block, int buffer);
+  // Issues that read ahead, into `buffer`, without waiting: a FetchWeights of the same block and
+  // buffer then waits only for what is left of it. A prefetch that a later write-back of the block
+  // (its update, a restore) overtakes is dropped, and FetchWeights reads again: it always returns
+  // the latest weights written back. FetchWeights calls that found their read issued ahead:
+  uint64_t weight_prefetch_hits() const;
+  Status PrefetchWeights(int block, int buffer);
   const ipc::SharedSegment& segment() const { return segment_; }
   // "/proc/<pid>/fd/<fd>" of the arena: how the other ranks of a data-parallel group attach.
   std::string ArenaPath() const;
@@ -294,6 +317,23 @@ class HostOptimizer {
   std::unique_ptr<ipc::Arena> arena_;
   std::vector<workers::ShardSpec> shards_;
   std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe block + fp32)
+  std::vector<uint64_t> weight_buffers_;  // FetchWeights' destinations (kWeightBuffers)
+  struct WeightRead {  // per weight buffer (optimizer thread): the read issued into it
+    int block = -1;
+    uint64_t id = 0;     // its store I/O, 0: none in flight
+    bool stale = false;  // a write-back of the block came after it
+  };
+  std::vector<WeightRead> weight_reads_;
+  std::atomic<uint64_t> weight_prefetch_hits_{0};
+  Status IssueWeightRead(int block, int buffer);  // optimizer thread
+  Status ClaimIo(uint64_t id);                    // waits for a non-slot I/O to complete
+  void DropWeightReads(size_t block);             // its reads in flight are stale
+  bool WeightsOnNvme(size_t shard) const;
+  // The 16-bit copy of `master` for block b: into its arena region, or (weights on NVMe) into
+  // `slot`'s and written to the store (optimizer thread).
+  Status Derive16(size_t b, const float* master, const Slot* slot);
+  static Status CheckWeightPlacement(const HostOptimizerOptions& o);
+  Status AllocateWeightRegions();  // Start, NVMe tier: the slots' weight regions and the buffers
   std::unique_ptr<workers::WorkerPool> pool_;
   std::unique_ptr<workers::StepDriver> driver_;
   std::unique_ptr<storage::StoreProcess> store_;

@@ -59,7 +59,7 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
         if (p.block == static_cast<int>(b)) RETURN_IF_ERROR(fill(p, master + p.begin));
       }
       if (compute_copy_[b] != 0) std::memcpy(arena_->At<void>(compute_copy_[b]), master, n * 4);
-      internal::To16(options_.compute, master, arena_->At<uint16_t>(shards_[b].weights_offset), n);
+      RETURN_IF_ERROR(Derive16(b, master, slot));
       std::memset(arena_->At<void>(slot->offset[1]), 0, n * 4);
       std::memset(arena_->At<void>(slot->offset[2]), 0, n * 4);
       for (int k = 0; k < 3; ++k) {

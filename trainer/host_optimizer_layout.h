@@ -14,7 +14,7 @@ namespace offloadd::trainer {
 
 // An NVMe staging slot: one block's fp32 states between their read and their write-back.
 struct HostOptimizer::Slot {
-  uint64_t offset[3] = {};  // master, exp_avg, exp_avg_sq
+  uint64_t offset[4] = {};  // master, exp_avg, exp_avg_sq; 16-bit weights (0: none on NVMe)
   int shard = -1;           // whose states it holds
   bool loaded = false;      // reads complete
   std::vector<uint64_t> pending_reads, pending_writes;
@@ -30,6 +30,10 @@ workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o);
 bool OnNvme(const HostOptimizerOptions& o, size_t block);
 // The largest block whose states pass through the NVMe staging slots (0: none).
 uint64_t MaxElements(const HostOptimizerOptions& o);
+// The block's 16-bit weights live in the store too (HostOptimizerOptions::nvme_weight_blocks).
+bool WeightsOnNvme(const HostOptimizerOptions& o, size_t block);
+// The largest block whose weights are on NVMe (0: none): the slots' and buffers' weight regions.
+uint64_t MaxWeightElements(const HostOptimizerOptions& o);
 // Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
 uint64_t ExtraBytes(const HostOptimizerOptions& o);
 // The arena's region-table entries beyond the workers' own (workers::RegionsFor): the NVMe slots,

@@ -19,6 +19,7 @@ using storage::TensorKind;
 constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
                                 static_cast<uint32_t>(TensorKind::kAdamM),
                                 static_cast<uint32_t>(TensorKind::kAdamV)};
+constexpr uint32_t kHalf = static_cast<uint32_t>(TensorKind::kParamHalf);
 
 }  // namespace
 
@@ -93,6 +94,13 @@ Status HostOptimizer::WriteBack(size_t shard) {
         StoreIo(true, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k], bytes, false));
     slot.pending_writes.push_back(id);
   }
+  if (WeightsOnNvme(shard)) {  // the new 16-bit weights the update wrote into the slot
+    DropWeightReads(shard);
+    const uint64_t id = next_io_id_;
+    RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(shard), kHalf, slot.offset[3],
+                            shards_[shard].num_elements * 2, false));
+    slot.pending_writes.push_back(id);
+  }
   return OkStatus();
 }
 
@@ -155,6 +163,7 @@ Status HostOptimizer::StageIn(size_t shard, workers::ShardSpec* spec) {
   spec->master_offset = slot.offset[0];
   spec->exp_avg_offset = slot.offset[1];
   spec->exp_avg_sq_offset = slot.offset[2];
+  if (WeightsOnNvme(shard)) spec->weights_offset = slot.offset[3];  // the update writes them there
   std::lock_guard<std::mutex> lock(mu_);
   totals_.nvme_busy_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -32,6 +32,12 @@ workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
   if (HostOptimizer::WeightsAreFp32(o)) lo.weight_dtype = workers::WeightDtype::kNone;
   lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
   lo.states_resident = o.tier == StateTier::kCpu;
+  for (size_t b = 0; b < o.nvme_weight_blocks.size(); ++b) {
+    if (WeightsOnNvme(o, b)) {
+      lo.weights_elsewhere.resize(o.block_elements.size());
+      lo.weights_elsewhere[b] = true;
+    }
+  }
   return lo;
 }
 
@@ -56,8 +62,22 @@ uint64_t MaxElements(const HostOptimizerOptions& o) {
   return m;
 }
 
+bool WeightsOnNvme(const HostOptimizerOptions& o, size_t block) {
+  return OnNvme(o, block) && o.compute != HostDtype::kFp32 && block < o.nvme_weight_blocks.size() &&
+         o.nvme_weight_blocks[block];
+}
+
+uint64_t MaxWeightElements(const HostOptimizerOptions& o) {
+  uint64_t m = 0;
+  for (size_t b = 0; b < o.block_elements.size(); ++b) {
+    if (WeightsOnNvme(o, b)) m = std::max(m, o.block_elements[b]);
+  }
+  return m;
+}
+
 uint32_t ExtraRegions(const HostOptimizerOptions& o) {
-  return 3 * o.nvme_slots + 4 * static_cast<uint32_t>(o.block_elements.size()) + 32;
+  return 4 * o.nvme_slots + HostOptimizer::kWeightBuffers +
+         4 * static_cast<uint32_t>(o.block_elements.size()) + 32;
 }
 
 uint64_t ExtraBytes(const HostOptimizerOptions& o) {
@@ -68,6 +88,11 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
   const uint64_t slots = std::max<uint32_t>(2, o.nvme_slots);  // as HostOptimizer allocates them
   uint64_t bytes = slots * 3 * RoundUp(std::max<uint64_t>(1, MaxElements(o)) * 4);
   uint64_t regions = slots * 3 + o.block_elements.size() + 8;
+  if (const uint64_t w = MaxWeightElements(o); w > 0) {
+    // A 16-bit weight region per slot, and the buffers FetchWeights reads into.
+    bytes += (slots + HostOptimizer::kWeightBuffers) * RoundUp(w * 2);
+    regions += slots + HostOptimizer::kWeightBuffers;
+  }
   for (size_t b = 0; b < o.block_elements.size(); ++b) {
     const uint64_t n = o.block_elements[b];
     if (!OnNvme(o, b)) {  // its master and moments in the arena

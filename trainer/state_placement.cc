@@ -48,6 +48,12 @@ std::vector<bool> StatePlacement::nvme_blocks() const {
   return out;
 }
 
+std::vector<bool> StatePlacement::nvme_weight_blocks() const {
+  std::vector<bool> out(weight_tiers.size());
+  for (size_t b = 0; b < weight_tiers.size(); ++b) out[b] = weight_tiers[b] == BlockTier::kNvme;
+  return out;
+}
+
 std::string StatePlacement::Describe() const {
   const int ram = ram_blocks();
   const int nvme = static_cast<int>(tiers.size()) - ram;
@@ -59,7 +65,12 @@ std::string StatePlacement::Describe() const {
     out += (ram > 0 ? ", " : "blocks ") + Ranges(tiers, BlockTier::kNvme) + " on NVMe (" +
            FormatByteSize(disk_bytes) + ")";
   }
-  return out.empty() ? "no blocks" : out;
+  if (out.empty()) return "no blocks";
+  if (weight_disk_bytes > 0) {
+    out += "; 16-bit weights of blocks " + Ranges(weight_tiers, BlockTier::kNvme) + " on NVMe (" +
+           FormatByteSize(weight_disk_bytes) + ")";
+  }
+  return out;
 }
 
 StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& blocks,
@@ -91,8 +102,11 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
   return p;
 }
 
-StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
-                                               uint64_t disk_free) {
+namespace {
+
+// PlaceStatesUnderLimit without the disk check: the placement under `limit` and the prediction
+// with it (in->optimizer.nvme_blocks set to it).
+StatusOr<StatePlacement> PlaceInRam(HostMemoryInputs* in, uint64_t limit) {
   HostOptimizerOptions& o = in->optimizer;
   o.nvme_blocks.clear();
   const HostMemoryPrediction all = PredictHostMemory(*in);  // every block's states on NVMe
@@ -107,8 +121,8 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
     b.disk = 12 * n;
     blocks.push_back(b);
   }
-  // The disk is checked below, with what is in flight beside the states for this placement (the
-  // new versions of its largest NVMe block, not of the model's largest).
+  // The disk is checked by the caller, with what is in flight beside the states for this
+  // placement (the new versions of its largest NVMe block, not of the model's largest).
   ASSIGN_OR_RETURN(StatePlacement p,
                    PlaceBlockStates(blocks, ram_left, std::numeric_limits<uint64_t>::max()));
   o.nvme_blocks = p.nvme_blocks();
@@ -128,17 +142,96 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
     }
     o.nvme_blocks = p.nvme_blocks();
   }
+  return p;
+}
+
+}  // namespace
+
+// The disk a placement needs only falls as the limit rises (more blocks in RAM), so a bisection
+// finds the smallest limit.
+uint64_t SmallestHostLimitForDisk(const HostMemoryInputs& in, uint64_t limit, uint64_t disk_free) {
+  constexpr uint64_t kStep = uint64_t{1} << 20;
+  HostMemoryInputs t = in;
+  t.optimizer.nvme_weight_blocks.clear();  // the weights in RAM: the least disk
+  auto fits = [&](uint64_t l) {
+    return PlaceInRam(&t, l).ok() && PredictHostMemory(t).disk_bytes <= disk_free;
+  };
+  // Every block in RAM needs no disk for the states (the spilled activations' disk no limit
+  // changes). The placement reaches it once the limit also holds, while the last NVMe block is
+  // placed, the staging slots that block still has: three regions of the largest block per slot.
+  uint64_t largest = 0;
+  for (uint64_t n : t.optimizer.block_elements) largest = std::max(largest, n);
+  const uint64_t slots = std::max<uint32_t>(2, t.optimizer.nvme_slots);
+  t.optimizer.nvme_blocks.assign(t.optimizer.block_elements.size(), false);
+  uint64_t hi = PredictHostMemory(t).total + slots * 3 * RoundUp(largest * 4) + kStep;
+  if (!fits(hi)) return 0;
+  if (limit >= hi || fits(limit)) return limit;
+  uint64_t lo = limit;  // does not fit
+  while (hi - lo > kStep) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return (hi + kStep - 1) / kStep * kStep;
+}
+
+namespace {
+
+// States first, then weights (PlaceStatesUnderLimit): while the prediction is above `limit`, the
+// 16-bit weights of one more NVMe block go to the store: the smallest first (the slots' and
+// buffers' weight regions grow to the largest such block), equal ones from the last block down.
+void PlaceWeights(HostMemoryInputs* in, uint64_t limit, StatePlacement* p) {
+  HostOptimizerOptions& o = in->optimizer;
+  const size_t n = o.block_elements.size();
+  o.nvme_weight_blocks.assign(n, false);
+  p->weight_tiers.assign(n, BlockTier::kRam);
+  if (o.compute == HostDtype::kFp32 || PredictHostMemory(*in).total <= limit) {
+    o.nvme_weight_blocks.clear();
+    return;
+  }
+  std::vector<size_t> order;
+  for (size_t b = n; b-- > 0;) {
+    if (p->tiers[b] == BlockTier::kNvme) order.push_back(b);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return o.block_elements[a] < o.block_elements[b]; });
+  for (size_t b : order) {
+    if (PredictHostMemory(*in).total <= limit) break;
+    o.nvme_weight_blocks[b] = true;
+    p->weight_tiers[b] = BlockTier::kNvme;
+    p->weight_disk_bytes += 2 * o.block_elements[b];
+  }
+}
+
+}  // namespace
+
+StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
+                                               uint64_t disk_free) {
+  in->optimizer.nvme_weight_blocks.clear();
+  ASSIGN_OR_RETURN(StatePlacement p, PlaceInRam(in, limit));
+  if (in->nvme_weights_allowed) PlaceWeights(in, limit, &p);
   const HostMemoryPrediction placed = PredictHostMemory(*in);
   if (placed.disk_bytes > disk_free) {
-    const uint64_t nvme_blocks = blocks.size() - static_cast<size_t>(p.ram_blocks());
+    const size_t n = in->optimizer.block_elements.size();
+    const uint64_t nvme_blocks = n - static_cast<size_t>(p.ram_blocks());
+    std::string fixes = FormatByteSize(placed.disk_bytes - disk_free) +
+                        " more free disk (free disk space or add a store directory)";
+    const uint64_t smallest = SmallestHostLimitForDisk(*in, limit, disk_free);
+    if (smallest > 0) {
+      fixes += ", or a host memory limit of at least " + FormatByteSize(smallest) +
+               " (more blocks' states in RAM)";
+    }
     const Status refused = ResourceExhaustedError(
         "the optimizer states need " + FormatByteSize(placed.disk_bytes) + " on NVMe (" +
-        std::to_string(nvme_blocks) + " of " + std::to_string(blocks.size()) + " blocks, " +
-        FormatByteSize(p.disk_bytes) + " of states and the new versions in flight) beside " +
-        FormatByteSize(p.ram_bytes) + " in RAM, but the store directories have " +
-        FormatByteSize(disk_free) +
-        " free; free disk space, add a store directory or raise the host memory limit");
-    o.nvme_blocks.clear();
+        std::to_string(nvme_blocks) + " of " + std::to_string(n) + " blocks, " +
+        FormatByteSize(p.disk_bytes) + " of states" +
+        (p.weight_disk_bytes > 0 ? ", " + FormatByteSize(p.weight_disk_bytes) + " of 16-bit weights"
+                                 : "") +
+        " and the new versions in flight) beside " + FormatByteSize(p.ram_bytes) +
+        " in RAM, but the store directories have " + FormatByteSize(disk_free) +
+        " free (under the host memory limit of " + FormatByteSize(limit) + "); it would fit with " +
+        fixes);
+    in->optimizer.nvme_blocks.clear();
+    in->optimizer.nvme_weight_blocks.clear();
     return refused;
   }
   return p;

@@ -24,10 +24,17 @@ struct StatePlacement {
   std::vector<BlockTier> tiers;  // per block
   uint64_t ram_bytes = 0;        // of the states placed in RAM
   uint64_t disk_bytes = 0;       // of the states placed on NVMe
+  // Per block (empty: every one in RAM): where its 16-bit weights live (PlaceStatesUnderLimit with
+  // nvme_weights_allowed); weight_disk_bytes of them on NVMe.
+  std::vector<BlockTier> weight_tiers;
+  uint64_t weight_disk_bytes = 0;
   int ram_blocks() const;
   // HostOptimizerOptions::nvme_blocks: true for the blocks on NVMe.
   std::vector<bool> nvme_blocks() const;
-  // "blocks 0-11, 14 in RAM (57.0 GiB), 12-13, 15-31 on NVMe (32.1 GiB)".
+  // HostOptimizerOptions::nvme_weight_blocks: true for the blocks whose weights are on NVMe.
+  std::vector<bool> nvme_weight_blocks() const;
+  // "blocks 0-11, 14 in RAM (57.0 GiB), 12-13, 15-31 on NVMe (32.1 GiB)", and with weights on
+  // NVMe "; 16-bit weights of blocks 20-31 on NVMe (4.1 GiB)".
   std::string Describe() const;
 };
 
@@ -45,9 +52,20 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
 // `limit` that the blocks' states may take (PlaceBlockStates, each block at what its master and
 // moments add to the arena; then again with the smaller staging slots of that placement);
 // `disk_free` (the store directories' free space) less the new versions in flight and the spilled
-// activations is the disk. Sets in->optimizer.nvme_blocks.
+// activations is the disk. Sets in->optimizer.nvme_blocks. States first, then weights: when every
+// block's states on NVMe still leave the prediction above `limit` and in->nvme_weights_allowed,
+// NVMe blocks' 16-bit weights go to the store too (in->optimizer.nvme_weight_blocks), the
+// smallest blocks first (the slots' and read buffers' weight regions take the largest one's size),
+// equal ones from the last block down, until it fits. Refused (ResourceExhausted) when that
+// disk is short, naming the disk it lacks and the smallest host limit that would fit
+// (SmallestHostLimitForDisk); in->optimizer.nvme_blocks is then empty (every block on NVMe).
 StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
                                                uint64_t disk_free);
+
+// The smallest host limit (rounded up to 1 MiB) above `limit` under which PlaceStatesUnderLimit's
+// placement needs no more than `disk_free` of disk (more blocks' states in RAM); 0 when none does,
+// not even with every block in RAM. What a refusal for disk space names beside the disk it lacks.
+uint64_t SmallestHostLimitForDisk(const HostMemoryInputs& in, uint64_t limit, uint64_t disk_free);
 
 // The free bytes of the file systems of `dirs` (each counted once; a directory not made yet counts
 // its nearest existing parent); UINT64_MAX when none can be asked.

@@ -34,6 +34,12 @@ uint32_t RegionsPerShard(const ShardLayoutOptions& o) {
   return 6 + (o.accumulation_steps > 1 ? 2 : 0);
 }
 
+// The shard has a 16-bit weight region of its own (not kNone, not staged elsewhere).
+bool HasWeights(const ShardLayoutOptions& o, size_t layer) {
+  return o.weight_dtype != WeightDtype::kNone &&
+         !(layer < o.weights_elsewhere.size() && o.weights_elsewhere[layer]);
+}
+
 }  // namespace
 
 uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
@@ -47,9 +53,9 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
                        const WorkerPoolOptions& pool) {
   const uint64_t gsize = GradBytes(o.grad_dtype);
   uint64_t bytes = 0;
-  ForEachShard(layers, o, [&](size_t, uint64_t, uint64_t n) {
+  ForEachShard(layers, o, [&](size_t l, uint64_t, uint64_t n) {
     bytes += RoundUp(n * gsize, kAlign) + (o.states_resident ? 3 * RoundUp(n * 4, kAlign) : 0) +
-             (o.weight_dtype != WeightDtype::kNone ? RoundUp(n * 2, kAlign) : 0) +
+             (HasWeights(o, l) ? RoundUp(n * 2, kAlign) : 0) +
              RoundUp(AdamWCountersBytes(n), kAlign);
     if (o.accumulation_steps > 1)
       bytes += RoundUp(n * 4, kAlign) + RoundUp(CountersBytes(n), kAlign);
@@ -121,7 +127,7 @@ StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
       spec.exp_avg_offset = alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4);
       spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4);
     }
-    if (o.weight_dtype != WeightDtype::kNone)
+    if (HasWeights(o, l))
       spec.weights_offset = alloc("weights", ipc::RegionKind::kParamStaging, n * 2);
     spec.counters_offset = alloc("counters", ipc::RegionKind::kControl, AdamWCountersBytes(n));
     if (o.accumulation_steps > 1) {

@@ -37,6 +37,9 @@ struct ShardLayoutOptions {
   // are not allocated (offsets 0) and the caller stages them through its own slots
   // (StepDriver::SetBeforeUpdate).
   bool states_resident = true;
+  // Per layer (empty: none): its 16-bit weight copy lives elsewhere (the NVMe store, staged through
+  // the caller's slots, StepDriver::SetBeforeUpdate setting weights_offset); no region for it.
+  std::vector<bool> weights_elsewhere;
 };
 
 // Number of arena regions AllocateShards plus a pool of `processes` workers will create.
