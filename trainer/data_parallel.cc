@@ -52,7 +52,10 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> MakeStore(const ParallelConfig& c) {
     }
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(port);
-    o.isServer = c.rank == 0;
+    // Under torchrun its agent serves the store itself (TORCHELASTIC_USE_AGENT_STORE=True): every
+    // rank is a client then, as torch.distributed's rendezvous makes them.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    o.isServer = c.rank == 0 && !(agent != nullptr && std::string(agent) == "True");
     o.numWorkers = static_cast<size_t>(c.world_size);
     o.timeout = timeout;
     auto s = c10::make_intrusive<c10d::TCPStore>(hp.substr(0, colon), o);
