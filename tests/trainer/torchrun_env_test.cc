@@ -24,9 +24,15 @@ EnvLookup Lookup(const Env& env) {
 
 // What torchrun --nnodes=1 --nproc-per-node=2 gives its second worker.
 Env Torchrun() {
-  return {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},  {"RANK", "1"},
-          {"WORLD_SIZE", "2"},          {"LOCAL_RANK", "1"},        {"LOCAL_WORLD_SIZE", "2"},
-          {"GROUP_RANK", "0"},          {"GROUP_WORLD_SIZE", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  return {{"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"RANK", "1"},
+          {"WORLD_SIZE", "2"},
+          {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"GROUP_RANK", "0"},
+          {"GROUP_WORLD_SIZE", "1"},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
 }
 
 std::string Refusal(const Env& env) {
@@ -64,8 +70,11 @@ TEST(TorchrunEnvTest, TorchrunsWorkerIsPlacedOnItsHostAndGpu) {
 
 TEST(TorchrunEnvTest, WithoutTheAgentRankZeroServesTheStore) {
   // A Slurm batch script: srun starts the ranks, the script exports the variables.
-  const Env env = {{"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29400"}, {"RANK", "0"},
-                   {"WORLD_SIZE", "4"},      {"LOCAL_WORLD_SIZE", "4"}};
+  const Env env = {{"MASTER_ADDR", "node1"},
+                   {"MASTER_PORT", "29400"},
+                   {"RANK", "0"},
+                   {"WORLD_SIZE", "4"},
+                   {"LOCAL_WORLD_SIZE", "4"}};
   auto e = ReadTorchrunEnv(Lookup(env));
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   TrainConfig c;
@@ -79,11 +88,14 @@ TEST(TorchrunEnvTest, MissingAndMalformedValuesAreNamed) {
   for (const char* required : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"}) {
     Env env = Torchrun();
     env.erase(required);
-    EXPECT_NE(Refusal(env).find(std::string(required) + " is not set"), std::string::npos) << required;
+    EXPECT_NE(Refusal(env).find(std::string(required) + " is not set"), std::string::npos)
+        << required;
   }
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"MASTER_PORT", "0"},      {"MASTER_PORT", "70000"}, {"MASTER_PORT", "29500x"}, {"RANK", "-1"},
-      {"WORLD_SIZE", "0"},       {"WORLD_SIZE", ""},       {"LOCAL_WORLD_SIZE", "3"}, {"LOCAL_RANK", "a"}};
+      {"MASTER_PORT", "0"},      {"MASTER_PORT", "70000"},
+      {"MASTER_PORT", "29500x"}, {"RANK", "-1"},
+      {"WORLD_SIZE", "0"},       {"WORLD_SIZE", ""},
+      {"LOCAL_WORLD_SIZE", "3"}, {"LOCAL_RANK", "a"}};
   for (const auto& [name, value] : bad) {
     Env env = Torchrun();
     env[name] = value;
@@ -105,20 +117,29 @@ TEST(TorchrunEnvTest, InconsistentValuesAreNamed) {
   env = Torchrun();
   env["GROUP_WORLD_SIZE"] = "2";
   EXPECT_NE(Refusal(env).find("GROUP_WORLD_SIZE=2 disagrees"), std::string::npos);
-  env = {{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"RANK", "2"}, {"WORLD_SIZE", "4"},
-         {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "0"}};
+  env = {{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"},      {"RANK", "2"},
+         {"WORLD_SIZE", "4"},  {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "0"}};
   EXPECT_NE(Refusal(env).find("GROUP_RANK=0 disagrees with RANK=2 (expected GROUP_RANK=1"),
             std::string::npos);
-  env = {{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"RANK", "0"}, {"WORLD_SIZE", "6"},
+  env = {{"MASTER_ADDR", "a"},
+         {"MASTER_PORT", "1"},
+         {"RANK", "0"},
+         {"WORLD_SIZE", "6"},
          {"LOCAL_WORLD_SIZE", "4"}};
-  EXPECT_NE(Refusal(env).find("LOCAL_WORLD_SIZE=4 does not divide WORLD_SIZE=6"), std::string::npos);
+  EXPECT_NE(Refusal(env).find("LOCAL_WORLD_SIZE=4 does not divide WORLD_SIZE=6"),
+            std::string::npos);
 }
 
 TEST(TorchrunEnvTest, AGroupAcrossHostsIsRefusedAsNotBuilt) {
   // Without LOCAL_WORLD_SIZE (a PyTorchJob's pods) every rank is its own host.
-  for (const Env& env : {Env{{"MASTER_ADDR", "m"}, {"MASTER_PORT", "23456"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}},
-                         Env{{"MASTER_ADDR", "m"}, {"MASTER_PORT", "23456"}, {"RANK", "5"}, {"WORLD_SIZE", "8"},
-                             {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}}}) {
+  for (const Env& env :
+       {Env{{"MASTER_ADDR", "m"}, {"MASTER_PORT", "23456"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}},
+        Env{{"MASTER_ADDR", "m"},
+            {"MASTER_PORT", "23456"},
+            {"RANK", "5"},
+            {"WORLD_SIZE", "8"},
+            {"LOCAL_WORLD_SIZE", "4"},
+            {"GROUP_RANK", "1"}}}) {
     auto e = ReadTorchrunEnv(Lookup(env));
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     TrainConfig c;

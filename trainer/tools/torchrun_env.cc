@@ -22,7 +22,9 @@ StatusOr<int> Int(const EnvLookup& env, const char* name, long lo, long hi) {
   return static_cast<int>(x);
 }
 
-std::string Named(const char* name, int value) { return std::string(name) + "=" + std::to_string(value); }
+std::string Named(const char* name, int value) {
+  return std::string(name) + "=" + std::to_string(value);
+}
 
 }  // namespace
 
@@ -32,7 +34,8 @@ StatusOr<std::optional<TorchrunEnv>> ReadTorchrunEnv(const EnvLookup& env) {
     any |= env(k) != nullptr;
   }
   if (!any) return std::optional<TorchrunEnv>();
-  const std::string why = " (the torchrun environment: MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE)";
+  const std::string why =
+      " (the torchrun environment: MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE)";
   TorchrunEnv e;
   const char* addr = env("MASTER_ADDR");
   if (addr == nullptr || *addr == '\0') return InvalidArgumentError("MASTER_ADDR is not set" + why);
@@ -47,7 +50,8 @@ StatusOr<std::optional<TorchrunEnv>> ReadTorchrunEnv(const EnvLookup& env) {
   if (!rank.ok()) return rank.status().WithContext("torchrun environment");
   e.rank = *rank;
   if (e.rank >= e.world_size) {
-    return InvalidArgumentError(Named("RANK", e.rank) + " is not below " + Named("WORLD_SIZE", e.world_size));
+    return InvalidArgumentError(Named("RANK", e.rank) + " is not below " +
+                                Named("WORLD_SIZE", e.world_size));
   }
   // Absent: one process per host. Memory is shared only between ranks declared to share it.
   e.local_world_size = 1;
@@ -55,8 +59,9 @@ StatusOr<std::optional<TorchrunEnv>> ReadTorchrunEnv(const EnvLookup& env) {
     ASSIGN_OR_RETURN(e.local_world_size, Int(env, "LOCAL_WORLD_SIZE", 1, e.world_size));
   }
   if (e.world_size % e.local_world_size != 0) {
-    return InvalidArgumentError(Named("LOCAL_WORLD_SIZE", e.local_world_size) + " does not divide " +
-                                Named("WORLD_SIZE", e.world_size) + " (every host runs as many ranks)");
+    return InvalidArgumentError(Named("LOCAL_WORLD_SIZE", e.local_world_size) +
+                                " does not divide " + Named("WORLD_SIZE", e.world_size) +
+                                " (every host runs as many ranks)");
   }
   e.group_world_size = e.world_size / e.local_world_size;
   e.local_rank = e.rank % e.local_world_size;
@@ -65,8 +70,9 @@ StatusOr<std::optional<TorchrunEnv>> ReadTorchrunEnv(const EnvLookup& env) {
   if (env("LOCAL_RANK") != nullptr) {
     ASSIGN_OR_RETURN(const int local, Int(env, "LOCAL_RANK", 0, e.local_world_size - 1));
     if (local != e.local_rank) {
-      return InvalidArgumentError(Named("LOCAL_RANK", local) + " disagrees with " + Named("RANK", e.rank) +
-                                  " and " + Named("LOCAL_WORLD_SIZE", e.local_world_size) +
+      return InvalidArgumentError(Named("LOCAL_RANK", local) + " disagrees with " +
+                                  Named("RANK", e.rank) + " and " +
+                                  Named("LOCAL_WORLD_SIZE", e.local_world_size) +
                                   " (expected LOCAL_RANK=" + std::to_string(e.local_rank) + ")");
     }
   }
@@ -81,21 +87,25 @@ StatusOr<std::optional<TorchrunEnv>> ReadTorchrunEnv(const EnvLookup& env) {
   if (env("GROUP_RANK") != nullptr) {
     ASSIGN_OR_RETURN(const int group, Int(env, "GROUP_RANK", 0, e.group_world_size - 1));
     if (group != e.group_rank) {
-      return InvalidArgumentError(Named("GROUP_RANK", group) + " disagrees with " + Named("RANK", e.rank) +
+      return InvalidArgumentError(Named("GROUP_RANK", group) + " disagrees with " +
+                                  Named("RANK", e.rank) +
                                   " (expected GROUP_RANK=" + std::to_string(e.group_rank) +
                                   ": RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK)");
     }
   }
   const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
-  e.agent_store = agent != nullptr && std::string(agent) == "True";  // as torch.distributed reads it
+  e.agent_store =
+      agent != nullptr && std::string(agent) == "True";  // as torch.distributed reads it
   return std::optional<TorchrunEnv>(e);
 }
 
 Status ApplyTorchrunEnv(const TorchrunEnv& e, int launcher_ranks, TrainConfig* config) {
   ParallelConfig& p = config->parallel;
-  const std::string placed = "the torchrun environment (RANK=" + std::to_string(e.rank) + ", WORLD_SIZE=" +
-                             std::to_string(e.world_size) + ") places this process; ";
-  if (launcher_ranks > 1) return InvalidArgumentError(placed + "--gpus would start ranks of its own");
+  const std::string placed = "the torchrun environment (RANK=" + std::to_string(e.rank) +
+                             ", WORLD_SIZE=" + std::to_string(e.world_size) +
+                             ") places this process; ";
+  if (launcher_ranks > 1)
+    return InvalidArgumentError(placed + "--gpus would start ranks of its own");
   if (p.rank != 0 || !p.rendezvous.empty()) {
     return InvalidArgumentError(placed + "drop --rank and --rendezvous");
   }
@@ -105,9 +115,11 @@ Status ApplyTorchrunEnv(const TorchrunEnv& e, int launcher_ranks, TrainConfig* c
   }
   if (e.group_world_size > 1) {
     return UnimplementedError(
-        "the torchrun environment spans " + std::to_string(e.group_world_size) + " hosts (WORLD_SIZE=" +
-        std::to_string(e.world_size) + ", LOCAL_WORLD_SIZE=" + std::to_string(e.local_world_size) +
-        "): a job across hosts needs the optimizer states partitioned across their arenas, which is "
+        "the torchrun environment spans " + std::to_string(e.group_world_size) +
+        " hosts (WORLD_SIZE=" + std::to_string(e.world_size) +
+        ", LOCAL_WORLD_SIZE=" + std::to_string(e.local_world_size) +
+        "): a job across hosts needs the optimizer states partitioned across their arenas, which "
+        "is "
         "not built yet; run every rank on one host and set LOCAL_WORLD_SIZE=WORLD_SIZE");
   }
   p.world_size = e.world_size;

@@ -13,6 +13,7 @@ Bad values are refused by name before anything is loaded, and a group spanning h
 as not built."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -89,7 +90,8 @@ def test_bad_environments_are_refused_by_name(binary_dir, tmp_path, env, named):
 
 def test_a_killed_rank_fails_the_other_within_the_group_timeout(binary_dir, tmp_path):
     """Started apart, the ranks have no common launcher to kill the others: rank 0 must fail on
-    its own, within --parallel-timeout (the Gloo timeout), naming the collective it was in."""
+    its own, within --parallel-timeout (the Gloo timeout), naming the collective it was in, itself
+    and the group's hosts and processes."""
     import signal
     import time
 
@@ -122,5 +124,7 @@ def test_a_killed_rank_fails_the_other_within_the_group_timeout(binary_dir, tmp_
                 p.wait()
     assert procs[0].returncode != 0, err
     assert waited <= timeout + 30, f"rank 0 took {waited:.1f} s to fail"
-    assert "data-parallel" in err or "data parallel" in err, err
+    # This rank, the collective, and who was in the group (the lost peer's host among them).
+    assert "data-parallel" in err and "on rank 0 of 2" in err, err
+    assert f"rank 1 on {socket.gethostname()} (pid {procs[1].pid})" in err, err
     print(f"\nrank 0 failed {waited:.1f} s after rank 1 was killed:\n{err.strip().splitlines()[-1]}")
