@@ -11,7 +11,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 
@@ -21,6 +24,9 @@ struct DataParallel::State {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   const char* name = "";
+  // "rank 0 on hostA (pid 11), rank 1 on hostB (pid 12)": who was in the group, for errors (a
+  // collective that fails on a lost peer names only its address).
+  std::string members;
 };
 
 namespace {
@@ -52,7 +58,10 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> MakeStore(const ParallelConfig& c) {
     }
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(port);
-    o.isServer = c.rank == 0;
+    // Under torchrun its agent serves the store itself (TORCHELASTIC_USE_AGENT_STORE=True): every
+    // rank is a client then, as torch.distributed's rendezvous makes them.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    o.isServer = c.rank == 0 && !(agent != nullptr && std::string(agent) == "True");
     o.numWorkers = static_cast<size_t>(c.world_size);
     o.timeout = timeout;
     auto s = c10::make_intrusive<c10d::TCPStore>(hp.substr(0, colon), o);
@@ -61,6 +70,14 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> MakeStore(const ParallelConfig& c) {
   return InvalidArgumentError("rendezvous must be file:///path or tcp://host:port, got '" + r + "'");
 }
 
+}  // namespace
+
+namespace {
+std::string HostAndPid() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+  return std::string(host) + " (pid " + std::to_string(getpid()) + ")";
+}
 }  // namespace
 
 StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfig& c, c10::Device device) {
@@ -113,6 +130,11 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfi
                             c.rendezvous + ": " + e.what());
   }
   RETURN_IF_ERROR(dp->Barrier());  // every rank is in (and the backend's connections are made)
+  RETURN_IF_ERROR(dp->Set("member/" + std::to_string(c.rank), HostAndPid()));
+  for (int r = 0; r < c.world_size; ++r) {
+    ASSIGN_OR_RETURN(const std::string m, dp->Get("member/" + std::to_string(r)));
+    st.members += (r == 0 ? "" : ", ") + ("rank " + std::to_string(r) + " on " + m);
+  }
   return dp;
 }
 
@@ -123,12 +145,19 @@ const char* DataParallel::backend_name() const { return state_->name; }
 int64_t DataParallel::Padded(int64_t numel) const { return (numel + world_ - 1) / world_ * world_; }
 
 namespace {
-Status Wrap(const char* what, const std::function<void()>& fn) {
+// Runs a c10d call; its exception becomes UNAVAILABLE naming this rank and the group's hosts.
+Status Wrap(const char* what, int rank, int world, const std::string& members,
+            const std::function<void()>& fn) {
   try {
     fn();
     return OkStatus();
   } catch (const std::exception& e) {
-    return UnavailableError(std::string("data-parallel ") + what + ": " + e.what());
+    // A lost rank surfaces here (its connection closed, or the timeout): name this rank and the
+    // group's hosts, since the backend names only the peer's address.
+    std::string m = std::string("data-parallel ") + what + " on rank " + std::to_string(rank) +
+                    " of " + std::to_string(world) + ": " + e.what();
+    if (!members.empty()) m += " (the group: " + members + ")";
+    return UnavailableError(m);
   }
 }
 }  // namespace
@@ -138,7 +167,7 @@ Status DataParallel::ReduceScatter(at::Tensor& input, at::Tensor& shard) {
     return InternalError("reduce-scatter of " + std::to_string(input.numel()) + " elements into shards of " +
                          std::to_string(shard.numel()));
   }
-  return Wrap("reduce-scatter", [&] {
+  return Wrap("reduce-scatter", rank_, world_, state_->members, [&] {
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
     state_->backend->_reduce_scatter_base(shard, input, o)->wait();
@@ -146,7 +175,7 @@ Status DataParallel::ReduceScatter(at::Tensor& input, at::Tensor& shard) {
 }
 
 Status DataParallel::AllReduceSum(at::Tensor& t) {
-  return Wrap("all-reduce", [&] {
+  return Wrap("all-reduce", rank_, world_, state_->members, [&] {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
@@ -155,18 +184,20 @@ Status DataParallel::AllReduceSum(at::Tensor& t) {
 }
 
 Status DataParallel::Barrier() {
-  return Wrap("barrier", [&] { state_->backend->barrier()->wait(); });
+  return Wrap("barrier", rank_, world_, state_->members,
+              [&] { state_->backend->barrier()->wait(); });
 }
 
 Status DataParallel::Set(const std::string& key, const std::string& value) {
-  return Wrap("store set", [&] {
+  return Wrap("store set", rank_, world_, state_->members, [&] {
     state_->store->set("offloadd/" + key, std::vector<uint8_t>(value.begin(), value.end()));
   });
 }
 
 StatusOr<std::string> DataParallel::Get(const std::string& key) {
   std::vector<uint8_t> v;
-  RETURN_IF_ERROR(Wrap("store get", [&] { v = state_->store->get("offloadd/" + key); }));
+  RETURN_IF_ERROR(Wrap("store get", rank_, world_, state_->members,
+                       [&] { v = state_->store->get("offloadd/" + key); }));
   return std::string(v.begin(), v.end());
 }
 

@@ -57,6 +57,8 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
   parallel:    --gpus=N (data parallel: N ranks of this program, one per GPU; on --device=cpu N CPU
                ranks over Gloo) --rank=R --world-size=N --rendezvous=file:///PATH|tcp://HOST:PORT
                (one rank of a group started elsewhere) --parallel-timeout=SECONDS (600)
+               or the torchrun environment (torchrun, srun, PyTorchJob): MASTER_ADDR MASTER_PORT
+               RANK WORLD_SIZE [LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK], every rank on one host
   binaries:    --worker-binary=PATH --store-binary=PATH (default: next to this program)
 )";
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "trainer/data_source.h"
 #include "trainer/tools/job_file_config.h"
 #include "trainer/tools/rank_launcher.h"
+#include "trainer/tools/torchrun_env.h"
 #include "trainer/tools/train_args.h"
 #include "trainer/trainer.h"
 
@@ -184,6 +186,10 @@ StatusOr<TrainArgs> MakeArgs(int argc, char** argv) {
     return InvalidArgumentError("--set overrides a job file's fields: name the job file first");
   }
   RETURN_IF_ERROR(ApplyOverrides(parsed.overrides, &args));
+  // torchrun, srun or a PyTorchJob started this process as one rank of a group.
+  ASSIGN_OR_RETURN(const std::optional<TorchrunEnv> torchrun,
+                   ReadTorchrunEnv([](const char* name) { return std::getenv(name); }));
+  if (torchrun) RETURN_IF_ERROR(ApplyTorchrunEnv(*torchrun, args.gpus, &args.config));
   return std::move(args);
 }
 

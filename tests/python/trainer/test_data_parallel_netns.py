@@ -74,3 +74,29 @@ def test_ranks_in_two_network_namespaces_train_over_a_veth_pair(binary_dir, tmp_
     assert moved > 100_000, f"only {moved} bytes crossed {veth[1]}"
     print(f"\n{moved} bytes received by rank 1 over {veth[1]} ({addrs[1]})")
     assert_close_runs(one, two)
+
+
+def test_torchrun_environment_across_two_network_namespaces(binary_dir, tmp_path, two_namespaces):
+    """The same pair started by the torchrun environment (MASTER_ADDR on rank 0's side of the
+    veth pair), as Slurm or a PyTorchJob would start it; LOCAL_WORLD_SIZE=2: the two namespaces
+    are one host, so the ranks share rank 0's arena."""
+    from test_data_parallel_torchrun import clean_env
+
+    ns, veth, addrs = two_namespaces
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(binary_dir, args(model, data, one, batch=4))
+    exe = str(binary_dir / "trainer" / "offloadd-train")
+    procs = []
+    for rank in (0, 1):
+        env = clean_env(MASTER_ADDR=addrs[0], MASTER_PORT=29733, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank,
+                        LOCAL_WORLD_SIZE=2, GLOO_SOCKET_IFNAME=veth[rank])
+        cmd = ["ip", "netns", "exec", ns[rank], exe,
+               *args(model, data, two, batch=2, extra=["--parallel-timeout=120"])]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    assert f"tcp://{addrs[0]}:29733" in outs[0][1]
+    assert_close_runs(one, two)
