@@ -1,4 +1,4 @@
-#include "daemon/jobs/executor_protocol.h"
+#include "job/executor_protocol.h"
 
 #include <unistd.h>
 

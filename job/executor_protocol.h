@@ -12,7 +12,7 @@
 #include <google/protobuf/message_lite.h>
 
 #include "common/status.h"
-#include "daemon/jobs/train_job_config.h"
+#include "job/train_job_config.h"
 #include "offloadd/internal/executor.pb.h"
 #include "trainer/step_stats.h"
 #include "trainer/train_config.h"

@@ -1,4 +1,4 @@
-#include "daemon/jobs/train_job_config.h"
+#include "job/train_job_config.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -10,7 +10,7 @@
 #include <cerrno>
 
 #include "common/units.h"
-#include "daemon/jobs/unsupported_options.h"
+#include "job/unsupported_options.h"
 #include "jobspec/job_defaults.h"
 #include "trainer/checkpoint.h"
 #include "trainer/latest_checkpoint.h"

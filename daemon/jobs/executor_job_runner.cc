@@ -15,10 +15,10 @@
 
 #include "common/file.h"
 #include "common/logging.h"
-#include "daemon/jobs/executor_protocol.h"
-#include "daemon/jobs/path_policy.h"
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
+#include "job/executor_protocol.h"
+#include "job/path_policy.h"
 #include "workers/cpu_topology.h"
 
 namespace offloadd::daemon {

@@ -1,7 +1,7 @@
 // The offloadd <-> offloadd-executor wire protocol: every message survives a round trip through a
 // real SOCK_SEQPACKET socketpair (large ones in chunks), a peer of another version is refused by
 // name, and garbled, oversized or cut-off messages are refused with an error, never a crash.
-#include "daemon/jobs/executor_protocol.h"
+#include "job/executor_protocol.h"
 
 #include <sys/socket.h>
 

@@ -1,5 +1,5 @@
 // JobSpec -> trainer::TrainConfig, and which checkpoint a job continues from.
-#include "daemon/jobs/train_job_config.h"
+#include "job/train_job_config.h"
 
 #include <filesystem>
 
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/file.h"
-#include "daemon/jobs/job_validator.h"
-#include "daemon/jobs/unsupported_options.h"
+#include "job/job_validator.h"
+#include "job/unsupported_options.h"
 #include "trainer/checkpoint.h"
 
 namespace offloadd::daemon {

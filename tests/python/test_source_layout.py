@@ -2,6 +2,7 @@
 
 - layering: each component includes only the components below it (ALLOWED); a new edge must be
   added here on purpose, with the reason in review;
+- the daemon and the executor never include each other: they meet in job/ (NEVER);
 - torch-free components include no LibTorch header, directly or through another component's
   header (the daemon must build and run without the model runtime's headers);
 - file length: sources stay under 800 lines; the files already over it are listed with their
@@ -31,23 +32,26 @@ ALLOWED = {
     "storage": {"common", "ipc"},
     "lsp": {"common", "engine", "workers"},
     "trainer": {"common", "engine", "ipc", "lsp", "storage", "text", "workers"},
-    # The executor runs a job for the daemon: it maps the job with the daemon's torch-free
-    # daemon/jobs/train_job_config.h and speaks daemon/jobs/executor_protocol.h; the daemon never
-    # includes executor/ (it starts the binary).
-    "executor": {"common", "daemon", "engine", "ipc", "jobspec", "lsp", "proto", "storage", "text", "trainer",
-                 "workers"},
-    "daemon": {"common", "engine", "ipc", "jobspec", "proto", "text", "trainer", "workers"},
+    # A job as the daemon, its executors and offloadd-train see it: its checks, its mapping to the
+    # trainer's torch-free TrainConfig and the daemon <-> executor protocol that carries it.
+    "job": {"common", "engine", "ipc", "jobspec", "proto", "text", "trainer"},
+    # The executor runs a job for the daemon: it reads the job and speaks the protocol through
+    # job/, never through the daemon; the daemon never includes executor/ (it starts the binary).
+    "executor": {"common", "engine", "ipc", "job", "jobspec", "lsp", "proto", "storage", "text",
+                 "trainer", "workers"},
+    "daemon": {"common", "engine", "ipc", "job", "jobspec", "proto", "text", "trainer", "workers"},
     "client": {"common", "jobspec", "proto"},
     # The trainer's programs sit on top of everything: offloadd-train reads a job file along the
-    # daemon's path (client/cpp/job_file.h's reader, daemon/jobs/ validation and configuration, the
-    # executor's GPU probe), in a torch-free library of its own (trainer/tools/job_file_config.h).
-    "trainer/tools": {"client", "common", "daemon", "engine", "executor", "ipc", "jobspec", "lsp",
-                      "proto", "storage", "text", "trainer", "workers"},
+    # daemon's path (client/cpp/job_file.h's reader, job/ validation and configuration, the daemon's
+    # node probe, the executor's GPU probe), in a torch-free library of its own
+    # (trainer/tools/job_file_config.h).
+    "trainer/tools": {"client", "common", "daemon", "engine", "executor", "ipc", "job", "jobspec",
+                      "lsp", "proto", "storage", "text", "trainer", "workers"},
 }
 # Sub-folders checked as components of their own, not as part of the folder above them.
 SUBCOMPONENTS = [c for c in ALLOWED if "/" in c]
 GENERATED = {"offloadd": "proto"}  # "offloadd/v1/...": the protobuf/gRPC code generated from proto/
-TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage", "daemon", "client")
+TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage", "job", "daemon", "client")
 TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10|caffe2)/', re.M)
 PROJECT_INCLUDE = re.compile(r'^\s*#\s*include\s*"(([a-z_0-9]+)/[^"]+)"', re.M)
 MAX_LINES = 800
@@ -94,6 +98,20 @@ def _pulls_torch(header, seen):
         if chain:
             return [header] + chain
     return None
+
+
+# Edges that must never be allowed, whatever else ALLOWED gains: the daemon and its executor meet
+# only in job/ (the job and the protocol), and neither the daemon nor job/ loads the model runtime.
+NEVER = [("daemon", "executor"), ("executor", "daemon"), ("job", "daemon"), ("job", "executor")]
+
+
+@pytest.mark.parametrize("component,below", NEVER)
+def test_the_daemon_and_the_executor_meet_only_in_job(component, below):
+    assert below not in ALLOWED[component], f"{component} may not include {below}/"
+
+
+def test_the_daemon_and_the_job_are_torch_free():
+    assert {"daemon", "job"} <= set(TORCH_FREE)
 
 
 @pytest.mark.parametrize("component", TORCH_FREE)

@@ -10,10 +10,10 @@
 #include <sstream>
 
 #include "client/cpp/job_file.h"
-#include "daemon/jobs/job_validator.h"
-#include "daemon/jobs/train_job_config.h"
 #include "daemon/node/node_probe.h"
 #include "executor/gpu_probe.h"
+#include "job/job_validator.h"
+#include "job/train_job_config.h"
 
 namespace offloadd::trainer {
 namespace {
