@@ -1,4 +1,4 @@
-# Sanitizer builds of the torch-free targets (issue #18, deliverable 3).
+# Sanitizer builds of the torch-free targets.
 #
 #   cmake -S . -B build-asan -G Ninja -DOFFLOADD_SANITIZE=address,undefined
 #   cmake -S . -B build-tsan -G Ninja -DOFFLOADD_SANITIZE=thread

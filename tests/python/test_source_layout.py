@@ -143,3 +143,23 @@ def test_source_files_stay_under_800_lines():
 def test_the_over_limit_list_names_real_files():
     for rel in OVER_LIMIT:
         assert (SOURCE_DIR / rel).is_file(), f"{rel} is gone: drop it from OVER_LIMIT"
+
+
+ISSUE_REF = re.compile(r"issue #\d")
+ISSUE_REF_SUFFIXES = SOURCES + (".py", ".proto", ".sh", ".md", ".txt", ".cmake")
+
+
+def test_no_issue_numbers_in_code_or_docs():
+    """Code and docs say what a thing does and why, not which ticket asked for it: an "issue #N"
+    rots once the tracker moves, and one reached a user-facing message. bench/RESULTS.md, a dated
+    log of measurements, may name the work it measured."""
+    bad = []
+    for p in sorted(SOURCE_DIR.rglob("*")):
+        rel = p.relative_to(SOURCE_DIR)
+        if (rel.parts[0].startswith(("build", ".")) or p.suffix not in ISSUE_REF_SUFFIXES
+                or p.name == "RESULTS.md" or not p.is_file()):
+            continue
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if ISSUE_REF.search(line):
+                bad.append(f"{rel}:{n}: {line.strip()[:100]}")
+    assert not bad, "\n".join(bad)
