@@ -1,4 +1,4 @@
-# Sanitizer builds of the torch-free targets (issue #18, deliverable 3).
+# Sanitizer builds of the torch-free targets.
 #
 #   cmake -S . -B build-asan -G Ninja -DOFFLOADD_SANITIZE=address,undefined
 #   cmake -S . -B build-tsan -G Ninja -DOFFLOADD_SANITIZE=thread
@@ -24,7 +24,8 @@ set(OFFLOADD_ASAN_SUITES
     storage_crc32c_test storage_tensor_store_test storage_fault_test storage_process_test
     storage_format_test storage_flags_test
     trainer_test trainer_trace_test checkpoint_test
-    daemon_config_test daemon_jobs_test daemon_job_manager_test daemon_train_job_config_test
+    job_validator_test train_job_config_test executor_protocol_test
+    daemon_config_test daemon_jobs_test daemon_job_manager_test
     daemon_train_metrics_test
     client_test)
 # The concurrency-heavy ones for TSan: job manager, worker pool, ring queue, store.

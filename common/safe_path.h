@@ -2,7 +2,7 @@
 // Opening and creating files under a job's paths without leaving the allowed roots, and writing
 // files durably.
 //
-// Validation (daemon/jobs/path_policy.h) checks a job's top-level paths once, at CreateJob. That
+// Validation (job/path_policy.h) checks a job's top-level paths once, at CreateJob. That
 // is not enough: a symlink inside a model directory, a symlink planted in an output directory, or
 // an output directory replaced by a symlink while the job is queued all lead elsewhere at use
 // time. So every open and create under a job's paths goes through this file, which resolves the

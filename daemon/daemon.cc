@@ -249,9 +249,10 @@ int RunDaemon(const DaemonConfig& config) {
   if (!runner_options.ok()) return Fail(runner_options.status());
   auto runner = std::make_unique<ExecutorJobRunner>(std::move(*runner_options), &train_metrics);
   const TrainerEnvironment& env = runner->options().environment;
-  OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << " in " << executor_binary
-                            << " (one per job and GPU), " << env.worker_processes
-                            << " optimizer worker process(es) per job, " << env.worker_binary;
+  OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << " in "
+                            << executor_binary << " (one per job and GPU), "
+                            << env.worker_processes() << " optimizer worker process(es) per job, "
+                            << env.worker_binary();
   // train_metrics outlives the manager, which reports counts until its scheduler stops.
   auto jobs = JobManager::Start(
       std::move(*store), std::move(runner),

@@ -1,7 +1,7 @@
 #include "executor/executor_channel.h"
 
 #include "common/logging.h"
-#include "daemon/jobs/executor_protocol.h"
+#include "job/executor_protocol.h"
 
 namespace offloadd::executor {
 

@@ -18,11 +18,11 @@
 #include <thread>
 
 #include "common/logging.h"
-#include "daemon/jobs/executor_protocol.h"
 #include "executor/executor_channel.h"
 #include "executor/gpu_probe.h"
 #include "executor/job_execution.h"
 #include "ipc/message_channel.h"
+#include "job/executor_protocol.h"
 
 namespace offloadd::executor {
 namespace {

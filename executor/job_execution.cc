@@ -15,13 +15,13 @@
 #include "common/file_identity.h"
 #include "common/logging.h"
 #include "common/safe_path.h"
-#include "daemon/jobs/executor_protocol.h"
-#include "daemon/jobs/memory_estimate.h"
-#include "daemon/jobs/train_job_config.h"
 #include "engine/model_config.h"
 #include "engine/torch_boundary.h"
 #include "executor/heartbeat.h"
 #include "ipc/liveness.h"
+#include "job/executor_protocol.h"
+#include "job/memory_estimate.h"
+#include "job/train_job_config.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 
@@ -254,9 +254,9 @@ Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorCha
 
 Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   const v1::Job& job = start.job();
-  const daemon::TrainerEnvironment env = daemon::FromProto(start.environment());
+  const daemon::TrainerEnvironment& env = start.environment();
   // Every file the job opens stays under the daemon's allowed_roots, checked at use.
-  SetAllowedRoots(env.allowed_roots);
+  SetAllowedRoots({env.allowed_roots().begin(), env.allowed_roots().end()});
   // ...and is opened with the rights of the job's user (common/file_identity.h).
   if (start.has_file_identity()) {
     FileIdentity id;
@@ -268,10 +268,10 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   }
   // So are its waits on its workers and store (jobs.liveness; the trainer adds the node profile's
   // rates).
-  ipc::SetLivenessPolicy(env.liveness_floor_seconds, env.liveness_factor);
+  ipc::SetLivenessPolicy(env.liveness_floor_seconds(), env.liveness_factor());
   ASSIGN_OR_RETURN(trainer::TrainConfig config, daemon::MakeTrainConfig(job, env));
   config.parallel = daemon::ParallelFromPlacement(start.placement());
-  if (env.has_gpu && start.placement().gpu_index() >= 0) {
+  if (env.has_gpu() && start.placement().gpu_index() >= 0) {
     config.device = "cuda:" + std::to_string(start.placement().gpu_index());
   }
   std::vector<std::string> skipped;  // checkpoints passed over, and why: the job's events say so
@@ -284,10 +284,10 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   const int64_t reported_before = job.progress().step();
   if (!config.resume_from.empty()) tokens_seen = TokensAtCheckpoint(job, config.resume_from);
   // Liveness: heartbeats to the daemon from here until the job's final status.
-  Heartbeat heartbeat(channel, env.heartbeat_seconds);
+  Heartbeat heartbeat(channel, env.heartbeat_seconds());
   heartbeat.Enter("setting up the training pipeline", 0);
-  ChannelObserver observer(job, rank, channel, tokens_seen, reported_before, env.progress_interval_seconds,
-                           heartbeat);
+  ChannelObserver observer(job, rank, channel, tokens_seen, reported_before,
+                           env.progress_interval_seconds(), heartbeat);
   if (rank == 0) {
     for (const std::string& s : skipped) observer.Log(v1::LOG_LEVEL_WARNING, s);
   }

@@ -1,6 +1,6 @@
 #pragma once
 // What one executor does with its job: the run TrainJobRunner once did inside the daemon, now
-// in a process of its own. Builds the job's TrainConfig (daemon/jobs/train_job_config.h)
+// in a process of its own. Builds the job's TrainConfig (job/train_job_config.h)
 // with this rank's placement, picks the checkpoint to continue from (ResumePoint; after an
 // executor restart, the newest one in output_dir), checks output_dir's free space, runs
 // trainer::Trainer and, on a pause request, writes a checkpoint.

@@ -1,4 +1,4 @@
-// Fuzzes CreateJob's validation (daemon/jobs/job_validator.h) on a JobSpec parsed from the input
+// Fuzzes CreateJob's validation (job/job_validator.h) on a JobSpec parsed from the input
 // bytes (the protobuf wire format, as the gRPC handler receives it): ValidateJobSpec alone, fast,
 // on sizes, enums, ranges, path policy, config.json, tokenizer, chat template and the first
 // dataset records. grpc_handlers_fuzzer drives the whole server (CreateJob and the other calls).
@@ -21,9 +21,9 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "common/safe_path.h"
-#include "daemon/jobs/job_validator.h"
 #include "fuzz/fuzz_util.h"
 #include "fuzz/job_sandbox.h"
+#include "job/job_validator.h"
 
 namespace od = offloadd::daemon;
 

@@ -4,12 +4,10 @@
 # exits 1 when there is one.
 #   OFFLOADD_FORMAT_BASE  the commit to compare against (default: the merge base with main, or with
 #                         origin/main; on main itself, the parent of HEAD)
-# Fix locally with: git clang-format "$(git merge-base HEAD main)"
+# Fix locally with: git diff -M -U0 "$(git merge-base HEAD main)" | clang-format-diff -p1 -i
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
-command -v git-clang-format >/dev/null \
-  || { echo "[format] git-clang-format is missing (apt-get install clang-format; scripts/setup.sh)" >&2; exit 1; }
 base="${OFFLOADD_FORMAT_BASE:-}"
 if [[ -z "$base" ]]; then
   for ref in main origin/main; do
@@ -24,14 +22,18 @@ if [[ -z "$base" ]]; then
   fi
 fi
 [[ -n "$base" ]] || { echo "[format] no base commit to compare against; nothing checked"; exit 0; }
-# git-clang-format 14 exits 0 whether or not it has a diff to show: the diff itself is the verdict.
-out="$(git clang-format --diff --extensions cc,h,cu,cuh "$base" 2>&1)" \
-  || { echo "$out" >&2; echo "[format] git clang-format failed" >&2; exit 1; }
-if [[ "$out" != *"diff --git"* ]]; then
+# The changed lines, with renames followed (-M): a file moved to another folder keeps its old lines,
+# which are not changed ones (git clang-format diffs with diff-index, which sees a moved file as
+# new from its first line to its last). clang-format-diff comes with clang-format.
+command -v clang-format-diff >/dev/null \
+  || { echo "[format] clang-format-diff is missing (apt-get install clang-format; scripts/setup.sh)" >&2; exit 1; }
+out="$(git diff -M -U0 --no-color "$base" -- '*.cc' '*.h' '*.cu' '*.cuh' | clang-format-diff -p1 2>&1)" \
+  || { echo "$out" >&2; echo "[format] clang-format-diff failed" >&2; exit 1; }
+if [[ "$out" != *"@@"* ]]; then
   echo "[format] lines changed since $(git rev-parse --short "$base") follow .clang-format"
   exit 0
 fi
 echo "$out"
 echo "[format] FAILED: the lines above, changed since $(git rev-parse --short "$base"), do not follow" \
-  ".clang-format; run: git clang-format $(git rev-parse --short "$base")" >&2
+  ".clang-format; run: git diff -M -U0 $(git rev-parse --short "$base") | clang-format-diff -p1 -i" >&2
 exit 1

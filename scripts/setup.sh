@@ -30,7 +30,7 @@ apt_packages=(
   libsystemd-dev  # sd_notify / sd_watchdog_enabled (daemon/systemd/sd_notify.cc)
   libsentencepiece-dev  # tokenizer.model files (text/sentencepiece_shim.cc)
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
-  clang-format  # git clang-format: the changed-lines format check (scripts/check_format.sh)
+  clang-format  # clang-format-diff: the changed-lines format check (scripts/check_format.sh)
 )
 
 install_apt() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The README's sizing table, from the job validator's own estimate (offloadd-sizing, which calls
-daemon/jobs/memory_estimate.cc) on the config.json of four public model shapes, so that the table
+job/memory_estimate.cc) on the config.json of four public model shapes, so that the table
 says what validation will ask.
 
     scripts/sizing_table.py [--build build]            print the table (Markdown)

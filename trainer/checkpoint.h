@@ -1,5 +1,5 @@
 #pragma once
-// Training checkpoints (issue #7), torch-free: fp32 master weights, AdamW state and the trainer's
+// Training checkpoints, torch-free: fp32 master weights, AdamW state and the trainer's
 // bookkeeping, written so that a crash at any point (kill -9 included) never damages an existing
 // checkpoint and never leaves an incomplete one that LatestCheckpoint would pick.
 //

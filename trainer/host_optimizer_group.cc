@@ -1,4 +1,4 @@
-// HostOptimizer in a data-parallel group (issue #15, trainer/group_link.h): rank 0's hand-off of a
+// HostOptimizer in a data-parallel group (trainer/group_link.h): rank 0's hand-off of a
 // block waits for every rank's shard in the shared staging buffer, and publishes what the other
 // ranks follow; a rank > 0 attaches to rank 0's arena, lands its shards there and follows the
 // leader's updates (uploading each updated block as rank 0 does) and decisions.

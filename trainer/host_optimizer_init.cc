@@ -1,6 +1,6 @@
 // HostOptimizer::InitializePieces: the initial fp32 master weights written into the arena in
 // pieces on several threads at once, each piece's 16-bit copy for the device derived from it
-// (issue #29 item 24: a 7B model's 27 GB of masters were written on one thread); and the arena's
+// (a 7B model's 27 GB of masters were written on one thread); and the arena's
 // population in the background that the pieces wait on (StartPopulation, WaitPopulated).
 #include <algorithm>
 #include <atomic>

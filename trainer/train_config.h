@@ -1,6 +1,6 @@
 #pragma once
 // Everything the offloaded training pipeline needs to run one job, resolved and validated by the
-// caller (the daemon builds it from a JobSpec in daemon/jobs/train_job.cc; offloadd-train from
+// caller (the daemon builds it from a JobSpec in job/train_job_config.cc; offloadd-train from
 // flags). Torch-free value type.
 
 #include <cstdint>
@@ -105,7 +105,7 @@ struct OffloadPlanConfig {
   double device_optimizer_share = -1;
 };
 
-// LSP-Offload (issue #14; lsp/README.md): every 2-D weight of a decoder layer is trained in an
+// LSP-Offload (lsp/README.md): every 2-D weight of a decoder layer is trained in an
 // s x s subspace of learned d-sparse projectors, W = W_base + P A Q^T; the CPU's AdamW runs on A.
 struct LspConfig {
   bool enabled = false;
@@ -121,7 +121,7 @@ struct LspConfig {
   bool identity = false;     // identity projectors (s = the full dimensions, no checks): tests
 };
 
-// Data parallelism over the GPUs of one host (issue #15, docs/data_parallel.md): world_size
+// Data parallelism over the GPUs of one host (docs/data_parallel.md): world_size
 // executor processes, one per device, each computing on its rows of every global micro-batch.
 // Per block, the gradients are reduce-scattered over the group (c10d: NCCL on CUDA, Gloo on the
 // CPU); each rank copies its shard into the one shared arena, whose workers update the block once
@@ -180,7 +180,7 @@ struct TrainConfig {
   uint32_t worker_threads = 0;  // per process; 0: the cores this process may use
   // Threads for the set-up's bulk work before the first step: populating the arena, reading the
   // initial weights into it, page-locking the copy buffers. 0: the cores this process may use;
-  // 1: one thread (what every set-up did before issue #29 item 24).
+  // 1: one thread (what every set-up did before).
   uint32_t setup_threads = 0;
   // With more than one set-up thread and the RAM tier: populate the arena in the background,
   // each block's masters first, and fill block b as soon as its pages are in (the workers and the

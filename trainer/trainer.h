@@ -1,5 +1,5 @@
 #pragma once
-// Trainer: the offloaded training pipeline for one job (issue #6).
+// Trainer: the offloaded training pipeline for one job.
 //
 // Per optimizer step k, for each micro-batch: a forward pass block by block (embedding, decoder
 // layers, head) and a backward pass in reverse. The device computes in bf16 or fp16 (fp32 on CPU);

@@ -1,4 +1,4 @@
-// The automatic batch size in the trainer (issue #13 item 4; trainer/batch_planner.h): each
+// The automatic batch size in the trainer (trainer/batch_planner.h): each
 // candidate micro-batch is priced by the step planner on inputs of its own (the static memory
 // estimate or the cached shape profile at that micro-batch, its GPU work at the GEMM rate measured
 // at that size, the node profile's rates), and the fastest in tokens/s is set before anything is
@@ -284,7 +284,7 @@ class TemporaryWeights {
 StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, int64_t seq, int reps) {
   // The real kernels at the real shape: GEMMs, attention at this length (the fused kernels, or
   // attention within documents for packed batches), the elementwise kernels and the head's chunked
-  // loss, which a flop count at one GEMM's rate leaves out (issue #29 item 23: 7B at micro-batch
+  // loss, which a flop count at one GEMM's rate leaves out (7B at micro-batch
   // 64 priced 28% optimistic). One decoder layer stands for all (they have one shape). Each
   // block runs once to warm up (kernel choice, cuDNN graphs for the shape), then twice timed;
   // the faster counts.

@@ -1,8 +1,8 @@
-// The step planner in the trainer (issue #13): after the first step (the second on CUDA), the
-// node profile and that step's measurements price every placement of AdamW states and kept activations
-// (trainer/step_planner.h); the fastest feasible one is applied before the second step. Two steps
-// later the measured step time is logged beside the prediction, and the plan is re-solved once
-// when they differ by more than 10%.
+// The step planner in the trainer: after the first step (the second on CUDA), the
+// node profile and that step's measurements price every placement of AdamW states and kept
+// activations (trainer/step_planner.h); the fastest feasible one is applied before the second step.
+// Two steps later the measured step time is logged beside the prediction, and the plan is re-solved
+// once when they differ by more than 10%.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -206,8 +206,8 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
 Status Trainer::Impl::PriceVariableLengths(PlanInputs* in) {
   // Records of varying length: the priced step ran at its own batch's padded length, and on
   // CUDA its GPU time includes the kernels' warm-up for that new shape (cuDNN builds a graph per
-  // sequence length): a 1.1B job on Alpaca records priced 2.1 s for a 0.48 s step (issue #29
-  // item 23). Priced instead at the expected padded length of the data's length distribution,
+  // sequence length): a 1.1B job on Alpaca records priced 2.1 s for a 0.48 s
+  // step. Priced instead at the expected padded length of the data's length distribution,
   // with the blocks timed warm there.
   const double rows = static_cast<double>(cfg.batch_size) * world();  // padded over the global batch
   const bool buckets = cfg.data.length_buckets.value_or(false) && !Packed();
@@ -253,7 +253,7 @@ Status Trainer::Impl::PriceVariableLengths(PlanInputs* in) {
 std::string Trainer::Impl::WarmLengths(const std::vector<std::pair<int64_t, double>>& lengths) {
   // The padded lengths the steps will meet with some likelihood, warmed now (one untimed run of
   // the embedding, a layer and the head there): a warm-up inside a step costs it as much as the
-  // step itself at 1.1B, and a step-4 check that met one was off by 28% (issue #29 item 23).
+  // step itself at 1.1B, and a step-4 check that met one was off by 28%.
   constexpr double kLikely = 0.005;
   constexpr size_t kMaxWarmed = 24;
   const auto t0 = std::chrono::steady_clock::now();

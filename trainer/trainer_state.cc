@@ -47,7 +47,7 @@ StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout
 
 // A file of the model directory copied into each checkpoint: through the confined open (a symlink
 // out of the allowed roots, a FIFO or a file the job's user cannot read fails the checkpoint,
-// naming it; issue #29 items 1 and 3). One that is not there is not copied.
+// naming it). One that is not there is not copied.
 StatusOr<std::optional<std::string>> ReadModelFile(const std::string& path) {
   StatusOr<std::string> text = ReadFileConfined(path);
   if (text.ok()) return std::optional<std::string>(std::move(*text));

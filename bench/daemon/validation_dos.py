@@ -1,4 +1,4 @@
-"""The hostile CreateJob requests of issue #29 item 4 against a daemon binary (docs/faults.md):
+"""The hostile CreateJob requests against a daemon binary (docs/faults.md):
 the peak RSS growth of an 8 MB chat template, and the CPU the daemon spends on a 512-path request
 with a ~3M-step template that its client abandons after 5 s (and, with a second argument, on the
 same request waited for). CPU is the daemon's utime + stime, so it holds on a loaded machine.

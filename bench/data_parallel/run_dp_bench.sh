@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel benchmark of issue #15. Run ON THE GPU MACHINE (2 GPUs) from the repository root,
+# Data-parallel benchmark. Run ON THE GPU MACHINE (2 GPUs) from the repository root,
 # with a built offloadd-train (CUDA flavour):
 #
 #   TRAIN=build-gpu/trainer/offloadd-train bench/data_parallel/run_dp_bench.sh

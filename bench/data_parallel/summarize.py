@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Helper of bench/data_parallel/run_dp_bench.sh (issue #15): writes the model directory, turns one
+"""Helper of bench/data_parallel/run_dp_bench.sh: writes the model directory, turns one
 run's output (offloadd-train's --stats-jsonl, or baseline_torch.py's --json) into one JSON line of
 the results file, and prints the Markdown tables from the results file.
 

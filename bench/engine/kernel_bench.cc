@@ -1,6 +1,6 @@
 // offloadd-engine-kernel-bench: each fused CUDA kernel of engine/cuda/ against the ATen op
 // sequence it replaces (engine/ops with OFFLOADD_FUSED_KERNELS forced to fused, then aten), on
-// the issue #30 benchmark shapes: batch 16 x seq 1024 tokens of a Qwen3-8B (hidden 4096, 32/8
+// the family benchmark shapes: batch 16 x seq 1024 tokens of a Qwen3-8B (hidden 4096, 32/8
 // heads of 128, ffn 12288), a Gemma-3-4B (hidden 2560, 8/4 heads of 256, ffn 10240) and an
 // OLMo-2-7B (hidden 4096, q/k norm over the whole 4096-wide projection) layer. Prints a
 // markdown table: mean ms per call over --iters after --warmup, and the fused kernel's minimal

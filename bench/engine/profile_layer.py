@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kernel breakdown of one Llama decoder layer's backward (issue #12 item 4): transformers'
+"""Kernel breakdown of one Llama decoder layer's backward: transformers'
 LlamaDecoderLayer (sdpa, built as bench_layer.py builds it) under torch.profiler, per CUDA kernel, summed over --iters backward
 passes. The engine's block is profiled the same way by running offloadd-engine-layer-bench under
 Nsight Systems (`nsys profile --stats=true`); this prints the reference side of that comparison.

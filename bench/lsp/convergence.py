@@ -1,4 +1,4 @@
-"""LSP-Offload convergence on the CPU (issue #14 item 4, first model): the pretrained stories260K
+"""LSP-Offload convergence on the CPU (first model): the pretrained stories260K
 Llama (../shared/data/models/stories260K) fine-tuned on Alpaca and LIMA records from ../shared/data,
 evaluated on held-out records of both, with
 

@@ -1,4 +1,4 @@
-"""LSP-Offload convergence on the GPU (issue #14 item 4, second model): a 1.1B Llama-shaped model
+"""LSP-Offload convergence on the GPU (second model): a 1.1B Llama-shaped model
 (TinyLlama's shape, transformers-style random initialisation, the Llama-2 tokenizer) trained on the
 Alpaca records of ../shared/data, exact offloaded training against LSP mode (s = 512, d = 16), both
 on the same seeded initialisation, batches and held-out records; held-out loss against step and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch eager baseline for full fine-tuning on one GPU (issue #6): a transformers Llama with fp32
+"""PyTorch eager baseline for full fine-tuning on one GPU: a transformers Llama with fp32
 master weights, fused AdamW, gradient and optimizer states all in GPU memory, gradient
 checkpointing and bf16 autocast. The offloaded pipeline is compared against these figures.
 
@@ -19,7 +19,7 @@ Model FLOPs follow offloadd's engine (Block::EstimateCost): per token and layer
 2*h*(2*q_dim + 2*kv_dim + 3*ffn) plus causal attention 2*heads*seq*head_dim, plus the LM head
 2*h*vocab; times 3 for forward + backward; recomputation is not counted (model FLOPs, as in MFU).
 
-Several GPUs (issue #15; --parallel ddp|fsdp2, one rank per GPU; --nproc N spawns the N ranks
+Several GPUs (--parallel ddp|fsdp2, one rank per GPU; --nproc N spawns the N ranks
 itself with torch.multiprocessing, rendezvous through a file, no port to pick):
 
     # DistributedDataParallel: every GPU holds the whole model, its gradients and fp32 AdamW states
@@ -277,7 +277,7 @@ def print_row(r: dict):
 
 
 # ---------------------------------------------------------------------------------------------
-# Several ranks: --parallel ddp | fsdp2 (issue #15's baseline).
+# Several ranks: --parallel ddp | fsdp2 (the data-parallel baseline).
 
 def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How often real fine-tuning clips at max_grad_norm 1.0, and what the speculation default buys
-(issue #29 item 25). Trains the same run twice, with the trainer's default speculation policy
+"""How often real fine-tuning clips at max_grad_norm 1.0, and what the speculation default buys.
+Trains the same run twice, with the trainer's default speculation policy
 (auto on a GPU, never on the CPU) and with --speculate=never (every update held to the end of
 backward), and reports the clip rate (overall and past the first steps), the speculated and
 corrected layers, s/step past the warm-up, and how far the two runs' losses drift apart.

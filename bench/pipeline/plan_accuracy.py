@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The step planner's predictions against measured steps (issue #29 items 22-23), on the GPU
+"""The step planner's predictions against measured steps, on the GPU
 machine: each case runs offloadd-train on a random-initialised model of a benchmark shape and
 prints what the planner predicted before the job (the automatic batch size's price, when asked)
 and after its second step (the step plan), against the steps measured, plus any refusal up front.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE from the repository root (issue #29 items 22-23): builds offloadd-train and
+# Run ON THE GPU MACHINE from the repository root: builds offloadd-train and
 # the worker and store binaries (CUDA flavour, scripts/gpu/build_and_test.sh), then runs
 # bench/pipeline/plan_accuracy.py on the cases given (see its doc for the CASE syntax).
 # Environment: OFFLOADD_BUILD_DIR (default build-gpu); DATA, a directory with alpaca_5000.json and

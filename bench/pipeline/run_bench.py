@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""offloadd side of the pipeline benchmark (issue #6): runs offloadd-train on a random-initialised
+"""offloadd side of the pipeline benchmark: runs offloadd-train on a random-initialised
 model of a given shape with synthetic token batches, under a GPU memory limit, and reports
 tokens/s, the step time split per resource and how close each step comes to its slowest resource.
 
@@ -11,7 +11,7 @@ around each block's forward/backward), host-to-device and device-to-host copy bu
 events around each copy), CPU optimizer busy time (worker busy seconds / workers), NVMe busy time,
 the parameters the CPU updated (AdamW plus corrections) and the bytes per link.
 
-The step-time bound (issue #12, deliverable 3) is the largest of
+The step-time bound is the largest of
   * GPU compute (busy time in the step);
   * each PCIe direction (busy time);
   * the CPU update: the parameters updated in the step over the rate of the same worker pool
@@ -131,7 +131,7 @@ class HostMemoryPeak:
 
 
 def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict) -> dict:
-    # batch: N, or auto / auto:N (per_device_train_batch_size auto, issue #13 item 4).
+    # batch: N, or auto / auto:N (per_device_train_batch_size auto).
     tag = batch.replace(":", "")
     stats_path = work / f"stats-b{tag}.jsonl"
     trace = work / f"trace-{args.shape}-b{tag}.json"
@@ -146,9 +146,9 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
            f"--update-depth={args.update_depth}", f"--device-optimizer-blocks={args.device_optimizer_blocks}"]
     if args.train_args:  # further offloadd-train flags, e.g. --host-weight-copy
         cmd += args.train_args.split()
-    if args.compression:  # LSP-Offload (issue #14)
+    if args.compression:  # LSP-Offload
         cmd += [f"--compression={args.compression}"]
-    if args.profile_dir:  # node and shape profiles cached across runs (issue #13)
+    if args.profile_dir:  # node and shape profiles cached across runs
         cmd += [f"--profile-dir={args.profile_dir}"]
     if args.tier == "nvme":
         cmd += ["--tier=nvme"]
@@ -163,12 +163,12 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
     if r.returncode != 0:
         return {"batch": batch, "error": (r.stderr.strip().splitlines() or ["?"])[-1], **host}
     plan = next((l for l in r.stderr.splitlines() if "plan:" in l), "")
-    # The planner's prediction beside the measured step, and what it profiled (issue #13).
+    # The planner's prediction beside the measured step, and what it profiled.
     notes = [l.split("] ", 1)[-1] for l in r.stderr.splitlines()
              if any(k in l for k in ("batch size (auto", "step plan check", "shape profile", "GPU working set from",
                                      "wait for the backward in pinned host", "device optimizer (auto)"))]
     rows = [json.loads(l) for l in stats_path.read_text().splitlines() if l.strip()]
-    checks = [x for x in rows if "lsp_checked" in x]  # LSP projector checks (issue #14)
+    checks = [x for x in rows if "lsp_checked" in x]  # LSP projector checks
     rows = [x for x in rows if "loss" in x]
     timed = rows[args.warmup:] or rows
     mean = lambda k: sum(x[k] for x in timed) / len(timed)

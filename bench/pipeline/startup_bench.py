@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time to first step (issue #29 item 24): where the seconds before a job's first step go, for a
+"""Time to first step: where the seconds before a job's first step go, for a
 model read from a checkpoint on local disk, and the physical rates that bound them.
 
     python3 bench/pipeline/startup_bench.py --build build-gpu --shape llama2-7b --dir /root/ckpt \

@@ -15,10 +15,10 @@
 
 #include "common/file.h"
 #include "common/logging.h"
-#include "daemon/jobs/executor_protocol.h"
-#include "daemon/jobs/path_policy.h"
 #include "ipc/child_process.h"
 #include "ipc/event_fd.h"
+#include "job/executor_protocol.h"
+#include "job/path_policy.h"
 #include "workers/cpu_topology.h"
 
 namespace offloadd::daemon {
@@ -92,7 +92,7 @@ class AttemptRunner {
       int gpu = -1;
       if (static_cast<size_t>(rank) < gpus.size()) {
         gpu = gpus[static_cast<size_t>(rank)];
-      } else if (options_.environment.has_gpu) {
+      } else if (options_.environment.has_gpu()) {
         gpu = world == 1 && job_.spec().resources().gpu_index() >= 0 ? job_.spec().resources().gpu_index() : rank;
       }
       if (Status s = Launch(rank, world, gpu, rendezvous_path); !s.ok()) {
@@ -129,7 +129,7 @@ class AttemptRunner {
     pb::DaemonMessage start;
     pb::StartJob& s = *start.mutable_start();
     *s.mutable_job() = job_;
-    *s.mutable_environment() = ToProto(options_.environment);
+    *s.mutable_environment() = options_.environment;
     pb::Placement& p = *s.mutable_placement();
     p.set_world_size(world);
     p.set_rank(rank);
@@ -539,25 +539,27 @@ void ExecutorJobRunner::DiscardJobState(const v1::Job& job) {
 StatusOr<std::string> ExecutorJobRunner::CheckpointForResume(const v1::Job& job) { return CheckpointForFailedJob(job); }
 
 TrainerEnvironment DaemonTrainerEnvironment(const DaemonConfig& config, bool has_gpu) {
-  TrainerEnvironment env;
-  env.has_gpu = has_gpu;
-  env.worker_binary = FindSiblingBinary("offloadd-worker", "workers");
-  env.store_binary = FindSiblingBinary("offloadd-store", "storage");
-  env.worker_processes = config.workers.processes;
-  if (env.worker_processes == 0) {
-    env.worker_processes = static_cast<uint32_t>(std::max<size_t>(1, workers::NumaNodes(workers::AllowedCpus()).size()));
+  TrainerEnvironment env = DefaultTrainerEnvironment();
+  env.set_has_gpu(has_gpu);
+  env.set_worker_binary(FindSiblingBinary("offloadd-worker", "workers"));
+  env.set_store_binary(FindSiblingBinary("offloadd-store", "storage"));
+  uint32_t processes = config.workers.processes;
+  if (processes == 0) {
+    processes = static_cast<uint32_t>(
+        std::max<size_t>(1, workers::NumaNodes(workers::AllowedCpus()).size()));
   }
-  env.worker_threads = config.workers.threads_per_process;
-  env.adamw_kernel = config.workers.adamw_kernel;
-  env.profile_dir = config.state_dir + "/profiles";
-  env.progress_interval_seconds = config.metrics.progress_interval_seconds;
-  env.host_memory_limit = config.memory.host_memory_limit;
-  env.gpu_memory_limit = config.memory.gpu_memory_limit;
-  for (const auto& d : config.storage.directories) env.store_dirs.push_back(d.path);
-  env.allowed_roots = config.allowed_roots;
-  env.liveness_floor_seconds = config.jobs.liveness.floor_seconds;
-  env.liveness_factor = config.jobs.liveness.factor;
-  env.heartbeat_seconds = config.jobs.liveness.heartbeat_seconds;
+  env.set_worker_processes(processes);
+  env.set_worker_threads(config.workers.threads_per_process);
+  env.set_adamw_kernel(config.workers.adamw_kernel);
+  env.set_profile_dir(config.state_dir + "/profiles");
+  env.set_progress_interval_seconds(config.metrics.progress_interval_seconds);
+  env.set_host_memory_limit(config.memory.host_memory_limit);
+  env.set_gpu_memory_limit(config.memory.gpu_memory_limit);
+  for (const auto& d : config.storage.directories) env.add_store_dirs(d.path);
+  for (const auto& r : config.allowed_roots) env.add_allowed_roots(r);
+  env.set_liveness_floor_seconds(config.jobs.liveness.floor_seconds);
+  env.set_liveness_factor(config.jobs.liveness.factor);
+  env.set_heartbeat_seconds(config.jobs.liveness.heartbeat_seconds);
   return env;
 }
 

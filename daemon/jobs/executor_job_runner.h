@@ -40,8 +40,8 @@
 
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_manager.h"
-#include "daemon/jobs/train_job_config.h"
 #include "daemon/metrics/train_metrics.h"
+#include "job/train_job_config.h"
 
 namespace offloadd::daemon {
 

@@ -45,7 +45,7 @@
 #include "common/file_identity.h"
 #include "common/status.h"
 #include "daemon/jobs/job_store.h"
-#include "daemon/jobs/job_validator.h"
+#include "job/job_validator.h"
 #include "offloadd/v1/job.pb.h"
 
 namespace offloadd::daemon {

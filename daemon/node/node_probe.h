@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "daemon/node/gpu_driver.h"
+#include "job/node_facts.h"  // GpuFacts, StoreDirFacts
 
 namespace offloadd::daemon {
 
@@ -34,25 +35,6 @@ struct NumaFacts {
   int id = 0;
   std::string cpus;
   uint64_t memory_total_bytes = 0;
-};
-
-struct GpuFacts {
-  int index = 0;
-  std::string name;
-  uint64_t total_memory_bytes = 0;
-  uint64_t free_memory_bytes = 0;
-  int cc_major = 0;
-  int cc_minor = 0;
-  std::string pci_bus_id;
-  int numa_node = -1;
-};
-
-struct StoreDirFacts {
-  std::string path;
-  double weight = 1;
-  uint64_t capacity_bytes = 0;
-  uint64_t available_bytes = 0;
-  std::string problem;  // empty when usable
 };
 
 struct NodeFacts {

@@ -10,11 +10,11 @@
 #include "common/logging.h"
 #include "common/message_text.h"
 #include "common/units.h"
-#include "daemon/jobs/job_validator.h"
-#include "daemon/jobs/path_policy.h"
 #include "daemon/server/rpc_recorder.h"
 #include "daemon/server/token_auth.h"
 #include "google/rpc/status.pb.h"
+#include "job/job_validator.h"
+#include "job/path_policy.h"
 
 namespace offloadd::daemon {
 namespace {

@@ -7,11 +7,11 @@
 
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_manager.h"
-#include "daemon/jobs/path_policy.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/client_quota.h"
 #include "daemon/server/unix_peer_listener.h"
 #include "daemon/server/watch_stream.h"
+#include "job/path_policy.h"
 #include "offloadd/v1/job_service.grpc.pb.h"
 
 namespace offloadd::daemon {

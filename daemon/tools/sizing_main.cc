@@ -1,5 +1,5 @@
 // offloadd-sizing: the memory the job validator asks of a model, from its config.json alone
-// (daemon/jobs/memory_estimate.h, train_job_config.h's EstimateOutputSpace), for the README's
+// (job/memory_estimate.h, train_job_config.h's EstimateOutputSpace), for the README's
 // sizing table (scripts/sizing_table.py) and for sizing a machine before a model is downloaded.
 //
 //   offloadd-sizing --batch=B --seq=S [--compute-bytes=2|4] DIR...
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/jobs/memory_estimate.h"
-#include "daemon/jobs/train_job_config.h"
 #include "engine/model_config.h"
+#include "job/memory_estimate.h"
+#include "job/train_job_config.h"
 #include "trainer/host_memory.h"
 
 namespace {

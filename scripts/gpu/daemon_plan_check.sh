@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE from the repository root, .debs carried (issue #29 item 23): the step
+# Run ON THE GPU MACHINE from the repository root, .debs carried: the step
 # planner's step-4 check of a job run through the daemon, and the daemon's --validate-only price.
 #   scripts/gpu/daemon_plan_check.sh build   offloadd, -executor, -worker, -store, offloadctl
 #   scripts/gpu/daemon_plan_check.sh run     the job below; its plan log lines and steps

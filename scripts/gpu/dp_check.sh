@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run ON THE MULTI-GPU MACHINE (nvidia-h200-x2 / nvidia-h100-x2), from the repository root, with
-# .debs carried (scripts/gpu/fetch_debs.sh): issue #15's data-parallel checks.
+# .debs carried (scripts/gpu/fetch_debs.sh): the data-parallel checks.
 #   scripts/gpu/dp_check.sh build            build offloadd-train, -worker, -store into $BUILD
 #   scripts/gpu/dp_check.sh exact SHAPE B    1 GPU at 2B against 2 GPUs at B each (same seed and
 #                                            synthetic batches): per-step loss and grad norm

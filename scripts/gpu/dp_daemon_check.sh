@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run ON A MACHINE WITH >= 3 GPUs (nvidia-h100-x4 / nvidia-h200-x4), from the repository root, with
-# .debs carried (scripts/gpu/fetch_debs.sh): data parallelism through the daemon (issue #15) on
+# .debs carried (scripts/gpu/fetch_debs.sh): data parallelism through the daemon on
 # GPUs that do not start at 0. The CPU half of the same check is
 # tests/python/daemon/test_data_parallel_jobs.py; this one needs no Python gRPC (offloadctl only).
 #   scripts/gpu/dp_daemon_check.sh build   build offloadd, -executor, -worker, -store, offloadctl

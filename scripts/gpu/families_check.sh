@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE (issue #30 items 4 and 6), from the repository root with .debs carried:
+# Run ON THE GPU MACHINE, from the repository root with .debs carried:
 #   scripts/gpu/families_check.sh parity             # build + tests/python/engine/test_families_gpu.py
 #   scripts/gpu/families_check.sh bench SPEC...      # offloadd-train (bench/pipeline/run_bench.py)
 #   scripts/gpu/families_check.sh baseline SPEC...   # transformers on the GPU (baseline_torch.py)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE (issue #29 items 24-25), from the repository root, .debs carried.
+# Run ON THE GPU MACHINE, from the repository root, .debs carried.
 #   scripts/gpu/startup_bench.sh build              # offloadd-train, -worker, -store (CUDA)
 #   scripts/gpu/startup_bench.sh startup [RUNS]     # 7B checkpoint on local disk: time to first step
 #     (RUNS: name:flags,...; default overlap:,previous:--no-setup-overlap,serial:--setup-threads=1)

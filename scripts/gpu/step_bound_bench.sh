@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE (issue #12, deliverables 1-3): Llama-2-7B, seq 1024, 24 GiB, bf16, with the
+# Run ON THE GPU MACHINE: Llama-2-7B, seq 1024, 24 GiB, bf16, with the
 # step-time bound of bench/pipeline/run_bench.py (idle-core calibration of the CPU update and host
 # memory bandwidth first). RUNS: ";"-separated "batches max_grad_norm speculate [run_bench args]"; BASELINE:
 # batches for the PyTorch all-on-GPU baseline in the same session ("" skips it). OUT receives JSON.

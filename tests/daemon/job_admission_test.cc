@@ -2,7 +2,7 @@
 #include <atomic>
 
 #include "daemon/jobs/job_manager.h"
-#include "tests/daemon/job_validator_fixture.h"
+#include "tests/job/job_validator_fixture.h"
 
 namespace offloadd::daemon::testing_fixture {
 namespace {

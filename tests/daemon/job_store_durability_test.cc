@@ -19,7 +19,7 @@
 
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/job_store.h"
-#include "daemon/jobs/job_validator.h"
+#include "job/job_validator.h"
 
 namespace offloadd::daemon {
 namespace {

@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "daemon/jobs/executor_protocol.h"
+#include "job/executor_protocol.h"
 
 namespace pb = offloadd::internal;
 using namespace offloadd;

@@ -16,8 +16,9 @@ SOURCE_DIR = pathlib.Path(os.environ.get("OFFLOADD_SOURCE_DIR", pathlib.Path(__f
 
 # What a job's files pass through: the executor and trainer, the model loader and exporter, the
 # tokenizer, chat template and datasets, the store, the optimizer workers, LSP, and the daemon's
-# validation of a job (daemon/jobs). common/safe_path.cc is the confined open itself.
-SCANNED = ("trainer", "executor", "engine", "text", "storage", "workers", "lsp", "daemon/jobs")
+# validation and configuration of a job (job/, and the daemon's jobs in daemon/jobs).
+# common/safe_path.cc is the confined open itself.
+SCANNED = ("trainer", "executor", "engine", "text", "storage", "workers", "lsp", "job", "daemon/jobs")
 # Operator command-line tools (offloadd-train, offloadd-plan, tokenize, dataset): they open what
 # their own user names on the command line, with that user's rights.
 SKIPPED_DIRS = ("tools",)
@@ -57,7 +58,7 @@ ALLOWED = {
         "a checkpoint directory under the confined output_dir descriptor, never through a symlink",
     ("trainer/activation_spill.cc", "::mkdir(prefix.c_str(), 0750)"):
         "activation spill directories in the daemon's store directories (storage.directories)",
-    ("daemon/jobs/train_job_config.cc", "opendir(model_dir.c_str())"):
+    ("job/train_job_config.cc", "opendir(model_dir.c_str())"):
         "lists the model's file names and sizes (fstatat, no symlink followed) for the free-space estimate; "
         "opens no file",
     ("workers/cpu_topology.cc", "opendir(sys_root.c_str())"): "/sys CPU topology",

@@ -2,6 +2,7 @@
 
 - layering: each component includes only the components below it (ALLOWED); a new edge must be
   added here on purpose, with the reason in review;
+- the daemon and the executor never include each other: they meet in job/ (NEVER);
 - torch-free components include no LibTorch header, directly or through another component's
   header (the daemon must build and run without the model runtime's headers);
 - file length: sources stay under 800 lines; the files already over it are listed with their
@@ -31,23 +32,26 @@ ALLOWED = {
     "storage": {"common", "ipc"},
     "lsp": {"common", "engine", "workers"},
     "trainer": {"common", "engine", "ipc", "lsp", "storage", "text", "workers"},
-    # The executor runs a job for the daemon: it maps the job with the daemon's torch-free
-    # daemon/jobs/train_job_config.h and speaks daemon/jobs/executor_protocol.h; the daemon never
-    # includes executor/ (it starts the binary).
-    "executor": {"common", "daemon", "engine", "ipc", "jobspec", "lsp", "proto", "storage", "text", "trainer",
-                 "workers"},
-    "daemon": {"common", "engine", "ipc", "jobspec", "proto", "text", "trainer", "workers"},
+    # A job as the daemon, its executors and offloadd-train see it: its checks, its mapping to the
+    # trainer's torch-free TrainConfig and the daemon <-> executor protocol that carries it.
+    "job": {"common", "engine", "ipc", "jobspec", "proto", "text", "trainer"},
+    # The executor runs a job for the daemon: it reads the job and speaks the protocol through
+    # job/, never through the daemon; the daemon never includes executor/ (it starts the binary).
+    "executor": {"common", "engine", "ipc", "job", "jobspec", "lsp", "proto", "storage", "text",
+                 "trainer", "workers"},
+    "daemon": {"common", "engine", "ipc", "job", "jobspec", "proto", "text", "trainer", "workers"},
     "client": {"common", "jobspec", "proto"},
     # The trainer's programs sit on top of everything: offloadd-train reads a job file along the
-    # daemon's path (client/cpp/job_file.h's reader, daemon/jobs/ validation and configuration, the
-    # executor's GPU probe), in a torch-free library of its own (trainer/tools/job_file_config.h).
-    "trainer/tools": {"client", "common", "daemon", "engine", "executor", "ipc", "jobspec", "lsp",
-                      "proto", "storage", "text", "trainer", "workers"},
+    # daemon's path (client/cpp/job_file.h's reader, job/ validation and configuration, the daemon's
+    # node probe, the executor's GPU probe), in a torch-free library of its own
+    # (trainer/tools/job_file_config.h).
+    "trainer/tools": {"client", "common", "daemon", "engine", "executor", "ipc", "job", "jobspec",
+                      "lsp", "proto", "storage", "text", "trainer", "workers"},
 }
 # Sub-folders checked as components of their own, not as part of the folder above them.
 SUBCOMPONENTS = [c for c in ALLOWED if "/" in c]
 GENERATED = {"offloadd": "proto"}  # "offloadd/v1/...": the protobuf/gRPC code generated from proto/
-TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage", "daemon", "client")
+TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage", "job", "daemon", "client")
 TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10|caffe2)/', re.M)
 PROJECT_INCLUDE = re.compile(r'^\s*#\s*include\s*"(([a-z_0-9]+)/[^"]+)"', re.M)
 MAX_LINES = 800
@@ -96,6 +100,20 @@ def _pulls_torch(header, seen):
     return None
 
 
+# Edges that must never be allowed, whatever else ALLOWED gains: the daemon and its executor meet
+# only in job/ (the job and the protocol), and neither the daemon nor job/ loads the model runtime.
+NEVER = [("daemon", "executor"), ("executor", "daemon"), ("job", "daemon"), ("job", "executor")]
+
+
+@pytest.mark.parametrize("component,below", NEVER)
+def test_the_daemon_and_the_executor_meet_only_in_job(component, below):
+    assert below not in ALLOWED[component], f"{component} may not include {below}/"
+
+
+def test_the_daemon_and_the_job_are_torch_free():
+    assert {"daemon", "job"} <= set(TORCH_FREE)
+
+
 @pytest.mark.parametrize("component", TORCH_FREE)
 def test_torch_free_components_include_no_libtorch_header(component):
     bad = []
@@ -125,3 +143,23 @@ def test_source_files_stay_under_800_lines():
 def test_the_over_limit_list_names_real_files():
     for rel in OVER_LIMIT:
         assert (SOURCE_DIR / rel).is_file(), f"{rel} is gone: drop it from OVER_LIMIT"
+
+
+ISSUE_REF = re.compile(r"issue #\d")
+ISSUE_REF_SUFFIXES = SOURCES + (".py", ".proto", ".sh", ".md", ".txt", ".cmake")
+
+
+def test_no_issue_numbers_in_code_or_docs():
+    """Code and docs say what a thing does and why, not which ticket asked for it: an "issue #N"
+    rots once the tracker moves, and one reached a user-facing message. bench/RESULTS.md, a dated
+    log of measurements, may name the work it measured."""
+    bad = []
+    for p in sorted(SOURCE_DIR.rglob("*")):
+        rel = p.relative_to(SOURCE_DIR)
+        if (rel.parts[0].startswith(("build", ".")) or p.suffix not in ISSUE_REF_SUFFIXES
+                or p.name == "RESULTS.md" or not p.is_file()):
+            continue
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if ISSUE_REF.search(line):
+                bad.append(f"{rel}:{n}: {line.strip()[:100]}")
+    assert not bad, "\n".join(bad)

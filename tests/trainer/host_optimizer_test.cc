@@ -1,6 +1,6 @@
 // HostOptimizer with the real offloadd-worker and offloadd-store binaries: a step that fails
 // (non-finite gradient norm under clipping, a store killed between steps) must reach every wait
-// of the step loop with that error, never leave one blocked (issue #18, defects 1 and 2). Each
+// of the step loop with that error, never leave one blocked. Each
 // wait runs under a watchdog: a wait that does not return within kBound fails the test and ends
 // the process, so a regression shows as a failure, not as a hung CI job. POSIX calls, not
 // std::filesystem: this binary links LibTorch (docs/DEVELOPING.md, hazards).
@@ -382,7 +382,7 @@ TEST_F(HostOptimizerTest, DestructionIsBoundedWithAStoppedStore) {
   EXPECT_EQ(::kill(store, 0), -1);  // killed and reaped
 }
 
-// ---- data parallel (issue #15): one leader, one follower, the same arena ----
+// ---- data parallel: one leader, one follower, the same arena ----
 
 // The gradient each rank computes for element i of block b at `step` (rank 0 and 1 each hold a
 // part of the batch; their sum is the step's gradient).

@@ -10,10 +10,10 @@
 #include <sstream>
 
 #include "client/cpp/job_file.h"
-#include "daemon/jobs/job_validator.h"
-#include "daemon/jobs/train_job_config.h"
 #include "daemon/node/node_probe.h"
 #include "executor/gpu_probe.h"
+#include "job/job_validator.h"
+#include "job/train_job_config.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -152,11 +152,11 @@ StatusOr<TrainConfig> TrainConfigFromJobFile(const std::string& path,
   v1::Job job;
   job.set_id("offloadd-train");  // names its NVMe subdirectories
   *job.mutable_spec() = std::move(valid.resolved);
-  daemon::TrainerEnvironment env;
-  env.has_gpu = !node.gpus.empty();
-  env.worker_binary = binaries.worker_binary;
-  env.store_binary = binaries.store_binary;
-  env.trace_steps = 0;  // --trace asks for one
+  daemon::TrainerEnvironment env = daemon::DefaultTrainerEnvironment();
+  env.set_has_gpu(!node.gpus.empty());
+  env.set_worker_binary(binaries.worker_binary);
+  env.set_store_binary(binaries.store_binary);
+  env.set_trace_steps(0);  // --trace asks for one
   ASSIGN_OR_RETURN(TrainConfig config, daemon::MakeTrainConfig(job, env));
   ASSIGN_OR_RETURN(config.resume_from, daemon::ResumePoint(job));
   return config;

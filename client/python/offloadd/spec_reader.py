@@ -6,7 +6,7 @@ Only the job-file spellings that protobuf's JSON mapping lacks are translated fi
 reader (client/cpp/spec_reader.cc) reads them: enum values short or in any case ("alpaca" for
 DATASET_FORMAT_ALPACA), byte sizes ("24GiB", "500MB"), None as unset. Types and ranges are
 ParseDict's; what values mean (learning rates in range, NaN, unknown enum numbers, paths, the model)
-is the daemon's to check when the job is submitted (daemon/jobs/job_validator.cc), and is not
+is the daemon's to check when the job is submitted (job/job_validator.cc), and is not
 repeated here. An unknown key is an error naming it, with a "did you mean" for near misses and the
 message's fields.
 """

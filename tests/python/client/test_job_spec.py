@@ -153,7 +153,7 @@ def test_resources_gpus_and_an_explicit_gpu_index():
 def test_values_are_parsed_by_json_format_and_judged_by_the_daemon():
     """The SDK reads through google.protobuf.json_format: protobuf's types and ranges, no rules of
     its own. NaN and unknown enum numbers read here and are refused by the daemon
-    (tests/daemon/job_validator_test.cc, NanUnknownEnumsNegativeSamplesAndAbsentGpusAreRefused)."""
+    (tests/job/job_validator_test.cc, NanUnknownEnumsNegativeSamplesAndAbsentGpusAreRefused)."""
     spec = offloadd.job_spec({"training": {"learning_rate": "NaN", "max_steps": "10", "bf16": True},
                               "dataset": {"format": 99, "paths": ["/a"]},
                               "offload": {"activations": {"layer_overrides": {"3": "recompute"}}}})

@@ -1,4 +1,4 @@
-#include "daemon/jobs/sequence_positions.h"
+#include "job/sequence_positions.h"
 
 #include <cstdio>
 #include <string>

@@ -1,4 +1,4 @@
-#include "daemon/jobs/path_policy.h"
+#include "job/path_policy.h"
 
 #include <fcntl.h>
 #include <limits.h>

@@ -1,6 +1,6 @@
 // The validator's GPU memory floor: the LM head is counted as the chunked loss runs it, so a batch
 // PyTorch trains in 6 GiB is not refused for logits the engine never materialises at once.
-#include "daemon/jobs/memory_estimate.h"
+#include "job/memory_estimate.h"
 
 #include <gtest/gtest.h>
 

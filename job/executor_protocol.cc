@@ -1,4 +1,4 @@
-#include "daemon/jobs/executor_protocol.h"
+#include "job/executor_protocol.h"
 
 #include <unistd.h>
 
@@ -62,11 +62,8 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
 #define OFFLOADD_WORKER_FIELDS(X) \
   X(index) X(pid) X(cpu_seconds) X(busy_seconds) X(params_updated) X(queue_depth) X(restarts)
 #define OFFLOADD_STORE_FIELDS(X) \
-  X(role) X(pid) X(cpu_seconds) X(submitted) X(completed) X(errors) X(in_flight) X(latency_sum_seconds)
-#define OFFLOADD_ENV_FIELDS(X)                                                                          \
-  X(has_gpu) X(worker_binary) X(store_binary) X(worker_processes) X(worker_threads) X(adamw_kernel)      \
-  X(host_memory_limit) X(gpu_memory_limit) X(trace_steps) X(profile_dir) X(progress_interval_seconds)   \
-  X(liveness_floor_seconds) X(liveness_factor) X(heartbeat_seconds)
+  X(role)                        \
+  X(pid) X(cpu_seconds) X(submitted) X(completed) X(errors) X(in_flight) X(latency_sum_seconds)
 
 #define OFFLOADD_TO(f) p.set_##f(s.f);
 #define OFFLOADD_FROM(f) s.f = p.f();
@@ -140,21 +137,6 @@ trainer::RuntimeStats FromProto(const pb::RuntimeStats& in) {
   r.arena_bytes = in.arena_bytes();
   r.pinned_host_bytes = in.pinned_host_bytes();
   return r;
-}
-
-pb::TrainerEnvironment ToProto(const TrainerEnvironment& s) {
-  pb::TrainerEnvironment p;
-  OFFLOADD_ENV_FIELDS(OFFLOADD_TO)
-  for (const auto& d : s.store_dirs) p.add_store_dirs(d);
-  for (const auto& r : s.allowed_roots) p.add_allowed_roots(r);
-  return p;
-}
-TrainerEnvironment FromProto(const pb::TrainerEnvironment& p) {
-  TrainerEnvironment s;
-  OFFLOADD_ENV_FIELDS(OFFLOADD_FROM)
-  s.store_dirs.assign(p.store_dirs().begin(), p.store_dirs().end());
-  s.allowed_roots.assign(p.allowed_roots().begin(), p.allowed_roots().end());
-  return s;
 }
 
 #undef OFFLOADD_TO

@@ -2,9 +2,10 @@
 // The daemon <-> offloadd-executor protocol (proto/offloadd/internal/executor.proto) as both ends
 // use it: whole messages over the control socket (ipc/message_channel.h), the versioned hellos,
 // and the conversions between the trainer's torch-free structs (trainer/step_stats.h,
-// TrainerEnvironment, trainer::ParallelConfig) and their wire messages. Torch-free, so the daemon
-// links it without the training pipeline; the executor links it beside the trainer.
-// Thread-compatible free functions (callers serialise the senders of one socket).
+// trainer::ParallelConfig) and their wire messages. The job (its validated, resolved JobSpec) and
+// the daemon's TrainerEnvironment travel as the messages themselves (train_job_config.h).
+// Torch-free, so the daemon links it without the training pipeline; the executor links it beside
+// the trainer. Thread-compatible free functions (callers serialise the senders of one socket).
 
 #include <cstdint>
 #include <string>
@@ -12,7 +13,7 @@
 #include <google/protobuf/message_lite.h>
 
 #include "common/status.h"
-#include "daemon/jobs/train_job_config.h"
+#include "job/train_job_config.h"
 #include "offloadd/internal/executor.pb.h"
 #include "trainer/step_stats.h"
 #include "trainer/train_config.h"
@@ -49,8 +50,6 @@ offloadd::internal::ProjectorCheckStats ToProto(const trainer::ProjectorCheckSta
 trainer::ProjectorCheckStats FromProto(const offloadd::internal::ProjectorCheckStats& p);
 offloadd::internal::RuntimeStats ToProto(const trainer::RuntimeStats& s);
 trainer::RuntimeStats FromProto(const offloadd::internal::RuntimeStats& p);
-offloadd::internal::TrainerEnvironment ToProto(const TrainerEnvironment& e);
-TrainerEnvironment FromProto(const offloadd::internal::TrainerEnvironment& p);
 
 // The placement's trainer::ParallelConfig (gpu_index is the executor's device, not part of it).
 trainer::ParallelConfig ParallelFromPlacement(const offloadd::internal::Placement& p);

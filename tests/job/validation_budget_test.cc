@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "daemon/jobs/job_validator.h"
+#include "job/job_validator.h"
 #include "text/chat_template.h"
 
 namespace offloadd::daemon {

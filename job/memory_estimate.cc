@@ -1,4 +1,4 @@
-#include "daemon/jobs/memory_estimate.h"
+#include "job/memory_estimate.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // JobSpec -> trainer::TrainConfig, and which checkpoint a job continues from.
-#include "daemon/jobs/train_job_config.h"
+#include "job/train_job_config.h"
 
 #include <filesystem>
 
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/file.h"
-#include "daemon/jobs/job_validator.h"
-#include "daemon/jobs/unsupported_options.h"
+#include "job/job_validator.h"
+#include "job/unsupported_options.h"
 #include "trainer/checkpoint.h"
 
 namespace offloadd::daemon {
@@ -35,11 +35,12 @@ class TrainJobConfigTest : public ::testing::Test {
     s.mutable_dataset()->add_paths("/data/a.jsonl");
     s.set_output_dir(dir_ + "/out");
     ApplyJobDefaults(&s);  // what ValidateJobSpec resolves
-    env_.worker_binary = "/bin/offloadd-worker";
-    env_.store_binary = "/bin/offloadd-store";
-    env_.worker_processes = 2;
-    env_.profile_dir = "/var/lib/offloadd/profiles";
-    env_.store_dirs = {"/nvme0", "/nvme1"};
+    env_.set_worker_binary("/bin/offloadd-worker");
+    env_.set_store_binary("/bin/offloadd-store");
+    env_.set_worker_processes(2);
+    env_.set_profile_dir("/var/lib/offloadd/profiles");
+    env_.add_store_dirs("/nvme0");
+    env_.add_store_dirs("/nvme1");
   }
   void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
 
@@ -72,7 +73,7 @@ class TrainJobConfigTest : public ::testing::Test {
 
   std::string dir_;
   v1::Job job_;
-  TrainerEnvironment env_;
+  TrainerEnvironment env_ = DefaultTrainerEnvironment();
 };
 
 TEST_F(TrainJobConfigTest, MapsTheResolvedSpec) {
@@ -126,11 +127,42 @@ TEST_F(TrainJobConfigTest, MapsTheResolvedSpec) {
   EXPECT_TRUE(c.resume_from.empty());
 }
 
+// The environment is the protocol's message itself: what the daemon builds is what the executor
+// maps, with no struct in between whose copy could drop a field, and proto3's zeros are not taken
+// for settings (an environment starts from DefaultTrainerEnvironment).
+TEST_F(TrainJobConfigTest, TheEnvironmentCrossesTheWireUnchanged) {
+  const TrainerEnvironment defaults = DefaultTrainerEnvironment();
+  EXPECT_EQ(defaults.worker_processes(), 1u);
+  EXPECT_EQ(defaults.adamw_kernel(), "auto");
+  EXPECT_EQ(defaults.trace_steps(), 3);
+  EXPECT_DOUBLE_EQ(defaults.progress_interval_seconds(), 10);
+  EXPECT_DOUBLE_EQ(defaults.liveness_factor(), 10);
+  env_.set_worker_threads(3);
+  env_.set_adamw_kernel("avx2");
+  env_.set_trace_steps(5);
+  offloadd::internal::StartJob start;
+  *start.mutable_job() = job_;
+  *start.mutable_environment() = env_;
+  offloadd::internal::StartJob received;
+  ASSERT_TRUE(received.ParseFromString(start.SerializeAsString()));
+  const TrainConfig sent = Make();
+  auto got = MakeTrainConfig(received.job(), received.environment());
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->worker_threads, 3u);
+  EXPECT_EQ(got->adamw_kernel, "avx2");
+  EXPECT_EQ(got->trace_steps, 5);
+  EXPECT_EQ(got->worker_binary, sent.worker_binary);
+  EXPECT_EQ(got->store_binary, sent.store_binary);
+  EXPECT_EQ(got->worker_processes, sent.worker_processes);
+  EXPECT_EQ(got->profile_dir, sent.profile_dir);
+  EXPECT_EQ(got->offload.nvme_dirs, sent.offload.nvme_dirs);
+}
+
 TEST_F(TrainJobConfigTest, DeviceAndDtypeFollowTheNode) {
-  env_.has_gpu = true;
+  env_.set_has_gpu(true);
   job_.mutable_spec()->mutable_resources()->set_gpu_index(1);
   job_.mutable_spec()->mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
-  env_.gpu_memory_limit = 8ull << 30;
+  env_.set_gpu_memory_limit(8ull << 30);
   TrainConfig c = Make();
   EXPECT_EQ(c.device, "cuda:1");
   EXPECT_EQ(c.compute_dtype, "fp32");
@@ -147,14 +179,14 @@ TEST_F(TrainJobConfigTest, DeviceAndDtypeFollowTheNode) {
 // Issue #29 item 25: speculation (CPU updates before the clipping norm is known) is the default on
 // a GPU node and off on a CPU node; an explicit setting wins on either.
 TEST_F(TrainJobConfigTest, SpeculationDefaultFollowsTheNode) {
-  env_.has_gpu = true;
+  env_.set_has_gpu(true);
   EXPECT_EQ(Make().optim.speculation, "auto");
-  env_.has_gpu = false;
+  env_.set_has_gpu(false);
   EXPECT_EQ(Make().optim.speculation, "never");
   auto* o = job_.mutable_spec()->mutable_offload();
   o->set_speculation(v1::SPECULATION_ALWAYS);
   EXPECT_EQ(Make().optim.speculation, "always");
-  env_.has_gpu = true;
+  env_.set_has_gpu(true);
   o->set_speculation(v1::SPECULATION_NEVER);
   EXPECT_EQ(Make().optim.speculation, "never");
   o->set_speculation(v1::SPECULATION_AUTO);
@@ -165,9 +197,9 @@ TEST_F(TrainJobConfigTest, SpeculationDefaultFollowsTheNode) {
 // CPU node; device none puts all of them there, a ratio keeps that share on the host.
 TEST_F(TrainJobConfigTest, OptimizerStatesOnTheGpu) {
   using Plan = trainer::OffloadPlanConfig;
-  env_.has_gpu = false;
+  env_.set_has_gpu(false);
   EXPECT_EQ(Make().offload.device_optimizer_blocks, 0);
-  env_.has_gpu = true;
+  env_.set_has_gpu(true);
   TrainConfig c = Make();
   EXPECT_EQ(c.offload.device_optimizer_blocks, Plan::kAutoDeviceOptimizer);
   EXPECT_LT(c.offload.device_optimizer_share, 0);
@@ -191,7 +223,7 @@ TEST_F(TrainJobConfigTest, NvmeStatesGoToAPerJobDirectory) {
   EXPECT_EQ(c.offload.weights, trainer::OffloadPlanConfig::Weights::kResident);
   o->mutable_offload_optimizer()->set_nvme_path("/nvme1");
   EXPECT_EQ(Make().offload.nvme_dirs, std::vector<std::string>{"/nvme1/job-1"});
-  env_.store_dirs.clear();
+  env_.clear_store_dirs();
   o->mutable_offload_optimizer()->clear_nvme_path();
   EXPECT_EQ(MakeError().code(), StatusCode::kFailedPrecondition);
 }
@@ -206,7 +238,7 @@ TEST_F(TrainJobConfigTest, NvmeActivationsUseThePerJobDirectories) {
   EXPECT_EQ(c.offload.nvme_dirs, (std::vector<std::string>{"/nvme0/job-1", "/nvme1/job-1"}));
   a->set_mode(v1::ACTIVATION_MODE_OFFLOAD_NVME);
   EXPECT_EQ(Make().offload.activations, ActivationMode::kOffloadNvme);
-  env_.store_dirs.clear();
+  env_.clear_store_dirs();
   const Status s = MakeError();
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("offload.activations: offload_nvme needs a store directory"), std::string::npos)

@@ -2,7 +2,7 @@
 // configured". The violation names the directory and says it is missing.
 #include <gtest/gtest.h>
 
-#include "daemon/jobs/job_validator.h"
+#include "job/job_validator.h"
 
 namespace offloadd::daemon {
 namespace {

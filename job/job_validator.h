@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/jobs/memory_estimate.h"
-#include "daemon/jobs/path_policy.h"
-#include "daemon/node/node_probe.h"
+#include "job/memory_estimate.h"
+#include "job/node_facts.h"
+#include "job/path_policy.h"
 #include "jobspec/field_violation.h"
 #include "jobspec/job_defaults.h"
 #include "jobspec/training_rules.h"  // ApplyJobDefaults, CheckTrainingValues

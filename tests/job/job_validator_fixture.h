@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "daemon/jobs/job_validator.h"
+#include "job/job_validator.h"
 #include "trainer/shape_profile.h"
 
 namespace offloadd::daemon::testing_fixture {

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "daemon/jobs/job_validator.h"
 #include "engine/model_config.h"
+#include "job/job_validator.h"
 #include "jobspec/field_violation.h"
 #include "offloadd/v1/job.pb.h"
 

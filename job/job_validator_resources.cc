@@ -2,8 +2,8 @@
 #include <string>
 
 #include "common/units.h"
-#include "daemon/jobs/job_validator_checks.h"
-#include "daemon/jobs/memory_estimate.h"
+#include "job/job_validator_checks.h"
+#include "job/memory_estimate.h"
 
 namespace offloadd::daemon {
 

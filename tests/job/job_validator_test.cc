@@ -1,4 +1,4 @@
-#include "daemon/jobs/job_validator.h"
+#include "job/job_validator.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "common/units.h"
-#include "tests/daemon/job_validator_fixture.h"
 #include "daemon/node/gpu_driver.h"
+#include "tests/job/job_validator_fixture.h"
 #include "text/tokenizer.h"
 #include "trainer/shape_profile.h"
 

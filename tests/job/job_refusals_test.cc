@@ -9,8 +9,8 @@
 #include <functional>
 #include <string>
 
-#include "daemon/jobs/job_validator.h"
-#include "daemon/jobs/unsupported_options.h"
+#include "job/job_validator.h"
+#include "job/unsupported_options.h"
 
 namespace offloadd::daemon {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/jobs/train_job_config.h"
+#include "job/train_job_config.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -10,7 +10,7 @@
 #include <cerrno>
 
 #include "common/units.h"
-#include "daemon/jobs/unsupported_options.h"
+#include "job/unsupported_options.h"
 #include "jobspec/job_defaults.h"
 #include "trainer/checkpoint.h"
 #include "trainer/latest_checkpoint.h"
@@ -78,7 +78,7 @@ Status ApplyOffload(const v1::JobSpec& s, const std::string& job_id, const Train
     if (!o.offload_optimizer().nvme_path().empty()) {
       roots.push_back(o.offload_optimizer().nvme_path());
     } else {
-      roots = env.store_dirs;
+      roots.assign(env.store_dirs().begin(), env.store_dirs().end());
     }
     if (roots.empty()) {
       return FailedPreconditionError(std::string(nvme_states
@@ -116,11 +116,21 @@ Status ApplyOffload(const v1::JobSpec& s, const std::string& job_id, const Train
 
 }  // namespace
 
+TrainerEnvironment DefaultTrainerEnvironment() {
+  TrainerEnvironment env;
+  env.set_worker_processes(1);
+  env.set_adamw_kernel("auto");
+  env.set_trace_steps(3);
+  env.set_progress_interval_seconds(10);
+  env.set_liveness_factor(10);
+  return env;
+}
+
 JobDefaults JobDefaultsOf(const TrainerEnvironment& env) {
   JobDefaults d;
-  d.has_gpu = env.has_gpu;
-  d.host_memory_limit = env.host_memory_limit;
-  d.gpu_memory_limit = env.gpu_memory_limit;
+  d.has_gpu = env.has_gpu();
+  d.host_memory_limit = env.host_memory_limit();
+  d.gpu_memory_limit = env.gpu_memory_limit();
   return d;  // storage.aio: in the spec validation resolved (else job.proto's defaults)
 }
 
@@ -140,11 +150,12 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   trainer::TrainConfig c;
   c.model_dir = s.model().path();
   const int gpu = s.resources().gpu_index() >= 0 ? s.resources().gpu_index() : 0;
-  c.device = env.has_gpu ? "cuda:" + std::to_string(gpu) : "cpu";
+  c.device = env.has_gpu() ? "cuda:" + std::to_string(gpu) : "cpu";
   // One executor per GPU (the executor sets its rank, rendezvous and device from its placement).
   c.parallel.world_size = std::max<int>(1, static_cast<int>(s.resources().gpus()));
   // AdamW states on the GPU where they fit (placed after the first step); none on a CPU node.
-  c.offload.device_optimizer_blocks = env.has_gpu ? trainer::OffloadPlanConfig::kAutoDeviceOptimizer : 0;
+  c.offload.device_optimizer_blocks =
+      env.has_gpu() ? trainer::OffloadPlanConfig::kAutoDeviceOptimizer : 0;
   c.dropout_disabled = s.dropout() == v1::DROPOUT_MODE_DISABLE;
   switch (s.model().compute_dtype()) {
     case v1::COMPUTE_DTYPE_UNSPECIFIED: c.compute_dtype = "auto"; break;  // bf16 on a GPU, fp32 on CPU
@@ -227,16 +238,16 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
 
   c.output_dir = s.output_dir();
   c.export_final_model = true;
-  c.worker_binary = env.worker_binary;
-  c.store_binary = env.store_binary;
-  c.worker_processes = env.worker_processes;
-  c.worker_threads = env.worker_threads;
-  c.adamw_kernel = env.adamw_kernel;
-  c.profile_dir = env.profile_dir;
-  if (env.trace_steps > 0 && !c.output_dir.empty()) {
+  c.worker_binary = env.worker_binary();
+  c.store_binary = env.store_binary();
+  c.worker_processes = env.worker_processes();
+  c.worker_threads = env.worker_threads();
+  c.adamw_kernel = env.adamw_kernel();
+  c.profile_dir = env.profile_dir();
+  if (env.trace_steps() > 0 && !c.output_dir.empty()) {
     // Beside the model, not in its directory: output_dir/runs/ (Hugging Face's logging_dir).
     c.trace_path = c.output_dir + "/runs/trace.json";
-    c.trace_steps = env.trace_steps;
+    c.trace_steps = env.trace_steps();
   }
   return c;
 }

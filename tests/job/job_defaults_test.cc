@@ -3,8 +3,8 @@
 // defaulted field, whether the executor is handed the resolved spec or the one the client sent.
 #include "jobspec/job_defaults.h"
 
-#include "daemon/jobs/train_job_config.h"
-#include "tests/daemon/job_validator_fixture.h"
+#include "job/train_job_config.h"
+#include "tests/job/job_validator_fixture.h"
 #include "trainer/host_memory.h"
 
 namespace offloadd::daemon::testing_fixture {
@@ -59,10 +59,10 @@ TEST_F(JobValidatorTest, ValidationAndTheTrainerConfigAgreeOnEveryDefault) {
     const v1::JobSpec sent = ValidSpec();  // learning rate, steps, aio, speculation... unset
     const ValidationResult r = Validate(sent);
     ASSERT_TRUE(r.ok()) << Describe(r);
-    TrainerEnvironment env;  // as the daemon configures its executors
-    env.has_gpu = gpu;
-    env.host_memory_limit = node_.host_memory_limit;
-    env.gpu_memory_limit = node_.gpu_memory_limit;
+    TrainerEnvironment env = DefaultTrainerEnvironment();  // as the daemon configures its executors
+    env.set_has_gpu(gpu);
+    env.set_host_memory_limit(node_.host_memory_limit);
+    env.set_gpu_memory_limit(node_.gpu_memory_limit);
     v1::Job job;
     job.set_id("job-1");
     *job.mutable_spec() = r.resolved;

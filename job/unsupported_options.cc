@@ -1,4 +1,4 @@
-#include "daemon/jobs/unsupported_options.h"
+#include "job/unsupported_options.h"
 
 #include <cctype>
 #include <cstdint>

@@ -10,8 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "daemon/jobs/job_validator.h"
-#include "tests/daemon/job_validator_fixture.h"
+#include "job/job_validator.h"
+#include "tests/job/job_validator_fixture.h"
 
 namespace offloadd::daemon {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/daemon/job_validator_fixture.h"
+#include "tests/job/job_validator_fixture.h"
 
 namespace offloadd::daemon {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/jobs/spec_refusals.h"
+#include "job/spec_refusals.h"
 
 #include <algorithm>
 

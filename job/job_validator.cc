@@ -1,4 +1,4 @@
-#include "daemon/jobs/job_validator.h"
+#include "job/job_validator.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,13 +15,13 @@
 #include "common/message_text.h"
 #include "common/safe_path.h"
 #include "common/units.h"
-#include "daemon/jobs/hf_names.h"
-#include "daemon/jobs/job_validator_checks.h"
-#include "daemon/jobs/sequence_positions.h"
-#include "daemon/jobs/spec_refusals.h"
-#include "daemon/jobs/train_job_config.h"
-#include "daemon/jobs/unsupported_options.h"
 #include "engine/model_config.h"
+#include "job/hf_names.h"
+#include "job/job_validator_checks.h"
+#include "job/sequence_positions.h"
+#include "job/spec_refusals.h"
+#include "job/train_job_config.h"
+#include "job/unsupported_options.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
 #include "text/gzip_reader.h"

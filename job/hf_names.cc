@@ -1,4 +1,4 @@
-#include "daemon/jobs/hf_names.h"
+#include "job/hf_names.h"
 
 #include <algorithm>
 #include <cctype>

@@ -10,31 +10,22 @@
 
 #include "common/status.h"
 #include "jobspec/job_defaults.h"
+#include "offloadd/internal/executor.pb.h"
 #include "offloadd/v1/job.pb.h"
 #include "trainer/train_config.h"
 
 namespace offloadd::daemon {
 
-// What the daemon adds to every job: its binaries, worker pool, defaults and devices.
-struct TrainerEnvironment {
-  bool has_gpu = false;          // a GPU is visible to this (CUDA flavour) daemon
-  std::string worker_binary;     // offloadd-worker
-  std::string store_binary;      // offloadd-store
-  uint32_t worker_processes = 1;
-  uint32_t worker_threads = 0;   // per process; 0: the trainer divides the usable cores
-  std::string adamw_kernel = "auto";  // workers.adamw_kernel
-  uint64_t host_memory_limit = 0;  // memory.host_memory_limit, used when the job sets none
-  uint64_t gpu_memory_limit = 0;   // memory.gpu_memory_limit, used when the job sets none
-  std::vector<std::string> store_dirs;  // storage.directories: NVMe tier when nvme_path is unset
-  int64_t trace_steps = 3;  // steps recorded in output_dir/runs/trace.json (0: no trace)
-  std::string profile_dir;  // the node profile cache: <state_dir>/profiles
-  double progress_interval_seconds = 10;  // metrics.progress_interval_seconds
-  std::vector<std::string> allowed_roots;  // the daemon's allowed_roots, for the executor's confinement
-  // jobs.liveness: deadlines on the job's waits for its workers and store (0: none).
-  double liveness_floor_seconds = 0;
-  double liveness_factor = 10;
-  double heartbeat_seconds = 0;  // the executor's heartbeat interval (0: none)
-};
+// What the daemon adds to every job (its binaries, worker pool, defaults and devices) is the
+// protocol's TrainerEnvironment message itself (proto/offloadd/internal/executor.proto), built by
+// the daemon (DaemonTrainerEnvironment) and by offloadd-train, carried to the executor in StartJob
+// and read here: a setting of the daemon that reaches the trainer is one field there.
+using TrainerEnvironment = offloadd::internal::TrainerEnvironment;
+
+// An environment with the defaults the proto's comments name (one optimizer worker process, the
+// "auto" AdamW kernel, 3 traced steps, progress every 10 s, liveness factor 10): proto3 fields
+// default to zero, so every environment starts from this one.
+TrainerEnvironment DefaultTrainerEnvironment();
 
 // The defaults the environment gives a job (its storage.aio is in the spec validation resolved).
 JobDefaults JobDefaultsOf(const TrainerEnvironment& env);

@@ -1,5 +1,5 @@
 // Hugging Face / TRL names in JobSpec.training: each maps onto the setting it stands for.
-#include "daemon/jobs/hf_names.h"
+#include "job/hf_names.h"
 
 #include <gtest/gtest.h>
 
