@@ -44,8 +44,7 @@ int64_t HeadLargestAllocation(const HeadInputs& in, int64_t chunk_bytes) {
   {
     c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, probe);
     at::Tensor dn, dw;
-    at::Tensor loss =
-        ops::LmHeadLoss(in.n, in.w, in.targets, in.normalizer, &dn, &dw, chunk_bytes);
+    at::Tensor loss = ops::LmHeadLoss(in.n, in.w, in.targets, in.normalizer, &dn, &dw, chunk_bytes);
     EXPECT_TRUE(std::isfinite(loss.item<double>()));
   }
   return probe->largest;
@@ -56,8 +55,7 @@ int64_t HeadLargestAllocation(const HeadInputs& in, int64_t chunk_bytes) {
 TEST(LmHeadMemoryTest, LargestAllocationIndependentOfTokensTimesVocab) {
   const int64_t hidden = 8, chunk_bytes = 4 * kGemma3Vocab * 4;
   const int64_t at_32 = HeadLargestAllocation(Inputs(1, 32, hidden, kGemma3Vocab, 1), chunk_bytes);
-  const int64_t at_128 =
-      HeadLargestAllocation(Inputs(2, 64, hidden, kGemma3Vocab, 2), chunk_bytes);
+  const int64_t at_128 = HeadLargestAllocation(Inputs(2, 64, hidden, kGemma3Vocab, 2), chunk_bytes);
   ASSERT_GT(at_32, 0) << "no allocation reported: the probe is not installed";
   EXPECT_EQ(at_32, at_128) << "the largest allocation grows with the tokens";
   EXPECT_LE(at_128, std::max(chunk_bytes, kGemma3Vocab * hidden * 4));
@@ -116,9 +114,9 @@ Bounds ExactAndBounds(const HeadInputs& in, at::Tensor* loss, at::Tensor* dn, at
   at::Tensor rt = std::get<0>((z - m).abs().max(1, true));
   at::Tensor dlse = zt + u * rt + Gamma(vocab + 4) + u * (lse.abs() + m.abs());
   at::Tensor dce = (dlse + zt + u * ce.abs().unsqueeze(1)).squeeze(1) * mask;
-  b.loss = (dce.sum().item<double>() + Gamma(tokens) * ce.abs().sum().item<double>()) /
-               in.normalizer +
-           2 * u * std::abs(loss->item<double>());
+  b.loss =
+      (dce.sum().item<double>() + Gamma(tokens) * ce.abs().sum().item<double>()) / in.normalizer +
+      2 * u * std::abs(loss->item<double>());
   at::Tensor dp = p * (zt + dlse + u * (z - lse).abs() + 4 * u);
   at::Tensor dg = (dp + u * onehot) * mask.unsqueeze(1) / in.normalizer + 2 * u * g.abs();
   b.dn = dg.mm(w.abs()) + Gamma(vocab) * g.abs().mm(w.abs());
@@ -146,10 +144,10 @@ void ExpectWithinBounds(int64_t vocab, int64_t rows, int64_t t, int64_t chunk_to
     EXPECT_LE(rn, 1.0) << "dn, chunk of " << chunk << " tokens";
     EXPECT_LE(rw, 1.0) << "dW, chunk of " << chunk << " tokens";
     // A chunk that dropped, repeated or misplaced tokens would be off by O(1), not O(u).
-    std::printf("vocab %lld, chunk %lld tokens: loss error %.3g (bound %.3g), dn %.3g and dW %.3g "
-                "of their bounds\n",
-                static_cast<long long>(vocab), static_cast<long long>(chunk), loss_err, b.loss, rn,
-                rw);
+    std::printf(
+        "vocab %lld, chunk %lld tokens: loss error %.3g (bound %.3g), dn %.3g and dW %.3g "
+        "of their bounds\n",
+        static_cast<long long>(vocab), static_cast<long long>(chunk), loss_err, b.loss, rn, rw);
   }
 }
 
