@@ -56,6 +56,16 @@ class TrainObserver {
 
 // What the job's step is priced at before it runs (TrainConfig::validate_only): the step planner's
 // cost model on the node profile's rates and the GPU work of the job's shape.
+// The configured step priced at another row length (--validate-only): whether its GPU working set
+// fits gpu_memory_limit, the planner's predicted GPU peak (CUDA only; 0 on a CPU device) and step.
+struct LengthPrediction {
+  int64_t seq = 0;
+  bool fits = false;
+  int64_t gpu_bytes = 0;
+  double step_seconds = 0, tokens_per_second = 0;  // 0 when it does not fit
+  std::string text;                                // "8192 tokens: 1.2 s/step, ..."
+};
+
 struct StepPrediction {
   double step_seconds = 0;
   double tokens_per_second = 0;  // real (non-padding) tokens
@@ -71,6 +81,9 @@ struct StepPrediction {
   uint64_t ram_tier_host_bytes = 0, nvme_tier_host_bytes = 0, nvme_tier_disk_bytes = 0;
   double nvme_tier_disk_seconds = 0;
   std::string host_text;
+  // Powers of two from 1024 (less for a model of fewer than 4096 positions) up to the model's
+  // max_position_embeddings, and max_seq_length.
+  std::vector<LengthPrediction> lengths;
 };
 
 struct TrainResult {

@@ -225,6 +225,8 @@ StatusOr<NodeProfile> Trainer::Impl::PlanNodeProfile() {
 }
 
 double Trainer::Impl::SecondsPerFlop(int64_t micro) {
+  // Measured once per micro-batch: the candidates and lengths priced with it compare alike.
+  if (auto it = seconds_per_flop.find(micro); it != seconds_per_flop.end()) return it->second;
   // The MLP's up projection at this micro-batch's rows: the GEMMs are most of a decoder layer's
   // work, and their efficiency is what changes with the micro-batch. Capped where the rate has
   // long saturated (and where a CPU device would take seconds).
@@ -241,7 +243,8 @@ double Trainer::Impl::SecondsPerFlop(int64_t micro) {
   for (int i = 0; i < kReps; ++i) y = at::mm(x, w);
   Synchronize(cuda);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kReps;
-  return secs / (2.0 * static_cast<double>(rows) * static_cast<double>(h) * static_cast<double>(f));
+  return seconds_per_flop[micro] =
+             secs / (2.0 * static_cast<double>(rows) * static_cast<double>(h) * static_cast<double>(f));
 }
 
 namespace {
@@ -345,13 +348,14 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
 }
 
 StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, const NodeProfile& prof,
-                                                   int64_t seq, std::string* basis) {
+                                                   int64_t seq, std::string* basis, int64_t memory_seq) {
   const int64_t T = seq > 0 ? seq : SeqLength();
+  const int64_t mem_T = memory_seq > 0 ? memory_seq : SeqLength();
   BatchCandidate cand;
   cand.micro = micro;
   cand.accumulation = accumulation;
   const double A = accumulation;
-  const MemoryEstimate est = EstimateMemory(micro);
+  const MemoryEstimate est = EstimateMemory(micro, mem_T);
   // A cached shape profile was measured at SeqLength() tokens per row.
   const std::optional<ShapeProfile> profiled =
       T == SeqLength() ? CachedShapeProfile(micro) : std::optional<ShapeProfile>();
@@ -413,8 +417,9 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
     }
     timed = *t;
   }
-  // The flop count at the GEMM rate: the blocks' estimates are at SeqLength() tokens per row.
-  const double spf = profiled || timed ? 0 : SecondsPerFlop(micro) * static_cast<double>(T) / SeqLength();
+  // The flop count at the GEMM rate: the blocks' estimates are at mem_T tokens per row.
+  const double spf =
+      profiled || timed ? 0 : SecondsPerFlop(micro) * static_cast<double>(T) / static_cast<double>(mem_T);
   const bool may_keep = cuda && cfg.offload.activations == ActivationMode::kAuto && cfg.offload.layer_overrides.empty();
   const std::vector<int64_t> need = DeviceOptimizerNeeds(resident, accumulation);
   PlanInputs in;
@@ -551,6 +556,53 @@ Status Trainer::Impl::PredictStep() {
     << "; basis: " << p.basis << ")";
   p.text = o.str();
   Log(TrainObserver::Level::kInfo, "validate-only: " + p.text);
+  return PredictLengths(prof);
+}
+
+Status Trainer::Impl::PredictLengths(const NodeProfile& prof) {
+  const int64_t limit = std::max<int64_t>(model->config().max_position_embeddings, SeqLength());
+  std::vector<int64_t> lengths;
+  int64_t start = 1024;  // a small model's positions: a few lengths below them still
+  while (start > 8 && 4 * start > limit) start /= 2;
+  for (int64_t len = start; len < limit; len *= 2) lengths.push_back(len);
+  lengths.push_back(limit);
+  if (!std::count(lengths.begin(), lengths.end(), SeqLength())) lengths.push_back(SeqLength());
+  std::sort(lengths.begin(), lengths.end());
+  const int micro = cfg.batch_size;
+  const int64_t A = cfg.gradient_accumulation_steps;
+  for (int64_t len : lengths) {
+    // Rows of this length throughout: the GPU memory sized for them, the work timed at them.
+    StatusOr<BatchCandidate> priced = PriceBatch(micro, static_cast<int>(A), prof, len, nullptr, len);
+    LengthPrediction l;
+    l.seq = len;
+    if (!priced.ok()) {  // the configured length priced above; another one only informs
+      l.text = std::to_string(len) + " tokens: not priced (" + priced.status().ToString() + ")";
+      Log(TrainObserver::Level::kWarning, "validate-only at " + l.text);
+      prediction.lengths.push_back(std::move(l));
+      continue;
+    }
+    const BatchCandidate& c = *priced;
+    l.fits = c.feasible;
+    l.gpu_bytes = cuda ? c.plan.gpu_bytes : 0;
+    l.step_seconds = c.feasible ? c.plan.predicted_s : 0;
+    l.tokens_per_second =
+        l.step_seconds > 0 ? static_cast<double>(micro * A * world() * len) / l.step_seconds : 0;
+    std::ostringstream o;
+    o.precision(3);
+    o << len << " tokens: ";
+    if (!c.feasible) {
+      o << "does not fit (" << c.why_not << ")";
+    } else {
+      o << l.step_seconds << " s/step, " << l.tokens_per_second / 1e3 << "k tokens/s (" << c.plan.bound << ")";
+      if (cuda) {
+        o << ", GPU peak " << FormatByteSize(static_cast<uint64_t>(l.gpu_bytes)) << " of "
+          << FormatByteSize(static_cast<uint64_t>(gpu_budget));
+      }
+    }
+    l.text = o.str();
+    Log(TrainObserver::Level::kInfo, "validate-only at " + l.text);
+    prediction.lengths.push_back(std::move(l));
+  }
   return OkStatus();
 }
 

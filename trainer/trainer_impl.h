@@ -12,6 +12,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -227,9 +228,13 @@ struct Trainer::Impl {
   // cfg.gradient_accumulation_steps before anything is sized by them.
   Status ChooseBatchSize();
   // seq: tokens per row priced (0: SeqLength()); `basis` (may be null) gets where the GPU work's
-  // figures came from.
+  // figures came from; memory_seq: the row length the GPU memory is sized for (0: SeqLength(), the
+  // longest row a job of records of varying length may meet).
   StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof, int64_t seq = 0,
-                                      std::string* basis = nullptr);
+                                      std::string* basis = nullptr, int64_t memory_seq = 0);
+  // The configured step at other row lengths (PredictStep): powers of two from 1024 (less for a
+  // model of fewer than 4096 positions) up to its max_position_embeddings, and max_seq_length.
+  Status PredictLengths(const NodeProfile& prof);
   // TrainConfig::validate_only: prices the configured step into `prediction` (trainer_batch.cc).
   Status PredictStep();
   StepPrediction prediction;
@@ -239,6 +244,7 @@ struct Trainer::Impl {
   // arena is made (trainer_plan.cc). Fills prediction's host fields.
   Status CheckHostMemory();
   double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
+  std::map<int64_t, double> seconds_per_flop;  // SecondsPerFlop's measurements, by micro-batch
   // CUDA: the embedding, one decoder layer and the head run at [micro, seq] with random weights
   // (the model's placeholders are put back after), timed warm (trainer_batch.cc).
   struct BlockTiming {

@@ -19,6 +19,7 @@
 #include "engine/blocks.h"
 #include "engine/doc_attention.h"
 #include "engine/ops.h"
+#include "tests/engine/largest_allocation.h"
 
 namespace offloadd::engine {
 namespace {
@@ -102,15 +103,6 @@ INSTANTIATE_TEST_SUITE_P(Variants, DocAttentionTest,
                                            Variant{"Window", 2, 37, 0.0},
                                            Variant{"SoftcapWindow", 1, 64, 1.5}),
                          [](const auto& p) { return p.param.name; });
-
-// The largest single CPU allocation while the profiler's memory reporting is on.
-struct LargestAllocation final : c10::MemoryReportingInfoBase {
-  void reportMemoryUsage(void*, int64_t size, size_t, size_t, c10::Device) override {
-    largest = std::max(largest, size);
-  }
-  bool memoryProfilingEnabled() const override { return true; }
-  int64_t largest = 0;
-};
 
 ModelConfig LayerConfig() {
   ModelConfig c;

@@ -56,6 +56,45 @@ TEST_F(JobValidatorTest, SequenceLengthBeyondTheModelsPositionsIsRefusedNamingBo
   EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
 }
 
+// max_seq_length up to the model's positions is accepted when the GPU budget holds it at batch
+// 1; under a budget that does not, the refusal names the largest length that fits, which is then
+// accepted (8 tokens more are not).
+TEST_F(JobValidatorTest, LongSequenceFitsTheBudgetOrNamesTheLargestThatFits) {
+  std::ofstream(root_ / "model" / "config.json", std::ios::trunc)
+      << R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 32768})";
+  GpuFacts gpu;
+  gpu.name = "test GPU";
+  gpu.total_memory_bytes = 80ull << 30;
+  node_.gpus.push_back(gpu);
+  v1::JobSpec s = ValidSpec();
+  s.mutable_training()->set_per_device_train_batch_size(1);
+  s.mutable_resources()->set_gpu_memory_limit(80ull << 30);
+  s.mutable_dataset()->set_max_seq_length(8192);
+  const uint64_t floor_8k = Validate(s).memory_floor.gpu_bytes;
+  s.mutable_dataset()->set_max_seq_length(32768);
+  ValidationResult r = Validate(s);
+  EXPECT_EQ(Find(r, "dataset.max_seq_length"), nullptr) << Describe(r);
+  EXPECT_EQ(Find(r, "resources.gpu_memory_limit"), nullptr) << Describe(r);
+  ASSERT_GT(r.memory_floor.gpu_bytes, floor_8k);
+
+  s.mutable_resources()->set_gpu_memory_limit(floor_8k);
+  r = Validate(s);
+  const FieldViolation* g = Find(r, "resources.gpu_memory_limit");
+  ASSERT_NE(g, nullptr) << Describe(r);
+  const std::string said = "the largest dataset.max_seq_length that fits at batch 1 is ";
+  const size_t at = g->description.find(said);
+  ASSERT_NE(at, std::string::npos) << g->description;
+  const int64_t fits = std::stoll(g->description.substr(at + said.size()));
+  EXPECT_GE(fits, 8192 - 8) << g->description;
+  EXPECT_LT(fits, 32768) << g->description;
+  s.mutable_dataset()->set_max_seq_length(static_cast<int32_t>(fits));
+  r = Validate(s);
+  EXPECT_EQ(Find(r, "resources.gpu_memory_limit"), nullptr) << Describe(r);
+  s.mutable_dataset()->set_max_seq_length(static_cast<int32_t>(fits + 8));
+  EXPECT_NE(Find(Validate(s), "resources.gpu_memory_limit"), nullptr);
+}
+
 // An output_dir holding another run's checkpoints passed validation and failed once the job had
 // started. Now it is refused at validation unless resume_from_checkpoint (latest: the newest) or
 // overwrite_output_dir says what to do with them, as Hugging Face's TrainingArguments do.

@@ -211,7 +211,17 @@ void PrintPrediction(const StepPrediction& p) {
                          {{"host_bytes", p.nvme_tier_host_bytes},
                           {"disk_bytes", p.nvme_tier_disk_bytes},
                           {"disk_seconds", p.nvme_tier_disk_seconds}}}}}};
+  nlohmann::json lengths = nlohmann::json::array();
+  for (const LengthPrediction& l : p.lengths) {
+    lengths.push_back({{"seq", l.seq},
+                       {"fits", l.fits},
+                       {"predicted_gpu_bytes", l.gpu_bytes},
+                       {"predicted_step_seconds", l.step_seconds},
+                       {"predicted_tokens_per_second", l.tokens_per_second}});
+  }
+  j["lengths"] = lengths;
   std::printf("%s\n", j.dump().c_str());
+  for (const LengthPrediction& l : p.lengths) std::printf("at %s\n", l.text.c_str());
   std::printf("host memory: %s\n", p.host_text.c_str());
   std::printf("per tier of the optimizer states: RAM: host %s, disk 0; NVMe: host %s, disk %s%s\n",
               FormatByteSize(p.ram_tier_host_bytes).c_str(),

@@ -84,3 +84,23 @@ def test_a_job_over_the_host_limit_is_refused_with_its_numbers(binary_dir, tmp_p
         assert "more than the host memory limit of 256 MiB (host_memory_limit)" in r.stderr, r.stderr
         assert "it would fit with a host memory limit of at least " in r.stderr, r.stderr
         assert "step 1/" not in r.stdout + r.stderr
+
+
+def test_validate_only_prices_each_row_length(binary_dir, tmp_path):
+    # The planner prices sequence length: the same step at powers of two up to the model's
+    # max_position_embeddings (256 here: 64, 128, 256) and at max_seq_length, each with its
+    # predicted step time and tokens/s (and on CUDA its GPU peak against gpu_memory_limit).
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl", n=16)
+    _, p, r = validate(binary_dir, tmp_path, model, data, "--batch-size=2", "--grad-accum=2",
+                       "--max-seq-length=192")
+    lengths = p["lengths"]
+    assert [x["seq"] for x in lengths] == [64, 128, 192, 256], lengths
+    assert all(x["fits"] and x["predicted_gpu_bytes"] == 0 for x in lengths), lengths  # a CPU device
+    steps = [x["predicted_step_seconds"] for x in lengths]
+    # Longer rows, more work per step (the GEMM rate is measured once; the other terms are fixed).
+    assert all(a <= b for a, b in zip(steps, steps[1:])) and steps[0] < steps[-1], steps
+    for x in lengths:
+        tokens = 2 * 2 * x["seq"]
+        assert abs(x["predicted_tokens_per_second"] * x["predicted_step_seconds"] - tokens) < 1e-6 * tokens, x
+        assert f"at {x['seq']} tokens: " in r.stdout and " s/step, " in r.stdout, r.stdout
