@@ -39,7 +39,7 @@ struct ShardLayoutOptions {
   bool states_resident = true;
   // Per layer (empty: none): its 16-bit weight copy lives elsewhere (the NVMe store, staged through
   // the caller's slots, StepDriver::SetBeforeUpdate setting weights_offset); no region for it.
-  std::vector<bool> weights_elsewhere;
+  std::vector<bool> weights_elsewhere = {};
 };
 
 // Number of arena regions AllocateShards plus a pool of `processes` workers will create.
