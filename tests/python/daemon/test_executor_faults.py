@@ -42,12 +42,18 @@ def workspace(tmp_path, assets):
     return tmp_path
 
 
+JOB = dict(steps=40, save_steps=4, accum=4)  # killed after step 4: 36 slow steps to spare
+
+
 def executor_pids(events) -> list[int]:
     return [int(m.group(1)) for m in (STARTED.search(x) for x in logs(events)) if m]
 
 
 def kill_executor_after_checkpoint(c: offloadd.Client, job_id: str) -> tuple[Events, int]:
-    """Watches the job until its first checkpoint, then SIGKILLs its executor."""
+    """Watches the job until its first checkpoint, then SIGKILLs its executor. The job's steps are
+    four micro-batches (JOB), so the kill lands well before its last step even on a loaded
+    machine: with one micro-batch the 36 steps after checkpoint 4 are a few hundred ms, and the
+    event's way to this thread can take longer under load."""
     ev = Events(c, job_id)
     ev.wait_for(lambda e: e.HasField("checkpoint_saved"), timeout=180)
     started = ev.wait_for(lambda e: e.HasField("log") and STARTED.search(e.log.message))
@@ -65,7 +71,7 @@ def test_killed_executor_resumes_from_its_last_checkpoint(binary_dir, workspace)
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
     try:
         with offloadd.Client(d.target) as c:
-            job = c.create_job(spec(workspace, "out", steps=40, save_steps=4))
+            job = c.create_job(spec(workspace, "out", **JOB))
             ev, pid = kill_executor_after_checkpoint(c, job.id)
             # The daemon lives on and answers.
             assert d.proc.poll() is None
@@ -95,7 +101,7 @@ def test_killed_executor_fails_the_job_when_no_restart_is_left(binary_dir, works
                       extra_yaml="jobs:\n  max_executor_restarts: 0\n").start()
     try:
         with offloadd.Client(d.target) as c:
-            job = c.create_job(spec(workspace, "out", steps=40, save_steps=4))
+            job = c.create_job(spec(workspace, "out", **JOB))
             ev, pid = kill_executor_after_checkpoint(c, job.id)
             done = c.wait(job.id, timeout=120)
             assert done.state == S.JOB_STATE_FAILED, done

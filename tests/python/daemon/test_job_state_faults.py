@@ -172,8 +172,10 @@ def test_nvme_states_of_a_job_cancelled_then_interrupted_are_removed(binary_dir,
 
 def test_steps_trained_again_after_a_resume_show_once_in_the_event_log(binary_dir, workspace):
     # Defect 20: after kill -9 the job resumes from checkpoint-10 and trains steps 11.. again;
-    # they were reported before the kill and must not be reported twice.
-    steps, save, accum = 30, 10, 4
+    # they were reported before the kill and must not be reported twice. Killed at step 12 of 60:
+    # with 30, the 18 steps to spare were a window a loaded machine's event delivery could miss,
+    # and a job that had ended before the kill failed `killed_at < steps`.
+    steps, save, accum = 60, 10, 4
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
     try:
         with offloadd.Client(d.target) as c:
@@ -206,7 +208,8 @@ def test_steps_before_the_first_checkpoint_show_once_after_a_restart(binary_dir,
     # Killed before its first checkpoint, the job trains again from step 1 and
     # reported steps 1-6 a second time (the runner skipped reported steps only when resuming from a
     # checkpoint). A watcher sees each step once, and a log event says why steps are silent.
-    steps, accum = 24, 4
+    # Killed at step 4 of 60 (of 24, the 20 steps to spare could pass before the event arrived).
+    steps, accum = 60, 4
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
     try:
         with offloadd.Client(d.target) as c:

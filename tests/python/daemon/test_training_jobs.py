@@ -153,8 +153,10 @@ def test_job_trains_to_a_loadable_model(daemon, workspace):
 
 def test_kill_9_resumes_from_the_last_checkpoint_with_the_same_losses(binary_dir, workspace):
     # Four micro-batches per step make the steps slow enough (tens of ms) for the kill to land
-    # well before the last one, and put the data cursor mid-epoch at every checkpoint.
-    steps, save, accum = 30, 5, 4
+    # well before the last one, and put the data cursor mid-epoch at the checkpoints before the
+    # kill. Killed at step 12 of 60: of 30, the 18 steps to spare were a window a loaded machine's
+    # event delivery could miss (the job ended first, failing `killed_at < steps`).
+    steps, save, accum = 60, 5, 4
     d = DaemonProcess(binary_dir / "daemon" / "offloadd", workspace).start()
     try:
         with offloadd.Client(d.target) as c:

@@ -123,7 +123,9 @@ def test_state_dir_failing_at_a_jobs_end_shows_the_end_and_not_serving(binary_di
     d.start()
     try:
         with offloadd.Client(d.target) as c:
-            job = c.create_job(spec(ws, "out", steps=12, save_steps=100, nvme=False))
+            # The fault is armed once step 2 is reported, and must be before the job's end: 46 steps
+            # to spare (with 10, a loaded machine could deliver the event after the end).
+            job = c.create_job(spec(ws, "out", steps=48, save_steps=100, nvme=False))
             ev = Events(c, job.id)
             assert ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 2, 60) is not None
             arm.touch()  # the state directory is "full" from here on
