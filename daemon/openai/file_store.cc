@@ -144,9 +144,9 @@ StatusOr<int64_t> CheckChatJsonl(std::string_view data) {
   return records;
 }
 
-StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& dir) {
+StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& dir, mode_t mode) {
   RETURN_IF_ERROR(MakeDirs(dir));
-  chmod(dir.c_str(), 0700);
+  if (chmod(dir.c_str(), mode) != 0) return ErrnoError(errno, "cannot set the mode of " + dir);
   return std::unique_ptr<FileStore>(new FileStore(dir));
 }
 

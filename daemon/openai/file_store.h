@@ -36,8 +36,8 @@ StatusOr<int64_t> CheckChatJsonl(std::string_view data);
 
 class FileStore {
  public:
-  // `dir` is created (0700) when missing.
-  static StatusOr<std::unique_ptr<FileStore>> Open(const std::string& dir);
+  // `dir` is created when missing, and given `mode`.
+  static StatusOr<std::unique_ptr<FileStore>> Open(const std::string& dir, mode_t mode = 0700);
 
   // Checks and stores an upload. `identity` (a token's user= when the daemon runs as root): the
   // file is given to that user, so that the job, which reads it with the user's rights, can.

@@ -1,6 +1,7 @@
 #include "daemon/openai/openai_api.h"
 
 #include <openssl/crypto.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -30,6 +31,7 @@ constexpr const char* kLog = "openai-api";
 constexpr const char* kBareTokenClient = "openai-api";
 constexpr int kMaxPage = 100;
 constexpr int kValidationWaitSeconds = 120;
+constexpr int kHandlerThreads = 16;
 
 HttpResponse Json(const json& j, int status = 200) {
   return {status, j.dump(-1, ' ', false, json::error_handler_t::replace)};
@@ -136,6 +138,21 @@ struct NewestFirst {
   }
 };
 
+// The server's per-client job limit; validations as CreateJob's (4 at once, 2 per client). A
+// create holds a handler thread while it waits for a slot and validates: creates hold at most half
+// of the threads, one client's at most a quarter, so that the other calls are served.
+ClientQuotaLimits ApiQuotaLimits(const DaemonConfig& c) {
+  ClientQuotaLimits l =
+      QuotaLimitsFor(c.server.max_active_jobs_per_client, c.server.max_watchers_per_client,
+                     c.server.max_threads, c.server.reserved_threads);
+  l.max_held_calls = kHandlerThreads / 2;
+  l.max_held_calls_per_client = kHandlerThreads / 4;
+  l.max_creates_per_client = kHandlerThreads / 4;
+  l.validation_slots = 4;
+  l.validation_slots_per_client = 2;
+  return l;
+}
+
 class ActiveJobQuota : public SubmitQuota {
  public:
   ActiveJobQuota(ClientQuota& quota, std::string client, JobManager& jobs)
@@ -168,14 +185,7 @@ struct OpenAiApi::Impl {
   std::unique_ptr<HttpServer> server;
 
   Impl(const DaemonConfig& c, JobManager* j)
-      : config(c), jobs(j), quota([&c] {
-          ClientQuotaLimits l =
-              QuotaLimitsFor(c.server.max_active_jobs_per_client, c.server.max_watchers_per_client,
-                             c.server.max_threads, c.server.reserved_threads);
-          l.validation_slots = 4;
-          l.validation_slots_per_client = 2;
-          return l;
-        }()) {}
+      : config(c), jobs(j), quota(ApiQuotaLimits(c)) {}
 
   // Every token is compared, in constant time per token (docs/security.md, section 2).
   StatusOr<std::string> Authenticate(const std::string& authorization) const {
@@ -316,6 +326,8 @@ struct OpenAiApi::Impl {
     submit.submitted_by = r.client;
     submit.identity = *identity;
     submit.stop = [] { return false; };
+    auto call = quota.AcquireCreate(r.client);
+    if (!call.ok()) return Error(FromStatus(call.status()));
     ActiveJobQuota active(quota, r.client, *jobs);
     submit.quota = &active;
     auto slot = quota.AcquireValidation(
@@ -477,11 +489,18 @@ StatusOr<std::unique_ptr<OpenAiApi>> OpenAiApi::Start(const DaemonConfig& config
   const OpenAiApiConfig& api = config.server.openai_api;
   auto impl = std::make_unique<Impl>(config, jobs);
   ASSIGN_OR_RETURN(impl->tokens, ReadTokenFile(api.auth_token_file));
-  auto files = FileStore::Open(api.data_dir + "/files");
+  // A daemon running as root opens a job's files with its client's rights (a token's user=): the
+  // users must reach their uploads (files/ 0711: by name, not listed; each upload is its
+  // uploader's, 0600) and create their models (models/ 01733: like /tmp, but not listed).
+  const bool as_root = ::geteuid() == 0;
+  auto files = FileStore::Open(api.data_dir + "/files", as_root ? 0711 : 0700);
   if (!files.ok()) return files.status().WithContext("server.openai_api.data_dir");
   impl->files = std::move(*files);
-  if (Status s = MakeDirs(api.data_dir + "/models"); !s.ok())
-    return s.WithContext("server.openai_api.data_dir");
+  const std::string models = api.data_dir + "/models";
+  if (Status s = MakeDirs(models); !s.ok()) return s.WithContext("server.openai_api.data_dir");
+  if (chmod(models.c_str(), as_root ? 01733 : 0700) != 0) {
+    return ErrnoError(errno, "cannot set the mode of " + models);
+  }
   impl->context.model_dir = api.model_dir;
   impl->context.output_root = api.data_dir + "/models";
   impl->context.base_learning_rate = api.base_learning_rate;
@@ -491,6 +510,7 @@ StatusOr<std::unique_ptr<OpenAiApi>> OpenAiApi::Start(const DaemonConfig& config
   HttpServer::Options options;
   options.listen = api.listen;
   options.max_body_bytes = api.max_upload_bytes;
+  options.handler_threads = kHandlerThreads;
   Impl* self = impl.get();
   options.authenticate = [self](const std::string& authorization) {
     return self->Authenticate(authorization);

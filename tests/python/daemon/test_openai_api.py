@@ -50,6 +50,7 @@ def daemon(binary_dir, source_dir, tmp_path_factory):
     d.openai_url = m.group(1)
     d.ws = ws
     yield d
+    assert d.terminate() == 0, d.log()  # SIGTERM stops the HTTP listener and drains cleanly
     d.stop()
 
 
