@@ -184,8 +184,7 @@ struct OpenAiApi::Impl {
   JobRequestContext context;
   std::unique_ptr<HttpServer> server;
 
-  Impl(const DaemonConfig& c, JobManager* j)
-      : config(c), jobs(j), quota(ApiQuotaLimits(c)) {}
+  Impl(const DaemonConfig& c, JobManager* j) : config(c), jobs(j), quota(ApiQuotaLimits(c)) {}
 
   // Every token is compared, in constant time per token (docs/security.md, section 2).
   StatusOr<std::string> Authenticate(const std::string& authorization) const {
