@@ -15,9 +15,8 @@ import re
 import sys
 import time
 
+import openai  # python-requirements.txt: CI installs it, so a missing package fails here
 import pytest
-
-openai = pytest.importorskip("openai")
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
@@ -152,6 +151,11 @@ def test_jobs_page_newest_first_and_grpc_jobs_show_and_cancel(daemon):
     assert ids[:2] == [long_job.id, grpc_job.id] and len(ids) == len(set(ids))
     with offloadd.Client(daemon.target) as g:
         assert len(ids) == len(list(g.list_jobs()))
+
+    # Pause and resume (the client's jobs.pause/resume): a queued job is paused at once.
+    assert c.fine_tuning.jobs.pause(long_job.id).status in ("paused", "running")
+    wait_for(c, long_job.id, ("paused",))
+    assert c.fine_tuning.jobs.resume(long_job.id).status in ("queued", "running")
 
     # bob may not cancel alice's job; an operator may cancel the Unix socket user's job.
     with pytest.raises(openai.PermissionDeniedError) as e:
