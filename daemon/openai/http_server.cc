@@ -3,7 +3,14 @@
 // GCC 12 takes Asio's awaitable frames, allocated by its own operator new and freed by the
 // matching operator delete, for a mismatch (a known false positive of -Wmismatched-new-delete
 // with coroutine frames).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+// Boost 1.74's Asio sees clang's C++20 coroutines only through libc++'s <experimental/coroutine>;
+// with libstdc++ (the fuzz build compiles this file with clang) it must be told.
+#if defined(__clang__) && defined(__cpp_impl_coroutine) && !defined(BOOST_ASIO_HAS_CO_AWAIT)
+#define BOOST_ASIO_HAS_CO_AWAIT 1
+#endif
 
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
