@@ -29,6 +29,7 @@
 #include "daemon/metrics/peak_flops.h"
 #include "daemon/metrics/train_metrics.h"
 #include "daemon/node/node_probe.h"
+#include "daemon/openai/openai_api.h"
 #include "daemon/server/grpc_server.h"
 #include "daemon/server/token_auth.h"
 #include "daemon/systemd/sd_notify.h"
@@ -320,6 +321,17 @@ int RunDaemon(const DaemonConfig& config) {
     (*metrics)->SetServing(problem.empty());
   });
   OFFLOADD_LOG(kInfo, kLog) << "serving gRPC on " << where;
+  // The OpenAI-compatible API, when server.openai_api.listen is set: a frontend of the same jobs.
+  std::unique_ptr<openai::OpenAiApi> openai_api;
+  if (!config.server.openai_api.listen.empty()) {
+    auto api = openai::OpenAiApi::Start(config, jobs->get());
+    if (!api.ok()) return Fail(api.status());
+    openai_api = std::move(*api);
+    const std::string& listen = config.server.openai_api.listen;
+    OFFLOADD_LOG(kInfo, kLog) << "serving the OpenAI fine-tuning API on http://"
+                              << listen.substr(0, listen.rfind(':')) << ":" << openai_api->port()
+                              << "/v1";
+  }
   if (Status s = SdNotify("READY=1\nSTATUS=serving on " + where); !s.ok()) {
     OFFLOADD_LOG(kWarning, kLog) << "sd_notify failed: " << s.ToString();
   }
@@ -331,6 +343,7 @@ int RunDaemon(const DaemonConfig& config) {
   [[maybe_unused]] Status ignored = SdNotify("STOPPING=1\nSTATUS=draining");
   (*jobs)->SetHealthSink({});
   (*metrics)->SetServing(false);
+  if (openai_api) openai_api->Shutdown();  // requests being handled finish first
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config.server.shutdown_grace_seconds * 1000));
   ShutdownWatchdog watchdog(deadline, config.server.shutdown_grace_seconds);

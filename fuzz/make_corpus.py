@@ -314,6 +314,8 @@ DAEMON_CONFIGS = [
     "pin_cores: false, adamw_kernel: avx2}\nmemory: {host_memory_limit: 24GiB, "
     "gpu_memory_limit: 2TB}\n",
     "a: &a [x, x]\nb: [*a, *a]\n",
+    "server:\n  openai_api: {listen: 'localhost:8080', auth_token_file: /t, model_dir: /m, "
+    "data_dir: /d, max_upload_bytes: 1MiB, base_learning_rate: 1e-4}\n",
 ]
 
 JOB_FILES = [
@@ -488,6 +490,37 @@ def worker_seeds(c):
     c.add("worker_protocol", "segment", b"\2" + seg.ljust(65536, b"\0"))
 
 
+# --- the OpenAI-compatible API (openai_request_fuzzer: mode byte, then an upload / a create
+# request / a chat JSONL file) --------------------------------------------------------------------
+
+def openai_seeds(c):
+    rec = json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "Hi"},
+                                   {"role": "assistant", "content": "Hello."}]})
+    tool = json.dumps({"messages": [{"role": "user", "content": "weather?"},
+                                    {"role": "assistant", "content": None, "tool_calls": [
+                                        {"id": "1", "type": "function",
+                                         "function": {"name": "w", "arguments": "{}"}}]},
+                                    {"role": "tool", "content": "sunny"},
+                                    {"role": "assistant", "content": "Sunny."}]})
+    body = ("--b0\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nfine-tune\r\n"
+            "--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"t.jsonl\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n" + rec + "\n" + tool + "\n\r\n--b0--\r\n")
+    c.add("openai_request", "upload", b"\x00multipart/form-data; boundary=b0\x00" + body.encode())
+    requests = [
+        {"model": "stories260K", "training_file": "file-a"},
+        {"model": "stories260K", "training_file": "file-a", "validation_file": "file-a",
+         "hyperparameters": {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 0.5},
+         "suffix": "demo", "seed": 7},
+        {"model": "/srv/models/m", "training_file": "file-a",
+         "method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": "auto"}}}},
+        {"model": "x", "training_file": "file-b", "method": {"type": "dpo"}, "metadata": {"k": "v"}},
+    ]
+    for i, r in enumerate(requests):
+        c.add("openai_request", f"create{i}", b"\x01" + json.dumps(r).encode())
+    c.add("openai_request", "jsonl", b"\x02" + (rec + "\n\n" + tool + "\r\n").encode())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=os.path.join(REPO, "..", "shared", "data"))
@@ -509,6 +542,7 @@ def main():
     grpc_seeds(c)
     store_seeds(c)
     worker_seeds(c)
+    openai_seeds(c)
     print("make_corpus: " + ", ".join(f"{h} {n}" for h, n in sorted(c.counts.items())))
 
 

@@ -31,9 +31,10 @@ bool ValidHostPort(const std::string& s) {
 }
 
 void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
-  if (!r.CheckMap(n, {"unix_socket", "unix_socket_mode", "tcp", "max_request_bytes",
-                      "shutdown_grace_seconds", "max_active_jobs_per_client",
-                      "max_watchers_per_client", "max_threads", "reserved_threads"})) {
+  if (!r.CheckMap(
+          n, {"unix_socket", "unix_socket_mode", "tcp", "max_request_bytes",
+              "shutdown_grace_seconds", "max_active_jobs_per_client", "max_watchers_per_client",
+              "max_threads", "reserved_threads", "openai_api"})) {
     return;
   }
   r.String(n, "unix_socket", &c->unix_socket);
@@ -57,6 +58,26 @@ void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
     t.String(tn, "tls_key_file", &c->tcp.tls_key_file);
     t.String(tn, "auth_token_file", &c->tcp.auth_token_file);
   }
+  const YamlReader o = r.Child("openai_api");
+  const YAML::Node on = n["openai_api"];
+  if (o.CheckMap(on, {"listen", "auth_token_file", "data_dir", "model_dir", "max_upload_bytes",
+                      "base_learning_rate"})) {
+    OpenAiApiConfig& api = c->openai_api;
+    o.String(on, "listen", &api.listen);
+    o.String(on, "auth_token_file", &api.auth_token_file);
+    o.String(on, "data_dir", &api.data_dir);
+    o.String(on, "model_dir", &api.model_dir);
+    o.Bytes(on, "max_upload_bytes", &api.max_upload_bytes, 1024, 64ull << 30);
+    o.Double(on, "base_learning_rate", &api.base_learning_rate, 1e-12, 1);
+  }
+}
+
+// 127.0.0.0/8, ::1 or localhost: the hosts of the OpenAI API's plaintext listener.
+bool LoopbackHost(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 void ReadStorage(const YAML::Node& n, const YamlReader& r, StorageConfig* c) {
@@ -128,6 +149,25 @@ void Validate(const DaemonConfig& c, std::vector<std::string>* errors) {
         absolute(value, std::string("server.tcp.") + key);
       }
     }
+  }
+  const OpenAiApiConfig& api = c.server.openai_api;
+  if (!api.listen.empty()) {
+    if (!ValidHostPort(api.listen)) {
+      errors->push_back("server.openai_api.listen: expected host:port, got '" + api.listen + "'");
+    } else if (!LoopbackHost(api.listen)) {
+      errors->push_back(
+          "server.openai_api.listen: '" + api.listen +
+          "' is not a loopback address; the OpenAI API is served without TLS, so only "
+          "on 127.0.0.0/8, ::1 or localhost (put a TLS proxy in front for others)");
+    }
+    if (api.auth_token_file.empty()) {
+      errors->push_back(
+          "server.openai_api.auth_token_file: required when server.openai_api.listen is set (or "
+          "server.tcp.auth_token_file): every call carries a bearer token");
+    }
+    absolute(api.auth_token_file, "server.openai_api.auth_token_file");
+    absolute(api.data_dir, "server.openai_api.data_dir");
+    absolute(api.model_dir, "server.openai_api.model_dir");
   }
   if (!c.metrics.listen.empty() && !ValidHostPort(c.metrics.listen)) {
     errors->push_back("metrics.listen: expected host:port (port 0 picks a free one), got '" + c.metrics.listen + "'");
@@ -205,6 +245,13 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
       }
     }
   }
+  // The OpenAI API's defaults come from settings beside it (and are printed as such).
+  if (c.server.openai_api.auth_token_file.empty()) {
+    c.server.openai_api.auth_token_file = c.server.tcp.auth_token_file;
+  }
+  if (c.server.openai_api.data_dir.empty() && !c.state_dir.empty()) {
+    c.server.openai_api.data_dir = c.state_dir + "/openai";
+  }
   if (errors.empty()) Validate(c, &errors);
   if (!errors.empty()) {
     std::string msg = source + ": " + std::to_string(errors.size()) + " problem" +
@@ -280,6 +327,15 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "tls_cert_file" << YAML::Value << Text{c.server.tcp.tls_cert_file};
   e << YAML::Key << "tls_key_file" << YAML::Value << Text{c.server.tcp.tls_key_file};
   e << YAML::Key << "auth_token_file" << YAML::Value << Text{c.server.tcp.auth_token_file};
+  e << YAML::EndMap;
+  const OpenAiApiConfig& api = c.server.openai_api;
+  e << YAML::Key << "openai_api" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "listen" << YAML::Value << Text{api.listen};
+  e << YAML::Key << "auth_token_file" << YAML::Value << Text{api.auth_token_file};
+  e << YAML::Key << "data_dir" << YAML::Value << Text{api.data_dir};
+  e << YAML::Key << "model_dir" << YAML::Value << Text{api.model_dir};
+  e << YAML::Key << "max_upload_bytes" << YAML::Value << FormatByteSizeExact(api.max_upload_bytes);
+  e << YAML::Key << "base_learning_rate" << YAML::Value << api.base_learning_rate;
   e << YAML::EndMap;
   e << YAML::Key << "max_request_bytes" << YAML::Value << FormatByteSizeExact(c.server.max_request_bytes);
   e << YAML::Key << "shutdown_grace_seconds" << YAML::Value << c.server.shutdown_grace_seconds;

@@ -23,10 +23,27 @@ struct TcpConfig {
   std::string auth_token_file;
 };
 
+// The OpenAI-compatible fine-tuning API (daemon/openai/, docs/openai_api.md): HTTP beside gRPC,
+// off unless `listen` is set. It has no TLS, so it listens on a loopback address only; every call
+// carries a bearer token of `auth_token_file` (the token file of docs/security.md).
+struct OpenAiApiConfig {
+  std::string listen;           // "host:port" on 127.0.0.0/8, ::1 or localhost; port 0 picks one
+  std::string auth_token_file;  // default: server.tcp.auth_token_file
+  // Uploaded files (files/) and fine-tuned models (models/); must lie under allowed_roots, since
+  // the jobs read and write there. Default: <state_dir>/openai.
+  std::string data_dir;
+  // `model` of a job: an absolute model directory, or the name of one in this directory.
+  std::string model_dir;
+  uint64_t max_upload_bytes = 256ull << 20;  // one POST /v1/files body
+  // learning_rate = learning_rate_multiplier x this (Hugging Face's default learning rate).
+  double base_learning_rate = 5e-5;
+};
+
 struct ServerConfig {
   std::string unix_socket = "/run/offloadd/offloadd.sock";
   uint32_t unix_socket_mode = 0660;
   TcpConfig tcp;
+  OpenAiApiConfig openai_api;
   uint64_t max_request_bytes = 4ull << 20;
   // SIGTERM: in-flight calls get this long to finish before they are cancelled.
   double shutdown_grace_seconds = 30;

@@ -12,6 +12,7 @@
 
 #include "common/logging.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/openai/openai_api.h"
 #include "daemon/server/job_service.h"
 #include "daemon/server/token_auth.h"
 #include "daemon/server/unix_socket.h"
@@ -42,6 +43,7 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const TcpConfi
 
 Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnings) {
   if (!config.server.tcp.listen.empty()) RETURN_IF_ERROR(TcpCredentials(config.server.tcp).status());
+  RETURN_IF_ERROR(openai::CheckOpenAiApi(config));
   if (!config.server.unix_socket.empty() && (config.server.unix_socket_mode & 0002) != 0) {
     char mode[16];
     std::snprintf(mode, sizeof mode, "%04o", config.server.unix_socket_mode);

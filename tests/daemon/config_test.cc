@@ -123,6 +123,45 @@ TEST(ConfigTest, TcpRequiresTlsAndToken) {
   EXPECT_NE(e.find("server.tcp.auth_token_file: required"), std::string::npos) << e;
 }
 
+// The OpenAI API is off by default; on, it needs a token file and, having no TLS, a loopback
+// address; its data directory defaults to <state_dir>/openai and its token file to server.tcp's.
+TEST(ConfigTest, OpenAiApiIsOffByDefaultAndLoopbackOnlyWithAToken) {
+  auto off = Parse("state_dir: /srv/o");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_EQ(off->server.openai_api.listen, "");
+  EXPECT_EQ(off->server.openai_api.data_dir, "/srv/o/openai");
+
+  std::string e = ErrorOf("server: {openai_api: {listen: 0.0.0.0:8080, auth_token_file: /etc/t}}");
+  EXPECT_NE(e.find("server.openai_api.listen: '0.0.0.0:8080' is not a loopback address"),
+            std::string::npos)
+      << e;
+  e = ErrorOf("server: {openai_api: {listen: 127.0.0.1:8080}}");
+  EXPECT_NE(e.find("server.openai_api.auth_token_file: required"), std::string::npos) << e;
+  e = ErrorOf("server: {openai_api: {listen: 127.0.0.1:8080, auth_token_file: t, colour: red}}");
+  EXPECT_NE(e.find("server.openai_api.colour"), std::string::npos) << e;
+  e = ErrorOf("server: {openai_api: {listen: 127.0.0.1:8080, auth_token_file: t}}");
+  EXPECT_NE(e.find("server.openai_api.auth_token_file: must be an absolute path"),
+            std::string::npos)
+      << e;
+
+  for (const char* host : {"127.0.0.1:0", "localhost:8080", "[::1]:8080", "127.1.2.3:9"}) {
+    auto c = Parse(std::string("server: {openai_api: {listen: '") + host +
+                   "', auth_token_file: /etc/t, max_upload_bytes: 1MiB}}");
+    ASSERT_TRUE(c.ok()) << host << ": " << c.status().ToString();
+    EXPECT_EQ(c->server.openai_api.max_upload_bytes, 1u << 20);
+  }
+  auto shared = Parse(
+      "server: {tcp: {listen: 127.0.0.1:7443, tls_cert_file: /c, tls_key_file: /k, "
+      "auth_token_file: /t}, "
+      "openai_api: {listen: 127.0.0.1:8080}}");
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  EXPECT_EQ(shared->server.openai_api.auth_token_file, "/t");
+  // The effective configuration reads back as itself.
+  auto again = Parse(ConfigToYaml(*shared));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(ConfigToYaml(*again), ConfigToYaml(*shared));
+}
+
 // docs/security.md: TCP is never served without TLS or without a token, whichever one is missing.
 TEST(ConfigTest, TcpWithoutAnyOneOfCertKeyOrTokenIsRefused) {
   const std::string cert = "tls_cert_file: /etc/offloadd/cert.pem";
