@@ -12,13 +12,13 @@
 #include "common/file.h"
 #include "common/logging.h"
 #include "common/message_text.h"
-#include "daemon/jobs/path_policy.h"
 #include "daemon/openai/file_store.h"
 #include "daemon/openai/http_server.h"
 #include "daemon/openai/multipart.h"
 #include "daemon/openai/openai_jobs.h"
 #include "daemon/server/client_quota.h"
 #include "daemon/server/token_auth.h"
+#include "job/path_policy.h"
 
 namespace offloadd::daemon::openai {
 namespace {
