@@ -273,9 +273,10 @@ TEST(DatasetReader, BadLineIsAnErrorWithFileAndLineOrSkipped) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
-// Parquet and Arrow (an HF save_to_disk directory too) are refused by name, with
-// the formats that are read and how to convert; never parsed as JSON or reported as "not a file".
-TEST(DatasetReader, ParquetAndArrowDatasetsAreRefusedNamingTheFormats) {
+// Arrow (an HF save_to_disk directory too) is refused by name, with the formats that are read
+// and how to convert; never parsed as JSON or reported as "not a file". A broken Parquet file is
+// an error naming it (parquet_reader_test.cc has the rest).
+TEST(DatasetReader, ArrowDatasetsAreRefusedNamingTheFormats) {
   auto tok = ToyTokenizer();
   const std::string dir = testing::TempDir();
   std::ofstream(dir + "/train.parquet", std::ios::binary) << "PAR1" << std::string(16, '\0') << "PAR1";
@@ -286,7 +287,6 @@ TEST(DatasetReader, ParquetAndArrowDatasetsAreRefusedNamingTheFormats) {
   std::ofstream(hf + "/dataset_info.json") << "{}";
   std::ofstream(hf + "/data-00000-of-00001.arrow") << "x";
   for (const auto& [path, what] : std::vector<std::pair<std::string, std::string>>{
-           {dir + "/train.parquet", "a Parquet file"},
            {dir + "/x.bin", "an Arrow file"},
            {dir + "/stream.bin", "an Arrow file"},
            {hf, "a Hugging Face datasets directory"}}) {
@@ -295,13 +295,18 @@ TEST(DatasetReader, ParquetAndArrowDatasetsAreRefusedNamingTheFormats) {
     EXPECT_EQ(ds.status().code(), StatusCode::kUnimplemented) << ds.status().ToString();
     EXPECT_NE(ds.status().message().find(path + ": " + what), std::string::npos) << ds.status().message();
     EXPECT_NE(ds.status().message().find("JSON Lines"), std::string::npos);
-    EXPECT_NE(ds.status().message().find("to_json"), std::string::npos);
+    EXPECT_NE(ds.status().message().find("to_parquet"), std::string::npos);
   }
-  // A plain directory is still "not a regular file", not a dataset format.
+  auto parquet = DatasetReader::Load({dir + "/train.parquet"}, *tok, nullptr, DatasetOptions{});
+  ASSERT_FALSE(parquet.ok());
+  EXPECT_EQ(parquet.status().code(), StatusCode::kDataLoss) << parquet.status().ToString();
+  EXPECT_NE(parquet.status().message().find(dir + "/train.parquet"), std::string::npos);
+  // A directory without Parquet shards says so.
   std::filesystem::create_directories(dir + "/plain");
   auto plain = DatasetReader::Load({dir + "/plain"}, *tok, nullptr, DatasetOptions{});
   ASSERT_FALSE(plain.ok());
-  EXPECT_EQ(plain.status().message().find("Parquet"), std::string::npos) << plain.status().message();
+  EXPECT_NE(plain.status().message().find("/plain: a directory without *.parquet files"), std::string::npos)
+      << plain.status().message();
 }
 
 std::shared_ptr<std::vector<Document>> Docs(const std::vector<size_t>& lengths) {
