@@ -17,6 +17,7 @@
 #include "text/chat_template.h"
 #include "text/gzip_reader.h"
 #include "text/json_guard.h"
+#include "text/arrow_ipc_reader.h"
 #include "text/parquet_reader.h"
 #include "text/tokenizer.h"
 
@@ -532,15 +533,6 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
 
 namespace {
 
-// Arrow datasets are refused by name, with the formats that are read and how to convert.
-Status ColumnarRefusal(const std::string& path, const std::string& what) {
-  return UnimplementedError(
-      path + ": " + what +
-      ": Arrow datasets are not read. Give JSON Lines, a JSON array of records or Parquet (alpaca, "
-      "messages, sharegpt, text, prompt_completion or pretokenized records); with Hugging Face "
-      "datasets: load_from_disk(dir).to_parquet(\"data.parquet\") or .to_json(\"data.jsonl\")");
-}
-
 bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -565,8 +557,11 @@ StatusOr<std::vector<std::string>> ParquetShards(const std::string& dir) {
   return out;
 }
 
-Status ForEachParquetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
-  return ForEachParquetRow(path, [&](size_t row, ojson record) -> Status {
+// Rows of a Parquet or Arrow file as records (JSON text, as the other formats give them).
+template <typename ForEachRow>
+Status ForEachRowRecord(ForEachRow for_each_row, const std::string& path,
+                        const std::function<Status(const RawRecord&)>& each) {
+  return for_each_row(path, [&](size_t row, ojson record) -> Status {
     RawRecord raw{row, {}, {}};
     try {
       raw.text = record.dump();
@@ -577,33 +572,38 @@ Status ForEachParquetRecord(const std::string& path, const std::function<Status(
   });
 }
 
-// A path that cannot be read as a file: a directory of Parquet shards is read; an HF save_to_disk
-// directory is named as such.
+Status ForEachParquetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+  return ForEachRowRecord(ForEachParquetRow, path, each);
+}
+
+Status ForEachArrowRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+  return ForEachRowRecord(ForEachArrowRow, path, each);
+}
+
+bool IsSaveToDiskDirectory(const std::string& path) {
+  for (const char* marker : {"/dataset_info.json", "/state.json", "/dataset_dict.json"}) {
+    if (::access((path + marker).c_str(), F_OK) == 0) return true;
+  }
+  return false;
+}
+
+// A path that cannot be read as a file: a Hugging Face save_to_disk directory (its Arrow files)
+// or a directory of Parquet shards.
 Status ForEachInDirectory(const std::string& path, const Status& read_error,
                           const std::function<Status(const RawRecord&)>& each) {
   struct stat st {};
   // Not for a path outside the allowed roots: its refusal stands, and says nothing of what is there.
   if (read_error.code() != StatusCode::kPermissionDenied && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    for (const char* marker : {"/dataset_info.json", "/state.json", "/dataset_dict.json"}) {
-      if (::access((path + marker).c_str(), F_OK) == 0) {
-        return ColumnarRefusal(path, "a Hugging Face datasets directory (save_to_disk: Arrow files)");
-      }
+    if (IsSaveToDiskDirectory(path)) {
+      ASSIGN_OR_RETURN(std::vector<std::string> files, SaveToDiskFiles(path));
+      for (const std::string& file : files) RETURN_IF_ERROR(ForEachArrowRecord(file, each));
+      return OkStatus();
     }
     ASSIGN_OR_RETURN(std::vector<std::string> shards, ParquetShards(path));
     for (const std::string& shard : shards) RETURN_IF_ERROR(ForEachParquetRecord(shard, each));
     return OkStatus();
   }
   return read_error.WithContext("dataset file");
-}
-
-// Arrow IPC files start with "ARROW1"; Arrow streams (the .arrow files of save_to_disk) with the
-// continuation marker 0xFFFFFFFF.
-Status RefuseColumnar(const std::string& path, const std::string& contents) {
-  if (contents.rfind("ARROW1", 0) == 0 || contents.rfind(std::string(4, '\xff'), 0) == 0 ||
-      EndsWith(path, ".arrow") || EndsWith(path, ".feather")) {
-    return ColumnarRefusal(path, "an Arrow file");
-  }
-  return OkStatus();
 }
 
 // gzip-compressed JSON Lines (or a JSON array) streamed through zlib: JSON Lines are split and
@@ -679,17 +679,21 @@ Status ForEachRecord(const std::string& path, const std::function<Status(const R
     ASSIGN_OR_RETURN(std::unique_ptr<GzipReader> gz, GzipReader::Open(std::move(*fd), path));
     return ForEachGzipRecord(*gz, each);
   }
-  char head[4] = {};
+  char head[8] = {};
   const ssize_t got = ::pread(fd->get(), head, sizeof(head), 0);
-  if ((got == 4 && HasParquetMagic(std::string_view(head, 4))) || EndsWith(path, ".parquet")) {
+  const std::string_view magic(head, got > 0 ? static_cast<size_t>(got) : 0);
+  if (HasParquetMagic(magic) || EndsWith(path, ".parquet")) {
     fd->reset();
     return ForEachParquetRecord(path, each);
+  }
+  if (HasArrowMagic(magic) || EndsWith(path, ".arrow") || EndsWith(path, ".feather")) {
+    fd->reset();
+    return ForEachArrowRecord(path, each);
   }
   fd->reset();
   auto read = ReadFileConfined(path);
   if (!read.ok()) return ForEachInDirectory(path, read.status(), each);
   const std::string contents = std::move(*read);
-  RETURN_IF_ERROR(RefuseColumnar(path, contents));
   ASSIGN_OR_RETURN(std::vector<RawRecord> records, SplitRecords(contents, path));
   for (const RawRecord& raw : records) RETURN_IF_ERROR(each(raw));
   return OkStatus();
@@ -701,20 +705,17 @@ Status ForEachDatasetRecord(const std::string& path, const std::function<Status(
   return ForEachRecord(path, each);
 }
 
-bool IsParquetDataset(const std::string& path) {
+bool IsColumnarDataset(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return false;
-  if (S_ISDIR(st.st_mode)) {
-    for (const char* marker : {"/dataset_info.json", "/state.json", "/dataset_dict.json"}) {
-      if (::access((path + marker).c_str(), F_OK) == 0) return false;
-    }
-    return true;
-  }
-  if (EndsWith(path, ".parquet")) return true;
+  if (S_ISDIR(st.st_mode)) return true;
+  if (EndsWith(path, ".parquet") || EndsWith(path, ".arrow") || EndsWith(path, ".feather")) return true;
   StatusOr<OwnedFd> fd = OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead);
   if (!fd.ok()) return false;
-  char head[4] = {};
-  return ::pread(fd->get(), head, sizeof(head), 0) == 4 && HasParquetMagic(std::string_view(head, 4));
+  char head[8] = {};
+  const ssize_t got = ::pread(fd->get(), head, sizeof(head), 0);
+  const std::string_view magic(head, got > 0 ? static_cast<size_t>(got) : 0);
+  return HasParquetMagic(magic) || HasArrowMagic(magic);
 }
 
 std::vector<size_t> HeldOutIndices(size_t n, double fraction, uint64_t seed) {

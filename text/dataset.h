@@ -1,6 +1,7 @@
 #pragma once
 // Training datasets: JSON array or JSON-lines files (plain or gzip-compressed, gzip_reader.h),
 // Parquet files and directories of them (parquet_reader.h: a row is a record of its columns),
+// Arrow IPC files and Hugging Face save_to_disk directories (arrow_ipc_reader.h),
 // whose records are rendered and tokenized into documents {input_ids, labels}. The training
 // engine turns them into tensors later.
 //
@@ -141,12 +142,13 @@ struct RawRecord {
   std::string error;  // set: the record is bad for this reason (text is not read)
 };
 // Calls `each` with every record of a dataset path as DatasetReader::Load reads it: a JSON or
-// JSON Lines file (plain or gzip), a Parquet file, or a directory of Parquet shards. A status
+// JSON Lines file (plain or gzip), a Parquet or Arrow file, a directory of Parquet shards or a
+// save_to_disk directory. A status
 // `each` returns ends the walk and is returned (CANCELLED to stop early, e.g. after a preview).
 Status ForEachDatasetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each);
-// Whether `path` is read as Parquet (a *.parquet name, PAR1 magic, or a directory that is not a
-// Hugging Face save_to_disk one): its records are rows, not lines of text.
-bool IsParquetDataset(const std::string& path);
+// Whether `path` is read as rows, not lines of text: a Parquet or Arrow file (by name or magic),
+// or a directory (Parquet shards, or a Hugging Face save_to_disk directory).
+bool IsColumnarDataset(const std::string& path);
 
 // Splits a file's contents into records: a top-level JSON array is split into its elements,
 // anything else is read as JSON lines (blank lines skipped). Errors name path:line.

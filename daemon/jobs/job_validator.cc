@@ -148,9 +148,9 @@ StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget,
   return preview;
 }
 
-// The first records of a Parquet file or directory of shards, as the job reads them (text/dataset.h):
-// rows are decoded one row group at a time, so memory is bounded by a row group.
-StatusOr<Preview> PreviewParquetRecords(const std::string& path, const PreviewBudget& budget) {
+// The first records of a Parquet or Arrow file, or a directory (Parquet shards, save_to_disk), as the
+// job reads them (text/dataset.h): rows are decoded a row group or record batch at a time.
+StatusOr<Preview> PreviewColumnarRecords(const std::string& path, const PreviewBudget& budget) {
   const auto max_records = static_cast<size_t>(budget.records_per_file);
   Preview preview;
   preview.whole_file = true;
@@ -361,8 +361,8 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   DataPreviewSummary& sum = summary != nullptr ? *summary : unused;
   auto real = paths.ResolveExisting(path);
   if (c.Fails(field, real.status())) return "";
-  const bool parquet = text::IsParquetDataset(*real);
-  if (IsDirectory(*real) && !parquet) {
+  const bool columnar = text::IsColumnarDataset(*real);
+  if (IsDirectory(*real) && !columnar) {
     c.Add(field, "'" + *real + "' is a directory; give the JSON, JSON Lines or Parquet file, or a directory of "
                  "Parquet shards");
     return "";
@@ -375,7 +375,7 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   if (!budget.seen.insert(*real).second || budget.render->spent() || budget.render->Stopped())
     return *real;
   bool skipped = false;
-  auto preview = parquet ? PreviewParquetRecords(*real, budget) : PreviewRecords(*real, &budget, &skipped);
+  auto preview = columnar ? PreviewColumnarRecords(*real, budget) : PreviewRecords(*real, &budget, &skipped);
   if (budget.render->Stopped()) return *real;
   if (c.Fails(field, preview.status())) return *real;
   text::DatasetOptions opts;
