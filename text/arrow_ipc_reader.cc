@@ -231,6 +231,26 @@ class BatchDecoder {
         break;
     }
     for (const FieldSpec& c : spec.children) RETURN_IF_ERROR(Build(c, &col->children.emplace_back(), depth + 1));
+    if (!col->offsets.empty() && n > 0) RETURN_IF_ERROR(CheckOffsets(*col));
+    return OkStatus();
+  }
+
+  // Offsets rise and end inside the data or child: every child element belongs to one row at most,
+  // so what a batch decodes to is linear in its size.
+  Status CheckOffsets(const Column& c) const {
+    const FieldSpec& s = *c.spec;
+    const int w = s.type == kUtf8 || s.type == kList ? 4 : 8;
+    const uint64_t n = static_cast<uint64_t>(c.length);
+    int64_t prev = 0;
+    for (uint64_t i = 0; i <= n; ++i) {
+      const auto o = static_cast<int64_t>(Le(c.offsets.data() + i * w, w));
+      if (o < prev || (i == 0 && o < 0)) return Bad("column \"" + s.path + "\": offsets out of order");
+      prev = o;
+    }
+    const uint64_t end = static_cast<uint64_t>(prev);
+    const uint64_t limit = s.type == kList || s.type == kLargeList ? static_cast<uint64_t>(c.children[0].length)
+                                                                    : c.values.size();
+    if (end > limit) return Bad("column \"" + s.path + "\": offsets run past the column's data");
     return OkStatus();
   }
 
@@ -249,6 +269,10 @@ class BatchDecoder {
     const auto size = static_cast<int64_t>(Le(raw.data(), 8));
     if (size == -1) return raw.substr(8);
     if (size < 0 || static_cast<uint64_t>(size) > kMaxArrowMessageBytes) return Bad("compressed buffer size");
+    // Allocated only for the size the frame itself declares (Arrow's ZSTD codec writes it): a few
+    // bytes never claim a gigabyte.
+    const unsigned long long frame = ZSTD_getFrameContentSize(raw.data() + 8, raw.size() - 8);
+    if (frame != static_cast<unsigned long long>(size)) return Bad("corrupt ZSTD buffer (its frame gives another size)");
     std::string& out = owned_.emplace_back(static_cast<size_t>(size), '\0');
     const size_t got = ZSTD_decompress(out.data(), out.size(), raw.data() + 8, raw.size() - 8);
     if (ZSTD_isError(got) || got != out.size()) return Bad("corrupt ZSTD buffer");
@@ -430,7 +454,11 @@ Status ReadStream(const MessageReader& src, const std::string& name, const Arrow
       if (!have_schema) return DataLossError("a record batch before the schema");
       const std::string where = "record batch " + std::to_string(batch++);
       ASSIGN_OR_RETURN(const int64_t rows, header->Int(0, 8, 0));
-      if (rows < 0) return DataLossError(where + ": negative length");
+      // Null columns have no buffers: a length far beyond the body is a lie, not a batch to loop over.
+      if (rows < 0 || static_cast<uint64_t>(rows) > 8 * body.size() + (uint64_t{1} << 20)) {
+        return DataLossError(where + ": a length of " + std::to_string(rows) + " rows for a body of " +
+                             std::to_string(body.size()) + " bytes");
+      }
       BatchDecoder dec(*header, body, where);
       RETURN_IF_ERROR(dec.Init());
       std::vector<Column> cols(schema.size());

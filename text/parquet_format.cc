@@ -147,6 +147,7 @@ class SchemaBuilder {
       RETURN_IF_ERROR(Levels(c, m_.schema[0], ""));
       RETURN_IF_ERROR(Check(c, /*element_of_list=*/false));
     }
+    if (m_.leaves.empty()) return DataLossError(name_ + ": the Parquet schema has no columns");
     m_.schema[0].first_leaf = 0;
     m_.schema[0].leaves = static_cast<int>(m_.leaves.size());
     return OkStatus();
@@ -168,6 +169,10 @@ class SchemaBuilder {
     }
     if (n > 0) m_.schema[at].type = -1;  // a group
     for (int i = 0; i < n; ++i) {
+      // Checked per child: the earlier children's subtrees took elements too.
+      if (*next >= m_.schema.size()) {
+        return DataLossError(name_ + ": the Parquet schema's child counts run past its elements");
+      }
       const size_t child = (*next)++;
       m_.schema[at].children.push_back(static_cast<int>(child));
       RETURN_IF_ERROR(Link(child, next, depth + 1));

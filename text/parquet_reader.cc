@@ -93,6 +93,8 @@ StatusOr<std::string> Decompress(int codec, std::string_view in, uint64_t size, 
       return out;
     }
     case kGzip: {
+      // Deflate expands at most 1032:1: a larger claim is a lie, refused before allocating it.
+      if (size > in.size() * 1032 + 1024) return DataLossError(what + ": corrupt gzip data (page sizes)");
       out.resize(size);
       z_stream zs{};
       if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) return InternalError("zlib inflateInit2 failed");
@@ -107,6 +109,9 @@ StatusOr<std::string> Decompress(int codec, std::string_view in, uint64_t size, 
       return out;
     }
     case kZstd: {
+      // The frame declares its size (Parquet writers use ZSTD's simple API, which writes it).
+      const unsigned long long frame = ZSTD_getFrameContentSize(in.data(), in.size());
+      if (frame != size) return DataLossError(what + ": corrupt ZSTD data (its frame gives another size)");
       out.resize(size);
       const size_t n = ZSTD_decompress(out.data(), size, in.data(), in.size());
       if (ZSTD_isError(n) || n != size) {
