@@ -47,8 +47,9 @@ std::string FrameRecord(std::string_view data) {
 }
 
 std::vector<std::pair<std::string, double>> StepScalars(const trainer::StepStats& s) {
-  std::vector<std::pair<std::string, double>> out = {
-      {"train/loss", s.loss}, {"train/learning_rate", s.learning_rate}, {"train/grad_norm", s.grad_norm}};
+  std::vector<std::pair<std::string, double>> out = {{"train/loss", s.loss},
+                                                     {"train/learning_rate", s.learning_rate},
+                                                     {"train/grad_norm", s.grad_norm}};
   if (s.step_seconds > 0) {
     out.emplace_back("train/tokens_per_second", static_cast<double>(s.tokens) / s.step_seconds);
   }
@@ -70,8 +71,8 @@ StatusOr<std::unique_ptr<EventFileWriter>> EventFileWriter::Create(const std::st
   const std::string path = dir + "/events.out.tfevents." +
                            std::to_string(static_cast<int64_t>(now)) + "." + HostName() + "." +
                            std::to_string(::getpid()) + "." + std::to_string(counter++);
-  ASSIGN_OR_RETURN(OwnedFd fd, OpenConfined(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND,
-                                            Access::kWrite, 0644));
+  ASSIGN_OR_RETURN(
+      OwnedFd fd, OpenConfined(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND, Access::kWrite, 0644));
   std::unique_ptr<EventFileWriter> w(new EventFileWriter(std::move(fd), path));
   tb::Event e;
   e.set_wall_time(now);

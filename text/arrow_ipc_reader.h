@@ -37,7 +37,8 @@ bool HasArrowMagic(std::string_view head);
 // Reads one Arrow IPC stream or file (opened confined for reading).
 Status ForEachArrowRow(const std::string& path, const ArrowRowFn& each);
 // The same over bytes in memory; `name` names them in errors (the fuzz harness, tests).
-Status ForEachArrowRowInBuffer(std::string_view bytes, const std::string& name, const ArrowRowFn& each);
+Status ForEachArrowRowInBuffer(std::string_view bytes, const std::string& name,
+                               const ArrowRowFn& each);
 
 // The data files of a save_to_disk directory, in order: state.json's "_data_files" (each
 // {"filename"} inside the directory), else its data-*.arrow files by name. A DatasetDict

@@ -54,10 +54,12 @@ class FileSource final : public Source {
     out->resize(n);
     uint64_t done = 0;
     while (done < n) {
-      const ssize_t got = ::pread(fd_.get(), out->data() + done, n - done, static_cast<off_t>(offset + done));
+      const ssize_t got =
+          ::pread(fd_.get(), out->data() + done, n - done, static_cast<off_t>(offset + done));
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) return ErrnoError(errno, path_ + ": read");
-      if (got == 0) return DataLossError(path_ + ": the file ended early (was it truncated while read?)");
+      if (got == 0)
+        return DataLossError(path_ + ": the file ended early (was it truncated while read?)");
       done += static_cast<uint64_t>(got);
     }
     return OkStatus();
@@ -71,10 +73,12 @@ class FileSource final : public Source {
 
 // ---- decompression -------------------------------------------------------------------------
 
-StatusOr<std::string> Decompress(int codec, std::string_view in, uint64_t size, const std::string& what) {
+StatusOr<std::string> Decompress(int codec, std::string_view in, uint64_t size,
+                                 const std::string& what) {
   if (size > kMaxPageBytes) {
-    return ResourceExhaustedError(what + ": a page of " + std::to_string(size) + " bytes (more than " +
-                                  std::to_string(kMaxPageBytes >> 20) + " MiB)");
+    return ResourceExhaustedError(what + ": a page of " + std::to_string(size) +
+                                  " bytes (more than " + std::to_string(kMaxPageBytes >> 20) +
+                                  " MiB)");
   }
   std::string out;
   switch (codec) {
@@ -94,10 +98,12 @@ StatusOr<std::string> Decompress(int codec, std::string_view in, uint64_t size, 
     }
     case kGzip: {
       // Deflate expands at most 1032:1: a larger claim is a lie, refused before allocating it.
-      if (size > in.size() * 1032 + 1024) return DataLossError(what + ": corrupt gzip data (page sizes)");
+      if (size > in.size() * 1032 + 1024)
+        return DataLossError(what + ": corrupt gzip data (page sizes)");
       out.resize(size);
       z_stream zs{};
-      if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) return InternalError("zlib inflateInit2 failed");
+      if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK)
+        return InternalError("zlib inflateInit2 failed");
       zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
       zs.avail_in = static_cast<uInt>(in.size());
       zs.next_out = reinterpret_cast<Bytef*>(out.data());
@@ -105,18 +111,21 @@ StatusOr<std::string> Decompress(int codec, std::string_view in, uint64_t size, 
       const int rc = inflate(&zs, Z_FINISH);
       const uint64_t produced = zs.total_out;
       inflateEnd(&zs);
-      if (rc != Z_STREAM_END || produced != size) return DataLossError(what + ": corrupt gzip data");
+      if (rc != Z_STREAM_END || produced != size)
+        return DataLossError(what + ": corrupt gzip data");
       return out;
     }
     case kZstd: {
       // The frame declares its size (Parquet writers use ZSTD's simple API, which writes it).
       const unsigned long long frame = ZSTD_getFrameContentSize(in.data(), in.size());
-      if (frame != size) return DataLossError(what + ": corrupt ZSTD data (its frame gives another size)");
+      if (frame != size)
+        return DataLossError(what + ": corrupt ZSTD data (its frame gives another size)");
       out.resize(size);
       const size_t n = ZSTD_decompress(out.data(), size, in.data(), in.size());
       if (ZSTD_isError(n) || n != size) {
-        return DataLossError(what + ": corrupt ZSTD data" +
-                             (ZSTD_isError(n) ? std::string(" (") + ZSTD_getErrorName(n) + ")" : ""));
+        return DataLossError(
+            what + ": corrupt ZSTD data" +
+            (ZSTD_isError(n) ? std::string(" (") + ZSTD_getErrorName(n) + ")" : ""));
       }
       return out;
     }
@@ -178,7 +187,8 @@ Status DecodeHybrid(std::string_view in, int bit_width, size_t count, std::vecto
       const uint64_t n = header >> 1;
       if (value_bytes > in.size() - pos) return DataLossError(what + ": truncated RLE run");
       uint32_t v = 0;
-      for (size_t k = 0; k < value_bytes; ++k) v |= static_cast<uint32_t>(static_cast<uint8_t>(in[pos + k])) << (8 * k);
+      for (size_t k = 0; k < value_bytes; ++k)
+        v |= static_cast<uint32_t>(static_cast<uint8_t>(in[pos + k])) << (8 * k);
       pos += value_bytes;
       if (n == 0) return DataLossError(what + ": empty RLE run");
       const uint64_t take = std::min<uint64_t>(n, count - out->size());
@@ -195,8 +205,8 @@ uint64_t LoadLe(const char* p, int bytes) {
 }
 
 // `count` PLAIN-encoded values of the leaf's type.
-Status DecodePlain(std::string_view in, const SchemaNode& leaf, size_t count, std::vector<ojson>* out,
-                   const std::string& what) {
+Status DecodePlain(std::string_view in, const SchemaNode& leaf, size_t count,
+                   std::vector<ojson>* out, const std::string& what) {
   size_t pos = 0;
   auto need = [&](size_t n) -> Status {
     if (n > in.size() - pos) return DataLossError(what + ": values run past the end of the page");
@@ -205,7 +215,8 @@ Status DecodePlain(std::string_view in, const SchemaNode& leaf, size_t count, st
   for (size_t i = 0; i < count; ++i) {
     switch (leaf.type) {
       case kBoolean:
-        if (i / 8 >= in.size()) return DataLossError(what + ": values run past the end of the page");
+        if (i / 8 >= in.size())
+          return DataLossError(what + ": values run past the end of the page");
         out->push_back(((static_cast<uint8_t>(in[i / 8]) >> (i % 8)) & 1) != 0);
         break;
       case kInt32: {
@@ -353,22 +364,24 @@ Status ReadPageHeader(ThriftReader& t, PageHeader* h) {
 Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& leaf, ColumnData* out,
                   const std::string& what) {
   const int64_t start =
-      cc.dictionary_page_offset > 0 && cc.dictionary_page_offset < cc.data_page_offset ? cc.dictionary_page_offset
-                                                                                         : cc.data_page_offset;
-  if (start < 4 || cc.total_compressed_size < 0 ||
-      static_cast<uint64_t>(start) > src.size() ||
+      cc.dictionary_page_offset > 0 && cc.dictionary_page_offset < cc.data_page_offset
+          ? cc.dictionary_page_offset
+          : cc.data_page_offset;
+  if (start < 4 || cc.total_compressed_size < 0 || static_cast<uint64_t>(start) > src.size() ||
       static_cast<uint64_t>(cc.total_compressed_size) > src.size() - static_cast<uint64_t>(start)) {
     return DataLossError(what + ": the column chunk lies outside the file (truncated?)");
   }
   std::string chunk;
-  RETURN_IF_ERROR(src.ReadAt(static_cast<uint64_t>(start), static_cast<uint64_t>(cc.total_compressed_size), &chunk));
+  RETURN_IF_ERROR(src.ReadAt(static_cast<uint64_t>(start),
+                             static_cast<uint64_t>(cc.total_compressed_size), &chunk));
   std::vector<ojson> dict;
   bool have_dict = false;
   size_t pos = 0;
   int64_t levels = 0;
   std::vector<uint32_t> idx, lv;
   while (levels < cc.num_values) {
-    if (pos >= chunk.size()) return DataLossError(what + ": the column chunk ends before its values");
+    if (pos >= chunk.size())
+      return DataLossError(what + ": the column chunk ends before its values");
     ThriftReader t(std::string_view(chunk).substr(pos), what + " page header");
     PageHeader h;
     Status hs = ReadPageHeader(t, &h);
@@ -384,7 +397,8 @@ Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& le
         return UnimplementedError(what + ": dictionary encoding " + EncodingName(h.dict_encoding));
       }
       ASSIGN_OR_RETURN(std::string data, Decompress(cc.codec, page, h.uncompressed, what));
-      if (static_cast<uint64_t>(h.dict_values) > data.size() * 8 + 8) return DataLossError(what + ": dictionary size");
+      if (static_cast<uint64_t>(h.dict_values) > data.size() * 8 + 8)
+        return DataLossError(what + ": dictionary size");
       dict.clear();
       RETURN_IF_ERROR(DecodePlain(data, leaf, h.dict_values, &dict, what + " dictionary"));
       have_dict = true;
@@ -404,7 +418,8 @@ Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& le
       std::string_view rest(data);
       auto take_levels = [&](int encoding, std::string_view* into) -> Status {
         if (encoding != kRle) {
-          return UnimplementedError(what + ": level encoding " + EncodingName(encoding) + " (RLE is read)");
+          return UnimplementedError(what + ": level encoding " + EncodingName(encoding) +
+                                    " (RLE is read)");
         }
         if (rest.size() < 4) return DataLossError(what + ": truncated levels");
         const uint64_t len = LoadLe(rest.data(), 4);
@@ -417,7 +432,8 @@ Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& le
       if (leaf.max_def > 0) RETURN_IF_ERROR(take_levels(h.def_encoding, &def_in));
       values = rest;
     } else {
-      const uint64_t lv_bytes = static_cast<uint64_t>(h.rep_bytes) + static_cast<uint64_t>(h.def_bytes);
+      const uint64_t lv_bytes =
+          static_cast<uint64_t>(h.rep_bytes) + static_cast<uint64_t>(h.def_bytes);
       if (lv_bytes > page.size() || lv_bytes > static_cast<uint64_t>(h.uncompressed)) {
         return DataLossError(what + ": levels run past the page");
       }
@@ -433,16 +449,20 @@ Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& le
         values = body;
       }
     }
-    RETURN_IF_ERROR(DecodeHybrid(rep_in, BitWidth(leaf.max_rep), n, &lv, what + " repetition levels"));
+    RETURN_IF_ERROR(
+        DecodeHybrid(rep_in, BitWidth(leaf.max_rep), n, &lv, what + " repetition levels"));
     out->rep.insert(out->rep.end(), lv.begin(), lv.end());
-    RETURN_IF_ERROR(DecodeHybrid(def_in, BitWidth(leaf.max_def), n, &lv, what + " definition levels"));
+    RETURN_IF_ERROR(
+        DecodeHybrid(def_in, BitWidth(leaf.max_def), n, &lv, what + " definition levels"));
     size_t present = 0;
     for (uint32_t d : lv) {
-      if (d > static_cast<uint32_t>(leaf.max_def)) return DataLossError(what + ": definition level out of range");
+      if (d > static_cast<uint32_t>(leaf.max_def))
+        return DataLossError(what + ": definition level out of range");
       present += d == static_cast<uint32_t>(leaf.max_def);
     }
     for (size_t i = out->rep.size() - n; i < out->rep.size(); ++i) {
-      if (out->rep[i] > static_cast<uint32_t>(leaf.max_rep)) return DataLossError(what + ": repetition level out of range");
+      if (out->rep[i] > static_cast<uint32_t>(leaf.max_rep))
+        return DataLossError(what + ": repetition level out of range");
     }
     out->def.insert(out->def.end(), lv.begin(), lv.end());
     if (h.encoding == kPlain) {
@@ -451,15 +471,19 @@ Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& le
       // Booleans in v2 pages: a 4-byte length, then the hybrid with bit width 1.
       if (values.size() < 4) return DataLossError(what + ": truncated boolean values");
       const uint64_t len = LoadLe(values.data(), 4);
-      if (len > values.size() - 4) return DataLossError(what + ": boolean values run past the page");
-      RETURN_IF_ERROR(DecodeHybrid(values.substr(4, len), 1, present, &idx, what + " boolean values"));
+      if (len > values.size() - 4)
+        return DataLossError(what + ": boolean values run past the page");
+      RETURN_IF_ERROR(
+          DecodeHybrid(values.substr(4, len), 1, present, &idx, what + " boolean values"));
       for (uint32_t b : idx) out->values.push_back(b != 0);
     } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
-      if (!have_dict) return DataLossError(what + ": dictionary-encoded page without a dictionary page");
+      if (!have_dict)
+        return DataLossError(what + ": dictionary-encoded page without a dictionary page");
       if (present > 0) {
         if (values.empty()) return DataLossError(what + ": truncated dictionary indices");
         const int width = static_cast<uint8_t>(values[0]);
-        RETURN_IF_ERROR(DecodeHybrid(values.substr(1), width, present, &idx, what + " dictionary indices"));
+        RETURN_IF_ERROR(
+            DecodeHybrid(values.substr(1), width, present, &idx, what + " dictionary indices"));
         for (uint32_t i : idx) {
           if (i >= dict.size()) return DataLossError(what + ": dictionary index out of range");
           out->values.push_back(dict[i]);
@@ -470,7 +494,8 @@ Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& le
                                 " is not read (PLAIN and dictionary encodings are)");
     }
   }
-  if (levels != cc.num_values) return DataLossError(what + ": the pages hold fewer values than the column chunk says");
+  if (levels != cc.num_values)
+    return DataLossError(what + ": the pages hold fewer values than the column chunk says");
   return OkStatus();
 }
 
@@ -493,7 +518,8 @@ class Assembler {
     for (int child : meta_.schema[0].children) {
       const SchemaNode& f = meta_.schema[child];
       const Cursor& c = cursors_[f.first_leaf];
-      if (c.level >= c.col->def.size()) return Bad("a column has fewer values than the row group has rows");
+      if (c.level >= c.col->def.size())
+        return Bad("a column has fewer values than the row group has rows");
       if (c.col->rep[c.level] != 0) return Bad("a row starts inside a list");
       ASSIGN_OR_RETURN(row[f.name], Value(f));
     }
@@ -531,7 +557,8 @@ class Assembler {
       if (c.level >= c.col->def.size()) return Bad("a column ends early");
       const uint32_t d = c.col->def[c.level++];
       if (d < static_cast<uint32_t>(n.max_def)) return ojson();
-      if (c.value >= c.col->values.size()) return Bad("a column has fewer values than its levels say");
+      if (c.value >= c.col->values.size())
+        return Bad("a column has fewer values than its levels say");
       return c.col->values[c.value++];
     }
     if (n.repetition == kOptional && PeekDef(n) < static_cast<uint32_t>(n.max_def)) {
@@ -562,7 +589,8 @@ class Assembler {
       ASSIGN_OR_RETURN(ojson v, Value(e));
       arr.push_back(std::move(v));
       const Cursor& c = cursors_[n.first_leaf];
-      if (c.level >= c.col->rep.size() || c.col->rep[c.level] < static_cast<uint32_t>(r.max_rep)) break;
+      if (c.level >= c.col->rep.size() || c.col->rep[c.level] < static_cast<uint32_t>(r.max_rep))
+        break;
     }
     return arr;
   }
@@ -573,20 +601,24 @@ class Assembler {
 };
 
 Status ReadFile(const Source& src, const std::string& name, const ParquetRowFn& each) {
-  if (src.size() < 12) return DataLossError(name + ": not a Parquet file (shorter than its magic and footer)");
+  if (src.size() < 12)
+    return DataLossError(name + ": not a Parquet file (shorter than its magic and footer)");
   std::string tail;
   RETURN_IF_ERROR(src.ReadAt(src.size() - 8, 8, &tail));
   std::string head;
   RETURN_IF_ERROR(src.ReadAt(0, 4, &head));
-  if (tail.substr(4) == "PARE") return UnimplementedError(name + ": an encrypted Parquet file (not read)");
+  if (tail.substr(4) == "PARE")
+    return UnimplementedError(name + ": an encrypted Parquet file (not read)");
   if (head != "PAR1" || tail.substr(4) != "PAR1") {
     return DataLossError(name + ": not a Parquet file, or truncated (no PAR1 magic at both ends)");
   }
   const uint64_t footer_len = LoadLe(tail.data(), 4);
   if (footer_len > kMaxParquetFooterBytes) {
-    return ResourceExhaustedError(name + ": a Parquet footer of " + std::to_string(footer_len) + " bytes");
+    return ResourceExhaustedError(name + ": a Parquet footer of " + std::to_string(footer_len) +
+                                  " bytes");
   }
-  if (footer_len > src.size() - 12) return DataLossError(name + ": the footer length runs past the file (truncated?)");
+  if (footer_len > src.size() - 12)
+    return DataLossError(name + ": the footer length runs past the file (truncated?)");
   std::string footer;
   RETURN_IF_ERROR(src.ReadAt(src.size() - 8 - footer_len, footer_len, &footer));
   ASSIGN_OR_RETURN(FileMetaData meta, ParseFileMetaData(footer, name));
@@ -610,7 +642,8 @@ Status ReadFile(const Source& src, const std::string& name, const ParquetRowFn& 
     std::vector<ColumnData> cols(rg.columns.size());
     for (size_t c = 0; c < rg.columns.size(); ++c) {
       const SchemaNode& leaf = meta.schema[meta.leaves[c]];
-      RETURN_IF_ERROR(ReadColumn(src, rg.columns[c], leaf, &cols[c], where + ", column " + leaf.path));
+      RETURN_IF_ERROR(
+          ReadColumn(src, rg.columns[c], leaf, &cols[c], where + ", column " + leaf.path));
     }
     Assembler a(meta, cols, where);
     for (int64_t r = 0; r < rg.num_rows; ++r) {
@@ -626,7 +659,8 @@ Status ReadFile(const Source& src, const std::string& name, const ParquetRowFn& 
 
 bool HasParquetMagic(std::string_view head) { return head.substr(0, 4) == "PAR1"; }
 
-Status ForEachParquetRowInBuffer(std::string_view bytes, const std::string& name, const ParquetRowFn& each) {
+Status ForEachParquetRowInBuffer(std::string_view bytes, const std::string& name,
+                                 const ParquetRowFn& each) {
   return ReadFile(BufferSource(bytes), name, each);
 }
 

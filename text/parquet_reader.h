@@ -5,7 +5,8 @@
 //   footer     FileMetaData in Thrift's compact protocol (thrift_compact.h), its schema, row groups
 //              and column chunks
 //   pages      DATA_PAGE (v1) and DATA_PAGE_V2, a DICTIONARY_PAGE before them (index pages skipped)
-//   encodings  PLAIN, PLAIN_DICTIONARY / RLE_DICTIONARY values (RLE for booleans); RLE/bit-packed hybrid
+//   encodings  PLAIN, PLAIN_DICTIONARY / RLE_DICTIONARY values (RLE for booleans); RLE/bit-packed
+//   hybrid
 //              definition and repetition levels
 //   codecs     UNCOMPRESSED, SNAPPY (libsnappy), GZIP (zlib), ZSTD (libzstd)
 //   columns    BOOLEAN; INT32 / INT64 (plain, or annotated as signed or 8..32-bit unsigned

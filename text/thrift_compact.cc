@@ -28,7 +28,8 @@ Status ThriftReader::ReadVarint(uint64_t* out) {
 }
 
 Status ThriftReader::BeginStruct() {
-  if (depth_ >= kMaxDepth) return Error("structures nested deeper than " + std::to_string(kMaxDepth));
+  if (depth_ >= kMaxDepth)
+    return Error("structures nested deeper than " + std::to_string(kMaxDepth));
   saved_ids_[depth_++] = last_id_;
   last_id_ = 0;
   return OkStatus();
@@ -88,7 +89,8 @@ Status ThriftReader::ReadI64(int64_t* out) {
 Status ThriftReader::ReadBinary(std::string* out) {
   uint64_t n = 0;
   RETURN_IF_ERROR(ReadVarint(&n));
-  if (n > data_.size() - pos_) return Error("binary of " + std::to_string(n) + " bytes runs past the end");
+  if (n > data_.size() - pos_)
+    return Error("binary of " + std::to_string(n) + " bytes runs past the end");
   out->assign(data_.substr(pos_, n));
   pos_ += n;
   return OkStatus();
@@ -102,7 +104,8 @@ Status ThriftReader::ReadListHeader(uint32_t* size, ThriftType* element_type) {
   const uint8_t t = b & 0x0f;
   if (t == 0 || t > 12) return Error("unknown list element type " + std::to_string(t));
   // Every element takes at least one byte: a larger count is a lie.
-  if (n > data_.size() - pos_) return Error("list of " + std::to_string(n) + " elements runs past the end");
+  if (n > data_.size() - pos_)
+    return Error("list of " + std::to_string(n) + " elements runs past the end");
   *size = static_cast<uint32_t>(n);
   *element_type = static_cast<ThriftType>(t);
   return OkStatus();
@@ -140,7 +143,8 @@ Status ThriftReader::Skip(ThriftType type) {
       RETURN_IF_ERROR(BeginStruct());  // bounds the nesting of lists as of structs
       for (uint32_t i = 0; i < n; ++i) {
         // Bools inside lists are one byte each.
-        RETURN_IF_ERROR(Skip(et == ThriftType::kTrue || et == ThriftType::kFalse ? ThriftType::kByte : et));
+        RETURN_IF_ERROR(
+            Skip(et == ThriftType::kTrue || et == ThriftType::kFalse ? ThriftType::kByte : et));
       }
       EndStruct();
       return OkStatus();

@@ -1,7 +1,8 @@
 // TensorBoard event files: TFRecord framing with masked CRC-32C (checked against the values
 // TensorFlow's record writer produces), the file_version record first, one Event per AddScalars
 // with the tags and step given, and a new file per writer. The Python test
-// tests/python/daemon/test_tensorboard_events.py reads a real job's files with TensorBoard's reader.
+// tests/python/daemon/test_tensorboard_events.py reads a real job's files with TensorBoard's
+// reader.
 #include "executor/tensorboard_writer.h"
 
 #include <dirent.h>
@@ -50,7 +51,8 @@ std::vector<std::string> EventFiles(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
   while (dirent* e = ::readdir(d)) {
-    if (std::strncmp(e->d_name, "events.out.tfevents.", 20) == 0) out.push_back(dir + "/" + e->d_name);
+    if (std::strncmp(e->d_name, "events.out.tfevents.", 20) == 0)
+      out.push_back(dir + "/" + e->d_name);
   }
   ::closedir(d);
   return out;
@@ -82,7 +84,9 @@ TEST(MaskedCrc32cTest, MatchesTensorFlowsRecordWriter) {
 TEST_F(TensorBoardWriterTest, WritesTheVersionThenOneEventPerCall) {
   auto w = EventFileWriter::Create(dir_ + "/runs");
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  ASSERT_TRUE((*w)->AddScalars(3, {{"train/loss", 2.5}, {"train/learning_rate", 1e-4}}, 1700000000.25).ok());
+  ASSERT_TRUE(
+      (*w)->AddScalars(3, {{"train/loss", 2.5}, {"train/learning_rate", 1e-4}}, 1700000000.25)
+          .ok());
   ASSERT_TRUE((*w)->AddScalars(4, {{"eval/loss", 2.0}}, 1700000001.5).ok());
   // Written through: the file holds every record before the writer is gone.
   auto text = ReadFileConfined((*w)->path());

@@ -55,7 +55,8 @@ TEST(ArrowIpcReader, ReadsWhatPyarrowWroteAsStreamsCompressedStreamsAndFiles) {
   const ojson tokens = ojson::parse(R"([
     {"input_ids": [1, 2, 3, 4], "labels": [-100, 2, 3, 4], "ok": true, "w": 0.5},
     {"input_ids": [5, 6], "labels": null, "ok": false, "w": null}])");
-  for (const auto& [name, want] : {std::pair{"chat", chat}, std::pair{"alpaca", alpaca}, std::pair{"tokens", tokens}}) {
+  for (const auto& [name, want] :
+       {std::pair{"chat", chat}, std::pair{"alpaca", alpaca}, std::pair{"tokens", tokens}}) {
     for (const char* kind : {"plain", "zstd", "file"}) {
       const auto path = SeedDir() / (std::string(name) + "_" + kind + ".arrow");
       ASSERT_TRUE(std::filesystem::exists(path)) << path;
@@ -81,7 +82,8 @@ TEST(ArrowIpcReader, EveryPrefixAndFlippedByteIsAnErrorNamingTheFile) {
     for (size_t n = 0; n < file.size(); ++n) {
       auto rows = Rows(file.substr(0, n));
       if (!rows.ok()) {
-        EXPECT_NE(rows.status().message().find("t.arrow"), std::string::npos) << rows.status().message();
+        EXPECT_NE(rows.status().message().find("t.arrow"), std::string::npos)
+            << rows.status().message();
       }
     }
     EXPECT_FALSE(Rows(file.substr(0, 12)).ok());
@@ -90,7 +92,8 @@ TEST(ArrowIpcReader, EveryPrefixAndFlippedByteIsAnErrorNamingTheFile) {
       bad[i] = static_cast<char>(bad[i] ^ 0x5a);
       auto rows = Rows(bad);
       if (!rows.ok()) {
-        EXPECT_NE(rows.status().message().find("t.arrow"), std::string::npos) << rows.status().message();
+        EXPECT_NE(rows.status().message().find("t.arrow"), std::string::npos)
+            << rows.status().message();
       }
     }
   }
@@ -100,17 +103,20 @@ TEST(ArrowIpcReader, SaveToDiskFilesFollowStateJsonAndRefuseADatasetDict) {
   const std::string dir = testing::TempDir() + "/hf_save";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/state.json") << R"({"_data_files": [{"filename": "data-00001-of-00002.arrow"},
+  std::ofstream(dir + "/state.json")
+      << R"({"_data_files": [{"filename": "data-00001-of-00002.arrow"},
                                              {"filename": "data-00000-of-00002.arrow"}]})";
   auto files = SaveToDiskFiles(dir);
   ASSERT_TRUE(files.ok()) << files.status().ToString();
-  EXPECT_EQ(*files, (std::vector<std::string>{dir + "/data-00001-of-00002.arrow", dir + "/data-00000-of-00002.arrow"}));
+  EXPECT_EQ(*files, (std::vector<std::string>{dir + "/data-00001-of-00002.arrow",
+                                              dir + "/data-00000-of-00002.arrow"}));
   std::ofstream(dir + "/state.json") << R"({"_data_files": [{"filename": "../etc/passwd"}]})";
   EXPECT_FALSE(SaveToDiskFiles(dir).ok());
   std::ofstream(dir + "/dataset_dict.json") << R"({"splits": ["train", "test"]})";
   auto dict = SaveToDiskFiles(dir);
   ASSERT_FALSE(dict.ok());
-  EXPECT_NE(dict.status().message().find(dir + "/train"), std::string::npos) << dict.status().message();
+  EXPECT_NE(dict.status().message().find(dir + "/train"), std::string::npos)
+      << dict.status().message();
 }
 
 }  // namespace

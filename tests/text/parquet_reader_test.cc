@@ -45,7 +45,8 @@ StatusOr<std::vector<ojson>> Rows(const std::string& bytes) {
   return rows;
 }
 
-const char* const kVariants[] = {"snappy_dict_v1", "zstd_plain_v2", "gzip_dict_v2", "none_plain_v1"};
+const char* const kVariants[] = {"snappy_dict_v1", "zstd_plain_v2", "gzip_dict_v2",
+                                 "none_plain_v1"};
 
 TEST(ParquetReader, ReadsWhatPyarrowWroteUnderEveryCodecEncodingAndPageVersion) {
   const ojson chat = ojson::parse(R"([
@@ -59,7 +60,8 @@ TEST(ParquetReader, ReadsWhatPyarrowWroteUnderEveryCodecEncodingAndPageVersion) 
   const ojson tokens = ojson::parse(R"([
     {"input_ids": [1, 2, 3, 4], "labels": [-100, 2, 3, 4], "ok": true},
     {"input_ids": [5, 6], "labels": null, "ok": false}])");
-  for (const auto& [name, want] : {std::pair{"chat", chat}, std::pair{"alpaca", alpaca}, std::pair{"tokens", tokens}}) {
+  for (const auto& [name, want] :
+       {std::pair{"chat", chat}, std::pair{"alpaca", alpaca}, std::pair{"tokens", tokens}}) {
     for (const char* v : kVariants) {
       const auto path = SeedDir() / (std::string(name) + "_" + v + ".parquet");
       ASSERT_TRUE(std::filesystem::exists(path)) << path;
@@ -83,7 +85,8 @@ TEST(ParquetReader, EveryPrefixAndFlippedByteIsAnErrorNamingTheFile) {
   for (size_t n = 0; n < file.size(); ++n) {
     auto rows = Rows(file.substr(0, n));
     ASSERT_FALSE(rows.ok()) << n;
-    EXPECT_NE(rows.status().message().find("t.parquet"), std::string::npos) << rows.status().message();
+    EXPECT_NE(rows.status().message().find("t.parquet"), std::string::npos)
+        << rows.status().message();
   }
   // Flipped bytes: an error or (where only a value changed) rows; never a crash.
   for (size_t i = 4; i + 8 < file.size(); ++i) {
@@ -107,7 +110,11 @@ TEST(ParquetReader, NotParquetIsRefusedNamingTheFile) {
 
 TEST(ThriftCompact, ReadsFieldsAndSkipsNestedValuesWithinBounds) {
   // struct { 1: i32 -3, 2: binary "ab", 4: list<i32> [1, 2], 5: struct { 1: bool true } } stop
-  const std::string bytes = std::string("\x15\x05\x18\x02" "ab" "\x29\x25\x02\x04\x1c\x11\x00\x00", 14);
+  const std::string bytes = std::string(
+      "\x15\x05\x18\x02"
+      "ab"
+      "\x29\x25\x02\x04\x1c\x11\x00\x00",
+      14);
   ThriftReader t(bytes, "t");
   ASSERT_TRUE(t.BeginStruct().ok());
   int16_t id;
