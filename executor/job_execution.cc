@@ -18,6 +18,7 @@
 #include "engine/model_config.h"
 #include "engine/torch_boundary.h"
 #include "executor/heartbeat.h"
+#include "executor/tensorboard_writer.h"
 #include "ipc/liveness.h"
 #include "job/executor_protocol.h"
 #include "job/memory_estimate.h"
@@ -81,9 +82,13 @@ class ChannelObserver final : public trainer::TrainObserver {
         tokens_seen_(tokens_seen),
         reported_before_(reported_before) {}
 
+  // training.report_to tensorboard: rank 0 also writes every step and evaluation to `events`.
+  void SetEventWriter(std::unique_ptr<EventFileWriter> events) { events_ = std::move(events); }
+
   void OnStep(const trainer::StepStats& s) override {
     EnterNextStep(s);
     if (rank_ != 0) return;
+    WriteEvents(s.step, StepScalars(s));
     pb::ExecutorMessage m;
     *m.mutable_step() = daemon::ToProto(s);
     channel_.Send(m);
@@ -101,6 +106,7 @@ class ChannelObserver final : public trainer::TrainObserver {
 
   void OnEval(const trainer::EvalStats& e) override {
     if (rank_ != 0) return;
+    WriteEvents(e.step, {{"eval/loss", e.loss}});
     pb::ExecutorMessage m;
     *m.mutable_eval() = daemon::ToProto(e);
     channel_.Send(m);
@@ -176,6 +182,15 @@ class ChannelObserver final : public trainer::TrainObserver {
     heartbeat_.Enter("step " + std::to_string(next), expected);
   }
 
+  // A failed write (a full disk) stops the event file, not the job: the job's events say why once.
+  void WriteEvents(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+    if (!events_) return;
+    if (Status st = events_->AddScalars(step, values, WallTimeNow()); !st.ok()) {
+      Log(v1::LOG_LEVEL_WARNING, "report_to tensorboard: no more events are written: " + st.ToString());
+      events_.reset();
+    }
+  }
+
   void Report() {
     const trainer::StepStats& s = last_;
     // A step an earlier run already reported (replayed after a resume) keeps its first event.
@@ -215,6 +230,7 @@ class ChannelObserver final : public trainer::TrainObserver {
   const int64_t reported_before_;
   double step_ema_ = 0, checkpoint_seconds_ = 0;
   std::chrono::steady_clock::time_point last_step_at_ = std::chrono::steady_clock::now();
+  std::unique_ptr<EventFileWriter> events_;
 };
 
 // Free space in output_dir for a checkpoint and the exported model, sized from the model's config.
@@ -303,6 +319,14 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
     return out.status().WithContext("output_dir");
   }
   RETURN_IF_ERROR(CheckOutputSpaceAtStart(config));
+  const auto& report_to = job.spec().training().report_to();
+  if (rank == 0 && std::find(report_to.begin(), report_to.end(), "tensorboard") != report_to.end()) {
+    // A new file per run: a restarted or resumed job continues its curves in the next one.
+    auto events = EventFileWriter::Create(config.output_dir + "/runs");
+    if (!events.ok()) return events.status().WithContext("report_to tensorboard");
+    observer.Log(v1::LOG_LEVEL_INFO, "report_to tensorboard: writing " + (*events)->path());
+    observer.SetEventWriter(std::move(*events));
+  }
   // States of an earlier run of this job are stale: the checkpoint holds what resuming needs.
   // Rank 0 owns them (its arena and store).
   auto remove_states = [&] {

@@ -219,6 +219,17 @@ def dataset_seeds(c, shared):
 
 # --- safetensors and config.json --------------------------------------------------------------
 
+def columnar_seeds(c):
+    """pyarrow-written Parquet and Arrow files (fuzz/data/parquet and fuzz/data/arrow, made by their
+    make_seeds.py), kept in the tree so that the corpus needs no pyarrow."""
+    for harness, ext in (("parquet", ".parquet"), ("arrow", ".arrow")):
+        d = os.path.join(HERE, "data", harness)
+        for name in sorted(os.listdir(d)):
+            if name.endswith(ext):
+                with open(os.path.join(d, name), "rb") as f:
+                    c.add(harness, name, f.read())
+
+
 def safetensors_file(tensors, metadata=None, pad=True):
     header = {}
     data = b""
@@ -535,6 +546,7 @@ def main():
     tokenizer_seeds(c, args.shared)
     jinja_seeds(c, args.shared)
     dataset_seeds(c, args.shared)
+    columnar_seeds(c)
     safetensors_seeds(c)
     model_config_seeds(c)
     yaml_seeds(c)

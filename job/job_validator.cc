@@ -148,6 +148,26 @@ StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget,
   return preview;
 }
 
+// The first records of a Parquet or Arrow file, or a directory (Parquet shards, save_to_disk), as the
+// job reads them (text/dataset.h): rows are decoded a row group or record batch at a time.
+StatusOr<Preview> PreviewColumnarRecords(const std::string& path, const PreviewBudget& budget) {
+  const auto max_records = static_cast<size_t>(budget.records_per_file);
+  Preview preview;
+  preview.whole_file = true;
+  const Status s = text::ForEachDatasetRecord(path, [&](const text::RawRecord& r) -> Status {
+    if (preview.records.size() == max_records) {
+      preview.whole_file = false;
+      return CancelledError("preview complete");
+    }
+    if (!r.error.empty()) return InvalidArgumentError(path + ":" + std::to_string(r.line) + ": " + r.error);
+    preview.records.push_back(r);
+    return OkStatus();
+  });
+  if (!s.ok() && !(s.code() == StatusCode::kCancelled && !preview.whole_file)) return s;
+  if (preview.records.empty()) return InvalidArgumentError(path + " holds no records");
+  return preview;
+}
+
 // Enum fields hold whatever number the client sent (proto3 open enums): name unknown ones.
 void CheckEnums(const v1::JobSpec& s, Checker& c) {
   const auto check = [&](const char* field, bool valid, int value) {
@@ -341,8 +361,10 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   DataPreviewSummary& sum = summary != nullptr ? *summary : unused;
   auto real = paths.ResolveExisting(path);
   if (c.Fails(field, real.status())) return "";
-  if (IsDirectory(*real)) {
-    c.Add(field, "'" + *real + "' is a directory; give the JSON or JSON Lines file");
+  const bool columnar = text::IsColumnarDataset(*real);
+  if (IsDirectory(*real) && !columnar) {
+    c.Add(field, "'" + *real + "' is a directory; give the JSON, JSON Lines or Parquet file, or a directory of "
+                 "Parquet shards");
     return "";
   }
   const bool whole_so_far = sum.whole;
@@ -353,7 +375,7 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   if (!budget.seen.insert(*real).second || budget.render->spent() || budget.render->Stopped())
     return *real;
   bool skipped = false;
-  auto preview = PreviewRecords(*real, &budget, &skipped);
+  auto preview = columnar ? PreviewColumnarRecords(*real, budget) : PreviewRecords(*real, &budget, &skipped);
   if (budget.render->Stopped()) return *real;
   if (c.Fails(field, preview.status())) return *real;
   text::DatasetOptions opts;

@@ -56,6 +56,21 @@ void CheckScheduler(const v1::TrainingArguments& t, Checker& c) {
   }
 }
 
+// transformers' report_to, for the integrations the daemon writes itself.
+void CheckReportTo(const v1::TrainingArguments& t, Checker& c) {
+  for (int i = 0; i < t.report_to_size(); ++i) {
+    const std::string& v = t.report_to(i);
+    const std::string field = "training.report_to[" + std::to_string(i) + "]";
+    if (v == "none" && t.report_to_size() > 1) {
+      c.Add(field, "\"none\" cannot be listed with other integrations");
+    } else if (v != "tensorboard" && v != "none") {
+      c.Add(field, "must be tensorboard or none, got '" + SafeMessageText(v, 128) +
+                       "' (the daemon writes TensorBoard event files itself; other trackers "
+                       "are not written)");
+    }
+  }
+}
+
 void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
   c.Range("training.learning_rate", t.learning_rate(), 0.0, 1.0, /*lo_open=*/true);
   c.Range<int64_t>("training.per_device_train_batch_size", t.per_device_train_batch_size(), 1,
@@ -80,6 +95,7 @@ void CheckTraining(const v1::TrainingArguments& t, Checker& c) {
   c.Range<int64_t>("training.logging_steps", t.logging_steps(), 1, int64_t{1} << 40);
   c.Range<int64_t>("training.save_steps", t.save_steps(), 1, int64_t{1} << 40);
   c.Range<int64_t>("training.save_total_limit", t.save_total_limit(), 0, 1 << 20);
+  CheckReportTo(t, c);
 }
 
 }  // namespace

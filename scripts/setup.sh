@@ -29,6 +29,7 @@ apt_packages=(
   libgloo-dev  # c10d ProcessGroupGloo headers: CPU data-parallel executors (trainer/data_parallel.cc)
   libsystemd-dev  # sd_notify / sd_watchdog_enabled (daemon/systemd/sd_notify.cc)
   libsentencepiece-dev  # tokenizer.model files (text/sentencepiece_shim.cc)
+  libsnappy-dev libzstd-dev  # Parquet page codecs (text/parquet_reader.cc)
   clang-16 libclang-rt-16-dev llvm-16  # libFuzzer, ASan/UBSan, llvm-symbolizer for fuzz/ (scripts/fuzz.sh)
   clang-format  # clang-format-diff: the changed-lines format check (scripts/check_format.sh)
 )

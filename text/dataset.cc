@@ -1,5 +1,6 @@
 #include "text/dataset.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include "text/chat_template.h"
 #include "text/gzip_reader.h"
 #include "text/json_guard.h"
+#include "text/arrow_ipc_reader.h"
+#include "text/parquet_reader.h"
 #include "text/tokenizer.h"
 
 namespace offloadd::text {
@@ -466,7 +469,7 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
       std::string_view l = s.substr(start, end - start);
       size_t k = 0;
       while (k < l.size() && IsWs(l[k])) ++k;
-      if (k < l.size()) out.push_back({line, std::string(l)});
+      if (k < l.size()) out.push_back({line, std::string(l), {}});
       ++line;
       if (end == s.size()) break;
       start = end + 1;
@@ -513,7 +516,7 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
     }
     size_t end = i;
     while (end > start && IsWs(s[end - 1])) --end;
-    out.push_back({start_line, std::string(s.substr(start, end - start))});
+    out.push_back({start_line, std::string(s.substr(start, end - start)), {}});
     if (s[i] == ']') {
       ++i;
       break;
@@ -530,44 +533,77 @@ StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view s, const std::str
 
 namespace {
 
-// Parquet and Arrow datasets would need Apache Arrow's C++ library, which Debian
-// does not package: they are refused by name, with the formats that are read and how to convert.
-Status ColumnarRefusal(const std::string& path, const std::string& what) {
-  return UnimplementedError(
-      path + ": " + what +
-      ": Parquet and Arrow datasets are not read (they need Apache Arrow's C++ library, which Debian does "
-      "not package). Give JSON Lines or a JSON array of records (alpaca, messages, sharegpt, text, "
-      "prompt_completion or pretokenized records); with Hugging Face datasets: "
-      "Dataset.from_parquet(path).to_json(\"data.jsonl\"), or load_from_disk(dir).to_json(\"data.jsonl\")");
-}
-
 bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// A path that cannot be read as a file: an HF save_to_disk directory is named as such.
-Status ExplainUnreadable(const std::string& path, const Status& read_error) {
+// The *.parquet files of a directory (confined for reading), in name order: a sharded dataset.
+StatusOr<std::vector<std::string>> ParquetShards(const std::string& dir) {
+  ASSIGN_OR_RETURN(OwnedFd fd, OpenConfined(dir, O_RDONLY | O_DIRECTORY, Access::kRead));
+  DIR* d = ::fdopendir(fd.get());
+  if (d == nullptr) return ErrnoError(errno, dir);
+  fd.release();  // closedir closes it
+  std::vector<std::string> out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name[0] != '.' && EndsWith(name, ".parquet")) out.push_back(dir + "/" + name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  if (out.empty()) {
+    return InvalidArgumentError(dir + ": a directory without *.parquet files (a dataset directory holds "
+                                "Parquet shards)");
+  }
+  return out;
+}
+
+// Rows of a Parquet or Arrow file as records (JSON text, as the other formats give them).
+template <typename ForEachRow>
+Status ForEachRowRecord(ForEachRow for_each_row, const std::string& path,
+                        const std::function<Status(const RawRecord&)>& each) {
+  return for_each_row(path, [&](size_t row, ojson record) -> Status {
+    RawRecord raw{row, {}, {}};
+    try {
+      raw.text = record.dump();
+    } catch (const nlohmann::json::exception&) {
+      raw.error = "a string column holds invalid UTF-8";
+    }
+    return each(raw);
+  });
+}
+
+Status ForEachParquetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+  return ForEachRowRecord(ForEachParquetRow, path, each);
+}
+
+Status ForEachArrowRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+  return ForEachRowRecord(ForEachArrowRow, path, each);
+}
+
+bool IsSaveToDiskDirectory(const std::string& path) {
+  for (const char* marker : {"/dataset_info.json", "/state.json", "/dataset_dict.json"}) {
+    if (::access((path + marker).c_str(), F_OK) == 0) return true;
+  }
+  return false;
+}
+
+// A path that cannot be read as a file: a Hugging Face save_to_disk directory (its Arrow files)
+// or a directory of Parquet shards.
+Status ForEachInDirectory(const std::string& path, const Status& read_error,
+                          const std::function<Status(const RawRecord&)>& each) {
   struct stat st {};
   // Not for a path outside the allowed roots: its refusal stands, and says nothing of what is there.
   if (read_error.code() != StatusCode::kPermissionDenied && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    for (const char* marker : {"/dataset_info.json", "/state.json", "/dataset_dict.json"}) {
-      if (::access((path + marker).c_str(), F_OK) == 0) {
-        return ColumnarRefusal(path, "a Hugging Face datasets directory (save_to_disk: Arrow files)");
-      }
+    if (IsSaveToDiskDirectory(path)) {
+      ASSIGN_OR_RETURN(std::vector<std::string> files, SaveToDiskFiles(path));
+      for (const std::string& file : files) RETURN_IF_ERROR(ForEachArrowRecord(file, each));
+      return OkStatus();
     }
+    ASSIGN_OR_RETURN(std::vector<std::string> shards, ParquetShards(path));
+    for (const std::string& shard : shards) RETURN_IF_ERROR(ForEachParquetRecord(shard, each));
+    return OkStatus();
   }
   return read_error.WithContext("dataset file");
-}
-
-// Parquet files start and end with "PAR1"; Arrow IPC files start with "ARROW1"; Arrow streams (the
-// .arrow files of save_to_disk) with the continuation marker 0xFFFFFFFF.
-Status RefuseColumnar(const std::string& path, const std::string& contents) {
-  if (contents.rfind("PAR1", 0) == 0 || EndsWith(path, ".parquet")) return ColumnarRefusal(path, "a Parquet file");
-  if (contents.rfind("ARROW1", 0) == 0 || contents.rfind(std::string(4, '\xff'), 0) == 0 ||
-      EndsWith(path, ".arrow") || EndsWith(path, ".feather")) {
-    return ColumnarRefusal(path, "an Arrow file");
-  }
-  return OkStatus();
 }
 
 // gzip-compressed JSON Lines (or a JSON array) streamed through zlib: JSON Lines are split and
@@ -618,7 +654,7 @@ Status ForEachGzipRecord(GzipReader& gz, const std::function<Status(const RawRec
       const std::string_view l = std::string_view(text).substr(start, end - start);
       if (l.find_first_not_of(" \t\r\n") != std::string_view::npos) {
         ++records;
-        RETURN_IF_ERROR(each(RawRecord{line, std::string(l)}));
+        RETURN_IF_ERROR(each(RawRecord{line, std::string(l), {}}));
       }
       ++line;
       start = end + 1;
@@ -637,23 +673,50 @@ Status ForEachRecord(const std::string& path, const std::function<Status(const R
   // Not an ifstream: a FIFO given as a dataset would block its open for good. This opens
   // O_NONBLOCK and refuses anything but a regular file (confined to the allowed roots, if set).
   StatusOr<OwnedFd> fd = OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead);
-  if (!fd.ok()) return ExplainUnreadable(path, fd.status());
+  if (!fd.ok()) return ForEachInDirectory(path, fd.status(), each);
   ASSIGN_OR_RETURN(bool gzipped, IsGzipFile(fd->get(), path));
   if (gzipped) {
     ASSIGN_OR_RETURN(std::unique_ptr<GzipReader> gz, GzipReader::Open(std::move(*fd), path));
     return ForEachGzipRecord(*gz, each);
   }
+  char head[8] = {};
+  const ssize_t got = ::pread(fd->get(), head, sizeof(head), 0);
+  const std::string_view magic(head, got > 0 ? static_cast<size_t>(got) : 0);
+  if (HasParquetMagic(magic) || EndsWith(path, ".parquet")) {
+    fd->reset();
+    return ForEachParquetRecord(path, each);
+  }
+  if (HasArrowMagic(magic) || EndsWith(path, ".arrow") || EndsWith(path, ".feather")) {
+    fd->reset();
+    return ForEachArrowRecord(path, each);
+  }
   fd->reset();
   auto read = ReadFileConfined(path);
-  if (!read.ok()) return ExplainUnreadable(path, read.status());
+  if (!read.ok()) return ForEachInDirectory(path, read.status(), each);
   const std::string contents = std::move(*read);
-  RETURN_IF_ERROR(RefuseColumnar(path, contents));
   ASSIGN_OR_RETURN(std::vector<RawRecord> records, SplitRecords(contents, path));
   for (const RawRecord& raw : records) RETURN_IF_ERROR(each(raw));
   return OkStatus();
 }
 
 }  // namespace
+
+Status ForEachDatasetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+  return ForEachRecord(path, each);
+}
+
+bool IsColumnarDataset(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  if (S_ISDIR(st.st_mode)) return true;
+  if (EndsWith(path, ".parquet") || EndsWith(path, ".arrow") || EndsWith(path, ".feather")) return true;
+  StatusOr<OwnedFd> fd = OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead);
+  if (!fd.ok()) return false;
+  char head[8] = {};
+  const ssize_t got = ::pread(fd->get(), head, sizeof(head), 0);
+  const std::string_view magic(head, got > 0 ? static_cast<size_t>(got) : 0);
+  return HasParquetMagic(magic) || HasArrowMagic(magic);
+}
 
 std::vector<size_t> HeldOutIndices(size_t n, double fraction, uint64_t seed) {
   if (n < 2 || !(fraction > 0)) return {};
@@ -697,8 +760,9 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
   for (const std::string& path : paths) {
     RETURN_IF_ERROR(ForEachRecord(path, [&](const RawRecord& raw) -> Status {
       ++reader.stats_.records;
-      ojson record = ojson::parse(raw.text, nullptr, false);
-      StatusOr<Document> doc = record.is_discarded()
+      ojson record = raw.error.empty() ? ojson::parse(raw.text, nullptr, false) : ojson();
+      StatusOr<Document> doc = !raw.error.empty() ? StatusOr<Document>(InvalidArgumentError(raw.error))
+                               : record.is_discarded()
                                    ? StatusOr<Document>(InvalidArgumentError("not valid JSON"))
                                    : encoder.Encode(record);
       if (!doc.ok()) {

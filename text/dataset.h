@@ -1,5 +1,7 @@
 #pragma once
-// Training datasets: JSON array or JSON-lines files (plain or gzip-compressed, gzip_reader.h)
+// Training datasets: JSON array or JSON-lines files (plain or gzip-compressed, gzip_reader.h),
+// Parquet files and directories of them (parquet_reader.h: a row is a record of its columns),
+// Arrow IPC files and Hugging Face save_to_disk directories (arrow_ipc_reader.h),
 // whose records are rendered and tokenized into documents {input_ids, labels}. The training
 // engine turns them into tensors later.
 //
@@ -26,10 +28,11 @@
 // text (with special tokens) plus EOS is trained.
 //
 // Errors: a malformed record is an error "file:line: what" (line of the record's first
-// character), unless skip_bad_records, which skips and counts it (stats().skipped and the first
+// character; a Parquet file's row), unless skip_bad_records, which skips and counts it (stats().skipped and the first
 // messages in stats().first_errors).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -134,9 +137,19 @@ StatusOr<std::vector<Document>> SplitHeldOut(const std::vector<Document>& docs, 
 
 // One record of a JSON array or JSON-lines file, with its 1-based line.
 struct RawRecord {
-  size_t line = 0;
+  size_t line = 0;  // for a Parquet file, the row (1-based)
   std::string text;
+  std::string error;  // set: the record is bad for this reason (text is not read)
 };
+// Calls `each` with every record of a dataset path as DatasetReader::Load reads it: a JSON or
+// JSON Lines file (plain or gzip), a Parquet or Arrow file, a directory of Parquet shards or a
+// save_to_disk directory. A status
+// `each` returns ends the walk and is returned (CANCELLED to stop early, e.g. after a preview).
+Status ForEachDatasetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each);
+// Whether `path` is read as rows, not lines of text: a Parquet or Arrow file (by name or magic),
+// or a directory (Parquet shards, or a Hugging Face save_to_disk directory).
+bool IsColumnarDataset(const std::string& path);
+
 // Splits a file's contents into records: a top-level JSON array is split into its elements,
 // anything else is read as JSON lines (blank lines skipped). Errors name path:line.
 StatusOr<std::vector<RawRecord>> SplitRecords(std::string_view contents, const std::string& path);
