@@ -297,7 +297,7 @@ def test_mxfp4_checkpoint_loads_trains_and_exports_bf16(binary_dir, shared_dir, 
 def test_mxfp4_malformed_is_refused(tmp_path, shared_dir, mutate, fragment):
     build(tmp_path / "m", shared_dir, seed=2)
     write_mxfp4(tmp_path / "m", tmp_path / "q", torch.Generator().manual_seed(1), mutate=mutate)
-    write_inputs(tmp_path / "in.safetensors", *make_batch(64, batch=1, seq=8))
+    write_inputs(tmp_path / "in.safetensors", *make_batch(64, batch=2, seq=8))
     proc = run_check(tmp_path / "q", tmp_path / "in.safetensors", tmp_path / "o.safetensors", expect_ok=False)
     assert proc.returncode != 0
     assert fragment in proc.stderr + proc.stdout, proc.stderr
