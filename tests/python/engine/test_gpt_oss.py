@@ -34,7 +34,7 @@ import time
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file as load_checkpoint_file, save_file
 
 import families_testlib
 from engine_testlib import hf_reference, make_batch, run_check, write_inputs
@@ -271,7 +271,7 @@ def test_mxfp4_checkpoint_loads_trains_and_exports_bf16(binary_dir, shared_dir, 
     assert len(stats) == 2 and all(s["loss"] == s["loss"] and s["loss"] > 0 for s in stats)
     layout = checkpoint_layout(out)
     for name, value in want.items():
-        assert layout[name] == (tuple(value.shape), "bfloat16"), layout[name]
+        assert layout[name] == (tuple(value.shape), "BF16"), layout[name]
         assert name + "_blocks" not in layout and name + "_scales" not in layout
     exported = load_checkpoint(out)
     for name, value in want.items():
@@ -281,6 +281,34 @@ def test_mxfp4_checkpoint_loads_trains_and_exports_bf16(binary_dir, shared_dir, 
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert torch.equal(reloaded.model.layers[0].mlp.experts.down_proj.data,
                        exported["model.layers.0.mlp.experts.down_proj"].float())
+
+
+def test_mxfp4_export_writes_bf16_experts(shared_dir, tmp_path):
+    """One SGD step through offloadd-engine-check on the MXFP4 directory, then its export: the
+    experts as BF16 under the parameter names (no _blocks / _scales), equal to the updated fp32
+    weights rounded once; no quantization_config; transformers loads it. The load and the export
+    say so in the log."""
+    build(tmp_path / "m", shared_dir, seed=4)
+    want = write_mxfp4(tmp_path / "m", tmp_path / "q", torch.Generator().manual_seed(2))
+    write_inputs(tmp_path / "in.safetensors", *make_batch(500, batch=2, seq=24, seed=1))
+    lr = 0.01
+    ours = run_check(tmp_path / "q", tmp_path / "in.safetensors", tmp_path / "o.safetensors", "--sgd-lr", lr,
+                     "--export", tmp_path / "exp", expect_ok=False)
+    assert ours.returncode == 0, ours.stderr
+    log = ours.stdout + ours.stderr
+    assert "MXFP4 expert tensors dequantised to Float for full fine-tuning" in log, log
+    assert "MXFP4 expert tensors written as BF16" in log, log
+    grads = load_checkpoint_file(tmp_path / "o.safetensors")
+    layout = checkpoint_layout(tmp_path / "exp")
+    exported = load_checkpoint(tmp_path / "exp")
+    for name, value in want.items():
+        assert layout[name] == (tuple(value.shape), "BF16"), layout[name]
+        assert name + "_blocks" not in layout and name + "_scales" not in layout
+        assert torch.equal(exported[name], value.sub(grads["grad/" + name], alpha=lr).bfloat16()), name
+    assert "quantization_config" not in json.loads((tmp_path / "exp" / "config.json").read_text())
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exp", dtype=torch.float32)
+    assert torch.equal(reloaded.model.layers[1].mlp.experts.gate_up_proj.data,
+                       exported["model.layers.1.mlp.experts.gate_up_proj"].float())
 
 
 @pytest.mark.parametrize("mutate,fragment", [
