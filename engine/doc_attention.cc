@@ -194,8 +194,8 @@ void DocumentAttentionBackward(const at::Tensor& dout, const at::Tensor& q, cons
   at::Tensor gk = at::zeros(k.sizes(), k.options().dtype(at::kFloat));
   at::Tensor gv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
   // d sink = sum over queries of the sink column's d logit (fp32, rounded once).
-  at::Tensor gs = sinks.defined() ? at::zeros({heads}, sinks.options().dtype(at::kFloat))
-                                  : at::Tensor();
+  at::Tensor gs =
+      sinks.defined() ? at::zeros({heads}, sinks.options().dtype(at::kFloat)) : at::Tensor();
   ForEachTile(docs, heads, window, [&](const Tile& t) {
     at::Tensor qt = Slice(q, t.row, t.q0, t.q1), dot = Slice(dout, t.row, t.q0, t.q1);
     at::Tensor kt = RepeatHeads(Slice(k, t.row, t.k0, t.q1), rep);

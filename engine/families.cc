@@ -253,8 +253,9 @@ const std::vector<FamilyRule>& Rules() {
        .default_rope = R"({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                            "beta_slow": 1.0, "truncate": false,
                            "original_max_position_embeddings": 4096})",
-       .moe = MoeDefaults{
-           .family = MoeFamily::kGptOss, .experts = 128, .top_k = 4, .aux_coef = 0.001}},
+       .moe =
+           MoeDefaults{
+               .family = MoeFamily::kGptOss, .experts = 128, .top_k = 4, .aux_coef = 0.001}},
   };
   return *rules;
 }
@@ -431,8 +432,9 @@ Status RefuseOddities(const FamilyRule& f, const ConfigReader& r) {
     ASSIGN_OR_RETURN(ConfigReader q, r.Child("quantization_config"));
     ASSIGN_OR_RETURN(std::string method, q.String("quant_method", std::nullopt));
     if (method != "mxfp4") {
-      return q.Unsupported("quant_method", "gpt-oss checkpoints are read in mxfp4 (dequantised to "
-                                           "the training dtype), F32, F16 or BF16");
+      return q.Unsupported("quant_method",
+                           "gpt-oss checkpoints are read in mxfp4 (dequantised to "
+                           "the training dtype), F32, F16 or BF16");
     }
   } else if (r.Has("quantization_config")) {
     return r.Error("quantization_config",

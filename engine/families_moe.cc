@@ -26,8 +26,9 @@ Status ParseGptOssExperts(const ConfigReader& r, ModelConfig* c) {
   // which transformers does not read: a different value would be silently ignored there.
   ASSIGN_OR_RETURN(double limit, r.Double("swiglu_limit", m.swiglu_limit));
   if (limit != m.swiglu_limit) {
-    return r.Unsupported("swiglu_limit", "transformers' GptOssExperts clamps at 7.0 whatever the "
-                                         "config says");
+    return r.Unsupported("swiglu_limit",
+                         "transformers' GptOssExperts clamps at 7.0 whatever the "
+                         "config says");
   }
   m.mxfp4 = r.Has("quantization_config");  // its quant_method was checked with the family
   TensorNames& names = c->names;

@@ -220,9 +220,10 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
     }
   }
   if (!src.mxfp4.empty()) {
-    OFFLOADD_LOG(kInfo, "engine")
-        << dir << ": " << src.mxfp4.size() << " MXFP4 expert tensors dequantised to "
-        << c10::toString(options.dtype) << " for full fine-tuning; the export writes them as BF16";
+    OFFLOADD_LOG(kInfo, "engine") << dir << ": " << src.mxfp4.size()
+                                  << " MXFP4 expert tensors dequantised to "
+                                  << c10::toString(options.dtype)
+                                  << " for full fine-tuning; the export writes them as BF16";
   }
   m->dtype_ = options.dtype;
   if (options.device != c10::Device(c10::kCPU) && options.materialize == Materialize::kEager)
@@ -585,8 +586,8 @@ Status Model::Export(const std::string& out_dir) const {
       nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
       if (config.is_discarded()) return InvalidArgumentError(from + ": not JSON");
       config.erase("quantization_config");
-      RETURN_IF_ERROR(WriteFileAtomically(JoinPath(out_dir, f), config.dump(2) + "\n")
-                          .WithContext("export"));
+      RETURN_IF_ERROR(
+          WriteFileAtomically(JoinPath(out_dir, f), config.dump(2) + "\n").WithContext("export"));
       OFFLOADD_LOG(kInfo, "engine") << "export: " << src.mxfp4.size()
                                     << " MXFP4 expert tensors written as BF16 to " << out_dir;
       continue;

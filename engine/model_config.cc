@@ -196,12 +196,13 @@ std::string DescribeParts(const ModelConfig& c) {
     int64_t n = 0;
     for (bool s : c.moe.sparse) n += s;
     const bool clamped = c.moe.activation == ExpertActivation::kClampedSwiGlu;
-    std::string moe = "MoE " + std::to_string(c.moe.num_experts) +
-                      (clamped ? " clamped SwiGLU experts (with biases) of " : " SwiGLU experts of ") +
-                      std::to_string(c.moe.intermediate_size) + ", top-" +
-                      std::to_string(c.moe.top_k) + (c.moe.norm_topk_prob ? " renormalised" : "") +
-                      (c.moe.routing == MoeRouting::kTopKSoftmax ? " softmax, router bias" : "") +
-                      " on " + std::to_string(n) + "/" + std::to_string(c.num_layers) + " layers";
+    std::string moe =
+        "MoE " + std::to_string(c.moe.num_experts) +
+        (clamped ? " clamped SwiGLU experts (with biases) of " : " SwiGLU experts of ") +
+        std::to_string(c.moe.intermediate_size) + ", top-" + std::to_string(c.moe.top_k) +
+        (c.moe.norm_topk_prob ? " renormalised" : "") +
+        (c.moe.routing == MoeRouting::kTopKSoftmax ? " softmax, router bias" : "") + " on " +
+        std::to_string(n) + "/" + std::to_string(c.num_layers) + " layers";
     if (c.moe.output_router_logits) moe += ", aux loss " + Num(c.moe.router_aux_loss_coef);
     if (c.moe.mxfp4) moe += ", MXFP4 experts dequantised on load";
     parts.push_back(moe);

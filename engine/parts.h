@@ -257,7 +257,7 @@ class MoePart {
   bool transposed_;
   size_t router_ = kAbsent, router_b_ = kAbsent;
   size_t gate_up_ = kAbsent, down_ = kAbsent, gate_up_b_ = kAbsent, down_b_ = kAbsent;  // packed
-  std::vector<size_t> gate_, up_, downs_;                                               // per expert
+  std::vector<size_t> gate_, up_, downs_;  // per expert
 };
 
 // nn.Linear (weights [out, in]) or GPT-2's Conv1D ([in, out]), with an optional bias.

@@ -6,10 +6,10 @@
 //   w = v / sum(v) (norm_topk_prob) or v        y = sum_j w_j * down_idx_j(silu(g) * u)
 //
 // gpt-oss (GptOssTopKRouter / GptOssExperts): logits = x W_r^T + b_r in the compute dtype,
-// v, idx = topk(logits, k), w = softmax(v); each expert computes h = x W_gu + b_gu ([H, 2I], gate at
-// even columns, up at odd ones), g = min(gate, L), u = clamp(up, -L, L),
-// a = (u + 1) * g * sigmoid(alpha g), and a W_d + b_d; the load-balancing loss reads
-// softmax(logits) over all experts.
+// v, idx = topk(logits, k), w = softmax(v); each expert computes h = x W_gu + b_gu ([H, 2I], gate
+// at even columns, up at odd ones), g = min(gate, L), u = clamp(up, -L, L), a = (u + 1) * g *
+// sigmoid(alpha g), and a W_d + b_d; the load-balancing loss reads softmax(logits) over all
+// experts.
 //
 // Backward: d w_j = <dy, expert output_j>; through the renormalisation and the softmax to the
 // logits (plus the load-balancing loss's d aux / d probs), then W_r's gradient and d x.

@@ -25,8 +25,8 @@ TEST(Mxfp4Test, DequantisesNibblesLowFirstTimesTheScaleAndTransposes) {
   const auto blocks = Bytes(raw);
   const auto scales = Bytes({127 + 2, 127 - 1});  // b = 0: x4, b = 1: x0.5
   std::vector<float> out(64, -1);
-  ASSERT_TRUE(DequantizeMxfp4("p", {1, 32, 2}, blocks.data(), scales.data(), 0, 64, out.data())
-                  .ok());
+  ASSERT_TRUE(
+      DequantizeMxfp4("p", {1, 32, 2}, blocks.data(), scales.data(), 0, 64, out.data()).ok());
   EXPECT_EQ(out[0 * 2 + 0], 2.0f);   // [0, 0, 0]
   EXPECT_EQ(out[1 * 2 + 0], 4.0f);   // [0, 1, 0]
   EXPECT_EQ(out[2 * 2 + 0], -2.0f);  // [0, 2, 0]
@@ -36,8 +36,8 @@ TEST(Mxfp4Test, DequantisesNibblesLowFirstTimesTheScaleAndTransposes) {
   EXPECT_EQ(out[31 * 2 + 1], 0.0f);
   // A range gives the same elements.
   std::vector<float> part(3);
-  ASSERT_TRUE(DequantizeMxfp4("p", {1, 32, 2}, blocks.data(), scales.data(), 2, 3, part.data())
-                  .ok());
+  ASSERT_TRUE(
+      DequantizeMxfp4("p", {1, 32, 2}, blocks.data(), scales.data(), 2, 3, part.data()).ok());
   EXPECT_EQ(part, (std::vector<float>{4.0f, 0.0f, -2.0f}));
 }
 
