@@ -119,6 +119,7 @@ enum class MoeFamily {
   kQwen3,    // num_experts, moe_intermediate_size, decoder_sparse_step, mlp_only_layers
   kOlmoe,    // num_experts of intermediate_size, every layer sparse
   kMixtral,  // num_local_experts of intermediate_size, always renormalised, router_jitter_noise
+  kGptOss,   // num_local_experts of intermediate_size, router bias, top-k softmax, clamped SwiGLU
 };
 struct MoeDefaults {
   MoeFamily family = MoeFamily::kQwen3;

@@ -61,9 +61,13 @@ void ForEachTile(const Documents& docs, int64_t heads, int64_t window, F&& f) {
 
 // The tile's probabilities in the compute dtype, as transformers' eager attention computes them:
 // scaled logits in the dtype (soft-capped: / cap, tanh, * cap), the causal/window mask, softmax
-// in fp32, cast back. `capped_tanh` receives tanh(logits / cap) when soft-capping.
+// in fp32, cast back. `capped_tanh` receives tanh(logits / cap) when soft-capping. With `sinks`
+// ([H], gpt-oss) each head's sink logit joins every query's softmax as one more column, after the
+// row maximum is subtracted (GptOss's eager_attention_forward); the result then has K + 1 columns,
+// the last one the sink's probability (which attends to nothing).
 at::Tensor TileProbs(const at::Tensor& qt, const at::Tensor& kt, const Tile& t, double scale,
-                     int64_t window, double softcap, at::Tensor* capped_tanh) {
+                     int64_t window, double softcap, at::Tensor* capped_tanh,
+                     const at::Tensor& sinks = at::Tensor()) {
   at::Tensor s = at::matmul(qt, kt.transpose(1, 2)) * scale;
   if (softcap > 0) {
     at::Tensor th = at::tanh(s / softcap);
@@ -76,6 +80,11 @@ at::Tensor TileProbs(const at::Tensor& qt, const at::Tensor& kt, const Tile& t, 
   at::Tensor hidden = kj > qi;  // [Q, K]
   if (window > 0) hidden = hidden | ((qi - kj) >= window);
   s = s.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+  if (sinks.defined()) {
+    at::Tensor sink = sinks.to(s.scalar_type()).view({-1, 1, 1}).expand({s.size(0), s.size(1), 1});
+    s = at::cat({s, sink}, -1);
+    s = s - std::get<0>(s.max(-1, /*keepdim=*/true));
+  }
   return at::softmax(s, -1, at::kFloat).to(qt.scalar_type());
 }
 
@@ -135,9 +144,9 @@ bool VarlenFlashFits(c10::Device device, c10::ScalarType dtype, int64_t head_dim
 
 at::Tensor DocumentAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              double scale, const Documents& docs, int64_t window, double softcap,
-                             std::vector<at::Tensor>* aux) {
+                             std::vector<at::Tensor>* aux, const at::Tensor& sinks) {
   CheckShapes(q, k, docs);
-  if (VarlenFlashFits(q.device(), q.scalar_type(), q.size(3), softcap)) {
+  if (!sinks.defined() && VarlenFlashFits(q.device(), q.scalar_type(), q.size(3), softcap)) {
     // Grouped-query heads go in as they are: the kernel maps query heads onto key/value heads.
     auto r = at::_flash_attention_forward(
         Flat(q), Flat(k), Flat(v), docs.cu_seqlens, docs.cu_seqlens, docs.max_len, docs.max_len,
@@ -151,7 +160,9 @@ at::Tensor DocumentAttention(const at::Tensor& q, const at::Tensor& k, const at:
   ForEachTile(docs, heads, window, [&](const Tile& t) {
     at::Tensor kt = RepeatHeads(Slice(k, t.row, t.k0, t.q1), rep);
     at::Tensor vt = RepeatHeads(Slice(v, t.row, t.k0, t.q1), rep);
-    at::Tensor p = TileProbs(Slice(q, t.row, t.q0, t.q1), kt, t, scale, window, softcap, nullptr);
+    at::Tensor p =
+        TileProbs(Slice(q, t.row, t.q0, t.q1), kt, t, scale, window, softcap, nullptr, sinks);
+    if (sinks.defined()) p = p.narrow(-1, 0, vt.size(1));  // the sink attends to nothing
     Slice(out, t.row, t.q0, t.q1).copy_(at::matmul(p, vt));
   });
   return out;
@@ -160,9 +171,10 @@ at::Tensor DocumentAttention(const at::Tensor& q, const at::Tensor& k, const at:
 void DocumentAttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
                                double scale, const Documents& docs, int64_t window, double softcap,
-                               at::Tensor* dq, at::Tensor* dk, at::Tensor* dv) {
+                               at::Tensor* dq, at::Tensor* dk, at::Tensor* dv,
+                               const at::Tensor& sinks, at::Tensor* dsinks) {
   CheckShapes(q, k, docs);
-  if (VarlenFlashFits(q.device(), q.scalar_type(), q.size(3), softcap)) {
+  if (!sinks.defined() && VarlenFlashFits(q.device(), q.scalar_type(), q.size(3), softcap)) {
     auto [gq, gk, gv] = at::_flash_attention_backward(
         Flat(dout).contiguous(), Flat(q), Flat(k), Flat(v), Flat(out), aux[0], docs.cu_seqlens,
         docs.cu_seqlens, docs.max_len, docs.max_len, /*dropout_p=*/0.0, /*is_causal=*/true, aux[1],
@@ -181,18 +193,29 @@ void DocumentAttentionBackward(const at::Tensor& dout, const at::Tensor& q, cons
   *dq = at::zeros(q.sizes(), q.options());
   at::Tensor gk = at::zeros(k.sizes(), k.options().dtype(at::kFloat));
   at::Tensor gv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
+  // d sink = sum over queries of the sink column's d logit (fp32, rounded once).
+  at::Tensor gs =
+      sinks.defined() ? at::zeros({heads}, sinks.options().dtype(at::kFloat)) : at::Tensor();
   ForEachTile(docs, heads, window, [&](const Tile& t) {
     at::Tensor qt = Slice(q, t.row, t.q0, t.q1), dot = Slice(dout, t.row, t.q0, t.q1);
     at::Tensor kt = RepeatHeads(Slice(k, t.row, t.k0, t.q1), rep);
     at::Tensor vt = RepeatHeads(Slice(v, t.row, t.k0, t.q1), rep);
     at::Tensor capped_tanh;
-    at::Tensor p = TileProbs(qt, kt, t, scale, window, softcap, &capped_tanh);
+    at::Tensor p_all = TileProbs(qt, kt, t, scale, window, softcap, &capped_tanh, sinks);
+    const int64_t keys = kt.size(1);
+    at::Tensor p = sinks.defined() ? p_all.narrow(-1, 0, keys) : p_all;
     Slice(gv, t.row, t.k0, t.q1)
         .add_(ReduceHeads(at::matmul(p.transpose(1, 2).to(at::kFloat), dot.to(at::kFloat)), rep));
     at::Tensor dp = at::matmul(dot, vt.transpose(1, 2));
+    if (sinks.defined()) dp = at::constant_pad_nd(dp, {0, 1});  // the sink column's d prob: 0
     at::Tensor ds =
-        at::_softmax_backward_data(dp.to(at::kFloat), p.to(at::kFloat), -1, at::kFloat).to(dtype);
-    dp = p = at::Tensor();
+        at::_softmax_backward_data(dp.to(at::kFloat), p_all.to(at::kFloat), -1, at::kFloat);
+    if (sinks.defined()) {
+      gs.add_(ds.select(-1, keys).sum(-1));
+      ds = ds.narrow(-1, 0, keys);
+    }
+    ds = ds.to(dtype);
+    dp = p = p_all = at::Tensor();
     if (softcap > 0) ds = at::tanh_backward(ds * softcap, capped_tanh) / softcap;
     ds = ds * scale;
     Slice(*dq, t.row, t.q0, t.q1).copy_(at::matmul(ds, kt));
@@ -201,6 +224,7 @@ void DocumentAttentionBackward(const at::Tensor& dout, const at::Tensor& q, cons
   });
   *dk = gk.to(dtype);
   *dv = gv.to(dtype);
+  if (dsinks) *dsinks = gs.defined() ? gs.to(sinks.scalar_type()) : at::Tensor();
 }
 
 }  // namespace offloadd::engine::ops

@@ -46,13 +46,17 @@ bool VarlenFlashFits(c10::Device device, c10::ScalarType dtype, int64_t head_dim
 // are in the same document, j <= i and, with window > 0, i - j < window. softcap > 0 caps the
 // scaled logits as softcap * tanh(logits / softcap) (tiled path only). Returns out [B, Hq, T, D]
 // (possibly a strided view); appends to `aux` what the backward needs besides q, k, v, out.
+// `sinks` ([Hq], gpt-oss's attention sinks): one more logit per head in every query's softmax
+// denominator, attending to nothing (tiled path; the backward gives d sinks, fp32-summed).
 at::Tensor DocumentAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              double scale, const Documents& docs, int64_t window, double softcap,
-                             std::vector<at::Tensor>* aux);
+                             std::vector<at::Tensor>* aux, const at::Tensor& sinks = at::Tensor());
 void DocumentAttentionBackward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& out, const at::Tensor* aux,
                                double scale, const Documents& docs, int64_t window, double softcap,
-                               at::Tensor* dq, at::Tensor* dk, at::Tensor* dv);
+                               at::Tensor* dq, at::Tensor* dk, at::Tensor* dv,
+                               const at::Tensor& sinks = at::Tensor(),
+                               at::Tensor* dsinks = nullptr);
 
 // The tiled path's query tile: engine/tiles.h (QueryTile, kTileScoreBytes).
 

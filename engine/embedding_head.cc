@@ -144,13 +144,14 @@ void PrepareLayerInputs(const ModelConfig& c, c10::ScalarType dtype, MicroBatch*
     mb->moe->prob_sums.resize(c.num_layers);
     mb->moe->rows.assign(c.num_layers, 0);
   }
-  // Unpacked rows run the document path (one document per row) where soft-capping needs it, or
-  // a sliding window shorter than the sequence that the windowed flash kernel cannot take.
+  // Unpacked rows run the document path (one document per row) where soft-capping or attention
+  // sinks need it, or a sliding window shorter than the sequence that the windowed flash kernel
+  // cannot take.
   const bool slides = std::find(c.sliding.begin(), c.sliding.end(), true) !=
                       c.sliding.end();
   const bool short_window = slides && c.sliding_window > 0 && c.sliding_window < t &&
                             !ops::WindowedFlashFits(device, dtype, c.head_dim);
-  if (!mb->docs.defined() && (c.attn_logit_softcap > 0 || short_window)) {
+  if (!mb->docs.defined() && (c.attn_logit_softcap > 0 || c.attention_sinks || short_window)) {
     mb->docs = ops::RowDocuments(mb->input_ids.size(0), t, device);
   }
   if (c.arch != Architecture::kLlama) return;

@@ -229,6 +229,33 @@ const std::vector<FamilyRule>& Rules() {
        .theta = 1e6,
        .moe =
            MoeDefaults{.family = MoeFamily::kMixtral, .experts = 8, .top_k = 2, .aux_coef = 0.001}},
+      {.model_type = "gpt_oss",
+       .architectures = {"GptOssForCausalLM"},
+       .description = "gpt-oss: attention sinks and biases, sliding (128) and full layers "
+                      "alternating, YaRN; router with bias, top-k softmax, clamped SwiGLU experts "
+                      "with biases; MXFP4 experts dequantised on load",
+       .biases = Biases::kAttentionBias,
+       .attention_bias = true,
+       .sinks = true,
+       .vocab = 201088,
+       .hidden = 2880,
+       .intermediate = 2880,
+       .layers = 36,
+       .heads = 64,
+       .kv_heads = 8,
+       .head_dim = 64,
+       .max_pos = 131072,
+       .eps = 1e-5,
+       .sliding = Sliding::kAlternating,
+       .window = 128,
+       .pattern = 2,
+       .theta = 150000.0,
+       .default_rope = R"({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                           "beta_slow": 1.0, "truncate": false,
+                           "original_max_position_embeddings": 4096})",
+       .moe =
+           MoeDefaults{
+               .family = MoeFamily::kGptOss, .experts = 128, .top_k = 4, .aux_coef = 0.001}},
   };
   return *rules;
 }
@@ -321,6 +348,7 @@ Status ParseSliding(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) 
 
 TensorNames NamesFor(const FamilyRule& f, const ModelConfig& c) {
   TensorNames n;
+  if (c.attention_sinks) n.sinks = "self_attn.sinks";
   if (c.qk_norm != QkNorm::kNone) {
     n.q_norm = "self_attn.q_norm";
     n.k_norm = "self_attn.k_norm";
@@ -397,9 +425,18 @@ Status ParseDropout(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) 
   return OkStatus();
 }
 
-// Keys any family may carry that would make transformers compute something else.
-Status RefuseOddities(const ConfigReader& r) {
-  if (r.Has("quantization_config")) {
+// Keys any family may carry that would make transformers compute something else. gpt-oss ships
+// its experts in MXFP4 (quantization_config.quant_method "mxfp4"): they are dequantised on load.
+Status RefuseOddities(const FamilyRule& f, const ConfigReader& r) {
+  if (r.Has("quantization_config") && f.model_type == "gpt_oss") {
+    ASSIGN_OR_RETURN(ConfigReader q, r.Child("quantization_config"));
+    ASSIGN_OR_RETURN(std::string method, q.String("quant_method", std::nullopt));
+    if (method != "mxfp4") {
+      return q.Unsupported("quant_method",
+                           "gpt-oss checkpoints are read in mxfp4 (dequantised to "
+                           "the training dtype), F32, F16 or BF16");
+    }
+  } else if (r.Has("quantization_config")) {
     return r.Error("quantization_config",
                    "quantized checkpoints are not supported (offloadd "
                    "trains F32, F16 or BF16 weights)");
@@ -486,7 +523,7 @@ Status ParseRotary(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
   if (f.biases == Biases::kQkv) {
     c->qkv_bias = true;
   } else if (f.biases == Biases::kAttentionBias) {
-    ASSIGN_OR_RETURN(bool bias, r.Bool("attention_bias", false));
+    ASSIGN_OR_RETURN(bool bias, r.Bool("attention_bias", f.attention_bias));
     c->qkv_bias = c->o_bias = bias;
   }
   if (f.mlp_bias_key) {
@@ -510,6 +547,7 @@ Status ParseRotary(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
     RETURN_IF_ERROR(softcap("attn_logit_softcapping", f.attn_softcap, &c->attn_logit_softcap));
     RETURN_IF_ERROR(softcap("final_logit_softcapping", f.final_softcap, &c->final_logit_softcap));
   }
+  c->attention_sinks = f.sinks;
   RETURN_IF_ERROR(ParseSliding(f, r, c));
   RETURN_IF_ERROR(ParseRope(f, r, c));
   c->names = NamesFor(f, *c);
@@ -552,7 +590,7 @@ Status ParseFamily(const ConfigReader& r, ModelConfig* c) {
                                      "\" (supported: " + ModelTypes() + ")");
   }
   RETURN_IF_ERROR(CheckArchitectures(*f, r, c));
-  RETURN_IF_ERROR(RefuseOddities(r));
+  RETURN_IF_ERROR(RefuseOddities(*f, r));
   if (!f->text_config_of.empty()) {
     // A multimodal checkpoint: its language model is text_config's family, stored under
     // "language_model." as transformers' save_pretrained writes it (Model::Load also accepts
@@ -564,7 +602,7 @@ Status ParseFamily(const ConfigReader& r, ModelConfig* c) {
                         "expected \"" + f->text_config_of + "\", got \"" + text_type + "\"");
     }
     const FamilyRule* tf = FindRule(f->text_config_of);
-    RETURN_IF_ERROR(RefuseOddities(text));
+    RETURN_IF_ERROR(RefuseOddities(*tf, text));
     RETURN_IF_ERROR(ParseRotary(*tf, text, c));
     // The wrapper's own tie_word_embeddings decides (PreTrainedModel reads the top config).
     ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", f->tie));

@@ -30,6 +30,8 @@ struct FamilyRule {
   std::string act_key = "hidden_act";
   std::string act = "silu";  // the one activation value the parts implement
   Biases biases = Biases::kNone;
+  bool attention_bias = false;  // kAttentionBias: the attention_bias key's default
+  bool sinks = false;           // gpt-oss's attention sinks (self_attn.sinks)
   bool mlp_bias_key = false;
   bool fused = false;  // Phi-3's qkv_proj and gate_up_proj
   bool gemma = false;  // query_pre_attn_scalar, sqrt(hidden) embedding scale, logit softcaps
@@ -46,6 +48,9 @@ struct FamilyRule {
   int64_t pattern = 0;  // kAlternating without layer_types
   RopeKind rope = RopeKind::kSingle;
   double theta = 10000.0, local_theta = 0;
+  // The RoPE parameters the config class fills in when config.json has none (JSON text; empty:
+  // default RoPE).
+  std::string default_rope = {};
   std::vector<std::string> dropout = {"attention_dropout"};
   std::string text_config_of = {};      // a multimodal wrapper: its text_config is this family
   std::optional<MoeDefaults> moe = {};  // a mixture of experts (engine/families_moe.cc)

@@ -11,10 +11,39 @@ namespace offloadd::engine {
 
 using json = nlohmann::json;
 
+namespace {
+
+// gpt-oss's router and experts (transformers' GptOssTopKRouter / GptOssExperts): a router bias,
+// softmax over the top-k logits, the clamped SwiGLU with biases in the packed, transposed layout
+// (always: the hub's files and save_pretrained both write it), MXFP4 per quantization_config.
+Status ParseGptOssExperts(const ConfigReader& r, ModelConfig* c) {
+  MoeConfig& m = c->moe;
+  m.routing = MoeRouting::kTopKSoftmax;
+  m.activation = ExpertActivation::kClampedSwiGlu;
+  m.router_bias = m.expert_bias = true;
+  m.packed = m.transposed = true;
+  // GptOssExperts fixes alpha 1.702 and limit 7.0; the hub's config.json carries swiglu_limit,
+  // which transformers does not read: a different value would be silently ignored there.
+  ASSIGN_OR_RETURN(double limit, r.Double("swiglu_limit", m.swiglu_limit));
+  if (limit != m.swiglu_limit) {
+    return r.Unsupported("swiglu_limit",
+                         "transformers' GptOssExperts clamps at 7.0 whatever the "
+                         "config says");
+  }
+  m.mxfp4 = r.Has("quantization_config");  // its quant_method was checked with the family
+  TensorNames& names = c->names;
+  names.router = "mlp.router";
+  names.experts = "mlp.experts";
+  return OkStatus();
+}
+
+}  // namespace
+
 Status ParseMoe(const MoeDefaults& f, const ConfigReader& r, ModelConfig* c) {
   MoeConfig& m = c->moe;
   const int64_t n = c->num_layers;
   const bool mixtral = f.family == MoeFamily::kMixtral;
+  const bool gpt_oss = f.family == MoeFamily::kGptOss;
   // The config classes alias num_experts and num_local_experts (attribute_map): transformers 5
   // writes num_local_experts for Qwen3-MoE and Mixtral, num_experts for OLMoE; hub files have
   // either.
@@ -40,7 +69,9 @@ Status ParseMoe(const MoeDefaults& f, const ConfigReader& r, ModelConfig* c) {
     m.intermediate_size = c->intermediate_size;  // OLMoE and Mixtral: the expert's width
   }
   m.norm_topk_prob = true;  // Mixtral's router always renormalises
-  if (!mixtral) {
+  if (gpt_oss) {
+    m.norm_topk_prob = false;  // the softmax over the k selected logits sums to 1 already
+  } else if (!mixtral) {
     ASSIGN_OR_RETURN(m.norm_topk_prob, r.Bool("norm_topk_prob", false));
   }
   ASSIGN_OR_RETURN(m.output_router_logits, r.Bool("output_router_logits", false));
@@ -72,6 +103,8 @@ Status ParseMoe(const MoeDefaults& f, const ConfigReader& r, ModelConfig* c) {
       }
     }
     for (int64_t i = 0; i < n; ++i) m.sparse[i] = !dense[i] && (i + 1) % step == 0;
+  } else if (gpt_oss) {
+    RETURN_IF_ERROR(ParseGptOssExperts(r, c));
   } else if (f.family == MoeFamily::kOlmoe) {
     if (r.Has("clip_qkv")) {
       return r.Unsupported("clip_qkv", "OLMoE's q/k/v clamping is not implemented");

@@ -165,6 +165,13 @@ StatusOr<std::optional<ConfigReader>> RopeObject(const ConfigReader& r) {
 Status ParseRope(const FamilyRule& f, const ConfigReader& r, ModelConfig* c) {
   if (f.rope != RopeKind::kPerLayerType) {
     ASSIGN_OR_RETURN(auto p, RopeObject(r));
+    if (!p && !f.default_rope.empty()) {
+      // What the config class writes into rope_parameters when config.json has none (gpt-oss:
+      // YaRN); the origin still names config.json.
+      const json defaults = json::parse(f.default_rope);
+      const ConfigReader d(defaults, r.origin(), r.prefix() + "rope_parameters(default).");
+      return ParseRopeParams(f, r, &d, "rope_theta", f.theta, *c, &c->rope);
+    }
     return ParseRopeParams(f, r, p ? &*p : nullptr, "rope_theta", f.theta, *c, &c->rope);
   }
   // Gemma 3: rope_parameters {full_attention: {...}, sliding_attention: {...}}; or 4.x's

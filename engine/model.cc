@@ -12,10 +12,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "common/file.h"
+#include "common/logging.h"
 #include "common/safe_path.h"
 #include "engine/blocks.h"
+#include "engine/mxfp4.h"
 #include "engine/ops.h"
 #include "engine/safetensors.h"
 #include "engine/tensor_io.h"
@@ -30,6 +33,9 @@ struct Model::Source {
   std::set<std::string> passthrough;    // non-parameter tensors copied verbatim on export
   std::string tied_alias;               // "lm_head.weight" stored although tied, or ""
   std::string tied_target;              // the embedding parameter it aliases
+  // Parameters stored as MXFP4 (gpt-oss's experts): name -> its shape; the checkpoint holds
+  // <name>_blocks and <name>_scales, the export writes <name> in bf16.
+  std::map<std::string, std::vector<int64_t>> mxfp4;
 };
 
 Model::~Model() = default;
@@ -76,7 +82,7 @@ void AdaptNamesToCheckpoint(const Checkpoint& ckpt, ModelConfig* c) {
   }
   // Mixture of experts: per-expert tensors (the hub's files, transformers 5's save_pretrained)
   // or packed 3-D ones (transformers 5's module layout: <layer>.mlp.experts.gate_up_proj).
-  for (int64_t i = 0; i < c->num_layers; ++i) {
+  for (int64_t i = 0; i < c->num_layers && !c->moe.transposed; ++i) {  // gpt-oss: always packed
     if (!c->layer_sparse(i)) continue;
     const std::string layer = n.layer_prefix + std::to_string(i) + ".";
     if (ckpt.Contains(layer + "mlp.experts.gate_up_proj")) {
@@ -86,6 +92,39 @@ void AdaptNamesToCheckpoint(const Checkpoint& ckpt, ModelConfig* c) {
     }
     break;
   }
+}
+
+// A parameter stored as MXFP4 (Source::mxfp4): `blocks` and `scales` checked against the
+// parameter's shape, then the values dequantised into fp32.
+StatusOr<at::Tensor> ReadMxfp4(const Checkpoint& ckpt, const std::string& name,
+                               const std::vector<int64_t>& shape, int64_t begin = 0,
+                               int64_t count = -1) {
+  ASSIGN_OR_RETURN(Mxfp4Shapes want, Mxfp4ShapesFor(name, shape));
+  ASSIGN_OR_RETURN(auto blocks, ckpt.Get(Mxfp4BlocksName(name)));
+  ASSIGN_OR_RETURN(auto scales, ckpt.Get(Mxfp4ScalesName(name)));
+  auto str = [](const std::vector<int64_t>& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  };
+  for (const auto& [entry, expect, what] :
+       {std::tuple{blocks, want.blocks, Mxfp4BlocksName(name)},
+        std::tuple{scales, want.scales, Mxfp4ScalesName(name)}}) {
+    if (entry.info->dtype != DType::kU8 || entry.info->shape != expect) {
+      return InvalidArgumentError(entry.file->path() + ": MXFP4 tensor \"" + what + "\" is " +
+                                  std::string(DTypeName(entry.info->dtype)) + " " +
+                                  str(entry.info->shape) + ", config.json implies U8 " +
+                                  str(expect));
+    }
+  }
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (count < 0) count = numel;
+  at::Tensor out = at::empty({count}, at::kFloat);
+  RETURN_IF_ERROR(DequantizeMxfp4(name, shape, blocks.file->data(*blocks.info).data(),
+                                  scales.file->data(*scales.info).data(), begin, count,
+                                  out.data_ptr<float>()));
+  return count == numel ? out.view(shape) : out;
 }
 
 bool IsPassthrough(const ModelConfig& c, const std::string& name) {
@@ -119,6 +158,20 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
   std::set<std::string> used;
   ParamLoader load = [&](const std::string& name,
                          const std::vector<int64_t>& shape) -> StatusOr<at::Tensor> {
+    if (m->config_.moe.mxfp4 && !src.checkpoint->Contains(name) &&
+        src.checkpoint->Contains(Mxfp4BlocksName(name))) {
+      // gpt-oss's MXFP4 experts: dequantised to the training dtype (full fine-tuning trains them
+      // in F32 / BF16; the export writes BF16).
+      used.insert(Mxfp4BlocksName(name));
+      used.insert(Mxfp4ScalesName(name));
+      src.mxfp4[name] = shape;
+      if (options.materialize == Materialize::kLazy) {
+        RETURN_IF_ERROR(Mxfp4ShapesFor(name, shape).status());
+        return at::empty(shape, at::TensorOptions().dtype(options.dtype).device(c10::kMeta));
+      }
+      ASSIGN_OR_RETURN(at::Tensor t, ReadMxfp4(*src.checkpoint, name, shape));
+      return t.to(options.dtype);
+    }
     auto entry = src.checkpoint->Get(name);
     if (!entry.ok()) return entry.status();
     const TensorInfo& info = *entry->info;
@@ -166,6 +219,12 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadO
                                   "\" is not a parameter of a " + m->config_.model_type + " model");
     }
   }
+  if (!src.mxfp4.empty()) {
+    OFFLOADD_LOG(kInfo, "engine") << dir << ": " << src.mxfp4.size()
+                                  << " MXFP4 expert tensors dequantised to "
+                                  << c10::toString(options.dtype)
+                                  << " for full fine-tuning; the export writes them as BF16";
+  }
   m->dtype_ = options.dtype;
   if (options.device != c10::Device(c10::kCPU) && options.materialize == Materialize::kEager)
     RETURN_IF_ERROR(m->To(options.device, options.dtype));
@@ -201,6 +260,9 @@ StatusOr<at::Tensor> Model::ReadInitialValue(const std::string& name) const {
   if (param == nullptr) return NotFoundError("model has no parameter \"" + name + "\"");
   try {
     c10::NoGradGuard no_grad;
+    if (source_ != nullptr && source_->mxfp4.count(name)) {
+      return ReadMxfp4(*source_->checkpoint, name, source_->mxfp4.at(name));
+    }
     if (source_ != nullptr) {
       ASSIGN_OR_RETURN(auto entry, source_->checkpoint->Get(name));
       ASSIGN_OR_RETURN(at::Tensor t, ReadTensor(*entry.file, *entry.info));
@@ -239,6 +301,14 @@ Status Model::ReadInitialValueInto(const std::string& name, int64_t begin, int64
     }
     std::memcpy(dst, t.data_ptr<float>(), static_cast<size_t>(count) * sizeof(float));
     return OkStatus();
+  }
+  if (auto it = source_->mxfp4.find(name); it != source_->mxfp4.end()) {
+    ASSIGN_OR_RETURN(Mxfp4Shapes shapes, Mxfp4ShapesFor(name, it->second));
+    ASSIGN_OR_RETURN(auto blocks, source_->checkpoint->Get(Mxfp4BlocksName(name)));
+    ASSIGN_OR_RETURN(auto scales, source_->checkpoint->Get(Mxfp4ScalesName(name)));
+    (void)shapes;  // checked when the model was loaded
+    return DequantizeMxfp4(name, it->second, blocks.file->data(*blocks.info).data(),
+                           scales.file->data(*scales.info).data(), begin, count, dst);
   }
   ASSIGN_OR_RETURN(auto entry, source_->checkpoint->Get(name));
   const TensorInfo& info = *entry.info;
@@ -457,8 +527,19 @@ Status Model::Export(const std::string& out_dir) const {
   std::map<std::string, std::vector<std::pair<std::string, at::Tensor>>> shards;
   try {
     c10::NoGradGuard no_grad;
+    std::map<std::string, std::string> mxfp4_blocks;  // <name>_blocks -> name
+    for (const auto& [name, shape] : src.mxfp4) mxfp4_blocks[Mxfp4BlocksName(name)] = name;
     for (const auto& [name, dtype] : src.dtypes) {
       ASSIGN_OR_RETURN(std::string shard, src.checkpoint->ShardOf(name));
+      if (auto it = mxfp4_blocks.find(name); it != mxfp4_blocks.end()) {
+        // The trained weights are not requantised: BF16 in the blocks' shard (its scales skipped).
+        shards[shard].push_back({it->second, values.at(it->second).to(at::kCPU, at::kBFloat16)});
+        continue;
+      }
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, "_scales") == 0 &&
+          src.mxfp4.count(name.substr(0, name.size() - 7))) {
+        continue;
+      }
       if (src.passthrough.count(name)) {
         ASSIGN_OR_RETURN(auto e, src.checkpoint->Get(name));
         ASSIGN_OR_RETURN(at::Tensor t, ReadTensor(*e.file, *e.info));
@@ -499,6 +580,18 @@ Status Model::Export(const std::string& out_dir) const {
                                   "chat_template.json"};
   for (const char* f : kCopied) {
     const std::string from = JoinPath(dir_, f);
+    if (!src.mxfp4.empty() && std::string_view(f) == "config.json") {
+      // The experts are BF16 now: transformers must not look for MXFP4 blocks.
+      ASSIGN_OR_RETURN(std::string text, ReadFileConfined(from));
+      nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (config.is_discarded()) return InvalidArgumentError(from + ": not JSON");
+      config.erase("quantization_config");
+      RETURN_IF_ERROR(
+          WriteFileAtomically(JoinPath(out_dir, f), config.dump(2) + "\n").WithContext("export"));
+      OFFLOADD_LOG(kInfo, "engine") << "export: " << src.mxfp4.size()
+                                    << " MXFP4 expert tensors written as BF16 to " << out_dir;
+      continue;
+    }
     struct stat st {};
     if (::lstat(from.c_str(), &st) != 0) continue;  // a symlink is checked when it is opened
     // Read confined: a symlink in the model directory that leads out of the allowed roots is

@@ -36,6 +36,7 @@ Counts<T> CountIn(const ModelConfig& c) {
   if (c.o_bias) layer += h;
   if (c.qk_norm == QkNorm::kPerHead) layer += 2 * d;
   if (c.qk_norm == QkNorm::kWhole) layer += q + kv;
+  if (c.attention_sinks) layer += static_cast<T>(c.num_heads);
   // Norms: pre-norm and post-norm have two per layer, the sandwich four.
   layer += (c.norm_placement == NormPlacement::kSandwich ? 4 : 2) * norm;
   // MLP: gate, up (separate or fused) and down; GPT-2's c_fc and c_proj.
@@ -46,9 +47,11 @@ Counts<T> CountIn(const ModelConfig& c) {
   }
   // A sparse layer: the router and E SwiGLU experts instead of the MLP.
   const T dense_mlp = 3 * h * inter + (c.mlp_bias ? 2 * inter + h : 0);
-  const T sparse_mlp =
-      static_cast<T>(c.moe.num_experts) * h +
-      static_cast<T>(c.moe.num_experts) * 3 * h * static_cast<T>(c.moe.intermediate_size);
+  const T experts = static_cast<T>(c.moe.num_experts);
+  const T ff = static_cast<T>(c.moe.intermediate_size);
+  T sparse_mlp = experts * h + experts * 3 * h * ff;
+  if (c.moe.router_bias) sparse_mlp += experts;
+  if (c.moe.expert_bias) sparse_mlp += experts * (2 * ff + h);
   n.layers = 0;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     n.layers += c.layer_sparse(i) ? layer - dense_mlp + sparse_mlp : layer;
@@ -180,6 +183,7 @@ std::string DescribeParts(const ModelConfig& c) {
     parts.push_back("attention scale " + Num(c.attn_scale));
   }
   if (c.attn_logit_softcap > 0) parts.push_back("attention softcap " + Num(c.attn_logit_softcap));
+  if (c.attention_sinks) parts.push_back("attention sinks");
   if (!c.sliding.empty()) {
     int64_t n = 0;
     for (bool s : c.sliding) n += s;
@@ -191,11 +195,16 @@ std::string DescribeParts(const ModelConfig& c) {
   if (c.moe.num_experts > 0) {
     int64_t n = 0;
     for (bool s : c.moe.sparse) n += s;
-    std::string moe = "MoE " + std::to_string(c.moe.num_experts) + " SwiGLU experts of " +
-                      std::to_string(c.moe.intermediate_size) + ", top-" +
-                      std::to_string(c.moe.top_k) + (c.moe.norm_topk_prob ? " renormalised" : "") +
-                      " on " + std::to_string(n) + "/" + std::to_string(c.num_layers) + " layers";
+    const bool clamped = c.moe.activation == ExpertActivation::kClampedSwiGlu;
+    std::string moe =
+        "MoE " + std::to_string(c.moe.num_experts) +
+        (clamped ? " clamped SwiGLU experts (with biases) of " : " SwiGLU experts of ") +
+        std::to_string(c.moe.intermediate_size) + ", top-" + std::to_string(c.moe.top_k) +
+        (c.moe.norm_topk_prob ? " renormalised" : "") +
+        (c.moe.routing == MoeRouting::kTopKSoftmax ? " softmax, router bias" : "") + " on " +
+        std::to_string(n) + "/" + std::to_string(c.num_layers) + " layers";
     if (c.moe.output_router_logits) moe += ", aux loss " + Num(c.moe.router_aux_loss_coef);
+    if (c.moe.mxfp4) moe += ", MXFP4 experts dequantised on load";
     parts.push_back(moe);
   }
   if (c.arch == Architecture::kGpt2) {

@@ -81,17 +81,25 @@ struct TensorNames {
   // Mixture-of-experts layers (MoeConfig): the router and the experts, per-expert
   // (<experts>.<e>.<expert_gate>.weight ...) or packed 3-D (<experts>.gate_up_proj, [E, 2I, H],
   // gate rows first, and <experts>.down_proj, [E, H, I]), as MoeConfig::packed says.
-  std::string router = "mlp.gate";      // ".weight" [E, H]
+  std::string router = "mlp.gate";      // ".weight" [E, H] (gpt-oss: "mlp.router", with ".bias")
   std::string experts = "mlp.experts";  // Mixtral's hub files: "block_sparse_moe.experts"
   std::string expert_gate = "gate_proj", expert_up = "up_proj", expert_down = "down_proj";
+  std::string sinks;  // gpt-oss: "self_attn.sinks", one learned logit per query head
   // Tensors of the checkpoint that are not the language model's (Gemma 3's vision tower and
   // projector): names starting with these prefixes are kept aside and written back on export.
   std::vector<std::string> passthrough_prefixes;
 };
 
-// The sparse feed-forward of mixture-of-experts families (Qwen3-MoE, OLMoE, Mixtral): a router
-// linear (fp32), softmax over all experts, the top-k (renormalised to sum 1 with norm_topk_prob),
-// and SwiGLU experts weighted by them. num_experts == 0: a dense model.
+// kSoftmaxTopK: softmax over all experts' logits, then the top-k probabilities (Qwen3-MoE, OLMoE,
+// Mixtral); kTopKSoftmax: the top-k logits (router with a bias), softmax over those k (gpt-oss).
+enum class MoeRouting { kSoftmaxTopK, kTopKSoftmax };
+// kSwiGlu: down(silu(gate) * up); kClampedSwiGlu (gpt-oss): gate clamped to <= limit, up to
+// [-limit, limit], down((up + 1) * gate * sigmoid(alpha * gate)).
+enum class ExpertActivation { kSwiGlu, kClampedSwiGlu };
+
+// The sparse feed-forward of mixture-of-experts families (Qwen3-MoE, OLMoE, Mixtral, gpt-oss): a
+// router linear, the top-k routing weights, and SwiGLU experts weighted by them.
+// num_experts == 0: a dense model.
 struct MoeConfig {
   int64_t num_experts = 0;
   int64_t top_k = 0;              // num_experts_per_tok
@@ -105,6 +113,17 @@ struct MoeConfig {
   // The checkpoint stores the experts packed (transformers 5's module layout) rather than per
   // expert (the hub's files and transformers 5's save_pretrained). Set by Model::Load.
   bool packed = false;
+  // gpt-oss: router bias, top-k then softmax, the clamped SwiGLU with expert biases, and its packed
+  // layout: gate_up_proj [E, H, 2I] with gate and up interleaved by column (gate at even columns),
+  // down_proj [E, I, H], gate_up_proj_bias [E, 2I], down_proj_bias [E, H].
+  MoeRouting routing = MoeRouting::kSoftmaxTopK;
+  ExpertActivation activation = ExpertActivation::kSwiGlu;
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+  bool router_bias = false, expert_bias = false;
+  bool transposed = false;  // the gpt-oss packed layout above (always packed)
+  // config.json's quantization_config says MXFP4 (gpt-oss): the expert weights may be stored as
+  // <name>_blocks / <name>_scales (engine/mxfp4.h) and are dequantised on load.
+  bool mxfp4 = false;
 };
 
 struct ModelConfig {
@@ -137,6 +156,9 @@ struct ModelConfig {
   double attn_logit_softcap = 0.0;   // Gemma 2: logits = cap * tanh(logits / cap); 0 = none
   double final_logit_softcap = 0.0;  // Gemma 2
   bool scale_embeddings = false;     // Gemma: h = embed * sqrt(hidden_size), rounded to dtype
+  // gpt-oss: a learned logit per query head joins each query's softmax denominator (its
+  // probability is dropped: it attends to nothing). TensorNames::sinks names it.
+  bool attention_sinks = false;
 
   // Attention per layer type: sliding[i] is true when layer i attends to its last
   // `sliding_window` tokens only (a token sees itself and the sliding_window - 1 before it, as

@@ -151,6 +151,7 @@ class AttentionPart {
   int64_t window_;
   size_t q_ = kAbsent, k_ = kAbsent, v_ = kAbsent, qkv_ = kAbsent, o_ = kAbsent;
   size_t qb_ = kAbsent, kb_ = kAbsent, vb_ = kAbsent, qkvb_ = kAbsent, ob_ = kAbsent;
+  size_t sinks_ = kAbsent;  // gpt-oss: [heads] sink logits (the tiled document path)
 };
 
 // ---- MLP (build_ffn) ----------------------------------------------------------------------------
@@ -203,24 +204,27 @@ class MlpPart {
 
 // ---- mixture of experts (build_moe_ffn) -------------------------------------------------------
 
-// The sparse feed-forward of Qwen3-MoE, OLMoE and Mixtral (engine/parts/moe.cc): router logits
-// x W_r^T in fp32, softmax over all experts, the top-k probabilities (divided by their sum with
-// norm_topk_prob) weigh the SwiGLU experts' outputs. Tokens are permuted so that each expert's
-// rows are contiguous (sorted by expert, stable) and each non-empty expert runs one GEMM per
-// projection over its rows; the per-expert loop is the place a grouped GEMM replaces on CUDA.
-// Experts are held as the checkpoint stores them: per expert (gate, up, down) or packed
-// ([E, 2I, H] gate_up, [E, H, I] down). transformers 5 holds every family's experts packed, so an
-// expert that gets no token in a micro-batch still gets a gradient (zeros) and AdamW decays it:
-// offloadd emits zeros for it in both layouts. Saved: the routing probabilities (fp32 [N, E]), the
-// top-k expert ids, and the permuted gate/up and (unweighted) expert outputs; the activation is
-// rebuilt in backward.
+// The sparse feed-forward of Qwen3-MoE, OLMoE, Mixtral and gpt-oss (engine/parts/moe.cc).
+// Routing (MoeConfig::routing): router logits x W_r^T in fp32, softmax over all experts, the
+// top-k probabilities (divided by their sum with norm_topk_prob); or gpt-oss's x W_r^T + b_r in
+// the compute dtype, its top-k logits and a softmax over those k. The routing weights weigh the
+// experts' outputs: SwiGLU, or gpt-oss's clamped SwiGLU with biases. Tokens are permuted so that
+// each expert's rows are contiguous (sorted by expert, stable) and each non-empty expert runs one
+// GEMM per projection over its rows; the per-expert loop is the place a grouped GEMM replaces on
+// CUDA. Experts are held as the checkpoint stores them: per expert (gate, up, down), packed
+// ([E, 2I, H] gate_up, [E, H, I] down) or gpt-oss's packed transposed layout ([E, H, 2I] gate_up
+// with gate/up interleaved by column, [E, I, H] down, and their biases). transformers 5 holds
+// every family's experts packed, so an expert that gets no token in a micro-batch still gets a
+// gradient (zeros) and AdamW decays it: offloadd emits zeros for it in every layout. Saved: the
+// router's probabilities (fp32 [N, E]; gpt-oss: its logits), the top-k expert ids, and the
+// permuted gate/up and (unweighted) expert outputs; the activation is rebuilt in backward.
 class MoePart {
  public:
   MoePart(const ModelConfig& c, int layer, const std::string& prefix, ParamList* pl);
   at::Tensor Forward(const Weights& W, const MicroBatch& mb, const at::Tensor& x,
                      std::vector<at::Tensor>* saved) const;
   struct Saved {
-    at::Tensor probs, top, gate_up, out;
+    at::Tensor probs, top, gate_up, out;  // probs: the logits with kTopKSoftmax
   };
   Saved Read(SavedReader* r) const;
   at::Tensor Backward(const Weights& W, const MicroBatch& mb, const at::Tensor& dy,
@@ -232,15 +236,28 @@ class MoePart {
 
  private:
   struct Routing;
-  Routing Route(const at::Tensor& probs, const at::Tensor& top) const;
-  at::Tensor GateUp(const Weights& W, int64_t e) const;  // [2I, H], gate rows first
-  at::Tensor Down(const Weights& W, int64_t e) const;    // [H, I]
+  Routing Route(const at::Tensor& probs, const at::Tensor& top, c10::ScalarType dtype) const;
+  // One expert's gate/up projection of its rows ([rows, 2I]: gate columns first, or gpt-oss's
+  // interleaved) and its activation; the down projection of the activation.
+  at::Tensor ProjectGateUp(const Weights& W, int64_t e, const at::Tensor& x) const;
+  at::Tensor Activate(const at::Tensor& gate_up) const;
+  at::Tensor ProjectDown(const Weights& W, int64_t e, const at::Tensor& act) const;
+  // d gate_up from d act (the layout ProjectGateUp produced); `act` receives the activation.
+  at::Tensor ActivateBackward(const at::Tensor& dact, const at::Tensor& gate_up,
+                              at::Tensor* act) const;
+  at::Tensor GateUp(const Weights& W, int64_t e) const;  // [2I, H] gate rows first | [H, 2I]
+  at::Tensor Down(const Weights& W, int64_t e) const;    // [H, I] | [I, H]
 
   int layer_;
   int64_t hidden_, ff_, experts_, top_k_;
   bool norm_topk_, packed_;
-  size_t router_ = kAbsent, gate_up_ = kAbsent, down_ = kAbsent;  // packed
-  std::vector<size_t> gate_, up_, downs_;                         // per expert
+  MoeRouting routing_;
+  ExpertActivation act_;
+  double alpha_, limit_;
+  bool transposed_;
+  size_t router_ = kAbsent, router_b_ = kAbsent;
+  size_t gate_up_ = kAbsent, down_ = kAbsent, gate_up_b_ = kAbsent, down_b_ = kAbsent;  // packed
+  std::vector<size_t> gate_, up_, downs_;  // per expert
 };
 
 // nn.Linear (weights [out, in]) or GPT-2's Conv1D ([in, out]), with an optional bias.

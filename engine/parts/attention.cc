@@ -2,7 +2,8 @@
 // biases per attention_bias / Qwen2), Qwen3 and Gemma 3 (RMSNorm of each head of q and k before
 // RoPE), OLMo 2 (RMSNorm over the whole q and k projections, before the head split), Phi-3 (fused
 // qkv_proj rows [q; k; v]), Gemma 2 (query_pre_attn_scalar scale, logit soft-capping), GPT-2
-// (Conv1D c_attn / c_proj), sliding-window layers (Mistral, Gemma 2/3, Qwen2/3 layer types).
+// (Conv1D c_attn / c_proj), sliding-window layers (Mistral, Gemma 2/3, Qwen2/3 layer types),
+// gpt-oss's attention sinks (a learned logit per head in the softmax denominator: tiled path).
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -47,6 +48,7 @@ AttentionPart::AttentionPart(const ModelConfig& c, int layer, const std::string&
     vb_ = pl->Add(p + n.v + ".bias", {kvd});
   }
   if (c.o_bias) ob_ = pl->Add(p + n.o + ".bias", {h});
+  if (c.attention_sinks) sinks_ = pl->Add(p + n.sinks, {heads_});
   if (qk_ != QkNorm::kNone) {
     const bool whole = qk_ == QkNorm::kWhole;
     q_norm_ = NormPart(c, p + n.q_norm + ".weight", p + n.q_norm + ".bias",
@@ -64,7 +66,7 @@ bool AttentionPart::Plain(const MicroBatch& mb, const at::Tensor& q) const {
   // Unpacked rows without soft-capping take ATen's fused causal kernels (the flash kernel's own
   // window where a sliding window is shorter than the sequence); everything else attends within
   // mb.docs (variable-length flash on CUDA, the tiled exact path elsewhere).
-  if (mb.segment_ids.defined() || softcap_ > 0) return false;
+  if (mb.segment_ids.defined() || softcap_ > 0 || sinks_ != kAbsent) return false;
   return Window(q.size(2)) == 0 || ops::WindowedFlashFits(q.device(), q.scalar_type(), head_dim_);
 }
 
@@ -121,7 +123,8 @@ at::Tensor AttentionPart::Forward(const Weights& W, const MicroBatch& mb, const 
     value =
         ops::Attention(q, k, v, scale_, at::Tensor(), aux ? aux : &local_aux, 0.0, window, &out);
   } else {
-    out = value = ops::DocumentAttention(q, k, v, scale_, mb.docs, window, softcap_, aux);
+    out = value =
+        ops::DocumentAttention(q, k, v, scale_, mb.docs, window, softcap_, aux, W.Opt(sinks_));
   }
   if (saved) {
     if (normed) {  // the rotated q and k are rebuilt from the projections in backward
@@ -197,8 +200,10 @@ at::Tensor AttentionPart::Backward(const Weights& W, const MicroBatch& mb, const
     ops::AttentionBackward(dheads, q, k, s.v, s.out, aux, scale_, at::Tensor(), &dq, &dk, &dv, 0.0,
                            window);
   } else {
+    at::Tensor dsinks;
     ops::DocumentAttentionBackward(dheads, q, k, s.v, s.out, aux, scale_, mb.docs, window, softcap_,
-                                   &dq, &dk, &dv);
+                                   &dq, &dk, &dv, W.Opt(sinks_), &dsinks);
+    if (sinks_ != kAbsent) emit(sinks_, dsinks);
   }
   q = k = at::Tensor();
   // Gradients of the norms' weights come first (they sit after the projections), then q, k, v.
@@ -238,7 +243,7 @@ int64_t AttentionPart::SavedBytes(int64_t batch, int64_t seq, double e) const {
   }
   // The fused kernels' logsumexp. The tiled path (soft-capping; on the CPU a window shorter than
   // the sequence) saves nothing more; the windowed flash kernel's logsumexp on CUDA is left out.
-  if (softcap_ <= 0 && Window(seq) == 0) bytes += n * 4 * heads_;
+  if (softcap_ <= 0 && sinks_ == kAbsent && Window(seq) == 0) bytes += n * 4 * heads_;
   if (e < 4) bytes += static_cast<double>(batch) * kvd * 4;  // the values' mean (ops::Attention)
   return static_cast<int64_t>(bytes);
 }
@@ -260,6 +265,7 @@ double AttentionPart::Flops(int64_t batch, int64_t seq) const {
 
 std::string AttentionPart::Describe(c10::Device device, c10::ScalarType dtype, int64_t seq) const {
   if (softcap_ > 0) return "aten (tiled exact attention: attn_logit_softcapping)";
+  if (sinks_ != kAbsent) return "aten (tiled exact attention: attention sinks)";
   if (window_ > 0 && window_ < seq) {
     if (ops::WindowedFlashFits(device, dtype, head_dim_)) return "fused (flash, sliding window)";
     return "aten (tiled exact attention: sliding_window " + std::to_string(window_) +

@@ -1,9 +1,15 @@
-// Mixture-of-experts feed-forward (Qwen3-MoE, OLMoE, Mixtral), as transformers 5's
+// Mixture-of-experts feed-forward (Qwen3-MoE, OLMoE, Mixtral, gpt-oss), as transformers 5's
 // *TopKRouter / *Experts modules compute it; the load-balancing loss of MoeRouterStats
 // (transformers' load_balancing_loss_func without an attention mask).
 //
 //   logits = x W_r^T (fp32)      probs = softmax(logits)      v, idx = topk(probs, k)
 //   w = v / sum(v) (norm_topk_prob) or v        y = sum_j w_j * down_idx_j(silu(g) * u)
+//
+// gpt-oss (GptOssTopKRouter / GptOssExperts): logits = x W_r^T + b_r in the compute dtype,
+// v, idx = topk(logits, k), w = softmax(v); each expert computes h = x W_gu + b_gu ([H, 2I], gate
+// at even columns, up at odd ones), g = min(gate, L), u = clamp(up, -L, L), a = (u + 1) * g *
+// sigmoid(alpha g), and a W_d + b_d; the load-balancing loss reads softmax(logits) over all
+// experts.
 //
 // Backward: d w_j = <dy, expert output_j>; through the renormalisation and the softmax to the
 // logits (plus the load-balancing loss's d aux / d probs), then W_r's gradient and d x.
@@ -58,11 +64,24 @@ MoePart::MoePart(const ModelConfig& c, int layer, const std::string& p, ParamLis
       experts_(c.moe.num_experts),
       top_k_(c.moe.top_k),
       norm_topk_(c.moe.norm_topk_prob),
-      packed_(c.moe.packed) {
+      packed_(c.moe.packed),
+      routing_(c.moe.routing),
+      act_(c.moe.activation),
+      alpha_(c.moe.swiglu_alpha),
+      limit_(c.moe.swiglu_limit),
+      transposed_(c.moe.transposed) {
   const TensorNames& n = c.names;
   const int64_t h = hidden_, ff = ff_;
   router_ = pl->Add(p + n.router + ".weight", {experts_, h});
+  if (c.moe.router_bias) router_b_ = pl->Add(p + n.router + ".bias", {experts_});
   const std::string ex = p + n.experts + ".";
+  if (transposed_) {
+    gate_up_ = pl->Add(ex + "gate_up_proj", {experts_, h, 2 * ff});
+    if (c.moe.expert_bias) gate_up_b_ = pl->Add(ex + "gate_up_proj_bias", {experts_, 2 * ff});
+    down_ = pl->Add(ex + "down_proj", {experts_, ff, h});
+    if (c.moe.expert_bias) down_b_ = pl->Add(ex + "down_proj_bias", {experts_, h});
+    return;
+  }
   if (packed_) {
     gate_up_ = pl->Add(ex + "gate_up_proj", {experts_, 2 * ff, h});
     down_ = pl->Add(ex + "down_proj", {experts_, h, ff});
@@ -85,13 +104,68 @@ at::Tensor MoePart::Down(const Weights& W, int64_t e) const {
   return packed_ ? W[down_].select(0, e) : W[downs_[e]];
 }
 
-MoePart::Routing MoePart::Route(const at::Tensor& probs, const at::Tensor& top) const {
+at::Tensor MoePart::ProjectGateUp(const Weights& W, int64_t e, const at::Tensor& x) const {
+  if (!transposed_) return x.mm(GateUp(W, e).t());
+  // transformers: x @ W + b, two roundings in the compute dtype.
+  at::Tensor h = x.mm(GateUp(W, e));
+  if (gate_up_b_ != kAbsent) h.add_(W[gate_up_b_].select(0, e));
+  return h;
+}
+
+at::Tensor MoePart::ProjectDown(const Weights& W, int64_t e, const at::Tensor& act) const {
+  if (!transposed_) return act.mm(Down(W, e).t());
+  at::Tensor y = act.mm(Down(W, e));
+  if (down_b_ != kAbsent) y.add_(W[down_b_].select(0, e));
+  return y;
+}
+
+at::Tensor MoePart::Activate(const at::Tensor& gu) const {
+  if (act_ == ExpertActivation::kSwiGlu) {
+    return ops::SwiGlu(gu.narrow(1, 0, ff_), gu.narrow(1, ff_, ff_));
+  }
+  // GptOssExperts._apply_gate, op for op.
+  const at::Tensor gate = gu.slice(1, 0, 2 * ff_, 2).clamp_max(limit_);
+  const at::Tensor up = gu.slice(1, 1, 2 * ff_, 2).clamp(-limit_, limit_);
+  at::Tensor glu = gate * at::sigmoid(gate * alpha_);
+  return (up + 1) * glu;
+}
+
+at::Tensor MoePart::ActivateBackward(const at::Tensor& dact, const at::Tensor& gu,
+                                     at::Tensor* act) const {
+  if (act_ == ExpertActivation::kSwiGlu) {
+    at::Tensor dgate, dup;
+    ops::SwiGluBackward(dact, gu.narrow(1, 0, ff_), gu.narrow(1, ff_, ff_), &dgate, &dup, act);
+    return at::cat({dgate, dup}, 1);
+  }
+  // Autograd's chain through _apply_gate: clamp passes the gradient where the input lies within
+  // its bounds (inclusive), glu = g * s with s = sigmoid(alpha g).
+  const at::Tensor gate_in = gu.slice(1, 0, 2 * ff_, 2), up_in = gu.slice(1, 1, 2 * ff_, 2);
+  const at::Tensor g = gate_in.clamp_max(limit_), u = up_in.clamp(-limit_, limit_);
+  const at::Tensor s = at::sigmoid(g * alpha_);
+  const at::Tensor glu = g * s;
+  const at::Tensor u1 = u + 1;
+  *act = u1 * glu;
+  at::Tensor dglu = dact * u1;
+  at::Tensor dg = dglu * s + at::sigmoid_backward(dglu * g, s) * alpha_;
+  at::Tensor dgate = dg * gate_in.le(limit_);
+  at::Tensor dup = (dact * glu) * (up_in.ge(-limit_) & up_in.le(limit_));
+  // Back to the interleaved columns: [rows, I, 2] -> [rows, 2I].
+  return at::stack({dgate, dup}, -1).view({gu.size(0), 2 * ff_});
+}
+
+MoePart::Routing MoePart::Route(const at::Tensor& probs, const at::Tensor& top,
+                                c10::ScalarType dtype) const {
   Routing r;
   at::Tensor flat = top.reshape({-1});
   r.order = std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   r.tokens = r.order.div(top_k_, "floor");
-  r.weights = probs.gather(1, top);
-  if (norm_topk_) r.weights = r.weights / r.weights.sum(-1, true);
+  if (routing_ == MoeRouting::kTopKSoftmax) {
+    // GptOssTopKRouter: softmax over the selected logits in the compute dtype.
+    r.weights = at::softmax(probs.gather(1, top).to(dtype), -1).to(at::kFloat);
+  } else {
+    r.weights = probs.gather(1, top);
+    if (norm_topk_) r.weights = r.weights / r.weights.sum(-1, true);
+  }
   at::Tensor counts = at::bincount(flat, {}, experts_).to(at::kCPU);
   r.counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + experts_);
   return r;
@@ -101,18 +175,26 @@ at::Tensor MoePart::Forward(const Weights& W, const MicroBatch& mb, const at::Te
                             std::vector<at::Tensor>* saved) const {
   const at::Tensor x = x_in.reshape({-1, hidden_});
   const int64_t n = x.size(0);
-  // The router in fp32 (its softmax is fp32 in every family).
-  at::Tensor logits = x.to(at::kFloat).mm(W[router_].to(at::kFloat).t());
-  at::Tensor probs = at::softmax(logits, -1);
-  logits = at::Tensor();
-  at::Tensor top = std::get<1>(probs.topk(top_k_, -1));
+  at::Tensor probs, top;  // probs: the logits (fp32) with kTopKSoftmax
+  if (routing_ == MoeRouting::kTopKSoftmax) {
+    // F.linear in the compute dtype, top-k of the logits (the same experts as of their softmax).
+    probs = at::linear(x, W[router_], W.Opt(router_b_)).to(at::kFloat);
+    top = std::get<1>(probs.topk(top_k_, -1));
+  } else {
+    // The router in fp32 (its softmax is fp32 in these families).
+    at::Tensor logits = x.to(at::kFloat).mm(W[router_].to(at::kFloat).t());
+    probs = at::softmax(logits, -1);
+    top = std::get<1>(probs.topk(top_k_, -1));
+  }
   if (mb.moe) {
-    // The load-balancing loss's statistics: top-k assignments and probabilities per expert.
+    // The load-balancing loss's statistics: top-k assignments and probabilities per expert (the
+    // softmax of every expert's logit, gpt-oss included).
     mb.moe->counts[layer_] = at::bincount(top.reshape({-1}), {}, experts_).to(at::kFloat);
-    mb.moe->prob_sums[layer_] = probs.sum(0);
+    mb.moe->prob_sums[layer_] =
+        (routing_ == MoeRouting::kTopKSoftmax ? at::softmax(probs, -1) : probs).sum(0);
     mb.moe->rows[layer_] = n;
   }
-  const Routing r = Route(probs, top);
+  const Routing r = Route(probs, top, x.scalar_type());
   at::Tensor xp = x.index_select(0, r.tokens);
   at::Tensor gu = at::empty({n * top_k_, 2 * ff_}, x.options());
   at::Tensor out = at::empty({n * top_k_, hidden_}, x.options());
@@ -121,10 +203,8 @@ at::Tensor MoePart::Forward(const Weights& W, const MicroBatch& mb, const at::Te
     const int64_t rows = r.counts[e];
     if (rows == 0) continue;
     at::Tensor gu_e = gu.narrow(0, off, rows);
-    at::mm_out(gu_e, xp.narrow(0, off, rows), GateUp(W, e).t());
-    at::Tensor a = ops::SwiGlu(gu_e.narrow(1, 0, ff_), gu_e.narrow(1, ff_, ff_));
-    at::Tensor out_e = out.narrow(0, off, rows);
-    at::mm_out(out_e, a, Down(W, e).t());
+    gu_e.copy_(ProjectGateUp(W, e, xp.narrow(0, off, rows)));
+    out.narrow(0, off, rows).copy_(ProjectDown(W, e, Activate(gu_e)));
     off += rows;
   }
   xp = at::Tensor();
@@ -150,7 +230,7 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
   const at::Tensor dy2 = dy.reshape({-1, hidden_});
   const at::Tensor x = input().reshape({-1, hidden_});
   const int64_t n = x.size(0);
-  const Routing r = Route(s.probs, s.top);
+  const Routing r = Route(s.probs, s.top, x.scalar_type());
   at::Tensor dyp = dy2.index_select(0, r.tokens);
   at::Tensor w = r.weights.reshape({-1}).index_select(0, r.order);
   // d loss / d routing weight of each permuted row (fp32, as the router's backward runs).
@@ -159,11 +239,13 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
   dyp = at::Tensor();
   at::Tensor xp = x.index_select(0, r.tokens);
   at::Tensor dxp = at::empty_like(xp);
-  at::Tensor dgu_all, ddown_all;
+  at::Tensor dgu_all, ddown_all, dgub_all, ddownb_all;
   if (packed_) {
-    dgu_all = at::zeros({experts_, 2 * ff_, hidden_}, W[gate_up_].options());
-    ddown_all = at::zeros({experts_, hidden_, ff_}, W[down_].options());
+    dgu_all = at::zeros_like(W[gate_up_]);
+    ddown_all = at::zeros_like(W[down_]);
   }
+  if (gate_up_b_ != kAbsent) dgub_all = at::zeros_like(W[gate_up_b_]);
+  if (down_b_ != kAbsent) ddownb_all = at::zeros_like(W[down_b_]);
   int64_t off = 0;
   for (int64_t e = 0; e < experts_; ++e) {
     const int64_t rows = r.counts[e];
@@ -171,15 +253,23 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
     if (rows > 0) {
       at::Tensor gu = s.gate_up.narrow(0, off, rows);
       at::Tensor do_e = dout.narrow(0, off, rows);
-      at::Tensor gate_up = GateUp(W, e);
-      at::Tensor dgate, dup, act;
-      ops::SwiGluBackward(do_e.mm(Down(W, e)), gu.narrow(1, 0, ff_), gu.narrow(1, ff_, ff_), &dgate,
-                          &dup, &act);
-      ddown_w = do_e.t().mm(act);
-      at::Tensor dgu = at::cat({dgate, dup}, 1);
-      dgu_w = dgu.t().mm(xp.narrow(0, off, rows));
+      at::Tensor x_e = xp.narrow(0, off, rows);
+      at::Tensor act;
+      at::Tensor dgu;
       at::Tensor dx_e = dxp.narrow(0, off, rows);
-      at::mm_out(dx_e, dgu, gate_up);
+      if (transposed_) {  // h = x W_gu + b ([H, 2I]), y = a W_d + b ([I, H])
+        dgu = ActivateBackward(do_e.mm(Down(W, e).t()), gu, &act);
+        ddown_w = act.t().mm(do_e);
+        dgu_w = x_e.t().mm(dgu);
+        at::mm_out(dx_e, dgu, GateUp(W, e).t());
+        if (down_b_ != kAbsent) ddownb_all.select(0, e).copy_(do_e.sum(0));
+        if (gate_up_b_ != kAbsent) dgub_all.select(0, e).copy_(dgu.sum(0));
+      } else {
+        dgu = ActivateBackward(do_e.mm(Down(W, e)), gu, &act);
+        ddown_w = do_e.t().mm(act);
+        dgu_w = dgu.t().mm(x_e);
+        at::mm_out(dx_e, dgu, GateUp(W, e));
+      }
       off += rows;
     }
     if (packed_) {
@@ -202,27 +292,42 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
   }
   if (packed_) {
     emit(gate_up_, dgu_all);
+    if (gate_up_b_ != kAbsent) emit(gate_up_b_, dgub_all);
     emit(down_, ddown_all);
+    if (down_b_ != kAbsent) emit(down_b_, ddownb_all);
   }
   dout = at::Tensor();
   at::Tensor dx = at::zeros_like(x);
   dx.index_add_(0, r.tokens, dxp);
   dxp = xp = at::Tensor();
 
-  // Router: routing weights -> top-k probabilities -> all probabilities -> logits.
+  // Router: routing weights -> top-k probabilities (or logits) -> logits.
   at::Tensor dw = at::zeros({n * top_k_}, dwp.options()).index_copy_(0, r.order, dwp).view({n, -1});
-  if (norm_topk_) {
-    at::Tensor v = s.probs.gather(1, s.top);
-    at::Tensor sum = v.sum(-1, true);
-    dw = (dw - (dw * r.weights).sum(-1, true)) / sum;
+  at::Tensor dlogits;
+  if (routing_ == MoeRouting::kTopKSoftmax) {
+    // Through the softmax over the k selected logits, scattered back to those experts.
+    at::Tensor dv = r.weights * (dw - (dw * r.weights).sum(-1, true));
+    dlogits = at::zeros_like(s.probs).scatter_(1, s.top, dv);
+    if (mb.moe && mb.moe->aux_coef > 0) {
+      at::Tensor p = at::softmax(s.probs, -1);
+      at::Tensor dp = mb.moe->AuxProbGrad().unsqueeze(0) * (mb.moe->aux_coef * mb.loss_scale);
+      dlogits.add_(p * (dp - (dp * p).sum(-1, true)));
+    }
+  } else {
+    if (norm_topk_) {
+      at::Tensor v = s.probs.gather(1, s.top);
+      at::Tensor sum = v.sum(-1, true);
+      dw = (dw - (dw * r.weights).sum(-1, true)) / sum;
+    }
+    at::Tensor dprobs = at::zeros_like(s.probs).scatter_(1, s.top, dw);
+    if (mb.moe && mb.moe->aux_coef > 0) {
+      dprobs.add_(mb.moe->AuxProbGrad().unsqueeze(0), mb.moe->aux_coef * mb.loss_scale);
+    }
+    dlogits = s.probs * (dprobs - (dprobs * s.probs).sum(-1, true));
   }
-  at::Tensor dprobs = at::zeros_like(s.probs).scatter_(1, s.top, dw);
-  if (mb.moe && mb.moe->aux_coef > 0) {
-    dprobs.add_(mb.moe->AuxProbGrad().unsqueeze(0), mb.moe->aux_coef * mb.loss_scale);
-  }
-  at::Tensor dlogits = s.probs * (dprobs - (dprobs * s.probs).sum(-1, true));
   const at::Tensor& wr = W[router_];
   emit(router_, dlogits.t().mm(x.to(at::kFloat)).to(wr.scalar_type()));
+  if (router_b_ != kAbsent) emit(router_b_, dlogits.sum(0).to(W[router_b_].scalar_type()));
   dx.add_(dlogits.mm(wr.to(at::kFloat)).to(dx.scalar_type()));
   return dx;
 }
@@ -237,6 +342,10 @@ double MoePart::Flops(double tokens) const {
 }
 
 std::string MoePart::Describe(c10::Device device, c10::ScalarType dtype) const {
+  if (act_ == ExpertActivation::kClampedSwiGlu) {
+    return std::to_string(experts_) + " experts, top-" + std::to_string(top_k_) +
+           ", one GEMM per non-empty expert, clamped SwiGLU (aten)";
+  }
   const std::string why = ops::FusedKernelFor(ops::FusedOp::kSwiGlu, dtype, device, ff_);
   return std::to_string(experts_) + " experts, top-" + std::to_string(top_k_) +
          ", one GEMM per non-empty expert" + (why.empty() ? ", fused SwiGLU" : " (" + why + ")");

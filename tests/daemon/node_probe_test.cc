@@ -17,17 +17,18 @@ namespace {
 TEST(NodeProbeTest, NodeInfoListsTheSupportedModelFamilies) {
   offloadd::v1::NodeInfo info;
   FillNodeInfo(NodeFacts{}, BuildFacts{}, &info);
-  ASSERT_EQ(info.supported_families_size(), 13);  // 10 dense families, 3 mixtures of experts
+  ASSERT_EQ(info.supported_families_size(), 14);  // 10 dense families, 4 mixtures of experts
   EXPECT_EQ(info.supported_families(0).model_type(), "llama");
   EXPECT_EQ(info.supported_families(0).architectures(0), "LlamaForCausalLM");
-  bool qwen3 = false, gemma3 = false;
+  bool qwen3 = false, gemma3 = false, gpt_oss = false;
   for (const auto& f : info.supported_families()) {
     EXPECT_FALSE(f.description().empty()) << f.model_type();
     qwen3 = qwen3 || (f.model_type() == "qwen3" && f.architectures(0) == "Qwen3ForCausalLM");
     gemma3 = gemma3 || (f.model_type() == "gemma3" &&
                         f.architectures(0) == "Gemma3ForConditionalGeneration");
+    gpt_oss = gpt_oss || (f.model_type() == "gpt_oss" && f.architectures(0) == "GptOssForCausalLM");
   }
-  EXPECT_TRUE(qwen3 && gemma3);
+  EXPECT_TRUE(qwen3 && gemma3 && gpt_oss);
 }
 
 TEST(NodeProbeTest, ReportsThisMachine) {

@@ -396,10 +396,10 @@ TEST(ModelConfigTest, SupportedFamiliesComeFromTheTable) {
   }
   EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma2",
                                              "gemma3_text", "gemma3", "phi3", "olmo2", "gpt2",
-                                             "qwen3_moe", "olmoe", "mixtral"}));
+                                             "qwen3_moe", "olmoe", "mixtral", "gpt_oss"}));
   EXPECT_EQ(SupportedModelTypes(),
             "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3, olmo2, gpt2, "
-            "qwen3_moe, olmoe, mixtral");
+            "qwen3_moe, olmoe, mixtral, gpt_oss");
 }
 
 TEST(ModelConfigTest, ParameterCountsFromTheParts) {

@@ -70,7 +70,8 @@ def test_cpp_client_health_and_node_info(binary_dir, daemon):
                              ("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM"),
                              ("gemma2", "Gemma2ForCausalLM"), ("gemma3_text", "Gemma3ForCausalLM"),
                              ("gemma3", "Gemma3ForConditionalGeneration"), ("phi3", "Phi3ForCausalLM"),
-                             ("olmo2", "Olmo2ForCausalLM"), ("gpt2", "GPT2LMHeadModel")]:
+                             ("olmo2", "Olmo2ForCausalLM"), ("gpt2", "GPT2LMHeadModel"),
+                             ("gpt_oss", "GptOssForCausalLM")]:
         assert families.get(model_type) == [arch], (model_type, families)
     assert "families    llama (LlamaForCausalLM): " in human, human
     assert "            qwen3 (Qwen3ForCausalLM): " in human, human
