@@ -258,6 +258,8 @@ void AddOptimizerFlags(FlagTable& f) {
   f.Assign("--growth-interval",
            [](TrainArgs& a, Arg v) { a.config.loss_scale.growth_interval = Int64(v); });
   f.Assign("--speculate", [](TrainArgs& a, Arg v) { a.config.optim.speculation = v; });
+  f.Assign("--state-dtype", [](TrainArgs& a, Arg v) { a.config.optim.state_dtype = v; });
+  f.Assign("--master-dtype", [](TrainArgs& a, Arg v) { a.config.optim.master_dtype = v; });
   f.Value("--compression",
           [](TrainArgs& a, const std::string& v) { return ParseLspSpec(v, &a.config.lsp); });
   f.Assign("--adamw-kernel", [](TrainArgs& a, Arg v) { a.config.adamw_kernel = v; });
