@@ -47,8 +47,8 @@ StatusOr<uint32_t> WriteSyncedFile(int dirfd, const std::string& name, const std
                                    const std::vector<std::span<const std::byte>>& chunks) {
   AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
   RETURN_IF_ERROR(as_user.status());
-  const int fd = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                          0644);
+  const int fd =
+      ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(errno, "create " + path);
   Status st;
   uint32_t crc = 0;
@@ -97,12 +97,12 @@ namespace {
 using checkpoint_internal::Bytes;
 using checkpoint_internal::ChecksumsFromJson;
 using checkpoint_internal::HeaderEntry;
+using checkpoint_internal::HfStateToJson;
 using checkpoint_internal::LayerFile;
 using checkpoint_internal::SafetensorsPrefix;
-using checkpoint_internal::WriteSyncedFile;
-using checkpoint_internal::HfStateToJson;
 using checkpoint_internal::StateFromJson;
 using checkpoint_internal::StateToJson;
+using checkpoint_internal::WriteSyncedFile;
 using json = nlohmann::json;
 
 // Layer files hold the host's floats as they are; safetensors is little-endian.
@@ -115,7 +115,6 @@ constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kDirPrefix[] = "checkpoint-";
 constexpr char kHiddenPrefix[] = ".checkpoint-";  // writers' and pruners' temporary directories
 constexpr size_t kVerifyChunk = size_t{4} << 20;
-
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -170,7 +169,6 @@ std::string Hex(uint32_t v) {
   std::snprintf(buf, sizeof(buf), "%08x", v);
   return buf;
 }
-
 
 // Opens and flocks (non-blocking) a directory; checks it is still at `path` once locked, so a lock
 // on a directory that someone else removed in between is never mistaken for ownership.
@@ -230,7 +228,6 @@ StatusOr<int> LockDirAt(int dirfd, const std::string& name, const std::string& p
 
 // The safetensors file prefix (u64 header length + JSON header padded to 8 bytes) for tensors
 // laid out back to back in the given order.
-
 
 // Checks that `file` holds exactly the F32 tensors `names[i]` with `params[i].shape`.
 Status CheckTensors(const engine::SafetensorsFile& file, const std::vector<std::string>& names,
@@ -432,9 +429,9 @@ Status CheckpointWriter::WriteLayer(int layer, const LayerState& state) {
   } else {
     RETURN_IF_ERROR(
         write(LayerFile("optimizer", layer),
-              SafetensorsPrefix(moments, {{"format", "pt"},
-                                          {"layer", l},
-                                          {"adam_step", std::to_string(state.adam_step)}}),
+              SafetensorsPrefix(
+                  moments,
+                  {{"format", "pt"}, {"layer", l}, {"adam_step", std::to_string(state.adam_step)}}),
               {&state.exp_avg, &state.exp_avg_sq}));
   }
   weight_bytes_ += static_cast<uint64_t>(n) * sizeof(float);

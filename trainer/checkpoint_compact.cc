@@ -42,8 +42,10 @@ StatusOr<int64_t> CheckpointReader::ReadCompactStates(int layer, const LayerTarg
   const auto dtype = meta.find("state_dtype");
   const std::string have = dtype == meta.end() ? "fp32" : dtype->second;
   if (have != target.state_dtype) {
-    return FailedPreconditionError(file->path() + ": holds " + have + " optimizer states, this "
-                                   "run's are " + target.state_dtype);
+    return FailedPreconditionError(file->path() + ": holds " + have +
+                                   " optimizer states, this "
+                                   "run's are " +
+                                   target.state_dtype);
   }
   for (const auto& [tensor, dst] : {std::pair{"exp_avg", target.exp_avg_region},
                                     std::pair{"exp_avg_sq", target.exp_avg_sq_region}}) {

@@ -598,7 +598,8 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
       return OkStatus();
     }
     if (exp_avg != nullptr) std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), bytes);
-    if (exp_avg_sq != nullptr) std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
+    if (exp_avg_sq != nullptr)
+      std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
     return OkStatus();
   }
   return RunOnThread([&]() -> Status {

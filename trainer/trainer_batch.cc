@@ -561,9 +561,9 @@ Status Trainer::Impl::ChooseBatchSize() {
   if (!cfg.resume_from.empty()) {
     // A resumed run keeps the shape its checkpoint trained with: pricing again (other measured
     // rates, another node) could change the global batch in the middle of a run.
-    ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(cfg.resume_from, "",
-                                                                cfg.optim.state_dtype,
-                                                                cfg.optim.master_dtype));
+    ASSIGN_OR_RETURN(
+        CheckpointReader r,
+        CheckpointReader::Open(cfg.resume_from, "", cfg.optim.state_dtype, cfg.optim.master_dtype));
     if (const auto& kept = r.state().auto_batch) {
       if (kept->micro > cap || (cfg.global_batch_size > 0 && kept->micro * kept->accumulation != cfg.global_batch_size)) {
         return InvalidArgumentError(

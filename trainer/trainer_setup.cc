@@ -399,8 +399,7 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << (ho.defer_below_block > 0
                ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
                : std::string("earliest-needed first"))
-       << " (" << ho.update_depth << " queued per worker), optimizer "
-       << optimizer_mode.Describe();
+       << " (" << ho.update_depth << " queued per worker), optimizer " << optimizer_mode.Describe();
   if (!optimizer_mode.Exact()) {
     plan << " (" << ShortNumber(workers::StateBytesPerParam(optimizer_mode))
          << " B/parameter of master and states; all on the host: no device kernels for compact "
@@ -431,8 +430,9 @@ std::string Trainer::Impl::DescribeClipping(const HostOptimizerOptions& ho) cons
   std::string out =
       "clipping at max_grad_norm " + ShortNumber(cfg.optim.max_grad_norm) + ", speculation ";
   if (!ho.mode.Exact()) {
-    return out + "never (compact states cannot be corrected after an update: every update waits "
-                 "for the step's norm)";
+    return out +
+           "never (compact states cannot be corrected after an update: every update waits "
+           "for the step's norm)";
   }
   if (ho.tier == StateTier::kNvme || ho.skip_nonfinite) {
     return out + "never (" + (ho.skip_nonfinite ? "fp16 loss scaling" : "the NVMe tier") +

@@ -31,11 +31,12 @@ std::vector<ParamSpec> SpecsOf(const BlockLayout& bl) {
   return out;
 }
 
-// Reads block b's fp32 states from checkpoint `r` into the buffers (resized); returns its AdamW step.
-// A compact mode's states go into the regions instead (sized by the caller), m and v stay empty.
-StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout, int b, std::vector<float>* master,
-                                  std::vector<float>* m, std::vector<float>* v,
-                                  workers::OptimizerMode mode = {},
+// Reads block b's fp32 states from checkpoint `r` into the buffers (resized); returns its AdamW
+// step. A compact mode's states go into the regions instead (sized by the caller), m and v stay
+// empty.
+StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout, int b,
+                                  std::vector<float>* master, std::vector<float>* m,
+                                  std::vector<float>* v, workers::OptimizerMode mode = {},
                                   std::vector<uint8_t>* m_region = nullptr,
                                   std::vector<uint8_t>* v_region = nullptr) {
   master->resize(layout.numel);
@@ -85,15 +86,18 @@ Status Trainer::Impl::CheckOptimizerMode() {
   if (optimizer_mode.Exact()) return OkStatus();
   const std::string mode = "optimizer mode " + optimizer_mode.Describe();
   if (optimizer_mode.master != workers::MasterDtype::kFp32) {
-    return UnimplementedError("optimizer.master_dtype bf16 is not run by the trainer yet (the "
-                              "device reads and checkpoints fp32 masters); leave it fp32");
+    return UnimplementedError(
+        "optimizer.master_dtype bf16 is not run by the trainer yet (the "
+        "device reads and checkpoints fp32 masters); leave it fp32");
   }
   if (cfg.offload.tier == StateTier::kNvme) {
-    return UnimplementedError(mode + " with the optimizer states on NVMe: the store's slots hold "
+    return UnimplementedError(mode +
+                              " with the optimizer states on NVMe: the store's slots hold "
                               "fp32 states; use offload_optimizer.device cpu or exact states");
   }
   if (cfg.lsp.enabled) {
-    return UnimplementedError(mode + " with compression lsp: LSP keeps its own fp32 subspace "
+    return UnimplementedError(mode +
+                              " with compression lsp: LSP keeps its own fp32 subspace "
                               "states");
   }
   if (cfg.parallel.world_size > 1) {
@@ -186,8 +190,9 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
 Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
   if (!leader()) return RestoreFollower(dir);
   RETURN_IF_ERROR(Flush());
-  ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, Fingerprint(), cfg.optim.state_dtype,
-                                                              cfg.optim.master_dtype));
+  ASSIGN_OR_RETURN(
+      CheckpointReader r,
+      CheckpointReader::Open(dir, Fingerprint(), cfg.optim.state_dtype, cfg.optim.master_dtype));
   if (r.num_layers() != n) {
     return FailedPreconditionError(dir + ": has " + std::to_string(r.num_layers()) +
                                    " layers, the model " + std::to_string(n));
@@ -200,9 +205,9 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
       m_region.resize(host->state_region_bytes(b));
       v_region.resize(host->state_region_bytes(b));
     }
-    ASSIGN_OR_RETURN(const int64_t adam_step,
-                     ReadLayerStates(r, layout[b], b, &master, &m, &v, optimizer_mode, &m_region,
-                                     &v_region));
+    ASSIGN_OR_RETURN(
+        const int64_t adam_step,
+        ReadLayerStates(r, layout[b], b, &master, &m, &v, optimizer_mode, &m_region, &v_region));
     if (adam_steps >= 0 && adam_step != adam_steps) {
       return DataLossError(dir + ": layer " + std::to_string(b) + " has AdamW step " +
                            std::to_string(adam_step) + ", layer 0 " + std::to_string(adam_steps));
@@ -212,8 +217,8 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
       RETURN_IF_ERROR(RestoreBlockStates(b, master.data(), m.data(), v.data(),
                                          static_cast<uint64_t>(adam_step)));
     } else {
-      RETURN_IF_ERROR(RestoreBlockStates(b, master.data(), nullptr, nullptr,
-                                         static_cast<uint64_t>(adam_step)));
+      RETURN_IF_ERROR(
+          RestoreBlockStates(b, master.data(), nullptr, nullptr, static_cast<uint64_t>(adam_step)));
       RETURN_IF_ERROR(host->RestoreStateRegions(b, m_region.data(), v_region.data()));
     }
   }

@@ -63,9 +63,12 @@ struct Piece {
 };
 uint32_t CompactPieces(CompactSpan* span, OptimizerMode mode, Piece out[kMaxSlotArrays]) {
   const uint64_t n = span->n;
-  const uint32_t state = mode.state == StateDtype::kFp32 ? 4 : mode.state == StateDtype::kBf16 ? 2 : 1;
+  const uint32_t state = mode.state == StateDtype::kFp32   ? 4
+                         : mode.state == StateDtype::kBf16 ? 2
+                                                           : 1;
   uint32_t k = 0;
-  out[k++] = {&span->master, static_cast<uint32_t>(n * (mode.master == MasterDtype::kBf16 ? 2 : 4))};
+  out[k++] = {&span->master,
+              static_cast<uint32_t>(n * (mode.master == MasterDtype::kBf16 ? 2 : 4))};
   if (mode.master == MasterDtype::kBf16)
     out[k++] = {reinterpret_cast<void**>(&span->master_comp), static_cast<uint32_t>(2 * n)};
   out[k++] = {&span->exp_avg, static_cast<uint32_t>(n * state)};
@@ -279,10 +282,9 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
   uint8_t* dst[kMaxSlotArrays] = {};
   uint64_t dst_offset[kMaxSlotArrays] = {};
   uint32_t bytes[kMaxSlotArrays] = {};
-  uint16_t* weights =
-      job.kind == CommandKind::kAccumulate || job.weight_dtype == WeightDtype::kNone
-          ? nullptr
-          : arena_->At<uint16_t>(job.weights_offset + begin * sizeof(uint16_t));
+  uint16_t* weights = job.kind == CommandKind::kAccumulate || job.weight_dtype == WeightDtype::kNone
+                          ? nullptr
+                          : arena_->At<uint16_t>(job.weights_offset + begin * sizeof(uint16_t));
   if (job.kind != CommandKind::kAccumulate && !job.mode.Exact()) {
     CompactSpan span = CompactSpanAt(job.mode, arena_->At<uint8_t>(job.state_offset[0]),
                                      arena_->At<uint8_t>(job.state_offset[1]),
@@ -415,8 +417,8 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
         return InvalidArgumentError("optimizer mode flags say both bf16 and int8 states");
       job->mode = ModeFromFlags(command.flags);
       if (job->kind == CommandKind::kAdamWCorrect && !job->mode.Exact()) {
-        return InvalidArgumentError("a correction of a speculative update needs exact states, not " +
-                                    job->mode.Describe());
+        return InvalidArgumentError(
+            "a correction of a speculative update needs exact states, not " + job->mode.Describe());
       }
       break;
     }

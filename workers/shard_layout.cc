@@ -80,12 +80,9 @@ Status BindShardsToWorkers(const ipc::Arena& arena, const std::vector<ShardSpec>
     const uint64_t gsize = GradBytes(s.grad_dtype);
     const uint64_t state = StateRegionBytes(s.mode.state, n);
     const std::pair<uint64_t, uint64_t> ranges[] = {
-        {s.grad_offset, n * gsize},
-        {s.master_offset, MasterRegionBytes(s.mode.master, n)},
-        {s.exp_avg_offset, state},
-        {s.exp_avg_sq_offset, state},
-        {s.weights_offset, n * 2},
-        {s.accum_offset, n * 4}};
+        {s.grad_offset, n * gsize}, {s.master_offset, MasterRegionBytes(s.mode.master, n)},
+        {s.exp_avg_offset, state},  {s.exp_avg_sq_offset, state},
+        {s.weights_offset, n * 2},  {s.accum_offset, n * 4}};
     for (const auto& [offset, bytes] : ranges) {
       if (offset == 0) continue;  // no accumulation buffer
       Status st = ipc::BindToNumaNode(arena.At<void>(offset), bytes, node);

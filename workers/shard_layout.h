@@ -50,10 +50,11 @@ uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOption
 uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
                        const WorkerPoolOptions& pool);
 // Host RAM per parameter of the shards' tensors (gradient staging, master and moments in the
-// mode's formats when states_resident: 12 bytes exact, 8 with bf16 states, 6.03 with int8, the 16-bit weight copy unless weight_dtype is kNone, the fp32 accumulation
-// buffer): what planners multiply by the parameter count. ArenaBytesFor adds to that the step
-// counters (16 B per 2048 parameters), 4 KiB rounding per region, the rings and the table.
-// bf16 compute, RAM tier, no accumulation: 2 + 12 + 2 = 16 with the 16-bit copy, 14 without.
+// mode's formats when states_resident: 12 bytes exact, 8 with bf16 states, 6.03 with int8, the
+// 16-bit weight copy unless weight_dtype is kNone, the fp32 accumulation buffer): what planners
+// multiply by the parameter count. ArenaBytesFor adds to that the step counters (16 B per 2048
+// parameters), 4 KiB rounding per region, the rings and the table. bf16 compute, RAM tier, no
+// accumulation: 2 + 12 + 2 = 16 with the 16-bit copy, 14 without.
 double BytesPerParameter(const ShardLayoutOptions& options);
 // Moves every shard's state onto the NUMA node of the worker that updates it (no-op when the
 // workers run on one node). Call after WorkerPool::Start and before the first step; needs the

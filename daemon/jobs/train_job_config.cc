@@ -198,9 +198,15 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   // The compact optimizer modes (docs/optimizer-modes.md); validation refused what the trainer
   // does not run.
   switch (s.optimizer().state_dtype()) {
-    case v1::STATE_DTYPE_BF16: c.optim.state_dtype = "bf16"; break;
-    case v1::STATE_DTYPE_INT8: c.optim.state_dtype = "int8"; break;
-    default: c.optim.state_dtype = "fp32"; break;
+    case v1::STATE_DTYPE_BF16:
+      c.optim.state_dtype = "bf16";
+      break;
+    case v1::STATE_DTYPE_INT8:
+      c.optim.state_dtype = "int8";
+      break;
+    default:
+      c.optim.state_dtype = "fp32";
+      break;
   }
   c.optim.master_dtype = s.optimizer().master_dtype() == v1::MASTER_DTYPE_BF16 ? "bf16" : "fp32";
   switch (s.offload().speculation()) {

@@ -33,8 +33,8 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   const v1::StateDtype state = s.optimizer().state_dtype();
   if (state != v1::STATE_DTYPE_UNSPECIFIED && state != v1::STATE_DTYPE_FP32 &&
       v1::StateDtype_IsValid(state)) {
-    const std::string name =
-        "optimizer.state_dtype " + Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1));
+    const std::string name = "optimizer.state_dtype " +
+                             Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1));
     if (nvme_states) {
       out.push_back({"offload.offload_optimizer.device",
                      "nvme is not supported with " + name +
@@ -45,9 +45,12 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
                      "lsp is not supported with " + name + " (LSP keeps fp32 subspace states)"});
     }
     if (ranks > 1) {
-      out.push_back({"resources.gpus", std::to_string(ranks) + " (data parallelism) is not "
-                                       "supported with " + name + " yet (the other ranks read "
-                                       "fp32 states)"});
+      out.push_back({"resources.gpus", std::to_string(ranks) +
+                                           " (data parallelism) is not "
+                                           "supported with " +
+                                           name +
+                                           " yet (the other ranks read "
+                                           "fp32 states)"});
     }
   }
   const v1::MasterDtype master = s.optimizer().master_dtype();

@@ -88,7 +88,8 @@ TEST_F(CompactCheckpointTest, CompactStatesAreRefusedInAnotherModeAndWhenCorrupt
   t.exp_avg_region = mr;
   auto other = r->ReadLayer(0, t);
   ASSERT_FALSE(other.ok());
-  EXPECT_THAT(other.status().message(), HasSubstr("holds int8 optimizer states, this run's are bf16"));
+  EXPECT_THAT(other.status().message(),
+              HasSubstr("holds int8 optimizer states, this run's are bf16"));
   // A flipped byte in the states fails the checksum like any file of the checkpoint.
   const std::string path = Dir(2) + "/optimizer-layer-00000.safetensors";
   auto bytes = ReadFile(path);

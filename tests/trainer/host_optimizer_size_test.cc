@@ -44,7 +44,8 @@ TEST(HostOptimizerSizeTest, TheHostMemoryPredictionNamesACompactModesBytesPerPar
   in.optimizer.mode = {StateDtype::kInt8, MasterDtype::kFp32};
   const HostMemoryPrediction int8 = PredictHostMemory(in);
   EXPECT_NE(int8.Describe().find("at 8.03 B/parameter, not exact: fp32 master, int8 states"),
-            std::string::npos) << int8.Describe();
+            std::string::npos)
+      << int8.Describe();
   // 5.97 B per parameter fewer (exact's 12 of master and states against 6.03), pages aside.
   EXPECT_NEAR(static_cast<double>(exact.total - int8.total), (6 - 8.0 / 256) * (2 << 20),
               6 * 4096.0);

@@ -227,8 +227,9 @@ TEST_F(HostOptimizerTest, CompactStatesShrinkTheArenaAndRestoreTheirRegionsBitFo
     const bool int8 = state == workers::StateDtype::kInt8;
     EXPECT_DOUBLE_EQ(HostOptimizer::BytesPerParameter(o), int8 ? 2 + 4 + 2 * (1 + 4.0 / 256) : 10);
     const double saved = int8 ? 2 * (3 - 4.0 / 256) : 4;  // per parameter, against exact's 14
-    EXPECT_NEAR(static_cast<double>(HostOptimizer::ArenaBytes(exact) - HostOptimizer::ArenaBytes(o)),
-                saved * params, 6 * 4096.0);
+    EXPECT_NEAR(
+        static_cast<double>(HostOptimizer::ArenaBytes(exact) - HostOptimizer::ArenaBytes(o)),
+        saved * params, 6 * 4096.0);
     auto a = Make(o), b = Make(o), e = Make(exact);
     ASSERT_TRUE(a && b && e);
     const auto run = [](HostOptimizer* h, uint64_t s) {
@@ -258,7 +259,8 @@ TEST_F(HostOptimizerTest, CompactStatesShrinkTheArenaAndRestoreTheirRegionsBitFo
       v.resize(a->state_region_bytes(blk));
       std::vector<float> fp32(n);
       EXPECT_EQ(a->ReadStates(blk, master.data(), fp32.data(), fp32.data()).code(),
-                StatusCode::kFailedPrecondition) << "compact states are not fp32";
+                StatusCode::kFailedPrecondition)
+          << "compact states are not fp32";
       ASSERT_TRUE(a->ReadStates(blk, master.data(), nullptr, nullptr).ok());
       ASSERT_TRUE(a->ReadStateRegions(blk, m.data(), v.data()).ok());
       EXPECT_NE(std::memcmp(master.data(), e->master_weights(blk), n * 4), 0)
@@ -289,7 +291,8 @@ TEST_F(HostOptimizerTest, CompactStatesShrinkTheArenaAndRestoreTheirRegionsBitFo
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(refused.status().message().find("fp32 master, int8 states on the NVMe tier"),
-            std::string::npos) << refused.status().ToString();
+            std::string::npos)
+      << refused.status().ToString();
   HostOptimizerOptions bf16_master = Options(StateTier::kCpu);
   bf16_master.mode = {workers::StateDtype::kFp32, workers::MasterDtype::kBf16};
   EXPECT_EQ(HostOptimizer::Create(bf16_master).status().code(), StatusCode::kUnimplemented);

@@ -103,9 +103,10 @@ class CompactModesTest : public ::testing::TestWithParam<OptimizerMode> {
     }
     auto pool = WorkerPool::Start(&*seg, &*arena, pool_options);
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-    StepDriver driver(pool->get(), *shards, OptimizerConfig{.weight_decay = 0.01,
-                                                            .max_grad_norm = max_grad_norm,
-                                                            .speculation = Speculation::kAlways});
+    StepDriver driver(pool->get(), *shards,
+                      OptimizerConfig{.weight_decay = 0.01,
+                                      .max_grad_norm = max_grad_norm,
+                                      .speculation = Speculation::kAlways});
     for (int step = 1; step <= steps; ++step) {
       ASSERT_TRUE(driver.BeginStep(step, 1e-3).ok());
       std::vector<std::vector<uint16_t>> grads;
@@ -114,7 +115,8 @@ class CompactModesTest : public ::testing::TestWithParam<OptimizerMode> {
         const ShardSpec& spec = (*shards)[s];
         grads.push_back(Grads(spec.num_elements, 100 * step + static_cast<uint32_t>(s)));
         std::memcpy(arena->At<uint8_t>(spec.grad_offset), grads[s].data(), 2 * spec.num_elements);
-        for (uint16_t g : grads[s]) total_sq += double(internal::Bf16ToFloat(g)) * internal::Bf16ToFloat(g);
+        for (uint16_t g : grads[s])
+          total_sq += double(internal::Bf16ToFloat(g)) * internal::Bf16ToFloat(g);
         ASSERT_TRUE(driver.GradsReady(s, 0).ok());
       }
       auto result = driver.FinishStep();
@@ -137,16 +139,19 @@ class CompactModesTest : public ::testing::TestWithParam<OptimizerMode> {
         span.seed = spec.layer;
         AdamWHyper hyper{1e-3, 0.9, 0.999, 1e-8, 0.01, static_cast<uint64_t>(step), scale};
         ASSERT_TRUE(CompactAdamW(span, mode, hyper, KernelPath::kPortable).ok());
-        const std::string where = mode.Describe() + ", step " + std::to_string(step) +
-                                  ", shard " + std::to_string(s);
+        const std::string where =
+            mode.Describe() + ", step " + std::to_string(step) + ", shard " + std::to_string(s);
         EXPECT_EQ(0, std::memcmp(arena->At<uint8_t>(spec.master_offset), r.master.data(),
-                                 r.master.size())) << where << ": master";
+                                 r.master.size()))
+            << where << ": master";
         EXPECT_EQ(0, std::memcmp(arena->At<uint8_t>(spec.exp_avg_offset), r.m.data(), r.m.size()))
             << where << ": exp_avg";
-        EXPECT_EQ(0, std::memcmp(arena->At<uint8_t>(spec.exp_avg_sq_offset), r.v.data(),
-                                 r.v.size())) << where << ": exp_avg_sq";
+        EXPECT_EQ(0,
+                  std::memcmp(arena->At<uint8_t>(spec.exp_avg_sq_offset), r.v.data(), r.v.size()))
+            << where << ": exp_avg_sq";
         EXPECT_EQ(0, std::memcmp(arena->At<uint8_t>(spec.weights_offset), r.weights.data(),
-                                 2 * spec.num_elements)) << where << ": weights";
+                                 2 * spec.num_elements))
+            << where << ": weights";
       }
     }
   }
@@ -200,8 +205,21 @@ class CompactCommandTest : public ::testing::Test {
     auto off = [&](const char* name, uint64_t bytes) {
       return std::move(arena_.Allocate(name, ipc::RegionKind::kOther, bytes)).value().offset;
     };
-    cmd_ = AdamWCommand{kN, off("g", 2 * kN), off("p", 4 * kN), off("m", kN), off("v", kN), off("w", 2 * kN),
-                        off("c", AdamWCountersBytes(kN)), 1, 1e-3, 0.9, 0.999, 1e-8, 0, 1.0f, 0};
+    cmd_ = AdamWCommand{kN,
+                        off("g", 2 * kN),
+                        off("p", 4 * kN),
+                        off("m", kN),
+                        off("v", kN),
+                        off("w", 2 * kN),
+                        off("c", AdamWCountersBytes(kN)),
+                        1,
+                        1e-3,
+                        0.9,
+                        0.999,
+                        1e-8,
+                        0,
+                        1.0f,
+                        0};
     undo_ = off("undo", UndoRegionBytes(1));
     ExecutorOptions o;
     o.undo_offset = undo_;

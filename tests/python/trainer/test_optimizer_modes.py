@@ -89,7 +89,7 @@ def test_resume_is_bit_exact_and_states_keep_their_format(binary_dir, tmp_path, 
     layers = sorted(p.name for p in ckpt.glob("optimizer-layer-*.safetensors"))
     assert layers
     for name in layers:
-        # The states as the workers hold them, scales included: the resumed run's are the same bytes.
+        # The states as the workers hold them, scales included: the resumed run holds the same.
         assert (ckpt / name).read_bytes() == (part / "checkpoint-8" / name).read_bytes(), name
         with safe_open(str(ckpt / name), framework="pt") as f:
             assert f.metadata()["state_dtype"] == state
