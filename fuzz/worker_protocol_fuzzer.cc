@@ -137,11 +137,11 @@ void RunCommand(World& w, const uint8_t* data, size_t size) {
 }
 
 void RecoverSlots(World& w, const uint8_t* data, size_t size) {
-  // The first 64 bytes are the slot header; remap its offsets like commands' offsets.
+  // The first 128 bytes are the slot header; remap its offsets like commands' offsets.
   auto* slot = w.arena.At<uint8_t>(w.undo);
   std::memcpy(slot, data, std::min<size_t>(size, workers::UndoRegionBytes(1)));
   uint64_t off;
-  for (size_t at : {8, 32, 40, 48}) {  // counter_offset, dst_offset[0..2]
+  for (size_t at : {8, 32, 40, 48, 56, 64, 72}) {  // counter_offset, dst_offset[0..5]
     std::memcpy(&off, slot + at, 8);
     off = Remap(w, off);
     std::memcpy(slot + at, &off, 8);

@@ -93,6 +93,11 @@ trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const eng
   o.accumulation_steps = static_cast<uint32_t>(std::max<int64_t>(1, spec.training().gradient_accumulation_steps()));
   o.tier = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME ? trainer::StateTier::kNvme
                                                                                  : trainer::StateTier::kCpu;
+  // The compact optimizer modes size the arena by their states (docs/optimizer-modes.md).
+  const v1::StateDtype state = spec.optimizer().state_dtype();
+  o.mode.state = state == v1::STATE_DTYPE_INT8   ? workers::StateDtype::kInt8
+                 : state == v1::STATE_DTYPE_BF16 ? workers::StateDtype::kBf16
+                                                 : workers::StateDtype::kFp32;
   in.cuda = gpu;
   in.micro = std::max<int64_t>(1, spec.training().per_device_train_batch_size());
   return in;

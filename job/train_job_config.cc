@@ -206,6 +206,20 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.optim.beta2 = t.adam_beta2();
   c.optim.eps = t.adam_epsilon();
   c.optim.max_grad_norm = t.max_grad_norm();
+  // The compact optimizer modes (docs/optimizer-modes.md); validation refused what the trainer
+  // does not run.
+  switch (s.optimizer().state_dtype()) {
+    case v1::STATE_DTYPE_BF16:
+      c.optim.state_dtype = "bf16";
+      break;
+    case v1::STATE_DTYPE_INT8:
+      c.optim.state_dtype = "int8";
+      break;
+    default:
+      c.optim.state_dtype = "fp32";
+      break;
+  }
+  c.optim.master_dtype = s.optimizer().master_dtype() == v1::MASTER_DTYPE_BF16 ? "bf16" : "fp32";
   switch (s.offload().speculation()) {
     case v1::SPECULATION_AUTO: c.optim.speculation = "auto"; break;
     case v1::SPECULATION_NEVER: c.optim.speculation = "never"; break;

@@ -28,24 +28,37 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   const bool auto_batch = s.training().auto_find_batch_size();
   const int64_t ranks = s.resources().gpus();
   const std::string group = "resources.gpus " + std::to_string(ranks) + " (data parallelism)";
-  // Compact optimizer states: the CPU kernels exist (workers/adamw_compact.h), but the arena,
-  // the checkpoints and the step planner hold fp32 masters and states, so the trainer cannot run
-  // these modes yet; a value it would ignore is refused.
+  // Compact optimizer states (docs/optimizer-modes.md): the trainer runs bf16 and int8 states
+  // with fp32 masters in the RAM arena, one process; what it does not run yet is refused.
   const v1::StateDtype state = s.optimizer().state_dtype();
   if (state != v1::STATE_DTYPE_UNSPECIFIED && state != v1::STATE_DTYPE_FP32 &&
       v1::StateDtype_IsValid(state)) {
-    out.push_back(
-        {"optimizer.state_dtype",
-         Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1)) +
-             " is not built into the trainer yet (compact states; the CPU kernels exist, the "
-             "arena and checkpoints hold fp32 states); leave it unset or fp32"});
+    const std::string name = "optimizer.state_dtype " +
+                             Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1));
+    if (nvme_states) {
+      out.push_back({"offload.offload_optimizer.device",
+                     "nvme is not supported with " + name +
+                         " yet (the store's slots hold fp32 states); use cpu"});
+    }
+    if (lsp) {
+      out.push_back({"compression.type",
+                     "lsp is not supported with " + name + " (LSP keeps fp32 subspace states)"});
+    }
+    if (ranks > 1) {
+      out.push_back({"resources.gpus", std::to_string(ranks) +
+                                           " (data parallelism) is not "
+                                           "supported with " +
+                                           name +
+                                           " yet (the other ranks read "
+                                           "fp32 states)"});
+    }
   }
   const v1::MasterDtype master = s.optimizer().master_dtype();
   if (master == v1::MASTER_DTYPE_BF16) {
     out.push_back(
         {"optimizer.master_dtype",
-         "bf16 is not built into the trainer yet (compact master weights; the CPU kernels "
-         "exist, the arena and checkpoints hold fp32 masters); leave it unset or fp32"});
+         "bf16 is not built into the trainer yet (the device reads and the checkpoints hold fp32 "
+         "masters; the CPU kernels exist); leave it unset or fp32"});
   }
   if (lsp && nvme_states) {
     out.push_back(

@@ -32,12 +32,77 @@
 #include "trainer/latest_checkpoint.h"
 
 namespace offloadd::trainer {
+namespace checkpoint_internal {
+
+std::string LayerFile(const char* kind, int layer) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%s-layer-%05d.safetensors", kind, layer);
+  return buf;
+}
+
+// Creates `name` in the directory `dirfd` (`path` names it in messages), which must not exist and
+// is never reached through a symlink; writes the chunks, fsyncs, and returns their crc32c. Removes
+// the file on failure.
+StatusOr<uint32_t> WriteSyncedFile(int dirfd, const std::string& name, const std::string& path,
+                                   const std::vector<std::span<const std::byte>>& chunks) {
+  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
+  RETURN_IF_ERROR(as_user.status());
+  const int fd =
+      ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(errno, "create " + path);
+  Status st;
+  uint32_t crc = 0;
+  for (const auto& c : chunks) {
+    crc = Crc32c(crc, c.data(), c.size());
+    st = WriteAll(fd, c.data(), c.size(), path);
+    if (!st.ok()) break;
+  }
+  if (st.ok()) st = FsyncFd(fd, path);
+  if (::close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + path);
+  if (!st.ok()) {
+    ::unlinkat(dirfd, name.c_str(), 0);
+    return st;
+  }
+  return crc;
+}
+
+std::string SafetensorsPrefix(const std::vector<HeaderEntry>& entries,
+                              const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const HeaderEntry& e : entries) {
+    uint64_t numel = 1;
+    for (int64_t d : *e.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t bytes = numel * e.element_bytes;
+    header[e.name] = {
+        {"dtype", e.dtype}, {"shape", *e.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+std::span<const std::byte> Bytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+}  // namespace checkpoint_internal
+
 namespace {
 
+using checkpoint_internal::Bytes;
 using checkpoint_internal::ChecksumsFromJson;
+using checkpoint_internal::HeaderEntry;
 using checkpoint_internal::HfStateToJson;
+using checkpoint_internal::LayerFile;
+using checkpoint_internal::SafetensorsPrefix;
 using checkpoint_internal::StateFromJson;
 using checkpoint_internal::StateToJson;
+using checkpoint_internal::WriteSyncedFile;
 using json = nlohmann::json;
 
 // Layer files hold the host's floats as they are; safetensors is little-endian.
@@ -50,12 +115,6 @@ constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kDirPrefix[] = "checkpoint-";
 constexpr char kHiddenPrefix[] = ".checkpoint-";  // writers' and pruners' temporary directories
 constexpr size_t kVerifyChunk = size_t{4} << 20;
-
-std::string LayerFile(const char* kind, int layer) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%s-layer-%05d.safetensors", kind, layer);
-  return buf;
-}
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -109,32 +168,6 @@ std::string Hex(uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "%08x", v);
   return buf;
-}
-
-// Creates `name` in the directory `dirfd` (`path` names it in messages), which must not exist and
-// is never reached through a symlink; writes the chunks, fsyncs, and returns their crc32c. Removes
-// the file on failure.
-StatusOr<uint32_t> WriteSyncedFile(int dirfd, const std::string& name, const std::string& path,
-                                   const std::vector<std::span<const std::byte>>& chunks) {
-  AsJobUser as_user;  // with the rights of the job's user (common/file_identity.h)
-  RETURN_IF_ERROR(as_user.status());
-  const int fd = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                          0644);
-  if (fd < 0) return ErrnoError(errno, "create " + path);
-  Status st;
-  uint32_t crc = 0;
-  for (const auto& c : chunks) {
-    crc = Crc32c(crc, c.data(), c.size());
-    st = WriteAll(fd, c.data(), c.size(), path);
-    if (!st.ok()) break;
-  }
-  if (st.ok()) st = FsyncFd(fd, path);
-  if (::close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + path);
-  if (!st.ok()) {
-    ::unlinkat(dirfd, name.c_str(), 0);
-    return st;
-  }
-  return crc;
 }
 
 // Opens and flocks (non-blocking) a directory; checks it is still at `path` once locked, so a lock
@@ -195,33 +228,6 @@ StatusOr<int> LockDirAt(int dirfd, const std::string& name, const std::string& p
 
 // The safetensors file prefix (u64 header length + JSON header padded to 8 bytes) for tensors
 // laid out back to back in the given order.
-struct HeaderEntry {
-  std::string name;
-  const std::vector<int64_t>* shape;
-};
-std::string SafetensorsPrefix(const std::vector<HeaderEntry>& entries,
-                              const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  header["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (const HeaderEntry& e : entries) {
-    uint64_t numel = 1;
-    for (int64_t d : *e.shape) numel *= static_cast<uint64_t>(d);
-    const uint64_t bytes = numel * sizeof(float);
-    header[e.name] = {
-        {"dtype", "F32"}, {"shape", *e.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
-  return out + text;
-}
-
-std::span<const std::byte> Bytes(std::string_view s) {
-  return std::as_bytes(std::span<const char>(s.data(), s.size()));
-}
 
 // Checks that `file` holds exactly the F32 tensors `names[i]` with `params[i].shape`.
 Status CheckTensors(const engine::SafetensorsFile& file, const std::vector<std::string>& names,
@@ -391,8 +397,11 @@ Status CheckpointWriter::WriteLayer(int layer, const LayerState& state) {
   }
   const int64_t n = NumElements(state.params);
   RETURN_IF_ERROR(CheckBufferSize(state.master, n, what + " master"));
-  RETURN_IF_ERROR(CheckBufferSize(state.exp_avg, n, what + " exp_avg"));
-  RETURN_IF_ERROR(CheckBufferSize(state.exp_avg_sq, n, what + " exp_avg_sq"));
+  const bool compact = !state.state_dtype.empty();
+  if (!compact) {
+    RETURN_IF_ERROR(CheckBufferSize(state.exp_avg, n, what + " exp_avg"));
+    RETURN_IF_ERROR(CheckBufferSize(state.exp_avg_sq, n, what + " exp_avg_sq"));
+  }
 
   std::vector<HeaderEntry> weights, moments;
   for (const ParamSpec& p : state.params) {
@@ -415,12 +424,16 @@ Status CheckpointWriter::WriteLayer(int layer, const LayerState& state) {
   RETURN_IF_ERROR(write(LayerFile("model", layer),
                         SafetensorsPrefix(weights, {{"format", "pt"}, {"layer", l}}),
                         {&state.master}));
-  RETURN_IF_ERROR(
-      write(LayerFile("optimizer", layer),
-            SafetensorsPrefix(
-                moments,
-                {{"format", "pt"}, {"layer", l}, {"adam_step", std::to_string(state.adam_step)}}),
-            {&state.exp_avg, &state.exp_avg_sq}));
+  if (compact) {
+    RETURN_IF_ERROR(WriteCompactStates(layer, state));
+  } else {
+    RETURN_IF_ERROR(
+        write(LayerFile("optimizer", layer),
+              SafetensorsPrefix(
+                  moments,
+                  {{"format", "pt"}, {"layer", l}, {"adam_step", std::to_string(state.adam_step)}}),
+              {&state.exp_avg, &state.exp_avg_sq}));
+  }
   weight_bytes_ += static_cast<uint64_t>(n) * sizeof(float);
   std::vector<std::string>& names = layer_params_[layer];
   for (const ParamSpec& p : state.params) names.push_back(p.name);
@@ -722,6 +735,7 @@ StatusOr<int64_t> CheckpointReader::ReadLayer(int layer, const LayerTarget& targ
     RETURN_IF_ERROR(CheckTensors(*file, names, target.params, layer));
     load(*file, "", target.master);
   }
+  if (!target.state_dtype.empty()) return ReadCompactStates(layer, target);
   if (target.exp_avg.empty() && target.exp_avg_sq.empty()) return int64_t{0};
 
   RETURN_IF_ERROR(VerifyFile(LayerFile("optimizer", layer)));

@@ -8,7 +8,11 @@
 //                                      names; with model.safetensors.index.json the directory
 //                                      loads as fp32 weights (engine::Checkpoint, safetensors)
 //   optimizer-layer-00003.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq"; metadata
-//                                      "adam_step" = AdamW updates applied to the layer
+//                                      "adam_step" = AdamW updates applied to the layer. Compact
+//                                      states (docs/optimizer-modes.md) in their own format: U8
+//                                      tensors "exp_avg" and "exp_avg_sq", each the layer's state
+//                                      region as the workers hold it (bf16 values, or int8 codes
+//                                      followed by the fp32 block scales), metadata "state_dtype"
 //   model.safetensors.index.json       {"metadata": {"total_size"}, "weight_map": {name: file}}
 //   trainer_state.json                 Hugging Face's TrainerState schema with this run's values
 //                                      (transformers' TrainerState.load_from_json reads it)
@@ -79,6 +83,10 @@ struct LayerState {
   std::vector<ParamSpec> params;
   ConstPieces master, exp_avg, exp_avg_sq;
   int64_t adam_step = 0;  // AdamW updates applied to this layer (its bias correction)
+  // Compact states ("bf16", "int8"; empty: exp_avg/exp_avg_sq above): the layer's state regions
+  // (workers::StateRegionBytes bytes each), written as they are.
+  std::string state_dtype = {};
+  std::span<const uint8_t> exp_avg_region = {}, exp_avg_sq_region = {};
 };
 
 // Where CheckpointReader::ReadLayer puts a layer. An empty exp_avg or exp_avg_sq is skipped (a new
@@ -86,6 +94,10 @@ struct LayerState {
 struct LayerTarget {
   std::vector<ParamSpec> params;
   Pieces master, exp_avg, exp_avg_sq;
+  // Compact states: the layer's state regions, each of exactly the size written (the checkpoint
+  // must hold compact states of `state_dtype`).
+  std::string state_dtype = {};
+  std::span<uint8_t> exp_avg_region = {}, exp_avg_sq_region = {};
 };
 
 struct SchedulerState {  // trainer/lr_schedule.h's inputs, Hugging Face names
@@ -170,6 +182,7 @@ class CheckpointWriter {
   const std::string& tmp_dir() const { return tmp_dir_; }
 
  private:
+  Status WriteCompactStates(int layer, const LayerState& state);  // the optimizer file, compact
   CheckpointWriter() = default;
   void Abandon();
 
@@ -229,6 +242,7 @@ class CheckpointReader {
 
  private:
   Status VerifyFile(const std::string& name) const;
+  StatusOr<int64_t> ReadCompactStates(int layer, const LayerTarget& target) const;
 
   std::string dir_;
   TrainerState state_;

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
@@ -145,6 +146,8 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
   HostMemoryPrediction p;
   const HostOptimizerOptions& o = in.optimizer;
   p.arena = HostOptimizer::ArenaBytes(o);
+  p.arena_bytes_per_param = HostOptimizer::BytesPerParameter(o);
+  p.mode = o.mode;
   p.checkpoints = in.checkpoint_bytes;
   p.device = in.device_batch_bytes + in.device_fixed_bytes;
   p.processes = kTrainerProcessBytes + (in.cuda ? kCudaContextHostBytes : 0) + kCheckpointReaderBytes +
@@ -178,6 +181,11 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
 
 std::string HostMemoryPrediction::Describe() const {
   std::string s = "host RAM " + FormatByteSize(total) + " (arena " + FormatByteSize(arena);
+  if (!mode.Exact()) {
+    char per[32];
+    std::snprintf(per, sizeof per, "%.3g", arena_bytes_per_param);
+    s += std::string(" at ") + per + " B/parameter, " + mode.Describe();
+  }
   if (checkpoints > 0) s += ", activation checkpoints in pinned RAM " + FormatByteSize(checkpoints);
   if (device > 0) s += ", the CPU device's activations " + FormatByteSize(device);
   s += ", processes " + FormatByteSize(processes) + ")";

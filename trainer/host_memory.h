@@ -89,6 +89,10 @@ struct HostMemoryPrediction {
   uint64_t disk_bytes = 0;  // the store directories
   uint64_t nvme_params = 0;  // parameters whose states are on NVMe
   uint64_t nvme_weight_params = 0;  // of them, those whose 16-bit weights are there too
+  // The arena's host bytes per parameter and the optimizer mode it holds (a compact mode's
+  // Describe names both: "arena 1.2 GiB at 8.03 B/parameter, not exact: fp32 master, int8 states").
+  double arena_bytes_per_param = 0;
+  workers::OptimizerMode mode = {};
   std::string Describe() const;  // "host RAM 12.3 GiB (arena ..., ...); disk ..."
 };
 

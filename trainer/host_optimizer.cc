@@ -38,6 +38,15 @@ StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimiz
 }
 
 Status HostOptimizer::Start(const HostOptimizerOptions& o) {
+  if (!o.mode.Exact()) {  // what the compact modes do not run with yet (docs/optimizer-modes.md)
+    const std::string mode = "optimizer mode " + o.mode.Describe();
+    if (o.mode.master != workers::MasterDtype::kFp32)
+      return UnimplementedError(mode + ": the trainer keeps fp32 masters");
+    if (o.tier != StateTier::kCpu) return UnimplementedError(mode + " on the NVMe tier");
+    if (o.group != nullptr) return UnimplementedError(mode + " with data parallelism");
+    if (std::count(o.device_blocks.begin(), o.device_blocks.end(), true) > 0)
+      return UnimplementedError(mode + " with AdamW states on the device");
+  }
   if (o.group != nullptr && o.group->rank() > 0) return StartFollower(o);
   options_ = o;
   weights_fp32_ = WeightsAreFp32(o);
@@ -585,8 +594,14 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
   const uint64_t bytes = s.num_elements * 4;
   if (!OnNvme(block)) {
     std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
-    std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), bytes);
-    std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
+    if (!options_.mode.Exact()) {  // the states are bytes of their own format: ReadStateRegions
+      if (exp_avg != nullptr || exp_avg_sq != nullptr)
+        return FailedPreconditionError("compact states are read with ReadStateRegions");
+      return OkStatus();
+    }
+    if (exp_avg != nullptr) std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), bytes);
+    if (exp_avg_sq != nullptr)
+      std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
     return OkStatus();
   }
   return RunOnThread([&]() -> Status {
@@ -616,8 +631,12 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   };
   if (!OnNvme(block)) {
     std::memcpy(arena_->At<void>(s.master_offset), master, bytes);
-    std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, bytes);
-    std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, bytes);
+    if (options_.mode.Exact()) {  // compact states: RestoreStateRegions
+      std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, bytes);
+      std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, bytes);
+    } else if (exp_avg != nullptr || exp_avg_sq != nullptr) {
+      return FailedPreconditionError("compact states are restored with RestoreStateRegions");
+    }
     derive(master);
     return OkStatus();
   }
@@ -633,6 +652,27 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
     if (WeightsOnNvme(block)) RETURN_IF_ERROR(Derive16(block, master, &slot));
     return OkStatus();
   });
+}
+
+uint64_t HostOptimizer::state_region_bytes(int block) const {
+  return workers::StateRegionBytes(options_.mode.state, shards_[block].num_elements);
+}
+
+Status HostOptimizer::ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const {
+  if (follower_ || OnNvme(block)) return FailedPreconditionError("no state regions in this arena");
+  const auto& s = shards_[block];
+  std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), state_region_bytes(block));
+  std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), state_region_bytes(block));
+  return OkStatus();
+}
+
+Status HostOptimizer::RestoreStateRegions(int block, const uint8_t* exp_avg,
+                                          const uint8_t* exp_avg_sq) {
+  if (follower_ || OnNvme(block)) return FailedPreconditionError("no state regions in this arena");
+  const auto& s = shards_[block];
+  std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, state_region_bytes(block));
+  std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, state_region_bytes(block));
+  return OkStatus();
 }
 
 // ---- NVMe staging (optimizer thread) ----

@@ -108,6 +108,9 @@ struct HostOptimizerOptions {
   // buffers and follows the leader's updates and decisions (host_optimizer_group.cc).
   GroupLink* group = nullptr;
   std::string leader_arena_path;
+  // The master's and states' formats (workers/adamw_compact.h). A compact mode needs the RAM tier
+  // and an fp32 master (Create refuses the rest, naming it), and no device_blocks.
+  workers::OptimizerMode mode = {};
 };
 
 namespace internal {
@@ -131,7 +134,8 @@ class HostOptimizer {
   // The arena's bytes per parameter for these options (workers::BytesPerParameter of the layout):
   // 16 for bf16/fp16 compute with the 16-bit copy, 14 without, 16 for fp32 compute, +4 with
   // gradient accumulation; 2 (+4) on the NVMe tier, whose states live in the store.
-  static uint64_t BytesPerParameter(const HostOptimizerOptions& options);
+  // Compact modes: their master and state bytes instead of 12 (workers::StateBytesPerParam).
+  static double BytesPerParameter(const HostOptimizerOptions& options);
   // True when the weights the device reads (compute_weights) are fp32 although the device may
   // compute in 16 bits: fp32 compute, or no 16-bit copy (host_weight_copy false, RAM tier).
   static bool WeightsAreFp32(const HostOptimizerOptions& options);
@@ -209,8 +213,17 @@ class HostOptimizer {
   // out to / in from the given buffers (each elements(block) floats). `adam_step` is the
   // number of updates already applied (Restore sets the workers' step counters to it).
   Status ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq);
+  // exp_avg / exp_avg_sq may be null for ReadStates (only the master wanted); in a compact mode
+  // they must be (the states are not fp32): the regions below carry them.
   Status RestoreStates(int block, const float* master, const float* exp_avg,
                        const float* exp_avg_sq, uint64_t adam_step);
+  // Compact modes, RAM tier: the block's exp_avg / exp_avg_sq regions as the workers hold them
+  // (workers::StateRegionBytes: bf16 values, or int8 codes and their block scales), for
+  // checkpoints in the states' own format. Between steps.
+  uint64_t state_region_bytes(int block) const;
+  Status ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const;
+  Status RestoreStateRegions(int block, const uint8_t* exp_avg, const uint8_t* exp_avg_sq);
+  const workers::OptimizerMode& mode() const { return options_.mode; }
 
   // After restoring a checkpoint of `step` whose layers had `adam_step` AdamW updates applied
   // (fewer when fp16 loss scaling skipped steps): every block counts as updated through `step`.

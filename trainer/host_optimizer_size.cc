@@ -38,6 +38,7 @@ workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
       lo.weights_elsewhere[b] = true;
     }
   }
+  lo.mode = o.mode;
   return lo;
 }
 
@@ -106,10 +107,9 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
 }
 
 double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
-  const double exact_states = workers::StateBytesPerParam({});
-  const double base = static_cast<double>(HostOptimizer::BytesPerParameter(o));
-  if (o.tier != StateTier::kCpu) return base;  // the states live in the store
-  return base - exact_states + workers::StateBytesPerParam(mode);
+  HostOptimizerOptions in_mode = o;
+  in_mode.mode = mode;
+  return HostOptimizer::BytesPerParameter(in_mode);  // NVMe tier: the states live in the store
 }
 
 double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
@@ -124,7 +124,7 @@ uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
          internal::ExtraBytes(o);
 }
 
-uint64_t HostOptimizer::BytesPerParameter(const HostOptimizerOptions& o) {
+double HostOptimizer::BytesPerParameter(const HostOptimizerOptions& o) {
   return workers::BytesPerParameter(internal::LayoutOptions(o));
 }
 

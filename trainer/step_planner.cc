@@ -71,7 +71,7 @@ Status ValidatePlanInputs(const PlanInputs& in) {
 double HostUpdateBytesPerParam(const ParamTraffic& t) {
   const int A = std::max(1, t.accumulation);
   const double grad = A > 1 ? 4 : t.grad_bytes;  // what the update and the norm read
-  double bytes = grad + 24 + (t.weight_copy ? 2 : 0) + (t.cpu_norm ? grad : 0);
+  double bytes = grad + 2 * t.state_bytes + (t.weight_copy ? 2 : 0) + (t.cpu_norm ? grad : 0);
   // Accumulation: each micro-batch's staged gradient read; the buffer written by the first, read
   // and written by the others.
   if (A > 1) bytes += A * t.grad_bytes + 4 + 8.0 * (A - 1);

@@ -112,9 +112,13 @@ struct ParamTraffic {
   int accumulation = 1;      // micro-batches per step: > 1 accumulates into an fp32 buffer
   bool cpu_norm = false;     // held updates whose norm the workers measure (not given by the GPU)
   bool streamed = true;      // weights upload twice per micro-batch; false: once per step
+  // The master and both moments per parameter, read and written by each update: 12 exact, 8 with
+  // bf16 states, 6.03 with int8 (workers::StateBytesPerParam of the optimizer mode).
+  double state_bytes = 12;
 };
 // Host memory bytes per CPU-updated parameter and step: the update reads the gradient (the fp32
-// accumulation buffer with accumulation) and reads and writes the master and both moments (24 B),
+// accumulation buffer with accumulation) and reads and writes the master and both moments (24 B;
+// 2 x state_bytes in a compact mode),
 // writes the 16-bit copy when kept; a CPU norm reads the gradient once more; accumulation reads
 // each micro-batch's staged gradient and writes (first) or reads and writes (later) the buffer.
 // 2 + 24 = 26 B by default (bf16, no copy, no accumulation, the norm given by the GPU).

@@ -64,6 +64,11 @@ struct OptimConfig {
   // On the CPU the backward and the updates share the cores, so speculation has little to
   // overlap, and CPU runs stay bitwise by default (bench/RESULTS.md, "The speculation default").
   std::string speculation;
+  // The compact optimizer modes (docs/optimizer-modes.md): "fp32" (exact, the default), "bf16" or
+  // "int8" states; the master stays fp32 ("bf16" is refused until the trainer runs it). Compact
+  // states live in the host arena only (no device kernels for them yet) and never speculate.
+  std::string state_dtype = "fp32";
+  std::string master_dtype = "fp32";
 };
 
 struct OffloadPlanConfig {

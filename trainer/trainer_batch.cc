@@ -135,6 +135,7 @@ void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodePro
   // The GPU gives each block's norm beside its copy, except with accumulation.
   t.cpu_norm = (cfg.optim.max_grad_norm > 0 || scaler.has_value()) && (t.accumulation > 1 || !cuda);
   t.streamed = streamed;
+  t.state_bytes = workers::StateBytesPerParam(optimizer_mode);
   ApplyParamTraffic(t, in);
   in->nvme_params = 0;
   if (o.tier == StateTier::kNvme) {
@@ -612,7 +613,9 @@ Status Trainer::Impl::ChooseBatchSize() {
   if (!cfg.resume_from.empty()) {
     // A resumed run keeps the shape its checkpoint trained with: pricing again (other measured
     // rates, another node) could change the global batch in the middle of a run.
-    ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(cfg.resume_from));
+    ASSIGN_OR_RETURN(
+        CheckpointReader r,
+        CheckpointReader::Open(cfg.resume_from, "", cfg.optim.state_dtype, cfg.optim.master_dtype));
     if (const auto& kept = r.state().auto_batch) {
       if (kept->micro > cap || (cfg.global_batch_size > 0 && kept->micro * kept->accumulation != cfg.global_batch_size)) {
         return InvalidArgumentError(

@@ -104,6 +104,7 @@ struct Trainer::Impl {
   int64_t gpu_budget = 0;
   std::string plan_text;
   bool speculation_defaulted = false;  // cfg.optim.speculation was unset (train_config.h)
+  workers::OptimizerMode optimizer_mode;  // cfg.optim.state_dtype / master_dtype
   // Set-up timing (Trainer::Create): when it began, wall seconds per kSetupPhases phase and when
   // each phase first began (seconds since `created`; -1: it did not run). Phases may overlap
   // (the arena is populated in the background, cfg.setup_overlap).
@@ -132,6 +133,7 @@ struct Trainer::Impl {
   // trainer_setup.cc
   Status Setup();
   Status CheckConfig();  // device, compute dtype, numbers
+  Status CheckOptimizerMode();  // trainer_state.cc: the compact modes the trainer runs
   Status CreateData();   // the training and eval data, total steps, the LR schedule
   uint32_t SetupThreads() const;  // cfg.setup_threads, else the usable cores
   Status PinHostBuffers();  // page-locks the host buffers the pipeline copies, on SetupThreads()

@@ -268,6 +268,7 @@ Status Trainer::Impl::CheckConfig() {
     speculation_defaulted = true;
   }
   RETURN_IF_ERROR(workers::ParseSpeculation(cfg.optim.speculation).status());
+  RETURN_IF_ERROR(CheckOptimizerMode());
   // Padded lengths in buckets on a GPU (train_config.h DataConfig::length_buckets); the eval data
   // pads the same way.
   if (!cfg.data.length_buckets) cfg.data.length_buckets = cuda;
@@ -367,6 +368,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
   ho.populate_in_background = cfg.setup_overlap;
   ho.device_blocks = device_blocks;
   ho.nvme_blocks = nvme_blocks;
+  ho.mode = optimizer_mode;
   return ho;
 }
 
@@ -397,7 +399,12 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << (ho.defer_below_block > 0
                ? "FCFS above block " + std::to_string(ho.defer_below_block) + ", LCFS below"
                : std::string("earliest-needed first"))
-       << " (" << ho.update_depth << " queued per worker)";
+       << " (" << ho.update_depth << " queued per worker), optimizer " << optimizer_mode.Describe();
+  if (!optimizer_mode.Exact()) {
+    plan << " (" << ShortNumber(workers::StateBytesPerParam(optimizer_mode))
+         << " B/parameter of master and states; all on the host: no device kernels for compact "
+            "states yet)";
+  }
   if (device_placement_pending) {
     plan << "; AdamW states on the device: as many blocks as fit beside the first step's measured "
             "peak";
@@ -422,6 +429,11 @@ std::string Trainer::Impl::DescribeClipping(const HostOptimizerOptions& ho) cons
   if (cfg.optim.max_grad_norm <= 0) return "no clipping: updates start as gradients land";
   std::string out =
       "clipping at max_grad_norm " + ShortNumber(cfg.optim.max_grad_norm) + ", speculation ";
+  if (!ho.mode.Exact()) {
+    return out +
+           "never (compact states cannot be corrected after an update: every update waits "
+           "for the step's norm)";
+  }
   if (ho.tier == StateTier::kNvme || ho.skip_nonfinite) {
     return out + "never (" + (ho.skip_nonfinite ? "fp16 loss scaling" : "the NVMe tier") +
            " holds every update until the step's norm is known)";
@@ -533,6 +545,9 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
 Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
   device_blocks.assign(n, false);
   if (lsp) return PlanLspDeviceOptimizer(resident, used);
+  // Compact states have no device kernels yet: every block's stay in the host arena, whatever
+  // share was asked for (the plan log says so).
+  if (!optimizer_mode.Exact()) return OkStatus();
   int requested = cfg.offload.device_optimizer_blocks;
   if (const double share = cfg.offload.device_optimizer_share; share >= 0) {
     if (!(share <= 1)) {

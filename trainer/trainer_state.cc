@@ -31,15 +31,26 @@ std::vector<ParamSpec> SpecsOf(const BlockLayout& bl) {
   return out;
 }
 
-// Reads block b's fp32 states from checkpoint `r` into the buffers (resized); returns its AdamW step.
-StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout, int b, std::vector<float>* master,
-                                  std::vector<float>* m, std::vector<float>* v) {
+// Reads block b's fp32 states from checkpoint `r` into the buffers (resized); returns its AdamW
+// step. A compact mode's states go into the regions instead (sized by the caller), m and v stay
+// empty.
+StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout, int b,
+                                  std::vector<float>* master, std::vector<float>* m,
+                                  std::vector<float>* v, workers::OptimizerMode mode = {},
+                                  std::vector<uint8_t>* m_region = nullptr,
+                                  std::vector<uint8_t>* v_region = nullptr) {
   master->resize(layout.numel);
-  m->resize(layout.numel);
-  v->resize(layout.numel);
   LayerTarget t;
   t.params = SpecsOf(layout);
   t.master = {std::span<float>(*master)};
+  if (!mode.Exact()) {
+    t.state_dtype = std::string(workers::StateDtypeName(mode.state));
+    t.exp_avg_region = *m_region;
+    t.exp_avg_sq_region = *v_region;
+    return r.ReadLayer(b, t);
+  }
+  m->resize(layout.numel);
+  v->resize(layout.numel);
   t.exp_avg = {std::span<float>(*m)};
   t.exp_avg_sq = {std::span<float>(*v)};
   return r.ReadLayer(b, t);
@@ -66,6 +77,37 @@ std::string Trainer::Impl::Fingerprint() const {
   return ModelFingerprint(model->config().model_type + (lsp ? "+lsp" : ""), layers);
 }
 
+Status Trainer::Impl::CheckOptimizerMode() {
+  ASSIGN_OR_RETURN(optimizer_mode,
+                   workers::ParseOptimizerMode(cfg.optim.state_dtype, cfg.optim.master_dtype));
+  // The names the checkpoints record ("" is fp32).
+  cfg.optim.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
+  cfg.optim.master_dtype = std::string(workers::MasterDtypeName(optimizer_mode.master));
+  if (optimizer_mode.Exact()) return OkStatus();
+  const std::string mode = "optimizer mode " + optimizer_mode.Describe();
+  if (optimizer_mode.master != workers::MasterDtype::kFp32) {
+    return UnimplementedError(
+        "optimizer.master_dtype bf16 is not run by the trainer yet (the "
+        "device reads and checkpoints fp32 masters); leave it fp32");
+  }
+  if (cfg.offload.tier == StateTier::kNvme) {
+    return UnimplementedError(mode +
+                              " with the optimizer states on NVMe: the store's slots hold "
+                              "fp32 states; use offload_optimizer.device cpu or exact states");
+  }
+  if (cfg.lsp.enabled) {
+    return UnimplementedError(mode +
+                              " with compression lsp: LSP keeps its own fp32 subspace "
+                              "states");
+  }
+  if (cfg.parallel.world_size > 1) {
+    return UnimplementedError(mode + " with data parallelism (world size " +
+                              std::to_string(cfg.parallel.world_size) +
+                              "): the other ranks read fp32 states");
+  }
+  return OkStatus();
+}
+
 Status Trainer::Impl::ReadBlockStates(int b, float* master, float* exp_avg, float* exp_avg_sq) {
   if (device_opt && device_opt->owns(b)) return device_opt->ReadStates(b, master, exp_avg, exp_avg_sq);
   return host->ReadStates(b, master, exp_avg, exp_avg_sq);
@@ -83,17 +125,29 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   RETURN_IF_ERROR(Flush());
   ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(cfg.output_dir, completed));
   std::vector<float> master, m, v;
+  std::vector<uint8_t> m_region, v_region;  // compact states, in their own format
+  const bool compact = !optimizer_mode.Exact();
   for (int b = 0; b < n; ++b) {
     const uint64_t numel = layout[b].numel;
     master.resize(numel);
-    m.resize(numel);
-    v.resize(numel);
-    RETURN_IF_ERROR(ReadBlockStates(b, master.data(), m.data(), v.data()));
     LayerState ls;
+    if (compact) {
+      RETURN_IF_ERROR(ReadBlockStates(b, master.data(), nullptr, nullptr));
+      m_region.resize(host->state_region_bytes(b));
+      v_region.resize(host->state_region_bytes(b));
+      RETURN_IF_ERROR(host->ReadStateRegions(b, m_region.data(), v_region.data()));
+      ls.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
+      ls.exp_avg_region = m_region;
+      ls.exp_avg_sq_region = v_region;
+    } else {
+      m.resize(numel);
+      v.resize(numel);
+      RETURN_IF_ERROR(ReadBlockStates(b, master.data(), m.data(), v.data()));
+      ls.exp_avg = {std::span<const float>(m)};
+      ls.exp_avg_sq = {std::span<const float>(v)};
+    }
     ls.params = SpecsOf(layout[b]);
     ls.master = {std::span<const float>(master)};
-    ls.exp_avg = {std::span<const float>(m)};
-    ls.exp_avg_sq = {std::span<const float>(v)};
     ls.adam_step = accounting->applied();
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
   }
@@ -116,6 +170,8 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, lr_schedule->warmup_steps(),
                   total};
   st.model_fingerprint = Fingerprint();
+  st.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
+  st.master_dtype = std::string(workers::MasterDtypeName(optimizer_mode.master));
   if (scaler) st.grad_scaler = scaler->state();
   if (cfg.auto_batch_size) st.auto_batch = TrainerState::BatchShape{cfg.batch_size, cfg.gradient_accumulation_steps};
   st.log_history = accounting->loss_history();
@@ -134,22 +190,37 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
 Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
   if (!leader()) return RestoreFollower(dir);
   RETURN_IF_ERROR(Flush());
-  ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, Fingerprint()));
+  ASSIGN_OR_RETURN(
+      CheckpointReader r,
+      CheckpointReader::Open(dir, Fingerprint(), cfg.optim.state_dtype, cfg.optim.master_dtype));
   if (r.num_layers() != n) {
     return FailedPreconditionError(dir + ": has " + std::to_string(r.num_layers()) +
                                    " layers, the model " + std::to_string(n));
   }
   std::vector<float> master, m, v;
+  std::vector<uint8_t> m_region, v_region;
   int64_t adam_steps = -1;
   for (int b = 0; b < n; ++b) {
-    ASSIGN_OR_RETURN(const int64_t adam_step, ReadLayerStates(r, layout[b], b, &master, &m, &v));
+    if (!optimizer_mode.Exact()) {  // compact states, in their own format
+      m_region.resize(host->state_region_bytes(b));
+      v_region.resize(host->state_region_bytes(b));
+    }
+    ASSIGN_OR_RETURN(
+        const int64_t adam_step,
+        ReadLayerStates(r, layout[b], b, &master, &m, &v, optimizer_mode, &m_region, &v_region));
     if (adam_steps >= 0 && adam_step != adam_steps) {
       return DataLossError(dir + ": layer " + std::to_string(b) + " has AdamW step " +
                            std::to_string(adam_step) + ", layer 0 " + std::to_string(adam_steps));
     }
     adam_steps = adam_step;
-    RETURN_IF_ERROR(RestoreBlockStates(b, master.data(), m.data(), v.data(),
-                                       static_cast<uint64_t>(adam_step)));
+    if (optimizer_mode.Exact()) {
+      RETURN_IF_ERROR(RestoreBlockStates(b, master.data(), m.data(), v.data(),
+                                         static_cast<uint64_t>(adam_step)));
+    } else {
+      RETURN_IF_ERROR(
+          RestoreBlockStates(b, master.data(), nullptr, nullptr, static_cast<uint64_t>(adam_step)));
+      RETURN_IF_ERROR(host->RestoreStateRegions(b, m_region.data(), v_region.data()));
+    }
   }
   const TrainerState& st = r.state();
   RETURN_IF_ERROR(data->Restore(st.data_cursor));
@@ -222,6 +293,11 @@ Status Trainer::Impl::ExportModel(const std::string& dir) {
   for (int b = 0; b < n; ++b) {
     const int64_t numel = static_cast<int64_t>(layout[b].numel);
     at::Tensor master = at::empty({numel}, at::kFloat);
+    if (!optimizer_mode.Exact()) {  // the weights only (compact states are not fp32)
+      RETURN_IF_ERROR(ReadBlockStates(b, master.data_ptr<float>(), nullptr, nullptr));
+      layout[b].Bind(master);
+      continue;
+    }
     m.resize(numel);
     v.resize(numel);
     RETURN_IF_ERROR(ReadBlockStates(b, master.data_ptr<float>(), m.data(), v.data()));

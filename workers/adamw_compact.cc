@@ -102,6 +102,54 @@ Status ValidateCompactSpan(const CompactSpan& span, OptimizerMode mode) {
   return OkStatus();
 }
 
+uint64_t MasterRegionBytes(MasterDtype d, uint64_t n) {
+  return d == MasterDtype::kBf16 ? MasterCompOffset(n) + 2 * n : 4 * n;
+}
+
+uint64_t StateRegionBytes(StateDtype d, uint64_t n) {
+  switch (d) {
+    case StateDtype::kFp32:
+      return 4 * n;
+    case StateDtype::kBf16:
+      return 2 * n;
+    case StateDtype::kInt8:
+      return Int8ScalesOffset(n) + 4 * Int8Blocks(n);
+  }
+  return 4 * n;
+}
+
+CompactSpan CompactSpanAt(OptimizerMode mode, uint8_t* master, uint8_t* exp_avg,
+                          uint8_t* exp_avg_sq, uint64_t n, uint64_t begin, uint64_t count) {
+  CompactSpan span;
+  span.n = count;
+  span.first_index = begin;
+  if (mode.master == MasterDtype::kBf16) {
+    span.master = master + 2 * begin;
+    span.master_comp = reinterpret_cast<uint16_t*>(master + MasterCompOffset(n) + 2 * begin);
+  } else {
+    span.master = master + 4 * begin;
+  }
+  switch (mode.state) {
+    case StateDtype::kFp32:
+      span.exp_avg = exp_avg + 4 * begin;
+      span.exp_avg_sq = exp_avg_sq + 4 * begin;
+      break;
+    case StateDtype::kBf16:
+      span.exp_avg = exp_avg + 2 * begin;
+      span.exp_avg_sq = exp_avg_sq + 2 * begin;
+      break;
+    case StateDtype::kInt8: {
+      span.exp_avg = exp_avg + begin;
+      span.exp_avg_sq = exp_avg_sq + begin;
+      const uint64_t block = begin / kInt8BlockSize;
+      span.exp_avg_scale = reinterpret_cast<float*>(exp_avg + Int8ScalesOffset(n)) + block;
+      span.exp_avg_sq_scale = reinterpret_cast<float*>(exp_avg_sq + Int8ScalesOffset(n)) + block;
+      break;
+    }
+  }
+  return span;
+}
+
 StatusOr<double> CompactAdamW(const CompactSpan& span, OptimizerMode mode, const AdamWHyper& hyper,
                               KernelPath path) {
   RETURN_IF_ERROR(ValidateCompactSpan(span, mode));

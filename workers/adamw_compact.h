@@ -64,6 +64,16 @@ double StateBytesPerParam(OptimizerMode mode);
 // exact with bf16 gradients and weights, 16.06 with int8 states.
 double StepTrafficBytesPerParam(OptimizerMode mode, GradDtype grad, WeightDtype weights);
 
+// The arena region of a shard's master weights and of each Adam state in `mode`, for n elements.
+// A region holds everything the mode keeps for that tensor, so it can be copied, checkpointed and
+// staged as one blob: fp32: float[n]; bf16 master: bf16[n], then its compensation bf16[n] at
+// MasterCompOffset(n); bf16 states: bf16[n]; int8 states: the codes [n], then one fp32 scale per
+// block of kInt8BlockSize at Int8ScalesOffset(n).
+uint64_t MasterRegionBytes(MasterDtype d, uint64_t n);
+uint64_t StateRegionBytes(StateDtype d, uint64_t n);
+inline uint64_t MasterCompOffset(uint64_t n) { return (2 * n + 63) / 64 * 64; }
+inline uint64_t Int8ScalesOffset(uint64_t n) { return (n + 63) / 64 * 64; }
+
 struct CompactSpan {
   const void* grad = nullptr;
   GradDtype grad_dtype = GradDtype::kBf16;
@@ -88,5 +98,11 @@ struct CompactSpan {
 StatusOr<double> CompactAdamW(const CompactSpan& span, OptimizerMode mode, const AdamWHyper& hyper,
                               KernelPath path);
 Status ValidateCompactSpan(const CompactSpan& span, OptimizerMode mode);
+
+// The span of elements [begin, begin + count) of a tensor of n elements whose regions (laid out as
+// MasterRegionBytes/StateRegionBytes say) start at master/exp_avg/exp_avg_sq; begin is a multiple
+// of kInt8BlockSize. grad, weights and the seed are the caller's.
+CompactSpan CompactSpanAt(OptimizerMode mode, uint8_t* master, uint8_t* exp_avg,
+                          uint8_t* exp_avg_sq, uint64_t n, uint64_t begin, uint64_t count);
 
 }  // namespace offloadd::workers

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "ipc/ring_queue.h"
+#include "workers/adamw_compact.h"
 #include "workers/adamw_kernel.h"
 
 namespace offloadd::workers {
@@ -53,6 +54,13 @@ inline constexpr uint32_t kFlagNoWeights = 1u << 2;    // do not write a 16-bit 
 inline constexpr uint32_t kFlagOverwrite = 1u << 3;    // accumulate: first micro-batch, acc = g
 inline constexpr uint32_t kFlagGradFp16 = 1u << 4;     // fp16 gradients (fp16 loss scaling)
 inline constexpr uint32_t kFlagSpeculative = 1u << 5;  // AdamW: skip chunks with inf/NaN grads
+// AdamW in a compact optimizer mode (workers/adamw_compact.h): the master and state regions are
+// laid out as MasterRegionBytes/StateRegionBytes say for the command's num_elements (the offsets
+// point at the regions' starts), and stochastic rounding's seed is the command's layer. Not with
+// kAdamWCorrect: a quantised state cannot be corrected after the fact.
+inline constexpr uint32_t kFlagStateBf16 = 1u << 6;
+inline constexpr uint32_t kFlagStateInt8 = 1u << 7;
+inline constexpr uint32_t kFlagMasterBf16 = 1u << 8;
 
 inline uint32_t GradDtypeFlags(GradDtype dt) {
   return dt == GradDtype::kFp32 ? kFlagGradFp32 : dt == GradDtype::kFp16 ? kFlagGradFp16 : 0;
@@ -61,6 +69,12 @@ inline uint32_t GradDtypeFlags(GradDtype dt) {
 inline GradDtype GradDtypeFromFlags(uint32_t flags) {
   if (flags & kFlagGradFp32) return GradDtype::kFp32;
   return (flags & kFlagGradFp16) ? GradDtype::kFp16 : GradDtype::kBf16;
+}
+
+inline uint32_t OptimizerModeFlags(OptimizerMode mode) {
+  return (mode.state == StateDtype::kBf16 ? kFlagStateBf16 : 0) |
+         (mode.state == StateDtype::kInt8 ? kFlagStateInt8 : 0) |
+         (mode.master == MasterDtype::kBf16 ? kFlagMasterBf16 : 0);
 }
 
 struct AdamWCommand {

@@ -13,28 +13,80 @@
 
 #include "common/atomic_fence.h"
 #include "common/logging.h"
+#include "workers/adamw_compact.h"
 
 namespace offloadd::workers {
 namespace {
 
+// Destinations a redo slot copies back: exact AdamW's master, exp_avg and exp_avg_sq, a compact
+// mode's pieces (a bf16 master's compensation and the int8 scales are pieces of their own), or an
+// accumulation buffer.
+constexpr uint32_t kMaxSlotArrays = 6;
 struct UndoSlot {
   std::atomic<uint32_t> state;  // kSlotEmpty or kSlotCommitting
-  uint32_t arrays;              // 3 for AdamW (master, exp_avg, exp_avg_sq), 1 for accumulate
+  uint32_t arrays;              // destinations, at most kMaxSlotArrays
   uint64_t counter_offset;      // the chunk's counter
   uint64_t seq;                 // the counter value once the chunk is committed
-  uint64_t count;               // elements per array
-  uint64_t dst_offset[3];       // where each array's chunk lives
+  uint64_t count;               // elements of the chunk
+  uint64_t dst_offset[kMaxSlotArrays];  // where each array's chunk lives
+  uint32_t bytes[kMaxSlotArrays];       // each array's bytes (count * 4 for fp32 arrays)
 };
-static_assert(sizeof(UndoSlot) <= 64);
+constexpr uint64_t kSlotHeaderBytes = 128;
+static_assert(sizeof(UndoSlot) <= kSlotHeaderBytes);
+constexpr uint64_t kSlotDataBytes = 3 * kChunkElements * sizeof(float);
 constexpr uint32_t kSlotEmpty = 0;
 constexpr uint32_t kSlotCommitting = 1;
-constexpr uint64_t kUndoSlotBytes = 64 + 3 * kChunkElements * sizeof(float);
+constexpr uint64_t kUndoSlotBytes = kSlotHeaderBytes + kSlotDataBytes;
+
+uint64_t RoundUp64(uint64_t v) { return (v + 63) / 64 * 64; }
 
 UndoSlot* SlotAt(const ipc::Arena& arena, uint64_t undo_offset, uint32_t thread) {
   return arena.At<UndoSlot>(undo_offset + thread * kUndoSlotBytes);
 }
-float* SlotData(UndoSlot* slot, uint32_t array) {
-  return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(slot) + 64) + array * kChunkElements;
+// Array a's data: the arrays follow the header in order, each at a multiple of 64 bytes.
+uint8_t* SlotData(UndoSlot* slot, const uint32_t* bytes, uint32_t array) {
+  uint64_t at = kSlotHeaderBytes;
+  for (uint32_t i = 0; i < array; ++i) at += RoundUp64(bytes[i]);
+  return reinterpret_cast<uint8_t*>(slot) + at;
+}
+uint64_t SlotDataBytes(const uint32_t* bytes, uint32_t arrays) {
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < arrays; ++i) total += RoundUp64(bytes[i]);
+  return total;
+}
+
+// A compact-mode chunk's state as pieces of shared memory: the pointers in `span` to re-point at
+// the slot's copies, with each piece's bytes.
+struct Piece {
+  void** field;
+  uint32_t bytes;
+};
+uint32_t CompactPieces(CompactSpan* span, OptimizerMode mode, Piece out[kMaxSlotArrays]) {
+  const uint64_t n = span->n;
+  const uint32_t state = mode.state == StateDtype::kFp32   ? 4
+                         : mode.state == StateDtype::kBf16 ? 2
+                                                           : 1;
+  uint32_t k = 0;
+  out[k++] = {&span->master,
+              static_cast<uint32_t>(n * (mode.master == MasterDtype::kBf16 ? 2 : 4))};
+  if (mode.master == MasterDtype::kBf16)
+    out[k++] = {reinterpret_cast<void**>(&span->master_comp), static_cast<uint32_t>(2 * n)};
+  out[k++] = {&span->exp_avg, static_cast<uint32_t>(n * state)};
+  out[k++] = {&span->exp_avg_sq, static_cast<uint32_t>(n * state)};
+  if (mode.state == StateDtype::kInt8) {
+    const auto scales = static_cast<uint32_t>(4 * Int8Blocks(n));
+    out[k++] = {reinterpret_cast<void**>(&span->exp_avg_scale), scales};
+    out[k++] = {reinterpret_cast<void**>(&span->exp_avg_sq_scale), scales};
+  }
+  return k;
+}
+
+OptimizerMode ModeFromFlags(uint32_t flags) {
+  OptimizerMode mode;
+  if (flags & kFlagStateBf16) mode.state = StateDtype::kBf16;
+  if (flags & kFlagStateInt8) mode.state = StateDtype::kInt8;
+  if (flags & kFlagMasterBf16) mode.master = MasterDtype::kBf16;
+  return mode;
 }
 
 // Whether [offset, +bytes) overlaps the undo log of `threads` slots at `undo_offset`. A command's
@@ -61,18 +113,19 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
   for (uint32_t t = 0; t < threads; ++t) {
     UndoSlot* slot = SlotAt(arena, undo_offset, t);
     if (slot->state.load(std::memory_order_acquire) != kSlotCommitting) continue;
-    bool aligned = slot->counter_offset % sizeof(uint64_t) == 0;
-    for (uint32_t a = 0; a < slot->arrays && a < 3; ++a) aligned = aligned && slot->dst_offset[a] % 4 == 0;
-    if (slot->arrays > 3 || slot->count > kChunkElements || slot->seq == 0 || !aligned) {
+    const uint32_t arrays = slot->arrays;
+    if (arrays > kMaxSlotArrays || slot->count > kChunkElements || slot->seq == 0 ||
+        slot->counter_offset % sizeof(uint64_t) != 0 ||
+        SlotDataBytes(slot->bytes, arrays) > kSlotDataBytes) {
       return DataLossError("redo slot " + std::to_string(t) + " is corrupt");
     }
     RETURN_IF_ERROR(arena.Check(slot->counter_offset, sizeof(uint64_t)));
     if (OverlapsUndoLog(undo_offset, threads, slot->counter_offset, sizeof(uint64_t))) {
       return DataLossError("redo slot " + std::to_string(t) + " is corrupt: its counter lies in the undo region");
     }
-    for (uint32_t a = 0; a < slot->arrays; ++a) {
-      RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->count * sizeof(float)));
-      if (OverlapsUndoLog(undo_offset, threads, slot->dst_offset[a], slot->count * sizeof(float))) {
+    for (uint32_t a = 0; a < arrays; ++a) {
+      RETURN_IF_ERROR(arena.Check(slot->dst_offset[a], slot->bytes[a]));
+      if (OverlapsUndoLog(undo_offset, threads, slot->dst_offset[a], slot->bytes[a])) {
         return DataLossError("redo slot " + std::to_string(t) + " is corrupt: array " + std::to_string(a) +
                              " would be copied into the undo region");
       }
@@ -82,9 +135,9 @@ StatusOr<uint32_t> RecoverUndoSlots(const ipc::Arena& arena, uint64_t undo_offse
     // Below seq: not committed yet (AdamW and accumulate counters read seq - 1 then; a correction
     // counter may be older, as not every step is corrected).
     if (counter.load(std::memory_order_acquire) < slot->seq) {
-      for (uint32_t a = 0; a < slot->arrays; ++a) {
-        std::memcpy(arena.At<float>(slot->dst_offset[a]), SlotData(slot, a),
-                    slot->count * sizeof(float));
+      for (uint32_t a = 0; a < arrays; ++a) {
+        std::memcpy(arena.At<uint8_t>(slot->dst_offset[a]), SlotData(slot, slot->bytes, a),
+                    slot->bytes[a]);
       }
       offloadd::Fence(std::memory_order_seq_cst);
       counter.store(slot->seq, std::memory_order_seq_cst);
@@ -101,6 +154,7 @@ struct ShardExecutor::Job {
   WeightDtype weight_dtype{};
   bool overwrite = false;
   bool speculative = false;  // kAdamW with kFlagSpeculative: non-finite chunks stay untouched
+  OptimizerMode mode;        // kAdamW: the master's and states' formats
   uint32_t layer = 0;
   uint64_t n = 0;
   uint64_t chunks = 0;
@@ -217,38 +271,78 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
       return OkStatus();
     }
   }
-  const uint32_t arrays = job.kind == CommandKind::kAccumulate ? 1 : 3;
   const uint64_t processed = chunks_processed_.fetch_add(1);
   const bool crash_here =
       options_.crash_point != CrashPoint::kNone && processed == options_.crash_after_chunks;
-  float* state[3] = {};
-  for (uint32_t a = 0; a < arrays; ++a) {
-    state[a] = arena_->At<float>(job.state_offset[a] + begin * sizeof(float));
-  }
   UndoSlot* slot =
       options_.crash_consistent ? SlotAt(*arena_, options_.undo_offset, thread) : nullptr;
-  float* out[3] = {};
-  for (uint32_t a = 0; a < arrays; ++a) out[a] = slot != nullptr ? SlotData(slot, a) : state[a];
-  if (job.kind != CommandKind::kAccumulate) {
-    AdamWSpan span;
+  // The chunk's state as pieces of shared memory (dst) and where the update writes them (out: the
+  // redo slot's copies, or the shared state itself).
+  uint32_t arrays = 0;
+  uint8_t* dst[kMaxSlotArrays] = {};
+  uint64_t dst_offset[kMaxSlotArrays] = {};
+  uint32_t bytes[kMaxSlotArrays] = {};
+  uint16_t* weights = job.kind == CommandKind::kAccumulate || job.weight_dtype == WeightDtype::kNone
+                          ? nullptr
+                          : arena_->At<uint16_t>(job.weights_offset + begin * sizeof(uint16_t));
+  if (job.kind != CommandKind::kAccumulate && !job.mode.Exact()) {
+    CompactSpan span = CompactSpanAt(job.mode, arena_->At<uint8_t>(job.state_offset[0]),
+                                     arena_->At<uint8_t>(job.state_offset[1]),
+                                     arena_->At<uint8_t>(job.state_offset[2]), job.n, begin, count);
     span.grad = grad;
     span.grad_dtype = job.grad_dtype;
-    span.master = state[0];
-    span.exp_avg = state[1];
-    span.exp_avg_sq = state[2];
-    span.out_master = out[0];
-    span.out_exp_avg = out[1];
-    span.out_exp_avg_sq = out[2];
+    span.weights = weights;
     span.weight_dtype = job.weight_dtype;
-    span.weights = job.weight_dtype == WeightDtype::kNone
-                       ? nullptr
-                       : arena_->At<uint16_t>(job.weights_offset + begin * sizeof(uint16_t));
-    span.n = count;
-    *sq_norm = correct ? CorrectAdamW(span, job.hyper, options_.path)
-                       : FusedAdamW(span, job.hyper, options_.path);
+    span.seed = job.layer;
+    Piece pieces[kMaxSlotArrays];
+    arrays = CompactPieces(&span, job.mode, pieces);
+    for (uint32_t a = 0; a < arrays; ++a) {
+      dst[a] = static_cast<uint8_t*>(*pieces[a].field);
+      dst_offset[a] = static_cast<uint64_t>(dst[a] - arena_->At<uint8_t>(0));
+      bytes[a] = pieces[a].bytes;
+    }
+    if (slot != nullptr) {  // the update runs in place on the slot's copy of the old state
+      for (uint32_t a = 0; a < arrays; ++a) {
+        uint8_t* copy = SlotData(slot, bytes, a);
+        std::memcpy(copy, dst[a], bytes[a]);
+        *pieces[a].field = copy;
+      }
+    }
+    StatusOr<double> sq = CompactAdamW(span, job.mode, job.hyper, options_.path);
+    if (!sq.ok()) return sq.status();
+    *sq_norm = *sq;
   } else {
-    *sq_norm =
-        AccumulateGrad(out[0], grad, job.grad_dtype, count, job.overwrite, options_.path, state[0]);
+    arrays = job.kind == CommandKind::kAccumulate ? 1 : 3;
+    float* out[3] = {};
+    for (uint32_t a = 0; a < arrays; ++a) {
+      dst_offset[a] = job.state_offset[a] + begin * sizeof(float);
+      dst[a] = arena_->At<uint8_t>(dst_offset[a]);
+      bytes[a] = static_cast<uint32_t>(count * sizeof(float));
+    }
+    for (uint32_t a = 0; a < arrays; ++a) {
+      out[a] = reinterpret_cast<float*>(slot != nullptr ? SlotData(slot, bytes, a) : dst[a]);
+    }
+    float* state[3] = {};
+    for (uint32_t a = 0; a < arrays; ++a) state[a] = reinterpret_cast<float*>(dst[a]);
+    if (job.kind != CommandKind::kAccumulate) {
+      AdamWSpan span;
+      span.grad = grad;
+      span.grad_dtype = job.grad_dtype;
+      span.master = state[0];
+      span.exp_avg = state[1];
+      span.exp_avg_sq = state[2];
+      span.out_master = out[0];
+      span.out_exp_avg = out[1];
+      span.out_exp_avg_sq = out[2];
+      span.weight_dtype = job.weight_dtype;
+      span.weights = weights;
+      span.n = count;
+      *sq_norm = correct ? CorrectAdamW(span, job.hyper, options_.path)
+                         : FusedAdamW(span, job.hyper, options_.path);
+    } else {
+      *sq_norm = AccumulateGrad(out[0], grad, job.grad_dtype, count, job.overwrite, options_.path,
+                                state[0]);
+    }
   }
   if (crash_here && options_.crash_point == CrashPoint::kAfterKernel) CrashForTest();
   if (slot != nullptr) {
@@ -256,14 +350,16 @@ Status ShardExecutor::RunChunk(const Job& job, uint32_t thread, uint64_t chunk, 
     slot->counter_offset = counter_offset;
     slot->seq = job.seq;
     slot->count = count;
-    for (uint32_t a = 0; a < arrays; ++a)
-      slot->dst_offset[a] = job.state_offset[a] + begin * sizeof(float);
+    for (uint32_t a = 0; a < arrays; ++a) {
+      slot->dst_offset[a] = dst_offset[a];
+      slot->bytes[a] = bytes[a];
+    }
     // The slot (data and header) must be complete before the shared state starts changing.
     offloadd::Fence(std::memory_order_seq_cst);
     slot->state.store(kSlotCommitting, std::memory_order_seq_cst);
     offloadd::Fence(std::memory_order_seq_cst);
     for (uint32_t a = 0; a < arrays; ++a) {
-      std::memcpy(state[a], out[a], count * sizeof(float));
+      std::memcpy(dst[a], SlotData(slot, bytes, a), bytes[a]);
       if (crash_here && a == 0 && options_.crash_point == CrashPoint::kMidCopy) CrashForTest();
     }
   }
@@ -317,6 +413,13 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
                                                                : WeightDtype::kBf16;
       job->hyper = {c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.step, c.grad_scale};
       RETURN_IF_ERROR(ValidateHyper(job->hyper));
+      if ((command.flags & kFlagStateBf16) && (command.flags & kFlagStateInt8))
+        return InvalidArgumentError("optimizer mode flags say both bf16 and int8 states");
+      job->mode = ModeFromFlags(command.flags);
+      if (job->kind == CommandKind::kAdamWCorrect && !job->mode.Exact()) {
+        return InvalidArgumentError(
+            "a correction of a speculative update needs exact states, not " + job->mode.Describe());
+      }
       break;
     }
     case CommandKind::kAccumulate: {
@@ -349,12 +452,14 @@ Status ShardExecutor::Validate(const ipc::CommandRecord& command, Job* job) cons
   if (job->kind == CommandKind::kGradNorm) return OkStatus();
   const bool correct = job->kind == CommandKind::kAdamWCorrect;
   RETURN_IF_ERROR(check("counters", job->counters_offset, job->chunks * (correct ? 16 : 8), 8));
-  const uint32_t arrays = job->kind == CommandKind::kAccumulate ? 1 : 3;
-  for (uint32_t a = 0; a < arrays; ++a) {
-    RETURN_IF_ERROR(check(a == 0   ? "master/accum"
-                          : a == 1 ? "exp_avg"
-                                   : "exp_avg_sq",
-                          job->state_offset[a], job->n * 4, 4));
+  if (job->kind == CommandKind::kAccumulate) {
+    RETURN_IF_ERROR(check("accum", job->state_offset[0], job->n * 4, 4));
+  } else {
+    RETURN_IF_ERROR(
+        check("master", job->state_offset[0], MasterRegionBytes(job->mode.master, job->n), 4));
+    const uint64_t state = StateRegionBytes(job->mode.state, job->n);
+    RETURN_IF_ERROR(check("exp_avg", job->state_offset[1], state, 4));
+    RETURN_IF_ERROR(check("exp_avg_sq", job->state_offset[2], state, 4));
   }
   if (job->kind != CommandKind::kAccumulate && job->weight_dtype != WeightDtype::kNone) {
     RETURN_IF_ERROR(check("weights", job->weights_offset, job->n * 2, 2));

@@ -54,7 +54,9 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
   const uint64_t gsize = GradBytes(o.grad_dtype);
   uint64_t bytes = 0;
   ForEachShard(layers, o, [&](size_t l, uint64_t, uint64_t n) {
-    bytes += RoundUp(n * gsize, kAlign) + (o.states_resident ? 3 * RoundUp(n * 4, kAlign) : 0) +
+    const uint64_t states = RoundUp(MasterRegionBytes(o.mode.master, n), kAlign) +
+                            2 * RoundUp(StateRegionBytes(o.mode.state, n), kAlign);
+    bytes += RoundUp(n * gsize, kAlign) + (o.states_resident ? states : 0) +
              (HasWeights(o, l) ? RoundUp(n * 2, kAlign) : 0) +
              RoundUp(AdamWCountersBytes(n), kAlign);
     if (o.accumulation_steps > 1)
@@ -68,8 +70,9 @@ uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOpt
   return bytes + RoundUp(table, kAlign) + kAlign;
 }
 
-uint64_t BytesPerParameter(const ShardLayoutOptions& o) {
-  return GradBytes(o.grad_dtype) + (o.states_resident ? 12 : 0) +
+double BytesPerParameter(const ShardLayoutOptions& o) {
+  return static_cast<double>(GradBytes(o.grad_dtype)) +
+         (o.states_resident ? StateBytesPerParam(o.mode) : 0) +
          (o.weight_dtype != WeightDtype::kNone ? 2 : 0) + (o.accumulation_steps > 1 ? 4 : 0);
 }
 
@@ -81,9 +84,11 @@ Status BindShardsToWorkers(const ipc::Arena& arena, const std::vector<ShardSpec>
     if (node < 0) continue;
     const uint64_t n = s.num_elements;
     const uint64_t gsize = GradBytes(s.grad_dtype);
+    const uint64_t state = StateRegionBytes(s.mode.state, n);
     const std::pair<uint64_t, uint64_t> ranges[] = {
-        {s.grad_offset, n * gsize},   {s.master_offset, n * 4},  {s.exp_avg_offset, n * 4},
-        {s.exp_avg_sq_offset, n * 4}, {s.weights_offset, n * 2}, {s.accum_offset, n * 4}};
+        {s.grad_offset, n * gsize}, {s.master_offset, MasterRegionBytes(s.mode.master, n)},
+        {s.exp_avg_offset, state},  {s.exp_avg_sq_offset, state},
+        {s.weights_offset, n * 2},  {s.accum_offset, n * 4}};
     for (const auto& [offset, bytes] : ranges) {
       if (offset == 0) continue;  // no accumulation buffer
       Status st = ipc::BindToNumaNode(arena.At<void>(offset), bytes, node);
@@ -121,11 +126,14 @@ StatusOr<std::vector<ShardSpec>> AllocateShards(ipc::Arena* arena,
     spec.num_elements = n;
     spec.grad_dtype = o.grad_dtype;
     spec.weight_dtype = o.weight_dtype;
+    spec.mode = o.mode;
     spec.grad_offset = alloc("grad", ipc::RegionKind::kGradStaging, n * gsize);
     if (o.states_resident) {
-      spec.master_offset = alloc("master", ipc::RegionKind::kMaster, n * 4);
-      spec.exp_avg_offset = alloc("exp_avg", ipc::RegionKind::kExpAvg, n * 4);
-      spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, n * 4);
+      const uint64_t state = StateRegionBytes(o.mode.state, n);
+      spec.master_offset =
+          alloc("master", ipc::RegionKind::kMaster, MasterRegionBytes(o.mode.master, n));
+      spec.exp_avg_offset = alloc("exp_avg", ipc::RegionKind::kExpAvg, state);
+      spec.exp_avg_sq_offset = alloc("exp_avg_sq", ipc::RegionKind::kExpAvgSq, state);
     }
     if (HasWeights(o, l))
       spec.weights_offset = alloc("weights", ipc::RegionKind::kParamStaging, n * 2);

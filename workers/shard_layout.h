@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "ipc/arena.h"
+#include "workers/adamw_compact.h"
 #include "workers/step_driver.h"
 #include "workers/worker_pool.h"
 
@@ -40,6 +41,9 @@ struct ShardLayoutOptions {
   // Per layer (empty: none): its 16-bit weight copy lives elsewhere (the NVMe store, staged through
   // the caller's slots, StepDriver::SetBeforeUpdate setting weights_offset); no region for it.
   std::vector<bool> weights_elsewhere = {};
+  // The master's and states' formats (workers/adamw_compact.h): the regions are sized by it
+  // (MasterRegionBytes, StateRegionBytes) and every shard's AdamW runs in it.
+  OptimizerMode mode = {};
 };
 
 // Number of arena regions AllocateShards plus a pool of `processes` workers will create.
@@ -48,12 +52,13 @@ uint32_t RegionsFor(const std::vector<uint64_t>& layers, const ShardLayoutOption
 // Segment bytes (data area) for the shards, the pool's rings and redo slots, and the region table.
 uint64_t ArenaBytesFor(const std::vector<uint64_t>& layers, const ShardLayoutOptions& options,
                        const WorkerPoolOptions& pool);
-// Host RAM per parameter of the shards' tensors (gradient staging, fp32 master and moments when
-// states_resident, the 16-bit weight copy unless weight_dtype is kNone, the fp32 accumulation
-// buffer): what planners multiply by the parameter count. ArenaBytesFor adds to that the step
-// counters (16 B per 2048 parameters), 4 KiB rounding per region, the rings and the table.
-// bf16 compute, RAM tier, no accumulation: 2 + 12 + 2 = 16 with the 16-bit copy, 14 without.
-uint64_t BytesPerParameter(const ShardLayoutOptions& options);
+// Host RAM per parameter of the shards' tensors (gradient staging, master and moments in the
+// mode's formats when states_resident: 12 bytes exact, 8 with bf16 states, 6.03 with int8, the
+// 16-bit weight copy unless weight_dtype is kNone, the fp32 accumulation buffer): what planners
+// multiply by the parameter count. ArenaBytesFor adds to that the step counters (16 B per 2048
+// parameters), 4 KiB rounding per region, the rings and the table. bf16 compute, RAM tier, no
+// accumulation: 2 + 12 + 2 = 16 with the 16-bit copy, 14 without.
+double BytesPerParameter(const ShardLayoutOptions& options);
 // Moves every shard's state onto the NUMA node of the worker that updates it (no-op when the
 // workers run on one node). Call after WorkerPool::Start and before the first step; needs the
 // shards to be mapped by this process only or CAP_SYS_NICE (mbind MPOL_MF_MOVE).

@@ -89,7 +89,10 @@ Status StepDriver::BeginStep(uint64_t step, double lr, float grad_unscale) {
   // kAuto: while fewer than half of the steps seen (up to the last 16) clipped; the first step
   // speculates. (Counting against 16 whatever the history held kept a run where every step clips
   // speculating and correcting for its first 8 steps.)
-  speculate_ = config_.max_grad_norm > 0 && !config_.skip_nonfinite &&
+  // A compact mode's quantised states cannot be corrected afterwards: its steps never speculate.
+  const bool compact = std::any_of(shards_.begin(), shards_.end(),
+                                   [](const ShardSpec& s) { return !s.mode.Exact(); });
+  speculate_ = config_.max_grad_norm > 0 && !config_.skip_nonfinite && !compact &&
                (config_.speculation == Speculation::kAlways ||
                 (config_.speculation == Speculation::kAuto &&
                  (recent_clips_.empty() || 2 * clips < recent_clips_.size())));
@@ -197,6 +200,7 @@ Status StepDriver::SubmitUpdate(size_t shard, float grad_scale, CommandKind kind
   r.flags |= accumulated ? kFlagGradFp32 : GradDtypeFlags(s.grad_dtype);
   if (s.weight_dtype == WeightDtype::kNone) r.flags |= kFlagNoWeights;
   if (s.weight_dtype == WeightDtype::kFp16) r.flags |= kFlagWeightsFp16;
+  r.flags |= OptimizerModeFlags(s.mode);
   r.Pack(AdamWCommand{s.num_elements, accumulated ? s.accum_offset : s.grad_offset, s.master_offset,
                       s.exp_avg_offset, s.exp_avg_sq_offset, s.weights_offset, s.counters_offset,
                       step_ - skipped_steps_, lr_, config_.beta1, config_.beta2, config_.eps,

@@ -67,6 +67,9 @@ struct ShardSpec {
   uint64_t grad_offset = 0;  // staging buffer the GPU writes each micro-batch into
   GradDtype grad_dtype = GradDtype::kBf16;
   uint64_t master_offset = 0, exp_avg_offset = 0, exp_avg_sq_offset = 0;
+  // The formats of the master and states (workers/adamw_compact.h; exact by default). A compact
+  // mode is never speculated: its updates wait for the global norm when clipping.
+  OptimizerMode mode = {};
   uint64_t weights_offset = 0;  // bf16 copy for the GPU
   WeightDtype weight_dtype = WeightDtype::kBf16;
   uint64_t counters_offset = 0;        // CountersBytes(num_elements), zeroed before step 1

@@ -146,21 +146,32 @@ TEST_F(JobRefusalsTest, CombinationsTheTrainerRefusesAtStart) {
   }
 }
 
-// Compact optimizer modes are not run by the trainer yet: refused naming the field and the value;
-// exact (unset or fp32) is accepted, and an unknown number is named.
-TEST_F(JobRefusalsTest, CompactOptimizerModesAreRefusedUntilTheTrainerRunsThem) {
+// Compact optimizer modes: bf16 and int8 states with an fp32 master are run by the trainer and
+// accepted; what it does not run with them yet (NVMe states, LSP, data parallelism, a bf16
+// master) is refused naming the field and the mode; an unknown number is named.
+TEST_F(JobRefusalsTest, CompactStatesAreAcceptedAndWhatTheTrainerDoesNotRunIsRefused) {
   v1::JobSpec s = Spec();
-  s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);
-  ExpectOnly(Validate(s), "optimizer.state_dtype", "int8 is not built into the trainer yet");
+  for (v1::StateDtype d : {v1::STATE_DTYPE_INT8, v1::STATE_DTYPE_BF16}) {
+    s = Spec();
+    s.mutable_optimizer()->set_state_dtype(d);
+    const ValidationResult r = Validate(s);
+    EXPECT_TRUE(r.ok()) << Describe(r);
+  }
   s = Spec();
-  s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_BF16);
-  ExpectOnly(Validate(s), "optimizer.state_dtype", "bf16 is not built into the trainer yet");
+  s.mutable_training()->set_optim("adamw_bnb_8bit");  // resolves to state_dtype int8
+  const ValidationResult bnb = Validate(s);
+  EXPECT_TRUE(bnb.ok()) << Describe(bnb);
   s = Spec();
   s.mutable_optimizer()->set_master_dtype(v1::MASTER_DTYPE_BF16);
   ExpectOnly(Validate(s), "optimizer.master_dtype", "bf16 is not built into the trainer yet");
   s = Spec();
-  s.mutable_training()->set_optim("adamw_bnb_8bit");  // resolves to state_dtype int8
-  ExpectOnly(Validate(s), "optimizer.state_dtype", "int8 is not built into the trainer yet");
+  s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  const std::vector<FieldViolation> nvme = UnsupportedOptions(s);
+  ASSERT_FALSE(nvme.empty());
+  EXPECT_EQ(nvme[0].field, "offload.offload_optimizer.device");
+  EXPECT_NE(nvme[0].description.find("optimizer.state_dtype int8"), std::string::npos)
+      << nvme[0].description;
   s = Spec();
   s.mutable_optimizer()->set_state_dtype(static_cast<v1::StateDtype>(9));
   ExpectOnly(Validate(s), "optimizer.state_dtype", "unknown value 9");

@@ -2,6 +2,7 @@
 // each compact optimizer mode (what the planners price once the arena holds them).
 #include <gtest/gtest.h>
 
+#include "trainer/host_memory.h"
 #include "trainer/host_optimizer_layout.h"
 
 namespace offloadd::trainer::internal {
@@ -29,6 +30,25 @@ TEST(HostOptimizerSizeTest, CompactModesShrinkTheArenaAndTheUpdatesTraffic) {
   o.tier = StateTier::kNvme;  // states in the store: the arena holds gradients only
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kFp32}),
                    static_cast<double>(HostOptimizer::BytesPerParameter(o)));
+}
+
+// The validator's and --validate-only's host-RAM line: the arena in a compact mode is priced with
+// the mode's bytes and says so; exact says what it always said.
+TEST(HostOptimizerSizeTest, TheHostMemoryPredictionNamesACompactModesBytesPerParameter) {
+  HostMemoryInputs in;
+  in.optimizer.block_elements = {1 << 20, 1 << 20};
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.host_weight_copy = false;
+  const HostMemoryPrediction exact = PredictHostMemory(in);
+  EXPECT_EQ(exact.Describe().find("B/parameter"), std::string::npos) << exact.Describe();
+  in.optimizer.mode = {StateDtype::kInt8, MasterDtype::kFp32};
+  const HostMemoryPrediction int8 = PredictHostMemory(in);
+  EXPECT_NE(int8.Describe().find("at 8.03 B/parameter, not exact: fp32 master, int8 states"),
+            std::string::npos)
+      << int8.Describe();
+  // 5.97 B per parameter fewer (exact's 12 of master and states against 6.03), pages aside.
+  EXPECT_NEAR(static_cast<double>(exact.total - int8.total), (6 - 8.0 / 256) * (2 << 20),
+              6 * 4096.0);
 }
 
 }  // namespace

@@ -211,6 +211,93 @@ TEST_F(HostOptimizerTest, NoWeightCopyArenaIsSmallerAndTrainsTheSame) {
   }
 }
 
+// Compact optimizer states (int8 blocks, bf16): the arena shrinks by the states' bytes, the
+// workers update them, their regions come out and go back in as they are (a checkpoint), and the
+// restored optimizer continues with the same bits; what the trainer does not run with compact
+// states (the NVMe tier, a bf16 master) is refused naming the mode.
+TEST_F(HostOptimizerTest, CompactStatesShrinkTheArenaAndRestoreTheirRegionsBitForBit) {
+  HostOptimizerOptions exact = Options(StateTier::kCpu);
+  exact.compute = HostDtype::kBf16;
+  exact.host_weight_copy = false;
+  exact.block_elements = {1 << 18, 1 << 19, 1 << 17};  // whole pages: no rounding
+  const uint64_t params = 7 << 17;
+  for (const workers::StateDtype state : {workers::StateDtype::kInt8, workers::StateDtype::kBf16}) {
+    HostOptimizerOptions o = exact;
+    o.mode = {state, workers::MasterDtype::kFp32};
+    const bool int8 = state == workers::StateDtype::kInt8;
+    EXPECT_DOUBLE_EQ(HostOptimizer::BytesPerParameter(o), int8 ? 2 + 4 + 2 * (1 + 4.0 / 256) : 10);
+    const double saved = int8 ? 2 * (3 - 4.0 / 256) : 4;  // per parameter, against exact's 14
+    EXPECT_NEAR(
+        static_cast<double>(HostOptimizer::ArenaBytes(exact) - HostOptimizer::ArenaBytes(o)),
+        saved * params, 6 * 4096.0);
+    auto a = Make(o), b = Make(o), e = Make(exact);
+    ASSERT_TRUE(a && b && e);
+    const auto run = [](HostOptimizer* h, uint64_t s) {
+      ASSERT_TRUE(h->BeginStep(s, 1e-3).ok());
+      for (int blk = h->num_blocks() - 1; blk >= 0; --blk) {
+        ASSERT_TRUE(Bounded("WaitStagingFree", [&] { return h->WaitStagingFree(blk); }).ok());
+        auto* g = static_cast<uint16_t*>(h->grad_staging(blk));
+        for (uint64_t i = 0; i < h->elements(blk); ++i)  // bf16 values of +-1e-3 .. 6e-3
+          g[i] = static_cast<uint16_t>(0x3a83 + ((i * 7 + s + blk) % 13) * 0x10 + (i % 2) * 0x8000);
+        ASSERT_TRUE(h->GradsReady(blk, 0, nullptr).ok());
+      }
+      ASSERT_TRUE(h->FinishStepAsync().ok());
+      auto r = Bounded("WaitFinished", [&] { return h->WaitFinished(s); });
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    };
+    for (uint64_t s = 1; s <= 3; ++s) {
+      run(a.get(), s);
+      run(e.get(), s);
+    }
+    std::vector<float> master;
+    std::vector<uint8_t> m, v;
+    for (int blk = 0; blk < a->num_blocks(); ++blk) {  // a's step-3 state into b (a resume)
+      const uint64_t n = a->elements(blk);
+      ASSERT_EQ(a->state_region_bytes(blk), workers::StateRegionBytes(state, n));
+      master.resize(n);
+      m.resize(a->state_region_bytes(blk));
+      v.resize(a->state_region_bytes(blk));
+      std::vector<float> fp32(n);
+      EXPECT_EQ(a->ReadStates(blk, master.data(), fp32.data(), fp32.data()).code(),
+                StatusCode::kFailedPrecondition)
+          << "compact states are not fp32";
+      ASSERT_TRUE(a->ReadStates(blk, master.data(), nullptr, nullptr).ok());
+      ASSERT_TRUE(a->ReadStateRegions(blk, m.data(), v.data()).ok());
+      EXPECT_NE(std::memcmp(master.data(), e->master_weights(blk), n * 4), 0)
+          << "the mode acts: its masters are not exact's";
+      ASSERT_TRUE(b->RestoreStates(blk, master.data(), nullptr, nullptr, 3).ok());
+      ASSERT_TRUE(b->RestoreStateRegions(blk, m.data(), v.data()).ok());
+    }
+    ASSERT_TRUE(b->ResumeAt(3, 3).ok());
+    run(a.get(), 4);
+    run(b.get(), 4);
+    for (int blk = 0; blk < a->num_blocks(); ++blk) {
+      const uint64_t n = a->elements(blk);
+      EXPECT_EQ(std::memcmp(a->master_weights(blk), b->master_weights(blk), n * 4), 0) << blk;
+      std::vector<uint8_t> ma(m.size()), va(m.size()), mb(m.size()), vb(m.size());
+      ma.resize(a->state_region_bytes(blk));
+      va.resize(ma.size());
+      mb.resize(ma.size());
+      vb.resize(ma.size());
+      ASSERT_TRUE(a->ReadStateRegions(blk, ma.data(), va.data()).ok());
+      ASSERT_TRUE(b->ReadStateRegions(blk, mb.data(), vb.data()).ok());
+      EXPECT_EQ(ma, mb) << blk;
+      EXPECT_EQ(va, vb) << blk;
+    }
+  }
+  HostOptimizerOptions nvme = Options(StateTier::kNvme);
+  nvme.mode = {workers::StateDtype::kInt8, workers::MasterDtype::kFp32};
+  auto refused = HostOptimizer::Create(nvme);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("fp32 master, int8 states on the NVMe tier"),
+            std::string::npos)
+      << refused.status().ToString();
+  HostOptimizerOptions bf16_master = Options(StateTier::kCpu);
+  bf16_master.mode = {workers::StateDtype::kFp32, workers::MasterDtype::kBf16};
+  EXPECT_EQ(HostOptimizer::Create(bf16_master).status().code(), StatusCode::kUnimplemented);
+}
+
 // Per-block placement (nvme_blocks): blocks 0 and 3 keep their states in RAM, the other four (more
 // than the three staging slots, so prefetches and reused slots rotate) in the store. Training is
 // bit for bit that of every block in RAM, only the NVMe blocks touch the disk (12 B per parameter

@@ -90,6 +90,16 @@ TEST(ParamTrafficTest, TheUpdatesHostBytesAndAPlacedBlocksSavingsFollowTheLayout
   EXPECT_DOUBLE_EQ(defaults.d2h_saved_per_param, derived.d2h_saved_per_param);
 }
 
+// A compact optimizer mode moves its own master and state bytes: 2 x (4 + 2 x 2) with bf16
+// states, 2 x (4 + 2 x 1.016) with int8 (their block scales), where exact moves 2 x 12.
+TEST(ParamTrafficTest, CompactModesMoveTheirStatesBytes) {
+  ParamTraffic t;
+  t.state_bytes = 8;
+  EXPECT_DOUBLE_EQ(HostUpdateBytesPerParam(t), 2 + 16);
+  t.state_bytes = 4 + 2 * (1 + 4.0 / 256);
+  EXPECT_DOUBLE_EQ(HostUpdateBytesPerParam(t), 2 + 2 * (4 + 2 * (1 + 4.0 / 256)));
+}
+
 // States on NVMe: 12 B per NVMe parameter read and written at the store's rates is a resource of
 // its own, and those bytes cross host memory into and out of the staging slots.
 TEST(NvmeTermTest, TheStoresReadsAndWritesEnterTheBound) {

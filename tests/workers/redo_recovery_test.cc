@@ -16,7 +16,8 @@ namespace {
 
 // The slot header's layout (shard_executor.cc's UndoSlot), written byte by byte as a crashed
 // worker would have left it in shared memory.
-constexpr size_t kState = 0, kArrays = 4, kCounter = 8, kSeq = 16, kCount = 24, kDst = 32, kData = 64;
+constexpr size_t kState = 0, kArrays = 4, kCounter = 8, kSeq = 16, kCount = 24, kDst = 32,
+                 kBytes = 80, kData = 128;
 constexpr uint32_t kCommitting = 1;
 
 class RedoRecoveryTest : public ::testing::Test {
@@ -44,6 +45,8 @@ class RedoRecoveryTest : public ::testing::Test {
     Put64(s, kSeq, 5);
     Put64(s, kCount, count);
     Put64(s, kDst, dst);
+    const auto bytes = static_cast<uint32_t>(count * sizeof(float));
+    std::memcpy(s + kBytes, &bytes, 4);
     std::vector<float> data(count, 7.5f);
     std::memcpy(s + kData, data.data(), count * sizeof(float));
   }

@@ -30,6 +30,8 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
                --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --speculate=auto|always|never (updates before the clipping norm is known; default
                auto on a GPU, never on the CPU; never is the bitwise-reproducible choice)
+               --state-dtype=fp32|bf16|int8 (AdamW states; bf16/int8 are not exact, fp32 master,
+                 states on the host: docs/optimizer-modes.md) --master-dtype=fp32 (bf16 refused)
                --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
                  learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
@@ -260,6 +262,8 @@ void AddOptimizerFlags(FlagTable& f) {
   f.Assign("--growth-interval",
            [](TrainArgs& a, Arg v) { a.config.loss_scale.growth_interval = Int64(v); });
   f.Assign("--speculate", [](TrainArgs& a, Arg v) { a.config.optim.speculation = v; });
+  f.Assign("--state-dtype", [](TrainArgs& a, Arg v) { a.config.optim.state_dtype = v; });
+  f.Assign("--master-dtype", [](TrainArgs& a, Arg v) { a.config.optim.master_dtype = v; });
   f.Value("--compression",
           [](TrainArgs& a, const std::string& v) { return ParseLspSpec(v, &a.config.lsp); });
   f.Assign("--adamw-kernel", [](TrainArgs& a, Arg v) { a.config.adamw_kernel = v; });

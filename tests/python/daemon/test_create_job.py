@@ -362,12 +362,11 @@ def test_pasted_hf_names_and_sizes_act_through_the_daemon(daemon, workspace):
     fields = {v.field: v.description for v in e.value.field_violations}
     assert "offloadd trains with AdamW (optim: adamw_torch, adamw_torch_fused" in fields["training.optim"]
 
-    # 8-bit AdamW's name is int8 states, which the trainer does not run yet: refused as that.
+    # 8-bit AdamW's name is int8 states, which the trainer runs (with an fp32 master).
     spec["training"]["optim"] = "adamw_bnb_8bit"
-    with offloadd.Client(daemon.target) as c, pytest.raises(offloadd.InvalidArgument) as e:
-        c.create_job(spec, validate_only=True)
-    fields = {v.field: v.description for v in e.value.field_violations}
-    assert "int8 is not built into the trainer yet" in fields["optimizer.state_dtype"], fields
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(spec, validate_only=True)
+    assert job.spec.optimizer.state_dtype == pb.STATE_DTYPE_INT8, job.spec.optimizer
 
 
 def test_spec_and_daemon_problems_come_back_in_one_run(binary_dir, daemon, workspace):
