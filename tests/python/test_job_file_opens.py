@@ -52,7 +52,7 @@ ALLOWED = {
         "the data-parallel group's shared segment in the daemon's rendezvous directory (state_dir)",
     ("trainer/shape_profile.cc", "opendir(sub.c_str())"):
         "the daemon's profile cache (<state_dir>/profiles/shapes), not a job path",
-    ("trainer/checkpoint.cc", "::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW"):
+    ("trainer/checkpoint_files.cc", "::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW"):
         "a new file in a checkpoint directory opened through the confined output_dir descriptor",
     ("trainer/checkpoint.cc", "::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW"):
         "a checkpoint directory under the confined output_dir descriptor, never through a symlink",
