@@ -9,6 +9,7 @@
 #include "common/crc32c.h"
 #include "common/file.h"
 #include "common/file_identity.h"
+#include "common/safe_path.h"
 #include "trainer/checkpoint_state.h"
 
 namespace offloadd::trainer::checkpoint_internal {
