@@ -186,7 +186,8 @@ class ChannelObserver final : public trainer::TrainObserver {
   void WriteEvents(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
     if (!events_) return;
     if (Status st = events_->AddScalars(step, values, WallTimeNow()); !st.ok()) {
-      Log(v1::LOG_LEVEL_WARNING, "report_to tensorboard: no more events are written: " + st.ToString());
+      Log(v1::LOG_LEVEL_WARNING,
+          "report_to tensorboard: no more events are written: " + st.ToString());
       events_.reset();
     }
   }
@@ -320,7 +321,8 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   }
   RETURN_IF_ERROR(CheckOutputSpaceAtStart(config));
   const auto& report_to = job.spec().training().report_to();
-  if (rank == 0 && std::find(report_to.begin(), report_to.end(), "tensorboard") != report_to.end()) {
+  if (rank == 0 &&
+      std::find(report_to.begin(), report_to.end(), "tensorboard") != report_to.end()) {
     // A new file per run: a restarted or resumed job continues its curves in the next one.
     auto events = EventFileWriter::Create(config.output_dir + "/runs");
     if (!events.ok()) return events.status().WithContext("report_to tensorboard");

@@ -148,8 +148,8 @@ StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget,
   return preview;
 }
 
-// The first records of a Parquet or Arrow file, or a directory (Parquet shards, save_to_disk), as the
-// job reads them (text/dataset.h): rows are decoded a row group or record batch at a time.
+// The first records of a Parquet or Arrow file, or a directory (Parquet shards, save_to_disk), as
+// the job reads them (text/dataset.h): rows are decoded a row group or record batch at a time.
 StatusOr<Preview> PreviewColumnarRecords(const std::string& path, const PreviewBudget& budget) {
   const auto max_records = static_cast<size_t>(budget.records_per_file);
   Preview preview;
@@ -159,7 +159,8 @@ StatusOr<Preview> PreviewColumnarRecords(const std::string& path, const PreviewB
       preview.whole_file = false;
       return CancelledError("preview complete");
     }
-    if (!r.error.empty()) return InvalidArgumentError(path + ":" + std::to_string(r.line) + ": " + r.error);
+    if (!r.error.empty())
+      return InvalidArgumentError(path + ":" + std::to_string(r.line) + ": " + r.error);
     preview.records.push_back(r);
     return OkStatus();
   });
@@ -363,8 +364,10 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   if (c.Fails(field, real.status())) return "";
   const bool columnar = text::IsColumnarDataset(*real);
   if (IsDirectory(*real) && !columnar) {
-    c.Add(field, "'" + *real + "' is a directory; give the JSON, JSON Lines or Parquet file, or a directory of "
-                 "Parquet shards");
+    c.Add(field,
+          "'" + *real +
+              "' is a directory; give the JSON, JSON Lines or Parquet file, or a directory of "
+              "Parquet shards");
     return "";
   }
   const bool whole_so_far = sum.whole;
@@ -375,7 +378,8 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   if (!budget.seen.insert(*real).second || budget.render->spent() || budget.render->Stopped())
     return *real;
   bool skipped = false;
-  auto preview = columnar ? PreviewColumnarRecords(*real, budget) : PreviewRecords(*real, &budget, &skipped);
+  auto preview =
+      columnar ? PreviewColumnarRecords(*real, budget) : PreviewRecords(*real, &budget, &skipped);
   if (budget.render->Stopped()) return *real;
   if (c.Fails(field, preview.status())) return *real;
   text::DatasetOptions opts;

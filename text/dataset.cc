@@ -13,11 +13,11 @@
 #include <string_view>
 
 #include "common/safe_path.h"
+#include "text/arrow_ipc_reader.h"
 #include "text/batcher.h"
 #include "text/chat_template.h"
 #include "text/gzip_reader.h"
 #include "text/json_guard.h"
-#include "text/arrow_ipc_reader.h"
 #include "text/parquet_reader.h"
 #include "text/tokenizer.h"
 
@@ -551,7 +551,8 @@ StatusOr<std::vector<std::string>> ParquetShards(const std::string& dir) {
   ::closedir(d);
   std::sort(out.begin(), out.end());
   if (out.empty()) {
-    return InvalidArgumentError(dir + ": a directory without *.parquet files (a dataset directory holds "
+    return InvalidArgumentError(dir +
+                                ": a directory without *.parquet files (a dataset directory holds "
                                 "Parquet shards)");
   }
   return out;
@@ -572,11 +573,13 @@ Status ForEachRowRecord(ForEachRow for_each_row, const std::string& path,
   });
 }
 
-Status ForEachParquetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+Status ForEachParquetRecord(const std::string& path,
+                            const std::function<Status(const RawRecord&)>& each) {
   return ForEachRowRecord(ForEachParquetRow, path, each);
 }
 
-Status ForEachArrowRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+Status ForEachArrowRecord(const std::string& path,
+                          const std::function<Status(const RawRecord&)>& each) {
   return ForEachRowRecord(ForEachArrowRow, path, each);
 }
 
@@ -701,7 +704,8 @@ Status ForEachRecord(const std::string& path, const std::function<Status(const R
 
 }  // namespace
 
-Status ForEachDatasetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each) {
+Status ForEachDatasetRecord(const std::string& path,
+                            const std::function<Status(const RawRecord&)>& each) {
   return ForEachRecord(path, each);
 }
 
@@ -709,7 +713,8 @@ bool IsColumnarDataset(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return false;
   if (S_ISDIR(st.st_mode)) return true;
-  if (EndsWith(path, ".parquet") || EndsWith(path, ".arrow") || EndsWith(path, ".feather")) return true;
+  if (EndsWith(path, ".parquet") || EndsWith(path, ".arrow") || EndsWith(path, ".feather"))
+    return true;
   StatusOr<OwnedFd> fd = OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead);
   if (!fd.ok()) return false;
   char head[8] = {};
@@ -761,10 +766,10 @@ StatusOr<DatasetReader> DatasetReader::Load(const std::vector<std::string>& path
     RETURN_IF_ERROR(ForEachRecord(path, [&](const RawRecord& raw) -> Status {
       ++reader.stats_.records;
       ojson record = raw.error.empty() ? ojson::parse(raw.text, nullptr, false) : ojson();
-      StatusOr<Document> doc = !raw.error.empty() ? StatusOr<Document>(InvalidArgumentError(raw.error))
-                               : record.is_discarded()
-                                   ? StatusOr<Document>(InvalidArgumentError("not valid JSON"))
-                                   : encoder.Encode(record);
+      StatusOr<Document> doc =
+          !raw.error.empty()      ? StatusOr<Document>(InvalidArgumentError(raw.error))
+          : record.is_discarded() ? StatusOr<Document>(InvalidArgumentError("not valid JSON"))
+                                  : encoder.Encode(record);
       if (!doc.ok()) {
         const std::string msg =
             path + ":" + std::to_string(raw.line) + ": " + doc.status().message();

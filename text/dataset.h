@@ -28,8 +28,8 @@
 // text (with special tokens) plus EOS is trained.
 //
 // Errors: a malformed record is an error "file:line: what" (line of the record's first
-// character; a Parquet file's row), unless skip_bad_records, which skips and counts it (stats().skipped and the first
-// messages in stats().first_errors).
+// character; a Parquet file's row), unless skip_bad_records, which skips and counts it
+// (stats().skipped and the first messages in stats().first_errors).
 
 #include <cstdint>
 #include <functional>
@@ -145,7 +145,8 @@ struct RawRecord {
 // JSON Lines file (plain or gzip), a Parquet or Arrow file, a directory of Parquet shards or a
 // save_to_disk directory. A status
 // `each` returns ends the walk and is returned (CANCELLED to stop early, e.g. after a preview).
-Status ForEachDatasetRecord(const std::string& path, const std::function<Status(const RawRecord&)>& each);
+Status ForEachDatasetRecord(const std::string& path,
+                            const std::function<Status(const RawRecord&)>& each);
 // Whether `path` is read as rows, not lines of text: a Parquet or Arrow file (by name or magic),
 // or a directory (Parquet shards, or a Hugging Face save_to_disk directory).
 bool IsColumnarDataset(const std::string& path);

@@ -244,8 +244,8 @@ double Trainer::Impl::SecondsPerFlop(int64_t micro) {
   for (int i = 0; i < kReps; ++i) y = at::mm(x, w);
   Synchronize(cuda);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kReps;
-  return seconds_per_flop[micro] =
-             secs / (2.0 * static_cast<double>(rows) * static_cast<double>(h) * static_cast<double>(f));
+  return seconds_per_flop[micro] = secs / (2.0 * static_cast<double>(rows) *
+                                           static_cast<double>(h) * static_cast<double>(f));
 }
 
 namespace {
@@ -348,8 +348,9 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
   return t;
 }
 
-StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, const NodeProfile& prof,
-                                                   int64_t seq, std::string* basis, int64_t memory_seq) {
+StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
+                                                   const NodeProfile& prof, int64_t seq,
+                                                   std::string* basis, int64_t memory_seq) {
   const int64_t T = seq > 0 ? seq : SeqLength();
   const int64_t mem_T = memory_seq > 0 ? memory_seq : SeqLength();
   BatchCandidate cand;
@@ -419,8 +420,9 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation, 
     timed = *t;
   }
   // The flop count at the GEMM rate: the blocks' estimates are at mem_T tokens per row.
-  const double spf =
-      profiled || timed ? 0 : SecondsPerFlop(micro) * static_cast<double>(T) / static_cast<double>(mem_T);
+  const double spf = profiled || timed ? 0
+                                       : SecondsPerFlop(micro) * static_cast<double>(T) /
+                                             static_cast<double>(mem_T);
   const bool may_keep = cuda && cfg.offload.activations == ActivationMode::kAuto && cfg.offload.layer_overrides.empty();
   const std::vector<int64_t> need = DeviceOptimizerNeeds(resident, accumulation);
   PlanInputs in;
@@ -573,7 +575,8 @@ Status Trainer::Impl::PredictLengths(const NodeProfile& prof) {
   const int64_t A = cfg.gradient_accumulation_steps;
   for (int64_t len : lengths) {
     // Rows of this length throughout: the GPU memory sized for them, the work timed at them.
-    StatusOr<BatchCandidate> priced = PriceBatch(micro, static_cast<int>(A), prof, len, nullptr, len);
+    StatusOr<BatchCandidate> priced =
+        PriceBatch(micro, static_cast<int>(A), prof, len, nullptr, len);
     LengthPrediction l;
     l.seq = len;
     if (!priced.ok()) {  // the configured length priced above; another one only informs
@@ -594,7 +597,8 @@ Status Trainer::Impl::PredictLengths(const NodeProfile& prof) {
     if (!c.feasible) {
       o << "does not fit (" << c.why_not << ")";
     } else {
-      o << l.step_seconds << " s/step, " << l.tokens_per_second / 1e3 << "k tokens/s (" << c.plan.bound << ")";
+      o << l.step_seconds << " s/step, " << l.tokens_per_second / 1e3 << "k tokens/s ("
+        << c.plan.bound << ")";
       if (cuda) {
         o << ", GPU peak " << FormatByteSize(static_cast<uint64_t>(l.gpu_bytes)) << " of "
           << FormatByteSize(static_cast<uint64_t>(gpu_budget));

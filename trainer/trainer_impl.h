@@ -232,8 +232,9 @@ struct Trainer::Impl {
   // seq: tokens per row priced (0: SeqLength()); `basis` (may be null) gets where the GPU work's
   // figures came from; memory_seq: the row length the GPU memory is sized for (0: SeqLength(), the
   // longest row a job of records of varying length may meet).
-  StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof, int64_t seq = 0,
-                                      std::string* basis = nullptr, int64_t memory_seq = 0);
+  StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof,
+                                      int64_t seq = 0, std::string* basis = nullptr,
+                                      int64_t memory_seq = 0);
   // The configured step at other row lengths (PredictStep): powers of two from 1024 (less for a
   // model of fewer than 4096 positions) up to its max_position_embeddings, and max_seq_length.
   Status PredictLengths(const NodeProfile& prof);

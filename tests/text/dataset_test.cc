@@ -283,15 +283,16 @@ TEST(DatasetReader, BrokenParquetAndArrowFilesAreErrorsNamingThem) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/train.parquet", std::ios::binary) << "PAR1" << std::string(16, '\0') << "PAR1";
   std::ofstream(dir + "/x.bin", std::ios::binary) << "ARROW1" << std::string(10, '\0');
-  std::ofstream(dir + "/stream.bin", std::ios::binary) << std::string(4, '\xff') << std::string(8, '\1');
+  std::ofstream(dir + "/stream.bin", std::ios::binary)
+      << std::string(4, '\xff') << std::string(8, '\1');
   const std::string hf = dir + "/hf_dataset";
   std::filesystem::create_directories(hf);
   std::ofstream(hf + "/dataset_info.json") << "{}";
   std::ofstream(hf + "/data-00000-of-00001.arrow") << "x";
   for (const std::string& path : {dir + "/train.parquet", dir + "/x.bin", dir + "/stream.bin",
                                   hf + "/data-00000-of-00001.arrow"}) {
-    auto ds = DatasetReader::Load({path == hf + "/data-00000-of-00001.arrow" ? hf : path}, *tok, nullptr,
-                                  DatasetOptions{});
+    auto ds = DatasetReader::Load({path == hf + "/data-00000-of-00001.arrow" ? hf : path}, *tok,
+                                  nullptr, DatasetOptions{});
     ASSERT_FALSE(ds.ok()) << path;
     EXPECT_EQ(ds.status().code(), StatusCode::kDataLoss) << ds.status().ToString();
     EXPECT_NE(ds.status().message().find(path + ": "), std::string::npos) << ds.status().message();
@@ -300,7 +301,8 @@ TEST(DatasetReader, BrokenParquetAndArrowFilesAreErrorsNamingThem) {
   std::filesystem::create_directories(dir + "/plain");
   auto plain = DatasetReader::Load({dir + "/plain"}, *tok, nullptr, DatasetOptions{});
   ASSERT_FALSE(plain.ok());
-  EXPECT_NE(plain.status().message().find("/plain: a directory without *.parquet files"), std::string::npos)
+  EXPECT_NE(plain.status().message().find("/plain: a directory without *.parquet files"),
+            std::string::npos)
       << plain.status().message();
 }
 

@@ -26,12 +26,11 @@
 #include <vector>
 
 #include "common/file.h"
-#include "trainer/group_link.h"
 #include "tests/trainer/host_optimizer_testlib.h"
+#include "trainer/group_link.h"
 
 namespace offloadd::trainer {
 namespace {
-
 
 TEST_F(HostOptimizerTest, HealthyStepsUpdateEveryBlock) {
   auto h = Make(Options(StateTier::kNvme));

@@ -20,7 +20,6 @@
 
 namespace offloadd::trainer {
 
-
 inline constexpr auto kBound = std::chrono::seconds(20);
 
 inline std::string BinaryDir() {
@@ -90,7 +89,8 @@ class HostOptimizerTest : public ::testing::Test {
     EXPECT_TRUE(h.ok()) << h.status().ToString();
     if (!h.ok()) return nullptr;
     Status init = (*h)->Initialize([&](int b, float* master) {
-      for (uint64_t i = 0; i < o.block_elements[b]; ++i) master[i] = 0.01f * static_cast<float>(i % 7);
+      for (uint64_t i = 0; i < o.block_elements[b]; ++i)
+        master[i] = 0.01f * static_cast<float>(i % 7);
       return OkStatus();
     });
     EXPECT_TRUE(init.ok()) << init.ToString();
