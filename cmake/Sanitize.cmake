@@ -26,11 +26,12 @@ set(OFFLOADD_ASAN_SUITES
     trainer_test trainer_trace_test checkpoint_test
     job_validator_test train_job_config_test executor_protocol_test
     daemon_config_test daemon_jobs_test daemon_job_manager_test
-    daemon_train_metrics_test
+    daemon_train_metrics_test daemon_openai_test
+    tensorboard_writer_test torchrun_env_test
     client_test)
 # The concurrency-heavy ones for TSan: job manager, worker pool, ring queue, store.
 set(OFFLOADD_TSAN_SUITES
-    daemon_job_manager_test workers_test ipc_test
+    daemon_job_manager_test daemon_openai_test workers_test ipc_test
     storage_tensor_store_test storage_fault_test storage_process_test)
 
 set(OFFLOADD_SANITIZE_SUITES "")
