@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "common/safe_path.h"
+#include "text/byte_source.h"
 
 namespace offloadd::text {
 
@@ -402,53 +403,7 @@ StatusOr<ojson> Value(const Column& c, uint64_t i, const std::string& where) {
   }
 }
 
-// Reads messages from `src` (pread or memory) one at a time.
-class MessageReader {
- public:
-  virtual ~MessageReader() = default;
-  virtual uint64_t size() const = 0;
-  virtual Status ReadAt(uint64_t off, uint64_t n, std::string* out) const = 0;
-};
-
-class BufferReader final : public MessageReader {
- public:
-  explicit BufferReader(std::string_view b) : b_(b) {}
-  uint64_t size() const override { return b_.size(); }
-  Status ReadAt(uint64_t off, uint64_t n, std::string* out) const override {
-    out->assign(b_.substr(off, n));
-    return OkStatus();
-  }
-
- private:
-  std::string_view b_;
-};
-
-class FileReader final : public MessageReader {
- public:
-  FileReader(OwnedFd fd, uint64_t size, std::string path)
-      : fd_(std::move(fd)), size_(size), path_(std::move(path)) {}
-  uint64_t size() const override { return size_; }
-  Status ReadAt(uint64_t off, uint64_t n, std::string* out) const override {
-    out->resize(n);
-    uint64_t done = 0;
-    while (done < n) {
-      const ssize_t got =
-          ::pread(fd_.get(), out->data() + done, n - done, static_cast<off_t>(off + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) return ErrnoError(errno, path_ + ": read");
-      if (got == 0) return DataLossError(path_ + ": the file ended early");
-      done += static_cast<uint64_t>(got);
-    }
-    return OkStatus();
-  }
-
- private:
-  OwnedFd fd_;
-  uint64_t size_;
-  std::string path_;
-};
-
-Status ReadStream(const MessageReader& src, const std::string& name, const ArrowRowFn& each) {
+Status ReadStream(const ByteSource& src, const std::string& name, const ArrowRowFn& each) {
   uint64_t pos = 0;
   std::string head;
   if (src.size() >= 8) {
@@ -561,14 +516,15 @@ bool HasArrowMagic(std::string_view head) {
 
 Status ForEachArrowRowInBuffer(std::string_view bytes, const std::string& name,
                                const ArrowRowFn& each) {
-  return ReadStream(BufferReader(bytes), name, each);
+  return ReadStream(BufferByteSource(bytes), name, each);
 }
 
 Status ForEachArrowRow(const std::string& path, const ArrowRowFn& each) {
   ASSIGN_OR_RETURN(OwnedFd fd, OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, path);
-  return ReadStream(FileReader(std::move(fd), static_cast<uint64_t>(st.st_size), path), path, each);
+  return ReadStream(FileByteSource(std::move(fd), static_cast<uint64_t>(st.st_size), path), path,
+                    each);
 }
 
 StatusOr<std::vector<std::string>> SaveToDiskFiles(const std::string& dir) {

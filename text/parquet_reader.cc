@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/safe_path.h"
+#include "text/byte_source.h"
 #include "text/parquet_format.h"
 #include "text/thrift_compact.h"
 
@@ -23,53 +24,6 @@ using ojson = nlohmann::ordered_json;
 using namespace parquet;  // NOLINT: the format's enums and metadata (parquet_format.h)
 
 constexpr uint64_t kMaxPageBytes = uint64_t{256} << 20;
-
-// Where the file's bytes come from: pread on a file, or a buffer (the fuzz harness).
-class Source {
- public:
-  virtual ~Source() = default;
-  virtual uint64_t size() const = 0;
-  virtual Status ReadAt(uint64_t offset, uint64_t n, std::string* out) const = 0;
-};
-
-class BufferSource final : public Source {
- public:
-  explicit BufferSource(std::string_view b) : b_(b) {}
-  uint64_t size() const override { return b_.size(); }
-  Status ReadAt(uint64_t offset, uint64_t n, std::string* out) const override {
-    out->assign(b_.substr(offset, n));
-    return OkStatus();
-  }
-
- private:
-  std::string_view b_;
-};
-
-class FileSource final : public Source {
- public:
-  FileSource(OwnedFd fd, uint64_t size, std::string path)
-      : fd_(std::move(fd)), size_(size), path_(std::move(path)) {}
-  uint64_t size() const override { return size_; }
-  Status ReadAt(uint64_t offset, uint64_t n, std::string* out) const override {
-    out->resize(n);
-    uint64_t done = 0;
-    while (done < n) {
-      const ssize_t got =
-          ::pread(fd_.get(), out->data() + done, n - done, static_cast<off_t>(offset + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) return ErrnoError(errno, path_ + ": read");
-      if (got == 0)
-        return DataLossError(path_ + ": the file ended early (was it truncated while read?)");
-      done += static_cast<uint64_t>(got);
-    }
-    return OkStatus();
-  }
-
- private:
-  OwnedFd fd_;
-  uint64_t size_;
-  std::string path_;
-};
 
 // ---- decompression -------------------------------------------------------------------------
 
@@ -361,8 +315,8 @@ Status ReadPageHeader(ThriftReader& t, PageHeader* h) {
 }
 
 // Reads and decodes one column chunk.
-Status ReadColumn(const Source& src, const ColumnChunk& cc, const SchemaNode& leaf, ColumnData* out,
-                  const std::string& what) {
+Status ReadColumn(const ByteSource& src, const ColumnChunk& cc, const SchemaNode& leaf,
+                  ColumnData* out, const std::string& what) {
   const int64_t start =
       cc.dictionary_page_offset > 0 && cc.dictionary_page_offset < cc.data_page_offset
           ? cc.dictionary_page_offset
@@ -600,7 +554,7 @@ class Assembler {
   std::vector<Cursor> cursors_;
 };
 
-Status ReadFile(const Source& src, const std::string& name, const ParquetRowFn& each) {
+Status ReadFile(const ByteSource& src, const std::string& name, const ParquetRowFn& each) {
   if (src.size() < 12)
     return DataLossError(name + ": not a Parquet file (shorter than its magic and footer)");
   std::string tail;
@@ -661,14 +615,15 @@ bool HasParquetMagic(std::string_view head) { return head.substr(0, 4) == "PAR1"
 
 Status ForEachParquetRowInBuffer(std::string_view bytes, const std::string& name,
                                  const ParquetRowFn& each) {
-  return ReadFile(BufferSource(bytes), name, each);
+  return ReadFile(BufferByteSource(bytes), name, each);
 }
 
 Status ForEachParquetRow(const std::string& path, const ParquetRowFn& each) {
   ASSIGN_OR_RETURN(OwnedFd fd, OpenConfined(path, O_RDONLY | O_NONBLOCK, Access::kRead));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, path);
-  return ReadFile(FileSource(std::move(fd), static_cast<uint64_t>(st.st_size), path), path, each);
+  return ReadFile(FileByteSource(std::move(fd), static_cast<uint64_t>(st.st_size), path), path,
+                  each);
 }
 
 }  // namespace offloadd::text
