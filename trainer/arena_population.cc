@@ -93,8 +93,10 @@ void ArenaPopulation::Run() {
     if (o_.before_chunk) o_.before_chunk(i);
     const Chunk& c = chunks_[i];
     Status st = ipc::PopulatePages(o_.base + c.begin, c.end - c.begin);
-    const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
+    // Read under the lock: the times follow the order in which the chunks are counted, so the
+    // chunk that completes the population never stamps an end earlier than a gate's.
+    const Clock::time_point now = Clock::now();
     if (!st.ok()) {
       if (error_.ok()) error_ = st;
     } else {
