@@ -327,10 +327,7 @@ int RunDaemon(const DaemonConfig& config) {
     auto api = openai::OpenAiApi::Start(config, jobs->get());
     if (!api.ok()) return Fail(api.status());
     openai_api = std::move(*api);
-    const std::string& listen = config.server.openai_api.listen;
-    OFFLOADD_LOG(kInfo, kLog) << "serving the OpenAI fine-tuning API on http://"
-                              << listen.substr(0, listen.rfind(':')) << ":" << openai_api->port()
-                              << "/v1";
+    OFFLOADD_LOG(kInfo, kLog) << "serving the OpenAI fine-tuning API on " << openai_api->url();
   }
   if (Status s = SdNotify("READY=1\nSTATUS=serving on " + where); !s.ok()) {
     OFFLOADD_LOG(kWarning, kLog) << "sd_notify failed: " << s.ToString();

@@ -60,10 +60,12 @@ void ReadServer(const YAML::Node& n, const YamlReader& r, ServerConfig* c) {
   }
   const YamlReader o = r.Child("openai_api");
   const YAML::Node on = n["openai_api"];
-  if (o.CheckMap(on, {"listen", "auth_token_file", "data_dir", "model_dir", "max_upload_bytes",
-                      "base_learning_rate"})) {
+  if (o.CheckMap(on, {"listen", "tls_cert_file", "tls_key_file", "auth_token_file", "data_dir",
+                      "model_dir", "max_upload_bytes", "base_learning_rate"})) {
     OpenAiApiConfig& api = c->openai_api;
     o.String(on, "listen", &api.listen);
+    o.String(on, "tls_cert_file", &api.tls_cert_file);
+    o.String(on, "tls_key_file", &api.tls_key_file);
     o.String(on, "auth_token_file", &api.auth_token_file);
     o.String(on, "data_dir", &api.data_dir);
     o.String(on, "model_dir", &api.model_dir);
@@ -152,20 +154,53 @@ void Validate(const DaemonConfig& c, std::vector<std::string>* errors) {
   }
   const OpenAiApiConfig& api = c.server.openai_api;
   if (!api.listen.empty()) {
-    if (!ValidHostPort(api.listen)) {
-      errors->push_back("server.openai_api.listen: expected host:port, got '" + api.listen + "'");
-    } else if (!LoopbackHost(api.listen)) {
-      errors->push_back(
-          "server.openai_api.listen: '" + api.listen +
-          "' is not a loopback address; the OpenAI API is served without TLS, so only "
-          "on 127.0.0.0/8, ::1 or localhost (put a TLS proxy in front for others)");
+    const bool unix_socket = api.listen.rfind("unix:", 0) == 0;
+    const bool tls = !api.tls_cert_file.empty() || !api.tls_key_file.empty();
+    if (unix_socket) {
+      const std::string path = api.listen.substr(5);
+      // The socket is bound inside a private directory beside the path first (".offloadd-XXXXXX/s",
+      // server/unix_socket.h), whose path must fit sockaddr_un's 107 bytes too.
+      if (path.empty() || path.front() != '/') {
+        errors->push_back("server.openai_api.listen: '" + api.listen +
+                          "': a Unix socket's path must be absolute (unix:/run/offloadd/openai.sock)");
+      } else if (path.size() + 19 > 107 || path.back() == '/') {
+        errors->push_back("server.openai_api.listen: '" + api.listen +
+                          "': not a file path of at most 88 bytes (a Unix socket's limit)");
+      } else if (path == c.server.unix_socket) {
+        errors->push_back("server.openai_api.listen: '" + api.listen +
+                          "' is server.unix_socket, the gRPC API's socket; give it its own path");
+      }
+      if (tls) {
+        errors->push_back(
+            "server.openai_api.tls_cert_file, tls_key_file: TLS is for a TCP listen (host:port); "
+            "on a Unix socket the socket's mode grants access");
+      }
+    } else if (!ValidHostPort(api.listen)) {
+      errors->push_back("server.openai_api.listen: expected host:port or unix:/path, got '" +
+                        api.listen + "'");
+    } else {
+      for (const auto& [value, key] : {std::pair{api.tls_cert_file, "tls_cert_file"},
+                                       std::pair{api.tls_key_file, "tls_key_file"}}) {
+        if (tls && value.empty()) {
+          errors->push_back(std::string("server.openai_api.") + key +
+                            ": required with the other (TLS needs a certificate and its key)");
+        }
+        absolute(value, std::string("server.openai_api.") + key);
+      }
+      if (!tls && !LoopbackHost(api.listen)) {
+        errors->push_back(
+            "server.openai_api.listen: '" + api.listen +
+            "' is not a loopback address; without TLS the OpenAI API is served only on "
+            "127.0.0.0/8, ::1 or localhost (set tls_cert_file and tls_key_file, or use "
+            "unix:/path)");
+      }
+      if (api.auth_token_file.empty()) {
+        errors->push_back(
+            "server.openai_api.auth_token_file: required when server.openai_api.listen is a TCP "
+            "address (or server.tcp.auth_token_file): every call carries a bearer token");
+      }
+      absolute(api.auth_token_file, "server.openai_api.auth_token_file");
     }
-    if (api.auth_token_file.empty()) {
-      errors->push_back(
-          "server.openai_api.auth_token_file: required when server.openai_api.listen is set (or "
-          "server.tcp.auth_token_file): every call carries a bearer token");
-    }
-    absolute(api.auth_token_file, "server.openai_api.auth_token_file");
     absolute(api.data_dir, "server.openai_api.data_dir");
     absolute(api.model_dir, "server.openai_api.model_dir");
   }
@@ -331,6 +366,8 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   const OpenAiApiConfig& api = c.server.openai_api;
   e << YAML::Key << "openai_api" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "listen" << YAML::Value << Text{api.listen};
+  e << YAML::Key << "tls_cert_file" << YAML::Value << Text{api.tls_cert_file};
+  e << YAML::Key << "tls_key_file" << YAML::Value << Text{api.tls_key_file};
   e << YAML::Key << "auth_token_file" << YAML::Value << Text{api.auth_token_file};
   e << YAML::Key << "data_dir" << YAML::Value << Text{api.data_dir};
   e << YAML::Key << "model_dir" << YAML::Value << Text{api.model_dir};

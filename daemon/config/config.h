@@ -24,10 +24,17 @@ struct TcpConfig {
 };
 
 // The OpenAI-compatible fine-tuning API (daemon/openai/, docs/openai_api.md): HTTP beside gRPC,
-// off unless `listen` is set. It has no TLS, so it listens on a loopback address only; every call
-// carries a bearer token of `auth_token_file` (the token file of docs/security.md).
+// off unless `listen` is set. Authenticated as gRPC is (docs/security.md): on TCP every call
+// carries a bearer token of `auth_token_file`, and only a loopback address is served without TLS;
+// on a Unix socket the socket's mode (server.unix_socket_mode) grants access and each client is
+// the local user it runs as (SO_PEERCRED).
 struct OpenAiApiConfig {
-  std::string listen;           // "host:port" on 127.0.0.0/8, ::1 or localhost; port 0 picks one
+  // "host:port" (port 0 picks one): on 127.0.0.0/8, ::1 or localhost, or on any address with
+  // tls_cert_file and tls_key_file; or "unix:/absolute/path".
+  std::string listen;
+  // PEM files: TLS on the TCP listener (https), the certificate chain and its private key.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   std::string auth_token_file;  // default: server.tcp.auth_token_file
   // Uploaded files (files/) and fine-tuned models (models/); must lie under allowed_roots, since
   // the jobs read and write there. Default: <state_dir>/openai.

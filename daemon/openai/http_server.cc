@@ -12,24 +12,36 @@
 #define BOOST_ASIO_HAS_CO_AWAIT 1
 #endif
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/core/detect_ssl.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <chrono>
+#include <cstring>
 #include <exception>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "common/logging.h"
+#include "daemon/server/unix_socket.h"
 
 namespace offloadd::daemon::openai {
 namespace {
@@ -37,10 +49,59 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using asio::ip::tcp;
+using unix_socket = asio::local::stream_protocol;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+using UnixStream = beast::basic_stream<unix_socket>;
 
 constexpr const char* kLog = "openai-api";
 constexpr uint32_t kMaxHeaderBytes = 16 * 1024;
+constexpr const char* kUnixPrefix = "unix:";
+
+// The operator's own files (not a job's: no allowed_roots), read whole.
+StatusOr<std::string> ReadSettingFile(const std::string& path, const std::string& setting) {
+  if (path.empty()) return InvalidArgumentError(setting + ": not set");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ErrnoError(errno, setting + " " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A server context holding the certificate chain and key: TLS 1.2 and later only.
+StatusOr<std::unique_ptr<ssl::context>> MakeTlsContext(const std::string& cert_file,
+                                                       const std::string& key_file,
+                                                       const std::string& prefix) {
+  const std::string cert_setting = prefix + "tls_cert_file";
+  const std::string key_setting = prefix + "tls_key_file";
+  ASSIGN_OR_RETURN(std::string cert, ReadSettingFile(cert_file, cert_setting));
+  ASSIGN_OR_RETURN(std::string key, ReadSettingFile(key_file, key_setting));
+  auto ctx = std::make_unique<ssl::context>(ssl::context::tls_server);
+  ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                   ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 |
+                   ssl::context::single_dh_use);
+  // A key with a passphrase would make OpenSSL prompt on the daemon's terminal: refuse it instead.
+  ctx->set_password_callback(
+      [](std::size_t, ssl::context::password_purpose) { return std::string(); });
+  boost::system::error_code ec;
+  ctx->use_certificate_chain(asio::buffer(cert), ec);
+  if (ec) {
+    return InvalidArgumentError(cert_setting + " " + cert_file +
+                                ": not a PEM certificate chain (OpenSSL: " + ec.message() + ")");
+  }
+  ctx->use_private_key(asio::buffer(key), ssl::context::pem, ec);
+  if (ec) {
+    return InvalidArgumentError(key_setting + " " + key_file +
+                                ": not an unencrypted PEM private key (OpenSSL: " + ec.message() +
+                                ")");
+  }
+  if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
+    return InvalidArgumentError(key_setting + " " + key_file + " is not the key of " +
+                                cert_setting + " " + cert_file);
+  }
+  return ctx;
+}
 
 StatusOr<tcp::endpoint> ResolveListen(asio::io_context& io, const std::string& listen) {
   const size_t colon = listen.rfind(':');
@@ -69,8 +130,11 @@ struct HttpServer::Impl {
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
   int port = 0;
+  std::unique_ptr<ssl::context> tls;  // set: the TCP listener speaks TLS
+  std::string unix_path;              // set: the Unix socket this server published
   asio::io_context io;
-  tcp::acceptor acceptor{io};
+  tcp::acceptor tcp_acceptor{io};
+  unix_socket::acceptor unix_acceptor{io};
   asio::thread_pool pool;
   std::vector<std::thread> io_threads;
 
@@ -90,11 +154,12 @@ struct HttpServer::Impl {
     return res;
   }
 
-  asio::awaitable<void> Send(beast::tcp_stream& stream, const HttpResponse& r, unsigned version,
+  template <class Stream>
+  asio::awaitable<void> Send(Stream& stream, const HttpResponse& r, unsigned version,
                              bool keep_alive) {
     auto res = ToBeast(r, version, keep_alive);
     boost::system::error_code ec;
-    stream.expires_after(Timeout());
+    beast::get_lowest_layer(stream).expires_after(Timeout());
     co_await http::async_write(stream, res, asio::redirect_error(asio::use_awaitable, ec));
   }
 
@@ -123,18 +188,76 @@ struct HttpServer::Impl {
     }
   }
 
+  struct Count {
+    std::atomic<int>& n;
+    ~Count() { --n; }
+  };
+
+  // A TCP connection: TLS first when the listener has it, then its requests.
+  asio::awaitable<void> ServeTcp(tcp::socket socket) {
+    Count count{connections};
+    if (!tls) {
+      beast::tcp_stream stream(std::move(socket));
+      beast::flat_buffer buffer;
+      co_await Serve(stream, HttpPeer{}, buffer);
+      co_return;
+    }
+    TlsStream stream(std::move(socket), *tls);
+    beast::flat_buffer buffer;
+    boost::system::error_code ec;
+    beast::get_lowest_layer(stream).expires_after(Timeout());
+    // A TLS connection starts with a handshake record; anything else is plain HTTP (http:// to an
+    // https:// port), answered in kind so that the client's error says what is wrong.
+    const bool speaks_tls = co_await beast::async_detect_ssl(
+        beast::get_lowest_layer(stream), buffer, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return;
+    if (!speaks_tls) {
+      HttpResponse refusal =
+          options.error(400, "this address serves HTTPS only: use https://", "tls_required");
+      co_await Send(beast::get_lowest_layer(stream), refusal, 11, false);
+      beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ec);
+      co_return;
+    }
+    const size_t used = co_await stream.async_handshake(
+        ssl::stream_base::server, buffer.data(), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      OFFLOADD_LOG(kDebug, kLog) << "TLS handshake: " << ec.message();
+      co_return;
+    }
+    buffer.consume(used);
+    co_await Serve(stream, HttpPeer{}, buffer);
+    beast::get_lowest_layer(stream).expires_after(std::chrono::seconds(5));
+    co_await stream.async_shutdown(asio::redirect_error(asio::use_awaitable, ec));
+  }
+
+  // A Unix socket connection: its peer is the process that connected (SO_PEERCRED, fixed by the
+  // kernel at connect).
+  asio::awaitable<void> ServeUnix(unix_socket::socket socket) {
+    Count count{connections};
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      OFFLOADD_LOG(kWarning, kLog) << "Unix socket: SO_PEERCRED: " << std::strerror(errno)
+                                   << "; connection closed";
+      co_return;
+    }
+    HttpPeer peer;
+    peer.unix_socket = true;
+    peer.pid = cred.pid;
+    peer.uid = cred.uid;
+    peer.gid = cred.gid;
+    UnixStream stream(std::move(socket));
+    beast::flat_buffer buffer;
+    co_await Serve(stream, peer, buffer);
+  }
+
   // One connection: requests in turn (HTTP/1.1 keep-alive) until the client closes, a timeout, an
   // error response that ends it, or shutdown.
   //
   // No temporary with a destructor appears in a co_await expression here: GCC 12 destroys some of
   // them twice (a double free, seen in HttpServerTest); responses are named locals instead.
-  asio::awaitable<void> Serve(tcp::socket socket) {
-    struct Count {
-      std::atomic<int>& n;
-      ~Count() { --n; }
-    } count{connections};
-    beast::tcp_stream stream(std::move(socket));
-    beast::flat_buffer buffer;
+  template <class Stream>
+  asio::awaitable<void> Serve(Stream& stream, HttpPeer peer, beast::flat_buffer& buffer) {
     while (!stopping.load()) {
       http::request_parser<http::string_body> parser;
       parser.header_limit(kMaxHeaderBytes);
@@ -143,12 +266,12 @@ struct HttpServer::Impl {
       // Beast 1.74 compares a length with an empty limit as greater, refusing every body.)
       parser.body_limit(std::numeric_limits<std::uint64_t>::max());
       boost::system::error_code ec;
-      stream.expires_after(Timeout());
+      beast::get_lowest_layer(stream).expires_after(Timeout());
       co_await http::async_read_header(stream, buffer, parser,
                                        asio::redirect_error(asio::use_awaitable, ec));
       if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
           ec == asio::error::eof || ec == asio::error::connection_reset ||
-          ec == asio::error::operation_aborted) {
+          ec == asio::error::operation_aborted || ec == ssl::error::stream_truncated) {
         break;
       }
       HttpResponse response;
@@ -161,7 +284,7 @@ struct HttpServer::Impl {
       } else {
         version = parser.get().version();
         std::string client;
-        if (co_await Refused(stream, buffer, parser, &client, &response)) {
+        if (co_await Refused(stream, buffer, parser, peer, &client, &response)) {
           if (response.status == 0) break;  // the connection failed: nothing to answer
         } else {
           keep_alive = parser.get().keep_alive();
@@ -178,17 +301,20 @@ struct HttpServer::Impl {
       co_await Send(stream, response, version, keep_alive);
       if (!keep_alive) break;
     }
-    boost::system::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    if constexpr (!std::is_same_v<Stream, TlsStream>) {  // TLS says goodbye first (ServeTcp)
+      boost::system::error_code ignored;
+      beast::get_lowest_layer(stream).socket().shutdown(asio::socket_base::shutdown_both, ignored);
+    }
   }
 
   // After the header: authenticates, bounds and reads the body. True with `*refusal` set when the
   // request is answered without its handler (its status 0 when the connection failed).
-  asio::awaitable<bool> Refused(beast::tcp_stream& stream, beast::flat_buffer& buffer,
-                                http::request_parser<http::string_body>& parser,
+  template <class Stream>
+  asio::awaitable<bool> Refused(Stream& stream, beast::flat_buffer& buffer,
+                                http::request_parser<http::string_body>& parser, HttpPeer peer,
                                 std::string* client_out, HttpResponse* refusal) {
     const auto& header = parser.get();
-    auto client = options.authenticate(std::string(header[http::field::authorization]));
+    auto client = options.authenticate(std::string(header[http::field::authorization]), peer);
     if (!client.ok()) {
       *refusal = options.error(401, client.status().message(), "invalid_api_key");
       co_return true;
@@ -213,7 +339,7 @@ struct HttpServer::Impl {
       }
     }
     parser.body_limit(options.max_body_bytes);  // a chunked body is refused once it passes it
-    stream.expires_after(Timeout());
+    beast::get_lowest_layer(stream).expires_after(Timeout());
     co_await http::async_read(stream, buffer, parser,
                               asio::redirect_error(asio::use_awaitable, ec));
     if (ec == http::error::body_limit) {
@@ -229,24 +355,86 @@ struct HttpServer::Impl {
     }
     co_return false;
   }
-  asio::awaitable<void> Accept() {
-    for (;;) {
+
+  // Whether an accepted connection may be served: false (it closes as it goes out of scope) when
+  // the server stops, accept failed, or max_connections are open already.
+  bool Admit(const boost::system::error_code& ec) {
+    if (ec == asio::error::operation_aborted || stopping.load()) return false;
+    if (ec) {
+      OFFLOADD_LOG(kWarning, kLog) << "accept: " << ec.message();
+      return false;
+    }
+    if (connections.load() >= options.max_connections) {
+      OFFLOADD_LOG(kWarning, kLog)
+          << "connection refused: " << options.max_connections << " connections open already";
+      return false;
+    }
+    ++connections;
+    return true;
+  }
+
+  asio::awaitable<void> AcceptTcp() {
+    while (tcp_acceptor.is_open()) {
       boost::system::error_code ec;
       tcp::socket socket =
-          co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-      if (ec == asio::error::operation_aborted || stopping.load()) co_return;
-      if (ec) {
-        OFFLOADD_LOG(kWarning, kLog) << "accept: " << ec.message();
-        continue;
-      }
-      if (connections.load() >= options.max_connections) {
-        OFFLOADD_LOG(kWarning, kLog)
-            << "connection refused: " << options.max_connections << " connections open already";
-        continue;  // the socket closes as it goes out of scope
-      }
-      ++connections;
-      asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+          co_await tcp_acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      if (Admit(ec)) asio::co_spawn(io, ServeTcp(std::move(socket)), asio::detached);
+      if (stopping.load()) co_return;
     }
+  }
+
+  asio::awaitable<void> AcceptUnix() {
+    while (unix_acceptor.is_open()) {
+      boost::system::error_code ec;
+      unix_socket::socket socket =
+          co_await unix_acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      if (Admit(ec)) asio::co_spawn(io, ServeUnix(std::move(socket)), asio::detached);
+      if (stopping.load()) co_return;
+    }
+  }
+
+  Status ListenTcp() {
+    ASSIGN_OR_RETURN(tcp::endpoint endpoint, ResolveListen(io, options.listen));
+    if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+      ASSIGN_OR_RETURN(tls, MakeTlsContext(options.tls_cert_file, options.tls_key_file,
+                                           options.setting_prefix));
+    }
+    boost::system::error_code ec;
+    tcp_acceptor.open(endpoint.protocol(), ec);
+    if (!ec) tcp_acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) tcp_acceptor.bind(endpoint, ec);
+    if (!ec) tcp_acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return UnavailableError("cannot listen on " + options.listen + ": " + ec.message());
+    port = tcp_acceptor.local_endpoint().port();
+    asio::co_spawn(io, AcceptTcp(), asio::detached);
+    return OkStatus();
+  }
+
+  // Bound in a private directory, given its mode and only then renamed onto its path, as the gRPC
+  // socket is (server/unix_socket.h): nobody connects while it has the umask's mode.
+  Status ListenUnix() {
+    if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+      return InvalidArgumentError(options.setting_prefix +
+                                  "tls_cert_file: TLS is for a TCP listen, not " + options.listen);
+    }
+    const std::string path = options.listen.substr(std::strlen(kUnixPrefix));
+    if (path.empty() || path.front() != '/') {
+      return InvalidArgumentError("a Unix socket's path must be absolute, got '" + options.listen +
+                                  "'");
+    }
+    const std::string setting = options.setting_prefix + "listen";
+    RETURN_IF_ERROR(PrepareUnixSocketPath(path, setting));
+    ASSIGN_OR_RETURN(auto binding, PrivateSocketBinding::Create(path, setting));
+    boost::system::error_code ec;
+    const unix_socket::endpoint endpoint(binding->bind_path());
+    unix_acceptor.open(endpoint.protocol(), ec);
+    if (!ec) unix_acceptor.bind(endpoint, ec);
+    if (!ec) unix_acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return UnavailableError("cannot listen on " + options.listen + ": " + ec.message());
+    RETURN_IF_ERROR(binding->Publish(options.unix_socket_mode));
+    unix_path = path;
+    asio::co_spawn(io, AcceptUnix(), asio::detached);
+    return OkStatus();
   }
 };
 
@@ -257,15 +445,8 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Options options, Handler
     return InvalidArgumentError("HttpServer needs authenticate, error and a handler");
   }
   auto impl = std::make_unique<Impl>(std::move(options), std::move(handler));
-  ASSIGN_OR_RETURN(tcp::endpoint endpoint, ResolveListen(impl->io, impl->options.listen));
-  boost::system::error_code ec;
-  impl->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(endpoint, ec);
-  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return UnavailableError("cannot listen on " + impl->options.listen + ": " + ec.message());
-  impl->port = impl->acceptor.local_endpoint().port();
-  asio::co_spawn(impl->io, impl->Accept(), asio::detached);
+  const bool unix = impl->options.listen.rfind(kUnixPrefix, 0) == 0;
+  RETURN_IF_ERROR(unix ? impl->ListenUnix() : impl->ListenTcp());
   for (int i = 0; i < 2; ++i) {
     impl->io_threads.emplace_back([io = &impl->io] { io->run(); });
   }
@@ -280,12 +461,19 @@ void HttpServer::Shutdown() {
   if (impl_->stopping.exchange(true)) return;
   asio::post(impl_->io, [impl = impl_.get()] {
     boost::system::error_code ignored;
-    impl->acceptor.close(ignored);
+    impl->tcp_acceptor.close(ignored);
+    impl->unix_acceptor.close(ignored);
   });
   // Handlers that are running finish; then the connections' coroutines end with the io_context.
   impl_->pool.join();
   impl_->io.stop();
   for (auto& t : impl_->io_threads) t.join();
+  if (!impl_->unix_path.empty()) unlink(impl_->unix_path.c_str());
+}
+
+Status CheckTlsFiles(const std::string& tls_cert_file, const std::string& tls_key_file,
+                     const std::string& setting_prefix) {
+  return MakeTlsContext(tls_cert_file, tls_key_file, setting_prefix).status();
 }
 
 }  // namespace offloadd::daemon::openai

@@ -186,8 +186,12 @@ struct OpenAiApi::Impl {
 
   Impl(const DaemonConfig& c, JobManager* j) : config(c), jobs(j), quota(ApiQuotaLimits(c)) {}
 
-  // Every token is compared, in constant time per token (docs/security.md, section 2).
-  StatusOr<std::string> Authenticate(const std::string& authorization) const {
+  // On a Unix socket the caller is the local user it runs as, as on the gRPC socket (the socket's
+  // mode is what grants access, docs/security.md section 3); an Authorization header there is not
+  // looked at (the openai package sends its api_key whatever it is). On TCP every token is
+  // compared, in constant time per token (docs/security.md, section 2).
+  StatusOr<std::string> Authenticate(const std::string& authorization, const HttpPeer& peer) const {
+    if (peer.unix_socket) return "unix:uid=" + std::to_string(peer.uid);
     if (authorization.empty()) {
       return Status(StatusCode::kUnauthenticated,
                     "no API key: send the header 'Authorization: Bearer <token>' (a token of "
@@ -382,19 +386,30 @@ struct OpenAiApi::Impl {
     return Json(Page(std::move(data), page.dropped));
   }
 
-  // cancel, pause, resume: the caller's own jobs, or any for an operator's token.
+  // Who may control any job, as on gRPC: an operator's token; on the Unix socket root and the
+  // daemon's own user.
+  bool IsOperator(const std::string& client) const {
+    if (client == "unix:uid=0" || client == "unix:uid=" + std::to_string(::geteuid())) return true;
+    const ClientToken* token = TokenOf(client);
+    return token != nullptr && token->is_operator;
+  }
+
+  // cancel, pause, resume: the caller's own jobs, or any for an operator.
   HttpResponse Control(const std::string& client, const std::string& id,
                        const std::string& action) {
     auto job = jobs->Get(id);
     if (!job.ok()) return Error(FromStatus(job.status(), "fine_tuning_job_id"));
-    const ClientToken* token = TokenOf(client);
-    if (!(token != nullptr && token->is_operator) && job->submitted_by() != client) {
+    if (!IsOperator(client) && job->submitted_by() != client) {
+      const bool local = client.rfind("unix:", 0) == 0;
       return Error({403,
                     "job " + id + " was submitted by " +
                         (job->submitted_by().empty() ? std::string("an unrecorded client")
                                                      : job->submitted_by()) +
                         "; " + client + " may not " + action +
-                        " it (only its submitter, or a token file line marked 'operator')",
+                        (local ? " it (only its submitter, root or the daemon's user, uid " +
+                                     std::to_string(::geteuid()) + ")"
+                               : " it (only its submitter, or a token file line marked "
+                                 "'operator')"),
                     "fine_tuning_job_id", "permission_denied"});
     }
     StatusOr<v1::Job> done = action == "cancel"
@@ -467,11 +482,20 @@ struct OpenAiApi::Impl {
 OpenAiApi::OpenAiApi(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 OpenAiApi::~OpenAiApi() { Shutdown(); }
 
+namespace {
+bool OnUnixSocket(const OpenAiApiConfig& api) { return api.listen.rfind("unix:", 0) == 0; }
+}  // namespace
+
 Status CheckOpenAiApi(const DaemonConfig& config) {
   const OpenAiApiConfig& api = config.server.openai_api;
   if (api.listen.empty()) return OkStatus();
-  auto tokens = ReadTokenFile(api.auth_token_file);
-  if (!tokens.ok()) return tokens.status().WithContext("server.openai_api.auth_token_file");
+  if (!OnUnixSocket(api)) {
+    auto tokens = ReadTokenFile(api.auth_token_file);
+    if (!tokens.ok()) return tokens.status().WithContext("server.openai_api.auth_token_file");
+  }
+  if (!api.tls_cert_file.empty() || !api.tls_key_file.empty()) {
+    RETURN_IF_ERROR(CheckTlsFiles(api.tls_cert_file, api.tls_key_file, "server.openai_api."));
+  }
   const PathPolicy policy(config.allowed_roots);
   if (auto dir = policy.ResolveForWriting(api.data_dir); !dir.ok()) {
     return InvalidArgumentError("server.openai_api.data_dir " + api.data_dir +
@@ -487,7 +511,9 @@ StatusOr<std::unique_ptr<OpenAiApi>> OpenAiApi::Start(const DaemonConfig& config
   RETURN_IF_ERROR(CheckOpenAiApi(config));
   const OpenAiApiConfig& api = config.server.openai_api;
   auto impl = std::make_unique<Impl>(config, jobs);
-  ASSIGN_OR_RETURN(impl->tokens, ReadTokenFile(api.auth_token_file));
+  if (!OnUnixSocket(api)) {
+    ASSIGN_OR_RETURN(impl->tokens, ReadTokenFile(api.auth_token_file));
+  }
   // A daemon running as root opens a job's files with its client's rights (a token's user=): the
   // users must reach their uploads (files/ 0711: by name, not listed; each upload is its
   // uploader's, 0600) and create their models (models/ 01733: like /tmp, but not listed).
@@ -508,11 +534,15 @@ StatusOr<std::unique_ptr<OpenAiApi>> OpenAiApi::Start(const DaemonConfig& config
   };
   HttpServer::Options options;
   options.listen = api.listen;
+  options.unix_socket_mode = config.server.unix_socket_mode;
+  options.tls_cert_file = api.tls_cert_file;
+  options.tls_key_file = api.tls_key_file;
+  options.setting_prefix = "server.openai_api.";
   options.max_body_bytes = api.max_upload_bytes;
   options.handler_threads = kHandlerThreads;
   Impl* self = impl.get();
-  options.authenticate = [self](const std::string& authorization) {
-    return self->Authenticate(authorization);
+  options.authenticate = [self](const std::string& authorization, const HttpPeer& peer) {
+    return self->Authenticate(authorization, peer);
   };
   options.error = [](int status, const std::string& message, const std::string& code) {
     return Error({status, message, "", code,
@@ -520,12 +550,23 @@ StatusOr<std::unique_ptr<OpenAiApi>> OpenAiApi::Start(const DaemonConfig& config
   };
   auto server = HttpServer::Start(std::move(options),
                                   [self](const HttpRequest& r) { return self->Handle(r); });
-  if (!server.ok()) return server.status().WithContext("server.openai_api.listen");
+  if (!server.ok()) {
+    const std::string& m = server.status().message();
+    return m.rfind("server.openai_api.", 0) == 0 ? server.status()
+                                                  : server.status().WithContext("server.openai_api.listen");
+  }
   impl->server = std::move(*server);
   return std::unique_ptr<OpenAiApi>(new OpenAiApi(std::move(impl)));
 }
 
 int OpenAiApi::port() const { return impl_->server->port(); }
+
+std::string OpenAiApi::url() const {
+  const OpenAiApiConfig& api = impl_->config.server.openai_api;
+  if (OnUnixSocket(api)) return api.listen + " (base_url http://localhost/v1)";
+  return std::string(api.tls_cert_file.empty() ? "http://" : "https://") +
+         api.listen.substr(0, api.listen.rfind(':')) + ":" + std::to_string(port()) + "/v1";
+}
 
 void OpenAiApi::Shutdown() {
   if (impl_->server) impl_->server->Shutdown();

@@ -12,7 +12,7 @@
 
 namespace offloadd::daemon {
 
-Status PrepareUnixSocketPath(const std::string& path) {
+Status PrepareUnixSocketPath(const std::string& path, const std::string& setting) {
   // POSIX, not std::filesystem: the daemon links LibTorch (docs/DEVELOPING.md, hazards).
   const size_t slash = path.rfind('/');
   const std::string parent = slash == std::string::npos ? "" : path.substr(0, slash);
@@ -26,7 +26,7 @@ Status PrepareUnixSocketPath(const std::string& path) {
     return ErrnoError(errno, "cannot stat socket path " + path);
   }
   if (!S_ISSOCK(st.st_mode)) {
-    return FailedPreconditionError("server.unix_socket " + path + " exists and is not a socket; refusing to replace it");
+    return FailedPreconditionError(setting + " " + path + " exists and is not a socket; refusing to replace it");
   }
   // Is anyone listening? A successful connect means another daemon owns it.
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -46,7 +46,8 @@ Status PrepareUnixSocketPath(const std::string& path) {
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<PrivateSocketBinding>> PrivateSocketBinding::Create(const std::string& final_path) {
+StatusOr<std::unique_ptr<PrivateSocketBinding>> PrivateSocketBinding::Create(const std::string& final_path,
+                                                                            const std::string& setting) {
   const size_t slash = final_path.rfind('/');
   std::string tmpl = (slash == std::string::npos ? "." : final_path.substr(0, slash)) + "/.offloadd-XXXXXX";
   auto b = std::make_unique<PrivateSocketBinding>();
@@ -55,7 +56,7 @@ StatusOr<std::unique_ptr<PrivateSocketBinding>> PrivateSocketBinding::Create(con
   b->dir_ = tmpl;  // mkdtemp makes it 0700
   b->bind_path_ = b->dir_ + "/s";
   if (b->bind_path_.size() > sizeof(sockaddr_un{}.sun_path) - 1) {
-    return InvalidArgumentError("server.unix_socket " + final_path + ": the directory's path is too long to bind in (" +
+    return InvalidArgumentError(setting + " " + final_path + ": the directory's path is too long to bind in (" +
                                 std::to_string(b->bind_path_.size()) + " bytes; Unix sockets allow 107)");
   }
   return b;

@@ -10,8 +10,9 @@
 namespace offloadd::daemon {
 
 // Call before binding. FAILED_PRECONDITION if something accepts connections on `path` already
-// or if `path` exists and is not a socket.
-Status PrepareUnixSocketPath(const std::string& path);
+// or if `path` exists and is not a socket. `setting` names the path's setting in errors.
+Status PrepareUnixSocketPath(const std::string& path,
+                             const std::string& setting = "server.unix_socket");
 
 // chmod after binding (gRPC creates the socket with the process umask).
 Status SetSocketMode(const std::string& path, unsigned mode);
@@ -22,7 +23,8 @@ Status SetSocketMode(const std::string& path, unsigned mode);
 // directory is removed by Publish or the destructor. Not thread-safe.
 class PrivateSocketBinding {
  public:
-  static StatusOr<std::unique_ptr<PrivateSocketBinding>> Create(const std::string& final_path);
+  static StatusOr<std::unique_ptr<PrivateSocketBinding>> Create(
+      const std::string& final_path, const std::string& setting = "server.unix_socket");
   ~PrivateSocketBinding();
   const std::string& bind_path() const { return bind_path_; }
   Status Publish(unsigned mode);

@@ -162,6 +162,45 @@ TEST(ConfigTest, OpenAiApiIsOffByDefaultAndLoopbackOnlyWithAToken) {
   EXPECT_EQ(ConfigToYaml(*again), ConfigToYaml(*shared));
 }
 
+// docs/security.md: the OpenAI API beyond loopback only with TLS (and a token); on a Unix socket,
+// no token (the socket's mode grants access) and no TLS.
+TEST(ConfigTest, OpenAiApiOnAUnixSocketOrBeyondLoopbackWithTls) {
+  auto unix_socket = Parse("server: {openai_api: {listen: 'unix:/run/offloadd/openai.sock'}}");
+  ASSERT_TRUE(unix_socket.ok()) << unix_socket.status().ToString();
+  auto tls = Parse(
+      "server: {openai_api: {listen: 0.0.0.0:8443, tls_cert_file: /c.pem, tls_key_file: /k.pem, "
+      "auth_token_file: /t}}");
+  ASSERT_TRUE(tls.ok()) << tls.status().ToString();
+  EXPECT_EQ(tls->server.openai_api.tls_cert_file, "/c.pem");
+  auto again = Parse(ConfigToYaml(*tls));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(ConfigToYaml(*again), ConfigToYaml(*tls));
+
+  const struct {
+    std::string api, says;
+  } cases[] = {
+      {"listen: 'unix:run/openai.sock'", "a Unix socket's path must be absolute"},
+      {"listen: 'unix:/" + std::string(100, 'a') + "'", "at most 88 bytes"},
+      {"listen: 'unix:/run/offloadd/offloadd.sock'", "is server.unix_socket"},
+      {"listen: 'unix:/run/o.sock', tls_cert_file: /c, tls_key_file: /k",
+       "TLS is for a TCP listen"},
+      {"listen: 0.0.0.0:8443, tls_cert_file: /c, auth_token_file: /t",
+       "server.openai_api.tls_key_file: required with the other"},
+      {"listen: 0.0.0.0:8443, tls_key_file: /k, auth_token_file: /t",
+       "server.openai_api.tls_cert_file: required with the other"},
+      {"listen: 0.0.0.0:8443, tls_cert_file: c.pem, tls_key_file: /k, auth_token_file: /t",
+       "server.openai_api.tls_cert_file: must be an absolute path"},
+      {"listen: 0.0.0.0:8443, tls_cert_file: /c, tls_key_file: /k",
+       "server.openai_api.auth_token_file: required"},
+      {"listen: 10.0.0.1:8080, auth_token_file: /t", "set tls_cert_file and tls_key_file"},
+      {"listen: nowhere", "expected host:port or unix:/path"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = ErrorOf("server: {openai_api: {" + c.api + "}}");
+    EXPECT_NE(e.find(c.says), std::string::npos) << c.api << ": " << e;
+  }
+}
+
 // docs/security.md: TCP is never served without TLS or without a token, whichever one is missing.
 TEST(ConfigTest, TcpWithoutAnyOneOfCertKeyOrTokenIsRefused) {
   const std::string cert = "tls_cert_file: /etc/offloadd/cert.pem";

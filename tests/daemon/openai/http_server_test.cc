@@ -67,7 +67,8 @@ class HttpServerTest : public ::testing::Test {
     HttpServer::Options options;
     options.listen = "127.0.0.1:0";
     options.max_body_bytes = 1000;
-    options.authenticate = [](const std::string& authorization) -> StatusOr<std::string> {
+    options.authenticate = [](const std::string& authorization,
+                              const HttpPeer&) -> StatusOr<std::string> {
       if (authorization == "Bearer good") return std::string("token:alice");
       return Status(StatusCode::kUnauthenticated, "invalid bearer token");
     };
@@ -165,7 +166,7 @@ TEST_F(HttpServerTest, MalformedRequestsAndHugeHeadersAreAnsweredThenClosed) {
 
 TEST(HttpServerStartTest, AnAddressInUseOrMalformedIsRefusedNamingIt) {
   HttpServer::Options options;
-  options.authenticate = [](const std::string&) -> StatusOr<std::string> {
+  options.authenticate = [](const std::string&, const HttpPeer&) -> StatusOr<std::string> {
     return std::string("x");
   };
   options.error = [](int status, const std::string& m, const std::string&) {

@@ -211,3 +211,92 @@ def test_refusals_name_what_is_wrong(daemon):
         assert says in e.value.body["message"], (kwargs, e.value.body)
     with pytest.raises(openai.NotFoundError):
         c.files.retrieve("file-ffffffffffffffffffffffff")
+
+
+# The other transports (docs/security.md): HTTPS with the bearer tokens, and a Unix socket whose
+# mode grants access. The unchanged `openai` package is pointed at each through its own httpx
+# client, and trains a short job end to end.
+
+def start_api_daemon(binary_dir, source_dir, ws: pathlib.Path, api_yaml: str) -> DaemonProcess:
+    write_demo(ws, None, source_dir, records=16)
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", ws)
+    d.config_path.write_text(d.config_path.read_text().replace(
+        "  shutdown_grace_seconds: 5\n",
+        f"  shutdown_grace_seconds: 5\n  openai_api:\n    model_dir: {ws}\n{api_yaml}"))
+    d.start()
+    d.ws = ws
+    return d
+
+
+def train_short_job(c: "openai.OpenAI", ws: pathlib.Path):
+    train = c.files.create(file=("train.jsonl", chat_jsonl(ws, 0, 8)), purpose="fine-tune")
+    assert c.files.retrieve(train.id).id == train.id
+    job = c.fine_tuning.jobs.create(model="stories260K", training_file=train.id,
+                                    hyperparameters={"n_epochs": 1, "batch_size": 8})
+    done = wait_for(c, job.id, ("succeeded", "failed", "cancelled"))
+    assert done.status == "succeeded", done.error
+    assert (pathlib.Path(done.fine_tuned_model) / "model.safetensors").is_file()
+    steps = [e.data["step"] for e in c.fine_tuning.jobs.list_events(job.id, limit=100).data
+             if e.type == "metrics"]
+    assert steps == [1]
+    return done
+
+
+def test_the_openai_client_over_tls_with_a_token(binary_dir, source_dir, tmp_path):
+    import httpx
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {ALICE}\n")
+    os.chmod(tokens, 0o600)
+    d = start_api_daemon(binary_dir, source_dir, tmp_path,
+                         f"    listen: 127.0.0.1:0\n    tls_cert_file: {cert}\n    tls_key_file: {key}\n"
+                         f"    auth_token_file: {tokens}\n")
+    try:
+        m = re.search(r"serving the OpenAI fine-tuning API on https://127\.0\.0\.1:(\d+)/v1", d.log())
+        assert m, d.log()
+        url = f"https://127.0.0.1:{m.group(1)}/v1"  # the certificate names 127.0.0.1 and localhost
+
+        def tls_client(api_key=ALICE, verify=str(cert), base_url=url):
+            return openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=60,
+                                 http_client=httpx.Client(verify=verify))
+
+        with offloadd.Client(d.target) as g:
+            assert g.get_job(train_short_job(tls_client(), tmp_path).id).submitted_by == "token:alice"
+        with pytest.raises(openai.AuthenticationError):  # TLS does not replace the token
+            tls_client(api_key="not-a-token-of-the-file-at-all").files.list()
+        with pytest.raises(openai.APIConnectionError):  # a client that does not trust the cert
+            tls_client(verify=True).files.list()
+        with pytest.raises(openai.BadRequestError) as e:  # http:// to the https:// port
+            tls_client(base_url=url.replace("https://", "http://")).files.list()
+        assert e.value.code == "tls_required" and "HTTPS only" in e.value.body["message"]
+    finally:
+        assert d.terminate() == 0, d.log()
+        d.stop()
+
+
+def test_the_openai_client_over_a_unix_socket(binary_dir, source_dir, tmp_path):
+    import httpx
+    sock = tmp_path / "openai.sock"
+    d = start_api_daemon(binary_dir, source_dir, tmp_path, f"    listen: unix:{sock}\n")
+    try:
+        assert f"serving the OpenAI fine-tuning API on unix:{sock}" in d.log()
+        assert oct(sock.stat().st_mode & 0o7777) == "0o600"  # server.unix_socket_mode, as gRPC's
+        # No token file: the socket's mode grants access, and the caller is its user. The openai
+        # package wants some api_key; it is not looked at.
+        c = openai.OpenAI(api_key="unused", base_url="http://localhost/v1", max_retries=0, timeout=60,
+                          http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))))
+        done = train_short_job(c, tmp_path)
+        with offloadd.Client(d.target) as g:
+            assert g.get_job(done.id).submitted_by == f"unix:uid={os.getuid()}"
+    finally:
+        assert d.terminate() == 0, d.log()
+        d.stop()
+    assert not sock.exists()  # removed on shutdown
