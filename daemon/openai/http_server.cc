@@ -12,6 +12,8 @@
 #define BOOST_ASIO_HAS_CO_AWAIT 1
 #endif
 
+#include <openssl/err.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -91,14 +93,17 @@ StatusOr<std::unique_ptr<ssl::context>> MakeTlsContext(const std::string& cert_f
                                 ": not a PEM certificate chain (OpenSSL: " + ec.message() + ")");
   }
   ctx->use_private_key(asio::buffer(key), ssl::context::pem, ec);
+  // OpenSSL checks the key against the certificate as it loads it.
+  if ((ec && ec.category() == asio::error::get_ssl_category() &&
+       ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH) ||
+      (!ec && SSL_CTX_check_private_key(ctx->native_handle()) != 1)) {
+    return InvalidArgumentError(key_setting + " " + key_file + " is not the key of " +
+                                cert_setting + " " + cert_file);
+  }
   if (ec) {
     return InvalidArgumentError(key_setting + " " + key_file +
                                 ": not an unencrypted PEM private key (OpenSSL: " + ec.message() +
                                 ")");
-  }
-  if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
-    return InvalidArgumentError(key_setting + " " + key_file + " is not the key of " +
-                                cert_setting + " " + cert_file);
   }
   return ctx;
 }

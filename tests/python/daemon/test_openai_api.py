@@ -256,9 +256,19 @@ def test_the_openai_client_over_tls_with_a_token(binary_dir, source_dir, tmp_pat
     tokens = tmp_path / "tokens"
     tokens.write_text(f"alice {ALICE}\n")
     os.chmod(tokens, 0o600)
-    d = start_api_daemon(binary_dir, source_dir, tmp_path,
-                         f"    listen: 127.0.0.1:0\n    tls_cert_file: {cert}\n    tls_key_file: {key}\n"
-                         f"    auth_token_file: {tokens}\n")
+    api_yaml = (f"    listen: 127.0.0.1:0\n    tls_cert_file: {cert}\n    tls_key_file: {key}\n"
+                f"    auth_token_file: {tokens}\n")
+    # A key that is not a key is refused by --validate-config (as at startup), naming the setting.
+    bad = DaemonProcess(binary_dir / "daemon" / "offloadd", tmp_path)
+    bad.config_path.write_text(bad.config_path.read_text().replace(
+        "  shutdown_grace_seconds: 5\n",
+        "  shutdown_grace_seconds: 5\n  openai_api:\n" + api_yaml.replace(f"tls_key_file: {key}",
+                                                                        f"tls_key_file: {cert}")))
+    r = subprocess.run([str(bad.binary), "--config", str(bad.config_path), "--validate-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and f"server.openai_api.tls_key_file {cert}: not an unencrypted PEM" in r.stderr, \
+        r.stderr
+    d = start_api_daemon(binary_dir, source_dir, tmp_path, api_yaml)
     try:
         m = re.search(r"serving the OpenAI fine-tuning API on https://127\.0\.0\.1:(\d+)/v1", d.log())
         assert m, d.log()
