@@ -161,8 +161,9 @@ void Validate(const DaemonConfig& c, std::vector<std::string>* errors) {
       // The socket is bound inside a private directory beside the path first (".offloadd-XXXXXX/s",
       // server/unix_socket.h), whose path must fit sockaddr_un's 107 bytes too.
       if (path.empty() || path.front() != '/') {
-        errors->push_back("server.openai_api.listen: '" + api.listen +
-                          "': a Unix socket's path must be absolute (unix:/run/offloadd/openai.sock)");
+        errors->push_back(
+            "server.openai_api.listen: '" + api.listen +
+            "': a Unix socket's path must be absolute (unix:/run/offloadd/openai.sock)");
       } else if (path.size() + 19 > 107 || path.back() == '/') {
         errors->push_back("server.openai_api.listen: '" + api.listen +
                           "': not a file path of at most 88 bytes (a Unix socket's limit)");

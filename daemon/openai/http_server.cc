@@ -242,8 +242,8 @@ struct HttpServer::Impl {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      OFFLOADD_LOG(kWarning, kLog) << "Unix socket: SO_PEERCRED: " << std::strerror(errno)
-                                   << "; connection closed";
+      OFFLOADD_LOG(kWarning, kLog)
+          << "Unix socket: SO_PEERCRED: " << std::strerror(errno) << "; connection closed";
       co_return;
     }
     HttpPeer peer;
@@ -401,8 +401,8 @@ struct HttpServer::Impl {
   Status ListenTcp() {
     ASSIGN_OR_RETURN(tcp::endpoint endpoint, ResolveListen(io, options.listen));
     if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
-      ASSIGN_OR_RETURN(tls, MakeTlsContext(options.tls_cert_file, options.tls_key_file,
-                                           options.setting_prefix));
+      ASSIGN_OR_RETURN(
+          tls, MakeTlsContext(options.tls_cert_file, options.tls_key_file, options.setting_prefix));
     }
     boost::system::error_code ec;
     tcp_acceptor.open(endpoint.protocol(), ec);

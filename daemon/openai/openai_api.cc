@@ -552,8 +552,9 @@ StatusOr<std::unique_ptr<OpenAiApi>> OpenAiApi::Start(const DaemonConfig& config
                                   [self](const HttpRequest& r) { return self->Handle(r); });
   if (!server.ok()) {
     const std::string& m = server.status().message();
-    return m.rfind("server.openai_api.", 0) == 0 ? server.status()
-                                                  : server.status().WithContext("server.openai_api.listen");
+    return m.rfind("server.openai_api.", 0) == 0
+               ? server.status()
+               : server.status().WithContext("server.openai_api.listen");
   }
   impl->server = std::move(*server);
   return std::unique_ptr<OpenAiApi>(new OpenAiApi(std::move(impl)));

@@ -1,10 +1,10 @@
 #pragma once
 // The OpenAI-compatible fine-tuning API (docs/openai_api.md): server.openai_api.listen serves
 // /v1/files and /v1/fine_tuning/jobs over HTTP (or HTTPS), each call authenticated by a bearer
-// token of the token file (on a Unix socket: by the caller's user), and translated onto the JobManager (JobManager::Submit, the admission path gRPC's
-// CreateJob takes) and the uploaded-file store. A thin frontend: jobs created here are ordinary
-// jobs (offloadctl and the SDKs see them), and jobs created through gRPC are listed here.
-// Thread-safe.
+// token of the token file (on a Unix socket: by the caller's user), and translated onto the
+// JobManager (JobManager::Submit, the admission path gRPC's CreateJob takes) and the uploaded-file
+// store. A thin frontend: jobs created here are ordinary jobs (offloadctl and the SDKs see them),
+// and jobs created through gRPC are listed here. Thread-safe.
 
 #include <memory>
 #include <string>

@@ -26,7 +26,8 @@ Status PrepareUnixSocketPath(const std::string& path, const std::string& setting
     return ErrnoError(errno, "cannot stat socket path " + path);
   }
   if (!S_ISSOCK(st.st_mode)) {
-    return FailedPreconditionError(setting + " " + path + " exists and is not a socket; refusing to replace it");
+    return FailedPreconditionError(setting + " " + path +
+                                   " exists and is not a socket; refusing to replace it");
   }
   // Is anyone listening? A successful connect means another daemon owns it.
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -46,8 +47,8 @@ Status PrepareUnixSocketPath(const std::string& path, const std::string& setting
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<PrivateSocketBinding>> PrivateSocketBinding::Create(const std::string& final_path,
-                                                                            const std::string& setting) {
+StatusOr<std::unique_ptr<PrivateSocketBinding>> PrivateSocketBinding::Create(
+    const std::string& final_path, const std::string& setting) {
   const size_t slash = final_path.rfind('/');
   std::string tmpl = (slash == std::string::npos ? "." : final_path.substr(0, slash)) + "/.offloadd-XXXXXX";
   auto b = std::make_unique<PrivateSocketBinding>();
@@ -56,8 +57,9 @@ StatusOr<std::unique_ptr<PrivateSocketBinding>> PrivateSocketBinding::Create(con
   b->dir_ = tmpl;  // mkdtemp makes it 0700
   b->bind_path_ = b->dir_ + "/s";
   if (b->bind_path_.size() > sizeof(sockaddr_un{}.sun_path) - 1) {
-    return InvalidArgumentError(setting + " " + final_path + ": the directory's path is too long to bind in (" +
-                                std::to_string(b->bind_path_.size()) + " bytes; Unix sockets allow 107)");
+    return InvalidArgumentError(
+        setting + " " + final_path + ": the directory's path is too long to bind in (" +
+        std::to_string(b->bind_path_.size()) + " bytes; Unix sockets allow 107)");
   }
   return b;
 }

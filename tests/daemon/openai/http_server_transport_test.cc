@@ -69,8 +69,8 @@ Pem SelfSigned() {
   pem.cert = ToPem([](BIO* b, void* o) { return PEM_write_bio_X509(b, static_cast<X509*>(o)); }, x);
   pem.key = ToPem(
       [](BIO* b, void* o) {
-        return PEM_write_bio_PrivateKey(b, static_cast<EVP_PKEY*>(o), nullptr, nullptr, 0,
-                                        nullptr, nullptr);
+        return PEM_write_bio_PrivateKey(b, static_cast<EVP_PKEY*>(o), nullptr, nullptr, 0, nullptr,
+                                        nullptr);
       },
       key);
   X509_free(x);
@@ -232,8 +232,8 @@ TEST(HttpServerTlsFilesTest, ABadCertificateOrKeyIsRefusedNamingTheSettingAndFil
       {key, key, p + "tls_cert_file " + key + ": not a PEM certificate chain"},
       {cert, garbage, p + "tls_key_file " + garbage + ": not an unencrypted PEM private key"},
       {cert, cert, p + "tls_key_file " + cert + ": not an unencrypted PEM private key"},
-      {cert, other_key, p + "tls_key_file " + other_key + " is not the key of " + p +
-                            "tls_cert_file " + cert},
+      {cert, other_key,
+       p + "tls_key_file " + other_key + " is not the key of " + p + "tls_cert_file " + cert},
   };
   for (const auto& c : cases) {
     const Status s = CheckTlsFiles(c.cert, c.key, p);
@@ -279,16 +279,16 @@ TEST(HttpServerUnixTest, ServesOnTheSocketWithItsModeAsItsPeersUserAndRemovesIt)
   auto server = HttpServer::Start(options, Echo);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   EXPECT_EQ((*server)->port(), 0);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 07777, 0600u);
 
   // No token: the caller is the user it runs as.
-  std::string r = UnixRequest(path, "GET /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string r =
+      UnixRequest(path, "GET /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
-  EXPECT_NE(r.find("GET /v1/files unix:uid=" + std::to_string(getuid()) + " []"),
-            std::string::npos)
+  EXPECT_NE(r.find("GET /v1/files unix:uid=" + std::to_string(getuid()) + " []"), std::string::npos)
       << r;
   // The limits hold here too.
   r = UnixRequest(path, "POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n");
@@ -321,8 +321,9 @@ TEST(HttpServerUnixTest, AStaleSocketIsReplacedALiveOneAndAFileAreRefused) {
   EXPECT_NE(second.status().message().find("already serving on " + path), std::string::npos)
       << second.status().message();
   // The first still serves: the refused second did not take its path.
-  EXPECT_EQ(UnixRequest(path, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 200", 0),
-            0u);
+  EXPECT_EQ(
+      UnixRequest(path, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 200", 0),
+      0u);
   first->reset();
 
   const std::string file = dir.Write("file", "x");

@@ -243,9 +243,11 @@ def train_short_job(c: "openai.OpenAI", ws: pathlib.Path):
 
 
 def test_the_openai_client_over_tls_with_a_token(binary_dir, source_dir, tmp_path):
-    import httpx
     import shutil
+    import ssl
     import subprocess
+
+    import httpx
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -274,7 +276,7 @@ def test_the_openai_client_over_tls_with_a_token(binary_dir, source_dir, tmp_pat
         assert m, d.log()
         url = f"https://127.0.0.1:{m.group(1)}/v1"  # the certificate names 127.0.0.1 and localhost
 
-        def tls_client(api_key=ALICE, verify=str(cert), base_url=url):
+        def tls_client(api_key=ALICE, verify=ssl.create_default_context(cafile=str(cert)), base_url=url):
             return openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=60,
                                  http_client=httpx.Client(verify=verify))
 
