@@ -4,7 +4,8 @@ retrieve, list, list_events, checkpoints.list and cancel train the README's demo
 (stories260K) on chat records to `succeeded`; the same jobs are visible through gRPC and the other
 way round; and what is wrong is refused in OpenAI's error shape, naming the parameter: a bad token,
 an unknown model, a malformed file, an oversized body, unknown or unsupported fields, another
-client's job."""
+client's job. The same client trains over HTTPS (with a token) and over a Unix socket (as its
+user)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import json
 import os
 import pathlib
 import re
+import shutil
+import ssl
+import subprocess
 import sys
 import time
 
+import httpx  # the openai package's own HTTP client
 import openai  # python-requirements.txt: CI installs it, so a missing package fails here
 import pytest
 
@@ -243,11 +248,6 @@ def train_short_job(c: "openai.OpenAI", ws: pathlib.Path):
 
 
 def test_the_openai_client_over_tls_with_a_token(binary_dir, source_dir, tmp_path):
-    import shutil
-    import ssl
-    import subprocess
-
-    import httpx
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -295,7 +295,6 @@ def test_the_openai_client_over_tls_with_a_token(binary_dir, source_dir, tmp_pat
 
 
 def test_the_openai_client_over_a_unix_socket(binary_dir, source_dir, tmp_path):
-    import httpx
     sock = tmp_path / "openai.sock"
     d = start_api_daemon(binary_dir, source_dir, tmp_path, f"    listen: unix:{sock}\n")
     try:
