@@ -219,8 +219,19 @@ struct HttpServer::Impl {
     if (!speaks_tls) {
       HttpResponse refusal =
           options.error(400, "this address serves HTTPS only: use https://", "tls_required");
-      co_await Send(beast::get_lowest_layer(stream), refusal, 11, false);
-      beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ec);
+      auto& plain = beast::get_lowest_layer(stream);
+      co_await Send(plain, refusal, 11, false);
+      // Closing with the request's body unread would reset the connection, and the client could
+      // lose the answer: say goodbye, then drain what it still sends (at most 1 MiB, 2 s).
+      plain.socket().shutdown(tcp::socket::shutdown_send, ec);
+      plain.expires_after(std::chrono::seconds(2));
+      char sink[4096];
+      for (size_t drained = 0; drained < (1u << 20);) {
+        const size_t n = co_await plain.async_read_some(
+            asio::buffer(sink), asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) break;
+        drained += n;
+      }
       co_return;
     }
     const size_t used = co_await stream.async_handshake(
