@@ -241,8 +241,7 @@ class Client:
         return result.raise_for_status() if raise_on_failure else result
 
     def _wait(self, job_id, timeout, on_event, progress, include_progress: bool = True, after_cursor: int = 0):
-        loop = _shared.WaitLoop(job_id, timeout, self.reconnect_window, progress, include_progress)
-        loop.cursor = after_cursor
+        loop = _shared.WaitLoop(job_id, timeout, self.reconnect_window, progress, include_progress, after_cursor)
         try:
             while True:
                 call = self._jobs.WatchJob(loop.request(), timeout=loop.remaining())

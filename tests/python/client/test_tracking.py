@@ -265,3 +265,13 @@ def test_a_missing_tracker_library_names_the_package_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow now raises ImportError
     with pytest.raises(ImportError, match=r"needs the 'mlflow' package.*pip install mlflow-skinny"):
         offloadd.tracking.follow("job-1", to="mlflow", target="unix:///nonexistent.sock")
+
+
+def test_report_to_mlflow_in_a_job_points_to_the_bridge(daemon):
+    s = job_spec(daemon.workdir, "report-to-mlflow")
+    s["training"]["report_to"] = ["mlflow"]
+    with offloadd.Client(daemon.target) as c:
+        with pytest.raises(offloadd.InvalidArgument) as e:
+            c.create_job(s, validate_only=True)
+    fields = {v.field: v.description for v in e.value.field_violations}
+    assert "offloadd.tracking.follow(job_id, to=\"mlflow\")" in fields["training.report_to[0]"], fields
