@@ -261,6 +261,12 @@ def test_unknown_trackers_and_foreign_options_are_refused_by_name():
         offloadd.tracking.follow("job-1", to="mlflow", entity="me", target="unix:///nonexistent.sock")
 
 
+def test_an_async_client_is_refused_with_the_way_to_use_it():
+    async_client = offloadd.AsyncClient("unix:///nonexistent.sock")
+    with pytest.raises(TypeError, match=r"client= takes an offloadd.Client, not AsyncClient.*asyncio.to_thread"):
+        offloadd.tracking.follow("job-1", to="mlflow", client=async_client)
+
+
 def test_a_missing_tracker_library_names_the_package_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow now raises ImportError
     with pytest.raises(ImportError, match=r"needs the 'mlflow' package.*pip install mlflow-skinny"):

@@ -99,6 +99,7 @@ def follow(
 
     Raises:
         ValueError: ``to`` names no tracker, or an option the tracker does not take.
+        TypeError: ``client`` is not an ``offloadd.Client`` (an ``AsyncClient``, say).
         ImportError: the tracker's package is not installed (the message says which to install).
         NotFound: no such job. WaitTimeout: ``timeout`` passed (the run stays open, and a later
             ``follow`` continues it). Errors of the tracker's library are raised as they are.
@@ -110,6 +111,9 @@ def follow(
     for option, owner in _OWN_OPTIONS.items():
         if given[option] is not None and owner != to:
             raise ValueError(f"{option}= is an option of to={owner!r}, not of to={to!r}")
+    if client is not None and not isinstance(client, Client):
+        raise TypeError(f"client= takes an offloadd.Client, not {type(client).__name__} (follow is "
+                        "synchronous: from asyncio, run it in a thread with asyncio.to_thread)")
     module = _import(to)
     own_client = client is None
     c = client if client is not None else Client(target)
