@@ -8,6 +8,7 @@ of the other tracker and a missing library are refused by name."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pathlib
@@ -262,9 +263,12 @@ def test_unknown_trackers_and_foreign_options_are_refused_by_name():
 
 
 def test_an_async_client_is_refused_with_the_way_to_use_it():
-    async_client = offloadd.AsyncClient("unix:///nonexistent.sock")
+    async def follow_with_an_async_client():
+        async with offloadd.AsyncClient("unix:///nonexistent.sock") as async_client:
+            offloadd.tracking.follow("job-1", to="mlflow", client=async_client)
+
     with pytest.raises(TypeError, match=r"client= takes an offloadd.Client, not AsyncClient.*asyncio.to_thread"):
-        offloadd.tracking.follow("job-1", to="mlflow", client=async_client)
+        asyncio.run(follow_with_an_async_client())
 
 
 def test_a_missing_tracker_library_names_the_package_to_install(monkeypatch):

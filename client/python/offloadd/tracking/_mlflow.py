@@ -9,11 +9,14 @@ logs only the events after it. Private; ``offloadd.tracking.follow`` is the publ
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Optional
 
 from offloadd.tracking._rows import Row, flat_params, run_name, state_label
 from offloadd.v1 import job_pb2
+
+_log = logging.getLogger("offloadd.tracking")
 
 JOB_TAG = "offloadd.job_id"
 CURSOR_TAG = "offloadd.cursor"
@@ -40,9 +43,12 @@ class MlflowRun:
     def __init__(self, mlflow, job: job_pb2.Job, *, tracking_uri: Optional[str], experiment: Optional[str],
                  run_name_: Optional[str]):
         from mlflow.entities import Param, RunTag
-        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-        self._mlflow = mlflow
+        try:
+            from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+        except ImportError:  # an MLflow that moved it: its oldest limit
+            MAX_PARAM_VAL_LENGTH = 500
+
         self._client = mlflow.tracking.MlflowClient(tracking_uri=tracking_uri)
         name = experiment or DEFAULT_EXPERIMENT
         found = self._client.get_experiment_by_name(name)
@@ -61,7 +67,12 @@ class MlflowRun:
         self.run_id = run.info.run_id
         # Parameters never change in MLflow; the job's spec does not either, so logging them again
         # on a later follow writes the same values (which MLflow accepts).
-        params = [Param(_key(k), v[:MAX_PARAM_VAL_LENGTH]) for k, v in flat_params(job.spec).items()]
+        flat = flat_params(job.spec)
+        cut = sorted(k for k, v in flat.items() if len(v) > MAX_PARAM_VAL_LENGTH)
+        if cut:
+            _log.warning("job %s: MLflow keeps %d characters of a parameter; cut: %s", job.id,
+                         MAX_PARAM_VAL_LENGTH, ", ".join(cut))
+        params = [Param(_key(k), v[:MAX_PARAM_VAL_LENGTH]) for k, v in flat.items()]
         params.append(Param("offloadd.job_id", job.id))
         for i in range(0, len(params), _PARAMS_PER_BATCH):
             self._client.log_batch(self.run_id, params=params[i:i + _PARAMS_PER_BATCH])

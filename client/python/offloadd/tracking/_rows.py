@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from typing import Any, Iterator, Optional
 
@@ -40,24 +39,22 @@ def _time_ms(event: job_pb2.JobEvent) -> int:
 def rows_of(event: job_pb2.JobEvent) -> Iterator[Row]:
     """The metric rows an event carries: a progress event its step's training values (or, where
     the API has the field, the evaluation it reports), a log event the evaluation it announces.
-    Values that are not finite numbers (a diverged loss) are left out: neither tracker takes them."""
+    Values that are not finite (a diverged loss, a grad norm that overflowed) are kept: both
+    trackers store inf and NaN."""
     if event.HasField("progress"):
         p = event.progress
         if _HAS_EVAL_FIELD and p.HasField("eval_loss") and p.eval_step == p.step:
             # An evaluation's own progress event (it repeats the step's training values).
-            if math.isfinite(p.eval_loss):
-                yield Row(p.eval_step, _time_ms(event), {"eval_loss": p.eval_loss}, "eval")
+            yield Row(p.eval_step, _time_ms(event), {"eval_loss": p.eval_loss}, "eval")
             return
         if p.step <= 0:
             return
-        values = {f: float(getattr(p, f)) for f in TRAIN_FIELDS if math.isfinite(getattr(p, f))}
+        values = {f: float(getattr(p, f)) for f in TRAIN_FIELDS}
         yield Row(p.step, _time_ms(event), values, "train")
     elif event.HasField("log") and not _HAS_EVAL_FIELD:
         m = _EVAL_LINE.match(event.log.message)
         if m:
-            loss = float(m.group(2))
-            if math.isfinite(loss):
-                yield Row(int(m.group(1)), _time_ms(event), {"eval_loss": loss}, "eval")
+            yield Row(int(m.group(1)), _time_ms(event), {"eval_loss": float(m.group(2))}, "eval")
 
 
 def spec_dict(spec: job_pb2.JobSpec) -> dict[str, Any]:
