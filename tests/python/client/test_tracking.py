@@ -39,6 +39,7 @@ import wandb  # noqa: E402,F401
 
 STEPS = 6
 EVAL_LINE = re.compile(r"eval at step (\d+): loss (\S+)")
+HAS_EVAL_FIELD = "eval_loss" in job_pb2.JobProgress.DESCRIPTOR.fields_by_name
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +104,23 @@ def job_spec(ws: pathlib.Path, name: str, steps: int = STEPS) -> dict:
             "output_dir": str(ws / name)}
 
 
+def is_eval_event(p: job_pb2.JobProgress) -> bool:
+    """An evaluation's own progress event, where the API has JobProgress.eval_loss."""
+    return HAS_EVAL_FIELD and p.HasField("eval_loss") and p.eval_step == p.step
+
+
 def job_metrics(c: offloadd.Client, job_id: str):
-    """The finished job's own record of its metrics: {step: progress} and {step: eval loss}."""
+    """The finished job's own record of its metrics: {step: progress} and {step: eval loss} (from
+    the evaluations' progress events where the API has eval_loss, else from the trainer's log)."""
     events = list(c.watch_job(job_id))
-    progress = {e.progress.step: e.progress for e in events if e.HasField("progress")}
-    evals = {int(m[1]): float(m[2]) for m in (EVAL_LINE.match(e.log.message) for e in events if e.HasField("log"))
-             if m}
+    progress = {e.progress.step: e.progress for e in events
+                if e.HasField("progress") and not is_eval_event(e.progress)}
+    if HAS_EVAL_FIELD:
+        evals = {e.progress.eval_step: e.progress.eval_loss for e in events
+                 if e.HasField("progress") and is_eval_event(e.progress)}
+    else:
+        evals = {int(m[1]): float(m[2]) for m in (EVAL_LINE.match(e.log.message) for e in events if e.HasField("log"))
+                 if m}
     return progress, evals, events[-1].cursor
 
 
