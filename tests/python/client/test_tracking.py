@@ -3,8 +3,10 @@ CPU) streamed into a local MLflow tracking server started here (file store) and 
 mode (read back from its .wandb files with W&B's own reader, `wandb leet inspect`). The logged
 metrics equal the job's progress events (every step's loss, learning rate, grad norm, tokens/s and
 epoch, each evaluation's loss), the params/config equal the job's spec, the run ends with the
-job's outcome, and following the job a second time logs nothing twice. Unknown trackers, options
-of the other tracker and a missing library are refused by name."""
+job's outcome (a cancelled job's MLflow run KILLED; a failed job, from a fake daemon whose watch
+stream breaks once, FAILED in MLflow and exit code 1 in W&B, each step logged once), and following
+the job a second time logs nothing twice. Unknown trackers, options of the other tracker, an
+AsyncClient and a missing library are refused by name."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from google.protobuf import json_format
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "daemon"))
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 from daemon_process import DaemonProcess  # noqa: E402
 from demo_model import write_demo  # noqa: E402
 
@@ -297,3 +300,46 @@ def test_report_to_mlflow_in_a_job_points_to_the_bridge(daemon):
             c.create_job(s, validate_only=True)
     fields = {v.field: v.description for v in e.value.field_violations}
     assert "offloadd.tracking.follow(job_id, to=\"mlflow\")" in fields["training.report_to[0]"], fields
+
+
+def failed_job_service():
+    """A fake daemon whose job runs steps 1..3 and fails, with its watch stream broken once
+    after two events (a daemon restarting)."""
+    from fake_job_service import FakeJobService, scripted_events
+
+    events = scripted_events("job-failing")
+    events[-1].state_change.state = job_pb2.JOB_STATE_FAILED
+    job = job_pb2.Job(error=job_pb2.ErrorStatus(message="worker 3 exited with signal 9"))
+    job.spec.display_name = "failing"
+    return FakeJobService(events, final_state=job_pb2.JOB_STATE_FAILED, job=job, break_calls=1, break_after=2)
+
+
+def test_a_failed_job_fails_its_runs_and_a_broken_stream_logs_each_step_once(tmp_path, mlflow_server, monkeypatch):
+    from fake_job_service import FakeServer
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    results = {}
+    for to, options in (("mlflow", {"tracking_uri": mlflow_server}), ("wandb", {"directory": str(tmp_path)})):
+        server = FakeServer(failed_job_service(), tmp_path)
+        try:
+            with offloadd.Client(server.target) as c:
+                results[to] = offloadd.tracking.follow("job-failing", to=to, client=c, experiment="offloadd-failed",
+                                                       timeout=60, **options)
+            assert server.service.cursors == [0, 2], "the watch resumed after the last event"
+        finally:
+            server.stop()
+    assert all(r.job.state == job_pb2.JOB_STATE_FAILED and r.rows == 3 for r in results.values())
+
+    ml = MlflowClient(tracking_uri=mlflow_server)
+    run = ml.get_run(results["mlflow"].run_id)
+    assert run.info.status == "FAILED" and run.info.run_name == "failing"
+    assert run.data.tags["offloadd.error"] == "worker 3 exited with signal 9"
+    assert [(m.step, m.value) for m in ml.get_metric_history(run.info.run_id, "loss")] == [(1, 1.0), (2, 2 / 3),
+                                                                                            (3, 0.5)]
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*-job-failing")
+    summary = offloadd.tracking._wandb.read_offline_summary(run_dir)
+    assert summary["exit_code"] == 1 and summary["summary"]["offloadd/state"] == "failed"
+    rows = [r["history"]["item"] for r in offline_records(run_dir) if r["type"] == "history"]
+    assert [(r["train/global_step"], r["train/loss"]) for r in rows] == [(1, 1.0), (2, 2 / 3), (3, 0.5)]
