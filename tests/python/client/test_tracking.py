@@ -127,21 +127,37 @@ def job_metrics(c: offloadd.Client, job_id: str):
     return progress, evals, events[-1].cursor
 
 
-def leaf_paths(d: dict, prefix: str = "") -> set[str]:
-    out = set()
+def flat_text(d: dict, prefix: str = "") -> dict[str, str]:
+    """Leaf paths of nested data to their values as text: strings as they are, the rest as JSON
+    (MessageToDict's quoted int64 "6" reads as the number 6's text, "6", too)."""
+    out = {}
     for k, v in d.items():
         path = f"{prefix}.{k}" if prefix else k
-        out |= leaf_paths(v, path) if isinstance(v, dict) and v else {path}
+        if isinstance(v, dict) and v:
+            out.update(flat_text(v, path))
+        else:
+            out[path] = v if isinstance(v, str) else json.dumps(v)
     return out
 
 
+def as_value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def check_spec_in_config(spec: job_pb2.JobSpec, flat: dict[str, str]) -> None:
-    assert set(flat) >= leaf_paths(json_format.MessageToDict(spec, preserving_proto_field_name=True))
+    """The tracker's config, flattened, is the job's spec as the daemon resolved it: the same keys
+    and values (W&B's reader prints 3.0 as 3: numbers are compared as numbers)."""
+    expected = flat_text(json_format.MessageToDict(spec, preserving_proto_field_name=True))
+    assert set(flat) == set(expected)
+    assert {k: as_value(v) for k, v in flat.items()} == {k: as_value(v) for k, v in expected.items()}
     assert flat["model.path"] == spec.model.path
     assert flat["dataset.format"] == "DATASET_FORMAT_ALPACA"
     assert json.loads(flat["dataset.eval_split"]) == 0.125
     assert json.loads(flat["training.learning_rate"]) == 3e-3
-    assert json.loads(flat["training.max_steps"]) == spec.training.max_steps
+    assert json.loads(flat["training.max_steps"]) == spec.training.max_steps == STEPS
     assert json.loads(flat["dataset.paths"]) == list(spec.dataset.paths)
     assert flat["labels.team"] == "nlp"
 
@@ -176,8 +192,10 @@ def test_mlflow_run_holds_the_jobs_metrics_and_spec_once(daemon, mlflow_server):
     for key in ("loss", "learning_rate", "grad_norm", "tokens_per_second", "epoch"):
         assert history(key) == [(s, getattr(p, key)) for s, p in sorted(progress.items())], key
     assert history("eval_loss") == sorted(evals.items())
-    check_spec_in_config(first.job.spec, run.data.params)
-    assert run.data.params["offloadd.job_id"] == job.id
+    params = dict(run.data.params)
+    assert params.pop("offloadd.job_id") == job.id
+    check_spec_in_config(first.job.spec, params)
+    assert params == flat_text(json_format.MessageToDict(first.job.spec, preserving_proto_field_name=True))  # as text
 
 
 def test_mlflow_run_of_a_cancelled_job_is_killed(daemon, mlflow_server):
@@ -251,17 +269,7 @@ def test_wandb_offline_run_holds_the_jobs_metrics_and_spec_once(daemon, tmp_path
     (run_record,) = [r["run"] for r in offline_records(run_dirs[0]) if r["type"] == "run"]
     config = {k: v for k, v in run_record["config"]["update"].items() if k != "_wandb"}
     assert config.pop("offloadd_job_id") == job.id
-    flat = {}
-
-    def walk(prefix, v):
-        if isinstance(v, dict) and v:
-            for k, x in v.items():
-                walk(f"{prefix}.{k}" if prefix else k, x)
-        else:
-            flat[prefix] = v if isinstance(v, str) else json.dumps(v)
-
-    walk("", config)
-    check_spec_in_config(first.job.spec, flat)
+    check_spec_in_config(first.job.spec, flat_text(config))
     # The cursor the second follow resumed after is the first run's; both end with the outcome.
     summaries = [offloadd.tracking._wandb.read_offline_summary(d) for d in run_dirs]
     assert summaries[0]["summary"]["offloadd/cursor"] == last_cursor
