@@ -67,7 +67,8 @@ void CheckReportTo(const v1::TrainingArguments& t, Checker& c) {
       c.Add(field, "must be tensorboard or none, got '" + v +
                        "' (the daemon writes TensorBoard event files itself; for " + v +
                        " follow the job with the Python SDK: offloadd.tracking.follow(job_id, "
-                       "to=\"" + v + "\"), docs/tracking.md)");
+                       "to=\"" +
+                       v + "\"), docs/tracking.md)");
     } else if (v != "tensorboard" && v != "none") {
       c.Add(field, "must be tensorboard or none, got '" + SafeMessageText(v, 128) +
                        "' (the daemon writes TensorBoard event files itself; other trackers "
