@@ -1,8 +1,9 @@
 """What offloadd.tracking logs, from hand-made events (no daemon, no tracker): one row per training
 step with its values, one per evaluation (from the progress event's eval_loss where the API has
-that field, else from the trainer's "eval at step N: loss X" log line, never both), values that
-are not finite kept; the spec as flat parameters and as a nested config with numbers for
-64-bit integers, enums by name, lists as JSON and map entries as keys."""
+that field, else from the trainer's "eval at step N: loss X" log line, never both), each once
+when a step is reported again, values that are not finite kept; the spec as flat parameters and
+as a nested config with numbers for 64-bit integers, enums by name, lists as JSON and map entries
+as keys."""
 
 from __future__ import annotations
 
@@ -30,9 +31,14 @@ def log(cursor: int, message: str) -> job_pb2.JobEvent:
     return job_pb2.JobEvent(cursor=cursor, job_id="job-1", log=job_pb2.LogEvent(message=message))
 
 
+def rows(*events) -> list:
+    reader = _rows.RowReader()
+    return [r for e in events for r in reader.rows(e)]
+
+
 def test_a_training_step_is_one_row_with_its_values_and_time():
-    (row,) = _rows.rows_of(progress(3, 2, loss=2.5, learning_rate=1e-4, grad_norm=0.75, tokens_per_second=900.0,
-                                    epoch=0.5, max_steps=10))
+    (row,) = rows(progress(3, 2, loss=2.5, learning_rate=1e-4, grad_norm=0.75, tokens_per_second=900.0,
+                           epoch=0.5, max_steps=10))
     assert (row.step, row.kind, row.time_ms) == (2, "train", 1_700_000_003_250)
     assert row.values == {"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 0.75, "tokens_per_second": 900.0,
                           "epoch": 0.5}
@@ -42,37 +48,40 @@ def test_values_that_are_not_finite_are_kept():
     # A grad norm that overflowed, a diverged loss: MLflow and W&B both store inf and NaN (checked
     # by hand against mlflow server 3.17.2's file store and W&B 0.31's offline files), so the curve
     # shows the step as the job reported it.
-    (row,) = _rows.rows_of(progress(1, 1, loss=2.0, learning_rate=1e-4, grad_norm=math.inf))
+    (row,) = rows(progress(1, 1, loss=2.0, learning_rate=1e-4, grad_norm=math.inf))
     assert row.values["grad_norm"] == math.inf and row.values["loss"] == 2.0
 
 
-def test_other_events_and_step_zero_carry_no_rows():
-    assert list(_rows.rows_of(progress(1, 0))) == []
-    assert list(_rows.rows_of(log(2, "plan: micro-batch 4"))) == []
+def test_other_events_step_zero_and_a_step_reported_again_carry_no_rows():
     state = job_pb2.JobEvent(cursor=3, state_change=job_pb2.StateTransition(state=job_pb2.JOB_STATE_RUNNING))
-    assert list(_rows.rows_of(state)) == []
+    assert rows(progress(1, 0), log(2, "plan: micro-batch 4"), state) == []
+    # A checkpoint's step reported again: one row.
+    assert [r.step for r in rows(progress(4, 1, loss=2.0), progress(5, 1, loss=2.0))] == [1]
 
 
 @pytest.mark.skipif(HAS_EVAL_FIELD, reason="the API has JobProgress.eval_loss: evaluations come from it")
 def test_an_evaluation_comes_from_the_trainers_log_line():
-    (row,) = _rows.rows_of(log(5, "eval at step 4: loss 2.31457 over 1024 tokens (3 batches)"))
+    (row,) = rows(log(5, "eval at step 4: loss 2.31457 over 1024 tokens (3 batches)"))
     assert (row.step, row.kind, row.values) == (4, "eval", {"eval_loss": 2.31457})
-    (row,) = _rows.rows_of(log(6, "eval at step 8: loss nan over 1024 tokens"))
+    (row,) = rows(log(6, "eval at step 8: loss nan over 1024 tokens"))
     assert row.step == 8 and math.isnan(row.values["eval_loss"])
 
 
 @pytest.mark.skipif(not HAS_EVAL_FIELD, reason="the API has no JobProgress.eval_loss yet")
 def test_an_evaluation_comes_from_its_progress_event_and_not_from_the_log():
-    # The evaluation's own event repeats its step's training values: only eval_loss is logged.
-    (row,) = _rows.rows_of(progress(5, 4, loss=2.5, eval_loss=2.25, eval_step=4))
-    assert (row.step, row.kind, row.values) == (4, "eval", {"eval_loss": 2.25})
-    # A later step's event carries the latest evaluation too: it is a training row.
-    (row,) = _rows.rows_of(progress(6, 5, loss=2.4, eval_loss=2.25, eval_step=4))
-    assert row.kind == "train" and row.step == 5 and "eval_loss" not in row.values
-    # Before training (step 0).
-    (row,) = _rows.rows_of(progress(1, 0, eval_loss=3.0, eval_step=0))
-    assert (row.step, row.kind) == (0, "eval")
-    assert list(_rows.rows_of(log(7, "eval at step 4: loss 2.25 over 1024 tokens"))) == []
+    got = rows(
+        progress(1, 0, eval_loss=3.0, eval_step=0),                  # before training
+        progress(2, 1, loss=2.6, eval_loss=3.0, eval_step=0),        # step 1 carries the latest eval
+        progress(3, 2, loss=2.5, eval_loss=3.0, eval_step=0),
+        progress(4, 2, loss=2.5, eval_loss=2.25, eval_step=2),       # the evaluation's own event
+        log(5, "eval at step 2: loss 2.25 over 1024 tokens"),        # its log line: not read
+        progress(6, 2, loss=2.5, eval_loss=2.25, eval_step=2),       # a checkpoint at step 2
+        # logging_steps 2: step 3 is not reported, but its evaluation's event carries its values.
+        progress(7, 3, loss=2.4, eval_loss=2.0, eval_step=3),
+    )
+    assert [(r.kind, r.step) for r in got] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("eval", 3),
+                                               ("train", 3)]
+    assert got[3].values == {"eval_loss": 2.25} and got[5].values["loss"] == 2.4
 
 
 def spec() -> job_pb2.JobSpec:

@@ -24,7 +24,7 @@ import time
 from typing import Optional, Union
 
 from offloadd.client import Client
-from offloadd.tracking._rows import Row, rows_of
+from offloadd.tracking._rows import Row, RowReader
 from offloadd.v1 import job_pb2
 
 TRACKERS = ("mlflow", "wandb")
@@ -155,11 +155,12 @@ class _Batch:
         self.rows: list[Row] = []
         self.values = 0
         self.cursor = run.cursor
+        self.reader = RowReader()
         self.sent_at = time.monotonic()
         self.logged = 0
 
     def add(self, event: job_pb2.JobEvent) -> None:
-        rows = list(rows_of(event))
+        rows = self.reader.rows(event)
         values = sum(len(r.values) for r in rows)
         if self.values + values > _MAX_VALUES:
             self.flush()

@@ -36,25 +36,41 @@ def _time_ms(event: job_pb2.JobEvent) -> int:
     return event.time.seconds * 1000 + event.time.nanos // 1_000_000
 
 
-def rows_of(event: job_pb2.JobEvent) -> Iterator[Row]:
-    """The metric rows an event carries: a progress event its step's training values (or, where
-    the API has the field, the evaluation it reports), a log event the evaluation it announces.
-    Values that are not finite (a diverged loss, a grad norm that overflowed) are kept: both
-    trackers store inf and NaN."""
-    if event.HasField("progress"):
-        p = event.progress
-        if _HAS_EVAL_FIELD and p.HasField("eval_loss") and p.eval_step == p.step:
-            # An evaluation's own progress event (it repeats the step's training values).
-            yield Row(p.eval_step, _time_ms(event), {"eval_loss": p.eval_loss}, "eval")
-            return
-        if p.step <= 0:
-            return
-        values = {f: float(getattr(p, f)) for f in TRAIN_FIELDS}
-        yield Row(p.step, _time_ms(event), values, "train")
-    elif event.HasField("log") and not _HAS_EVAL_FIELD:
-        m = _EVAL_LINE.match(event.log.message)
-        if m:
-            yield Row(int(m.group(1)), _time_ms(event), {"eval_loss": float(m.group(2))}, "eval")
+class RowReader:
+    """Turns a job's events, in cursor order, into metric rows, each step's training values and
+    each evaluation once. A job reports every step once and its steps and evaluations in
+    increasing order (a step replayed after a resume is not reported again), but one step may
+    appear in several progress events: where the API has JobProgress.eval_loss, an evaluation's
+    own event repeats its step's training values, and a checkpoint's step is reported again with
+    the latest evaluation. So a row is made from the first event that reports a step (or an
+    evaluation) past the last one seen. Not thread-safe."""
+
+    def __init__(self):
+        self._train_step = 0  # the last step whose training values were read (0: none)
+        self._eval_step = -1  # the last step whose evaluation was read (-1: none; 0: before training)
+
+    def rows(self, event: job_pb2.JobEvent) -> list[Row]:
+        """The rows the event adds. Values that are not finite (a diverged loss, a grad norm that
+        overflowed) are kept: both trackers store inf and NaN."""
+        out = []
+        if event.HasField("progress"):
+            p = event.progress
+            if _HAS_EVAL_FIELD and p.HasField("eval_loss"):
+                out += self._eval(p.eval_step, p.eval_loss, event)
+            if p.step > self._train_step:
+                self._train_step = p.step
+                out.append(Row(p.step, _time_ms(event), {f: float(getattr(p, f)) for f in TRAIN_FIELDS}, "train"))
+        elif event.HasField("log") and not _HAS_EVAL_FIELD:
+            m = _EVAL_LINE.match(event.log.message)
+            if m:
+                out += self._eval(int(m.group(1)), float(m.group(2)), event)
+        return out
+
+    def _eval(self, step: int, loss: float, event: job_pb2.JobEvent) -> list[Row]:
+        if step <= self._eval_step:
+            return []
+        self._eval_step = step
+        return [Row(step, _time_ms(event), {"eval_loss": loss}, "eval")]
 
 
 def spec_dict(spec: job_pb2.JobSpec) -> dict[str, Any]:
