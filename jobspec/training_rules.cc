@@ -63,6 +63,12 @@ void CheckReportTo(const v1::TrainingArguments& t, Checker& c) {
     const std::string field = "training.report_to[" + std::to_string(i) + "]";
     if (v == "none" && t.report_to_size() > 1) {
       c.Add(field, "\"none\" cannot be listed with other integrations");
+    } else if (v == "mlflow" || v == "wandb") {
+      c.Add(field, "must be tensorboard or none, got '" + v +
+                       "' (the daemon writes TensorBoard event files itself; for " + v +
+                       " follow the job with the Python SDK: offloadd.tracking.follow(job_id, "
+                       "to=\"" +
+                       v + "\"), docs/tracking.md)");
     } else if (v != "tensorboard" && v != "none") {
       c.Add(field, "must be tensorboard or none, got '" + SafeMessageText(v, 128) +
                        "' (the daemon writes TensorBoard event files itself; other trackers "

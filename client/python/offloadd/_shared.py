@@ -145,13 +145,13 @@ class WaitLoop:
     """
 
     def __init__(self, job_id: str, timeout: Optional[float], reconnect_window: float, progress: bool,
-                 include_progress: bool = True):
+                 include_progress: bool = True, after_cursor: int = 0):
         self.job_id = job_id
         self.timeout = timeout
         self.reconnect_window = reconnect_window
         self.include_progress = include_progress
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.cursor = 0
+        self.cursor = after_cursor
         self.last_state = job_pb2.JOB_STATE_UNSPECIFIED
         self.printer = ProgressPrinter(sys.stderr) if progress else None
         self.logs = JobLogFacts()

@@ -170,6 +170,7 @@ class AsyncClient:
         progress: bool = False,
         *,
         raise_on_failure: bool = False,
+        after_cursor: int = 0,
     ) -> job_pb2.Job:
         """Waits until the job is succeeded, failed or cancelled (as ``Client.wait``: a broken
         watch is resumed after the last event delivered).
@@ -181,6 +182,7 @@ class AsyncClient:
             progress: draw a progress bar on stderr.
             raise_on_failure: raise ``JobFailed`` / ``JobCancelled`` instead of returning a job
                 that failed or was cancelled.
+            after_cursor: deliver only the events after this cursor (0: from the first).
 
         Returns:
             The finished ``offloadd.v1.Job``.
@@ -189,7 +191,7 @@ class AsyncClient:
             WaitTimeout: ``timeout`` passed.
             JobFailed, JobCancelled: with ``raise_on_failure``.
         """
-        job, logs = await self._wait(job_id, timeout, on_event, progress)
+        job, logs = await self._wait(job_id, timeout, on_event, progress, after_cursor=after_cursor)
         if raise_on_failure:
             JobResult.from_job(job, logs).raise_for_status()
         return job
@@ -231,8 +233,8 @@ class AsyncClient:
         result = JobResult.from_job(job, logs)
         return result.raise_for_status() if raise_on_failure else result
 
-    async def _wait(self, job_id, timeout, on_event, progress, include_progress: bool = True):
-        loop = _shared.WaitLoop(job_id, timeout, self.reconnect_window, progress, include_progress)
+    async def _wait(self, job_id, timeout, on_event, progress, include_progress: bool = True, after_cursor: int = 0):
+        loop = _shared.WaitLoop(job_id, timeout, self.reconnect_window, progress, include_progress, after_cursor)
         try:
             while True:
                 call = self._jobs.WatchJob(loop.request(), timeout=loop.remaining())

@@ -168,6 +168,7 @@ class Client:
         progress: bool = False,
         *,
         raise_on_failure: bool = False,
+        after_cursor: int = 0,
     ) -> job_pb2.Job:
         """Waits until the job is succeeded, failed or cancelled, and returns it as it ended.
 
@@ -182,6 +183,8 @@ class Client:
             progress: draw a progress bar on stderr (as ``offloadctl watch``).
             raise_on_failure: raise ``JobFailed`` / ``JobCancelled`` instead of returning a job
                 that failed or was cancelled.
+            after_cursor: deliver only the events after this cursor (0: from the first), as
+                ``watch_job``; ``JobResult`` facts from the job's log then see only those.
 
         Returns:
             The finished ``offloadd.v1.Job`` (``JobState.of(job)`` gives its state as a string).
@@ -191,7 +194,7 @@ class Client:
             JobFailed, JobCancelled: with ``raise_on_failure``.
             NotFound: no such job. Other errors are raised at once, too.
         """
-        job, logs = self._wait(job_id, timeout, on_event, progress)
+        job, logs = self._wait(job_id, timeout, on_event, progress, after_cursor=after_cursor)
         if raise_on_failure:
             JobResult.from_job(job, logs).raise_for_status()
         return job
@@ -237,8 +240,8 @@ class Client:
         result = JobResult.from_job(job, logs)
         return result.raise_for_status() if raise_on_failure else result
 
-    def _wait(self, job_id, timeout, on_event, progress, include_progress: bool = True):
-        loop = _shared.WaitLoop(job_id, timeout, self.reconnect_window, progress, include_progress)
+    def _wait(self, job_id, timeout, on_event, progress, include_progress: bool = True, after_cursor: int = 0):
+        loop = _shared.WaitLoop(job_id, timeout, self.reconnect_window, progress, include_progress, after_cursor)
         try:
             while True:
                 call = self._jobs.WatchJob(loop.request(), timeout=loop.remaining())

@@ -40,6 +40,16 @@ def test_resumes_after_the_last_cursor_when_the_stream_breaks(serve):
     assert service.cursors == [0, 2, 4]
 
 
+def test_after_cursor_starts_the_watch_there_and_resumes_after_the_last_cursor(serve):
+    service = FakeJobService(scripted_events(), break_calls=1, break_after=1)
+    seen = []
+    with serve(service) as c:
+        job = c.wait("job-1", on_event=lambda e: seen.append(e.cursor), after_cursor=2)
+    assert job.state == job_pb2.JOB_STATE_SUCCEEDED
+    assert seen == [3, 4, 5], "only the events after the cursor, each once"
+    assert service.cursors == [2, 3]
+
+
 def test_timeout_raises_wait_timeout(serve):
     service = FakeJobService(scripted_events()[:-1], hang_at_end=True)  # never reaches a final state
     with serve(service) as c:
