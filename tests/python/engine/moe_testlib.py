@@ -149,3 +149,66 @@ def moe_loss_fn(model, m: dict, trained: int):
         AUX_LOG.append(aux.item())
         loss = loss + aux
     return loss
+
+
+def grad_scale(name: str, g: torch.Tensor) -> torch.Tensor:
+    """The largest |element| of a gradient's matrix: per expert for packed experts ([E, ...]),
+    so that an expert without a token has scale 0; else the whole tensor's."""
+    g = g.abs()
+    if ".experts." in name and g.dim() == 3:
+        return g.flatten(1).amax(1).view(-1, 1, 1)
+    return g.max()
+
+
+class AdamErrorBound:
+    """Each element's bound on |w_off - w_ref| after AdamW, from AdamW's own arithmetic.
+
+    Both sides' gradients of a step differ by at most `rho` times the largest gradient element of
+    the same matrix (for packed experts: of the same expert, so an expert without a token has an
+    exact zero gradient on both sides). That error enters m and v through AdamW's recursions, so
+    after step t its size is Dm = m-hat of rho*G and Dv = sqrt(v-hat of (rho*G)^2) (Minkowski: the
+    bias-corrected v is a weighted mean of squares). The update u = m / (sqrt(v) + eps) is
+    monotone in m, and in sqrt(v) for either sign of m, so over |dm| <= Dm, |ds| <= Dv (s kept
+    >= 0) its largest change is at a corner of that box; lr_t times that change summed over the
+    steps bounds the weight (the decoupled decay only shrinks an earlier error). Where
+    sqrt(v) >> rho*G the change is ~ rho*G/sqrt(v) of the update; where sqrt(v) is at the gradient's
+    resolution (a gradient at the eps scale, or one that cancels to zero) the update is the
+    rounding, and the bound says so. Call after(opt, grads) once per step, after clipping and
+    optimizer.step(), with the learning rate the step used."""
+
+    def __init__(self, model, rho: float):
+        self.rho = rho
+        self.names = {p: n for n, p in model.named_parameters()}
+        self.dm, self.dv, self.bound = {}, {}, {}
+
+    def after(self, opt, lr: float) -> None:
+        group = opt.param_groups[0]
+        b1, b2 = group["betas"]
+        eps = group["eps"]
+        for p, name in self.names.items():
+            if p.grad is None:
+                continue
+            d = self.rho * grad_scale(name, p.grad.detach())
+            self.dm[p] = b1 * self.dm.get(p, 0.0) + (1 - b1) * d
+            self.dv[p] = b2 * self.dv.get(p, 0.0) + (1 - b2) * d * d
+            st = opt.state[p]
+            t = float(st["step"])
+            c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+            m = st["exp_avg"] / c1
+            s = (st["exp_avg_sq"] / c2).sqrt()
+            dm, ds = self.dm[p] / c1, (self.dv[p] / c2) ** 0.5
+            u = m / (s + eps)
+            s_lo, s_hi = (s - ds).clamp_min(0) + eps, s + ds + eps
+            hi, lo = m + dm, m - dm
+            u_hi = torch.where(hi >= 0, hi / s_lo, hi / s_hi)
+            u_lo = torch.where(lo <= 0, lo / s_lo, lo / s_hi)
+            step = lr * torch.maximum(u_hi - u, u - u_lo)
+            self.bound[p] = self.bound.get(p, 0.0) + step
+
+    def as_checkpoint(self, model, tmp: pathlib.Path) -> dict:
+        """The bounds under the checkpoint's names and layout (save_pretrained's mapping); the
+        model's parameters are overwritten."""
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(self.bound.get(p, torch.zeros_like(p)))
+        return families_testlib.state_as_checkpoint(model, tmp)

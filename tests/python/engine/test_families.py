@@ -75,9 +75,13 @@ def train_args(model, data, out):
             f"--output-dir={out}", f"--stats-jsonl={out}/stats.jsonl", f"--dump-batches={out}/batches.json"]
 
 
-def compare_weights(got: dict, want: dict, init: dict) -> dict:
-    """The bounds of the module doc; returns the worst ratios seen."""
-    worst = {"rel": 0.0, "rel_name": "", "embed_abs": 0.0, "fro": 0.0, "fro_name": ""}
+def compare_weights(got: dict, want: dict, init: dict, adam_bound: dict | None = None) -> dict:
+    """The bounds of the module doc; returns the worst ratios seen. With `adam_bound` ({name:
+    per-element bound}, test_moe.py's moe_testlib.AdamErrorBound) an element's max-norm bound is
+    the larger of 1e-3 of its tensor's update and that bound, and the Frobenius bound applies to
+    what each element's error exceeds its AdamW bound by."""
+    worst = {"rel": 0.0, "rel_name": "", "embed_abs": 0.0, "fro": 0.0, "fro_name": "", "adam": 0,
+             "adam_ratio": 0.0}
     for name, w in want.items():
         if name not in init:  # e.g. a tied lm_head transformers did not save
             continue
@@ -89,13 +93,25 @@ def compare_weights(got: dict, want: dict, init: dict) -> dict:
         if moved == 0:  # untrained (a vision tower): must be untouched
             assert torch.equal(got[name], init[name]), f"{name} changed but transformers left it"
             continue
-        fro = (g - w).norm().item() / (w - w0).norm().item()
+        bound = adam_bound.get(name) if adam_bound is not None else None
+        excess = (g - w).abs() if bound is None else ((g - w).abs() - bound.double()).clamp_min(0)
+        fro = excess.norm().item() / (w - w0).norm().item()
         assert fro <= 1e-3, f"{name}: |w_off - w_ref| = {fro:.3g} x |w_ref - w0| (Frobenius)"
         if fro > worst["fro"]:
             worst["fro"], worst["fro_name"] = fro, name
         if name in EMBEDDINGS:
             assert diff <= 1e-3, f"{name}: max |diff| {diff:.3g} > 1e-3 (update up to {moved:.3g})"
             worst["embed_abs"] = max(worst["embed_abs"], diff)
+        elif bound is not None:
+            bound = bound.double()
+            ratio = ((g - w).abs() / bound.clamp_min(1e-3 * moved)).flatten()
+            i = int(ratio.argmax())
+            assert ratio[i] <= 1, (f"{name}: |diff| {(g - w).abs().flatten()[i]:.3g} at element {i} > "
+                                   f"max(1e-3 * update {moved:.3g}, AdamW bound {bound.flatten()[i]:.3g})")
+            worst["adam"] += int((bound > 1e-3 * moved).sum())
+            worst["adam_ratio"] = max(worst["adam_ratio"], ratio[i].item())
+            if diff / moved > worst["rel"]:
+                worst["rel"], worst["rel_name"] = diff / moved, name
         else:
             assert diff <= 1e-3 * moved, f"{name}: max |diff| {diff:.3g} > 1e-3 * update {moved:.3g}"
             if diff / moved > worst["rel"]:

@@ -14,7 +14,8 @@ Checks, as test_moe.py's: one forward and backward through offloadd-engine-check
 transformers (fp32 eval: loss atol 2e-6 / rtol 1e-5, every gradient atol 2e-5 / rtol 1e-3, the
 dead expert's rows exactly zero on both sides); offloadd-train over 8 steps against transformers
 in float64 + torch.optim.AdamW + clip_grad_norm_ + the cosine schedule (loss 1e-5 relative,
-weights 1e-3 of each tensor's own update in the max and Frobenius norms, embeddings 1e-3 absolute,
+weights 1e-3 of each tensor's own update in the max and Frobenius norms, or per element the bound
+AdamW's arithmetic gives an eps-scale gradient as test_moe.py describes, embeddings 1e-3 absolute,
 the dead expert's rows decayed as AdamW decays a zero gradient), greedy ids of the export equal.
 
 MXFP4: the experts of a tiny checkpoint are written as the format's documented layout says
@@ -39,10 +40,10 @@ from safetensors.torch import load_file as load_checkpoint_file, save_file
 import families_testlib
 from engine_testlib import hf_reference, make_batch, run_check, write_inputs
 from families_testlib import checkpoint_layout, install_tokenizer, load_checkpoint, state_as_checkpoint, write_data
-from moe_testlib import AUX_LOG, moe_loss_fn, moe_reference
+from moe_testlib import AUX_LOG, AdamErrorBound, moe_loss_fn, moe_reference
 from pipeline_testlib import read_stats, run_train, train_steps
 from test_families import ACCUM, BATCH, OPTIM, STEPS, check_generation, compare_weights, train_args
-from test_moe import lr_schedule
+from test_moe import GRAD_RHO, lr_schedule
 from test_model_configs import describe, refusal, save_config
 
 families_testlib.TOKENIZERS.update({"gpt_oss": "gpt-oss"})
@@ -141,6 +142,8 @@ def test_gpt_oss_family_matches_transformers(binary_dir, shared_dir, tmp_path):
     ref = moe_reference(model)
     ref.train()
     opt = torch.optim.AdamW(ref.parameters(), lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"], foreach=False)
+    adam = AdamErrorBound(ref, GRAD_RHO)  # test_moe.py's per-element bound, the same for every MoE
+    opt.register_step_post_hook(lambda o, args, kwargs: adam.after(o, o.param_groups[0]["lr"]))
     AUX_LOG.clear()
     ref_losses = train_steps(ref, batches, opt, OPTIM["scheduler"], OPTIM["warmup_steps"], OPTIM["max_grad_norm"],
                              moe_loss_fn)
@@ -158,7 +161,8 @@ def test_gpt_oss_family_matches_transformers(binary_dir, shared_dir, tmp_path):
         assert opt.state[p]["exp_avg"][DEAD_EXPERT].abs().max() == 0, "the forced expert got a token"
 
     got = load_checkpoint(out)
-    worst = compare_weights(got, state_as_checkpoint(ref, tmp_path / "ref"), init)
+    want = state_as_checkpoint(ref, tmp_path / "ref")
+    worst = compare_weights(got, want, init, adam.as_checkpoint(ref, tmp_path / "bound"))
     decay = 1.0
     for lr in lr_schedule():
         decay *= 1 - lr * OPTIM["weight_decay"]
@@ -171,8 +175,9 @@ def test_gpt_oss_family_matches_transformers(binary_dir, shared_dir, tmp_path):
     prompt = json.loads(data.read_text().splitlines()[0])["input_ids"][:24]
     new = check_generation(out, prompt, tmp_path)
     print(f"\ngpt_oss [{tok['name']}]: loss rel max {max(rel):.2g}; weights max diff/update {worst['rel']:.2g} "
-          f"({worst['rel_name']}), Frobenius {worst['fro']:.2g} ({worst['fro_name']}); embeddings max abs "
-          f"{worst['embed_abs']:.2g}; greedy ids equal {new}; offloadd {t_off:.1f} s, "
+          f"({worst['rel_name']}); worst element at {worst['adam_ratio']:.2g} of its bound, {worst['adam']} "
+          f"elements bounded by AdamW's arithmetic; Frobenius {worst['fro']:.2g} ({worst['fro_name']}); "
+          f"embeddings max abs {worst['embed_abs']:.2g}; greedy ids equal {new}; offloadd {t_off:.1f} s, "
           f"total {time.monotonic() - t0:.1f} s")
 
 
