@@ -8,6 +8,7 @@
 #include <cmath>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,11 @@ class ChannelObserver final : public trainer::TrainObserver {
     pb::ExecutorMessage m;
     *m.mutable_eval() = daemon::ToProto(e);
     channel_.Send(m);
+    // Every evaluation gets a progress event of its own carrying it (JobProgress.eval_loss),
+    // unless an earlier run of the job reported that step (an evaluation replayed after a
+    // resume); the one before training of a new job is step 0.
+    eval_ = e;
+    if (e.step > reported_before_ || (e.step == 0 && reported_before_ == 0)) SendProgress(e.step);
   }
   void OnProjectorCheck(const trainer::ProjectorCheckStats& c) override {
     if (rank_ != 0) return;
@@ -193,12 +199,22 @@ class ChannelObserver final : public trainer::TrainObserver {
   }
 
   void Report() {
-    const trainer::StepStats& s = last_;
     // A step an earlier run already reported (replayed after a resume) keeps its first event.
-    if (s.step <= reported_before_) return;
+    if (last_.step <= reported_before_) return;
+    SendProgress(last_.step);
+  }
+
+  // The progress of step `step`: the last step's values when it is that step (an evaluation
+  // before training has none), and the latest evaluation.
+  void SendProgress(int64_t step) {
+    const trainer::StepStats s = last_.step == step ? last_ : trainer::StepStats{};
     pb::ExecutorMessage m;
     v1::JobProgress& p = *m.mutable_progress();
-    p.set_step(s.step);
+    if (eval_) {
+      p.set_eval_loss(eval_->loss);
+      p.set_eval_step(eval_->step);
+    }
+    p.set_step(step);
     p.set_max_steps(s.max_steps);
     p.set_epoch(s.epoch);
     p.set_tokens_seen(tokens_seen_);
@@ -212,7 +228,7 @@ class ChannelObserver final : public trainer::TrainObserver {
     SetDuration(static_cast<double>(std::max<int64_t>(0, s.max_steps - s.step)) * step_seconds_, p.mutable_eta());
     SetDuration(s.step_seconds, p.mutable_step_time());
     channel_.Send(m);
-    reported_step_ = s.step;
+    reported_step_ = step;
     last_report_ = std::chrono::steady_clock::now();
   }
 
@@ -227,6 +243,7 @@ class ChannelObserver final : public trainer::TrainObserver {
   int64_t tokens_seen_;
   double step_seconds_ = 0;
   trainer::StepStats last_;
+  std::optional<trainer::EvalStats> eval_;  // the latest evaluation
   int64_t reported_step_ = 0;
   const int64_t reported_before_;
   double step_ema_ = 0, checkpoint_seconds_ = 0;

@@ -56,7 +56,7 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
   X(h2d_seconds) X(d2h_seconds) X(cpu_update_seconds) X(nvme_seconds) X(lsp_compress_seconds)             \
   X(lsp_decompress_seconds) X(stall_weights_seconds) X(stall_grads_seconds) X(stall_optimizer_seconds)    \
   X(stall_activations_seconds) X(h2d_bytes) X(d2h_bytes) X(nvme_read_bytes) X(nvme_write_bytes)           \
-  X(nvme_activation_bytes) X(gpu_peak_bytes) X(time_to_first_step_seconds)
+  X(nvme_activation_bytes) X(gpu_peak_bytes) X(time_to_first_step_seconds) X(aux_loss)
 #define OFFLOADD_EVAL_FIELDS(X) X(step) X(loss) X(tokens) X(seconds)
 #define OFFLOADD_CHECK_FIELDS(X) X(step) X(checked) X(switched) X(mean_bias) X(mean_bias_after) X(seconds)
 #define OFFLOADD_WORKER_FIELDS(X) \

@@ -13,6 +13,8 @@
 #include <optional>
 #include <vector>
 
+#include <google/protobuf/util/time_util.h>
+
 #include "common/file.h"
 #include "common/logging.h"
 #include "ipc/child_process.h"
@@ -49,6 +51,29 @@ struct Executor {
   Clock::time_point phase_since;
   double expected_seconds = 0;
 };
+
+// A step's row of the job's metrics history, with the values its progress report carries
+// (tokens per second as the executor computes it for JobProgress).
+v1::StepMetrics StepRow(const pb::StepStats& s) {
+  v1::StepMetrics row;
+  row.set_step(s.step());
+  *row.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  row.set_epoch(s.epoch());
+  row.set_loss(s.loss());
+  row.set_learning_rate(s.learning_rate());
+  row.set_grad_norm(s.grad_norm());
+  if (s.step_seconds() > 0) row.set_tokens_per_second(static_cast<double>(s.tokens()) / s.step_seconds());
+  if (s.aux_loss() != 0) row.set_aux_loss(s.aux_loss());  // 0: the model reports no router loss
+  return row;
+}
+
+v1::StepMetrics EvalRow(const pb::EvalStats& e) {
+  v1::StepMetrics row;
+  row.set_step(e.step());
+  *row.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  row.set_eval_loss(e.loss());
+  return row;
+}
 
 Clock::duration Seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -402,10 +427,12 @@ class AttemptRunner {
       control_.ReportProgress(m.progress());
     } else if (m.has_checkpoint()) {
       control_.CheckpointSaved(m.checkpoint());
-    } else if (metrics_ != nullptr && m.has_step()) {
-      metrics_->Observe(job_.id(), FromProto(m.step()));
-    } else if (metrics_ != nullptr && m.has_eval()) {
-      metrics_->ObserveEval(job_.id(), FromProto(m.eval()));
+    } else if (m.has_step()) {
+      control_.RecordMetrics(StepRow(m.step()));
+      if (metrics_ != nullptr) metrics_->Observe(job_.id(), FromProto(m.step()));
+    } else if (m.has_eval()) {
+      control_.RecordMetrics(EvalRow(m.eval()));
+      if (metrics_ != nullptr) metrics_->ObserveEval(job_.id(), FromProto(m.eval()));
     } else if (metrics_ != nullptr && m.has_projector_check()) {
       metrics_->ObserveProjectorCheck(job_.id(), FromProto(m.projector_check()));
     } else if (metrics_ != nullptr && m.has_runtime()) {
