@@ -20,6 +20,7 @@
 #include "engine/torch_boundary.h"
 #include "executor/heartbeat.h"
 #include "executor/tensorboard_writer.h"
+#include "executor/trainer_state_file.h"
 #include "ipc/liveness.h"
 #include "job/executor_protocol.h"
 #include "job/memory_estimate.h"
@@ -86,12 +87,31 @@ class ChannelObserver final : public trainer::TrainObserver {
   // training.report_to tensorboard: rank 0 also writes every step and evaluation to `events`.
   void SetEventWriter(std::unique_ptr<EventFileWriter> events) { events_ = std::move(events); }
 
+  // The job's metrics history before this run (StartJob.history); this run's steps join it.
+  void SetHistory(const google::protobuf::RepeatedPtrField<v1::StepMetrics>& rows) {
+    for (const v1::StepMetrics& row : rows) history_.Add(row);
+  }
+  // Rank 0, when training finished: trainer_state.json with the whole log_history in `dir`.
+  Status WriteTrainerStateFile(const std::string& dir, const v1::TrainingArguments& args) const {
+    TrainerStateFacts f;
+    f.global_step = last_.step;
+    f.max_steps = last_.max_steps;
+    f.epoch = last_.epoch;
+    f.num_input_tokens_seen = tokens_seen_;
+    f.logging_steps = logging_steps_;
+    f.eval_steps = eval_steps_;
+    f.save_steps = save_steps_;
+    f.train_batch_size = args.per_device_train_batch_size();
+    return WriteTrainerState(dir, history_, f);
+  }
+
   void OnStep(const trainer::StepStats& s) override {
     EnterNextStep(s);
     if (rank_ != 0) return;
     WriteEvents(s.step, StepScalars(s));
     pb::ExecutorMessage m;
     *m.mutable_step() = daemon::ToProto(s);
+    history_.Add(daemon::MetricsRow(m.step(), Now()));
     channel_.Send(m);
     tokens_seen_ += s.tokens;
     // The ETA follows recent steps (the first ones include warm-up costs).
@@ -110,6 +130,7 @@ class ChannelObserver final : public trainer::TrainObserver {
     WriteEvents(e.step, {{"eval/loss", e.loss}});
     pb::ExecutorMessage m;
     *m.mutable_eval() = daemon::ToProto(e);
+    history_.Add(daemon::MetricsRow(m.eval(), Now()));
     channel_.Send(m);
     // Every evaluation gets a progress event of its own carrying it (JobProgress.eval_loss),
     // unless an earlier run of the job reported that step (an evaluation replayed after a
@@ -249,6 +270,7 @@ class ChannelObserver final : public trainer::TrainObserver {
   double step_ema_ = 0, checkpoint_seconds_ = 0;
   std::chrono::steady_clock::time_point last_step_at_ = std::chrono::steady_clock::now();
   std::unique_ptr<EventFileWriter> events_;
+  LogHistory history_;  // rank 0: trainer_state.json's log_history
 };
 
 // Free space in output_dir for a checkpoint and the exported model, sized from the model's config.
@@ -270,6 +292,9 @@ Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorCha
   auto result = t->Train(/*checkpoint_on_stop=*/false);
   if (result.ok()) {
     if (config.parallel.rank == 0) {
+      // Beside the exported model: the whole log_history (checkpoints' stop at their step). A
+      // failure to write it fails the job as a failed export would.
+      RETURN_IF_ERROR(observer.WriteTrainerStateFile(config.output_dir, job.spec().training()));
       observer.Log(v1::LOG_LEVEL_INFO, "finished " + std::to_string(result->steps) + " steps, final loss " +
                                            std::to_string(result->final_loss) +
                                            (result->exported_to.empty() ? "" : "; model in " + result->exported_to));
@@ -322,6 +347,7 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   heartbeat.Enter("setting up the training pipeline", 0);
   ChannelObserver observer(job, rank, channel, tokens_seen, reported_before,
                            env.progress_interval_seconds(), heartbeat);
+  if (rank == 0) observer.SetHistory(start.history());
   if (rank == 0) {
     for (const std::string& s : skipped) observer.Log(v1::LOG_LEVEL_WARNING, s);
   }

@@ -52,29 +52,6 @@ struct Executor {
   double expected_seconds = 0;
 };
 
-// A step's row of the job's metrics history, with the values its progress report carries
-// (tokens per second as the executor computes it for JobProgress).
-v1::StepMetrics StepRow(const pb::StepStats& s) {
-  v1::StepMetrics row;
-  row.set_step(s.step());
-  *row.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  row.set_epoch(s.epoch());
-  row.set_loss(s.loss());
-  row.set_learning_rate(s.learning_rate());
-  row.set_grad_norm(s.grad_norm());
-  if (s.step_seconds() > 0) row.set_tokens_per_second(static_cast<double>(s.tokens()) / s.step_seconds());
-  if (s.aux_loss() != 0) row.set_aux_loss(s.aux_loss());  // 0: the model reports no router loss
-  return row;
-}
-
-v1::StepMetrics EvalRow(const pb::EvalStats& e) {
-  v1::StepMetrics row;
-  row.set_step(e.step());
-  *row.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  row.set_eval_loss(e.loss());
-  return row;
-}
-
 Clock::duration Seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
@@ -162,6 +139,17 @@ class AttemptRunner {
     p.set_gpu_index(gpu);
     p.set_timeout_seconds(static_cast<int64_t>(std::ceil(options_.group_timeout_seconds)));
     s.set_restart(restart_);
+    if (rank == 0) {
+      // trainer_state.json's log_history covers the earlier runs too; without them (the store
+      // failing) it has this run's steps, and the job's events say why.
+      auto history = control_.RecordedMetrics();
+      if (history.ok()) {
+        for (auto& row : *history) *s.add_history() = std::move(row);
+      } else {
+        control_.Log(v1::LOG_LEVEL_WARNING, "trainer_state.json will hold this run's steps only: " +
+                                                history.status().ToString());
+      }
+    }
     if (identity) {
       pb::FileIdentity& f = *s.mutable_file_identity();
       f.set_uid(identity->uid);
@@ -428,10 +416,10 @@ class AttemptRunner {
     } else if (m.has_checkpoint()) {
       control_.CheckpointSaved(m.checkpoint());
     } else if (m.has_step()) {
-      control_.RecordMetrics(StepRow(m.step()));
+      control_.RecordMetrics(MetricsRow(m.step(), google::protobuf::util::TimeUtil::GetCurrentTime()));
       if (metrics_ != nullptr) metrics_->Observe(job_.id(), FromProto(m.step()));
     } else if (m.has_eval()) {
-      control_.RecordMetrics(EvalRow(m.eval()));
+      control_.RecordMetrics(MetricsRow(m.eval(), google::protobuf::util::TimeUtil::GetCurrentTime()));
       if (metrics_ != nullptr) metrics_->ObserveEval(job_.id(), FromProto(m.eval()));
     } else if (metrics_ != nullptr && m.has_projector_check()) {
       metrics_->ObserveProjectorCheck(job_.id(), FromProto(m.projector_check()));

@@ -134,6 +134,16 @@ class JobManager::Control final : public JobControl {
     e.mutable_log()->set_message(SafeMessageText("metrics history: " + st.message(), 8192));
     Warn(Append(std::move(e)));
   }
+  StatusOr<std::vector<v1::StepMetrics>> RecordedMetrics() override {
+    std::vector<v1::StepMetrics> rows;
+    std::optional<int64_t> after;
+    while (true) {  // the store reads under its own lock; a page at a time
+      ASSIGN_OR_RETURN(JobStore::MetricsPage page, m_->store_->Metrics(id_, after, 10000));
+      for (auto& r : page.rows) rows.push_back(std::move(r));
+      if (!page.has_more || rows.empty()) return rows;
+      after = rows.back().step();
+    }
+  }
   Stop stop_requested() const override {
     std::lock_guard<std::mutex> lock(m_->mu_);
     return running_->stop;

@@ -62,6 +62,10 @@ class JobControl {
   // merged into the row of its step (JobStore::RecordMetrics). A row the store refuses (its cap,
   // a full disk) is not retried; the job's events say so once per run.
   virtual void RecordMetrics(const offloadd::v1::StepMetrics& row) {}
+  // Every row of the job's metrics history recorded so far (for the executor's trainer_state.json).
+  virtual StatusOr<std::vector<offloadd::v1::StepMetrics>> RecordedMetrics() {
+    return std::vector<offloadd::v1::StepMetrics>{};
+  }
   // Polled by the runner between steps.
   virtual Stop stop_requested() const = 0;
   // An fd (eventfd) that turns readable whenever stop_requested() changes, for runners that wait in

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "common/logging.h"
+#include "job/executor_protocol.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -618,33 +619,6 @@ StatusOr<int64_t> JobStore::MetricRowsLocked(const std::string& job_id) {
   return rows;
 }
 
-namespace {
-// Adds to `to` the values of `from` that `to` lacks; true when it added any.
-bool MergeMissing(const v1::StepMetrics& from, v1::StepMetrics* to) {
-  bool changed = false;
-  const auto take = [&](bool has_to, bool has_from, auto set) {
-    if (!has_to && has_from) {
-      set();
-      changed = true;
-    }
-  };
-  take(to->has_loss(), from.has_loss(), [&] {
-    to->set_loss(from.loss());
-    // The training values set the row's time and epoch (an evaluation's row has them from the
-    // evaluation until then).
-    *to->mutable_time() = from.time();
-    to->set_epoch(from.epoch());
-  });
-  take(to->has_learning_rate(), from.has_learning_rate(), [&] { to->set_learning_rate(from.learning_rate()); });
-  take(to->has_grad_norm(), from.has_grad_norm(), [&] { to->set_grad_norm(from.grad_norm()); });
-  take(to->has_tokens_per_second(), from.has_tokens_per_second(),
-       [&] { to->set_tokens_per_second(from.tokens_per_second()); });
-  take(to->has_aux_loss(), from.has_aux_loss(), [&] { to->set_aux_loss(from.aux_loss()); });
-  take(to->has_eval_loss(), from.has_eval_loss(), [&] { to->set_eval_loss(from.eval_loss()); });
-  return changed;
-}
-}  // namespace
-
 Status JobStore::RecordMetrics(const std::string& job_id, const v1::StepMetrics& row) {
   if (row.step() < 0) {
     return InvalidArgumentError("metrics of job " + job_id + ": step " + std::to_string(row.step()) +
@@ -673,7 +647,7 @@ Status JobStore::RecordMetrics(const std::string& job_id, const v1::StepMetrics&
           return DataLossError("job database " + path_ + ": corrupt metrics of job " + job_id + " at step " +
                                std::to_string(row.step()));
         }
-        if (!MergeMissing(row, &merged)) return OkStatus();  // nothing new: a replayed step
+        if (!MergeStepMetrics(row, &merged)) return OkStatus();  // nothing new: a replayed step
       } else {
         ASSIGN_OR_RETURN(const int64_t rows, MetricRowsLocked(job_id));
         if (rows >= max_metric_rows_) {

@@ -39,11 +39,11 @@ namespace offloadd::daemon {
 // records bounded at CreateJob, a page stays well under gRPC's 4 MiB message limit.
 inline constexpr size_t kListPageBytes = 1u << 20;
 
-// A job's metrics history keeps at most this many rows (steps), about 100 MB of database: far
-// more steps than a fine-tuning job runs. Past it, RecordMetrics refuses the steps of new rows
+// A job's metrics history keeps at most this many rows (steps), about 35 MB of database (and of
+// the history a restarted executor is handed): far more steps than a fine-tuning job runs. Past it, RecordMetrics refuses the steps of new rows
 // with RESOURCE_EXHAUSTED (the job manager says so once in the job's events) and ListJobMetrics
 // reports the history as capped; the rows kept stay.
-inline constexpr int64_t kMaxMetricRowsPerJob = 1'000'000;
+inline constexpr int64_t kMaxMetricRowsPerJob = 500'000;
 
 class JobStore {
  public:
