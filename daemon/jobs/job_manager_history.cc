@@ -23,7 +23,7 @@ StatusOr<int> PageSize(int limit, int default_size, int max_size) {
 StatusOr<JobStore::MetricsPage> JobManager::Metrics(const std::string& id, std::optional<int64_t> after_step,
                                                     int limit) {
   ASSIGN_OR_RETURN(const int rows, PageSize(limit, kDefaultMetricRows, kMaxMetricRows));
-  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));  // NOT_FOUND for an unknown job
+  RETURN_IF_ERROR(store_->Get(id).status());  // NOT_FOUND for an unknown job
   return store_->Metrics(id, after_step, rows);
 }
 
@@ -31,7 +31,7 @@ StatusOr<JobManager::EventsPage> JobManager::Events(const std::string& id, int64
                                                     bool logs) {
   ASSIGN_OR_RETURN(const int size, PageSize(limit, kDefaultEvents, kMaxEvents));
   if (after < 0) return InvalidArgumentError("after must not be negative, got " + std::to_string(after));
-  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  RETURN_IF_ERROR(store_->Get(id).status());
   EventsPage page;
   page.next_after = after;
   size_t bytes = 0;
