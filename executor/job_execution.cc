@@ -82,7 +82,8 @@ class ChannelObserver final : public trainer::TrainObserver {
             std::chrono::duration<double>(progress_interval_seconds))),
         channel_(channel),
         tokens_seen_(tokens_seen),
-        reported_before_(reported_before) {}
+        reported_before_(reported_before),
+        start_progress_(job.progress()) {}
 
   // training.report_to tensorboard: rank 0 also writes every step and evaluation to `events`.
   void SetEventWriter(std::unique_ptr<EventFileWriter> events) { events_ = std::move(events); }
@@ -133,10 +134,10 @@ class ChannelObserver final : public trainer::TrainObserver {
     history_.Add(daemon::MetricsRow(m.eval(), Now()));
     channel_.Send(m);
     // Every evaluation gets a progress event of its own carrying it (JobProgress.eval_loss),
-    // unless an earlier run of the job reported that step (an evaluation replayed after a
-    // resume); the one before training of a new job is step 0.
+    // unless it falls among the steps an earlier run of the job reported (replayed after a
+    // restart); the one before training is step 0, a resumed job's is at the step it resumed.
     eval_ = e;
-    if (e.step > reported_before_ || (e.step == 0 && reported_before_ == 0)) SendProgress(e.step);
+    if (e.step >= reported_before_) SendProgress(e.step);
   }
   void OnProjectorCheck(const trainer::ProjectorCheckStats& c) override {
     if (rank_ != 0) return;
@@ -225,10 +226,25 @@ class ChannelObserver final : public trainer::TrainObserver {
     SendProgress(last_.step);
   }
 
-  // The progress of step `step`: the last step's values when it is that step (an evaluation
-  // before training has none), and the latest evaluation.
+  // The progress of step `step`: the last step's values when it is that step, and the latest
+  // evaluation. An evaluation before this run's first step is reported with the progress the
+  // job had (a resumed job's), or with none (a new job's, at step 0).
   void SendProgress(int64_t step) {
-    const trainer::StepStats s = last_.step == step ? last_ : trainer::StepStats{};
+    if (last_.step != step) {
+      pb::ExecutorMessage m;
+      v1::JobProgress& p = *m.mutable_progress();
+      if (start_progress_.step() == step) p = start_progress_;
+      p.set_step(step);
+      if (eval_) {
+        p.set_eval_loss(eval_->loss);
+        p.set_eval_step(eval_->step);
+      }
+      channel_.Send(m);
+      reported_step_ = step;
+      last_report_ = std::chrono::steady_clock::now();
+      return;
+    }
+    const trainer::StepStats& s = last_;
     pb::ExecutorMessage m;
     v1::JobProgress& p = *m.mutable_progress();
     if (eval_) {
@@ -267,6 +283,7 @@ class ChannelObserver final : public trainer::TrainObserver {
   std::optional<trainer::EvalStats> eval_;  // the latest evaluation
   int64_t reported_step_ = 0;
   const int64_t reported_before_;
+  const v1::JobProgress start_progress_;  // the job's progress when this run began
   double step_ema_ = 0, checkpoint_seconds_ = 0;
   std::chrono::steady_clock::time_point last_step_at_ = std::chrono::steady_clock::now();
   std::unique_ptr<EventFileWriter> events_;

@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from daemon_process import DaemonProcess  # noqa: E402
-from test_training_jobs import assets, logs, progress, spec  # noqa: E402,F401
+from test_training_jobs import Events, assets, logs, progress, spec  # noqa: E402,F401
 
 import offloadd  # noqa: E402
 from offloadd.v1 import job_pb2  # noqa: E402
@@ -190,6 +190,38 @@ def test_trainer_state_json_carries_the_whole_log_history(daemon, finished, work
     transformers = pytest.importorskip("transformers")
     loaded = transformers.TrainerState.load_from_json(str(workspace / "m" / "trainer_state.json"))
     assert loaded.log_history == want and loaded.global_step == 8
+
+
+def test_a_paused_and_resumed_job_keeps_one_history(daemon, workspace):
+    """Each step once, in one history; trainer_state.json holds the steps before the pause too,
+    and the evaluation at the step the job resumed from."""
+    s = spec(workspace, "resumed", steps=40, save_steps=100000, lr=1e-4)
+    s["training"]["eval_steps"] = 20
+    s["dataset"]["eval_split"] = 0.125
+    with offloadd.Client(daemon.target) as c:
+        job = c.create_job(s)
+        ev = Events(c, job.id)
+        ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 3)
+        c.pause_job(job.id)
+        ev.wait_for(lambda e: e.HasField("state_change") and e.state_change.state in
+                    (S.JOB_STATE_PAUSED, S.JOB_STATE_SUCCEEDED))
+        if c.get_job(job.id).state == S.JOB_STATE_SUCCEEDED:
+            pytest.skip("the job ended before the pause took effect")
+        at = c.list_checkpoints(job.id)[0].step
+        c.resume_job(job.id)
+        assert c.wait(job.id, timeout=180).state == S.JOB_STATE_SUCCEEDED
+        ev.join()
+        rows = list(c.iter_metrics(job.id))
+    assert [r.step for r in rows] == list(range(0, 41))
+    train = {p.step: p.loss for p in progress(ev.events) if not is_eval(p)}
+    assert {r.step: r.loss for r in rows if r.HasField("loss")} == train
+    evals = {r.step for r in rows if r.HasField("eval_loss")}
+    assert evals == {0, at, 20, 40}
+    assert {p.step for p in progress(ev.events) if is_eval(p)} == evals
+    state = json.loads((workspace / "resumed" / "trainer_state.json").read_text())
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, 41))
+    assert [e["loss"] for e in state["log_history"] if "loss" in e] == [r.loss for r in rows[1:]]
+    assert [e["step"] for e in state["log_history"] if "eval_loss" in e] == sorted(evals)
 
 
 def test_the_history_survives_a_daemon_restart(daemon, finished):
