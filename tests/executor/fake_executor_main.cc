@@ -142,10 +142,10 @@ int main(int argc, char** argv) {
     ev.mutable_eval()->set_loss(1.25);
     Send(fd, ev);
     if (start.start().history_size() > 0) {
-      pb::ExecutorMessage h;
-      h.mutable_log()->set_message("history rows " + std::to_string(start.start().history_size()) +
-                                   " first step " + std::to_string(start.start().history(0).step()));
-      Send(fd, h);
+      pb::ExecutorMessage rows;
+      rows.mutable_log()->set_message("history rows " + std::to_string(start.start().history_size()) +
+                                      " first step " + std::to_string(start.start().history(0).step()));
+      Send(fd, rows);
     }
   }
   pb::ExecutorMessage l;
