@@ -8,6 +8,7 @@
 #include <cmath>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "engine/torch_boundary.h"
 #include "executor/heartbeat.h"
 #include "executor/tensorboard_writer.h"
+#include "executor/trainer_state_file.h"
 #include "ipc/liveness.h"
 #include "job/executor_protocol.h"
 #include "job/memory_estimate.h"
@@ -80,10 +82,29 @@ class ChannelObserver final : public trainer::TrainObserver {
             std::chrono::duration<double>(progress_interval_seconds))),
         channel_(channel),
         tokens_seen_(tokens_seen),
-        reported_before_(reported_before) {}
+        reported_before_(reported_before),
+        start_progress_(job.progress()) {}
 
   // training.report_to tensorboard: rank 0 also writes every step and evaluation to `events`.
   void SetEventWriter(std::unique_ptr<EventFileWriter> events) { events_ = std::move(events); }
+
+  // The job's metrics history before this run (StartJob.history); this run's steps join it.
+  void SetHistory(const google::protobuf::RepeatedPtrField<v1::StepMetrics>& rows) {
+    for (const v1::StepMetrics& row : rows) history_.Add(row);
+  }
+  // Rank 0, when training finished: trainer_state.json with the whole log_history in `dir`.
+  Status WriteTrainerStateFile(const std::string& dir, const v1::TrainingArguments& args) const {
+    TrainerStateFacts f;
+    f.global_step = last_.step;
+    f.max_steps = last_.max_steps;
+    f.epoch = last_.epoch;
+    f.num_input_tokens_seen = tokens_seen_;
+    f.logging_steps = logging_steps_;
+    f.eval_steps = eval_steps_;
+    f.save_steps = save_steps_;
+    f.train_batch_size = args.per_device_train_batch_size();
+    return WriteTrainerState(dir, history_, f);
+  }
 
   void OnStep(const trainer::StepStats& s) override {
     EnterNextStep(s);
@@ -91,6 +112,7 @@ class ChannelObserver final : public trainer::TrainObserver {
     WriteEvents(s.step, StepScalars(s));
     pb::ExecutorMessage m;
     *m.mutable_step() = daemon::ToProto(s);
+    history_.Add(daemon::MetricsRow(m.step(), Now()));
     channel_.Send(m);
     tokens_seen_ += s.tokens;
     // The ETA follows recent steps (the first ones include warm-up costs).
@@ -109,7 +131,13 @@ class ChannelObserver final : public trainer::TrainObserver {
     WriteEvents(e.step, {{"eval/loss", e.loss}});
     pb::ExecutorMessage m;
     *m.mutable_eval() = daemon::ToProto(e);
+    history_.Add(daemon::MetricsRow(m.eval(), Now()));
     channel_.Send(m);
+    // Every evaluation gets a progress event of its own carrying it (JobProgress.eval_loss),
+    // unless it falls among the steps an earlier run of the job reported (replayed after a
+    // restart); the one before training is step 0, a resumed job's is at the step it resumed.
+    eval_ = e;
+    if (e.step >= reported_before_) SendProgress(e.step);
   }
   void OnProjectorCheck(const trainer::ProjectorCheckStats& c) override {
     if (rank_ != 0) return;
@@ -193,12 +221,37 @@ class ChannelObserver final : public trainer::TrainObserver {
   }
 
   void Report() {
-    const trainer::StepStats& s = last_;
     // A step an earlier run already reported (replayed after a resume) keeps its first event.
-    if (s.step <= reported_before_) return;
+    if (last_.step <= reported_before_) return;
+    SendProgress(last_.step);
+  }
+
+  // The progress of step `step`: the last step's values when it is that step, and the latest
+  // evaluation. An evaluation before this run's first step is reported with the progress the
+  // job had (a resumed job's), or with none (a new job's, at step 0).
+  void SendProgress(int64_t step) {
+    if (last_.step != step) {
+      pb::ExecutorMessage m;
+      v1::JobProgress& p = *m.mutable_progress();
+      if (start_progress_.step() == step) p = start_progress_;
+      p.set_step(step);
+      if (eval_) {
+        p.set_eval_loss(eval_->loss);
+        p.set_eval_step(eval_->step);
+      }
+      channel_.Send(m);
+      reported_step_ = step;
+      last_report_ = std::chrono::steady_clock::now();
+      return;
+    }
+    const trainer::StepStats& s = last_;
     pb::ExecutorMessage m;
     v1::JobProgress& p = *m.mutable_progress();
-    p.set_step(s.step);
+    if (eval_) {
+      p.set_eval_loss(eval_->loss);
+      p.set_eval_step(eval_->step);
+    }
+    p.set_step(step);
     p.set_max_steps(s.max_steps);
     p.set_epoch(s.epoch);
     p.set_tokens_seen(tokens_seen_);
@@ -212,7 +265,7 @@ class ChannelObserver final : public trainer::TrainObserver {
     SetDuration(static_cast<double>(std::max<int64_t>(0, s.max_steps - s.step)) * step_seconds_, p.mutable_eta());
     SetDuration(s.step_seconds, p.mutable_step_time());
     channel_.Send(m);
-    reported_step_ = s.step;
+    reported_step_ = step;
     last_report_ = std::chrono::steady_clock::now();
   }
 
@@ -227,11 +280,14 @@ class ChannelObserver final : public trainer::TrainObserver {
   int64_t tokens_seen_;
   double step_seconds_ = 0;
   trainer::StepStats last_;
+  std::optional<trainer::EvalStats> eval_;  // the latest evaluation
   int64_t reported_step_ = 0;
   const int64_t reported_before_;
+  const v1::JobProgress start_progress_;  // the job's progress when this run began
   double step_ema_ = 0, checkpoint_seconds_ = 0;
   std::chrono::steady_clock::time_point last_step_at_ = std::chrono::steady_clock::now();
   std::unique_ptr<EventFileWriter> events_;
+  LogHistory history_;  // rank 0: trainer_state.json's log_history
 };
 
 // Free space in output_dir for a checkpoint and the exported model, sized from the model's config.
@@ -253,6 +309,9 @@ Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorCha
   auto result = t->Train(/*checkpoint_on_stop=*/false);
   if (result.ok()) {
     if (config.parallel.rank == 0) {
+      // Beside the exported model: the whole log_history (checkpoints' stop at their step). A
+      // failure to write it fails the job as a failed export would.
+      RETURN_IF_ERROR(observer.WriteTrainerStateFile(config.output_dir, job.spec().training()));
       observer.Log(v1::LOG_LEVEL_INFO, "finished " + std::to_string(result->steps) + " steps, final loss " +
                                            std::to_string(result->final_loss) +
                                            (result->exported_to.empty() ? "" : "; model in " + result->exported_to));
@@ -305,6 +364,7 @@ Status ExecuteJob(const pb::StartJob& start, ExecutorChannel& channel) {
   heartbeat.Enter("setting up the training pipeline", 0);
   ChannelObserver observer(job, rank, channel, tokens_seen, reported_before,
                            env.progress_interval_seconds(), heartbeat);
+  if (rank == 0) observer.SetHistory(start.history());
   if (rank == 0) {
     for (const std::string& s : skipped) observer.Log(v1::LOG_LEVEL_WARNING, s);
   }

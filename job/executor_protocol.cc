@@ -9,6 +9,7 @@
 namespace offloadd::daemon {
 
 namespace pb = offloadd::internal;
+namespace v1 = offloadd::v1;
 
 Status SendProto(int fd, const google::protobuf::MessageLite& message) {
   std::string bytes;
@@ -56,7 +57,7 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
   X(h2d_seconds) X(d2h_seconds) X(cpu_update_seconds) X(nvme_seconds) X(lsp_compress_seconds)             \
   X(lsp_decompress_seconds) X(stall_weights_seconds) X(stall_grads_seconds) X(stall_optimizer_seconds)    \
   X(stall_activations_seconds) X(h2d_bytes) X(d2h_bytes) X(nvme_read_bytes) X(nvme_write_bytes)           \
-  X(nvme_activation_bytes) X(gpu_peak_bytes) X(time_to_first_step_seconds)
+  X(nvme_activation_bytes) X(gpu_peak_bytes) X(time_to_first_step_seconds) X(aux_loss)
 #define OFFLOADD_EVAL_FIELDS(X) X(step) X(loss) X(tokens) X(seconds)
 #define OFFLOADD_CHECK_FIELDS(X) X(step) X(checked) X(switched) X(mean_bias) X(mean_bias_after) X(seconds)
 #define OFFLOADD_WORKER_FIELDS(X) \
@@ -93,6 +94,49 @@ trainer::EvalStats FromProto(const pb::EvalStats& p) {
   trainer::EvalStats s;
   OFFLOADD_EVAL_FIELDS(OFFLOADD_FROM)
   return s;
+}
+
+v1::StepMetrics MetricsRow(const pb::StepStats& s, const google::protobuf::Timestamp& time) {
+  v1::StepMetrics row;
+  row.set_step(s.step());
+  *row.mutable_time() = time;
+  row.set_epoch(s.epoch());
+  row.set_loss(s.loss());
+  row.set_learning_rate(s.learning_rate());
+  row.set_grad_norm(s.grad_norm());
+  if (s.step_seconds() > 0) row.set_tokens_per_second(static_cast<double>(s.tokens()) / s.step_seconds());
+  if (s.aux_loss() != 0) row.set_aux_loss(s.aux_loss());  // 0: the model reports no router loss
+  return row;
+}
+
+v1::StepMetrics MetricsRow(const pb::EvalStats& e, const google::protobuf::Timestamp& time) {
+  v1::StepMetrics row;
+  row.set_step(e.step());
+  *row.mutable_time() = time;
+  row.set_eval_loss(e.loss());
+  return row;
+}
+
+bool MergeStepMetrics(const v1::StepMetrics& from, v1::StepMetrics* to) {
+  bool changed = false;
+  const auto take = [&](bool has_to, bool has_from, auto set) {
+    if (!has_to && has_from) {
+      set();
+      changed = true;
+    }
+  };
+  take(to->has_loss(), from.has_loss(), [&] {
+    to->set_loss(from.loss());
+    *to->mutable_time() = from.time();
+    to->set_epoch(from.epoch());
+  });
+  take(to->has_learning_rate(), from.has_learning_rate(), [&] { to->set_learning_rate(from.learning_rate()); });
+  take(to->has_grad_norm(), from.has_grad_norm(), [&] { to->set_grad_norm(from.grad_norm()); });
+  take(to->has_tokens_per_second(), from.has_tokens_per_second(),
+       [&] { to->set_tokens_per_second(from.tokens_per_second()); });
+  take(to->has_aux_loss(), from.has_aux_loss(), [&] { to->set_aux_loss(from.aux_loss()); });
+  take(to->has_eval_loss(), from.has_eval_loss(), [&] { to->set_eval_loss(from.eval_loss()); });
+  return changed;
 }
 
 pb::ProjectorCheckStats ToProto(const trainer::ProjectorCheckStats& s) {

@@ -51,6 +51,17 @@ trainer::ProjectorCheckStats FromProto(const offloadd::internal::ProjectorCheckS
 offloadd::internal::RuntimeStats ToProto(const trainer::RuntimeStats& s);
 trainer::RuntimeStats FromProto(const offloadd::internal::RuntimeStats& p);
 
+// A job's metrics history rows (v1::StepMetrics, ListJobMetrics) as the daemon records them and
+// the executor writes them into trainer_state.json: a step's training values (tokens per second
+// as JobProgress has them; aux_loss only when the model reports a router loss), an evaluation's
+// loss. `time` is the row's time.
+offloadd::v1::StepMetrics MetricsRow(const offloadd::internal::StepStats& s, const google::protobuf::Timestamp& time);
+offloadd::v1::StepMetrics MetricsRow(const offloadd::internal::EvalStats& e, const google::protobuf::Timestamp& time);
+// Adds to `to` (a row of the same step) the values of `from` that it lacks: a value a row has
+// keeps its first report (a step replayed after a resume), an evaluation joins its step's
+// training values. True when it added any; training values also set the row's time and epoch.
+bool MergeStepMetrics(const offloadd::v1::StepMetrics& from, offloadd::v1::StepMetrics* to);
+
 // The placement's trainer::ParallelConfig (gpu_index is the executor's device, not part of it).
 trainer::ParallelConfig ParallelFromPlacement(const offloadd::internal::Placement& p);
 

@@ -228,6 +228,14 @@ StatusOr<v1::ListCheckpointsResponse> Client::ListCheckpoints(const std::string&
   OFFLOADD_UNARY(jobs, ListCheckpoints, req, v1::ListCheckpointsResponse);
 }
 
+StatusOr<v1::ListJobMetricsResponse> Client::ListJobMetrics(const v1::ListJobMetricsRequest& req) {
+  OFFLOADD_UNARY(jobs, ListJobMetrics, req, v1::ListJobMetricsResponse);
+}
+
+StatusOr<v1::ListJobEventsResponse> Client::ListJobEvents(const v1::ListJobEventsRequest& req) {
+  OFFLOADD_UNARY(jobs, ListJobEvents, req, v1::ListJobEventsResponse);
+}
+
 #undef OFFLOADD_UNARY
 
 Status Client::WatchJob(const v1::WatchJobRequest& request,

@@ -50,9 +50,9 @@ void AddGlobalFlags(CLI::App& app, Options* o) {
       ->check(CLI::PositiveNumber);
   auto* output = app.add_option("-o,--output", o->output,
                                 "output format: table (for people), json or yaml; `watch -o json` "
-                                "prints one JSON object per event (JSON Lines)")
+                                "prints one JSON object per event (JSON Lines); `metrics` also csv")
                      ->type_name("FORMAT")
-                     ->check(CLI::IsMember({"table", "json", "yaml"}))
+                     ->check(CLI::IsMember({"table", "json", "yaml", "csv"}))
                      ->capture_default_str();
   app.add_flag("--json", o->json, "same as -o json")->excludes(output);
 }
@@ -128,6 +128,12 @@ void AddCommands(CLI::App& app, Options* o) {
   AddJobId(Command(app, o, "pause", "checkpoint and pause a running job"), o);
   AddJobId(Command(app, o, "resume", "re-queue a paused job"), o);
   AddJobId(Command(app, o, "checkpoints", "list a job's checkpoints (step, loss, size, path)"), o);
+  CLI::App* metrics = Command(app, o, "metrics",
+                              "print a job's metrics history, one row per step (loss, learning rate, "
+                              "grad norm, tokens/s, aux loss, eval loss), as the daemon keeps it with "
+                              "the job; -o csv, json, yaml or table");
+  AddJobId(metrics, o);
+  metrics->add_option("--after-step", o->after_step, "only the steps after this one")->type_name("STEP");
   AddJobId(Command(app, o, "watch",
                    "stream a job's events until it ends, resuming after a dropped connection; on "
                    "a terminal, progress redraws one status line (bar, loss, tok/s, ETA). Exit 0 "

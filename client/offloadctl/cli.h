@@ -4,6 +4,7 @@
 // `get JOB --target X` are the same). BuildApp only parses into Options; the commands run
 // elsewhere (commands/*.cc), so the parsing is unit-tested without a daemon.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ struct Options {
   bool watch = false;            // submit
   bool wait = false;             // get
   bool follow = false;           // logs -f
+  int64_t after_step = -1;       // metrics --after-step (-1: from the first row, step 0)
   bool purge = false;            // delete --purge
   int events = 20;               // describe --events: how many of the last events
   std::vector<std::string> states;  // list, short lower-case names ("running")

@@ -13,6 +13,8 @@
 #include <optional>
 #include <vector>
 
+#include <google/protobuf/util/time_util.h>
+
 #include "common/file.h"
 #include "common/logging.h"
 #include "ipc/child_process.h"
@@ -137,6 +139,17 @@ class AttemptRunner {
     p.set_gpu_index(gpu);
     p.set_timeout_seconds(static_cast<int64_t>(std::ceil(options_.group_timeout_seconds)));
     s.set_restart(restart_);
+    if (rank == 0) {
+      // trainer_state.json's log_history covers the earlier runs too; without them (the store
+      // failing) it has this run's steps, and the job's events say why.
+      auto history = control_.RecordedMetrics();
+      if (history.ok()) {
+        for (auto& row : *history) *s.add_history() = std::move(row);
+      } else {
+        control_.Log(v1::LOG_LEVEL_WARNING, "trainer_state.json will hold this run's steps only: " +
+                                                history.status().ToString());
+      }
+    }
     if (identity) {
       pb::FileIdentity& f = *s.mutable_file_identity();
       f.set_uid(identity->uid);
@@ -402,10 +415,12 @@ class AttemptRunner {
       control_.ReportProgress(m.progress());
     } else if (m.has_checkpoint()) {
       control_.CheckpointSaved(m.checkpoint());
-    } else if (metrics_ != nullptr && m.has_step()) {
-      metrics_->Observe(job_.id(), FromProto(m.step()));
-    } else if (metrics_ != nullptr && m.has_eval()) {
-      metrics_->ObserveEval(job_.id(), FromProto(m.eval()));
+    } else if (m.has_step()) {
+      control_.RecordMetrics(MetricsRow(m.step(), google::protobuf::util::TimeUtil::GetCurrentTime()));
+      if (metrics_ != nullptr) metrics_->Observe(job_.id(), FromProto(m.step()));
+    } else if (m.has_eval()) {
+      control_.RecordMetrics(MetricsRow(m.eval(), google::protobuf::util::TimeUtil::GetCurrentTime()));
+      if (metrics_ != nullptr) metrics_->ObserveEval(job_.id(), FromProto(m.eval()));
     } else if (metrics_ != nullptr && m.has_projector_check()) {
       metrics_->ObserveProjectorCheck(job_.id(), FromProto(m.projector_check()));
     } else if (metrics_ != nullptr && m.has_runtime()) {

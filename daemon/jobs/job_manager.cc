@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <utility>
 
 #include <google/protobuf/util/time_util.h>
 
@@ -120,6 +121,29 @@ class JobManager::Control final : public JobControl {
     *e.mutable_checkpoint_saved() = checkpoint;
     Warn(m_->CommitLocked(*job, std::move(e)));
   }
+  void RecordMetrics(const v1::StepMetrics& row) override {
+    std::lock_guard<std::mutex> lock(m_->mu_);
+    const Status st = m_->store_->RecordMetrics(id_, row);
+    m_->RefreshHealthLocked();
+    if (st.ok()) return;
+    Warn(st);
+    // Once per run in the job's events: from which step on its history is incomplete, and why.
+    if (std::exchange(metrics_refused_, true)) return;
+    v1::JobEvent e;
+    e.mutable_log()->set_level(v1::LOG_LEVEL_WARNING);
+    e.mutable_log()->set_message(SafeMessageText("metrics history: " + st.message(), 8192));
+    Warn(Append(std::move(e)));
+  }
+  StatusOr<std::vector<v1::StepMetrics>> RecordedMetrics() override {
+    std::vector<v1::StepMetrics> rows;
+    std::optional<int64_t> after;
+    while (true) {  // the store reads under its own lock; a page at a time
+      ASSIGN_OR_RETURN(JobStore::MetricsPage page, m_->store_->Metrics(id_, after, 10000));
+      for (auto& r : page.rows) rows.push_back(std::move(r));
+      if (!page.has_more || rows.empty()) return rows;
+      after = rows.back().step();
+    }
+  }
   Stop stop_requested() const override {
     std::lock_guard<std::mutex> lock(m_->mu_);
     return running_->stop;
@@ -142,6 +166,7 @@ class JobManager::Control final : public JobControl {
   JobManager* m_;
   std::string id_;
   const Running* running_;
+  bool metrics_refused_ = false;  // guarded by m_->mu_
 };
 
 JobManager::JobManager(std::unique_ptr<JobStore> store, std::unique_ptr<JobRunner> runner,

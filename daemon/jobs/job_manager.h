@@ -58,6 +58,14 @@ class JobControl {
   virtual void ReportProgress(const offloadd::v1::JobProgress& progress) = 0;
   virtual void Log(offloadd::v1::LogLevel level, const std::string& message) = 0;
   virtual void CheckpointSaved(const offloadd::v1::Checkpoint& checkpoint) = 0;
+  // One row of the job's metrics history (a step's training values, or an evaluation's loss),
+  // merged into the row of its step (JobStore::RecordMetrics). A row the store refuses (its cap,
+  // a full disk) is not retried; the job's events say so once per run.
+  virtual void RecordMetrics(const offloadd::v1::StepMetrics& row) {}
+  // Every row of the job's metrics history recorded so far (for the executor's trainer_state.json).
+  virtual StatusOr<std::vector<offloadd::v1::StepMetrics>> RecordedMetrics() {
+    return std::vector<offloadd::v1::StepMetrics>{};
+  }
   // Polled by the runner between steps.
   virtual Stop stop_requested() const = 0;
   // An fd (eventfd) that turns readable whenever stop_requested() changes, for runners that wait in
@@ -188,6 +196,21 @@ class JobManager {
   // that is the client's, as the user). FAILED_PRECONDITION for a job that has not ended.
   // Returns the job as it was.
   StatusOr<offloadd::v1::Job> Delete(const std::string& id);
+
+  // The job's metrics history (job_manager_history.cc): rows with step > *after_step (all when
+  // nullopt), at most `limit` (0: 1000; at most 10000). NOT_FOUND for an unknown job,
+  // INVALID_ARGUMENT for a negative limit.
+  StatusOr<JobStore::MetricsPage> Metrics(const std::string& id, std::optional<int64_t> after_step, int limit);
+  struct EventsPage {
+    std::vector<offloadd::v1::JobEvent> events;
+    bool has_more = false;   // events follow next_after
+    int64_t next_after = 0;  // the cursor of the last event examined
+  };
+  // The job's events with cursor > after, at most `limit` (0: 100; at most 1000) and about
+  // kListPageBytes of them (at least one), leaving out progress or log events when asked.
+  // NOT_FOUND for an unknown job, INVALID_ARGUMENT for a negative `after` or `limit`.
+  StatusOr<EventsPage> Events(const std::string& id, int64_t after, int limit, bool progress = true,
+                              bool logs = true);
 
   // Checkpoints the job announced that still exist on disk (older ones are pruned by
   // save_total_limit), oldest first.

@@ -7,9 +7,11 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 
 #include "common/logging.h"
+#include "job/executor_protocol.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -122,6 +124,12 @@ StatusOr<sqlite3*> JobStore::OpenDb(const std::string& path) {
            "CREATE TABLE IF NOT EXISTS progress ("
            "  job_id TEXT PRIMARY KEY,"
            "  record BLOB NOT NULL) WITHOUT ROWID",
+           // Each job's metrics history: a serialized StepMetrics per step (job_store_metrics.cc).
+           "CREATE TABLE IF NOT EXISTS metrics ("
+           "  job_id TEXT NOT NULL,"
+           "  step INTEGER NOT NULL,"
+           "  record BLOB NOT NULL,"
+           "  PRIMARY KEY (job_id, step)) WITHOUT ROWID",
            "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq)",
        }) {
     if (Status s = ExecOn(db, path, sql); !s.ok()) {
@@ -369,7 +377,8 @@ Status JobStore::Delete(const std::string& id) {
     Status st;
     int deleted = 0;
     for (const char* sql : {"DELETE FROM jobs WHERE id = ?", "DELETE FROM events WHERE job_id = ?",
-                            "DELETE FROM progress WHERE job_id = ?", "DELETE FROM request_ids WHERE job_id = ?"}) {
+                            "DELETE FROM progress WHERE job_id = ?", "DELETE FROM request_ids WHERE job_id = ?",
+                            "DELETE FROM metrics WHERE job_id = ?"}) {
       Stmt s(db_, sql);
       if (!s.ok()) {
         st = Error("prepare delete");
@@ -385,6 +394,7 @@ Status JobStore::Delete(const std::string& id) {
     if (st.ok() && deleted < 0) st = NotFoundError("job " + id + " not found");
     if (st.ok()) st = Exec("COMMIT");
     if (!st.ok()) (void)Exec("ROLLBACK");
+    metric_rows_.erase(id);  // counted again when needed
     return st;
   });
 }
@@ -596,6 +606,104 @@ StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id, 
   }
   if (rc != SQLITE_DONE) return Error("read events of job " + job_id);
   return out;
+}
+
+StatusOr<int64_t> JobStore::MetricRowsLocked(const std::string& job_id) {
+  if (auto it = metric_rows_.find(job_id); it != metric_rows_.end()) return it->second;
+  Stmt s(db_, "SELECT COUNT(*) FROM metrics WHERE job_id = ?");
+  if (!s.ok()) return Error("prepare metrics count");
+  s.Text(1, job_id);
+  if (s.Step() != SQLITE_ROW) return Error("count the metrics of job " + job_id);
+  const int64_t rows = s.ColumnInt(0);
+  metric_rows_[job_id] = rows;
+  return rows;
+}
+
+Status JobStore::RecordMetrics(const std::string& job_id, const v1::StepMetrics& row) {
+  if (row.step() < 0) {
+    return InvalidArgumentError("metrics of job " + job_id + ": step " + std::to_string(row.step()) +
+                                " is negative");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return Write<Status>([&]() -> Status {
+    RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    bool inserted = false;
+    Status st = [&]() -> Status {
+      Stmt exists(db_, "SELECT 1 FROM jobs WHERE id = ?");
+      if (!exists.ok()) return Error("prepare job lookup");
+      exists.Text(1, job_id);
+      const int found = exists.Step();
+      if (found == SQLITE_DONE) return NotFoundError("job " + job_id + " does not exist");
+      if (found != SQLITE_ROW) return Error("look up job " + job_id);
+      Stmt get(db_, "SELECT record FROM metrics WHERE job_id = ? AND step = ?");
+      if (!get.ok()) return Error("prepare metrics lookup");
+      get.Text(1, job_id);
+      get.Int(2, row.step());
+      const int rc = get.Step();
+      if (rc != SQLITE_ROW && rc != SQLITE_DONE) return Error("read the metrics of job " + job_id);
+      v1::StepMetrics merged;
+      if (rc == SQLITE_ROW) {
+        if (!merged.ParseFromString(get.ColumnBlob(0))) {
+          return DataLossError("job database " + path_ + ": corrupt metrics of job " + job_id + " at step " +
+                               std::to_string(row.step()));
+        }
+        if (!MergeStepMetrics(row, &merged)) return OkStatus();  // nothing new: a replayed step
+      } else {
+        ASSIGN_OR_RETURN(const int64_t rows, MetricRowsLocked(job_id));
+        if (rows >= max_metric_rows_) {
+          return ResourceExhaustedError("job " + job_id + " keeps at most " + std::to_string(max_metric_rows_) +
+                                        " steps of metrics history; step " + std::to_string(row.step()) +
+                                        " and later ones are not recorded");
+        }
+        merged = row;
+        inserted = true;
+      }
+      Stmt put(db_,
+               "INSERT INTO metrics (job_id, step, record) VALUES (?, ?, ?) "
+               "ON CONFLICT (job_id, step) DO UPDATE SET record = excluded.record");
+      if (!put.ok()) return Error("prepare metrics write");
+      put.Text(1, job_id);
+      put.Int(2, row.step());
+      put.Blob(3, merged.SerializeAsString());
+      if (put.Step() != SQLITE_DONE) return Error("record the metrics of job " + job_id);
+      return OkStatus();
+    }();
+    if (st.ok()) st = Exec("COMMIT");
+    if (!st.ok()) {
+      (void)Exec("ROLLBACK");
+    } else if (inserted) {
+      ++metric_rows_[job_id];
+    }
+    return st;
+  });
+}
+
+StatusOr<JobStore::MetricsPage> JobStore::Metrics(const std::string& job_id, std::optional<int64_t> after_step,
+                                                  int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (db_ == nullptr) return UnavailableError(file_problem_);
+  Stmt s(db_, "SELECT record FROM metrics WHERE job_id = ? AND step > ? ORDER BY step LIMIT ?");
+  if (!s.ok()) return Error("prepare metrics");
+  s.Text(1, job_id);
+  s.Int(2, after_step ? *after_step : std::numeric_limits<int64_t>::min());
+  s.Int(3, static_cast<int64_t>(limit) + 1);  // one more tells whether more follow
+  MetricsPage page;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    if (static_cast<int>(page.rows.size()) == limit) {
+      page.has_more = true;
+      break;
+    }
+    v1::StepMetrics m;
+    if (!m.ParseFromString(s.ColumnBlob(0))) {
+      return DataLossError("job database " + path_ + ": corrupt metrics of job " + job_id);
+    }
+    page.rows.push_back(std::move(m));
+  }
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return Error("read the metrics of job " + job_id);
+  ASSIGN_OR_RETURN(const int64_t rows, MetricRowsLocked(job_id));
+  page.capped = rows >= max_metric_rows_;
+  return page;
 }
 
 }  // namespace offloadd::daemon

@@ -2,9 +2,9 @@
 // JobStore: durable job records and per-job event logs in an embedded SQLite database (WAL mode),
 // so a restarted daemon still shows every job and a WatchJob client can resume from a cursor.
 //
-// Records are the API's own protobuf messages (Job, JobEvent) stored as serialized blobs, with
-// the columns needed for filtering and ordering (state, priority, submission sequence) kept
-// alongside. A job's progress is kept in a row of its own: a progress report writes that small
+// Records are the API's own protobuf messages (Job, JobEvent, StepMetrics) stored as serialized
+// blobs, with the columns needed for filtering and ordering (state, priority, submission
+// sequence, step) kept alongside. A job's progress is kept in a row of its own: a progress report writes that small
 // row and its event, never the record with the spec (a 2 MB spec written again at every step
 // wrote 60 MiB in 30 steps).
 //
@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,12 @@ namespace offloadd::daemon {
 // A ListJobs page holds at most this many bytes of job records (and at least one job): with
 // records bounded at CreateJob, a page stays well under gRPC's 4 MiB message limit.
 inline constexpr size_t kListPageBytes = 1u << 20;
+
+// A job's metrics history keeps at most this many rows (steps), about 35 MB of database (and of
+// the history a restarted executor is handed): far more steps than a fine-tuning job runs. Past it, RecordMetrics refuses the steps of new rows
+// with RESOURCE_EXHAUSTED (the job manager says so once in the job's events) and ListJobMetrics
+// reports the history as capped; the rows kept stay.
+inline constexpr int64_t kMaxMetricRowsPerJob = 500'000;
 
 class JobStore {
  public:
@@ -86,6 +93,26 @@ class JobStore {
   StatusOr<std::vector<offloadd::v1::JobEvent>> Events(const std::string& job_id, int64_t after_cursor,
                                                        int limit);
 
+  // The job's metrics history (job_store_metrics.cc): one row per step, kept with the job and
+  // removed with it. RecordMetrics merges `row` into the row of its step: a value the row has
+  // already keeps its first report (a step replayed after a resume is not recorded twice), a
+  // value it lacks is added (the evaluation that follows a step). A new row past the cap
+  // (max_metric_rows) is refused with RESOURCE_EXHAUSTED naming the cap; NOT_FOUND when the job
+  // does not exist.
+  Status RecordMetrics(const std::string& job_id, const offloadd::v1::StepMetrics& row);
+  struct MetricsPage {
+    std::vector<offloadd::v1::StepMetrics> rows;
+    bool has_more = false;  // rows follow the last of these
+    bool capped = false;    // the job holds max_metric_rows rows: later steps were refused
+  };
+  // Rows with step > *after_step (all when nullopt), in step order, at most `limit`.
+  StatusOr<MetricsPage> Metrics(const std::string& job_id, std::optional<int64_t> after_step, int limit);
+  // Tests: a smaller cap than kMaxMetricRowsPerJob.
+  void set_max_metric_rows(int64_t rows) {
+    std::lock_guard<std::mutex> lock(mu_);
+    max_metric_rows_ = rows;
+  }
+
   // Compares the file at the database's path with the open one and recreates it when it was
   // deleted or replaced (see above). OK when the file is in place (again).
   Status CheckFile();
@@ -121,6 +148,8 @@ class JobStore {
   Status RecreateLocked();
   // The identity of the file at path_ when it was opened (or recreated).
   Status RememberFileLocked();
+  // The number of metrics rows of `job_id` (counted once, then followed in metric_rows_).
+  StatusOr<int64_t> MetricRowsLocked(const std::string& job_id);
 
   std::mutex mu_;
   sqlite3* db_;  // null only after a recreation failed to open the new file (retried)
@@ -131,6 +160,8 @@ class JobStore {
   std::string write_problem_;  // the last write failed
   std::chrono::steady_clock::time_point next_recreate_try_{};
   int recreated_ = 0;
+  int64_t max_metric_rows_ = kMaxMetricRowsPerJob;
+  std::map<std::string, int64_t> metric_rows_;  // job id -> its metrics rows, once counted
 };
 
 }  // namespace offloadd::daemon

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "common/file_identity.h"
@@ -295,6 +296,33 @@ grpc::Status JobServiceImpl::ListCheckpoints(grpc::ServerContext*, const v1::Lis
   auto checkpoints = jobs_->Checkpoints(request->job_id());
   if (!checkpoints.ok()) return rec.Done(ToGrpcStatus(checkpoints.status()));
   for (auto& c : *checkpoints) *response->add_checkpoints() = std::move(c);
+  return rec.Done(grpc::Status::OK);
+}
+
+// Reads, like GetJob and WatchJob: open to every client that can connect (docs/security.md).
+grpc::Status JobServiceImpl::ListJobMetrics(grpc::ServerContext*, const v1::ListJobMetricsRequest* request,
+                                            v1::ListJobMetricsResponse* response) {
+  RpcRecorder rec(metrics_, "ListJobMetrics");
+  std::optional<int64_t> after;
+  if (request->has_after_step()) after = request->after_step();
+  auto page = jobs_->Metrics(request->job_id(), after, request->limit());
+  if (!page.ok()) return rec.Done(ToGrpcStatus(page.status()));
+  for (auto& row : page->rows) *response->add_metrics() = std::move(row);
+  response->set_has_more(page->has_more);
+  response->set_capped(page->capped);
+  return rec.Done(grpc::Status::OK);
+}
+
+grpc::Status JobServiceImpl::ListJobEvents(grpc::ServerContext*, const v1::ListJobEventsRequest* request,
+                                           v1::ListJobEventsResponse* response) {
+  RpcRecorder rec(metrics_, "ListJobEvents");
+  auto page = jobs_->Events(request->job_id(), request->after(), request->limit(),
+                            !request->has_include_progress() || request->include_progress(),
+                            !request->has_include_logs() || request->include_logs());
+  if (!page.ok()) return rec.Done(ToGrpcStatus(page.status()));
+  for (auto& e : page->events) *response->add_events() = std::move(e);
+  response->set_has_more(page->has_more);
+  response->set_next_after(page->next_after);
   return rec.Done(grpc::Status::OK);
 }
 

@@ -38,6 +38,10 @@ class JobServiceImpl final : public offloadd::v1::JobService::WithCallbackMethod
       grpc::CallbackServerContext*, const offloadd::v1::WatchJobRequest*) override;
   grpc::Status ListCheckpoints(grpc::ServerContext*, const offloadd::v1::ListCheckpointsRequest*,
                                offloadd::v1::ListCheckpointsResponse*) override;
+  grpc::Status ListJobMetrics(grpc::ServerContext*, const offloadd::v1::ListJobMetricsRequest*,
+                              offloadd::v1::ListJobMetricsResponse*) override;
+  grpc::Status ListJobEvents(grpc::ServerContext*, const offloadd::v1::ListJobEventsRequest*,
+                             offloadd::v1::ListJobEventsResponse*) override;
 
  private:
   const DaemonConfig config_;

@@ -26,6 +26,16 @@ TEST(RenderTest, ProgressWithoutMaxStepsOrEta) {
   EXPECT_EQ(RenderProgressLine(p), "step 7  loss 1.5000  lr 0.0e+00  0 tok/s");
 }
 
+// The latest evaluation, as the Python SDK's render_progress_line shows it.
+TEST(RenderTest, ProgressWithAnEvaluation) {
+  offloadd::v1::JobProgress p;
+  p.set_step(8);
+  p.set_loss(1.5);
+  p.set_eval_loss(1.25);
+  p.set_eval_step(8);
+  EXPECT_EQ(RenderProgressLine(p), "step 8  loss 1.5000  lr 0.0e+00  0 tok/s  eval_loss 1.2500 (step 8)");
+}
+
 TEST(RenderTest, FullBarAtTheEnd) {
   offloadd::v1::JobProgress p;
   p.set_step(10);

@@ -52,6 +52,11 @@ class FakeControl : public JobControl {
     return force_;
   }
   std::vector<int> gpus() const override { return gpus_; }
+  void RecordMetrics(const v1::StepMetrics& row) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    rows.push_back(row);
+  }
+  StatusOr<std::vector<v1::StepMetrics>> RecordedMetrics() override { return history; }
 
   void RequestStop(Stop s, bool force = false) {
     {
@@ -73,6 +78,8 @@ class FakeControl : public JobControl {
 
   std::vector<int64_t> steps, checkpoints;
   std::vector<std::string> logs;
+  std::vector<v1::StepMetrics> rows;     // recorded by the runner
+  std::vector<v1::StepMetrics> history;  // handed to rank 0's StartJob
   std::vector<int> gpus_;
 
  private:
@@ -117,6 +124,30 @@ TEST_F(ExecutorJobRunnerTest, RelaysRankZerosEventsAndItsResult) {
   ASSERT_EQ(c.CountLogs("executor started: pid "), 1);
   EXPECT_EQ(c.CountLogs(" rank 0 gpu cpu"), 1);
   EXPECT_EQ(c.CountLogs("rank 0 restart 0 gpu -1 world 1 rendezvous"), 1);
+}
+
+// Every step and evaluation rank 0 reports becomes a row of the job's metrics history (tokens per
+// second as its progress has them), and rank 0 starts with the rows recorded before.
+TEST_F(ExecutorJobRunnerTest, RecordsEveryStepAndEvaluationAndHandsTheHistoryToRankZero) {
+  FakeControl c;
+  c.history.resize(2);
+  c.history[0].set_step(0);
+  c.history[0].set_eval_loss(3.0);
+  c.history[1].set_step(1);
+  c.history[1].set_loss(2.0);
+  const Status s = Run("ok", c);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(c.rows.size(), 2u);
+  EXPECT_EQ(c.rows[0].step(), 2);
+  EXPECT_EQ(c.rows[0].loss(), 1.5);
+  EXPECT_EQ(c.rows[0].tokens_per_second(), 200.0);
+  EXPECT_FALSE(c.rows[0].has_eval_loss());
+  EXPECT_FALSE(c.rows[0].has_aux_loss());
+  EXPECT_TRUE(c.rows[0].has_time());
+  EXPECT_EQ(c.rows[1].step(), 2);
+  EXPECT_EQ(c.rows[1].eval_loss(), 1.25);
+  EXPECT_FALSE(c.rows[1].has_loss());
+  EXPECT_EQ(c.CountLogs("history rows 2 first step 0"), 1) << ::testing::PrintToString(c.Logs());
 }
 
 TEST_F(ExecutorJobRunnerTest, ADeadExecutorRestartsTheJobFromItsCheckpoint) {

@@ -133,7 +133,20 @@ int main(int argc, char** argv) {
     Send(fd, c);
     pb::ExecutorMessage st;
     st.mutable_step()->set_step(2);
+    st.mutable_step()->set_loss(1.5);
+    st.mutable_step()->set_tokens(100);
+    st.mutable_step()->set_step_seconds(0.5);
     Send(fd, st);
+    pb::ExecutorMessage ev;
+    ev.mutable_eval()->set_step(2);
+    ev.mutable_eval()->set_loss(1.25);
+    Send(fd, ev);
+    if (start.start().history_size() > 0) {
+      pb::ExecutorMessage rows;
+      rows.mutable_log()->set_message("history rows " + std::to_string(start.start().history_size()) +
+                                      " first step " + std::to_string(start.start().history(0).step()));
+      Send(fd, rows);
+    }
   }
   pb::ExecutorMessage l;
   l.mutable_log()->set_message("rank " + std::to_string(rank) + " restart " + std::to_string(start.start().restart()) +

@@ -24,6 +24,8 @@ int RunList(offloadd::client::Client& c, const Options& o);
 int RunGet(offloadd::client::Client& c, const Options& o);
 int RunJobAction(offloadd::client::Client& c, const Options& o);  // cancel, pause, resume
 int RunCheckpoints(offloadd::client::Client& c, const Options& o);
+// commands/metrics.cc
+int RunMetrics(offloadd::client::Client& c, const Options& o);
 // commands/describe.cc (describe, logs, delete)
 int RunDescribe(offloadd::client::Client& c, const Options& o);
 int RunLogs(offloadd::client::Client& c, const Options& o);

@@ -45,6 +45,9 @@ int RunCommand(const Options& o, const CLI::App& app) {
     return kExitOk;
   }
   if (o.command == "convert") return RunConvert(o);
+  if (o.output == "csv" && o.command != "metrics") {
+    return Fail(o.command, "-o csv: only `offloadctl metrics` prints CSV (use table, json or yaml)", kExitUsage);
+  }
   auto connected = offloadd::client::Client::Connect(o.connect);
   // Connect only builds the channel: what fails here is the flags (target, TLS files).
   if (!connected.ok()) return Fail("", connected.status().ToString(), kExitUsage);
@@ -60,6 +63,7 @@ int RunCommand(const Options& o, const CLI::App& app) {
   if (cmd == "delete") return RunDelete(c, o);
   if (cmd == "cancel" || cmd == "pause" || cmd == "resume") return RunJobAction(c, o);
   if (cmd == "checkpoints") return RunCheckpoints(c, o);
+  if (cmd == "metrics") return RunMetrics(c, o);
   if (cmd == "watch") return RunWatch(c, o);
   return Fail("", "unknown command '" + cmd + "'", kExitUsage);
 }

@@ -102,6 +102,19 @@ def list_jobs_request(states: Any, page_size: int, page_token: str) -> job_servi
     return job_service_pb2.ListJobsRequest(page_size=page_size, page_token=page_token, states=state_numbers(states))
 
 
+def list_metrics_request(job_id: str, after_step: Optional[int], limit: int) -> job_service_pb2.ListJobMetricsRequest:
+    req = job_service_pb2.ListJobMetricsRequest(job_id=job_id, limit=limit)
+    if after_step is not None:
+        req.after_step = after_step
+    return req
+
+
+def list_events_request(job_id: str, after: int, limit: int, include_progress: bool,
+                        include_logs: bool) -> job_service_pb2.ListJobEventsRequest:
+    return job_service_pb2.ListJobEventsRequest(job_id=job_id, after=after, limit=limit,
+                                                include_progress=include_progress, include_logs=include_logs)
+
+
 def create_job_request(spec: job_pb2.JobSpec, validate_only: bool, request_id: str) -> job_service_pb2.CreateJobRequest:
     return job_service_pb2.CreateJobRequest(spec=spec, validate_only=validate_only, request_id=request_id)
 

@@ -351,6 +351,29 @@ class AsyncClient:
         resp = await self._call(self._jobs.ListCheckpoints, job_service_pb2.ListCheckpointsRequest(job_id=job_id))
         return resp.checkpoints
 
+    async def list_metrics(self, job_id: str, *, after_step: Optional[int] = None,
+                           limit: int = 0) -> job_service_pb2.ListJobMetricsResponse:
+        """One page of the job's metrics history (as ``Client.list_metrics``)."""
+        return await self._call(self._jobs.ListJobMetrics, _shared.list_metrics_request(job_id, after_step, limit))
+
+    async def iter_metrics(self, job_id: str, *, after_step: Optional[int] = None,
+                           page_size: int = 0) -> AsyncIterator[job_pb2.StepMetrics]:
+        """Every row of the job's metrics history after ``after_step`` (``async for``; as
+        ``Client.iter_metrics``)."""
+        while True:
+            page = await self.list_metrics(job_id, after_step=after_step, limit=page_size)
+            for row in page.metrics:
+                yield row
+            if not page.has_more or not page.metrics:
+                return
+            after_step = page.metrics[-1].step
+
+    async def list_events(self, job_id: str, *, limit: int = 0, after: int = 0, include_progress: bool = True,
+                          include_logs: bool = True) -> job_service_pb2.ListJobEventsResponse:
+        """One page of the job's events, oldest first (as ``Client.list_events``)."""
+        return await self._call(self._jobs.ListJobEvents,
+                                _shared.list_events_request(job_id, after, limit, include_progress, include_logs))
+
     async def watch_job(self, job_id: str, after_cursor: int = 0) -> AsyncIterator[job_pb2.JobEvent]:
         """Streams the job's events until it ends (``async for``; no reconnect: ``wait`` has that).
 

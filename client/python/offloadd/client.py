@@ -365,6 +365,61 @@ class Client:
         """
         return self._call(self._jobs.ListCheckpoints, job_service_pb2.ListCheckpointsRequest(job_id=job_id)).checkpoints
 
+    def list_metrics(self, job_id: str, *, after_step: Optional[int] = None,
+                     limit: int = 0) -> job_service_pb2.ListJobMetricsResponse:
+        """One page of the job's metrics history: a row per step, in step order.
+
+        Args:
+            job_id: the job's id.
+            after_step: rows of later steps only; ``None``: from the first row (step 0, the
+                evaluation before training, when the job evaluates). Pass the last row's
+                ``step`` of a page to get the next.
+            limit: rows per page; 0: 1000, at most 10000.
+
+        Returns:
+            An ``offloadd.v1.ListJobMetricsResponse``: ``metrics`` (``offloadd.v1.StepMetrics``:
+            ``step``, ``epoch``, ``loss``, ``learning_rate``, ``grad_norm``,
+            ``tokens_per_second``, ``aux_loss``, ``eval_loss``; absent values are unset,
+            ``HasField`` tells), ``has_more`` and ``capped``.
+
+        Raises:
+            NotFound: no such job.
+        """
+        return self._call(self._jobs.ListJobMetrics, _shared.list_metrics_request(job_id, after_step, limit))
+
+    def iter_metrics(self, job_id: str, *, after_step: Optional[int] = None,
+                     page_size: int = 0) -> Iterator[job_pb2.StepMetrics]:
+        """Every row of the job's metrics history after ``after_step``, page by page
+        (``list_metrics``), as the job has them now."""
+        while True:
+            page = self.list_metrics(job_id, after_step=after_step, limit=page_size)
+            yield from page.metrics
+            if not page.has_more or not page.metrics:
+                return
+            after_step = page.metrics[-1].step
+
+    def list_events(self, job_id: str, *, limit: int = 0, after: int = 0, include_progress: bool = True,
+                    include_logs: bool = True) -> job_service_pb2.ListJobEventsResponse:
+        """One page of the job's events, oldest first (what ``watch_job`` streams, without a
+        stream).
+
+        Args:
+            job_id: the job's id.
+            limit: events per page; 0: 100, at most 1000 (a page also stops at about 1 MiB).
+            after: events after this cursor (0: from the first); pass the page's
+                ``next_after`` to get the next page.
+            include_progress: include the per-step progress events.
+            include_logs: include log events.
+
+        Returns:
+            An ``offloadd.v1.ListJobEventsResponse``: ``events``, ``has_more``, ``next_after``.
+
+        Raises:
+            NotFound: no such job.
+        """
+        return self._call(self._jobs.ListJobEvents,
+                          _shared.list_events_request(job_id, after, limit, include_progress, include_logs))
+
     def watch_job(self, job_id: str, after_cursor: int = 0) -> Iterator[job_pb2.JobEvent]:
         """Streams the job's events until it ends (no reconnect: ``wait`` has that).
 

@@ -24,13 +24,16 @@ def state_name(state: int) -> str:
 
 
 def render_progress_line(p: job_pb2.JobProgress, bar_width: int = 24) -> str:
-    """The status line of a progress report: step, bar, loss, learning rate, tokens/s, ETA."""
+    """The status line of a progress report: step, bar, loss, learning rate, tokens/s, the latest
+    evaluation's loss, ETA."""
     out = f"step {p.step}"
     if p.max_steps > 0:
         frac = min(1.0, p.step / p.max_steps)
         filled = int(frac * bar_width + 1e-9)
         out += f"/{p.max_steps} [{'#' * filled}{'.' * (bar_width - filled)}] {int(frac * 100 + 1e-9):3d}%"
     out += f"  loss {p.loss:.4f}  lr {p.learning_rate:.1e}  {p.tokens_per_second:.0f} tok/s"
+    if p.HasField("eval_loss"):
+        out += f"  eval_loss {p.eval_loss:.4f} (step {p.eval_step})"
     if p.HasField("eta"):
         s = p.eta.seconds
         out += f"  ETA {s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

@@ -24,6 +24,7 @@ COMMANDS = {
     "health": [], "node": [], "submit": ["--validate-only", "--watch"], "list": ["--state"],
     "get": ["--wait"], "describe": ["--events"], "logs": ["--follow"], "delete": ["--purge"],
     "cancel": ["--force"], "pause": [], "resume": [], "checkpoints": [], "watch": [],
+    "metrics": ["--after-step"],
     "completion": [], "convert": ["--from", "--model", "--dataset", "--output-dir", "--out", "--validate"],
 }
 

@@ -21,6 +21,8 @@ def test_progress_line_matches_offloadctl():
     p.eta.seconds = 3600 + 12 * 60 + 34
     assert render_progress_line(p, 8) == "step 250/1000 [##......]  25%  loss 2.3457  lr 3.0e-04  1234 tok/s  ETA 1:12:34"
     assert render_progress_line(job_pb2.JobProgress(step=7, loss=1.5)) == "step 7  loss 1.5000  lr 0.0e+00  0 tok/s"
+    assert render_progress_line(job_pb2.JobProgress(step=8, loss=1.5, eval_loss=1.25, eval_step=8)) == \
+        "step 8  loss 1.5000  lr 0.0e+00  0 tok/s  eval_loss 1.2500 (step 8)"  # as offloadctl's
 
 
 def test_live_printer_redraws_the_status_line_and_prints_events_above_it():

@@ -49,7 +49,8 @@ def test_event_files_equal_the_jobs_metrics(daemon, workspace):
     runs = workspace / "tb" / "runs"
     assert len(event_files(runs)) == 1
     scalars = read_runs(runs)
-    prog = {p.step: p for p in progress(seen)}
+    # Training values from the steps' own progress events (an evaluation's has eval_step == step).
+    prog = {p.step: p for p in progress(seen) if not (p.HasField("eval_step") and p.eval_step == p.step)}
     assert sorted(prog) == list(range(1, 9))
     assert scalars["train/loss"] == {k: f32(p.loss) for k, p in prog.items()}
     assert scalars["train/learning_rate"] == {k: f32(p.learning_rate) for k, p in prog.items()}
@@ -61,6 +62,9 @@ def test_event_files_equal_the_jobs_metrics(daemon, workspace):
     assert sorted(scalars["eval/loss"]) == [0, 4, 8]
     for step, loss in evals.items():
         assert scalars["eval/loss"][step] == pytest.approx(loss, rel=1e-5)
+    # The evaluations' progress events carry the loss itself (JobProgress.eval_loss).
+    structured = {p.step: p.eval_loss for p in progress(seen) if p.HasField("eval_step") and p.eval_step == p.step}
+    assert scalars["eval/loss"] == {k: f32(v) for k, v in structured.items()}
 
 
 def test_a_resumed_job_continues_its_curves_in_a_new_file(daemon, workspace):

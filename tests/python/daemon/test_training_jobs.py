@@ -310,7 +310,12 @@ def test_lsp_compression_job_trains_and_checkpoints_its_subspace(daemon, workspa
     assert (workspace / "lsp" / "checkpoint-4" / "lsp_state.safetensors").stat().st_size > 0
     evals = [m for m in log if m.startswith("eval at step")]
     assert [m.split("eval at step ")[1].split(":")[0] for m in evals] == ["0", "4", "8"], evals
-    assert [p.step for p in progress(seen)] == list(range(1, 9))
+    # Each step's progress event, and one more of each evaluation (its eval_step is its step).
+    def evaluation(p):
+        return p.HasField("eval_step") and p.eval_step == p.step
+
+    assert [p.step for p in progress(seen) if evaluation(p)] == [0, 4, 8]
+    assert [p.step for p in progress(seen) if not evaluation(p)] == list(range(1, 9))
 
 
 def test_progress_is_reported_every_interval_whatever_logging_steps(binary_dir, workspace):
