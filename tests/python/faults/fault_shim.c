@@ -7,9 +7,11 @@
 //   OFFLOADD_FAULT_ERRNO    the errno to return (default EIO)
 //   OFFLOADD_FAULT_NO_URING refuse io_uring_setup with ENOSYS (seccomp), so offloadd-store takes
 //                           its pread/pwrite engine and its writes pass through this shim
-//   OFFLOADD_FAULT_HOLD_NAME hold the thread that renames something to this name (a checkpoint's
-//   OFFLOADD_FAULT_HOLD_DIR commit: "checkpoint-4") once the rename is done, until the test lets
-//                           it go: the job stands still at a known point while the test acts.
+//   OFFLOADD_FAULT_HOLD_NAME hold the thread that renames or mkdirs something to this name (a
+//   OFFLOADD_FAULT_HOLD_DIR checkpoint's commit: "checkpoint-4"; a trailing '*' matches a prefix:
+//                           ".checkpoint-2.*", its temporary directory) once that is done, until
+//                           the test lets it go: the job stands still at a known point while the
+//                           test acts.
 //                           The directory holds two FIFOs the test made: the shim writes a byte
 //                           to `held` (the test polls it) and waits for one on `release`. One hold
 //                           per FIFO pair: the shim unlinks `held`, so a restarted process passes.
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -121,7 +124,8 @@ ssize_t sendfile(int out, int in, off_t* o, size_t n) {
   return hit(out) ? -1 : real(out, in, o, n);
 }
 
-// Holds the calling thread when `newpath` (the name a rename gave) is the hold's name. The test
+// Holds the calling thread when `newpath` (the name a rename or mkdir gave) is the hold's name, or
+// starts with it when the name ends in '*'. The test
 // opened `held` for reading before the job started, so the open below does not block; `release`
 // is opened before `held` is signalled, so the test's non-blocking open for writing finds a
 // reader. A FIFO that never had a writer polls neither readable nor hung up: the poll returns
@@ -130,7 +134,10 @@ static void hold_if_named(const char* newpath) {
   if (!hold_name || !hold_dir) return;
   const char* base = strrchr(newpath, '/');
   base = base ? base + 1 : newpath;
-  if (strcmp(base, hold_name) != 0) return;
+  const size_t n = strlen(hold_name);
+  if (n > 0 && hold_name[n - 1] == '*' ? strncmp(base, hold_name, n - 1) != 0
+                                       : strcmp(base, hold_name) != 0)
+    return;
   char held[4096], release[4096];
   snprintf(held, sizeof held, "%s/held", hold_dir);
   snprintf(release, sizeof release, "%s/release", hold_dir);
@@ -160,5 +167,17 @@ int renameat(int olddirfd, const char* oldpath, int newdirfd, const char* newpat
   REAL(int, renameat, int, const char*, int, const char*);
   const int rc = real(olddirfd, oldpath, newdirfd, newpath);
   if (rc == 0) hold_if_named(newpath);
+  return rc;
+}
+int mkdir(const char* path, mode_t mode) {
+  REAL(int, mkdir, const char*, mode_t);
+  const int rc = real(path, mode);
+  if (rc == 0) hold_if_named(path);
+  return rc;
+}
+int mkdirat(int dirfd, const char* path, mode_t mode) {
+  REAL(int, mkdirat, int, const char*, mode_t);
+  const int rc = real(dirfd, path, mode);
+  if (rc == 0) hold_if_named(path);
   return rc;
 }

@@ -291,14 +291,17 @@ def test_cancel_force_kills_at_once(binary_dir, tmp_path, assets, figures):
 
 
 @pytest.mark.timeout(300)
-def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, tmp_path, assets, figures):
+def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, tmp_path, assets, shim, figures):
     """The executor is SIGSTOPped while it writes a checkpoint (its .checkpoint-N.tmp-* directory
     exists), then the job is cancelled: it ends within the grace period, the half-written
     directory never becomes a checkpoint-N, and the previous checkpoint is intact (a new job
     resumes from it)."""
     grace = 1.0
     ws = workspace(tmp_path / "ws", assets)
-    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws,
+    # The executor is held once it has made checkpoint-2's temporary directory (checkpoint-1
+    # committed): the stop lands mid-write whatever the machine's load.
+    hold = Hold(ws / "hold", ".checkpoint-2.tmp-*", shim)
+    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, env=hold.env,
                     extra_yaml=liveness_yaml(cancel_grace=grace, heartbeat=600, floor=600)).start()
     c = offloadd.Client(d.target, timeout=30)
     out = ws / "out"
@@ -307,17 +310,11 @@ def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, 
         job = c.create_job(spec(ws, "out", steps=STEPS, save_steps=1))
         ev = Events(c, job.id)
         pid = executor_pid(ev)
-        # Catch a checkpoint mid-write: after the first committed one, stop the executor the
-        # moment a temporary directory shows.
-        assert ev.wait_for(lambda e: e.HasField("checkpoint_saved"), 120) is not None, d.log()[-3000:]
-        deadline = time.monotonic() + 120
-        caught = None
-        while caught is None and time.monotonic() < deadline:
-            caught = next((p.name for p in out.iterdir() if p.name.startswith(".checkpoint-")), None)
-            if caught is None:
-                time.sleep(0.0005)
+        hold.wait(120, f":\n{d.log()[-3000:]}")
         stop(pid)
-        assert caught, "no checkpoint was seen being written"
+        hold.release()  # the stopped executor stays where it is
+        caught = next((p.name for p in out.iterdir() if p.name.startswith(".checkpoint-2.tmp-")), None)
+        assert caught, sorted(p.name for p in out.iterdir())
         t0 = time.monotonic()
         c.cancel_job(job.id, "stopped mid-checkpoint")
         final = wait_final(c, job.id, timeout=grace + 30)
@@ -338,6 +335,8 @@ def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, 
     finally:
         if pid is not None:
             unstop(pid)
+        hold.release()
+        hold.close()
         c.close()
         d.stop()
 
