@@ -125,11 +125,11 @@ ssize_t sendfile(int out, int in, off_t* o, size_t n) {
 }
 
 // Holds the calling thread when `newpath` (the name a rename or mkdir gave) is the hold's name, or
-// starts with it when the name ends in '*'. The test
-// opened `held` for reading before the job started, so the open below does not block; `release`
-// is opened before `held` is signalled, so the test's non-blocking open for writing finds a
-// reader. A FIFO that never had a writer polls neither readable nor hung up: the poll returns
-// when the test writes its byte or closes.
+// starts with it when the name ends in '*'. The test opened `held` for reading before the job
+// started, so the non-blocking open for writing below finds a reader; `release` is opened before
+// `held` is signalled, so the test's non-blocking open for writing finds one too. A FIFO that
+// never had a writer polls neither readable nor hung up: the poll returns when the test writes
+// its byte or closes.
 static void hold_if_named(const char* newpath) {
   if (!hold_name || !hold_dir) return;
   const char* base = strrchr(newpath, '/');
