@@ -127,8 +127,10 @@ TEST_F(WaitTest, TimeoutIsDeadlineExceededNamingTheJob) {
   service_.hang_at_end = true;
   auto client = Start();
   const auto start = std::chrono::steady_clock::now();
-  int64_t seen = 0;  // the events that came before the deadline: all 4, or fewer on a loaded machine
-  auto job = client->Wait("job-1", [&](const v1::JobEvent& e) { seen = e.cursor(); }, milliseconds(300));
+  // The events that came before the deadline: all 4, or fewer on a loaded machine.
+  int64_t seen = 0;
+  auto job = client->Wait(
+      "job-1", [&](const v1::JobEvent& e) { seen = e.cursor(); }, milliseconds(300));
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), StatusCode::kDeadlineExceeded);
   const std::string last = seen >= 1 ? "RUNNING" : "no state";  // cursor 1 is the only state change

@@ -383,7 +383,8 @@ TEST_F(ThreadQuotaTest, CallsBeyondTheCapAreRefusedAndTheDaemonRecovers) {
     if (w->status().error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       ++refused;
     } else {
-      EXPECT_EQ(w->status().error_code(), grpc::StatusCode::CANCELLED) << w->status().error_message();
+      EXPECT_EQ(w->status().error_code(), grpc::StatusCode::CANCELLED)
+          << w->status().error_message();
     }
   }
   EXPECT_GE(refused, kStreams - 16);
