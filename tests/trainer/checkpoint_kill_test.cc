@@ -62,11 +62,25 @@ void KillSweep(const std::string& out, int64_t new_step) {
     if (!Save(out, new_step, new_model).ok()) ::_exit(1);
     if (!PruneCheckpoints(out, 1).ok()) ::_exit(2);
   };
+  // Each child stops itself before it saves and the delays count from its SIGCONT, so that the
+  // instants are spread over the save itself, not over however long a loaded machine takes to
+  // schedule a fresh child: kill 0 lands before the save begins, and the last one runs it whole.
+  const auto fork_stopped = [&] {
+    const pid_t pid = Fork([&] {
+      ::raise(SIGSTOP);
+      save();
+    });
+    int st = 0;
+    EXPECT_EQ(::waitpid(pid, &st, WUNTRACED), pid);
+    EXPECT_TRUE(WIFSTOPPED(st)) << st;
+    return pid;
+  };
   // Time one undisturbed save to spread the kills over it.
   ASSERT_TRUE(Save(out, 10, old_model).ok());
-  const auto t0 = std::chrono::steady_clock::now();
   int status = 0;
-  const pid_t timing = Fork(save);
+  const pid_t timing = fork_stopped();
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(timing, SIGCONT), 0);
   ASSERT_EQ(::waitpid(timing, &status, 0), timing);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   const auto full = std::chrono::steady_clock::now() - t0;
@@ -76,11 +90,15 @@ void KillSweep(const std::string& out, int64_t new_step) {
   for (int i = 0; i <= kKills; ++i) {
     ASSERT_TRUE(RemoveTree(out).ok());
     ASSERT_TRUE(Save(out, 10, old_model).ok());
-    const pid_t pid = Fork(save);
-    if (i < kKills) {
+    const pid_t pid = fork_stopped();
+    if (i == 0) {
+      KillAndReap(pid);  // before the save began
+    } else if (i < kKills) {
+      ASSERT_EQ(::kill(pid, SIGCONT), 0);
       std::this_thread::sleep_for(full * i / kKills);
       KillAndReap(pid);
     } else {  // the last one runs to the end
+      ASSERT_EQ(::kill(pid, SIGCONT), 0);
       ASSERT_EQ(::waitpid(pid, &status, 0), pid);
       ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     }

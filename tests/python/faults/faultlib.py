@@ -315,6 +315,51 @@ def build_fault_shim(out_dir: pathlib.Path) -> pathlib.Path:
     return out
 
 
+class Hold:
+    """Stops a job at a known point while the test acts, with fault_shim.c preloaded: the thread
+    that renames something to `name` (a checkpoint's commit: "checkpoint-4") waits, once the
+    rename is done, until release(). The job can then not move on behind the test's back, as it
+    could between an event and the test's reaction to it on a loaded machine.
+
+    hold = Hold(dir, "checkpoint-4", shim); FaultDaemon(..., env=hold.env); hold.wait(bound)
+    blocks until a process reached the point; act; hold.release()."""
+
+    def __init__(self, directory: pathlib.Path, name: str, shim: pathlib.Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.held_path, self.release_path = directory / "held", directory / "release"
+        for p in (self.held_path, self.release_path):
+            p.unlink(missing_ok=True)
+            os.mkfifo(p)
+        self.name = name
+        # Open before any process can reach the point: the shim's non-blocking open finds a reader.
+        self._held = os.open(self.held_path, os.O_RDONLY | os.O_NONBLOCK)
+        self.env = {"LD_PRELOAD": str(shim), "OFFLOADD_FAULT_HOLD_NAME": name,
+                    "OFFLOADD_FAULT_HOLD_DIR": str(directory)}
+
+    def wait(self, timeout: float, what: str = "") -> None:
+        """Returns once a process is held at the point; AssertionError after `timeout` s."""
+        import select
+
+        p = select.poll()
+        p.register(self._held, select.POLLIN)
+        assert p.poll(timeout * 1000), f"nothing renamed to {self.name} within {timeout} s{what}"
+        assert os.read(self._held, 1) == b"h"
+
+    def release(self) -> None:
+        """Lets the held thread go (its process may have been killed meanwhile: nothing to do)."""
+        try:
+            fd = os.open(self.release_path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader left, the held process is gone
+            return
+        os.write(fd, b"r")
+        os.close(fd)
+
+    def close(self) -> None:
+        if self._held >= 0:
+            os.close(self._held)
+            self._held = -1
+
+
 def wait_until(pred, timeout: float, what: str):
     """pred()'s first true value within `timeout` s (polled every 0.1 s: health and the log have
     no change notification to wait on); AssertionError naming `what` after it."""

@@ -25,8 +25,8 @@ import time
 import pytest
 
 import offloadd
-from faultlib import (SEED, S, Events, FaultDaemon, differing_bytes, load_weights, make_assets, make_workspace, spec,
-                      state_name, wait_final)
+from faultlib import (SEED, S, Events, FaultDaemon, Hold, build_fault_shim, differing_bytes, load_weights, make_assets,
+                      make_workspace, spec, state_name, wait_final)
 
 STEPS, SAVE_STEPS = 12, 4
 CLEAR = ("checksum", "crc", "corrupt", "mismatch", "invalid", "malformed", "parse")
@@ -35,6 +35,11 @@ CLEAR = ("checksum", "crc", "corrupt", "mismatch", "invalid", "malformed", "pars
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("corrupt_assets"))
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> pathlib.Path:
+    return build_fault_shim(tmp_path_factory.mktemp("corrupt_shim"))
 
 
 def flip(path: pathlib.Path, offset: int) -> None:
@@ -150,7 +155,7 @@ def test_corrupt_store_files_are_detected(binary_dir, tmp_path, assets, figures)
 
 
 @pytest.mark.timeout(240)
-def test_corrupt_store_data_under_a_running_job_is_never_used_silently(binary_dir, tmp_path, assets, figures):
+def test_corrupt_store_data_under_a_running_job_is_never_used_silently(binary_dir, tmp_path, assets, shim, figures):
     ref_ws = make_workspace(tmp_path / "ref", assets)
     ws = make_workspace(tmp_path / "ws", assets)
     d = FaultDaemon(binary_dir / "daemon" / "offloadd", ref_ws).start()
@@ -161,18 +166,22 @@ def test_corrupt_store_data_under_a_running_job_is_never_used_silently(binary_di
     finally:
         d.stop()
     rng = random.Random(f"{SEED}-store-live")
-    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws).start()
+    # The job stands still from the commit of checkpoint-SAVE_STEPS until the bytes are flipped:
+    # it cannot end (and remove its store) or move on while they are.
+    hold = Hold(ws / "hold", f"checkpoint-{SAVE_STEPS}", shim)
+    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, env=hold.env).start()
     try:
         with offloadd.Client(d.target, timeout=30) as c:
             job = c.create_job(spec(ws, "out", steps=STEPS * 2, save_steps=SAVE_STEPS))
             ev = Events(c, job.id)
-            assert ev.wait_for(lambda e: e.HasField("progress") and e.progress.step >= 2, 60), d.log()[-2000:]
+            hold.wait(60, f":\n{d.log()[-2000:]}")
             data = ws / "nvme" / job.id / "data"
             size = data.stat().st_size
             offs = sorted(rng.randrange(0, size) for _ in range(64))
             for off in offs:
                 flip(data, off)
             at = ev.last_step()
+            hold.release()
             final = wait_final(c, job.id, 120)
         figures.did.append(f"64 bytes flipped (seeded offsets) in the data file of a running job's store at step {at}")
         figures.happened.append(f"job {state_name(final.state)} at step {final.progress.step}: "
@@ -191,6 +200,8 @@ def test_corrupt_store_data_under_a_running_job_is_never_used_silently(binary_di
             assert final.state == S.JOB_STATE_FAILED and any(k in msg for k in CLEAR), figures.defect(
                 f"corrupt store data: job {state_name(final.state)} with an unclear error {final.error.message!r}")
     finally:
+        hold.release()
+        hold.close()
         d.stop()
 
 

@@ -9,6 +9,10 @@ records) and the store's directory (NVMe tier optimizer states).
   the directory once the job has committed a checkpoint; for the store it also refuses io_uring
   (seccomp), so the store's pread/pwrite engine runs and its writes reach the shim.
 
+In both the job is held (faultlib.Hold, the shim again) from the commit of its first checkpoint
+until the fault is in place, so that it cannot finish or pass the writes the fault is for while
+the test sets it up on a loaded machine.
+
 Each case then requires, within FAULT_BOUND_S: the job fails with an error naming the failure
 (or carries on where nothing needed the directory); the daemon stays up and serving; the newest
 committed checkpoint is intact and loadable: with the fault cleared, a job resumed from it
@@ -29,12 +33,13 @@ import time
 import pytest
 
 import offloadd
-from faultlib import (S, Events, FaultDaemon, build_fault_shim, differing_bytes, load_weights, make_assets,
+from faultlib import (S, Events, FaultDaemon, Hold, build_fault_shim, differing_bytes, load_weights, make_assets,
                       make_workspace, spec, state_name, wait_final)
 
 STEPS, SAVE_STEPS = 24, 4
 FAULT_BOUND_S = 30
 SETTLE_S = 5
+CLEARED_BOUND_S = 90  # a hang's bound, not a speed's: the job's remaining steps on a loaded box
 TMPFS_SIZE = "64m"
 
 
@@ -103,8 +108,9 @@ class Tmpfs:
             self.mounted = False
 
 
-def wait_ended(c: offloadd.Client, d: FaultDaemon, job_id: str, t_fault: float, out: pathlib.Path) -> S.Job:
-    """The job once it ends; or, FAULT_BOUND_S after the fault, or SETTLE_S after the daemon's log
+def wait_ended(c: offloadd.Client, d: FaultDaemon, job_id: str, t_fault: float, out: pathlib.Path,
+               bound: float = FAULT_BOUND_S) -> S.Job:
+    """The job once it ends; or, `bound` s after the fault, or SETTLE_S after the daemon's log
     says the job ended or its model is exported, the job as it then stands (a job the daemon finished but still shows
     RUNNING is a defect)."""
     ended_at = None
@@ -116,7 +122,7 @@ def wait_ended(c: offloadd.Client, d: FaultDaemon, job_id: str, t_fault: float, 
         if ended_at is None and (re.search(rf"job {job_id} (SUCCEEDED|FAILED|CANCELLED)", d.log())
                                  or (out / "model.safetensors").exists()):
             ended_at = now
-        if now - t_fault > FAULT_BOUND_S or (ended_at is not None and now - ended_at > SETTLE_S):
+        if now - t_fault > bound or (ended_at is not None and now - ended_at > SETTLE_S):
             return job
 
 
@@ -128,7 +134,7 @@ def committed_checkpoints(out: pathlib.Path) -> list[pathlib.Path]:
 CLEAR_ERRORS = {"ENOSPC": ("No space left", "ENOSPC", "full"), "EIO": ("Input/output error", "EIO", "I/O error")}
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("where", ["output", "state", "store"])
 @pytest.mark.parametrize("fault", ["ENOSPC", "EIO"])
 def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_path, assets, reference, shim,
@@ -146,6 +152,10 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
                "OFFLOADD_FAULT_ERRNO": str(errno.EIO)}
         if where == "store":
             env["OFFLOADD_FAULT_NO_URING"] = "1"
+    # The job stands still once checkpoint-SAVE_STEPS is committed until the fault is in place: it
+    # cannot finish, or pass the writes the fault is for, while the test sets it up.
+    hold = Hold(ws / "hold", f"checkpoint-{SAVE_STEPS}", shim)
+    env = {**env, **hold.env}
     figures.did.append(f"{fault} under the {where} directory ({'a ' + TMPFS_SIZE + ' tmpfs filled to the last byte' if fault == 'ENOSPC' else 'LD_PRELOAD shim failing every write and sync'}) "
                        f"once a {STEPS}-step NVMe-tier job had committed its first checkpoint")
     d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, env=env)
@@ -154,8 +164,7 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
         with offloadd.Client(d.target, timeout=30) as c:
             job = c.create_job(spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS))
             ev = Events(c, job.id)
-            first = ev.wait_for(lambda e: e.HasField("checkpoint_saved"), FAULT_BOUND_S)
-            assert first is not None, f"no checkpoint before the fault:\n{d.log()[-3000:]}"
+            hold.wait(FAULT_BOUND_S, f" (no checkpoint before the fault):\n{d.log()[-3000:]}")
             t_fault = time.monotonic()
             if fault == "ENOSPC":
                 filled = fs.fill()
@@ -163,6 +172,7 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
             else:
                 arm.touch()
             at_step = ev.last_step()
+            hold.release()
             final = wait_ended(c, d, job.id, t_fault, ws / "out")
             took = time.monotonic() - t_fault
             figures.numbers.update(fault_at_step=at_step, end_state=state_name(final.state),
@@ -193,7 +203,10 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
                                         f"{final.progress.step} (exported model on disk: {on_disk})")
                 fs.free() if fault == "ENOSPC" else arm.unlink()
                 t_clear = time.monotonic()
-                final = wait_final(c, job.id, SETTLE_S * 3)
+                # The job has the rest of its steps to run (all but SAVE_STEPS of them, the fault
+                # being in place from checkpoint-SAVE_STEPS on): its record must be final SETTLE_S
+                # after it ended, not after a guess at how long the steps take on a loaded machine.
+                final = wait_ended(c, d, job.id, t_clear, ws / "out", bound=CLEARED_BOUND_S)
                 hung = final.state not in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
                 figures.happened.append(f"fault cleared: {state_name(final.state)} at step {final.progress.step} "
                                         f"{time.monotonic() - t_clear:.1f} s later")
@@ -256,5 +269,7 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
             assert diff == 0, f"final weights differ in {diff} of {total} bytes"
         assert not figures.defects, "\n".join(figures.defects) + "\n" + d.all_logs()[-3000:]
     finally:
+        hold.release()
+        hold.close()
         d.stop()
         fs.umount()

@@ -29,8 +29,8 @@ import time
 import pytest
 
 import offloadd
-from faultlib import (S, Events, FaultDaemon, differing_bytes, load_weights, logs, make_assets, make_workspace, spec,
-                      state_name, wait_final)
+from faultlib import (S, Events, FaultDaemon, Hold, build_fault_shim, differing_bytes, load_weights, logs, make_assets,
+                      make_workspace, spec, state_name, wait_final)
 
 STEPS = 24
 SAVE_STEPS = 4
@@ -51,6 +51,11 @@ def liveness_yaml(*, restarts: int = 2, cancel_grace: float = 30, heartbeat: flo
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("liveness_assets"))
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> pathlib.Path:
+    return build_fault_shim(tmp_path_factory.mktemp("liveness_shim"))
 
 
 workspace = make_workspace
@@ -96,20 +101,42 @@ def child_of(d: FaultDaemon, name: str, timeout: float = 30) -> int:
     return pids[0]
 
 
-def run_stopped(binary_dir, tmp_path, assets, figures, name: str) -> tuple[S.Job, list[str], FaultDaemon, int]:
-    """A STEPS-step NVMe-tier job whose process `name` is SIGSTOPped once the job has committed
-    its first checkpoint; returns the job once it ended, its log events, the daemon and the pid."""
-    ws = workspace(tmp_path / "ws", assets)
-    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, extra_yaml=liveness_yaml()).start()
+def held_at_first_checkpoint(binary_dir, ws: pathlib.Path, shim: pathlib.Path, yaml: str, *,
+                             nvme: bool = True, ranks: int = 1):
+    """A STEPS-step job held (Hold) once it has committed checkpoint-SAVE_STEPS, so that what the
+    test does next happens before step SAVE_STEPS + 1 whatever the machine's load: (daemon,
+    client, job, events, hold). Release the hold once done."""
+    hold = Hold(ws / "hold", f"checkpoint-{SAVE_STEPS}", shim)
+    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, env=hold.env, extra_yaml=yaml).start()
     c = offloadd.Client(d.target, timeout=30)
+    s = spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS, nvme=nvme)
+    if ranks > 1:
+        s["training"]["per_device_train_batch_size"] = 4 // ranks
+        s["resources"] = {"gpus": ranks}
     try:
-        job = c.create_job(spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS))
+        job = c.create_job(s)
         ev = Events(c, job.id)
+        hold.wait(120, f":\n{d.log()[-3000:]}")
+    except BaseException:
+        c.close()
+        d.stop()
+        hold.close()
+        raise
+    return d, c, job, ev, hold
+
+
+def run_stopped(binary_dir, tmp_path, assets, shim, figures, name: str) -> tuple[S.Job, list[str], FaultDaemon, int]:
+    """A STEPS-step NVMe-tier job whose process `name` is SIGSTOPped once the job has committed
+    its first checkpoint (the job held there until then); returns the job once it ended, its log
+    events, the daemon and the pid."""
+    ws = workspace(tmp_path / "ws", assets)
+    d, c, job, ev, hold = held_at_first_checkpoint(binary_dir, ws, shim, liveness_yaml())
+    try:
         first_executor = executor_pid(ev)
-        assert ev.wait_for(lambda e: e.HasField("checkpoint_saved"), 120) is not None, d.log()[-3000:]
         pid = first_executor if name == "offloadd-executor" else child_of(d, name)
         t0 = time.monotonic()
         stop(pid)
+        hold.release()  # a stopped executor stays held: the watchdog kills it
         try:
             final = wait_final(c, job.id, timeout=RECOVERY_BOUND_S + 120)
         finally:
@@ -120,12 +147,14 @@ def run_stopped(binary_dir, tmp_path, assets, figures, name: str) -> tuple[S.Job
         figures.happened.append(f"{name}: job {state_name(final.state)} {time.monotonic() - t0:.1f} s after the stop")
         return final, logs(ev.events), d, pid
     finally:
+        hold.release()
+        hold.close()
         c.close()
 
 
 @pytest.mark.timeout(300)
-def test_stopped_worker_is_killed_and_its_commands_replayed(binary_dir, tmp_path, assets, reference, figures):
-    final, messages, d, pid = run_stopped(binary_dir, tmp_path, assets, figures, "offloadd-worker")
+def test_stopped_worker_is_killed_and_its_commands_replayed(binary_dir, tmp_path, assets, shim, reference, figures):
+    final, messages, d, pid = run_stopped(binary_dir, tmp_path, assets, shim, figures, "offloadd-worker")
     try:
         log = d.log()
         assert final.state == S.JOB_STATE_SUCCEEDED, (final.error.message, messages[-10:], log[-3000:])
@@ -142,9 +171,9 @@ def test_stopped_worker_is_killed_and_its_commands_replayed(binary_dir, tmp_path
 
 @pytest.mark.parametrize("name", ["offloadd-executor", "offloadd-store"])
 @pytest.mark.timeout(300)
-def test_stopped_process_is_killed_and_the_job_resumes_from_its_checkpoint(binary_dir, tmp_path, assets, reference,
-                                                                            figures, name):
-    final, messages, d, pid = run_stopped(binary_dir, tmp_path, assets, figures, name)
+def test_stopped_process_is_killed_and_the_job_resumes_from_its_checkpoint(binary_dir, tmp_path, assets, shim,
+                                                                            reference, figures, name):
+    final, messages, d, pid = run_stopped(binary_dir, tmp_path, assets, shim, figures, name)
     try:
         assert final.state == S.JOB_STATE_SUCCEEDED, (final.error.message, messages[-10:], d.log()[-3000:])
         restarts = [m for m in messages if "restarting the job from its last checkpoint" in m]
@@ -262,14 +291,17 @@ def test_cancel_force_kills_at_once(binary_dir, tmp_path, assets, figures):
 
 
 @pytest.mark.timeout(300)
-def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, tmp_path, assets, figures):
+def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, tmp_path, assets, shim, figures):
     """The executor is SIGSTOPped while it writes a checkpoint (its .checkpoint-N.tmp-* directory
     exists), then the job is cancelled: it ends within the grace period, the half-written
     directory never becomes a checkpoint-N, and the previous checkpoint is intact (a new job
     resumes from it)."""
     grace = 1.0
     ws = workspace(tmp_path / "ws", assets)
-    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws,
+    # The executor is held once it has made checkpoint-2's temporary directory (checkpoint-1
+    # committed): the stop lands mid-write whatever the machine's load.
+    hold = Hold(ws / "hold", ".checkpoint-2.tmp-*", shim)
+    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, env=hold.env,
                     extra_yaml=liveness_yaml(cancel_grace=grace, heartbeat=600, floor=600)).start()
     c = offloadd.Client(d.target, timeout=30)
     out = ws / "out"
@@ -278,17 +310,11 @@ def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, 
         job = c.create_job(spec(ws, "out", steps=STEPS, save_steps=1))
         ev = Events(c, job.id)
         pid = executor_pid(ev)
-        # Catch a checkpoint mid-write: after the first committed one, stop the executor the
-        # moment a temporary directory shows.
-        assert ev.wait_for(lambda e: e.HasField("checkpoint_saved"), 120) is not None, d.log()[-3000:]
-        deadline = time.monotonic() + 120
-        caught = None
-        while caught is None and time.monotonic() < deadline:
-            caught = next((p.name for p in out.iterdir() if p.name.startswith(".checkpoint-")), None)
-            if caught is None:
-                time.sleep(0.0005)
+        hold.wait(120, f":\n{d.log()[-3000:]}")
         stop(pid)
-        assert caught, "no checkpoint was seen being written"
+        hold.release()  # the stopped executor stays where it is
+        caught = next((p.name for p in out.iterdir() if p.name.startswith(".checkpoint-2.tmp-")), None)
+        assert caught, sorted(p.name for p in out.iterdir())
         t0 = time.monotonic()
         c.cancel_job(job.id, "stopped mid-checkpoint")
         final = wait_final(c, job.id, timeout=grace + 30)
@@ -309,23 +335,23 @@ def test_cancel_during_a_checkpoint_write_keeps_the_last_checkpoint(binary_dir, 
     finally:
         if pid is not None:
             unstop(pid)
+        hold.release()
+        hold.close()
         c.close()
         d.stop()
 
 
 @pytest.mark.timeout(300)
-def test_killed_store_restarts_the_job_like_a_dead_executor(binary_dir, tmp_path, assets, reference, figures):
+def test_killed_store_restarts_the_job_like_a_dead_executor(binary_dir, tmp_path, assets, shim, reference, figures):
     """Item 21: SIGKILL of offloadd-store mid-job: the job restarts from its last checkpoint by
     itself (no resubmit) and its final weights equal an uninterrupted run's."""
     ws = workspace(tmp_path / "ws", assets)
-    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, extra_yaml=liveness_yaml()).start()
+    d, c, job, ev, hold = held_at_first_checkpoint(binary_dir, ws, shim, liveness_yaml())
     try:
-        with offloadd.Client(d.target, timeout=30) as c:
-            job = c.create_job(spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS))
-            ev = Events(c, job.id)
-            assert ev.wait_for(lambda e: e.HasField("checkpoint_saved"), 120) is not None, d.log()[-3000:]
+        with c:
             pid = child_of(d, "offloadd-store")
             os.kill(pid, signal.SIGKILL)
+            hold.release()
             final = wait_final(c, job.id, timeout=RECOVERY_BOUND_S + 120)
             ev.join()
         messages = logs(ev.events)
@@ -339,31 +365,28 @@ def test_killed_store_restarts_the_job_like_a_dead_executor(binary_dir, tmp_path
         figures.lost.append(f"store SIGKILL: {diff} of {total} bytes of the final weights differ")
         assert diff == 0, f"{diff} of {total} bytes differ from the uninterrupted run"
     finally:
+        hold.release()
+        hold.close()
         d.stop()
 
 
 @pytest.mark.timeout(300)
-def test_stopped_data_parallel_rank_is_killed_not_waited_for(binary_dir, tmp_path, assets, figures):
+def test_stopped_data_parallel_rank_is_killed_not_waited_for(binary_dir, tmp_path, assets, shim, figures):
     """A SIGSTOPped rank of a two-executor (Gloo) job: the watchdog kills it within its heartbeat
     deadline instead of the group waiting out its timeout (jobs.group_timeout_seconds, which the
     ranks use for the group: the log names it), and the job restarts and succeeds."""
     ws = workspace(tmp_path / "ws", assets)
     yaml = liveness_yaml() + "  group_timeout_seconds: 120\n"
-    d = FaultDaemon(binary_dir / "daemon" / "offloadd", ws, extra_yaml=yaml).start()
+    d, c, job, ev, hold = held_at_first_checkpoint(binary_dir, ws, shim, yaml, nvme=False, ranks=2)
     try:
-        with offloadd.Client(d.target, timeout=30) as c:
-            s = spec(ws, "out", steps=STEPS, save_steps=SAVE_STEPS, nvme=False)
-            s["training"]["per_device_train_batch_size"] = 2
-            s["resources"] = {"gpus": 2}
-            job = c.create_job(s)
-            ev = Events(c, job.id)
+        with c:
             rank1 = ev.wait_for(lambda e: e.HasField("log") and (m := STARTED.search(e.log.message)) and
                                 m.group(2) == "1", 60)
             assert rank1 is not None, d.log()[-3000:]
             pid = int(STARTED.search(rank1.log.message).group(1))
-            assert ev.wait_for(lambda e: e.HasField("checkpoint_saved"), 120) is not None, d.log()[-3000:]
             t0 = time.monotonic()
             stop(pid)
+            hold.release()
             try:
                 final = wait_final(c, job.id, timeout=RECOVERY_BOUND_S + 120)
             finally:
@@ -378,4 +401,6 @@ def test_stopped_data_parallel_rank_is_killed_not_waited_for(binary_dir, tmp_pat
         assert any("group timeout 120 s" in m for m in messages), [m for m in messages if "data parallel" in m]
         assert restarts and f"executor rank 1 (pid {pid}) killed by the liveness watchdog" in restarts[0], restarts
     finally:
+        hold.release()
+        hold.close()
         d.stop()
