@@ -137,8 +137,9 @@ TEST(NvmeTermTest, WeightsOnNvmeAddTheirReadsAndWritesAndCapThePlacedBlocks) {
   in.nvme_weight_params = 0.5e9;
   in.nvme_weight_reads = 4;  // streamed, two micro-batches
   const PlanChoice weights = EvaluatePlan(in, 0, 0);
-  EXPECT_DOUBLE_EQ(weights.nvme_s - states.nvme_s, 4e9 / 6e9 + 1e9 / 4e9);
-  EXPECT_DOUBLE_EQ(weights.host_s - states.host_s, 5e9 / in.host_bytes_per_s);
+  // (Differences of sums near 5 s: a few ulps of 5.)
+  EXPECT_NEAR(weights.nvme_s - states.nvme_s, 4e9 / 6e9 + 1e9 / 4e9, 1e-14);
+  EXPECT_NEAR(weights.host_s - states.host_s, 5e9 / in.host_bytes_per_s, 1e-14);
   in.nvme_weight_params = 2e9;  // more than the NVMe blocks' parameters
   EXPECT_NE(ValidatePlanInputs(in).message().find("nvme_weight_params"), std::string::npos);
   in.nvme_weight_params = 0.5e9;
