@@ -65,6 +65,12 @@ Status Trainer::Impl::CheckHostMemory() {
     // Every block's states on NVMe: their weights follow (offload_param nvme), or go there only
     // where the limit needs it (auto).
     placed = PlaceWeightsOnNvme(&in, limit);
+    if (in.optimizer.tier == StateTier::kNvme && PredictHostMemory(in).disk_bytes > disk_free) {
+      // Their weights do not fit the disk beside the states: placed under the limit (refused
+      // with the numbers when even that does not fit).
+      ASSIGN_OR_RETURN(placed, PlaceStatesUnderLimit(&in, limit, disk_free));
+      state_placement_text = placed.Describe();
+    }
   }
   nvme_blocks = in.optimizer.nvme_blocks;
   nvme_weight_blocks = in.optimizer.nvme_weight_blocks;

@@ -54,6 +54,7 @@ Status WeightResidency::LoadFromNvme(int b) {
     // the buffer holds another block's.
     device_weights_[b] = fetched.clone();
   } else {
+    streams_->UseCompute();  // the copy is allocated for the compute stream (Create, Reload)
     if (!device_weights_[b].defined())
       device_weights_[b] = at::empty({numel}, at::TensorOptions().dtype(dtype_).device(device_));
     // After the compute stream's work so far: a resident copy may still be in use.
