@@ -63,8 +63,8 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
                             "the fp32 masters (use bf16 or fp16, or offload_param.device cpu)"});
     }
     if (ranks > 1) {
-      out.push_back({"offload.offload_param.device",
-                     what + " with " + group + " is not built yet; use cpu"});
+      out.push_back(
+          {"offload.offload_param.device", what + " with " + group + " is not built yet; use cpu"});
     }
     if (lsp) {
       out.push_back({"offload.offload_param.device",

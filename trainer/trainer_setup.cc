@@ -347,20 +347,22 @@ Status Trainer::Impl::LoadModel() {
 // offload_param on NVMe (OffloadPlanConfig::ParamTier): refused, by name, where it cannot act.
 Status Trainer::Impl::CheckParamTier() const {
   if (cfg.offload.param_tier == OffloadPlanConfig::ParamTier::kCpu) return OkStatus();
-  const std::string what = std::string("the 16-bit weights on NVMe (offload_param.device ") +
-                           (cfg.offload.param_tier == OffloadPlanConfig::ParamTier::kNvme
-                                ? "nvme, --param-tier=nvme)"
-                                : "auto, --param-tier=auto)");
+  const std::string what =
+      std::string("the 16-bit weights on NVMe (offload_param.device ") +
+      (cfg.offload.param_tier == OffloadPlanConfig::ParamTier::kNvme ? "nvme, --param-tier=nvme)"
+                                                                     : "auto, --param-tier=auto)");
   if (cfg.offload.tier != StateTier::kNvme) {
-    return InvalidArgumentError(what +
-                                " need the optimizer states on NVMe (offload_optimizer.device nvme, "
-                                "--tier=nvme): only a block whose states are in the store keeps its "
-                                "weights there");
+    return InvalidArgumentError(
+        what +
+        " need the optimizer states on NVMe (offload_optimizer.device nvme, "
+        "--tier=nvme): only a block whose states are in the store keeps its "
+        "weights there");
   }
   if (dtype == c10::kFloat) {
-    return InvalidArgumentError(what +
-                                " need 16-bit compute (bf16 or fp16, --dtype): with fp32 compute the "
-                                "device reads the fp32 masters");
+    return InvalidArgumentError(
+        what +
+        " need 16-bit compute (bf16 or fp16, --dtype): with fp32 compute the "
+        "device reads the fp32 masters");
   }
   if (cfg.parallel.world_size > 1)
     return InvalidArgumentError(what + " are not available with data parallelism");

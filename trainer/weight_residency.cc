@@ -58,7 +58,8 @@ Status WeightResidency::LoadFromNvme(int b) {
     if (!device_weights_[b].defined())
       device_weights_[b] = at::empty({numel}, at::TensorOptions().dtype(dtype_).device(device_));
     // After the compute stream's work so far: a resident copy may still be in use.
-    auto e = streams_->CopyToDevice(device_weights_[b], fetched, "weights " + model_->block(b).name());
+    auto e =
+        streams_->CopyToDevice(device_weights_[b], fetched, "weights " + model_->block(b).name());
     buffer_reads_[buffer] = e;
     std::lock_guard<std::mutex> lock(ready_mu_);
     ready_[b] = e;

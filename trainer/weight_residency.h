@@ -1,8 +1,8 @@
 #pragma once
 // WeightResidency: where each block's compute-dtype weights are for the device to use. On a CPU
 // device the blocks compute straight from the host arena (or, when the arena holds fp32 masters
-// and the compute is 16-bit, from a copy cast after each update). On CUDA they are either resident (one
-// device copy per block, refreshed host-to-device right behind each CPU update) or streamed (a
+// and the compute is 16-bit, from a copy cast after each update). On CUDA they are either resident
+// (one device copy per block, refreshed host-to-device right behind each CPU update) or streamed (a
 // block is uploaded ahead of use, Prefetch, and dropped after, Release; the tied embedding stays
 // while the head needs it). Owns the host views of the arena's compute weights, the device
 // copies and each block's upload event; the compute stream waits on that event before using the

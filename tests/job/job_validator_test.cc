@@ -399,7 +399,8 @@ TEST_F(JobValidatorTest, KnobsThatWouldNotActAreRefusedAndAioDefaultsToTheDaemon
   s.mutable_offload()->mutable_offload_optimizer()->set_pin_memory(false);
   ValidationResult r = Validate(s);
   ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
-  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("needs offload_optimizer.device nvme"),
+  EXPECT_NE(Find(r, "offload.offload_param.device")
+                ->description.find("needs offload_optimizer.device nvme"),
             std::string::npos);
   ASSERT_NE(Find(r, "offload.offload_optimizer.pin_memory"), nullptr) << Describe(r);
   EXPECT_EQ(Find(r, "offload.offload_param.pin_memory"), nullptr);  // unset: true, the default
@@ -437,16 +438,19 @@ TEST_F(JobValidatorTest, ParamsOnNvmeRunWithStatesThereAndAreRefusedWhereTheyCan
   s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
   r = Validate(s);
   ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
-  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("16-bit compute"), std::string::npos);
+  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("16-bit compute"),
+            std::string::npos);
   s.mutable_model()->clear_compute_dtype();  // resolves to fp32 on this node without a GPU
   r = Validate(s);
   ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
-  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("resolves to fp32"), std::string::npos);
+  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("resolves to fp32"),
+            std::string::npos);
   s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
   s.mutable_resources()->set_gpus(2);
   r = Validate(s);
   ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
-  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("data parallelism"), std::string::npos);
+  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("data parallelism"),
+            std::string::npos);
   s.mutable_resources()->clear_gpus();
   s.mutable_offload()->mutable_offload_param()->set_nvme_path("/elsewhere");
   r = Validate(s);

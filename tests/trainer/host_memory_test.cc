@@ -236,14 +236,15 @@ TEST(HostMemoryTest, RefusalOffersTheWeightsOnNvmeWhenTheStatesAreThereAlready) 
   const uint64_t limit = (states.total + weights.total) / 2;
   const Status st = CheckHostMemory(in, limit, "host_memory_limit", 0);
   ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
-  EXPECT_NE(std::string(st.message()).find("the 16-bit weights on NVMe too (--param-tier=nvme): " +
-                                           weights.Describe()),
+  EXPECT_NE(std::string(st.message())
+                .find("the 16-bit weights on NVMe too (--param-tier=nvme): " + weights.Describe()),
             std::string::npos)
       << st.message();
   const Status none = CheckHostMemory(in, weights.total - 1, "host_memory_limit", 0);
   EXPECT_EQ(std::string(none.message()).find("--param-tier"), std::string::npos) << none.message();
   in.nvme_weights_forced = true;  // asked for already: not offered again
-  EXPECT_EQ(std::string(CheckHostMemory(in, limit, "host_memory_limit", 0).message()).find("--param-tier"),
+  EXPECT_EQ(std::string(CheckHostMemory(in, limit, "host_memory_limit", 0).message())
+                .find("--param-tier"),
             std::string::npos);
 }
 

@@ -192,7 +192,8 @@ TEST(StatePlacementTest, StatesFirstThenWeights) {
 }
 
 // offload_param: nvme forces every NVMe block's weights into the store, whatever the limit, except
-// a block the GPU updates; auto moves them only where the limit needs it; states in RAM keep theirs.
+// a block the GPU updates; auto moves them only where the limit needs it; states in RAM keep
+// theirs.
 TEST(StatePlacementTest, ForcedWeightsFollowEveryNvmeBlockButNotTheDevicesOrRams) {
   HostMemoryInputs in;
   in.optimizer.tier = StateTier::kNvme;
