@@ -266,11 +266,20 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
   if (o.offload_param().has_ratio()) {
     c.Add("offload.offload_param.ratio", "only offload_optimizer takes a ratio (the share of its states kept off the GPU)");
   }
-  // Settings that would not act are refused rather than echoed back.
+  // Settings that would not act are refused rather than echoed back. The 16-bit weights go to the
+  // store of the blocks whose states are there (trainer/state_placement.h).
   if (o.offload_param().device() == v1::OFFLOAD_DEVICE_NVME) {
-    c.Add("offload.offload_param.device",
-          "nvme is not built: the bf16 weights the GPU reads stay in host RAM and stream from there (use cpu; "
-          "offload_optimizer.device nvme puts the fp32 master weights and Adam states on NVMe)");
+    if (o.offload_optimizer().device() != v1::OFFLOAD_DEVICE_NVME) {
+      c.Add("offload.offload_param.device",
+            "nvme needs offload_optimizer.device nvme: only a block whose fp32 master weights and "
+            "Adam states are in the store keeps its 16-bit weights there");
+    } else if (!o.offload_param().nvme_path().empty() &&
+               o.offload_param().nvme_path() != o.offload_optimizer().nvme_path()) {
+      c.Add("offload.offload_param.nvme_path",
+            "'" + o.offload_param().nvme_path() +
+                "' differs from offload_optimizer.nvme_path: the weights live in the optimizer's "
+                "store (leave it unset or give the same directory)");
+    }
   }
   for (const auto& [target, name] : {std::pair{&o.offload_optimizer(), "offload.offload_optimizer.pin_memory"},
                                      std::pair{&o.offload_param(), "offload.offload_param.pin_memory"}}) {
@@ -490,6 +499,8 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
       auto placed = trainer::PlaceStatesUnderLimit(&in, host_limit, free_bytes);
       if (!placed.ok())
         c.Add("offload.offload_optimizer.device", std::string(placed.status().message()));
+    } else {
+      (void)trainer::PlaceWeightsOnNvme(&in, host_limit);  // offload_param: nvme
     }
   }
   r->host_memory = trainer::PredictHostMemory(in);
@@ -509,6 +520,7 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
   names.limit = "resources.host_memory_limit";
   names.nvme = "offload.offload_optimizer.device: nvme";
   names.batch = "training.per_device_train_batch_size";
+  names.param_nvme = "offload.offload_param.device: nvme";
   names.nvme_configured = !node.store_dirs.empty();
   const Status host = trainer::CheckHostMemory(in, host_limit, source, node_can.bytes, names);
   if (!host.ok()) {
@@ -775,6 +787,12 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   CheckOffload(spec.offload(), node, paths, c);
   CheckCompression(spec.compression(), c);
   for (FieldViolation& v : UnsupportedOptions(spec)) c.Add(v.field, v.description);
+  if (spec.offload().offload_param().device() == v1::OFFLOAD_DEVICE_NVME &&
+      spec.model().compute_dtype() == v1::COMPUTE_DTYPE_UNSPECIFIED && node.gpus.empty()) {
+    c.Add("offload.offload_param.device",
+          "nvme needs 16-bit compute, and on this node without a GPU model.compute_dtype resolves "
+          "to fp32; set it to bf16 or fp16, or use cpu");
+  }
 
   const bool output_dir_ok = CheckOutput(spec, paths, options, config != nullptr, c, &r);
   CheckResources(spec, node, c);

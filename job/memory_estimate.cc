@@ -98,6 +98,10 @@ trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const eng
   o.mode.state = state == v1::STATE_DTYPE_INT8   ? workers::StateDtype::kInt8
                  : state == v1::STATE_DTYPE_BF16 ? workers::StateDtype::kBf16
                                                  : workers::StateDtype::kFp32;
+  // offload_param: nvme puts every NVMe block's 16-bit weights in the store too (the trainer's
+  // OffloadPlanConfig::ParamTier::kNvme).
+  in.nvme_weights_allowed = in.nvme_weights_forced =
+      spec.offload().offload_param().device() == v1::OFFLOAD_DEVICE_NVME;
   in.cuda = gpu;
   in.micro = std::max<int64_t>(1, spec.training().per_device_train_batch_size());
   return in;

@@ -102,8 +102,10 @@ Status ApplyOffload(const v1::JobSpec& s, const std::string& job_id, const Train
       break;
     default:
       c.offload.weights = Weights::kStreamed;
-      break;  // cpu (and nvme: staged through host memory)
+      break;  // cpu (and nvme: read from the store ahead of each pass, then uploaded)
   }
+  if (o.offload_param().device() == v1::OFFLOAD_DEVICE_NVME)
+    c.offload.param_tier = trainer::OffloadPlanConfig::ParamTier::kNvme;
   ASSIGN_OR_RETURN(c.offload.activations,
                    ToActivationMode(o.activations().mode(), "offload.activations.mode"));
   for (const auto& [layer, mode] : o.activations().layer_overrides()) {

@@ -53,6 +53,25 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
                                            "fp32 states)"});
     }
   }
+  if (s.offload().offload_param().device() == v1::OFFLOAD_DEVICE_NVME) {
+    // The 16-bit weights on NVMe (trainer_setup.cc CheckParamTier; the optimizer's store is
+    // checked with the offload settings).
+    const std::string what = "nvme (the 16-bit weights on NVMe)";
+    if (s.model().compute_dtype() == v1::COMPUTE_DTYPE_FP32) {
+      out.push_back({"offload.offload_param.device",
+                     what + " needs 16-bit compute: with model.compute_dtype fp32 the device reads "
+                            "the fp32 masters (use bf16 or fp16, or offload_param.device cpu)"});
+    }
+    if (ranks > 1) {
+      out.push_back(
+          {"offload.offload_param.device", what + " with " + group + " is not built yet; use cpu"});
+    }
+    if (lsp) {
+      out.push_back({"offload.offload_param.device",
+                     what + " with compression.type lsp is not built (LSP keeps its weights in "
+                            "RAM); use cpu"});
+    }
+  }
   const v1::MasterDtype master = s.optimizer().master_dtype();
   if (master == v1::MASTER_DTYPE_BF16) {
     out.push_back(

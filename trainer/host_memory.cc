@@ -235,6 +235,20 @@ Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::st
                       (names.nvme_configured ? "" : "; this needs a store directory"));
     }
   }
+  if (in.optimizer.tier == StateTier::kNvme && !in.nvme_weights_forced &&
+      in.optimizer.compute != HostDtype::kFp32 &&
+      std::all_of(in.optimizer.nvme_blocks.begin(), in.optimizer.nvme_blocks.end(),
+                  [](bool on_nvme) { return on_nvme; })) {
+    // Every block's states are on NVMe already: their 16-bit weights may follow.
+    HostMemoryInputs w = in;
+    w.optimizer.nvme_weight_blocks.assign(w.optimizer.block_elements.size(), false);
+    for (size_t b = 0; b < w.optimizer.nvme_weight_blocks.size(); ++b)
+      w.optimizer.nvme_weight_blocks[b] =
+          !(b < w.optimizer.device_blocks.size() && w.optimizer.device_blocks[b]);
+    const HostMemoryPrediction q = PredictHostMemory(w);
+    if (q.total <= limit && q.total < p.total)
+      fixes.push_back("the 16-bit weights on NVMe too (" + names.param_nvme + "): " + q.Describe());
+  }
   // A higher limit only up to what the node can give safely (DefaultHostMemoryLimit).
   if (node_limit == 0 || p.total <= node_limit) {
     fixes.push_back(

@@ -81,6 +81,9 @@ struct HostMemoryInputs {
   // offload_param: {device: nvme}: PlaceStatesUnderLimit may put NVMe blocks' 16-bit weights in
   // the store too (optimizer.nvme_weight_blocks) when their states on NVMe do not free enough RAM.
   bool nvme_weights_allowed = false;
+  // offload_param: {device: nvme} (with nvme_weights_allowed): every NVMe block's 16-bit weights
+  // go to the store, whatever the limit (PlaceWeightsOnNvme).
+  bool nvme_weights_forced = false;
 };
 
 struct HostMemoryPrediction {
@@ -104,6 +107,7 @@ struct HostMemoryNames {
   std::string limit = "--host-memory-limit";
   std::string nvme = "--tier=nvme --nvme-dir=DIR";
   std::string batch = "--batch-size";
+  std::string param_nvme = "--param-tier=nvme";  // the 16-bit weights on NVMe too
   bool nvme_configured = true;  // store directories exist (the daemon: storage.directories)
 };
 

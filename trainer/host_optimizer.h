@@ -167,6 +167,10 @@ class HostOptimizer {
   // the latest weights written back. FetchWeights calls that found their read issued ahead:
   uint64_t weight_prefetch_hits() const;
   Status PrefetchWeights(int block, int buffer);
+  // Weight buffer `buffer`'s arena memory and size (the largest such block's 16-bit weights; null
+  // and 0 when no block's weights are on NVMe): what the device copies read, to page-lock once.
+  void* weight_buffer(int buffer) const;
+  uint64_t weight_buffer_bytes() const;
   const ipc::SharedSegment& segment() const { return segment_; }
   // "/proc/<pid>/fd/<fd>" of the arena: how the other ranks of a data-parallel group attach.
   std::string ArenaPath() const;

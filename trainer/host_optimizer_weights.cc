@@ -151,6 +151,15 @@ Status HostOptimizer::PrefetchWeights(int block, int buffer) {
   return OkStatus();
 }
 
+void* HostOptimizer::weight_buffer(int buffer) const {
+  if (buffer < 0 || static_cast<size_t>(buffer) >= weight_buffers_.size()) return nullptr;
+  return arena_->At<void>(weight_buffers_[static_cast<size_t>(buffer)]);
+}
+
+uint64_t HostOptimizer::weight_buffer_bytes() const {
+  return weight_buffers_.empty() ? 0 : internal::MaxWeightElements(options_) * 2;
+}
+
 uint64_t HostOptimizer::weight_prefetch_hits() const { return weight_prefetch_hits_.load(); }
 
 StatusOr<const void*> HostOptimizer::FetchWeights(int block, int buffer) {

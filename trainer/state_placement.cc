@@ -66,11 +66,14 @@ std::string StatePlacement::Describe() const {
            FormatByteSize(disk_bytes) + ")";
   }
   if (out.empty()) return "no blocks";
-  if (weight_disk_bytes > 0) {
-    out += "; 16-bit weights of blocks " + Ranges(weight_tiers, BlockTier::kNvme) + " on NVMe (" +
-           FormatByteSize(weight_disk_bytes) + ")";
-  }
+  if (weight_disk_bytes > 0) out += "; " + DescribeWeights();
   return out;
+}
+
+std::string StatePlacement::DescribeWeights() const {
+  if (weight_disk_bytes == 0) return "";
+  return "16-bit weights of blocks " + Ranges(weight_tiers, BlockTier::kNvme) + " on NVMe (" +
+         FormatByteSize(weight_disk_bytes) + ")";
 }
 
 StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& blocks,
@@ -184,18 +187,21 @@ void PlaceWeights(HostMemoryInputs* in, uint64_t limit, StatePlacement* p) {
   const size_t n = o.block_elements.size();
   o.nvme_weight_blocks.assign(n, false);
   p->weight_tiers.assign(n, BlockTier::kRam);
-  if (o.compute == HostDtype::kFp32 || PredictHostMemory(*in).total <= limit) {
+  p->weight_disk_bytes = 0;
+  const bool forced = in->nvme_weights_forced;
+  if (o.compute == HostDtype::kFp32 || (!forced && PredictHostMemory(*in).total <= limit)) {
     o.nvme_weight_blocks.clear();
     return;
   }
   std::vector<size_t> order;
   for (size_t b = n; b-- > 0;) {
-    if (p->tiers[b] == BlockTier::kNvme) order.push_back(b);
+    const bool on_device = b < o.device_blocks.size() && o.device_blocks[b];
+    if (p->tiers[b] == BlockTier::kNvme && !on_device) order.push_back(b);
   }
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return o.block_elements[a] < o.block_elements[b]; });
   for (size_t b : order) {
-    if (PredictHostMemory(*in).total <= limit) break;
+    if (!forced && PredictHostMemory(*in).total <= limit) break;
     o.nvme_weight_blocks[b] = true;
     p->weight_tiers[b] = BlockTier::kNvme;
     p->weight_disk_bytes += 2 * o.block_elements[b];
@@ -203,6 +209,23 @@ void PlaceWeights(HostMemoryInputs* in, uint64_t limit, StatePlacement* p) {
 }
 
 }  // namespace
+
+StatePlacement PlaceWeightsOnNvme(HostMemoryInputs* in, uint64_t limit) {
+  StatePlacement p;
+  const std::vector<bool>& nvme = in->optimizer.nvme_blocks;
+  const size_t n = in->optimizer.block_elements.size();
+  p.tiers.assign(n, BlockTier::kNvme);
+  for (size_t b = 0; b < n && !nvme.empty(); ++b) {
+    if (!nvme[b]) p.tiers[b] = BlockTier::kRam;
+  }
+  if (in->optimizer.tier != StateTier::kNvme || !in->nvme_weights_allowed) {
+    in->optimizer.nvme_weight_blocks.clear();
+    p.weight_tiers.assign(n, BlockTier::kRam);
+    return p;
+  }
+  PlaceWeights(in, limit, &p);
+  return p;
+}
 
 StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
                                                uint64_t disk_free) {

@@ -36,6 +36,8 @@ struct StatePlacement {
   // "blocks 0-11, 14 in RAM (57.0 GiB), 12-13, 15-31 on NVMe (32.1 GiB)", and with weights on
   // NVMe "; 16-bit weights of blocks 20-31 on NVMe (4.1 GiB)".
   std::string Describe() const;
+  // "16-bit weights of blocks 20-31 on NVMe (4.1 GiB)"; empty when none is.
+  std::string DescribeWeights() const;
 };
 
 // Blocks go into RAM while they fit in `ram_available`, the largest first (the embedding and the
@@ -56,11 +58,20 @@ StatusOr<StatePlacement> PlaceBlockStates(const std::vector<BlockStateBytes>& bl
 // block's states on NVMe still leave the prediction above `limit` and in->nvme_weights_allowed,
 // NVMe blocks' 16-bit weights go to the store too (in->optimizer.nvme_weight_blocks), the
 // smallest blocks first (the slots' and read buffers' weight regions take the largest one's size),
-// equal ones from the last block down, until it fits. Refused (ResourceExhausted) when that
+// equal ones from the last block down, until it fits (with in->nvme_weights_forced: every NVMe
+// block's, PlaceWeightsOnNvme). Refused (ResourceExhausted) when that
 // disk is short, naming the disk it lacks and the smallest host limit that would fit
 // (SmallestHostLimitForDisk); in->optimizer.nvme_blocks is then empty (every block on NVMe).
 StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t limit,
                                                uint64_t disk_free);
+
+// Where NVMe blocks' 16-bit weights live, once their states are placed (in->optimizer.nvme_blocks,
+// empty: every block on NVMe): with in->nvme_weights_forced every block whose states are on NVMe
+// and which the GPU does not update (optimizer.device_blocks) keeps its weights there too; else,
+// with in->nvme_weights_allowed, as PlaceStatesUnderLimit places them under `limit`. None with
+// fp32 compute (the device reads the fp32 masters). Sets in->optimizer.nvme_weight_blocks (empty:
+// none) and returns the blocks' weight tiers (StatePlacement::weight_tiers, weight_disk_bytes).
+StatePlacement PlaceWeightsOnNvme(HostMemoryInputs* in, uint64_t limit);
 
 // The smallest host limit (rounded up to 1 MiB) above `limit` under which PlaceStatesUnderLimit's
 // placement needs no more than `disk_free` of disk (more blocks' states in RAM); 0 when none does,

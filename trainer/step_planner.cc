@@ -57,6 +57,11 @@ Status ValidatePlanInputs(const PlanInputs& in) {
       !std::isfinite(in.update_tail_seconds)) {
     return InvalidArgumentError("plan inputs: norm_tail_seconds and update_tail_seconds must be >= 0");
   }
+  if (!(in.nvme_weight_params >= 0) || !(in.nvme_weight_params <= in.nvme_params) ||
+      !(in.nvme_weight_reads >= 0)) {
+    return InvalidArgumentError(
+        "plan inputs: nvme_weight_params must be in [0, nvme_params] and nvme_weight_reads >= 0");
+  }
   if (!(in.nvme_params >= 0) || !(in.nvme_read_bytes_per_s >= 0) ||
       !(in.nvme_write_bytes_per_s >= 0) || !std::isfinite(in.nvme_params)) {
     return InvalidArgumentError("plan inputs: nvme_params and the NVMe rates must be >= 0");
@@ -116,14 +121,19 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
   }
   // An NVMe block's states also cross host memory twice more: read into the staging slots, and
   // written back from them (12 B each way).
-  c.host_s = (cpu_params * in.host_bytes_per_param + 24.0 * in.nvme_params + h2d + d2h) /
+  // The weights on NVMe cross it once per read and once written back.
+  const double weight_read = 2.0 * in.nvme_weight_reads * in.nvme_weight_params;
+  const double weight_write = 2.0 * in.nvme_weight_params;
+  c.host_s = (cpu_params * in.host_bytes_per_param + 24.0 * in.nvme_params + weight_read +
+              weight_write + h2d + d2h) /
              in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;
   if (in.nvme_params > 0 && in.nvme_read_bytes_per_s > 0 && in.nvme_write_bytes_per_s > 0) {
     // Reads and writes share the drives (NvmeStepSeconds, trainer/host_memory.h).
     const double bytes = 12.0 * in.nvme_params;
-    c.nvme_s = bytes / in.nvme_read_bytes_per_s + bytes / in.nvme_write_bytes_per_s;
+    c.nvme_s = (bytes + weight_read) / in.nvme_read_bytes_per_s +
+               (bytes + weight_write) / in.nvme_write_bytes_per_s;
   }
   if (in.held_updates) {
     const double update = std::max(c.cpu_s, cpu_params * in.host_bytes_per_param / in.host_bytes_per_s);
@@ -155,7 +165,9 @@ StatusOr<PlanChoice> SolvePlan(const PlanInputs& in) {
   }
   const int keepable = static_cast<int>(KeptBlocks(in, n).size());
   const int min_s = std::max(0, in.fixed_device_blocks);
-  const int max_s = in.fixed_device_blocks >= 0 ? in.fixed_device_blocks : in.place_states ? n : 0;
+  int max_s = in.fixed_device_blocks >= 0 ? in.fixed_device_blocks : in.place_states ? n : 0;
+  if (in.max_device_blocks >= 0 && in.fixed_device_blocks < 0)
+    max_s = std::min(max_s, std::max(min_s, in.max_device_blocks));
   const int max_k = in.keep_activations ? keepable : 0;
   // The plan already running is always allowed: (0, 0) is what the first step ran, and fixed
   // blocks are already on the GPU.

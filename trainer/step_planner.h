@@ -69,6 +69,14 @@ struct PlanInputs {
   double nvme_params = 0;
   double nvme_read_bytes_per_s = 0;
   double nvme_write_bytes_per_s = 0;
+  // Of them, those whose 16-bit weights are on NVMe too (offload_param: nvme): 2 B read for each
+  // of nvme_weight_reads passes a step (2 per micro-batch streamed, 1 resident) and 2 B written
+  // after the update.
+  double nvme_weight_params = 0;
+  double nvme_weight_reads = 2;
+  // >= 0: at most this many lowest blocks may have GPU states (a block whose weights are on NVMe
+  // stays updated on the host).
+  int max_device_blocks = -1;
   double device_seconds_per_param = 1e-11;  // ATen fused AdamW, ~30 B/param at ~3 TB/s
   // Choices the job leaves open (false: fixed at 0).
   bool place_states = true;

@@ -83,6 +83,11 @@ struct OffloadPlanConfig {
   // Device weights: kAuto keeps them resident when they fit the budget, else streams them in a
   // few blocks ahead of use (DeepSpeed's offload_param: cpu forces kStreamed).
   enum class Weights { kAuto, kResident, kStreamed } weights = Weights::kAuto;
+  // Tier kNvme, 16-bit compute: where the 16-bit weights of blocks whose states are on NVMe live
+  // (DeepSpeed's offload_param.device). kCpu: in RAM; kAuto: in the store only where the states
+  // on NVMe leave the job above the host limit (trainer/state_placement.h); kNvme: in the store
+  // for every such block. The trainer reads them back ahead of each pass (WeightResidency).
+  enum class ParamTier { kCpu, kAuto, kNvme } param_tier = ParamTier::kCpu;
   uint64_t gpu_memory_limit = 0;   // bytes; 0: what the device has free
   uint64_t host_memory_limit = 0;  // bytes; 0: no limit
   // 16-bit compute, RAM tier: keep a 16-bit copy of the weights beside the fp32 masters in the

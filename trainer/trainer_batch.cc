@@ -138,11 +138,20 @@ void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodePro
   t.state_bytes = workers::StateBytesPerParam(optimizer_mode);
   ApplyParamTraffic(t, in);
   in->nvme_params = 0;
+  in->nvme_weight_params = 0;
+  in->max_device_blocks = -1;
   if (o.tier == StateTier::kNvme) {
     for (int b = 0; b < n; ++b) {
       if (nvme_blocks.empty() || nvme_blocks[b])
         in->nvme_params += static_cast<double>(layout[b].numel);
+      if (b < static_cast<int>(nvme_weight_blocks.size()) && nvme_weight_blocks[b]) {
+        in->nvme_weight_params += static_cast<double>(layout[b].numel);
+        if (in->max_device_blocks < 0) in->max_device_blocks = b;
+      }
     }
+    // Read before each pass that uploads them (WeightResidency): forward and backward of every
+    // micro-batch when streamed, once after each update when resident.
+    in->nvme_weight_reads = streamed ? 2.0 * cfg.gradient_accumulation_steps : 1.0;
     in->nvme_read_bytes_per_s = prof.store_read_bytes_per_s;
     in->nvme_write_bytes_per_s = prof.store_write_bytes_per_s;
   }

@@ -89,6 +89,10 @@ struct Trainer::Impl {
   // block); PlaceStatesUnderLimit in CheckHostMemory, described in state_placement_text.
   std::vector<bool> nvme_blocks;
   std::string state_placement_text;
+  // offload_param on NVMe: per block, whether its 16-bit weights are in the store too (empty:
+  // none; PlaceWeightsOnNvme in CheckHostMemory), described in weight_placement_text.
+  std::vector<bool> nvme_weight_blocks;
+  std::string weight_placement_text;
   std::unique_ptr<DeviceOptimizer> device_opt;  // null when no block is there
   // device_optimizer_blocks auto on CUDA: placed after this process's first step, from the
   // allocator's measured peak (PlaceDeviceBlocks).
@@ -134,6 +138,7 @@ struct Trainer::Impl {
   Status Setup();
   Status CheckConfig();  // device, compute dtype, numbers
   Status CheckOptimizerMode();  // trainer_state.cc: the compact modes the trainer runs
+  Status CheckParamTier() const;  // offload_param on NVMe: refused where it cannot act
   Status CreateData();   // the training and eval data, total steps, the LR schedule
   uint32_t SetupThreads() const;  // cfg.setup_threads, else the usable cores
   Status PinHostBuffers();  // page-locks the host buffers the pipeline copies, on SetupThreads()

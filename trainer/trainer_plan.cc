@@ -50,15 +50,31 @@ Status Trainer::Impl::CheckHostMemory() {
     }
   }
   in.optimizer.nvme_blocks.clear();
+  in.optimizer.nvme_weight_blocks.clear();
+  in.nvme_weights_allowed = cfg.offload.param_tier != OffloadPlanConfig::ParamTier::kCpu;
+  in.nvme_weights_forced = cfg.offload.param_tier == OffloadPlanConfig::ParamTier::kNvme;
   const uint64_t disk_free = StoreDirsFreeBytes(cfg.offload.nvme_dirs);
+  StatePlacement placed;
   if (in.optimizer.tier == StateTier::kNvme &&
       (named || PredictHostMemory(in).disk_bytes > disk_free)) {
     // A named limit, or a disk too small for every block: RAM holds the states of as many blocks
-    // as the limit allows, NVMe the rest (trainer/state_placement.h).
-    ASSIGN_OR_RETURN(const StatePlacement placed, PlaceStatesUnderLimit(&in, limit, disk_free));
+    // as the limit allows, NVMe the rest (trainer/state_placement.h), then the weights.
+    ASSIGN_OR_RETURN(placed, PlaceStatesUnderLimit(&in, limit, disk_free));
     state_placement_text = placed.Describe();
+  } else {
+    // Every block's states on NVMe: their weights follow (offload_param nvme), or go there only
+    // where the limit needs it (auto).
+    placed = PlaceWeightsOnNvme(&in, limit);
+    if (in.optimizer.tier == StateTier::kNvme && PredictHostMemory(in).disk_bytes > disk_free) {
+      // Their weights do not fit the disk beside the states: placed under the limit (refused
+      // with the numbers when even that does not fit).
+      ASSIGN_OR_RETURN(placed, PlaceStatesUnderLimit(&in, limit, disk_free));
+      state_placement_text = placed.Describe();
+    }
   }
   nvme_blocks = in.optimizer.nvme_blocks;
+  nvme_weight_blocks = in.optimizer.nvme_weight_blocks;
+  weight_placement_text = placed.DescribeWeights();
   const HostMemoryPrediction p = PredictHostMemory(in);
   StepPrediction& out = prediction;
   out.host_bytes = p.total;
@@ -79,12 +95,16 @@ Status Trainer::Impl::CheckHostMemory() {
   }
   const std::string source = named ? "host_memory_limit" : node_limit.source;
   out.host_text = p.Describe() + " within the host memory limit of " + FormatByteSize(limit) + " (" + source + ")";
-  if (!state_placement_text.empty())
+  if (!state_placement_text.empty()) {
     out.host_text += "; optimizer states per block: " + state_placement_text;
+  } else if (!weight_placement_text.empty()) {
+    out.host_text += "; " + weight_placement_text;
+  }
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";
   names.batch = "per_device_train_batch_size, --batch-size";
+  names.param_nvme = "offload_param.device: nvme, --param-tier=nvme";
   names.nvme_configured = !cfg.offload.nvme_dirs.empty();
   RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, node_limit.bytes, names));
   Log(TrainObserver::Level::kInfo, "host memory: " + out.host_text);

@@ -227,8 +227,13 @@ Status Trainer::Impl::PinHostBuffers() {
     ranges.emplace_back(host->grad_staging(b), host->grad_staging_bytes(b));
     const bool on_device =
         device_opt && b < static_cast<int>(device_blocks.size()) && device_blocks[b];
-    if (!on_device) ranges.emplace_back(host->compute_weights(b), host->compute_weight_bytes(b));
+    // A block whose weights are on NVMe has none in the arena: the device copies read the two
+    // weight buffers (WeightResidency).
+    if (!on_device && host->compute_weights(b) != nullptr)
+      ranges.emplace_back(host->compute_weights(b), host->compute_weight_bytes(b));
   }
+  for (int i = 0; i < HostOptimizer::kWeightBuffers && host->weight_buffer_bytes() > 0; ++i)
+    ranges.emplace_back(host->weight_buffer(i), host->weight_buffer_bytes());
   return streams->PinAll(ranges, SetupThreads());
 }
 
@@ -269,6 +274,7 @@ Status Trainer::Impl::CheckConfig() {
   }
   RETURN_IF_ERROR(workers::ParseSpeculation(cfg.optim.speculation).status());
   RETURN_IF_ERROR(CheckOptimizerMode());
+  RETURN_IF_ERROR(CheckParamTier());
   // Padded lengths in buckets on a GPU (train_config.h DataConfig::length_buckets); the eval data
   // pads the same way.
   if (!cfg.data.length_buckets) cfg.data.length_buckets = cuda;
@@ -338,6 +344,33 @@ Status Trainer::Impl::LoadModel() {
   return OkStatus();
 }
 
+// offload_param on NVMe (OffloadPlanConfig::ParamTier): refused, by name, where it cannot act.
+Status Trainer::Impl::CheckParamTier() const {
+  if (cfg.offload.param_tier == OffloadPlanConfig::ParamTier::kCpu) return OkStatus();
+  const std::string what =
+      std::string("the 16-bit weights on NVMe (offload_param.device ") +
+      (cfg.offload.param_tier == OffloadPlanConfig::ParamTier::kNvme ? "nvme, --param-tier=nvme)"
+                                                                     : "auto, --param-tier=auto)");
+  if (cfg.offload.tier != StateTier::kNvme) {
+    return InvalidArgumentError(
+        what +
+        " need the optimizer states on NVMe (offload_optimizer.device nvme, "
+        "--tier=nvme): only a block whose states are in the store keeps its "
+        "weights there");
+  }
+  if (dtype == c10::kFloat) {
+    return InvalidArgumentError(
+        what +
+        " need 16-bit compute (bf16 or fp16, --dtype): with fp32 compute the "
+        "device reads the fp32 masters");
+  }
+  if (cfg.parallel.world_size > 1)
+    return InvalidArgumentError(what + " are not available with data parallelism");
+  if (cfg.lsp.enabled)
+    return InvalidArgumentError(what + " are not available with LSP compression");
+  return OkStatus();
+}
+
 HostOptimizerOptions Trainer::Impl::HostOptions() const {
   HostOptimizerOptions ho;
   for (const auto& bl : layout) ho.block_elements.push_back(bl.numel);
@@ -368,6 +401,7 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
   ho.populate_in_background = cfg.setup_overlap;
   ho.device_blocks = device_blocks;
   ho.nvme_blocks = nvme_blocks;
+  ho.nvme_weight_blocks = nvme_weight_blocks;
   ho.mode = optimizer_mode;
   return ho;
 }
@@ -389,6 +423,9 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << (cfg.offload.tier != StateTier::kNvme ? "RAM"
            : state_placement_text.empty()       ? "NVMe"
                                                 : "RAM and NVMe: " + state_placement_text)
+       << (state_placement_text.empty() && !weight_placement_text.empty()
+               ? " (" + weight_placement_text + ")"
+               : "")
        << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << " ("
        << HostOptimizer::BytesPerParameter(ho) << " B/parameter, weights "
        << (dtype == c10::kFloat                ? "fp32"

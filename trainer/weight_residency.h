@@ -1,18 +1,27 @@
 #pragma once
 // WeightResidency: where each block's compute-dtype weights are for the device to use. On a CPU
 // device the blocks compute straight from the host arena (or, when the arena holds fp32 masters
-// and the compute is 16-bit, from a copy cast after each update). On CUDA they are either resident (one
-// device copy per block, refreshed host-to-device right behind each CPU update) or streamed (a
+// and the compute is 16-bit, from a copy cast after each update). On CUDA they are either resident
+// (one device copy per block, refreshed host-to-device right behind each CPU update) or streamed (a
 // block is uploaded ahead of use, Prefetch, and dropped after, Release; the tied embedding stays
 // while the head needs it). Owns the host views of the arena's compute weights, the device
 // copies and each block's upload event; the compute stream waits on that event before using the
 // block (Ensure).
+//
+// A block whose 16-bit weights live in the NVMe store (HostOptimizer::weights_on_nvme, offload_
+// param: nvme) has none in the arena: Prefetch issues its read into one of the two weight buffers
+// (block parity picks it, so the next block's read, forward or backward, overlaps this one's
+// compute), and Ensure takes it (HostOptimizer::FetchWeights) into a copy of its own: on a CPU
+// device a host tensor, on CUDA the device copy uploaded from the buffer. The copy is read again
+// after each update of the block (OnUpdated counts them) and after a restore (Reload), and dropped
+// at Release (the tied embedding stays while the head needs it).
 //
 // Thread-safety: OnUpdated runs on the optimizer thread; everything else is for the step loop's
 // thread. The upload events are shared between the two under a mutex.
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -77,6 +86,11 @@ class WeightResidency {
   explicit WeightResidency(const Options& options);
   Status BindInitial(int b);
   bool OnDevice(int b) const { return device_opt_ != nullptr && device_opt_->owns(b); }
+  // Weights on NVMe: whether block b's copy is missing or older than its last update, and reading
+  // it (FetchWeights) into that copy.
+  bool NvmeStale(int b) const;
+  Status LoadFromNvme(int b);
+  static int BufferOf(int b) { return b % HostOptimizer::kWeightBuffers; }
 
   engine::Model* model_;
   const std::vector<BlockLayout>& layout_;
@@ -98,6 +112,13 @@ class WeightResidency {
   std::mutex ready_mu_;
   std::vector<DeviceStreams::EventPtr> ready_;  // per block: its weights' upload (CUDA)
   std::function<void(int)> on_ensured_, on_released_;
+  // Weights on NVMe, per block: whether they are there, the updates (and restores) seen
+  // (OnUpdated, Reload) and the one the copy holds.
+  std::vector<bool> nvme_;
+  std::unique_ptr<std::atomic<uint64_t>[]> versions_;
+  std::vector<uint64_t> loaded_;
+  // CUDA: per weight buffer, the upload reading it (the next read into it waits for that).
+  std::vector<DeviceStreams::EventPtr> buffer_reads_;
 };
 
 }  // namespace offloadd::trainer

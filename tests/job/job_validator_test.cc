@@ -399,7 +399,9 @@ TEST_F(JobValidatorTest, KnobsThatWouldNotActAreRefusedAndAioDefaultsToTheDaemon
   s.mutable_offload()->mutable_offload_optimizer()->set_pin_memory(false);
   ValidationResult r = Validate(s);
   ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
-  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("nvme is not built"), std::string::npos);
+  EXPECT_NE(Find(r, "offload.offload_param.device")
+                ->description.find("needs offload_optimizer.device nvme"),
+            std::string::npos);
   ASSERT_NE(Find(r, "offload.offload_optimizer.pin_memory"), nullptr) << Describe(r);
   EXPECT_EQ(Find(r, "offload.offload_param.pin_memory"), nullptr);  // unset: true, the default
   s.mutable_offload()->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_CPU);
@@ -414,6 +416,45 @@ TEST_F(JobValidatorTest, KnobsThatWouldNotActAreRefusedAndAioDefaultsToTheDaemon
   r = Validate(s);
   ASSERT_TRUE(r.ok()) << Describe(r);
   EXPECT_EQ(r.resolved.offload().aio().block_size(), 64u * 1024);
+}
+
+// offload_param: nvme runs where the trainer reads the weights back (the states on NVMe, 16-bit
+// compute, one process); elsewhere it is refused naming the field and what it needs.
+TEST_F(JobValidatorTest, ParamsOnNvmeRunWithStatesThereAndAreRefusedWhereTheyCannotAct) {
+  v1::JobSpec s = ValidSpec();
+  StoreDirFacts dir;
+  dir.path = fs::canonical(root_);
+  dir.available_bytes = 1ull << 40;
+  node_.store_dirs.push_back(dir);
+  s.mutable_offload()->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+  ValidationResult r = Validate(s);
+  ASSERT_TRUE(r.ok()) << Describe(r);
+  // Every NVMe block's 16-bit weights are priced on the disk, not in RAM.
+  EXPECT_GT(r.host_memory.nvme_weight_params, 0u);
+  EXPECT_EQ(r.host_memory.nvme_weight_params, r.host_memory.nvme_params);
+
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+  r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("16-bit compute"),
+            std::string::npos);
+  s.mutable_model()->clear_compute_dtype();  // resolves to fp32 on this node without a GPU
+  r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("resolves to fp32"),
+            std::string::npos);
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+  s.mutable_resources()->set_gpus(2);
+  r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_param.device"), nullptr) << Describe(r);
+  EXPECT_NE(Find(r, "offload.offload_param.device")->description.find("data parallelism"),
+            std::string::npos);
+  s.mutable_resources()->clear_gpus();
+  s.mutable_offload()->mutable_offload_param()->set_nvme_path("/elsewhere");
+  r = Validate(s);
+  ASSERT_NE(Find(r, "offload.offload_param.nvme_path"), nullptr) << Describe(r);
 }
 
 TEST_F(JobValidatorTest, OptimizerRatioIsAShareInUnitRange) {

@@ -221,6 +221,14 @@ TEST_F(TrainJobConfigTest, NvmeStatesGoToAPerJobDirectory) {
   EXPECT_EQ(c.offload.nvme_dirs, (std::vector<std::string>{"/nvme0/job-1", "/nvme1/job-1"}));
   EXPECT_EQ(c.offload.nvme_queue_depth, 64u);
   EXPECT_EQ(c.offload.weights, trainer::OffloadPlanConfig::Weights::kResident);
+  EXPECT_EQ(c.offload.param_tier, trainer::OffloadPlanConfig::ParamTier::kCpu);
+  // offload_param: nvme puts the 16-bit weights in the same store, streamed from there.
+  o->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  c = Make();
+  EXPECT_EQ(c.offload.param_tier, trainer::OffloadPlanConfig::ParamTier::kNvme);
+  EXPECT_EQ(c.offload.weights, trainer::OffloadPlanConfig::Weights::kStreamed);
+  EXPECT_EQ(c.offload.nvme_dirs, (std::vector<std::string>{"/nvme0/job-1", "/nvme1/job-1"}));
+  o->mutable_offload_param()->set_device(v1::OFFLOAD_DEVICE_NONE);
   o->mutable_offload_optimizer()->set_nvme_path("/nvme1");
   EXPECT_EQ(Make().offload.nvme_dirs, std::vector<std::string>{"/nvme1/job-1"});
   env_.clear_store_dirs();

@@ -221,6 +221,33 @@ TEST(HostMemoryTest, NothingFitsSaysSo) {
   EXPECT_NE(std::string(st.message()).find("nothing smaller fits"), std::string::npos) << st.message();
 }
 
+// Every block's states on NVMe and still over the limit: the refusal offers the 16-bit weights on
+// NVMe too when they fit (2 B per parameter less in RAM), and says nothing of them when not.
+TEST(HostMemoryTest, RefusalOffersTheWeightsOnNvmeWhenTheStatesAreThereAlready) {
+  HostMemoryInputs in;
+  in.optimizer = Llama3_8B();
+  in.optimizer.tier = StateTier::kNvme;
+  in.cuda = true;
+  const HostMemoryPrediction states = PredictHostMemory(in);
+  HostMemoryInputs w = in;
+  w.optimizer.nvme_weight_blocks.assign(w.optimizer.block_elements.size(), true);
+  const HostMemoryPrediction weights = PredictHostMemory(w);
+  ASSERT_LT(weights.total, states.total);
+  const uint64_t limit = (states.total + weights.total) / 2;
+  const Status st = CheckHostMemory(in, limit, "host_memory_limit", 0);
+  ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(std::string(st.message())
+                .find("the 16-bit weights on NVMe too (--param-tier=nvme): " + weights.Describe()),
+            std::string::npos)
+      << st.message();
+  const Status none = CheckHostMemory(in, weights.total - 1, "host_memory_limit", 0);
+  EXPECT_EQ(std::string(none.message()).find("--param-tier"), std::string::npos) << none.message();
+  in.nvme_weights_forced = true;  // asked for already: not offered again
+  EXPECT_EQ(std::string(CheckHostMemory(in, limit, "host_memory_limit", 0).message())
+                .find("--param-tier"),
+            std::string::npos);
+}
+
 TEST(HostMemoryTest, NvmeStepSecondsReadsAndWritesTwelveBytesPerParameter) {
   EXPECT_DOUBLE_EQ(NvmeStepSeconds(1'000'000'000, 6e9, 4e9), 12e9 / 6e9 + 12e9 / 4e9);
   EXPECT_EQ(NvmeStepSeconds(0, 6e9, 4e9), 0);

@@ -191,6 +191,54 @@ TEST(StatePlacementTest, StatesFirstThenWeights) {
   EXPECT_TRUE(in.optimizer.nvme_weight_blocks.empty());
 }
 
+// offload_param: nvme forces every NVMe block's weights into the store, whatever the limit, except
+// a block the GPU updates; auto moves them only where the limit needs it; states in RAM keep
+// theirs.
+TEST(StatePlacementTest, ForcedWeightsFollowEveryNvmeBlockButNotTheDevicesOrRams) {
+  HostMemoryInputs in;
+  in.optimizer.tier = StateTier::kNvme;
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.block_elements.assign(6, 1 << 20);
+  const uint64_t roomy = uint64_t{1} << 40;
+  in.nvme_weights_allowed = true;
+  // auto under a roomy limit: every state on NVMe (no placement), the weights in RAM.
+  StatePlacement p = PlaceWeightsOnNvme(&in, roomy);
+  EXPECT_TRUE(in.optimizer.nvme_weight_blocks.empty());
+  EXPECT_EQ(p.DescribeWeights(), "");
+  in.nvme_weights_forced = true;
+  in.optimizer.device_blocks = {true, false, false, false, false, false};
+  p = PlaceWeightsOnNvme(&in, roomy);
+  EXPECT_EQ(in.optimizer.nvme_weight_blocks,
+            std::vector<bool>({false, true, true, true, true, true}));
+  EXPECT_EQ(p.DescribeWeights(), "16-bit weights of blocks 1-5 on NVMe (10 MiB)");
+  EXPECT_EQ(PredictHostMemory(in).nvme_weight_params, uint64_t{5} << 20);
+  // Under a limit that keeps blocks 0-2's states in RAM, only 3-5 may move.
+  in.optimizer.device_blocks.clear();
+  in.optimizer.nvme_weight_blocks.clear();
+  HostMemoryInputs all_nvme = in;
+  all_nvme.nvme_weights_allowed = false;
+  // Room for two blocks' masters and moments (12 MiB each) beside every block on NVMe.
+  const uint64_t limit = PredictHostMemory(all_nvme).total + (30 << 20);
+  auto placed = PlaceStatesUnderLimit(&in, limit, roomy);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  ASSERT_GT(placed->ram_blocks(), 0) << placed->Describe();
+  ASSERT_LT(placed->ram_blocks(), 6) << placed->Describe();
+  for (size_t b = 0; b < 6; ++b) {
+    EXPECT_EQ(in.optimizer.nvme_weight_blocks[b], placed->tiers[b] == BlockTier::kNvme) << b;
+  }
+  EXPECT_NE(placed->Describe().find("; 16-bit weights of blocks"), std::string::npos)
+      << placed->Describe();
+  // fp32 compute: nothing to move, forced or not.
+  in.optimizer.compute = HostDtype::kFp32;
+  p = PlaceWeightsOnNvme(&in, roomy);
+  EXPECT_TRUE(in.optimizer.nvme_weight_blocks.empty());
+  // The RAM tier: none either.
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.tier = StateTier::kCpu;
+  p = PlaceWeightsOnNvme(&in, roomy);
+  EXPECT_TRUE(in.optimizer.nvme_weight_blocks.empty());
+}
+
 // A Llama-shaped model's blocks (embedding, `layers` decoder layers, final norm and untied head),
 // bf16 compute on the NVMe tier with one worker process (the H200 runs' setting).
 HostMemoryInputs Llama(int layers, uint64_t h, uint64_t inter, uint64_t kv, uint64_t vocab) {

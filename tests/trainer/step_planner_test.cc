@@ -124,6 +124,41 @@ TEST(NvmeTermTest, TheStoresReadsAndWritesEnterTheBound) {
   EXPECT_NE(ValidatePlanInputs(in).message().find("nvme_params"), std::string::npos);
 }
 
+// The 16-bit weights on NVMe: 2 B read per pass that needs them and 2 B written after the update,
+// at the store's rates and through host memory; a block whose weights are there keeps its states
+// off the GPU (max_device_blocks).
+TEST(NvmeTermTest, WeightsOnNvmeAddTheirReadsAndWritesAndCapThePlacedBlocks) {
+  PlanInputs in = HeldStep();
+  in.held_updates = false;
+  in.nvme_params = 1e9;
+  in.nvme_read_bytes_per_s = 6e9;
+  in.nvme_write_bytes_per_s = 4e9;
+  const PlanChoice states = EvaluatePlan(in, 0, 0);
+  in.nvme_weight_params = 0.5e9;
+  in.nvme_weight_reads = 4;  // streamed, two micro-batches
+  const PlanChoice weights = EvaluatePlan(in, 0, 0);
+  // (Differences of sums near 5 s: a few ulps of 5.)
+  EXPECT_NEAR(weights.nvme_s - states.nvme_s, 4e9 / 6e9 + 1e9 / 4e9, 1e-14);
+  EXPECT_NEAR(weights.host_s - states.host_s, 5e9 / in.host_bytes_per_s, 1e-14);
+  in.nvme_weight_params = 2e9;  // more than the NVMe blocks' parameters
+  EXPECT_NE(ValidatePlanInputs(in).message().find("nvme_weight_params"), std::string::npos);
+  in.nvme_weight_params = 0.5e9;
+  // A CPU-bound step places both blocks' states on the GPU; a cap of one (block 1's weights on
+  // NVMe) stops it there.
+  in.nvme_params = 0;
+  in.nvme_weight_params = 0;
+  in.place_states = true;
+  in.gpu_seconds = 0.1;
+  in.gpu_forward_seconds = 0.03;
+  auto free_plan = SolvePlan(in);
+  ASSERT_TRUE(free_plan.ok()) << free_plan.status().ToString();
+  EXPECT_EQ(free_plan->device_blocks, 2);
+  in.max_device_blocks = 1;
+  auto capped = SolvePlan(in);
+  ASSERT_TRUE(capped.ok()) << capped.status().ToString();
+  EXPECT_EQ(capped->device_blocks, 1);
+}
+
 TEST(ExpectedPaddedLengthTest, TheMaximumOfTheBatchRoundedUp) {
   // One row: the mean of the rounded lengths.
   EXPECT_DOUBLE_EQ(ExpectedPaddedLength({8, 16}, 1, 8, 1024), 12);

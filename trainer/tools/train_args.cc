@@ -35,6 +35,8 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
                --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
                  learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
+               --param-tier=cpu|auto|nvme (--tier=nvme, 16-bit compute: the 16-bit weights of NVMe
+                 blocks in RAM, on NVMe where RAM runs short, or on NVMe for every such block)
                --host-memory-limit=SIZE (default: 80% of RAM, as the daemon's; a job over it is refused)
                --host-weight-copy (16-bit compute: keep a 16-bit weight copy in RAM, 16 bytes per
                parameter, instead of casting the fp32 masters on the device, 14)
@@ -224,6 +226,18 @@ void AddDeviceFlags(FlagTable& f) {
   f.Value("--tier", [](TrainArgs& a, const std::string& v) {
     if (v != "cpu" && v != "nvme") return InvalidArgumentError("--tier: cpu or nvme");
     a.config.offload.tier = v == "nvme" ? StateTier::kNvme : StateTier::kCpu;
+    return OkStatus();
+  });
+  f.Value("--param-tier", [](TrainArgs& a, const std::string& v) {
+    using P = OffloadPlanConfig::ParamTier;
+    if (v == "cpu")
+      a.config.offload.param_tier = P::kCpu;
+    else if (v == "auto")
+      a.config.offload.param_tier = P::kAuto;
+    else if (v == "nvme")
+      a.config.offload.param_tier = P::kNvme;
+    else
+      return InvalidArgumentError("--param-tier: cpu, auto or nvme, got " + v);
     return OkStatus();
   });
   f.Assign("--nvme-dir", [](TrainArgs& a, Arg v) { a.config.offload.nvme_dirs.push_back(v); });

@@ -6,7 +6,12 @@ store is SIGKILLed mid-run (the run must fail naming the store), then the traine
 (what an executor's death is to the job); each time the run resumes from its newest checkpoint
 under another limit, so another placement. The final weights must equal an uninterrupted run's at
 the first placement bit for bit, and so must a run with every block's states in RAM: the store's
-versions and the checkpoints carry the states whichever tier held them."""
+versions and the checkpoints carry the states whichever tier held them.
+
+With the 16-bit weights on NVMe too (--param-tier=nvme, bf16 compute), the trainer reads every
+block's weights from the store before each forward and backward: a store SIGKILLed under those
+reads must fail the run naming the store, and the resume from its checkpoint must end on the
+uninterrupted run's bits."""
 
 from __future__ import annotations
 
@@ -144,5 +149,29 @@ def test_kills_at_a_mixed_placement_and_resumes_at_others_bitwise(binary_dir, jo
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     print(f"kills and resumes: {time.monotonic() - t0:.1f} s; last resume from {resumed.name}")
+    diff, total = differing_bytes(load_weights(out / "model.safetensors"), ref)
+    assert diff == 0, f"final weights differ from the uninterrupted run in {diff} of {total} bytes"
+
+
+@pytest.mark.timeout(300)
+def test_store_killed_under_the_weight_reads_fails_naming_it_and_resumes_bitwise(binary_dir, job, tmp_path):
+    def cmd(out: pathlib.Path, nvme: pathlib.Path, *extra) -> list[str]:
+        c = train_cmd(binary_dir, job, out, nvme, None, "--param-tier=nvme", *extra)
+        return [("--dtype=bf16" if a == "--dtype=fp32" else a) for a in c]
+
+    ref_out = tmp_path / "ref"
+    r = subprocess.run(cmd(ref_out, tmp_path / "ref-nvme"), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"16-bit weights of blocks 0-5 on NVMe", r.stderr), r.stderr[-3000:]
+    ref = load_weights(ref_out / "model.safetensors")
+
+    out = tmp_path / "out"
+    # Every step reads each block's weights twice (forward, backward) while its states and new
+    # weights are written back: the store dies under them.
+    text = run_and_kill(cmd(out, tmp_path / "nvme1"), tmp_path / "run1.txt", 6, "store")
+    resumed = newest_checkpoint(out)
+    r = subprocess.run(cmd(out, tmp_path / "nvme2", f"--resume-from={resumed}"),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
     diff, total = differing_bytes(load_weights(out / "model.safetensors"), ref)
     assert diff == 0, f"final weights differ from the uninterrupted run in {diff} of {total} bytes"
