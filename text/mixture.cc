@@ -55,7 +55,8 @@ StatusOr<Mixture> Mixture::Create(const MixtureOptions& options) {
     if (!std::isfinite(w) || w <= 0) {
       char v[32];
       std::snprintf(v, sizeof v, "%g", w);
-      return InvalidArgumentError(Where(i) + ".weight: " + v + " (a weight must be finite and > 0)");
+      return InvalidArgumentError(Where(i) + ".weight: " + v +
+                                  " (a weight must be finite and > 0)");
     }
     if (options.sizes[i] == 0) return InvalidArgumentError(Where(i) + ": no documents");
     total += options.sizes[i];
@@ -68,7 +69,9 @@ StatusOr<Mixture> Mixture::Create(const MixtureOptions& options) {
     return InvalidArgumentError("datasets: the weights' sum is not finite");
   }
   const double expected = m.ExpectedEpochDraws();
-  if (!(expected <= static_cast<double>(kMaxMixtureEpochDraws / 4))) {
+  // first_exhausted draws each document at most once: its epoch is bounded by the documents.
+  const bool all = options.stopping == MixtureStopping::kAllExhausted;
+  if (all && !(expected <= static_cast<double>(kMaxMixtureEpochDraws / 4))) {
     char e[32];
     std::snprintf(e, sizeof e, "%.3g", expected);
     return InvalidArgumentError(
@@ -103,7 +106,7 @@ std::vector<uint32_t> Mixture::EpochOrder(uint64_t epoch) const {
   std::vector<uint32_t> out;
   out.reserve(static_cast<size_t>(std::min<double>(ExpectedEpochDraws() * 1.25 + 16,
                                                    static_cast<double>(kMaxMixtureEpochDraws))));
-  while (out.size() < kMaxMixtureEpochDraws) {
+  while (!all || out.size() < kMaxMixtureEpochDraws) {
     if (all ? exhausted_count == k : exhausted_count > 0) break;
     const double u = static_cast<double>(SplitMix64(&state) >> 11) * 0x1.0p-53;
     const double t = u * W;
@@ -111,8 +114,8 @@ std::vector<uint32_t> Mixture::EpochOrder(uint64_t epoch) const {
     while (i + 1 < k && !(t < cumulative_[i])) ++i;
     if (position[i] == 0) {
       const uint64_t seed_i = options_.seed ^ ((i + 1) * 0xD1B54A32D192ED03ull);
-      order[i] = Batcher::EpochOrder(options_.sizes[i], seed_i, (epoch << 32) | pass[i],
-                                     options_.shuffle);
+      order[i] =
+          Batcher::EpochOrder(options_.sizes[i], seed_i, (epoch << 32) | pass[i], options_.shuffle);
     }
     out.push_back(static_cast<uint32_t>(offsets_[i] + order[i][position[i]]));
     if (++position[i] == options_.sizes[i]) {

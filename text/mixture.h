@@ -11,7 +11,7 @@
 //   every dataset starts its pass 0 at position 0, not exhausted
 //   repeat:
 //     stop when the stopping strategy says so (first_exhausted: any dataset is exhausted;
-//       all_exhausted: every dataset is), or after kMaxMixtureEpochDraws documents
+//       all_exhausted: every dataset is, or kMaxMixtureEpochDraws documents were drawn)
 //     u = (splitmix64(state) >> 11) * 2^-53; dataset i = the first i with u * W < C[i] (k-1 if
 //       rounding leaves none)
 //     at position 0 of its pass p, dataset i takes the order Batcher::EpochOrder(n[i],
@@ -40,8 +40,9 @@ StatusOr<MixtureStopping> ParseMixtureStopping(std::string_view name);
 const char* MixtureStoppingName(MixtureStopping s);
 
 inline constexpr uint64_t kMixtureSalt = 0x6D69787475726521ull;  // "mixture!"
-// An epoch longer than this is cut here (an all_exhausted mixture whose small dataset has a tiny
-// weight); Create refuses mixtures whose expected epoch is longer than a quarter of it.
+// An all_exhausted epoch longer than this is cut here (a small dataset with a tiny weight);
+// Create refuses all_exhausted mixtures whose expected epoch is longer than a quarter of it.
+// A first_exhausted epoch draws each document at most once, so the documents bound it.
 inline constexpr uint64_t kMaxMixtureEpochDraws = uint64_t{1} << 26;
 
 struct MixtureOptions {
@@ -55,7 +56,7 @@ struct MixtureOptions {
 class Mixture {
  public:
   // INVALID_ARGUMENT naming datasets[i] for an empty dataset, a weight <= 0 or not finite, no
-  // dataset at all, or an epoch too long to hold (see kMaxMixtureEpochDraws).
+  // dataset at all, or an all_exhausted epoch too long to hold (see kMaxMixtureEpochDraws).
   static StatusOr<Mixture> Create(const MixtureOptions& options);
 
   // Epoch e's document order (see the rule above).

@@ -41,7 +41,7 @@ def mixture_epoch(sizes, weights, seed, epoch, stopping="first_exhausted", shuff
     position, passes, exhausted, order = [0] * k, [0] * k, [False] * k, [None] * k
     state = (seed ^ SALT ^ ((epoch * GOLDEN) & M64)) & M64
     out = []
-    while len(out) < (1 << 26):
+    while stopping != "all_exhausted" or len(out) < (1 << 26):
         if (all(exhausted) if stopping == "all_exhausted" else any(exhausted)):
             break
         state, x = splitmix64(state)
