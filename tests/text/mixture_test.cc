@@ -110,14 +110,16 @@ TEST(Mixture, RefusesBadWeightsAndEmptyMixtures) {
   EXPECT_NE(create({}, {}).message().find("an empty mixture"), std::string_view::npos);
   EXPECT_NE(create({5, 0}, {1, 1}).message().find("datasets[1]: no documents"),
             std::string_view::npos);
-  EXPECT_NE(create({5, 5}, {1e308, 1e308}).message().find("not finite"),
-            std::string_view::npos);
+  EXPECT_NE(create({5, 5}, {1e308, 1e308}).message().find("not finite"), std::string_view::npos);
   // An all_exhausted epoch that would hold about 10^9 documents.
   MixtureOptions o;
   o.sizes = {1000, 1000};
   o.weights = {1, 1e-6};
   o.stopping = MixtureStopping::kAllExhausted;
   EXPECT_NE(Mixture::Create(o).status().message().find("first_exhausted"), std::string_view::npos);
+  o.stopping = MixtureStopping::kFirstExhausted;  // draws each document once at most: accepted
+  ASSERT_TRUE(Mixture::Create(o).ok());
+  EXPECT_LE(Mixture::Create(o)->EpochOrder(0).size(), 2000u);
   EXPECT_EQ(ParseMixtureStopping("all_exhausted").value(), MixtureStopping::kAllExhausted);
   EXPECT_FALSE(ParseMixtureStopping("all_exhausted_without_replacement").ok());
 }
