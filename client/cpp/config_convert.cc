@@ -91,7 +91,8 @@ Status Converter::DatasetMixture(const YAML::Node& v) {
     // The handbook concatenates every entry's split for training (test_split_size carves the
     // eval set from the whole), so each is a training source.
     AddDataset(d["id"].Scalar(), where + ".id", false);
-    if (d["weight"] && d["weight"].IsScalar()) mixture_weights_[where + ".id"] = d["weight"].Scalar();
+    if (d["weight"] && d["weight"].IsScalar())
+      mixture_weights_[where + ".id"] = d["weight"].Scalar();
     if (d["columns"] && d["columns"].IsSequence() && d["columns"].size() == 1 &&
         d["columns"][0].Scalar() == "messages") {
       RETURN_IF_ERROR(Set("dataset.format", Str("messages"), where + ".columns"));
@@ -264,9 +265,8 @@ Status Converter::PlaceDatasets() {
     }
     set_.emplace("dataset.paths", std::make_pair(std::string("the command line `--dataset`"), "[...]"));
     if (!datasets_.empty()) Note("--dataset replaces the configuration's " + datasets_.front().who());
-  } else if (std::any_of(mixture_weights_.begin(), mixture_weights_.end(), [](const auto& w) {
-               return w.second != "1" && w.second != "1.0";
-             })) {
+  } else if (std::any_of(mixture_weights_.begin(), mixture_weights_.end(),
+                         [](const auto& w) { return w.second != "1" && w.second != "1.0"; })) {
     PlaceMixture(local);
   } else {
     for (const Given& d : datasets_) {
@@ -339,8 +339,9 @@ void Converter::PlaceMixture(const std::function<bool(const Given&)>& local) {
     const double fraction = weight.empty() ? 1.0 : std::strtod(weight.c_str(), &end);
     if (!weight.empty() &&
         (end != weight.c_str() + weight.size() || !(fraction > 0 && fraction <= 1))) {
-      refused_.push_back({d.who(), "dataset.datasets",
-                          "weight '" + weight + "': the handbook's weight is a fraction in (0, 1]"});
+      refused_.push_back(
+          {d.who(), "dataset.datasets",
+           "weight '" + weight + "': the handbook's weight is a fraction in (0, 1]"});
       continue;
     }
     auto records = CountJsonLines(d.value);
