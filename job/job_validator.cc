@@ -16,6 +16,7 @@
 #include "common/safe_path.h"
 #include "common/units.h"
 #include "engine/model_config.h"
+#include "job/dataset_mixture_checks.h"
 #include "job/hf_names.h"
 #include "job/job_validator_checks.h"
 #include "job/sequence_positions.h"
@@ -226,6 +227,7 @@ void CheckSizes(const v1::JobSpec& s, Checker& c) {
     at_most("dataset.eval_paths[" + std::to_string(i) + "]", s.dataset().eval_paths(i).size(), kMaxPathBytes,
             "bytes (PATH_MAX is 4096)");
   }
+  CheckMixtureSizes(s.dataset(), kMaxDatasetPaths, kMaxPathBytes, c);
   at_most("offload.activations.layer_overrides", s.offload().activations().layer_overrides_size(),
           kMaxLayerOverrides, "entries");
   at_most("spec", s.ByteSizeLong(), kMaxJobSpecBytes,
@@ -655,6 +657,7 @@ void CheckDatasets(v1::JobSpec& spec, const PathPolicy& paths, const TokenizerCh
   // are found when resolved): a few files get kDatasetPreviewRecords each, 512 get one.
   std::set<std::string> named(ds.paths().begin(), ds.paths().end());
   named.insert(ds.eval_paths().begin(), ds.eval_paths().end());
+  for (const v1::DatasetSource& d : ds.datasets()) named.insert(d.paths().begin(), d.paths().end());
   PreviewBudget preview;
   preview.render = render_budget;
   preview.bytes_left = options.max_preview_bytes;
@@ -671,6 +674,22 @@ void CheckDatasets(v1::JobSpec& spec, const PathPolicy& paths, const TokenizerCh
   }
   CheckSomethingTrains(ds, train_data, r->violations.size() == violations_before_data,
                        &r->violations);
+  // A mixture's datasets: each read with its own format and mask_prompt, and each must train.
+  for (int i = 0; i < ds.datasets_size(); ++i) {
+    const std::string where = "dataset.datasets[" + std::to_string(i) + "]";
+    const v1::DatasetSpec one = MixtureSourceSpec(ds, ds.datasets(i));
+    DataPreviewSummary data;
+    std::vector<FieldViolation> none_trains;
+    const size_t before = r->violations.size();
+    for (int j = 0; j < one.paths_size(); ++j) {
+      const std::string real =
+          CheckDataFile(paths, tok.tokenizer.get(), chat, config, one, c,
+                        where + ".paths[" + std::to_string(j) + "]", one.paths(j), preview, &data);
+      if (!real.empty()) spec.mutable_dataset()->mutable_datasets(i)->set_paths(j, real);
+    }
+    CheckSomethingTrains(one, data, r->violations.size() == before, &none_trains);
+    for (FieldViolation& v : none_trains) c.Add(where + ".paths", v.description);
+  }
   for (int i = 0; i < ds.eval_paths_size(); ++i) {
     const std::string real = CheckDataFile(paths, tok.tokenizer.get(), chat, config, ds, c,
                                            "dataset.eval_paths[" + std::to_string(i) + "]",
@@ -743,7 +762,8 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
   if (stopped()) return r;
   const TokenizerCheck tok = CheckTokenizer(spec, paths, c);
   const auto& ds = spec.dataset();
-  if (ds.paths().empty()) c.Add("dataset.paths", "required: at least one JSON or JSON Lines file");
+  if (ds.paths().empty() && ds.datasets().empty())
+    c.Add("dataset.paths", "required: at least one data file (or dataset.datasets, a mixture)");
   c.Range("dataset.max_seq_length", ds.max_seq_length(), 8, 1 << 20);
   // The longest sequence the model trains as transformers does (GPT-2's learned positions, dynamic
   // RoPE), known here so that nothing is refused after a step. Sliding windows are implemented.
@@ -755,6 +775,7 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
                          engine::SequenceLengthProblem(*config, ds.max_seq_length())))
     c.Fails("dataset.max_seq_length", PositionsProblem(*config, ds.max_seq_length()));
   const std::unique_ptr<text::ChatTemplate> chat = CheckChatTemplate(spec, paths, tok, c);
+  CheckMixture(spec, paths, c);
   CheckDatasets(spec, paths, tok, chat.get(), config.get(), options, &render_budget, c, &r);
   if (stopped()) return r;
   if (ds.has_eval_split()) {

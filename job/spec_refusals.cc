@@ -26,6 +26,13 @@ void CheckPathBytes(const v1::JobSpec& s, std::vector<FieldViolation>* out) {
   for (int i = 0; i < s.dataset().eval_paths_size(); ++i) {
     check("dataset.eval_paths[" + std::to_string(i) + "]", s.dataset().eval_paths(i));
   }
+  for (int i = 0; i < s.dataset().datasets_size(); ++i) {
+    const std::string where = "dataset.datasets[" + std::to_string(i) + "]";
+    const v1::DatasetSource& d = s.dataset().datasets(i);
+    for (int j = 0; j < d.paths_size(); ++j)
+      check(where + ".paths[" + std::to_string(j) + "]", d.paths(j));
+    check(where + ".template", d.template_());
+  }
 }
 
 namespace {

@@ -180,8 +180,19 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   c.data.shuffle = d.shuffle();
   c.data.max_samples = d.max_samples();
   c.data.skip_bad_records = d.skip_bad_records();
+  for (const v1::DatasetSource& m : d.datasets()) {  // the validator resolved and checked them
+    trainer::DataMixtureSource src;
+    src.paths.assign(m.paths().begin(), m.paths().end());
+    src.weight = m.weight();
+    src.format =
+        m.format() != v1::DATASET_FORMAT_UNSPECIFIED ? FormatName(m.format()) : c.data.format;
+    src.mask_prompt = m.has_mask_prompt() ? m.mask_prompt() : c.data.mask_prompt;
+    c.data.mixture.push_back(std::move(src));
+  }
+  if (!d.stopping_strategy().empty()) c.data.stopping_strategy = d.stopping_strategy();
   if (d.eval_paths_size() > 0) {  // held-out records, read like the training data, every one
     c.eval_data = c.data;
+    c.eval_data.mixture.clear();
     c.eval_data.paths.assign(d.eval_paths().begin(), d.eval_paths().end());
     c.eval_data.max_samples = 0;
     c.eval_steps = s.training().eval_steps();

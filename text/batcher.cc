@@ -35,6 +35,11 @@ StatusOr<Batcher> Batcher::Create(std::shared_ptr<const std::vector<Document>> d
   if (options.max_seq_length < 1) return InvalidArgumentError("max_seq_length must be >= 1");
   if (!documents || documents->empty()) return InvalidArgumentError("no documents to batch");
   if (documents->size() > UINT32_MAX) return InvalidArgumentError("too many documents");
+  if (options.mixture && options.mixture->total() != documents->size()) {
+    return InvalidArgumentError("the mixture's datasets hold " +
+                                std::to_string(options.mixture->total()) + " documents, not " +
+                                std::to_string(documents->size()));
+  }
   bool usable = false;
   for (const Document& d : *documents) {
     if (d.input_ids.size() != d.labels.size()) {
@@ -53,7 +58,9 @@ StatusOr<Batcher> Batcher::Create(std::shared_ptr<const std::vector<Document>> d
 
 void Batcher::EnsureOrder() {
   if (order_epoch_ == cursor_.epoch) return;
-  order_ = EpochOrder(docs_->size(), options_.seed, cursor_.epoch, options_.shuffle);
+  order_ = options_.mixture
+               ? options_.mixture->EpochOrder(cursor_.epoch)
+               : EpochOrder(docs_->size(), options_.seed, cursor_.epoch, options_.shuffle);
   order_epoch_ = cursor_.epoch;
 }
 
@@ -61,13 +68,13 @@ PackedSequence Batcher::Next() {
   PackedSequence seq;
   const size_t max = static_cast<size_t>(options_.max_seq_length);
   while (true) {
-    if (cursor_.index >= docs_->size()) {
+    EnsureOrder();
+    if (cursor_.index >= order_.size()) {
       ++cursor_.epoch;
       cursor_.index = 0;
       if (!seq.input_ids.empty()) break;
       continue;
     }
-    EnsureOrder();
     const uint32_t source = order_[cursor_.index];
     const Document& d = (*docs_)[source];
     size_t len = d.input_ids.size();
@@ -122,6 +129,7 @@ std::string Batcher::SaveState() const {
                       {"max_seq_length", options_.max_seq_length},
                       {"packing", options_.packing},
                       {"shuffle", options_.shuffle}};
+  if (options_.mixture) j["mixture"] = options_.mixture->Fingerprint();
   return j.dump();
 }
 
@@ -145,9 +153,19 @@ Status Batcher::RestoreState(std::string_view state) {
     RETURN_IF_ERROR(mismatch("max_seq_length", options_.max_seq_length));
     RETURN_IF_ERROR(mismatch("packing", options_.packing));
     RETURN_IF_ERROR(mismatch("shuffle", options_.shuffle));
+    const std::string mixture = options_.mixture ? options_.mixture->Fingerprint() : "";
+    if (j.value("mixture", std::string()) != mixture) {
+      return FailedPreconditionError("batcher state was saved for the mixture '" +
+                                     j.value("mixture", std::string()) + "', now '" + mixture +
+                                     "'");
+    }
     const uint64_t index = j["index"].get<uint64_t>();
-    if (index > docs_->size()) return InvalidArgumentError("batcher state: index past the dataset");
-    cursor_ = {j["epoch"].get<uint64_t>(), index};
+    const uint64_t epoch = j["epoch"].get<uint64_t>();
+    const size_t epoch_size =
+        options_.mixture ? options_.mixture->EpochOrder(epoch).size() : docs_->size();
+    if (index > epoch_size) return InvalidArgumentError("batcher state: index past the epoch");
+    cursor_ = {epoch, index};
+    order_epoch_.reset();
     return OkStatus();
   });
 }

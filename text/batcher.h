@@ -21,6 +21,9 @@
 // With pad_id, sequences are padded to max_seq_length (labels kIgnoreIndex, position 0,
 // document id -1, not counted in cu_seqlens).
 //
+// With a mixture (mixture.h), the epoch's order is Mixture::EpochOrder instead: the documents
+// are the datasets' concatenated, and an epoch is as long as that order.
+//
 // Resuming: the cursor (epoch, index of the next document in that epoch's order) determines all
 // later sequences, so SaveState()/RestoreState() reproduce the stream exactly.
 // Thread-compatible.
@@ -33,6 +36,7 @@
 
 #include "common/status.h"
 #include "text/dataset.h"
+#include "text/mixture.h"
 
 namespace offloadd::text {
 
@@ -43,6 +47,8 @@ struct BatcherOptions {
   uint64_t seed = 0;
   bool drop_overlong = false;     // else truncate
   std::optional<int32_t> pad_id;  // pad every sequence to max_seq_length when set
+  // Several datasets mixed by weight: its total must be the number of documents.
+  std::shared_ptr<const Mixture> mixture;
 };
 
 struct PackedSequence {
@@ -75,7 +81,8 @@ class Batcher {
 
   const Cursor& cursor() const { return cursor_; }
   const BatcherStats& stats() const { return stats_; }
-  // JSON {"epoch","index","seed","num_documents","max_seq_length","packing","shuffle"}.
+  // JSON {"epoch","index","seed","num_documents","max_seq_length","packing","shuffle"} and, with a
+  // mixture, "mixture" (Mixture::Fingerprint).
   std::string SaveState() const;
   // Restores a SaveState() string; FAILED_PRECONDITION if it was saved for a different dataset
   // size or options, INVALID_ARGUMENT if malformed.

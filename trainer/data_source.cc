@@ -11,10 +11,11 @@
 
 #include "common/safe_path.h"
 #include "text/batcher.h"
-#include "trainer/batch_planner.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
+#include "text/mixture.h"
 #include "text/tokenizer.h"
+#include "trainer/batch_planner.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -62,6 +63,39 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// One dataset's documents as the source trains them: the held-out records or the rest
+// (eval_split, before max_samples), then the first max_samples. Adds to the totals `stats`.
+StatusOr<std::shared_ptr<const std::vector<text::Document>>> LoadDocuments(
+    const DataConfig& config, const DataMixtureSource& source, const text::Tokenizer& tokenizer,
+    const text::ChatTemplate& chat, uint64_t seed, text::DatasetStats* stats) {
+  text::DatasetOptions dopts;
+  ASSIGN_OR_RETURN(dopts.format, text::ParseDatasetFormat(source.format));
+  dopts.mask_prompt = source.mask_prompt;
+  dopts.skip_bad_records = config.skip_bad_records;
+  ASSIGN_OR_RETURN(text::DatasetReader reader,
+                   text::DatasetReader::Load(source.paths, tokenizer, &chat, dopts));
+  const text::DatasetStats& s = reader.stats();
+  stats->records += s.records;
+  stats->skipped += s.skipped;
+  stats->tokens += s.tokens;
+  stats->trained_tokens += s.trained_tokens;
+  stats->chat_records += s.chat_records;
+  for (const std::string& e : s.first_errors) {
+    if (stats->first_errors.size() < 10) stats->first_errors.push_back(e);
+  }
+  std::shared_ptr<const std::vector<text::Document>> docs = reader.documents();
+  if (config.eval_split > 0) {
+    ASSIGN_OR_RETURN(std::vector<text::Document> part,
+                     text::SplitHeldOut(*docs, config.eval_split, seed, config.held_out));
+    docs = std::make_shared<std::vector<text::Document>>(std::move(part));
+  }
+  if (config.max_samples > 0 && docs->size() > static_cast<size_t>(config.max_samples)) {
+    docs = std::make_shared<std::vector<text::Document>>(docs->begin(),
+                                                         docs->begin() + config.max_samples);
+  }
+  return docs;
+}
+
 }  // namespace
 
 struct DataSource::Impl {
@@ -75,6 +109,8 @@ struct DataSource::Impl {
   std::shared_ptr<const std::vector<text::Document>> docs;
   std::unique_ptr<text::Batcher> batcher;
   text::DatasetStats stats;
+  std::shared_ptr<const text::Mixture> mixture;  // several datasets mixed by weight
+  size_t epoch0_documents = 0;
   uint64_t synthetic_drawn = 0;  // sequences drawn (synthetic mode)
   uint64_t drawn = 0;            // sequences drawn in total
 };
@@ -99,7 +135,12 @@ StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& confi
     ds->sequences_per_epoch_ = 1 << 30;  // endless
     return ds;
   }
-  if (config.paths.empty()) return InvalidArgumentError("no dataset files given");
+  if (config.paths.empty() && config.mixture.empty()) {
+    return InvalidArgumentError("no dataset files given");
+  }
+  if (!config.paths.empty() && !config.mixture.empty()) {  // --data over a job file's mixture
+    return InvalidArgumentError("dataset files given besides a mixture of datasets: give one");
+  }
   const std::string tok_path = config.tokenizer_path.empty() ? model_dir : config.tokenizer_path;
   auto tok = IsDir(tok_path) ? text::Tokenizer::FromDirectory(tok_path)
                              : text::Tokenizer::FromFile(tok_path);
@@ -110,26 +151,34 @@ StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& confi
   ASSIGN_OR_RETURN(text::ChatTemplate chat, LoadTemplate(config, *impl->tokenizer, tok_dir, &origin));
   impl->chat = std::make_unique<text::ChatTemplate>(std::move(chat));
 
-  text::DatasetOptions dopts;
-  ASSIGN_OR_RETURN(dopts.format, text::ParseDatasetFormat(config.format));
-  dopts.mask_prompt = config.mask_prompt;
-  dopts.skip_bad_records = config.skip_bad_records;
-  ASSIGN_OR_RETURN(text::DatasetReader reader,
-                   text::DatasetReader::Load(config.paths, *impl->tokenizer, impl->chat.get(), dopts));
-  impl->stats = reader.stats();
+  std::shared_ptr<const std::vector<text::Document>> docs;
+  std::shared_ptr<const text::Mixture> mixture;
+  if (config.mixture.empty()) {
+    ASSIGN_OR_RETURN(docs,
+                     LoadDocuments(config, {config.paths, 1, config.format, config.mask_prompt},
+                                   *impl->tokenizer, *impl->chat, seed, &impl->stats));
+  } else {  // each dataset alone, then one after the other, drawn by the mixture's order
+    auto all = std::make_shared<std::vector<text::Document>>();
+    text::MixtureOptions mo;
+    ASSIGN_OR_RETURN(mo.stopping, text::ParseMixtureStopping(config.stopping_strategy));
+    mo.shuffle = config.shuffle;
+    mo.seed = seed;
+    for (size_t i = 0; i < config.mixture.size(); ++i) {
+      auto part = LoadDocuments(config, config.mixture[i], *impl->tokenizer, *impl->chat, seed,
+                                &impl->stats);
+      if (!part.ok()) return part.status().WithContext("datasets[" + std::to_string(i) + "]");
+      all->insert(all->end(), (*part)->begin(), (*part)->end());
+      mo.sizes.push_back((*part)->size());
+      mo.weights.push_back(config.mixture[i].weight);
+    }
+    docs = all;
+    if (!config.held_out) {  // an eval source reads every held-out record once, unmixed
+      ASSIGN_OR_RETURN(text::Mixture m, text::Mixture::Create(mo));
+      mixture = std::make_shared<const text::Mixture>(std::move(m));
+    }
+  }
   if (impl->stats.chat_records > 0) {
     impl->template_use = TemplateUse{impl->chat->source(), origin, origin == "the tokenizer's own", tok_dir};
-  }
-  auto docs = reader.documents();
-  if (config.eval_split > 0) {  // the held-out records, or the rest (before max_samples)
-    ASSIGN_OR_RETURN(std::vector<text::Document> part,
-                     text::SplitHeldOut(*docs, config.eval_split, seed, config.held_out));
-    docs = std::make_shared<std::vector<text::Document>>(std::move(part));
-  }
-  if (config.max_samples > 0 && docs->size() > static_cast<size_t>(config.max_samples)) {
-    auto cut = std::make_shared<std::vector<text::Document>>(docs->begin(),
-                                                             docs->begin() + config.max_samples);
-    docs = cut;
   }
   for (size_t i = 0; i < docs->size(); ++i) {
     for (int32_t id : (*docs)[i].input_ids) {
@@ -147,11 +196,15 @@ StatusOr<std::unique_ptr<DataSource>> DataSource::Create(const DataConfig& confi
   bo.packing = config.packing;
   bo.shuffle = config.shuffle;
   bo.seed = seed;
+  bo.mixture = mixture;
+  impl->mixture = mixture;
   ASSIGN_OR_RETURN(text::Batcher batcher, text::Batcher::Create(docs, bo));
   // Count the sequences of epoch 0 with a throw-away copy.
   text::Batcher counter = batcher;
   int64_t n = 0;
-  while (counter.cursor().epoch == 0 && counter.cursor().index < docs->size()) {
+  const size_t epoch0 = mixture ? mixture->EpochOrder(0).size() : docs->size();
+  impl->epoch0_documents = epoch0;
+  while (counter.cursor().epoch == 0 && counter.cursor().index < epoch0) {
     counter.Next();
     ++n;
   }
@@ -283,7 +336,19 @@ std::string DataSource::Describe() const {
     split = (m.config.held_out ? " held out by eval_split " : " not held out by eval_split ") +
             std::string(f);
   }
-  return std::to_string(m.docs->size()) + " documents" + split + " (" +
+  std::string mix;
+  if (m.mixture) {
+    const text::MixtureOptions& o = m.mixture->options();
+    mix = "; a mixture of " + std::to_string(o.sizes.size()) + " datasets (";
+    for (size_t i = 0; i < o.sizes.size(); ++i) {
+      char w[32];
+      std::snprintf(w, sizeof w, "%g", o.weights[i]);
+      mix += (i ? ", " : "") + std::to_string(o.sizes[i]) + " documents at weight " + w;
+    }
+    mix += std::string("; ") + text::MixtureStoppingName(o.stopping) + ": epoch 0 draws " +
+           std::to_string(m.epoch0_documents) + ")";
+  }
+  return std::to_string(m.docs->size()) + " documents" + split + mix + " (" +
          std::to_string(m.stats.skipped) + " skipped), " + std::to_string(m.stats.tokens) +
          " tokens, " + std::to_string(m.stats.trained_tokens) + " trained; " +
          std::to_string(sequences_per_epoch_) + " sequences per epoch" +

@@ -18,6 +18,14 @@ namespace offloadd::trainer {
 enum class ActivationMode { kAuto, kKeep, kRecompute, kOffloadCpu, kOffloadNvme, kRecomputeOffloadCpu };
 enum class StateTier { kCpu, kNvme };  // where fp32 master weights and Adam states live
 
+// One dataset of a mixture (DataConfig::mixture).
+struct DataMixtureSource {
+  std::vector<std::string> paths;
+  double weight = 1;
+  std::string format = "auto";
+  bool mask_prompt = true;
+};
+
 struct DataConfig {
   std::vector<std::string> paths;  // JSON / JSON Lines files
   std::string format = "auto";     // text::ParseDatasetFormat names
@@ -33,6 +41,11 @@ struct DataConfig {
   // source is the rest, or with held_out the held-out records themselves (an eval source).
   double eval_split = 0;
   bool held_out = false;
+  // Several datasets mixed by weight (text/mixture.h) instead of paths: each is read with its own
+  // format and mask_prompt; eval_split and max_samples apply to each. A held-out source is their
+  // held-out records one after the other.
+  std::vector<DataMixtureSource> mixture;
+  std::string stopping_strategy = "first_exhausted";
   // Bench mode: no dataset, uniformly random tokens of exactly this length (seeded).
   int32_t synthetic_seq_length = 0;
   // Unpacked records: pad each micro-batch to one of a few lengths per octave instead of a
@@ -157,8 +170,9 @@ struct TrainConfig {
   std::string compute_dtype = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
   LossScaleConfig loss_scale;          // fp16 only: dynamic loss scaling (torch.amp.GradScaler)
   DataConfig data;
-  // Held-out records (eval_data.paths non-empty): their mean token loss before training, every
-  // eval_steps steps and at the end (HF eval_strategy "steps"). Read in order, never shuffled.
+  // Held-out records (eval_data.paths or eval_data.mixture non-empty): their mean token loss
+  // before training, every eval_steps steps and at the end (HF eval_strategy "steps"). Read in
+  // order, never shuffled.
   DataConfig eval_data;
   int64_t eval_steps = 0;
   OptimConfig optim;

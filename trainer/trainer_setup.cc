@@ -192,7 +192,7 @@ Status Trainer::Impl::CreateData() {
   const int32_t global_micro = cfg.batch_size * world();
   ASSIGN_OR_RETURN(data, DataSource::Create(cfg.data, cfg.model_dir, model->config().vocab_size,
                                             global_micro, cfg.seed));
-  if (!cfg.eval_data.paths.empty()) {
+  if (!cfg.eval_data.paths.empty() || !cfg.eval_data.mixture.empty()) {
     if (cfg.eval_steps < 1) {
       return InvalidArgumentError("eval data given without eval_steps (evaluate every N steps, N >= 1)");
     }

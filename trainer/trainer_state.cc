@@ -360,6 +360,9 @@ Status Trainer::Impl::WriteModelCard(const std::string& dir) {
     f.config_json = *config;
   }
   f.datasets = cfg.data.paths;
+  for (const DataMixtureSource& m : cfg.data.mixture) {  // a mixture's files, dataset by dataset
+    f.datasets.insert(f.datasets.end(), m.paths.begin(), m.paths.end());
+  }
   f.eval_datasets = cfg.eval_data.paths;
   const auto num = [](double v) {
     std::ostringstream o;

@@ -3,6 +3,8 @@
 #include "client/cpp/config_convert.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -89,15 +91,15 @@ Status Converter::DatasetMixture(const YAML::Node& v) {
     // The handbook concatenates every entry's split for training (test_split_size carves the
     // eval set from the whole), so each is a training source.
     AddDataset(d["id"].Scalar(), where + ".id", false);
+    if (d["weight"] && d["weight"].IsScalar())
+      mixture_weights_[where + ".id"] = d["weight"].Scalar();
     if (d["columns"] && d["columns"].IsSequence() && d["columns"].size() == 1 &&
         d["columns"][0].Scalar() == "messages") {
       RETURN_IF_ERROR(Set("dataset.format", Str("messages"), where + ".columns"));
     }
     for (const auto& kv : d) {
       const std::string k = kv.first.Scalar();
-      if (k == "weight" && kv.second.Scalar() != "1.0" && kv.second.Scalar() != "1") {
-        Drop(where + ".weight", kv.second, "offloadd reads every record of every file once per epoch");
-      } else if (k == "config" || k == "split") {
+      if (k == "config" || k == "split") {
         Drop(where + "." + k, kv.second, "part of the Hub dataset's name: offloadd reads local files (--dataset)",
              Group::kOperational);
       }
@@ -263,6 +265,9 @@ Status Converter::PlaceDatasets() {
     }
     set_.emplace("dataset.paths", std::make_pair(std::string("the command line `--dataset`"), "[...]"));
     if (!datasets_.empty()) Note("--dataset replaces the configuration's " + datasets_.front().who());
+  } else if (std::any_of(mixture_weights_.begin(), mixture_weights_.end(),
+                         [](const auto& w) { return w.second != "1" && w.second != "1.0"; })) {
+    PlaceMixture(local);
   } else {
     for (const Given& d : datasets_) {
       if (!local(d) || !seen.insert(d.value).second) continue;
@@ -291,6 +296,74 @@ Status Converter::PlaceDatasets() {
     set_.erase("training.eval_steps");
   }
   return OkStatus();
+}
+
+namespace {
+
+// The records of a JSON Lines file (its non-blank lines); an error for anything else.
+StatusOr<uint64_t> CountJsonLines(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return InvalidArgumentError("'" + path + "' is not a regular file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgumentError("cannot read '" + path + "'");
+  uint64_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    if (n == 0 && line[first] != '{') {
+      return InvalidArgumentError("'" + path +
+                                  "' is not JSON Lines (its records cannot be counted)");
+    }
+    ++n;
+  }
+  if (n == 0) return InvalidArgumentError("'" + path + "' holds no records");
+  return n;
+}
+
+}  // namespace
+
+// The handbook keeps the fraction `weight` of each dataset (a seeded subset) and concatenates
+// them: dataset i gives weight_i x n_i of the epoch's records. offloadd's mixture draws dataset i
+// with probability weight_i / sum(weights), so the job's weight is the handbook's x n_i (n_i: the
+// records of its JSON Lines file), which gives each dataset the same expected share; with the
+// default first_exhausted an epoch then draws about sum(weight_i x n_i) / max(weight) records.
+void Converter::PlaceMixture(const std::function<bool(const Given&)>& local) {
+  for (const Given& d : datasets_) {
+    if (!local(d)) continue;
+    const auto given = mixture_weights_.find(d.key);
+    const std::string weight = given == mixture_weights_.end() ? "" : given->second;
+    char* end = nullptr;
+    const double fraction = weight.empty() ? 1.0 : std::strtod(weight.c_str(), &end);
+    if (!weight.empty() &&
+        (end != weight.c_str() + weight.size() || !(fraction > 0 && fraction <= 1))) {
+      refused_.push_back(
+          {d.who(), "dataset.datasets",
+           "weight '" + weight + "': the handbook's weight is a fraction in (0, 1]"});
+      continue;
+    }
+    auto records = CountJsonLines(d.value);
+    if (!records.ok()) {
+      refused_.push_back(
+          {d.who(), "dataset.datasets",
+           std::string(records.status().message()) +
+               ": a dataset_mixture weight below 1 becomes weight x records, counted "
+               "in a JSON Lines file; write dataset.datasets yourself"});
+      continue;
+    }
+    YAML::Node entry;
+    entry["paths"].push_back(d.value);
+    char w[32];
+    std::snprintf(w, sizeof w, "%.12g", fraction * static_cast<double>(*records));
+    entry["weight"] = std::string(w);
+    job_["dataset"]["datasets"].push_back(entry);
+    set_.emplace("dataset.datasets", std::make_pair(d.who(), std::string("[...]")));
+  }
+  Note(
+      "dataset_mixture's weights: each dataset is drawn with weight = the handbook's fraction x "
+      "its records, the share the handbook's subset gives it (docs/datasets.md)");
 }
 
 // The chat template goes into a file beside the job file, which dataset.template names.

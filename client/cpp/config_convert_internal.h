@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -90,7 +91,8 @@ class Converter {
     RETURN_IF_ERROR(PlaceTemplate());
     source_ = "the command line";
     for (const char* required : {"model.path", "dataset.paths", "output_dir"}) {
-      if (!set_.count(required)) out_.missing.push_back(required);
+      const bool mixed = std::string(required) == "dataset.paths" && set_.count("dataset.datasets");
+      if (!set_.count(required) && !mixed) out_.missing.push_back(required);
     }
     std::ostringstream y;
     y << "# offloadd job file converted by `offloadctl convert` from:";
@@ -235,6 +237,7 @@ class Converter {
 
   Status PlaceModelAndOutput();
   Status PlaceDatasets();
+  void PlaceMixture(const std::function<bool(const Given&)>& local);
   Status PlaceTemplate();
   void SetModel(const YAML::Node& v, const std::string& key);
   void SetOutputDir(const YAML::Node& v, const std::string& key);
@@ -254,6 +257,8 @@ class Converter {
   std::vector<std::string> sources_;
   std::string source_;
   std::vector<Given> models_, outputs_, datasets_, eval_datasets_;
+  // The alignment-handbook's dataset_mixture weights, by the key of the dataset they weigh.
+  std::map<std::string, std::string> mixture_weights_;
   std::optional<Given> template_;  // text (inline or resolved) in value; key says where from
   std::string template_note_;
   std::vector<Refused> refused_;

@@ -311,6 +311,45 @@ TEST_F(TrainJobConfigTest, EvalSplitHoldsOutOfTheTrainingRecords) {
   EXPECT_EQ(c.eval_steps, 25);
 }
 
+// A weighted mixture: each dataset keeps its files and weight, and its format and mask_prompt
+// where it sets them (else the job's); held-out files evaluate alone, an eval_split is each's.
+TEST_F(TrainJobConfigTest, DatasetMixtureMapsEachDatasetWithTheJobsDefaults) {
+  auto* d = job_.mutable_spec()->mutable_dataset();
+  d->clear_paths();
+  d->set_format(v1::DATASET_FORMAT_MESSAGES);
+  d->set_mask_prompt(true);
+  d->set_stopping_strategy("all_exhausted");
+  auto* a = d->add_datasets();
+  a->add_paths("/data/a.jsonl");
+  a->set_weight(3);
+  auto* b = d->add_datasets();
+  b->add_paths("/data/b.jsonl");
+  b->add_paths("/data/b2.jsonl");
+  b->set_weight(0.5);
+  b->set_format(v1::DATASET_FORMAT_TEXT);
+  b->set_mask_prompt(false);
+  d->add_eval_paths("/data/held_out.jsonl");
+  job_.mutable_spec()->mutable_training()->set_eval_steps(5);
+  TrainConfig c = Make();
+  ASSERT_EQ(c.data.mixture.size(), 2u);
+  EXPECT_EQ(c.data.mixture[0].paths, std::vector<std::string>{"/data/a.jsonl"});
+  EXPECT_EQ(c.data.mixture[0].weight, 3);
+  EXPECT_EQ(c.data.mixture[0].format, "messages");
+  EXPECT_TRUE(c.data.mixture[0].mask_prompt);
+  EXPECT_EQ(c.data.mixture[1].paths, (std::vector<std::string>{"/data/b.jsonl", "/data/b2.jsonl"}));
+  EXPECT_EQ(c.data.mixture[1].weight, 0.5);
+  EXPECT_EQ(c.data.mixture[1].format, "text");
+  EXPECT_FALSE(c.data.mixture[1].mask_prompt);
+  EXPECT_EQ(c.data.stopping_strategy, "all_exhausted");
+  EXPECT_TRUE(c.eval_data.mixture.empty());  // eval_paths: those files, unmixed
+  d->clear_eval_paths();
+  d->set_eval_split(0.1);
+  c = Make();
+  EXPECT_EQ(c.eval_data.mixture.size(), 2u);  // the held-out records of each dataset
+  EXPECT_TRUE(c.eval_data.held_out);
+  EXPECT_EQ(c.data.eval_split, 0.1);
+}
+
 // Every setting acts on its own; what remains unsupported are combinations (job_refusals_test), and
 // a job stored before such an entry existed fails to start with its words.
 TEST_F(TrainJobConfigTest, NoSettingIsUnsupported) {
