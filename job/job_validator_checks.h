@@ -1,14 +1,21 @@
 #pragma once
 // The named checks of job validation that ask the node (job_validator.h): its GPUs and cores
-// against resources, and the GPU memory the job needs against the job's budget. Internal to
+// against resources, and the GPU memory the job needs against the job's budget; the dataset
+// previews (job_validator_datasets.cc). Internal to
 // daemon/jobs (job_validator.cc calls them); not thread-safe beyond ValidateJobSpec's own calls.
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "engine/model_config.h"
 #include "job/job_validator.h"
+#include "job/path_policy.h"
 #include "jobspec/field_violation.h"
 #include "offloadd/v1/job.pb.h"
+#include "text/chat_template.h"
+#include "text/jinja.h"
+#include "text/tokenizer.h"
 
 namespace offloadd::daemon {
 
@@ -29,5 +36,20 @@ void PriceStep(const offloadd::v1::JobSpec& spec, const engine::ModelConfig& con
 void CheckGpuMemory(const offloadd::v1::JobSpec& spec, const engine::ModelConfig& config,
                     const NodeBudget& node, uint64_t gpu_memory_limit, Checker& c,
                     ValidationResult* r);
+
+// The tokenizer (tokenizer.path, else the model directory's) and the directory it is in.
+struct TokenizerCheck {
+  std::unique_ptr<text::Tokenizer> tokenizer;  // null when it did not load
+  std::string dir;
+};
+
+
+// dataset.paths, eval_paths and a mixture's datasets[i].paths: each distinct file resolves, and
+// its first records parse and encode, within the request's preview budget; something trains
+// (job_validator_datasets.cc).
+void CheckDatasets(offloadd::v1::JobSpec& spec, const PathPolicy& paths, const TokenizerCheck& tok,
+                   const text::ChatTemplate* chat, const engine::ModelConfig* config,
+                   const ValidationOptions& options, text::jinja::RequestBudget* render_budget,
+                   Checker& c, ValidationResult* r);
 
 }  // namespace offloadd::daemon
