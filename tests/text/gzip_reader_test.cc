@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tests/common/gzip_test_util.h"
+#include "tests/text/toy_tokenizer.h"
 #include "text/batcher.h"
 #include "text/dataset.h"
 #include "text/tokenizer.h"
@@ -32,17 +33,7 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 
 using test_util::Gzip;
 
-std::unique_ptr<Tokenizer> ToyTokenizer() {
-  auto t = Tokenizer::FromJson(R"({
-    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2, "ab": 3},
-              "merges": ["a b"]},
-    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},
-    "decoder": {"type": "ByteLevel"},
-    "added_tokens": [{"id": 4, "content": "<|endoftext|>", "special": true, "normalized": false}]
-  })");
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(*t);
-}
+using test_util::ToyTokenizer;
 
 // ~2.4 MB of JSON Lines (more than two of the reader's 1 MiB pieces), blank lines and CRLF among
 // them, records of varying length so that lines straddle the pieces.
