@@ -167,6 +167,30 @@ StatusOr<ExecutorRunnerOptions> RunnerOptions(const DaemonConfig& config,
   return runner_options;
 }
 
+// MFU needs the GPU's peak: metrics.peak_flops, else the table of known GPUs.
+double MfuPeakFlops(const DaemonConfig& config, const std::vector<GpuFacts>& gpus) {
+  double peak_flops = config.metrics.peak_flops;
+  if (peak_flops <= 0 && !gpus.empty()) {
+    peak_flops = KnownPeakBf16Flops(gpus[0].name);
+    OFFLOADD_LOG(kInfo, kLog)
+        << "MFU peak for " << gpus[0].name << ": "
+        << (peak_flops > 0 ? std::to_string(peak_flops / 1e12) + " TFLOP/s bf16 (known GPU)"
+                           : std::string("unknown; set metrics.peak_flops to export MFU"));
+  }
+  return peak_flops;
+}
+
+// Where the gRPC server listens, as the log and systemd's status line say it.
+std::string GrpcEndpoints(const DaemonConfig& config, int tcp_port) {
+  std::string where;
+  if (!config.server.unix_socket.empty()) where = "unix:" + config.server.unix_socket;
+  if (tcp_port != 0) {
+    where += (where.empty() ? "" : " and ") + std::string("tcp port ") + std::to_string(tcp_port) +
+             " (TLS)";
+  }
+  return where;
+}
+
 }  // namespace
 
 // What CreateJob admits a job against (JobManager::Submit): the allowed roots, and the node as
@@ -234,18 +258,11 @@ int RunDaemon(const DaemonConfig& config) {
   // does not load CUDA: a short-lived executor asks the CUDA runtime.
   const std::string executor_binary = FindSiblingBinary("offloadd-executor", "executor");
   const std::vector<GpuFacts> gpus = ProbeDaemonGpus(executor_binary);
-  // MFU needs the GPU's peak: metrics.peak_flops, else the table of known GPUs.
-  double peak_flops = config.metrics.peak_flops;
-  if (peak_flops <= 0 && !gpus.empty()) {
-    peak_flops = KnownPeakBf16Flops(gpus[0].name);
-    OFFLOADD_LOG(kInfo, kLog) << "MFU peak for " << gpus[0].name << ": "
-                              << (peak_flops > 0 ? std::to_string(peak_flops / 1e12) + " TFLOP/s bf16 (known GPU)"
-                                                 : std::string("unknown; set metrics.peak_flops to export MFU"));
-  }
-  TrainMetrics train_metrics((*metrics)->registry(),
-                             {.peak_flops = peak_flops,
-                              .job_series_retention_seconds = config.metrics.job_series_retention_seconds,
-                              .clock = {}});
+  TrainMetrics train_metrics(
+      (*metrics)->registry(),
+      {.peak_flops = MfuPeakFlops(config, gpus),
+       .job_series_retention_seconds = config.metrics.job_series_retention_seconds,
+       .clock = {}});
   auto runner_options = RunnerOptions(config, executor_binary, !gpus.empty());
   if (!runner_options.ok()) return Fail(runner_options.status());
   auto runner = std::make_unique<ExecutorJobRunner>(std::move(*runner_options), &train_metrics);
@@ -308,12 +325,7 @@ int RunDaemon(const DaemonConfig& config) {
 
   auto server = GrpcServer::Start(config, build, jobs->get(), metrics->get());
   if (!server.ok()) return Fail(server.status());
-  std::string where;
-  if (!config.server.unix_socket.empty()) where = "unix:" + config.server.unix_socket;
-  if ((*server)->tcp_port() != 0) {
-    where += (where.empty() ? "" : " and ") + std::string("tcp port ") + std::to_string((*server)->tcp_port()) +
-             " (TLS)";
-  }
+  const std::string where = GrpcEndpoints(config, (*server)->tcp_port());
   // Health is NOT_SERVING, with the reason in NodeInfo.serving_problem and the log, while jobs
   // are not durable (the job database deleted, a full or read-only state directory).
   (*jobs)->SetHealthSink([&server, &metrics](const std::string& problem) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine/config_reader.h"
@@ -23,8 +24,10 @@ using internal::Sliding;
 
 using json = nlohmann::json;
 
-const std::vector<FamilyRule>& Rules() {
-  static const auto* rules = new std::vector<FamilyRule>{
+// Llama and the families that keep its parts (RMSNorm pre-norm, SwiGLU, RoPE) and change their
+// biases, sliding windows or q/k norm.
+std::vector<FamilyRule> LlamaRules() {
+  return {
       {.model_type = "llama",
        .architectures = {"LlamaForCausalLM"},
        .description = "Llama 2 / 3.x: RMSNorm pre-norm, GQA, SwiGLU, RoPE; attention_bias and "
@@ -77,6 +80,13 @@ const std::vector<FamilyRule>& Rules() {
        .max_pos = 32768,
        .sliding = Sliding::kQwen,
        .window = 4096},
+  };
+}
+
+// Gemma 2 and 3: RMSNorm (1 + w) sandwich norms, GeGLU, alternating sliding layers; Gemma 3's
+// multimodal checkpoint is a wrapper around its text_config.
+std::vector<FamilyRule> GemmaRules() {
+  return {
       {.model_type = "gemma2",
        .architectures = {"Gemma2ForCausalLM"},
        .description =
@@ -136,6 +146,13 @@ const std::vector<FamilyRule>& Rules() {
                       "tower and projector pass through to the export",
        .tie = true,
        .text_config_of = "gemma3_text"},
+  };
+}
+
+// Dense decoders that depart further from Llama: fused projections (Phi-3), post-norm (OLMo 2),
+// LayerNorm and learned positions (GPT-2).
+std::vector<FamilyRule> OtherDenseRules() {
+  return {
       {.model_type = "phi3",
        .architectures = {"Phi3ForCausalLM"},
        .description = "Phi-3 / 3.5 / 4-mini: fused qkv_proj and gate_up_proj, partial rotary, "
@@ -180,6 +197,12 @@ const std::vector<FamilyRule>& Rules() {
        .eps = 1e-5,
        .tie = true,
        .dropout = {"embd_pdrop", "attn_pdrop", "resid_pdrop"}},
+  };
+}
+
+// Mixtures of experts (engine/families_moe.cc reads their router and expert keys).
+std::vector<FamilyRule> MoeRules() {
+  return {
       {.model_type = "qwen3_moe",
        .architectures = {"Qwen3MoeForCausalLM"},
        .description = "Qwen3-MoE: Qwen3's attention, softmax top-k router (norm_topk_prob), SwiGLU "
@@ -257,6 +280,17 @@ const std::vector<FamilyRule>& Rules() {
            MoeDefaults{
                .family = MoeFamily::kGptOss, .experts = 128, .top_k = 4, .aux_coef = 0.001}},
   };
+}
+
+// The table, in the order ModelTypes and SupportedFamilies list it.
+const std::vector<FamilyRule>& Rules() {
+  static const auto* rules = [] {
+    auto* all = new std::vector<FamilyRule>();
+    for (auto group : {LlamaRules, GemmaRules, OtherDenseRules, MoeRules}) {
+      for (FamilyRule& f : group()) all->push_back(std::move(f));
+    }
+    return all;
+  }();
   return *rules;
 }
 

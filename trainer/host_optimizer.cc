@@ -29,6 +29,43 @@ constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
                                 static_cast<uint32_t>(TensorKind::kAdamM),
                                 static_cast<uint32_t>(TensorKind::kAdamV)};
 
+// What the compact optimizer modes do not run with yet (docs/optimizer-modes.md).
+Status CheckModeSupported(const HostOptimizerOptions& o) {
+  if (o.mode.Exact()) return OkStatus();
+  const std::string mode = "optimizer mode " + o.mode.Describe();
+  if (o.mode.master != workers::MasterDtype::kFp32)
+    return UnimplementedError(mode + ": the trainer keeps fp32 masters");
+  if (o.tier != StateTier::kCpu) return UnimplementedError(mode + " on the NVMe tier");
+  if (o.group != nullptr) return UnimplementedError(mode + " with data parallelism");
+  if (std::count(o.device_blocks.begin(), o.device_blocks.end(), true) > 0)
+    return UnimplementedError(mode + " with AdamW states on the device");
+  return OkStatus();
+}
+
+// The step driver's settings from the job's.
+StatusOr<workers::OptimizerConfig> DriverConfig(const HostOptimizerOptions& o,
+                                                const workers::ShardLayoutOptions& lo) {
+  workers::OptimizerConfig oc;
+  oc.beta1 = o.optim.beta1;
+  oc.beta2 = o.optim.beta2;
+  oc.eps = o.optim.eps;
+  oc.weight_decay = o.optim.weight_decay;
+  oc.max_grad_norm = o.optim.max_grad_norm;
+  oc.accumulation_steps = lo.accumulation_steps;
+  oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
+  oc.update_depth = o.update_depth;
+  oc.skip_nonfinite = o.skip_nonfinite;
+  // Unset: the Trainer resolves the default per device (train_config.h); a bare HostOptimizer
+  // holds.
+  if (!o.optim.speculation.empty()) {
+    ASSIGN_OR_RETURN(oc.speculation, workers::ParseSpeculation(o.optim.speculation));
+  }
+  // NVMe tier: a speculated block holds its staging slot until the step's norm is known, and the
+  // slots are fewer than the blocks; fp16: a skipped step would have to undo updates bit for bit.
+  if (o.tier == StateTier::kNvme || o.skip_nonfinite) oc.speculation = workers::Speculation::kNever;
+  return oc;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimizerOptions& options) {
@@ -38,15 +75,7 @@ StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimiz
 }
 
 Status HostOptimizer::Start(const HostOptimizerOptions& o) {
-  if (!o.mode.Exact()) {  // what the compact modes do not run with yet (docs/optimizer-modes.md)
-    const std::string mode = "optimizer mode " + o.mode.Describe();
-    if (o.mode.master != workers::MasterDtype::kFp32)
-      return UnimplementedError(mode + ": the trainer keeps fp32 masters");
-    if (o.tier != StateTier::kCpu) return UnimplementedError(mode + " on the NVMe tier");
-    if (o.group != nullptr) return UnimplementedError(mode + " with data parallelism");
-    if (std::count(o.device_blocks.begin(), o.device_blocks.end(), true) > 0)
-      return UnimplementedError(mode + " with AdamW states on the device");
-  }
+  RETURN_IF_ERROR(CheckModeSupported(o));
   if (o.group != nullptr && o.group->rank() > 0) return StartFollower(o);
   options_ = o;
   weights_fp32_ = WeightsAreFp32(o);
@@ -62,6 +91,29 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   RETURN_IF_ERROR(CheckWeightPlacement(o));
   const auto lo = LayoutOptions(o);
   const auto po = PoolOptions(o);
+  ASSIGN_OR_RETURN(const bool background, CreateArena(o, lo, po));
+  if (o.tier == StateTier::kNvme) RETURN_IF_ERROR(StartNvmeTier(o));
+  if (background && !segment_.huge_pages()) RETURN_IF_ERROR(StartPopulation());
+  workers_start_ = arena_end_ = Clock::now();
+  ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
+  workers_end_ = Clock::now();
+  arena_seconds_ = std::chrono::duration<double>(arena_end_ - arena_start_).count();
+  workers_seconds_ = std::chrono::duration<double>(workers_end_ - workers_start_).count();
+  ASSIGN_OR_RETURN(const workers::OptimizerConfig oc, DriverConfig(o, lo));
+  driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
+  update_start_us_.assign(shards_.size(), 0);
+  ConnectDriver();
+  updated_step_.assign(shards_.size(), 0);
+  staging_busy_.assign(shards_.size(), false);
+  handoffs_.assign(shards_.size(), 0);
+  if (o.group) PublishBlocks();
+  thread_ = std::thread([this] { Loop(); });
+  return OkStatus();
+}
+
+StatusOr<bool> HostOptimizer::CreateArena(const HostOptimizerOptions& o,
+                                          const workers::ShardLayoutOptions& lo,
+                                          const workers::WorkerPoolOptions& po) {
   const uint64_t bytes = ArenaBytes(o);
   if (o.host_memory_limit > 0 && bytes > o.host_memory_limit) {
     return ResourceExhaustedError(
@@ -89,78 +141,60 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     return InvalidArgumentError("device_blocks names " + std::to_string(o.device_blocks.size()) +
                                 " blocks, the model has " + std::to_string(shards_.size()));
   for (size_t b = 0; b < o.device_blocks.size(); ++b) shards_[b].on_device = o.device_blocks[b];
-  if (o.tier == StateTier::kNvme) {
-    const uint64_t max_n = std::max<uint64_t>(1, MaxElements(o));
-    for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
-      auto slot = std::make_unique<Slot>();
-      const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
-                                        ipc::RegionKind::kExpAvgSq};
-      for (int k = 0; k < 3; ++k) {
-        ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate("slot" + std::to_string(s) + "." +
-                                                             std::to_string(k),
-                                                         kinds[k], max_n * 4));
-        slot->offset[k] = r.offset;
-      }
-      slots_.push_back(std::move(slot));
+  return background;
+}
+
+Status HostOptimizer::StartNvmeTier(const HostOptimizerOptions& o) {
+  const uint64_t max_n = std::max<uint64_t>(1, MaxElements(o));
+  for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
+    auto slot = std::make_unique<Slot>();
+    const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
+                                      ipc::RegionKind::kExpAvgSq};
+    for (int k = 0; k < 3; ++k) {
+      ASSIGN_OR_RETURN(ipc::Region r,
+                       arena_->Allocate("slot" + std::to_string(s) + "." + std::to_string(k),
+                                        kinds[k], max_n * 4));
+      slot->offset[k] = r.offset;
     }
-    RETURN_IF_ERROR(AllocateWeightRegions());
-    slot_of_.assign(shards_.size(), -1);
-    compute_copy_.assign(shards_.size(), 0);
-    for (size_t b = 0; b < shards_.size(); ++b) {
-      const std::string prefix = "B" + std::to_string(b) + ".";
-      const uint64_t bytes4 = shards_[b].num_elements * 4;
-      if (!internal::OnNvme(o, b)) {  // this block's states stay in RAM
-        ASSIGN_OR_RETURN(ipc::Region m,
-                         arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
-        ASSIGN_OR_RETURN(ipc::Region v1,
-                         arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
-        ASSIGN_OR_RETURN(ipc::Region v2, arena_->Allocate(prefix + "exp_avg_sq",
-                                                          ipc::RegionKind::kExpAvgSq, bytes4));
-        shards_[b].master_offset = m.offset;
-        shards_[b].exp_avg_offset = v1.offset;
-        shards_[b].exp_avg_sq_offset = v2.offset;
-      } else if (o.compute == HostDtype::kFp32) {
-        ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute",
-                                                         ipc::RegionKind::kParamStaging, bytes4));
-        compute_copy_[b] = r.offset;
-      }
+    slots_.push_back(std::move(slot));
+  }
+  RETURN_IF_ERROR(AllocateWeightRegions());
+  slot_of_.assign(shards_.size(), -1);
+  compute_copy_.assign(shards_.size(), 0);
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    const std::string prefix = "B" + std::to_string(b) + ".";
+    const uint64_t bytes4 = shards_[b].num_elements * 4;
+    if (!internal::OnNvme(o, b)) {  // this block's states stay in RAM
+      ASSIGN_OR_RETURN(ipc::Region m,
+                       arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
+      ASSIGN_OR_RETURN(ipc::Region v1,
+                       arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
+      ASSIGN_OR_RETURN(ipc::Region v2,
+                       arena_->Allocate(prefix + "exp_avg_sq", ipc::RegionKind::kExpAvgSq, bytes4));
+      shards_[b].master_offset = m.offset;
+      shards_[b].exp_avg_offset = v1.offset;
+      shards_[b].exp_avg_sq_offset = v2.offset;
+    } else if (o.compute == HostDtype::kFp32) {
+      ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute",
+                                                       ipc::RegionKind::kParamStaging, bytes4));
+      compute_copy_[b] = r.offset;
     }
-    // Versions must grow per key, also across runs over the same directories.
-    write_version_ = static_cast<uint64_t>(
-        std::chrono::system_clock::now().time_since_epoch() / std::chrono::nanoseconds(1));
-    storage::StoreProcessOptions so2;
-    so2.binary = o.store_binary;
-    for (const auto& d : o.nvme_dirs) so2.args.push_back("--dir=" + d);
-    so2.args.push_back("--queue-depth=" + std::to_string(o.nvme_queue_depth));
-    if (o.nvme_block_size > 0) so2.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
-    ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so2));
   }
-  if (background && !segment_.huge_pages()) RETURN_IF_ERROR(StartPopulation());
-  workers_start_ = arena_end_ = Clock::now();
-  ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
-  workers_end_ = Clock::now();
-  arena_seconds_ = std::chrono::duration<double>(arena_end_ - arena_start_).count();
-  workers_seconds_ = std::chrono::duration<double>(workers_end_ - workers_start_).count();
-  workers::OptimizerConfig oc;
-  oc.beta1 = o.optim.beta1;
-  oc.beta2 = o.optim.beta2;
-  oc.eps = o.optim.eps;
-  oc.weight_decay = o.optim.weight_decay;
-  oc.max_grad_norm = o.optim.max_grad_norm;
-  oc.accumulation_steps = lo.accumulation_steps;
-  oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
-  oc.update_depth = o.update_depth;
-  oc.skip_nonfinite = o.skip_nonfinite;
-  // Unset: the Trainer resolves the default per device (train_config.h); a bare HostOptimizer
-  // holds.
-  if (!o.optim.speculation.empty()) {
-    ASSIGN_OR_RETURN(oc.speculation, workers::ParseSpeculation(o.optim.speculation));
-  }
-  // NVMe tier: a speculated block holds its staging slot until the step's norm is known, and the
-  // slots are fewer than the blocks; fp16: a skipped step would have to undo updates bit for bit.
-  if (o.tier == StateTier::kNvme || o.skip_nonfinite) oc.speculation = workers::Speculation::kNever;
-  driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
-  update_start_us_.assign(shards_.size(), 0);
+  // Versions must grow per key, also across runs over the same directories.
+  write_version_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch() /
+                                         std::chrono::nanoseconds(1));
+  storage::StoreProcessOptions so;
+  so.binary = o.store_binary;
+  for (const auto& d : o.nvme_dirs) so.args.push_back("--dir=" + d);
+  so.args.push_back("--queue-depth=" + std::to_string(o.nvme_queue_depth));
+  if (o.nvme_block_size > 0) so.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
+  ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so));
+  return OkStatus();
+}
+
+// The step driver's hooks: the NVMe tier's stage-in before an update and write-back after it, the
+// update spans, and the waiters on a block's update and on the step's decision.
+void HostOptimizer::ConnectDriver() {
   driver_->SetOnShardUpdated([this](size_t shard) {
     if (span_sink_) span_sink_("cpu update", static_cast<int>(shard), update_start_us_[shard], NowMicros());
     if (OnNvme(shard)) {
@@ -201,12 +235,6 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
     update_start_us_[shard] = NowMicros();
     return OkStatus();
   });
-  updated_step_.assign(shards_.size(), 0);
-  staging_busy_.assign(shards_.size(), false);
-  handoffs_.assign(shards_.size(), 0);
-  if (o.group) PublishBlocks();
-  thread_ = std::thread([this] { Loop(); });
-  return OkStatus();
 }
 
 void HostOptimizer::StopThread() {

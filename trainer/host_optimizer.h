@@ -45,6 +45,8 @@ class StoreProcess;
 }
 namespace offloadd::workers {
 class WorkerPool;
+struct ShardLayoutOptions;
+struct WorkerPoolOptions;
 }
 
 namespace offloadd::trainer {
@@ -290,6 +292,13 @@ class HostOptimizer {
   struct Slot;
   HostOptimizer() = default;
   Status Start(const HostOptimizerOptions& options);
+  // Start's parts, in order: the shared arena, its regions and the blocks' shards (returns whether
+  // the arena is populated in the background); the NVMe tier's staging slots, in-RAM regions and
+  // store process; the step driver's hooks.
+  StatusOr<bool> CreateArena(const HostOptimizerOptions& o, const workers::ShardLayoutOptions& lo,
+                             const workers::WorkerPoolOptions& po);
+  Status StartNvmeTier(const HostOptimizerOptions& o);
+  void ConnectDriver();
   Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
   double arena_seconds_ = 0, workers_seconds_ = 0;
   Clock::time_point arena_start_, arena_end_, workers_start_, workers_end_;

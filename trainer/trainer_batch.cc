@@ -357,25 +357,13 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
   return t;
 }
 
-StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
-                                                   const NodeProfile& prof, int64_t seq,
-                                                   std::string* basis, int64_t memory_seq) {
-  const int64_t T = seq > 0 ? seq : SeqLength();
-  const int64_t mem_T = memory_seq > 0 ? memory_seq : SeqLength();
-  BatchCandidate cand;
-  cand.micro = micro;
-  cand.accumulation = accumulation;
-  const double A = accumulation;
-  const MemoryEstimate est = EstimateMemory(micro, mem_T);
-  // A cached shape profile was measured at SeqLength() tokens per row.
-  const std::optional<ShapeProfile> profiled =
-      T == SeqLength() ? CachedShapeProfile(micro) : std::optional<ShapeProfile>();
-  const int64_t elem = c10::elementSize(dtype);
-  using Weights = OffloadPlanConfig::Weights;
-  const bool auto_states = cfg.offload.device_optimizer_blocks == OffloadPlanConfig::kAutoDeviceOptimizer &&
-                           cfg.offload.device_optimizer_share < 0;
-  // Where the activations wait, as PlanDevice decides it at this micro-batch.
-  std::vector<bool> offloaded = offload_checkpoint;
+Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
+    int micro, int64_t mem_T, const std::optional<ShapeProfile>& profiled, bool auto_states) const {
+  BatchMemory m;
+  m.est = EstimateMemory(micro, mem_T);
+  const MemoryEstimate& est = m.est;
+  std::vector<bool>& offloaded = m.offloaded;
+  offloaded = offload_checkpoint;
   int64_t acts = 0, offloaded_bytes = 0;
   for (int b = 0; b < n; ++b) {
     if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
@@ -383,6 +371,7 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
     if (offloaded[b]) offloaded_bytes += est.cost[b].saved_bytes_recompute;
   }
   const int64_t workspace = profiled ? profiled->workspace_bytes + kProfiledWorkspaceSlack : est.workspace;
+  using Weights = OffloadPlanConfig::Weights;
   bool resident = !cuda || cfg.offload.weights == Weights::kResident ||
                   (cfg.offload.weights == Weights::kAuto && !auto_states);
   int64_t held = 0;
@@ -401,13 +390,100 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
     }
     held = w + acts + workspace;
     if (!fits(w)) {
-      cand.why_not = "needs " + FormatByteSize(static_cast<uint64_t>(held)) + " of GPU memory, gpu_memory_limit " +
-                     FormatByteSize(static_cast<uint64_t>(gpu_budget));
-      return cand;
+      m.why_not = "needs " + FormatByteSize(static_cast<uint64_t>(held)) +
+                  " of GPU memory, gpu_memory_limit " +
+                  FormatByteSize(static_cast<uint64_t>(gpu_budget));
     }
   } else if (cfg.offload.host_memory_limit > 0 && static_cast<uint64_t>(acts) > cfg.offload.host_memory_limit / 2) {
-    cand.why_not = "its activations need " + FormatByteSize(static_cast<uint64_t>(acts)) +
-                   ", over half of host_memory_limit " + FormatByteSize(cfg.offload.host_memory_limit);
+    m.why_not = "its activations need " + FormatByteSize(static_cast<uint64_t>(acts)) +
+                ", over half of host_memory_limit " + FormatByteSize(cfg.offload.host_memory_limit);
+  }
+  m.offloaded_bytes = offloaded_bytes;
+  m.resident = resident;
+  m.held = held;
+  return m;
+}
+
+Trainer::Impl::BlockSeconds Trainer::Impl::PriceBlocks(const BatchMemory& mem,
+                                                       const std::optional<ShapeProfile>& profiled,
+                                                       const std::optional<BlockTiming>& timed,
+                                                       double spf, bool may_keep, int accumulation,
+                                                       PlanInputs* in) const {
+  const MemoryEstimate& est = mem.est;
+  const std::vector<bool>& offloaded = mem.offloaded;
+  const double A = accumulation;
+  const std::vector<int64_t> need = DeviceOptimizerNeeds(mem.resident, accumulation);
+  BlockSeconds s;
+  for (int b = 0; b < n; ++b) {
+    const engine::BlockCost& c = est.cost[b];
+    const bool recomputed = modes[b] == engine::SaveMode::kRecompute;
+    double f = 0, r = 0, total = 0;
+    if (profiled) {
+      f = profiled->blocks[b].forward_s;
+      r = recomputed ? profiled->blocks[b].recompute_s : 0.0;
+      total = f + profiled->blocks[b].backward_s;
+    } else if (timed) {
+      // The head's forward runs its own backward (its loss and gradients in chunks).
+      f = b == 0 ? timed->embedding_s : b == n - 1 ? timed->head_s : timed->layer_forward_s;
+      r = recomputed ? timed->layer_forward_s : 0.0;
+      total = b == 0 || b == n - 1 ? f : timed->layer_forward_s + timed->layer_backward_s;
+    } else {
+      f = c.forward_flops * spf;
+      r = recomputed ? f : 0.0;
+      // The head's cost counts its chunked backward inside its forward flops.
+      total = b == n - 1 ? f : 3 * f + r;
+    }
+    s.forward += f;
+    s.gpu += total;
+    if (b == n - 1) s.head_forward = f;
+    in->params.push_back(static_cast<int64_t>(layout[b].numel));
+    in->device_state_bytes.push_back(need[b + 1] - need[b]);
+    in->keep_extra_bytes.push_back(
+        may_keep && recomputed && !offloaded[b]
+            ? std::max<int64_t>(1, static_cast<int64_t>(
+                                       kKeepSafety * static_cast<double>(c.saved_bytes_keep -
+                                                                         c.saved_bytes_recompute)))
+            : 0);
+    in->recompute_seconds.push_back(A * r);
+  }
+  return s;
+}
+
+void Trainer::Impl::LogBlockTiming(int micro, int64_t T, double gpu, const BlockTiming& timed,
+                                   const MemoryEstimate& est, double flop_rate_s) {
+  double flops = 0;
+  for (int b = 0; b < n; ++b) flops += (b == n - 1 ? 1 : 3) * est.cost[b].forward_flops;
+  char buf[320];
+  std::snprintf(
+      buf, sizeof(buf),
+      "batch size (auto): micro-batch %d timed at %lld tokens per row: GPU %.3f s per micro-batch "
+      "(embedding %.1f ms, a decoder layer %.1f ms forward + %.1f ms backward, head %.1f ms); "
+      "the flop count at the GEMM rate says %.3f s",
+      micro, static_cast<long long>(T), gpu, 1e3 * timed.embedding_s, 1e3 * timed.layer_forward_s,
+      1e3 * timed.layer_backward_s, 1e3 * timed.head_s, flops * flop_rate_s);
+  Log(TrainObserver::Level::kInfo, buf);
+}
+
+StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
+                                                   const NodeProfile& prof, int64_t seq,
+                                                   std::string* basis, int64_t memory_seq) {
+  const int64_t T = seq > 0 ? seq : SeqLength();
+  const int64_t mem_T = memory_seq > 0 ? memory_seq : SeqLength();
+  BatchCandidate cand;
+  cand.micro = micro;
+  cand.accumulation = accumulation;
+  const double A = accumulation;
+  // A cached shape profile was measured at SeqLength() tokens per row.
+  const std::optional<ShapeProfile> profiled =
+      T == SeqLength() ? CachedShapeProfile(micro) : std::optional<ShapeProfile>();
+  const int64_t elem = c10::elementSize(dtype);
+  const bool auto_states =
+      cfg.offload.device_optimizer_blocks == OffloadPlanConfig::kAutoDeviceOptimizer &&
+      cfg.offload.device_optimizer_share < 0;
+  // Where the activations wait, as PlanDevice decides it at this micro-batch.
+  const BatchMemory mem = FitBatchMemory(micro, mem_T, profiled, auto_states);
+  if (!mem.why_not.empty()) {
+    cand.why_not = mem.why_not;
     return cand;
   }
   cand.feasible = true;
@@ -432,70 +508,27 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
   const double spf = profiled || timed ? 0
                                        : SecondsPerFlop(micro) * static_cast<double>(T) /
                                              static_cast<double>(mem_T);
-  const bool may_keep = cuda && cfg.offload.activations == ActivationMode::kAuto && cfg.offload.layer_overrides.empty();
-  const std::vector<int64_t> need = DeviceOptimizerNeeds(resident, accumulation);
+  const bool may_keep = cuda && cfg.offload.activations == ActivationMode::kAuto &&
+                        cfg.offload.layer_overrides.empty();
   PlanInputs in;
-  double gpu = 0, fwd = 0, head_forward = 0;
-  for (int b = 0; b < n; ++b) {
-    const engine::BlockCost& c = est.cost[b];
-    const bool recomputed = modes[b] == engine::SaveMode::kRecompute;
-    double f = 0, r = 0, total = 0;
-    if (profiled) {
-      f = profiled->blocks[b].forward_s;
-      r = recomputed ? profiled->blocks[b].recompute_s : 0.0;
-      total = f + profiled->blocks[b].backward_s;
-    } else if (timed) {
-      // The head's forward runs its own backward (its loss and gradients in chunks).
-      f = b == 0 ? timed->embedding_s : b == n - 1 ? timed->head_s : timed->layer_forward_s;
-      r = recomputed ? timed->layer_forward_s : 0.0;
-      total = b == 0 || b == n - 1 ? f : timed->layer_forward_s + timed->layer_backward_s;
-    } else {
-      f = c.forward_flops * spf;
-      r = recomputed ? f : 0.0;
-      // The head's cost counts its chunked backward inside its forward flops.
-      total = b == n - 1 ? f : 3 * f + r;
-    }
-    fwd += f;
-    gpu += total;
-    if (b == n - 1) head_forward = f;
-    in.params.push_back(static_cast<int64_t>(layout[b].numel));
-    in.device_state_bytes.push_back(need[b + 1] - need[b]);
-    in.keep_extra_bytes.push_back(
-        may_keep && recomputed && !offloaded[b]
-            ? std::max<int64_t>(1, static_cast<int64_t>(kKeepSafety * static_cast<double>(c.saved_bytes_keep -
-                                                                                          c.saved_bytes_recompute)))
-            : 0);
-    in.recompute_seconds.push_back(A * r);
-  }
-  if (timed) {
-    double flops = 0;
-    for (int b = 0; b < n; ++b) flops += (b == n - 1 ? 1 : 3) * est.cost[b].forward_flops;
-    char buf[320];
-    std::snprintf(buf, sizeof(buf),
-                  "batch size (auto): micro-batch %d timed at %lld tokens per row: GPU %.3f s per micro-batch "
-                  "(embedding %.1f ms, a decoder layer %.1f ms forward + %.1f ms backward, head %.1f ms); "
-                  "the flop count at the GEMM rate says %.3f s",
-                  micro, static_cast<long long>(T), gpu, 1e3 * timed->embedding_s,
-                  1e3 * timed->layer_forward_s, 1e3 * timed->layer_backward_s, 1e3 * timed->head_s,
-                  flops * flop_rate_s);
-    Log(TrainObserver::Level::kInfo, buf);
-  }
-  const double weight_bytes = static_cast<double>(est.weights);
+  const BlockSeconds blocks = PriceBlocks(mem, profiled, timed, spf, may_keep, accumulation, &in);
+  if (timed) LogBlockTiming(micro, T, blocks.gpu, *timed, mem.est, flop_rate_s);
+  const double weight_bytes = static_cast<double>(mem.est.weights);
   const double params = weight_bytes / static_cast<double>(elem);
   in.budget_bytes = cuda ? gpu_budget : 0;
-  in.base_peak_bytes = held;
-  in.gpu_seconds = A * gpu;
-  in.gpu_forward_seconds = A * fwd;
+  in.base_peak_bytes = mem.held;
+  in.gpu_seconds = A * blocks.gpu;
+  in.gpu_forward_seconds = A * blocks.forward;
   // Streamed weights cross twice per micro-batch (forward, backward), resident ones once per step
   // (the update); gradients leave per micro-batch; offloaded checkpoints go out and come back.
-  SetParamTraffic(&in, !resident, prof);
+  SetParamTraffic(&in, !mem.resident, prof);
   if (cuda) {
     // Each upload moves what the device reads: the fp32 masters it casts, or the 16-bit copy.
-    const double upload = in.h2d_saved_per_param / (resident ? 1.0 : 2 * A);
-    in.h2d_bytes =
-        (resident ? 1.0 : 2 * A) * upload * params + A * static_cast<double>(offloaded_bytes);
+    const double upload = in.h2d_saved_per_param / (mem.resident ? 1.0 : 2 * A);
+    in.h2d_bytes = (mem.resident ? 1.0 : 2 * A) * upload * params +
+                   A * static_cast<double>(mem.offloaded_bytes);
     in.d2h_bytes =
-        A * static_cast<double>(elem) * params + A * static_cast<double>(offloaded_bytes);
+        A * static_cast<double>(elem) * params + A * static_cast<double>(mem.offloaded_bytes);
   }
   in.host_bytes_per_s = prof.host_bytes_per_s;
   in.cpu_params_per_s = prof.cpu_params_per_s;
@@ -505,7 +538,7 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
   in.place_states = cuda && auto_states;
   in.keep_activations = may_keep;
   in.held_updates = cfg.optim.max_grad_norm > 0 || scaler.has_value();
-  if (in.held_updates && cuda) SetHeldTails(&in, head_forward);
+  if (in.held_updates && cuda) SetHeldTails(&in, blocks.head_forward);
   if (!cuda) in.budget_bytes = std::numeric_limits<int64_t>::max() / 4;
   ASSIGN_OR_RETURN(cand.plan, SolvePlan(in));
   cand.tokens_per_s = CandidateTokensPerSecond(cand, T);

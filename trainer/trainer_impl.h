@@ -267,6 +267,30 @@ struct Trainer::Impl {
   };
   // reps 1: only the warm-up run (the kernels of that shape are then warm; its times are 0).
   StatusOr<BlockTiming> TimeBlocks(int64_t micro, int64_t seq, int reps = 3);
+  // PriceBatch's parts. At micro-batch `micro` of `mem_T` tokens per row: where the activations
+  // wait and whether the weights stay resident, as PlanDevice decides them, and the GPU memory
+  // that holds (why_not when it does not fit).
+  struct BatchMemory {
+    MemoryEstimate est;
+    std::vector<bool> offloaded;  // per block: its checkpoint waits in pinned RAM
+    int64_t offloaded_bytes = 0;
+    bool resident = false;
+    int64_t held = 0;  // weights, activations and workspace on the GPU (0 on the CPU device)
+    std::string why_not;
+  };
+  BatchMemory FitBatchMemory(int micro, int64_t mem_T, const std::optional<ShapeProfile>& profiled,
+                             bool auto_states) const;
+  // One micro-batch's GPU seconds from the shape profile, else the timed blocks, else the flop
+  // counts at `spf` seconds per flop; fills the step planner's per-block inputs in `in`.
+  struct BlockSeconds {
+    double gpu = 0, forward = 0, head_forward = 0;
+  };
+  BlockSeconds PriceBlocks(const BatchMemory& mem, const std::optional<ShapeProfile>& profiled,
+                           const std::optional<BlockTiming>& timed, double spf, bool may_keep,
+                           int accumulation, PlanInputs* in) const;
+  // Logs the timed blocks beside what the flop count at the GEMM rate said.
+  void LogBlockTiming(int micro, int64_t T, double gpu, const BlockTiming& timed,
+                      const MemoryEstimate& est, double flop_rate_s);
   // Held updates' tails (step_planner.h) from the copy rates already in `in` and one
   // micro-batch's head forward.
   void SetHeldTails(PlanInputs* in, double head_forward_s) const;

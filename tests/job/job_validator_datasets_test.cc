@@ -2,8 +2,6 @@
 // named file:line as in the plain file, truncated streams refused naming the file), and
 // dataset.eval_split.
 
-#include <zlib.h>
-
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -11,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "job/job_validator.h"
+#include "tests/common/gzip_test_util.h"
 #include "tests/job/job_validator_fixture.h"
 
 namespace offloadd::daemon {
@@ -20,19 +19,7 @@ namespace fs = std::filesystem;
 namespace v1 = offloadd::v1;
 using testing_fixture::JobValidatorTest;
 
-std::string Gzip(const std::string& text) {
-  z_stream zs{};
-  EXPECT_EQ(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  std::string out(deflateBound(&zs, text.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  zs.avail_in = static_cast<uInt>(text.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+using test_util::Gzip;
 
 TEST_F(JobValidatorTest, GzipDatasetsArePreviewedInflated) {
   const std::string good = R"({"instruction": "Say hi", "input": "", "output": "hi"})"

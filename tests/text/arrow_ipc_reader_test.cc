@@ -6,41 +6,25 @@
 // tests/python/text/test_save_to_disk_dataset.py compares whole datasets with JSON Lines.
 #include "text/arrow_ipc_reader.h"
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "tests/text/columnar_test_util.h"
 
 namespace offloadd::text {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
-std::filesystem::path SeedDir() {
-  const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
-  return std::filesystem::path(src != nullptr ? src : ".") / "fuzz" / "data" / "arrow";
-}
+using columnar_test::Slurp;
 
-std::string Slurp(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+std::filesystem::path SeedDir() { return columnar_test::SeedDir("arrow"); }
 
 StatusOr<std::vector<ojson>> Rows(const std::string& bytes) {
-  std::vector<ojson> rows;
-  Status s = ForEachArrowRowInBuffer(bytes, "t.arrow", [&](size_t row, ojson r) {
-    EXPECT_EQ(row, rows.size() + 1);
-    rows.push_back(std::move(r));
-    return OkStatus();
-  });
-  if (!s.ok()) return s;
-  return rows;
+  return columnar_test::ReadRows(ForEachArrowRowInBuffer, bytes, "t.arrow");
 }
 
 TEST(ArrowIpcReader, ReadsWhatPyarrowWroteAsStreamsCompressedStreamsAndFiles) {
@@ -58,17 +42,9 @@ TEST(ArrowIpcReader, ReadsWhatPyarrowWroteAsStreamsCompressedStreamsAndFiles) {
   for (const auto& [name, want] :
        {std::pair{"chat", chat}, std::pair{"alpaca", alpaca}, std::pair{"tokens", tokens}}) {
     for (const char* kind : {"plain", "zstd", "file"}) {
-      const auto path = SeedDir() / (std::string(name) + "_" + kind + ".arrow");
-      ASSERT_TRUE(std::filesystem::exists(path)) << path;
-      auto rows = Rows(Slurp(path));
-      ASSERT_TRUE(rows.ok()) << path << ": " << rows.status().ToString();
-      EXPECT_EQ(ojson(*rows), want) << path;
-      std::vector<ojson> from_file;
-      ASSERT_TRUE(ForEachArrowRow(path.string(), [&](size_t, ojson r) {
-                    from_file.push_back(std::move(r));
-                    return OkStatus();
-                  }).ok());
-      EXPECT_EQ(ojson(from_file), want) << path;
+      columnar_test::ExpectSeedRows(ForEachArrowRowInBuffer, ForEachArrowRow,
+                                    SeedDir() / (std::string(name) + "_" + kind + ".arrow"),
+                                    "t.arrow", want);
     }
   }
 }

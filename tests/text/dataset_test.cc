@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/text/toy_tokenizer.h"
 #include "text/batcher.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -35,17 +36,7 @@ TEST(SplitRecords, ArrayElementsKeepTheirLines) {
   EXPECT_TRUE(empty->empty());
 }
 
-std::unique_ptr<Tokenizer> ToyTokenizer() {
-  auto t = Tokenizer::FromJson(R"({
-    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2, "ab": 3},
-              "merges": ["a b"]},
-    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},
-    "decoder": {"type": "ByteLevel"},
-    "added_tokens": [{"id": 4, "content": "<|endoftext|>", "special": true, "normalized": false}]
-  })");
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(*t);
-}
+using test_util::ToyTokenizer;
 
 TEST(RecordEncoder, FormatsAndErrors) {
   auto tok = ToyTokenizer();

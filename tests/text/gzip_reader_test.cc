@@ -5,12 +5,13 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "tests/common/gzip_test_util.h"
+#include "tests/text/toy_tokenizer.h"
 #include "text/batcher.h"
 #include "text/dataset.h"
 #include "text/tokenizer.h"
@@ -30,32 +31,9 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
-// gzip-compressed `text` (one member), as gzip(1) writes it.
-std::string Gzip(const std::string& text) {
-  z_stream zs{};
-  EXPECT_EQ(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  std::string out(deflateBound(&zs, text.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  zs.avail_in = static_cast<uInt>(text.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+using test_util::Gzip;
 
-std::unique_ptr<Tokenizer> ToyTokenizer() {
-  auto t = Tokenizer::FromJson(R"({
-    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2, "ab": 3},
-              "merges": ["a b"]},
-    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},
-    "decoder": {"type": "ByteLevel"},
-    "added_tokens": [{"id": 4, "content": "<|endoftext|>", "special": true, "normalized": false}]
-  })");
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(*t);
-}
+using test_util::ToyTokenizer;
 
 // ~2.4 MB of JSON Lines (more than two of the reader's 1 MiB pieces), blank lines and CRLF among
 // them, records of varying length so that lines straddle the pieces.

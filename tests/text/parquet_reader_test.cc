@@ -6,14 +6,13 @@
 // compares whole datasets with JSON Lines.
 #include "text/parquet_reader.h"
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "tests/text/columnar_test_util.h"
 
 #include "text/thrift_compact.h"
 
@@ -22,27 +21,12 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-std::filesystem::path SeedDir() {
-  const char* src = std::getenv("OFFLOADD_SOURCE_DIR");
-  return std::filesystem::path(src != nullptr ? src : ".") / "fuzz" / "data" / "parquet";
-}
+using columnar_test::Slurp;
 
-std::string Slurp(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+std::filesystem::path SeedDir() { return columnar_test::SeedDir("parquet"); }
 
 StatusOr<std::vector<ojson>> Rows(const std::string& bytes) {
-  std::vector<ojson> rows;
-  Status s = ForEachParquetRowInBuffer(bytes, "t.parquet", [&](size_t row, ojson r) {
-    EXPECT_EQ(row, rows.size() + 1);
-    rows.push_back(std::move(r));
-    return OkStatus();
-  });
-  if (!s.ok()) return s;
-  return rows;
+  return columnar_test::ReadRows(ForEachParquetRowInBuffer, bytes, "t.parquet");
 }
 
 const char* const kVariants[] = {"snappy_dict_v1", "zstd_plain_v2", "gzip_dict_v2",
@@ -63,18 +47,10 @@ TEST(ParquetReader, ReadsWhatPyarrowWroteUnderEveryCodecEncodingAndPageVersion) 
   for (const auto& [name, want] :
        {std::pair{"chat", chat}, std::pair{"alpaca", alpaca}, std::pair{"tokens", tokens}}) {
     for (const char* v : kVariants) {
-      const auto path = SeedDir() / (std::string(name) + "_" + v + ".parquet");
-      ASSERT_TRUE(std::filesystem::exists(path)) << path;
-      auto rows = Rows(Slurp(path));
-      ASSERT_TRUE(rows.ok()) << path << ": " << rows.status().ToString();
-      EXPECT_EQ(ojson(*rows), want) << path;
       // The file path reads the same rows (pread, one row group at a time).
-      std::vector<ojson> from_file;
-      ASSERT_TRUE(ForEachParquetRow(path.string(), [&](size_t, ojson r) {
-                    from_file.push_back(std::move(r));
-                    return OkStatus();
-                  }).ok());
-      EXPECT_EQ(ojson(from_file), want) << path;
+      columnar_test::ExpectSeedRows(ForEachParquetRowInBuffer, ForEachParquetRow,
+                                    SeedDir() / (std::string(name) + "_" + v + ".parquet"),
+                                    "t.parquet", want);
     }
   }
 }
