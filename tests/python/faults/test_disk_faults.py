@@ -13,12 +13,12 @@ In both the job is held (faultlib.Hold, the shim again) from the commit of its f
 until the fault is in place, so that it cannot finish or pass the writes the fault is for while
 the test sets it up on a loaded machine.
 
-Each case then requires, within FAULT_BOUND_S: the job fails with an error naming the failure
-(or carries on where nothing needed the directory); the daemon stays up and serving; the newest
-committed checkpoint is intact and loadable: with the fault cleared, a job resumed from it
-completes with weights bit-for-bit equal to an uninterrupted run's. The state-directory cases
-also check that jobs.db passes SQLite's integrity_check and that the job's recorded state matches
-what it left on disk after a restart."""
+Each case then requires: the job fails with an error naming the failure (or carries on where
+nothing needed the directory), never standing still for FAULT_BOUND_S while RUNNING; the daemon
+stays up and serving; the newest committed checkpoint is intact and loadable: with the fault
+cleared, a job resumed from it completes with weights bit-for-bit equal to an uninterrupted run's.
+The state-directory cases also check that jobs.db passes SQLite's integrity_check and that the
+job's recorded state matches what it left on disk after a restart."""
 
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ from faultlib import (S, Events, FaultDaemon, Hold, build_fault_shim, differing_
                       make_workspace, spec, state_name, wait_final)
 
 STEPS, SAVE_STEPS = 24, 4
+# A hang's bound, not a speed's: how long a RUNNING job may show no new step. A full disk fails a
+# job only at the first write that needs a block the disk no longer has, which can be steps after
+# the fill: the NVMe store reserves its data blocks up front (fallocate) and reuses the extents a
+# commit frees, so once its data file has reached its steady size only the manifest asks for
+# space, one 4 KiB page per ~1 KiB of commit records a step appends. On a loaded machine those
+# steps took longer than 30 s (ENOSPC-store: RUNNING at step 8 30 s after the fill, at step 9 when
+# stopped, never failed by then).
 FAULT_BOUND_S = 30
 SETTLE_S = 5
 CLEARED_BOUND_S = 90  # a hang's bound, not a speed's: the job's remaining steps on a loaded box
@@ -110,20 +117,33 @@ class Tmpfs:
 
 def wait_ended(c: offloadd.Client, d: FaultDaemon, job_id: str, t_fault: float, out: pathlib.Path,
                bound: float = FAULT_BOUND_S) -> S.Job:
-    """The job once it ends; or, `bound` s after the fault, or SETTLE_S after the daemon's log
-    says the job ended or its model is exported, the job as it then stands (a job the daemon finished but still shows
-    RUNNING is a defect)."""
+    """The job once it ends; or the job as it stands once it has shown no new step for `bound` s
+    since the fault (or its last step), or SETTLE_S after the daemon's log says the job ended or its
+    model is exported (a job that stands still, or that the daemon finished but still shows
+    RUNNING, is a defect). A job still making steps is waited for: how many steps it takes before
+    a write needs the disk is the product's (see FAULT_BOUND_S), how long they take the machine's."""
     ended_at = None
+    last_step, last_progress = None, t_fault
     while True:
         job = wait_final(c, job_id, 1)
         if job.state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED):
             return job
         now = time.monotonic()
+        if job.progress.step != last_step:
+            if last_step is not None:
+                last_progress = now
+            last_step = job.progress.step
         if ended_at is None and (re.search(rf"job {job_id} (SUCCEEDED|FAILED|CANCELLED)", d.log())
                                  or (out / "model.safetensors").exists()):
             ended_at = now
-        if now - t_fault > bound or (ended_at is not None and now - ended_at > SETTLE_S):
+        if now - last_progress > bound or (ended_at is not None and now - ended_at > SETTLE_S):
             return job
+
+
+def store_file_sizes(store: pathlib.Path) -> dict[str, int]:
+    """The store's files (job-*/MANIFEST, job-*/data) and their sizes in bytes."""
+    return {p.name: p.stat().st_size for p in sorted(store.glob("job-*/*"))
+            if p.name in ("MANIFEST", "data")}
 
 
 def committed_checkpoints(out: pathlib.Path) -> list[pathlib.Path]:
@@ -169,6 +189,8 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
             if fault == "ENOSPC":
                 filled = fs.fill()
                 figures.numbers["filler_bytes"] = filled
+                if where == "store":  # what asks the full disk for space next (see FAULT_BOUND_S)
+                    figures.numbers.update(store_files_at_fill=store_file_sizes(target))
             else:
                 arm.touch()
             at_step = ev.last_step()
@@ -216,9 +238,14 @@ def test_disk_fault_fails_cleanly_and_keeps_the_last_checkpoint(binary_dir, tmp_
             if hung:  # recorded; the restart below shows whether the state comes right
                 on_disk = (ws / "out" / "model.safetensors").exists()
                 figures.defect(f"{fault} under {where}: the job still shows {state_name(final.state)} at step "
-                               f"{final.progress.step} {took:.0f} s after the fault (and after it was cleared)"
+                               f"{final.progress.step}, no new step for {FAULT_BOUND_S} s, {took:.0f} s after the fault "
+                               "(and after it was cleared)"
                                + (" although it ended and its exported model is on disk"
                                   if on_disk else ""))
+            # Every step commits about 1 KiB of records to the store's manifest (every write fails
+            # under EIO): the job's remaining steps cannot all fit in the page the full disk left it.
+            assert where != "store" or hung or final.state == S.JOB_STATE_FAILED, figures.defect(
+                f"{fault} under the store: the job {state_name(final.state)} at step {final.progress.step}")
             if final.state == S.JOB_STATE_FAILED:
                 msg = final.error.message
                 assert any(k in msg for k in CLEAR_ERRORS[fault]), figures.defect(
