@@ -238,6 +238,8 @@ void CheckCompression(const v1::CompressionConfig& comp, Checker& c) {
 }
 
 
+}  // namespace
+
 JobDefaults JobDefaultsOf(const NodeBudget& node) {
   JobDefaults d;
   d.has_gpu = !node.gpus.empty();  // a node with GPUs trains on them

@@ -261,7 +261,6 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
 }
 
 }  // namespace
-}  // namespace
 
 // dataset.paths and eval_paths: each distinct file resolves, and its first records parse and
 // encode, within the request's preview budget; something trains.

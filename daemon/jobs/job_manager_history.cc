@@ -1,7 +1,14 @@
 // JobManager's reads of a job's history: its metrics rows and its events, a page at a time
-// (ListJobMetrics, ListJobEvents).
+// (ListJobMetrics, ListJobEvents), its checkpoints, and the watch that follows its events.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "daemon/jobs/job_manager.h"
 
@@ -59,6 +66,93 @@ StatusOr<JobManager::EventsPage> JobManager::Events(const std::string& id, int64
         page.events.push_back(std::move(e));
       }
       page.next_after = cursor;
+    }
+  }
+}
+
+StatusOr<std::vector<v1::Checkpoint>> JobManager::Checkpoints(const std::string& id) {
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  std::vector<v1::Checkpoint> out;
+  int64_t cursor = 0;
+  while (true) {
+    ASSIGN_OR_RETURN(auto events, store_->Events(id, cursor, 1000));
+    if (events.empty()) break;
+    for (const auto& e : events) {
+      struct stat st{};
+      if (e.has_checkpoint_saved() && stat(e.checkpoint_saved().path().c_str(), &st) == 0) {
+        // A checkpoint written again after a resume from an older one replaces its first entry.
+        std::erase_if(out, [&](const v1::Checkpoint& c) { return c.path() == e.checkpoint_saved().path(); });
+        out.push_back(e.checkpoint_saved());
+      }
+      cursor = e.cursor();
+    }
+  }
+  return out;
+}
+
+Status JobManager::Watch(const std::string& id, int64_t after_cursor,
+                         const std::function<bool(const v1::JobEvent&)>& sink, const std::function<bool()>& cancelled,
+                         int poll_ms) {
+  // Registered before the first read, so any event appended after a read that came back empty
+  // shows in the slot.
+  std::shared_ptr<WatchSlot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& s = watch_slots_[id];
+    if (!s) s = std::make_shared<WatchSlot>();
+    ++s->watchers;
+    slot = s;
+  }
+  struct Leave {
+    JobManager* m;
+    const std::string& id;
+    ~Leave() {
+      std::lock_guard<std::mutex> lock(m->mu_);
+      auto it = m->watch_slots_.find(id);
+      if (it != m->watch_slots_.end() && --it->second->watchers == 0) m->watch_slots_.erase(it);
+    }
+  } leave{this, id};
+
+  int64_t cursor = after_cursor;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_) {
+        return UnavailableError("the daemon is shutting down; watch again after it restarts with after_cursor=" +
+                                std::to_string(cursor));
+      }
+    }
+    ASSIGN_OR_RETURN(auto events, store_->Events(id, cursor, 256));
+    if (events.empty()) {
+      // Read the state under mu_: a transition updates the job and appends its event under mu_,
+      // so a final state seen here has its event in the store already (read without mu_, the
+      // update could show before the event is appended, and the watch would end without it).
+      ASSIGN_OR_RETURN(v1::Job job, [&] {
+        std::lock_guard<std::mutex> lock(mu_);
+        return store_->Get(id);
+      }());
+      if (IsFinalState(job.state())) {
+        ASSIGN_OR_RETURN(auto last, store_->Events(id, cursor, 256));
+        if (last.empty()) return OkStatus();
+        events = std::move(last);
+      }
+    }
+    for (const auto& e : events) {
+      if (!sink(e)) return CancelledError("watcher stopped");
+      cursor = e.cursor();
+    }
+    if (cancelled()) return CancelledError("watcher went away");
+    if (events.empty()) {
+      // Sleep until the job has an event past `cursor`; wake every poll_ms only to notice a
+      // watcher that went away.
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!shutting_down_ && slot->last_cursor <= cursor) {
+        if (slot->appended.wait_for(lock, std::chrono::milliseconds(poll_ms)) == std::cv_status::timeout) {
+          lock.unlock();
+          if (cancelled()) return CancelledError("watcher went away");
+          lock.lock();
+        }
+      }
     }
   }
 }
