@@ -29,7 +29,8 @@ std::string TrainerStateJson(const LogHistory& history, const TrainerStateFacts&
       log.push_back(std::move(e));
     }
     if (m.has_eval_loss()) {
-      log.push_back(ordered_json{{"epoch", m.epoch()}, {"eval_loss", m.eval_loss()}, {"step", step}});
+      log.push_back(
+          ordered_json{{"epoch", m.epoch()}, {"eval_loss", m.eval_loss()}, {"step", step}});
     }
   }
   ordered_json out;
@@ -54,7 +55,8 @@ std::string TrainerStateJson(const LogHistory& history, const TrainerStateFacts&
   return out.dump(2) + "\n";
 }
 
-Status WriteTrainerState(const std::string& dir, const LogHistory& history, const TrainerStateFacts& facts) {
+Status WriteTrainerState(const std::string& dir, const LogHistory& history,
+                         const TrainerStateFacts& facts) {
   const std::string path = dir + "/trainer_state.json";
   return WriteFileAtomically(path, TrainerStateJson(history, facts)).WithContext("writing " + path);
 }

@@ -39,6 +39,7 @@ struct TrainerStateFacts {
 // The trainer_state.json text (indented JSON; non-finite numbers as null).
 std::string TrainerStateJson(const LogHistory& history, const TrainerStateFacts& facts);
 // Writes it to `dir`/trainer_state.json atomically (common/safe_path.h), replacing one there.
-Status WriteTrainerState(const std::string& dir, const LogHistory& history, const TrainerStateFacts& facts);
+Status WriteTrainerState(const std::string& dir, const LogHistory& history,
+                         const TrainerStateFacts& facts);
 
 }  // namespace offloadd::executor

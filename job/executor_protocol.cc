@@ -50,14 +50,18 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
 }
 
 // Each field listed once per struct, for both directions.
-#define OFFLOADD_STEP_FIELDS(X)                                                                          \
-  X(step) X(max_steps) X(epoch) X(tokens) X(trained_tokens) X(loss) X(learning_rate) X(grad_norm)         \
-  X(loss_scale) X(skipped) X(clipped) X(speculated_layers) X(corrected_layers) X(cpu_update_params)       \
-  X(device_update_params) X(step_seconds) X(model_flops) X(gpu_compute_seconds) X(gpu_forward_seconds)    \
-  X(h2d_seconds) X(d2h_seconds) X(cpu_update_seconds) X(nvme_seconds) X(lsp_compress_seconds)             \
-  X(lsp_decompress_seconds) X(stall_weights_seconds) X(stall_grads_seconds) X(stall_optimizer_seconds)    \
-  X(stall_activations_seconds) X(h2d_bytes) X(d2h_bytes) X(nvme_read_bytes) X(nvme_write_bytes)           \
-  X(nvme_activation_bytes) X(gpu_peak_bytes) X(time_to_first_step_seconds) X(aux_loss)
+#define OFFLOADD_STEP_FIELDS(X)                                                                 \
+  X(step)                                                                                       \
+  X(max_steps) X(epoch) X(tokens) X(trained_tokens) X(loss) X(learning_rate) X(grad_norm)       \
+      X(loss_scale) X(skipped) X(clipped) X(speculated_layers) X(corrected_layers)              \
+          X(cpu_update_params) X(device_update_params) X(step_seconds) X(model_flops)           \
+              X(gpu_compute_seconds) X(gpu_forward_seconds) X(h2d_seconds) X(d2h_seconds)       \
+                  X(cpu_update_seconds) X(nvme_seconds) X(lsp_compress_seconds)                 \
+                      X(lsp_decompress_seconds) X(stall_weights_seconds) X(stall_grads_seconds) \
+                          X(stall_optimizer_seconds) X(stall_activations_seconds) X(h2d_bytes)  \
+                              X(d2h_bytes) X(nvme_read_bytes) X(nvme_write_bytes)               \
+                                  X(nvme_activation_bytes) X(gpu_peak_bytes)                    \
+                                      X(time_to_first_step_seconds) X(aux_loss)
 #define OFFLOADD_EVAL_FIELDS(X) X(step) X(loss) X(tokens) X(seconds)
 #define OFFLOADD_CHECK_FIELDS(X) X(step) X(checked) X(switched) X(mean_bias) X(mean_bias_after) X(seconds)
 #define OFFLOADD_WORKER_FIELDS(X) \
@@ -104,7 +108,8 @@ v1::StepMetrics MetricsRow(const pb::StepStats& s, const google::protobuf::Times
   row.set_loss(s.loss());
   row.set_learning_rate(s.learning_rate());
   row.set_grad_norm(s.grad_norm());
-  if (s.step_seconds() > 0) row.set_tokens_per_second(static_cast<double>(s.tokens()) / s.step_seconds());
+  if (s.step_seconds() > 0)
+    row.set_tokens_per_second(static_cast<double>(s.tokens()) / s.step_seconds());
   if (s.aux_loss() != 0) row.set_aux_loss(s.aux_loss());  // 0: the model reports no router loss
   return row;
 }
@@ -130,7 +135,8 @@ bool MergeStepMetrics(const v1::StepMetrics& from, v1::StepMetrics* to) {
     *to->mutable_time() = from.time();
     to->set_epoch(from.epoch());
   });
-  take(to->has_learning_rate(), from.has_learning_rate(), [&] { to->set_learning_rate(from.learning_rate()); });
+  take(to->has_learning_rate(), from.has_learning_rate(),
+       [&] { to->set_learning_rate(from.learning_rate()); });
   take(to->has_grad_norm(), from.has_grad_norm(), [&] { to->set_grad_norm(from.grad_norm()); });
   take(to->has_tokens_per_second(), from.has_tokens_per_second(),
        [&] { to->set_tokens_per_second(from.tokens_per_second()); });

@@ -55,8 +55,10 @@ trainer::RuntimeStats FromProto(const offloadd::internal::RuntimeStats& p);
 // the executor writes them into trainer_state.json: a step's training values (tokens per second
 // as JobProgress has them; aux_loss only when the model reports a router loss), an evaluation's
 // loss. `time` is the row's time.
-offloadd::v1::StepMetrics MetricsRow(const offloadd::internal::StepStats& s, const google::protobuf::Timestamp& time);
-offloadd::v1::StepMetrics MetricsRow(const offloadd::internal::EvalStats& e, const google::protobuf::Timestamp& time);
+offloadd::v1::StepMetrics MetricsRow(const offloadd::internal::StepStats& s,
+                                     const google::protobuf::Timestamp& time);
+offloadd::v1::StepMetrics MetricsRow(const offloadd::internal::EvalStats& e,
+                                     const google::protobuf::Timestamp& time);
 // Adds to `to` (a row of the same step) the values of `from` that it lacks: a value a row has
 // keeps its first report (a step replayed after a resume), an evaluation joins its step's
 // training values. True when it added any; training values also set the row's time and epoch.

@@ -237,7 +237,6 @@ void CheckCompression(const v1::CompressionConfig& comp, Checker& c) {
   c.Range("compression.projector_update_interval", comp.projector_update_interval(), 1, 1 << 30);
 }
 
-
 }  // namespace
 
 JobDefaults JobDefaultsOf(const NodeBudget& node) {

@@ -43,7 +43,6 @@ struct TokenizerCheck {
   std::string dir;
 };
 
-
 // dataset.paths, eval_paths and a mixture's datasets[i].paths: each distinct file resolves, and
 // its first records parse and encode, within the request's preview budget; something trains
 // (job_validator_datasets.cc).

@@ -41,16 +41,22 @@ namespace v1 = offloadd::v1;
 
 constexpr uint64_t kMaxDatasetPreviewBytes = 64ull << 20;
 
-
 text::DatasetFormat ToTextFormat(v1::DatasetFormat f) {
   switch (f) {
-    case v1::DATASET_FORMAT_ALPACA: return text::DatasetFormat::kAlpaca;
-    case v1::DATASET_FORMAT_SHAREGPT: return text::DatasetFormat::kShareGpt;
-    case v1::DATASET_FORMAT_TEXT: return text::DatasetFormat::kText;
-    case v1::DATASET_FORMAT_MESSAGES: return text::DatasetFormat::kMessages;
-    case v1::DATASET_FORMAT_PROMPT_COMPLETION: return text::DatasetFormat::kPromptCompletion;
-    case v1::DATASET_FORMAT_PRETOKENIZED: return text::DatasetFormat::kPretokenized;
-    default: return text::DatasetFormat::kAuto;
+    case v1::DATASET_FORMAT_ALPACA:
+      return text::DatasetFormat::kAlpaca;
+    case v1::DATASET_FORMAT_SHAREGPT:
+      return text::DatasetFormat::kShareGpt;
+    case v1::DATASET_FORMAT_TEXT:
+      return text::DatasetFormat::kText;
+    case v1::DATASET_FORMAT_MESSAGES:
+      return text::DatasetFormat::kMessages;
+    case v1::DATASET_FORMAT_PROMPT_COMPLETION:
+      return text::DatasetFormat::kPromptCompletion;
+    case v1::DATASET_FORMAT_PRETOKENIZED:
+      return text::DatasetFormat::kPretokenized;
+    default:
+      return text::DatasetFormat::kAuto;
   }
 }
 
@@ -113,7 +119,8 @@ StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget,
     eof = n == 0;
     const size_t first = data.find_first_not_of(" \t\r\n");
     const bool array = first != std::string::npos && data[first] == '[';
-    newlines += static_cast<size_t>(std::count(data.begin() + static_cast<ptrdiff_t>(old), data.end(), '\n'));
+    newlines += static_cast<size_t>(
+        std::count(data.begin() + static_cast<ptrdiff_t>(old), data.end(), '\n'));
     if (!array && newlines > max_records) break;
   }
   const size_t first = data.find_first_not_of(" \t\r\n");
@@ -124,10 +131,12 @@ StatusOr<Preview> PreviewRecords(const std::string& path, PreviewBudget* budget,
       *skipped = true;
       return Preview{};
     }
-    return InvalidArgumentError(path + " is a JSON array larger than " + FormatByteSize(kMaxDatasetPreviewBytes) +
+    return InvalidArgumentError(path + " is a JSON array larger than " +
+                                FormatByteSize(kMaxDatasetPreviewBytes) +
                                 "; use JSON Lines (one record per line) for large datasets");
   }
-  if (!eof) data.resize(data.rfind('\n') == std::string::npos ? 0 : data.rfind('\n') + 1);  // whole lines
+  if (!eof)
+    data.resize(data.rfind('\n') == std::string::npos ? 0 : data.rfind('\n') + 1);  // whole lines
   ASSIGN_OR_RETURN(auto records, text::SplitRecords(data, path));
   if (records.empty() && out_of_bytes) {
     *skipped = true;
@@ -176,7 +185,7 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
   auto real = paths.ResolveExisting(path);
   if (c.Fails(field, real.status())) return "";
   const bool columnar = text::IsColumnarDataset(*real);
-  struct stat st{};
+  struct stat st {};
   if (::stat(real->c_str(), &st) == 0 && S_ISDIR(st.st_mode) && !columnar) {
     c.Add(field,
           "'" + *real +
@@ -242,8 +251,10 @@ std::string CheckDataFile(const PathPolicy& paths, const text::Tokenizer* tokeni
       bool outside = false;
       for (int32_t id : doc->input_ids) {
         if (config && (id < 0 || id >= config->vocab_size)) {
-          c.Add(field, where + ": token id " + std::to_string(id) + " is outside the model's vocabulary of " +
-                           std::to_string(config->vocab_size) + " (tokenizer and model do not match)");
+          c.Add(field, where + ": token id " + std::to_string(id) +
+                           " is outside the model's vocabulary of " +
+                           std::to_string(config->vocab_size) +
+                           " (tokenizer and model do not match)");
           outside = true;
           break;
         }

@@ -30,7 +30,8 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
   int requested = cfg.offload.device_optimizer_blocks;
   if (const double share = cfg.offload.device_optimizer_share; share >= 0) {
     if (!(share <= 1)) {
-      return InvalidArgumentError("device optimizer share must be in [0, 1], got " + std::to_string(share));
+      return InvalidArgumentError("device optimizer share must be in [0, 1], got " +
+                                  std::to_string(share));
     }
     uint64_t total_params = 0, held = 0;
     for (const auto& bl : layout) total_params += bl.numel;
@@ -62,15 +63,15 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
     while (fit < n && used + need[fit + 1] <= gpu_budget) ++fit;
     if (requested > fit) {
       const double share = cfg.offload.device_optimizer_share;
-      const std::string what =
-          share >= 0 ? "offload_optimizer.ratio " + FormatShare(1 - share) + " (blocks 0-" +
-                           std::to_string(requested - 1) + " on the GPU)"
-                     : "device_optimizer_blocks " + std::to_string(requested);
+      const std::string what = share >= 0 ? "offload_optimizer.ratio " + FormatShare(1 - share) +
+                                                " (blocks 0-" + std::to_string(requested - 1) +
+                                                " on the GPU)"
+                                          : "device_optimizer_blocks " + std::to_string(requested);
       return ResourceExhaustedError(
-          what + " needs " +
-          FormatByteSize(static_cast<uint64_t>(need[requested])) + " of GPU memory for their AdamW " +
-          "states, but gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
-          " leaves " + FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, gpu_budget - used))) +
+          what + " needs " + FormatByteSize(static_cast<uint64_t>(need[requested])) +
+          " of GPU memory for their AdamW " + "states, but gpu_memory_limit " +
+          FormatByteSize(static_cast<uint64_t>(gpu_budget)) + " leaves " +
+          FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, gpu_budget - used))) +
           " after the weights, activations and workspace: at most " + std::to_string(fit) +
           " blocks fit (leave it unset to place them by the first step's measured peak)");
     } else {
@@ -88,16 +89,18 @@ Status Trainer::Impl::PlanLspDeviceOptimizer(bool resident, int64_t used) {
   // the static estimate fits the budget with kLspDeviceMargin to spare (the planner's measured
   // placement prices CPU updates of whole blocks, which LSP's are not).
   int exact_prefix = 0;
-  while (exact_prefix < n && std::none_of(layout[exact_prefix].params.begin(), layout[exact_prefix].params.end(),
-                                          [](const ParamSlot& s) { return s.compressed != nullptr; })) {
+  while (exact_prefix < n &&
+         std::none_of(layout[exact_prefix].params.begin(), layout[exact_prefix].params.end(),
+                      [](const ParamSlot& s) { return s.compressed != nullptr; })) {
     ++exact_prefix;
   }
   const int requested = cfg.offload.device_optimizer_blocks;
   if (requested > exact_prefix) {
-    return UnimplementedError("device_optimizer_blocks " + std::to_string(requested) +
-                              " with LSP compression: only the lowest " + std::to_string(exact_prefix) +
-                              " block(s), exact (no compressed weight), can keep AdamW states on the GPU; "
-                              "the decoder layers' subspaces are updated by the CPU workers");
+    return UnimplementedError(
+        "device_optimizer_blocks " + std::to_string(requested) +
+        " with LSP compression: only the lowest " + std::to_string(exact_prefix) +
+        " block(s), exact (no compressed weight), can keep AdamW states on the GPU; "
+        "the decoder layers' subspaces are updated by the CPU workers");
   }
   int count = std::max(0, requested);
   if (requested == OffloadPlanConfig::kAutoDeviceOptimizer) {
@@ -105,22 +108,24 @@ Status Trainer::Impl::PlanLspDeviceOptimizer(bool resident, int64_t used) {
     if (cuda) {
       constexpr double kLspDeviceMargin = 0.10;
       const std::vector<int64_t> need = DeviceOptimizerNeeds(resident);
-      const auto room = static_cast<int64_t>((1 - kLspDeviceMargin) * static_cast<double>(gpu_budget));
+      const auto room =
+          static_cast<int64_t>((1 - kLspDeviceMargin) * static_cast<double>(gpu_budget));
       while (count < exact_prefix && used + need[count + 1] <= room) ++count;
     }
   } else if (cuda && count > 0 && used + DeviceOptimizerNeeds(resident)[count] > gpu_budget) {
-    return ResourceExhaustedError("device_optimizer_blocks " + std::to_string(count) + " needs " +
-                                  FormatByteSize(static_cast<uint64_t>(DeviceOptimizerNeeds(resident)[count])) +
-                                  " of GPU memory beside " + FormatByteSize(static_cast<uint64_t>(used)) +
-                                  ": more than gpu_memory_limit " +
-                                  FormatByteSize(static_cast<uint64_t>(gpu_budget)));
+    return ResourceExhaustedError(
+        "device_optimizer_blocks " + std::to_string(count) + " needs " +
+        FormatByteSize(static_cast<uint64_t>(DeviceOptimizerNeeds(resident)[count])) +
+        " of GPU memory beside " + FormatByteSize(static_cast<uint64_t>(used)) +
+        ": more than gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)));
   }
   for (int b = 0; b < count; ++b) device_blocks[b] = true;
   return OkStatus();
 }
 
 std::vector<int64_t> Trainer::Impl::DeviceOptimizerNeeds(bool resident, int accumulation) const {
-  const auto A = static_cast<uint32_t>(accumulation > 0 ? accumulation : cfg.gradient_accumulation_steps);
+  const auto A =
+      static_cast<uint32_t>(accumulation > 0 ? accumulation : cfg.gradient_accumulation_steps);
   const int64_t elem = c10::elementSize(dtype);
   std::vector<int64_t> need(n + 1, 0);
   for (int b = 0; b < n; ++b) {

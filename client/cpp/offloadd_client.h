@@ -70,8 +70,10 @@ class Client {
   StatusOr<offloadd::v1::Job> ResumeJob(const std::string& job_id);
   StatusOr<offloadd::v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
   // One page of the job's metrics history (rows after request.after_step) or of its events.
-  StatusOr<offloadd::v1::ListJobMetricsResponse> ListJobMetrics(const offloadd::v1::ListJobMetricsRequest& request);
-  StatusOr<offloadd::v1::ListJobEventsResponse> ListJobEvents(const offloadd::v1::ListJobEventsRequest& request);
+  StatusOr<offloadd::v1::ListJobMetricsResponse> ListJobMetrics(
+      const offloadd::v1::ListJobMetricsRequest& request);
+  StatusOr<offloadd::v1::ListJobEventsResponse> ListJobEvents(
+      const offloadd::v1::ListJobEventsRequest& request);
   // Calls on_event for each event until the stream ends (job finished) or on_event returns false.
   // One stream: a broken connection ends it with the error (see Wait for a watch that resumes).
   Status WatchJob(const offloadd::v1::WatchJobRequest& request,

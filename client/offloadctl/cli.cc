@@ -128,12 +128,14 @@ void AddCommands(CLI::App& app, Options* o) {
   AddJobId(Command(app, o, "pause", "checkpoint and pause a running job"), o);
   AddJobId(Command(app, o, "resume", "re-queue a paused job"), o);
   AddJobId(Command(app, o, "checkpoints", "list a job's checkpoints (step, loss, size, path)"), o);
-  CLI::App* metrics = Command(app, o, "metrics",
-                              "print a job's metrics history, one row per step (loss, learning rate, "
-                              "grad norm, tokens/s, aux loss, eval loss), as the daemon keeps it with "
-                              "the job; -o csv, json, yaml or table");
+  CLI::App* metrics =
+      Command(app, o, "metrics",
+              "print a job's metrics history, one row per step (loss, learning rate, "
+              "grad norm, tokens/s, aux loss, eval loss), as the daemon keeps it with "
+              "the job; -o csv, json, yaml or table");
   AddJobId(metrics, o);
-  metrics->add_option("--after-step", o->after_step, "only the steps after this one")->type_name("STEP");
+  metrics->add_option("--after-step", o->after_step, "only the steps after this one")
+      ->type_name("STEP");
   AddJobId(Command(app, o, "watch",
                    "stream a job's events until it ends, resuming after a dropped connection; on "
                    "a terminal, progress redraws one status line (bar, loss, tok/s, ETA). Exit 0 "

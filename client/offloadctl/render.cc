@@ -359,7 +359,8 @@ std::string RenderProgressLine(const offloadd::v1::JobProgress& p, int bar_width
   std::snprintf(buf, sizeof buf, "  loss %.4f  lr %.1e  %.0f tok/s", p.loss(), p.learning_rate(), p.tokens_per_second());
   o << buf;
   if (p.has_eval_loss()) {
-    std::snprintf(buf, sizeof buf, "  eval_loss %.4f (step %lld)", p.eval_loss(), static_cast<long long>(p.eval_step()));
+    std::snprintf(buf, sizeof buf, "  eval_loss %.4f (step %lld)", p.eval_loss(),
+                  static_cast<long long>(p.eval_step()));
     o << buf;
   }
   if (p.has_eta()) {

@@ -416,10 +416,12 @@ class AttemptRunner {
     } else if (m.has_checkpoint()) {
       control_.CheckpointSaved(m.checkpoint());
     } else if (m.has_step()) {
-      control_.RecordMetrics(MetricsRow(m.step(), google::protobuf::util::TimeUtil::GetCurrentTime()));
+      control_.RecordMetrics(
+          MetricsRow(m.step(), google::protobuf::util::TimeUtil::GetCurrentTime()));
       if (metrics_ != nullptr) metrics_->Observe(job_.id(), FromProto(m.step()));
     } else if (m.has_eval()) {
-      control_.RecordMetrics(MetricsRow(m.eval(), google::protobuf::util::TimeUtil::GetCurrentTime()));
+      control_.RecordMetrics(
+          MetricsRow(m.eval(), google::protobuf::util::TimeUtil::GetCurrentTime()));
       if (metrics_ != nullptr) metrics_->ObserveEval(job_.id(), FromProto(m.eval()));
     } else if (metrics_ != nullptr && m.has_projector_check()) {
       metrics_->ObserveProjectorCheck(job_.id(), FromProto(m.projector_check()));

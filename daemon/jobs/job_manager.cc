@@ -2,8 +2,8 @@
 
 #include <sys/stat.h>
 
-#include <cctype>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <random>
 #include <utility>

@@ -200,7 +200,8 @@ class JobManager {
   // The job's metrics history (job_manager_history.cc): rows with step > *after_step (all when
   // nullopt), at most `limit` (0: 1000; at most 10000). NOT_FOUND for an unknown job,
   // INVALID_ARGUMENT for a negative limit.
-  StatusOr<JobStore::MetricsPage> Metrics(const std::string& id, std::optional<int64_t> after_step, int limit);
+  StatusOr<JobStore::MetricsPage> Metrics(const std::string& id, std::optional<int64_t> after_step,
+                                          int limit);
   struct EventsPage {
     std::vector<offloadd::v1::JobEvent> events;
     bool has_more = false;   // events follow next_after

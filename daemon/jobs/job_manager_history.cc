@@ -21,23 +21,25 @@ constexpr int kDefaultMetricRows = 1000, kMaxMetricRows = 10000;
 constexpr int kDefaultEvents = 100, kMaxEvents = 1000;
 
 StatusOr<int> PageSize(int limit, int default_size, int max_size) {
-  if (limit < 0) return InvalidArgumentError("limit must not be negative, got " + std::to_string(limit));
+  if (limit < 0)
+    return InvalidArgumentError("limit must not be negative, got " + std::to_string(limit));
   if (limit == 0) return default_size;
   return std::min(limit, max_size);
 }
 }  // namespace
 
-StatusOr<JobStore::MetricsPage> JobManager::Metrics(const std::string& id, std::optional<int64_t> after_step,
-                                                    int limit) {
+StatusOr<JobStore::MetricsPage> JobManager::Metrics(const std::string& id,
+                                                    std::optional<int64_t> after_step, int limit) {
   ASSIGN_OR_RETURN(const int rows, PageSize(limit, kDefaultMetricRows, kMaxMetricRows));
   RETURN_IF_ERROR(store_->Get(id).status());  // NOT_FOUND for an unknown job
   return store_->Metrics(id, after_step, rows);
 }
 
-StatusOr<JobManager::EventsPage> JobManager::Events(const std::string& id, int64_t after, int limit, bool progress,
-                                                    bool logs) {
+StatusOr<JobManager::EventsPage> JobManager::Events(const std::string& id, int64_t after, int limit,
+                                                    bool progress, bool logs) {
   ASSIGN_OR_RETURN(const int size, PageSize(limit, kDefaultEvents, kMaxEvents));
-  if (after < 0) return InvalidArgumentError("after must not be negative, got " + std::to_string(after));
+  if (after < 0)
+    return InvalidArgumentError("after must not be negative, got " + std::to_string(after));
   RETURN_IF_ERROR(store_->Get(id).status());
   EventsPage page;
   page.next_after = after;
@@ -78,10 +80,11 @@ StatusOr<std::vector<v1::Checkpoint>> JobManager::Checkpoints(const std::string&
     ASSIGN_OR_RETURN(auto events, store_->Events(id, cursor, 1000));
     if (events.empty()) break;
     for (const auto& e : events) {
-      struct stat st{};
+      struct stat st {};
       if (e.has_checkpoint_saved() && stat(e.checkpoint_saved().path().c_str(), &st) == 0) {
         // A checkpoint written again after a resume from an older one replaces its first entry.
-        std::erase_if(out, [&](const v1::Checkpoint& c) { return c.path() == e.checkpoint_saved().path(); });
+        std::erase_if(
+            out, [&](const v1::Checkpoint& c) { return c.path() == e.checkpoint_saved().path(); });
         out.push_back(e.checkpoint_saved());
       }
       cursor = e.cursor();
@@ -91,8 +94,8 @@ StatusOr<std::vector<v1::Checkpoint>> JobManager::Checkpoints(const std::string&
 }
 
 Status JobManager::Watch(const std::string& id, int64_t after_cursor,
-                         const std::function<bool(const v1::JobEvent&)>& sink, const std::function<bool()>& cancelled,
-                         int poll_ms) {
+                         const std::function<bool(const v1::JobEvent&)>& sink,
+                         const std::function<bool()>& cancelled, int poll_ms) {
   // Registered before the first read, so any event appended after a read that came back empty
   // shows in the slot.
   std::shared_ptr<WatchSlot> slot;
@@ -118,8 +121,9 @@ Status JobManager::Watch(const std::string& id, int64_t after_cursor,
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (shutting_down_) {
-        return UnavailableError("the daemon is shutting down; watch again after it restarts with after_cursor=" +
-                                std::to_string(cursor));
+        return UnavailableError(
+            "the daemon is shutting down; watch again after it restarts with after_cursor=" +
+            std::to_string(cursor));
       }
     }
     ASSIGN_OR_RETURN(auto events, store_->Events(id, cursor, 256));
@@ -147,7 +151,8 @@ Status JobManager::Watch(const std::string& id, int64_t after_cursor,
       // watcher that went away.
       std::unique_lock<std::mutex> lock(mu_);
       while (!shutting_down_ && slot->last_cursor <= cursor) {
-        if (slot->appended.wait_for(lock, std::chrono::milliseconds(poll_ms)) == std::cv_status::timeout) {
+        if (slot->appended.wait_for(lock, std::chrono::milliseconds(poll_ms)) ==
+            std::cv_status::timeout) {
           lock.unlock();
           if (cancelled()) return CancelledError("watcher went away");
           lock.lock();

@@ -376,9 +376,10 @@ Status JobStore::Delete(const std::string& id) {
     RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
     Status st;
     int deleted = 0;
-    for (const char* sql : {"DELETE FROM jobs WHERE id = ?", "DELETE FROM events WHERE job_id = ?",
-                            "DELETE FROM progress WHERE job_id = ?", "DELETE FROM request_ids WHERE job_id = ?",
-                            "DELETE FROM metrics WHERE job_id = ?"}) {
+    for (const char* sql :
+         {"DELETE FROM jobs WHERE id = ?", "DELETE FROM events WHERE job_id = ?",
+          "DELETE FROM progress WHERE job_id = ?", "DELETE FROM request_ids WHERE job_id = ?",
+          "DELETE FROM metrics WHERE job_id = ?"}) {
       Stmt s(db_, sql);
       if (!s.ok()) {
         st = Error("prepare delete");
@@ -621,8 +622,8 @@ StatusOr<int64_t> JobStore::MetricRowsLocked(const std::string& job_id) {
 
 Status JobStore::RecordMetrics(const std::string& job_id, const v1::StepMetrics& row) {
   if (row.step() < 0) {
-    return InvalidArgumentError("metrics of job " + job_id + ": step " + std::to_string(row.step()) +
-                                " is negative");
+    return InvalidArgumentError("metrics of job " + job_id + ": step " +
+                                std::to_string(row.step()) + " is negative");
   }
   std::lock_guard<std::mutex> lock(mu_);
   return Write<Status>([&]() -> Status {
@@ -644,16 +645,17 @@ Status JobStore::RecordMetrics(const std::string& job_id, const v1::StepMetrics&
       v1::StepMetrics merged;
       if (rc == SQLITE_ROW) {
         if (!merged.ParseFromString(get.ColumnBlob(0))) {
-          return DataLossError("job database " + path_ + ": corrupt metrics of job " + job_id + " at step " +
-                               std::to_string(row.step()));
+          return DataLossError("job database " + path_ + ": corrupt metrics of job " + job_id +
+                               " at step " + std::to_string(row.step()));
         }
         if (!MergeStepMetrics(row, &merged)) return OkStatus();  // nothing new: a replayed step
       } else {
         ASSIGN_OR_RETURN(const int64_t rows, MetricRowsLocked(job_id));
         if (rows >= max_metric_rows_) {
-          return ResourceExhaustedError("job " + job_id + " keeps at most " + std::to_string(max_metric_rows_) +
-                                        " steps of metrics history; step " + std::to_string(row.step()) +
-                                        " and later ones are not recorded");
+          return ResourceExhaustedError(
+              "job " + job_id + " keeps at most " + std::to_string(max_metric_rows_) +
+              " steps of metrics history; step " + std::to_string(row.step()) +
+              " and later ones are not recorded");
         }
         merged = row;
         inserted = true;
@@ -678,8 +680,8 @@ Status JobStore::RecordMetrics(const std::string& job_id, const v1::StepMetrics&
   });
 }
 
-StatusOr<JobStore::MetricsPage> JobStore::Metrics(const std::string& job_id, std::optional<int64_t> after_step,
-                                                  int limit) {
+StatusOr<JobStore::MetricsPage> JobStore::Metrics(const std::string& job_id,
+                                                  std::optional<int64_t> after_step, int limit) {
   std::lock_guard<std::mutex> lock(mu_);
   if (db_ == nullptr) return UnavailableError(file_problem_);
   Stmt s(db_, "SELECT record FROM metrics WHERE job_id = ? AND step > ? ORDER BY step LIMIT ?");

@@ -4,9 +4,9 @@
 //
 // Records are the API's own protobuf messages (Job, JobEvent, StepMetrics) stored as serialized
 // blobs, with the columns needed for filtering and ordering (state, priority, submission
-// sequence, step) kept alongside. A job's progress is kept in a row of its own: a progress report writes that small
-// row and its event, never the record with the spec (a 2 MB spec written again at every step
-// wrote 60 MiB in 30 steps).
+// sequence, step) kept alongside. A job's progress is kept in a row of its own: a progress report
+// writes that small row and its event, never the record with the spec (a 2 MB spec written again at
+// every step wrote 60 MiB in 30 steps).
 //
 // The database file is watched: when it is deleted (or replaced) while the daemon runs, the
 // writes would go on into the unlinked file and be lost at the next start. Every write and every
@@ -40,9 +40,9 @@ namespace offloadd::daemon {
 inline constexpr size_t kListPageBytes = 1u << 20;
 
 // A job's metrics history keeps at most this many rows (steps), about 35 MB of database (and of
-// the history a restarted executor is handed): far more steps than a fine-tuning job runs. Past it, RecordMetrics refuses the steps of new rows
-// with RESOURCE_EXHAUSTED (the job manager says so once in the job's events) and ListJobMetrics
-// reports the history as capped; the rows kept stay.
+// the history a restarted executor is handed): far more steps than a fine-tuning job runs. Past it,
+// RecordMetrics refuses the steps of new rows with RESOURCE_EXHAUSTED (the job manager says so once
+// in the job's events) and ListJobMetrics reports the history as capped; the rows kept stay.
 inline constexpr int64_t kMaxMetricRowsPerJob = 500'000;
 
 class JobStore {
@@ -106,7 +106,8 @@ class JobStore {
     bool capped = false;    // the job holds max_metric_rows rows: later steps were refused
   };
   // Rows with step > *after_step (all when nullopt), in step order, at most `limit`.
-  StatusOr<MetricsPage> Metrics(const std::string& job_id, std::optional<int64_t> after_step, int limit);
+  StatusOr<MetricsPage> Metrics(const std::string& job_id, std::optional<int64_t> after_step,
+                                int limit);
   // Tests: a smaller cap than kMaxMetricRowsPerJob.
   void set_max_metric_rows(int64_t rows) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -300,7 +300,8 @@ grpc::Status JobServiceImpl::ListCheckpoints(grpc::ServerContext*, const v1::Lis
 }
 
 // Reads, like GetJob and WatchJob: open to every client that can connect (docs/security.md).
-grpc::Status JobServiceImpl::ListJobMetrics(grpc::ServerContext*, const v1::ListJobMetricsRequest* request,
+grpc::Status JobServiceImpl::ListJobMetrics(grpc::ServerContext*,
+                                            const v1::ListJobMetricsRequest* request,
                                             v1::ListJobMetricsResponse* response) {
   RpcRecorder rec(metrics_, "ListJobMetrics");
   std::optional<int64_t> after;
@@ -313,7 +314,8 @@ grpc::Status JobServiceImpl::ListJobMetrics(grpc::ServerContext*, const v1::List
   return rec.Done(grpc::Status::OK);
 }
 
-grpc::Status JobServiceImpl::ListJobEvents(grpc::ServerContext*, const v1::ListJobEventsRequest* request,
+grpc::Status JobServiceImpl::ListJobEvents(grpc::ServerContext*,
+                                           const v1::ListJobEventsRequest* request,
                                            v1::ListJobEventsResponse* response) {
   RpcRecorder rec(metrics_, "ListJobEvents");
   auto page = jobs_->Events(request->job_id(), request->after(), request->limit(),

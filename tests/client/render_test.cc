@@ -33,7 +33,8 @@ TEST(RenderTest, ProgressWithAnEvaluation) {
   p.set_loss(1.5);
   p.set_eval_loss(1.25);
   p.set_eval_step(8);
-  EXPECT_EQ(RenderProgressLine(p), "step 8  loss 1.5000  lr 0.0e+00  0 tok/s  eval_loss 1.2500 (step 8)");
+  EXPECT_EQ(RenderProgressLine(p),
+            "step 8  loss 1.5000  lr 0.0e+00  0 tok/s  eval_loss 1.2500 (step 8)");
 }
 
 TEST(RenderTest, FullBarAtTheEnd) {

@@ -63,13 +63,24 @@ class JobManagerHistoryTest : public ::testing::Test {
     spec.set_display_name("history");
     auto job = manager_->Create(spec);
     EXPECT_TRUE(job.ok()) << job.status().ToString();
-    EXPECT_TRUE(manager_->Watch(job->id(), 0, [](const v1::JobEvent&) { return true; }, [] { return false; }, 20).ok());
+    EXPECT_TRUE(
+        manager_
+            ->Watch(
+                job->id(), 0, [](const v1::JobEvent&) { return true; }, [] { return false; }, 20)
+            .ok());
     return job->id();
   }
   std::vector<v1::JobEvent> AllEvents(const std::string& id) {
     std::vector<v1::JobEvent> out;
-    EXPECT_TRUE(manager_->Watch(id, 0, [&](const v1::JobEvent& e) { out.push_back(e); return true; },
-                                [] { return false; }, 20).ok());
+    EXPECT_TRUE(manager_
+                    ->Watch(
+                        id, 0,
+                        [&](const v1::JobEvent& e) {
+                          out.push_back(e);
+                          return true;
+                        },
+                        [] { return false; }, 20)
+                    .ok());
     return out;
   }
   // Every page of ListJobEvents, following next_after.
@@ -145,17 +156,20 @@ TEST_F(JobManagerHistoryTest, PastTheCapTheJobsEventsSaySoOnce) {
   EXPECT_TRUE(page->capped);
   std::vector<std::string> warnings;
   for (const auto& e : AllEvents(id)) {
-    if (e.has_log() && e.log().level() == v1::LOG_LEVEL_WARNING) warnings.push_back(e.log().message());
+    if (e.has_log() && e.log().level() == v1::LOG_LEVEL_WARNING)
+      warnings.push_back(e.log().message());
   }
   ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_NE(warnings[0].find("metrics history: job " + id + " keeps at most 4 steps of metrics history; step 5"),
+  EXPECT_NE(warnings[0].find("metrics history: job " + id +
+                             " keeps at most 4 steps of metrics history; step 5"),
             std::string::npos)
       << warnings[0];
 }
 
 TEST_F(JobManagerHistoryTest, BadRequestsAreRefusedByName) {
   const std::string id = RunJob(1);
-  EXPECT_EQ(manager_->Metrics("no-such-job", std::nullopt, 10).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Metrics("no-such-job", std::nullopt, 10).status().code(),
+            StatusCode::kNotFound);
   EXPECT_EQ(manager_->Events("no-such-job", 0, 10).status().code(), StatusCode::kNotFound);
   const auto negative = manager_->Metrics(id, std::nullopt, -1).status();
   EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);

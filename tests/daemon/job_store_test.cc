@@ -134,7 +134,6 @@ TEST_F(JobStoreTest, AnEventOfAnotherJobIsRefused) {
   EXPECT_TRUE(store_->Events("job-9", 0, 10)->empty());
 }
 
-
 // The metrics history: a row per step, read back in step order a page at a time, with every row
 // exactly once over the pages (step 0, an evaluation before training, included).
 class JobStoreMetricsTest : public JobStoreTest {
@@ -173,7 +172,8 @@ class JobStoreMetricsTest : public JobStoreTest {
 
 TEST_F(JobStoreMetricsTest, PagesCoverEveryRowOnceInStepOrder) {
   ASSERT_TRUE(store_->RecordMetrics("job-1", EvalRow(0, 3.5)).ok());
-  for (int64_t step = 1; step <= 10; ++step) ASSERT_TRUE(store_->RecordMetrics("job-1", TrainRow(step)).ok());
+  for (int64_t step = 1; step <= 10; ++step)
+    ASSERT_TRUE(store_->RecordMetrics("job-1", TrainRow(step)).ok());
   ASSERT_TRUE(store_->RecordMetrics("job-1", EvalRow(5, 2.5)).ok());
   for (int limit : {1, 3, 11, 100}) {
     const auto rows = AllRows(limit);
@@ -211,7 +211,8 @@ TEST_F(JobStoreMetricsTest, AReplayedStepKeepsItsFirstValues) {
 }
 
 TEST_F(JobStoreMetricsTest, RowsSurviveAReopenAndGoWithTheJob) {
-  for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(store_->RecordMetrics("job-1", TrainRow(step)).ok());
+  for (int64_t step = 1; step <= 4; ++step)
+    ASSERT_TRUE(store_->RecordMetrics("job-1", TrainRow(step)).ok());
   store_.reset();  // the daemon stops
   auto reopened = JobStore::Open(db_path_);
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
@@ -233,7 +234,8 @@ TEST_F(JobStoreMetricsTest, RowsSurviveAReopenAndGoWithTheJob) {
 
 TEST_F(JobStoreMetricsTest, PastTheCapNewStepsAreRefusedByNameAndTheHistoryIsCapped) {
   store_->set_max_metric_rows(3);
-  for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(store_->RecordMetrics("job-1", TrainRow(step)).ok());
+  for (int64_t step = 1; step <= 3; ++step)
+    ASSERT_TRUE(store_->RecordMetrics("job-1", TrainRow(step)).ok());
   const Status refused = store_->RecordMetrics("job-1", TrainRow(4));
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("job job-1 keeps at most 3 steps of metrics history; step 4"),

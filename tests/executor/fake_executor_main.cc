@@ -143,8 +143,9 @@ int main(int argc, char** argv) {
     Send(fd, ev);
     if (start.start().history_size() > 0) {
       pb::ExecutorMessage rows;
-      rows.mutable_log()->set_message("history rows " + std::to_string(start.start().history_size()) +
-                                      " first step " + std::to_string(start.start().history(0).step()));
+      rows.mutable_log()->set_message(
+          "history rows " + std::to_string(start.start().history_size()) + " first step " +
+          std::to_string(start.start().history(0).step()));
       Send(fd, rows);
     }
   }

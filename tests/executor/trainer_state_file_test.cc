@@ -68,7 +68,8 @@ TEST(TrainerStateFileTest, AReplayedStepKeepsItsFirstValues) {
 }
 
 TEST(TrainerStateFileTest, WritesTheFileIntoTheDirectory) {
-  const auto dir = std::filesystem::temp_directory_path() / ("offloadd-trainer-state-" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("offloadd-trainer-state-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   LogHistory h;
   h.Add(Train(1, 1.0));

@@ -22,12 +22,15 @@ std::string Cell(bool has, double v) {
 }
 
 std::string Csv(const offloadd::v1::ListJobMetricsResponse& all) {
-  std::string out = "step,epoch,loss,learning_rate,grad_norm,tokens_per_second,aux_loss,eval_loss\n";
+  std::string out =
+      "step,epoch,loss,learning_rate,grad_norm,tokens_per_second,aux_loss,eval_loss\n";
   for (const StepMetrics& m : all.metrics()) {
-    out += std::to_string(m.step()) + "," + Cell(true, m.epoch()) + "," + Cell(m.has_loss(), m.loss()) + "," +
-           Cell(m.has_learning_rate(), m.learning_rate()) + "," + Cell(m.has_grad_norm(), m.grad_norm()) + "," +
-           Cell(m.has_tokens_per_second(), m.tokens_per_second()) + "," + Cell(m.has_aux_loss(), m.aux_loss()) +
-           "," + Cell(m.has_eval_loss(), m.eval_loss()) + "\n";
+    out += std::to_string(m.step()) + "," + Cell(true, m.epoch()) + "," +
+           Cell(m.has_loss(), m.loss()) + "," + Cell(m.has_learning_rate(), m.learning_rate()) +
+           "," + Cell(m.has_grad_norm(), m.grad_norm()) + "," +
+           Cell(m.has_tokens_per_second(), m.tokens_per_second()) + "," +
+           Cell(m.has_aux_loss(), m.aux_loss()) + "," + Cell(m.has_eval_loss(), m.eval_loss()) +
+           "\n";
   }
   return out;
 }
@@ -42,12 +45,12 @@ std::string Short(bool has, const char* format, double v) {
 std::string Table(const offloadd::v1::ListJobMetricsResponse& all) {
   std::string out;
   char line[200];
-  std::snprintf(line, sizeof line, "%8s %8s %10s %9s %10s %10s %10s\n", "STEP", "EPOCH", "LOSS", "LR", "GRAD_NORM",
-                "TOK/S", "EVAL_LOSS");
+  std::snprintf(line, sizeof line, "%8s %8s %10s %9s %10s %10s %10s\n", "STEP", "EPOCH", "LOSS",
+                "LR", "GRAD_NORM", "TOK/S", "EVAL_LOSS");
   out += line;
   for (const StepMetrics& m : all.metrics()) {
-    std::snprintf(line, sizeof line, "%8" PRId64 " %8.3f %10s %9s %10s %10s %10s\n", m.step(), m.epoch(),
-                  Short(m.has_loss(), "%.4f", m.loss()).c_str(),
+    std::snprintf(line, sizeof line, "%8" PRId64 " %8.3f %10s %9s %10s %10s %10s\n", m.step(),
+                  m.epoch(), Short(m.has_loss(), "%.4f", m.loss()).c_str(),
                   Short(m.has_learning_rate(), "%.2e", m.learning_rate()).c_str(),
                   Short(m.has_grad_norm(), "%.4f", m.grad_norm()).c_str(),
                   Short(m.has_tokens_per_second(), "%.0f", m.tokens_per_second()).c_str(),
@@ -77,7 +80,8 @@ int RunMetrics(offloadd::client::Client& c, const Options& o) {
   }
   if (all.capped()) {
     std::fprintf(stderr,
-                 "offloadctl: metrics: job %s reached the daemon's cap of rows per job; later steps were not "
+                 "offloadctl: metrics: job %s reached the daemon's cap of rows per job; later "
+                 "steps were not "
                  "recorded (its events say from which step)\n",
                  TerminalText(o.job_id).c_str());
   }

@@ -46,7 +46,8 @@ int RunCommand(const Options& o, const CLI::App& app) {
   }
   if (o.command == "convert") return RunConvert(o);
   if (o.output == "csv" && o.command != "metrics") {
-    return Fail(o.command, "-o csv: only `offloadctl metrics` prints CSV (use table, json or yaml)", kExitUsage);
+    return Fail(o.command, "-o csv: only `offloadctl metrics` prints CSV (use table, json or yaml)",
+                kExitUsage);
   }
   auto connected = offloadd::client::Client::Connect(o.connect);
   // Connect only builds the channel: what fails here is the flags (target, TLS files).
