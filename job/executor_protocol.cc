@@ -50,22 +50,22 @@ Status CheckHello(const pb::Hello& hello, const std::string& expected_program) {
 }
 
 // Each field listed once per struct, for both directions.
-#define OFFLOADD_STEP_FIELDS(X)                                                                 \
-  X(step)                                                                                       \
-  X(max_steps) X(epoch) X(tokens) X(trained_tokens) X(loss) X(learning_rate) X(grad_norm)       \
-      X(loss_scale) X(skipped) X(clipped) X(speculated_layers) X(corrected_layers)              \
-          X(cpu_update_params) X(device_update_params) X(step_seconds) X(model_flops)           \
-              X(gpu_compute_seconds) X(gpu_forward_seconds) X(h2d_seconds) X(d2h_seconds)       \
-                  X(cpu_update_seconds) X(nvme_seconds) X(lsp_compress_seconds)                 \
-                      X(lsp_decompress_seconds) X(stall_weights_seconds) X(stall_grads_seconds) \
-                          X(stall_optimizer_seconds) X(stall_activations_seconds) X(h2d_bytes)  \
-                              X(d2h_bytes) X(nvme_read_bytes) X(nvme_write_bytes)               \
-                                  X(nvme_activation_bytes) X(gpu_peak_bytes)                    \
-                                      X(time_to_first_step_seconds) X(aux_loss)
+// clang-format off
+#define OFFLOADD_STEP_FIELDS(X)                                                                    \
+  X(step) X(max_steps) X(epoch) X(tokens) X(trained_tokens) X(loss) X(learning_rate)               \
+  X(grad_norm) X(loss_scale) X(skipped) X(clipped) X(speculated_layers) X(corrected_layers)        \
+  X(cpu_update_params) X(device_update_params) X(step_seconds) X(model_flops)                      \
+  X(gpu_compute_seconds) X(gpu_forward_seconds) X(h2d_seconds) X(d2h_seconds)                      \
+  X(cpu_update_seconds) X(nvme_seconds) X(lsp_compress_seconds) X(lsp_decompress_seconds)          \
+  X(stall_weights_seconds) X(stall_grads_seconds) X(stall_optimizer_seconds)                       \
+  X(stall_activations_seconds) X(h2d_bytes) X(d2h_bytes) X(nvme_read_bytes)                        \
+  X(nvme_write_bytes) X(nvme_activation_bytes) X(gpu_peak_bytes)                                   \
+  X(time_to_first_step_seconds) X(aux_loss)
 #define OFFLOADD_EVAL_FIELDS(X) X(step) X(loss) X(tokens) X(seconds)
 #define OFFLOADD_CHECK_FIELDS(X) X(step) X(checked) X(switched) X(mean_bias) X(mean_bias_after) X(seconds)
 #define OFFLOADD_WORKER_FIELDS(X) \
   X(index) X(pid) X(cpu_seconds) X(busy_seconds) X(params_updated) X(queue_depth) X(restarts)
+// clang-format on
 #define OFFLOADD_STORE_FIELDS(X) \
   X(role)                        \
   X(pid) X(cpu_seconds) X(submitted) X(completed) X(errors) X(in_flight) X(latency_sum_seconds)
