@@ -27,7 +27,7 @@ set(OFFLOADD_ASAN_SUITES
     job_validator_test train_job_config_test executor_protocol_test
     daemon_config_test daemon_jobs_test daemon_job_manager_test
     daemon_train_metrics_test daemon_openai_test
-    tensorboard_writer_test torchrun_env_test
+    tensorboard_writer_test torchrun_env_test trainer_state_file_test
     client_test)
 # The concurrency-heavy ones for TSan: job manager, worker pool, ring queue, store.
 set(OFFLOADD_TSAN_SUITES

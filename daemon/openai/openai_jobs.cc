@@ -410,6 +410,14 @@ json EventJson(const v1::JobEvent& e) {
                    (s.reason().empty() ? "" : ": " + s.reason());
     if (s.state() == v1::JOB_STATE_FAILED) j["level"] = "error";
     j["data"] = {{"status", status}};
+  } else if (e.has_progress() && e.progress().has_eval_step() &&
+             e.progress().eval_step() == e.progress().step()) {
+    // An evaluation's own progress event: a message beside the step's one metrics event, as
+    // OpenAI lists one metrics event per step.
+    const v1::JobProgress& p = e.progress();
+    j["message"] = "Step " + std::to_string(p.step()) + ": validation loss=" +
+                   std::to_string(p.eval_loss());
+    j["data"] = {{"step", p.step()}, {"valid_loss", p.eval_loss()}};
   } else if (e.has_progress()) {
     const v1::JobProgress& p = e.progress();
     j["type"] = "metrics";

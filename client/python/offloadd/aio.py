@@ -353,13 +353,31 @@ class AsyncClient:
 
     async def list_metrics(self, job_id: str, *, after_step: Optional[int] = None,
                            limit: int = 0) -> job_service_pb2.ListJobMetricsResponse:
-        """One page of the job's metrics history (as ``Client.list_metrics``)."""
+        """One page of the job's metrics history (as ``Client.list_metrics``).
+
+        Args:
+            job_id: the job's id.
+            after_step: rows of later steps only; ``None``: from the first row.
+            limit: rows per page; 0: 1000, at most 10000.
+
+        Returns:
+            An ``offloadd.v1.ListJobMetricsResponse``: ``metrics``, ``has_more``, ``capped``.
+        """
         return await self._call(self._jobs.ListJobMetrics, _shared.list_metrics_request(job_id, after_step, limit))
 
     async def iter_metrics(self, job_id: str, *, after_step: Optional[int] = None,
                            page_size: int = 0) -> AsyncIterator[job_pb2.StepMetrics]:
         """Every row of the job's metrics history after ``after_step`` (``async for``; as
-        ``Client.iter_metrics``)."""
+        ``Client.iter_metrics``).
+
+        Args:
+            job_id: the job's id.
+            after_step: rows of later steps only; ``None``: from the first row.
+            page_size: rows per ``ListJobMetrics`` call; 0: 1000, at most 10000.
+
+        Yields:
+            ``offloadd.v1.StepMetrics`` rows, in step order.
+        """
         while True:
             page = await self.list_metrics(job_id, after_step=after_step, limit=page_size)
             for row in page.metrics:
@@ -370,7 +388,19 @@ class AsyncClient:
 
     async def list_events(self, job_id: str, *, limit: int = 0, after: int = 0, include_progress: bool = True,
                           include_logs: bool = True) -> job_service_pb2.ListJobEventsResponse:
-        """One page of the job's events, oldest first (as ``Client.list_events``)."""
+        """One page of the job's events, oldest first (as ``Client.list_events``).
+
+        Args:
+            job_id: the job's id.
+            limit: events per page; 0: 100, at most 1000 (a page also stops at about 1 MiB).
+            after: events after this cursor (0: from the first); pass the page's
+                ``next_after`` to get the next page.
+            include_progress: include the per-step progress events.
+            include_logs: include log events.
+
+        Returns:
+            An ``offloadd.v1.ListJobEventsResponse``: ``events``, ``has_more``, ``next_after``.
+        """
         return await self._call(self._jobs.ListJobEvents,
                                 _shared.list_events_request(job_id, after, limit, include_progress, include_logs))
 

@@ -390,7 +390,16 @@ class Client:
     def iter_metrics(self, job_id: str, *, after_step: Optional[int] = None,
                      page_size: int = 0) -> Iterator[job_pb2.StepMetrics]:
         """Every row of the job's metrics history after ``after_step``, page by page
-        (``list_metrics``), as the job has them now."""
+        (``list_metrics``), as the job has them now.
+
+        Args:
+            job_id: the job's id.
+            after_step: rows of later steps only; ``None``: from the first row.
+            page_size: rows per ``ListJobMetrics`` call; 0: 1000, at most 10000.
+
+        Yields:
+            ``offloadd.v1.StepMetrics`` rows, in step order.
+        """
         while True:
             page = self.list_metrics(job_id, after_step=after_step, limit=page_size)
             yield from page.metrics

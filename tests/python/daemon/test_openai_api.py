@@ -114,6 +114,11 @@ def test_a_job_trains_end_to_end_through_the_openai_client(daemon):
     metrics = [e for e in events if e.type == "metrics"]
     assert sorted(e.data["step"] for e in metrics) == [1, 2, 3, 4], [e.message for e in events]
     assert all(e.data["total_steps"] == 4 and e.data["train_loss"] > 0 for e in metrics)
+    # Each evaluation (before training and after each epoch) is a message of its own, not a second
+    # metrics event of its step.
+    valid = [e for e in events if e.type == "message" and "valid_loss" in (e.data or {})]
+    assert sorted(e.data["step"] for e in valid) == [0, 2, 4], [e.message for e in events]
+    assert all(e.data["valid_loss"] > 0 for e in valid)
     cursors = [int(e.id.removeprefix("ftevent-")) for e in events]
     assert cursors == sorted(cursors, reverse=True)
     assert [e.id for e in c.fine_tuning.jobs.list_events(job.id, limit=2)] == [e.id for e in events]
