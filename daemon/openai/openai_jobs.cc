@@ -415,8 +415,8 @@ json EventJson(const v1::JobEvent& e) {
     // An evaluation's own progress event: a message beside the step's one metrics event, as
     // OpenAI lists one metrics event per step.
     const v1::JobProgress& p = e.progress();
-    j["message"] = "Step " + std::to_string(p.step()) + ": validation loss=" +
-                   std::to_string(p.eval_loss());
+    j["message"] =
+        "Step " + std::to_string(p.step()) + ": validation loss=" + std::to_string(p.eval_loss());
     j["data"] = {{"step", p.step()}, {"valid_loss", p.eval_loss()}};
   } else if (e.has_progress()) {
     const v1::JobProgress& p = e.progress();
