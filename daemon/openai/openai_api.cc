@@ -551,7 +551,7 @@ StatusOr<std::unique_ptr<OpenAiApi>> OpenAiApi::Start(const DaemonConfig& config
   auto server = HttpServer::Start(std::move(options),
                                   [self](const HttpRequest& r) { return self->Handle(r); });
   if (!server.ok()) {
-    const std::string& m = server.status().message();
+    const std::string m = server.status().message();  // a copy: status() is a temporary
     return m.rfind("server.openai_api.", 0) == 0
                ? server.status()
                : server.status().WithContext("server.openai_api.listen");
