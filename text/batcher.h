@@ -40,6 +40,10 @@
 
 namespace offloadd::text {
 
+// Vigna's splitmix64 step (the generator above): advances *state and returns the next value.
+// The batcher's shuffle and the dataset mixture (text/mixture.h) draw from it.
+uint64_t SplitMix64(uint64_t* state);
+
 struct BatcherOptions {
   int32_t max_seq_length = 2048;
   bool packing = true;

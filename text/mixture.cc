@@ -10,13 +10,6 @@
 namespace offloadd::text {
 namespace {
 
-uint64_t SplitMix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 std::string Where(size_t i) { return "datasets[" + std::to_string(i) + "]"; }
 
 }  // namespace

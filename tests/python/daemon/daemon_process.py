@@ -5,10 +5,26 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import textwrap
+
+import pytest
+
+
+def self_signed_localhost(directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A one-day self-signed certificate for localhost and 127.0.0.1 and its key, made with the
+    openssl CLI into `directory` (cert.pem, key.pem); skips the calling test without openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True)
+    return cert, key
 
 
 class DaemonProcess:

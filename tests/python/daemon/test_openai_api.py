@@ -13,7 +13,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import ssl
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
-from daemon_process import DaemonProcess  # noqa: E402
+from daemon_process import DaemonProcess, self_signed_localhost  # noqa: E402
 from demo_model import write_demo  # noqa: E402
 
 import offloadd  # noqa: E402
@@ -253,13 +252,7 @@ def train_short_job(c: "openai.OpenAI", ws: pathlib.Path):
 
 
 def test_the_openai_client_over_tls_with_a_token(binary_dir, source_dir, tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True)
+    cert, key = self_signed_localhost(tmp_path)
     tokens = tmp_path / "tokens"
     tokens.write_text(f"alice {ALICE}\n")
     os.chmod(tokens, 0o600)

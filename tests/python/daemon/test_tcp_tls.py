@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from daemon_process import DaemonProcess  # noqa: E402
+from daemon_process import DaemonProcess, self_signed_localhost  # noqa: E402
 from demo_model import write_demo  # noqa: E402
 
 import offloadd  # noqa: E402
@@ -27,13 +26,7 @@ def free_port() -> int:
 def start_tls_daemon(binary_dir, tmp_path, token_text: str, server_yaml: str = ""):
     """offloadd with TCP on a free port (a self-signed certificate for localhost) and the given
     token file; returns the daemon, the TCP target, the certificate and the token file."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True)
+    cert, key = self_signed_localhost(tmp_path)
     token = tmp_path / "token"
     token.write_text(token_text)
     os.chmod(token, 0o600)
