@@ -204,6 +204,10 @@ Status ParseField(const Table& f, const std::string& prefix, int depth, const st
   return OkStatus();
 }
 
+// The most elements (rows, or a nested column's values) a record batch body of `body` bytes can
+// describe: one bit each, plus slack for short batches of Null columns, which have no buffers.
+uint64_t MaxElements(uint64_t body) { return 8 * body + (uint64_t{1} << 20); }
+
 // One column of a record batch: its buffers inside the (decompressed) body.
 struct Column {
   const FieldSpec* spec = nullptr;
@@ -241,6 +245,12 @@ class BatchDecoder {
     col->null_count = static_cast<int64_t>(Le(b.data() + at + 8, 8));
     if (col->length < 0 || col->null_count < 0 || col->null_count > col->length)
       return Bad("bad field node");
+    // A Null column has no buffers to bound it: a list of them could claim billions of elements
+    // from a few bytes. No column holds more elements than its batch has bits (plus slack for
+    // short all-null batches), the same bound the batch's row count meets.
+    if (static_cast<uint64_t>(col->length) > MaxElements(body_.size()))
+      return Bad("column \"" + spec.path + "\": a length of " + std::to_string(col->length) +
+                 " for a body of " + std::to_string(body_.size()) + " bytes");
     if (spec.type != kNull) {
       ASSIGN_OR_RETURN(col->validity, NextBuffer());
     }
@@ -324,6 +334,10 @@ class BatchDecoder {
     const unsigned long long frame = ZSTD_getFrameContentSize(raw.data() + 8, raw.size() - 8);
     if (frame != static_cast<unsigned long long>(size))
       return Bad("corrupt ZSTD buffer (its frame gives another size)");
+    if (static_cast<uint64_t>(size) > kMaxArrowMessageBytes - inflated_)
+      return Bad("compressed buffers inflate past " + std::to_string(kMaxArrowMessageBytes) +
+                 " bytes in one batch");
+    inflated_ += static_cast<uint64_t>(size);
     std::string& out = owned_.emplace_back(static_cast<size_t>(size), '\0');
     const size_t got = ZSTD_decompress(out.data(), out.size(), raw.data() + 8, raw.size() - 8);
     if (ZSTD_isError(got) || got != out.size()) return Bad("corrupt ZSTD buffer");
@@ -336,6 +350,7 @@ class BatchDecoder {
   std::pair<uint64_t, uint64_t> nodes_{}, buffers_{};
   uint64_t node_ = 0, buffer_ = 0;
   bool zstd_ = false;
+  uint64_t inflated_ = 0;          // bytes decompressed into owned_, at most one message's worth
   std::deque<std::string> owned_;  // decompressed buffers: a deque never moves them
 };
 
@@ -473,7 +488,7 @@ Status ReadStream(const ByteSource& src, const std::string& name, const ArrowRow
       ASSIGN_OR_RETURN(const int64_t rows, header->Int(0, 8, 0));
       // Null columns have no buffers: a length far beyond the body is a lie, not a batch to loop
       // over.
-      if (rows < 0 || static_cast<uint64_t>(rows) > 8 * body.size() + (uint64_t{1} << 20)) {
+      if (rows < 0 || static_cast<uint64_t>(rows) > MaxElements(body.size())) {
         return DataLossError(where + ": a length of " + std::to_string(rows) +
                              " rows for a body of " + std::to_string(body.size()) + " bytes");
       }

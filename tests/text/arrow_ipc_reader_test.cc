@@ -75,6 +75,20 @@ TEST(ArrowIpcReader, EveryPrefixAndFlippedByteIsAnErrorNamingTheFile) {
   }
 }
 
+// A Null column has no buffers: a 344-byte stream (pyarrow's list<null> of 2^31 - 2 elements,
+// its null count zeroed) once decoded one row of two billion JSON nulls and was killed for memory
+// (the arrow fuzzer's OOM). Every column's length is bounded by its batch body's bits.
+TEST(ArrowIpcReader, ANullColumnLongerThanItsBodyCanDescribeIsRefused) {
+  const std::string file = Slurp(SeedDir().parent_path().parent_path() / "regressions" / "arrow" /
+                                 "list-of-two-billion-nulls");
+  ASSERT_EQ(file.size(), 344u);
+  auto rows = Rows(file);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_NE(rows.status().message().find("column \"x.item\": a length of 2147483646 for a body"),
+            std::string::npos)
+      << rows.status().message();
+}
+
 TEST(ArrowIpcReader, SaveToDiskFilesFollowStateJsonAndRefuseADatasetDict) {
   const std::string dir = testing::TempDir() + "/hf_save";
   std::filesystem::remove_all(dir);
