@@ -2,7 +2,7 @@
 # Run HERE (a machine with internet): downloads the Ubuntu 24.04 (noble) .debs that the GPU
 # machine lacks — gRPC C++, liburing, prometheus-cpp, PCRE2, SQLite, nlohmann-json, CLI11, libsystemd's
 # headers, SentencePiece and their
-# libraries — into .debs/ (git-ignored), for scripts/gpu/build_and_test.sh to unpack there.
+# libraries, Snappy and zstd's headers (the Parquet and Arrow readers) — into .debs/ (git-ignored), for scripts/gpu/build_and_test.sh to unpack there.
 # The GPU machine already has protobuf, yaml-cpp, GoogleTest, Boost, OpenSSL, zlib, CUDA, torch.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -19,6 +19,7 @@ packages=(
   libsqlite3-dev libsqlite3-0 nlohmann-json3-dev libicu-dev libicu74
   libcli11-dev
   libsystemd-dev libsystemd0 libsentencepiece-dev libsentencepiece0
+  libsnappy-dev libsnappy1v5 libzstd-dev libzstd1
 )
 
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$out"
