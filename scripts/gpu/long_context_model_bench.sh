@@ -19,7 +19,7 @@ LIMIT="${LIMIT:-24GiB}"
 SEQS="${SEQS:-8192 16384 32768 65536 131072}"
 py="${PYTHON:-python3}"
 t0=$(date +%s)
-OFFLOADD_GPU_TARGETS="offloadd-train offloadd-workers" \
+OFFLOADD_GPU_TARGETS="offloadd-train offloadd-worker" \
   scripts/gpu/build_and_test.sh -R '^$' > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 head -2 "$OUT/build.log"
 echo "build: $(( $(date +%s) - t0 )) s"
@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 longest=$(echo $SEQS | tr ' ' '\n' | sort -n | tail -1)
 timeout "${PLAN_TIMEOUT:-600}" $py bench/pipeline/run_bench.py --build "$build" --shape "$SHAPE" \
   --batch 1 --seq "$longest" --gpu-memory-limit "$LIMIT" --steps 1 --warmup 0 --no-calibrate \
-  --train-args "--validate-only" > "$OUT/plan.log" 2>&1
+  --train-args=--validate-only > "$OUT/plan.log" 2>&1
 grep -E "^at [0-9]+ tokens|valid:|rror" "$OUT/plan.log" | head -20
 
 printf '| side | seq | status | tok/s | GPU peak GiB | host peak GiB | s |\n|---|---|---|---|---|---|---|\n'
