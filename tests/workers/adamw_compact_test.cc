@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -142,11 +143,11 @@ struct Buffers {
   }
 
   bool operator==(const Buffers& o) const {
-    return master32 == o.master32 && hi == o.hi && lo == o.lo && m32 == o.m32 && v32 == o.v32 &&
-           m16 == o.m16 && v16 == o.v16 && m8 == o.m8 && v8 == o.v8 && weights == o.weights &&
-           SameBits(m_scale, o.m_scale) && SameBits(v_scale, o.v_scale);
+    return SameBits(master32, o.master32) && hi == o.hi && lo == o.lo && SameBits(m32, o.m32) &&
+           SameBits(v32, o.v32) && m16 == o.m16 && v16 == o.v16 && m8 == o.m8 && v8 == o.v8 &&
+           weights == o.weights && SameBits(m_scale, o.m_scale) && SameBits(v_scale, o.v_scale);
   }
-  // Bitwise (a NaN scale equals itself); empty vectors have no data() to compare.
+  // Bitwise (a NaN equals itself); empty vectors have no data() to compare.
   static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() &&
            (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -274,6 +275,44 @@ TEST(AdamWCompactTest, EveryFlavourMatchesPortableBitForBit) {
                                  << " differs from portable (grad dtype " << static_cast<int>(gd)
                                  << ")";
       }
+    }
+  }
+}
+
+// A NaN or inf in a block's state (a diverged run, or arbitrary bytes in the arena: the worker
+// protocol fuzzer's find) has no int8 code; converting it was undefined behaviour (UBSan: float
+// cast overflow). The block decodes non-finite afterwards, as an fp32 state would stay, and the
+// other blocks are untouched; every flavour gives the same bits.
+TEST(AdamWCompactTest, NonFiniteStatesStayNonFiniteWithoutUndefinedConversions) {
+  const OptimizerMode int8{StateDtype::kInt8, MasterDtype::kFp32};
+  const Inputs in = MakeInputs(7);
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Buffers start(int8, in.p, in.m, in.v);
+    start.m_scale[0] = bad;  // the first block's m and v decode non-finite
+    start.v_scale[0] = bad;
+    Buffers want = start;
+    ASSERT_TRUE(CompactAdamW(want.Span(in.grad32.data(), GradDtype::kFp32), int8, Hyper(1),
+                             KernelPath::kPortable)
+                    .ok());
+    EXPECT_FALSE(std::isfinite(want.M(3))) << bad;
+    EXPECT_FALSE(std::isfinite(want.SqrtV(5))) << bad;
+    EXPECT_TRUE(std::isfinite(want.M(kInt8BlockSize + 1)));
+    EXPECT_TRUE(std::isfinite(want.SqrtV(kInt8BlockSize + 1)));
+    for (const KernelPath path : SupportedPaths()) {
+      Buffers got = start;
+      ASSERT_TRUE(
+          CompactAdamW(got.Span(in.grad32.data(), GradDtype::kFp32), int8, Hyper(1), path).ok());
+      // Bit for bit, but for the sign of the NaN the 16-bit weight copy holds: avx512bf16's
+      // vcvtneps2bf16 keeps it, the portable conversion (torch's) writes 0x7fc0.
+      auto bf16_nan = [](uint16_t w) { return (w & 0x7f80) == 0x7f80 && (w & 0x7f) != 0; };
+      Buffers w = want;
+      for (size_t i = 0; i < kN; ++i) {
+        if (!bf16_nan(w.weights[i])) continue;
+        got.weights[i] = bf16_nan(got.weights[i]) ? 1 : 0;
+        w.weights[i] = 1;
+      }
+      EXPECT_TRUE(got == w) << KernelPathName(path) << " with " << bad;
     }
   }
 }
