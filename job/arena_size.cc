@@ -1,8 +1,8 @@
 // HostOptimizer::ArenaBytes, BytesPerParameter and WeightsAreFp32, and the layout options they
-// size (trainer/host_optimizer_layout.h).
+// size (trainer/pipeline/host_optimizer_layout.h).
 #include <algorithm>
 
-#include "trainer/host_optimizer_layout.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
 
 namespace offloadd::trainer {
 namespace internal {

@@ -1,4 +1,4 @@
-#include "trainer/batch_planner.h"
+#include "job/batch_planner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 //     the user asked for whatever is picked;
 //   - without one, the accumulation is the job's gradient_accumulation_steps and the global batch
 //     follows the micro-batch (what transformers' auto_find_batch_size does too).
-// The trainer prices each candidate with the step planner (trainer/step_planner.h) on its own
+// The trainer prices each candidate with the step planner (job/step_planner.h) on its own
 // inputs: the static memory estimate at that micro-batch (the shape profile where one is cached),
 // the GPU time of its work at the GEMM rate measured at that size, and the node profile's rates
 // for the update and the copies. The fastest in tokens/s wins; within 2% the smaller micro-batch
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/step_planner.h"
+#include "job/step_planner.h"
 
 namespace offloadd::trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/host_memory.h"
+#include "job/host_memory.h"
 
 #include <sys/resource.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/units.h"
-#include "trainer/host_optimizer_layout.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
 
 namespace offloadd::trainer {
 

@@ -1,7 +1,7 @@
 #pragma once
-// LatestCheckpoint (trainer/checkpoint.h) that also says which checkpoints it passed over, and
-// why, so a resumed job can put the reasons in its own events. Declared apart
-// from checkpoint.h, which most of the trainer includes.
+// LatestCheckpoint (trainer/state/checkpoint.h) that also says which checkpoints it passed over,
+// and why, so a resumed job can put the reasons in its own events. Declared apart from
+// checkpoint.h, which most of the trainer includes.
 
 #include <string>
 #include <vector>

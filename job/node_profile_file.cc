@@ -1,4 +1,4 @@
-#include "trainer/node_profile_file.h"
+#include "job/node_profile_file.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
 #pragma once
 // The node profile's value type and its JSON file (torch-free: the daemon reads it for
-// `offloadctl node`). Measuring it is trainer/node_profile.h.
+// `offloadctl node`). Measuring it is trainer/plan/node_profile.h.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "trainer/shape_profile.h"
+#include "job/shape_profile.h"
 
 #include <dirent.h>
 

@@ -34,7 +34,7 @@ struct BlockProfile {
 struct ShapeProfile {
   std::string key;       // ShapeProfileKey()
   std::string gpu;       // device name, "cpu" on the CPU device
-  std::string model;     // model fingerprint (trainer/checkpoint.h ModelFingerprint)
+  std::string model;     // model fingerprint (trainer/state/checkpoint.h ModelFingerprint)
   int64_t batch = 0, seq = 0;
   std::string dtype;
   int64_t profiled_step = 0;

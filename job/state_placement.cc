@@ -1,4 +1,4 @@
-#include "trainer/state_placement.h"
+#include "job/state_placement.h"
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>

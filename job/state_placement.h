@@ -3,13 +3,13 @@
 // arena (RAM) or in the NVMe store. One function decides it from the blocks' sizes, the host RAM
 // left under the job's limit and the store directories' free space; the trainer applies it to the
 // NVMe tier (HostOptimizerOptions::nvme_blocks) and the host-memory prediction prices it.
-// Torch-free (library offloadd_trainer_arena).
+// Torch-free (library offloadd_job_arena).
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/host_memory.h"
+#include "job/host_memory.h"
 
 namespace offloadd::trainer {
 

@@ -1,10 +1,10 @@
-#include "trainer/step_estimate.h"
+#include "job/step_estimate.h"
 
 #include <algorithm>
 #include <limits>
 #include <sstream>
 
-#include "trainer/step_planner.h"
+#include "job/step_planner.h"
 
 namespace offloadd::trainer {
 

@@ -1,6 +1,6 @@
 #pragma once
 // The step a job would run at, priced without running anything (`offloadctl
-// submit --validate-only` shows it): the step planner's cost model (trainer/step_planner.h) on the
+// submit --validate-only` shows it): the step planner's cost model (job/step_planner.h) on the
 // node profile's rates, with the GPU work of the job's shape from the shape profile a run of the
 // same model, micro-batch and length recorded on this node. Without such a profile the GPU's share
 // is unknown to a process that cannot run the model (the daemon validating a spec), and the
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/node_profile_file.h"
-#include "trainer/shape_profile.h"
+#include "job/node_profile_file.h"
+#include "job/shape_profile.h"
 
 namespace offloadd::trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/step_planner.h"
+#include "job/step_planner.h"
 
 #include <algorithm>
 #include <cmath>
@@ -130,7 +130,7 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;
   if (in.nvme_params > 0 && in.nvme_read_bytes_per_s > 0 && in.nvme_write_bytes_per_s > 0) {
-    // Reads and writes share the drives (NvmeStepSeconds, trainer/host_memory.h).
+    // Reads and writes share the drives (NvmeStepSeconds, job/host_memory.h).
     const double bytes = 12.0 * in.nvme_params;
     c.nvme_s = (bytes + weight_read) / in.nvme_read_bytes_per_s +
                (bytes + weight_write) / in.nvme_write_bytes_per_s;

@@ -18,7 +18,7 @@
 //   H2D/D2H = measured bytes - what the placed blocks no longer move (their weights stay on the
 //             GPU, their gradients are not copied out), over the profiled link rates
 //   NVMe    = the NVMe blocks' 12 B per parameter read and written at the store's measured rates
-//             (NvmeStepSeconds; the placement is trainer/state_placement.h's)
+//             (NvmeStepSeconds; the placement is job/state_placement.h's)
 // and, when the updates are held until the step's global gradient norm is known (clipping
 // without speculation, fp16's overflow check), the dependency that exactness imposes: no update
 // starts before the backward ends, and the next forward needs each block's update, so
@@ -34,7 +34,7 @@
 // checks it against an ILP solver on the benchmark shapes). (n+1)(L+1) evaluations: microseconds
 // for 80 layers.
 //
-// Torch-free; offloadd-plan (trainer/tools/plan_main.cc) runs it on JSON for tests and tools.
+// Torch-free; offloadd-plan (train/plan_main.cc) runs it on JSON for tests and tools.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -85,7 +85,7 @@ struct EvalStats {
   double seconds = 0;
 };
 
-// LSP mode's projector check before `step` (trainer/lsp_mode.h).
+// LSP mode's projector check before `step` (trainer/pipeline/lsp_mode.h).
 struct ProjectorCheckStats {
   int64_t step = 0;
   int checked = 0, switched = 0;  // matrices

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/grad_scaler.h"
+#include "job/grad_scaler.h"
 
 namespace offloadd::trainer {
 
@@ -49,7 +49,7 @@ struct DataConfig {
   // Bench mode: no dataset, uniformly random tokens of exactly this length (seeded).
   int32_t synthetic_seq_length = 0;
   // Unpacked records: pad each micro-batch to one of a few lengths per octave instead of a
-  // multiple of 8 (trainer/batch_planner.h PaddedLength; the loss is the same, the padding has no
+  // multiple of 8 (job/batch_planner.h PaddedLength; the loss is the same, the padding has no
   // target). Unset: on a CUDA device, where each new length costs a kernel warm-up in the step.
   std::optional<bool> length_buckets;
 };
@@ -98,7 +98,7 @@ struct OffloadPlanConfig {
   enum class Weights { kAuto, kResident, kStreamed } weights = Weights::kAuto;
   // Tier kNvme, 16-bit compute: where the 16-bit weights of blocks whose states are on NVMe live
   // (DeepSpeed's offload_param.device). kCpu: in RAM; kAuto: in the store only where the states
-  // on NVMe leave the job above the host limit (trainer/state_placement.h); kNvme: in the store
+  // on NVMe leave the job above the host limit (job/state_placement.h); kNvme: in the store
   // for every such block. The trainer reads them back ahead of each pass (WeightResidency).
   enum class ParamTier { kCpu, kAuto, kNvme } param_tier = ParamTier::kCpu;
   uint64_t gpu_memory_limit = 0;   // bytes; 0: what the device has free
@@ -117,9 +117,9 @@ struct OffloadPlanConfig {
   // at Llama-2-7B batch 16 on the H200 machine (bench/RESULTS.md).
   uint32_t update_depth = 1;
   // Blocks whose fp32 master weights and Adam states live on the device and are updated there
-  // (trainer/device_optimizer.h), counted from the embedding up: the next forward needs those
-  // first, and their gradients come last in backward. kAutoDeviceOptimizer: as many as fit the
-  // GPU budget left beside the first step's measured peak (then weights left to kAuto are
+  // (trainer/pipeline/device_optimizer.h), counted from the embedding up: the next forward needs
+  // those first, and their gradients come last in backward. kAutoDeviceOptimizer: as many as fit
+  // the GPU budget left beside the first step's measured peak (then weights left to kAuto are
   // streamed); on a CPU device only within an explicit gpu_memory_limit, else none.
   static constexpr int kAutoDeviceOptimizer = -1;
   int device_optimizer_blocks = kAutoDeviceOptimizer;
@@ -183,7 +183,7 @@ struct TrainConfig {
   // micro-batch is batch_size x parallel.world_size.
   int32_t batch_size = 8;
   int32_t gradient_accumulation_steps = 1;
-  // per_device_train_batch_size: auto (trainer/batch_planner.h): the micro-batch and accumulation
+  // per_device_train_batch_size: auto (job/batch_planner.h): the micro-batch and accumulation
   // the step planner prices fastest, set before anything is sized by them. global_batch_size > 0
   // (train_batch_size): micro x accumulation equals it; else the accumulation stays as given.
   bool auto_batch_size = false;
@@ -217,7 +217,7 @@ struct TrainConfig {
   // CPU AdamW kernel flavour: auto (OFFLOADD_ADAMW_KERNEL, else the fastest), portable, avx2,
   // avx512, avx512bf16. Every flavour computes the same AdamW (workers/adamw_kernel.h).
   std::string adamw_kernel = "auto";
-  // Where the node profile (trainer/node_profile.h) is cached; empty: measured every run. The
+  // Where the node profile (trainer/plan/node_profile.h) is cached; empty: measured every run. The
   // daemon passes <state_dir>/profiles.
   std::string profile_dir;
   std::string trace_path;       // Chrome trace JSON, written at the end (and every 10 steps)

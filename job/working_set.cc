@@ -1,4 +1,4 @@
-#include "trainer/working_set.h"
+#include "job/working_set.h"
 
 #include <algorithm>
 #include <map>

@@ -12,7 +12,7 @@
 // Priced at the job's shape (batch x max_seq_length) from the shapes alone, so that a plan that
 // does not fit is refused before the first step, naming the largest micro-batch that fits.
 //
-// Torch-free (tests/trainer/working_set_test.cc); the trainer fills the shapes.
+// Torch-free (tests/job/working_set_test.cc); the trainer fills the shapes.
 #include <cstdint>
 #include <functional>
 #include <string>

@@ -1,4 +1,4 @@
-#include "trainer/tools/job_file_config.h"
+#include "train/job_file_config.h"
 
 #include <google/protobuf/descriptor.h>
 #include <unistd.h>

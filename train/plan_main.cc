@@ -1,4 +1,4 @@
-// offloadd-plan: the step planner (trainer/step_planner.h) on JSON.
+// offloadd-plan: the step planner (job/step_planner.h) on JSON.
 //   offloadd-plan INPUTS.json   (or - for stdin)
 // INPUTS: the PlanInputs fields by name (arrays per block, embedding first). Prints the chosen
 // plan as one JSON object (device_blocks, keep_layers, predicted_s, bound, per-resource seconds,
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "trainer/step_planner.h"
+#include "job/step_planner.h"
 
 namespace {
 

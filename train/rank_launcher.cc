@@ -1,4 +1,4 @@
-#include "trainer/tools/rank_launcher.h"
+#include "train/rank_launcher.h"
 
 #include <poll.h>
 #include <signal.h>

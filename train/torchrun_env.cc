@@ -1,4 +1,4 @@
-#include "trainer/tools/torchrun_env.h"
+#include "train/torchrun_env.h"
 
 #include <cerrno>
 #include <climits>

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "trainer/train_config.h"
+#include "job/train_config.h"
 
 namespace offloadd::trainer {
 

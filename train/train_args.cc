@@ -1,4 +1,4 @@
-#include "trainer/tools/train_args.h"
+#include "train/train_args.h"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "common/units.h"
-#include "trainer/batch_planner.h"
-#include "trainer/lsp_mode.h"
+#include "job/batch_planner.h"
+#include "trainer/pipeline/lsp_mode.h"
 
 namespace offloadd::trainer {
 
@@ -317,7 +317,7 @@ void AddOptimizerFlags(FlagTable& f) {
 void AddLoopFlags(FlagTable& f) {
   f.Value("--batch-size", [](TrainArgs& a, const std::string& v) {
     TrainConfig& c = a.config;
-    // auto: the fastest micro-batch up to 64; auto:N up to N (trainer/batch_planner.h).
+    // auto: the fastest micro-batch up to 64; auto:N up to N (job/batch_planner.h).
     if (v.rfind("auto", 0) == 0) {
       c.auto_batch_size = true;
       c.batch_size = v == "auto"                ? kDefaultAutoBatchCap

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "common/units.h"
-#include "trainer/batch_planner.h"
+#include "job/batch_planner.h"
+#include "train/job_file_config.h"
+#include "train/rank_launcher.h"
+#include "train/torchrun_env.h"
+#include "train/train_args.h"
 #include "trainer/data_source.h"
-#include "trainer/tools/job_file_config.h"
-#include "trainer/tools/rank_launcher.h"
-#include "trainer/tools/torchrun_env.h"
-#include "trainer/tools/train_args.h"
 #include "trainer/trainer.h"
 
 namespace offloadd::trainer {

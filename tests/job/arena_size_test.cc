@@ -1,9 +1,9 @@
-// trainer/host_optimizer_size.cc: the arena's bytes and the CPU update's traffic per parameter in
+// job/arena_size.cc: the arena's bytes and the CPU update's traffic per parameter in
 // each compact optimizer mode (what the planners price once the arena holds them).
 #include <gtest/gtest.h>
 
-#include "trainer/host_memory.h"
-#include "trainer/host_optimizer_layout.h"
+#include "job/host_memory.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
 
 namespace offloadd::trainer::internal {
 namespace {

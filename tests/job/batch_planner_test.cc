@@ -1,5 +1,5 @@
-// The automatic batch size's candidates and choice (trainer/batch_planner.h).
-#include "trainer/batch_planner.h"
+// The automatic batch size's candidates and choice (job/batch_planner.h).
+#include "job/batch_planner.h"
 
 #include <gtest/gtest.h>
 

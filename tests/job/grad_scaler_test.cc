@@ -1,4 +1,4 @@
-#include "trainer/grad_scaler.h"
+#include "job/grad_scaler.h"
 
 #include <gtest/gtest.h>
 

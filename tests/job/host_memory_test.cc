@@ -1,7 +1,7 @@
-// trainer/host_memory.h: the host limit a node gives by default, the RAM and disk a job needs (its
+// job/host_memory.h: the host limit a node gives by default, the RAM and disk a job needs (its
 // arena from HostOptimizer::ArenaBytes itself), and refusals that name the numbers and the change
 // that fits.
-#include "trainer/host_memory.h"
+#include "job/host_memory.h"
 
 #include <gtest/gtest.h>
 

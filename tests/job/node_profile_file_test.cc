@@ -1,6 +1,6 @@
-// trainer/node_profile_file.h: the node profile's per-store-directory rates survive its JSON file,
+// job/node_profile_file.h: the node profile's per-store-directory rates survive its JSON file,
 // and the striped rate counts each device once.
-#include "trainer/node_profile_file.h"
+#include "job/node_profile_file.h"
 
 #include <gtest/gtest.h>
 

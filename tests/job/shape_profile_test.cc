@@ -1,6 +1,6 @@
-// The shape profile's file (trainer/shape_profile.h): written and read back field for field,
+// The shape profile's file (job/shape_profile.h): written and read back field for field,
 // listed newest first, and every unusable file refused naming what is wrong.
-#include "trainer/shape_profile.h"
+#include "job/shape_profile.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // PlaceBlockStates: RAM in block order while it lasts, the rest on NVMe, refused with the numbers
 // when the disk is too small.
-#include "trainer/state_placement.h"
+#include "job/state_placement.h"
 
 #include <gtest/gtest.h>
 

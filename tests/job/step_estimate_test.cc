@@ -1,6 +1,6 @@
 // The step priced without running it (`offloadctl submit --validate-only`):
 // the node profile's rates, the GPU's work from a shape profile when one matches, else a bound.
-#include "trainer/step_estimate.h"
+#include "job/step_estimate.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
 // The step planner's held-update dependency with its tails, and the length distribution the
 // planner prices variable-length batches from.
-#include "trainer/step_planner.h"
+#include "job/step_planner.h"
 
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "trainer/batch_planner.h"
+#include "job/batch_planner.h"
 
 namespace offloadd::trainer {
 namespace {

@@ -1,6 +1,6 @@
-// What the static GPU estimate used to leave out (trainer/working_set.h):
+// What the static GPU estimate used to leave out (job/working_set.h):
 // packed batches' attention within documents and LSP's working set, priced at the job's shape.
-#include "trainer/working_set.h"
+#include "job/working_set.h"
 
 #include <gtest/gtest.h>
 

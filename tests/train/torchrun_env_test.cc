@@ -1,7 +1,7 @@
 // The torchrun environment read into a rank's place in its group: torchrun's own variables
 // accepted, every missing, malformed or inconsistent one refused by name, a group across hosts
 // refused as not built, and flags that would place the rank a second time refused.
-#include "trainer/tools/torchrun_env.h"
+#include "train/torchrun_env.h"
 
 #include <gtest/gtest.h>
 

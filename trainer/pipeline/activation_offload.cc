@@ -1,5 +1,5 @@
 // ActivationOffload: tickets for the activations a step offloaded, to pinned RAM or NVMe.
-#include "trainer/activation_offload.h"
+#include "trainer/pipeline/activation_offload.h"
 
 #include <string>
 #include <utility>

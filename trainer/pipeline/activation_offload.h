@@ -17,8 +17,8 @@
 
 #include "common/status.h"
 #include "engine/model.h"
-#include "trainer/activation_spill.h"
-#include "trainer/device_streams.h"
+#include "trainer/pipeline/activation_spill.h"
+#include "trainer/pipeline/device_streams.h"
 
 namespace offloadd::trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/activation_spill.h"
+#include "trainer/pipeline/activation_spill.h"
 
 #include <ATen/ATen.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include "common/units.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 namespace offloadd::trainer {
 namespace {

@@ -27,8 +27,8 @@
 #include "common/status.h"
 #include "ipc/arena.h"
 #include "ipc/shm_segment.h"
-#include "trainer/device_streams.h"
-#include "trainer/step_stats.h"
+#include "job/step_stats.h"
+#include "trainer/pipeline/device_streams.h"
 
 namespace offloadd::storage {
 class StoreProcess;

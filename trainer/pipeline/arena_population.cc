@@ -1,4 +1,4 @@
-#include "trainer/arena_population.h"
+#include "trainer/pipeline/arena_population.h"
 
 #include <algorithm>
 

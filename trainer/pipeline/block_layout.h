@@ -15,8 +15,9 @@ namespace offloadd::trainer {
 
 struct ParamSlot {
   engine::Param* param = nullptr;  // owned by the block (LSP mode: the coordinates' shadow Param)
-  // LSP mode: the model's weight whose subspace coordinates A this slot holds (trainer/lsp_mode.h);
-  // its gradients are compressed into the slot. Null for a parameter trained as itself.
+  // LSP mode: the model's weight whose subspace coordinates A this slot holds
+  // (trainer/pipeline/lsp_mode.h); its gradients are compressed into the slot. Null for a parameter
+  // trained as itself.
   engine::Param* compressed = nullptr;
   std::vector<int64_t> shape;
   uint64_t offset = 0;  // elements into the block's flat buffers

@@ -1,4 +1,4 @@
-#include "trainer/data_parallel.h"
+#include "trainer/pipeline/data_parallel.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -1,5 +1,5 @@
 // DeviceOptimizer: fp32 AdamW states of the device-resident blocks, updated by ATen's fused AdamW.
-#include "trainer/device_optimizer.h"
+#include "trainer/pipeline/device_optimizer.h"
 
 #include <ATen/ops/_fused_adamw.h>
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/block_layout.h"
-#include "trainer/train_config.h"
+#include "job/train_config.h"
+#include "trainer/pipeline/block_layout.h"
 
 namespace offloadd::trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/device_streams.h"
+#include "trainer/pipeline/device_streams.h"
 
 #include <ATen/ATen.h>
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/trace.h"  // NowMicros()
+#include "trainer/pipeline/trace.h"  // NowMicros()
 
 namespace offloadd::trainer {
 

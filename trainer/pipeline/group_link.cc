@@ -1,4 +1,4 @@
-#include "trainer/group_link.h"
+#include "trainer/pipeline/group_link.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

@@ -1,4 +1,4 @@
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 #include <unistd.h>
 
@@ -10,9 +10,9 @@
 #include "common/proc_stat.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
-#include "trainer/group_link.h"
-#include "trainer/trace.h"
-#include "trainer/host_optimizer_layout.h"
+#include "trainer/pipeline/group_link.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
+#include "trainer/pipeline/trace.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"

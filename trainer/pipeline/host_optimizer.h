@@ -35,9 +35,9 @@
 #include "common/status.h"
 #include "ipc/arena.h"
 #include "ipc/shm_segment.h"
-#include "trainer/arena_population.h"
-#include "trainer/step_stats.h"
-#include "trainer/train_config.h"
+#include "job/step_stats.h"
+#include "job/train_config.h"
+#include "trainer/pipeline/arena_population.h"
 #include "workers/step_driver.h"
 
 namespace offloadd::storage {
@@ -72,13 +72,13 @@ struct HostOptimizerOptions {
   StateTier tier = StateTier::kCpu;
   // NVMe tier, per block (empty: every block): true where the block's fp32 masters and moments
   // live in the store; the others keep theirs in the arena, as on the RAM tier (with the 16-bit
-  // copy). trainer/state_placement.h decides it from the host memory limit.
+  // copy). job/state_placement.h decides it from the host memory limit.
   std::vector<bool> nvme_blocks;
   // NVMe tier, per block (empty: none; offload_param: {device: nvme}): true where the block's
   // 16-bit weights live in the store too, beside its states (the block must be on NVMe, the
   // compute 16-bit, no data-parallel group). The update writes them into the block's staging slot
   // and they are written back with the states (TensorKind::kParamHalf); compute_weights(block) is
-  // null and FetchWeights reads them. trainer/state_placement.h prices it.
+  // null and FetchWeights reads them. job/state_placement.h prices it.
   std::vector<bool> nvme_weight_blocks;
   std::vector<std::string> nvme_dirs;
   uint32_t nvme_queue_depth = 32;
@@ -94,9 +94,9 @@ struct HostOptimizerOptions {
   // on one thread; more split it (ipc::SegmentOptions::populate_threads).
   uint32_t populate_threads = 1;
   // With populate_threads > 1, the RAM tier and no data-parallel group: the arena is populated in
-  // the background (trainer/arena_population.h), each block's masters and 16-bit weights first in
-  // block order, then the gradient staging, then the rest; InitializePieces fills block b once
-  // its pages are in, and WaitPopulated() waits for the whole arena.
+  // the background (trainer/pipeline/arena_population.h), each block's masters and 16-bit weights
+  // first in block order, then the gradient staging, then the rest; InitializePieces fills block b
+  // once its pages are in, and WaitPopulated() waits for the whole arena.
   bool populate_in_background = false;
   // Tests: ArenaPopulationOptions::before_chunk of the background population.
   std::function<void(size_t chunk)> populate_hook;
@@ -104,10 +104,10 @@ struct HostOptimizerOptions {
   // there (DeviceOptimizer). The driver counts its gradient norm, given with GradsReady's last
   // micro-batch, into the step's decision (WaitDecided); no worker touches it.
   std::vector<bool> device_blocks;
-  // Data parallel (trainer/group_link.h, may be null): rank 0 publishes through it what the
-  // other ranks follow. A rank > 0 starts no workers or store: it attaches to the leader's arena
-  // at `leader_arena_path` (ArenaPath() there), lands its gradient shards in the shared staging
-  // buffers and follows the leader's updates and decisions (host_optimizer_group.cc).
+  // Data parallel (trainer/pipeline/group_link.h, may be null): rank 0 publishes through it what
+  // the other ranks follow. A rank > 0 starts no workers or store: it attaches to the leader's
+  // arena at `leader_arena_path` (ArenaPath() there), lands its gradient shards in the shared
+  // staging buffers and follows the leader's updates and decisions (host_optimizer_group.cc).
   GroupLink* group = nullptr;
   std::string leader_arena_path;
   // The master's and states' formats (workers/adamw_compact.h). A compact mode needs the RAM tier

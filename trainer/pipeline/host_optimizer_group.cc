@@ -1,4 +1,4 @@
-// HostOptimizer in a data-parallel group (trainer/group_link.h): rank 0's hand-off of a
+// HostOptimizer in a data-parallel group (trainer/pipeline/group_link.h): rank 0's hand-off of a
 // block waits for every rank's shard in the shared staging buffer, and publishes what the other
 // ranks follow; a rank > 0 attaches to rank 0's arena, lands its shards there and follows the
 // leader's updates (uploading each updated block as rank 0 does) and decisions.
@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "ipc/unique_fd.h"
-#include "trainer/group_link.h"
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/group_link.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 namespace offloadd::trainer {
 

@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "storage/format.h"
-#include "trainer/group_link.h"
-#include "trainer/host_optimizer.h"
-#include "trainer/host_optimizer_layout.h"
+#include "trainer/pipeline/group_link.h"
+#include "trainer/pipeline/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
 
 namespace offloadd::trainer {
 namespace {

@@ -1,11 +1,11 @@
 #pragma once
 // How HostOptimizerOptions map onto the worker pool's shard layout, and the arena bytes beyond the
-// shards. Torch-free, in its own library (offloadd_trainer_arena) so that the daemon's job
+// shards. Torch-free, in its own library (offloadd_job_arena) so that the daemon's job
 // validation sizes the arena with HostOptimizer::ArenaBytes itself, never a copy of its formula.
 #include <cstdint>
 #include <vector>
 
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer.h"
 #include "workers/adamw_compact.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"

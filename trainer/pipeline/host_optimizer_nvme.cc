@@ -1,5 +1,5 @@
 // HostOptimizer's NVMe tier: the staging slots, the store's reads and writes, and the prefetch of
-// the next block's states while one is updated (trainer/host_optimizer.h).
+// the next block's states while one is updated (trainer/pipeline/host_optimizer.h).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -7,8 +7,8 @@
 #include "common/logging.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
-#include "trainer/host_optimizer.h"
-#include "trainer/host_optimizer_layout.h"
+#include "trainer/pipeline/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "storage/format.h"
-#include "trainer/host_optimizer.h"
-#include "trainer/host_optimizer_layout.h"
+#include "trainer/pipeline/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
 
 namespace offloadd::trainer {
 

@@ -1,5 +1,5 @@
 // LspMode: LSP-Offload in the trainer (see lsp_mode.h).
-#include "trainer/lsp_mode.h"
+#include "trainer/pipeline/lsp_mode.h"
 
 #include <c10/core/GradMode.h>
 

@@ -34,10 +34,10 @@
 
 #include "common/status.h"
 #include "engine/model.h"
+#include "job/train_config.h"
+#include "job/working_set.h"
 #include "lsp/projector.h"
-#include "trainer/block_layout.h"
-#include "trainer/train_config.h"
-#include "trainer/working_set.h"
+#include "trainer/pipeline/block_layout.h"
 
 namespace offloadd::trainer {
 
@@ -65,7 +65,7 @@ class LspMode {
   bool on_device() const { return device_.is_cuda(); }
   // Its GPU working set (CUDA; zero on the CPU device), priced from the matrices' shapes
   // (callable before Initialize): W_base and the projectors, a block's effective weights, and
-  // the largest of materialising, compressing and the projector check (trainer/working_set.h).
+  // the largest of materialising, compressing and the projector check (job/working_set.h).
   LspWorkingSet WorkingSet() const;
 
   // Reads/writes a block's fp32 states (master, exp_avg, exp_avg_sq; elements(b) floats each).

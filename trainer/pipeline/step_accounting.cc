@@ -1,9 +1,9 @@
 // StepAccounting: per-step statistics, pipelined reporting, loss history and the trace.
-#include "trainer/step_accounting.h"
+#include "trainer/pipeline/step_accounting.h"
 
 #include <cmath>
 
-#include "trainer/trace.h"
+#include "trainer/pipeline/trace.h"
 
 namespace offloadd::trainer {
 namespace {

@@ -21,12 +21,12 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/activation_spill.h"
-#include "trainer/checkpoint.h"
-#include "trainer/device_streams.h"
-#include "trainer/grad_scaler.h"
-#include "trainer/host_optimizer.h"
-#include "trainer/step_stats.h"
+#include "job/grad_scaler.h"
+#include "job/step_stats.h"
+#include "trainer/pipeline/activation_spill.h"
+#include "trainer/pipeline/device_streams.h"
+#include "trainer/pipeline/host_optimizer.h"
+#include "trainer/state/checkpoint.h"
 #include "trainer/trainer.h"
 
 namespace offloadd::trainer {
@@ -88,7 +88,7 @@ class StepAccounting {
   // The last reported step's figures (step 0 before any).
   const StepStats& last_stats() const { return last_stats_; }
   // The last reported step's compute spans ("forward <block>", "backward <block>", ...), with
-  // their memory figures on CUDA: the per-block profile (trainer/shape_profile.h).
+  // their memory figures on CUDA: the per-block profile (job/shape_profile.h).
   const std::vector<Span>& last_compute_spans() const { return last_compute_; }
   // Every finished step as trainer_state.json's log_history records it.
   const std::vector<LogEntry>& loss_history() const { return loss_history_; }

@@ -1,5 +1,5 @@
 // StepSchedule: forward, backward and gradient hand-off, block by block.
-#include "trainer/step_schedule.h"
+#include "trainer/pipeline/step_schedule.h"
 
 #include <c10/util/Exception.h>
 
@@ -7,7 +7,7 @@
 #include <chrono>
 #include <set>
 
-#include "trainer/trace.h"
+#include "trainer/pipeline/trace.h"
 
 namespace offloadd::trainer {
 

@@ -23,15 +23,15 @@
 
 #include "common/status.h"
 #include "engine/model.h"
-#include "trainer/activation_offload.h"
-#include "trainer/block_layout.h"
-#include "trainer/data_parallel.h"
-#include "trainer/device_optimizer.h"
-#include "trainer/device_streams.h"
-#include "trainer/grad_scaler.h"
-#include "trainer/host_optimizer.h"
-#include "trainer/step_accounting.h"
-#include "trainer/weight_residency.h"
+#include "job/grad_scaler.h"
+#include "trainer/pipeline/activation_offload.h"
+#include "trainer/pipeline/block_layout.h"
+#include "trainer/pipeline/data_parallel.h"
+#include "trainer/pipeline/device_optimizer.h"
+#include "trainer/pipeline/device_streams.h"
+#include "trainer/pipeline/host_optimizer.h"
+#include "trainer/pipeline/step_accounting.h"
+#include "trainer/pipeline/weight_residency.h"
 
 namespace offloadd::trainer {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "trainer/checkpoint.h"
+#include "trainer/state/checkpoint.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {

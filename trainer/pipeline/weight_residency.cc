@@ -1,5 +1,5 @@
 // WeightResidency: the block weights' uploads, waits and bindings.
-#include "trainer/weight_residency.h"
+#include "trainer/pipeline/weight_residency.h"
 
 #include <chrono>
 #include <string>

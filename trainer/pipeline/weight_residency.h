@@ -30,10 +30,10 @@
 
 #include "common/status.h"
 #include "engine/model.h"
-#include "trainer/block_layout.h"
-#include "trainer/device_optimizer.h"
-#include "trainer/device_streams.h"
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/block_layout.h"
+#include "trainer/pipeline/device_optimizer.h"
+#include "trainer/pipeline/device_streams.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 namespace offloadd::trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/node_profile.h"
+#include "trainer/plan/node_profile.h"
 
 #include <ATen/ATen.h>
 #include <sched.h>

@@ -3,7 +3,7 @@
 // of the step's price): host memory bandwidth (STREAM triad on every usable core), the AdamW
 // kernel's rate on the optimizer's thread count and on 1, 2, 4, ... threads, and while both PCIe
 // directions copy, each PCIe direction alone and both at once (pinned host memory, on CUDA), and
-// the NVMe store directory's write and read rates. The step planner (trainer/step_planner.h) prices
+// the NVMe store directory's write and read rates. The step planner (job/step_planner.h) prices
 // a plan with it.
 //
 // Cached as JSON at <dir>/node-profile.json under a key naming the host, the CPU model, the
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/node_profile_file.h"
+#include "job/node_profile_file.h"
 
 namespace offloadd::trainer {
 

@@ -1,6 +1,6 @@
 // The step planner in the trainer: after the first step (the second on CUDA), the
 // node profile and that step's measurements price every placement of AdamW states and kept
-// activations (trainer/step_planner.h); the fastest feasible one is applied before the second step.
+// activations (job/step_planner.h); the fastest feasible one is applied before the second step.
 // Two steps later the measured step time is logged beside the prediction, and the plan is re-solved
 // once when they differ by more than 10%.
 #include <ATen/ATen.h>
@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "common/units.h"
-#include "trainer/batch_planner.h"
-#include "trainer/node_profile.h"
-#include "trainer/state_placement.h"
+#include "job/batch_planner.h"
+#include "job/state_placement.h"
+#include "trainer/plan/node_profile.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -58,7 +58,7 @@ Status Trainer::Impl::CheckHostMemory() {
   if (in.optimizer.tier == StateTier::kNvme &&
       (named || PredictHostMemory(in).disk_bytes > disk_free)) {
     // A named limit, or a disk too small for every block: RAM holds the states of as many blocks
-    // as the limit allows, NVMe the rest (trainer/state_placement.h), then the weights.
+    // as the limit allows, NVMe the rest (job/state_placement.h), then the weights.
     ASSIGN_OR_RETURN(placed, PlaceStatesUnderLimit(&in, limit, disk_free));
     state_placement_text = placed.Describe();
   } else {

@@ -1,4 +1,4 @@
-#include "trainer/checkpoint.h"
+#include "trainer/state/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -27,9 +27,9 @@
 #include "common/logging.h"
 #include "common/safe_path.h"
 #include "engine/safetensors.h"
-#include "trainer/checkpoint_state.h"
-#include "trainer/export_files.h"
-#include "trainer/latest_checkpoint.h"
+#include "job/latest_checkpoint.h"
+#include "trainer/state/checkpoint_state.h"
+#include "trainer/state/export_files.h"
 
 namespace offloadd::trainer {
 namespace {

@@ -55,7 +55,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/grad_scaler.h"
+#include "job/grad_scaler.h"
 
 namespace offloadd::trainer {
 

@@ -1,5 +1,5 @@
-// Checkpoints of the compact optimizer modes (trainer/checkpoint.h, docs/optimizer-modes.md): a
-// layer's states in their own format, as U8 tensors "exp_avg" and "exp_avg_sq" holding the
+// Checkpoints of the compact optimizer modes (trainer/state/checkpoint.h, docs/optimizer-modes.md):
+// a layer's states in their own format, as U8 tensors "exp_avg" and "exp_avg_sq" holding the
 // workers' state regions byte for byte, with the mode in the file's metadata.
 #include <cstdlib>
 #include <cstring>
@@ -7,8 +7,8 @@
 
 #include "common/file.h"
 #include "engine/safetensors.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_state.h"
+#include "trainer/state/checkpoint.h"
+#include "trainer/state/checkpoint_state.h"
 
 namespace offloadd::trainer {
 

@@ -10,7 +10,7 @@
 #include "common/file.h"
 #include "common/file_identity.h"
 #include "common/safe_path.h"
-#include "trainer/checkpoint_state.h"
+#include "trainer/state/checkpoint_state.h"
 
 namespace offloadd::trainer::checkpoint_internal {
 

@@ -1,6 +1,6 @@
 // offloadd_state.json of a checkpoint: TrainerState <-> JSON, the per-file checksums, and the
 // Hugging Face trainer_state.json written beside it.
-#include "trainer/checkpoint_state.h"
+#include "trainer/state/checkpoint_state.h"
 
 #include <cmath>
 #include <cstdlib>

@@ -1,7 +1,7 @@
 #pragma once
-// offloadd_state.json of a checkpoint (trainer/checkpoint.h): TrainerState to and from JSON, HF's
-// trainer_state.json, and
-// the "crc32c" map of per-file checksums. Internal to checkpoint.cc. Errors name `path` and the key.
+// offloadd_state.json of a checkpoint (trainer/state/checkpoint.h): TrainerState to and from JSON,
+// HF's trainer_state.json, and the "crc32c" map of per-file checksums. Internal to checkpoint.cc.
+// Errors name `path` and the key.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/checkpoint.h"
+#include "trainer/state/checkpoint.h"
 
 namespace offloadd::trainer::checkpoint_internal {
 

@@ -1,4 +1,4 @@
-#include "trainer/export_files.h"
+#include "trainer/state/export_files.h"
 
 #include <dirent.h>
 #include <fcntl.h>

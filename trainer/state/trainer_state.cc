@@ -16,8 +16,8 @@
 #include "common/file.h"
 #include "common/safe_path.h"
 #include "engine/torch_boundary.h"
-#include "trainer/checkpoint.h"
-#include "trainer/export_files.h"
+#include "trainer/state/checkpoint.h"
+#include "trainer/state/export_files.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {

@@ -2,7 +2,7 @@
 // gate may be written while later ones are populated; populating never changes contents; and a
 // HostOptimizer filling its masters beside the population ends with the same arena, bit for bit,
 // as one that populated everything first, while the fill ran before the population ended.
-#include "trainer/arena_population.h"
+#include "trainer/pipeline/arena_population.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 namespace offloadd::trainer {
 namespace {

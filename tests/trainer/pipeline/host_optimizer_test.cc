@@ -4,7 +4,7 @@
 // wait runs under a watchdog: a wait that does not return within kBound fails the test and ends
 // the process, so a regression shows as a failure, not as a hung CI job. POSIX calls, not
 // std::filesystem: this binary links LibTorch (docs/DEVELOPING.md, hazards).
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 #include <dirent.h>
 #include <gtest/gtest.h>
@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "common/file.h"
-#include "tests/trainer/host_optimizer_testlib.h"
-#include "trainer/group_link.h"
+#include "tests/trainer/pipeline/host_optimizer_testlib.h"
+#include "trainer/pipeline/group_link.h"
 
 namespace offloadd::trainer {
 namespace {

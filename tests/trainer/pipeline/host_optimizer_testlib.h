@@ -16,7 +16,7 @@
 #include <string>
 
 #include "common/file.h"
-#include "trainer/host_optimizer.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 namespace offloadd::trainer {
 

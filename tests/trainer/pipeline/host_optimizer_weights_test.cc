@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/trainer/host_optimizer_testlib.h"
-#include "trainer/host_optimizer.h"
+#include "tests/trainer/pipeline/host_optimizer_testlib.h"
+#include "trainer/pipeline/host_optimizer.h"
 
 namespace offloadd::trainer {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/trace.h"
+#include "trainer/pipeline/trace.h"
 
 #include <dirent.h>
 #include <gtest/gtest.h>

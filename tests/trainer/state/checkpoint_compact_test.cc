@@ -2,7 +2,7 @@
 // their own format (U8 tensors holding the workers' state regions, int8 block scales included),
 // checksummed like every file, read back byte for byte, and refused when a run of another mode
 // reads them.
-#include "tests/trainer/checkpoint_testlib.h"
+#include "tests/trainer/state/checkpoint_testlib.h"
 
 namespace offloadd::trainer {
 namespace {

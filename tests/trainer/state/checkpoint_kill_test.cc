@@ -1,6 +1,6 @@
 // Checkpoints under SIGKILL: a child killed mid-write, or at spread-out instants of a whole save,
 // leaves the previous checkpoint or a complete latest one.
-#include "tests/trainer/checkpoint_testlib.h"
+#include "tests/trainer/state/checkpoint_testlib.h"
 
 namespace offloadd::trainer {
 namespace {

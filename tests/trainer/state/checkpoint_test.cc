@@ -1,4 +1,4 @@
-#include "tests/trainer/checkpoint_testlib.h"
+#include "tests/trainer/state/checkpoint_testlib.h"
 
 namespace offloadd::trainer {
 namespace {

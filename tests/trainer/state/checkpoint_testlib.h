@@ -1,7 +1,7 @@
 #pragma once
-// What tests/trainer/checkpoint_test.cc and checkpoint_kill_test.cc share: a fake three-layer model
-// with its fp32 state, saving it as the trainer does, and the fixture's output directory.
-#include "trainer/checkpoint.h"
+// What tests/trainer/state/checkpoint_test.cc and checkpoint_kill_test.cc share: a fake three-layer
+// model with its fp32 state, saving it as the trainer does, and the fixture's output directory.
+#include "trainer/state/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,7 +28,7 @@
 #include "common/file.h"
 #include "common/safe_path.h"
 #include "engine/safetensors.h"
-#include "trainer/export_files.h"
+#include "trainer/state/export_files.h"
 
 namespace offloadd::trainer {
 namespace {

@@ -1,6 +1,6 @@
-// The model card of an exported model (trainer/export_files.h): front matter as Hugging Face's
-// Trainer writes it, and the facts of the run.
-#include "trainer/export_files.h"
+// The model card of an exported model (trainer/state/export_files.h): front matter as Hugging
+// Face's Trainer writes it, and the facts of the run.
+#include "trainer/state/export_files.h"
 
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
