@@ -23,7 +23,7 @@ set(OFFLOADD_ASAN_SUITES
     workers_test
     storage_crc32c_test storage_tensor_store_test storage_fault_test storage_process_test
     storage_format_test storage_flags_test
-    trainer_test trainer_trace_test checkpoint_test
+    trainer_test grad_scaler_test trainer_trace_test checkpoint_test
     job_validator_test train_job_config_test executor_protocol_test
     daemon_config_test daemon_jobs_test daemon_job_manager_test
     daemon_train_metrics_test daemon_openai_test

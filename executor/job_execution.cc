@@ -25,7 +25,7 @@
 #include "job/executor_protocol.h"
 #include "job/memory_estimate.h"
 #include "job/train_job_config.h"
-#include "trainer/checkpoint.h"
+#include "trainer/state/checkpoint.h"
 #include "trainer/trainer.h"
 
 namespace offloadd::executor {

@@ -24,7 +24,7 @@
 
 #include "common/safe_path.h"
 #include "common/status.h"
-#include "trainer/step_stats.h"
+#include "job/step_stats.h"
 
 namespace offloadd::executor {
 

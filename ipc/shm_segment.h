@@ -42,7 +42,7 @@ struct SegmentOptions {
   // rate rather than one core's.
   uint32_t populate_threads = 1;
   // Leave the normal pages unpopulated: the caller faults them in with PopulatePages, e.g. in the
-  // background while it fills the first regions (trainer/arena_population.h).
+  // background while it fills the first regions (trainer/pipeline/arena_population.h).
   bool defer_populate = false;
 };
 

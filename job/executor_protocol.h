@@ -1,7 +1,7 @@
 #pragma once
 // The daemon <-> offloadd-executor protocol (proto/offloadd/internal/executor.proto) as both ends
 // use it: whole messages over the control socket (ipc/message_channel.h), the versioned hellos,
-// and the conversions between the trainer's torch-free structs (trainer/step_stats.h,
+// and the conversions between the trainer's torch-free structs (job/step_stats.h,
 // trainer::ParallelConfig) and their wire messages. The job (its validated, resolved JobSpec) and
 // the daemon's TrainerEnvironment travel as the messages themselves (train_job_config.h).
 // Torch-free, so the daemon links it without the training pipeline; the executor links it beside
@@ -13,10 +13,10 @@
 #include <google/protobuf/message_lite.h>
 
 #include "common/status.h"
+#include "job/step_stats.h"
+#include "job/train_config.h"
 #include "job/train_job_config.h"
 #include "offloadd/internal/executor.pb.h"
-#include "trainer/step_stats.h"
-#include "trainer/train_config.h"
 
 namespace offloadd::daemon {
 

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "common/message_text.h"
-#include "trainer/batch_planner.h"
+#include "job/batch_planner.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -152,7 +152,7 @@ void ResolveTrlData(v1::JobSpec* spec, std::vector<FieldViolation>* out) {
   }
 }
 
-// auto_find_batch_size and train_batch_size (trainer/batch_planner.h): a train_batch_size is
+// auto_find_batch_size and train_batch_size (job/batch_planner.h): a train_batch_size is
 // either the micro-batch times the accumulation, or, with the automatic batch size, what they
 // are chosen to multiply to (then an accumulation set beside it would not act). The automatic
 // batch size's cap defaults to 64 micro-batch sequences.

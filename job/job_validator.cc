@@ -21,6 +21,7 @@
 #include "job/job_validator_checks.h"
 #include "job/sequence_positions.h"
 #include "job/spec_refusals.h"
+#include "job/state_placement.h"
 #include "job/train_job_config.h"
 #include "job/unsupported_options.h"
 #include "text/chat_template.h"
@@ -28,8 +29,7 @@
 #include "text/gzip_reader.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
-#include "trainer/checkpoint.h"
-#include "trainer/state_placement.h"
+#include "trainer/state/checkpoint.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -145,7 +145,7 @@ void CheckOffload(const v1::OffloadConfig& o, const NodeBudget& node, const Path
     c.Add("offload.offload_param.ratio", "only offload_optimizer takes a ratio (the share of its states kept off the GPU)");
   }
   // Settings that would not act are refused rather than echoed back. The 16-bit weights go to the
-  // store of the blocks whose states are there (trainer/state_placement.h).
+  // store of the blocks whose states are there (job/state_placement.h).
   if (o.offload_param().device() == v1::OFFLOAD_DEVICE_NVME) {
     if (o.offload_optimizer().device() != v1::OFFLOAD_DEVICE_NVME) {
       c.Add("offload.offload_param.device",
@@ -251,7 +251,7 @@ JobDefaults JobDefaultsOf(const NodeBudget& node) {
 
 namespace {
 
-// Host RAM and disk as the trainer plans them (trainer/host_memory.h, the same functions): the
+// Host RAM and disk as the trainer plans them (job/host_memory.h, the same functions): the
 // limit is the job's resources.host_memory_limit, else the node's default (DefaultHostMemoryLimit:
 // the daemon's memory.host_memory_limit or what the node can give safely now), which
 // offloadd-train applies too.
@@ -273,7 +273,7 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
   trainer::HostMemoryInputs in =
       JobHostMemoryInputs(spec, config, r->model_size, compute_bytes, gpu);
   if (in.optimizer.tier == trainer::StateTier::kNvme && !node.store_dirs.empty()) {
-    // As the trainer places them (trainer/state_placement.h): with a named limit, or a disk too
+    // As the trainer places them (job/state_placement.h): with a named limit, or a disk too
     // small for every block, RAM holds as many blocks' states as the limit allows, NVMe the rest.
     uint64_t free_bytes = 0;
     for (const auto& d : node.store_dirs) free_bytes += d.available_bytes;

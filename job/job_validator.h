@@ -101,7 +101,7 @@ struct ValidationResult {
   // read. model_type and architectures[0] of its config.json.
   std::string model_type, model_architecture, model_parts;
   offloadd::v1::StepEstimate step_estimate;  // the step priced on this node (EstimateJobStep)
-  // Host RAM and disk as the trainer would plan them (trainer/host_memory.h), the limit they were
+  // Host RAM and disk as the trainer would plan them (job/host_memory.h), the limit they were
   // checked against, and the host RAM and disk with every state in RAM or all on NVMe.
   trainer::HostMemoryPrediction host_memory;
   uint64_t host_memory_limit = 0;

@@ -24,6 +24,7 @@
 #include "job/job_validator_checks.h"
 #include "job/sequence_positions.h"
 #include "job/spec_refusals.h"
+#include "job/state_placement.h"
 #include "job/train_job_config.h"
 #include "job/unsupported_options.h"
 #include "text/chat_template.h"
@@ -31,8 +32,7 @@
 #include "text/gzip_reader.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
-#include "trainer/checkpoint.h"
-#include "trainer/state_placement.h"
+#include "trainer/state/checkpoint.h"
 
 namespace offloadd::daemon {
 namespace {

@@ -5,9 +5,9 @@
 #include "common/units.h"
 #include "engine/head_chunk.h"
 #include "engine/tiles.h"
-#include "trainer/shape_profile.h"
-#include "trainer/step_estimate.h"
-#include "trainer/working_set.h"
+#include "job/shape_profile.h"
+#include "job/step_estimate.h"
+#include "job/working_set.h"
 
 namespace offloadd::daemon {
 namespace {

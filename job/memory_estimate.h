@@ -8,8 +8,8 @@
 #include <string>
 
 #include "engine/model_config.h"
+#include "job/host_memory.h"
 #include "offloadd/v1/job.pb.h"
-#include "trainer/host_memory.h"
 
 namespace offloadd::daemon {
 
@@ -43,7 +43,7 @@ int64_t LargestSeqLengthWithin(const ModelSize& size, const engine::ModelConfig&
 
 // The GPU floor measured on this node: when <profile_dir>/shapes holds the
 // shape profile a job of this model, micro-batch and dtype recorded on a GPU named `gpu`
-// (trainer/shape_profile.h), the floor is the static floor's weight buffers (two of the largest
+// (job/shape_profile.h), the floor is the static floor's weight buffers (two of the largest
 // block plus its gradient) plus that run's measured working set and a 256 MiB margin; the
 // checkpoints can wait in pinned RAM (recompute_offload_cpu). Nothing when no profile matches.
 struct ProfiledFloor {
@@ -54,7 +54,7 @@ std::optional<ProfiledFloor> ProfiledGpuFloor(const std::string& profile_dir, co
                                               const engine::ModelConfig& config, const ModelSize& size,
                                               int64_t batch, int64_t seq_len, int compute_bytes);
 
-// The job's step priced on this node (trainer/step_estimate.h) for `offloadctl submit
+// The job's step priced on this node (job/step_estimate.h) for `offloadctl submit
 // --validate-only`: the node profile under profile_dir and, when a run of this model at this
 // micro-batch and length recorded one on the GPU named `gpu` ("" for a CPU job), its shape profile.
 v1::StepEstimate StepEstimateUnavailable(const std::string& why);
@@ -64,7 +64,7 @@ v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::stri
                                  int compute_bytes, bool held_updates, int64_t nvme_params = 0,
                                  bool weights_fp32 = true);
 
-// The host RAM and disk the job needs as the trainer plans it (trainer/host_memory.h): its arena
+// The host RAM and disk the job needs as the trainer plans it (job/host_memory.h): its arena
 // sized by HostOptimizer::ArenaBytes from the model's blocks (embedding, decoder layers, head),
 // the compute dtype, the accumulation and the tier of its optimizer states. The checkpoints the
 // trainer may keep in pinned RAM are placed when the job starts and are not counted here (the

@@ -10,10 +10,10 @@
 #include <cerrno>
 
 #include "common/units.h"
+#include "job/latest_checkpoint.h"
 #include "job/unsupported_options.h"
 #include "jobspec/job_defaults.h"
-#include "trainer/checkpoint.h"
-#include "trainer/latest_checkpoint.h"
+#include "trainer/state/checkpoint.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -255,7 +255,7 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   RETURN_IF_ERROR(ApplyOffload(s, job.id(), env, c));
   c.offload.gpu_memory_limit = resolved.gpu_memory_limit;
   c.offload.host_memory_limit = resolved.host_memory_limit;
-  if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {  // trainer/lsp_mode.h
+  if (s.compression().type() == v1::COMPRESSION_TYPE_LSP) {  // trainer/pipeline/lsp_mode.h
     const v1::CompressionConfig& comp = s.compression();
     c.lsp.enabled = true;
     if (comp.has_subspace_rank()) c.lsp.rank = comp.subspace_rank();

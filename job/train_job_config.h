@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "job/train_config.h"
 #include "jobspec/job_defaults.h"
 #include "offloadd/internal/executor.pb.h"
 #include "offloadd/v1/job.pb.h"
-#include "trainer/train_config.h"
 
 namespace offloadd::daemon {
 

@@ -26,7 +26,7 @@ apt_packages=(
   libboost-dev liburing-dev prometheus-cpp-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libsqlite3-dev libpcre2-dev libicu-dev libssl-dev zlib1g-dev nlohmann-json3-dev
   prometheus coinor-libcbc-dev fio
-  libgloo-dev  # c10d ProcessGroupGloo headers: CPU data-parallel executors (trainer/data_parallel.cc)
+  libgloo-dev  # c10d ProcessGroupGloo headers: CPU data-parallel executors (trainer/pipeline/data_parallel.cc)
   libsystemd-dev  # sd_notify / sd_watchdog_enabled (daemon/systemd/sd_notify.cc)
   libsentencepiece-dev  # tokenizer.model files (text/sentencepiece_shim.cc)
   libsnappy-dev libzstd-dev  # Parquet page codecs (text/parquet_reader.cc)

@@ -10,12 +10,12 @@
 #include <random>
 
 #include "common/safe_path.h"
+#include "job/batch_planner.h"
 #include "text/batcher.h"
 #include "text/chat_template.h"
 #include "text/dataset.h"
 #include "text/mixture.h"
 #include "text/tokenizer.h"
-#include "trainer/batch_planner.h"
 
 namespace offloadd::trainer {
 namespace {

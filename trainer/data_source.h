@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/train_config.h"
+#include "job/train_config.h"
 
 namespace offloadd::trainer {
 

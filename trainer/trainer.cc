@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/torch_boundary.h"
-#include "trainer/trace.h"
+#include "trainer/pipeline/trace.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {

@@ -8,7 +8,7 @@
 // device-to-host into that block's staging buffer and the workers update the block while the device
 // goes on with earlier blocks (active gradient offloading); with exact clipping the updates wait
 // for the global norm and then run in ascending block order. fp16 compute adds dynamic loss scaling
-// (torch.amp.GradScaler's rule, trainer/grad_scaler.h): the head scales its fp32 loss gradient by S
+// (torch.amp.GradScaler's rule, job/grad_scaler.h): the head scales its fp32 loss gradient by S
 // before the cast to fp16, the fp16 gradients are staged as they are, the workers fold 1/S into the
 // clip coefficient, and a step whose gradients hold an inf or NaN is skipped as a whole (updates
 // always wait for the norm then); the learning-rate schedule counts applied updates only, as HF
@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/step_stats.h"
-#include "trainer/train_config.h"
+#include "job/step_stats.h"
+#include "job/train_config.h"
 
 namespace offloadd::trainer {
 
@@ -44,7 +44,7 @@ class TrainObserver {
   virtual void OnStep(const StepStats& /*stats*/) {}
   virtual void OnEval(const EvalStats& /*stats*/) {}
   virtual void OnProjectorCheck(const ProjectorCheckStats& /*stats*/) {}
-  // After each step: the job's worker and store processes (trainer/step_stats.h RuntimeStats).
+  // After each step: the job's worker and store processes (job/step_stats.h RuntimeStats).
   virtual void OnRuntime(const RuntimeStats& /*stats*/) {}
   virtual void OnLog(Level /*level*/, const std::string& /*message*/) {}
   virtual void OnCheckpoint(const std::string& /*path*/, int64_t /*step*/, uint64_t /*bytes*/,
@@ -74,7 +74,7 @@ struct StepPrediction {
   std::string bound;             // the resource that sets the step time
   std::string basis;             // where the figures come from
   std::string text;              // one line with all of it
-  // Host RAM and disk (trainer/host_memory.h), the limit they were checked against, and the same
+  // Host RAM and disk (job/host_memory.h), the limit they were checked against, and the same
   // per tier of the optimizer states: all in RAM, all on NVMe (with the disk's step-time floor
   // from the node profile's store rates; 0: not measured).
   uint64_t host_bytes = 0, disk_bytes = 0, host_limit = 0;

@@ -1,4 +1,4 @@
-// The automatic batch size in the trainer (trainer/batch_planner.h): each
+// The automatic batch size in the trainer (job/batch_planner.h): each
 // candidate micro-batch is priced by the step planner on inputs of its own (the static memory
 // estimate or the cached shape profile at that micro-batch, its GPU work at the GEMM rate measured
 // at that size, the node profile's rates), and the fastest in tokens/s is set before anything is
@@ -21,9 +21,9 @@
 
 #include "common/units.h"
 #include "engine/doc_attention.h"
-#include "trainer/checkpoint.h"
+#include "job/working_set.h"
+#include "trainer/state/checkpoint.h"
 #include "trainer/trainer_impl.h"
-#include "trainer/working_set.h"
 
 namespace offloadd::trainer {
 
@@ -92,7 +92,7 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t s
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
   // gradients, the head's chunked logits (engine/head_chunk.h), allocator slack.
   est.workspace = 2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
-  // What the block costs leave out (trainer/working_set.h): packed batches' attention within
+  // What the block costs leave out (job/working_set.h): packed batches' attention within
   // documents (O(T)), and LSP's own working set on CUDA.
   if (Packed()) {
     const engine::ModelConfig& mc = model->config();

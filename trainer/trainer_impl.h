@@ -20,27 +20,27 @@
 #include <vector>
 
 #include "engine/model.h"
-#include "trainer/activation_offload.h"
-#include "trainer/activation_spill.h"
-#include "trainer/batch_planner.h"
-#include "trainer/block_layout.h"
-#include "trainer/data_parallel.h"
-#include "trainer/group_link.h"
+#include "job/batch_planner.h"
+#include "job/grad_scaler.h"
+#include "job/host_memory.h"
+#include "job/shape_profile.h"
+#include "job/step_planner.h"
 #include "trainer/data_source.h"
-#include "trainer/device_optimizer.h"
-#include "trainer/device_streams.h"
-#include "trainer/grad_scaler.h"
-#include "trainer/host_optimizer.h"
-#include "trainer/lsp_mode.h"
 #include "trainer/lr_schedule.h"
-#include "trainer/host_memory.h"
-#include "trainer/node_profile.h"
-#include "trainer/step_accounting.h"
-#include "trainer/shape_profile.h"
-#include "trainer/step_schedule.h"
-#include "trainer/step_planner.h"
+#include "trainer/pipeline/activation_offload.h"
+#include "trainer/pipeline/activation_spill.h"
+#include "trainer/pipeline/block_layout.h"
+#include "trainer/pipeline/data_parallel.h"
+#include "trainer/pipeline/device_optimizer.h"
+#include "trainer/pipeline/device_streams.h"
+#include "trainer/pipeline/group_link.h"
+#include "trainer/pipeline/host_optimizer.h"
+#include "trainer/pipeline/lsp_mode.h"
+#include "trainer/pipeline/step_accounting.h"
+#include "trainer/pipeline/step_schedule.h"
+#include "trainer/pipeline/weight_residency.h"
+#include "trainer/plan/node_profile.h"
 #include "trainer/trainer.h"
-#include "trainer/weight_residency.h"
 
 namespace offloadd::trainer {
 
@@ -231,7 +231,7 @@ struct Trainer::Impl {
   // The node profile (cached under cfg.profile_dir, else measured once per run), logged.
   StatusOr<NodeProfile> PlanNodeProfile();
   std::optional<NodeProfile> node_profile;
-  // per_device_train_batch_size auto (trainer/batch_planner.h): sets cfg.batch_size and
+  // per_device_train_batch_size auto (job/batch_planner.h): sets cfg.batch_size and
   // cfg.gradient_accumulation_steps before anything is sized by them.
   Status ChooseBatchSize();
   // seq: tokens per row priced (0: SeqLength()); `basis` (may be null) gets where the GPU work's
@@ -246,7 +246,7 @@ struct Trainer::Impl {
   // TrainConfig::validate_only: prices the configured step into `prediction` (trainer_batch.cc).
   Status PredictStep();
   StepPrediction prediction;
-  // The host RAM and disk the planned job needs (trainer/host_memory.h) against
+  // The host RAM and disk the planned job needs (job/host_memory.h) against
   // cfg.offload.host_memory_limit, which it resolves (unset: DefaultHostMemoryLimit, as the
   // daemon); RESOURCE_EXHAUSTED with the numbers and the smallest change that fits, before the
   // arena is made (trainer_plan.cc). Fills prediction's host fields.

@@ -10,7 +10,7 @@
 
 #include "common/units.h"
 #include "ipc/liveness.h"
-#include "trainer/trace.h"
+#include "trainer/pipeline/trace.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {

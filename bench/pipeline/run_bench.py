@@ -189,7 +189,7 @@ def run(args, batch: str, model_dir: pathlib.Path, work: pathlib.Path, cal: dict
     res["corrected_layers"] = sum(x.get("corrected_layers", 0) for x in timed) / len(timed)
     res["nvme_activation_bytes"] = sum(x.get("nvme_activation_bytes", 0) for x in timed) / len(timed)
     res["stall_activations_seconds"] = sum(x.get("stall_activations_seconds", 0) for x in timed) / len(timed)
-    for k in ("lsp_compress_seconds", "lsp_decompress_seconds"):  # LSP: GPU time (trainer/step_stats.h)
+    for k in ("lsp_compress_seconds", "lsp_decompress_seconds"):  # LSP: GPU time (job/step_stats.h)
         res[k] = sum(x.get(k, 0) for x in timed) / len(timed)
     res["tokens_per_second"] = res["tokens"] / res["step_seconds"]
     res["model_tflops"] = res["model_flops"] / res["step_seconds"] / 1e12

@@ -216,12 +216,13 @@ struct TrainMetrics::Impl {
                            "Host memory the job page-locked for the GPU's copies.")),
         time_to_first_step(GaugeFamily(
             r, "offloadd_train_time_to_first_step_seconds",
-            "Seconds from the trainer's creation (the job's executor starting it, or restarting it) "
-            "to the start of the run's first step: checkpoint reading, arena, workers, pinning.")),
+            "Seconds from the trainer's creation (the job's executor starting it, or "
+            "restarting it) to the start of the run's first step: checkpoint reading, arena, "
+            "workers, pinning.")),
         setup_phase(GaugeFamily(
             r, "offloadd_train_setup_phase_seconds",
-            "Wall seconds of each phase of the run's set-up before its first step (cuda, model, data, "
-            "plan, arena, workers, weights, device; trainer/step_stats.h kSetupPhases). Phases "
+            "Wall seconds of each phase of the run's set-up before its first step (cuda, model, "
+            "data, plan, arena, workers, weights, device; job/step_stats.h kSetupPhases). Phases "
             "overlap (the arena is populated while the workers start, the weights are read and the "
             "device is set up): see offloadd_train_setup_phase_start_seconds.")),
         setup_phase_start(GaugeFamily(
@@ -234,9 +235,10 @@ struct TrainMetrics::Impl {
             "\"cpu\"); offloadctl get <job_id> names the job. Kept "
             "with the job's other series for metrics.job_series_retention_seconds "
             "after the job stops running.")),
-        watchdog_kills(CounterFamily(r, "offloadd_watchdog_kills_total",
-                                     "Processes of jobs killed for missing a liveness deadline (stopped, wedged, "
-                                     "deadlocked), by process: executor, worker, store (jobs.liveness).")) {
+        watchdog_kills(CounterFamily(
+            r, "offloadd_watchdog_kills_total",
+            "Processes of jobs killed for missing a liveness deadline (stopped, wedged, "
+            "deadlocked), by process: executor, worker, store (jobs.liveness).")) {
     // Every process kind from the start, so that a rate over it never lacks a series.
     for (const char* p : {"executor", "worker", "store"}) watchdog_kills.Add({{"process", p}});
   }

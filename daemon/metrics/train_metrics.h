@@ -24,7 +24,7 @@
 #include <memory>
 #include <string>
 
-#include "trainer/step_stats.h"
+#include "job/step_stats.h"
 
 namespace prometheus {
 class Registry;

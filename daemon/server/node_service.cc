@@ -4,9 +4,9 @@
 
 #include "daemon/server/rpc_recorder.h"
 #include "engine/model_config.h"
-#include "trainer/host_memory.h"
-#include "trainer/node_profile_file.h"
-#include "trainer/shape_profile.h"
+#include "job/host_memory.h"
+#include "job/node_profile_file.h"
+#include "job/shape_profile.h"
 #include "workers/adamw_kernel.h"
 
 namespace offloadd::daemon {

@@ -27,7 +27,7 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
                            offloadd::v1::NodeInfo* response) override;
   // workers.adamw_kernel, resolved per call into NodeInfo.cpu.adamw_kernel.
   void set_adamw_kernel(std::string request) { adamw_kernel_ = std::move(request); }
-  // Where jobs cache the node profile (trainer/node_profile.h); shown as NodeInfo.bandwidths.
+  // Where jobs cache the node profile (trainer/plan/node_profile.h); shown as NodeInfo.bandwidths.
   void set_profile_dir(std::string dir) { profile_dir_ = std::move(dir); }
   // The daemon's memory.host_memory_limit (0: what the node can give safely,
   // trainer::DefaultHostMemoryLimit), shown as the default a job gets.
@@ -51,7 +51,7 @@ class NodeServiceImpl final : public offloadd::v1::NodeService::Service {
 
 // Fills NodeInfo.bandwidths from the node profile cached in `dir` (problem set when none is).
 void FillBandwidths(const std::string& dir, offloadd::v1::Bandwidths* out);
-// The shape profiles cached under <dir>/shapes (trainer/shape_profile.h), newest first.
+// The shape profiles cached under <dir>/shapes (job/shape_profile.h), newest first.
 void FillShapeProfiles(const std::string& dir, offloadd::v1::NodeInfo* out);
 // Each listed store directory's own rates from the node profile under `dir` (none when absent).
 void FillStoreRates(const std::string& dir, offloadd::v1::NodeInfo* out);

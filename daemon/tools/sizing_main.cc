@@ -7,7 +7,7 @@
 // Prints one JSON object per DIR (one line each): total_params; gpu_floor_bytes (streaming every
 // block, recomputing activations) with its breakdown; host_bytes_cpu (the host RAM the validator
 // predicts and checks against the host limit with offload_optimizer.device cpu: arena and
-// processes, trainer/host_memory.h) and host_bytes_nvme (device nvme); nvme_bytes (the store's
+// processes, job/host_memory.h) and host_bytes_nvme (device nvme); nvme_bytes (the store's
 // disk with the states on NVMe); checkpoint_bytes (one checkpoint's states).
 // Exit 1 with the reason when a config is refused, 2 on bad flags.
 #include <cstdint>
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "engine/model_config.h"
+#include "job/host_memory.h"
 #include "job/memory_estimate.h"
 #include "job/train_job_config.h"
-#include "trainer/host_memory.h"
 
 namespace {
 

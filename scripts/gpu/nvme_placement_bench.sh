@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (the 125 GiB host, 64 GiB disk), from the repository root, .debs carried:
-# part of the optimizer states on NVMe, per block (trainer/state_placement.h). Measures the store
+# part of the optimizer states on NVMe, per block (job/state_placement.h). Measures the store
 # directory's rate (offloadd-storage-bench, O_DIRECT io_uring, queue depths 8/32/64), then
 #   1. the Llama-3-8B shape at batch 16 in 24 GiB, --tier=nvme under --host-memory-limit=LIMIT8
 #      (default 112GiB: most blocks' states in RAM, the rest on NVMe);

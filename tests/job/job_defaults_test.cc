@@ -3,9 +3,9 @@
 // defaulted field, whether the executor is handed the resolved spec or the one the client sent.
 #include "jobspec/job_defaults.h"
 
+#include "job/host_memory.h"
 #include "job/train_job_config.h"
 #include "tests/job/job_validator_fixture.h"
-#include "trainer/host_memory.h"
 
 namespace offloadd::daemon::testing_fixture {
 namespace {

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "job/job_validator.h"
-#include "trainer/shape_profile.h"
+#include "job/shape_profile.h"
 
 namespace offloadd::daemon::testing_fixture {
 

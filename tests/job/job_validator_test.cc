@@ -14,9 +14,9 @@
 
 #include "common/units.h"
 #include "daemon/node/gpu_driver.h"
+#include "job/shape_profile.h"
 #include "tests/job/job_validator_fixture.h"
 #include "text/tokenizer.h"
-#include "trainer/shape_profile.h"
 
 namespace offloadd::daemon {
 namespace {
@@ -346,7 +346,7 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   EXPECT_NE(h->description.find("this needs a store directory"), std::string::npos) << h->description;
   // On NVMe it fits the RAM; the store directories must hold what RAM does not: with a disk too
   // small for every block's states, as many blocks' states as the limit allows stay in RAM
-  // (trainer/state_placement.h), and a disk of one page holds not even the rest.
+  // (job/state_placement.h), and a disk of one page holds not even the rest.
   StoreDirFacts dir;
   dir.path = fs::canonical(root_);
   dir.available_bytes = 4096;

@@ -14,7 +14,7 @@
 #include "common/file.h"
 #include "job/job_validator.h"
 #include "job/unsupported_options.h"
-#include "trainer/checkpoint.h"
+#include "trainer/state/checkpoint.h"
 
 namespace offloadd::daemon {
 namespace {

@@ -34,29 +34,29 @@ ALLOWED_FILES = {
     "storage/tensor_store.cc": "the store's manifest in the daemon's store directories",
     "daemon/jobs/job_store.cc": "the daemon's own job database (<state_dir>/jobs.db), its recreation "
     "and its -wal/-shm files; never a job path",
-    "trainer/host_memory.cc": "the node's memory facts: /proc/meminfo, /proc/self/status, "
+    "job/host_memory.cc": "the node's memory facts: /proc/meminfo, /proc/self/status, "
     "/proc/self/cgroup and the cgroup's memory.max / memory.current under /sys/fs/cgroup; never a "
     "job path",
 }
 
 # (file, a piece of the line): why it is not a job path, or how it stays confined.
 ALLOWED = {
-    ("trainer/node_profile.cc", 'std::ifstream in("/proc/cpuinfo")'): "a /proc file",
-    ("trainer/node_profile.cc", "open(path.c_str(), flags | O_DIRECT, 0600)"):
+    ("trainer/plan/node_profile.cc", 'std::ifstream in("/proc/cpuinfo")'): "a /proc file",
+    ("trainer/plan/node_profile.cc", "open(path.c_str(), flags | O_DIRECT, 0600)"):
         "node profile scratch file in a daemon store directory (storage.directories), not a job path",
-    ("trainer/node_profile.cc", "open(path.c_str(), flags, 0600)"): "the same scratch file without O_DIRECT",
-    ("trainer/node_profile.cc", "unlink(path.c_str())"): "removes that scratch file",
-    ("trainer/host_optimizer_group.cc", "open(o.leader_arena_path.c_str()"):
+    ("trainer/plan/node_profile.cc", "open(path.c_str(), flags, 0600)"): "the same scratch file without O_DIRECT",
+    ("trainer/plan/node_profile.cc", "unlink(path.c_str())"): "removes that scratch file",
+    ("trainer/pipeline/host_optimizer_group.cc", "open(o.leader_arena_path.c_str()"):
         "the leader's shared-memory arena (/dev/shm), created by the job's own executor",
-    ("trainer/group_link.cc", "open(path.c_str(), O_RDWR | O_CLOEXEC)"):
+    ("trainer/pipeline/group_link.cc", "open(path.c_str(), O_RDWR | O_CLOEXEC)"):
         "the data-parallel group's shared segment in the daemon's rendezvous directory (state_dir)",
-    ("trainer/shape_profile.cc", "opendir(sub.c_str())"):
+    ("job/shape_profile.cc", "opendir(sub.c_str())"):
         "the daemon's profile cache (<state_dir>/profiles/shapes), not a job path",
-    ("trainer/checkpoint_files.cc", "::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW"):
+    ("trainer/state/checkpoint_files.cc", "::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW"):
         "a new file in a checkpoint directory opened through the confined output_dir descriptor",
-    ("trainer/checkpoint.cc", "::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW"):
+    ("trainer/state/checkpoint.cc", "::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW"):
         "a checkpoint directory under the confined output_dir descriptor, never through a symlink",
-    ("trainer/activation_spill.cc", "::mkdir(prefix.c_str(), 0750)"):
+    ("trainer/pipeline/activation_spill.cc", "::mkdir(prefix.c_str(), 0750)"):
         "activation spill directories in the daemon's store directories (storage.directories)",
     ("job/train_job_config.cc", "opendir(model_dir.c_str())"):
         "lists the model's file names and sizes (fstatat, no symlink followed) for the free-space estimate; "

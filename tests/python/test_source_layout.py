@@ -31,25 +31,61 @@ ALLOWED = {
     "workers": {"common", "ipc"},
     "storage": {"common", "ipc"},
     "lsp": {"common", "engine", "workers"},
-    "trainer": {"common", "engine", "ipc", "lsp", "storage", "text", "workers"},
-    # A job as the daemon, its executors and offloadd-train see it: its checks, its mapping to the
-    # trainer's torch-free TrainConfig and the daemon <-> executor protocol that carries it.
-    "job": {"common", "engine", "ipc", "jobspec", "proto", "text", "trainer"},
+    # The torch-free description and pricing of a job, which the daemon's validation and the
+    # trainer both read: its checks, its TrainConfig, the step planner, the host memory it needs,
+    # and the daemon <-> executor protocol that carries it. It never includes trainer/ (PENDING
+    # names the headers still to be cut).
+    "job": {"common", "engine", "ipc", "jobspec", "proto", "text", "workers"},
+    # trainer/'s sub-folders (trainer/README.md): plan never includes pipeline or state, state never
+    # includes pipeline, and none of them includes the step loop above them (trainer/).
+    "trainer/plan": {"common", "engine", "job", "workers"},
+    "trainer/pipeline": {"common", "engine", "ipc", "job", "lsp", "storage", "trainer/plan",
+                         "workers"},
+    "trainer/state": {"common", "engine", "job"},
+    # The step loop that wires plan, pipeline and state.
+    "trainer": {"common", "engine", "ipc", "job", "lsp", "storage", "text", "trainer/pipeline",
+                "trainer/plan", "trainer/state", "workers"},
     # The executor runs a job for the daemon: it reads the job and speaks the protocol through
     # job/, never through the daemon; the daemon never includes executor/ (it starts the binary).
     "executor": {"common", "engine", "ipc", "job", "jobspec", "lsp", "proto", "storage", "text",
-                 "trainer", "workers"},
-    "daemon": {"common", "engine", "ipc", "job", "jobspec", "proto", "text", "trainer", "workers"},
+                 "trainer", "trainer/state", "workers"},
+    "daemon": {"common", "engine", "ipc", "job", "jobspec", "proto", "text", "workers"},
     "client": {"common", "jobspec", "proto"},
     # The trainer's programs sit on top of everything: offloadd-train reads a job file along the
     # daemon's path (client/cpp/job_file.h's reader, job/ validation and configuration, the daemon's
     # node probe, the executor's GPU probe), in a torch-free library of its own
-    # (trainer/tools/job_file_config.h).
-    "trainer/tools": {"client", "common", "daemon", "engine", "executor", "ipc", "job", "jobspec",
-                      "lsp", "proto", "storage", "text", "trainer", "workers"},
+    # (train/job_file_config.h).
+    "train": {"client", "common", "daemon", "engine", "executor", "ipc", "job", "jobspec", "lsp",
+              "proto", "storage", "text", "trainer", "trainer/pipeline", "trainer/plan",
+              "trainer/state", "workers"},
 }
 # Sub-folders checked as components of their own, not as part of the folder above them.
 SUBCOMPONENTS = [c for c in ALLOWED if "/" in c]
+# Includes across an edge that ALLOWED does not have, each kept until the split that removes it
+# (docs/DEVELOPING.md, "trainer/ in three sub-folders"): {(component, header): why it is still
+# there}. Only these headers may cross, and test_pending_includes_are_still_there drops an entry
+# as soon as its include is gone.
+PENDING = {
+    ("job", "trainer/state/checkpoint.h"):
+        "the checkpoint's read side (CheckpointReader, LatestCheckpoint, RemoveCheckpoints) is "
+        "declared beside its writer",
+    ("job", "trainer/pipeline/host_optimizer.h"):
+        "HostOptimizerOptions and the arena's size (HostOptimizer::ArenaBytes) are declared with "
+        "HostOptimizer until its split into the arena's owner and the NVMe state tier",
+    ("job", "trainer/pipeline/host_optimizer_layout.h"):
+        "the arena's layout options, declared with HostOptimizer (the same split)",
+    ("trainer/plan", "trainer/trainer_impl.h"):
+        "trainer_plan.cc and trainer_profile.cc are Trainer::Impl's methods until DevicePlanner",
+    ("trainer/pipeline", "trainer/trainer_impl.h"):
+        "trainer_parallel.cc is Trainer::Impl's methods until the data-parallel group has an owner",
+    ("trainer/pipeline", "trainer/trainer.h"):
+        "step_accounting.h reports through TrainObserver, declared with Trainer",
+    ("trainer/pipeline", "trainer/state/checkpoint.h"):
+        "step_accounting.h keeps the loss history as checkpoint LogEntry rows; trainer_parallel.cc "
+        "reads a checkpoint for the group's followers",
+    ("trainer/state", "trainer/trainer_impl.h"):
+        "trainer_state.cc is Trainer::Impl's checkpoint and export methods",
+}
 GENERATED = {"offloadd": "proto"}  # "offloadd/v1/...": the protobuf/gRPC code generated from proto/
 TORCH_FREE = ("common", "proto", "jobspec", "ipc", "text", "workers", "storage", "job", "daemon", "client")
 TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10|caffe2)/', re.M)
@@ -69,17 +105,58 @@ def _includes(path):
     return PROJECT_INCLUDE.findall(path.read_text(errors="replace"))
 
 
+def _component_of(header, top):
+    """The component a project include belongs to: its sub-folder when that is one of
+    SUBCOMPONENTS ("trainer/plan/x.h" -> "trainer/plan"), else its top folder."""
+    inner = [c for c in SUBCOMPONENTS if header.startswith(c + "/")]
+    return max(inner, key=len) if inner else GENERATED.get(top, top)
+
+
 @pytest.mark.parametrize("component", sorted(ALLOWED))
 def test_components_include_only_the_layers_below(component):
     bad = []
     for f in _files(component):
-        for header, comp in _includes(f):
-            comp = GENERATED.get(comp, comp)
+        for header, top in _includes(f):
+            comp = _component_of(header, top)
             if comp not in ALLOWED:  # third-party ("google/rpc/...", "grpc/health/...")
                 continue
-            if comp != component and comp not in ALLOWED[component]:
+            if comp != component and comp not in ALLOWED[component] and (
+                    (component, header) not in PENDING):
                 bad.append(f"{f.relative_to(SOURCE_DIR)} includes {header}")
     assert not bad, "\n".join(bad)
+
+
+def test_a_sub_folder_is_its_own_component():
+    assert _component_of("trainer/plan/node_profile.h", "trainer") == "trainer/plan"
+    assert _component_of("trainer/trainer_impl.h", "trainer") == "trainer"
+    assert _component_of("train/train_args.h", "train") == "train"
+    assert _component_of("offloadd/v1/job.pb.h", "offloadd") == "proto"
+
+
+# The trainer's sub-folders as docs/DEVELOPING.md plans them: planning never depends on the
+# pipeline or on persistent state, state never on the pipeline, and job/ never on the trainer.
+NEVER_TRAINER = [("trainer/plan", "trainer/pipeline"), ("trainer/plan", "trainer/state"),
+                 ("trainer/state", "trainer/pipeline"), ("job", "trainer"),
+                 ("job", "trainer/plan"), ("job", "trainer/pipeline"), ("job", "trainer/state"),
+                 ("daemon", "trainer")]
+
+
+@pytest.mark.parametrize("component,above", NEVER_TRAINER)
+def test_the_trainers_sub_folders_keep_their_direction(component, above):
+    assert above not in ALLOWED[component], f"{component} may not include {above}/"
+
+
+@pytest.mark.parametrize("sub", ["trainer/plan", "trainer/pipeline", "trainer/state"])
+def test_the_trainers_sub_folders_never_include_the_step_loop(sub):
+    assert "trainer" not in ALLOWED[sub], f"{sub} may not include the step loop above it"
+
+
+def test_pending_includes_are_still_there():
+    """An entry of PENDING whose include is gone is dropped, so the list only shrinks."""
+    for (component, header), why in PENDING.items():
+        assert why and (SOURCE_DIR / header).is_file(), f"{header} is gone: drop it from PENDING"
+        used = any(header == h for f in _files(component) for h, _ in _includes(f))
+        assert used, f"{component} no longer includes {header}: drop it from PENDING"
 
 
 def _pulls_torch(header, seen):

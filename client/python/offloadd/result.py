@@ -43,7 +43,7 @@ from offloadd.v1 import job_pb2
 
 # The executor's last log line of a job that trained: "finished 12 steps, final loss 2.345678;
 # model in /srv/out" (executor/job_execution.cc), and the trainer's "final model written to
-# /srv/out" (trainer/trainer_state.cc).
+# /srv/out" (trainer/state/trainer_state.cc).
 _MODEL_IN = re.compile(r"; model in (.+)$")
 _MODEL_WRITTEN = re.compile(r"^final model written to (.+)$")
 _FINAL_LOSS = re.compile(r"final loss ([-+0-9.eE]+|nan|inf)")

@@ -1,4 +1,4 @@
-"""SIGKILL with the optimizer states split between RAM and NVMe (trainer/state_placement.h).
+"""SIGKILL with the optimizer states split between RAM and NVMe (job/state_placement.h).
 
 offloadd-train (CPU, fp32, clipping) runs with `--tier=nvme` under a named host memory limit that
 holds some blocks' fp32 masters and AdamW moments in RAM and puts the rest in the NVMe store. Its

@@ -1,5 +1,5 @@
 """per_device_train_batch_size auto (offloadd-train --batch-size=auto[:N],
---train-batch-size=N): the step planner prices each candidate micro-batch (trainer/batch_planner.h)
+--train-batch-size=N): the step planner prices each candidate micro-batch (job/batch_planner.h)
 and the trainer runs the fastest; the log lists every candidate with its predicted tokens/s.
 
 Checked here on the CPU device: the choice is the candidates' fastest (the smaller within 2%), a

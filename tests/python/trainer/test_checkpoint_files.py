@@ -1,4 +1,4 @@
-"""Checkpoint layer files (trainer/checkpoint.h) load with the reference safetensors package and
+"""Checkpoint layer files (trainer/state/checkpoint.h) load with the reference safetensors package and
 hold the expected tensors: fp32 master weights under their Hugging Face names in model-layer-*,
 Adam moments as "<name>.exp_avg" / "<name>.exp_avg_sq" in optimizer-layer-*. The files come from
 the C++ test CheckpointSample.WritesSampleForPython."""

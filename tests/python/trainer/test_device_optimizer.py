@@ -1,5 +1,5 @@
 """Device-resident optimizer states: the lowest blocks' fp32 masters and Adam
-moments live on the device and are updated there (trainer/device_optimizer.h), the rest by the
+moments live on the device and are updated there (trainer/pipeline/device_optimizer.h), the rest by the
 CPU workers, with one clipping decision and one fp16 overflow check over all blocks. On a CPU
 device the same code runs with its tensors in process memory: these tests cover mixed placements
 against PyTorch without a GPU (tests/python/trainer/test_pipeline_gpu.py runs them on CUDA).
@@ -129,7 +129,7 @@ def test_auto_places_blocks_after_the_first_step_within_the_budget(binary_dir, t
     r = run_train(binary_dir, train_args(model, data, out, accum=1) +
                   ["--device-optimizer-blocks=auto", f"--gpu-memory-limit={budget}"])
     assert "the AdamW states of blocks 0-1 (" in r.stderr and "move to the device" in r.stderr, r.stderr
-    # The step planner chose it (trainer/step_planner.h), from a node profile measured here, and
+    # The step planner chose it (job/step_planner.h), from a node profile measured here, and
     # compared its prediction with the second step run under it.
     assert "node profile (measured): host memory" in r.stderr, r.stderr
     assert "step plan: 2 blocks' AdamW states on the GPU, 0 layers' activations kept: predicted" in r.stderr

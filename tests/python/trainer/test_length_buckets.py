@@ -2,7 +2,7 @@
 --length-buckets=on elsewhere), so that a job meets a few padded lengths, which the planner warms
 before they are met, instead of a new one most steps.
 
-- Every micro-batch's padded length is its longest row's bucket (trainer/batch_planner.h
+- Every micro-batch's padded length is its longest row's bucket (job/batch_planner.h
   PaddedLength: multiples of 16 up to 64, then quarter octaves), and the rows are the same.
 - The loss is the same as with padding to a multiple of 8: padding has no target and causal
   attention keeps real tokens from seeing it; only the GEMMs' row counts differ (fp32 on the CPU).

@@ -1,4 +1,4 @@
-"""LSP-Offload mode in the trainer (trainer/lsp_mode.h, lsp/README.md), on the
+"""LSP-Offload mode in the trainer (trainer/pipeline/lsp_mode.h, lsp/README.md), on the
 CPU device.
 
 - Identity projectors (s = the full dimensions) with no weight decay: LSP training is exact AdamW

@@ -7,7 +7,7 @@
 - The initial weights are read on several threads straight from the checkpoint's mapping (bf16, fp16
   and fp32 converted to the fp32 masters in pieces): exact, whatever the thread count, and the same
   whether the arena is populated first or in the background beside the fill (the phases' overlap
-  itself is shown deterministically in tests/trainer/arena_population_test.cc).
+  itself is shown deterministically in tests/trainer/pipeline/arena_population_test.cc).
 - The speculation policy in force is named in the plan log; the CPU default is never (bitwise).
 """
 

@@ -1,4 +1,4 @@
-"""The step planner (trainer/step_planner.h, run through offloadd-plan) against an integer linear
+"""The step planner (job/step_planner.h, run through offloadd-plan) against an integer linear
 program over per-block binaries, solved by HiGHS (scipy.optimize.milp), on the benchmark shapes.
 
 The ILP is the planner's cost model written as OFFMATE writes its program: a binary per block for

@@ -1,0 +1,135 @@
+// HostOptimizer::ArenaBytes, BytesPerParameter and WeightsAreFp32, and the layout options they
+// size (trainer/pipeline/host_optimizer_layout.h).
+#include <algorithm>
+
+#include "trainer/pipeline/host_optimizer_layout.h"
+
+namespace offloadd::trainer {
+namespace internal {
+namespace {
+
+constexpr uint64_t kAlign = 4096;
+uint64_t RoundUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
+  workers::ShardLayoutOptions lo;
+  switch (o.compute) {
+    case HostDtype::kFp32:
+      lo.grad_dtype = workers::GradDtype::kFp32;
+      lo.weight_dtype = workers::WeightDtype::kNone;  // the device reads the master weights
+      break;
+    case HostDtype::kBf16:
+      lo.grad_dtype = workers::GradDtype::kBf16;
+      lo.weight_dtype = workers::WeightDtype::kBf16;
+      break;
+    case HostDtype::kFp16:
+      lo.grad_dtype = workers::GradDtype::kFp16;
+      lo.weight_dtype = workers::WeightDtype::kFp16;
+      break;
+  }
+  if (HostOptimizer::WeightsAreFp32(o)) lo.weight_dtype = workers::WeightDtype::kNone;
+  lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
+  lo.states_resident = o.tier == StateTier::kCpu;
+  for (size_t b = 0; b < o.nvme_weight_blocks.size(); ++b) {
+    if (WeightsOnNvme(o, b)) {
+      lo.weights_elsewhere.resize(o.block_elements.size());
+      lo.weights_elsewhere[b] = true;
+    }
+  }
+  lo.mode = o.mode;
+  return lo;
+}
+
+workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o) {
+  workers::WorkerPoolOptions p;
+  p.worker_binary = o.worker_binary;
+  p.processes = std::max<uint32_t>(1, o.worker_processes);
+  p.threads_per_process = std::max<uint32_t>(1, o.worker_threads);
+  p.kernel_path = o.kernel_path;
+  return p;
+}
+
+bool OnNvme(const HostOptimizerOptions& o, size_t block) {
+  return o.tier == StateTier::kNvme && (o.nvme_blocks.empty() || o.nvme_blocks[block]);
+}
+
+uint64_t MaxElements(const HostOptimizerOptions& o) {
+  uint64_t m = 0;
+  for (size_t b = 0; b < o.block_elements.size(); ++b) {
+    if (OnNvme(o, b)) m = std::max(m, o.block_elements[b]);
+  }
+  return m;
+}
+
+bool WeightsOnNvme(const HostOptimizerOptions& o, size_t block) {
+  return OnNvme(o, block) && o.compute != HostDtype::kFp32 && block < o.nvme_weight_blocks.size() &&
+         o.nvme_weight_blocks[block];
+}
+
+uint64_t MaxWeightElements(const HostOptimizerOptions& o) {
+  uint64_t m = 0;
+  for (size_t b = 0; b < o.block_elements.size(); ++b) {
+    if (WeightsOnNvme(o, b)) m = std::max(m, o.block_elements[b]);
+  }
+  return m;
+}
+
+uint32_t ExtraRegions(const HostOptimizerOptions& o) {
+  return 4 * o.nvme_slots + HostOptimizer::kWeightBuffers +
+         4 * static_cast<uint32_t>(o.block_elements.size()) + 32;
+}
+
+uint64_t ExtraBytes(const HostOptimizerOptions& o) {
+  // Their entries in the region table (ipc::Arena's entry is 72 bytes; 80 as workers::ArenaBytesFor
+  // counts its own).
+  const uint64_t table = RoundUp(uint64_t{ExtraRegions(o)} * 80);
+  if (o.tier != StateTier::kNvme) return table;
+  const uint64_t slots = std::max<uint32_t>(2, o.nvme_slots);  // as HostOptimizer allocates them
+  uint64_t bytes = slots * 3 * RoundUp(std::max<uint64_t>(1, MaxElements(o)) * 4);
+  uint64_t regions = slots * 3 + o.block_elements.size() + 8;
+  if (const uint64_t w = MaxWeightElements(o); w > 0) {
+    // A 16-bit weight region per slot, and the buffers FetchWeights reads into.
+    bytes += (slots + HostOptimizer::kWeightBuffers) * RoundUp(w * 2);
+    regions += slots + HostOptimizer::kWeightBuffers;
+  }
+  for (size_t b = 0; b < o.block_elements.size(); ++b) {
+    const uint64_t n = o.block_elements[b];
+    if (!OnNvme(o, b)) {  // its master and moments in the arena
+      bytes += 3 * RoundUp(n * 4);
+      regions += 3;
+    } else if (o.compute == HostDtype::kFp32) {
+      bytes += RoundUp(n * 4);
+    }
+  }
+  return table + bytes + 2 * kAlign * regions;
+}
+
+double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
+  HostOptimizerOptions in_mode = o;
+  in_mode.mode = mode;
+  return HostOptimizer::BytesPerParameter(in_mode);  // NVMe tier: the states live in the store
+}
+
+double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
+  const workers::ShardLayoutOptions lo = LayoutOptions(o);
+  return workers::StepTrafficBytesPerParam(mode, lo.grad_dtype, lo.weight_dtype);
+}
+
+}  // namespace internal
+
+uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
+  return workers::ArenaBytesFor(o.block_elements, internal::LayoutOptions(o), internal::PoolOptions(o)) +
+         internal::ExtraBytes(o);
+}
+
+double HostOptimizer::BytesPerParameter(const HostOptimizerOptions& o) {
+  return workers::BytesPerParameter(internal::LayoutOptions(o));
+}
+
+bool HostOptimizer::WeightsAreFp32(const HostOptimizerOptions& o) {
+  return o.compute == HostDtype::kFp32 || (!o.host_weight_copy && o.tier == StateTier::kCpu);
+}
+
+}  // namespace offloadd::trainer

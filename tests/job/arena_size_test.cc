@@ -1,0 +1,55 @@
+// job/arena_size.cc: the arena's bytes and the CPU update's traffic per parameter in
+// each compact optimizer mode (what the planners price once the arena holds them).
+#include <gtest/gtest.h>
+
+#include "job/host_memory.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
+
+namespace offloadd::trainer::internal {
+namespace {
+
+using workers::MasterDtype;
+using workers::OptimizerMode;
+using workers::StateDtype;
+
+TEST(HostOptimizerSizeTest, CompactModesShrinkTheArenaAndTheUpdatesTraffic) {
+  HostOptimizerOptions o;
+  o.block_elements = {1 << 20};
+  o.compute = HostDtype::kBf16;
+  o.host_weight_copy = false;  // RAM tier, no 16-bit copy: the device reads the fp32 masters
+  ASSERT_EQ(HostOptimizer::BytesPerParameter(o), 14u);
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {}), 14);
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kBf16, MasterDtype::kFp32}), 10);
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kBf16}),
+                   8 + 8.0 / 256);
+  EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, {}), 26);
+  EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, {StateDtype::kInt8, MasterDtype::kFp32}),
+                   14 + 16.0 / 256);
+  o.host_weight_copy = true;  // the 16-bit copy in the arena, written by every update
+  EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, {}), 28);
+  o.tier = StateTier::kNvme;  // states in the store: the arena holds gradients only
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kFp32}),
+                   static_cast<double>(HostOptimizer::BytesPerParameter(o)));
+}
+
+// The validator's and --validate-only's host-RAM line: the arena in a compact mode is priced with
+// the mode's bytes and says so; exact says what it always said.
+TEST(HostOptimizerSizeTest, TheHostMemoryPredictionNamesACompactModesBytesPerParameter) {
+  HostMemoryInputs in;
+  in.optimizer.block_elements = {1 << 20, 1 << 20};
+  in.optimizer.compute = HostDtype::kBf16;
+  in.optimizer.host_weight_copy = false;
+  const HostMemoryPrediction exact = PredictHostMemory(in);
+  EXPECT_EQ(exact.Describe().find("B/parameter"), std::string::npos) << exact.Describe();
+  in.optimizer.mode = {StateDtype::kInt8, MasterDtype::kFp32};
+  const HostMemoryPrediction int8 = PredictHostMemory(in);
+  EXPECT_NE(int8.Describe().find("at 8.03 B/parameter, not exact: fp32 master, int8 states"),
+            std::string::npos)
+      << int8.Describe();
+  // 5.97 B per parameter fewer (exact's 12 of master and states against 6.03), pages aside.
+  EXPECT_NEAR(static_cast<double>(exact.total - int8.total), (6 - 8.0 / 256) * (2 << 20),
+              6 * 4096.0);
+}
+
+}  // namespace
+}  // namespace offloadd::trainer::internal

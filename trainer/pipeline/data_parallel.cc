@@ -1,0 +1,204 @@
+#include "trainer/pipeline/data_parallel.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(OFFLOADD_HAVE_GLOO)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(OFFLOADD_HAVE_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+namespace offloadd::trainer {
+
+struct DataParallel::State {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  const char* name = "";
+  // "rank 0 on hostA (pid 11), rank 1 on hostB (pid 12)": who was in the group, for errors (a
+  // collective that fails on a lost peer names only its address).
+  std::string members;
+};
+
+namespace {
+
+// "file:///a/b" -> FileStore(/a/b); "tcp://host:port" -> TCPStore (rank 0 serves).
+StatusOr<c10::intrusive_ptr<c10d::Store>> MakeStore(const ParallelConfig& c) {
+  const auto timeout = std::chrono::milliseconds(c.timeout_seconds * 1000);
+  const std::string& r = c.rendezvous;
+  if (r.rfind("file://", 0) == 0) {
+    const std::string path = r.substr(7);
+    if (path.empty() || path[0] != '/') {
+      return InvalidArgumentError("rendezvous " + r + ": a file:// rendezvous needs an absolute path");
+    }
+    auto s = c10::make_intrusive<c10d::FileStore>(path, c.world_size);
+    s->setTimeout(timeout);
+    return c10::intrusive_ptr<c10d::Store>(s);
+  }
+  if (r.rfind("tcp://", 0) == 0) {
+    const std::string hp = r.substr(6);
+    const size_t colon = hp.rfind(':');
+    int port = -1;
+    if (colon != std::string::npos) {
+      char* end = nullptr;
+      const long p = std::strtol(hp.c_str() + colon + 1, &end, 10);
+      if (end != hp.c_str() + colon + 1 && *end == '\0' && p > 0 && p < 65536) port = static_cast<int>(p);
+    }
+    if (colon == std::string::npos || colon == 0 || port < 0) {
+      return InvalidArgumentError("rendezvous " + r + ": expected tcp://host:port with a port in 1-65535");
+    }
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(port);
+    // Under torchrun its agent serves the store itself (TORCHELASTIC_USE_AGENT_STORE=True): every
+    // rank is a client then, as torch.distributed's rendezvous makes them.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    o.isServer = c.rank == 0 && !(agent != nullptr && std::string(agent) == "True");
+    o.numWorkers = static_cast<size_t>(c.world_size);
+    o.timeout = timeout;
+    auto s = c10::make_intrusive<c10d::TCPStore>(hp.substr(0, colon), o);
+    return c10::intrusive_ptr<c10d::Store>(s);
+  }
+  return InvalidArgumentError("rendezvous must be file:///path or tcp://host:port, got '" + r + "'");
+}
+
+}  // namespace
+
+namespace {
+std::string HostAndPid() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+  return std::string(host) + " (pid " + std::to_string(getpid()) + ")";
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfig& c, c10::Device device) {
+  if (c.world_size < 2) return InvalidArgumentError("data parallel needs world_size >= 2");
+  if (c.rank < 0 || c.rank >= c.world_size) {
+    return InvalidArgumentError("rank " + std::to_string(c.rank) + " outside world_size " +
+                                std::to_string(c.world_size));
+  }
+  if (c.timeout_seconds < 1) return InvalidArgumentError("parallel timeout_seconds must be >= 1");
+  std::unique_ptr<DataParallel> dp(new DataParallel());
+  dp->rank_ = c.rank;
+  dp->world_ = c.world_size;
+  dp->state_ = std::make_unique<State>();
+  State& st = *dp->state_;
+  try {
+    ASSIGN_OR_RETURN(st.store, MakeStore(c));
+    const auto timeout = std::chrono::milliseconds(c.timeout_seconds * 1000);
+    if (device.is_cuda()) {
+#if defined(OFFLOADD_HAVE_NCCL)
+      auto o = c10d::ProcessGroupNCCL::Options::create();
+      o->timeout = timeout;
+      st.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(st.store, c.rank, c.world_size, o);
+      // The rank's GPU, not NCCL's guess (rank modulo the visible GPUs): an executor sees every
+      // GPU of the node, and a job placed on GPUs {2, 1} would open its barrier's context on GPU 0.
+      st.backend->setBoundDeviceId(device);
+      st.name = "nccl";
+#else
+      return UnimplementedError("this build has no NCCL process group (built without CUDA)");
+#endif
+    } else {
+#if defined(OFFLOADD_HAVE_GLOO)
+      auto o = c10d::ProcessGroupGloo::Options::create();
+      o->timeout = timeout;
+      // GLOO_SOCKET_IFNAME picks the interface (as in torch.distributed); else the host name's
+      // address, or loopback when it does not resolve.
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      o->devices.push_back(ifname != nullptr && *ifname != '\0'
+                               ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                               : c10d::ProcessGroupGloo::createDefaultDevice());
+      st.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(st.store, c.rank, c.world_size, o);
+      st.name = "gloo";
+#else
+      return UnimplementedError(
+          "this build has no Gloo process group (the gloo headers, Debian's libgloo-dev, were missing at "
+          "build time), so CPU executors cannot form a data-parallel group");
+#endif
+    }
+  } catch (const std::exception& e) {
+    return UnavailableError("rank " + std::to_string(c.rank) + " joining the data-parallel group at " +
+                            c.rendezvous + ": " + e.what());
+  }
+  RETURN_IF_ERROR(dp->Barrier());  // every rank is in (and the backend's connections are made)
+  RETURN_IF_ERROR(dp->Set("member/" + std::to_string(c.rank), HostAndPid()));
+  for (int r = 0; r < c.world_size; ++r) {
+    ASSIGN_OR_RETURN(const std::string m, dp->Get("member/" + std::to_string(r)));
+    st.members += (r == 0 ? "" : ", ") + ("rank " + std::to_string(r) + " on " + m);
+  }
+  return dp;
+}
+
+DataParallel::~DataParallel() = default;
+
+const char* DataParallel::backend_name() const { return state_->name; }
+
+int64_t DataParallel::Padded(int64_t numel) const { return (numel + world_ - 1) / world_ * world_; }
+
+namespace {
+// Runs a c10d call; its exception becomes UNAVAILABLE naming this rank and the group's hosts.
+Status Wrap(const char* what, int rank, int world, const std::string& members,
+            const std::function<void()>& fn) {
+  try {
+    fn();
+    return OkStatus();
+  } catch (const std::exception& e) {
+    // A lost rank surfaces here (its connection closed, or the timeout): name this rank and the
+    // group's hosts, since the backend names only the peer's address.
+    std::string m = std::string("data-parallel ") + what + " on rank " + std::to_string(rank) +
+                    " of " + std::to_string(world) + ": " + e.what();
+    if (!members.empty()) m += " (the group: " + members + ")";
+    return UnavailableError(m);
+  }
+}
+}  // namespace
+
+Status DataParallel::ReduceScatter(at::Tensor& input, at::Tensor& shard) {
+  if (input.numel() != shard.numel() * world_) {
+    return InternalError("reduce-scatter of " + std::to_string(input.numel()) + " elements into shards of " +
+                         std::to_string(shard.numel()));
+  }
+  return Wrap("reduce-scatter", rank_, world_, state_->members, [&] {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    state_->backend->_reduce_scatter_base(shard, input, o)->wait();
+  });
+}
+
+Status DataParallel::AllReduceSum(at::Tensor& t) {
+  return Wrap("all-reduce", rank_, world_, state_->members, [&] {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    state_->backend->allreduce(v, o)->wait();
+  });
+}
+
+Status DataParallel::Barrier() {
+  return Wrap("barrier", rank_, world_, state_->members,
+              [&] { state_->backend->barrier()->wait(); });
+}
+
+Status DataParallel::Set(const std::string& key, const std::string& value) {
+  return Wrap("store set", rank_, world_, state_->members, [&] {
+    state_->store->set("offloadd/" + key, std::vector<uint8_t>(value.begin(), value.end()));
+  });
+}
+
+StatusOr<std::string> DataParallel::Get(const std::string& key) {
+  std::vector<uint8_t> v;
+  RETURN_IF_ERROR(Wrap("store get", rank_, world_, state_->members,
+                       [&] { v = state_->store->get("offloadd/" + key); }));
+  return std::string(v.begin(), v.end());
+}
+
+}  // namespace offloadd::trainer

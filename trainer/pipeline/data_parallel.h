@@ -1,0 +1,51 @@
+#pragma once
+// DataParallel: the c10d process group of one data-parallel job (docs/data_parallel.md): NCCL
+// between the GPUs of a host, Gloo between CPU executors (the CI test, and the network test).
+// PyTorch's own engine, from LibTorch: the store (FileStore for "file://", TCPStore for
+// "tcp://host:port", rank 0 listening) and the backend.
+//
+// The collectives the pipeline uses: per block, a reduce-scatter of its flat gradients (SUM; each
+// rank keeps its 1/world shard); per step, an all-reduce of the loss. Both are issued in the same
+// order on every rank by the step loop. On CUDA the calls return at once: the compute stream
+// waits for the collective on the backend's stream, the host does not.
+//
+// Thread-compatible: the step loop's thread only.
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "job/train_config.h"
+
+namespace offloadd::trainer {
+
+class DataParallel {
+ public:
+  // Joins the group (blocks until every rank has, within config.timeout_seconds).
+  static StatusOr<std::unique_ptr<DataParallel>> Create(const ParallelConfig& config, c10::Device device);
+  ~DataParallel();
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const char* backend_name() const;
+
+  // Elements a block of `numel` is padded to, so that it splits into world equal shards.
+  int64_t Padded(int64_t numel) const;
+  // `input`: [Padded(n)] on the device; `shard`: [Padded(n) / world], this rank's part of the sum.
+  Status ReduceScatter(at::Tensor& input, at::Tensor& shard);
+  Status AllReduceSum(at::Tensor& t);
+  Status Barrier();
+  // A small value every rank can read (rank 0 writes, the others wait for it).
+  Status Set(const std::string& key, const std::string& value);
+  StatusOr<std::string> Get(const std::string& key);
+
+ private:
+  struct State;
+  DataParallel() = default;
+  std::unique_ptr<State> state_;
+  int rank_ = 0, world_ = 1;
+};
+
+}  // namespace offloadd::trainer

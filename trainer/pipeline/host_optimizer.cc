@@ -1,0 +1,747 @@
+#include "trainer/pipeline/host_optimizer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
+#include "common/proc_stat.h"
+#include "storage/format.h"
+#include "storage/store_client.h"
+#include "trainer/pipeline/group_link.h"
+#include "trainer/pipeline/host_optimizer_layout.h"
+#include "trainer/pipeline/trace.h"
+#include "workers/adamw_kernel_impl.h"
+#include "workers/shard_layout.h"
+#include "workers/worker_pool.h"
+
+namespace offloadd::trainer {
+namespace {
+
+using internal::LayoutOptions;
+using internal::MaxElements;
+using internal::PoolOptions;
+
+using storage::TensorKind;
+constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
+                                static_cast<uint32_t>(TensorKind::kAdamM),
+                                static_cast<uint32_t>(TensorKind::kAdamV)};
+
+// What the compact optimizer modes do not run with yet (docs/optimizer-modes.md).
+Status CheckModeSupported(const HostOptimizerOptions& o) {
+  if (o.mode.Exact()) return OkStatus();
+  const std::string mode = "optimizer mode " + o.mode.Describe();
+  if (o.mode.master != workers::MasterDtype::kFp32)
+    return UnimplementedError(mode + ": the trainer keeps fp32 masters");
+  if (o.tier != StateTier::kCpu) return UnimplementedError(mode + " on the NVMe tier");
+  if (o.group != nullptr) return UnimplementedError(mode + " with data parallelism");
+  if (std::count(o.device_blocks.begin(), o.device_blocks.end(), true) > 0)
+    return UnimplementedError(mode + " with AdamW states on the device");
+  return OkStatus();
+}
+
+// The step driver's settings from the job's.
+StatusOr<workers::OptimizerConfig> DriverConfig(const HostOptimizerOptions& o,
+                                                const workers::ShardLayoutOptions& lo) {
+  workers::OptimizerConfig oc;
+  oc.beta1 = o.optim.beta1;
+  oc.beta2 = o.optim.beta2;
+  oc.eps = o.optim.eps;
+  oc.weight_decay = o.optim.weight_decay;
+  oc.max_grad_norm = o.optim.max_grad_norm;
+  oc.accumulation_steps = lo.accumulation_steps;
+  oc.defer_below_layer = static_cast<uint32_t>(std::max(0, o.defer_below_block));
+  oc.update_depth = o.update_depth;
+  oc.skip_nonfinite = o.skip_nonfinite;
+  // Unset: the Trainer resolves the default per device (train_config.h); a bare HostOptimizer
+  // holds.
+  if (!o.optim.speculation.empty()) {
+    ASSIGN_OR_RETURN(oc.speculation, workers::ParseSpeculation(o.optim.speculation));
+  }
+  // NVMe tier: a speculated block holds its staging slot until the step's norm is known, and the
+  // slots are fewer than the blocks; fp16: a skipped step would have to undo updates bit for bit.
+  if (o.tier == StateTier::kNvme || o.skip_nonfinite) oc.speculation = workers::Speculation::kNever;
+  return oc;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<HostOptimizer>> HostOptimizer::Create(const HostOptimizerOptions& options) {
+  std::unique_ptr<HostOptimizer> h(new HostOptimizer());
+  RETURN_IF_ERROR(h->Start(options));
+  return h;
+}
+
+Status HostOptimizer::Start(const HostOptimizerOptions& o) {
+  RETURN_IF_ERROR(CheckModeSupported(o));
+  if (o.group != nullptr && o.group->rank() > 0) return StartFollower(o);
+  options_ = o;
+  weights_fp32_ = WeightsAreFp32(o);
+  if (o.block_elements.empty()) return InvalidArgumentError("model has no parameters");
+
+  if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
+    return InvalidArgumentError("the NVMe tier needs at least one store directory");
+  if (!o.nvme_blocks.empty() && o.nvme_blocks.size() != o.block_elements.size()) {
+    return InvalidArgumentError("nvme_blocks names " + std::to_string(o.nvme_blocks.size()) +
+                                " blocks, the model has " +
+                                std::to_string(o.block_elements.size()));
+  }
+  RETURN_IF_ERROR(CheckWeightPlacement(o));
+  const auto lo = LayoutOptions(o);
+  const auto po = PoolOptions(o);
+  ASSIGN_OR_RETURN(const bool background, CreateArena(o, lo, po));
+  if (o.tier == StateTier::kNvme) RETURN_IF_ERROR(StartNvmeTier(o));
+  if (background && !segment_.huge_pages()) RETURN_IF_ERROR(StartPopulation());
+  workers_start_ = arena_end_ = Clock::now();
+  ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
+  workers_end_ = Clock::now();
+  arena_seconds_ = std::chrono::duration<double>(arena_end_ - arena_start_).count();
+  workers_seconds_ = std::chrono::duration<double>(workers_end_ - workers_start_).count();
+  ASSIGN_OR_RETURN(const workers::OptimizerConfig oc, DriverConfig(o, lo));
+  driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
+  update_start_us_.assign(shards_.size(), 0);
+  ConnectDriver();
+  updated_step_.assign(shards_.size(), 0);
+  staging_busy_.assign(shards_.size(), false);
+  handoffs_.assign(shards_.size(), 0);
+  if (o.group) PublishBlocks();
+  thread_ = std::thread([this] { Loop(); });
+  return OkStatus();
+}
+
+StatusOr<bool> HostOptimizer::CreateArena(const HostOptimizerOptions& o,
+                                          const workers::ShardLayoutOptions& lo,
+                                          const workers::WorkerPoolOptions& po) {
+  const uint64_t bytes = ArenaBytes(o);
+  if (o.host_memory_limit > 0 && bytes > o.host_memory_limit) {
+    return ResourceExhaustedError(
+        "the shared arena needs " + std::to_string(bytes >> 20) + " MiB but host_memory_limit is " +
+        std::to_string(o.host_memory_limit >> 20) + " MiB" +
+        (o.tier == StateTier::kCpu ? "; offload the optimizer to NVMe" : ""));
+  }
+  arena_start_ = Clock::now();
+  ipc::SegmentOptions so;
+  so.name = "offloadd-train";
+  so.populate_threads = std::max<uint32_t>(1, o.populate_threads);
+  const bool background = o.populate_in_background && so.populate_threads > 1 &&
+                          o.tier == StateTier::kCpu && o.group == nullptr;
+  so.defer_populate = background;
+  ASSIGN_OR_RETURN(segment_, ipc::SharedSegment::Create(bytes, so));
+  ipc::ArenaOptions ao;
+  ao.max_regions =
+      workers::RegionsFor(o.block_elements, lo, po.processes) + internal::ExtraRegions(o);
+  ASSIGN_OR_RETURN(ipc::Arena arena, ipc::Arena::Format(&segment_, ao));
+  arena_ = std::make_unique<ipc::Arena>(std::move(arena));
+  ASSIGN_OR_RETURN(shards_, workers::AllocateShards(arena_.get(), o.block_elements, lo, po.processes));
+  if (shards_.size() != o.block_elements.size())
+    return InternalError("expected one shard per block");
+  if (!o.device_blocks.empty() && o.device_blocks.size() != shards_.size())
+    return InvalidArgumentError("device_blocks names " + std::to_string(o.device_blocks.size()) +
+                                " blocks, the model has " + std::to_string(shards_.size()));
+  for (size_t b = 0; b < o.device_blocks.size(); ++b) shards_[b].on_device = o.device_blocks[b];
+  return background;
+}
+
+Status HostOptimizer::StartNvmeTier(const HostOptimizerOptions& o) {
+  const uint64_t max_n = std::max<uint64_t>(1, MaxElements(o));
+  for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
+    auto slot = std::make_unique<Slot>();
+    const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
+                                      ipc::RegionKind::kExpAvgSq};
+    for (int k = 0; k < 3; ++k) {
+      ASSIGN_OR_RETURN(ipc::Region r,
+                       arena_->Allocate("slot" + std::to_string(s) + "." + std::to_string(k),
+                                        kinds[k], max_n * 4));
+      slot->offset[k] = r.offset;
+    }
+    slots_.push_back(std::move(slot));
+  }
+  RETURN_IF_ERROR(AllocateWeightRegions());
+  slot_of_.assign(shards_.size(), -1);
+  compute_copy_.assign(shards_.size(), 0);
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    const std::string prefix = "B" + std::to_string(b) + ".";
+    const uint64_t bytes4 = shards_[b].num_elements * 4;
+    if (!internal::OnNvme(o, b)) {  // this block's states stay in RAM
+      ASSIGN_OR_RETURN(ipc::Region m,
+                       arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
+      ASSIGN_OR_RETURN(ipc::Region v1,
+                       arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
+      ASSIGN_OR_RETURN(ipc::Region v2,
+                       arena_->Allocate(prefix + "exp_avg_sq", ipc::RegionKind::kExpAvgSq, bytes4));
+      shards_[b].master_offset = m.offset;
+      shards_[b].exp_avg_offset = v1.offset;
+      shards_[b].exp_avg_sq_offset = v2.offset;
+    } else if (o.compute == HostDtype::kFp32) {
+      ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute",
+                                                       ipc::RegionKind::kParamStaging, bytes4));
+      compute_copy_[b] = r.offset;
+    }
+  }
+  // Versions must grow per key, also across runs over the same directories.
+  write_version_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch() /
+                                         std::chrono::nanoseconds(1));
+  storage::StoreProcessOptions so;
+  so.binary = o.store_binary;
+  for (const auto& d : o.nvme_dirs) so.args.push_back("--dir=" + d);
+  so.args.push_back("--queue-depth=" + std::to_string(o.nvme_queue_depth));
+  if (o.nvme_block_size > 0) so.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
+  ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so));
+  return OkStatus();
+}
+
+// The step driver's hooks: the NVMe tier's stage-in before an update and write-back after it, the
+// update spans, and the waiters on a block's update and on the step's decision.
+void HostOptimizer::ConnectDriver() {
+  driver_->SetOnShardUpdated([this](size_t shard) {
+    if (span_sink_) span_sink_("cpu update", static_cast<int>(shard), update_start_us_[shard], NowMicros());
+    if (OnNvme(shard)) {
+      const Slot& slot = *slots_[slot_of_[shard]];
+      if (compute_copy_[shard] != 0) {
+        std::memcpy(arena_->At<void>(compute_copy_[shard]), arena_->At<void>(slot.offset[0]),
+                    shards_[shard].num_elements * 4);
+      }
+      Status st = WriteBack(shard);
+      if (!st.ok()) Fail(st);
+    }
+    if (on_updated_) {
+      Status st = on_updated_(static_cast<int>(shard));
+      if (!st.ok()) Fail(st);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    updated_step_[shard] = driver_step_;
+    staging_busy_[shard] = false;
+    if (options_.group) {
+      options_.group->PublishUpdated(static_cast<int>(shard), driver_step_);
+      PublishStagingFree(static_cast<int>(shard));
+    }
+    cv_.notify_all();
+  });
+  driver_->SetOnDecided([this](const workers::StepResult& r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    decision_ = r;
+    decided_step_ = driver_step_;
+    if (options_.group) options_.group->PublishDecision(driver_step_, r);
+    cv_.notify_all();
+  });
+  driver_->SetBeforeUpdate([this](size_t shard, workers::ShardSpec* spec) -> Status {
+    if (OnNvme(shard)) {
+      const int64_t t0 = NowMicros();
+      RETURN_IF_ERROR(StageIn(shard, spec));
+      if (span_sink_) span_sink_("nvme read", static_cast<int>(shard), t0, NowMicros());
+    }
+    update_start_us_[shard] = NowMicros();
+    return OkStatus();
+  });
+}
+
+void HostOptimizer::StopThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+HostOptimizer::~HostOptimizer() {
+  StopThread();
+  if (pool_) (void)pool_->Shutdown();
+  if (store_) {
+    // Bounded: a store that stopped answering is killed rather than waited on (a job that ends
+    // must not hang on it).
+    Status st = store_->Shutdown(/*timeout_ms=*/5000);
+    if (!st.ok()) OFFLOADD_LOG(kWarning, "trainer") << "store shutdown: " << st.ToString();
+  }
+}
+
+uint32_t HostOptimizer::worker_processes() const { return pool_ ? pool_->size() : options_.worker_processes; }
+
+std::string HostOptimizer::kernel_description() const {
+  if (follower_) return "rank 0's workers";
+  const workers::WorkerPoolMetrics m = pool_->Metrics();
+  return m.kernel_path + " (" + m.kernel_reason + ")";
+}
+
+void* HostOptimizer::grad_staging(int block) const {
+  return arena_->At<void>(shards_[block].grad_offset);
+}
+
+const float* HostOptimizer::master_weights(int block) const {
+  if (follower_ || OnNvme(block)) return nullptr;
+  return arena_->At<float>(shards_[block].master_offset);
+}
+
+void* HostOptimizer::compute_weights(int block) const {
+  if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
+  if (WeightsOnNvme(block)) return nullptr;
+  if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
+  if (OnNvme(block)) return arena_->At<void>(compute_copy_[block]);
+  return arena_->At<void>(shards_[block].master_offset);
+}
+
+uint64_t HostOptimizer::compute_weight_bytes(int block) const {
+  return shards_[block].num_elements * (weights_fp32_ ? 4 : 2);
+}
+
+uint64_t HostOptimizer::grad_staging_bytes(int block) const {
+  return shards_[block].num_elements * (options_.compute == HostDtype::kFp32 ? 4 : 2);
+}
+
+void HostOptimizer::Fail(const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.ok()) error_ = s;
+  if (options_.group) options_.group->Abort(s);
+  cv_.notify_all();
+}
+
+// ---- optimizer thread ----
+
+void HostOptimizer::Loop() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Completions are only noticed while the driver runs: poll it while gradients trickle in.
+      while (queue_.empty() && !stopping_) {
+        cv_.wait_for(lock, std::chrono::microseconds(500));
+        if (queue_.empty() && !stopping_) {
+          lock.unlock();
+          Status st = driver_->Poll();
+          if (!st.ok()) Fail(st);
+          lock.lock();
+        }
+      }
+      if (stopping_ && queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Status st = Handle(item);
+    if (!st.ok()) Fail(st);
+  }
+}
+
+Status HostOptimizer::Handle(Item& item) {
+  switch (item.kind) {
+    case Item::kBegin:
+      // Every NVMe block's states are read again each step, even one a slot still holds from the
+      // last (its read is where a dead store shows before the block is updated); within the step
+      // the next block's read is issued ahead (StageIn).
+      if (store_) RETURN_IF_ERROR(ScratchSlot().status());
+      driver_step_ = item.step;
+      return driver_->BeginStep(item.step, item.lr, item.grad_unscale);
+    case Item::kGrads: {
+      // Dispatch on completions while the gradients are still on their way (see GradsReady).
+      while (item.done && !item.done()) {
+        RETURN_IF_ERROR(driver_->Poll());
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (item.fn) RETURN_IF_ERROR(item.fn());
+      // Data parallel: the other ranks' shards of the block land in the same staging buffer (a
+      // block on the device has its all-reduced gradients on every rank: this rank's norm is it).
+      const bool shared = options_.group != nullptr && !shards_[item.block].on_device;
+      if (shared) RETURN_IF_ERROR(WaitPeers(item.block));
+      std::optional<double> sq;
+      if (item.sq_norm) sq = item.sq_norm() + (shared ? options_.group->PeersSquaredNorm(item.block) : 0.0);
+      ++handoffs_[item.block];
+      RETURN_IF_ERROR(driver_->GradsReady(item.block, item.micro, sq));
+      if (item.micro + 1 < std::max<uint32_t>(1, options_.accumulation_steps)) {
+        RETURN_IF_ERROR(driver_->WaitShardIdle(item.block));  // accumulated: staging reusable
+        std::lock_guard<std::mutex> lock(mu_);
+        staging_busy_[item.block] = false;
+        if (options_.group) PublishStagingFree(item.block);
+        cv_.notify_all();
+      }
+      return OkStatus();
+    }
+    case Item::kFinish: {
+      auto r = driver_->FinishStep();
+      if (r.ok() && store_) {  // write-backs of the last shards
+        while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      // An earlier failure of this optimizer (a wait for the other ranks' gradients that timed
+      // out, a dead worker) is the cause; the driver's complaint about the blocks it then did not
+      // get would hide it.
+      if (!error_.ok()) r = error_;
+      if (r.ok() && r->skipped) {  // no update ran: the blocks keep their weights of the last one
+        std::fill(updated_step_.begin(), updated_step_.end(), driver_step_);
+        std::fill(staging_busy_.begin(), staging_busy_.end(), false);
+        for (int b = 0; options_.group && b < num_blocks(); ++b) {
+          options_.group->PublishUpdated(b, driver_step_);
+          PublishStagingFree(b);
+        }
+      }
+      if (options_.group) {
+        options_.group->PublishFinished(driver_step_, r);
+        if (!r.ok()) options_.group->Abort(r.status());  // the other ranks' waits end with it
+      }
+      // A failed step (a non-finite gradient norm, a dead store or worker) leaves its blocks
+      // un-updated: the step loop may already wait for them (WaitUpdated in the next forward), so
+      // the failure must reach every waiter, not only WaitFinished.
+      if (!r.ok() && error_.ok()) error_ = r.status();
+      result_ = std::move(r);
+      finished_step_ = driver_step_;
+      cv_.notify_all();
+      return OkStatus();
+    }
+    case Item::kRun:
+      return item.fn();
+  }
+  return OkStatus();
+}
+
+Status HostOptimizer::RunOnThread(std::function<Status()> fn) {
+  auto done = std::make_shared<std::pair<bool, Status>>(false, OkStatus());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Item it;
+    it.kind = Item::kRun;
+    it.fn = [this, fn, done]() {
+      Status st = fn();
+      std::lock_guard<std::mutex> l(mu_);
+      done->first = true;
+      done->second = st;
+      cv_.notify_all();
+      return OkStatus();
+    };
+    queue_.push_back(std::move(it));
+    cv_.notify_all();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done->first || !error_.ok(); });
+  if (!done->first) return error_;
+  return done->second;
+}
+
+// ---- step API (step-loop thread) ----
+
+Status HostOptimizer::BeginStep(uint64_t step, double lr, float grad_unscale) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(error_);
+  if (follower_) return options_.group->aborted();  // the leader's driver runs the step
+  Item it;
+  it.kind = Item::kBegin;
+  it.step = step;
+  it.lr = lr;
+  it.grad_unscale = grad_unscale;
+  queue_.push_back(std::move(it));
+  cv_.notify_all();
+  return OkStatus();
+}
+
+Status HostOptimizer::WaitStagingFree(int block) {
+  if (follower_) {  // the leader consumed this rank's every earlier hand-off of the block
+    GroupLink& g = *options_.group;
+    RETURN_IF_ERROR(g.Wait([&] { return g.consumed(block) >= handoffs_[block]; },
+                           "rank 0 to consume block " + std::to_string(block) + "'s gradients"));
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !staging_busy_[block] || !error_.ok(); });
+  return error_;
+}
+
+Status HostOptimizer::GradsReady(int block, uint32_t micro, std::function<Status()> wait,
+                                 std::function<bool()> done, std::function<double()> sq_norm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(error_);
+  if (follower_ && shards_[block].on_device) return OkStatus();  // rank 0's replica's norm counts
+  if (!shards_[block].on_device) staging_busy_[block] = true;
+  if (follower_) ++handoffs_[block];
+  Item it;
+  it.kind = Item::kGrads;
+  it.block = block;
+  it.micro = micro;
+  it.fn = std::move(wait);
+  it.done = std::move(done);
+  it.sq_norm = std::move(sq_norm);
+  queue_.push_back(std::move(it));
+  cv_.notify_all();
+  if (follower_) options_.group->Nudge();  // its thread sleeps on the group's futex
+  return OkStatus();
+}
+
+Status HostOptimizer::SetDeviceBlocks(const std::vector<bool>& device_blocks) {
+  if (device_blocks.size() != shards_.size()) {
+    return InvalidArgumentError("device_blocks names " + std::to_string(device_blocks.size()) +
+                                " blocks, the model has " + std::to_string(shards_.size()));
+  }
+  if (follower_) {  // its ranks' replicas are updated on each GPU; the leader's driver counts them
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t b = 0; b < shards_.size(); ++b) shards_[b].on_device = device_blocks[b];
+    return OkStatus();
+  }
+  const Status moved = RunOnThread([&]() -> Status {
+    for (size_t b = 0; b < shards_.size(); ++b) RETURN_IF_ERROR(driver_->SetOnDevice(b, device_blocks[b]));
+    return OkStatus();
+  });
+  RETURN_IF_ERROR(moved);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t b = 0; b < shards_.size(); ++b) shards_[b].on_device = device_blocks[b];
+  return OkStatus();
+}
+
+Status HostOptimizer::WaitUpdated(int block, uint64_t step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return updated_step_[block] >= step || !error_.ok(); });
+  return error_;
+}
+
+Status HostOptimizer::ResumeAt(uint64_t step, uint64_t adam_step) {
+  if (follower_) {  // once the leader restored the checkpoint into the arena
+    RETURN_IF_ERROR(options_.group->WaitInitialized(2));
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(updated_step_.begin(), updated_step_.end(), step);
+    resumed_step_ = step;
+    return OkStatus();
+  }
+  if (adam_step > step) {
+    return InvalidArgumentError("AdamW step " + std::to_string(adam_step) +
+                                " is beyond optimizer step " + std::to_string(step));
+  }
+  // Accumulate commands are sequenced by micro-batch over all steps, skipped ones included.
+  const uint64_t seq = step * std::max<uint32_t>(1, options_.accumulation_steps);
+  for (const auto& s : shards_) {
+    if (s.accum_counters_offset == 0) continue;
+    uint64_t* acc = arena_->At<uint64_t>(s.accum_counters_offset);
+    std::fill(acc, acc + workers::NumChunks(s.num_elements), seq);
+  }
+  RETURN_IF_ERROR(RunOnThread([&]() -> Status {
+    driver_->set_skipped_steps(step - adam_step);
+    return OkStatus();
+  }));
+  std::lock_guard<std::mutex> lock(mu_);
+  std::fill(updated_step_.begin(), updated_step_.end(), step);
+  finished_step_ = step;
+  decided_step_ = step;
+  if (options_.group) {  // the restored weights are in the arena: the other ranks upload them
+    for (int b = 0; b < num_blocks(); ++b) options_.group->PublishUpdated(b, step);
+    options_.group->PublishInitialized(2);
+  }
+  return OkStatus();
+}
+
+Status HostOptimizer::FinishStepAsync() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(error_);
+  if (follower_) return OkStatus();
+  Item it;
+  it.kind = Item::kFinish;
+  queue_.push_back(std::move(it));
+  cv_.notify_all();
+  return OkStatus();
+}
+
+StatusOr<workers::StepResult> HostOptimizer::WaitDecided(uint64_t step) {
+  if (follower_) return step <= resumed_step_ ? workers::StepResult{} : options_.group->WaitDecision(step);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return decided_step_ >= step || !error_.ok(); });
+  if (decided_step_ < step) return error_;
+  return decision_;
+}
+
+StatusOr<workers::StepResult> HostOptimizer::WaitFinished(uint64_t step) {
+  if (follower_) return step <= resumed_step_ ? workers::StepResult{} : options_.group->WaitFinished(step);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return finished_step_ >= step || !error_.ok(); });
+  if (finished_step_ < step) return error_;
+  return result_;
+}
+
+UpdateTotals HostOptimizer::TakeTotals() {
+  if (follower_) return UpdateTotals{};  // rank 0 reports the updates
+  const auto m = pool_->Metrics();
+  double busy = 0;
+  for (const auto& w : m.workers) busy += w.busy_seconds_total;
+  busy /= std::max<size_t>(1, m.workers.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  UpdateTotals t = totals_;
+  t.worker_busy_seconds = busy - busy_base_;
+  busy_base_ = busy;
+  totals_ = UpdateTotals{};
+  return t;
+}
+
+// ---- initial values and checkpoints ----
+
+namespace internal {
+void To16(HostDtype dt, const float* src, uint16_t* dst, uint64_t n) {
+  if (dt == HostDtype::kBf16) {
+    for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToBf16(src[i]);
+  } else if (dt == HostDtype::kFp16) {
+    for (uint64_t i = 0; i < n; ++i) dst[i] = workers::internal::FloatToFp16(src[i]);
+  }
+}
+}  // namespace internal
+
+Status HostOptimizer::Initialize(const std::function<Status(int, float*)>& fill) {
+  if (follower_) return options_.group->WaitInitialized(1);  // rank 0 fills the shared arena
+  RETURN_IF_ERROR(InitializeBlocks(fill));
+  if (options_.group) options_.group->PublishInitialized(1);
+  return OkStatus();
+}
+
+Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>& fill) {
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    const auto& s = shards_[b];
+    if (!OnNvme(b)) {
+      if (population_) RETURN_IF_ERROR(population_->WaitGate(b));
+      float* master = arena_->At<float>(s.master_offset);
+      RETURN_IF_ERROR(fill(static_cast<int>(b), master));
+      if (s.weights_offset != 0)
+        internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
+                       s.num_elements);
+      continue;
+    }
+    const Status staged = RunOnThread([&, b]() -> Status {
+      ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
+      Slot& slot = *scratch;
+      float* master = arena_->At<float>(slot.offset[0]);
+      RETURN_IF_ERROR(fill(static_cast<int>(b), master));
+      if (compute_copy_[b] != 0)
+        std::memcpy(arena_->At<void>(compute_copy_[b]), master, s.num_elements * 4);
+      RETURN_IF_ERROR(Derive16(b, master, &slot));
+      std::memset(arena_->At<void>(slot.offset[1]), 0, s.num_elements * 4);
+      std::memset(arena_->At<void>(slot.offset[2]), 0, s.num_elements * 4);
+      for (int k = 0; k < 3; ++k)
+        RETURN_IF_ERROR(StoreIo(true, b, kKinds[k], slot.offset[k], s.num_elements * 4, true));
+      return OkStatus();
+    });
+    RETURN_IF_ERROR(staged);
+  }
+  return OkStatus();
+}
+
+Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq) {
+  if (follower_) return FollowerReadStates(block, master, exp_avg, exp_avg_sq);
+  const auto& s = shards_[block];
+  const uint64_t bytes = s.num_elements * 4;
+  if (!OnNvme(block)) {
+    std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
+    if (!options_.mode.Exact()) {  // the states are bytes of their own format: ReadStateRegions
+      if (exp_avg != nullptr || exp_avg_sq != nullptr)
+        return FailedPreconditionError("compact states are read with ReadStateRegions");
+      return OkStatus();
+    }
+    if (exp_avg != nullptr) std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), bytes);
+    if (exp_avg_sq != nullptr)
+      std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
+    return OkStatus();
+  }
+  return RunOnThread([&]() -> Status {
+    ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
+    Slot& slot = *scratch;
+    float* dst[3] = {master, exp_avg, exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      RETURN_IF_ERROR(StoreIo(false, block, kKinds[k], slot.offset[k], bytes, true));
+      std::memcpy(dst[k], arena_->At<void>(slot.offset[k]), bytes);
+    }
+    return OkStatus();
+  });
+}
+
+Status HostOptimizer::RestoreStates(int block, const float* master, const float* exp_avg,
+                                    const float* exp_avg_sq, uint64_t adam_step) {
+  if (follower_) return FailedPreconditionError("only rank 0 of a data-parallel group holds the optimizer states");
+  const auto& s = shards_[block];
+  const uint64_t bytes = s.num_elements * 4;
+  uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
+  std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
+  auto derive = [&](const float* m) {
+    if (s.weights_offset != 0 && !WeightsOnNvme(block))
+      internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
+    if (OnNvme(block) && compute_copy_[block] != 0)
+      std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
+  };
+  if (!OnNvme(block)) {
+    std::memcpy(arena_->At<void>(s.master_offset), master, bytes);
+    if (options_.mode.Exact()) {  // compact states: RestoreStateRegions
+      std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, bytes);
+      std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, bytes);
+    } else if (exp_avg != nullptr || exp_avg_sq != nullptr) {
+      return FailedPreconditionError("compact states are restored with RestoreStateRegions");
+    }
+    derive(master);
+    return OkStatus();
+  }
+  return RunOnThread([&]() -> Status {
+    ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
+    Slot& slot = *scratch;
+    const float* src[3] = {master, exp_avg, exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      std::memcpy(arena_->At<void>(slot.offset[k]), src[k], bytes);
+      RETURN_IF_ERROR(StoreIo(true, block, kKinds[k], slot.offset[k], bytes, true));
+    }
+    derive(master);
+    if (WeightsOnNvme(block)) RETURN_IF_ERROR(Derive16(block, master, &slot));
+    return OkStatus();
+  });
+}
+
+uint64_t HostOptimizer::state_region_bytes(int block) const {
+  return workers::StateRegionBytes(options_.mode.state, shards_[block].num_elements);
+}
+
+Status HostOptimizer::ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const {
+  if (follower_ || OnNvme(block)) return FailedPreconditionError("no state regions in this arena");
+  const auto& s = shards_[block];
+  std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), state_region_bytes(block));
+  std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), state_region_bytes(block));
+  return OkStatus();
+}
+
+Status HostOptimizer::RestoreStateRegions(int block, const uint8_t* exp_avg,
+                                          const uint8_t* exp_avg_sq) {
+  if (follower_ || OnNvme(block)) return FailedPreconditionError("no state regions in this arena");
+  const auto& s = shards_[block];
+  std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, state_region_bytes(block));
+  std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, state_region_bytes(block));
+  return OkStatus();
+}
+
+// ---- NVMe staging (optimizer thread) ----
+
+}  // namespace offloadd::trainer
+
+namespace offloadd::trainer {
+
+RuntimeStats::Store StoreRuntimeStats(const storage::StoreProcess& store, const char* role) {
+  const storage::StoreClientStats c = store.Stats();
+  RuntimeStats::Store s;
+  s.role = role;
+  s.pid = store.pid();
+  if (auto p = ReadProcStat(store.pid())) s.cpu_seconds = p->cpu_seconds;
+  s.submitted = c.submitted;
+  s.completed = c.completed;
+  s.errors = c.errors;
+  s.in_flight = c.in_flight;
+  s.latency_bounds_seconds = c.latency_bounds_seconds;
+  s.latency_counts = c.latency_counts;
+  s.latency_sum_seconds = c.latency_sum_seconds;
+  return s;
+}
+
+void HostOptimizer::AddRuntime(RuntimeStats* out) const {
+  if (follower_) return;  // rank 0 reports the job's workers and arena
+  const workers::WorkerPoolMetrics m = pool_->Metrics();
+  for (size_t i = 0; i < m.workers.size(); ++i) {
+    const auto& w = m.workers[i];
+    RuntimeStats::Worker x;
+    x.index = static_cast<int>(i);
+    x.pid = w.pid;
+    if (auto p = w.pid > 0 ? ReadProcStat(w.pid) : std::nullopt) x.cpu_seconds = p->cpu_seconds;
+    x.busy_seconds = w.busy_seconds_total;
+    x.params_updated = w.params_updated_total;
+    x.queue_depth = w.queue_depth;
+    x.restarts = w.restarts;
+    out->workers.push_back(x);
+  }
+  if (store_) out->stores.push_back(StoreRuntimeStats(*store_, "optimizer"));
+  out->arena_bytes += ArenaBytes(options_);
+}
+
+}  // namespace offloadd::trainer

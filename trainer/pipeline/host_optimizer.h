@@ -1,0 +1,406 @@
+#pragma once
+// HostOptimizer: the CPU side of the offloaded step. Owns the shared pinned arena (one shard per
+// model block: gradient staging, fp32 master weights, Adam moments and, where kept, the 16-bit
+// weight copy the device reads; without it the device reads the fp32 masters and casts them), the offloadd-worker pool running fused AdamW, the StepDriver (exact
+// clipping, accumulation, FCFS/LCFS order) and, for the NVMe tier, the offloadd-store process
+// with a few staging slots the fp32 states pass through.
+//
+// Threads: the caller (the step loop) and one optimizer thread that owns the StepDriver. The
+// step loop hands over "the gradients of block b for micro-batch m are in (or on their way to)
+// the staging buffer" with GradsReady(); the optimizer thread first runs the given wait (e.g. a
+// CUDA event synchronize for the device-to-host copy) and then lets the workers consume them, so
+// CPU updates overlap the rest of backward. When a block's update completes, on_updated(block)
+// runs on the optimizer thread (the trainer uploads the new weights from there) and
+// WaitUpdated(block, step) returns in the step loop.
+//
+// NVMe tier: master weights and both moments of a shard live in the store; before its update
+// (StepDriver::SetBeforeUpdate) they are read into a free slot (the next shard's read is issued
+// ahead), and right after it they are written back behind the update. A fp32 compute copy of the
+// weights stays in RAM when the device computes in fp32.
+//
+// Thread-safety: every public method is for the step-loop thread except where noted.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "ipc/arena.h"
+#include "ipc/shm_segment.h"
+#include "job/step_stats.h"
+#include "job/train_config.h"
+#include "trainer/pipeline/arena_population.h"
+#include "workers/step_driver.h"
+
+namespace offloadd::storage {
+class StoreProcess;
+}
+namespace offloadd::workers {
+class WorkerPool;
+struct ShardLayoutOptions;
+struct WorkerPoolOptions;
+}
+
+namespace offloadd::trainer {
+
+class GroupLink;
+
+enum class HostDtype { kFp32, kBf16, kFp16 };  // compute dtype as the host sees it
+
+struct HostOptimizerOptions {
+  std::vector<uint64_t> block_elements;  // parameters per block, in block order
+  HostDtype compute = HostDtype::kFp32;
+  // 16-bit compute, RAM tier: keep a 16-bit copy of the weights beside the fp32 masters for the
+  // device to read (16 bytes per parameter). false: no copy (14 bytes per parameter); the
+  // device reads the masters (compute_weights is fp32) and rounds them itself, to the same bits
+  // (trainer/README.md prices both). The NVMe tier always keeps the copy: its masters are not in
+  // RAM between updates.
+  bool host_weight_copy = true;
+  // fp16 dynamic loss scaling: updates wait for the global norm and a non-finite one skips the
+  // step (workers::OptimizerConfig::skip_nonfinite).
+  bool skip_nonfinite = false;
+  uint32_t accumulation_steps = 1;
+  OptimConfig optim;
+  StateTier tier = StateTier::kCpu;
+  // NVMe tier, per block (empty: every block): true where the block's fp32 masters and moments
+  // live in the store; the others keep theirs in the arena, as on the RAM tier (with the 16-bit
+  // copy). job/state_placement.h decides it from the host memory limit.
+  std::vector<bool> nvme_blocks;
+  // NVMe tier, per block (empty: none; offload_param: {device: nvme}): true where the block's
+  // 16-bit weights live in the store too, beside its states (the block must be on NVMe, the
+  // compute 16-bit, no data-parallel group). The update writes them into the block's staging slot
+  // and they are written back with the states (TensorKind::kParamHalf); compute_weights(block) is
+  // null and FetchWeights reads them. job/state_placement.h prices it.
+  std::vector<bool> nvme_weight_blocks;
+  std::vector<std::string> nvme_dirs;
+  uint32_t nvme_queue_depth = 32;
+  uint32_t nvme_block_size = 0;  // offloadd-store --block-size; 0: its default
+  uint32_t nvme_slots = 3;  // staging slots for the NVMe tier
+  int defer_below_block = 0;  // LSP transition (without clipping, or with speculation)
+  uint32_t update_depth = 1;  // updates queued per worker process (workers::OptimizerConfig)
+  std::string worker_binary, store_binary;
+  uint32_t worker_processes = 1, worker_threads = 1;
+  std::string kernel_path = "auto";  // workers::ResolveKernelPath's request
+  uint64_t host_memory_limit = 0;  // refuse an arena larger than this
+  // Threads that populate (fault in) the arena's pages at creation: 1, the kernel's MAP_POPULATE
+  // on one thread; more split it (ipc::SegmentOptions::populate_threads).
+  uint32_t populate_threads = 1;
+  // With populate_threads > 1, the RAM tier and no data-parallel group: the arena is populated in
+  // the background (trainer/pipeline/arena_population.h), each block's masters and 16-bit weights
+  // first in block order, then the gradient staging, then the rest; InitializePieces fills block b
+  // once its pages are in, and WaitPopulated() waits for the whole arena.
+  bool populate_in_background = false;
+  // Tests: ArenaPopulationOptions::before_chunk of the background population.
+  std::function<void(size_t chunk)> populate_hook;
+  // Per block (empty: none): its optimizer states live on the GPU and the trainer updates it
+  // there (DeviceOptimizer). The driver counts its gradient norm, given with GradsReady's last
+  // micro-batch, into the step's decision (WaitDecided); no worker touches it.
+  std::vector<bool> device_blocks;
+  // Data parallel (trainer/pipeline/group_link.h, may be null): rank 0 publishes through it what
+  // the other ranks follow. A rank > 0 starts no workers or store: it attaches to the leader's
+  // arena at `leader_arena_path` (ArenaPath() there), lands its gradient shards in the shared
+  // staging buffers and follows the leader's updates and decisions (host_optimizer_group.cc).
+  GroupLink* group = nullptr;
+  std::string leader_arena_path;
+  // The master's and states' formats (workers/adamw_compact.h). A compact mode needs the RAM tier
+  // and an fp32 master (Create refuses the rest, naming it), and no device_blocks.
+  workers::OptimizerMode mode = {};
+};
+
+namespace internal {
+// The 16-bit weight copy the device reads, from fp32 masters (nothing to do for fp32 compute).
+void To16(HostDtype dt, const float* src, uint16_t* dst, uint64_t n);
+}  // namespace internal
+
+struct UpdateTotals {  // since the last TakeTotals()
+  double worker_busy_seconds = 0;
+  double nvme_busy_seconds = 0;
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
+};
+
+class HostOptimizer {
+ public:
+  static StatusOr<std::unique_ptr<HostOptimizer>> Create(const HostOptimizerOptions& options);
+  ~HostOptimizer();
+
+  // Bytes the arena needs for these options (for planning and validation).
+  static uint64_t ArenaBytes(const HostOptimizerOptions& options);
+  // The arena's bytes per parameter for these options (workers::BytesPerParameter of the layout):
+  // 16 for bf16/fp16 compute with the 16-bit copy, 14 without, 16 for fp32 compute, +4 with
+  // gradient accumulation; 2 (+4) on the NVMe tier, whose states live in the store.
+  // Compact modes: their master and state bytes instead of 12 (workers::StateBytesPerParam).
+  static double BytesPerParameter(const HostOptimizerOptions& options);
+  // True when the weights the device reads (compute_weights) are fp32 although the device may
+  // compute in 16 bits: fp32 compute, or no 16-bit copy (host_weight_copy false, RAM tier).
+  static bool WeightsAreFp32(const HostOptimizerOptions& options);
+
+  int num_blocks() const { return static_cast<int>(shards_.size()); }
+  uint64_t elements(int block) const { return shards_[block].num_elements; }
+  // Staging buffer for block gradients, in the compute dtype (fp32, bf16 or fp16).
+  void* grad_staging(int block) const;
+  uint64_t grad_staging_bytes(int block) const;
+  // The weights the device computes with: in the compute dtype (updated in place by the workers,
+  // or copied from the staged master after each update in the NVMe tier with fp32 compute), or
+  // the fp32 masters themselves when weights_fp32() (the device rounds them to its dtype).
+  void* compute_weights(int block) const;  // null for a block whose weights are on NVMe
+  uint64_t compute_weight_bytes(int block) const;
+  bool weights_fp32() const { return weights_fp32_; }
+  // The block's 16-bit weights live in the store (HostOptimizerOptions::nvme_weight_blocks).
+  bool weights_on_nvme(int block) const;
+  // Pinned arena buffers the NVMe weights are read into, each the size of the largest such block:
+  // one in use while the next is read.
+  static constexpr int kWeightBuffers = 2;
+  // Reads block's 16-bit weights (the latest written back: call WaitUpdated for the update wanted
+  // first) from the store into weight buffer `buffer` (< kWeightBuffers) and returns where they
+  // are (compute_weight_bytes(block) bytes), valid until that buffer is fetched into again. Runs
+  // the read on the optimizer thread; for blocks with weights_on_nvme only.
+  StatusOr<const void*> FetchWeights(int block, int buffer);
+  // Issues that read ahead, into `buffer`, without waiting: a FetchWeights of the same block and
+  // buffer then waits only for what is left of it. A prefetch that a later write-back of the block
+  // (its update, a restore) overtakes is dropped, and FetchWeights reads again: it always returns
+  // the latest weights written back. FetchWeights calls that found their read issued ahead:
+  uint64_t weight_prefetch_hits() const;
+  Status PrefetchWeights(int block, int buffer);
+  // Weight buffer `buffer`'s arena memory and size (the largest such block's 16-bit weights; null
+  // and 0 when no block's weights are on NVMe): what the device copies read, to page-lock once.
+  void* weight_buffer(int buffer) const;
+  uint64_t weight_buffer_bytes() const;
+  const ipc::SharedSegment& segment() const { return segment_; }
+  // "/proc/<pid>/fd/<fd>" of the arena: how the other ranks of a data-parallel group attach.
+  std::string ArenaPath() const;
+  // A rank > 0 of a data-parallel group: the leader holds the states and runs the updates.
+  bool follower() const { return follower_; }
+  // Stops the optimizer thread (a follower's calls on_updated until then; the trainer stops it
+  // before the weights it uploads into go away). Idempotent; the destructor calls it.
+  void StopThread();
+
+  // Initial values: `fill(block, master)` writes the block's fp32 master weights into the
+  // provided buffer; the compute copy is derived from it and the moments start at zero.
+  Status Initialize(const std::function<Status(int block, float* master)>& fill);
+  // The same in pieces on `threads` threads at once (RAM tier; the NVMe tier stages one block at
+  // a time and fills pieces in order): fill(piece, dst) writes elements [begin, begin + count) of
+  // the piece's block to dst; pieces must cover every block's elements exactly once.
+  struct InitPiece {
+    int block = 0;
+    uint64_t begin = 0, count = 0;
+  };
+  Status InitializePieces(const std::vector<InitPiece>& pieces,
+                          const std::function<Status(const InitPiece& piece, float* dst)>& fill,
+                          uint32_t threads);
+  // Wall seconds HostOptimizer::Create spent creating and populating the arena, and starting the
+  // workers (and store) on it (the trainer's set-up phases "arena" and "workers").
+  double arena_seconds() const { return arena_seconds_; }
+  double workers_seconds() const { return workers_seconds_; }
+  // The same as intervals. With the population in the background (populate_in_background),
+  // arena_end() is when the last page was populated (after WaitPopulated(); until then, the
+  // formatting's end) and the workers start before it.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point arena_start() const { return arena_start_; }
+  Clock::time_point arena_end() const { return arena_end_; }
+  Clock::time_point workers_start() const { return workers_start_; }
+  Clock::time_point workers_end() const { return workers_end_; }
+  bool populating_in_background() const { return population_ != nullptr; }
+  // Waits until the whole arena is populated (at once without a background population); its
+  // first error (ENOMEM naming the bytes). Idempotent.
+  Status WaitPopulated();
+  // The block's fp32 master weights in the arena (null for a block whose states are on NVMe,
+  // where they live in the store between updates). Read it from the on-updated callback or between
+  // steps.
+  const float* master_weights(int block) const;
+  // Checkpoint I/O between steps: the block's fp32 states (master, exp_avg, exp_avg_sq) are copied
+  // out to / in from the given buffers (each elements(block) floats). `adam_step` is the
+  // number of updates already applied (Restore sets the workers' step counters to it).
+  Status ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq);
+  // exp_avg / exp_avg_sq may be null for ReadStates (only the master wanted); in a compact mode
+  // they must be (the states are not fp32): the regions below carry them.
+  Status RestoreStates(int block, const float* master, const float* exp_avg,
+                       const float* exp_avg_sq, uint64_t adam_step);
+  // Compact modes, RAM tier: the block's exp_avg / exp_avg_sq regions as the workers hold them
+  // (workers::StateRegionBytes: bf16 values, or int8 codes and their block scales), for
+  // checkpoints in the states' own format. Between steps.
+  uint64_t state_region_bytes(int block) const;
+  Status ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const;
+  Status RestoreStateRegions(int block, const uint8_t* exp_avg, const uint8_t* exp_avg_sq);
+  const workers::OptimizerMode& mode() const { return options_.mode; }
+
+  // After restoring a checkpoint of `step` whose layers had `adam_step` AdamW updates applied
+  // (fewer when fp16 loss scaling skipped steps): every block counts as updated through `step`.
+  Status ResumeAt(uint64_t step, uint64_t adam_step);
+
+  // Between steps (after WaitFinished of the last one): the blocks marked here are updated on
+  // the device from now on (HostOptimizerOptions::device_blocks).
+  Status SetDeviceBlocks(const std::vector<bool>& device_blocks);
+
+  // An error from the callback fails the step (as a failed update would).
+  void SetOnUpdated(std::function<Status(int block)> callback) { on_updated_ = std::move(callback); }
+  // Trace spans of host work (optimizer thread): track "cpu update" (submit to completion of a
+  // block's AdamW) and "nvme read" (staging a block's states in).
+  using SpanSink = std::function<void(const char* track, int block, int64_t start_us, int64_t end_us)>;
+  void SetSpanSink(SpanSink sink) { span_sink_ = std::move(sink); }
+
+  // grad_unscale: 1 / loss scale (fp16), folded into the workers' clip coefficient.
+  Status BeginStep(uint64_t step, double lr, float grad_unscale = 1.0f);
+  // Blocks until the staging buffer of `block` may be overwritten.
+  Status WaitStagingFree(int block);
+  // Queues: run `wait` (may be empty) on the optimizer thread, then hand the gradients over.
+  // `done` (may be empty) says without blocking whether `wait` would return at once; while it
+  // says no, the optimizer thread keeps taking completions and dispatching updates (a blocking
+  // wait for a device-to-host copy would leave the workers' queues to run dry). `sq_norm` (may
+  // be empty; only without accumulation), read after `wait`: the gradients' sum of squares,
+  // measured where they were made, so the clipping decision needs no pass over them here.
+  Status GradsReady(int block, uint32_t micro, std::function<Status()> wait,
+                    std::function<bool()> done = nullptr, std::function<double()> sq_norm = nullptr);
+  // Blocks until `block`'s weights reflect update `step` (0: nothing to wait for).
+  Status WaitUpdated(int block, uint64_t step);
+  // Closes the open step: its remaining updates run in the background.
+  Status FinishStepAsync();
+  // Blocks until step `step`'s outcome is known (after FinishStepAsync: once every gradient norm
+  // is in; the CPU updates may still run): its clip coefficient, the grad_scale the device
+  // blocks are updated with, or that it is skipped.
+  StatusOr<workers::StepResult> WaitDecided(uint64_t step);
+  // Waits until every update of `step` is done and returns the step's result (a skipped step
+  // counts as done: its blocks keep their weights).
+  StatusOr<workers::StepResult> WaitFinished(uint64_t step);
+  UpdateTotals TakeTotals();
+  // The worker processes (CPU time, work, queue) and the NVMe tier's store (role "optimizer") after
+  // a step, and the pinned arena's size; for the per-job metrics.
+  void AddRuntime(RuntimeStats* out) const;
+  uint32_t worker_processes() const;
+  // The CPU AdamW kernel the workers run and why: "avx2 (OFFLOADD_ADAMW_KERNEL=avx2)".
+  std::string kernel_description() const;
+
+ private:
+  struct Item {
+    enum Kind { kBegin, kGrads, kFinish, kRun } kind = kRun;
+    int block = 0;
+    uint32_t micro = 0;
+    uint64_t step = 0;
+    double lr = 0;
+    float grad_unscale = 1.0f;
+    std::function<Status()> fn;
+    std::function<bool()> done;  // kGrads: fn would not block
+    std::function<double()> sq_norm;  // kGrads: the gradients' ||g||^2, read after fn
+  };
+  struct Slot;
+  HostOptimizer() = default;
+  Status Start(const HostOptimizerOptions& options);
+  // Start's parts, in order: the shared arena, its regions and the blocks' shards (returns whether
+  // the arena is populated in the background); the NVMe tier's staging slots, in-RAM regions and
+  // store process; the step driver's hooks.
+  StatusOr<bool> CreateArena(const HostOptimizerOptions& o, const workers::ShardLayoutOptions& lo,
+                             const workers::WorkerPoolOptions& po);
+  Status StartNvmeTier(const HostOptimizerOptions& o);
+  void ConnectDriver();
+  Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
+  double arena_seconds_ = 0, workers_seconds_ = 0;
+  Clock::time_point arena_start_, arena_end_, workers_start_, workers_end_;
+  void Loop();
+  Status Handle(Item& item);
+  Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits
+  // NVMe tier (optimizer thread).
+  bool OnNvme(size_t shard) const {
+    return store_ != nullptr && (options_.nvme_blocks.empty() || options_.nvme_blocks[shard]);
+  }
+  Status StageIn(size_t shard, workers::ShardSpec* spec);
+  // Takes the next slot in turn for `shard` (once its previous shard's update and write-back are
+  // done) and issues the reads of its states; returns the slot.
+  StatusOr<int> IssueReads(size_t shard);
+  // The NVMe shard the next update will most likely stage, from the direction the staged shards
+  // move in (down during backward): -1 when none.
+  int PrefetchCandidate(size_t shard) const;
+  // Between steps: waits for all store I/O and hands out slot 0 for checkpoint / init copies.
+  StatusOr<Slot*> ScratchSlot();
+  Status WriteBack(size_t shard);
+  Status StoreIo(bool write, uint32_t layer, uint32_t kind, uint64_t offset, uint64_t bytes,
+                 bool wait);
+  Status PumpStore(bool block);
+  void Fail(const Status& s);
+  // Data parallel, leader: waits (dispatching updates) until every rank landed its shard of
+  // `block`'s next hand-off; publishes a freed staging buffer.
+  Status WaitPeers(int block);
+  void PublishStagingFree(int block);
+  void PublishBlocks();
+  // Data parallel, ranks > 0 (host_optimizer_group.cc).
+  Status StartFollower(const HostOptimizerOptions& options);
+  void FollowLoop();
+  Status FollowUpdates();
+  Status StartPopulation();  // populate_in_background: the gates of the arena's population
+  // Between steps, the RAM tier: block's states straight from rank 0's arena.
+  Status FollowerReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq);
+
+  HostOptimizerOptions options_;
+  ipc::SharedSegment segment_;
+  // The background population of segment_ (declared after it: stopped before it is unmapped).
+  std::unique_ptr<ArenaPopulation> population_;
+  std::unique_ptr<ipc::Arena> arena_;
+  std::vector<workers::ShardSpec> shards_;
+  std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe block + fp32)
+  std::vector<uint64_t> weight_buffers_;  // FetchWeights' destinations (kWeightBuffers)
+  struct WeightRead {  // per weight buffer (optimizer thread): the read issued into it
+    int block = -1;
+    uint64_t id = 0;     // its store I/O, 0: none in flight
+    bool stale = false;  // a write-back of the block came after it
+  };
+  std::vector<WeightRead> weight_reads_;
+  std::atomic<uint64_t> weight_prefetch_hits_{0};
+  Status IssueWeightRead(int block, int buffer);  // optimizer thread
+  Status ClaimIo(uint64_t id);                    // waits for a non-slot I/O to complete
+  void DropWeightReads(size_t block);             // its reads in flight are stale
+  bool WeightsOnNvme(size_t shard) const;
+  // The 16-bit copy of `master` for block b: into its arena region, or (weights on NVMe) into
+  // `slot`'s and written to the store (optimizer thread).
+  Status Derive16(size_t b, const float* master, const Slot* slot);
+  static Status CheckWeightPlacement(const HostOptimizerOptions& o);
+  Status AllocateWeightRegions();  // Start, NVMe tier: the slots' weight regions and the buffers
+  std::unique_ptr<workers::WorkerPool> pool_;
+  std::unique_ptr<workers::StepDriver> driver_;
+  std::unique_ptr<storage::StoreProcess> store_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<int> slot_of_;  // per shard: slot holding its states, -1
+  size_t next_slot_ = 0;
+  int last_staged_ = -1;  // the shard StageIn staged last
+  uint64_t prefetch_hits_ = 0;
+  uint64_t next_io_id_ = 1;
+  uint64_t write_version_ = 0;
+  std::vector<uint64_t> io_done_;  // ids completed but not yet claimed
+  uint64_t io_outstanding_ = 0;
+  std::function<Status(int)> on_updated_;
+  SpanSink span_sink_;
+  std::vector<int64_t> update_start_us_;
+
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  Status error_;
+  uint64_t driver_step_ = 0;  // optimizer thread: the step the driver has open
+  std::vector<uint64_t> updated_step_;
+  std::vector<bool> staging_busy_;
+  uint64_t finished_step_ = 0;
+  StatusOr<workers::StepResult> result_ = workers::StepResult{};
+  uint64_t decided_step_ = 0;
+  workers::StepResult decision_;
+  UpdateTotals totals_;
+  double busy_base_ = 0;
+  // Data parallel: per block, gradient hand-offs taken (leader: consumed by the driver; follower:
+  // submitted by the step loop) and, on a follower, landed in the staging buffer.
+  bool follower_ = false;
+  bool weights_fp32_ = false;  // WeightsAreFp32(options_)
+  std::vector<uint64_t> handoffs_;
+  std::vector<uint64_t> landed_;
+  uint64_t resumed_step_ = 0;  // follower: steps done before this run (a resume)
+};
+
+// A store process as its client sees it, with its CPU time (the per-job metrics).
+RuntimeStats::Store StoreRuntimeStats(const storage::StoreProcess& store, const char* role);
+
+}  // namespace offloadd::trainer

@@ -1,0 +1,53 @@
+#pragma once
+// How HostOptimizerOptions map onto the worker pool's shard layout, and the arena bytes beyond the
+// shards. Torch-free, in its own library (offloadd_job_arena) so that the daemon's job
+// validation sizes the arena with HostOptimizer::ArenaBytes itself, never a copy of its formula.
+#include <cstdint>
+#include <vector>
+
+#include "trainer/pipeline/host_optimizer.h"
+#include "workers/adamw_compact.h"
+#include "workers/shard_layout.h"
+#include "workers/worker_pool.h"
+
+namespace offloadd::trainer {
+
+// An NVMe staging slot: one block's fp32 states between their read and their write-back.
+struct HostOptimizer::Slot {
+  uint64_t offset[4] = {};  // master, exp_avg, exp_avg_sq; 16-bit weights (0: none on NVMe)
+  int shard = -1;           // whose states it holds
+  bool loaded = false;      // reads complete
+  std::vector<uint64_t> pending_reads, pending_writes;
+};
+
+}  // namespace offloadd::trainer
+
+namespace offloadd::trainer::internal {
+
+workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o);
+workers::WorkerPoolOptions PoolOptions(const HostOptimizerOptions& o);
+// The block's states live in the store (NVMe tier, HostOptimizerOptions::nvme_blocks).
+bool OnNvme(const HostOptimizerOptions& o, size_t block);
+// The largest block whose states pass through the NVMe staging slots (0: none).
+uint64_t MaxElements(const HostOptimizerOptions& o);
+// The block's 16-bit weights live in the store too (HostOptimizerOptions::nvme_weight_blocks).
+bool WeightsOnNvme(const HostOptimizerOptions& o, size_t block);
+// The largest block whose weights are on NVMe (0: none): the slots' and buffers' weight regions.
+uint64_t MaxWeightElements(const HostOptimizerOptions& o);
+// Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
+uint64_t ExtraBytes(const HostOptimizerOptions& o);
+// The arena's region-table entries beyond the workers' own (workers::RegionsFor): the NVMe slots,
+// each block's in-RAM states, compute copies and the rest. Start formats the arena with them, and
+// ExtraBytes counts their table bytes.
+uint32_t ExtraRegions(const HostOptimizerOptions& o);
+
+// Compact optimizer modes (workers/adamw_compact.h, docs/optimizer-modes.md), for the planners
+// (PredictHostMemory, the step planner's CPU-update term) once the arena holds them; exact mode
+// gives what they price today. The arena's bytes per parameter in `mode` on the RAM tier
+// (BytesPerParameter with the master and states in the mode's formats: 14 exact with bf16 compute
+// and no 16-bit copy, 8.03 with int8 states), and the bytes the CPU update moves per parameter per
+// step (26 exact with bf16 compute and no copy to write, 14.06 with int8 states).
+double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode);
+double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode);
+
+}  // namespace offloadd::trainer::internal

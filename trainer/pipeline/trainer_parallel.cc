@@ -1,0 +1,103 @@
+// Trainer in a data-parallel group (docs/data_parallel.md): joining the group, the one
+// host optimizer (rank 0 creates it, the other ranks attach to its arena), the shared stop
+// decision between steps, and a resume on ranks > 0 (rank 0 restores the states).
+#include <algorithm>
+#include <sstream>
+
+#include "trainer/state/checkpoint.h"
+#include "trainer/trainer_impl.h"
+
+namespace offloadd::trainer {
+
+Status Trainer::Impl::StartGroup() {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.world_size < 1) return InvalidArgumentError("parallel.world_size must be >= 1");
+  if (p.world_size == 1) return OkStatus();
+  const std::string what = "data parallelism (" + std::to_string(p.world_size) + " ranks)";
+  // What the group does not support yet is refused by name rather than run wrongly.
+  if (cfg.lsp.enabled) return UnimplementedError(what + " with LSP compression is not built yet");
+  if (cfg.auto_batch_size) {
+    return UnimplementedError(what + " with per_device_train_batch_size auto is not built yet (each rank "
+                              "would price its own); give the micro-batch per rank");
+  }
+  if ((cfg.offload.device_optimizer_blocks != 0 || cfg.offload.device_optimizer_share >= 0) &&
+      cfg.offload.tier == StateTier::kNvme) {
+    return UnimplementedError(what + " with optimizer states on the GPU and the NVMe tier is not built yet "
+                              "(the other ranks read the states they start from in rank 0's arena)");
+  }
+  bool nvme_activations = cfg.offload.activations == ActivationMode::kOffloadNvme;
+  for (const auto& [layer, mode] : cfg.offload.layer_overrides) nvme_activations |= mode == ActivationMode::kOffloadNvme;
+  if (nvme_activations) return UnimplementedError(what + " with activations offloaded to NVMe is not built yet");
+  ASSIGN_OR_RETURN(dp, DataParallel::Create(p, device));
+  if (!cfg.trace_path.empty() && dp->rank() > 0) cfg.trace_path += ".rank" + std::to_string(dp->rank());
+  Log(TrainObserver::Level::kInfo, "data parallel: rank " + std::to_string(dp->rank()) + " of " +
+                                       std::to_string(dp->world()) + " (" + dp->backend_name() + ", " +
+                                       p.rendezvous + ", " + device.str() + "), micro-batch " +
+                                       std::to_string(cfg.batch_size) + " per rank, group timeout " +
+                                       std::to_string(p.timeout_seconds) + " s");
+  return OkStatus();
+}
+
+Status Trainer::Impl::CreateHostOptimizer(HostOptimizerOptions ho) {
+  if (!dp) {
+    ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+    return OkStatus();
+  }
+  const double timeout = static_cast<double>(cfg.parallel.timeout_seconds);
+  if (dp->rank() == 0) {
+    ASSIGN_OR_RETURN(link, GroupLink::Create(dp->world(), n, timeout));
+    ho.group = link.get();
+    ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+    RETURN_IF_ERROR(dp->Set("link", link->Path()));
+    return dp->Set("arena", host->ArenaPath());
+  }
+  ASSIGN_OR_RETURN(const std::string link_path, dp->Get("link"));
+  ASSIGN_OR_RETURN(link, GroupLink::Attach(link_path, dp->rank(), timeout));
+  ho.group = link.get();
+  ASSIGN_OR_RETURN(ho.leader_arena_path, dp->Get("arena"));
+  ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+  return OkStatus();
+}
+
+StatusOr<bool> Trainer::Impl::StopAtBoundary() {
+  if (!link) return obs != nullptr && obs->StopRequested();
+  if (leader()) {
+    const bool stop = obs != nullptr && obs->StopRequested();
+    link->PublishBoundary(completed, stop);
+    return stop;
+  }
+  return link->WaitBoundary(completed);
+}
+
+Status Trainer::Impl::PublishDevicePlan(int device_block_count) {
+  if (!dp) return OkStatus();
+  std::string kept;
+  for (int b = 0; b < n; ++b) {
+    if (modes[b] == engine::SaveMode::kKeep) kept += " " + std::to_string(b);
+  }
+  return dp->Set("device-plan", std::to_string(device_block_count) + kept);
+}
+
+Status Trainer::Impl::FollowDevicePlan() {
+  device_placement_pending = false;
+  RETURN_IF_ERROR(accounting->Flush());
+  ASSIGN_OR_RETURN(const std::string text, dp->Get("device-plan"));
+  std::istringstream in(text);
+  int count = 0;
+  in >> count;
+  std::string kept_list;
+  for (int b; in >> b;) {
+    if (b < 0 || b >= n) return InternalError("rank 0's plan names block " + std::to_string(b));
+    modes[b] = engine::SaveMode::kKeep;
+    schedule->SetMode(b, engine::SaveMode::kKeep);
+    kept_list += " " + std::to_string(b);
+  }
+  if (count < 0 || count > n) return InternalError("rank 0's plan places " + std::to_string(count) + " blocks");
+  if (count > 0) RETURN_IF_ERROR(MoveStatesToDevice(count));
+  Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " follows rank 0's plan: " +
+                                       std::to_string(count) + " blocks' AdamW states on this GPU, activations kept in blocks" +
+                                       (kept_list.empty() ? " none" : kept_list));
+  return OkStatus();
+}
+
+}  // namespace offloadd::trainer
