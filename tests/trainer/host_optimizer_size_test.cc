@@ -27,6 +27,13 @@ TEST(HostOptimizerSizeTest, CompactModesShrinkTheArenaAndTheUpdatesTraffic) {
                    14 + 16.0 / 256);
   o.host_weight_copy = true;  // the 16-bit copy in the arena, written by every update
   EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, {}), 28);
+  // A bf16 master is the device's weights: no copy to hold or write, whatever host_weight_copy
+  // says (master and compensation 4 B, fp32 states 8, gradients 2).
+  const OptimizerMode bf16_master = {StateDtype::kFp32, MasterDtype::kBf16};
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, bf16_master), 14);
+  EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, bf16_master), 26);
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kBf16}),
+                   8 + 8.0 / 256);
   o.tier = StateTier::kNvme;  // states in the store: the arena holds gradients only
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kFp32}),
                    static_cast<double>(HostOptimizer::BytesPerParameter(o)));
