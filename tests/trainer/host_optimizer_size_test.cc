@@ -56,6 +56,14 @@ TEST(HostOptimizerSizeTest, TheHostMemoryPredictionNamesACompactModesBytesPerPar
   // 5.97 B per parameter fewer (exact's 12 of master and states against 6.03), pages aside.
   EXPECT_NEAR(static_cast<double>(exact.total - int8.total), (6 - 8.0 / 256) * (2 << 20),
               6 * 4096.0);
+  // A bf16 master: the arena of exact without the copy (which it replaces), priced and named.
+  in.optimizer.mode = {StateDtype::kFp32, MasterDtype::kBf16};
+  const HostMemoryPrediction bf16_master = PredictHostMemory(in);
+  EXPECT_NE(bf16_master.Describe().find("at 14 B/parameter, not exact: bf16 master, fp32 states"),
+            std::string::npos)
+      << bf16_master.Describe();
+  EXPECT_NEAR(static_cast<double>(bf16_master.total), static_cast<double>(exact.total),
+              6 * 4096.0);
 }
 
 }  // namespace

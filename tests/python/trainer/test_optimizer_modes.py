@@ -183,5 +183,38 @@ def test_what_the_trainer_does_not_run_is_refused_by_name(binary_dir, tmp_path, 
     r = run_train(binary_dir, fp32, check=False)
     assert r.returncode != 0 and "optimizer.master_dtype bf16 with fp32 compute" in r.stderr, \
         r.stderr
+    # The NVMe tier's slots hold fp32 masters and states.
+    (tmp_path / "nvme").mkdir()
+    r = run_train(binary_dir, args(model, data, tmp_path / "o", steps=2, master="bf16",
+                                   extra=["--tier=nvme", f"--nvme-dir={tmp_path / 'nvme'}"]),
+                  check=False)
+    assert r.returncode != 0 and \
+        "not exact: bf16 master, fp32 states with the optimizer states on NVMe" in r.stderr, \
+        r.stderr
     r = run_train(binary_dir, args(model, data, tmp_path / "o", steps=2, state="int4"), check=False)
     assert r.returncode != 0 and "optimizer.state_dtype: unknown value 'int4'" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("weights", ["resident", "stream"])
+def test_cuda_bf16_master_is_the_devices_weights_and_tracks_exact(binary_dir, tmp_path, inputs,
+                                                                  weights):
+    """On a GPU the device uploads the bf16 master itself after each update (resident weights) or
+    streams it each pass: step 1 is exact's to the bit (the master is the fp32 master rounded as
+    the device rounds it) and every step's loss stays within the 1% bound; every block's states on
+    the host in both runs (the compact modes have no device kernels)."""
+    model, data = inputs
+    extra = [f"--weights={weights}", "--device-optimizer-blocks=0"]
+    outs = {}
+    for master in ("fp32", "bf16"):
+        a = [x.replace("--device=cpu", "--device=cuda")
+             for x in args(model, data, tmp_path / master, steps=12, master=master, extra=extra)]
+        r = run_train(binary_dir, a)
+        outs[master] = read_stats(tmp_path / master / "stats.jsonl")
+        if master == "bf16":
+            assert "weights the bf16 master itself" in r.stderr, r.stderr
+    a, b = outs["fp32"], outs["bf16"]
+    assert len(a) == len(b) == 12
+    assert a[0]["loss"] == b[0]["loss"]
+    diffs = [abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(a, b)]
+    assert max(diffs) < 0.01, diffs
