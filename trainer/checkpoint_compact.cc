@@ -29,11 +29,12 @@ Status CheckpointWriter::WriteCompactStates(int layer, const LayerState& state) 
   std::vector<HeaderEntry> tensors = {{"exp_avg", &m_shape, "U8", 1},
                                       {"exp_avg_sq", &v_shape, "U8", 1}};
   if (bf16_master) tensors.push_back({"master", &w_shape, "U8", 1});
-  const std::string prefix = SafetensorsPrefix(tensors, {{"format", "pt"},
-                                                         {"layer", std::to_string(layer)},
-                                                         {"adam_step", std::to_string(state.adam_step)},
-                                                         {"state_dtype", state.state_dtype},
-                                                         {"master_dtype", state.master_dtype}});
+  const std::string prefix =
+      SafetensorsPrefix(tensors, {{"format", "pt"},
+                                  {"layer", std::to_string(layer)},
+                                  {"adam_step", std::to_string(state.adam_step)},
+                                  {"state_dtype", state.state_dtype},
+                                  {"master_dtype", state.master_dtype}});
   const std::string name = LayerFile("optimizer", layer);
   ASSIGN_OR_RETURN(crcs_[name], WriteSyncedFile(lock_fd_, name, JoinPath(tmp_dir_, name),
                                                 {Bytes(prefix), std::as_bytes(state.exp_avg_region),

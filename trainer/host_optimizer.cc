@@ -36,8 +36,7 @@ Status CheckModeSupported(const HostOptimizerOptions& o) {
   // A bf16 master is the device's weights: they must be bf16 (fp32 compute reads fp32 masters,
   // fp16 a 16-bit copy the bf16 master would have to keep beside it).
   if (o.mode.master == workers::MasterDtype::kBf16 && o.compute != HostDtype::kBf16) {
-    return UnimplementedError(mode + " with " +
-                              (o.compute == HostDtype::kFp32 ? "fp32" : "fp16") +
+    return UnimplementedError(mode + " with " + (o.compute == HostDtype::kFp32 ? "fp32" : "fp16") +
                               " compute: a bf16 master is the device's bf16 weights");
   }
   if (o.tier != StateTier::kCpu) return UnimplementedError(mode + " on the NVMe tier");
@@ -636,10 +635,10 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
   const uint64_t bytes = s.num_elements * 4;
   if (!OnNvme(block)) {
     if (options_.mode.master == workers::MasterDtype::kBf16) {
-      workers::DecodeBf16Master(arena_->At<uint16_t>(s.master_offset),
-                                arena_->At<uint16_t>(s.master_offset +
-                                                     workers::MasterCompOffset(s.num_elements)),
-                                s.num_elements, master);
+      workers::DecodeBf16Master(
+          arena_->At<uint16_t>(s.master_offset),
+          arena_->At<uint16_t>(s.master_offset + workers::MasterCompOffset(s.num_elements)),
+          s.num_elements, master);
     } else {
       std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
     }

@@ -62,8 +62,7 @@ TEST(HostOptimizerSizeTest, TheHostMemoryPredictionNamesACompactModesBytesPerPar
   EXPECT_NE(bf16_master.Describe().find("at 14 B/parameter, not exact: bf16 master, fp32 states"),
             std::string::npos)
       << bf16_master.Describe();
-  EXPECT_NEAR(static_cast<double>(bf16_master.total), static_cast<double>(exact.total),
-              6 * 4096.0);
+  EXPECT_NEAR(static_cast<double>(bf16_master.total), static_cast<double>(exact.total), 6 * 4096.0);
 }
 
 }  // namespace

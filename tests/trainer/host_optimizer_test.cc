@@ -223,7 +223,7 @@ TEST_F(HostOptimizerTest, CompactStatesShrinkTheArenaAndRestoreTheirRegionsBitFo
 TEST_F(HostOptimizerTest, ABf16MasterIsTheDevicesWeightsAndResumesFromItsRegionBitForBit) {
   HostOptimizerOptions exact = Options(StateTier::kCpu);
   exact.compute = HostDtype::kBf16;
-  exact.host_weight_copy = true;  // exact keeps a bf16 copy beside its fp32 masters
+  exact.host_weight_copy = true;              // exact keeps a bf16 copy beside its fp32 masters
   exact.block_elements = {1 << 18, 1 << 17};  // whole pages: no rounding
   const uint64_t params = 3 << 17;
   HostOptimizerOptions o = exact;
@@ -288,7 +288,8 @@ TEST_F(HostOptimizerTest, ABf16MasterIsTheDevicesWeightsAndResumesFromItsRegionB
     }
     EXPECT_TRUE(differs) << "the mode acts: its masters are not exact's";
     // a's step-3 state into b (a resume): the master and state regions as they are.
-    ASSERT_EQ(a->master_region_bytes(blk), workers::MasterRegionBytes(workers::MasterDtype::kBf16, n));
+    ASSERT_EQ(a->master_region_bytes(blk),
+              workers::MasterRegionBytes(workers::MasterDtype::kBf16, n));
     w.resize(a->master_region_bytes(blk));
     m.resize(a->state_region_bytes(blk));
     v.resize(m.size());
@@ -305,7 +306,8 @@ TEST_F(HostOptimizerTest, ABf16MasterIsTheDevicesWeightsAndResumesFromItsRegionB
   run(b.get(), 4);
   for (int blk = 0; blk < a->num_blocks(); ++blk) {
     std::vector<uint8_t> wa(a->master_region_bytes(blk)), wb(wa.size());
-    std::vector<uint8_t> ma(a->state_region_bytes(blk)), mb(ma.size()), va(ma.size()), vb(ma.size());
+    std::vector<uint8_t> ma(a->state_region_bytes(blk)), mb(ma.size()), va(ma.size()),
+        vb(ma.size());
     ASSERT_TRUE(a->ReadMasterRegion(blk, wa.data()).ok());
     ASSERT_TRUE(b->ReadMasterRegion(blk, wb.data()).ok());
     ASSERT_TRUE(a->ReadStateRegions(blk, ma.data(), va.data()).ok());
