@@ -30,6 +30,8 @@ workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
       break;
   }
   if (HostOptimizer::WeightsAreFp32(o)) lo.weight_dtype = workers::WeightDtype::kNone;
+  // A bf16 master is itself the device's bf16 weights (HostOptimizer::compute_weights): no copy.
+  if (o.mode.master == workers::MasterDtype::kBf16) lo.weight_dtype = workers::WeightDtype::kNone;
   lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
   lo.states_resident = o.tier == StateTier::kCpu;
   for (size_t b = 0; b < o.nvme_weight_blocks.size(); ++b) {
@@ -113,7 +115,9 @@ double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMo
 }
 
 double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
-  const workers::ShardLayoutOptions lo = LayoutOptions(o);
+  HostOptimizerOptions in_mode = o;
+  in_mode.mode = mode;  // a bf16 master writes no 16-bit copy: it is the device's weights
+  const workers::ShardLayoutOptions lo = LayoutOptions(in_mode);
   return workers::StepTrafficBytesPerParam(mode, lo.grad_dtype, lo.weight_dtype);
 }
 
@@ -129,6 +133,7 @@ double HostOptimizer::BytesPerParameter(const HostOptimizerOptions& o) {
 }
 
 bool HostOptimizer::WeightsAreFp32(const HostOptimizerOptions& o) {
+  if (o.mode.master == workers::MasterDtype::kBf16) return false;  // the bf16 master is read
   return o.compute == HostDtype::kFp32 || (!o.host_weight_copy && o.tier == StateTier::kCpu);
 }
 

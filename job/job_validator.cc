@@ -536,6 +536,12 @@ ValidationResult ValidateJobSpec(const v1::JobSpec& input, const PathPolicy& pat
           "nvme needs 16-bit compute, and on this node without a GPU model.compute_dtype resolves "
           "to fp32; set it to bf16 or fp16, or use cpu");
   }
+  if (spec.optimizer().master_dtype() == v1::MASTER_DTYPE_BF16 &&
+      spec.model().compute_dtype() == v1::COMPUTE_DTYPE_UNSPECIFIED && node.gpus.empty()) {
+    c.Add("optimizer.master_dtype",
+          "bf16 needs bf16 compute, and on this node without a GPU model.compute_dtype resolves "
+          "to fp32; set it to bf16, or use an fp32 master");
+  }
 
   const bool output_dir_ok = CheckOutput(spec, paths, options, config != nullptr, c, &r);
   CheckResources(spec, node, c);

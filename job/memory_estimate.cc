@@ -98,6 +98,9 @@ trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const eng
   o.mode.state = state == v1::STATE_DTYPE_INT8   ? workers::StateDtype::kInt8
                  : state == v1::STATE_DTYPE_BF16 ? workers::StateDtype::kBf16
                                                  : workers::StateDtype::kFp32;
+  o.mode.master = spec.optimizer().master_dtype() == v1::MASTER_DTYPE_BF16
+                      ? workers::MasterDtype::kBf16
+                      : workers::MasterDtype::kFp32;
   // offload_param: nvme puts every NVMe block's 16-bit weights in the store too (the trainer's
   // OffloadPlanConfig::ParamTier::kNvme).
   in.nvme_weights_allowed = in.nvme_weights_forced =

@@ -28,13 +28,17 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   const bool auto_batch = s.training().auto_find_batch_size();
   const int64_t ranks = s.resources().gpus();
   const std::string group = "resources.gpus " + std::to_string(ranks) + " (data parallelism)";
-  // Compact optimizer states (docs/optimizer-modes.md): the trainer runs bf16 and int8 states
-  // with fp32 masters in the RAM arena, one process; what it does not run yet is refused.
+  // Compact optimizer modes (docs/optimizer-modes.md): the trainer runs bf16 and int8 states and
+  // a bf16 master in the RAM arena, one process; what it does not run yet is refused.
   const v1::StateDtype state = s.optimizer().state_dtype();
-  if (state != v1::STATE_DTYPE_UNSPECIFIED && state != v1::STATE_DTYPE_FP32 &&
-      v1::StateDtype_IsValid(state)) {
-    const std::string name = "optimizer.state_dtype " +
-                             Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1));
+  const bool compact_states = state != v1::STATE_DTYPE_UNSPECIFIED &&
+                              state != v1::STATE_DTYPE_FP32 && v1::StateDtype_IsValid(state);
+  const bool bf16_master = s.optimizer().master_dtype() == v1::MASTER_DTYPE_BF16;
+  if (compact_states || bf16_master) {
+    const std::string name =
+        compact_states ? "optimizer.state_dtype " +
+                             Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1))
+                       : std::string("optimizer.master_dtype bf16");
     if (nvme_states) {
       out.push_back({"offload.offload_optimizer.device",
                      "nvme is not supported with " + name +
@@ -72,12 +76,14 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
                             "RAM); use cpu"});
     }
   }
-  const v1::MasterDtype master = s.optimizer().master_dtype();
-  if (master == v1::MASTER_DTYPE_BF16) {
-    out.push_back(
-        {"optimizer.master_dtype",
-         "bf16 is not built into the trainer yet (the device reads and the checkpoints hold fp32 "
-         "masters; the CPU kernels exist); leave it unset or fp32"});
+  // A bf16 master is the device's bf16 weights (an unset compute_dtype on a node without a GPU
+  // resolves to fp32: the validator checks that).
+  const v1::ComputeDtype compute = s.model().compute_dtype();
+  if (bf16_master && (compute == v1::COMPUTE_DTYPE_FP32 || compute == v1::COMPUTE_DTYPE_FP16)) {
+    out.push_back({"optimizer.master_dtype",
+                   "bf16 needs model.compute_dtype bf16, not " +
+                       std::string(compute == v1::COMPUTE_DTYPE_FP32 ? "fp32" : "fp16") +
+                       ": the bf16 master is the device's bf16 weights (or use an fp32 master)"});
   }
   if (lsp && nvme_states) {
     out.push_back(

@@ -30,8 +30,9 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
                --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --speculate=auto|always|never (updates before the clipping norm is known; default
                auto on a GPU, never on the CPU; never is the bitwise-reproducible choice)
-               --state-dtype=fp32|bf16|int8 (AdamW states; bf16/int8 are not exact, fp32 master,
-                 states on the host: docs/optimizer-modes.md) --master-dtype=fp32 (bf16 refused)
+               --state-dtype=fp32|bf16|int8 (AdamW states; bf16/int8 are not exact,
+                 states on the host: docs/optimizer-modes.md) --master-dtype=fp32|bf16 (bf16:
+                 with a Kahan compensation, the device's weights; needs --dtype=bf16)
                --compression=none|lsp[:rank=S,nonzeros=D,check_every=N,threshold=T,learn_steps=K,
                  learn_lr=LR,gamma=G,projectors=learned|identity] (LSP-Offload, CPU device; lsp/README.md)
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)

@@ -430,7 +430,8 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << HostOptimizer::BytesPerParameter(ho) << " B/parameter, weights "
        << (dtype == c10::kFloat                ? "fp32"
            : HostOptimizer::WeightsAreFp32(ho) ? "cast on the device from the fp32 masters"
-                                               : "16-bit copy in RAM")
+           : ho.mode.master == workers::MasterDtype::kBf16 ? "the bf16 master itself"
+                                                           : "16-bit copy in RAM")
        << "), " << ho.worker_processes << "x" << ho.worker_threads
        << " worker threads, AdamW kernel " << host->kernel_description() << ", updates "
        << (ho.defer_below_block > 0

@@ -118,6 +118,19 @@ uint64_t StateRegionBytes(StateDtype d, uint64_t n) {
   return 4 * n;
 }
 
+void DecodeBf16Master(const uint16_t* master, const uint16_t* comp, uint64_t n, float* out) {
+  for (uint64_t i = 0; i < n; ++i)
+    out[i] = internal::Bf16ToFloat(master[i]) + internal::Bf16ToFloat(comp[i]);
+}
+
+void EncodeBf16Master(const float* p, uint64_t n, uint16_t* master, uint16_t* comp) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint16_t h = internal::FloatToBf16(p[i]);
+    master[i] = h;
+    comp[i] = internal::FloatToBf16(p[i] - internal::Bf16ToFloat(h));
+  }
+}
+
 CompactSpan CompactSpanAt(OptimizerMode mode, uint8_t* master, uint8_t* exp_avg,
                           uint8_t* exp_avg_sq, uint64_t n, uint64_t begin, uint64_t count) {
   CompactSpan span;

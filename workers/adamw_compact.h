@@ -74,6 +74,14 @@ uint64_t StateRegionBytes(StateDtype d, uint64_t n);
 inline uint64_t MasterCompOffset(uint64_t n) { return (2 * n + 63) / 64 * 64; }
 inline uint64_t Int8ScalesOffset(uint64_t n) { return (n + 63) / 64 * 64; }
 
+// A bf16 master as CompactAdamW reads and writes it (the same bits): Decode gives the fp32 value a
+// step starts from, fl(master + compensation), which is exact; Encode rounds p to the bf16 master
+// (nearest even) and its error to the bf16 compensation. Decode(Encode(p)) is p to about 17
+// significant bits, so a master restored from fp32 values is not bit for bit the one saved: a
+// checkpoint keeps the region itself (MasterRegionBytes).
+void DecodeBf16Master(const uint16_t* master, const uint16_t* comp, uint64_t n, float* out);
+void EncodeBf16Master(const float* p, uint64_t n, uint16_t* master, uint16_t* comp);
+
 struct CompactSpan {
   const void* grad = nullptr;
   GradDtype grad_dtype = GradDtype::kBf16;

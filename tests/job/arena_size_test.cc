@@ -27,6 +27,13 @@ TEST(HostOptimizerSizeTest, CompactModesShrinkTheArenaAndTheUpdatesTraffic) {
                    14 + 16.0 / 256);
   o.host_weight_copy = true;  // the 16-bit copy in the arena, written by every update
   EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, {}), 28);
+  // A bf16 master is the device's weights: no copy to hold or write, whatever host_weight_copy
+  // says (master and compensation 4 B, fp32 states 8, gradients 2).
+  const OptimizerMode bf16_master = {StateDtype::kFp32, MasterDtype::kBf16};
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, bf16_master), 14);
+  EXPECT_DOUBLE_EQ(ModeUpdateTrafficPerParameter(o, bf16_master), 26);
+  EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kBf16}),
+                   8 + 8.0 / 256);
   o.tier = StateTier::kNvme;  // states in the store: the arena holds gradients only
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kFp32}),
                    static_cast<double>(HostOptimizer::BytesPerParameter(o)));
@@ -49,6 +56,13 @@ TEST(HostOptimizerSizeTest, TheHostMemoryPredictionNamesACompactModesBytesPerPar
   // 5.97 B per parameter fewer (exact's 12 of master and states against 6.03), pages aside.
   EXPECT_NEAR(static_cast<double>(exact.total - int8.total), (6 - 8.0 / 256) * (2 << 20),
               6 * 4096.0);
+  // A bf16 master: the arena of exact without the copy (which it replaces), priced and named.
+  in.optimizer.mode = {StateDtype::kFp32, MasterDtype::kBf16};
+  const HostMemoryPrediction bf16_master = PredictHostMemory(in);
+  EXPECT_NE(bf16_master.Describe().find("at 14 B/parameter, not exact: bf16 master, fp32 states"),
+            std::string::npos)
+      << bf16_master.Describe();
+  EXPECT_NEAR(static_cast<double>(bf16_master.total), static_cast<double>(exact.total), 6 * 4096.0);
 }
 
 }  // namespace

@@ -147,8 +147,9 @@ TEST_F(JobRefusalsTest, CombinationsTheTrainerRefusesAtStart) {
 }
 
 // Compact optimizer modes: bf16 and int8 states with an fp32 master are run by the trainer and
-// accepted; what it does not run with them yet (NVMe states, LSP, data parallelism, a bf16
-// master) is refused naming the field and the mode; an unknown number is named.
+// accepted, and a bf16 master with bf16 compute; what they do not run with yet (NVMe states, LSP,
+// data parallelism, a bf16 master with other compute) is refused naming the field and the mode;
+// an unknown number is named.
 TEST_F(JobRefusalsTest, CompactStatesAreAcceptedAndWhatTheTrainerDoesNotRunIsRefused) {
   v1::JobSpec s = Spec();
   for (v1::StateDtype d : {v1::STATE_DTYPE_INT8, v1::STATE_DTYPE_BF16}) {
@@ -161,9 +162,24 @@ TEST_F(JobRefusalsTest, CompactStatesAreAcceptedAndWhatTheTrainerDoesNotRunIsRef
   s.mutable_training()->set_optim("adamw_bnb_8bit");  // resolves to state_dtype int8
   const ValidationResult bnb = Validate(s);
   EXPECT_TRUE(bnb.ok()) << Describe(bnb);
+  // A bf16 master is the device's bf16 weights: accepted with bf16 compute, refused with fp16
+  // and where compute_dtype resolves to fp32 (unset, on this node without a GPU).
   s = Spec();
   s.mutable_optimizer()->set_master_dtype(v1::MASTER_DTYPE_BF16);
-  ExpectOnly(Validate(s), "optimizer.master_dtype", "bf16 is not built into the trainer yet");
+  ExpectOnly(Validate(s), "optimizer.master_dtype", "resolves to fp32");
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+  const ValidationResult bf16_master = Validate(s);
+  EXPECT_TRUE(bf16_master.ok()) << Describe(bf16_master);
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_FP16);
+  ExpectOnly(Validate(s), "optimizer.master_dtype",
+             "bf16 needs model.compute_dtype bf16, not fp16");
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  const std::vector<FieldViolation> master_nvme = UnsupportedOptions(s);
+  ASSERT_EQ(master_nvme.size(), 1u);
+  EXPECT_EQ(master_nvme[0].field, "offload.offload_optimizer.device");
+  EXPECT_NE(master_nvme[0].description.find("optimizer.master_dtype bf16"), std::string::npos)
+      << master_nvme[0].description;
   s = Spec();
   s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);
   s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);

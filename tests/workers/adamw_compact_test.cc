@@ -431,5 +431,45 @@ TEST(AdamWCompactTest, CompensatedBf16MasterKeepsUpdatesBelowHalfAnUlp) {
   }
 }
 
+// EncodeBf16Master / DecodeBf16Master (what the trainer initialises, checkpoints and exports a
+// bf16 master with) are the kernel's own arithmetic: a step with lr 0 decodes the master, leaves
+// the value alone and encodes it again, on every flavour, to the helpers' bits. Decoding is exact
+// (the compensation is below half the master's ulp); encoding an arbitrary fp32 value keeps
+// about 17 of its bits, so fp32 values do not always give back the pair they came from.
+TEST(AdamWCompactTest, TheBf16MasterHelpersAreTheKernelsArithmetic) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> exp(-20, 10);
+  std::vector<float> p(kN), zero(kN, 0.0f);
+  for (float& x : p) x = std::ldexp(mant(rng), exp(rng));
+  std::vector<uint16_t> hi(kN), lo(kN);
+  EncodeBf16Master(p.data(), kN, hi.data(), lo.data());
+  const OptimizerMode mode = {StateDtype::kFp32, MasterDtype::kBf16};
+  const Buffers test_encoding(mode, p, zero, zero);
+  ASSERT_EQ(hi, test_encoding.hi);
+  ASSERT_EQ(lo, test_encoding.lo);
+  std::vector<float> decoded(kN);
+  DecodeBf16Master(hi.data(), lo.data(), kN, decoded.data());
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(decoded[i], static_cast<float>(static_cast<double>(Bf16ToFloat(hi[i])) +
+                                             static_cast<double>(Bf16ToFloat(lo[i]))))
+        << "the sum is exact in fp32: " << i;
+    ASSERT_LE(std::fabs(decoded[i] - p[i]), std::ldexp(std::fabs(p[i]), -16)) << i;
+  }
+  std::vector<uint16_t> again_hi(kN), again_lo(kN);
+  EncodeBf16Master(decoded.data(), kN, again_hi.data(), again_lo.data());
+  std::vector<uint16_t> grad(kN, FloatToBf16(1e-3f));
+  AdamWHyper h;
+  h.lr = 0;
+  h.weight_decay = 0;
+  h.step = 1;
+  for (const KernelPath path : SupportedPaths()) {
+    Buffers b(mode, p, zero, zero);
+    ASSERT_TRUE(CompactAdamW(b.Span(grad.data(), GradDtype::kBf16), mode, h, path).ok());
+    EXPECT_EQ(b.hi, again_hi) << KernelPathName(path);
+    EXPECT_EQ(b.lo, again_lo) << KernelPathName(path);
+  }
+}
+
 }  // namespace
 }  // namespace offloadd::workers

@@ -33,8 +33,12 @@ constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
 Status CheckModeSupported(const HostOptimizerOptions& o) {
   if (o.mode.Exact()) return OkStatus();
   const std::string mode = "optimizer mode " + o.mode.Describe();
-  if (o.mode.master != workers::MasterDtype::kFp32)
-    return UnimplementedError(mode + ": the trainer keeps fp32 masters");
+  // A bf16 master is the device's weights: they must be bf16 (fp32 compute reads fp32 masters,
+  // fp16 a 16-bit copy the bf16 master would have to keep beside it).
+  if (o.mode.master == workers::MasterDtype::kBf16 && o.compute != HostDtype::kBf16) {
+    return UnimplementedError(mode + " with " + (o.compute == HostDtype::kFp32 ? "fp32" : "fp16") +
+                              " compute: a bf16 master is the device's bf16 weights");
+  }
   if (o.tier != StateTier::kCpu) return UnimplementedError(mode + " on the NVMe tier");
   if (o.group != nullptr) return UnimplementedError(mode + " with data parallelism");
   if (std::count(o.device_blocks.begin(), o.device_blocks.end(), true) > 0)
@@ -270,13 +274,16 @@ void* HostOptimizer::grad_staging(int block) const {
 }
 
 const float* HostOptimizer::master_weights(int block) const {
-  if (follower_ || OnNvme(block)) return nullptr;
+  if (follower_ || OnNvme(block) || options_.mode.master != workers::MasterDtype::kFp32)
+    return nullptr;
   return arena_->At<float>(shards_[block].master_offset);
 }
 
 void* HostOptimizer::compute_weights(int block) const {
   if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
   if (WeightsOnNvme(block)) return nullptr;
+  if (options_.mode.master == workers::MasterDtype::kBf16)
+    return arena_->At<void>(shards_[block].master_offset);
   if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
   if (OnNvme(block)) return arena_->At<void>(compute_copy_[block]);
   return arena_->At<void>(shards_[block].master_offset);
@@ -590,6 +597,12 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
     const auto& s = shards_[b];
     if (!OnNvme(b)) {
       if (population_) RETURN_IF_ERROR(population_->WaitGate(b));
+      if (options_.mode.master == workers::MasterDtype::kBf16) {  // filled in fp32, then rounded
+        std::vector<float> master(s.num_elements);
+        RETURN_IF_ERROR(fill(static_cast<int>(b), master.data()));
+        EncodeMaster(b, 0, master.data(), s.num_elements);
+        continue;
+      }
       float* master = arena_->At<float>(s.master_offset);
       RETURN_IF_ERROR(fill(static_cast<int>(b), master));
       if (s.weights_offset != 0)
@@ -621,7 +634,14 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
   const auto& s = shards_[block];
   const uint64_t bytes = s.num_elements * 4;
   if (!OnNvme(block)) {
-    std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
+    if (options_.mode.master == workers::MasterDtype::kBf16) {
+      workers::DecodeBf16Master(
+          arena_->At<uint16_t>(s.master_offset),
+          arena_->At<uint16_t>(s.master_offset + workers::MasterCompOffset(s.num_elements)),
+          s.num_elements, master);
+    } else {
+      std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
+    }
     if (!options_.mode.Exact()) {  // the states are bytes of their own format: ReadStateRegions
       if (exp_avg != nullptr || exp_avg_sq != nullptr)
         return FailedPreconditionError("compact states are read with ReadStateRegions");
@@ -658,7 +678,11 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
       std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
   };
   if (!OnNvme(block)) {
-    std::memcpy(arena_->At<void>(s.master_offset), master, bytes);
+    if (options_.mode.master == workers::MasterDtype::kBf16) {
+      EncodeMaster(static_cast<size_t>(block), 0, master, s.num_elements);
+    } else {
+      std::memcpy(arena_->At<void>(s.master_offset), master, bytes);
+    }
     if (options_.mode.Exact()) {  // compact states: RestoreStateRegions
       std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, bytes);
       std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, bytes);
@@ -680,6 +704,31 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
     if (WeightsOnNvme(block)) RETURN_IF_ERROR(Derive16(block, master, &slot));
     return OkStatus();
   });
+}
+
+void HostOptimizer::EncodeMaster(size_t block, uint64_t begin, const float* p, uint64_t count) {
+  const workers::ShardSpec& s = shards_[block];
+  auto* master = arena_->At<uint16_t>(s.master_offset);
+  auto* comp = arena_->At<uint16_t>(s.master_offset + workers::MasterCompOffset(s.num_elements));
+  workers::EncodeBf16Master(p, count, master + begin, comp + begin);
+}
+
+uint64_t HostOptimizer::master_region_bytes(int block) const {
+  return workers::MasterRegionBytes(options_.mode.master, shards_[block].num_elements);
+}
+
+Status HostOptimizer::ReadMasterRegion(int block, uint8_t* region) const {
+  if (follower_ || OnNvme(block) || options_.mode.master != workers::MasterDtype::kBf16)
+    return FailedPreconditionError("no bf16 master region in this arena");
+  std::memcpy(region, arena_->At<void>(shards_[block].master_offset), master_region_bytes(block));
+  return OkStatus();
+}
+
+Status HostOptimizer::RestoreMasterRegion(int block, const uint8_t* region) {
+  if (follower_ || OnNvme(block) || options_.mode.master != workers::MasterDtype::kBf16)
+    return FailedPreconditionError("no bf16 master region in this arena");
+  std::memcpy(arena_->At<void>(shards_[block].master_offset), region, master_region_bytes(block));
+  return OkStatus();
 }
 
 uint64_t HostOptimizer::state_region_bytes(int block) const {

@@ -110,8 +110,10 @@ struct HostOptimizerOptions {
   // staging buffers and follows the leader's updates and decisions (host_optimizer_group.cc).
   GroupLink* group = nullptr;
   std::string leader_arena_path;
-  // The master's and states' formats (workers/adamw_compact.h). A compact mode needs the RAM tier
-  // and an fp32 master (Create refuses the rest, naming it), and no device_blocks.
+  // The master's and states' formats (workers/adamw_compact.h). A compact mode needs the RAM tier,
+  // no data-parallel group and no device_blocks; a bf16 master needs bf16 compute, and is itself
+  // the weights the device reads (no 16-bit copy, host_weight_copy does not apply). Create refuses
+  // the rest, naming it.
   workers::OptimizerMode mode = {};
 };
 
@@ -149,7 +151,8 @@ class HostOptimizer {
   uint64_t grad_staging_bytes(int block) const;
   // The weights the device computes with: in the compute dtype (updated in place by the workers,
   // or copied from the staged master after each update in the NVMe tier with fp32 compute), or
-  // the fp32 masters themselves when weights_fp32() (the device rounds them to its dtype).
+  // the fp32 masters themselves when weights_fp32() (the device rounds them to its dtype). With a
+  // bf16 master, the master itself (the first half of its region, stepped in place).
   void* compute_weights(int block) const;  // null for a block whose weights are on NVMe
   uint64_t compute_weight_bytes(int block) const;
   bool weights_fp32() const { return weights_fp32_; }
@@ -212,17 +215,25 @@ class HostOptimizer {
   // first error (ENOMEM naming the bytes). Idempotent.
   Status WaitPopulated();
   // The block's fp32 master weights in the arena (null for a block whose states are on NVMe,
-  // where they live in the store between updates). Read it from the on-updated callback or between
-  // steps.
+  // where they live in the store between updates, and with a bf16 master). Read it from the
+  // on-updated callback or between steps.
   const float* master_weights(int block) const;
   // Checkpoint I/O between steps: the block's fp32 states (master, exp_avg, exp_avg_sq) are copied
   // out to / in from the given buffers (each elements(block) floats). `adam_step` is the
-  // number of updates already applied (Restore sets the workers' step counters to it).
+  // number of updates already applied (Restore sets the workers' step counters to it). A bf16
+  // master is read as the fp32 value its next step starts from (master + compensation, exact) and
+  // restored by rounding (workers::EncodeBf16Master; not bit for bit: the region below is).
   Status ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq);
   // exp_avg / exp_avg_sq may be null for ReadStates (only the master wanted); in a compact mode
   // they must be (the states are not fp32): the regions below carry them.
   Status RestoreStates(int block, const float* master, const float* exp_avg,
                        const float* exp_avg_sq, uint64_t adam_step);
+  // A bf16 master, RAM tier: the block's master region as the workers hold it (the bf16 master,
+  // then its bf16 compensation at workers::MasterCompOffset; workers::MasterRegionBytes), for
+  // checkpoints that resume bit for bit. Between steps; FAILED_PRECONDITION with an fp32 master.
+  uint64_t master_region_bytes(int block) const;
+  Status ReadMasterRegion(int block, uint8_t* region) const;
+  Status RestoreMasterRegion(int block, const uint8_t* region);
   // Compact modes, RAM tier: the block's exp_avg / exp_avg_sq regions as the workers hold them
   // (workers::StateRegionBytes: bf16 values, or int8 codes and their block scales), for
   // checkpoints in the states' own format. Between steps.
@@ -300,6 +311,8 @@ class HostOptimizer {
   Status StartNvmeTier(const HostOptimizerOptions& o);
   void ConnectDriver();
   Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
+  // A bf16 master: elements [begin, begin + count) of block's master region from fp32 values.
+  void EncodeMaster(size_t block, uint64_t begin, const float* p, uint64_t count);
   double arena_seconds_ = 0, workers_seconds_ = 0;
   Clock::time_point arena_start_, arena_end_, workers_start_, workers_end_;
   void Loop();

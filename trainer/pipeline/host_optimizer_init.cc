@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "storage/format.h"
 #include "trainer/pipeline/group_link.h"
@@ -85,6 +86,18 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
           return;
         }
       }
+      if (options_.mode.master == workers::MasterDtype::kBf16) {  // filled in fp32, then rounded
+        std::vector<float> scratch(p.count);
+        Status st = fill(p, scratch.data());
+        if (st.ok()) {
+          EncodeMaster(static_cast<size_t>(p.block), p.begin, scratch.data(), p.count);
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = st;
+        next = ram_pieces.size();
+        return;
+      }
       float* master = arena_->At<float>(s.master_offset) + p.begin;
       Status st = fill(p, master);
       if (st.ok() && s.weights_offset != 0)
@@ -120,7 +133,8 @@ Status HostOptimizer::StartPopulation() {
   std::vector<ByteRange> staging;
   for (const workers::ShardSpec& s : shards_) {
     const uint64_t n = s.num_elements;
-    std::vector<ByteRange> gate = {{s.master_offset, s.master_offset + n * 4}};
+    std::vector<ByteRange> gate = {
+        {s.master_offset, s.master_offset + workers::MasterRegionBytes(s.mode.master, n)}};
     if (s.weights_offset != 0) gate.push_back({s.weights_offset, s.weights_offset + n * 2});
     po.gates.push_back(std::move(gate));
     staging.push_back({s.grad_offset, s.grad_offset + n * grad_bytes});

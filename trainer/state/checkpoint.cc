@@ -342,6 +342,14 @@ Status CheckpointWriter::WriteLayer(int layer, const LayerState& state) {
     RETURN_IF_ERROR(CheckBufferSize(state.exp_avg, n, what + " exp_avg"));
     RETURN_IF_ERROR(CheckBufferSize(state.exp_avg_sq, n, what + " exp_avg_sq"));
   }
+  // A bf16 master comes with its region (compact states only), an fp32 one without.
+  const bool bf16_master = state.master_dtype == "bf16";
+  if ((!bf16_master && state.master_dtype != "fp32") ||
+      bf16_master == state.master_region.empty() || (bf16_master && !compact)) {
+    return InvalidArgumentError(what + ": master_dtype \"" + state.master_dtype + "\" with " +
+                                (state.master_region.empty() ? "no" : "a") + " master region" +
+                                (compact ? "" : " and exact states"));
+  }
 
   std::vector<HeaderEntry> weights, moments;
   for (const ParamSpec& p : state.params) {

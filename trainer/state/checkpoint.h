@@ -13,6 +13,9 @@
 //                                      tensors "exp_avg" and "exp_avg_sq", each the layer's state
 //                                      region as the workers hold it (bf16 values, or int8 codes
 //                                      followed by the fp32 block scales), metadata "state_dtype"
+//                                      and "master_dtype"; a bf16 master adds U8 "master", its
+//                                      region (the bf16 master, then its bf16 compensation), and
+//                                      the model file holds master + compensation in fp32
 //   model.safetensors.index.json       {"metadata": {"total_size"}, "weight_map": {name: file}}
 //   trainer_state.json                 Hugging Face's TrainerState schema with this run's values
 //                                      (transformers' TrainerState.load_from_json reads it)
@@ -87,6 +90,10 @@ struct LayerState {
   // (workers::StateRegionBytes bytes each), written as they are.
   std::string state_dtype = {};
   std::span<const uint8_t> exp_avg_region = {}, exp_avg_sq_region = {};
+  // A bf16 master ("bf16"; with compact states only): its region (workers::MasterRegionBytes),
+  // written beside the states; `master` above holds its fp32 value (master + compensation).
+  std::string master_dtype = "fp32";
+  std::span<const uint8_t> master_region = {};
 };
 
 // Where CheckpointReader::ReadLayer puts a layer. An empty exp_avg or exp_avg_sq is skipped (a new
@@ -98,6 +105,10 @@ struct LayerTarget {
   // must hold compact states of `state_dtype`).
   std::string state_dtype = {};
   std::span<uint8_t> exp_avg_region = {}, exp_avg_sq_region = {};
+  // A bf16 master ("bf16"): its region, of exactly the size written (the file's "master_dtype"
+  // must be it).
+  std::string master_dtype = "fp32";
+  std::span<uint8_t> master_region = {};
 };
 
 struct SchedulerState {  // trainer/lr_schedule.h's inputs, Hugging Face names

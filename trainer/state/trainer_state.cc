@@ -33,12 +33,13 @@ std::vector<ParamSpec> SpecsOf(const BlockLayout& bl) {
 
 // Reads block b's fp32 states from checkpoint `r` into the buffers (resized); returns its AdamW
 // step. A compact mode's states go into the regions instead (sized by the caller), m and v stay
-// empty.
+// empty; a bf16 master's region into w_region.
 StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout, int b,
                                   std::vector<float>* master, std::vector<float>* m,
                                   std::vector<float>* v, workers::OptimizerMode mode = {},
                                   std::vector<uint8_t>* m_region = nullptr,
-                                  std::vector<uint8_t>* v_region = nullptr) {
+                                  std::vector<uint8_t>* v_region = nullptr,
+                                  std::vector<uint8_t>* w_region = nullptr) {
   master->resize(layout.numel);
   LayerTarget t;
   t.params = SpecsOf(layout);
@@ -47,6 +48,8 @@ StatusOr<int64_t> ReadLayerStates(CheckpointReader& r, const BlockLayout& layout
     t.state_dtype = std::string(workers::StateDtypeName(mode.state));
     t.exp_avg_region = *m_region;
     t.exp_avg_sq_region = *v_region;
+    t.master_dtype = std::string(workers::MasterDtypeName(mode.master));
+    if (w_region != nullptr) t.master_region = *w_region;
     return r.ReadLayer(b, t);
   }
   m->resize(layout.numel);
@@ -85,10 +88,11 @@ Status Trainer::Impl::CheckOptimizerMode() {
   cfg.optim.master_dtype = std::string(workers::MasterDtypeName(optimizer_mode.master));
   if (optimizer_mode.Exact()) return OkStatus();
   const std::string mode = "optimizer mode " + optimizer_mode.Describe();
-  if (optimizer_mode.master != workers::MasterDtype::kFp32) {
-    return UnimplementedError(
-        "optimizer.master_dtype bf16 is not run by the trainer yet (the "
-        "device reads and checkpoints fp32 masters); leave it fp32");
+  if (optimizer_mode.master == workers::MasterDtype::kBf16 && dtype != c10::kBFloat16) {
+    return UnimplementedError("optimizer.master_dtype bf16 with " +
+                              std::string(dtype == c10::kFloat ? "fp32" : "fp16") +
+                              " compute: the bf16 master is the device's bf16 weights; use "
+                              "compute_dtype bf16 (--dtype=bf16) or an fp32 master");
   }
   if (cfg.offload.tier == StateTier::kNvme) {
     return UnimplementedError(mode +
@@ -125,8 +129,9 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   RETURN_IF_ERROR(Flush());
   ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(cfg.output_dir, completed));
   std::vector<float> master, m, v;
-  std::vector<uint8_t> m_region, v_region;  // compact states, in their own format
+  std::vector<uint8_t> m_region, v_region, w_region;  // compact states, in their own format
   const bool compact = !optimizer_mode.Exact();
+  const bool bf16_master = optimizer_mode.master == workers::MasterDtype::kBf16;
   for (int b = 0; b < n; ++b) {
     const uint64_t numel = layout[b].numel;
     master.resize(numel);
@@ -139,6 +144,12 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
       ls.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
       ls.exp_avg_region = m_region;
       ls.exp_avg_sq_region = v_region;
+      if (bf16_master) {  // the region itself: fp32 master values do not restore it bit for bit
+        w_region.resize(host->master_region_bytes(b));
+        RETURN_IF_ERROR(host->ReadMasterRegion(b, w_region.data()));
+        ls.master_dtype = "bf16";
+        ls.master_region = w_region;
+      }
     } else {
       m.resize(numel);
       v.resize(numel);
@@ -198,16 +209,18 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
                                    " layers, the model " + std::to_string(n));
   }
   std::vector<float> master, m, v;
-  std::vector<uint8_t> m_region, v_region;
+  std::vector<uint8_t> m_region, v_region, w_region;
+  const bool bf16_master = optimizer_mode.master == workers::MasterDtype::kBf16;
   int64_t adam_steps = -1;
   for (int b = 0; b < n; ++b) {
     if (!optimizer_mode.Exact()) {  // compact states, in their own format
       m_region.resize(host->state_region_bytes(b));
       v_region.resize(host->state_region_bytes(b));
     }
-    ASSIGN_OR_RETURN(
-        const int64_t adam_step,
-        ReadLayerStates(r, layout[b], b, &master, &m, &v, optimizer_mode, &m_region, &v_region));
+    if (bf16_master) w_region.resize(host->master_region_bytes(b));
+    ASSIGN_OR_RETURN(const int64_t adam_step,
+                     ReadLayerStates(r, layout[b], b, &master, &m, &v, optimizer_mode, &m_region,
+                                     &v_region, bf16_master ? &w_region : nullptr));
     if (adam_steps >= 0 && adam_step != adam_steps) {
       return DataLossError(dir + ": layer " + std::to_string(b) + " has AdamW step " +
                            std::to_string(adam_step) + ", layer 0 " + std::to_string(adam_steps));
@@ -220,6 +233,7 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
       RETURN_IF_ERROR(
           RestoreBlockStates(b, master.data(), nullptr, nullptr, static_cast<uint64_t>(adam_step)));
       RETURN_IF_ERROR(host->RestoreStateRegions(b, m_region.data(), v_region.data()));
+      if (bf16_master) RETURN_IF_ERROR(host->RestoreMasterRegion(b, w_region.data()));
     }
   }
   const TrainerState& st = r.state();

@@ -10,13 +10,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "trainer/pipeline/host_optimizer.h"
+#include "workers/adamw_compact.h"
+#include "workers/adamw_kernel_impl.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -215,4 +219,35 @@ TEST(HostOptimizerPopulationTest, MastersFilledBesideThePopulationEqualTheSerial
 }
 
 }  // namespace
+// A bf16 master is filled in pieces through fp32 scratch and rounded into its region (the bf16
+// master, then its compensation): in the background as serially, to the same bytes; the device's
+// weights are the masters rounded to nearest, and they read back as the initial values to 17 bits.
+TEST(HostOptimizerPopulationTest, ABf16MasterIsFilledInPiecesBesideThePopulation) {
+  std::unique_ptr<HostOptimizer> hs[2];
+  for (const bool background : {false, true}) {
+    HostOptimizerOptions o = Options(background);
+    o.mode = {workers::StateDtype::kFp32, workers::MasterDtype::kBf16};
+    auto h = HostOptimizer::Create(o);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    Fill(h->get());
+    ASSERT_TRUE((*h)->WaitPopulated().ok());
+    hs[background] = std::move(*h);
+  }
+  for (int b = 0; b < hs[0]->num_blocks(); ++b) {
+    const uint64_t n = hs[0]->elements(b);
+    std::vector<uint8_t> r0(hs[0]->master_region_bytes(b)), r1(r0.size());
+    ASSERT_TRUE(hs[0]->ReadMasterRegion(b, r0.data()).ok());
+    ASSERT_TRUE(hs[1]->ReadMasterRegion(b, r1.data()).ok());
+    ASSERT_EQ(r0, r1) << b;
+    const auto* w = static_cast<const uint16_t*>(hs[1]->compute_weights(b));
+    std::vector<float> master(n);
+    ASSERT_TRUE(hs[1]->ReadStates(b, master.data(), nullptr, nullptr).ok());
+    for (uint64_t i = 0; i < n; ++i) {
+      const float p = Initial(b, i);
+      ASSERT_EQ(w[i], workers::internal::FloatToBf16(p)) << b << " " << i;
+      ASSERT_LE(std::fabs(master[i] - p), std::ldexp(std::fabs(p), -16)) << b << " " << i;
+    }
+  }
+}
+
 }  // namespace offloadd::trainer

@@ -28,6 +28,8 @@
 #include "common/file.h"
 #include "tests/trainer/pipeline/host_optimizer_testlib.h"
 #include "trainer/pipeline/group_link.h"
+#include "workers/adamw_compact.h"
+#include "workers/adamw_kernel_impl.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -202,9 +204,118 @@ TEST_F(HostOptimizerTest, CompactStatesShrinkTheArenaAndRestoreTheirRegionsBitFo
   EXPECT_NE(refused.status().message().find("fp32 master, int8 states on the NVMe tier"),
             std::string::npos)
       << refused.status().ToString();
-  HostOptimizerOptions bf16_master = Options(StateTier::kCpu);
+  HostOptimizerOptions bf16_master = Options(StateTier::kCpu);  // fp32 compute
   bf16_master.mode = {workers::StateDtype::kFp32, workers::MasterDtype::kBf16};
+  auto fp32_compute = HostOptimizer::Create(bf16_master);
+  ASSERT_FALSE(fp32_compute.ok());
+  EXPECT_EQ(fp32_compute.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(fp32_compute.status().message().find("bf16 master, fp32 states with fp32 compute"),
+            std::string::npos)
+      << fp32_compute.status().ToString();
+  bf16_master.compute = HostDtype::kFp16;
   EXPECT_EQ(HostOptimizer::Create(bf16_master).status().code(), StatusCode::kUnimplemented);
+}
+
+// A bf16 master (with its Kahan compensation): it is the device's bf16 weights (no 16-bit copy in
+// the arena, 2 B per parameter less than exact with the copy), its step tracks exact AdamW's fp32
+// master to the compensated master's ~17 bits, it reads out as fp32 (master + compensation) for
+// checkpoints and the export, and a resume from its region continues with the same bits.
+TEST_F(HostOptimizerTest, ABf16MasterIsTheDevicesWeightsAndResumesFromItsRegionBitForBit) {
+  HostOptimizerOptions exact = Options(StateTier::kCpu);
+  exact.compute = HostDtype::kBf16;
+  exact.host_weight_copy = true;              // exact keeps a bf16 copy beside its fp32 masters
+  exact.block_elements = {1 << 18, 1 << 17};  // whole pages: no rounding
+  const uint64_t params = 3 << 17;
+  HostOptimizerOptions o = exact;
+  o.mode = {workers::StateDtype::kFp32, workers::MasterDtype::kBf16};
+  EXPECT_DOUBLE_EQ(HostOptimizer::BytesPerParameter(exact), 16);
+  EXPECT_DOUBLE_EQ(HostOptimizer::BytesPerParameter(o), 14);  // grads 2, master 4, states 8
+  EXPECT_FALSE(HostOptimizer::WeightsAreFp32(o));
+  EXPECT_NEAR(static_cast<double>(HostOptimizer::ArenaBytes(exact) - HostOptimizer::ArenaBytes(o)),
+              2.0 * params, 4 * 4096.0);
+  auto a = Make(o), b = Make(o), e = Make(exact);
+  ASSERT_TRUE(a && b && e);
+  const auto bf16 = [](float f) { return workers::internal::FloatToBf16(f); };
+  for (int blk = 0; blk < a->num_blocks(); ++blk) {  // Make's initial values, 0.01 * (i % 7)
+    EXPECT_EQ(a->master_weights(blk), nullptr) << "no fp32 masters in the arena";
+    EXPECT_EQ(a->compute_weight_bytes(blk), a->elements(blk) * 2);
+    const auto* w = static_cast<const uint16_t*>(a->compute_weights(blk));
+    std::vector<float> master(a->elements(blk));
+    ASSERT_TRUE(a->ReadStates(blk, master.data(), nullptr, nullptr).ok());
+    for (uint64_t i = 0; i < a->elements(blk); ++i) {
+      const float p = 0.01f * static_cast<float>(i % 7);
+      ASSERT_EQ(w[i], bf16(p)) << i;
+      ASSERT_LE(std::fabs(master[i] - p), std::ldexp(p, -16)) << i;  // 17 bits of p
+    }
+  }
+  const auto run = [](HostOptimizer* h, uint64_t s) {
+    ASSERT_TRUE(h->BeginStep(s, 1e-3).ok());
+    for (int blk = h->num_blocks() - 1; blk >= 0; --blk) {
+      ASSERT_TRUE(Bounded("WaitStagingFree", [&] { return h->WaitStagingFree(blk); }).ok());
+      auto* g = static_cast<uint16_t*>(h->grad_staging(blk));
+      for (uint64_t i = 0; i < h->elements(blk); ++i)  // bf16 values of +-1e-3 .. 6e-3
+        g[i] = static_cast<uint16_t>(0x3a83 + ((i * 7 + s + blk) % 13) * 0x10 + (i % 2) * 0x8000);
+      ASSERT_TRUE(h->GradsReady(blk, 0, nullptr).ok());
+    }
+    ASSERT_TRUE(h->FinishStepAsync().ok());
+    auto r = Bounded("WaitFinished", [&] { return h->WaitFinished(s); });
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  };
+  for (uint64_t s = 1; s <= 3; ++s) {
+    run(a.get(), s);
+    run(e.get(), s);
+  }
+  std::vector<uint8_t> w, m, v;
+  for (int blk = 0; blk < a->num_blocks(); ++blk) {
+    const uint64_t n = a->elements(blk);
+    std::vector<float> master(n);
+    ASSERT_TRUE(a->ReadStates(blk, master.data(), nullptr, nullptr).ok());
+    // Each rounding (the initial values', each of three steps') errs by at most 2^-16 of the
+    // value then (half the compensation's ulp); the value moves by at most about lr per step, so
+    // by 4e-3 in all. The updates themselves are exact AdamW's (the same fp32 states and
+    // gradients; no weight decay to carry the master's error into them).
+    const float* ref = e->master_weights(blk);
+    const auto* w16 = static_cast<const uint16_t*>(a->compute_weights(blk));
+    bool differs = false;
+    for (uint64_t i = 0; i < n; ++i) {
+      ASSERT_LE(std::fabs(master[i] - ref[i]), 4 * std::ldexp(std::fabs(ref[i]) + 4e-3f, -16))
+          << blk << " " << i;
+      // The device's weights are the master rounded to bf16: within half a bf16 ulp of it.
+      ASSERT_LE(std::fabs(workers::internal::Bf16ToFloat(w16[i]) - master[i]),
+                std::ldexp(std::fabs(master[i]), -8))
+          << blk << " " << i;
+      differs |= master[i] != ref[i];
+    }
+    EXPECT_TRUE(differs) << "the mode acts: its masters are not exact's";
+    // a's step-3 state into b (a resume): the master and state regions as they are.
+    ASSERT_EQ(a->master_region_bytes(blk),
+              workers::MasterRegionBytes(workers::MasterDtype::kBf16, n));
+    w.resize(a->master_region_bytes(blk));
+    m.resize(a->state_region_bytes(blk));
+    v.resize(m.size());
+    ASSERT_TRUE(a->ReadMasterRegion(blk, w.data()).ok());
+    ASSERT_TRUE(a->ReadStateRegions(blk, m.data(), v.data()).ok());
+    ASSERT_TRUE(b->RestoreStates(blk, master.data(), nullptr, nullptr, 3).ok());
+    ASSERT_TRUE(b->RestoreMasterRegion(blk, w.data()).ok());
+    ASSERT_TRUE(b->RestoreStateRegions(blk, m.data(), v.data()).ok());
+    EXPECT_EQ(e->ReadMasterRegion(blk, w.data()).code(), StatusCode::kFailedPrecondition)
+        << "an fp32 master has no bf16 region";
+  }
+  ASSERT_TRUE(b->ResumeAt(3, 3).ok());
+  run(a.get(), 4);
+  run(b.get(), 4);
+  for (int blk = 0; blk < a->num_blocks(); ++blk) {
+    std::vector<uint8_t> wa(a->master_region_bytes(blk)), wb(wa.size());
+    std::vector<uint8_t> ma(a->state_region_bytes(blk)), mb(ma.size()), va(ma.size()),
+        vb(ma.size());
+    ASSERT_TRUE(a->ReadMasterRegion(blk, wa.data()).ok());
+    ASSERT_TRUE(b->ReadMasterRegion(blk, wb.data()).ok());
+    ASSERT_TRUE(a->ReadStateRegions(blk, ma.data(), va.data()).ok());
+    ASSERT_TRUE(b->ReadStateRegions(blk, mb.data(), vb.data()).ok());
+    EXPECT_EQ(wa, wb) << blk;
+    EXPECT_EQ(ma, mb) << blk;
+    EXPECT_EQ(va, vb) << blk;
+  }
 }
 
 // Per-block placement (nvme_blocks): blocks 0 and 3 keep their states in RAM, the other four (more

@@ -102,5 +102,85 @@ TEST_F(CompactCheckpointTest, CompactStatesAreRefusedInAnotherModeAndWhenCorrupt
   EXPECT_THAT(corrupt.status().message(), HasSubstr("crc32c"));
 }
 
+// A bf16 master: its region (the bf16 master and its compensation) is a third U8 tensor beside the
+// states, read back byte for byte; a file of another master dtype is refused naming both, and a
+// writer given a bf16 master without its region (or a region without the dtype) refuses it.
+TEST_F(CompactCheckpointTest, ABf16MastersRegionRoundTripsBesideTheStates) {
+  const FakeModel m(2);
+  {
+    auto w = CheckpointWriter::Begin(out_, 3);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (int l = 0; l < m.layers(); ++l) {
+      const std::vector<uint8_t> mr = Region(l, 0), vr = Region(l, 1), wr = Region(l, 2);
+      LayerState ls = m.State(l);
+      ls.exp_avg.clear();
+      ls.exp_avg_sq.clear();
+      ls.state_dtype = "bf16";
+      ls.exp_avg_region = mr;
+      ls.exp_avg_sq_region = vr;
+      ls.master_dtype = "bf16";
+      if (l == 0) {  // the dtype without its region, and a region without the dtype
+        Status none = w->WriteLayer(l, ls);
+        ASSERT_EQ(none.code(), StatusCode::kInvalidArgument) << none.ToString();
+        EXPECT_THAT(none.message(), HasSubstr("master_dtype \"bf16\" with no master region"));
+        ls.master_dtype = "fp32";
+        ls.master_region = wr;
+        Status stray = w->WriteLayer(l, ls);
+        ASSERT_EQ(stray.code(), StatusCode::kInvalidArgument) << stray.ToString();
+        ls.master_dtype = "bf16";
+      }
+      ls.master_region = wr;
+      ASSERT_TRUE(w->WriteLayer(l, ls).ok()) << l;
+    }
+    TrainerState st = MakeState(3, m);
+    st.state_dtype = "bf16";
+    st.master_dtype = "bf16";
+    ASSERT_TRUE(w->Commit(st).ok());
+  }
+  auto fp32_master = CheckpointReader::Open(Dir(3), m.fingerprint(), "bf16", "fp32");
+  ASSERT_FALSE(fp32_master.ok());
+  EXPECT_THAT(fp32_master.status().message(), HasSubstr("bf16 master, bf16 states"));
+  EXPECT_THAT(fp32_master.status().message(), HasSubstr("fp32 master, bf16 states"));
+  auto r = CheckpointReader::Open(Dir(3), m.fingerprint(), "bf16", "bf16");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (int l = 0; l < m.layers(); ++l) {
+    std::vector<float> w(m.master[l].size());
+    std::vector<uint8_t> mr(Region(l, 0).size()), vr(Region(l, 1).size()), wr(Region(l, 2).size());
+    LayerTarget t{m.params[l], {w}, {}, {}};
+    t.state_dtype = "bf16";
+    t.exp_avg_region = mr;
+    t.exp_avg_sq_region = vr;
+    t.master_dtype = "bf16";
+    t.master_region = wr;
+    auto step = r->ReadLayer(l, t);
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    EXPECT_EQ(*step, 100 + l);
+    EXPECT_TRUE(SameBits(w, m.master[l])) << l;
+    EXPECT_EQ(mr, Region(l, 0)) << l;
+    EXPECT_EQ(vr, Region(l, 1)) << l;
+    EXPECT_EQ(wr, Region(l, 2)) << l;
+    if (l == 1) {  // a layer file read as an fp32 master's, past Open
+      t.master_dtype = "fp32";
+      auto other = r->ReadLayer(l, t);
+      ASSERT_FALSE(other.ok());
+      EXPECT_THAT(other.status().message(), HasSubstr("holds a bf16 master, this run's is fp32"));
+      t.master_dtype = "bf16";
+      wr.resize(wr.size() - 1);
+      t.master_region = wr;
+      auto short_region = r->ReadLayer(l, t);
+      ASSERT_FALSE(short_region.ok());
+      EXPECT_EQ(short_region.status().code(), StatusCode::kDataLoss);
+      EXPECT_THAT(short_region.status().message(), HasSubstr("the layer's bf16 master region"));
+    }
+  }
+  auto file = engine::SafetensorsFile::Open(Dir(3) + "/optimizer-layer-00000.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ((*file)->metadata().at("master_dtype"), "bf16");
+  const engine::TensorInfo* t = (*file)->Find("master");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->dtype, engine::DType::kU8);
+  EXPECT_EQ(t->shape, std::vector<int64_t>{static_cast<int64_t>(Region(0, 2).size())});
+}
+
 }  // namespace
 }  // namespace offloadd::trainer
