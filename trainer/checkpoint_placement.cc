@@ -9,8 +9,8 @@
 namespace offloadd::trainer {
 namespace {
 
-constexpr uint64_t kRecordAlign = 4096;       // ActivationSpill's parts
-constexpr uint64_t kSpillRecords = 5;         // records the staging buffer holds
+constexpr uint64_t kRecordAlign = 4096;  // ActivationSpill's parts
+constexpr uint64_t kSpillRecords = 5;    // records the staging buffer holds
 constexpr uint64_t kKeepBufferMin = 64ull << 20;
 
 std::string Seconds(double s) {
@@ -122,8 +122,8 @@ Status CheckCheckpointDisk(const CheckpointPlacement& p, uint64_t other_disk_byt
   if (p.moved == 0 || p.disk_bytes + other_disk_bytes <= disk_free) return OkStatus();
   return ResourceExhaustedError(
       "the layer inputs that the host memory limit sends to NVMe need " +
-      FormatByteSize(p.disk_bytes) + " of disk (" + std::to_string(p.disk_bytes) + " bytes: " +
-      std::to_string(p.moved) + " layers' inputs of " + FormatByteSize(p.nvme_bytes) +
+      FormatByteSize(p.disk_bytes) + " of disk (" + std::to_string(p.disk_bytes) +
+      " bytes: " + std::to_string(p.moved) + " layers' inputs of " + FormatByteSize(p.nvme_bytes) +
       " in all, and the versions in flight)" +
       (other_disk_bytes > 0 ? " beside the store's " + FormatByteSize(other_disk_bytes) : "") +
       ", but the store directories have " + FormatByteSize(disk_free) +

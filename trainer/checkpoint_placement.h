@@ -46,11 +46,11 @@ struct CheckpointPlacementInputs {
 struct CheckpointPlacement {
   std::vector<bool> to_nvme;  // per block
   int moved = 0;
-  uint64_t ram_bytes = 0;     // checkpoints left in pinned RAM
-  uint64_t nvme_bytes = 0;    // checkpoints on NVMe, per micro-batch
-  uint64_t buffer_bytes = 0;  // the spill's staging buffer with them (0: no spill)
-  uint64_t disk_bytes = 0;    // their records on disk and the versions in flight
-  double nvme_seconds = 0;    // their writes and reads per step at the store's rates
+  uint64_t ram_bytes = 0;        // checkpoints left in pinned RAM
+  uint64_t nvme_bytes = 0;       // checkpoints on NVMe, per micro-batch
+  uint64_t buffer_bytes = 0;     // the spill's staging buffer with them (0: no spill)
+  uint64_t disk_bytes = 0;       // their records on disk and the versions in flight
+  double nvme_seconds = 0;       // their writes and reads per step at the store's rates
   double per_layer_seconds = 0;  // of the largest moved layer
   // "layer inputs: layers 0-5 on NVMe (6 x 2.0 GiB written and read per micro-batch: 4.1 s per
   // step at the store's rates against 9.2 s of compute), layers 6-31 in pinned RAM (52 GiB)".

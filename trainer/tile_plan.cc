@@ -38,8 +38,8 @@ TileChoice ChooseTiles(const TileShape& s, int64_t room) {
   // bytes per fp32 logit.
   const int64_t r = std::max<int64_t>(0, room);
   int64_t mlp = d.mlp_bytes <= r ? d.mlp_tile_bytes : r / 3;
-  int64_t head = d.head_bytes <= r ? d.head_chunk_bytes
-                                   : r / std::max<int64_t>(1, 2 * s.elem + 12) * 4;
+  int64_t head =
+      d.head_bytes <= r ? d.head_chunk_bytes : r / std::max<int64_t>(1, 2 * s.elem + 12) * 4;
   TileChoice t = TilesAt(s, std::min(mlp, d.mlp_tile_bytes), std::min(head, d.head_chunk_bytes));
   t.from_budget = true;
   return t;

@@ -28,8 +28,8 @@ struct TileShape {
   int64_t tokens = 0;  // per micro-batch: rows x sequence length
   int64_t ffn = 0;     // the dense MLP's width (0: none)
   int64_t vocab = 0;
-  int64_t elem = 2;    // bytes per element of the compute dtype
-  bool gated = true;   // SwiGLU / GeGLU: only those tile
+  int64_t elem = 2;   // bytes per element of the compute dtype
+  bool gated = true;  // SwiGLU / GeGLU: only those tile
 };
 
 // Smallest tiles the budget may choose: below them the GEMMs stop running at their rate.
@@ -42,7 +42,7 @@ struct TileChoice {
   int64_t mlp_rows = 0;     // rows per MLP tile; 0 when the MLP is not tiled at this length
   int64_t head_tokens = 0;  // tokens per head chunk
   int64_t mlp_bytes = 0, head_bytes = 0;  // their working sets
-  bool from_budget = false;  // smaller than the defaults, to fit
+  bool from_budget = false;               // smaller than the defaults, to fit
   int64_t bytes() const { return mlp_bytes > head_bytes ? mlp_bytes : head_bytes; }
   // "MLP in tiles of 4096 rows (384 MiB), LM head in chunks of 1024 tokens (2.0 GiB)".
   std::string Describe() const;

@@ -97,7 +97,8 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t s
   // at the tiles in use (trainer/tile_plan.h; the constant held the default head chunk's).
   const TileShape shape = TileShapeAt(B, T);
   est.tiles = TilesAt(shape, tiles.mlp_tile_bytes, tiles.head_chunk_bytes).bytes();
-  const int64_t slack = std::max<int64_t>(0, (int64_t{1280} << 20) - DefaultTiles(shape).head_bytes);
+  const int64_t slack =
+      std::max<int64_t>(0, (int64_t{1280} << 20) - DefaultTiles(shape).head_bytes);
   est.workspace = 2 * max_keep + 3 * max_block + slack + est.tiles;
   // What the block costs leave out (trainer/working_set.h): packed batches' attention within
   // documents (O(T)), and LSP's own working set on CUDA.
@@ -394,7 +395,8 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
     if (modes[b] == engine::SaveMode::kRecompute && !offloaded[b]) acts += est.cost[b].saved_bytes_recompute;
     if (offloaded[b]) offloaded_bytes += est.cost[b].saved_bytes_recompute;
   }
-  int64_t workspace = profiled ? profiled->workspace_bytes + kProfiledWorkspaceSlack : est.workspace;
+  int64_t workspace =
+      profiled ? profiled->workspace_bytes + kProfiledWorkspaceSlack : est.workspace;
   m.tiles = TilesAt(TileShapeAt(micro, mem_T), tiles.mlp_tile_bytes, tiles.head_chunk_bytes);
   using Weights = OffloadPlanConfig::Weights;
   bool resident = !cuda || cfg.offload.weights == Weights::kResident ||
@@ -415,7 +417,8 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
     }
     if (!fits(w) && !profiled) {
       // Smaller MLP tiles and head chunks where the room left allows (PlanDevice applies them).
-      const TileChoice t = ChooseTiles(TileShapeAt(micro, mem_T), gpu_budget - (w + acts + workspace - est.tiles));
+      const TileChoice t =
+          ChooseTiles(TileShapeAt(micro, mem_T), gpu_budget - (w + acts + workspace - est.tiles));
       if (t.from_budget) {
         workspace += t.bytes() - est.tiles;
         m.tiles = t;

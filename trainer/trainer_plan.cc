@@ -175,7 +175,8 @@ void Trainer::Impl::AddNvmeLayerInputs(PlanInputs* in, int micro, int64_t seq,
   double bytes = 0;
   for (int b = 0; b < n; ++b) {
     if (b < static_cast<int>(checkpoint_nvme.size()) && checkpoint_nvme[b]) {
-      bytes += static_cast<double>(model->block(b).EstimateCost(micro, seq, dtype).saved_bytes_recompute);
+      bytes += static_cast<double>(
+          model->block(b).EstimateCost(micro, seq, dtype).saved_bytes_recompute);
     }
   }
   in->nvme_activation_bytes = bytes * static_cast<double>(cfg.gradient_accumulation_steps);

@@ -10,8 +10,8 @@
 
 #include "common/units.h"
 #include "ipc/liveness.h"
-#include "trainer/trace.h"
 #include "trainer/checkpoint_placement.h"
+#include "trainer/trace.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -461,9 +461,10 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
          << cfg.loss_scale.backoff_factor << " on overflow)";
   }
   if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
-  plan << "; " << TilesAt(TileShapeAt(cfg.batch_size, SeqLength()), tiles.mlp_tile_bytes,
-                          tiles.head_chunk_bytes)
-                      .Describe()
+  plan << "; "
+       << TilesAt(TileShapeAt(cfg.batch_size, SeqLength()), tiles.mlp_tile_bytes,
+                  tiles.head_chunk_bytes)
+              .Describe()
        << " at " << SeqLength() << " tokens per row";
   if (tiles.from_budget) plan << " (from the GPU budget)";
   return plan.str();
@@ -576,8 +577,8 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
         workspace += t.bytes() - est.tiles;
         ApplyTiles(t);
         Log(TrainObserver::Level::kInfo,
-            "tiles from the GPU budget at " + std::to_string(SeqLength()) + " tokens per row: " +
-                t.Describe() + " (the defaults need " +
+            "tiles from the GPU budget at " + std::to_string(SeqLength()) +
+                " tokens per row: " + t.Describe() + " (the defaults need " +
                 FormatByteSize(static_cast<uint64_t>(est.tiles)) + ")");
       }
     }
@@ -609,9 +610,11 @@ Status Trainer::Impl::StartSpill() {
     if (!spill_nvme[b] && !checkpoint_nvme[b]) continue;
     ++spilled;
     const engine::BlockCost c = model->block(b).EstimateCost(B, T, dtype);
-    if (spill_nvme[b]) largest = std::max<uint64_t>(largest, static_cast<uint64_t>(c.saved_bytes_keep));
+    if (spill_nvme[b])
+      largest = std::max<uint64_t>(largest, static_cast<uint64_t>(c.saved_bytes_keep));
     if (checkpoint_nvme[b]) {
-      largest_checkpoint = std::max<uint64_t>(largest_checkpoint, static_cast<uint64_t>(c.saved_bytes_recompute));
+      largest_checkpoint =
+          std::max<uint64_t>(largest_checkpoint, static_cast<uint64_t>(c.saved_bytes_recompute));
     }
   }
   if (spilled == 0) return OkStatus();

@@ -10,7 +10,7 @@ constexpr uint64_t kMiB = 1ull << 20;
 // Embedding, eight decoder layers with a 64 MiB input each, head.
 CheckpointPlacementInputs EightLayers(uint64_t over) {
   CheckpointPlacementInputs in;
-  in.bytes = {0, 64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB,
+  in.bytes = {0,         64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB,
               64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB, 0};
   in.ram_over = over;
   in.nvme_configured = true;

@@ -57,7 +57,8 @@ TEST(TilePlanTest, ASmallRoomShrinksBothToFit) {
   EXPECT_GT(3 * (t.mlp_rows + 1) * 2 * 14336 * 2, room);
   EXPECT_GT((t.head_tokens + 1) * 128256 * 16, room);
   EXPECT_EQ(t.mlp_rows, room / 3 / (2 * 14336 * 2));
-  EXPECT_NE(t.Describe().find("smaller than the defaults to fit the GPU budget"), std::string::npos);
+  EXPECT_NE(t.Describe().find("smaller than the defaults to fit the GPU budget"),
+            std::string::npos);
 }
 
 // Only what does not fit shrinks.

@@ -3,8 +3,8 @@ on NVMe when the host memory limit cannot hold them all: the planner moves the f
 layers' inputs to the activation spill, names them in the plan log, and the run trains to the same
 bytes as one that keeps them all in RAM (the spill's write and read are a byte-exact round trip).
 
-The shape makes the inputs large beside the rest (16 layers of width 256, priced at
-max_seq_length 1024 and 8 rows: 8 MiB each), while the records themselves are short, so the
+The shape makes the inputs large beside the rest (16 layers of width 128, priced at
+max_seq_length 2048 and 8 rows: 8 MiB each), while the records themselves are short, so the
 steps are fast on a CPU."""
 
 import json
@@ -20,9 +20,9 @@ MIB = 1 << 20
 
 
 def build_model(out):
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
                                    num_hidden_layers=LAYERS, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=1024,
+                                   num_key_value_heads=2, max_position_embeddings=2048,
                                    eos_token_id=0, bos_token_id=0)
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
@@ -33,8 +33,8 @@ def build_model(out):
 def args(model, data, out, store, *extra):
     out.mkdir(parents=True, exist_ok=True)
     return [f"--model={model}", f"--data={data}", "--format=pretokenized", "--device=cpu",
-            "--dtype=fp32", "--batch-size=8", "--grad-accum=2", "--max-seq-length=1024",
-            "--max-steps=4", "--lr=1e-3", "--max-grad-norm=1.0", "--seed=3", "--workers=1x2",
+            "--dtype=fp32", "--batch-size=8", "--grad-accum=2", "--max-seq-length=2048",
+            "--max-steps=2", "--lr=1e-3", "--max-grad-norm=1.0", "--seed=3", "--workers=1x2",
             "--activations=recompute_offload_cpu", f"--nvme-dir={store}",
             f"--profile-dir={out.parent}/profiles", f"--output-dir={out}",
             f"--stats-jsonl={out}/stats.jsonl", *extra]
@@ -44,6 +44,7 @@ def test_layer_inputs_over_the_host_limit_go_to_nvme_and_train_the_same(binary_d
     model = build_model(tmp_path / "model")
     data = write_pretokenized(tmp_path / "data.jsonl", n=64)
     store = tmp_path / "store"
+    store.mkdir()  # the node profile measures its rates, which price the placement
     # What the job needs with every layer input in pinned RAM.
     r = run_train(binary_dir, args(model, data, tmp_path / "priced", store, "--validate-only"))
     need = json.loads(r.stdout.strip().splitlines()[1])["predicted_host_bytes"]
@@ -56,6 +57,7 @@ def test_layer_inputs_over_the_host_limit_go_to_nvme_and_train_the_same(binary_d
     log = b.stdout + b.stderr
     assert "layer inputs: layers 0-13 on NVMe (112 MiB written and read per micro-batch" in log, log
     assert "layers 14-15 in pinned RAM (16 MiB)" in log, log
+    assert " per step at the store's rates against " in log, log
     assert "recompute_offload_cpux2 recompute_offload_nvmex14" in log, log
     sa, sb = read_stats(ram / "stats.jsonl"), read_stats(nvme / "stats.jsonl")
     assert [s["loss"] for s in sa] == [s["loss"] for s in sb]
