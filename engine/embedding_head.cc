@@ -6,15 +6,20 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "engine/blocks.h"
+#include "engine/head_chunk.h"
+#include "engine/head_chunk_size.h"
 #include "engine/ops.h"
 #include "engine/parts.h"
 #include "engine/rope.h"
 
 namespace offloadd::engine {
 namespace {
+
+std::atomic<int64_t> g_head_chunk_bytes{kHeadChunkBytes};
 
 using parts::NormPart;
 using parts::ParamList;
@@ -101,7 +106,7 @@ class Head final : public Block {
     at::Tensor n = norm_.Forward(Weights(params_), x, &stats);
     at::Tensor loss = ops::LmHeadLoss(n, HeadWeight().value, mb.targets, mb.num_trained_tokens,
                                       saved ? &dn : nullptr, saved ? &dw : nullptr,
-                                      ops::kHeadChunkBytes, mb.loss_scale, softcap_);
+                                      HeadChunkBytes(), mb.loss_scale, softcap_);
     // The MoE load-balancing loss (its gradient is the sparse layers' backward's).
     if (mb.moe && mb.moe->aux_coef > 0) loss = loss + mb.moe->AuxLoss() * mb.moe->aux_coef;
     if (saved) {
@@ -187,5 +192,11 @@ StatusOr<std::vector<std::unique_ptr<Block>>> BuildBlocks(const ModelConfig& c,
                                           std::move(params), tied));
   return blocks;
 }
+
+void SetHeadChunkBytes(int64_t bytes) {
+  g_head_chunk_bytes.store(bytes > 0 ? bytes : kHeadChunkBytes, std::memory_order_relaxed);
+}
+
+int64_t HeadChunkBytes() { return g_head_chunk_bytes.load(std::memory_order_relaxed); }
 
 }  // namespace offloadd::engine

@@ -149,6 +149,7 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
   p.arena_bytes_per_param = HostOptimizer::BytesPerParameter(o);
   p.mode = o.mode;
   p.checkpoints = in.checkpoint_bytes;
+  p.spill_buffer = in.spill_buffer_bytes;
   p.device = in.device_batch_bytes + in.device_fixed_bytes;
   p.processes = kTrainerProcessBytes + (in.cuda ? kCudaContextHostBytes : 0) + kCheckpointReaderBytes +
                 uint64_t{std::max<uint32_t>(1, o.worker_processes)} * kWorkerProcessBytes;
@@ -175,7 +176,7 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
   }
   if (in.spill_disk_bytes > 0 && o.tier != StateTier::kNvme) p.processes += kStoreProcessBytes;
   p.disk_bytes += in.spill_disk_bytes;
-  p.total = p.arena + p.checkpoints + p.device + p.processes;
+  p.total = p.arena + p.checkpoints + p.spill_buffer + p.device + p.processes;
   return p;
 }
 
@@ -187,6 +188,7 @@ std::string HostMemoryPrediction::Describe() const {
     s += std::string(" at ") + per + " B/parameter, " + mode.Describe();
   }
   if (checkpoints > 0) s += ", activation checkpoints in pinned RAM " + FormatByteSize(checkpoints);
+  if (spill_buffer > 0) s += ", NVMe activations' staging buffer " + FormatByteSize(spill_buffer);
   if (device > 0) s += ", the CPU device's activations " + FormatByteSize(device);
   s += ", processes " + FormatByteSize(processes) + ")";
   s += disk_bytes > 0
@@ -225,6 +227,12 @@ Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::st
       fixes.push_back("micro-batch " + std::to_string(std::min(m, in.micro - 1)) + " (" + names.batch +
                       ", with gradient accumulation to keep the global batch)");
     }
+  }
+  // Offloaded layer inputs: with a store directory the planner sends the lowest ones to NVMe
+  // (trainer/checkpoint_placement.h); offered when all of them there, less their store, would fit.
+  if (in.checkpoint_bytes > 0 && !names.nvme_configured &&
+      p.total - in.checkpoint_bytes + kStoreProcessBytes < limit) {
+    fixes.push_back("the layer inputs on NVMe (" + names.nvme_dir + ")");
   }
   if (in.optimizer.tier == StateTier::kCpu) {
     HostMemoryInputs nv = in;

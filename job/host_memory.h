@@ -77,7 +77,8 @@ struct HostMemoryInputs {
   uint64_t checkpoint_bytes = 0;    // activation checkpoints in pinned RAM (per micro-batch)
   uint64_t device_batch_bytes = 0;  // a CPU device's activations and workspace (0 on a GPU)
   uint64_t device_fixed_bytes = 0;  // a CPU device's own weight copy (0 on a GPU)
-  uint64_t spill_disk_bytes = 0;    // offload_nvme activations (per micro-batch)
+  uint64_t spill_disk_bytes = 0;    // offload_nvme activations and NVMe layer inputs
+  uint64_t spill_buffer_bytes = 0;  // their pinned staging buffer (ActivationSpillBufferBytes)
   // offload_param: {device: nvme}: PlaceStatesUnderLimit may put NVMe blocks' 16-bit weights in
   // the store too (optimizer.nvme_weight_blocks) when their states on NVMe do not free enough RAM.
   bool nvme_weights_allowed = false;
@@ -88,6 +89,7 @@ struct HostMemoryInputs {
 
 struct HostMemoryPrediction {
   uint64_t arena = 0, checkpoints = 0, device = 0, processes = 0;
+  uint64_t spill_buffer = 0;  // the activation spill's pinned staging buffer
   uint64_t total = 0;       // RAM
   uint64_t disk_bytes = 0;  // the store directories
   uint64_t nvme_params = 0;  // parameters whose states are on NVMe
@@ -109,6 +111,7 @@ struct HostMemoryNames {
   std::string batch = "--batch-size";
   std::string param_nvme = "--param-tier=nvme";  // the 16-bit weights on NVMe too
   bool nvme_configured = true;  // store directories exist (the daemon: storage.directories)
+  std::string nvme_dir = "--nvme-dir=DIR";  // a store directory (the layer inputs' NVMe tier)
 };
 
 // OK when the prediction fits `limit`; else RESOURCE_EXHAUSTED with the prediction, the limit and

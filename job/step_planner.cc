@@ -66,6 +66,9 @@ Status ValidatePlanInputs(const PlanInputs& in) {
       !(in.nvme_write_bytes_per_s >= 0) || !std::isfinite(in.nvme_params)) {
     return InvalidArgumentError("plan inputs: nvme_params and the NVMe rates must be >= 0");
   }
+  if (!(in.nvme_activation_bytes >= 0) || !std::isfinite(in.nvme_activation_bytes)) {
+    return InvalidArgumentError("plan inputs: nvme_activation_bytes must be >= 0");
+  }
   if (!(in.gpu_forward_seconds >= 0) || in.gpu_forward_seconds > in.gpu_seconds) {
     return InvalidArgumentError("plan inputs: gpu_forward_seconds must be in [0, gpu_seconds]");
   }
@@ -129,9 +132,10 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
              in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;
-  if (in.nvme_params > 0 && in.nvme_read_bytes_per_s > 0 && in.nvme_write_bytes_per_s > 0) {
+  if ((in.nvme_params > 0 || in.nvme_activation_bytes > 0) && in.nvme_read_bytes_per_s > 0 &&
+      in.nvme_write_bytes_per_s > 0) {
     // Reads and writes share the drives (NvmeStepSeconds, job/host_memory.h).
-    const double bytes = 12.0 * in.nvme_params;
+    const double bytes = 12.0 * in.nvme_params + in.nvme_activation_bytes;
     c.nvme_s = (bytes + weight_read) / in.nvme_read_bytes_per_s +
                (bytes + weight_write) / in.nvme_write_bytes_per_s;
   }

@@ -18,7 +18,8 @@
 //   H2D/D2H = measured bytes - what the placed blocks no longer move (their weights stay on the
 //             GPU, their gradients are not copied out), over the profiled link rates
 //   NVMe    = the NVMe blocks' 12 B per parameter read and written at the store's measured rates
-//             (NvmeStepSeconds; the placement is job/state_placement.h's)
+//             (NvmeStepSeconds; the placement is job/state_placement.h's), and the layer
+//             inputs on NVMe written and read (job/checkpoint_placement.h)
 // and, when the updates are held until the step's global gradient norm is known (clipping
 // without speculation, fp16's overflow check), the dependency that exactness imposes: no update
 // starts before the backward ends, and the next forward needs each block's update, so
@@ -74,6 +75,8 @@ struct PlanInputs {
   // after the update.
   double nvme_weight_params = 0;
   double nvme_weight_reads = 2;
+  // Layer inputs on NVMe (trainer/checkpoint_placement.h): bytes written, and read back, per step.
+  double nvme_activation_bytes = 0;
   // >= 0: at most this many lowest blocks may have GPU states (a block whose weights are on NVMe
   // stays updated on the host).
   int max_device_blocks = -1;

@@ -59,6 +59,7 @@ PlanInputs Parse(const nlohmann::json& j) {
   Read(j, "nvme_params", &in.nvme_params, false);
   Read(j, "nvme_read_bytes_per_s", &in.nvme_read_bytes_per_s, false);
   Read(j, "nvme_write_bytes_per_s", &in.nvme_write_bytes_per_s, false);
+  Read(j, "nvme_activation_bytes", &in.nvme_activation_bytes, false);
   return in;
 }
 

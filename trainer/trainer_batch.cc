@@ -21,6 +21,8 @@
 
 #include "common/units.h"
 #include "engine/doc_attention.h"
+#include "engine/head_chunk_size.h"
+#include "engine/parts.h"
 #include "job/working_set.h"
 #include "trainer/state/checkpoint.h"
 #include "trainer/trainer_impl.h"
@@ -56,6 +58,7 @@ Status Trainer::Impl::InitialModes() {
   modes.assign(n, engine::SaveMode::kKeep);
   spill_nvme.assign(n, false);
   offload_checkpoint.assign(n, false);
+  checkpoint_nvme.assign(n, false);
   for (const auto& [layer, m] : cfg.offload.layer_overrides) {
     if (layer < 0 || layer >= n - 2)
       return InvalidArgumentError("activation override for layer " + std::to_string(layer) +
@@ -90,8 +93,13 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t s
     max_keep = std::max(max_keep, est.cost[b].saved_bytes_keep);
   }
   // Transients: a block's backward (recompute + gradients of its activations), its parameter
-  // gradients, the head's chunked logits (engine/head_chunk.h), allocator slack.
-  est.workspace = 2 * max_keep + 3 * max_block + (int64_t{1280} << 20);
+  // gradients, allocator slack, and the larger of the MLP tile's and the head chunk's working sets
+  // at the tiles in use (job/tile_plan.h; the constant held the default head chunk's).
+  const TileShape shape = TileShapeAt(B, T);
+  est.tiles = TilesAt(shape, tiles.mlp_tile_bytes, tiles.head_chunk_bytes).bytes();
+  const int64_t slack =
+      std::max<int64_t>(0, (int64_t{1280} << 20) - DefaultTiles(shape).head_bytes);
+  est.workspace = 2 * max_keep + 3 * max_block + slack + est.tiles;
   // What the block costs leave out (job/working_set.h): packed batches' attention within
   // documents (O(T)), and LSP's own working set on CUDA.
   if (Packed()) {
@@ -112,6 +120,23 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t s
   est.streamed = static_cast<int64_t>(WeightResidency::kWindow + 2) * max_block +
                  (tied ? static_cast<int64_t>(layout[0].numel) * elem : 0);
   return est;
+}
+
+TileShape Trainer::Impl::TileShapeAt(int64_t B, int64_t T) const {
+  const engine::ModelConfig& mc = model->config();
+  TileShape s;
+  s.tokens = B * T;
+  s.ffn = mc.intermediate_size;
+  s.vocab = mc.vocab_size;
+  s.elem = static_cast<int64_t>(c10::elementSize(dtype));
+  s.gated = mc.mlp != engine::MlpKind::kGeluMlp;
+  return s;
+}
+
+void Trainer::Impl::ApplyTiles(const TileChoice& t) {
+  tiles = t;
+  engine::parts::SetMlpTileBytes(t.mlp_tile_bytes);
+  engine::SetHeadChunkBytes(t.head_chunk_bytes);
 }
 
 void Trainer::Impl::SetHeldTails(PlanInputs* in, double head_forward_s) const {
@@ -370,7 +395,9 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
     if (modes[b] == engine::SaveMode::kRecompute && !offloaded[b]) acts += est.cost[b].saved_bytes_recompute;
     if (offloaded[b]) offloaded_bytes += est.cost[b].saved_bytes_recompute;
   }
-  const int64_t workspace = profiled ? profiled->workspace_bytes + kProfiledWorkspaceSlack : est.workspace;
+  int64_t workspace =
+      profiled ? profiled->workspace_bytes + kProfiledWorkspaceSlack : est.workspace;
+  m.tiles = TilesAt(TileShapeAt(micro, mem_T), tiles.mlp_tile_bytes, tiles.head_chunk_bytes);
   using Weights = OffloadPlanConfig::Weights;
   bool resident = !cuda || cfg.offload.weights == Weights::kResident ||
                   (cfg.offload.weights == Weights::kAuto && !auto_states);
@@ -387,6 +414,15 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
       offloaded[b] = true;
       acts -= est.cost[b].saved_bytes_recompute;
       offloaded_bytes += est.cost[b].saved_bytes_recompute;
+    }
+    if (!fits(w) && !profiled) {
+      // Smaller MLP tiles and head chunks where the room left allows (PlanDevice applies them).
+      const TileChoice t =
+          ChooseTiles(TileShapeAt(micro, mem_T), gpu_budget - (w + acts + workspace - est.tiles));
+      if (t.from_budget) {
+        workspace += t.bytes() - est.tiles;
+        m.tiles = t;
+      }
     }
     held = w + acts + workspace;
     if (!fits(w)) {
@@ -522,6 +558,7 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
   // Streamed weights cross twice per micro-batch (forward, backward), resident ones once per step
   // (the update); gradients leave per micro-batch; offloaded checkpoints go out and come back.
   SetParamTraffic(&in, !mem.resident, prof);
+  AddNvmeLayerInputs(&in, micro, T, prof);
   if (cuda) {
     // Each upload moves what the device reads: the fp32 masters it casts, or the 16-bit copy.
     const double upload = in.h2d_saved_per_param / (mem.resident ? 1.0 : 2 * A);

@@ -25,6 +25,7 @@
 #include "job/host_memory.h"
 #include "job/shape_profile.h"
 #include "job/step_planner.h"
+#include "job/tile_plan.h"
 #include "trainer/data_source.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/pipeline/activation_offload.h"
@@ -83,6 +84,10 @@ struct Trainer::Impl {
   std::vector<engine::SaveMode> modes;
   std::vector<bool> spill_nvme;
   std::vector<bool> offload_checkpoint;  // recomputed blocks whose checkpoint waits in pinned RAM
+  // Of them, those whose checkpoint waits on NVMe instead (the activation spill), where the host
+  // memory limit cannot hold them all (PlaceLayerInputs), described in checkpoint_placement_text.
+  std::vector<bool> checkpoint_nvme;
+  std::string checkpoint_placement_text;
   // Per block: its optimizer states live on the device (the lowest blocks; PlanDevice).
   std::vector<bool> device_blocks;
   // The NVMe tier: per block, whether its fp32 masters and moments are in the store (empty: every
@@ -211,9 +216,16 @@ struct Trainer::Impl {
   struct MemoryEstimate {
     std::vector<engine::BlockCost> cost;
     int64_t weights = 0, streamed = 0, workspace = 0;
-    // Of the workspace: packed batches' attention, LSP's working set (working_set.h).
-    int64_t packed_attention = 0, lsp = 0;
+    // Of the workspace: packed batches' attention, LSP's working set (working_set.h), the MLP
+    // tile's or the head chunk's (trainer/tile_plan.h, at `tiles`).
+    int64_t packed_attention = 0, lsp = 0, tiles = 0;
   };
+  // The tiled MLP's and the LM head's tile sizes in use (the engine's defaults, or smaller ones
+  // PlanDevice chose to fit the GPU budget at max_seq_length), and their shape at B x T.
+  TileChoice tiles;
+  TileShape TileShapeAt(int64_t B, int64_t T) const;
+  // Sets `t` in the engine (parts::SetMlpTileBytes, SetHeadChunkBytes) and in `tiles`.
+  void ApplyTiles(const TileChoice& t);
   // Packed records (not synthetic): attention within documents (engine/doc_attention.h).
   bool Packed() const { return cfg.data.packing && cfg.data.synthetic_seq_length <= 0; }
   // The largest micro-batch up to `cap` whose static estimate fits the GPU budget with the
@@ -251,6 +263,14 @@ struct Trainer::Impl {
   // daemon); RESOURCE_EXHAUSTED with the numbers and the smallest change that fits, before the
   // arena is made (trainer_plan.cc). Fills prediction's host fields.
   Status CheckHostMemory();
+  // In CheckHostMemory, after the optimizer states' placement: the fewest lowest offloaded layer
+  // inputs go to NVMe that bring `in` under `limit` (trainer/checkpoint_placement.h), priced
+  // at the node profile's store rates against the step's compute; refused naming the bytes when
+  // the store directories' `disk_free` cannot hold them. Fills checkpoint_nvme.
+  Status PlaceLayerInputs(HostMemoryInputs* in, uint64_t limit, uint64_t disk_free);
+  // The step planner's share of them: the NVMe layer inputs' bytes per step at `micro` x `seq`,
+  // at the store's rates.
+  void AddNvmeLayerInputs(PlanInputs* in, int micro, int64_t seq, const NodeProfile& prof) const;
   double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
   std::map<int64_t, double> seconds_per_flop;  // SecondsPerFlop's measurements, by micro-batch
   // CUDA: the embedding, one decoder layer and the head run at [micro, seq] with random weights
@@ -276,6 +296,7 @@ struct Trainer::Impl {
     int64_t offloaded_bytes = 0;
     bool resident = false;
     int64_t held = 0;  // weights, activations and workspace on the GPU (0 on the CPU device)
+    TileChoice tiles;  // the tiles it fits with (smaller than `tiles` when those do not fit)
     std::string why_not;
   };
   BatchMemory FitBatchMemory(int micro, int64_t mem_T, const std::optional<ShapeProfile>& profiled,

@@ -10,6 +10,7 @@
 
 #include "common/units.h"
 #include "ipc/liveness.h"
+#include "job/checkpoint_placement.h"
 #include "trainer/pipeline/trace.h"
 #include "trainer/trainer_impl.h"
 
@@ -416,6 +417,7 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
   std::map<std::string, int> counts;
   for (int b = 1; b + 1 < n; ++b)
     counts[spill_nvme[b]           ? "offload_nvme"
+           : checkpoint_nvme[b]    ? "recompute_offload_nvme"
            : offload_checkpoint[b] ? "recompute_offload_cpu"
                                    : std::string(engine::SaveModeName(modes[b]))]++;
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
@@ -460,6 +462,12 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
          << cfg.loss_scale.backoff_factor << " on overflow)";
   }
   if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
+  plan << "; "
+       << TilesAt(TileShapeAt(cfg.batch_size, SeqLength()), tiles.mlp_tile_bytes,
+                  tiles.head_chunk_bytes)
+              .Describe()
+       << " at " << SeqLength() << " tokens per row";
+  if (tiles.from_budget) plan << " (from the GPU budget)";
   return plan.str();
 }
 
@@ -561,6 +569,20 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
               "memory (recompute_offload_cpu): with them on the GPU the step needs more than gpu_memory_limit " +
               FormatByteSize(static_cast<uint64_t>(gpu_budget)));
     }
+    if (!fits(streamed) && !shape_profile) {
+      // Smaller MLP tiles and LM-head chunks, the largest whose working sets fit the room the
+      // rest of the step leaves at max_seq_length (trainer/tile_plan.h).
+      const TileChoice t = ChooseTiles(TileShapeAt(cfg.batch_size, SeqLength()),
+                                       gpu_budget - (streamed + acts + workspace - est.tiles));
+      if (t.from_budget) {
+        workspace += t.bytes() - est.tiles;
+        ApplyTiles(t);
+        Log(TrainObserver::Level::kInfo,
+            "tiles from the GPU budget at " + std::to_string(SeqLength()) +
+                " tokens per row: " + t.Describe() + " (the defaults need " +
+                FormatByteSize(static_cast<uint64_t>(est.tiles)) + ")");
+      }
+    }
     if (!fits(streamed)) {
       return ResourceExhaustedError(
           "gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
@@ -582,13 +604,19 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
 
 Status Trainer::Impl::StartSpill() {
   int spilled = 0;
-  int64_t largest = 0;
+  uint64_t largest = 0, largest_checkpoint = 0;
   const int64_t B = cfg.batch_size;
   const int64_t T = SeqLength();
   for (int b = 0; b < n; ++b) {
-    if (!spill_nvme[b]) continue;
+    if (!spill_nvme[b] && !checkpoint_nvme[b]) continue;
     ++spilled;
-    largest = std::max(largest, model->block(b).EstimateCost(B, T, dtype).saved_bytes_keep);
+    const engine::BlockCost c = model->block(b).EstimateCost(B, T, dtype);
+    if (spill_nvme[b])
+      largest = std::max<uint64_t>(largest, static_cast<uint64_t>(c.saved_bytes_keep));
+    if (checkpoint_nvme[b]) {
+      largest_checkpoint =
+          std::max<uint64_t>(largest_checkpoint, static_cast<uint64_t>(c.saved_bytes_recompute));
+    }
   }
   if (spilled == 0) return OkStatus();
   if (cfg.offload.nvme_dirs.empty()) {
@@ -600,8 +628,9 @@ Status Trainer::Impl::StartSpill() {
   so.queue_depth = cfg.offload.nvme_queue_depth;
   so.block_size = cfg.offload.nvme_block_size;
   // Four blocks' worth (one being written, two read ahead, one being consumed) with a margin
-  // over the estimate, which counts the saved tensors without allocator padding.
-  so.buffer_bytes = std::max<uint64_t>(64ull << 20, static_cast<uint64_t>(largest) * 5);
+  // over the estimate, which counts the saved tensors without allocator padding; the host memory
+  // check counted the same (trainer/checkpoint_placement.h).
+  so.buffer_bytes = ActivationSpillBufferBytes(largest, largest_checkpoint);
   ASSIGN_OR_RETURN(spill, ActivationSpill::Create(so, streams.get()));
   return OkStatus();
 }
@@ -627,7 +656,9 @@ Status Trainer::Impl::StartPipeline(bool resident) {
     wo.on_released = [l = lsp.get()](int b) { l->Release(b); };
   }
   ASSIGN_OR_RETURN(weights, WeightResidency::Create(wo));
-  activations = std::make_unique<ActivationOffload>(spill.get(), streams.get(), spill_nvme, device);
+  std::vector<bool> to_nvme = spill_nvme;  // whole saved activations, or the layer input
+  for (int b = 0; b < n; ++b) to_nvme[b] = to_nvme[b] || checkpoint_nvme[b];
+  activations = std::make_unique<ActivationOffload>(spill.get(), streams.get(), to_nvme, device);
 
   StepAccounting::Options ao;
   ao.host = host.get();

@@ -10,6 +10,9 @@
 # First the planner's own prediction per length (offloadd-train --validate-only), to compare
 # with what the runs measure (the issue's goal: the GPU peak within 10% of the prediction).
 #   SEQS="8192 16384 32768 65536 131072" SHAPE=llama3-8b LIMIT=24GiB scripts/gpu/long_context_model_bench.sh
+# NVME_DIR=DIR gives offloadd a store directory, so the layer inputs the host memory limit cannot
+# hold in pinned RAM go to NVMe (the log's "layer inputs: ..."); TRAIN_ARGS adds offloadd-train
+# flags (e.g. --host-memory-limit=96GiB to force more of them there).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build="${OFFLOADD_BUILD_DIR:-$PWD/build-gpu}"
@@ -31,8 +34,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 longest=$(echo $SEQS | tr ' ' '\n' | sort -n | tail -1)
 timeout "${PLAN_TIMEOUT:-600}" $py bench/pipeline/run_bench.py --build "$build" --shape "$SHAPE" \
   --batch 1 --seq "$longest" --gpu-memory-limit "$LIMIT" --steps 1 --warmup 0 --no-calibrate \
-  --train-args=--validate-only > "$OUT/plan.log" 2>&1
-grep -E "^at [0-9]+ tokens|valid:|rror" "$OUT/plan.log" | head -20
+  ${NVME_DIR:+--nvme-dir "$NVME_DIR"} "--train-args=--validate-only ${TRAIN_ARGS:-}" > "$OUT/plan.log" 2>&1
+grep -E "^at [0-9]+ tokens|valid:|rror|layer inputs:|tiles from the GPU budget" "$OUT/plan.log" | head -24
 
 printf '| side | seq | status | tok/s | GPU peak GiB | host peak GiB | s |\n|---|---|---|---|---|---|---|\n'
 native_oom=0
@@ -41,6 +44,7 @@ for seq in $SEQS; do
   /usr/bin/time -v -o "$OUT/offloadd-$seq.time" timeout "${RUN_TIMEOUT:-1200}" \
     $py bench/pipeline/run_bench.py --build "$build" --shape "$SHAPE" --batch 1 --seq "$seq" \
     --gpu-memory-limit "$LIMIT" --steps "${STEPS:-3}" --warmup "${WARMUP:-1}" \
+    ${NVME_DIR:+--nvme-dir "$NVME_DIR"} ${TRAIN_ARGS:+--train-args "$TRAIN_ARGS"} \
     --json "$OUT/offloadd-$seq.json" > "$OUT/offloadd-$seq.log" 2>&1
   rc=$?
   rss=$(awk -F': ' '/Maximum resident/ {printf "%.1f", $2 / 1048576}' "$OUT/offloadd-$seq.time")

@@ -124,6 +124,24 @@ TEST(NvmeTermTest, TheStoresReadsAndWritesEnterTheBound) {
   EXPECT_NE(ValidatePlanInputs(in).message().find("nvme_params"), std::string::npos);
 }
 
+// Layer inputs on NVMe (trainer/checkpoint_placement.h): their bytes written and read per step
+// share the drives with the states' traffic.
+TEST(NvmeTermTest, LayerInputsOnNvmeAddTheirWritesAndReads) {
+  PlanInputs in = HeldStep();
+  in.held_updates = false;
+  in.nvme_activation_bytes = 8e9;
+  in.nvme_read_bytes_per_s = 8e9;
+  in.nvme_write_bytes_per_s = 4e9;
+  PlanChoice c = EvaluatePlan(in, 0, 0);
+  EXPECT_DOUBLE_EQ(c.nvme_s, 8e9 / 8e9 + 8e9 / 4e9);
+  EXPECT_EQ(c.bound, "NVMe");
+  in.nvme_params = 1e9;  // and the states' 12 B per parameter each way beside them
+  c = EvaluatePlan(in, 0, 0);
+  EXPECT_DOUBLE_EQ(c.nvme_s, 20e9 / 8e9 + 20e9 / 4e9);
+  in.nvme_activation_bytes = -1;
+  EXPECT_NE(ValidatePlanInputs(in).message().find("nvme_activation_bytes"), std::string::npos);
+}
+
 // The 16-bit weights on NVMe: 2 B read per pass that needs them and 2 B written after the update,
 // at the store's rates and through host memory; a block whose weights are there keeps its states
 // off the GPU (max_device_blocks).

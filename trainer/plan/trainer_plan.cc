@@ -13,6 +13,7 @@
 
 #include "common/units.h"
 #include "job/batch_planner.h"
+#include "job/checkpoint_placement.h"
 #include "job/state_placement.h"
 #include "trainer/plan/node_profile.h"
 #include "trainer/trainer_impl.h"
@@ -39,13 +40,15 @@ Status Trainer::Impl::CheckHostMemory() {
   in.cuda = cuda;
   in.micro = cfg.batch_size;
   const MemoryEstimate est = EstimateMemory(cfg.batch_size);
+  uint64_t largest_keep = 0;  // the offload_nvme blocks' largest record
   for (int b = 0; b < n; ++b) {
     const auto recompute = static_cast<uint64_t>(est.cost[b].saved_bytes_recompute);
     const auto keep = static_cast<uint64_t>(est.cost[b].saved_bytes_keep);
     if (offload_checkpoint[b]) in.checkpoint_bytes += recompute;
     if (spill_nvme[b]) in.spill_disk_bytes += keep;
-    // The CPU device's activations are host RAM too.
-    if (!cuda && !spill_nvme[b]) {
+    if (spill_nvme[b]) largest_keep = std::max<uint64_t>(largest_keep, keep);
+    // The CPU device's activations are host RAM too (an offloaded checkpoint is counted above).
+    if (!cuda && !spill_nvme[b] && !offload_checkpoint[b]) {
       in.device_batch_bytes += modes[b] == engine::SaveMode::kKeep ? keep : recompute;
     }
   }
@@ -75,6 +78,8 @@ Status Trainer::Impl::CheckHostMemory() {
   nvme_blocks = in.optimizer.nvme_blocks;
   nvme_weight_blocks = in.optimizer.nvme_weight_blocks;
   weight_placement_text = placed.DescribeWeights();
+  in.spill_buffer_bytes = ActivationSpillBufferBytes(largest_keep, 0);
+  RETURN_IF_ERROR(PlaceLayerInputs(&in, limit, disk_free));
   const HostMemoryPrediction p = PredictHostMemory(in);
   StepPrediction& out = prediction;
   out.host_bytes = p.total;
@@ -100,15 +105,85 @@ Status Trainer::Impl::CheckHostMemory() {
   } else if (!weight_placement_text.empty()) {
     out.host_text += "; " + weight_placement_text;
   }
+  if (!checkpoint_placement_text.empty()) out.host_text += "; " + checkpoint_placement_text;
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";
   names.batch = "per_device_train_batch_size, --batch-size";
   names.param_nvme = "offload_param.device: nvme, --param-tier=nvme";
   names.nvme_configured = !cfg.offload.nvme_dirs.empty();
+  names.nvme_dir = "nvme_path, --nvme-dir=DIR";
   RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, node_limit.bytes, names));
   Log(TrainObserver::Level::kInfo, "host memory: " + out.host_text);
   return OkStatus();
+}
+
+Status Trainer::Impl::PlaceLayerInputs(HostMemoryInputs* in, uint64_t limit, uint64_t disk_free) {
+  CheckpointPlacementInputs ci;
+  ci.bytes.assign(n, 0);
+  bool any = false;
+  const MemoryEstimate est = EstimateMemory(cfg.batch_size);
+  for (int b = 0; b < n; ++b) {
+    if (!offload_checkpoint[b]) continue;
+    ci.bytes[b] = static_cast<uint64_t>(est.cost[b].saved_bytes_recompute);
+    any = true;
+  }
+  const HostMemoryPrediction p = PredictHostMemory(*in);
+  if (!any || limit == 0 || p.total <= limit) return OkStatus();
+  ci.ram_over = p.total - limit;
+  ci.nvme_configured = !cfg.offload.nvme_dirs.empty();
+  // The spill's own store process (kStoreProcessBytes), unless the prediction has one already.
+  if (in->spill_disk_bytes == 0 && in->optimizer.tier != StateTier::kNvme)
+    ci.ram_over += kStoreProcessBytes;
+  ci.largest_keep_record = 0;
+  for (int b = 0; b < n; ++b) {
+    if (spill_nvme[b]) {
+      ci.largest_keep_record = std::max<uint64_t>(
+          ci.largest_keep_record, static_cast<uint64_t>(est.cost[b].saved_bytes_keep));
+    }
+  }
+  ci.accumulation = static_cast<int>(cfg.gradient_accumulation_steps);
+  CheckpointPlacement placed = PlaceCheckpoints(ci);
+  if (placed.moved == 0) return OkStatus();  // CheckHostMemory refuses with the numbers
+  // Priced: the store's rates (the node profile's) against the step's compute (its flops at the
+  // rate of a GEMM of the model's MLP shape, recompute included).
+  ASSIGN_OR_RETURN(const NodeProfile prof, PlanNodeProfile());
+  ci.write_bytes_per_s = prof.store_write_bytes_per_s;
+  ci.read_bytes_per_s = prof.store_read_bytes_per_s;
+  double flops = 0;
+  for (int b = 0; b < n; ++b) {
+    const double f = est.cost[b].forward_flops;
+    flops += b == n - 1 ? f : (modes[b] == engine::SaveMode::kRecompute ? 4 : 3) * f;
+  }
+  ci.compute_seconds = ci.accumulation * flops * SecondsPerFlop(cfg.batch_size);
+  placed = PlaceCheckpoints(ci);
+  RETURN_IF_ERROR(CheckCheckpointDisk(placed, PredictHostMemory(*in).disk_bytes, disk_free));
+  checkpoint_nvme = placed.to_nvme;
+  in->checkpoint_bytes = placed.ram_bytes;
+  in->spill_disk_bytes += placed.disk_bytes;
+  in->spill_buffer_bytes = placed.buffer_bytes;
+  checkpoint_placement_text = placed.Describe(ci);
+  Log(TrainObserver::Level::kInfo,
+      "host memory: the offloaded layer inputs do not all fit the host memory limit of " +
+          FormatByteSize(limit) + " in pinned RAM (" + FormatByteSize(ci.ram_over) + " over); " +
+          checkpoint_placement_text);
+  return OkStatus();
+}
+
+void Trainer::Impl::AddNvmeLayerInputs(PlanInputs* in, int micro, int64_t seq,
+                                       const NodeProfile& prof) const {
+  double bytes = 0;
+  for (int b = 0; b < n; ++b) {
+    if (b < static_cast<int>(checkpoint_nvme.size()) && checkpoint_nvme[b]) {
+      bytes += static_cast<double>(
+          model->block(b).EstimateCost(micro, seq, dtype).saved_bytes_recompute);
+    }
+  }
+  in->nvme_activation_bytes = bytes * static_cast<double>(cfg.gradient_accumulation_steps);
+  if (bytes > 0 && in->nvme_read_bytes_per_s <= 0) {
+    in->nvme_read_bytes_per_s = prof.store_read_bytes_per_s;
+    in->nvme_write_bytes_per_s = prof.store_write_bytes_per_s;
+  }
 }
 
 Status Trainer::Impl::PlaceDeviceBlocks() {
@@ -175,6 +250,7 @@ Status Trainer::Impl::PlaceDeviceBlocks() {
   in.d2h_bytes_per_s = prof.d2h_bytes_per_s > 0 ? prof.d2h_bytes_per_s : 1e30;
   in.keep_activations = may_keep;
   SetParamTraffic(&in, !weights->resident(), prof);
+  AddNvmeLayerInputs(&in, static_cast<int>(B), T, prof);
   // Clipping without speculation (or fp16's overflow check) holds every update until the step's
   // norm exists: the priced step updated no block during its backward.
   in.held_updates = (cfg.optim.max_grad_norm > 0 || scaler.has_value()) && first.speculated_layers == 0;
