@@ -88,7 +88,8 @@ ParamCounts CountParams(const ModelConfig& c) {
     if (c.layer_sparse(i)) ++p.sparse_layers;
   }
   // A token computes with top_k of each sparse layer's experts.
-  p.active = p.total - p.sparse_layers * std::max<int64_t>(0, c.moe.num_experts - c.moe.top_k) * n.expert;
+  p.active =
+      p.total - p.sparse_layers * std::max<int64_t>(0, c.moe.num_experts - c.moe.top_k) * n.expert;
   return p;
 }
 

@@ -95,7 +95,8 @@ trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const eng
   trainer::HostMemoryInputs in;
   trainer::HostOptimizerOptions& o = in.optimizer;
   // Every block as the trainer lays it out: a sparse layer's states hold all its experts.
-  for (int64_t p : BlockParams(size, config.num_layers)) o.block_elements.push_back(static_cast<uint64_t>(p));
+  for (int64_t p : BlockParams(size, config.num_layers))
+    o.block_elements.push_back(static_cast<uint64_t>(p));
   const v1::ComputeDtype dt = spec.model().compute_dtype();
   o.compute = compute_bytes == 4 ? trainer::HostDtype::kFp32
               : dt == v1::COMPUTE_DTYPE_FP16 ? trainer::HostDtype::kFp16

@@ -17,7 +17,7 @@ namespace offloadd::daemon {
 struct ModelSize {
   int64_t total_params = 0;
   int64_t largest_block_params = 0;  // the largest of embedding, one decoder layer, head
-  int64_t layer_params = 0;  // the largest decoder layer (MoE models: a sparse one)
+  int64_t layer_params = 0;          // the largest decoder layer (MoE models: a sparse one)
   int64_t embedding_params = 0;
   // Per decoder layer (MoE models mix sparse layers, which hold every expert, and dense ones);
   // what the host RAM estimate and the step estimate price block by block.

@@ -40,7 +40,8 @@ MoeStepFigures PriceMoeStep(const engine::ModelConfig& c, int64_t micro, int64_t
   // Tokens x top_k assignments, each to a distinct expert of the token: at most that many experts
   // are reached, and never more than E.
   const double assignments = static_cast<double>(m.tokens) * static_cast<double>(m.top_k);
-  m.routed_experts = static_cast<int64_t>(std::min(static_cast<double>(m.num_experts), assignments));
+  m.routed_experts =
+      static_cast<int64_t>(std::min(static_cast<double>(m.num_experts), assignments));
   m.expert_rows = m.routed_experts > 0 ? assignments / static_cast<double>(m.routed_experts) : 0;
   const double layers = static_cast<double>(m.sparse_layers);
   const double all_experts = layers * static_cast<double>(m.num_experts * m.expert_params);
@@ -58,20 +59,21 @@ std::string DescribeMoe(const MoeStepFigures& m) {
   if (!m.moe()) return "";
   char rows[32];
   std::snprintf(rows, sizeof rows, "%.1f", m.expert_rows);
-  std::string out = "mixture of experts: " + std::to_string(m.sparse_layers) + " sparse layers of " +
-                    std::to_string(m.num_experts) + " experts, top-" + std::to_string(m.top_k) +
-                    ": " + std::to_string(m.total_params) + " parameters, " +
-                    std::to_string(m.active_params) + " active per token; per step " +
-                    FormatByteSize(static_cast<uint64_t>(m.expert_upload_bytes)) +
-                    " of expert weights uploaded (all " + std::to_string(m.num_experts) +
-                    " experts of each sparse layer: the upload precedes the routing; at most min(" +
-                    std::to_string(m.num_experts) + ", " + std::to_string(m.tokens) + " x " +
-                    std::to_string(m.top_k) + ") = " + std::to_string(m.routed_experts) +
-                    " receive tokens, " + FormatByteSize(static_cast<uint64_t>(m.routed_upload_bytes)) +
-                    " of them, " + rows + " rows per expert GEMM on average); per micro-batch forward: router " +
-                    Count(m.router_flops, "FLOP") + " (fp32), experts " + Count(m.expert_flops, "FLOP") +
-                    "; every expert's states " +
-                    FormatByteSize(static_cast<uint64_t>(m.expert_host_bytes)) + " of host RAM";
+  std::string out =
+      "mixture of experts: " + std::to_string(m.sparse_layers) + " sparse layers of " +
+      std::to_string(m.num_experts) + " experts, top-" + std::to_string(m.top_k) + ": " +
+      std::to_string(m.total_params) + " parameters, " + std::to_string(m.active_params) +
+      " active per token; per step " +
+      FormatByteSize(static_cast<uint64_t>(m.expert_upload_bytes)) +
+      " of expert weights uploaded (all " + std::to_string(m.num_experts) +
+      " experts of each sparse layer: the upload precedes the routing; at most min(" +
+      std::to_string(m.num_experts) + ", " + std::to_string(m.tokens) + " x " +
+      std::to_string(m.top_k) + ") = " + std::to_string(m.routed_experts) + " receive tokens, " +
+      FormatByteSize(static_cast<uint64_t>(m.routed_upload_bytes)) + " of them, " + rows +
+      " rows per expert GEMM on average); per micro-batch forward: router " +
+      Count(m.router_flops, "FLOP") + " (fp32), experts " + Count(m.expert_flops, "FLOP") +
+      "; every expert's states " + FormatByteSize(static_cast<uint64_t>(m.expert_host_bytes)) +
+      " of host RAM";
   return out;
 }
 

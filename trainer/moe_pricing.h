@@ -52,12 +52,11 @@ MoeStepFigures PriceMoeStep(const engine::ModelConfig& c, int64_t micro, int64_t
                             double uploads_per_step, double upload_bytes,
                             double host_bytes_per_param);
 
-// "mixture of experts: 48 sparse layers of 128 experts, top-8: 30532122624 parameters, 3351... active
-// per token; per step 216 GiB of expert weights uploaded (all 128 experts of each sparse layer: the
-// upload precedes the routing; at most min(128, 8192 x 8) = 128 receive tokens, 216 GiB of them,
-// 512.0 rows per expert GEMM on average); per micro-batch forward: router 206.16 GFLOP (fp32),
-// experts 11.13 TFLOP; every expert's states 378 GiB of host RAM".
-// Empty for a dense model.
+// "mixture of experts: 48 sparse layers of 128 experts, top-8: 30532122624 parameters, 3351...
+// active per token; per step 216 GiB of expert weights uploaded (all 128 experts of each sparse
+// layer: the upload precedes the routing; at most min(128, 8192 x 8) = 128 receive tokens, 216 GiB
+// of them, 512.0 rows per expert GEMM on average); per micro-batch forward: router 206.16 GFLOP
+// (fp32), experts 11.13 TFLOP; every expert's states 378 GiB of host RAM". Empty for a dense model.
 std::string DescribeMoe(const MoeStepFigures& m);
 
 }  // namespace offloadd::trainer

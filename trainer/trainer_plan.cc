@@ -244,12 +244,16 @@ Status Trainer::Impl::PriceVariableLengths(PlanInputs* in) {
     return OkStatus();
   }
   const double A = static_cast<double>(cfg.gradient_accumulation_steps);
-  const double layers = n - 2;
   const BlockTiming& t = *timed;
-  in->gpu_seconds = A * (t.embedding_s + layers * (t.layer_forward_s + t.layer_backward_s) + t.head_s);
-  in->gpu_forward_seconds = A * (t.embedding_s + layers * t.layer_forward_s + t.head_s);
+  double forward = 0, backward = 0;  // the decoder layers' (a mixture of experts: each kind's)
   for (int b = 1; b + 1 < n; ++b) {
-    if (in->recompute_seconds[b] > 0) in->recompute_seconds[b] = A * t.layer_forward_s;
+    forward += t.Forward(SparseBlock(b));
+    backward += t.Backward(SparseBlock(b));
+  }
+  in->gpu_seconds = A * (t.embedding_s + forward + backward + t.head_s);
+  in->gpu_forward_seconds = A * (t.embedding_s + forward + t.head_s);
+  for (int b = 1; b + 1 < n; ++b) {
+    if (in->recompute_seconds[b] > 0) in->recompute_seconds[b] = A * t.Forward(SparseBlock(b));
   }
   if (in->held_updates) SetHeldTails(in, t.head_s);
   new_length_forward_s = A * t.new_shape_forward_s;

@@ -136,7 +136,7 @@ TEST(MemoryEstimateTest, HostMemoryCountsEveryExpertOfEachSparseLayer) {
       "config.json");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const ModelSize s = EstimateModelSize(*c);
-  const uint64_t attn = 12288 + 32 + 128;              // q, k, v, o; q/k norms; two norms
+  const uint64_t attn = 12288 + 32 + 128;                   // q, k, v, o; q/k norms; two norms
   const uint64_t sparse = attn + 8 * 64 + 8 * 3 * 64 * 32;  // router + 8 experts
   const uint64_t dense = attn + 3 * 64 * 96;
   const trainer::HostMemoryInputs in = JobHostMemoryInputs(v1::JobSpec(), *c, s, 2, true);

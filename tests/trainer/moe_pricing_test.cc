@@ -15,7 +15,8 @@ engine::ModelConfig Parse(const char* json) {
 }
 
 // Three layers, the middle one dense (mlp_only_layers), tied head.
-constexpr char kTinyQwen3Moe[] = R"({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+constexpr char kTinyQwen3Moe[] =
+    R"({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
   "vocab_size": 128, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
   "head_dim": 16, "num_hidden_layers": 3, "intermediate_size": 96, "moe_intermediate_size": 32,
   "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [1], "decoder_sparse_step": 1,
@@ -30,11 +31,11 @@ TEST(MoePricingTest, TinyQwen3MoeFromItsConfig) {
   const engine::ModelConfig c = Parse(kTinyQwen3Moe);
   // Attention: q 64x64, k and v 64x32, o 64x64 = 12288; q/k norms 2 x 16; two norms 2 x 64.
   const int64_t attn = 12288 + 32 + 128;
-  const int64_t expert = 3 * 64 * 32;                    // gate, up, down: 6144
-  const int64_t sparse = attn + 8 * 64 + 8 * expert;     // router [8, 64] + 8 experts: 62112
-  const int64_t dense = attn + 3 * 64 * 96;              // the MLP of layer 1: 30880
+  const int64_t expert = 3 * 64 * 32;                        // gate, up, down: 6144
+  const int64_t sparse = attn + 8 * 64 + 8 * expert;         // router [8, 64] + 8 experts: 62112
+  const int64_t dense = attn + 3 * 64 * 96;                  // the MLP of layer 1: 30880
   const int64_t total = 128 * 64 + 2 * sparse + dense + 64;  // tied head; final norm
-  ASSERT_EQ(total, 163360);  // transformers' num_parameters()
+  ASSERT_EQ(total, 163360);                                  // transformers' num_parameters()
   const engine::ParamCounts n = engine::CountParams(c);
   EXPECT_EQ(n.layers, (std::vector<int64_t>{sparse, dense, sparse}));
   EXPECT_EQ(n.total, total);
@@ -66,7 +67,7 @@ TEST(MoePricingTest, TinyQwen3MoeFromItsConfig) {
 TEST(MoePricingTest, FewTokensReachFewerExpertsThanTheLayerHolds) {
   const engine::ModelConfig c = Parse(kTinyQwen3Moe);
   const MoeStepFigures m = PriceMoeStep(c, 1, 2, 1, 2, 14);  // resident: one upload of 2 B
-  EXPECT_EQ(m.routed_experts, 4);  // 2 tokens x top-2
+  EXPECT_EQ(m.routed_experts, 4);                            // 2 tokens x top-2
   EXPECT_DOUBLE_EQ(m.expert_rows, 1.0);
   EXPECT_DOUBLE_EQ(m.expert_upload_bytes, 1.0 * 2 * 2 * 8 * 6144);
   EXPECT_DOUBLE_EQ(m.routed_upload_bytes, m.expert_upload_bytes / 2);
@@ -76,10 +77,10 @@ TEST(MoePricingTest, TinyGptOssCountsSinksAndBiases) {
   const engine::ModelConfig c = Parse(kTinyGptOss);
   // Attention with biases (q 64+64, k and v 2048+32 each, o 4096+64), 4 sinks, two norms.
   const int64_t attn = 4096 + 64 + 2 * (2048 + 32) + 4096 + 64 + 4 + 128;
-  const int64_t expert = 3 * 64 * 32 + 2 * 32 + 64;  // and the gate_up and down biases: 6272
+  const int64_t expert = 3 * 64 * 32 + 2 * 32 + 64;       // and the gate_up and down biases: 6272
   const int64_t sparse = attn + 4 * 64 + 4 + 4 * expert;  // router with its bias
-  const int64_t total = 2 * 128 * 64 + 2 * sparse + 64;  // untied head
-  ASSERT_EQ(total, 92368);  // transformers' num_parameters()
+  const int64_t total = 2 * 128 * 64 + 2 * sparse + 64;   // untied head
+  ASSERT_EQ(total, 92368);                                // transformers' num_parameters()
   const engine::ParamCounts n = engine::CountParams(c);
   EXPECT_EQ(n.total, total);
   EXPECT_EQ(n.expert, expert);
