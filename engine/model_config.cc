@@ -21,6 +21,7 @@ template <typename T>
 struct Counts {
   T embedding = 0, layer = 0, final_norm = 0, lm_head = 0;
   T layers = 0;  // all decoder layers (MoE models mix sparse and dense layers)
+  T dense_layer = 0, sparse_layer = 0, expert = 0, router = 0;
 };
 
 template <typename T>
@@ -49,9 +50,11 @@ Counts<T> CountIn(const ModelConfig& c) {
   const T dense_mlp = 3 * h * inter + (c.mlp_bias ? 2 * inter + h : 0);
   const T experts = static_cast<T>(c.moe.num_experts);
   const T ff = static_cast<T>(c.moe.intermediate_size);
-  T sparse_mlp = experts * h + experts * 3 * h * ff;
-  if (c.moe.router_bias) sparse_mlp += experts;
-  if (c.moe.expert_bias) sparse_mlp += experts * (2 * ff + h);
+  n.router = c.moe.router_bias ? experts * h + experts : experts * h;
+  n.expert = 3 * h * ff + (c.moe.expert_bias ? 2 * ff + h : 0);
+  const T sparse_mlp = n.router + experts * n.expert;
+  n.dense_layer = layer;
+  n.sparse_layer = c.moe.num_experts > 0 ? layer - dense_mlp + sparse_mlp : 0;
   n.layers = 0;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     n.layers += c.layer_sparse(i) ? layer - dense_mlp + sparse_mlp : layer;
@@ -75,6 +78,18 @@ ParamCounts CountParams(const ModelConfig& c) {
   p.final_norm = n.final_norm;
   p.lm_head = n.lm_head;
   p.total = n.embedding + n.layers + n.final_norm + n.lm_head;
+  p.dense_layer = n.dense_layer;
+  p.sparse_layer = n.sparse_layer;
+  p.expert = n.expert;
+  p.router = n.router;
+  p.layers.reserve(static_cast<size_t>(std::max<int64_t>(0, c.num_layers)));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    p.layers.push_back(c.layer_sparse(i) ? n.sparse_layer : n.dense_layer);
+    if (c.layer_sparse(i)) ++p.sparse_layers;
+  }
+  // A token computes with top_k of each sparse layer's experts.
+  p.active =
+      p.total - p.sparse_layers * std::max<int64_t>(0, c.moe.num_experts - c.moe.top_k) * n.expert;
   return p;
 }
 

@@ -221,6 +221,17 @@ struct ParamCounts {
   int64_t final_norm = 0;  // the final norm (+ its bias)
   int64_t lm_head = 0;     // 0 when tied
   int64_t total = 0;
+  // Per decoder layer, exact (MoE models mix sparse and dense layers: mlp_only_layers,
+  // decoder_sparse_step), and the two kinds: dense_layer with the MLP, sparse_layer (0 for a dense
+  // model) with the router and every expert.
+  std::vector<int64_t> layers;
+  int64_t dense_layer = 0, sparse_layer = 0;
+  int64_t sparse_layers = 0;  // how many decoder layers are sparse
+  int64_t expert = 0;         // one expert: gate, up, down (+ gpt-oss's biases)
+  int64_t router = 0;         // one sparse layer's router (+ its bias)
+  // What one token computes with: total less the (num_experts - top_k) experts of every sparse
+  // layer it is not routed to (= total for a dense model).
+  int64_t active = 0;
 };
 ParamCounts CountParams(const ModelConfig& c);
 

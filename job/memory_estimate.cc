@@ -32,7 +32,21 @@ ModelSize EstimateModelSize(const engine::ModelConfig& c) {
   s.layer_params = n.layer;
   s.total_params = n.total;
   s.largest_block_params = std::max({s.embedding_params, s.layer_params, n.lm_head});
+  s.layers = n.layers;
   return s;
+}
+
+std::vector<int64_t> BlockParams(const ModelSize& size, int64_t num_layers) {
+  std::vector<int64_t> blocks{size.embedding_params};
+  const bool each = static_cast<int64_t>(size.layers.size()) == num_layers;
+  int64_t layers = 0;
+  for (int64_t l = 0; l < std::max<int64_t>(0, num_layers); ++l) {
+    const int64_t p = each ? size.layers[static_cast<size_t>(l)] : size.layer_params;
+    blocks.push_back(p);
+    layers += p;
+  }
+  blocks.push_back(std::max<int64_t>(0, size.total_params - size.embedding_params - layers));
+  return blocks;
 }
 
 MemoryFloor EstimateMemoryFloor(const ModelSize& size, const engine::ModelConfig& c, int64_t batch,
@@ -80,11 +94,9 @@ trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const eng
                                               const ModelSize& size, int compute_bytes, bool gpu) {
   trainer::HostMemoryInputs in;
   trainer::HostOptimizerOptions& o = in.optimizer;
-  const int64_t layers = std::max<int64_t>(0, config.num_layers);
-  o.block_elements.push_back(static_cast<uint64_t>(size.embedding_params));
-  for (int64_t l = 0; l < layers; ++l) o.block_elements.push_back(static_cast<uint64_t>(size.layer_params));
-  o.block_elements.push_back(static_cast<uint64_t>(
-      std::max<int64_t>(0, size.total_params - size.embedding_params - layers * size.layer_params)));
+  // Every block as the trainer lays it out: a sparse layer's states hold all its experts.
+  for (int64_t p : BlockParams(size, config.num_layers))
+    o.block_elements.push_back(static_cast<uint64_t>(p));
   const v1::ComputeDtype dt = spec.model().compute_dtype();
   o.compute = compute_bytes == 4 ? trainer::HostDtype::kFp32
               : dt == v1::COMPUTE_DTYPE_FP16 ? trainer::HostDtype::kFp16
@@ -123,11 +135,7 @@ v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::stri
                                  bool weights_fp32) {
   v1::StepEstimate out;
   trainer::StepEstimateInputs in;
-  const int64_t layers = std::max<int64_t>(0, config.num_layers);
-  in.block_params.push_back(size.embedding_params);
-  for (int64_t l = 0; l < layers; ++l) in.block_params.push_back(size.layer_params);
-  in.block_params.push_back(
-      std::max<int64_t>(0, size.total_params - size.embedding_params - layers * size.layer_params));
+  in.block_params = BlockParams(size, config.num_layers);
   in.micro = micro;
   in.accumulation = accumulation;
   in.seq = seq_len;

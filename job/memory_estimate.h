@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/model_config.h"
 #include "job/host_memory.h"
@@ -16,9 +17,15 @@ namespace offloadd::daemon {
 struct ModelSize {
   int64_t total_params = 0;
   int64_t largest_block_params = 0;  // the largest of embedding, one decoder layer, head
-  int64_t layer_params = 0;
+  int64_t layer_params = 0;          // the largest decoder layer (MoE models: a sparse one)
   int64_t embedding_params = 0;
+  // Per decoder layer (MoE models mix sparse layers, which hold every expert, and dense ones);
+  // what the host RAM estimate and the step estimate price block by block.
+  std::vector<int64_t> layers;
 };
+// The blocks the trainer plans (embedding, each of the num_layers decoder layers, the head with the
+// final norm); a size without per-layer figures prices every layer at layer_params.
+std::vector<int64_t> BlockParams(const ModelSize& size, int64_t num_layers);
 
 ModelSize EstimateModelSize(const engine::ModelConfig& config);
 

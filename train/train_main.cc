@@ -220,9 +220,28 @@ void PrintPrediction(const StepPrediction& p) {
                        {"predicted_tokens_per_second", l.tokens_per_second}});
   }
   j["lengths"] = lengths;
+  j["predicted_gpu_bytes"] = p.gpu_bytes;
+  if (p.moe.moe()) {
+    const MoeStepFigures& m = p.moe;
+    j["moe"] = {{"num_experts", m.num_experts},
+                {"top_k", m.top_k},
+                {"sparse_layers", m.sparse_layers},
+                {"total_params", m.total_params},
+                {"active_params", m.active_params},
+                {"expert_params", m.expert_params},
+                {"tokens", m.tokens},
+                {"routed_experts", m.routed_experts},
+                {"expert_rows", m.expert_rows},
+                {"expert_upload_bytes", m.expert_upload_bytes},
+                {"routed_upload_bytes", m.routed_upload_bytes},
+                {"router_flops", m.router_flops},
+                {"expert_flops", m.expert_flops},
+                {"expert_host_bytes", m.expert_host_bytes}};
+  }
   std::printf("%s\n", j.dump().c_str());
   for (const LengthPrediction& l : p.lengths) std::printf("at %s\n", l.text.c_str());
   std::printf("host memory: %s\n", p.host_text.c_str());
+  if (!p.moe_text.empty()) std::printf("%s\n", p.moe_text.c_str());
   std::printf("per tier of the optimizer states: RAM: host %s, disk 0; NVMe: host %s, disk %s%s\n",
               FormatByteSize(p.ram_tier_host_bytes).c_str(),
               FormatByteSize(p.nvme_tier_host_bytes).c_str(),

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "job/moe_pricing.h"
 #include "job/step_stats.h"
 #include "job/train_config.h"
 
@@ -74,6 +75,11 @@ struct StepPrediction {
   std::string bound;             // the resource that sets the step time
   std::string basis;             // where the figures come from
   std::string text;              // one line with all of it
+  int64_t gpu_bytes = 0;         // the planner's predicted GPU peak (CUDA only; 0 on a CPU device)
+  // A mixture of experts' figures at this step (job/moe_pricing.h; num_experts 0 when dense)
+  // and their line, with the predicted step time and GPU peak.
+  MoeStepFigures moe;
+  std::string moe_text;
   // Host RAM and disk (job/host_memory.h), the limit they were checked against, and the same
   // per tier of the optimizer states: all in RAM, all on NVMe (with the disk's step-time floor
   // from the node profile's store rates; 0: not measured).

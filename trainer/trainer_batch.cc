@@ -341,7 +341,18 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
   };
   auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   BlockTiming t;
-  for (int b : {0, 1, n - 1}) {
+  // A mixture of experts: a sparse layer stands for the sparse ones and, when the model has
+  // dense layers too, the first dense one for those.
+  int sparse_block = 0, dense_block = 0;
+  for (int b = 1; b + 1 < n; ++b) {
+    if (SparseBlock(b) && sparse_block == 0) sparse_block = b;
+    if (!SparseBlock(b) && dense_block == 0) dense_block = b;
+  }
+  t.mixed = sparse_block > 0 && dense_block > 0;
+  const int layer_block = sparse_block > 0 ? sparse_block : 1;
+  std::vector<int> timed_blocks{0, layer_block, n - 1};
+  if (t.mixed) timed_blocks.push_back(dense_block);
+  for (int b : timed_blocks) {
     engine::Block& block = model->block(b);
     TemporaryWeights temp(block, opts, layout);
     // As the step runs it: recomputed layers re-run their forward inside the backward.
@@ -371,7 +382,8 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
     t.new_shape_forward_s += std::max(0.0, first_fwd - best_fwd);
     t.new_shape_backward_s += std::max(0.0, first_bwd - best_bwd);
     if (b == 0) t.embedding_s = best_fwd + best_bwd;
-    if (b == 1) t.layer_forward_s = best_fwd, t.layer_backward_s = best_bwd;
+    if (b == layer_block) t.layer_forward_s = best_fwd, t.layer_backward_s = best_bwd;
+    if (t.mixed && b == dense_block) t.dense_forward_s = best_fwd, t.dense_backward_s = best_bwd;
     if (b == n - 1) t.head_s = best_fwd + best_bwd;
   }
 #if OFFLOADD_WITH_CUDA
@@ -440,11 +452,10 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
   return m;
 }
 
-Trainer::Impl::BlockSeconds Trainer::Impl::PriceBlocks(const BatchMemory& mem,
-                                                       const std::optional<ShapeProfile>& profiled,
-                                                       const std::optional<BlockTiming>& timed,
-                                                       double spf, bool may_keep, int accumulation,
-                                                       PlanInputs* in) const {
+Trainer::Impl::BlockSeconds Trainer::Impl::PriceBlocks(
+    const BatchMemory& mem, const std::optional<ShapeProfile>& profiled,
+    const std::optional<BlockTiming>& timed, double spf, bool may_keep, int accumulation,
+    PlanInputs* in, double expert_spf, std::pair<int64_t, int64_t> expert_shape) const {
   const MemoryEstimate& est = mem.est;
   const std::vector<bool>& offloaded = mem.offloaded;
   const double A = accumulation;
@@ -460,11 +471,16 @@ Trainer::Impl::BlockSeconds Trainer::Impl::PriceBlocks(const BatchMemory& mem,
       total = f + profiled->blocks[b].backward_s;
     } else if (timed) {
       // The head's forward runs its own backward (its loss and gradients in chunks).
-      f = b == 0 ? timed->embedding_s : b == n - 1 ? timed->head_s : timed->layer_forward_s;
-      r = recomputed ? timed->layer_forward_s : 0.0;
-      total = b == 0 || b == n - 1 ? f : timed->layer_forward_s + timed->layer_backward_s;
+      const bool sparse = SparseBlock(b);
+      f = b == 0 ? timed->embedding_s : b == n - 1 ? timed->head_s : timed->Forward(sparse);
+      r = recomputed ? timed->Forward(sparse) : 0.0;
+      total = b == 0 || b == n - 1 ? f : timed->Forward(sparse) + timed->Backward(sparse);
     } else {
-      f = c.forward_flops * spf;
+      // A sparse layer's experts at the rate of their own GEMM shape, the rest (attention, the
+      // router) at the dense GEMM's.
+      const double experts =
+          expert_spf > 0 ? LayerExpertFlops(b, expert_shape.first, expert_shape.second) : 0.0;
+      f = (c.forward_flops - experts) * spf + experts * expert_spf;
       r = recomputed ? f : 0.0;
       // The head's cost counts its chunked backward inside its forward flops.
       total = b == n - 1 ? f : 3 * f + r;
@@ -497,12 +513,19 @@ void Trainer::Impl::LogBlockTiming(int micro, int64_t T, double gpu, const Block
       "the flop count at the GEMM rate says %.3f s",
       micro, static_cast<long long>(T), gpu, 1e3 * timed.embedding_s, 1e3 * timed.layer_forward_s,
       1e3 * timed.layer_backward_s, 1e3 * timed.head_s, flops * flop_rate_s);
-  Log(TrainObserver::Level::kInfo, buf);
+  std::string line = buf;
+  if (timed.mixed) {  // a mixture of experts with dense layers: the decoder layer was a sparse one
+    std::snprintf(buf, sizeof(buf), "; a dense layer %.1f ms forward + %.1f ms backward",
+                  1e3 * timed.dense_forward_s, 1e3 * timed.dense_backward_s);
+    line += buf;
+  }
+  Log(TrainObserver::Level::kInfo, line);
 }
 
 StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
                                                    const NodeProfile& prof, int64_t seq,
-                                                   std::string* basis, int64_t memory_seq) {
+                                                   std::string* basis, int64_t memory_seq,
+                                                   MoeStepFigures* moe) {
   const int64_t T = seq > 0 ? seq : SeqLength();
   const int64_t mem_T = memory_seq > 0 ? memory_seq : SeqLength();
   BatchCandidate cand;
@@ -544,10 +567,16 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
   const double spf = profiled || timed ? 0
                                        : SecondsPerFlop(micro) * static_cast<double>(T) /
                                              static_cast<double>(mem_T);
+  // A mixture of experts' expert GEMMs at their own shape's rate (ExpertSecondsPerFlop).
+  const double expert_spf =
+      spf > 0 && model->config().moe.num_experts > 0
+          ? ExpertSecondsPerFlop(micro, T) * static_cast<double>(T) / static_cast<double>(mem_T)
+          : 0.0;
   const bool may_keep = cuda && cfg.offload.activations == ActivationMode::kAuto &&
                         cfg.offload.layer_overrides.empty();
   PlanInputs in;
-  const BlockSeconds blocks = PriceBlocks(mem, profiled, timed, spf, may_keep, accumulation, &in);
+  const BlockSeconds blocks = PriceBlocks(mem, profiled, timed, spf, may_keep, accumulation, &in,
+                                          expert_spf, {micro, mem_T});
   if (timed) LogBlockTiming(micro, T, blocks.gpu, *timed, mem.est, flop_rate_s);
   const double weight_bytes = static_cast<double>(mem.est.weights);
   const double params = weight_bytes / static_cast<double>(elem);
@@ -579,11 +608,23 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
   if (!cuda) in.budget_bytes = std::numeric_limits<int64_t>::max() / 4;
   ASSIGN_OR_RETURN(cand.plan, SolvePlan(in));
   cand.tokens_per_s = CandidateTokensPerSecond(cand, T);
+  if (moe != nullptr) {
+    // What each upload moves per parameter, as the H2D term above prices it.
+    const double uploads = mem.resident ? 1.0 : 2 * A;
+    *moe = PriceMoeStep(model->config(), micro, T, uploads, in.h2d_saved_per_param / uploads,
+                        HostOptimizer::BytesPerParameter(HostOptions()));
+  }
   if (basis != nullptr) {
     *basis = profiled  ? "the shape profile of " + profiled->measured_at + " on " + profiled->gpu
              : timed   ? "the embedding, a decoder layer and the head timed at " + std::to_string(micro) + "x" +
                            std::to_string(T) + " on the GPU"
                        : "the blocks' flop counts at the rate of a GEMM of the model's MLP shape";
+    if (expert_spf > 0) {
+      const MoeStepFigures m = PriceMoeStep(model->config(), micro, T, 0, 0, 0);
+      *basis += ", the experts' at the rate of " +
+                std::to_string(std::clamp<int64_t>(m.routed_experts, 1, 16)) + " expert GEMMs of " +
+                std::to_string(std::max<int64_t>(1, std::llround(m.expert_rows))) + " rows";
+    }
   }
   return cand;
 }
@@ -615,8 +656,10 @@ Status Trainer::Impl::PredictStep() {
     }
   }
   std::string gpu_basis;
-  ASSIGN_OR_RETURN(const BatchCandidate c,
-                   PriceBatch(cfg.batch_size, cfg.gradient_accumulation_steps, prof, T, &gpu_basis));
+  MoeStepFigures moe;
+  ASSIGN_OR_RETURN(
+      const BatchCandidate c,
+      PriceBatch(cfg.batch_size, cfg.gradient_accumulation_steps, prof, T, &gpu_basis, 0, &moe));
   if (!c.feasible) return ResourceExhaustedError("micro-batch " + std::to_string(cfg.batch_size) + " " + c.why_not);
   StepPrediction& p = prediction;
   p.step_seconds = c.plan.predicted_s;
@@ -637,7 +680,20 @@ Status Trainer::Impl::PredictStep() {
     << p.micro << " x " << p.accumulation << " accumulation, " << shape << "; " << trainer::DescribePlan(c.plan, gpu_budget)
     << "; basis: " << p.basis << ")";
   p.text = o.str();
+  p.gpu_bytes = cuda ? c.plan.gpu_bytes : 0;
   Log(TrainObserver::Level::kInfo, "validate-only: " + p.text);
+  p.moe = moe;
+  if (moe.moe()) {
+    std::ostringstream m;
+    m.precision(3);
+    m << DescribeMoe(moe) << "; predicted " << p.step_seconds << " s/step (" << p.bound << ")";
+    if (cuda) {
+      m << ", GPU peak " << FormatByteSize(static_cast<uint64_t>(p.gpu_bytes)) << " of "
+        << FormatByteSize(static_cast<uint64_t>(gpu_budget));
+    }
+    p.moe_text = m.str();
+    Log(TrainObserver::Level::kInfo, "validate-only: " + p.moe_text);
+  }
   return PredictLengths(prof);
 }
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model.h"
@@ -249,9 +250,11 @@ struct Trainer::Impl {
   // seq: tokens per row priced (0: SeqLength()); `basis` (may be null) gets where the GPU work's
   // figures came from; memory_seq: the row length the GPU memory is sized for (0: SeqLength(), the
   // longest row a job of records of varying length may meet).
+  // `moe` (may be null) gets a mixture of experts' figures at this micro-batch
+  // (trainer/moe_pricing.h).
   StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof,
                                       int64_t seq = 0, std::string* basis = nullptr,
-                                      int64_t memory_seq = 0);
+                                      int64_t memory_seq = 0, MoeStepFigures* moe = nullptr);
   // The configured step at other row lengths (PredictStep): powers of two from 1024 (less for a
   // model of fewer than 4096 positions) up to its max_position_embeddings, and max_seq_length.
   Status PredictLengths(const NodeProfile& prof);
@@ -273,6 +276,14 @@ struct Trainer::Impl {
   void AddNvmeLayerInputs(PlanInputs* in, int micro, int64_t seq, const NodeProfile& prof) const;
   double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
   std::map<int64_t, double> seconds_per_flop;  // SecondsPerFlop's measurements, by micro-batch
+  // A mixture of experts: the experts' GEMMs run one per non-empty expert over tokens x top_k /
+  // min(E, tokens x top_k) rows each (MoeStepFigures::expert_rows), far fewer than the dense
+  // GEMM's; their flops are priced at the rate of one expert's gate projection at those rows,
+  // measured over as many experts as are routed (up to 16). 0 for a dense model.
+  double ExpertSecondsPerFlop(int64_t micro, int64_t seq);
+  std::map<std::pair<int64_t, int64_t>, double> expert_seconds_per_flop;
+  // One sparse layer's expert flops per micro-batch of [micro, seq] (forward; 0 when dense).
+  double LayerExpertFlops(int b, int64_t micro, int64_t seq) const;
   // CUDA: the embedding, one decoder layer and the head run at [micro, seq] with random weights
   // (the model's placeholders are put back after), timed warm (trainer_batch.cc).
   struct BlockTiming {
@@ -284,7 +295,19 @@ struct Trainer::Impl {
     // sequence length; the allocator grows): what a step at a new length adds, forward and
     // backward.
     double new_shape_forward_s = 0, new_shape_backward_s = 0;
+    // A mixture of experts with dense layers too (mlp_only_layers, decoder_sparse_step): layer_*
+    // are a sparse layer's times, dense_* a dense layer's; `mixed` false when all are alike.
+    bool mixed = false;
+    double dense_forward_s = 0, dense_backward_s = 0;
+    double Forward(bool sparse) const {
+      return mixed && !sparse ? dense_forward_s : layer_forward_s;
+    }
+    double Backward(bool sparse) const {
+      return mixed && !sparse ? dense_backward_s : layer_backward_s;
+    }
   };
+  // Whether block b is a sparse decoder layer (a mixture of experts).
+  bool SparseBlock(int b) const;
   // reps 1: only the warm-up run (the kernels of that shape are then warm; its times are 0).
   StatusOr<BlockTiming> TimeBlocks(int64_t micro, int64_t seq, int reps = 3);
   // PriceBatch's parts. At micro-batch `micro` of `mem_T` tokens per row: where the activations
@@ -306,9 +329,12 @@ struct Trainer::Impl {
   struct BlockSeconds {
     double gpu = 0, forward = 0, head_forward = 0;
   };
+  // expert_spf > 0: a sparse layer's expert flops (LayerExpertFlops at `expert_shape`, the
+  // micro-batch and the row length of the blocks' estimates) at that rate instead.
   BlockSeconds PriceBlocks(const BatchMemory& mem, const std::optional<ShapeProfile>& profiled,
                            const std::optional<BlockTiming>& timed, double spf, bool may_keep,
-                           int accumulation, PlanInputs* in) const;
+                           int accumulation, PlanInputs* in, double expert_spf = 0,
+                           std::pair<int64_t, int64_t> expert_shape = {0, 0}) const;
   // Logs the timed blocks beside what the flop count at the GEMM rate said.
   void LogBlockTiming(int micro, int64_t T, double gpu, const BlockTiming& timed,
                       const MemoryEstimate& est, double flop_rate_s);

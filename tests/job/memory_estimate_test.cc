@@ -122,5 +122,46 @@ TEST(MemoryEstimateTest, LargestBatchWithinIsTheLastThatFits) {
   EXPECT_EQ(LargestBatchWithin(s, c, 1024, 2, 1 << 20, 64), 0);       // not even batch 1
 }
 
+// A mixture of experts with a dense layer between sparse ones (Qwen3-MoE's mlp_only_layers): the
+// host RAM estimate and the step estimate price each block as the trainer lays it out, every
+// expert of each sparse layer in its block, the dense layer at its own size and the final norm in
+// the head's block (the layers were all priced at the largest, a sparse one, and the head at 0).
+TEST(MemoryEstimateTest, HostMemoryCountsEveryExpertOfEachSparseLayer) {
+  auto c = engine::ParseModelConfig(
+      R"({"model_type": "qwen3_moe", "vocab_size": 128, "hidden_size": 64,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+          "num_hidden_layers": 3, "intermediate_size": 96, "moe_intermediate_size": 32,
+          "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [1],
+          "decoder_sparse_step": 1, "tie_word_embeddings": true})",
+      "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const ModelSize s = EstimateModelSize(*c);
+  const uint64_t attn = 12288 + 32 + 128;                   // q, k, v, o; q/k norms; two norms
+  const uint64_t sparse = attn + 8 * 64 + 8 * 3 * 64 * 32;  // router + 8 experts
+  const uint64_t dense = attn + 3 * 64 * 96;
+  const trainer::HostMemoryInputs in = JobHostMemoryInputs(v1::JobSpec(), *c, s, 2, true);
+  EXPECT_EQ(in.optimizer.block_elements,
+            (std::vector<uint64_t>{128 * 64, sparse, dense, sparse, 64}));
+  uint64_t sum = 0;
+  for (uint64_t e : in.optimizer.block_elements) sum += e;
+  EXPECT_EQ(sum, 163360u);  // transformers' num_parameters() of this config
+  EXPECT_EQ(static_cast<int64_t>(sum), s.total_params);
+  // At least 14 B of arena per parameter (grad staging, fp32 master, exp_avg, exp_avg_sq).
+  EXPECT_GE(trainer::PredictHostMemory(in).arena, 14 * sum);
+}
+
+// A dense model's blocks are what they were: every layer at layer_params, the head the rest.
+TEST(MemoryEstimateTest, DenseBlocksAreUnchanged) {
+  const engine::ModelConfig c = TinyLlama();
+  const ModelSize s = EstimateModelSize(c);
+  std::vector<uint64_t> old{static_cast<uint64_t>(s.embedding_params)};
+  for (int l = 0; l < 22; ++l) old.push_back(static_cast<uint64_t>(s.layer_params));
+  old.push_back(static_cast<uint64_t>(s.total_params - s.embedding_params - 22 * s.layer_params));
+  EXPECT_EQ(JobHostMemoryInputs(v1::JobSpec(), c, s, 2, true).optimizer.block_elements, old);
+  ModelSize without = s;  // a size made without per-layer figures
+  without.layers.clear();
+  EXPECT_EQ(JobHostMemoryInputs(v1::JobSpec(), c, without, 2, true).optimizer.block_elements, old);
+}
+
 }  // namespace
 }  // namespace offloadd::daemon
