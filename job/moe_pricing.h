@@ -10,7 +10,7 @@
 // the expert GEMMs run one per non-empty expert over T x top_k / (that many) rows on average: the
 // shape whose rate the flop count is priced at (trainer_batch.cc SecondsPerFlop).
 //
-// Torch-free (tests/trainer/moe_pricing_test.cc).
+// Torch-free (tests/job/moe_pricing_test.cc).
 #include <cstdint>
 #include <string>
 

@@ -251,7 +251,7 @@ struct Trainer::Impl {
   // figures came from; memory_seq: the row length the GPU memory is sized for (0: SeqLength(), the
   // longest row a job of records of varying length may meet).
   // `moe` (may be null) gets a mixture of experts' figures at this micro-batch
-  // (trainer/moe_pricing.h).
+  // (job/moe_pricing.h).
   StatusOr<BatchCandidate> PriceBatch(int micro, int accumulation, const NodeProfile& prof,
                                       int64_t seq = 0, std::string* basis = nullptr,
                                       int64_t memory_seq = 0, MoeStepFigures* moe = nullptr);

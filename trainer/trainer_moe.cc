@@ -1,4 +1,4 @@
-// The mixture-of-experts side of the trainer's pricing (trainer/moe_pricing.h has the torch-free
+// The mixture-of-experts side of the trainer's pricing (job/moe_pricing.h has the torch-free
 // figures): which blocks are sparse, their experts' flops, and the rate of the experts' GEMMs at
 // their own shape, which the batch planner and --validate-only price the experts' flops at when no
 // shape profile or block timing gives the GPU's work.
