@@ -150,6 +150,32 @@ struct Trainer::Impl {
   Status StartGroup();
   Status CreateHostOptimizer(HostOptimizerOptions ho);
   StatusOr<bool> StopAtBoundary();
+  // trainer_hosts.cc, ZeRO-1 across hosts (cfg.parallel.hosts > 1, one rank per host): rank r
+  // holds the optimizer states of [SliceBegin(b), + SliceLength(b)) of every block b in its own
+  // arena (the reduce-scatter's shard r); `full_weights` holds every block's whole weights in the
+  // host's dtype, all-gathered from the hosts' updated slices after each step (GatherWeights).
+  bool across_hosts() const { return dp != nullptr && cfg.parallel.hosts > 1; }
+  std::vector<at::Tensor> full_weights;
+  int64_t SliceBegin(int b) const;
+  int64_t SliceLength(int b) const;
+  Status CheckAcrossHosts(const std::string& what);  // StartGroup: what is not built is refused
+  HostOptimizerOptions SliceOptions(HostOptimizerOptions ho);
+  // Set-up: `fill` (the whole blocks' initial values, in pieces) into this host's slice of the
+  // masters and into full_weights.
+  Status InitializeAcrossHosts(
+      const std::vector<HostOptimizer::InitPiece>& pieces,
+      const std::function<Status(const HostOptimizer::InitPiece&, float*)>& fill);
+  // After step k's updates: every block's slices all-gathered into full_weights (in block order
+  // on every rank), and the devices' copies refreshed.
+  Status GatherWeights(int64_t k);
+  // The export: every block's whole fp32 masters, on every rank (a collective).
+  StatusOr<std::vector<at::Tensor>> GatherMasters();
+  // Checkpoints across hosts: every rank writes its partition (its slice of every layer's states)
+  // durably, and rank 0 waits until every partition is committed before it commits the
+  // checkpoint (SaveCheckpoint). A resume restores this rank's partition of `dir` (a missing one
+  // is refused, naming it) and gathers the whole weights; returns the layers' AdamW step.
+  Status WritePartition();
+  StatusOr<int64_t> RestorePartition(const std::string& dir);
   Status RestoreFollower(const std::string& dir);
   Status LoadModel();    // placeholders and the block layout
   // Activation modes and weight residency under the GPU budget; returns whether the weights

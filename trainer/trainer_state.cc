@@ -286,12 +286,20 @@ Status Trainer::Impl::RestoreFollower(const std::string& dir) {
 
 Status Trainer::Impl::ExportModel(const std::string& dir) {
   RETURN_IF_ERROR(Flush());
+  std::vector<at::Tensor> gathered;  // across hosts: every rank's slices, on every rank
+  if (across_hosts()) {
+    ASSIGN_OR_RETURN(gathered, GatherMasters());
+  }
   if (!leader()) return OkStatus();  // data parallel: rank 0 exports
   // Held while the files are written: a resume's cleanup leaves this export's temporaries alone.
   ASSIGN_OR_RETURN(ExportLock lock, ExportLock::Acquire(dir));
   std::vector<float> m, v;
   for (int b = 0; b < n; ++b) {
     const int64_t numel = static_cast<int64_t>(layout[b].numel);
+    if (!gathered.empty()) {
+      layout[b].Bind(gathered[b]);
+      continue;
+    }
     at::Tensor master = at::empty({numel}, at::kFloat);
     if (!optimizer_mode.Exact()) {  // the weights only (compact states are not fp32)
       RETURN_IF_ERROR(ReadBlockStates(b, master.data_ptr<float>(), nullptr, nullptr));
@@ -473,7 +481,8 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   RETURN_IF_ERROR(write_trace());
   result.steps = m.completed;
   result.final_loss = m.accounting->last_loss();
-  if (!m.cfg.output_dir.empty() && m.cfg.export_final_model && m.leader()) {
+  // Across hosts every rank takes part: the masters are gathered from the hosts' slices.
+  if (!m.cfg.output_dir.empty() && m.cfg.export_final_model && (m.leader() || m.across_hosts())) {
     if (m.model->has_checkpoint()) {
       RETURN_IF_ERROR(m.ExportModel(m.cfg.output_dir));
       result.exported_to = m.cfg.output_dir;
