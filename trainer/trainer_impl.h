@@ -170,12 +170,18 @@ struct Trainer::Impl {
   Status GatherWeights(int64_t k);
   // The export: every block's whole fp32 masters, on every rank (a collective).
   StatusOr<std::vector<at::Tensor>> GatherMasters();
-  // Checkpoints across hosts: every rank writes its partition (its slice of every layer's states)
-  // durably, and rank 0 waits until every partition is committed before it commits the
-  // checkpoint (SaveCheckpoint). A resume restores this rank's partition of `dir` (a missing one
-  // is refused, naming it) and gathers the whole weights; returns the layers' AdamW step.
-  Status WritePartition();
-  StatusOr<int64_t> RestorePartition(const std::string& dir);
+  // Checkpoints across hosts. Every rank writes its partition, its slice of every layer's
+  // states, as a checkpoint of its own in PartitionDir() (output_dir/partition-<h>-of-<H>); ranks
+  // > 0 commit theirs and tell rank 0 (PublishPartition), which waits until every other partition
+  // is committed (AwaitPartitions) before it commits partition 0: that commit is the
+  // checkpoint's. RestorePartition restores this rank's partition of the checkpoint whose
+  // partition 0 is `dir` (a missing or foreign one is refused, naming it), and gathers the
+  // whole weights.
+  std::string PartitionDir(int host) const;
+  std::string PartitionFingerprint(int host) const;
+  Status PublishPartition(int64_t step, const std::string& committed);
+  Status AwaitPartitions(int64_t step);
+  Status RestorePartition(const std::string& dir);
   Status RestoreFollower(const std::string& dir);
   Status LoadModel();    // placeholders and the block layout
   // Activation modes and weight residency under the GPU budget; returns whether the weights

@@ -18,6 +18,7 @@
 #include "engine/torch_boundary.h"
 #include "trainer/checkpoint.h"
 #include "trainer/export_files.h"
+#include "trainer/partition_checkpoint.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -121,14 +122,17 @@ Status Trainer::Impl::RestoreBlockStates(int b, const float* master, const float
 
 StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   if (cfg.output_dir.empty()) return FailedPreconditionError("no output_dir to write checkpoints to");
-  if (!leader()) return std::string();  // data parallel: rank 0 holds the states and writes them
+  // Data parallel on one host: rank 0 holds the states and writes them. Across hosts every rank
+  // writes its partition (PartitionDir).
+  if (!leader() && !across_hosts()) return std::string();
   RETURN_IF_ERROR(Flush());
-  ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(cfg.output_dir, completed));
+  const std::string out_dir = across_hosts() ? PartitionDir(dp->rank()) : cfg.output_dir;
+  ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(out_dir, completed));
   std::vector<float> master, m, v;
   std::vector<uint8_t> m_region, v_region;  // compact states, in their own format
   const bool compact = !optimizer_mode.Exact();
   for (int b = 0; b < n; ++b) {
-    const uint64_t numel = layout[b].numel;
+    const uint64_t numel = across_hosts() ? host->elements(b) : layout[b].numel;
     master.resize(numel);
     LayerState ls;
     if (compact) {
@@ -147,6 +151,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
       ls.exp_avg_sq = {std::span<const float>(v)};
     }
     ls.params = SpecsOf(layout[b]);
+    if (across_hosts()) ls.params = {ParamSpec{SliceName(b), {static_cast<int64_t>(numel)}}};
     ls.master = {std::span<const float>(master)};
     ls.adam_step = accounting->applied();
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
@@ -169,7 +174,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.data_cursor = data->State();
   st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, lr_schedule->warmup_steps(),
                   total};
-  st.model_fingerprint = Fingerprint();
+  st.model_fingerprint = across_hosts() ? PartitionFingerprint(dp->rank()) : Fingerprint();
   st.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
   st.master_dtype = std::string(workers::MasterDtypeName(optimizer_mode.master));
   if (scaler) st.grad_scaler = scaler->state();
@@ -180,14 +185,22 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.hf.save_steps = cfg.save_steps;
   st.hf.train_batch_size = static_cast<int64_t>(cfg.batch_size) * cfg.gradient_accumulation_steps;
   st.hf.num_train_epochs = cfg.num_train_epochs;
+  // Across hosts partition 0 is committed last, once every other one is: its commit is the
+  // checkpoint's.
+  if (across_hosts() && leader()) RETURN_IF_ERROR(AwaitPartitions(completed));
   ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(st));
-  RETURN_IF_ERROR(PruneCheckpoints(cfg.output_dir, cfg.save_total_limit));
+  RETURN_IF_ERROR(PruneCheckpoints(out_dir, cfg.save_total_limit));
+  if (across_hosts() && !leader()) {
+    RETURN_IF_ERROR(PublishPartition(completed, info.path));
+    return info.path;
+  }
   if (obs) obs->OnCheckpoint(info.path, info.step, info.size_bytes, accounting->last_loss());
   Log(TrainObserver::Level::kInfo, "checkpoint " + info.path + " written");
   return info.path;
 }
 
 Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
+  if (across_hosts()) return RestorePartition(dir);  // every rank its own partition
   if (!leader()) return RestoreFollower(dir);
   RETURN_IF_ERROR(Flush());
   ASSIGN_OR_RETURN(

@@ -6,12 +6,18 @@ decision sums every host's ||g||^2, and the updated slices are all-gathered into
 whole weights. The result equals one rank on the whole batch within test_data_parallel.py's
 bounds (loss 1e-5, weights 2e-5: the same arithmetic, summed in a different order).
 
+Checkpoints: every host writes its partition (output_dir/partition-<h>-of-<H>/checkpoint-<step>),
+rank 0 commits partition 0 last, once every other one is committed; a resume from partition 0
+equals the uninterrupted run bit for bit, and a missing partition is refused, naming it.
+
 The same across two network namespaces (and PID namespaces, so that neither rank can even see
 the other's /proc): test_data_parallel_netns.py."""
 
+import shutil
 import subprocess
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from pipeline_testlib import build_model, read_stats, run_train, write_pretokenized
@@ -61,8 +67,7 @@ def test_two_hosts_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, accum
 def test_what_is_not_built_across_hosts_is_refused_by_name(binary_dir, tmp_path):
     model = build_model(tmp_path / "model", layers=2)
     data = write_pretokenized(tmp_path / "data.jsonl")
-    for extra, named in [(["--save-steps=4"], "save_steps 4"),
-                         (["--device-optimizer-blocks=1"], "device_optimizer_blocks 1")]:
+    for extra, named in [(["--device-optimizer-blocks=1"], "device_optimizer_blocks 1")]:
         out = tmp_path / named.split()[0]
         procs, outs = start_hosts(binary_dir, model, data, out, hosts=2, extra=extra)
         for p, (_, err) in zip(procs, outs):
@@ -76,3 +81,36 @@ def test_what_is_not_built_across_hosts_is_refused_by_name(binary_dir, tmp_path)
                                      LOCAL_WORLD_SIZE=1),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--hosts=3 disagrees with 2 hosts (GROUP_WORLD_SIZE)" in r.stderr, r.stderr
+
+
+def test_partitioned_checkpoint_resumes_bit_for_bit(binary_dir, tmp_path):
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"
+    for out, extra in [(full, []), (part, ["--save-steps=6"])]:
+        procs, outs = start_hosts(binary_dir, model, data, out, hosts=2, extra=extra)
+        for p, (_, err) in zip(procs, outs):
+            assert p.returncode == 0, err
+    ckpt = part / "partition-0-of-2" / "checkpoint-6"
+    for h in (0, 1):  # each host's slice of every layer, committed with its own marker
+        d = part / f"partition-{h}-of-2" / "checkpoint-6"
+        assert (d / "offloadd_state.json").is_file(), d
+        assert (d / "optimizer-layer-00000.safetensors").is_file(), d
+    assert not (part / "checkpoint-6").exists()
+    procs, outs = start_hosts(binary_dir, model, data, resumed, hosts=2, extra=[f"--resume-from={ckpt}"])
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    # Same process layout, same order of every sum: bit for bit.
+    fa, fb = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in fa:
+        assert torch.equal(fa[name], fb[name]), name
+    sa, sb = read_stats(full / "stats.jsonl"), read_stats(resumed / "stats.jsonl")
+    assert [s["loss"] for s in sa[6:]] == [s["loss"] for s in sb]
+
+    # A partition gone missing: both hosts refuse the resume, naming it.
+    shutil.rmtree(part / "partition-1-of-2" / "checkpoint-6")
+    procs, outs = start_hosts(binary_dir, model, data, tmp_path / "again", hosts=2,
+                              extra=[f"--resume-from={ckpt}"])
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode != 0, err
+        assert "checkpoint-6: partition 1 of 2 is missing" in err, err
