@@ -10,8 +10,10 @@
 //   LOCAL_WORLD_SIZE          processes per host (absent: 1, no memory assumed shared)
 //   GROUP_RANK, GROUP_WORLD_SIZE  the host's index and the host count (torchrun's node rank)
 //
-// The ranks of one host share its arena, as --gpus's ranks do; ranks on different hosts cannot,
-// and a group spanning hosts is refused by name. Torch-free; thread-compatible.
+// The ranks of one host share its arena, as --gpus's ranks do; ranks on different hosts cannot:
+// across hosts each rank (LOCAL_WORLD_SIZE=1) holds its own 1/GROUP_WORLD_SIZE slice of the
+// optimizer states (ZeRO-1 across hosts), and several ranks per host across hosts are refused by
+// name. Torch-free; thread-compatible.
 
 #include <functional>
 #include <optional>
@@ -43,8 +45,8 @@ StatusOr<std::optional<TorchrunEnv>> ReadTorchrunEnv(const EnvLookup& env);
 // tcp://MASTER_ADDR:MASTER_PORT) and, for --device=cuda, config.device = cuda:LOCAL_RANK.
 // `launcher_ranks`: --gpus. INVALID_ARGUMENT when flags or the job file place it too (--rank,
 // --rendezvous, --gpus, a world size other than WORLD_SIZE); UNIMPLEMENTED when the ranks span
-// more than one host: each host's ranks would need 1/hosts of the optimizer states in their own
-// arena (ZeRO-1 across hosts), which is not built.
+// more than one host with more than one rank on each (LOCAL_WORLD_SIZE > 1). One rank per host
+// sets config.parallel.hosts = GROUP_WORLD_SIZE: the states are partitioned across the hosts.
 Status ApplyTorchrunEnv(const TorchrunEnv& e, int launcher_ranks, TrainConfig* config);
 
 }  // namespace offloadd::trainer

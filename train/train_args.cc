@@ -61,9 +61,10 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
   output:      --trace=FILE.json --trace-steps=N --stats-jsonl=FILE --dump-batches=FILE
   parallel:    --gpus=N (data parallel: N ranks of this program, one per GPU; on --device=cpu N CPU
                ranks over Gloo) --rank=R --world-size=N --rendezvous=file:///PATH|tcp://HOST:PORT
-               (one rank of a group started elsewhere) --parallel-timeout=SECONDS (600)
+               (one rank of a group started elsewhere) --hosts=N (the ranks span N hosts, one
+               each: ZeRO-1, each host its slice of the states) --parallel-timeout=SECONDS (600)
                or the torchrun environment (torchrun, srun, PyTorchJob): MASTER_ADDR MASTER_PORT
-               RANK WORLD_SIZE [LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK], every rank on one host
+               RANK WORLD_SIZE [LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE]
   binaries:    --worker-binary=PATH --store-binary=PATH (default: next to this program)
 )";
 
@@ -355,6 +356,7 @@ void AddOutputAndParallelFlags(FlagTable& f) {
   f.Assign("--rank", [](TrainArgs& a, Arg v) { a.config.parallel.rank = Int(v); });
   f.Assign("--world-size", [](TrainArgs& a, Arg v) { a.config.parallel.world_size = Int(v); });
   f.Assign("--rendezvous", [](TrainArgs& a, Arg v) { a.config.parallel.rendezvous = v; });
+  f.Assign("--hosts", [](TrainArgs& a, Arg v) { a.config.parallel.hosts = Int(v); });
   f.Assign("--parallel-timeout",
            [](TrainArgs& a, Arg v) { a.config.parallel.timeout_seconds = Int64(v); });
   // The rank launcher's channel: unused by a rank of offloadd-train.

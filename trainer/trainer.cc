@@ -179,6 +179,7 @@ Status Trainer::Impl::RunStep() {
     flops *= dp->world();
   }
   RETURN_IF_ERROR(host->FinishStepAsync());
+  if (across_hosts()) RETURN_IF_ERROR(GatherWeights(k));
   RETURN_IF_ERROR(UpdateDeviceBlocks(k));
   completed = k;
   ++steps_run;

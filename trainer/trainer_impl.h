@@ -156,6 +156,38 @@ struct Trainer::Impl {
   Status StartGroup();
   Status CreateHostOptimizer(HostOptimizerOptions ho);
   StatusOr<bool> StopAtBoundary();
+  // trainer_hosts.cc, ZeRO-1 across hosts (cfg.parallel.hosts > 1, one rank per host): rank r
+  // holds the optimizer states of [SliceBegin(b), + SliceLength(b)) of every block b in its own
+  // arena (the reduce-scatter's shard r); `full_weights` holds every block's whole weights in the
+  // host's dtype, all-gathered from the hosts' updated slices after each step (GatherWeights).
+  bool across_hosts() const { return dp != nullptr && cfg.parallel.hosts > 1; }
+  std::vector<at::Tensor> full_weights;
+  int64_t SliceBegin(int b) const;
+  int64_t SliceLength(int b) const;
+  Status CheckAcrossHosts(const std::string& what);  // StartGroup: what is not built is refused
+  HostOptimizerOptions SliceOptions(HostOptimizerOptions ho);
+  // Set-up: `fill` (the whole blocks' initial values, in pieces) into this host's slice of the
+  // masters and into full_weights.
+  Status InitializeAcrossHosts(
+      const std::vector<HostOptimizer::InitPiece>& pieces,
+      const std::function<Status(const HostOptimizer::InitPiece&, float*)>& fill);
+  // After step k's updates: every block's slices all-gathered into full_weights (in block order
+  // on every rank), and the devices' copies refreshed.
+  Status GatherWeights(int64_t k);
+  // The export: every block's whole fp32 masters, on every rank (a collective).
+  StatusOr<std::vector<at::Tensor>> GatherMasters();
+  // Checkpoints across hosts. Every rank writes its partition, its slice of every layer's
+  // states, as a checkpoint of its own in PartitionDir() (output_dir/partition-<h>-of-<H>); ranks
+  // > 0 commit theirs and tell rank 0 (PublishPartition), which waits until every other partition
+  // is committed (AwaitPartitions) before it commits partition 0: that commit is the
+  // checkpoint's. RestorePartition restores this rank's partition of the checkpoint whose
+  // partition 0 is `dir` (a missing or foreign one is refused, naming it), and gathers the
+  // whole weights.
+  std::string PartitionDir(int host) const;
+  std::string PartitionFingerprint(int host) const;
+  Status PublishPartition(int64_t step, const std::string& committed);
+  Status AwaitPartitions(int64_t step);
+  Status RestorePartition(const std::string& dir);
   Status RestoreFollower(const std::string& dir);
   Status LoadModel();    // placeholders and the block layout
   // Activation modes and weight residency under the GPU budget; returns whether the weights

@@ -148,7 +148,11 @@ Status Trainer::Impl::Setup() {
       }
       return OkStatus();
     };
-    RETURN_IF_ERROR(host->InitializePieces(pieces, fill, SetupThreads()));
+    if (across_hosts()) {  // this host's slice of the masters, and every block's whole weights
+      RETURN_IF_ERROR(InitializeAcrossHosts(pieces, fill));
+    } else {
+      RETURN_IF_ERROR(host->InitializePieces(pieces, fill, SetupThreads()));
+    }
   }
   {
     PhaseTimer t(this, 7);
@@ -645,6 +649,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   wo.dtype = dtype;
   wo.resident = resident;
   wo.device_optimizer = device_opt.get();
+  if (across_hosts()) wo.full_weights = &full_weights;
   if (lsp && lsp->on_device()) {  // effective weights exist only while their block computes
     // W_base + P A Q^T, GPU-timed on its own track (a no-op when block b's are current).
     wo.on_ensured = [l = lsp.get(), s = streams.get(), m = model.get()](int b) {
@@ -686,6 +691,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   so.dtype = dtype;
   so.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   so.dp = dp.get();
+  so.across_hosts = across_hosts();
   if (lsp) {
     so.compress = [l = lsp.get()](const ParamSlot& slot, const at::Tensor& grad) { return l->Compress(slot, grad); };
   }
@@ -694,7 +700,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   // Updated weights flow back to the device from the optimizer thread, right behind each update.
   if (device_opt) accounting->SetDeviceParams(device_opt->params());
   host->SetOnUpdated([this, w = weights.get(), l = lsp.get(), h = host.get()](int b) -> Status {
-    w->OnUpdated(b);
+    if (!across_hosts()) w->OnUpdated(b);  // across hosts: once the slices are gathered
     if (!l) return OkStatus();
     const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T (CPU), or marks the block stale (CUDA)
     RETURN_IF_ERROR(l->OnUpdated(b, h->master_weights(b)));

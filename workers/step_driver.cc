@@ -378,9 +378,18 @@ StatusOr<StepResult> StepDriver::FinishStep() {
   // The workers measured the scaled gradients; a power-of-two grad_unscale rescales the sum
   // exactly (what GradScaler.unscale_ does to every gradient before clip_grad_norm_).
   const double u = grad_unscale_;
-  const double total_sq = std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0) * u * u;
   float norm = 0;
   if (hold()) {
+    double sum_sq = std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0);
+    if (combine_sq_) {
+      const StatusOr<double> all = combine_sq_(sum_sq);
+      if (!all.ok()) {
+        RETURN_IF_ERROR(drain());
+        return all.status();
+      }
+      sum_sq = *all;
+    }
+    const double total_sq = sum_sq * u * u;
     if (config_.max_grad_norm > 0) {
       result.clip_coef = ClipCoefficient(total_sq, config_.max_grad_norm, &norm);
     } else {
@@ -433,8 +442,11 @@ StatusOr<StepResult> StepDriver::FinishStep() {
     deferred_.clear();
     RETURN_IF_ERROR(drain());
     // Deferred updates measured their shards' norms: sum again.
-    norm = static_cast<float>(
-        std::sqrt(std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0) * u * u));
+    double sum_sq = std::accumulate(sq_norm_.begin(), sq_norm_.end(), 0.0);
+    if (combine_sq_) {
+      ASSIGN_OR_RETURN(sum_sq, combine_sq_(sum_sq));
+    }
+    norm = static_cast<float>(std::sqrt(sum_sq * u * u));
     result.grad_scale = grad_unscale_;
     result.grad_norm = norm;
     result.adam_step = step_ - skipped_steps_;

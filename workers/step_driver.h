@@ -159,6 +159,13 @@ class StepDriver {
   void SetOnDecided(std::function<void(const StepResult&)> callback) {
     on_decided_ = std::move(callback);
   }
+  // The shards here are a part of the model (ZeRO-1 across hosts: this host's slice of every
+  // block): FinishStep calls `combine` once per step, on the driver's thread, with the sum of its
+  // shards' squared norms, and decides (clipping, a non-finite skip) and reports on what it
+  // returns, the sum over every part. Every part's driver must call it in the same step order.
+  void SetCombineSquaredNorm(std::function<StatusOr<double>(double local_sq)> combine) {
+    combine_sq_ = std::move(combine);
+  }
   // Handles the completions that have already arrived, without blocking.
   Status Poll();
 
@@ -221,6 +228,7 @@ class StepDriver {
   Status error_;
   std::function<void(size_t)> on_updated_;
   std::function<void(const StepResult&)> on_decided_;
+  std::function<StatusOr<double>(double)> combine_sq_;
   std::function<Status(size_t, ShardSpec*)> before_update_;
   std::vector<size_t> deferred_;  // shards held for FinishStep (defer_below_layer)
   std::vector<Ready> ready_;      // earliest-needed-first dispatch

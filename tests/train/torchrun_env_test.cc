@@ -1,6 +1,7 @@
 // The torchrun environment read into a rank's place in its group: torchrun's own variables
-// accepted, every missing, malformed or inconsistent one refused by name, a group across hosts
-// refused as not built, and flags that would place the rank a second time refused.
+// accepted, every missing, malformed or inconsistent one refused by name, one rank per host
+// across hosts partitioning the states, several per host across hosts refused as not built, and
+// flags that would place the rank a second time refused.
 #include "train/torchrun_env.h"
 
 #include <gtest/gtest.h>
@@ -130,24 +131,33 @@ TEST(TorchrunEnvTest, InconsistentValuesAreNamed) {
             std::string::npos);
 }
 
-TEST(TorchrunEnvTest, AGroupAcrossHostsIsRefusedAsNotBuilt) {
+TEST(TorchrunEnvTest, OneRankPerHostAcrossHostsPartitionsTheStates) {
   // Without LOCAL_WORLD_SIZE (a PyTorchJob's pods) every rank is its own host.
-  for (const Env& env :
-       {Env{{"MASTER_ADDR", "m"}, {"MASTER_PORT", "23456"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}},
-        Env{{"MASTER_ADDR", "m"},
-            {"MASTER_PORT", "23456"},
-            {"RANK", "5"},
-            {"WORLD_SIZE", "8"},
-            {"LOCAL_WORLD_SIZE", "4"},
-            {"GROUP_RANK", "1"}}}) {
-    auto e = ReadTorchrunEnv(Lookup(env));
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    TrainConfig c;
-    const Status s = ApplyTorchrunEnv(**e, 0, &c);
-    EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
-    EXPECT_NE(s.message().find("LOCAL_WORLD_SIZE=WORLD_SIZE"), std::string::npos) << s.ToString();
-    EXPECT_EQ(c.parallel.world_size, 1);  // nothing applied
-  }
+  const Env env{{"MASTER_ADDR", "m"}, {"MASTER_PORT", "23456"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}};
+  auto e = ReadTorchrunEnv(Lookup(env));
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ((*e)->group_world_size, 2);
+  EXPECT_EQ((*e)->group_rank, 1);
+  TrainConfig c;
+  ASSERT_TRUE(ApplyTorchrunEnv(**e, 0, &c).ok());
+  EXPECT_EQ(c.parallel.world_size, 2);
+  EXPECT_EQ(c.parallel.rank, 1);
+  EXPECT_EQ(c.parallel.hosts, 2);
+  EXPECT_EQ(c.parallel.rendezvous, "tcp://m:23456");
+}
+
+TEST(TorchrunEnvTest, SeveralRanksPerHostAcrossHostsAreRefusedAsNotBuilt) {
+  const Env env{{"MASTER_ADDR", "m"}, {"MASTER_PORT", "23456"},  {"RANK", "5"},
+                {"WORLD_SIZE", "8"},  {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}};
+  auto e = ReadTorchrunEnv(Lookup(env));
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  TrainConfig c;
+  const Status s = ApplyTorchrunEnv(**e, 0, &c);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
+  EXPECT_NE(s.message().find("LOCAL_WORLD_SIZE=4"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("LOCAL_WORLD_SIZE=1"), std::string::npos) << s.ToString();
+  EXPECT_EQ(c.parallel.world_size, 1);  // nothing applied
+  EXPECT_EQ(c.parallel.hosts, 1);
 }
 
 TEST(TorchrunEnvTest, FlagsThatPlaceTheRankAgainAreRefused) {

@@ -229,7 +229,8 @@ class GivenNormTest : public StepDriverTest {
     std::vector<uint8_t> states;      // every shard's master, moments, weights, as bytes
   };
   // One step over fresh states; given[s] (if any) is handed over with shard s's gradients.
-  Run Step(OptimizerConfig config, const std::vector<std::optional<double>>& given) {
+  Run Step(OptimizerConfig config, const std::vector<std::optional<double>>& given,
+           std::function<StatusOr<double>(double)> combine = nullptr) {
     for (const ShardSpec& s : shards_) {
       std::fill_n(arena_.At<uint16_t>(s.grad_offset), kElems, uint16_t{0x3c00});  // bf16 2^-7
       std::fill_n(arena_.At<float>(s.master_offset), kElems, 1.0f);
@@ -240,6 +241,7 @@ class GivenNormTest : public StepDriverTest {
     StepDriver d(pool_.get(), shards_, config);
     Run run;
     d.SetOnShardUpdated([&](size_t shard) { run.reported.push_back(shard); });
+    if (combine) d.SetCombineSquaredNorm(combine);
     EXPECT_TRUE(d.BeginStep(1, 1e-3).ok());
     for (size_t s = 0; s < shards_.size(); ++s) EXPECT_TRUE(d.GradsReady(s, 0, given[s]).ok());
     auto r = d.FinishStep();
@@ -319,6 +321,44 @@ TEST_F(GivenNormTest, ClippingDecidedWhileSpeculativeUpdatesRunCorrectsEachAfter
   }
   EXPECT_LE(worst, 4 * std::numeric_limits<float>::epsilon()) << worst;
   EXPECT_NE(ps[0], 1.0f);  // an update happened
+}
+
+TEST_F(GivenNormTest, APartOfTheModelDecidesOnEveryPartsNorm) {
+  // ZeRO-1 across hosts: these 4 shards (||g||^2 = 4 x 1.22) are one host's slice; the other
+  // hosts' 100 come back from the combine, once per step. Clipping, and the reported norm, are
+  // the whole model's; an unclipped step reports it too.
+  for (double max_norm : {1.0, 0.0}) {
+    for (const auto& given : {Exact(), Measured()}) {
+      int calls = 0;
+      double local = 0;
+      const Run r = Step(OptimizerConfig{.max_grad_norm = max_norm}, given,
+                         [&](double sq) -> StatusOr<double> {
+                           ++calls;
+                           local = sq;
+                           return sq + 100.0;
+                         });
+      EXPECT_EQ(calls, 1);
+      EXPECT_NEAR(local, 4 * kShardSq, 1e-9);
+      float norm = 0;
+      const float coef = ClipCoefficient(local + 100.0, 1.0, &norm);
+      EXPECT_EQ(r.result.grad_norm,
+                max_norm > 0 ? norm : static_cast<float>(std::sqrt(local + 100.0)));
+      EXPECT_EQ(r.result.clip_coef, max_norm > 0 ? coef : 1.0f);
+      EXPECT_EQ(r.reported, (std::vector<size_t>{0, 1, 2, 3}));
+    }
+  }
+}
+
+TEST_F(StepDriverTest, AFailedCombineFailsTheStepWithItsReason) {
+  StepDriver d(pool_.get(), {spec_}, OptimizerConfig{.max_grad_norm = 1.0});
+  d.SetCombineSquaredNorm(
+      [](double) -> StatusOr<double> { return UnavailableError("host 1 is gone"); });
+  ASSERT_TRUE(d.BeginStep(1, 1e-3).ok());
+  ASSERT_TRUE(d.GradsReady(0, 0).ok());
+  auto r = d.FinishStep();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("host 1 is gone"), std::string::npos);
 }
 
 TEST_F(GivenNormTest, AGivenNormNeedsOneMicroBatch) {

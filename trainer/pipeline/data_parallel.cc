@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if defined(OFFLOADD_HAVE_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -23,6 +24,7 @@ namespace offloadd::trainer {
 struct DataParallel::State {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
+  c10::intrusive_ptr<c10d::Backend> side;  // across hosts: SumAcrossHosts's CPU group
   const char* name = "";
   // "rank 0 on hostA (pid 11), rank 1 on hostB (pid 12)": who was in the group, for errors (a
   // collective that fails on a lost peer names only its address).
@@ -70,6 +72,22 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> MakeStore(const ParallelConfig& c) {
   return InvalidArgumentError("rendezvous must be file:///path or tcp://host:port, got '" + r + "'");
 }
 
+#if defined(OFFLOADD_HAVE_GLOO)
+c10::intrusive_ptr<c10d::Backend> MakeGloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                           const ParallelConfig& c,
+                                           std::chrono::milliseconds timeout) {
+  auto o = c10d::ProcessGroupGloo::Options::create();
+  o->timeout = timeout;
+  // GLOO_SOCKET_IFNAME picks the interface (as in torch.distributed); else the host name's
+  // address, or loopback when it does not resolve.
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  o->devices.push_back(ifname != nullptr && *ifname != '\0'
+                           ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                           : c10d::ProcessGroupGloo::createDefaultDevice());
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, c.rank, c.world_size, o);
+}
+#endif
+
 }  // namespace
 
 namespace {
@@ -109,20 +127,22 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfi
 #endif
     } else {
 #if defined(OFFLOADD_HAVE_GLOO)
-      auto o = c10d::ProcessGroupGloo::Options::create();
-      o->timeout = timeout;
-      // GLOO_SOCKET_IFNAME picks the interface (as in torch.distributed); else the host name's
-      // address, or loopback when it does not resolve.
-      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-      o->devices.push_back(ifname != nullptr && *ifname != '\0'
-                               ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
-                               : c10d::ProcessGroupGloo::createDefaultDevice());
-      st.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(st.store, c.rank, c.world_size, o);
+      st.backend = MakeGloo(st.store, c, timeout);
       st.name = "gloo";
 #else
       return UnimplementedError(
           "this build has no Gloo process group (the gloo headers, Debian's libgloo-dev, were missing at "
           "build time), so CPU executors cannot form a data-parallel group");
+#endif
+    }
+    if (c.hosts > 1) {
+#if defined(OFFLOADD_HAVE_GLOO)
+      st.side =
+          MakeGloo(c10::make_intrusive<c10d::PrefixStore>("offloadd-hosts", st.store), c, timeout);
+#else
+      return UnimplementedError("parallel.hosts " + std::to_string(c.hosts) +
+                                ": the clipping decision across hosts needs a Gloo process group, "
+                                "and this build has none (Debian's libgloo-dev was missing)");
 #endif
     }
   } catch (const std::exception& e) {
@@ -181,6 +201,33 @@ Status DataParallel::AllReduceSum(at::Tensor& t) {
     o.reduceOp = c10d::ReduceOp::SUM;
     state_->backend->allreduce(v, o)->wait();
   });
+}
+
+Status DataParallel::AllGather(at::Tensor& shard, at::Tensor& full) {
+  if (full.numel() != shard.numel() * world_) {
+    return InternalError("all-gather of shards of " + std::to_string(shard.numel()) + " into " +
+                         std::to_string(full.numel()) + " elements");
+  }
+  return Wrap("all-gather", rank_, world_, state_->members, [&] {
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < world_; ++r)
+      out[0].push_back(full.narrow(0, r * shard.numel(), shard.numel()));
+    std::vector<at::Tensor> in{shard};
+    state_->backend->allgather(out, in)->wait();
+  });
+}
+
+StatusOr<double> DataParallel::SumAcrossHosts(double value) {
+  if (!state_->side) return InternalError("SumAcrossHosts in a group within one host");
+  at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kDouble));
+  RETURN_IF_ERROR(
+      Wrap("all-reduce of the gradient norm across hosts", rank_, world_, state_->members, [&] {
+        std::vector<at::Tensor> v{t};
+        c10d::AllreduceOptions o;
+        o.reduceOp = c10d::ReduceOp::SUM;
+        state_->side->allreduce(v, o)->wait();
+      }));
+  return t.item<double>();
 }
 
 Status DataParallel::Barrier() {

@@ -9,7 +9,12 @@
 // order on every rank by the step loop. On CUDA the calls return at once: the compute stream
 // waits for the collective on the backend's stream, the host does not.
 //
-// Thread-compatible: the step loop's thread only.
+// Across hosts (config.hosts > 1, one rank per host): AllGather brings every host's updated
+// slice back, and SumAcrossHosts adds one double per step over a second, CPU (Gloo) group, for
+// the optimizer thread's clipping decision, so that it never interleaves with the step loop's
+// collectives on the first.
+//
+// Thread-compatible: the step loop's thread only, except SumAcrossHosts (the optimizer thread's).
 
 #include <ATen/ATen.h>
 
@@ -36,6 +41,11 @@ class DataParallel {
   // `input`: [Padded(n)] on the device; `shard`: [Padded(n) / world], this rank's part of the sum.
   Status ReduceScatter(at::Tensor& input, at::Tensor& shard);
   Status AllReduceSum(at::Tensor& t);
+  // `shard`: [Padded(n) / world] on the device, this rank's part; `full`: [Padded(n)], every
+  // rank's parts in rank order.
+  Status AllGather(at::Tensor& shard, at::Tensor& full);
+  // Across hosts: the sum of `value` over every rank (the side group; see above).
+  StatusOr<double> SumAcrossHosts(double value);
   Status Barrier();
   // A small value every rank can read (rank 0 writes, the others wait for it).
   Status Set(const std::string& key, const std::string& value);

@@ -199,6 +199,7 @@ Status HostOptimizer::StartNvmeTier(const HostOptimizerOptions& o) {
 // The step driver's hooks: the NVMe tier's stage-in before an update and write-back after it, the
 // update spans, and the waiters on a block's update and on the step's decision.
 void HostOptimizer::ConnectDriver() {
+  if (options_.combine_sq_norm) driver_->SetCombineSquaredNorm(options_.combine_sq_norm);
   driver_->SetOnShardUpdated([this](size_t shard) {
     if (span_sink_) span_sink_("cpu update", static_cast<int>(shard), update_start_us_[shard], NowMicros());
     if (OnNvme(shard)) {

@@ -110,6 +110,10 @@ struct HostOptimizerOptions {
   // staging buffers and follows the leader's updates and decisions (host_optimizer_group.cc).
   GroupLink* group = nullptr;
   std::string leader_arena_path;
+  // ZeRO-1 across hosts (may be empty): block_elements are this host's slice of each block, and
+  // the step's decision is taken on the sum of every host's squared norms that this returns
+  // (workers::StepDriver::SetCombineSquaredNorm).
+  std::function<StatusOr<double>(double local_sq)> combine_sq_norm;
   // The master's and states' formats (workers/adamw_compact.h). A compact mode needs the RAM tier,
   // no data-parallel group and no device_blocks; a bf16 master needs bf16 compute, and is itself
   // the weights the device reads (no 16-bit copy, host_weight_copy does not apply). Create refuses

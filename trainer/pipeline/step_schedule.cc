@@ -32,7 +32,7 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(const Options& opti
   HostOptimizer* host = options.host;
   const auto opts = at::TensorOptions().dtype(options.dtype).device(c10::kCPU);
   for (int b = 0; b < s->n_; ++b) {
-    const int64_t numel = static_cast<int64_t>(s->layout_[b].numel);
+    const int64_t numel = static_cast<int64_t>(host->elements(b));  // across hosts: the slice
     s->host_grads_[b] = at::from_blob(host->grad_staging(b), {numel}, opts);
     RETURN_IF_ERROR(options.streams->Pin(host->grad_staging(b), host->grad_staging_bytes(b)));
   }
@@ -279,7 +279,7 @@ Status StepSchedule::HandOffShard(int b, uint32_t micro) {
   if (len == 0) {  // a block smaller than the group: this rank's shard is all padding
     return options_.host->GradsReady(b, micro, nullptr, nullptr, []() { return 0.0; });
   }
-  at::Tensor dst = host_grads_[b].narrow(0, offset, len);
+  at::Tensor dst = host_grads_[b].narrow(0, options_.across_hosts ? 0 : offset, len);
   at::Tensor src = shard.narrow(0, 0, len);
   if (!cuda_) {  // rank 0's driver measures the norm over the whole staging buffer, as without dp
     dst.copy_(src);

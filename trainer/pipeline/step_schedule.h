@@ -61,6 +61,9 @@ class StepSchedule {
     // Data parallel (may be null): each block's gradients are reduce-scattered over the group and
     // this rank's shard lands in its part of the shared staging buffer (HandOffShard).
     DataParallel* dp = nullptr;
+    // ZeRO-1 across hosts (with dp): the host optimizer holds this rank's slice of each block
+    // only, so its shard lands at the start of the staging buffer.
+    bool across_hosts = false;
   };
   // Pins the gradient staging buffers.
   static StatusOr<std::unique_ptr<StepSchedule>> Create(const Options& options);

@@ -28,19 +28,35 @@ Status Trainer::Impl::StartGroup() {
   bool nvme_activations = cfg.offload.activations == ActivationMode::kOffloadNvme;
   for (const auto& [layer, mode] : cfg.offload.layer_overrides) nvme_activations |= mode == ActivationMode::kOffloadNvme;
   if (nvme_activations) return UnimplementedError(what + " with activations offloaded to NVMe is not built yet");
+  RETURN_IF_ERROR(CheckAcrossHosts(what));
   ASSIGN_OR_RETURN(dp, DataParallel::Create(p, device));
   if (!cfg.trace_path.empty() && dp->rank() > 0) cfg.trace_path += ".rank" + std::to_string(dp->rank());
-  Log(TrainObserver::Level::kInfo, "data parallel: rank " + std::to_string(dp->rank()) + " of " +
-                                       std::to_string(dp->world()) + " (" + dp->backend_name() + ", " +
-                                       p.rendezvous + ", " + device.str() + "), micro-batch " +
-                                       std::to_string(cfg.batch_size) + " per rank, group timeout " +
-                                       std::to_string(p.timeout_seconds) + " s");
+  const std::string hosts = p.hosts > 1 ? ", ZeRO-1 across " + std::to_string(p.hosts) +
+                                              " hosts: this host's slice of the states"
+                                        : "";
+  Log(TrainObserver::Level::kInfo,
+      "data parallel: rank " + std::to_string(dp->rank()) + " of " + std::to_string(dp->world()) +
+          hosts + " (" + dp->backend_name() + ", " + p.rendezvous + ", " + device.str() +
+          "), micro-batch " + std::to_string(cfg.batch_size) + " per rank, group timeout " +
+          std::to_string(p.timeout_seconds) + " s");
   return OkStatus();
 }
 
 Status Trainer::Impl::CreateHostOptimizer(HostOptimizerOptions ho) {
   if (!dp) {
     ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+    return OkStatus();
+  }
+  if (across_hosts()) {  // each host its own arena, holding its slice of every block
+    for (int b = 0; b < n; ++b) {
+      if (SliceLength(b) <= 0) {
+        return UnimplementedError("block " + std::to_string(b) + " (" +
+                                  std::to_string(layout[b].numel) +
+                                  " parameters) is too small to split across " +
+                                  std::to_string(dp->world()) + " hosts (parallel.hosts)");
+      }
+    }
+    ASSIGN_OR_RETURN(host, HostOptimizer::Create(SliceOptions(std::move(ho))));
     return OkStatus();
   }
   const double timeout = static_cast<double>(cfg.parallel.timeout_seconds);
@@ -60,6 +76,17 @@ Status Trainer::Impl::CreateHostOptimizer(HostOptimizerOptions ho) {
 }
 
 StatusOr<bool> Trainer::Impl::StopAtBoundary() {
+  if (across_hosts()) {  // no shared segment: rank 0's decision goes through the store
+    const std::string key = "stop/" + std::to_string(completed);
+    if (!leader()) {
+      StatusOr<std::string> v = dp->Get(key);
+      if (!v.ok()) return v.status();
+      return *v == std::string("1");
+    }
+    const bool stop = obs != nullptr && obs->StopRequested();
+    RETURN_IF_ERROR(dp->Set(key, stop ? "1" : "0"));
+    return stop;
+  }
   if (!link) return obs != nullptr && obs->StopRequested();
   if (leader()) {
     const bool stop = obs != nullptr && obs->StopRequested();

@@ -10,6 +10,7 @@ WeightResidency::WeightResidency(const Options& options)
     : model_(options.model),
       layout_(*options.layout),
       host_(options.host),
+      full_weights_(options.full_weights),
       device_opt_(options.device_optimizer),
       streams_(options.streams),
       device_(options.device),
@@ -89,9 +90,14 @@ Status WeightResidency::BindInitial(int b) {
     return OkStatus();
   }
   const int64_t numel = static_cast<int64_t>(layout_[b].numel);
-  host_weights_[b] = at::from_blob(host_->compute_weights(b), {numel},
-                                   at::TensorOptions().dtype(host_dtype_).device(c10::kCPU));
-  RETURN_IF_ERROR(streams_->Pin(host_->compute_weights(b), host_->compute_weight_bytes(b)));
+  if (full_weights_ != nullptr) {
+    host_weights_[b] = (*full_weights_)[b];
+    RETURN_IF_ERROR(streams_->Pin(host_weights_[b].data_ptr(), host_weights_[b].nbytes()));
+  } else {
+    host_weights_[b] = at::from_blob(host_->compute_weights(b), {numel},
+                                     at::TensorOptions().dtype(host_dtype_).device(c10::kCPU));
+    RETURN_IF_ERROR(streams_->Pin(host_->compute_weights(b), host_->compute_weight_bytes(b)));
+  }
   if (!cuda_ && cast_) {
     device_weights_[b] = host_weights_[b].to(dtype_);
     layout_[b].Bind(device_weights_[b]);

@@ -56,6 +56,10 @@ class WeightResidency {
     // (Ensure), and when the block is released (every Release, resident or not): LSP mode builds
     // and frees its effective weights there.
     std::function<void(int)> on_ensured, on_released;
+    // ZeRO-1 across hosts (may be null): per block, its whole weights in the host's dtype, which
+    // the trainer all-gathers from the hosts' slices (the host optimizer's arena holds only this
+    // host's slice); read instead of host->compute_weights.
+    const std::vector<at::Tensor>* full_weights = nullptr;
   };
   // Pins the arena's weights and binds them: to the Params (CPU), to device copies uploaded now
   // (resident) or to nothing until first use (streamed).
@@ -95,6 +99,7 @@ class WeightResidency {
   engine::Model* model_;
   const std::vector<BlockLayout>& layout_;
   HostOptimizer* host_;
+  const std::vector<at::Tensor>* full_weights_;
   const DeviceOptimizer* device_opt_;
   DeviceStreams* streams_;
   const c10::Device device_;

@@ -18,6 +18,7 @@
 #include "engine/torch_boundary.h"
 #include "trainer/state/checkpoint.h"
 #include "trainer/state/export_files.h"
+#include "trainer/state/partition_checkpoint.h"
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
@@ -125,15 +126,18 @@ Status Trainer::Impl::RestoreBlockStates(int b, const float* master, const float
 
 StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   if (cfg.output_dir.empty()) return FailedPreconditionError("no output_dir to write checkpoints to");
-  if (!leader()) return std::string();  // data parallel: rank 0 holds the states and writes them
+  // Data parallel on one host: rank 0 holds the states and writes them. Across hosts every rank
+  // writes its partition (PartitionDir).
+  if (!leader() && !across_hosts()) return std::string();
   RETURN_IF_ERROR(Flush());
-  ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(cfg.output_dir, completed));
+  const std::string out_dir = across_hosts() ? PartitionDir(dp->rank()) : cfg.output_dir;
+  ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(out_dir, completed));
   std::vector<float> master, m, v;
   std::vector<uint8_t> m_region, v_region, w_region;  // compact states, in their own format
   const bool compact = !optimizer_mode.Exact();
   const bool bf16_master = optimizer_mode.master == workers::MasterDtype::kBf16;
   for (int b = 0; b < n; ++b) {
-    const uint64_t numel = layout[b].numel;
+    const uint64_t numel = across_hosts() ? host->elements(b) : layout[b].numel;
     master.resize(numel);
     LayerState ls;
     if (compact) {
@@ -158,6 +162,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
       ls.exp_avg_sq = {std::span<const float>(v)};
     }
     ls.params = SpecsOf(layout[b]);
+    if (across_hosts()) ls.params = {ParamSpec{SliceName(b), {static_cast<int64_t>(numel)}}};
     ls.master = {std::span<const float>(master)};
     ls.adam_step = accounting->applied();
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
@@ -180,7 +185,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.data_cursor = data->State();
   st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, lr_schedule->warmup_steps(),
                   total};
-  st.model_fingerprint = Fingerprint();
+  st.model_fingerprint = across_hosts() ? PartitionFingerprint(dp->rank()) : Fingerprint();
   st.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
   st.master_dtype = std::string(workers::MasterDtypeName(optimizer_mode.master));
   if (scaler) st.grad_scaler = scaler->state();
@@ -191,14 +196,22 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.hf.save_steps = cfg.save_steps;
   st.hf.train_batch_size = static_cast<int64_t>(cfg.batch_size) * cfg.gradient_accumulation_steps;
   st.hf.num_train_epochs = cfg.num_train_epochs;
+  // Across hosts partition 0 is committed last, once every other one is: its commit is the
+  // checkpoint's.
+  if (across_hosts() && leader()) RETURN_IF_ERROR(AwaitPartitions(completed));
   ASSIGN_OR_RETURN(CheckpointInfo info, w.Commit(st));
-  RETURN_IF_ERROR(PruneCheckpoints(cfg.output_dir, cfg.save_total_limit));
+  RETURN_IF_ERROR(PruneCheckpoints(out_dir, cfg.save_total_limit));
+  if (across_hosts() && !leader()) {
+    RETURN_IF_ERROR(PublishPartition(completed, info.path));
+    return info.path;
+  }
   if (obs) obs->OnCheckpoint(info.path, info.step, info.size_bytes, accounting->last_loss());
   Log(TrainObserver::Level::kInfo, "checkpoint " + info.path + " written");
   return info.path;
 }
 
 Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
+  if (across_hosts()) return RestorePartition(dir);  // every rank its own partition
   if (!leader()) return RestoreFollower(dir);
   RETURN_IF_ERROR(Flush());
   ASSIGN_OR_RETURN(
@@ -300,12 +313,20 @@ Status Trainer::Impl::RestoreFollower(const std::string& dir) {
 
 Status Trainer::Impl::ExportModel(const std::string& dir) {
   RETURN_IF_ERROR(Flush());
+  std::vector<at::Tensor> gathered;  // across hosts: every rank's slices, on every rank
+  if (across_hosts()) {
+    ASSIGN_OR_RETURN(gathered, GatherMasters());
+  }
   if (!leader()) return OkStatus();  // data parallel: rank 0 exports
   // Held while the files are written: a resume's cleanup leaves this export's temporaries alone.
   ASSIGN_OR_RETURN(ExportLock lock, ExportLock::Acquire(dir));
   std::vector<float> m, v;
   for (int b = 0; b < n; ++b) {
     const int64_t numel = static_cast<int64_t>(layout[b].numel);
+    if (!gathered.empty()) {
+      layout[b].Bind(gathered[b]);
+      continue;
+    }
     at::Tensor master = at::empty({numel}, at::kFloat);
     if (!optimizer_mode.Exact()) {  // the weights only (compact states are not fp32)
       RETURN_IF_ERROR(ReadBlockStates(b, master.data_ptr<float>(), nullptr, nullptr));
@@ -487,7 +508,8 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   RETURN_IF_ERROR(write_trace());
   result.steps = m.completed;
   result.final_loss = m.accounting->last_loss();
-  if (!m.cfg.output_dir.empty() && m.cfg.export_final_model && m.leader()) {
+  // Across hosts every rank takes part: the masters are gathered from the hosts' slices.
+  if (!m.cfg.output_dir.empty() && m.cfg.export_final_model && (m.leader() || m.across_hosts())) {
     if (m.model->has_checkpoint()) {
       RETURN_IF_ERROR(m.ExportModel(m.cfg.output_dir));
       result.exported_to = m.cfg.output_dir;

@@ -2,8 +2,9 @@
 rendezvous, train across a real network interface (a veth pair this test creates, with
 addresses only it uses) and equal one rank on the whole batch (test_data_parallel.py's bounds).
 
-The ranks still share the host's memory (rank 1 maps rank 0's arena through /proc): what crosses
-the network is the rendezvous and every Gloo collective. Needs root (ip netns); skips otherwise."""
+The first two tests' ranks still share the host's memory (rank 1 maps rank 0's arena through
+/proc): what crosses the network is the rendezvous and every Gloo collective. The last runs two
+hosts with separate arenas (ZeRO-1 across hosts). Needs root (ip netns); skips otherwise."""
 
 import os
 import random
@@ -99,4 +100,37 @@ def test_torchrun_environment_across_two_network_namespaces(binary_dir, tmp_path
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
     assert f"tcp://{addrs[0]}:29733" in outs[0][1]
+    assert_close_runs(one, two)
+
+
+def test_two_hosts_with_separate_arenas_in_two_namespaces(binary_dir, tmp_path, two_namespaces):
+    """ZeRO-1 across hosts (LOCAL_WORLD_SIZE=1): each rank in its own network namespace and, where
+    unshare exists, its own PID, mount and IPC namespaces too, so that it cannot open the other's
+    /proc/<pid>/fd: each holds its half of the optimizer states in its own arena, and the result
+    still equals one rank on the whole batch."""
+    from test_data_parallel_torchrun import clean_env
+
+    ns, veth, addrs = two_namespaces
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(binary_dir, args(model, data, one, batch=4))
+    before = rx_bytes(ns[1], veth[1])
+    exe = str(binary_dir / "trainer" / "offloadd-train")
+    isolate = ["unshare", "--pid", "--fork", "--mount-proc", "--ipc"] if shutil.which("unshare") else []
+    procs = []
+    for rank in (0, 1):
+        env = clean_env(MASTER_ADDR=addrs[0], MASTER_PORT=29735, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=0,
+                        LOCAL_WORLD_SIZE=1, GROUP_RANK=rank, GLOO_SOCKET_IFNAME=veth[rank])
+        cmd = ["ip", "netns", "exec", ns[rank], *isolate, exe,
+               *args(model, data, two, batch=2, extra=["--parallel-timeout=120"])]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    assert "rank 0 of 2, ZeRO-1 across 2 hosts" in outs[0][1], outs[0][1]
+    moved = rx_bytes(ns[1], veth[1]) - before
+    # Every step's reduce-scatters and all-gathers cross the pair.
+    assert moved > 200_000, f"only {moved} bytes crossed {veth[1]}"
+    print(f"\n{moved} bytes received by rank 1 over {veth[1]} ({addrs[1]}); isolated: {bool(isolate)}")
     assert_close_runs(one, two)

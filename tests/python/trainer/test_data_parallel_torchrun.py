@@ -9,8 +9,8 @@ different order):
 - under torchrun itself (torch.distributed.run from the test's venv): its agent serves the store
   (TORCHELASTIC_USE_AGENT_STORE=True) and every rank connects as a client.
 
-Bad values are refused by name before anything is loaded, and a group spanning hosts is refused
-as not built."""
+Bad values are refused by name before anything is loaded, and a group spanning hosts with several
+ranks on each is refused as not built (one rank per host: test_data_parallel_hosts.py)."""
 
 import os
 import socket
@@ -76,7 +76,8 @@ def test_torchrun_starts_the_ranks(binary_dir, tmp_path, runs):
     ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http", "RANK": 0, "WORLD_SIZE": 2}, "MASTER_PORT='http'"),
     ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "RANK": 1, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2,
       "LOCAL_RANK": 0}, "LOCAL_RANK=0 disagrees with RANK=1"),
-    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "RANK": 0, "WORLD_SIZE": 2}, "spans 2 hosts"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "RANK": 0, "WORLD_SIZE": 4, "LOCAL_WORLD_SIZE": 2},
+     "spans 2 hosts of several ranks each"),
 ])
 def test_bad_environments_are_refused_by_name(binary_dir, tmp_path, env, named):
     model = build_model(tmp_path / "model", layers=2)

@@ -1,0 +1,116 @@
+"""ZeRO-1 across hosts: ranks started with the torchrun environment and LOCAL_WORLD_SIZE=1 are
+each a host of their own. Nothing is shared between them but the c10d group: each rank's own
+arena holds the fp32 masters and AdamW states of its contiguous 1/H slice of every block, its
+own workers update that slice with the group's reduce-scattered gradient sum, the clipping
+decision sums every host's ||g||^2, and the updated slices are all-gathered into every rank's
+whole weights. The result equals one rank on the whole batch within test_data_parallel.py's
+bounds (loss 1e-5, weights 2e-5: the same arithmetic, summed in a different order).
+
+Checkpoints: every host writes its partition (output_dir/partition-<h>-of-<H>/checkpoint-<step>),
+rank 0 commits partition 0 last, once every other one is committed; a resume from partition 0
+equals the uninterrupted run bit for bit, and a missing partition is refused, naming it.
+
+The same across two network namespaces (and PID namespaces, so that neither rank can even see
+the other's /proc): test_data_parallel_netns.py."""
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline_testlib import build_model, read_stats, run_train, write_pretokenized
+from test_data_parallel import args, assert_close_runs, free_port
+from test_data_parallel_torchrun import clean_env
+
+
+def start_hosts(binary_dir, model, data, out, *, hosts, accum=1, extra=(), prefix=(), env_of=None):
+    """One offloadd-train per host, as srun or a PyTorchJob would start one rank per node."""
+    exe = str(binary_dir / "trainer" / "offloadd-train")
+    port = free_port()
+    procs = []
+    for r in range(hosts):
+        env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=r, WORLD_SIZE=hosts,
+                        LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, GROUP_RANK=r)
+        if env_of:
+            env.update(env_of(r))
+        cmd = [*prefix(r), exe] if prefix else [exe]
+        cmd += args(model, data, out, batch=4 // hosts, accum=accum,
+                    extra=["--parallel-timeout=120", *extra])
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    return procs, outs
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_hosts_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, accum):
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(binary_dir, args(model, data, one, batch=4, accum=accum))
+    procs, outs = start_hosts(binary_dir, model, data, two, hosts=2, accum=accum)
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    assert "rank 0 of 2, ZeRO-1 across 2 hosts" in outs[0][1], outs[0][1]
+    # The clipping decision is the global norm's: some steps clip at 0.5 in both runs alike.
+    sa, sb = read_stats(one / "stats.jsonl"), read_stats(two / "stats.jsonl")
+    assert any(s["grad_norm"] > 0.5 for s in sa)
+    # Rank 0's workers update its half of every block only (a block of n: ceil(n / 2)).
+    params = sum(t.numel() for t in load_file(one / "model.safetensors").values())
+    for s in sb:
+        assert params // 2 <= s["cpu_update_params"] <= params // 2 + 16, (s["cpu_update_params"], params)
+    assert all(s["cpu_update_params"] == params for s in sa)
+    assert_close_runs(one, two)
+
+
+def test_what_is_not_built_across_hosts_is_refused_by_name(binary_dir, tmp_path):
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    for extra, named in [(["--device-optimizer-blocks=1"], "device_optimizer_blocks 1")]:
+        out = tmp_path / named.split()[0]
+        procs, outs = start_hosts(binary_dir, model, data, out, hosts=2, extra=extra)
+        for p, (_, err) in zip(procs, outs):
+            assert p.returncode != 0, err
+            assert named in err and "across 2 hosts" in err and "not built" in err, err
+        assert not (out / "stats.jsonl").exists() or not (out / "stats.jsonl").read_text().strip()
+    # --hosts must agree with the environment's hosts.
+    exe = str(binary_dir / "trainer" / "offloadd-train")
+    r = subprocess.run([exe, *args(model, data, tmp_path / "bad", batch=2, extra=["--hosts=3"])],
+                       env=clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=0, WORLD_SIZE=2,
+                                     LOCAL_WORLD_SIZE=1),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--hosts=3 disagrees with 2 hosts (GROUP_WORLD_SIZE)" in r.stderr, r.stderr
+
+
+def test_partitioned_checkpoint_resumes_bit_for_bit(binary_dir, tmp_path):
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"
+    for out, extra in [(full, []), (part, ["--save-steps=6"])]:
+        procs, outs = start_hosts(binary_dir, model, data, out, hosts=2, extra=extra)
+        for p, (_, err) in zip(procs, outs):
+            assert p.returncode == 0, err
+    ckpt = part / "partition-0-of-2" / "checkpoint-6"
+    for h in (0, 1):  # each host's slice of every layer, committed with its own marker
+        d = part / f"partition-{h}-of-2" / "checkpoint-6"
+        assert (d / "offloadd_state.json").is_file(), d
+        assert (d / "optimizer-layer-00000.safetensors").is_file(), d
+    assert not (part / "checkpoint-6").exists()
+    procs, outs = start_hosts(binary_dir, model, data, resumed, hosts=2, extra=[f"--resume-from={ckpt}"])
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    # Same process layout, same order of every sum: bit for bit.
+    fa, fb = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in fa:
+        assert torch.equal(fa[name], fb[name]), name
+    sa, sb = read_stats(full / "stats.jsonl"), read_stats(resumed / "stats.jsonl")
+    assert [s["loss"] for s in sa[6:]] == [s["loss"] for s in sb]
+
+    # A partition gone missing: both hosts refuse the resume, naming it.
+    shutil.rmtree(part / "partition-1-of-2" / "checkpoint-6")
+    procs, outs = start_hosts(binary_dir, model, data, tmp_path / "again", hosts=2,
+                              extra=[f"--resume-from={ckpt}"])
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode != 0, err
+        assert "checkpoint-6: partition 1 of 2 is missing" in err, err

@@ -1,0 +1,247 @@
+// Trainer across hosts (docs/data_parallel.md, "Across hosts"): ZeRO-1 with one rank per host.
+// The per-block reduce-scatter already leaves rank r with shard r of the group's gradient sum;
+// here rank r's own host optimizer holds the fp32 masters and AdamW states of exactly that slice,
+// so no arena is shared between hosts. The clipping decision sums every host's squared norms
+// (DataParallel::SumAcrossHosts, from the optimizer thread), and after each step the updated
+// slices are all-gathered into every rank's whole weights, which its compute reads.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+#include "trainer/state/checkpoint.h"
+#include "trainer/state/partition_checkpoint.h"
+
+#include "trainer/trainer_impl.h"
+
+namespace offloadd::trainer {
+
+int64_t Trainer::Impl::SliceBegin(int b) const {
+  const int64_t numel = static_cast<int64_t>(layout[b].numel);
+  const int64_t chunk = dp->Padded(numel) / dp->world();
+  return std::min<int64_t>(numel, dp->rank() * chunk);
+}
+
+int64_t Trainer::Impl::SliceLength(int b) const {
+  const int64_t numel = static_cast<int64_t>(layout[b].numel);
+  const int64_t chunk = dp->Padded(numel) / dp->world();
+  return std::min<int64_t>(chunk, numel - SliceBegin(b));
+}
+
+Status Trainer::Impl::CheckAcrossHosts(const std::string& what) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.hosts < 1)
+    return InvalidArgumentError("parallel.hosts must be >= 1, got " + std::to_string(p.hosts));
+  if (p.hosts == 1) return OkStatus();
+  const std::string across = what + " across " + std::to_string(p.hosts) + " hosts";
+  if (p.hosts != p.world_size) {
+    return UnimplementedError(
+        across + ": parallel.hosts " + std::to_string(p.hosts) + " with world_size " +
+        std::to_string(p.world_size) +
+        " is not built; across hosts each host runs one rank (LOCAL_WORLD_SIZE=1)");
+  }
+  if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0) {
+    return UnimplementedError(across +
+                              " with optimizer states on the GPU (device_optimizer_blocks " +
+                              std::to_string(cfg.offload.device_optimizer_blocks) +
+                              ") is not built yet; leave it auto (none across hosts) or 0");
+  }
+  cfg.offload.device_optimizer_blocks = 0;  // auto places none: every state is partitioned
+  if (cfg.offload.tier == StateTier::kNvme) {
+    return UnimplementedError(across + " with offload_optimizer device nvme is not built yet");
+  }
+  const bool checkpoints = cfg.save_steps > 0 || !cfg.resume_from.empty();
+  if (checkpoints && (cfg.optim.state_dtype != "fp32" || cfg.optim.master_dtype != "fp32")) {
+    return UnimplementedError(across + ": checkpoints per partition of optimizer state_dtype " +
+                              cfg.optim.state_dtype + " / master_dtype " + cfg.optim.master_dtype +
+                              " are not built yet (only fp32 states)");
+  }
+  return OkStatus();
+}
+
+HostOptimizerOptions Trainer::Impl::SliceOptions(HostOptimizerOptions ho) {
+  for (int b = 0; b < n; ++b) ho.block_elements[b] = static_cast<uint64_t>(SliceLength(b));
+  ho.combine_sq_norm = [d = dp.get()](double local_sq) { return d->SumAcrossHosts(local_sq); };
+  return ho;
+}
+
+Status Trainer::Impl::InitializeAcrossHosts(
+    const std::vector<HostOptimizer::InitPiece>& pieces,
+    const std::function<Status(const HostOptimizer::InitPiece&, float*)>& fill) {
+  const c10::ScalarType host_dtype = host->weights_fp32() ? at::kFloat : dtype;
+  full_weights.assign(static_cast<size_t>(n), at::Tensor());
+  return host->Initialize([&](int b, float* master) -> Status {
+    at::Tensor whole = at::empty({static_cast<int64_t>(layout[b].numel)}, at::kFloat);
+    for (const HostOptimizer::InitPiece& piece : pieces) {
+      if (piece.block == b) RETURN_IF_ERROR(fill(piece, whole.data_ptr<float>() + piece.begin));
+    }
+    std::memcpy(master, whole.data_ptr<float>() + SliceBegin(b),
+                static_cast<size_t>(SliceLength(b)) * sizeof(float));
+    // Rounded as the host optimizer rounds its 16-bit copy (round to nearest even).
+    full_weights[b] = whole.to(host_dtype).contiguous();
+    return OkStatus();
+  });
+}
+
+Status Trainer::Impl::GatherWeights(int64_t k) {
+  if (k > 0) {  // (0: a restore, nothing in flight)
+    ASSIGN_OR_RETURN(workers::StepResult r, host->WaitFinished(static_cast<uint64_t>(k)));
+    (void)r;  // a skipped step gathers the unchanged slices
+  }
+  const c10::ScalarType host_dtype = host->weights_fp32() ? at::kFloat : dtype;
+  // NCCL gathers device tensors; Gloo, CPU ones.
+  const auto opts = at::TensorOptions().dtype(host_dtype).device(device);
+  for (int b = 0; b < n; ++b) {
+    const int64_t numel = static_cast<int64_t>(layout[b].numel);
+    const int64_t padded = dp->Padded(numel);
+    const int64_t len = SliceLength(b);
+    at::Tensor shard = at::zeros({padded / dp->world()}, opts);
+    if (len > 0) {
+      shard.narrow(0, 0, len).copy_(
+          at::from_blob(host->compute_weights(b), {len}, at::TensorOptions().dtype(host_dtype)));
+    }
+    at::Tensor all = at::empty({padded}, opts);
+    RETURN_IF_ERROR(dp->AllGather(shard, all));
+    full_weights[b].copy_(all.narrow(0, 0, numel));
+    weights->OnUpdated(b);
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<at::Tensor>> Trainer::Impl::GatherMasters() {
+  std::vector<at::Tensor> out(static_cast<size_t>(n));
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (int b = 0; b < n; ++b) {
+    const int64_t numel = static_cast<int64_t>(layout[b].numel);
+    const int64_t padded = dp->Padded(numel);
+    const int64_t len = SliceLength(b);
+    at::Tensor mine = at::zeros({padded / dp->world()}, at::kFloat);
+    if (len > 0) RETURN_IF_ERROR(host->ReadStates(b, mine.data_ptr<float>(), nullptr, nullptr));
+    at::Tensor shard = mine.to(device);
+    at::Tensor all = at::empty({padded}, opts);
+    RETURN_IF_ERROR(dp->AllGather(shard, all));
+    out[b] = all.narrow(0, 0, numel).to(at::kCPU).contiguous();
+  }
+  return out;
+}
+
+// ---- checkpoints per partition ----
+
+std::string Trainer::Impl::PartitionDir(int h) const {
+  return cfg.output_dir + "/partition-" + std::to_string(h) + "-of-" +
+         std::to_string(cfg.parallel.hosts);
+}
+
+std::string Trainer::Impl::PartitionFingerprint(int h) const {
+  return Fingerprint() + "/partition " + std::to_string(h) + " of " +
+         std::to_string(cfg.parallel.hosts);
+}
+
+Status Trainer::Impl::PublishPartition(int64_t step, const std::string& committed) {
+  return dp->Set("partition/" + std::to_string(step) + "/" + std::to_string(dp->rank()), committed);
+}
+
+// The store says that host h committed; its committed directory (offloadd_state.json, fsynced and
+// renamed into place by CheckpointWriter::Commit) is the durable marker rank 0 checks. output_dir
+// is shared by the hosts (as a cluster's job directory is), so rank 0 reads every partition's.
+Status Trainer::Impl::AwaitPartitions(int64_t step) {
+  const std::string name = "checkpoint-" + std::to_string(step);
+  for (int h = 1; h < dp->world(); ++h) {
+    const std::string which =
+        name + ": partition " + std::to_string(h) + " of " + std::to_string(dp->world());
+    StatusOr<std::string> said =
+        dp->Get("partition/" + std::to_string(step) + "/" + std::to_string(h));
+    if (!said.ok()) {
+      return Status(said.status().code(),
+                    which + " was not reported committed: " + said.status().ToString());
+    }
+    const std::string path = PartitionDir(h) + "/" + name;
+    StatusOr<CheckpointReader> r = CheckpointReader::Open(path, PartitionFingerprint(h));
+    if (!r.ok()) {
+      return FailedPreconditionError(
+          which + " (" + path +
+          ") is not committed where rank 0 sees it (output_dir must be shared by "
+          "the hosts), so the checkpoint is not committed: " +
+          r.status().ToString());
+    }
+  }
+  return OkStatus();
+}
+
+Status Trainer::Impl::RestorePartition(const std::string& dir_in) {
+  RETURN_IF_ERROR(Flush());
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const int hosts = dp->world();
+  const std::string first = "partition-0-of-" + std::to_string(hosts);
+  const size_t slash = dir.rfind('/');
+  const std::string parent = slash == std::string::npos ? "" : dir.substr(0, slash);
+  const size_t slash2 = parent.rfind('/');
+  const std::string parent_name = slash2 == std::string::npos ? parent : parent.substr(slash2 + 1);
+  if (slash == std::string::npos || parent_name != first) {
+    return FailedPreconditionError(
+        dir_in + ": a resume across " + std::to_string(hosts) +
+        " hosts takes partition 0 of a checkpoint written across as many: <output_dir>/" + first +
+        "/checkpoint-<step>");
+  }
+  const std::string root = slash2 == std::string::npos ? "." : parent.substr(0, slash2);
+  const std::string name = dir.substr(slash + 1);
+  auto partition = [&](int h) {
+    return root + "/partition-" + std::to_string(h) + "-of-" + std::to_string(hosts) + "/" + name;
+  };
+  for (int h = 0; h < hosts; ++h) {  // every rank names the same missing partition
+    if (access(partition(h).c_str(), F_OK) != 0) {
+      return FailedPreconditionError(name + ": partition " + std::to_string(h) + " of " +
+                                     std::to_string(hosts) + " is missing (" + partition(h) + ")");
+    }
+  }
+  const std::string mine = partition(dp->rank());
+  ASSIGN_OR_RETURN(CheckpointReader r,
+                   CheckpointReader::Open(mine, PartitionFingerprint(dp->rank()),
+                                          cfg.optim.state_dtype, cfg.optim.master_dtype));
+  if (r.num_layers() != n) {
+    return FailedPreconditionError(mine + ": has " + std::to_string(r.num_layers()) +
+                                   " layers, the model " + std::to_string(n));
+  }
+  std::vector<float> master, m, v;
+  int64_t adam_steps = -1;
+  for (int b = 0; b < n; ++b) {
+    const int64_t len = SliceLength(b);
+    master.resize(static_cast<size_t>(len));
+    m.resize(static_cast<size_t>(len));
+    v.resize(static_cast<size_t>(len));
+    LayerTarget t;
+    t.params = {ParamSpec{SliceName(b), {len}}};
+    t.master = {std::span<float>(master)};
+    t.exp_avg = {std::span<float>(m)};
+    t.exp_avg_sq = {std::span<float>(v)};
+    StatusOr<int64_t> adam_step = r.ReadLayer(b, t);
+    if (!adam_step.ok()) return adam_step.status();
+    if (adam_steps >= 0 && *adam_step != adam_steps) {
+      return DataLossError(mine + ": layer " + std::to_string(b) + " has AdamW step " +
+                           std::to_string(*adam_step) + ", layer 0 " + std::to_string(adam_steps));
+    }
+    adam_steps = *adam_step;
+    RETURN_IF_ERROR(host->RestoreStates(b, master.data(), m.data(), v.data(),
+                                        static_cast<uint64_t>(adam_steps)));
+  }
+  const TrainerState& st = r.state();
+  if (adam_steps > st.global_step) {
+    return DataLossError(mine + ": AdamW step " + std::to_string(adam_steps) +
+                         " is beyond global_step " + std::to_string(st.global_step));
+  }
+  RETURN_IF_ERROR(data->Restore(st.data_cursor));
+  if (scaler && st.grad_scaler) RETURN_IF_ERROR(scaler->Restore(*st.grad_scaler));
+  completed = st.global_step;
+  accounting->Restore(adam_steps, st.log_history);
+  RETURN_IF_ERROR(
+      host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
+  RETURN_IF_ERROR(GatherWeights(0));  // every host's restored slice into every rank's weights
+  Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " resumed from " + mine +
+                                       " at step " + std::to_string(completed) + " of " +
+                                       std::to_string(total));
+  return OkStatus();
+}
+
+}  // namespace offloadd::trainer
