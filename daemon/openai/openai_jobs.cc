@@ -211,7 +211,11 @@ std::variant<v1::JobSpec, ApiError> SpecFromRequest(const std::string& text,
         return Bad("method." + key, "unknown parameter 'method." + key + "'");
       }
     }
-    const std::string type = m.value("type", std::string());
+    // json::value throws on a present non-string: the type is checked before it is read.
+    if (m.contains("type") && !m["type"].is_null() && !m["type"].is_string())
+      return Bad("method.type", "method.type must be a string");
+    const std::string type =
+        m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>() : std::string();
     if (type != "supervised") {
       return Bad("method.type", "method.type '" + type +
                                     "' is not supported; offloadd fine-tunes "

@@ -119,6 +119,10 @@ TEST_F(OpenAiJobsTest, WhatIsUnknownOrUnsupportedIsRefusedNamingTheParameter) {
        "(0, 100]"},
       {{{"hyperparameters", {{"beta", 0.1}}}}, "hyperparameters.beta", "unknown hyperparameter"},
       {{{"method", {{"type", "dpo"}}}}, "method.type", "'dpo' is not supported"},
+      // A non-string type threw out of json::value and ended the process (the fuzzer's find).
+      {{{"method", {{"type", {{"hyperparameters", {{"batch_size", "auto"}}}}}}}},
+       "method.type",
+       "must be a string"},
       {{{"method",
          {{"type", "supervised"}, {"supervised", {{"hyperparameters", {{"n_epochs", 1}}}}}}},
         {"hyperparameters", {{"n_epochs", 1}}}},
