@@ -44,6 +44,8 @@ engine::SaveMode ToSaveMode(ActivationMode m) {
   }
 }
 
+}  // namespace
+
 void Synchronize(bool cuda) {
 #if OFFLOADD_WITH_CUDA
   if (cuda) at::cuda::getCurrentCUDAStream().synchronize();
@@ -51,8 +53,6 @@ void Synchronize(bool cuda) {
   (void)cuda;
 #endif
 }
-
-}  // namespace
 
 Status Trainer::Impl::InitialModes() {
   modes.assign(n, engine::SaveMode::kKeep);

@@ -46,6 +46,9 @@
 
 namespace offloadd::trainer {
 
+// Waits for the current CUDA stream (a no-op on the CPU): the planner's timings (trainer_batch.cc).
+void Synchronize(bool cuda);
+
 // Room above a profiled working set: the caching allocator's placement, and so its reserved
 // peak, differs slightly between runs of the same step (a few 20 MiB expandable-segment pages
 // per block); a margin of 256 MiB is 4% of the smallest (6 GiB) budget the benchmarks use.

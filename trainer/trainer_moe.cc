@@ -9,25 +9,9 @@
 #include <cmath>
 #include <vector>
 
-#if OFFLOADD_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
-
 #include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
-namespace {
-
-void Synchronize(bool cuda) {
-#if OFFLOADD_WITH_CUDA
-  if (cuda) at::cuda::getCurrentCUDAStream().synchronize();
-#else
-  (void)cuda;
-#endif
-}
-
-}  // namespace
-
 bool Trainer::Impl::SparseBlock(int b) const {
   return b >= 1 && b + 1 < n && model->config().layer_sparse(b - 1);
 }
