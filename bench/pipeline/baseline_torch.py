@@ -91,6 +91,13 @@ SHAPES = {
                      num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936),
     "gemma3-4b": dict(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8,
                       num_key_value_heads=4, head_dim=256, intermediate_size=10240, vocab_size=262208),
+    # Mixtures of experts: allenai/OLMoE-1B-7B-0924 (6.9B total, 1.3B active) and Qwen/Qwen3-30B-A3B
+    # (30.5B total, 3.3B active); FAMILIES below holds their expert and router fields.
+    "olmoe-1b-7b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
+                        num_key_value_heads=16, intermediate_size=1024, vocab_size=50304),
+    "qwen3-30b-a3b": dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+                          vocab_size=151936),
     # About 1M parameters (4 MB in fp32): for CPU smoke runs only.
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=344, vocab_size=2048),
@@ -114,6 +121,17 @@ FAMILIES = {
                       rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
                       hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
                       attn_logit_softcapping=None, bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0),
+    "olmoe-1b-7b": dict(model_type="olmoe", architectures=["OlmoeForCausalLM"], tie_word_embeddings=False,
+                        num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, rope_theta=10000.0,
+                        rms_norm_eps=1e-5, max_position_embeddings=4096, hidden_act="silu", clip_qkv=None,
+                        router_aux_loss_coef=0.01, output_router_logits=False, pad_token_id=1,
+                        bos_token_id=None, eos_token_id=50279),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+                          tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
+                          moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
+                          mlp_only_layers=[], rope_theta=1000000.0, rms_norm_eps=1e-6,
+                          max_position_embeddings=40960, hidden_act="silu", router_aux_loss_coef=0.001,
+                          output_router_logits=False, bos_token_id=151643, eos_token_id=151645),
 }
 
 
