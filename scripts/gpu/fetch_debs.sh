@@ -2,7 +2,7 @@
 # Run HERE (a machine with internet): downloads the Ubuntu 24.04 (noble) .debs that the GPU
 # machine lacks — gRPC C++, liburing, prometheus-cpp, PCRE2, SQLite, nlohmann-json, CLI11, libsystemd's
 # headers, SentencePiece and their
-# libraries, Snappy and zstd's headers (the Parquet and Arrow readers) — into .debs/ (git-ignored), for scripts/gpu/build_and_test.sh to unpack there.
+# libraries, Snappy and zstd's headers (the Parquet and Arrow readers), gloo's headers (CPU and cross-host process groups) — into .debs/ (git-ignored), for scripts/gpu/build_and_test.sh to unpack there.
 # The GPU machine already has protobuf, yaml-cpp, GoogleTest, Boost, OpenSSL, zlib, CUDA, torch.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -20,6 +20,7 @@ packages=(
   libcli11-dev
   libsystemd-dev libsystemd0 libsentencepiece-dev libsentencepiece0
   libsnappy-dev libsnappy1v5 libzstd-dev libzstd1
+  libgloo-dev
 )
 
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$out"
