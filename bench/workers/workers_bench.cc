@@ -9,7 +9,8 @@
 // written 12 + bf16 weight written 2 = 28 B (write-allocate traffic not counted, as in STREAM).
 // The compact optimizer modes (workers/adamw_compact.h) report their own bytes per parameter
 // (StepTrafficBytesPerParam: 16.06 with int8 states) and their share of the triad's roofline;
-// --compact runs only the triad and those (offloadd-workers-bench --compact --threads=1,2).
+// --compact runs only the triad, the exact kernel and those (offloadd-workers-bench --compact
+// --threads=1,2); --paths=avx512bf16,avx2 limits the kernel flavours.
 // Each figure is the best of --repeats runs after a warm-up (the median is printed too): on a
 // shared machine other load only ever slows a run down.
 #include <pthread.h>
@@ -49,6 +50,7 @@ struct Args {
   int repeats = 5;
   bool undo_variants = true;
   bool compact_only = false;
+  std::vector<KernelPath> paths = SupportedPaths();  // --paths
   std::map<int, double> triad_gbps;  // by thread count, from Stream
 };
 
@@ -455,9 +457,22 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--compact") {
       a.compact_only = true;
+    } else if (const char* v5 = val("--paths=")) {  // e.g. avx512bf16,avx2
+      a.paths.clear();
+      std::string s = v5;
+      for (size_t pos = 0; pos < s.size();) {
+        const size_t comma = std::min(s.find(',', pos), s.size());
+        auto path = ParseKernelPath(s.substr(pos, comma - pos));
+        if (!path.ok()) {
+          std::cerr << "--paths: " << path.status().ToString() << "\n";
+          return 2;
+        }
+        a.paths.push_back(*path);
+        pos = comma + 1;
+      }
     } else {
       std::cerr << "usage: offloadd-workers-bench [--params=N] [--threads=1,2,4] [--pool=1x4,2x2] "
-                   "[--repeats=R] [--compact]\n";
+                   "[--repeats=R] [--compact] [--paths=avx512bf16,avx2]\n";
       return 2;
     }
   }
@@ -466,17 +481,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (int t : a.threads) a.triad_gbps[t] = Stream(a, t);
-  for (KernelPath p : SupportedPaths()) {
+  for (KernelPath p : a.paths) {
     for (int t : a.threads) {
       for (StateDtype sd : {StateDtype::kFp32, StateDtype::kBf16, StateDtype::kInt8}) {
         for (MasterDtype md : {MasterDtype::kFp32, MasterDtype::kBf16}) Compact(a, p, t, {sd, md});
       }
     }
   }
-  if (a.compact_only) return 0;
-  for (KernelPath p : SupportedPaths()) {
+  for (KernelPath p : a.paths) {
     for (int t : a.threads) Kernel(a, p, t);
   }
+  if (a.compact_only) return 0;
   for (int t : a.threads) {
     offloadd::Status st = Executor(a, static_cast<uint32_t>(t));
     if (!st.ok()) {
