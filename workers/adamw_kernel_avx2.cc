@@ -1,42 +1,10 @@
 // AVX2 + FMA + F16C path (compiled with -mavx2 -mfma -mf16c; only called when
 // cpuid says so). bf16 rounding is done in integer arithmetic, exactly as
 // c10::BFloat16 does it.
-#include <immintrin.h>
-
-#include "workers/adamw_kernel_impl.h"
+#include "workers/adamw_avx2_helpers.inc"
 
 namespace offloadd::workers::internal::avx2 {
 namespace {
-
-inline __m256 LoadGrad8(const void *grad, GradDtype dt, size_t i) {
-  if (dt == GradDtype::kFp32) return _mm256_loadu_ps(static_cast<const float *>(grad) + i);
-  const __m128i h =
-      _mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(grad) + i));
-  if (dt == GradDtype::kFp16) return _mm256_cvtph_ps(h);  // F16C, exact
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline __m128i ToBf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
-  // Pack 8 x u32 (each < 65536) to 8 x u16: packus works per 128-bit lane.
-  const __m256i packed = _mm256_packus_epi32(r, r);
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
-
-inline void StoreWeights8(void *w, WeightDtype dt, size_t i, __m256 p) {
-  if (dt == WeightDtype::kNone) return;
-  auto *dst = reinterpret_cast<__m128i *>(static_cast<uint16_t *>(w) + i);
-  if (dt == WeightDtype::kBf16) {
-    _mm_storeu_si128(dst, ToBf16(p));
-  } else {
-    _mm_storeu_si128(dst, _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-}
 
 // The two 8-lane halves of the canonical 16 norm lanes (NormLanes), for the
 // scalar tail to go on.
