@@ -279,6 +279,56 @@ TEST(AdamWCompactTest, EveryFlavourMatchesPortableBitForBit) {
   }
 }
 
+// The vector flavours' edges against portable, bit for bit: spans ending anywhere in a 16-lane
+// chunk or a block (AVX2 pads its last partial chunk, AVX-512 masks it), fp16 and fp32 gradients,
+// fp16 and absent weight copies, stochastic-rounding indices wrapping at 2^32, and values at the
+// ends of the formats: all-zero blocks (scale 0), denormal states (a denormal block maximum makes
+// 127 / absmax infinite), -0.0, and gradients large enough to saturate the int8 codes.
+TEST(AdamWCompactTest, EveryFlavourMatchesPortableAtTailsAndEdgeValues) {
+  for (const size_t n : {size_t{1}, size_t{7}, size_t{9}, size_t{16}, size_t{17}, size_t{255},
+                         size_t{257}, size_t{520}}) {
+    Inputs in = MakeInputs(static_cast<uint32_t>(20 + n), n);
+    for (size_t i = 0; i < n; ++i) {
+      if (i % 5 == 1) in.m[i] = -0.0f;
+      if (i % 7 == 2) in.v[i] = 1e-41f, in.m[i] = 1e-42f;  // denormal
+      if (i % 11 == 3) in.grad32[i] = 3e4f, in.grad16[i] = FloatToBf16(3e4f);
+    }
+    if (n > 256) {  // an all-zero second block but for its gradients
+      for (size_t i = 256; i < n; ++i) in.m[i] = 0, in.v[i] = 0;
+    }
+    std::vector<uint16_t> grad_fp16;
+    for (const float g : in.grad32) grad_fp16.push_back(internal::FloatToFp16(g));
+    for (const OptimizerMode mode : AllModes()) {
+      for (const GradDtype gd : {GradDtype::kFp16, GradDtype::kFp32}) {
+        for (const WeightDtype wd : {WeightDtype::kFp16, WeightDtype::kNone}) {
+          const void* grad = gd == GradDtype::kFp16 ? static_cast<const void*>(grad_fp16.data())
+                                                    : in.grad32.data();
+          const auto step = [&](Buffers& b, uint64_t k, KernelPath path) {
+            CompactSpan s = b.Span(grad, gd);
+            s.weight_dtype = wd;
+            if (wd == WeightDtype::kNone) s.weights = nullptr;
+            s.first_index = (uint64_t{1} << 32) - 256;  // block-aligned, wraps in the block
+            auto r = CompactAdamW(s, mode, Hyper(k), path);
+            EXPECT_TRUE(r.ok()) << r.status().ToString();
+            return r.ok() ? *r : -1.0;
+          };
+          Buffers want(mode, in.p, in.m, in.v);
+          const double norm1 = step(want, 1, KernelPath::kPortable);
+          const double norm2 = step(want, 2, KernelPath::kPortable);
+          for (const KernelPath path : SupportedPaths()) {
+            Buffers got(mode, in.p, in.m, in.v);
+            EXPECT_EQ(step(got, 1, path), norm1);
+            EXPECT_EQ(step(got, 2, path), norm2);
+            EXPECT_TRUE(got == want) << mode.Describe() << " on " << KernelPathName(path) << ", n "
+                                     << n << ", grad dtype " << static_cast<int>(gd)
+                                     << ", weight dtype " << static_cast<int>(wd);
+          }
+        }
+      }
+    }
+  }
+}
+
 // A NaN or inf in a block's state (a diverged run, or arbitrary bytes in the arena: the worker
 // protocol fuzzer's find) has no int8 code; converting it was undefined behaviour (UBSan: float
 // cast overflow). The block decodes non-finite afterwards, as an fp32 state would stay, and the
