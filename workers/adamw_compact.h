@@ -4,9 +4,10 @@
 // fp32 states) is the default and stays FusedAdamW. docs/optimizer-modes.md has the formats, the
 // choices and their measured cost.
 //
-// Each block of kInt8BlockSize elements is decoded into fp32 (cache-resident), stepped by the
-// flavour's FusedAdamW (the same fp32 arithmetic as exact AdamW) and encoded back, so memory is
-// read and written once per step in the compact format:
+// Each block of kInt8BlockSize elements is decoded into fp32, stepped with exact AdamW's fp32
+// arithmetic (FusedAdamW's operations) and encoded back in one fused pass (int8 states: a second
+// pass over the block's L1 buffer), so memory is read and written once per step in the compact
+// format:
 //   state_dtype bf16: m and v in bf16, stochastically rounded (a counter-based hash of the
 //     element's index, the step and the span's seed: deterministic, the same on every flavour).
 //     Round-to-nearest would freeze v: beta2's decay per step (0.1% at 0.999) is below half a
