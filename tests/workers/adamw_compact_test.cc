@@ -282,8 +282,9 @@ TEST(AdamWCompactTest, EveryFlavourMatchesPortableBitForBit) {
 // The vector flavours' edges against portable, bit for bit: spans ending anywhere in a 16-lane
 // chunk or a block (AVX2 pads its last partial chunk, AVX-512 masks it), fp16 and fp32 gradients,
 // fp16 and absent weight copies, stochastic-rounding indices wrapping at 2^32, and values at the
-// ends of the formats: all-zero blocks (scale 0), denormal states (a denormal block maximum makes
-// 127 / absmax infinite), -0.0, and gradients large enough to saturate the int8 codes.
+// ends of the formats: all-zero blocks (scale 0), denormal states and a block whose maximum is
+// denormal (127 / absmax is infinite), -0.0, and gradients large enough to saturate the int8
+// codes.
 TEST(AdamWCompactTest, EveryFlavourMatchesPortableAtTailsAndEdgeValues) {
   for (const size_t n : {size_t{1}, size_t{7}, size_t{9}, size_t{16}, size_t{17}, size_t{255},
                          size_t{257}, size_t{520}}) {
@@ -295,6 +296,10 @@ TEST(AdamWCompactTest, EveryFlavourMatchesPortableAtTailsAndEdgeValues) {
     }
     if (n > 256) {  // an all-zero second block but for its gradients
       for (size_t i = 256; i < n; ++i) in.m[i] = 0, in.v[i] = 0;
+    }
+    for (size_t i = 512; i < n; ++i) {  // a block whose new m is all denormal: 127 / absmax = inf
+      in.grad32[i] = 1e-40f * static_cast<float>(i % 3 + 1);
+      in.grad16[i] = FloatToBf16(in.grad32[i]);
     }
     std::vector<uint16_t> grad_fp16;
     for (const float g : in.grad32) grad_fp16.push_back(internal::FloatToFp16(g));
