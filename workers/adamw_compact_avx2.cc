@@ -58,8 +58,12 @@ inline float MaxAsFloat(__m256i most) {
 }
 
 // EncodeInt8M's codes for 8 lanes under inv = 127 / absmax (or 0): rne(clamp(m inv)), NaN -> 0.
+// kFinite: the block's maximum and its inverse are finite, so |m inv| <= 127 (1 + 2^-23) rounds
+// into [-127, 127] and is never NaN: the clamp and the NaN test change nothing and are skipped.
+template <bool kFinite>
 inline __m256i QuantiseM(__m256 m, __m256 inv) {
   const __m256 y = _mm256_mul_ps(m, inv);
+  if constexpr (kFinite) return _mm256_cvtps_epi32(y);
   const __m256 ordered = _mm256_cmp_ps(y, y, _CMP_ORD_Q);
   const __m256 c = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
   return _mm256_cvtps_epi32(_mm256_and_ps(c, ordered));
@@ -67,11 +71,17 @@ inline __m256i QuantiseM(__m256 m, __m256 inv) {
 
 // EncodeInt8V's codes for 8 lanes of sqrt(v) under inv = 255 / max (or 0): min(rne(sv inv), 255),
 // NaN -> 0, at least 1 where sv > 0.
+// kFinite: as QuantiseM's, sv inv <= 255 (1 + 2^-23) rounds to at most 255 and is never NaN.
+template <bool kFinite>
 inline __m256i QuantiseV(__m256 sv, __m256 inv) {
   const __m256 y = _mm256_mul_ps(sv, inv);
-  const __m256 ordered = _mm256_cmp_ps(y, y, _CMP_ORD_Q);
-  const __m256i x =
-      _mm256_cvtps_epi32(_mm256_and_ps(_mm256_min_ps(y, _mm256_set1_ps(255.0f)), ordered));
+  __m256i x;
+  if constexpr (kFinite) {
+    x = _mm256_cvtps_epi32(y);
+  } else {
+    const __m256 ordered = _mm256_cmp_ps(y, y, _CMP_ORD_Q);
+    x = _mm256_cvtps_epi32(_mm256_and_ps(_mm256_min_ps(y, _mm256_set1_ps(255.0f)), ordered));
+  }
   const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(sv, _mm256_setzero_ps(), _CMP_GT_OQ));
   return _mm256_max_epi32(x, _mm256_and_si256(positive, _mm256_set1_epi32(1)));
 }
@@ -123,6 +133,30 @@ struct BlockState {
   __m256i mmax = _mm256_setzero_si256(), svmax = _mm256_setzero_si256();
   __m256 mstep, vstep;
 };
+
+// The int8 codes of a block's new m and sqrt(v) (bs's buffers, whole chunks) under its inverse
+// scales.
+template <bool kFinite>
+void QuantiseBlock(const BlockState& bs, size_t n, float minv, float vinv, int8_t* qm,
+                   uint8_t* qv) {
+  const __m256 mi = _mm256_set1_ps(minv), vi = _mm256_set1_ps(vinv);
+  for (size_t k = 0; k < n; k += 16) {
+    const __m128i cm = PackBytes<true>(QuantiseM<kFinite>(_mm256_load_ps(bs.mbuf + k), mi),
+                                       QuantiseM<kFinite>(_mm256_load_ps(bs.mbuf + k + 8), mi));
+    const __m128i cv = PackBytes<false>(QuantiseV<kFinite>(_mm256_load_ps(bs.svbuf + k), vi),
+                                        QuantiseV<kFinite>(_mm256_load_ps(bs.svbuf + k + 8), vi));
+    if (k + 16 <= n) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + k), cm);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + k), cv);
+    } else {
+      alignas(16) uint8_t tmp[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tmp), cm);
+      std::memcpy(qm + k, tmp, n - k);
+      _mm_store_si128(reinterpret_cast<__m128i*>(tmp), cv);
+      std::memcpy(qv + k, tmp, n - k);
+    }
+  }
+}
 
 // Eight elements at ptrs' element i (block element j, tensor index `index`); `valid` masks the
 // lanes that exist out of the int8 maxima. Returns the raw gradients.
@@ -253,25 +287,14 @@ double Block(const CompactSpan& sp, const Consts& c, size_t b0, size_t n) {
   if (j < n) PartialChunk<kMaster, kState>(sp, b0 + j, j, n - j, c, &bs, &lo, &hi);
   if constexpr (kState == StateDtype::kInt8) {
     const float absmax = MaxAsFloat(bs.mmax), top = MaxAsFloat(bs.svmax);
-    const __m256 minv = _mm256_set1_ps(absmax > 0.0f ? 127.0f / absmax : 0.0f);
-    const __m256 vinv = _mm256_set1_ps(top > 0.0f ? 255.0f / top : 0.0f);
+    const float minv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+    const float vinv = top > 0.0f ? 255.0f / top : 0.0f;
     int8_t* qm = static_cast<int8_t*>(sp.exp_avg) + b0;
     uint8_t* qv = static_cast<uint8_t*>(sp.exp_avg_sq) + b0;
-    for (size_t k = 0; k < n; k += 16) {  // the buffers hold whole chunks (padded lanes too)
-      const __m128i cm = PackBytes<true>(QuantiseM(_mm256_load_ps(bs.mbuf + k), minv),
-                                         QuantiseM(_mm256_load_ps(bs.mbuf + k + 8), minv));
-      const __m128i cv = PackBytes<false>(QuantiseV(_mm256_load_ps(bs.svbuf + k), vinv),
-                                          QuantiseV(_mm256_load_ps(bs.svbuf + k + 8), vinv));
-      if (k + 16 <= n) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + k), cm);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + k), cv);
-      } else {
-        alignas(16) uint8_t tmp[16];
-        _mm_store_si128(reinterpret_cast<__m128i*>(tmp), cm);
-        std::memcpy(qm + k, tmp, n - k);
-        _mm_store_si128(reinterpret_cast<__m128i*>(tmp), cv);
-        std::memcpy(qv + k, tmp, n - k);
-      }
+    if (std::isfinite(absmax) && std::isfinite(top) && std::isfinite(minv) && std::isfinite(vinv)) {
+      QuantiseBlock<true>(bs, n, minv, vinv, qm, qv);
+    } else {
+      QuantiseBlock<false>(bs, n, minv, vinv, qm, qv);
     }
     sp.exp_avg_scale[b0 / kBlock] = absmax;
     sp.exp_avg_sq_scale[b0 / kBlock] = top;
