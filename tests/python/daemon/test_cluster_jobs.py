@@ -156,6 +156,54 @@ def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path):
     assert "host b (127.0.0.1:" in failed.error.message, failed.error.message
 
 
+def wait_for(c, job_id: str, states, bound: float = 120):
+    deadline = time.monotonic() + bound
+    while (job := c.get_job(job_id)).state not in states:
+        assert time.monotonic() < deadline, (job.state, job.error)
+        time.sleep(0.2)
+    return job
+
+
+def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
+    """Pause checkpoints on both hosts (one partition each, committed by the coordinator's rank),
+    resume continues from partition 0's checkpoint on both, and cancel stops the peer's part too."""
+    a, b = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=64)
+    with offloadd.Client(a.target) as c:
+        s = spec(tmp_path, "paused", steps=100000, save_steps=100000)
+        s["training"]["per_device_train_batch_size"] = 2
+        s["resources"] = {"hosts": 2}
+        job = c.create_job(s)
+        events = Events(c, job.id)
+        deadline = time.monotonic() + 120
+        while not any(p.step >= 2 for p in progress(events.events)):
+            assert time.monotonic() < deadline, logs(events.events)
+            time.sleep(0.2)
+        c.pause_job(job.id)
+        paused = wait_for(c, job.id, (S.JOB_STATE_PAUSED, S.JOB_STATE_FAILED))
+        assert paused.state == S.JOB_STATE_PAUSED, (paused.error, logs(events.events))
+        step = paused.latest_checkpoint_step
+        assert step >= 2, (logs(events.events), b.log()[-2000:])
+        for h in (0, 1):
+            assert (tmp_path / "paused" / f"partition-{h}-of-2" / f"checkpoint-{step}").is_dir(), h
+        c.resume_job(job.id)
+        deadline = time.monotonic() + 120
+        while not any(p.step > step + 1 for p in progress(events.events)):
+            assert time.monotonic() < deadline, logs(events.events)
+            time.sleep(0.2)
+        assert any(m == f"resuming from {tmp_path}/paused/partition-0-of-2/checkpoint-{step}"
+                   for m in logs(events.events)), logs(events.events)
+        c.cancel_job(job.id)
+        cancelled = wait_for(c, job.id, (S.JOB_STATE_CANCELLED, S.JOB_STATE_FAILED), bound=60)
+        assert cancelled.state == S.JOB_STATE_CANCELLED, cancelled.error
+    # Both parts of the peer ended (paused, then cancelled), and it holds nothing now.
+    deadline = time.monotonic() + 30
+    while b.log().count(f"job {job.id} rank 1 ended: CANCELLED") < 2:
+        assert time.monotonic() < deadline, b.log()[-3000:]
+        time.sleep(0.2)
+
+
 def test_what_is_not_built_across_hosts_is_refused_by_name(cluster, tmp_path):
     a, _ = cluster
     build_model(tmp_path / "model", layers=2)
