@@ -152,6 +152,7 @@ def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path):
             assert time.monotonic() - killed < 30, "the job did not fail within 30 s of its peer's death"
             time.sleep(0.2)
         failed = c.get_job(job.id)
+        print(f"the job failed {time.monotonic() - killed:.1f} s after its peer was killed: {failed.error.message}")
     assert failed.state == S.JOB_STATE_FAILED
     assert "host b (127.0.0.1:" in failed.error.message, failed.error.message
 
