@@ -22,6 +22,8 @@
 #include "common/logging.h"
 #include "common/safe_path.h"
 #include "daemon/build_info.h"
+#include "daemon/cluster/cluster_job_runner.h"
+#include "daemon/cluster/peer_service.h"
 #include "daemon/jobs/executor_job_runner.h"
 #include "daemon/jobs/job_manager.h"
 #include "daemon/jobs/job_store.h"
@@ -191,6 +193,24 @@ std::string GrpcEndpoints(const DaemonConfig& config, int tcp_port) {
   return where;
 }
 
+// The server of cluster.listen for the parts of jobs other daemons coordinate (null when it is not
+// set), and the cluster's setup, logged.
+StatusOr<std::unique_ptr<PeerServer>> StartPeerServer(const ClusterConfig& cluster,
+                                                      JobManager* jobs,
+                                                      ExecutorJobRunner* executors) {
+  std::unique_ptr<PeerServer> server;
+  if (!cluster.listen.empty()) {
+    ASSIGN_OR_RETURN(server, PeerServer::Start(cluster, jobs, executors));
+    OFFLOADD_LOG(kInfo, kLog) << "serving peer daemons on port " << server->port()
+                              << " (mutual TLS) as cluster host " << cluster.name;
+  }
+  if (!cluster.peers.empty()) {
+    OFFLOADD_LOG(kInfo, kLog) << "coordinating jobs across up to " << cluster.peers.size() + 1
+                              << " hosts (cluster.peers)";
+  }
+  return server;
+}
+
 }  // namespace
 
 // What CreateJob admits a job against (JobManager::Submit): the allowed roots, and the node as
@@ -211,6 +231,7 @@ JobManager::Options JobManagerOptionsFor(const DaemonConfig& config, int gpus) {
     node.gpus = facts.gpus;
     node.gpu_driver_problem = facts.gpu_driver_problem;
     node.cpu_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    node.cluster_hosts = 1 + static_cast<int>(config.cluster.peers.size());
     node.profile_dir = config.state_dir + "/profiles";
     node.aio_block_size = config.storage.aio.block_size;
     node.aio_queue_depth = config.storage.aio.queue_depth;
@@ -265,8 +286,12 @@ int RunDaemon(const DaemonConfig& config) {
        .clock = {}});
   auto runner_options = RunnerOptions(config, executor_binary, !gpus.empty());
   if (!runner_options.ok()) return Fail(runner_options.status());
-  auto runner = std::make_unique<ExecutorJobRunner>(std::move(*runner_options), &train_metrics);
-  const TrainerEnvironment& env = runner->options().environment;
+  // This host's executors run its jobs (one host's, or rank 0 of one across hosts) and the peers'.
+  auto runner = std::make_unique<ClusterJobRunner>(
+      config.cluster,
+      std::make_unique<ExecutorJobRunner>(std::move(*runner_options), &train_metrics));
+  ExecutorJobRunner* const executors = runner->local();
+  const TrainerEnvironment& env = executors->options().environment;
   OFFLOADD_LOG(kInfo, kLog) << "training: " << (gpus.empty() ? "cpu" : "cuda") << " in "
                             << executor_binary << " (one per job and GPU), "
                             << env.worker_processes() << " optimizer worker process(es) per job, "
@@ -333,6 +358,8 @@ int RunDaemon(const DaemonConfig& config) {
     (*metrics)->SetServing(problem.empty());
   });
   OFFLOADD_LOG(kInfo, kLog) << "serving gRPC on " << where;
+  auto peer_server = StartPeerServer(config.cluster, jobs->get(), executors);
+  if (!peer_server.ok()) return Fail(peer_server.status());
   // The OpenAI-compatible API, when server.openai_api.listen is set: a frontend of the same jobs.
   std::unique_ptr<openai::OpenAiApi> openai_api;
   if (!config.server.openai_api.listen.empty()) {
@@ -353,6 +380,7 @@ int RunDaemon(const DaemonConfig& config) {
   (*jobs)->SetHealthSink({});
   (*metrics)->SetServing(false);
   if (openai_api) openai_api->Shutdown();  // requests being handled finish first
+  if (*peer_server) (*peer_server)->Shutdown();  // the peers' parts here stop with their streams
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(config.server.shutdown_grace_seconds * 1000));
   ShutdownWatchdog watchdog(deadline, config.server.shutdown_grace_seconds);

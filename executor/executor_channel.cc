@@ -19,6 +19,14 @@ void ExecutorChannel::RequestStop(StopRequest request) {
   StopRequest now = stop_.load();
   while (static_cast<int>(request) > static_cast<int>(now) && !stop_.compare_exchange_weak(now, request)) {
   }
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  stop_changed_.notify_all();
+}
+
+StopRequest ExecutorChannel::WaitForStop(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  stop_changed_.wait_for(lock, timeout, [this] { return stop_.load() != StopRequest::kNone; });
+  return stop_.load();
 }
 
 }  // namespace offloadd::executor

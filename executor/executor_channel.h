@@ -3,6 +3,8 @@
 // and the control reader alike), and the daemon's pause / cancel requests land in stop().
 // Thread-safe.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 
 #include "common/status.h"
@@ -22,6 +24,10 @@ class ExecutorChannel {
   // A request only ever escalates (a cancel after a pause stays a cancel).
   void RequestStop(StopRequest request);
   StopRequest stop() const { return stop_.load(); }
+  // stop(), once it is not kNone or after `timeout`. A rank of a group across hosts stops on rank
+  // 0's word (through the store); its own request, pause or cancel, comes through its own daemon
+  // and may arrive a little later.
+  StopRequest WaitForStop(std::chrono::milliseconds timeout);
   int fd() const { return fd_; }
 
  private:
@@ -29,6 +35,8 @@ class ExecutorChannel {
   std::mutex mu_;
   bool broken_ = false;
   std::atomic<StopRequest> stop_{StopRequest::kNone};
+  std::mutex stop_mu_;
+  std::condition_variable stop_changed_;
 };
 
 }  // namespace offloadd::executor

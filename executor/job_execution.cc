@@ -318,7 +318,12 @@ Status Train(const v1::Job& job, const trainer::TrainConfig& config, ExecutorCha
     }
     return OkStatus();
   }
-  if (result.status().code() == StatusCode::kCancelled && channel.stop() == StopRequest::kPause) {
+  // A rank of a group across hosts stopped on rank 0's word: whether to checkpoint (every host
+  // writes its partition) is its own request's, which its daemon relays from the coordinator.
+  const bool follower = config.parallel.hosts > 1 && config.parallel.rank > 0;
+  if (result.status().code() == StatusCode::kCancelled &&
+      (follower ? channel.WaitForStop(std::chrono::seconds(30)) : channel.stop()) ==
+          StopRequest::kPause) {
     heartbeat.Enter("writing the pause checkpoint", 0);
     auto saved = t->SaveCheckpoint();  // every rank: the trainer writes it on rank 0 only
     if (!saved.ok()) return saved.status().WithContext("job " + job.id() + ": checkpoint for the pause");

@@ -198,6 +198,7 @@ trainer::ParallelConfig ParallelFromPlacement(const pb::Placement& p) {
   c.rank = p.rank();
   c.rendezvous = p.rendezvous();
   if (p.timeout_seconds() > 0) c.timeout_seconds = p.timeout_seconds();
+  c.hosts = std::max(1, p.hosts());
   return c;
 }
 

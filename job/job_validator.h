@@ -50,6 +50,8 @@ struct NodeBudget {
   uint64_t gpu_memory_limit = 0;          // daemon default per-job GPU budget (0 = GPU's memory)
   std::vector<GpuFacts> gpus;
   int cpu_cores = 1;                      // logical cores: the bound of CPU executors (resources.gpus)
+  // Hosts a job may span (resources.hosts): this daemon and its cluster.peers.
+  int cluster_hosts = 1;
   // Why this node's NVIDIA GPU cannot be used (its driver is too old for the bundled CUDA runtime,
   // node/gpu_driver.h); every job is refused while it is set, rather than trained on the CPU.
   std::string gpu_driver_problem;

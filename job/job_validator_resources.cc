@@ -15,6 +15,50 @@ int ComputeBytes(const v1::JobSpec& spec, bool gpu) {
                                                                                              : 2;
 }
 
+// resources.hosts: one rank per host, each its own daemon (the first hosts-1 of cluster.peers);
+// what the trainer does not build across hosts is refused here by name, before anything starts.
+void CheckHosts(const v1::JobSpec& spec, const NodeBudget& node, Checker& c) {
+  const auto& res = spec.resources();
+  const int64_t hosts = std::max<int64_t>(1, res.hosts());
+  if (hosts == 1) {
+    if (res.gpus_per_host() > 1) {
+      c.Add("resources.gpus_per_host",
+            "is for a job across hosts (resources.hosts > 1); a job on one host sets "
+            "resources.gpus");
+    }
+    return;
+  }
+  if (hosts > node.cluster_hosts) {
+    c.Add("resources.hosts",
+          "this daemon's cluster has " + std::to_string(node.cluster_hosts) +
+              " host(s) (itself and cluster.peers in its configuration); the job asks for " +
+              std::to_string(hosts));
+  }
+  if (res.gpus_per_host() > 1) {
+    c.Add("resources.gpus_per_host",
+          "several GPUs per host across hosts are not built yet (one rank per host); got " +
+              std::to_string(res.gpus_per_host()));
+  }
+  if (res.gpus() > 1) {
+    c.Add("resources.gpus", "a job across hosts sets resources.gpus_per_host, not gpus");
+  }
+  if (res.has_gpu_index() && res.gpu_index() >= 0) {
+    c.Add("resources.gpu_index", "pins a GPU of one host; a job across hosts gets free ones");
+  }
+  const auto& opt = spec.offload().offload_optimizer();
+  if (opt.device() == v1::OFFLOAD_DEVICE_NVME) {
+    c.Add("offload.offload_optimizer.device",
+          "nvme is not built across hosts (each host's states are in its RAM)");
+  }
+  if (opt.device() == v1::OFFLOAD_DEVICE_NONE || opt.has_ratio()) {
+    c.Add(opt.has_ratio() ? "offload.offload_optimizer.ratio" : "offload.offload_optimizer.device",
+          "optimizer states on the GPU are not built across hosts (they stay in each host's RAM)");
+  }
+  if (spec.compression().type() == v1::COMPRESSION_TYPE_LSP) {
+    c.Add("compression.type", "lsp is not built across hosts");
+  }
+}
+
 void CheckResources(const v1::JobSpec& spec, const NodeBudget& node, Checker& c) {
   const auto& res = spec.resources();
   // 0 is also the unset value (proto3), so it stands for "the CPU" on a node without GPUs.
@@ -44,6 +88,7 @@ void CheckResources(const v1::JobSpec& spec, const NodeBudget& node, Checker& c)
           "pins a one-GPU job; a job on " + std::to_string(executors) +
               " GPUs gets free ones from the scheduler (leave gpu_index unset)");
   }
+  CheckHosts(spec, node, c);
   if (spec.compression().type() == v1::COMPRESSION_TYPE_LSP && !node.gpus.empty() &&
       spec.model().compute_dtype() != v1::COMPUTE_DTYPE_UNSPECIFIED &&
       spec.model().compute_dtype() != v1::COMPUTE_DTYPE_BF16) {

@@ -279,12 +279,24 @@ StatusOr<trainer::TrainConfig> MakeTrainConfig(const v1::Job& job, const Trainer
   return c;
 }
 
+namespace {
+
+// Where a job's checkpoints are committed: output_dir, or across H hosts partition 0's directory
+// (trainer_hosts.cc), whose commit is the checkpoint's and which a resume names.
+std::string CheckpointRoot(const v1::JobSpec& spec) {
+  const uint32_t hosts = spec.resources().hosts();
+  if (hosts <= 1 || spec.output_dir().empty()) return spec.output_dir();
+  return spec.output_dir() + "/partition-0-of-" + std::to_string(hosts);
+}
+
+}  // namespace
+
 StatusOr<std::string> ResumePoint(const v1::Job& job, bool restarted, std::vector<std::string>* skipped) {
   const v1::JobSpec& spec = job.spec();
   int runs = restarted ? 1 : 0;  // this one included: the manager records RUNNING before it calls the runner
   for (const auto& t : job.transitions()) runs += t.state() == v1::JOB_STATE_RUNNING;
   StatusOr<std::string> own = NotFoundError("no output_dir");
-  if (!spec.output_dir().empty()) own = trainer::LatestCheckpoint(spec.output_dir(), skipped);
+  if (!spec.output_dir().empty()) own = trainer::LatestCheckpoint(CheckpointRoot(spec), skipped);
   // NOT_FOUND: no intact checkpoint (corrupt ones were skipped). Anything else (output_dir now a
   // symlink, outside the allowed roots, unreadable) fails the job here, before it writes anything.
   if (!own.ok() && own.status().code() != StatusCode::kNotFound) {
@@ -310,7 +322,7 @@ StatusOr<std::string> CheckpointForFailedJob(const v1::Job& job) {
                                    "resume from; submit it again with CreateJob");
   }
   std::vector<std::string> skipped;
-  auto latest = trainer::LatestCheckpoint(out, &skipped);
+  auto latest = trainer::LatestCheckpoint(CheckpointRoot(job.spec()), &skipped);
   if (latest.ok()) return *latest;
   if (latest.status().code() == StatusCode::kNotFound) {
     std::string why;

@@ -12,6 +12,7 @@
 
 #include "common/message_text.h"
 #include "common/units.h"
+#include "daemon/config/cluster_config.h"
 #include "daemon/config/yaml_reader.h"
 #include "workers/adamw_kernel.h"
 
@@ -130,6 +131,12 @@ void Validate(const DaemonConfig& c, std::vector<std::string>* errors) {
     absolute(c.allowed_roots[i], "allowed_roots[" + std::to_string(i) + "]");
   }
   absolute(c.server.unix_socket, "server.unix_socket");
+  if (c.jobs.wait_for_lost_host_seconds > 0) {
+    errors->push_back(
+        "jobs.wait_for_lost_host_seconds: waiting for a lost host and resuming is not built; a "
+        "lost host fails its job within cluster.lost_host_seconds (leave it 0)");
+  }
+  ValidateCluster(c.cluster, errors);
   if (c.server.unix_socket.size() > 107) {
     errors->push_back("server.unix_socket: path longer than 107 bytes, the Unix socket limit");
   }
@@ -232,8 +239,8 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
   std::vector<std::string> errors;
   const YamlReader r(&errors, "");
   if (root && !root.IsNull()) {
-    if (r.CheckMap(root, {"log_level", "state_dir", "allowed_roots", "server", "metrics",
-                          "storage", "workers", "memory", "jobs"})) {
+    if (r.CheckMap(root, {"log_level", "state_dir", "allowed_roots", "server", "metrics", "storage",
+                          "workers", "memory", "jobs", "cluster"})) {
       std::string level;
       r.String(root, "log_level", &level);
       if (!level.empty() && !ParseLogSeverity(level, &c.log_level)) {
@@ -267,7 +274,9 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
       }
       const YAML::Node jobs = root["jobs"];
       const YamlReader jr = r.Child("jobs");
-      if (jr.CheckMap(jobs, {"max_executor_restarts", "cancel_grace_seconds", "group_timeout_seconds", "liveness"})) {
+      if (jr.CheckMap(jobs, {"max_executor_restarts", "cancel_grace_seconds",
+                             "group_timeout_seconds", "liveness", "wait_for_lost_host_seconds"})) {
+        jr.Double(jobs, "wait_for_lost_host_seconds", &c.jobs.wait_for_lost_host_seconds, 0, 86400);
         jr.UInt32(jobs, "max_executor_restarts", &c.jobs.max_executor_restarts, 0, 100);
         jr.Double(jobs, "cancel_grace_seconds", &c.jobs.cancel_grace_seconds, 0, 86400);
         jr.Double(jobs, "group_timeout_seconds", &c.jobs.group_timeout_seconds, 1, 86400);
@@ -279,6 +288,7 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
           lr.Double(live, "heartbeat_seconds", &c.jobs.liveness.heartbeat_seconds, 0.05, 3600);
         }
       }
+      ReadCluster(root["cluster"], r.Child("cluster"), &c.cluster);
     }
   }
   // The OpenAI API's defaults come from settings beside it (and are printed as such).
@@ -288,6 +298,7 @@ StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text, const std::stri
   if (c.server.openai_api.data_dir.empty() && !c.state_dir.empty()) {
     c.server.openai_api.data_dir = c.state_dir + "/openai";
   }
+  if (c.cluster.name.empty()) c.cluster.name = DefaultClusterName();
   if (errors.empty()) Validate(c, &errors);
   if (!errors.empty()) {
     std::string msg = source + ": " + std::to_string(errors.size()) + " problem" +
@@ -417,7 +428,10 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   e << YAML::Key << "factor" << YAML::Value << c.jobs.liveness.factor;
   e << YAML::Key << "heartbeat_seconds" << YAML::Value << c.jobs.liveness.heartbeat_seconds;
   e << YAML::EndMap;
+  e << YAML::Key << "wait_for_lost_host_seconds" << YAML::Value
+    << c.jobs.wait_for_lost_host_seconds;
   e << YAML::EndMap;
+  EmitCluster(e, c.cluster);
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

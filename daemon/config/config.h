@@ -143,6 +143,37 @@ struct JobsConfig {
   // c10d store and process group timeout; Gloo's own default is 600 s).
   double group_timeout_seconds = 300;
   LivenessConfig liveness;
+  // Waiting for a lost host of a job across hosts and resuming when it returns: not built, so
+  // any value but 0 is refused by name (a lost host fails the job; cluster.lost_host_seconds).
+  double wait_for_lost_host_seconds = 0;
+};
+
+// A peer daemon this one coordinates for jobs across hosts (resources.hosts).
+struct PeerConfig {
+  std::string name;     // how errors and logs name the host
+  std::string address;  // host:port of its cluster.listen
+};
+
+// Jobs across hosts (docs/data_parallel.md, "The daemon coordinating peer daemons"): the daemon a
+// job is submitted to coordinates `peers`, each of which serves parts of such jobs on `listen`.
+// Between daemons: mutual TLS (both ends present a certificate of `tls_ca_file`'s CA) and the
+// bearer token of `token_file` (one bare token, mode 0600, the same on every host).
+struct ClusterConfig {
+  std::string name;  // this host in the cluster's logs and errors; default: the hostname
+  // host:port where peer daemons reach this one (serves parts of their jobs); empty: none.
+  std::string listen;
+  // The address the peers reach this host's rendezvous at (a job's rank 0 serves its c10d store
+  // there, on a free port); required with peers.
+  std::string advertise_address;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
+  std::string token_file;
+  std::vector<PeerConfig> peers;  // a job of H hosts runs on this one and the first H-1 of these
+  double reserve_timeout_seconds = 30;  // every peer reserves its part within this, or none runs
+  // A peer silent this long (its connection's keepalive unanswered) is lost: the job fails
+  // naming it.
+  double lost_host_seconds = 10;
 };
 
 struct DaemonConfig {
@@ -157,6 +188,7 @@ struct DaemonConfig {
   WorkersConfig workers;
   MemoryConfig memory;
   JobsConfig jobs;
+  ClusterConfig cluster;
 };
 
 // Parses YAML text. `source` names the origin in messages (a file path or "<string>").

@@ -74,13 +74,30 @@ struct Attempt {
 class AttemptRunner {
  public:
   AttemptRunner(const ExecutorRunnerOptions& options, TrainMetrics* metrics, const v1::Job& job,
-                JobControl& control, uint32_t restart, v1::JobProgress* last_progress)
-      : options_(options), metrics_(metrics), job_(job), control_(control), restart_(restart),
-        last_progress_(last_progress) {}
+                JobControl& control, uint32_t restart, v1::JobProgress* last_progress,
+                const HostRank& host)
+      : options_(options),
+        metrics_(metrics),
+        job_(job),
+        control_(control),
+        restart_(restart),
+        last_progress_(last_progress),
+        host_(host) {}
 
   Attempt Run() {
     std::string rendezvous_path;
     const int world = JobWorldSize(job_);
+    if (host_.hosts > 1) {  // one rank of a group across hosts: it meets the others over TCP
+      const std::vector<int> gpus = control_.gpus();
+      const int gpu = !gpus.empty() ? gpus.front() : (options_.environment.has_gpu() ? 0 : -1);
+      if (Status s = Launch(host_.index, host_.hosts, gpu, host_.rendezvous); !s.ok()) {
+        Fail(nullptr, s, /*died=*/false);
+      }
+      Supervise();
+      if (trigger_) return *trigger_;
+      return {false, true,
+              executors_.empty() ? InternalError("no executor ran") : executors_.front().result};
+    }
     if (world > 1) {
       const std::string dir = options_.state_dir + "/jobs/" + job_.id();
       rendezvous_path = dir + "/rendezvous-" + std::to_string(restart_);
@@ -97,7 +114,9 @@ class AttemptRunner {
       } else if (options_.environment.has_gpu()) {
         gpu = world == 1 && job_.spec().resources().gpu_index() >= 0 ? job_.spec().resources().gpu_index() : rank;
       }
-      if (Status s = Launch(rank, world, gpu, rendezvous_path); !s.ok()) {
+      if (Status s =
+              Launch(rank, world, gpu, rendezvous_path.empty() ? "" : "file://" + rendezvous_path);
+          !s.ok()) {
         Fail(nullptr, s, /*died=*/false);
         break;
       }
@@ -113,7 +132,7 @@ class AttemptRunner {
   }
 
  private:
-  Status Launch(int rank, int world, int gpu, const std::string& rendezvous_path) {
+  Status Launch(int rank, int world, int gpu, const std::string& rendezvous) {
     // The submitter's rights for the job's files (a token's user= may be gone since CreateJob).
     ASSIGN_OR_RETURN(std::optional<FileIdentity> identity,
                      SubmitterFileIdentity(job_.submitted_by(), options_.token_users));
@@ -135,8 +154,9 @@ class AttemptRunner {
     pb::Placement& p = *s.mutable_placement();
     p.set_world_size(world);
     p.set_rank(rank);
-    if (!rendezvous_path.empty()) p.set_rendezvous("file://" + rendezvous_path);
+    p.set_rendezvous(rendezvous);
     p.set_gpu_index(gpu);
+    p.set_hosts(host_.hosts);
     p.set_timeout_seconds(static_cast<int64_t>(std::ceil(options_.group_timeout_seconds)));
     s.set_restart(restart_);
     if (rank == 0) {
@@ -469,6 +489,7 @@ class AttemptRunner {
   JobControl& control_;
   const uint32_t restart_;
   v1::JobProgress* last_progress_;
+  const HostRank& host_;  // hosts 1: a job of this host alone
   std::vector<Executor> executors_;
   std::optional<Attempt> trigger_;
   std::optional<Clock::time_point> kill_deadline_;
@@ -505,6 +526,12 @@ bool IsRestartableFailure(const Status& s) {
 int JobWorldSize(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
 
 Status ExecutorJobRunner::Run(const v1::Job& job, JobControl& control) {
+  return RunHostRank(job, control, HostRank{});
+}
+
+Status ExecutorJobRunner::RunHostRank(const v1::Job& job, JobControl& control,
+                                      const HostRank& host) {
+  const uint32_t max_restarts = host.hosts > 1 ? 0 : options_.max_restarts;
   if (metrics_ != nullptr) {
     std::string gpus;
     for (int g : control.gpus()) gpus += (gpus.empty() ? "" : ",") + std::to_string(g);
@@ -514,7 +541,8 @@ Status ExecutorJobRunner::Run(const v1::Job& job, JobControl& control) {
   Status result;
   for (uint32_t restart = 0;; ++restart) {
     v1::JobProgress last = current.progress();
-    const Attempt a = AttemptRunner(options_, metrics_, current, control, restart, &last).Run();
+    const Attempt a =
+        AttemptRunner(options_, metrics_, current, control, restart, &last, host).Run();
     // Steps reported so far are not reported again by the next attempt.
     if (last.step() > current.progress().step()) *current.mutable_progress() = last;
     if (!a.died) {
@@ -525,16 +553,20 @@ Status ExecutorJobRunner::Run(const v1::Job& job, JobControl& control) {
       result = CancelledError("stopped on request; " + std::string(a.status.message()));
       break;
     }
-    if (!a.retryable || restart >= options_.max_restarts) {
-      result = AbortedError(std::string(a.status.message()) +
-                            (options_.max_restarts == 0 ? std::string(" (jobs.max_executor_restarts is 0)")
-                                                        : "; the job was restarted " + std::to_string(restart) +
-                                                              " time(s) (jobs.max_executor_restarts: " +
-                                                              std::to_string(options_.max_restarts) + ")"));
+    if (!a.retryable || restart >= max_restarts) {
+      result = AbortedError(
+          std::string(a.status.message()) +
+          (max_restarts == 0 ? std::string(host.hosts > 1 ? " (a job across hosts is not restarted)"
+                                                          : " (jobs.max_executor_restarts is 0)")
+                             : "; the job was restarted " + std::to_string(restart) +
+                                   " time(s) (jobs.max_executor_restarts: " +
+                                   std::to_string(max_restarts) + ")"));
       break;
     }
-    control.Log(v1::LOG_LEVEL_WARNING, std::string(a.status.message()) + "; restarting the job from its last checkpoint (restart " +
-                                           std::to_string(restart + 1) + " of " + std::to_string(options_.max_restarts) + ")");
+    control.Log(v1::LOG_LEVEL_WARNING,
+                std::string(a.status.message()) +
+                    "; restarting the job from its last checkpoint (restart " +
+                    std::to_string(restart + 1) + " of " + std::to_string(max_restarts) + ")");
   }
   if (metrics_ != nullptr) metrics_->EndJob(job.id());  // kept for the retention, then removed
   return result;

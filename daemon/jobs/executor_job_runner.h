@@ -64,6 +64,15 @@ struct ExecutorRunnerOptions {
   std::map<std::string, std::string> token_users;
 };
 
+// One host's rank of a job across hosts (resources.hosts > 1; daemon/cluster/): this daemon runs
+// one executor, rank `index` of `hosts`, which meets the others at `rendezvous`
+// ("tcp://host:port"; rank 0, the coordinator's, serves the c10d store there).
+struct HostRank {
+  int index = 0;
+  int hosts = 1;
+  std::string rendezvous;
+};
+
 class ExecutorJobRunner final : public JobRunner {
  public:
   // `metrics` may be null (no offloadd_train_* series); when set it must outlive the runner.
@@ -71,6 +80,11 @@ class ExecutorJobRunner final : public JobRunner {
       : options_(std::move(options)), metrics_(metrics) {}
 
   Status Run(const offloadd::v1::Job& job, JobControl& control) override;
+  // Runs this host's rank of a job across hosts, as Run does one host's job, but never restarts
+  // it: its group spans other daemons' executors, which a restart here would not rejoin (the
+  // coordinator fails the job on every host instead). Only rank 0 reports the job's progress,
+  // checkpoints and metrics; the others' warnings and errors reach `control`'s log.
+  Status RunHostRank(const offloadd::v1::Job& job, JobControl& control, const HostRank& rank);
   // Removes the job's per-job NVMe state directories.
   void DiscardJobState(const offloadd::v1::Job& job) override;
   // CheckpointForFailedJob (train_job_config.h).

@@ -565,9 +565,31 @@ std::map<int, std::string> JobManager::GpuAssignments() {
   return out;
 }
 
+std::optional<std::vector<int>> JobManager::ReserveHostPart(const std::string& name, int gpus) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_ || host_parts_.count(name) > 0) return std::nullopt;
+  v1::Job shape;
+  shape.mutable_spec()->mutable_resources()->set_gpus(static_cast<uint32_t>(std::max(1, gpus)));
+  std::optional<std::vector<int>> picked = PickGpusLocked(shape);
+  if (picked) host_parts_[name] = *picked;
+  return picked;
+}
+
+void JobManager::ReleaseHostPart(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (host_parts_.erase(name) > 0) changed_.notify_all();  // the queue may start what waited
+}
+
 std::optional<std::vector<int>> JobManager::PickGpusLocked(const v1::Job& job) const {
-  if (options_.gpus <= 0) return running_.empty() ? std::optional<std::vector<int>>(std::vector<int>{}) : std::nullopt;
+  if (options_.gpus <= 0) {
+    return running_.empty() && host_parts_.empty()
+               ? std::optional<std::vector<int>>(std::vector<int>{})
+               : std::nullopt;
+  }
   std::vector<bool> busy(static_cast<size_t>(options_.gpus), false);
+  for (const auto& [name, gpus] : host_parts_) {
+    for (int g : gpus) busy[static_cast<size_t>(g)] = true;
+  }
   for (const auto& [id, r] : running_) {
     for (int g : r->gpus) {
       if (g >= 0 && g < options_.gpus) busy[static_cast<size_t>(g)] = true;

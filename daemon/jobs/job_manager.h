@@ -245,6 +245,14 @@ class JobManager {
   // GPU index -> the id of the job running on it (GPUs without a job are absent).
   std::map<int, std::string> GpuAssignments();
 
+  // This host's part of a job another daemon coordinates across hosts (daemon/cluster/): holds
+  // `gpus` free GPUs (on a node without GPUs, the node: no job of its own runs meanwhile) as a
+  // running job holds its own, under `name`; nullopt when they are not free now or the manager is
+  // shutting down (the coordinator then starts none of the job's hosts). The queue does not
+  // wait for it: a part is admitted only now or never. ReleaseHostPart ends the hold.
+  std::optional<std::vector<int>> ReserveHostPart(const std::string& name, int gpus);
+  void ReleaseHostPart(const std::string& name);
+
   // Stops taking new jobs, asks running ones to pause, waits for the scheduler and their threads.
   void Shutdown();
 
@@ -313,6 +321,7 @@ class JobManager {
   const Options options_;
   const PathPolicy paths_;                                   // options_.allowed_roots
   std::map<std::string, std::unique_ptr<Running>> running_;  // by job id; erased once joined
+  std::map<std::string, std::vector<int>> host_parts_;       // ReserveHostPart's holds, by name
   int unrecorded_ends_ = 0;  // running jobs whose end the store refused so far: start nothing new
   // Those jobs as they ended (what GetJob shows until the store holds it), and why not recorded.
   std::map<std::string, std::pair<offloadd::v1::Job, std::string>> unrecorded_;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "daemon/cluster/cluster_credentials.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/openai/openai_api.h"
 #include "daemon/server/job_service.h"
@@ -44,6 +45,7 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const TcpConfi
 Status CheckStartup(const DaemonConfig& config, std::vector<std::string>* warnings) {
   if (!config.server.tcp.listen.empty()) RETURN_IF_ERROR(TcpCredentials(config.server.tcp).status());
   RETURN_IF_ERROR(openai::CheckOpenAiApi(config));
+  RETURN_IF_ERROR(CheckClusterFiles(config.cluster));
   if (!config.server.unix_socket.empty() && (config.server.unix_socket_mode & 0002) != 0) {
     char mode[16];
     std::snprintf(mode, sizeof mode, "%04o", config.server.unix_socket_mode);

@@ -136,6 +136,9 @@ TEST(ProtocolConversions, StructsKeepEveryField) {
   EXPECT_EQ(c.rank, 1);
   EXPECT_EQ(c.rendezvous, "file:///tmp/r");
   EXPECT_EQ(c.timeout_seconds, 30);
+  EXPECT_EQ(c.hosts, 1);  // unset: one host
+  p.set_hosts(2);
+  EXPECT_EQ(ParallelFromPlacement(p).hosts, 2);
   EXPECT_TRUE(FromFinished(ToFinished(OkStatus())).ok());
   const Status s = FromFinished(ToFinished(ResourceExhaustedError("full")));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);

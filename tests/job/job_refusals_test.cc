@@ -114,6 +114,29 @@ TEST_F(JobRefusalsTest, ANulByteInAPathIsRefusedNotCut) {
   ExpectOnly(Validate(s), "dataset.paths[0]", "NUL byte");
 }
 
+// resources.hosts: as many hosts as the daemon's cluster has (itself and cluster.peers), one rank
+// per host; what the trainer does not build across hosts is refused before anything starts.
+TEST_F(JobRefusalsTest, JobsAcrossHosts) {
+  v1::JobSpec s = Spec();
+  s.mutable_resources()->set_hosts(2);
+  ExpectOnly(Validate(s), "resources.hosts", "this daemon's cluster has 1 host(s)");
+  node_.cluster_hosts = 2;
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+
+  s.mutable_resources()->set_gpus_per_host(2);
+  ExpectOnly(Validate(s), "resources.gpus_per_host", "several GPUs per host across hosts");
+  s.mutable_resources()->set_gpus_per_host(1);
+  s.mutable_resources()->set_gpus(2);
+  ExpectOnly(Validate(s), "resources.gpus", "a job across hosts sets resources.gpus_per_host");
+  s.mutable_resources()->clear_gpus();
+  s.mutable_offload()->mutable_offload_optimizer()->set_device(v1::OFFLOAD_DEVICE_NVME);
+  ExpectOnly(Validate(s), "offload.offload_optimizer.device", "nvme is not built across hosts");
+
+  s = Spec();  // one host: gpus_per_host is not the way to ask for GPUs
+  s.mutable_resources()->set_gpus_per_host(2);
+  ExpectOnly(Validate(s), "resources.gpus_per_host", "a job on one host sets resources.gpus");
+}
+
 TEST_F(JobRefusalsTest, CombinationsTheTrainerRefusesAtStart) {
   v1::JobSpec s = Spec();
   s.mutable_compression()->set_type(v1::COMPRESSION_TYPE_LSP);

@@ -1,0 +1,220 @@
+"""A job across hosts through the daemons (resources.hosts): two offloadd daemons on loopback, each
+with its own state directory, arena and executors (no memory shared), the second a peer of the first
+(cluster.peers, mutual TLS and the cluster token). The coordinator reserves the peer's part, both
+start one executor, rank 0 and rank 1 of a Gloo group that meets at the coordinator's c10d store,
+each host's arena holding half of the optimizer states (ZeRO-1 across hosts). It trains what one
+host trains on the whole batch: losses within 1e-5, weights within 2e-5 (the CPU parity bounds of
+tests/python/trainer/test_data_parallel_hosts.py). A peer killed mid-job fails the job within a
+bounded time, naming the host; what is not built is refused by name."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "trainer"))
+from daemon_process import DaemonProcess  # noqa: E402
+from pipeline_testlib import build_model, write_pretokenized  # noqa: E402
+from test_training_jobs import Events, logs, progress, spec  # noqa: E402
+
+import offloadd  # noqa: E402
+from offloadd.v1 import job_pb2  # noqa: E402
+
+S = job_pb2
+TOKEN = "cluster-token-for-tests-0123456789\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_pki(directory: pathlib.Path) -> dict[str, pathlib.Path]:
+    """A test CA and one certificate it signed for localhost/127.0.0.1, good for both ends of
+    mutual TLS, and the cluster's token file (mode 0600); skips without the openssl CLI."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+    p = {k: directory / f"{k}.pem" for k in ("ca", "ca_key", "cert", "key")}
+    run = lambda *a: subprocess.run(list(a), check=True, capture_output=True, cwd=directory)  # noqa: E731
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=offloadd-test-ca",
+        "-keyout", str(p["ca_key"]), "-out", str(p["ca"]))
+    ext = directory / "ext.cnf"
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", str(p["key"]),
+        "-out", str(directory / "req.csr"))
+    run("openssl", "x509", "-req", "-in", str(directory / "req.csr"), "-CA", str(p["ca"]), "-CAkey",
+        str(p["ca_key"]), "-CAcreateserial", "-days", "1", "-extfile", str(ext), "-out", str(p["cert"]))
+    token = directory / "token"
+    token.write_text(TOKEN)
+    os.chmod(token, 0o600)
+    p["token"] = token
+    return p
+
+
+def cluster_yaml(pki, name: str, *, listen: str = "", peers: tuple[tuple[str, str], ...] = ()) -> str:
+    lines = ["cluster:", f"  name: {name}", f"  tls_cert_file: {pki['cert']}", f"  tls_key_file: {pki['key']}",
+             f"  tls_ca_file: {pki['ca']}", f"  token_file: {pki['token']}", "  lost_host_seconds: 5",
+             "  reserve_timeout_seconds: 20"]
+    if listen:
+        lines.append(f"  listen: {listen}")
+    if peers:
+        lines.append("  advertise_address: 127.0.0.1")
+        lines.append("  peers:")
+        lines += [f"    - {{name: {n}, address: {a}}}" for n, a in peers]
+    return "\n".join(lines) + "\njobs:\n  group_timeout_seconds: 60\n"
+
+
+def daemon(binary_dir, ws: pathlib.Path, name: str, extra: str) -> DaemonProcess:
+    """A daemon in ws/<name> (its own state directory and socket) whose jobs may use all of ws."""
+    workdir = ws / name
+    workdir.mkdir()
+    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workdir, extra)
+    d.config_path.write_text(d.config_path.read_text().replace(f"allowed_roots: [{workdir}]",
+                                                               f"allowed_roots: [{ws}]"))
+    return d
+
+
+@pytest.fixture()
+def cluster(binary_dir, tmp_path):
+    """Daemon "a" coordinating, daemon "b" its peer on a loopback port."""
+    pki = cluster_pki(tmp_path / "pki")
+    port = free_port()
+    b = daemon(binary_dir, tmp_path, "b", cluster_yaml(pki, "b", listen=f"127.0.0.1:{port}")).start()
+    a = daemon(binary_dir, tmp_path, "a", cluster_yaml(pki, "a", peers=(("b", f"127.0.0.1:{port}"),)))
+    try:
+        a.start()
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_job_across_two_daemons_trains_like_one_host(cluster, tmp_path):
+    a, b = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=64)
+    runs = {}
+    with offloadd.Client(a.target) as c:
+        for name, hosts, batch in (("one", 1, 4), ("two", 2, 2)):
+            s = spec(tmp_path, name, steps=6, save_steps=100)
+            s["training"]["per_device_train_batch_size"] = batch
+            s["resources"] = {"hosts": hosts}
+            seen = []
+            done = c.submit(s, wait=True, timeout=300, on_event=seen.append)
+            assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen), b.log()[-3000:])
+            runs[name] = (progress(seen), logs(seen))
+    (one, _), (two, two_logs) = runs["one"], runs["two"]
+    # One executor per host: rank 0 here, rank 1 started by the peer and reported as its host's.
+    assert any(m.startswith("every host reserved its part (2 hosts)") for m in two_logs), two_logs
+    assert any(m.startswith("host b: executor started") and " rank 1 " in m for m in two_logs), two_logs
+    assert "job " in b.log() and "reserved for a" in b.log(), b.log()
+    assert [p.step for p in one] == [p.step for p in two] == list(range(1, 7))
+    for x, y in zip(one, two):
+        assert x.tokens_seen == y.tokens_seen
+        assert abs(x.loss - y.loss) <= 1e-5 * max(1.0, abs(x.loss)), (x.step, x.loss, y.loss)
+    wa, wb = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert (wa[name] - wb[name]).abs().max().item() <= 2e-5, name
+    # The peer holds nothing once the job is over: a second job across hosts is admitted at once.
+
+
+def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path):
+    a, b = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=64)
+    with offloadd.Client(a.target) as c:
+        s = spec(tmp_path, "killed", steps=100000, save_steps=100000)
+        s["training"]["per_device_train_batch_size"] = 2
+        s["resources"] = {"hosts": 2}
+        job = c.create_job(s)
+        events = Events(c, job.id)
+        deadline = time.monotonic() + 120
+        while not any(getattr(p, "step", 0) >= 2 for p in progress(events.events)):
+            assert time.monotonic() < deadline, logs(events.events)
+            time.sleep(0.2)
+        b.proc.send_signal(signal.SIGKILL)  # the host is gone: its daemon and (death signal) executor
+        b.proc.wait()
+        killed = time.monotonic()
+        while c.get_job(job.id).state not in (S.JOB_STATE_FAILED, S.JOB_STATE_SUCCEEDED):
+            assert time.monotonic() - killed < 30, "the job did not fail within 30 s of its peer's death"
+            time.sleep(0.2)
+        failed = c.get_job(job.id)
+        print(f"the job failed {time.monotonic() - killed:.1f} s after its peer was killed: {failed.error.message}")
+    assert failed.state == S.JOB_STATE_FAILED
+    assert "host b (127.0.0.1:" in failed.error.message, failed.error.message
+
+
+def wait_for(c, job_id: str, states, bound: float = 120):
+    deadline = time.monotonic() + bound
+    while (job := c.get_job(job_id)).state not in states:
+        assert time.monotonic() < deadline, (job.state, job.error)
+        time.sleep(0.2)
+    return job
+
+
+def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
+    """Pause checkpoints on both hosts (one partition each, committed by the coordinator's rank),
+    resume continues from partition 0's checkpoint on both, and cancel stops the peer's part too."""
+    a, b = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=64)
+    with offloadd.Client(a.target) as c:
+        s = spec(tmp_path, "paused", steps=100000, save_steps=100000)
+        s["training"]["per_device_train_batch_size"] = 2
+        s["resources"] = {"hosts": 2}
+        job = c.create_job(s)
+        events = Events(c, job.id)
+        deadline = time.monotonic() + 120
+        while not any(p.step >= 2 for p in progress(events.events)):
+            assert time.monotonic() < deadline, logs(events.events)
+            time.sleep(0.2)
+        c.pause_job(job.id)
+        paused = wait_for(c, job.id, (S.JOB_STATE_PAUSED, S.JOB_STATE_FAILED))
+        assert paused.state == S.JOB_STATE_PAUSED, (paused.error, logs(events.events))
+        step = paused.latest_checkpoint_step
+        assert step >= 2, (logs(events.events), b.log()[-2000:])
+        for h in (0, 1):
+            assert (tmp_path / "paused" / f"partition-{h}-of-2" / f"checkpoint-{step}").is_dir(), h
+        c.resume_job(job.id)
+        deadline = time.monotonic() + 120
+        while not any(p.step > step + 1 for p in progress(events.events)):
+            assert time.monotonic() < deadline, logs(events.events)
+            time.sleep(0.2)
+        assert any(m == f"resuming from {tmp_path}/paused/partition-0-of-2/checkpoint-{step}"
+                   for m in logs(events.events)), logs(events.events)
+        c.cancel_job(job.id)
+        cancelled = wait_for(c, job.id, (S.JOB_STATE_CANCELLED, S.JOB_STATE_FAILED), bound=60)
+        assert cancelled.state == S.JOB_STATE_CANCELLED, cancelled.error
+    # Both parts of the peer ended (paused, then cancelled), and it holds nothing now.
+    deadline = time.monotonic() + 30
+    while b.log().count(f"job {job.id} rank 1 ended: CANCELLED") < 2:
+        assert time.monotonic() < deadline, b.log()[-3000:]
+        time.sleep(0.2)
+
+
+def test_what_is_not_built_across_hosts_is_refused_by_name(cluster, tmp_path):
+    a, _ = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=16)
+    with offloadd.Client(a.target) as c:
+        for resources, field in (({"hosts": 3}, "resources.hosts"),
+                                 ({"hosts": 2, "gpus_per_host": 2}, "resources.gpus_per_host"),
+                                 ({"gpus_per_host": 2}, "resources.gpus_per_host")):
+            s = spec(tmp_path, "refused", steps=1, save_steps=100)
+            s["resources"] = resources
+            with pytest.raises(offloadd.OffloaddError) as e:
+                c.create_job(s)
+            assert field in str(e.value), (resources, str(e.value))
