@@ -12,6 +12,7 @@
 #include "storage/store_client.h"
 #include "trainer/pipeline/group_link.h"
 #include "trainer/pipeline/host_optimizer_layout.h"
+#include "trainer/pipeline/nvme_state_tier.h"
 #include "trainer/pipeline/trace.h"
 #include "workers/adamw_kernel_impl.h"
 #include "workers/shard_layout.h"
@@ -21,13 +22,7 @@ namespace offloadd::trainer {
 namespace {
 
 using internal::LayoutOptions;
-using internal::MaxElements;
 using internal::PoolOptions;
-
-using storage::TensorKind;
-constexpr uint32_t kKinds[3] = {static_cast<uint32_t>(TensorKind::kParamFp32),
-                                static_cast<uint32_t>(TensorKind::kAdamM),
-                                static_cast<uint32_t>(TensorKind::kAdamV)};
 
 // What the compact optimizer modes do not run with yet (docs/optimizer-modes.md).
 Status CheckModeSupported(const HostOptimizerOptions& o) {
@@ -84,19 +79,13 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   options_ = o;
   weights_fp32_ = WeightsAreFp32(o);
   if (o.block_elements.empty()) return InvalidArgumentError("model has no parameters");
-
-  if (o.tier == StateTier::kNvme && o.nvme_dirs.empty())
-    return InvalidArgumentError("the NVMe tier needs at least one store directory");
-  if (!o.nvme_blocks.empty() && o.nvme_blocks.size() != o.block_elements.size()) {
-    return InvalidArgumentError("nvme_blocks names " + std::to_string(o.nvme_blocks.size()) +
-                                " blocks, the model has " +
-                                std::to_string(o.block_elements.size()));
-  }
-  RETURN_IF_ERROR(CheckWeightPlacement(o));
+  RETURN_IF_ERROR(NvmeStateTier::CheckOptions(o));
   const auto lo = LayoutOptions(o);
   const auto po = PoolOptions(o);
   ASSIGN_OR_RETURN(const bool background, CreateArena(o, lo, po));
-  if (o.tier == StateTier::kNvme) RETURN_IF_ERROR(StartNvmeTier(o));
+  if (o.tier == StateTier::kNvme) {
+    ASSIGN_OR_RETURN(tier_, NvmeStateTier::Start(o, segment_, arena_.get(), &shards_));
+  }
   if (background && !segment_.huge_pages()) RETURN_IF_ERROR(StartPopulation());
   workers_start_ = arena_end_ = Clock::now();
   ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
@@ -105,6 +94,7 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   workers_seconds_ = std::chrono::duration<double>(workers_end_ - workers_start_).count();
   ASSIGN_OR_RETURN(const workers::OptimizerConfig oc, DriverConfig(o, lo));
   driver_ = std::make_unique<workers::StepDriver>(pool_.get(), shards_, oc);
+  if (tier_) tier_->SetDriver(driver_.get());
   update_start_us_.assign(shards_.size(), 0);
   ConnectDriver();
   updated_step_.assign(shards_.size(), 0);
@@ -148,54 +138,6 @@ StatusOr<bool> HostOptimizer::CreateArena(const HostOptimizerOptions& o,
   return background;
 }
 
-Status HostOptimizer::StartNvmeTier(const HostOptimizerOptions& o) {
-  const uint64_t max_n = std::max<uint64_t>(1, MaxElements(o));
-  for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
-    auto slot = std::make_unique<Slot>();
-    const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
-                                      ipc::RegionKind::kExpAvgSq};
-    for (int k = 0; k < 3; ++k) {
-      ASSIGN_OR_RETURN(ipc::Region r,
-                       arena_->Allocate("slot" + std::to_string(s) + "." + std::to_string(k),
-                                        kinds[k], max_n * 4));
-      slot->offset[k] = r.offset;
-    }
-    slots_.push_back(std::move(slot));
-  }
-  RETURN_IF_ERROR(AllocateWeightRegions());
-  slot_of_.assign(shards_.size(), -1);
-  compute_copy_.assign(shards_.size(), 0);
-  for (size_t b = 0; b < shards_.size(); ++b) {
-    const std::string prefix = "B" + std::to_string(b) + ".";
-    const uint64_t bytes4 = shards_[b].num_elements * 4;
-    if (!internal::OnNvme(o, b)) {  // this block's states stay in RAM
-      ASSIGN_OR_RETURN(ipc::Region m,
-                       arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
-      ASSIGN_OR_RETURN(ipc::Region v1,
-                       arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
-      ASSIGN_OR_RETURN(ipc::Region v2,
-                       arena_->Allocate(prefix + "exp_avg_sq", ipc::RegionKind::kExpAvgSq, bytes4));
-      shards_[b].master_offset = m.offset;
-      shards_[b].exp_avg_offset = v1.offset;
-      shards_[b].exp_avg_sq_offset = v2.offset;
-    } else if (o.compute == HostDtype::kFp32) {
-      ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute",
-                                                       ipc::RegionKind::kParamStaging, bytes4));
-      compute_copy_[b] = r.offset;
-    }
-  }
-  // Versions must grow per key, also across runs over the same directories.
-  write_version_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch() /
-                                         std::chrono::nanoseconds(1));
-  storage::StoreProcessOptions so;
-  so.binary = o.store_binary;
-  for (const auto& d : o.nvme_dirs) so.args.push_back("--dir=" + d);
-  so.args.push_back("--queue-depth=" + std::to_string(o.nvme_queue_depth));
-  if (o.nvme_block_size > 0) so.args.push_back("--block-size=" + std::to_string(o.nvme_block_size));
-  ASSIGN_OR_RETURN(store_, storage::StoreProcess::Launch(segment_, arena_.get(), so));
-  return OkStatus();
-}
-
 // The step driver's hooks: the NVMe tier's stage-in before an update and write-back after it, the
 // update spans, and the waiters on a block's update and on the step's decision.
 void HostOptimizer::ConnectDriver() {
@@ -203,12 +145,7 @@ void HostOptimizer::ConnectDriver() {
   driver_->SetOnShardUpdated([this](size_t shard) {
     if (span_sink_) span_sink_("cpu update", static_cast<int>(shard), update_start_us_[shard], NowMicros());
     if (OnNvme(shard)) {
-      const Slot& slot = *slots_[slot_of_[shard]];
-      if (compute_copy_[shard] != 0) {
-        std::memcpy(arena_->At<void>(compute_copy_[shard]), arena_->At<void>(slot.offset[0]),
-                    shards_[shard].num_elements * 4);
-      }
-      Status st = WriteBack(shard);
+      Status st = tier_->AfterUpdate(shard);
       if (!st.ok()) Fail(st);
     }
     if (on_updated_) {
@@ -234,7 +171,7 @@ void HostOptimizer::ConnectDriver() {
   driver_->SetBeforeUpdate([this](size_t shard, workers::ShardSpec* spec) -> Status {
     if (OnNvme(shard)) {
       const int64_t t0 = NowMicros();
-      RETURN_IF_ERROR(StageIn(shard, spec));
+      RETURN_IF_ERROR(tier_->StageIn(shard, spec));
       if (span_sink_) span_sink_("nvme read", static_cast<int>(shard), t0, NowMicros());
     }
     update_start_us_[shard] = NowMicros();
@@ -254,12 +191,13 @@ void HostOptimizer::StopThread() {
 HostOptimizer::~HostOptimizer() {
   StopThread();
   if (pool_) (void)pool_->Shutdown();
-  if (store_) {
-    // Bounded: a store that stopped answering is killed rather than waited on (a job that ends
-    // must not hang on it).
-    Status st = store_->Shutdown(/*timeout_ms=*/5000);
-    if (!st.ok()) OFFLOADD_LOG(kWarning, "trainer") << "store shutdown: " << st.ToString();
-  }
+  tier_.reset();  // the store's shutdown is bounded (NvmeStateTier's destructor)
+}
+
+bool HostOptimizer::OnNvme(size_t shard) const { return tier_ != nullptr && tier_->OnNvme(shard); }
+
+bool HostOptimizer::WeightsOnNvme(size_t shard) const {
+  return tier_ != nullptr && tier_->WeightsOnNvme(shard);
 }
 
 uint32_t HostOptimizer::worker_processes() const { return pool_ ? pool_->size() : options_.worker_processes; }
@@ -286,8 +224,63 @@ void* HostOptimizer::compute_weights(int block) const {
   if (options_.mode.master == workers::MasterDtype::kBf16)
     return arena_->At<void>(shards_[block].master_offset);
   if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
-  if (OnNvme(block)) return arena_->At<void>(compute_copy_[block]);
+  if (OnNvme(block)) return tier_->compute_copy(block);
   return arena_->At<void>(shards_[block].master_offset);
+}
+
+// ---- 16-bit weights on NVMe (NvmeStateTier, on the optimizer thread) ----
+
+bool HostOptimizer::weights_on_nvme(int block) const {
+  return !follower_ && block >= 0 && block < num_blocks() &&
+         WeightsOnNvme(static_cast<size_t>(block));
+}
+
+namespace {
+
+Status CheckWeightRequest(bool on_nvme, int block, int buffer, int buffers) {
+  if (!on_nvme) {
+    return InvalidArgumentError("block " + std::to_string(block) +
+                                " has no weights on NVMe to fetch");
+  }
+  if (buffer < 0 || buffer >= buffers) {
+    return InvalidArgumentError("weight buffer " + std::to_string(buffer) + " out of range [0, " +
+                                std::to_string(buffers) + ")");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status HostOptimizer::PrefetchWeights(int block, int buffer) {
+  RETURN_IF_ERROR(CheckWeightRequest(weights_on_nvme(block), block, buffer, kWeightBuffers));
+  const Status issued = RunOnThread([&]() { return tier_->PrefetchWeights(block, buffer); });
+  if (!issued.ok())
+    return issued.WithContext("reading block " + std::to_string(block) + "'s weights from NVMe");
+  return OkStatus();
+}
+
+StatusOr<const void*> HostOptimizer::FetchWeights(int block, int buffer) {
+  RETURN_IF_ERROR(CheckWeightRequest(weights_on_nvme(block), block, buffer, kWeightBuffers));
+  const void* weights = nullptr;
+  const Status read = RunOnThread([&]() -> Status {
+    ASSIGN_OR_RETURN(weights, tier_->FetchWeights(block, buffer));
+    return OkStatus();
+  });
+  if (!read.ok())
+    return read.WithContext("reading block " + std::to_string(block) + "'s weights from NVMe");
+  return weights;
+}
+
+void* HostOptimizer::weight_buffer(int buffer) const {
+  return tier_ ? tier_->weight_buffer(buffer) : nullptr;
+}
+
+uint64_t HostOptimizer::weight_buffer_bytes() const {
+  return tier_ ? tier_->weight_buffer_bytes() : 0;
+}
+
+uint64_t HostOptimizer::weight_prefetch_hits() const {
+  return tier_ ? tier_->weight_prefetch_hits() : 0;
 }
 
 uint64_t HostOptimizer::compute_weight_bytes(int block) const {
@@ -337,7 +330,7 @@ Status HostOptimizer::Handle(Item& item) {
       // Every NVMe block's states are read again each step, even one a slot still holds from the
       // last (its read is where a dead store shows before the block is updated); within the step
       // the next block's read is issued ahead (StageIn).
-      if (store_) RETURN_IF_ERROR(ScratchSlot().status());
+      if (tier_) RETURN_IF_ERROR(tier_->BeginStep());
       driver_step_ = item.step;
       return driver_->BeginStep(item.step, item.lr, item.grad_unscale);
     case Item::kGrads: {
@@ -366,9 +359,7 @@ Status HostOptimizer::Handle(Item& item) {
     }
     case Item::kFinish: {
       auto r = driver_->FinishStep();
-      if (r.ok() && store_) {  // write-backs of the last shards
-        while (io_outstanding_ > 0) RETURN_IF_ERROR(PumpStore(true));
-      }
+      if (r.ok() && tier_) RETURN_IF_ERROR(tier_->Drain());  // write-backs of the last shards
       std::lock_guard<std::mutex> lock(mu_);
       // An earlier failure of this optimizer (a wait for the other ranks' gradients that timed
       // out, a dead worker) is the cause; the driver's complaint about the blocks it then did not
@@ -568,6 +559,12 @@ UpdateTotals HostOptimizer::TakeTotals() {
   busy /= std::max<size_t>(1, m.workers.size());
   std::lock_guard<std::mutex> lock(mu_);
   UpdateTotals t = totals_;
+  if (tier_) {
+    const NvmeStateTier::Totals n = tier_->TakeTotals();
+    t.nvme_busy_seconds += n.busy_seconds;
+    t.nvme_read_bytes += n.read_bytes;
+    t.nvme_write_bytes += n.write_bytes;
+  }
   t.worker_busy_seconds = busy - busy_base_;
   busy_base_ = busy;
   totals_ = UpdateTotals{};
@@ -612,18 +609,8 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
       continue;
     }
     const Status staged = RunOnThread([&, b]() -> Status {
-      ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
-      Slot& slot = *scratch;
-      float* master = arena_->At<float>(slot.offset[0]);
-      RETURN_IF_ERROR(fill(static_cast<int>(b), master));
-      if (compute_copy_[b] != 0)
-        std::memcpy(arena_->At<void>(compute_copy_[b]), master, s.num_elements * 4);
-      RETURN_IF_ERROR(Derive16(b, master, &slot));
-      std::memset(arena_->At<void>(slot.offset[1]), 0, s.num_elements * 4);
-      std::memset(arena_->At<void>(slot.offset[2]), 0, s.num_elements * 4);
-      for (int k = 0; k < 3; ++k)
-        RETURN_IF_ERROR(StoreIo(true, b, kKinds[k], slot.offset[k], s.num_elements * 4, true));
-      return OkStatus();
+      return tier_->InitializeBlock(
+          b, [&](float* master) { return fill(static_cast<int>(b), master); });
     });
     RETURN_IF_ERROR(staged);
   }
@@ -653,16 +640,8 @@ Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float
       std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
     return OkStatus();
   }
-  return RunOnThread([&]() -> Status {
-    ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
-    Slot& slot = *scratch;
-    float* dst[3] = {master, exp_avg, exp_avg_sq};
-    for (int k = 0; k < 3; ++k) {
-      RETURN_IF_ERROR(StoreIo(false, block, kKinds[k], slot.offset[k], bytes, true));
-      std::memcpy(dst[k], arena_->At<void>(slot.offset[k]), bytes);
-    }
-    return OkStatus();
-  });
+  return RunOnThread(
+      [&]() -> Status { return tier_->ReadStates(block, master, exp_avg, exp_avg_sq); });
 }
 
 Status HostOptimizer::RestoreStates(int block, const float* master, const float* exp_avg,
@@ -672,12 +651,6 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
   const uint64_t bytes = s.num_elements * 4;
   uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
   std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
-  auto derive = [&](const float* m) {
-    if (s.weights_offset != 0 && !WeightsOnNvme(block))
-      internal::To16(options_.compute, m, arena_->At<uint16_t>(s.weights_offset), s.num_elements);
-    if (OnNvme(block) && compute_copy_[block] != 0)
-      std::memcpy(arena_->At<void>(compute_copy_[block]), m, bytes);
-  };
   if (!OnNvme(block)) {
     if (options_.mode.master == workers::MasterDtype::kBf16) {
       EncodeMaster(static_cast<size_t>(block), 0, master, s.num_elements);
@@ -690,21 +663,13 @@ Status HostOptimizer::RestoreStates(int block, const float* master, const float*
     } else if (exp_avg != nullptr || exp_avg_sq != nullptr) {
       return FailedPreconditionError("compact states are restored with RestoreStateRegions");
     }
-    derive(master);
+    if (s.weights_offset != 0)  // the 16-bit copy the device reads
+      internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
+                     s.num_elements);
     return OkStatus();
   }
-  return RunOnThread([&]() -> Status {
-    ASSIGN_OR_RETURN(Slot * scratch, ScratchSlot());
-    Slot& slot = *scratch;
-    const float* src[3] = {master, exp_avg, exp_avg_sq};
-    for (int k = 0; k < 3; ++k) {
-      std::memcpy(arena_->At<void>(slot.offset[k]), src[k], bytes);
-      RETURN_IF_ERROR(StoreIo(true, block, kKinds[k], slot.offset[k], bytes, true));
-    }
-    derive(master);
-    if (WeightsOnNvme(block)) RETURN_IF_ERROR(Derive16(block, master, &slot));
-    return OkStatus();
-  });
+  return RunOnThread(
+      [&]() -> Status { return tier_->RestoreStates(block, master, exp_avg, exp_avg_sq); });
 }
 
 void HostOptimizer::EncodeMaster(size_t block, uint64_t begin, const float* p, uint64_t count) {
@@ -753,12 +718,6 @@ Status HostOptimizer::RestoreStateRegions(int block, const uint8_t* exp_avg,
   return OkStatus();
 }
 
-// ---- NVMe staging (optimizer thread) ----
-
-}  // namespace offloadd::trainer
-
-namespace offloadd::trainer {
-
 RuntimeStats::Store StoreRuntimeStats(const storage::StoreProcess& store, const char* role) {
   const storage::StoreClientStats c = store.Stats();
   RuntimeStats::Store s;
@@ -790,7 +749,7 @@ void HostOptimizer::AddRuntime(RuntimeStats* out) const {
     x.restarts = w.restarts;
     out->workers.push_back(x);
   }
-  if (store_) out->stores.push_back(StoreRuntimeStats(*store_, "optimizer"));
+  if (tier_) out->stores.push_back(StoreRuntimeStats(tier_->store(), "optimizer"));
   out->arena_bytes += ArenaBytes(options_);
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 // HostOptimizer: the CPU side of the offloaded step. Owns the shared pinned arena (one shard per
 // model block: gradient staging, fp32 master weights, Adam moments and, where kept, the 16-bit
-// weight copy the device reads; without it the device reads the fp32 masters and casts them), the offloadd-worker pool running fused AdamW, the StepDriver (exact
-// clipping, accumulation, FCFS/LCFS order) and, for the NVMe tier, the offloadd-store process
-// with a few staging slots the fp32 states pass through.
+// weight copy the device reads; without it the device reads the fp32 masters and casts them),
+// the offloadd-worker pool running fused AdamW and the StepDriver (exact clipping, accumulation,
+// FCFS/LCFS order). The NVMe tier (the offloadd-store process and the few staging slots the fp32
+// states pass through) is an NvmeStateTier of its own (nvme_state_tier.h) that this drives.
 //
 // Threads: the caller (the step loop) and one optimizer thread that owns the StepDriver. The
 // step loop hands over "the gradients of block b for micro-batch m are in (or on their way to)
@@ -15,8 +16,9 @@
 //
 // NVMe tier: master weights and both moments of a shard live in the store; before its update
 // (StepDriver::SetBeforeUpdate) they are read into a free slot (the next shard's read is issued
-// ahead), and right after it they are written back behind the update. A fp32 compute copy of the
-// weights stays in RAM when the device computes in fp32.
+// ahead), and right after it they are written back behind the update (NvmeStateTier, run on the
+// optimizer thread). A fp32 compute copy of the weights stays in RAM when the device computes in
+// fp32.
 //
 // Thread-safety: every public method is for the step-loop thread except where noted.
 
@@ -52,6 +54,7 @@ struct WorkerPoolOptions;
 namespace offloadd::trainer {
 
 class GroupLink;
+class NvmeStateTier;
 
 enum class HostDtype { kFp32, kBf16, kFp16 };  // compute dtype as the host sees it
 
@@ -304,15 +307,13 @@ class HostOptimizer {
     std::function<bool()> done;  // kGrads: fn would not block
     std::function<double()> sq_norm;  // kGrads: the gradients' ||g||^2, read after fn
   };
-  struct Slot;
   HostOptimizer() = default;
   Status Start(const HostOptimizerOptions& options);
   // Start's parts, in order: the shared arena, its regions and the blocks' shards (returns whether
-  // the arena is populated in the background); the NVMe tier's staging slots, in-RAM regions and
-  // store process; the step driver's hooks.
+  // the arena is populated in the background); then (NVMe tier) the NvmeStateTier on it; the step
+  // driver's hooks.
   StatusOr<bool> CreateArena(const HostOptimizerOptions& o, const workers::ShardLayoutOptions& lo,
                              const workers::WorkerPoolOptions& po);
-  Status StartNvmeTier(const HostOptimizerOptions& o);
   void ConnectDriver();
   Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
   // A bf16 master: elements [begin, begin + count) of block's master region from fp32 values.
@@ -322,23 +323,9 @@ class HostOptimizer {
   void Loop();
   Status Handle(Item& item);
   Status RunOnThread(std::function<Status()> fn);  // runs fn on the optimizer thread, waits
-  // NVMe tier (optimizer thread).
-  bool OnNvme(size_t shard) const {
-    return store_ != nullptr && (options_.nvme_blocks.empty() || options_.nvme_blocks[shard]);
-  }
-  Status StageIn(size_t shard, workers::ShardSpec* spec);
-  // Takes the next slot in turn for `shard` (once its previous shard's update and write-back are
-  // done) and issues the reads of its states; returns the slot.
-  StatusOr<int> IssueReads(size_t shard);
-  // The NVMe shard the next update will most likely stage, from the direction the staged shards
-  // move in (down during backward): -1 when none.
-  int PrefetchCandidate(size_t shard) const;
-  // Between steps: waits for all store I/O and hands out slot 0 for checkpoint / init copies.
-  StatusOr<Slot*> ScratchSlot();
-  Status WriteBack(size_t shard);
-  Status StoreIo(bool write, uint32_t layer, uint32_t kind, uint64_t offset, uint64_t bytes,
-                 bool wait);
-  Status PumpStore(bool block);
+  // The NVMe tier holds the block's states (its weights) in the store.
+  bool OnNvme(size_t shard) const;
+  bool WeightsOnNvme(size_t shard) const;
   void Fail(const Status& s);
   // Data parallel, leader: waits (dispatching updates) until every rank landed its shard of
   // `block`'s next hand-off; publishes a freed staging buffer.
@@ -359,36 +346,10 @@ class HostOptimizer {
   std::unique_ptr<ArenaPopulation> population_;
   std::unique_ptr<ipc::Arena> arena_;
   std::vector<workers::ShardSpec> shards_;
-  std::vector<uint64_t> compute_copy_;  // per block: fp32 compute region (NVMe block + fp32)
-  std::vector<uint64_t> weight_buffers_;  // FetchWeights' destinations (kWeightBuffers)
-  struct WeightRead {  // per weight buffer (optimizer thread): the read issued into it
-    int block = -1;
-    uint64_t id = 0;     // its store I/O, 0: none in flight
-    bool stale = false;  // a write-back of the block came after it
-  };
-  std::vector<WeightRead> weight_reads_;
-  std::atomic<uint64_t> weight_prefetch_hits_{0};
-  Status IssueWeightRead(int block, int buffer);  // optimizer thread
-  Status ClaimIo(uint64_t id);                    // waits for a non-slot I/O to complete
-  void DropWeightReads(size_t block);             // its reads in flight are stale
-  bool WeightsOnNvme(size_t shard) const;
-  // The 16-bit copy of `master` for block b: into its arena region, or (weights on NVMe) into
-  // `slot`'s and written to the store (optimizer thread).
-  Status Derive16(size_t b, const float* master, const Slot* slot);
-  static Status CheckWeightPlacement(const HostOptimizerOptions& o);
-  Status AllocateWeightRegions();  // Start, NVMe tier: the slots' weight regions and the buffers
   std::unique_ptr<workers::WorkerPool> pool_;
   std::unique_ptr<workers::StepDriver> driver_;
-  std::unique_ptr<storage::StoreProcess> store_;
-  std::vector<std::unique_ptr<Slot>> slots_;
-  std::vector<int> slot_of_;  // per shard: slot holding its states, -1
-  size_t next_slot_ = 0;
-  int last_staged_ = -1;  // the shard StageIn staged last
-  uint64_t prefetch_hits_ = 0;
-  uint64_t next_io_id_ = 1;
-  uint64_t write_version_ = 0;
-  std::vector<uint64_t> io_done_;  // ids completed but not yet claimed
-  uint64_t io_outstanding_ = 0;
+  // The NVMe tier (null on the RAM tier and on a follower); stopped before the arena goes.
+  std::unique_ptr<NvmeStateTier> tier_;
   std::function<Status(int)> on_updated_;
   SpanSink span_sink_;
   std::vector<int64_t> update_start_us_;

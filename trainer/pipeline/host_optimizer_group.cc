@@ -14,6 +14,7 @@
 #include "ipc/unique_fd.h"
 #include "trainer/pipeline/group_link.h"
 #include "trainer/pipeline/host_optimizer.h"
+#include "trainer/pipeline/nvme_state_tier.h"
 
 namespace offloadd::trainer {
 
@@ -29,7 +30,7 @@ void HostOptimizer::PublishBlocks() {
     info.num_elements = shards_[b].num_elements;
     info.grad_offset = shards_[b].grad_offset;
     info.master_offset = shards_[b].master_offset;
-    if (!store_) {  // the RAM tier: the other ranks can read the states (device blocks' start)
+    if (!tier_) {  // the RAM tier: the other ranks can read the states (device blocks' start)
       info.exp_avg_offset = shards_[b].exp_avg_offset;
       info.exp_avg_sq_offset = shards_[b].exp_avg_sq_offset;
     }

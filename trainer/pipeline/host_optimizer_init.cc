@@ -9,19 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "storage/format.h"
 #include "trainer/pipeline/group_link.h"
 #include "trainer/pipeline/host_optimizer.h"
 #include "trainer/pipeline/host_optimizer_layout.h"
+#include "trainer/pipeline/nvme_state_tier.h"
 
 namespace offloadd::trainer {
-namespace {
-
-constexpr uint32_t kStateKinds[3] = {static_cast<uint32_t>(storage::TensorKind::kParamFp32),
-                                     static_cast<uint32_t>(storage::TensorKind::kAdamM),
-                                     static_cast<uint32_t>(storage::TensorKind::kAdamV)};
-
-}  // namespace
 
 Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
                                        const std::function<Status(const InitPiece&, float*)>& fill,
@@ -50,24 +43,15 @@ Status HostOptimizer::InitializePieces(const std::vector<InitPiece>& pieces,
   }
   // Blocks whose states are on NVMe: one staged block at a time, its pieces in order, on the
   // optimizer thread, written to the store (the others' go into the arena below, on threads).
-  for (size_t b = 0; store_ && b < shards_.size(); ++b) {
+  for (size_t b = 0; tier_ && b < shards_.size(); ++b) {
     if (!OnNvme(b)) continue;
-    const uint64_t n = shards_[b].num_elements;
     const Status staged = RunOnThread([&, b]() -> Status {
-      ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
-      float* master = arena_->At<float>(slot->offset[0]);
-      for (const InitPiece& p : pieces) {
-        if (p.block == static_cast<int>(b)) RETURN_IF_ERROR(fill(p, master + p.begin));
-      }
-      if (compute_copy_[b] != 0) std::memcpy(arena_->At<void>(compute_copy_[b]), master, n * 4);
-      RETURN_IF_ERROR(Derive16(b, master, slot));
-      std::memset(arena_->At<void>(slot->offset[1]), 0, n * 4);
-      std::memset(arena_->At<void>(slot->offset[2]), 0, n * 4);
-      for (int k = 0; k < 3; ++k) {
-        RETURN_IF_ERROR(
-            StoreIo(true, static_cast<uint32_t>(b), kStateKinds[k], slot->offset[k], n * 4, true));
-      }
-      return OkStatus();
+      return tier_->InitializeBlock(b, [&](float* master) -> Status {
+        for (const InitPiece& p : pieces) {
+          if (p.block == static_cast<int>(b)) RETURN_IF_ERROR(fill(p, master + p.begin));
+        }
+        return OkStatus();
+      });
     });
     RETURN_IF_ERROR(staged);
   }

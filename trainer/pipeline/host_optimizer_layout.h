@@ -10,18 +10,6 @@
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
 
-namespace offloadd::trainer {
-
-// An NVMe staging slot: one block's fp32 states between their read and their write-back.
-struct HostOptimizer::Slot {
-  uint64_t offset[4] = {};  // master, exp_avg, exp_avg_sq; 16-bit weights (0: none on NVMe)
-  int shard = -1;           // whose states it holds
-  bool loaded = false;      // reads complete
-  std::vector<uint64_t> pending_reads, pending_writes;
-};
-
-}  // namespace offloadd::trainer
-
 namespace offloadd::trainer::internal {
 
 workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o);

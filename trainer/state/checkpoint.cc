@@ -110,11 +110,11 @@ std::string Hex(uint32_t v) {
   return buf;
 }
 
-// Opens and flocks (non-blocking) a directory; checks it is still at `path` once locked, so a lock
-// on a directory that someone else removed in between is never mistaken for ownership.
-StatusOr<int> LockDir(const std::string& path) {
-  ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY | O_DIRECTORY, Access::kWrite));
-  const int fd = owned.release();
+// Flocks the opened directory `fd` (non-blocking) and checks that it is still what `path` names
+// once locked (`stat_path` stats what is there now), so a lock on a directory that someone else
+// removed in between is never mistaken for ownership. Closes `fd` on every error.
+template <typename StatPath>
+StatusOr<int> LockOpenedDir(int fd, const std::string& path, StatPath stat_path) {
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd);
@@ -123,12 +123,18 @@ StatusOr<int> LockDir(const std::string& path) {
   }
   struct stat a {
   }, b{};
-  if (::fstat(fd, &a) != 0 || ::stat(path.c_str(), &b) != 0 || a.st_ino != b.st_ino ||
-      a.st_dev != b.st_dev) {
+  if (::fstat(fd, &a) != 0 || stat_path(&b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
     ::close(fd);
     return NotFoundError(path + " was removed while being locked");
   }
   return fd;
+}
+
+// Opens and locks the directory at `path` (LockOpenedDir).
+StatusOr<int> LockDir(const std::string& path) {
+  ASSIGN_OR_RETURN(OwnedFd owned, OpenConfined(path, O_RDONLY | O_DIRECTORY, Access::kWrite));
+  return LockOpenedDir(owned.release(), path,
+                       [&](struct stat* st) { return ::stat(path.c_str(), st); });
 }
 
 // mkdir(<dirfd>/.checkpoint-<step>.<what>-XXXXXX) under a fresh random name; returns the name.
@@ -150,20 +156,9 @@ StatusOr<std::string> MakeHiddenDirAt(int dirfd, const std::string& output_dir, 
 StatusOr<int> LockDirAt(int dirfd, const std::string& name, const std::string& path) {
   const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open " + path);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) return UnavailableError(path + " is locked by a live process");
-    return ErrnoError(err, "flock " + path);
-  }
-  struct stat a {
-  }, b{};
-  if (::fstat(fd, &a) != 0 || ::fstatat(dirfd, name.c_str(), &b, AT_SYMLINK_NOFOLLOW) != 0 ||
-      a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
-    ::close(fd);
-    return NotFoundError(path + " was removed while being locked");
-  }
-  return fd;
+  return LockOpenedDir(fd, path, [&](struct stat* st) {
+    return ::fstatat(dirfd, name.c_str(), st, AT_SYMLINK_NOFOLLOW);
+  });
 }
 
 // The safetensors file prefix (u64 header length + JSON header padded to 8 bytes) for tensors

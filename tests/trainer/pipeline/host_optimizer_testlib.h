@@ -1,4 +1,4 @@
-// Shared by the HostOptimizer tests (host_optimizer_test.cc, host_optimizer_weights_test.cc): the
+// Shared by the HostOptimizer tests (host_optimizer_test.cc, nvme_state_tier_weights_test.cc): the
 // fixture, bounded waits and the lookup of a child process by name.
 #ifndef OFFLOADD_TESTS_TRAINER_HOST_OPTIMIZER_TESTLIB_H_
 #define OFFLOADD_TESTS_TRAINER_HOST_OPTIMIZER_TESTLIB_H_

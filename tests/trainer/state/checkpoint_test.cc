@@ -161,6 +161,24 @@ TEST_F(CheckpointTest, LatestSkipsTemporaryAndIncompleteDirectories) {
   EXPECT_FALSE(PathExists(live_tmp));
 }
 
+// A checkpoint another process holds locked (a pruner, a resume's clean-up) is not removed from
+// under it: the removal is refused naming the directory, and goes ahead once the lock is gone.
+TEST_F(CheckpointTest, ALockedCheckpointIsNotRemovedFromUnderItsHolder) {
+  const FakeModel m(1);
+  ASSERT_TRUE(Save(out_, 10, m).ok());
+  const int held = ::open(Dir(10).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);  // another open file description: conflicts
+  const Status refused = RemoveCheckpoints(out_);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  EXPECT_NE(refused.message().find(Dir(10) + " is locked by a live process"), std::string::npos)
+      << refused.ToString();
+  EXPECT_TRUE(PathExists(Dir(10)));
+  ::close(held);
+  ASSERT_TRUE(RemoveCheckpoints(out_).ok());
+  EXPECT_FALSE(PathExists(Dir(10)));
+}
+
 TEST_F(CheckpointTest, WriterRefusesInconsistentInput) {
   const FakeModel m(1);
   auto w = CheckpointWriter::Begin(out_, 4);

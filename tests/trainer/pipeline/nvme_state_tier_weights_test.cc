@@ -1,5 +1,5 @@
 // HostOptimizer with blocks' 16-bit weights in the NVMe store beside their states
-// (HostOptimizerOptions::nvme_weight_blocks, host_optimizer_weights.cc).
+// (HostOptimizerOptions::nvme_weight_blocks; NvmeStateTier, nvme_state_tier_weights.cc).
 #include <gtest/gtest.h>
 
 #include <cstring>
