@@ -57,6 +57,25 @@ TEST(RopeTest, BackwardIsTheTransposeWithAndWithoutPartialRotary) {
   }
 }
 
+// In bf16 the hand-written backward rounds exactly where autograd of transformers' op sequence
+// (q * cos + rotate_half(q) * sin) does: dy * cos, dy * sin and their sum, each rounded once. The
+// q/k bias gradients of Qwen2 and Llama's attention_bias are sums of this over every position
+// (bench/engine/RESULTS.md, "qwen2's q/k biases"), so any extra rounding here would show there.
+TEST(RopeTest, Bf16BackwardIsAutogradOfTheForwardBitForBit) {
+  for (int64_t rotary : {0, 8}) {
+    RopeConfig rope;
+    rope.rotary_dim = rotary;
+    const at::Tensor pos = at::arange(64, at::kLong).unsqueeze(0).repeat({2, 1});
+    at::Tensor cos, sin;
+    RopeTables(rope, 16, pos, at::kBFloat16, &cos, &sin);
+    at::manual_seed(2);
+    const at::Tensor x = at::randn({2, 4, 64, 16}).to(at::kBFloat16).set_requires_grad(true);
+    const at::Tensor g = (at::randn({2, 4, 64, 16}) * 1e-3).to(at::kBFloat16);
+    ApplyRope(x, cos, sin).backward(g);
+    EXPECT_TRUE(at::equal(ApplyRopeBackward(g, cos, sin), x.grad())) << "rotary_dim " << rotary;
+  }
+}
+
 TEST(RopeTest, AttentionScalingOfYarnAndLongrope) {
   RopeConfig yarn;
   yarn.type = "yarn";
