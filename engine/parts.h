@@ -218,6 +218,15 @@ class MlpPart {
 // gradient (zeros) and AdamW decays it: offloadd emits zeros for it in every layout. Saved: the
 // router's probabilities (fp32 [N, E]; gpt-oss: its logits), the top-k expert ids, and the
 // permuted gate/up and (unweighted) expert outputs; the activation is rebuilt in backward.
+//
+// Expert GEMMs: one GEMM per non-empty expert ("loop"), or every
+// expert's rows in one grouped GEMM per projection (at::_grouped_mm over the permuted rows, the
+// expert offsets from the routing; forward, d x and the weight gradients; "grouped"). The default
+// ("auto") is grouped on CUDA in bf16 on compute capability 9.0+ with rows of 16-byte multiples,
+// the loop elsewhere (the CPU keeps its path). OFFLOADD_EXPERT_GEMM=auto|grouped|loop forces one;
+// grouped forced where it cannot run is an error (on the CPU it runs ATen's reference grouped
+// GEMM, which the CPU tests use). Per-expert checkpoints are stacked into [E, 2I, H] / [E, H, I]
+// for the grouped GEMM (one copy of the layer's experts per pass).
 class MoePart {
  public:
   MoePart(const ModelConfig& c, int layer, const std::string& prefix, ParamList* pl);
@@ -237,6 +246,26 @@ class MoePart {
  private:
   struct Routing;
   Routing Route(const at::Tensor& probs, const at::Tensor& top, c10::ScalarType dtype) const;
+  // The expert GEMMs of the permuted rows xp (sorted by expert): the unweighted outputs, and
+  // *gate_up the projections before the activation (saved for backward).
+  at::Tensor LoopExperts(const Weights& W, const Routing& r, const at::Tensor& xp,
+                         at::Tensor* gate_up) const;
+  at::Tensor GroupedExperts(const Weights& W, const Routing& r, const at::Tensor& xp,
+                            at::Tensor* gate_up) const;
+  // Their backward from d out (the weighted upstream gradient of each permuted row): emits the
+  // expert parameters' gradients (zeros for an expert without a row) and returns d xp.
+  at::Tensor LoopExpertsBackward(const Weights& W, const Routing& r, const at::Tensor& xp,
+                                 const at::Tensor& dout, const at::Tensor& gate_up,
+                                 const Emit& emit) const;
+  at::Tensor GroupedExpertsBackward(const Weights& W, const Routing& r, const at::Tensor& xp,
+                                    const at::Tensor& dout, const at::Tensor& gate_up,
+                                    const Emit& emit) const;
+  // Whether the grouped GEMMs run for activations like x (OFFLOADD_EXPERT_GEMM and GroupedMisfit).
+  bool UseGrouped(const at::Tensor& x) const;
+  // Why the grouped GEMM cannot take these experts on `device` in `dtype`; empty when it can.
+  std::string GroupedMisfit(c10::Device device, c10::ScalarType dtype) const;
+  // The experts as [E, H, 2I] (x @ gate_up[e]) and [E, I, H] (act @ down[e]) views or stacks.
+  void GroupedWeights(const Weights& W, at::Tensor* gate_up, at::Tensor* down) const;
   // One expert's gate/up projection of its rows ([rows, 2I]: gate columns first, or gpt-oss's
   // interleaved) and its activation; the down projection of the activation.
   at::Tensor ProjectGateUp(const Weights& W, int64_t e, const at::Tensor& x) const;

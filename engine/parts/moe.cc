@@ -14,7 +14,13 @@
 // Backward: d w_j = <dy, expert output_j>; through the renormalisation and the softmax to the
 // logits (plus the load-balancing loss's d aux / d probs), then W_r's gradient and d x.
 #include <ATen/ATen.h>
+#if OFFLOADD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
+#include <cstdlib>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/ops.h"
@@ -53,6 +59,7 @@ namespace parts {
 struct MoePart::Routing {
   at::Tensor order;             // [N k] slots in permuted order
   at::Tensor tokens;            // [N k] the token of each permuted row
+  at::Tensor experts;           // [N k] the expert of each permuted row (ascending)
   at::Tensor weights;           // [N, k] fp32 routing weights
   std::vector<int64_t> counts;  // rows per expert
 };
@@ -157,7 +164,7 @@ MoePart::Routing MoePart::Route(const at::Tensor& probs, const at::Tensor& top,
                                 c10::ScalarType dtype) const {
   Routing r;
   at::Tensor flat = top.reshape({-1});
-  r.order = std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  std::tie(r.experts, r.order) = flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
   r.tokens = r.order.div(top_k_, "floor");
   if (routing_ == MoeRouting::kTopKSoftmax) {
     // GptOssTopKRouter: softmax over the selected logits in the compute dtype.
@@ -169,6 +176,23 @@ MoePart::Routing MoePart::Route(const at::Tensor& probs, const at::Tensor& top,
   at::Tensor counts = at::bincount(flat, {}, experts_).to(at::kCPU);
   r.counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + experts_);
   return r;
+}
+
+at::Tensor MoePart::LoopExperts(const Weights& W, const Routing& r, const at::Tensor& xp,
+                                at::Tensor* gate_up) const {
+  at::Tensor gu = at::empty({xp.size(0), 2 * ff_}, xp.options());
+  at::Tensor out = at::empty({xp.size(0), hidden_}, xp.options());
+  int64_t off = 0;
+  for (int64_t e = 0; e < experts_; ++e) {
+    const int64_t rows = r.counts[e];
+    if (rows == 0) continue;
+    at::Tensor gu_e = gu.narrow(0, off, rows);
+    gu_e.copy_(ProjectGateUp(W, e, xp.narrow(0, off, rows)));
+    out.narrow(0, off, rows).copy_(ProjectDown(W, e, Activate(gu_e)));
+    off += rows;
+  }
+  *gate_up = gu;
+  return out;
 }
 
 at::Tensor MoePart::Forward(const Weights& W, const MicroBatch& mb, const at::Tensor& x_in,
@@ -196,17 +220,8 @@ at::Tensor MoePart::Forward(const Weights& W, const MicroBatch& mb, const at::Te
   }
   const Routing r = Route(probs, top, x.scalar_type());
   at::Tensor xp = x.index_select(0, r.tokens);
-  at::Tensor gu = at::empty({n * top_k_, 2 * ff_}, x.options());
-  at::Tensor out = at::empty({n * top_k_, hidden_}, x.options());
-  int64_t off = 0;
-  for (int64_t e = 0; e < experts_; ++e) {
-    const int64_t rows = r.counts[e];
-    if (rows == 0) continue;
-    at::Tensor gu_e = gu.narrow(0, off, rows);
-    gu_e.copy_(ProjectGateUp(W, e, xp.narrow(0, off, rows)));
-    out.narrow(0, off, rows).copy_(ProjectDown(W, e, Activate(gu_e)));
-    off += rows;
-  }
+  at::Tensor gu;
+  at::Tensor out = UseGrouped(x) ? GroupedExperts(W, r, xp, &gu) : LoopExperts(W, r, xp, &gu);
   xp = at::Tensor();
   at::Tensor w = r.weights.reshape({-1}).index_select(0, r.order).to(x.scalar_type());
   at::Tensor y = at::zeros_like(x);
@@ -224,20 +239,9 @@ MoePart::Saved MoePart::Read(SavedReader* r) const {
   return s;
 }
 
-at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::Tensor& dy,
-                             const std::function<at::Tensor()>& input, const Saved& s,
-                             const Emit& emit) const {
-  const at::Tensor dy2 = dy.reshape({-1, hidden_});
-  const at::Tensor x = input().reshape({-1, hidden_});
-  const int64_t n = x.size(0);
-  const Routing r = Route(s.probs, s.top, x.scalar_type());
-  at::Tensor dyp = dy2.index_select(0, r.tokens);
-  at::Tensor w = r.weights.reshape({-1}).index_select(0, r.order);
-  // d loss / d routing weight of each permuted row (fp32, as the router's backward runs).
-  at::Tensor dwp = (dyp * s.out).sum(-1).to(at::kFloat);
-  at::Tensor dout = dyp * w.to(dy2.scalar_type()).unsqueeze(1);
-  dyp = at::Tensor();
-  at::Tensor xp = x.index_select(0, r.tokens);
+at::Tensor MoePart::LoopExpertsBackward(const Weights& W, const Routing& r, const at::Tensor& xp,
+                                        const at::Tensor& dout, const at::Tensor& gate_up,
+                                        const Emit& emit) const {
   at::Tensor dxp = at::empty_like(xp);
   at::Tensor dgu_all, ddown_all, dgub_all, ddownb_all;
   if (packed_) {
@@ -251,7 +255,7 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
     const int64_t rows = r.counts[e];
     at::Tensor dgu_w, ddown_w;
     if (rows > 0) {
-      at::Tensor gu = s.gate_up.narrow(0, off, rows);
+      at::Tensor gu = gate_up.narrow(0, off, rows);
       at::Tensor do_e = dout.narrow(0, off, rows);
       at::Tensor x_e = xp.narrow(0, off, rows);
       at::Tensor act;
@@ -296,6 +300,25 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
     emit(down_, ddown_all);
     if (down_b_ != kAbsent) emit(down_b_, ddownb_all);
   }
+  return dxp;
+}
+
+at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::Tensor& dy,
+                             const std::function<at::Tensor()>& input, const Saved& s,
+                             const Emit& emit) const {
+  const at::Tensor dy2 = dy.reshape({-1, hidden_});
+  const at::Tensor x = input().reshape({-1, hidden_});
+  const int64_t n = x.size(0);
+  const Routing r = Route(s.probs, s.top, x.scalar_type());
+  at::Tensor dyp = dy2.index_select(0, r.tokens);
+  at::Tensor w = r.weights.reshape({-1}).index_select(0, r.order);
+  // d loss / d routing weight of each permuted row (fp32, as the router's backward runs).
+  at::Tensor dwp = (dyp * s.out).sum(-1).to(at::kFloat);
+  at::Tensor dout = dyp * w.to(dy2.scalar_type()).unsqueeze(1);
+  dyp = at::Tensor();
+  at::Tensor xp = x.index_select(0, r.tokens);
+  at::Tensor dxp = UseGrouped(x) ? GroupedExpertsBackward(W, r, xp, dout, s.gate_up, emit)
+                                 : LoopExpertsBackward(W, r, xp, dout, s.gate_up, emit);
   dout = at::Tensor();
   at::Tensor dx = at::zeros_like(x);
   dx.index_add_(0, r.tokens, dxp);
@@ -332,6 +355,138 @@ at::Tensor MoePart::Backward(const Weights& W, const MicroBatch& mb, const at::T
   return dx;
 }
 
+// ---- grouped expert GEMMs ----------------------------------------------------------------------
+
+namespace {
+
+enum class ExpertGemm { kAuto, kGrouped, kLoop };
+
+// OFFLOADD_EXPERT_GEMM, read once; a bad value is refused on every device.
+ExpertGemm ExpertGemmMode() {
+  static const std::string v = [] {
+    const char* e = std::getenv("OFFLOADD_EXPERT_GEMM");
+    return std::string(e == nullptr || *e == 0 ? "auto" : e);
+  }();
+  TORCH_CHECK(v == "auto" || v == "grouped" || v == "loop",
+              "OFFLOADD_EXPERT_GEMM must be auto, grouped or loop, got '", v, "'");
+  return v == "grouped" ? ExpertGemm::kGrouped
+         : v == "loop"  ? ExpertGemm::kLoop
+                        : ExpertGemm::kAuto;
+}
+
+// The permuted rows' group ends (int32, on the rows' device), as at::_grouped_mm takes them.
+at::Tensor GroupEnds(const std::vector<int64_t>& counts, c10::Device device) {
+  std::vector<int32_t> ends(counts.size());
+  int64_t sum = 0;
+  for (size_t e = 0; e < counts.size(); ++e) ends[e] = static_cast<int32_t>(sum += counts[e]);
+  return at::tensor(ends, at::kInt).to(device);
+}
+
+}  // namespace
+
+std::string MoePart::GroupedMisfit(c10::Device device, c10::ScalarType dtype) const {
+  const int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  if ((hidden_ * bytes) % 16 != 0 || (ff_ * bytes) % 16 != 0) {
+    return "needs hidden and expert intermediate rows of a multiple of 16 bytes";
+  }
+  if (!device.is_cuda()) return "";  // ATen's reference grouped GEMM
+  if (dtype != at::kBFloat16) return "needs bf16 on CUDA";
+#if OFFLOADD_WITH_CUDA
+  if (at::cuda::getDeviceProperties(device.index())->major < 9) {
+    return "needs compute capability 9.0 or newer";
+  }
+#endif
+  return "";
+}
+
+bool MoePart::UseGrouped(const at::Tensor& x) const {
+  const ExpertGemm mode = ExpertGemmMode();
+  if (mode == ExpertGemm::kLoop) return false;
+  const std::string why = GroupedMisfit(x.device(), x.scalar_type());
+  TORCH_CHECK(why.empty() || mode == ExpertGemm::kAuto, "OFFLOADD_EXPERT_GEMM=grouped: ", why);
+  return why.empty() && (mode == ExpertGemm::kGrouped || x.is_cuda());
+}
+
+void MoePart::GroupedWeights(const Weights& W, at::Tensor* gate_up, at::Tensor* down) const {
+  if (transposed_) {  // gpt-oss: [E, H, 2I] and [E, I, H] already
+    *gate_up = W[gate_up_];
+    *down = W[down_];
+  } else if (packed_) {
+    *gate_up = W[gate_up_].transpose(1, 2);
+    *down = W[down_].transpose(1, 2);
+  } else {
+    std::vector<at::Tensor> g, u, d;
+    for (int64_t e = 0; e < experts_; ++e) {
+      g.push_back(W[gate_[e]]);
+      u.push_back(W[up_[e]]);
+      d.push_back(W[downs_[e]]);
+    }
+    *gate_up = at::cat({at::stack(g), at::stack(u)}, 1).transpose(1, 2);
+    *down = at::stack(d).transpose(1, 2);
+  }
+}
+
+at::Tensor MoePart::GroupedExperts(const Weights& W, const Routing& r, const at::Tensor& xp,
+                                   at::Tensor* gate_up) const {
+  const at::Tensor ends = GroupEnds(r.counts, xp.device());
+  at::Tensor wgu, wd;
+  GroupedWeights(W, &wgu, &wd);
+  // The loop's roundings: the GEMM in the compute dtype, then the bias (gpt-oss).
+  at::Tensor gu = at::_grouped_mm(xp, wgu, ends);
+  if (gate_up_b_ != kAbsent) gu.add_(W[gate_up_b_].index_select(0, r.experts));
+  at::Tensor out = at::_grouped_mm(Activate(gu), wd, ends);
+  if (down_b_ != kAbsent) out.add_(W[down_b_].index_select(0, r.experts));
+  *gate_up = gu;
+  return out;
+}
+
+at::Tensor MoePart::GroupedExpertsBackward(const Weights& W, const Routing& r, const at::Tensor& xp,
+                                           const at::Tensor& dout, const at::Tensor& gate_up,
+                                           const Emit& emit) const {
+  const at::Tensor ends = GroupEnds(r.counts, xp.device());
+  at::Tensor wgu, wd;
+  GroupedWeights(W, &wgu, &wd);
+  at::Tensor act;
+  at::Tensor dgu = ActivateBackward(at::_grouped_mm(dout, wd.transpose(1, 2), ends), gate_up, &act);
+  at::Tensor dxp = at::_grouped_mm(dgu, wgu.transpose(1, 2), ends);
+  // Weight gradients straight in the parameters' layout: [E, H, 2I] / [E, I, H] for gpt-oss,
+  // [E, 2I, H] / [E, H, I] otherwise (per-expert tensors are slices of these).
+  at::Tensor dgu_w =
+      transposed_ ? at::_grouped_mm(xp.t(), dgu, ends) : at::_grouped_mm(dgu.t(), xp, ends);
+  at::Tensor ddown_w =
+      transposed_ ? at::_grouped_mm(act.t(), dout, ends) : at::_grouped_mm(dout.t(), act, ends);
+  act = at::Tensor();
+  // An expert without a row: a zero gradient (its group has no rows to sum over; zeroed here
+  // rather than trusting the kernel with an empty reduction).
+  std::vector<int64_t> empty;
+  for (int64_t e = 0; e < experts_; ++e) {
+    if (r.counts[e] == 0) empty.push_back(e);
+  }
+  if (!empty.empty()) {
+    const at::Tensor idx = at::tensor(empty, at::kLong).to(xp.device());
+    dgu_w.index_fill_(0, idx, 0);
+    ddown_w.index_fill_(0, idx, 0);
+  }
+  if (gate_up_b_ != kAbsent) {
+    emit(gate_up_b_, at::zeros_like(W[gate_up_b_]).index_add_(0, r.experts, dgu));
+  }
+  if (down_b_ != kAbsent) {
+    emit(down_b_, at::zeros_like(W[down_b_]).index_add_(0, r.experts, dout));
+  }
+  if (packed_) {
+    emit(gate_up_, dgu_w);
+    emit(down_, ddown_w);
+    return dxp;
+  }
+  for (int64_t e = 0; e < experts_; ++e) {
+    const at::Tensor g = dgu_w.select(0, e);
+    emit(gate_[e], g.narrow(0, 0, ff_).contiguous());
+    emit(up_[e], g.narrow(0, ff_, ff_).contiguous());
+    emit(downs_[e], ddown_w.select(0, e).contiguous());
+  }
+  return dxp;
+}
+
 int64_t MoePart::SavedBytes(double tokens, double e) const {
   const double k = static_cast<double>(top_k_);
   return static_cast<int64_t>(tokens * (4.0 * experts_ + 8.0 * k + k * e * (2 * ff_ + hidden_)));
@@ -342,13 +497,21 @@ double MoePart::Flops(double tokens) const {
 }
 
 std::string MoePart::Describe(c10::Device device, c10::ScalarType dtype) const {
-  if (act_ == ExpertActivation::kClampedSwiGlu) {
-    return std::to_string(experts_) + " experts, top-" + std::to_string(top_k_) +
-           ", one GEMM per non-empty expert, clamped SwiGLU (aten)";
+  const ExpertGemm mode = ExpertGemmMode();
+  const std::string misfit = GroupedMisfit(device, dtype);
+  std::string gemm;
+  if (mode == ExpertGemm::kLoop) {
+    gemm = ", one GEMM per non-empty expert (OFFLOADD_EXPERT_GEMM=loop)";
+  } else if (misfit.empty() && (mode == ExpertGemm::kGrouped || device.is_cuda())) {
+    gemm = ", grouped expert GEMMs (at::_grouped_mm)";
+  } else {
+    gemm = ", one GEMM per non-empty expert" +
+           (device.is_cuda() ? " (grouped GEMMs: " + misfit + ")" : std::string());
   }
+  const std::string head = std::to_string(experts_) + " experts, top-" + std::to_string(top_k_);
+  if (act_ == ExpertActivation::kClampedSwiGlu) return head + gemm + ", clamped SwiGLU (aten)";
   const std::string why = ops::FusedKernelFor(ops::FusedOp::kSwiGlu, dtype, device, ff_);
-  return std::to_string(experts_) + " experts, top-" + std::to_string(top_k_) +
-         ", one GEMM per non-empty expert" + (why.empty() ? ", fused SwiGLU" : " (" + why + ")");
+  return head + gemm + (why.empty() ? ", fused SwiGLU" : " (" + why + ")");
 }
 
 }  // namespace parts

@@ -13,7 +13,7 @@
 // --sgd-lr the parameters are updated p -= lr * grad, "logits_after" is dumped and the model
 // exported to --export. Micro-batches split the batch dimension. "mixed" cycles
 // keep/recompute/offload over blocks; offload copies the saved tensors to CPU and back (and drops
-// the originals).
+// the originals). The kernels each layer's parts run (Model::DescribeKernels) go to stderr.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -138,6 +138,9 @@ Status Run(const Args& a) {
   const at::Tensor labels = in.count("labels") ? in["labels"] : ids;
   const at::Tensor positions = in.count("position_ids") ? in["position_ids"] : at::Tensor();
   const at::Tensor segments = in.count("segment_ids") ? in["segment_ids"] : at::Tensor();
+  for (const std::string& line : model->DescribeKernels(device, dtype, ids.size(-1))) {
+    std::fprintf(stderr, "offloadd-engine-check: kernels: %s\n", line.c_str());
+  }
   const at::Tensor targets = Model::ShiftLabels(labels);
   const double total = static_cast<double>(Model::CountTrainedTokens(targets));
   ASSIGN_OR_RETURN(auto modes, Modes(a.mode, model->num_blocks()));

@@ -104,7 +104,11 @@ def clamped_share(model, ids) -> float:
     return min(min(a for a, _ in seen), min(b for _, b in seen)) if seen else 0.0
 
 
-def test_gpt_oss_gradients_match_transformers(tmp_path, shared_dir):
+@pytest.mark.parametrize("gemm", ["loop", "grouped"])
+def test_gpt_oss_gradients_match_transformers(tmp_path, shared_dir, monkeypatch, gemm):
+    """Both expert GEMM paths (test_moe.test_moe_gradients_match_transformers): the grouped one
+    with gpt-oss's [E, H, 2I] / [E, I, H] layout and its biases added per permuted row."""
+    monkeypatch.setenv("OFFLOADD_EXPERT_GEMM", gemm)
     model, _ = build(tmp_path / "m", shared_dir, seed=1)
     model.set_experts_implementation("eager")
     ids, labels = make_batch(model.config.vocab_size - 1, batch=3, seq=40, seed=5)

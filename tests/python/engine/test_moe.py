@@ -66,6 +66,7 @@ import pytest
 import torch
 import transformers
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from families_testlib import checkpoint_layout, load_checkpoint, state_as_checkpoint, write_data
 from engine_testlib import hf_reference, make_batch, run_check, write_inputs
@@ -266,14 +267,18 @@ def test_moe_parts_and_counts_match_transformers(tmp_path, name, make):
     assert "MoE " in j["parts"]
 
 
+@pytest.mark.parametrize("gemm", ["loop", "grouped"])
 @pytest.mark.parametrize("variant", MOE_VARIANTS)
-def test_moe_gradients_match_transformers(tmp_path, variant):
+def test_moe_gradients_match_transformers(tmp_path, monkeypatch, variant, gemm):
     """One forward and backward through offloadd-engine-check against transformers (fp32, eval):
     the loss (with the load-balancing loss where the config asks for it) and every parameter's
     gradient within test_engine_parity.py's fp32 bounds (atol 2e-5, rtol 1e-3), in the
     checkpoint's layout (per-expert or packed). The forced expert's gradient is exactly zero on
     both sides, and present: transformers' packed parameter has those zero rows, and the engine
-    emits zeros for it (a per-expert tensor included)."""
+    emits zeros for it (a per-expert tensor included). Both expert GEMM paths: one GEMM per
+    non-empty expert, and the grouped GEMMs CUDA runs by default (here ATen's reference
+    at::_grouped_mm on the CPU: the same offsets, operand layouts and empty-group handling)."""
+    monkeypatch.setenv("OFFLOADD_EXPERT_GEMM", gemm)
     torch.manual_seed(3)
     cfg, cls = moe_config(variant, 96, 1, 2)
     model = cls(cfg)
@@ -291,7 +296,10 @@ def test_moe_gradients_match_transformers(tmp_path, variant):
                   metadata={"format": "pt"})
     ids, labels = make_batch(96, batch=3, seq=24, seed=5)
     write_inputs(tmp_path / "in.safetensors", ids, labels)
-    ours = run_check(tmp_path / "m", tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    proc = run_check(tmp_path / "m", tmp_path / "in.safetensors", tmp_path / "out.safetensors", expect_ok=False)
+    assert proc.returncode == 0, proc.stderr
+    assert ("grouped expert GEMMs (at::_grouped_mm)" in proc.stderr) == (gemm == "grouped"), proc.stderr
+    ours = load_file(str(tmp_path / "out.safetensors"))
     _, loss, grads = hf_reference(model, ids, labels)
     torch.testing.assert_close(ours["loss"].reshape(()), loss, atol=2e-6, rtol=1e-5)
     got = pack_experts(ours, "grad/")
@@ -313,3 +321,29 @@ def test_moe_gradients_match_transformers(tmp_path, variant):
         assert grads[name][DEAD_EXPERT].abs().max() == 0, "the forced expert got a token"
         assert got[name][DEAD_EXPERT].abs().max() == 0
         assert (grads[name].flatten(1).abs().amax(1) > 0).sum() > cfg.num_experts_per_tok
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("bogus", "OFFLOADD_EXPERT_GEMM must be auto, grouped or loop, got 'bogus'"),
+])
+def test_expert_gemm_setting_is_checked(tmp_path, monkeypatch, value, fragment):
+    """A mistyped OFFLOADD_EXPERT_GEMM fails the run naming the variable and the value (never a
+    silent fallback to one path); the grouped GEMM forced on experts whose rows are not a multiple of
+    16 bytes (fp32 hidden 64, expert intermediate 6: 24-byte rows) names why it cannot run."""
+    cfg, cls = moe_config("olmoe", 96, 1, 2)
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(tmp_path / "m")
+    cfg.intermediate_size = 6
+    cls(cfg).save_pretrained(tmp_path / "odd")
+    ids, labels = make_batch(96, batch=2, seq=8, seed=1)
+    write_inputs(tmp_path / "in.safetensors", ids, labels)
+    monkeypatch.setenv("OFFLOADD_EXPERT_GEMM", value)
+    proc = run_check(tmp_path / "m", tmp_path / "in.safetensors", tmp_path / "o.safetensors", expect_ok=False)
+    assert proc.returncode != 0 and fragment in proc.stderr, proc.stderr
+    monkeypatch.setenv("OFFLOADD_EXPERT_GEMM", "grouped")
+    proc = run_check(tmp_path / "odd", tmp_path / "in.safetensors", tmp_path / "o.safetensors", expect_ok=False)
+    assert proc.returncode != 0, proc.stderr
+    assert "OFFLOADD_EXPERT_GEMM=grouped: needs hidden and expert intermediate rows of a multiple of 16 " \
+        "bytes" in proc.stderr, proc.stderr
+    monkeypatch.setenv("OFFLOADD_EXPERT_GEMM", "auto")  # the CPU's loop runs it
+    run_check(tmp_path / "odd", tmp_path / "in.safetensors", tmp_path / "o.safetensors")
