@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+import grpc
 import pytest
 
 from safetensors.torch import load_file
@@ -84,6 +85,13 @@ def daemon(binary_dir, ws: pathlib.Path, name: str, extra: str) -> DaemonProcess
     d.config_path.write_text(d.config_path.read_text().replace(f"allowed_roots: [{workdir}]",
                                                                f"allowed_roots: [{ws}]"))
     return d
+
+
+@pytest.fixture(autouse=True)
+def cpu_nodes(monkeypatch):
+    """Both daemons are CPU nodes, also on a GPU machine: two daemons of one machine would each
+    take its GPU 0, and the group's two ranks one device."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture()
@@ -203,6 +211,62 @@ def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
     while b.log().count(f"job {job.id} rank 1 ended: CANCELLED") < 2:
         assert time.monotonic() < deadline, b.log()[-3000:]
         time.sleep(0.2)
+
+
+def test_a_busy_peer_refuses_and_nothing_starts(cluster, tmp_path):
+    """All or nothing: a peer running a job of its own (a node without GPUs runs one at a time)
+    refuses its part, so the job across hosts fails naming it, and the coordinator started no
+    executor."""
+    a, b = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=16)
+    with offloadd.Client(b.target) as cb, offloadd.Client(a.target) as ca:
+        own = cb.create_job(spec(tmp_path, "own", steps=100000, save_steps=100000))
+        wait_for(cb, own.id, (S.JOB_STATE_RUNNING,))
+        s = spec(tmp_path, "refused", steps=2, save_steps=100)
+        s["resources"] = {"hosts": 2}
+        seen = []
+        done = ca.submit(s, wait=True, timeout=120, on_event=seen.append)
+        cb.cancel_job(own.id, force=True)
+    assert done.state == S.JOB_STATE_FAILED, done
+    assert "not every host of the job reserved its part, so none started: host b (127.0.0.1:" in done.error.message
+    assert "host b is busy" in done.error.message, done.error.message
+    assert not any(m.startswith("executor started") for m in logs(seen)), logs(seen)
+
+
+def peer_call(address: str, pki, *, token: str | None, client_cert: bool) -> grpc.RpcError | bytes:
+    """One HostPart call to a peer with an empty first message (not a reserve), through a raw
+    channel: with the cluster's certificate and token it reaches the service, which refuses it."""
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=pki["ca"].read_bytes(),
+        private_key=pki["key"].read_bytes() if client_cert else None,
+        certificate_chain=pki["cert"].read_bytes() if client_cert else None)
+    with grpc.secure_channel(address, creds) as ch:
+        call = ch.stream_stream("/offloadd.internal.PeerService/HostPart",
+                                request_serializer=lambda m: m, response_deserializer=lambda m: m)
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        try:
+            return b"".join(call(iter([b""]), metadata=metadata, timeout=10))
+        except grpc.RpcError as e:
+            return e
+
+
+def test_the_peer_service_needs_the_cluster_certificate_and_token(binary_dir, tmp_path):
+    pki = cluster_pki(tmp_path / "pki")
+    port = free_port()
+    b = daemon(binary_dir, tmp_path, "b", cluster_yaml(pki, "b", listen=f"127.0.0.1:{port}")).start()
+    try:
+        address = f"localhost:{port}"
+        ok = peer_call(address, pki, token=TOKEN.strip(), client_cert=True)
+        assert ok.code() == grpc.StatusCode.INVALID_ARGUMENT and "expected reserve first" in ok.details()
+        wrong = peer_call(address, pki, token="not-the-cluster-token-0123456789", client_cert=True)
+        assert wrong.code() == grpc.StatusCode.UNAUTHENTICATED, wrong
+        missing = peer_call(address, pki, token=None, client_cert=True)
+        assert missing.code() == grpc.StatusCode.UNAUTHENTICATED, missing
+        no_cert = peer_call(address, pki, token=TOKEN.strip(), client_cert=False)
+        assert no_cert.code() == grpc.StatusCode.UNAVAILABLE, no_cert  # refused in the handshake
+    finally:
+        b.stop()
 
 
 def test_what_is_not_built_across_hosts_is_refused_by_name(cluster, tmp_path):
