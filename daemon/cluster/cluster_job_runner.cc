@@ -197,14 +197,21 @@ Status ClusterJobRunner::RunAcrossHosts(const v1::Job& job, JobControl& control,
                    SubmitterFileIdentity(job.submitted_by(), local_->options().token_users));
   if (identity) shared.set_submitted_by("unix:uid=" + std::to_string(identity->uid));
 
+  // Every channel first: a credential file that cannot be read now fails the job before any
+  // stream (and its reader thread) exists.
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 1; i < hosts; ++i) {
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     ClusterChannel(cluster_, cluster_.peers[static_cast<size_t>(i - 1)]));
+    channels.push_back(std::move(channel));
+  }
   Coordination c;
   std::vector<std::unique_ptr<PeerLink>> links;
   for (int i = 1; i < hosts; ++i) {
     auto link = std::make_unique<PeerLink>();
     link->peer = &cluster_.peers[static_cast<size_t>(i - 1)];
     link->index = i;
-    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, ClusterChannel(cluster_, *link->peer));
-    link->stub = pb::PeerService::NewStub(channel);
+    link->stub = pb::PeerService::NewStub(channels[static_cast<size_t>(i - 1)]);
     link->stream = link->stub->HostPart(&link->context);
     pb::CoordinatorMessage m;
     pb::ReserveHost& r = *m.mutable_reserve();

@@ -219,3 +219,41 @@ TEST_F(JobSchedulerTest, ShutdownQueuesEveryRunningJobAgain) {
 
 }  // namespace
 }  // namespace offloadd::daemon
+
+namespace offloadd::daemon {
+namespace {
+
+// A part of a job another daemon coordinates holds its GPU like a running job: it is only
+// admitted now (never queued), the scheduler's jobs do not get its GPU, and its release lets the
+// queue go on. On a node without GPUs it holds the node.
+TEST_F(JobSchedulerTest, AHostPartHoldsItsGpuLikeAJob) {
+  HoldingRunner* r = Start(2);
+  EXPECT_EQ(manager_->ReserveHostPart("job-x rank 1", 1), std::vector<int>{0});
+  EXPECT_FALSE(manager_->ReserveHostPart("job-x rank 1", 1)) << "one hold per part";
+  const std::string a = Create("a");
+  EXPECT_EQ(r->WaitStarted("a"), std::vector<int>{1});
+  EXPECT_FALSE(manager_->ReserveHostPart("job-y rank 1", 1)) << "both GPUs are busy";
+  const std::string b = Create("b");
+  manager_->ReleaseHostPart("job-x rank 1");
+  EXPECT_EQ(r->WaitStarted("b"), std::vector<int>{0});
+  r->Release("a");
+  r->Release("b");
+  WaitForState(b, v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobSchedulerTest, AHostPartHoldsANodeWithoutGpus) {
+  HoldingRunner* r = Start(0);
+  EXPECT_EQ(manager_->ReserveHostPart("job-x rank 1", 1), std::vector<int>{});
+  const std::string a = Create("a");
+  auto job = manager_->Get(a);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_QUEUED);
+  manager_->ReleaseHostPart("job-x rank 1");
+  r->WaitStarted("a");
+  EXPECT_FALSE(manager_->ReserveHostPart("job-y rank 1", 1)) << "the node runs a job";
+  r->Release("a");
+  WaitForState(a, v1::JOB_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace offloadd::daemon

@@ -388,6 +388,23 @@ TEST_F(TrainJobConfigTest, RerunJobResumesFromItsOwnNewestCheckpoint) {
   EXPECT_EQ(*r, newest);
 }
 
+// Across hosts a checkpoint is committed by partition 0's directory, which a resume names (every
+// rank then restores its own partition); output_dir itself holds none.
+TEST_F(TrainJobConfigTest, AJobAcrossHostsResumesFromPartitionZero) {
+  job_.mutable_spec()->mutable_resources()->set_hosts(2);
+  SaveCheckpoint(dir_ + "/out/partition-1-of-2", 10);
+  const std::string zero = SaveCheckpoint(dir_ + "/out/partition-0-of-2", 10);
+  AddRun();
+  AddRun();  // paused once, running again
+  auto r = ResumePoint(job_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, zero);
+  job_.set_latest_checkpoint_step(10);
+  auto failed = CheckpointForFailedJob(job_);
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  EXPECT_EQ(*failed, zero);
+}
+
 // Issue #18 item 8: a checkpoint whose tensor bytes were flipped is not resumed from; the job
 // continues from the newest intact one instead of failing or using corrupt weights.
 TEST_F(TrainJobConfigTest, RerunJobSkipsACorruptNewestCheckpoint) {

@@ -5,7 +5,8 @@ start one executor, rank 0 and rank 1 of a Gloo group that meets at the coordina
 each host's arena holding half of the optimizer states (ZeRO-1 across hosts). It trains what one
 host trains on the whole batch: losses within 1e-5, weights within 2e-5 (the CPU parity bounds of
 tests/python/trainer/test_data_parallel_hosts.py). A peer killed mid-job fails the job within a
-bounded time, naming the host; what is not built is refused by name."""
+bounded time, naming the host; what is not built is refused by name. The same job across two
+network namespaces joined by a veth pair runs when the test may create them (root)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import grpc
 import pytest
 
 from safetensors.torch import load_file
@@ -40,7 +42,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cluster_pki(directory: pathlib.Path) -> dict[str, pathlib.Path]:
+def cluster_pki(directory: pathlib.Path, ips: tuple[str, ...] = ()) -> dict[str, pathlib.Path]:
     """A test CA and one certificate it signed for localhost/127.0.0.1, good for both ends of
     mutual TLS, and the cluster's token file (mode 0600); skips without the openssl CLI."""
     if shutil.which("openssl") is None:
@@ -51,7 +53,8 @@ def cluster_pki(directory: pathlib.Path) -> dict[str, pathlib.Path]:
     run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=offloadd-test-ca",
         "-keyout", str(p["ca_key"]), "-out", str(p["ca"]))
     ext = directory / "ext.cnf"
-    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    sans = ",".join(["DNS:localhost", "IP:127.0.0.1", *(f"IP:{ip}" for ip in ips)])
+    ext.write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\n")
     run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", str(p["key"]),
         "-out", str(directory / "req.csr"))
     run("openssl", "x509", "-req", "-in", str(directory / "req.csr"), "-CA", str(p["ca"]), "-CAkey",
@@ -63,27 +66,42 @@ def cluster_pki(directory: pathlib.Path) -> dict[str, pathlib.Path]:
     return p
 
 
-def cluster_yaml(pki, name: str, *, listen: str = "", peers: tuple[tuple[str, str], ...] = ()) -> str:
+def cluster_yaml(pki, name: str, *, listen: str = "", peers: tuple[tuple[str, str], ...] = (),
+                 advertise: str = "127.0.0.1") -> str:
     lines = ["cluster:", f"  name: {name}", f"  tls_cert_file: {pki['cert']}", f"  tls_key_file: {pki['key']}",
              f"  tls_ca_file: {pki['ca']}", f"  token_file: {pki['token']}", "  lost_host_seconds: 5",
              "  reserve_timeout_seconds: 20"]
     if listen:
         lines.append(f"  listen: {listen}")
     if peers:
-        lines.append("  advertise_address: 127.0.0.1")
+        lines.append(f"  advertise_address: {advertise}")
         lines.append("  peers:")
         lines += [f"    - {{name: {n}, address: {a}}}" for n, a in peers]
     return "\n".join(lines) + "\njobs:\n  group_timeout_seconds: 60\n"
 
 
-def daemon(binary_dir, ws: pathlib.Path, name: str, extra: str) -> DaemonProcess:
-    """A daemon in ws/<name> (its own state directory and socket) whose jobs may use all of ws."""
+def daemon(binary_dir, ws: pathlib.Path, name: str, extra: str, netns: str = "") -> DaemonProcess:
+    """A daemon in ws/<name> (its own state directory and socket) whose jobs may use all of ws;
+    in network namespace `netns` when set (its Unix sockets stay reachable: they are files)."""
     workdir = ws / name
     workdir.mkdir()
-    d = DaemonProcess(binary_dir / "daemon" / "offloadd", workdir, extra)
+    binary = binary_dir / "daemon" / "offloadd"
+    if netns:
+        wrapper = workdir / "offloadd-in-netns"
+        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {netns} {binary} "$@"\n')
+        wrapper.chmod(0o755)
+        binary = wrapper
+    d = DaemonProcess(binary, workdir, extra)
     d.config_path.write_text(d.config_path.read_text().replace(f"allowed_roots: [{workdir}]",
                                                                f"allowed_roots: [{ws}]"))
     return d
+
+
+@pytest.fixture(autouse=True)
+def cpu_nodes(monkeypatch):
+    """Both daemons are CPU nodes, also on a GPU machine: two daemons of one machine would each
+    take its GPU 0, and the group's two ranks one device."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture()
@@ -101,14 +119,15 @@ def cluster(binary_dir, tmp_path):
         b.stop()
 
 
-def test_a_job_across_two_daemons_trains_like_one_host(cluster, tmp_path):
-    a, b = cluster
-    build_model(tmp_path / "model", layers=2)
-    write_pretokenized(tmp_path / "data.jsonl", n=64)
+def train_one_and_two_hosts(a: DaemonProcess, b: DaemonProcess, ws: pathlib.Path) -> list[str]:
+    """A one-host job and a two-host job (half the batch per host) through coordinator `a`; asserts
+    they train alike and returns the two-host job's log lines."""
+    build_model(ws / "model", layers=2)
+    write_pretokenized(ws / "data.jsonl", n=64)
     runs = {}
     with offloadd.Client(a.target) as c:
         for name, hosts, batch in (("one", 1, 4), ("two", 2, 2)):
-            s = spec(tmp_path, name, steps=6, save_steps=100)
+            s = spec(ws, name, steps=6, save_steps=100)
             s["training"]["per_device_train_batch_size"] = batch
             s["resources"] = {"hosts": hosts}
             seen = []
@@ -116,19 +135,55 @@ def test_a_job_across_two_daemons_trains_like_one_host(cluster, tmp_path):
             assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen), b.log()[-3000:])
             runs[name] = (progress(seen), logs(seen))
     (one, _), (two, two_logs) = runs["one"], runs["two"]
-    # One executor per host: rank 0 here, rank 1 started by the peer and reported as its host's.
-    assert any(m.startswith("every host reserved its part (2 hosts)") for m in two_logs), two_logs
-    assert any(m.startswith("host b: executor started") and " rank 1 " in m for m in two_logs), two_logs
-    assert "job " in b.log() and "reserved for a" in b.log(), b.log()
     assert [p.step for p in one] == [p.step for p in two] == list(range(1, 7))
     for x, y in zip(one, two):
         assert x.tokens_seen == y.tokens_seen
         assert abs(x.loss - y.loss) <= 1e-5 * max(1.0, abs(x.loss)), (x.step, x.loss, y.loss)
-    wa, wb = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    wa, wb = load_file(ws / "one" / "model.safetensors"), load_file(ws / "two" / "model.safetensors")
     assert wa.keys() == wb.keys()
     for name in wa:
         assert (wa[name] - wb[name]).abs().max().item() <= 2e-5, name
-    # The peer holds nothing once the job is over: a second job across hosts is admitted at once.
+    return two_logs
+
+
+def test_a_job_across_two_daemons_trains_like_one_host(cluster, tmp_path):
+    a, b = cluster
+    two_logs = train_one_and_two_hosts(a, b, tmp_path)
+    # One executor per host: rank 0 here, rank 1 started by the peer and reported as its host's.
+    assert any(m.startswith("every host reserved its part (2 hosts)") for m in two_logs), two_logs
+    assert any(m.startswith("host b: executor started") and " rank 1 " in m for m in two_logs), two_logs
+    assert "reserved for a" in b.log(), b.log()
+
+
+def test_two_daemons_in_two_network_namespaces(binary_dir, tmp_path, monkeypatch):
+    """The same across a veth pair: each daemon in its own network namespace, the peer service,
+    the rendezvous and every Gloo collective crossing the pair. Needs root (ip netns)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "trainer"))
+    from test_data_parallel_netns import two_namespaces as make_namespaces  # noqa: F401
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (ip netns)")
+    gen = make_namespaces.__wrapped__()
+    ns, veth, addrs = next(gen)
+    try:
+        pki = cluster_pki(tmp_path / "pki", ips=tuple(addrs))
+        port = free_port()
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", veth[1])
+        b = daemon(binary_dir, tmp_path, "b", cluster_yaml(pki, "b", listen=f"{addrs[1]}:{port}"), ns[1])
+        b.start()
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", veth[0])
+        a = daemon(binary_dir, tmp_path, "a",
+                   cluster_yaml(pki, "a", peers=(("b", f"{addrs[1]}:{port}"),), advertise=addrs[0]), ns[0])
+        try:
+            a.start()
+            two_logs = train_one_and_two_hosts(a, b, tmp_path)
+            assert any(m.startswith(f"every host reserved its part (2 hosts); rendezvous tcp://{addrs[0]}:")
+                       for m in two_logs), two_logs
+        finally:
+            a.stop()
+            b.stop()
+    finally:
+        gen.close()
 
 
 def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path):
@@ -203,6 +258,62 @@ def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
     while b.log().count(f"job {job.id} rank 1 ended: CANCELLED") < 2:
         assert time.monotonic() < deadline, b.log()[-3000:]
         time.sleep(0.2)
+
+
+def test_a_busy_peer_refuses_and_nothing_starts(cluster, tmp_path):
+    """All or nothing: a peer running a job of its own (a node without GPUs runs one at a time)
+    refuses its part, so the job across hosts fails naming it, and the coordinator started no
+    executor."""
+    a, b = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=16)
+    with offloadd.Client(b.target) as cb, offloadd.Client(a.target) as ca:
+        own = cb.create_job(spec(tmp_path, "own", steps=100000, save_steps=100000))
+        wait_for(cb, own.id, (S.JOB_STATE_RUNNING,))
+        s = spec(tmp_path, "refused", steps=2, save_steps=100)
+        s["resources"] = {"hosts": 2}
+        seen = []
+        done = ca.submit(s, wait=True, timeout=120, on_event=seen.append)
+        cb.cancel_job(own.id, force=True)
+    assert done.state == S.JOB_STATE_FAILED, done
+    assert "not every host of the job reserved its part, so none started: host b (127.0.0.1:" in done.error.message
+    assert "host b is busy" in done.error.message, done.error.message
+    assert not any(m.startswith("executor started") for m in logs(seen)), logs(seen)
+
+
+def peer_call(address: str, pki, *, token: str | None, client_cert: bool) -> grpc.RpcError | bytes:
+    """One HostPart call to a peer with an empty first message (not a reserve), through a raw
+    channel: with the cluster's certificate and token it reaches the service, which refuses it."""
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=pki["ca"].read_bytes(),
+        private_key=pki["key"].read_bytes() if client_cert else None,
+        certificate_chain=pki["cert"].read_bytes() if client_cert else None)
+    with grpc.secure_channel(address, creds) as ch:
+        call = ch.stream_stream("/offloadd.internal.PeerService/HostPart",
+                                request_serializer=lambda m: m, response_deserializer=lambda m: m)
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        try:
+            return b"".join(call(iter([b""]), metadata=metadata, timeout=10))
+        except grpc.RpcError as e:
+            return e
+
+
+def test_the_peer_service_needs_the_cluster_certificate_and_token(binary_dir, tmp_path):
+    pki = cluster_pki(tmp_path / "pki")
+    port = free_port()
+    b = daemon(binary_dir, tmp_path, "b", cluster_yaml(pki, "b", listen=f"127.0.0.1:{port}")).start()
+    try:
+        address = f"localhost:{port}"
+        ok = peer_call(address, pki, token=TOKEN.strip(), client_cert=True)
+        assert ok.code() == grpc.StatusCode.INVALID_ARGUMENT and "expected reserve first" in ok.details()
+        wrong = peer_call(address, pki, token="not-the-cluster-token-0123456789", client_cert=True)
+        assert wrong.code() == grpc.StatusCode.UNAUTHENTICATED, wrong
+        missing = peer_call(address, pki, token=None, client_cert=True)
+        assert missing.code() == grpc.StatusCode.UNAUTHENTICATED, missing
+        no_cert = peer_call(address, pki, token=TOKEN.strip(), client_cert=False)
+        assert no_cert.code() == grpc.StatusCode.UNAVAILABLE, no_cert  # refused in the handshake
+    finally:
+        b.stop()
 
 
 def test_what_is_not_built_across_hosts_is_refused_by_name(cluster, tmp_path):
