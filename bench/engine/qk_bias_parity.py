@@ -146,7 +146,6 @@ def main():
     ap.add_argument("--seeds", default="0-3")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tied", action="store_true")
-    ap.add_argument("--no-engine", action="store_true", help="transformers' runs only")
     ap.add_argument("--centred", action="store_true",
                     help="also transformers with the engine's centred flash attention (CPU)")
     a = ap.parse_args()
@@ -173,8 +172,6 @@ def main():
                     f"--warmup-steps={OPTIM['warmup_steps']}", "--seed=5", "--workers=1x2",
                     "--speculate=never", "--device-optimizer-blocks=0", f"--output-dir={out}",
                     f"--dump-batches={out}/batches.json"]
-            if a.no_engine:
-                args[args.index("--max-steps=8")] = "--max-steps=0"
             run_train(pathlib.Path(a.build), args)
             batches = json.loads((out / "batches.json").read_text())
             truth = reference(d / "model", batches, torch.float64, device=a.device)
@@ -186,8 +183,7 @@ def main():
             runs["gemm"] = reference(d / "model", batches, torch.bfloat16, "eager", a.device,
                                      other_gemm=True)
             reference_gemm_defaults()
-            if not a.no_engine:
-                runs["engine"] = {k: v.double() for k, v in load_checkpoint(out).items()}
+            runs["engine"] = {k: v.double() for k, v in load_checkpoint(out).items()}
             for name, t64 in truth.items():
                 if name not in runs["eager"]:
                     continue

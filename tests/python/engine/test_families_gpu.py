@@ -69,16 +69,16 @@ spread across positions, which centring by one mean does not remove, multiplying
 rounding into dq; D in fp32 is the untried remedy.
 
 Measured (CPU, 2026-11-28; bench/engine/RESULTS.md, "qwen2's q/k biases"): the per-tensor bound is
-rounding luck on these biases, not an engine error. The engine's RoPE backward and bias
-reductions are transformers' ops bit for bit, its one-step q/k bias gradients are as accurate as
-transformers' (0.75-1.35x, median 1.03; test_engine_bf16.py[qwen2]), and D from an fp32 output
-(tried: dq and dk corrected) leaves the failures in place. After 8 steps the error of a q/k bias
-sits in a few elements (participation ratio 1.4-9 of 64 for k_proj.bias: Adam's direction flips
-where the exact gradient nearly cancels), so the bound's 4 / sqrt(k) term, which assumes all k
-elements contribute, is far too tight there: transformers' own eager bf16 run with only its CPU
-GEMM library changed (oneDNN off, about 1 GEMM output in 10^4 rounded differently) exceeds the
-bound against itself (k_proj.bias 1.93 / 1.75). The qwen2 variants stay non-strict expected
-failures with the bound unchanged.
+rounding luck on these biases, not an engine error. The engine's RoPE backward and bias reductions
+are transformers' ops bit for bit, its one-step q/k/v gradients are as accurate as transformers'
+(0.69-1.39x, median 1.03, 5 seeds; test_engine_bf16.py[qwen2]), and D from an fp32 output (tried:
+dq and dk corrected) leaves the failures in place. After 8 steps the error of a q/k bias sits in a
+few elements (participation ratio 1.4-9 of 64 for k_proj.bias: Adam's direction flips where the
+exact gradient nearly cancels), so the bound's 4 / sqrt(k) term, which assumes all k elements
+contribute, is far too tight there: transformers' own eager bf16 run with only its CPU GEMM library
+changed (oneDNN off: 7e-5 of a GEMM's outputs round differently) exceeds the bound against itself
+(k_proj.bias 1.93 / 1.75; over 4 seeds of qwen2 untied that run had 1 tensor over, the engine 2).
+The qwen2 variants stay non-strict expected failures with the bound unchanged.
 """
 
 import json
