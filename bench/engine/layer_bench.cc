@@ -9,6 +9,10 @@
 // --docs N packs each row as N documents of equal length (segment ids, positions restarting per
 // document): attention within documents (engine/doc_attention.h). On CUDA each row also reports
 // the allocator's peak over the timed steps (peak_gib, the layer's weights and inputs included).
+// --experts E (> 0) makes the feed-forward a mixture of experts (Qwen3-MoE's: a router, top
+// --top-k of E SwiGLU experts of --expert-ff, renormalised with --norm-topk 1, experts packed
+// [E, 2I, H] as the trainer's flat buffers view them); --head-dim sets the attention head size.
+// OFFLOADD_EXPERT_GEMM picks the expert GEMMs (bench/engine/moe_layer_bench.py runs both).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #if OFFLOADD_WITH_CUDA
@@ -37,6 +41,8 @@ struct Args {
   std::vector<std::string> modes = {"keep", "recompute"};
   int iters = 10, warmup = 3;
   int64_t docs = 1;
+  int64_t experts = 0, top_k = 8, expert_ff = 768, head_dim = 0;
+  bool norm_topk = true;
 };
 
 template <typename T>
@@ -79,6 +85,16 @@ int Main(int argc, char** argv) {
       a.warmup = std::stoi(v);
     else if (k == "--docs")
       a.docs = std::stoll(v);
+    else if (k == "--experts")
+      a.experts = std::stoll(v);
+    else if (k == "--top-k")
+      a.top_k = std::stoll(v);
+    else if (k == "--expert-ff")
+      a.expert_ff = std::stoll(v);
+    else if (k == "--head-dim")
+      a.head_dim = std::stoll(v);
+    else if (k == "--norm-topk")
+      a.norm_topk = v == "1";
     else if (k == "--batches")
       a.batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
     else if (k == "--modes")
@@ -103,7 +119,16 @@ int Main(int argc, char** argv) {
   c.num_layers = 1;
   c.num_heads = a.heads;
   c.num_kv_heads = a.kv_heads;
-  c.head_dim = a.hidden / a.heads;
+  c.head_dim = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
+  if (a.experts > 0) {
+    c.model_type = "qwen3_moe";
+    c.moe.num_experts = a.experts;
+    c.moe.top_k = a.top_k;
+    c.moe.intermediate_size = a.expert_ff;
+    c.moe.norm_topk_prob = a.norm_topk;
+    c.moe.sparse = {true};
+    c.moe.packed = true;
+  }
   c.max_position_embeddings = std::max<int64_t>(4096, a.seq);
   c.norm_eps = 1e-5;
   c.hidden_act = "silu";
