@@ -61,49 +61,55 @@ void Sync(const c10::Device& d) {
   (void)d;
 }
 
-int Main(int argc, char** argv) {
-  Args a;
+// The flags of the header comment; false (after a message) on an unknown one.
+bool ParseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--device")
-      a.device = v;
+      a->device = v;
     else if (k == "--dtype")
-      a.dtype = v;
+      a->dtype = v;
     else if (k == "--hidden")
-      a.hidden = std::stoll(v);
+      a->hidden = std::stoll(v);
     else if (k == "--heads")
-      a.heads = std::stoll(v);
+      a->heads = std::stoll(v);
     else if (k == "--kv-heads")
-      a.kv_heads = std::stoll(v);
+      a->kv_heads = std::stoll(v);
     else if (k == "--intermediate")
-      a.intermediate = std::stoll(v);
+      a->intermediate = std::stoll(v);
     else if (k == "--seq")
-      a.seq = std::stoll(v);
+      a->seq = std::stoll(v);
     else if (k == "--iters")
-      a.iters = std::stoi(v);
+      a->iters = std::stoi(v);
     else if (k == "--warmup")
-      a.warmup = std::stoi(v);
+      a->warmup = std::stoi(v);
     else if (k == "--docs")
-      a.docs = std::stoll(v);
+      a->docs = std::stoll(v);
     else if (k == "--experts")
-      a.experts = std::stoll(v);
+      a->experts = std::stoll(v);
     else if (k == "--top-k")
-      a.top_k = std::stoll(v);
+      a->top_k = std::stoll(v);
     else if (k == "--expert-ff")
-      a.expert_ff = std::stoll(v);
+      a->expert_ff = std::stoll(v);
     else if (k == "--head-dim")
-      a.head_dim = std::stoll(v);
+      a->head_dim = std::stoll(v);
     else if (k == "--norm-topk")
-      a.norm_topk = v == "1";
+      a->norm_topk = v == "1";
     else if (k == "--batches")
-      a.batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
+      a->batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
     else if (k == "--modes")
-      a.modes = Split<std::string>(v, [](const std::string& x) { return x; });
+      a->modes = Split<std::string>(v, [](const std::string& x) { return x; });
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  Args a;
+  if (!ParseArgs(argc, argv, &a)) return 2;
   const c10::Device device(a.device == "cuda" ? c10::kCUDA : c10::kCPU);
   const c10::ScalarType dtype = a.dtype == "bf16" ? c10::kBFloat16 : c10::kFloat;
   if (device.is_cuda() && !at::hasCUDA()) {
