@@ -27,7 +27,10 @@
 # Knobs (environment): BUILD (/tmp/gpu-build; TRAIN is $BUILD/trainer/offloadd-train), OUT_DIR
 # (/tmp/moe-bench), PARTS ("layer a"), BUDGET (24GiB), HOST_LIMIT (470GiB), SEQ (1024), WORKERS
 # (1x(cores-2)), QWEN_B (8), QWEN_ACCUM (8), TORCH_OLMOE_B (8,16), TORCH_QWEN_B (4), PEAK_TFLOPS
-# (989), PYTHON (python3), DRY_RUN=1 (print the commands only).
+# (989), PYTHON (python3), QWEN_ARGS (more offloadd-train flags for v, b1 and b4, e.g. a compact
+# optimizer mode), DRY_RUN=1 (print the commands only).
+# Host RAM: on the CPU device --validate-only prices Qwen3-30B-A3B's arena at 512.2 GiB (18 B per
+# parameter) and refuses it under 470GiB; part v gives the CUDA figure before b1/b4 run.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -55,6 +58,7 @@ TORCH_OLMOE_B="${TORCH_OLMOE_B:-8,16}"
 TORCH_QWEN_B="${TORCH_QWEN_B:-4}"
 PEAK_TFLOPS="${PEAK_TFLOPS:-989}"
 PYTHON="${PYTHON:-python3}"
+QWEN_ARGS="${QWEN_ARGS:-}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-170}"
 DRY_RUN="${DRY_RUN:-0}"
 mkdir -p "$OUT_DIR"
@@ -93,15 +97,15 @@ if has_part v; then
 run_bench.write_config('qwen3-30b-a3b', pathlib.Path('$model'), $SEQ)"
   run v "$TRAIN" --model="$model" --random-init --synthetic-seq="$SEQ" --validate-only --device=cuda \
     --dtype=bf16 --gpus=4 --batch-size="$QWEN_B" --grad-accum="$QWEN_ACCUM" \
-    --gpu-memory-limit="$BUDGET" --host-memory-limit="$HOST_LIMIT" --workers="$WORKERS"
+    --gpu-memory-limit="$BUDGET" --host-memory-limit="$HOST_LIMIT" --workers="$WORKERS" $QWEN_ARGS
 fi
 if has_part b1; then
   run b1-offloadd "${OFFLOADD[@]}" --shape qwen3-30b-a3b --batch auto \
-    --train-args="--host-memory-limit=$HOST_LIMIT" --json "$OUT_DIR/b1-offloadd.json"
+    --train-args="--host-memory-limit=$HOST_LIMIT $QWEN_ARGS" --json "$OUT_DIR/b1-offloadd.json"
 fi
 if has_part b4; then
   run b4-offloadd "${OFFLOADD[@]}" --shape qwen3-30b-a3b --batch "$QWEN_B" --grad-accum "$QWEN_ACCUM" \
-    --train-args="--gpus=4 --host-memory-limit=$HOST_LIMIT" --json "$OUT_DIR/b4-offloadd.json"
+    --train-args="--gpus=4 --host-memory-limit=$HOST_LIMIT $QWEN_ARGS" --json "$OUT_DIR/b4-offloadd.json"
 fi
 if has_part t4; then
   run t4-torch "${TORCH[@]}" --shape qwen3-30b-a3b --parallel fsdp2 --nproc 4 --batch "$TORCH_QWEN_B" \
