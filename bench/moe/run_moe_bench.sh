@@ -29,8 +29,11 @@
 # (1x(cores-2)), QWEN_B (8), QWEN_ACCUM (8), TORCH_OLMOE_B (8,16), TORCH_QWEN_B (4), PEAK_TFLOPS
 # (989), PYTHON (python3), QWEN_ARGS (more offloadd-train flags for v, b1 and b4, e.g. a compact
 # optimizer mode), DRY_RUN=1 (print the commands only).
-# Host RAM: on the CPU device --validate-only prices Qwen3-30B-A3B's arena at 512.2 GiB (18 B per
-# parameter) and refuses it under 470GiB; part v gives the CUDA figure before b1/b4 run.
+# Host RAM (--validate-only on the CPU device, 2026-11-28): Qwen3-30B-A3B on one rank needs an
+# arena of 398.3 GiB (14 B/parameter; accepted under 470GiB); with --gpus=4 the arena is 512.2 GiB
+# (18 B/parameter: the ranks' gradient shards land in it too), more than a 503 GiB host holds, so
+# b4 is refused unless QWEN_ARGS makes the states smaller (a compact optimizer mode, where data
+# parallelism accepts it). Part v gives the CUDA figure. OLMoE-1B-7B: 90.3 GiB (fits 128 GiB).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
