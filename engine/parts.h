@@ -225,8 +225,8 @@ class MlpPart {
 // ("auto") is grouped on CUDA in bf16 on compute capability 9.0+ with rows of 16-byte multiples,
 // the loop elsewhere (the CPU keeps its path). OFFLOADD_EXPERT_GEMM=auto|grouped|loop forces one;
 // grouped forced where it cannot run is an error (on the CPU it runs ATen's reference grouped
-// GEMM, which the CPU tests use). Per-expert checkpoints are stacked into [E, 2I, H] / [E, H, I]
-// for the grouped GEMM (one copy of the layer's experts per pass).
+// GEMM, which the CPU tests use). Per-expert tensors are viewed as [E, 2I, H] / [E, H, I] when the
+// block's flat buffer holds them back to back (the trainer's), else stacked (a copy per pass).
 class MoePart {
  public:
   MoePart(const ModelConfig& c, int layer, const std::string& prefix, ParamList* pl);
@@ -266,6 +266,8 @@ class MoePart {
   std::string GroupedMisfit(c10::Device device, c10::ScalarType dtype) const;
   // The experts as [E, H, 2I] (x @ gate_up[e]) and [E, I, H] (act @ down[e]) views or stacks.
   void GroupedWeights(const Weights& W, at::Tensor* gate_up, at::Tensor* down) const;
+  // Per-expert tensors back to back in one buffer: the same as strided views; false otherwise.
+  bool StridedExperts(const Weights& W, at::Tensor* gate_up, at::Tensor* down) const;
   // One expert's gate/up projection of its rows ([rows, 2I]: gate columns first, or gpt-oss's
   // interleaved) and its activation; the down projection of the activation.
   at::Tensor ProjectGateUp(const Weights& W, int64_t e, const at::Tensor& x) const;

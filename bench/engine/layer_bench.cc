@@ -9,6 +9,10 @@
 // --docs N packs each row as N documents of equal length (segment ids, positions restarting per
 // document): attention within documents (engine/doc_attention.h). On CUDA each row also reports
 // the allocator's peak over the timed steps (peak_gib, the layer's weights and inputs included).
+// --experts E (> 0) makes the feed-forward a mixture of experts (Qwen3-MoE's: a router, top
+// --top-k of E SwiGLU experts of --expert-ff, renormalised with --norm-topk 1, experts packed
+// [E, 2I, H] as the trainer's flat buffers view them); --head-dim sets the attention head size.
+// OFFLOADD_EXPERT_GEMM picks the expert GEMMs (bench/engine/moe_layer_bench.py runs both).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #if OFFLOADD_WITH_CUDA
@@ -37,6 +41,8 @@ struct Args {
   std::vector<std::string> modes = {"keep", "recompute"};
   int iters = 10, warmup = 3;
   int64_t docs = 1;
+  int64_t experts = 0, top_k = 8, expert_ff = 768, head_dim = 0;
+  bool norm_topk = true;
 };
 
 template <typename T>
@@ -55,39 +61,55 @@ void Sync(const c10::Device& d) {
   (void)d;
 }
 
-int Main(int argc, char** argv) {
-  Args a;
+// The flags of the header comment; false (after a message) on an unknown one.
+bool ParseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--device")
-      a.device = v;
+      a->device = v;
     else if (k == "--dtype")
-      a.dtype = v;
+      a->dtype = v;
     else if (k == "--hidden")
-      a.hidden = std::stoll(v);
+      a->hidden = std::stoll(v);
     else if (k == "--heads")
-      a.heads = std::stoll(v);
+      a->heads = std::stoll(v);
     else if (k == "--kv-heads")
-      a.kv_heads = std::stoll(v);
+      a->kv_heads = std::stoll(v);
     else if (k == "--intermediate")
-      a.intermediate = std::stoll(v);
+      a->intermediate = std::stoll(v);
     else if (k == "--seq")
-      a.seq = std::stoll(v);
+      a->seq = std::stoll(v);
     else if (k == "--iters")
-      a.iters = std::stoi(v);
+      a->iters = std::stoi(v);
     else if (k == "--warmup")
-      a.warmup = std::stoi(v);
+      a->warmup = std::stoi(v);
     else if (k == "--docs")
-      a.docs = std::stoll(v);
+      a->docs = std::stoll(v);
+    else if (k == "--experts")
+      a->experts = std::stoll(v);
+    else if (k == "--top-k")
+      a->top_k = std::stoll(v);
+    else if (k == "--expert-ff")
+      a->expert_ff = std::stoll(v);
+    else if (k == "--head-dim")
+      a->head_dim = std::stoll(v);
+    else if (k == "--norm-topk")
+      a->norm_topk = v == "1";
     else if (k == "--batches")
-      a.batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
+      a->batches = Split<int64_t>(v, [](const std::string& x) -> int64_t { return std::stoll(x); });
     else if (k == "--modes")
-      a.modes = Split<std::string>(v, [](const std::string& x) { return x; });
+      a->modes = Split<std::string>(v, [](const std::string& x) { return x; });
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  Args a;
+  if (!ParseArgs(argc, argv, &a)) return 2;
   const c10::Device device(a.device == "cuda" ? c10::kCUDA : c10::kCPU);
   const c10::ScalarType dtype = a.dtype == "bf16" ? c10::kBFloat16 : c10::kFloat;
   if (device.is_cuda() && !at::hasCUDA()) {
@@ -103,7 +125,16 @@ int Main(int argc, char** argv) {
   c.num_layers = 1;
   c.num_heads = a.heads;
   c.num_kv_heads = a.kv_heads;
-  c.head_dim = a.hidden / a.heads;
+  c.head_dim = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
+  if (a.experts > 0) {
+    c.model_type = "qwen3_moe";
+    c.moe.num_experts = a.experts;
+    c.moe.top_k = a.top_k;
+    c.moe.intermediate_size = a.expert_ff;
+    c.moe.norm_topk_prob = a.norm_topk;
+    c.moe.sparse = {true};
+    c.moe.packed = true;
+  }
   c.max_position_embeddings = std::max<int64_t>(4096, a.seq);
   c.norm_eps = 1e-5;
   c.hidden_act = "silu";

@@ -18,6 +18,8 @@ Prints a Markdown table; --json also writes all rows.
 Model FLOPs follow offloadd's engine (Block::EstimateCost): per token and layer
 2*h*(2*q_dim + 2*kv_dim + 3*ffn) plus causal attention 2*heads*seq*head_dim, plus the LM head
 2*h*vocab; times 3 for forward + backward; recomputation is not counted (model FLOPs, as in MFU).
+A mixture-of-experts layer counts its active FLOPs: the router 2*h*experts plus top_k experts of
+2*h*3*expert_ffn per token (olmoe-1b-7b, qwen3-30b-a3b; MoePart::Flops).
 
 Several GPUs (--parallel ddp|fsdp2, one rank per GPU; --nproc N spawns the N ranks
 itself with torch.multiprocessing, rendezvous through a file, no port to pick):
@@ -98,6 +100,9 @@ SHAPES = {
     "qwen3-30b-a3b": dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
                           num_key_value_heads=4, head_dim=128, intermediate_size=6144,
                           vocab_size=151936),
+    # A Qwen3-MoE of 4 experts (top-2) at the tiny shape: CPU smoke runs of the MoE paths only.
+    "tiny-moe": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=32, intermediate_size=344, vocab_size=2048),
     # About 1M parameters (4 MB in fp32): for CPU smoke runs only.
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=344, vocab_size=2048),
@@ -132,6 +137,11 @@ FAMILIES = {
                           mlp_only_layers=[], rope_theta=1000000.0, rms_norm_eps=1e-6,
                           max_position_embeddings=40960, hidden_act="silu", router_aux_loss_coef=0.001,
                           output_router_logits=False, bos_token_id=151643, eos_token_id=151645),
+    "tiny-moe": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], tie_word_embeddings=False,
+                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[], rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     max_position_embeddings=4096, hidden_act="silu", router_aux_loss_coef=0.001,
+                     output_router_logits=False, bos_token_id=1, eos_token_id=2),
 }
 
 
@@ -204,15 +214,40 @@ def model_config(args) -> transformers.PretrainedConfig:
     return cfg
 
 
+def num_experts(cfg) -> int:
+    """Routed experts per sparse layer (0: a dense model)."""
+    return getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0
+
+
+def layer_is_sparse(cfg, i: int) -> bool:
+    """Whether layer i has the mixture-of-experts feed-forward (Qwen3-MoE's decoder_sparse_step
+    and mlp_only_layers; OLMoE and Mixtral: every layer)."""
+    if not num_experts(cfg) or i in (getattr(cfg, "mlp_only_layers", None) or []):
+        return False
+    return (i + 1) % (getattr(cfg, "decoder_sparse_step", None) or 1) == 0
+
+
+def ffn_flops_per_token(cfg, i: int) -> float:
+    """Forward FLOPs of layer i's feed-forward per token: the dense SwiGLU, or the router plus the
+    top-k experts each token computes (the active expert FLOPs, as offloadd's MoePart::Flops)."""
+    h = cfg.hidden_size
+    if not layer_is_sparse(cfg, i):
+        return 2 * h * 3 * cfg.intermediate_size
+    inter = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    return 2 * h * num_experts(cfg) + 2 * h * 3 * inter * cfg.num_experts_per_tok
+
+
 def model_flops_per_step(cfg, batch: int, seq: int) -> float:
     h, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or h // heads
     q_dim, kv_dim = heads * head_dim, kv * head_dim
     tokens = batch * seq
-    layer = 2 * tokens * h * (2 * q_dim + 2 * kv_dim + 3 * cfg.intermediate_size) \
-        + 2 * batch * heads * seq * seq * head_dim  # causal attention: half of QK^T and PV
+    layers = 0.0
+    for i in range(cfg.num_hidden_layers):
+        layers += 2 * tokens * h * (2 * q_dim + 2 * kv_dim) + tokens * ffn_flops_per_token(cfg, i) \
+            + 2 * batch * heads * seq * seq * head_dim  # causal attention: half of QK^T and PV
     head = 2 * tokens * h * cfg.vocab_size
-    return 3.0 * (cfg.num_hidden_layers * layer + head)
+    return 3.0 * (layers + head)
 
 
 def sync(device: torch.device):

@@ -407,6 +407,31 @@ bool MoePart::UseGrouped(const at::Tensor& x) const {
   return why.empty() && (mode == ExpertGemm::kGrouped || x.is_cuda());
 }
 
+bool MoePart::StridedExperts(const Weights& W, at::Tensor* gate_up, at::Tensor* down) const {
+  // The block's flat weights hold each expert's gate, up and down back to back, in that order:
+  // then [E, 2I, H] and [E, H, I] are strided views of that buffer (no copy of the experts).
+  const at::Tensor& g0 = W[gate_[0]];
+  const int64_t mat = ff_ * hidden_, step = 3 * mat;
+  const int64_t bytes = static_cast<int64_t>(g0.element_size());
+  if (reinterpret_cast<uintptr_t>(g0.data_ptr()) % 16 != 0) return false;
+  for (int64_t e = 0; e < experts_; ++e) {
+    const at::Tensor *g = &W[gate_[e]], *u = &W[up_[e]], *d = &W[downs_[e]];
+    const int64_t at = g0.storage_offset() + e * step;
+    for (const at::Tensor* t : {g, u, d}) {
+      if (!t->is_contiguous() || !t->is_alias_of(g0)) return false;
+    }
+    if (g->storage_offset() != at || u->storage_offset() != at + mat ||
+        d->storage_offset() != at + 2 * mat) {
+      return false;
+    }
+  }
+  if ((mat * bytes) % 16 != 0) return false;
+  *gate_up = g0.as_strided({experts_, 2 * ff_, hidden_}, {step, hidden_, 1}).transpose(1, 2);
+  const at::Tensor& d0 = W[downs_[0]];
+  *down = d0.as_strided({experts_, hidden_, ff_}, {step, ff_, 1}).transpose(1, 2);
+  return true;
+}
+
 void MoePart::GroupedWeights(const Weights& W, at::Tensor* gate_up, at::Tensor* down) const {
   if (transposed_) {  // gpt-oss: [E, H, 2I] and [E, I, H] already
     *gate_up = W[gate_up_];
@@ -414,7 +439,7 @@ void MoePart::GroupedWeights(const Weights& W, at::Tensor* gate_up, at::Tensor* 
   } else if (packed_) {
     *gate_up = W[gate_up_].transpose(1, 2);
     *down = W[down_].transpose(1, 2);
-  } else {
+  } else if (!StridedExperts(W, gate_up, down)) {
     std::vector<at::Tensor> g, u, d;
     for (int64_t e = 0; e < experts_; ++e) {
       g.push_back(W[gate_[e]]);
