@@ -14,6 +14,8 @@ run at once on four GPUs of one host. Every block's AdamW states on the GPU
     CUDA_VISIBLE_DEVICES=1 bench/optimizer_modes/convergence_gpu.py run --mode int8/fp32 \
         --build /tmp/gpu-build --out /tmp/conv
     bench/optimizer_modes/convergence_gpu.py summarize --out /tmp/conv
+    # the PNG where matplotlib is, from the JSON alone
+    bench/optimizer_modes/convergence_gpu.py plot --out DIR_WITH_convergence_gpu.json
 
 A step is micro-batch 16 of records cut at 512 tokens (Alpaca's records average about 180
 Llama 2 tokens, so a padded batch is about 4-8k tokens): about 0.2-0.35 s on an H200 with every
@@ -169,7 +171,8 @@ def summarize(args) -> int:
     try:
         plot(runs, exact, args.shape, out / "convergence_gpu.png")
     except ImportError as e:  # no matplotlib on the machine: the JSON has every number
-        print("no plot:", e, file=sys.stderr)
+        print(f"no plot ({e}): render it where matplotlib is with `{pathlib.Path(__file__).name} "
+              f"plot --out DIR` beside convergence_gpu.json", file=sys.stderr)
     for k, v in summary.items():
         vs = f"{v['vs_exact_percent']:+.2f}%" if "vs_exact_percent" in v else "n/a"
         print(f"{k:28s} held-out {v['final_held_out']:.4f} at step {v['final_step']}  vs exact {vs}"
@@ -205,7 +208,7 @@ def plot(runs, exact, shape, path):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["prepare", "run", "summarize", "all"])
+    ap.add_argument("what", choices=["prepare", "run", "summarize", "all", "plot"])
     ap.add_argument("--build", default=os.environ.get("OFFLOADD_BUILD_DIR", "/tmp/gpu-build"))
     ap.add_argument("--out", default="/tmp/offloadd-convergence-gpu")
     ap.add_argument("--shared-data", default="", help="shared/data (default: found beside the checkout)")
@@ -226,6 +229,12 @@ def main() -> int:
         return run_mode(args)
     if args.what == "summarize":
         return summarize(args)
+    if args.what == "plot":  # convergence_gpu.png from convergence_gpu.json (copied back)
+        got = json.loads((pathlib.Path(args.out) / "convergence_gpu.json").read_text())
+        runs = got["runs"]
+        exact = next((dict(r["held_out"]) for r in runs if r["mode"] == "exact"), None)
+        plot(runs, exact, got["config"]["shape"], pathlib.Path(args.out) / "convergence_gpu.png")
+        return 0
     return run_all(args)
 
 
