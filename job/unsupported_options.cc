@@ -50,13 +50,7 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
                      "lsp is not supported with " + name + " (LSP keeps fp32 subspace states)"});
     }
     // Ranks of one host share rank 0's arena, whose workers step the compact states; the other
-    // ranks read its 16-bit weights, which a bf16 master replaces, and a GPU replica of a block
-    // would start from fp32 states.
-    if (ranks > 1 && bf16_master) {
-      out.push_back({"resources.gpus", group + " is not supported with " + name +
-                                           " yet (the other ranks read rank 0's 16-bit weight "
-                                           "copy, which a bf16 master replaces)"});
-    }
+    // ranks read its weights, but a GPU replica of a block would start from fp32 states.
     if (ranks > 1 && opt.has_ratio()) {
       out.push_back({"offload.offload_optimizer.ratio",
                      "optimizer states on the GPU with " + name + " and " + group +

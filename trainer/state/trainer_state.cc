@@ -107,17 +107,13 @@ Status Trainer::Impl::CheckOptimizerMode() {
   }
   if (cfg.parallel.world_size > 1) {
     // Ranks of one host share rank 0's arena: its workers step every block's compact states, the
-    // other ranks read only the 16-bit weights. What they would read as fp32 is refused by name.
+    // other ranks read only the weights rank 0 publishes (the 16-bit copy, or a bf16 master
+    // itself). What they would read as fp32 is refused by name.
     const std::string dp = mode + " with data parallelism (world size " +
                            std::to_string(cfg.parallel.world_size) + ")";
     if (cfg.parallel.hosts > 1) {
       return UnimplementedError(dp + " across " + std::to_string(cfg.parallel.hosts) +
                                 " hosts: each host's slice of the states is fp32");
-    }
-    if (optimizer_mode.master == workers::MasterDtype::kBf16) {
-      return UnimplementedError(dp +
-                                ": the other ranks compute with rank 0's 16-bit weight copy, "
-                                "which a bf16 master replaces; use an fp32 master");
     }
     if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0) {
       return UnimplementedError(dp + " and optimizer states on the GPU (device_optimizer_blocks " +
