@@ -29,7 +29,8 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   const int64_t ranks = s.resources().gpus();
   const std::string group = "resources.gpus " + std::to_string(ranks) + " (data parallelism)";
   // Compact optimizer modes (docs/optimizer-modes.md): the trainer runs bf16 and int8 states and
-  // a bf16 master in the RAM arena, one process; what it does not run yet is refused.
+  // a bf16 master in the RAM arena and on the GPU, compact states with several ranks of one host;
+  // what it does not run yet is refused.
   const v1::StateDtype state = s.optimizer().state_dtype();
   const bool compact_states = state != v1::STATE_DTYPE_UNSPECIFIED &&
                               state != v1::STATE_DTYPE_FP32 && v1::StateDtype_IsValid(state);
@@ -48,13 +49,12 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
       out.push_back({"compression.type",
                      "lsp is not supported with " + name + " (LSP keeps fp32 subspace states)"});
     }
-    if (ranks > 1) {
-      out.push_back({"resources.gpus", std::to_string(ranks) +
-                                           " (data parallelism) is not "
-                                           "supported with " +
-                                           name +
-                                           " yet (the other ranks read "
-                                           "fp32 states)"});
+    // Ranks of one host share rank 0's arena, whose workers step the compact states; the other
+    // ranks read its weights, but a GPU replica of a block would start from fp32 states.
+    if (ranks > 1 && opt.has_ratio()) {
+      out.push_back({"offload.offload_optimizer.ratio",
+                     "optimizer states on the GPU with " + name + " and " + group +
+                         " are not built yet (each rank's replica starts from fp32 states)"});
     }
   }
   if (s.offload().offload_param().device() == v1::OFFLOAD_DEVICE_NVME) {

@@ -319,8 +319,9 @@ Status Trainer::Impl::UpdateDeviceBlocks(int64_t k) {
   for (int b = 0; b < n; ++b) {  // in the next forward's order
     if (!device_opt->owns(b)) continue;
     streams->BeginCompute("device update " + model->block(b).name());
-    device_opt->Update(b, decided.grad_scale, decided.adam_step);
+    const Status updated = device_opt->Update(b, decided.grad_scale, decided.adam_step);
     streams->EndCompute();
+    RETURN_IF_ERROR(updated);
   }
   return OkStatus();
 }

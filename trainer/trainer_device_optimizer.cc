@@ -24,9 +24,6 @@ std::string FormatShare(double v) {
 Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
   device_blocks.assign(n, false);
   if (lsp) return PlanLspDeviceOptimizer(resident, used);
-  // Compact states have no device kernels yet: every block's stay in the host arena, whatever
-  // share was asked for (the plan log says so).
-  if (!optimizer_mode.Exact()) return OkStatus();
   int requested = cfg.offload.device_optimizer_blocks;
   if (const double share = cfg.offload.device_optimizer_share; share >= 0) {
     if (!(share <= 1)) {
@@ -130,7 +127,7 @@ std::vector<int64_t> Trainer::Impl::DeviceOptimizerNeeds(bool resident, int accu
   std::vector<int64_t> need(n + 1, 0);
   for (int b = 0; b < n; ++b) {
     const int64_t numel = static_cast<int64_t>(layout[b].numel);
-    need[b + 1] = need[b] + DeviceOptimizer::BlockBytes(layout[b].numel, dtype, A) -
+    need[b + 1] = need[b] + DeviceOptimizer::BlockBytes(layout[b].numel, dtype, A, optimizer_mode) -
                   (resident ? numel * elem : 0) +
                   (b == 0 ? DeviceOptimizer::UpdateWorkspaceBytes() : 0);
   }
@@ -149,12 +146,31 @@ Status Trainer::Impl::StartDeviceOptimizer() {
   o.optim = cfg.optim;
   o.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   o.held = cfg.optim.max_grad_norm > 0 || scaler.has_value();
+  o.mode = optimizer_mode;
   streams->UseCompute();
   ASSIGN_OR_RETURN(device_opt, DeviceOptimizer::Create(o));
   // The initial masters were written to the arena (host->Initialize): bring them over.
   std::vector<float> master, m, v;
+  std::vector<uint8_t> m_region, v_region, w_region;
   for (int b = 0; b < n; ++b) {
     if (!device_blocks[b]) continue;
+    if (!optimizer_mode.Exact()) {  // the workers' regions, byte for byte
+      m_region.resize(host->state_region_bytes(b));
+      v_region.resize(host->state_region_bytes(b));
+      RETURN_IF_ERROR(host->ReadStateRegions(b, m_region.data(), v_region.data()));
+      if (optimizer_mode.master == workers::MasterDtype::kBf16) {
+        w_region.resize(host->master_region_bytes(b));
+        RETURN_IF_ERROR(host->ReadMasterRegion(b, w_region.data()));
+      } else {
+        master.resize(layout[b].numel);
+        RETURN_IF_ERROR(host->ReadStates(b, master.data(), nullptr, nullptr));
+        RETURN_IF_ERROR(device_opt->RestoreStates(b, master.data(), nullptr, nullptr));
+      }
+      RETURN_IF_ERROR(device_opt->RestoreRegions(
+          b, optimizer_mode.master == workers::MasterDtype::kBf16 ? w_region.data() : nullptr,
+          m_region.data(), v_region.data()));
+      continue;
+    }
     master.resize(layout[b].numel);
     m.resize(layout[b].numel);
     v.resize(layout[b].numel);

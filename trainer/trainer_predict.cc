@@ -66,6 +66,20 @@ Status Trainer::Impl::PredictStep() {
   o << "predicted " << p.step_seconds << " s/step, " << p.tokens_per_second / 1e3
     << "k tokens/s (micro-batch " << p.micro << " x " << p.accumulation << " accumulation, "
     << shape << "; " << trainer::DescribePlan(c.plan, gpu_budget) << "; basis: " << p.basis << ")";
+  if (!optimizer_mode.Exact() && n > 2) {
+    // The step planner prices a device block at its mode's size: the GPU-resident share grows
+    // with the bytes saved.
+    const uint64_t numel = layout[1].numel;  // a decoder layer
+    const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
+    o << "; optimizer " << optimizer_mode.Describe()
+      << ": a decoder layer's AdamW states on the GPU take "
+      << FormatByteSize(
+             static_cast<uint64_t>(DeviceOptimizer::BlockBytes(numel, dtype, A, optimizer_mode)))
+      << " (exact "
+      << FormatByteSize(static_cast<uint64_t>(DeviceOptimizer::BlockBytes(numel, dtype, A)))
+      << "; master and states " << workers::StateBytesPerParam(optimizer_mode)
+      << " B/parameter against 12)";
+  }
   p.text = o.str();
   p.gpu_bytes = cuda ? c.plan.gpu_bytes : 0;
   Log(TrainObserver::Level::kInfo, "validate-only: " + p.text);

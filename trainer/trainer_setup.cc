@@ -458,8 +458,7 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << " (" << ho.update_depth << " queued per worker), optimizer " << optimizer_mode.Describe();
   if (!optimizer_mode.Exact()) {
     plan << " (" << ShortNumber(workers::StateBytesPerParam(optimizer_mode))
-         << " B/parameter of master and states; all on the host: no device kernels for compact "
-            "states yet)";
+         << " B/parameter of master and states, on the host and on the device alike)";
   }
   if (device_placement_pending) {
     plan << "; AdamW states on the device: as many blocks as fit beside the first step's measured "
@@ -467,7 +466,9 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
   } else if (device_opt) {
     plan << "; AdamW states of blocks 0-" << device_opt->count() - 1 << " on the device ("
          << device_opt->params() << " parameters, "
-         << FormatByteSize(static_cast<uint64_t>(device_opt->params()) * 12) << ")";
+         << FormatByteSize(static_cast<uint64_t>(static_cast<double>(device_opt->params()) *
+                                                 workers::StateBytesPerParam(optimizer_mode)))
+         << ")";
   }
   plan << "; " << DescribeClipping(ho);
   if (lsp) plan << "; " << lsp->Describe();

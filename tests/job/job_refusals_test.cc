@@ -211,6 +211,25 @@ TEST_F(JobRefusalsTest, CompactStatesAreAcceptedAndWhatTheTrainerDoesNotRunIsRef
   EXPECT_EQ(nvme[0].field, "offload.offload_optimizer.device");
   EXPECT_NE(nvme[0].description.find("optimizer.state_dtype int8"), std::string::npos)
       << nvme[0].description;
+  // Several ranks of one host share rank 0's compact arena: int8 states and a bf16 master are
+  // accepted; GPU-resident states (each rank's replica starts from fp32 states) are refused by
+  // name.
+  s = Spec();
+  s.mutable_optimizer()->set_state_dtype(v1::STATE_DTYPE_INT8);
+  s.mutable_resources()->set_gpus(2);
+  EXPECT_TRUE(UnsupportedOptions(s).empty());
+  s.mutable_offload()->mutable_offload_optimizer()->set_ratio(0.5);
+  const std::vector<FieldViolation> dp_gpu = UnsupportedOptions(s);
+  ASSERT_EQ(dp_gpu.size(), 1u);
+  EXPECT_EQ(dp_gpu[0].field, "offload.offload_optimizer.ratio");
+  EXPECT_NE(dp_gpu[0].description.find("optimizer.state_dtype int8 and resources.gpus 2"),
+            std::string::npos)
+      << dp_gpu[0].description;
+  s = Spec();
+  s.mutable_optimizer()->set_master_dtype(v1::MASTER_DTYPE_BF16);
+  s.mutable_model()->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+  s.mutable_resources()->set_gpus(2);
+  EXPECT_TRUE(UnsupportedOptions(s).empty());
   s = Spec();
   s.mutable_optimizer()->set_state_dtype(static_cast<v1::StateDtype>(9));
   ExpectOnly(Validate(s), "optimizer.state_dtype", "unknown value 9");

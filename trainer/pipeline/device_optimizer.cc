@@ -15,12 +15,16 @@ constexpr int64_t kChunk = int64_t{1} << 25;
 }  // namespace
 
 int64_t DeviceOptimizer::BlockBytes(uint64_t numel, c10::ScalarType dtype,
-                                    uint32_t accumulation_steps) {
+                                    uint32_t accumulation_steps, workers::OptimizerMode mode) {
   const auto n = static_cast<int64_t>(numel);
   const int64_t elem = c10::elementSize(dtype);
-  const int64_t weights = dtype == c10::kFloat ? 0 : n * elem;  // fp32 computes with the master
+  // fp32 computes with the fp32 master, bf16 with a bf16 master (the first half of its region).
+  const bool master_is_weights = dtype == c10::kFloat || mode.master == workers::MasterDtype::kBf16;
+  const int64_t weights = master_is_weights ? 0 : n * elem;
   const int64_t accum = accumulation_steps > 1 ? n * 4 : 0;
-  return 12 * n + weights + n * elem + accum;
+  const auto states = static_cast<int64_t>(workers::MasterRegionBytes(mode.master, numel) +
+                                           2 * workers::StateRegionBytes(mode.state, numel));
+  return states + weights + n * elem + accum;
 }
 
 int64_t DeviceOptimizer::UpdateWorkspaceBytes() { return kChunk * 4; }
@@ -32,6 +36,12 @@ StatusOr<std::unique_ptr<DeviceOptimizer>> DeviceOptimizer::Create(const Options
     return InvalidArgumentError("DeviceOptimizer: " + std::to_string(options.blocks.size()) +
                                 " placements for " + std::to_string(layout.size()) + " blocks");
   }
+  if (options.mode.master == workers::MasterDtype::kBf16 && options.dtype != c10::kBFloat16) {
+    return InvalidArgumentError(
+        "DeviceOptimizer: a bf16 master is the block's bf16 weights, but "
+        "the compute dtype is " +
+        std::string(c10::toString(options.dtype)));
+  }
   std::unique_ptr<DeviceOptimizer> d(new DeviceOptimizer(options));
   d->state_.resize(layout.size());
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device);
@@ -40,15 +50,19 @@ StatusOr<std::unique_ptr<DeviceOptimizer>> DeviceOptimizer::Create(const Options
     if (!options.blocks[b]) continue;
     const auto n = static_cast<int64_t>(layout[b].numel);
     BlockState& s = d->state_[b];
+    ++d->count_;
+    d->params_ += layout[b].numel;
+    s.grads = at::empty({n}, compute);
+    if (options.accumulation_steps > 1) s.accum = at::empty({n}, f32);
+    if (!options.mode.Exact()) {
+      CreateRegions(options, layout[b].numel, &s);
+      continue;
+    }
     s.master = at::zeros({n}, f32);
     s.exp_avg = at::zeros({n}, f32);
     s.exp_avg_sq = at::zeros({n}, f32);
     s.weights = options.dtype == c10::kFloat ? s.master : at::empty({n}, compute);
-    s.grads = at::empty({n}, compute);
-    if (options.accumulation_steps > 1) s.accum = at::empty({n}, f32);
     s.step = at::zeros({}, f32);  // the fused kernel reads the bias-correction step from here
-    ++d->count_;
-    d->params_ += layout[b].numel;
   }
   return d;
 }
@@ -75,7 +89,8 @@ void DeviceOptimizer::BeginStep(double lr, uint64_t adam_step, float grad_scale)
   grad_scale_ = grad_scale;
 }
 
-void DeviceOptimizer::Update(int b, float grad_scale, uint64_t adam_step) {
+Status DeviceOptimizer::Update(int b, float grad_scale, uint64_t adam_step) {
+  if (!options_.mode.Exact()) return UpdateCompact(b, grad_scale, adam_step);
   BlockState& s = state_[b];
   const at::Tensor& g_step = StepGradients(b);
   const int64_t n = s.master.numel();
@@ -93,10 +108,12 @@ void DeviceOptimizer::Update(int b, float grad_scale, uint64_t adam_step) {
                       o.weight_decay, o.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
   if (options_.dtype != c10::kFloat) s.weights.copy_(s.master);
+  return OkStatus();
 }
 
 Status DeviceOptimizer::ReadStates(int b, float* master, float* exp_avg, float* exp_avg_sq) const {
   if (!owns(b)) return InternalError("block " + std::to_string(b) + " is not on the device");
+  if (!options_.mode.Exact()) return ReadCompactMaster(b, master, exp_avg, exp_avg_sq);
   const BlockState& s = state_[b];
   const int64_t n = s.master.numel();
   const auto cpu = at::TensorOptions().dtype(at::kFloat);
@@ -109,6 +126,7 @@ Status DeviceOptimizer::ReadStates(int b, float* master, float* exp_avg, float* 
 Status DeviceOptimizer::RestoreStates(int b, const float* master, const float* exp_avg,
                                       const float* exp_avg_sq) {
   if (!owns(b)) return InternalError("block " + std::to_string(b) + " is not on the device");
+  if (!options_.mode.Exact()) return RestoreCompactMaster(b, master, exp_avg, exp_avg_sq);
   BlockState& s = state_[b];
   const int64_t n = s.master.numel();
   const auto cpu = at::TensorOptions().dtype(at::kFloat);

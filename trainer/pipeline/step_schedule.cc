@@ -254,15 +254,16 @@ Status StepSchedule::LandOnDevice(int b, uint32_t micro) {
   if (!norm.defined()) return options_.host->GradsReady(b, micro, nullptr);  // more to come
   if (!cuda_) {
     const double n = norm.item<float>();
-    if (!device.held()) device.UpdateNow(b);
+    if (!device.held()) RETURN_IF_ERROR(device.UpdateNow(b));
     return options_.host->GradsReady(b, micro, nullptr, nullptr, [sq = n * n]() { return sq; });
   }
   at::Tensor slot = host_norms_.narrow(0, b, 1);
   auto e = options_.streams->CopyToHost(slot, norm, "gradient norm " + options_.model->block(b).name());
   if (!device.held()) {  // behind the norm: it may scale the gradients in place
     options_.streams->BeginCompute("device update " + options_.model->block(b).name());
-    device.UpdateNow(b);
+    const Status updated = device.UpdateNow(b);
     options_.streams->EndCompute();
+    RETURN_IF_ERROR(updated);
   }
   return GradsReadyAfter(b, micro, std::move(e), {norm}, LandedSquaredNorm(b));
 }

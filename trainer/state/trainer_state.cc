@@ -106,9 +106,22 @@ Status Trainer::Impl::CheckOptimizerMode() {
                               "states");
   }
   if (cfg.parallel.world_size > 1) {
-    return UnimplementedError(mode + " with data parallelism (world size " +
-                              std::to_string(cfg.parallel.world_size) +
-                              "): the other ranks read fp32 states");
+    // Ranks of one host share rank 0's arena: its workers step every block's compact states, the
+    // other ranks read only the weights rank 0 publishes (the 16-bit copy, or a bf16 master
+    // itself). What they would read as fp32 is refused by name.
+    const std::string dp = mode + " with data parallelism (world size " +
+                           std::to_string(cfg.parallel.world_size) + ")";
+    if (cfg.parallel.hosts > 1) {
+      return UnimplementedError(dp + " across " + std::to_string(cfg.parallel.hosts) +
+                                " hosts: each host's slice of the states is fp32");
+    }
+    if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0) {
+      return UnimplementedError(dp + " and optimizer states on the GPU (device_optimizer_blocks " +
+                                std::to_string(cfg.offload.device_optimizer_blocks) +
+                                "): each rank's replica starts from fp32 states; leave it auto "
+                                "(none with data parallelism) or 0");
+    }
+    cfg.offload.device_optimizer_blocks = 0;  // auto places none: every state in the arena
   }
   return OkStatus();
 }
@@ -144,13 +157,17 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
       RETURN_IF_ERROR(ReadBlockStates(b, master.data(), nullptr, nullptr));
       m_region.resize(host->state_region_bytes(b));
       v_region.resize(host->state_region_bytes(b));
-      RETURN_IF_ERROR(host->ReadStateRegions(b, m_region.data(), v_region.data()));
+      const bool on_device = device_opt && device_opt->owns(b);
+      RETURN_IF_ERROR(on_device
+                          ? device_opt->ReadRegions(b, nullptr, m_region.data(), v_region.data())
+                          : host->ReadStateRegions(b, m_region.data(), v_region.data()));
       ls.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
       ls.exp_avg_region = m_region;
       ls.exp_avg_sq_region = v_region;
       if (bf16_master) {  // the region itself: fp32 master values do not restore it bit for bit
         w_region.resize(host->master_region_bytes(b));
-        RETURN_IF_ERROR(host->ReadMasterRegion(b, w_region.data()));
+        RETURN_IF_ERROR(on_device ? device_opt->ReadRegions(b, w_region.data(), nullptr, nullptr)
+                                  : host->ReadMasterRegion(b, w_region.data()));
         ls.master_dtype = "bf16";
         ls.master_region = w_region;
       }
@@ -245,8 +262,13 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
     } else {
       RETURN_IF_ERROR(
           RestoreBlockStates(b, master.data(), nullptr, nullptr, static_cast<uint64_t>(adam_step)));
-      RETURN_IF_ERROR(host->RestoreStateRegions(b, m_region.data(), v_region.data()));
-      if (bf16_master) RETURN_IF_ERROR(host->RestoreMasterRegion(b, w_region.data()));
+      if (device_opt && device_opt->owns(b)) {
+        RETURN_IF_ERROR(device_opt->RestoreRegions(b, bf16_master ? w_region.data() : nullptr,
+                                                   m_region.data(), v_region.data()));
+      } else {
+        RETURN_IF_ERROR(host->RestoreStateRegions(b, m_region.data(), v_region.data()));
+        if (bf16_master) RETURN_IF_ERROR(host->RestoreMasterRegion(b, w_region.data()));
+      }
     }
   }
   const TrainerState& st = r.state();
