@@ -1,8 +1,8 @@
-// HostOptimizer::ArenaBytes, BytesPerParameter and WeightsAreFp32, and the layout options they
-// size (trainer/pipeline/host_optimizer_layout.h).
+// ArenaBytes, ArenaBytesPerParameter and ArenaWeightsAreFp32 (job/host_optimizer_options.h), and
+// the layout options they size (job/arena_layout.h).
 #include <algorithm>
 
-#include "trainer/pipeline/host_optimizer_layout.h"
+#include "job/arena_layout.h"
 
 namespace offloadd::trainer {
 namespace internal {
@@ -29,7 +29,7 @@ workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
       lo.weight_dtype = workers::WeightDtype::kFp16;
       break;
   }
-  if (HostOptimizer::WeightsAreFp32(o)) lo.weight_dtype = workers::WeightDtype::kNone;
+  if (ArenaWeightsAreFp32(o)) lo.weight_dtype = workers::WeightDtype::kNone;
   // A bf16 master is itself the device's bf16 weights (HostOptimizer::compute_weights): no copy.
   if (o.mode.master == workers::MasterDtype::kBf16) lo.weight_dtype = workers::WeightDtype::kNone;
   lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
@@ -79,7 +79,7 @@ uint64_t MaxWeightElements(const HostOptimizerOptions& o) {
 }
 
 uint32_t ExtraRegions(const HostOptimizerOptions& o) {
-  return 4 * o.nvme_slots + HostOptimizer::kWeightBuffers +
+  return 4 * o.nvme_slots + kArenaWeightBuffers +
          4 * static_cast<uint32_t>(o.block_elements.size()) + 32;
 }
 
@@ -93,8 +93,8 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
   uint64_t regions = slots * 3 + o.block_elements.size() + 8;
   if (const uint64_t w = MaxWeightElements(o); w > 0) {
     // A 16-bit weight region per slot, and the buffers FetchWeights reads into.
-    bytes += (slots + HostOptimizer::kWeightBuffers) * RoundUp(w * 2);
-    regions += slots + HostOptimizer::kWeightBuffers;
+    bytes += (slots + kArenaWeightBuffers) * RoundUp(w * 2);
+    regions += slots + kArenaWeightBuffers;
   }
   for (size_t b = 0; b < o.block_elements.size(); ++b) {
     const uint64_t n = o.block_elements[b];
@@ -111,7 +111,7 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
 double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
   HostOptimizerOptions in_mode = o;
   in_mode.mode = mode;
-  return HostOptimizer::BytesPerParameter(in_mode);  // NVMe tier: the states live in the store
+  return ArenaBytesPerParameter(in_mode);  // NVMe tier: the states live in the store
 }
 
 double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode) {
@@ -123,16 +123,16 @@ double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::Opt
 
 }  // namespace internal
 
-uint64_t HostOptimizer::ArenaBytes(const HostOptimizerOptions& o) {
+uint64_t ArenaBytes(const HostOptimizerOptions& o) {
   return workers::ArenaBytesFor(o.block_elements, internal::LayoutOptions(o), internal::PoolOptions(o)) +
          internal::ExtraBytes(o);
 }
 
-double HostOptimizer::BytesPerParameter(const HostOptimizerOptions& o) {
+double ArenaBytesPerParameter(const HostOptimizerOptions& o) {
   return workers::BytesPerParameter(internal::LayoutOptions(o));
 }
 
-bool HostOptimizer::WeightsAreFp32(const HostOptimizerOptions& o) {
+bool ArenaWeightsAreFp32(const HostOptimizerOptions& o) {
   if (o.mode.master == workers::MasterDtype::kBf16) return false;  // the bf16 master is read
   return o.compute == HostDtype::kFp32 || (!o.host_weight_copy && o.tier == StateTier::kCpu);
 }

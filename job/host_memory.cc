@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/units.h"
-#include "trainer/pipeline/host_optimizer_layout.h"
+#include "job/arena_layout.h"
 
 namespace offloadd::trainer {
 
@@ -145,8 +145,8 @@ HostMemoryLimit DefaultHostMemoryLimit(uint64_t configured, const NodeMemory& no
 HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
   HostMemoryPrediction p;
   const HostOptimizerOptions& o = in.optimizer;
-  p.arena = HostOptimizer::ArenaBytes(o);
-  p.arena_bytes_per_param = HostOptimizer::BytesPerParameter(o);
+  p.arena = ArenaBytes(o);
+  p.arena_bytes_per_param = ArenaBytesPerParameter(o);
   p.mode = o.mode;
   p.checkpoints = in.checkpoint_bytes;
   p.spill_buffer = in.spill_buffer_bytes;

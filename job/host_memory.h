@@ -4,7 +4,7 @@
 // validation all call these, so a job the kernel would OOM-kill is refused at validation with its
 // numbers and the smallest change that would fit.
 //
-// RAM: the shared arena (HostOptimizer::ArenaBytes, the trainer's own formula), the activation
+// RAM: the shared arena (ArenaBytes, the trainer's own formula), the activation
 // checkpoints that wait in pinned RAM (recompute_offload_cpu), a CPU device's working set, and an
 // allowance for the processes (the trainer with LibTorch and, on CUDA, its context; each worker
 // process; the store with its io_uring buffers; the checkpoint reader). Disk: 12 B per parameter
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "trainer/pipeline/host_optimizer.h"
+#include "job/host_optimizer_options.h"
 
 namespace offloadd::trainer {
 

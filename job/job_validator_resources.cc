@@ -108,7 +108,7 @@ void PriceStep(const v1::JobSpec& spec, const engine::ModelConfig& config, const
                      ? res.gpu_index()
                      : 0;
   // The device reads the fp32 masters except on the NVMe tier's 16-bit compute
-  // (HostOptimizer::WeightsAreFp32).
+  // (ArenaWeightsAreFp32).
   const bool nvme = spec.offload().offload_optimizer().device() == v1::OFFLOAD_DEVICE_NVME;
   r->step_estimate =
       auto_batch

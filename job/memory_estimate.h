@@ -72,7 +72,7 @@ v1::StepEstimate EstimateJobStep(const std::string& profile_dir, const std::stri
                                  bool weights_fp32 = true);
 
 // The host RAM and disk the job needs as the trainer plans it (job/host_memory.h): its arena
-// sized by HostOptimizer::ArenaBytes from the model's blocks (embedding, decoder layers, head),
+// sized by ArenaBytes from the model's blocks (embedding, decoder layers, head),
 // the compute dtype, the accumulation and the tier of its optimizer states. The checkpoints the
 // trainer may keep in pinned RAM are placed when the job starts and are not counted here (the
 // trainer checks again with them before its arena is made).

@@ -46,7 +46,7 @@ struct MoeStepFigures {
 
 // uploads_per_step: how often a layer's weights cross per step (2 x accumulation streamed, 1
 // resident); upload_bytes: per parameter and upload (4: fp32 masters cast on the GPU, 2: a 16-bit
-// copy); host_bytes_per_param: the arena's (HostOptimizer::BytesPerParameter). A dense config
+// copy); host_bytes_per_param: the arena's (ArenaBytesPerParameter). A dense config
 // gives figures with num_experts 0.
 MoeStepFigures PriceMoeStep(const engine::ModelConfig& c, int64_t micro, int64_t seq,
                             double uploads_per_step, double upload_bytes,

@@ -117,7 +117,7 @@ StatusOr<StatePlacement> PlaceInRam(HostMemoryInputs* in, uint64_t limit) {
   std::vector<BlockStateBytes> blocks;
   for (uint64_t n : o.block_elements) {
     BlockStateBytes b;
-    // HostOptimizer::ArenaBytes: three regions (and their rounding) in the arena; with fp32
+    // ArenaBytes: three regions (and their rounding) in the arena; with fp32
     // compute an NVMe block's fp32 compute copy goes away.
     b.ram =
         3 * RoundUp(n * 4) + 2 * kPage * 3 - (o.compute == HostDtype::kFp32 ? RoundUp(n * 4) : 0);

@@ -2,8 +2,8 @@
 // each compact optimizer mode (what the planners price once the arena holds them).
 #include <gtest/gtest.h>
 
+#include "job/arena_layout.h"
 #include "job/host_memory.h"
-#include "trainer/pipeline/host_optimizer_layout.h"
 
 namespace offloadd::trainer::internal {
 namespace {
@@ -17,7 +17,7 @@ TEST(HostOptimizerSizeTest, CompactModesShrinkTheArenaAndTheUpdatesTraffic) {
   o.block_elements = {1 << 20};
   o.compute = HostDtype::kBf16;
   o.host_weight_copy = false;  // RAM tier, no 16-bit copy: the device reads the fp32 masters
-  ASSERT_EQ(HostOptimizer::BytesPerParameter(o), 14u);
+  ASSERT_EQ(ArenaBytesPerParameter(o), 14u);
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {}), 14);
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kBf16, MasterDtype::kFp32}), 10);
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kBf16}),
@@ -36,7 +36,7 @@ TEST(HostOptimizerSizeTest, CompactModesShrinkTheArenaAndTheUpdatesTraffic) {
                    8 + 8.0 / 256);
   o.tier = StateTier::kNvme;  // states in the store: the arena holds gradients only
   EXPECT_DOUBLE_EQ(ModeBytesPerParameter(o, {StateDtype::kInt8, MasterDtype::kFp32}),
-                   static_cast<double>(HostOptimizer::BytesPerParameter(o)));
+                   static_cast<double>(ArenaBytesPerParameter(o)));
 }
 
 // The validator's and --validate-only's host-RAM line: the arena in a compact mode is priced with

@@ -1,5 +1,5 @@
 // job/host_memory.h: the host limit a node gives by default, the RAM and disk a job needs (its
-// arena from HostOptimizer::ArenaBytes itself), and refusals that name the numbers and the change
+// arena from ArenaBytes itself), and refusals that name the numbers and the change
 // that fits.
 #include "job/host_memory.h"
 
@@ -155,7 +155,7 @@ TEST(HostMemoryTest, ArenaIsHostOptimizersOwnAndNvmeMovesTheStatesToDisk) {
   in.optimizer = Llama3_8B();
   in.cuda = true;
   const HostMemoryPrediction ram = PredictHostMemory(in);
-  EXPECT_EQ(ram.arena, HostOptimizer::ArenaBytes(in.optimizer));
+  EXPECT_EQ(ram.arena, ArenaBytes(in.optimizer));
   EXPECT_EQ(ram.disk_bytes, 0u);
   EXPECT_EQ(ram.total, ram.arena + ram.processes);
   // At least the fp32 master and both moments (12 B) per parameter in RAM.

@@ -69,11 +69,6 @@ PENDING = {
     ("job", "trainer/state/checkpoint.h"):
         "the checkpoint's read side (CheckpointReader, LatestCheckpoint, RemoveCheckpoints) is "
         "declared beside its writer",
-    ("job", "trainer/pipeline/host_optimizer.h"):
-        "HostOptimizerOptions and the arena's size (HostOptimizer::ArenaBytes) are declared with "
-        "HostOptimizer until its split into the arena's owner and the NVMe state tier",
-    ("job", "trainer/pipeline/host_optimizer_layout.h"):
-        "the arena's layout options, declared with HostOptimizer (the same split)",
     ("trainer/plan", "trainer/trainer_impl.h"):
         "trainer_plan.cc and trainer_profile.cc are Trainer::Impl's methods until DevicePlanner",
     ("trainer/pipeline", "trainer/trainer_impl.h"):

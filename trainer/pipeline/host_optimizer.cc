@@ -8,10 +8,10 @@
 
 #include "common/logging.h"
 #include "common/proc_stat.h"
+#include "job/arena_layout.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
 #include "trainer/pipeline/group_link.h"
-#include "trainer/pipeline/host_optimizer_layout.h"
 #include "trainer/pipeline/nvme_state_tier.h"
 #include "trainer/pipeline/trace.h"
 #include "workers/adamw_kernel_impl.h"

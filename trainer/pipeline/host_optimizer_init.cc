@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "job/arena_layout.h"
 #include "trainer/pipeline/group_link.h"
 #include "trainer/pipeline/host_optimizer.h"
-#include "trainer/pipeline/host_optimizer_layout.h"
 #include "trainer/pipeline/nvme_state_tier.h"
 
 namespace offloadd::trainer {

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "common/logging.h"
+#include "job/arena_layout.h"
 #include "storage/format.h"
 #include "storage/store_client.h"
-#include "trainer/pipeline/host_optimizer_layout.h"
 
 namespace offloadd::trainer {
 namespace {

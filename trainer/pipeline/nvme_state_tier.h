@@ -21,7 +21,7 @@
 #include "common/status.h"
 #include "ipc/arena.h"
 #include "ipc/shm_segment.h"
-#include "trainer/pipeline/host_optimizer.h"
+#include "job/host_optimizer_options.h"
 #include "workers/step_driver.h"
 
 namespace offloadd::storage {
@@ -139,7 +139,7 @@ class NvmeStateTier {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> slot_of_;              // per block: slot holding its states, -1
   std::vector<uint64_t> compute_copy_;    // per block: fp32 compute region (NVMe block + fp32)
-  std::vector<uint64_t> weight_buffers_;  // FetchWeights' destinations (kWeightBuffers)
+  std::vector<uint64_t> weight_buffers_;  // FetchWeights' destinations (kArenaWeightBuffers)
   std::vector<WeightRead> weight_reads_;
   std::atomic<uint64_t> weight_prefetch_hits_{0};
   size_t next_slot_ = 0;

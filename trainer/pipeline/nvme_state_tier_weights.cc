@@ -7,8 +7,9 @@
 #include <cstring>
 #include <string>
 
+#include "job/arena_layout.h"
 #include "storage/format.h"
-#include "trainer/pipeline/host_optimizer_layout.h"
+#include "trainer/pipeline/host_optimizer.h"  // internal::To16
 #include "trainer/pipeline/nvme_state_tier.h"
 
 namespace offloadd::trainer {
@@ -61,12 +62,12 @@ Status NvmeStateTier::AllocateWeightRegions(uint64_t w) {
                                                      ipc::RegionKind::kParamStaging, w * 2));
     slots_[s]->offset[3] = r.offset;
   }
-  for (int i = 0; i < HostOptimizer::kWeightBuffers; ++i) {
+  for (int i = 0; i < kArenaWeightBuffers; ++i) {
     ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate("weights" + std::to_string(i),
                                                      ipc::RegionKind::kParamStaging, w * 2));
     weight_buffers_.push_back(r.offset);
   }
-  weight_reads_.assign(HostOptimizer::kWeightBuffers, WeightRead{});
+  weight_reads_.assign(kArenaWeightBuffers, WeightRead{});
   return OkStatus();
 }
 

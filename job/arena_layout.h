@@ -1,11 +1,12 @@
 #pragma once
 // How HostOptimizerOptions map onto the worker pool's shard layout, and the arena bytes beyond the
 // shards. Torch-free, in its own library (offloadd_job_arena) so that the daemon's job
-// validation sizes the arena with HostOptimizer::ArenaBytes itself, never a copy of its formula.
+// validation sizes the arena with ArenaBytes itself (the trainer's HostOptimizer lays the arena
+// out by the same functions), never a copy of its formula.
 #include <cstdint>
 #include <vector>
 
-#include "trainer/pipeline/host_optimizer.h"
+#include "job/host_optimizer_options.h"
 #include "workers/adamw_compact.h"
 #include "workers/shard_layout.h"
 #include "workers/worker_pool.h"
@@ -32,9 +33,9 @@ uint32_t ExtraRegions(const HostOptimizerOptions& o);
 // Compact optimizer modes (workers/adamw_compact.h, docs/optimizer-modes.md), for the planners
 // (PredictHostMemory, the step planner's CPU-update term) once the arena holds them; exact mode
 // gives what they price today. The arena's bytes per parameter in `mode` on the RAM tier
-// (BytesPerParameter with the master and states in the mode's formats: 14 exact with bf16 compute
-// and no 16-bit copy, 8.03 with int8 states), and the bytes the CPU update moves per parameter per
-// step (26 exact with bf16 compute and no copy to write, 14.06 with int8 states).
+// (ArenaBytesPerParameter with the master and states in the mode's formats: 14 exact with bf16
+// compute and no 16-bit copy, 8.03 with int8 states), and the bytes the CPU update moves per
+// parameter per step (26 exact with bf16 compute and no copy to write, 14.06 with int8 states).
 double ModeBytesPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode);
 double ModeUpdateTrafficPerParameter(const HostOptimizerOptions& o, workers::OptimizerMode mode);
 
