@@ -113,15 +113,6 @@ Status ApplyTorchrunEnv(const TorchrunEnv& e, int launcher_ranks, TrainConfig* c
     return InvalidArgumentError(placed + "the job asks for " + std::to_string(p.world_size) +
                                 " ranks (--world-size or resources.gpus)");
   }
-  if (e.group_world_size > 1 && e.local_world_size > 1) {
-    return UnimplementedError(
-        "the torchrun environment spans " + std::to_string(e.group_world_size) +
-        " hosts of several ranks each (WORLD_SIZE=" + std::to_string(e.world_size) +
-        ", LOCAL_WORLD_SIZE=" + std::to_string(e.local_world_size) +
-        "): across hosts only one rank per host is built (LOCAL_WORLD_SIZE=1, each host its own "
-        "slice of the optimizer states); or run every rank on one host with "
-        "LOCAL_WORLD_SIZE=WORLD_SIZE");
-  }
   if (p.hosts > 1 && p.hosts != e.group_world_size) {
     return InvalidArgumentError(placed + "--hosts=" + std::to_string(p.hosts) + " disagrees with " +
                                 std::to_string(e.group_world_size) + " hosts (GROUP_WORLD_SIZE)");

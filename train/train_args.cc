@@ -61,8 +61,9 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
   output:      --trace=FILE.json --trace-steps=N --stats-jsonl=FILE --dump-batches=FILE
   parallel:    --gpus=N (data parallel: N ranks of this program, one per GPU; on --device=cpu N CPU
                ranks over Gloo) --rank=R --world-size=N --rendezvous=file:///PATH|tcp://HOST:PORT
-               (one rank of a group started elsewhere) --hosts=N (the ranks span N hosts, one
-               each: ZeRO-1, each host its slice of the states) --parallel-timeout=SECONDS (600)
+               (one rank of a group started elsewhere) --hosts=N (the ranks span N hosts, as
+               many on each, numbered host by host: ZeRO-1, each host its slice of the states)
+               --parallel-timeout=SECONDS (600)
                or the torchrun environment (torchrun, srun, PyTorchJob): MASTER_ADDR MASTER_PORT
                RANK WORLD_SIZE [LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE]
   binaries:    --worker-binary=PATH --store-binary=PATH (default: next to this program)

@@ -1,10 +1,12 @@
-// Trainer across hosts (docs/data_parallel.md, "Across hosts"): ZeRO-1 with one rank per host.
-// The per-block reduce-scatter already leaves rank r with shard r of the group's gradient sum;
-// here rank r's own host optimizer holds the fp32 masters and AdamW states of exactly that slice,
-// so no arena is shared between hosts. The clipping decision sums every host's squared norms
-// (DataParallel::SumAcrossHosts, from the optimizer thread), and the updated slices are
-// all-gathered into every rank's whole weights, which its compute reads, block by block as each
-// update finishes (HostGather's thread, on a process group of its own).
+// Trainer across hosts (docs/data_parallel.md, "Across hosts"): ZeRO-1 over H hosts of N ranks.
+// Ranks are numbered host by host, so the per-block reduce-scatter over all H x N ranks leaves
+// host h's ranks the contiguous slice of the group's gradient sum made of their shards; host h's
+// arena (shared by its ranks as on one host: its local rank 0 leads, the others land their shards
+// in it) holds the fp32 masters and AdamW states of exactly that slice, so no arena is shared
+// between hosts. The clipping decision sums every host's squared norms (DataParallel::
+// SumAcrossHosts, from each host leader's optimizer thread), and every rank's shard of the
+// updated slices is all-gathered into every rank's whole weights, which its compute reads, block
+// by block as each update finishes (HostGather's thread, on a process group of its own).
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,13 +23,23 @@ namespace offloadd::trainer {
 int64_t Trainer::Impl::SliceBegin(int b) const {
   const int64_t numel = static_cast<int64_t>(layout[b].numel);
   const int64_t chunk = dp->Padded(numel) / dp->world();
-  return std::min<int64_t>(numel, dp->rank() * chunk);
+  return std::min<int64_t>(numel, int64_t{host_index()} * ranks_per_host() * chunk);
 }
 
 int64_t Trainer::Impl::SliceLength(int b) const {
   const int64_t numel = static_cast<int64_t>(layout[b].numel);
   const int64_t chunk = dp->Padded(numel) / dp->world();
-  return std::min<int64_t>(chunk, numel - SliceBegin(b));
+  return std::min<int64_t>(chunk * ranks_per_host(), numel - SliceBegin(b));
+}
+
+int64_t Trainer::Impl::ShardBegin(int b) const {
+  const int64_t numel = static_cast<int64_t>(layout[b].numel);
+  return std::min<int64_t>(numel, dp->rank() * (dp->Padded(numel) / dp->world()));
+}
+
+int64_t Trainer::Impl::ShardLength(int b) const {
+  const int64_t numel = static_cast<int64_t>(layout[b].numel);
+  return std::min<int64_t>(dp->Padded(numel) / dp->world(), numel - ShardBegin(b));
 }
 
 Status Trainer::Impl::CheckAcrossHosts(const std::string& what) {
@@ -36,11 +48,10 @@ Status Trainer::Impl::CheckAcrossHosts(const std::string& what) {
     return InvalidArgumentError("parallel.hosts must be >= 1, got " + std::to_string(p.hosts));
   if (p.hosts == 1) return OkStatus();
   const std::string across = what + " across " + std::to_string(p.hosts) + " hosts";
-  if (p.hosts != p.world_size) {
-    return UnimplementedError(
-        across + ": parallel.hosts " + std::to_string(p.hosts) + " with world_size " +
-        std::to_string(p.world_size) +
-        " is not built; across hosts each host runs one rank (LOCAL_WORLD_SIZE=1)");
+  if (p.world_size % p.hosts != 0) {
+    return InvalidArgumentError(across + ": world_size " + std::to_string(p.world_size) +
+                                " is not a multiple of parallel.hosts " + std::to_string(p.hosts) +
+                                " (every host runs as many ranks)");
   }
   if (cfg.offload.device_optimizer_blocks > 0 || cfg.offload.device_optimizer_share >= 0) {
     return UnimplementedError(across +
@@ -72,17 +83,28 @@ Status Trainer::Impl::InitializeAcrossHosts(
     const std::function<Status(const HostOptimizer::InitPiece&, float*)>& fill) {
   const c10::ScalarType host_dtype = host->weights_fp32() ? at::kFloat : dtype;
   full_weights.assign(static_cast<size_t>(n), at::Tensor());
-  return host->Initialize([&](int b, float* master) -> Status {
+  auto whole_block = [&](int b) -> StatusOr<at::Tensor> {
     at::Tensor whole = at::empty({static_cast<int64_t>(layout[b].numel)}, at::kFloat);
     for (const HostOptimizer::InitPiece& piece : pieces) {
       if (piece.block == b) RETURN_IF_ERROR(fill(piece, whole.data_ptr<float>() + piece.begin));
     }
+    return whole;
+  };
+  // The host's other ranks wait here until its leader filled the shared arena.
+  RETURN_IF_ERROR(host->Initialize([&](int b, float* master) -> Status {
+    ASSIGN_OR_RETURN(at::Tensor whole, whole_block(b));
     std::memcpy(master, whole.data_ptr<float>() + SliceBegin(b),
                 static_cast<size_t>(SliceLength(b)) * sizeof(float));
     // Rounded as the host optimizer rounds its 16-bit copy (round to nearest even).
     full_weights[b] = whole.to(host_dtype).contiguous();
     return OkStatus();
-  });
+  }));
+  for (int b = 0; b < n; ++b) {  // a follower's own whole weights
+    if (full_weights[b].defined()) continue;
+    ASSIGN_OR_RETURN(at::Tensor whole, whole_block(b));
+    full_weights[b] = whole.to(host_dtype).contiguous();
+  }
+  return OkStatus();
 }
 
 Status Trainer::Impl::StartGather() {
@@ -115,9 +137,10 @@ Status Trainer::Impl::GatherBlock(int b) {
   const int64_t numel = static_cast<int64_t>(layout[b].numel);
   const int64_t padded = dp->Padded(numel);
   const int64_t chunk = padded / dp->world();
-  const int64_t len = SliceLength(b);
-  const at::Tensor slice =
-      at::from_blob(host->compute_weights(b), {len}, at::TensorOptions().dtype(host_dtype));
+  const int64_t len = ShardLength(b);  // this rank's shard of its host's updated slice
+  const at::Tensor slice = at::from_blob(host->compute_weights(b), {SliceLength(b)},
+                                         at::TensorOptions().dtype(host_dtype))
+                               .narrow(0, len > 0 ? ShardBegin(b) - SliceBegin(b) : 0, len);
   const std::string name = "gather " + model->block(b).name();
   if (!cuda) {
     at::Tensor shard = at::zeros({chunk}, host_dtype);
@@ -172,9 +195,11 @@ StatusOr<std::vector<at::Tensor>> Trainer::Impl::GatherMasters() {
   for (int b = 0; b < n; ++b) {
     const int64_t numel = static_cast<int64_t>(layout[b].numel);
     const int64_t padded = dp->Padded(numel);
-    const int64_t len = SliceLength(b);
+    const int64_t len = ShardLength(b);
+    at::Tensor slice = at::empty({SliceLength(b)}, at::kFloat);
+    RETURN_IF_ERROR(host->ReadStates(b, slice.data_ptr<float>(), nullptr, nullptr));
     at::Tensor mine = at::zeros({padded / dp->world()}, at::kFloat);
-    if (len > 0) RETURN_IF_ERROR(host->ReadStates(b, mine.data_ptr<float>(), nullptr, nullptr));
+    if (len > 0) mine.narrow(0, 0, len).copy_(slice.narrow(0, ShardBegin(b) - SliceBegin(b), len));
     at::Tensor shard = mine.to(device);
     at::Tensor all = at::empty({padded}, opts);
     RETURN_IF_ERROR(dp->AllGather(shard, all));
@@ -196,7 +221,8 @@ std::string Trainer::Impl::PartitionFingerprint(int h) const {
 }
 
 Status Trainer::Impl::PublishPartition(int64_t step, const std::string& committed) {
-  return dp->Set("partition/" + std::to_string(step) + "/" + std::to_string(dp->rank()), committed);
+  return dp->Set("partition/" + std::to_string(step) + "/" + std::to_string(host_index()),
+                 committed);
 }
 
 // The store says that host h committed; its committed directory (offloadd_state.json, fsynced and
@@ -204,9 +230,9 @@ Status Trainer::Impl::PublishPartition(int64_t step, const std::string& committe
 // is shared by the hosts (as a cluster's job directory is), so rank 0 reads every partition's.
 Status Trainer::Impl::AwaitPartitions(int64_t step) {
   const std::string name = "checkpoint-" + std::to_string(step);
-  for (int h = 1; h < dp->world(); ++h) {
+  for (int h = 1; h < cfg.parallel.hosts; ++h) {
     const std::string which =
-        name + ": partition " + std::to_string(h) + " of " + std::to_string(dp->world());
+        name + ": partition " + std::to_string(h) + " of " + std::to_string(cfg.parallel.hosts);
     StatusOr<std::string> said =
         dp->Get("partition/" + std::to_string(step) + "/" + std::to_string(h));
     if (!said.ok()) {
@@ -231,7 +257,7 @@ Status Trainer::Impl::RestorePartition(const std::string& dir_in) {
   RETURN_IF_ERROR(WaitGathers());  // the gathers read the slices the restore rewrites
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  const int hosts = dp->world();
+  const int hosts = cfg.parallel.hosts;
   const std::string first = "partition-0-of-" + std::to_string(hosts);
   const size_t slash = dir.rfind('/');
   const std::string parent = slash == std::string::npos ? "" : dir.substr(0, slash);
@@ -254,10 +280,11 @@ Status Trainer::Impl::RestorePartition(const std::string& dir_in) {
                                      std::to_string(hosts) + " is missing (" + partition(h) + ")");
     }
   }
-  const std::string mine = partition(dp->rank());
+  const std::string mine = partition(host_index());
   ASSIGN_OR_RETURN(CheckpointReader r,
-                   CheckpointReader::Open(mine, PartitionFingerprint(dp->rank()),
+                   CheckpointReader::Open(mine, PartitionFingerprint(host_index()),
                                           cfg.optim.state_dtype, cfg.optim.master_dtype));
+  if (!host_leader()) return ResumeHostFollower(r, mine);
   if (r.num_layers() != n) {
     return FailedPreconditionError(mine + ": has " + std::to_string(r.num_layers()) +
                                    " layers, the model " + std::to_string(n));
@@ -289,6 +316,23 @@ Status Trainer::Impl::RestorePartition(const std::string& dir_in) {
     return DataLossError(mine + ": AdamW step " + std::to_string(adam_steps) +
                          " is beyond global_step " + std::to_string(st.global_step));
   }
+  if (ranks_per_host() > 1) {  // the host's other ranks (ResumeHostFollower)
+    RETURN_IF_ERROR(
+        dp->Set("resume-adam-steps/" + std::to_string(host_index()), std::to_string(adam_steps)));
+  }
+  return ResumeAcross(st, adam_steps, mine);
+}
+
+// A host's other ranks: its leader restores the slice into the shared arena; this rank takes the
+// step, the data position and the history from the partition.
+Status Trainer::Impl::ResumeHostFollower(const CheckpointReader& r, const std::string& mine) {
+  ASSIGN_OR_RETURN(const std::string applied,
+                   dp->Get("resume-adam-steps/" + std::to_string(host_index())));
+  return ResumeAcross(r.state(), std::stoll(applied), mine);
+}
+
+Status Trainer::Impl::ResumeAcross(const TrainerState& st, int64_t adam_steps,
+                                   const std::string& mine) {
   RETURN_IF_ERROR(data->Restore(st.data_cursor));
   if (scaler && st.grad_scaler) RETURN_IF_ERROR(scaler->Restore(*st.grad_scaler));
   completed = st.global_step;

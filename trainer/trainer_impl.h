@@ -47,6 +47,9 @@
 
 namespace offloadd::trainer {
 
+class CheckpointReader;
+struct TrainerState;
+
 // Waits for the current CUDA stream (a no-op on the CPU): the planner's timings (trainer_batch.cc).
 void Synchronize(bool cuda);
 
@@ -160,14 +163,22 @@ struct Trainer::Impl {
   Status StartGroup();
   Status CreateHostOptimizer(HostOptimizerOptions ho);
   StatusOr<bool> StopAtBoundary();
-  // trainer_hosts.cc, ZeRO-1 across hosts (cfg.parallel.hosts > 1, one rank per host): rank r
-  // holds the optimizer states of [SliceBegin(b), + SliceLength(b)) of every block b in its own
-  // arena (the reduce-scatter's shard r); `full_weights` holds every block's whole weights in the
-  // host's dtype, all-gathered from the hosts' updated slices block by block (HostGather).
+  // trainer_hosts.cc, ZeRO-1 across hosts (cfg.parallel.hosts > 1; ranks numbered host by
+  // host, world / hosts per host): host h's arena, shared by its ranks as on one host (its local
+  // rank 0 leads, the others follow through `link`), holds the optimizer states of
+  // [SliceBegin(b), + SliceLength(b)) of every block b: the reduce-scatter's shards of its ranks,
+  // contiguous. `full_weights` holds every block's whole weights in the host's dtype, on every
+  // rank, all-gathered from the ranks' shards of the updated slices block by block (HostGather).
   bool across_hosts() const { return dp != nullptr && cfg.parallel.hosts > 1; }
+  int ranks_per_host() const { return across_hosts() ? dp->world() / cfg.parallel.hosts : world(); }
+  int host_index() const { return dp == nullptr ? 0 : dp->rank() / ranks_per_host(); }
+  int local_rank() const { return dp == nullptr ? 0 : dp->rank() % ranks_per_host(); }
+  bool host_leader() const { return local_rank() == 0; }  // drives its host's arena
   std::vector<at::Tensor> full_weights;
   int64_t SliceBegin(int b) const;
   int64_t SliceLength(int b) const;
+  int64_t ShardBegin(int b) const;  // this rank's reduce-scatter shard of block b (clipped)
+  int64_t ShardLength(int b) const;
   Status CheckAcrossHosts(const std::string& what);  // StartGroup: what is not built is refused
   HostOptimizerOptions SliceOptions(HostOptimizerOptions ho);
   // Set-up: `fill` (the whole blocks' initial values, in pieces) into this host's slice of the
@@ -187,18 +198,20 @@ struct Trainer::Impl {
   Status WaitGathers();
   // The export: every block's whole fp32 masters, on every rank (a collective).
   StatusOr<std::vector<at::Tensor>> GatherMasters();
-  // Checkpoints across hosts. Every rank writes its partition, its slice of every layer's
-  // states, as a checkpoint of its own in PartitionDir() (output_dir/partition-<h>-of-<H>); ranks
-  // > 0 commit theirs and tell rank 0 (PublishPartition), which waits until every other partition
-  // is committed (AwaitPartitions) before it commits partition 0: that commit is the
-  // checkpoint's. RestorePartition restores this rank's partition of the checkpoint whose
-  // partition 0 is `dir` (a missing or foreign one is refused, naming it), and gathers the
-  // whole weights.
+  // Checkpoints across hosts. Every host's leader writes its partition, its slice of every
+  // layer's states, as a checkpoint of its own in PartitionDir() (output_dir/partition-<h>-of-<H>);
+  // hosts > 0 commit theirs and tell rank 0 (PublishPartition), which waits until every other
+  // partition is committed (AwaitPartitions) before it commits partition 0: that commit is the
+  // checkpoint's. RestorePartition restores this host's partition of the checkpoint whose
+  // partition 0 is `dir` (a missing or foreign one is refused, naming it; the host's other ranks
+  // take the step and data position from it), and gathers the whole weights.
   std::string PartitionDir(int host) const;
   std::string PartitionFingerprint(int host) const;
   Status PublishPartition(int64_t step, const std::string& committed);
   Status AwaitPartitions(int64_t step);
   Status RestorePartition(const std::string& dir);
+  Status ResumeHostFollower(const CheckpointReader& r, const std::string& mine);
+  Status ResumeAcross(const TrainerState& st, int64_t adam_steps, const std::string& mine);
   Status RestoreFollower(const std::string& dir);
   Status LoadModel();    // placeholders and the block layout
   // Activation modes and weight residency under the GPU budget; returns whether the weights

@@ -695,7 +695,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   so.dtype = dtype;
   so.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   so.dp = dp.get();
-  so.across_hosts = across_hosts();
+  so.ranks_per_host = across_hosts() ? ranks_per_host() : 0;
   if (lsp) {
     so.compress = [l = lsp.get()](const ParamSlot& slot, const at::Tensor& grad) { return l->Compress(slot, grad); };
   }

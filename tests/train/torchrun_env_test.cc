@@ -146,18 +146,18 @@ TEST(TorchrunEnvTest, OneRankPerHostAcrossHostsPartitionsTheStates) {
   EXPECT_EQ(c.parallel.rendezvous, "tcp://m:23456");
 }
 
-TEST(TorchrunEnvTest, SeveralRanksPerHostAcrossHostsAreRefusedAsNotBuilt) {
+TEST(TorchrunEnvTest, SeveralRanksPerHostAcrossHostsSpanTheHosts) {
   const Env env{{"MASTER_ADDR", "m"}, {"MASTER_PORT", "23456"},  {"RANK", "5"},
                 {"WORLD_SIZE", "8"},  {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}};
   auto e = ReadTorchrunEnv(Lookup(env));
   ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ((*e)->local_rank, 1);
   TrainConfig c;
   const Status s = ApplyTorchrunEnv(**e, 0, &c);
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
-  EXPECT_NE(s.message().find("LOCAL_WORLD_SIZE=4"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("LOCAL_WORLD_SIZE=1"), std::string::npos) << s.ToString();
-  EXPECT_EQ(c.parallel.world_size, 1);  // nothing applied
-  EXPECT_EQ(c.parallel.hosts, 1);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.parallel.world_size, 8);  // 2 hosts x 4 ranks, numbered host by host
+  EXPECT_EQ(c.parallel.rank, 5);
+  EXPECT_EQ(c.parallel.hosts, 2);
 }
 
 TEST(TorchrunEnvTest, FlagsThatPlaceTheRankAgainAreRefused) {

@@ -15,9 +15,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace offloadd::trainer {
 
@@ -30,6 +34,25 @@ struct DataParallel::State {
   // "rank 0 on hostA (pid 11), rank 1 on hostB (pid 12)": who was in the group, for errors (a
   // collective that fails on a lost peer names only its address).
   std::string members;
+  std::vector<std::string> member;  // per rank: "host 1 = hostB (pid 12)" (across hosts)
+  int per_host = 0;                 // across hosts: ranks per host (0: one host)
+  std::string rendezvous;
+  // Across hosts: every rank bumps its heartbeat counter in the store (a store client of its
+  // own) every kBeat, so that after a failed collective the ranks whose counters stand still name
+  // the lost host (LostHosts).
+  c10::intrusive_ptr<c10d::Store> beat_store;
+  std::thread beat;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  ~State() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    if (beat.joinable()) beat.join();
+  }
 };
 
 namespace {
@@ -138,8 +161,16 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfi
     }
     if (c.hosts > 1) {
 #if defined(OFFLOADD_HAVE_GLOO)
-      st.side =
-          MakeGloo(c10::make_intrusive<c10d::PrefixStore>("offloadd-hosts", st.store), c, timeout);
+      // One rank per host (each host's leader, local rank 0) takes the clipping decision.
+      st.per_host = c.world_size / c.hosts;
+      if (c.rank % st.per_host == 0) {
+        ParallelConfig leaders = c;
+        leaders.rank = c.rank / st.per_host;
+        leaders.world_size = c.hosts;
+        st.side = MakeGloo(c10::make_intrusive<c10d::PrefixStore>("offloadd-hosts", st.store),
+                           leaders, timeout);
+      }
+      // Every rank: the gather thread's all-gathers (AllGatherBlock).
       auto gather_store = c10::make_intrusive<c10d::PrefixStore>("offloadd-gather", st.store);
       if (device.is_cuda()) {
 #if defined(OFFLOADD_HAVE_NCCL)
@@ -164,11 +195,92 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfi
   }
   RETURN_IF_ERROR(dp->Barrier());  // every rank is in (and the backend's connections are made)
   RETURN_IF_ERROR(dp->Set("member/" + std::to_string(c.rank), HostAndPid()));
+  st.rendezvous = c.rendezvous;
   for (int r = 0; r < c.world_size; ++r) {
     ASSIGN_OR_RETURN(const std::string m, dp->Get("member/" + std::to_string(r)));
-    st.members += (r == 0 ? "" : ", ") + ("rank " + std::to_string(r) + " on " + m);
+    const std::string host =
+        st.per_host > 0 ? "host " + std::to_string(r / st.per_host) + " = " : "";
+    st.member.push_back(host + m);
+    st.members += (r == 0 ? "" : ", ") + ("rank " + std::to_string(r) + " on " + host + m);
   }
+  if (st.per_host > 0) dp->StartHeartbeat();
   return dp;
+}
+
+namespace {
+constexpr auto kBeat = std::chrono::milliseconds(250);
+std::string BeatKey(int rank) { return "offloadd/heartbeat/" + std::to_string(rank); }
+std::string FailedKey(int rank) { return "offloadd/failed/" + std::to_string(rank); }
+}  // namespace
+
+void DataParallel::StartHeartbeat() {
+  State& st = *state_;
+  try {
+    st.beat_store = st.store->clone();  // its own connection: never queued behind a get
+  } catch (const std::exception&) {
+    return;  // a store without clients of its own (FileStore): no names, the errors stay
+  }
+  st.beat = std::thread([&st, key = BeatKey(rank_)] {
+    std::unique_lock<std::mutex> lock(st.mu);
+    while (!st.stopping) {
+      try {
+        st.beat_store->add(key, 1);
+      } catch (const std::exception&) {
+        return;  // the store's server is gone: LostHosts says so
+      }
+      st.cv.wait_for(lock, kBeat);
+    }
+  });
+}
+
+// After a failed collective: the ranks whose heartbeat stood still for 8 beats (2 s), by host,
+// except those that said they failed themselves (and so may have exited); or the store's server,
+// when it cannot be reached.
+std::string DataParallel::LostHosts() const {
+  State& st = *state_;
+  if (!st.beat_store) return "";
+  auto read = [&](std::vector<int64_t>* v) {
+    for (int r = 0; r < world_; ++r) v->push_back(st.beat_store->add(BeatKey(r), 0));
+  };
+  std::vector<int64_t> before, after;
+  try {
+    st.beat_store->set(FailedKey(rank_), std::vector<uint8_t>{1});
+    read(&before);
+    std::this_thread::sleep_for(kBeat * 8);
+    read(&after);
+    for (int r = 0; r < world_; ++r) {
+      if (after[r] == before[r] && st.beat_store->check({FailedKey(r)})) after[r] = -1;
+    }
+  } catch (const std::exception& e) {
+    return "; the store at " + st.rendezvous + " (served by rank 0, on " + st.member[0] +
+           ") cannot be reached: host 0 is lost (" + e.what() + ")";
+  }
+  std::string lost;
+  for (int h = 0; h * st.per_host < world_; ++h) {
+    std::string ranks;
+    for (int r = h * st.per_host; r < (h + 1) * st.per_host; ++r) {
+      if (after[r] == before[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (ranks.empty()) continue;
+    lost += (lost.empty() ? "" : "; ") + ("host " + std::to_string(h) + " (rank " + ranks +
+                                          ", on " + st.member[h * st.per_host] + ")");
+  }
+  // Rank 0 serves the store (without torchrun's agent): it stays until every other live rank has
+  // read the counters too (at most 4 s more), or they would find the store gone.
+  try {
+    st.beat_store->set("offloadd/read/" + std::to_string(rank_), std::vector<uint8_t>{1});
+    const auto until = std::chrono::steady_clock::now() + kBeat * 16;
+    for (int r = 1; rank_ == 0 && r < world_; ++r) {
+      while (after[r] != before[r] &&
+             !st.beat_store->check({"offloadd/read/" + std::to_string(r)}) &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(kBeat / 5);
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return lost.empty() ? "; every rank's heartbeat still moves"
+                      : "; lost: " + lost + " stopped answering";
 }
 
 DataParallel::~DataParallel() = default;
@@ -177,30 +289,28 @@ const char* DataParallel::backend_name() const { return state_->name; }
 
 int64_t DataParallel::Padded(int64_t numel) const { return (numel + world_ - 1) / world_ * world_; }
 
-namespace {
 // Runs a c10d call; its exception becomes UNAVAILABLE naming this rank and the group's hosts.
-Status Wrap(const char* what, int rank, int world, const std::string& members,
-            const std::function<void()>& fn) {
+Status DataParallel::Wrap(const char* what, const std::function<void()>& fn) const {
   try {
     fn();
     return OkStatus();
   } catch (const std::exception& e) {
     // A lost rank surfaces here (its connection closed, or the timeout): name this rank and the
-    // group's hosts, since the backend names only the peer's address.
-    std::string m = std::string("data-parallel ") + what + " on rank " + std::to_string(rank) +
-                    " of " + std::to_string(world) + ": " + e.what();
-    if (!members.empty()) m += " (the group: " + members + ")";
-    return UnavailableError(m);
+    // group's hosts, since the backend names only the peer's address; across hosts, the lost
+    // one by its heartbeat.
+    std::string m = std::string("data-parallel ") + what + " on rank " + std::to_string(rank_) +
+                    " of " + std::to_string(world_) + ": " + e.what();
+    if (!state_->members.empty()) m += " (the group: " + state_->members + ")";
+    return UnavailableError(m + LostHosts());
   }
 }
-}  // namespace
 
 Status DataParallel::ReduceScatter(at::Tensor& input, at::Tensor& shard) {
   if (input.numel() != shard.numel() * world_) {
     return InternalError("reduce-scatter of " + std::to_string(input.numel()) + " elements into shards of " +
                          std::to_string(shard.numel()));
   }
-  return Wrap("reduce-scatter", rank_, world_, state_->members, [&] {
+  return Wrap("reduce-scatter", [&] {
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
     state_->backend->_reduce_scatter_base(shard, input, o)->wait();
@@ -208,7 +318,7 @@ Status DataParallel::ReduceScatter(at::Tensor& input, at::Tensor& shard) {
 }
 
 Status DataParallel::AllReduceSum(at::Tensor& t) {
-  return Wrap("all-reduce", rank_, world_, state_->members, [&] {
+  return Wrap("all-reduce", [&] {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
@@ -221,7 +331,7 @@ Status DataParallel::AllGather(at::Tensor& shard, at::Tensor& full) {
     return InternalError("all-gather of shards of " + std::to_string(shard.numel()) + " into " +
                          std::to_string(full.numel()) + " elements");
   }
-  return Wrap("all-gather", rank_, world_, state_->members, [&] {
+  return Wrap("all-gather", [&] {
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < world_; ++r)
       out[0].push_back(full.narrow(0, r * shard.numel(), shard.numel()));
@@ -236,7 +346,7 @@ Status DataParallel::AllGatherBlock(at::Tensor& shard, at::Tensor& full) {
     return InternalError("all-gather of shards of " + std::to_string(shard.numel()) + " into " +
                          std::to_string(full.numel()) + " elements");
   }
-  return Wrap("all-gather of a block's updated slices", rank_, world_, state_->members, [&] {
+  return Wrap("all-gather of a block's updated slices", [&] {
     if (full.is_cuda()) {  // one flat output, in place when `shard` is this rank's part of it
       state_->gather->_allgather_base(full, shard)->wait();
       return;
@@ -252,31 +362,28 @@ Status DataParallel::AllGatherBlock(at::Tensor& shard, at::Tensor& full) {
 StatusOr<double> DataParallel::SumAcrossHosts(double value) {
   if (!state_->side) return InternalError("SumAcrossHosts in a group within one host");
   at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kDouble));
-  RETURN_IF_ERROR(
-      Wrap("all-reduce of the gradient norm across hosts", rank_, world_, state_->members, [&] {
-        std::vector<at::Tensor> v{t};
-        c10d::AllreduceOptions o;
-        o.reduceOp = c10d::ReduceOp::SUM;
-        state_->side->allreduce(v, o)->wait();
-      }));
+  RETURN_IF_ERROR(Wrap("all-reduce of the gradient norm across hosts", [&] {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    state_->side->allreduce(v, o)->wait();
+  }));
   return t.item<double>();
 }
 
 Status DataParallel::Barrier() {
-  return Wrap("barrier", rank_, world_, state_->members,
-              [&] { state_->backend->barrier()->wait(); });
+  return Wrap("barrier", [&] { state_->backend->barrier()->wait(); });
 }
 
 Status DataParallel::Set(const std::string& key, const std::string& value) {
-  return Wrap("store set", rank_, world_, state_->members, [&] {
+  return Wrap("store set", [&] {
     state_->store->set("offloadd/" + key, std::vector<uint8_t>(value.begin(), value.end()));
   });
 }
 
 StatusOr<std::string> DataParallel::Get(const std::string& key) {
   std::vector<uint8_t> v;
-  RETURN_IF_ERROR(Wrap("store get", rank_, world_, state_->members,
-                       [&] { v = state_->store->get("offloadd/" + key); }));
+  RETURN_IF_ERROR(Wrap("store get", [&] { v = state_->store->get("offloadd/" + key); }));
   return std::string(v.begin(), v.end());
 }
 

@@ -9,16 +9,19 @@
 // order on every rank by the step loop. On CUDA the calls return at once: the compute stream
 // waits for the collective on the backend's stream, the host does not.
 //
-// Across hosts (config.hosts > 1, one rank per host): AllGather brings every host's updated
-// slice back, and SumAcrossHosts adds one double per step over a second, CPU (Gloo) group, for
+// Across hosts (config.hosts > 1; world / hosts ranks per host, numbered host by host):
+// AllGather brings every rank's shard of its host's updated slice back, and SumAcrossHosts adds
+// one double per step over a second, CPU (Gloo) group of the hosts' leaders (local rank 0), for
 // the optimizer thread's clipping decision, so that it never interleaves with the step loop's
-// collectives on the first.
+// collectives on the first. A failed collective names the lost host: every rank bumps a
+// heartbeat counter in the store, and the ranks whose counters stand still are named.
 //
 // Thread-compatible: the step loop's thread only, except SumAcrossHosts (the optimizer thread's)
 // and AllGatherBlock (the gather thread's).
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,7 +48,7 @@ class DataParallel {
   // `shard`: [Padded(n) / world] on the device, this rank's part; `full`: [Padded(n)], every
   // rank's parts in rank order.
   Status AllGather(at::Tensor& shard, at::Tensor& full);
-  // Across hosts: the sum of `value` over every rank (the side group; see above).
+  // Across hosts, on a host's leader: the sum of `value` over the hosts (the side group).
   StatusOr<double> SumAcrossHosts(double value);
   // Across hosts: AllGather on a third group (NCCL on CUDA, Gloo on the CPU) for the gather
   // thread (HostGather), whose all-gathers overlap the step loop's collectives on the first. On
@@ -60,6 +63,9 @@ class DataParallel {
  private:
   struct State;
   DataParallel() = default;
+  void StartHeartbeat();
+  std::string LostHosts() const;  // "; lost: host 1 (rank 2, 3, on ...) stopped answering"
+  Status Wrap(const char* what, const std::function<void()>& fn) const;
   std::unique_ptr<State> state_;
   int rank_ = 0, world_ = 1;
 };

@@ -121,6 +121,7 @@ Status HostOptimizer::FollowerReadStates(int block, float* master, float* exp_av
   const uint64_t offsets[3] = {s.master_offset, s.exp_avg_offset, s.exp_avg_sq_offset};
   float* dst[3] = {master, exp_avg, exp_avg_sq};
   for (int k = 0; k < 3; ++k) {
+    if (dst[k] == nullptr) continue;  // (the masters only: an export across hosts)
     RETURN_IF_ERROR(arena_->Check(offsets[k], bytes));
     std::memcpy(dst[k], arena_->At<void>(offsets[k]), bytes);
   }

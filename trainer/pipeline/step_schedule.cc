@@ -279,7 +279,9 @@ Status StepSchedule::HandOffShard(int b, uint32_t micro) {
   if (len == 0) {  // a block smaller than the group: this rank's shard is all padding
     return options_.host->GradsReady(b, micro, nullptr, nullptr, []() { return 0.0; });
   }
-  at::Tensor dst = host_grads_[b].narrow(0, options_.across_hosts ? 0 : offset, len);
+  const int per_host = options_.ranks_per_host > 0 ? options_.ranks_per_host : dp.world();
+  const int64_t host_begin = std::min<int64_t>(numel, dp.rank() / per_host * per_host * chunk);
+  at::Tensor dst = host_grads_[b].narrow(0, offset - host_begin, len);
   at::Tensor src = shard.narrow(0, 0, len);
   if (!cuda_) {  // rank 0's driver measures the norm over the whole staging buffer, as without dp
     dst.copy_(src);

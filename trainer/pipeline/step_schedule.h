@@ -61,9 +61,10 @@ class StepSchedule {
     // Data parallel (may be null): each block's gradients are reduce-scattered over the group and
     // this rank's shard lands in its part of the shared staging buffer (HandOffShard).
     DataParallel* dp = nullptr;
-    // ZeRO-1 across hosts (with dp): the host optimizer holds this rank's slice of each block
-    // only, so its shard lands at the start of the staging buffer.
-    bool across_hosts = false;
+    // ZeRO-1 across hosts (with dp): the ranks of one host (this many, numbered host by host;
+    // 0: the whole group is one host) share a host optimizer that holds their shards of each
+    // block only, contiguous, so a rank's shard lands at its offset within its host's slice.
+    int ranks_per_host = 0;
   };
   // Pins the gradient staging buffers.
   static StatusOr<std::unique_ptr<StepSchedule>> Create(const Options& options);

@@ -48,29 +48,37 @@ Status Trainer::Impl::CreateHostOptimizer(HostOptimizerOptions ho) {
     return OkStatus();
   }
   if (across_hosts()) {  // each host its own arena, holding its slice of every block
-    for (int b = 0; b < n; ++b) {
-      if (SliceLength(b) <= 0) {
+    for (int b = 0; b < n; ++b) {  // every rank refuses alike: the last host's slice is empty
+      const int64_t numel = static_cast<int64_t>(layout[b].numel);
+      const int64_t chunk = dp->Padded(numel) / dp->world();
+      if (int64_t{cfg.parallel.hosts - 1} * ranks_per_host() * chunk >= numel) {
         return UnimplementedError("block " + std::to_string(b) + " (" +
                                   std::to_string(layout[b].numel) +
                                   " parameters) is too small to split across " +
-                                  std::to_string(dp->world()) + " hosts (parallel.hosts)");
+                                  std::to_string(cfg.parallel.hosts) + " hosts (parallel.hosts)");
       }
     }
-    ASSIGN_OR_RETURN(host, HostOptimizer::Create(SliceOptions(std::move(ho))));
-    return OkStatus();
+    ho = SliceOptions(std::move(ho));
+    if (ranks_per_host() == 1) {
+      ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
+      return OkStatus();
+    }
   }
+  // The ranks of one host share its leader's arena (across hosts: keys per host).
+  const std::string suffix = across_hosts() ? "/" + std::to_string(host_index()) : "";
   const double timeout = static_cast<double>(cfg.parallel.timeout_seconds);
-  if (dp->rank() == 0) {
-    ASSIGN_OR_RETURN(link, GroupLink::Create(dp->world(), n, timeout));
+  if (host_leader()) {
+    ASSIGN_OR_RETURN(link, GroupLink::Create(ranks_per_host(), n, timeout));
     ho.group = link.get();
     ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
-    RETURN_IF_ERROR(dp->Set("link", link->Path()));
-    return dp->Set("arena", host->ArenaPath());
+    RETURN_IF_ERROR(dp->Set("link" + suffix, link->Path()));
+    return dp->Set("arena" + suffix, host->ArenaPath());
   }
-  ASSIGN_OR_RETURN(const std::string link_path, dp->Get("link"));
-  ASSIGN_OR_RETURN(link, GroupLink::Attach(link_path, dp->rank(), timeout));
+  ASSIGN_OR_RETURN(const std::string link_path, dp->Get("link" + suffix));
+  ASSIGN_OR_RETURN(link, GroupLink::Attach(link_path, local_rank(), timeout));
   ho.group = link.get();
-  ASSIGN_OR_RETURN(ho.leader_arena_path, dp->Get("arena"));
+  ho.combine_sq_norm = nullptr;  // the host's leader takes the decision
+  ASSIGN_OR_RETURN(ho.leader_arena_path, dp->Get("arena" + suffix));
   ASSIGN_OR_RETURN(host, HostOptimizer::Create(ho));
   return OkStatus();
 }

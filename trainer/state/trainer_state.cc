@@ -126,11 +126,11 @@ Status Trainer::Impl::RestoreBlockStates(int b, const float* master, const float
 
 StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   if (cfg.output_dir.empty()) return FailedPreconditionError("no output_dir to write checkpoints to");
-  // Data parallel on one host: rank 0 holds the states and writes them. Across hosts every rank
-  // writes its partition (PartitionDir).
-  if (!leader() && !across_hosts()) return std::string();
+  // Data parallel on one host: rank 0 holds the states and writes them. Across hosts every
+  // host's leader writes its partition (PartitionDir).
+  if (!host_leader()) return std::string();
   RETURN_IF_ERROR(Flush());
-  const std::string out_dir = across_hosts() ? PartitionDir(dp->rank()) : cfg.output_dir;
+  const std::string out_dir = across_hosts() ? PartitionDir(host_index()) : cfg.output_dir;
   ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(out_dir, completed));
   std::vector<float> master, m, v;
   std::vector<uint8_t> m_region, v_region, w_region;  // compact states, in their own format
@@ -185,7 +185,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.data_cursor = data->State();
   st.scheduler = {cfg.optim.lr_scheduler_type, cfg.optim.learning_rate, lr_schedule->warmup_steps(),
                   total};
-  st.model_fingerprint = across_hosts() ? PartitionFingerprint(dp->rank()) : Fingerprint();
+  st.model_fingerprint = across_hosts() ? PartitionFingerprint(host_index()) : Fingerprint();
   st.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
   st.master_dtype = std::string(workers::MasterDtypeName(optimizer_mode.master));
   if (scaler) st.grad_scaler = scaler->state();

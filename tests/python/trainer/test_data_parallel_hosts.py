@@ -10,12 +10,19 @@ Checkpoints: every host writes its partition (output_dir/partition-<h>-of-<H>/ch
 rank 0 commits partition 0 last, once every other one is committed; a resume from partition 0
 equals the uninterrupted run bit for bit, and a missing partition is refused, naming it.
 
+Several ranks per host (LOCAL_WORLD_SIZE=2 on 2 hosts): each host's ranks share that host's
+arena as on one host, the host's leader updates the host's slice; the same equality, and the same
+bit-exact resume. A host whose ranks are SIGKILLed fails the others within the bound, naming it.
+
 The same across two network namespaces (and PID namespaces, so that neither rank can even see
 the other's /proc): test_data_parallel_netns.py."""
 
 import json
 import shutil
+import signal
+import socket
 import subprocess
+import time
 
 import pytest
 import torch
@@ -26,38 +33,47 @@ from test_data_parallel import STEPS, args, assert_close_runs, free_port
 from test_data_parallel_torchrun import clean_env
 
 
-def start_hosts(binary_dir, model, data, out, *, hosts, accum=1, extra=(), prefix=(), env_of=None):
-    """One offloadd-train per host, as srun or a PyTorchJob would start one rank per node."""
+def launch_hosts(binary_dir, model, data, out, *, hosts, per_host=1, accum=1, extra=(), prefix=(),
+                 env_of=None, timeout=120):
+    """per_host offloadd-train per host, as srun or a PyTorchJob would start them on each node;
+    ranks numbered host by host."""
     exe = str(binary_dir / "trainer" / "offloadd-train")
     port = free_port()
     procs = []
-    for r in range(hosts):
-        env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=r, WORLD_SIZE=hosts,
-                        LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, GROUP_RANK=r)
+    world = hosts * per_host
+    for r in range(world):
+        env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=r, WORLD_SIZE=world,
+                        LOCAL_RANK=r % per_host, LOCAL_WORLD_SIZE=per_host, GROUP_RANK=r // per_host)
         if env_of:
             env.update(env_of(r))
         cmd = [*prefix(r), exe] if prefix else [exe]
-        cmd += args(model, data, out, batch=4 // hosts, accum=accum,
-                    extra=["--parallel-timeout=120", *extra])
+        cmd += args(model, data, out, batch=4 // world, accum=accum,
+                    extra=[f"--parallel-timeout={timeout}", *extra])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def start_hosts(binary_dir, model, data, out, *, hosts, **kw):
+    procs = launch_hosts(binary_dir, model, data, out, hosts=hosts, **kw)
     outs = [p.communicate(timeout=300) for p in procs]
     return procs, outs
 
 
-@pytest.mark.parametrize("accum", [1, 2])
-def test_two_hosts_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, accum):
+@pytest.mark.parametrize("accum,per_host", [(1, 1), (2, 1), (1, 2)])
+def test_two_hosts_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, accum, per_host):
     model = build_model(tmp_path / "model", layers=2)
     data = write_pretokenized(tmp_path / "data.jsonl")
     one, two = tmp_path / "one", tmp_path / "two"
     run_train(binary_dir, args(model, data, one, batch=4, accum=accum))
-    procs, outs = start_hosts(binary_dir, model, data, two, hosts=2, accum=accum)
+    procs, outs = start_hosts(binary_dir, model, data, two, hosts=2, per_host=per_host, accum=accum)
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
-    assert "rank 0 of 2, ZeRO-1 across 2 hosts" in outs[0][1], outs[0][1]
+    world = 2 * per_host
+    assert f"rank 0 of {world}, ZeRO-1 across 2 hosts" in outs[0][1], outs[0][1]
     # The clipping decision is the global norm's: some steps clip at 0.5 in both runs alike.
     sa, sb = read_stats(one / "stats.jsonl"), read_stats(two / "stats.jsonl")
     assert any(s["grad_norm"] > 0.5 for s in sa)
-    # Rank 0's workers update its half of every block only (a block of n: ceil(n / 2)).
+    # Host 0's workers update its half of every block only (a block of n: about n / 2).
     params = sum(t.numel() for t in load_file(one / "model.safetensors").values())
     for s in sb:
         assert params // 2 <= s["cpu_update_params"] <= params // 2 + 16, (s["cpu_update_params"], params)
@@ -126,12 +142,13 @@ def test_what_is_not_built_across_hosts_is_refused_by_name(binary_dir, tmp_path)
     assert r.returncode == 2 and "--hosts=3 disagrees with 2 hosts (GROUP_WORLD_SIZE)" in r.stderr, r.stderr
 
 
-def test_partitioned_checkpoint_resumes_bit_for_bit(binary_dir, tmp_path):
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_partitioned_checkpoint_resumes_bit_for_bit(binary_dir, tmp_path, per_host):
     model = build_model(tmp_path / "model", layers=2)
     data = write_pretokenized(tmp_path / "data.jsonl")
     full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"
     for out, extra in [(full, []), (part, ["--save-steps=6"])]:
-        procs, outs = start_hosts(binary_dir, model, data, out, hosts=2, extra=extra)
+        procs, outs = start_hosts(binary_dir, model, data, out, hosts=2, per_host=per_host, extra=extra)
         for p, (_, err) in zip(procs, outs):
             assert p.returncode == 0, err
     ckpt = part / "partition-0-of-2" / "checkpoint-6"
@@ -140,7 +157,8 @@ def test_partitioned_checkpoint_resumes_bit_for_bit(binary_dir, tmp_path):
         assert (d / "offloadd_state.json").is_file(), d
         assert (d / "optimizer-layer-00000.safetensors").is_file(), d
     assert not (part / "checkpoint-6").exists()
-    procs, outs = start_hosts(binary_dir, model, data, resumed, hosts=2, extra=[f"--resume-from={ckpt}"])
+    procs, outs = start_hosts(binary_dir, model, data, resumed, hosts=2, per_host=per_host,
+                              extra=[f"--resume-from={ckpt}"])
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
     # Same process layout, same order of every sum: bit for bit.
@@ -152,8 +170,45 @@ def test_partitioned_checkpoint_resumes_bit_for_bit(binary_dir, tmp_path):
 
     # A partition gone missing: both hosts refuse the resume, naming it.
     shutil.rmtree(part / "partition-1-of-2" / "checkpoint-6")
-    procs, outs = start_hosts(binary_dir, model, data, tmp_path / "again", hosts=2,
+    procs, outs = start_hosts(binary_dir, model, data, tmp_path / "again", hosts=2, per_host=per_host,
                               extra=[f"--resume-from={ckpt}"])
     for p, (_, err) in zip(procs, outs):
         assert p.returncode != 0, err
         assert "checkpoint-6: partition 1 of 2 is missing" in err, err
+
+
+def test_a_lost_host_fails_the_others_naming_it(binary_dir, tmp_path):
+    """2 hosts x 2 ranks, host 1's ranks SIGKILLed mid-run: host 0's ranks exit non-zero within
+    the bound (the collective fails when the peers' connections close, or at the group timeout),
+    and the error names host 1, its ranks and its processes (their heartbeats stood still)."""
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    out, timeout = tmp_path / "two", 20
+    procs = launch_hosts(binary_dir, model, data, out, hosts=2, per_host=2, timeout=timeout,
+                         extra=["--max-steps=100000"])
+    try:
+        stats = out / "stats.jsonl"
+        deadline = time.monotonic() + 120
+        while not (stats.exists() and stats.read_text().count("\n") >= 2):
+            assert all(p.poll() is None for p in procs), procs[0].stderr.read()
+            assert time.monotonic() < deadline, "no step within 120 s"
+            time.sleep(0.1)
+        for p in procs[2:]:
+            p.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        errs = [p.communicate(timeout=timeout + 60)[1] for p in procs[:2]]
+        waited = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    host = socket.gethostname()
+    for r, err in enumerate(errs):
+        assert procs[r].returncode != 0, err
+        assert f"on rank {r} of 4" in err, err
+        assert f"lost: host 1 (rank 2, 3, on host 1 = {host} (pid {procs[2].pid}))" in err, err
+        assert "host 0 (" not in err.split("lost:")[1], err
+    # The collective's failure, plus 2 s of heartbeats, within the group timeout's bound.
+    assert waited <= timeout + 30, f"host 0 took {waited:.1f} s to fail"
+    print(f"\nhost 0 failed {waited:.1f} s after host 1 was killed:\n{errs[0].strip().splitlines()[-1]}")

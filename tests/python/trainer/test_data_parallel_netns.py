@@ -103,11 +103,14 @@ def test_torchrun_environment_across_two_network_namespaces(binary_dir, tmp_path
     assert_close_runs(one, two)
 
 
-def test_two_hosts_with_separate_arenas_in_two_namespaces(binary_dir, tmp_path, two_namespaces):
-    """ZeRO-1 across hosts (LOCAL_WORLD_SIZE=1): each rank in its own network namespace and, where
-    unshare exists, its own PID, mount and IPC namespaces too, so that it cannot open the other's
-    /proc/<pid>/fd: each holds its half of the optimizer states in its own arena, and the result
-    still equals one rank on the whole batch."""
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_two_hosts_with_separate_arenas_in_two_namespaces(binary_dir, tmp_path, two_namespaces, per_host):
+    """ZeRO-1 across hosts: each host in its own network namespace and, where unshare exists, its
+    own PID, mount and IPC namespaces too, so that its ranks cannot open the other host's
+    /proc/<pid>/fd: each host holds its half of the optimizer states in its own arena (with two
+    ranks per host, shared by them), and the result still equals one rank on the whole batch."""
+    import shlex
+
     from test_data_parallel_torchrun import clean_env
 
     ns, veth, addrs = two_namespaces
@@ -118,19 +121,27 @@ def test_two_hosts_with_separate_arenas_in_two_namespaces(binary_dir, tmp_path, 
     before = rx_bytes(ns[1], veth[1])
     exe = str(binary_dir / "trainer" / "offloadd-train")
     isolate = ["unshare", "--pid", "--fork", "--mount-proc", "--ipc"] if shutil.which("unshare") else []
+    world, port = 2 * per_host, 29735 + per_host
     procs = []
-    for rank in (0, 1):
-        env = clean_env(MASTER_ADDR=addrs[0], MASTER_PORT=29735, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=0,
-                        LOCAL_WORLD_SIZE=1, GROUP_RANK=rank, GLOO_SOCKET_IFNAME=veth[rank])
-        cmd = ["ip", "netns", "exec", ns[rank], *isolate, exe,
-               *args(model, data, two, batch=2, extra=["--parallel-timeout=120"])]
+    for h in (0, 1):
+        ranks = []  # the host's ranks, started together inside its namespaces
+        for rank in range(h * per_host, (h + 1) * per_host):
+            ranks.append(shlex.join(
+                ["env", f"RANK={rank}", f"LOCAL_RANK={rank % per_host}", exe,
+                 *args(model, data, two, batch=4 // world, extra=["--parallel-timeout=120"])]))
+        script = " ".join(f"{r} & p{i}=$!;" for i, r in enumerate(ranks))
+        script += " rc=0;" + "".join(f" wait $p{i} || rc=1;" for i in range(len(ranks))) + " exit $rc"
+        env = clean_env(MASTER_ADDR=addrs[0], MASTER_PORT=port, WORLD_SIZE=world,
+                        LOCAL_WORLD_SIZE=per_host, GROUP_RANK=h, GLOO_SOCKET_IFNAME=veth[h])
+        cmd = ["ip", "netns", "exec", ns[h], *isolate, "sh", "-c", script]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
-    assert "rank 0 of 2, ZeRO-1 across 2 hosts" in outs[0][1], outs[0][1]
+    assert f"rank 0 of {world}, ZeRO-1 across 2 hosts" in outs[0][1], outs[0][1]
     moved = rx_bytes(ns[1], veth[1]) - before
     # Every step's reduce-scatters and all-gathers cross the pair.
     assert moved > 200_000, f"only {moved} bytes crossed {veth[1]}"
-    print(f"\n{moved} bytes received by rank 1 over {veth[1]} ({addrs[1]}); isolated: {bool(isolate)}")
+    print(f"\n2 hosts x {per_host}: {moved} bytes received by host 1 over {veth[1]} ({addrs[1]});"
+          f" isolated: {bool(isolate)}")
     assert_close_runs(one, two)

@@ -76,8 +76,8 @@ def test_torchrun_starts_the_ranks(binary_dir, tmp_path, runs):
     ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http", "RANK": 0, "WORLD_SIZE": 2}, "MASTER_PORT='http'"),
     ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "RANK": 1, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2,
       "LOCAL_RANK": 0}, "LOCAL_RANK=0 disagrees with RANK=1"),
-    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "RANK": 0, "WORLD_SIZE": 4, "LOCAL_WORLD_SIZE": 2},
-     "spans 2 hosts of several ranks each"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "RANK": 0, "WORLD_SIZE": 6, "LOCAL_WORLD_SIZE": 4},
+     "LOCAL_WORLD_SIZE=4 does not divide WORLD_SIZE=6"),
 ])
 def test_bad_environments_are_refused_by_name(binary_dir, tmp_path, env, named):
     model = build_model(tmp_path / "model", layers=2)
