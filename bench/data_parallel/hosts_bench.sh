@@ -11,7 +11,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 build=${OFFLOADD_BUILD_DIR:-/tmp/gpu-build}
-out=${OUT:-/tmp/hosts-bench}
+out=${OUT:-/tmp/hosts-overlap}
 mkdir -p "$out"
 [[ -d .gpu-prefix ]] &&
   export LD_LIBRARY_PATH="$PWD/.gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
