@@ -157,9 +157,10 @@ struct ParallelConfig {
   // listens there). Required when world_size > 1.
   std::string rendezvous;
   int64_t timeout_seconds = 600;  // rendezvous and collectives
-  // Hosts the ranks span (torchrun's GROUP_WORLD_SIZE). > 1: ZeRO-1 across hosts, one rank per
-  // host (hosts == world_size): each rank's own arena holds the optimizer states of a contiguous
-  // 1/hosts slice of every block (docs/data_parallel.md, "Across hosts").
+  // Hosts the ranks span (torchrun's GROUP_WORLD_SIZE). > 1: ZeRO-1 across hosts, world_size /
+  // hosts ranks per host, numbered host by host: each host's arena (shared by its ranks) holds
+  // the optimizer states of a contiguous 1/hosts slice of every block (docs/data_parallel.md,
+  // "Across hosts").
   int hosts = 1;
 };
 

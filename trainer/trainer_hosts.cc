@@ -20,6 +20,40 @@
 
 namespace offloadd::trainer {
 
+// Every partition of the checkpoint whose partition 0 is `dir_in` exists (each rank names the
+// same missing one, before anything is created: a host's other ranks must not outlive its
+// leader's refusal); this host's partition.
+namespace {
+StatusOr<std::string> ResumePartition(const ParallelConfig& p, const std::string& dir_in) {
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const int hosts = p.hosts;
+  const std::string first = "partition-0-of-" + std::to_string(hosts);
+  const size_t slash = dir.rfind('/');
+  const std::string parent = slash == std::string::npos ? "" : dir.substr(0, slash);
+  const size_t slash2 = parent.rfind('/');
+  const std::string parent_name = slash2 == std::string::npos ? parent : parent.substr(slash2 + 1);
+  if (slash == std::string::npos || parent_name != first) {
+    return FailedPreconditionError(
+        dir_in + ": a resume across " + std::to_string(hosts) +
+        " hosts takes partition 0 of a checkpoint written across as many: <output_dir>/" + first +
+        "/checkpoint-<step>");
+  }
+  const std::string root = slash2 == std::string::npos ? "." : parent.substr(0, slash2);
+  const std::string name = dir.substr(slash + 1);
+  auto partition = [&](int h) {
+    return root + "/partition-" + std::to_string(h) + "-of-" + std::to_string(hosts) + "/" + name;
+  };
+  for (int h = 0; h < hosts; ++h) {
+    if (access(partition(h).c_str(), F_OK) != 0) {
+      return FailedPreconditionError(name + ": partition " + std::to_string(h) + " of " +
+                                     std::to_string(hosts) + " is missing (" + partition(h) + ")");
+    }
+  }
+  return partition(p.rank / (p.world_size / hosts));
+}
+}  // namespace
+
 int64_t Trainer::Impl::SliceBegin(int b) const {
   const int64_t numel = static_cast<int64_t>(layout[b].numel);
   const int64_t chunk = dp->Padded(numel) / dp->world();
@@ -63,6 +97,7 @@ Status Trainer::Impl::CheckAcrossHosts(const std::string& what) {
   if (cfg.offload.tier == StateTier::kNvme) {
     return UnimplementedError(across + " with offload_optimizer device nvme is not built yet");
   }
+  if (!cfg.resume_from.empty()) RETURN_IF_ERROR(ResumePartition(p, cfg.resume_from).status());
   const bool checkpoints = cfg.save_steps > 0 || !cfg.resume_from.empty();
   if (checkpoints && (cfg.optim.state_dtype != "fp32" || cfg.optim.master_dtype != "fp32")) {
     return UnimplementedError(across + ": checkpoints per partition of optimizer state_dtype " +
@@ -255,32 +290,7 @@ Status Trainer::Impl::AwaitPartitions(int64_t step) {
 Status Trainer::Impl::RestorePartition(const std::string& dir_in) {
   RETURN_IF_ERROR(Flush());
   RETURN_IF_ERROR(WaitGathers());  // the gathers read the slices the restore rewrites
-  std::string dir = dir_in;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  const int hosts = cfg.parallel.hosts;
-  const std::string first = "partition-0-of-" + std::to_string(hosts);
-  const size_t slash = dir.rfind('/');
-  const std::string parent = slash == std::string::npos ? "" : dir.substr(0, slash);
-  const size_t slash2 = parent.rfind('/');
-  const std::string parent_name = slash2 == std::string::npos ? parent : parent.substr(slash2 + 1);
-  if (slash == std::string::npos || parent_name != first) {
-    return FailedPreconditionError(
-        dir_in + ": a resume across " + std::to_string(hosts) +
-        " hosts takes partition 0 of a checkpoint written across as many: <output_dir>/" + first +
-        "/checkpoint-<step>");
-  }
-  const std::string root = slash2 == std::string::npos ? "." : parent.substr(0, slash2);
-  const std::string name = dir.substr(slash + 1);
-  auto partition = [&](int h) {
-    return root + "/partition-" + std::to_string(h) + "-of-" + std::to_string(hosts) + "/" + name;
-  };
-  for (int h = 0; h < hosts; ++h) {  // every rank names the same missing partition
-    if (access(partition(h).c_str(), F_OK) != 0) {
-      return FailedPreconditionError(name + ": partition " + std::to_string(h) + " of " +
-                                     std::to_string(hosts) + " is missing (" + partition(h) + ")");
-    }
-  }
-  const std::string mine = partition(host_index());
+  ASSIGN_OR_RETURN(const std::string mine, ResumePartition(cfg.parallel, dir_in));
   ASSIGN_OR_RETURN(CheckpointReader r,
                    CheckpointReader::Open(mine, PartitionFingerprint(host_index()),
                                           cfg.optim.state_dtype, cfg.optim.master_dtype));
