@@ -24,6 +24,9 @@ Trainer::~Trainer() {
     Status st = impl_->Flush();
     (void)st;
   }
+  // Across hosts: the gathers queued run to the end on every rank alike, before the weights,
+  // the host optimizer and the group they use go away.
+  if (impl_ && impl_->gather) impl_->gather->Stop();
   // A data-parallel follower's thread uploads rank 0's updates into this rank's weights: it stops
   // before they are destroyed (rank 0's own thread only runs for steps this process submitted).
   if (impl_ && impl_->host && impl_->host->follower()) impl_->host->StopThread();
@@ -179,7 +182,8 @@ Status Trainer::Impl::RunStep() {
     flops *= dp->world();
   }
   RETURN_IF_ERROR(host->FinishStepAsync());
-  if (across_hosts()) RETURN_IF_ERROR(GatherWeights(k));
+  // Across hosts: each block's slices are gathered as its update finishes, on the gather thread.
+  if (gather) RETURN_IF_ERROR(gather->Submit(static_cast<uint64_t>(k)));
   RETURN_IF_ERROR(UpdateDeviceBlocks(k));
   completed = k;
   ++steps_run;
@@ -219,6 +223,7 @@ Status Trainer::Impl::Evaluate() {
     ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(completed)));
     (void)last;
   }
+  RETURN_IF_ERROR(WaitGathers());  // across hosts: the other hosts' slices too
   RETURN_IF_ERROR(eval_data->Restore(eval_start));
   const int64_t batches = (eval_data->sequences_per_epoch() + cfg.batch_size - 1) / cfg.batch_size;
   at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble));

@@ -4,9 +4,9 @@
 // arena (shared by its ranks as on one host: its local rank 0 leads, the others land their shards
 // in it) holds the fp32 masters and AdamW states of exactly that slice, so no arena is shared
 // between hosts. The clipping decision sums every host's squared norms (DataParallel::
-// SumAcrossHosts, from each host leader's optimizer thread), and after each step every rank's
-// shard of the updated slices is all-gathered into every rank's whole weights, which its compute
-// reads.
+// SumAcrossHosts, from each host leader's optimizer thread), and every rank's shard of the
+// updated slices is all-gathered into every rank's whole weights, which its compute reads, block
+// by block as each update finishes (HostGather's thread, on a process group of its own).
 #include <unistd.h>
 
 #include <algorithm>
@@ -142,30 +142,86 @@ Status Trainer::Impl::InitializeAcrossHosts(
   return OkStatus();
 }
 
-Status Trainer::Impl::GatherWeights(int64_t k) {
-  if (k > 0) {  // (0: a restore, nothing in flight)
-    ASSIGN_OR_RETURN(workers::StepResult r, host->WaitFinished(static_cast<uint64_t>(k)));
-    (void)r;  // a skipped step gathers the unchanged slices
+Status Trainer::Impl::StartGather() {
+  HostGather::Hooks h;
+  h.wait_updated = [this](int b, uint64_t step) { return host->WaitUpdated(b, step); };
+  if (scaler) {  // fp16: a step with a non-finite global norm is skipped on every host alike
+    h.skipped = [this](uint64_t step) -> StatusOr<bool> {
+      ASSIGN_OR_RETURN(const workers::StepResult r, host->WaitDecided(step));
+      return r.skipped;
+    };
   }
-  const c10::ScalarType host_dtype = host->weights_fp32() ? at::kFloat : dtype;
-  // NCCL gathers device tensors; Gloo, CPU ones.
-  const auto opts = at::TensorOptions().dtype(host_dtype).device(device);
-  for (int b = 0; b < n; ++b) {
-    const int64_t numel = static_cast<int64_t>(layout[b].numel);
-    const int64_t padded = dp->Padded(numel);
-    const int64_t len = ShardLength(b);
-    at::Tensor shard = at::zeros({padded / dp->world()}, opts);
-    if (len > 0) {  // this rank's shard of its host's updated slice
-      at::Tensor slice = at::from_blob(host->compute_weights(b), {SliceLength(b)},
-                                       at::TensorOptions().dtype(host_dtype));
-      shard.narrow(0, 0, len).copy_(slice.narrow(0, ShardBegin(b) - SliceBegin(b), len));
-    }
-    at::Tensor all = at::empty({padded}, opts);
-    RETURN_IF_ERROR(dp->AllGather(shard, all));
-    full_weights[b].copy_(all.narrow(0, 0, numel));
-    weights->OnUpdated(b);
-  }
+  h.gather = [this](int b) { return GatherBlock(b); };
+  h.on_start = [this] { streams->UseCompute(); };  // the device current on the gather thread
+  gather = std::make_unique<HostGather>(n, std::move(h));
   return OkStatus();
+}
+
+Status Trainer::Impl::WaitGathers() {
+  return gather ? gather->WaitAll(static_cast<uint64_t>(completed)) : OkStatus();
+}
+
+// Block b's slices of every host into this rank's whole weights. Resident on CUDA, in place in
+// the device's weights: this host's slice is uploaded into its part (rounded to the compute dtype
+// on the way, as every upload of fp32 masters is: the same bits as rounding the gathered block),
+// and the all-gather fills the rest, on the gather stream; the next forward's compute waits for
+// that stream's event only. Streamed (and on a CPU device) into the pinned host copy the uploads
+// read. The block's uses in the step just finished are over: its update waited for its gradients.
+Status Trainer::Impl::GatherBlock(int b) {
+  const c10::ScalarType host_dtype = host->weights_fp32() ? at::kFloat : dtype;
+  const int64_t numel = static_cast<int64_t>(layout[b].numel);
+  const int64_t padded = dp->Padded(numel);
+  const int64_t chunk = padded / dp->world();
+  const int64_t len = ShardLength(b);  // this rank's shard of its host's updated slice
+  const at::Tensor slice = at::from_blob(host->compute_weights(b), {SliceLength(b)},
+                                         at::TensorOptions().dtype(host_dtype))
+                               .narrow(0, len > 0 ? ShardBegin(b) - SliceBegin(b) : 0, len);
+  const std::string name = "gather " + model->block(b).name();
+  if (!cuda) {
+    at::Tensor shard = at::zeros({chunk}, host_dtype);
+    if (len > 0) shard.narrow(0, 0, len).copy_(slice);
+    at::Tensor all = at::empty({padded}, host_dtype);
+    ASSIGN_OR_RETURN(DeviceStreams::EventPtr e,
+                     streams->OnGatherStream(
+                         nullptr, [&] { return dp->AllGatherBlock(shard, all); }, name));
+    (void)e;
+    full_weights[b].copy_(all.narrow(0, 0, numel));
+    weights->OnUpdated(b);  // a 16-bit CPU compute's cast copy
+    return OkStatus();
+  }
+  at::Tensor resident = weights->ResidentWeights(b);
+  const bool in_place = resident.defined() && padded == numel;
+  at::Tensor all =
+      in_place
+          ? resident
+          : at::empty(
+                {padded},
+                at::TensorOptions().dtype(resident.defined() ? dtype : host_dtype).device(device));
+  at::Tensor shard = all.narrow(0, dp->rank() * chunk, chunk);
+  DeviceStreams::EventPtr uploaded;
+  if (len > 0) {
+    at::Tensor mine = shard.narrow(0, 0, len);
+    uploaded = streams->CopyToDevice(mine, slice, "weights " + model->block(b).name(),
+                                     /*after_compute=*/false);
+  }
+  ASSIGN_OR_RETURN(DeviceStreams::EventPtr gathered,
+                   streams->OnGatherStream(
+                       uploaded,
+                       [&]() -> Status {
+                         if (len < chunk) shard.narrow(0, len, chunk - len).zero_();
+                         RETURN_IF_ERROR(dp->AllGatherBlock(shard, all));
+                         if (in_place) return OkStatus();
+                         at::Tensor dst = resident.defined() ? resident : full_weights[b];
+                         dst.copy_(all.narrow(0, 0, numel), /*non_blocking=*/true);
+                         return OkStatus();
+                       },
+                       name));
+  if (!in_place) streams->ReleaseAfterCopies(all);
+  if (resident.defined()) {
+    weights->SetReady(b, std::move(gathered));
+    return OkStatus();
+  }
+  return DeviceStreams::Synchronize(gathered);  // the host copy is whole before an upload reads it
 }
 
 StatusOr<std::vector<at::Tensor>> Trainer::Impl::GatherMasters() {
@@ -233,6 +289,7 @@ Status Trainer::Impl::AwaitPartitions(int64_t step) {
 
 Status Trainer::Impl::RestorePartition(const std::string& dir_in) {
   RETURN_IF_ERROR(Flush());
+  RETURN_IF_ERROR(WaitGathers());  // the gathers read the slices the restore rewrites
   ASSIGN_OR_RETURN(const std::string mine, ResumePartition(cfg.parallel, dir_in));
   ASSIGN_OR_RETURN(CheckpointReader r,
                    CheckpointReader::Open(mine, PartitionFingerprint(host_index()),
@@ -292,7 +349,9 @@ Status Trainer::Impl::ResumeAcross(const TrainerState& st, int64_t adam_steps,
   accounting->Restore(adam_steps, st.log_history);
   RETURN_IF_ERROR(
       host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
-  RETURN_IF_ERROR(GatherWeights(0));  // every host's restored slice into every rank's weights
+  // Every host's restored slice into every rank's weights, before anything reads them.
+  RETURN_IF_ERROR(gather->Submit(static_cast<uint64_t>(completed), /*restored=*/true));
+  RETURN_IF_ERROR(gather->WaitAll(static_cast<uint64_t>(completed)));
   Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " resumed from " + mine +
                                        " at step " + std::to_string(completed) + " of " +
                                        std::to_string(total));

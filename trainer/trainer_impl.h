@@ -36,6 +36,7 @@
 #include "trainer/pipeline/device_optimizer.h"
 #include "trainer/pipeline/device_streams.h"
 #include "trainer/pipeline/group_link.h"
+#include "trainer/pipeline/host_gather.h"
 #include "trainer/pipeline/host_optimizer.h"
 #include "trainer/pipeline/lsp_mode.h"
 #include "trainer/pipeline/step_accounting.h"
@@ -167,7 +168,7 @@ struct Trainer::Impl {
   // rank 0 leads, the others follow through `link`), holds the optimizer states of
   // [SliceBegin(b), + SliceLength(b)) of every block b: the reduce-scatter's shards of its ranks,
   // contiguous. `full_weights` holds every block's whole weights in the host's dtype, on every
-  // rank, all-gathered from the ranks' shards of the updated slices after each step.
+  // rank, all-gathered from the ranks' shards of the updated slices block by block (HostGather).
   bool across_hosts() const { return dp != nullptr && cfg.parallel.hosts > 1; }
   int ranks_per_host() const { return across_hosts() ? dp->world() / cfg.parallel.hosts : world(); }
   int host_index() const { return dp == nullptr ? 0 : dp->rank() / ranks_per_host(); }
@@ -185,9 +186,16 @@ struct Trainer::Impl {
   Status InitializeAcrossHosts(
       const std::vector<HostOptimizer::InitPiece>& pieces,
       const std::function<Status(const HostOptimizer::InitPiece&, float*)>& fill);
-  // After step k's updates: every block's slices all-gathered into full_weights (in block order
-  // on every rank), and the devices' copies refreshed.
-  Status GatherWeights(int64_t k);
+  // The gather thread (StartPipeline): after step k (RunStep's gather->Submit(k)) every block's
+  // slices are all-gathered, each once this host's update of it is done, in block order on every
+  // rank; the next forward of block b waits for block b's gather only (WeightResidency's
+  // wait_weights). GatherBlock: one block, straight into the resident device weights on CUDA,
+  // else into full_weights. WaitGathers: every block of the last step (before the weights are
+  // read outside a step, or the slices rewritten).
+  std::unique_ptr<HostGather> gather;
+  Status StartGather();
+  Status GatherBlock(int b);
+  Status WaitGathers();
   // The export: every block's whole fp32 masters, on every rank (a collective).
   StatusOr<std::vector<at::Tensor>> GatherMasters();
   // Checkpoints across hosts. Every host's leader writes its partition, its slice of every

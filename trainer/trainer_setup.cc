@@ -662,7 +662,10 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   wo.dtype = dtype;
   wo.resident = resident;
   wo.device_optimizer = device_opt.get();
-  if (across_hosts()) wo.full_weights = &full_weights;
+  if (across_hosts()) {
+    wo.full_weights = &full_weights;
+    wo.wait_weights = [this](int b, uint64_t step) { return gather->WaitGathered(b, step); };
+  }
   if (lsp && lsp->on_device()) {  // effective weights exist only while their block computes
     // W_base + P A Q^T, GPU-timed on its own track (a no-op when block b's are current).
     wo.on_ensured = [l = lsp.get(), s = streams.get(), m = model.get()](int b) {
@@ -674,6 +677,7 @@ Status Trainer::Impl::StartPipeline(bool resident) {
     wo.on_released = [l = lsp.get()](int b) { l->Release(b); };
   }
   ASSIGN_OR_RETURN(weights, WeightResidency::Create(wo));
+  if (across_hosts()) RETURN_IF_ERROR(StartGather());
   std::vector<bool> to_nvme = spill_nvme;  // whole saved activations, or the layer input
   for (int b = 0; b < n; ++b) to_nvme[b] = to_nvme[b] || checkpoint_nvme[b];
   activations = std::make_unique<ActivationOffload>(spill.get(), streams.get(), to_nvme, device);

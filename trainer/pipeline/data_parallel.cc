@@ -29,6 +29,7 @@ struct DataParallel::State {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::Backend> side;  // across hosts: SumAcrossHosts's CPU group
+  c10::intrusive_ptr<c10d::Backend> gather;  // across hosts: AllGatherBlock's group
   const char* name = "";
   // "rank 0 on hostA (pid 11), rank 1 on hostB (pid 12)": who was in the group, for errors (a
   // collective that fails on a lost peer names only its address).
@@ -168,6 +169,19 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const ParallelConfi
         leaders.world_size = c.hosts;
         st.side = MakeGloo(c10::make_intrusive<c10d::PrefixStore>("offloadd-hosts", st.store),
                            leaders, timeout);
+      }
+      // Every rank: the gather thread's all-gathers (AllGatherBlock).
+      auto gather_store = c10::make_intrusive<c10d::PrefixStore>("offloadd-gather", st.store);
+      if (device.is_cuda()) {
+#if defined(OFFLOADD_HAVE_NCCL)
+        auto o = c10d::ProcessGroupNCCL::Options::create();
+        o->timeout = timeout;
+        st.gather =
+            c10::make_intrusive<c10d::ProcessGroupNCCL>(gather_store, c.rank, c.world_size, o);
+        st.gather->setBoundDeviceId(device);
+#endif
+      } else {
+        st.gather = MakeGloo(gather_store, c, timeout);
       }
 #else
       return UnimplementedError("parallel.hosts " + std::to_string(c.hosts) +
@@ -323,6 +337,25 @@ Status DataParallel::AllGather(at::Tensor& shard, at::Tensor& full) {
       out[0].push_back(full.narrow(0, r * shard.numel(), shard.numel()));
     std::vector<at::Tensor> in{shard};
     state_->backend->allgather(out, in)->wait();
+  });
+}
+
+Status DataParallel::AllGatherBlock(at::Tensor& shard, at::Tensor& full) {
+  if (!state_->gather) return InternalError("AllGatherBlock in a group within one host");
+  if (full.numel() != shard.numel() * world_) {
+    return InternalError("all-gather of shards of " + std::to_string(shard.numel()) + " into " +
+                         std::to_string(full.numel()) + " elements");
+  }
+  return Wrap("all-gather of a block's updated slices", [&] {
+    if (full.is_cuda()) {  // one flat output, in place when `shard` is this rank's part of it
+      state_->gather->_allgather_base(full, shard)->wait();
+      return;
+    }
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < world_; ++r)
+      out[0].push_back(full.narrow(0, r * shard.numel(), shard.numel()));
+    std::vector<at::Tensor> in{shard};
+    state_->gather->allgather(out, in)->wait();
   });
 }
 

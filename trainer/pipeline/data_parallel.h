@@ -16,7 +16,8 @@
 // collectives on the first. A failed collective names the lost host: every rank bumps a
 // heartbeat counter in the store, and the ranks whose counters stand still are named.
 //
-// Thread-compatible: the step loop's thread only, except SumAcrossHosts (the optimizer thread's).
+// Thread-compatible: the step loop's thread only, except SumAcrossHosts (the optimizer thread's)
+// and AllGatherBlock (the gather thread's).
 
 #include <ATen/ATen.h>
 
@@ -49,6 +50,11 @@ class DataParallel {
   Status AllGather(at::Tensor& shard, at::Tensor& full);
   // Across hosts, on a host's leader: the sum of `value` over the hosts (the side group).
   StatusOr<double> SumAcrossHosts(double value);
+  // Across hosts: AllGather on a third group (NCCL on CUDA, Gloo on the CPU) for the gather
+  // thread (HostGather), whose all-gathers overlap the step loop's collectives on the first. On
+  // CUDA `shard` may be `full`'s own part of this rank (in place) and the call returns once the
+  // current stream waits for the collective; on the CPU it returns when done.
+  Status AllGatherBlock(at::Tensor& shard, at::Tensor& full);
   Status Barrier();
   // A small value every rank can read (rank 0 writes, the others wait for it).
   Status Set(const std::string& key, const std::string& value);

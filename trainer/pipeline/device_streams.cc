@@ -33,7 +33,7 @@ class DeviceStreams::Event {
 struct DeviceStreams::Impl {
   c10::DeviceIndex index = 0;
   // Set by Create for a CUDA device only (touching CUDA on a CPU run would need a driver).
-  std::optional<at::cuda::CUDAStream> compute_, h2d_, d2h_;
+  std::optional<at::cuda::CUDAStream> compute_, h2d_, d2h_, gather_;
   at::cuda::CUDAStream& compute() { return *compute_; }
   at::cuda::CUDAStream& h2d() { return *h2d_; }
   at::cuda::CUDAStream& d2h() { return *d2h_; }
@@ -223,6 +223,8 @@ void DeviceStreams::ReleaseAfterCopies(const at::Tensor& t) const {
   if (cuda_ && t.defined() && t.is_cuda()) {
     t.record_stream(impl_->d2h().unwrap());
     t.record_stream(impl_->h2d().unwrap());
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->gather_) t.record_stream(impl_->gather_->unwrap());
   }
 #else
   (void)t;
@@ -302,6 +304,40 @@ DeviceStreams::EventPtr DeviceStreams::CopyToDevice(at::Tensor& dst, const at::T
 DeviceStreams::EventPtr DeviceStreams::CopyToHost(at::Tensor& dst, const at::Tensor& src,
                                                   const std::string& name) {
   return Copy(/*to_device=*/false, dst, src, name, /*after_compute=*/true);
+}
+
+StatusOr<DeviceStreams::EventPtr> DeviceStreams::OnGatherStream(const EventPtr& after,
+                                                                const std::function<Status()>& fn,
+                                                                const std::string& name) {
+#if OFFLOADD_WITH_CUDA
+  if (cuda_) {
+    Impl& m = *impl_;
+    c10::cuda::CUDAGuard guard(m.index);
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (!m.gather_) m.gather_ = at::cuda::getStreamFromPool(false, m.index);
+    }
+    at::cuda::CUDAStream& stream = *m.gather_;
+    if (after) after->event.block(stream);
+    Impl::Timed t{"gather", name, m.Mark(stream), nullptr, 0};
+    {
+      c10::cuda::CUDAStreamGuard sg(stream);
+      RETURN_IF_ERROR(fn());
+    }
+    t.end = m.Mark(stream);
+    auto done = std::make_shared<Event>();
+    done->event.record(stream);
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.timed.push_back(std::move(t));
+    return done;
+  }
+#endif
+  (void)after;
+  const double t0 = static_cast<double>(NowMicros());
+  RETURN_IF_ERROR(fn());
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->spans.push_back({"gather", name, t0, static_cast<double>(NowMicros())});
+  return EventPtr();
 }
 
 void DeviceStreams::ComputeWaits(const EventPtr& e) const {

@@ -9,6 +9,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,10 +67,17 @@ class DeviceStreams {
   // cast on the device, chunk by chunk through a small staging buffer.
   EventPtr CopyToDevice(at::Tensor& dst, const at::Tensor& src, const std::string& name,
                         bool after_compute = true);
-  // Lets the caching allocator reuse `t`'s memory only after the copy streams' work so far.
+  // Lets the caching allocator reuse `t`'s memory only after the copy (and gather) streams' work
+  // so far.
   void ReleaseAfterCopies(const at::Tensor& t) const;
   // Device-to-host copy after the compute stream's work so far.
   EventPtr CopyToHost(at::Tensor& dst, const at::Tensor& src, const std::string& name);
+  // Runs `fn` with the gather stream (a fourth stream, made on first use) current, after `after`
+  // (may be null), and returns the event that follows fn's work there (an all-gather across
+  // hosts, HostGather), timed on the "gather" track. On a CPU device fn runs, timed by the host
+  // clock, and the event is null.
+  StatusOr<EventPtr> OnGatherStream(const EventPtr& after, const std::function<Status()>& fn,
+                                    const std::string& name);
   // The compute stream waits for `e` (no host blocking).
   void ComputeWaits(const EventPtr& e) const;
   // Blocks the calling thread until `e` completed.

@@ -11,6 +11,7 @@ WeightResidency::WeightResidency(const Options& options)
       layout_(*options.layout),
       host_(options.host),
       full_weights_(options.full_weights),
+      wait_weights_(options.wait_weights),
       device_opt_(options.device_optimizer),
       streams_(options.streams),
       device_(options.device),
@@ -119,7 +120,7 @@ Status WeightResidency::BindInitial(int b) {
 Status WeightResidency::Ensure(int b, uint64_t wait_step, double* stall) {
   if (OnDevice(b)) return OkStatus();  // updated on the compute stream, in order
   const auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(host_->WaitUpdated(b, wait_step));
+  RETURN_IF_ERROR(WaitWeights(b, wait_step));
   // (A CPU head tied to block 0 reads the embedding block 0 keeps: it is never released.)
   if (NvmeStale(b)) RETURN_IF_ERROR(LoadFromNvme(b));
   if (cuda_) {
@@ -140,7 +141,7 @@ Status WeightResidency::Ensure(int b, uint64_t wait_step, double* stall) {
 void WeightResidency::Prefetch(int b, uint64_t wait_step) {
   if (b >= 0 && b < n_ && NvmeStale(b) && !OnDevice(b)) {
     // The read only: Ensure takes it (and uploads it on CUDA) once the block is next.
-    if (!host_->WaitUpdated(b, wait_step).ok()) return;  // the error surfaces in Ensure
+    if (!WaitWeights(b, wait_step).ok()) return;  // the error surfaces in Ensure
     if (!DeviceStreams::Synchronize(buffer_reads_[BufferOf(b)]).ok()) return;
     buffer_reads_[BufferOf(b)] = nullptr;
     (void)host_->PrefetchWeights(b, BufferOf(b));  // a failed read is read again in Ensure
@@ -148,7 +149,7 @@ void WeightResidency::Prefetch(int b, uint64_t wait_step) {
   }
   if (b >= 0 && b < n_ && nvme_[b]) return;  // its copy is current
   if (!cuda_ || resident_ || b < 0 || b >= n_ || OnDevice(b) || device_weights_[b].defined()) return;
-  if (!host_->WaitUpdated(b, wait_step).ok()) return;  // the error surfaces in Ensure
+  if (!WaitWeights(b, wait_step).ok()) return;  // the error surfaces in Ensure
   device_weights_[b] = at::empty({static_cast<int64_t>(layout_[b].numel)},
                                  at::TensorOptions().dtype(dtype_).device(device_));
   layout_[b].Bind(device_weights_[b]);
@@ -185,6 +186,16 @@ void WeightResidency::OnUpdated(int b, bool after_compute) {
                                   "weights " + model_->block(b).name(), after_compute);
   std::lock_guard<std::mutex> lock(ready_mu_);
   ready_[b] = e;
+}
+
+at::Tensor WeightResidency::ResidentWeights(int b) const {
+  if (!cuda_ || !resident_ || OnDevice(b) || nvme_[b]) return at::Tensor();
+  return device_weights_[b];
+}
+
+void WeightResidency::SetReady(int b, DeviceStreams::EventPtr e) {
+  std::lock_guard<std::mutex> lock(ready_mu_);
+  ready_[b] = std::move(e);
 }
 
 Status WeightResidency::Reload() {

@@ -60,6 +60,9 @@ class WeightResidency {
     // the trainer all-gathers from the hosts' slices (the host optimizer's arena holds only this
     // host's slice); read instead of host->compute_weights.
     const std::vector<at::Tensor>* full_weights = nullptr;
+    // Across hosts (may be empty): blocks until block b's weights of update `step` are gathered
+    // (HostGather::WaitGathered); Ensure and Prefetch wait there instead of on the host's update.
+    std::function<Status(int b, uint64_t step)> wait_weights;
   };
   // Pins the arena's weights and binds them: to the Params (CPU), to device copies uploaded now
   // (resident) or to nothing until first use (streamed).
@@ -78,6 +81,11 @@ class WeightResidency {
   // after_compute: the copy waits for the compute stream's work so far (a block the step loop
   // may still be computing with, as the LSP projector check's).
   void OnUpdated(int b, bool after_compute = false);
+  // Across hosts, the gather thread: resident on CUDA, block b's device weights (the all-gather
+  // writes them in place; undefined otherwise), and the event after which they hold the
+  // gathered update (the next Ensure makes the compute stream wait for it).
+  at::Tensor ResidentWeights(int b) const;
+  void SetReady(int b, DeviceStreams::EventPtr e);
   // Resident: uploads every block again (after the arena was restored from a checkpoint).
   Status Reload();
   // Binds block b's compute weights again (after something else was bound, e.g. fp32 masters).
@@ -100,6 +108,10 @@ class WeightResidency {
   const std::vector<BlockLayout>& layout_;
   HostOptimizer* host_;
   const std::vector<at::Tensor>* full_weights_;
+  const std::function<Status(int, uint64_t)> wait_weights_;
+  Status WaitWeights(int b, uint64_t step) const {
+    return wait_weights_ ? wait_weights_(b, step) : host_->WaitUpdated(b, step);
+  }
   const DeviceOptimizer* device_opt_;
   DeviceStreams* streams_;
   const c10::Device device_;

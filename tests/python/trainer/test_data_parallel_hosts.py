@@ -17,6 +17,7 @@ bit-exact resume. A host whose ranks are SIGKILLed fails the others within the b
 The same across two network namespaces (and PID namespaces, so that neither rank can even see
 the other's /proc): test_data_parallel_netns.py."""
 
+import json
 import shutil
 import signal
 import socket
@@ -28,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline_testlib import build_model, read_stats, run_train, write_pretokenized
-from test_data_parallel import args, assert_close_runs, free_port
+from test_data_parallel import STEPS, args, assert_close_runs, free_port
 from test_data_parallel_torchrun import clean_env
 
 
@@ -78,6 +79,48 @@ def test_two_hosts_equal_one_rank_on_the_whole_batch(binary_dir, tmp_path, accum
         assert params // 2 <= s["cpu_update_params"] <= params // 2 + 16, (s["cpu_update_params"], params)
     assert all(s["cpu_update_params"] == params for s in sa)
     assert_close_runs(one, two)
+
+
+def trace_spans(path):
+    """(track, name, start, end) of a trace's spans, by start."""
+    events = json.loads(path.read_text())["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans = [(tracks[e["tid"]], e["name"], e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X"]
+    return sorted(spans, key=lambda s: s[2])
+
+
+def test_each_block_is_gathered_behind_its_own_update_and_ahead_of_its_next_forward(binary_dir, tmp_path):
+    """The gather thread: after each step every block's slices are all-gathered in block order
+    (the next forward's, the same on every host), each once this host's update of that block is
+    done, and the next forward of a block waits for that block's gather only. Before, the step
+    loop gathered every block serially after the step's last update (no gather track)."""
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    out = tmp_path / "two"
+    procs, outs = start_hosts(binary_dir, model, data, out, hosts=2,
+                              extra=[f"--trace={out}/trace.json", "--trace-steps=0"])
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    for path in (out / "trace.json", out / "trace.json.rank1"):
+        spans = trace_spans(path)
+        forwards = [s for s in spans if s[0] == "gpu compute" and s[1].startswith("forward ")]
+        updates = [s for s in spans if s[0] == "cpu update"]
+        gathers = [s for s in spans if s[0] == "gather"]
+        blocks = [s[1].split(" ", 1)[1] for s in forwards]
+        n = blocks.index(blocks[0], 1)  # the first step's forward: the blocks in order
+        blocks = blocks[:n]
+        assert n == 4, blocks  # the embedding, two layers, the head
+        # Every step's gathers (the last one's may end after the trace is taken), in block order.
+        assert len(gathers) >= n * (STEPS - 1), [g[1] for g in gathers]
+        names = [g[1] for g in gathers]
+        assert names == ([f"gather {b}" for b in blocks] * STEPS)[:len(names)], names
+        for b in blocks:
+            mine = [g for g in gathers if g[1] == f"gather {b}"]
+            done = [u for u in updates if u[1] == f"update {b}"]
+            nexts = [f for f in forwards if f[1] == f"forward {b}"][1:]
+            for k, g in enumerate(mine):  # step k+1's gather of b: after its update, before its use
+                assert done[k][3] <= g[2], (b, k, done[k], g)
+                assert g[3] <= nexts[k][2], (b, k, g, nexts[k])
 
 
 def test_what_is_not_built_across_hosts_is_refused_by_name(binary_dir, tmp_path):
