@@ -29,7 +29,7 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
                --warmup-steps=N --warmup-ratio=X --num-cycles=X --min-lr-rate=X --weight-decay=X
                --beta1=X --beta2=X --eps=X --max-grad-norm=X
                --speculate=auto|always|never (updates before the clipping norm is known; default
-               auto on a GPU, never on the CPU; never is the bitwise-reproducible choice)
+               auto on a GPU, never on the CPU; never and always are bitwise reproducible)
                --state-dtype=fp32|bf16|int8 (AdamW states; bf16/int8 are not exact,
                  states on the host: docs/optimizer-modes.md) --master-dtype=fp32|bf16 (bf16:
                  with a Kahan compensation, the device's weights; needs --dtype=bf16)

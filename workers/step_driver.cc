@@ -161,7 +161,7 @@ Status StepDriver::Dispatch(const Ready& r) {
   // max_grad_norm^2 the step clips for certain, and speculating more layers would only add
   // corrections: the shard's norm is measured and its update held for FinishStep.
   RETURN_IF_ERROR(TakeCompletions());
-  if (!clip_certain_) {
+  if (!clip_certain_ || config_.speculation == Speculation::kAlways) {
     speculated_[r.shard] = 1;
     return SubmitUpdate(r.shard, grad_unscale_, CommandKind::kAdamW, kFlagSpeculative);
   }
@@ -364,7 +364,9 @@ StatusOr<StepResult> StepDriver::FinishStep() {
   }
   // Every norm given: decide now, while speculative updates still run (they stand, or their
   // corrections follow them); else the workers' measurements are all in once they are done.
-  const bool decide_now = hold() && norms_given_ == shards_.size();
+  // kAlways drains first: every landed shard is speculated, whatever the timing (see the header).
+  const bool decide_now = hold() && norms_given_ == shards_.size() &&
+                          !(speculate_ && config_.speculation == Speculation::kAlways);
   if (decide_now) {
     RETURN_IF_ERROR(TakeCompletions());
     // Landed shards not dispatched yet were not speculated: they get the decided update below.

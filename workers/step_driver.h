@@ -26,6 +26,11 @@
 //    ones AdamW(c), in ascending layer order. on-updated callbacks fire only for final updates.
 //    Policy: kAlways / kNever, or kAuto: speculate while fewer than half of the steps seen (the
 //    last 16 at most) clipped (a clipped step costs a correction pass over the speculated shards).
+//    Which shards kAuto speculates depends on timing (which norms came back before a shard was
+//    dispatched), and a corrected update differs from a direct AdamW(c) by rounding, so kAuto is
+//    reproducible within fp32 rounding only. kAlways speculates every shard whatever the norms
+//    known (and, norms given, still lets FinishStep drain before deciding): its bits are the
+//    same whatever the timing (e.g. resident against streamed weights, a loaded host).
 //  * skip_nonfinite (fp16 dynamic loss scaling): hold mode even without clipping, since no shard
 //    may be updated before the whole step is known to be finite. BeginStep's grad_unscale
 //    (1 / loss scale) multiplies the norm and is folded into the coefficient the workers apply
@@ -139,8 +144,8 @@ class StepDriver {
   // `sq_norm`: the shard's gradient sum of squares (scaled, like the staged gradients) measured
   // where they were made (the GPU, beside the copy); only without accumulation. The workers then
   // measure no norm for the clipping decision, and once every shard's norm is given FinishStep
-  // decides without waiting for the speculative updates still running: those that stand are
-  // final as they complete, corrections follow their update.
+  // decides without waiting for the speculative updates still running (not with kAlways): those
+  // that stand are final as they complete, corrections follow their update.
   Status GradsReady(size_t shard, uint32_t micro, std::optional<double> sq_norm = std::nullopt);
   // Dispatches the shard's ready update first (see "Update order"); from a before-update hook
   // it waits only for the commands already submitted.

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -282,12 +284,15 @@ TEST_F(GivenNormTest, GivenNormsGiveTheMeasuredStepBitForBit) {
         // Each shard is reported once, when its final update is in the arena.
         EXPECT_EQ(given.reported, (std::vector<size_t>{0, 1, 2, 3}));
         EXPECT_EQ(given.result.params_updated, 4 * kElems);
-        if (max_norm < 2.0) {
-          // Known at hand-over, the first norm already makes clipping certain: nothing is
-          // speculated (the measured path speculates until a norm comes back) or corrected.
+        if (max_norm < 2.0 && spec == Speculation::kNever) {
           EXPECT_EQ(given.result.speculated_shards, 0u);
           EXPECT_EQ(given.result.params_corrected, 0u);
-          if (measured.result.corrected_shards > 0) continue;  // corrected: not the same bits
+        } else if (max_norm < 2.0) {
+          // kAlways speculates every shard, the given norms making clipping certain or not, and
+          // corrects each: the same updates as measured, whatever came back when.
+          EXPECT_EQ(given.result.speculated_shards, 4u);
+          EXPECT_EQ(measured.result.speculated_shards, 4u);
+          EXPECT_EQ(given.result.corrected_shards, 4u);
         }
         EXPECT_TRUE(given.states == measured.states);
       }
@@ -302,8 +307,10 @@ TEST_F(GivenNormTest, ClippingDecidedWhileSpeculativeUpdatesRunCorrectsEachAfter
   // norms) the result differs by the correction's rounding only: |dp| <= 4 ulp(1.0) for masters
   // at 1.0 (the correction re-derives m and v from the speculative update and redoes it).
   std::vector<std::optional<double>> given = {0.01, 0.01, 0.01, 25.0};
-  // Queue depth 4: the first three are dispatched (speculatively) as they land.
-  const OptimizerConfig spec{.max_grad_norm = 1.0, .update_depth = 4, .speculation = Speculation::kAlways};
+  // Queue depth 4: the first three are dispatched (speculatively) as they land. kAuto (its first
+  // step speculates): kAlways drains before deciding (see TimingDoesNotChangeAnAlwaysStep).
+  const OptimizerConfig spec{
+      .max_grad_norm = 1.0, .update_depth = 4, .speculation = Speculation::kAuto};
   const OptimizerConfig hold{.max_grad_norm = 1.0, .update_depth = 4};
   const Run s = Step(spec, given), h = Step(hold, given);
   EXPECT_TRUE(s.result.clipped);
@@ -321,6 +328,73 @@ TEST_F(GivenNormTest, ClippingDecidedWhileSpeculativeUpdatesRunCorrectsEachAfter
   }
   EXPECT_LE(worst, 4 * std::numeric_limits<float>::epsilon()) << worst;
   EXPECT_NE(ps[0], 1.0f);  // an update happened
+}
+
+TEST_F(GivenNormTest, TimingDoesNotChangeAnAlwaysStep) {
+  // Measured norms, a step that clips at its first shard (||g||^2 ~ 1.3 each, max 1.0). Fast
+  // workers (each shard's update is back before the next shard lands) against slow ones (every
+  // shard lands at once): kAlways speculates and corrects every shard in both, and the bits are
+  // the same. (Stopping at the first norm back, the fast run speculated 1 shard and the slow one
+  // more; a corrected update differs from a direct AdamW(c) by rounding: a resident and a
+  // streamed GPU run, whose timings differ, then trained apart.)
+  const OptimizerConfig c{.max_grad_norm = 1.0,
+                          .accumulation_steps = 1,
+                          .update_depth = 4,
+                          .speculation = Speculation::kAlways};
+  auto run = [&](bool fast) {
+    for (const ShardSpec& s : shards_) {
+      // Varied gradients around 2^-7 (bf16: the upper half of the fp32 bits), so that a corrected
+      // update and a direct AdamW(c) round apart.
+      for (uint64_t i = 0; i < kElems; ++i) {
+        const float g =
+            (i % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(i * 7919 % 1000) / 1000) / 128;
+        uint32_t bits;
+        std::memcpy(&bits, &g, 4);
+        arena_.At<uint16_t>(s.grad_offset)[i] = static_cast<uint16_t>(bits >> 16);
+      }
+      std::fill_n(arena_.At<float>(s.master_offset), kElems, 1.0f);
+      std::fill_n(arena_.At<float>(s.exp_avg_offset), kElems, 0.0f);
+      std::fill_n(arena_.At<float>(s.exp_avg_sq_offset), kElems, 0.0f);
+      std::memset(arena_.At<uint8_t>(s.counters_offset), 0, AdamWCountersBytes(kElems));
+    }
+    StepDriver d(pool_.get(), shards_, c);
+    EXPECT_TRUE(d.BeginStep(1, 1e-3).ok());
+    // Slow: the workers are stopped while the shards land (a loaded host), so no norm is back.
+    if (!fast) {
+      for (pid_t pid : pool_->Pids()) EXPECT_EQ(kill(pid, SIGSTOP), 0);
+    }
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      EXPECT_TRUE(d.GradsReady(s, 0).ok());
+      if (fast) {
+        EXPECT_TRUE(d.WaitShardIdle(s).ok());  // its update and norm are back
+      }
+    }
+    if (!fast) {
+      for (pid_t pid : pool_->Pids()) EXPECT_EQ(kill(pid, SIGCONT), 0);
+    }
+    auto r = d.FinishStep();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<uint8_t> states;
+    for (const ShardSpec& s : shards_) {
+      for (uint64_t off : {s.master_offset, s.exp_avg_offset, s.exp_avg_sq_offset}) {
+        const uint8_t* p = arena_.At<uint8_t>(off);
+        states.insert(states.end(), p, p + kElems * 4);
+      }
+      const uint8_t* w = arena_.At<uint8_t>(s.weights_offset);
+      states.insert(states.end(), w, w + kElems * 2);
+    }
+    return std::make_pair(r.ok() ? *r : StepResult{}, states);
+  };
+  const auto [fast, fast_states] = run(true);
+  const auto [slow, slow_states] = run(false);
+  EXPECT_TRUE(fast.clipped);
+  EXPECT_EQ(fast.speculated_shards, 4u);
+  EXPECT_EQ(fast.corrected_shards, 4u);
+  EXPECT_EQ(slow.speculated_shards, 4u);
+  EXPECT_EQ(slow.corrected_shards, 4u);
+  EXPECT_EQ(fast.clip_coef, slow.clip_coef);
+  EXPECT_TRUE(fast_states == slow_states);
+  EXPECT_NE(arena_.At<float>(shards_[0].master_offset)[0], 1.0f);  // an update happened
 }
 
 TEST_F(GivenNormTest, APartOfTheModelDecidesOnEveryPartsNorm) {

@@ -103,16 +103,23 @@ def test_bf16_matches_pytorch_gpu(binary_dir, tmp_path, speculate, accum):
 @pytest.mark.parametrize("speculate", ["never", "always"])
 def test_streamed_weights_equal_resident(binary_dir, tmp_path, speculate):
     """Streamed weights are fetched after their block's update (earliest-needed first), speculated
-    or held: the losses equal the resident run's bit for bit."""
+    or held: the losses equal the resident run's bit for bit. `always` speculates every block
+    whatever the timing (under `auto` the two runs' timings could speculate different blocks in a
+    clipped step, whose corrections round apart from direct updates), and every step here clips:
+    each block's weights are fetched after its correction."""
     model = build_model(tmp_path / "model", layers=4)
     data = write_pretokenized(tmp_path / "data.jsonl")
     a, b = tmp_path / "resident", tmp_path / "streamed"
     run_train(binary_dir, args(model, data, a, [f"--speculate={speculate}"]))
     r = run_train(binary_dir, args(model, data, b, ["--weights=stream", "--activations=offload",
                                                     "--gpu-memory-limit=2GiB", f"--speculate={speculate}"]))
-    la = [s["loss"] for s in read_stats(a / "stats.jsonl")]
-    lb = [s["loss"] for s in read_stats(b / "stats.jsonl")]
+    sa, sb = read_stats(a / "stats.jsonl"), read_stats(b / "stats.jsonl")
+    la, lb = [s["loss"] for s in sa], [s["loss"] for s in sb]
     assert la == lb, (la, lb)
+    record = [[(s["clipped"], s["speculated_layers"], s["corrected_layers"]) for s in st] for st in (sa, sb)]
+    assert record[0] == record[1], record
+    if speculate == "always":
+        assert any(s["clipped"] for s in sa) and all(s["speculated_layers"] == 6 for s in sa), record[0]
     assert "weights streamed" in r.stderr and "offloadx4" in r.stderr, r.stderr
 
 
