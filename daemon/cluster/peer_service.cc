@@ -97,7 +97,7 @@ grpc::Status PeerService::HostPart(grpc::ServerContext* context, Stream* stream)
   const pb::ReserveHost reserve = m.reserve();
   if (Status s = CheckReserve(reserve); !s.ok()) return ToGrpc(s);
   const v1::Job& job = reserve.job();
-  const std::string part = "job " + job.id() + " rank " + std::to_string(reserve.host_index());
+  const std::string part = "job " + job.id() + " host " + std::to_string(reserve.host_index());
   const int gpus_needed =
       static_cast<int>(std::max<uint32_t>(1, job.spec().resources().gpus_per_host()));
   std::optional<std::vector<int>> gpus = jobs_->ReserveHostPart(part, gpus_needed);

@@ -202,14 +202,20 @@ def test_two_daemons_in_two_network_namespaces(binary_dir, tmp_path, monkeypatch
         gen.close()
 
 
-def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path):
+def across_two_hosts(per_host: int) -> dict:
+    return {"hosts": 2, "gpus_per_host": per_host} if per_host > 1 else {"hosts": 2}
+
+
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path, per_host):
+    """With two ranks per host too: the peer's daemon and both its executors die at once."""
     a, b = cluster
     build_model(tmp_path / "model", layers=2)
     write_pretokenized(tmp_path / "data.jsonl", n=64)
     with offloadd.Client(a.target) as c:
         s = spec(tmp_path, "killed", steps=100000, save_steps=100000)
-        s["training"]["per_device_train_batch_size"] = 2
-        s["resources"] = {"hosts": 2}
+        s["training"]["per_device_train_batch_size"] = 2 // per_host
+        s["resources"] = across_two_hosts(per_host)
         job = c.create_job(s)
         events = Events(c, job.id)
         deadline = time.monotonic() + 120
@@ -236,16 +242,18 @@ def wait_for(c, job_id: str, states, bound: float = 120):
     return job
 
 
-def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path, per_host):
     """Pause checkpoints on both hosts (one partition each, committed by the coordinator's rank),
-    resume continues from partition 0's checkpoint on both, and cancel stops the peer's part too."""
+    resume continues from partition 0's checkpoint on both, and cancel stops the peer's part too;
+    with one rank per host and with two (each host's ranks stop together)."""
     a, b = cluster
     build_model(tmp_path / "model", layers=2)
     write_pretokenized(tmp_path / "data.jsonl", n=64)
     with offloadd.Client(a.target) as c:
         s = spec(tmp_path, "paused", steps=100000, save_steps=100000)
-        s["training"]["per_device_train_batch_size"] = 2
-        s["resources"] = {"hosts": 2}
+        s["training"]["per_device_train_batch_size"] = 2 // per_host
+        s["resources"] = across_two_hosts(per_host)
         job = c.create_job(s)
         events = Events(c, job.id)
         deadline = time.monotonic() + 120
@@ -271,7 +279,7 @@ def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
         assert cancelled.state == S.JOB_STATE_CANCELLED, cancelled.error
     # Both parts of the peer ended (paused, then cancelled), and it holds nothing now.
     deadline = time.monotonic() + 30
-    while b.log().count(f"job {job.id} rank 1 ended: CANCELLED") < 2:
+    while b.log().count(f"job {job.id} host 1 ended: CANCELLED") < 2:
         assert time.monotonic() < deadline, b.log()[-3000:]
         time.sleep(0.2)
 
