@@ -15,8 +15,9 @@ int ComputeBytes(const v1::JobSpec& spec, bool gpu) {
                                                                                              : 2;
 }
 
-// resources.hosts: one rank per host, each its own daemon (the first hosts-1 of cluster.peers);
-// what the trainer does not build across hosts is refused here by name, before anything starts.
+// resources.hosts: resources.gpus_per_host ranks per host, each host its own daemon (this one and
+// the first hosts-1 of cluster.peers); what the trainer does not build across hosts is refused
+// here by name, before anything starts.
 void CheckHosts(const v1::JobSpec& spec, const NodeBudget& node, Checker& c) {
   const auto& res = spec.resources();
   const int64_t hosts = std::max<int64_t>(1, res.hosts());
@@ -34,10 +35,18 @@ void CheckHosts(const v1::JobSpec& spec, const NodeBudget& node, Checker& c) {
               " host(s) (itself and cluster.peers in its configuration); the job asks for " +
               std::to_string(hosts));
   }
-  if (res.gpus_per_host() > 1) {
-    c.Add("resources.gpus_per_host",
-          "several GPUs per host across hosts are not built yet (one rank per host); got " +
-              std::to_string(res.gpus_per_host()));
+  // resources.gpus_per_host: that many executors on every host, bounded by this host's GPUs (or
+  // cores on a node without GPUs) as resources.gpus is; each peer checks its own when it reserves.
+  const int64_t per_host = std::max<int64_t>(1, res.gpus_per_host());
+  const int gpu_count = static_cast<int>(node.gpus.size());
+  if (gpu_count > 0 && per_host > gpu_count) {
+    c.Add("resources.gpus_per_host", "this node has " + std::to_string(gpu_count) +
+                                         " GPU(s); the job asks for " + std::to_string(per_host));
+  } else if (gpu_count == 0 && per_host > std::max(1, node.cpu_cores)) {
+    c.Add("resources.gpus_per_host", "this node has no GPU; at most one CPU executor per core (" +
+                                         std::to_string(node.cpu_cores) +
+                                         ") can stand in for GPUs, got " +
+                                         std::to_string(per_host));
   }
   if (res.gpus() > 1) {
     c.Add("resources.gpus", "a job across hosts sets resources.gpus_per_host, not gpus");

@@ -1,5 +1,6 @@
 #include "job/unsupported_options.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <string>
@@ -26,8 +27,16 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
   const v1::OffloadTarget& opt = s.offload().offload_optimizer();
   const bool nvme_states = opt.device() == v1::OFFLOAD_DEVICE_NVME;
   const bool auto_batch = s.training().auto_find_batch_size();
-  const int64_t ranks = s.resources().gpus();
-  const std::string group = "resources.gpus " + std::to_string(ranks) + " (data parallelism)";
+  // The data-parallel group: resources.gpus on one host, hosts x gpus_per_host across hosts.
+  const auto& res = s.resources();
+  const bool across_hosts = res.hosts() > 1;
+  const int64_t ranks =
+      across_hosts ? int64_t{res.hosts()} * std::max<int64_t>(1, res.gpus_per_host()) : res.gpus();
+  const std::string group =
+      across_hosts ? "resources.hosts " + std::to_string(res.hosts()) + " x gpus_per_host " +
+                         std::to_string(std::max<int64_t>(1, res.gpus_per_host())) +
+                         " (data parallelism across hosts)"
+                   : "resources.gpus " + std::to_string(ranks) + " (data parallelism)";
   // Compact optimizer modes (docs/optimizer-modes.md): the trainer runs bf16 and int8 states and
   // a bf16 master in the RAM arena and on the GPU, compact states with several ranks of one host;
   // what it does not run yet is refused.
@@ -51,7 +60,7 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
     }
     // Ranks of one host share rank 0's arena, whose workers step the compact states; the other
     // ranks read its weights, but a GPU replica of a block would start from fp32 states.
-    if (ranks > 1 && opt.has_ratio()) {
+    if (ranks > 1 && !across_hosts && opt.has_ratio()) {  // across hosts: CheckHosts refuses it
       out.push_back({"offload.offload_optimizer.ratio",
                      "optimizer states on the GPU with " + name + " and " + group +
                          " are not built yet (each rank's replica starts from fp32 states)"});
@@ -102,7 +111,7 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
          "auto does not price LSP compression yet (compression.type lsp); give the micro-batch"});
   }
   if (ranks > 1) {
-    if (lsp) {
+    if (lsp && !across_hosts) {  // across hosts: the validator's CheckHosts refuses it
       out.push_back(
           {"resources.gpus", group + " with compression.type lsp is not built yet; use one GPU"});
     }
@@ -112,7 +121,7 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
                          " is not built yet (each rank would price its own); give the "
                          "micro-batch per rank"});
     }
-    if (nvme_states && opt.has_ratio()) {
+    if (nvme_states && opt.has_ratio() && !across_hosts) {  // across hosts: CheckHosts
       out.push_back(
           {"offload.offload_optimizer.ratio",
            "optimizer states on the GPU with the NVMe tier and " + group + " is not built yet"});

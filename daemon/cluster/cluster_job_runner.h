@@ -1,10 +1,11 @@
 #pragma once
 // ClusterJobRunner: the JobRunner of a daemon that coordinates jobs across hosts
 // (resources.hosts > 1; docs/data_parallel.md, "The daemon coordinating peer daemons"). A job of
-// one host goes to the ExecutorJobRunner unchanged. A job of H hosts runs on this daemon (rank 0,
-// on the GPU its scheduler gave it) and on the first H-1 of cluster.peers (ranks 1..H-1, in that
-// order), one HostPart stream each (proto/offloadd/internal/peer.proto):
-//   - admission is all-or-nothing: every peer must reserve its part within
+// one host goes to the ExecutorJobRunner unchanged. A job of H hosts of N ranks
+// (resources.gpus_per_host) runs on this daemon (host 0: ranks 0..N-1, on the GPUs its scheduler
+// gave it) and on the first H-1 of cluster.peers (host h: ranks hN..hN+N-1, in that order), one
+// HostPart stream each (proto/offloadd/internal/peer.proto):
+//   - admission is all-or-nothing: every peer must reserve its part (N GPUs) within
 //     cluster.reserve_timeout_seconds, or none starts and the job fails naming the hosts that
 //     did not (busy, unreachable, refused);
 //   - rank 0 serves the group's c10d store on cluster.advertise_address at a port free when the

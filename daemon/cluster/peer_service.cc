@@ -3,6 +3,7 @@
 #include <atomic>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/logging.h"
 #include "daemon/cluster/cluster_credentials.h"
@@ -75,6 +76,12 @@ Status CheckReserve(const pb::ReserveHost& r) {
   return OkStatus();
 }
 
+std::string GpuList(const std::vector<int>& gpus) {
+  std::string out = gpus.size() == 1 ? "GPU " : "GPUs ";
+  for (size_t i = 0; i < gpus.size(); ++i) out += (i ? "," : "") + std::to_string(gpus[i]);
+  return out;
+}
+
 grpc::Status ToGrpc(const Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
 }
@@ -90,7 +97,7 @@ grpc::Status PeerService::HostPart(grpc::ServerContext* context, Stream* stream)
   const pb::ReserveHost reserve = m.reserve();
   if (Status s = CheckReserve(reserve); !s.ok()) return ToGrpc(s);
   const v1::Job& job = reserve.job();
-  const std::string part = "job " + job.id() + " rank " + std::to_string(reserve.host_index());
+  const std::string part = "job " + job.id() + " host " + std::to_string(reserve.host_index());
   const int gpus_needed =
       static_cast<int>(std::max<uint32_t>(1, job.spec().resources().gpus_per_host()));
   std::optional<std::vector<int>> gpus = jobs_->ReserveHostPart(part, gpus_needed);
@@ -106,8 +113,7 @@ grpc::Status PeerService::HostPart(grpc::ServerContext* context, Stream* stream)
     ~Release() { jobs->ReleaseHostPart(part); }
   } release{jobs_, part};
   OFFLOADD_LOG(kInfo, kLog) << part << " reserved for " << reserve.coordinator() << " on "
-                            << (gpus->empty() ? std::string("the CPU")
-                                              : "GPU " + std::to_string(gpus->front()));
+                            << (gpus->empty() ? std::string("the CPU") : GpuList(*gpus));
   std::mutex write_mu;
   {
     pb::PeerMessage reserved;

@@ -2,13 +2,15 @@
 // PeerService: this daemon's side of jobs that another daemon (their coordinator) runs across
 // hosts (proto/offloadd/internal/peer.proto, docs/data_parallel.md "The daemon coordinating peer
 // daemons"). Each HostPart stream is one host's part of one job:
-//   reserve -> the part holds this host's GPUs (JobManager::ReserveHostPart; on a node without
-//              GPUs, the node) or the stream ends RESOURCE_EXHAUSTED naming this host, busy;
-//   start   -> one executor runs rank host_index of the job's group (ExecutorJobRunner::
-//              RunHostRank), its warnings and errors sent back as log lines, and its result as
-//              `finished`;
-//   cancel, or the stream lost (the coordinator gone, its keepalive unanswered) -> the executor is
-//              stopped (SIGKILLed after jobs.cancel_grace_seconds, at once when forced or lost).
+//   reserve -> the part holds N of this host's GPUs, all or none (JobManager::ReserveHostPart;
+//              on a node without GPUs, the node) or the stream ends RESOURCE_EXHAUSTED naming
+//              this host, busy;
+//   start   -> resources.gpus_per_host executors run host host_index's ranks of the job's group
+//              (ExecutorJobRunner::RunHostRank), their warnings and errors sent back as log
+//              lines, and the part's result as `finished`;
+//   cancel, or the stream lost (the coordinator gone, its keepalive unanswered) -> the executors
+//              are stopped (SIGKILLed after jobs.cancel_grace_seconds, at once when forced or
+//              lost).
 // The hold ends with the stream. Served only on cluster.listen (PeerServer), behind mutual TLS and
 // the cluster's token (cluster_credentials.h). Thread-safe: one gRPC thread per stream.
 

@@ -87,11 +87,24 @@ class AttemptRunner {
   Attempt Run() {
     std::string rendezvous_path;
     const int world = JobWorldSize(job_);
-    if (host_.hosts > 1) {  // one rank of a group across hosts: it meets the others over TCP
+    if (host_.hosts > 1) {  // this host's ranks of a group across hosts: they meet over TCP
+      // Ranks numbered host by host (RANK = host x per_host + local, as torchrun's): this host's
+      // ranks share its arena, local rank 0 leading it (docs/data_parallel.md).
+      const int per_host = JobRanksPerHost(job_);
       const std::vector<int> gpus = control_.gpus();
-      const int gpu = !gpus.empty() ? gpus.front() : (options_.environment.has_gpu() ? 0 : -1);
-      if (Status s = Launch(host_.index, host_.hosts, gpu, host_.rendezvous); !s.ok()) {
-        Fail(nullptr, s, /*died=*/false);
+      for (int local = 0; local < per_host; ++local) {
+        int gpu = -1;
+        if (static_cast<size_t>(local) < gpus.size()) {
+          gpu = gpus[static_cast<size_t>(local)];
+        } else if (options_.environment.has_gpu()) {
+          gpu = local;
+        }
+        if (Status s = Launch(host_.index * per_host + local, host_.hosts * per_host, gpu,
+                              host_.rendezvous);
+            !s.ok()) {
+          Fail(nullptr, s, /*died=*/false);
+          break;
+        }
       }
       Supervise();
       if (trigger_) return *trigger_;
@@ -524,6 +537,12 @@ bool IsRestartableFailure(const Status& s) {
 }
 
 int JobWorldSize(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
+
+int JobRanksPerHost(const v1::Job& job) {
+  const auto& res = job.spec().resources();
+  return res.hosts() > 1 ? std::max<int>(1, static_cast<int>(res.gpus_per_host()))
+                         : JobWorldSize(job);
+}
 
 Status ExecutorJobRunner::Run(const v1::Job& job, JobControl& control) {
   return RunHostRank(job, control, HostRank{});

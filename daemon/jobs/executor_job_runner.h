@@ -64,9 +64,11 @@ struct ExecutorRunnerOptions {
   std::map<std::string, std::string> token_users;
 };
 
-// One host's rank of a job across hosts (resources.hosts > 1; daemon/cluster/): this daemon runs
-// one executor, rank `index` of `hosts`, which meets the others at `rendezvous`
-// ("tcp://host:port"; rank 0, the coordinator's, serves the c10d store there).
+// One host's part of a job across hosts (resources.hosts > 1; daemon/cluster/): this daemon runs
+// host `index` of `hosts`, resources.gpus_per_host executors (JobRanksPerHost) on the GPUs
+// JobControl::gpus() gives, ranks index x N .. index x N + N-1 of hosts x N, sharing this host's
+// arena; they meet the others at `rendezvous` ("tcp://host:port"; rank 0, the coordinator's,
+// serves the c10d store there).
 struct HostRank {
   int index = 0;
   int hosts = 1;
@@ -99,6 +101,9 @@ class ExecutorJobRunner final : public JobRunner {
 
 // The executors a job runs: resources.gpus, 0 meaning 1.
 int JobWorldSize(const offloadd::v1::Job& job);
+// The executors a job runs on each of its hosts: resources.gpus_per_host across hosts
+// (resources.hosts > 1), JobWorldSize on one; 0 meaning 1.
+int JobRanksPerHost(const offloadd::v1::Job& job);
 
 // Whether an executor's final error is its device's, not the job's: a CUDA error (the context is
 // lost with the process), the GPU out of memory, a cuBLAS/cuDNN failure, or the NCCL data-parallel

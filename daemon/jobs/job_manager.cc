@@ -48,7 +48,11 @@ std::string StateLabel(v1::JobState s) {
   return n;
 }
 
-int GpusNeeded(const v1::Job& job) { return std::max<int>(1, static_cast<int>(job.spec().resources().gpus())); }
+// Across hosts, the coordinator's own part: resources.gpus_per_host (JobRanksPerHost).
+int GpusNeeded(const v1::Job& job) {
+  const auto& res = job.spec().resources();
+  return std::max<int>(1, static_cast<int>(res.hosts() > 1 ? res.gpus_per_host() : res.gpus()));
+}
 
 std::string DescribeGpus(const std::vector<int>& gpus) {
   if (gpus.empty()) return "the CPU";
@@ -620,8 +624,11 @@ void JobManager::StartQueuedLocked(std::unique_lock<std::mutex>& lock) {
     // Paused and resumed before its thread was joined: it starts once the thread is gone.
     if (running_.count(job.id()) > 0) break;
     if (options_.gpus > 0 && GpusNeeded(job) > options_.gpus) {
-      const std::string why = "the job needs " + std::to_string(GpusNeeded(job)) + " GPUs (resources.gpus); this node has " +
-                              std::to_string(options_.gpus);
+      const std::string why =
+          "the job needs " + std::to_string(GpusNeeded(job)) +
+          (job.spec().resources().hosts() > 1 ? " GPUs (resources.gpus_per_host)"
+                                              : " GPUs (resources.gpus)") +
+          "; this node has " + std::to_string(options_.gpus);
       job.mutable_error()->set_code(static_cast<int>(StatusCode::kFailedPrecondition));
       job.mutable_error()->set_message(why);
       if (Status s = TransitionLocked(&job, v1::JOB_STATE_FAILED, why); !s.ok()) OFFLOADD_LOG(kError, kLog) << s.ToString();

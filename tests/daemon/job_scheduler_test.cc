@@ -255,5 +255,22 @@ TEST_F(JobSchedulerTest, AHostPartHoldsANodeWithoutGpus) {
   WaitForState(a, v1::JOB_STATE_SUCCEEDED);
 }
 
+// A job across hosts holds resources.gpus_per_host GPUs of the coordinator's host (its host 0's
+// ranks); a peer's part holds as many, all or none.
+TEST_F(JobSchedulerTest, AJobAcrossHostsHoldsGpusPerHostHere) {
+  HoldingRunner* r = Start(3);
+  v1::JobSpec s;
+  s.set_display_name("across");
+  s.mutable_resources()->set_hosts(2);
+  s.mutable_resources()->set_gpus_per_host(2);
+  auto job = manager_->Create(s);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  EXPECT_EQ(r->WaitStarted("across"), (std::vector<int>{0, 1}));
+  EXPECT_FALSE(manager_->ReserveHostPart("job-x rank 1", 2)) << "one GPU is free, not two";
+  EXPECT_EQ(manager_->ReserveHostPart("job-x rank 1", 1), std::vector<int>{2});
+  r->Release("across");
+  WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED);
+}
+
 }  // namespace
 }  // namespace offloadd::daemon

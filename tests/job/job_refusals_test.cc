@@ -114,8 +114,9 @@ TEST_F(JobRefusalsTest, ANulByteInAPathIsRefusedNotCut) {
   ExpectOnly(Validate(s), "dataset.paths[0]", "NUL byte");
 }
 
-// resources.hosts: as many hosts as the daemon's cluster has (itself and cluster.peers), one rank
-// per host; what the trainer does not build across hosts is refused before anything starts.
+// resources.hosts: as many hosts as the daemon's cluster has (itself and cluster.peers),
+// resources.gpus_per_host ranks on each (bounded as resources.gpus is); what the trainer does not
+// build across hosts is refused before anything starts.
 TEST_F(JobRefusalsTest, JobsAcrossHosts) {
   v1::JobSpec s = Spec();
   s.mutable_resources()->set_hosts(2);
@@ -123,8 +124,15 @@ TEST_F(JobRefusalsTest, JobsAcrossHosts) {
   node_.cluster_hosts = 2;
   EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
 
+  s.mutable_resources()->set_gpus_per_host(2);  // 2 CPU executors per host on 4 cores
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+  s.mutable_resources()->set_gpus_per_host(5);
+  ExpectOnly(Validate(s), "resources.gpus_per_host", "at most one CPU executor per core (4)");
   s.mutable_resources()->set_gpus_per_host(2);
-  ExpectOnly(Validate(s), "resources.gpus_per_host", "several GPUs per host across hosts");
+  s.mutable_training()->set_auto_find_batch_size(true);  // the trainer's data-parallel refusal
+  ExpectOnly(Validate(s), "training.per_device_train_batch_size",
+             "resources.hosts 2 x gpus_per_host 2");
+  s.mutable_training()->set_auto_find_batch_size(false);
   s.mutable_resources()->set_gpus_per_host(1);
   s.mutable_resources()->set_gpus(2);
   ExpectOnly(Validate(s), "resources.gpus", "a job across hosts sets resources.gpus_per_host");

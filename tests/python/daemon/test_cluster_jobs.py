@@ -119,17 +119,21 @@ def cluster(binary_dir, tmp_path):
         b.stop()
 
 
-def train_one_and_two_hosts(a: DaemonProcess, b: DaemonProcess, ws: pathlib.Path) -> list[str]:
-    """A one-host job and a two-host job (half the batch per host) through coordinator `a`; asserts
-    they train alike and returns the two-host job's log lines."""
+def train_one_and_two_hosts(a: DaemonProcess, b: DaemonProcess, ws: pathlib.Path,
+                            per_host: int = 1) -> list[str]:
+    """A one-host job of one rank and a two-host job of `per_host` ranks per host (the batch split
+    between the 2 x per_host ranks) through coordinator `a`; asserts they train alike and returns
+    the two-host job's log lines."""
     build_model(ws / "model", layers=2)
     write_pretokenized(ws / "data.jsonl", n=64)
     runs = {}
     with offloadd.Client(a.target) as c:
-        for name, hosts, batch in (("one", 1, 4), ("two", 2, 2)):
+        for name, hosts, batch in (("one", 1, 4), ("two", 2, 4 // (2 * per_host))):
             s = spec(ws, name, steps=6, save_steps=100)
             s["training"]["per_device_train_batch_size"] = batch
             s["resources"] = {"hosts": hosts}
+            if hosts > 1 and per_host > 1:
+                s["resources"]["gpus_per_host"] = per_host
             seen = []
             done = c.submit(s, wait=True, timeout=300, on_event=seen.append)
             assert done.state == S.JOB_STATE_SUCCEEDED, (done.error, logs(seen), b.log()[-3000:])
@@ -153,6 +157,18 @@ def test_a_job_across_two_daemons_trains_like_one_host(cluster, tmp_path):
     assert any(m.startswith("every host reserved its part (2 hosts)") for m in two_logs), two_logs
     assert any(m.startswith("host b: executor started") and " rank 1 " in m for m in two_logs), two_logs
     assert "reserved for a" in b.log(), b.log()
+
+
+def test_two_daemons_of_two_ranks_each_train_like_one_host(cluster, tmp_path):
+    """resources.gpus_per_host 2: each daemon starts two CPU ranks of its host (ranks numbered
+    host by host, as torchrun's), sharing that host's arena; the four train what one rank does."""
+    a, b = cluster
+    two_logs = train_one_and_two_hosts(a, b, tmp_path, per_host=2)
+    assert any(m.startswith("every host reserved its part (2 hosts)") for m in two_logs), two_logs
+    started = [m for m in two_logs if "executor started" in m]
+    here = sorted(m.split(" rank ")[1].split()[0] for m in started if not m.startswith("host b:"))
+    peer = sorted(m.split(" rank ")[1].split()[0] for m in started if m.startswith("host b:"))
+    assert (here, peer) == (["0", "1"], ["2", "3"]), started
 
 
 def test_two_daemons_in_two_network_namespaces(binary_dir, tmp_path, monkeypatch):
@@ -186,14 +202,20 @@ def test_two_daemons_in_two_network_namespaces(binary_dir, tmp_path, monkeypatch
         gen.close()
 
 
-def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path):
+def across_two_hosts(per_host: int) -> dict:
+    return {"hosts": 2, "gpus_per_host": per_host} if per_host > 1 else {"hosts": 2}
+
+
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path, per_host):
+    """With two ranks per host too: the peer's daemon and both its executors die at once."""
     a, b = cluster
     build_model(tmp_path / "model", layers=2)
     write_pretokenized(tmp_path / "data.jsonl", n=64)
     with offloadd.Client(a.target) as c:
         s = spec(tmp_path, "killed", steps=100000, save_steps=100000)
-        s["training"]["per_device_train_batch_size"] = 2
-        s["resources"] = {"hosts": 2}
+        s["training"]["per_device_train_batch_size"] = 2 // per_host
+        s["resources"] = across_two_hosts(per_host)
         job = c.create_job(s)
         events = Events(c, job.id)
         deadline = time.monotonic() + 120
@@ -220,16 +242,18 @@ def wait_for(c, job_id: str, states, bound: float = 120):
     return job
 
 
-def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path, per_host):
     """Pause checkpoints on both hosts (one partition each, committed by the coordinator's rank),
-    resume continues from partition 0's checkpoint on both, and cancel stops the peer's part too."""
+    resume continues from partition 0's checkpoint on both, and cancel stops the peer's part too;
+    with one rank per host and with two (each host's ranks stop together)."""
     a, b = cluster
     build_model(tmp_path / "model", layers=2)
     write_pretokenized(tmp_path / "data.jsonl", n=64)
     with offloadd.Client(a.target) as c:
         s = spec(tmp_path, "paused", steps=100000, save_steps=100000)
-        s["training"]["per_device_train_batch_size"] = 2
-        s["resources"] = {"hosts": 2}
+        s["training"]["per_device_train_batch_size"] = 2 // per_host
+        s["resources"] = across_two_hosts(per_host)
         job = c.create_job(s)
         events = Events(c, job.id)
         deadline = time.monotonic() + 120
@@ -255,7 +279,7 @@ def test_pause_resume_and_cancel_reach_the_peer(cluster, tmp_path):
         assert cancelled.state == S.JOB_STATE_CANCELLED, cancelled.error
     # Both parts of the peer ended (paused, then cancelled), and it holds nothing now.
     deadline = time.monotonic() + 30
-    while b.log().count(f"job {job.id} rank 1 ended: CANCELLED") < 2:
+    while b.log().count(f"job {job.id} host 1 ended: CANCELLED") < 2:
         assert time.monotonic() < deadline, b.log()[-3000:]
         time.sleep(0.2)
 
@@ -321,11 +345,17 @@ def test_what_is_not_built_across_hosts_is_refused_by_name(cluster, tmp_path):
     build_model(tmp_path / "model", layers=2)
     write_pretokenized(tmp_path / "data.jsonl", n=16)
     with offloadd.Client(a.target) as c:
-        for resources, field in (({"hosts": 3}, "resources.hosts"),
-                                 ({"hosts": 2, "gpus_per_host": 2}, "resources.gpus_per_host"),
-                                 ({"gpus_per_host": 2}, "resources.gpus_per_host")):
+        for resources, field, auto_batch in (
+                ({"hosts": 3}, "resources.hosts", False),
+                # More ranks per host than this node has cores (or GPUs).
+                ({"hosts": 2, "gpus_per_host": 4096}, "resources.gpus_per_host", False),
+                # The trainer's data-parallel refusals hold for the group across hosts too.
+                ({"hosts": 2, "gpus_per_host": 2}, "training.per_device_train_batch_size", True),
+                ({"gpus_per_host": 2}, "resources.gpus_per_host", False)):
             s = spec(tmp_path, "refused", steps=1, save_steps=100)
             s["resources"] = resources
+            if auto_batch:
+                s["training"]["auto_find_batch_size"] = True
             with pytest.raises(offloadd.OffloaddError) as e:
                 c.create_job(s)
             assert field in str(e.value), (resources, str(e.value))
