@@ -64,6 +64,9 @@ StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micr
       if (micro == 0) RETURN_IF_ERROR(options_.accounting->ReportPrevious());
       mb.loss_scale = options_.scaler->scale();
     }
+    if (b == n_ - 1 && options_.dp && mb.moe && mb.moe->aux_coef > 0) {
+      RETURN_IF_ERROR(ReduceRouterStats(mb));
+    }
     engine::Block& block = options_.model->block(b);
     options_.streams->BeginCompute("forward " + block.name());
     ASSIGN_OR_RETURN(
@@ -80,6 +83,17 @@ StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micr
     if (b < n_ - 1 - WeightResidency::kWindow) weights.Release(b);
   }
   return x.detach();
+}
+
+Status StepSchedule::ReduceRouterStats(engine::MicroBatch& mb) {
+  // Every sparse layer has run on every rank (the same layers: one model), so each rank issues
+  // this one all-reduce between its forward and its backward, in the step loop's order.
+  at::Tensor totals = mb.moe->Totals();
+  if (!totals.defined()) return OkStatus();
+  RETURN_IF_ERROR(options_.dp->AllReduceSum(totals));
+  mb.moe->SetGroupTotals(totals);
+  mb.moe->loss_share = 1.0 / static_cast<double>(options_.dp->world());
+  return OkStatus();
 }
 
 Status StepSchedule::Backward(const engine::MicroBatch& mb, uint32_t micro) {

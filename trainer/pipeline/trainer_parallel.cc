@@ -1,7 +1,9 @@
 // Trainer in a data-parallel group (docs/data_parallel.md): joining the group, the one
 // host optimizer (rank 0 creates it, the other ranks attach to its arena), the shared stop
-// decision between steps, and a resume on ranks > 0 (rank 0 restores the states).
+// decision between steps, a resume on ranks > 0 (rank 0 restores the states), and the ranks'
+// agreement on the automatic batch.
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 #include "trainer/state/checkpoint.h"
@@ -16,9 +18,11 @@ Status Trainer::Impl::StartGroup() {
   const std::string what = "data parallelism (" + std::to_string(p.world_size) + " ranks)";
   // What the group does not support yet is refused by name rather than run wrongly.
   if (cfg.lsp.enabled) return UnimplementedError(what + " with LSP compression is not built yet");
-  if (cfg.auto_batch_size) {
-    return UnimplementedError(what + " with per_device_train_batch_size auto is not built yet (each rank "
-                              "would price its own); give the micro-batch per rank");
+  if (cfg.auto_batch_size && p.hosts > 1) {
+    return UnimplementedError(
+        what +
+        " across hosts with per_device_train_batch_size auto is not built yet "
+        "(its pricing covers the ranks of one host); give the micro-batch per rank");
   }
   if ((cfg.offload.device_optimizer_blocks != 0 || cfg.offload.device_optimizer_share >= 0) &&
       cfg.offload.tier == StateTier::kNvme) {
@@ -37,9 +41,48 @@ Status Trainer::Impl::StartGroup() {
   Log(TrainObserver::Level::kInfo,
       "data parallel: rank " + std::to_string(dp->rank()) + " of " + std::to_string(dp->world()) +
           hosts + " (" + dp->backend_name() + ", " + p.rendezvous + ", " + device.str() +
-          "), micro-batch " + std::to_string(cfg.batch_size) + " per rank, group timeout " +
-          std::to_string(p.timeout_seconds) + " s");
+          "), micro-batch " +
+          (cfg.auto_batch_size ? std::string("auto") : std::to_string(cfg.batch_size)) +
+          " per rank, group timeout " + std::to_string(p.timeout_seconds) + " s");
   return OkStatus();
+}
+
+StatusOr<int> Trainer::Impl::ChooseGroupBatch(std::vector<BatchCandidate>* candidates) {
+  // The same candidates on every rank (one configuration); each priced them on its own GPU, up
+  // to the first that does not fit there: its largest fitting micro-batch says which fit.
+  int fits = 0;
+  for (const BatchCandidate& c : *candidates) {
+    if (c.feasible) fits = std::max(fits, c.micro);
+  }
+  RETURN_IF_ERROR(dp->Set("auto_batch/fits/" + std::to_string(dp->rank()), std::to_string(fits)));
+  const int count = static_cast<int>(candidates->size());
+  if (dp->rank() > 0) {
+    ASSIGN_OR_RETURN(const std::string choice, dp->Get("auto_batch/choice"));
+    if (choice.rfind("refused:", 0) == 0) {
+      return ResourceExhaustedError("rank 0 found " + choice.substr(sizeof("refused:") - 1));
+    }
+    const int i = std::atoi(choice.c_str());
+    if (i < 0 || i >= count || !(*candidates)[i].feasible) {
+      return InternalError("rank 0 chose candidate " + choice + " of " + std::to_string(count) +
+                           ", which this rank did not find to fit");
+    }
+    return i;
+  }
+  for (int r = 1; r < dp->world(); ++r) {
+    ASSIGN_OR_RETURN(const std::string v, dp->Get("auto_batch/fits/" + std::to_string(r)));
+    const int other = std::atoi(v.c_str());
+    for (BatchCandidate& c : *candidates) {
+      if (!c.feasible || c.micro <= other) continue;
+      c.feasible = false;
+      c.why_not = "rank " + std::to_string(r) + "'s GPU fits " +
+                  (other > 0 ? "micro-batch " + std::to_string(other) + " at most" : "none");
+    }
+  }
+  StatusOr<int> chosen = ChooseBatch(*candidates);
+  RETURN_IF_ERROR(dp->Set(
+      "auto_batch/choice",
+      chosen.ok() ? std::to_string(*chosen) : "refused:" + std::string(chosen.status().message())));
+  return chosen;
 }
 
 Status Trainer::Impl::CreateHostOptimizer(HostOptimizerOptions ho) {
