@@ -108,9 +108,7 @@ class Head final : public Block {
                                       saved ? &dn : nullptr, saved ? &dw : nullptr,
                                       HeadChunkBytes(), mb.loss_scale, softcap_);
     // The MoE load-balancing loss (its gradient is the sparse layers' backward's).
-    if (mb.moe && mb.moe->aux_coef > 0) {
-      loss = loss + mb.moe->AuxLoss() * (mb.moe->aux_coef * mb.moe->loss_share);
-    }
+    if (mb.moe && mb.moe->aux_coef > 0) loss = loss + mb.moe->AuxLoss() * mb.moe->aux_coef;
     if (saved) {
       *saved = {x};
       saved->insert(saved->end(), stats.begin(), stats.end());

@@ -64,35 +64,19 @@ std::string_view SaveModeName(SaveMode mode);
 // Mixture-of-experts router statistics of one micro-batch for transformers' load-balancing loss
 // (load_balancing_loss_func without an attention mask: every row of every sparse layer). Each
 // sparse layer's forward sets its entry (a recompute sets the same values again); the head adds
-// loss_share * aux_coef * AuxLoss() to the loss, and each sparse layer's backward adds the loss's
-// gradient (aux_coef * AuxProbGrad() per row).
-//
-// Data parallelism (each rank holds some rows of a global micro-batch): between the last sparse
-// layer's forward and the head, the ranks sum Totals() and SetGroupTotals() installs the sum, so
-// that AuxLoss and AuxProbGrad are the whole micro-batch's on every rank; loss_share is 1/world,
-// so the ranks' summed losses carry the loss once, while each row's gradient is whole (a row lives
-// on one rank and the gradients are summed).
+// aux_coef * AuxLoss() to the loss, and each sparse layer's backward adds the loss's gradient.
 struct MoeRouterStats {
   int64_t num_experts = 0;
   double aux_coef = 0;
-  double loss_share = 1;
-  // Per layer (undefined for dense layers): top-k assignments per expert and the routing
-  // probabilities summed over the rows, fp32 [E]; the rows.
+  // Per layer (undefined for dense layers; data parallel: one more, the other ranks' rows): top-k
+  // assignments per expert and the routing probabilities summed over the rows, fp32 [E]; rows.
   std::vector<at::Tensor> counts, prob_sums;
   std::vector<int64_t> rows;
   // E * sum_e (counts_e / R) * (prob_sums_e / R), R = all layers' rows; fp32 scalar (0 when no
-  // layer has run). Over the group's totals once SetGroupTotals has run.
+  // layer has run).
   at::Tensor AuxLoss() const;
   // d AuxLoss / d (one row's probability of expert e) = E * counts_e / R^2, fp32 [E].
   at::Tensor AuxProbGrad() const;
-  // Every sparse layer's statistics summed: fp64 [2E + 1] = (counts, probability sums, rows), on
-  // the statistics' device; undefined when no sparse layer has run.
-  at::Tensor Totals() const;
-  // `sum`: the group's sum of Totals() (same layout); AuxLoss and AuxProbGrad use it from now on.
-  void SetGroupTotals(const at::Tensor& sum);
-
- private:
-  at::Tensor group_counts_, group_probs_, group_rows_;  // fp32 [E], fp32 [E], fp64 [] once set
 };
 
 // Inputs shared by all blocks for one micro-batch; build it with Model::PrepareBatch.

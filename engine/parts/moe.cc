@@ -28,55 +28,28 @@
 
 namespace offloadd::engine {
 
-namespace {
-
-// Every sparse layer's statistics of `s` summed; `c` stays undefined when none has run.
-void SumLayers(const MoeRouterStats& s, at::Tensor* c, at::Tensor* p, double* rows) {
-  for (size_t l = 0; l < s.counts.size(); ++l) {
-    if (!s.counts[l].defined()) continue;
-    *c = c->defined() ? *c + s.counts[l] : s.counts[l];
-    if (p) *p = p->defined() ? *p + s.prob_sums[l] : s.prob_sums[l];
-    *rows += static_cast<double>(s.rows[l]);
-  }
-}
-
-}  // namespace
-
 at::Tensor MoeRouterStats::AuxLoss() const {
-  const auto e = static_cast<double>(num_experts);
-  if (group_rows_.defined()) {
-    return (group_counts_ / group_rows_ * (group_probs_ / group_rows_)).sum() * e;
-  }
   at::Tensor c, p;
   double rows = 0;
-  SumLayers(*this, &c, &p, &rows);
+  for (size_t l = 0; l < counts.size(); ++l) {
+    if (!counts[l].defined()) continue;
+    c = c.defined() ? c + counts[l] : counts[l];
+    p = p.defined() ? p + prob_sums[l] : prob_sums[l];
+    rows += static_cast<double>(this->rows[l]);
+  }
   if (!c.defined() || rows == 0) return at::zeros({}, at::kFloat);
-  return (c / rows * (p / rows)).sum() * e;
+  return (c / rows * (p / rows)).sum() * static_cast<double>(num_experts);
 }
 
 at::Tensor MoeRouterStats::AuxProbGrad() const {
-  const auto e = static_cast<double>(num_experts);
-  if (group_rows_.defined()) return group_counts_ * e / (group_rows_ * group_rows_);
   at::Tensor c;
   double rows = 0;
-  SumLayers(*this, &c, nullptr, &rows);
-  return c * (e / (rows * rows));
-}
-
-at::Tensor MoeRouterStats::Totals() const {
-  at::Tensor c, p;
-  double rows = 0;
-  SumLayers(*this, &c, &p, &rows);
-  if (!c.defined()) return at::Tensor();
-  // fp64: the counts and rows stay exact integers when summed over the ranks.
-  return at::cat(
-      {c.to(at::kDouble), p.to(at::kDouble), at::full({1}, rows, c.options().dtype(at::kDouble))});
-}
-
-void MoeRouterStats::SetGroupTotals(const at::Tensor& sum) {
-  group_counts_ = sum.narrow(0, 0, num_experts).to(at::kFloat);
-  group_probs_ = sum.narrow(0, num_experts, num_experts).to(at::kFloat);
-  group_rows_ = sum.select(0, 2 * num_experts);
+  for (size_t l = 0; l < counts.size(); ++l) {
+    if (!counts[l].defined()) continue;
+    c = c.defined() ? c + counts[l] : counts[l];
+    rows += static_cast<double>(this->rows[l]);
+  }
+  return c * (static_cast<double>(num_experts) / (rows * rows));
 }
 
 namespace parts {

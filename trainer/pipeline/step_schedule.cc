@@ -86,13 +86,31 @@ StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micr
 }
 
 Status StepSchedule::ReduceRouterStats(engine::MicroBatch& mb) {
-  // Every sparse layer has run on every rank (the same layers: one model), so each rank issues
-  // this one all-reduce between its forward and its backward, in the step loop's order.
-  at::Tensor totals = mb.moe->Totals();
-  if (!totals.defined()) return OkStatus();
-  RETURN_IF_ERROR(options_.dp->AllReduceSum(totals));
-  mb.moe->SetGroupTotals(totals);
-  mb.moe->loss_share = 1.0 / static_cast<double>(options_.dp->world());
+  // The load-balancing loss and its gradient are sums over the statistics' entries (one per
+  // sparse layer). This rank's sums, all-reduced, give the group's; the difference, the other
+  // ranks' rows, becomes one more entry, so that engine::MoeRouterStats::AuxLoss and AuxProbGrad
+  // are the global micro-batch's on every rank (a recompute in backward re-sets the layers' own
+  // entries to the same values and leaves it in place). Every rank issues this one all-reduce
+  // between its forward and its backward, in the step loop's order.
+  engine::MoeRouterStats& s = *mb.moe;
+  at::Tensor c, p;
+  int64_t rows = 0;
+  for (size_t l = 0; l < s.counts.size(); ++l) {
+    if (!s.counts[l].defined()) continue;
+    c = c.defined() ? c + s.counts[l] : s.counts[l];
+    p = p.defined() ? p + s.prob_sums[l] : s.prob_sums[l];
+    rows += s.rows[l];
+  }
+  if (!c.defined()) return OkStatus();
+  // fp64: the counts stay exact integers when summed over the ranks.
+  const at::Tensor local = at::cat({c.to(at::kDouble), p.to(at::kDouble)});
+  at::Tensor group = local.clone();
+  RETURN_IF_ERROR(options_.dp->AllReduceSum(group));
+  const at::Tensor rest = group - local;
+  s.counts.push_back(rest.narrow(0, 0, s.num_experts).to(at::kFloat));
+  s.prob_sums.push_back(rest.narrow(0, s.num_experts, s.num_experts).to(at::kFloat));
+  // Every rank holds the same number of rows of the global micro-batch, of the same length.
+  s.rows.push_back(rows * (options_.dp->world() - 1));
   return OkStatus();
 }
 

@@ -102,8 +102,8 @@ class StepSchedule {
                                      const at::Tensor& grad_out, const at::Tensor& grads,
                                      at::Tensor* tied_grad);
   Status HandOff(int b, uint32_t micro, const at::Tensor& grads);
-  // Data parallel, before the head: the group's sums of mb's router statistics replace this
-  // rank's, so the load-balancing loss and its gradient are the global micro-batch's.
+  // Data parallel, before the head: the other ranks' router statistics join mb's, so that the
+  // load-balancing loss and its gradient are the global micro-batch's.
   Status ReduceRouterStats(engine::MicroBatch& mb);
   // Data parallel: the group's sum of block b's gradients, reduce-scattered; this rank's shard
   // goes into [rank x shard, ...) of the staging buffer, with its ||g||^2 for rank 0's decision.
