@@ -128,7 +128,7 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
   const double weight_read = 2.0 * in.nvme_weight_reads * in.nvme_weight_params;
   const double weight_write = 2.0 * in.nvme_weight_params;
   c.host_s = (cpu_params * in.host_bytes_per_param + 24.0 * in.nvme_params + weight_read +
-              weight_write + in.host_copies * (h2d + d2h)) /
+              weight_write + h2d + d2h) /
              in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;

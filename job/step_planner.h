@@ -62,9 +62,6 @@ struct PlanInputs {
   double cpu_params_per_s_during_dma = 0;  // 0: not measured (the rate alone throughout)
   double h2d_bytes_per_s = 0;
   double d2h_bytes_per_s = 0;
-  // Data parallel: the ranks of this host, each copying its own h2d_bytes and d2h_bytes (its
-  // shard of the gradients) through the one host memory over its own link.
-  double host_copies = 1;
   // Model constants (ApplyParamTraffic derives them from the arena's layout).
   double host_bytes_per_param = 26;  // bf16 grad in, fp32 master/m/v read and written
   double h2d_saved_per_param = 8;    // a placed block's weights stay on the GPU (2 fp32 uploads)

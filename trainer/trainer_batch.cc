@@ -24,6 +24,7 @@
 #include "engine/head_chunk_size.h"
 #include "engine/parts.h"
 #include "job/working_set.h"
+#include "trainer/pipeline/group_batch.h"
 #include "trainer/state/checkpoint.h"
 #include "trainer/trainer_impl.h"
 
@@ -597,7 +598,6 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
     in.d2h_bytes = A * static_cast<double>(elem) * params / world() +
                    A * static_cast<double>(mem.offloaded_bytes);
   }
-  in.host_copies = ranks_per_host();
   in.host_bytes_per_s = prof.host_bytes_per_s;
   in.cpu_params_per_s = prof.cpu_params_per_s;
   in.cpu_params_per_s_during_dma = std::min(prof.cpu_params_per_s_during_dma, prof.cpu_params_per_s);
@@ -675,7 +675,7 @@ Status Trainer::Impl::ChooseBatchSize() {
     ASSIGN_OR_RETURN(c, PriceBatch(c.micro, c.accumulation, prof));
     if (!c.feasible) over = std::to_string(c.micro);
   }
-  StatusOr<int> chosen = dp ? ChooseGroupBatch(&candidates) : ChooseBatch(candidates);
+  StatusOr<int> chosen = dp ? ChooseGroupBatch(dp.get(), &candidates) : ChooseBatch(candidates);
   if (!chosen.ok()) {
     if (chosen.status().code() != StatusCode::kResourceExhausted) return chosen.status();
     return ResourceExhaustedError("per_device_train_batch_size auto: " + std::string(chosen.status().message()) +

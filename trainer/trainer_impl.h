@@ -303,10 +303,6 @@ struct Trainer::Impl {
   // per_device_train_batch_size auto (job/batch_planner.h): sets cfg.batch_size and
   // cfg.gradient_accumulation_steps before anything is sized by them.
   Status ChooseBatchSize();
-  // Data parallel: every rank has priced `candidates` on its own GPU; returns the index rank 0
-  // chooses among those that fit on every rank (job/batch_planner.h ChooseBatch), which every
-  // rank receives.
-  StatusOr<int> ChooseGroupBatch(std::vector<BatchCandidate>* candidates);
   // seq: tokens per row priced (0: SeqLength()); `basis` (may be null) gets where the GPU work's
   // figures came from; memory_seq: the row length the GPU memory is sized for (0: SeqLength(), the
   // longest row a job of records of varying length may meet).

@@ -1,9 +1,7 @@
 // Trainer in a data-parallel group (docs/data_parallel.md): joining the group, the one
 // host optimizer (rank 0 creates it, the other ranks attach to its arena), the shared stop
-// decision between steps, a resume on ranks > 0 (rank 0 restores the states), and the ranks'
-// agreement on the automatic batch.
+// decision between steps, and a resume on ranks > 0 (rank 0 restores the states).
 #include <algorithm>
-#include <cstdlib>
 #include <sstream>
 
 #include "trainer/state/checkpoint.h"
@@ -45,44 +43,6 @@ Status Trainer::Impl::StartGroup() {
           (cfg.auto_batch_size ? std::string("auto") : std::to_string(cfg.batch_size)) +
           " per rank, group timeout " + std::to_string(p.timeout_seconds) + " s");
   return OkStatus();
-}
-
-StatusOr<int> Trainer::Impl::ChooseGroupBatch(std::vector<BatchCandidate>* candidates) {
-  // The same candidates on every rank (one configuration); each priced them on its own GPU, up
-  // to the first that does not fit there: its largest fitting micro-batch says which fit.
-  int fits = 0;
-  for (const BatchCandidate& c : *candidates) {
-    if (c.feasible) fits = std::max(fits, c.micro);
-  }
-  RETURN_IF_ERROR(dp->Set("auto_batch/fits/" + std::to_string(dp->rank()), std::to_string(fits)));
-  const int count = static_cast<int>(candidates->size());
-  if (dp->rank() > 0) {
-    ASSIGN_OR_RETURN(const std::string choice, dp->Get("auto_batch/choice"));
-    if (choice.rfind("refused:", 0) == 0) {
-      return ResourceExhaustedError("rank 0 found " + choice.substr(sizeof("refused:") - 1));
-    }
-    const int i = std::atoi(choice.c_str());
-    if (i < 0 || i >= count || !(*candidates)[i].feasible) {
-      return InternalError("rank 0 chose candidate " + choice + " of " + std::to_string(count) +
-                           ", which this rank did not find to fit");
-    }
-    return i;
-  }
-  for (int r = 1; r < dp->world(); ++r) {
-    ASSIGN_OR_RETURN(const std::string v, dp->Get("auto_batch/fits/" + std::to_string(r)));
-    const int other = std::atoi(v.c_str());
-    for (BatchCandidate& c : *candidates) {
-      if (!c.feasible || c.micro <= other) continue;
-      c.feasible = false;
-      c.why_not = "rank " + std::to_string(r) + "'s GPU fits " +
-                  (other > 0 ? "micro-batch " + std::to_string(other) + " at most" : "none");
-    }
-  }
-  StatusOr<int> chosen = ChooseBatch(*candidates);
-  RETURN_IF_ERROR(dp->Set(
-      "auto_batch/choice",
-      chosen.ok() ? std::to_string(*chosen) : "refused:" + std::string(chosen.status().message())));
-  return chosen;
 }
 
 Status Trainer::Impl::CreateHostOptimizer(HostOptimizerOptions ho) {
