@@ -59,8 +59,7 @@ class StepSchedule {
     // LSP mode (may be empty): what goes into a compressed weight's slot instead of its gradient.
     std::function<at::Tensor(const ParamSlot&, const at::Tensor&)> compress;
     // Data parallel (may be null): each block's gradients are reduce-scattered over the group and
-    // this rank's shard lands in its part of the shared staging buffer (HandOffShard); the MoE
-    // router statistics are all-reduced before the head (ReduceRouterStats).
+    // this rank's shard lands in its part of the shared staging buffer (HandOffShard).
     DataParallel* dp = nullptr;
     // ZeRO-1 across hosts (with dp): the ranks of one host (this many, numbered host by host;
     // 0: the whole group is one host) share a host optimizer that holds their shards of each
@@ -102,9 +101,6 @@ class StepSchedule {
                                      const at::Tensor& grad_out, const at::Tensor& grads,
                                      at::Tensor* tied_grad);
   Status HandOff(int b, uint32_t micro, const at::Tensor& grads);
-  // Data parallel, before the head: the other ranks' router statistics join mb's, so that the
-  // load-balancing loss and its gradient are the global micro-batch's.
-  Status ReduceRouterStats(engine::MicroBatch& mb);
   // Data parallel: the group's sum of block b's gradients, reduce-scattered; this rank's shard
   // goes into [rank x shard, ...) of the staging buffer, with its ||g||^2 for rank 0's decision.
   Status HandOffShard(int b, uint32_t micro);
