@@ -17,7 +17,9 @@ StatusOr<int> ChooseGroupBatch(DataParallel* dp, std::vector<BatchCandidate>* ca
   RETURN_IF_ERROR(dp->Set("auto_batch/fits/" + std::to_string(dp->rank()), std::to_string(fits)));
   const int count = static_cast<int>(candidates->size());
   if (dp->rank() > 0) {
-    ASSIGN_OR_RETURN(const std::string choice, dp->Get("auto_batch/choice"));
+    StatusOr<std::string> got = dp->Get("auto_batch/choice");
+    RETURN_IF_ERROR(got.status());
+    const std::string choice = *std::move(got);
     if (choice.rfind("refused:", 0) == 0) {
       return ResourceExhaustedError("rank 0 found " + choice.substr(sizeof("refused:") - 1));
     }
