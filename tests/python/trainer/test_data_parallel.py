@@ -143,12 +143,10 @@ def test_automatic_batch_with_two_cpu_ranks(binary_dir, tmp_path):
     data = write_pretokenized(tmp_path / "data.jsonl")
     auto, fixed = tmp_path / "auto", tmp_path / "fixed"
     r = run_train(binary_dir, args(model, data, auto, batch="auto:4", extra=["--gpus=2"]))
-    lines = [l for l in r.stderr.splitlines() if "batch size (auto" in l]
-    assert len(lines) == 2, r.stderr  # one per rank
-    lead = next(l for l in lines if "2 ranks; tokens/s of the group" in l)
-    follow = next(l for l in lines if "2 ranks; rank 0's choice, this rank's prices" in l)
+    # Rank 0 logs the choice (the other ranks log warnings only); their steps prove they took it.
+    lead = next(l for l in r.stderr.splitlines() if "batch size (auto" in l)
+    assert "micro-batch at most 4 per rank, 2 ranks; tokens/s of the group" in lead, lead
     shape = re.search(r"\): micro-batch (\d+) x (\d+) accumulation", lead)
-    assert shape and shape.group(0) in follow, (lead, follow)
     micro, acc = int(shape.group(1)), int(shape.group(2))
     assert set(re.findall(r"(\d+x\d+): ", lead)) == {"1x1", "2x1", "4x1"}, lead  # up to the cap
     run_train(binary_dir, args(model, data, fixed, batch=micro, accum=acc, extra=["--gpus=2"]))
