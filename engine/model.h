@@ -68,8 +68,8 @@ std::string_view SaveModeName(SaveMode mode);
 struct MoeRouterStats {
   int64_t num_experts = 0;
   double aux_coef = 0;
-  // Per layer (undefined for dense layers): top-k assignments per expert and the routing
-  // probabilities summed over the rows, fp32 [E]; the rows.
+  // Per layer (undefined for dense layers; data parallel: one more, the other ranks' rows): top-k
+  // assignments per expert and the routing probabilities summed over the rows, fp32 [E]; rows.
   std::vector<at::Tensor> counts, prob_sums;
   std::vector<int64_t> rows;
   // E * sum_e (counts_e / R) * (prob_sums_e / R), R = all layers' rows; fp32 scalar (0 when no

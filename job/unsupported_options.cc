@@ -115,10 +115,10 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
       out.push_back(
           {"resources.gpus", group + " with compression.type lsp is not built yet; use one GPU"});
     }
-    if (auto_batch) {
+    if (auto_batch && across_hosts) {  // one host's ranks agree on rank 0's choice
       out.push_back({"training.per_device_train_batch_size",
                      "auto with " + group +
-                         " is not built yet (each rank would price its own); give the "
+                         " is not built yet (its pricing covers the ranks of one host); give the "
                          "micro-batch per rank"});
     }
     if (nvme_states && opt.has_ratio() && !across_hosts) {  // across hosts: CheckHosts

@@ -158,13 +158,18 @@ Status Trainer::Impl::RunStep() {
     ASSIGN_OR_RETURN(engine::MicroBatch mb,
                      Prepare(*model, batches.micro[a], batches.trained_tokens, dtype, &flops));
     if (a == 0 && lsp && lsp->CheckDue(k)) RETURN_IF_ERROR(CheckProjectors(k, mb));
-    // Data parallel: each rank's load-balancing loss over its rows, averaged over the ranks as
-    // DDP averages transformers' per-rank losses.
-    if (dp && mb.moe) mb.moe->aux_coef /= static_cast<double>(dp->world());
     ASSIGN_OR_RETURN(at::Tensor loss, schedule->Forward(mb, a));
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss.clone();
     if (mb.moe) {
       at::Tensor aux = mb.moe->AuxLoss() * mb.moe->aux_coef;
+      if (dp) {
+        // Every rank's head added the global micro-batch's load-balancing loss (the schedule
+        // joined the group's router statistics); the ranks' losses are summed below, so each
+        // keeps 1/world of it.
+        const double share = 1.0 / static_cast<double>(dp->world());
+        loss_sum = loss_sum - aux * (1.0 - share);
+        aux = aux * share;
+      }
       aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
     }
     if (a == 0) RETURN_IF_ERROR(BeginUpdates(k));

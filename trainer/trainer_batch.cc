@@ -24,6 +24,7 @@
 #include "engine/head_chunk_size.h"
 #include "engine/parts.h"
 #include "job/working_set.h"
+#include "trainer/pipeline/group_batch.h"
 #include "trainer/state/checkpoint.h"
 #include "trainer/trainer_impl.h"
 
@@ -593,8 +594,9 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
     const double upload = in.h2d_saved_per_param / (mem.resident ? 1.0 : 2 * A);
     in.h2d_bytes = (mem.resident ? 1.0 : 2 * A) * upload * params +
                    A * static_cast<double>(mem.offloaded_bytes);
-    in.d2h_bytes =
-        A * static_cast<double>(elem) * params + A * static_cast<double>(mem.offloaded_bytes);
+    // Data parallel: a rank copies out its reduce-scattered shard of the gradients.
+    in.d2h_bytes = A * static_cast<double>(elem) * params / world() +
+                   A * static_cast<double>(mem.offloaded_bytes);
   }
   in.host_bytes_per_s = prof.host_bytes_per_s;
   in.cpu_params_per_s = prof.cpu_params_per_s;
@@ -607,7 +609,8 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
   if (in.held_updates && cuda) SetHeldTails(&in, blocks.head_forward);
   if (!cuda) in.budget_bytes = std::numeric_limits<int64_t>::max() / 4;
   ASSIGN_OR_RETURN(cand.plan, SolvePlan(in));
-  cand.tokens_per_s = CandidateTokensPerSecond(cand, T);
+  // Data parallel: every rank trains its own micro-batches in the step (the group's rate).
+  cand.tokens_per_s = CandidateTokensPerSecond(cand, T) * world();
   if (moe != nullptr) {
     // What each upload moves per parameter, as the H2D term above prices it.
     const double uploads = mem.resident ? 1.0 : 2 * A;
@@ -672,17 +675,23 @@ Status Trainer::Impl::ChooseBatchSize() {
     ASSIGN_OR_RETURN(c, PriceBatch(c.micro, c.accumulation, prof));
     if (!c.feasible) over = std::to_string(c.micro);
   }
-  auto chosen = ChooseBatch(candidates);
+  StatusOr<int> chosen = dp ? ChooseGroupBatch(dp.get(), &candidates) : ChooseBatch(candidates);
   if (!chosen.ok()) {
+    if (chosen.status().code() != StatusCode::kResourceExhausted) return chosen.status();
     return ResourceExhaustedError("per_device_train_batch_size auto: " + std::string(chosen.status().message()) +
                                   "; raise gpu_memory_limit or lower max_seq_length");
   }
   const BatchCandidate& c = candidates[*chosen];
+  const std::string group = !dp               ? ""
+                            : dp->rank() == 0 ? " per rank, " + std::to_string(dp->world()) +
+                                                    " ranks; tokens/s of the group"
+                                              : " per rank, " + std::to_string(dp->world()) +
+                                                    " ranks; rank 0's choice, this rank's prices";
   Log(TrainObserver::Level::kInfo,
       "batch size (auto" +
           (cfg.global_batch_size > 0 ? ", train_batch_size " + std::to_string(cfg.global_batch_size)
                                      : ", micro-batch at most " + std::to_string(cap)) +
-          "): " + DescribeBatchChoice(candidates, *chosen, SeqLength()) +
+          group + "): " + DescribeBatchChoice(candidates, *chosen, SeqLength()) +
           "; the step planner re-prices the placement with measured figures after the first steps");
   cfg.batch_size = c.micro;
   cfg.gradient_accumulation_steps = c.accumulation;

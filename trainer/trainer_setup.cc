@@ -96,8 +96,9 @@ Status Trainer::Impl::Setup() {
   }
   {
     PhaseTimer t(this, 3);
-    RETURN_IF_ERROR(ChooseBatchSize());
+    // The group first: with data parallelism the ranks agree on the automatic batch.
     RETURN_IF_ERROR(StartGroup());
+    RETURN_IF_ERROR(ChooseBatchSize());
   }
   {
     PhaseTimer t(this, 2);
@@ -328,18 +329,6 @@ Status Trainer::Impl::LoadModel() {
   lo.random_seed = cfg.seed;
   ASSIGN_OR_RETURN(model, engine::Model::Load(cfg.model_dir, lo));
   RETURN_IF_ERROR(engine::DropoutProblem(model->config(), cfg.dropout_disabled));
-  // The load-balancing loss is a product of whole-batch router statistics: with several ranks
-  // each would compute it over its own rows, which is not the one-rank result data parallelism
-  // promises (the statistics would have to be all-reduced between forward and backward).
-  const engine::MoeConfig& moe = model->config().moe;
-  if (cfg.parallel.world_size > 1 && moe.output_router_logits && moe.router_aux_loss_coef > 0) {
-    std::ostringstream coef;
-    coef << moe.router_aux_loss_coef;
-    return UnimplementedError(
-        "config.json output_router_logits true (router_aux_loss_coef " + coef.str() +
-        ") with data parallelism: each rank would add the load-balancing loss of its own rows, "
-        "not the global batch's; set output_router_logits false or train on one rank");
-  }
   model->AssumePlacement(device, dtype);
   n = model->num_blocks();
   layout.resize(n);

@@ -49,6 +49,40 @@ void StepSchedule::BeginStep(int64_t step) {
   std::fill(checkpoint_ticket_.begin(), checkpoint_ticket_.end(), 0);
 }
 
+namespace {
+
+// Data parallel, before the head: the other ranks' router statistics join `s`, so that the
+// load-balancing loss and its gradient are the global micro-batch's.
+Status JoinGroupRouterStats(DataParallel& dp, engine::MoeRouterStats& s) {
+  // The load-balancing loss and its gradient are sums over the statistics' entries (one per
+  // sparse layer). This rank's sums, all-reduced, give the group's; the difference, the other
+  // ranks' rows, becomes one more entry, so that engine::MoeRouterStats::AuxLoss and AuxProbGrad
+  // are the global micro-batch's on every rank (a recompute in backward re-sets the layers' own
+  // entries to the same values and leaves it in place). Every rank issues this one all-reduce
+  // between its forward and its backward, in the step loop's order.
+  at::Tensor c, p;
+  int64_t rows = 0;
+  for (size_t l = 0; l < s.counts.size(); ++l) {
+    if (!s.counts[l].defined()) continue;
+    c = c.defined() ? c + s.counts[l] : s.counts[l];
+    p = p.defined() ? p + s.prob_sums[l] : s.prob_sums[l];
+    rows += s.rows[l];
+  }
+  if (!c.defined()) return OkStatus();
+  // fp64: the counts stay exact integers when summed over the ranks.
+  const at::Tensor local = at::cat({c.to(at::kDouble), p.to(at::kDouble)});
+  at::Tensor group = local.clone();
+  RETURN_IF_ERROR(dp.AllReduceSum(group));
+  const at::Tensor rest = group - local;
+  s.counts.push_back(rest.narrow(0, 0, s.num_experts).to(at::kFloat));
+  s.prob_sums.push_back(rest.narrow(0, s.num_experts, s.num_experts).to(at::kFloat));
+  // Every rank holds the same number of rows of the global micro-batch, of the same length.
+  s.rows.push_back(rows * (dp.world() - 1));
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micro) {
   WeightResidency& weights = *options_.weights;
   // The first forward of step k uses each block as updated by step k-1: no stale weights.
@@ -63,6 +97,9 @@ StatusOr<at::Tensor> StepSchedule::Forward(engine::MicroBatch& mb, uint32_t micr
       // k-1's overflow check is done (its updates are: this forward waited for each of them).
       if (micro == 0) RETURN_IF_ERROR(options_.accounting->ReportPrevious());
       mb.loss_scale = options_.scaler->scale();
+    }
+    if (b == n_ - 1 && options_.dp && mb.moe && mb.moe->aux_coef > 0) {
+      RETURN_IF_ERROR(JoinGroupRouterStats(*options_.dp, *mb.moe));
     }
     engine::Block& block = options_.model->block(b);
     options_.streams->BeginCompute("forward " + block.name());

@@ -16,9 +16,11 @@ Status Trainer::Impl::StartGroup() {
   const std::string what = "data parallelism (" + std::to_string(p.world_size) + " ranks)";
   // What the group does not support yet is refused by name rather than run wrongly.
   if (cfg.lsp.enabled) return UnimplementedError(what + " with LSP compression is not built yet");
-  if (cfg.auto_batch_size) {
-    return UnimplementedError(what + " with per_device_train_batch_size auto is not built yet (each rank "
-                              "would price its own); give the micro-batch per rank");
+  if (cfg.auto_batch_size && p.hosts > 1) {
+    return UnimplementedError(
+        what +
+        " across hosts with per_device_train_batch_size auto is not built yet "
+        "(its pricing covers the ranks of one host); give the micro-batch per rank");
   }
   if ((cfg.offload.device_optimizer_blocks != 0 || cfg.offload.device_optimizer_share >= 0) &&
       cfg.offload.tier == StateTier::kNvme) {
@@ -37,8 +39,9 @@ Status Trainer::Impl::StartGroup() {
   Log(TrainObserver::Level::kInfo,
       "data parallel: rank " + std::to_string(dp->rank()) + " of " + std::to_string(dp->world()) +
           hosts + " (" + dp->backend_name() + ", " + p.rendezvous + ", " + device.str() +
-          "), micro-batch " + std::to_string(cfg.batch_size) + " per rank, group timeout " +
-          std::to_string(p.timeout_seconds) + " s");
+          "), micro-batch " +
+          (cfg.auto_batch_size ? std::string("auto") : std::to_string(cfg.batch_size)) +
+          " per rank, group timeout " + std::to_string(p.timeout_seconds) + " s");
   return OkStatus();
 }
 

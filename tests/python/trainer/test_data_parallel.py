@@ -7,6 +7,7 @@ Tolerances are the CPU parity tests' (test_pipeline_parity.py): per-step loss |d
 final weights max |diff| <= 2e-5 (fp32). The two runs differ only in summation order: two half-
 batch matmuls summed by Gloo instead of one whole-batch matmul."""
 
+import re
 import socket
 import subprocess
 
@@ -121,7 +122,6 @@ def test_ranks_started_apart_meet_over_tcp(binary_dir, tmp_path):
 @pytest.mark.parametrize("extra,named", [
     (["--compression=lsp"], "LSP"),
     (["--device-optimizer-blocks=1", "--tier=nvme", "--nvme-dir=/tmp"], "NVMe tier"),
-    (["--batch-size=auto"], "per_device_train_batch_size auto"),
     (["--rendezvous=nowhere://x", "--rank=0", "--world-size=2"], "rendezvous must be"),
 ])
 def test_unsupported_settings_are_refused_by_name(binary_dir, tmp_path, extra, named):
@@ -132,6 +132,25 @@ def test_unsupported_settings_are_refused_by_name(binary_dir, tmp_path, extra, n
     r = run_train(binary_dir, [*a, *extra, *group], check=False, timeout=120)
     assert r.returncode != 0
     assert named in r.stderr, r.stderr
+
+
+def test_automatic_batch_with_two_cpu_ranks(binary_dir, tmp_path):
+    """--batch-size=auto with --gpus=2: each rank prices the candidates on its own device (its own
+    budget), rank 0 chooses among those that fit every rank at the group's tokens/s, and every rank
+    trains that shape: the run equals a fixed two-rank run of the chosen micro-batch and
+    accumulation (the same global batches; test_data_parallel's bounds)."""
+    model = build_model(tmp_path / "model", layers=2)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+    auto, fixed = tmp_path / "auto", tmp_path / "fixed"
+    r = run_train(binary_dir, args(model, data, auto, batch="auto:4", extra=["--gpus=2"]))
+    # Rank 0 logs the choice (the other ranks log warnings only); their steps prove they took it.
+    lead = next(l for l in r.stderr.splitlines() if "batch size (auto" in l)
+    assert "micro-batch at most 4 per rank, 2 ranks; tokens/s of the group" in lead, lead
+    shape = re.search(r"\): micro-batch (\d+) x (\d+) accumulation", lead)
+    micro, acc = int(shape.group(1)), int(shape.group(2))
+    assert set(re.findall(r"(\d+x\d+): ", lead)) == {"1x1", "2x1", "4x1"}, lead  # up to the cap
+    run_train(binary_dir, args(model, data, fixed, batch=micro, accum=acc, extra=["--gpus=2"]))
+    assert_close_runs(auto, fixed)
 
 
 def test_fp16_overflow_decisions_are_global(binary_dir, tmp_path):

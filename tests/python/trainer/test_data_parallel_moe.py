@@ -12,10 +12,15 @@ Two experts of layer 0 are steered by their router (below):
     their sum is the whole batch's gradient, and in the other steps that expert's rows get a zero
     gradient on both ranks and AdamW decays them, as on one rank (test_moe.py checks one rank
     against transformers).
-The load-balancing loss (output_router_logits) is refused with several ranks, by name: it is a
-product of whole-batch router statistics, and each rank would compute it over its own rows (as
-transformers under DDP does), which is not one rank's result (measured on this model with
-coefficient 0.05: step 1's loss 2.1e-4 apart)."""
+The load-balancing loss (output_router_logits) is exact too: it is a product of whole-micro-batch
+router statistics (per expert, the top-k assignments and the summed probabilities, over every row
+of every sparse layer), so each rank sums its rows' and the group all-reduces them between the
+forward and the head; every rank then holds the global micro-batch's loss and its gradient per
+row (transformers under DDP instead averages each rank's loss over its own rows: measured on this
+model with coefficient 0.05, step 1's loss 2.1e-4 apart). With gradient accumulation the engine,
+like transformers' Trainer, adds router_aux_loss_coef x the loss of each micro-batch (forward
+call) over that micro-batch's rows, summed over the step's micro-batches; with ranks, a
+micro-batch's rows are the union of the ranks' halves of it, so the sum is the one rank's."""
 
 import json
 import random
@@ -143,11 +148,50 @@ def test_moe_two_cpu_ranks_equal_one_rank_on_the_whole_batch(binary_dir, tmp_pat
                 assert moved.max() > 0, name
 
 
-def test_moe_load_balancing_loss_with_ranks_is_refused(binary_dir, tmp_path):
+def transformers_aux(model_dir, micro_batches):
+    """transformers' router_aux_loss_coef x load_balancing_loss_func per micro-batch (float64, its
+    eager experts loop; no attention mask, as the engine), and the same over each half of its rows
+    averaged (what two ranks would each compute over their own rows)."""
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
+                                                            attn_implementation="eager",
+                                                            experts_implementation="eager")
+    coef = ref.config.router_aux_loss_coef
+    whole, halves = [], []
+    with torch.no_grad():
+        for mb in micro_batches:
+            ids = torch.tensor(mb["input_ids"]).view(mb["batch"], mb["seq"])
+            pos = torch.tensor(mb["position_ids"]).view(mb["batch"], mb["seq"])
+
+            def aux(r):
+                return coef * ref(input_ids=ids[r], position_ids=pos[r], output_router_logits=True).aux_loss.item()
+
+            h = mb["batch"] // 2
+            whole.append(aux(slice(None)))
+            halves.append((aux(slice(0, h)) + aux(slice(h, None))) / 2)
+    return whole, halves
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_moe_load_balancing_loss_with_two_ranks_equals_one_rank(binary_dir, tmp_path, accum):
     model = build_moe_model(tmp_path / "model", packed=False, aux=0.05)
     data = write_data(tmp_path / "data.jsonl")
-    r = run_train(binary_dir, args(model, data, tmp_path / "out", batch=2, extra=["--gpus=2"]), check=False,
-                  timeout=120)
-    assert r.returncode != 0
-    assert "output_router_logits true (router_aux_loss_coef 0.05" in r.stderr, r.stderr
-    assert "with data parallelism" in r.stderr, r.stderr
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(binary_dir, args(model, data, one, batch=4, accum=accum,
+                               extra=[f"--dump-batches={one}/batches.json"]))
+    r = run_train(binary_dir, args(model, data, two, batch=2, accum=accum, extra=["--gpus=2"]))
+    assert "data parallel: rank 0 of 2 (gloo" in r.stderr
+    assert_close_runs(one, two)  # losses (the aux loss included) and final weights
+    s1, s2 = read_stats(one / "stats.jsonl"), read_stats(two / "stats.jsonl")
+    for x, y in zip(s1, s2):  # part of the loss: within its bound, and not zero
+        assert x["aux_loss"] > 0 and abs(x["aux_loss"] - y["aux_loss"]) <= 1e-5, (x["step"], x["aux_loss"], y["aux_loss"])
+    # Step 1 (the checkpoint's weights) against transformers on the whole global micro-batches,
+    # one aux loss per micro-batch (forward call), summed over the step's. The bound is the per-step
+    # loss bound above (1e-5; the aux loss is part of the loss), here against float64.
+    step1 = json.loads((one / "batches.json").read_text())[0]
+    assert len(step1) == accum
+    whole, halves = transformers_aux(model, step1)
+    for ours in (s1[0]["aux_loss"], s2[0]["aux_loss"]):
+        assert abs(ours - sum(whole)) <= 1e-5, (ours, whole)
+    # Each rank's aux loss over its own rows (transformers under DDP) is not within it: this test
+    # tells the two apart.
+    assert max(abs(h - w) for h, w in zip(halves, whole)) > 10 * 1e-5, (halves, whole)
