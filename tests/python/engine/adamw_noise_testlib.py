@@ -13,6 +13,8 @@ Satterthwaite degrees of freedom of |e|^2 = sum_i e_i^2)."""
 
 import torch
 
+from families_testlib import state_as_checkpoint
+
 
 class GradientRecorder:
     """Records, per parameter name, every optimizer step's gradient as AdamW sees it (after
@@ -91,3 +93,15 @@ def effective_count(truth: GradientRecorder, low: GradientRecorder, name: str,
 def bound(k_eff: float) -> float:
     """The per-tensor bound on |w_off - w64| / |w_hf - w64| (docs/parity_bounds.md)."""
     return 1.25 + 4 / k_eff ** 0.5
+
+
+def effective_counts_as_checkpoint(model, truth: GradientRecorder, low: GradientRecorder, tmp,
+                                   device="cpu") -> dict:
+    """{checkpoint tensor name: k_eff}: each parameter's k_eff under the names save_pretrained
+    writes (its key mapping, e.g. Gemma 3's language_model.*); `model`'s parameters are
+    overwritten. A parameter without a gradient (a vision tower) counts all its elements."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            k = effective_count(truth, low, name, device) if name in truth.grads else p.numel()
+            p.fill_(k)
+    return {n: t.flatten()[0].item() for n, t in state_as_checkpoint(model, tmp).items()}

@@ -87,6 +87,8 @@ import math
 import pytest
 import torch
 
+from adamw_noise_testlib import GradientRecorder, effective_counts_as_checkpoint
+from adamw_noise_testlib import bound as k_eff_bound
 from families_testlib import (VARIANTS, build_variant, load_checkpoint, reference_model,
                               run_reference, run_reference_low, state_as_checkpoint, write_data)
 from pipeline_testlib import read_stats, run_train
@@ -134,14 +136,17 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
     init = load_checkpoint(model)
 
     truth = reference_model(model, torch.float64, "cuda")
-    loss64 = run_reference(truth, batches, **OPTIM)
+    rec64 = GradientRecorder()
+    loss64 = run_reference(truth, batches, **OPTIM, record=rec64)
     w64 = state_as_checkpoint(truth, tmp_path / "w64")
     del truth
     master = reference_model(model, torch.float32, "cuda")
     low = reference_model(model, torch.bfloat16, "cuda")
-    loss_hf = run_reference_low(master, low, batches, **OPTIM)
+    rec_hf = GradientRecorder(against=rec64)
+    loss_hf = run_reference_low(master, low, batches, **OPTIM, record=rec_hf)
     w_hf = state_as_checkpoint(master, tmp_path / "whf")
-    del master, low
+    k_eff = effective_counts_as_checkpoint(master, rec64, rec_hf, tmp_path / "keff", "cuda")
+    del master, low, rec64, rec_hf
     torch.cuda.empty_cache()
     w_off = load_checkpoint(out)
 
@@ -166,12 +171,13 @@ def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_pat
         d_off = (w_off[name].double() - t64).norm().item()
         d_hf = (w_hf[name].double() - t64).norm().item()
         sq_off, sq_hf = sq_off + d_off ** 2, sq_hf + d_hf ** 2
-        k = t64.numel()
-        bound = 1.25 + 4 / math.sqrt(k)
+        bound = k_eff_bound(k_eff[name])
         ratio = d_off / max(d_hf, 1e-30)
-        worst = max(worst, (ratio / bound, f"{name} {ratio:.3f} (bound {bound:.2f}, |err| {d_off:.3g})"))
+        worst = max(worst, (ratio / bound, f"{name} {ratio:.3f} (bound {bound:.2f}, k_eff "
+                                           f"{k_eff[name]:.1f}, |err| {d_off:.3g})"))
         # Every tensor's ratio and largest element error (offloadd / transformers bf16).
-        tensors.append(f"  {name} ratio {ratio:.3f} / {bound:.2f}; max |err| "
+        tensors.append(f"  {name} ratio {ratio:.3f} / {bound:.2f} (k_eff {k_eff[name]:.1f} of "
+                       f"{t64.numel()}); max |err| "
                        f"{(w_off[name].double() - t64).abs().max().item():.3g} / "
                        f"{(w_hf[name].double() - t64).abs().max().item():.3g}")
         if ratio > bound:
