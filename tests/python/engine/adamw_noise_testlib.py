@@ -42,7 +42,8 @@ class GradientRecorder:
                     self.grads.setdefault(n, []).append(g.float().cpu().clone())
                 else:
                     exact = self.against.grads[n][step].to(g.device, torch.float64)
-                    rms = (g.double() - exact).pow(2).mean().sqrt().item()
+                    on = exact != 0  # rows no token reached are exactly zero in both runs
+                    rms = (g.double() - exact)[on].pow(2).mean().sqrt().item() if on.any() else 0.0
                     self.noise.setdefault(n, []).append(rms)
         opt.register_step_pre_hook(hook)
 
@@ -62,7 +63,9 @@ def _adamw_weights(g, lrs, betas, eps, weight_decay):
 def error_variance(exact: list, noise: list, lrs: list, betas=(0.9, 0.999), eps=1e-8,
                    weight_decay=0.0, draws: int = 128, device="cpu") -> torch.Tensor:
     """Each element's expected squared weight error (flattened): AdamW on the exact per-step
-    gradients plus N(0, noise[s]^2) per element and step, against AdamW on the exact ones."""
+    gradients plus N(0, noise[s]^2) per element and step, against AdamW on the exact ones. An
+    element whose exact gradient is zero at a step (an embedding row no token of the step
+    reached) gets no noise there: both runs' gradients are exactly zero."""
     g = torch.stack([x.to(device, torch.float64).flatten() for x in exact])
     sigma = torch.tensor(noise, dtype=torch.float64, device=device).view(-1, 1, 1)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -73,7 +76,7 @@ def error_variance(exact: list, noise: list, lrs: list, betas=(0.9, 0.999), eps=
         clean = _adamw_weights(gc, lrs, betas, eps, weight_decay)
         z = torch.randn((gc.shape[0], draws, gc.shape[2]), dtype=torch.float64, device=device,
                         generator=gen)
-        noisy = _adamw_weights(gc + sigma * z, lrs, betas, eps, weight_decay)
+        noisy = _adamw_weights(gc + sigma * z * (gc != 0), lrs, betas, eps, weight_decay)
         out[lo:lo + chunk] = ((noisy - clean) ** 2).mean(0)
     return out
 
