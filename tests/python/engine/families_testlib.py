@@ -250,29 +250,36 @@ def reference_model(model_dir: pathlib.Path, dtype=torch.float32, device="cpu"):
 
 
 def run_reference(model, batches: list, *, lr: float, weight_decay: float, max_grad_norm: float,
-                  scheduler: str, warmup_steps: int) -> list[float]:
+                  scheduler: str, warmup_steps: int, record=None) -> list[float]:
     """transformers + torch.optim.AdamW + clip_grad_norm_ + transformers' scheduler on the batches
     offloadd-train dumped (pipeline_testlib.train_steps, the trainer tests' loop), on the model's
     device and in its dtype; trains `model` in place and returns the per-step losses. Parameters
-    that get no gradient (a vision tower) are not touched by AdamW."""
+    that get no gradient (a vision tower) are not touched by AdamW. record: an
+    adamw_noise_testlib.GradientRecorder to attach to the optimizer."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
+    if record is not None:
+        record.attach(opt, model)
     return train_steps(model, batches, opt, scheduler, warmup_steps, max_grad_norm)
 
 
 def run_reference_low(master, low, batches: list, *, lr: float, weight_decay: float,
-                      max_grad_norm: float, scheduler: str, warmup_steps: int) -> list[float]:
+                      max_grad_norm: float, scheduler: str, warmup_steps: int,
+                      record=None) -> list[float]:
     """transformers' model in a 16-bit dtype with fp32 master weights, as offloadd trains in bf16
     (and as test_engine_fp16.py compares the engine with transformers' own fp16 model): `low`
     (the model loaded in bf16) runs forward and backward, the loss in fp32 from its logits; its
     16-bit gradients are summed over micro-batches in fp32 into `master`'s .grad; clip_grad_norm_
     and torch.optim.AdamW on the fp32 master; the 16-bit copy refreshed from the master after
-    every step. Returns the per-step losses; `master` holds the trained weights."""
+    every step. Returns the per-step losses; `master` holds the trained weights. record: an
+    adamw_noise_testlib.GradientRecorder to attach to the master's optimizer."""
     master.train()
     low.train()
     params, lparams = list(master.parameters()), list(low.parameters())
     assert len(params) == len(lparams)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
+    if record is not None:
+        record.attach(opt, master)
     sched = transformers.get_scheduler(scheduler, opt, num_warmup_steps=warmup_steps,
                                        num_training_steps=len(batches))
     losses = []
