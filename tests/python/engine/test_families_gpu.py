@@ -88,12 +88,12 @@ changed (oneDNN off: 7e-5 of a GEMM's outputs round differently) exceeds the bou
 The qwen2 variants stayed non-strict expected failures with the bound unchanged.
 
 The bound is now derived per tensor from k_eff (the Bounds above; docs/parity_bounds.md), for
-every tensor of every variant, and the qwen2 variants are no longer expected failures: under the
-derived bound nothing is known to fail. Not yet run on a GPU. The H200 figures against the former
+every tensor of every variant. Not yet run on a GPU, so the qwen2 variants stay non-strict
+expected failures (QK_BIAS_OPEN) until that run: a pass reports XPASS. The H200 figures against the former
 bound (tied layers.3 q_proj.bias 1.680, untied layers.2 k_proj.bias 2.357) are inside the k_eff
 bounds these tensor kinds get on the CPU (q_proj.bias k_eff 11-47: 1.83-2.46; k_proj.bias 10-17:
 2.22-2.53; bench/engine/RESULTS.md, "The per-tensor bound from k_eff"), but the GPU runs' own k_eff decides; a failure there is a finding to report with its
-k_eff, not a reason to restore the expected failure. On the CPU (no engine: not built that
+k_eff. On the CPU (no engine: not built that
 session) transformers' eager bf16 with oneDNN off passes every tensor of 4 qwen2 seeds (bias
 tensors at most 0.61x their bound); its sdpa fails 22 tensors, q/k weights among them.
 """
@@ -129,7 +129,17 @@ def train_args(model, data, out):
             f"--dump-batches={out}/batches.json"]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+# Not yet run on a GPU under the k_eff bound: the engine's worst qwen2 k bias on the CPU (2.56,
+# measured against the former bound) sits above the k bias bounds the CPU controls get (2.22-2.53),
+# so the two variants stay non-strict expected failures until a GPU run reports XPASS or the
+# tensor and its k_eff.
+QK_BIAS_OPEN = {"qwen2_tied", "qwen2_untied"}
+
+
+@pytest.mark.parametrize("variant", [
+    pytest.param(v, marks=pytest.mark.xfail(strict=False, reason="q/k biases under the k_eff bound: "
+                                            "not yet run on a GPU (docstring)"))
+    if v in QK_BIAS_OPEN else v for v in VARIANTS])
 def test_family_bf16_as_accurate_as_transformers(binary_dir, shared_dir, tmp_path, variant):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
