@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "common/units.h"
+#include "job/capacity.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -243,6 +245,8 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
       fixes += ", or a host memory limit of at least " + FormatByteSize(smallest) +
                " (more blocks' states in RAM)";
     }
+    if (std::optional<std::string> compact = CompactModeFix(*in, limit))
+      fixes += ", or " + *compact;
     const Status refused = ResourceExhaustedError(
         "the optimizer states need " + FormatByteSize(placed.disk_bytes) + " on NVMe (" +
         std::to_string(nvme_blocks) + " of " + std::to_string(n) + " blocks, " +

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "common/units.h"
+#include "job/capacity.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -296,6 +297,13 @@ TEST(StatePlacementTest, LargestLlamaShapesOnTheH200Host) {
   };
   EXPECT_EQ(largest(5120, 13824, 5120, 32000), 30);
   EXPECT_EQ(largest(4096, 14336, 1024, 128256), 43);
+  // The disk refusal names a compact mode with the states in RAM when one fits (not exact: after
+  // the exact changes): 13.0 B parameters at 8.03 B each fit the 116.3 GiB.
+  EXPECT_NE(refused.status().message().find("or a compact optimizer mode, not exact: fp32 master, "
+                                            "int8 states, with the states in RAM: "
+                                            "optimizer.state_dtype: int8 (--state-dtype=int8)"),
+            std::string::npos)
+      << refused.status().message();
   // The weights on NVMe do not move that limit here: RAM is not what runs out (every block's
   // weights and gradients, 4 B per parameter, take 48 GiB of the 116.3), the disk is, and a
   // weight on NVMe takes the 2 B of disk it frees in RAM.
@@ -315,6 +323,73 @@ TEST(StatePlacementTest, LargestLlamaShapesOnTheH200Host) {
   EXPECT_LE(PredictHostMemory(r13).total, small);
   std::cout << "13B under 48 GiB: " << fits->Describe() << "; " << PredictHostMemory(r13).Describe()
             << "\n";
+}
+
+// The capacity goal at plan level on the H200 host (125.9 GiB of RAM, the idle host's default
+// limit of 116.3 GiB; 64 GiB of disk with 50 GiB free), per tier mix, at Llama-3-8B's width: the
+// most decoder layers the planner accepts (placed, and within the limit by CheckHostMemory) and
+// that shape against (limit + free disk) / 12 B. Whatever the mix, what it accepts fits in the
+// limit and the disk, so its fraction is at most 12 B over the bytes per parameter its plan holds
+// (CapacityFigures: states, gradients, weight copies, the rest); one more layer is refused.
+TEST(StatePlacementTest, TheH200HostsCapacityPerTierMix) {
+  const uint64_t total = uint64_t{132017844} * 1024;
+  NodeMemory node;
+  node.total = total;
+  node.available = total - 2 * kGiB;
+  const uint64_t limit = DefaultHostMemoryLimit(0, node).bytes;
+  const uint64_t disk = 50 * kGiB;
+  struct Mix {
+    const char* name;
+    StateTier tier;
+    bool weights_allowed;
+    workers::StateDtype state;
+  };
+  const Mix mixes[] = {
+      {"states in RAM", StateTier::kCpu, false, workers::StateDtype::kFp32},
+      {"states per block in RAM or on NVMe", StateTier::kNvme, false, workers::StateDtype::kFp32},
+      {"and the 16-bit weights on NVMe where RAM needs it", StateTier::kNvme, true,
+       workers::StateDtype::kFp32},
+      {"int8 states in RAM (not exact)", StateTier::kCpu, false, workers::StateDtype::kInt8}};
+  auto make = [&](const Mix& m, int layers) {
+    HostMemoryInputs in = Llama(layers, 4096, 14336, 1024, 128256);
+    in.optimizer.tier = m.tier;
+    in.optimizer.host_weight_copy = false;  // the trainer's default
+    in.optimizer.mode.state = m.state;
+    in.nvme_weights_allowed = m.weights_allowed;
+    return in;
+  };
+  auto accepted = [&](HostMemoryInputs* in) {
+    if (in->optimizer.tier == StateTier::kNvme && !PlaceStatesUnderLimit(in, limit, disk).ok())
+      return false;
+    return CheckHostMemory(*in, limit, "host_memory_limit", 0).ok();
+  };
+  for (const Mix& m : mixes) {
+    int layers = 0;
+    for (int l = 1; l < 200; ++l) {
+      HostMemoryInputs in = make(m, l);
+      if (!accepted(&in)) break;
+      layers = l;
+    }
+    ASSERT_GT(layers, 0) << m.name;
+    HostMemoryInputs in = make(m, layers);
+    ASSERT_TRUE(accepted(&in));
+    const CapacityFigures c = JobCapacity(in, limit, disk);
+    const HostMemoryPrediction p = PredictHostMemory(in);
+    EXPECT_LE(p.total, limit) << m.name;
+    EXPECT_LE(p.disk_bytes, disk) << m.name;
+    EXPECT_LE(c.fraction, c.floor_bytes / c.held() + 1e-9) << m.name;
+    HostMemoryInputs next = make(m, layers + 1);
+    EXPECT_FALSE(accepted(&next)) << m.name;
+    // Against the exact 12 B too, for the compact mode.
+    const double of_exact =
+        static_cast<double>(c.params) / (static_cast<double>(limit + disk) / 12);
+    std::cout << m.name << ": " << layers << " x 4096, " << c.Describe() << " (" << 100 * of_exact
+              << "% of the exact limit); " << p.Describe()
+              << (in.optimizer.tier == StateTier::kNvme
+                      ? "; " + PlaceStatesUnderLimit(&in, limit, disk)->Describe()
+                      : std::string())
+              << "\n";
+  }
 }
 
 }  // namespace
