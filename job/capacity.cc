@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <limits>
+#include <vector>
 
 #include "common/units.h"
 #include "job/arena_layout.h"
@@ -96,10 +97,13 @@ std::optional<std::string> CompactModeFix(const HostMemoryInputs& in, uint64_t l
   if (!in.optimizer.mode.Exact() || limit == 0) return std::nullopt;
   using workers::MasterDtype;
   using workers::StateDtype;
-  // The least lossy first. A bf16 master saves nothing more here: with its compensation it is the
-  // fp32 master's 4 bytes, and the default layout keeps no 16-bit copy for it to replace.
-  const workers::OptimizerMode modes[] = {{StateDtype::kBf16, MasterDtype::kFp32},
-                                          {StateDtype::kInt8, MasterDtype::kFp32}};
+  // The least lossy first. A bf16 master (bf16 compute only) is the fp32 master's 4 bytes with its
+  // compensation, but is itself the device's weights: last, for a job that keeps a 16-bit copy
+  // beside its fp32 masters (host_weight_copy), which it then drops.
+  std::vector<workers::OptimizerMode> modes = {{StateDtype::kBf16, MasterDtype::kFp32},
+                                               {StateDtype::kInt8, MasterDtype::kFp32}};
+  if (in.optimizer.compute == HostDtype::kBf16)
+    modes.push_back({StateDtype::kInt8, MasterDtype::kBf16});
   for (const workers::OptimizerMode& m : modes) {
     HostMemoryInputs t = in;
     t.optimizer.tier = StateTier::kCpu;  // the compact modes keep their states in RAM
@@ -109,8 +113,9 @@ std::optional<std::string> CompactModeFix(const HostMemoryInputs& in, uint64_t l
     const HostMemoryPrediction q = PredictHostMemory(t);
     if (q.total > limit) continue;
     const std::string state = m.state == StateDtype::kBf16 ? "bf16" : "int8";
-    const std::string settings =
-        "optimizer.state_dtype: " + state + " (--state-dtype=" + state + ")";
+    std::string settings = "optimizer.state_dtype: " + state + " (--state-dtype=" + state + ")";
+    if (m.master == MasterDtype::kBf16)
+      settings += " and optimizer.master_dtype: bf16 (--master-dtype=bf16)";
     return "a compact optimizer mode, " + m.Describe() + ", with the states in RAM: " + settings +
            ": " + q.Describe();
   }

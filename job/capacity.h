@@ -42,8 +42,9 @@ struct CapacityFigures {
 CapacityFigures JobCapacity(const HostMemoryInputs& in, uint64_t limit, uint64_t disk_free);
 
 // A compact optimizer mode (docs/optimizer-modes.md, not exact) under which `in`, with its states
-// in RAM, fits `limit`: the least lossy of bf16 states, then int8 states (both with the fp32
-// master). Nothing when `in` is compact already or neither fits. The text names the settings and
+// in RAM, fits `limit`: the least lossy of bf16 states, then int8 states (with the fp32 master),
+// then int8 states with a bf16 master (bf16 compute: it replaces a 16-bit copy the job keeps).
+// Nothing when `in` is compact already or none fits. The text names the settings and
 // the RAM: "a compact optimizer mode, not exact: optimizer.state_dtype: int8 (--state-dtype=int8):
 // host RAM 99.1 GiB (arena ...)".
 std::optional<std::string> CompactModeFix(const HostMemoryInputs& in, uint64_t limit);

@@ -298,12 +298,28 @@ TEST(StatePlacementTest, LargestLlamaShapesOnTheH200Host) {
   EXPECT_EQ(largest(5120, 13824, 5120, 32000), 30);
   EXPECT_EQ(largest(4096, 14336, 1024, 128256), 43);
   // The disk refusal names a compact mode with the states in RAM when one fits (not exact: after
-  // the exact changes): 13.0 B parameters at 8.03 B each fit the 116.3 GiB.
-  EXPECT_NE(refused.status().message().find("or a compact optimizer mode, not exact: fp32 master, "
-                                            "int8 states, with the states in RAM: "
-                                            "optimizer.state_dtype: int8 (--state-dtype=int8)"),
+  // the exact changes). This job keeps a 16-bit copy beside its fp32 masters (host_weight_copy):
+  // int8 states beside them take 10.03 B per parameter, 121.5 GiB for 13.0 B, over the 116.3; a
+  // bf16 master replaces the copy: 8.03 B, 97.2 GiB, with the processes under the limit.
+  HostMemoryInputs compact = Llama(40, 5120, 13824, 5120, 32000);
+  compact.optimizer.tier = StateTier::kCpu;
+  compact.optimizer.mode = {workers::StateDtype::kInt8, workers::MasterDtype::kBf16};
+  ASSERT_LE(PredictHostMemory(compact).total, limit);
+  EXPECT_NE(refused.status().message().find(
+                "or a compact optimizer mode, not exact: bf16 master, int8 states, with the states "
+                "in RAM: optimizer.state_dtype: int8 (--state-dtype=int8) and "
+                "optimizer.master_dtype: bf16 (--master-dtype=bf16): " +
+                PredictHostMemory(compact).Describe()),
             std::string::npos)
       << refused.status().message();
+  // Without the copy (the trainer's default) int8 states with the fp32 master fit.
+  HostMemoryInputs l13_no_copy = Llama(40, 5120, 13824, 5120, 32000);
+  l13_no_copy.optimizer.host_weight_copy = false;
+  const Status no_copy = PlaceStatesUnderLimit(&l13_no_copy, limit, disk).status();
+  EXPECT_NE(no_copy.message().find("not exact: fp32 master, int8 states, with the states in RAM: "
+                                   "optimizer.state_dtype: int8 (--state-dtype=int8): host RAM "),
+            std::string::npos)
+      << no_copy.message();
   // The weights on NVMe do not move that limit here: RAM is not what runs out (every block's
   // weights and gradients, 4 B per parameter, take 48 GiB of the 116.3), the disk is, and a
   // weight on NVMe takes the 2 B of disk it frees in RAM.
