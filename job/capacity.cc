@@ -54,9 +54,10 @@ CapacityFigures JobCapacity(const HostMemoryInputs& in, uint64_t limit, uint64_t
     gradients += grad * n;
     if (OnDevice(o, b)) continue;  // master and moments on the GPU
     states += c.floor_bytes * n;
-    // A 16-bit copy beside the fp32 master, in the arena or in the store (weights_elsewhere);
-    // with fp32 compute an NVMe block's fp32 compute copy stays in RAM (internal::ExtraBytes).
-    if (lo.weight_dtype != workers::WeightDtype::kNone) {
+    // A 16-bit copy beside the fp32 master, in the arena or in the store (none where the device
+    // reads the master: internal::BlockWeightsFp32); with fp32 compute an NVMe block's fp32
+    // compute copy stays in RAM (internal::ExtraBytes).
+    if (lo.weight_dtype != workers::WeightDtype::kNone && !internal::BlockWeightsFp32(o, b)) {
       copies += 2 * n;
     } else if (o.compute == HostDtype::kFp32 && internal::OnNvme(o, b)) {
       copies += 4 * n;
