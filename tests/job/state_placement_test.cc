@@ -408,5 +408,48 @@ TEST(StatePlacementTest, TheH200HostsCapacityPerTierMix) {
   }
 }
 
+// docs/host_memory_and_nvme.md, "On paper": the placement of Llama-2-70B's and GPT-3 175B's
+// shapes on a host with 1 TB of RAM (the default limit of an idle one: 990 GB available less the
+// 6% reserve) and 8 NVMe drives (disk ample), bf16 compute, CUDA, the trainer's layout (no 16-bit
+// copy beside the masters in RAM): how many parameters' states RAM holds, how many go to NVMe, and
+// the disk's share of a step at 8 x 6 GB/s (NvmeStepSeconds: 12 B read and 12 B written per NVMe
+// parameter, at the store's 97% of each drive). Each block in RAM frees its 16-bit copy, so RAM
+// holds more states than at 12 B per parameter: the arithmetic is P_ram = (R - 4 P) / 10 with R the
+// RAM left for the model.
+TEST(StatePlacementTest, TheSeventyAndHundredSeventyFiveBShapesOnATerabyteHost) {
+  NodeMemory node;
+  node.total = uint64_t{1000} * 1000 * 1000 * 1000;
+  node.available = uint64_t{990} * 1000 * 1000 * 1000;
+  const uint64_t limit = DefaultHostMemoryLimit(0, node).bytes;
+  const uint64_t disk = uint64_t{8} * 3840 * 1000 * 1000 * 1000;
+  const double rate = 8 * 6e9 * 0.97;  // the store at 97% of the drive (bench/storage/RESULTS.md)
+  struct Shape {
+    const char* name;
+    int layers;
+    uint64_t h, inter, kv, vocab;
+  };
+  for (const Shape& sh :
+       {Shape{"Llama-2-70B", 80, 8192, 28672, 1024, 32000},
+        Shape{"GPT-3 175B (Llama-shaped: FFN 8h/3)", 96, 12288, 32768, 12288, 50257}}) {
+    HostMemoryInputs in = Llama(sh.layers, sh.h, sh.inter, sh.kv, sh.vocab);
+    in.optimizer.host_weight_copy = false;
+    auto placed = PlaceStatesUnderLimit(&in, limit, disk);
+    ASSERT_TRUE(placed.ok()) << sh.name << ": " << placed.status().ToString();
+    const HostMemoryPrediction p = PredictHostMemory(in);
+    const Status fits = CheckHostMemory(in, limit, "the default", limit);
+    ASSERT_TRUE(fits.ok()) << sh.name << ": " << fits.ToString();
+    const uint64_t params = Params(in);
+    const uint64_t ram_params = params - p.nvme_params;
+    // Every block's gradients (2 B) and the NVMe blocks' 16-bit copies (2 B) in RAM, and the RAM
+    // blocks' master and moments (12 B): within the limit, less the processes and the slots.
+    EXPECT_LE(2 * params + 2 * p.nvme_params + 12 * ram_params, limit) << sh.name;
+    std::cout << sh.name << ": " << params << " parameters; states of " << ram_params << " in RAM, "
+              << p.nvme_params << " on NVMe; " << p.Describe() << "; disk per step "
+              << 12 * p.nvme_params / 1000000000 << " GB each way, "
+              << NvmeStepSeconds(p.nvme_params, rate, rate)
+              << " s at 8 x 6 GB/s (the store at 97%); limit " << FormatByteSize(limit) << "\n";
+  }
+}
+
 }  // namespace
 }  // namespace offloadd::trainer
