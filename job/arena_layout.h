@@ -23,6 +23,14 @@ uint64_t MaxElements(const HostOptimizerOptions& o);
 bool WeightsOnNvme(const HostOptimizerOptions& o, size_t block);
 // The largest block whose weights are on NVMe (0: none): the slots' and buffers' weight regions.
 uint64_t MaxWeightElements(const HostOptimizerOptions& o);
+// The weights the device reads for `block` are its fp32 master, which it rounds to its dtype
+// itself: every block where ArenaWeightsAreFp32 (fp32 compute, or the RAM tier without a 16-bit
+// copy); and on the NVMe tier, with 16-bit compute, an fp32 master and no host_weight_copy, a block
+// whose states stay in RAM: its master is in the arena between updates, so it keeps no 16-bit copy
+// beside it (2 B per parameter less), while the NVMe blocks keep theirs (their masters are in the
+// store between updates). Such a block has no 16-bit region in the layout and its shard steps
+// without one (weight_dtype kNone); HostOptimizer::compute_weights gives its master.
+bool BlockWeightsFp32(const HostOptimizerOptions& o, size_t block);
 // Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
 uint64_t ExtraBytes(const HostOptimizerOptions& o);
 // The arena's region-table entries beyond the workers' own (workers::RegionsFor): the NVMe slots,

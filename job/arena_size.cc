@@ -34,8 +34,11 @@ workers::ShardLayoutOptions LayoutOptions(const HostOptimizerOptions& o) {
   if (o.mode.master == workers::MasterDtype::kBf16) lo.weight_dtype = workers::WeightDtype::kNone;
   lo.accumulation_steps = std::max<uint32_t>(1, o.accumulation_steps);
   lo.states_resident = o.tier == StateTier::kCpu;
-  for (size_t b = 0; b < o.nvme_weight_blocks.size(); ++b) {
-    if (WeightsOnNvme(o, b)) {
+  for (size_t b = 0; b < o.block_elements.size(); ++b) {
+    // No region of its own: its 16-bit weights are in the store (staged through the NVMe tier's
+    // slots), or it keeps none beside its fp32 master in RAM (BlockWeightsFp32).
+    const bool none = lo.weight_dtype != workers::WeightDtype::kNone && BlockWeightsFp32(o, b);
+    if (WeightsOnNvme(o, b) || none) {
       lo.weights_elsewhere.resize(o.block_elements.size());
       lo.weights_elsewhere[b] = true;
     }
@@ -76,6 +79,13 @@ uint64_t MaxWeightElements(const HostOptimizerOptions& o) {
     if (WeightsOnNvme(o, b)) m = std::max(m, o.block_elements[b]);
   }
   return m;
+}
+
+bool BlockWeightsFp32(const HostOptimizerOptions& o, size_t block) {
+  if (ArenaWeightsAreFp32(o)) return true;
+  if (o.mode.master != workers::MasterDtype::kFp32) return false;  // the bf16 master is read
+  return o.tier == StateTier::kNvme && o.compute != HostDtype::kFp32 && !o.host_weight_copy &&
+         !OnNvme(o, block);
 }
 
 uint32_t ExtraRegions(const HostOptimizerOptions& o) {

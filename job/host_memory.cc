@@ -7,12 +7,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <vector>
 
 #include "common/units.h"
 #include "job/arena_layout.h"
+#include "job/capacity.h"
 
 namespace offloadd::trainer {
 
@@ -263,6 +265,8 @@ Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::st
         "a host memory limit of at least " + FormatByteSize(p.total) + " (" + names.limit +
         (node_limit > 0 ? "; this node can give " + FormatByteSize(node_limit) : "") + ")");
   }
+  // Not exact, so after every exact change: the states in RAM in fewer bytes.
+  if (std::optional<std::string> compact = CompactModeFix(in, limit)) fixes.push_back(*compact);
   std::string msg = "the job needs " + p.Describe() + ", more than the host memory limit of " +
                     FormatByteSize(limit) + " (" + limit_source + ")";
   if (fixes.empty()) {

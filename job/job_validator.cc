@@ -16,6 +16,7 @@
 #include "common/safe_path.h"
 #include "common/units.h"
 #include "engine/model_config.h"
+#include "job/capacity.h"
 #include "job/dataset_mixture_checks.h"
 #include "job/hf_names.h"
 #include "job/job_validator_checks.h"
@@ -287,6 +288,9 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
   }
   r->host_memory = trainer::PredictHostMemory(in);
   r->host_memory_limit = host_limit;
+  uint64_t store_free = 0;  // the node's disk for the capacity figures, whatever the tier
+  for (const auto& d : node.store_dirs) store_free += d.available_bytes;
+  r->capacity_text = trainer::JobCapacity(in, host_limit, store_free).Describe();
   {
     trainer::HostMemoryInputs t = in;
     t.optimizer.tier = trainer::StateTier::kCpu;

@@ -108,6 +108,9 @@ struct ValidationResult {
   trainer::HostMemoryPrediction host_memory;
   uint64_t host_memory_limit = 0;
   uint64_t ram_tier_host_bytes = 0, nvme_tier_host_bytes = 0, nvme_tier_disk_bytes = 0;
+  // The largest-trainable arithmetic for this job under that limit and the store directories'
+  // free space (job/capacity.h: CapacityFigures::Describe); empty before the host memory check.
+  std::string capacity_text;
   bool ok() const { return violations.empty(); }
 };
 

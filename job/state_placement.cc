@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "common/units.h"
+#include "job/arena_layout.h"
+#include "job/capacity.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -115,12 +118,18 @@ StatusOr<StatePlacement> PlaceInRam(HostMemoryInputs* in, uint64_t limit) {
   const HostMemoryPrediction all = PredictHostMemory(*in);  // every block's states on NVMe
   const uint64_t ram_left = all.total < limit ? limit - all.total : 0;
   std::vector<BlockStateBytes> blocks;
-  for (uint64_t n : o.block_elements) {
+  HostOptimizerOptions in_ram = o;  // each block as it would be in RAM
+  in_ram.nvme_blocks.assign(o.block_elements.size(), false);
+  for (size_t i = 0; i < o.block_elements.size(); ++i) {
+    const uint64_t n = o.block_elements[i];
     BlockStateBytes b;
-    // ArenaBytes: three regions (and their rounding) in the arena; with fp32
-    // compute an NVMe block's fp32 compute copy goes away.
-    b.ram =
-        3 * RoundUp(n * 4) + 2 * kPage * 3 - (o.compute == HostDtype::kFp32 ? RoundUp(n * 4) : 0);
+    // ArenaBytes: three regions (and their rounding) in the arena; with fp32 compute an NVMe
+    // block's fp32 compute copy goes away, and with 16-bit compute its 16-bit copy where the
+    // device reads the master in RAM instead (internal::BlockWeightsFp32).
+    b.ram = 3 * RoundUp(n * 4) + 2 * kPage * 3 -
+            (o.compute == HostDtype::kFp32           ? RoundUp(n * 4)
+             : internal::BlockWeightsFp32(in_ram, i) ? RoundUp(n * 2)
+                                                     : 0);
     b.disk = 12 * n;
     blocks.push_back(b);
   }
@@ -243,6 +252,8 @@ StatusOr<StatePlacement> PlaceStatesUnderLimit(HostMemoryInputs* in, uint64_t li
       fixes += ", or a host memory limit of at least " + FormatByteSize(smallest) +
                " (more blocks' states in RAM)";
     }
+    if (std::optional<std::string> compact = CompactModeFix(*in, limit))
+      fixes += ", or " + *compact;
     const Status refused = ResourceExhaustedError(
         "the optimizer states need " + FormatByteSize(placed.disk_bytes) + " on NVMe (" +
         std::to_string(nvme_blocks) + " of " + std::to_string(n) + " blocks, " +

@@ -38,7 +38,8 @@ const char kTrainUsage[] = R"(usage: offloadd-train [JOB_FILE] [--set KEY=VALUE 
                --tier=cpu|nvme --nvme-dir=DIR (repeat) --nvme-block-size=SIZE (the store's aio.block_size)
                --param-tier=cpu|auto|nvme (--tier=nvme, 16-bit compute: the 16-bit weights of NVMe
                  blocks in RAM, on NVMe where RAM runs short, or on NVMe for every such block)
-               --host-memory-limit=SIZE (default: 80% of RAM, as the daemon's; a job over it is refused)
+               --host-memory-limit=SIZE (default: what the node can give now, as the daemon's:
+                 MemAvailable less max(4 GiB, 6% of RAM); a job over it is refused with its numbers)
                --host-weight-copy (16-bit compute: keep a 16-bit weight copy in RAM, 16 bytes per
                parameter, instead of casting the fp32 masters on the device, 14)
                --workers=PROCESSESxTHREADS --transition-layer=N --update-depth=N (1..64, default 1)

@@ -23,6 +23,7 @@
 #include "engine/doc_attention.h"
 #include "engine/head_chunk_size.h"
 #include "engine/parts.h"
+#include "job/arena_layout.h"
 #include "job/working_set.h"
 #include "trainer/pipeline/group_batch.h"
 #include "trainer/state/checkpoint.h"
@@ -145,7 +146,8 @@ void Trainer::Impl::SetHeldTails(PlanInputs* in, double head_forward_s) const {
   // next forward ends with the head, updated last (earliest-needed-first), then uploaded (the
   // fp32 masters, when the device casts them).
   const double elem = static_cast<double>(c10::elementSize(dtype));
-  const double upload = HostOptimizer::WeightsAreFp32(HostOptions()) ? 4.0 : elem;
+  const double upload =
+      internal::BlockWeightsFp32(HostOptions(), static_cast<size_t>(n - 1)) ? 4.0 : elem;
   in->norm_tail_seconds = elem * static_cast<double>(layout[0].numel) / in->d2h_bytes_per_s;
   in->update_tail_seconds =
       upload * static_cast<double>(layout[n - 1].numel) / in->h2d_bytes_per_s + head_forward_s;
@@ -155,8 +157,13 @@ void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodePro
   const HostOptimizerOptions o = HostOptions();
   ParamTraffic t;
   t.grad_bytes = static_cast<int>(c10::elementSize(dtype));
-  t.upload_bytes = HostOptimizer::WeightsAreFp32(o) ? 4 : t.grad_bytes;
-  t.weight_copy = !HostOptimizer::WeightsAreFp32(o);
+  // Per block the device reads fp32 masters (4 B) or a 16-bit copy the update writes: with both
+  // (the NVMe tier's blocks in RAM and on NVMe) each is priced at the dearer, an over-estimate.
+  bool fp32 = false, copy = false;
+  for (int b = 0; b < n; ++b)
+    (internal::BlockWeightsFp32(o, static_cast<size_t>(b)) ? fp32 : copy) = true;
+  t.upload_bytes = fp32 ? 4 : t.grad_bytes;
+  t.weight_copy = copy;
   t.accumulation = static_cast<int>(cfg.gradient_accumulation_steps);
   // The GPU gives each block's norm beside its copy, except with accumulation.
   t.cpu_norm = (cfg.optim.max_grad_norm > 0 || scaler.has_value()) && (t.accumulation > 1 || !cuda);

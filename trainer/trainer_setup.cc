@@ -10,6 +10,7 @@
 
 #include "common/units.h"
 #include "ipc/liveness.h"
+#include "job/arena_layout.h"
 #include "job/checkpoint_placement.h"
 #include "trainer/pipeline/trace.h"
 #include "trainer/trainer_impl.h"
@@ -426,6 +427,9 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
            : offload_checkpoint[b] ? "recompute_offload_cpu"
                                    : std::string(engine::SaveModeName(modes[b]))]++;
   for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
+  bool masters_in_ram = false;  // the NVMe tier's blocks in RAM: the device reads their masters
+  for (int b = 0; b < n; ++b)
+    masters_in_ram |= internal::BlockWeightsFp32(ho, static_cast<size_t>(b));
   plan << "; optimizer states in "
        << (cfg.offload.tier != StateTier::kNvme ? "RAM"
            : state_placement_text.empty()       ? "NVMe"
@@ -437,6 +441,8 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
        << HostOptimizer::BytesPerParameter(ho) << " B/parameter, weights "
        << (dtype == c10::kFloat                ? "fp32"
            : HostOptimizer::WeightsAreFp32(ho) ? "cast on the device from the fp32 masters"
+           : masters_in_ram ? "cast on the device from the fp32 masters of the blocks in RAM, "
+                              "a 16-bit copy of the NVMe blocks'"
            : ho.mode.master == workers::MasterDtype::kBf16 ? "the bf16 master itself"
                                                            : "16-bit copy in RAM")
        << "), " << ho.worker_processes << "x" << ho.worker_threads

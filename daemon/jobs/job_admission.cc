@@ -35,7 +35,8 @@ v1::Job WouldBeJob(ValidationResult& r) {
   e->set_disk_bytes(r.host_memory.disk_bytes);
   e->set_host_memory_limit(r.host_memory_limit);
   e->set_host_text(r.host_memory.Describe() + " within the host memory limit of " +
-                   FormatByteSize(r.host_memory_limit));
+                   FormatByteSize(r.host_memory_limit) +
+                   (r.capacity_text.empty() ? "" : "; " + r.capacity_text));
   e->set_ram_tier_host_bytes(r.ram_tier_host_bytes);
   e->set_nvme_tier_host_bytes(r.nvme_tier_host_bytes);
   e->set_nvme_tier_disk_bytes(r.nvme_tier_disk_bytes);

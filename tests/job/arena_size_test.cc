@@ -65,5 +65,45 @@ TEST(HostOptimizerSizeTest, TheHostMemoryPredictionNamesACompactModesBytesPerPar
   EXPECT_NEAR(static_cast<double>(bf16_master.total), static_cast<double>(exact.total), 6 * 4096.0);
 }
 
+// The NVMe tier with part of the states in RAM: a block whose master is in the arena keeps no
+// 16-bit copy beside it (the device reads and rounds the master, as on the RAM tier), 2 B per
+// parameter less; the NVMe blocks keep theirs (their masters are in the store between updates);
+// with host_weight_copy, or with every block on NVMe, nothing changes.
+TEST(HostOptimizerSizeTest, BlocksInRamKeepNoCopyBesideTheirMastersOnTheNvmeTier) {
+  HostOptimizerOptions o;
+  o.block_elements = {1 << 20, 1 << 21, 1 << 20};  // whole pages
+  o.compute = HostDtype::kBf16;
+  o.tier = StateTier::kNvme;
+  o.host_weight_copy = false;
+  o.nvme_blocks = {false, true, false};
+  HostOptimizerOptions with_copy = o;
+  with_copy.host_weight_copy = true;
+  EXPECT_FALSE(BlockWeightsFp32(with_copy, 0));
+  EXPECT_TRUE(BlockWeightsFp32(o, 0));
+  EXPECT_FALSE(BlockWeightsFp32(o, 1));  // on NVMe
+  EXPECT_TRUE(BlockWeightsFp32(o, 2));
+  // Two 16-bit regions fewer (the region table is sized per shard, whatever regions it holds).
+  const uint64_t ram_params = 2 << 20;
+  EXPECT_EQ(ArenaBytes(with_copy) - ArenaBytes(o), 2 * ram_params);
+  const workers::ShardLayoutOptions lo = LayoutOptions(o);
+  EXPECT_EQ(lo.weights_elsewhere, (std::vector<bool>{true, false, true}));
+  HostOptimizerOptions all_nvme = o;
+  all_nvme.nvme_blocks.clear();
+  EXPECT_FALSE(BlockWeightsFp32(all_nvme, 0));
+  EXPECT_EQ(ArenaBytes(all_nvme), [&] {
+    HostOptimizerOptions c = all_nvme;
+    c.host_weight_copy = true;
+    return ArenaBytes(c);
+  }());
+  // fp32 compute: every block reads an fp32 master or compute copy already; a bf16 master is the
+  // device's weights.
+  HostOptimizerOptions fp32 = o;
+  fp32.compute = HostDtype::kFp32;
+  EXPECT_TRUE(BlockWeightsFp32(fp32, 1));
+  HostOptimizerOptions bf16_master = o;
+  bf16_master.mode = {StateDtype::kFp32, MasterDtype::kBf16};
+  EXPECT_FALSE(BlockWeightsFp32(bf16_master, 0));
+}
+
 }  // namespace
 }  // namespace offloadd::trainer::internal

@@ -366,6 +366,12 @@ TEST_F(JobValidatorTest, HostLimitBetweenTheTiersIsRefusedWithNvmeAsTheFixAndDis
   EXPECT_LT(r.host_memory.disk_bytes, all_nvme_disk);
   EXPECT_GT(r.host_memory.total, all_nvme_host);
   EXPECT_LE(r.host_memory.total, r.host_memory_limit);
+  // The capacity figures count the limit and the store directories' free space (job/capacity.h).
+  EXPECT_NE(r.capacity_text.find("((host memory limit " + FormatByteSize(r.host_memory_limit) +
+                                 " + " + FormatByteSize(all_nvme_disk - 1) +
+                                 " free in the store directories) / 12 B per parameter)"),
+            std::string::npos)
+      << r.capacity_text;
   node_.store_dirs.back().available_bytes = all_nvme_disk;
   r = Validate(s);
   EXPECT_EQ(Find(r, "offload.offload_optimizer.device"), nullptr) << Describe(r);

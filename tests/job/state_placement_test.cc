@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "common/units.h"
+#include "job/capacity.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -296,6 +297,29 @@ TEST(StatePlacementTest, LargestLlamaShapesOnTheH200Host) {
   };
   EXPECT_EQ(largest(5120, 13824, 5120, 32000), 30);
   EXPECT_EQ(largest(4096, 14336, 1024, 128256), 43);
+  // The disk refusal names a compact mode with the states in RAM when one fits (not exact: after
+  // the exact changes). This job keeps a 16-bit copy beside its fp32 masters (host_weight_copy):
+  // int8 states beside them take 10.03 B per parameter, 121.5 GiB for 13.0 B, over the 116.3; a
+  // bf16 master replaces the copy: 8.03 B, 97.2 GiB, with the processes under the limit.
+  HostMemoryInputs compact = Llama(40, 5120, 13824, 5120, 32000);
+  compact.optimizer.tier = StateTier::kCpu;
+  compact.optimizer.mode = {workers::StateDtype::kInt8, workers::MasterDtype::kBf16};
+  ASSERT_LE(PredictHostMemory(compact).total, limit);
+  EXPECT_NE(refused.status().message().find(
+                "or a compact optimizer mode, not exact: bf16 master, int8 states, with the states "
+                "in RAM: optimizer.state_dtype: int8 (--state-dtype=int8) and "
+                "optimizer.master_dtype: bf16 (--master-dtype=bf16): " +
+                PredictHostMemory(compact).Describe()),
+            std::string::npos)
+      << refused.status().message();
+  // Without the copy (the trainer's default) int8 states with the fp32 master fit.
+  HostMemoryInputs l13_no_copy = Llama(40, 5120, 13824, 5120, 32000);
+  l13_no_copy.optimizer.host_weight_copy = false;
+  const Status no_copy = PlaceStatesUnderLimit(&l13_no_copy, limit, disk).status();
+  EXPECT_NE(no_copy.message().find("not exact: fp32 master, int8 states, with the states in RAM: "
+                                   "optimizer.state_dtype: int8 (--state-dtype=int8): host RAM "),
+            std::string::npos)
+      << no_copy.message();
   // The weights on NVMe do not move that limit here: RAM is not what runs out (every block's
   // weights and gradients, 4 B per parameter, take 48 GiB of the 116.3), the disk is, and a
   // weight on NVMe takes the 2 B of disk it frees in RAM.
@@ -315,6 +339,116 @@ TEST(StatePlacementTest, LargestLlamaShapesOnTheH200Host) {
   EXPECT_LE(PredictHostMemory(r13).total, small);
   std::cout << "13B under 48 GiB: " << fits->Describe() << "; " << PredictHostMemory(r13).Describe()
             << "\n";
+}
+
+// The capacity goal at plan level on the H200 host (125.9 GiB of RAM, the idle host's default
+// limit of 116.3 GiB; 64 GiB of disk with 50 GiB free), per tier mix, at Llama-3-8B's width: the
+// most decoder layers the planner accepts (placed, and within the limit by CheckHostMemory) and
+// that shape against (limit + free disk) / 12 B. Whatever the mix, what it accepts fits in the
+// limit and the disk, so its fraction is at most 12 B over the bytes per parameter its plan holds
+// (CapacityFigures: states, gradients, weight copies, the rest); one more layer is refused.
+TEST(StatePlacementTest, TheH200HostsCapacityPerTierMix) {
+  const uint64_t total = uint64_t{132017844} * 1024;
+  NodeMemory node;
+  node.total = total;
+  node.available = total - 2 * kGiB;
+  const uint64_t limit = DefaultHostMemoryLimit(0, node).bytes;
+  const uint64_t disk = 50 * kGiB;
+  struct Mix {
+    const char* name;
+    StateTier tier;
+    bool weights_allowed;
+    workers::StateDtype state;
+  };
+  const Mix mixes[] = {
+      {"states in RAM", StateTier::kCpu, false, workers::StateDtype::kFp32},
+      {"states per block in RAM or on NVMe", StateTier::kNvme, false, workers::StateDtype::kFp32},
+      {"and the 16-bit weights on NVMe where RAM needs it", StateTier::kNvme, true,
+       workers::StateDtype::kFp32},
+      {"int8 states in RAM (not exact)", StateTier::kCpu, false, workers::StateDtype::kInt8}};
+  auto make = [&](const Mix& m, int layers) {
+    HostMemoryInputs in = Llama(layers, 4096, 14336, 1024, 128256);
+    in.optimizer.tier = m.tier;
+    in.optimizer.host_weight_copy = false;  // the trainer's default
+    in.optimizer.mode.state = m.state;
+    in.nvme_weights_allowed = m.weights_allowed;
+    return in;
+  };
+  auto accepted = [&](HostMemoryInputs* in) {
+    if (in->optimizer.tier == StateTier::kNvme && !PlaceStatesUnderLimit(in, limit, disk).ok())
+      return false;
+    return CheckHostMemory(*in, limit, "host_memory_limit", 0).ok();
+  };
+  for (const Mix& m : mixes) {
+    int layers = 0;
+    for (int l = 1; l < 200; ++l) {
+      HostMemoryInputs in = make(m, l);
+      if (!accepted(&in)) break;
+      layers = l;
+    }
+    ASSERT_GT(layers, 0) << m.name;
+    HostMemoryInputs in = make(m, layers);
+    ASSERT_TRUE(accepted(&in));
+    const CapacityFigures c = JobCapacity(in, limit, disk);
+    const HostMemoryPrediction p = PredictHostMemory(in);
+    EXPECT_LE(p.total, limit) << m.name;
+    EXPECT_LE(p.disk_bytes, disk) << m.name;
+    EXPECT_LE(c.fraction, c.floor_bytes / c.held() + 1e-9) << m.name;
+    HostMemoryInputs next = make(m, layers + 1);
+    EXPECT_FALSE(accepted(&next)) << m.name;
+    // Against the exact 12 B too, for the compact mode.
+    const double of_exact =
+        static_cast<double>(c.params) / (static_cast<double>(limit + disk) / 12);
+    std::cout << m.name << ": " << layers << " x 4096, " << c.Describe() << " (" << 100 * of_exact
+              << "% of the exact limit); " << p.Describe()
+              << (in.optimizer.tier == StateTier::kNvme
+                      ? "; " + PlaceStatesUnderLimit(&in, limit, disk)->Describe()
+                      : std::string())
+              << "\n";
+  }
+}
+
+// docs/host_memory_and_nvme.md, "On paper": the placement of Llama-2-70B's and GPT-3 175B's
+// shapes on a host with 1 TB of RAM (the default limit of an idle one: 990 GB available less the
+// 6% reserve) and 8 NVMe drives (disk ample), bf16 compute, CUDA, the trainer's layout (no 16-bit
+// copy beside the masters in RAM): how many parameters' states RAM holds, how many go to NVMe, and
+// the disk's share of a step at 8 x 6 GB/s (NvmeStepSeconds: 12 B read and 12 B written per NVMe
+// parameter, at the store's 97% of each drive). Each block in RAM frees its 16-bit copy, so RAM
+// holds more states than at 12 B per parameter: the arithmetic is P_ram = (R - 4 P) / 10 with R the
+// RAM left for the model.
+TEST(StatePlacementTest, TheSeventyAndHundredSeventyFiveBShapesOnATerabyteHost) {
+  NodeMemory node;
+  node.total = uint64_t{1000} * 1000 * 1000 * 1000;
+  node.available = uint64_t{990} * 1000 * 1000 * 1000;
+  const uint64_t limit = DefaultHostMemoryLimit(0, node).bytes;
+  const uint64_t disk = uint64_t{8} * 3840 * 1000 * 1000 * 1000;
+  const double rate = 8 * 6e9 * 0.97;  // the store at 97% of the drive (bench/storage/RESULTS.md)
+  struct Shape {
+    const char* name;
+    int layers;
+    uint64_t h, inter, kv, vocab;
+  };
+  for (const Shape& sh :
+       {Shape{"Llama-2-70B", 80, 8192, 28672, 1024, 32000},
+        Shape{"GPT-3 175B (Llama-shaped: FFN 8h/3)", 96, 12288, 32768, 12288, 50257}}) {
+    HostMemoryInputs in = Llama(sh.layers, sh.h, sh.inter, sh.kv, sh.vocab);
+    in.optimizer.host_weight_copy = false;
+    auto placed = PlaceStatesUnderLimit(&in, limit, disk);
+    ASSERT_TRUE(placed.ok()) << sh.name << ": " << placed.status().ToString();
+    const HostMemoryPrediction p = PredictHostMemory(in);
+    const Status fits = CheckHostMemory(in, limit, "the default", limit);
+    ASSERT_TRUE(fits.ok()) << sh.name << ": " << fits.ToString();
+    const uint64_t params = Params(in);
+    const uint64_t ram_params = params - p.nvme_params;
+    // Every block's gradients (2 B) and the NVMe blocks' 16-bit copies (2 B) in RAM, and the RAM
+    // blocks' master and moments (12 B): within the limit, less the processes and the slots.
+    EXPECT_LE(2 * params + 2 * p.nvme_params + 12 * ram_params, limit) << sh.name;
+    std::cout << sh.name << ": " << params << " parameters; states of " << ram_params << " in RAM, "
+              << p.nvme_params << " on NVMe; " << p.Describe() << "; disk per step "
+              << 12 * p.nvme_params / 1000000000 << " GB each way, "
+              << NvmeStepSeconds(p.nvme_params, rate, rate)
+              << " s at 8 x 6 GB/s (the store at 97%); limit " << FormatByteSize(limit) << "\n";
+  }
 }
 
 }  // namespace

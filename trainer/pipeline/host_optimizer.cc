@@ -86,6 +86,11 @@ Status HostOptimizer::Start(const HostOptimizerOptions& o) {
   if (o.tier == StateTier::kNvme) {
     ASSIGN_OR_RETURN(tier_, NvmeStateTier::Start(o, segment_, arena_.get(), &shards_));
   }
+  // A block whose device weights are its fp32 master steps with no 16-bit copy to write (on the
+  // NVMe tier, one whose states stay in RAM: internal::BlockWeightsFp32).
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    if (internal::BlockWeightsFp32(o, b)) shards_[b].weight_dtype = workers::WeightDtype::kNone;
+  }
   if (background && !segment_.huge_pages()) RETURN_IF_ERROR(StartPopulation());
   workers_start_ = arena_end_ = Clock::now();
   ASSIGN_OR_RETURN(pool_, workers::WorkerPool::Start(&segment_, arena_.get(), po));
@@ -223,7 +228,8 @@ void* HostOptimizer::compute_weights(int block) const {
   if (WeightsOnNvme(block)) return nullptr;
   if (options_.mode.master == workers::MasterDtype::kBf16)
     return arena_->At<void>(shards_[block].master_offset);
-  if (!weights_fp32_) return arena_->At<void>(shards_[block].weights_offset);
+  if (!internal::BlockWeightsFp32(options_, static_cast<size_t>(block)))
+    return arena_->At<void>(shards_[block].weights_offset);
   if (OnNvme(block)) return tier_->compute_copy(block);
   return arena_->At<void>(shards_[block].master_offset);
 }
@@ -284,7 +290,8 @@ uint64_t HostOptimizer::weight_prefetch_hits() const {
 }
 
 uint64_t HostOptimizer::compute_weight_bytes(int block) const {
-  return shards_[block].num_elements * (weights_fp32_ ? 4 : 2);
+  return shards_[block].num_elements *
+         (internal::BlockWeightsFp32(options_, static_cast<size_t>(block)) ? 4 : 2);
 }
 
 uint64_t HostOptimizer::grad_staging_bytes(int block) const {

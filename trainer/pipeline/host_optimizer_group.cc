@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ipc/unique_fd.h"
+#include "job/arena_layout.h"
 #include "trainer/pipeline/group_link.h"
 #include "trainer/pipeline/host_optimizer.h"
 #include "trainer/pipeline/nvme_state_tier.h"
@@ -86,7 +87,6 @@ Status HostOptimizer::StartFollower(const HostOptimizerOptions& o) {
   arena_ = std::make_unique<ipc::Arena>(std::move(arena));
   const uint64_t grad_bytes = o.compute == HostDtype::kFp32 ? 4 : 2;
   weights_fp32_ = WeightsAreFp32(o);  // the leader's choice: the options are the same on every rank
-  const uint64_t weight_bytes = weights_fp32_ ? 4 : 2;
   shards_.resize(o.block_elements.size());
   for (size_t b = 0; b < shards_.size(); ++b) {
     const GroupLink::BlockInfo info = g.block(static_cast<int>(b));
@@ -95,6 +95,7 @@ Status HostOptimizer::StartFollower(const HostOptimizerOptions& o) {
                                      " parameters on rank 0, " + std::to_string(o.block_elements[b]) + " here");
     }
     RETURN_IF_ERROR(arena_->Check(info.grad_offset, info.num_elements * grad_bytes));
+    const uint64_t weight_bytes = internal::BlockWeightsFp32(o, b) ? 4 : 2;  // as the leader's
     RETURN_IF_ERROR(arena_->Check(info.weights_offset, info.num_elements * weight_bytes));
     shards_[b].layer = static_cast<uint32_t>(b);
     shards_[b].num_elements = info.num_elements;

@@ -5,6 +5,20 @@
 #include <string>
 
 namespace offloadd::trainer {
+namespace {
+
+// Whether block b's host weights are fp32 masters that the device rounds to `dtype` (a 16-bit
+// compute): every block when the arena keeps no 16-bit copy (`all`: HostOptimizer::weights_fp32),
+// else the blocks that keep none beside a master in RAM (the NVMe tier's blocks whose states stay
+// in RAM), whose compute weights are 4 B per parameter.
+bool CastsBlock(bool all, const HostOptimizer* host, const BlockLayout& layout,
+                c10::ScalarType dtype, int b) {
+  if (all) return true;
+  return dtype != c10::kFloat && host->compute_weights(b) != nullptr &&
+         host->compute_weight_bytes(b) == layout.numel * 4;
+}
+
+}  // namespace
 
 WeightResidency::WeightResidency(const Options& options)
     : model_(options.model),
@@ -95,11 +109,13 @@ Status WeightResidency::BindInitial(int b) {
     host_weights_[b] = (*full_weights_)[b];
     RETURN_IF_ERROR(streams_->Pin(host_weights_[b].data_ptr(), host_weights_[b].nbytes()));
   } else {
-    host_weights_[b] = at::from_blob(host_->compute_weights(b), {numel},
-                                     at::TensorOptions().dtype(host_dtype_).device(c10::kCPU));
+    const bool fp32 = CastsBlock(cast_, host_, layout_[b], dtype_, b) || host_dtype_ == c10::kFloat;
+    host_weights_[b] =
+        at::from_blob(host_->compute_weights(b), {numel},
+                      at::TensorOptions().dtype(fp32 ? c10::kFloat : dtype_).device(c10::kCPU));
     RETURN_IF_ERROR(streams_->Pin(host_->compute_weights(b), host_->compute_weight_bytes(b)));
   }
-  if (!cuda_ && cast_) {
+  if (!cuda_ && host_weights_[b].scalar_type() != dtype_) {
     device_weights_[b] = host_weights_[b].to(dtype_);
     layout_[b].Bind(device_weights_[b]);
   } else if (!cuda_) {
@@ -177,7 +193,7 @@ void WeightResidency::OnUpdated(int b, bool after_compute) {
     versions_[b].fetch_add(1);
     return;
   }
-  if (!cuda_ && cast_ && !OnDevice(b)) {
+  if (!cuda_ && !OnDevice(b) && host_weights_[b].scalar_type() != dtype_) {
     device_weights_[b].copy_(host_weights_[b]);  // as the workers' in-place 16-bit write
     return;
   }
@@ -209,9 +225,10 @@ Status WeightResidency::Reload() {
       RETURN_IF_ERROR(DeviceStreams::Synchronize(ready_[b]));
     }
   }
-  if (!cuda_ && cast_) {
+  if (!cuda_) {
     for (int b = 0; b < n_; ++b) {
-      if (!OnDevice(b) && !nvme_[b]) device_weights_[b].copy_(host_weights_[b]);
+      if (!OnDevice(b) && !nvme_[b] && host_weights_[b].scalar_type() != dtype_)
+        device_weights_[b].copy_(host_weights_[b]);
     }
     return OkStatus();
   }
@@ -249,7 +266,7 @@ void WeightResidency::Rebind(int b) {
       layout_[b].Unbind();
     }
   } else if (!cuda_) {
-    layout_[b].Bind(cast_ ? device_weights_[b] : host_weights_[b]);
+    layout_[b].Bind(device_weights_[b].defined() ? device_weights_[b] : host_weights_[b]);
   } else if (device_weights_[b].defined()) {
     layout_[b].Bind(device_weights_[b]);
   } else {

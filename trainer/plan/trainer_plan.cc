@@ -13,6 +13,7 @@
 
 #include "common/units.h"
 #include "job/batch_planner.h"
+#include "job/capacity.h"
 #include "job/checkpoint_placement.h"
 #include "job/state_placement.h"
 #include "trainer/plan/node_profile.h"
@@ -106,6 +107,9 @@ Status Trainer::Impl::CheckHostMemory() {
     out.host_text += "; " + weight_placement_text;
   }
   if (!checkpoint_placement_text.empty()) out.host_text += "; " + checkpoint_placement_text;
+  // The largest-trainable arithmetic (job/capacity.h): this job against what the limit and the
+  // store directories hold, and the bytes per parameter beyond the mode's floor.
+  out.host_text += "; " + JobCapacity(in, limit, disk_free).Describe();
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";

@@ -99,3 +99,51 @@ def test_cuda_training_is_bit_identical_without_the_copy(binary_dir, tmp_path, w
     outs = train_both(binary_dir, tmp_path, dtype="bf16", accum=2, device="cuda",
                       extra=[f"--weights={weights}", "--device-optimizer-blocks=0"])
     assert_same_training(outs, 2)
+
+
+def test_nvme_tier_blocks_in_ram_keep_no_copy_and_train_the_same(binary_dir, tmp_path):
+    # The NVMe tier under a host limit that keeps part of the blocks' states in RAM: those blocks
+    # keep no 16-bit copy beside their masters (the device reads and rounds the masters), the NVMe
+    # blocks keep theirs, and the run is bit-identical to the RAM tier and to the layout that keeps
+    # every copy (--host-weight-copy). bf16 with accumulation 2, clipping every step.
+    import json
+    model = build_model(tmp_path / "model", tied=False)
+    data = write_pretokenized(tmp_path / "data.jsonl")
+
+    def nvme(limit, *flags):  # no limit named: every block's states on NVMe
+        return ["--tier=nvme", f"--nvme-dir={tmp_path}/store-{len(flags)}-{limit}",
+                *([f"--host-memory-limit={limit}"] if limit else []), *flags]
+
+    def predicted(limit):
+        out = tmp_path / "validate"
+        r = run_train(binary_dir, args(model, data, out, dtype="bf16", accum=2,
+                                       extra=[*nvme(limit), "--validate-only"]))
+        return json.loads(r.stdout.splitlines()[1]), r.stdout
+    all_nvme, _ = predicted(None)
+    all_ram, _ = predicted(16 << 30)
+    low, high = all_nvme["predicted_host_bytes"], all_ram["predicted_host_bytes"]
+    assert high > low, (all_nvme, all_ram)
+    limit = low + (high - low) * 3 // 4  # (the slots shrink as the largest block leaves NVMe)
+    _, text = predicted(limit)
+    assert "in RAM (" in text and "on NVMe (" in text, text  # a mixed placement
+    runs = {"ram": [], "mixed": nvme(limit), "mixed copy": nvme(limit, "--host-weight-copy")}
+    outs = {}
+    for name, flags in runs.items():
+        out = tmp_path / name.replace(" ", "-")
+        r = run_train(binary_dir, args(model, data, out, dtype="bf16", accum=2, extra=flags))
+        outs[name] = (out, r.stderr)
+    log = outs["mixed"][1]
+    assert "weights cast on the device from the fp32 masters of the blocks in RAM, a 16-bit copy of " \
+           "the NVMe blocks'" in log, log
+    assert "weights 16-bit copy in RAM" in outs["mixed copy"][1], outs["mixed copy"][1]
+    ref = read_stats(outs["ram"][0] / "stats.jsonl")
+    want = load_file(outs["ram"][0] / "model.safetensors")
+    assert len(ref) == STEPS
+    for name in ("mixed", "mixed copy"):
+        got = read_stats(outs[name][0] / "stats.jsonl")
+        for key in ("loss", "grad_norm"):
+            assert [s[key] for s in got] == [s[key] for s in ref], (name, key)
+        weights = load_file(outs[name][0] / "model.safetensors")
+        assert weights.keys() == want.keys()
+        for t in want:
+            assert torch.equal(weights[t], want[t]), (name, t)

@@ -104,3 +104,32 @@ def test_validate_only_prices_each_row_length(binary_dir, tmp_path):
         tokens = 2 * 2 * x["seq"]
         assert abs(x["predicted_tokens_per_second"] * x["predicted_step_seconds"] - tokens) < 1e-6 * tokens, x
         assert f"at {x['seq']} tokens: " in r.stdout and " s/step, " in r.stdout, r.stdout
+
+
+def test_validate_only_prints_the_capacity_arithmetic(binary_dir, tmp_path):
+    # The largest-trainable arithmetic (job/capacity.h) beside the host memory: this job against
+    # (the host limit + the store directories' free space) / 12 B, and what its plan holds per
+    # parameter, part by part (the parts add up to the whole, to the printed rounding).
+    import re
+    model = build_model(tmp_path / "model")
+    data = write_pretokenized(tmp_path / "data.jsonl", n=16)
+    store = tmp_path / "store"
+    store.mkdir()
+    number = r"([\d.]+)"
+    # The RAM tier keeps no 16-bit copy; the NVMe tier with no limit named puts every block's
+    # states on NVMe, and each keeps its copy in RAM.
+    for tier, limit, copies in (("cpu", ["--host-memory-limit=2GiB"], None), ("nvme", [], 2.0)):
+        _, p, r = validate(binary_dir, tmp_path, model, data, "--batch-size=2", "--dtype=bf16",
+                           f"--tier={tier}", f"--nvme-dir={store}", *limit)
+        line = next(x for x in r.stdout.splitlines() if x.startswith("host memory: "))
+        m = re.search(r"capacity: [\d.]+( [MB])? parameters, [\d.]+% of the [\d.]+( [MB])? this node "
+                      r"holds for exact AdamW \(\(host memory limit [\d.]+ [KMGT]?i?B \+ [\d.]+ [KMGT]?i?B free in "
+                      r"the store directories\) / 12 B per parameter\); the plan holds " + number +
+                      r" B per parameter in RAM and on disk: " + number + r" master and optimizer states, "
+                      + number + r" gradients(?:, " + number + r" weight copies beside the masters)?, "
+                      + number + r" the rest", line)
+        assert m, line
+        held, states, grads, weights, rest = (float(g) if g else None for g in m.groups()[2:])
+        assert states == 12 and grads == 2 and weights == copies, (tier, line)
+        parts = states + grads + (weights or 0) + rest
+        assert abs(parts - held) <= 0.01 * held, (parts, held, line)

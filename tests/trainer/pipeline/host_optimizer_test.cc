@@ -13,16 +13,17 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/file.h"
@@ -323,14 +324,21 @@ TEST_F(HostOptimizerTest, ABf16MasterIsTheDevicesWeightsAndResumesFromItsRegionB
 // bit for bit that of every block in RAM, only the NVMe blocks touch the disk (12 B per parameter
 // written per step), and a resume into another placement (another host limit) continues with the
 // same bits. bf16 and fp32 compute (the fp32 compute copy of NVMe blocks).
+// Without host_weight_copy (the trainer's default) a block whose states stay in RAM keeps no 16-bit
+// copy beside its master: the device reads the master, as on the RAM tier, and the bits are the
+// same.
 TEST_F(HostOptimizerTest, MixedPlacementTrainsLikeRamAndResumesIntoAnotherPlacement) {
-  for (HostDtype dt : {HostDtype::kBf16, HostDtype::kFp32}) {
-    SCOPED_TRACE(dt == HostDtype::kBf16 ? "bf16" : "fp32");
+  for (const auto& [dt, copy] :
+       {std::pair{HostDtype::kBf16, true}, std::pair{HostDtype::kBf16, false},
+        std::pair{HostDtype::kFp32, true}}) {
+    SCOPED_TRACE(std::string(dt == HostDtype::kBf16 ? "bf16" : "fp32") + (copy ? ", copy" : ""));
     HostOptimizerOptions ram = Options(StateTier::kCpu);
     ram.compute = dt;
+    ram.host_weight_copy = copy;
     ram.block_elements = {1 << 14, 1 << 15, 1 << 13, 1 << 15, 1 << 14, 1 << 15};  // whole pages
     HostOptimizerOptions mixed = Options(StateTier::kNvme);
     mixed.compute = dt;
+    mixed.host_weight_copy = copy;
     mixed.block_elements = ram.block_elements;
     HostOptimizerOptions all_nvme = mixed;
     mixed.nvme_blocks = {false, true, true, false, true, true};
@@ -339,8 +347,10 @@ TEST_F(HostOptimizerTest, MixedPlacementTrainsLikeRamAndResumesIntoAnotherPlacem
     other.nvme_dirs = {dir_ + ".other"};
     // The RAM blocks' master and moments join the arena; the slots and the rest are the same.
     const uint64_t ram_params = (1 << 14) + (1 << 15);
+    // (And without the copy, their 16-bit regions go.)
     EXPECT_EQ(HostOptimizer::ArenaBytes(mixed) - HostOptimizer::ArenaBytes(all_nvme),
-              12 * ram_params + 2 * 4096 * 6 - (dt == HostDtype::kFp32 ? 4 * ram_params : 0));
+              12 * ram_params + 2 * 4096 * 6 - (dt == HostDtype::kFp32 ? 4 * ram_params : 0) -
+                  (copy ? 0 : 2 * ram_params));
     const auto bf16 = [](float f) {
       uint32_t u;
       std::memcpy(&u, &f, 4);
@@ -379,6 +389,10 @@ TEST_F(HostOptimizerTest, MixedPlacementTrainsLikeRamAndResumesIntoAnotherPlacem
     ASSERT_TRUE(a && b);
     EXPECT_NE(b->master_weights(0), nullptr);
     EXPECT_EQ(b->master_weights(1), nullptr);
+    // Block 0's states are in RAM: without the copy the device reads its master.
+    EXPECT_EQ(b->compute_weights(0) == static_cast<const void*>(b->master_weights(0)),
+              !copy || dt == HostDtype::kFp32);
+    EXPECT_EQ(b->compute_weight_bytes(1), b->elements(1) * (dt == HostDtype::kFp32 ? 4 : 2));
     (void)b->TakeTotals();
     for (uint64_t s = 1; s <= 2; ++s) {
       run(a.get(), s);
@@ -405,10 +419,18 @@ TEST_F(HostOptimizerTest, MixedPlacementTrainsLikeRamAndResumesIntoAnotherPlacem
       EXPECT_TRUE(states(b.get()) == want);
       EXPECT_TRUE(states(c.get()) == want);
       for (int blk = 0; blk < c->num_blocks(); ++blk) {  // the weights the device reads too
-        ASSERT_EQ(std::memcmp(a->compute_weights(blk), c->compute_weights(blk),
-                              a->compute_weight_bytes(blk)),
-                  0)
-            << blk;
+        if (c->compute_weight_bytes(blk) == a->compute_weight_bytes(blk)) {
+          ASSERT_EQ(std::memcmp(a->compute_weights(blk), c->compute_weights(blk),
+                                a->compute_weight_bytes(blk)),
+                    0)
+              << blk;
+          continue;
+        }
+        // An NVMe block's 16-bit copy against the RAM tier's master, rounded as the device does.
+        ASSERT_EQ(c->compute_weight_bytes(blk), 2 * c->elements(blk)) << blk;
+        const auto* master = static_cast<const float*>(a->compute_weights(blk));
+        const auto* w16 = static_cast<const uint16_t*>(c->compute_weights(blk));
+        for (uint64_t i = 0; i < c->elements(blk); ++i) ASSERT_EQ(w16[i], bf16(master[i])) << blk;
       }
     }
     EXPECT_TRUE(RemoveTree(dir_ + ".other").ok());
