@@ -20,7 +20,7 @@ namespace offloadd::trainer {
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() {
-  if (impl_ && impl_->accounting) {
+  if (impl_ && impl_->pipeline.accounting) {
     Status st = impl_->Flush();
     (void)st;
   }
@@ -57,7 +57,7 @@ int64_t Trainer::completed_steps() const { return impl_->completed; }
 int64_t Trainer::total_steps() const { return impl_->total; }
 int32_t Trainer::batch_size() const { return impl_->cfg.batch_size; }
 int32_t Trainer::gradient_accumulation_steps() const { return impl_->cfg.gradient_accumulation_steps; }
-std::string Trainer::DescribePlan() const { return impl_->plan_text; }
+std::string Trainer::DescribePlan() const { return impl_->device_plan.plan_text; }
 const StepPrediction& Trainer::prediction() const { return impl_->prediction; }
 StatusOr<std::string> Trainer::SaveCheckpoint() { return impl_->SaveCheckpoint(); }
 Status Trainer::RestoreCheckpoint(const std::string& dir) { return impl_->RestoreCheckpoint(dir); }
@@ -129,24 +129,26 @@ StatusOr<engine::MicroBatch> Prepare(engine::Model& model, const MicroBatchData&
 Status Trainer::Impl::RunStep() {
   if (completed >= total) return OutOfRangeError("all " + std::to_string(total) + " steps are done");
   c10::NoGradGuard no_grad;
-  streams->UseCompute();
+  pipeline.streams->UseCompute();
   // On CUDA the plan is priced on the second step: the first one's GPU time includes the kernels'
   // warm-up (cuDNN plans, cuBLAS handles, allocator growth), 2.5x the steady time at Llama-2-7B
   // batch 16 on the H200.
-  if (steps_run == (cuda ? 2 : 1) && (device_placement_pending || !cfg.profile_dir.empty())) {
+  if (steps_run == (cuda ? 2 : 1) &&
+      (device_plan.device_placement_pending || !cfg.profile_dir.empty())) {
     if (FixedShape()) RETURN_IF_ERROR(RecordShapeProfile());
   }
-  if (device_placement_pending && steps_run == (cuda ? 2 : 1)) RETURN_IF_ERROR(PlaceDeviceBlocks());
+  if (device_plan.device_placement_pending && steps_run == (cuda ? 2 : 1))
+    RETURN_IF_ERROR(PlaceDeviceBlocks());
   // The step the shape profile records measures each compute span's allocator peak.
-  streams->MeasureSpanMemory(steps_run + 1 == (cuda ? 2 : 1));
+  pipeline.streams->MeasureSpanMemory(steps_run + 1 == (cuda ? 2 : 1));
   const int64_t k = completed + 1;
   const auto A = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   ASSIGN_OR_RETURN(StepBatches batches, NextBatches(*data, A));
   for (const MicroBatchData& m : batches.micro) {  // the step planner's check prices a new length's warm-up
-    if (seen_lengths.insert(m.seq).second) steps_with_new_length.insert(k);
+    if (planner.seen_lengths.insert(m.seq).second) planner.steps_with_new_length.insert(k);
   }
-  accounting->BeginStep(k, batches.tokens, batches.trained_tokens);
-  schedule->BeginStep(k);
+  pipeline.accounting->BeginStep(k, batches.tokens, batches.trained_tokens);
+  pipeline.schedule->BeginStep(k);
   at::Tensor loss_sum, aux_sum;
   double flops = 0;
   for (uint32_t a = 0; a < A; ++a) {
@@ -157,8 +159,9 @@ Status Trainer::Impl::RunStep() {
     }
     ASSIGN_OR_RETURN(engine::MicroBatch mb,
                      Prepare(*model, batches.micro[a], batches.trained_tokens, dtype, &flops));
-    if (a == 0 && lsp && lsp->CheckDue(k)) RETURN_IF_ERROR(CheckProjectors(k, mb));
-    ASSIGN_OR_RETURN(at::Tensor loss, schedule->Forward(mb, a));
+    if (a == 0 && pipeline.lsp && pipeline.lsp->CheckDue(k))
+      RETURN_IF_ERROR(CheckProjectors(k, mb));
+    ASSIGN_OR_RETURN(at::Tensor loss, pipeline.schedule->Forward(mb, a));
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss.clone();
     if (mb.moe) {
       at::Tensor aux = mb.moe->AuxLoss() * mb.moe->aux_coef;
@@ -173,7 +176,7 @@ Status Trainer::Impl::RunStep() {
       aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
     }
     if (a == 0) RETURN_IF_ERROR(BeginUpdates(k));
-    RETURN_IF_ERROR(schedule->Backward(mb, a));
+    RETURN_IF_ERROR(pipeline.schedule->Backward(mb, a));
   }
   if (dp) {  // each rank's loss is its rows' share of the step's mean; the model FLOPs every rank's
     at::Tensor l = loss_sum.reshape({1});
@@ -192,36 +195,39 @@ Status Trainer::Impl::RunStep() {
   RETURN_IF_ERROR(UpdateDeviceBlocks(k));
   completed = k;
   ++steps_run;
-  accounting->EndStep(loss_sum, flops, data->epoch(), aux_sum);
+  pipeline.accounting->EndStep(loss_sum, flops, data->epoch(), aux_sum);
   if (obs) {
     RuntimeStats rt;
     host->AddRuntime(&rt);
-    if (spill) spill->AddRuntime(&rt);
-    rt.pinned_host_bytes += streams->PinnedBytes();
+    if (pipeline.spill) pipeline.spill->AddRuntime(&rt);
+    rt.pinned_host_bytes += pipeline.streams->PinnedBytes();
     obs->OnRuntime(rt);
   }
   return OkStatus();
 }
 
 Status Trainer::Impl::BeginUpdates(int64_t k) {
-  RETURN_IF_ERROR(accounting->ReportPrevious());
+  RETURN_IF_ERROR(pipeline.accounting->ReportPrevious());
   RETURN_IF_ERROR(CheckPlan());
   // Step k-1 is reported, so `applied` is final: a skipped fp16 step does not advance the
   // schedule. The driver gets the step before the first gradients (queued after k-1's end).
-  const double lr = cfg.optim.learning_rate * lr_schedule->Multiplier(accounting->applied());
-  accounting->SetUpdateSettings(lr, scaler ? scaler->scale() : 1.0);
+  const double lr =
+      cfg.optim.learning_rate * lr_schedule->Multiplier(pipeline.accounting->applied());
+  pipeline.accounting->SetUpdateSettings(lr, scaler ? scaler->scale() : 1.0);
   const float unscale = scaler ? scaler->grad_unscale() : 1.0f;
   // Not held (no clipping, no loss scaling), a device block is updated as its gradients land:
   // with AdamW step applied + 1, since such a step cannot be skipped.
-  if (device_opt) device_opt->BeginStep(lr, static_cast<uint64_t>(accounting->applied()) + 1, unscale);
+  if (pipeline.device_opt)
+    pipeline.device_opt->BeginStep(lr, static_cast<uint64_t>(pipeline.accounting->applied()) + 1,
+                                   unscale);
   return host->BeginStep(static_cast<uint64_t>(k), lr, unscale);
 }
 
 Status Trainer::Impl::Evaluate() {
   // Data parallel: the weights are the same on every rank; rank 0 evaluates.
-  if (!eval_data || evaluated_at == completed || !leader()) return OkStatus();
+  if (!eval.data || eval.at_step == completed || !leader()) return OkStatus();
   c10::NoGradGuard no_grad;
-  streams->UseCompute();
+  pipeline.streams->UseCompute();
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(Flush());
   if (completed > 0) {  // the weights of every block as of the last step
@@ -229,14 +235,14 @@ Status Trainer::Impl::Evaluate() {
     (void)last;
   }
   RETURN_IF_ERROR(WaitGathers());  // across hosts: the other hosts' slices too
-  RETURN_IF_ERROR(eval_data->Restore(eval_start));
-  const int64_t batches = (eval_data->sequences_per_epoch() + cfg.batch_size - 1) / cfg.batch_size;
+  RETURN_IF_ERROR(eval.data->Restore(eval.start));
+  const int64_t batches = (eval.data->sequences_per_epoch() + cfg.batch_size - 1) / cfg.batch_size;
   at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble));
   int64_t trained = 0;
   double flops = 0;
-  const int64_t rows = eval_data->sequences_per_epoch();
+  const int64_t rows = eval.data->sequences_per_epoch();
   for (int64_t i = 0; i < batches; ++i) {
-    ASSIGN_OR_RETURN(MicroBatchData m, eval_data->Next());
+    ASSIGN_OR_RETURN(MicroBatchData m, eval.data->Next());
     // The last batch is filled up from the next epoch: those rows do not count.
     const int64_t real = std::min<int64_t>(m.batch, rows - i * cfg.batch_size);
     for (int64_t r = real; r < m.batch; ++r) {
@@ -248,7 +254,7 @@ Status Trainer::Impl::Evaluate() {
     }
     // Normaliser 1: the batch's summed token loss; the mean is over every trained token.
     ASSIGN_OR_RETURN(engine::MicroBatch mb, Prepare(*model, m, 1, dtype, &flops));
-    ASSIGN_OR_RETURN(at::Tensor loss, schedule->EvalLoss(mb));
+    ASSIGN_OR_RETURN(at::Tensor loss, pipeline.schedule->EvalLoss(mb));
     sum += loss.to(at::kCPU, at::kDouble);
     trained += m.trained_tokens;
   }
@@ -257,8 +263,8 @@ Status Trainer::Impl::Evaluate() {
   st.tokens = trained;
   st.loss = trained > 0 ? sum.item<double>() / static_cast<double>(trained) : 0.0;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  evaluated_at = completed;
-  last_eval_loss = st.loss;
+  eval.at_step = completed;
+  eval.loss = st.loss;
   std::ostringstream msg;
   msg << "eval at step " << completed << ": loss " << st.loss << " over " << trained << " tokens ("
       << batches << " batches, " << st.seconds << " s)";
@@ -276,7 +282,7 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
     ASSIGN_OR_RETURN(workers::StepResult last, host->WaitFinished(static_cast<uint64_t>(k - 1)));
     (void)last;
   }
-  RETURN_IF_ERROR(accounting->Flush());
+  RETURN_IF_ERROR(pipeline.accounting->Flush());
   LspMode::StateAccess access;
   access.read = [this](int b, std::vector<float>* master, std::vector<float>* m, std::vector<float>* v) {
     const size_t numel = layout[b].numel;
@@ -288,28 +294,30 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
   access.restore = [this](int b, const std::vector<float>& master, const std::vector<float>& m,
                           const std::vector<float>& v) {
     RETURN_IF_ERROR(RestoreBlockStates(b, master.data(), m.data(), v.data(),
-                                       static_cast<uint64_t>(accounting->applied())));
+                                       static_cast<uint64_t>(pipeline.accounting->applied())));
     // Resident weights: the device copy of A (now zero) follows, after the probe's use of it.
-    weights->OnUpdated(b, /*after_compute=*/true);
+    pipeline.weights->OnUpdated(b, /*after_compute=*/true);
     return OkStatus();
   };
   // Block by block as the probe's backward produces their gradients (bounded memory on CUDA).
   LspMode::CheckSummary s;
   double bias_sum = 0, bias_after_sum = 0;
-  RETURN_IF_ERROR(schedule->ProbeGradients(mb, [&](std::map<std::string, at::Tensor> grads) -> Status {
-    ASSIGN_OR_RETURN(const LspMode::CheckSummary part, lsp->Check(k, grads, access));
-    s.checked += part.checked;
-    s.learn_seconds += part.learn_seconds;
-    s.switch_seconds += part.switch_seconds;
-    s.switched += part.switched;
-    bias_sum += part.mean_bias * part.checked;
-    bias_after_sum += part.mean_bias_after * part.switched;
-    return OkStatus();
-  }));
+  RETURN_IF_ERROR(
+      pipeline.schedule->ProbeGradients(mb, [&](std::map<std::string, at::Tensor> grads) -> Status {
+        ASSIGN_OR_RETURN(const LspMode::CheckSummary part, pipeline.lsp->Check(k, grads, access));
+        s.checked += part.checked;
+        s.learn_seconds += part.learn_seconds;
+        s.switch_seconds += part.switch_seconds;
+        s.switched += part.switched;
+        bias_sum += part.mean_bias * part.checked;
+        bias_after_sum += part.mean_bias_after * part.switched;
+        return OkStatus();
+      }));
   if (s.checked > 0) s.mean_bias = bias_sum / s.checked;
   if (s.switched > 0) s.mean_bias_after = bias_after_sum / s.switched;
   s.seconds = static_cast<double>(NowMicros() - t0) * 1e-6;
-  accounting->AddSpan({"lsp", "projector check", static_cast<double>(t0), static_cast<double>(NowMicros())});
+  pipeline.accounting->AddSpan(
+      {"lsp", "projector check", static_cast<double>(t0), static_cast<double>(NowMicros())});
   std::ostringstream msg;
   msg.precision(3);
   msg << "LSP projector check before step " << k << ": mean relative bias " << s.mean_bias << " over "
@@ -323,21 +331,21 @@ Status Trainer::Impl::CheckProjectors(int64_t k, engine::MicroBatch& mb) {
 }
 
 Status Trainer::Impl::UpdateDeviceBlocks(int64_t k) {
-  if (!device_opt || !device_opt->held()) return OkStatus();
+  if (!pipeline.device_opt || !pipeline.device_opt->held()) return OkStatus();
   ASSIGN_OR_RETURN(workers::StepResult decided, host->WaitDecided(static_cast<uint64_t>(k)));
   if (decided.skipped) return OkStatus();  // fp16 overflow: no block is updated
   for (int b = 0; b < n; ++b) {  // in the next forward's order
-    if (!device_opt->owns(b)) continue;
-    streams->BeginCompute("device update " + model->block(b).name());
-    const Status updated = device_opt->Update(b, decided.grad_scale, decided.adam_step);
-    streams->EndCompute();
+    if (!pipeline.device_opt->owns(b)) continue;
+    pipeline.streams->BeginCompute("device update " + model->block(b).name());
+    const Status updated = pipeline.device_opt->Update(b, decided.grad_scale, decided.adam_step);
+    pipeline.streams->EndCompute();
     RETURN_IF_ERROR(updated);
   }
   return OkStatus();
 }
 
 Status Trainer::Impl::Flush() {
-  RETURN_IF_ERROR(accounting->Flush());
+  RETURN_IF_ERROR(pipeline.accounting->Flush());
   return CheckPlan();  // when the checked step is the last one
 }
 

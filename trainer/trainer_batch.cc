@@ -57,10 +57,10 @@ void Synchronize(bool cuda) {
 }
 
 Status Trainer::Impl::InitialModes() {
-  modes.assign(n, engine::SaveMode::kKeep);
-  spill_nvme.assign(n, false);
-  offload_checkpoint.assign(n, false);
-  checkpoint_nvme.assign(n, false);
+  device_plan.modes.assign(n, engine::SaveMode::kKeep);
+  device_plan.spill_nvme.assign(n, false);
+  device_plan.offload_checkpoint.assign(n, false);
+  device_plan.checkpoint_nvme.assign(n, false);
   for (const auto& [layer, m] : cfg.offload.layer_overrides) {
     if (layer < 0 || layer >= n - 2)
       return InvalidArgumentError("activation override for layer " + std::to_string(layer) +
@@ -74,9 +74,9 @@ Status Trainer::Impl::InitialModes() {
     // optimistic against the CUDA kernels' real footprint, and an out-of-memory error mid-job
     // costs more than the recompute.
     if (m == ActivationMode::kAuto) m = cuda ? ActivationMode::kRecompute : ActivationMode::kKeep;
-    modes[b] = ToSaveMode(m);
-    spill_nvme[b] = m == ActivationMode::kOffloadNvme;
-    offload_checkpoint[b] = m == ActivationMode::kRecomputeOffloadCpu;
+    device_plan.modes[b] = ToSaveMode(m);
+    device_plan.spill_nvme[b] = m == ActivationMode::kOffloadNvme;
+    device_plan.offload_checkpoint[b] = m == ActivationMode::kRecomputeOffloadCpu;
   }
   return OkStatus();
 }
@@ -98,7 +98,8 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t s
   // gradients, allocator slack, and the larger of the MLP tile's and the head chunk's working sets
   // at the tiles in use (job/tile_plan.h; the constant held the default head chunk's).
   const TileShape shape = TileShapeAt(B, T);
-  est.tiles = TilesAt(shape, tiles.mlp_tile_bytes, tiles.head_chunk_bytes).bytes();
+  est.tiles =
+      TilesAt(shape, device_plan.tiles.mlp_tile_bytes, device_plan.tiles.head_chunk_bytes).bytes();
   const int64_t slack =
       std::max<int64_t>(0, (int64_t{1280} << 20) - DefaultTiles(shape).head_bytes);
   est.workspace = 2 * max_keep + 3 * max_block + slack + est.tiles;
@@ -112,10 +113,10 @@ Trainer::Impl::MemoryEstimate Trainer::Impl::EstimateMemory(int64_t B, int64_t s
         DocumentAttentionBytes(B, T, mc.num_heads, mc.num_kv_heads, mc.head_dim, elem, flash);
     est.workspace += est.packed_attention;
   }
-  if (lsp && lsp->on_device()) {
+  if (pipeline.lsp && pipeline.lsp->on_device()) {
     // W_base and the projectors stay resident; a block's effective weights exist while it
     // computes, up to the streaming window's blocks at once.
-    est.lsp = lsp->WorkingSet().Total(WeightResidency::kWindow + 2);
+    est.lsp = pipeline.lsp->WorkingSet().Total(WeightResidency::kWindow + 2);
     est.workspace += est.lsp;
   }
   const bool tied = !model->block(n - 1).shared_params().empty();
@@ -136,7 +137,7 @@ TileShape Trainer::Impl::TileShapeAt(int64_t B, int64_t T) const {
 }
 
 void Trainer::Impl::ApplyTiles(const TileChoice& t) {
-  tiles = t;
+  device_plan.tiles = t;
   engine::parts::SetMlpTileBytes(t.mlp_tile_bytes);
   engine::SetHeadChunkBytes(t.head_chunk_bytes);
 }
@@ -175,9 +176,10 @@ void Trainer::Impl::SetParamTraffic(PlanInputs* in, bool streamed, const NodePro
   in->max_device_blocks = -1;
   if (o.tier == StateTier::kNvme) {
     for (int b = 0; b < n; ++b) {
-      if (nvme_blocks.empty() || nvme_blocks[b])
+      if (device_plan.nvme_blocks.empty() || device_plan.nvme_blocks[b])
         in->nvme_params += static_cast<double>(layout[b].numel);
-      if (b < static_cast<int>(nvme_weight_blocks.size()) && nvme_weight_blocks[b]) {
+      if (b < static_cast<int>(device_plan.nvme_weight_blocks.size()) &&
+          device_plan.nvme_weight_blocks[b]) {
         in->nvme_weight_params += static_cast<double>(layout[b].numel);
         if (in->max_device_blocks < 0) in->max_device_blocks = b;
       }
@@ -202,14 +204,15 @@ bool Trainer::Impl::FitsStreamed(int micro, int64_t seq) const {
     // What PlanDevice can move to pinned RAM: auto layers' checkpoints (recompute_offload_cpu).
     const bool movable = b >= 1 && b + 1 < n && !cfg.offload.layer_overrides.count(b - 1) &&
                          cfg.offload.activations == ActivationMode::kAuto &&
-                         modes[b] == engine::SaveMode::kRecompute;
-    if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
-    if (modes[b] == engine::SaveMode::kRecompute && !movable && !offload_checkpoint[b]) {
+                         device_plan.modes[b] == engine::SaveMode::kRecompute;
+    if (device_plan.modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
+    if (device_plan.modes[b] == engine::SaveMode::kRecompute && !movable &&
+        !device_plan.offload_checkpoint[b]) {
       acts += est.cost[b].saved_bytes_recompute;
     }
   }
   const int64_t w = cfg.offload.weights == Weights::kResident ? est.weights : est.streamed;
-  return w + acts + est.workspace <= gpu_budget;
+  return w + acts + est.workspace <= device_plan.gpu_budget;
 }
 
 int64_t Trainer::Impl::LargestFittingSeqLength(int micro, int64_t cap) const {
@@ -217,7 +220,7 @@ int64_t Trainer::Impl::LargestFittingSeqLength(int micro, int64_t cap) const {
 }
 
 std::string Trainer::Impl::WorkspaceParts(const MemoryEstimate& est) const {
-  if (shape_profile || (est.packed_attention == 0 && est.lsp == 0)) return "";
+  if (planner.shape_profile || (est.packed_attention == 0 && est.lsp == 0)) return "";
   std::string parts;
   if (est.packed_attention > 0) {
     parts += "packed records' attention at " + std::to_string(SeqLength()) + " tokens " +
@@ -225,7 +228,7 @@ std::string Trainer::Impl::WorkspaceParts(const MemoryEstimate& est) const {
   }
   if (est.lsp > 0) {
     parts += std::string(parts.empty() ? "" : ", ") +
-             lsp->WorkingSet().Describe(WeightResidency::kWindow + 2);
+             pipeline.lsp->WorkingSet().Describe(WeightResidency::kWindow + 2);
   }
   return " (of it " + parts + ")";
 }
@@ -245,11 +248,11 @@ std::string Trainer::Impl::LargestBatchHint() const {
 
 int64_t Trainer::Impl::DeviceBudget() const {
   return cfg.offload.gpu_memory_limit > 0 ? static_cast<int64_t>(cfg.offload.gpu_memory_limit)
-                                           : streams->FreeMemory() * 9 / 10;
+                                          : pipeline.streams->FreeMemory() * 9 / 10;
 }
 
 StatusOr<NodeProfile> Trainer::Impl::PlanNodeProfile() {
-  if (node_profile) return *node_profile;
+  if (planner.node_profile) return *planner.node_profile;
   const HostOptimizerOptions ho = HostOptions();
   bool cached = false;
   std::string cache_problem;
@@ -263,13 +266,14 @@ StatusOr<NodeProfile> Trainer::Impl::PlanNodeProfile() {
     Log(TrainObserver::Level::kWarning, "node profile " + cache_problem + " (--profile-dir " +
                                             cfg.profile_dir + "); it is measured again next run");
   }
-  node_profile = prof;
+  planner.node_profile = prof;
   return prof;
 }
 
 double Trainer::Impl::SecondsPerFlop(int64_t micro) {
   // Measured once per micro-batch: the candidates and lengths priced with it compare alike.
-  if (auto it = seconds_per_flop.find(micro); it != seconds_per_flop.end()) return it->second;
+  if (auto it = planner.seconds_per_flop.find(micro); it != planner.seconds_per_flop.end())
+    return it->second;
   // The MLP's up projection at this micro-batch's rows: the GEMMs are most of a decoder layer's
   // work, and their efficiency is what changes with the micro-batch. Capped where the rate has
   // long saturated (and where a CPU device would take seconds).
@@ -286,8 +290,8 @@ double Trainer::Impl::SecondsPerFlop(int64_t micro) {
   for (int i = 0; i < kReps; ++i) y = at::mm(x, w);
   Synchronize(cuda);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kReps;
-  return seconds_per_flop[micro] = secs / (2.0 * static_cast<double>(rows) *
-                                           static_cast<double>(h) * static_cast<double>(f));
+  return planner.seconds_per_flop[micro] = secs / (2.0 * static_cast<double>(rows) *
+                                                   static_cast<double>(h) * static_cast<double>(f));
 }
 
 namespace {
@@ -364,8 +368,9 @@ StatusOr<Trainer::Impl::BlockTiming> Trainer::Impl::TimeBlocks(int64_t micro, in
     engine::Block& block = model->block(b);
     TemporaryWeights temp(block, opts, layout);
     // As the step runs it: recomputed layers re-run their forward inside the backward.
-    const engine::SaveMode mode =
-        modes[b] == engine::SaveMode::kRecompute ? engine::SaveMode::kRecompute : engine::SaveMode::kKeep;
+    const engine::SaveMode mode = device_plan.modes[b] == engine::SaveMode::kRecompute
+                                      ? engine::SaveMode::kRecompute
+                                      : engine::SaveMode::kKeep;
     at::Tensor x = b == 0 ? at::Tensor() : at::randn({micro, seq, mc.hidden_size}, opts);
     double best_fwd = 1e30, best_bwd = 1e30, first_fwd = 0, first_bwd = 0;
     for (int rep = 0; rep < std::max(1, reps); ++rep) {
@@ -408,27 +413,30 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
   m.est = EstimateMemory(micro, mem_T);
   const MemoryEstimate& est = m.est;
   std::vector<bool>& offloaded = m.offloaded;
-  offloaded = offload_checkpoint;
+  offloaded = device_plan.offload_checkpoint;
   int64_t acts = 0, offloaded_bytes = 0;
   for (int b = 0; b < n; ++b) {
-    if (modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
-    if (modes[b] == engine::SaveMode::kRecompute && !offloaded[b]) acts += est.cost[b].saved_bytes_recompute;
+    if (device_plan.modes[b] == engine::SaveMode::kKeep) acts += est.cost[b].saved_bytes_keep;
+    if (device_plan.modes[b] == engine::SaveMode::kRecompute && !offloaded[b])
+      acts += est.cost[b].saved_bytes_recompute;
     if (offloaded[b]) offloaded_bytes += est.cost[b].saved_bytes_recompute;
   }
   int64_t workspace =
       profiled ? profiled->workspace_bytes + kProfiledWorkspaceSlack : est.workspace;
-  m.tiles = TilesAt(TileShapeAt(micro, mem_T), tiles.mlp_tile_bytes, tiles.head_chunk_bytes);
+  m.tiles = TilesAt(TileShapeAt(micro, mem_T), device_plan.tiles.mlp_tile_bytes,
+                    device_plan.tiles.head_chunk_bytes);
   using Weights = OffloadPlanConfig::Weights;
   bool resident = !cuda || cfg.offload.weights == Weights::kResident ||
                   (cfg.offload.weights == Weights::kAuto && !auto_states);
   int64_t held = 0;
   if (cuda) {
-    auto fits = [&](int64_t w) { return w + acts + workspace <= gpu_budget; };
+    auto fits = [&](int64_t w) { return w + acts + workspace <= device_plan.gpu_budget; };
     if (resident && !fits(est.weights) && cfg.offload.weights != Weights::kResident) resident = false;
     const int64_t w = resident ? est.weights : est.streamed;
     for (int b = 1; b + 1 < n && !fits(w); ++b) {
-      if (cfg.offload.layer_overrides.count(b - 1) || cfg.offload.activations != ActivationMode::kAuto ||
-          modes[b] != engine::SaveMode::kRecompute || offloaded[b]) {
+      if (cfg.offload.layer_overrides.count(b - 1) ||
+          cfg.offload.activations != ActivationMode::kAuto ||
+          device_plan.modes[b] != engine::SaveMode::kRecompute || offloaded[b]) {
         continue;
       }
       offloaded[b] = true;
@@ -437,8 +445,8 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
     }
     if (!fits(w) && !profiled) {
       // Smaller MLP tiles and head chunks where the room left allows (PlanDevice applies them).
-      const TileChoice t =
-          ChooseTiles(TileShapeAt(micro, mem_T), gpu_budget - (w + acts + workspace - est.tiles));
+      const TileChoice t = ChooseTiles(TileShapeAt(micro, mem_T),
+                                       device_plan.gpu_budget - (w + acts + workspace - est.tiles));
       if (t.from_budget) {
         workspace += t.bytes() - est.tiles;
         m.tiles = t;
@@ -448,7 +456,7 @@ Trainer::Impl::BatchMemory Trainer::Impl::FitBatchMemory(
     if (!fits(w)) {
       m.why_not = "needs " + FormatByteSize(static_cast<uint64_t>(held)) +
                   " of GPU memory, gpu_memory_limit " +
-                  FormatByteSize(static_cast<uint64_t>(gpu_budget));
+                  FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget));
     }
   } else if (cfg.offload.host_memory_limit > 0 && static_cast<uint64_t>(acts) > cfg.offload.host_memory_limit / 2) {
     m.why_not = "its activations need " + FormatByteSize(static_cast<uint64_t>(acts)) +
@@ -471,7 +479,7 @@ Trainer::Impl::BlockSeconds Trainer::Impl::PriceBlocks(
   BlockSeconds s;
   for (int b = 0; b < n; ++b) {
     const engine::BlockCost& c = est.cost[b];
-    const bool recomputed = modes[b] == engine::SaveMode::kRecompute;
+    const bool recomputed = device_plan.modes[b] == engine::SaveMode::kRecompute;
     double f = 0, r = 0, total = 0;
     if (profiled) {
       f = profiled->blocks[b].forward_s;
@@ -588,7 +596,7 @@ StatusOr<BatchCandidate> Trainer::Impl::PriceBatch(int micro, int accumulation,
   if (timed) LogBlockTiming(micro, T, blocks.gpu, *timed, mem.est, flop_rate_s);
   const double weight_bytes = static_cast<double>(mem.est.weights);
   const double params = weight_bytes / static_cast<double>(elem);
-  in.budget_bytes = cuda ? gpu_budget : 0;
+  in.budget_bytes = cuda ? device_plan.gpu_budget : 0;
   in.base_peak_bytes = mem.held;
   in.gpu_seconds = A * blocks.gpu;
   in.gpu_forward_seconds = A * blocks.forward;
@@ -668,7 +676,7 @@ Status Trainer::Impl::ChooseBatchSize() {
                                         "the candidates again");
   }
   RETURN_IF_ERROR(InitialModes());
-  if (cuda) gpu_budget = DeviceBudget();
+  if (cuda) device_plan.gpu_budget = DeviceBudget();
   ASSIGN_OR_RETURN(const NodeProfile prof, PlanNodeProfile());
   ASSIGN_OR_RETURN(std::vector<BatchCandidate> candidates,
                    BatchCandidates(cap, cfg.global_batch_size, cfg.gradient_accumulation_steps));

@@ -22,8 +22,8 @@ std::string FormatShare(double v) {
 }  // namespace
 
 Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
-  device_blocks.assign(n, false);
-  if (lsp) return PlanLspDeviceOptimizer(resident, used);
+  device_plan.device_blocks.assign(n, false);
+  if (pipeline.lsp) return PlanLspDeviceOptimizer(resident, used);
   int requested = cfg.offload.device_optimizer_blocks;
   if (const double share = cfg.offload.device_optimizer_share; share >= 0) {
     if (!(share <= 1)) {
@@ -47,17 +47,17 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
     // after the first step within gpu_memory_limit when one is given (the CI path of auto).
     count = std::max(0, requested);
     if (requested == OffloadPlanConfig::kAutoDeviceOptimizer && cfg.offload.gpu_memory_limit > 0) {
-      gpu_budget = static_cast<int64_t>(cfg.offload.gpu_memory_limit);
-      device_placement_pending = true;
+      device_plan.gpu_budget = static_cast<int64_t>(cfg.offload.gpu_memory_limit);
+      device_plan.device_placement_pending = true;
     }
   } else if (requested == OffloadPlanConfig::kAutoDeviceOptimizer) {
     // The static estimates of the step's working set are not exact enough to fill the budget
     // (an out-of-memory error mid-job costs more): placed from the measured peak instead.
-    device_placement_pending = true;
+    device_plan.device_placement_pending = true;
   } else {
     const std::vector<int64_t> need = DeviceOptimizerNeeds(resident);
     int fit = 0;
-    while (fit < n && used + need[fit + 1] <= gpu_budget) ++fit;
+    while (fit < n && used + need[fit + 1] <= device_plan.gpu_budget) ++fit;
     if (requested > fit) {
       const double share = cfg.offload.device_optimizer_share;
       const std::string what = share >= 0 ? "offload_optimizer.ratio " + FormatShare(1 - share) +
@@ -67,15 +67,16 @@ Status Trainer::Impl::PlanDeviceOptimizer(bool resident, int64_t used) {
       return ResourceExhaustedError(
           what + " needs " + FormatByteSize(static_cast<uint64_t>(need[requested])) +
           " of GPU memory for their AdamW " + "states, but gpu_memory_limit " +
-          FormatByteSize(static_cast<uint64_t>(gpu_budget)) + " leaves " +
-          FormatByteSize(static_cast<uint64_t>(std::max<int64_t>(0, gpu_budget - used))) +
+          FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget)) + " leaves " +
+          FormatByteSize(
+              static_cast<uint64_t>(std::max<int64_t>(0, device_plan.gpu_budget - used))) +
           " after the weights, activations and workspace: at most " + std::to_string(fit) +
           " blocks fit (leave it unset to place them by the first step's measured peak)");
     } else {
       count = requested;
     }
   }
-  for (int b = 0; b < count; ++b) device_blocks[b] = true;
+  for (int b = 0; b < count; ++b) device_plan.device_blocks[b] = true;
   return OkStatus();
 }
 
@@ -105,18 +106,20 @@ Status Trainer::Impl::PlanLspDeviceOptimizer(bool resident, int64_t used) {
     if (cuda) {
       constexpr double kLspDeviceMargin = 0.10;
       const std::vector<int64_t> need = DeviceOptimizerNeeds(resident);
-      const auto room =
-          static_cast<int64_t>((1 - kLspDeviceMargin) * static_cast<double>(gpu_budget));
+      const auto room = static_cast<int64_t>((1 - kLspDeviceMargin) *
+                                             static_cast<double>(device_plan.gpu_budget));
       while (count < exact_prefix && used + need[count + 1] <= room) ++count;
     }
-  } else if (cuda && count > 0 && used + DeviceOptimizerNeeds(resident)[count] > gpu_budget) {
+  } else if (cuda && count > 0 &&
+             used + DeviceOptimizerNeeds(resident)[count] > device_plan.gpu_budget) {
     return ResourceExhaustedError(
         "device_optimizer_blocks " + std::to_string(count) + " needs " +
         FormatByteSize(static_cast<uint64_t>(DeviceOptimizerNeeds(resident)[count])) +
         " of GPU memory beside " + FormatByteSize(static_cast<uint64_t>(used)) +
-        ": more than gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)));
+        ": more than gpu_memory_limit " +
+        FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget)));
   }
-  for (int b = 0; b < count; ++b) device_blocks[b] = true;
+  for (int b = 0; b < count; ++b) device_plan.device_blocks[b] = true;
   return OkStatus();
 }
 
@@ -135,25 +138,26 @@ std::vector<int64_t> Trainer::Impl::DeviceOptimizerNeeds(bool resident, int accu
 }
 
 Status Trainer::Impl::StartDeviceOptimizer() {
-  if (std::none_of(device_blocks.begin(), device_blocks.end(), [](bool d) { return d; })) {
+  if (std::none_of(device_plan.device_blocks.begin(), device_plan.device_blocks.end(),
+                   [](bool d) { return d; })) {
     return OkStatus();
   }
   DeviceOptimizer::Options o;
   o.layout = &layout;
-  o.blocks = device_blocks;
+  o.blocks = device_plan.device_blocks;
   o.device = device;
   o.dtype = dtype;
   o.optim = cfg.optim;
   o.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   o.held = cfg.optim.max_grad_norm > 0 || scaler.has_value();
   o.mode = optimizer_mode;
-  streams->UseCompute();
-  ASSIGN_OR_RETURN(device_opt, DeviceOptimizer::Create(o));
+  pipeline.streams->UseCompute();
+  ASSIGN_OR_RETURN(pipeline.device_opt, DeviceOptimizer::Create(o));
   // The initial masters were written to the arena (host->Initialize): bring them over.
   std::vector<float> master, m, v;
   std::vector<uint8_t> m_region, v_region, w_region;
   for (int b = 0; b < n; ++b) {
-    if (!device_blocks[b]) continue;
+    if (!device_plan.device_blocks[b]) continue;
     if (!optimizer_mode.Exact()) {  // the workers' regions, byte for byte
       m_region.resize(host->state_region_bytes(b));
       v_region.resize(host->state_region_bytes(b));
@@ -164,9 +168,9 @@ Status Trainer::Impl::StartDeviceOptimizer() {
       } else {
         master.resize(layout[b].numel);
         RETURN_IF_ERROR(host->ReadStates(b, master.data(), nullptr, nullptr));
-        RETURN_IF_ERROR(device_opt->RestoreStates(b, master.data(), nullptr, nullptr));
+        RETURN_IF_ERROR(pipeline.device_opt->RestoreStates(b, master.data(), nullptr, nullptr));
       }
-      RETURN_IF_ERROR(device_opt->RestoreRegions(
+      RETURN_IF_ERROR(pipeline.device_opt->RestoreRegions(
           b, optimizer_mode.master == workers::MasterDtype::kBf16 ? w_region.data() : nullptr,
           m_region.data(), v_region.data()));
       continue;
@@ -175,7 +179,7 @@ Status Trainer::Impl::StartDeviceOptimizer() {
     m.resize(layout[b].numel);
     v.resize(layout[b].numel);
     RETURN_IF_ERROR(host->ReadStates(b, master.data(), m.data(), v.data()));
-    RETURN_IF_ERROR(device_opt->RestoreStates(b, master.data(), m.data(), v.data()));
+    RETURN_IF_ERROR(pipeline.device_opt->RestoreStates(b, master.data(), m.data(), v.data()));
   }
   return OkStatus();
 }

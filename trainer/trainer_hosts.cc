@@ -152,7 +152,9 @@ Status Trainer::Impl::StartGather() {
     };
   }
   h.gather = [this](int b) { return GatherBlock(b); };
-  h.on_start = [this] { streams->UseCompute(); };  // the device current on the gather thread
+  h.on_start = [this] {
+    pipeline.streams->UseCompute();
+  };  // the device current on the gather thread
   gather = std::make_unique<HostGather>(n, std::move(h));
   return OkStatus();
 }
@@ -182,14 +184,14 @@ Status Trainer::Impl::GatherBlock(int b) {
     if (len > 0) shard.narrow(0, 0, len).copy_(slice);
     at::Tensor all = at::empty({padded}, host_dtype);
     ASSIGN_OR_RETURN(DeviceStreams::EventPtr e,
-                     streams->OnGatherStream(
+                     pipeline.streams->OnGatherStream(
                          nullptr, [&] { return dp->AllGatherBlock(shard, all); }, name));
     (void)e;
     full_weights[b].copy_(all.narrow(0, 0, numel));
-    weights->OnUpdated(b);  // a 16-bit CPU compute's cast copy
+    pipeline.weights->OnUpdated(b);  // a 16-bit CPU compute's cast copy
     return OkStatus();
   }
-  at::Tensor resident = weights->ResidentWeights(b);
+  at::Tensor resident = pipeline.weights->ResidentWeights(b);
   const bool in_place = resident.defined() && padded == numel;
   at::Tensor all =
       in_place
@@ -201,11 +203,11 @@ Status Trainer::Impl::GatherBlock(int b) {
   DeviceStreams::EventPtr uploaded;
   if (len > 0) {
     at::Tensor mine = shard.narrow(0, 0, len);
-    uploaded = streams->CopyToDevice(mine, slice, "weights " + model->block(b).name(),
-                                     /*after_compute=*/false);
+    uploaded = pipeline.streams->CopyToDevice(mine, slice, "weights " + model->block(b).name(),
+                                              /*after_compute=*/false);
   }
   ASSIGN_OR_RETURN(DeviceStreams::EventPtr gathered,
-                   streams->OnGatherStream(
+                   pipeline.streams->OnGatherStream(
                        uploaded,
                        [&]() -> Status {
                          if (len < chunk) shard.narrow(0, len, chunk - len).zero_();
@@ -216,9 +218,9 @@ Status Trainer::Impl::GatherBlock(int b) {
                          return OkStatus();
                        },
                        name));
-  if (!in_place) streams->ReleaseAfterCopies(all);
+  if (!in_place) pipeline.streams->ReleaseAfterCopies(all);
   if (resident.defined()) {
-    weights->SetReady(b, std::move(gathered));
+    pipeline.weights->SetReady(b, std::move(gathered));
     return OkStatus();
   }
   return DeviceStreams::Synchronize(gathered);  // the host copy is whole before an upload reads it
@@ -346,7 +348,7 @@ Status Trainer::Impl::ResumeAcross(const TrainerState& st, int64_t adam_steps,
   RETURN_IF_ERROR(data->Restore(st.data_cursor));
   if (scaler && st.grad_scaler) RETURN_IF_ERROR(scaler->Restore(*st.grad_scaler));
   completed = st.global_step;
-  accounting->Restore(adam_steps, st.log_history);
+  pipeline.accounting->Restore(adam_steps, st.log_history);
   RETURN_IF_ERROR(
       host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
   // Every host's restored slice into every rank's weights, before anything reads them.

@@ -2,20 +2,20 @@
 // Trainer internals shared by trainer.cc (step loop), trainer_setup.cc (plan, arena, the step's
 // owners) and trainer_state.cc (checkpoints, export). Not a public header.
 //
-// The step's parts each have one owner: WeightResidency (where the weights are), ActivationOffload
-// (the step's offloaded activations), StepAccounting (stats, reporting, trace) and StepSchedule
-// (the order of forward, backward and gradient hand-off over them). Impl holds the job-wide
-// pieces: config, model and layout, data, host optimizer, streams, and the step counters.
+// Impl holds the job-wide pieces (config, model and layout, data, the host optimizer, the
+// data-parallel group, the step counters) and groups the rest by owner: `pipeline` (the step's
+// parts on the device side: streams, weight residency, activation offload, schedule, accounting,
+// the device optimizer; trainer/pipeline/step_pipeline.h), `device_plan` and `planner` (what the
+// device plan decided and what its planning measured; trainer/plan/device_planner.h), `eval` (the
+// held-out evaluation) and `setup_timing` (trainer/setup_timing.h).
 
 #include <ATen/ATen.h>
 
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,20 +29,15 @@
 #include "job/tile_plan.h"
 #include "trainer/data_source.h"
 #include "trainer/lr_schedule.h"
-#include "trainer/pipeline/activation_offload.h"
-#include "trainer/pipeline/activation_spill.h"
 #include "trainer/pipeline/block_layout.h"
 #include "trainer/pipeline/data_parallel.h"
-#include "trainer/pipeline/device_optimizer.h"
-#include "trainer/pipeline/device_streams.h"
 #include "trainer/pipeline/group_link.h"
 #include "trainer/pipeline/host_gather.h"
 #include "trainer/pipeline/host_optimizer.h"
-#include "trainer/pipeline/lsp_mode.h"
-#include "trainer/pipeline/step_accounting.h"
-#include "trainer/pipeline/step_schedule.h"
-#include "trainer/pipeline/weight_residency.h"
+#include "trainer/pipeline/step_pipeline.h"
+#include "trainer/plan/device_planner.h"
 #include "trainer/plan/node_profile.h"
+#include "trainer/setup_timing.h"
 #include "trainer/trainer.h"
 
 namespace offloadd::trainer {
@@ -64,6 +59,15 @@ inline constexpr double kKeepSafety = 1.5;
 // Measured kept bytes (the shape profile) still round up to the allocator's blocks and pages.
 inline constexpr double kMeasuredKeepSafety = 1.1;
 
+// The held-out evaluation (cfg.eval_data): its records, rewound to `start` for each evaluation,
+// the step of the last evaluation and its mean token loss (the model card's eval loss).
+struct HeldOutEval {
+  std::unique_ptr<DataSource> data;  // null without cfg.eval_data
+  std::string start;                 // data's state before its first record
+  int64_t at_step = -1;
+  std::optional<double> loss;
+};
+
 struct Trainer::Impl {
   TrainConfig cfg;
   TrainObserver* obs = nullptr;
@@ -76,10 +80,7 @@ struct Trainer::Impl {
   int world() const { return dp == nullptr ? 1 : dp->world(); }
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<DataSource> data;
-  std::unique_ptr<DataSource> eval_data;  // held-out records (cfg.eval_data), rewound per evaluation
-  std::string eval_start;                 // eval_data's state before its first record
-  int64_t evaluated_at = -1;              // the step of the last evaluation
-  std::optional<double> last_eval_loss;   // its mean token loss (the model card's eval loss)
+  HeldOutEval eval;  // cfg.eval_data
   std::unique_ptr<HostOptimizer> host;
   std::optional<LrSchedule> lr_schedule;
   std::optional<GradScaler> scaler;  // fp16 compute only
@@ -88,61 +89,18 @@ struct Trainer::Impl {
   bool cuda = false;
   int n = 0;  // blocks
   std::vector<BlockLayout> layout;
-  // The device plan: per block activation mode, and whether kOffload goes to NVMe.
-  std::vector<engine::SaveMode> modes;
-  std::vector<bool> spill_nvme;
-  std::vector<bool> offload_checkpoint;  // recomputed blocks whose checkpoint waits in pinned RAM
-  // Of them, those whose checkpoint waits on NVMe instead (the activation spill), where the host
-  // memory limit cannot hold them all (PlaceLayerInputs), described in checkpoint_placement_text.
-  std::vector<bool> checkpoint_nvme;
-  std::string checkpoint_placement_text;
-  // Per block: its optimizer states live on the device (the lowest blocks; PlanDevice).
-  std::vector<bool> device_blocks;
-  // The NVMe tier: per block, whether its fp32 masters and moments are in the store (empty: every
-  // block); PlaceStatesUnderLimit in CheckHostMemory, described in state_placement_text.
-  std::vector<bool> nvme_blocks;
-  std::string state_placement_text;
-  // offload_param on NVMe: per block, whether its 16-bit weights are in the store too (empty:
-  // none; PlaceWeightsOnNvme in CheckHostMemory), described in weight_placement_text.
-  std::vector<bool> nvme_weight_blocks;
-  std::string weight_placement_text;
-  std::unique_ptr<DeviceOptimizer> device_opt;  // null when no block is there
-  // device_optimizer_blocks auto on CUDA: placed after this process's first step, from the
-  // allocator's measured peak (PlaceDeviceBlocks).
-  bool device_placement_pending = false;
-  int64_t steps_run = 0;  // by this process (a resumed run counts from its checkpoint)
-  std::unique_ptr<DeviceStreams> streams;
-  std::unique_ptr<ActivationSpill> spill;  // when a block's activations go to NVMe
-  std::unique_ptr<WeightResidency> weights;
-  std::unique_ptr<ActivationOffload> activations;
-  std::unique_ptr<StepAccounting> accounting;
-  std::unique_ptr<StepSchedule> schedule;
-  std::unique_ptr<LspMode> lsp;  // LSP-Offload mode (cfg.lsp.enabled)
-  int64_t gpu_budget = 0;
-  std::string plan_text;
+  // The step's owners on the device side (trainer/pipeline/step_pipeline.h): streams, residency,
+  // activation offload and spill, schedule, accounting, the device optimizer, LSP mode.
+  StepPipeline pipeline;
+  int64_t steps_run = 0;               // by this process (a resumed run counts from its checkpoint)
   bool speculation_defaulted = false;  // cfg.optim.speculation was unset (train_config.h)
   workers::OptimizerMode optimizer_mode;  // cfg.optim.state_dtype / master_dtype
-  // Set-up timing (Trainer::Create): when it began, wall seconds per kSetupPhases phase and when
-  // each phase first began (seconds since `created`; -1: it did not run). Phases may overlap
-  // (the arena is populated in the background, cfg.setup_overlap).
-  std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
-  std::array<double, kSetupPhases.size()> setup_seconds{};
-  std::array<double, kSetupPhases.size()> setup_start{-1, -1, -1, -1, -1, -1, -1, -1};
-  bool arena_in_background = false;  // HostOptimizer::populating_in_background() at its creation
-  void AddSetupPhase(size_t phase, std::chrono::steady_clock::time_point begin,
-                     std::chrono::steady_clock::time_point end);
-  // The step planner's inputs and choice (trainer_plan.cc); plan_check_step: the step whose
-  // measured time is compared with the prediction (0: none pending).
-  PlanInputs plan_inputs;
-  PlanChoice plan;
-  // The per-block profile (trainer_profile.cc): cached for this shape, then the one measured on
-  // the step the plan is priced with. planned_held_bytes: what PlanDevice holds on the GPU by
-  // design (weights, activations, placed states), which the measured peak exceeds by the
-  // step's working set.
-  std::optional<ShapeProfile> shape_profile;
-  int64_t planned_held_bytes = 0;
-  int64_t plan_check_step = 0;
-  bool plan_resolved = false;
+  // What the device plan decided (per block activations, states on the GPU or NVMe, tiles, the
+  // GPU budget) and what its planning steps measured and remember (trainer/plan/device_planner.h).
+  DevicePlan device_plan;
+  DevicePlanner planner;
+  // Set-up timing by phase, from Trainer::Create (trainer/setup_timing.h).
+  SetupTiming setup_timing;
 
   int64_t completed = 0;  // optimizer steps whose updates were submitted
   int64_t total = 0;
@@ -155,9 +113,6 @@ struct Trainer::Impl {
   Status CreateData();   // the training and eval data, total steps, the LR schedule
   uint32_t SetupThreads() const;  // cfg.setup_threads, else the usable cores
   Status PinHostBuffers();  // page-locks the host buffers the pipeline copies, on SetupThreads()
-  // "set-up 12.3 s (16 threads): cuda 1.2, model 0.01, ..., arena 9.5 (0.2-9.7 s, beside workers,
-  // weights), ...": the wall time the phases cover, and each overlapping phase's interval.
-  std::string DescribeSetup() const;
   // trainer_parallel.cc: joins the data-parallel group (refusing what it does not support yet);
   // creates (rank 0) or attaches to (others) the host optimizer; the stop decision between steps.
   Status StartGroup();
@@ -218,7 +173,7 @@ struct Trainer::Impl {
   // stay resident on the device.
   StatusOr<bool> PlanDevice();
   // How many of the lowest blocks get device-resident optimizer states, given the device
-  // memory the rest of the plan uses (`used`); fills device_blocks.
+  // memory the rest of the plan uses (`used`); fills device_plan.device_blocks.
   Status PlanDeviceOptimizer(bool resident, int64_t used);
   Status PlanLspDeviceOptimizer(bool resident, int64_t used);  // its LSP case: the exact lowest blocks
   // Creates the DeviceOptimizer with the arena's initial masters (after host->Initialize).
@@ -240,16 +195,11 @@ struct Trainer::Impl {
   Status CheckPlan();
   // Records of varying length (not FixedShape): GPU time priced at the data's expected padded
   // length with the blocks timed there, instead of the measured step's (trainer_plan.cc); sets
-  // planned_flops, the per-step model FLOPs at that length (0: priced on the measured step).
+  // planner.planned_flops, the per-step model FLOPs at that length (0: priced on the measured
+  // step).
   Status PriceVariableLengths(PlanInputs* in);
-  double planned_flops = 0;
-  // Variable lengths: the padded lengths the job's micro-batches have had (trainer.cc), the steps
-  // that met one not seen before (at most one per length), and what that adds to a step
-  // (PriceVariableLengths).
-  std::set<int64_t> seen_lengths, steps_with_new_length;
   // trainer_plan.cc: warms the likely padded lengths (length buckets); what it did, for the log.
   std::string WarmLengths(const std::vector<std::pair<int64_t, double>>& lengths);
-  double new_length_forward_s = 0, new_length_backward_s = 0;
   // trainer_profile.cc: the shape profile's key, the cached one (nullopt: none usable, and why
   // in the log), and recording the step just run (then writing it under cfg.profile_dir).
   std::string ShapeKey(int64_t batch) const;
@@ -266,7 +216,8 @@ struct Trainer::Impl {
   // accumulation 0: the job's.
   std::vector<int64_t> DeviceOptimizerNeeds(bool resident, int accumulation = 0) const;
   // trainer_batch.cc. The activation modes the spec asks for, before any measurement (auto:
-  // recompute on CUDA, keep on the CPU device); fills modes, spill_nvme, offload_checkpoint.
+  // recompute on CUDA, keep on the CPU device); fills device_plan's modes, spill_nvme and
+  // offload_checkpoint.
   Status InitialModes();
   // The static estimate of the step's GPU memory at micro-batch B (PlanDevice's and the
   // automatic batch size's): the blocks' costs, all weights, the streaming window, the workspace.
@@ -277,11 +228,9 @@ struct Trainer::Impl {
     // tile's or the head chunk's (trainer/tile_plan.h, at `tiles`).
     int64_t packed_attention = 0, lsp = 0, tiles = 0;
   };
-  // The tiled MLP's and the LM head's tile sizes in use (the engine's defaults, or smaller ones
-  // PlanDevice chose to fit the GPU budget at max_seq_length), and their shape at B x T.
-  TileChoice tiles;
+  // The tiled MLP's and the LM head's shape at B x T.
   TileShape TileShapeAt(int64_t B, int64_t T) const;
-  // Sets `t` in the engine (parts::SetMlpTileBytes, SetHeadChunkBytes) and in `tiles`.
+  // Sets `t` in the engine (parts::SetMlpTileBytes, SetHeadChunkBytes) and in device_plan.tiles.
   void ApplyTiles(const TileChoice& t);
   // Packed records (not synthetic): attention within documents (engine/doc_attention.h).
   bool Packed() const { return cfg.data.packing && cfg.data.synthetic_seq_length <= 0; }
@@ -299,7 +248,6 @@ struct Trainer::Impl {
   int64_t DeviceBudget() const;  // gpu_memory_limit, else 90% of what the device has free
   // The node profile (cached under cfg.profile_dir, else measured once per run), logged.
   StatusOr<NodeProfile> PlanNodeProfile();
-  std::optional<NodeProfile> node_profile;
   // per_device_train_batch_size auto (job/batch_planner.h): sets cfg.batch_size and
   // cfg.gradient_accumulation_steps before anything is sized by them.
   Status ChooseBatchSize();
@@ -325,19 +273,17 @@ struct Trainer::Impl {
   // In CheckHostMemory, after the optimizer states' placement: the fewest lowest offloaded layer
   // inputs go to NVMe that bring `in` under `limit` (trainer/checkpoint_placement.h), priced
   // at the node profile's store rates against the step's compute; refused naming the bytes when
-  // the store directories' `disk_free` cannot hold them. Fills checkpoint_nvme.
+  // the store directories' `disk_free` cannot hold them. Fills device_plan.checkpoint_nvme.
   Status PlaceLayerInputs(HostMemoryInputs* in, uint64_t limit, uint64_t disk_free);
   // The step planner's share of them: the NVMe layer inputs' bytes per step at `micro` x `seq`,
   // at the store's rates.
   void AddNvmeLayerInputs(PlanInputs* in, int micro, int64_t seq, const NodeProfile& prof) const;
   double SecondsPerFlop(int64_t micro);  // a GEMM of the model's MLP shape at micro x seq rows
-  std::map<int64_t, double> seconds_per_flop;  // SecondsPerFlop's measurements, by micro-batch
   // A mixture of experts: the experts' GEMMs run one per non-empty expert over tokens x top_k /
   // min(E, tokens x top_k) rows each (MoeStepFigures::expert_rows), far fewer than the dense
   // GEMM's; their flops are priced at the rate of one expert's gate projection at those rows,
   // measured over as many experts as are routed (up to 16). 0 for a dense model.
   double ExpertSecondsPerFlop(int64_t micro, int64_t seq);
-  std::map<std::pair<int64_t, int64_t>, double> expert_seconds_per_flop;
   // One sparse layer's expert flops per micro-batch of [micro, seq] (forward; 0 when dense).
   double LayerExpertFlops(int b, int64_t micro, int64_t seq) const;
   // CUDA: the embedding, one decoder layer and the head run at [micro, seq] with random weights
@@ -375,7 +321,7 @@ struct Trainer::Impl {
     int64_t offloaded_bytes = 0;
     bool resident = false;
     int64_t held = 0;  // weights, activations and workspace on the GPU (0 on the CPU device)
-    TileChoice tiles;  // the tiles it fits with (smaller than `tiles` when those do not fit)
+    TileChoice tiles;  // the tiles it fits with (smaller than device_plan.tiles when those do not)
     std::string why_not;
   };
   BatchMemory FitBatchMemory(int micro, int64_t mem_T, const std::optional<ShapeProfile>& profiled,

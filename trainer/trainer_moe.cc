@@ -29,7 +29,8 @@ double Trainer::Impl::ExpertSecondsPerFlop(int64_t micro, int64_t seq) {
   const engine::ModelConfig& mc = model->config();
   if (mc.moe.num_experts <= 0) return 0;
   const std::pair<int64_t, int64_t> key{micro, seq};
-  if (auto it = expert_seconds_per_flop.find(key); it != expert_seconds_per_flop.end()) {
+  if (auto it = planner.expert_seconds_per_flop.find(key);
+      it != planner.expert_seconds_per_flop.end()) {
     return it->second;
   }
   const MoeStepFigures m = PriceMoeStep(mc, micro, seq, 0, 0, 0);
@@ -52,7 +53,7 @@ double Trainer::Impl::ExpertSecondsPerFlop(int64_t micro, int64_t seq) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double flops = kReps * static_cast<double>(experts) * 2.0 * static_cast<double>(rows) *
                        static_cast<double>(h) * static_cast<double>(f);
-  return expert_seconds_per_flop[key] = secs / flops;
+  return planner.expert_seconds_per_flop[key] = secs / flops;
 }
 
 }  // namespace offloadd::trainer

@@ -65,7 +65,8 @@ Status Trainer::Impl::PredictStep() {
   o.precision(3);
   o << "predicted " << p.step_seconds << " s/step, " << p.tokens_per_second / 1e3
     << "k tokens/s (micro-batch " << p.micro << " x " << p.accumulation << " accumulation, "
-    << shape << "; " << trainer::DescribePlan(c.plan, gpu_budget) << "; basis: " << p.basis << ")";
+    << shape << "; " << trainer::DescribePlan(c.plan, device_plan.gpu_budget)
+    << "; basis: " << p.basis << ")";
   if (!optimizer_mode.Exact() && n > 2) {
     // The step planner prices a device block at its mode's size: the GPU-resident share grows
     // with the bytes saved.
@@ -90,7 +91,7 @@ Status Trainer::Impl::PredictStep() {
     m << DescribeMoe(moe) << "; predicted " << p.step_seconds << " s/step (" << p.bound << ")";
     if (cuda) {
       m << ", GPU peak " << FormatByteSize(static_cast<uint64_t>(p.gpu_bytes)) << " of "
-        << FormatByteSize(static_cast<uint64_t>(gpu_budget));
+        << FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget));
     }
     p.moe_text = m.str();
     Log(TrainObserver::Level::kInfo, "validate-only: " + p.moe_text);
@@ -137,7 +138,7 @@ Status Trainer::Impl::PredictLengths(const NodeProfile& prof) {
         << c.plan.bound << ")";
       if (cuda) {
         o << ", GPU peak " << FormatByteSize(static_cast<uint64_t>(l.gpu_bytes)) << " of "
-          << FormatByteSize(static_cast<uint64_t>(gpu_budget));
+          << FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget));
       }
     }
     l.text = o.str();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "common/units.h"
@@ -50,21 +51,6 @@ void Trainer::Impl::Log(TrainObserver::Level level, const std::string& message) 
 
 namespace {
 
-// Wall time of one set-up phase, added to its slot of Impl::setup_seconds (Impl::AddSetupPhase).
-template <typename Impl>
-class PhaseTimer {
- public:
-  PhaseTimer(Impl* impl, size_t phase) : impl_(impl), phase_(phase), start_(std::chrono::steady_clock::now()) {}
-  ~PhaseTimer() { impl_->AddSetupPhase(phase_, start_, std::chrono::steady_clock::now()); }
-  PhaseTimer(const PhaseTimer&) = delete;
-  PhaseTimer& operator=(const PhaseTimer&) = delete;
-
- private:
-  Impl* impl_;
-  size_t phase_;
-  std::chrono::steady_clock::time_point start_;
-};
-
 // Pieces of the initial weights read on separate threads: whole parameters for a random
 // initialisation (drawn whole from per-parameter generators), else slices of at most kPiece
 // elements, so that the embedding and the large matrices spread over the threads too.
@@ -88,26 +74,26 @@ std::vector<HostOptimizer::InitPiece> InitPieces(const std::vector<BlockLayout>&
 Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(CheckConfig());
   {
-    PhaseTimer t(this, 1);
+    SetupPhase t(setup_timing, 1);
     RETURN_IF_ERROR(LoadModel());
   }
   {
-    PhaseTimer t(this, 0);
-    ASSIGN_OR_RETURN(streams, DeviceStreams::Create(device));
+    SetupPhase t(setup_timing, 0);
+    ASSIGN_OR_RETURN(pipeline.streams, DeviceStreams::Create(device));
   }
   {
-    PhaseTimer t(this, 3);
+    SetupPhase t(setup_timing, 3);
     // The group first: with data parallelism the ranks agree on the automatic batch.
     RETURN_IF_ERROR(StartGroup());
     RETURN_IF_ERROR(ChooseBatchSize());
   }
   {
-    PhaseTimer t(this, 2);
+    SetupPhase t(setup_timing, 2);
     RETURN_IF_ERROR(CreateData());
   }
   bool resident = false;
   {
-    PhaseTimer t(this, 3);
+    SetupPhase t(setup_timing, 3);
     ASSIGN_OR_RETURN(resident, PlanDevice());
     RETURN_IF_ERROR(CheckHostMemory());  // refused with numbers, never OOM-killed
     if (cfg.validate_only) return PredictStep();  // no arena, no step
@@ -117,20 +103,21 @@ Status Trainer::Impl::Setup() {
   const HostOptimizerOptions ho = HostOptions();
   // The workers' and the store's liveness deadlines scale with the node profile's rates
   // (ipc/liveness.h; the executor set the floor and factor).
-  if (node_profile) {
-    ipc::SetLivenessRates(node_profile->cpu_params_per_s,
-                          std::min(node_profile->store_read_bytes_per_s, node_profile->store_write_bytes_per_s));
+  if (planner.node_profile) {
+    ipc::SetLivenessRates(planner.node_profile->cpu_params_per_s,
+                          std::min(planner.node_profile->store_read_bytes_per_s,
+                                   planner.node_profile->store_write_bytes_per_s));
   }
   RETURN_IF_ERROR(CreateHostOptimizer(ho));
   // With cfg.setup_overlap the arena is populated in the background from here (HostOptimizer::
   // WaitPopulated): the workers start, block b's masters are filled once its pages are in, and the
   // device set-up runs while the moments and the rest are populated.
-  arena_in_background = host && host->populating_in_background();
+  setup_timing.set_arena_in_background(host && host->populating_in_background());
   if (host && host->workers_end() > host->workers_start()) {
-    AddSetupPhase(5, host->workers_start(), host->workers_end());
+    setup_timing.Add(5, host->workers_start(), host->workers_end());
   }
   {
-    PhaseTimer t(this, 6);
+    SetupPhase t(setup_timing, 6);
     const std::vector<HostOptimizer::InitPiece> pieces =
         InitPieces(layout, model->has_checkpoint());
     auto fill = [&](const HostOptimizer::InitPiece& piece, float* dst) -> Status {
@@ -157,20 +144,21 @@ Status Trainer::Impl::Setup() {
     }
   }
   {
-    PhaseTimer t(this, 7);
-    if (lsp) RETURN_IF_ERROR(lsp->Initialize(*model));
+    SetupPhase t(setup_timing, 7);
+    if (pipeline.lsp) RETURN_IF_ERROR(pipeline.lsp->Initialize(*model));
     RETURN_IF_ERROR(StartDeviceOptimizer());
     RETURN_IF_ERROR(PinHostBuffers());
     RETURN_IF_ERROR(StartPipeline(resident));
   }
   if (host) {
     RETURN_IF_ERROR(host->WaitPopulated());
-    if (host->arena_end() > host->arena_start()) AddSetupPhase(4, host->arena_start(), host->arena_end());
+    if (host->arena_end() > host->arena_start())
+      setup_timing.Add(4, host->arena_start(), host->arena_end());
   }
-  accounting->SetSetup(created, std::vector<double>(setup_seconds.begin(), setup_seconds.end()),
-                       std::vector<double>(setup_start.begin(), setup_start.end()));
-  plan_text = DescribePlan(ho);
-  Log(TrainObserver::Level::kInfo, "plan: " + plan_text);
+  pipeline.accounting->SetSetup(setup_timing.created(), setup_timing.seconds(),
+                                setup_timing.starts());
+  device_plan.plan_text = DescribePlan(ho);
+  Log(TrainObserver::Level::kInfo, "plan: " + device_plan.plan_text);
   {  // which part of the decoder layers runs a fused kernel and which fell back to LibTorch ops
     std::string parts;
     for (const std::string& p : model->DescribeKernels(device, dtype, SeqLength())) {
@@ -178,16 +166,19 @@ Status Trainer::Impl::Setup() {
     }
     if (!parts.empty()) Log(TrainObserver::Level::kInfo, "model parts: " + parts);
   }
-  Log(TrainObserver::Level::kInfo, DescribeSetup());
+  Log(TrainObserver::Level::kInfo,
+      setup_timing.Describe(
+          SetupThreads(),
+          host ? std::optional<uint64_t>(host->segment().total_size()) : std::nullopt));
   if (const std::string d = engine::DescribeDropout(model->config()); !d.empty()) {
     Log(TrainObserver::Level::kWarning,
         "training WITHOUT dropout (dropout: disable): the model's config.json sets " + d +
             ", which is not applied");
   }
   Log(TrainObserver::Level::kInfo, "data: " + data->Describe());
-  if (eval_data) {
+  if (eval.data) {
     Log(TrainObserver::Level::kInfo,
-        "eval data (every " + std::to_string(cfg.eval_steps) + " steps): " + eval_data->Describe());
+        "eval data (every " + std::to_string(cfg.eval_steps) + " steps): " + eval.data->Describe());
   }
   return OkStatus();
 }
@@ -205,9 +196,9 @@ Status Trainer::Impl::CreateData() {
     }
     DataConfig ec = cfg.eval_data;
     ec.shuffle = false;
-    ASSIGN_OR_RETURN(eval_data, DataSource::Create(ec, cfg.model_dir, model->config().vocab_size,
+    ASSIGN_OR_RETURN(eval.data, DataSource::Create(ec, cfg.model_dir, model->config().vocab_size,
                                                    cfg.batch_size, cfg.seed));
-    eval_start = eval_data->State();
+    eval.start = eval.data->State();
   } else if (cfg.eval_steps > 0) {
     return InvalidArgumentError("eval_steps " + std::to_string(cfg.eval_steps) + " given without eval data");
   }
@@ -232,8 +223,9 @@ Status Trainer::Impl::PinHostBuffers() {
   std::vector<std::pair<void*, size_t>> ranges;
   for (int b = 0; b < n; ++b) {
     ranges.emplace_back(host->grad_staging(b), host->grad_staging_bytes(b));
-    const bool on_device =
-        device_opt && b < static_cast<int>(device_blocks.size()) && device_blocks[b];
+    const bool on_device = pipeline.device_opt &&
+                           b < static_cast<int>(device_plan.device_blocks.size()) &&
+                           device_plan.device_blocks[b];
     // A block whose weights are on NVMe has none in the arena: the device copies read the two
     // weight buffers (WeightResidency).
     if (!on_device && host->compute_weights(b) != nullptr)
@@ -241,7 +233,7 @@ Status Trainer::Impl::PinHostBuffers() {
   }
   for (int i = 0; i < HostOptimizer::kWeightBuffers && host->weight_buffer_bytes() > 0; ++i)
     ranges.emplace_back(host->weight_buffer(i), host->weight_buffer_bytes());
-  return streams->PinAll(ranges, SetupThreads());
+  return pipeline.streams->PinAll(ranges, SetupThreads());
 }
 
 Status Trainer::Impl::CheckConfig() {
@@ -346,7 +338,8 @@ Status Trainer::Impl::LoadModel() {
     }
   }
   if (cfg.lsp.enabled) {
-    ASSIGN_OR_RETURN(lsp, LspMode::Create(cfg.lsp, cfg.seed, model.get(), &layout, device, dtype));
+    ASSIGN_OR_RETURN(pipeline.lsp,
+                     LspMode::Create(cfg.lsp, cfg.seed, model.get(), &layout, device, dtype));
   }
   return OkStatus();
 }
@@ -406,36 +399,38 @@ HostOptimizerOptions Trainer::Impl::HostOptions() const {
   ho.host_weight_copy = cfg.offload.host_weight_copy;
   ho.populate_threads = SetupThreads();
   ho.populate_in_background = cfg.setup_overlap;
-  ho.device_blocks = device_blocks;
-  ho.nvme_blocks = nvme_blocks;
-  ho.nvme_weight_blocks = nvme_weight_blocks;
+  ho.device_blocks = device_plan.device_blocks;
+  ho.nvme_blocks = device_plan.nvme_blocks;
+  ho.nvme_weight_blocks = device_plan.nvme_weight_blocks;
   ho.mode = optimizer_mode;
   return ho;
 }
 
 std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
-  std::ostringstream plan;
-  plan << "device " << device.str() << " (" << c10::toString(dtype) << "), " << n << " blocks, "
-       << (weights->resident()
+  std::ostringstream text;
+  text << "device " << device.str() << " (" << c10::toString(dtype) << "), " << n << " blocks, "
+       << (pipeline.weights->resident()
                ? "weights resident"
                : "weights streamed " + std::to_string(WeightResidency::kWindow) + " ahead")
        << ", activations";
   std::map<std::string, int> counts;
   for (int b = 1; b + 1 < n; ++b)
-    counts[spill_nvme[b]           ? "offload_nvme"
-           : checkpoint_nvme[b]    ? "recompute_offload_nvme"
-           : offload_checkpoint[b] ? "recompute_offload_cpu"
-                                   : std::string(engine::SaveModeName(modes[b]))]++;
-  for (const auto& [m, c] : counts) plan << " " << m << "x" << c;
+    counts[device_plan.spill_nvme[b]        ? "offload_nvme"
+           : device_plan.checkpoint_nvme[b] ? "recompute_offload_nvme"
+           : device_plan.offload_checkpoint[b]
+               ? "recompute_offload_cpu"
+               : std::string(engine::SaveModeName(device_plan.modes[b]))]++;
+  for (const auto& [m, c] : counts) text << " " << m << "x" << c;
   bool masters_in_ram = false;  // the NVMe tier's blocks in RAM: the device reads their masters
   for (int b = 0; b < n; ++b)
     masters_in_ram |= internal::BlockWeightsFp32(ho, static_cast<size_t>(b));
-  plan << "; optimizer states in "
+  text << "; optimizer states in "
        << (cfg.offload.tier != StateTier::kNvme ? "RAM"
-           : state_placement_text.empty()       ? "NVMe"
-                                                : "RAM and NVMe: " + state_placement_text)
-       << (state_placement_text.empty() && !weight_placement_text.empty()
-               ? " (" + weight_placement_text + ")"
+           : device_plan.state_placement_text.empty()
+               ? "NVMe"
+               : "RAM and NVMe: " + device_plan.state_placement_text)
+       << (device_plan.state_placement_text.empty() && !device_plan.weight_placement_text.empty()
+               ? " (" + device_plan.weight_placement_text + ")"
                : "")
        << ", arena " << FormatByteSize(HostOptimizer::ArenaBytes(ho)) << " ("
        << HostOptimizer::BytesPerParameter(ho) << " B/parameter, weights "
@@ -452,35 +447,37 @@ std::string Trainer::Impl::DescribePlan(const HostOptimizerOptions& ho) const {
                : std::string("earliest-needed first"))
        << " (" << ho.update_depth << " queued per worker), optimizer " << optimizer_mode.Describe();
   if (!optimizer_mode.Exact()) {
-    plan << " (" << ShortNumber(workers::StateBytesPerParam(optimizer_mode))
+    text << " (" << ShortNumber(workers::StateBytesPerParam(optimizer_mode))
          << " B/parameter of master and states, on the host and on the device alike)";
   }
-  if (device_placement_pending) {
-    plan << "; AdamW states on the device: as many blocks as fit beside the first step's measured "
+  if (device_plan.device_placement_pending) {
+    text << "; AdamW states on the device: as many blocks as fit beside the first step's measured "
             "peak";
-  } else if (device_opt) {
-    plan << "; AdamW states of blocks 0-" << device_opt->count() - 1 << " on the device ("
-         << device_opt->params() << " parameters, "
-         << FormatByteSize(static_cast<uint64_t>(static_cast<double>(device_opt->params()) *
-                                                 workers::StateBytesPerParam(optimizer_mode)))
+  } else if (pipeline.device_opt) {
+    text << "; AdamW states of blocks 0-" << pipeline.device_opt->count() - 1 << " on the device ("
+         << pipeline.device_opt->params() << " parameters, "
+         << FormatByteSize(
+                static_cast<uint64_t>(static_cast<double>(pipeline.device_opt->params()) *
+                                      workers::StateBytesPerParam(optimizer_mode)))
          << ")";
   }
-  plan << "; " << DescribeClipping(ho);
-  if (lsp) plan << "; " << lsp->Describe();
-  plan << "; " << total << " steps";
+  text << "; " << DescribeClipping(ho);
+  if (pipeline.lsp) text << "; " << pipeline.lsp->Describe();
+  text << "; " << total << " steps";
   if (scaler) {
-    plan << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor
+    text << "; dynamic loss scale from " << scaler->scale() << " (x" << cfg.loss_scale.growth_factor
          << " every " << cfg.loss_scale.growth_interval << " clean steps, x"
          << cfg.loss_scale.backoff_factor << " on overflow)";
   }
-  if (cuda) plan << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(gpu_budget));
-  plan << "; "
-       << TilesAt(TileShapeAt(cfg.batch_size, SeqLength()), tiles.mlp_tile_bytes,
-                  tiles.head_chunk_bytes)
+  if (cuda)
+    text << "; GPU budget " << FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget));
+  text << "; "
+       << TilesAt(TileShapeAt(cfg.batch_size, SeqLength()), device_plan.tiles.mlp_tile_bytes,
+                  device_plan.tiles.head_chunk_bytes)
               .Describe()
        << " at " << SeqLength() << " tokens per row";
-  if (tiles.from_budget) plan << " (from the GPU budget)";
-  return plan.str();
+  if (device_plan.tiles.from_budget) text << " (from the GPU budget)";
+  return text.str();
 }
 
 std::string Trainer::Impl::DescribeClipping(const HostOptimizerOptions& ho) const {
@@ -507,10 +504,10 @@ std::string Trainer::Impl::DescribeClipping(const HostOptimizerOptions& ho) cons
 
 StatusOr<bool> Trainer::Impl::PlanDevice() {
   RETURN_IF_ERROR(InitialModes());
-  shape_profile = CachedShapeProfile(cfg.batch_size);
-  if (shape_profile) {
-    Log(TrainObserver::Level::kInfo, "shape profile cached " + shape_profile->measured_at + " (" +
-                                         shape_profile->key + ")");
+  planner.shape_profile = CachedShapeProfile(cfg.batch_size);
+  if (planner.shape_profile) {
+    Log(TrainObserver::Level::kInfo, "shape profile cached " + planner.shape_profile->measured_at +
+                                         " (" + planner.shape_profile->key + ")");
   }
   if (!cuda) {
     RETURN_IF_ERROR(PlanDeviceOptimizer(true, 0));
@@ -519,25 +516,25 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
 
   const MemoryEstimate est = EstimateMemory(cfg.batch_size);
   const std::vector<engine::BlockCost>& cost = est.cost;
-  const int64_t weights = est.weights;
-  gpu_budget = DeviceBudget();
+  const int64_t weight_bytes = est.weights;
+  device_plan.gpu_budget = DeviceBudget();
   int64_t workspace = est.workspace;  // LSP's and packed attention's included (EstimateMemory)
-  if (shape_profile) {
+  if (planner.shape_profile) {
     // Measured on this GPU for this model and micro-batch shape: the step's working set beyond
     // what that run's plan held, plus room for the allocator's placement to differ between runs.
-    const int64_t measured = shape_profile->workspace_bytes + kProfiledWorkspaceSlack;
+    const int64_t measured = planner.shape_profile->workspace_bytes + kProfiledWorkspaceSlack;
     Log(TrainObserver::Level::kInfo,
-        "GPU working set from the shape profile of " + shape_profile->measured_at + ": " +
+        "GPU working set from the shape profile of " + planner.shape_profile->measured_at + ": " +
             FormatByteSize(static_cast<uint64_t>(measured)) + " (the static estimate says " +
             FormatByteSize(static_cast<uint64_t>(workspace)) + ")");
     workspace = measured;
   }
   int64_t acts = 0;  // held between forward and backward, per the modes chosen above
   for (int b = 0; b < n; ++b) {
-    if (modes[b] == engine::SaveMode::kKeep) acts += cost[b].saved_bytes_keep;
-    if (modes[b] == engine::SaveMode::kRecompute) acts += cost[b].saved_bytes_recompute;
+    if (device_plan.modes[b] == engine::SaveMode::kKeep) acts += cost[b].saved_bytes_keep;
+    if (device_plan.modes[b] == engine::SaveMode::kRecompute) acts += cost[b].saved_bytes_recompute;
   }
-  auto fits = [&](int64_t w) { return w + acts + workspace <= gpu_budget; };
+  auto fits = [&](int64_t w) { return w + acts + workspace <= device_plan.gpu_budget; };
   const int64_t streamed = est.streamed;
   using Weights = OffloadPlanConfig::Weights;
   // With the device optimizer placed automatically, weights left to auto are streamed: GPU
@@ -548,44 +545,50 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
   // LSP: only the embedding's states can move (PlanLspDeviceOptimizer), so residency comes first
   // (TinyLlama b8 in 6 GiB on the H200: 38,472 tok/s resident, 36,523 streamed with the states
   // then not fitting).
-  const bool prefer_states = cfg.offload.device_optimizer_blocks == OffloadPlanConfig::kAutoDeviceOptimizer &&
-                             cfg.offload.device_optimizer_share < 0 && !lsp;
+  const bool prefer_states =
+      cfg.offload.device_optimizer_blocks == OffloadPlanConfig::kAutoDeviceOptimizer &&
+      cfg.offload.device_optimizer_share < 0 && !pipeline.lsp;
   bool resident = cfg.offload.weights == Weights::kResident ||
                   (cfg.offload.weights == Weights::kAuto && !prefer_states);
-  if (resident && !fits(weights) && cfg.offload.weights == Weights::kResident) {
+  if (resident && !fits(weight_bytes) && cfg.offload.weights == Weights::kResident) {
     return ResourceExhaustedError(
-        "weights resident on the GPU need " + FormatByteSize(static_cast<uint64_t>(weights)) +
+        "weights resident on the GPU need " + FormatByteSize(static_cast<uint64_t>(weight_bytes)) +
         " + activations " + FormatByteSize(static_cast<uint64_t>(acts)) + " + workspace " +
         FormatByteSize(static_cast<uint64_t>(workspace)) + " > gpu_memory_limit " +
-        FormatByteSize(static_cast<uint64_t>(gpu_budget)) + "; let them stream (offload_param: cpu)" +
-        LargestBatchHint());
+        FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget)) +
+        "; let them stream (offload_param: cpu)" + LargestBatchHint());
   }
-  if (!resident || !fits(weights)) {
+  if (!resident || !fits(weight_bytes)) {
     resident = false;
     // Auto layers that do not fit with their checkpoints on the device keep them in pinned host
     // memory instead, lowest first (held longest): each costs its input's bytes over PCIe each way,
     // which the copy streams overlap with the neighbouring blocks' compute.
     int moved = 0;
     for (int b = 1; b + 1 < n && !fits(streamed); ++b) {
-      if (cfg.offload.layer_overrides.count(b - 1) || cfg.offload.activations != ActivationMode::kAuto ||
-          modes[b] != engine::SaveMode::kRecompute || offload_checkpoint[b]) {
+      if (cfg.offload.layer_overrides.count(b - 1) ||
+          cfg.offload.activations != ActivationMode::kAuto ||
+          device_plan.modes[b] != engine::SaveMode::kRecompute ||
+          device_plan.offload_checkpoint[b]) {
         continue;
       }
-      offload_checkpoint[b] = true;
+      device_plan.offload_checkpoint[b] = true;
       acts -= cost[b].saved_bytes_recompute;
       ++moved;
     }
     if (moved > 0) {
       Log(TrainObserver::Level::kInfo,
-          "the checkpoints of " + std::to_string(moved) + " layers wait for the backward in pinned host " +
-              "memory (recompute_offload_cpu): with them on the GPU the step needs more than gpu_memory_limit " +
-              FormatByteSize(static_cast<uint64_t>(gpu_budget)));
+          "the checkpoints of " + std::to_string(moved) +
+              " layers wait for the backward in pinned host " +
+              "memory (recompute_offload_cpu): with them on the GPU the step needs more than "
+              "gpu_memory_limit " +
+              FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget)));
     }
-    if (!fits(streamed) && !shape_profile) {
+    if (!fits(streamed) && !planner.shape_profile) {
       // Smaller MLP tiles and LM-head chunks, the largest whose working sets fit the room the
       // rest of the step leaves at max_seq_length (trainer/tile_plan.h).
-      const TileChoice t = ChooseTiles(TileShapeAt(cfg.batch_size, SeqLength()),
-                                       gpu_budget - (streamed + acts + workspace - est.tiles));
+      const TileChoice t =
+          ChooseTiles(TileShapeAt(cfg.batch_size, SeqLength()),
+                      device_plan.gpu_budget - (streamed + acts + workspace - est.tiles));
       if (t.from_budget) {
         workspace += t.bytes() - est.tiles;
         ApplyTiles(t);
@@ -597,19 +600,22 @@ StatusOr<bool> Trainer::Impl::PlanDevice() {
     }
     if (!fits(streamed)) {
       return ResourceExhaustedError(
-          "gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(gpu_budget)) +
+          "gpu_memory_limit " + FormatByteSize(static_cast<uint64_t>(device_plan.gpu_budget)) +
           " is too small: even streaming the weights (" +
           FormatByteSize(static_cast<uint64_t>(streamed)) + " in flight) and recomputing " +
           "activations (" + FormatByteSize(static_cast<uint64_t>(acts)) + " held) needs " +
-          FormatByteSize(static_cast<uint64_t>(streamed + acts + workspace)) +
-          " with a " + FormatByteSize(static_cast<uint64_t>(workspace)) + " workspace" + WorkspaceParts(est) +
+          FormatByteSize(static_cast<uint64_t>(streamed + acts + workspace)) + " with a " +
+          FormatByteSize(static_cast<uint64_t>(workspace)) + " workspace" + WorkspaceParts(est) +
           "; lower per_device_train_batch_size or max_seq_length" + LargestBatchHint());
     }
   }
-  RETURN_IF_ERROR(PlanDeviceOptimizer(resident, (resident ? weights : streamed) + acts + workspace));
-  const int placed = static_cast<int>(std::count(device_blocks.begin(), device_blocks.end(), true));
-  planned_held_bytes = (resident ? weights : streamed) + acts + DeviceOptimizerNeeds(resident)[placed];
-  ASSIGN_OR_RETURN(int64_t total_mem, streams->CapMemory(gpu_budget));
+  RETURN_IF_ERROR(
+      PlanDeviceOptimizer(resident, (resident ? weight_bytes : streamed) + acts + workspace));
+  const int placed = static_cast<int>(
+      std::count(device_plan.device_blocks.begin(), device_plan.device_blocks.end(), true));
+  planner.planned_held_bytes =
+      (resident ? weight_bytes : streamed) + acts + DeviceOptimizerNeeds(resident)[placed];
+  ASSIGN_OR_RETURN(int64_t total_mem, pipeline.streams->CapMemory(device_plan.gpu_budget));
   (void)total_mem;
   return resident;
 }
@@ -620,12 +626,12 @@ Status Trainer::Impl::StartSpill() {
   const int64_t B = cfg.batch_size;
   const int64_t T = SeqLength();
   for (int b = 0; b < n; ++b) {
-    if (!spill_nvme[b] && !checkpoint_nvme[b]) continue;
+    if (!device_plan.spill_nvme[b] && !device_plan.checkpoint_nvme[b]) continue;
     ++spilled;
     const engine::BlockCost c = model->block(b).EstimateCost(B, T, dtype);
-    if (spill_nvme[b])
+    if (device_plan.spill_nvme[b])
       largest = std::max<uint64_t>(largest, static_cast<uint64_t>(c.saved_bytes_keep));
-    if (checkpoint_nvme[b]) {
+    if (device_plan.checkpoint_nvme[b]) {
       largest_checkpoint =
           std::max<uint64_t>(largest_checkpoint, static_cast<uint64_t>(c.saved_bytes_recompute));
     }
@@ -643,7 +649,7 @@ Status Trainer::Impl::StartSpill() {
   // over the estimate, which counts the saved tensors without allocator padding; the host memory
   // check counted the same (trainer/checkpoint_placement.h).
   so.buffer_bytes = ActivationSpillBufferBytes(largest, largest_checkpoint);
-  ASSIGN_OR_RETURN(spill, ActivationSpill::Create(so, streams.get()));
+  ASSIGN_OR_RETURN(pipeline.spill, ActivationSpill::Create(so, pipeline.streams.get()));
   return OkStatus();
 }
 
@@ -652,79 +658,85 @@ Status Trainer::Impl::StartPipeline(bool resident) {
   wo.model = model.get();
   wo.layout = &layout;
   wo.host = host.get();
-  wo.streams = streams.get();
+  wo.streams = pipeline.streams.get();
   wo.device = device;
   wo.dtype = dtype;
   wo.resident = resident;
-  wo.device_optimizer = device_opt.get();
+  wo.device_optimizer = pipeline.device_opt.get();
   if (across_hosts()) {
     wo.full_weights = &full_weights;
     wo.wait_weights = [this](int b, uint64_t step) { return gather->WaitGathered(b, step); };
   }
-  if (lsp && lsp->on_device()) {  // effective weights exist only while their block computes
+  if (pipeline.lsp &&
+      pipeline.lsp->on_device()) {  // effective weights exist only while their block computes
     // W_base + P A Q^T, GPU-timed on its own track (a no-op when block b's are current).
-    wo.on_ensured = [l = lsp.get(), s = streams.get(), m = model.get()](int b) {
+    wo.on_ensured = [l = pipeline.lsp.get(), s = pipeline.streams.get(), m = model.get()](int b) {
       if (!l->Stale(b)) return;
       s->BeginInner("lsp decompress", "decompress " + m->block(b).name());
       l->Materialize(b);
       s->EndInner();
     };
-    wo.on_released = [l = lsp.get()](int b) { l->Release(b); };
+    wo.on_released = [l = pipeline.lsp.get()](int b) { l->Release(b); };
   }
-  ASSIGN_OR_RETURN(weights, WeightResidency::Create(wo));
+  ASSIGN_OR_RETURN(pipeline.weights, WeightResidency::Create(wo));
   if (across_hosts()) RETURN_IF_ERROR(StartGather());
-  std::vector<bool> to_nvme = spill_nvme;  // whole saved activations, or the layer input
-  for (int b = 0; b < n; ++b) to_nvme[b] = to_nvme[b] || checkpoint_nvme[b];
-  activations = std::make_unique<ActivationOffload>(spill.get(), streams.get(), to_nvme, device);
+  std::vector<bool> to_nvme =
+      device_plan.spill_nvme;  // whole saved activations, or the layer input
+  for (int b = 0; b < n; ++b) to_nvme[b] = to_nvme[b] || device_plan.checkpoint_nvme[b];
+  pipeline.activations = std::make_unique<ActivationOffload>(
+      pipeline.spill.get(), pipeline.streams.get(), to_nvme, device);
 
   StepAccounting::Options ao;
   ao.host = host.get();
-  ao.streams = streams.get();
-  ao.spill = spill.get();
+  ao.streams = pipeline.streams.get();
+  ao.spill = pipeline.spill.get();
   ao.scaler = scaler ? &*scaler : nullptr;
   ao.observer = obs;
   ao.trace_steps = cfg.trace_steps;
   ao.max_steps = total;
-  accounting = std::make_unique<StepAccounting>(ao);
+  pipeline.accounting = std::make_unique<StepAccounting>(ao);
 
   StepSchedule::Options so;
   so.model = model.get();
   so.layout = &layout;
-  so.modes = modes;
-  so.offload_checkpoint = offload_checkpoint;
-  so.weights = weights.get();
-  so.activations = activations.get();
+  so.modes = device_plan.modes;
+  so.offload_checkpoint = device_plan.offload_checkpoint;
+  so.weights = pipeline.weights.get();
+  so.activations = pipeline.activations.get();
   so.host = host.get();
-  so.device_optimizer = device_opt.get();
-  so.streams = streams.get();
-  so.accounting = accounting.get();
+  so.device_optimizer = pipeline.device_opt.get();
+  so.streams = pipeline.streams.get();
+  so.accounting = pipeline.accounting.get();
   so.scaler = ao.scaler;
   so.device = device;
   so.dtype = dtype;
   so.accumulation_steps = static_cast<uint32_t>(cfg.gradient_accumulation_steps);
   so.dp = dp.get();
   so.ranks_per_host = across_hosts() ? ranks_per_host() : 0;
-  if (lsp) {
-    so.compress = [l = lsp.get()](const ParamSlot& slot, const at::Tensor& grad) { return l->Compress(slot, grad); };
+  if (pipeline.lsp) {
+    so.compress = [l = pipeline.lsp.get()](const ParamSlot& slot, const at::Tensor& grad) {
+      return l->Compress(slot, grad);
+    };
   }
-  ASSIGN_OR_RETURN(schedule, StepSchedule::Create(so));
+  ASSIGN_OR_RETURN(pipeline.schedule, StepSchedule::Create(so));
 
   // Updated weights flow back to the device from the optimizer thread, right behind each update.
-  if (device_opt) accounting->SetDeviceParams(device_opt->params());
-  host->SetOnUpdated([this, w = weights.get(), l = lsp.get(), h = host.get()](int b) -> Status {
+  if (pipeline.device_opt) pipeline.accounting->SetDeviceParams(pipeline.device_opt->params());
+  host->SetOnUpdated([this, w = pipeline.weights.get(), l = pipeline.lsp.get(),
+                      h = host.get()](int b) -> Status {
     if (!across_hosts()) w->OnUpdated(b);  // across hosts: once the slices are gathered
     if (!l) return OkStatus();
     const int64_t t0 = NowMicros();  // LSP: W_base + P A Q^T (CPU), or marks the block stale (CUDA)
     RETURN_IF_ERROR(l->OnUpdated(b, h->master_weights(b)));
     if (!l->on_device()) {
-      accounting->AddSpan({"lsp", "decompress " + model->block(b).name(), static_cast<double>(t0),
-                           static_cast<double>(NowMicros())});
+      pipeline.accounting->AddSpan({"lsp", "decompress " + model->block(b).name(),
+                                    static_cast<double>(t0), static_cast<double>(NowMicros())});
     }
     return OkStatus();
   });
   host->SetSpanSink([this](const char* track, int b, int64_t start_us, int64_t end_us) {
-    accounting->AddSpan({track, "update " + model->block(b).name(), static_cast<double>(start_us),
-                         static_cast<double>(end_us)});
+    pipeline.accounting->AddSpan({track, "update " + model->block(b).name(),
+                                  static_cast<double>(start_us), static_cast<double>(end_us)});
   });
   return OkStatus();
 }

@@ -111,14 +111,14 @@ Status Trainer::Impl::PublishDevicePlan(int device_block_count) {
   if (!dp) return OkStatus();
   std::string kept;
   for (int b = 0; b < n; ++b) {
-    if (modes[b] == engine::SaveMode::kKeep) kept += " " + std::to_string(b);
+    if (device_plan.modes[b] == engine::SaveMode::kKeep) kept += " " + std::to_string(b);
   }
   return dp->Set("device-plan", std::to_string(device_block_count) + kept);
 }
 
 Status Trainer::Impl::FollowDevicePlan() {
-  device_placement_pending = false;
-  RETURN_IF_ERROR(accounting->Flush());
+  device_plan.device_placement_pending = false;
+  RETURN_IF_ERROR(pipeline.accounting->Flush());
   ASSIGN_OR_RETURN(const std::string text, dp->Get("device-plan"));
   std::istringstream in(text);
   int count = 0;
@@ -126,8 +126,8 @@ Status Trainer::Impl::FollowDevicePlan() {
   std::string kept_list;
   for (int b; in >> b;) {
     if (b < 0 || b >= n) return InternalError("rank 0's plan names block " + std::to_string(b));
-    modes[b] = engine::SaveMode::kKeep;
-    schedule->SetMode(b, engine::SaveMode::kKeep);
+    device_plan.modes[b] = engine::SaveMode::kKeep;
+    pipeline.schedule->SetMode(b, engine::SaveMode::kKeep);
     kept_list += " " + std::to_string(b);
   }
   if (count < 0 || count > n) return InternalError("rank 0's plan places " + std::to_string(count) + " blocks");

@@ -61,8 +61,8 @@ std::optional<ShapeProfile> Trainer::Impl::CachedShapeProfile(int64_t batch) {
 }
 
 Status Trainer::Impl::RecordShapeProfile() {
-  RETURN_IF_ERROR(accounting->Flush());  // the step's compute spans
-  const StepStats& s = accounting->last_stats();
+  RETURN_IF_ERROR(pipeline.accounting->Flush());  // the step's compute spans
+  const StepStats& s = pipeline.accounting->last_stats();
   const double A = static_cast<double>(cfg.gradient_accumulation_steps);
   ShapeProfile p;
   p.gpu = DeviceName(cuda, device);
@@ -78,14 +78,16 @@ Status Trainer::Impl::RecordShapeProfile() {
     engine::Block& block = model->block(b);
     BlockProfile bp;
     bp.name = block.name();
-    bp.mode = offload_checkpoint[b] ? "recompute_offload_cpu" : std::string(engine::SaveModeName(modes[b]));
+    bp.mode = device_plan.offload_checkpoint[b]
+                  ? "recompute_offload_cpu"
+                  : std::string(engine::SaveModeName(device_plan.modes[b]));
     const engine::BlockCost c = block.EstimateCost(cfg.batch_size, p.seq, dtype);
     bp.keep_bytes = block.last_saved_bytes();  // measured (kept, offloaded or recomputed)
     bp.recompute_bytes = c.saved_bytes_recompute;  // its input: exactly [batch, seq, hidden]
     index[bp.name] = b;
     p.blocks.push_back(std::move(bp));
   }
-  for (const Span& sp : accounting->last_compute_spans()) {
+  for (const Span& sp : pipeline.accounting->last_compute_spans()) {
     const bool fwd = sp.name.rfind("forward ", 0) == 0, bwd = sp.name.rfind("backward ", 0) == 0;
     if (!fwd && !bwd) continue;
     auto it = index.find(sp.name.substr(fwd ? 8 : 9));
@@ -99,12 +101,13 @@ Status Trainer::Impl::RecordShapeProfile() {
   }
   for (int b = 0; b < n; ++b) {
     // The recompute runs the forward's own computation (Block::Run) once more.
-    if (modes[b] == engine::SaveMode::kRecompute) p.blocks[b].recompute_s = p.blocks[b].forward_s;
+    if (device_plan.modes[b] == engine::SaveMode::kRecompute)
+      p.blocks[b].recompute_s = p.blocks[b].forward_s;
   }
   p.gpu_seconds = s.gpu_compute_seconds / A;
-  p.peak_reserved_bytes = streams->PeakReservedBytes();
-  p.peak_allocated_bytes = streams->PeakAllocatedBytes();
-  p.workspace_bytes = std::max<int64_t>(0, p.peak_reserved_bytes - planned_held_bytes);
+  p.peak_reserved_bytes = pipeline.streams->PeakReservedBytes();
+  p.peak_allocated_bytes = pipeline.streams->PeakAllocatedBytes();
+  p.workspace_bytes = std::max<int64_t>(0, p.peak_reserved_bytes - planner.planned_held_bytes);
   p.measured_at = NowUtcIso8601();
   double slowest = -1;
   int slow = 0;
@@ -113,17 +116,18 @@ Status Trainer::Impl::RecordShapeProfile() {
   }
   Log(TrainObserver::Level::kInfo,
       "shape profile (step " + std::to_string(s.step) + ", " + key + "): GPU " +
-          FormatByteSize(static_cast<uint64_t>(p.peak_reserved_bytes)) + " peak reserved, working set " +
+          FormatByteSize(static_cast<uint64_t>(p.peak_reserved_bytes)) +
+          " peak reserved, working set " +
           FormatByteSize(static_cast<uint64_t>(p.workspace_bytes)) + " beyond the planned " +
-          FormatByteSize(static_cast<uint64_t>(planned_held_bytes)) + "; slowest backward " +
-          DescribeBlockProfile(p.blocks[slow]));
+          FormatByteSize(static_cast<uint64_t>(planner.planned_held_bytes)) +
+          "; slowest backward " + DescribeBlockProfile(p.blocks[slow]));
   if (!cfg.profile_dir.empty()) {
     // The cache only saves the next run a static estimate: a job does not fail on it.
     if (Status st = WriteShapeProfile(cfg.profile_dir, p); !st.ok()) {
       Log(TrainObserver::Level::kWarning, "shape profile not cached: " + std::string(st.message()));
     }
   }
-  shape_profile = std::move(p);
+  planner.shape_profile = std::move(p);
   return OkStatus();
 }
 

@@ -78,7 +78,7 @@ std::string Trainer::Impl::Fingerprint() const {
   for (const auto& bl : layout) layers.push_back(SpecsOf(bl));
   // LSP checkpoints hold subspace coordinates where exact ones hold weights: "llama+lsp" says so
   // when one is offered to the other mode.
-  return ModelFingerprint(model->config().model_type + (lsp ? "+lsp" : ""), layers);
+  return ModelFingerprint(model->config().model_type + (pipeline.lsp ? "+lsp" : ""), layers);
 }
 
 Status Trainer::Impl::CheckOptimizerMode() {
@@ -127,13 +127,15 @@ Status Trainer::Impl::CheckOptimizerMode() {
 }
 
 Status Trainer::Impl::ReadBlockStates(int b, float* master, float* exp_avg, float* exp_avg_sq) {
-  if (device_opt && device_opt->owns(b)) return device_opt->ReadStates(b, master, exp_avg, exp_avg_sq);
+  if (pipeline.device_opt && pipeline.device_opt->owns(b))
+    return pipeline.device_opt->ReadStates(b, master, exp_avg, exp_avg_sq);
   return host->ReadStates(b, master, exp_avg, exp_avg_sq);
 }
 
 Status Trainer::Impl::RestoreBlockStates(int b, const float* master, const float* exp_avg,
                                          const float* exp_avg_sq, uint64_t adam_step) {
-  if (device_opt && device_opt->owns(b)) return device_opt->RestoreStates(b, master, exp_avg, exp_avg_sq);
+  if (pipeline.device_opt && pipeline.device_opt->owns(b))
+    return pipeline.device_opt->RestoreStates(b, master, exp_avg, exp_avg_sq);
   return host->RestoreStates(b, master, exp_avg, exp_avg_sq, adam_step);
 }
 
@@ -157,17 +159,18 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
       RETURN_IF_ERROR(ReadBlockStates(b, master.data(), nullptr, nullptr));
       m_region.resize(host->state_region_bytes(b));
       v_region.resize(host->state_region_bytes(b));
-      const bool on_device = device_opt && device_opt->owns(b);
-      RETURN_IF_ERROR(on_device
-                          ? device_opt->ReadRegions(b, nullptr, m_region.data(), v_region.data())
-                          : host->ReadStateRegions(b, m_region.data(), v_region.data()));
+      const bool on_device = pipeline.device_opt && pipeline.device_opt->owns(b);
+      RETURN_IF_ERROR(
+          on_device ? pipeline.device_opt->ReadRegions(b, nullptr, m_region.data(), v_region.data())
+                    : host->ReadStateRegions(b, m_region.data(), v_region.data()));
       ls.state_dtype = std::string(workers::StateDtypeName(optimizer_mode.state));
       ls.exp_avg_region = m_region;
       ls.exp_avg_sq_region = v_region;
       if (bf16_master) {  // the region itself: fp32 master values do not restore it bit for bit
         w_region.resize(host->master_region_bytes(b));
-        RETURN_IF_ERROR(on_device ? device_opt->ReadRegions(b, w_region.data(), nullptr, nullptr)
-                                  : host->ReadMasterRegion(b, w_region.data()));
+        RETURN_IF_ERROR(on_device
+                            ? pipeline.device_opt->ReadRegions(b, w_region.data(), nullptr, nullptr)
+                            : host->ReadMasterRegion(b, w_region.data()));
         ls.master_dtype = "bf16";
         ls.master_region = w_region;
       }
@@ -181,11 +184,11 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     ls.params = SpecsOf(layout[b]);
     if (across_hosts()) ls.params = {ParamSpec{SliceName(b), {static_cast<int64_t>(numel)}}};
     ls.master = {std::span<const float>(master)};
-    ls.adam_step = accounting->applied();
+    ls.adam_step = pipeline.accounting->applied();
     RETURN_IF_ERROR(w.WriteLayer(b, ls));
   }
-  if (lsp) {  // projectors, W_base and the switch count (lsp/README.md)
-    ASSIGN_OR_RETURN(const std::string lsp_state, lsp->Serialize());
+  if (pipeline.lsp) {  // projectors, W_base and the switch count (lsp/README.md)
+    ASSIGN_OR_RETURN(const std::string lsp_state, pipeline.lsp->Serialize());
     RETURN_IF_ERROR(w.AddFile(kLspStateFile, lsp_state));
   }
   for (const char* f : {"config.json", "generation_config.json"}) {
@@ -207,7 +210,7 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
   st.master_dtype = std::string(workers::MasterDtypeName(optimizer_mode.master));
   if (scaler) st.grad_scaler = scaler->state();
   if (cfg.auto_batch_size) st.auto_batch = TrainerState::BatchShape{cfg.batch_size, cfg.gradient_accumulation_steps};
-  st.log_history = accounting->loss_history();
+  st.log_history = pipeline.accounting->loss_history();
   st.hf.logging_steps = cfg.logging_steps;
   st.hf.eval_steps = cfg.eval_steps > 0 ? cfg.eval_steps : cfg.logging_steps;
   st.hf.save_steps = cfg.save_steps;
@@ -222,7 +225,8 @@ StatusOr<std::string> Trainer::Impl::SaveCheckpoint() {
     RETURN_IF_ERROR(PublishPartition(completed, info.path));
     return info.path;
   }
-  if (obs) obs->OnCheckpoint(info.path, info.step, info.size_bytes, accounting->last_loss());
+  if (obs)
+    obs->OnCheckpoint(info.path, info.step, info.size_bytes, pipeline.accounting->last_loss());
   Log(TrainObserver::Level::kInfo, "checkpoint " + info.path + " written");
   return info.path;
 }
@@ -262,9 +266,9 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
     } else {
       RETURN_IF_ERROR(
           RestoreBlockStates(b, master.data(), nullptr, nullptr, static_cast<uint64_t>(adam_step)));
-      if (device_opt && device_opt->owns(b)) {
-        RETURN_IF_ERROR(device_opt->RestoreRegions(b, bf16_master ? w_region.data() : nullptr,
-                                                   m_region.data(), v_region.data()));
+      if (pipeline.device_opt && pipeline.device_opt->owns(b)) {
+        RETURN_IF_ERROR(pipeline.device_opt->RestoreRegions(
+            b, bf16_master ? w_region.data() : nullptr, m_region.data(), v_region.data()));
       } else {
         RETURN_IF_ERROR(host->RestoreStateRegions(b, m_region.data(), v_region.data()));
         if (bf16_master) RETURN_IF_ERROR(host->RestoreMasterRegion(b, w_region.data()));
@@ -286,19 +290,20 @@ Status Trainer::Impl::RestoreCheckpoint(const std::string& dir) {
     }
   }
   completed = st.global_step;
-  accounting->Restore(adam_steps, st.log_history);
+  pipeline.accounting->Restore(adam_steps, st.log_history);
   if (dp) RETURN_IF_ERROR(dp->Set("resume-adam-steps", std::to_string(adam_steps)));  // RestoreFollower
   RETURN_IF_ERROR(
       host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
-  if (lsp) {
+  if (pipeline.lsp) {
     const std::string path = dir + "/" + kLspStateFile;
     if (access(path.c_str(), F_OK) != 0) {
       return FailedPreconditionError(dir + ": has no " + kLspStateFile + " (not an LSP checkpoint)");
     }
-    RETURN_IF_ERROR(lsp->Restore(path));
-    for (int b = 0; b < n; ++b) RETURN_IF_ERROR(lsp->OnUpdated(b, host->master_weights(b)));
+    RETURN_IF_ERROR(pipeline.lsp->Restore(path));
+    for (int b = 0; b < n; ++b)
+      RETURN_IF_ERROR(pipeline.lsp->OnUpdated(b, host->master_weights(b)));
   }
-  RETURN_IF_ERROR(weights->Reload());
+  RETURN_IF_ERROR(pipeline.weights->Reload());
   Log(TrainObserver::Level::kInfo,
       "resumed from " + dir + " at step " + std::to_string(completed) + " of " + std::to_string(total));
   return OkStatus();
@@ -317,17 +322,17 @@ Status Trainer::Impl::RestoreFollower(const std::string& dir) {
   // and the device blocks' AdamW step on every rank: rank 0 read them from the layers.
   ASSIGN_OR_RETURN(const std::string applied_text, dp->Get("resume-adam-steps"));
   const int64_t adam_steps = std::stoll(applied_text);
-  accounting->Restore(adam_steps, st.log_history);
+  pipeline.accounting->Restore(adam_steps, st.log_history);
   // This rank's replicas of the blocks whose states live on the GPUs (an explicit placement;
   // auto places them again from the arena after this run's first steps).
   std::vector<float> master, m, v;
-  for (int b = 0; device_opt && b < n; ++b) {
-    if (!device_opt->owns(b)) continue;
+  for (int b = 0; pipeline.device_opt && b < n; ++b) {
+    if (!pipeline.device_opt->owns(b)) continue;
     RETURN_IF_ERROR(ReadLayerStates(r, layout[b], b, &master, &m, &v).status());
-    RETURN_IF_ERROR(device_opt->RestoreStates(b, master.data(), m.data(), v.data()));
+    RETURN_IF_ERROR(pipeline.device_opt->RestoreStates(b, master.data(), m.data(), v.data()));
   }
   RETURN_IF_ERROR(host->ResumeAt(static_cast<uint64_t>(completed), static_cast<uint64_t>(adam_steps)));
-  RETURN_IF_ERROR(weights->Reload());
+  RETURN_IF_ERROR(pipeline.weights->Reload());
   Log(TrainObserver::Level::kInfo, "rank " + std::to_string(dp->rank()) + " resumed from " + dir + " at step " +
                                        std::to_string(completed));
   return OkStatus();
@@ -361,7 +366,7 @@ Status Trainer::Impl::ExportModel(const std::string& dir) {
     layout[b].Bind(master);
   }
   Status st = model->Export(dir);
-  for (int b = 0; b < n; ++b) weights->Rebind(b);  // back to the compute bindings
+  for (int b = 0; b < n; ++b) pipeline.weights->Rebind(b);  // back to the compute bindings
   RETURN_IF_ERROR(st);
   RETURN_IF_ERROR(ExportTokenizer(dir));
   return WriteModelCard(dir);
@@ -446,8 +451,8 @@ Status Trainer::Impl::WriteModelCard(const std::string& dir) {
       {"compute_dtype", cfg.compute_dtype},
   };
   f.steps = completed;
-  if (completed > 0) f.final_loss = accounting->last_loss();
-  f.eval_loss = last_eval_loss;
+  if (completed > 0) f.final_loss = pipeline.accounting->last_loss();
+  f.eval_loss = eval.loss;
   return WriteFileAtomically(JoinPath(dir, "README.md"), ModelCard(f)).WithContext("export");
 }
 
@@ -501,12 +506,12 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
       ASSIGN_OR_RETURN(OwnedFd dir, MakeDirsConfined(m.cfg.trace_path.substr(0, slash)));
       (void)dir;
     }
-    return m.accounting->WriteTrace(m.cfg.trace_path);
+    return m.pipeline.accounting->WriteTrace(m.cfg.trace_path);
   };
   auto evaluate = [&]() -> Status {
     return engine::RunTorch("evaluation", [&] { return m.Evaluate(); });
   };
-  if (m.eval_data) RETURN_IF_ERROR(evaluate());  // the starting point (or the resumed step's)
+  if (m.eval.data) RETURN_IF_ERROR(evaluate());  // the starting point (or the resumed step's)
   while (m.completed < m.total) {
     ASSIGN_OR_RETURN(const bool stop, m.StopAtBoundary());
     if (stop) {
@@ -518,7 +523,7 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
       return CancelledError("stopped at step " + std::to_string(m.completed));
     }
     RETURN_IF_ERROR(RunStep());
-    if (m.eval_data && (m.completed % m.cfg.eval_steps == 0 || m.completed == m.total)) {
+    if (m.eval.data && (m.completed % m.cfg.eval_steps == 0 || m.completed == m.total)) {
       RETURN_IF_ERROR(evaluate());
     }
     if (m.cfg.save_steps > 0 && m.completed % m.cfg.save_steps == 0 && m.completed < m.total &&
@@ -529,7 +534,7 @@ StatusOr<TrainResult> Trainer::Train(bool checkpoint_on_stop) {
   RETURN_IF_ERROR(m.Flush());
   RETURN_IF_ERROR(write_trace());
   result.steps = m.completed;
-  result.final_loss = m.accounting->last_loss();
+  result.final_loss = m.pipeline.accounting->last_loss();
   // Across hosts every rank takes part: the masters are gathered from the hosts' slices.
   if (!m.cfg.output_dir.empty() && m.cfg.export_final_model && (m.leader() || m.across_hosts())) {
     if (m.model->has_checkpoint()) {

@@ -1,5 +1,6 @@
-// The set-up's timing by phase (trainer_setup.cc): each phase's wall seconds and first start, and
-// the plan log's line, which names the phases that overlapped.
+// The set-up's timing by phase (trainer/setup_timing.h).
+#include "trainer/setup_timing.h"
+
 #include <algorithm>
 #include <chrono>
 #include <sstream>
@@ -8,7 +9,6 @@
 #include <vector>
 
 #include "common/units.h"
-#include "trainer/trainer_impl.h"
 
 namespace offloadd::trainer {
 namespace {
@@ -19,19 +19,18 @@ double Seconds(std::chrono::steady_clock::time_point from, std::chrono::steady_c
 
 }  // namespace
 
-void Trainer::Impl::AddSetupPhase(size_t phase, std::chrono::steady_clock::time_point begin,
-                                  std::chrono::steady_clock::time_point end) {
-  if (setup_start[phase] < 0) setup_start[phase] = Seconds(created, begin);
-  setup_seconds[phase] += Seconds(begin, end);
+void SetupTiming::Add(size_t phase, Clock::time_point begin, Clock::time_point end) {
+  if (start_[phase] < 0) start_[phase] = Seconds(created_, begin);
+  seconds_[phase] += Seconds(begin, end);
 }
 
-std::string Trainer::Impl::DescribeSetup() const {
+std::string SetupTiming::Describe(uint32_t threads, std::optional<uint64_t> arena_bytes) const {
   // The wall time the phases cover (their union), and for each phase that overlaps another its
   // interval and the phases it overlaps: the durations of overlapping phases do not add up.
   constexpr size_t kN = kSetupPhases.size();
   std::vector<std::pair<double, double>> spans;
   for (size_t i = 0; i < kN; ++i) {
-    if (setup_start[i] >= 0) spans.emplace_back(setup_start[i], setup_start[i] + setup_seconds[i]);
+    if (start_[i] >= 0) spans.emplace_back(start_[i], start_[i] + seconds_[i]);
   }
   std::sort(spans.begin(), spans.end());
   double covered = 0, reach = -1;
@@ -44,28 +43,26 @@ std::string Trainer::Impl::DescribeSetup() const {
     reach = std::max(reach, e);
   }
   auto overlap = [&](size_t i, size_t j) {
-    if (i == j || setup_start[i] < 0 || setup_start[j] < 0) return false;
-    const double lo = std::max(setup_start[i], setup_start[j]);
-    const double hi = std::min(setup_start[i] + setup_seconds[i], setup_start[j] + setup_seconds[j]);
+    if (i == j || start_[i] < 0 || start_[j] < 0) return false;
+    const double lo = std::max(start_[i], start_[j]);
+    const double hi = std::min(start_[i] + seconds_[i], start_[j] + seconds_[j]);
     return hi - lo > 1e-4;  // a tenth of a millisecond: not phases run one after the other
   };
   std::ostringstream out;
   out.precision(3);
-  out << "set-up " << covered << " s (" << SetupThreads() << " threads"
-      << (arena_in_background ? "; the arena populated in the background" : "")
-      << "):";
+  out << "set-up " << covered << " s (" << threads << " threads"
+      << (arena_in_background_ ? "; the arena populated in the background" : "") << "):";
   for (size_t i = 0; i < kN; ++i) {
-    out << (i ? ", " : " ") << kSetupPhases[i] << " " << setup_seconds[i];
+    out << (i ? ", " : " ") << kSetupPhases[i] << " " << seconds_[i];
     std::string with;
     for (size_t j = 0; j < kN; ++j) {
       if (overlap(i, j)) with += std::string(with.empty() ? "" : ", ") + kSetupPhases[j];
     }
     if (!with.empty()) {
-      out << " (" << setup_start[i] << "-" << setup_start[i] + setup_seconds[i] << " s, beside "
-          << with << ")";
+      out << " (" << start_[i] << "-" << start_[i] + seconds_[i] << " s, beside " << with << ")";
     }
   }
-  if (host) out << "; arena " << FormatByteSize(host->segment().total_size());
+  if (arena_bytes) out << "; arena " << FormatByteSize(*arena_bytes);
   return out.str();
 }
 
