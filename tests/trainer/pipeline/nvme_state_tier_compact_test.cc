@@ -25,7 +25,7 @@ uint16_t Bf16(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-void Run(HostOptimizer* h, uint64_t s) {
+void StepAll(HostOptimizer* h, uint64_t s) {
   ASSERT_TRUE(h->BeginStep(s, 1e-3).ok());
   for (int blk = h->num_blocks() - 1; blk >= 0; --blk) {
     ASSERT_TRUE(Bounded("WaitStagingFree", [&] { return h->WaitStagingFree(blk); }).ok());
@@ -134,8 +134,8 @@ TEST_F(HostOptimizerTest, CompactStatesOnNvmeTrainLikeRamAndResumeIntoAnotherPla
     ASSERT_TRUE(a && b);
     (void)b->TakeTotals();
     for (uint64_t s = 1; s <= 2; ++s) {
-      Run(a.get(), s);
-      Run(b.get(), s);
+      StepAll(a.get(), s);
+      StepAll(b.get(), s);
     }
     uint64_t stored = 0;  // the NVMe blocks' regions in the mode's bytes
     for (size_t blk = 0; blk < mixed.block_elements.size(); ++blk) {
@@ -161,7 +161,7 @@ TEST_F(HostOptimizerTest, CompactStatesOnNvmeTrainLikeRamAndResumeIntoAnotherPla
           ASSERT_TRUE(c->RestoreMasterRegion(blk, s.master_region.data()).ok());
       }
       ASSERT_TRUE(c->ResumeAt(2, 2).ok());
-      for (HostOptimizer* h : {a.get(), b.get(), c.get()}) Run(h, 3);
+      for (HostOptimizer* h : {a.get(), b.get(), c.get()}) StepAll(h, 3);
       const std::vector<BlockState> want = Read(a.get());
       EXPECT_TRUE(Read(b.get()) == want);
       EXPECT_TRUE(Read(c.get()) == want);
