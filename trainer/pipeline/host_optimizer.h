@@ -168,18 +168,17 @@ class HostOptimizer {
   // they must be (the states are not fp32): the regions below carry them.
   Status RestoreStates(int block, const float* master, const float* exp_avg,
                        const float* exp_avg_sq, uint64_t adam_step);
-  // A bf16 master: the block's master region as the workers hold it (the bf16 master, then its
-  // bf16 compensation at workers::MasterCompOffset; workers::MasterRegionBytes), for checkpoints
-  // that resume bit for bit; from the arena, or through the store for a block on the NVMe tier.
-  // Between steps; FAILED_PRECONDITION with an fp32 master.
+  // A bf16 master, RAM tier: the block's master region as the workers hold it (the bf16 master,
+  // then its bf16 compensation at workers::MasterCompOffset; workers::MasterRegionBytes), for
+  // checkpoints that resume bit for bit. Between steps; FAILED_PRECONDITION with an fp32 master.
   uint64_t master_region_bytes(int block) const;
-  Status ReadMasterRegion(int block, uint8_t* region);
+  Status ReadMasterRegion(int block, uint8_t* region) const;
   Status RestoreMasterRegion(int block, const uint8_t* region);
-  // Compact modes: the block's exp_avg / exp_avg_sq regions as the workers hold them
+  // Compact modes, RAM tier: the block's exp_avg / exp_avg_sq regions as the workers hold them
   // (workers::StateRegionBytes: bf16 values, or int8 codes and their block scales), for
-  // checkpoints in the states' own format; from the arena or through the store. Between steps.
+  // checkpoints in the states' own format. Between steps.
   uint64_t state_region_bytes(int block) const;
-  Status ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq);
+  Status ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const;
   Status RestoreStateRegions(int block, const uint8_t* exp_avg, const uint8_t* exp_avg_sq);
   const workers::OptimizerMode& mode() const { return options_.mode; }
 
@@ -252,9 +251,6 @@ class HostOptimizer {
   Status InitializeBlocks(const std::function<Status(int block, float* master)>& fill);
   // A bf16 master: elements [begin, begin + count) of block's master region from fp32 values.
   void EncodeMaster(size_t block, uint64_t begin, const float* p, uint64_t count);
-  // The master (0) and state (1, 2) regions of block, read into out[k] or restored from in[k]
-  // (either may be null, as may an entry): host_optimizer_states.cc.
-  Status CopyRegions(int block, uint8_t* const out[3], const uint8_t* const in[3]);
   double arena_seconds_ = 0, workers_seconds_ = 0;
   Clock::time_point arena_start_, arena_end_, workers_start_, workers_end_;
   void Loop();

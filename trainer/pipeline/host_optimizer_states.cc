@@ -80,58 +80,56 @@ uint64_t HostOptimizer::state_region_bytes(int block) const {
   return workers::StateRegionBytes(options_.mode.state, shards_[block].num_elements);
 }
 
-// The compact regions: kind 0 is the master region, 1 and 2 the exp_avg and exp_avg_sq regions
-// (NvmeStateTier::ReadRegion's kinds). Reads into out[k] or, with `in`, restores from in[k]; a
-// null entry skips that region.
-Status HostOptimizer::CopyRegions(int block, uint8_t* const out[3], const uint8_t* const in[3]) {
-  if (follower_)
-    return FailedPreconditionError(
-        "only rank 0 of a data-parallel group holds the optimizer states");
+// The compact regions through the store (NvmeStateTier's kinds: 0 the master region, 1 and 2 the
+// exp_avg and exp_avg_sq regions). Reading them is logically const: the store's I/O runs on the
+// optimizer thread, which RunOnThread hands it to.
+Status HostOptimizer::ReadMasterRegion(int block, uint8_t* region) const {
+  if (follower_ || options_.mode.master != workers::MasterDtype::kBf16)
+    return FailedPreconditionError("no bf16 master region in this arena");
   if (OnNvme(block)) {
-    return RunOnThread([&]() -> Status {
-      for (int k = 0; k < 3; ++k) {
-        if (in != nullptr && in[k] != nullptr)
-          RETURN_IF_ERROR(tier_->RestoreRegion(block, k, in[k]));
-        if (out != nullptr && out[k] != nullptr)
-          RETURN_IF_ERROR(tier_->ReadRegion(block, k, out[k]));
-      }
-      return OkStatus();
-    });
+    return const_cast<HostOptimizer*>(this)->RunOnThread(
+        [&]() -> Status { return tier_->ReadRegion(block, 0, region); });
   }
-  const auto& s = shards_[block];
-  const uint64_t offsets[3] = {s.master_offset, s.exp_avg_offset, s.exp_avg_sq_offset};
-  for (int k = 0; k < 3; ++k) {
-    const uint64_t bytes = k == 0 ? master_region_bytes(block) : state_region_bytes(block);
-    if (in != nullptr && in[k] != nullptr) std::memcpy(arena_->At<void>(offsets[k]), in[k], bytes);
-    if (out != nullptr && out[k] != nullptr)
-      std::memcpy(out[k], arena_->At<void>(offsets[k]), bytes);
-  }
+  std::memcpy(region, arena_->At<void>(shards_[block].master_offset), master_region_bytes(block));
   return OkStatus();
 }
 
-Status HostOptimizer::ReadMasterRegion(int block, uint8_t* region) {
-  if (options_.mode.master != workers::MasterDtype::kBf16)
-    return FailedPreconditionError("no bf16 master region in this arena");
-  uint8_t* const out[3] = {region, nullptr, nullptr};
-  return CopyRegions(block, out, nullptr);
-}
-
 Status HostOptimizer::RestoreMasterRegion(int block, const uint8_t* region) {
-  if (options_.mode.master != workers::MasterDtype::kBf16)
+  if (follower_ || options_.mode.master != workers::MasterDtype::kBf16)
     return FailedPreconditionError("no bf16 master region in this arena");
-  const uint8_t* const in[3] = {region, nullptr, nullptr};
-  return CopyRegions(block, nullptr, in);
+  if (OnNvme(block))  // the weights the device reads follow from it (NvmeStateTier)
+    return RunOnThread([&]() -> Status { return tier_->RestoreRegion(block, 0, region); });
+  std::memcpy(arena_->At<void>(shards_[block].master_offset), region, master_region_bytes(block));
+  return OkStatus();
 }
 
-Status HostOptimizer::ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) {
-  uint8_t* const out[3] = {nullptr, exp_avg, exp_avg_sq};
-  return CopyRegions(block, out, nullptr);
+Status HostOptimizer::ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const {
+  if (follower_) return FailedPreconditionError("no state regions in this arena");
+  if (OnNvme(block)) {
+    return const_cast<HostOptimizer*>(this)->RunOnThread([&]() -> Status {
+      RETURN_IF_ERROR(tier_->ReadRegion(block, 1, exp_avg));
+      return tier_->ReadRegion(block, 2, exp_avg_sq);
+    });
+  }
+  const auto& s = shards_[block];
+  std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), state_region_bytes(block));
+  std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), state_region_bytes(block));
+  return OkStatus();
 }
 
 Status HostOptimizer::RestoreStateRegions(int block, const uint8_t* exp_avg,
                                           const uint8_t* exp_avg_sq) {
-  const uint8_t* const in[3] = {nullptr, exp_avg, exp_avg_sq};
-  return CopyRegions(block, nullptr, in);
+  if (follower_) return FailedPreconditionError("no state regions in this arena");
+  if (OnNvme(block)) {
+    return RunOnThread([&]() -> Status {
+      RETURN_IF_ERROR(tier_->RestoreRegion(block, 1, exp_avg));
+      return tier_->RestoreRegion(block, 2, exp_avg_sq);
+    });
+  }
+  const auto& s = shards_[block];
+  std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, state_region_bytes(block));
+  std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, state_region_bytes(block));
+  return OkStatus();
 }
 
 }  // namespace offloadd::trainer
