@@ -97,6 +97,7 @@ def main() -> int:
                     help="the optimizer states on the NVMe tier, in a store under this directory "
                          "(its file system's free space is the disk)")
     ap.add_argument("--max-layers", type=int, default=128)
+    ap.add_argument("--widths", default=",".join(WIDTHS), help="of " + ", ".join(WIDTHS))
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     disk = ""
@@ -108,7 +109,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         work = pathlib.Path(d)
         for mode in args.modes.split(","):
-            for name, (hidden, ffn, heads, named_layers) in WIDTHS.items():
+            for name in args.widths.split(","):
+                hidden, ffn, heads, named_layers = WIDTHS[name]
                 layers, note = largest(args, work, mode, hidden, ffn, heads)
                 rows.append({"mode": label(mode), "width": name, "max_layers": layers,
                              "params": params(hidden, ffn, layers),
@@ -116,8 +118,9 @@ def main() -> int:
                              "host_memory": note})
                 print(f"{label(mode)}: {name} width, {layers} layers ({rows[-1]['params'] / 1e9:.1f}B)",
                       file=sys.stderr, flush=True)
-    print(f"| mode | {' | '.join(f'{w} width: most layers (parameters)' for w in WIDTHS)} |")
-    print("|---|" + "---|" * len(WIDTHS))
+    widths = args.widths.split(",")
+    print(f"| mode | {' | '.join(f'{w} width: most layers (parameters)' for w in widths)} |")
+    print("|---|" + "---|" * len(widths))
     for mode in args.modes.split(","):
         cells = []
         for r in (x for x in rows if x["mode"] == label(mode)):
