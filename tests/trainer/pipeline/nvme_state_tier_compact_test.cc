@@ -142,8 +142,9 @@ TEST_F(HostOptimizerTest, CompactStatesOnNvmeTrainLikeRamAndResumeIntoAnotherPla
       if (mixed.nvme_blocks[blk])
         stored += internal::StoredStateBytes(mode, mixed.block_elements[blk]);
     }
-    if (mode.state != StateDtype::kFp32)  // a bf16 master is 4 B like an fp32 one (+ padding)
+    if (mode.state != StateDtype::kFp32) {  // a bf16 master is 4 B like an fp32 one (+ padding)
       EXPECT_LT(stored, 12 * ((1 << 15) + (1 << 13) + (1 << 14) + (1 << 15 | 100)));
+    }
     const UpdateTotals t = b->TakeTotals();
     EXPECT_EQ(t.nvme_write_bytes, 2 * stored);
     EXPECT_EQ(t.nvme_read_bytes, 2 * stored);  // each NVMe block once a step
@@ -158,8 +159,9 @@ TEST_F(HostOptimizerTest, CompactStatesOnNvmeTrainLikeRamAndResumeIntoAnotherPla
         const BlockState& s = at2[static_cast<size_t>(blk)];
         ASSERT_TRUE(c->RestoreStates(blk, s.master.data(), nullptr, nullptr, 2).ok());
         ASSERT_TRUE(c->RestoreStateRegions(blk, s.m.data(), s.v.data()).ok());
-        if (mode.master == MasterDtype::kBf16)
+        if (mode.master == MasterDtype::kBf16) {
           ASSERT_TRUE(c->RestoreMasterRegion(blk, s.master_region.data()).ok());
+        }
       }
       ASSERT_TRUE(c->ResumeAt(2, 2).ok());
       for (HostOptimizer* h : {a.get(), b.get(), c.get()}) StepAll(h, 3);
