@@ -127,6 +127,9 @@ void NvmeStateTier::EncodeMaster(size_t b, const float* master, const Slot& slot
     return;
   }
   auto* bf16 = arena_->At<uint16_t>(slot.offset[0]);
+  // The padding between the master and its compensation is zero, as in a fresh arena: the slot
+  // held other blocks, and the region is stored and checkpointed whole.
+  std::memset(bf16 + n, 0, workers::MasterCompOffset(n) - 2 * n);
   workers::EncodeBf16Master(master, n, bf16, bf16 + workers::MasterCompOffset(n) / 2);
 }
 
