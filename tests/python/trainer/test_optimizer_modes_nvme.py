@@ -65,7 +65,6 @@ def differing(a: pathlib.Path, b: pathlib.Path) -> list[str]:
     return out
 
 
-@pytest.mark.timeout(600)
 @pytest.mark.parametrize("state,master", [("bf16", "fp32"), ("int8", "fp32"), ("fp32", "bf16"),
                                           ("int8", "bf16")])
 def test_compact_states_on_nvme_train_and_resume_like_ram_bit_for_bit(binary_dir, job, tmp_path,
