@@ -207,9 +207,10 @@ std::string HostMemoryPrediction::Describe() const {
   return s;
 }
 
-double NvmeStepSeconds(uint64_t nvme_params, double read_bytes_per_s, double write_bytes_per_s) {
+double NvmeStepSeconds(uint64_t nvme_params, double read_bytes_per_s, double write_bytes_per_s,
+                       double state_bytes_per_param) {
   if (nvme_params == 0 || read_bytes_per_s <= 0 || write_bytes_per_s <= 0) return 0;
-  const double bytes = 12.0 * static_cast<double>(nvme_params);
+  const double bytes = state_bytes_per_param * static_cast<double>(nvme_params);
   // Reads and writes share the drives: their times add.
   return bytes / read_bytes_per_s + bytes / write_bytes_per_s;
 }
