@@ -31,6 +31,16 @@ uint64_t MaxWeightElements(const HostOptimizerOptions& o);
 // store between updates). Such a block has no 16-bit region in the layout and its shard steps
 // without one (weight_dtype kNone); HostOptimizer::compute_weights gives its master.
 bool BlockWeightsFp32(const HostOptimizerOptions& o, size_t block);
+// A block's master weights and both AdamW states in `mode` (workers::MasterRegionBytes + 2
+// workers::StateRegionBytes, the int8 block scales included): what the NVMe store holds of a block
+// of n parameters (12 n exact), and what the three regions take in the arena, each rounded to its
+// pages (an in-RAM block's states, or a staging slot's).
+uint64_t StoredStateBytes(workers::OptimizerMode mode, uint64_t n);
+uint64_t ArenaStateBytes(workers::OptimizerMode mode, uint64_t n);
+// The copy of the weights the device reads that the NVMe tier keeps in the arena for a block whose
+// states are in the store (0 for the others): the fp32 master under fp32 compute (4 n), or a bf16
+// master's weights, its first half (2 n), unless they are on NVMe too.
+uint64_t NvmeComputeCopyBytes(const HostOptimizerOptions& o, size_t block);
 // Bytes beyond the shard regions: NVMe staging slots and fp32 compute copies.
 uint64_t ExtraBytes(const HostOptimizerOptions& o);
 // The arena's region-table entries beyond the workers' own (workers::RegionsFor): the NVMe slots,

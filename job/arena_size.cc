@@ -88,6 +88,23 @@ bool BlockWeightsFp32(const HostOptimizerOptions& o, size_t block) {
          !OnNvme(o, block);
 }
 
+uint64_t StoredStateBytes(workers::OptimizerMode mode, uint64_t n) {
+  return workers::MasterRegionBytes(mode.master, n) + 2 * workers::StateRegionBytes(mode.state, n);
+}
+
+uint64_t ArenaStateBytes(workers::OptimizerMode mode, uint64_t n) {
+  return RoundUp(workers::MasterRegionBytes(mode.master, n)) +
+         2 * RoundUp(workers::StateRegionBytes(mode.state, n));
+}
+
+uint64_t NvmeComputeCopyBytes(const HostOptimizerOptions& o, size_t block) {
+  if (!OnNvme(o, block)) return 0;
+  const uint64_t n = o.block_elements[block];
+  if (o.compute == HostDtype::kFp32) return n * 4;
+  if (o.mode.master == workers::MasterDtype::kBf16 && !WeightsOnNvme(o, block)) return n * 2;
+  return 0;
+}
+
 uint32_t ExtraRegions(const HostOptimizerOptions& o) {
   return 4 * o.nvme_slots + kArenaWeightBuffers +
          4 * static_cast<uint32_t>(o.block_elements.size()) + 32;
@@ -99,20 +116,22 @@ uint64_t ExtraBytes(const HostOptimizerOptions& o) {
   const uint64_t table = RoundUp(uint64_t{ExtraRegions(o)} * 80);
   if (o.tier != StateTier::kNvme) return table;
   const uint64_t slots = std::max<uint32_t>(2, o.nvme_slots);  // as HostOptimizer allocates them
-  uint64_t bytes = slots * 3 * RoundUp(std::max<uint64_t>(1, MaxElements(o)) * 4);
+  // Each slot holds a block's master and states in the mode's formats (workers/adamw_compact.h).
+  uint64_t bytes = slots * ArenaStateBytes(o.mode, std::max<uint64_t>(1, MaxElements(o)));
   uint64_t regions = slots * 3 + o.block_elements.size() + 8;
   if (const uint64_t w = MaxWeightElements(o); w > 0) {
-    // A 16-bit weight region per slot, and the buffers FetchWeights reads into.
-    bytes += (slots + kArenaWeightBuffers) * RoundUp(w * 2);
-    regions += slots + kArenaWeightBuffers;
+    // A 16-bit weight region per slot (a bf16 master is its own: none), and the buffers
+    // FetchWeights reads into.
+    const uint64_t slot_weights = o.mode.master == workers::MasterDtype::kBf16 ? 0 : slots;
+    bytes += (slot_weights + kArenaWeightBuffers) * RoundUp(w * 2);
+    regions += slot_weights + kArenaWeightBuffers;
   }
   for (size_t b = 0; b < o.block_elements.size(); ++b) {
-    const uint64_t n = o.block_elements[b];
     if (!OnNvme(o, b)) {  // its master and moments in the arena
-      bytes += 3 * RoundUp(n * 4);
+      bytes += ArenaStateBytes(o.mode, o.block_elements[b]);
       regions += 3;
-    } else if (o.compute == HostDtype::kFp32) {
-      bytes += RoundUp(n * 4);
+    } else if (const uint64_t copy = NvmeComputeCopyBytes(o, b); copy > 0) {
+      bytes += RoundUp(copy);
     }
   }
   return table + bytes + 2 * kAlign * regions;

@@ -161,11 +161,13 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
     for (size_t b = 0; b < o.block_elements.size(); ++b) {
       if (!o.nvme_blocks.empty() && !o.nvme_blocks[b]) continue;  // its states in RAM
       p.nvme_params += o.block_elements[b];
+      p.disk_bytes += internal::StoredStateBytes(o.mode, o.block_elements[b]);
       largest = std::max(largest, o.block_elements[b]);
     }
-    // 12 B per parameter, and the new versions in flight: a write takes new extents and the old
-    // ones return after its commit (storage/README.md), one per staging slot and one committing.
-    p.disk_bytes = 12 * p.nvme_params + 12 * largest * (uint64_t{o.nvme_slots} + 1);
+    // The master and states in the mode's bytes (12 B per parameter exact, 6.03 with int8 states),
+    // and the new versions in flight: a write takes new extents and the old ones return after its
+    // commit (storage/README.md), one per staging slot and one committing.
+    p.disk_bytes += internal::StoredStateBytes(o.mode, largest) * (uint64_t{o.nvme_slots} + 1);
     // The 16-bit weights of the blocks that keep them in the store too, and their versions in
     // flight alike.
     uint64_t largest_w = 0;
@@ -193,23 +195,24 @@ std::string HostMemoryPrediction::Describe() const {
   if (spill_buffer > 0) s += ", NVMe activations' staging buffer " + FormatByteSize(spill_buffer);
   if (device > 0) s += ", the CPU device's activations " + FormatByteSize(device);
   s += ", processes " + FormatByteSize(processes) + ")";
-  s += disk_bytes > 0
-           ? "; disk " + FormatByteSize(disk_bytes) +
-                 (nvme_params > 0
-                      ? " (" + std::to_string(nvme_params) +
-                            " parameters' fp32 master and AdamW states" +
-                            (nvme_weight_params > 0 ? ", " + std::to_string(nvme_weight_params) +
-                                                          " parameters' 16-bit weights"
-                                                    : "") +
-                            ", and the new versions in flight)"
-                      : "")
-           : "; disk none";
+  if (disk_bytes == 0) return s + "; disk none";
+  s += "; disk " + FormatByteSize(disk_bytes);
+  if (nvme_params == 0) return s;
+  s += " (" + std::to_string(nvme_params) + " parameters' ";
+  s += mode.Exact() ? std::string("fp32 master and AdamW states")
+                    : "master and AdamW states in their " +
+                          std::string(workers::MasterDtypeName(mode.master)) + "/" +
+                          std::string(workers::StateDtypeName(mode.state)) + " bytes";
+  if (nvme_weight_params > 0)
+    s += ", " + std::to_string(nvme_weight_params) + " parameters' 16-bit weights";
+  s += ", and the new versions in flight)";
   return s;
 }
 
-double NvmeStepSeconds(uint64_t nvme_params, double read_bytes_per_s, double write_bytes_per_s) {
+double NvmeStepSeconds(uint64_t nvme_params, double read_bytes_per_s, double write_bytes_per_s,
+                       double state_bytes_per_param) {
   if (nvme_params == 0 || read_bytes_per_s <= 0 || write_bytes_per_s <= 0) return 0;
-  const double bytes = 12.0 * static_cast<double>(nvme_params);
+  const double bytes = state_bytes_per_param * static_cast<double>(nvme_params);
   // Reads and writes share the drives: their times add.
   return bytes / read_bytes_per_s + bytes / write_bytes_per_s;
 }

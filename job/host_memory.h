@@ -123,8 +123,10 @@ Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::st
                        uint64_t node_limit, const HostMemoryNames& names = {});
 
 // The disk term of a step with `nvme_params` parameters' states on NVMe: each is read and written
-// once per step (fp32 master, exp_avg, exp_avg_sq: 12 B each way) at the store's measured rates;
-// 0 when nothing is on NVMe or a rate is unknown.
-double NvmeStepSeconds(uint64_t nvme_params, double read_bytes_per_s, double write_bytes_per_s);
+// once per step (master, exp_avg, exp_avg_sq: 12 B each way exact; a compact mode's
+// workers::StateBytesPerParam) at the store's measured rates; 0 when nothing is on NVMe or a rate
+// is unknown.
+double NvmeStepSeconds(uint64_t nvme_params, double read_bytes_per_s, double write_bytes_per_s,
+                       double state_bytes_per_param = 12);
 
 }  // namespace offloadd::trainer

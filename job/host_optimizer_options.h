@@ -78,10 +78,11 @@ struct HostOptimizerOptions {
   // the step's decision is taken on the sum of every host's squared norms that this returns
   // (workers::StepDriver::SetCombineSquaredNorm).
   std::function<StatusOr<double>(double local_sq)> combine_sq_norm;
-  // The master's and states' formats (workers/adamw_compact.h). A compact mode needs the RAM tier,
-  // no data-parallel group and no device_blocks; a bf16 master needs bf16 compute, and is itself
-  // the weights the device reads (no 16-bit copy, host_weight_copy does not apply). Create refuses
-  // the rest, naming it.
+  // The master's and states' formats (workers/adamw_compact.h), in the arena and, on the NVMe
+  // tier, in the store and its staging slots alike; a bf16 master needs bf16 compute, and is
+  // itself the weights the device reads (no 16-bit copy, host_weight_copy does not apply; an NVMe
+  // block keeps a copy of its bf16 half in RAM, or in the store with nvme_weight_blocks). Create
+  // and the trainer refuse the rest, naming it.
   workers::OptimizerMode mode = {};
 };
 

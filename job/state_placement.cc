@@ -123,14 +123,15 @@ StatusOr<StatePlacement> PlaceInRam(HostMemoryInputs* in, uint64_t limit) {
   for (size_t i = 0; i < o.block_elements.size(); ++i) {
     const uint64_t n = o.block_elements[i];
     BlockStateBytes b;
-    // ArenaBytes: three regions (and their rounding) in the arena; with fp32 compute an NVMe
-    // block's fp32 compute copy goes away, and with 16-bit compute its 16-bit copy where the
-    // device reads the master in RAM instead (internal::BlockWeightsFp32).
-    b.ram = 3 * RoundUp(n * 4) + 2 * kPage * 3 -
-            (o.compute == HostDtype::kFp32           ? RoundUp(n * 4)
-             : internal::BlockWeightsFp32(in_ram, i) ? RoundUp(n * 2)
-                                                     : 0);
-    b.disk = 12 * n;
+    // ArenaBytes: three regions in the mode's formats (and their rounding) in the arena; the
+    // compute copy the block has on NVMe (fp32 compute's master, a bf16 master's half) goes away,
+    // and with 16-bit compute and an fp32 master its 16-bit copy, where the device reads the
+    // master in RAM instead (internal::BlockWeightsFp32).
+    b.ram = internal::ArenaStateBytes(o.mode, n) + 2 * kPage * 3 -
+            RoundUp(internal::NvmeComputeCopyBytes(o, i)) -
+            (o.compute != HostDtype::kFp32 && internal::BlockWeightsFp32(in_ram, i) ? RoundUp(n * 2)
+                                                                                    : 0);
+    b.disk = internal::StoredStateBytes(o.mode, n);
     blocks.push_back(b);
   }
   // The disk is checked by the caller, with what is in flight beside the states for this
@@ -170,12 +171,14 @@ uint64_t SmallestHostLimitForDisk(const HostMemoryInputs& in, uint64_t limit, ui
   };
   // Every block in RAM needs no disk for the states (the spilled activations' disk no limit
   // changes). The placement reaches it once the limit also holds, while the last NVMe block is
-  // placed, the staging slots that block still has: three regions of the largest block per slot.
+  // placed, the staging slots that block still has: three regions of the largest block per slot
+  // (in the mode's formats).
   uint64_t largest = 0;
   for (uint64_t n : t.optimizer.block_elements) largest = std::max(largest, n);
   const uint64_t slots = std::max<uint32_t>(2, t.optimizer.nvme_slots);
   t.optimizer.nvme_blocks.assign(t.optimizer.block_elements.size(), false);
-  uint64_t hi = PredictHostMemory(t).total + slots * 3 * RoundUp(largest * 4) + kStep;
+  uint64_t hi = PredictHostMemory(t).total +
+                slots * internal::ArenaStateBytes(t.optimizer.mode, largest) + kStep;
   if (!fits(hi)) return 0;
   if (limit >= hi || fits(limit)) return limit;
   uint64_t lo = limit;  // does not fit

@@ -91,6 +91,7 @@ void ApplyParamTraffic(const ParamTraffic& t, PlanInputs* in) {
   in->host_bytes_per_param = HostUpdateBytesPerParam(t);
   in->h2d_saved_per_param = (t.streamed ? 2.0 * A : 1.0) * t.upload_bytes;
   in->d2h_saved_per_param = static_cast<double>(A) * t.grad_bytes;
+  in->nvme_state_bytes = t.state_bytes;
 }
 
 PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers) {
@@ -123,19 +124,19 @@ PlanChoice EvaluatePlan(const PlanInputs& in, int device_blocks, int keep_layers
                                       : dma + (cpu_params - contended) / in.cpu_params_per_s;
   }
   // An NVMe block's states also cross host memory twice more: read into the staging slots, and
-  // written back from them (12 B each way).
+  // written back from them (nvme_state_bytes each way: 12 B exact).
   // The weights on NVMe cross it once per read and once written back.
   const double weight_read = 2.0 * in.nvme_weight_reads * in.nvme_weight_params;
   const double weight_write = 2.0 * in.nvme_weight_params;
-  c.host_s = (cpu_params * in.host_bytes_per_param + 24.0 * in.nvme_params + weight_read +
-              weight_write + h2d + d2h) /
+  c.host_s = (cpu_params * in.host_bytes_per_param + 2 * in.nvme_state_bytes * in.nvme_params +
+              weight_read + weight_write + h2d + d2h) /
              in.host_bytes_per_s;
   c.h2d_s = h2d / in.h2d_bytes_per_s;
   c.d2h_s = d2h / in.d2h_bytes_per_s;
   if ((in.nvme_params > 0 || in.nvme_activation_bytes > 0) && in.nvme_read_bytes_per_s > 0 &&
       in.nvme_write_bytes_per_s > 0) {
     // Reads and writes share the drives (NvmeStepSeconds, job/host_memory.h).
-    const double bytes = 12.0 * in.nvme_params + in.nvme_activation_bytes;
+    const double bytes = in.nvme_state_bytes * in.nvme_params + in.nvme_activation_bytes;
     c.nvme_s = (bytes + weight_read) / in.nvme_read_bytes_per_s +
                (bytes + weight_write) / in.nvme_write_bytes_per_s;
   }

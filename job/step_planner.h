@@ -12,12 +12,13 @@
 //   CPU     = CPU-updated parameters at the AdamW pool's rate alone (node profile), except while
 //             the PCIe copies run (the longer direction's time): then at its rate during DMA
 //             (node profile; the copies share the memory bus)
-//   host    = (CPU-updated parameters * host_bytes_per_param + NVMe parameters * 24 B
+//   host    = (CPU-updated parameters * host_bytes_per_param + NVMe parameters * 2 x 12 B
 //             + H2D bytes + D2H bytes) / host memory bandwidth (HostUpdateBytesPerParam: 26 B by
 //             default; an NVMe block's states also land in and leave the staging slots)
 //   H2D/D2H = measured bytes - what the placed blocks no longer move (their weights stay on the
 //             GPU, their gradients are not copied out), over the profiled link rates
-//   NVMe    = the NVMe blocks' 12 B per parameter read and written at the store's measured rates
+//   NVMe    = the NVMe blocks' 12 B per parameter (nvme_state_bytes: the optimizer mode's) read
+//             and written at the store's measured rates
 //             (NvmeStepSeconds; the placement is job/state_placement.h's), and the layer
 //             inputs on NVMe written and read (job/checkpoint_placement.h)
 // and, when the updates are held until the step's global gradient norm is known (clipping
@@ -66,8 +67,10 @@ struct PlanInputs {
   double host_bytes_per_param = 26;  // bf16 grad in, fp32 master/m/v read and written
   double h2d_saved_per_param = 8;    // a placed block's weights stay on the GPU (2 fp32 uploads)
   double d2h_saved_per_param = 2;    // and its bf16 gradients are not copied out
-  // Parameters whose states are on NVMe, read and written every step at the store's rates.
+  // Parameters whose states are on NVMe, read and written every step at the store's rates, in
+  // their mode's bytes (nvme_state_bytes: 12 exact; ApplyParamTraffic sets it to state_bytes).
   double nvme_params = 0;
+  double nvme_state_bytes = 12;
   double nvme_read_bytes_per_s = 0;
   double nvme_write_bytes_per_s = 0;
   // Of them, those whose 16-bit weights are on NVMe too (offload_param: nvme): 2 B read for each
@@ -135,7 +138,8 @@ struct ParamTraffic {
 // 2 + 24 = 26 B by default (bf16, no copy, no accumulation, the norm given by the GPU).
 double HostUpdateBytesPerParam(const ParamTraffic& t);
 // Sets host_bytes_per_param, h2d_saved_per_param (a placed block's uploads: 2 x accumulation
-// streamed, 1 resident, of upload_bytes) and d2h_saved_per_param (its gradients, per micro-batch).
+// streamed, 1 resident, of upload_bytes), d2h_saved_per_param (its gradients, per micro-batch) and
+// nvme_state_bytes (state_bytes: what an NVMe block's states take in the store).
 void ApplyParamTraffic(const ParamTraffic& t, PlanInputs* in);
 
 // The blocks whose activations `keep` kept layers keep: the top keepable blocks

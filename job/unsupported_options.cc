@@ -38,8 +38,8 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
                          " (data parallelism across hosts)"
                    : "resources.gpus " + std::to_string(ranks) + " (data parallelism)";
   // Compact optimizer modes (docs/optimizer-modes.md): the trainer runs bf16 and int8 states and
-  // a bf16 master in the RAM arena and on the GPU, compact states with several ranks of one host;
-  // what it does not run yet is refused.
+  // a bf16 master in the RAM arena, on the NVMe tier and on the GPU, compact states with several
+  // ranks of one host in RAM; what it does not run yet is refused.
   const v1::StateDtype state = s.optimizer().state_dtype();
   const bool compact_states = state != v1::STATE_DTYPE_UNSPECIFIED &&
                               state != v1::STATE_DTYPE_FP32 && v1::StateDtype_IsValid(state);
@@ -49,10 +49,9 @@ std::vector<FieldViolation> UnsupportedOptions(const v1::JobSpec& s) {
         compact_states ? "optimizer.state_dtype " +
                              Lower(v1::StateDtype_Name(state).substr(sizeof("STATE_DTYPE_") - 1))
                        : std::string("optimizer.master_dtype bf16");
-    if (nvme_states) {
+    if (nvme_states && ranks > 1 && !across_hosts) {  // across hosts NVMe is refused anyway
       out.push_back({"offload.offload_optimizer.device",
-                     "nvme is not supported with " + name +
-                         " yet (the store's slots hold fp32 states); use cpu"});
+                     "nvme with " + name + " and " + group + " is not built yet; use cpu"});
     }
     if (lsp) {
       out.push_back({"compression.type",

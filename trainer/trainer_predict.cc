@@ -60,7 +60,8 @@ Status Trainer::Impl::PredictStep() {
   uint64_t params = 0;  // every block's states on NVMe: the disk's share of the step
   for (const auto& bl : layout) params += bl.numel;
   p.nvme_tier_disk_seconds =
-      NvmeStepSeconds(params, prof.store_read_bytes_per_s, prof.store_write_bytes_per_s);
+      NvmeStepSeconds(params, prof.store_read_bytes_per_s, prof.store_write_bytes_per_s,
+                      workers::StateBytesPerParam(optimizer_mode));
   std::ostringstream o;
   o.precision(3);
   o << "predicted " << p.step_seconds << " s/step, " << p.tokens_per_second / 1e3

@@ -2,10 +2,13 @@
 """The largest Llama-shaped model each optimizer mode trains on a host of a given RAM (default 125
 GiB, the H200 host's), as offloadd-train --validate-only's host-memory check says (the arena sized
 by the mode, the workers, the loaded model's buffers: trainer/plan/trainer_plan.cc CheckHostMemory),
-on the CPU: nothing is allocated, no GPU is needed. The optimizer states stay in RAM (the compact
-modes do not run with offload_optimizer.device nvme).
+on the CPU: nothing is allocated, no GPU is needed. The optimizer states stay in RAM, or, with
+--nvme-dir, go to the NVMe tier (--tier=nvme): the host limit then keeps as many blocks' states in
+RAM as it holds and the store directory's free disk takes the rest, in each mode's own bytes (12 B
+per parameter exact, 6.03 with int8 states), so the figure is RAM + disk.
 
-    bench/optimizer_modes/capacity.py --build build [--host-memory 125GiB] [--json out.json]
+    bench/optimizer_modes/capacity.py --build build [--host-memory 125GiB] [--nvme-dir DIR]
+        [--json out.json]
 
 For each mode and each Llama width (Llama-2-13B's 5120 and LLaMA-30B's 6656, with their FFN,
 heads and vocabulary of 32,000), the most decoder layers that validate at micro-batch 1 of 1024
@@ -19,6 +22,7 @@ import argparse
 import json
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +62,8 @@ def validates(args, work: pathlib.Path, mode: str, hidden: int, ffn: int, heads:
            "--device=cpu", "--dtype=bf16", f"--host-memory-limit={args.host_memory}",
            f"--state-dtype={state}", f"--master-dtype={master}", "--workers=1x2",
            f"--profile-dir={work / 'profile'}", "--validate-only"]
+    if args.nvme_dir:
+        cmd += ["--tier=nvme", f"--nvme-dir={pathlib.Path(args.nvme_dir) / 'capacity-store'}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return False, (r.stderr.strip().splitlines() or ["?"])[-1]
@@ -66,7 +72,7 @@ def validates(args, work: pathlib.Path, mode: str, hidden: int, ffn: int, heads:
 
 
 def largest(args, work, mode, hidden, ffn, heads) -> tuple[int, str]:
-    lo, hi = 0, 129  # lo validates (0: none), hi does not
+    lo, hi = 0, args.max_layers + 1  # lo validates (0: none), hi does not
     ok, why = validates(args, work, mode, hidden, ffn, heads, 1)
     if not ok:
         return 0, why
@@ -87,13 +93,24 @@ def main() -> int:
     ap.add_argument("--build", default="build")
     ap.add_argument("--host-memory", default="125GiB")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--nvme-dir", default="",
+                    help="the optimizer states on the NVMe tier, in a store under this directory "
+                         "(its file system's free space is the disk)")
+    ap.add_argument("--max-layers", type=int, default=128)
+    ap.add_argument("--widths", default=",".join(WIDTHS), help="of " + ", ".join(WIDTHS))
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    disk = ""
+    if args.nvme_dir:
+        free = shutil.disk_usage(args.nvme_dir).free
+        disk = f" + {free / 2**30:.0f} GiB free disk in {args.nvme_dir}"
+    print(f"host memory {args.host_memory}{disk}", file=sys.stderr, flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         work = pathlib.Path(d)
         for mode in args.modes.split(","):
-            for name, (hidden, ffn, heads, named_layers) in WIDTHS.items():
+            for name in args.widths.split(","):
+                hidden, ffn, heads, named_layers = WIDTHS[name]
                 layers, note = largest(args, work, mode, hidden, ffn, heads)
                 rows.append({"mode": label(mode), "width": name, "max_layers": layers,
                              "params": params(hidden, ffn, layers),
@@ -101,8 +118,9 @@ def main() -> int:
                              "host_memory": note})
                 print(f"{label(mode)}: {name} width, {layers} layers ({rows[-1]['params'] / 1e9:.1f}B)",
                       file=sys.stderr, flush=True)
-    print(f"| mode | {' | '.join(f'{w} width: most layers (parameters)' for w in WIDTHS)} |")
-    print("|---|" + "---|" * len(WIDTHS))
+    widths = args.widths.split(",")
+    print(f"| mode | {' | '.join(f'{w} width: most layers (parameters)' for w in widths)} |")
+    print("|---|" + "---|" * len(widths))
     for mode in args.modes.split(","):
         cells = []
         for r in (x for x in rows if x["mode"] == label(mode)):
@@ -110,8 +128,8 @@ def main() -> int:
             cells.append(f"{r['max_layers']} ({r['params'] / 1e9:.1f}B; {r['width']} {fit})")
         print(f"| {label(mode)} | {' | '.join(cells)} |")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"host_memory": args.host_memory, "rows": rows},
-                                                      indent=1))
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"host_memory": args.host_memory, "disk": disk.lstrip(" +"), "rows": rows}, indent=1))
     return 0
 
 

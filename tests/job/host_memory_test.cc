@@ -250,6 +250,10 @@ TEST(HostMemoryTest, RefusalOffersTheWeightsOnNvmeWhenTheStatesAreThereAlready) 
 
 TEST(HostMemoryTest, NvmeStepSecondsReadsAndWritesTwelveBytesPerParameter) {
   EXPECT_DOUBLE_EQ(NvmeStepSeconds(1'000'000'000, 6e9, 4e9), 12e9 / 6e9 + 12e9 / 4e9);
+  // A compact mode's bytes (int8 states: 4 + 2 x (1 + 4/256) per parameter).
+  const double int8 = 4 + 2 * (1 + 4.0 / 256);
+  EXPECT_DOUBLE_EQ(NvmeStepSeconds(1'000'000'000, 6e9, 4e9, int8),
+                   int8 * 1e9 / 6e9 + int8 * 1e9 / 4e9);
   EXPECT_EQ(NvmeStepSeconds(0, 6e9, 4e9), 0);
   EXPECT_EQ(NvmeStepSeconds(10, 0, 4e9), 0);
 }

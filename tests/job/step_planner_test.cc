@@ -124,6 +124,25 @@ TEST(NvmeTermTest, TheStoresReadsAndWritesEnterTheBound) {
   EXPECT_NE(ValidatePlanInputs(in).message().find("nvme_params"), std::string::npos);
 }
 
+// Compact optimizer states on NVMe: the store holds the mode's bytes (ApplyParamTraffic's
+// state_bytes: 6.03 B per parameter with int8 states), read and written at the drives' rates and
+// through host memory into and out of the staging slots.
+TEST(NvmeTermTest, CompactStatesOnNvmeMoveTheirOwnBytes) {
+  PlanInputs in = HeldStep();
+  in.held_updates = false;
+  in.nvme_params = 1e9;
+  in.nvme_read_bytes_per_s = 6e9;
+  in.nvme_write_bytes_per_s = 4e9;
+  const PlanChoice exact = EvaluatePlan(in, 0, 0);
+  ParamTraffic t;
+  t.state_bytes = 4 + 2 * (1 + 4.0 / 256);
+  ApplyParamTraffic(t, &in);
+  EXPECT_DOUBLE_EQ(in.nvme_state_bytes, t.state_bytes);
+  const PlanChoice int8 = EvaluatePlan(in, 0, 0);
+  EXPECT_DOUBLE_EQ(int8.nvme_s, t.state_bytes * 1e9 / 6e9 + t.state_bytes * 1e9 / 4e9);
+  EXPECT_LT(int8.nvme_s, exact.nvme_s / 1.9);
+}
+
 // Layer inputs on NVMe (trainer/checkpoint_placement.h): their bytes written and read per step
 // share the drives with the states' traffic.
 TEST(NvmeTermTest, LayerInputsOnNvmeAddTheirWritesAndReads) {

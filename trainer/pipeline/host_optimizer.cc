@@ -34,10 +34,10 @@ Status CheckModeSupported(const HostOptimizerOptions& o) {
     return UnimplementedError(mode + " with " + (o.compute == HostDtype::kFp32 ? "fp32" : "fp16") +
                               " compute: a bf16 master is the device's bf16 weights");
   }
-  if (o.tier != StateTier::kCpu) return UnimplementedError(mode + " on the NVMe tier");
-  // Data parallelism (ranks of one host share this arena) and device blocks (DeviceOptimizer
-  // holds their regions in the same format) run; the trainer refuses the combinations that do not
-  // (trainer_state.cc CheckOptimizerMode).
+  // The NVMe tier (NvmeStateTier stores and stages the mode's regions), data parallelism (ranks
+  // of one host share this arena) and device blocks (DeviceOptimizer holds their regions in the
+  // same format) run; the trainer refuses the combinations that do not (trainer_state.cc
+  // CheckOptimizerMode).
   return OkStatus();
 }
 
@@ -226,8 +226,9 @@ const float* HostOptimizer::master_weights(int block) const {
 void* HostOptimizer::compute_weights(int block) const {
   if (follower_) return arena_->At<void>(shards_[block].weights_offset);  // the leader's choice
   if (WeightsOnNvme(block)) return nullptr;
-  if (options_.mode.master == workers::MasterDtype::kBf16)
-    return arena_->At<void>(shards_[block].master_offset);
+  if (options_.mode.master == workers::MasterDtype::kBf16)  // NVMe: the master's copy in RAM
+    return OnNvme(block) ? tier_->compute_copy(block)
+                         : arena_->At<void>(shards_[block].master_offset);
   if (!internal::BlockWeightsFp32(options_, static_cast<size_t>(block)))
     return arena_->At<void>(shards_[block].weights_offset);
   if (OnNvme(block)) return tier_->compute_copy(block);
@@ -621,107 +622,6 @@ Status HostOptimizer::InitializeBlocks(const std::function<Status(int, float*)>&
     });
     RETURN_IF_ERROR(staged);
   }
-  return OkStatus();
-}
-
-Status HostOptimizer::ReadStates(int block, float* master, float* exp_avg, float* exp_avg_sq) {
-  if (follower_) return FollowerReadStates(block, master, exp_avg, exp_avg_sq);
-  const auto& s = shards_[block];
-  const uint64_t bytes = s.num_elements * 4;
-  if (!OnNvme(block)) {
-    if (options_.mode.master == workers::MasterDtype::kBf16) {
-      workers::DecodeBf16Master(
-          arena_->At<uint16_t>(s.master_offset),
-          arena_->At<uint16_t>(s.master_offset + workers::MasterCompOffset(s.num_elements)),
-          s.num_elements, master);
-    } else {
-      std::memcpy(master, arena_->At<void>(s.master_offset), bytes);
-    }
-    if (!options_.mode.Exact()) {  // the states are bytes of their own format: ReadStateRegions
-      if (exp_avg != nullptr || exp_avg_sq != nullptr)
-        return FailedPreconditionError("compact states are read with ReadStateRegions");
-      return OkStatus();
-    }
-    if (exp_avg != nullptr) std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), bytes);
-    if (exp_avg_sq != nullptr)
-      std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), bytes);
-    return OkStatus();
-  }
-  return RunOnThread(
-      [&]() -> Status { return tier_->ReadStates(block, master, exp_avg, exp_avg_sq); });
-}
-
-Status HostOptimizer::RestoreStates(int block, const float* master, const float* exp_avg,
-                                    const float* exp_avg_sq, uint64_t adam_step) {
-  if (follower_) return FailedPreconditionError("only rank 0 of a data-parallel group holds the optimizer states");
-  const auto& s = shards_[block];
-  const uint64_t bytes = s.num_elements * 4;
-  uint64_t* counters = arena_->At<uint64_t>(s.counters_offset);
-  std::fill(counters, counters + workers::NumChunks(s.num_elements), adam_step);
-  if (!OnNvme(block)) {
-    if (options_.mode.master == workers::MasterDtype::kBf16) {
-      EncodeMaster(static_cast<size_t>(block), 0, master, s.num_elements);
-    } else {
-      std::memcpy(arena_->At<void>(s.master_offset), master, bytes);
-    }
-    if (options_.mode.Exact()) {  // compact states: RestoreStateRegions
-      std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, bytes);
-      std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, bytes);
-    } else if (exp_avg != nullptr || exp_avg_sq != nullptr) {
-      return FailedPreconditionError("compact states are restored with RestoreStateRegions");
-    }
-    if (s.weights_offset != 0)  // the 16-bit copy the device reads
-      internal::To16(options_.compute, master, arena_->At<uint16_t>(s.weights_offset),
-                     s.num_elements);
-    return OkStatus();
-  }
-  return RunOnThread(
-      [&]() -> Status { return tier_->RestoreStates(block, master, exp_avg, exp_avg_sq); });
-}
-
-void HostOptimizer::EncodeMaster(size_t block, uint64_t begin, const float* p, uint64_t count) {
-  const workers::ShardSpec& s = shards_[block];
-  auto* master = arena_->At<uint16_t>(s.master_offset);
-  auto* comp = arena_->At<uint16_t>(s.master_offset + workers::MasterCompOffset(s.num_elements));
-  workers::EncodeBf16Master(p, count, master + begin, comp + begin);
-}
-
-uint64_t HostOptimizer::master_region_bytes(int block) const {
-  return workers::MasterRegionBytes(options_.mode.master, shards_[block].num_elements);
-}
-
-Status HostOptimizer::ReadMasterRegion(int block, uint8_t* region) const {
-  if (follower_ || OnNvme(block) || options_.mode.master != workers::MasterDtype::kBf16)
-    return FailedPreconditionError("no bf16 master region in this arena");
-  std::memcpy(region, arena_->At<void>(shards_[block].master_offset), master_region_bytes(block));
-  return OkStatus();
-}
-
-Status HostOptimizer::RestoreMasterRegion(int block, const uint8_t* region) {
-  if (follower_ || OnNvme(block) || options_.mode.master != workers::MasterDtype::kBf16)
-    return FailedPreconditionError("no bf16 master region in this arena");
-  std::memcpy(arena_->At<void>(shards_[block].master_offset), region, master_region_bytes(block));
-  return OkStatus();
-}
-
-uint64_t HostOptimizer::state_region_bytes(int block) const {
-  return workers::StateRegionBytes(options_.mode.state, shards_[block].num_elements);
-}
-
-Status HostOptimizer::ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const {
-  if (follower_ || OnNvme(block)) return FailedPreconditionError("no state regions in this arena");
-  const auto& s = shards_[block];
-  std::memcpy(exp_avg, arena_->At<void>(s.exp_avg_offset), state_region_bytes(block));
-  std::memcpy(exp_avg_sq, arena_->At<void>(s.exp_avg_sq_offset), state_region_bytes(block));
-  return OkStatus();
-}
-
-Status HostOptimizer::RestoreStateRegions(int block, const uint8_t* exp_avg,
-                                          const uint8_t* exp_avg_sq) {
-  if (follower_ || OnNvme(block)) return FailedPreconditionError("no state regions in this arena");
-  const auto& s = shards_[block];
-  std::memcpy(arena_->At<void>(s.exp_avg_offset), exp_avg, state_region_bytes(block));
-  std::memcpy(arena_->At<void>(s.exp_avg_sq_offset), exp_avg_sq, state_region_bytes(block));
   return OkStatus();
 }
 

@@ -14,11 +14,11 @@
 // runs on the optimizer thread (the trainer uploads the new weights from there) and
 // WaitUpdated(block, step) returns in the step loop.
 //
-// NVMe tier: master weights and both moments of a shard live in the store; before its update
-// (StepDriver::SetBeforeUpdate) they are read into a free slot (the next shard's read is issued
-// ahead), and right after it they are written back behind the update (NvmeStateTier, run on the
-// optimizer thread). A fp32 compute copy of the weights stays in RAM when the device computes in
-// fp32.
+// NVMe tier: master weights and both moments of a shard live in the store, in the optimizer mode's
+// own bytes; before its update (StepDriver::SetBeforeUpdate) they are read into a free slot (the
+// next shard's read is issued ahead), and right after it they are written back behind the update
+// (NvmeStateTier, run on the optimizer thread). A compute copy of the weights stays in RAM when
+// the device computes in fp32 (the fp32 master) or with a bf16 master (its bf16 half).
 //
 // Thread-safety: every public method is for the step-loop thread except where noted.
 
@@ -168,15 +168,16 @@ class HostOptimizer {
   // they must be (the states are not fp32): the regions below carry them.
   Status RestoreStates(int block, const float* master, const float* exp_avg,
                        const float* exp_avg_sq, uint64_t adam_step);
-  // A bf16 master, RAM tier: the block's master region as the workers hold it (the bf16 master,
-  // then its bf16 compensation at workers::MasterCompOffset; workers::MasterRegionBytes), for
-  // checkpoints that resume bit for bit. Between steps; FAILED_PRECONDITION with an fp32 master.
+  // A bf16 master: the block's master region as the workers hold it (the bf16 master, then its
+  // bf16 compensation at workers::MasterCompOffset; workers::MasterRegionBytes), for checkpoints
+  // that resume bit for bit; from the arena, or through the store for a block on the NVMe tier.
+  // Between steps; FAILED_PRECONDITION with an fp32 master.
   uint64_t master_region_bytes(int block) const;
   Status ReadMasterRegion(int block, uint8_t* region) const;
   Status RestoreMasterRegion(int block, const uint8_t* region);
-  // Compact modes, RAM tier: the block's exp_avg / exp_avg_sq regions as the workers hold them
+  // Compact modes: the block's exp_avg / exp_avg_sq regions as the workers hold them
   // (workers::StateRegionBytes: bf16 values, or int8 codes and their block scales), for
-  // checkpoints in the states' own format. Between steps.
+  // checkpoints in the states' own format; from the arena or through the store. Between steps.
   uint64_t state_region_bytes(int block) const;
   Status ReadStateRegions(int block, uint8_t* exp_avg, uint8_t* exp_avg_sq) const;
   Status RestoreStateRegions(int block, const uint8_t* exp_avg, const uint8_t* exp_avg_sq);

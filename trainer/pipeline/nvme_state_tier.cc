@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/logging.h"
 #include "job/arena_layout.h"
@@ -39,6 +40,7 @@ StatusOr<std::unique_ptr<NvmeStateTier>> NvmeStateTier::Start(
     std::vector<workers::ShardSpec>* shards) {
   std::unique_ptr<NvmeStateTier> t(new NvmeStateTier());
   t->compute_ = o.compute;
+  t->mode_ = o.mode;
   t->arena_ = arena;
   t->shards_ = shards;
   for (size_t b = 0; b < shards->size(); ++b) {
@@ -60,15 +62,16 @@ StatusOr<std::unique_ptr<NvmeStateTier>> NvmeStateTier::Start(
 
 Status NvmeStateTier::Allocate(const HostOptimizerOptions& o,
                                std::vector<workers::ShardSpec>* shards_out) {
+  // Regions in the mode's format (internal::ExtraBytes prices the same).
   const uint64_t max_n = std::max<uint64_t>(1, internal::MaxElements(o));
+  const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
+                                    ipc::RegionKind::kExpAvgSq};
   for (uint32_t s = 0; s < std::max<uint32_t>(2, o.nvme_slots); ++s) {
     auto slot = std::make_unique<Slot>();
-    const ipc::RegionKind kinds[3] = {ipc::RegionKind::kMaster, ipc::RegionKind::kExpAvg,
-                                      ipc::RegionKind::kExpAvgSq};
     for (int k = 0; k < 3; ++k) {
       ASSIGN_OR_RETURN(ipc::Region r,
                        arena_->Allocate("slot" + std::to_string(s) + "." + std::to_string(k),
-                                        kinds[k], max_n * 4));
+                                        kinds[k], RegionBytes(k, max_n)));
       slot->offset[k] = r.offset;
     }
     slots_.push_back(std::move(slot));
@@ -79,24 +82,55 @@ Status NvmeStateTier::Allocate(const HostOptimizerOptions& o,
   compute_copy_.assign(shards.size(), 0);
   for (size_t b = 0; b < shards.size(); ++b) {
     const std::string prefix = "B" + std::to_string(b) + ".";
-    const uint64_t bytes4 = shards[b].num_elements * 4;
+    const uint64_t n = shards[b].num_elements;
     if (!on_nvme_[b]) {  // this block's states stay in RAM
-      ASSIGN_OR_RETURN(ipc::Region m,
-                       arena_->Allocate(prefix + "master", ipc::RegionKind::kMaster, bytes4));
-      ASSIGN_OR_RETURN(ipc::Region v1,
-                       arena_->Allocate(prefix + "exp_avg", ipc::RegionKind::kExpAvg, bytes4));
-      ASSIGN_OR_RETURN(ipc::Region v2,
-                       arena_->Allocate(prefix + "exp_avg_sq", ipc::RegionKind::kExpAvgSq, bytes4));
-      shards[b].master_offset = m.offset;
-      shards[b].exp_avg_offset = v1.offset;
-      shards[b].exp_avg_sq_offset = v2.offset;
-    } else if (o.compute == HostDtype::kFp32) {
-      ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate(prefix + "compute",
-                                                       ipc::RegionKind::kParamStaging, bytes4));
+      const char* names[3] = {"master", "exp_avg", "exp_avg_sq"};
+      uint64_t* offsets[3] = {&shards[b].master_offset, &shards[b].exp_avg_offset,
+                              &shards[b].exp_avg_sq_offset};
+      for (int k = 0; k < 3; ++k) {
+        ASSIGN_OR_RETURN(ipc::Region r,
+                         arena_->Allocate(prefix + names[k], kinds[k], RegionBytes(k, n)));
+        *offsets[k] = r.offset;
+      }
+    } else if (const uint64_t copy = internal::NvmeComputeCopyBytes(o, b); copy > 0) {
+      ASSIGN_OR_RETURN(ipc::Region r,
+                       arena_->Allocate(prefix + "compute", ipc::RegionKind::kParamStaging, copy));
       compute_copy_[b] = r.offset;
     }
   }
   return OkStatus();
+}
+
+uint64_t NvmeStateTier::RegionBytes(int kind, uint64_t n) const {
+  return kind == 0 ? workers::MasterRegionBytes(mode_.master, n)
+                   : workers::StateRegionBytes(mode_.state, n);
+}
+
+uint64_t NvmeStateTier::SlotWeights(const Slot& slot) const {
+  return mode_.master == workers::MasterDtype::kBf16 ? slot.offset[0] : slot.offset[3];
+}
+
+void NvmeStateTier::DecodeMaster(size_t b, const Slot& slot, float* out) const {
+  const uint64_t n = elements(b);
+  if (mode_.master == workers::MasterDtype::kFp32) {
+    std::memcpy(out, arena_->At<void>(slot.offset[0]), n * 4);
+    return;
+  }
+  const auto* master = arena_->At<uint16_t>(slot.offset[0]);
+  workers::DecodeBf16Master(master, master + workers::MasterCompOffset(n) / 2, n, out);
+}
+
+void NvmeStateTier::EncodeMaster(size_t b, const float* master, const Slot& slot) {
+  const uint64_t n = elements(b);
+  if (mode_.master == workers::MasterDtype::kFp32) {
+    std::memcpy(arena_->At<void>(slot.offset[0]), master, n * 4);
+    return;
+  }
+  auto* bf16 = arena_->At<uint16_t>(slot.offset[0]);
+  // The padding between the master and its compensation is zero, as in a fresh arena: the slot
+  // held other blocks, and the region is stored and checkpointed whole.
+  std::memset(bf16 + n, 0, workers::MasterCompOffset(n) - 2 * n);
+  workers::EncodeBf16Master(master, n, bf16, bf16 + workers::MasterCompOffset(n) / 2);
 }
 
 NvmeStateTier::~NvmeStateTier() {
@@ -190,26 +224,25 @@ Status NvmeStateTier::PumpStore(bool block) {
 
 Status NvmeStateTier::AfterUpdate(size_t shard) {
   const Slot& slot = *slots_[slot_of_[shard]];
-  if (compute_copy_[shard] != 0) {
+  if (compute_copy_[shard] != 0) {  // the fp32 master, or a bf16 master's first half
     std::memcpy(arena_->At<void>(compute_copy_[shard]), arena_->At<void>(slot.offset[0]),
-                elements(shard) * 4);
+                elements(shard) * (compute_ == HostDtype::kFp32 ? 4 : 2));
   }
   return WriteBack(shard);
 }
 
 Status NvmeStateTier::WriteBack(size_t shard) {
   Slot& slot = *slots_[slot_of_[shard]];
-  const uint64_t bytes = elements(shard) * 4;
   for (int k = 0; k < 3; ++k) {
     const uint64_t id = next_io_id_;
-    RETURN_IF_ERROR(
-        StoreIo(true, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k], bytes, false));
+    RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k],
+                            RegionBytes(k, elements(shard)), false));
     slot.pending_writes.push_back(id);
   }
   if (WeightsOnNvme(shard)) {  // the new 16-bit weights the update wrote into the slot
     DropWeightReads(shard);
     const uint64_t id = next_io_id_;
-    RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(shard), kHalf, slot.offset[3],
+    RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(shard), kHalf, SlotWeights(slot),
                             elements(shard) * 2, false));
     slot.pending_writes.push_back(id);
   }
@@ -230,11 +263,10 @@ StatusOr<int> NvmeStateTier::IssueReads(size_t shard) {
   }
   slot.shard = static_cast<int>(shard);
   slot_of_[shard] = slot_index;
-  const uint64_t bytes = elements(shard) * 4;
   for (int k = 0; k < 3; ++k) {
     const uint64_t id = next_io_id_;
-    RETURN_IF_ERROR(
-        StoreIo(false, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k], bytes, false));
+    RETURN_IF_ERROR(StoreIo(false, static_cast<uint32_t>(shard), kKinds[k], slot.offset[k],
+                            RegionBytes(k, elements(shard)), false));
     slot.pending_reads.push_back(id);
   }
   return slot_index;
@@ -277,7 +309,8 @@ Status NvmeStateTier::StageIn(size_t shard, workers::ShardSpec* spec) {
   spec->master_offset = slot.offset[0];
   spec->exp_avg_offset = slot.offset[1];
   spec->exp_avg_sq_offset = slot.offset[2];
-  if (WeightsOnNvme(shard)) spec->weights_offset = slot.offset[3];  // the update writes them there
+  // The update writes the 16-bit weights there (a bf16 master is its own weights).
+  if (WeightsOnNvme(shard) && slot.offset[3] != 0) spec->weights_offset = slot.offset[3];
   AddBusy(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return OkStatus();
 }
@@ -287,43 +320,89 @@ Status NvmeStateTier::StageIn(size_t shard, workers::ShardSpec* spec) {
 Status NvmeStateTier::InitializeBlock(size_t b, const std::function<Status(float*)>& fill) {
   const uint64_t n = elements(b);
   ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
-  float* master = arena_->At<float>(slot->offset[0]);
+  std::vector<float> scratch;  // a bf16 master is rounded from fp32 values filled beside it
+  if (mode_.master == workers::MasterDtype::kBf16) scratch.resize(n);
+  float* master = scratch.empty() ? arena_->At<float>(slot->offset[0]) : scratch.data();
   RETURN_IF_ERROR(fill(master));
-  if (compute_copy_[b] != 0) std::memcpy(arena_->At<void>(compute_copy_[b]), master, n * 4);
+  if (!scratch.empty()) EncodeMaster(b, master, *slot);
+  if (compute_copy_[b] != 0 && compute_ == HostDtype::kFp32)
+    std::memcpy(arena_->At<void>(compute_copy_[b]), master, n * 4);
   RETURN_IF_ERROR(Derive16(b, master, slot));
-  std::memset(arena_->At<void>(slot->offset[1]), 0, n * 4);
-  std::memset(arena_->At<void>(slot->offset[2]), 0, n * 4);
+  // Zero moments in every format (int8: zero codes and zero block scales).
+  std::memset(arena_->At<void>(slot->offset[1]), 0, RegionBytes(1, n));
+  std::memset(arena_->At<void>(slot->offset[2]), 0, RegionBytes(2, n));
   for (int k = 0; k < 3; ++k) {
-    RETURN_IF_ERROR(
-        StoreIo(true, static_cast<uint32_t>(b), kKinds[k], slot->offset[k], n * 4, true));
+    RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(b), kKinds[k], slot->offset[k],
+                            RegionBytes(k, n), true));
   }
   return OkStatus();
 }
 
 Status NvmeStateTier::ReadStates(size_t b, float* master, float* exp_avg, float* exp_avg_sq) {
-  const uint64_t bytes = elements(b) * 4;
+  const uint64_t n = elements(b);
   ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
   float* dst[3] = {master, exp_avg, exp_avg_sq};
   for (int k = 0; k < 3; ++k) {
-    RETURN_IF_ERROR(
-        StoreIo(false, static_cast<uint32_t>(b), kKinds[k], slot->offset[k], bytes, true));
-    std::memcpy(dst[k], arena_->At<void>(slot->offset[k]), bytes);
+    if (dst[k] == nullptr) continue;
+    if (k > 0 && !mode_.Exact())
+      return FailedPreconditionError("compact states are read with ReadRegion");
+    RETURN_IF_ERROR(StoreIo(false, static_cast<uint32_t>(b), kKinds[k], slot->offset[k],
+                            RegionBytes(k, n), true));
+    if (k == 0) {
+      DecodeMaster(b, *slot, master);
+    } else {
+      std::memcpy(dst[k], arena_->At<void>(slot->offset[k]), n * 4);
+    }
   }
   return OkStatus();
 }
 
 Status NvmeStateTier::RestoreStates(size_t b, const float* master, const float* exp_avg,
                                     const float* exp_avg_sq) {
-  const uint64_t bytes = elements(b) * 4;
+  const uint64_t n = elements(b);
+  if (!mode_.Exact() && (exp_avg != nullptr || exp_avg_sq != nullptr))
+    return FailedPreconditionError("compact states are restored with RestoreRegion");
+  if (mode_.Exact() && (exp_avg == nullptr || exp_avg_sq == nullptr))
+    return InvalidArgumentError("exact AdamW restores both moments");
   ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
+  EncodeMaster(b, master, *slot);
   const float* src[3] = {master, exp_avg, exp_avg_sq};
   for (int k = 0; k < 3; ++k) {
-    std::memcpy(arena_->At<void>(slot->offset[k]), src[k], bytes);
-    RETURN_IF_ERROR(
-        StoreIo(true, static_cast<uint32_t>(b), kKinds[k], slot->offset[k], bytes, true));
+    if (src[k] == nullptr) continue;  // compact moments: RestoreRegion
+    if (k > 0) std::memcpy(arena_->At<void>(slot->offset[k]), src[k], n * 4);
+    RETURN_IF_ERROR(StoreIo(true, static_cast<uint32_t>(b), kKinds[k], slot->offset[k],
+                            RegionBytes(k, n), true));
   }
-  if (compute_copy_[b] != 0) std::memcpy(arena_->At<void>(compute_copy_[b]), master, bytes);
+  if (compute_copy_[b] != 0 && compute_ == HostDtype::kFp32)
+    std::memcpy(arena_->At<void>(compute_copy_[b]), master, n * 4);
   return Derive16(b, master, slot);
+}
+
+Status NvmeStateTier::ReadRegion(size_t b, int kind, uint8_t* out) {
+  const uint64_t bytes = RegionBytes(kind, elements(b));
+  ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
+  RETURN_IF_ERROR(
+      StoreIo(false, static_cast<uint32_t>(b), kKinds[kind], slot->offset[kind], bytes, true));
+  std::memcpy(out, arena_->At<void>(slot->offset[kind]), bytes);
+  return OkStatus();
+}
+
+Status NvmeStateTier::RestoreRegion(size_t b, int kind, const uint8_t* in) {
+  const uint64_t bytes = RegionBytes(kind, elements(b));
+  ASSIGN_OR_RETURN(Slot * slot, ScratchSlot());
+  std::memcpy(arena_->At<void>(slot->offset[kind]), in, bytes);
+  RETURN_IF_ERROR(
+      StoreIo(true, static_cast<uint32_t>(b), kKinds[kind], slot->offset[kind], bytes, true));
+  if (kind != 0) return OkStatus();
+  // The weights the device reads, from the restored master (a bf16 master's own half).
+  std::vector<float> master;
+  if (mode_.master == workers::MasterDtype::kFp32) {
+    master.resize(elements(b));
+    DecodeMaster(b, *slot, master.data());
+    if (compute_copy_[b] != 0)
+      std::memcpy(arena_->At<void>(compute_copy_[b]), master.data(), bytes);
+  }
+  return Derive16(b, master.empty() ? nullptr : master.data(), slot);
 }
 
 }  // namespace offloadd::trainer

@@ -1,9 +1,13 @@
 #pragma once
 // NvmeStateTier: the NVMe tier of the host optimizer's states (HostOptimizerOptions::tier nvme).
-// Owns the offloadd-store process, the staging slots a block's fp32 states (master, exp_avg,
-// exp_avg_sq) pass through between their read and their write-back, the fp32 compute copies of
-// NVMe blocks under fp32 compute, and, for blocks whose 16-bit weights live in the store too
-// (nvme_weight_blocks), the slots' weight regions and the read buffers FetchWeights fills.
+// Owns the offloadd-store process, the staging slots a block's states (master, exp_avg,
+// exp_avg_sq) pass through between their read and their write-back, the compute copies of NVMe
+// blocks (the fp32 master under fp32 compute, a bf16 master's weights), and, for blocks whose
+// 16-bit weights live in the store too (nvme_weight_blocks), the slots' weight regions and the read
+// buffers FetchWeights fills. The states are stored and staged in the optimizer mode's own byte
+// format (HostOptimizerOptions::mode, workers/adamw_compact.h: one region per tensor, as the
+// workers step it; fp32 for exact AdamW, bf16 or int8 codes with their block scales, a bf16 master
+// with its compensation), so a compact mode reads and writes fewer bytes and needs smaller slots.
 //
 // HostOptimizer (host_optimizer.h) owns the arena, the worker pool and the step driver, and drives
 // this tier from its optimizer thread: StageIn before a block's update (the step driver's
@@ -52,8 +56,9 @@ class NvmeStateTier {
   bool OnNvme(size_t block) const { return on_nvme_[block]; }
   // The block's 16-bit weights live in the store too (HostOptimizerOptions::nvme_weight_blocks).
   bool WeightsOnNvme(size_t block) const { return weights_on_nvme_[block]; }
-  // The fp32 weights the device computes with for an NVMe block under fp32 compute (copied from
-  // the staged master after each update); null otherwise.
+  // The weights the device computes with for an NVMe block, copied from the staged master after
+  // each update: the fp32 master under fp32 compute, a bf16 master's bf16 half (unless its weights
+  // are on NVMe); null otherwise.
   void* compute_copy(size_t block) const;
   const storage::StoreProcess& store() const { return *store_; }
 
@@ -64,19 +69,28 @@ class NvmeStateTier {
   // Before block's update: its states staged into a slot (read ahead or now), the next block's
   // read issued, and `spec` pointed at the slot.
   Status StageIn(size_t block, workers::ShardSpec* spec);
-  // Right after block's update: the fp32 compute copy, and the write-back of its states (and of
-  // its 16-bit weights on NVMe) issued.
+  // Right after block's update: the compute copy, and the write-back of its states (and of its
+  // 16-bit weights on NVMe) issued.
   Status AfterUpdate(size_t block);
   // Waits for every read and write in flight (the step's last write-backs).
   Status Drain();
-  // Between steps. Initial values: `fill` writes the block's fp32 master weights into a slot; the
-  // compute copy and the 16-bit weights are derived from them, the moments start at zero and all
-  // is written to the store.
+  // Between steps. Initial values: `fill` writes the block's fp32 master weights (into a slot, or
+  // a buffer a bf16 master is rounded from); the compute copy and the 16-bit weights are derived
+  // from them, the moments start at zero and all is written to the store.
   Status InitializeBlock(size_t block, const std::function<Status(float* master)>& fill);
-  // Checkpoint I/O of a block's fp32 states (each elements(block) floats) through the store.
+  // Checkpoint I/O of a block's states (each elements(block) floats) through the store; a null
+  // pointer skips that tensor. In a compact mode only the master (decoded to fp32; restored by
+  // rounding, workers::EncodeBf16Master) and the moments are null: their regions are below.
   Status ReadStates(size_t block, float* master, float* exp_avg, float* exp_avg_sq);
   Status RestoreStates(size_t block, const float* master, const float* exp_avg,
                        const float* exp_avg_sq);
+  // A block's master region (kind 0) or exp_avg / exp_avg_sq region (1, 2) byte for byte as the
+  // workers hold it (RegionBytes), through the store. Restoring the master region derives the
+  // weights the device reads from it again.
+  Status ReadRegion(size_t block, int kind, uint8_t* out);
+  Status RestoreRegion(size_t block, int kind, const uint8_t* in);
+  // The bytes of a block's region `kind` (0 master, 1 exp_avg, 2 exp_avg_sq) in the mode's format.
+  uint64_t RegionBytes(int kind, uint64_t elements) const;
   // HostOptimizer::PrefetchWeights / FetchWeights, once their arguments are checked.
   Status PrefetchWeights(int block, int buffer);
   StatusOr<const void*> FetchWeights(int block, int buffer);
@@ -92,9 +106,11 @@ class NvmeStateTier {
   Totals TakeTotals();
 
  private:
-  // A staging slot: one block's fp32 states between their read and their write-back.
+  // A staging slot: one block's states between their read and their write-back.
   struct Slot {
-    uint64_t offset[4] = {};  // master, exp_avg, exp_avg_sq; 16-bit weights (0: none on NVMe)
+    // master, exp_avg, exp_avg_sq (the mode's regions); 16-bit weights (0: none on NVMe, or a
+    // bf16 master, whose first half they are)
+    uint64_t offset[4] = {};
     int shard = -1;           // whose states it holds
     bool loaded = false;      // reads complete
     std::vector<uint64_t> pending_reads, pending_writes;
@@ -124,12 +140,20 @@ class NvmeStateTier {
   Status ClaimIo(uint64_t id);  // waits for a non-slot I/O to complete
   void AddBusy(double seconds);
   // The 16-bit copy of `master` for block b: into its arena region, or (weights on NVMe) into
-  // `slot`'s and written to the store.
+  // `slot`'s and written to the store. A bf16 master: its first half in `slot` (master unused)
+  // into the compute copy, or to the store.
   Status Derive16(size_t b, const float* master, const Slot* slot);
+  // The staged master's fp32 value into `out` (a bf16 master decoded with its compensation), and
+  // `master` into the slot in the mode's format.
+  void DecodeMaster(size_t b, const Slot& slot, float* out) const;
+  void EncodeMaster(size_t b, const float* master, const Slot& slot);
+  // The offset of the 16-bit weights a staged block's update leaves in `slot` (weights on NVMe).
+  uint64_t SlotWeights(const Slot& slot) const;
   Status IssueWeightRead(int block, int buffer);
   void DropWeightReads(size_t block);  // its reads in flight are stale
 
   HostDtype compute_ = HostDtype::kFp32;
+  workers::OptimizerMode mode_;
   ipc::Arena* arena_ = nullptr;
   const std::vector<workers::ShardSpec>* shards_ = nullptr;
   workers::StepDriver* driver_ = nullptr;
@@ -138,7 +162,7 @@ class NvmeStateTier {
   std::unique_ptr<storage::StoreProcess> store_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> slot_of_;              // per block: slot holding its states, -1
-  std::vector<uint64_t> compute_copy_;    // per block: fp32 compute region (NVMe block + fp32)
+  std::vector<uint64_t> compute_copy_;    // per block: its compute copy's region (0: none)
   std::vector<uint64_t> weight_buffers_;  // FetchWeights' destinations (kArenaWeightBuffers)
   std::vector<WeightRead> weight_reads_;
   std::atomic<uint64_t> weight_prefetch_hits_{0};

@@ -57,7 +57,8 @@ Status NvmeStateTier::CheckWeightPlacement(const HostOptimizerOptions& o) {
 Status NvmeStateTier::AllocateWeightRegions(uint64_t w) {
   max_weight_elements_ = w;
   if (w == 0) return OkStatus();
-  for (size_t s = 0; s < slots_.size(); ++s) {
+  // A bf16 master is its own weights: its slot region's first half is what goes to the store.
+  for (size_t s = 0; mode_.master != workers::MasterDtype::kBf16 && s < slots_.size(); ++s) {
     ASSIGN_OR_RETURN(ipc::Region r, arena_->Allocate("slot" + std::to_string(s) + ".weights",
                                                      ipc::RegionKind::kParamStaging, w * 2));
     slots_[s]->offset[3] = r.offset;
@@ -73,6 +74,14 @@ Status NvmeStateTier::AllocateWeightRegions(uint64_t w) {
 
 Status NvmeStateTier::Derive16(size_t b, const float* master, const Slot* slot) {
   const uint64_t n = elements(b);
+  if (mode_.master == workers::MasterDtype::kBf16) {  // the staged master's first half
+    if (!WeightsOnNvme(b)) {
+      std::memcpy(arena_->At<void>(compute_copy_[b]), arena_->At<void>(slot->offset[0]), n * 2);
+      return OkStatus();
+    }
+    DropWeightReads(b);
+    return StoreIo(true, static_cast<uint32_t>(b), kHalf, slot->offset[0], n * 2, true);
+  }
   if (!WeightsOnNvme(b)) {
     const uint64_t weights = (*shards_)[b].weights_offset;
     if (weights != 0) internal::To16(compute_, master, arena_->At<uint16_t>(weights), n);

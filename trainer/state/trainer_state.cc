@@ -95,11 +95,6 @@ Status Trainer::Impl::CheckOptimizerMode() {
                               " compute: the bf16 master is the device's bf16 weights; use "
                               "compute_dtype bf16 (--dtype=bf16) or an fp32 master");
   }
-  if (cfg.offload.tier == StateTier::kNvme) {
-    return UnimplementedError(mode +
-                              " with the optimizer states on NVMe: the store's slots hold "
-                              "fp32 states; use offload_optimizer.device cpu or exact states");
-  }
   if (cfg.lsp.enabled) {
     return UnimplementedError(mode +
                               " with compression lsp: LSP keeps its own fp32 subspace "
@@ -111,6 +106,11 @@ Status Trainer::Impl::CheckOptimizerMode() {
     // itself). What they would read as fp32 is refused by name.
     const std::string dp = mode + " with data parallelism (world size " +
                            std::to_string(cfg.parallel.world_size) + ")";
+    if (cfg.offload.tier == StateTier::kNvme) {
+      return UnimplementedError(dp +
+                                " and the optimizer states on NVMe is not built yet; use "
+                                "offload_optimizer.device cpu or exact states");
+    }
     if (cfg.parallel.hosts > 1) {
       return UnimplementedError(dp + " across " + std::to_string(cfg.parallel.hosts) +
                                 " hosts: each host's slice of the states is fp32");

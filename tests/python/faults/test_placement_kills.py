@@ -8,6 +8,9 @@ under another limit, so another placement. The final weights must equal an unint
 the first placement bit for bit, and so must a run with every block's states in RAM: the store's
 versions and the checkpoints carry the states whichever tier held them.
 
+The compact optimizer modes (int8 states, a bf16 master) keep their own bytes in the store: a store
+SIGKILLed at a mixed placement, the run resumed at another, ends on the uninterrupted run's bits.
+
 With the 16-bit weights on NVMe too (--param-tier=nvme, bf16 compute), the trainer reads every
 block's weights from the store before each forward and backward: a store SIGKILLed under those
 reads must fail the run naming the store, and the resume from its checkpoint must end on the
@@ -173,5 +176,51 @@ def test_store_killed_under_the_weight_reads_fails_naming_it_and_resumes_bitwise
     r = subprocess.run(cmd(out, tmp_path / "nvme2", f"--resume-from={resumed}"),
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
+    diff, total = differing_bytes(load_weights(out / "model.safetensors"), ref)
+    assert diff == 0, f"final weights differ from the uninterrupted run in {diff} of {total} bytes"
+
+
+@pytest.mark.timeout(300)
+def test_store_killed_with_compact_states_on_nvme_resumes_bitwise(binary_dir, job, tmp_path):
+    """int8 states with a bf16 master (bf16 compute): the store holds the NVMe blocks' int8 codes
+    with their block scales and the bf16 master with its compensation. Killed mid-run at a mixed
+    placement, the run resumes from its checkpoint at another placement and must end on the
+    uninterrupted run's bits."""
+    mode = ["--state-dtype=int8", "--master-dtype=bf16"]
+
+    def cmd(out: pathlib.Path, nvme: pathlib.Path, limit: int | None, *extra) -> list[str]:
+        c = train_cmd(binary_dir, job, out, nvme, limit, *mode, *extra)
+        return [("--dtype=bf16" if a == "--dtype=fp32" else a) for a in c]
+
+    def predicted(limit: int | None) -> tuple[int, str]:
+        r = subprocess.run(cmd(tmp_path / "v-out", tmp_path / "v-nvme", limit, "--validate-only"),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        line = next(l for l in r.stdout.splitlines() if l.startswith("{"))
+        return json.loads(line)["predicted_host_bytes"], r.stdout
+
+    low, high = predicted(None)[0], predicted(16 << 30)[0]
+    assert high > low, (low, high)
+    limits = [low + (high - low) * 3 // 4, low + (high - low) * 7 // 20]
+    placements = [placement(predicted(lim)[1]) for lim in limits]
+    print("placements:", placements)
+    for p in placements:
+        assert "in RAM" in p and "on NVMe" in p, placements
+
+    ref_out = tmp_path / "ref"
+    r = subprocess.run(cmd(ref_out, tmp_path / "ref-nvme", limits[0]), capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "optimizer not exact: bf16 master, int8 states" in r.stderr, r.stderr[-3000:]
+    assert placement(r.stderr) == placements[0], r.stderr[-3000:]
+    ref = load_weights(ref_out / "model.safetensors")
+
+    out = tmp_path / "out"
+    run_and_kill(cmd(out, tmp_path / "nvme1", limits[0]), tmp_path / "run1.txt", 6, "store")
+    resumed = newest_checkpoint(out)
+    r = subprocess.run(cmd(out, tmp_path / "nvme2", limits[1], f"--resume-from={resumed}"),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert placement(r.stderr) == placements[1], r.stderr[-3000:]
     diff, total = differing_bytes(load_weights(out / "model.safetensors"), ref)
     assert diff == 0, f"final weights differ from the uninterrupted run in {diff} of {total} bytes"

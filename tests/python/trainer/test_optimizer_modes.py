@@ -183,14 +183,6 @@ def test_what_the_trainer_does_not_run_is_refused_by_name(binary_dir, tmp_path, 
     r = run_train(binary_dir, fp32, check=False)
     assert r.returncode != 0 and "optimizer.master_dtype bf16 with fp32 compute" in r.stderr, \
         r.stderr
-    # The NVMe tier's slots hold fp32 masters and states.
-    (tmp_path / "nvme").mkdir()
-    r = run_train(binary_dir, args(model, data, tmp_path / "o", steps=2, master="bf16",
-                                   extra=["--tier=nvme", f"--nvme-dir={tmp_path / 'nvme'}"]),
-                  check=False)
-    assert r.returncode != 0 and \
-        "not exact: bf16 master, fp32 states with the optimizer states on NVMe" in r.stderr, \
-        r.stderr
     r = run_train(binary_dir, args(model, data, tmp_path / "o", steps=2, state="int4"), check=False)
     assert r.returncode != 0 and "optimizer.state_dtype: unknown value 'int4'" in r.stderr, r.stderr
 
@@ -310,6 +302,12 @@ def test_data_parallel_refuses_what_reads_fp32_states(binary_dir, tmp_path, inpu
     r = run_train(binary_dir, base + ["--device-optimizer-blocks=1"], check=False)
     assert r.returncode != 0 and "with data parallelism (world size 2) and optimizer states on " \
         "the GPU (device_optimizer_blocks 1)" in r.stderr, r.stderr
+    # The NVMe tier runs the compact modes with one rank (test_optimizer_modes_nvme.py), not yet
+    # with a group.
+    (tmp_path / "nvme").mkdir()
+    r = run_train(binary_dir, base + ["--tier=nvme", f"--nvme-dir={tmp_path / 'nvme'}"], check=False)
+    assert r.returncode != 0 and "not exact: fp32 master, int8 states with data parallelism (world " \
+        "size 2) and the optimizer states on NVMe is not built yet" in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
