@@ -152,6 +152,9 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in) {
   p.mode = o.mode;
   p.checkpoints = in.checkpoint_bytes;
   p.spill_buffer = in.spill_buffer_bytes;
+  // device_fixed_bytes: a CPU device's own weight copy; across hosts (ZeRO-1, where
+  // optimizer.block_elements are one host's slice of each block) the whole weights the host's
+  // ranks read, one copy per host (Trainer::Impl::full_weights).
   p.device = in.device_batch_bytes + in.device_fixed_bytes;
   p.processes = kTrainerProcessBytes + (in.cuda ? kCudaContextHostBytes : 0) + kCheckpointReaderBytes +
                 uint64_t{std::max<uint32_t>(1, o.worker_processes)} * kWorkerProcessBytes;
@@ -193,7 +196,7 @@ std::string HostMemoryPrediction::Describe() const {
   }
   if (checkpoints > 0) s += ", activation checkpoints in pinned RAM " + FormatByteSize(checkpoints);
   if (spill_buffer > 0) s += ", NVMe activations' staging buffer " + FormatByteSize(spill_buffer);
-  if (device > 0) s += ", the CPU device's activations " + FormatByteSize(device);
+  if (device > 0) s += ", the device's weights and activations " + FormatByteSize(device);
   s += ", processes " + FormatByteSize(processes) + ")";
   if (disk_bytes == 0) return s + "; disk none";
   s += "; disk " + FormatByteSize(disk_bytes);
@@ -239,7 +242,7 @@ Status CheckHostMemory(const HostMemoryInputs& in, uint64_t limit, const std::st
       p.total - in.checkpoint_bytes + kStoreProcessBytes < limit) {
     fixes.push_back("the layer inputs on NVMe (" + names.nvme_dir + ")");
   }
-  if (in.optimizer.tier == StateTier::kCpu) {
+  if (in.optimizer.tier == StateTier::kCpu && !names.nvme.empty()) {
     HostMemoryInputs nv = in;
     nv.optimizer.tier = StateTier::kNvme;
     const HostMemoryPrediction q = PredictHostMemory(nv);

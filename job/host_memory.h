@@ -76,7 +76,7 @@ struct HostMemoryInputs {
   int64_t micro = 1;                // the micro-batch the batch-dependent bytes are for
   uint64_t checkpoint_bytes = 0;    // activation checkpoints in pinned RAM (per micro-batch)
   uint64_t device_batch_bytes = 0;  // a CPU device's activations and workspace (0 on a GPU)
-  uint64_t device_fixed_bytes = 0;  // a CPU device's own weight copy (0 on a GPU)
+  uint64_t device_fixed_bytes = 0;  // a CPU device's weights; across hosts the whole (.cc)
   uint64_t spill_disk_bytes = 0;    // offload_nvme activations and NVMe layer inputs
   uint64_t spill_buffer_bytes = 0;  // their pinned staging buffer (ActivationSpillBufferBytes)
   // offload_param: {device: nvme}: PlaceStatesUnderLimit may put NVMe blocks' 16-bit weights in
@@ -107,7 +107,7 @@ HostMemoryPrediction PredictHostMemory(const HostMemoryInputs& in);
 // the daemon.
 struct HostMemoryNames {
   std::string limit = "--host-memory-limit";
-  std::string nvme = "--tier=nvme --nvme-dir=DIR";
+  std::string nvme = "--tier=nvme --nvme-dir=DIR";  // empty: not offered (across hosts)
   std::string batch = "--batch-size";
   std::string param_nvme = "--param-tier=nvme";  // the 16-bit weights on NVMe too
   bool nvme_configured = true;  // store directories exist (the daemon: storage.directories)

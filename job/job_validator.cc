@@ -308,10 +308,18 @@ void CheckHostMemoryAndDisk(const v1::JobSpec& spec, const engine::ModelConfig& 
   names.batch = "training.per_device_train_batch_size";
   names.param_nvme = "offload.offload_param.device: nvme";
   names.nvme_configured = !node.store_dirs.empty();
+  // Across hosts `in` is one host's share (JobHostMemoryInputs); the NVMe tier is not built there.
+  const std::string share =
+      res.hosts() > 1 ? "each of the job's " + std::to_string(res.hosts()) + " hosts holds its 1/" +
+                            std::to_string(res.hosts()) +
+                            " of the optimizer states and the whole weights its ranks read: "
+                      : "";
+  if (res.hosts() > 1) names.nvme.clear();
   const Status host = trainer::CheckHostMemory(in, host_limit, source, node_can.bytes, names);
   if (!host.ok()) {
-    c.Add(res.host_memory_limit() ? "resources.host_memory_limit" : "offload.offload_optimizer.device",
-          std::string(host.message()));
+    c.Add(res.host_memory_limit() ? "resources.host_memory_limit"
+                                  : "offload.offload_optimizer.device",
+          share + std::string(host.message()));
   }
   if (r->host_memory.disk_bytes > 0 && !node.store_dirs.empty()) {
     uint64_t free_bytes = 0;

@@ -21,6 +21,22 @@ uint64_t SatAdd(uint64_t a, uint64_t b) {
   return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
+// A job across `hosts` hosts of `ranks_per_host` ranks: `in`, sized for the whole model, becomes
+// one host's share (JobHostMemoryInputs in memory_estimate.h).
+void SplitAcrossHosts(uint32_t hosts, uint32_t ranks_per_host, trainer::HostMemoryInputs* in) {
+  // As Trainer::Impl::SliceLength slices them: each of the hosts x ranks_per_host ranks a chunk
+  // of ceil(n / ranks), host h the chunks of its ranks; host 0's slice is the largest.
+  const uint64_t ranks = uint64_t{hosts} * ranks_per_host;
+  uint64_t whole = 0;
+  for (uint64_t& n : in->optimizer.block_elements) {
+    whole += n;
+    n = std::min<uint64_t>(n, (n + ranks - 1) / ranks * ranks_per_host);
+  }
+  // The whole weights the ranks read (Trainer::Impl::full_weights), one copy per host, in the
+  // dtype the device reads.
+  in->device_fixed_bytes = whole * (trainer::ArenaWeightsAreFp32(in->optimizer) ? 4 : 2);
+}
+
 }  // namespace
 
 ModelSize EstimateModelSize(const engine::ModelConfig& c) {
@@ -119,6 +135,10 @@ trainer::HostMemoryInputs JobHostMemoryInputs(const v1::JobSpec& spec, const eng
       spec.offload().offload_param().device() == v1::OFFLOAD_DEVICE_NVME;
   in.cuda = gpu;
   in.micro = std::max<int64_t>(1, spec.training().per_device_train_batch_size());
+  // Across hosts (ZeRO-1, trainer/trainer_hosts.cc) one host's share, the largest.
+  const auto& res = spec.resources();
+  if (res.hosts() > 1)
+    SplitAcrossHosts(res.hosts(), std::max<uint32_t>(1, res.gpus_per_host()), &in);
   return in;
 }
 

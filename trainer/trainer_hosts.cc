@@ -7,11 +7,17 @@
 // SumAcrossHosts, from each host leader's optimizer thread), and every rank's shard of the
 // updated slices is all-gathered into every rank's whole weights, which its compute reads, block
 // by block as each update finishes (HostGather's thread, on a process group of its own).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <memory>
 #include <span>
+
+#include "ipc/shm_segment.h"
+#include "ipc/unique_fd.h"
 
 #include "trainer/state/checkpoint.h"
 #include "trainer/state/partition_checkpoint.h"
@@ -113,11 +119,72 @@ HostOptimizerOptions Trainer::Impl::SliceOptions(HostOptimizerOptions ho) {
   return ho;
 }
 
+namespace {
+
+// One copy of the whole weights per host: with several ranks on the host (`shared`), in a segment
+// its leader creates and its other ranks map (as they map its arena; `key` names it in the
+// store), each block on its own pages (pinned apart on CUDA); every rank all-gathers the same
+// bytes into it (GatherBlock), so a rank's forward reads the values its own gather wrote
+// whichever rank's copy lands last. One rank per host: its own. The tensors keep the mapping
+// alive (their deleter holds it).
+StatusOr<std::vector<at::Tensor>> WholeWeights(const std::vector<BlockLayout>& layout,
+                                               c10::ScalarType dtype, bool shared, bool leader,
+                                               const std::string& key, DataParallel& dp) {
+  std::vector<at::Tensor> out(layout.size());
+  const auto opts = at::TensorOptions().dtype(dtype);
+  if (!shared) {
+    for (size_t b = 0; b < layout.size(); ++b)
+      out[b] = at::empty({static_cast<int64_t>(layout[b].numel)}, opts);
+    return out;
+  }
+  const uint64_t elem = c10::elementSize(dtype);
+  std::vector<uint64_t> offset(layout.size());
+  uint64_t bytes = 0;
+  for (size_t b = 0; b < layout.size(); ++b) {
+    offset[b] = bytes;
+    bytes += (layout[b].numel * elem + 4095) / 4096 * 4096;
+  }
+  ipc::SharedSegment segment;
+  if (leader) {
+    ipc::SegmentOptions so;
+    so.name = "offloadd whole weights";
+    ASSIGN_OR_RETURN(segment, ipc::SharedSegment::Create(std::max<uint64_t>(bytes, 1), so));
+    RETURN_IF_ERROR(
+        dp.Set(key, "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(segment.fd())));
+  } else {
+    ASSIGN_OR_RETURN(const std::string path, dp.Get(key));
+    ipc::UniqueFd fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd.valid()) {
+      return UnavailableError("rank " + std::to_string(dp.rank()) +
+                              " cannot open its host leader's whole weights " + path + ": " +
+                              std::strerror(errno));
+    }
+    ASSIGN_OR_RETURN(segment, ipc::SharedSegment::Attach(fd.get()));
+    if (segment.data_size() < bytes) {
+      return FailedPreconditionError(path + ": the host leader's whole weights hold " +
+                                     std::to_string(segment.data_size()) + " bytes, this rank's " +
+                                     "model " + std::to_string(bytes));
+    }
+  }
+  auto mapped = std::make_shared<ipc::SharedSegment>(std::move(segment));
+  for (size_t b = 0; b < layout.size(); ++b) {
+    out[b] = at::from_blob(
+        mapped->data() + offset[b], {static_cast<int64_t>(layout[b].numel)}, [mapped](void*) {},
+        opts);
+  }
+  return out;
+}
+
+}  // namespace
+
 Status Trainer::Impl::InitializeAcrossHosts(
     const std::vector<HostOptimizer::InitPiece>& pieces,
     const std::function<Status(const HostOptimizer::InitPiece&, float*)>& fill) {
   const c10::ScalarType host_dtype = host->weights_fp32() ? at::kFloat : dtype;
-  full_weights.assign(static_cast<size_t>(n), at::Tensor());
+  ASSIGN_OR_RETURN(full_weights,
+                   WholeWeights(layout, host_dtype, ranks_per_host() > 1, host_leader(),
+                                "whole-weights/" + std::to_string(host_index()), *dp));
+  std::vector<bool> filled(static_cast<size_t>(n), false);
   auto whole_block = [&](int b) -> StatusOr<at::Tensor> {
     at::Tensor whole = at::empty({static_cast<int64_t>(layout[b].numel)}, at::kFloat);
     for (const HostOptimizer::InitPiece& piece : pieces) {
@@ -131,13 +198,16 @@ Status Trainer::Impl::InitializeAcrossHosts(
     std::memcpy(master, whole.data_ptr<float>() + SliceBegin(b),
                 static_cast<size_t>(SliceLength(b)) * sizeof(float));
     // Rounded as the host optimizer rounds its 16-bit copy (round to nearest even).
-    full_weights[b] = whole.to(host_dtype).contiguous();
+    full_weights[b].copy_(whole);
+    filled[b] = true;
     return OkStatus();
   }));
-  for (int b = 0; b < n; ++b) {  // a follower's own whole weights
-    if (full_weights[b].defined()) continue;
+  // A follower's host leader filled the host's copy before the arena (ranks_per_host > 1).
+  if (!host_leader()) return OkStatus();
+  for (int b = 0; b < n; ++b) {
+    if (filled[b]) continue;
     ASSIGN_OR_RETURN(at::Tensor whole, whole_block(b));
-    full_weights[b] = whole.to(host_dtype).contiguous();
+    full_weights[b].copy_(whole);
   }
   return OkStatus();
 }

@@ -34,7 +34,10 @@ v1::Job WouldBeJob(ValidationResult& r) {
   e->set_host_bytes(r.host_memory.total);
   e->set_disk_bytes(r.host_memory.disk_bytes);
   e->set_host_memory_limit(r.host_memory_limit);
-  e->set_host_text(r.host_memory.Describe() + " within the host memory limit of " +
+  // Across hosts the prediction is one host's share (JobHostMemoryInputs).
+  const uint32_t hosts = r.resolved.resources().hosts();
+  e->set_host_text((hosts > 1 ? "each of the " + std::to_string(hosts) + " hosts: " : "") +
+                   r.host_memory.Describe() + " within the host memory limit of " +
                    FormatByteSize(r.host_memory_limit) +
                    (r.capacity_text.empty() ? "" : "; " + r.capacity_text));
   e->set_ram_tier_host_bytes(r.ram_tier_host_bytes);

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <string>
 
+#include "common/units.h"
 #include "job/job_validator.h"
 #include "job/unsupported_options.h"
 
@@ -143,6 +145,65 @@ TEST_F(JobRefusalsTest, JobsAcrossHosts) {
   s = Spec();  // one host: gpus_per_host is not the way to ask for GPUs
   s.mutable_resources()->set_gpus_per_host(2);
   ExpectOnly(Validate(s), "resources.gpus_per_host", "a job on one host sets resources.gpus");
+}
+
+// Across H hosts each host holds 1/H of the optimizer states (ZeRO-1) and the whole weights its
+// ranks read, once: the host's share is priced, not the whole arena on every host. A limit
+// between the two is refused on one host and accepted across two; below the share, refused with
+// the share's numbers.
+TEST_F(JobRefusalsTest, AJobAcrossHostsIsPricedByEachHostsShare) {
+  node_.cluster_hosts = 2;
+  v1::JobSpec s = Spec();
+  const ValidationResult one = Validate(s);
+  ASSERT_TRUE(one.ok()) << Describe(one);
+  s.mutable_resources()->set_hosts(2);
+  const ValidationResult two = Validate(s);
+  ASSERT_TRUE(two.ok()) << Describe(two);
+  const auto params = static_cast<uint64_t>(one.model_size.total_params);
+  // A CPU node computes in fp32: the ranks read fp32 weights, one copy per host.
+  EXPECT_EQ(two.host_memory.device, 4 * params);
+  EXPECT_EQ(one.host_memory.device, 0u);
+  // The arena: 16 B per parameter (fp32 master, moments, gradient staging); host 0's slice of
+  // every block is ceil(n / 2), so at most half the arena plus a page per block and region.
+  EXPECT_GE(one.host_memory.arena, 16 * params);
+  EXPECT_GE(two.host_memory.arena, 8 * params);
+  EXPECT_LE(two.host_memory.arena, one.host_memory.arena / 2 + (1 << 20));
+  EXPECT_EQ(two.host_memory.processes, one.host_memory.processes);
+  ASSERT_LT(two.host_memory.total, one.host_memory.total);
+
+  const uint64_t between = (one.host_memory.total + two.host_memory.total) / 2;
+  s.mutable_resources()->set_host_memory_limit(between);
+  EXPECT_TRUE(Validate(s).ok()) << Describe(Validate(s));
+  s.mutable_resources()->clear_hosts();
+  ExpectOnly(Validate(s), "resources.host_memory_limit",
+             "the job needs host RAM " + FormatByteSize(one.host_memory.total));
+
+  // Two ranks per host: the host's slice is the same size (ceil(n / 4) twice), its ranks share
+  // one copy of the whole weights.
+  s.mutable_resources()->set_hosts(2);
+  s.mutable_resources()->clear_host_memory_limit();
+  s.mutable_resources()->set_gpus_per_host(2);
+  const ValidationResult four = Validate(s);
+  ASSERT_TRUE(four.ok()) << Describe(four);
+  EXPECT_EQ(four.host_memory.device, 4 * params);
+  EXPECT_LE(four.host_memory.arena, two.host_memory.arena + (1 << 20));
+
+  // Below the share: refused with the share's numbers, and no NVMe tier offered (not built across
+  // hosts).
+  s.mutable_resources()->set_gpus_per_host(1);
+  s.mutable_resources()->set_host_memory_limit(two.host_memory.total - 1);
+  const ValidationResult r = Validate(s);
+  ExpectOnly(r, "resources.host_memory_limit",
+             "each of the job's 2 hosts holds its 1/2 of the optimizer states and the whole "
+             "weights its ranks read: the job needs host RAM " +
+                 FormatByteSize(two.host_memory.total) + " (arena " +
+                 FormatByteSize(two.host_memory.arena) + ", the device's weights and activations " +
+                 FormatByteSize(4 * params));
+  EXPECT_EQ(r.violations[0].description.find("NVMe"), std::string::npos)
+      << r.violations[0].description;
+  std::cout << "one host " << FormatByteSize(one.host_memory.total) << ", each of two "
+            << FormatByteSize(two.host_memory.total) << "; refused: " << r.violations[0].description
+            << "\n";
 }
 
 TEST_F(JobRefusalsTest, CombinationsTheTrainerRefusesAtStart) {

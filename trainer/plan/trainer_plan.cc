@@ -34,10 +34,17 @@ Status Trainer::Impl::CheckHostMemory() {
   const uint64_t limit = named ? cfg.offload.host_memory_limit : node_limit.bytes;
   // Applied from here on (the arena's own check, the batch planner's CPU activations).
   cfg.offload.host_memory_limit = limit;
-  // Data parallel: the leader's arena is the node's; the other ranks attach to it.
-  if (!leader()) return OkStatus();
+  // Data parallel: the leader's arena is the node's; the other ranks attach to it. Across hosts
+  // each host's leader prices its host's share: its slice of the states, and the whole weights
+  // its ranks read (trainer_hosts.cc).
+  if (across_hosts() ? !host_leader() : !leader()) return OkStatus();
   HostMemoryInputs in;
-  in.optimizer = HostOptions();
+  in.optimizer = across_hosts() ? SliceOptions(HostOptions()) : HostOptions();
+  if (across_hosts()) {  // the whole weights its ranks read, one copy per host
+    uint64_t whole = 0;
+    for (const auto& bl : layout) whole += bl.numel;
+    in.device_fixed_bytes = whole * (ArenaWeightsAreFp32(in.optimizer) ? 4 : 2);
+  }
   in.cuda = cuda;
   in.micro = cfg.batch_size;
   const MemoryEstimate est = EstimateMemory(cfg.batch_size);
@@ -53,6 +60,7 @@ Status Trainer::Impl::CheckHostMemory() {
       in.device_batch_bytes += device_plan.modes[b] == engine::SaveMode::kKeep ? keep : recompute;
     }
   }
+  if (across_hosts()) in.device_batch_bytes *= static_cast<uint64_t>(ranks_per_host());
   in.optimizer.nvme_blocks.clear();
   in.optimizer.nvme_weight_blocks.clear();
   in.nvme_weights_allowed = cfg.offload.param_tier != OffloadPlanConfig::ParamTier::kCpu;
@@ -101,7 +109,11 @@ Status Trainer::Impl::CheckHostMemory() {
     }
   }
   const std::string source = named ? "host_memory_limit" : node_limit.source;
-  out.host_text = p.Describe() + " within the host memory limit of " + FormatByteSize(limit) + " (" + source + ")";
+  out.host_text = (across_hosts() ? "host " + std::to_string(host_index()) + " of " +
+                                        std::to_string(cfg.parallel.hosts) + ", its share: "
+                                  : std::string()) +
+                  p.Describe() + " within the host memory limit of " + FormatByteSize(limit) +
+                  " (" + source + ")";
   if (!device_plan.state_placement_text.empty()) {
     out.host_text += "; optimizer states per block: " + device_plan.state_placement_text;
   } else if (!device_plan.weight_placement_text.empty()) {
@@ -115,11 +127,20 @@ Status Trainer::Impl::CheckHostMemory() {
   HostMemoryNames names;
   names.limit = "resources.host_memory_limit, --host-memory-limit";
   names.nvme = "offload_optimizer.device: nvme, --tier=nvme --nvme-dir=DIR";
+  if (across_hosts()) names.nvme.clear();  // not built across hosts
   names.batch = "per_device_train_batch_size, --batch-size";
   names.param_nvme = "offload_param.device: nvme, --param-tier=nvme";
   names.nvme_configured = !cfg.offload.nvme_dirs.empty();
   names.nvme_dir = "nvme_path, --nvme-dir=DIR";
-  RETURN_IF_ERROR(trainer::CheckHostMemory(in, limit, source, node_limit.bytes, names));
+  const Status fits = trainer::CheckHostMemory(in, limit, source, node_limit.bytes, names);
+  if (!fits.ok() && across_hosts()) {
+    return Status(fits.code(), "host " + std::to_string(host_index()) + " of " +
+                                   std::to_string(cfg.parallel.hosts) +
+                                   " (its 1/H of the optimizer states and the whole weights its "
+                                   "ranks read): " +
+                                   std::string(fits.message()));
+  }
+  RETURN_IF_ERROR(fits);
   Log(TrainObserver::Level::kInfo, "host memory: " + out.host_text);
   return OkStatus();
 }

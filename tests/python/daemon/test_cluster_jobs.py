@@ -234,6 +234,45 @@ def test_a_killed_peer_fails_the_job_naming_the_host(cluster, tmp_path, per_host
     assert "host b (127.0.0.1:" in failed.error.message, failed.error.message
 
 
+def test_a_silent_peer_fails_the_job_within_the_keepalive_bound(cluster, tmp_path):
+    """The peer's daemon SIGSTOPped: its connection stays open and its kernel still acknowledges,
+    so only the keepalive finds it (a ping every 1 s of a quiet stream, unanswered for
+    cluster.lost_host_seconds, 5 here); the job fails naming the host. Its executor keeps running
+    meanwhile: the coordinator's rank is stopped at once (force), as for a killed peer."""
+    a, b = cluster
+    build_model(tmp_path / "model", layers=2)
+    write_pretokenized(tmp_path / "data.jsonl", n=64)
+    try:
+        with offloadd.Client(a.target) as c:
+            s = spec(tmp_path, "silent", steps=100000, save_steps=100000)
+            s["training"]["per_device_train_batch_size"] = 2
+            s["resources"] = across_two_hosts(1)
+            job = c.create_job(s)
+            events = Events(c, job.id)
+            deadline = time.monotonic() + 120
+            while not any(getattr(p, "step", 0) >= 2 for p in progress(events.events)):
+                assert time.monotonic() < deadline, logs(events.events)
+                time.sleep(0.2)
+            b.proc.send_signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            # The keepalive's ping interval and timeout, then the local rank's forced stop (at
+            # most jobs' kill_grace_seconds, 5 s by default), and scheduling on two loaded cores.
+            bound = 1 + 5 + 5 + 4
+            while c.get_job(job.id).state not in (S.JOB_STATE_FAILED, S.JOB_STATE_SUCCEEDED):
+                assert time.monotonic() - stopped < bound, f"the job did not fail within {bound} s"
+                time.sleep(0.2)
+            failed = c.get_job(job.id)
+            waited = time.monotonic() - stopped
+            print(f"the job failed {waited:.1f} s after its peer was stopped: {failed.error.message}")
+    finally:
+        b.proc.send_signal(signal.SIGCONT)  # the fixture stops it
+    assert failed.state == S.JOB_STATE_FAILED
+    assert "host b (127.0.0.1:" in failed.error.message and "was lost" in failed.error.message, \
+        failed.error.message
+    # Not before the keepalive's timeout: nothing else saw the silence.
+    assert waited >= 5 - 0.5, waited
+
+
 def wait_for(c, job_id: str, states, bound: float = 120):
     deadline = time.monotonic() + bound
     while (job := c.get_job(job_id)).state not in states:
