@@ -48,6 +48,9 @@ ALLOWED = {
     ("trainer/plan/node_profile.cc", "unlink(path.c_str())"): "removes that scratch file",
     ("trainer/pipeline/host_optimizer_group.cc", "open(o.leader_arena_path.c_str()"):
         "the leader's shared-memory arena (/dev/shm), created by the job's own executor",
+    ("trainer/trainer_hosts.cc", "open(path.c_str(), O_RDWR | O_CLOEXEC)"):
+        "the host leader's whole weights, a shared segment of the job's own executor opened as "
+        "/proc/<leader pid>/fd/<n> (the path comes from the group's store), not a job path",
     ("trainer/pipeline/group_link.cc", "open(path.c_str(), O_RDWR | O_CLOEXEC)"):
         "the data-parallel group's shared segment in the daemon's rendezvous directory (state_dir)",
     ("job/shape_profile.cc", "opendir(sub.c_str())"):

@@ -38,8 +38,12 @@ def launch_hosts(binary_dir, model, data, out, *, hosts, per_host=1, accum=1, ex
     procs = []
     world = hosts * per_host
     for r in range(world):
+        # OMP_NUM_THREADS=1 as torchrun sets it for several processes per node: two to four ranks
+        # on two cores, each with a full set of intra-op threads, oversubscribe the machine (the
+        # file took 408 s beside six builds, 37 s alone).
         env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=r, WORLD_SIZE=world,
-                        LOCAL_RANK=r % per_host, LOCAL_WORLD_SIZE=per_host, GROUP_RANK=r // per_host)
+                        LOCAL_RANK=r % per_host, LOCAL_WORLD_SIZE=per_host, GROUP_RANK=r // per_host,
+                        OMP_NUM_THREADS=1)
         if env_of:
             env.update(env_of(r))
         cmd = [*prefix(r), exe] if prefix else [exe]
