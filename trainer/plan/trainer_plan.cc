@@ -103,9 +103,10 @@ Status Trainer::Impl::CheckHostMemory() {
     out.nvme_tier_host_bytes = q.total;
     out.nvme_tier_disk_bytes = q.disk_bytes;
     if (planner.node_profile) {
-      out.nvme_tier_disk_seconds = NvmeStepSeconds(
-          q.nvme_params, planner.node_profile->store_read_bytes_per_s,
-          planner.node_profile->store_write_bytes_per_s, workers::StateBytesPerParam(optimizer_mode));
+      out.nvme_tier_disk_seconds =
+          NvmeStepSeconds(q.nvme_params, planner.node_profile->store_read_bytes_per_s,
+                          planner.node_profile->store_write_bytes_per_s,
+                          workers::StateBytesPerParam(optimizer_mode));
     }
   }
   const std::string source = named ? "host_memory_limit" : node_limit.source;
