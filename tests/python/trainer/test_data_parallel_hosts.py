@@ -20,6 +20,7 @@ the other's /proc): test_data_parallel_netns.py."""
 
 import json
 import subprocess
+import time
 
 import pytest
 from safetensors.torch import load_file
@@ -51,6 +52,15 @@ def launch_hosts(binary_dir, model, data, out, *, hosts, per_host=1, accum=1, ex
                     extra=[f"--parallel-timeout={timeout}", *extra])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
+
+
+def wait_for_steps(procs, stats, steps, bound=120):
+    """Until the run's stats.jsonl has `steps` lines, every rank still running, within `bound` s."""
+    deadline = time.monotonic() + bound
+    while not (stats.exists() and stats.read_text().count("\n") >= steps):
+        assert all(p.poll() is None for p in procs), procs[0].stderr.read()
+        assert time.monotonic() < deadline, f"no step {steps} within {bound} s"
+        time.sleep(0.1)
 
 
 def start_hosts(binary_dir, model, data, out, *, hosts, **kw):

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline_testlib import build_model, read_stats, write_pretokenized
-from test_data_parallel_hosts import launch_hosts, start_hosts
+from test_data_parallel_hosts import launch_hosts, start_hosts, wait_for_steps
 
 
 @pytest.mark.parametrize("per_host", [1, 2])
@@ -66,12 +66,7 @@ def test_a_lost_host_fails_the_others_naming_it(binary_dir, tmp_path):
     procs = launch_hosts(binary_dir, model, data, out, hosts=2, per_host=2, timeout=timeout,
                          extra=["--max-steps=100000"])
     try:
-        stats = out / "stats.jsonl"
-        deadline = time.monotonic() + 300
-        while not (stats.exists() and stats.read_text().count("\n") >= 2):
-            assert all(p.poll() is None for p in procs), procs[0].stderr.read()
-            assert time.monotonic() < deadline, "no two steps within 300 s"
-            time.sleep(0.1)
+        wait_for_steps(procs, out / "stats.jsonl", 2, bound=300)
         for p in procs[2:]:
             p.send_signal(signal.SIGKILL)
         killed = time.monotonic()

@@ -10,20 +10,12 @@ import socket
 import time
 
 from pipeline_testlib import build_model, write_pretokenized
-from test_data_parallel_hosts import launch_hosts
+from test_data_parallel_hosts import launch_hosts, wait_for_steps
 
 # What rank 0 does after its collective times out: reads the heartbeat counters 8 beats of
 # 0.25 s apart (2 s), then waits at most 16 beats (4 s) for the live ranks to read them too
 # (DataParallel::LostHosts).
 HEARTBEAT_READ_S = 2 + 4
-
-
-def wait_for_steps(procs, stats, steps, bound=120):
-    deadline = time.monotonic() + bound
-    while not (stats.exists() and stats.read_text().count("\n") >= steps):
-        assert all(p.poll() is None for p in procs), procs[0].stderr.read()
-        assert time.monotonic() < deadline, f"no step {steps} within {bound} s"
-        time.sleep(0.1)
 
 
 def test_a_silent_host_fails_the_others_within_the_timeout_naming_it(binary_dir, tmp_path):
